@@ -1,0 +1,1 @@
+//! NVML simulator (placeholder; being written).

@@ -1,0 +1,1 @@
+//! gpuwatch sinks (placeholder; being written).

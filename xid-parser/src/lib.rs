@@ -1,0 +1,1 @@
+//! Kernel log parser (placeholder; being written).
