@@ -1,1 +1,2 @@
+//! The `gpuwatch` binary (being written).
 fn main() {}

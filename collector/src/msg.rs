@@ -1,0 +1,55 @@
+//! Messages that travel from the sources to the health engine.
+
+use gpuwatch_proto::{FaultEvent, GpuSample, ValidationReport};
+use std::time::Instant;
+
+/// One input to the health engine. Sources send these over bounded crossbeam
+/// channels; the engine thread is the only owner of health state.
+#[derive(Debug, Clone)]
+pub enum Input {
+    /// A fault event parsed from the kernel log or produced by an NVML source
+    /// (already classified by the xid-parser policy; the engine may re-classify
+    /// with context: recurrence, NVML state). `read_at` is when the source read
+    /// the record (for the read → emitted latency histogram).
+    Fault {
+        /// The event.
+        event: FaultEvent,
+        /// When the source read the underlying record.
+        read_at: Instant,
+    },
+    /// One NVML poll: a sample for every GPU NVML could enumerate.
+    Samples(Vec<GpuSample>),
+    /// The state of an input (`kmsg` or `nvml`): `ok` false means gpuwatch cannot
+    /// tell (verdict `unknown`), never a hardware fault.
+    MonitorStatus {
+        /// Which input.
+        input: MonitorInput,
+        /// Whether it works.
+        ok: bool,
+        /// Human-readable detail (the error when not ok).
+        message: String,
+    },
+    /// A device validation result (startup gate or re-validation).
+    Validation(ValidationReport),
+    /// Periodic tick (expire dedup windows, persist when dirty).
+    Tick,
+}
+
+/// A monitoring input whose health is tracked separately from GPU health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum MonitorInput {
+    /// The kernel log reader.
+    Kmsg,
+    /// NVML (library load, init, enumeration).
+    Nvml,
+}
+
+impl MonitorInput {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MonitorInput::Kmsg => "kmsg",
+            MonitorInput::Nvml => "nvml",
+        }
+    }
+}
