@@ -1,1 +1,812 @@
-//! (being written)
+//! The health engine: one thread that owns all health state.
+//!
+//! Inputs ([`Input`]) arrive from the kmsg reader, the NVML poller and event
+//! thread, and the validator. The engine
+//!
+//! - joins kernel-log events (which carry only a PCI address) to the GPU identity
+//!   NVML reported for that address (`gpu_index`, `gpu_uuid`);
+//! - classifies unclassified events with the [`Policy`] and applies context rules:
+//!   XID 63/64 defer to NVML's row-remap state, count-within-window thresholds,
+//!   recurrence across boots;
+//! - derives faults from consecutive NVML samples of the same GPU;
+//! - coalesces storms (same GPU + kind + code within `dedup_window_secs` of the last
+//!   emitted event → `count + 1`, not re-emitted);
+//! - keeps the active faults and computes the GPU and node verdicts;
+//! - clears faults by explicit, logged rules (below) and persists its state in
+//!   `state_dir/health.json`.
+//!
+//! # Which faults are GPU faults
+//!
+//! An event is attached to a GPU when its PCI address (or UUID) is one NVML
+//! reported. Kinds that can only come from a GPU (XID, fallen off the bus, ECC,
+//! row remap, ...) create a GPU entry for an unknown PCI address (identity filled
+//! in once NVML reports it). Everything else (MCE, an NVSwitch SXid, AER on a root
+//! port) is a node-level fault, with its PCI address in the message.
+//!
+//! # Recovery: when an active fault clears
+//!
+//! Every clear is logged with its reason; recurrence history is kept regardless.
+//!
+//! - `ignore`, `restart_app`, `investigate`: after `active_window_secs` without a new
+//!   occurrence. Faults raised from an NVML condition (thermal slowdown, link below
+//!   max, ...) instead clear once the condition has been gone for
+//!   `reset_clear_quiet_secs`.
+//! - `reset_gpu`: when (1) the GPU validates (latest sample clean: no pending or
+//!   failed row remap, no pending page retirement, no uncorrectable ECC rise since
+//!   the last counter reset, PCIe link at max width/gen, recovery action none), and
+//!   (2) evidence of a GPU reset was observed after the fault's last occurrence (the
+//!   GPU re-appeared after being lost, volatile ECC counters went down, the recovery
+//!   action returned to none, the row-remap pending flag cleared, the PCIe link
+//!   returned to max) or the node rebooted since, and (3) the fault did not recur for
+//!   `reset_clear_quiet_secs`. An NVML-condition fault additionally needs its
+//!   condition gone.
+//! - `reboot_node`: after a reboot (new boot id), once the GPU validates in the new
+//!   boot and the fault has not recurred in it.
+//! - `inspect_hardware`: after a reboot in which the GPU has validated continuously
+//!   for `inspect_clear_quiet_secs` without the fault recurring, or at once when the
+//!   GPU at that PCI address reports a different UUID (hardware replaced).
+//! - Node-level faults (no GPU to validate): `ignore`..`investigate` as above; the
+//!   others after a reboot plus `reset_clear_quiet_secs` (reset/reboot class) or
+//!   `inspect_clear_quiet_secs` (inspect) without recurrence.
+//! - [`Engine::clear`]: an operator clear, with the operator's reason.
+//!
+//! Without NVML a GPU cannot validate, so its reset/reboot/inspect faults stay
+//! active until NVML reports again (or an operator clears them); the node message
+//! says so.
+//!
+//! # Verdicts
+//!
+//! `unhealthy` for an active reset/reboot/inspect fault (from any source, even
+//! while NVML is down: an XID 79 in the kernel log is real), else `unknown` while
+//! NVML is down or has not reported yet (or the kernel log reader reported a
+//! failure), else `degraded` for active restart_app/investigate faults, else
+//! `healthy`. A monitoring failure never produces a hardware verdict.
+
+mod derive;
+mod health;
+mod model;
+mod persist;
+mod recovery;
+
+use crate::clock::Clock;
+use crate::msg::{Input, MonitorInput};
+use crate::statefile::StateFileError;
+use gpuwatch_proto::{Action, FaultEvent, FaultKind, NodeHealth, ShortName, ValidationReport};
+use gpuwatch_sinks::{EventSink, Outcome, Registry, Stage};
+use model::{
+    Fault, FaultKey, Gpu, History, HistoryKey, fallback_action, is_gpu_kind, pci_identity,
+    short_reason,
+};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+use xid_parser::{ContextWindow, Policy};
+
+pub(crate) const NANOS: u64 = 1_000_000_000;
+
+/// Name of the engine's state file inside `state_dir`.
+pub const STATE_FILE: &str = "health.json";
+
+/// Health engine settings (`[engine]`).
+#[derive(serde::Deserialize, serde::Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    /// A repeat of an active fault (same GPU, kind and code) within this many seconds
+    /// of the last emitted event is coalesced (`count + 1`) instead of re-emitted.
+    pub dedup_window_secs: u64,
+    /// `ignore` / `restart_app` / `investigate` faults clear after this many seconds
+    /// without a new occurrence.
+    pub active_window_secs: u64,
+    /// Seconds without recurrence (after reset evidence) before a `reset_gpu` fault
+    /// clears; also how long an NVML condition must stay gone before its fault clears.
+    pub reset_clear_quiet_secs: u64,
+    /// Seconds the GPU must validate without recurrence after a reboot before an
+    /// `inspect_hardware` fault clears.
+    pub inspect_clear_quiet_secs: u64,
+    /// Engine tick (recovery evaluation when no input arrives), milliseconds.
+    pub tick_interval_ms: u64,
+    /// Minimum interval between state-file writes, milliseconds.
+    pub persist_interval_ms: u64,
+    /// Treat a PCIe link generation below the maximum as a fault. Some GPUs lower the
+    /// link generation when idle to save power; disable this on such fleets (link
+    /// width below maximum is always a fault).
+    pub pcie_link_gen_check: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            dedup_window_secs: 60,
+            active_window_secs: 3600,
+            reset_clear_quiet_secs: 60,
+            inspect_clear_quiet_secs: 3600,
+            tick_interval_ms: 1000,
+            persist_interval_ms: 1000,
+            pcie_link_gen_check: true,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Every problem with the settings (empty when valid); keys relative to `[engine]`.
+    pub fn validate(&self) -> Vec<String> {
+        let mut errs = Vec::new();
+        if self.dedup_window_secs == 0 {
+            errs.push("dedup_window_secs: must be at least 1".to_string());
+        }
+        if self.active_window_secs == 0 {
+            errs.push("active_window_secs: must be at least 1".to_string());
+        }
+        if self.dedup_window_secs > self.active_window_secs {
+            errs.push(format!(
+                "dedup_window_secs: {} is longer than active_window_secs ({}); a fault would expire while its repeats are still coalesced",
+                self.dedup_window_secs, self.active_window_secs
+            ));
+        }
+        if !(10..=60_000).contains(&self.tick_interval_ms) {
+            errs.push(format!(
+                "tick_interval_ms: {} is outside 10..=60000",
+                self.tick_interval_ms
+            ));
+        }
+        if !(100..=600_000).contains(&self.persist_interval_ms) {
+            errs.push(format!(
+                "persist_interval_ms: {} is outside 100..=600000",
+                self.persist_interval_ms
+            ));
+        }
+        for (key, v) in [
+            ("reset_clear_quiet_secs", self.reset_clear_quiet_secs),
+            ("inspect_clear_quiet_secs", self.inspect_clear_quiet_secs),
+        ] {
+            if v > 30 * 86_400 {
+                errs.push(format!("{key}: {v} is longer than 30 days"));
+            }
+        }
+        errs
+    }
+}
+
+/// The boot the engine runs in.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BootInfo {
+    /// `/proc/sys/kernel/random/boot_id`.
+    pub boot_id: String,
+    /// Wall-clock time of the boot, Unix epoch nanoseconds (0 when unknown).
+    pub boot_time_unix_nano: u64,
+}
+
+/// State of one monitoring input.
+#[derive(Clone, Debug, Default)]
+struct Monitor {
+    /// `None` until the input reported.
+    ok: Option<bool>,
+    message: String,
+}
+
+/// The health engine. See the module documentation for the rules.
+#[derive(Debug)]
+pub struct Engine {
+    cfg: EngineConfig,
+    policy: Arc<Policy>,
+    state_path: Option<PathBuf>,
+    boot: BootInfo,
+    node_name: String,
+    registry: Arc<Registry>,
+    clock: Arc<dyn Clock>,
+    /// GPUs by normalised PCI address.
+    gpus: BTreeMap<String, Gpu>,
+    /// Node-level faults by (PCI address, fault).
+    node_faults: BTreeMap<(String, FaultKey), Fault>,
+    /// Recent XIDs per GPU for the policy's context rules.
+    ctx: ContextWindow,
+    history: BTreeMap<HistoryKey, History>,
+    /// Boots the engine ran in (most recent last, bounded).
+    boots: VecDeque<String>,
+    /// Count-within-window occurrences by (device identity, XID).
+    thresholds: HashMap<(String, u32), VecDeque<u64>>,
+    kmsg: Monitor,
+    nvml: Monitor,
+    validation: Option<ValidationReport>,
+    /// When this boot started (node-level quiet periods count from here).
+    boot_start: u64,
+    /// State changed since the last successful persist.
+    dirty: bool,
+    /// Time of the last health change.
+    updated_at: u64,
+    cache: RefCell<Option<Arc<NodeHealth>>>,
+}
+
+impl Engine {
+    /// Creates the engine and loads `state_dir/health.json` when there is one. A
+    /// corrupt or unreadable file is logged, kept aside, and the engine starts fresh.
+    pub fn new(
+        cfg: EngineConfig,
+        policy: Arc<Policy>,
+        state_dir: Option<PathBuf>,
+        boot: BootInfo,
+        node_name: String,
+        registry: Arc<Registry>,
+        clock: Arc<dyn Clock>,
+    ) -> Engine {
+        let now = clock.now_unix_nanos();
+        let boot_start = if boot.boot_time_unix_nano > 0 && boot.boot_time_unix_nano <= now {
+            boot.boot_time_unix_nano
+        } else {
+            now
+        };
+        let mut engine = Engine {
+            cfg,
+            policy,
+            state_path: state_dir.map(|d| d.join(STATE_FILE)),
+            boot,
+            node_name,
+            registry,
+            clock,
+            gpus: BTreeMap::new(),
+            node_faults: BTreeMap::new(),
+            ctx: ContextWindow::new(),
+            history: BTreeMap::new(),
+            boots: VecDeque::new(),
+            thresholds: HashMap::new(),
+            kmsg: Monitor::default(),
+            nvml: Monitor::default(),
+            validation: None,
+            boot_start,
+            dirty: false,
+            updated_at: now,
+            cache: RefCell::new(None),
+        };
+        engine.load();
+        if engine.boots.back() != Some(&engine.boot.boot_id) {
+            engine.boots.push_back(engine.boot.boot_id.clone());
+            while engine.boots.len() > model::HISTORY_BOOTS {
+                engine.boots.pop_front();
+            }
+            engine.dirty = true;
+        }
+        engine
+    }
+
+    /// Applies one input; returns the events to publish (classified, joined to GPU
+    /// identity, coalesced: a repeat inside the dedup window of an active fault bumps
+    /// its count and is not returned again).
+    pub fn handle(&mut self, input: Input) -> Vec<FaultEvent> {
+        match input {
+            Input::Fault { event, read_at } => {
+                let out: Vec<FaultEvent> = self
+                    .accept(event, Some(read_at), false)
+                    .into_iter()
+                    .collect();
+                out
+            }
+            Input::Samples(samples) => self.on_samples(samples),
+            Input::MonitorStatus { input, ok, message } => {
+                self.set_monitor(input, ok, message);
+                Vec::new()
+            }
+            Input::Validation(report) => {
+                if self.validation.as_ref() != Some(&report) {
+                    self.validation = Some(report);
+                    self.touch();
+                }
+                Vec::new()
+            }
+            Input::Tick => {
+                let now = self.clock.now_unix_nanos();
+                self.evaluate_recovery(now);
+                Vec::new()
+            }
+        }
+    }
+
+    /// The current node health (cached until the state changes).
+    pub fn health(&self) -> Arc<NodeHealth> {
+        if let Some(h) = self.cache.borrow().as_ref() {
+            return Arc::clone(h);
+        }
+        let h = Arc::new(self.build_health());
+        *self.cache.borrow_mut() = Some(Arc::clone(&h));
+        h
+    }
+
+    /// True when state changed since the last successful [`Engine::persist`].
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    /// Writes `state_dir/health.json` atomically when the state changed (no-op
+    /// without a state directory). Every write is counted in the registry.
+    pub fn persist(&mut self) -> Result<(), StateFileError> {
+        let Some(path) = self.state_path.clone() else {
+            self.dirty = false;
+            return Ok(());
+        };
+        if !self.dirty {
+            return Ok(());
+        }
+        let file = self.to_state_file();
+        let res = crate::statefile::write_json(&path, &file);
+        self.registry.count_state_write(res.is_ok());
+        if res.is_ok() {
+            self.dirty = false;
+        }
+        res
+    }
+
+    /// Operator clear: removes the active faults of one GPU (`gpu` = index, UUID or
+    /// PCI address) or, with `None`, of every GPU and the node. Recurrence history
+    /// is kept. Returns how many faults were cleared.
+    pub fn clear(&mut self, gpu: Option<&str>, reason: &str) -> usize {
+        let wanted = gpu.map(|g| {
+            let g = g.trim();
+            (
+                g.to_string(),
+                xid_parser::normalize_pci(g).unwrap_or_else(|| g.to_ascii_lowercase()),
+            )
+        });
+        let mut cleared = 0;
+        for g in self.gpus.values_mut() {
+            if let Some((raw, pci)) = &wanted {
+                let by_index = g.confirmed && g.index.is_some_and(|i| i.to_string() == *raw);
+                if !(by_index || g.uuid.eq_ignore_ascii_case(raw) || g.pci == *pci) {
+                    continue;
+                }
+            }
+            for (key, f) in std::mem::take(&mut g.faults) {
+                info!(gpu = %g.describe(), fault = %f.reason, kind = key.kind.short_name(), action = f.action.short_name(), reason, "Operator cleared a fault.");
+                cleared += 1;
+            }
+        }
+        if wanted.is_none() {
+            for ((pci, key), f) in std::mem::take(&mut self.node_faults) {
+                info!(pci = %pci, fault = %f.reason, kind = key.kind.short_name(), action = f.action.short_name(), reason, "Operator cleared a node-level fault.");
+                cleared += 1;
+            }
+        }
+        if cleared > 0 {
+            self.touch();
+        }
+        cleared
+    }
+
+    /// Marks the health changed (and the persisted state dirty).
+    fn touch(&mut self) {
+        self.dirty = true;
+        self.updated_at = self.clock.now_unix_nanos();
+        *self.cache.get_mut() = None;
+    }
+
+    fn set_monitor(&mut self, input: MonitorInput, ok: bool, message: String) {
+        let m = match input {
+            MonitorInput::Kmsg => &mut self.kmsg,
+            MonitorInput::Nvml => &mut self.nvml,
+        };
+        if m.ok == Some(ok) && m.message == message {
+            return;
+        }
+        if m.ok != Some(ok) {
+            if ok {
+                info!(input = input.as_str(), "Monitoring input is available.");
+            } else {
+                warn!(input = input.as_str(), message = %message, "Monitoring input is unavailable; GPUs it covers are reported as unknown, not faulty.");
+            }
+        }
+        m.ok = Some(ok);
+        m.message = message;
+        self.updated_at = self.clock.now_unix_nanos();
+        *self.cache.get_mut() = None;
+    }
+
+    /// Finds (or creates) the GPU an event belongs to and fills its identity.
+    fn join(&mut self, ev: &mut FaultEvent) -> Option<String> {
+        let mut pci = (!ev.pci_address.is_empty() && self.gpus.contains_key(&ev.pci_address))
+            .then(|| ev.pci_address.clone());
+        if pci.is_none() && !ev.gpu_uuid.is_empty() {
+            pci = self
+                .gpus
+                .values()
+                .find(|g| g.uuid == ev.gpu_uuid)
+                .map(|g| g.pci.clone());
+        }
+        if pci.is_none() && !ev.pci_address.is_empty() && is_gpu_kind(ev.kind()) {
+            let mut g = Gpu::new(ev.pci_address.clone());
+            g.uuid = ev.gpu_uuid.clone();
+            self.gpus.insert(ev.pci_address.clone(), g);
+            pci = Some(ev.pci_address.clone());
+        }
+        let pci = pci?;
+        let g = self.gpus.get(&pci)?;
+        if ev.pci_address.is_empty() {
+            ev.pci_address = pci.clone();
+        }
+        if g.confirmed {
+            if ev.gpu_uuid.is_empty() {
+                ev.gpu_uuid = g.uuid.clone();
+            }
+            if ev.gpu_index.is_none() {
+                ev.gpu_index = g.index;
+            }
+        }
+        Some(pci)
+    }
+
+    /// Classifies, applies context rules, dedups and activates one event. Returns
+    /// the event when it is to be published.
+    fn accept(
+        &mut self,
+        mut ev: FaultEvent,
+        read_at: Option<Instant>,
+        level: bool,
+    ) -> Option<FaultEvent> {
+        let now = self.clock.now_unix_nanos();
+        ev.count = ev.count.max(1);
+        if ev.boot_id.is_empty() {
+            ev.boot_id = self.boot.boot_id.clone();
+        }
+        if !ev.pci_address.is_empty()
+            && !self.gpus.contains_key(&ev.pci_address)
+            && let Some(p) = xid_parser::normalize_pci(&ev.pci_address)
+        {
+            ev.pci_address = p;
+        }
+        let gpu_pci = self.join(&mut ev);
+
+        // Policy classification, then the engine default for kinds it left open.
+        if ev.action() == Action::Unspecified {
+            self.policy.classify(&mut self.ctx, &mut ev);
+        }
+        if ev.action() == Action::Unspecified {
+            let (action, reason) = fallback_action(&ev);
+            ev.classify(action, reason);
+        }
+        if ev.severity() == gpuwatch_proto::Severity::Unspecified {
+            ev.set_severity(ev.action().default_severity());
+        }
+
+        let gpu = gpu_pci.as_ref().and_then(|p| self.gpus.get(p));
+        if ev.kind() == FaultKind::Xid
+            && matches!(ev.code, 63 | 64)
+            && let Some(s) = gpu.and_then(|g| g.sample.as_ref())
+        {
+            derive::row_remap_context(&mut ev, s);
+        }
+        let identity = match gpu {
+            Some(g) => g.identity(),
+            None if ev.pci_address.is_empty() => "node".to_string(),
+            None => pci_identity(&ev.pci_address),
+        };
+        self.apply_threshold(&identity, &mut ev, now);
+
+        let key = FaultKey::of(&ev);
+        let boots_seen = self.record_history(identity, &key, now);
+        let mut escalated = false;
+        if matches!(ev.action(), Action::ResetGpu | Action::RebootNode) {
+            let code = if ev.kind() == FaultKind::Xid {
+                ev.code
+            } else {
+                0
+            };
+            let needed = self.policy.recurrence_reboots(code);
+            if needed > 0 && boots_seen >= needed {
+                let reason = format!(
+                    "{} seen on this device in {boots_seen} distinct boots (recurrence threshold {needed}): escalated from {} to inspect_hardware; policy: {}",
+                    short_reason(&ev),
+                    ev.action().short_name(),
+                    ev.policy_reason
+                );
+                ev.classify(Action::InspectHardware, reason);
+                escalated = true;
+            }
+        }
+        self.registry.record_fault(&ev);
+
+        let n = u64::from(ev.count);
+        let dedup = self.cfg.dedup_window_secs.saturating_mul(NANOS);
+        let boot_id = self.boot.boot_id.clone();
+        let slot = match &gpu_pci {
+            Some(p) => self.gpus.get_mut(p).map(|g| &mut g.faults),
+            None => None,
+        };
+        let existing = match slot {
+            Some(faults) => faults.get_mut(&key),
+            None => self
+                .node_faults
+                .get_mut(&(ev.pci_address.clone(), key.clone())),
+        };
+        if let Some(f) = existing {
+            f.count = f.count.saturating_add(n);
+            f.last_seen = now;
+            f.last_boot_id.clone_from(&boot_id);
+            f.boots_seen = f.boots_seen.max(boots_seen);
+            if !ev.message.is_empty() {
+                f.message.clone_from(&ev.message);
+            }
+            if level {
+                f.level = true;
+                f.condition_gone_since = None;
+            }
+            let more_severe = ev.action().rank() > f.action.rank();
+            if more_severe {
+                f.action = ev.action();
+                f.severity = ev.severity();
+                f.policy_reason = ev.policy_reason.clone();
+                f.escalated |= escalated;
+            }
+            if !more_severe && now.saturating_sub(f.last_emitted) < dedup {
+                f.pending = f.pending.saturating_add(n);
+                self.registry
+                    .count_events(Stage::Engine, Outcome::Coalesced, 1);
+                self.touch();
+                return None;
+            }
+            ev.count = u32::try_from(f.pending.saturating_add(n)).unwrap_or(u32::MAX);
+            f.pending = 0;
+            f.last_emitted = now;
+        } else {
+            let f = Fault {
+                pci: ev.pci_address.clone(),
+                action: ev.action(),
+                severity: ev.severity(),
+                policy_reason: ev.policy_reason.clone(),
+                reason: short_reason(&ev),
+                name: ev.name.clone(),
+                message: ev.message.clone(),
+                count: n,
+                pending: 0,
+                first_seen: now,
+                last_seen: now,
+                last_emitted: now,
+                boot_id: boot_id.clone(),
+                last_boot_id: boot_id,
+                boots_seen,
+                escalated,
+                level,
+                condition_gone_since: None,
+            };
+            log_new_fault(&ev, &f);
+            match gpu_pci.as_ref().and_then(|p| self.gpus.get_mut(p)) {
+                Some(g) => {
+                    g.faults.insert(key, f);
+                }
+                None => {
+                    self.node_faults.insert((ev.pci_address.clone(), key), f);
+                }
+            }
+        }
+        self.registry
+            .count_events(Stage::Engine, Outcome::Emitted, 1);
+        if let Some(t) = read_at {
+            self.registry.record_latency(t.elapsed());
+        }
+        self.touch();
+        Some(ev)
+    }
+
+    /// Count-within-window thresholds: below the count, a reset/reboot/inspect action
+    /// is held at `investigate` (the event is still recorded and counted).
+    fn apply_threshold(&mut self, identity: &str, ev: &mut FaultEvent, now: u64) {
+        if ev.kind() != FaultKind::Xid {
+            return;
+        }
+        let Some(t) = self.policy.threshold(ev.code) else {
+            return;
+        };
+        if t.count <= 1 {
+            return;
+        }
+        let window = t.window_secs.saturating_mul(NANOS);
+        let need = usize::try_from(t.count).unwrap_or(usize::MAX);
+        let q = self
+            .thresholds
+            .entry((identity.to_string(), ev.code))
+            .or_default();
+        while q
+            .front()
+            .is_some_and(|&t0| now.saturating_sub(t0) >= window)
+        {
+            q.pop_front();
+        }
+        for _ in 0..ev.count.min(t.count) {
+            q.push_back(now);
+        }
+        while q.len() > need {
+            q.pop_front();
+        }
+        let seen = q.len();
+        if seen < need && ev.action().rank() > Action::Investigate.rank() {
+            let reason = format!(
+                "held at investigate: {seen} of {} occurrences within {} s needed before {} (policy: {})",
+                t.count,
+                t.window_secs,
+                ev.action().short_name(),
+                ev.policy_reason
+            );
+            ev.classify(Action::Investigate, reason);
+        }
+    }
+
+    /// Records an occurrence in the recurrence history; returns the distinct boots.
+    fn record_history(&mut self, identity: String, key: &FaultKey, now: u64) -> u32 {
+        let hk = HistoryKey {
+            identity,
+            key: key.clone(),
+        };
+        let n = self
+            .history
+            .entry(hk)
+            .or_default()
+            .record(&self.boot.boot_id, now);
+        if self.history.len() > model::HISTORY_ENTRIES
+            && let Some(oldest) = self
+                .history
+                .iter()
+                .min_by_key(|(_, h)| h.last_seen)
+                .map(|(k, _)| k.clone())
+        {
+            self.history.remove(&oldest);
+        }
+        n
+    }
+}
+
+fn log_new_fault(ev: &FaultEvent, f: &Fault) {
+    let action = ev.action().short_name();
+    if ev.action().needs_isolation() {
+        warn!(pci = %ev.pci_address, gpu_index = ?ev.gpu_index, gpu_uuid = %ev.gpu_uuid, kind = ev.kind().short_name(), code = ev.code, action, reason = %f.reason, policy_reason = %ev.policy_reason, "GPU fault became active.");
+    } else {
+        info!(pci = %ev.pci_address, gpu_index = ?ev.gpu_index, gpu_uuid = %ev.gpu_uuid, kind = ev.kind().short_name(), code = ev.code, action, reason = %f.reason, "GPU fault became active.");
+    }
+}
+
+/// The engine thread loop: receives inputs (with a tick timeout), handles them,
+/// sends each returned event to every sink, publishes the health to `health_tx` and
+/// the registry when it changed (timestamps ignored), persists when dirty (at most
+/// once per `persist_interval_ms`). Returns on channel disconnect or `shutdown`,
+/// after flushing the state file and the sinks.
+pub fn run_engine(
+    mut engine: Engine,
+    rx: crossbeam_channel::Receiver<Input>,
+    sinks: Vec<Arc<dyn EventSink>>,
+    health_tx: tokio::sync::watch::Sender<Arc<NodeHealth>>,
+    shutdown: Arc<AtomicBool>,
+) {
+    /// Inputs handled between two health publications.
+    const BATCH: usize = 4096;
+    let tick = Duration::from_millis(engine.cfg.tick_interval_ms.max(1));
+    let persist_every = Duration::from_millis(engine.cfg.persist_interval_ms);
+    let registry = Arc::clone(&engine.registry);
+    let mut published = engine.health();
+    registry.set_health(Arc::clone(&published));
+    health_tx.send_replace(Arc::clone(&published));
+    let mut last_tick = Instant::now();
+    let mut last_persist: Option<Instant> = None;
+    let dispatch = |engine: &mut Engine, input: Input| {
+        for ev in engine.handle(input) {
+            for sink in &sinks {
+                sink.send(&ev);
+            }
+        }
+    };
+    loop {
+        if shutdown.load(Ordering::Relaxed) {
+            // Inputs already queued are handled, not lost.
+            for _ in 0..BATCH {
+                match rx.try_recv() {
+                    Ok(input) => dispatch(&mut engine, input),
+                    Err(_) => break,
+                }
+            }
+            break;
+        }
+        let disconnected = match rx.recv_timeout(tick) {
+            Ok(input) => {
+                dispatch(&mut engine, input);
+                let mut closed = false;
+                for _ in 1..BATCH {
+                    match rx.try_recv() {
+                        Ok(input) => dispatch(&mut engine, input),
+                        Err(crossbeam_channel::TryRecvError::Empty) => break,
+                        Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                            closed = true;
+                            break;
+                        }
+                    }
+                }
+                closed
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => false,
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => true,
+        };
+        if last_tick.elapsed() >= tick {
+            dispatch(&mut engine, Input::Tick);
+            last_tick = Instant::now();
+        }
+        publish(&engine, &mut published, &registry, &health_tx);
+        if engine.is_dirty() && last_persist.is_none_or(|t| t.elapsed() >= persist_every) {
+            last_persist = Some(Instant::now());
+            if let Err(e) = engine.persist() {
+                warn!(error = %e, "Cannot write the health state file; will retry.");
+            }
+        }
+        if disconnected {
+            break;
+        }
+    }
+    publish(&engine, &mut published, &registry, &health_tx);
+    if let Err(e) = engine.persist() {
+        warn!(error = %e, "Cannot write the health state file at shutdown.");
+    }
+    for sink in &sinks {
+        sink.flush(Duration::from_secs(2));
+    }
+    info!("Health engine stopped.");
+}
+
+/// Publishes the engine's health when it differs from `published` (timestamps
+/// ignored, so an unchanged state is never re-sent).
+fn publish(
+    engine: &Engine,
+    published: &mut Arc<NodeHealth>,
+    registry: &Registry,
+    health_tx: &tokio::sync::watch::Sender<Arc<NodeHealth>>,
+) {
+    let current = engine.health();
+    if Arc::ptr_eq(&current, published) || health::same_ignoring_timestamps(&current, published) {
+        return;
+    }
+    registry.set_health(Arc::clone(&current));
+    health_tx.send_replace(Arc::clone(&current));
+    *published = current;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_defaults_parse_and_unknown_keys_are_rejected() {
+        let cfg: EngineConfig = toml::from_str("").unwrap();
+        assert_eq!(cfg, EngineConfig::default());
+        assert_eq!(cfg.dedup_window_secs, 60);
+        assert!(cfg.validate().is_empty());
+        let cfg: EngineConfig = toml::from_str("dedup_window_secs = 5\n").unwrap();
+        assert_eq!(cfg.dedup_window_secs, 5);
+        let err = toml::from_str::<EngineConfig>("dedup_window = 5\n").unwrap_err();
+        assert!(err.to_string().contains("dedup_window"), "{err}");
+    }
+
+    #[test]
+    fn validate_reports_every_problem() {
+        let cfg = EngineConfig {
+            dedup_window_secs: 0,
+            active_window_secs: 0,
+            tick_interval_ms: 1,
+            persist_interval_ms: 1,
+            inspect_clear_quiet_secs: 40 * 86_400,
+            ..EngineConfig::default()
+        };
+        let problems = cfg.validate();
+        for key in [
+            "dedup_window_secs",
+            "active_window_secs",
+            "tick_interval_ms",
+            "persist_interval_ms",
+            "inspect_clear_quiet_secs",
+        ] {
+            assert!(
+                problems.iter().any(|p| p.starts_with(key)),
+                "{key} not in {problems:?}"
+            );
+        }
+        let longer = EngineConfig {
+            dedup_window_secs: 7200,
+            ..EngineConfig::default()
+        };
+        assert!(longer.validate()[0].contains("longer than active_window_secs"));
+    }
+}

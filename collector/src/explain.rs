@@ -1,1 +1,275 @@
-//! (being written)
+//! `gpuwatch explain`: prints the effective classification policy (NVIDIA's
+//! catalog mapped onto gpuwatch's actions, with this node's `[policy]`
+//! overrides applied).
+//!
+//! - `gpuwatch explain 79` (also `xid79`, `XID79`): one code, as text.
+//! - `gpuwatch explain 79 --format json`: one JSON object.
+//! - `gpuwatch explain --all`: one line per code (text table).
+//! - `gpuwatch explain --all --format json`: the whole effective table as **one
+//!   JSON array** of the same objects, sorted by code; codes that only the
+//!   overrides name are included.
+//!
+//! A code the catalog lacks is not an error: it is explained with the
+//! documented default (`investigate`).
+
+use std::io::Write;
+use xid_parser::{Explanation, Policy};
+
+/// Output format of `gpuwatch explain`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExplainFormat {
+    /// Human-readable text.
+    #[default]
+    Text,
+    /// JSON: one object for a code, one array for `--all`.
+    Json,
+}
+
+/// Arguments of `gpuwatch explain`.
+#[derive(clap::Args, Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExplainArgs {
+    /// The XID to explain (`79`, `xid79`).
+    #[arg(value_name = "XID", value_parser = parse_xid, required_unless_present = "all", conflicts_with = "all")]
+    pub xid: Option<u32>,
+    /// Print the whole effective policy table.
+    #[arg(long)]
+    pub all: bool,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = ExplainFormat::Text)]
+    pub format: ExplainFormat,
+}
+
+/// Errors of `gpuwatch explain`.
+#[derive(Debug, thiserror::Error)]
+pub enum ExplainError {
+    /// Neither an XID nor `--all` was given.
+    #[error("no XID given; pass a code such as `gpuwatch explain 79`, or `--all`")]
+    NoCode,
+    /// Writing the output failed (closed pipe, full disk).
+    #[error("cannot write the explanation")]
+    Write(#[source] std::io::Error),
+    /// Serialising JSON failed.
+    #[error("cannot write the explanation as JSON")]
+    Json(#[source] serde_json::Error),
+}
+
+/// Parses an XID argument: a decimal code, optionally prefixed `xid` (any case).
+pub fn parse_xid(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let digits = if t.len() >= 3 && t[..3].eq_ignore_ascii_case("xid") {
+        t[3..].trim_start_matches([' ', '_', '-'])
+    } else {
+        t
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{s:?} is not an XID; expected a number such as 79"));
+    }
+    digits
+        .parse()
+        .map_err(|_| format!("{s:?} is out of range for an XID"))
+}
+
+/// Runs `gpuwatch explain` against `policy`, writing to `out`.
+pub fn run(args: &ExplainArgs, policy: &Policy, out: &mut dyn Write) -> Result<(), ExplainError> {
+    if args.all {
+        let all: Vec<Explanation> = policy.entries().map(|e| policy.explain(e.xid)).collect();
+        match args.format {
+            ExplainFormat::Json => write_json(out, &all)?,
+            ExplainFormat::Text => write_table(out, &all).map_err(ExplainError::Write)?,
+        }
+    } else {
+        let code = args.xid.ok_or(ExplainError::NoCode)?;
+        let e = policy.explain(code);
+        match args.format {
+            ExplainFormat::Json => write_json(out, &e)?,
+            ExplainFormat::Text => write_text(out, &e).map_err(ExplainError::Write)?,
+        }
+    }
+    out.flush().map_err(ExplainError::Write)
+}
+
+fn write_json<T: serde::Serialize>(out: &mut dyn Write, value: &T) -> Result<(), ExplainError> {
+    serde_json::to_writer_pretty(&mut *out, value).map_err(|e| {
+        if e.is_io() {
+            ExplainError::Write(e.into())
+        } else {
+            ExplainError::Json(e)
+        }
+    })?;
+    writeln!(out).map_err(ExplainError::Write)
+}
+
+const LABEL_WIDTH: usize = 22;
+const TEXT_WIDTH: usize = 100;
+
+fn field(out: &mut dyn Write, label: &str, value: &str) -> std::io::Result<()> {
+    let indent = " ".repeat(LABEL_WIDTH + 2);
+    let lines = wrap(value, TEXT_WIDTH - LABEL_WIDTH - 2);
+    let mut lines = lines.iter();
+    writeln!(
+        out,
+        "  {label:<w$}{}",
+        lines.next().map_or("", String::as_str),
+        w = LABEL_WIDTH
+    )?;
+    for line in lines {
+        writeln!(out, "{indent}{line}")?;
+    }
+    Ok(())
+}
+
+/// Greedy word wrap; words longer than `width` stay whole.
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.len() + 1 + word.len() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() || lines.is_empty() {
+        lines.push(line);
+    }
+    lines
+}
+
+fn or_none(s: &str) -> &str {
+    if s.is_empty() { "(none)" } else { s }
+}
+
+fn write_text(out: &mut dyn Write, e: &Explanation) -> std::io::Result<()> {
+    if e.mnemonic.is_empty() || e.mnemonic == e.name {
+        writeln!(out, "XID {}: {}", e.code, e.name)?;
+    } else {
+        writeln!(out, "XID {}: {} ({})", e.code, e.name, e.mnemonic)?;
+    }
+    field(
+        out,
+        "gpuwatch action:",
+        &format!("{} (severity {})", e.action, e.severity),
+    )?;
+    field(out, "why:", &e.why)?;
+    if let Some(rule) = e.context_rule {
+        field(out, "context rule:", rule)?;
+    }
+    let threshold = e.threshold.map_or_else(
+        || "none (every occurrence counts)".to_string(),
+        |t| {
+            format!(
+                "acts after {} occurrences within {} s on the same GPU",
+                t.count, t.window_secs
+            )
+        },
+    );
+    field(out, "threshold:", &threshold)?;
+    field(
+        out,
+        "recurrence:",
+        &format!(
+            "a reset/reboot-class fault recurring after {} reboots escalates to inspect_hardware",
+            e.recurrence_reboots
+        ),
+    )?;
+    field(
+        out,
+        "overridden:",
+        if e.overridden {
+            "yes, by this node's [policy] config"
+        } else {
+            "no"
+        },
+    )?;
+    if e.in_catalog {
+        field(out, "NVIDIA immediate:", or_none(e.nvidia_immediate))?;
+        field(
+            out,
+            "NVIDIA investigatory:",
+            or_none(e.nvidia_investigatory),
+        )?;
+        if !e.nvidia_notes.is_empty() {
+            field(out, "NVIDIA notes:", e.nvidia_notes)?;
+        }
+    } else {
+        field(out, "NVIDIA catalog:", "not listed")?;
+    }
+    field(out, "operator action:", &e.operator_action)?;
+    if let Some(o) = &e.other_agents {
+        field(out, "gpud:", or_none(o.gpud))?;
+        field(out, "NVSentinel:", or_none(o.nvsentinel))?;
+        field(
+            out,
+            "k8s-device-plugin:",
+            if o.k8s_device_plugin_skips {
+                "skips it (application error)"
+            } else {
+                "marks the GPU unhealthy"
+            },
+        )?;
+        field(
+            out,
+            "EKS monitoring agent:",
+            if o.eks_node_monitoring_agent_fatal {
+                "node-fatal"
+            } else {
+                "not fatal"
+            },
+        )?;
+    }
+    Ok(())
+}
+
+fn write_table(out: &mut dyn Write, all: &[Explanation]) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:>5}  {:<16}  {:<8}  {:<20}  {:<3}  NAME",
+        "XID", "ACTION", "SEVERITY", "NVIDIA", "OVR"
+    )?;
+    for e in all {
+        writeln!(
+            out,
+            "{:>5}  {:<16}  {:<8}  {:<20}  {:<3}  {}",
+            e.code,
+            e.action.to_string(),
+            e.severity.to_string(),
+            if e.in_catalog {
+                or_none(e.nvidia_immediate)
+            } else {
+                "(not in catalog)"
+            },
+            if e.overridden { "yes" } else { "" },
+            e.name
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xid_argument_forms() {
+        assert_eq!(parse_xid("79"), Ok(79));
+        assert_eq!(parse_xid("xid79"), Ok(79));
+        assert_eq!(parse_xid("XID 48"), Ok(48));
+        assert_eq!(parse_xid("Xid-154"), Ok(154));
+        for bad in ["", "xid", "seventy", "-1", "79a", "99999999999"] {
+            assert!(parse_xid(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn wrap_keeps_words_and_width() {
+        let lines = wrap("aaa bbb ccc ddd", 7);
+        assert_eq!(lines, ["aaa bbb", "ccc ddd"]);
+        assert_eq!(wrap("", 10), [""]);
+        assert_eq!(
+            wrap("averyveryverylongword x", 5),
+            ["averyveryverylongword", "x"]
+        );
+    }
+}

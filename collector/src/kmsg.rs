@@ -1,1 +1,937 @@
-//! (being written)
+//! The kernel log source: reads `/dev/kmsg` (or a kmsg-format replay file) on
+//! its own thread, turns records into classified fault events with
+//! [`xid_parser::Scanner`] and hands them to the engine.
+//!
+//! * `/dev/kmsg` is opened non-blocking; each `read(2)` returns exactly one
+//!   record. When the ring holds nothing new (`EAGAIN`) the thread waits in
+//!   `poll(2)`: up to 10 ms while the scanner holds a multi-record event (its
+//!   hold window then expires on time), otherwise up to 250 ms so shutdown is
+//!   noticed (four wake-ups a second is well below 0.1 % of a core).
+//! * `EINVAL` from `read` means the buffer is smaller than the record: the
+//!   buffer grows (up to 1 MiB) and the read is retried.
+//! * `EPIPE` means the ring overwrote records we had not read; the kernel moves
+//!   our position to the oldest record, the sequence-number gap is counted as
+//!   lost (`gpuwatch_kmsg_records_lost_total`, warn log `Kernel log records
+//!   were lost.` with `lost=`) and reading continues. Every other sequence gap
+//!   is counted the same way.
+//! * Only facility 0 (kern) records can raise faults unless
+//!   `accept_user_facility` is set: anyone who can write `/dev/kmsg` must not be
+//!   able to quarantine a node. Other records are still counted as read.
+//! * Cursor: `(boot_id, last_seq)` in `state_dir/kmsg-cursor.json`, written
+//!   atomically at most every `cursor_interval_ms` and at shutdown, and only
+//!   for records whose events were handed to the engine (while the scanner
+//!   holds a multi-record event the cursor does not move past its first
+//!   record). Same boot: records up to `last_seq` are skipped, so nothing is
+//!   replayed twice and nothing is skipped. New boot (or no cursor): the whole
+//!   ring is read from its oldest record, so faults logged before the agent
+//!   started are seen. (A fresh open of `/dev/kmsg` is positioned at the
+//!   oldest record in the ring — `SEEK_SET`; `SEEK_DATA` would start after the
+//!   last `dmesg --clear`, hiding records an operator cleared from the console
+//!   view, so it is not used.)
+//! * Any other path is a replay: a regular file or FIFO of kmsg-format lines
+//!   (`PRI,SEQ,TS,FLAGS;MSG\n`, dictionary lines starting with a space are
+//!   skipped), read in large chunks. At end of file the source keeps waiting
+//!   for more (like `tail -f`) unless `exit_at_eof` is set. No cursor is kept
+//!   for replays.
+
+use crate::boot;
+use crate::msg::{Input, MonitorInput};
+use crate::pipeline::{FaultSender, Liveness, SendStatus, StopReason};
+use crossbeam_channel::Sender;
+use gpuwatch_proto::{FaultEvent, Source};
+use gpuwatch_sinks::Registry;
+use nix::poll::{PollFd, PollFlags, poll};
+use serde::{Deserialize, Serialize};
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::AsFd;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use xid_parser::{RecordMeta, Scanner};
+
+/// Default kernel log device.
+pub const KMSG_PATH: &str = "/dev/kmsg";
+/// Name of the cursor file in the state directory.
+pub const CURSOR_FILE: &str = "kmsg-cursor.json";
+const MIN_BUFFER: usize = 16 * 1024;
+const MAX_BUFFER: usize = 1024 * 1024;
+const REPLAY_CHUNK: usize = 256 * 1024;
+const IDLE_POLL_MS: u16 = 250;
+const HOLD_POLL_MS: u16 = 10;
+const RETRY_POLL_MS: u16 = 5;
+
+/// Settings of the kernel log source (`[kmsg]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KmsgConfig {
+    /// What to read: `/dev/kmsg`, or a regular file / FIFO of kmsg-format lines
+    /// (replay). Default `/dev/kmsg`.
+    pub path: PathBuf,
+    /// Let records of facilities other than kern (0) raise faults. Off by
+    /// default: userspace can write `/dev/kmsg`. Tests and the demo turn it on.
+    pub accept_user_facility: bool,
+    /// Stop the agent when a replay file ends (benchmarks). Default false.
+    pub exit_at_eof: bool,
+    /// Where the boot id is read (tests simulate a new boot with their own
+    /// file). Default `/proc/sys/kernel/random/boot_id`.
+    pub boot_id_path: PathBuf,
+    /// Minimum interval between cursor writes, milliseconds. Default 1000.
+    pub cursor_interval_ms: u64,
+    /// Wait before reopening the input after it failed, seconds. Default 5.
+    pub retry_interval_secs: u64,
+}
+
+impl Default for KmsgConfig {
+    fn default() -> Self {
+        KmsgConfig {
+            path: PathBuf::from(KMSG_PATH),
+            accept_user_facility: false,
+            exit_at_eof: false,
+            boot_id_path: PathBuf::from(boot::BOOT_ID_PATH),
+            cursor_interval_ms: 1000,
+            retry_interval_secs: 5,
+        }
+    }
+}
+
+impl KmsgConfig {
+    /// Problems with the settings (empty when valid); keys relative to `[kmsg]`.
+    pub fn validate(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if self.path.as_os_str().is_empty() {
+            problems.push("path: must not be empty".to_string());
+        }
+        if self.boot_id_path.as_os_str().is_empty() {
+            problems.push("boot_id_path: must not be empty".to_string());
+        }
+        if !(10..=3_600_000).contains(&self.cursor_interval_ms) {
+            problems.push(format!(
+                "cursor_interval_ms: must be between 10 and 3600000, got {}",
+                self.cursor_interval_ms
+            ));
+        }
+        if !(1..=3600).contains(&self.retry_interval_secs) {
+            problems.push(format!(
+                "retry_interval_secs: must be between 1 and 3600, got {}",
+                self.retry_interval_secs
+            ));
+        }
+        problems
+    }
+}
+
+/// The persisted reading position.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KmsgCursor {
+    /// Boot the sequence number belongs to.
+    pub boot_id: String,
+    /// Last record whose events reached the engine.
+    pub last_seq: u64,
+}
+
+/// Errors of the kernel log source.
+#[derive(Debug, thiserror::Error)]
+pub enum KmsgError {
+    /// The input could not be opened.
+    #[error("cannot open kernel log {path}: {source}")]
+    Open {
+        /// The path.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Reading failed with an unexpected error.
+    #[error("cannot read kernel log {path}: {source}")]
+    Read {
+        /// The path.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Everything the source needs.
+#[derive(Debug)]
+pub struct KmsgSourceArgs {
+    /// Settings.
+    pub cfg: KmsgConfig,
+    /// Where the cursor lives (`None`: no cursor).
+    pub state_dir: Option<PathBuf>,
+    /// Current boot id.
+    pub boot_id: String,
+    /// Classification policy.
+    pub policy: Arc<xid_parser::Policy>,
+    /// Metrics.
+    pub registry: Arc<Registry>,
+    /// Liveness flags (`kmsg_alive`, `kmsg_caught_up`).
+    pub liveness: Arc<Liveness>,
+    /// Set to stop the source.
+    pub shutdown: Arc<AtomicBool>,
+    /// Told when the source ends by itself (end of a replay with `exit_at_eof`).
+    pub stop_tx: Option<Sender<StopReason>>,
+}
+
+/// Counts of one source run (returned when the thread ends).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KmsgSummary {
+    /// Records processed (read and not skipped by the cursor).
+    pub records: u64,
+    /// Fault events handed to the engine.
+    pub events: u64,
+}
+
+/// Starts the source thread.
+pub fn spawn(
+    args: KmsgSourceArgs,
+    engine_tx: Sender<Input>,
+) -> std::io::Result<std::thread::JoinHandle<KmsgSummary>> {
+    std::thread::Builder::new()
+        .name("gpuwatch-kmsg".into())
+        .spawn(move || run_source(args, engine_tx))
+}
+
+/// The source loop (runs on the calling thread until shutdown, the engine
+/// going away, or the end of a replay with `exit_at_eof`).
+pub fn run_source(args: KmsgSourceArgs, engine_tx: Sender<Input>) -> KmsgSummary {
+    let liveness = args.liveness.clone();
+    let _alive = crate::pipeline::AliveGuard::set(&liveness.kmsg_alive);
+    let stop_tx = args.stop_tx.clone();
+    let mut src = Reader::new(args, engine_tx);
+    let ended_by_eof = src.run();
+    src.finish();
+    if ended_by_eof && let Some(tx) = stop_tx {
+        let _ = tx.send(StopReason::InputEnded);
+    }
+    src.summary
+}
+
+/// Loads the cursor; a corrupt file is logged, kept aside and ignored.
+pub fn load_cursor(state_dir: &Path) -> Option<KmsgCursor> {
+    let path = state_dir.join(CURSOR_FILE);
+    match crate::statefile::read_json::<KmsgCursor>(&path) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "Kernel log cursor is unusable; reading the whole ring.");
+            None
+        }
+    }
+}
+
+enum Outcome {
+    /// Keep going.
+    Continue,
+    /// The engine is gone.
+    EngineGone,
+}
+
+struct Reader {
+    cfg: KmsgConfig,
+    cursor_path: Option<PathBuf>,
+    boot_id: String,
+    registry: Arc<Registry>,
+    liveness: Arc<Liveness>,
+    shutdown: Arc<AtomicBool>,
+    sender: FaultSender,
+    scanner: Scanner,
+    out: Vec<FaultEvent>,
+    boot_time: u64,
+    /// Records up to and including this were processed before (same boot).
+    resume_after: Option<u64>,
+    /// Last sequence number seen (gap detection).
+    last_seq: Option<u64>,
+    /// Last sequence number whose events all reached the engine.
+    safe_seq: Option<u64>,
+    saved_seq: Option<u64>,
+    last_save: Instant,
+    summary: KmsgSummary,
+    /// Records the device path as a character device (cursor, per-read records).
+    device: bool,
+}
+
+impl Reader {
+    fn new(args: KmsgSourceArgs, engine_tx: Sender<Input>) -> Reader {
+        let device = is_char_device(&args.cfg.path);
+        let cursor_path = args
+            .state_dir
+            .as_ref()
+            .filter(|_| device)
+            .map(|d| d.join(CURSOR_FILE));
+        let resume_after = match args.state_dir.as_deref().filter(|_| device) {
+            Some(dir) => match load_cursor(dir) {
+                Some(c) if c.boot_id == args.boot_id => {
+                    tracing::info!(
+                        last_seq = c.last_seq,
+                        "Resuming the kernel log after the saved cursor."
+                    );
+                    Some(c.last_seq)
+                }
+                Some(c) => {
+                    tracing::info!(saved_boot = %c.boot_id, boot = %args.boot_id, "New boot: reading the whole kernel log ring.");
+                    None
+                }
+                None => {
+                    tracing::info!("No kernel log cursor: reading the whole ring.");
+                    None
+                }
+            },
+            None => None,
+        };
+        Reader {
+            sender: FaultSender::new(engine_tx, args.registry.clone()),
+            scanner: Scanner::new(args.policy),
+            cfg: args.cfg,
+            cursor_path,
+            boot_id: args.boot_id,
+            registry: args.registry,
+            liveness: args.liveness,
+            shutdown: args.shutdown,
+            out: Vec::new(),
+            boot_time: boot::boot_time_unix_nanos(),
+            resume_after,
+            last_seq: resume_after,
+            safe_seq: resume_after,
+            saved_seq: resume_after,
+            last_save: Instant::now(),
+            summary: KmsgSummary::default(),
+            device,
+        }
+    }
+
+    fn stopping(&self) -> bool {
+        self.shutdown.load(Ordering::Relaxed)
+    }
+
+    /// Runs until shutdown / engine gone (false) or end of replay (true).
+    fn run(&mut self) -> bool {
+        loop {
+            if self.stopping() {
+                return false;
+            }
+            let file = match self.open() {
+                Ok(f) => f,
+                Err(e) => {
+                    tracing::error!(error = %e, "Kernel log input is unavailable; retrying.");
+                    let msg = e.to_string();
+                    if let SendStatus::Disconnected =
+                        self.sender.send_control(Input::MonitorStatus {
+                            input: MonitorInput::Kmsg,
+                            ok: false,
+                            message: msg,
+                        })
+                    {
+                        return false;
+                    }
+                    self.sleep(Duration::from_secs(self.cfg.retry_interval_secs));
+                    continue;
+                }
+            };
+            if let SendStatus::Disconnected = self.sender.send_control(Input::MonitorStatus {
+                input: MonitorInput::Kmsg,
+                ok: true,
+                message: format!("reading {}", self.cfg.path.display()),
+            }) {
+                return false;
+            }
+            let result = if self.device {
+                self.read_device(&file)
+            } else {
+                self.read_replay(&file)
+            };
+            match result {
+                Ok(eof) => return eof,
+                Err(e) => {
+                    tracing::error!(error = %e, "Kernel log read failed; reopening.");
+                    if let SendStatus::Disconnected =
+                        self.sender.send_control(Input::MonitorStatus {
+                            input: MonitorInput::Kmsg,
+                            ok: false,
+                            message: e.to_string(),
+                        })
+                    {
+                        return false;
+                    }
+                    self.sleep(Duration::from_secs(self.cfg.retry_interval_secs));
+                }
+            }
+        }
+    }
+
+    fn sleep(&self, d: Duration) {
+        let deadline = Instant::now() + d;
+        while !self.stopping() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50).min(d));
+        }
+    }
+
+    fn open(&self) -> Result<File, KmsgError> {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&self.cfg.path)
+            .map_err(|source| KmsgError::Open {
+                path: self.cfg.path.clone(),
+                source,
+            })
+    }
+
+    /// One record per read. Returns Ok(false) at shutdown / engine gone.
+    fn read_device(&mut self, file: &File) -> Result<bool, KmsgError> {
+        let mut buf = vec![0u8; MIN_BUFFER];
+        let mut reads_since_check = 0u32;
+        let mut f = file;
+        loop {
+            match f.read(&mut buf) {
+                Ok(0) => {
+                    if let Outcome::EngineGone = self.idle(file, IDLE_POLL_MS) {
+                        return Ok(false);
+                    }
+                }
+                Ok(n) => {
+                    let read_at = Instant::now();
+                    if let Outcome::EngineGone = self.process(&buf[..n], Some(read_at)) {
+                        return Ok(false);
+                    }
+                    reads_since_check += 1;
+                    if reads_since_check >= 1024 {
+                        reads_since_check = 0;
+                        if self.stopping() {
+                            return Ok(false);
+                        }
+                        self.maybe_save_cursor();
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    self.liveness.kmsg_caught_up.store(true, Ordering::Relaxed);
+                    if self.stopping() {
+                        return Ok(false);
+                    }
+                    let wait = self.wait_ms();
+                    if let Outcome::EngineGone = self.idle(file, wait) {
+                        return Ok(false);
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {
+                    // The ring overwrote unread records; the next read returns
+                    // the oldest record and the sequence gap is counted there.
+                    tracing::debug!("Kernel log ring overran the reader.");
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) && buf.len() < MAX_BUFFER => {
+                    let len = (buf.len() * 2).min(MAX_BUFFER);
+                    tracing::debug!(
+                        buffer = len,
+                        "Kernel log record larger than the buffer; growing it."
+                    );
+                    buf.resize(len, 0);
+                }
+                Err(source) => {
+                    return Err(KmsgError::Read {
+                        path: self.cfg.path.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Kmsg-format lines from a file or FIFO. Ok(true) at end of input with
+    /// `exit_at_eof`.
+    fn read_replay(&mut self, file: &File) -> Result<bool, KmsgError> {
+        let is_fifo = file
+            .metadata()
+            .map(|m| m.file_type().is_fifo())
+            .unwrap_or(false);
+        let mut buf = vec![0u8; REPLAY_CHUNK];
+        let mut filled = 0usize;
+        let mut seen_data = false;
+        let mut f = file;
+        loop {
+            if self.stopping() {
+                return Ok(false);
+            }
+            if filled == buf.len() {
+                // A single line longer than the buffer: grow (bounded).
+                if buf.len() >= MAX_BUFFER * 4 {
+                    self.registry
+                        .kmsg_records_malformed
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(bytes = filled, "Replay line too long; skipped.");
+                    filled = 0;
+                } else {
+                    let len = buf.len() * 2;
+                    buf.resize(len, 0);
+                }
+            }
+            match f.read(&mut buf[filled..]) {
+                Ok(0) => {
+                    if is_fifo && !seen_data {
+                        // No writer yet: not the end of the input.
+                        self.sleep(Duration::from_millis(u64::from(IDLE_POLL_MS)));
+                        continue;
+                    }
+                    // End of input: a last line without newline is complete now.
+                    if filled > 0 {
+                        let line = buf[..filled].to_vec();
+                        filled = 0;
+                        if let Outcome::EngineGone = self.process_line(&line) {
+                            return Ok(false);
+                        }
+                    }
+                    self.liveness.kmsg_caught_up.store(true, Ordering::Relaxed);
+                    if self.cfg.exit_at_eof {
+                        return Ok(true);
+                    }
+                    let wait = self.wait_ms();
+                    if let Outcome::EngineGone = self.idle_replay(wait) {
+                        return Ok(false);
+                    }
+                }
+                Ok(n) => {
+                    seen_data = true;
+                    filled += n;
+                    let mut start = 0;
+                    while let Some(pos) = memchr_newline(&buf[start..filled]) {
+                        let end = start + pos;
+                        if let Outcome::EngineGone = self.process_line_at(&buf, start, end) {
+                            return Ok(false);
+                        }
+                        start = end + 1;
+                    }
+                    buf.copy_within(start..filled, 0);
+                    filled -= start;
+                    self.maybe_save_cursor();
+                    if self.sender.pending() > 0 && self.sender.flush() == SendStatus::Disconnected
+                    {
+                        return Ok(false);
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    let wait = self.wait_ms();
+                    if let Outcome::EngineGone = self.idle(file, wait) {
+                        return Ok(false);
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    return Err(KmsgError::Read {
+                        path: self.cfg.path.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+    }
+
+    fn process_line_at(&mut self, buf: &[u8], start: usize, end: usize) -> Outcome {
+        let line = &buf[start..end];
+        // Dictionary continuation lines and blank lines carry no record.
+        if line.is_empty() || line[0] == b' ' {
+            return Outcome::Continue;
+        }
+        // `process` wants the line without its newline; the caller's buffer is
+        // borrowed immutably while `self` is borrowed mutably, which is fine
+        // because `buf` is not part of `self`.
+        self.process(line, READ_AT_PER_RECORD)
+    }
+
+    fn process_line(&mut self, line: &[u8]) -> Outcome {
+        let line = line.strip_suffix(b"\n").unwrap_or(line);
+        if line.is_empty() || line[0] == b' ' {
+            return Outcome::Continue;
+        }
+        self.process(line, READ_AT_PER_RECORD)
+    }
+
+    /// Poll timeout while idle: short while events are held.
+    fn wait_ms(&self) -> u16 {
+        if self.sender.pending() > 0 {
+            RETRY_POLL_MS
+        } else if self.scanner.has_pending() {
+            HOLD_POLL_MS
+        } else {
+            IDLE_POLL_MS
+        }
+    }
+
+    /// Idle work while waiting for input on a pollable fd.
+    fn idle(&mut self, file: &File, wait_ms: u16) -> Outcome {
+        if let Outcome::EngineGone = self.idle_work() {
+            return Outcome::EngineGone;
+        }
+        let mut fds = [PollFd::new(file.as_fd(), PollFlags::POLLIN)];
+        // EINTR and other poll errors: the next read tells.
+        let _ = poll(&mut fds, self.wait_ms().min(wait_ms));
+        Outcome::Continue
+    }
+
+    /// Idle work for a replay file at its end (nothing to poll on).
+    fn idle_replay(&mut self, wait_ms: u16) -> Outcome {
+        if let Outcome::EngineGone = self.idle_work() {
+            return Outcome::EngineGone;
+        }
+        std::thread::sleep(Duration::from_millis(u64::from(
+            self.wait_ms().min(wait_ms),
+        )));
+        Outcome::Continue
+    }
+
+    fn idle_work(&mut self) -> Outcome {
+        self.liveness.kmsg_heartbeat_unix_secs.store(
+            crate::clock::unix_nanos(std::time::SystemTime::now()) / 1_000_000_000,
+            Ordering::Relaxed,
+        );
+        self.boot_time = boot::boot_time_unix_nanos();
+        if self.scanner.has_pending() {
+            self.scanner
+                .flush_expired(boot::monotonic_usec(), &mut self.out);
+            if let Outcome::EngineGone = self.deliver(Instant::now()) {
+                return Outcome::EngineGone;
+            }
+            if !self.scanner.has_pending() {
+                self.safe_seq = self.last_seq;
+            }
+        }
+        if self.sender.flush() == SendStatus::Disconnected {
+            return Outcome::EngineGone;
+        }
+        self.maybe_save_cursor();
+        Outcome::Continue
+    }
+
+    /// One record (without trailing newline for replays; a full `/dev/kmsg`
+    /// record with dictionary lines for the device).
+    fn process(&mut self, record: &[u8], read_at: Option<Instant>) -> Outcome {
+        let rec = match xid_parser::parse_kmsg_record(record) {
+            Ok(r) => r,
+            Err(e) => {
+                self.registry
+                    .kmsg_records_malformed
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(error = %e, "Malformed kernel log record skipped.");
+                return Outcome::Continue;
+            }
+        };
+        let seq = rec.seq;
+        if self.device && self.resume_after.is_some_and(|done| seq <= done) {
+            return Outcome::Continue;
+        }
+        self.registry
+            .kmsg_records_read
+            .fetch_add(1, Ordering::Relaxed);
+        self.summary.records += 1;
+        if let Some(last) = self.last_seq
+            && seq > last.saturating_add(1)
+        {
+            let lost = seq - last - 1;
+            self.registry
+                .kmsg_records_lost
+                .fetch_add(lost, Ordering::Relaxed);
+            tracing::warn!(
+                lost,
+                after_seq = last,
+                next_seq = seq,
+                "Kernel log records were lost."
+            );
+        }
+        self.last_seq = Some(seq);
+        let accepted = rec.facility == 0 || self.cfg.accept_user_facility;
+        let pending = self.scanner.has_pending();
+        if accepted && (pending || Scanner::interesting(rec.message)) {
+            let meta = RecordMeta {
+                seq: Some(seq),
+                monotonic_usec: Some(rec.ts_usec),
+                time_unix_nano: Some(boot::wall_time_unix_nanos(self.boot_time, rec.ts_usec)),
+                facility: Some(rec.facility),
+                level: Some(rec.level),
+            };
+            let message = rec.message();
+            self.scanner.push(meta, &message, &mut self.out);
+            let read_at = read_at.unwrap_or_else(Instant::now);
+            if let Outcome::EngineGone = self.deliver(read_at) {
+                return Outcome::EngineGone;
+            }
+        } else if pending {
+            self.scanner.flush_expired(rec.ts_usec, &mut self.out);
+            if let Outcome::EngineGone = self.deliver(Instant::now()) {
+                return Outcome::EngineGone;
+            }
+        }
+        if !self.scanner.has_pending() {
+            self.safe_seq = Some(seq);
+        }
+        Outcome::Continue
+    }
+
+    fn deliver(&mut self, read_at: Instant) -> Outcome {
+        for mut ev in self.out.drain(..) {
+            ev.set_source(Source::Kmsg);
+            if ev.boot_id.is_empty() {
+                ev.boot_id.clone_from(&self.boot_id);
+            }
+            ev.count = ev.count.max(1);
+            self.summary.events += 1;
+            if self.sender.send(ev, read_at) == SendStatus::Disconnected {
+                return Outcome::EngineGone;
+            }
+        }
+        Outcome::Continue
+    }
+
+    fn maybe_save_cursor(&mut self) {
+        if self.last_save.elapsed() >= Duration::from_millis(self.cfg.cursor_interval_ms) {
+            self.save_cursor();
+        }
+    }
+
+    fn save_cursor(&mut self) {
+        self.last_save = Instant::now();
+        let (Some(path), Some(seq)) = (&self.cursor_path, self.safe_seq) else {
+            return;
+        };
+        if self.saved_seq == Some(seq) {
+            return;
+        }
+        let cursor = KmsgCursor {
+            boot_id: self.boot_id.clone(),
+            last_seq: seq,
+        };
+        match crate::statefile::write_json(path, &cursor) {
+            Ok(()) => {
+                self.saved_seq = Some(seq);
+                self.registry.count_state_write(true);
+            }
+            Err(e) => {
+                self.registry.count_state_write(false);
+                tracing::warn!(error = %e, "Cannot save the kernel log cursor.");
+            }
+        }
+    }
+
+    /// End of the source: emit what the scanner holds, deliver, save.
+    fn finish(&mut self) {
+        self.scanner.finish(&mut self.out);
+        let _ = self.deliver(Instant::now());
+        self.sender.drain(Duration::from_secs(2));
+        self.safe_seq = self.last_seq;
+        self.save_cursor();
+    }
+}
+
+const READ_AT_PER_RECORD: Option<Instant> = None;
+
+fn memchr_newline(b: &[u8]) -> Option<usize> {
+    b.iter().position(|&c| c == b'\n')
+}
+
+fn is_char_device(path: &Path) -> bool {
+    std::fs::metadata(path)
+        .map(|m| m.file_type().is_char_device())
+        .unwrap_or(path == Path::new(KMSG_PATH))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crossbeam_channel::{Receiver, bounded};
+    use gpuwatch_proto::FaultKind;
+
+    fn args(path: &Path, accept_user: bool, registry: Arc<Registry>) -> KmsgSourceArgs {
+        KmsgSourceArgs {
+            cfg: KmsgConfig {
+                path: path.to_path_buf(),
+                accept_user_facility: accept_user,
+                exit_at_eof: true,
+                ..KmsgConfig::default()
+            },
+            state_dir: None,
+            boot_id: "boot-1".into(),
+            policy: Arc::new(xid_parser::Policy::default()),
+            registry,
+            liveness: Liveness::new(),
+            shutdown: Arc::new(AtomicBool::new(false)),
+            stop_tx: None,
+        }
+    }
+
+    fn faults(rx: &Receiver<Input>) -> Vec<FaultEvent> {
+        rx.try_iter()
+            .filter_map(|i| match i {
+                Input::Fault { event, .. } => Some(event),
+                _ => None,
+            })
+            .collect()
+    }
+
+    const XID_KERN: &str = "4,10,5000000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.";
+
+    #[test]
+    fn replay_file_turns_kern_records_into_events_and_counts_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("replay.kmsg");
+        let text = [
+            "6,7,4000000,-;eth0: link up",
+            " SUBSYSTEM=net",
+            "this is not a kmsg record",
+            XID_KERN,
+            // Facility user (PRI 12 = 1*8+4): ignored without accept_user_facility.
+            "12,11,5000100,-;NVRM: Xid (PCI:0000:5e:00): 79, pid=1, name=x, GPU has fallen off the bus.",
+            // Gap: 12..=14 never arrived.
+            "6,15,6000000,-;usb 1-1: new device",
+            // Last line without a newline is complete at EOF.
+            "4,16,7000000,-;NVRM: Xid (PCI:0000:86:00): 13, pid=9, name=app, Graphics SM Warp Exception",
+        ]
+        .join("\n");
+        std::fs::write(&p, text).unwrap();
+        let reg = Registry::new();
+        let (tx, rx) = bounded(64);
+        let a = args(&p, false, reg.clone());
+        let liveness = a.liveness.clone();
+        let summary = run_source(a, tx);
+        assert!(liveness.kmsg_caught_up.load(Ordering::Relaxed));
+        assert!(
+            !liveness.kmsg_alive.load(Ordering::Relaxed),
+            "cleared at exit"
+        );
+        let evs = faults(&rx);
+        let got: Vec<(String, u32)> = evs
+            .iter()
+            .map(|e| (e.pci_address.clone(), e.code))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("0000:3b:00.0".to_string(), 79),
+                ("0000:86:00.0".to_string(), 13)
+            ]
+        );
+        let ev = &evs[0];
+        assert_eq!(ev.kind(), FaultKind::Xid);
+        assert_eq!(ev.source(), Source::Kmsg);
+        assert_eq!(ev.boot_id, "boot-1");
+        assert_eq!(ev.kmsg_seq, Some(10));
+        assert_eq!(ev.monotonic_usec, Some(5_000_000));
+        let want = boot::wall_time_unix_nanos(boot::boot_time_unix_nanos(), 5_000_000);
+        let got = ev.time_unix_nano.expect("wall time set");
+        assert!(got.abs_diff(want) < 1_000_000_000, "{got} vs {want}");
+        assert_eq!(summary.records, 5);
+        assert_eq!(reg.kmsg_records_read.load(Ordering::Relaxed), 5);
+        assert_eq!(reg.kmsg_records_malformed.load(Ordering::Relaxed), 1);
+        // 8, 9 between 7 and 10; 12, 13, 14 between 11 and 15.
+        assert_eq!(reg.kmsg_records_lost.load(Ordering::Relaxed), 5);
+    }
+
+    #[test]
+    fn user_facility_raises_faults_only_when_accepted() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("replay.kmsg");
+        std::fs::write(
+            &p,
+            "12,1,100,-;NVRM: Xid (PCI:0000:5e:00): 79, pid=1, name=x, GPU has fallen off the bus.\n",
+        )
+        .unwrap();
+        for (accept, want) in [(false, 0), (true, 1)] {
+            let (tx, rx) = bounded(8);
+            run_source(args(&p, accept, Registry::new()), tx);
+            assert_eq!(faults(&rx).len(), want, "accept_user_facility={accept}");
+        }
+    }
+
+    #[test]
+    fn fifo_is_read_until_the_writer_closes() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("kmsg.fifo");
+        nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let (tx, rx) = bounded(64);
+        let a = args(&p, false, Registry::new());
+        let reader = std::thread::spawn(move || run_source(a, tx));
+        // Opening for write blocks until the reader has opened the FIFO.
+        let mut w = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        use std::io::Write;
+        for i in 0..100u32 {
+            writeln!(w, "6,{i},{i},-;filler line {i}").unwrap();
+        }
+        writeln!(w, "{XID_KERN}").unwrap();
+        drop(w);
+        let summary = reader.join().unwrap();
+        assert_eq!(summary.records, 101);
+        assert_eq!(faults(&rx).len(), 1);
+    }
+
+    #[test]
+    fn full_engine_channel_coalesces_instead_of_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("storm.kmsg");
+        let mut text = String::new();
+        for i in 0..50 {
+            text.push_str(&format!(
+                "4,{i},{},-;NVRM: Xid (PCI:0000:3b:00): 31, pid=1, name=app, MMU Fault: ENGINE GRAPHICS\n",
+                i * 1000
+            ));
+        }
+        std::fs::write(&p, text).unwrap();
+        let reg = Registry::new();
+        // Room for one event; nobody drains until the source ends.
+        let (tx, rx) = bounded(1);
+        let drain_rx = rx.clone();
+        let handle = std::thread::spawn({
+            let a = args(&p, false, reg.clone());
+            move || run_source(a, tx)
+        });
+        // The source must finish by itself (it never blocks on the channel)
+        // apart from the final bounded drain, which this receiver serves.
+        let mut got = Vec::new();
+        while let Ok(i) = drain_rx.recv_timeout(Duration::from_secs(10)) {
+            got.push(i);
+        }
+        handle.join().unwrap();
+        let total: u32 = got
+            .iter()
+            .filter_map(|i| match i {
+                Input::Fault { event, .. } => Some(event.count.max(1)),
+                _ => None,
+            })
+            .sum();
+        assert_eq!(total, 50, "every occurrence accounted for");
+        assert_eq!(
+            reg.events(
+                gpuwatch_sinks::Stage::Parser,
+                gpuwatch_sinks::Outcome::Dropped
+            ),
+            0
+        );
+    }
+
+    #[test]
+    fn config_validation_names_keys() {
+        let bad = KmsgConfig {
+            path: PathBuf::new(),
+            cursor_interval_ms: 0,
+            retry_interval_secs: 0,
+            ..KmsgConfig::default()
+        };
+        let p = bad.validate();
+        assert_eq!(p.len(), 3, "{p:?}");
+        assert!(p[0].starts_with("path:"));
+        assert!(KmsgConfig::default().validate().is_empty());
+    }
+
+    #[test]
+    fn cursor_round_trips_and_corrupt_cursor_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(load_cursor(dir.path()), None);
+        let c = KmsgCursor {
+            boot_id: "b".into(),
+            last_seq: 42,
+        };
+        crate::statefile::write_json(&dir.path().join(CURSOR_FILE), &c).unwrap();
+        assert_eq!(load_cursor(dir.path()), Some(c));
+        std::fs::write(dir.path().join(CURSOR_FILE), "{").unwrap();
+        assert_eq!(load_cursor(dir.path()), None);
+    }
+}

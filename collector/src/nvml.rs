@@ -1,1 +1,521 @@
-//! (being written)
+//! NVML sources: the poller and the event thread.
+//!
+//! - The **poller** loads and initialises NVML (retrying every
+//!   `retry_interval_secs` while that fails), reads every GPU each
+//!   `poll_interval_secs` into a [`GpuSample`] and sends `Input::Samples`. It
+//!   sends a `gpu_lost` fault (source `nvml_poll`) when a call answers
+//!   `GPU_IS_LOST` or a GPU seen before vanishes from enumeration. The health
+//!   engine derives every other fault from sample changes.
+//! - The **event thread** blocks in `nvmlEventSetWait` (500 ms at a time, so it
+//!   notices shutdown) and sends one `Input::Fault` (source `nvml_event`, action
+//!   left unspecified for the engine) per XID critical error, single/double-bit
+//!   ECC event, and clock event whose reasons turn thermal / power-brake slowdown on.
+//!
+//! NVML that is missing, fails to initialise or fails to enumerate is a
+//! *monitor* problem, never a fault: the poller sends
+//! `Input::MonitorStatus { input: Nvml, ok: false }`, counts the failed call in
+//! `gpuwatch.nvml.errors` and retries; `ok: true` follows on success. A reading
+//! that is `NotSupported` leaves its `GpuSample` field empty and is not counted;
+//! other failed calls are counted per NVML function name.
+//!
+//! Both threads share one `Arc<Nvml>` (nvml-wrapper's `Nvml` is `Send + Sync`).
+//!
+//! With `sim_scenario`, the library is the nvml-sim cdylib: gpuwatch copies
+//! `libnvml_sim.so` into a private temporary directory and writes the side file
+//! `libnvml_sim.so.scenario` naming the scenario next to the copy, so every
+//! instance (every test) gets its own simulator and the process environment is
+//! left alone.
+
+mod events;
+mod library;
+mod poll;
+
+use crate::msg::{Input, MonitorInput};
+use crossbeam_channel::{SendTimeoutError, Sender, TrySendError};
+use gpuwatch_proto::{FaultEvent, FaultKind, GpuSample, Source};
+use gpuwatch_sinks::Registry;
+use nvml_wrapper::Nvml;
+use serde::Deserialize;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+pub use library::{SIM_LIB_ENV, SIM_LIB_NAME};
+
+/// Configuration of the NVML sources (`[nvml]`).
+#[derive(Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct NvmlConfig {
+    /// Read NVML at all (poller and events).
+    pub enabled: bool,
+    /// The NVML library to load (default: the system `libnvidia-ml.so.1`). With
+    /// `sim_scenario` set, the nvml-sim library to use (default: found
+    /// automatically: `$GPUWATCH_NVML_SIM_LIB`, next to the executable or its
+    /// parent directory, `target/{debug,release}`).
+    pub library_path: Option<PathBuf>,
+    /// Run against the nvml-sim simulator driven by this scenario file.
+    pub sim_scenario: Option<PathBuf>,
+    /// Seconds between two polls of every GPU.
+    pub poll_interval_secs: u64,
+    /// Milliseconds between two polls; overrides `poll_interval_secs` when set
+    /// (tests and demos).
+    pub poll_interval_ms: Option<u64>,
+    /// Watch NVML events (XID critical errors, ECC, clock events).
+    pub events: bool,
+    /// Seconds between attempts while NVML cannot be loaded, initialised or
+    /// enumerated.
+    pub retry_interval_secs: u64,
+    /// Milliseconds between attempts; overrides `retry_interval_secs` when set.
+    pub retry_interval_ms: Option<u64>,
+}
+
+impl Default for NvmlConfig {
+    fn default() -> NvmlConfig {
+        NvmlConfig {
+            enabled: true,
+            library_path: None,
+            sim_scenario: None,
+            poll_interval_secs: 10,
+            poll_interval_ms: None,
+            events: true,
+            retry_interval_secs: 30,
+            retry_interval_ms: None,
+        }
+    }
+}
+
+/// Longest accepted interval (one day).
+const MAX_INTERVAL_MS: u64 = 86_400_000;
+/// Shortest accepted interval.
+const MIN_INTERVAL_MS: u64 = 10;
+
+impl NvmlConfig {
+    /// Every problem with this section, keys relative to it.
+    pub fn validate(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        for (secs_key, secs, ms_key, ms) in [
+            (
+                "poll_interval_secs",
+                self.poll_interval_secs,
+                "poll_interval_ms",
+                self.poll_interval_ms,
+            ),
+            (
+                "retry_interval_secs",
+                self.retry_interval_secs,
+                "retry_interval_ms",
+                self.retry_interval_ms,
+            ),
+        ] {
+            match ms {
+                Some(ms) if !(MIN_INTERVAL_MS..=MAX_INTERVAL_MS).contains(&ms) => p.push(format!(
+                    "{ms_key}: expected {MIN_INTERVAL_MS}..={MAX_INTERVAL_MS} milliseconds, got {ms}"
+                )),
+                Some(_) => {}
+                None if secs == 0 || secs > MAX_INTERVAL_MS / 1000 => p.push(format!(
+                    "{secs_key}: expected 1..={} seconds, got {secs}",
+                    MAX_INTERVAL_MS / 1000
+                )),
+                None => {}
+            }
+        }
+        for (key, path) in [
+            ("library_path", &self.library_path),
+            ("sim_scenario", &self.sim_scenario),
+        ] {
+            if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+                p.push(format!("{key}: expected a path, got an empty string"));
+            }
+        }
+        p
+    }
+
+    /// The effective poll interval.
+    pub fn poll_interval(&self) -> Duration {
+        interval(self.poll_interval_ms, self.poll_interval_secs)
+    }
+
+    /// The effective retry interval.
+    pub fn retry_interval(&self) -> Duration {
+        interval(self.retry_interval_ms, self.retry_interval_secs)
+    }
+}
+
+fn interval(ms: Option<u64>, secs: u64) -> Duration {
+    let ms = ms.unwrap_or(secs.saturating_mul(1000));
+    Duration::from_millis(ms.clamp(MIN_INTERVAL_MS, MAX_INTERVAL_MS))
+}
+
+/// NVML could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum NvmlError {
+    /// `sim_scenario` is set but no `libnvml_sim.so` was found.
+    #[error(
+        "nvml-sim library {SIM_LIB_NAME} not found (looked in: {searched}); build it with \
+         `cargo build -p nvml-sim`, set nvml.library_path or ${SIM_LIB_ENV}"
+    )]
+    SimLibraryNotFound {
+        /// The places looked at.
+        searched: String,
+    },
+    /// The scenario file is not readable.
+    #[error("nvml-sim scenario {path} is not readable: {source}")]
+    SimScenario {
+        /// The scenario path from the configuration.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The private copy of the simulator could not be prepared.
+    #[error("cannot prepare the nvml-sim library in {dir}: {source}")]
+    SimSetup {
+        /// The private directory.
+        dir: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The NVML library could not be loaded (no driver / no library).
+    #[error("cannot load the NVML library {library}: {source}")]
+    Load {
+        /// The library path or name.
+        library: String,
+        /// nvml-wrapper's error.
+        #[source]
+        source: nvml_wrapper::error::NvmlError,
+    },
+    /// `nvmlInit` failed.
+    #[error("NVML initialisation failed ({library}): {source}")]
+    Init {
+        /// The library path or name.
+        library: String,
+        /// nvml-wrapper's error.
+        #[source]
+        source: nvml_wrapper::error::NvmlError,
+    },
+    /// `nvmlDeviceGetCount` failed.
+    #[error("NVML cannot enumerate GPUs: {source}")]
+    Enumerate {
+        /// nvml-wrapper's error.
+        #[source]
+        source: nvml_wrapper::error::NvmlError,
+    },
+}
+
+impl NvmlError {
+    /// The NVML function (or `dlopen`) this error is counted under.
+    pub fn call(&self) -> &'static str {
+        match self {
+            NvmlError::SimLibraryNotFound { .. }
+            | NvmlError::SimScenario { .. }
+            | NvmlError::SimSetup { .. }
+            | NvmlError::Load { .. } => "dlopen",
+            NvmlError::Init { .. } => "nvmlInit_v2",
+            NvmlError::Enumerate { .. } => "nvmlDeviceGetCount_v2",
+        }
+    }
+}
+
+/// One synchronous poll (for `gpuwatch validate`): a sample of every GPU NVML
+/// enumerates, or the NVML error. GPUs that answer `GPU_IS_LOST` have no sample.
+pub fn poll_once(cfg: &NvmlConfig) -> Result<Vec<GpuSample>, NvmlError> {
+    let lib = library::Library::choose(cfg)?;
+    let nvml = lib.init()?;
+    let result = poll::poll_all(&nvml, &|_| {})?;
+    drop(nvml);
+    drop(lib);
+    Ok(result.samples)
+}
+
+/// The NVML handle the poller publishes to the event thread.
+#[derive(Debug, Default)]
+struct SharedState {
+    /// The current handle; `None` while NVML is not usable.
+    nvml: Option<Arc<Nvml>>,
+    /// Bumped whenever `nvml` is replaced.
+    nvml_gen: u64,
+    /// Bumped whenever the set of GPUs changes (re-register events).
+    gpus_gen: u64,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    state: Mutex<SharedState>,
+    changed: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, SharedState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn publish(&self, nvml: Option<Arc<Nvml>>) {
+        let mut s = self.lock();
+        s.nvml = nvml;
+        s.nvml_gen += 1;
+        self.changed.notify_all();
+    }
+
+    fn gpus_changed(&self) {
+        self.lock().gpus_gen += 1;
+        self.changed.notify_all();
+    }
+}
+
+/// Starts the poller and (with `events`) the event thread. Sends
+/// `Input::Samples` / `Input::Fault` / `Input::MonitorStatus{Nvml}` into `tx`.
+/// Never panics when NVML is missing: reports `MonitorStatus{ok:false}` and
+/// retries. The threads end when `shutdown` is set (within about a second) or
+/// when `tx`'s receiver is gone. Returns no handles when `enabled` is false.
+pub fn spawn(
+    cfg: &NvmlConfig,
+    tx: Sender<Input>,
+    registry: Arc<Registry>,
+    shutdown: Arc<AtomicBool>,
+) -> Vec<JoinHandle<()>> {
+    if !cfg.enabled {
+        return Vec::new();
+    }
+    let shared = Arc::new(Shared::default());
+    let mut handles = Vec::new();
+    let ctx = Ctx {
+        tx,
+        registry,
+        shutdown,
+        shared,
+    };
+    if cfg.events {
+        let ctx = ctx.clone();
+        let retry = cfg.retry_interval();
+        match std::thread::Builder::new()
+            .name("nvml-events".into())
+            .spawn(move || events::run(&ctx, retry))
+        {
+            Ok(h) => handles.push(h),
+            Err(e) => tracing::error!(error = %e, "Cannot start the NVML event thread."),
+        }
+    }
+    let cfg = cfg.clone();
+    let poller_ctx = ctx.clone();
+    match std::thread::Builder::new()
+        .name("nvml-poller".into())
+        .spawn(move || poll::Poller::new(cfg, poller_ctx).run())
+    {
+        Ok(h) => handles.push(h),
+        Err(e) => {
+            tracing::error!(error = %e, "Cannot start the NVML poller thread.");
+            ctx.send(Input::MonitorStatus {
+                input: MonitorInput::Nvml,
+                ok: false,
+                message: format!("cannot start the NVML poller thread: {e}"),
+            });
+            // Without a poller the event thread never gets a handle: stop it.
+            ctx.shared.publish(None);
+        }
+    }
+    handles
+}
+
+/// What both threads share.
+#[derive(Clone, Debug)]
+struct Ctx {
+    tx: Sender<Input>,
+    registry: Arc<Registry>,
+    shutdown: Arc<AtomicBool>,
+    shared: Arc<Shared>,
+}
+
+impl Ctx {
+    fn stopping(&self) -> bool {
+        self.shutdown.load(Ordering::Relaxed)
+    }
+
+    /// Sends an input that must not be lost (faults, status): blocks while the
+    /// channel is full, giving up only on shutdown or when the engine is gone.
+    /// Returns false when the thread should stop.
+    fn send(&self, input: Input) -> bool {
+        let mut input = input;
+        loop {
+            match self.tx.send_timeout(input, Duration::from_millis(100)) {
+                Ok(()) => return true,
+                Err(SendTimeoutError::Timeout(back)) => {
+                    if self.stopping() {
+                        return false;
+                    }
+                    input = back;
+                }
+                Err(SendTimeoutError::Disconnected(_)) => return false,
+            }
+        }
+    }
+
+    /// Sends samples without blocking; a full channel drops them (counted).
+    /// Returns false when the engine is gone.
+    fn send_samples(&self, samples: Vec<GpuSample>) -> bool {
+        let n = samples.len() as u64;
+        match self.tx.try_send(Input::Samples(samples)) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_)) => {
+                self.registry
+                    .samples_dropped
+                    .fetch_add(n, Ordering::Relaxed);
+                tracing::warn!(
+                    samples = n,
+                    "NVML samples dropped: the engine channel is full."
+                );
+                true
+            }
+            Err(TrySendError::Disconnected(_)) => false,
+        }
+    }
+
+    /// Sleeps up to `d`, waking early on shutdown. Returns false on shutdown.
+    fn sleep(&self, d: Duration) -> bool {
+        let end = Instant::now() + d;
+        loop {
+            if self.stopping() {
+                return false;
+            }
+            let now = Instant::now();
+            if now >= end {
+                return true;
+            }
+            std::thread::sleep((end - now).min(Duration::from_millis(200)));
+        }
+    }
+}
+
+/// Identity of one GPU, as NVML reports it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Identity {
+    index: Option<u32>,
+    uuid: String,
+    /// Normalised `dddd:bb:dd.f`, lowercase.
+    pci: String,
+}
+
+/// A fault from an NVML source; the engine classifies it.
+fn fault(
+    kind: FaultKind,
+    code: u32,
+    id: &Identity,
+    source: Source,
+    name: &str,
+    message: String,
+) -> FaultEvent {
+    let mut ev = FaultEvent {
+        code,
+        pci_address: id.pci.clone(),
+        gpu_index: id.index,
+        gpu_uuid: id.uuid.clone(),
+        message,
+        time_unix_nano: Some(crate::clock::unix_nanos(std::time::SystemTime::now())),
+        count: 1,
+        name: name.to_string(),
+        ..FaultEvent::default()
+    };
+    ev.set_kind(kind);
+    ev.set_source(source);
+    ev
+}
+
+/// Normalises a PCI bus id (`00000000:3B:00.0`, `0000:3b:00.0`, `3b:00.0`) to
+/// lowercase `dddd:bb:dd.f`. `None` when it is not a PCI address.
+pub fn normalize_bus_id(bus_id: &str) -> Option<String> {
+    let s = bus_id.trim();
+    let parts: Vec<&str> = s.split(':').collect();
+    let (domain, bus, devfn) = match parts.as_slice() {
+        [d, b, df] => (*d, *b, *df),
+        [b, df] => ("0", *b, *df),
+        _ => return None,
+    };
+    let (dev, func) = devfn.split_once('.')?;
+    let hex = |s: &str, max: usize| {
+        (!s.is_empty() && s.len() <= max)
+            .then(|| u32::from_str_radix(s, 16).ok())
+            .flatten()
+    };
+    let (domain, bus, dev, func) = (hex(domain, 8)?, hex(bus, 2)?, hex(dev, 2)?, hex(func, 1)?);
+    if domain > 0xffff || dev > 0x1f || func > 7 {
+        return None;
+    }
+    Some(format!("{domain:04x}:{bus:02x}:{dev:02x}.{func:x}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nvml_bus_ids_normalise_to_lowercase_short_domain() {
+        assert_eq!(
+            normalize_bus_id("00000000:3B:00.0").as_deref(),
+            Some("0000:3b:00.0")
+        );
+        assert_eq!(
+            normalize_bus_id("0000:DB:1f.7").as_deref(),
+            Some("0000:db:1f.7")
+        );
+        assert_eq!(normalize_bus_id("3b:00.0").as_deref(), Some("0000:3b:00.0"));
+        assert_eq!(normalize_bus_id("3b:00"), None);
+        assert_eq!(normalize_bus_id("00010000:3b:00.0"), None);
+        assert_eq!(normalize_bus_id(""), None);
+    }
+
+    #[test]
+    fn default_config_is_valid_and_polls_every_ten_seconds() {
+        let cfg = NvmlConfig::default();
+        assert!(cfg.validate().is_empty());
+        assert_eq!(cfg.poll_interval(), Duration::from_secs(10));
+        assert_eq!(cfg.retry_interval(), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn millisecond_overrides_win() {
+        let cfg = NvmlConfig {
+            poll_interval_ms: Some(25),
+            retry_interval_ms: Some(40),
+            ..NvmlConfig::default()
+        };
+        assert_eq!(cfg.poll_interval(), Duration::from_millis(25));
+        assert_eq!(cfg.retry_interval(), Duration::from_millis(40));
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_key() {
+        let cfg = NvmlConfig {
+            poll_interval_secs: 0,
+            retry_interval_ms: Some(1),
+            library_path: Some(PathBuf::new()),
+            ..NvmlConfig::default()
+        };
+        let p = cfg.validate().join("\n");
+        assert!(p.contains("poll_interval_secs"), "{p}");
+        assert!(p.contains("retry_interval_ms"), "{p}");
+        assert!(p.contains("library_path"), "{p}");
+    }
+
+    #[test]
+    fn config_parses_from_toml_and_rejects_unknown_keys() {
+        let cfg: NvmlConfig =
+            toml::from_str("poll_interval_secs = 5\nsim_scenario = \"demo.toml\"").unwrap();
+        assert_eq!(cfg.poll_interval_secs, 5);
+        assert!(cfg.enabled);
+        let err = toml::from_str::<NvmlConfig>("poll_intervall = 5").unwrap_err();
+        assert!(err.to_string().contains("poll_intervall"));
+    }
+
+    #[test]
+    fn disabled_config_starts_nothing() {
+        let (tx, _rx) = crossbeam_channel::bounded(1);
+        let cfg = NvmlConfig {
+            enabled: false,
+            ..NvmlConfig::default()
+        };
+        let h = spawn(&cfg, tx, Registry::new(), Arc::new(AtomicBool::new(false)));
+        assert!(h.is_empty());
+    }
+}

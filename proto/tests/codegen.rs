@@ -34,7 +34,10 @@ fn generate() -> String {
             ".gpuwatch.v1",
             "#[derive(serde::Serialize, serde::Deserialize)]\n#[serde(default)]",
         )
-        .enum_attribute(".gpuwatch.v1", "#[derive(serde::Serialize, serde::Deserialize)]");
+        .enum_attribute(
+            ".gpuwatch.v1",
+            "#[derive(serde::Serialize, serde::Deserialize)]",
+        );
     for (field, module) in ENUM_FIELDS {
         cfg.field_attribute(
             format!(".gpuwatch.v1.{field}"),

@@ -1,18 +1,272 @@
-//! Kubernetes node writer (placeholder config; being written).
+//! Kubernetes node writer: conditions, taints, Events and the startup-taint gate
+//! on the agent's own Node.
+//!
+//! A level-triggered reconcile loop converges the Node to the state derived from
+//! the latest [`NodeHealth`] (the health engine's `watch` channel; after a restart
+//! it is the restored, persisted state):
+//!
+//! - **Conditions** — server-side apply on `nodes/<name>/status` with field manager
+//!   `gpuwatch`, applying only our condition types (node conditions merge by `type`).
+//!   `lastTransitionTime` only changes with the status; no heartbeat rewrites.
+//!   - `AcceleratedHardwareReady`: `False` only while a fault whose action is in
+//!     `hardware_not_ready_actions` (default `inspect_hardware`) is active; `Unknown`
+//!     (reason `MonitorUnavailable`) when gpuwatch cannot tell (verdict unknown or not
+//!     yet known) and (reasons `ValidationPending`/`ValidationIncomplete`/
+//!     `ValidationFailed`) while the startup gate holds; otherwise `True` — reset and
+//!     reboot faults keep it `True` (reason `GPURecoveryPending`): the GPU needs a
+//!     reset/reboot, the hardware is not judged broken, so a node-repair controller
+//!     does not replace the node for it unless configured to.
+//!   - `GPUProblem`: `True` while a reset/reboot/inspect fault is active (reason =
+//!     the fault's short reason, message names GPU index, UUID, PCI address, code,
+//!     count and boot), `False`/`NoGPUProblem`, `Unknown`/`MonitorUnavailable`.
+//! - **Fault taint** `gpuwatch.io/unhealthy=<action>:NoSchedule` while such a fault is
+//!   active. Taints are changed with a JSON patch built from the live list (only our
+//!   keys change) guarded by a `resourceVersion` test; conflicts re-read and retry.
+//! - **Startup taint** — while the Node carries it, device validation
+//!   ([`crate::validation`]) runs every `validation_interval_secs`; the taint is removed
+//!   only after a complete, passing report.
+//! - **Events** — [`NodeWriter::event_sink`] queues (bounded, coalescing,
+//!   drop-oldest counted) and a token bucket paces writes; same reason + GPU within
+//!   the window patches `count`/`lastTimestamp`; after a restart Events already on the
+//!   API are not sent again.
+//! - Watches its own Node (`fieldSelector=metadata.name=<node>`) so a removed
+//!   condition or taint is restored; API failures back off exponentially; writes are
+//!   coalesced to at most one round per `min_write_interval_ms`.
+//! - **Dry run** logs the exact JSON it would send, against an in-memory Node.
+//!
+//! The requests the writer can make are listed in [`WRITER_REQUESTS`]; the RBAC
+//! manifest grants exactly those.
 
-use serde::Deserialize;
+mod backend;
+mod config;
+mod desired;
+mod events;
+mod node;
+mod reconcile;
 
-/// Node writer settings (`[kube]`).
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct KubeConfig {
-    /// Write conditions, taints and Events on the agent's own Node.
-    pub enabled: bool,
+pub(crate) use config::check_label_key;
+pub use config::{KubeConfig, TaintConfig};
+pub use events::{COMPONENT, DEDUP_ANNOTATION, event_reason, event_type};
+
+use crate::validation::ValidationConfig;
+use crate::{EventSink, Registry};
+use backend::Backend;
+use events::{EventQueue, EventWriter, KubeEventSink};
+use gpuwatch_proto::NodeHealth;
+use reconcile::Reconciler;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+/// One kind of request the writer sends: RBAC verb, API group, resource
+/// (`resource/subresource`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ApiRequest {
+    /// RBAC verb (`get`, `watch`, `patch`, `create`, `list`).
+    pub verb: &'static str,
+    /// API group (`""` for core).
+    pub group: &'static str,
+    /// Resource, with `/subresource` when there is one.
+    pub resource: &'static str,
 }
 
-impl KubeConfig {
-    /// Problems with the settings (empty when valid).
-    pub fn validate(&self) -> Vec<String> {
-        Vec::new()
+const fn req(verb: &'static str, resource: &'static str) -> ApiRequest {
+    ApiRequest {
+        verb,
+        group: "",
+        resource,
+    }
+}
+
+/// Every request the node writer can make (what the RBAC role must grant).
+/// `list events` serves the Event dedup after a restart; nodes are never listed
+/// (a watch with `metadata.name` field selector is authorised as `watch`).
+pub const WRITER_REQUESTS: [ApiRequest; 7] = [
+    req("get", "nodes"),
+    req("watch", "nodes"),
+    req("patch", "nodes"),
+    req("patch", "nodes/status"),
+    req("create", "events"),
+    req("patch", "events"),
+    req("list", "events"),
+];
+
+/// Errors starting the node writer.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    /// The `[kube]` or `[validation]` settings are invalid (every problem listed).
+    #[error("invalid Kubernetes writer settings: {}", .0.join("; "))]
+    Config(Vec<String>),
+    /// `api_server_url` is not a URL.
+    #[error("invalid api_server_url {url:?}: {reason}")]
+    Url {
+        /// The configured value.
+        url: String,
+        /// Why it does not parse.
+        reason: String,
+    },
+    /// No in-cluster service account and no usable kubeconfig.
+    #[error("cannot find Kubernetes credentials (in-cluster or kubeconfig)")]
+    Infer(#[source] kube::config::InferConfigError),
+    /// The client could not be built from the configuration.
+    #[error("cannot build the Kubernetes client")]
+    Client(#[source] kube::Error),
+    /// `start` was called with an empty node name.
+    #[error("the node name is empty (set node_name or the NODE_NAME environment variable)")]
+    NoNodeName,
+}
+
+/// Writes conditions, taints and Events on the agent's own Node.
+pub struct NodeWriter {
+    sink: Arc<KubeEventSink>,
+    queue: Arc<EventQueue>,
+    shutdown_tx: watch::Sender<bool>,
+    reconciler: JoinHandle<()>,
+    watcher: JoinHandle<()>,
+    events: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for NodeWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeWriter").finish_non_exhaustive()
+    }
+}
+
+async fn build_client(cfg: &KubeConfig) -> Result<kube::Client, KubeError> {
+    // Several TLS backends are compiled into the binary (kube: ring; other
+    // dependencies may bring aws-lc-rs), so rustls cannot pick one by itself.
+    // Select ring once per process; an already installed provider is kept.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut config = match &cfg.api_server_url {
+        Some(url) => {
+            let uri = url.parse::<http::Uri>().map_err(|e| KubeError::Url {
+                url: url.clone(),
+                reason: e.to_string(),
+            })?;
+            kube::Config::new(uri)
+        }
+        None => kube::Config::infer().await.map_err(KubeError::Infer)?,
+    };
+    config.connect_timeout = Some(Duration::from_secs(cfg.request_timeout_secs));
+    // Watches hold the connection open up to watch_timeout_secs.
+    config.read_timeout = Some(Duration::from_secs(
+        u64::from(cfg.watch_timeout_secs) + cfg.request_timeout_secs,
+    ));
+    kube::Client::try_from(config).map_err(KubeError::Client)
+}
+
+impl NodeWriter {
+    /// Validates the settings, builds the client (none in dry-run mode) and starts
+    /// the reconcile loop, the Node watch and the Event writer on the current tokio
+    /// runtime. An unreachable API server is not an error: the loop retries.
+    pub async fn start(
+        cfg: KubeConfig,
+        validation: ValidationConfig,
+        node_name: String,
+        registry: Arc<Registry>,
+        health_rx: watch::Receiver<Arc<NodeHealth>>,
+        dry_run: bool,
+    ) -> Result<NodeWriter, KubeError> {
+        let mut problems = cfg.validate();
+        problems.extend(
+            validation
+                .validate()
+                .into_iter()
+                .map(|p| format!("validation.{p}")),
+        );
+        if !problems.is_empty() {
+            return Err(KubeError::Config(problems));
+        }
+        if node_name.is_empty() {
+            return Err(KubeError::NoNodeName);
+        }
+        let backend = Arc::new(if dry_run {
+            tracing::info!(node = %node_name, "Kubernetes writer in dry-run mode: patches are logged, not sent.");
+            Backend::dry_run(&node_name)
+        } else {
+            let client = build_client(&cfg).await?;
+            Backend::Live {
+                nodes: kube::Api::all(client.clone()),
+                events: kube::Api::namespaced(client, &cfg.event_namespace),
+                node_name: node_name.clone(),
+                timeout: Duration::from_secs(cfg.request_timeout_secs),
+            }
+        });
+        let queue = Arc::new(EventQueue::new(cfg.event_queue_capacity, registry.clone()));
+        let sink = Arc::new(KubeEventSink {
+            queue: queue.clone(),
+            enabled: cfg.events,
+        });
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let (node_tx, node_rx) = mpsc::channel(16);
+        let node_uid = Arc::new(Mutex::new(None));
+        let watcher = tokio::spawn(reconcile::watch_node(
+            backend.clone(),
+            node_tx,
+            cfg.clone(),
+            shutdown_rx.clone(),
+        ));
+        let events = tokio::spawn(
+            EventWriter {
+                queue: queue.clone(),
+                backend: backend.clone(),
+                cfg: cfg.clone(),
+                node_name: node_name.clone(),
+                node_uid: node_uid.clone(),
+                registry: registry.clone(),
+            }
+            .run(),
+        );
+        let reconciler = tokio::spawn(
+            Reconciler {
+                events_enabled: cfg.events,
+                cfg,
+                vcfg: validation,
+                node_name,
+                registry,
+                backend,
+                health_rx,
+                node_rx,
+                events: queue.clone(),
+                node_uid,
+                shutdown: shutdown_rx,
+                live: None,
+                gate_report: None,
+            }
+            .run(),
+        );
+        Ok(NodeWriter {
+            sink,
+            queue,
+            shutdown_tx,
+            reconciler,
+            watcher,
+            events,
+        })
+    }
+
+    /// The sink that turns fault events into Events on the Node (never blocks).
+    pub fn event_sink(&self) -> Arc<dyn EventSink> {
+        self.sink.clone()
+    }
+
+    /// Stops the loop and the watch, then gives queued Events up to 5 s to be written.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown_tx.send(true);
+        let _ = self.reconciler.await;
+        let _ = self.watcher.await;
+        self.queue.close();
+        let mut events = self.events;
+        if tokio::time::timeout(Duration::from_secs(5), &mut events)
+            .await
+            .is_err()
+        {
+            events.abort();
+            tracing::warn!(
+                queued = self.queue.len(),
+                "Kubernetes Events still queued at shutdown were dropped."
+            );
+        }
     }
 }

@@ -32,3 +32,11 @@ pub trait EventSink: Send + Sync {
         let _ = timeout;
     }
 }
+
+/// Installs the process-wide rustls crypto provider (ring) once. Both the OTLP
+/// exporter (tonic / reqwest) and the kube client use rustls; with more than one
+/// backend compiled in, rustls cannot pick one itself and would panic on the
+/// first TLS connection. Call before starting any sink; later calls do nothing.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

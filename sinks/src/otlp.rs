@@ -1,18 +1,794 @@
-//! OTLP export of metrics and fault log records (placeholder config; being written).
+//! OTLP export: metrics read from the shared [`Registry`] (observable
+//! instruments, cumulative temporality, the pipeline latency histogram) and
+//! one OTLP log record per fault event, over gRPC or HTTP/protobuf.
+//!
+//! Settings come from [`OtlpConfig`] and the standard `OTEL_EXPORTER_OTLP_*`
+//! variables (environment < config file < flags; see [`config`]).
+//!
+//! ```no_run
+//! use gpuwatch_sinks::otlp::{OtlpConfig, OtlpExporter, ResourceInfo};
+//! use gpuwatch_sinks::Registry;
+//!
+//! let rt = tokio::runtime::Runtime::new().unwrap();
+//! let cfg = OtlpConfig { enabled: true, endpoint: Some("http://127.0.0.1:4317".into()), ..Default::default() };
+//! let resource = ResourceInfo { node_name: "gpu-node-1".into(), host_name: "gpu-node-1".into(), service_version: "0.1.0".into() };
+//! let exporter = OtlpExporter::start(&cfg, &resource, Registry::new(), rt.handle()).unwrap();
+//! let sink = exporter.log_sink(); // hand to the health engine
+//! # drop(sink);
+//! exporter.shutdown(std::time::Duration::from_secs(5));
+//! ```
 
-use serde::Deserialize;
+pub mod config;
+pub(crate) mod instruments;
+mod logs;
 
-/// OTLP exporter settings (`[otlp]`).
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct OtlpConfig {
-    /// Export over OTLP at all.
-    pub enabled: bool,
+pub use config::{
+    Compression, OtlpConfig, OtlpSignal, Protocol, ResolvedSignal, TlsConfig, parse_key_values,
+};
+
+use crate::{EventSink, LATENCY_BUCKETS_SECONDS, Registry, Signal};
+use gpuwatch_proto::{FaultEvent, NodeHealth};
+use instruments::{InstrumentKind, NumType, Point, SPECS};
+use logs::{Driver, LogQueue, OtlpLogSink, QueueSettings, Worker};
+use opentelemetry::metrics::{AsyncInstrument, MeterProvider as _};
+use opentelemetry::{InstrumentationScope, KeyValue, Value};
+use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _, WithTonicConfig as _};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::logs::LogExporter as _;
+use opentelemetry_sdk::metrics::data::ResourceMetrics;
+use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Who is exporting: the OTel resource of every export.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResourceInfo {
+    /// Kubernetes node name (`k8s.node.name`).
+    pub node_name: String,
+    /// Host name (`host.name`).
+    pub host_name: String,
+    /// gpuwatch version (`service.version`).
+    pub service_version: String,
 }
 
-impl OtlpConfig {
-    /// Problems with the settings (empty when valid).
-    pub fn validate(&self) -> Vec<String> {
-        Vec::new()
+impl ResourceInfo {
+    /// The built-in resource attributes: `service.name=gpuwatch`,
+    /// `service.version`, `k8s.node.name`, `host.name` (empty values left out).
+    pub fn attributes(&self) -> Vec<(String, String)> {
+        let mut out = vec![("service.name".to_owned(), "gpuwatch".to_owned())];
+        for (k, v) in [
+            ("service.version", &self.service_version),
+            ("k8s.node.name", &self.node_name),
+            ("host.name", &self.host_name),
+        ] {
+            if !v.is_empty() {
+                out.push((k.to_owned(), v.clone()));
+            }
+        }
+        out
+    }
+}
+
+/// The full resource: built-in attributes, overridden by `OTEL_SERVICE_NAME` /
+/// `OTEL_RESOURCE_ATTRIBUTES` (read through `env`), overridden by
+/// `otlp.resource_attributes`.
+pub fn resource_attributes(
+    info: &ResourceInfo,
+    cfg: &OtlpConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<BTreeMap<String, String>, Vec<String>> {
+    let mut attrs: BTreeMap<String, String> = info.attributes().into_iter().collect();
+    if let Some(v) = env("OTEL_RESOURCE_ATTRIBUTES") {
+        match parse_key_values(&v) {
+            Ok(kv) => attrs.extend(kv),
+            Err(e) => return Err(vec![format!("OTEL_RESOURCE_ATTRIBUTES: {e}")]),
+        }
+    }
+    if let Some(name) = env("OTEL_SERVICE_NAME").filter(|n| !n.trim().is_empty()) {
+        attrs.insert("service.name".to_owned(), name.trim().to_owned());
+    }
+    attrs.extend(
+        cfg.resource_attributes
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone())),
+    );
+    Ok(attrs)
+}
+
+/// Errors starting the OTLP exporter.
+#[derive(Debug, thiserror::Error)]
+pub enum OtlpError {
+    /// `otlp.enabled` is false.
+    #[error("OTLP export is disabled (otlp.enabled = false)")]
+    Disabled,
+    /// The settings or the `OTEL_*` environment are invalid (every problem listed).
+    #[error("invalid OTLP settings: {}", .0.join("; "))]
+    Config(Vec<String>),
+    /// A TLS file could not be read.
+    #[error("cannot read otlp.tls.{key} {path}: {source}")]
+    TlsFile {
+        /// Which setting (`ca_file`, `cert_file`, `key_file`).
+        key: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A TLS file does not hold the PEM block it should.
+    #[error("otlp.tls.{key} {path} is not a PEM file with a {expected} block")]
+    TlsPem {
+        /// Which setting (`ca_file`, `cert_file`, `key_file`).
+        key: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What was looked for (`CERTIFICATE`, `PRIVATE KEY`).
+        expected: &'static str,
+    },
+    /// The HTTP client could not be built with the TLS material.
+    #[error("cannot build the OTLP HTTP client with the TLS settings: {0}")]
+    HttpClient(String),
+    /// opentelemetry-otlp refused to build an exporter.
+    #[error("cannot build the OTLP {signal} exporter: {source}")]
+    Build {
+        /// `metrics` or `logs`.
+        signal: &'static str,
+        /// The builder's error.
+        #[source]
+        source: opentelemetry_otlp::ExporterBuildError,
+    },
+    /// The log worker thread could not be spawned.
+    #[error("cannot start the OTLP log worker thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
+/// TLS files, read.
+struct TlsMaterial {
+    ca: Option<Vec<u8>>,
+    identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+fn read_file(key: &'static str, path: &Path) -> Result<Vec<u8>, OtlpError> {
+    std::fs::read(path).map_err(|source| OtlpError::TlsFile {
+        key,
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Reads a PEM file and checks it holds a `-----BEGIN ...{expected}-----` block,
+/// so a wrong file fails at start instead of on every export.
+fn read_pem(key: &'static str, path: &Path, expected: &'static str) -> Result<Vec<u8>, OtlpError> {
+    let data = read_file(key, path)?;
+    let text = String::from_utf8_lossy(&data);
+    let found = text.lines().any(|l| {
+        l.starts_with("-----BEGIN ") && l.trim_end().ends_with(&format!("{expected}-----"))
+    });
+    if found {
+        Ok(data)
+    } else {
+        Err(OtlpError::TlsPem {
+            key,
+            path: path.to_owned(),
+            expected,
+        })
+    }
+}
+
+impl TlsMaterial {
+    fn load(cfg: &TlsConfig) -> Result<Option<TlsMaterial>, OtlpError> {
+        if cfg.ca_file.is_none() && cfg.cert_file.is_none() {
+            return Ok(None);
+        }
+        let ca = cfg
+            .ca_file
+            .as_deref()
+            .map(|p| read_pem("ca_file", p, "CERTIFICATE"))
+            .transpose()?;
+        let identity = match (&cfg.cert_file, &cfg.key_file) {
+            (Some(c), Some(k)) => Some((
+                read_pem("cert_file", c, "CERTIFICATE")?,
+                read_pem("key_file", k, "PRIVATE KEY")?,
+            )),
+            _ => None,
+        };
+        Ok(Some(TlsMaterial { ca, identity }))
+    }
+
+    fn tonic(&self) -> opentelemetry_otlp::tonic_types::transport::ClientTlsConfig {
+        use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig, Identity};
+        let mut tls = ClientTlsConfig::new();
+        match &self.ca {
+            Some(ca) => tls = tls.ca_certificate(Certificate::from_pem(ca)),
+            None => tls = tls.with_enabled_roots(),
+        }
+        if let Some((cert, key)) = &self.identity {
+            tls = tls.identity(Identity::from_pem(cert, key));
+        }
+        tls
+    }
+
+    fn http_client(&self, timeout: Duration) -> Result<reqwest::blocking::Client, OtlpError> {
+        let mut b = reqwest::blocking::Client::builder().timeout(timeout);
+        if let Some(ca) = &self.ca {
+            let cert = reqwest::Certificate::from_pem(ca)
+                .map_err(|e| OtlpError::HttpClient(format!("otlp.tls.ca_file: {e}")))?;
+            b = b.add_root_certificate(cert);
+        }
+        if let Some((cert, key)) = &self.identity {
+            let mut pem = cert.clone();
+            pem.push(b'\n');
+            pem.extend_from_slice(key);
+            let id = reqwest::Identity::from_pem(&pem)
+                .map_err(|e| OtlpError::HttpClient(format!("otlp.tls.cert_file/key_file: {e}")))?;
+            b = b.identity(id);
+        }
+        // The blocking client owns a runtime; build it outside any async context.
+        std::thread::spawn(move || b.build())
+            .join()
+            .map_err(|_| OtlpError::HttpClient("client builder thread panicked".into()))?
+            .map_err(|e| OtlpError::HttpClient(e.to_string()))
+    }
+}
+
+fn metadata(
+    headers: &BTreeMap<String, String>,
+) -> opentelemetry_otlp::tonic_types::metadata::MetadataMap {
+    let mut map = http::HeaderMap::new();
+    for (k, v) in headers {
+        // validate()/resolve() already rejected invalid names and values.
+        if let (Ok(k), Ok(v)) = (
+            http::HeaderName::from_bytes(k.as_bytes()),
+            http::HeaderValue::from_str(v),
+        ) {
+            map.insert(k, v);
+        }
+    }
+    opentelemetry_otlp::tonic_types::metadata::MetadataMap::from_headers(map)
+}
+
+fn build_metric_exporter(
+    r: &ResolvedSignal,
+    tls: Option<&TlsMaterial>,
+) -> Result<opentelemetry_otlp::MetricExporter, OtlpError> {
+    let err = |source| OtlpError::Build {
+        signal: "metrics",
+        source,
+    };
+    let builder =
+        opentelemetry_otlp::MetricExporter::builder().with_temporality(Temporality::Cumulative);
+    match r.protocol {
+        Protocol::Grpc => {
+            let mut b = builder
+                .with_tonic()
+                .with_endpoint(r.endpoint.clone())
+                .with_protocol(opentelemetry_otlp::Protocol::Grpc)
+                .with_timeout(r.timeout)
+                .with_metadata(metadata(&r.headers));
+            if r.gzip {
+                b = b.with_compression(opentelemetry_otlp::Compression::Gzip);
+            }
+            if let Some(t) = tls {
+                b = b.with_tls_config(t.tonic());
+            }
+            b.build().map_err(err)
+        }
+        Protocol::HttpProtobuf => {
+            let mut b = builder
+                .with_http()
+                .with_endpoint(r.endpoint.clone())
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_timeout(r.timeout)
+                .with_headers(r.headers.clone().into_iter().collect::<HashMap<_, _>>());
+            if r.gzip {
+                b = b.with_compression(opentelemetry_otlp::Compression::Gzip);
+            }
+            if let Some(t) = tls {
+                b = b.with_http_client(t.http_client(r.timeout)?);
+            }
+            b.build().map_err(err)
+        }
+    }
+}
+
+fn build_log_exporter(
+    r: &ResolvedSignal,
+    tls: Option<&TlsMaterial>,
+) -> Result<opentelemetry_otlp::LogExporter, OtlpError> {
+    let err = |source| OtlpError::Build {
+        signal: "logs",
+        source,
+    };
+    // gpuwatch retries itself (the batch stays at the head of its queue).
+    let no_retry = opentelemetry_otlp::RetryPolicy::disabled();
+    match r.protocol {
+        Protocol::Grpc => {
+            let mut b = opentelemetry_otlp::LogExporter::builder()
+                .with_tonic()
+                .with_endpoint(r.endpoint.clone())
+                .with_protocol(opentelemetry_otlp::Protocol::Grpc)
+                .with_timeout(r.timeout)
+                .with_metadata(metadata(&r.headers))
+                .with_retry_policy(no_retry);
+            if r.gzip {
+                b = b.with_compression(opentelemetry_otlp::Compression::Gzip);
+            }
+            if let Some(t) = tls {
+                b = b.with_tls_config(t.tonic());
+            }
+            b.build().map_err(err)
+        }
+        Protocol::HttpProtobuf => {
+            let mut b = opentelemetry_otlp::LogExporter::builder()
+                .with_http()
+                .with_endpoint(r.endpoint.clone())
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_timeout(r.timeout)
+                .with_headers(r.headers.clone().into_iter().collect::<HashMap<_, _>>())
+                .with_retry_policy(no_retry);
+            if r.gzip {
+                b = b.with_compression(opentelemetry_otlp::Compression::Gzip);
+            }
+            if let Some(t) = tls {
+                b = b.with_http_client(t.http_client(r.timeout)?);
+            }
+            b.build().map_err(err)
+        }
+    }
+}
+
+/// Wraps the OTLP metric exporter to count failed exports.
+struct CountingExporter {
+    inner: opentelemetry_otlp::MetricExporter,
+    registry: Arc<Registry>,
+}
+
+impl std::fmt::Debug for CountingExporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CountingExporter").finish_non_exhaustive()
+    }
+}
+
+impl PushMetricExporter for CountingExporter {
+    async fn export(&self, metrics: &ResourceMetrics) -> OTelSdkResult {
+        let result = self.inner.export(metrics).await;
+        if let Err(e) = &result {
+            self.registry.count_export_failure(Signal::Metrics);
+            tracing::warn!(error = %e, "OTLP metric export failed.");
+        }
+        result
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn temporality(&self) -> Temporality {
+        self.inner.temporality()
+    }
+}
+
+fn key_values(p: &Point) -> Vec<KeyValue> {
+    p.attrs
+        .iter()
+        .map(|(k, v)| {
+            let v = match v {
+                instruments::AttrValue::Str(s) => Value::from(s.to_string()),
+                instruments::AttrValue::Int(i) => Value::I64(*i),
+            };
+            KeyValue::new(*k, v)
+        })
+        .collect()
+}
+
+/// Keeps the observable instruments alive as long as the exporter.
+enum Held {
+    Counter(#[allow(dead_code)] opentelemetry::metrics::ObservableCounter<u64>),
+    GaugeU64(#[allow(dead_code)] opentelemetry::metrics::ObservableGauge<u64>),
+    GaugeF64(#[allow(dead_code)] opentelemetry::metrics::ObservableGauge<f64>),
+}
+
+fn register_instruments(
+    meter: &opentelemetry::metrics::Meter,
+    registry: &Arc<Registry>,
+) -> Vec<Held> {
+    let mut held = Vec::with_capacity(SPECS.len());
+    for (i, spec) in SPECS.iter().enumerate() {
+        let reg = registry.clone();
+        let points = move || -> Vec<Point> {
+            let health: Arc<NodeHealth> = reg.health();
+            SPECS[i].points(&reg, &health)
+        };
+        match (spec.kind, spec.num) {
+            (InstrumentKind::Counter, _) => held.push(Held::Counter(
+                meter
+                    .u64_observable_counter(spec.name)
+                    .with_unit(spec.unit)
+                    .with_description(spec.description)
+                    .with_callback(move |o: &dyn AsyncInstrument<u64>| {
+                        for p in points() {
+                            o.observe(p.value.as_u64(), &key_values(&p));
+                        }
+                    })
+                    .build(),
+            )),
+            (_, NumType::U64) => held.push(Held::GaugeU64(
+                meter
+                    .u64_observable_gauge(spec.name)
+                    .with_unit(spec.unit)
+                    .with_description(spec.description)
+                    .with_callback(move |o: &dyn AsyncInstrument<u64>| {
+                        for p in points() {
+                            o.observe(p.value.as_u64(), &key_values(&p));
+                        }
+                    })
+                    .build(),
+            )),
+            (_, NumType::F64) => held.push(Held::GaugeF64(
+                meter
+                    .f64_observable_gauge(spec.name)
+                    .with_unit(spec.unit)
+                    .with_description(spec.description)
+                    .with_callback(move |o: &dyn AsyncInstrument<f64>| {
+                        for p in points() {
+                            o.observe(p.value.as_f64(), &key_values(&p));
+                        }
+                    })
+                    .build(),
+            )),
+        }
+    }
+    held
+}
+
+/// A sink for when log export is switched off (`otlp.logs = false`).
+struct DisabledLogSink;
+
+impl EventSink for DisabledLogSink {
+    fn name(&self) -> &'static str {
+        "otlp_logs"
+    }
+    fn send(&self, _event: &FaultEvent) {}
+}
+
+/// The running OTLP exporter (metrics reader thread + log worker thread).
+pub struct OtlpExporter {
+    meter_provider: Option<SdkMeterProvider>,
+    _instruments: Vec<Held>,
+    log_queue: Option<Arc<LogQueue>>,
+    log_thread: Option<std::thread::JoinHandle<()>>,
+    sink: Arc<dyn EventSink>,
+    resource: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for OtlpExporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OtlpExporter")
+            .field("metrics", &self.meter_provider.is_some())
+            .field("logs", &self.log_queue.is_some())
+            .field("resource", &self.resource)
+            .finish()
+    }
+}
+
+impl OtlpExporter {
+    /// Validates the settings (config and environment), builds the exporters
+    /// and starts exporting. Metrics: a periodic reader every
+    /// `export_interval_secs`. Logs: a worker thread fed by [`Self::log_sink`].
+    /// The gRPC transport runs on `rt`.
+    pub fn start(
+        cfg: &OtlpConfig,
+        resource: &ResourceInfo,
+        registry: Arc<Registry>,
+        rt: &tokio::runtime::Handle,
+    ) -> Result<OtlpExporter, OtlpError> {
+        if !cfg.enabled {
+            return Err(OtlpError::Disabled);
+        }
+        let env = |k: &str| std::env::var(k).ok();
+        let mut problems = cfg.validate();
+        let metrics = cfg.resolve(OtlpSignal::Metrics, &env);
+        let logs = cfg.resolve(OtlpSignal::Logs, &env);
+        let attrs = resource_attributes(resource, cfg, &env);
+        for r in [&metrics, &logs] {
+            if let Err(p) = r {
+                for p in p {
+                    if !problems.contains(p) {
+                        problems.push(p.clone());
+                    }
+                }
+            }
+        }
+        if let Err(p) = &attrs {
+            problems.extend(p.iter().cloned());
+        }
+        let (Ok(metrics), Ok(logs), Ok(attrs), true) = (metrics, logs, attrs, problems.is_empty())
+        else {
+            return Err(OtlpError::Config(problems));
+        };
+        let tls = TlsMaterial::load(&cfg.tls)?;
+        let otel_resource = Resource::builder_empty()
+            .with_attributes(
+                attrs
+                    .iter()
+                    .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
+            )
+            .build();
+        let scope = InstrumentationScope::builder("gpuwatch")
+            .with_version(resource.service_version.clone())
+            .build();
+        // tonic spawns its connection task on the current runtime.
+        let _guard = rt.enter();
+
+        let mut exporter = OtlpExporter {
+            meter_provider: None,
+            _instruments: Vec::new(),
+            log_queue: None,
+            log_thread: None,
+            sink: Arc::new(DisabledLogSink),
+            resource: attrs,
+        };
+
+        if cfg.metrics {
+            let inner = build_metric_exporter(&metrics, tls.as_ref())?;
+            let reader = PeriodicReader::builder(CountingExporter {
+                inner,
+                registry: registry.clone(),
+            })
+            .with_interval(Duration::from_secs(cfg.export_interval_secs))
+            .build();
+            let provider = SdkMeterProvider::builder()
+                .with_resource(otel_resource.clone())
+                .with_reader(reader)
+                .build();
+            let meter = provider.meter_with_scope(scope.clone());
+            exporter._instruments = register_instruments(&meter, &registry);
+            let histogram = meter
+                .f64_histogram(instruments::LATENCY_NAME)
+                .with_unit(instruments::LATENCY_UNIT)
+                .with_description(instruments::LATENCY_DESCRIPTION)
+                .with_boundaries(LATENCY_BUCKETS_SECONDS.to_vec())
+                .build();
+            if !registry.set_latency_hook(Box::new(move |secs| histogram.record(secs, &[]))) {
+                tracing::warn!(
+                    "Pipeline latency hook already installed; the OTLP latency histogram stays empty."
+                );
+            }
+            tracing::info!(endpoint = %metrics.endpoint, protocol = metrics.protocol.as_str(), interval_secs = cfg.export_interval_secs, "OTLP metric export started.");
+            exporter.meter_provider = Some(provider);
+        }
+
+        if cfg.logs {
+            let mut log_exporter = build_log_exporter(&logs, tls.as_ref())?;
+            log_exporter.set_resource(&otel_resource);
+            let queue = LogQueue::new(
+                QueueSettings {
+                    capacity: cfg.log_queue_size,
+                    batch_size: cfg.log_batch_size,
+                    linger: Duration::from_millis(cfg.log_flush_interval_ms),
+                    retry_initial: Duration::from_millis(cfg.log_retry_initial_ms),
+                    retry_max: Duration::from_millis(cfg.log_retry_max_ms),
+                },
+                registry.clone(),
+            );
+            let worker = Worker {
+                queue: queue.clone(),
+                exporter: log_exporter,
+                driver: match logs.protocol {
+                    Protocol::Grpc => Driver::Runtime(rt.clone()),
+                    Protocol::HttpProtobuf => Driver::Park,
+                },
+                scope,
+            };
+            let handle = std::thread::Builder::new()
+                .name("gpuwatch-otlp-logs".into())
+                .spawn(move || worker.run())
+                .map_err(OtlpError::Thread)?;
+            tracing::info!(endpoint = %logs.endpoint, protocol = logs.protocol.as_str(), queue = cfg.log_queue_size, "OTLP fault log export started.");
+            exporter.sink = Arc::new(OtlpLogSink {
+                queue: queue.clone(),
+            });
+            exporter.log_queue = Some(queue);
+            exporter.log_thread = Some(handle);
+        }
+        Ok(exporter)
+    }
+
+    /// The sink that turns each fault event into one OTLP log record. `send`
+    /// never blocks. With `otlp.logs = false` the sink discards events.
+    pub fn log_sink(&self) -> Arc<dyn EventSink> {
+        self.sink.clone()
+    }
+
+    /// Log records waiting for the collector.
+    pub fn pending_log_records(&self) -> usize {
+        self.log_queue.as_ref().map_or(0, |q| q.len())
+    }
+
+    /// The resource attributes sent with every export.
+    pub fn resource(&self) -> &BTreeMap<String, String> {
+        &self.resource
+    }
+
+    /// Exports what is left (one last try per signal) and stops, within about
+    /// `timeout`. Log records still queued afterwards are counted as dropped.
+    pub fn shutdown(mut self, timeout: Duration) {
+        let half = timeout / 2;
+        if let Some(q) = self.log_queue.take() {
+            q.shutdown(half);
+            if let Some(h) = self.log_thread.take()
+                && h.is_finished()
+            {
+                let _ = h.join();
+            }
+        }
+        if let Some(p) = self.meter_provider.take()
+            && let Err(e) = p.shutdown_with_timeout(half)
+        {
+            tracing::warn!(error = %e, "OTLP metric exporter did not shut down cleanly.");
+        }
+    }
+}
+
+impl Drop for OtlpExporter {
+    fn drop(&mut self) {
+        // Dropped without shutdown(): stop the worker without waiting.
+        if let Some(q) = self.log_queue.take() {
+            q.request_stop();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resource_precedence_builtin_env_file() {
+        let info = ResourceInfo {
+            node_name: "n1".into(),
+            host_name: "h1".into(),
+            service_version: "1.0".into(),
+        };
+        let env = |k: &str| match k {
+            "OTEL_RESOURCE_ATTRIBUTES" => {
+                Some("k8s.cluster.name=prod,host.name=from-env,team=ml".to_owned())
+            }
+            _ => None,
+        };
+        let cfg = OtlpConfig {
+            resource_attributes: [("team".to_owned(), "infra".to_owned())].into(),
+            ..Default::default()
+        };
+        let a = resource_attributes(&info, &cfg, &env).unwrap();
+        assert_eq!(a["service.name"], "gpuwatch");
+        assert_eq!(a["k8s.node.name"], "n1");
+        assert_eq!(a["host.name"], "from-env");
+        assert_eq!(a["k8s.cluster.name"], "prod");
+        assert_eq!(a["team"], "infra");
+        let bad = |k: &str| (k == "OTEL_RESOURCE_ATTRIBUTES").then(|| "oops".to_owned());
+        let e = resource_attributes(&info, &cfg, &bad).unwrap_err();
+        assert!(e[0].starts_with("OTEL_RESOURCE_ATTRIBUTES"), "{e:?}");
+    }
+
+    #[test]
+    fn disabled_config_does_not_start() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let e = OtlpExporter::start(
+            &OtlpConfig::default(),
+            &ResourceInfo::default(),
+            Registry::new(),
+            rt.handle(),
+        )
+        .unwrap_err();
+        assert!(matches!(e, OtlpError::Disabled));
+    }
+
+    #[test]
+    fn invalid_config_lists_every_problem() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let cfg = OtlpConfig {
+            enabled: true,
+            endpoint: Some("ftp://nope".into()),
+            log_queue_size: 0,
+            ..Default::default()
+        };
+        let e = OtlpExporter::start(&cfg, &ResourceInfo::default(), Registry::new(), rt.handle())
+            .unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("endpoint") && msg.contains("log_queue_size"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn missing_tls_file_is_named() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let cfg = OtlpConfig {
+            enabled: true,
+            endpoint: Some("https://127.0.0.1:1".into()),
+            tls: TlsConfig {
+                ca_file: Some("/nonexistent/ca.pem".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let e = OtlpExporter::start(&cfg, &ResourceInfo::default(), Registry::new(), rt.handle())
+            .unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/ca.pem"), "{e}");
+    }
+
+    #[test]
+    fn non_pem_tls_files_are_rejected_at_start() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "not a certificate").unwrap();
+        let cert = dir.path().join("cert.pem");
+        std::fs::write(
+            &cert,
+            "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let key = dir.path().join("key.pem");
+        std::fs::write(
+            &key,
+            "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let mut cfg = OtlpConfig {
+            enabled: true,
+            endpoint: Some("https://127.0.0.1:1".into()),
+            tls: TlsConfig {
+                ca_file: Some(ca.clone()),
+                cert_file: None,
+                key_file: None,
+            },
+            ..Default::default()
+        };
+        let e = OtlpExporter::start(&cfg, &ResourceInfo::default(), Registry::new(), rt.handle())
+            .unwrap_err();
+        assert!(
+            matches!(&e, OtlpError::TlsPem { key: "ca_file", .. }),
+            "{e}"
+        );
+        cfg.tls = TlsConfig {
+            ca_file: None,
+            cert_file: Some(cert),
+            key_file: Some(key.clone()),
+        };
+        let e = OtlpExporter::start(&cfg, &ResourceInfo::default(), Registry::new(), rt.handle())
+            .unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                OtlpError::TlsPem {
+                    key: "key_file",
+                    expected: "PRIVATE KEY",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains(&key.display().to_string()));
     }
 }

@@ -1,1 +1,402 @@
-//! (being written)
+//! Prometheus text exposition (format 0.0.4) of the same instruments the OTLP
+//! exporter sends, under the names an OpenTelemetry collector's Prometheus
+//! exporter gives them (see [`otel_to_prometheus_name`]).
+//!
+//! ```
+//! use gpuwatch_sinks::prometheus::{otel_to_prometheus_name, render, InstrumentKind};
+//! use gpuwatch_sinks::{otlp::ResourceInfo, Registry};
+//!
+//! assert_eq!(
+//!     otel_to_prometheus_name("gpu.xid.errors", "{error}", InstrumentKind::Counter),
+//!     "gpu_xid_errors_total"
+//! );
+//! let text = render(&Registry::new(), &ResourceInfo::default());
+//! assert!(text.contains("# TYPE gpuwatch_kmsg_records_read_total counter"));
+//! ```
+
+use crate::otlp::ResourceInfo;
+use crate::otlp::instruments::{LATENCY_DESCRIPTION, LATENCY_NAME, LATENCY_UNIT, Num, SPECS};
+use crate::registry::{LATENCY_BUCKETS_SECONDS, Registry};
+use std::fmt::Write as _;
+
+pub use crate::otlp::instruments::InstrumentKind;
+
+/// Content type of the text this module renders.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Prometheus word for a UCUM unit (the OpenTelemetry collector's table).
+fn unit_word(unit: &str) -> Option<&'static str> {
+    Some(match unit {
+        "d" => "days",
+        "h" => "hours",
+        "min" => "minutes",
+        "s" => "seconds",
+        "ms" => "milliseconds",
+        "us" => "microseconds",
+        "ns" => "nanoseconds",
+        "By" => "bytes",
+        "KiBy" => "kibibytes",
+        "MiBy" => "mebibytes",
+        "GiBy" => "gibibytes",
+        "TiBy" => "tibibytes",
+        "KBy" => "kilobytes",
+        "MBy" => "megabytes",
+        "GBy" => "gigabytes",
+        "TBy" => "terabytes",
+        "m" => "meters",
+        "V" => "volts",
+        "A" => "amperes",
+        "J" => "joules",
+        "W" => "watts",
+        "g" => "grams",
+        "Cel" => "celsius",
+        "Hz" => "hertz",
+        "%" => "percent",
+        _ => return None,
+    })
+}
+
+/// Prometheus word for the denominator of a `x/y` unit.
+fn per_unit_word(unit: &str) -> Option<&'static str> {
+    Some(match unit {
+        "s" => "second",
+        "m" => "minute",
+        "h" => "hour",
+        "d" => "day",
+        "w" => "week",
+        "mo" => "month",
+        "y" => "year",
+        _ => return None,
+    })
+}
+
+/// Splits into `[a-zA-Z0-9]` runs (other characters separate tokens).
+fn tokens(s: &str) -> Vec<String> {
+    s.split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|t| !t.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Removes `{...}` annotations from a UCUM unit (`{error}` → ``, `{packet}/s` → `/s`).
+fn strip_annotations(unit: &str) -> String {
+    let mut out = String::with_capacity(unit.len());
+    let mut depth = 0u32;
+    for c in unit.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth > 0 => depth -= 1,
+            _ if depth == 0 => out.push(c),
+            _ => {}
+        }
+    }
+    out.trim().to_owned()
+}
+
+/// The Prometheus metric name an OpenTelemetry collector's Prometheus exporter
+/// produces for an OTLP metric: non-alphanumeric runs become `_`, the unit is
+/// appended as a word (`s` → `seconds`, `Cel` → `celsius`, `W` → `watts`,
+/// `x/s` → `x_per_second`; `{...}` annotations add nothing) unless the name
+/// already contains it, gauges with unit `1` get `_ratio`, and monotonic
+/// counters end in `_total`.
+pub fn otel_to_prometheus_name(name: &str, unit: &str, kind: InstrumentKind) -> String {
+    let mut parts = tokens(name);
+    let unit = strip_annotations(unit);
+    let (main, per) = match unit.split_once('/') {
+        Some((m, p)) => (m.trim(), p.trim()),
+        None => (unit.as_str(), ""),
+    };
+    let mut suffix: Vec<String> = Vec::new();
+    if !main.is_empty() && main != "1" {
+        let word = unit_word(main).map_or_else(|| tokens(main).join("_"), str::to_owned);
+        suffix.extend(tokens(&word));
+    }
+    if !per.is_empty() {
+        let word = per_unit_word(per).map_or_else(|| tokens(per).join("_"), str::to_owned);
+        suffix.push("per".to_owned());
+        suffix.extend(tokens(&word));
+    }
+    if !suffix.is_empty() && !parts.ends_with(&suffix) && !contains_run(&parts, &suffix) {
+        parts.extend(suffix);
+    }
+    match kind {
+        InstrumentKind::Counter => {
+            parts.retain(|t| t != "total");
+            parts.push("total".to_owned());
+        }
+        InstrumentKind::Gauge if main == "1" && parts.last().is_none_or(|t| t != "ratio") => {
+            parts.push("ratio".to_owned());
+        }
+        _ => {}
+    }
+    let mut out = parts.join("_");
+    if out.starts_with(|c: char| c.is_ascii_digit()) {
+        out.insert(0, '_');
+    }
+    out
+}
+
+fn contains_run(haystack: &[String], needle: &[String]) -> bool {
+    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// A Prometheus label name for an OTel attribute key (`gpu.pci.address` →
+/// `gpu_pci_address`; invalid characters become `_`; a leading digit gets `key_`).
+pub fn label_name(key: &str) -> String {
+    let mut out: String = key
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if out.starts_with(|c: char| c.is_ascii_digit()) {
+        out.insert_str(0, "key_");
+    }
+    out
+}
+
+/// Escapes a label value: backslash, double quote and line feed.
+pub fn escape_label_value(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Escapes HELP text: backslash and line feed.
+fn escape_help(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+fn write_float(out: &mut String, v: f64) {
+    if v.is_nan() {
+        out.push_str("NaN");
+    } else if v.is_infinite() {
+        out.push_str(if v > 0.0 { "+Inf" } else { "-Inf" });
+    } else {
+        let _ = write!(out, "{v}");
+    }
+}
+
+fn write_labels<'a>(out: &mut String, labels: impl IntoIterator<Item = (String, &'a str)>) {
+    let mut first = true;
+    for (k, v) in labels {
+        // An empty label value is the same as no label.
+        if v.is_empty() {
+            continue;
+        }
+        out.push(if first { '{' } else { ',' });
+        first = false;
+        let _ = write!(out, "{k}=\"{}\"", escape_label_value(v));
+    }
+    if !first {
+        out.push('}');
+    }
+}
+
+fn header(out: &mut String, name: &str, help: &str, ty: &str) {
+    let _ = writeln!(out, "# HELP {name} {}", escape_help(help));
+    let _ = writeln!(out, "# TYPE {name} {ty}");
+}
+
+/// Renders every instrument that has data points, the pipeline latency
+/// histogram and a `target_info` gauge carrying the resource attributes.
+pub fn render(registry: &Registry, resource: &ResourceInfo) -> String {
+    let health = registry.health();
+    let mut out = String::with_capacity(16 * 1024);
+
+    header(&mut out, "target_info", "Target metadata", "gauge");
+    out.push_str("target_info");
+    let attrs = resource.attributes();
+    write_labels(
+        &mut out,
+        attrs.iter().map(|(k, v)| (label_name(k), v.as_str())),
+    );
+    out.push_str(" 1\n");
+
+    for spec in SPECS {
+        let points = spec.points(registry, &health);
+        if points.is_empty() {
+            continue;
+        }
+        let name = otel_to_prometheus_name(spec.name, spec.unit, spec.kind);
+        let ty = match spec.kind {
+            InstrumentKind::Counter => "counter",
+            InstrumentKind::Gauge => "gauge",
+            InstrumentKind::Histogram => "histogram",
+        };
+        header(&mut out, &name, spec.description, ty);
+        for p in points {
+            out.push_str(&name);
+            let values: Vec<_> = p
+                .attrs
+                .iter()
+                .map(|(k, v)| (label_name(k), v.to_label()))
+                .collect();
+            write_labels(
+                &mut out,
+                values.iter().map(|(k, v)| (k.clone(), v.as_ref())),
+            );
+            out.push(' ');
+            match p.value {
+                Num::U64(v) => {
+                    let _ = write!(out, "{v}");
+                }
+                Num::F64(v) => write_float(&mut out, v),
+            }
+            out.push('\n');
+        }
+    }
+
+    let name = otel_to_prometheus_name(LATENCY_NAME, LATENCY_UNIT, InstrumentKind::Histogram);
+    let b = registry.latency_buckets();
+    header(&mut out, &name, LATENCY_DESCRIPTION, "histogram");
+    let mut cumulative = 0u64;
+    for (i, bound) in LATENCY_BUCKETS_SECONDS.iter().enumerate() {
+        cumulative += b.counts[i];
+        let mut le = String::new();
+        write_float(&mut le, *bound);
+        let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", b.count);
+    out.push_str(&name);
+    out.push_str("_sum ");
+    write_float(&mut out, b.sum);
+    let _ = writeln!(out, "\n{name}_count {}", b.count);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use InstrumentKind::{Counter, Gauge, Histogram};
+
+    #[test]
+    fn name_translation_table() {
+        for (name, unit, kind, want) in [
+            ("gpu.xid.errors", "{error}", Counter, "gpu_xid_errors_total"),
+            ("gpu.faults.active", "{fault}", Gauge, "gpu_faults_active"),
+            ("hw.temperature", "Cel", Gauge, "hw_temperature_celsius"),
+            (
+                "hw.temperature.limit",
+                "Cel",
+                Gauge,
+                "hw_temperature_limit_celsius",
+            ),
+            ("hw.power", "W", Gauge, "hw_power_watts"),
+            (
+                "gpu.clock_event.active",
+                "{state}",
+                Gauge,
+                "gpu_clock_event_active",
+            ),
+            (
+                "gpuwatch.pipeline.latency",
+                "s",
+                Histogram,
+                "gpuwatch_pipeline_latency_seconds",
+            ),
+            (
+                "gpuwatch.startup_gate.duration",
+                "s",
+                Gauge,
+                "gpuwatch_startup_gate_duration_seconds",
+            ),
+            (
+                "http.server.duration",
+                "ms",
+                Histogram,
+                "http_server_duration_milliseconds",
+            ),
+            (
+                "system.network.io",
+                "By",
+                Counter,
+                "system_network_io_bytes_total",
+            ),
+            ("requests.total", "{request}", Counter, "requests_total"),
+            ("cpu.utilization", "1", Gauge, "cpu_utilization_ratio"),
+            ("packets", "{packet}/s", Gauge, "packets_per_second"),
+            ("queue.time_seconds", "s", Gauge, "queue_time_seconds"),
+            ("2xx.count", "", Gauge, "_2xx_count"),
+        ] {
+            assert_eq!(
+                otel_to_prometheus_name(name, unit, kind),
+                want,
+                "{name} [{unit}]"
+            );
+        }
+    }
+
+    #[test]
+    fn every_documented_name_translates_as_documented() {
+        let doc = include_str!("../../docs/metrics.md");
+        let mut checked = 0;
+        for line in doc.lines().filter(|l| l.starts_with("| `")) {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            // Metric tables have six columns; other tables (log attributes) fewer.
+            if cells.len() < 8 {
+                continue;
+            }
+            let otel = cells[1].trim_matches('`');
+            let prom = cells[2].trim_matches('`');
+            let unit = cells[4].trim_matches('`');
+            let kind = if cells[3].starts_with("counter") {
+                Counter
+            } else if cells[3].starts_with("histogram") {
+                Histogram
+            } else {
+                Gauge
+            };
+            assert_eq!(otel_to_prometheus_name(otel, unit, kind), prom, "{line}");
+            checked += 1;
+        }
+        assert!(checked >= 35, "only {checked} rows found");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape_label_value(r#"a"b\c"#), r#"a\"b\\c"#);
+        assert_eq!(escape_label_value("two\nlines"), "two\\nlines");
+        assert_eq!(escape_label_value("plain ü"), "plain ü");
+        assert_eq!(label_name("gpu.pci.address"), "gpu_pci_address");
+        assert_eq!(label_name("9lives-x"), "key_9lives_x");
+    }
+
+    #[test]
+    fn histogram_is_cumulative_with_inf_sum_and_count() {
+        let r = Registry::new();
+        r.record_latency(std::time::Duration::from_micros(20));
+        r.record_latency(std::time::Duration::from_millis(3));
+        r.record_latency(std::time::Duration::from_secs(2));
+        let text = render(&r, &ResourceInfo::default());
+        assert!(text.contains("gpuwatch_pipeline_latency_seconds_bucket{le=\"0.000025\"} 1\n"));
+        assert!(text.contains("gpuwatch_pipeline_latency_seconds_bucket{le=\"0.005\"} 2\n"));
+        assert!(text.contains("gpuwatch_pipeline_latency_seconds_bucket{le=\"1\"} 2\n"));
+        assert!(text.contains("gpuwatch_pipeline_latency_seconds_bucket{le=\"+Inf\"} 3\n"));
+        assert!(text.contains("gpuwatch_pipeline_latency_seconds_count 3\n"));
+    }
+
+    #[test]
+    fn target_info_carries_resource_and_escapes() {
+        let res = ResourceInfo {
+            node_name: "node \"a\"".into(),
+            host_name: "host-a".into(),
+            service_version: "1.2.3".into(),
+        };
+        let text = render(&Registry::new(), &res);
+        assert!(text.contains(r#"k8s_node_name="node \"a\"""#), "{text}");
+        assert!(text.contains(r#"service_name="gpuwatch""#));
+        assert!(text.contains(r#"service_version="1.2.3""#));
+    }
+}

@@ -212,7 +212,8 @@ pub type LatencyHook = Box<dyn Fn(f64) + Send + Sync>;
 /// Upper bounds (seconds) of the pipeline latency histogram buckets, shared by
 /// the Prometheus renderer and the OTLP histogram view.
 pub const LATENCY_BUCKETS_SECONDS: [f64; 12] = [
-    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.1, 1.0,
+    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.1,
+    1.0,
 ];
 
 /// Shared metric registry. Cheap to clone through `Arc`.
@@ -422,12 +423,16 @@ impl Registry {
 
     /// The latest node health.
     pub fn health(&self) -> Arc<NodeHealth> {
-        self.health.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.health
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Marks whether the startup taint is present (starts/stops the gate clock).
     pub fn set_startup_taint(&self, present: bool) {
-        self.startup_taint_present.store(u64::from(present), Relaxed);
+        self.startup_taint_present
+            .store(u64::from(present), Relaxed);
         let mut since = lock(&self.startup_gate_since);
         match (present, since.is_some()) {
             (true, false) => *since = Some(Instant::now()),

@@ -43,15 +43,20 @@ impl EventSink for JsonLinesSink {
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(error = %e, "Cannot encode fault event as JSON.");
-                self.registry.count_events(Stage::Stdout, Outcome::Dropped, 1);
+                self.registry
+                    .count_events(Stage::Stdout, Outcome::Dropped, 1);
                 return;
             }
         };
         let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
         // A closed stdout (EPIPE) loses the line; count it instead of failing the agent.
         match writeln!(out, "{line}").and_then(|()| out.flush()) {
-            Ok(()) => self.registry.count_events(Stage::Stdout, Outcome::Emitted, 1),
-            Err(_) => self.registry.count_events(Stage::Stdout, Outcome::Dropped, 1),
+            Ok(()) => self
+                .registry
+                .count_events(Stage::Stdout, Outcome::Emitted, 1),
+            Err(_) => self
+                .registry
+                .count_events(Stage::Stdout, Outcome::Dropped, 1),
         }
     }
 }

@@ -1,18 +1,664 @@
-//! Device validation (placeholder config; being written).
+//! Device validation for the startup taint gate and `gpuwatch validate`.
+//!
+//! [`validate`] is pure: it judges the latest [`NodeHealth`] (NVML samples of every
+//! GPU) against the expected GPU count and the PCIe expectations. The optional extra
+//! command (`dcgmi diag -r 1`, a vendor script, ...) runs separately with
+//! [`run_extra_command`]; [`add_check`] folds its result into the report.
+//!
+//! A report only passes when it is *complete*: every check could run (NVML answered,
+//! the expected GPU count is known, every GPU has a sample). A partial report never
+//! removes the startup taint.
+//!
+//! ```
+//! use gpuwatch_proto::{GpuHealth, GpuSample, MonitorStatus, NodeHealth, RecoveryAction};
+//! use gpuwatch_sinks::validation::{validate, ValidationConfig};
+//!
+//! let mut sample = GpuSample { index: 0, uuid: "GPU-0".into(), ..Default::default() };
+//! sample.set_recovery_action(RecoveryAction::None);
+//! let health = NodeHealth {
+//!     monitor: Some(MonitorStatus { nvml_ok: true, kmsg_ok: true, message: String::new() }),
+//!     gpus: vec![GpuHealth { index: Some(0), sample: Some(sample), ..Default::default() }],
+//!     ..Default::default()
+//! };
+//! let report = validate(&health, Some(1), &ValidationConfig::default());
+//! assert!(report.complete && report.passed, "{report:?}");
+//! assert!(!validate(&health, Some(2), &ValidationConfig::default()).passed);
+//! assert!(!validate(&health, None, &ValidationConfig::default()).complete);
+//! ```
 
-use serde::Deserialize;
+use gpuwatch_proto::{
+    GpuHealth, GpuSample, NodeHealth, RecoveryAction, ShortName, ValidationCheck, ValidationReport,
+};
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::time::Duration;
 
 /// Device validation settings (`[validation]`).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ValidationConfig {
-    /// GPUs the node must have; unset: from the node label or `nvidia.com/gpu` capacity.
+    /// GPUs the node must have; unset: from the node label `expected_gpus_label`,
+    /// else the node's `nvidia.com/gpu` capacity.
     pub expected_gpus: Option<u32>,
+    /// Node label holding the expected GPU count (GPU feature discovery sets
+    /// `nvidia.com/gpu.count`).
+    pub expected_gpus_label: String,
+    /// Minimum PCIe link generation every GPU must run at; unset: the GPU's maximum.
+    /// (Idle GPUs may downshift the generation to save power; set this when the
+    /// gate runs on idle GPUs that do.)
+    pub expected_pcie_gen: Option<u32>,
+    /// Minimum PCIe link width (lanes) every GPU must run at; unset: the GPU's maximum.
+    pub expected_pcie_width: Option<u32>,
+    /// Extra validation command (argv, no shell), e.g. `["dcgmi", "diag", "-r", "1"]`;
+    /// must exit 0. Empty: none.
+    pub command: Vec<String>,
+    /// Seconds the extra command may run before it is killed and counted as failed.
+    pub timeout_secs: u64,
+}
+
+impl Default for ValidationConfig {
+    fn default() -> Self {
+        ValidationConfig {
+            expected_gpus: None,
+            expected_gpus_label: "nvidia.com/gpu.count".into(),
+            expected_pcie_gen: None,
+            expected_pcie_width: None,
+            command: Vec::new(),
+            timeout_secs: 300,
+        }
+    }
 }
 
 impl ValidationConfig {
-    /// Problems with the settings (empty when valid).
+    /// Problems with the settings (empty when valid); key names relative to `[validation]`.
     pub fn validate(&self) -> Vec<String> {
-        Vec::new()
+        let mut p = Vec::new();
+        if self.expected_gpus == Some(0) {
+            p.push(
+                "expected_gpus: must be at least 1 (leave unset to read it from the node)".into(),
+            );
+        }
+        if let Err(e) = crate::kube::check_label_key(&self.expected_gpus_label) {
+            p.push(format!(
+                "expected_gpus_label: {:?} {e}",
+                self.expected_gpus_label
+            ));
+        }
+        if matches!(self.expected_pcie_gen, Some(g) if !(1..=7).contains(&g)) {
+            p.push("expected_pcie_gen: expected 1 to 7".into());
+        }
+        if matches!(self.expected_pcie_width, Some(w) if ![1, 2, 4, 8, 12, 16, 32].contains(&w)) {
+            p.push("expected_pcie_width: expected one of 1, 2, 4, 8, 12, 16, 32".into());
+        }
+        if self.command.first().is_some_and(|c| c.is_empty()) {
+            p.push("command: the program (first element) is empty".into());
+        }
+        if self.timeout_secs == 0 {
+            p.push("timeout_secs: must be greater than 0".into());
+        }
+        p
+    }
+}
+
+/// Check names used in reports (stable: they appear in Events and CLI output).
+pub mod checks {
+    /// NVML answered.
+    pub const NVML: &str = "nvml";
+    /// Expected GPU count equals what NVML sees.
+    pub const GPU_COUNT: &str = "gpu_count";
+    /// The GPU has a sample from the poller.
+    pub const SAMPLE: &str = "sample";
+    /// No pending or failed row remap.
+    pub const ROW_REMAP: &str = "row_remap";
+    /// No uncorrectable ECC error this boot (volatile counter).
+    pub const ECC: &str = "ecc_uncorrected";
+    /// PCIe link at the expected width and generation.
+    pub const PCIE_LINK: &str = "pcie_link";
+    /// NVML recovery action is none.
+    pub const RECOVERY_ACTION: &str = "recovery_action";
+    /// No active reset/reboot/inspect fault on the GPU.
+    pub const FAULTS: &str = "active_faults";
+    /// The extra validation command exited 0 in time.
+    pub const COMMAND: &str = "command";
+}
+
+fn check(name: &str, gpu: Option<u32>, passed: bool, message: String) -> ValidationCheck {
+    ValidationCheck {
+        name: name.to_owned(),
+        gpu_index: gpu,
+        passed,
+        message,
+    }
+}
+
+/// Validates the node's GPUs as seen in `health`.
+///
+/// `expected_gpus` is the resolved expected count (config, node label or capacity);
+/// `None` falls back to `cfg.expected_gpus`, and when that is unset too the report is
+/// incomplete. The extra command is not run here (see [`run_extra_command`]).
+/// `time_unix_nano` is left for the caller; `boot_id` comes from `health`.
+pub fn validate(
+    health: &NodeHealth,
+    expected_gpus: Option<u32>,
+    cfg: &ValidationConfig,
+) -> ValidationReport {
+    let mut report = ValidationReport {
+        boot_id: health.boot_id.clone(),
+        complete: true,
+        ..Default::default()
+    };
+    let nvml_ok = health.monitor.as_ref().is_some_and(|m| m.nvml_ok);
+    if !nvml_ok {
+        let why = health
+            .monitor
+            .as_ref()
+            .map(|m| m.message.as_str())
+            .filter(|m| !m.is_empty())
+            .unwrap_or("no NVML status yet");
+        report.complete = false;
+        report.checks.push(check(
+            checks::NVML,
+            None,
+            false,
+            format!("unknown: NVML is not available ({why})"),
+        ));
+    } else {
+        report
+            .checks
+            .push(check(checks::NVML, None, true, "NVML answered".into()));
+    }
+
+    let sampled: Vec<(&GpuHealth, &GpuSample)> = health
+        .gpus
+        .iter()
+        .filter_map(|g| g.sample.as_ref().map(|s| (g, s)))
+        .collect();
+    let unsampled = health.gpus.len() - sampled.len();
+    match expected_gpus.or(cfg.expected_gpus) {
+        None => {
+            report.complete = false;
+            report.checks.push(check(
+                checks::GPU_COUNT,
+                None,
+                false,
+                format!(
+                    "unknown: expected GPU count not configured, no node label {:?}, no nvidia.com/gpu capacity ({} visible)",
+                    cfg.expected_gpus_label,
+                    sampled.len()
+                ),
+            ));
+        }
+        Some(want) if nvml_ok => {
+            let seen = u32::try_from(sampled.len()).unwrap_or(u32::MAX);
+            if unsampled > 0 && seen < want {
+                report.complete = false;
+                report.checks.push(check(
+                    checks::GPU_COUNT,
+                    None,
+                    false,
+                    format!("unknown: {seen} of {want} GPUs sampled so far, {unsampled} without a sample"),
+                ));
+            } else {
+                report.checks.push(check(
+                    checks::GPU_COUNT,
+                    None,
+                    seen == want,
+                    format!("expected {want} GPUs, NVML sees {seen}"),
+                ));
+            }
+        }
+        Some(want) => {
+            report.complete = false;
+            report.checks.push(check(
+                checks::GPU_COUNT,
+                None,
+                false,
+                format!("unknown: expected {want} GPUs, NVML unavailable"),
+            ));
+        }
+    }
+
+    for g in &health.gpus {
+        let idx = g.index.or(g.sample.as_ref().map(|s| s.index));
+        let Some(s) = g.sample.as_ref() else {
+            report.complete = false;
+            report.checks.push(check(
+                checks::SAMPLE,
+                idx,
+                false,
+                format!("unknown: no NVML sample yet for GPU {}", gpu_label(g)),
+            ));
+            continue;
+        };
+        gpu_checks(g, s, idx, cfg, &mut report.checks);
+    }
+    finish(&mut report);
+    report
+}
+
+fn gpu_label(g: &GpuHealth) -> String {
+    match (g.index, g.uuid.is_empty()) {
+        (Some(i), false) => format!("{i} ({})", g.uuid),
+        (Some(i), true) => i.to_string(),
+        (None, false) => g.uuid.clone(),
+        (None, true) => g.pci_address.clone(),
+    }
+}
+
+fn gpu_checks(
+    g: &GpuHealth,
+    s: &GpuSample,
+    idx: Option<u32>,
+    cfg: &ValidationConfig,
+    out: &mut Vec<ValidationCheck>,
+) {
+    // Row remapping (Ampere and later); None = not supported on this GPU.
+    let (ok, msg) = match (s.remapped_rows_pending, s.remapped_rows_failure) {
+        (_, Some(true)) => (false, "row remap failed (replace the GPU)".to_owned()),
+        (Some(true), _) => (false, "row remap pending (GPU reset needed)".to_owned()),
+        (None, None) => (true, "row remapping not supported".to_owned()),
+        _ => (true, "no pending or failed row remap".to_owned()),
+    };
+    out.push(check(checks::ROW_REMAP, idx, ok, msg));
+
+    let (ok, msg) = match s.ecc_volatile_uncorrected {
+        Some(0) => (true, "no uncorrectable ECC error this boot".to_owned()),
+        Some(n) => (false, format!("{n} uncorrectable ECC errors this boot")),
+        None => (true, "ECC not supported or disabled".to_owned()),
+    };
+    out.push(check(checks::ECC, idx, ok, msg));
+
+    let mut problems = Vec::new();
+    let mut parts = Vec::new();
+    for (what, cur, max, want) in [
+        (
+            "generation",
+            s.pcie_link_gen,
+            s.pcie_link_gen_max,
+            cfg.expected_pcie_gen,
+        ),
+        (
+            "width",
+            s.pcie_link_width,
+            s.pcie_link_width_max,
+            cfg.expected_pcie_width,
+        ),
+    ] {
+        match (cur, want.or(max)) {
+            (Some(c), Some(w)) if c < w => problems.push(format!("{what} {c} below expected {w}")),
+            (Some(c), Some(w)) => parts.push(format!("{what} {c} (expected {w})")),
+            _ => parts.push(format!("{what} not reported")),
+        }
+    }
+    if problems.is_empty() {
+        out.push(check(checks::PCIE_LINK, idx, true, parts.join(", ")));
+    } else {
+        out.push(check(checks::PCIE_LINK, idx, false, problems.join(", ")));
+    }
+
+    let ra = s.recovery_action();
+    let ok = matches!(ra, RecoveryAction::None | RecoveryAction::Unspecified);
+    let msg = if ra == RecoveryAction::Unspecified {
+        "recovery action not reported by the driver".to_owned()
+    } else {
+        format!("recovery action {}", ra.short_name())
+    };
+    out.push(check(checks::RECOVERY_ACTION, idx, ok, msg));
+
+    let isolating: Vec<String> = g
+        .active_faults
+        .iter()
+        .filter(|f| f.action().needs_isolation())
+        .map(|f| format!("{} ({})", f.reason, f.action().short_name()))
+        .collect();
+    if isolating.is_empty() {
+        out.push(check(checks::FAULTS, idx, true, "no active fault".into()));
+    } else {
+        out.push(check(
+            checks::FAULTS,
+            idx,
+            false,
+            format!("active: {}", isolating.join(", ")),
+        ));
+    }
+}
+
+fn finish(report: &mut ValidationReport) {
+    report.passed = report.complete && report.checks.iter().all(|c| c.passed);
+}
+
+/// Adds one check (e.g. the extra command's) to a report and recomputes `passed`.
+/// A check whose message starts with `unknown:` marks the report incomplete.
+pub fn add_check(report: &mut ValidationReport, check: ValidationCheck) {
+    if !check.passed && check.message.starts_with("unknown:") {
+        report.complete = false;
+    }
+    report.checks.push(check);
+    finish(report);
+}
+
+/// Names of the failed checks (`gpu_count`, `ecc_uncorrected[gpu 3]`, ...).
+pub fn failed_checks(report: &ValidationReport) -> Vec<String> {
+    report
+        .checks
+        .iter()
+        .filter(|c| !c.passed)
+        .map(|c| match c.gpu_index {
+            Some(i) => format!("{}[gpu {i}]", c.name),
+            None => c.name.clone(),
+        })
+        .collect()
+}
+
+/// Human-readable report, one check per line (for `gpuwatch validate`).
+pub fn render(report: &ValidationReport) -> String {
+    let mut s = String::new();
+    let verdict = match (report.passed, report.complete) {
+        (true, _) => "PASSED",
+        (false, true) => "FAILED",
+        (false, false) => "INCOMPLETE",
+    };
+    let _ = writeln!(s, "Validation {verdict}");
+    for c in &report.checks {
+        let mark = if c.passed { "ok  " } else { "FAIL" };
+        let gpu = c.gpu_index.map(|i| format!(" gpu {i}")).unwrap_or_default();
+        let _ = writeln!(s, "  {mark} {}{gpu}: {}", c.name, c.message);
+    }
+    s
+}
+
+/// How much of the command's output a check message keeps.
+const OUTPUT_TAIL_BYTES: usize = 512;
+
+fn tail(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let t = text.trim();
+    let mut start = t.len().saturating_sub(OUTPUT_TAIL_BYTES);
+    while !t.is_char_boundary(start) {
+        start += 1;
+    }
+    t[start..].to_owned()
+}
+
+/// Runs the extra validation command, if one is configured, killing it after
+/// `timeout_secs`. The check passes when no command is configured or it exits 0.
+pub async fn run_extra_command(cfg: &ValidationConfig) -> ValidationCheck {
+    let Some((program, args)) = cfg.command.split_first() else {
+        return check(
+            checks::COMMAND,
+            None,
+            true,
+            "no extra command configured".into(),
+        );
+    };
+    let shown = cfg.command.join(" ");
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            return check(
+                checks::COMMAND,
+                None,
+                false,
+                format!("`{shown}` could not start: {e}"),
+            );
+        }
+    };
+    let timeout = Duration::from_secs(cfg.timeout_secs);
+    match tokio::time::timeout(timeout, child.wait_with_output()).await {
+        Err(_) => check(
+            checks::COMMAND,
+            None,
+            false,
+            format!(
+                "`{shown}` did not finish within {}s and was killed",
+                cfg.timeout_secs
+            ),
+        ),
+        Ok(Err(e)) => check(
+            checks::COMMAND,
+            None,
+            false,
+            format!("`{shown}` failed while running: {e}"),
+        ),
+        Ok(Ok(out)) => {
+            let mut output = tail(&out.stderr);
+            if output.is_empty() {
+                output = tail(&out.stdout);
+            }
+            let status = match out.status.code() {
+                Some(c) => format!("exit code {c}"),
+                None => "killed by a signal".to_owned(),
+            };
+            let msg = if output.is_empty() {
+                format!("`{shown}` {status}")
+            } else {
+                format!("`{shown}` {status}: {output}")
+            };
+            check(checks::COMMAND, None, out.status.success(), msg)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuwatch_proto::{Action, ActiveFault, MonitorStatus};
+
+    fn healthy_gpu(i: u32) -> GpuHealth {
+        let mut s = GpuSample {
+            index: i,
+            uuid: format!("GPU-{i}"),
+            remapped_rows_pending: Some(false),
+            remapped_rows_failure: Some(false),
+            ecc_volatile_uncorrected: Some(0),
+            pcie_link_gen: Some(5),
+            pcie_link_gen_max: Some(5),
+            pcie_link_width: Some(16),
+            pcie_link_width_max: Some(16),
+            ..Default::default()
+        };
+        s.set_recovery_action(RecoveryAction::None);
+        GpuHealth {
+            index: Some(i),
+            uuid: format!("GPU-{i}"),
+            sample: Some(s),
+            ..Default::default()
+        }
+    }
+
+    fn health(n: u32) -> NodeHealth {
+        NodeHealth {
+            boot_id: "b1".into(),
+            monitor: Some(MonitorStatus {
+                kmsg_ok: true,
+                nvml_ok: true,
+                message: String::new(),
+            }),
+            gpus: (0..n).map(healthy_gpu).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn cfg() -> ValidationConfig {
+        ValidationConfig::default()
+    }
+
+    #[test]
+    fn healthy_node_passes() {
+        let r = validate(&health(8), Some(8), &cfg());
+        assert!(r.passed && r.complete, "{}", render(&r));
+        assert_eq!(r.boot_id, "b1");
+        assert!(failed_checks(&r).is_empty());
+    }
+
+    #[test]
+    fn wrong_count_fails() {
+        let r = validate(&health(7), Some(8), &cfg());
+        assert!(r.complete && !r.passed);
+        assert_eq!(failed_checks(&r), vec!["gpu_count"]);
+    }
+
+    #[test]
+    fn config_count_is_the_fallback() {
+        let c = ValidationConfig {
+            expected_gpus: Some(2),
+            ..cfg()
+        };
+        assert!(validate(&health(2), None, &c).passed);
+        // An explicit resolved count wins.
+        assert!(!validate(&health(2), Some(3), &c).passed);
+    }
+
+    #[test]
+    fn unknown_count_nvml_down_or_missing_samples_are_incomplete() {
+        let r = validate(&health(8), None, &cfg());
+        assert!(!r.complete && !r.passed);
+
+        let mut h = health(8);
+        h.monitor.as_mut().unwrap().nvml_ok = false;
+        let r = validate(&h, Some(8), &cfg());
+        assert!(!r.complete && !r.passed);
+
+        let mut h = health(8);
+        h.gpus[3].sample = None;
+        let r = validate(&h, Some(8), &cfg());
+        assert!(!r.complete && !r.passed, "{}", render(&r));
+
+        let h = NodeHealth::default();
+        let r = validate(&h, Some(8), &cfg());
+        assert!(!r.complete && !r.passed);
+    }
+
+    #[test]
+    fn per_gpu_failures_name_the_gpu() {
+        let mut h = health(4);
+        let s = h.gpus[1].sample.as_mut().unwrap();
+        s.remapped_rows_pending = Some(true);
+        let s = h.gpus[2].sample.as_mut().unwrap();
+        s.ecc_volatile_uncorrected = Some(3);
+        s.pcie_link_width = Some(8);
+        h.gpus[3]
+            .sample
+            .as_mut()
+            .unwrap()
+            .set_recovery_action(RecoveryAction::GpuReset);
+        let mut f = ActiveFault {
+            reason: "XID79".into(),
+            ..Default::default()
+        };
+        f.set_action(Action::RebootNode);
+        h.gpus[0].active_faults.push(f);
+        let r = validate(&h, Some(4), &cfg());
+        assert!(r.complete && !r.passed);
+        assert_eq!(
+            failed_checks(&r),
+            vec![
+                "active_faults[gpu 0]",
+                "row_remap[gpu 1]",
+                "ecc_uncorrected[gpu 2]",
+                "pcie_link[gpu 2]",
+                "recovery_action[gpu 3]",
+            ]
+        );
+    }
+
+    #[test]
+    fn pcie_expectation_from_config() {
+        let mut h = health(1);
+        h.gpus[0].sample.as_mut().unwrap().pcie_link_gen = Some(4);
+        assert!(!validate(&h, Some(1), &cfg()).passed);
+        let c = ValidationConfig {
+            expected_pcie_gen: Some(4),
+            ..cfg()
+        };
+        assert!(validate(&h, Some(1), &c).passed);
+    }
+
+    #[test]
+    fn not_supported_readings_pass() {
+        let mut h = health(1);
+        let s = h.gpus[0].sample.as_mut().unwrap();
+        s.remapped_rows_pending = None;
+        s.remapped_rows_failure = None;
+        s.ecc_volatile_uncorrected = None;
+        s.set_recovery_action(RecoveryAction::Unspecified);
+        assert!(validate(&h, Some(1), &cfg()).passed);
+    }
+
+    #[test]
+    fn add_check_recomputes() {
+        let mut r = validate(&health(1), Some(1), &cfg());
+        assert!(r.passed);
+        add_check(
+            &mut r,
+            check(checks::COMMAND, None, false, "exit code 1".into()),
+        );
+        assert!(!r.passed && r.complete);
+        assert!(render(&r).contains("FAIL command: exit code 1"));
+    }
+
+    #[test]
+    fn config_validation() {
+        assert!(cfg().validate().is_empty());
+        let c = ValidationConfig {
+            expected_gpus: Some(0),
+            expected_gpus_label: "bad label".into(),
+            expected_pcie_gen: Some(9),
+            expected_pcie_width: Some(3),
+            command: vec![String::new()],
+            timeout_secs: 0,
+        };
+        assert_eq!(c.validate().len(), 6, "{:?}", c.validate());
+    }
+
+    #[tokio::test]
+    async fn extra_command_outcomes() {
+        let ok = run_extra_command(&ValidationConfig {
+            command: vec!["true".into()],
+            ..cfg()
+        })
+        .await;
+        assert!(ok.passed, "{ok:?}");
+        let fail = run_extra_command(&ValidationConfig {
+            command: vec!["sh".into(), "-c".into(), "echo bad gpu >&2; exit 3".into()],
+            ..cfg()
+        })
+        .await;
+        assert!(!fail.passed);
+        assert!(
+            fail.message.contains("exit code 3: bad gpu"),
+            "{}",
+            fail.message
+        );
+        let missing = run_extra_command(&ValidationConfig {
+            command: vec!["/nonexistent/dcgmi".into()],
+            ..cfg()
+        })
+        .await;
+        assert!(!missing.passed && missing.message.contains("could not start"));
+        let none = run_extra_command(&cfg()).await;
+        assert!(none.passed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn extra_command_timeout_kills() {
+        let slow = run_extra_command(&ValidationConfig {
+            command: vec!["sleep".into(), "30".into()],
+            timeout_secs: 1,
+            ..cfg()
+        })
+        .await;
+        assert!(!slow.passed);
+        assert!(
+            slow.message.contains("did not finish within 1s"),
+            "{}",
+            slow.message
+        );
     }
 }

@@ -1,0 +1,35 @@
+//! Profiling driver for the parser hot paths (not a benchmark): runs the same
+//! loop as `benches/parser.rs` over the mixed log or the XID storm, so a profiler
+//! (`valgrind --tool=callgrind`, `perf record`) sees only the parser.
+//!
+//! Run: `cargo build --profile bench -p gpuwatch-benches --example parser_profile`,
+//! then `valgrind --tool=callgrind target/release/examples/parser_profile storm 20000`
+//! (modes: `mixed BYTES`, `storm LINES`; prints the number of events).
+
+use gpuwatch_benches::{mixed_log, scan_lines, xid_storm};
+use std::sync::Arc;
+use xid_parser::{Policy, Scanner};
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let mode = args.next().unwrap_or_else(|| "storm".to_owned());
+    let n: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(20_000);
+    let reps: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(1);
+    let policy = Arc::new(Policy::default());
+    let mut scanner = Scanner::new(policy);
+    let mut out = Vec::new();
+    let owned: Vec<Vec<u8>> = match mode.as_str() {
+        "mixed" => mixed_log(n)
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(<[u8]>::to_vec)
+            .collect(),
+        _ => xid_storm(n).into_iter().map(String::into_bytes).collect(),
+    };
+    let lines: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
+    let mut events = 0;
+    for _ in 0..reps {
+        events += scan_lines(&lines, &mut scanner, &mut out);
+    }
+    println!("{mode}: {} lines x {reps}, {events} events", lines.len());
+}

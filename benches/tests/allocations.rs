@@ -1,0 +1,108 @@
+//! Heap allocations on the parser's hot paths, counted with a counting global
+//! allocator (`allocation-counter`, linked into this test binary only):
+//!
+//! - lines that are not faults allocate nothing, through every step a reader takes
+//!   (whole-line prefilter, `parse_line`, message prefilter, `Scanner::push`);
+//! - an XID event costs a small, fixed number of allocations (the owned strings of
+//!   the `FaultEvent`), so a storm's cost is bounded and regressions show here.
+
+use gpuwatch_benches::{STORM, mixed_messages, scan_lines, xid_storm};
+use std::sync::Arc;
+use xid_parser::{Policy, RecordMeta, Scanner, parse_kmsg_record, parse_line};
+
+fn noise_lines() -> Vec<String> {
+    let msgs: Vec<String> = mixed_messages(2000)
+        .into_iter()
+        .filter(|m| !m.contains("NVRM") && !m.contains("AER"))
+        .collect();
+    let mut lines = Vec::new();
+    for (i, m) in msgs.iter().enumerate() {
+        lines.push(match i % 6 {
+            0 => format!("[{:>5}.{:06}] {m}", i, i * 7 % 1_000_000),
+            1 => format!("<6>[{:>5}.{:06}] {m}", i, i),
+            2 => format!("6,{i},{i}000,-;{m}"),
+            3 => format!("Mar  3 12:00:{:02} gpu-node-7 kernel: {m}", i % 60),
+            4 => format!("2025-03-03T12:00:00.{i:06}+00:00 gpu-node-7 kernel: {m}"),
+            _ => format!("[Mon Mar  3 12:00:00 2025] {m}"),
+        });
+    }
+    lines
+}
+
+#[test]
+fn non_fault_lines_allocate_nothing() {
+    let lines = noise_lines();
+    assert!(lines.len() > 1000);
+    let mut scanner = Scanner::new(Arc::new(Policy::default()));
+    let mut out = Vec::with_capacity(16);
+    let mut candidates = 0;
+    let info = allocation_counter::measure(|| {
+        for l in &lines {
+            if Scanner::interesting_line(l.as_bytes()) {
+                candidates += 1;
+            }
+            let parsed = parse_line(l.as_bytes());
+            let meta = RecordMeta {
+                monotonic_usec: parsed.monotonic_usec,
+                ..Default::default()
+            };
+            if Scanner::interesting(parsed.message.as_bytes()) {
+                candidates += 1;
+            }
+            scanner.push(meta, &parsed.message, &mut out);
+        }
+    });
+    assert!(out.is_empty(), "noise produced events: {out:?}");
+    // Some noise lines do pass the prefilters (e.g. an audit line naming
+    // `nvidia_modprobe`); they must still not allocate.
+    assert!(candidates > 0);
+    assert_eq!(info.count_total, 0, "{info:?}");
+}
+
+#[test]
+fn kmsg_records_that_are_not_faults_allocate_nothing() {
+    let recs: Vec<String> = mixed_messages(500)
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| format!("6,{i},{i}000,-;{m}\n SUBSYSTEM=net\n"))
+        .filter(|r| !r.contains("NVRM") && !r.contains("AER"))
+        .collect();
+    let mut scanner = Scanner::new(Arc::new(Policy::default()));
+    let mut out = Vec::with_capacity(16);
+    let info = allocation_counter::measure(|| {
+        for r in &recs {
+            let rec = parse_kmsg_record(r.as_bytes()).expect("valid record");
+            if Scanner::interesting(rec.message) {
+                let meta = RecordMeta {
+                    seq: Some(rec.seq),
+                    monotonic_usec: Some(rec.ts_usec),
+                    ..Default::default()
+                };
+                scanner.push(meta, &rec.message(), &mut out);
+            }
+        }
+    });
+    assert!(out.is_empty());
+    assert_eq!(info.count_total, 0, "{info:?}");
+}
+
+#[test]
+fn an_xid_event_costs_a_bounded_number_of_allocations() {
+    let storm = xid_storm(STORM.len() * 200);
+    let lines: Vec<&[u8]> = storm.iter().map(|s| s.as_bytes()).collect();
+    let mut scanner = Scanner::new(Arc::new(Policy::default()));
+    let mut out = Vec::with_capacity(16);
+    // Warm up (context window, identities) outside the measurement.
+    scan_lines(&lines[..STORM.len()], &mut scanner, &mut out);
+    let mut events = 0;
+    let info = allocation_counter::measure(|| {
+        events = scan_lines(&lines, &mut scanner, &mut out);
+    });
+    assert_eq!(events, lines.len());
+    let per_event = info.count_total as f64 / events as f64;
+    // message, pci_address, process, name, policy_reason, plus the attribute map
+    // node and its keys/values for XIDs that carry attributes (channel, ...).
+    assert!(per_event <= 9.0, "{per_event:.2} allocations per XID event ({info:?})");
+    assert_eq!(info.count_current, 0, "events leaked: {info:?}");
+    eprintln!("{per_event:.2} allocations per XID event");
+}

@@ -1,0 +1,240 @@
+//! Building `NodeHealth` (GPU and node verdicts) from the engine state.
+
+use super::Engine;
+use super::model::{Fault, FaultKey, Gpu, max_action};
+use gpuwatch_proto::{Action, GpuHealth, MonitorStatus, NodeHealth, ShortName, Verdict};
+
+fn verdict_of(action: Action, can_see: bool) -> Verdict {
+    if action.needs_isolation() {
+        Verdict::Unhealthy
+    } else if !can_see {
+        Verdict::Unknown
+    } else if matches!(action, Action::RestartApp | Action::Investigate) {
+        Verdict::Degraded
+    } else {
+        Verdict::Healthy
+    }
+}
+
+/// The fault that decides the node's reason and message.
+struct Deciding<'a> {
+    gpu: Option<&'a Gpu>,
+    key: &'a FaultKey,
+    fault: &'a Fault,
+}
+
+impl Engine {
+    pub(super) fn build_health(&self) -> NodeHealth {
+        let nvml_ok = self.nvml.ok == Some(true);
+        let kmsg_bad = self.kmsg.ok == Some(false);
+        let can_see = nvml_ok && !kmsg_bad;
+
+        let mut gpus: Vec<&Gpu> = self
+            .gpus
+            .values()
+            .filter(|g| g.confirmed || !g.faults.is_empty())
+            .collect();
+        gpus.sort_by(|a, b| {
+            (a.index.is_none(), a.index, &a.pci).cmp(&(b.index.is_none(), b.index, &b.pci))
+        });
+        let gpu_health: Vec<GpuHealth> = gpus
+            .iter()
+            .map(|g| {
+                let action = g.action();
+                let mut faults: Vec<(&FaultKey, &Fault)> = g.faults.iter().collect();
+                faults.sort_by(|a, b| {
+                    b.1.action
+                        .rank()
+                        .cmp(&a.1.action.rank())
+                        .then(a.1.first_seen.cmp(&b.1.first_seen))
+                        .then(a.0.cmp(b.0))
+                });
+                let mut h = GpuHealth {
+                    index: g.index.filter(|_| g.confirmed),
+                    uuid: if g.confirmed {
+                        g.uuid.clone()
+                    } else {
+                        String::new()
+                    },
+                    pci_address: g.pci.clone(),
+                    active_faults: faults.iter().map(|(k, f)| f.to_proto(k, false)).collect(),
+                    sample: g.sample.clone().filter(|_| !g.lost),
+                    ..Default::default()
+                };
+                h.set_verdict(verdict_of(action, can_see && g.confirmed && !g.lost));
+                h.set_action(action);
+                h
+            })
+            .collect();
+
+        let mut node_faults: Vec<_> = self.node_faults.iter().collect();
+        node_faults.sort_by(|a, b| {
+            b.1.action
+                .rank()
+                .cmp(&a.1.action.rank())
+                .then(a.1.first_seen.cmp(&b.1.first_seen))
+                .then(a.0.cmp(b.0))
+        });
+
+        // The most severe active fault, the most recent one on ties.
+        let mut deciding: Option<Deciding<'_>> = None;
+        let mut total = 0usize;
+        let candidates = gpus
+            .iter()
+            .flat_map(|g| g.faults.iter().map(move |(k, f)| (Some(*g), k, f)))
+            .chain(self.node_faults.iter().map(|((_, k), f)| (None, k, f)));
+        for (gpu, key, fault) in candidates {
+            total += 1;
+            let better = deciding.as_ref().is_none_or(|d| {
+                (fault.action.rank(), fault.last_seen) > (d.fault.action.rank(), d.fault.last_seen)
+            });
+            if better {
+                deciding = Some(Deciding { gpu, key, fault });
+            }
+        }
+        let action = max_action(
+            self.gpus
+                .values()
+                .flat_map(|g| g.faults.values())
+                .chain(self.node_faults.values()),
+        );
+        let verdict = verdict_of(action, can_see);
+        let (reason, message) = match (&deciding, verdict) {
+            (Some(d), Verdict::Unhealthy | Verdict::Degraded) => {
+                (d.fault.reason.clone(), self.describe(d, total))
+            }
+            (_, Verdict::Unknown) => ("MonitorUnavailable".to_string(), self.monitor_message()),
+            _ => (
+                "Healthy".to_string(),
+                format!(
+                    "{} GPU(s) visible to NVML, no active fault needs action.",
+                    gpus.iter().filter(|g| g.confirmed && !g.lost).count()
+                ),
+            ),
+        };
+        let mut h = NodeHealth {
+            node_name: self.node_name.clone(),
+            boot_id: self.boot.boot_id.clone(),
+            reason,
+            message,
+            gpus: gpu_health,
+            node_faults: node_faults
+                .iter()
+                .map(|((_, k), f)| f.to_proto(k, true))
+                .collect(),
+            monitor: Some(MonitorStatus {
+                kmsg_ok: self.kmsg.ok == Some(true),
+                nvml_ok,
+                message: self.monitor_detail(),
+            }),
+            updated_unix_nano: Some(self.updated_at),
+            validation: self.validation.clone(),
+            ..Default::default()
+        };
+        h.set_verdict(verdict);
+        h.set_action(action);
+        h
+    }
+
+    fn describe(&self, d: &Deciding<'_>, total: usize) -> String {
+        let f = d.fault;
+        let who = match d.gpu {
+            Some(g) => g.describe(),
+            None if f.pci.is_empty() => "node".to_string(),
+            None => format!("node device {}", f.pci),
+        };
+        let mut code = if d.key.code != 0 {
+            format!(" code {}", d.key.code)
+        } else {
+            String::new()
+        };
+        if !f.name.is_empty() {
+            code.push_str(", ");
+            code.push_str(&f.name);
+        }
+        let boots = if f.last_boot_id != f.boot_id {
+            format!(
+                "first in boot {}, last in boot {}",
+                f.boot_id, f.last_boot_id
+            )
+        } else {
+            format!("in boot {}", f.boot_id)
+        };
+        let mut m = format!(
+            "{who}: {} ({}{code}) seen {} time(s) {boots}; action {}: {}.",
+            f.reason,
+            d.key.kind.short_name(),
+            f.count,
+            f.action.short_name(),
+            f.policy_reason.trim_end_matches('.')
+        );
+        if f.action.needs_isolation()
+            && d.gpu.is_some_and(|g| g.validated_at.is_none())
+            && self.nvml.ok != Some(true)
+        {
+            m.push_str(" NVML is unavailable, so the GPU cannot validate yet.");
+        }
+        if total > 1 {
+            m.push_str(&format!(" {} more active fault(s).", total - 1));
+        }
+        m
+    }
+
+    fn monitor_detail(&self) -> String {
+        let mut parts = Vec::new();
+        for (name, m) in [("nvml", &self.nvml), ("kmsg", &self.kmsg)] {
+            match m.ok {
+                None => parts.push(format!("{name}: not reported yet")),
+                Some(false) => parts.push(format!("{name}: {}", m.message)),
+                Some(true) => {}
+            }
+        }
+        parts.join("; ")
+    }
+
+    fn monitor_message(&self) -> String {
+        let mut m = match (self.nvml.ok, self.kmsg.ok) {
+            (Some(false), _) => format!(
+                "NVML is unavailable ({}); GPU health cannot be determined.",
+                self.nvml.message
+            ),
+            (_, Some(false)) => format!(
+                "The kernel log reader is unavailable ({}); GPU faults cannot be seen.",
+                self.kmsg.message
+            ),
+            _ => "Waiting for the first NVML sample.".to_string(),
+        };
+        let active =
+            self.gpus.values().map(|g| g.faults.len()).sum::<usize>() + self.node_faults.len();
+        if active > 0 {
+            m.push_str(&format!(
+                " {active} active fault(s) that need no isolation."
+            ));
+        }
+        m
+    }
+}
+
+/// True when two health snapshots differ only in timestamps (update time, sample
+/// time, first/last seen): such a change is not published.
+pub(crate) fn same_ignoring_timestamps(a: &NodeHealth, b: &NodeHealth) -> bool {
+    fn strip(h: &NodeHealth) -> NodeHealth {
+        let mut h = h.clone();
+        h.updated_unix_nano = None;
+        for g in &mut h.gpus {
+            if let Some(s) = g.sample.as_mut() {
+                s.time_unix_nano = None;
+            }
+            for f in &mut g.active_faults {
+                f.first_seen_unix_nano = None;
+                f.last_seen_unix_nano = None;
+            }
+        }
+        for f in &mut h.node_faults {
+            f.first_seen_unix_nano = None;
+            f.last_seen_unix_nano = None;
+        }
+        h
+    }
+    strip(a) == strip(b)
+}

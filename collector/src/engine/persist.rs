@@ -1,0 +1,369 @@
+//! The engine's state file, `health.json` (format version 1).
+//!
+//! Own serde structs, not the proto types, so the file format changes only on
+//! purpose. Enum values are stored as their short names.
+
+use super::Engine;
+use super::model::{Baseline, Fault, FaultKey, Gpu, History, HistoryKey};
+use crate::statefile::{self, StateFileError};
+use gpuwatch_proto::{Action, FaultKind, Severity, ShortName};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use tracing::{info, warn};
+
+/// Current state-file format version.
+pub(crate) const VERSION: u32 = 1;
+
+#[derive(Serialize, Deserialize, Debug, Default)]
+pub(crate) struct StateFile {
+    pub version: u32,
+    /// Boot the file was written in.
+    pub boot_id: String,
+    #[serde(default)]
+    pub boots: Vec<String>,
+    #[serde(default)]
+    pub gpus: Vec<GpuRecord>,
+    #[serde(default)]
+    pub node_faults: Vec<FaultRecord>,
+    #[serde(default)]
+    pub history: Vec<HistoryRecord>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Default)]
+pub(crate) struct GpuRecord {
+    pub pci_address: String,
+    #[serde(default)]
+    pub uuid: String,
+    #[serde(default)]
+    pub confirmed: bool,
+    #[serde(default)]
+    pub index: Option<u32>,
+    #[serde(default)]
+    pub lost: bool,
+    #[serde(default)]
+    pub faults: Vec<FaultRecord>,
+    #[serde(default)]
+    pub baseline: BaselineRecord,
+    #[serde(default)]
+    pub reset_evidence_unix_nano: Option<u64>,
+    #[serde(default)]
+    pub reset_evidence: String,
+    #[serde(default)]
+    pub ecc_rose_unix_nano: Option<u64>,
+    #[serde(default)]
+    pub validated_unix_nano: Option<u64>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Default)]
+pub(crate) struct BaselineRecord {
+    pub ecc_volatile_uncorrected: Option<u64>,
+    pub remap_pending: Option<bool>,
+    pub recovery_pending: Option<bool>,
+    pub link_degraded: Option<bool>,
+    #[serde(default)]
+    pub nvlinks_active: Vec<u32>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Default)]
+pub(crate) struct FaultRecord {
+    pub kind: String,
+    pub code: u32,
+    #[serde(default)]
+    pub variant: String,
+    #[serde(default)]
+    pub pci_address: String,
+    pub action: String,
+    pub severity: String,
+    #[serde(default)]
+    pub policy_reason: String,
+    pub reason: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub message: String,
+    pub count: u64,
+    #[serde(default)]
+    pub pending: u64,
+    pub first_seen_unix_nano: u64,
+    pub last_seen_unix_nano: u64,
+    pub last_emitted_unix_nano: u64,
+    pub boot_id: String,
+    pub last_boot_id: String,
+    #[serde(default)]
+    pub boots_seen: u32,
+    #[serde(default)]
+    pub escalated: bool,
+    #[serde(default)]
+    pub level: bool,
+    #[serde(default)]
+    pub condition_gone_unix_nano: Option<u64>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Default)]
+pub(crate) struct HistoryRecord {
+    pub identity: String,
+    pub kind: String,
+    pub code: u32,
+    #[serde(default)]
+    pub variant: String,
+    pub boots: Vec<String>,
+    #[serde(default)]
+    pub last_seen_unix_nano: u64,
+}
+
+fn parse<T: ShortName>(what: &str, v: &str) -> Result<T, String> {
+    T::from_short_name(v).ok_or_else(|| format!("unknown {what} {v:?}"))
+}
+
+fn fault_to_record(key: &FaultKey, f: &Fault) -> FaultRecord {
+    FaultRecord {
+        kind: key.kind.short_name().into(),
+        code: key.code,
+        variant: key.variant.clone(),
+        pci_address: f.pci.clone(),
+        action: f.action.short_name().into(),
+        severity: f.severity.short_name().into(),
+        policy_reason: f.policy_reason.clone(),
+        reason: f.reason.clone(),
+        name: f.name.clone(),
+        message: f.message.clone(),
+        count: f.count,
+        pending: f.pending,
+        first_seen_unix_nano: f.first_seen,
+        last_seen_unix_nano: f.last_seen,
+        last_emitted_unix_nano: f.last_emitted,
+        boot_id: f.boot_id.clone(),
+        last_boot_id: f.last_boot_id.clone(),
+        boots_seen: f.boots_seen,
+        escalated: f.escalated,
+        level: f.level,
+        condition_gone_unix_nano: f.condition_gone_since,
+    }
+}
+
+fn fault_from_record(r: FaultRecord) -> Result<(FaultKey, Fault), String> {
+    let kind: FaultKind = parse("fault kind", &r.kind)?;
+    let action: Action = parse("action", &r.action)?;
+    let severity: Severity = parse("severity", &r.severity)?;
+    if r.count == 0 {
+        return Err(format!("fault {} has count 0", r.reason));
+    }
+    Ok((
+        FaultKey {
+            kind,
+            code: r.code,
+            variant: r.variant,
+        },
+        Fault {
+            pci: r.pci_address,
+            action,
+            severity,
+            policy_reason: r.policy_reason,
+            reason: r.reason,
+            name: r.name,
+            message: r.message,
+            count: r.count,
+            pending: r.pending,
+            first_seen: r.first_seen_unix_nano,
+            last_seen: r.last_seen_unix_nano,
+            last_emitted: r.last_emitted_unix_nano,
+            boot_id: r.boot_id,
+            last_boot_id: r.last_boot_id,
+            boots_seen: r.boots_seen,
+            escalated: r.escalated,
+            level: r.level,
+            condition_gone_since: r.condition_gone_unix_nano,
+        },
+    ))
+}
+
+/// Moves a file that decoded but cannot be used aside, like a corrupt one.
+fn keep_aside(path: &Path, reason: String) -> StateFileError {
+    let kept_as = path.with_extension(format!(
+        "corrupt-{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)
+    ));
+    match std::fs::rename(path, &kept_as) {
+        Ok(()) => StateFileError::Corrupt {
+            path: path.to_path_buf(),
+            reason,
+            kept_as,
+        },
+        Err(source) => StateFileError::Write {
+            path: path.to_path_buf(),
+            source,
+        },
+    }
+}
+
+impl Engine {
+    pub(super) fn to_state_file(&self) -> StateFile {
+        StateFile {
+            version: VERSION,
+            boot_id: self.boot.boot_id.clone(),
+            boots: self.boots.iter().cloned().collect(),
+            gpus: self
+                .gpus
+                .values()
+                .map(|g| GpuRecord {
+                    pci_address: g.pci.clone(),
+                    uuid: g.uuid.clone(),
+                    confirmed: g.confirmed,
+                    index: g.index,
+                    lost: g.lost,
+                    faults: g
+                        .faults
+                        .iter()
+                        .map(|(k, f)| fault_to_record(k, f))
+                        .collect(),
+                    baseline: BaselineRecord {
+                        ecc_volatile_uncorrected: g.baseline.ecc_volatile_uncorrected,
+                        remap_pending: g.baseline.remap_pending,
+                        recovery_pending: g.baseline.recovery_pending,
+                        link_degraded: g.baseline.link_degraded,
+                        nvlinks_active: g.baseline.nvlinks_active.iter().copied().collect(),
+                    },
+                    reset_evidence_unix_nano: g.reset_evidence.as_ref().map(|e| e.0),
+                    reset_evidence: g
+                        .reset_evidence
+                        .as_ref()
+                        .map(|e| e.1.clone())
+                        .unwrap_or_default(),
+                    ecc_rose_unix_nano: g.ecc_rose_at,
+                    validated_unix_nano: g.validated_at,
+                })
+                .collect(),
+            node_faults: self
+                .node_faults
+                .iter()
+                .map(|((_, k), f)| fault_to_record(k, f))
+                .collect(),
+            history: self
+                .history
+                .iter()
+                .map(|(k, h)| HistoryRecord {
+                    identity: k.identity.clone(),
+                    kind: k.key.kind.short_name().into(),
+                    code: k.key.code,
+                    variant: k.key.variant.clone(),
+                    boots: h.boots.iter().cloned().collect(),
+                    last_seen_unix_nano: h.last_seen,
+                })
+                .collect(),
+        }
+    }
+
+    /// Loads the state file (see [`Engine::new`]).
+    pub(super) fn load(&mut self) {
+        let Some(path) = self.state_path.clone() else {
+            return;
+        };
+        let file = match statefile::read_json::<StateFile>(&path) {
+            Ok(Some(f)) if f.version == VERSION => f,
+            Ok(Some(f)) => {
+                let e = keep_aside(
+                    &path,
+                    format!(
+                        "unsupported format version {} (this gpuwatch reads {VERSION})",
+                        f.version
+                    ),
+                );
+                warn!(error = %e, "Health state file is unusable; starting with fresh state.");
+                self.dirty = true;
+                return;
+            }
+            Ok(None) => {
+                info!(path = %path.display(), "No health state file yet; starting with fresh state.");
+                return;
+            }
+            Err(e) => {
+                warn!(error = %e, "Health state file is unusable; starting with fresh state.");
+                self.dirty = true;
+                return;
+            }
+        };
+        if let Err(reason) = self.restore(file) {
+            self.gpus.clear();
+            self.node_faults.clear();
+            self.history.clear();
+            self.boots.clear();
+            let e = keep_aside(&path, reason);
+            warn!(error = %e, "Health state file is unusable; starting with fresh state.");
+            self.dirty = true;
+        }
+    }
+
+    fn restore(&mut self, file: StateFile) -> Result<(), String> {
+        let same_boot = file.boot_id == self.boot.boot_id;
+        self.boots = file.boots.into_iter().collect();
+        let mut active = 0usize;
+        for r in file.gpus {
+            let Some(pci) = xid_parser::normalize_pci(&r.pci_address) else {
+                return Err(format!("invalid GPU PCI address {:?}", r.pci_address));
+            };
+            let mut g = Gpu::new(pci.clone());
+            g.uuid = r.uuid;
+            for fr in r.faults {
+                let (k, f) = fault_from_record(fr)?;
+                g.faults.insert(k, f);
+            }
+            active += g.faults.len();
+            if same_boot {
+                g.confirmed = r.confirmed;
+                g.index = r.index;
+                g.lost = r.lost;
+                g.baseline = Baseline {
+                    ecc_volatile_uncorrected: r.baseline.ecc_volatile_uncorrected,
+                    remap_pending: r.baseline.remap_pending,
+                    recovery_pending: r.baseline.recovery_pending,
+                    link_degraded: r.baseline.link_degraded,
+                    nvlinks_active: r.baseline.nvlinks_active.into_iter().collect(),
+                };
+                g.reset_evidence = r.reset_evidence_unix_nano.map(|t| (t, r.reset_evidence));
+                g.ecc_rose_at = r.ecc_rose_unix_nano;
+                g.validated_at = r.validated_unix_nano;
+            } else {
+                // A new boot: identity and index must be confirmed by NVML again;
+                // NVML conditions are re-read, counters start over.
+                g.index = r.index;
+            }
+            self.gpus.insert(pci, g);
+        }
+        for fr in file.node_faults {
+            let (k, f) = fault_from_record(fr)?;
+            self.node_faults.insert((f.pci.clone(), k), f);
+            active += 1;
+        }
+        for h in file.history {
+            let key = FaultKey {
+                kind: parse("fault kind", &h.kind)?,
+                code: h.code,
+                variant: h.variant,
+            };
+            let mut entry = History {
+                boots: h.boots.into_iter().collect(),
+                last_seen: h.last_seen_unix_nano,
+            };
+            while entry.boots.len() > super::model::HISTORY_BOOTS {
+                entry.boots.pop_front();
+            }
+            self.history.insert(
+                HistoryKey {
+                    identity: h.identity,
+                    key,
+                },
+                entry,
+            );
+        }
+        if same_boot {
+            info!(active_faults = active, boot_id = %self.boot.boot_id, "Restored health state of this boot.");
+        } else {
+            info!(active_faults = active, previous_boot = %file.boot_id, boot_id = %self.boot.boot_id, "Restored health state from an earlier boot; reboot-class faults clear once the GPUs validate.");
+            self.dirty = true;
+        }
+        Ok(())
+    }
+}

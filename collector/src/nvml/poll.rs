@@ -1,0 +1,610 @@
+//! The poller: NVML lifecycle (load, init, retry), one `GpuSample` per GPU per
+//! interval, and lost-GPU detection.
+
+use super::library::Library;
+use super::{Ctx, Identity, NvmlConfig, NvmlError, fault, normalize_bus_id};
+use crate::msg::{Input, MonitorInput};
+use gpuwatch_proto::{FaultKind, GpuSample, NvLinkSample, RecoveryAction, Source};
+use nvml_wrapper::enum_wrappers::device::{
+    EccCounter, MemoryError, RetirementCause, TemperatureSensor, TemperatureThreshold,
+};
+use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
+use nvml_wrapper::enums::device::SampleValue;
+use nvml_wrapper::error::NvmlError as WrapperError;
+use nvml_wrapper::structs::device::FieldId;
+use nvml_wrapper::sys_exports::field_id::{
+    NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, NVML_FI_DEV_REMAPPED_COR, NVML_FI_DEV_REMAPPED_FAILURE,
+    NVML_FI_DEV_REMAPPED_PENDING, NVML_FI_DEV_REMAPPED_UNC,
+};
+use nvml_wrapper::{Device, Nvml};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// Links probed per GPU (`NVML_NVLINK_MAX_LINKS`).
+const NVLINK_MAX_LINKS: u32 = 18;
+
+/// Counts a failed NVML call by function name.
+pub(super) type CountError<'a> = &'a dyn Fn(&'static str);
+
+/// A call on a GPU answered `GPU_IS_LOST`.
+#[derive(Debug)]
+struct Lost;
+
+/// Turns one reading into `Some` / `None` (not supported, or failed and counted),
+/// or `Lost`.
+fn reading<T>(
+    call: &'static str,
+    r: Result<T, WrapperError>,
+    count: CountError<'_>,
+) -> Result<Option<T>, Lost> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(WrapperError::GpuLost) => Err(Lost),
+        // A symbol the driver does not export is an old driver: not supported.
+        Err(WrapperError::NotSupported | WrapperError::FailedToLoadSymbol(_)) => Ok(None),
+        Err(e) => {
+            count(call);
+            tracing::debug!(call, error = %e, "NVML call failed.");
+            Ok(None)
+        }
+    }
+}
+
+/// Outcome of reading one enumeration slot.
+#[derive(Debug)]
+enum GpuRead {
+    Sample(Box<GpuSample>),
+    /// `GPU_IS_LOST` (identity as far as it was read).
+    Lost(Identity),
+    /// Some other error made the slot unreadable (counted).
+    Failed,
+}
+
+/// Result of polling every GPU.
+#[derive(Debug, Default)]
+pub(super) struct PollResult {
+    pub(super) samples: Vec<GpuSample>,
+    lost: Vec<Identity>,
+    /// Every slot was read or answered `GPU_IS_LOST`.
+    complete: bool,
+    count: u32,
+}
+
+/// Reads every GPU once.
+pub(super) fn poll_all(nvml: &Nvml, count: CountError<'_>) -> Result<PollResult, NvmlError> {
+    let n = nvml
+        .device_count()
+        .map_err(|source| NvmlError::Enumerate { source })?;
+    let mut out = PollResult {
+        complete: true,
+        count: n,
+        ..PollResult::default()
+    };
+    for i in 0..n {
+        match read_gpu(nvml, i, count) {
+            GpuRead::Sample(s) => out.samples.push(*s),
+            GpuRead::Lost(id) => out.lost.push(id),
+            GpuRead::Failed => out.complete = false,
+        }
+    }
+    Ok(out)
+}
+
+fn read_gpu(nvml: &Nvml, i: u32, count: CountError<'_>) -> GpuRead {
+    let dev = match nvml.device_by_index(i) {
+        Ok(d) => d,
+        Err(WrapperError::GpuLost) => {
+            return GpuRead::Lost(Identity {
+                index: Some(i),
+                ..Identity::default()
+            });
+        }
+        Err(e) => {
+            count("nvmlDeviceGetHandleByIndex_v2");
+            tracing::warn!(gpu = i, error = %e, "NVML cannot open the GPU.");
+            return GpuRead::Failed;
+        }
+    };
+    let mut id = Identity {
+        index: Some(i),
+        ..Identity::default()
+    };
+    match sample(&dev, &mut id, count) {
+        Ok(s) => GpuRead::Sample(Box::new(s)),
+        Err(Lost) => GpuRead::Lost(id),
+    }
+}
+
+/// Reads one GPU; fills `id` as the identity becomes known (for a lost report).
+fn sample(dev: &Device<'_>, id: &mut Identity, count: CountError<'_>) -> Result<GpuSample, Lost> {
+    if let Some(index) = reading("nvmlDeviceGetIndex", dev.index(), count)? {
+        id.index = Some(index);
+    }
+    id.uuid = reading("nvmlDeviceGetUUID", dev.uuid(), count)?.unwrap_or_default();
+    id.pci = reading("nvmlDeviceGetPciInfo_v3", dev.pci_info(), count)?
+        .and_then(|p| normalize_bus_id(&p.bus_id))
+        .unwrap_or_default();
+    let mut s = GpuSample {
+        index: id.index.unwrap_or_default(),
+        uuid: id.uuid.clone(),
+        pci_address: id.pci.clone(),
+        name: reading("nvmlDeviceGetName", dev.name(), count)?.unwrap_or_default(),
+        time_unix_nano: Some(crate::clock::unix_nanos(std::time::SystemTime::now())),
+        ..GpuSample::default()
+    };
+    s.temperature_c = reading(
+        "nvmlDeviceGetTemperature",
+        dev.temperature(TemperatureSensor::Gpu),
+        count,
+    )?;
+    s.slowdown_temperature_c = reading(
+        "nvmlDeviceGetTemperatureThreshold",
+        dev.temperature_threshold(TemperatureThreshold::Slowdown),
+        count,
+    )?;
+    s.shutdown_temperature_c = reading(
+        "nvmlDeviceGetTemperatureThreshold",
+        dev.temperature_threshold(TemperatureThreshold::Shutdown),
+        count,
+    )?;
+    s.power_mw = reading("nvmlDeviceGetPowerUsage", dev.power_usage(), count)?;
+    s.power_limit_mw = reading(
+        "nvmlDeviceGetEnforcedPowerLimit",
+        dev.enforced_power_limit(),
+        count,
+    )?;
+    s.clock_event_reasons = reading(
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+        dev.current_throttle_reasons(),
+        count,
+    )?
+    .map(|r| r.bits());
+    let ecc = |e, c| {
+        reading(
+            "nvmlDeviceGetTotalEccErrors",
+            dev.total_ecc_errors(e, c),
+            count,
+        )
+    };
+    s.ecc_volatile_corrected = ecc(MemoryError::Corrected, EccCounter::Volatile)?;
+    s.ecc_volatile_uncorrected = ecc(MemoryError::Uncorrected, EccCounter::Volatile)?;
+    s.ecc_aggregate_corrected = ecc(MemoryError::Corrected, EccCounter::Aggregate)?;
+    s.ecc_aggregate_uncorrected = ecc(MemoryError::Uncorrected, EccCounter::Aggregate)?;
+    let pages = |c| reading("nvmlDeviceGetRetiredPages", dev.retired_pages(c), count);
+    s.retired_pages_sbe =
+        pages(RetirementCause::MultipleSingleBitEccErrors)?.map(|p| p.len() as u64);
+    s.retired_pages_dbe = pages(RetirementCause::DoubleBitEccError)?.map(|p| p.len() as u64);
+    s.retired_pages_pending = reading(
+        "nvmlDeviceGetRetiredPagesPendingStatus",
+        dev.are_pages_pending_retired(),
+        count,
+    )?;
+    s.pcie_link_gen = reading(
+        "nvmlDeviceGetCurrPcieLinkGeneration",
+        dev.current_pcie_link_gen(),
+        count,
+    )?;
+    s.pcie_link_gen_max = reading(
+        "nvmlDeviceGetMaxPcieLinkGeneration",
+        dev.max_pcie_link_gen(),
+        count,
+    )?;
+    s.pcie_link_width = reading(
+        "nvmlDeviceGetCurrPcieLinkWidth",
+        dev.current_pcie_link_width(),
+        count,
+    )?;
+    s.pcie_link_width_max = reading(
+        "nvmlDeviceGetMaxPcieLinkWidth",
+        dev.max_pcie_link_width(),
+        count,
+    )?;
+    s.pcie_replay_counter = reading(
+        "nvmlDeviceGetPcieReplayCounter",
+        dev.pcie_replay_counter(),
+        count,
+    )?
+    .map(u64::from);
+    s.persistence_mode = reading(
+        "nvmlDeviceGetPersistenceMode",
+        dev.is_in_persistent_mode(),
+        count,
+    )?;
+    fields(dev, &mut s, count)?;
+    s.nvlinks = nvlinks(dev, count)?;
+    Ok(s)
+}
+
+/// Remapped rows (fields 142..=145) and the GPU recovery action (field 230),
+/// in one `nvmlDeviceGetFieldValues` call.
+fn fields(dev: &Device<'_>, s: &mut GpuSample, count: CountError<'_>) -> Result<(), Lost> {
+    const CALL: &str = "nvmlDeviceGetFieldValues";
+    let ids = [
+        NVML_FI_DEV_REMAPPED_COR,
+        NVML_FI_DEV_REMAPPED_UNC,
+        NVML_FI_DEV_REMAPPED_PENDING,
+        NVML_FI_DEV_REMAPPED_FAILURE,
+        NVML_FI_DEV_GET_GPU_RECOVERY_ACTION,
+    ];
+    let ids_wrapped: Vec<FieldId> = ids.iter().map(|&i| FieldId(i)).collect();
+    let Some(values) = reading(CALL, dev.field_values_for(&ids_wrapped), count)? else {
+        return Ok(());
+    };
+    let mut got: [Option<u64>; 5] = [None; 5];
+    for (slot, v) in got.iter_mut().zip(values) {
+        let v = match v {
+            Ok(sample) => sample.value,
+            Err(e) => Err(e),
+        };
+        *slot = reading(CALL, v, count)?.and_then(|v| match v {
+            SampleValue::U32(x) => Some(u64::from(x)),
+            SampleValue::U64(x) => Some(x),
+            SampleValue::I64(x) => u64::try_from(x).ok(),
+            SampleValue::F64(_) => None,
+        });
+    }
+    let u32_of = |v: Option<u64>| v.map(|x| u32::try_from(x).unwrap_or(u32::MAX));
+    s.remapped_rows_correctable = u32_of(got[0]);
+    s.remapped_rows_uncorrectable = u32_of(got[1]);
+    s.remapped_rows_pending = got[2].map(|x| x != 0);
+    s.remapped_rows_failure = got[3].map(|x| x != 0);
+    if let Some(raw) = got[4] {
+        match RecoveryAction::from_nvml(raw) {
+            Some(a) => s.set_recovery_action(a),
+            None => {
+                tracing::debug!(value = raw, "Unknown NVML GPU recovery action value.");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// State and error counters of every NVLink the GPU has.
+fn nvlinks(dev: &Device<'_>, count: CountError<'_>) -> Result<Vec<NvLinkSample>, Lost> {
+    let mut out = Vec::new();
+    for link in 0..NVLINK_MAX_LINKS {
+        let l = dev.link_wrapper_for(link);
+        let active = match l.is_active() {
+            Ok(a) => a,
+            Err(WrapperError::GpuLost) => return Err(Lost),
+            // Past the last link.
+            Err(WrapperError::InvalidArg) => break,
+            // No NVLink, or this link is absent / disabled.
+            Err(WrapperError::NotSupported | WrapperError::FailedToLoadSymbol(_)) => continue,
+            Err(e) => {
+                count("nvmlDeviceGetNvLinkState");
+                tracing::debug!(link, error = %e, "NVML cannot read the NVLink state.");
+                continue;
+            }
+        };
+        let counter = |c| reading("nvmlDeviceGetNvLinkErrorCounter", l.error_counter(c), count);
+        out.push(NvLinkSample {
+            link,
+            active: Some(active),
+            replay_errors: counter(ErrorCounter::DlReplay)?,
+            recovery_errors: counter(ErrorCounter::DlRecovery)?,
+            crc_flit_errors: counter(ErrorCounter::DlCrcFlit)?,
+            crc_data_errors: counter(ErrorCounter::DlCrcData)?,
+        });
+    }
+    Ok(out)
+}
+
+/// Remembers which GPUs were seen, to report each disappearance once.
+#[derive(Debug, Default)]
+pub(super) struct LostTracker {
+    /// Every GPU seen, by UUID.
+    known: BTreeMap<String, Identity>,
+    /// Keys (UUID, or `index:N` when the UUID is unknown) reported lost and not back.
+    lost: BTreeSet<String>,
+    /// UUIDs present in the previous poll (`None` before the first).
+    last_present: Option<BTreeSet<String>>,
+}
+
+/// What one poll changed.
+#[derive(Debug, Default)]
+pub(super) struct LostUpdate {
+    /// GPUs newly lost: identity and description.
+    pub(super) newly_lost: Vec<(Identity, String)>,
+    /// GPUs back after being reported lost.
+    pub(super) back: Vec<Identity>,
+    /// The set of answering GPUs differs from the previous poll.
+    pub(super) changed: bool,
+}
+
+impl LostTracker {
+    pub(super) fn update(&mut self, r: &PollResult) -> LostUpdate {
+        let mut up = LostUpdate::default();
+        let present: BTreeSet<String> = r
+            .samples
+            .iter()
+            .filter(|s| !s.uuid.is_empty())
+            .map(|s| s.uuid.clone())
+            .collect();
+        for l in &r.lost {
+            let id = if !l.uuid.is_empty() {
+                self.known
+                    .get(&l.uuid)
+                    .cloned()
+                    .unwrap_or_else(|| l.clone())
+            } else {
+                self.known
+                    .values()
+                    .find(|k| k.index == l.index && !present.contains(&k.uuid))
+                    .cloned()
+                    .unwrap_or_else(|| l.clone())
+            };
+            let key = key_of(&id);
+            if self.lost.insert(key) {
+                let what = format!(
+                    "NVML reports GPU {} ({}, {}) is lost (GPU_IS_LOST).",
+                    id.index.map_or("?".to_string(), |i| i.to_string()),
+                    or_unknown(&id.uuid),
+                    or_unknown(&id.pci),
+                );
+                up.newly_lost.push((id, what));
+            }
+        }
+        if r.complete {
+            let visible = r.samples.len() + r.lost.len();
+            for (uuid, id) in &self.known {
+                if !present.contains(uuid) && !self.lost.contains(uuid) {
+                    self.lost.insert(uuid.clone());
+                    let what = format!(
+                        "GPU {} ({}, {}) vanished from NVML enumeration ({} GPUs visible, was {}).",
+                        id.index.map_or("?".to_string(), |i| i.to_string()),
+                        uuid,
+                        or_unknown(&id.pci),
+                        visible,
+                        self.last_present.as_ref().map_or(0, BTreeSet::len),
+                    );
+                    up.newly_lost.push((id.clone(), what));
+                }
+            }
+        }
+        for s in &r.samples {
+            let id = Identity {
+                index: Some(s.index),
+                uuid: s.uuid.clone(),
+                pci: s.pci_address.clone(),
+            };
+            let index_key = format!("index:{}", s.index);
+            let was_lost = self.lost.remove(&s.uuid) | self.lost.remove(&index_key);
+            if was_lost {
+                up.back.push(id.clone());
+            }
+            if !s.uuid.is_empty() {
+                self.known.insert(s.uuid.clone(), id);
+            }
+        }
+        up.changed = self.last_present.as_ref().is_some_and(|p| *p != present);
+        self.last_present = Some(present);
+        up
+    }
+}
+
+fn key_of(id: &Identity) -> String {
+    if id.uuid.is_empty() {
+        format!("index:{}", id.index.unwrap_or(u32::MAX))
+    } else {
+        id.uuid.clone()
+    }
+}
+
+fn or_unknown(s: &str) -> &str {
+    if s.is_empty() { "unknown" } else { s }
+}
+
+/// The poller thread.
+#[derive(Debug)]
+pub(super) struct Poller {
+    cfg: NvmlConfig,
+    ctx: Ctx,
+    tracker: LostTracker,
+    /// Last monitor state sent (`None` before the first).
+    reported: Option<bool>,
+}
+
+impl Poller {
+    pub(super) fn new(cfg: NvmlConfig, ctx: Ctx) -> Poller {
+        Poller {
+            cfg,
+            ctx,
+            tracker: LostTracker::default(),
+            reported: None,
+        }
+    }
+
+    /// Sends the monitor state when it changed. Returns false when the thread should stop.
+    fn monitor(&mut self, ok: bool, message: String) -> bool {
+        if self.reported == Some(ok) {
+            return true;
+        }
+        if ok {
+            tracing::info!(detail = %message, "NVML is available.");
+        } else {
+            tracing::warn!(detail = %message, "NVML is unavailable; GPU health is unknown until it recovers.");
+        }
+        self.reported = Some(ok);
+        self.ctx.send(Input::MonitorStatus {
+            input: MonitorInput::Nvml,
+            ok,
+            message,
+        })
+    }
+
+    fn fail(&mut self, e: &NvmlError) -> bool {
+        self.ctx.registry.count_nvml_error(e.call());
+        self.monitor(false, e.to_string()) && self.ctx.sleep(self.cfg.retry_interval())
+    }
+
+    pub(super) fn run(mut self) {
+        let mut lib: Option<Library> = None;
+        while !self.ctx.stopping() {
+            if lib.is_none() {
+                match Library::choose(&self.cfg) {
+                    Ok(l) => lib = Some(l),
+                    Err(e) => {
+                        if !self.fail(&e) {
+                            break;
+                        }
+                        continue;
+                    }
+                }
+            }
+            let Some(l) = lib.as_ref() else { continue };
+            let nvml = match l.init() {
+                Ok(n) => Arc::new(n),
+                Err(e) => {
+                    if !self.fail(&e) {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            tracing::debug!(library = %l.path().display(), "NVML initialised.");
+            if !self.session(&nvml) {
+                break;
+            }
+        }
+        self.ctx.shared.publish(None);
+        drop(lib);
+    }
+
+    /// Polls with one NVML handle until enumeration fails (→ true: retry) or
+    /// the thread should stop (→ false).
+    fn session(&mut self, nvml: &Arc<Nvml>) -> bool {
+        let mut published = false;
+        loop {
+            let registry = self.ctx.registry.clone();
+            let count = move |call: &'static str| registry.count_nvml_error(call);
+            let result = match poll_all(nvml, &count) {
+                Ok(r) => r,
+                Err(e) => {
+                    self.ctx.shared.publish(None);
+                    return self.fail(&e);
+                }
+            };
+            let driver = nvml.sys_driver_version().unwrap_or_default();
+            let status = format!(
+                "NVML {driver}: {} GPUs, {} answering",
+                result.count,
+                result.samples.len()
+            );
+            if !self.monitor(true, status) {
+                return false;
+            }
+            let up = self.tracker.update(&result);
+            for (id, what) in up.newly_lost {
+                tracing::warn!(gpu = ?id.index, uuid = %id.uuid, pci = %id.pci, "NVML lost a GPU.");
+                let ev = fault(
+                    FaultKind::GpuLost,
+                    0,
+                    &id,
+                    Source::NvmlPoll,
+                    "GPU lost",
+                    what,
+                );
+                if !self.ctx.send(Input::Fault {
+                    event: ev,
+                    read_at: std::time::Instant::now(),
+                }) {
+                    return false;
+                }
+            }
+            for id in up.back {
+                tracing::info!(gpu = ?id.index, uuid = %id.uuid, pci = %id.pci, "A lost GPU answers NVML again.");
+            }
+            if !published {
+                self.ctx.shared.publish(Some(Arc::clone(nvml)));
+                published = true;
+            } else if up.changed {
+                self.ctx.shared.gpus_changed();
+            }
+            if !self.ctx.send_samples(result.samples) {
+                return false;
+            }
+            if !self.ctx.sleep(self.cfg.poll_interval()) {
+                return false;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(index: u32, uuid: &str) -> GpuSample {
+        GpuSample {
+            index,
+            uuid: uuid.into(),
+            pci_address: format!("0000:{:02x}:00.0", 0x10 + index),
+            ..GpuSample::default()
+        }
+    }
+
+    fn poll(samples: Vec<GpuSample>, lost: Vec<Identity>, complete: bool) -> PollResult {
+        PollResult {
+            count: (samples.len() + lost.len()) as u32,
+            samples,
+            lost,
+            complete,
+        }
+    }
+
+    #[test]
+    fn vanished_gpu_is_reported_once_and_cleared_when_back() {
+        let mut t = LostTracker::default();
+        let up = t.update(&poll(
+            vec![sample(0, "GPU-a"), sample(1, "GPU-b")],
+            vec![],
+            true,
+        ));
+        assert!(up.newly_lost.is_empty() && !up.changed);
+        let up = t.update(&poll(vec![sample(0, "GPU-a")], vec![], true));
+        assert_eq!(up.newly_lost.len(), 1);
+        assert_eq!(up.newly_lost[0].0.uuid, "GPU-b");
+        assert_eq!(up.newly_lost[0].0.pci, "0000:11:00.0");
+        assert!(up.changed);
+        let up = t.update(&poll(vec![sample(0, "GPU-a")], vec![], true));
+        assert!(up.newly_lost.is_empty(), "reported twice");
+        let up = t.update(&poll(
+            vec![sample(0, "GPU-a"), sample(1, "GPU-b")],
+            vec![],
+            true,
+        ));
+        assert_eq!(up.back.len(), 1);
+        assert!(up.changed);
+    }
+
+    #[test]
+    fn gpu_is_lost_by_index_takes_the_known_identity() {
+        let mut t = LostTracker::default();
+        t.update(&poll(
+            vec![sample(0, "GPU-a"), sample(1, "GPU-b")],
+            vec![],
+            true,
+        ));
+        let lost = Identity {
+            index: Some(1),
+            ..Identity::default()
+        };
+        let up = t.update(&poll(vec![sample(0, "GPU-a")], vec![lost], true));
+        assert_eq!(up.newly_lost.len(), 1, "one report, not lost + vanished");
+        assert_eq!(up.newly_lost[0].0.uuid, "GPU-b");
+        assert!(up.newly_lost[0].1.contains("GPU_IS_LOST"));
+    }
+
+    #[test]
+    fn incomplete_enumeration_never_claims_a_gpu_vanished() {
+        let mut t = LostTracker::default();
+        t.update(&poll(
+            vec![sample(0, "GPU-a"), sample(1, "GPU-b")],
+            vec![],
+            true,
+        ));
+        let up = t.update(&poll(vec![sample(0, "GPU-a")], vec![], false));
+        assert!(up.newly_lost.is_empty());
+    }
+}

@@ -1,0 +1,109 @@
+//! The `gpuwatch` binary's agent-side commands: `check-config` and
+//! `run --kmsg-path FILE --exit-at-eof` (the replay mode benchmarks use).
+
+use std::path::Path;
+use std::process::Command;
+
+fn gpuwatch() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
+}
+
+#[test]
+fn check_config_accepts_the_example_and_lists_every_problem() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/gpuwatch.example.toml");
+    let out = gpuwatch()
+        .arg("check-config")
+        .arg(&example)
+        .env("NODE_NAME", "cli-node")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).ends_with(": OK\n"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "node_name = \"n1\"\nstate_dir = \"rel\"\n[kmsg]\ncursor_interval_ms = 0\n[api]\nlisten = \"x\"\n",
+    )
+    .unwrap();
+    let out = gpuwatch().arg("check-config").arg(&bad).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for key in ["state_dir:", "kmsg.cursor_interval_ms:", "api.listen:"] {
+        assert!(text.contains(key), "{key} missing in {text}");
+    }
+
+    std::fs::write(&bad, "[kmsg]\npaht = \"/dev/kmsg\"\n").unwrap();
+    let out = gpuwatch().arg("check-config").arg(&bad).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("bad.toml:2:1: key `kmsg.paht`"), "{text}");
+}
+
+#[test]
+fn replay_with_exit_at_eof_prints_a_summary_and_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let replay = dir.path().join("replay.kmsg");
+    let mut text = String::new();
+    for i in 0..1000u64 {
+        if i % 100 == 50 {
+            text.push_str(&format!(
+                "3,{i},{},-;NVRM: Xid (PCI:0000:{:02x}:00): 79, pid=1, name=x, GPU has fallen off the bus.\n",
+                i * 10,
+                i / 100
+            ));
+        } else {
+            text.push_str(&format!("6,{i},{},-;eth0: periodic line {i}\n", i * 10));
+        }
+    }
+    std::fs::write(&replay, text).unwrap();
+    let out = gpuwatch()
+        .args([
+            "run",
+            "--no-nvml",
+            "--exit-at-eof",
+            "--sink",
+            "stdout",
+            "--api-listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--node-name", "bench"])
+        .arg("--kmsg-path")
+        .arg(&replay)
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().count(), 10, "{stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let summary = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("gpuwatch-summary "))
+        .expect("summary line");
+    let v: serde_json::Value = serde_json::from_str(summary).unwrap();
+    assert_eq!(v["records"], 1000);
+    assert_eq!(v["kmsg_events"], 10);
+    assert_eq!(v["stopped_by"], "end_of_input");
+    assert_eq!(v["records_lost"], 0);
+    assert!(v["latency_p99_us"].as_f64().is_some());
+    assert!(v["peak_rss_kib"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn invalid_flags_fail_with_a_clear_message() {
+    let out = gpuwatch()
+        .args(["run", "--api-listen", "not-an-address", "--no-nvml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("api.listen"), "{err}");
+}

@@ -1,0 +1,357 @@
+//! Helpers shared by the agent's integration tests: the real `/dev/kmsg`
+//! (write records, find them again, `printk_devkmsg` handling) and a running
+//! `gpuwatch run` child process whose stdout (events) and stderr (JSON logs)
+//! are captured.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+const PRINTK_DEVKMSG: &str = "/proc/sys/kernel/printk_devkmsg";
+
+static KMSG_LOCK: Mutex<()> = Mutex::new(());
+
+/// Serialises the tests that write to `/dev/kmsg` and turns the kernel's
+/// per-open write rate limit off (`printk_devkmsg=on`) while held; the old
+/// value comes back on drop (also when the test panics).
+pub struct DevKmsg {
+    old: String,
+    _lock: MutexGuard<'static, ()>,
+}
+
+impl DevKmsg {
+    /// Takes the lock and sets `printk_devkmsg=on`.
+    pub fn acquire() -> DevKmsg {
+        let lock = KMSG_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let old = std::fs::read_to_string(PRINTK_DEVKMSG)
+            .expect("read printk_devkmsg (tests need root on Linux)")
+            .trim()
+            .to_string();
+        std::fs::write(PRINTK_DEVKMSG, "on\n").expect("set printk_devkmsg=on (needs root)");
+        DevKmsg { old, _lock: lock }
+    }
+
+    /// Writes one record (userspace writes always land as facility user or
+    /// above; the kernel never lets them claim facility kern). The trailing
+    /// newline matters: without it the kernel keeps the record open for a
+    /// continuation and readers do not see it until the next record arrives.
+    pub fn write(&self, message: &str) {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/kmsg")
+            .expect("open /dev/kmsg for writing");
+        f.write_all(format!("<4>{message}\n").as_bytes())
+            .expect("write /dev/kmsg");
+    }
+
+    /// Writes many records through one open file.
+    pub fn write_many<'a>(&self, messages: impl IntoIterator<Item = &'a str>) {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/kmsg")
+            .expect("open /dev/kmsg for writing");
+        for m in messages {
+            f.write_all(format!("<6>{m}\n").as_bytes())
+                .expect("write /dev/kmsg");
+        }
+    }
+}
+
+impl Drop for DevKmsg {
+    fn drop(&mut self) {
+        let _ = std::fs::write(PRINTK_DEVKMSG, format!("{}\n", self.old));
+    }
+}
+
+/// All records currently in the ring: `(seq, message)`.
+pub fn ring() -> Vec<(u64, String)> {
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open("/dev/kmsg")
+        .expect("open /dev/kmsg");
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut out = Vec::new();
+    loop {
+        match f.read(&mut buf) {
+            Ok(n) => {
+                let text = String::from_utf8_lossy(&buf[..n]);
+                let Some((header, rest)) = text.split_once(';') else {
+                    continue;
+                };
+                let seq = header.split(',').nth(1).and_then(|s| s.parse().ok());
+                let msg = rest.lines().next().unwrap_or("").to_string();
+                if let Some(seq) = seq {
+                    out.push((seq, msg));
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+            Err(_) => break,
+        }
+    }
+    out
+}
+
+/// Sequence number of the record containing `needle`.
+pub fn seq_of(needle: &str) -> Option<u64> {
+    ring()
+        .into_iter()
+        .find(|(_, m)| m.contains(needle))
+        .map(|(s, _)| s)
+}
+
+/// A token unique to this test run.
+pub fn marker(test: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(&(test, nanos, std::process::id()), &mut h);
+    format!(
+        "gwe2e{:012x}",
+        std::hash::Hasher::finish(&h) & 0xffff_ffff_ffff
+    )
+}
+
+/// A distinct PCI domain for a test (events on distinct GPUs are never
+/// coalesced by the engine's dedup window).
+pub fn pci_domain(marker: &str) -> u16 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(marker, &mut h);
+    0x1000 + (std::hash::Hasher::finish(&h) % 0xe000) as u16
+}
+
+/// An XID 79 line for GPU `domain:bus`, tagged with `marker` and `i`.
+pub fn xid_line(marker: &str, domain: u16, bus: u8) -> String {
+    format!(
+        "NVRM: Xid (PCI:{domain:04x}:{bus:02x}:00): 79, pid=4242, name={marker}-{bus}, GPU has fallen off the bus."
+    )
+}
+
+/// Captured output lines of a child.
+#[derive(Clone, Default)]
+pub struct Lines(Arc<Mutex<Vec<String>>>);
+
+impl Lines {
+    fn spawn_reader(&self, r: impl Read + Send + 'static) {
+        let lines = self.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(r).lines().map_while(Result::ok) {
+                lines.0.lock().unwrap().push(line);
+            }
+        });
+    }
+
+    /// Snapshot.
+    pub fn get(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// Lines containing `needle`.
+    pub fn matching(&self, needle: &str) -> Vec<String> {
+        self.get()
+            .into_iter()
+            .filter(|l| l.contains(needle))
+            .collect()
+    }
+}
+
+/// Waits up to `timeout` for `cond`.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cond()
+}
+
+/// A running `gpuwatch run`.
+pub struct Agent {
+    pub child: Child,
+    pub stdout: Lines,
+    pub stderr: Lines,
+    pub state_dir: PathBuf,
+}
+
+impl Agent {
+    /// Starts `gpuwatch run --sink stdout --no-nvml --state-dir DIR
+    /// --api-listen 127.0.0.1:0 --log-format json` plus `extra`.
+    pub fn start(state_dir: &Path, extra: &[&str]) -> Agent {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpuwatch"));
+        cmd.args([
+            "run",
+            "--sink",
+            "stdout",
+            "--no-nvml",
+            "--log-format",
+            "json",
+        ])
+        .args(["--api-listen", "127.0.0.1:0", "--node-name", "e2e-node"])
+        .arg("--state-dir")
+        .arg(state_dir)
+        .args(extra)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("start gpuwatch");
+        let stdout = Lines::default();
+        let stderr = Lines::default();
+        stdout.spawn_reader(child.stdout.take().unwrap());
+        stderr.spawn_reader(child.stderr.take().unwrap());
+        let agent = Agent {
+            child,
+            stdout,
+            stderr,
+            state_dir: state_dir.to_path_buf(),
+        };
+        assert!(
+            wait_until(Duration::from_secs(20), || !agent
+                .stderr
+                .matching("gpuwatch started.")
+                .is_empty()),
+            "agent did not start: {:#?}",
+            agent.stderr.get()
+        );
+        agent
+    }
+
+    /// The API address the agent logged.
+    pub fn api_addr(&self) -> Option<String> {
+        self.stderr
+            .matching("API listening.")
+            .first()
+            .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .and_then(|v| v["addr"].as_str().map(str::to_string))
+    }
+
+    /// Event JSON objects (stdout) whose text contains `needle`.
+    pub fn events(&self, needle: &str) -> Vec<serde_json::Value> {
+        self.stdout
+            .matching(needle)
+            .iter()
+            .map(|l| serde_json::from_str(l).expect("stdout line is one JSON event"))
+            .collect()
+    }
+
+    /// Waits until `n` events contain `needle`.
+    pub fn wait_events(&self, needle: &str, n: usize, timeout: Duration) -> bool {
+        wait_until(timeout, || self.events(needle).len() >= n)
+    }
+
+    /// JSON log lines (stderr) with this message.
+    pub fn logs(&self, message: &str) -> Vec<serde_json::Value> {
+        self.stderr
+            .get()
+            .iter()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["message"] == message)
+            .collect()
+    }
+
+    /// The saved cursor's last_seq.
+    pub fn cursor_seq(&self) -> Option<u64> {
+        let text = std::fs::read_to_string(self.state_dir.join("kmsg-cursor.json")).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+        v["last_seq"].as_u64()
+    }
+
+    /// Sends a signal.
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig)
+            .expect("signal the agent");
+        if sig == nix::sys::signal::Signal::SIGSTOP {
+            // kill(2) returns before the target has stopped: wait until every
+            // thread is in state T, so nothing is read after this returns.
+            self.wait_all_threads_stopped();
+        }
+    }
+
+    fn wait_all_threads_stopped(&self) {
+        let tasks = format!("/proc/{}/task", self.child.id());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let all_stopped = std::fs::read_dir(&tasks)
+                .map(|dir| {
+                    dir.flatten().all(|t| {
+                        std::fs::read_to_string(t.path().join("stat"))
+                            .ok()
+                            .and_then(|s| {
+                                s.rsplit_once(") ")
+                                    .and_then(|(_, rest)| rest.chars().next())
+                            })
+                            .is_some_and(|state| state == 'T' || state == 't')
+                    })
+                })
+                .unwrap_or(false);
+            if all_stopped {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "agent threads did not stop after SIGSTOP"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// SIGTERM and wait; returns the exit status code.
+    pub fn stop(mut self) -> (Option<i32>, Lines, Lines) {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        let status = wait_timeout(&mut self.child, Duration::from_secs(20));
+        (status, self.stdout.clone(), self.stderr.clone())
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // A test that failed midway must not leave the agent running.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits for a child to exit; kills it after `timeout`.
+pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<i32> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            return st.code();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Minimal HTTP GET (status, body).
+pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let status = out.get(9..12)?.parse().ok()?;
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    Some((status, body))
+}

@@ -1,0 +1,212 @@
+//! `gpuwatch explain`: calls `explain::run` directly with the default policy and
+//! with overrides, in both formats.
+
+use gpuwatch::explain::{self, ExplainArgs, ExplainError, ExplainFormat};
+use gpuwatch_proto::Action;
+use xid_parser::{Policy, PolicyOverrides, XidOverride};
+
+fn run(args: ExplainArgs, policy: &Policy) -> String {
+    let mut out = Vec::new();
+    explain::run(&args, policy, &mut out).unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+fn one(xid: u32, format: ExplainFormat) -> ExplainArgs {
+    ExplainArgs {
+        xid: Some(xid),
+        all: false,
+        format,
+    }
+}
+
+fn all(format: ExplainFormat) -> ExplainArgs {
+    ExplainArgs {
+        xid: None,
+        all: true,
+        format,
+    }
+}
+
+#[test]
+fn text_for_xid_79_names_action_buckets_runbook_and_peers() {
+    let text = run(one(79, ExplainFormat::Text), &Policy::default());
+    assert!(
+        text.starts_with(
+            "XID 79: GPU has fallen off the bus (ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS)\n"
+        ),
+        "{text}"
+    );
+    for needle in [
+        "gpuwatch action:",
+        "reboot_node (severity error)",
+        "RESTART_BM",
+        "CONTACT_SUPPORT",
+        "kubectl drain",
+        "REBOOT_SYSTEM+HARDWARE_INSPECTION",
+        "node-fatal",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+    }
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("  overridden:") && l.ends_with(" no")),
+        "{text}"
+    );
+    assert!(text.lines().all(|l| l.len() <= 100), "{text}");
+}
+
+#[test]
+fn json_for_one_code_is_one_object() {
+    let json = run(one(48, ExplainFormat::Json), &Policy::default());
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["code"], 48);
+    assert_eq!(v["action"], "reset_gpu");
+    assert_eq!(v["severity"], "error");
+    assert_eq!(v["nvidia_immediate"], "WORKFLOW_XID_48");
+    assert!(v["context_rule"].as_str().unwrap().contains("63 or 64"));
+    assert_eq!(v["overridden"], false);
+    assert_eq!(v["recurrence_reboots"], 2);
+    assert!(
+        v["other_agents"]["gpud"]
+            .as_str()
+            .unwrap()
+            .contains("REBOOT_SYSTEM")
+    );
+}
+
+#[test]
+fn unknown_code_is_explained_with_the_default_not_an_error() {
+    let json = run(one(4242, ExplainFormat::Json), &Policy::default());
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["action"], "investigate");
+    assert_eq!(v["in_catalog"], false);
+    assert!(v["other_agents"].is_null());
+    let text = run(one(4242, ExplainFormat::Text), &Policy::default());
+    assert!(text.contains("not listed"), "{text}");
+    assert!(text.contains("investigate (severity warning)"), "{text}");
+}
+
+#[test]
+fn all_json_is_one_array_covering_the_catalog() {
+    let json = run(all(ExplainFormat::Json), &Policy::default());
+    let v: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
+    let codes: Vec<u64> = v.iter().map(|e| e["code"].as_u64().unwrap()).collect();
+    let mut expected: Vec<u64> = (1..=173).collect();
+    expected.push(185);
+    assert_eq!(codes, expected);
+    let actions: std::collections::BTreeSet<&str> =
+        v.iter().map(|e| e["action"].as_str().unwrap()).collect();
+    for action in Action::ALL {
+        assert!(
+            actions.contains(action.to_string().as_str()),
+            "{action} unused"
+        );
+    }
+}
+
+#[test]
+fn all_text_is_one_line_per_code_plus_header() {
+    let text = run(all(ExplainFormat::Text), &Policy::default());
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1 + 174);
+    assert!(lines[0].contains("ACTION") && lines[0].contains("NVIDIA"));
+    let l79 = lines
+        .iter()
+        .find(|l| l.trim_start().starts_with("79 "))
+        .unwrap();
+    assert!(
+        l79.contains("reboot_node") && l79.contains("RESTART_BM"),
+        "{l79}"
+    );
+}
+
+#[test]
+fn overrides_show_up_in_every_format() {
+    let mut ov = PolicyOverrides::default();
+    ov.xid.insert(
+        "79".into(),
+        XidOverride {
+            action: Some(Action::InspectHardware),
+            threshold: None,
+            recurrence_reboots: Some(3),
+        },
+    );
+    ov.xid.insert(
+        "250".into(),
+        XidOverride {
+            action: Some(Action::Ignore),
+            threshold: None,
+            recurrence_reboots: None,
+        },
+    );
+    let policy = Policy::new(&ov).unwrap();
+    let text = run(one(79, ExplainFormat::Text), &policy);
+    assert!(
+        text.contains("inspect_hardware (severity critical)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("yes, by this node's [policy] config"),
+        "{text}"
+    );
+    assert!(text.contains("after 3 reboots"), "{text}");
+    let v: Vec<serde_json::Value> =
+        serde_json::from_str(&run(all(ExplainFormat::Json), &policy)).unwrap();
+    assert_eq!(v.len(), 175);
+    let e250 = v.iter().find(|e| e["code"] == 250).unwrap();
+    assert_eq!(e250["action"], "ignore");
+    assert_eq!(e250["overridden"], true);
+    let table = run(all(ExplainFormat::Text), &policy);
+    let l79 = table
+        .lines()
+        .find(|l| l.trim_start().starts_with("79 "))
+        .unwrap();
+    assert!(
+        l79.contains("inspect_hardware") && l79.contains("yes"),
+        "{l79}"
+    );
+}
+
+#[test]
+fn missing_code_and_failed_writes_are_errors() {
+    let args = ExplainArgs::default();
+    let err = explain::run(&args, &Policy::default(), &mut Vec::new()).unwrap_err();
+    assert!(matches!(err, ExplainError::NoCode));
+
+    struct Broken;
+    impl std::io::Write for Broken {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "closed",
+            ))
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    for format in [ExplainFormat::Text, ExplainFormat::Json] {
+        let err = explain::run(&one(79, format), &Policy::default(), &mut Broken).unwrap_err();
+        assert!(matches!(err, ExplainError::Write(_)), "{err:?}");
+    }
+}
+
+#[test]
+fn clap_parses_the_documented_command_lines() {
+    use clap::Parser;
+    #[derive(clap::Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        explain: ExplainArgs,
+    }
+    let c = Cli::try_parse_from(["explain", "79"]).unwrap();
+    assert_eq!(c.explain, one(79, ExplainFormat::Text));
+    let c = Cli::try_parse_from(["explain", "xid48", "--format", "json"]).unwrap();
+    assert_eq!(c.explain, one(48, ExplainFormat::Json));
+    let c = Cli::try_parse_from(["explain", "--all", "--format", "json"]).unwrap();
+    assert_eq!(c.explain, all(ExplainFormat::Json));
+    assert!(Cli::try_parse_from(["explain"]).is_err());
+    assert!(Cli::try_parse_from(["explain", "79", "--all"]).is_err());
+    assert!(Cli::try_parse_from(["explain", "seventy"]).is_err());
+    assert!(Cli::try_parse_from(["explain", "79", "--format", "yaml"]).is_err());
+}

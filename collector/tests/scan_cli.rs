@@ -1,0 +1,167 @@
+//! `gpuwatch scan`: end-to-end over files on disk (through `scan::run`, the
+//! function `main` calls), plus the built binary when the subcommand is wired.
+
+use gpuwatch::scan::{ScanArgs, ScanFormat, run};
+use gpuwatch_proto::{Action, FaultEvent};
+use std::io::Write;
+use std::sync::Arc;
+use xid_parser::Policy;
+
+const LOG: &str = "\
+[6781741.548768] NVRM: GPU at PCI:0000:91:00: GPU-b6c3b2be-c55b-d076-fa0e-d464e4c7e08b
+[6781741.548776] NVRM: GPU Board Serial Number: 1653723052734
+[6781741.548779] NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
+[6781741.548783] NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.
+[6781742.000000] usb 1-1: new high-speed USB device number 2 using xhci_hcd
+[6781743.000000] NVRM: Xid (PCI:0000:cb:00): 13, pid=1, name=python, Graphics Exception
+";
+
+fn write_tmp(dir: &tempfile::TempDir, name: &str, body: &[u8]) -> std::path::PathBuf {
+    let p = dir.path().join(name);
+    std::fs::File::create(&p).unwrap().write_all(body).unwrap();
+    p
+}
+
+#[test]
+fn json_output_is_one_event_per_line_in_input_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write_tmp(&dir, "dmesg.log", LOG.as_bytes());
+    let args = ScanArgs {
+        format: ScanFormat::Json,
+        files: vec![f],
+    };
+    let mut out = Vec::new();
+    let summary = run(&args, Arc::new(Policy::default()), &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let events: Vec<FaultEvent> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events.len(), 2, "{text}");
+    assert_eq!((events[0].code, events[1].code), (79, 13));
+    assert_eq!(
+        events[0].gpu_uuid,
+        "GPU-b6c3b2be-c55b-d076-fa0e-d464e4c7e08b"
+    );
+    assert!(text.lines().all(|l| l.contains(r#""source":"log_file""#)));
+    assert_eq!(summary.lines, 6);
+    assert_eq!(summary.events, 2);
+    // The exit code follows the most severe action the policy chose.
+    let worst = summary.worst_action();
+    assert_eq!(
+        summary.exit_code(),
+        if worst.rank() >= Action::ResetGpu.rank() {
+            2
+        } else {
+            0
+        }
+    );
+    assert!(summary.gpus.contains_key("0000:91:00.0"));
+}
+
+#[test]
+fn text_output_has_table_and_per_gpu_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write_tmp(&dir, "dmesg.log", LOG.as_bytes());
+    let args = ScanArgs {
+        format: ScanFormat::Text,
+        files: vec![f],
+    };
+    let mut out = Vec::new();
+    run(&args, Arc::new(Policy::default()), &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.starts_with("TIME"), "{text}");
+    assert!(text.contains("0000:91:00.0:"), "{text}");
+    assert!(text.contains("XID79"), "{text}");
+}
+
+#[test]
+fn clean_log_exits_zero_and_missing_file_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write_tmp(
+        &dir,
+        "clean.log",
+        b"[ 1.0] usb 1-1: new device\n[ 2.0] random: crng init done\n",
+    );
+    let args = ScanArgs {
+        format: ScanFormat::Json,
+        files: vec![f],
+    };
+    let mut out = Vec::new();
+    let s = run(&args, Arc::new(Policy::default()), &mut out).unwrap();
+    assert_eq!((s.events, s.exit_code()), (0, 0));
+    assert!(out.is_empty());
+
+    let missing = dir.path().join("nope.log");
+    let args = ScanArgs {
+        format: ScanFormat::Json,
+        files: vec![missing.clone()],
+    };
+    let err = run(&args, Arc::new(Policy::default()), &mut Vec::new()).unwrap_err();
+    assert!(
+        err.to_string().contains(&missing.display().to_string()),
+        "{err}"
+    );
+}
+
+#[test]
+fn binary_garbage_and_huge_lines_never_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut body: Vec<u8> = (0..200_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    body.extend_from_slice(b"\n[ 9.0] NVRM: Xid (PCI:0000:3b:00): 43, pid=5, Ch 00000001\n");
+    let f = write_tmp(&dir, "garbage.bin", &body);
+    let args = ScanArgs {
+        format: ScanFormat::Json,
+        files: vec![f],
+    };
+    let mut out = Vec::new();
+    let s = run(&args, Arc::new(Policy::default()), &mut out).unwrap();
+    assert!(s.skipped_long_lines + s.skipped_binary_lines >= 1, "{s:?}");
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.lines().any(|l| l.contains(r#""code":43"#)), "{text}");
+}
+
+#[test]
+fn binary_scan_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let clean = write_tmp(&dir, "clean.log", b"[ 1.0] random: crng init done\n");
+    let st = std::process::Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
+        .args(["scan", "--format", "json"])
+        .arg(&clean)
+        .output()
+        .unwrap();
+    assert_eq!(
+        st.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    assert!(st.stdout.is_empty());
+
+    let bad = write_tmp(&dir, "fault.log", LOG.as_bytes());
+    let st = std::process::Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
+        .args(["scan", "--format", "json"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let summary = run(
+        &ScanArgs {
+            format: ScanFormat::Json,
+            files: vec![bad],
+        },
+        Arc::new(Policy::default()),
+        &mut Vec::new(),
+    )
+    .unwrap();
+    assert_eq!(st.status.code(), Some(summary.exit_code()));
+    assert_eq!(String::from_utf8_lossy(&st.stdout).lines().count(), 2);
+
+    let st = std::process::Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
+        .args(["scan"])
+        .arg(dir.path().join("missing.log"))
+        .output()
+        .unwrap();
+    assert_eq!(st.status.code(), Some(1));
+}

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Checks a running Prometheus that scrapes gpuwatch (called by prometheus-e2e.sh).
+
+Fails (exit 1) with one line per problem when a dashboard query does not parse or returns
+no data, an alert rule is unhealthy or its expression does not parse, an expected alert is
+not firing, or a monitor alert fires although every input works.
+"""
+import argparse
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# Alerts that would mean gpuwatch lies about its own inputs in this healthy-monitor scenario.
+FORBIDDEN = {"GPUWatchMonitorDown", "GPUWatchVerdictUnknown", "GPUWatchFleetMonitorBroken"}
+
+
+def get(base, path, **params):
+    url = f"{base}{path}"
+    if params:
+        url += "?" + urllib.parse.urlencode(params)
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return json.load(r)
+    except urllib.error.HTTPError as e:  # 400 carries the PromQL error as JSON
+        return json.load(e)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prometheus", required=True)
+    ap.add_argument("--node", required=True)
+    ap.add_argument("--expect", default="", help="space-separated alert names that must fire")
+    args = ap.parse_args()
+    base = args.prometheus
+    problems = []
+
+    # 1. Dashboard queries: parse and return data.
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "deploy/grafana/queries.py"), "k8s_node_name", args.node, "5m"],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    n_queries = 0
+    for line in out.splitlines():
+        dash, title, query = line.split("\t", 2)
+        n_queries += 1
+        r = get(base, "/api/v1/query", query=query)
+        if r.get("status") != "success":
+            problems.append(f"{dash} / {title}: query error: {r.get('error')}: {query}")
+        elif not r["data"]["result"]:
+            problems.append(f"{dash} / {title}: no data: {query}")
+
+    # 2. Alert rules: healthy, and each expression parses as an instant query.
+    rules = [
+        rule
+        for group in get(base, "/api/v1/rules")["data"]["groups"]
+        for rule in group["rules"]
+        if rule["type"] == "alerting"
+    ]
+    for rule in rules:
+        if rule.get("health") != "ok":
+            problems.append(f"rule {rule['name']}: health {rule.get('health')}: {rule.get('lastError')}")
+        r = get(base, "/api/v1/query", query=rule["query"])
+        if r.get("status") != "success":
+            problems.append(f"rule {rule['name']}: query error: {r.get('error')}")
+    if not rules:
+        problems.append("no alerting rules loaded")
+
+    # 3. Alerts.
+    alerts = get(base, "/api/v1/alerts")["data"]["alerts"]
+    firing = sorted({a["labels"]["alertname"] for a in alerts if a["state"] == "firing"})
+    for name in args.expect.split():
+        if name not in firing:
+            problems.append(f"alert {name} is not firing (firing: {', '.join(firing) or 'none'})")
+    for name in sorted(FORBIDDEN & set(firing)):
+        problems.append(f"alert {name} fires although every gpuwatch input works")
+
+    print(f"e2e: {n_queries} dashboard queries, {len(rules)} alert rules checked; firing: {', '.join(firing) or 'none'}")
+    for p in problems:
+        print(f"e2e: FAIL {p}", file=sys.stderr)
+    if problems:
+        sys.exit(1)
+    print("e2e: OK")
+
+
+if __name__ == "__main__":
+    main()

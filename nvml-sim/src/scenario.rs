@@ -1,0 +1,598 @@
+//! The scenario file: simulated GPUs, their readings, and timed injections.
+//!
+//! The format is documented in the crate docs and in `nvml-sim/README.md`.
+
+use serde::Deserialize;
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// A scenario could not be read or is invalid.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    /// The scenario file could not be read.
+    #[error("cannot read scenario {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for the scenario schema (unknown key, wrong type, ...).
+    #[error("scenario {path} does not parse: {source}")]
+    Parse {
+        /// The file (or `<string>`).
+        path: String,
+        /// The TOML error (names the key and the line).
+        #[source]
+        source: toml::de::Error,
+    },
+    /// The scenario parsed but is inconsistent; every problem is listed.
+    #[error("scenario {path} is invalid: {}", problems.join("; "))]
+    Invalid {
+        /// The file (or `<string>`).
+        path: String,
+        /// Each problem, naming the key.
+        problems: Vec<String>,
+    },
+}
+
+/// Readings a GPU can be told not to support (`not_supported`) or to fail with
+/// `NVML_ERROR_UNKNOWN` (`failing`). Each name covers the NVML calls listed.
+pub const READINGS: &[&str] = &[
+    "temperature",           // nvmlDeviceGetTemperature
+    "temperature_threshold", // nvmlDeviceGetTemperatureThreshold
+    "power",                 // nvmlDeviceGetPowerUsage
+    "power_limit",           // nvmlDeviceGetEnforcedPowerLimit
+    "clock_event_reasons",   // nvmlDeviceGetCurrentClocks{Event,Throttle}Reasons
+    "ecc",                   // nvmlDeviceGetTotalEccErrors
+    "retired_pages",         // nvmlDeviceGetRetiredPages{,_v2}, ...PendingStatus
+    "remapped_rows",         // nvmlDeviceGetRemappedRows, fields 142..=145
+    "pcie_link",             // nvmlDeviceGet{Curr,Max}PcieLink{Generation,Width}
+    "pcie_replay_counter",   // nvmlDeviceGetPcieReplayCounter
+    "nvlink",                // nvmlDeviceGetNvLinkState, ...ErrorCounter
+    "recovery_action",       // field 230 NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+    "persistence_mode",      // nvmlDeviceGetPersistenceMode
+    "events",                // nvmlDeviceGetSupportedEventTypes, RegisterEvents
+];
+
+/// NVML error names a scenario may use (`init.error`, `init.count_error`).
+pub const ERROR_NAMES: &[(&str, u32)] = &[
+    ("uninitialized", 1),
+    ("invalid_argument", 2),
+    ("not_supported", 3),
+    ("no_permission", 4),
+    ("insufficient_power", 8),
+    ("driver_not_loaded", 9),
+    ("timeout", 10),
+    ("irq_issue", 11),
+    ("library_not_found", 12),
+    ("function_not_found", 13),
+    ("corrupted_inforom", 14),
+    ("gpu_is_lost", 15),
+    ("reset_required", 16),
+    ("operating_system", 17),
+    ("lib_rm_version_mismatch", 18),
+    ("memory", 20),
+    ("unknown", 999),
+];
+
+/// The NVML return code for an error name of [`ERROR_NAMES`].
+pub fn error_code(name: &str) -> Option<u32> {
+    ERROR_NAMES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, code)| *code)
+}
+
+macro_rules! state_fields {
+    ($( $(#[$doc:meta])* $name:ident : $ty:ty = $default:expr ),* $(,)?) => {
+        /// Every reading of one simulated GPU (what NVML reports about it).
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub struct GpuState {
+            $( $(#[$doc])* pub $name: $ty, )*
+            /// The GPU returns `NVML_ERROR_GPU_IS_LOST` to every call.
+            pub lost: bool,
+            /// The GPU is gone from enumeration (device count drops).
+            pub removed: bool,
+        }
+
+        impl Default for GpuState {
+            fn default() -> GpuState {
+                GpuState { $( $name: $default, )* lost: false, removed: false }
+            }
+        }
+
+        /// One `[[gpu]]` table: identity plus initial readings.
+        #[derive(Debug, Clone, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct GpuSpec {
+            /// NVML index (default: position in the file).
+            pub index: Option<u32>,
+            /// UUID, `GPU-` followed by the 36-character UUID.
+            pub uuid: String,
+            /// PCI bus id, as NVML prints it (`00000000:3B:00.0`) or short (`3b:00.0`).
+            pub pci: String,
+            /// Product name.
+            #[serde(default = "default_name")]
+            pub name: String,
+            /// Serial number (informational).
+            #[serde(default)]
+            pub serial: String,
+            $( $(#[$doc])* pub $name: Option<$ty>, )*
+        }
+
+        impl GpuSpec {
+            /// The initial state: the spec's readings over the defaults.
+            pub fn initial_state(&self) -> GpuState {
+                let mut s = GpuState::default();
+                $( if let Some(v) = &self.$name { s.$name = v.clone(); } )*
+                s
+            }
+        }
+
+        /// One `[[inject]]` table: at `at_ms` after the first `nvmlInit`, change
+        /// some readings of GPU `gpu` and/or deliver an event.
+        #[derive(Debug, Clone, Default, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct Injection {
+            /// Milliseconds after the first `nvmlInit` call.
+            pub at_ms: u64,
+            /// NVML index of the GPU (as configured in its `[[gpu]]` table).
+            pub gpu: u32,
+            /// Deliver an XID critical-error event with this code.
+            pub xid: Option<u64>,
+            /// Deliver an ECC event: `"sbe"` (single-bit) or `"dbe"` (double-bit).
+            pub ecc_event: Option<String>,
+            /// `true`: every call on this GPU returns `NVML_ERROR_GPU_IS_LOST`
+            /// (enumeration still counts it); `false`: the GPU answers again.
+            pub lost: Option<bool>,
+            /// `true`: the GPU disappears from enumeration (device count drops);
+            /// `false`: it is back.
+            pub removed: Option<bool>,
+            /// Free text shown in the timeline (not used otherwise).
+            pub note: Option<String>,
+            $( $(#[$doc])* pub $name: Option<$ty>, )*
+        }
+
+        impl Injection {
+            /// Applies the state changes to `s`.
+            pub fn apply(&self, s: &mut GpuState) {
+                $( if let Some(v) = &self.$name { s.$name = v.clone(); } )*
+                if let Some(v) = self.lost { s.lost = v; }
+                if let Some(v) = self.removed { s.removed = v; }
+            }
+        }
+    };
+}
+
+state_fields! {
+    /// GPU core temperature, °C.
+    temperature_c: u32 = 35,
+    /// Slowdown threshold, °C.
+    slowdown_temperature_c: u32 = 87,
+    /// Shutdown threshold, °C.
+    shutdown_temperature_c: u32 = 92,
+    /// Power draw, mW.
+    power_mw: u32 = 72_000,
+    /// Enforced power limit, mW.
+    power_limit_mw: u32 = 700_000,
+    /// `nvmlClocksEventReasons` bitmask (1 = GPU idle, 0x20 SW thermal, 0x40 HW
+    /// thermal, 0x80 HW power brake). A change delivers a clock event.
+    clock_event_reasons: u64 = 1,
+    /// Volatile corrected ECC errors.
+    ecc_volatile_corrected: u64 = 0,
+    /// Volatile uncorrected ECC errors.
+    ecc_volatile_uncorrected: u64 = 0,
+    /// Aggregate corrected ECC errors.
+    ecc_aggregate_corrected: u64 = 0,
+    /// Aggregate uncorrected ECC errors.
+    ecc_aggregate_uncorrected: u64 = 0,
+    /// Pages retired for multiple single-bit errors.
+    retired_pages_sbe: u32 = 0,
+    /// Pages retired for a double-bit error.
+    retired_pages_dbe: u32 = 0,
+    /// A page retirement waits for a reboot.
+    retired_pages_pending: bool = false,
+    /// Rows remapped for correctable errors.
+    remapped_rows_correctable: u32 = 0,
+    /// Rows remapped for uncorrectable errors.
+    remapped_rows_uncorrectable: u32 = 0,
+    /// A row remap waits for a GPU reset.
+    remapped_rows_pending: bool = false,
+    /// A row remap failed.
+    remapped_rows_failure: bool = false,
+    /// Current PCIe link generation.
+    pcie_link_gen: u32 = 5,
+    /// Maximum PCIe link generation.
+    pcie_link_gen_max: u32 = 5,
+    /// Current PCIe link width (lanes).
+    pcie_link_width: u32 = 16,
+    /// Maximum PCIe link width (lanes).
+    pcie_link_width_max: u32 = 16,
+    /// PCIe replay counter.
+    pcie_replay_counter: u32 = 0,
+    /// Number of NVLink links (0..n exist).
+    nvlink_count: u32 = 18,
+    /// Links that are down (inactive).
+    nvlink_down: Vec<u32> = Vec::new(),
+    /// NVLink DL replay errors (reported on every link).
+    nvlink_replay_errors: u64 = 0,
+    /// NVLink DL recovery errors (reported on every link).
+    nvlink_recovery_errors: u64 = 0,
+    /// NVLink CRC flit errors (reported on every link).
+    nvlink_crc_flit_errors: u64 = 0,
+    /// NVLink CRC data errors (reported on every link).
+    nvlink_crc_data_errors: u64 = 0,
+    /// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` value (0 none, 1 GPU reset, 2 node
+    /// reboot, 3 drain P2P, 4 drain and reset).
+    recovery_action: u32 = 0,
+    /// Persistence mode.
+    persistence_mode: bool = true,
+    /// Readings that return `NVML_ERROR_NOT_SUPPORTED` (names in [`READINGS`]).
+    not_supported: Vec<String> = Vec::new(),
+    /// Readings that return `NVML_ERROR_UNKNOWN` (names in [`READINGS`]).
+    failing: Vec<String> = Vec::new(),
+}
+
+fn default_name() -> String {
+    "NVIDIA H100 80GB HBM3".to_string()
+}
+
+fn default_driver_version() -> String {
+    "570.133.20".to_string()
+}
+
+/// `[driver]`: driver version and initialisation / enumeration failures.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriverSpec {
+    /// `nvmlSystemGetDriverVersion`.
+    #[serde(default = "default_driver_version")]
+    pub version: String,
+    /// `nvmlInit_v2` / `nvmlInitWithFlags` fail with this error (a name of
+    /// [`ERROR_NAMES`], e.g. `"driver_not_loaded"`).
+    pub init_error: Option<String>,
+    /// Only the first N init calls fail (absent: see `init_fail_until_ms`, else always).
+    pub init_fail_count: Option<u32>,
+    /// Init calls fail until this many ms after the first init call.
+    pub init_fail_until_ms: Option<u64>,
+    /// `nvmlDeviceGetCount_v2` fails with this error.
+    pub count_error: Option<String>,
+    /// Only the first N successful-init count calls fail (absent: always).
+    pub count_fail_count: Option<u32>,
+}
+
+impl Default for DriverSpec {
+    fn default() -> DriverSpec {
+        DriverSpec {
+            version: default_driver_version(),
+            init_error: None,
+            init_fail_count: None,
+            init_fail_until_ms: None,
+            count_error: None,
+            count_fail_count: None,
+        }
+    }
+}
+
+/// A whole scenario file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// One line that says what the scenario shows.
+    #[serde(default)]
+    pub description: String,
+    /// Driver behaviour.
+    #[serde(default)]
+    pub driver: DriverSpec,
+    /// The GPUs, in NVML enumeration order.
+    #[serde(default)]
+    pub gpu: Vec<GpuSpec>,
+    /// Timed changes, applied in `at_ms` order (file order for equal times).
+    #[serde(default)]
+    pub inject: Vec<Injection>,
+}
+
+impl Scenario {
+    /// Reads and validates a scenario file.
+    pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Scenario::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates scenario text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Scenario, ScenarioError> {
+        let mut s: Scenario = toml::from_str(text).map_err(|source| ScenarioError::Parse {
+            path: origin.to_string(),
+            source,
+        })?;
+        for (pos, g) in s.gpu.iter_mut().enumerate() {
+            if g.index.is_none() {
+                g.index = u32::try_from(pos).ok();
+            }
+        }
+        let problems = s.problems();
+        if !problems.is_empty() {
+            return Err(ScenarioError::Invalid {
+                path: origin.to_string(),
+                problems,
+            });
+        }
+        // Stable sort: equal times keep file order.
+        s.inject.sort_by_key(|i| i.at_ms);
+        Ok(s)
+    }
+
+    /// Every consistency problem, each naming its key.
+    pub fn problems(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        for (key, name) in [
+            ("driver.init_error", &self.driver.init_error),
+            ("driver.count_error", &self.driver.count_error),
+        ] {
+            if let Some(n) = name
+                && error_code(n).is_none()
+            {
+                p.push(format!(
+                    "{key}: unknown NVML error {n:?} (expected one of {})",
+                    ERROR_NAMES
+                        .iter()
+                        .map(|(n, _)| *n)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+        }
+        let mut indexes = BTreeSet::new();
+        let mut uuids = BTreeSet::new();
+        let mut pcis = BTreeSet::new();
+        for (pos, g) in self.gpu.iter().enumerate() {
+            let key = format!("gpu[{pos}]");
+            if let Some(i) = g.index
+                && !indexes.insert(i)
+            {
+                p.push(format!("{key}.index: index {i} is used twice"));
+            }
+            if !valid_uuid(&g.uuid) {
+                p.push(format!(
+                    "{key}.uuid: expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, got {:?}",
+                    g.uuid
+                ));
+            } else if !uuids.insert(g.uuid.to_ascii_lowercase()) {
+                p.push(format!("{key}.uuid: {} is used twice", g.uuid));
+            }
+            match nvml_bus_id(&g.pci) {
+                Some(b) => {
+                    if !pcis.insert(b.clone()) {
+                        p.push(format!("{key}.pci: {b} is used twice"));
+                    }
+                }
+                None => p.push(format!(
+                    "{key}.pci: expected a PCI address like 00000000:3B:00.0, got {:?}",
+                    g.pci
+                )),
+            }
+            if g.name.len() >= 96 {
+                p.push(format!("{key}.name: longer than 95 bytes"));
+            }
+            check_state(&key, &g.initial_state(), &mut p);
+        }
+        for (pos, inj) in self.inject.iter().enumerate() {
+            let key = format!("inject[{pos}]");
+            if !indexes.contains(&inj.gpu) {
+                p.push(format!("{key}.gpu: no GPU with index {}", inj.gpu));
+            }
+            if let Some(e) = &inj.ecc_event
+                && e != "sbe"
+                && e != "dbe"
+            {
+                p.push(format!(
+                    "{key}.ecc_event: expected \"sbe\" or \"dbe\", got {e:?}"
+                ));
+            }
+            let mut state = GpuState::default();
+            inj.apply(&mut state);
+            check_state(&key, &state, &mut p);
+        }
+        p
+    }
+
+    /// The scenario's GPU with this configured index.
+    pub fn gpu_by_index(&self, index: u32) -> Option<&GpuSpec> {
+        self.gpu.iter().find(|g| g.index == Some(index))
+    }
+}
+
+fn check_state(key: &str, s: &GpuState, p: &mut Vec<String>) {
+    for (field, list) in [("not_supported", &s.not_supported), ("failing", &s.failing)] {
+        for r in list {
+            if !READINGS.contains(&r.as_str()) {
+                p.push(format!(
+                    "{key}.{field}: unknown reading {r:?} (expected one of {})",
+                    READINGS.join(", ")
+                ));
+            }
+        }
+    }
+    for l in &s.nvlink_down {
+        if *l >= 64 {
+            p.push(format!("{key}.nvlink_down: link {l} out of range"));
+        }
+    }
+    if s.nvlink_count > 64 {
+        p.push(format!("{key}.nvlink_count: at most 64 links"));
+    }
+}
+
+fn valid_uuid(u: &str) -> bool {
+    let Some(rest) = u.strip_prefix("GPU-") else {
+        return false;
+    };
+    let groups: Vec<&str> = rest.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// Normalises a PCI address to NVML's bus id form `00000000:3B:00.0`
+/// (8-digit domain, uppercase). Accepts `dddd:bb:dd.f`, `dddddddd:bb:dd.f`
+/// and `bb:dd.f`.
+pub fn nvml_bus_id(addr: &str) -> Option<String> {
+    let parts: Vec<&str> = addr.trim().split(':').collect();
+    let (domain, bus, devfn) = match parts.as_slice() {
+        [d, b, df] => (*d, *b, *df),
+        [b, df] => ("0", *b, *df),
+        _ => return None,
+    };
+    let (dev, func) = devfn.split_once('.')?;
+    let hex = |s: &str, max_len: usize| -> Option<u32> {
+        if s.is_empty() || s.len() > max_len {
+            return None;
+        }
+        u32::from_str_radix(s, 16).ok()
+    };
+    let domain = hex(domain, 8)?;
+    let bus = hex(bus, 2)?;
+    let dev = hex(dev, 2)?;
+    let func = hex(func, 1)?;
+    if dev > 0x1f || func > 7 {
+        return None;
+    }
+    Some(format!("{domain:08X}:{bus:02X}:{dev:02X}.{func:X}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+        [[gpu]]
+        uuid = "GPU-11111111-2222-3333-4444-555555555555"
+        pci = "3b:00.0"
+    "#;
+
+    #[test]
+    fn minimal_scenario_gets_defaults() {
+        let s = Scenario::parse(MINIMAL, "<test>").unwrap();
+        assert_eq!(s.gpu.len(), 1);
+        assert_eq!(s.gpu[0].index, Some(0));
+        assert_eq!(s.driver.version, "570.133.20");
+        let st = s.gpu[0].initial_state();
+        assert_eq!(st.pcie_link_width, 16);
+        assert_eq!(st.nvlink_count, 18);
+        assert!(!st.lost);
+    }
+
+    #[test]
+    fn every_shipped_scenario_parses() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let s = Scenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
+                assert!(!s.gpu.is_empty(), "{} has no GPU", path.display());
+                assert!(
+                    !s.description.is_empty(),
+                    "{} has no description",
+                    path.display()
+                );
+                n += 1;
+            }
+        }
+        assert!(n >= 9, "only {n} scenarios found");
+        let demo = Scenario::load(&dir.join("demo.toml")).unwrap();
+        assert_eq!(demo.gpu.len(), 8);
+    }
+
+    #[test]
+    fn bus_id_forms_normalise_to_nvml_form() {
+        assert_eq!(nvml_bus_id("3b:00.0").as_deref(), Some("00000000:3B:00.0"));
+        assert_eq!(
+            nvml_bus_id("0000:3b:00.0").as_deref(),
+            Some("00000000:3B:00.0")
+        );
+        assert_eq!(
+            nvml_bus_id("00000001:DB:1F.7").as_deref(),
+            Some("00000001:DB:1F.7")
+        );
+        assert_eq!(nvml_bus_id("3b:00"), None);
+        assert_eq!(nvml_bus_id("3b:20.0"), None);
+        assert_eq!(nvml_bus_id("zz:00.0"), None);
+    }
+
+    #[test]
+    fn unknown_key_is_a_parse_error_naming_the_key() {
+        let text = format!("{MINIMAL}\ntemprature_c = 3\n");
+        let err = Scenario::parse(&text, "x.toml").unwrap_err().to_string();
+        assert!(err.contains("temprature_c"), "{err}");
+        assert!(err.contains("x.toml"), "{err}");
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let text = r#"
+            [driver]
+            init_error = "driver_gone"
+            [[gpu]]
+            uuid = "GPU-bad"
+            pci = "nope"
+            not_supported = ["fan"]
+            [[gpu]]
+            index = 0
+            uuid = "GPU-11111111-2222-3333-4444-555555555555"
+            pci = "3b:00.0"
+            [[inject]]
+            at_ms = 5
+            gpu = 7
+            ecc_event = "tbe"
+        "#;
+        let Err(ScenarioError::Invalid { problems, .. }) = Scenario::parse(text, "<t>") else {
+            panic!("expected Invalid");
+        };
+        let all = problems.join("\n");
+        for needle in [
+            "driver.init_error",
+            "gpu[0].uuid",
+            "gpu[0].pci",
+            "gpu[0].not_supported",
+            "gpu[1].index",
+            "inject[0].gpu",
+            "inject[0].ecc_event",
+        ] {
+            assert!(all.contains(needle), "missing {needle} in {all}");
+        }
+    }
+
+    #[test]
+    fn injections_are_sorted_by_time_keeping_file_order() {
+        let text = format!(
+            "{MINIMAL}\n[[inject]]\nat_ms = 20\ngpu = 0\nxid = 2\n\
+             [[inject]]\nat_ms = 10\ngpu = 0\nxid = 1\n\
+             [[inject]]\nat_ms = 20\ngpu = 0\nxid = 3\n"
+        );
+        let s = Scenario::parse(&text, "<t>").unwrap();
+        let order: Vec<u64> = s.inject.iter().filter_map(|i| i.xid).collect();
+        assert_eq!(order, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn injection_applies_only_the_fields_it_names() {
+        let inj = Injection {
+            temperature_c: Some(91),
+            lost: Some(true),
+            ..Injection::default()
+        };
+        let mut s = GpuState::default();
+        inj.apply(&mut s);
+        assert_eq!(s.temperature_c, 91);
+        assert!(s.lost);
+        assert_eq!(s.power_mw, GpuState::default().power_mw);
+    }
+}

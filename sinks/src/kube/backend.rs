@@ -1,0 +1,323 @@
+//! The API operations the writer performs, against a real API server through a
+//! kube `Client`, or in dry-run mode against an in-memory Node while logging the
+//! exact requests. The list of operations is [`super::WRITER_REQUESTS`].
+
+use k8s_openapi::api::core::v1::{Event, Node};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use serde_json::Value;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// A failed API call, classified for the retry logic.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ApiError {
+    /// 409, or 422 from a failed JSON-patch `test` (the object changed under us).
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// 404.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// 403 (RBAC or admission policy).
+    #[error("forbidden: {0}")]
+    Forbidden(String),
+    /// 400/422 other than a test failure: our request is wrong; retrying will not help.
+    #[error("rejected: {0}")]
+    Rejected(String),
+    /// Anything else (connection refused, 5xx, timeout): retried with backoff.
+    #[error("{0}")]
+    Transient(String),
+}
+
+impl ApiError {
+    fn from_kube(e: kube::Error) -> ApiError {
+        match &e {
+            kube::Error::Api(s) => {
+                let msg = format!("{} ({} {})", s.message, s.code, s.reason);
+                match s.code {
+                    409 => ApiError::Conflict(msg),
+                    404 => ApiError::NotFound(msg),
+                    403 => ApiError::Forbidden(msg),
+                    422 if s.message.contains("test") => ApiError::Conflict(msg),
+                    400 | 422 => ApiError::Rejected(msg),
+                    _ => ApiError::Transient(msg),
+                }
+            }
+            _ => ApiError::Transient(e.to_string()),
+        }
+    }
+}
+
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
+
+/// Where writes go.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one Backend per process, behind an Arc"
+)]
+pub(crate) enum Backend {
+    /// A real (or test-double) API server.
+    Live {
+        nodes: Api<Node>,
+        events: Api<Event>,
+        node_name: String,
+        timeout: Duration,
+    },
+    /// Dry run: an in-memory copy of the Node; every write is logged as JSON.
+    DryRun {
+        node: Mutex<Node>,
+        events: Mutex<Vec<Event>>,
+    },
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Live { .. } => "Backend::Live",
+            Backend::DryRun { .. } => "Backend::DryRun",
+        })
+    }
+}
+
+async fn timed<T>(
+    timeout: Duration,
+    fut: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> ApiResult<T> {
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(r) => r.map_err(ApiError::from_kube),
+        Err(_) => Err(ApiError::Transient(format!(
+            "request timed out after {}s",
+            timeout.as_secs_f64()
+        ))),
+    }
+}
+
+fn bump_rv(node: &mut Node) {
+    let rv: u64 = node
+        .metadata
+        .resource_version
+        .as_deref()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0);
+    node.metadata.resource_version = Some((rv + 1).to_string());
+}
+
+impl Backend {
+    /// A dry-run backend holding a bare Node called `node_name`.
+    pub(crate) fn dry_run(node_name: &str) -> Backend {
+        let mut node = Node::default();
+        node.metadata.name = Some(node_name.to_owned());
+        node.metadata.resource_version = Some("1".into());
+        Backend::DryRun {
+            node: Mutex::new(node),
+            events: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn is_dry_run(&self) -> bool {
+        matches!(self, Backend::DryRun { .. })
+    }
+
+    pub(crate) async fn get_node(&self) -> ApiResult<Node> {
+        match self {
+            Backend::Live {
+                nodes,
+                node_name,
+                timeout,
+                ..
+            } => timed(*timeout, nodes.get(node_name)).await,
+            Backend::DryRun { node, .. } => Ok(lock(node).clone()),
+        }
+    }
+
+    /// SSA of our conditions on `nodes/<name>/status`.
+    pub(crate) async fn apply_status(
+        &self,
+        manager: &str,
+        force: bool,
+        body: &Value,
+    ) -> ApiResult<Node> {
+        match self {
+            Backend::Live {
+                nodes,
+                node_name,
+                timeout,
+                ..
+            } => {
+                let mut pp = PatchParams::apply(manager);
+                if force {
+                    pp = pp.force();
+                }
+                timed(
+                    *timeout,
+                    nodes.patch_status(node_name, &pp, &Patch::Apply(body)),
+                )
+                .await
+            }
+            Backend::DryRun { node, .. } => {
+                tracing::info!(
+                    request = "PATCH nodes/status",
+                    content_type = "application/apply-patch+yaml",
+                    field_manager = manager,
+                    force,
+                    patch = %body,
+                    "Dry run: would apply the node status conditions."
+                );
+                let mut n = lock(node);
+                let applied: Vec<k8s_openapi::api::core::v1::NodeCondition> =
+                    serde_json::from_value(body["status"]["conditions"].clone())
+                        .map_err(|e| ApiError::Rejected(e.to_string()))?;
+                let status = n.status.get_or_insert_with(Default::default);
+                let conds = status.conditions.get_or_insert_with(Vec::new);
+                for c in applied {
+                    match conds.iter_mut().find(|x| x.type_ == c.type_) {
+                        Some(x) => *x = c,
+                        None => conds.push(c),
+                    }
+                }
+                bump_rv(&mut n);
+                Ok(n.clone())
+            }
+        }
+    }
+
+    /// JSON patch on the Node (taints), guarded by a resourceVersion `test`.
+    pub(crate) async fn patch_node(&self, patch: &Value) -> ApiResult<Node> {
+        let parsed: json_patch::Patch = serde_json::from_value(patch.clone())
+            .map_err(|e| ApiError::Rejected(format!("invalid JSON patch: {e}")))?;
+        match self {
+            Backend::Live {
+                nodes,
+                node_name,
+                timeout,
+                ..
+            } => {
+                timed(
+                    *timeout,
+                    nodes.patch(
+                        node_name,
+                        &PatchParams::default(),
+                        &Patch::Json::<()>(parsed),
+                    ),
+                )
+                .await
+            }
+            Backend::DryRun { node, .. } => {
+                tracing::info!(
+                    request = "PATCH nodes",
+                    content_type = "application/json-patch+json",
+                    patch = %patch,
+                    "Dry run: would patch the node taints."
+                );
+                let mut n = lock(node);
+                let mut v =
+                    serde_json::to_value(&*n).map_err(|e| ApiError::Rejected(e.to_string()))?;
+                json_patch::patch(&mut v, &parsed)
+                    .map_err(|e| ApiError::Conflict(e.to_string()))?;
+                let mut new: Node =
+                    serde_json::from_value(v).map_err(|e| ApiError::Rejected(e.to_string()))?;
+                bump_rv(&mut new);
+                *n = new;
+                Ok(n.clone())
+            }
+        }
+    }
+
+    /// Events about our Node (for dedup after a restart).
+    pub(crate) async fn list_events(&self, node_name: &str) -> ApiResult<Vec<Event>> {
+        match self {
+            Backend::Live {
+                events, timeout, ..
+            } => {
+                let lp = ListParams::default().fields(&format!(
+                    "involvedObject.kind=Node,involvedObject.name={node_name}"
+                ));
+                timed(*timeout, events.list(&lp)).await.map(|l| l.items)
+            }
+            Backend::DryRun { events, .. } => Ok(lock(events).clone()),
+        }
+    }
+
+    pub(crate) async fn create_event(&self, ev: &Event) -> ApiResult<Event> {
+        match self {
+            Backend::Live {
+                events, timeout, ..
+            } => timed(*timeout, events.create(&PostParams::default(), ev)).await,
+            Backend::DryRun { events, .. } => {
+                tracing::info!(
+                    request = "POST events",
+                    event = %serde_json::to_string(ev).unwrap_or_default(),
+                    "Dry run: would create an Event."
+                );
+                lock(events).push(ev.clone());
+                Ok(ev.clone())
+            }
+        }
+    }
+
+    pub(crate) async fn patch_event(&self, name: &str, patch: &Value) -> ApiResult<Event> {
+        match self {
+            Backend::Live {
+                events, timeout, ..
+            } => {
+                timed(
+                    *timeout,
+                    events.patch(name, &PatchParams::default(), &Patch::Merge(patch)),
+                )
+                .await
+            }
+            Backend::DryRun { events, .. } => {
+                tracing::info!(
+                    request = "PATCH events",
+                    name,
+                    patch = %patch,
+                    "Dry run: would update an Event."
+                );
+                let mut evs = lock(events);
+                let Some(e) = evs
+                    .iter_mut()
+                    .find(|e| e.metadata.name.as_deref() == Some(name))
+                else {
+                    return Err(ApiError::NotFound(name.to_owned()));
+                };
+                let mut v =
+                    serde_json::to_value(&*e).map_err(|e| ApiError::Rejected(e.to_string()))?;
+                json_patch::merge(&mut v, patch);
+                *e = serde_json::from_value(v).map_err(|e| ApiError::Rejected(e.to_string()))?;
+                Ok(e.clone())
+            }
+        }
+    }
+
+    /// Starts a watch on our Node from `resource_version`. `None` in dry-run mode.
+    pub(crate) async fn watch_node(
+        &self,
+        resource_version: &str,
+        timeout_secs: u32,
+    ) -> ApiResult<
+        Option<
+            std::pin::Pin<
+                Box<dyn futures::Stream<Item = Result<WatchEvent<Node>, kube::Error>> + Send>,
+            >,
+        >,
+    > {
+        match self {
+            Backend::Live {
+                nodes, node_name, ..
+            } => {
+                let wp = WatchParams::default()
+                    .fields(&format!("metadata.name={node_name}"))
+                    .timeout(timeout_secs);
+                let s = nodes
+                    .watch(&wp, resource_version)
+                    .await
+                    .map_err(ApiError::from_kube)?;
+                Ok(Some(Box::pin(s)))
+            }
+            Backend::DryRun { .. } => Ok(None),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,413 @@
+//! `[kube]` settings: names of the conditions and taints gpuwatch owns, the
+//! startup gate, Event rate limits and the reconcile loop's pacing.
+
+use gpuwatch_proto::{Action, ShortName};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// One taint gpuwatch manages: key and effect (the value is chosen at run time).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaintConfig {
+    /// Taint key (`prefix/name`, label-key syntax).
+    pub key: String,
+    /// Taint effect: `NoSchedule`, `PreferNoSchedule` or `NoExecute` (the last only
+    /// with `allow_no_execute = true`).
+    pub effect: String,
+}
+
+impl TaintConfig {
+    fn new(key: &str, effect: &str) -> TaintConfig {
+        TaintConfig {
+            key: key.to_owned(),
+            effect: effect.to_owned(),
+        }
+    }
+}
+
+/// Node writer settings (`[kube]`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubeConfig {
+    /// Write conditions, taints and Events on the agent's own Node.
+    pub enabled: bool,
+    /// API server URL to talk to without credentials (e.g. `http://127.0.0.1:8001`
+    /// from `kubectl proxy`, or a test double). Unset: in-cluster service account,
+    /// then `$KUBECONFIG`.
+    pub api_server_url: Option<String>,
+    /// Server-side-apply field manager for the status conditions.
+    pub field_manager: String,
+    /// Take ownership of our condition types when another manager owns them (SSA `force`).
+    pub force_conflicts: bool,
+    /// Write the `AcceleratedHardwareReady`-style readiness condition.
+    pub ready_condition: bool,
+    /// Type of the readiness condition (True healthy, False hardware verdict, Unknown
+    /// when gpuwatch cannot tell).
+    pub ready_condition_type: String,
+    /// Type of gpuwatch's problem condition (True while a reset/reboot/inspect fault is active).
+    pub problem_condition_type: String,
+    /// Actions that make the readiness condition `False` (node-level hardware verdicts).
+    /// Default: only `inspect_hardware`; add `reboot_node` to let a node-repair
+    /// controller (Karpenter) replace nodes that need a reboot.
+    pub hardware_not_ready_actions: Vec<String>,
+    /// Fault taint added while a reset/reboot/inspect fault is active; value = the action.
+    pub fault_taint: TaintConfig,
+    /// Per-action override of the fault taint (keys: `reset_gpu`, `reboot_node`,
+    /// `inspect_hardware`).
+    pub fault_taint_actions: BTreeMap<String, TaintConfig>,
+    /// Allow `NoExecute` fault taints (evicts running pods; off unless opted in).
+    pub allow_no_execute: bool,
+    /// Remove the startup taint once device validation passes.
+    pub startup_gate: bool,
+    /// Startup taint put on by the node template and removed by gpuwatch after validation.
+    pub startup_taint: TaintConfig,
+    /// Seconds between validation attempts while the startup taint is held.
+    pub validation_interval_secs: u64,
+    /// Write Events on the Node for fault events.
+    pub events: bool,
+    /// Namespace Node Events are written to (kubelet uses `default`).
+    pub event_namespace: String,
+    /// Events queued at most; the oldest is dropped (and counted) beyond this.
+    pub event_queue_capacity: usize,
+    /// Token-bucket burst of Event writes.
+    pub event_burst: u32,
+    /// Token-bucket refill rate of Event writes per minute.
+    pub events_per_minute: u32,
+    /// Same reason and GPU within this window: the existing Event's `count` is bumped.
+    pub event_dedup_window_secs: u64,
+    /// Minimum milliseconds between two rounds of Node writes (storm coalescing).
+    pub min_write_interval_ms: u64,
+    /// First retry delay after an API failure, milliseconds (doubles per failure).
+    pub backoff_initial_ms: u64,
+    /// Largest retry delay after API failures, milliseconds.
+    pub backoff_max_ms: u64,
+    /// Seconds between full re-reads of the Node (safety net beside the watch).
+    pub resync_secs: u64,
+    /// Server-side timeout of one watch request, seconds.
+    pub watch_timeout_secs: u32,
+    /// Timeout of one API request, seconds.
+    pub request_timeout_secs: u64,
+}
+
+impl Default for KubeConfig {
+    fn default() -> Self {
+        KubeConfig {
+            enabled: false,
+            api_server_url: None,
+            field_manager: "gpuwatch".into(),
+            force_conflicts: true,
+            ready_condition: true,
+            ready_condition_type: "AcceleratedHardwareReady".into(),
+            problem_condition_type: "GPUProblem".into(),
+            hardware_not_ready_actions: vec!["inspect_hardware".into()],
+            fault_taint: TaintConfig::new("gpuwatch.io/unhealthy", "NoSchedule"),
+            fault_taint_actions: BTreeMap::new(),
+            allow_no_execute: false,
+            startup_gate: true,
+            startup_taint: TaintConfig::new(
+                "startup-taint.cluster-autoscaler.kubernetes.io/gpu-not-ready",
+                "NoSchedule",
+            ),
+            validation_interval_secs: 30,
+            events: true,
+            event_namespace: "default".into(),
+            event_queue_capacity: 256,
+            event_burst: 10,
+            events_per_minute: 30,
+            event_dedup_window_secs: 600,
+            min_write_interval_ms: 1000,
+            backoff_initial_ms: 500,
+            backoff_max_ms: 30_000,
+            resync_secs: 300,
+            watch_timeout_secs: 290,
+            request_timeout_secs: 10,
+        }
+    }
+}
+
+const EFFECTS: [&str; 3] = ["NoSchedule", "PreferNoSchedule", "NoExecute"];
+
+impl KubeConfig {
+    /// Problems with the settings (empty when valid); key names relative to `[kube]`.
+    pub fn validate(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        if self.field_manager.is_empty() || self.field_manager.len() > 128 {
+            p.push("field_manager: expected 1 to 128 characters".into());
+        }
+        for (key, name) in [
+            ("ready_condition_type", &self.ready_condition_type),
+            ("problem_condition_type", &self.problem_condition_type),
+        ] {
+            if !is_condition_type(name) {
+                p.push(format!(
+                    "{key}: {name:?} is not a valid condition type (letters, digits, '.', '-', '_', '/'; starts with a letter)"
+                ));
+            }
+        }
+        if self.ready_condition && self.ready_condition_type == self.problem_condition_type {
+            p.push("problem_condition_type: must differ from ready_condition_type".into());
+        }
+        for a in &self.hardware_not_ready_actions {
+            match Action::from_short_name(a) {
+                Some(act) if act.needs_isolation() => {}
+                _ => p.push(format!(
+                    "hardware_not_ready_actions: {a:?} is not one of reset_gpu, reboot_node, inspect_hardware"
+                )),
+            }
+        }
+        self.check_taint("fault_taint", &self.fault_taint, &mut p);
+        for (action, t) in &self.fault_taint_actions {
+            match Action::from_short_name(action) {
+                Some(act) if act.needs_isolation() => {}
+                _ => p.push(format!(
+                    "fault_taint_actions: {action:?} is not one of reset_gpu, reboot_node, inspect_hardware"
+                )),
+            }
+            self.check_taint(&format!("fault_taint_actions.{action}"), t, &mut p);
+        }
+        self.check_taint("startup_taint", &self.startup_taint, &mut p);
+        if self.fault_taint_keys().contains(&self.startup_taint.key) {
+            p.push("startup_taint.key: must differ from the fault taint keys".into());
+        }
+        if !is_dns_label(&self.event_namespace) {
+            p.push(format!(
+                "event_namespace: {:?} is not a valid namespace name (RFC 1123 label)",
+                self.event_namespace
+            ));
+        }
+        if let Some(url) = &self.api_server_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            p.push(format!(
+                "api_server_url: {url:?} must start with http:// or https://"
+            ));
+        }
+        for (key, v) in [
+            ("validation_interval_secs", self.validation_interval_secs),
+            ("event_queue_capacity", self.event_queue_capacity as u64),
+            ("event_burst", u64::from(self.event_burst)),
+            ("events_per_minute", u64::from(self.events_per_minute)),
+            ("event_dedup_window_secs", self.event_dedup_window_secs),
+            ("min_write_interval_ms", self.min_write_interval_ms),
+            ("backoff_initial_ms", self.backoff_initial_ms),
+            ("backoff_max_ms", self.backoff_max_ms),
+            ("resync_secs", self.resync_secs),
+            ("watch_timeout_secs", u64::from(self.watch_timeout_secs)),
+            ("request_timeout_secs", self.request_timeout_secs),
+        ] {
+            if v == 0 {
+                p.push(format!("{key}: must be greater than 0"));
+            }
+        }
+        if self.backoff_max_ms < self.backoff_initial_ms {
+            p.push("backoff_max_ms: must be at least backoff_initial_ms".into());
+        }
+        p
+    }
+
+    fn check_taint(&self, key: &str, t: &TaintConfig, p: &mut Vec<String>) {
+        if let Err(e) = check_label_key(&t.key) {
+            p.push(format!("{key}.key: {:?} {e}", t.key));
+        }
+        if !EFFECTS.contains(&t.effect.as_str()) {
+            p.push(format!(
+                "{key}.effect: {:?} is not one of NoSchedule, PreferNoSchedule, NoExecute",
+                t.effect
+            ));
+        } else if t.effect == "NoExecute" && !self.allow_no_execute && key != "startup_taint" {
+            p.push(format!(
+                "{key}.effect: NoExecute evicts running pods; set allow_no_execute = true to opt in"
+            ));
+        }
+    }
+
+    /// The fault taint for `action` (per-action override, else `fault_taint`).
+    pub fn fault_taint_for(&self, action: Action) -> &TaintConfig {
+        self.fault_taint_actions
+            .get(action.short_name())
+            .unwrap_or(&self.fault_taint)
+    }
+
+    /// Every taint key gpuwatch may write as a fault taint.
+    pub fn fault_taint_keys(&self) -> Vec<String> {
+        let mut keys = vec![self.fault_taint.key.clone()];
+        for t in self.fault_taint_actions.values() {
+            if !keys.contains(&t.key) {
+                keys.push(t.key.clone());
+            }
+        }
+        keys
+    }
+
+    /// Every taint key gpuwatch may change (fault taints and the startup taint).
+    pub fn owned_taint_keys(&self) -> Vec<String> {
+        let mut keys = self.fault_taint_keys();
+        keys.push(self.startup_taint.key.clone());
+        keys
+    }
+
+    /// The condition types gpuwatch writes.
+    pub fn owned_condition_types(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if self.ready_condition {
+            v.push(self.ready_condition_type.clone());
+        }
+        v.push(self.problem_condition_type.clone());
+        v
+    }
+
+    /// Whether an active fault with `action` makes the readiness condition False.
+    pub fn is_hardware_not_ready(&self, action: Action) -> bool {
+        self.hardware_not_ready_actions
+            .iter()
+            .any(|a| Action::from_short_name(a) == Some(action))
+    }
+
+    pub(crate) fn min_write_interval(&self) -> Duration {
+        Duration::from_millis(self.min_write_interval_ms)
+    }
+}
+
+fn is_condition_type(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 316
+        && s.starts_with(|c: char| c.is_ascii_alphabetic())
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '/'))
+}
+
+/// RFC 1123 label: lowercase alphanumerics and '-', 1..=63, alphanumeric at both ends.
+pub(crate) fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// RFC 1123 subdomain: dot-separated labels, at most 253 characters.
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+/// Label-value-style name part: 1..=63 of `[A-Za-z0-9._-]`, alphanumeric at both ends.
+pub(crate) fn is_qualified_name_part(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+/// Checks a label/taint key: optional RFC 1123 subdomain prefix, '/', qualified name.
+pub(crate) fn check_label_key(key: &str) -> Result<(), &'static str> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if let Some(p) = prefix
+        && !is_dns_subdomain(p)
+    {
+        return Err("has a prefix that is not an RFC 1123 subdomain");
+    }
+    if !is_qualified_name_part(name) {
+        return Err(
+            "is not a valid key (name part: 1-63 of [A-Za-z0-9._-], alphanumeric at both ends)",
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_valid() {
+        assert_eq!(KubeConfig::default().validate(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn reports_every_problem_at_once() {
+        let mut c = KubeConfig {
+            ready_condition_type: "1bad".into(),
+            fault_taint: TaintConfig::new("Bad_Prefix/x", "Sometimes"),
+            startup_taint: TaintConfig::new("ok.io/-bad-", "NoSchedule"),
+            min_write_interval_ms: 0,
+            event_namespace: "Default".into(),
+            ..KubeConfig::default()
+        };
+        c.fault_taint_actions.insert(
+            "inspect_hardware".into(),
+            TaintConfig::new("gpuwatch.io/broken", "NoExecute"),
+        );
+        c.fault_taint_actions
+            .insert("restart_app".into(), TaintConfig::new("x", "NoSchedule"));
+        let p = c.validate();
+        let joined = p.join("\n");
+        for needle in [
+            "ready_condition_type",
+            "fault_taint.key",
+            "fault_taint.effect",
+            "startup_taint.key",
+            "min_write_interval_ms",
+            "event_namespace",
+            "fault_taint_actions.inspect_hardware.effect: NoExecute",
+            "fault_taint_actions: \"restart_app\"",
+        ] {
+            assert!(joined.contains(needle), "missing {needle} in {joined}");
+        }
+    }
+
+    #[test]
+    fn no_execute_needs_opt_in() {
+        let mut c = KubeConfig::default();
+        c.fault_taint.effect = "NoExecute".into();
+        assert_eq!(c.validate().len(), 1);
+        c.allow_no_execute = true;
+        assert!(c.validate().is_empty());
+    }
+
+    #[test]
+    fn label_keys() {
+        assert!(check_label_key("gpuwatch.io/unhealthy").is_ok());
+        assert!(
+            check_label_key("startup-taint.cluster-autoscaler.kubernetes.io/gpu-not-ready").is_ok()
+        );
+        assert!(check_label_key("plain").is_ok());
+        assert!(check_label_key("").is_err());
+        assert!(check_label_key("a/b/c").is_err());
+        assert!(check_label_key("UPPER.io/x").is_err());
+        assert!(check_label_key(&"x".repeat(64)).is_err());
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        let e = serde_json::from_str::<KubeConfig>(r#"{"enabled":true,"taint":"x"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `taint`"), "{e}");
+    }
+
+    #[test]
+    fn per_action_taints() {
+        let mut c = KubeConfig::default();
+        c.fault_taint_actions.insert(
+            "inspect_hardware".into(),
+            TaintConfig::new("gpuwatch.io/hardware", "NoSchedule"),
+        );
+        assert_eq!(
+            c.fault_taint_for(Action::InspectHardware).key,
+            "gpuwatch.io/hardware"
+        );
+        assert_eq!(
+            c.fault_taint_for(Action::ResetGpu).key,
+            "gpuwatch.io/unhealthy"
+        );
+        assert_eq!(c.fault_taint_keys().len(), 2);
+        assert_eq!(c.owned_taint_keys().len(), 3);
+    }
+}

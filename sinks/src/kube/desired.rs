@@ -1,0 +1,486 @@
+//! The desired Node state derived from the latest `NodeHealth`: condition
+//! statuses/reasons/messages and the fault taint. Pure; no I/O, no clock.
+//!
+//! Semantics (also in the module docs of `kube`):
+//! - problem condition (`GPUProblem`): True while a reset/reboot/inspect fault is
+//!   active (reason = the most severe fault's short reason); False `NoGPUProblem`;
+//!   Unknown `MonitorUnavailable` when the verdict is unknown and no such fault is known.
+//! - readiness condition (`AcceleratedHardwareReady`): False only while a fault whose
+//!   action is in `hardware_not_ready_actions` (default `inspect_hardware`) is active;
+//!   Unknown when gpuwatch cannot tell (verdict unknown/unset) or while the startup
+//!   gate has not validated the GPUs; True otherwise (reset/reboot faults keep it True
+//!   with reason `GPURecoveryPending` — the hardware is not judged broken).
+
+use super::config::KubeConfig;
+use gpuwatch_proto::{
+    Action, ActiveFault, FaultKind, GpuHealth, NodeHealth, ShortName, ValidationReport, Verdict,
+};
+
+/// Condition status values.
+pub(crate) const TRUE: &str = "True";
+pub(crate) const FALSE: &str = "False";
+pub(crate) const UNKNOWN: &str = "Unknown";
+
+/// Longest condition message we write (the rest is summarised).
+const MAX_MESSAGE: usize = 1024;
+
+/// One condition as gpuwatch wants it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DesiredCondition {
+    pub type_: String,
+    pub status: &'static str,
+    pub reason: String,
+    pub message: String,
+}
+
+/// Fault taint as gpuwatch wants it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DesiredTaint {
+    pub key: String,
+    pub value: String,
+    pub effect: String,
+}
+
+/// State of the startup gate as seen by the reconciler.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) enum Gate {
+    /// No startup taint on the node (or the gate is off, or it passed).
+    #[default]
+    Open,
+    /// The startup taint is present; the last validation (if any) did not pass.
+    Closed(Option<ValidationReport>),
+}
+
+/// Everything the reconciler converges the Node to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Desired {
+    pub conditions: Vec<DesiredCondition>,
+    pub fault_taint: Option<DesiredTaint>,
+}
+
+/// An active fault with the identity of the GPU it is on (None: node-level).
+struct Located<'a> {
+    gpu: Option<&'a GpuHealth>,
+    fault: &'a ActiveFault,
+}
+
+/// Short reason for a fault kind/code when the engine gave none.
+pub(crate) fn reason_for(kind: FaultKind, code: u32) -> String {
+    match kind {
+        FaultKind::Xid => format!("XID{code}"),
+        FaultKind::Sxid => format!("SXID{code}"),
+        FaultKind::FallenOffBus => "GPUFallenOffBus".into(),
+        FaultKind::PcieAer => "PCIeAER".into(),
+        FaultKind::Nvlink => "NVLinkError".into(),
+        FaultKind::Ecc => "ECCError".into(),
+        FaultKind::PageRetirement => "PageRetirement".into(),
+        FaultKind::RowRemap => "RowRemapFailure".into(),
+        FaultKind::Thermal => "ThermalEvent".into(),
+        FaultKind::MachineCheck => "MachineCheck".into(),
+        FaultKind::DriverError => "DriverError".into(),
+        FaultKind::GpuLost => "GPULost".into(),
+        FaultKind::RecoveryAction => "GPURecoveryAction".into(),
+        FaultKind::PcieLink => "PCIeLinkDegraded".into(),
+        FaultKind::Validation => "ValidationFailed".into(),
+        FaultKind::Unspecified => "GPUFault".into(),
+    }
+}
+
+/// A condition/Event reason: CamelCase-ish, letters and digits only.
+pub(crate) fn sanitize_reason(reason: &str, fallback: impl FnOnce() -> String) -> String {
+    let s: String = reason
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(128)
+        .collect();
+    if s.is_empty() { fallback() } else { s }
+}
+
+fn fault_reason(f: &ActiveFault) -> String {
+    sanitize_reason(&f.reason, || reason_for(f.kind(), f.code))
+}
+
+fn describe(l: &Located<'_>) -> String {
+    let f = l.fault;
+    let mut s = match l.gpu {
+        Some(g) => {
+            let idx = g
+                .index
+                .map_or_else(|| "GPU ?".to_owned(), |i| format!("GPU {i}"));
+            let uuid = if g.uuid.is_empty() {
+                "uuid unknown"
+            } else {
+                &g.uuid
+            };
+            let pci = if g.pci_address.is_empty() {
+                "pci unknown"
+            } else {
+                &g.pci_address
+            };
+            format!("{idx} ({uuid}, {pci})")
+        }
+        None => "node".to_owned(),
+    };
+    let code = if f.code != 0 {
+        format!(" code {}", f.code)
+    } else {
+        String::new()
+    };
+    let boot = if f.boot_id.is_empty() {
+        String::new()
+    } else {
+        format!(", boot {}", f.boot_id)
+    };
+    let escalated = if f.escalated {
+        format!(", escalated after {} boots", f.boots_seen)
+    } else {
+        String::new()
+    };
+    s.push_str(&format!(
+        ": {}{code} x{}{boot}, action {}{escalated}",
+        fault_reason(f),
+        f.count.max(1),
+        f.action().short_name()
+    ));
+    s
+}
+
+fn summarize(faults: &[Located<'_>]) -> String {
+    let mut msg = String::new();
+    for (i, l) in faults.iter().enumerate() {
+        let part = describe(l);
+        let sep = if i == 0 { "" } else { "; " };
+        if msg.len() + sep.len() + part.len() > MAX_MESSAGE - 32 {
+            msg.push_str(&format!("; and {} more", faults.len() - i));
+            break;
+        }
+        msg.push_str(sep);
+        msg.push_str(&part);
+    }
+    msg
+}
+
+fn isolating_faults(health: &NodeHealth) -> Vec<Located<'_>> {
+    let mut v: Vec<Located<'_>> = health
+        .gpus
+        .iter()
+        .flat_map(|g| {
+            g.active_faults.iter().map(move |f| Located {
+                gpu: Some(g),
+                fault: f,
+            })
+        })
+        .chain(health.node_faults.iter().map(|f| Located {
+            gpu: None,
+            fault: f,
+        }))
+        .filter(|l| l.fault.action().needs_isolation())
+        .collect();
+    // Most severe first; stable within equal severity (GPU order).
+    v.sort_by_key(|l| std::cmp::Reverse(l.fault.action().rank()));
+    v
+}
+
+fn monitor_unknown(health: &NodeHealth) -> bool {
+    matches!(health.verdict(), Verdict::Unknown | Verdict::Unspecified)
+}
+
+fn monitor_message(health: &NodeHealth) -> String {
+    let m = health
+        .monitor
+        .as_ref()
+        .map(|m| m.message.as_str())
+        .filter(|m| !m.is_empty())
+        .or(Some(health.message.as_str()).filter(|m| !m.is_empty()));
+    match m {
+        Some(m) => format!("gpuwatch cannot tell the GPU health: {m}"),
+        None if health.verdict() == Verdict::Unspecified => {
+            "gpuwatch is starting; no GPU health yet".into()
+        }
+        None => "gpuwatch cannot tell the GPU health (NVML unavailable)".into(),
+    }
+}
+
+/// Computes the desired state.
+pub(crate) fn desired(health: &NodeHealth, cfg: &KubeConfig, gate: &Gate) -> Desired {
+    let faults = isolating_faults(health);
+    let unknown = monitor_unknown(health);
+    let mut conditions = Vec::new();
+
+    if cfg.ready_condition {
+        let hw: Vec<Located<'_>> = faults
+            .iter()
+            .filter(|l| cfg.is_hardware_not_ready(l.fault.action()))
+            .map(|l| Located {
+                gpu: l.gpu,
+                fault: l.fault,
+            })
+            .collect();
+        let (status, reason, message) = if let Some(first) = hw.first() {
+            (FALSE, fault_reason(first.fault), summarize(&hw))
+        } else if unknown {
+            (
+                UNKNOWN,
+                "MonitorUnavailable".to_owned(),
+                monitor_message(health),
+            )
+        } else if let Gate::Closed(report) = gate {
+            let (reason, message) = match report {
+                None => (
+                    "ValidationPending",
+                    "GPU validation has not run yet; the startup taint is held".to_owned(),
+                ),
+                Some(r) if !r.complete => (
+                    "ValidationIncomplete",
+                    format!(
+                        "GPU validation could not run every check: {}",
+                        crate::validation::failed_checks(r).join(", ")
+                    ),
+                ),
+                Some(r) => (
+                    "ValidationFailed",
+                    format!(
+                        "GPU validation failed: {}",
+                        crate::validation::failed_checks(r).join(", ")
+                    ),
+                ),
+            };
+            (UNKNOWN, reason.to_owned(), message)
+        } else if let Some(first) = faults.first() {
+            (
+                TRUE,
+                "GPURecoveryPending".to_owned(),
+                format!(
+                    "GPU hardware not judged faulty; {} needed (see condition {})",
+                    first.fault.action().short_name(),
+                    cfg.problem_condition_type
+                ),
+            )
+        } else {
+            let n = health.gpus.len();
+            (
+                TRUE,
+                "GPUsHealthy".to_owned(),
+                format!("{n} GPU{} healthy", if n == 1 { "" } else { "s" }),
+            )
+        };
+        conditions.push(DesiredCondition {
+            type_: cfg.ready_condition_type.clone(),
+            status,
+            reason,
+            message,
+        });
+    }
+
+    let (status, reason, message) = if let Some(first) = faults.first() {
+        (TRUE, fault_reason(first.fault), summarize(&faults))
+    } else if unknown {
+        (
+            UNKNOWN,
+            "MonitorUnavailable".to_owned(),
+            monitor_message(health),
+        )
+    } else {
+        (
+            FALSE,
+            "NoGPUProblem".to_owned(),
+            "No GPU fault needs a reset, reboot or hardware inspection".to_owned(),
+        )
+    };
+    conditions.push(DesiredCondition {
+        type_: cfg.problem_condition_type.clone(),
+        status,
+        reason,
+        message,
+    });
+
+    let fault_taint = faults.first().map(|l| {
+        let action: Action = l.fault.action();
+        let t = cfg.fault_taint_for(action);
+        DesiredTaint {
+            key: t.key.clone(),
+            value: action.short_name().to_owned(),
+            effect: t.effect.clone(),
+        }
+    });
+    Desired {
+        conditions,
+        fault_taint,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuwatch_proto::MonitorStatus;
+
+    pub(crate) fn fault(action: Action, reason: &str, code: u32) -> ActiveFault {
+        let mut f = ActiveFault {
+            code,
+            reason: reason.into(),
+            count: 2,
+            boot_id: "boot-1".into(),
+            ..Default::default()
+        };
+        f.set_action(action);
+        f.set_kind(FaultKind::Xid);
+        f
+    }
+
+    fn healthy() -> NodeHealth {
+        let mut h = NodeHealth {
+            monitor: Some(MonitorStatus {
+                kmsg_ok: true,
+                nvml_ok: true,
+                message: String::new(),
+            }),
+            gpus: vec![GpuHealth {
+                index: Some(3),
+                uuid: "GPU-abc".into(),
+                pci_address: "0000:3b:00.0".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        h.set_verdict(Verdict::Healthy);
+        h
+    }
+
+    fn cond<'a>(d: &'a Desired, t: &str) -> &'a DesiredCondition {
+        d.conditions.iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    #[test]
+    fn healthy_node() {
+        let d = desired(&healthy(), &KubeConfig::default(), &Gate::Open);
+        assert_eq!(cond(&d, "AcceleratedHardwareReady").status, TRUE);
+        let p = cond(&d, "GPUProblem");
+        assert_eq!((p.status, p.reason.as_str()), (FALSE, "NoGPUProblem"));
+        assert!(d.fault_taint.is_none());
+    }
+
+    #[test]
+    fn reboot_fault_taints_but_hardware_stays_ready() {
+        let mut h = healthy();
+        h.set_verdict(Verdict::Unhealthy);
+        h.gpus[0]
+            .active_faults
+            .push(fault(Action::RebootNode, "XID79", 79));
+        let d = desired(&h, &KubeConfig::default(), &Gate::Open);
+        let r = cond(&d, "AcceleratedHardwareReady");
+        assert_eq!((r.status, r.reason.as_str()), (TRUE, "GPURecoveryPending"));
+        let p = cond(&d, "GPUProblem");
+        assert_eq!((p.status, p.reason.as_str()), (TRUE, "XID79"));
+        assert_eq!(
+            p.message,
+            "GPU 3 (GPU-abc, 0000:3b:00.0): XID79 code 79 x2, boot boot-1, action reboot_node"
+        );
+        let t = d.fault_taint.unwrap();
+        assert_eq!(
+            (t.key.as_str(), t.value.as_str(), t.effect.as_str()),
+            ("gpuwatch.io/unhealthy", "reboot_node", "NoSchedule")
+        );
+    }
+
+    #[test]
+    fn inspect_fault_is_hardware_not_ready_and_most_severe_wins() {
+        let mut h = healthy();
+        h.set_verdict(Verdict::Unhealthy);
+        h.gpus[0]
+            .active_faults
+            .push(fault(Action::ResetGpu, "XID48", 48));
+        h.node_faults
+            .push(fault(Action::InspectHardware, "RowRemapFailure", 0));
+        let d = desired(&h, &KubeConfig::default(), &Gate::Open);
+        let r = cond(&d, "AcceleratedHardwareReady");
+        assert_eq!((r.status, r.reason.as_str()), (FALSE, "RowRemapFailure"));
+        assert_eq!(cond(&d, "GPUProblem").reason, "RowRemapFailure");
+        assert!(cond(&d, "GPUProblem").message.contains("; GPU 3"));
+        assert_eq!(d.fault_taint.unwrap().value, "inspect_hardware");
+    }
+
+    #[test]
+    fn unknown_verdict_is_never_false() {
+        let mut h = healthy();
+        h.set_verdict(Verdict::Unknown);
+        h.monitor.as_mut().unwrap().nvml_ok = false;
+        h.monitor.as_mut().unwrap().message = "libnvidia-ml.so not found".into();
+        let d = desired(&h, &KubeConfig::default(), &Gate::Open);
+        for c in &d.conditions {
+            assert_eq!(c.status, UNKNOWN, "{c:?}");
+            assert_eq!(c.reason, "MonitorUnavailable");
+        }
+        assert!(cond(&d, "GPUProblem").message.contains("libnvidia-ml.so"));
+        // Agent starting: no verdict yet.
+        let d = desired(&NodeHealth::default(), &KubeConfig::default(), &Gate::Open);
+        assert!(d.conditions.iter().all(|c| c.status == UNKNOWN));
+    }
+
+    #[test]
+    fn closed_gate_is_unknown_with_validation_reason() {
+        let d = desired(&healthy(), &KubeConfig::default(), &Gate::Closed(None));
+        let r = cond(&d, "AcceleratedHardwareReady");
+        assert_eq!(
+            (r.status, r.reason.as_str()),
+            (UNKNOWN, "ValidationPending")
+        );
+        let rep = ValidationReport {
+            complete: true,
+            checks: vec![gpuwatch_proto::ValidationCheck {
+                name: "gpu_count".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let d = desired(&healthy(), &KubeConfig::default(), &Gate::Closed(Some(rep)));
+        let r = cond(&d, "AcceleratedHardwareReady");
+        assert_eq!(r.reason, "ValidationFailed");
+        assert!(r.message.contains("gpu_count"));
+        assert_eq!(cond(&d, "GPUProblem").status, FALSE);
+    }
+
+    #[test]
+    fn ready_condition_can_be_off_and_actions_configurable() {
+        let mut cfg = KubeConfig {
+            ready_condition: false,
+            ..KubeConfig::default()
+        };
+        let d = desired(&healthy(), &cfg, &Gate::Open);
+        assert_eq!(d.conditions.len(), 1);
+        cfg.ready_condition = true;
+        cfg.hardware_not_ready_actions.push("reboot_node".into());
+        let mut h = healthy();
+        h.gpus[0]
+            .active_faults
+            .push(fault(Action::RebootNode, "", 79));
+        let d = desired(&h, &cfg, &Gate::Open);
+        let r = cond(&d, "AcceleratedHardwareReady");
+        assert_eq!((r.status, r.reason.as_str()), (FALSE, "XID79"));
+    }
+
+    #[test]
+    fn restart_app_faults_do_not_isolate() {
+        let mut h = healthy();
+        h.set_verdict(Verdict::Degraded);
+        h.gpus[0]
+            .active_faults
+            .push(fault(Action::RestartApp, "XID13", 13));
+        let d = desired(&h, &KubeConfig::default(), &Gate::Open);
+        assert!(d.fault_taint.is_none());
+        assert_eq!(cond(&d, "GPUProblem").status, FALSE);
+    }
+
+    #[test]
+    fn long_messages_are_summarised() {
+        let mut h = healthy();
+        for i in 0..200 {
+            h.gpus[0]
+                .active_faults
+                .push(fault(Action::ResetGpu, "XID48", 48 + i));
+        }
+        let d = desired(&h, &KubeConfig::default(), &Gate::Open);
+        let m = &cond(&d, "GPUProblem").message;
+        assert!(m.len() <= MAX_MESSAGE, "{}", m.len());
+        assert!(m.ends_with("more"), "{m}");
+    }
+}

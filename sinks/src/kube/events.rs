@@ -1,0 +1,708 @@
+//! Kubernetes Events on the Node for fault events.
+//!
+//! `send` (health-engine thread) only queues: a bounded queue that coalesces an
+//! event into a queued one of the same reason and GPU (count + n) and drops the
+//! oldest beyond capacity, every drop counted at `Stage::KubeEvents`. A tokio
+//! task writes them, paced by a token bucket, and deduplicates against Events it
+//! wrote (same reason + GPU within the window → `count`/`lastTimestamp` patch) and,
+//! after a restart, against the Events already on the API (listed once).
+//!
+//! core/v1 Events are used (not events.k8s.io/v1): both are views of the same
+//! stored object, but core/v1 carries `count`/`firstTimestamp`/`lastTimestamp`
+//! that `kubectl describe node` and `kubectl get events` show directly, its field
+//! selectors (`involvedObject.name`, `reason`) are what the dedup listing needs,
+//! and it is what kubelet and node-problem-detector write for Nodes.
+
+use super::backend::{ApiError, Backend};
+use super::config::KubeConfig;
+use super::desired::{reason_for, sanitize_reason};
+use crate::{EventSink, KubeObject, Outcome, Registry, Stage, WriteResult};
+use gpuwatch_proto::{Action, FaultEvent, FaultKind, ShortName};
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+use tokio::sync::Notify;
+
+/// Annotation holding the dedup key (`reason/gpu`) on Events gpuwatch writes.
+pub const DEDUP_ANNOTATION: &str = "gpuwatch.io/dedup-key";
+/// `source.component` / `reportingComponent` of gpuwatch's Events.
+pub const COMPONENT: &str = "gpuwatch";
+const MAX_EVENT_MESSAGE: usize = 1024;
+
+/// One Event waiting to be written.
+#[derive(Debug, Clone)]
+pub(crate) struct PendingEvent {
+    pub key: String,
+    pub reason: String,
+    pub type_: &'static str,
+    pub message: String,
+    pub count: u32,
+    /// When the (latest) occurrence happened.
+    pub time: SystemTime,
+}
+
+/// Event reason for a fault event (`XID79`, `SXID12028`, `PCIeAERFatal`, ...).
+pub fn event_reason(ev: &FaultEvent) -> String {
+    let attr = |k: &str| ev.attributes.get(k).map(String::as_str);
+    match ev.kind() {
+        FaultKind::PcieAer => match attr("aer_severity") {
+            Some("uncorrected_fatal") => "PCIeAERFatal".into(),
+            Some("uncorrected_nonfatal") => "PCIeAERNonFatal".into(),
+            Some("corrected") => "PCIeAERCorrected".into(),
+            _ => "PCIeAER".into(),
+        },
+        FaultKind::Ecc => match attr("ecc_type") {
+            Some("dbe" | "uncorrected") => "ECCUncorrectable".into(),
+            Some("sbe" | "corrected") => "ECCCorrectable".into(),
+            _ => "ECCError".into(),
+        },
+        FaultKind::RowRemap if ev.action() == Action::ResetGpu => "RowRemapPending".into(),
+        FaultKind::Thermal => sanitize_reason(&ev.name, || reason_for(FaultKind::Thermal, ev.code)),
+        k => reason_for(k, ev.code),
+    }
+}
+
+/// Event type: Normal for application-level faults, Warning otherwise.
+pub fn event_type(action: Action) -> &'static str {
+    match action {
+        Action::Unspecified | Action::Ignore | Action::RestartApp => "Normal",
+        _ => "Warning",
+    }
+}
+
+fn gpu_id(ev: &FaultEvent) -> String {
+    if !ev.gpu_uuid.is_empty() {
+        ev.gpu_uuid.clone()
+    } else if !ev.pci_address.is_empty() {
+        ev.pci_address.clone()
+    } else if let Some(i) = ev.gpu_index {
+        format!("gpu{i}")
+    } else {
+        "node".into()
+    }
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max.saturating_sub(3);
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push_str("...");
+    }
+    s
+}
+
+/// Builds the Event payload for a fault event.
+pub(crate) fn pending_from(ev: &FaultEvent, now: SystemTime) -> PendingEvent {
+    let reason = event_reason(ev);
+    let idx = ev
+        .gpu_index
+        .map_or_else(|| "GPU ?".to_owned(), |i| format!("GPU {i}"));
+    let uuid = if ev.gpu_uuid.is_empty() {
+        "uuid unknown"
+    } else {
+        &ev.gpu_uuid
+    };
+    let pci = if ev.pci_address.is_empty() {
+        "pci unknown"
+    } else {
+        &ev.pci_address
+    };
+    let gpu = format!("{idx} ({uuid}, {pci})");
+    let code = if ev.code != 0 {
+        format!(" {} {}", ev.kind().short_name().to_uppercase(), ev.code)
+    } else {
+        format!(" {}", ev.kind().short_name())
+    };
+    let name = if ev.name.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", ev.name)
+    };
+    let boot = if ev.boot_id.is_empty() {
+        String::new()
+    } else {
+        format!(", boot {}", ev.boot_id)
+    };
+    let first_line = ev.message.lines().next().unwrap_or("").trim();
+    let message = format!(
+        "{gpu}:{code}{name}, action {}{boot}; {}{}",
+        ev.action().short_name(),
+        ev.policy_reason,
+        if first_line.is_empty() {
+            String::new()
+        } else {
+            format!("; kernel: {first_line}")
+        }
+    );
+    let time = ev
+        .time_unix_nano
+        .map_or(now, |n| SystemTime::UNIX_EPOCH + Duration::from_nanos(n));
+    PendingEvent {
+        key: format!("{reason}/{}", gpu_id(ev)),
+        reason,
+        type_: event_type(ev.action()),
+        message: truncate(message, MAX_EVENT_MESSAGE),
+        count: ev.count.max(1),
+        time,
+    }
+}
+
+/// Bounded, coalescing queue shared by the sink and the writer task.
+#[derive(Debug)]
+pub(crate) struct EventQueue {
+    items: Mutex<VecDeque<PendingEvent>>,
+    capacity: usize,
+    notify: Notify,
+    in_flight: AtomicUsize,
+    closed: AtomicBool,
+    registry: Arc<Registry>,
+}
+
+impl EventQueue {
+    pub(crate) fn new(capacity: usize, registry: Arc<Registry>) -> EventQueue {
+        EventQueue {
+            items: Mutex::new(VecDeque::new()),
+            capacity: capacity.max(1),
+            notify: Notify::new(),
+            in_flight: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+            registry,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<PendingEvent>> {
+        self.items.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues an event; never blocks.
+    pub(crate) fn push(&self, p: PendingEvent) {
+        {
+            let mut q = self.lock();
+            if let Some(existing) = q.iter_mut().find(|e| e.key == p.key) {
+                existing.count = existing.count.saturating_add(p.count);
+                existing.message = p.message;
+                existing.time = existing.time.max(p.time);
+                drop(q);
+                self.registry
+                    .count_events(Stage::KubeEvents, Outcome::Coalesced, 1);
+                return;
+            }
+            q.push_back(p);
+            if q.len() > self.capacity {
+                q.pop_front();
+                drop(q);
+                self.registry
+                    .count_events(Stage::KubeEvents, Outcome::Dropped, 1);
+            }
+        }
+        self.notify.notify_one();
+    }
+
+    fn pop(&self) -> Option<PendingEvent> {
+        let mut q = self.lock();
+        let p = q.pop_front();
+        if p.is_some() {
+            self.in_flight.fetch_add(1, Ordering::SeqCst);
+        }
+        p
+    }
+
+    fn done(&self) {
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Puts a failed item back at the front (or drops it when the queue filled meanwhile).
+    fn requeue(&self, p: PendingEvent) {
+        let mut q = self.lock();
+        if q.len() >= self.capacity {
+            drop(q);
+            self.registry
+                .count_events(Stage::KubeEvents, Outcome::Dropped, 1);
+        } else {
+            q.push_front(p);
+        }
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_idle(&self) -> bool {
+        self.lock().is_empty() && self.in_flight.load(Ordering::SeqCst) == 0
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.notify.notify_one();
+    }
+}
+
+/// The [`EventSink`] handed to the health engine.
+pub(crate) struct KubeEventSink {
+    pub(crate) queue: Arc<EventQueue>,
+    pub(crate) enabled: bool,
+}
+
+impl std::fmt::Debug for KubeEventSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeEventSink")
+            .field("queued", &self.queue.len())
+            .finish()
+    }
+}
+
+impl EventSink for KubeEventSink {
+    fn name(&self) -> &'static str {
+        "kube_events"
+    }
+
+    fn send(&self, event: &FaultEvent) {
+        // `ignore` faults are metric-only by policy: no Event.
+        if !self.enabled || matches!(event.action(), Action::Ignore) {
+            return;
+        }
+        self.queue.push(pending_from(event, SystemTime::now()));
+    }
+
+    fn flush(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.queue.is_idle() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Token bucket: `burst` tokens, refilled at `per_minute`.
+#[derive(Debug, Clone)]
+pub(crate) struct TokenBucket {
+    tokens: f64,
+    burst: f64,
+    per_sec: f64,
+    last: Instant,
+}
+
+impl TokenBucket {
+    pub(crate) fn new(burst: u32, per_minute: u32, now: Instant) -> TokenBucket {
+        TokenBucket {
+            tokens: f64::from(burst.max(1)),
+            burst: f64::from(burst.max(1)),
+            per_sec: f64::from(per_minute.max(1)) / 60.0,
+            last: now,
+        }
+    }
+
+    /// Takes a token, or says how long until one is available.
+    pub(crate) fn take(&mut self, now: Instant) -> Result<(), Duration> {
+        let dt = now.saturating_duration_since(self.last).as_secs_f64();
+        self.tokens = (self.tokens + dt * self.per_sec).min(self.burst);
+        self.last = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - self.tokens) / self.per_sec))
+        }
+    }
+}
+
+/// An Event of ours known to exist on the API.
+#[derive(Debug, Clone)]
+struct Known {
+    name: String,
+    count: i32,
+    last: SystemTime,
+    /// Listed from the API at startup (written by an earlier run).
+    from_list: bool,
+}
+
+fn to_time(t: SystemTime) -> Time {
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    Time(Timestamp::from_second(secs).unwrap_or(Timestamp::UNIX_EPOCH))
+}
+
+fn from_time(t: &Time) -> SystemTime {
+    let secs = u64::try_from(t.0.as_second()).unwrap_or(0);
+    SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+}
+
+fn secs(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Writes queued Events. Runs until the queue is closed and drained.
+pub(crate) struct EventWriter {
+    pub(crate) queue: Arc<EventQueue>,
+    pub(crate) backend: Arc<Backend>,
+    pub(crate) cfg: KubeConfig,
+    pub(crate) node_name: String,
+    pub(crate) node_uid: Arc<Mutex<Option<String>>>,
+    pub(crate) registry: Arc<Registry>,
+}
+
+impl EventWriter {
+    fn new_event(&self, p: &PendingEvent, seq: u64) -> Event {
+        let t = to_time(p.time);
+        let nanos = p
+            .time
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let uid = self
+            .node_uid
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or_else(|| self.node_name.clone());
+        Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{}.{:x}.{seq}", self.node_name, nanos)),
+                namespace: Some(self.cfg.event_namespace.clone()),
+                annotations: Some(BTreeMap::from([(
+                    DEDUP_ANNOTATION.to_owned(),
+                    p.key.clone(),
+                )])),
+                ..Default::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(self.node_name.clone()),
+                uid: Some(uid),
+                ..Default::default()
+            },
+            reason: Some(p.reason.clone()),
+            message: Some(p.message.clone()),
+            type_: Some(p.type_.to_owned()),
+            count: Some(i32::try_from(p.count).unwrap_or(i32::MAX)),
+            first_timestamp: Some(t.clone()),
+            last_timestamp: Some(t),
+            source: Some(EventSource {
+                component: Some(COMPONENT.into()),
+                host: Some(self.node_name.clone()),
+            }),
+            reporting_component: Some(COMPONENT.into()),
+            reporting_instance: Some(self.node_name.clone()),
+            ..Default::default()
+        }
+    }
+
+    async fn load_existing(&self, known: &mut HashMap<String, Known>) -> Result<(), ApiError> {
+        for e in self.backend.list_events(&self.node_name).await? {
+            if e.source.as_ref().and_then(|s| s.component.as_deref()) != Some(COMPONENT) {
+                continue;
+            }
+            let (Some(name), Some(key)) = (
+                e.metadata.name.clone(),
+                e.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(DEDUP_ANNOTATION))
+                    .cloned(),
+            ) else {
+                continue;
+            };
+            let last = e
+                .last_timestamp
+                .as_ref()
+                .or(e.first_timestamp.as_ref())
+                .map_or(SystemTime::UNIX_EPOCH, from_time);
+            let newer = known.get(&key).is_none_or(|k| k.last < last);
+            if newer {
+                known.insert(
+                    key,
+                    Known {
+                        name,
+                        count: e.count.unwrap_or(1),
+                        last,
+                        from_list: true,
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes one Event; `Err` means retry later.
+    async fn write(
+        &self,
+        p: &PendingEvent,
+        known: &mut HashMap<String, Known>,
+        seq: u64,
+    ) -> Result<(), ApiError> {
+        let window = Duration::from_secs(self.cfg.event_dedup_window_secs);
+        if let Some(k) = known.get(&p.key).cloned()
+            && p.time.duration_since(k.last).unwrap_or(Duration::ZERO) < window
+        {
+            if k.from_list && secs(p.time) <= secs(k.last) {
+                // Already reported by an earlier run of the agent.
+                tracing::debug!(reason = %p.reason, event = %k.name, "Event already on the API; not resent.");
+                self.registry
+                    .count_events(Stage::KubeEvents, Outcome::Coalesced, 1);
+                return Ok(());
+            }
+            let count = k
+                .count
+                .saturating_add(i32::try_from(p.count).unwrap_or(i32::MAX));
+            let last = k.last.max(p.time);
+            let patch = serde_json::json!({
+                "count": count,
+                "lastTimestamp": to_time(last),
+                "message": p.message,
+            });
+            match self.backend.patch_event(&k.name, &patch).await {
+                Ok(_) => {
+                    self.registry
+                        .count_kube_write(KubeObject::Event, WriteResult::Ok);
+                    self.registry
+                        .count_events(Stage::KubeEvents, Outcome::Coalesced, 1);
+                    known.insert(
+                        p.key.clone(),
+                        Known {
+                            name: k.name,
+                            count,
+                            last,
+                            from_list: false,
+                        },
+                    );
+                    return Ok(());
+                }
+                Err(ApiError::NotFound(_)) => {
+                    // Expired (event TTL) or deleted: create a fresh one.
+                    known.remove(&p.key);
+                }
+                Err(e) => {
+                    self.registry
+                        .count_kube_write(KubeObject::Event, WriteResult::Error);
+                    return Err(e);
+                }
+            }
+        }
+        let ev = self.new_event(p, seq);
+        match self.backend.create_event(&ev).await {
+            Ok(created) => {
+                self.registry
+                    .count_kube_write(KubeObject::Event, WriteResult::Ok);
+                self.registry
+                    .count_events(Stage::KubeEvents, Outcome::Emitted, 1);
+                known.insert(
+                    p.key.clone(),
+                    Known {
+                        name: created
+                            .metadata
+                            .name
+                            .or(ev.metadata.name)
+                            .unwrap_or_default(),
+                        count: i32::try_from(p.count).unwrap_or(i32::MAX),
+                        last: p.time,
+                        from_list: false,
+                    },
+                );
+                Ok(())
+            }
+            Err(e) => {
+                let result = if matches!(e, ApiError::Conflict(_)) {
+                    WriteResult::Conflict
+                } else {
+                    WriteResult::Error
+                };
+                self.registry.count_kube_write(KubeObject::Event, result);
+                Err(e)
+            }
+        }
+    }
+
+    /// The task body.
+    pub(crate) async fn run(self) {
+        let mut known: HashMap<String, Known> = HashMap::new();
+        let mut listed = false;
+        let mut bucket = TokenBucket::new(
+            self.cfg.event_burst,
+            self.cfg.events_per_minute,
+            Instant::now(),
+        );
+        let initial = Duration::from_millis(self.cfg.backoff_initial_ms);
+        let max = Duration::from_millis(self.cfg.backoff_max_ms);
+        let mut backoff = initial;
+        let mut seq: u64 = 0;
+        loop {
+            let Some(p) = self.queue.pop() else {
+                if self.queue.closed.load(Ordering::SeqCst) {
+                    return;
+                }
+                self.queue.notify.notified().await;
+                continue;
+            };
+            if !listed {
+                match self.load_existing(&mut known).await {
+                    Ok(()) => listed = true,
+                    Err(ApiError::Transient(e)) => {
+                        tracing::warn!(error = %e, "Cannot list existing Events; retrying.");
+                        self.queue.requeue(p);
+                        self.sleep_or_close(backoff).await;
+                        backoff = (backoff * 2).min(max);
+                        continue;
+                    }
+                    Err(e) => {
+                        // Forbidden or rejected: dedup only against what this run writes.
+                        tracing::warn!(error = %e, "Cannot list existing Events; deduplicating only against new ones.");
+                        listed = true;
+                    }
+                }
+            }
+            if let Err(wait) = bucket.take(Instant::now()) {
+                self.queue.requeue(p);
+                self.sleep_or_close(wait).await;
+                continue;
+            }
+            seq += 1;
+            match self.write(&p, &mut known, seq).await {
+                Ok(()) => {
+                    backoff = initial;
+                    self.queue.done();
+                }
+                Err(ApiError::Transient(e)) | Err(ApiError::Conflict(e)) => {
+                    tracing::warn!(reason = %p.reason, error = %e, "Cannot write Event; retrying.");
+                    self.queue.requeue(p);
+                    self.sleep_or_close(backoff).await;
+                    backoff = (backoff * 2).min(max);
+                }
+                Err(e) => {
+                    tracing::warn!(reason = %p.reason, error = %e, "Event rejected by the API server; dropped.");
+                    self.registry
+                        .count_events(Stage::KubeEvents, Outcome::Dropped, 1);
+                    self.queue.done();
+                }
+            }
+        }
+    }
+
+    async fn sleep_or_close(&self, d: Duration) {
+        if self.queue.closed.load(Ordering::SeqCst) {
+            // Shutting down: give up on what cannot be written now.
+            let mut q = self.queue.lock();
+            let n = q.len() as u64;
+            q.clear();
+            drop(q);
+            if n > 0 {
+                self.registry
+                    .count_events(Stage::KubeEvents, Outcome::Dropped, n);
+            }
+            return;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(d) => {}
+            () = self.queue.notify.notified() => {
+                // Woken by a new event or close; re-check soon but keep pacing.
+                tokio::time::sleep(d.min(Duration::from_millis(50))).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(code: u32, action: Action) -> FaultEvent {
+        let mut e = FaultEvent {
+            code,
+            gpu_index: Some(1),
+            gpu_uuid: "GPU-1".into(),
+            pci_address: "0000:1b:00.0".into(),
+            message: "NVRM: Xid (PCI:0000:1b:00): 79, GPU has fallen off the bus.".into(),
+            boot_id: "b".into(),
+            count: 1,
+            ..Default::default()
+        };
+        e.set_kind(FaultKind::Xid);
+        e.classify(action, "catalog");
+        e
+    }
+
+    #[test]
+    fn reasons_and_types() {
+        assert_eq!(event_reason(&ev(79, Action::RebootNode)), "XID79");
+        let mut s = ev(12028, Action::Investigate);
+        s.set_kind(FaultKind::Sxid);
+        assert_eq!(event_reason(&s), "SXID12028");
+        let mut a = ev(0, Action::RebootNode);
+        a.set_kind(FaultKind::PcieAer);
+        a.attributes
+            .insert("aer_severity".into(), "uncorrected_fatal".into());
+        assert_eq!(event_reason(&a), "PCIeAERFatal");
+        let mut l = ev(0, Action::InspectHardware);
+        l.set_kind(FaultKind::GpuLost);
+        assert_eq!(event_reason(&l), "GPULost");
+        assert_eq!(event_type(Action::RestartApp), "Normal");
+        assert_eq!(event_type(Action::Investigate), "Warning");
+    }
+
+    #[test]
+    fn message_names_the_gpu() {
+        let p = pending_from(&ev(79, Action::RebootNode), SystemTime::UNIX_EPOCH);
+        assert_eq!(p.key, "XID79/GPU-1");
+        assert!(
+            p.message.starts_with("GPU 1 (GPU-1, 0000:1b:00.0): XID 79, action reboot_node, boot b; catalog; kernel: NVRM"),
+            "{}",
+            p.message
+        );
+    }
+
+    #[test]
+    fn queue_coalesces_and_drops_oldest() {
+        let reg = Registry::new();
+        let q = EventQueue::new(2, reg.clone());
+        let mk = |code| pending_from(&ev(code, Action::ResetGpu), SystemTime::UNIX_EPOCH);
+        q.push(mk(1));
+        q.push(mk(1));
+        q.push(mk(2));
+        q.push(mk(3));
+        assert_eq!(q.len(), 2);
+        assert_eq!(reg.events(Stage::KubeEvents, Outcome::Coalesced), 1);
+        assert_eq!(reg.events(Stage::KubeEvents, Outcome::Dropped), 1);
+        let first = q.pop().unwrap();
+        assert_eq!(first.reason, "XID2");
+        q.done();
+        assert!(!q.is_idle());
+    }
+
+    #[test]
+    fn token_bucket_paces() {
+        let t0 = Instant::now();
+        let mut b = TokenBucket::new(2, 60, t0);
+        assert!(b.take(t0).is_ok());
+        assert!(b.take(t0).is_ok());
+        let wait = b.take(t0).unwrap_err();
+        assert!((wait.as_secs_f64() - 1.0).abs() < 1e-6, "{wait:?}");
+        assert!(b.take(t0 + Duration::from_millis(500)).is_err());
+        assert!(b.take(t0 + Duration::from_millis(1001)).is_ok());
+        // Refill caps at burst.
+        let later = t0 + Duration::from_secs(3600);
+        assert!(b.take(later).is_ok());
+        assert!(b.take(later).is_ok());
+        assert!(b.take(later).is_err());
+    }
+
+    #[test]
+    fn ignore_faults_make_no_event() {
+        let reg = Registry::new();
+        let sink = KubeEventSink {
+            queue: Arc::new(EventQueue::new(8, reg)),
+            enabled: true,
+        };
+        sink.send(&ev(0, Action::Ignore));
+        assert_eq!(sink.queue.len(), 0);
+        sink.send(&ev(13, Action::RestartApp));
+        assert_eq!(sink.queue.len(), 1);
+    }
+}

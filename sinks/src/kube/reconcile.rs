@@ -1,0 +1,460 @@
+//! The level-triggered reconcile loop and the Node watch.
+
+use super::backend::{ApiError, Backend};
+use super::config::KubeConfig;
+use super::desired::{Gate, desired};
+use super::events::{EventQueue, PendingEvent};
+use super::node::{
+    condition_apply_body, conditions_differ, desired_taints, has_fault_taint, has_startup_taint,
+    taint_patch,
+};
+use crate::validation::{self, ValidationConfig};
+use crate::{KubeObject, Registry, ValidationResult, WriteResult};
+use futures::StreamExt;
+use gpuwatch_proto::{NodeHealth, ValidationReport};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::WatchEvent;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// How many fresh reads a taint patch gets after conflicts, per reconcile.
+const CONFLICT_RETRIES: usize = 5;
+
+pub(crate) fn now_time() -> Time {
+    Time(Timestamp::now())
+}
+
+fn unix_nanos(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+fn rv_of(n: &Node) -> u64 {
+    n.metadata
+        .resource_version
+        .as_deref()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Expected GPU count: config, else the node label, else `nvidia.com/gpu` capacity.
+pub(crate) fn expected_gpus(node: &Node, vcfg: &ValidationConfig) -> Option<u32> {
+    if let Some(n) = vcfg.expected_gpus {
+        return Some(n);
+    }
+    if let Some(n) = node
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(&vcfg.expected_gpus_label))
+        .and_then(|v| v.trim().parse::<u32>().ok())
+    {
+        return Some(n);
+    }
+    node.status
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| c.get("nvidia.com/gpu"))
+        .and_then(|q| q.0.trim().parse::<u32>().ok())
+}
+
+/// Runs `validation::validate` and, when every other check passed, the extra command.
+pub(crate) async fn run_validation(
+    health: Arc<NodeHealth>,
+    expected: Option<u32>,
+    vcfg: ValidationConfig,
+) -> ValidationReport {
+    let mut report = validation::validate(&health, expected, &vcfg);
+    if report.passed && !vcfg.command.is_empty() {
+        let check = validation::run_extra_command(&vcfg).await;
+        validation::add_check(&mut report, check);
+    }
+    report.time_unix_nano = Some(unix_nanos(SystemTime::now()));
+    report
+}
+
+pub(crate) struct Reconciler {
+    pub cfg: KubeConfig,
+    pub vcfg: ValidationConfig,
+    pub node_name: String,
+    pub registry: Arc<Registry>,
+    pub backend: Arc<Backend>,
+    pub health_rx: watch::Receiver<Arc<NodeHealth>>,
+    pub node_rx: mpsc::Receiver<Node>,
+    pub events: Arc<EventQueue>,
+    pub events_enabled: bool,
+    pub node_uid: Arc<Mutex<Option<String>>>,
+    pub shutdown: watch::Receiver<bool>,
+    pub live: Option<Node>,
+    pub gate_report: Option<ValidationReport>,
+}
+
+impl Reconciler {
+    fn set_live(&mut self, n: Node) {
+        if let Some(uid) = &n.metadata.uid {
+            *self.node_uid.lock().unwrap_or_else(|e| e.into_inner()) = Some(uid.clone());
+        }
+        self.registry
+            .fault_taint_present
+            .store(u64::from(has_fault_taint(&n, &self.cfg)), Relaxed);
+        self.registry
+            .set_startup_taint(has_startup_taint(&n, &self.cfg));
+        self.live = Some(n);
+    }
+
+    fn gate_active(&self) -> bool {
+        self.cfg.startup_gate
+            && self
+                .live
+                .as_ref()
+                .is_some_and(|n| has_startup_taint(n, &self.cfg))
+    }
+
+    fn event(&self, reason: &str, type_: &'static str, message: String) {
+        if self.events_enabled {
+            self.events.push(PendingEvent {
+                key: format!("{reason}/node"),
+                reason: reason.to_owned(),
+                type_,
+                message,
+                count: 1,
+                time: SystemTime::now(),
+            });
+        }
+    }
+
+    fn record_validation(&mut self, report: ValidationReport) {
+        let failed = validation::failed_checks(&report);
+        if report.passed {
+            self.registry.count_validation(ValidationResult::Pass);
+            tracing::info!(node = %self.node_name, "GPU validation passed; removing the startup taint.");
+        } else if !report.complete {
+            self.registry.count_validation(ValidationResult::Incomplete);
+            tracing::info!(node = %self.node_name, checks = %failed.join(","), "GPU validation incomplete; the startup taint stays.");
+        } else {
+            self.registry.count_validation(ValidationResult::Fail);
+            tracing::warn!(node = %self.node_name, checks = %failed.join(","), "GPU validation failed; the startup taint stays.");
+            let details: Vec<String> = report
+                .checks
+                .iter()
+                .filter(|c| !c.passed)
+                .map(|c| match c.gpu_index {
+                    Some(i) => format!("{}[gpu {i}]: {}", c.name, c.message),
+                    None => format!("{}: {}", c.name, c.message),
+                })
+                .collect();
+            self.event(
+                "ValidationFailed",
+                "Warning",
+                format!(
+                    "GPU validation failed ({}); the startup taint {} stays: {}",
+                    failed.join(", "),
+                    self.cfg.startup_taint.key,
+                    details.join("; ")
+                ),
+            );
+        }
+        self.gate_report = Some(report);
+    }
+
+    /// One convergence pass. Returns whether anything was written.
+    async fn reconcile(&mut self) -> Result<bool, ApiError> {
+        if self.live.is_none() {
+            let n = self.backend.get_node().await?;
+            self.set_live(n);
+        }
+        let health = self.health_rx.borrow().clone();
+        let now = now_time();
+        let node = self.live.clone().unwrap_or_default();
+        let startup = self.cfg.startup_gate && has_startup_taint(&node, &self.cfg);
+        let passed = self.gate_report.as_ref().is_some_and(|r| r.passed);
+        let remove_startup = startup && passed;
+        let gate = if startup && !passed {
+            Gate::Closed(self.gate_report.clone())
+        } else {
+            Gate::Open
+        };
+        let want = desired(&health, &self.cfg, &gate);
+        let mut wrote = false;
+        let mut first_err = None;
+
+        if conditions_differ(&node, &want.conditions) {
+            let body = condition_apply_body(&self.node_name, Some(&node), &want.conditions, &now);
+            match self
+                .backend
+                .apply_status(&self.cfg.field_manager, self.cfg.force_conflicts, &body)
+                .await
+            {
+                Ok(n) => {
+                    self.registry
+                        .count_kube_write(KubeObject::Condition, WriteResult::Ok);
+                    tracing::debug!(node = %self.node_name, "Node conditions applied.");
+                    self.set_live(n);
+                    wrote = true;
+                }
+                Err(e) => {
+                    let r = if matches!(e, ApiError::Conflict(_)) {
+                        WriteResult::Conflict
+                    } else {
+                        WriteResult::Error
+                    };
+                    self.registry.count_kube_write(KubeObject::Condition, r);
+                    tracing::warn!(node = %self.node_name, error = %e, "Cannot apply the node conditions.");
+                    first_err = Some(e);
+                }
+            }
+        }
+
+        let mut attempts = 0;
+        loop {
+            let node = self.live.clone().unwrap_or_default();
+            let Some(taints) = desired_taints(
+                &node,
+                &self.cfg,
+                want.fault_taint.as_ref(),
+                remove_startup,
+                &now,
+            ) else {
+                break;
+            };
+            let object = if remove_startup && has_startup_taint(&node, &self.cfg) {
+                KubeObject::StartupTaint
+            } else {
+                KubeObject::Taint
+            };
+            let patch = taint_patch(&node, &taints);
+            match self.backend.patch_node(&patch).await {
+                Ok(n) => {
+                    self.registry.count_kube_write(object, WriteResult::Ok);
+                    if object == KubeObject::StartupTaint && !has_startup_taint(&n, &self.cfg) {
+                        tracing::info!(node = %self.node_name, taint = %self.cfg.startup_taint.key, "Startup taint removed.");
+                        self.event(
+                            "StartupTaintRemoved",
+                            "Normal",
+                            format!(
+                                "GPU validation passed; removed the startup taint {}",
+                                self.cfg.startup_taint.key
+                            ),
+                        );
+                    }
+                    self.set_live(n);
+                    wrote = true;
+                    break;
+                }
+                Err(ApiError::Conflict(e)) => {
+                    self.registry
+                        .count_kube_write(object, WriteResult::Conflict);
+                    attempts += 1;
+                    tracing::debug!(node = %self.node_name, error = %e, attempts, "Taint patch conflicted; re-reading the node.");
+                    if attempts >= CONFLICT_RETRIES {
+                        first_err.get_or_insert(ApiError::Transient(format!(
+                            "taint patch still conflicting after {attempts} attempts"
+                        )));
+                        break;
+                    }
+                    match self.backend.get_node().await {
+                        Ok(n) => self.set_live(n),
+                        Err(e) => {
+                            first_err.get_or_insert(e);
+                            break;
+                        }
+                    }
+                }
+                Err(e) => {
+                    self.registry.count_kube_write(object, WriteResult::Error);
+                    tracing::warn!(node = %self.node_name, error = %e, "Cannot patch the node taints.");
+                    first_err.get_or_insert(e);
+                    break;
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(wrote),
+        }
+    }
+
+    pub(crate) async fn run(mut self) {
+        let min_interval = self.cfg.min_write_interval();
+        let initial = Duration::from_millis(self.cfg.backoff_initial_ms);
+        let max = Duration::from_millis(self.cfg.backoff_max_ms);
+        let resync = Duration::from_secs(self.cfg.resync_secs);
+        let interval = Duration::from_secs(self.cfg.validation_interval_secs);
+        let mut backoff = initial;
+        let mut dirty = true;
+        let mut next_allowed = Instant::now();
+        let mut resync_at = Instant::now() + resync;
+        let mut gate_next = Instant::now();
+        let mut validation: Option<JoinHandle<ValidationReport>> = None;
+        let mut health_open = true;
+        let mut nodes_open = true;
+        loop {
+            if *self.shutdown.borrow() {
+                break;
+            }
+            let now = Instant::now();
+            if validation.is_none() && self.gate_active() && now >= gate_next {
+                let passed = self.gate_report.as_ref().is_some_and(|r| r.passed);
+                if !passed {
+                    let health = self.health_rx.borrow().clone();
+                    let expected = self
+                        .live
+                        .as_ref()
+                        .and_then(|n| expected_gpus(n, &self.vcfg));
+                    if let Some(e) = expected {
+                        self.registry.gpus_expected.store(u64::from(e), Relaxed);
+                    }
+                    validation = Some(tokio::spawn(run_validation(
+                        health,
+                        expected,
+                        self.vcfg.clone(),
+                    )));
+                }
+            }
+            if dirty && now >= next_allowed {
+                match self.reconcile().await {
+                    Ok(wrote) => {
+                        dirty = false;
+                        backoff = initial;
+                        if wrote {
+                            next_allowed = Instant::now() + min_interval;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(node = %self.node_name, error = %e, retry_in_ms = backoff.as_millis() as u64, "Node reconcile failed; retrying.");
+                        // Re-read the node next time: our view may be stale.
+                        self.live = None;
+                        next_allowed = Instant::now() + backoff;
+                        backoff = (backoff * 2).min(max);
+                    }
+                }
+                continue;
+            }
+            let mut wake = resync_at;
+            if dirty {
+                wake = wake.min(next_allowed);
+            }
+            if validation.is_none() && self.gate_active() {
+                wake = wake.min(gate_next);
+            }
+            tokio::select! {
+                _ = self.shutdown.changed() => break,
+                r = self.health_rx.changed(), if health_open => {
+                    if r.is_err() {
+                        health_open = false;
+                    } else {
+                        dirty = true;
+                    }
+                }
+                n = self.node_rx.recv(), if nodes_open => match n {
+                    Some(n) => {
+                        let newer = self.live.as_ref().is_none_or(|l| rv_of(&n) >= rv_of(l));
+                        if newer {
+                            self.set_live(n);
+                            dirty = true;
+                        }
+                    }
+                    None => nodes_open = false,
+                },
+                r = async { validation.as_mut().expect("guarded by is_some").await }, if validation.is_some() => {
+                    validation = None;
+                    gate_next = Instant::now() + interval;
+                    match r {
+                        Ok(report) => self.record_validation(report),
+                        Err(e) => tracing::warn!(error = %e, "Validation task failed."),
+                    }
+                    dirty = true;
+                }
+                () = tokio::time::sleep_until(wake) => {
+                    if Instant::now() >= resync_at {
+                        resync_at = Instant::now() + resync;
+                        if !self.backend.is_dry_run() {
+                            self.live = None;
+                        }
+                        dirty = true;
+                    }
+                }
+            }
+        }
+        if let Some(v) = validation {
+            v.abort();
+        }
+    }
+}
+
+/// Keeps a watch on our Node open, forwarding every version to the reconciler.
+pub(crate) async fn watch_node(
+    backend: Arc<Backend>,
+    tx: mpsc::Sender<Node>,
+    cfg: KubeConfig,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let initial = Duration::from_millis(cfg.backoff_initial_ms);
+    let max = Duration::from_millis(cfg.backoff_max_ms);
+    let mut backoff = initial;
+    let mut rv = "0".to_owned();
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let mut got_any = false;
+        match backend.watch_node(&rv, cfg.watch_timeout_secs).await {
+            Ok(None) => return,
+            Ok(Some(mut stream)) => loop {
+                let item = tokio::select! {
+                    _ = shutdown.changed() => return,
+                    item = stream.next() => item,
+                };
+                match item {
+                    None => break,
+                    Some(Ok(WatchEvent::Added(n) | WatchEvent::Modified(n))) => {
+                        got_any = true;
+                        if let Some(v) = &n.metadata.resource_version {
+                            rv.clone_from(v);
+                        }
+                        if tx.send(n).await.is_err() {
+                            return;
+                        }
+                    }
+                    Some(Ok(WatchEvent::Deleted(_))) => {
+                        tracing::warn!(resource_version = %rv, "Own Node was deleted.");
+                    }
+                    Some(Ok(WatchEvent::Bookmark(b))) => {
+                        got_any = true;
+                        rv = b.metadata.resource_version;
+                    }
+                    Some(Ok(WatchEvent::Error(s))) => {
+                        if s.code == 410 {
+                            rv = "0".into();
+                        } else {
+                            tracing::warn!(code = s.code, message = %s.message, "Node watch returned an error.");
+                        }
+                        break;
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "Node watch stream failed.");
+                        break;
+                    }
+                }
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "Cannot watch the node; retrying.");
+            }
+        }
+        if got_any {
+            backoff = initial;
+            continue;
+        }
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(max);
+    }
+}

@@ -1,0 +1,684 @@
+//! `[otlp]` settings, their validation, and how they combine with the standard
+//! `OTEL_EXPORTER_OTLP_*` / `OTEL_RESOURCE_ATTRIBUTES` environment variables.
+//!
+//! Precedence, lowest to highest: built-in defaults < environment < config file
+//! < command-line flags (the flags write the config fields). Within the
+//! environment a signal-specific variable (`OTEL_EXPORTER_OTLP_LOGS_ENDPOINT`)
+//! beats the generic one (`OTEL_EXPORTER_OTLP_ENDPOINT`).
+//!
+//! Two upstream caveats (opentelemetry-otlp 0.33 re-reads the environment):
+//! a header set both in `headers` and in `OTEL_EXPORTER_OTLP_HEADERS` is sent
+//! with the environment's value, and `compression = "none"` in the file does
+//! not switch off gzip requested by `OTEL_EXPORTER_OTLP_COMPRESSION`.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Wire protocol of the OTLP exporter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum Protocol {
+    /// OTLP over gRPC (default port 4317).
+    #[serde(rename = "grpc")]
+    Grpc,
+    /// OTLP over HTTP with protobuf bodies (default port 4318).
+    #[serde(rename = "http/protobuf", alias = "http")]
+    HttpProtobuf,
+}
+
+impl Protocol {
+    /// Parses the `OTEL_EXPORTER_OTLP_PROTOCOL` spelling.
+    pub fn parse(s: &str) -> Option<Protocol> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "grpc" => Some(Protocol::Grpc),
+            "http/protobuf" | "http" => Some(Protocol::HttpProtobuf),
+            _ => None,
+        }
+    }
+
+    /// The standard spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Grpc => "grpc",
+            Protocol::HttpProtobuf => "http/protobuf",
+        }
+    }
+}
+
+/// Payload compression.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    /// gzip.
+    Gzip,
+    /// No compression.
+    None,
+}
+
+impl Compression {
+    fn parse(s: &str) -> Option<Compression> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "gzip" => Some(Compression::Gzip),
+            "none" => Some(Compression::None),
+            _ => None,
+        }
+    }
+}
+
+/// TLS settings. An `https://` endpoint without `ca_file` trusts the system /
+/// bundled web roots; `http://` endpoints are plaintext.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// PEM file with the CA certificate(s) that sign the collector's certificate.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate for mutual TLS (needs `key_file`).
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file`.
+    pub key_file: Option<PathBuf>,
+}
+
+impl TlsConfig {
+    fn is_set(&self) -> bool {
+        self.ca_file.is_some() || self.cert_file.is_some() || self.key_file.is_some()
+    }
+}
+
+/// OTLP exporter settings (`[otlp]`). `Default` is disabled.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OtlpConfig {
+    /// Export over OTLP at all.
+    pub enabled: bool,
+    /// Export metrics (when `enabled`).
+    pub metrics: bool,
+    /// Export one log record per fault event (when `enabled`).
+    pub logs: bool,
+    /// `grpc` or `http/protobuf`; unset: `OTEL_EXPORTER_OTLP_[SIGNAL_]PROTOCOL`, then `grpc`.
+    pub protocol: Option<Protocol>,
+    /// Collector base URL (`http://collector:4317`; for HTTP `/v1/metrics` and
+    /// `/v1/logs` are appended). Unset: `OTEL_EXPORTER_OTLP_ENDPOINT`, then
+    /// `http://localhost:4317` (gRPC) / `http://localhost:4318` (HTTP).
+    pub endpoint: Option<String>,
+    /// Full URL for metrics only (used as is); overrides `endpoint`.
+    pub metrics_endpoint: Option<String>,
+    /// Full URL for logs only (used as is); overrides `endpoint`.
+    pub logs_endpoint: Option<String>,
+    /// gRPC only: an endpoint without a scheme (`collector:4317`) uses plaintext
+    /// when true, TLS when false. Unset: `OTEL_EXPORTER_OTLP_INSECURE`, then false.
+    pub insecure: Option<bool>,
+    /// Extra request headers / gRPC metadata (e.g. an API key). Merged over
+    /// `OTEL_EXPORTER_OTLP_HEADERS`.
+    pub headers: BTreeMap<String, String>,
+    /// `gzip` or `none`; unset: `OTEL_EXPORTER_OTLP_COMPRESSION`, then none.
+    pub compression: Option<Compression>,
+    /// Per-export timeout in milliseconds; unset: `OTEL_EXPORTER_OTLP_TIMEOUT`, then 10000.
+    pub timeout_ms: Option<u64>,
+    /// Seconds between metric exports.
+    pub export_interval_secs: u64,
+    /// TLS files.
+    pub tls: TlsConfig,
+    /// Extra resource attributes; they win over `OTEL_RESOURCE_ATTRIBUTES`.
+    pub resource_attributes: BTreeMap<String, String>,
+    /// Fault log records held while the collector is unreachable; beyond it the
+    /// oldest are dropped (and counted).
+    pub log_queue_size: usize,
+    /// Most log records per export request.
+    pub log_batch_size: usize,
+    /// Longest a log record waits for a fuller batch before it is sent, milliseconds.
+    pub log_flush_interval_ms: u64,
+    /// First retry delay after a failed log export, milliseconds (doubles per failure).
+    pub log_retry_initial_ms: u64,
+    /// Longest retry delay after failed log exports, milliseconds.
+    pub log_retry_max_ms: u64,
+}
+
+impl Default for OtlpConfig {
+    fn default() -> Self {
+        OtlpConfig {
+            enabled: false,
+            metrics: true,
+            logs: true,
+            protocol: None,
+            endpoint: None,
+            metrics_endpoint: None,
+            logs_endpoint: None,
+            insecure: None,
+            headers: BTreeMap::new(),
+            compression: None,
+            timeout_ms: None,
+            export_interval_secs: 30,
+            tls: TlsConfig::default(),
+            resource_attributes: BTreeMap::new(),
+            log_queue_size: 4096,
+            log_batch_size: 512,
+            log_flush_interval_ms: 200,
+            log_retry_initial_ms: 1000,
+            log_retry_max_ms: 30_000,
+        }
+    }
+}
+
+/// Default per-export timeout.
+pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
+
+/// Which signal a setting resolves for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OtlpSignal {
+    /// Metrics (`/v1/metrics`, `OTEL_EXPORTER_OTLP_METRICS_*`).
+    Metrics,
+    /// Logs (`/v1/logs`, `OTEL_EXPORTER_OTLP_LOGS_*`).
+    Logs,
+}
+
+impl OtlpSignal {
+    fn env_infix(self) -> &'static str {
+        match self {
+            OtlpSignal::Metrics => "METRICS_",
+            OtlpSignal::Logs => "LOGS_",
+        }
+    }
+    fn http_path(self) -> &'static str {
+        match self {
+            OtlpSignal::Metrics => "/v1/metrics",
+            OtlpSignal::Logs => "/v1/logs",
+        }
+    }
+}
+
+/// Settings of one signal after combining defaults, environment and file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResolvedSignal {
+    /// Wire protocol.
+    pub protocol: Protocol,
+    /// Final URL (scheme included; for HTTP the full path).
+    pub endpoint: String,
+    /// Headers / metadata.
+    pub headers: BTreeMap<String, String>,
+    /// gzip or not.
+    pub gzip: bool,
+    /// Per-export timeout.
+    pub timeout: Duration,
+}
+
+fn check_url(key: &str, url: &str, problems: &mut Vec<String>) {
+    match url.split_once("://") {
+        Some((scheme, rest)) if scheme == "http" || scheme == "https" => {
+            if rest.is_empty() || rest.starts_with('/') {
+                problems.push(format!("{key}: {url:?} has no host"));
+            } else if url.parse::<http::Uri>().is_err() {
+                problems.push(format!("{key}: {url:?} is not a valid URL"));
+            }
+        }
+        Some((scheme, _)) => problems.push(format!(
+            "{key}: {url:?} has scheme {scheme:?}; expected http:// or https://"
+        )),
+        None => {
+            // gRPC accepts host:port; the scheme then follows `insecure`.
+            if url.is_empty() || format!("http://{url}").parse::<http::Uri>().is_err() {
+                problems.push(format!(
+                    "{key}: {url:?} is not a URL (expected http(s)://host:port)"
+                ));
+            }
+        }
+    }
+}
+
+fn check_header(key: &str, name: &str, value: &str, problems: &mut Vec<String>) {
+    if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+        problems.push(format!("{key}: {name:?} is not a valid header name"));
+    }
+    if http::HeaderValue::from_str(value).is_err() {
+        problems.push(format!(
+            "{key}.{name}: the value is not a valid header value (control characters?)"
+        ));
+    }
+}
+
+impl OtlpConfig {
+    /// Every problem with the settings (keys relative to `[otlp]`); empty when
+    /// valid. Pure: files are opened by `OtlpExporter::start`.
+    pub fn validate(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        for (key, url) in [
+            ("endpoint", &self.endpoint),
+            ("metrics_endpoint", &self.metrics_endpoint),
+            ("logs_endpoint", &self.logs_endpoint),
+        ] {
+            if let Some(url) = url {
+                check_url(key, url, &mut p);
+                if self.protocol == Some(Protocol::HttpProtobuf) && !url.contains("://") {
+                    p.push(format!(
+                        "{key}: {url:?} needs http:// or https:// with protocol http/protobuf"
+                    ));
+                }
+                if url.starts_with("http://") && self.tls.is_set() {
+                    p.push(format!(
+                        "{key}: {url:?} is plaintext (http://) but tls files are set; use https://"
+                    ));
+                }
+            }
+        }
+        for (name, value) in &self.headers {
+            check_header("headers", name, value, &mut p);
+        }
+        if self.timeout_ms == Some(0) {
+            p.push("timeout_ms: must be at least 1".into());
+        }
+        if self.timeout_ms.is_some_and(|t| t > 600_000) {
+            p.push("timeout_ms: must be at most 600000 (10 minutes)".into());
+        }
+        if self.export_interval_secs == 0 {
+            p.push("export_interval_secs: must be at least 1".into());
+        }
+        if self.log_queue_size == 0 || self.log_queue_size > 1_000_000 {
+            p.push("log_queue_size: must be between 1 and 1000000".into());
+        }
+        if self.log_batch_size == 0 || self.log_batch_size > 10_000 {
+            p.push("log_batch_size: must be between 1 and 10000".into());
+        }
+        if self.log_flush_interval_ms == 0 || self.log_flush_interval_ms > 60_000 {
+            p.push("log_flush_interval_ms: must be between 1 and 60000".into());
+        }
+        if self.log_retry_initial_ms == 0 {
+            p.push("log_retry_initial_ms: must be at least 1".into());
+        }
+        if self.log_retry_max_ms < self.log_retry_initial_ms {
+            p.push(format!(
+                "log_retry_max_ms: {} is below log_retry_initial_ms {}",
+                self.log_retry_max_ms, self.log_retry_initial_ms
+            ));
+        }
+        match (&self.tls.cert_file, &self.tls.key_file) {
+            (Some(_), None) => p.push("tls.cert_file: set without tls.key_file".into()),
+            (None, Some(_)) => p.push("tls.key_file: set without tls.cert_file".into()),
+            _ => {}
+        }
+        for k in self.resource_attributes.keys() {
+            if k.trim().is_empty() {
+                p.push("resource_attributes: empty attribute name".into());
+            }
+        }
+        p
+    }
+
+    /// Combines defaults, the environment (read through `env`) and this config
+    /// for one signal. Errors name the variable or key and the bad value.
+    pub fn resolve(
+        &self,
+        signal: OtlpSignal,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<ResolvedSignal, Vec<String>> {
+        let mut problems = Vec::new();
+        let var = |suffix: &str| -> Option<(String, String)> {
+            let specific = format!("OTEL_EXPORTER_OTLP_{}{suffix}", signal.env_infix());
+            let generic = format!("OTEL_EXPORTER_OTLP_{suffix}");
+            env(&specific)
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| (specific, v))
+                .or_else(|| {
+                    env(&generic)
+                        .filter(|v| !v.trim().is_empty())
+                        .map(|v| (generic, v))
+                })
+        };
+
+        let protocol = match self.protocol {
+            Some(p) => p,
+            None => match var("PROTOCOL") {
+                Some((name, v)) => Protocol::parse(&v).unwrap_or_else(|| {
+                    problems.push(format!("{name}: {v:?} is not grpc or http/protobuf"));
+                    Protocol::Grpc
+                }),
+                None => Protocol::Grpc,
+            },
+        };
+
+        let insecure = self.insecure.unwrap_or_else(|| {
+            var("INSECURE").is_some_and(|(_, v)| v.trim().eq_ignore_ascii_case("true"))
+        });
+
+        let file_specific = match signal {
+            OtlpSignal::Metrics => self.metrics_endpoint.as_deref(),
+            OtlpSignal::Logs => self.logs_endpoint.as_deref(),
+        };
+        let env_specific = format!("OTEL_EXPORTER_OTLP_{}ENDPOINT", signal.env_infix());
+        // (url, used as is?, where it came from)
+        let (url, as_is, source) = if let Some(u) = file_specific {
+            (
+                u.to_owned(),
+                true,
+                format!(
+                    "{}_endpoint",
+                    signal
+                        .env_infix()
+                        .trim_end_matches('_')
+                        .to_ascii_lowercase()
+                ),
+            )
+        } else if let Some(u) = &self.endpoint {
+            (u.clone(), false, "endpoint".to_owned())
+        } else if let Some(u) = env(&env_specific).filter(|v| !v.trim().is_empty()) {
+            (u, true, env_specific)
+        } else if let Some(u) = env("OTEL_EXPORTER_OTLP_ENDPOINT").filter(|v| !v.trim().is_empty())
+        {
+            (u, false, "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned())
+        } else {
+            let default = match protocol {
+                Protocol::Grpc => "http://localhost:4317",
+                Protocol::HttpProtobuf => "http://localhost:4318",
+            };
+            (default.to_owned(), false, "default endpoint".to_owned())
+        };
+        let url = url.trim().to_owned();
+        check_url(&source, &url, &mut problems);
+        let endpoint = match protocol {
+            Protocol::Grpc => {
+                if url.contains("://") {
+                    url
+                } else if insecure {
+                    format!("http://{url}")
+                } else {
+                    format!("https://{url}")
+                }
+            }
+            Protocol::HttpProtobuf => {
+                if !url.contains("://") {
+                    problems.push(format!(
+                        "{source}: {url:?} needs http:// or https:// with protocol http/protobuf"
+                    ));
+                }
+                if as_is {
+                    url
+                } else {
+                    format!("{}{}", url.trim_end_matches('/'), signal.http_path())
+                }
+            }
+        };
+        if endpoint.starts_with("http://") && self.tls.is_set() {
+            problems.push(format!(
+                "{source}: {endpoint:?} is plaintext (http://) but tls files are set; use https://"
+            ));
+        }
+
+        let mut headers = BTreeMap::new();
+        if let Some((name, v)) = var("HEADERS") {
+            match parse_key_values(&v) {
+                Ok(kv) => headers.extend(kv),
+                Err(e) => problems.push(format!("{name}: {e}")),
+            }
+        }
+        headers.extend(self.headers.iter().map(|(k, v)| (k.clone(), v.clone())));
+        for (k, v) in &headers {
+            check_header("headers", k, v, &mut problems);
+        }
+
+        let gzip = match self.compression {
+            Some(c) => c == Compression::Gzip,
+            None => match var("COMPRESSION") {
+                Some((name, v)) => match Compression::parse(&v) {
+                    Some(c) => c == Compression::Gzip,
+                    None => {
+                        problems.push(format!("{name}: {v:?} is not gzip or none"));
+                        false
+                    }
+                },
+                None => false,
+            },
+        };
+
+        let timeout_ms = match self.timeout_ms {
+            Some(t) => t,
+            None => match var("TIMEOUT") {
+                Some((name, v)) => match v.trim().parse::<u64>() {
+                    Ok(t) if t > 0 => t,
+                    _ => {
+                        problems.push(format!(
+                            "{name}: {v:?} is not a positive number of milliseconds"
+                        ));
+                        DEFAULT_TIMEOUT_MS
+                    }
+                },
+                None => DEFAULT_TIMEOUT_MS,
+            },
+        };
+
+        if problems.is_empty() {
+            Ok(ResolvedSignal {
+                protocol,
+                endpoint,
+                headers,
+                gzip,
+                timeout: Duration::from_millis(timeout_ms),
+            })
+        } else {
+            Err(problems)
+        }
+    }
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// Parses the W3C-baggage-like `key1=value1,key2=value2` form of
+/// `OTEL_EXPORTER_OTLP_HEADERS` and `OTEL_RESOURCE_ATTRIBUTES` (values
+/// percent-decoded, blank entries skipped).
+pub fn parse_key_values(s: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let Some((k, v)) = entry.split_once('=') else {
+            return Err(format!("entry {entry:?} is not key=value"));
+        };
+        let k = k.trim();
+        if k.is_empty() {
+            return Err(format!("entry {entry:?} has an empty key"));
+        }
+        let v = percent_decode(v.trim())
+            .ok_or_else(|| format!("entry {entry:?} has a bad percent-encoding"))?;
+        out.push((k.to_owned(), v));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn default_is_disabled_and_valid() {
+        let c = OtlpConfig::default();
+        assert!(!c.enabled);
+        assert!(c.validate().is_empty());
+        let r = c.resolve(OtlpSignal::Logs, &env_of(&[])).unwrap();
+        assert_eq!(r.protocol, Protocol::Grpc);
+        assert_eq!(r.endpoint, "http://localhost:4317");
+        assert_eq!(r.timeout, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn validate_reports_every_problem() {
+        let c = OtlpConfig {
+            endpoint: Some("ftp://x".into()),
+            logs_endpoint: Some("http://".into()),
+            timeout_ms: Some(0),
+            export_interval_secs: 0,
+            log_queue_size: 0,
+            log_retry_initial_ms: 5000,
+            log_retry_max_ms: 10,
+            headers: [("bad header".to_owned(), "v".to_owned())].into(),
+            tls: TlsConfig {
+                cert_file: Some("c.pem".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let p = c.validate();
+        for needle in [
+            "endpoint: \"ftp://x\"",
+            "logs_endpoint",
+            "timeout_ms",
+            "export_interval_secs",
+            "log_queue_size",
+            "log_retry_max_ms",
+            "\"bad header\"",
+            "tls.cert_file",
+        ] {
+            assert!(
+                p.iter().any(|s| s.contains(needle)),
+                "{needle} missing in {p:#?}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let e =
+            serde_json::from_str::<OtlpConfig>(r#"{"enabled":true,"endpiont":"x"}"#).unwrap_err();
+        assert!(e.to_string().contains("endpiont"), "{e}");
+        let c: OtlpConfig = serde_json::from_str(
+            r#"{"enabled":true,"protocol":"http/protobuf","compression":"gzip"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.protocol, Some(Protocol::HttpProtobuf));
+        assert_eq!(c.compression, Some(Compression::Gzip));
+    }
+
+    #[test]
+    fn env_fills_what_the_file_leaves_unset() {
+        let env = env_of(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:4318/"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=se%20cret,x=1"),
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+        ]);
+        let r = OtlpConfig::default()
+            .resolve(OtlpSignal::Metrics, &env)
+            .unwrap();
+        assert_eq!(r.protocol, Protocol::HttpProtobuf);
+        assert_eq!(r.endpoint, "http://env:4318/v1/metrics");
+        assert_eq!(r.headers["api-key"], "se cret");
+        assert!(r.gzip);
+        assert_eq!(r.timeout, Duration::from_millis(2500));
+    }
+
+    #[test]
+    fn file_beats_env_and_signal_env_beats_generic_env() {
+        let env = env_of(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://generic:4317"),
+            ("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", "http://logs-only:4317"),
+            ("OTEL_EXPORTER_OTLP_LOGS_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "k=env,only-env=1"),
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+            ("OTEL_EXPORTER_OTLP_LOGS_TIMEOUT", "100"),
+        ]);
+        let logs = OtlpConfig::default()
+            .resolve(OtlpSignal::Logs, &env)
+            .unwrap();
+        assert_eq!(logs.endpoint, "http://logs-only:4317");
+        assert_eq!(logs.protocol, Protocol::Grpc);
+        assert_eq!(logs.timeout, Duration::from_millis(100));
+
+        let file = OtlpConfig {
+            endpoint: Some("http://file:4317".into()),
+            protocol: Some(Protocol::Grpc),
+            compression: Some(Compression::None),
+            timeout_ms: Some(700),
+            headers: [("k".to_owned(), "file".to_owned())].into(),
+            ..Default::default()
+        };
+        for signal in [OtlpSignal::Logs, OtlpSignal::Metrics] {
+            let r = file.resolve(signal, &env).unwrap();
+            assert_eq!(r.endpoint, "http://file:4317");
+            assert_eq!(r.protocol, Protocol::Grpc);
+            assert!(!r.gzip);
+            assert_eq!(r.timeout, Duration::from_millis(700));
+            assert_eq!(r.headers["k"], "file");
+            assert_eq!(r.headers["only-env"], "1");
+        }
+    }
+
+    #[test]
+    fn grpc_host_port_follows_insecure() {
+        let mut c = OtlpConfig {
+            endpoint: Some("collector:4317".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            c.resolve(OtlpSignal::Logs, &env_of(&[])).unwrap().endpoint,
+            "https://collector:4317"
+        );
+        let env = env_of(&[("OTEL_EXPORTER_OTLP_INSECURE", "true")]);
+        assert_eq!(
+            c.resolve(OtlpSignal::Logs, &env).unwrap().endpoint,
+            "http://collector:4317"
+        );
+        c.insecure = Some(false);
+        assert_eq!(
+            c.resolve(OtlpSignal::Logs, &env).unwrap().endpoint,
+            "https://collector:4317"
+        );
+    }
+
+    #[test]
+    fn bad_env_values_are_named() {
+        let env = env_of(&[
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon"),
+            ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "soon"),
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "brotli"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "novalue"),
+        ]);
+        let p = OtlpConfig::default()
+            .resolve(OtlpSignal::Metrics, &env)
+            .unwrap_err();
+        for needle in [
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_COMPRESSION",
+            "OTEL_EXPORTER_OTLP_HEADERS",
+        ] {
+            assert!(
+                p.iter().any(|s| s.starts_with(needle)),
+                "{needle} missing in {p:#?}"
+            );
+        }
+    }
+
+    #[test]
+    fn key_values_parse_and_decode() {
+        assert_eq!(
+            parse_key_values(" a=1 , b = x%2Cy ,, ").unwrap(),
+            vec![
+                ("a".to_owned(), "1".to_owned()),
+                ("b".to_owned(), "x,y".to_owned())
+            ]
+        );
+        assert!(parse_key_values("=1").is_err());
+        assert!(parse_key_values("a=%zz").is_err());
+    }
+}

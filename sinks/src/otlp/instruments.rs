@@ -1,0 +1,1094 @@
+//! The instrument table: every metric of `docs/metrics.md` with a pure function
+//! that reads its data points from the [`Registry`]. The OTLP exporter registers
+//! one observable instrument per entry; the Prometheus renderer walks the same
+//! table, so both outputs always carry the same names, attributes and values.
+
+use crate::registry::{KubeObject, Outcome, Registry, Stage, ValidationResult, WriteResult};
+use gpuwatch_proto::{
+    Action, FaultKind, GpuHealth, GpuSample, NodeHealth, RecoveryAction, ShortName, Verdict,
+};
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering::Relaxed;
+
+/// How an instrument aggregates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InstrumentKind {
+    /// Monotonic cumulative sum (OTel counter; Prometheus `counter`, `_total`).
+    Counter,
+    /// Last value (OTel gauge; Prometheus `gauge`).
+    Gauge,
+    /// Explicit-bucket histogram (Prometheus `histogram`).
+    Histogram,
+}
+
+/// Number type of an instrument's data points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NumType {
+    /// Unsigned integer points.
+    U64,
+    /// Floating-point points.
+    F64,
+}
+
+/// Value of one data-point attribute.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum AttrValue {
+    /// A string value.
+    Str(Cow<'static, str>),
+    /// An integer value (GPU index, XID code, link number).
+    Int(i64),
+}
+
+impl AttrValue {
+    /// The value as Prometheus writes a label value.
+    pub(crate) fn to_label(&self) -> Cow<'_, str> {
+        match self {
+            AttrValue::Str(s) => Cow::Borrowed(s.as_ref()),
+            AttrValue::Int(i) => Cow::Owned(i.to_string()),
+        }
+    }
+}
+
+fn s(v: &'static str) -> AttrValue {
+    AttrValue::Str(Cow::Borrowed(v))
+}
+
+fn owned(v: &str) -> AttrValue {
+    AttrValue::Str(Cow::Owned(v.to_owned()))
+}
+
+/// A data point value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Num {
+    /// Integer value.
+    U64(u64),
+    /// Floating-point value.
+    F64(f64),
+}
+
+impl Num {
+    pub(crate) fn as_u64(self) -> u64 {
+        match self {
+            Num::U64(v) => v,
+            // Only F64 instruments hold F64 values; saturate defensively.
+            Num::F64(v) => v.max(0.0) as u64,
+        }
+    }
+    pub(crate) fn as_f64(self) -> f64 {
+        match self {
+            Num::U64(v) => v as f64,
+            Num::F64(v) => v,
+        }
+    }
+}
+
+/// One data point: attributes (key order as written) and value.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Point {
+    pub(crate) attrs: Vec<(&'static str, AttrValue)>,
+    pub(crate) value: Num,
+}
+
+type Collect = fn(&Registry, &NodeHealth, &mut Vec<Point>);
+
+/// One instrument of the table.
+pub(crate) struct Spec {
+    pub(crate) name: &'static str,
+    pub(crate) unit: &'static str,
+    pub(crate) kind: InstrumentKind,
+    pub(crate) num: NumType,
+    pub(crate) description: &'static str,
+    pub(crate) collect: Collect,
+}
+
+impl Spec {
+    /// The data points of this instrument now.
+    pub(crate) fn points(&self, registry: &Registry, health: &NodeHealth) -> Vec<Point> {
+        let mut out = Vec::new();
+        (self.collect)(registry, health, &mut out);
+        out
+    }
+}
+
+/// The pipeline latency histogram (fed through `Registry::set_latency_hook`).
+pub(crate) const LATENCY_NAME: &str = "gpuwatch.pipeline.latency";
+/// Unit of the latency histogram.
+pub(crate) const LATENCY_UNIT: &str = "s";
+/// Description of the latency histogram.
+pub(crate) const LATENCY_DESCRIPTION: &str =
+    "Kernel log record read to fault event emitted by the health engine.";
+
+const VERDICTS: [Verdict; 4] = [
+    Verdict::Healthy,
+    Verdict::Degraded,
+    Verdict::Unhealthy,
+    Verdict::Unknown,
+];
+
+/// NVML clock-event (throttle) reason bits and their attribute values.
+const CLOCK_EVENT_REASONS: [(u64, &str); 9] = [
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+];
+
+fn gpu_attrs(index: Option<u32>, uuid: &str, pci: &str) -> Vec<(&'static str, AttrValue)> {
+    let mut a = Vec::with_capacity(4);
+    if let Some(i) = index {
+        a.push(("gpu.index", AttrValue::Int(i64::from(i))));
+    }
+    if !uuid.is_empty() {
+        a.push(("gpu.uuid", owned(uuid)));
+    }
+    if !pci.is_empty() {
+        a.push(("gpu.pci.address", owned(pci)));
+    }
+    a
+}
+
+/// GPU identity of a health entry, falling back to its sample.
+fn health_gpu_attrs(g: &GpuHealth) -> Vec<(&'static str, AttrValue)> {
+    let sample = g.sample.as_ref();
+    let index = g.index.or(sample.map(|s| s.index));
+    let uuid = if g.uuid.is_empty() {
+        sample.map_or("", |s| s.uuid.as_str())
+    } else {
+        g.uuid.as_str()
+    };
+    let pci = if g.pci_address.is_empty() {
+        sample.map_or("", |s| s.pci_address.as_str())
+    } else {
+        g.pci_address.as_str()
+    };
+    gpu_attrs(index, uuid, pci)
+}
+
+fn with(
+    mut base: Vec<(&'static str, AttrValue)>,
+    extra: impl IntoIterator<Item = (&'static str, AttrValue)>,
+) -> Vec<(&'static str, AttrValue)> {
+    base.extend(extra);
+    base
+}
+
+/// Calls `f` for every GPU that has an NVML sample.
+fn each_sample(health: &NodeHealth, mut f: impl FnMut(Vec<(&'static str, AttrValue)>, &GpuSample)) {
+    for g in &health.gpus {
+        if let Some(sample) = &g.sample {
+            f(health_gpu_attrs(g), sample);
+        }
+    }
+}
+
+fn push_opt(out: &mut Vec<Point>, attrs: Vec<(&'static str, AttrValue)>, v: Option<Num>) {
+    if let Some(value) = v {
+        out.push(Point { attrs, value });
+    }
+}
+
+fn flag(b: bool) -> Num {
+    Num::U64(u64::from(b))
+}
+
+fn atomic(v: &std::sync::atomic::AtomicU64) -> Num {
+    Num::U64(v.load(Relaxed))
+}
+
+/// Sums fault series into points keyed by their attribute set.
+fn fault_points(
+    registry: &Registry,
+    out: &mut Vec<Point>,
+    select: impl Fn(FaultKind) -> bool,
+    attrs: impl Fn(&crate::registry::FaultSeries) -> Vec<(&'static str, AttrValue)>,
+) {
+    let mut sums: BTreeMap<Vec<(&'static str, AttrValue)>, u64> = BTreeMap::new();
+    for (series, n) in registry.faults() {
+        if select(series.kind) {
+            *sums.entry(attrs(&series)).or_insert(0) += n;
+        }
+    }
+    out.extend(sums.into_iter().map(|(attrs, n)| Point {
+        attrs,
+        value: Num::U64(n),
+    }));
+}
+
+fn xid_errors(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    fault_points(
+        r,
+        out,
+        |k| k == FaultKind::Xid,
+        |f| {
+            with(
+                gpu_attrs(f.gpu_index, &f.gpu_uuid, &f.pci_address),
+                [
+                    ("xid", AttrValue::Int(i64::from(f.code))),
+                    ("action", s(f.action.short_name())),
+                ],
+            )
+        },
+    );
+}
+
+fn sxid_errors(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    fault_points(
+        r,
+        out,
+        |k| k == FaultKind::Sxid,
+        |f| {
+            let mut a = Vec::with_capacity(3);
+            if !f.pci_address.is_empty() {
+                a.push(("nvswitch.pci.address", owned(&f.pci_address)));
+            }
+            a.push(("sxid", AttrValue::Int(i64::from(f.code))));
+            a.push(("action", s(f.action.short_name())));
+            a
+        },
+    );
+}
+
+fn faults(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    fault_points(
+        r,
+        out,
+        |_| true,
+        |f| {
+            with(
+                gpu_attrs(f.gpu_index, &f.gpu_uuid, &f.pci_address),
+                [
+                    ("fault.kind", s(f.kind.short_name())),
+                    ("code", AttrValue::Int(i64::from(f.code))),
+                    ("action", s(f.action.short_name())),
+                ],
+            )
+        },
+    );
+}
+
+fn active_by_action(
+    faults: &[gpuwatch_proto::ActiveFault],
+    base: &[(&'static str, AttrValue)],
+    out: &mut Vec<Point>,
+) {
+    for action in Action::ALL {
+        let n = faults.iter().filter(|f| f.action() == action).count() as u64;
+        out.push(Point {
+            attrs: with(base.to_vec(), [("action", s(action.short_name()))]),
+            value: Num::U64(n),
+        });
+    }
+}
+
+fn faults_active(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    for g in &h.gpus {
+        active_by_action(&g.active_faults, &health_gpu_attrs(g), out);
+    }
+    if !h.node_faults.is_empty() {
+        active_by_action(&h.node_faults, &[], out);
+    }
+}
+
+fn gpu_verdict(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    for g in &h.gpus {
+        let base = health_gpu_attrs(g);
+        for v in VERDICTS {
+            out.push(Point {
+                attrs: with(base.clone(), [("verdict", s(v.short_name()))]),
+                value: flag(g.verdict() == v),
+            });
+        }
+    }
+}
+
+fn node_verdict(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    for v in VERDICTS {
+        out.push(Point {
+            attrs: vec![("verdict", s(v.short_name()))],
+            value: flag(h.verdict() == v),
+        });
+    }
+}
+
+fn node_action(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    for a in Action::ALL {
+        let active = h.action() == a;
+        let reason = if active { owned(&h.reason) } else { s("") };
+        out.push(Point {
+            attrs: vec![("action", s(a.short_name())), ("reason", reason)],
+            value: flag(active),
+        });
+    }
+}
+
+fn hw_attrs(
+    base: Vec<(&'static str, AttrValue)>,
+    sample: &GpuSample,
+) -> Vec<(&'static str, AttrValue)> {
+    with(
+        base,
+        [("hw.type", s("gpu")), ("hw.id", owned(&sample.uuid))],
+    )
+}
+
+fn temperature(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        let v = sm.temperature_c.map(|c| Num::F64(f64::from(c)));
+        push_opt(out, hw_attrs(base, sm), v);
+    });
+}
+
+fn temperature_limit(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        for (limit, v) in [
+            ("high.degraded", sm.slowdown_temperature_c),
+            ("high.critical", sm.shutdown_temperature_c),
+        ] {
+            let attrs = with(hw_attrs(base.clone(), sm), [("hw.limit_type", s(limit))]);
+            push_opt(out, attrs, v.map(|c| Num::F64(f64::from(c))));
+        }
+    });
+}
+
+fn milliwatts(v: Option<u32>) -> Option<Num> {
+    v.map(|mw| Num::F64(f64::from(mw) / 1000.0))
+}
+
+fn power(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        push_opt(out, hw_attrs(base, sm), milliwatts(sm.power_mw))
+    });
+}
+
+fn power_limit(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        push_opt(out, base, milliwatts(sm.power_limit_mw))
+    });
+}
+
+fn clock_events(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        if let Some(mask) = sm.clock_event_reasons {
+            for (bit, reason) in CLOCK_EVENT_REASONS {
+                out.push(Point {
+                    attrs: with(base.clone(), [("reason", s(reason))]),
+                    value: flag(mask & bit != 0),
+                });
+            }
+        }
+    });
+}
+
+fn ecc_errors(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        for (ty, counter, v) in [
+            ("corrected", "volatile", sm.ecc_volatile_corrected),
+            ("uncorrected", "volatile", sm.ecc_volatile_uncorrected),
+            ("corrected", "aggregate", sm.ecc_aggregate_corrected),
+            ("uncorrected", "aggregate", sm.ecc_aggregate_uncorrected),
+        ] {
+            let attrs = with(
+                base.clone(),
+                [("error.type", s(ty)), ("ecc.counter", s(counter))],
+            );
+            push_opt(out, attrs, v.map(Num::U64));
+        }
+    });
+}
+
+fn retired_pages(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        for (cause, v) in [("sbe", sm.retired_pages_sbe), ("dbe", sm.retired_pages_dbe)] {
+            push_opt(
+                out,
+                with(base.clone(), [("cause", s(cause))]),
+                v.map(Num::U64),
+            );
+        }
+    });
+}
+
+fn retired_pending(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        push_opt(out, base, sm.retired_pages_pending.map(flag))
+    });
+}
+
+fn remap_rows(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        for (ty, v) in [
+            ("correctable", sm.remapped_rows_correctable),
+            ("uncorrectable", sm.remapped_rows_uncorrectable),
+        ] {
+            let v = v.map(|n| Num::U64(u64::from(n)));
+            push_opt(out, with(base.clone(), [("error.type", s(ty))]), v);
+        }
+    });
+}
+
+fn remap_pending(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        push_opt(out, base, sm.remapped_rows_pending.map(flag))
+    });
+}
+
+fn remap_failure(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        push_opt(out, base, sm.remapped_rows_failure.map(flag))
+    });
+}
+
+fn bounds(
+    out: &mut Vec<Point>,
+    base: &[(&'static str, AttrValue)],
+    current: Option<u32>,
+    max: Option<u32>,
+) {
+    for (bound, v) in [("current", current), ("max", max)] {
+        let attrs = with(base.to_vec(), [("bound", s(bound))]);
+        push_opt(out, attrs, v.map(|n| Num::U64(u64::from(n))));
+    }
+}
+
+fn pcie_gen(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        bounds(out, &base, sm.pcie_link_gen, sm.pcie_link_gen_max)
+    });
+}
+
+fn pcie_width(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        bounds(out, &base, sm.pcie_link_width, sm.pcie_link_width_max)
+    });
+}
+
+fn pcie_replays(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        push_opt(out, base, sm.pcie_replay_counter.map(Num::U64))
+    });
+}
+
+fn nvlink_state(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        for l in &sm.nvlinks {
+            let attrs = with(
+                base.clone(),
+                [("nvlink.link", AttrValue::Int(i64::from(l.link)))],
+            );
+            push_opt(out, attrs, l.active.map(flag));
+        }
+    });
+}
+
+fn nvlink_errors(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        for l in &sm.nvlinks {
+            for (ty, v) in [
+                ("replay", l.replay_errors),
+                ("recovery", l.recovery_errors),
+                ("crc_flit", l.crc_flit_errors),
+                ("crc_data", l.crc_data_errors),
+            ] {
+                let attrs = with(
+                    base.clone(),
+                    [
+                        ("nvlink.link", AttrValue::Int(i64::from(l.link))),
+                        ("error.type", s(ty)),
+                    ],
+                );
+                push_opt(out, attrs, v.map(Num::U64));
+            }
+        }
+    });
+}
+
+/// NVML's numeric recovery action (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`).
+fn recovery_value(a: RecoveryAction) -> Option<u64> {
+    Some(match a {
+        RecoveryAction::Unspecified => return None,
+        RecoveryAction::None => 0,
+        RecoveryAction::GpuReset => 1,
+        RecoveryAction::NodeReboot => 2,
+        RecoveryAction::DrainP2p => 3,
+        RecoveryAction::DrainAndReset => 4,
+        RecoveryAction::RecoverImexDomain => 5,
+        RecoveryAction::BusReset => 6,
+        RecoveryAction::SystemReboot => 7,
+        RecoveryAction::PfFlr => 8,
+    })
+}
+
+fn recovery_action(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        push_opt(
+            out,
+            base,
+            recovery_value(sm.recovery_action()).map(Num::U64),
+        );
+    });
+}
+
+fn persistence(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        push_opt(out, base, sm.persistence_mode.map(flag))
+    });
+}
+
+fn gpus(r: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    let visible = h.gpus.iter().filter(|g| g.sample.is_some()).count() as u64;
+    out.push(Point {
+        attrs: vec![("state", s("visible"))],
+        value: Num::U64(visible),
+    });
+    let expected = r.gpus_expected.load(Relaxed);
+    if expected != u64::MAX {
+        out.push(Point {
+            attrs: vec![("state", s("expected"))],
+            value: Num::U64(expected),
+        });
+    }
+}
+
+fn kmsg_read(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    out.push(Point {
+        attrs: vec![],
+        value: atomic(&r.kmsg_records_read),
+    });
+}
+
+fn kmsg_lost(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    out.push(Point {
+        attrs: vec![],
+        value: atomic(&r.kmsg_records_lost),
+    });
+}
+
+fn kmsg_malformed(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    out.push(Point {
+        attrs: vec![],
+        value: atomic(&r.kmsg_records_malformed),
+    });
+}
+
+fn events(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    for stage in Stage::ALL {
+        for outcome in Outcome::ALL {
+            out.push(Point {
+                attrs: vec![
+                    ("stage", s(stage.as_str())),
+                    ("outcome", s(outcome.as_str())),
+                ],
+                value: Num::U64(r.events(stage, outcome)),
+            });
+        }
+    }
+}
+
+fn samples_dropped(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    out.push(Point {
+        attrs: vec![],
+        value: atomic(&r.samples_dropped),
+    });
+}
+
+fn nvml_errors(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    for (call, n) in r.nvml_errors() {
+        out.push(Point {
+            attrs: vec![("nvml.call", s(call))],
+            value: Num::U64(n),
+        });
+    }
+}
+
+fn monitor_up(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    // No monitor status yet means gpuwatch cannot tell: 0.
+    let (kmsg, nvml) = h
+        .monitor
+        .as_ref()
+        .map_or((false, false), |m| (m.kmsg_ok, m.nvml_ok));
+    out.push(Point {
+        attrs: vec![("input", s("kmsg"))],
+        value: flag(kmsg),
+    });
+    out.push(Point {
+        attrs: vec![("input", s("nvml"))],
+        value: flag(nvml),
+    });
+}
+
+fn export_failures(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    for signal in [crate::Signal::Metrics, crate::Signal::Logs] {
+        out.push(Point {
+            attrs: vec![("signal", s(signal.as_str()))],
+            value: Num::U64(r.export_failures(signal)),
+        });
+    }
+}
+
+fn state_writes(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    let (ok, err) = r.state_writes();
+    out.push(Point {
+        attrs: vec![("result", s("ok"))],
+        value: Num::U64(ok),
+    });
+    out.push(Point {
+        attrs: vec![("result", s("error"))],
+        value: Num::U64(err),
+    });
+}
+
+fn kube_writes(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    for object in KubeObject::ALL {
+        for result in WriteResult::ALL {
+            out.push(Point {
+                attrs: vec![
+                    ("object", s(object.as_str())),
+                    ("result", s(result.as_str())),
+                ],
+                value: Num::U64(r.kube_writes(object, result)),
+            });
+        }
+    }
+}
+
+fn tainted(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    out.push(Point {
+        attrs: vec![("taint", s("fault"))],
+        value: atomic(&r.fault_taint_present),
+    });
+    out.push(Point {
+        attrs: vec![("taint", s("startup"))],
+        value: atomic(&r.startup_taint_present),
+    });
+}
+
+fn startup_gate(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    out.push(Point {
+        attrs: vec![],
+        value: Num::F64(r.startup_gate_seconds()),
+    });
+}
+
+fn validation_runs(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    for result in ValidationResult::ALL {
+        out.push(Point {
+            attrs: vec![("result", s(result.as_str()))],
+            value: Num::U64(r.validation_runs(result)),
+        });
+    }
+}
+
+macro_rules! spec {
+    ($name:literal, $unit:literal, $kind:ident, $num:ident, $desc:literal, $collect:ident) => {
+        Spec {
+            name: $name,
+            unit: $unit,
+            kind: InstrumentKind::$kind,
+            num: NumType::$num,
+            description: $desc,
+            collect: $collect,
+        }
+    };
+}
+
+/// Every observable instrument (the latency histogram is separate).
+pub(crate) const SPECS: &[Spec] = &[
+    spec!(
+        "gpu.xid.errors",
+        "{error}",
+        Counter,
+        U64,
+        "XID events after dedup, each occurrence counted.",
+        xid_errors
+    ),
+    spec!(
+        "gpu.sxid.errors",
+        "{error}",
+        Counter,
+        U64,
+        "NVSwitch SXid events.",
+        sxid_errors
+    ),
+    spec!(
+        "gpu.faults",
+        "{fault}",
+        Counter,
+        U64,
+        "Fault events of every kind.",
+        faults
+    ),
+    spec!(
+        "gpu.faults.active",
+        "{fault}",
+        Gauge,
+        U64,
+        "Faults currently active on the GPU.",
+        faults_active
+    ),
+    spec!(
+        "gpu.health.verdict",
+        "{state}",
+        Gauge,
+        U64,
+        "1 for the GPU's current verdict, 0 for the others.",
+        gpu_verdict
+    ),
+    spec!(
+        "gpuwatch.node.verdict",
+        "{state}",
+        Gauge,
+        U64,
+        "1 for the node's current verdict, 0 for the others.",
+        node_verdict
+    ),
+    spec!(
+        "gpuwatch.node.action",
+        "{state}",
+        Gauge,
+        U64,
+        "1 for the most severe active action and its reason.",
+        node_action
+    ),
+    spec!(
+        "hw.temperature",
+        "Cel",
+        Gauge,
+        F64,
+        "GPU core temperature.",
+        temperature
+    ),
+    spec!(
+        "hw.temperature.limit",
+        "Cel",
+        Gauge,
+        F64,
+        "GPU thermal thresholds.",
+        temperature_limit
+    ),
+    spec!("hw.power", "W", Gauge, F64, "GPU power draw.", power),
+    spec!(
+        "gpu.power.limit",
+        "W",
+        Gauge,
+        F64,
+        "Enforced GPU power limit.",
+        power_limit
+    ),
+    spec!(
+        "gpu.clock_event.active",
+        "{state}",
+        Gauge,
+        U64,
+        "1 while the clock-event (throttle) reason is active.",
+        clock_events
+    ),
+    spec!(
+        "gpu.ecc.errors",
+        "{error}",
+        Counter,
+        U64,
+        "NVML ECC error counts.",
+        ecc_errors
+    ),
+    spec!(
+        "gpu.retired_pages",
+        "{page}",
+        Gauge,
+        U64,
+        "Retired pages (pre-Ampere page retirement).",
+        retired_pages
+    ),
+    spec!(
+        "gpu.retired_pages.pending",
+        "{state}",
+        Gauge,
+        U64,
+        "1 when a page retirement waits for a reboot or reset.",
+        retired_pending
+    ),
+    spec!(
+        "gpu.row_remap.rows",
+        "{row}",
+        Gauge,
+        U64,
+        "Rows remapped.",
+        remap_rows
+    ),
+    spec!(
+        "gpu.row_remap.pending",
+        "{state}",
+        Gauge,
+        U64,
+        "1 when a row remap waits for a GPU reset.",
+        remap_pending
+    ),
+    spec!(
+        "gpu.row_remap.failure",
+        "{state}",
+        Gauge,
+        U64,
+        "1 when a row remap failed.",
+        remap_failure
+    ),
+    spec!(
+        "gpu.pcie.link.generation",
+        "{generation}",
+        Gauge,
+        U64,
+        "PCIe link generation.",
+        pcie_gen
+    ),
+    spec!(
+        "gpu.pcie.link.width",
+        "{lane}",
+        Gauge,
+        U64,
+        "PCIe link width.",
+        pcie_width
+    ),
+    spec!(
+        "gpu.pcie.replays",
+        "{replay}",
+        Counter,
+        U64,
+        "PCIe replay counter.",
+        pcie_replays
+    ),
+    spec!(
+        "gpu.nvlink.state",
+        "{state}",
+        Gauge,
+        U64,
+        "1 link active, 0 link down.",
+        nvlink_state
+    ),
+    spec!(
+        "gpu.nvlink.errors",
+        "{error}",
+        Counter,
+        U64,
+        "NVLink error counters.",
+        nvlink_errors
+    ),
+    spec!(
+        "gpu.recovery_action",
+        "{action}",
+        Gauge,
+        U64,
+        "NVML GPU recovery action.",
+        recovery_action
+    ),
+    spec!(
+        "gpu.persistence_mode",
+        "{state}",
+        Gauge,
+        U64,
+        "1 when persistence mode is on.",
+        persistence
+    ),
+    spec!(
+        "gpuwatch.gpus",
+        "{gpu}",
+        Gauge,
+        U64,
+        "GPUs NVML sees; GPUs the node should have.",
+        gpus
+    ),
+    spec!(
+        "gpuwatch.kmsg.records.read",
+        "{record}",
+        Counter,
+        U64,
+        "Kernel log records read.",
+        kmsg_read
+    ),
+    spec!(
+        "gpuwatch.kmsg.records.lost",
+        "{record}",
+        Counter,
+        U64,
+        "Kernel log records overwritten before gpuwatch read them.",
+        kmsg_lost
+    ),
+    spec!(
+        "gpuwatch.kmsg.records.malformed",
+        "{record}",
+        Counter,
+        U64,
+        "Kernel log records that did not parse.",
+        kmsg_malformed
+    ),
+    spec!(
+        "gpuwatch.events",
+        "{event}",
+        Counter,
+        U64,
+        "Fault events per pipeline stage and outcome.",
+        events
+    ),
+    spec!(
+        "gpuwatch.samples.dropped",
+        "{sample}",
+        Counter,
+        U64,
+        "NVML samples dropped oldest-first.",
+        samples_dropped
+    ),
+    spec!(
+        "gpuwatch.nvml.errors",
+        "{error}",
+        Counter,
+        U64,
+        "NVML calls that failed.",
+        nvml_errors
+    ),
+    spec!(
+        "gpuwatch.monitor.up",
+        "{state}",
+        Gauge,
+        U64,
+        "1 when the input works; 0 means gpuwatch cannot tell.",
+        monitor_up
+    ),
+    spec!(
+        "gpuwatch.export.failures",
+        "{failure}",
+        Counter,
+        U64,
+        "OTLP exports that failed.",
+        export_failures
+    ),
+    spec!(
+        "gpuwatch.state.writes",
+        "{write}",
+        Counter,
+        U64,
+        "State-file writes.",
+        state_writes
+    ),
+    spec!(
+        "gpuwatch.kube.writes",
+        "{write}",
+        Counter,
+        U64,
+        "Kubernetes API writes.",
+        kube_writes
+    ),
+    spec!(
+        "gpuwatch.node.tainted",
+        "{state}",
+        Gauge,
+        U64,
+        "1 while the node carries the taint.",
+        tainted
+    ),
+    spec!(
+        "gpuwatch.startup_gate.duration",
+        "s",
+        Gauge,
+        F64,
+        "How long the startup taint has been held.",
+        startup_gate
+    ),
+    spec!(
+        "gpuwatch.validation.runs",
+        "{run}",
+        Counter,
+        U64,
+        "Device validation runs.",
+        validation_runs
+    ),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuwatch_proto::{FaultEvent, GpuHealth, NvLinkSample};
+
+    fn find(name: &str) -> &'static Spec {
+        SPECS.iter().find(|s| s.name == name).expect(name)
+    }
+
+    #[test]
+    fn names_are_unique() {
+        let mut names: Vec<_> = SPECS.iter().map(|s| s.name).collect();
+        names.push(LATENCY_NAME);
+        let n = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), n);
+    }
+
+    #[test]
+    fn xid_counter_sums_series_and_carries_gpu_identity() {
+        let r = Registry::new();
+        let mut ev = FaultEvent {
+            code: 79,
+            gpu_index: Some(2),
+            gpu_uuid: "GPU-a".into(),
+            pci_address: "0000:3b:00.0".into(),
+            count: 3,
+            ..Default::default()
+        };
+        ev.set_kind(FaultKind::Xid);
+        ev.set_action(Action::InspectHardware);
+        r.record_fault(&ev);
+        let pts = find("gpu.xid.errors").points(&r, &NodeHealth::default());
+        assert_eq!(pts.len(), 1);
+        assert_eq!(pts[0].value, Num::U64(3));
+        assert!(pts[0].attrs.contains(&("gpu.index", AttrValue::Int(2))));
+        assert!(pts[0].attrs.contains(&("xid", AttrValue::Int(79))));
+        assert!(pts[0].attrs.contains(&("action", s("inspect_hardware"))));
+        // Not an SXid.
+        assert!(
+            find("gpu.sxid.errors")
+                .points(&r, &NodeHealth::default())
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn samples_map_to_units_and_bits() {
+        let sample = GpuSample {
+            index: 0,
+            uuid: "GPU-0".into(),
+            temperature_c: Some(41),
+            power_mw: Some(350_500),
+            clock_event_reasons: Some(0x1 | 0x40),
+            nvlinks: vec![NvLinkSample {
+                link: 3,
+                active: Some(false),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let h = NodeHealth {
+            gpus: vec![GpuHealth {
+                index: Some(0),
+                sample: Some(sample),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let r = Registry::new();
+        assert_eq!(find("hw.power").points(&r, &h)[0].value, Num::F64(350.5));
+        let clocks = find("gpu.clock_event.active").points(&r, &h);
+        let on: Vec<_> = clocks
+            .iter()
+            .filter(|p| p.value == Num::U64(1))
+            .map(|p| p.attrs.last().unwrap().1.clone())
+            .collect();
+        assert_eq!(on, vec![s("gpu_idle"), s("hw_thermal_slowdown")]);
+        let link = &find("gpu.nvlink.state").points(&r, &h)[0];
+        assert_eq!(link.value, Num::U64(0));
+        // Unsupported readings produce no point at all.
+        assert!(find("gpu.row_remap.pending").points(&r, &h).is_empty());
+        assert_eq!(find("gpuwatch.gpus").points(&r, &h).len(), 1);
+    }
+}

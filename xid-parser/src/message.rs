@@ -1,0 +1,935 @@
+//! Kernel messages → typed GPU/PCIe/host fault messages.
+//!
+//! [`parse_message`] borrows from the message and allocates nothing; the vast
+//! majority of kernel lines are rejected by a memchr prefilter
+//! ([`interesting`]) before any parsing.
+
+use gpuwatch_proto::RecoveryAction;
+use memchr::memmem;
+use std::sync::LazyLock;
+
+/// An NVRM `Xid` line: `NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.`
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XidMsg<'a> {
+    /// PCI address as printed (`0000:3b:00`, not normalised).
+    pub pci: &'a str,
+    /// The XID code.
+    pub code: u32,
+    /// `pid=1234`; `None` for `pid='<unknown>'` or no pid.
+    pub pid: Option<u32>,
+    /// `name=python`; `None` for `name=<unknown>` or no name.
+    pub process: Option<&'a str>,
+    /// `Ch 00000010` / `Channel 0x10`: the channel id as printed.
+    pub channel: Option<&'a str>,
+    /// The free text after the code and the pid/name fields.
+    pub detail: &'a str,
+}
+
+/// An NVSwitch `SXid` line: `nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SxidMsg<'a> {
+    /// NVSwitch PCI address as printed.
+    pub pci: &'a str,
+    /// The SXid code.
+    pub code: u32,
+    /// `Fatal` → true, `Non-fatal` → false; `None` when not printed.
+    pub fatal: Option<bool>,
+    /// `Link 32`.
+    pub link: Option<u32>,
+    /// True for the follow-up records (`Severity 1 Engine instance ...`, `Data {...}`)
+    /// that only mean something after the first SXid line.
+    pub followup: bool,
+    /// The text after the code.
+    pub detail: &'a str,
+}
+
+/// `NVRM: GPU at PCI:0000:3b:00: GPU-6b1a...` (printed before a GPU's first XID).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuIdentity<'a> {
+    /// PCI address as printed.
+    pub pci: &'a str,
+    /// `GPU-...` UUID.
+    pub uuid: &'a str,
+}
+
+/// Severity of a PCIe AER error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AerSeverity {
+    /// Corrected / Correctable.
+    Corrected,
+    /// Uncorrected (Non-Fatal).
+    UncorrectedNonFatal,
+    /// Uncorrected (Fatal).
+    UncorrectedFatal,
+}
+
+impl AerSeverity {
+    /// Attribute value: `corrected`, `uncorrected_nonfatal`, `uncorrected_fatal`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AerSeverity::Corrected => "corrected",
+            AerSeverity::UncorrectedNonFatal => "uncorrected_nonfatal",
+            AerSeverity::UncorrectedFatal => "uncorrected_fatal",
+        }
+    }
+
+    fn from_text(s: &str) -> Option<AerSeverity> {
+        let has = |n: &str| memmem::find(s.as_bytes(), n.as_bytes()).is_some();
+        if has("Non-Fatal") || has("Nonfatal") || has("NonFatal") || has("non-fatal") {
+            Some(AerSeverity::UncorrectedNonFatal)
+        } else if has("Fatal") || has("fatal") {
+            Some(AerSeverity::UncorrectedFatal)
+        } else if has("Correct") {
+            Some(AerSeverity::Corrected)
+        } else if has("Uncorrect") {
+            Some(AerSeverity::UncorrectedNonFatal)
+        } else {
+            None
+        }
+    }
+}
+
+/// AER summary printed by the reporting port:
+/// `pcieport 0000:00:01.0: AER: Uncorrected (Fatal) error received: 0000:01:00.0`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AerSummary<'a> {
+    /// The port that reported (the device printing the line).
+    pub reporter: &'a str,
+    /// Severity.
+    pub severity: AerSeverity,
+    /// `Multiple ... error received`.
+    pub multiple: bool,
+    /// The source device, when printed as an address (`received: 0000:01:00.0`,
+    /// `received from 0000:01:00.0`) or decoded from the old `id=0018` form.
+    pub source: Option<String>,
+}
+
+/// One AER detail record of a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AerDetail<'a> {
+    /// `PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)`.
+    BusError {
+        /// Device printing the line.
+        device: &'a str,
+        /// Severity.
+        severity: AerSeverity,
+        /// `type=...` value.
+        error_type: Option<&'a str>,
+    },
+    /// `device [10de:2330] error status/mask=00000001/0000e000`.
+    Status {
+        /// Device printing the line.
+        device: Option<&'a str>,
+        /// Status word as printed.
+        status: &'a str,
+    },
+    /// `   [ 0] RxErr                  (First)`: one error bit.
+    Bit {
+        /// Device printing the line.
+        device: Option<&'a str>,
+        /// Error name (`RxErr`, `CmpltTO`, ...).
+        name: &'a str,
+    },
+    /// Any other AER line of a device (TLP header, recovery result, ...).
+    Other {
+        /// Device printing the line.
+        device: Option<&'a str>,
+    },
+}
+
+/// An NVLink error outside the XID path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NvlinkMsg<'a> {
+    /// A PCI address named in the line.
+    pub pci: Option<&'a str>,
+    /// `link 3`.
+    pub link: Option<u32>,
+    /// Fatal / non-fatal when stated.
+    pub fatal: Option<bool>,
+}
+
+/// ECC, page retirement or row remapping message outside the XID path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EccMsg<'a> {
+    /// A PCI address named in the line.
+    pub pci: Option<&'a str>,
+    /// `sbe`, `dbe`, `corrected`, `uncorrected`, when stated.
+    pub ecc_type: Option<&'static str>,
+}
+
+/// Thermal message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThermalMsg<'a> {
+    /// A PCI address named in the line (GPU thermal), `None` for CPU thermal.
+    pub pci: Option<&'a str>,
+    /// Temperature in °C when printed.
+    pub temperature_c: Option<u32>,
+}
+
+/// Machine check exception line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MceMsg {
+    /// `Bank 5`.
+    pub bank: Option<u32>,
+    /// Starts a machine check report (`CPU n: Machine Check ...`, `Machine check events logged`);
+    /// false for the follow-up lines (`TSC`, `ADDR`, `PROCESSOR`, ...).
+    pub starts_report: bool,
+}
+
+/// Other NVRM driver errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DriverErrorMsg<'a> {
+    /// A PCI address named in the line.
+    pub pci: Option<&'a str>,
+    /// Short stable identifier (`rm_init_adapter_failed`, `probe_failed`, ...).
+    pub error: &'static str,
+    /// Error code as printed (`0x26:0x65:1462`, `-1`), when any.
+    pub code: Option<&'a str>,
+}
+
+/// A kernel message that matters to gpuwatch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message<'a> {
+    /// NVRM XID line.
+    Xid(XidMsg<'a>),
+    /// NVSwitch SXid line (first line or follow-up).
+    Sxid(SxidMsg<'a>),
+    /// GPU identity (context only).
+    GpuIdentity(GpuIdentity<'a>),
+    /// `NVRM: GPU Board Serial Number: ...` (context only).
+    GpuSerial(&'a str),
+    /// `GPU has fallen off the bus` without an XID.
+    FallenOffBus {
+        /// PCI address named in the line.
+        pci: Option<&'a str>,
+    },
+    /// AER summary from the reporting port.
+    AerSummary(AerSummary<'a>),
+    /// AER detail line of a device.
+    AerDetail(AerDetail<'a>),
+    /// NVLink error.
+    Nvlink(NvlinkMsg<'a>),
+    /// ECC error message.
+    Ecc(EccMsg<'a>),
+    /// Dynamic page retirement message.
+    PageRetirement(EccMsg<'a>),
+    /// Row remapper message; `failure` for failed remaps.
+    RowRemap {
+        /// ECC details.
+        ecc: EccMsg<'a>,
+        /// The remap failed.
+        failure: bool,
+    },
+    /// Thermal slowdown / threshold message.
+    Thermal(ThermalMsg<'a>),
+    /// Machine check.
+    Mce(MceMsg),
+    /// NVRM driver error.
+    DriverError(DriverErrorMsg<'a>),
+    /// Any other NVRM line (context only: GSP RPC dumps, crash dump notes).
+    NvrmOther {
+        /// GPU named as `GPUn` (`NVRM: GPU0 RPC history`), when any.
+        gpu_ordinal: Option<u32>,
+    },
+}
+
+static F_NVRM: LazyLock<memmem::Finder<'static>> = LazyLock::new(|| memmem::Finder::new("NVRM"));
+
+/// Prefilter: false ⇒ [`parse_message`] returns `None`. True when the message has one
+/// of the markers of a message kind: `NVRM`/`NVLink`/`NVLINK` (also `nV…`), `Xid`/`SXid`,
+/// `AER`, `nvidia`/`nvlink`/`nvswitch`, `[Hardware Error]`, an AER detail `[` (after
+/// four spaces or `device `), `PCIe Bus Error`, `Machine Check`/`Machine check`,
+/// `temperature`, `mce:`.
+///
+/// One pass, no allocation: every marker contains one of a few byte pairs (`NV`, `nV`,
+/// `nv`, `Xi`, `AE`, `[H`, ` [`, `PC`, `Ma`, `mp`, `mc`). Pairs are tested 16
+/// positions at a time with plain comparisons (which the compiler vectorises); only
+/// positions holding a pair are checked for the full marker.
+pub fn interesting(msg: &[u8]) -> bool {
+    const W: usize = 16;
+    let mut i = 0;
+    while let Some(c) = msg[i..].first_chunk::<{ W + 1 }>() {
+        let mut any = 0u8;
+        for k in 0..W {
+            any |= u8::from(marker_pair(c[k], c[k + 1]));
+        }
+        if any != 0 {
+            for k in 0..W {
+                if marker_pair(c[k], c[k + 1]) && marker_at(msg, i + k) {
+                    return true;
+                }
+            }
+        }
+        i += W;
+    }
+    while i + 1 < msg.len() {
+        if marker_pair(msg[i], msg[i + 1]) && marker_at(msg, i) {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+/// True when `a b` is a byte pair that every occurrence of some marker contains.
+#[inline(always)]
+fn marker_pair(a: u8, b: u8) -> bool {
+    const fn p(s: &[u8; 2]) -> u16 {
+        s[0] as u16 | (s[1] as u16) << 8
+    }
+    let w = u16::from(a) | u16::from(b) << 8;
+    (w == p(b"NV"))
+        | (w == p(b"nV"))
+        | (w == p(b"nv"))
+        | (w == p(b"Xi"))
+        | (w == p(b"AE"))
+        | (w == p(b"[H"))
+        | (w == p(b" ["))
+        | (w == p(b"PC"))
+        | (w == p(b"Ma"))
+        | (w == p(b"mp"))
+        | (w == p(b"mc"))
+}
+
+/// Full marker check for the pair starting at `i` (see [`marker_pair`]).
+#[inline(always)]
+fn marker_at(msg: &[u8], i: usize) -> bool {
+    let at = |i: usize, pat: &[u8]| msg.get(i..i + pat.len()) == Some(pat);
+    // The pair's second byte anchors the markers whose pair starts one byte early.
+    let j = if matches!(msg[i], b'N' | b'n' | b' ') {
+        i + 1
+    } else {
+        i
+    };
+    match msg[j] {
+        b'V' => {
+            j > 0
+                && matches!(msg[j - 1], b'N' | b'n')
+                && (at(j + 1, b"RM") || at(j + 1, b"Link") || at(j + 1, b"LINK"))
+        }
+        b'X' => at(j + 1, b"id"),
+        b'A' => at(j + 1, b"ER"),
+        b'[' => {
+            at(j, b"[Hardware Error]")
+                || (j >= 4 && &msg[j - 4..j] == b"    ")
+                || (j >= 7 && &msg[j - 7..j] == b"device ")
+        }
+        b'P' => at(j, b"PCIe Bus Error"),
+        b'M' => at(j, b"Machine Check") || at(j, b"Machine check"),
+        b'v' => {
+            j > 0
+                && msg[j - 1] == b'n'
+                && (at(j + 1, b"idia") || at(j + 1, b"link") || at(j + 1, b"switch"))
+        }
+        b'm' => at(j, b"mce:") || (j >= 2 && at(j - 2, b"temperature")),
+        _ => false,
+    }
+}
+
+fn find(h: &str, n: &str) -> Option<usize> {
+    memmem::find(h.as_bytes(), n.as_bytes())
+}
+
+fn contains(h: &str, n: &str) -> bool {
+    find(h, n).is_some()
+}
+
+fn leading_u32(s: &str) -> Option<(u32, &str)> {
+    let end = s
+        .bytes()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(s.len());
+    if end == 0 || end > 9 {
+        return None;
+    }
+    Some((s[..end].parse().ok()?, &s[end..]))
+}
+
+/// `Link 32`, `link 3`, `Link 00` → number.
+pub(crate) fn link_in(s: &str) -> Option<u32> {
+    let b = s.as_bytes();
+    let mut from = 0;
+    while let Some(off) = memchr::memchr2(b'L', b'l', &b[from..]) {
+        let i = from + off;
+        from = i + 1;
+        if b.get(i + 1..i + 4) == Some(b"ink") && (i == 0 || !b[i - 1].is_ascii_alphanumeric()) {
+            let rest = s[i + 4..].trim_start_matches([' ', '#']);
+            if let Some((n, _)) = leading_u32(rest) {
+                return Some(n);
+            }
+        }
+    }
+    None
+}
+
+/// Parses one (unescaped) kernel message. Returns `None` for messages that are not
+/// GPU / PCIe / host-hardware faults or their context.
+///
+/// ```
+/// use xid_parser::{parse_message, Message};
+/// let Some(Message::Xid(x)) = parse_message("NVRM: Xid (PCI:0000:3b:00): 13, pid='<unknown>', name=<unknown>, Graphics Exception") else { panic!() };
+/// assert_eq!((x.pci, x.code, x.pid, x.process), ("0000:3b:00", 13, None, None));
+/// assert_eq!(parse_message("NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15"), Some(Message::NvrmOther { gpu_ordinal: None }));
+/// assert_eq!(parse_message("usb 1-1: new high-speed USB device"), None);
+/// ```
+pub fn parse_message(msg: &str) -> Option<Message<'_>> {
+    if !interesting(msg.as_bytes()) {
+        return None;
+    }
+    if let Some(i) = find(msg, "SXid (") {
+        return parse_sxid(&msg[i + 6..]).map(Message::Sxid);
+    }
+    if let Some(i) = F_NVRM.find(msg.as_bytes()) {
+        let rest = msg[i + 4..].strip_prefix(':').map(str::trim_start);
+        if let Some(rest) = rest {
+            if let Some(x) = rest.strip_prefix("Xid (") {
+                return parse_xid(x).map(Message::Xid);
+            }
+            return Some(parse_nvrm_other(rest));
+        }
+    }
+    if let Some(m) = parse_aer(msg) {
+        return Some(m);
+    }
+    if (contains(msg, "mce:")
+        || contains(msg, "[Hardware Error]")
+        || contains(msg, "Machine Check"))
+        && let Some(m) = parse_mce(msg)
+    {
+        return Some(m);
+    }
+    if let Some(m) = parse_thermal(msg, None) {
+        return Some(m);
+    }
+    // `nvidia: probe of 0000:3b:00.0 failed with error -1`, `nvidia-nvlink: ...`.
+    if let Some(i) = find(msg, "probe of ")
+        && contains(&msg[..i], "nvidia")
+        && let Some(j) = find(&msg[i..], "failed with error ")
+    {
+        let code = msg[i + j + 18..].split_whitespace().next();
+        return Some(Message::DriverError(DriverErrorMsg {
+            pci: crate::pci::find_pci(msg),
+            error: "probe_failed",
+            code,
+        }));
+    }
+    if contains(msg, "nvlink") || contains(msg, "NVLink") || contains(msg, "NVLINK") {
+        return parse_nvlink(msg);
+    }
+    None
+}
+
+fn parse_xid(s: &str) -> Option<XidMsg<'_>> {
+    let close = memchr::memchr(b')', &s.as_bytes()[..s.len().min(64)])?;
+    let inner = &s[..close];
+    let pci_tok = inner.split_whitespace().next()?;
+    let pci_tok = pci_tok.strip_prefix("PCI:").unwrap_or(pci_tok);
+    crate::pci::normalize_pci(pci_tok)?;
+    let rest = s[close + 1..].strip_prefix(':')?.trim_start();
+    let (code, mut rest) = leading_u32(rest)?;
+    match rest.as_bytes().first() {
+        None => {}
+        Some(b',') => rest = rest[1..].trim_start(),
+        Some(b' ' | b'.') => rest = rest.trim_start_matches(['.', ' ']),
+        Some(_) => return None,
+    }
+    let mut pid = None;
+    let mut process = None;
+    let mut channel = None;
+    loop {
+        if let Some(p) = rest.strip_prefix("pid=") {
+            let end = p.find(',').unwrap_or(p.len());
+            pid = p[..end].trim().parse::<u32>().ok();
+            rest = p[end..].trim_start_matches(',').trim_start();
+        } else if let Some(p) = rest.strip_prefix("name=") {
+            let end = p.find(", ").unwrap_or(p.len());
+            let name = p[..end].trim_end_matches(',').trim();
+            if !name.is_empty() && name != "<unknown>" {
+                process = Some(name);
+            }
+            rest = p[end..].trim_start_matches(',').trim_start();
+        } else if let Some(p) = rest
+            .strip_prefix("Ch ")
+            .or_else(|| rest.strip_prefix("Channel ID "))
+            .or_else(|| rest.strip_prefix("Channel "))
+            // R570+ prints `channel 0x0b00000a`.
+            .or_else(|| rest.strip_prefix("channel "))
+        {
+            let end = p
+                .find(|c: char| !(c.is_ascii_hexdigit() || c == 'x'))
+                .unwrap_or(p.len());
+            if end == 0 {
+                break;
+            }
+            channel = Some(&p[..end]);
+            rest = p[end..].trim_start_matches([',', '.']).trim_start();
+        } else {
+            break;
+        }
+    }
+    Some(XidMsg {
+        pci: pci_tok,
+        code,
+        pid,
+        process,
+        channel,
+        detail: rest,
+    })
+}
+
+fn parse_sxid(s: &str) -> Option<SxidMsg<'_>> {
+    let close = memchr::memchr(b')', &s.as_bytes()[..s.len().min(64)])?;
+    let pci_tok = s[..close].split_whitespace().next()?;
+    let pci_tok = pci_tok.strip_prefix("PCI:").unwrap_or(pci_tok);
+    crate::pci::normalize_pci(pci_tok)?;
+    let rest = s[close + 1..].strip_prefix(':')?.trim_start();
+    let (code, rest) = leading_u32(rest)?;
+    let detail = rest.trim_start_matches(',').trim_start();
+    // `SOE HALT data[0] = 0x...` lines follow `SOE HALTED` of the same SXid.
+    let followup = detail.starts_with("Severity ")
+        || detail.starts_with("Data {")
+        || detail.starts_with("SOE HALT data[");
+    let first = detail.split(',').next().unwrap_or("").trim();
+    let fatal = match first {
+        f if f.eq_ignore_ascii_case("fatal") => Some(true),
+        f if f.eq_ignore_ascii_case("non-fatal") || f.eq_ignore_ascii_case("nonfatal") => {
+            Some(false)
+        }
+        _ => None,
+    };
+    Some(SxidMsg {
+        pci: pci_tok,
+        code,
+        fatal,
+        link: if followup { None } else { link_in(detail) },
+        followup,
+        detail,
+    })
+}
+
+/// `rest` is the text after `NVRM:`.
+fn parse_nvrm_other(rest: &str) -> Message<'_> {
+    // `GPU at PCI:0000:3b:00: GPU-...` identity.
+    if let Some(r) = rest
+        .strip_prefix("GPU at PCI:")
+        .or_else(|| rest.strip_prefix("GPU at "))
+        && let Some(colon) = r.find(": ")
+        && crate::pci::normalize_pci(&r[..colon]).is_some()
+    {
+        let uuid = r[colon + 2..].trim();
+        if uuid.starts_with("GPU-") && !uuid.contains(' ') {
+            return Message::GpuIdentity(GpuIdentity {
+                pci: &r[..colon],
+                uuid,
+            });
+        }
+    }
+    if let Some(serial) = rest.strip_prefix("GPU Board Serial Number:") {
+        let serial = serial.trim();
+        if !serial.is_empty() {
+            return Message::GpuSerial(serial);
+        }
+    }
+    let pci = crate::pci::find_pci(rest);
+    if contains(rest, "fallen off the bus") {
+        return Message::FallenOffBus { pci };
+    }
+    if let Some(m) = parse_driver_error(rest, pci) {
+        return m;
+    }
+    let lower_has = |n: &str| contains(rest, n);
+    if lower_has("Row Remapper") || lower_has("row remap") || lower_has("Row remap") {
+        let failure = lower_has("fail") || lower_has("Fail");
+        return Message::RowRemap {
+            ecc: EccMsg {
+                pci,
+                ecc_type: None,
+            },
+            failure,
+        };
+    }
+    if lower_has("Dynamic Page Retirement") || lower_has("page retire") {
+        return Message::PageRetirement(EccMsg {
+            pci,
+            ecc_type: ecc_type_of(rest),
+        });
+    }
+    if (lower_has("ECC") || lower_has("double bit error") || lower_has("single bit error"))
+        && (lower_has("error") || lower_has("Error"))
+        && !lower_has("ECC mode")
+    {
+        return Message::Ecc(EccMsg {
+            pci,
+            ecc_type: ecc_type_of(rest),
+        });
+    }
+    if let Some(m) = parse_thermal(rest, pci) {
+        return m;
+    }
+    if (lower_has("NVLink") || lower_has("nvlink"))
+        && let Some(m) = parse_nvlink(rest)
+    {
+        return m;
+    }
+    let gpu_ordinal = rest
+        .strip_prefix("GPU")
+        .and_then(leading_u32)
+        .map(|(n, _)| n);
+    Message::NvrmOther { gpu_ordinal }
+}
+
+pub(crate) fn ecc_type_of(s: &str) -> Option<&'static str> {
+    if contains(s, "DBE") || contains(s, "double bit") || contains(s, "double-bit") {
+        Some("dbe")
+    } else if contains(s, "SBE") || contains(s, "single bit") || contains(s, "single-bit") {
+        Some("sbe")
+    } else if contains(s, "ncorrectable") || contains(s, "ncorrected") {
+        Some("uncorrected")
+    } else if contains(s, "orrectable") || contains(s, "orrected") {
+        Some("corrected")
+    } else {
+        None
+    }
+}
+
+fn parse_driver_error<'a>(rest: &'a str, pci: Option<&'a str>) -> Option<Message<'a>> {
+    let (error, at) = if let Some(i) = find(rest, "RmInitAdapter failed") {
+        ("rm_init_adapter_failed", i)
+    } else if let Some(i) = find(rest, "rm_init_adapter failed") {
+        ("rm_init_adapter_failed", i)
+    } else if let Some(i) = find(rest, "probe routine failed") {
+        ("probe_failed", i)
+    } else if let Some(i) = find(rest, "None of the NVIDIA devices were initialized") {
+        ("no_devices_initialized", i)
+    } else if let Some(i) = find(rest, "failed to allocate") {
+        ("allocation_failed", i)
+    } else if let Some(i) = find(rest, "GPU is lost") {
+        ("gpu_lost", i)
+    } else if let Some(i) = find(rest, "RmInitAdapter") {
+        ("rm_init_adapter_failed", i)
+    } else {
+        return None;
+    };
+    // Code in parentheses after the match: `(0x26:0x65:1462)`.
+    let tail = &rest[at..];
+    let code = tail.find('(').and_then(|o| {
+        let inner = &tail[o + 1..];
+        let c = inner.find(')')?;
+        let code = &inner[..c];
+        code.starts_with("0x").then_some(code)
+    });
+    Some(Message::DriverError(DriverErrorMsg { pci, error, code }))
+}
+
+fn parse_thermal<'a>(msg: &'a str, pci: Option<&'a str>) -> Option<Message<'a>> {
+    let temp = contains(msg, "temperature") || contains(msg, "thermal") || contains(msg, "Thermal");
+    if !temp {
+        return None;
+    }
+    let alarm = contains(msg, "above threshold")
+        || contains(msg, "slowdown")
+        || contains(msg, "Slowdown")
+        || contains(msg, "shutdown")
+        || contains(msg, "throttl")
+        || contains(msg, "exceed")
+        || contains(msg, "critical");
+    if !alarm || contains(msg, "normal") {
+        return None;
+    }
+    // `... temperature 92C` / `92 C`.
+    let temperature_c = msg.split_whitespace().find_map(|w| {
+        let w = w.trim_end_matches([',', '.', ')']);
+        let n = w.strip_suffix('C').or_else(|| w.strip_suffix("°C"))?;
+        n.parse::<u32>().ok().filter(|t| *t < 200)
+    });
+    Some(Message::Thermal(ThermalMsg { pci, temperature_c }))
+}
+
+fn parse_mce(msg: &str) -> Option<Message<'_>> {
+    let bank = find(msg, "Bank ").and_then(|i| leading_u32(&msg[i + 5..]).map(|(n, _)| n));
+    let starts_report = contains(msg, "Machine Check")
+        || contains(msg, "Machine check events logged")
+        || contains(msg, "Machine check:");
+    if contains(msg, "[Hardware Error]") || starts_report {
+        return Some(Message::Mce(MceMsg {
+            bank,
+            starts_report,
+        }));
+    }
+    None
+}
+
+fn parse_nvlink(msg: &str) -> Option<Message<'_>> {
+    let err = contains(msg, "rror")
+        || contains(msg, "fatal")
+        || contains(msg, "Fatal")
+        || contains(msg, "fail")
+        || contains(msg, "link down")
+        || contains(msg, "is down")
+        || contains(msg, "training");
+    if !err || contains(msg, "is being initialized") {
+        return None;
+    }
+    let fatal =
+        if contains(msg, "non-fatal") || contains(msg, "Non-fatal") || contains(msg, "Nonfatal") {
+            Some(false)
+        } else if contains(msg, "fatal") || contains(msg, "Fatal") {
+            Some(true)
+        } else {
+            None
+        };
+    Some(Message::Nvlink(NvlinkMsg {
+        pci: crate::pci::find_pci(msg),
+        link: link_in(msg),
+        fatal,
+    }))
+}
+
+/// The device a `driver 0000:3b:00.0: ...` line is printed for, and the text after it.
+fn device_prefix(msg: &str) -> Option<(&str, &str)> {
+    // Copied logs often keep a leading blank before `pcieport ...`.
+    let msg = msg.trim_start();
+    let sp = msg.find(' ')?;
+    let rest = &msg[sp + 1..];
+    let colon = rest.find(": ")?;
+    let dev = &rest[..colon];
+    crate::pci::normalize_pci(dev)?;
+    if !dev.contains('.') {
+        return None;
+    }
+    Some((dev, &rest[colon + 2..]))
+}
+
+fn parse_aer(msg: &str) -> Option<Message<'_>> {
+    let (device, body) = match device_prefix(msg) {
+        Some((d, b)) => (Some(d), b),
+        None => (None, msg),
+    };
+    let (aer_prefixed, body) = match body.strip_prefix("AER: ") {
+        Some(b) => (true, b),
+        None => (false, body),
+    };
+    // Summary: `[Multiple ]Corrected error received: 0000:01:00.0` and the 6.x form
+    // `Correctable error message received from 0000:01:00.0`.
+    if let Some(i) = find(body, "error received")
+        .or_else(|| find(body, "error message received"))
+        .filter(|_| aer_prefixed || device.is_some())
+    {
+        let head = &body[..i];
+        let severity = AerSeverity::from_text(head)?;
+        let reporter = device?;
+        let tail = &body[i..];
+        let tail = tail
+            .split_once("received from ")
+            .or_else(|| tail.split_once("received: "))
+            .map(|(_, t)| t.trim())
+            .unwrap_or("");
+        let source = if let Some(id) = tail.strip_prefix("id=") {
+            crate::pci::pci_from_requester_id(id.get(..4).unwrap_or(id), reporter)
+        } else {
+            tail.split_whitespace()
+                .next()
+                .and_then(crate::pci::normalize_pci)
+        };
+        return Some(Message::AerSummary(AerSummary {
+            reporter,
+            severity,
+            multiple: head.trim_start().starts_with("Multiple"),
+            source,
+        }));
+    }
+    if let Some(p) = body.strip_prefix("PCIe Bus Error: ") {
+        let device = device?;
+        let sev = p
+            .strip_prefix("severity=")
+            .map(|s| s.split(", type=").next().unwrap_or(s))?;
+        let severity = AerSeverity::from_text(sev)?;
+        let error_type = find(p, "type=").map(|i| {
+            let t = &p[i + 5..];
+            t.split(',').next().unwrap_or(t).trim()
+        });
+        return Some(Message::AerDetail(AerDetail::BusError {
+            device,
+            severity,
+            error_type,
+        }));
+    }
+    let trimmed = body.trim_start();
+    if let Some(d) = trimmed.strip_prefix("device [")
+        && let Some(i) = find(d, "error status/mask=")
+    {
+        let status = d[i + 18..].split('/').next().unwrap_or("").trim();
+        return Some(Message::AerDetail(AerDetail::Status { device, status }));
+    }
+    // `    [ 0] RxErr`; kernels 4.19-5.x print `AER: [ 0] RxErr` (one blank).
+    if (body.starts_with("   [") || (aer_prefixed && body.starts_with('[')))
+        && (aer_prefixed || device.is_some())
+        && let Some(close) = trimmed.find(']')
+        && trimmed[1..close].trim().parse::<u32>().is_ok()
+    {
+        let after = trimmed[close + 1..].trim();
+        let name = after.strip_suffix("(First)").unwrap_or(after).trim_end();
+        if !name.is_empty() {
+            return Some(Message::AerDetail(AerDetail::Bit { device, name }));
+        }
+    }
+    if aer_prefixed {
+        return Some(Message::AerDetail(AerDetail::Other { device }));
+    }
+    None
+}
+
+/// Recovery action named by XID 154 text (`... to 0x2 (Node Reboot Required)`); the
+/// text in parentheses wins, the hex value (NVML numbering) is the fallback.
+///
+/// ```
+/// use gpuwatch_proto::RecoveryAction;
+/// use xid_parser::recovery_action_from_text;
+/// assert_eq!(
+///     recovery_action_from_text("GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"),
+///     Some(RecoveryAction::NodeReboot)
+/// );
+/// ```
+pub fn recovery_action_from_text(detail: &str) -> Option<RecoveryAction> {
+    let i = find(detail, " to ")?;
+    let target = detail[i + 4..].trim();
+    if let Some(open) = target.find('(') {
+        let inner = &target[open + 1..];
+        let name = &inner[..inner.find(')').unwrap_or(inner.len())];
+        let n = name.to_ascii_lowercase();
+        let by_name = if n == "none" {
+            Some(RecoveryAction::None)
+        } else if n.contains("drain and reset") || n.contains("drain & reset") {
+            Some(RecoveryAction::DrainAndReset)
+        } else if n.contains("drain p2p") {
+            Some(RecoveryAction::DrainP2p)
+        } else if n.contains("gpu reset") {
+            Some(RecoveryAction::GpuReset)
+        } else if n.contains("node reboot") {
+            Some(RecoveryAction::NodeReboot)
+        } else if n.contains("os reboot") || n.contains("system reboot") {
+            Some(RecoveryAction::SystemReboot)
+        } else if n.contains("pf flr") || n.contains("flr") {
+            Some(RecoveryAction::PfFlr)
+        } else if n.contains("imex") {
+            Some(RecoveryAction::RecoverImexDomain)
+        } else if n.contains("bus reset") {
+            Some(RecoveryAction::BusReset)
+        } else {
+            None
+        };
+        if by_name.is_some() {
+            return by_name;
+        }
+    }
+    let hex = target.split_whitespace().next()?;
+    let v = u64::from_str_radix(hex.strip_prefix("0x")?, 16).ok()?;
+    RecoveryAction::from_nvml(v)
+}
+
+/// NVLink5 XID (144–150) detail: `<sub-component> <Fatal|Nonfatal> <XC..> <i0|i1> Link <n> (<intrInfo> <errorStatus> ...)`.
+pub(crate) struct Nvlink5<'a> {
+    pub sub_component: &'a str,
+    pub fatal: Option<bool>,
+    pub link: Option<u32>,
+    pub intr_info: Option<&'a str>,
+    pub error_status: Option<&'a str>,
+}
+
+pub(crate) fn parse_nvlink5(detail: &str) -> Option<Nvlink5<'_>> {
+    let mut words = detail.split_whitespace();
+    let sub_component = words.next()?;
+    let sev = words.next()?;
+    let fatal = if sev.eq_ignore_ascii_case("fatal") {
+        Some(true)
+    } else if sev.eq_ignore_ascii_case("nonfatal") || sev.eq_ignore_ascii_case("non-fatal") {
+        Some(false)
+    } else {
+        None
+    };
+    let (intr_info, error_status) = match detail.find('(') {
+        Some(o) => {
+            let inner = &detail[o + 1..];
+            let inner = &inner[..inner.find(')').unwrap_or(inner.len())];
+            let mut hex = inner.split([' ', ',']).filter(|w| w.starts_with("0x"));
+            (hex.next(), hex.next())
+        }
+        None => (None, None),
+    };
+    Some(Nvlink5 {
+        sub_component,
+        fatal,
+        link: link_in(detail),
+        intr_info,
+        error_status,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xid_field_forms() {
+        let Some(Message::Xid(x)) = parse_message(
+            "NVRM: Xid (PCI:0000:3b:00): 31, pid=1234, name=python3, Ch 00000010, intr 10000000. MMU Fault",
+        ) else {
+            panic!("not an xid")
+        };
+        assert_eq!(x.code, 31);
+        assert_eq!(x.pid, Some(1234));
+        assert_eq!(x.process, Some("python3"));
+        assert_eq!(x.channel, Some("00000010"));
+        assert!(x.detail.starts_with("intr 10000000"));
+        let Some(Message::Xid(x)) = parse_message("NVRM: Xid (0000:01:00): 13, 0003 00000000")
+        else {
+            panic!()
+        };
+        assert_eq!((x.pci, x.code, x.pid), ("0000:01:00", 13, None));
+        assert!(parse_message("NVRM: Xid (PCI:0000:3b:00): ").is_none());
+        assert!(parse_message("NVRM: Xid (PCI:zz): 79, x").is_none());
+        assert!(parse_message("NVRM: Xid (PCI:0000:3b:00): 79x").is_none());
+    }
+
+    #[test]
+    fn recovery_actions() {
+        for (t, want) in [
+            (
+                "from 0x0 (None) to 0x1 (GPU Reset Required)",
+                RecoveryAction::GpuReset,
+            ),
+            (
+                "from 0x0 (None) to 0x3 (Drain P2P)",
+                RecoveryAction::DrainP2p,
+            ),
+            (
+                "from 0x0 (None) to 0x4 (Drain and Reset)",
+                RecoveryAction::DrainAndReset,
+            ),
+            (
+                "from 0x2 (Node Reboot Required) to 0x0 (None)",
+                RecoveryAction::None,
+            ),
+            (
+                "from 0x0 (None) to 0x7 (OS Reboot)",
+                RecoveryAction::SystemReboot,
+            ),
+            ("from 0x0 (None) to 0x9 (PF FLR)", RecoveryAction::PfFlr),
+            ("from 0x0 to 0x2", RecoveryAction::NodeReboot),
+        ] {
+            assert_eq!(recovery_action_from_text(t), Some(want), "{t}");
+        }
+        assert_eq!(recovery_action_from_text("to 0x55 (Weird)"), None);
+    }
+
+    #[test]
+    fn prefilter_rejects_ordinary_lines() {
+        for l in [
+            "usb 1-1: new high-speed USB device number 2 using xhci_hcd",
+            "EXT4-fs (sda1): mounted filesystem with ordered data mode",
+            "systemd[1]: Started Journal Service.",
+        ] {
+            assert!(!interesting(l.as_bytes()), "{l}");
+        }
+    }
+}

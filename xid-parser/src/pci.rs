@@ -1,0 +1,267 @@
+//! PCI address normalisation (`PCI:0000:3B:00` → `0000:3b:00.0`).
+
+/// Parsed PCI address parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Bdf {
+    domain: u32,
+    bus: u8,
+    dev: u8,
+    func: u8,
+}
+
+/// Value of 1..=`max_len` (at most 8) hex digits; `None` for anything else.
+fn hex_field(s: &[u8], max_len: usize) -> Option<u32> {
+    if s.is_empty() || s.len() > max_len {
+        return None;
+    }
+    let mut v = 0u32;
+    for &b in s {
+        v = v << 4 | u32::from(hex_digit(b)?);
+    }
+    Some(v)
+}
+
+fn hex_digit(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+// Hand-written rather than `split`/`from_str_radix`: this runs for every XID of a
+// storm (twice), so it avoids iterator and formatting machinery.
+fn parse_bdf(addr: &str) -> Option<Bdf> {
+    let addr = addr.trim().as_bytes();
+    let addr = addr
+        .strip_prefix(b"PCI:")
+        .or_else(|| addr.strip_prefix(b"pci:"))
+        .unwrap_or(addr);
+    let (head, func) = match addr.iter().rposition(|&b| b == b'.') {
+        Some(dot) => {
+            let f = hex_field(&addr[dot + 1..], 1)?;
+            if f > 7 {
+                return None;
+            }
+            (&addr[..dot], f as u8)
+        }
+        None => (addr, 0),
+    };
+    // Tiny slices: plain loops beat memchr's call and setup here.
+    let colon = |s: &[u8]| s.iter().position(|&b| b == b':');
+    let c1 = colon(head)?;
+    let (a, rest) = (&head[..c1], &head[c1 + 1..]);
+    let (domain, bus, dev) = match colon(rest) {
+        Some(c2) => {
+            let (b, c) = (&rest[..c2], &rest[c2 + 1..]);
+            if colon(c).is_some() {
+                return None;
+            }
+            (hex_field(a, 8)?, hex_field(b, 2)?, hex_field(c, 2)?)
+        }
+        None => (0, hex_field(a, 2)?, hex_field(rest, 2)?),
+    };
+    if dev > 0x1f {
+        return None;
+    }
+    Some(Bdf {
+        domain,
+        bus: bus as u8,
+        dev: dev as u8,
+        func,
+    })
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+impl Bdf {
+    /// `dddd:bb:dd.f`, lowercase (domains above `ffff` keep all their digits).
+    fn to_normalized(self) -> String {
+        // Built in a stack buffer: one exact allocation, no formatting machinery.
+        let mut buf = [0u8; 20];
+        let domain_digits = (32 - self.domain.leading_zeros() as usize).div_ceil(4).max(4);
+        let mut n = 0;
+        for i in (0..domain_digits).rev() {
+            buf[n] = HEX[((self.domain >> (i * 4)) & 0xf) as usize];
+            n += 1;
+        }
+        for (sep, v) in [(b':', self.bus), (b':', self.dev)] {
+            buf[n] = sep;
+            buf[n + 1] = HEX[usize::from(v >> 4)];
+            buf[n + 2] = HEX[usize::from(v & 0xf)];
+            n += 3;
+        }
+        buf[n] = b'.';
+        buf[n + 1] = HEX[usize::from(self.func & 0xf)];
+        n += 2;
+        // Only ASCII hex digits and separators were written.
+        std::str::from_utf8(&buf[..n]).map_or_else(|_| String::new(), str::to_owned)
+    }
+}
+
+/// Normalises a PCI address to lowercase `dddd:bb:dd.f`: strips a `PCI:` prefix, adds
+/// the `0000` domain and the `.0` function when missing, shortens NVML's 8-digit
+/// domain (`00000000:3B:00.0`) to 4 digits (domains above `ffff`, as behind Intel
+/// VMD, keep their digits). Returns `None` when `addr` is not a PCI address.
+///
+/// ```
+/// use xid_parser::normalize_pci;
+/// assert_eq!(normalize_pci("PCI:0000:3B:00").as_deref(), Some("0000:3b:00.0"));
+/// assert_eq!(normalize_pci("3b:00.1").as_deref(), Some("0000:3b:00.1"));
+/// assert_eq!(normalize_pci("00000000:3B:00.0").as_deref(), Some("0000:3b:00.0"));
+/// assert_eq!(normalize_pci("GPU-1234"), None);
+/// ```
+pub fn normalize_pci(addr: &str) -> Option<String> {
+    parse_bdf(addr).map(Bdf::to_normalized)
+}
+
+/// PCI address `domain:bus:dev.fn` of the device that `id` (the kernel's old AER
+/// `id=0018` form: bus << 8 | devfn) names, in the domain of `reporter`.
+pub(crate) fn pci_from_requester_id(id: &str, reporter: &str) -> Option<String> {
+    let v = hex_field(id.as_bytes(), 4)?;
+    let domain = parse_bdf(reporter).map_or(0, |b| b.domain);
+    let devfn = v & 0xff;
+    let bdf = Bdf {
+        domain,
+        bus: (v >> 8) as u8,
+        dev: (devfn >> 3) as u8,
+        func: (devfn & 7) as u8,
+    };
+    Some(bdf.to_normalized())
+}
+
+fn is_hex(b: u8) -> bool {
+    b.is_ascii_hexdigit()
+}
+
+/// Finds the first full PCI address (`dddd:bb:dd.f`, or `bb:dd.f`) in free text,
+/// e.g. `NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.` → `0000:3b:00.0`.
+/// The match must not be glued to other hex digits or colons.
+pub fn find_pci(text: &str) -> Option<&str> {
+    let b = text.as_bytes();
+    let mut i = 0;
+    while let Some(off) = memchr::memchr(b':', &b[i..]) {
+        let colon = i + off;
+        i = colon + 1;
+        // Expect `bb:dd.f` around this colon: two hex before, two hex + '.' + hex after.
+        if colon < 2 || colon + 5 > b.len() {
+            continue;
+        }
+        if !(is_hex(b[colon - 1]) && is_hex(b[colon - 2])) {
+            continue;
+        }
+        if !(is_hex(b[colon + 1]) && is_hex(b[colon + 2]) && b[colon + 3] == b'.') {
+            continue;
+        }
+        if !is_hex(b[colon + 4]) {
+            continue;
+        }
+        let end = colon + 5;
+        if end < b.len() && is_hex(b[end]) {
+            continue;
+        }
+        let mut start = colon - 2;
+        // Optional domain `dddd:` (1..=8 hex digits) in front.
+        if start >= 2 && b[start - 1] == b':' {
+            let mut d = start - 1;
+            while d > 0 && is_hex(b[d - 1]) && start - 1 - (d - 1) <= 8 {
+                d -= 1;
+            }
+            if d < start - 1 && (d == 0 || !(b[d - 1].is_ascii_alphanumeric() || b[d - 1] == b':'))
+            {
+                start = d;
+            }
+        } else if start > 0 && (b[start - 1].is_ascii_alphanumeric() || b[start - 1] == b':') {
+            continue;
+        }
+        let cand = &text[start..end];
+        if parse_bdf(cand).is_some() {
+            return Some(cand);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalises_every_driver_form() {
+        for (input, want) in [
+            ("PCI:0000:3B:00", Some("0000:3b:00.0")),
+            ("0000:3b:00", Some("0000:3b:00.0")),
+            ("0000:3b:00.0", Some("0000:3b:00.0")),
+            ("3b:00.0", Some("0000:3b:00.0")),
+            ("00000000:3B:00.0", Some("0000:3b:00.0")),
+            ("0008:01:00", Some("0008:01:00.0")),
+            ("10000:e1:00.0", Some("10000:e1:00.0")),
+            ("0000:3b:20.0", None),
+            ("0000:3b:00.8", None),
+            ("0000:3b", None),
+            ("", None),
+            ("GPU-abc", None),
+            ("0000:3g:00.0", None),
+            ("1:2:3:4", None),
+        ] {
+            assert_eq!(normalize_pci(input).as_deref(), want, "{input}");
+        }
+    }
+
+    #[test]
+    fn finds_addresses_in_text() {
+        assert_eq!(
+            find_pci("NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus."),
+            Some("0000:3b:00.0")
+        );
+        assert_eq!(
+            find_pci("nvidia: probe of 0000:41:00.0 failed with error -1"),
+            Some("0000:41:00.0")
+        );
+        assert_eq!(find_pci("at 12:34:56.7 nothing"), None);
+        assert_eq!(find_pci("GPU at 3b:00.0 has"), Some("3b:00.0"));
+        assert_eq!(find_pci("time 12:00:00 only"), None);
+    }
+
+    #[test]
+    fn hand_written_hex_matches_format() {
+        for (domain, bus, dev, func) in [
+            (0u32, 0u8, 0u8, 0u8),
+            (0, 0x3b, 0x1f, 7),
+            (0xffff, 0xff, 0x10, 1),
+            (0x10000, 0xe1, 0, 0),
+            (0xdead_beef, 0x0a, 0x0b, 3),
+            (u32::MAX, 0xff, 0x1f, 7),
+        ] {
+            let want = format!("{domain:04x}:{bus:02x}:{dev:02x}.{func:x}");
+            let got = Bdf {
+                domain,
+                bus,
+                dev,
+                func,
+            }
+            .to_normalized();
+            assert_eq!(got, want);
+            assert_eq!(normalize_pci(&want.to_uppercase()).as_deref(), Some(&*want));
+        }
+        assert_eq!(normalize_pci(" pci:3B:00 ").as_deref(), Some("0000:3b:00.0"));
+        assert_eq!(normalize_pci("0000:3b.1:00.0"), None);
+        assert_eq!(normalize_pci("000000000:3b:00.0"), None);
+        assert_eq!(normalize_pci(":3b:00.0"), None);
+        assert_eq!(normalize_pci("0000:3b:00."), None);
+    }
+
+    #[test]
+    fn requester_id_decodes_bus_and_devfn() {
+        assert_eq!(
+            pci_from_requester_id("0018", "0000:00:03.0").as_deref(),
+            Some("0000:00:03.0")
+        );
+        assert_eq!(
+            pci_from_requester_id("0300", "0002:00:01.0").as_deref(),
+            Some("0002:03:00.0")
+        );
+        assert_eq!(pci_from_requester_id("xyz", "0000:00:01.0"), None);
+    }
+}

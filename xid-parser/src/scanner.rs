@@ -1,0 +1,666 @@
+//! Multi-record assembly: kernel messages → classified [`FaultEvent`]s.
+//!
+//! Some faults span several records. The scanner holds an event while its
+//! follow-up records may still arrive and attaches them:
+//!
+//! - `NVRM: GPU at PCI:…: GPU-uuid` / `NVRM: GPU Board Serial Number: …` precede a GPU's
+//!   first XID: remembered per PCI address and attached (UUID, `gpu_serial`) to every
+//!   later event of that GPU. They are never events themselves.
+//! - XID 79 is emitted at once; the driver's `NVRM: GPU …: GPU has fallen off the bus.`
+//!   that follows it is absorbed. The same line without an XID 79 is its own event.
+//! - An AER summary (`AER: … error received: <source>`) holds; the `PCIe Bus Error`,
+//!   `device [vvvv:dddd] error status/mask` and `[ n] Name` detail lines are attached.
+//! - SXid lines hold for their `Severity …` / `Data {…}` follow-ups.
+//! - XID 119/120 (GSP RPC timeout) hold for the GSP RPC history dump.
+//! - Machine checks hold for their `[Hardware Error]` detail lines; driver errors
+//!   (`RmInitAdapter failed!`, `rm_init_adapter failed`, probe failures) merge.
+//!
+//! A held event is emitted on the next unrelated record, by [`Scanner::flush_expired`]
+//! once its hold window (default [`DEFAULT_HOLD_USEC`] of record time) has passed, or by
+//! [`Scanner::finish`]. Everything else is emitted at once.
+
+use crate::message::{AerDetail, Message, XidMsg, interesting, parse_message, parse_nvlink5};
+use crate::pci::normalize_pci;
+use crate::policy::{ContextWindow, Policy};
+use gpuwatch_proto::{FaultEvent, FaultKind, ShortName};
+use std::sync::Arc;
+
+/// Default hold window for multi-record faults: 50 ms of record time.
+pub const DEFAULT_HOLD_USEC: u64 = 50_000;
+
+/// Window after an XID 79 in which `GPU has fallen off the bus` of the same GPU is
+/// the driver's echo of it, not a new fault.
+const FALLEN_ECHO_USEC: u64 = 1_000_000;
+/// Cap on the assembled message of one event (follow-ups beyond are counted).
+const MAX_MESSAGE_BYTES: usize = 8 * 1024;
+/// GPUs whose identity lines are remembered.
+const MAX_IDENTITIES: usize = 256;
+
+/// Metadata of one record handed to the scanner.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecordMeta {
+    /// kmsg sequence number.
+    pub seq: Option<u64>,
+    /// Monotonic time since boot, microseconds (drives the hold window).
+    pub monotonic_usec: Option<u64>,
+    /// Wall-clock time, Unix nanoseconds.
+    pub time_unix_nano: Option<u64>,
+    /// syslog facility.
+    pub facility: Option<u8>,
+    /// syslog level.
+    pub level: Option<u8>,
+}
+
+#[derive(Debug)]
+struct Identity {
+    pci: String,
+    uuid: String,
+    serial: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HeldKind {
+    Sxid,
+    Aer,
+    Gsp,
+    FallenOff,
+    Mce,
+    DriverError,
+}
+
+#[derive(Debug)]
+struct Held {
+    kind: HeldKind,
+    ev: FaultEvent,
+    started_usec: Option<u64>,
+    /// Devices whose AER detail lines belong to this event (normalised).
+    devices: Vec<String>,
+    aer_errors: Vec<String>,
+    dropped_lines: u32,
+    /// AER: the source named by the summary printed its own detail lines.
+    source_detail: bool,
+}
+
+impl Held {
+    fn append(&mut self, msg: &str) {
+        if self.ev.message.len() + msg.len() + 1 > MAX_MESSAGE_BYTES {
+            self.dropped_lines += 1;
+            return;
+        }
+        self.ev.message.push('\n');
+        self.ev.message.push_str(msg);
+    }
+}
+
+/// Stateful kernel-message scanner: multi-record assembly, identity context and
+/// classification. One per input stream (not shared between threads).
+#[derive(Debug)]
+pub struct Scanner {
+    policy: Arc<Policy>,
+    ctx: ContextWindow,
+    hold_usec: u64,
+    held: Option<Held>,
+    identities: Vec<Identity>,
+    last_identity: Option<usize>,
+    /// (normalised PCI, monotonic time) of the last XID 79.
+    last_fallen: Option<(String, Option<u64>)>,
+    /// PCI of the last `NVRM: The NVIDIA GPU <pci>` line: the first line of the
+    /// driver's three-line "fallen off the bus" report as `dmesg`/`journalctl` print
+    /// it (continuation lines carry no address).
+    fallen_prelude_pci: Option<String>,
+}
+
+fn event(kind: FaultKind, meta: &RecordMeta, message: &str) -> FaultEvent {
+    let mut ev = FaultEvent {
+        message: message.to_owned(),
+        kmsg_seq: meta.seq,
+        monotonic_usec: meta.monotonic_usec,
+        time_unix_nano: meta.time_unix_nano,
+        facility: meta.facility.map(u32::from),
+        level: meta.level.map(u32::from),
+        count: 1,
+        ..Default::default()
+    };
+    ev.set_kind(kind);
+    ev
+}
+
+fn attr(ev: &mut FaultEvent, key: &str, value: impl Into<String>) {
+    ev.attributes.insert(key.to_owned(), value.into());
+}
+
+fn norm(pci: Option<&str>) -> String {
+    pci.and_then(normalize_pci).unwrap_or_default()
+}
+
+impl Scanner {
+    /// A scanner classifying with `policy`.
+    pub fn new(policy: Arc<Policy>) -> Scanner {
+        Scanner {
+            policy,
+            ctx: ContextWindow::new(),
+            hold_usec: DEFAULT_HOLD_USEC,
+            held: None,
+            identities: Vec::new(),
+            last_identity: None,
+            last_fallen: None,
+            fallen_prelude_pci: None,
+        }
+    }
+
+    /// Sets the hold window for multi-record faults (microseconds of record time).
+    pub fn with_hold_usec(mut self, hold_usec: u64) -> Scanner {
+        self.hold_usec = hold_usec;
+        self
+    }
+
+    /// Cheap check on the raw (escaped) message: false ⇒ [`Scanner::push`] would
+    /// produce nothing and hold nothing (memchr prefilter; no allocation).
+    pub fn interesting(message: &[u8]) -> bool {
+        interesting(message)
+    }
+
+    /// The same check on a whole raw saved-log line, prefix included, before
+    /// [`parse_line`](crate::parse_line) decodes it: false ⇒ the message `parse_line`
+    /// extracts fails [`Scanner::interesting`], so a reader can skip the line without
+    /// decoding it (but must still `push` it, e.g. as `""`, while
+    /// [`Scanner::has_pending`]: an unrelated record ends a held event).
+    ///
+    /// Sound because the message is a part of the line whose decoding (rsyslog `#ooo`,
+    /// invalid UTF-8 → U+FFFD) never creates the printable bytes a marker is made of;
+    /// a kmsg `\xNN` escape could, so a line with a backslash always passes.
+    pub fn interesting_line(line: &[u8]) -> bool {
+        interesting(line) || memchr::memchr(b'\\', line).is_some()
+    }
+
+    /// True while an event is held waiting for follow-up records.
+    pub fn has_pending(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// Feeds one record's (unescaped) message; appends finished, classified events
+    /// to `out` in input order.
+    pub fn push(&mut self, meta: RecordMeta, message: &str, out: &mut Vec<FaultEvent>) {
+        if let (Some(held), Some(now)) = (&self.held, meta.monotonic_usec)
+            && let Some(start) = held.started_usec
+            && now.saturating_sub(start) > self.hold_usec
+        {
+            self.emit_held(out);
+        }
+        let Some(msg) = parse_message(message) else {
+            if self.held.is_some() {
+                self.emit_held(out);
+            }
+            return;
+        };
+        if let Message::NvrmOther { .. } = msg
+            && let Some(i) = message.find("NVRM: The NVIDIA GPU ")
+        {
+            self.fallen_prelude_pci = crate::pci::find_pci(&message[i..]).and_then(normalize_pci);
+        }
+        if self.held.is_some() && self.attach(&msg, message) {
+            return;
+        }
+        let merges = matches!((&self.held, &msg), (Some(h), Message::Xid(x))
+            if x.code == 79 && h.kind == HeldKind::FallenOff
+                && normalize_pci(x.pci).as_deref() == Some(h.ev.pci_address.as_str()));
+        if self.held.is_some() && !merges {
+            self.emit_held(out);
+        }
+        self.start(meta, msg, message, out);
+    }
+
+    /// Emits the held event when its hold window ended at `now_monotonic_usec`.
+    pub fn flush_expired(&mut self, now_monotonic_usec: u64, out: &mut Vec<FaultEvent>) {
+        let expired = self.held.as_ref().is_some_and(|h| {
+            h.started_usec
+                .is_none_or(|s| now_monotonic_usec.saturating_sub(s) >= self.hold_usec)
+        });
+        if expired {
+            self.emit_held(out);
+        }
+    }
+
+    /// Emits everything held (end of input / shutdown).
+    pub fn finish(&mut self, out: &mut Vec<FaultEvent>) {
+        self.emit_held(out);
+    }
+
+    fn emit_held(&mut self, out: &mut Vec<FaultEvent>) {
+        let Some(mut held) = self.held.take() else {
+            return;
+        };
+        if !held.aer_errors.is_empty() {
+            attr(&mut held.ev, "aer_errors", held.aer_errors.join(","));
+        }
+        if held.dropped_lines > 0 {
+            let note = format!("\n[{} more lines not kept]", held.dropped_lines);
+            held.ev.message.push_str(&note);
+        }
+        self.emit(held.ev, out);
+    }
+
+    fn emit(&mut self, mut ev: FaultEvent, out: &mut Vec<FaultEvent>) {
+        if ev.gpu_uuid.is_empty()
+            && !ev.pci_address.is_empty()
+            && let Some(id) = self.identities.iter().find(|i| i.pci == ev.pci_address)
+        {
+            ev.gpu_uuid = id.uuid.clone();
+            if let Some(s) = &id.serial {
+                ev.attributes
+                    .entry("gpu_serial".to_owned())
+                    .or_insert_with(|| s.clone());
+            }
+        }
+        self.policy.classify(&mut self.ctx, &mut ev);
+        out.push(ev);
+    }
+
+    fn hold(&mut self, kind: HeldKind, ev: FaultEvent, devices: Vec<String>) {
+        self.held = Some(Held {
+            kind,
+            started_usec: ev.monotonic_usec,
+            ev,
+            devices,
+            aer_errors: Vec::new(),
+            dropped_lines: 0,
+            source_detail: false,
+        });
+    }
+
+    /// Tries to attach `msg` to the held event; true when it belonged to it.
+    fn attach(&mut self, msg: &Message<'_>, raw: &str) -> bool {
+        let Some(held) = self.held.as_mut() else {
+            return false;
+        };
+        match (held.kind, msg) {
+            (HeldKind::Sxid, Message::Sxid(s))
+                if s.followup
+                    && s.code == held.ev.code
+                    && normalize_pci(s.pci).as_deref() == Some(held.ev.pci_address.as_str()) =>
+            {
+                held.append(raw);
+                true
+            }
+            (HeldKind::Aer, Message::AerDetail(d)) => {
+                let device = match d {
+                    AerDetail::BusError { device, .. } => Some(*device),
+                    AerDetail::Status { device, .. }
+                    | AerDetail::Bit { device, .. }
+                    | AerDetail::Other { device } => *device,
+                };
+                let dev = device.and_then(normalize_pci);
+                if let Some(dev) = &dev
+                    && !held.devices.iter().any(|d| d == dev)
+                {
+                    // A summary whose source was not printed accepts the first device.
+                    let open =
+                        held.devices.len() == 1 && !held.ev.attributes.contains_key("aer_type");
+                    if !(open && matches!(d, AerDetail::BusError { .. })) {
+                        return false;
+                    }
+                    held.devices.push(dev.clone());
+                    held.ev.pci_address = dev.clone();
+                }
+                // The faulting device is the one whose error registers are printed:
+                // the summary's source when it prints them, else the first device that
+                // does (AMD root ports report source 0000:00:00.0 for their own errors).
+                if let (AerDetail::BusError { .. }, Some(dev)) = (d, &dev)
+                    && !held.source_detail
+                {
+                    let is_source = held.devices.last() == Some(dev);
+                    if is_source || !held.ev.attributes.contains_key("aer_type") {
+                        held.ev.pci_address = dev.clone();
+                    }
+                    held.source_detail = is_source;
+                }
+                match d {
+                    AerDetail::BusError {
+                        severity,
+                        error_type,
+                        ..
+                    } => {
+                        if held.ev.attributes.contains_key("aer_type") {
+                            // A second error group of the same device: keep the first
+                            // type, record the most severe severity.
+                            let cur = held.ev.attributes.get("aer_severity").cloned();
+                            if cur.as_deref() == Some("corrected") {
+                                attr(&mut held.ev, "aer_severity", severity.as_str());
+                            }
+                        } else {
+                            attr(&mut held.ev, "aer_severity", severity.as_str());
+                            if let Some(t) = error_type {
+                                attr(&mut held.ev, "aer_type", *t);
+                            }
+                        }
+                    }
+                    AerDetail::Status { status, .. } => {
+                        held.ev
+                            .attributes
+                            .entry("aer_status".to_owned())
+                            .or_insert_with(|| (*status).to_owned());
+                    }
+                    AerDetail::Bit { name, .. } => {
+                        if held.aer_errors.len() < 32 && !held.aer_errors.iter().any(|e| e == name)
+                        {
+                            held.aer_errors.push((*name).to_owned());
+                        }
+                    }
+                    AerDetail::Other { .. } => {}
+                }
+                held.append(raw);
+                true
+            }
+            (HeldKind::FallenOff, Message::FallenOffBus { pci })
+                if pci.is_none_or(|p| {
+                    normalize_pci(p).as_deref() == Some(held.ev.pci_address.as_str())
+                }) =>
+            {
+                held.append(raw);
+                true
+            }
+            (HeldKind::Gsp, Message::NvrmOther { .. })
+            | (HeldKind::FallenOff, Message::NvrmOther { .. })
+            | (HeldKind::DriverError, Message::NvrmOther { .. }) => {
+                held.append(raw);
+                true
+            }
+            (HeldKind::DriverError, Message::DriverError(d)) => {
+                let dev = norm(d.pci);
+                if !dev.is_empty() && !held.ev.pci_address.is_empty() && dev != held.ev.pci_address
+                {
+                    return false;
+                }
+                if held.ev.pci_address.is_empty() {
+                    held.ev.pci_address = dev;
+                }
+                // A code printed by a later line completes an event started by a
+                // line without one (`rm_init_adapter failed` before `RmInitAdapter failed! (..)`).
+                if let Some(c) = d.code
+                    && held
+                        .ev
+                        .attributes
+                        .get("driver_error")
+                        .is_none_or(|v| !v.contains('('))
+                {
+                    attr(&mut held.ev, "driver_error", format!("{} ({c})", d.error));
+                }
+                held.append(raw);
+                true
+            }
+            (HeldKind::Mce, Message::Mce(m))
+                if !m.starts_report || !held.ev.attributes.contains_key("mce_bank") =>
+            {
+                if let Some(b) = m.bank {
+                    held.ev
+                        .attributes
+                        .entry("mce_bank".to_owned())
+                        .or_insert_with(|| b.to_string());
+                }
+                held.append(raw);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn start(&mut self, meta: RecordMeta, msg: Message<'_>, raw: &str, out: &mut Vec<FaultEvent>) {
+        match msg {
+            Message::Xid(x) => self.start_xid(meta, &x, raw, out),
+            Message::Sxid(s) => {
+                if s.followup {
+                    return;
+                }
+                let mut ev = event(FaultKind::Sxid, &meta, raw);
+                ev.code = s.code;
+                ev.pci_address = norm(Some(s.pci));
+                let sw = ev.pci_address.clone();
+                attr(&mut ev, "nvswitch", sw);
+                if let Some(f) = s.fatal {
+                    attr(&mut ev, "fatal", f.to_string());
+                }
+                if let Some(l) = s.link {
+                    attr(&mut ev, "sxid_link", l.to_string());
+                }
+                let name = s.detail.split_once(", ").map_or(s.detail, |x| x.1).trim();
+                ev.name = name.trim_end_matches("(First)").trim_end().to_owned();
+                self.hold(HeldKind::Sxid, ev, Vec::new());
+            }
+            Message::GpuIdentity(id) => {
+                let pci = norm(Some(id.pci));
+                let idx = match self.identities.iter().position(|i| i.pci == pci) {
+                    Some(i) => {
+                        self.identities[i].uuid = id.uuid.to_owned();
+                        i
+                    }
+                    None => {
+                        if self.identities.len() >= MAX_IDENTITIES {
+                            self.identities.remove(0);
+                        }
+                        self.identities.push(Identity {
+                            pci,
+                            uuid: id.uuid.to_owned(),
+                            serial: None,
+                        });
+                        self.identities.len() - 1
+                    }
+                };
+                self.last_identity = Some(idx);
+            }
+            Message::GpuSerial(serial) => {
+                if let Some(i) = self.last_identity.take()
+                    && let Some(id) = self.identities.get_mut(i)
+                {
+                    id.serial = Some(serial.to_owned());
+                }
+            }
+            Message::FallenOffBus { pci } => {
+                let pci = match pci {
+                    Some(p) => norm(Some(p)),
+                    None => self.fallen_prelude_pci.take().unwrap_or_default(),
+                };
+                if let Some((last, t)) = &self.last_fallen
+                    && *last == pci
+                    && match (t, meta.monotonic_usec) {
+                        (Some(t), Some(now)) => now.saturating_sub(*t) <= FALLEN_ECHO_USEC,
+                        _ => true,
+                    }
+                {
+                    return;
+                }
+                let mut ev = event(FaultKind::FallenOffBus, &meta, raw);
+                ev.pci_address = pci.clone();
+                ev.name = "GPU has fallen off the bus".to_owned();
+                self.hold(HeldKind::FallenOff, ev, vec![pci]);
+            }
+            Message::AerSummary(s) => {
+                let reporter = norm(Some(s.reporter));
+                let mut ev = event(FaultKind::PcieAer, &meta, raw);
+                ev.pci_address = s.source.clone().unwrap_or_else(|| reporter.clone());
+                attr(&mut ev, "aer_severity", s.severity.as_str());
+                attr(&mut ev, "aer_reporter", reporter.clone());
+                ev.name = aer_name(s.severity.as_str());
+                let mut devices = vec![reporter];
+                if let Some(src) = s.source
+                    && src != devices[0]
+                {
+                    devices.push(src);
+                }
+                self.hold(HeldKind::Aer, ev, devices);
+            }
+            Message::AerDetail(AerDetail::BusError {
+                device,
+                severity,
+                error_type,
+            }) => {
+                let mut ev = event(FaultKind::PcieAer, &meta, raw);
+                ev.pci_address = norm(Some(device));
+                attr(&mut ev, "aer_severity", severity.as_str());
+                if let Some(t) = error_type {
+                    attr(&mut ev, "aer_type", t);
+                }
+                ev.name = aer_name(severity.as_str());
+                let dev = ev.pci_address.clone();
+                self.hold(HeldKind::Aer, ev, vec![dev]);
+            }
+            Message::AerDetail(_) | Message::NvrmOther { .. } => {}
+            Message::Nvlink(n) => {
+                let mut ev = event(FaultKind::Nvlink, &meta, raw);
+                ev.pci_address = norm(n.pci);
+                if let Some(l) = n.link {
+                    attr(&mut ev, "link", l.to_string());
+                }
+                if let Some(f) = n.fatal {
+                    attr(&mut ev, "fatal", f.to_string());
+                }
+                ev.name = "NVLink error".to_owned();
+                self.emit(ev, out);
+            }
+            Message::Ecc(e) | Message::PageRetirement(e) | Message::RowRemap { ecc: e, .. } => {
+                let (kind, name) = match msg {
+                    Message::Ecc(_) => (FaultKind::Ecc, "ECC error"),
+                    Message::PageRetirement(_) => {
+                        (FaultKind::PageRetirement, "Dynamic page retirement")
+                    }
+                    Message::RowRemap { failure: true, .. } => {
+                        (FaultKind::RowRemap, "Row remapping failure")
+                    }
+                    _ => (FaultKind::RowRemap, "Row remapping"),
+                };
+                let mut ev = event(kind, &meta, raw);
+                ev.pci_address = norm(e.pci);
+                if let Some(t) = e.ecc_type {
+                    attr(&mut ev, "ecc_type", t);
+                }
+                if let Message::RowRemap { failure, .. } = msg {
+                    attr(&mut ev, "row_remap_failure", failure.to_string());
+                }
+                ev.name = name.to_owned();
+                self.emit(ev, out);
+            }
+            Message::Thermal(t) => {
+                let mut ev = event(FaultKind::Thermal, &meta, raw);
+                ev.pci_address = norm(t.pci);
+                if let Some(c) = t.temperature_c {
+                    attr(&mut ev, "temperature_c", c.to_string());
+                }
+                ev.name = if t.pci.is_some() || raw.contains("NVRM") {
+                    "GPU thermal slowdown".to_owned()
+                } else {
+                    "CPU temperature above threshold".to_owned()
+                };
+                self.emit(ev, out);
+            }
+            Message::Mce(m) => {
+                if !m.starts_report {
+                    return;
+                }
+                let mut ev = event(FaultKind::MachineCheck, &meta, raw);
+                if let Some(b) = m.bank {
+                    attr(&mut ev, "mce_bank", b.to_string());
+                }
+                ev.name = "Machine check exception".to_owned();
+                self.hold(HeldKind::Mce, ev, Vec::new());
+            }
+            Message::DriverError(d) => {
+                let mut ev = event(FaultKind::DriverError, &meta, raw);
+                ev.pci_address = norm(d.pci);
+                attr(
+                    &mut ev,
+                    "driver_error",
+                    match d.code {
+                        Some(c) => format!("{} ({c})", d.error),
+                        None => d.error.to_owned(),
+                    },
+                );
+                ev.name = match d.error {
+                    "rm_init_adapter_failed" => "GPU initialisation failed (RmInitAdapter)",
+                    "probe_failed" => "NVIDIA driver probe failed",
+                    "no_devices_initialized" => "No NVIDIA GPU initialised",
+                    "gpu_lost" => "GPU lost",
+                    _ => "NVIDIA driver error",
+                }
+                .to_owned();
+                self.hold(HeldKind::DriverError, ev, Vec::new());
+            }
+        }
+    }
+
+    fn start_xid(
+        &mut self,
+        meta: RecordMeta,
+        x: &XidMsg<'_>,
+        raw: &str,
+        out: &mut Vec<FaultEvent>,
+    ) {
+        let mut ev = event(FaultKind::Xid, &meta, raw);
+        ev.code = x.code;
+        ev.pci_address = norm(Some(x.pci));
+        ev.pid = x.pid;
+        if let Some(p) = x.process {
+            ev.process = p.to_owned();
+        }
+        if let Some(c) = x.channel {
+            attr(&mut ev, "channel", c);
+        }
+        match x.code {
+            144..=150 => {
+                if let Some(n) = parse_nvlink5(x.detail) {
+                    attr(&mut ev, "sub_component", n.sub_component);
+                    if let Some(f) = n.fatal {
+                        attr(&mut ev, "fatal", f.to_string());
+                    }
+                    if let Some(l) = n.link {
+                        attr(&mut ev, "link", l.to_string());
+                    }
+                    if let Some(i) = n.intr_info {
+                        attr(&mut ev, "intr_info", i);
+                    }
+                    if let Some(e) = n.error_status {
+                        attr(&mut ev, "error_status", e);
+                    }
+                }
+            }
+            154 => {
+                if let Some(a) = crate::message::recovery_action_from_text(x.detail) {
+                    attr(&mut ev, "recovery_action", a.short_name());
+                }
+            }
+            74 => {
+                if let Some(n) = crate::message::link_in(x.detail) {
+                    attr(&mut ev, "link", n.to_string());
+                }
+            }
+            _ => {}
+        }
+        if let Some(t) = crate::message::ecc_type_of(x.detail) {
+            attr(&mut ev, "ecc_type", t);
+        }
+        // A held `fallen off the bus` of the same GPU was the prelude of this XID 79.
+        if x.code == 79
+            && let Some(h) = &self.held
+            && h.kind == HeldKind::FallenOff
+            && h.ev.pci_address == ev.pci_address
+            && let Some(h) = self.held.take()
+        {
+            ev.message = format!("{}\n{}", h.ev.message, ev.message);
+        }
+        if x.code == 79 {
+            self.last_fallen = Some((ev.pci_address.clone(), meta.monotonic_usec));
+        }
+        if matches!(x.code, 119 | 120) {
+            self.hold(HeldKind::Gsp, ev, Vec::new());
+        } else {
+            self.emit(ev, out);
+        }
+    }
+}
+
+fn aer_name(severity: &str) -> String {
+    match severity {
+        "corrected" => "PCIe AER corrected error",
+        "uncorrected_nonfatal" => "PCIe AER uncorrected non-fatal error",
+        _ => "PCIe AER uncorrected fatal error",
+    }
+    .to_owned()
+}

@@ -1,0 +1,131 @@
+//! The one-pass prefilter (`Scanner::interesting`) gives exactly the answer of the
+//! original five-pass memchr prefilter (kept below as the reference), and the
+//! whole-line check (`Scanner::interesting_line`) never rejects a line whose decoded
+//! message passes the prefilter, in every saved-log format.
+
+use proptest::prelude::*;
+use xid_parser::{Scanner, parse_line};
+
+/// The original prefilter (three memchr passes for rare bytes, one for `v`, two
+/// memmem searches), verbatim in behaviour.
+fn reference(msg: &[u8]) -> bool {
+    let at = |i: usize, pat: &[u8]| msg.get(i..i + pat.len()) == Some(pat);
+    for i in memchr::memchr3_iter(b'V', b'X', b'A', msg) {
+        let hit = match msg[i] {
+            b'V' => {
+                i > 0
+                    && (msg[i - 1] == b'N' || msg[i - 1] == b'n')
+                    && (at(i + 1, b"RM") || at(i + 1, b"Link") || at(i + 1, b"LINK"))
+            }
+            b'X' => at(i + 1, b"id"),
+            _ => at(i + 1, b"ER"),
+        };
+        if hit {
+            return true;
+        }
+    }
+    for i in memchr::memchr3_iter(b'[', b'P', b'M', msg) {
+        let hit = match msg[i] {
+            b'[' => {
+                at(i, b"[Hardware Error]")
+                    || (i >= 4 && &msg[i - 4..i] == b"    ")
+                    || (i >= 7 && &msg[i - 7..i] == b"device ")
+            }
+            b'P' => at(i, b"PCIe Bus Error"),
+            _ => at(i, b"Machine Check") || at(i, b"Machine check"),
+        };
+        if hit {
+            return true;
+        }
+    }
+    for i in memchr::memchr_iter(b'v', msg) {
+        if i > 0
+            && msg[i - 1] == b'n'
+            && (at(i + 1, b"idia") || at(i + 1, b"link") || at(i + 1, b"switch"))
+        {
+            return true;
+        }
+    }
+    memchr::memmem::find(msg, b"temperature").is_some()
+        || memchr::memmem::find(msg, b"mce:").is_some()
+}
+
+/// Markers, their near misses and their pieces, so random messages hit every
+/// branch and every 16-byte chunk boundary.
+const PIECES: &[&str] = &[
+    "NVRM", "nVRM", "NVLink", "NVLINK", "nVLink", "NVRm", "NV", "VRM", "N", "n", "V", "Xid",
+    "SXid", "Xi", "X", "id", "AER", "AE", "A", "ER", "[Hardware Error]", "[Hardware", "[H",
+    "    [", "   [", "device [", "device", "[", " ", "PCIe Bus Error", "PCIe Bus", "PC",
+    "Machine Check", "Machine check", "Machine", "Ma", "M", "nvidia", "nvlink", "nvswitch",
+    "nvme", "nv", "v", "temperature", "temperatur", "emperature", "mce:", "mce", "mp", "mc",
+    "m", "e", "usb 1-1: new device", "\u{e9}", "\\x0a", "#012",
+];
+
+fn message() -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec(
+        prop_oneof![
+            3 => prop::sample::select(PIECES).prop_map(|p| p.as_bytes().to_vec()),
+            1 => "[ -~]{0,20}".prop_map(String::into_bytes),
+            1 => prop::collection::vec(any::<u8>(), 0..4),
+        ],
+        0..12,
+    )
+    .prop_map(|parts| parts.concat())
+}
+
+fn prefix() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        (0u64..100_000, 0u64..1_000_000).prop_map(|(s, u)| format!("[{s:>5}.{u:06}] ")),
+        Just("[  123.4][ T291] ".to_owned()),
+        Just("<3>[    5.000001] ".to_owned()),
+        Just("[Mon Mar  3 12:00:00 2025] ".to_owned()),
+        Just("[  +0.000123] ".to_owned()),
+        Just("Mar  3 12:00:00 node kernel: ".to_owned()),
+        Just("Mar 03 12:00:00.123456 nvidia-node kernel: [ 12.5] ".to_owned()),
+        Just("2025-03-03T12:00:00.5+00:00 node kernel: [ 12.5] ".to_owned()),
+        Just("2025-03-03T12:00:00,123456+00:00 ".to_owned()),
+        (0u64..1000).prop_map(|q| format!("3,{q},{q}000,-;")),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4000))]
+
+    #[test]
+    fn one_pass_prefilter_equals_the_reference(msg in message()) {
+        prop_assert_eq!(Scanner::interesting(&msg), reference(&msg), "{:?}", String::from_utf8_lossy(&msg));
+    }
+
+    #[test]
+    fn whole_line_check_never_rejects_an_interesting_message(pre in prefix(), msg in message()) {
+        let mut line = pre.into_bytes();
+        line.extend_from_slice(&msg);
+        let decoded = parse_line(&line);
+        if Scanner::interesting(decoded.message.as_bytes()) {
+            prop_assert!(
+                Scanner::interesting_line(&line),
+                "line {:?} rejected, message {:?}",
+                String::from_utf8_lossy(&line),
+                decoded.message
+            );
+        }
+    }
+}
+
+#[test]
+fn markers_across_chunk_boundaries() {
+    for marker in [
+        "NVRM:", "nvidia", "Xid", "AER", "    [", "device [", "mce:", "temperature",
+    ] {
+        for pad in 0..40 {
+            let msg = format!("{}{marker}{}", "x".repeat(pad), "y".repeat(pad % 7));
+            assert!(Scanner::interesting(msg.as_bytes()), "{msg:?}");
+            assert!(reference(msg.as_bytes()), "{msg:?}");
+        }
+    }
+    for noise in ["usb 1-1.4: new high-speed USB device number 7 using xhci_hcd", "nvme0n1: p1 p2"] {
+        assert!(!Scanner::interesting(noise.as_bytes()), "{noise:?}");
+        assert!(!Scanner::interesting_line(format!("[    1.000000] {noise}").as_bytes()));
+    }
+}
