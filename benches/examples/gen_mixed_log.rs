@@ -8,5 +8,7 @@ fn main() -> std::io::Result<()> {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(64 << 20);
-    std::io::stdout().lock().write_all(&gpuwatch_benches::mixed_log(bytes))
+    std::io::stdout()
+        .lock()
+        .write_all(&gpuwatch_benches::mixed_log(bytes))
 }

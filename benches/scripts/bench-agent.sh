@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # Whole-binary benchmarks of the gpuwatch agent (release build). Prints one
-# line per measurement. Targets (DESIGN.md): replay >= 2 M records/s,
-# read->event p99 < 1 ms, idle RSS < 16 MiB, idle CPU < 0.1 % of a core with 8
-# simulated GPUs polled every 10 s, RSS < 32 MiB during a 100 k lines/s storm.
+# line per measurement. Targets (DESIGN.md): replay >= 2 M records/s, kmsg
+# write -> FaultEvent p99 < 1 ms, idle RSS < 16 MiB, idle CPU < 0.1 % of a core
+# with 8 simulated GPUs polled every 10 s, RSS < 32 MiB during a 100 k lines/s
+# storm.
+#
+# The latency that answers the design target is the LIVE one: records written
+# into the real /dev/kmsg at a modest rate, timed from write(2) to the event on
+# stdout (kmsg-latency.py; needs root, skipped otherwise). The replay and storm
+# runs measure throughput and memory; their read -> event numbers are taken
+# with the reader running flat out, so they are time spent queued behind it,
+# not responsiveness, and are printed as such.
 #
 #   benches/scripts/bench-agent.sh [RECORDS] [IDLE_SECS]
 #   (defaults: 3000000 records, 60 s idle)
@@ -29,7 +37,9 @@ for line in open(sys.argv[1]):
         s = json.loads(line.split(" ", 1)[1])
         print(f"   records/s: {s['records_per_sec']:,.0f} ({s['records']} records in {s['kmsg_seconds']:.2f} s)")
         print(f"   events: kmsg {s['kmsg_events']}, engine {s['engine_events']}")
-        print(f"   read->event latency: p50 {s['latency_p50_us']} us, p99 {s['latency_p99_us']} us, max {s['latency_max_us']} us")
+        print(f"   (saturated) read->event: p50 {s['latency_p50_us']} us, p99 {s['latency_p99_us']} us, "
+              f"max {s['latency_max_us']} us over {s['engine_events']} emitted events: queueing "
+              "behind a reader running flat out, not responsiveness (see the live run)")
         print(f"   peak RSS: {s['peak_rss_kib']/1024:.1f} MiB")
 PY
 
@@ -60,8 +70,20 @@ for line in open(sys.argv[1]):
     if line.startswith("gpuwatch-summary "):
         s = json.loads(line.split(" ", 1)[1])
         print(f"   {s['records']} XID lines in {s['kmsg_seconds']:.1f} s; engine events {s['engine_events']}")
-        print(f"   latency p99 {s['latency_p99_us']} us; peak RSS {s['peak_rss_kib']/1024:.1f} MiB")
+        print(f"   peak RSS {s['peak_rss_kib']/1024:.1f} MiB; (saturated) read->event p99 "
+              f"{s['latency_p99_us']} us over {s['engine_events']} emitted events (queueing)")
 PY
+
+echo "== live /dev/kmsg: kmsg write -> FaultEvent (the design's latency target)"
+if [ "$(id -u)" = 0 ]; then
+  python3 benches/scripts/kmsg-latency.py --bin "$BIN" --count 2000 --rate 500 --burst 1 \
+    --json "$WORK/live-steady.json" || echo "   (live run reported missing records)"
+  echo "== live /dev/kmsg: the same in bursts of 50"
+  python3 benches/scripts/kmsg-latency.py --bin "$BIN" --count 2000 --rate 500 --burst 50 \
+    --json "$WORK/live-burst.json" || echo "   (live run reported missing records)"
+else
+  echo "   skipped: needs root (writes /dev/kmsg, sets printk_devkmsg)"
+fi
 
 echo "== idle: 8 simulated GPUs, poll every 10 s, ${IDLE_SECS} s"
 cat >"$WORK/idle.toml" <<'TOML'

@@ -3,9 +3,11 @@
 //! `config/gpuwatch.example.toml`). Command-line flags of `gpuwatch run`
 //! override the file ([`crate::run::RunArgs::apply`]).
 //!
-//! [`Config::load`] reports a syntax or type error with the file, line, column
-//! and key; [`Config::validate`] is pure and reports every problem at once,
-//! each with its key path (`kmsg.cursor_interval_ms: ...`).
+//! [`Config::load`] reports every syntax error, or every schema problem (unknown
+//! key, wrong type), each with the file, line, column and key — not only the first
+//! one serde meets; [`Config::validate`] is pure and reports every problem at once,
+//! each with its key path (`kmsg.cursor_interval_ms: ...`). [`Config::check_file`]
+//! (`gpuwatch check-config`) reports both kinds in one pass.
 
 use serde::Deserialize;
 use std::fmt;
@@ -160,24 +162,84 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
-    /// The file is not valid TOML or does not match the schema.
-    #[error("{path}:{line}:{column}: {}{message}", key.as_deref().map(|k| format!("key `{k}`: ")).unwrap_or_default())]
+    /// The file is not valid TOML or does not match the schema: every problem
+    /// found, one `file:line:column: key `k`: message` line each.
+    #[error("{}", ParseProblem::render_all(path, problems))]
     Parse {
         /// The file.
         path: PathBuf,
-        /// 1-based line of the problem (0 when unknown).
-        line: usize,
-        /// 1-based column of the problem (0 when unknown).
-        column: usize,
-        /// Dotted key path, when the problem is at a key or value.
-        key: Option<String>,
-        /// What was wrong.
-        message: String,
+        /// Every problem, in the order found (never empty).
+        problems: Vec<ParseProblem>,
     },
     /// The values are invalid (every problem).
     #[error("{0}")]
     Invalid(ConfigErrors),
+    /// `gpuwatch check-config`: the schema problems of the file and the
+    /// validation problems of what remains once the entries with schema problems
+    /// are left out (they fall back to their defaults), all in one report.
+    #[error("{}{}{invalid}", ParseProblem::render_all(path, parse), if parse.is_empty() { "" } else { "\n" })]
+    Check {
+        /// The file.
+        path: PathBuf,
+        /// Syntax and schema problems (may be empty).
+        parse: Vec<ParseProblem>,
+        /// Validation problems (may be empty when `parse` is not).
+        invalid: ConfigErrors,
+    },
 }
+
+/// One syntax or schema problem of a config file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseProblem {
+    /// 1-based line of the problem (0 when unknown).
+    pub line: usize,
+    /// 1-based column of the problem (0 when unknown).
+    pub column: usize,
+    /// Dotted key path, when the problem is at a key or value.
+    pub key: Option<String>,
+    /// What was wrong.
+    pub message: String,
+}
+
+impl ParseProblem {
+    fn render(&self, path: &Path) -> String {
+        let key = self
+            .key
+            .as_deref()
+            .map(|k| format!("key `{k}`: "))
+            .unwrap_or_default();
+        format!(
+            "{}:{}:{}: {key}{}",
+            path.display(),
+            self.line,
+            self.column,
+            self.message
+        )
+    }
+
+    fn render_all(path: &Path, problems: &[ParseProblem]) -> String {
+        problems
+            .iter()
+            .map(|p| p.render(path))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn of(text: &str, e: &toml::de::Error, key: Option<String>) -> ParseProblem {
+        let (line, column) = e.span().map_or((0, 0), |s| line_col(text, s.start));
+        let key = key.or_else(|| e.span().and_then(|s| key_at(text, s)));
+        ParseProblem {
+            line,
+            column,
+            key,
+            message: e.message().trim().to_string(),
+        }
+    }
+}
+
+/// Most schema problems reported for one file (a file that is mostly wrong
+/// does not need hundreds of lines to say so).
+const MAX_PARSE_PROBLEMS: usize = 64;
 
 /// Every validation problem, each `key.path: what is wrong`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -208,28 +270,45 @@ impl Config {
         Ok(cfg)
     }
 
-    /// Parses TOML text; `path` names the source in errors.
+    /// Parses TOML text; `path` names the source in errors. Every syntax error,
+    /// or every schema problem (unknown key, wrong type, bad value), is reported,
+    /// not only the first.
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
-        let mut cfg: Config = toml::from_str(text).map_err(|e| {
-            let (line, column, key) = match e.span() {
-                Some(span) => {
-                    let (l, c) = line_col(text, span.start);
-                    (l, c, key_at(text, span))
-                }
-                None => (0, 0, None),
-            };
-            ConfigError::Parse {
+        match parse_recovering(text) {
+            (Some(cfg), problems) if problems.is_empty() => Ok(cfg),
+            (_, problems) => Err(ConfigError::Parse {
                 path: path.to_path_buf(),
-                line,
-                column,
-                key,
-                message: e.message().trim().to_string(),
-            }
-        })?;
-        if cfg.state_dir.as_os_str().is_empty() {
-            cfg.state_dir = PathBuf::from(DEFAULT_STATE_DIR);
+                problems,
+            }),
         }
-        Ok(cfg)
+    }
+
+    /// `gpuwatch check-config`: reads `path` and reports every problem in one
+    /// pass: syntax errors; else every schema problem plus the validation
+    /// problems of the rest of the file (entries with schema problems left out).
+    /// An empty `node_name` is filled from `NODE_NAME` / the host name first.
+    pub fn check_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let (cfg, parse) = parse_recovering(&text);
+        let Some(mut cfg) = cfg else {
+            return Err(ConfigError::Parse {
+                path: path.to_path_buf(),
+                problems: parse,
+            });
+        };
+        cfg.fill_node_name();
+        let invalid = cfg.validate().err().unwrap_or(ConfigErrors(Vec::new()));
+        if parse.is_empty() && invalid.0.is_empty() {
+            return Ok(cfg);
+        }
+        Err(ConfigError::Check {
+            path: path.to_path_buf(),
+            parse,
+            invalid,
+        })
     }
 
     /// The defaults, with the node name filled in.
@@ -297,6 +376,90 @@ impl Config {
         } else {
             Err(ConfigErrors(all))
         }
+    }
+}
+
+/// Parses `text` and collects every problem: all syntax errors (then no config),
+/// or each schema error in turn: the entry it points at is left out (it falls back
+/// to its default) and the rest is deserialised again, until the remainder is
+/// clean. serde stops at the first error of a document; this loop does not.
+fn parse_recovering(text: &str) -> (Option<Config>, Vec<ParseProblem>) {
+    let (root, syntax) = toml::de::DeTable::parse_recoverable(text);
+    if !syntax.is_empty() {
+        let problems = syntax
+            .iter()
+            .map(|e| ParseProblem::of(text, e, None))
+            .collect();
+        return (None, problems);
+    }
+    let (cfg, mut problems) = schema_problems(root, text);
+    // Found in serde's order; reported in the file's.
+    problems.sort_by_key(|p| (p.line, p.column));
+    (cfg, problems)
+}
+
+/// The deserialisation loop of [`parse_recovering`] over a syntactically valid
+/// document.
+fn schema_problems(
+    mut root: toml::Spanned<toml::de::DeTable<'_>>,
+    text: &str,
+) -> (Option<Config>, Vec<ParseProblem>) {
+    use serde::Deserialize as _;
+    let mut problems = Vec::new();
+    while problems.len() < MAX_PARSE_PROBLEMS {
+        let err = match Config::deserialize(toml::de::Deserializer::from(root.clone())) {
+            Ok(mut cfg) => {
+                if cfg.state_dir.as_os_str().is_empty() {
+                    cfg.state_dir = PathBuf::from(DEFAULT_STATE_DIR);
+                }
+                return (Some(cfg), problems);
+            }
+            Err(e) => e,
+        };
+        let mut path = Vec::new();
+        let removed = err
+            .span()
+            .is_some_and(|span| remove_entry_at(root.get_mut(), &span, &mut path));
+        let key = removed.then(|| path.join("."));
+        problems.push(ParseProblem::of(text, &err, key));
+        if !removed {
+            // Nothing to leave out: further errors would repeat this one.
+            break;
+        }
+    }
+    (None, problems)
+}
+
+/// Removes the innermost entry of `table` whose key or value holds `span` (an
+/// error's location), recording its key path in `path`. False when no entry does.
+fn remove_entry_at(
+    table: &mut toml::de::DeTable<'_>,
+    span: &std::ops::Range<usize>,
+    path: &mut Vec<String>,
+) -> bool {
+    let holds = |r: std::ops::Range<usize>| r.start <= span.start && span.end <= r.end;
+    // Inner tables first: implicit tables (`[policy.xid."79"]`) may not span
+    // their entries.
+    for (k, v) in table.iter_mut() {
+        if let toml::de::DeValue::Table(inner) = v.get_mut() {
+            path.push(k.get_ref().to_string());
+            if remove_entry_at(inner, span, path) {
+                return true;
+            }
+            path.pop();
+        }
+    }
+    let hit = table
+        .iter()
+        .find(|(k, v)| holds(k.span()) || holds(v.span()))
+        .map(|(k, _)| k.get_ref().to_string());
+    match hit {
+        Some(k) => {
+            table.remove(k.as_str());
+            path.push(k);
+            true
+        }
+        None => false,
     }
 }
 
@@ -379,11 +542,10 @@ mod tests {
         let err = parse("node_name = \"n1\"\n\n[kmsg]\naccept_user_facility = true\nbogus = 1\n")
             .unwrap_err();
         match &err {
-            ConfigError::Parse {
-                line, column, key, ..
-            } => {
-                assert_eq!((*line, *column), (5, 1));
-                assert_eq!(key.as_deref(), Some("kmsg.bogus"));
+            ConfigError::Parse { problems, .. } => {
+                assert_eq!(problems.len(), 1, "{problems:?}");
+                assert_eq!((problems[0].line, problems[0].column), (5, 1));
+                assert_eq!(problems[0].key.as_deref(), Some("kmsg.bogus"));
             }
             other => panic!("{other:?}"),
         }
@@ -399,9 +561,9 @@ mod tests {
     fn wrong_type_names_the_key() {
         let err = parse("[api]\nlisten = 9400\n").unwrap_err();
         match err {
-            ConfigError::Parse { key, line, .. } => {
-                assert_eq!(key.as_deref(), Some("api.listen"));
-                assert_eq!(line, 2);
+            ConfigError::Parse { problems, .. } => {
+                assert_eq!(problems[0].key.as_deref(), Some("api.listen"));
+                assert_eq!(problems[0].line, 2);
             }
             other => panic!("{other:?}"),
         }
@@ -433,6 +595,116 @@ mod tests {
             ],
             "{errs:#?}"
         );
+    }
+
+    fn problems(err: ConfigError) -> Vec<ParseProblem> {
+        match err {
+            ConfigError::Parse { problems, .. } => problems,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Review issue 2: serde stops at the first type error; `parse` reports them all,
+    /// across sections and inside nested tables, each with line, column and key.
+    #[test]
+    fn every_schema_problem_is_reported_in_one_pass() {
+        let text = "node_name = 7
+                    [kmsg]
+                    path = 5
+                    bogus = true
+                    accept_user_facility = \"yes\"
+                    [api]
+                    listen = 9400
+                    enabled = true
+                    [policy.xid.\"79\"]
+                    action = \"explode\"
+                    [policy.xid.\"48\"]
+                    recurrence_reboots = \"two\"
+                    [nosuch]
+                    x = 1
+";
+        let err = parse(text).unwrap_err();
+        let rendered = err.to_string();
+        let mut found: Vec<(String, usize)> = problems(err)
+            .into_iter()
+            .map(|p| (p.key.unwrap_or_default(), p.line))
+            .collect();
+        found.sort();
+        assert_eq!(
+            found,
+            vec![
+                ("api.listen".to_string(), 7),
+                ("kmsg.accept_user_facility".to_string(), 5),
+                ("kmsg.bogus".to_string(), 4),
+                ("kmsg.path".to_string(), 3),
+                ("node_name".to_string(), 1),
+                ("nosuch".to_string(), 13),
+                ("policy.xid.48.recurrence_reboots".to_string(), 12),
+                ("policy.xid.79.action".to_string(), 10),
+            ],
+            "{rendered}"
+        );
+        assert_eq!(rendered.lines().count(), 8, "{rendered}");
+        let lines: Vec<usize> = rendered
+            .lines()
+            .map(|l| l.split(':').nth(1).unwrap().parse().unwrap())
+            .collect();
+        assert!(lines.is_sorted(), "reported in file order: {rendered}");
+        assert!(
+            rendered
+                .lines()
+                .all(|l| l.starts_with("test.toml:") && l.contains(": key `")),
+            "{rendered}"
+        );
+    }
+
+    #[test]
+    fn every_syntax_error_is_reported() {
+        let problems = problems(
+            parse(
+                "[kmsg
+path = \"/x\"
+[api]
+listen = \n",
+            )
+            .unwrap_err(),
+        );
+        assert!(problems.len() >= 2, "{problems:?}");
+        assert_eq!(problems[0].line, 1);
+        assert!(problems.iter().any(|p| p.line == 4), "{problems:?}");
+    }
+
+    #[test]
+    fn check_file_reports_schema_and_validation_problems_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "node_name = \"n1\"\nstate_dir = \"rel\"\n[kmsg]\ncursor_interval_ms = \"1s\"\n[api]\nlisten = \"x\"\n",
+        )
+        .unwrap();
+        let err = Config::check_file(&file).unwrap_err();
+        let text = err.to_string();
+        match &err {
+            ConfigError::Check { parse, invalid, .. } => {
+                assert_eq!(parse.len(), 1, "{text}");
+                assert_eq!(parse[0].key.as_deref(), Some("kmsg.cursor_interval_ms"));
+                let keys: Vec<&str> = invalid
+                    .0
+                    .iter()
+                    .map(|e| e.split(':').next().unwrap())
+                    .collect();
+                assert_eq!(keys, vec!["state_dir", "api.listen"], "{text}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            text.contains("c.toml:4:22: key `kmsg.cursor_interval_ms`: invalid type"),
+            "{text}"
+        );
+        assert!(text.contains("2 configuration problem(s):"), "{text}");
+        std::fs::write(&file, "node_name = \"n1\"\n").unwrap();
+        assert_eq!(Config::check_file(&file).unwrap().node_name, "n1");
     }
 
     #[test]

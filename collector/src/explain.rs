@@ -53,6 +53,14 @@ pub enum ExplainError {
     Json(#[source] serde_json::Error),
 }
 
+impl ExplainError {
+    /// True when the output's reader went away (`gpuwatch explain --all | head`):
+    /// a normal end of the output, not a failure.
+    pub fn is_broken_pipe(&self) -> bool {
+        matches!(self, ExplainError::Write(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
+    }
+}
+
 /// Parses an XID argument: a decimal code, optionally prefixed `xid` (any case).
 pub fn parse_xid(s: &str) -> Result<u32, String> {
     let t = s.trim();

@@ -18,11 +18,24 @@
 //!   `accept_user_facility` is set: anyone who can write `/dev/kmsg` must not be
 //!   able to quarantine a node. Other records are still counted as read.
 //! * Cursor: `(boot_id, last_seq)` in `state_dir/kmsg-cursor.json`, written
-//!   atomically at most every `cursor_interval_ms` and at shutdown, and only
-//!   for records whose events were handed to the engine (while the scanner
-//!   holds a multi-record event the cursor does not move past its first
-//!   record). Same boot: records up to `last_seq` are skipped, so nothing is
-//!   replayed twice and nothing is skipped. New boot (or no cursor): the whole
+//!   atomically at most every `cursor_interval_ms` and at shutdown. It never
+//!   passes a record whose events have not reached the engine: not while the
+//!   scanner holds a multi-record event (the cursor stays before its first
+//!   record), not while the [`FaultSender`] holds an event for lack of room in
+//!   the engine channel (the cursor stays before the lowest held `kmsg_seq`),
+//!   and not past events a shutdown could not deliver (they are read again at
+//!   the next start). The engine persists `health.json` on its own schedule,
+//!   so a record is written to the cursor only once its events were handed to
+//!   the engine at least `cursor_lag_ms` ago (default 3 s, longer than the
+//!   engine's worst-case persist delay of 2 × `engine.persist_interval_ms`):
+//!   a `kill -9` then re-reads the last few seconds of the ring (the engine
+//!   coalesces what it already holds) instead of losing a fault that was in
+//!   neither file. A clean shutdown writes the exact position (the engine
+//!   handles what is queued and persists after the sources stopped).
+//!   Same boot: records up to `last_seq` are skipped, so nothing is replayed
+//!   twice after a clean stop and nothing is skipped. After a read error the
+//!   input is reopened and records up to the last one read are skipped the
+//!   same way. New boot (or no cursor): the whole
 //!   ring is read from its oldest record, so faults logged before the agent
 //!   started are seen. (A fresh open of `/dev/kmsg` is positioned at the
 //!   oldest record in the ring — `SEEK_SET`; `SEEK_DATA` would start after the
@@ -82,6 +95,11 @@ pub struct KmsgConfig {
     pub cursor_interval_ms: u64,
     /// Wait before reopening the input after it failed, seconds. Default 5.
     pub retry_interval_secs: u64,
+    /// A record goes into the cursor only once its events were handed to the
+    /// engine at least this long ago, so that the engine's `health.json` holds
+    /// them first (keep it above 2 × `engine.persist_interval_ms`),
+    /// milliseconds. Default 3000.
+    pub cursor_lag_ms: u64,
 }
 
 impl Default for KmsgConfig {
@@ -93,6 +111,7 @@ impl Default for KmsgConfig {
             boot_id_path: PathBuf::from(boot::BOOT_ID_PATH),
             cursor_interval_ms: 1000,
             retry_interval_secs: 5,
+            cursor_lag_ms: 3000,
         }
     }
 }
@@ -111,6 +130,12 @@ impl KmsgConfig {
             problems.push(format!(
                 "cursor_interval_ms: must be between 10 and 3600000, got {}",
                 self.cursor_interval_ms
+            ));
+        }
+        if self.cursor_lag_ms > 3_600_000 {
+            problems.push(format!(
+                "cursor_lag_ms: must be at most 3600000, got {}",
+                self.cursor_lag_ms
             ));
         }
         if !(1..=3600).contains(&self.retry_interval_secs) {
@@ -241,14 +266,18 @@ struct Reader {
     scanner: Scanner,
     out: Vec<FaultEvent>,
     boot_time: u64,
-    /// Records up to and including this were processed before (same boot).
-    resume_after: Option<u64>,
-    /// Last sequence number seen (gap detection).
+    /// Last sequence number read (gap detection; on the device, records up to
+    /// it are skipped: the saved cursor at start, everything read so far after
+    /// a reopen).
     last_seq: Option<u64>,
-    /// Last sequence number whose events all reached the engine.
-    safe_seq: Option<u64>,
-    saved_seq: Option<u64>,
+    /// Every record up to this one was processed and the scanner holds none
+    /// of their events (they were handed to the [`FaultSender`]).
+    processed_seq: Option<u64>,
+    /// What may be written to the cursor, and when.
+    gate: CursorGate,
     last_save: Instant,
+    /// How long `finish` waits for room for held events.
+    drain_timeout: Duration,
     summary: KmsgSummary,
     /// Records the device path as a character device (cursor, per-read records).
     device: bool,
@@ -282,6 +311,7 @@ impl Reader {
             },
             None => None,
         };
+        let cursor_lag_ms = args.cfg.cursor_lag_ms;
         Reader {
             sender: FaultSender::new(engine_tx, args.registry.clone()),
             scanner: Scanner::new(args.policy),
@@ -293,11 +323,11 @@ impl Reader {
             shutdown: args.shutdown,
             out: Vec::new(),
             boot_time: boot::boot_time_unix_nanos(),
-            resume_after,
             last_seq: resume_after,
-            safe_seq: resume_after,
-            saved_seq: resume_after,
+            processed_seq: resume_after,
+            gate: CursorGate::new(resume_after, Duration::from_millis(cursor_lag_ms)),
             last_save: Instant::now(),
+            drain_timeout: Duration::from_secs(2),
             summary: KmsgSummary::default(),
             device,
         }
@@ -305,6 +335,15 @@ impl Reader {
 
     fn stopping(&self) -> bool {
         self.shutdown.load(Ordering::Relaxed)
+    }
+
+    /// The input has been read to its current end once: faults logged before the
+    /// agent started are known. Tells readiness and the engine (validation waits
+    /// for it) the first time.
+    fn mark_caught_up(&mut self) {
+        if !self.liveness.kmsg_caught_up.swap(true, Ordering::Relaxed) {
+            let _ = self.sender.send_control(Input::KmsgCaughtUp);
+        }
     }
 
     /// Runs until shutdown / engine gone (false) or end of replay (true).
@@ -317,25 +356,15 @@ impl Reader {
                 Ok(f) => f,
                 Err(e) => {
                     tracing::error!(error = %e, "Kernel log input is unavailable; retrying.");
-                    let msg = e.to_string();
-                    if let SendStatus::Disconnected =
-                        self.sender.send_control(Input::MonitorStatus {
-                            input: MonitorInput::Kmsg,
-                            ok: false,
-                            message: msg,
-                        })
-                    {
+                    if let SendStatus::Disconnected = self.report(false, e.to_string()) {
                         return false;
                     }
                     self.sleep(Duration::from_secs(self.cfg.retry_interval_secs));
                     continue;
                 }
             };
-            if let SendStatus::Disconnected = self.sender.send_control(Input::MonitorStatus {
-                input: MonitorInput::Kmsg,
-                ok: true,
-                message: format!("reading {}", self.cfg.path.display()),
-            }) {
+            let reading = format!("reading {}", self.cfg.path.display());
+            if let SendStatus::Disconnected = self.report(true, reading) {
                 return false;
             }
             let result = if self.device {
@@ -347,19 +376,25 @@ impl Reader {
                 Ok(eof) => return eof,
                 Err(e) => {
                     tracing::error!(error = %e, "Kernel log read failed; reopening.");
-                    if let SendStatus::Disconnected =
-                        self.sender.send_control(Input::MonitorStatus {
-                            input: MonitorInput::Kmsg,
-                            ok: false,
-                            message: e.to_string(),
-                        })
-                    {
+                    if let SendStatus::Disconnected = self.report(false, e.to_string()) {
                         return false;
                     }
                     self.sleep(Duration::from_secs(self.cfg.retry_interval_secs));
                 }
             }
         }
+    }
+
+    /// Tells the engine (and readiness) whether the input can be read. Not
+    /// readable counts as ready: the failure is reported (`kmsg_ok = false`,
+    /// verdict `unknown`) instead of holding readiness back forever.
+    fn report(&mut self, ok: bool, message: String) -> SendStatus {
+        self.liveness.kmsg_unavailable.store(!ok, Ordering::Relaxed);
+        self.sender.send_control(Input::MonitorStatus {
+            input: MonitorInput::Kmsg,
+            ok,
+            message,
+        })
     }
 
     fn sleep(&self, d: Duration) {
@@ -407,7 +442,7 @@ impl Reader {
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    self.liveness.kmsg_caught_up.store(true, Ordering::Relaxed);
+                    self.mark_caught_up();
                     if self.stopping() {
                         return Ok(false);
                     }
@@ -475,15 +510,19 @@ impl Reader {
                         self.sleep(Duration::from_millis(u64::from(IDLE_POLL_MS)));
                         continue;
                     }
-                    // End of input: a last line without newline is complete now.
-                    if filled > 0 {
+                    // End of input: a last line without newline is complete
+                    // now, when the input really ended (`exit_at_eof`, or the
+                    // FIFO's writers closed it). A regular file that is still
+                    // being written may end in the middle of a line: keep the
+                    // part until the rest arrives.
+                    if filled > 0 && (self.cfg.exit_at_eof || is_fifo) {
                         let line = buf[..filled].to_vec();
                         filled = 0;
                         if let Outcome::EngineGone = self.process_line(&line) {
                             return Ok(false);
                         }
                     }
-                    self.liveness.kmsg_caught_up.store(true, Ordering::Relaxed);
+                    self.mark_caught_up();
                     if self.cfg.exit_at_eof {
                         return Ok(true);
                     }
@@ -496,7 +535,7 @@ impl Reader {
                     seen_data = true;
                     filled += n;
                     let mut start = 0;
-                    while let Some(pos) = memchr_newline(&buf[start..filled]) {
+                    while let Some(pos) = memchr::memchr(b'\n', &buf[start..filled]) {
                         let end = start + pos;
                         if let Outcome::EngineGone = self.process_line_at(&buf, start, end) {
                             return Ok(false);
@@ -512,6 +551,8 @@ impl Reader {
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    // A FIFO with a writer attached: read to its current end.
+                    self.mark_caught_up();
                     let wait = self.wait_ms();
                     if let Outcome::EngineGone = self.idle(file, wait) {
                         return Ok(false);
@@ -594,7 +635,7 @@ impl Reader {
                 return Outcome::EngineGone;
             }
             if !self.scanner.has_pending() {
-                self.safe_seq = self.last_seq;
+                self.processed_seq = self.last_seq;
             }
         }
         if self.sender.flush() == SendStatus::Disconnected {
@@ -618,7 +659,10 @@ impl Reader {
             }
         };
         let seq = rec.seq;
-        if self.device && self.resume_after.is_some_and(|done| seq <= done) {
+        // Device sequence numbers only grow within a boot: anything up to the
+        // last record read was processed before (the saved cursor at start; a
+        // reopen after a read error starts at the oldest record again).
+        if self.device && self.last_seq.is_some_and(|done| seq <= done) {
             return Outcome::Continue;
         }
         self.registry
@@ -642,7 +686,11 @@ impl Reader {
         self.last_seq = Some(seq);
         let accepted = rec.facility == 0 || self.cfg.accept_user_facility;
         let pending = self.scanner.has_pending();
-        if accepted && (pending || Scanner::interesting(rec.message)) {
+        // One prefilter pass on the raw, still escaped message bytes (a `\xNN`
+        // escape could hide a marker, so a backslash passes too); only records
+        // that pass are unescaped. The scanner checks the unescaped text again.
+        let interesting = accepted && Scanner::interesting_line(rec.message);
+        if interesting || (accepted && pending) {
             let meta = RecordMeta {
                 seq: Some(seq),
                 monotonic_usec: Some(rec.ts_usec),
@@ -650,8 +698,15 @@ impl Reader {
                 facility: Some(rec.facility),
                 level: Some(rec.level),
             };
-            let message = rec.message();
-            self.scanner.push(meta, &message, &mut self.out);
+            if interesting {
+                let message = rec.message();
+                self.scanner.push(meta, &message, &mut self.out);
+            } else {
+                // Not a fault line: it only ends the held event. The scanner
+                // treats every message failing the prefilter alike, so the
+                // unescaped text is not needed.
+                self.scanner.push(meta, "", &mut self.out);
+            }
             let read_at = read_at.unwrap_or_else(Instant::now);
             if let Outcome::EngineGone = self.deliver(read_at) {
                 return Outcome::EngineGone;
@@ -663,7 +718,7 @@ impl Reader {
             }
         }
         if !self.scanner.has_pending() {
-            self.safe_seq = Some(seq);
+            self.processed_seq = Some(seq);
         }
         Outcome::Continue
     }
@@ -685,25 +740,43 @@ impl Reader {
 
     fn maybe_save_cursor(&mut self) {
         if self.last_save.elapsed() >= Duration::from_millis(self.cfg.cursor_interval_ms) {
-            self.save_cursor();
+            self.save_cursor_at(Instant::now());
         }
     }
 
-    fn save_cursor(&mut self) {
-        self.last_save = Instant::now();
-        let (Some(path), Some(seq)) = (&self.cursor_path, self.safe_seq) else {
-            return;
-        };
-        if self.saved_seq == Some(seq) {
+    /// Highest sequence number whose records all had their events handed to
+    /// the engine channel: processed, and not held by the sender.
+    fn delivered_seq(&self) -> Option<u64> {
+        let processed = self.processed_seq?;
+        match self.sender.lowest_pending_seq() {
+            None => Some(processed),
+            Some(held) => held.checked_sub(1).map(|before| before.min(processed)),
+        }
+    }
+
+    /// Writes the cursor when the gate lets a new position through at `now`.
+    fn save_cursor_at(&mut self, now: Instant) {
+        self.last_save = now;
+        if self.cursor_path.is_none() {
             return;
         }
+        let delivered = self.delivered_seq();
+        if let Some(seq) = self.gate.due(delivered, now) {
+            self.write_cursor(seq);
+        }
+    }
+
+    fn write_cursor(&mut self, seq: u64) {
+        let Some(path) = &self.cursor_path else {
+            return;
+        };
         let cursor = KmsgCursor {
             boot_id: self.boot_id.clone(),
             last_seq: seq,
         };
         match crate::statefile::write_json(path, &cursor) {
             Ok(()) => {
-                self.saved_seq = Some(seq);
+                self.gate.saved(seq);
                 self.registry.count_state_write(true);
             }
             Err(e) => {
@@ -714,20 +787,91 @@ impl Reader {
     }
 
     /// End of the source: emit what the scanner holds, deliver, save.
+    ///
+    /// The exact position is written (no lag): at a clean stop the engine
+    /// handles everything queued and persists after the sources stopped.
+    /// Events the bounded drain could not deliver keep the cursor before
+    /// their records, so the next start reads them again. When the engine is
+    /// gone (it stopped first, e.g. it failed), what was handed to it may not
+    /// be persisted: the cursor then stays where the lag put it.
     fn finish(&mut self) {
         self.scanner.finish(&mut self.out);
         let _ = self.deliver(Instant::now());
-        self.sender.drain(Duration::from_secs(2));
-        self.safe_seq = self.last_seq;
-        self.save_cursor();
+        let undelivered = self.sender.drain(self.drain_timeout);
+        if self.sender.is_disconnected() {
+            return;
+        }
+        let seq = match (self.last_seq, undelivered) {
+            (last, None) => last,
+            (Some(last), Some(lost)) => lost.checked_sub(1).map(|before| before.min(last)),
+            (None, Some(lost)) => lost.checked_sub(1),
+        };
+        if let Some(seq) = seq
+            && self.gate.advances(seq)
+        {
+            self.write_cursor(seq);
+        }
+    }
+}
+
+/// Decides which position the cursor file may hold.
+///
+/// A position is staged when it is first offered and written only once it has
+/// been staged for `lag`: its events reached the engine at least that long
+/// ago, so the engine's own state file (persisted on its schedule) already
+/// holds them. Pure (the time is passed in), so it is tested without sleeping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct CursorGate {
+    lag: Duration,
+    /// Offered position and when it was offered.
+    staged: Option<(u64, Instant)>,
+    /// Position in the file.
+    saved: Option<u64>,
+}
+
+impl CursorGate {
+    fn new(saved: Option<u64>, lag: Duration) -> CursorGate {
+        CursorGate {
+            lag,
+            staged: None,
+            saved,
+        }
+    }
+
+    /// Offers `delivered` (every record up to it reached the engine) at
+    /// `now`; returns the position to write now, if any.
+    fn due(&mut self, delivered: Option<u64>, now: Instant) -> Option<u64> {
+        let delivered = delivered?;
+        match self.staged {
+            Some((seq, at)) if now.saturating_duration_since(at) >= self.lag => {
+                self.staged = Some((delivered, now));
+                self.advances(seq).then_some(seq)
+            }
+            // Still ageing: keep the older stage, or it would never age.
+            Some(_) => None,
+            None if self.lag.is_zero() => {
+                self.staged = Some((delivered, now));
+                self.advances(delivered).then_some(delivered)
+            }
+            None => {
+                self.staged = Some((delivered, now));
+                None
+            }
+        }
+    }
+
+    /// True when `seq` is ahead of the saved position.
+    fn advances(&self, seq: u64) -> bool {
+        self.saved.is_none_or(|saved| seq > saved)
+    }
+
+    /// The file now holds `seq`.
+    fn saved(&mut self, seq: u64) {
+        self.saved = Some(seq);
     }
 }
 
 const READ_AT_PER_RECORD: Option<Instant> = None;
-
-fn memchr_newline(b: &[u8]) -> Option<usize> {
-    b.iter().position(|&c| c == b'\n')
-}
 
 fn is_char_device(path: &Path) -> bool {
     std::fs::metadata(path)
@@ -863,6 +1007,51 @@ mod tests {
         assert_eq!(faults(&rx).len(), 1);
     }
 
+    /// A followed regular file (no `exit_at_eof`) that ends in the middle of
+    /// a line: the part is kept until the rest is appended, not processed as
+    /// a record of its own (which cut the message and made the rest malformed).
+    #[test]
+    fn a_followed_file_ending_mid_line_waits_for_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("growing.kmsg");
+        let (head, tail) = XID_KERN.split_at(XID_KERN.find("GPU has").unwrap());
+        std::fs::write(&p, format!("6,9,4000000,-;eth0: link up\n{head}")).unwrap();
+        let reg = Registry::new();
+        let mut a = args(&p, false, reg.clone());
+        a.cfg.exit_at_eof = false;
+        let (liveness, shutdown) = (a.liveness.clone(), a.shutdown.clone());
+        let (tx, rx) = bounded(8);
+        let h = std::thread::spawn(move || run_source(a, tx));
+        // Caught up = the reader hit the end of the file once.
+        let t0 = Instant::now();
+        while !liveness.kmsg_caught_up.load(Ordering::Relaxed) {
+            assert!(t0.elapsed() < Duration::from_secs(10), "never caught up");
+            std::thread::yield_now();
+        }
+        assert_eq!(reg.kmsg_records_read.load(Ordering::Relaxed), 1);
+        let mut f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
+        use std::io::Write;
+        writeln!(f, "{tail}").unwrap();
+        drop(f);
+        let event = loop {
+            match rx.recv_timeout(Duration::from_secs(10)) {
+                Ok(Input::Fault { event, .. }) => break event,
+                Ok(_) => {}
+                Err(e) => panic!("no fault event: {e}"),
+            }
+        };
+        shutdown.store(true, Ordering::Relaxed);
+        h.join().unwrap();
+        assert_eq!((event.code, event.kmsg_seq), (79, Some(10)));
+        assert!(
+            event.message.ends_with("GPU has fallen off the bus."),
+            "{}",
+            event.message
+        );
+        assert_eq!(reg.kmsg_records_read.load(Ordering::Relaxed), 2);
+        assert_eq!(reg.kmsg_records_malformed.load(Ordering::Relaxed), 0);
+    }
+
     #[test]
     fn full_engine_channel_coalesces_instead_of_blocking() {
         let dir = tempfile::tempdir().unwrap();
@@ -907,16 +1096,235 @@ mod tests {
         );
     }
 
+    /// A reader that treats its input as the kernel device (cursor kept in
+    /// `dir`), without opening anything: records are fed to `process`.
+    fn device_reader(dir: &Path, tx: Sender<Input>, registry: Arc<Registry>) -> Reader {
+        let mut a = args(&dir.join("unused"), true, registry);
+        a.state_dir = Some(dir.to_path_buf());
+        let mut r = Reader::new(a, tx);
+        r.device = true;
+        r.cursor_path = Some(dir.join(CURSOR_FILE));
+        r.drain_timeout = Duration::from_millis(10);
+        r
+    }
+
+    fn record(seq: u64, fault: bool) -> String {
+        if fault {
+            format!(
+                "4,{seq},{},-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n",
+                seq * 1000
+            )
+        } else {
+            format!("6,{seq},{},-;usb 1-1: new device {seq}\n", seq * 1000)
+        }
+    }
+
+    fn saved_seq(dir: &Path) -> Option<u64> {
+        load_cursor(dir).map(|c| c.last_seq)
+    }
+
+    #[test]
+    fn cursor_gate_writes_a_position_only_after_the_lag() {
+        let lag = Duration::from_secs(3);
+        let t0 = Instant::now();
+        let mut g = CursorGate::new(Some(4), lag);
+        assert_eq!(g.due(None, t0), None, "nothing delivered yet");
+        assert_eq!(g.due(Some(10), t0), None, "staged, not written");
+        assert_eq!(g.due(Some(12), t0 + lag / 2), None, "still ageing");
+        assert_eq!(
+            g.due(Some(15), t0 + lag),
+            Some(10),
+            "the position staged a full lag ago"
+        );
+        g.saved(10);
+        assert_eq!(g.due(Some(20), t0 + lag * 2), Some(15));
+        g.saved(15);
+        // Nothing new: no rewrite.
+        assert_eq!(g.due(Some(20), t0 + lag * 3), Some(20));
+        g.saved(20);
+        assert_eq!(g.due(Some(20), t0 + lag * 4), None);
+        // Never backwards (e.g. a position older than the saved one).
+        assert_eq!(g.due(Some(3), t0 + lag * 5), None);
+        assert_eq!(g.due(Some(3), t0 + lag * 6), None);
+        // Without a lag the offered position is written at once.
+        let mut g = CursorGate::new(None, Duration::ZERO);
+        assert_eq!(g.due(Some(7), t0), Some(7));
+    }
+
+    /// Issue 3, item 1: the cursor moved past faults that sat in the sender's
+    /// coalescing buffer (never reached the engine).
+    #[test]
+    fn cursor_stays_before_events_held_for_room_in_the_engine_channel() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, rx) = bounded(1);
+        tx.send(Input::Tick).unwrap(); // the engine channel is full
+        let mut r = device_reader(dir.path(), tx, Registry::new());
+        for seq in 1..=5 {
+            let rec = record(seq, seq == 3);
+            assert!(matches!(r.process(rec.as_bytes(), None), Outcome::Continue));
+        }
+        assert_eq!(r.sender.pending(), 1, "the fault of seq 3 is held");
+        assert_eq!(r.delivered_seq(), Some(2));
+        let t0 = Instant::now();
+        let lag = Duration::from_millis(r.cfg.cursor_lag_ms);
+        r.save_cursor_at(t0);
+        r.save_cursor_at(t0 + lag);
+        assert_eq!(saved_seq(dir.path()), Some(2), "not past the held fault");
+
+        // Room again: the held fault is delivered and the cursor may move on,
+        // one lag after that was seen.
+        assert!(matches!(rx.try_recv(), Ok(Input::Tick)));
+        assert_eq!(r.sender.flush(), SendStatus::Accepted);
+        assert!(
+            matches!(rx.try_recv(), Ok(Input::Fault { event, .. }) if event.kmsg_seq == Some(3))
+        );
+        assert_eq!(r.delivered_seq(), Some(5));
+        r.save_cursor_at(t0 + lag * 2);
+        assert_eq!(saved_seq(dir.path()), Some(2));
+        r.save_cursor_at(t0 + lag * 3);
+        assert_eq!(saved_seq(dir.path()), Some(5));
+    }
+
+    /// Issue 3, item 1: `finish` set the cursor to the last record read even
+    /// when the shutdown drain dropped events.
+    #[test]
+    fn finish_keeps_the_cursor_before_events_it_could_not_deliver() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = Registry::new();
+        let (tx, rx) = bounded(1);
+        tx.send(Input::Tick).unwrap(); // full; nobody drains
+        let mut r = device_reader(dir.path(), tx, reg.clone());
+        for seq in 10..=14 {
+            r.process(record(seq, seq == 12).as_bytes(), None);
+        }
+        r.finish();
+        assert_eq!(
+            saved_seq(dir.path()),
+            Some(11),
+            "seq 12 is read again at the next start"
+        );
+        assert_eq!(
+            reg.events(
+                gpuwatch_sinks::Stage::Parser,
+                gpuwatch_sinks::Outcome::Dropped
+            ),
+            1
+        );
+
+        // Delivered at shutdown: the exact position, no lag.
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, rx2) = bounded(8);
+        let mut r = device_reader(dir.path(), tx, Registry::new());
+        for seq in 10..=14 {
+            r.process(record(seq, seq == 12).as_bytes(), None);
+        }
+        r.finish();
+        assert_eq!(saved_seq(dir.path()), Some(14));
+        assert_eq!(faults(&rx2).len(), 1);
+
+        // The engine is gone: what it was handed may not be persisted, so the
+        // cursor is not moved at shutdown.
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, rx3) = bounded(8);
+        let mut r = device_reader(dir.path(), tx, Registry::new());
+        r.process(record(1, false).as_bytes(), None);
+        drop(rx3);
+        r.process(record(2, true).as_bytes(), None);
+        r.finish();
+        assert_eq!(saved_seq(dir.path()), None);
+        drop(rx);
+    }
+
+    /// Issue 3, item 2: after a reopen the device starts at the oldest record
+    /// again; records already read must be skipped, not only those before the
+    /// startup cursor.
+    #[test]
+    fn reopen_after_a_read_error_skips_records_already_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, rx) = bounded(64);
+        let mut r = device_reader(dir.path(), tx, Registry::new());
+        for seq in 1..=3 {
+            r.process(record(seq, seq == 2).as_bytes(), None);
+        }
+        // The reopened device replays the ring from its oldest record.
+        for seq in 1..=4 {
+            r.process(record(seq, seq == 2 || seq == 4).as_bytes(), None);
+        }
+        assert_eq!(r.summary.records, 4, "each record processed once");
+        let seqs: Vec<Option<u64>> = faults(&rx).iter().map(|e| e.kmsg_seq).collect();
+        assert_eq!(seqs, vec![Some(2), Some(4)]);
+    }
+
+    #[test]
+    fn a_marker_hidden_by_an_escape_still_reaches_the_scanner() {
+        // `\x4e` is `N`, `\x58` is `X`: escaped, the record has no fault marker.
+        let line = r"4,1,100,-;\x4eVRM: \x58id (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.";
+        assert!(!Scanner::interesting(line.as_bytes()));
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("escaped.kmsg");
+        std::fs::write(&p, format!("{line}\n")).unwrap();
+        let (tx, rx) = bounded(8);
+        run_source(args(&p, false, Registry::new()), tx);
+        let evs = faults(&rx);
+        assert_eq!(evs.len(), 1, "{evs:?}");
+        assert_eq!(evs[0].code, 79);
+    }
+
+    #[test]
+    fn unreadable_input_is_reported_and_counts_as_ready() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = args(&dir.path().join("missing"), false, Registry::new());
+        a.cfg.retry_interval_secs = 1;
+        let liveness = a.liveness.clone();
+        let shutdown = a.shutdown.clone();
+        let (tx, rx) = bounded(8);
+        let h = std::thread::spawn(move || run_source(a, tx));
+        let status = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a monitor status");
+        assert!(
+            matches!(&status, Input::MonitorStatus { input: MonitorInput::Kmsg, ok: false, message } if message.contains("missing")),
+            "{status:?}"
+        );
+        assert!(liveness.kmsg_unavailable.load(Ordering::Relaxed));
+        assert!(!liveness.kmsg_caught_up.load(Ordering::Relaxed));
+        liveness.engine_alive.store(true, Ordering::Relaxed);
+        liveness.state_loaded.store(true, Ordering::Relaxed);
+        assert!(
+            liveness.ready(),
+            "ready: the failure is reported, not hidden"
+        );
+
+        // The input appears: it is read, and readiness waits for the pass.
+        let tmp = dir.path().join("tmp");
+        std::fs::write(&tmp, format!("{XID_KERN}\n")).unwrap();
+        std::fs::rename(&tmp, dir.path().join("missing")).unwrap();
+        let mut saw_ok = false;
+        while let Ok(i) = rx.recv_timeout(Duration::from_secs(10)) {
+            match i {
+                Input::MonitorStatus { ok: true, .. } => saw_ok = true,
+                Input::Fault { .. } => break,
+                _ => {}
+            }
+        }
+        assert!(saw_ok);
+        assert!(!liveness.kmsg_unavailable.load(Ordering::Relaxed));
+        shutdown.store(true, Ordering::Relaxed);
+        h.join().unwrap();
+        drop(rx);
+    }
+
     #[test]
     fn config_validation_names_keys() {
         let bad = KmsgConfig {
             path: PathBuf::new(),
             cursor_interval_ms: 0,
             retry_interval_secs: 0,
+            cursor_lag_ms: 3_600_001,
             ..KmsgConfig::default()
         };
         let p = bad.validate();
-        assert_eq!(p.len(), 3, "{p:?}");
+        assert_eq!(p.len(), 4, "{p:?}");
         assert!(p[0].starts_with("path:"));
         assert!(KmsgConfig::default().validate().is_empty());
     }

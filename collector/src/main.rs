@@ -4,6 +4,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use gpuwatch::config::{Config, LogFormat};
 use gpuwatch::run::RunArgs;
+use std::io::IsTerminal as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -44,32 +45,64 @@ enum Command {
         /// The TOML file.
         file: PathBuf,
     },
-    /// Poll NVML once and run device validation; prints the report (exit 0 when it passes).
+    /// Run the startup gate's device validation once and print the report
+    /// (exit 0 when it passes, 1 when it fails or is incomplete; usable as an
+    /// init container): one NVML poll, one read of the kernel-log ring of this
+    /// boot, judged by the same health engine and checks as `gpuwatch run`.
     Validate {
-        /// Configuration file (for `[nvml]` and `[validation]`).
+        /// Configuration file (`[nvml]`, `[kmsg]`, `[engine]`, `[policy]`,
+        /// `[kube]`, `[validation]`); checked like `check-config` first.
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
         /// Use the nvml-sim library with this scenario file.
         #[arg(long, value_name = "SCENARIO")]
         nvml_sim: Option<PathBuf>,
-        /// GPUs the node must have (`validation.expected_gpus`); without it the
-        /// count check cannot run and the report is incomplete.
+        /// GPUs the node must have (`validation.expected_gpus`). Without it, the
+        /// count comes from the Node (label `validation.expected_gpus_label`, else
+        /// its `nvidia.com/gpu` capacity) when `[kube]` is enabled or `--node` is
+        /// given; otherwise the count check cannot run and the report is incomplete.
         #[arg(long, value_name = "N")]
         expected_gpus: Option<u32>,
+        /// Read the expected GPU count from this Node (default: `node_name` /
+        /// `NODE_NAME` when `[kube]` is enabled).
+        #[arg(long, value_name = "NAME")]
+        node: Option<String>,
+        /// Read kernel-log records from this kmsg-format file instead of the
+        /// `[kmsg] path` (`/dev/kmsg`), e.g. a saved copy of the ring.
+        #[arg(long, value_name = "FILE")]
+        kmsg_path: Option<PathBuf>,
         /// Print the report as JSON (`ValidationReport` of the gpuwatch.v1 schema).
         #[arg(long)]
         json: bool,
     },
     /// Run a narrated demo on this machine: real /dev/kmsg, simulated GPUs (needs root).
     Demo(gpuwatch::run::demo::DemoArgs),
+    /// Clear active faults by hand (after a repair, an RMA, a false alarm):
+    /// asks the running agent's local API (`POST /v1/clear`, loopback only).
+    /// Recurrence history is kept. Prints how many faults were cleared.
+    Clear {
+        /// GPU to clear: NVML index, UUID or PCI address (default: every GPU and
+        /// the node-level faults).
+        #[arg(long, value_name = "INDEX|UUID|PCI")]
+        gpu: Option<String>,
+        /// Why (mandatory; logged by the agent with every cleared fault).
+        #[arg(long, value_name = "TEXT")]
+        reason: String,
+        /// The agent's API address (`api.listen`).
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9400")]
+        api: String,
+    },
 }
 
 fn init_logging(format: LogFormat, level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour codes only for a person at a terminal: log collectors (kubectl
+    // logs, journald, files) would store the escape sequences verbatim.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
@@ -108,7 +141,12 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             let policy = std::sync::Arc::new(load_policy(config.as_deref())?);
             let stdout = std::io::stdout();
             let mut out = stdout.lock();
-            let summary = gpuwatch::scan::run(&args, policy, &mut out)?;
+            let summary = match gpuwatch::scan::run(&args, policy, &mut out) {
+                Ok(summary) => summary,
+                // `gpuwatch scan ... | head`: the reader closed the pipe, a normal end.
+                Err(e) if e.is_broken_pipe() => return Ok(ExitCode::SUCCESS),
+                Err(e) => return Err(e.into()),
+            };
             Ok(ExitCode::from(
                 u8::try_from(summary.exit_code()).unwrap_or(1),
             ))
@@ -118,23 +156,36 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             let policy = load_policy(config.as_deref())?;
             let stdout = std::io::stdout();
             let mut out = stdout.lock();
-            gpuwatch::explain::run(&args, &policy, &mut out)?;
-            Ok(ExitCode::SUCCESS)
+            match gpuwatch::explain::run(&args, &policy, &mut out) {
+                // `gpuwatch explain --all | head`: the reader closed the pipe, a normal end.
+                Err(e) if e.is_broken_pipe() => Ok(ExitCode::SUCCESS),
+                Err(e) => Err(e.into()),
+                Ok(()) => Ok(ExitCode::SUCCESS),
+            }
         }
-        Command::CheckConfig { file } => match check_config(&file) {
-            Ok(()) => {
-                println!("{}: OK", file.display());
-                Ok(ExitCode::SUCCESS)
+        Command::CheckConfig { file } => {
+            use std::io::Write as _;
+            let (text, code) = match check_config(&file) {
+                Ok(()) => (format!("{}: OK", file.display()), ExitCode::SUCCESS),
+                Err(e) => (e.to_string(), ExitCode::FAILURE),
+            };
+            // `writeln!`, not `println!`: a closed pipe must not panic. The exit
+            // status still tells the verdict when nobody reads the text.
+            let stdout = std::io::stdout();
+            let mut out = stdout.lock();
+            match writeln!(out, "{text}").and_then(|()| out.flush()) {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    Err(anyhow::Error::new(e).context("writing the check-config result"))
+                }
+                _ => Ok(code),
             }
-            Err(e) => {
-                println!("{e}");
-                Ok(ExitCode::FAILURE)
-            }
-        },
+        }
         Command::Validate {
             config,
             nvml_sim,
             expected_gpus,
+            node,
+            kmsg_path,
             json,
         } => {
             init_logging(LogFormat::Text, "warn");
@@ -149,58 +200,67 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             if expected_gpus.is_some() {
                 cfg.validation.expected_gpus = expected_gpus;
             }
+            let read_node = cfg.kube.enabled || node.is_some();
+            if let Some(n) = node {
+                cfg.node_name = n;
+            }
+            if let Some(p) = kmsg_path {
+                cfg.kmsg.path = p;
+                cfg.kmsg.exit_at_eof = true;
+            }
             cfg.fill_node_name();
-            let (samples, monitor) = match gpuwatch::nvml::poll_once(&cfg.nvml) {
-                Ok(samples) => (
-                    samples,
-                    gpuwatch_proto::MonitorStatus {
-                        kmsg_ok: true,
-                        nvml_ok: true,
-                        message: String::new(),
-                    },
-                ),
-                // NVML down is reported as an incomplete validation (never a pass).
-                Err(e) => (
-                    Vec::new(),
-                    gpuwatch_proto::MonitorStatus {
-                        kmsg_ok: true,
-                        nvml_ok: false,
-                        message: format!("NVML unavailable: {e}"),
-                    },
-                ),
+            cfg.validate()
+                .map_err(gpuwatch::config::ConfigError::Invalid)?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the runtime for the validation")?;
+
+            // The expected GPU count, as the startup gate resolves it.
+            let mut node_problem = None;
+            let expected = match cfg.validation.expected_gpus {
+                Some(n) => Some(n),
+                None if read_node => {
+                    match rt.block_on(gpuwatch_sinks::kube::expected_gpus_from_node(
+                        &cfg.kube,
+                        &cfg.validation,
+                        &cfg.node_name,
+                    )) {
+                        Ok(n) => n,
+                        Err(e) => {
+                            node_problem = Some(e.to_string());
+                            None
+                        }
+                    }
+                }
+                None => None,
             };
-            let health = gpuwatch_proto::NodeHealth {
-                node_name: cfg.node_name.clone(),
-                monitor: Some(monitor),
-                gpus: samples
-                    .into_iter()
-                    .map(|s| gpuwatch_proto::GpuHealth {
-                        index: Some(s.index),
-                        uuid: s.uuid.clone(),
-                        pci_address: s.pci_address.clone(),
-                        sample: Some(s),
-                        ..Default::default()
-                    })
-                    .collect(),
-                ..Default::default()
-            };
-            let mut report = gpuwatch_sinks::validation::validate(
-                &health,
-                cfg.validation.expected_gpus,
-                &cfg.validation,
-            );
+
+            let health = one_shot_health(&cfg)?;
+            let mut report =
+                gpuwatch_sinks::validation::validate(&health, expected, &cfg.validation);
+            if let Some(why) = node_problem {
+                gpuwatch_sinks::validation::add_check(
+                    &mut report,
+                    gpuwatch_proto::ValidationCheck {
+                        name: "node".into(),
+                        gpu_index: None,
+                        passed: false,
+                        message: format!(
+                            "unknown: expected GPU count not read from the Node: {why}"
+                        ),
+                    },
+                );
+            }
             if report.passed {
                 // The extra command (e.g. `dcgmi diag -r 1`) runs only once every
                 // other check passed, as in the startup gate.
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .context("cannot start the runtime for the validation command")?;
                 let check = rt.block_on(gpuwatch_sinks::validation::run_extra_command(
                     &cfg.validation,
                 ));
                 gpuwatch_sinks::validation::add_check(&mut report, check);
             }
+            report.time_unix_nano = Some(gpuwatch::clock::unix_nanos(std::time::SystemTime::now()));
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -217,7 +277,62 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             gpuwatch::run::demo::run(&args)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Clear { gpu, reason, api } => {
+            let cleared = operator_clear(&api, gpu.as_deref(), &reason)?;
+            match &gpu {
+                Some(g) => println!("Cleared {cleared} active fault(s) of GPU {g}."),
+                None => println!("Cleared {cleared} active fault(s)."),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
     }
+}
+
+/// `POST /v1/clear` to the local API: one HTTP/1.1 request over a plain TCP
+/// socket (the API is on this host; no client library needed).
+fn operator_clear(api: &str, gpu: Option<&str>, reason: &str) -> anyhow::Result<u64> {
+    use std::io::{Read, Write};
+    use std::net::ToSocketAddrs;
+    use std::time::Duration;
+    if reason.trim().is_empty() {
+        anyhow::bail!("--reason must not be empty");
+    }
+    let addr = api
+        .to_socket_addrs()
+        .with_context(|| format!("invalid --api address {api:?}"))?
+        .next()
+        .with_context(|| format!("--api address {api:?} resolves to nothing"))?;
+    let body = serde_json::json!({ "gpu": gpu, "reason": reason }).to_string();
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .with_context(|| {
+            format!("cannot reach the gpuwatch API at {addr} (is the agent running, api.enabled?)")
+        })?;
+    stream.set_read_timeout(Some(Duration::from_secs(15)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        stream,
+        "POST /v1/clear HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .with_context(|| format!("cannot send the request to {addr}"))?;
+    let mut raw = Vec::new();
+    stream
+        .read_to_end(&mut raw)
+        .with_context(|| format!("no answer from {addr}"))?;
+    let text = String::from_utf8_lossy(&raw);
+    let status: u16 = text
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("not an HTTP answer from {addr}"))?;
+    let payload = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let v: serde_json::Value = serde_json::from_str(payload).unwrap_or(serde_json::Value::Null);
+    if status != 200 {
+        let msg = v["error"].as_str().unwrap_or(payload.trim());
+        anyhow::bail!("the agent refused the clear (HTTP {status}): {msg}");
+    }
+    v["cleared"]
+        .as_u64()
+        .with_context(|| format!("unexpected answer from {addr}: {payload}"))
 }
 
 /// The policy of a config file's `[policy]` section, or the built-in one.
@@ -230,7 +345,146 @@ fn load_policy(config: Option<&std::path::Path>) -> anyhow::Result<xid_parser::P
 }
 
 fn check_config(file: &std::path::Path) -> Result<(), gpuwatch::config::ConfigError> {
-    let cfg = Config::load(file)?;
-    cfg.validate()
-        .map_err(gpuwatch::config::ConfigError::Invalid)
+    // Schema and validation problems in one report.
+    Config::check_file(file).map(drop)
+}
+
+/// How long `gpuwatch validate` waits for the kernel-log ring to be read.
+const VALIDATE_KMSG_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The node health `gpuwatch validate` judges (used only by the `Validate`
+/// arm): the health engine of `gpuwatch run` (same classification, joins and
+/// derived faults, no state file) fed with one NVML poll and one pass of the
+/// kmsg source over the kernel-log ring of this boot (read until `EAGAIN`, or
+/// the end of a `--kmsg-path` file). When the ring cannot be read to its end
+/// within 10 s the `kmsg` check is incomplete.
+fn one_shot_health(cfg: &Config) -> anyhow::Result<gpuwatch_proto::NodeHealth> {
+    use gpuwatch::msg::{Input, MonitorInput};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    let policy =
+        Arc::new(xid_parser::Policy::new(&cfg.policy).context("invalid [policy] overrides")?);
+    let boot_id = gpuwatch::boot::read_boot_id(&cfg.kmsg.boot_id_path)?;
+    let registry = gpuwatch_sinks::Registry::new();
+    // No join grace: a kernel-log fault on a GPU NVML does not list (fallen
+    // off the bus) must count now, as a node fault.
+    let mut engine_cfg = cfg.engine.clone();
+    engine_cfg.nvml_join_grace_secs = 0;
+    let mut engine = gpuwatch::engine::Engine::new(
+        engine_cfg,
+        policy.clone(),
+        None,
+        gpuwatch::engine::BootInfo {
+            boot_id: boot_id.clone(),
+            boot_time_unix_nano: gpuwatch::boot::boot_time_unix_nanos(),
+        },
+        cfg.node_name.clone(),
+        registry.clone(),
+        Arc::new(gpuwatch::clock::SystemClock),
+    );
+    match gpuwatch::nvml::poll_once(&cfg.nvml) {
+        Ok(samples) => {
+            engine.handle(Input::MonitorStatus {
+                input: MonitorInput::Nvml,
+                ok: true,
+                message: String::new(),
+            });
+            engine.handle(Input::Samples {
+                samples,
+                complete: true,
+            });
+        }
+        // NVML down is reported as an incomplete validation (never a pass).
+        Err(e) => {
+            engine.handle(Input::MonitorStatus {
+                input: MonitorInput::Nvml,
+                ok: false,
+                message: format!("NVML unavailable: {e}"),
+            });
+        }
+    }
+
+    let liveness = gpuwatch::pipeline::Liveness::new();
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = crossbeam_channel::bounded(gpuwatch::pipeline::ENGINE_CHANNEL_CAPACITY);
+    let thread = gpuwatch::kmsg::spawn(
+        gpuwatch::kmsg::KmsgSourceArgs {
+            cfg: cfg.kmsg.clone(),
+            state_dir: None,
+            boot_id,
+            policy,
+            registry,
+            liveness: liveness.clone(),
+            shutdown: shutdown.clone(),
+            stop_tx: None,
+        },
+        tx,
+    )
+    .context("cannot start the kernel-log reader")?;
+    let deadline = Instant::now() + VALIDATE_KMSG_DEADLINE;
+    let mut kmsg_ok = false;
+    let mut kmsg_failed = false;
+    let mut kmsg_message = String::new();
+    let mut handle = |engine: &mut gpuwatch::engine::Engine, input: Input| -> bool {
+        if let Input::MonitorStatus {
+            input: MonitorInput::Kmsg,
+            ok,
+            message,
+        } = &input
+        {
+            kmsg_ok = *ok;
+            kmsg_failed |= !*ok;
+            kmsg_message.clone_from(message);
+        }
+        engine.handle(input);
+        kmsg_failed
+    };
+    loop {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(input) => {
+                if handle(&mut engine, input) {
+                    // Unreadable (permissions, no device): no point waiting.
+                    break;
+                }
+            }
+            // Quiet for 50 ms after the ring was read: anything the scanner
+            // held (multi-record events, 10 ms window) has been sent.
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                if liveness.kmsg_caught_up.load(Ordering::Relaxed) || Instant::now() >= deadline {
+                    break;
+                }
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    shutdown.store(true, Ordering::Relaxed);
+    // The reader flushes what it holds when it stops; drain until it is gone.
+    while let Ok(input) = rx.recv_timeout(Duration::from_secs(2)) {
+        handle(&mut engine, input);
+    }
+    if thread.join().is_err() {
+        anyhow::bail!("the kernel-log reader panicked");
+    }
+    let caught_up = liveness.kmsg_caught_up.load(Ordering::Relaxed);
+    if caught_up {
+        engine.handle(Input::KmsgCaughtUp);
+    }
+    engine.handle(Input::Tick);
+    let mut health = (*engine.health()).clone();
+    // What this command observed itself, whatever the engine reports.
+    let m = health.monitor.get_or_insert_with(Default::default);
+    m.kmsg_ok = kmsg_ok || caught_up;
+    m.kmsg_caught_up = caught_up;
+    if !m.kmsg_ok && !kmsg_message.is_empty() {
+        m.message = kmsg_message;
+    } else if !caught_up {
+        m.message = format!(
+            "{} not read to its end within {}s",
+            cfg.kmsg.path.display(),
+            VALIDATE_KMSG_DEADLINE.as_secs()
+        );
+    }
+    Ok(health)
 }

@@ -20,8 +20,16 @@ pub enum Input {
         /// When the source read the underlying record.
         read_at: Instant,
     },
-    /// One NVML poll: a sample for every GPU NVML could enumerate.
-    Samples(Vec<GpuSample>),
+    /// One NVML poll: a sample for every GPU NVML could read.
+    Samples {
+        /// One sample per GPU that answered (identity filled from earlier polls
+        /// when a later identity call failed).
+        samples: Vec<GpuSample>,
+        /// True when every enumerated GPU was read (or answered `GPU_IS_LOST`).
+        /// Only a complete poll may declare a GPU missing: a GPU absent from an
+        /// incomplete poll is a monitor problem, never a hardware verdict.
+        complete: bool,
+    },
     /// The state of an input (`kmsg` or `nvml`): `ok` false means gpuwatch cannot
     /// tell (verdict `unknown`), never a hardware fault.
     MonitorStatus {
@@ -34,6 +42,21 @@ pub enum Input {
     },
     /// A device validation result (startup gate or re-validation).
     Validation(ValidationReport),
+    /// The kmsg source finished its first pass over the kernel ring buffer
+    /// (faults logged before the agent started are known):
+    /// `MonitorStatus.kmsg_caught_up` becomes true.
+    KmsgCaughtUp,
+    /// Operator clear (`POST /v1/clear`, `gpuwatch clear`): remove the active
+    /// faults of one GPU (index, UUID or PCI address) or, with `gpu: None`, of
+    /// every GPU and the node. Recurrence history is kept.
+    Clear {
+        /// Index, UUID or PCI address; `None`: all.
+        gpu: Option<String>,
+        /// Why (logged with every cleared fault).
+        reason: String,
+        /// Receives the number of faults cleared once the engine applied it.
+        reply: Option<crossbeam_channel::Sender<usize>>,
+    },
     /// Periodic tick (expire dedup windows, persist when dirty).
     Tick,
 }

@@ -354,9 +354,9 @@ impl Ctx {
 
     /// Sends samples without blocking; a full channel drops them (counted).
     /// Returns false when the engine is gone.
-    fn send_samples(&self, samples: Vec<GpuSample>) -> bool {
+    fn send_samples(&self, samples: Vec<GpuSample>, complete: bool) -> bool {
         let n = samples.len() as u64;
-        match self.tx.try_send(Input::Samples(samples)) {
+        match self.tx.try_send(Input::Samples { samples, complete }) {
             Ok(()) => true,
             Err(TrySendError::Full(_)) => {
                 self.registry
@@ -422,47 +422,21 @@ fn fault(
     ev
 }
 
-/// Normalises a PCI bus id (`00000000:3B:00.0`, `0000:3b:00.0`, `3b:00.0`) to
-/// lowercase `dddd:bb:dd.f`. `None` when it is not a PCI address.
-pub fn normalize_bus_id(bus_id: &str) -> Option<String> {
-    let s = bus_id.trim();
-    let parts: Vec<&str> = s.split(':').collect();
-    let (domain, bus, devfn) = match parts.as_slice() {
-        [d, b, df] => (*d, *b, *df),
-        [b, df] => ("0", *b, *df),
-        _ => return None,
-    };
-    let (dev, func) = devfn.split_once('.')?;
-    let hex = |s: &str, max: usize| {
-        (!s.is_empty() && s.len() <= max)
-            .then(|| u32::from_str_radix(s, 16).ok())
-            .flatten()
-    };
-    let (domain, bus, dev, func) = (hex(domain, 8)?, hex(bus, 2)?, hex(dev, 2)?, hex(func, 1)?);
-    if domain > 0xffff || dev > 0x1f || func > 7 {
-        return None;
-    }
-    Some(format!("{domain:04x}:{bus:02x}:{dev:02x}.{func:x}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn nvml_bus_ids_normalise_to_lowercase_short_domain() {
-        assert_eq!(
-            normalize_bus_id("00000000:3B:00.0").as_deref(),
-            Some("0000:3b:00.0")
-        );
-        assert_eq!(
-            normalize_bus_id("0000:DB:1f.7").as_deref(),
-            Some("0000:db:1f.7")
-        );
-        assert_eq!(normalize_bus_id("3b:00.0").as_deref(), Some("0000:3b:00.0"));
-        assert_eq!(normalize_bus_id("3b:00"), None);
-        assert_eq!(normalize_bus_id("00010000:3b:00.0"), None);
-        assert_eq!(normalize_bus_id(""), None);
+    fn nvml_bus_ids_normalise_with_the_parser_normaliser() {
+        // NVML's bus id has an 8-digit domain; kernel lines have 4 digits. Both
+        // must give the same key, and VMD domains (> 0xffff) keep their digits.
+        let n = xid_parser::normalize_pci;
+        assert_eq!(n("00000000:3B:00.0").as_deref(), Some("0000:3b:00.0"));
+        assert_eq!(n("00000000:3B:00.0"), n("0000:3b:00.0"));
+        assert_eq!(n("0000:DB:1f.7").as_deref(), Some("0000:db:1f.7"));
+        assert_eq!(n("00010000:3b:00.0").as_deref(), Some("10000:3b:00.0"));
+        assert_eq!(n("10000:3B:00.0"), n("00010000:3b:00.0"));
+        assert_eq!(n(""), None);
     }
 
     #[test]

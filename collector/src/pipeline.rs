@@ -25,6 +25,7 @@ use crate::msg::Input;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError, bounded};
 use gpuwatch_proto::FaultEvent;
 use gpuwatch_sinks::{Outcome, Registry, Stage};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -46,6 +47,10 @@ pub struct Liveness {
     /// The kmsg reader read everything the ring held at start-up (or reached
     /// the end of the replay file) at least once.
     pub kmsg_caught_up: AtomicBool,
+    /// The kmsg source reported that it cannot read its input (open or read
+    /// failed; e.g. the container's device cgroup denies `/dev/kmsg`); cleared
+    /// when it reads again. The engine reports the node `unknown` meanwhile.
+    pub kmsg_unavailable: AtomicBool,
     /// The engine loaded its persisted state.
     pub state_loaded: AtomicBool,
     /// Unix seconds of the last kmsg reader loop iteration (0 before the first).
@@ -63,11 +68,17 @@ impl Liveness {
         self.engine_alive.load(Ordering::Relaxed) && self.kmsg_alive.load(Ordering::Relaxed)
     }
 
-    /// Whether the agent is ready (alive, state loaded, first kmsg pass done).
+    /// Whether the agent is ready: alive, state loaded, and the kmsg source
+    /// either finished its first pass or reported that it cannot read. An
+    /// agent that cannot read the kernel log still serves NVML health and
+    /// reports the kernel log input as down (`monitor.kmsg_ok = false`,
+    /// `gpuwatch_monitor_up{input="kmsg"} 0`, verdict `unknown`); holding
+    /// readiness back for it would only hide that report.
     pub fn ready(&self) -> bool {
         self.alive()
             && self.state_loaded.load(Ordering::Relaxed)
-            && self.kmsg_caught_up.load(Ordering::Relaxed)
+            && (self.kmsg_caught_up.load(Ordering::Relaxed)
+                || self.kmsg_unavailable.load(Ordering::Relaxed))
     }
 }
 
@@ -136,7 +147,7 @@ pub enum SendStatus {
     Disconnected,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct CoalesceKey {
     pci: String,
     kind: i32,
@@ -153,13 +164,33 @@ impl CoalesceKey {
     }
 }
 
+/// One fault waiting for room in the engine channel.
+#[derive(Debug)]
+struct Held {
+    key: CoalesceKey,
+    event: FaultEvent,
+    read_at: Instant,
+    /// Lowest kernel log sequence number among the occurrences merged here.
+    seq: Option<u64>,
+}
+
 /// The kmsg source's sender: never blocks, never drops silently.
+///
+/// Held faults wait in a FIFO (`VecDeque`) with a hash index from coalescing
+/// key to position, so holding, coalescing and delivering are O(1) each even
+/// with [`PENDING_CAPACITY`] distinct faults held during a storm. Positions in
+/// the index are absolute (`head` is the absolute position of the front), so
+/// delivering the front never renumbers the rest.
 #[derive(Debug)]
 pub struct FaultSender {
     tx: Sender<Input>,
     registry: Arc<Registry>,
-    pending: Vec<(CoalesceKey, FaultEvent, Instant)>,
+    pending: VecDeque<Held>,
+    index: HashMap<CoalesceKey, u64>,
+    /// Absolute position of `pending[0]`.
+    head: u64,
     capacity: usize,
+    disconnected: bool,
 }
 
 impl FaultSender {
@@ -177,14 +208,34 @@ impl FaultSender {
         FaultSender {
             tx,
             registry,
-            pending: Vec::new(),
+            pending: VecDeque::new(),
+            index: HashMap::new(),
+            head: 0,
             capacity: capacity.max(1),
+            disconnected: false,
         }
     }
 
     /// Events waiting for room in the engine channel.
     pub fn pending(&self) -> usize {
         self.pending.len()
+    }
+
+    /// Lowest `kmsg_seq` among the events still waiting for room in the engine
+    /// channel (`None` when nothing with a sequence number waits). The kmsg
+    /// cursor must not pass it: those records have not reached the engine.
+    pub fn lowest_pending_seq(&self) -> Option<u64> {
+        self.pending.iter().filter_map(|h| h.seq).min()
+    }
+
+    /// True once a send found the engine side gone.
+    pub fn is_disconnected(&self) -> bool {
+        self.disconnected
+    }
+
+    fn gone(&mut self) -> SendStatus {
+        self.disconnected = true;
+        SendStatus::Disconnected
     }
 
     /// Sends one fault event read at `read_at`.
@@ -197,7 +248,7 @@ impl FaultSender {
         if self.pending.is_empty() {
             match self.tx.try_send(Input::Fault { event, read_at }) {
                 Ok(()) => return SendStatus::Accepted,
-                Err(TrySendError::Disconnected(_)) => return SendStatus::Disconnected,
+                Err(TrySendError::Disconnected(_)) => return self.gone(),
                 Err(TrySendError::Full(Input::Fault { event, read_at })) => {
                     self.hold(event, read_at);
                 }
@@ -211,11 +262,21 @@ impl FaultSender {
 
     fn hold(&mut self, event: FaultEvent, read_at: Instant) {
         let key = CoalesceKey::of(&event);
-        if let Some((_, held, _)) = self.pending.iter_mut().find(|(k, _, _)| *k == key) {
-            held.count = held.count.saturating_add(event.count.max(1));
-            self.registry
-                .count_events(Stage::Parser, Outcome::Coalesced, 1);
-            return;
+        if let Some(&pos) = self.index.get(&key) {
+            // The index only holds positions of entries still queued.
+            let slot = usize::try_from(pos - self.head)
+                .ok()
+                .and_then(|i| self.pending.get_mut(i));
+            if let Some(held) = slot {
+                held.event.count = held.event.count.saturating_add(event.count.max(1));
+                held.seq = match (held.seq, event.kmsg_seq) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                self.registry
+                    .count_events(Stage::Parser, Outcome::Coalesced, 1);
+                return;
+            }
         }
         if self.pending.len() >= self.capacity {
             self.registry
@@ -231,41 +292,78 @@ impl FaultSender {
         }
         let mut event = event;
         event.count = event.count.max(1);
-        self.pending.push((key, event, read_at));
+        let pos = self.head + self.pending.len() as u64;
+        self.index.insert(key.clone(), pos);
+        self.pending.push_back(Held {
+            key,
+            seq: event.kmsg_seq,
+            event,
+            read_at,
+        });
+    }
+
+    /// Takes the front entry out of the buffer and the index.
+    fn pop_front(&mut self) -> Option<Held> {
+        let held = self.pending.pop_front()?;
+        self.index.remove(&held.key);
+        self.head += 1;
+        Some(held)
     }
 
     /// Tries to deliver held events, oldest first.
     pub fn flush(&mut self) -> SendStatus {
-        while !self.pending.is_empty() {
-            let (key, event, read_at) = self.pending.remove(0);
+        while let Some(front) = self.pending.front_mut() {
+            // Moves the event out for the send; put back (same position, index
+            // untouched) when the channel is full.
+            let event = std::mem::take(&mut front.event);
+            let read_at = front.read_at;
             match self.tx.try_send(Input::Fault { event, read_at }) {
-                Ok(()) => {}
-                Err(TrySendError::Disconnected(_)) => return SendStatus::Disconnected,
-                Err(TrySendError::Full(Input::Fault { event, read_at })) => {
-                    self.pending.insert(0, (key, event, read_at));
+                Ok(()) => {
+                    self.pop_front();
+                }
+                Err(TrySendError::Disconnected(Input::Fault { event, .. })) => {
+                    front.event = event;
+                    return self.gone();
+                }
+                Err(TrySendError::Full(Input::Fault { event, .. })) => {
+                    front.event = event;
                     break;
                 }
+                // try_send hands back the input it was given: always a Fault.
                 Err(TrySendError::Full(_)) => break,
+                Err(TrySendError::Disconnected(_)) => return self.gone(),
             }
         }
         SendStatus::Accepted
     }
 
     /// Delivers every held event, waiting up to `timeout` for room; what is
-    /// still held afterwards is counted dropped (shutdown).
-    pub fn drain(&mut self, timeout: Duration) {
+    /// still held afterwards is counted dropped (shutdown). Returns the lowest
+    /// `kmsg_seq` among the events not delivered, so the cursor stays before
+    /// them and they are read again at the next start.
+    pub fn drain(&mut self, timeout: Duration) -> Option<u64> {
         let deadline = Instant::now() + timeout;
-        for (_, event, read_at) in std::mem::take(&mut self.pending) {
+        let mut lowest_lost: Option<u64> = None;
+        while let Some(Held {
+            event,
+            read_at,
+            seq,
+            ..
+        }) = self.pop_front()
+        {
             let left = deadline.saturating_duration_since(Instant::now());
-            if self
-                .tx
-                .send_timeout(Input::Fault { event, read_at }, left)
-                .is_err()
-            {
+            if let Err(e) = self.tx.send_timeout(Input::Fault { event, read_at }, left) {
+                if matches!(e, crossbeam_channel::SendTimeoutError::Disconnected(_)) {
+                    self.disconnected = true;
+                }
                 self.registry
                     .count_events(Stage::Parser, Outcome::Dropped, 1);
+                if let Some(s) = seq {
+                    lowest_lost = Some(lowest_lost.map_or(s, |l| l.min(s)));
+                }
             }
         }
+        lowest_lost
     }
 
     /// Sends a non-fault input (monitor status), waiting for room.
@@ -275,7 +373,7 @@ impl FaultSender {
         }
         match self.tx.send(input) {
             Ok(()) => SendStatus::Accepted,
-            Err(_) => SendStatus::Disconnected,
+            Err(_) => self.gone(),
         }
     }
 }
@@ -304,8 +402,8 @@ pub fn forward_nvml(
             Duration::from_millis(250)
         };
         match rx.recv_timeout(wait) {
-            Ok(Input::Samples(s)) => {
-                if held.replace(Input::Samples(s)).is_some() {
+            Ok(s @ Input::Samples { .. }) => {
+                if held.replace(s).is_some() {
                     registry.samples_dropped.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -426,6 +524,126 @@ mod tests {
         assert_eq!(reg.events(Stage::Parser, Outcome::Dropped), 4);
     }
 
+    fn xid_at(pci: &str, code: u32, seq: u64) -> FaultEvent {
+        let mut ev = xid(pci, code);
+        ev.kmsg_seq = Some(seq);
+        ev
+    }
+
+    /// Issue 3, item 3: the index must keep pointing at the right entry while
+    /// the front of the buffer is delivered piece by piece.
+    #[test]
+    fn coalescing_finds_the_right_entry_after_partial_deliveries() {
+        let reg = Registry::new();
+        let (tx, rx) = bounded(1);
+        let mut s = FaultSender::new(tx, reg.clone());
+        let now = Instant::now();
+        s.send(xid("x", 1), now); // fills the channel
+        for code in 10..20 {
+            s.send(xid("a", code), now); // held, in order
+        }
+        assert_eq!(s.pending(), 10);
+        // Deliver the first three held events one at a time.
+        // (Each flush moves the next held event into the channel, which is
+        // full again afterwards.)
+        let mut delivered = Vec::new();
+        for _ in 0..3 {
+            delivered.extend(faults(&rx).iter().map(|e| e.code));
+            s.flush();
+        }
+        assert_eq!(delivered, vec![1, 10, 11]);
+        assert_eq!(s.pending(), 7, "12 is in the channel, 13..=19 held");
+        // Coalesce into entries behind the (moved) front.
+        for _ in 0..4 {
+            s.send(xid("a", 15), now);
+        }
+        s.send(xid("a", 19), now);
+        // A code already delivered is a new entry at the back.
+        s.send(xid("a", 10), now);
+        assert_eq!(s.pending(), 8);
+        let mut rest = Vec::new();
+        loop {
+            rest.extend(faults(&rx).iter().map(|e| (e.code, e.count)));
+            if s.pending() == 0 {
+                break;
+            }
+            s.flush();
+        }
+        assert_eq!(
+            rest,
+            vec![
+                (12, 1),
+                (13, 1),
+                (14, 1),
+                (15, 5),
+                (16, 1),
+                (17, 1),
+                (18, 1),
+                (19, 2),
+                (10, 1)
+            ]
+        );
+        assert_eq!(reg.events(Stage::Parser, Outcome::Coalesced), 5);
+        assert_eq!(reg.events(Stage::Parser, Outcome::Dropped), 0);
+    }
+
+    #[test]
+    fn a_storm_against_a_full_buffer_keeps_every_occurrence_counted() {
+        let reg = Registry::new();
+        let (tx, rx) = bounded(1);
+        let mut s = FaultSender::new(tx, reg.clone());
+        let now = Instant::now();
+        s.send(xid("x", 1), now);
+        // PENDING_CAPACITY distinct faults, each repeated: 100 k events held
+        // with a full buffer (quadratic before: a linear find per event).
+        let n = 100_000u32;
+        for i in 0..n {
+            let bus = i % PENDING_CAPACITY as u32;
+            s.send(xid(&format!("0000:{bus:04x}:00.0"), 31), now);
+        }
+        s.send(xid("extra", 31), now); // one distinct fault too many
+        assert_eq!(s.pending(), PENDING_CAPACITY);
+        assert_eq!(reg.events(Stage::Parser, Outcome::Dropped), 1);
+        assert_eq!(
+            reg.events(Stage::Parser, Outcome::Coalesced),
+            u64::from(n) - PENDING_CAPACITY as u64
+        );
+        let mut total = 0u64;
+        loop {
+            total += faults(&rx).iter().map(|e| u64::from(e.count)).sum::<u64>();
+            if s.pending() == 0 {
+                break;
+            }
+            s.flush();
+        }
+        assert_eq!(total, 1 + u64::from(n), "every occurrence delivered");
+    }
+
+    #[test]
+    fn lowest_pending_seq_and_drain_report_what_did_not_reach_the_engine() {
+        let reg = Registry::new();
+        let (tx, rx) = bounded(1);
+        let mut s = FaultSender::new(tx, reg.clone());
+        let now = Instant::now();
+        assert_eq!(s.lowest_pending_seq(), None);
+        s.send(xid_at("a", 1, 5), now);
+        assert_eq!(s.lowest_pending_seq(), None, "sent, not held");
+        s.send(xid_at("a", 2, 7), now);
+        s.send(xid_at("a", 3, 9), now);
+        s.send(xid_at("a", 2, 11), now); // coalesced into seq 7
+        assert_eq!(s.lowest_pending_seq(), Some(7));
+        assert_eq!(faults(&rx).len(), 1);
+        s.flush(); // seq 7 delivered, 9 held
+        assert_eq!(s.lowest_pending_seq(), Some(9));
+        assert_eq!(s.drain(Duration::from_millis(1)), Some(9));
+        assert_eq!(reg.events(Stage::Parser, Outcome::Dropped), 1);
+        assert_eq!(s.pending(), 0);
+        assert!(!s.is_disconnected());
+        drop(rx);
+        s.send(xid_at("a", 4, 12), now);
+        assert!(s.is_disconnected());
+    }
+
     #[test]
     fn disconnected_engine_is_reported() {
         let reg = Registry::new();
@@ -447,10 +665,13 @@ mod tests {
         // Fill the engine channel so the forwarder must hold.
         etx.send(Input::Tick).unwrap();
         for i in 0..3u32 {
-            ntx.send(Input::Samples(vec![GpuSample {
-                index: i,
-                ..Default::default()
-            }]))
+            ntx.send(Input::Samples {
+                samples: vec![GpuSample {
+                    index: i,
+                    ..Default::default()
+                }],
+                complete: true,
+            })
             .unwrap();
         }
         let (r2, s2) = (reg.clone(), shutdown.clone());
@@ -478,7 +699,9 @@ mod tests {
         h.join().unwrap();
         assert!(matches!(got[0], Input::Tick));
         match &got[1] {
-            Input::Samples(s) => assert_eq!(s[0].index, 2, "newest sample kept"),
+            Input::Samples { samples, .. } => {
+                assert_eq!(samples[0].index, 2, "newest sample kept")
+            }
             other => panic!("expected samples, got {other:?}"),
         }
         assert!(matches!(&got[2], Input::Fault { event, .. } if event.code == 79));
@@ -494,6 +717,13 @@ mod tests {
             assert!(l.alive());
             assert!(!l.ready());
             l.state_loaded.store(true, Ordering::Relaxed);
+            assert!(!l.ready(), "kmsg neither caught up nor reported down");
+            // Issue 3, item 5: a kernel log that cannot be read is reported
+            // (monitor kmsg_ok=false, verdict unknown), not waited for.
+            l.kmsg_unavailable.store(true, Ordering::Relaxed);
+            assert!(l.ready());
+            l.kmsg_unavailable.store(false, Ordering::Relaxed);
+            assert!(!l.ready());
             l.kmsg_caught_up.store(true, Ordering::Relaxed);
             assert!(l.ready());
         }

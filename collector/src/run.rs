@@ -3,9 +3,9 @@
 //!
 //! Threads: kmsg reader, NVML poller + event thread (+ the NVML forwarder),
 //! the health engine; a tokio runtime with at most 2 workers for the local
-//! API (and the OTLP exporter / Kubernetes writer). Shutdown order: sources
-//! stop → the engine drains its channel and flushes its state → sinks flush →
-//! the API stops → exit 0.
+//! API, the OTLP exporter and the Kubernetes writer. Shutdown order: sources
+//! stop → the API stops (it holds an engine sender for operator clears) → the
+//! engine drains its channel and flushes its state → sinks flush → exit 0.
 
 pub mod demo;
 
@@ -269,6 +269,7 @@ pub fn build_sinks(
     registry: &Arc<Registry>,
     rt: &tokio::runtime::Handle,
     health_rx: tokio::sync::watch::Receiver<Arc<NodeHealth>>,
+    validation_tx: std::sync::Weak<crossbeam_channel::Sender<crate::msg::Input>>,
 ) -> Result<Sinks, RunError> {
     let mut sinks = Sinks {
         event_sinks: Vec::new(),
@@ -309,6 +310,18 @@ pub fn build_sinks(
             .push(Box::new(move |budget| exporter.shutdown(budget)));
     }
     if cfg.kube.enabled || opts.kube_dry_run {
+        // Startup-gate reports go to the engine (`/v1/health.validation`). The
+        // writer only holds a weak reference to the engine channel: once the
+        // run drops the strong one (sources stopping), the engine's channel
+        // can disconnect and drain while the writer still runs.
+        let on_validation: gpuwatch_sinks::kube::ValidationCallback = Arc::new(move |report| {
+            let Some(tx) = validation_tx.upgrade() else {
+                return;
+            };
+            if let Err(e) = tx.try_send(crate::msg::Input::Validation(report)) {
+                tracing::debug!(error = %e, "Validation report not handed to the engine.");
+            }
+        });
         let writer = rt
             .block_on(gpuwatch_sinks::kube::NodeWriter::start(
                 cfg.kube.clone(),
@@ -317,6 +330,7 @@ pub fn build_sinks(
                 registry.clone(),
                 health_rx,
                 opts.kube_dry_run,
+                Some(on_validation),
             ))
             .map_err(|e| RunError::Sink {
                 name: "kube",
@@ -384,7 +398,6 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
             source,
         })?;
 
-    let (health_tx, health_rx) = tokio::sync::watch::channel(Arc::new(NodeHealth::default()));
     let engine = Engine::new(
         cfg.engine.clone(),
         policy.clone(),
@@ -398,9 +411,32 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
         Arc::new(crate::clock::SystemClock),
     );
     liveness.state_loaded.store(true, Ordering::Relaxed);
+    // The sinks start before the engine thread: seed the channel with the
+    // restored state, so the node writer's first pass after a restart
+    // converges to it instead of to an empty "starting" health (which would
+    // flip the conditions to Unknown and drop the fault taint until the
+    // engine's first publication).
+    let (health_tx, health_rx) = tokio::sync::watch::channel(engine.health());
+
+    let Channels {
+        engine_tx,
+        engine_rx,
+        nvml_tx,
+        nvml_rx,
+    } = Channels::new(ENGINE_CHANNEL_CAPACITY);
+    // The node writer's validation reports reach the engine through this
+    // sender; dropped when the sources stop (the writer holds it weakly).
+    let validation_tx = Arc::new(engine_tx.clone());
 
     gpuwatch_sinks::install_crypto_provider();
-    let sinks = build_sinks(&cfg, &opts, &registry, rt.handle(), health_rx)?;
+    let sinks = build_sinks(
+        &cfg,
+        &opts,
+        &registry,
+        rt.handle(),
+        health_rx,
+        Arc::downgrade(&validation_tx),
+    )?;
     let Sinks {
         event_sinks,
         metrics,
@@ -410,12 +446,6 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
     let (stop_tx, stop_rx) = crossbeam_channel::unbounded::<StopReason>();
     let sources_shutdown = Arc::new(AtomicBool::new(false));
     let engine_shutdown = Arc::new(AtomicBool::new(false));
-    let Channels {
-        engine_tx,
-        engine_rx,
-        nvml_tx,
-        nvml_rx,
-    } = Channels::new(ENGINE_CHANNEL_CAPACITY);
 
     // Engine thread.
     let (engine_done_tx, engine_done_rx) = crossbeam_channel::bounded::<()>(1);
@@ -485,8 +515,19 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
                 })?,
         );
     }
+    if !cfg.nvml.enabled {
+        // No NVML source runs to say so: report it once, or the health (and
+        // the node conditions) would read "NVML not reported yet" forever.
+        let _ = engine_tx.send(crate::msg::Input::MonitorStatus {
+            input: crate::msg::MonitorInput::Nvml,
+            ok: false,
+            message: "NVML disabled (nvml.enabled = false or --no-nvml)".to_string(),
+        });
+    }
     // Only the sources hold senders from here on: the engine stops once they
     // are all gone and the channel is drained.
+    // The local API forwards operator clears (`POST /v1/clear`) to the engine.
+    let api_control = engine_tx.clone();
     drop(engine_tx);
     drop(nvml_tx);
     drop(nvml_rx);
@@ -505,10 +546,16 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
             liveness: liveness.clone(),
             metrics: if cfg.api.prometheus { metrics } else { None },
         };
-        Some(rt.spawn(api::serve(listener, state, async {
-            let _ = api_stop_rx.await;
-        })))
+        Some(rt.spawn(api::serve_with_control(
+            listener,
+            state,
+            Some(api_control),
+            async {
+                let _ = api_stop_rx.await;
+            },
+        )))
     } else {
+        drop(api_control);
         None
     };
 
@@ -543,8 +590,9 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
 
     let reason = stop_rx.recv().unwrap_or(StopReason::ThreadExited);
 
-    // 1. Sources stop.
+    // 1. Sources stop (the node writer's validation reports too).
     sources_shutdown.store(true, Ordering::Relaxed);
+    drop(validation_tx);
     let kmsg_summary = kmsg_thread.join().unwrap_or_else(|_| {
         tracing::error!("The kmsg thread panicked.");
         kmsg::KmsgSummary::default()
@@ -553,6 +601,16 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
     for t in nvml_threads {
         if t.join().is_err() {
             tracing::error!("An NVML thread panicked.");
+        }
+    }
+    // The API stops before the engine drains: it holds an engine sender for
+    // operator clears, and the engine stops once every sender is gone.
+    let _ = api_stop_tx.send(());
+    if let Some(task) = api_task {
+        match rt.block_on(async { tokio::time::timeout(Duration::from_secs(2), task).await }) {
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "API server ended with an error."),
+            Ok(Err(e)) => tracing::warn!(error = %e, "API server task failed."),
+            _ => {}
         }
     }
     // 2. The engine drains the channel (all senders are gone) and flushes state.
@@ -569,15 +627,6 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
     }
     for hook in on_shutdown {
         hook(Duration::from_secs(3));
-    }
-    // 4. The API stops.
-    let _ = api_stop_tx.send(());
-    if let Some(task) = api_task {
-        match rt.block_on(async { tokio::time::timeout(Duration::from_secs(2), task).await }) {
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "API server ended with an error."),
-            Ok(Err(e)) => tracing::warn!(error = %e, "API server task failed."),
-            _ => {}
-        }
     }
     rt.shutdown_timeout(Duration::from_secs(2));
 

@@ -15,10 +15,17 @@
 //! process printing "NVRM: Xid ...") and user-facility kmsg/`dmesg -r` records are
 //! counted and skipped. Lines longer than 64 KiB and lines with NUL bytes (binary
 //! garbage) are skipped and counted; nothing panics on input.
+//!
+//! Speed: input is read in 1 MiB blocks and split 16 bytes at a time; a line without any
+//! fault marker ([`Scanner::interesting_line`], checked on the raw bytes) is counted
+//! and skipped without being decoded, unless an event is held waiting for
+//! follow-up lines (then every line goes through the full path, as an unrelated
+//! kernel line ends the held event and a user-space line does not). Output goes
+//! through a buffered writer.
 
 use gpuwatch_proto::{Action, FaultEvent, ShortName, Source};
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use xid_parser::{Policy, RecordMeta, Scanner, parse_line};
@@ -67,6 +74,14 @@ pub enum ScanError {
     Json(#[source] serde_json::Error),
 }
 
+impl ScanError {
+    /// True when the output's reader went away (`gpuwatch scan ... | head`): a
+    /// normal end of the output, not a failure.
+    pub fn is_broken_pipe(&self) -> bool {
+        matches!(self, ScanError::Write(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
+    }
+}
+
 /// Per-GPU (PCI address) result.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuSummary {
@@ -89,7 +104,10 @@ pub struct ScanSummary {
     pub skipped_long_lines: u64,
     /// Lines skipped because they contained NUL bytes (binary data).
     pub skipped_binary_lines: u64,
-    /// Lines skipped because they came from user space (non-kernel facility / tag).
+    /// Lines with a fault marker (see [`Scanner::interesting_line`]) skipped because
+    /// they came from user space (non-kernel facility / syslog tag), e.g. a program
+    /// printing `NVRM: Xid ...`. Lines without a marker cannot hold a fault and are
+    /// not decoded, so they are not counted here whatever their source.
     pub skipped_non_kernel_lines: u64,
     /// Per PCI address (empty string: node-level, e.g. machine checks).
     pub gpus: BTreeMap<String, GpuSummary>,
@@ -117,27 +135,26 @@ impl ScanSummary {
     fn record(&mut self, ev: &FaultEvent) {
         self.events += 1;
         let action = ev.action();
-        let g = self
-            .gpus
-            .entry(ev.pci_address.clone())
-            .or_insert_with(|| GpuSummary {
-                action: Action::Unspecified,
-                reason: String::new(),
-                events: 0,
-            });
+        // Look up before inserting: the key is cloned once per GPU, not per event.
+        if !self.gpus.contains_key(&ev.pci_address) {
+            self.gpus.insert(
+                ev.pci_address.clone(),
+                GpuSummary {
+                    action: Action::Unspecified,
+                    reason: String::new(),
+                    events: 0,
+                },
+            );
+        }
+        let Some(g) = self.gpus.get_mut(&ev.pci_address) else {
+            return;
+        };
         g.events += 1;
         if action.rank() > g.action.rank() {
             g.action = action;
-            g.reason = reason_of(ev);
+            // The same reason conditions, Events and the engine show.
+            g.reason = ev.short_reason();
         }
-    }
-}
-
-fn reason_of(ev: &FaultEvent) -> String {
-    match ev.kind() {
-        gpuwatch_proto::FaultKind::Xid => format!("XID{}", ev.code),
-        gpuwatch_proto::FaultKind::Sxid => format!("SXID{}", ev.code),
-        k => k.short_name().to_owned(),
     }
 }
 
@@ -155,47 +172,17 @@ pub fn advice(action: Action) -> &'static str {
     }
 }
 
-/// Reads lines of at most [`MAX_LINE_BYTES`]; longer ones are skipped without being
-/// buffered whole. Returns `Ok(None)` at end of input, `Ok(Some(None))` for a
-/// skipped line.
-fn next_line<R: BufRead>(r: &mut R, buf: &mut Vec<u8>) -> std::io::Result<Option<Option<()>>> {
-    buf.clear();
-    let mut too_long = false;
-    let mut any = false;
-    loop {
-        let chunk = r.fill_buf()?;
-        if chunk.is_empty() {
-            return Ok(if any {
-                Some(if too_long { None } else { Some(()) })
-            } else {
-                None
-            });
-        }
-        any = true;
-        let (part, done) = match chunk.iter().position(|&b| b == b'\n') {
-            Some(i) => (&chunk[..=i], true),
-            None => (chunk, false),
-        };
-        if !too_long {
-            if buf.len() + part.len() > MAX_LINE_BYTES + 2 {
-                too_long = true;
-                buf.clear();
-            } else {
-                buf.extend_from_slice(part);
-            }
-        }
-        let n = part.len();
-        r.consume(n);
-        if done {
-            return Ok(Some(if too_long { None } else { Some(()) }));
-        }
-    }
-}
+/// Size of the blocks input is read in.
+const BLOCK_BYTES: usize = 1 << 20;
+/// Capacity of the output buffer.
+const OUT_BUFFER_BYTES: usize = 64 * 1024;
 
 struct Out<'a> {
     out: &'a mut dyn Write,
     format: ScanFormat,
     rows: Vec<FaultEvent>,
+    /// One JSON line being written.
+    line: Vec<u8>,
 }
 
 impl Out<'_> {
@@ -204,8 +191,12 @@ impl Out<'_> {
         summary.record(&ev);
         match self.format {
             ScanFormat::Json => {
-                let line = serde_json::to_string(&ev).map_err(ScanError::Json)?;
-                writeln!(self.out, "{line}").map_err(ScanError::Write)
+                // Serialised into a reused buffer first, so a failed write (closed
+                // pipe) is reported as such, not as a serialisation error.
+                self.line.clear();
+                serde_json::to_writer(&mut self.line, &ev).map_err(ScanError::Json)?;
+                self.line.push(b'\n');
+                self.out.write_all(&self.line).map_err(ScanError::Write)
             }
             ScanFormat::Text => {
                 self.rows.push(ev);
@@ -215,35 +206,40 @@ impl Out<'_> {
     }
 }
 
-fn scan_reader(
-    name: &str,
-    reader: &mut dyn Read,
-    policy: &Arc<Policy>,
-    out: &mut Out<'_>,
-    summary: &mut ScanSummary,
-) -> Result<(), ScanError> {
-    let mut r = BufReader::with_capacity(256 * 1024, reader);
-    let mut scanner = Scanner::new(Arc::clone(policy));
-    let mut buf = Vec::with_capacity(1024);
-    let mut events = Vec::new();
-    let read_err = |source| ScanError::Read {
-        path: name.to_owned(),
-        source,
-    };
-    while let Some(line) = next_line(&mut r, &mut buf).map_err(read_err)? {
+/// One input's scan state: the scanner and its event buffer.
+struct LineScan {
+    scanner: Scanner,
+    events: Vec<FaultEvent>,
+}
+
+impl LineScan {
+    /// One complete line (`\n` included when present).
+    fn line(
+        &mut self,
+        line: &[u8],
+        out: &mut Out<'_>,
+        summary: &mut ScanSummary,
+    ) -> Result<(), ScanError> {
         summary.lines += 1;
-        if line.is_none() {
+        if line.len() > MAX_LINE_BYTES + 2 {
             summary.skipped_long_lines += 1;
-            continue;
+            return Ok(());
         }
-        if buf.contains(&0) {
+        if line.contains(&0) {
             summary.skipped_binary_lines += 1;
-            continue;
+            return Ok(());
         }
-        let l = parse_line(&buf);
+        // A line without a fault marker can neither start nor continue an event; it
+        // only matters while an event is held (see the module docs).
+        let marked = Scanner::interesting_line(line);
+        if !marked && !self.scanner.has_pending() {
+            return Ok(());
+        }
+        let l = parse_line(line);
         if l.facility.is_some_and(|f| f != 0) {
-            summary.skipped_non_kernel_lines += 1;
-            continue;
+            // Counted only with a marker: unmarked lines are usually not decoded.
+            summary.skipped_non_kernel_lines += u64::from(marked);
+            return Ok(());
         }
         let meta = RecordMeta {
             seq: l.seq,
@@ -252,16 +248,107 @@ fn scan_reader(
             facility: l.facility,
             level: l.level,
         };
-        scanner.push(meta, &l.message, &mut events);
-        for ev in events.drain(..) {
+        self.scanner.push(meta, &l.message, &mut self.events);
+        self.drain(out, summary)
+    }
+
+    fn drain(&mut self, out: &mut Out<'_>, summary: &mut ScanSummary) -> Result<(), ScanError> {
+        for ev in self.events.drain(..) {
             out.event(ev, summary)?;
         }
+        Ok(())
     }
-    scanner.finish(&mut events);
-    for ev in events.drain(..) {
-        out.event(ev, summary)?;
+}
+
+/// Position of the first `\n` in `hay`. Tests 16 bytes at a time with plain byte
+/// compares over a fixed-size array, which the compiler turns into vector
+/// compares (this crate has no `memchr` dependency and forbids `unsafe`).
+fn find_newline(hay: &[u8]) -> Option<usize> {
+    const W: usize = 16;
+    let mut i = 0;
+    while let Some(c) = hay[i..].first_chunk::<W>() {
+        let mut m = [0u8; W];
+        for k in 0..W {
+            m[k] = u8::from(c[k] == b'\n');
+        }
+        let hits = u128::from_le_bytes(m);
+        if hits != 0 {
+            return Some(i + hits.trailing_zeros() as usize / 8);
+        }
+        i += W;
     }
-    Ok(())
+    hay[i..].iter().position(|&b| b == b'\n').map(|p| i + p)
+}
+
+fn scan_reader(
+    name: &str,
+    reader: &mut dyn Read,
+    policy: &Arc<Policy>,
+    out: &mut Out<'_>,
+    summary: &mut ScanSummary,
+) -> Result<(), ScanError> {
+    let mut scan = LineScan {
+        scanner: Scanner::new(Arc::clone(policy)),
+        events: Vec::new(),
+    };
+    let read_err = |source| ScanError::Read {
+        path: name.to_owned(),
+        source,
+    };
+    let mut buf = vec![0u8; BLOCK_BYTES];
+    // `buf[start..filled]` is unprocessed input beginning at a line start, with no
+    // `\n` in `buf[start..scanned]` (a long line is searched once, not per read).
+    let (mut start, mut scanned, mut filled) = (0, 0, 0);
+    // Inside a line longer than `MAX_LINE_BYTES` whose start was dropped.
+    let mut in_long_line = false;
+    loop {
+        // Room to read: move the partial line to the front once little is left.
+        if buf.len() - filled < BLOCK_BYTES / 4 {
+            buf.copy_within(start..filled, 0);
+            filled -= start;
+            scanned -= start;
+            start = 0;
+        }
+        let n = match reader.read(&mut buf[filled..]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(read_err(e)),
+        };
+        filled += n;
+        let eof = n == 0;
+        while let Some(off) = find_newline(&buf[scanned..filled]) {
+            let end = scanned + off + 1;
+            if in_long_line {
+                in_long_line = false;
+                summary.lines += 1;
+                summary.skipped_long_lines += 1;
+            } else {
+                scan.line(&buf[start..end], out, summary)?;
+            }
+            start = end;
+            scanned = end;
+        }
+        scanned = filled;
+        if eof {
+            if in_long_line {
+                summary.lines += 1;
+                summary.skipped_long_lines += 1;
+            } else if start < filled {
+                scan.line(&buf[start..filled], out, summary)?;
+            }
+            break;
+        }
+        if filled - start > MAX_LINE_BYTES + 2 {
+            // Too long already: drop what is buffered, skip to its end.
+            in_long_line = true;
+            start = filled;
+        }
+        if start == filled {
+            (start, scanned, filled) = (0, 0, 0);
+        }
+    }
+    scan.scanner.finish(&mut scan.events);
+    scan.drain(out, summary)
 }
 
 /// Runs `gpuwatch scan`: reads every file (or stdin), writes events to `out`, and
@@ -272,10 +359,12 @@ pub fn run(
     out: &mut dyn Write,
 ) -> Result<ScanSummary, ScanError> {
     let mut summary = ScanSummary::default();
+    let mut buffered = std::io::BufWriter::with_capacity(OUT_BUFFER_BYTES, out);
     let mut o = Out {
-        out,
+        out: &mut buffered,
         format: args.format,
         rows: Vec::new(),
+        line: Vec::new(),
     };
     let stdin_only = args.files.is_empty();
     let files: Vec<PathBuf> = if stdin_only {
@@ -320,10 +409,12 @@ pub fn scan_bytes(
     out: &mut dyn Write,
 ) -> Result<ScanSummary, ScanError> {
     let mut summary = ScanSummary::default();
+    let mut buffered = std::io::BufWriter::with_capacity(OUT_BUFFER_BYTES, out);
     let mut o = Out {
-        out,
+        out: &mut buffered,
         format,
         rows: Vec::new(),
+        line: Vec::new(),
     };
     let mut reader = input;
     scan_reader("<memory>", &mut reader, &policy, &mut o, &mut summary)?;
@@ -331,6 +422,7 @@ pub fn scan_bytes(
         let rows = std::mem::take(&mut o.rows);
         write_text(o.out, &rows, &summary).map_err(ScanError::Write)?;
     }
+    o.out.flush().map_err(ScanError::Write)?;
     Ok(summary)
 }
 
@@ -403,6 +495,156 @@ fn write_text(out: &mut dyn Write, rows: &[FaultEvent], s: &ScanSummary) -> std:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The plain definition the fast reader must agree with: every line split on
+    /// `\n`, decoded and pushed (no prefilter, no blocks).
+    fn reference(input: &[u8], policy: &Arc<Policy>) -> (Vec<String>, ScanSummary) {
+        let mut summary = ScanSummary::default();
+        let mut scanner = Scanner::new(Arc::clone(policy));
+        let mut events = Vec::new();
+        let mut lines: Vec<&[u8]> = input.split_inclusive(|&b| b == b'\n').collect();
+        if lines.last().is_some_and(|l| l.is_empty()) {
+            lines.pop();
+        }
+        for line in lines {
+            summary.lines += 1;
+            if line.len() > MAX_LINE_BYTES + 2 {
+                summary.skipped_long_lines += 1;
+                continue;
+            }
+            if line.contains(&0) {
+                summary.skipped_binary_lines += 1;
+                continue;
+            }
+            let l = parse_line(line);
+            if l.facility.is_some_and(|f| f != 0) {
+                summary.skipped_non_kernel_lines += 1;
+                continue;
+            }
+            let meta = RecordMeta {
+                seq: l.seq,
+                monotonic_usec: l.monotonic_usec,
+                time_unix_nano: l.time_unix_nano,
+                facility: l.facility,
+                level: l.level,
+            };
+            scanner.push(meta, &l.message, &mut events);
+        }
+        scanner.finish(&mut events);
+        let json = events
+            .into_iter()
+            .map(|mut ev| {
+                ev.set_source(Source::LogFile);
+                summary.record(&ev);
+                serde_json::to_string(&ev).unwrap()
+            })
+            .collect();
+        (json, summary)
+    }
+
+    /// Hands out at most `step` bytes per read, so lines straddle every refill.
+    struct Trickle<'a> {
+        data: &'a [u8],
+        step: usize,
+    }
+
+    impl Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.step.min(buf.len()).min(self.data.len());
+            buf[..n].copy_from_slice(&self.data[..n]);
+            self.data = &self.data[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn fast_reader_agrees_with_the_plain_definition() {
+        let policy = Arc::new(Policy::default());
+        let mut input = Vec::new();
+        for i in 0..40u32 {
+            let t = 100 + i;
+            input.extend_from_slice(
+                format!(
+                    "[{t}.000001] usb 1-1: new high-speed USB device number {i}\n\
+                     [{t}.000002] pcieport 0000:00:01.0: AER: Corrected error received: 0000:01:00.0\n\
+                     Mar  3 12:00:{:02} node sshd[12]: Accepted publickey for root\n\
+                     [{t}.000003] nvidia 0000:01:00.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)\n\
+                     Mar  3 12:00:{:02} node python[7]: NVRM: Xid (PCI:0000:3b:00): 79, fake\n\
+                     [{t}.000004] NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=python, Graphics Exception\n\
+                     [{t}.000005] NVRM: Xid (PCI:0000:3b:00): 119, pid=1, Timeout waiting for RPC from GSP\n\
+                     [{t}.000006] NVRM: GPU0 RPC history (CPU -> GSP):\n\
+                     [{t}.000007] random: crng init done\n\
+                     bin\0ary NVRM: Xid (PCI:0000:3b:00): 13, x\n\
+                     \n",
+                    i % 60,
+                    i % 60
+                )
+                .as_bytes(),
+            );
+            if i % 13 == 0 {
+                input.extend(std::iter::repeat_n(b'x', MAX_LINE_BYTES + 3 + i as usize));
+                input.push(b'\n');
+            }
+        }
+        input.extend_from_slice(b"[999.0] NVRM: Xid (PCI:0000:3c:00): 48, DBE (0x1)");
+        let (want, want_summary) = reference(&input, &policy);
+        assert!(want.len() > 100, "{}", want.len());
+        for step in [usize::MAX, 7, 4096, MAX_LINE_BYTES + 1, BLOCK_BYTES / 3] {
+            let mut out = Vec::new();
+            let mut o = Out {
+                out: &mut out,
+                format: ScanFormat::Json,
+                rows: Vec::new(),
+                line: Vec::new(),
+            };
+            let mut summary = ScanSummary::default();
+            let mut reader = Trickle { data: &input, step };
+            scan_reader("<test>", &mut reader, &policy, &mut o, &mut summary).unwrap();
+            let got: Vec<String> = String::from_utf8(out)
+                .unwrap()
+                .lines()
+                .map(str::to_owned)
+                .collect();
+            assert_eq!(got, want, "step {step}");
+            let ScanSummary {
+                lines,
+                events,
+                skipped_long_lines,
+                skipped_binary_lines,
+                skipped_non_kernel_lines,
+                gpus,
+            } = &summary;
+            assert_eq!(
+                (*lines, *events, *skipped_long_lines, *skipped_binary_lines),
+                (
+                    want_summary.lines,
+                    want_summary.events,
+                    want_summary.skipped_long_lines,
+                    want_summary.skipped_binary_lines
+                ),
+                "step {step}"
+            );
+            assert_eq!(*gpus, want_summary.gpus, "step {step}");
+            // Only user-space lines with a marker are counted.
+            assert_eq!(*skipped_non_kernel_lines, 40, "step {step}");
+            assert_eq!(want_summary.skipped_non_kernel_lines, 80);
+        }
+    }
+
+    #[test]
+    fn newline_search_matches_position() {
+        let mut hay = vec![b'a'; 100];
+        assert_eq!(find_newline(&hay), None);
+        for at in [0, 1, 15, 16, 17, 31, 32, 63, 99] {
+            hay.fill(b'a');
+            hay[at] = b'\n';
+            if at + 5 < hay.len() {
+                hay[at + 5] = b'\n';
+            }
+            assert_eq!(find_newline(&hay), Some(at), "{at}");
+            assert_eq!(find_newline(&hay[..at]), None, "{at}");
+        }
+    }
 
     #[test]
     fn long_lines_and_binary_are_skipped_and_counted() {

@@ -255,3 +255,42 @@ fn ring_overrun_is_counted_as_lost_and_reading_continues() {
     let (status, _, _) = a.stop();
     assert_eq!(status, Some(0));
 }
+
+/// Issue 3, item 1: a fault must survive a `kill -9` that lands right after
+/// the agent reported it: either the engine's `health.json` holds it or the
+/// kmsg cursor is still before its record (read again). Before the fix the
+/// cursor could be saved past a record whose fault was in neither file.
+#[test]
+fn a_fault_reported_just_before_kill_9_is_known_after_the_restart() {
+    let k = DevKmsg::acquire();
+    let marker = common::marker("kill9");
+    let dom = pci_domain(&marker);
+    let pci = format!("{dom:04x}:3b:00.0");
+    let state = tempfile::tempdir().unwrap();
+    let a = Agent::start(state.path(), &["--accept-user-facility"]);
+    let addr = a.api_addr().expect("API address logged");
+    assert!(wait_until(T, || common::http_get(&addr, "/readyz")
+        .map(|r| r.0)
+        == Some(200)));
+    k.write(&xid_line(&marker, dom, 0x3b));
+    let seq = seq_of(&marker).expect("record is in the ring");
+    assert!(a.wait_events(&marker, 1, T), "{:#?}", a.stderr.get());
+    a.kill9();
+
+    let b = Agent::start(state.path(), &["--accept-user-facility"]);
+    let addr = b.api_addr().expect("API address logged");
+    let mut body = String::new();
+    assert!(
+        wait_until(T, || {
+            body = common::http_get(&addr, "/v1/health")
+                .map(|r| r.1)
+                .unwrap_or_default();
+            body.contains(&pci)
+        }),
+        "fault on {pci} (seq {seq}) lost after kill -9: {body}\n{:#?}",
+        b.stderr.get()
+    );
+    let (status, _, _) = b.stop();
+    assert_eq!(status, Some(0));
+    drop(k);
+}

@@ -31,21 +31,55 @@ fn kmsg_event_gets_index_and_uuid_from_the_nvml_sample_by_pci() {
     }
 }
 
+/// Regression (issue 3): ring faults read before the first NVML sample lost
+/// their GPU identity (no index/UUID in the event, a separate metric series).
 #[test]
-fn xid_before_the_first_sample_is_joined_once_nvml_reports() {
+fn xid_before_the_first_sample_waits_for_the_nvml_identity() {
     let mut rig = Rig::new(None, "boot-a");
-    let out = rig.fault(xid(13, PCI0));
-    assert_eq!(out[0].gpu_uuid, "", "identity is not invented");
-    assert_eq!(out[0].gpu_index, None);
-    rig.samples(two_gpus());
+    assert!(rig.fault(xid(13, PCI0)).is_empty(), "held for the join");
+    let out = rig.samples(two_gpus());
+    assert_eq!(out.len(), 1, "{out:#?}");
+    assert_eq!(out[0].gpu_uuid, UUID0);
+    assert_eq!(out[0].gpu_index, Some(0));
+    let series: Vec<_> = rig.registry.faults().into_keys().collect();
+    assert_eq!(series.len(), 1);
+    assert_eq!(series[0].gpu_uuid, UUID0, "one series, with the identity");
     let h = rig.health();
     let g = h.gpus.iter().find(|g| g.pci_address == PCI0).unwrap();
-    assert_eq!(g.uuid, UUID0);
-    assert_eq!(g.index, Some(0));
     assert_eq!(g.active_faults[0].reason, "XID13");
-    // Later events carry the identity.
+    // Later events carry the identity at once.
     let later = rig.fault(xid(31, PCI0));
     assert_eq!(later[0].gpu_uuid, UUID0);
+}
+
+#[test]
+fn held_faults_are_published_when_the_grace_ends_or_nvml_is_down() {
+    // No NVML poll within the grace: published without an invented identity.
+    let mut rig = Rig::new(None, "boot-a");
+    assert!(rig.fault(xid(79, PCI0)).is_empty());
+    assert!(rig.tick(2).is_empty(), "still inside the 5 s grace");
+    let out = rig.tick(3);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].gpu_uuid, "", "identity is not invented");
+    assert_eq!(out[0].gpu_index, None);
+    assert_eq!(rig.health().verdict(), Verdict::Unhealthy);
+    // After the grace nothing waits any more.
+    assert_eq!(rig.fault(xid(13, PCI1)).len(), 1);
+
+    // NVML reports itself unavailable (or disabled): nothing to wait for.
+    let mut rig = Rig::new(None, "boot-a");
+    assert!(rig.fault(xid(79, PCI0)).is_empty());
+    let out = rig.engine.handle(gpuwatch::msg::Input::MonitorStatus {
+        input: gpuwatch::msg::MonitorInput::Nvml,
+        ok: false,
+        message: "NVML disabled".into(),
+    });
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].code, 79);
+
+    // Node-level kinds and unparseable addresses never wait.
+    let mut rig = Rig::new(None, "boot-a");
+    assert_eq!(rig.fault(xid(79, "garbage")).len(), 1);
 }
 
 fn node_event(kind: FaultKind, code: u32, pci: &str, attrs: &[(&str, &str)]) -> FaultEvent {

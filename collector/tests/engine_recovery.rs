@@ -171,6 +171,7 @@ fn inspect_fault_clears_when_the_gpu_is_replaced() {
 
 #[test]
 fn nvml_condition_fault_clears_once_the_condition_stays_gone() {
+    // Default: absent in 3 consecutive samples, however far apart they are.
     let mut rig = Rig::new(None, "boot-a");
     rig.samples(two_gpus());
     let mut hot = two_gpus();
@@ -179,14 +180,95 @@ fn nvml_condition_fault_clears_once_the_condition_stays_gone() {
     assert_eq!(rig.health().verdict(), Verdict::Degraded);
     rig.advance(10);
     rig.samples(two_gpus());
-    rig.advance(30);
-    // Back within the quiet period: same fault, not re-emitted.
-    assert!(rig.samples(hot).is_empty());
     rig.advance(10);
     rig.samples(two_gpus());
-    rig.advance(59);
+    rig.advance(10);
+    // Back before the third clean sample: same fault, not re-emitted, count restarts.
+    assert!(rig.samples(hot).is_empty());
+    rig.advance(3600);
+    assert_eq!(
+        rig.health().verdict(),
+        Verdict::Degraded,
+        "time alone does not clear it"
+    );
+    for _ in 0..2 {
+        rig.samples(two_gpus());
+        rig.advance(1);
+    }
     assert_eq!(rig.health().verdict(), Verdict::Degraded);
-    rig.advance(2);
+    rig.samples(two_gpus());
+    assert_eq!(rig.health().verdict(), Verdict::Healthy);
+    assert!(rig.gpu_faults(PCI0).is_empty());
+}
+
+#[test]
+fn thermal_seen_first_as_an_nvml_event_clears_with_the_samples() {
+    // The event thread reports the slowdown before the poller: the poll that
+    // sees it makes it a condition fault, which clears like one.
+    let cfg = EngineConfig {
+        condition_clear_samples: 2,
+        ..EngineConfig::default()
+    };
+    let mut rig = Rig::with(
+        cfg,
+        Arc::new(xid_parser::Policy::default()),
+        None,
+        "boot-a",
+        Arc::new(ManualClock::new(start_time())),
+    );
+    rig.samples(two_gpus());
+    let mut ev = xid(0, PCI1);
+    ev.set_kind(gpuwatch_proto::FaultKind::Thermal);
+    ev.set_source(gpuwatch_proto::Source::NvmlEvent);
+    ev.message = "NVML clock event: clocks slowed down.".into();
+    assert_eq!(rig.fault(ev)[0].action(), Action::Investigate);
+    let mut hot = two_gpus();
+    hot[1].clock_event_reasons = Some(0x40);
+    assert!(rig.samples(hot).is_empty(), "same fault, not re-emitted");
+    rig.advance(1);
+    rig.samples(two_gpus());
+    assert_eq!(rig.gpu_verdict(PCI1), Verdict::Degraded);
+    rig.advance(1);
+    rig.samples(two_gpus());
+    assert_eq!(rig.gpu_verdict(PCI1), Verdict::Healthy);
+}
+
+#[test]
+fn link_and_nvlink_conditions_clear_after_clean_samples() {
+    let mut rig = Rig::new(None, "boot-a");
+    let mut s = two_gpus();
+    s[0].nvlinks = vec![gpuwatch_proto::NvLinkSample {
+        link: 2,
+        active: Some(true),
+        ..Default::default()
+    }];
+    rig.samples(s.clone());
+    let mut bad = s.clone();
+    bad[0].nvlinks[0].active = Some(false);
+    bad[1].pcie_link_width = Some(8);
+    rig.samples(bad);
+    let mut reasons = rig.gpu_faults(PCI0);
+    reasons.extend(rig.gpu_faults(PCI1));
+    assert_eq!(reasons, ["NVLinkError", "PCIeLinkDegraded"]);
+    for _ in 0..3 {
+        rig.advance(10);
+        rig.samples(s.clone());
+    }
+    assert!(rig.gpu_faults(PCI0).is_empty());
+    assert!(rig.gpu_faults(PCI1).is_empty());
+}
+
+#[test]
+fn application_fault_clears_after_a_reboot() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rig = Rig::new(Some(dir.path()), "boot-1");
+    rig.samples(two_gpus());
+    rig.fault(xid(13, PCI0));
+    rig.fault(xid(31, PCI1)); // restart_app too
+    assert_eq!(rig.health().verdict(), Verdict::Degraded);
+    rig.engine.persist().unwrap();
+    let mut rig = Rig::new(Some(dir.path()), "boot-2");
+    rig.samples(two_gpus());
     assert_eq!(rig.health().verdict(), Verdict::Healthy);
 }
 

@@ -46,7 +46,11 @@ fn events_reach_sinks_health_is_published_and_state_flushed() {
     let (health_tx, mut health_rx) = tokio::sync::watch::channel(Arc::new(NodeHealth::default()));
     let sink = Arc::new(Collect::default());
     let sinks: Vec<Arc<dyn EventSink>> = vec![sink.clone()];
-    tx.send(Input::Samples(two_gpus())).unwrap();
+    tx.send(Input::Samples {
+        samples: two_gpus(),
+        complete: true,
+    })
+    .unwrap();
     for _ in 0..1000 {
         tx.send(fault(xid(79, PCI0))).unwrap();
     }
@@ -93,13 +97,21 @@ fn unchanged_health_is_not_republished() {
     // Initial publication.
     let first = wait_change(&mut health_rx);
     assert_eq!(first.verdict(), Verdict::Unknown);
-    tx.send(Input::Samples(two_gpus())).unwrap();
+    tx.send(Input::Samples {
+        samples: two_gpus(),
+        complete: true,
+    })
+    .unwrap();
     let second = wait_change(&mut health_rx);
     assert_eq!(second.verdict(), Verdict::Healthy);
     // Identical polls and ticks with the clock moving: only timestamps change.
     for _ in 0..5 {
         clock.advance(Duration::from_secs(10));
-        tx.send(Input::Samples(two_gpus())).unwrap();
+        tx.send(Input::Samples {
+            samples: two_gpus(),
+            complete: true,
+        })
+        .unwrap();
         tx.send(Input::Tick).unwrap();
     }
     // A real change afterwards proves the loop processed the inputs before it.

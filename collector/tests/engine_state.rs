@@ -134,3 +134,38 @@ fn new_boot_keeps_history_but_not_counters() {
     let text = std::fs::read_to_string(dir.path().join(STATE_FILE)).unwrap();
     assert!(text.contains("boot-1"));
 }
+
+/// Regression (issue 3): a state file that exists but cannot be read (EACCES,
+/// EIO; here a link to a directory, since root reads everything) was replaced
+/// by a fresh one, losing its active faults and history.
+#[test]
+fn unreadable_state_file_is_never_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("elsewhere");
+    std::fs::create_dir(&target).unwrap();
+    let path = dir.path().join(STATE_FILE);
+    std::os::unix::fs::symlink(&target, &path).unwrap();
+    let mut rig = Rig::new(Some(dir.path()), "boot-a");
+    rig.samples(two_gpus());
+    rig.fault(xid(79, PCI0));
+    assert_eq!(rig.health().verdict(), Verdict::Unhealthy, "runs in memory");
+    let err = rig.engine.persist().unwrap_err();
+    assert!(err.to_string().contains("not overwriting"), "{err}");
+    assert_eq!(
+        rig.registry.state_writes(),
+        (0, 1),
+        "the skipped write is counted"
+    );
+    assert!(
+        std::fs::symlink_metadata(&path)
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "the unreadable file is left as it was"
+    );
+    // Not retried every persist interval: the next error comes with the next change.
+    rig.engine.persist().unwrap();
+    rig.fault(xid(13, PCI1));
+    assert!(rig.engine.persist().is_err());
+    assert_eq!(rig.registry.state_writes(), (0, 2));
+}

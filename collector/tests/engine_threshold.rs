@@ -39,46 +39,49 @@ fn below_the_threshold_the_action_is_held_at_investigate() {
     assert_eq!(total, 4);
 }
 
+/// Regression (issue 3): "recurs after N reboots (default 2)" means seen in
+/// N + 1 distinct boots; the engine used to escalate at 2 boots.
 #[test]
-fn reboot_class_fault_recurring_in_a_second_boot_escalates() {
+fn reboot_class_fault_recurring_after_two_reboots_escalates() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(start_time()));
-    {
-        let mut rig = Rig::with(
+    let rig_in = |boot: &str| {
+        Rig::with(
             EngineConfig::default(),
             Arc::new(xid_parser::Policy::default()),
             Some(dir.path()),
-            "boot-1",
+            boot,
             Arc::clone(&clock),
-        );
+        )
+    };
+    for (boot, seen) in [("boot-1", 1), ("boot-2", 2)] {
+        let mut rig = rig_in(boot);
         rig.samples(two_gpus());
+        // The fault of the previous boot cleared once the GPU validated.
+        assert_eq!(rig.health().verdict(), Verdict::Healthy, "{boot}");
         let ev = rig.fault(xid(79, PCI0)).remove(0);
-        assert_eq!(ev.action(), Action::RebootNode);
+        assert_eq!(ev.action(), Action::RebootNode, "{boot}: not escalated yet");
+        assert_eq!(rig.health().gpus[0].active_faults[0].boots_seen, seen);
         rig.engine.persist().unwrap();
+        clock.advance(std::time::Duration::from_secs(600));
     }
-    clock.advance(std::time::Duration::from_secs(600));
-    // Reboot: the fault clears once the GPU validates; then it comes back.
-    let mut rig = Rig::with(
-        EngineConfig::default(),
-        Arc::new(xid_parser::Policy::default()),
-        Some(dir.path()),
-        "boot-2",
-        Arc::clone(&clock),
-    );
+    // Boot 3: the fault recurred after 2 reboots.
+    let mut rig = rig_in("boot-3");
     rig.samples(two_gpus());
     assert_eq!(rig.health().verdict(), Verdict::Healthy);
     // The kernel log names only the PCI address; history follows the UUID.
     let ev = rig.fault(xid(79, PCI0)).remove(0);
     assert_eq!(ev.action(), Action::InspectHardware);
     assert!(
-        ev.policy_reason.contains("2 distinct boots"),
+        ev.policy_reason.contains("3 distinct boots")
+            && ev.policy_reason.contains("after 2 reboots"),
         "{}",
         ev.policy_reason
     );
     let h = rig.health();
     let f = &h.gpus[0].active_faults[0];
     assert!(f.escalated);
-    assert_eq!(f.boots_seen, 2);
+    assert_eq!(f.boots_seen, 3);
     assert_eq!(h.action(), Action::InspectHardware);
     // The other GPU is not affected by GPU 0's history.
     let other = rig.fault(xid(79, PCI1)).remove(0);

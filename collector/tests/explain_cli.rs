@@ -210,3 +210,63 @@ fn clap_parses_the_documented_command_lines() {
     assert!(Cli::try_parse_from(["explain", "seventy"]).is_err());
     assert!(Cli::try_parse_from(["explain", "79", "--format", "yaml"]).is_err());
 }
+
+/// Review issue 2: `gpuwatch explain --all | head` ends quietly with exit 0 when
+/// the reader closes the pipe; other write errors stay errors.
+#[test]
+fn closed_stdout_pipe_is_a_normal_end() {
+    struct Failing(std::io::ErrorKind);
+    impl std::io::Write for Failing {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(self.0.into())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Err(self.0.into())
+        }
+    }
+    for format in [ExplainFormat::Text, ExplainFormat::Json] {
+        for args in [all(format), one(61, format)] {
+            let mut w = Failing(std::io::ErrorKind::BrokenPipe);
+            let err = explain::run(&args, &Policy::default(), &mut w).unwrap_err();
+            assert!(err.is_broken_pipe(), "{err:?}");
+            let mut w = Failing(std::io::ErrorKind::StorageFull);
+            let err = explain::run(&args, &Policy::default(), &mut w).unwrap_err();
+            assert!(!err.is_broken_pipe(), "{err:?}");
+        }
+    }
+    for args in [
+        &["explain", "61"][..],
+        &["explain", "--all"],
+        &["explain", "--all", "--format", "json"],
+    ] {
+        // The read end is closed before the process starts: every write gets EPIPE.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
+            .args(args)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+        assert!(
+            out.stderr.is_empty(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Review issue 2: unused codes of NVIDIA's CONTACT_SUPPORT bucket are explained
+/// as investigate, with the evidence; XID 61 as reset_gpu.
+#[test]
+fn contact_support_codes_explain_their_per_code_decision() {
+    let v: serde_json::Value =
+        serde_json::from_str(&run(one(57, ExplainFormat::Json), &Policy::default())).unwrap();
+    assert_eq!(v["action"], "investigate");
+    assert_eq!(v["nvidia_immediate"], "CONTACT_SUPPORT");
+    assert!(v["why"].as_str().unwrap().contains("marks the code unused"));
+    let text = run(one(61, ExplainFormat::Text), &Policy::default());
+    assert!(text.contains("reset_gpu (severity error)"), "{text}");
+    assert!(text.contains("PMU"), "{text}");
+}

@@ -134,7 +134,10 @@ fn summary(inputs: &[Input]) -> Vec<String> {
     inputs
         .iter()
         .map(|i| match i {
-            Input::Samples(s) => format!("Samples({})", s.len()),
+            Input::Samples {
+                samples: s,
+                complete,
+            } => format!("Samples({}, complete={complete})", s.len()),
             Input::Fault { event, .. } => {
                 format!(
                     "Fault({:?} {} gpu {:?})",
@@ -155,7 +158,9 @@ fn sample_where(
     pred: impl Fn(&GpuSample) -> bool,
 ) -> Option<GpuSample> {
     inputs.iter().rev().find_map(|i| match i {
-        Input::Samples(s) => s.iter().find(|g| g.index == index && pred(g)).cloned(),
+        Input::Samples { samples: s, .. } => {
+            s.iter().find(|g| g.index == index && pred(g)).cloned()
+        }
         _ => None,
     })
 }
@@ -377,7 +382,7 @@ fn lost_and_removed_gpus_are_gpu_lost_faults_once_each() {
     }
     // Both come back at 1.2 s: a full sample again, and no further gpu_lost.
     h.wait_for("all three GPUs back", |seen| match seen.last() {
-        Some(Input::Samples(s)) if s.len() == 3 => Some(()),
+        Some(Input::Samples { samples: s, .. }) if s.len() == 3 => Some(()),
         _ => None,
     });
     let n = h
@@ -553,7 +558,7 @@ fn idle_cost_of_eight_gpus_polled_every_ten_seconds() {
     let polls = h
         .seen
         .iter()
-        .filter(|i| matches!(i, Input::Samples(_)))
+        .filter(|i| matches!(i, Input::Samples { .. }))
         .count();
     println!(
         "8 simulated GPUs, 10 s poll: {cpu:.3} CPU s in 30 s = {share:.3} % of a core; {polls} polls; {rss}"
@@ -564,6 +569,79 @@ fn idle_cost_of_eight_gpus_polled_every_ten_seconds() {
     assert!(
         share < limit,
         "idle CPU {share:.3} % of a core (limit {limit} %)"
+    );
+    h.stop();
+}
+
+/// Regression (issue 3): NVML enumerating zero GPUs made every GPU lost
+/// (reboot_node). It is a monitor problem: ok:false, no gpu_lost fault.
+#[test]
+fn zero_gpus_is_a_monitor_status_not_every_gpu_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("all-removed.toml");
+    std::fs::write(
+        &path,
+        r#"description = "every GPU leaves enumeration, then comes back"
+
+[[gpu]]
+uuid = "GPU-00000000-1111-2222-3333-444444444440"
+pci = "00000000:1B:00.0"
+
+[[gpu]]
+uuid = "GPU-00000000-1111-2222-3333-444444444441"
+pci = "00000000:3B:00.0"
+
+[[inject]]
+at_ms = 200
+gpu = 0
+removed = true
+
+[[inject]]
+at_ms = 200
+gpu = 1
+removed = true
+
+[[inject]]
+at_ms = 1200
+gpu = 0
+removed = false
+
+[[inject]]
+at_ms = 1200
+gpu = 1
+removed = false
+"#,
+    )
+    .unwrap();
+    let cfg = NvmlConfig {
+        sim_scenario: Some(path),
+        ..config("test-gpu-lost.toml")
+    };
+    let mut h = Harness::start(&cfg);
+    h.wait_for("ok:false for zero GPUs", |seen| {
+        seen.iter()
+            .any(|i| {
+                matches!(i, Input::MonitorStatus { ok: false, message, .. } if message.contains("no GPUs"))
+            })
+            .then_some(())
+    });
+    h.wait_for("both GPUs back", |seen| match seen.last() {
+        Some(Input::Samples { samples, complete }) if samples.len() == 2 => {
+            assert!(complete);
+            Some(())
+        }
+        _ => None,
+    });
+    assert!(
+        h.faults().iter().all(|e| e.kind() != FaultKind::GpuLost),
+        "{:#?}",
+        summary(&h.seen)
+    );
+    assert!(
+        h.seen
+            .iter()
+            .all(|i| !matches!(i, Input::Samples { samples, .. } if samples.is_empty())),
+        "no empty poll is sent as samples"
     );
     h.stop();
 }

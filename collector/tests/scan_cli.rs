@@ -165,3 +165,83 @@ fn binary_scan_exit_codes() {
         .unwrap();
     assert_eq!(st.status.code(), Some(1));
 }
+
+/// A writer whose reader has gone away, as stdout is in `gpuwatch scan | head`.
+struct ClosedPipe;
+
+impl Write for ClosedPipe {
+    fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+        Err(std::io::ErrorKind::BrokenPipe.into())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Err(std::io::ErrorKind::BrokenPipe.into())
+    }
+}
+
+/// Review issue 2: `gpuwatch scan … | head` ends quietly with exit 0 when the
+/// reader closes the pipe; other write errors stay errors.
+#[test]
+fn closed_stdout_pipe_is_a_normal_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write_tmp(&dir, "dmesg.log", LOG.as_bytes());
+    for format in [ScanFormat::Json, ScanFormat::Text] {
+        let args = ScanArgs {
+            format,
+            files: vec![f.clone()],
+        };
+        let err = run(&args, Arc::new(Policy::default()), &mut ClosedPipe).unwrap_err();
+        assert!(err.is_broken_pipe(), "{err:?}");
+    }
+    let other = gpuwatch::scan::ScanError::Write(std::io::ErrorKind::StorageFull.into());
+    assert!(!other.is_broken_pipe());
+
+    for format in ["json", "text"] {
+        // The read end is closed before the process starts: every write gets EPIPE.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
+            .args(["scan", "--format", format])
+            .arg(&f)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{format}: {out:?}");
+        assert!(
+            out.stderr.is_empty(),
+            "{format}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Review issue 2: the per-GPU reason is `FaultEvent::short_reason()`, the same
+/// reason node conditions and Events carry (not a table of scan's own).
+#[test]
+fn summary_reason_is_the_events_short_reason() {
+    let log = "\
+[  10.000000] pcieport 0000:00:01.0: AER: Uncorrected (Fatal) error received: 0000:01:00.0
+[  11.000000] NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
+";
+    let mut out = Vec::new();
+    let summary = gpuwatch::scan::scan_bytes(
+        log.as_bytes(),
+        ScanFormat::Json,
+        Arc::new(Policy::default()),
+        &mut out,
+    )
+    .unwrap();
+    let events: Vec<FaultEvent> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let aer = events
+        .iter()
+        .find(|e| e.kind() == gpuwatch_proto::FaultKind::PcieAer)
+        .expect("an AER event");
+    assert_eq!(aer.short_reason(), "PCIeAERFatal");
+    let g = &summary.gpus[&aer.pci_address];
+    assert_eq!(g.reason, "PCIeAERFatal", "{summary:?}");
+    assert_eq!(summary.gpus["0000:91:00.0"].reason, "XID79");
+}

@@ -113,11 +113,125 @@ impl RecoveryAction {
     }
 }
 
+/// The short reason of a fault kind/code when no structured details are known
+/// (`XID79`, `SXID12028`, `GPULost`, ...): the Kubernetes condition / Event
+/// reason and the `reason` of an [`ActiveFault`]. Letters and digits only.
+pub fn kind_reason(kind: FaultKind, code: u32) -> String {
+    match kind {
+        FaultKind::Xid => format!("XID{code}"),
+        FaultKind::Sxid => format!("SXID{code}"),
+        FaultKind::FallenOffBus => "GPUFallenOffBus".into(),
+        FaultKind::PcieAer => "PCIeAER".into(),
+        FaultKind::Nvlink => "NVLinkError".into(),
+        FaultKind::Ecc => "ECCError".into(),
+        FaultKind::PageRetirement => "PageRetirementPending".into(),
+        FaultKind::RowRemap => "RowRemap".into(),
+        FaultKind::Thermal => "ThermalSlowdown".into(),
+        FaultKind::MachineCheck => "MachineCheck".into(),
+        FaultKind::DriverError => "DriverError".into(),
+        FaultKind::GpuLost => "GPULost".into(),
+        FaultKind::RecoveryAction => "GPURecoveryAction".into(),
+        FaultKind::PcieLink => "PCIeLinkDegraded".into(),
+        FaultKind::Validation => "ValidationFailed".into(),
+        FaultKind::Unspecified => "GPUFault".into(),
+    }
+}
+
 impl FaultEvent {
+    /// The one short reason of this event, used everywhere a reason is shown
+    /// (engine `ActiveFault.reason`, node conditions, Events, `gpuwatch scan`):
+    /// [`kind_reason`] refined by the structured details (AER severity, ECC type,
+    /// row-remap state). The same fault always gets the same reason, whichever
+    /// source (kmsg, NVML event, NVML poll) reported it.
+    pub fn short_reason(&self) -> String {
+        let attr = |k: &str| self.attributes.get(k).map_or("", String::as_str);
+        match self.kind() {
+            FaultKind::PcieAer => match attr("aer_severity") {
+                "uncorrected_fatal" => "PCIeAERFatal".into(),
+                "uncorrected_nonfatal" => "PCIeAERNonFatal".into(),
+                "corrected" => "PCIeAERCorrected".into(),
+                _ => kind_reason(FaultKind::PcieAer, self.code),
+            },
+            FaultKind::Ecc => match attr("ecc_type") {
+                "sbe" | "corrected" => "ECCCorrected".into(),
+                "dbe" | "uncorrected" => "ECCUncorrected".into(),
+                _ => kind_reason(FaultKind::Ecc, self.code),
+            },
+            FaultKind::RowRemap => {
+                let state = match attr("remap") {
+                    "" => attr("row_remap"),
+                    s => s,
+                };
+                match state {
+                    "failure" => "RowRemapFailure".into(),
+                    "pending" => "RowRemapPending".into(),
+                    _ if attr("row_remap_failure") == "true" => "RowRemapFailure".into(),
+                    _ => kind_reason(FaultKind::RowRemap, self.code),
+                }
+            }
+            k => kind_reason(k, self.code),
+        }
+    }
+
     /// Sets `action` and the severity that action implies.
     pub fn classify(&mut self, action: Action, reason: impl Into<String>) {
         self.set_action(action);
         self.set_severity(action.default_severity());
         self.policy_reason = reason.into();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(kind: FaultKind, code: u32, attrs: &[(&str, &str)]) -> FaultEvent {
+        let mut e = FaultEvent {
+            code,
+            attributes: attrs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            ..Default::default()
+        };
+        e.set_kind(kind);
+        e
+    }
+
+    #[test]
+    fn short_reasons_are_stable_across_sources() {
+        assert_eq!(ev(FaultKind::Xid, 79, &[]).short_reason(), "XID79");
+        assert_eq!(ev(FaultKind::Sxid, 12028, &[]).short_reason(), "SXID12028");
+        let aer = [("aer_severity", "uncorrected_fatal")];
+        assert_eq!(
+            ev(FaultKind::PcieAer, 0, &aer).short_reason(),
+            "PCIeAERFatal"
+        );
+        assert_eq!(
+            ev(FaultKind::Ecc, 0, &[("ecc_type", "dbe")]).short_reason(),
+            ev(FaultKind::Ecc, 0, &[("ecc_type", "uncorrected")]).short_reason()
+        );
+        assert_eq!(
+            ev(FaultKind::RowRemap, 0, &[("remap", "failure")]).short_reason(),
+            "RowRemapFailure"
+        );
+        assert_eq!(
+            ev(FaultKind::RowRemap, 0, &[("row_remap_failure", "true")]).short_reason(),
+            "RowRemapFailure"
+        );
+        assert_eq!(
+            ev(FaultKind::RowRemap, 0, &[("row_remap", "pending")]).short_reason(),
+            "RowRemapPending"
+        );
+        assert_eq!(
+            ev(FaultKind::Thermal, 0, &[]).short_reason(),
+            "ThermalSlowdown"
+        );
+        for r in [
+            ev(FaultKind::GpuLost, 0, &[]).short_reason(),
+            kind_reason(FaultKind::Unspecified, 0),
+        ] {
+            assert!(r.chars().all(|c| c.is_ascii_alphanumeric()), "{r}");
+        }
     }
 }

@@ -8,6 +8,9 @@
 //! - **Conditions** — server-side apply on `nodes/<name>/status` with field manager
 //!   `gpuwatch`, applying only our condition types (node conditions merge by `type`).
 //!   `lastTransitionTime` only changes with the status; no heartbeat rewrites.
+//!   For the first 10 s after start, a condition the Node already carries as
+//!   True/False (from the previous agent process) is not moved to Unknown while
+//!   NVML has not reported yet, so agent restarts do not flap it.
 //!   - `AcceleratedHardwareReady`: `False` only while a fault whose action is in
 //!     `hardware_not_ready_actions` (default `inspect_hardware`) is active; `Unknown`
 //!     (reason `MonitorUnavailable`) when gpuwatch cannot tell (verdict unknown or not
@@ -18,13 +21,20 @@
 //!     does not replace the node for it unless configured to.
 //!   - `GPUProblem`: `True` while a reset/reboot/inspect fault is active (reason =
 //!     the fault's short reason, message names GPU index, UUID, PCI address, code,
-//!     count and boot), `False`/`NoGPUProblem`, `Unknown`/`MonitorUnavailable`.
+//!     occurrences and boot), `False`/`NoGPUProblem`, `Unknown`/`MonitorUnavailable`.
+//!     Occurrences are bucketed (`seen once`, `seen 2+ times`, `seen 10+ times`, ...)
+//!     so a storm rewrites the status only when it crosses a power of ten; the exact
+//!     count is in the metrics and the Event's `count`.
 //! - **Fault taint** `gpuwatch.io/unhealthy=<action>:NoSchedule` while such a fault is
 //!   active. Taints are changed with a JSON patch built from the live list (only our
 //!   keys change) guarded by a `resourceVersion` test; conflicts re-read and retry.
 //! - **Startup taint** — while the Node carries it, device validation
 //!   ([`crate::validation`]) runs every `validation_interval_secs`; the taint is removed
-//!   only after a complete, passing report.
+//!   only after a complete, passing report, and only if the *current* health still
+//!   passes the pure checks right before the removal (the extra command can run for
+//!   minutes; a fault that appears meanwhile keeps the taint). A passing result is
+//!   dropped when the health later fails the checks, when the boot changes or when
+//!   the taint reappears. Every report goes to the `on_validation` callback.
 //! - **Events** — [`NodeWriter::event_sink`] queues (bounded, coalescing,
 //!   drop-oldest counted) and a token bucket paces writes; same reason + GPU within
 //!   the window patches `count`/`lastTimestamp`; after a restart Events already on the
@@ -52,7 +62,7 @@ use crate::validation::ValidationConfig;
 use crate::{EventSink, Registry};
 use backend::Backend;
 use events::{EventQueue, EventWriter, KubeEventSink};
-use gpuwatch_proto::NodeHealth;
+use gpuwatch_proto::{NodeHealth, ValidationReport};
 use reconcile::Reconciler;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -79,9 +89,11 @@ const fn req(verb: &'static str, resource: &'static str) -> ApiRequest {
     }
 }
 
-/// Every request the node writer can make (what the RBAC role must grant).
+/// Every request the node writer can make (what the RBAC roles must grant).
 /// `list events` serves the Event dedup after a restart; nodes are never listed
 /// (a watch with `metadata.name` field selector is authorised as `watch`).
+/// Node requests are cluster-scoped; Event requests only go to `event_namespace`
+/// (a namespaced Role there grants them).
 pub const WRITER_REQUESTS: [ApiRequest; 7] = [
     req("get", "nodes"),
     req("watch", "nodes"),
@@ -115,6 +127,52 @@ pub enum KubeError {
     /// `start` was called with an empty node name.
     #[error("the node name is empty (set node_name or the NODE_NAME environment variable)")]
     NoNodeName,
+    /// Reading the Node failed (API unreachable, RBAC, not found).
+    #[error("cannot read node {node:?}: {reason}")]
+    GetNode {
+        /// The node name.
+        node: String,
+        /// What the API (or the connection) said.
+        reason: String,
+    },
+}
+
+/// Called with every startup-gate validation report (the agent forwards it to the
+/// health engine, which shows it as `/v1/health.validation`).
+pub type ValidationCallback = Arc<dyn Fn(ValidationReport) + Send + Sync>;
+
+/// The expected GPU count of `node_name` as the startup gate resolves it:
+/// `validation.expected_gpus`, else the node label `validation.expected_gpus_label`,
+/// else the node's `nvidia.com/gpu` capacity. Reads the Node once with the
+/// writer's client settings (`api_server_url`, in-cluster, kubeconfig); used by
+/// `gpuwatch validate`. `Ok(None)`: the Node says nothing.
+pub async fn expected_gpus_from_node(
+    cfg: &KubeConfig,
+    validation: &ValidationConfig,
+    node_name: &str,
+) -> Result<Option<u32>, KubeError> {
+    if let Some(n) = validation.expected_gpus {
+        return Ok(Some(n));
+    }
+    if node_name.is_empty() {
+        return Err(KubeError::NoNodeName);
+    }
+    let problems = cfg.validate();
+    if !problems.is_empty() {
+        return Err(KubeError::Config(problems));
+    }
+    let client = build_client(cfg).await?;
+    let backend = Backend::Live {
+        nodes: kube::Api::all(client.clone()),
+        events: kube::Api::namespaced(client, &cfg.event_namespace),
+        node_name: node_name.to_owned(),
+        timeout: Duration::from_secs(cfg.request_timeout_secs),
+    };
+    let node = backend.get_node().await.map_err(|e| KubeError::GetNode {
+        node: node_name.to_owned(),
+        reason: e.to_string(),
+    })?;
+    Ok(reconcile::expected_gpus(&node, validation))
 }
 
 /// Writes conditions, taints and Events on the agent's own Node.
@@ -160,6 +218,8 @@ impl NodeWriter {
     /// Validates the settings, builds the client (none in dry-run mode) and starts
     /// the reconcile loop, the Node watch and the Event writer on the current tokio
     /// runtime. An unreachable API server is not an error: the loop retries.
+    /// `on_validation` is called (on a runtime task; it must not block) with every
+    /// startup-gate validation report.
     pub async fn start(
         cfg: KubeConfig,
         validation: ValidationConfig,
@@ -167,6 +227,7 @@ impl NodeWriter {
         registry: Arc<Registry>,
         health_rx: watch::Receiver<Arc<NodeHealth>>,
         dry_run: bool,
+        on_validation: Option<ValidationCallback>,
     ) -> Result<NodeWriter, KubeError> {
         let mut problems = cfg.validate();
         problems.extend(
@@ -233,6 +294,9 @@ impl NodeWriter {
                 shutdown: shutdown_rx,
                 live: None,
                 gate_report: None,
+                gate_spoiled: false,
+                startup_seen: false,
+                on_validation,
             }
             .run(),
         );

@@ -6,8 +6,14 @@
 //! [`run_extra_command`]; [`add_check`] folds its result into the report.
 //!
 //! A report only passes when it is *complete*: every check could run (NVML answered,
-//! the expected GPU count is known, every GPU has a sample). A partial report never
-//! removes the startup taint.
+//! the kernel-log ring was read to its end so faults logged before the agent started
+//! are known, the expected GPU count is known, every GPU has a sample). A partial
+//! report never removes the startup taint.
+//!
+//! The PCIe link is checked on its width by default (against the GPU's maximum or
+//! `expected_pcie_width`). The generation is only checked when configured
+//! (`expected_pcie_gen` or `check_pcie_gen = true`): idle GPUs drop to Gen1 to save
+//! power, so a generation check on a new, idle node would fail for no fault.
 //!
 //! ```
 //! use gpuwatch_proto::{GpuHealth, GpuSample, MonitorStatus, NodeHealth, RecoveryAction};
@@ -16,7 +22,7 @@
 //! let mut sample = GpuSample { index: 0, uuid: "GPU-0".into(), ..Default::default() };
 //! sample.set_recovery_action(RecoveryAction::None);
 //! let health = NodeHealth {
-//!     monitor: Some(MonitorStatus { nvml_ok: true, kmsg_ok: true, message: String::new() }),
+//!     monitor: Some(MonitorStatus { nvml_ok: true, kmsg_ok: true, kmsg_caught_up: true, message: String::new() }),
 //!     gpus: vec![GpuHealth { index: Some(0), sample: Some(sample), ..Default::default() }],
 //!     ..Default::default()
 //! };
@@ -43,10 +49,14 @@ pub struct ValidationConfig {
     /// Node label holding the expected GPU count (GPU feature discovery sets
     /// `nvidia.com/gpu.count`).
     pub expected_gpus_label: String,
-    /// Minimum PCIe link generation every GPU must run at; unset: the GPU's maximum.
-    /// (Idle GPUs may downshift the generation to save power; set this when the
-    /// gate runs on idle GPUs that do.)
+    /// Minimum PCIe link generation every GPU must run at. Setting it turns the
+    /// generation check on. Unset: the generation is not checked unless
+    /// `check_pcie_gen` is true (then against the GPU's maximum). Idle GPUs drop
+    /// to Gen1 to save power, which is why the generation is not checked by default.
     pub expected_pcie_gen: Option<u32>,
+    /// Check the PCIe link generation against the GPU's maximum even without
+    /// `expected_pcie_gen` (only sensible when the GPUs are busy during validation).
+    pub check_pcie_gen: bool,
     /// Minimum PCIe link width (lanes) every GPU must run at; unset: the GPU's maximum.
     pub expected_pcie_width: Option<u32>,
     /// Extra validation command (argv, no shell), e.g. `["dcgmi", "diag", "-r", "1"]`;
@@ -54,6 +64,12 @@ pub struct ValidationConfig {
     pub command: Vec<String>,
     /// Seconds the extra command may run before it is killed and counted as failed.
     pub timeout_secs: u64,
+    /// Require the kernel-log ring to have been read before validation can pass
+    /// (a fault logged before gpuwatch started, e.g. an XID 79 at boot, would
+    /// otherwise go unseen). Set false only where the pod cannot open /dev/kmsg
+    /// (no device access granted): the startup taint is then removed on the NVML
+    /// checks alone, and the report says the kernel log was not checked.
+    pub require_kmsg: bool,
 }
 
 impl Default for ValidationConfig {
@@ -62,9 +78,11 @@ impl Default for ValidationConfig {
             expected_gpus: None,
             expected_gpus_label: "nvidia.com/gpu.count".into(),
             expected_pcie_gen: None,
+            check_pcie_gen: false,
             expected_pcie_width: None,
             command: Vec::new(),
             timeout_secs: 300,
+            require_kmsg: true,
         }
     }
 }
@@ -104,6 +122,9 @@ impl ValidationConfig {
 pub mod checks {
     /// NVML answered.
     pub const NVML: &str = "nvml";
+    /// The kernel log is readable and its ring was read to the end (faults
+    /// logged before gpuwatch started are known).
+    pub const KMSG: &str = "kmsg";
     /// Expected GPU count equals what NVML sees.
     pub const GPU_COUNT: &str = "gpu_count";
     /// The GPU has a sample from the poller.
@@ -112,11 +133,12 @@ pub mod checks {
     pub const ROW_REMAP: &str = "row_remap";
     /// No uncorrectable ECC error this boot (volatile counter).
     pub const ECC: &str = "ecc_uncorrected";
-    /// PCIe link at the expected width and generation.
+    /// PCIe link at the expected width (and generation, when configured).
     pub const PCIE_LINK: &str = "pcie_link";
     /// NVML recovery action is none.
     pub const RECOVERY_ACTION: &str = "recovery_action";
-    /// No active reset/reboot/inspect fault on the GPU.
+    /// No active reset/reboot/inspect fault on the GPU (or, without a GPU index,
+    /// on the node).
     pub const FAULTS: &str = "active_faults";
     /// The extra validation command exited 0 in time.
     pub const COMMAND: &str = "command";
@@ -167,6 +189,18 @@ pub fn validate(
             .checks
             .push(check(checks::NVML, None, true, "NVML answered".into()));
     }
+    let (kmsg_known, mut kmsg_check) = kmsg_check(health);
+    if kmsg_known || cfg.require_kmsg {
+        report.complete &= kmsg_known;
+    } else {
+        // Explicitly waived by `require_kmsg = false`: recorded, not required.
+        kmsg_check.passed = true;
+        kmsg_check.message = format!(
+            "not required (validation.require_kmsg = false): {}",
+            kmsg_check.message.trim_start_matches("unknown: ")
+        );
+    }
+    report.checks.push(kmsg_check);
 
     let sampled: Vec<(&GpuHealth, &GpuSample)> = health
         .gpus
@@ -232,8 +266,81 @@ pub fn validate(
         };
         gpu_checks(g, s, idx, cfg, &mut report.checks);
     }
+    let node_faults = isolating(&health.node_faults);
+    if !node_faults.is_empty() {
+        report.checks.push(check(
+            checks::FAULTS,
+            None,
+            false,
+            format!("active on the node: {}", node_faults.join(", ")),
+        ));
+    }
     finish(&mut report);
     report
+}
+
+/// The kernel-log check: `(complete, check)`. Until the kmsg source has read the
+/// ring to its end, a fault logged before gpuwatch started (an XID 79 at boot)
+/// may still be unread, so the report cannot be complete.
+fn kmsg_check(health: &NodeHealth) -> (bool, ValidationCheck) {
+    let Some(m) = health.monitor.as_ref() else {
+        return (
+            false,
+            check(
+                checks::KMSG,
+                None,
+                false,
+                "unknown: no kernel-log status yet".into(),
+            ),
+        );
+    };
+    if !m.kmsg_ok {
+        let why = if m.message.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", m.message)
+        };
+        return (
+            false,
+            check(
+                checks::KMSG,
+                None,
+                false,
+                format!(
+                    "unknown: the kernel log is not readable{why}; faults logged before gpuwatch started cannot be ruled out"
+                ),
+            ),
+        );
+    }
+    if !m.kmsg_caught_up {
+        return (
+            false,
+            check(
+                checks::KMSG,
+                None,
+                false,
+                "unknown: the kernel-log ring has not been read to its end yet; faults logged before gpuwatch started may still be unread".into(),
+            ),
+        );
+    }
+    (
+        true,
+        check(
+            checks::KMSG,
+            None,
+            true,
+            "kernel-log ring read to its end".into(),
+        ),
+    )
+}
+
+/// `reason (action)` of each active fault that needs isolation.
+fn isolating(faults: &[gpuwatch_proto::ActiveFault]) -> Vec<String> {
+    faults
+        .iter()
+        .filter(|f| f.action().needs_isolation())
+        .map(|f| format!("{} ({})", f.reason, f.action().short_name()))
+        .collect()
 }
 
 fn gpu_label(g: &GpuHealth) -> String {
@@ -270,25 +377,25 @@ fn gpu_checks(
 
     let mut problems = Vec::new();
     let mut parts = Vec::new();
-    for (what, cur, max, want) in [
-        (
-            "generation",
-            s.pcie_link_gen,
-            s.pcie_link_gen_max,
-            cfg.expected_pcie_gen,
-        ),
-        (
-            "width",
-            s.pcie_link_width,
-            s.pcie_link_width_max,
-            cfg.expected_pcie_width,
-        ),
-    ] {
-        match (cur, want.or(max)) {
-            (Some(c), Some(w)) if c < w => problems.push(format!("{what} {c} below expected {w}")),
-            (Some(c), Some(w)) => parts.push(format!("{what} {c} (expected {w})")),
-            _ => parts.push(format!("{what} not reported")),
+    match (
+        s.pcie_link_width,
+        cfg.expected_pcie_width.or(s.pcie_link_width_max),
+    ) {
+        (Some(c), Some(w)) if c < w => problems.push(format!("width x{c} below expected x{w}")),
+        (Some(c), Some(w)) => parts.push(format!("width x{c} (expected x{w})")),
+        _ => parts.push("width not reported".to_owned()),
+    }
+    let gen_checked = cfg.expected_pcie_gen.is_some() || cfg.check_pcie_gen;
+    match (
+        s.pcie_link_gen,
+        cfg.expected_pcie_gen.or(s.pcie_link_gen_max),
+    ) {
+        (Some(c), Some(w)) if gen_checked && c < w => {
+            problems.push(format!("generation {c} below expected {w}"));
         }
+        (Some(c), Some(w)) if gen_checked => parts.push(format!("generation {c} (expected {w})")),
+        (Some(c), _) => parts.push(format!("generation {c} (not checked by default)")),
+        (None, _) => parts.push("generation not reported".to_owned()),
     }
     if problems.is_empty() {
         out.push(check(checks::PCIE_LINK, idx, true, parts.join(", ")));
@@ -305,12 +412,7 @@ fn gpu_checks(
     };
     out.push(check(checks::RECOVERY_ACTION, idx, ok, msg));
 
-    let isolating: Vec<String> = g
-        .active_faults
-        .iter()
-        .filter(|f| f.action().needs_isolation())
-        .map(|f| format!("{} ({})", f.reason, f.action().short_name()))
-        .collect();
+    let isolating = isolating(&g.active_faults);
     if isolating.is_empty() {
         out.push(check(checks::FAULTS, idx, true, "no active fault".into()));
     } else {
@@ -479,6 +581,7 @@ mod tests {
                 kmsg_ok: true,
                 nvml_ok: true,
                 message: String::new(),
+                kmsg_caught_up: true,
             }),
             gpus: (0..n).map(healthy_gpu).collect(),
             ..Default::default()
@@ -569,15 +672,111 @@ mod tests {
     }
 
     #[test]
-    fn pcie_expectation_from_config() {
+    fn pcie_generation_is_checked_only_when_configured() {
+        // Regression (issue 5 review): idle GPUs drop to Gen1; a default gate
+        // must not fail new idle nodes on the link generation.
         let mut h = health(1);
-        h.gpus[0].sample.as_mut().unwrap().pcie_link_gen = Some(4);
-        assert!(!validate(&h, Some(1), &cfg()).passed);
+        h.gpus[0].sample.as_mut().unwrap().pcie_link_gen = Some(1);
+        let r = validate(&h, Some(1), &cfg());
+        assert!(r.passed, "{}", render(&r));
+        assert!(
+            render(&r).contains("generation 1 (not checked"),
+            "{}",
+            render(&r)
+        );
+        let c = ValidationConfig {
+            check_pcie_gen: true,
+            ..cfg()
+        };
+        let r = validate(&h, Some(1), &c);
+        assert_eq!(failed_checks(&r), vec!["pcie_link[gpu 0]"]);
+        assert!(render(&r).contains("generation 1 below expected 5"));
+        let c = ValidationConfig {
+            expected_pcie_gen: Some(1),
+            ..cfg()
+        };
+        assert!(validate(&h, Some(1), &c).passed);
         let c = ValidationConfig {
             expected_pcie_gen: Some(4),
             ..cfg()
         };
+        assert!(!validate(&h, Some(1), &c).passed);
+        // The width is checked against the maximum by default.
+        let mut h = health(1);
+        h.gpus[0].sample.as_mut().unwrap().pcie_link_width = Some(8);
+        let r = validate(&h, Some(1), &cfg());
+        assert!(
+            render(&r).contains("width x8 below expected x16"),
+            "{}",
+            render(&r)
+        );
+        let c = ValidationConfig {
+            expected_pcie_width: Some(8),
+            ..cfg()
+        };
         assert!(validate(&h, Some(1), &c).passed);
+    }
+
+    #[test]
+    fn incomplete_until_the_kernel_log_ring_was_read() {
+        // Regression (issue 5 review): an XID 79 logged before the agent
+        // started may still be unread; the gate must not pass before that.
+        let mut h = health(2);
+        h.monitor.as_mut().unwrap().kmsg_caught_up = false;
+        let r = validate(&h, Some(2), &cfg());
+        assert!(!r.complete && !r.passed);
+        assert_eq!(failed_checks(&r), vec!["kmsg"]);
+        assert!(
+            render(&r).contains("not been read to its end"),
+            "{}",
+            render(&r)
+        );
+
+        let mut h = health(2);
+        let m = h.monitor.as_mut().unwrap();
+        m.kmsg_ok = false;
+        m.kmsg_caught_up = false;
+        m.message = "kmsg: Permission denied".into();
+        let r = validate(&h, Some(2), &cfg());
+        assert!(!r.complete && !r.passed);
+        let text = render(&r);
+        assert!(
+            text.contains("kernel log is not readable (kmsg: Permission denied)")
+                && text.contains("cannot be ruled out"),
+            "{text}"
+        );
+        assert!(text.starts_with("Validation INCOMPLETE"), "{text}");
+
+        // Waived explicitly where the pod cannot open /dev/kmsg: NVML checks decide,
+        // and the report says the kernel log was not checked.
+        let waived = ValidationConfig {
+            require_kmsg: false,
+            ..cfg()
+        };
+        let r = validate(&h, Some(2), &waived);
+        assert!(r.complete && r.passed, "{}", render(&r));
+        assert!(render(&r).contains("not required (validation.require_kmsg = false)"));
+    }
+
+    #[test]
+    fn node_level_faults_fail_the_validation() {
+        let mut h = health(2);
+        let mut f = ActiveFault {
+            reason: "XID79".into(),
+            ..Default::default()
+        };
+        f.set_action(Action::RebootNode);
+        h.node_faults.push(f);
+        let mut app = ActiveFault {
+            reason: "XID13".into(),
+            ..Default::default()
+        };
+        app.set_action(Action::RestartApp);
+        h.node_faults.push(app);
+        let r = validate(&h, Some(2), &cfg());
+        assert!(r.complete && !r.passed);
+        assert_eq!(failed_checks(&r), vec!["active_faults"]);
+        assert!(render(&r).contains("active on the node: XID79 (reboot_node)"));
     }
 
     #[test]
@@ -610,9 +809,11 @@ mod tests {
             expected_gpus: Some(0),
             expected_gpus_label: "bad label".into(),
             expected_pcie_gen: Some(9),
+            check_pcie_gen: false,
             expected_pcie_width: Some(3),
             command: vec![String::new()],
             timeout_secs: 0,
+            require_kmsg: true,
         };
         assert_eq!(c.validate().len(), 6, "{:?}", c.validate());
     }

@@ -6,15 +6,15 @@ mod kube_common;
 
 use gpuwatch_proto::{
     Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, GpuSample, MonitorStatus, NodeHealth,
-    RecoveryAction, Verdict,
+    RecoveryAction, ValidationReport, Verdict,
 };
-use gpuwatch_sinks::kube::{KubeConfig, NodeWriter};
+use gpuwatch_sinks::kube::{KubeConfig, NodeWriter, ValidationCallback};
 use gpuwatch_sinks::validation::ValidationConfig;
 use gpuwatch_sinks::{KubeObject, Registry, ValidationResult, WriteResult};
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
 use kube_common::{ApiDouble, condition, taint_keys, taint_value, wait_for};
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -85,6 +85,7 @@ fn healthy(n: u32, boot: &str) -> NodeHealth {
             kmsg_ok: true,
             nvml_ok: true,
             message: String::new(),
+            kmsg_caught_up: true,
         }),
         gpus: (0..n).map(gpu).collect(),
         ..Default::default()
@@ -118,6 +119,8 @@ struct Harness {
     tx: watch::Sender<Arc<NodeHealth>>,
     writer: Option<NodeWriter>,
     registry: Arc<Registry>,
+    /// Every report the writer handed to `on_validation`.
+    reports: Arc<Mutex<Vec<ValidationReport>>>,
 }
 
 impl Harness {
@@ -135,15 +138,33 @@ impl Harness {
     ) -> Harness {
         let (tx, rx) = watch::channel(Arc::new(health));
         let registry = Registry::new();
-        let writer = NodeWriter::start(cfg, vcfg, NODE.into(), registry.clone(), rx, false)
-            .await
-            .expect("writer starts");
+        let reports = Arc::new(Mutex::new(Vec::new()));
+        let sink = reports.clone();
+        let on_validation: ValidationCallback = Arc::new(move |r: ValidationReport| {
+            sink.lock().unwrap().push(r);
+        });
+        let writer = NodeWriter::start(
+            cfg,
+            vcfg,
+            NODE.into(),
+            registry.clone(),
+            rx,
+            false,
+            Some(on_validation),
+        )
+        .await
+        .expect("writer starts");
         Harness {
             api,
             tx,
             writer: Some(writer),
             registry,
+            reports,
         }
+    }
+
+    fn reports(&self) -> Vec<ValidationReport> {
+        self.reports.lock().unwrap().clone()
     }
 
     fn set(&self, h: NodeHealth) {
@@ -228,7 +249,7 @@ async fn xid79_sets_condition_and_taint_within_one_second() {
         "GPU-3",
         "0000:1e:00.0",
         "code 79",
-        "x1",
+        "seen once",
         "boot boot-a",
     ] {
         assert!(msg.contains(part), "{part} missing in {msg}");
@@ -290,7 +311,8 @@ async fn flapping_message_keeps_transition_time() {
     let ready_first = condition(&h.api.node(), READY).unwrap();
     // Make sure a later transition time would be distinguishable (second precision).
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    for count in 2..=6 {
+    // Each count crosses a bucket, so each one changes the message.
+    for count in [2, 10, 100, 1000, 10_000] {
         h.set(with_fault(
             healthy(2, "boot-a"),
             0,
@@ -303,7 +325,7 @@ async fn flapping_message_keeps_transition_time() {
     h.until("latest message", |n| {
         condition(n, PROBLEM)
             .and_then(|c| c.message)
-            .is_some_and(|m| m.contains("x6"))
+            .is_some_and(|m| m.contains("seen 10000+ times"))
     })
     .await;
     let last = condition(&h.api.node(), PROBLEM).unwrap();
@@ -544,6 +566,7 @@ async fn nvml_unavailable_is_unknown_never_false() {
         kmsg_ok: true,
         nvml_ok: false,
         message: "NVML library not found".into(),
+        kmsg_caught_up: true,
     });
     let h = Harness::start(node(vec![], &[]), h0).await;
     h.until("unknown", |n| {
@@ -698,6 +721,16 @@ async fn startup_taint_removed_after_validation_passes() {
     assert_eq!(taint_keys(&n), vec!["dedicated"]);
     assert_eq!(status_of(&n, READY).as_deref(), Some("True"));
     assert_eq!(h.registry.validation_runs(ValidationResult::Pass), 1);
+    // The engine is told the report (it becomes `/v1/health.validation`).
+    let reports = h.reports();
+    assert_eq!(reports.len(), 1, "{reports:#?}");
+    assert!(reports[0].passed && reports[0].complete);
+    assert!(
+        reports[0]
+            .checks
+            .iter()
+            .any(|c| c.name == "command" && c.passed)
+    );
     // The double applied the patch; the writer counts it once the response is in.
     assert!(
         wait_for(SECS, || h
@@ -742,10 +775,11 @@ async fn storm_of_health_changes_is_paced_to_one_write_per_second() {
         }
     }
     let secs = t0.elapsed().as_secs_f64();
+    // The last change: count 1001 on GPU 7 (999 % 8).
     h.until("last state", |n| {
         condition(n, PROBLEM)
             .and_then(|c| c.message)
-            .is_some_and(|m| m.contains("x1001"))
+            .is_some_and(|m| m.starts_with("GPU 7 ") && m.contains("seen 1000+ times"))
     })
     .await;
     let total = t0.elapsed().as_secs_f64();
@@ -874,6 +908,7 @@ async fn dry_run_needs_no_api_server() {
         registry.clone(),
         rx,
         true,
+        None,
     )
     .await
     .unwrap();
@@ -924,7 +959,7 @@ async fn invalid_settings_are_rejected_with_every_problem() {
         timeout_secs: 0,
         ..ValidationConfig::default()
     };
-    let err = NodeWriter::start(cfg, vcfg, NODE.into(), Registry::new(), rx, true)
+    let err = NodeWriter::start(cfg, vcfg, NODE.into(), Registry::new(), rx, true, None)
         .await
         .unwrap_err()
         .to_string();
@@ -935,4 +970,251 @@ async fn invalid_settings_are_rejected_with_every_problem() {
     ] {
         assert!(err.contains(part), "{part} missing: {err}");
     }
+}
+
+/// Regression (issue 5 review): the condition message carried the live count,
+/// so a storm on one fault meant one status write per pacing interval for its
+/// whole length. With the count bucketed, 10 000 occurrences change the
+/// message 5 times, even with write pacing (nearly) off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storm_of_increments_makes_a_handful_of_status_writes() {
+    let api = ApiDouble::start(node(vec![], &[])).await;
+    let cfg = KubeConfig {
+        min_write_interval_ms: 1,
+        ..api.kube_config()
+    };
+    let h = Harness::with(
+        api,
+        cfg,
+        ValidationConfig::default(),
+        with_fault(healthy(8, "boot-a"), 2, 79, Action::RebootNode, 1),
+    )
+    .await;
+    h.until("first state", |n| {
+        condition(n, PROBLEM)
+            .and_then(|c| c.message)
+            .is_some_and(|m| m.contains("seen once"))
+    })
+    .await;
+    let status_writes = |h: &Harness| {
+        h.api
+            .requests()
+            .iter()
+            .filter(|r| r.resource == "nodes/status" && r.is_write())
+            .count()
+    };
+    let before = status_writes(&h);
+    for count in 2..=10_000u64 {
+        h.set(with_fault(
+            healthy(8, "boot-a"),
+            2,
+            79,
+            Action::RebootNode,
+            count,
+        ));
+        if count % 100 == 0 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    h.until("last bucket", |n| {
+        condition(n, PROBLEM)
+            .and_then(|c| c.message)
+            .is_some_and(|m| m.contains("seen 10000+ times"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let writes = status_writes(&h) - before;
+    eprintln!("storm: 10000 occurrences of one fault -> {writes} status writes");
+    assert!(
+        (1..=5).contains(&writes),
+        "{writes} status writes for 10 000 occurrences"
+    );
+    // The taint never moved.
+    let taint_writes = h
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.resource == "nodes" && r.is_write())
+        .count();
+    assert_eq!(taint_writes, 1);
+    h.stop().await;
+}
+
+/// Regression (issue 5 review): the report of a validation whose extra command
+/// runs for a while was built from the health at spawn time; a fault that
+/// appears while the command runs must keep the startup taint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_during_the_extra_command_keeps_the_startup_taint() {
+    let vcfg = ValidationConfig {
+        command: vec!["sleep".into(), "1".into()],
+        ..ValidationConfig::default()
+    };
+    let h = gate(&[("nvidia.com/gpu.count", "2")], healthy(2, "boot-a"), vcfg).await;
+    // The command is running (spawned at start); the fault arrives meanwhile.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    h.set(with_fault(
+        healthy(2, "boot-a"),
+        1,
+        79,
+        Action::RebootNode,
+        1,
+    ));
+    // The stale passing result comes back after ~1 s; watch for 3 s.
+    let end = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < end {
+        assert!(
+            taint_value(&h.api.node(), STARTUP_TAINT).is_some(),
+            "startup taint removed although a fault appeared: {:#}",
+            h.api.node_json()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        h.registry
+            .kube_writes(KubeObject::StartupTaint, WriteResult::Ok),
+        0
+    );
+    // The engine was told the fault's effect on validation.
+    let reports = h.reports();
+    assert!(
+        reports.iter().any(|r| !r.passed
+            && r.checks
+                .iter()
+                .any(|c| c.name == "active_faults" && !c.passed)),
+        "{reports:#?}"
+    );
+    // The fault taint is there, the startup taint stays.
+    let n = h.api.node();
+    assert_eq!(taint_value(&n, FAULT_TAINT).as_deref(), Some("reboot_node"));
+    assert!(taint_value(&n, STARTUP_TAINT).is_some());
+    h.stop().await;
+}
+
+/// Regression (issue 5 review): a passing result cached while the taint
+/// removal could not be written (API forbids the taint patch) must not remove
+/// the taint later, after a fault came and went: the validation runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_pass_is_dropped_when_health_fails_in_between() {
+    let api = ApiDouble::start(node(
+        vec![taint(STARTUP_TAINT, None)],
+        &[("nvidia.com/gpu.count", "2")],
+    ))
+    .await;
+    api.forbid("patch", "nodes");
+    let cfg = KubeConfig {
+        validation_interval_secs: 3600,
+        ..api.kube_config()
+    };
+    let h = Harness::with(api, cfg, ValidationConfig::default(), healthy(2, "boot-a")).await;
+    assert!(
+        wait_for(SECS, || h.registry.validation_runs(ValidationResult::Pass)
+            == 1)
+        .await
+    );
+    assert!(
+        wait_for(SECS, || h
+            .registry
+            .kube_writes(KubeObject::StartupTaint, WriteResult::Error)
+            >= 1)
+        .await
+    );
+    // A fault comes and goes while the taint patch is refused.
+    h.set(with_fault(
+        healthy(2, "boot-a"),
+        0,
+        79,
+        Action::RebootNode,
+        1,
+    ));
+    assert!(
+        wait_for(SECS, || h.reports().last().is_some_and(|r| !r.passed)).await,
+        "{:#?}",
+        h.reports()
+    );
+    h.set(healthy(2, "boot-a"));
+    h.api.unforbid("patch", "nodes");
+    // No new validation runs for an hour: the old pass must not remove the taint.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        taint_value(&h.api.node(), STARTUP_TAINT).is_some(),
+        "{:#}",
+        h.api.node_json()
+    );
+    assert_eq!(h.registry.validation_runs(ValidationResult::Pass), 1);
+    h.stop().await;
+}
+
+/// Issue 5 review: the gate is incomplete until the kernel-log ring was read
+/// (an XID 79 logged before the agent started may still be unread).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_taint_waits_for_the_kernel_log_ring() {
+    let mut h0 = healthy(2, "boot-a");
+    h0.monitor.as_mut().unwrap().kmsg_caught_up = false;
+    let h = gate(
+        &[("nvidia.com/gpu.count", "2")],
+        h0,
+        ValidationConfig::default(),
+    )
+    .await;
+    assert!(
+        wait_for(SECS, || h
+            .registry
+            .validation_runs(ValidationResult::Incomplete)
+            >= 2)
+        .await
+    );
+    assert!(taint_value(&h.api.node(), STARTUP_TAINT).is_some());
+    let r = condition(&h.api.node(), READY).unwrap();
+    assert_eq!(r.reason.as_deref(), Some("ValidationIncomplete"));
+    assert!(r.message.unwrap_or_default().contains("kmsg"));
+    // The ring was read to its end: the next validation passes.
+    h.set(healthy(2, "boot-a"));
+    h.until("startup taint removed", |n| {
+        taint_value(n, STARTUP_TAINT).is_none()
+    })
+    .await;
+    let reports = h.reports();
+    assert!(reports.first().is_some_and(|r| !r.complete), "{reports:#?}");
+    assert!(reports.last().is_some_and(|r| r.passed), "{reports:#?}");
+    h.stop().await;
+}
+
+/// A startup taint that comes back after the gate opened is validated again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reappearing_startup_taint_is_validated_again() {
+    let h = gate(
+        &[("nvidia.com/gpu.count", "2")],
+        healthy(2, "boot-a"),
+        ValidationConfig::default(),
+    )
+    .await;
+    h.until("startup taint removed", |n| {
+        taint_value(n, STARTUP_TAINT).is_none()
+    })
+    .await;
+    // The node is now bad, and someone puts the startup taint back.
+    h.set(with_fault(
+        healthy(2, "boot-a"),
+        0,
+        79,
+        Action::RebootNode,
+        1,
+    ));
+    h.until("fault taint", |n| taint_value(n, FAULT_TAINT).is_some())
+        .await;
+    h.api.edit_node(|n| {
+        n["spec"]["taints"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({"key": STARTUP_TAINT, "effect": "NoSchedule"}));
+    });
+    assert!(
+        wait_for(SECS, || h.registry.validation_runs(ValidationResult::Fail)
+            >= 1)
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(taint_value(&h.api.node(), STARTUP_TAINT).is_some());
+    assert_eq!(h.registry.validation_runs(ValidationResult::Pass), 1);
+    h.stop().await;
 }

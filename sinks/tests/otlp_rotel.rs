@@ -214,14 +214,13 @@ fn roundtrip(protocol: Protocol, compression: Compression) {
         Some("0")
     );
     let monitor = got.metric("gpuwatch.monitor.up").unwrap();
-    assert_eq!(
-        monitor
-            .point(&[("input", "Str(nvml)")])
-            .unwrap()
-            .value
-            .as_deref(),
-        Some("0")
-    );
+    for (input, up) in [("Str(kmsg)", "0"), ("Str(nvml)", "1")] {
+        assert_eq!(
+            monitor.point(&[("input", input)]).unwrap().value.as_deref(),
+            Some(up),
+            "{input}"
+        );
+    }
     let reads = got.metric("gpuwatch.kmsg.records.read").unwrap();
     assert_eq!(reads.points[0].value.as_deref(), Some("1000"));
 

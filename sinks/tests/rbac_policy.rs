@@ -1,8 +1,11 @@
 //! The shipped RBAC and admission policy against what the node writer sends:
-//! both manifests parse into typed k8s-openapi objects; the ClusterRole grants
-//! exactly `WRITER_REQUESTS`, which equals the set of requests recorded from a
-//! writer run against the API double; the CEL names every default condition type
-//! and taint key gpuwatch owns.
+//! both manifests parse into typed k8s-openapi objects; the ClusterRole (nodes)
+//! and the Role in the Event namespace (events) together grant exactly
+//! `WRITER_REQUESTS`, which equals the set of requests recorded from a writer run
+//! against the API double; no cluster-wide Event access; the rendered overlays
+//! keep the Events Role in the Event namespace and bind the same subjects as the
+//! ClusterRoleBinding; the CEL names every default condition type and taint key
+//! gpuwatch owns.
 
 mod kube_common;
 
@@ -17,7 +20,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::core::v1::{Node, NodeSpec, ServiceAccount, Taint};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use kube_common::{ApiDouble, taint_value, wait_for};
 use serde::Deserialize;
 use std::collections::BTreeSet;
@@ -30,6 +33,8 @@ struct Manifests {
     service_accounts: Vec<ServiceAccount>,
     roles: Vec<ClusterRole>,
     bindings: Vec<ClusterRoleBinding>,
+    ns_roles: Vec<Role>,
+    ns_bindings: Vec<RoleBinding>,
     policies: Vec<ValidatingAdmissionPolicy>,
     policy_bindings: Vec<ValidatingAdmissionPolicyBinding>,
 }
@@ -55,6 +60,10 @@ fn load(file: &str, m: &mut Manifests) {
                 .push(serde_json::from_value(json).expect(&ctx)),
             "ClusterRole" => m.roles.push(serde_json::from_value(json).expect(&ctx)),
             "ClusterRoleBinding" => m.bindings.push(serde_json::from_value(json).expect(&ctx)),
+            "Role" => m.ns_roles.push(serde_json::from_value(json).expect(&ctx)),
+            "RoleBinding" => m
+                .ns_bindings
+                .push(serde_json::from_value(json).expect(&ctx)),
             "ValidatingAdmissionPolicy" => {
                 m.policies.push(serde_json::from_value(json).expect(&ctx))
             }
@@ -76,25 +85,45 @@ fn manifests() -> Manifests {
 
 type Req = (String, String, String);
 
-fn granted(m: &Manifests) -> BTreeSet<Req> {
-    let mut out = BTreeSet::new();
-    for role in &m.roles {
-        for rule in role.rules.as_deref().unwrap_or(&[]) {
-            assert!(
-                rule.resource_names.is_none(),
-                "resourceNames cannot name the own node"
-            );
-            assert!(rule.non_resource_urls.is_none());
-            for g in rule.api_groups.as_deref().unwrap_or(&[]) {
-                for r in rule.resources.as_deref().unwrap_or(&[]) {
-                    for v in &rule.verbs {
-                        assert!(g != "*" && r != "*" && v != "*", "wildcard in {rule:?}");
-                        out.insert((v.clone(), g.clone(), r.clone()));
-                    }
+fn rule_grants(rules: &[PolicyRule], out: &mut BTreeSet<Req>) {
+    for rule in rules {
+        assert!(
+            rule.resource_names.is_none(),
+            "resourceNames cannot name the own node"
+        );
+        assert!(rule.non_resource_urls.is_none());
+        for g in rule.api_groups.as_deref().unwrap_or(&[]) {
+            for r in rule.resources.as_deref().unwrap_or(&[]) {
+                for v in &rule.verbs {
+                    assert!(g != "*" && r != "*" && v != "*", "wildcard in {rule:?}");
+                    out.insert((v.clone(), g.clone(), r.clone()));
                 }
             }
         }
     }
+}
+
+/// What the ClusterRoles grant (cluster-wide).
+fn granted_cluster(m: &Manifests) -> BTreeSet<Req> {
+    let mut out = BTreeSet::new();
+    for role in &m.roles {
+        rule_grants(role.rules.as_deref().unwrap_or(&[]), &mut out);
+    }
+    out
+}
+
+/// What the namespaced Roles grant (in their namespace).
+fn granted_namespaced(m: &Manifests) -> BTreeSet<Req> {
+    let mut out = BTreeSet::new();
+    for role in &m.ns_roles {
+        rule_grants(role.rules.as_deref().unwrap_or(&[]), &mut out);
+    }
+    out
+}
+
+fn granted(m: &Manifests) -> BTreeSet<Req> {
+    let mut out = granted_cluster(m);
+    out.extend(granted_namespaced(m));
     out
 }
 
@@ -125,12 +154,48 @@ fn rbac_grants_exactly_the_declared_requests() {
         ),
         ("ServiceAccount", "gpuwatch", Some("gpuwatch"))
     );
+    // Regression (issue 5 review): `list events` cluster-wide let the agent read
+    // every Event in the cluster. Events are granted only by a Role in the
+    // Event namespace; the ClusterRole grants nothing on events.
+    assert!(
+        granted_cluster(&m)
+            .iter()
+            .all(|(_, _, r)| r.starts_with("nodes")),
+        "cluster-wide grants beyond nodes: {:?}",
+        granted_cluster(&m)
+    );
+    let events: BTreeSet<Req> = declared()
+        .into_iter()
+        .filter(|(_, _, r)| r == "events")
+        .collect();
+    assert_eq!(granted_namespaced(&m), events);
+    let ns = KubeConfig::default().event_namespace;
+    assert_eq!(m.ns_roles.len(), 1);
+    let role = &m.ns_roles[0];
+    assert_eq!(role.metadata.namespace.as_deref(), Some(ns.as_str()));
+    assert_eq!(
+        role.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("gpuwatch.io/event-namespace"))
+            .map(String::as_str),
+        Some(ns.as_str()),
+        "the kustomize replacement reads the namespace from this annotation"
+    );
+    assert_eq!(m.ns_bindings.len(), 1);
+    let rb = &m.ns_bindings[0];
+    assert_eq!(rb.metadata.namespace.as_deref(), Some(ns.as_str()));
+    assert_eq!(rb.role_ref.kind, "Role");
+    assert_eq!(Some(&rb.role_ref.name), role.metadata.name.as_ref());
+    assert_eq!(rb.subjects, b.subjects, "same subjects as the node grants");
     for labels in m
         .service_accounts
         .iter()
         .map(|x| &x.metadata.labels)
         .chain(m.roles.iter().map(|x| &x.metadata.labels))
         .chain(m.bindings.iter().map(|x| &x.metadata.labels))
+        .chain(m.ns_roles.iter().map(|x| &x.metadata.labels))
+        .chain(m.ns_bindings.iter().map(|x| &x.metadata.labels))
     {
         assert_eq!(
             labels
@@ -283,6 +348,7 @@ async fn recorded_requests_equal_the_rbac_grants() {
             kmsg_ok: true,
             nvml_ok: true,
             message: String::new(),
+            kmsg_caught_up: true,
         }),
         gpus: vec![gpu(0)],
         ..Default::default()
@@ -297,6 +363,7 @@ async fn recorded_requests_equal_the_rbac_grants() {
         registry,
         rx,
         false,
+        None,
     )
     .await
     .unwrap();
@@ -351,4 +418,85 @@ async fn recorded_requests_equal_the_rbac_grants() {
         "recorded requests differ from WRITER_REQUESTS"
     );
     assert_eq!(seen, granted(&manifests()));
+}
+
+/// Renders an overlay with `kubectl kustomize` (as `deploy_manifests.rs` does).
+fn render(overlay: &str) -> Vec<serde_json::Value> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/kubernetes/overlays")
+        .join(overlay);
+    let out = std::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&dir)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run kubectl (apt-get install kubernetes-client): {e}"));
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("UTF-8 render");
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| {
+            let v = serde_yaml::Value::deserialize(d).expect("YAML document");
+            serde_json::to_value(&v).expect("JSON-compatible")
+        })
+        .collect()
+}
+
+/// After kustomize's `namespace:` (gpuwatch, gpu-operator), the Events Role and
+/// RoleBinding are still in the Event namespace, and the RoleBinding names the
+/// same subjects as the ClusterRoleBinding (the dcgm-sidecar overlay rewrites both).
+#[test]
+fn rendered_overlays_keep_events_rbac_in_the_event_namespace() {
+    let ns = KubeConfig::default().event_namespace;
+    for (overlay, sa) in [
+        ("standalone", ("gpuwatch", "gpuwatch")),
+        ("dcgm-sidecar", ("nvidia-dcgm-exporter", "gpu-operator")),
+    ] {
+        let objs = render(overlay);
+        let find = |kind: &str| -> Vec<&serde_json::Value> {
+            objs.iter().filter(|o| o["kind"] == kind).collect()
+        };
+        let roles = find("Role");
+        assert_eq!(roles.len(), 1, "{overlay}");
+        let role: Role = serde_json::from_value(roles[0].clone()).expect("Role parses");
+        assert_eq!(
+            role.metadata.namespace.as_deref(),
+            Some(ns.as_str()),
+            "{overlay}"
+        );
+        let rbs = find("RoleBinding");
+        assert_eq!(rbs.len(), 1, "{overlay}");
+        let rb: RoleBinding = serde_json::from_value(rbs[0].clone()).expect("RoleBinding parses");
+        assert_eq!(
+            rb.metadata.namespace.as_deref(),
+            Some(ns.as_str()),
+            "{overlay}"
+        );
+        let crb: ClusterRoleBinding =
+            serde_json::from_value(find("ClusterRoleBinding")[0].clone()).expect("parses");
+        assert_eq!(rb.subjects, crb.subjects, "{overlay}");
+        let subj = &rb.subjects.as_ref().expect("subjects")[0];
+        assert_eq!(
+            (subj.name.as_str(), subj.namespace.as_deref()),
+            (sa.0, Some(sa.1)),
+            "{overlay}"
+        );
+        // No ClusterRole grants events.
+        for cr in find("ClusterRole") {
+            let cr: ClusterRole = serde_json::from_value(cr.clone()).expect("parses");
+            for rule in cr.rules.iter().flatten() {
+                assert!(
+                    !rule
+                        .resources
+                        .iter()
+                        .flatten()
+                        .any(|r| r.starts_with("events")),
+                    "{overlay}: cluster-wide Event grant {rule:?}"
+                );
+            }
+        }
+    }
 }

@@ -219,10 +219,7 @@ fn plain_secs_usec(inner: &[u8]) -> Option<Option<u64>> {
 
 /// The general bracket timestamp: monotonic, relative (`-H`), ctime (`-T`) or
 /// `Mon D HH:MM` (`-H`) → (format, monotonic µs, wall-clock ns).
-fn bracket_time(
-    inner: &[u8],
-    plain: LineFormat,
-) -> Option<(LineFormat, Option<u64>, Option<u64>)> {
+fn bracket_time(inner: &[u8], plain: LineFormat) -> Option<(LineFormat, Option<u64>, Option<u64>)> {
     let inner = std::str::from_utf8(inner).ok()?;
     let trimmed = inner.trim_start();
     let (format, mono, wall) = if let Some(rel) = trimmed.strip_prefix('+') {
@@ -664,6 +661,52 @@ mod tests {
             assert_eq!(l.format, LineFormat::Unknown, "{s}");
             assert_eq!(l.message, s);
         }
+    }
+
+    #[test]
+    fn timestamp_fast_path_agrees_with_the_general_parser() {
+        // Every string of up to 6 bytes over the interesting alphabet, plus long ones.
+        let alphabet = [b' ', b'0', b'7', b'9', b'.', b'\t', b'+', b'x'];
+        let mut inputs: Vec<Vec<u8>> = vec![Vec::new()];
+        let mut frontier = inputs.clone();
+        for _ in 0..6 {
+            let next: Vec<Vec<u8>> = frontier
+                .iter()
+                .flat_map(|p| alphabet.iter().map(move |&b| [p.as_slice(), &[b]].concat()))
+                .collect();
+            inputs.extend(next.iter().cloned());
+            frontier = next;
+        }
+        for long in [
+            "99999999999999999999.1",
+            "9999999999999999999.999999999",
+            "18446744073709.551615",
+            "18446744073709.551616",
+            "  123.456789  ",
+            "1.1234567891",
+        ] {
+            inputs.push(long.as_bytes().to_vec());
+        }
+        let mut fast_hits = 0;
+        for inner in &inputs {
+            let Some(fast) = plain_secs_usec(inner) else {
+                continue;
+            };
+            fast_hits += 1;
+            let general = bracket_time(inner, LineFormat::Dmesg);
+            assert_eq!(
+                fast,
+                general.and_then(|(_, mono, _)| mono),
+                "{:?}",
+                String::from_utf8_lossy(inner)
+            );
+            if fast.is_some() {
+                assert_eq!(general.map(|g| g.0), Some(LineFormat::Dmesg));
+            } else {
+                assert!(general.is_none());
+            }
+        }
+        assert!(fast_hits > 1000, "{fast_hits}");
     }
 
     #[test]

@@ -5,8 +5,28 @@
 //! ([`interesting`]) before any parsing.
 
 use gpuwatch_proto::RecoveryAction;
-use memchr::memmem;
-use std::sync::LazyLock;
+
+/// Position of the literal `$needle` in the `&str` `$haystack`.
+///
+/// Each call site owns a `memmem::Finder` built on first use (a `static`), so a
+/// search costs only the search: building a searcher (pair selection, SIMD set-up)
+/// per call used to be most of the parser's time on fault lines.
+macro_rules! find {
+    ($haystack:expr, $needle:literal) => {{
+        static FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+            std::sync::LazyLock::new(|| memchr::memmem::Finder::new($needle));
+        FINDER.find(str::as_bytes($haystack))
+    }};
+}
+
+/// True when the `&str` `$haystack` contains the literal `$needle` (see [`find!`]).
+macro_rules! contains {
+    ($haystack:expr, $needle:literal) => {
+        find!($haystack, $needle).is_some()
+    };
+}
+
+pub(crate) use {contains, find};
 
 /// An NVRM `Xid` line: `NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.`
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,14 +94,17 @@ impl AerSeverity {
     }
 
     fn from_text(s: &str) -> Option<AerSeverity> {
-        let has = |n: &str| memmem::find(s.as_bytes(), n.as_bytes()).is_some();
-        if has("Non-Fatal") || has("Nonfatal") || has("NonFatal") || has("non-fatal") {
+        if contains!(s, "Non-Fatal")
+            || contains!(s, "Nonfatal")
+            || contains!(s, "NonFatal")
+            || contains!(s, "non-fatal")
+        {
             Some(AerSeverity::UncorrectedNonFatal)
-        } else if has("Fatal") || has("fatal") {
+        } else if contains!(s, "Fatal") || contains!(s, "fatal") {
             Some(AerSeverity::UncorrectedFatal)
-        } else if has("Correct") {
+        } else if contains!(s, "Correct") {
             Some(AerSeverity::Corrected)
-        } else if has("Uncorrect") {
+        } else if contains!(s, "Uncorrect") {
             Some(AerSeverity::UncorrectedNonFatal)
         } else {
             None
@@ -233,8 +256,6 @@ pub enum Message<'a> {
     },
 }
 
-static F_NVRM: LazyLock<memmem::Finder<'static>> = LazyLock::new(|| memmem::Finder::new("NVRM"));
-
 /// Prefilter: false ⇒ [`parse_message`] returns `None`. True when the message has one
 /// of the markers of a message kind: `NVRM`/`NVLink`/`NVLINK` (also `nV…`), `Xid`/`SXid`,
 /// `AER`, `nvidia`/`nvlink`/`nvswitch`, `[Hardware Error]`, an AER detail `[` (after
@@ -243,52 +264,71 @@ static F_NVRM: LazyLock<memmem::Finder<'static>> = LazyLock::new(|| memmem::Find
 ///
 /// One pass, no allocation: every marker contains one of a few byte pairs (`NV`, `nV`,
 /// `nv`, `Xi`, `AE`, `[H`, ` [`, `PC`, `Ma`, `mp`, `mc`). Pairs are tested 16
-/// positions at a time with plain comparisons (which the compiler vectorises); only
-/// positions holding a pair are checked for the full marker.
+/// positions at a time with plain comparisons (which the compiler vectorises) into a
+/// bit mask; only the positions set in it are checked for the full marker.
 pub fn interesting(msg: &[u8]) -> bool {
-    const W: usize = 16;
-    let mut i = 0;
-    while let Some(c) = msg[i..].first_chunk::<{ W + 1 }>() {
-        let mut any = 0u8;
-        for k in 0..W {
-            any |= u8::from(marker_pair(c[k], c[k + 1]));
-        }
-        if any != 0 {
-            for k in 0..W {
-                if marker_pair(c[k], c[k + 1]) && marker_at(msg, i + k) {
-                    return true;
-                }
-            }
-        }
-        i += W;
+    if msg.len() < 2 {
+        return false;
     }
-    while i + 1 < msg.len() {
-        if marker_pair(msg[i], msg[i + 1]) && marker_at(msg, i) {
+    let Some(last) = msg.len().checked_sub(W + 1) else {
+        // Shorter than one chunk: zero-padded (no marker pair contains a NUL byte).
+        let mut pad = [0u8; W + 1];
+        pad[..msg.len()].copy_from_slice(msg);
+        return chunk_has_marker(msg, 0, &pad, 0);
+    };
+    let mut i = 0;
+    loop {
+        // The last chunk overlaps the one before; `skip` masks the positions done.
+        let (start, skip) = if i <= last { (i, 0) } else { (last, i - last) };
+        let Some(c) = msg[start..].first_chunk::<{ W + 1 }>() else {
+            return false;
+        };
+        if chunk_has_marker(msg, start, c, skip) {
             return true;
         }
-        i += 1;
+        i += W;
+        if start == last || i + 1 >= msg.len() {
+            return false;
+        }
+    }
+}
+
+/// Positions tested per chunk by [`interesting`].
+const W: usize = 16;
+
+/// True when one of the pair positions `start + skip .. start + W` of `msg` (whose
+/// bytes `c` holds, plus one) starts a marker.
+#[inline(always)]
+fn chunk_has_marker(msg: &[u8], start: usize, c: &[u8; W + 1], skip: usize) -> bool {
+    // One byte per position, 1 where a pair starts: plain byte compares over
+    // fixed-size arrays, which the compiler turns into 16-lane vector compares.
+    let mut m = [0u8; W];
+    for k in 0..W {
+        m[k] = u8::from(marker_pair(c[k], c[k + 1]));
+    }
+    let mut hits = u128::from_le_bytes(m) >> (8 * skip);
+    while hits != 0 {
+        let k = skip + hits.trailing_zeros() as usize / 8;
+        if marker_at(msg, start + k) {
+            return true;
+        }
+        hits &= hits - 1;
     }
     false
 }
 
-/// True when `a b` is a byte pair that every occurrence of some marker contains.
+/// True when `a b` is a byte pair that every occurrence of some marker contains
+/// (a superset: `Nv` passes too; [`marker_at`] decides).
 #[inline(always)]
 fn marker_pair(a: u8, b: u8) -> bool {
-    const fn p(s: &[u8; 2]) -> u16 {
-        s[0] as u16 | (s[1] as u16) << 8
-    }
-    let w = u16::from(a) | u16::from(b) << 8;
-    (w == p(b"NV"))
-        | (w == p(b"nV"))
-        | (w == p(b"nv"))
-        | (w == p(b"Xi"))
-        | (w == p(b"AE"))
-        | (w == p(b"[H"))
-        | (w == p(b" ["))
-        | (w == p(b"PC"))
-        | (w == p(b"Ma"))
-        | (w == p(b"mp"))
-        | (w == p(b"mc"))
+    ((a | 0x20 == b'n') & (b | 0x20 == b'v'))
+        | ((a == b'X') & (b == b'i'))
+        | ((a == b'A') & (b == b'E'))
+        | ((a == b'[') & (b == b'H'))
+        | ((a == b' ') & (b == b'['))
+        | ((a == b'P') & (b == b'C'))
+        | ((a == b'M') & (b == b'a'))
+        | ((a == b'm') & ((b == b'p') | (b == b'c')))
 }
 
 /// Full marker check for the pair starting at `i` (see [`marker_pair`]).
@@ -326,14 +366,6 @@ fn marker_at(msg: &[u8], i: usize) -> bool {
     }
 }
 
-fn find(h: &str, n: &str) -> Option<usize> {
-    memmem::find(h.as_bytes(), n.as_bytes())
-}
-
-fn contains(h: &str, n: &str) -> bool {
-    find(h, n).is_some()
-}
-
 fn leading_u32(s: &str) -> Option<(u32, &str)> {
     let end = s
         .bytes()
@@ -342,7 +374,11 @@ fn leading_u32(s: &str) -> Option<(u32, &str)> {
     if end == 0 || end > 9 {
         return None;
     }
-    Some((s[..end].parse().ok()?, &s[end..]))
+    // At most nine digits: no overflow.
+    let n = s.as_bytes()[..end]
+        .iter()
+        .fold(0u32, |n, &d| n * 10 + u32::from(d - b'0'));
+    Some((n, &s[end..]))
 }
 
 /// `Link 32`, `link 3`, `Link 00` → number.
@@ -376,10 +412,10 @@ pub fn parse_message(msg: &str) -> Option<Message<'_>> {
     if !interesting(msg.as_bytes()) {
         return None;
     }
-    if let Some(i) = find(msg, "SXid (") {
+    if let Some(i) = find!(msg, "SXid (") {
         return parse_sxid(&msg[i + 6..]).map(Message::Sxid);
     }
-    if let Some(i) = F_NVRM.find(msg.as_bytes()) {
+    if let Some(i) = find!(msg, "NVRM") {
         let rest = msg[i + 4..].strip_prefix(':').map(str::trim_start);
         if let Some(rest) = rest {
             if let Some(x) = rest.strip_prefix("Xid (") {
@@ -391,9 +427,9 @@ pub fn parse_message(msg: &str) -> Option<Message<'_>> {
     if let Some(m) = parse_aer(msg) {
         return Some(m);
     }
-    if (contains(msg, "mce:")
-        || contains(msg, "[Hardware Error]")
-        || contains(msg, "Machine Check"))
+    if (contains!(msg, "mce:")
+        || contains!(msg, "[Hardware Error]")
+        || contains!(msg, "Machine Check"))
         && let Some(m) = parse_mce(msg)
     {
         return Some(m);
@@ -402,9 +438,9 @@ pub fn parse_message(msg: &str) -> Option<Message<'_>> {
         return Some(m);
     }
     // `nvidia: probe of 0000:3b:00.0 failed with error -1`, `nvidia-nvlink: ...`.
-    if let Some(i) = find(msg, "probe of ")
-        && contains(&msg[..i], "nvidia")
-        && let Some(j) = find(&msg[i..], "failed with error ")
+    if let Some(i) = find!(msg, "probe of ")
+        && contains!(&msg[..i], "nvidia")
+        && let Some(j) = find!(&msg[i..], "failed with error ")
     {
         let code = msg[i + j + 18..].split_whitespace().next();
         return Some(Message::DriverError(DriverErrorMsg {
@@ -413,24 +449,52 @@ pub fn parse_message(msg: &str) -> Option<Message<'_>> {
             code,
         }));
     }
-    if contains(msg, "nvlink") || contains(msg, "NVLink") || contains(msg, "NVLINK") {
-        return parse_nvlink(msg);
+    // NVLink lines outside NVRM count only from the NVLink core and NVSwitch drivers:
+    // `nvidia-fs: failed to register nvlink peer` is not an NVLink fault.
+    if let Some(body) = nvlink_driver_body(msg)
+        && (contains!(body, "nvlink")
+            || contains!(body, "NVLink")
+            || contains!(body, "NVLINK")
+            || contains!(body, "Nvlink")
+            || contains!(msg, "nvidia-nvlink:"))
+    {
+        return parse_nvlink(body);
     }
     None
 }
 
+/// The text after an `nvidia-nvlink:` or `nvidia-nvswitchN:` driver prefix, when the
+/// message is printed by one of those drivers (the prefix starts the message or follows
+/// a blank, as in `kernel: nvidia-nvlink: ...`).
+fn nvlink_driver_body(msg: &str) -> Option<&str> {
+    let i = find!(msg, "nvidia-nv")?;
+    if i > 0 && msg.as_bytes()[i - 1] != b' ' {
+        return None;
+    }
+    let rest = &msg[i + 9..];
+    let rest = if let Some(r) = rest.strip_prefix("link:") {
+        r
+    } else {
+        let r = rest.strip_prefix("switch")?;
+        r.trim_start_matches(|c: char| c.is_ascii_digit())
+            .strip_prefix(':')?
+    };
+    Some(rest.trim_start())
+}
+
 fn parse_xid(s: &str) -> Option<XidMsg<'_>> {
     let close = memchr::memchr(b')', &s.as_bytes()[..s.len().min(64)])?;
-    let inner = &s[..close];
-    let pci_tok = inner.split_whitespace().next()?;
+    let pci_tok = first_word(&s[..close])?;
     let pci_tok = pci_tok.strip_prefix("PCI:").unwrap_or(pci_tok);
-    crate::pci::normalize_pci(pci_tok)?;
-    let rest = s[close + 1..].strip_prefix(':')?.trim_start();
+    if !crate::pci::is_pci(pci_tok) {
+        return None;
+    }
+    let rest = trim_start(s[close + 1..].strip_prefix(':')?);
     let (code, mut rest) = leading_u32(rest)?;
     match rest.as_bytes().first() {
         None => {}
-        Some(b',') => rest = rest[1..].trim_start(),
-        Some(b' ' | b'.') => rest = rest.trim_start_matches(['.', ' ']),
+        Some(b',') => rest = trim_start(&rest[1..]),
+        Some(b' ' | b'.') => rest = trim_start_bytes(rest, b". "),
         Some(_) => return None,
     }
     let mut pid = None;
@@ -438,16 +502,16 @@ fn parse_xid(s: &str) -> Option<XidMsg<'_>> {
     let mut channel = None;
     loop {
         if let Some(p) = rest.strip_prefix("pid=") {
-            let end = p.find(',').unwrap_or(p.len());
+            let end = memchr::memchr(b',', p.as_bytes()).unwrap_or(p.len());
             pid = p[..end].trim().parse::<u32>().ok();
-            rest = p[end..].trim_start_matches(',').trim_start();
+            rest = trim_start(trim_start_bytes(&p[end..], b","));
         } else if let Some(p) = rest.strip_prefix("name=") {
-            let end = p.find(", ").unwrap_or(p.len());
-            let name = p[..end].trim_end_matches(',').trim();
+            let end = find_comma_space(p).unwrap_or(p.len());
+            let name = trim_end_bytes(&p[..end], b",").trim();
             if !name.is_empty() && name != "<unknown>" {
                 process = Some(name);
             }
-            rest = p[end..].trim_start_matches(',').trim_start();
+            rest = trim_start(trim_start_bytes(&p[end..], b","));
         } else if let Some(p) = rest
             .strip_prefix("Ch ")
             .or_else(|| rest.strip_prefix("Channel ID "))
@@ -456,13 +520,14 @@ fn parse_xid(s: &str) -> Option<XidMsg<'_>> {
             .or_else(|| rest.strip_prefix("channel "))
         {
             let end = p
-                .find(|c: char| !(c.is_ascii_hexdigit() || c == 'x'))
+                .bytes()
+                .position(|c| !(c.is_ascii_hexdigit() || c == b'x'))
                 .unwrap_or(p.len());
             if end == 0 {
                 break;
             }
             channel = Some(&p[..end]);
-            rest = p[end..].trim_start_matches([',', '.']).trim_start();
+            rest = trim_start(trim_start_bytes(&p[end..], b",."));
         } else {
             break;
         }
@@ -477,11 +542,62 @@ fn parse_xid(s: &str) -> Option<XidMsg<'_>> {
     })
 }
 
+/// Whitespace as `char::is_whitespace` sees it, ASCII part.
+fn is_ascii_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\t'..=b'\r')
+}
+
+/// `s.trim_start()`: a byte loop over ASCII whitespace, `str::trim_start` only when
+/// a non-ASCII character follows (it may be Unicode whitespace).
+fn trim_start(s: &str) -> &str {
+    let b = s.as_bytes();
+    let i = b.iter().position(|&c| !is_ascii_ws(c)).unwrap_or(b.len());
+    let rest = &s[i..];
+    if rest.as_bytes().first().is_some_and(|&c| c >= 0x80) {
+        rest.trim_start()
+    } else {
+        rest
+    }
+}
+
+/// `s.trim_start_matches(set)` for a set of ASCII characters (bytes of other
+/// characters never equal an ASCII byte, so bytes are exact).
+fn trim_start_bytes<'a>(s: &'a str, set: &[u8]) -> &'a str {
+    let i = s.bytes().position(|c| !set.contains(&c)).unwrap_or(s.len());
+    &s[i..]
+}
+
+/// `s.trim_end_matches(set)` for a set of ASCII characters.
+fn trim_end_bytes<'a>(s: &'a str, set: &[u8]) -> &'a str {
+    let end = s
+        .bytes()
+        .rposition(|c| !set.contains(&c))
+        .map_or(0, |i| i + 1);
+    &s[..end]
+}
+
+/// `s.find(", ")` with memchr.
+fn find_comma_space(s: &str) -> Option<usize> {
+    let b = s.as_bytes();
+    memchr::memchr_iter(b',', b).find(|&i| b.get(i + 1) == Some(&b' '))
+}
+
+/// `s.split_whitespace().next()`, without the iterator for the usual all-ASCII token.
+fn first_word(s: &str) -> Option<&str> {
+    if !s.is_empty() && s.bytes().all(|c| c.is_ascii_graphic()) {
+        Some(s)
+    } else {
+        s.split_whitespace().next()
+    }
+}
+
 fn parse_sxid(s: &str) -> Option<SxidMsg<'_>> {
     let close = memchr::memchr(b')', &s.as_bytes()[..s.len().min(64)])?;
     let pci_tok = s[..close].split_whitespace().next()?;
     let pci_tok = pci_tok.strip_prefix("PCI:").unwrap_or(pci_tok);
-    crate::pci::normalize_pci(pci_tok)?;
+    if !crate::pci::is_pci(pci_tok) {
+        return None;
+    }
     let rest = s[close + 1..].strip_prefix(':')?.trim_start();
     let (code, rest) = leading_u32(rest)?;
     let detail = rest.trim_start_matches(',').trim_start();
@@ -514,7 +630,7 @@ fn parse_nvrm_other(rest: &str) -> Message<'_> {
         .strip_prefix("GPU at PCI:")
         .or_else(|| rest.strip_prefix("GPU at "))
         && let Some(colon) = r.find(": ")
-        && crate::pci::normalize_pci(&r[..colon]).is_some()
+        && crate::pci::is_pci(&r[..colon])
     {
         let uuid = r[colon + 2..].trim();
         if uuid.starts_with("GPU-") && !uuid.contains(' ') {
@@ -531,15 +647,17 @@ fn parse_nvrm_other(rest: &str) -> Message<'_> {
         }
     }
     let pci = crate::pci::find_pci(rest);
-    if contains(rest, "fallen off the bus") {
+    if contains!(rest, "fallen off the bus") {
         return Message::FallenOffBus { pci };
     }
     if let Some(m) = parse_driver_error(rest, pci) {
         return m;
     }
-    let lower_has = |n: &str| contains(rest, n);
-    if lower_has("Row Remapper") || lower_has("row remap") || lower_has("Row remap") {
-        let failure = lower_has("fail") || lower_has("Fail");
+    if contains!(rest, "Row Remapper")
+        || contains!(rest, "row remap")
+        || contains!(rest, "Row remap")
+    {
+        let failure = contains!(rest, "fail") || contains!(rest, "Fail");
         return Message::RowRemap {
             ecc: EccMsg {
                 pci,
@@ -548,15 +666,17 @@ fn parse_nvrm_other(rest: &str) -> Message<'_> {
             failure,
         };
     }
-    if lower_has("Dynamic Page Retirement") || lower_has("page retire") {
+    if contains!(rest, "Dynamic Page Retirement") || contains!(rest, "page retire") {
         return Message::PageRetirement(EccMsg {
             pci,
             ecc_type: ecc_type_of(rest),
         });
     }
-    if (lower_has("ECC") || lower_has("double bit error") || lower_has("single bit error"))
-        && (lower_has("error") || lower_has("Error"))
-        && !lower_has("ECC mode")
+    if (contains!(rest, "ECC")
+        || contains!(rest, "double bit error")
+        || contains!(rest, "single bit error"))
+        && (contains!(rest, "error") || contains!(rest, "Error"))
+        && !contains!(rest, "ECC mode")
     {
         return Message::Ecc(EccMsg {
             pci,
@@ -566,7 +686,7 @@ fn parse_nvrm_other(rest: &str) -> Message<'_> {
     if let Some(m) = parse_thermal(rest, pci) {
         return m;
     }
-    if (lower_has("NVLink") || lower_has("nvlink"))
+    if (contains!(rest, "NVLink") || contains!(rest, "nvlink"))
         && let Some(m) = parse_nvlink(rest)
     {
         return m;
@@ -578,34 +698,65 @@ fn parse_nvrm_other(rest: &str) -> Message<'_> {
     Message::NvrmOther { gpu_ordinal }
 }
 
+/// ECC error type named in free text, by precedence: `dbe` (`DBE`, `double bit`,
+/// `double-bit`), `sbe` (`SBE`, `single bit`, `single-bit`), `uncorrected`
+/// (`ncorrectable`, `ncorrected`), `corrected` (`orrectable`, `orrected`).
+///
+/// One search per marker family instead of one per marker: every marker contains
+/// `BE`, `bit` or `orrect`, and the bytes around each hit tell which one it is.
 pub(crate) fn ecc_type_of(s: &str) -> Option<&'static str> {
-    if contains(s, "DBE") || contains(s, "double bit") || contains(s, "double-bit") {
-        Some("dbe")
-    } else if contains(s, "SBE") || contains(s, "single bit") || contains(s, "single-bit") {
-        Some("sbe")
-    } else if contains(s, "ncorrectable") || contains(s, "ncorrected") {
-        Some("uncorrected")
-    } else if contains(s, "orrectable") || contains(s, "orrected") {
-        Some("corrected")
-    } else {
-        None
+    use memchr::memmem::Finder;
+    use std::sync::LazyLock;
+    static BE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("BE"));
+    static BIT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("bit"));
+    static ORRECT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("orrect"));
+    let b = s.as_bytes();
+    let before = |i: usize, n: usize| i.checked_sub(n).map(|start| &b[start..i]);
+    let mut sbe = false;
+    for i in BE.find_iter(b) {
+        match before(i, 1) {
+            Some(b"D") => return Some("dbe"),
+            Some(b"S") => sbe = true,
+            _ => {}
+        }
     }
+    for i in BIT.find_iter(b) {
+        match before(i, 7) {
+            Some(b"double " | b"double-") => return Some("dbe"),
+            Some(b"single " | b"single-") => sbe = true,
+            _ => {}
+        }
+    }
+    if sbe {
+        return Some("sbe");
+    }
+    let mut corrected = false;
+    for i in ORRECT.find_iter(b) {
+        let after = &b[i + 6..];
+        if after.starts_with(b"able") || after.starts_with(b"ed") {
+            if before(i, 2) == Some(b"nc") {
+                return Some("uncorrected");
+            }
+            corrected = true;
+        }
+    }
+    corrected.then_some("corrected")
 }
 
 fn parse_driver_error<'a>(rest: &'a str, pci: Option<&'a str>) -> Option<Message<'a>> {
-    let (error, at) = if let Some(i) = find(rest, "RmInitAdapter failed") {
+    let (error, at) = if let Some(i) = find!(rest, "RmInitAdapter failed") {
         ("rm_init_adapter_failed", i)
-    } else if let Some(i) = find(rest, "rm_init_adapter failed") {
+    } else if let Some(i) = find!(rest, "rm_init_adapter failed") {
         ("rm_init_adapter_failed", i)
-    } else if let Some(i) = find(rest, "probe routine failed") {
+    } else if let Some(i) = find!(rest, "probe routine failed") {
         ("probe_failed", i)
-    } else if let Some(i) = find(rest, "None of the NVIDIA devices were initialized") {
+    } else if let Some(i) = find!(rest, "None of the NVIDIA devices were initialized") {
         ("no_devices_initialized", i)
-    } else if let Some(i) = find(rest, "failed to allocate") {
+    } else if let Some(i) = find!(rest, "failed to allocate") {
         ("allocation_failed", i)
-    } else if let Some(i) = find(rest, "GPU is lost") {
+    } else if let Some(i) = find!(rest, "GPU is lost") {
         ("gpu_lost", i)
-    } else if let Some(i) = find(rest, "RmInitAdapter") {
+    } else if let Some(i) = find!(rest, "RmInitAdapter") {
         ("rm_init_adapter_failed", i)
     } else {
         return None;
@@ -622,18 +773,19 @@ fn parse_driver_error<'a>(rest: &'a str, pci: Option<&'a str>) -> Option<Message
 }
 
 fn parse_thermal<'a>(msg: &'a str, pci: Option<&'a str>) -> Option<Message<'a>> {
-    let temp = contains(msg, "temperature") || contains(msg, "thermal") || contains(msg, "Thermal");
+    let temp =
+        contains!(msg, "temperature") || contains!(msg, "thermal") || contains!(msg, "Thermal");
     if !temp {
         return None;
     }
-    let alarm = contains(msg, "above threshold")
-        || contains(msg, "slowdown")
-        || contains(msg, "Slowdown")
-        || contains(msg, "shutdown")
-        || contains(msg, "throttl")
-        || contains(msg, "exceed")
-        || contains(msg, "critical");
-    if !alarm || contains(msg, "normal") {
+    let alarm = contains!(msg, "above threshold")
+        || contains!(msg, "slowdown")
+        || contains!(msg, "Slowdown")
+        || contains!(msg, "shutdown")
+        || contains!(msg, "throttl")
+        || contains!(msg, "exceed")
+        || contains!(msg, "critical");
+    if !alarm || contains!(msg, "normal") {
         return None;
     }
     // `... temperature 92C` / `92 C`.
@@ -646,11 +798,11 @@ fn parse_thermal<'a>(msg: &'a str, pci: Option<&'a str>) -> Option<Message<'a>> 
 }
 
 fn parse_mce(msg: &str) -> Option<Message<'_>> {
-    let bank = find(msg, "Bank ").and_then(|i| leading_u32(&msg[i + 5..]).map(|(n, _)| n));
-    let starts_report = contains(msg, "Machine Check")
-        || contains(msg, "Machine check events logged")
-        || contains(msg, "Machine check:");
-    if contains(msg, "[Hardware Error]") || starts_report {
+    let bank = find!(msg, "Bank ").and_then(|i| leading_u32(&msg[i + 5..]).map(|(n, _)| n));
+    let starts_report = contains!(msg, "Machine Check")
+        || contains!(msg, "Machine check events logged")
+        || contains!(msg, "Machine check:");
+    if contains!(msg, "[Hardware Error]") || starts_report {
         return Some(Message::Mce(MceMsg {
             bank,
             starts_report,
@@ -659,25 +811,43 @@ fn parse_mce(msg: &str) -> Option<Message<'_>> {
     None
 }
 
+/// An NVLink error in the text of an NVIDIA driver line (`NVRM:` or an NVLink/NVSwitch
+/// driver prefix, already checked by the caller). Only real error phrasing counts:
+/// `fatal`, `error`, `fail`, `link down`/`is down` — not progress notes such as
+/// `link training in progress` — and never a driver assertion (`nvAssertFailedNoLog:
+/// Assertion failed: ... @ kernel_nvlink.c:...`), which reports a driver check, not a link.
 fn parse_nvlink(msg: &str) -> Option<Message<'_>> {
-    let err = contains(msg, "rror")
-        || contains(msg, "fatal")
-        || contains(msg, "Fatal")
-        || contains(msg, "fail")
-        || contains(msg, "link down")
-        || contains(msg, "is down")
-        || contains(msg, "training");
-    if !err || contains(msg, "is being initialized") {
+    let assertion = contains!(msg, "Assertion failed")
+        || contains!(msg, "nvAssert")
+        || contains!(msg, "Check failed")
+        || contains!(msg, "nvCheck");
+    if assertion || contains!(msg, "is being initialized") {
         return None;
     }
-    let fatal =
-        if contains(msg, "non-fatal") || contains(msg, "Non-fatal") || contains(msg, "Nonfatal") {
-            Some(false)
-        } else if contains(msg, "fatal") || contains(msg, "Fatal") {
-            Some(true)
-        } else {
-            None
-        };
+    let err = contains!(msg, "rror")
+        || contains!(msg, "ERROR")
+        || contains!(msg, "fatal")
+        || contains!(msg, "Fatal")
+        || contains!(msg, "FATAL")
+        || contains!(msg, "fail")
+        || contains!(msg, "Fail")
+        || contains!(msg, "link down")
+        || contains!(msg, "Link down")
+        || contains!(msg, "is down");
+    if !err {
+        return None;
+    }
+    let fatal = if contains!(msg, "non-fatal")
+        || contains!(msg, "Non-fatal")
+        || contains!(msg, "Nonfatal")
+        || contains!(msg, "nonfatal")
+    {
+        Some(false)
+    } else if contains!(msg, "fatal") || contains!(msg, "Fatal") || contains!(msg, "FATAL") {
+        Some(true)
+    } else {
+        None
+    };
     Some(Message::Nvlink(NvlinkMsg {
         pci: crate::pci::find_pci(msg),
         link: link_in(msg),
@@ -693,8 +863,7 @@ fn device_prefix(msg: &str) -> Option<(&str, &str)> {
     let rest = &msg[sp + 1..];
     let colon = rest.find(": ")?;
     let dev = &rest[..colon];
-    crate::pci::normalize_pci(dev)?;
-    if !dev.contains('.') {
+    if !crate::pci::is_pci(dev) || !dev.contains('.') {
         return None;
     }
     Some((dev, &rest[colon + 2..]))
@@ -711,8 +880,8 @@ fn parse_aer(msg: &str) -> Option<Message<'_>> {
     };
     // Summary: `[Multiple ]Corrected error received: 0000:01:00.0` and the 6.x form
     // `Correctable error message received from 0000:01:00.0`.
-    if let Some(i) = find(body, "error received")
-        .or_else(|| find(body, "error message received"))
+    if let Some(i) = find!(body, "error received")
+        .or_else(|| find!(body, "error message received"))
         .filter(|_| aer_prefixed || device.is_some())
     {
         let head = &body[..i];
@@ -744,7 +913,7 @@ fn parse_aer(msg: &str) -> Option<Message<'_>> {
             .strip_prefix("severity=")
             .map(|s| s.split(", type=").next().unwrap_or(s))?;
         let severity = AerSeverity::from_text(sev)?;
-        let error_type = find(p, "type=").map(|i| {
+        let error_type = find!(p, "type=").map(|i| {
             let t = &p[i + 5..];
             t.split(',').next().unwrap_or(t).trim()
         });
@@ -756,7 +925,7 @@ fn parse_aer(msg: &str) -> Option<Message<'_>> {
     }
     let trimmed = body.trim_start();
     if let Some(d) = trimmed.strip_prefix("device [")
-        && let Some(i) = find(d, "error status/mask=")
+        && let Some(i) = find!(d, "error status/mask=")
     {
         let status = d[i + 18..].split('/').next().unwrap_or("").trim();
         return Some(Message::AerDetail(AerDetail::Status { device, status }));
@@ -791,7 +960,7 @@ fn parse_aer(msg: &str) -> Option<Message<'_>> {
 /// );
 /// ```
 pub fn recovery_action_from_text(detail: &str) -> Option<RecoveryAction> {
-    let i = find(detail, " to ")?;
+    let i = find!(detail, " to ")?;
     let target = detail[i + 4..].trim();
     if let Some(open) = target.find('(') {
         let inner = &target[open + 1..];
@@ -922,6 +1091,64 @@ mod tests {
         assert_eq!(recovery_action_from_text("to 0x55 (Weird)"), None);
     }
 
+    /// The twelve-search definition `ecc_type_of` replaced (one search per marker).
+    fn ecc_type_reference(s: &str) -> Option<&'static str> {
+        let has = |n: &str| s.contains(n);
+        if has("DBE") || has("double bit") || has("double-bit") {
+            Some("dbe")
+        } else if has("SBE") || has("single bit") || has("single-bit") {
+            Some("sbe")
+        } else if has("ncorrectable") || has("ncorrected") {
+            Some("uncorrected")
+        } else if has("orrectable") || has("orrected") {
+            Some("corrected")
+        } else {
+            None
+        }
+    }
+
+    #[test]
+    fn ecc_type_shapes() {
+        for (text, want) in [
+            ("Contained: SM (0x1). RST: No, D-RST: No", None),
+            ("DBE (0x1) at 0x123", Some("dbe")),
+            (
+                "uncorrectable single-bit and double-bit errors",
+                Some("dbe"),
+            ),
+            ("SBE count exceeded; Uncorrected", Some("sbe")),
+            ("single bit error", Some("sbe")),
+            ("Uncorrectable ECC error", Some("uncorrected")),
+            ("Corrected then uncorrected", Some("uncorrected")),
+            ("corrected error", Some("corrected")),
+            ("Correctable", Some("corrected")),
+            ("orrect only, BE, bit, xSBEy", Some("sbe")),
+            ("incorrect", None),
+            ("BEBE", None),
+            ("", None),
+        ] {
+            assert_eq!(ecc_type_of(text), want, "{text}");
+            assert_eq!(ecc_type_reference(text), want, "reference: {text}");
+        }
+    }
+
+    proptest::proptest! {
+        /// The single-pass search agrees with the one-search-per-marker definition on
+        /// text made of marker fragments, near misses and noise.
+        #[test]
+        fn ecc_type_matches_reference(parts in proptest::collection::vec(
+            proptest::sample::select(&[
+                "DBE", "SBE", "BE", "D", "S", "double", "single", " ", "-", "bit", "bits",
+                "nc", "n", "c", "orrect", "able", "ed", "U", "Un", "ncorrect", "Correct",
+                "error", "x", "é", "(0x1)",
+            ][..]),
+            0..24,
+        )) {
+            let text = parts.concat();
+            proptest::prop_assert_eq!(ecc_type_of(&text), ecc_type_reference(&text), "{}", text);
+        }
+    }
+
     #[test]
     fn prefilter_rejects_ordinary_lines() {
         for l in [
@@ -931,5 +1158,49 @@ mod tests {
         ] {
             assert!(!interesting(l.as_bytes()), "{l}");
         }
+    }
+
+    /// Review issue 2: NVLink faults come only from NVIDIA driver lines with real
+    /// error phrasing.
+    #[test]
+    fn nvlink_lines_are_anchored_to_driver_prefixes() {
+        fn nvlink(l: &str) -> Option<NvlinkMsg<'_>> {
+            match parse_message(l) {
+                Some(Message::Nvlink(n)) => Some(n),
+                _ => None,
+            }
+        }
+        assert_eq!(
+            nvlink("nvidia-nvswitch3: NVLink link 12 training failed").map(|n| (n.link, n.fatal)),
+            Some((Some(12), None))
+        );
+        assert_eq!(
+            nvlink("kernel: nvidia-nvlink: IBMNPU: Link 2 training failed").map(|n| n.link),
+            Some(Some(2))
+        );
+        assert_eq!(
+            nvlink("NVRM: NVLink: fatal error detected on link 3").map(|n| n.fatal),
+            Some(Some(true))
+        );
+        assert_eq!(
+            nvlink("NVRM: NVLink: non-fatal error on link 5").map(|n| n.fatal),
+            Some(Some(false))
+        );
+        for l in [
+            "nvidia-fs: failed to register nvlink peer",
+            "xnvidia-nvlink: link 2 failed",
+            "nvidia-nvswitch: switch is fine",
+            "nvidia-nvswitch0: nothing to do with links, failed",
+            "nvidia-nvlink: link training in progress",
+            "NVRM: nvAssertFailedNoLog: Assertion failed: 0 @ kernel_nvlink.c:12",
+            "NVRM: nvCheckOkFailedNoLog: Check failed: x returned from knvlinkFoo(pGpu) @ a.c:1",
+            "app: Fatal: nvlink test aborted",
+        ] {
+            assert!(nvlink(l).is_none(), "{l}");
+        }
+        assert_eq!(nvlink_driver_body("nvidia-nvswitch12:  x"), Some("x"));
+        assert_eq!(nvlink_driver_body("nvidia-nvlink:y"), Some("y"));
+        assert_eq!(nvlink_driver_body("nvidia-nvswitchX: y"), None);
+        assert_eq!(nvlink_driver_body("nvidia-nv"), None);
     }
 }

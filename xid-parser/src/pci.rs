@@ -33,7 +33,39 @@ fn hex_digit(b: u8) -> Option<u8> {
 // Hand-written rather than `split`/`from_str_radix`: this runs for every XID of a
 // storm (twice), so it avoids iterator and formatting machinery.
 fn parse_bdf(addr: &str) -> Option<Bdf> {
-    let addr = addr.trim().as_bytes();
+    let b = addr.as_bytes();
+    let b = b.strip_prefix(b"PCI:").unwrap_or(b);
+    // Fast path for the driver's own forms, `dddd:bb:dd` and `dddd:bb:dd.f`; anything
+    // else (or anything invalid) takes the general path below.
+    if let [d0, d1, d2, d3, b':', b0, b1, b':', v0, v1, rest @ ..] = b {
+        let func = match rest {
+            [] => Some(0),
+            [b'.', f] => hex_digit(*f).filter(|&f| f <= 7),
+            _ => None,
+        };
+        let hex2 = |h: u8, l: u8| Some(hex_digit(h)? << 4 | hex_digit(l)?);
+        if let (Some(func), Some(dh), Some(dl), Some(bus), Some(dev)) = (
+            func,
+            hex2(*d0, *d1),
+            hex2(*d2, *d3),
+            hex2(*b0, *b1),
+            hex2(*v0, *v1),
+        ) && dev <= 0x1f
+        {
+            return Some(Bdf {
+                domain: u32::from(dh) << 8 | u32::from(dl),
+                bus,
+                dev,
+                func,
+            });
+        }
+    }
+    // `str::trim` decodes chars from both ends; an address is ASCII, so check that first.
+    let trimmed = match addr.as_bytes() {
+        [f, .., l] if f.is_ascii_graphic() && l.is_ascii_graphic() => addr,
+        _ => addr.trim(),
+    };
+    let addr = trimmed.as_bytes();
     let addr = addr
         .strip_prefix(b"PCI:")
         .or_else(|| addr.strip_prefix(b"pci:"))
@@ -80,7 +112,16 @@ impl Bdf {
     fn to_normalized(self) -> String {
         // Built in a stack buffer: one exact allocation, no formatting machinery.
         let mut buf = [0u8; 20];
-        let domain_digits = (32 - self.domain.leading_zeros() as usize).div_ceil(4).max(4);
+        let n = self.write_normalized(&mut buf);
+        // Hex digits, ':' and '.': always ASCII, so the conversion cannot fail.
+        std::str::from_utf8(&buf[..n]).map_or_else(|_| String::new(), str::to_owned)
+    }
+
+    /// Writes `dddd:bb:dd.f` into `buf`; returns its length (at most 17).
+    fn write_normalized(self, buf: &mut [u8; 20]) -> usize {
+        let domain_digits = (32 - self.domain.leading_zeros() as usize)
+            .div_ceil(4)
+            .max(4);
         let mut n = 0;
         for i in (0..domain_digits).rev() {
             buf[n] = HEX[((self.domain >> (i * 4)) & 0xf) as usize];
@@ -94,9 +135,7 @@ impl Bdf {
         }
         buf[n] = b'.';
         buf[n + 1] = HEX[usize::from(self.func & 0xf)];
-        n += 2;
-        // Only ASCII hex digits and separators were written.
-        std::str::from_utf8(&buf[..n]).map_or_else(|_| String::new(), str::to_owned)
+        n + 2
     }
 }
 
@@ -114,6 +153,22 @@ impl Bdf {
 /// ```
 pub fn normalize_pci(addr: &str) -> Option<String> {
     parse_bdf(addr).map(Bdf::to_normalized)
+}
+
+/// True when [`normalize_pci`] accepts `addr` (validation only, no allocation).
+pub(crate) fn is_pci(addr: &str) -> bool {
+    parse_bdf(addr).is_some()
+}
+
+/// True when `addr` is a PCI address whose normalised form is `normalized`
+/// (`normalize_pci(addr).as_deref() == Some(normalized)`, without allocating).
+pub(crate) fn pci_matches(addr: &str, normalized: &str) -> bool {
+    let Some(bdf) = parse_bdf(addr) else {
+        return false;
+    };
+    let mut buf = [0u8; 20];
+    let n = bdf.write_normalized(&mut buf);
+    &buf[..n] == normalized.as_bytes()
 }
 
 /// PCI address `domain:bus:dev.fn` of the device that `id` (the kernel's old AER
@@ -245,11 +300,37 @@ mod tests {
             assert_eq!(got, want);
             assert_eq!(normalize_pci(&want.to_uppercase()).as_deref(), Some(&*want));
         }
-        assert_eq!(normalize_pci(" pci:3B:00 ").as_deref(), Some("0000:3b:00.0"));
+        assert_eq!(
+            normalize_pci(" pci:3B:00 ").as_deref(),
+            Some("0000:3b:00.0")
+        );
         assert_eq!(normalize_pci("0000:3b.1:00.0"), None);
         assert_eq!(normalize_pci("000000000:3b:00.0"), None);
         assert_eq!(normalize_pci(":3b:00.0"), None);
         assert_eq!(normalize_pci("0000:3b:00."), None);
+    }
+
+    #[test]
+    fn check_only_helpers_agree_with_normalize() {
+        for addr in [
+            "PCI:0000:3B:00",
+            "3b:00.1",
+            "00000000:3B:00.0",
+            "10000:e1:00.0",
+            "0000:3b:20.0",
+            "GPU-abc",
+            "",
+        ] {
+            let want = normalize_pci(addr);
+            assert_eq!(is_pci(addr), want.is_some(), "{addr}");
+            for normalized in ["0000:3b:00.0", "0000:3b:00.1", "10000:e1:00.0", ""] {
+                assert_eq!(
+                    pci_matches(addr, normalized),
+                    want.as_deref() == Some(normalized),
+                    "{addr} vs {normalized}"
+                );
+            }
+        }
     }
 
     #[test]

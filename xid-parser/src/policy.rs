@@ -10,7 +10,8 @@
 //! Bucket mapping (NVIDIA "Resolution Bucket (Immediate Action)" → action):
 //! `RESTART_APP` → `restart_app`; `RESET_GPU` → `reset_gpu`; `RESTART_BM` /
 //! `RESTART_VM` → `reboot_node`; `IGNORE` → `ignore`; `CONTACT_SUPPORT` /
-//! `CHECK_MECHANICALS` → `inspect_hardware`; `CHECK_UVM` / `UPDATE_SWFW` →
+//! `CHECK_MECHANICALS` → per code ("(Unused)" → `investigate`, 54 →
+//! `inspect_hardware`, 61 / 142 → `reset_gpu`); `CHECK_UVM` / `UPDATE_SWFW` →
 //! `investigate`; workflow buckets and `XID_154` → context rules; no bucket →
 //! a per-code decision; a code the catalog lacks → `investigate`.
 
@@ -89,7 +90,7 @@ struct GpuHistory {
     pci: String,
     last_use: u64,
     /// Oldest first; at most `PER_GPU`.
-    recent: Vec<Seen>,
+    recent: std::collections::VecDeque<Seen>,
 }
 
 /// Recent XIDs per GPU (keyed by PCI address), for the short-window context
@@ -177,7 +178,7 @@ impl ContextWindow {
                 self.gpus.push(GpuHistory {
                     pci: pci.to_string(),
                     last_use: 0,
-                    recent: Vec::with_capacity(PER_GPU),
+                    recent: std::collections::VecDeque::with_capacity(PER_GPU),
                 });
                 self.gpus.len() - 1
             }
@@ -185,9 +186,9 @@ impl ContextWindow {
         let gpu = &mut self.gpus[idx];
         gpu.last_use = uses;
         if gpu.recent.len() >= PER_GPU {
-            gpu.recent.remove(0);
+            gpu.recent.pop_front();
         }
-        gpu.recent.push(Seen { code, at });
+        gpu.recent.push_back(Seen { code, at });
     }
 }
 
@@ -295,12 +296,10 @@ fn base_decision(row: &CatalogRow) -> (Action, String, Option<&'static str>) {
         "RESTART_BM" => (Action::RebootNode, mapped(Action::RebootNode, "restart the bare-metal node"), None),
         "RESTART_VM" => (Action::RebootNode, mapped(Action::RebootNode, "restart the VM; a Kubernetes node is the VM"), None),
         "IGNORE" => (Action::Ignore, mapped(Action::Ignore, "informational"), None),
-        "CONTACT_SUPPORT" => (Action::InspectHardware, mapped(Action::InspectHardware, "contact NVIDIA support"), None),
-        "CHECK_MECHANICALS" => (
-            Action::InspectHardware,
-            mapped(Action::InspectHardware, "check power cabling, seating, cooling"),
-            None,
-        ),
+        "CONTACT_SUPPORT" | "CHECK_MECHANICALS" => {
+            let (action, why) = contact_support_decision(row);
+            (action, why, None)
+        }
         "CHECK_UVM" => (
             Action::Investigate,
             "NVIDIA immediate bucket CHECK_UVM (check the nvidia-uvm driver / unified-memory use) is a \
@@ -364,6 +363,104 @@ fn base_decision(row: &CatalogRow) -> (Action, String, Option<&'static str>) {
             None,
         ),
     }
+}
+
+/// True when NVIDIA's catalog marks the code "(Unused)" (no current GPU reports it).
+fn is_unused(row: &CatalogRow) -> bool {
+    row.description.eq_ignore_ascii_case("unused")
+}
+
+/// GPU applicability from the row's sources (`A100/H100/B100/GB200=NNNN`), if stated.
+fn applicability(row: &CatalogRow) -> Option<&'static str> {
+    let at = row.sources.find("A100/H100/B100/GB200=")?;
+    let flags = row.sources[at + 21..].get(..4)?;
+    flags
+        .bytes()
+        .all(|b| b == b'Y' || b == b'N')
+        .then_some(flags)
+}
+
+/// gpuwatch's per-code decision for NVIDIA's `CONTACT_SUPPORT` and `CHECK_MECHANICALS`
+/// buckets (63 codes). Mapping the whole bucket to `inspect_hardware` would set
+/// `AcceleratedHardwareReady=False` on the first sighting of a code NVIDIA calls unused,
+/// and Karpenter replaces such a node after 10 minutes. Each code is decided from the
+/// other catalog columns instead (see POLICY.md, "Contact support, per code"):
+///
+/// - documented codes with an explicit decision (54, 61, 142) first;
+/// - every other "(Unused)" code → `investigate` (alert, no taint);
+/// - a documented code without a decision → `investigate`; a unit test fails until
+///   it gets one, so a catalog update cannot slip a code through unreviewed.
+fn contact_support_decision(row: &CatalogRow) -> (Action, String) {
+    let bucket = row.nvidia_immediate;
+    let peers = format!(
+        "gpud: {}; NVSentinel: {}{}",
+        row.gpud_action,
+        row.nvsentinel_action,
+        if row.eks_nma_fatal {
+            "; EKS node monitoring agent: node-fatal"
+        } else {
+            ""
+        }
+    );
+    if let Some((action, why)) = contact_support_explicit(row.code) {
+        return (
+            action,
+            format!("NVIDIA immediate bucket {bucket}. {why} ({peers})."),
+        );
+    }
+    let applies = match applicability(row) {
+        Some("NNNN") => " and lists it for none of A100/H100/B100/GB200".to_owned(),
+        Some(flags) => format!(" (A100/H100/B100/GB200={flags})"),
+        None => String::new(),
+    };
+    if is_unused(row) {
+        return (
+            Action::Investigate,
+            format!(
+                "NVIDIA immediate bucket {bucket}, but NVIDIA's catalog marks the code unused{applies}: \
+                 seeing it means a driver/catalog mismatch or an older GPU, not a proven hardware \
+                 fault. gpuwatch maps it to investigate (Warning Event and alert, no taint) instead of \
+                 inspect_hardware, so a node is never replaced on the first sighting of an unused code \
+                 ({peers})."
+            ),
+        );
+    }
+    (
+        Action::Investigate,
+        format!(
+            "NVIDIA immediate bucket {bucket} for a code gpuwatch has not decided yet: documented \
+             default investigate ({peers})."
+        ),
+    )
+}
+
+/// Documented, explicit decisions inside the `CONTACT_SUPPORT` / `CHECK_MECHANICALS`
+/// buckets (POLICY.md lists why).
+fn contact_support_explicit(code: u32) -> Option<(Action, &'static str)> {
+    Some(match code {
+        54 => (
+            Action::InspectHardware,
+            "Auxiliary power is not connected to the board (CHECK_MECHANICALS): a physical fault \
+             that neither a reset nor a reboot fixes, on GPUs the catalog lists (A100/H100/B100); \
+             inspect_hardware",
+        ),
+        61 => (
+            Action::ResetGpu,
+            "PMU breakpoint: the catalog marks it unused on current GPUs, but it is still reported \
+             in the field as \"internal micro-controller breakpoint/warning\" and NVIDIA's GPU debug \
+             guidelines say to reset the GPU reporting it; it is the same class as XID 62 (PMU halt, \
+             RESET_GPU). reset_gpu; a recurrence after the configured reboots escalates to \
+             inspect_hardware",
+        ),
+        142 => (
+            Action::ResetGpu,
+            "NVENC3 engine error (GB200 only). The sibling engine errors (NVDEC, NVJPG, OFA) are \
+             RESTART_APP; NVIDIA asks for support here and the EKS agent treats it as node-fatal, so \
+             gpuwatch resets the GPU rather than only the application. reset_gpu; a recurrence after \
+             the configured reboots escalates to inspect_hardware",
+        ),
+        _ => return None,
+    })
 }
 
 /// Documented decisions for catalog rows without an NVIDIA bucket (162–173, 185).
@@ -1430,7 +1527,9 @@ mod tests {
             (46, Action::ResetGpu),        // RESET_GPU
             (79, Action::RebootNode),      // RESTART_BM
             (151, Action::RebootNode),     // RESTART_VM
-            (1, Action::InspectHardware),  // CONTACT_SUPPORT
+            (1, Action::Investigate),      // CONTACT_SUPPORT, "(Unused)"
+            (61, Action::ResetGpu),        // CONTACT_SUPPORT, PMU breakpoint
+            (142, Action::ResetGpu),       // CONTACT_SUPPORT, NVENC3 (GB200)
             (54, Action::InspectHardware), // CHECK_MECHANICALS
             (159, Action::Investigate),    // CHECK_UVM
             (78, Action::Investigate),     // UPDATE_SWFW
@@ -1456,6 +1555,94 @@ mod tests {
         for (code, action) in cases {
             assert_eq!(p.entry(code).action, action, "XID {code}");
         }
+    }
+
+    /// Review issue 2: NVIDIA's CONTACT_SUPPORT bucket no longer sends 63 codes straight
+    /// to inspect_hardware. Every code of the two buckets is pinned here; a catalog
+    /// update that adds or changes one fails until POLICY.md and this table decide it.
+    #[test]
+    fn contact_support_codes_are_decided_per_code() {
+        let p = Policy::default();
+        let unused_investigate: &[u32] = &[
+            1, 2, 3, 4, 5, 6, 7, 9, 10, 12, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 26, 27, 28, 29,
+            30, 33, 34, 35, 36, 42, 47, 49, 50, 51, 52, 53, 55, 56, 57, 58, 59, 65, 73, 81, 87, 90,
+            91, 111, 112, 113, 114, 115, 116, 117, 118, 122, 123, 124, 125, 138,
+        ];
+        let explicit = [
+            (54, Action::InspectHardware),
+            (61, Action::ResetGpu),
+            (142, Action::ResetGpu),
+        ];
+        let mut expected: Vec<u32> = unused_investigate.to_vec();
+        expected.extend(explicit.iter().map(|(c, _)| *c));
+        expected.sort_unstable();
+        let in_buckets: Vec<u32> = catalog::CATALOG
+            .iter()
+            .filter(|r| matches!(r.nvidia_immediate, "CONTACT_SUPPORT" | "CHECK_MECHANICALS"))
+            .map(|r| r.code)
+            .collect();
+        assert_eq!(
+            in_buckets, expected,
+            "the buckets' codes changed: decide the new ones"
+        );
+        assert_eq!(in_buckets.len(), 63);
+        for &code in unused_investigate {
+            let row = catalog::lookup(code).unwrap();
+            assert!(is_unused(row), "XID {code} is not marked unused");
+            let e = p.entry(code);
+            assert_eq!(e.action, Action::Investigate, "XID {code}");
+            assert!(e.reason.contains("marks the code unused"), "{}", e.reason);
+            assert!(e.reason.contains("never replaced"), "{}", e.reason);
+        }
+        for (code, action) in explicit {
+            let e = p.entry(code);
+            assert_eq!(e.action, action, "XID {code}");
+            assert!(contact_support_explicit(code).is_some());
+        }
+        // Nothing in the two buckets isolates the node's hardware on first sight except
+        // the mechanical check.
+        let inspect: Vec<u32> = in_buckets
+            .iter()
+            .copied()
+            .filter(|&c| p.entry(c).action == Action::InspectHardware)
+            .collect();
+        assert_eq!(inspect, vec![54]);
+        // Reasons name what the peers do, so `explain` shows the evidence.
+        assert!(p.entry(61).reason.contains("gpud: REBOOT_SYSTEM [Fatal]"));
+        assert!(
+            p.entry(142)
+                .reason
+                .contains("EKS node monitoring agent: node-fatal")
+        );
+        assert!(p.entry(9).reason.contains("none of A100/H100/B100/GB200"));
+    }
+
+    /// A documented (not unused) CONTACT_SUPPORT code without an explicit decision
+    /// falls back to investigate, never to inspect_hardware.
+    #[test]
+    fn undecided_contact_support_code_defaults_to_investigate() {
+        let row = CatalogRow {
+            code: 4000,
+            mnemonic: "NEW_ERROR",
+            description: "New error",
+            nvidia_immediate: "CONTACT_SUPPORT",
+            nvidia_investigatory: "",
+            nvidia_notes: "",
+            gpud_action: "none [Warning]",
+            nvsentinel_action: "CONTACT_SUPPORT",
+            device_plugin_skips: false,
+            eks_nma_fatal: false,
+            sources: "NVcat Xids r1 A100/H100/B100/GB200=YYYY",
+        };
+        let (action, why) = contact_support_decision(&row);
+        assert_eq!(action, Action::Investigate);
+        assert!(why.contains("not decided yet"), "{why}");
+        assert_eq!(applicability(&row), Some("YYYY"));
+        let no_flags = CatalogRow {
+            sources: "gpud xid.go",
+            ..row
+        };
+        assert_eq!(applicability(&no_flags), None);
     }
 
     #[test]

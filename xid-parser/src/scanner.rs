@@ -19,8 +19,10 @@
 //! once its hold window (default [`DEFAULT_HOLD_USEC`] of record time) has passed, or by
 //! [`Scanner::finish`]. Everything else is emitted at once.
 
-use crate::message::{AerDetail, Message, XidMsg, interesting, parse_message, parse_nvlink5};
-use crate::pci::normalize_pci;
+use crate::message::{
+    AerDetail, Message, XidMsg, contains, find, interesting, parse_message, parse_nvlink5,
+};
+use crate::pci::{normalize_pci, pci_matches};
 use crate::policy::{ContextWindow, Policy};
 use gpuwatch_proto::{FaultEvent, FaultKind, ShortName};
 use std::sync::Arc;
@@ -194,7 +196,7 @@ impl Scanner {
             return;
         };
         if let Message::NvrmOther { .. } = msg
-            && let Some(i) = message.find("NVRM: The NVIDIA GPU ")
+            && let Some(i) = find!(message, "NVRM: The NVIDIA GPU ")
         {
             self.fallen_prelude_pci = crate::pci::find_pci(&message[i..]).and_then(normalize_pci);
         }
@@ -203,7 +205,7 @@ impl Scanner {
         }
         let merges = matches!((&self.held, &msg), (Some(h), Message::Xid(x))
             if x.code == 79 && h.kind == HeldKind::FallenOff
-                && normalize_pci(x.pci).as_deref() == Some(h.ev.pci_address.as_str()));
+                && pci_matches(x.pci, &h.ev.pci_address));
         if self.held.is_some() && !merges {
             self.emit_held(out);
         }
@@ -277,7 +279,7 @@ impl Scanner {
             (HeldKind::Sxid, Message::Sxid(s))
                 if s.followup
                     && s.code == held.ev.code
-                    && normalize_pci(s.pci).as_deref() == Some(held.ev.pci_address.as_str()) =>
+                    && pci_matches(s.pci, &held.ev.pci_address) =>
             {
                 held.append(raw);
                 true
@@ -352,9 +354,7 @@ impl Scanner {
                 true
             }
             (HeldKind::FallenOff, Message::FallenOffBus { pci })
-                if pci.is_none_or(|p| {
-                    normalize_pci(p).as_deref() == Some(held.ev.pci_address.as_str())
-                }) =>
+                if pci.is_none_or(|p| pci_matches(p, &held.ev.pci_address)) =>
             {
                 held.append(raw);
                 true
@@ -544,7 +544,7 @@ impl Scanner {
                 if let Some(c) = t.temperature_c {
                     attr(&mut ev, "temperature_c", c.to_string());
                 }
-                ev.name = if t.pci.is_some() || raw.contains("NVRM") {
+                ev.name = if t.pci.is_some() || contains!(raw, "NVRM") {
                     "GPU thermal slowdown".to_owned()
                 } else {
                     "CPU temperature above threshold".to_owned()
@@ -646,7 +646,14 @@ impl Scanner {
             ev.message = format!("{}\n{}", h.ev.message, ev.message);
         }
         if x.code == 79 {
-            self.last_fallen = Some((ev.pci_address.clone(), meta.monotonic_usec));
+            // Reuses the previous address's buffer: a storm of XID 79s allocates nothing here.
+            match &mut self.last_fallen {
+                Some((pci, t)) => {
+                    pci.clone_from(&ev.pci_address);
+                    *t = meta.monotonic_usec;
+                }
+                None => self.last_fallen = Some((ev.pci_address.clone(), meta.monotonic_usec)),
+            }
         }
         if matches!(x.code, 119 | 120) {
             self.hold(HeldKind::Gsp, ev, Vec::new());

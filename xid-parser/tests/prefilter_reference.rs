@@ -53,12 +53,62 @@ fn reference(msg: &[u8]) -> bool {
 /// Markers, their near misses and their pieces, so random messages hit every
 /// branch and every 16-byte chunk boundary.
 const PIECES: &[&str] = &[
-    "NVRM", "nVRM", "NVLink", "NVLINK", "nVLink", "NVRm", "NV", "VRM", "N", "n", "V", "Xid",
-    "SXid", "Xi", "X", "id", "AER", "AE", "A", "ER", "[Hardware Error]", "[Hardware", "[H",
-    "    [", "   [", "device [", "device", "[", " ", "PCIe Bus Error", "PCIe Bus", "PC",
-    "Machine Check", "Machine check", "Machine", "Ma", "M", "nvidia", "nvlink", "nvswitch",
-    "nvme", "nv", "v", "temperature", "temperatur", "emperature", "mce:", "mce", "mp", "mc",
-    "m", "e", "usb 1-1: new device", "\u{e9}", "\\x0a", "#012",
+    "NVRM",
+    "nVRM",
+    "NVLink",
+    "NVLINK",
+    "nVLink",
+    "NVRm",
+    "NV",
+    "VRM",
+    "N",
+    "n",
+    "V",
+    "Xid",
+    "SXid",
+    "Xi",
+    "X",
+    "id",
+    "AER",
+    "AE",
+    "A",
+    "ER",
+    "[Hardware Error]",
+    "[Hardware",
+    "[H",
+    "    [",
+    "   [",
+    "device [",
+    "device",
+    "[",
+    " ",
+    "PCIe Bus Error",
+    "PCIe Bus",
+    "PC",
+    "Machine Check",
+    "Machine check",
+    "Machine",
+    "Ma",
+    "M",
+    "nvidia",
+    "nvlink",
+    "nvswitch",
+    "nvme",
+    "nv",
+    "v",
+    "temperature",
+    "temperatur",
+    "emperature",
+    "mce:",
+    "mce",
+    "mp",
+    "mc",
+    "m",
+    "e",
+    "usb 1-1: new device",
+    "\u{e9}",
+    "\\x0a",
+    "#012",
 ];
 
 fn message() -> impl Strategy<Value = Vec<u8>> {
@@ -116,7 +166,14 @@ proptest! {
 #[test]
 fn markers_across_chunk_boundaries() {
     for marker in [
-        "NVRM:", "nvidia", "Xid", "AER", "    [", "device [", "mce:", "temperature",
+        "NVRM:",
+        "nvidia",
+        "Xid",
+        "AER",
+        "    [",
+        "device [",
+        "mce:",
+        "temperature",
     ] {
         for pad in 0..40 {
             let msg = format!("{}{marker}{}", "x".repeat(pad), "y".repeat(pad % 7));
@@ -124,8 +181,13 @@ fn markers_across_chunk_boundaries() {
             assert!(reference(msg.as_bytes()), "{msg:?}");
         }
     }
-    for noise in ["usb 1-1.4: new high-speed USB device number 7 using xhci_hcd", "nvme0n1: p1 p2"] {
+    for noise in [
+        "usb 1-1.4: new high-speed USB device number 7 using xhci_hcd",
+        "nvme0n1: p1 p2",
+    ] {
         assert!(!Scanner::interesting(noise.as_bytes()), "{noise:?}");
-        assert!(!Scanner::interesting_line(format!("[    1.000000] {noise}").as_bytes()));
+        assert!(!Scanner::interesting_line(
+            format!("[    1.000000] {noise}").as_bytes()
+        ));
     }
 }

@@ -4,7 +4,8 @@
 use super::model::{Baseline, FaultKey, Gpu, pci_identity};
 use super::{Engine, NANOS};
 use gpuwatch_proto::{Action, FaultEvent, FaultKind, GpuSample, RecoveryAction, ShortName, Source};
-use std::collections::BTreeSet;
+use gpuwatch_sinks::{Outcome, Stage};
+use std::collections::{BTreeMap, BTreeSet};
 use tracing::{info, warn};
 
 /// `nvmlClocksEventReasonSwThermalSlowdown`.
@@ -85,11 +86,16 @@ fn opt(v: Option<u32>) -> String {
     v.map_or_else(|| "?".to_string(), |v| v.to_string())
 }
 
-/// XID 63/64 on a GPU that supports row remapping (NVML reports the remap state):
-/// the remap state decides, not the XID.
-pub(crate) fn row_remap_context(ev: &mut FaultEvent, s: &GpuSample) {
+/// True for the XIDs whose action defers to NVML's row-remap state.
+pub(crate) fn is_remap_xid(kind: FaultKind, code: u32) -> bool {
+    kind == FaultKind::Xid && matches!(code, 63 | 64)
+}
+
+/// What NVML's row-remap state says about an XID 63/64: `None` when the GPU
+/// reports no row-remap state (no row remapping: the policy action stands).
+pub(crate) fn row_remap_decision(code: u32, s: &GpuSample) -> Option<(Action, String)> {
     if s.remapped_rows_pending.is_none() && s.remapped_rows_failure.is_none() {
-        return;
+        return None;
     }
     let (action, why) = if s.remapped_rows_failure == Some(true) {
         (
@@ -107,15 +113,42 @@ pub(crate) fn row_remap_context(ev: &mut FaultEvent, s: &GpuSample) {
             "row remapping handled the error (NVML reports no pending or failed remap)",
         )
     };
+    Some((
+        action,
+        format!("XID {code} on a row-remapping GPU defers to NVML: {why}"),
+    ))
+}
+
+/// XID 63/64 on a GPU that supports row remapping (NVML reports the remap state):
+/// the remap state decides, not the XID. The caller makes sure `s` is at least
+/// as new as the event.
+pub(crate) fn row_remap_context(ev: &mut FaultEvent, s: &GpuSample) {
+    let Some((action, reason)) = row_remap_decision(ev.code, s) else {
+        return;
+    };
     ev.attributes
         .insert("context".into(), "row_remap_state".into());
-    ev.classify(
-        action,
-        format!(
-            "XID {} on a row-remapping GPU defers to NVML: {why}",
-            ev.code
-        ),
+    ev.classify(action, reason);
+}
+
+/// XID 63/64 that arrived before any NVML sample at least as new as itself: the
+/// policy action stands for now and the reason says NVML has not confirmed yet
+/// (`stale`: a sample exists but predates the XID; else there is none yet).
+pub(crate) fn row_remap_unconfirmed(ev: &mut FaultEvent, stale: bool) {
+    let why = if stale {
+        "the latest NVML sample predates this XID"
+    } else {
+        "no NVML sample of this GPU yet"
+    };
+    let reason = format!(
+        "XID {} defers to NVML's row-remap state, which has not confirmed it yet ({why}); keeping {} until a newer sample decides. Policy: {}",
+        ev.code,
+        ev.action().short_name(),
+        ev.policy_reason
     );
+    ev.attributes
+        .insert("context".into(), "row_remap_unconfirmed".into());
+    ev.policy_reason = reason;
 }
 
 /// A fault event derived from one GPU's sample.
@@ -146,25 +179,70 @@ fn derived(
 
 impl Engine {
     /// One NVML poll: derives faults, tracks lost GPUs, evaluates recovery.
-    pub(super) fn on_samples(&mut self, samples: Vec<GpuSample>) -> Vec<FaultEvent> {
+    ///
+    /// Only a `complete` poll (every enumerated GPU read, each with its identity)
+    /// may declare a GPU lost or retire faults of GPUs gone since an earlier
+    /// boot: a GPU absent from an incomplete poll is a monitor problem. A poll
+    /// with no GPU at all is a monitor problem too (driver or container device
+    /// list broken): NVML is reported unavailable (verdict `unknown`), no GPU
+    /// is declared lost, and the last samples are no longer shown as current.
+    pub(super) fn on_samples(
+        &mut self,
+        samples: Vec<GpuSample>,
+        complete: bool,
+    ) -> Vec<FaultEvent> {
         let now = self.clock.now_unix_nanos();
+        let mut out = Vec::new();
+        // A UUID change clears faults below: count their repeats first.
+        self.flush_fault_counts();
+        if samples.is_empty() {
+            if self.nvml.ok != Some(false) {
+                warn!(
+                    complete,
+                    "NVML returned no GPU; GPU health is unknown until it sees GPUs again (no GPU is declared lost)."
+                );
+            }
+            self.set_monitor(
+                crate::msg::MonitorInput::Nvml,
+                false,
+                "NVML enumerates no GPUs (driver not loaded or GPUs not visible to gpuwatch)"
+                    .into(),
+            );
+            self.end_join_grace("NVML enumerates no GPUs", &mut out);
+            return out;
+        }
         if self.nvml.ok != Some(true) {
             self.set_monitor(crate::msg::MonitorInput::Nvml, true, String::new());
         }
-        let mut out = Vec::new();
+        let mut complete = complete;
         let mut present = BTreeSet::new();
+        let mut present_uuids = BTreeMap::new();
         for mut s in samples {
-            let Some(pci) = xid_parser::normalize_pci(&s.pci_address) else {
-                warn!(index = s.index, uuid = %s.uuid, pci = %s.pci_address, "NVML sample has no valid PCI address; skipped.");
-                continue;
+            let pci = match xid_parser::normalize_pci(&s.pci_address) {
+                Some(p) => p,
+                // Identity by UUID when NVML could not read the PCI address.
+                None => match self
+                    .gpus
+                    .values()
+                    .find(|g| !s.uuid.is_empty() && g.uuid == s.uuid)
+                {
+                    Some(g) => g.pci.clone(),
+                    None => {
+                        warn!(index = s.index, uuid = %s.uuid, pci = %s.pci_address, "NVML sample has no valid PCI address; skipped, and this poll cannot tell which GPUs are missing.");
+                        complete = false;
+                        continue;
+                    }
+                },
             };
             s.pci_address = pci.clone();
             present.insert(pci.clone());
+            if !s.uuid.is_empty() {
+                present_uuids.insert(s.uuid.clone(), pci.clone());
+            }
             self.observe_sample(s, now, &mut out);
         }
-        // A GPU NVML enumerated in this boot and now misses is lost. An empty
-        // enumeration is a monitor problem (driver/NVML), never a hardware verdict.
-        if !present.is_empty() {
+        if complete && !present.is_empty() {
+            // A GPU NVML enumerated in this boot and now misses is lost.
             let missing: Vec<String> = self
                 .gpus
                 .values()
@@ -183,9 +261,108 @@ impl Engine {
                 let ev = self.lost_event(&pci);
                 self.set_condition(&pci, (FaultKind::GpuLost, None), Some(ev), now, &mut out);
             }
+            self.retire_absent_from_earlier_boots(&present, &present_uuids, now);
+            self.end_join_grace("first complete NVML poll", &mut out);
         }
         self.evaluate_recovery(now);
         out
+    }
+
+    /// Faults from an earlier boot on a GPU that NVML no longer enumerates in
+    /// this boot (complete poll): with its UUID at another PCI address (bus
+    /// renumbered) they move there; otherwise the GPU was removed, replaced or
+    /// is not detected, and they are converted to `investigate` with that
+    /// reason (visible for `active_window_secs`, then cleared) instead of
+    /// latching a taint for hardware that is not there.
+    fn retire_absent_from_earlier_boots(
+        &mut self,
+        present: &BTreeSet<String>,
+        present_uuids: &BTreeMap<String, String>,
+        now: u64,
+    ) {
+        let boot_id = self.boot.boot_id.clone();
+        let gone: Vec<String> = self
+            .gpus
+            .values()
+            .filter(|g| {
+                !g.confirmed
+                    && !present.contains(&g.pci)
+                    && g.faults.values().any(|f| f.last_boot_id != boot_id)
+            })
+            .map(|g| g.pci.clone())
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        self.flush_fault_counts();
+        let mut changed = false;
+        for pci in gone {
+            let Some(g) = self.gpus.get_mut(&pci) else {
+                continue;
+            };
+            let uuid = g.uuid.clone();
+            let old: Vec<FaultKey> = g
+                .faults
+                .iter()
+                .filter(|(_, f)| f.last_boot_id != boot_id)
+                .map(|(k, _)| k.clone())
+                .collect();
+            let mut taken = Vec::new();
+            for k in old {
+                if let Some(f) = g.faults.remove(&k) {
+                    taken.push((k, f));
+                }
+            }
+            let moved_to = present_uuids
+                .get(&uuid)
+                .filter(|_| !uuid.is_empty())
+                .cloned();
+            match moved_to
+                .as_ref()
+                .and_then(|to| self.gpus.get_mut(to).map(|t| (to, t)))
+            {
+                Some((to, target)) => {
+                    for (k, mut f) in taken {
+                        info!(gpu = %uuid, from = %pci, to = %to, fault = %f.reason, action = f.action.short_name(), "GPU moved to another PCI address since an earlier boot; its fault moved with it.");
+                        f.pci.clone_from(to);
+                        target.faults.entry(k).or_insert(f);
+                    }
+                }
+                None => {
+                    let why = format!(
+                        "GPU no longer present after reboot: NVML enumerates nothing at {pci}{}; hardware removed or replaced, or not detected",
+                        if uuid.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" and no GPU with UUID {uuid}")
+                        }
+                    );
+                    let Some(g) = self.gpus.get_mut(&pci) else {
+                        continue;
+                    };
+                    for (k, mut f) in taken {
+                        warn!(gpu = %g.describe(), fault = %f.reason, kind = k.kind.short_name(), from = f.action.short_name(), to = "investigate", reason = %why, "Fault of a GPU that is gone converted to investigate.");
+                        if f.action.rank() > Action::Investigate.rank() {
+                            f.action = Action::Investigate;
+                            f.severity = Action::Investigate.default_severity();
+                        }
+                        f.policy_reason = format!("{why} (was {}: {})", f.reason, f.policy_reason);
+                        f.level = false;
+                        f.condition_gone_since = None;
+                        f.last_seen = now;
+                        f.last_boot_id.clone_from(&boot_id);
+                        g.faults.entry(k).or_insert(f);
+                    }
+                }
+            }
+            if self.gpus.get(&pci).is_some_and(|g| g.faults.is_empty()) {
+                self.gpus.remove(&pci);
+            }
+            changed = true;
+        }
+        if changed {
+            self.touch();
+        }
     }
 
     fn lost_event(&self, pci: &str) -> FaultEvent {
@@ -483,10 +660,113 @@ impl Engine {
             out,
         );
 
+        let sample_time = s.time_unix_nano.filter(|&t| t > 0).unwrap_or(now);
         if let Some(g) = self.gpus.get_mut(&pci) {
             g.sample = Some(s);
+            g.sample_time = Some(sample_time);
         }
+        self.recheck_remap(&pci, now, out);
         *self.cache.get_mut() = None;
+        if changed {
+            self.touch();
+        }
+    }
+
+    /// Active XID 63/64 faults of one GPU that waited for NVML: the sample just
+    /// stored decides when it is at least as new as the XID. A changed action is
+    /// logged with its reason and published as a reclassification event (not a
+    /// new occurrence: the fault metrics are not counted again).
+    fn recheck_remap(&mut self, pci: &str, now: u64, out: &mut Vec<FaultEvent>) {
+        let boot_id = self.boot.boot_id.clone();
+        let policy = std::sync::Arc::clone(&self.policy);
+        let Some(g) = self.gpus.get_mut(pci) else {
+            return;
+        };
+        let (Some(s), Some(at)) = (g.sample.as_ref(), g.sample_time) else {
+            return;
+        };
+        let who = g.describe();
+        let gpu_index = g.index.filter(|_| g.confirmed);
+        let gpu_uuid = if g.confirmed {
+            g.uuid.clone()
+        } else {
+            String::new()
+        };
+        let mut changed = false;
+        let mut emitted = 0;
+        for (key, f) in g.faults.iter_mut() {
+            if !is_remap_xid(key.kind, key.code) || f.awaiting_nvml.is_none_or(|t| at < t) {
+                continue;
+            }
+            f.awaiting_nvml = None;
+            changed = true;
+            let Some((action, why)) = row_remap_decision(key.code, s) else {
+                f.policy_reason = format!(
+                    "XID {}: NVML reports no row-remap state for this GPU, so the policy action {} stands",
+                    key.code,
+                    f.action.short_name()
+                );
+                continue;
+            };
+            let from = f.action;
+            let mut reason = format!(
+                "Re-evaluated with an NVML sample newer than the XID (was {}): {why}",
+                from.short_name()
+            );
+            // Recurrence across boots escalates as it does for a new event.
+            let needed = policy.recurrence_reboots(key.code);
+            let escalated = action == Action::ResetGpu && super::recurred(f.boots_seen, needed);
+            let action = if escalated {
+                reason = format!(
+                    "{reason}; seen on this device in {} distinct boots, i.e. it recurred after {} reboots (recurrence threshold {needed} reboots): escalated from reset_gpu to inspect_hardware",
+                    f.boots_seen,
+                    f.boots_seen.saturating_sub(1)
+                );
+                Action::InspectHardware
+            } else {
+                action
+            };
+            f.escalated = escalated;
+            if action == from {
+                // Confirmed as it was; the reason now says NVML agrees.
+                f.policy_reason = reason;
+                continue;
+            }
+            if action.rank() > from.rank() {
+                warn!(gpu = %who, code = key.code, from = from.short_name(), to = action.short_name(), reason = %reason, "Fault reclassified from NVML's row-remap state.");
+            } else {
+                info!(gpu = %who, code = key.code, from = from.short_name(), to = action.short_name(), reason = %reason, "Fault reclassified from NVML's row-remap state.");
+            }
+            f.action = action;
+            f.severity = action.default_severity();
+            f.policy_reason.clone_from(&reason);
+            f.last_emitted = now;
+            let mut ev = FaultEvent {
+                pci_address: pci.to_string(),
+                gpu_index,
+                gpu_uuid: gpu_uuid.clone(),
+                message: f.message.clone(),
+                time_unix_nano: Some(at),
+                boot_id: boot_id.clone(),
+                code: key.code,
+                count: 1,
+                name: f.name.clone(),
+                ..Default::default()
+            };
+            ev.set_kind(key.kind);
+            ev.set_source(Source::NvmlPoll);
+            ev.classify(action, reason);
+            ev.attributes
+                .insert("context".into(), "row_remap_state".into());
+            ev.attributes
+                .insert("reclassified_from".into(), from.short_name().into());
+            out.push(ev);
+            emitted += 1;
+        }
+        if emitted > 0 {
+            self.registry
+                .count_events(Stage::Engine, Outcome::Emitted, emitted);
+        }
         if changed {
             self.touch();
         }
@@ -518,12 +798,17 @@ impl Engine {
                 f.last_seen = now;
                 f.last_boot_id.clone_from(&boot_id);
                 f.level = true;
+                f.gone_samples = 0;
                 if f.condition_gone_since.take().is_some() {
                     touched = true;
                 }
-            } else if f.level && f.condition_gone_since.is_none() {
-                f.condition_gone_since = Some(now);
-                touched = true;
+            } else if f.level {
+                // One more consecutive sample without the condition.
+                f.gone_samples = f.gone_samples.saturating_add(1);
+                if f.condition_gone_since.is_none() {
+                    f.condition_gone_since = Some(now);
+                    touched = true;
+                }
             }
         }
         let exists = present_key

@@ -58,7 +58,9 @@ impl Engine {
                     },
                     pci_address: g.pci.clone(),
                     active_faults: faults.iter().map(|(k, f)| f.to_proto(k, false)).collect(),
-                    sample: g.sample.clone().filter(|_| !g.lost),
+                    // While NVML is down (or sees no GPU) the last sample is
+                    // stale: not shown, so exporters do not export old gauges.
+                    sample: g.sample.clone().filter(|_| !g.lost && nvml_ok),
                     ..Default::default()
                 };
                 h.set_verdict(verdict_of(action, can_see && g.confirmed && !g.lost));
@@ -126,6 +128,8 @@ impl Engine {
                 kmsg_ok: self.kmsg.ok == Some(true),
                 nvml_ok,
                 message: self.monitor_detail(),
+                // Set by the kmsg source's `Input::KmsgCaughtUp`.
+                kmsg_caught_up: self.kmsg_caught_up,
             }),
             updated_unix_nano: Some(self.updated_at),
             validation: self.validation.clone(),

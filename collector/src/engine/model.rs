@@ -1,9 +1,11 @@
 //! The engine's in-memory model: fault identity, active faults, per-GPU state,
-//! recurrence history, and the short reasons used as condition/event reasons.
+//! recurrence history. Reasons come from `FaultEvent::short_reason` (one table
+//! for every crate).
 
 use gpuwatch_proto::{
-    Action, ActiveFault, FaultEvent, FaultKind, GpuSample, RecoveryAction, Severity,
+    Action, ActiveFault, FaultEvent, FaultKind, GpuSample, RecoveryAction, Severity, Source,
 };
+use gpuwatch_sinks::Registry;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// Boots remembered per GPU + code for recurrence escalation.
@@ -14,8 +16,8 @@ pub(crate) const HISTORY_ENTRIES: usize = 4096;
 /// Identity of one fault on a GPU (or on the node, together with its PCI address).
 ///
 /// `variant` separates faults that share kind and code but mean different things
-/// (row remap `pending` vs `failure`, AER `uncorrected_fatal` vs `corrected`, the
-/// NVML recovery action value).
+/// (row remap `pending` vs `failure`, AER `uncorrected_fatal` vs `corrected`, ECC
+/// `uncorrected` (`dbe`) vs `corrected` (`sbe`), the NVML recovery action value).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct FaultKey {
     pub kind: FaultKind,
@@ -30,7 +32,13 @@ impl FaultKey {
         let variant = match ev.kind() {
             FaultKind::RowRemap => remap_state(ev).to_string(),
             FaultKind::PcieAer => attr("aer_severity"),
-            FaultKind::Ecc => attr("ecc_type"),
+            // A double-bit ECC event (NVML event thread) and the rise of the
+            // uncorrectable counter it causes (poller) are one fault.
+            FaultKind::Ecc => match attr("ecc_type").as_str() {
+                "dbe" | "uncorrected" => "uncorrected".to_string(),
+                "sbe" | "corrected" => "corrected".to_string(),
+                other => other.to_string(),
+            },
             FaultKind::RecoveryAction => attr("recovery_action"),
             FaultKind::PageRetirement => attr("pending"),
             _ => String::new(),
@@ -49,44 +57,6 @@ pub(crate) fn remap_state(ev: &FaultEvent) -> &str {
         .get("remap")
         .or_else(|| ev.attributes.get("row_remap"))
         .map_or("", String::as_str)
-}
-
-/// Short reason for an event: condition/event reason (`XID79`, `RowRemapFailure`).
-pub(crate) fn short_reason(ev: &FaultEvent) -> String {
-    let attr = |k: &str| ev.attributes.get(k).map(String::as_str).unwrap_or("");
-    match ev.kind() {
-        FaultKind::Xid => format!("XID{}", ev.code),
-        FaultKind::Sxid => format!("SXID{}", ev.code),
-        FaultKind::FallenOffBus => "GPUFallenOffBus".into(),
-        FaultKind::PcieAer => match attr("aer_severity") {
-            "uncorrected_fatal" => "PCIeAERFatal",
-            "uncorrected_nonfatal" => "PCIeAERNonFatal",
-            "corrected" => "PCIeAERCorrected",
-            _ => "PCIeAER",
-        }
-        .into(),
-        FaultKind::Nvlink => "NVLinkError".into(),
-        FaultKind::Ecc => match attr("ecc_type") {
-            "sbe" | "corrected" => "ECCCorrected",
-            _ => "ECCUncorrected",
-        }
-        .into(),
-        FaultKind::PageRetirement => "PageRetirementPending".into(),
-        FaultKind::RowRemap => match remap_state(ev) {
-            "failure" => "RowRemapFailure",
-            "pending" => "RowRemapPending",
-            _ => "RowRemap",
-        }
-        .into(),
-        FaultKind::Thermal => "ThermalSlowdown".into(),
-        FaultKind::MachineCheck => "MachineCheck".into(),
-        FaultKind::DriverError => "DriverError".into(),
-        FaultKind::GpuLost => "GPULost".into(),
-        FaultKind::RecoveryAction => "GPURecoveryAction".into(),
-        FaultKind::PcieLink => "PCIeLinkDegraded".into(),
-        FaultKind::Validation => "ValidationFailed".into(),
-        FaultKind::Unspecified => "GPUFault".into(),
-    }
 }
 
 /// Kinds that always concern a GPU (the PCI address names the GPU itself), so an
@@ -173,10 +143,18 @@ pub(crate) struct Fault {
     pub reason: String,
     pub name: String,
     pub message: String,
+    /// Source of `message` (the kernel log's text, with pid and process, is
+    /// preferred over an NVML event's).
+    pub message_source: Source,
     /// Occurrences since the fault became active.
     pub count: u64,
     /// Occurrences coalesced since the last emitted event.
     pub pending: u64,
+    /// Coalesced occurrences not yet counted in the registry.
+    pub unrecorded: u64,
+    /// Recent occurrences (source, event time) not yet matched with a report
+    /// of the same occurrence from another source (bounded, not persisted).
+    pub recent: VecDeque<(Source, u64)>,
     pub first_seen: u64,
     pub last_seen: u64,
     pub last_emitted: u64,
@@ -190,9 +168,77 @@ pub(crate) struct Fault {
     pub level: bool,
     /// Level faults: since when the condition has been gone (None while present).
     pub condition_gone_since: Option<u64>,
+    /// Level faults: consecutive NVML samples without the condition (0 while present).
+    pub gone_samples: u32,
+    /// XID 63/64 whose action NVML has not confirmed yet: the event time (Unix
+    /// nanoseconds) an NVML sample must be at least as new as to decide.
+    pub awaiting_nvml: Option<u64>,
 }
 
+/// Unmatched occurrences remembered per fault for cross-source merging.
+const RECENT_OCCURRENCES: usize = 32;
+
 impl Fault {
+    /// Remembers one occurrence for cross-source matching.
+    pub fn note_occurrence(&mut self, source: Source, at: u64) {
+        if self.recent.len() >= RECENT_OCCURRENCES {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((source, at));
+    }
+
+    /// True when an occurrence reported by another source within `window`
+    /// nanoseconds of `at` is still unmatched: this report is the same
+    /// occurrence (consumed, so each report matches at most one other).
+    pub fn match_other_source(&mut self, source: Source, at: u64, window: u64) -> bool {
+        if window == 0 || !is_live_source(source) {
+            return false;
+        }
+        let hit = self
+            .recent
+            .iter()
+            .position(|&(s, t)| s != source && is_live_source(s) && t.abs_diff(at) <= window);
+        match hit {
+            Some(i) => {
+                self.recent.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// True when a report from `source` carries a richer message than the one
+    /// kept (the kernel log names the pid and process; NVML events do not).
+    pub fn prefers_message_of(&self, source: Source) -> bool {
+        source == Source::Kmsg && self.message_source != Source::Kmsg
+    }
+
+    /// Counts the coalesced occurrences not yet in the registry.
+    pub fn record_unrecorded(
+        &mut self,
+        registry: &Registry,
+        key: &FaultKey,
+        pci: &str,
+        index: Option<u32>,
+        uuid: &str,
+    ) {
+        while self.unrecorded > 0 {
+            let n = u32::try_from(self.unrecorded).unwrap_or(u32::MAX);
+            self.unrecorded -= u64::from(n);
+            let mut ev = FaultEvent {
+                code: key.code,
+                pci_address: pci.to_string(),
+                gpu_index: index,
+                gpu_uuid: uuid.to_string(),
+                count: n,
+                ..Default::default()
+            };
+            ev.set_kind(key.kind);
+            ev.set_action(self.action);
+            registry.record_fault(&ev);
+        }
+    }
+
     /// The proto form (`ActiveFault`).
     pub fn to_proto(&self, key: &FaultKey, node_level: bool) -> ActiveFault {
         let mut af = ActiveFault {
@@ -241,6 +287,8 @@ pub(crate) struct Gpu {
     pub confirmed: bool,
     pub index: Option<u32>,
     pub sample: Option<GpuSample>,
+    /// Time of `sample` (its own timestamp, else when the engine received it).
+    pub sample_time: Option<u64>,
     pub faults: BTreeMap<FaultKey, Fault>,
     pub baseline: Baseline,
     /// Missing from the latest NVML enumeration.
@@ -261,6 +309,7 @@ impl Gpu {
             confirmed: false,
             index: None,
             sample: None,
+            sample_time: None,
             faults: BTreeMap::new(),
             baseline: Baseline::default(),
             lost: false,
@@ -296,6 +345,12 @@ impl Gpu {
             format!("GPU {idx} ({})", self.pci)
         }
     }
+}
+
+/// Sources that report live occurrences (the same occurrence may come from
+/// more than one of them).
+fn is_live_source(s: Source) -> bool {
+    matches!(s, Source::Kmsg | Source::NvmlEvent | Source::NvmlPoll)
 }
 
 /// Recurrence identity of a device known only by PCI address.
@@ -391,7 +446,7 @@ mod tests {
         let mut failure = pending.clone();
         failure.attributes.insert("remap".into(), "failure".into());
         assert_ne!(FaultKey::of(&pending), FaultKey::of(&failure));
-        assert_eq!(short_reason(&failure), "RowRemapFailure");
+        assert_eq!(failure.short_reason(), "RowRemapFailure");
         assert_eq!(fallback_action(&failure).0, Action::InspectHardware);
         assert_eq!(fallback_action(&pending).0, Action::ResetGpu);
         let mut xid = FaultEvent {
@@ -399,6 +454,19 @@ mod tests {
             ..Default::default()
         };
         xid.set_kind(FaultKind::Xid);
-        assert_eq!(short_reason(&xid), "XID79");
+        assert_eq!(xid.short_reason(), "XID79");
+    }
+
+    #[test]
+    fn dbe_event_and_uncorrected_counter_are_one_fault() {
+        let ecc = |t: &str| {
+            let mut ev = FaultEvent::default();
+            ev.set_kind(FaultKind::Ecc);
+            ev.attributes.insert("ecc_type".into(), t.into());
+            FaultKey::of(&ev)
+        };
+        assert_eq!(ecc("dbe"), ecc("uncorrected"));
+        assert_eq!(ecc("sbe"), ecc("corrected"));
+        assert_ne!(ecc("dbe"), ecc("sbe"));
     }
 }

@@ -6,10 +6,10 @@
 use super::Engine;
 use super::model::{Baseline, Fault, FaultKey, Gpu, History, HistoryKey};
 use crate::statefile::{self, StateFileError};
-use gpuwatch_proto::{Action, FaultKind, Severity, ShortName};
+use gpuwatch_proto::{Action, FaultKind, Severity, ShortName, Source};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 /// Current state-file format version.
 pub(crate) const VERSION: u32 = 1;
@@ -97,6 +97,11 @@ pub(crate) struct FaultRecord {
     pub level: bool,
     #[serde(default)]
     pub condition_gone_unix_nano: Option<u64>,
+    #[serde(default)]
+    pub condition_gone_samples: u32,
+    /// XID 63/64 waiting for an NVML sample at least this new.
+    #[serde(default)]
+    pub awaiting_nvml_unix_nano: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Default)]
@@ -138,6 +143,8 @@ fn fault_to_record(key: &FaultKey, f: &Fault) -> FaultRecord {
         escalated: f.escalated,
         level: f.level,
         condition_gone_unix_nano: f.condition_gone_since,
+        condition_gone_samples: f.gone_samples,
+        awaiting_nvml_unix_nano: f.awaiting_nvml,
     }
 }
 
@@ -162,8 +169,11 @@ fn fault_from_record(r: FaultRecord) -> Result<(FaultKey, Fault), String> {
             reason: r.reason,
             name: r.name,
             message: r.message,
+            message_source: Source::Unspecified,
             count: r.count,
             pending: r.pending,
+            unrecorded: 0,
+            recent: std::collections::VecDeque::new(),
             first_seen: r.first_seen_unix_nano,
             last_seen: r.last_seen_unix_nano,
             last_emitted: r.last_emitted_unix_nano,
@@ -173,6 +183,8 @@ fn fault_from_record(r: FaultRecord) -> Result<(FaultKey, Fault), String> {
             escalated: r.escalated,
             level: r.level,
             condition_gone_since: r.condition_gone_unix_nano,
+            gone_samples: r.condition_gone_samples,
+            awaiting_nvml: r.awaiting_nvml_unix_nano,
         },
     ))
 }
@@ -271,8 +283,7 @@ impl Engine {
                         f.version
                     ),
                 );
-                warn!(error = %e, "Health state file is unusable; starting with fresh state.");
-                self.dirty = true;
+                self.unusable(e);
                 return;
             }
             Ok(None) => {
@@ -280,8 +291,7 @@ impl Engine {
                 return;
             }
             Err(e) => {
-                warn!(error = %e, "Health state file is unusable; starting with fresh state.");
-                self.dirty = true;
+                self.unusable(e);
                 return;
             }
         };
@@ -291,8 +301,26 @@ impl Engine {
             self.history.clear();
             self.boots.clear();
             let e = keep_aside(&path, reason);
-            warn!(error = %e, "Health state file is unusable; starting with fresh state.");
-            self.dirty = true;
+            self.unusable(e);
+        }
+    }
+
+    /// A state file that cannot be used. A corrupt one was moved aside: start
+    /// fresh and write a new one. One that could not be read (EACCES, EIO) or
+    /// moved aside is still there, possibly intact: never overwrite it; run
+    /// without persistence (every skipped write is counted and logged).
+    fn unusable(&mut self, e: StateFileError) {
+        match e {
+            StateFileError::Corrupt { .. } => {
+                warn!(error = %e, "Health state file is unusable; starting with fresh state.");
+                self.dirty = true;
+            }
+            StateFileError::Read { .. } | StateFileError::Write { .. } => {
+                error!(error = %e, "Health state file cannot be read; starting with fresh state in memory and leaving the file untouched (state is not persisted until gpuwatch restarts with a readable file).");
+                self.persist_blocked =
+                    Some(format!("the state file could not be read at startup ({e})"));
+                self.dirty = true;
+            }
         }
     }
 

@@ -14,6 +14,7 @@ struct Ctx<'a> {
     reset_quiet: u64,
     inspect_quiet: u64,
     boot_start: u64,
+    clear_samples: u32,
 }
 
 impl Ctx<'_> {
@@ -22,11 +23,23 @@ impl Ctx<'_> {
     }
 
     /// Rules shared by GPU and node faults for the non-isolating actions.
-    fn expired(&self, f: &Fault, secs_window: u64, quiet_secs: u64) -> Option<String> {
+    fn expired(&self, f: &Fault, secs_window: u64) -> Option<String> {
         if f.level {
             let gone = f.condition_gone_since?;
-            (self.now.saturating_sub(gone) >= self.reset_quiet)
-                .then(|| format!("the NVML condition cleared and stayed clear for {quiet_secs} s"))
+            (f.gone_samples >= self.clear_samples).then(|| {
+                format!(
+                    "the NVML condition was absent in {} consecutive samples over {:.1} s",
+                    f.gone_samples,
+                    self.now.saturating_sub(gone) as f64 / 1e9
+                )
+            })
+        } else if f.last_boot_id != self.boot_id
+            && matches!(f.action, Action::Ignore | Action::RestartApp)
+        {
+            Some(format!(
+                "the node rebooted since the fault (last seen in boot {}), which restarted the application",
+                f.last_boot_id
+            ))
         } else {
             self.quiet(f, self.active_window)
                 .then(|| format!("no recurrence for {secs_window} s"))
@@ -39,7 +52,7 @@ fn gpu_clear_reason(f: &Fault, g: &Gpu, c: &Ctx<'_>, cfg: &super::EngineConfig) 
     let old_boot = f.last_boot_id != c.boot_id;
     match f.action {
         Action::Unspecified | Action::Ignore | Action::RestartApp | Action::Investigate => {
-            c.expired(f, cfg.active_window_secs, cfg.reset_clear_quiet_secs)
+            c.expired(f, cfg.active_window_secs)
         }
         action => {
             let validated = g.validated_at?;
@@ -82,7 +95,7 @@ fn node_clear_reason(f: &Fault, c: &Ctx<'_>, cfg: &super::EngineConfig) -> Optio
     let since_boot = c.now.saturating_sub(c.boot_start);
     match f.action {
         Action::Unspecified | Action::Ignore | Action::RestartApp | Action::Investigate => {
-            c.expired(f, cfg.active_window_secs, cfg.reset_clear_quiet_secs)
+            c.expired(f, cfg.active_window_secs)
         }
         Action::ResetGpu | Action::RebootNode => {
             (f.last_boot_id != c.boot_id && since_boot >= c.reset_quiet).then(|| {
@@ -105,6 +118,8 @@ fn node_clear_reason(f: &Fault, c: &Ctx<'_>, cfg: &super::EngineConfig) -> Optio
 impl Engine {
     /// Clears every fault whose recovery rule is met, logging the reason.
     pub(super) fn evaluate_recovery(&mut self, now: u64) {
+        // Faults may be removed below: count their coalesced repeats first.
+        self.flush_fault_counts();
         let boot_id = self.boot.boot_id.clone();
         let c = Ctx {
             boot_id: &boot_id,
@@ -113,6 +128,7 @@ impl Engine {
             reset_quiet: secs(self.cfg.reset_clear_quiet_secs),
             inspect_quiet: secs(self.cfg.inspect_clear_quiet_secs),
             boot_start: self.boot_start,
+            clear_samples: self.cfg.condition_clear_samples.max(1),
         };
         let mut cleared = 0usize;
         for g in self.gpus.values_mut() {

@@ -1,7 +1,7 @@
 //! The event thread: XID critical errors, ECC events and thermal clock events
 //! from `nvmlEventSetWait`.
 
-use super::{Ctx, Identity, fault, normalize_bus_id};
+use super::{Ctx, Identity, fault};
 use crate::msg::Input;
 use gpuwatch_proto::{FaultEvent, FaultKind, Source};
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
@@ -194,7 +194,7 @@ impl<'a> Session<'a> {
                     pci: dev
                         .pci_info()
                         .ok()
-                        .and_then(|p| normalize_bus_id(&p.bus_id))
+                        .and_then(|p| xid_parser::normalize_pci(&p.bus_id))
                         .unwrap_or_default(),
                 };
                 match dev.register_events(types, set) {

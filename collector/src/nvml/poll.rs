@@ -2,7 +2,7 @@
 //! interval, and lost-GPU detection.
 
 use super::library::Library;
-use super::{Ctx, Identity, NvmlConfig, NvmlError, fault, normalize_bus_id};
+use super::{Ctx, Identity, NvmlConfig, NvmlError, fault};
 use crate::msg::{Input, MonitorInput};
 use gpuwatch_proto::{FaultKind, GpuSample, NvLinkSample, RecoveryAction, Source};
 use nvml_wrapper::enum_wrappers::device::{
@@ -65,9 +65,11 @@ enum GpuRead {
 pub(super) struct PollResult {
     pub(super) samples: Vec<GpuSample>,
     lost: Vec<Identity>,
-    /// Every slot was read or answered `GPU_IS_LOST`.
-    complete: bool,
-    count: u32,
+    /// Every slot was read or answered `GPU_IS_LOST`, and every sample carries
+    /// its UUID and PCI address.
+    pub(super) complete: bool,
+    /// GPUs `nvmlDeviceGetCount` reported.
+    pub(super) count: u32,
 }
 
 /// Reads every GPU once.
@@ -122,7 +124,7 @@ fn sample(dev: &Device<'_>, id: &mut Identity, count: CountError<'_>) -> Result<
     }
     id.uuid = reading("nvmlDeviceGetUUID", dev.uuid(), count)?.unwrap_or_default();
     id.pci = reading("nvmlDeviceGetPciInfo_v3", dev.pci_info(), count)?
-        .and_then(|p| normalize_bus_id(&p.bus_id))
+        .and_then(|p| xid_parser::normalize_pci(&p.bus_id))
         .unwrap_or_default();
     let mut s = GpuSample {
         index: id.index.unwrap_or_default(),
@@ -313,6 +315,39 @@ pub(super) struct LostUpdate {
 }
 
 impl LostTracker {
+    /// Completes the identity of samples whose identity calls failed from the
+    /// GPUs seen before (UUID by PCI address, PCI address by UUID, both by
+    /// index), so one failed `nvmlDeviceGetPciInfo` or `nvmlDeviceGetUUID` never
+    /// makes a GPU look absent. A sample whose UUID or PCI address stays
+    /// unknown makes the poll incomplete (no GPU may be declared missing from it).
+    pub(super) fn fill_identity(&self, r: &mut PollResult) {
+        for s in &mut r.samples {
+            if s.uuid.is_empty()
+                && !s.pci_address.is_empty()
+                && let Some(k) = self.known.values().find(|k| k.pci == s.pci_address)
+            {
+                s.uuid.clone_from(&k.uuid);
+            }
+            if s.pci_address.is_empty()
+                && !s.uuid.is_empty()
+                && let Some(k) = self.known.get(&s.uuid)
+            {
+                s.pci_address.clone_from(&k.pci);
+            }
+            if s.uuid.is_empty() && s.pci_address.is_empty() {
+                let mut same_index = self.known.values().filter(|k| k.index == Some(s.index));
+                if let (Some(k), None) = (same_index.next(), same_index.next()) {
+                    s.uuid.clone_from(&k.uuid);
+                    s.pci_address.clone_from(&k.pci);
+                }
+            }
+            if s.uuid.is_empty() || s.pci_address.is_empty() {
+                tracing::warn!(gpu = s.index, uuid = %s.uuid, pci = %s.pci_address, "NVML did not report the GPU's full identity; this poll cannot tell which GPUs are missing.");
+                r.complete = false;
+            }
+        }
+    }
+
     pub(super) fn update(&mut self, r: &PollResult) -> LostUpdate {
         let mut up = LostUpdate::default();
         let present: BTreeSet<String> = r
@@ -345,7 +380,9 @@ impl LostTracker {
                 up.newly_lost.push((id, what));
             }
         }
-        if r.complete {
+        // An empty enumeration is a monitor problem (driver unloaded, GPUs
+        // hidden from the container), never "every GPU vanished".
+        if r.complete && r.count > 0 {
             let visible = r.samples.len() + r.lost.len();
             for (uuid, id) in &self.known {
                 if !present.contains(uuid) && !self.lost.contains(uuid) {
@@ -478,7 +515,7 @@ impl Poller {
         loop {
             let registry = self.ctx.registry.clone();
             let count = move |call: &'static str| registry.count_nvml_error(call);
-            let result = match poll_all(nvml, &count) {
+            let mut result = match poll_all(nvml, &count) {
                 Ok(r) => r,
                 Err(e) => {
                     self.ctx.shared.publish(None);
@@ -486,6 +523,17 @@ impl Poller {
                 }
             };
             let driver = nvml.sys_driver_version().unwrap_or_default();
+            if result.count == 0 {
+                // Zero GPUs: the driver or the container's device list is
+                // broken; GPU health is unknown, no GPU is "lost".
+                let status = format!(
+                    "NVML {driver} enumerates no GPUs (driver not loaded or GPUs not visible to gpuwatch)"
+                );
+                if !self.monitor(false, status) || !self.ctx.sleep(self.cfg.poll_interval()) {
+                    return false;
+                }
+                continue;
+            }
             let status = format!(
                 "NVML {driver}: {} GPUs, {} answering",
                 result.count,
@@ -494,6 +542,7 @@ impl Poller {
             if !self.monitor(true, status) {
                 return false;
             }
+            self.tracker.fill_identity(&mut result);
             let up = self.tracker.update(&result);
             for (id, what) in up.newly_lost {
                 tracing::warn!(gpu = ?id.index, uuid = %id.uuid, pci = %id.pci, "NVML lost a GPU.");
@@ -521,7 +570,7 @@ impl Poller {
             } else if up.changed {
                 self.ctx.shared.gpus_changed();
             }
-            if !self.ctx.send_samples(result.samples) {
+            if !self.ctx.send_samples(result.samples, result.complete) {
                 return false;
             }
             if !self.ctx.sleep(self.cfg.poll_interval()) {
@@ -594,6 +643,49 @@ mod tests {
         assert_eq!(up.newly_lost.len(), 1, "one report, not lost + vanished");
         assert_eq!(up.newly_lost[0].0.uuid, "GPU-b");
         assert!(up.newly_lost[0].1.contains("GPU_IS_LOST"));
+    }
+
+    /// Regression (issue 3): a failed `nvmlDeviceGetPciInfo` sent a sample with
+    /// an empty PCI address, which the engine skipped and then declared lost.
+    #[test]
+    fn failed_identity_calls_are_filled_from_earlier_polls() {
+        let mut t = LostTracker::default();
+        t.update(&poll(
+            vec![sample(0, "GPU-a"), sample(1, "GPU-b")],
+            vec![],
+            true,
+        ));
+        let mut no_pci = sample(1, "GPU-b");
+        no_pci.pci_address.clear();
+        let mut no_uuid = sample(0, "");
+        no_uuid.uuid.clear();
+        let mut r = poll(vec![no_uuid, no_pci], vec![], true);
+        t.fill_identity(&mut r);
+        assert!(r.complete);
+        assert_eq!(r.samples[0].uuid, "GPU-a");
+        assert_eq!(r.samples[1].pci_address, "0000:11:00.0");
+        assert!(t.update(&r).newly_lost.is_empty());
+        // Neither identity call answered and the index is unknown: the poll
+        // cannot say which GPU this is, so it is incomplete.
+        let mut blank = sample(7, "");
+        blank.pci_address.clear();
+        let mut r = poll(vec![sample(0, "GPU-a"), blank], vec![], true);
+        t.fill_identity(&mut r);
+        assert!(!r.complete);
+        assert!(t.update(&r).newly_lost.is_empty(), "GPU-b not claimed lost");
+    }
+
+    /// Regression (issue 3): NVML seeing zero GPUs made every GPU lost.
+    #[test]
+    fn zero_gpus_is_not_every_gpu_vanished() {
+        let mut t = LostTracker::default();
+        t.update(&poll(
+            vec![sample(0, "GPU-a"), sample(1, "GPU-b")],
+            vec![],
+            true,
+        ));
+        let up = t.update(&poll(vec![], vec![], true));
+        assert!(up.newly_lost.is_empty());
     }
 
     #[test]

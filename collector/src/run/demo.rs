@@ -1,42 +1,75 @@
-//! `gpuwatch demo`: a narrated run of the real agent on this machine.
+//! `gpuwatch demo`: a narrated run of the real agent on this machine, across a
+//! simulated reboot.
 //!
-//! It starts `gpuwatch run` as a child process reading the REAL `/dev/kmsg`
-//! (with `accept_user_facility`, the stdout JSON sink, the nvml-sim library
-//! driven by a scenario, a temporary state directory, the Kubernetes writer
-//! in dry-run), writes scripted NVIDIA kernel lines into `/dev/kmsg` at the
-//! times the scenario injects its XIDs, and prints a timeline a person can
-//! follow: detection → classification → node verdict (polled from
-//! `/v1/health`). Needs root: it sets `printk_devkmsg=on` while it runs (the
-//! default `ratelimit` drops all but 10 writes per open) and restores it.
+//! Phase 1 starts `gpuwatch run` as a child process reading the REAL
+//! `/dev/kmsg` (with `accept_user_facility`, the stdout JSON sink, the nvml-sim
+//! library driven by a scenario, a temporary state directory, the Kubernetes
+//! writer in dry-run, NVML polled every second), writes scripted NVIDIA kernel
+//! lines into `/dev/kmsg` at the times the scenario injects its XIDs, and
+//! narrates what the agent reports: every emitted event (detection,
+//! classification, reclassification), every cleared fault with the agent's
+//! reason (from its JSON log), and every change of a GPU's or the node's
+//! verdict (polled from `/v1/health`).
+//!
+//! Phase 2 simulates a reboot: the agent is stopped with SIGTERM (it flushes its
+//! state), a new boot id is written to the file the agent reads it from
+//! (`--boot-id-path`), and the agent restarts on the same state directory with
+//! the after-reboot scenario. The narration shows which faults the new boot
+//! clears and why the others stay — all taken from the agent, none scripted.
+//!
+//! Needs root: it sets `printk_devkmsg=on` while it runs (the default
+//! `ratelimit` drops all but 10 writes per open) and restores it.
 
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 const PRINTK_DEVKMSG: &str = "/proc/sys/kernel/printk_devkmsg";
+/// NVML poll interval of the demo agent at speed 1.
+const POLL_MS: u64 = 1000;
+/// Consecutive clean samples before an NVML-condition fault clears (the
+/// engine default, stated here so the narration can name it).
+const CLEAR_SAMPLES: u32 = 3;
 
 /// Flags of `gpuwatch demo`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
-    /// nvml-sim scenario (GPUs and timed faults).
+    /// nvml-sim scenario of the first boot (GPUs and timed faults).
     #[arg(
         long,
         value_name = "FILE",
         default_value = "nvml-sim/scenarios/demo.toml"
     )]
     pub scenario: PathBuf,
-    /// How long to run; 0: until 10 s after the scenario's last injection (at least 20 s).
+    /// nvml-sim scenario after the simulated reboot.
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "nvml-sim/scenarios/demo-after-reboot.toml"
+    )]
+    pub reboot_scenario: PathBuf,
+    /// Stop after the first boot (no simulated reboot).
+    #[arg(long)]
+    pub no_reboot: bool,
+    /// How long the first boot runs; 0: until 3 s after the scenario's last
+    /// injection (at least 20 s).
     #[arg(long, default_value_t = 0)]
     pub duration_secs: u64,
     /// Kernel log to write to and read from.
     #[arg(long, value_name = "PATH", default_value = "/dev/kmsg")]
     pub kmsg_path: PathBuf,
+    /// Runs the timeline this many times faster (scenario times, NVML poll
+    /// interval, phase lengths); for tests.
+    #[arg(long, hide = true, default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub speed: u32,
 }
 
 /// Errors of the demo.
@@ -277,10 +310,6 @@ impl Drop for ChildGuard {
     }
 }
 
-fn stamp(t0: Instant) -> String {
-    format!("[{:5.1}s]", t0.elapsed().as_secs_f64())
-}
-
 fn http_get(addr: &str, path: &str) -> Option<String> {
     use std::io::Read;
     let mut s = std::net::TcpStream::connect(addr).ok()?;
@@ -295,130 +324,427 @@ fn http_get(addr: &str, path: &str) -> Option<String> {
     out.split("\r\n\r\n").nth(1).map(str::to_string)
 }
 
-fn describe_event(ev: &serde_json::Value) -> String {
-    let s = |k: &str| ev[k].as_str().unwrap_or("").to_string();
+/// The scenario with every time divided by `speed` (`[[inject]] at_ms`,
+/// `[driver] init_fail_until_ms`).
+pub fn scale_scenario(text: &str, speed: u32) -> Result<String, String> {
+    let mut v: toml::Value = toml::from_str(text).map_err(|e| e.to_string())?;
+    if speed <= 1 {
+        return Ok(text.to_string());
+    }
+    let scale = |x: &mut toml::Value| {
+        if let Some(ms) = x.as_integer() {
+            *x = toml::Value::Integer(ms / i64::from(speed));
+        }
+    };
+    if let Some(injects) = v.get_mut("inject").and_then(|i| i.as_array_mut()) {
+        for inj in injects {
+            if let Some(at) = inj.get_mut("at_ms") {
+                scale(at);
+            }
+        }
+    }
+    if let Some(until) = v
+        .get_mut("driver")
+        .and_then(|d| d.get_mut("init_fail_until_ms"))
+    {
+        scale(until);
+    }
+    toml::to_string(&v).map_err(|e| e.to_string())
+}
+
+/// The demo agent's configuration file: NVML polled every `POLL_MS / speed`.
+pub fn agent_config(speed: u32) -> String {
+    let poll = (POLL_MS / u64::from(speed.max(1))).max(50);
+    format!(
+        "# Written by `gpuwatch demo`.\n[nvml]\npoll_interval_ms = {poll}\nretry_interval_ms = {poll}\n\n[engine]\ncondition_clear_samples = {CLEAR_SAMPLES}\n"
+    )
+}
+
+/// A new boot id (the kernel's random UUID source, else time and pid).
+fn new_boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/uuid")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| {
+            let nanos = crate::clock::unix_nanos(std::time::SystemTime::now());
+            format!("demo-{nanos:x}-{:x}", std::process::id())
+        })
+}
+
+/// "GPU 6" out of the engine's "GPU 6 (GPU-…, 0000:ba:00.0)".
+fn short_gpu(described: &str) -> &str {
+    described.split(" (").next().unwrap_or(described)
+}
+
+fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
+    v[key].as_str().unwrap_or("")
+}
+
+fn describe_event(ev: &Value) -> String {
     let code = ev["code"].as_u64().unwrap_or(0);
-    let what = match s("kind").as_str() {
+    let what = match str_of(ev, "kind") {
         "xid" => format!("XID {code}"),
         "" => "fault".to_string(),
         k => k.replace('_', " "),
     };
     let gpu = match ev["gpu_index"].as_u64() {
-        Some(i) => format!("GPU {i} ({})", s("pci_address")),
-        None if !s("pci_address").is_empty() => format!("GPU {}", s("pci_address")),
+        Some(i) => format!("GPU {i} ({})", str_of(ev, "pci_address")),
+        None if !str_of(ev, "pci_address").is_empty() => {
+            format!("GPU {}", str_of(ev, "pci_address"))
+        }
         None => "the node".to_string(),
     };
-    format!(
-        "{what} on {gpu} from {}: {} → action {} ({})",
-        s("source"),
-        s("name"),
-        s("action"),
-        s("policy_reason")
-    )
+    match ev["attributes"]["reclassified_from"].as_str() {
+        Some(from) => format!(
+            "{what} on {gpu} from {}: {from} → {} ({})",
+            str_of(ev, "source"),
+            str_of(ev, "action"),
+            str_of(ev, "policy_reason")
+        ),
+        None => format!(
+            "{what} on {gpu} from {}: {} → action {} ({})",
+            str_of(ev, "source"),
+            str_of(ev, "name"),
+            str_of(ev, "action"),
+            str_of(ev, "policy_reason")
+        ),
+    }
 }
 
-/// Runs the demo.
-pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
-    let scenario_text =
-        std::fs::read_to_string(&args.scenario).map_err(|e| DemoError::Scenario {
-            path: args.scenario.clone(),
-            message: e.to_string(),
-        })?;
-    let script = script_from_scenario(&scenario_text).map_err(|message| DemoError::Scenario {
-        path: args.scenario.clone(),
-        message,
-    })?;
-    let duration = if args.duration_secs > 0 {
-        Duration::from_secs(args.duration_secs)
-    } else {
-        Duration::from_millis((last_inject_ms(&scenario_text) + 10_000).max(20_000))
-    };
-    let is_dev = args.kmsg_path == Path::new("/dev/kmsg");
-    let _printk = if is_dev {
-        let old = std::fs::read_to_string(PRINTK_DEVKMSG).map_err(|source| DemoError::Setup {
-            what: format!("cannot read {PRINTK_DEVKMSG}"),
-            source,
-        })?;
-        std::fs::write(PRINTK_DEVKMSG, "on\n").map_err(|source| DemoError::Setup {
-            what: format!("cannot set {PRINTK_DEVKMSG}=on"),
-            source,
-        })?;
-        PrintkGuard(Some(old.trim().to_string()))
-    } else {
-        PrintkGuard(None)
-    };
-    let mut kmsg = std::fs::OpenOptions::new()
-        .append(true)
-        .open(&args.kmsg_path)
-        .map_err(|source| DemoError::Setup {
-            what: format!("cannot open {} for writing", args.kmsg_path.display()),
-            source,
-        })?;
-    let state = std::env::temp_dir().join(format!("gpuwatch-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&state).map_err(|source| DemoError::Setup {
-        what: format!("cannot create {}", state.display()),
-        source,
-    })?;
+/// One GPU as `/v1/health` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct GpuView {
+    pci: String,
+    /// NVML index, once NVML confirmed it in this boot.
+    index: Option<u64>,
+    verdict: String,
+    action: String,
+    faults: Vec<String>,
+    /// The GPU has an NVML sample (false: lost, or not polled yet).
+    answering: bool,
+}
 
+impl GpuView {
+    fn label(&self) -> String {
+        match self.index {
+            Some(i) => format!("GPU {i}"),
+            None => format!("GPU {}", self.pci),
+        }
+    }
+
+    fn state(&self) -> String {
+        let mut s = self.verdict.clone();
+        if !self.faults.is_empty() {
+            s.push_str(&format!(" ({}): {}", self.action, self.faults.join(", ")));
+        }
+        if !self.answering {
+            s.push_str(" — not answering NVML");
+        }
+        s
+    }
+
+    /// Same health, ignoring whether NVML confirmed the index yet.
+    fn same_as(&self, other: &GpuView) -> bool {
+        (&self.verdict, &self.action, &self.faults, self.answering)
+            == (
+                &other.verdict,
+                &other.action,
+                &other.faults,
+                other.answering,
+            )
+    }
+}
+
+fn gpu_views(h: &Value) -> Vec<GpuView> {
+    h["gpus"]
+        .as_array()
+        .map(|gpus| {
+            gpus.iter()
+                .map(|g| GpuView {
+                    pci: str_of(g, "pci_address").to_string(),
+                    index: g["index"].as_u64(),
+                    verdict: str_of(g, "verdict").to_string(),
+                    action: str_of(g, "action").to_string(),
+                    faults: g["active_faults"]
+                        .as_array()
+                        .map(|f| f.iter().map(|f| str_of(f, "reason").to_string()).collect())
+                        .unwrap_or_default(),
+                    answering: !g["sample"].is_null(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The narration line for a GPU whose view changed (`None`: nothing to say —
+/// unchanged, or first seen healthy).
+fn gpu_change(prev: Option<&GpuView>, cur: &GpuView) -> Option<String> {
+    let label = cur.label();
+    let healthy = cur.verdict == "healthy" && cur.faults.is_empty();
+    match prev {
+        Some(p) if p.same_as(cur) => None,
+        None if healthy => None,
+        None => Some(format!("{label} {}", cur.state())),
+        Some(p) if healthy => Some(format!(
+            "{label} recovered: {} → healthy, no active fault",
+            p.verdict
+        )),
+        Some(p) if p.verdict != cur.verdict => {
+            Some(format!("{label} {} → {}", p.verdict, cur.state()))
+        }
+        Some(p) if !p.answering && cur.answering => {
+            Some(format!("{label} answers NVML again; still {}", cur.state()))
+        }
+        Some(_) => Some(format!("{label} {}", cur.state())),
+    }
+}
+
+/// Why a GPU does not validate, from its NVML sample in `/v1/health`.
+fn sample_problems(sample: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    if sample.is_null() {
+        out.push("it does not answer NVML".to_string());
+        return out;
+    }
+    for (key, text) in [
+        ("remapped_rows_failure", "remapped_rows_failure=true"),
+        ("remapped_rows_pending", "remapped_rows_pending=true"),
+        ("retired_pages_pending", "retired_pages_pending=true"),
+    ] {
+        if sample[key].as_bool() == Some(true) {
+            out.push(text.to_string());
+        }
+    }
+    match sample["recovery_action"].as_str() {
+        None | Some("none" | "unspecified") => {}
+        Some(a) => out.push(format!("recovery_action={a}")),
+    }
+    let n = |k: &str| sample[k].as_u64();
+    if let (Some(w), Some(m)) = (n("pcie_link_width"), n("pcie_link_width_max"))
+        && w < m
+    {
+        out.push(format!("PCIe link x{w}/x{m}"));
+    }
+    out
+}
+
+/// The rule that would clear a fault of this action (from the engine's
+/// documented recovery rules).
+fn clear_rule(action: &str) -> &'static str {
+    match action {
+        "inspect_hardware" => {
+            "inspect_hardware clears only after a reboot in which the GPU validates for inspect_clear_quiet_secs, or when another GPU (new UUID) sits at this address"
+        }
+        "reboot_node" => "reboot_node clears after a reboot in which the GPU validates",
+        "reset_gpu" => "reset_gpu clears once the GPU validates after a reset or a reboot",
+        _ => "it clears when its condition is gone or its active window passes",
+    }
+}
+
+/// Turns what the agent reports into the timeline.
+struct Narrator {
+    t0: Instant,
+    last_node: String,
+    gpus: BTreeMap<String, GpuView>,
+    events: usize,
+    by_action: BTreeMap<String, usize>,
+    last_health: Option<Value>,
+}
+
+impl Narrator {
+    fn new() -> Narrator {
+        Narrator {
+            t0: Instant::now(),
+            last_node: String::new(),
+            gpus: BTreeMap::new(),
+            events: 0,
+            by_action: BTreeMap::new(),
+            last_health: None,
+        }
+    }
+
+    fn say(&self, tag: &str, text: &str) {
+        println!("[{:5.1}s] {tag:<9} {text}", self.t0.elapsed().as_secs_f64());
+    }
+
+    fn event(&mut self, ev: &Value) {
+        let reclassified = !ev["attributes"]["reclassified_from"].is_null();
+        if !reclassified {
+            self.events += 1;
+            *self
+                .by_action
+                .entry(str_of(ev, "action").to_string())
+                .or_default() += 1;
+        }
+        let tag = if reclassified { "RECLASS" } else { "DETECTED" };
+        self.say(tag, &describe_event(ev));
+    }
+
+    fn log(&mut self, v: &Value) {
+        let msg = str_of(v, "message");
+        match msg {
+            "Fault cleared." | "Node-level fault cleared." => {
+                let who = if msg == "Fault cleared." {
+                    short_gpu(str_of(v, "gpu")).to_string()
+                } else {
+                    format!("node device {}", str_of(v, "pci"))
+                };
+                self.say(
+                    "CLEARED",
+                    &format!(
+                        "{who} {} ({}): {}",
+                        str_of(v, "fault"),
+                        str_of(v, "action"),
+                        str_of(v, "reason")
+                    ),
+                );
+            }
+            "Observed evidence of a GPU reset." => self.say(
+                "EVIDENCE",
+                &format!(
+                    "{}: {} (reset evidence)",
+                    short_gpu(str_of(v, "gpu")),
+                    str_of(v, "evidence")
+                ),
+            ),
+            m if m.starts_with("Restored health state") => self.say(
+                "RESTORED",
+                &format!(
+                    "{} active fault(s) from the state file: {m}",
+                    v["active_faults"].as_u64().unwrap_or(0)
+                ),
+            ),
+            // Narrated through the events and the GPU verdicts.
+            "GPU fault became active."
+            | "Fault reclassified from NVML's row-remap state."
+            | "NVML lost a GPU."
+            | "GPU is missing from the NVML enumeration." => {}
+            _ if v["level"] == "WARN" || v["level"] == "ERROR" => {
+                self.say(&format!("agent {}", str_of(v, "level")), msg);
+            }
+            _ => {}
+        }
+    }
+
+    fn health(&mut self, h: Value) {
+        let nvml_reported = h["monitor"]["nvml_ok"].as_bool() == Some(true);
+        for mut g in gpu_views(&h) {
+            let prev = self.gpus.get(&g.pci);
+            if !nvml_reported && !g.answering {
+                // Restarted agent before its first NVML sample: the GPU's
+                // state is not known yet, keep the last one narrated.
+                continue;
+            }
+            if g.index.is_none() {
+                g.index = prev.and_then(|p| p.index);
+            }
+            if let Some(line) = gpu_change(prev, &g) {
+                self.say("", &line);
+            }
+            self.gpus.insert(g.pci.clone(), g);
+        }
+        let node = format!(
+            "verdict={} action={} reason={} ({} GPUs)",
+            str_of(&h, "verdict"),
+            str_of(&h, "action"),
+            str_of(&h, "reason"),
+            h["gpus"].as_array().map_or(0, Vec::len)
+        );
+        if node != self.last_node {
+            self.say("NODE", &node);
+            if !str_of(&h, "message").is_empty() {
+                self.say("", str_of(&h, "message"));
+            }
+            self.last_node = node;
+        }
+        self.last_health = Some(h);
+    }
+
+    /// GPUs that are not healthy at the end, with what keeps them so.
+    fn explain_remaining(&self) {
+        let Some(h) = &self.last_health else {
+            return;
+        };
+        for g in h["gpus"].as_array().into_iter().flatten() {
+            if str_of(g, "verdict") == "healthy" {
+                continue;
+            }
+            let label = g["index"]
+                .as_u64()
+                .map_or_else(|| str_of(g, "pci_address").to_string(), |i| i.to_string());
+            let action = str_of(g, "action");
+            let faults: Vec<String> = g["active_faults"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|f| format!("{} ({})", str_of(f, "reason"), str_of(f, "action")))
+                .collect();
+            let problems = sample_problems(&g["sample"]);
+            let why = if problems.is_empty() {
+                "NVML reports nothing wrong now".to_string()
+            } else {
+                format!(
+                    "NVML in this boot reports {}, so the GPU does not validate",
+                    problems.join(", ")
+                )
+            };
+            self.say(
+                "STAYS",
+                &format!(
+                    "GPU {label} {} ({action}): {}; {why}; {}.",
+                    str_of(g, "verdict"),
+                    faults.join(", "),
+                    clear_rule(action)
+                ),
+            );
+        }
+    }
+}
+
+/// What one agent run needs.
+struct Phase<'a> {
+    /// The gpuwatch executable.
+    exe: &'a Path,
+    scenario: &'a Path,
+    script: &'a [ScriptedLine],
+    duration: Duration,
+    boot_id_path: &'a Path,
+    config: &'a Path,
+}
+
+/// Starts the agent, plays the script, narrates, stops the agent with
+/// SIGTERM; returns its exit status (`None`: killed after 15 s).
+fn run_phase(
+    args: &DemoArgs,
+    n: &mut Narrator,
+    kmsg: &mut std::fs::File,
+    state: &Path,
+    phase: &Phase<'_>,
+    stop: &AtomicBool,
+) -> Result<Option<ExitStatus>, DemoError> {
     // Start the agent at the kernel log's current end so records from before
-    // the demo do not crowd the timeline (in production a new boot reads the
-    // whole ring): a cursor for this boot at the last sequence number.
+    // the demo (or, after the simulated reboot, from the "previous boot") do
+    // not crowd the timeline: a cursor for this boot at the last sequence
+    // number. (A real reboot starts with an empty ring; a real first start
+    // reads the whole ring.)
+    let is_dev = args.kmsg_path == Path::new("/dev/kmsg");
     if is_dev
         && let Some(last_seq) = last_kmsg_seq(&args.kmsg_path)
-        && let Ok(boot_id) = crate::boot::read_boot_id(Path::new(crate::boot::BOOT_ID_PATH))
+        && let Ok(boot_id) = crate::boot::read_boot_id(phase.boot_id_path)
     {
         let cursor = crate::kmsg::KmsgCursor { boot_id, last_seq };
         if let Err(e) = crate::statefile::write_json(&state.join(crate::kmsg::CURSOR_FILE), &cursor)
         {
-            println!("cannot pre-set the kernel log cursor ({e}); the agent reads the whole ring");
+            n.say(
+                "",
+                &format!(
+                    "cannot pre-set the kernel log cursor ({e}); the agent reads the whole ring"
+                ),
+            );
         }
     }
-
-    // Ctrl-C / SIGTERM: stop early, still restore printk_devkmsg.
-    let stop = Arc::new(AtomicBool::new(false));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|source| DemoError::Setup {
-            what: "cannot start the signal runtime".into(),
-            source,
-        })?;
-    {
-        let stop = stop.clone();
-        let _guard = rt.enter();
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(|source| DemoError::Setup {
-                what: "cannot install signal handlers".into(),
-                source,
-            })?;
-        let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-            .map_err(|source| DemoError::Setup {
-                what: "cannot install signal handlers".into(),
-                source,
-            })?;
-        std::thread::spawn(move || {
-            rt.block_on(async {
-                tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-            });
-            stop.store(true, Ordering::Relaxed);
-        });
-    }
-
-    let exe = std::env::current_exe().map_err(|source| DemoError::Setup {
-        what: "cannot find the gpuwatch executable".into(),
-        source,
-    })?;
-    println!(
-        "gpuwatch demo — real kernel log ({}), simulated GPUs ({})",
-        args.kmsg_path.display(),
-        args.scenario.display()
-    );
-    println!(
-        "state dir {}; running for {} s; Ctrl-C stops early.\n",
-        state.display(),
-        duration.as_secs()
-    );
-    let mut child = Command::new(exe)
+    let mut child = Command::new(phase.exe)
         .args([
             "run",
             "--accept-user-facility",
@@ -434,21 +760,25 @@ pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
             "--node-name",
             "demo-node",
         ])
+        .arg("--config")
+        .arg(phase.config)
         .arg("--kmsg-path")
         .arg(&args.kmsg_path)
         .arg("--nvml-sim")
-        .arg(&args.scenario)
+        .arg(phase.scenario)
         .arg("--state-dir")
-        .arg(&state)
+        .arg(state)
+        .arg("--boot-id-path")
+        .arg(phase.boot_id_path)
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
         .spawn()
-        .map_err(|e| DemoError::Agent(e.to_string()))?;
-    let (ev_tx, ev_rx) = mpsc::channel::<serde_json::Value>();
-    let (log_tx, log_rx) = mpsc::channel::<serde_json::Value>();
+        .map_err(|e| DemoError::Agent(format!("cannot start {}: {e}", phase.exe.display())))?;
+    let (ev_tx, ev_rx) = mpsc::channel::<Value>();
+    let (log_tx, log_rx) = mpsc::channel::<Value>();
     if let Some(out) = child.stdout.take() {
         std::thread::spawn(move || {
             for l in BufReader::new(out).lines().map_while(Result::ok) {
@@ -468,90 +798,60 @@ pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
         });
     }
     let mut child = ChildGuard(Some(child));
-    let t0 = Instant::now();
+    let started = Instant::now();
 
-    // Wait for the API address.
+    // Wait for the API address; narrate what the agent logs meanwhile.
     let mut api = None;
-    while api.is_none() && t0.elapsed() < Duration::from_secs(20) {
-        match log_rx.recv_timeout(Duration::from_millis(200)) {
+    while api.is_none() && started.elapsed() < Duration::from_secs(20) {
+        match log_rx.recv_timeout(Duration::from_millis(100)) {
             Ok(v) if v["message"] == "API listening." => {
                 api = v["addr"].as_str().map(str::to_string);
             }
-            Ok(v) if v["level"] == "ERROR" => {
-                println!(
-                    "{} agent: {}",
-                    stamp(t0),
-                    v["message"].as_str().unwrap_or("")
-                );
-            }
-            _ => {}
+            Ok(v) => n.log(&v),
+            Err(_) => {}
         }
         if let Some(Ok(Some(st))) = child.0.as_mut().map(|c| c.try_wait()) {
             return Err(DemoError::Agent(format!("exited early with {st}")));
         }
     }
     let api = api.ok_or_else(|| DemoError::Agent("did not report its API address".into()))?;
-    println!("{} agent started (API http://{api}/v1/health)", stamp(t0));
+    n.say("", &format!("agent started (API http://{api}/v1/health)"));
 
     let mut next = 0usize;
-    let mut last_verdict = String::new();
     let mut last_poll = Instant::now() - Duration::from_secs(1);
-    let mut events = 0usize;
-    let mut by_action: BTreeMap<String, usize> = BTreeMap::new();
-    let mut pid_seen = false;
-    while t0.elapsed() < duration && !stop.load(Ordering::Relaxed) {
-        while next < script.len() && t0.elapsed() >= Duration::from_millis(script[next].at_ms) {
-            let line = &script[next];
-            println!("{} INJECT    {}", stamp(t0), line.note);
-            println!("{}           /dev/kmsg ← {}", stamp(t0), line.message);
+    let drain = |n: &mut Narrator| {
+        while let Ok(ev) = ev_rx.try_recv() {
+            n.event(&ev);
+        }
+        while let Ok(v) = log_rx.try_recv() {
+            n.log(&v);
+        }
+    };
+    while started.elapsed() < phase.duration && !stop.load(Ordering::Relaxed) {
+        while next < phase.script.len()
+            && started.elapsed() >= Duration::from_millis(phase.script[next].at_ms)
+        {
+            let line = &phase.script[next];
+            n.say("INJECT", &line.note);
+            n.say("", &format!("/dev/kmsg ← {}", line.message));
             if let Err(e) = kmsg.write_all(format!("<3>{}\n", line.message).as_bytes()) {
-                println!("{} cannot write the kernel log: {e}", stamp(t0));
+                n.say("", &format!("cannot write the kernel log: {e}"));
             }
             next += 1;
         }
-        while let Ok(ev) = ev_rx.try_recv() {
-            events += 1;
-            *by_action
-                .entry(ev["action"].as_str().unwrap_or("?").to_string())
-                .or_default() += 1;
-            println!("{} DETECTED  {}", stamp(t0), describe_event(&ev));
-        }
-        while let Ok(v) = log_rx.try_recv() {
-            if v["level"] == "WARN" || v["level"] == "ERROR" {
-                println!(
-                    "{} agent {}: {}",
-                    stamp(t0),
-                    v["level"].as_str().unwrap_or(""),
-                    v["message"].as_str().unwrap_or("")
-                );
-            }
-        }
-        if last_poll.elapsed() >= Duration::from_millis(500) {
+        drain(n);
+        if last_poll.elapsed() >= Duration::from_millis(250) {
             last_poll = Instant::now();
             if let Some(body) = http_get(&api, "/v1/health")
-                && let Ok(h) = serde_json::from_str::<serde_json::Value>(&body)
+                && let Ok(h) = serde_json::from_str::<Value>(&body)
             {
-                let verdict = format!(
-                    "verdict={} action={} reason={} ({} GPUs)",
-                    h["verdict"].as_str().unwrap_or("?"),
-                    h["action"].as_str().unwrap_or("none"),
-                    h["reason"].as_str().unwrap_or(""),
-                    h["gpus"].as_array().map_or(0, |g| g.len())
-                );
-                if verdict != last_verdict {
-                    println!("{} NODE      {verdict}", stamp(t0));
-                    if let Some(m) = h["message"].as_str().filter(|m| !m.is_empty()) {
-                        println!("{}           {m}", stamp(t0));
-                    }
-                    last_verdict = verdict;
-                }
-                pid_seen = true;
+                n.health(h);
             }
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(25));
     }
 
-    // Stop the agent cleanly.
+    // Stop the agent cleanly: SIGTERM, it drains and flushes its state.
     let mut status = None;
     if let Some(c) = child.0.as_mut() {
         let _ = nix::sys::signal::kill(
@@ -564,40 +864,267 @@ pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
                 status = Some(st);
                 break;
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(25));
         }
     }
     if status.is_some() {
         child.0 = None;
     }
-    while let Ok(ev) = ev_rx.try_recv() {
-        events += 1;
-        *by_action
-            .entry(ev["action"].as_str().unwrap_or("?").to_string())
-            .or_default() += 1;
-        println!("{} DETECTED  {}", stamp(t0), describe_event(&ev));
+    // The reader threads end with the pipes; what they still hold is narrated.
+    std::thread::sleep(Duration::from_millis(50));
+    drain(n);
+    Ok(status)
+}
+
+/// This executable's path, taken once: a rebuild that replaces the file while
+/// the demo runs leaves `/proc/self/exe` pointing at "… (deleted)".
+fn gpuwatch_exe() -> Result<PathBuf, DemoError> {
+    let exe =
+        std::env::current_exe().map_err(setup_err("cannot find the gpuwatch executable".into()))?;
+    let text = exe.to_string_lossy();
+    Ok(match text.strip_suffix(" (deleted)") {
+        Some(live) => PathBuf::from(live),
+        None => exe,
+    })
+}
+
+/// Active faults recorded in the engine's state file.
+fn state_file_faults(state: &Path) -> Option<usize> {
+    let text = std::fs::read_to_string(state.join(crate::engine::STATE_FILE)).ok()?;
+    let v: Value = serde_json::from_str(&text).ok()?;
+    let gpus: usize = v["gpus"]
+        .as_array()?
+        .iter()
+        .map(|g| g["faults"].as_array().map_or(0, Vec::len))
+        .sum();
+    Some(gpus + v["node_faults"].as_array().map_or(0, Vec::len))
+}
+
+fn read_scenario(path: &Path, speed: u32) -> Result<(String, Vec<ScriptedLine>), DemoError> {
+    let err = |message: String| DemoError::Scenario {
+        path: path.to_path_buf(),
+        message,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    let mut script = script_from_scenario(&text).map_err(err)?;
+    for l in &mut script {
+        l.at_ms /= u64::from(speed);
     }
-    let _ = std::fs::remove_dir_all(&state);
-    println!("\nSummary after {:.0} s:", t0.elapsed().as_secs_f64());
-    println!("  fault events: {events} ({by_action:?})");
+    let scaled = scale_scenario(&text, speed).map_err(err)?;
+    Ok((scaled, script))
+}
+
+fn setup_err(what: String) -> impl FnOnce(std::io::Error) -> DemoError {
+    move |source| DemoError::Setup { what, source }
+}
+
+/// Runs the demo.
+pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
+    let speed = args.speed.max(1);
+    let scaled_ms = |ms: u64| Duration::from_millis(ms / u64::from(speed));
+    let (scenario1, script1) = read_scenario(&args.scenario, speed)?;
+    let reboot = if args.no_reboot {
+        None
+    } else {
+        Some(read_scenario(&args.reboot_scenario, speed)?)
+    };
+    let original = std::fs::read_to_string(&args.scenario).unwrap_or_default();
+    let duration1 = if args.duration_secs > 0 {
+        Duration::from_secs(args.duration_secs)
+    } else {
+        scaled_ms((last_inject_ms(&original) + 3_000).max(20_000))
+    };
+    let duration2 = reboot.as_ref().map_or(Duration::ZERO, |(text, _)| {
+        Duration::from_millis(last_inject_ms(text)) + scaled_ms(6_000)
+    });
+
+    let is_dev = args.kmsg_path == Path::new("/dev/kmsg");
+    let _printk = if is_dev {
+        let old = std::fs::read_to_string(PRINTK_DEVKMSG)
+            .map_err(setup_err(format!("cannot read {PRINTK_DEVKMSG}")))?;
+        std::fs::write(PRINTK_DEVKMSG, "on\n")
+            .map_err(setup_err(format!("cannot set {PRINTK_DEVKMSG}=on")))?;
+        PrintkGuard(Some(old.trim().to_string()))
+    } else {
+        PrintkGuard(None)
+    };
+    let mut kmsg = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&args.kmsg_path)
+        .map_err(setup_err(format!(
+            "cannot open {} for writing",
+            args.kmsg_path.display()
+        )))?;
+    let state = std::env::temp_dir().join(format!("gpuwatch-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&state)
+        .map_err(setup_err(format!("cannot create {}", state.display())))?;
+    let _cleanup = RemoveDir(state.clone());
+    let config = state.join("demo-agent.toml");
+    std::fs::write(&config, agent_config(speed))
+        .map_err(setup_err(format!("cannot write {}", config.display())))?;
+    let scenario1_path = state.join("scenario-boot-1.toml");
+    std::fs::write(&scenario1_path, &scenario1).map_err(setup_err(format!(
+        "cannot write {}",
+        scenario1_path.display()
+    )))?;
+    let boot_id_path = state.join("boot_id");
+    let boot1 = crate::boot::read_boot_id(Path::new(crate::boot::BOOT_ID_PATH))
+        .unwrap_or_else(|_| new_boot_id());
+    std::fs::write(&boot_id_path, format!("{boot1}\n")).map_err(setup_err(format!(
+        "cannot write {}",
+        boot_id_path.display()
+    )))?;
+
+    // Ctrl-C / SIGTERM: stop early, still restore printk_devkmsg.
+    let stop = Arc::new(AtomicBool::new(false));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(setup_err("cannot start the signal runtime".into()))?;
+    {
+        let stop = stop.clone();
+        let _guard = rt.enter();
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(setup_err("cannot install signal handlers".into()))?;
+        let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+            .map_err(setup_err("cannot install signal handlers".into()))?;
+        std::thread::spawn(move || {
+            rt.block_on(async {
+                tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+            });
+            stop.store(true, Ordering::Relaxed);
+        });
+    }
+
+    println!(
+        "gpuwatch demo — real kernel log ({}), simulated GPUs ({})",
+        args.kmsg_path.display(),
+        args.scenario.display()
+    );
+    println!(
+        "state dir {}; NVML polled every {} ms; a condition fault clears after {CLEAR_SAMPLES} clean samples; Ctrl-C stops early.",
+        state.display(),
+        (POLL_MS / u64::from(speed)).max(50)
+    );
+    if speed > 1 {
+        println!("timeline {speed}× faster than the scenario says.");
+    }
+    println!(
+        "\n── boot 1 ({boot1}), {} s ──",
+        duration1.as_secs_f64().round()
+    );
+    let mut n = Narrator::new();
+    let exe = gpuwatch_exe()?;
+    let status1 = run_phase(
+        args,
+        &mut n,
+        &mut kmsg,
+        &state,
+        &Phase {
+            exe: &exe,
+            scenario: &scenario1_path,
+            script: &script1,
+            duration: duration1,
+            boot_id_path: &boot_id_path,
+            config: &config,
+        },
+        &stop,
+    )?;
+    let mut statuses = vec![status1];
+    let boot1_node = n.last_node.clone();
+
+    if let Some((scenario2, script2)) = &reboot
+        && status1.is_some_and(|s| s.success())
+        && !stop.load(Ordering::Relaxed)
+    {
+        n.say(
+            "REBOOT",
+            &format!(
+                "agent stopped by SIGTERM ({}); {} active fault(s) flushed to {}",
+                status1.map_or_else(|| "killed".to_string(), |s| s.to_string()),
+                state_file_faults(&state).map_or_else(|| "no".to_string(), |c| c.to_string()),
+                state.join(crate::engine::STATE_FILE).display()
+            ),
+        );
+        let boot2 = new_boot_id();
+        std::fs::write(&boot_id_path, format!("{boot2}\n")).map_err(setup_err(format!(
+            "cannot write {}",
+            boot_id_path.display()
+        )))?;
+        n.say(
+            "REBOOT",
+            &format!(
+                "simulated reboot: new boot id {boot2} in {} (--boot-id-path); NVML now follows {}",
+                boot_id_path.display(),
+                args.reboot_scenario.display()
+            ),
+        );
+        println!(
+            "\n── boot 2 ({boot2}), {} s ──",
+            duration2.as_secs_f64().round()
+        );
+        let scenario2_path = state.join("scenario-boot-2.toml");
+        std::fs::write(&scenario2_path, scenario2).map_err(setup_err(format!(
+            "cannot write {}",
+            scenario2_path.display()
+        )))?;
+        let status2 = run_phase(
+            args,
+            &mut n,
+            &mut kmsg,
+            &state,
+            &Phase {
+                exe: &exe,
+                scenario: &scenario2_path,
+                script: script2,
+                duration: duration2,
+                boot_id_path: &boot_id_path,
+                config: &config,
+            },
+            &stop,
+        )?;
+        statuses.push(status2);
+        n.explain_remaining();
+    }
+
+    println!("\nSummary after {:.0} s:", n.t0.elapsed().as_secs_f64());
+    println!("  fault events: {} ({:?})", n.events, n.by_action);
+    if reboot.is_some() && statuses.len() > 1 {
+        println!("  node state before the reboot: {boot1_node}");
+    }
     println!(
         "  final node state: {}",
-        if pid_seen {
-            last_verdict.as_str()
+        if n.last_health.is_some() {
+            n.last_node.as_str()
         } else {
             "API never answered"
         }
     );
-    println!(
-        "  agent exit: {}",
-        status.map_or("killed (did not stop within 15 s)".to_string(), |s| s
-            .to_string())
-    );
+    for (i, s) in statuses.iter().enumerate() {
+        println!(
+            "  agent exit (boot {}): {}",
+            i + 1,
+            s.map_or("killed (did not stop within 15 s)".to_string(), |s| s
+                .to_string())
+        );
+    }
     println!("  printk_devkmsg restored; nothing was written to any cluster.");
-    match status {
-        Some(s) if s.success() => Ok(()),
-        Some(s) => Err(DemoError::Agent(format!("exited with {s}"))),
-        None => Err(DemoError::Agent("did not stop on SIGTERM".into())),
+    for s in statuses {
+        match s {
+            Some(s) if s.success() => {}
+            Some(s) => return Err(DemoError::Agent(format!("exited with {s}"))),
+            None => return Err(DemoError::Agent("did not stop on SIGTERM".into())),
+        }
+    }
+    Ok(())
+}
+
+/// Removes the demo's state directory on drop.
+struct RemoveDir(PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -647,6 +1174,143 @@ remapped_rows_failure = true
         assert_eq!(msgs[2].0, 10000);
         assert!(msgs[2].1.contains("(PCI:0000:1b:00): 64,"), "{}", msgs[2].1);
         assert_eq!(last_inject_ms(SCENARIO), 10000);
+    }
+
+    #[test]
+    fn speed_scales_scenario_and_script_times() {
+        let scaled = scale_scenario(SCENARIO, 4).unwrap();
+        assert_eq!(last_inject_ms(&scaled), 2500);
+        let v: toml::Value = toml::from_str(&scaled).unwrap();
+        assert_eq!(v["inject"][0]["at_ms"].as_integer(), Some(1250));
+        assert_eq!(
+            v["inject"][0]["note"].as_str(),
+            Some("GPU 1 falls off the bus")
+        );
+        assert_eq!(v["gpu"][1]["pci"].as_str(), Some("0000:2c:00.0"));
+        assert_eq!(scale_scenario(SCENARIO, 1).unwrap(), SCENARIO);
+        assert!(scale_scenario("[[inject]\n", 2).is_err());
+    }
+
+    #[test]
+    fn shipped_scenarios_build_scripts() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../nvml-sim/scenarios");
+        let first = std::fs::read_to_string(dir.join("demo.toml")).unwrap();
+        let script = script_from_scenario(&first).unwrap();
+        let xids: Vec<&str> = script
+            .iter()
+            .filter_map(|l| l.message.split("): ").nth(1)?.split(',').next())
+            .collect();
+        assert_eq!(xids, ["79", "13", "64"]);
+        let after = std::fs::read_to_string(dir.join("demo-after-reboot.toml")).unwrap();
+        assert!(script_from_scenario(&after).unwrap().is_empty());
+        assert!(after.contains("remapped_rows_failure = true"));
+    }
+
+    #[test]
+    fn agent_config_is_a_valid_gpuwatch_config() {
+        for speed in [1, 4, 20] {
+            let text = agent_config(speed);
+            let mut cfg = crate::config::Config::parse(Path::new("demo-agent.toml"), &text)
+                .unwrap_or_else(|e| panic!("{e}\n{text}"));
+            cfg.node_name = "demo-node".into();
+            cfg.validate().unwrap_or_else(|e| panic!("{e}\n{text}"));
+            assert_eq!(
+                cfg.nvml.poll_interval(),
+                Duration::from_millis((POLL_MS / u64::from(speed)).max(50))
+            );
+            assert_eq!(cfg.engine.condition_clear_samples, CLEAR_SAMPLES);
+        }
+    }
+
+    fn view(verdict: &str, faults: &[&str], answering: bool) -> GpuView {
+        GpuView {
+            pci: "0000:ba:00.0".into(),
+            index: Some(6),
+            verdict: verdict.into(),
+            action: if faults.is_empty() {
+                "unspecified".into()
+            } else {
+                "investigate".into()
+            },
+            faults: faults.iter().map(|f| f.to_string()).collect(),
+            answering,
+        }
+    }
+
+    #[test]
+    fn gpu_changes_are_narrated_from_health() {
+        let healthy = view("healthy", &[], true);
+        let hot = view("degraded", &["ThermalSlowdown"], true);
+        assert_eq!(gpu_change(None, &healthy), None);
+        assert_eq!(gpu_change(Some(&healthy), &healthy), None);
+        assert_eq!(
+            gpu_change(Some(&healthy), &hot).unwrap(),
+            "GPU 6 healthy → degraded (investigate): ThermalSlowdown"
+        );
+        assert_eq!(
+            gpu_change(Some(&hot), &healthy).unwrap(),
+            "GPU 6 recovered: degraded → healthy, no active fault"
+        );
+        let lost = view("unhealthy", &["XID79"], false);
+        let back = view("unhealthy", &["XID79"], true);
+        assert!(
+            gpu_change(Some(&lost), &back)
+                .unwrap()
+                .contains("answers NVML again; still unhealthy")
+        );
+        assert!(
+            gpu_change(None, &lost)
+                .unwrap()
+                .ends_with("not answering NVML")
+        );
+        // Only the index became known: nothing to say.
+        let mut unconfirmed = hot.clone();
+        unconfirmed.index = None;
+        assert_eq!(gpu_change(Some(&unconfirmed), &hot), None);
+    }
+
+    #[test]
+    fn health_json_becomes_views_and_reasons() {
+        let h: Value = serde_json::json!({
+            "verdict": "unhealthy",
+            "monitor": {"nvml_ok": true},
+            "gpus": [
+                {"index": 5, "pci_address": "0000:ab:00.0", "verdict": "unhealthy",
+                 "action": "inspect_hardware",
+                 "active_faults": [{"reason": "RowRemapFailure", "action": "inspect_hardware"}],
+                 "sample": {"remapped_rows_failure": true, "remapped_rows_pending": false,
+                            "recovery_action": "none", "pcie_link_width": 8,
+                            "pcie_link_width_max": 16}},
+                {"pci_address": "0000:3a:00.0", "verdict": "unknown", "action": "reboot_node",
+                 "active_faults": [{"reason": "XID79"}], "sample": null}
+            ]
+        });
+        let v = gpu_views(&h);
+        assert_eq!(v[0].label(), "GPU 5");
+        assert_eq!(v[0].faults, ["RowRemapFailure"]);
+        assert!(v[0].answering);
+        assert_eq!(v[1].label(), "GPU 0000:3a:00.0");
+        assert!(!v[1].answering);
+        assert_eq!(
+            sample_problems(&h["gpus"][0]["sample"]),
+            ["remapped_rows_failure=true", "PCIe link x8/x16"]
+        );
+        assert_eq!(sample_problems(&Value::Null), ["it does not answer NVML"]);
+        assert!(clear_rule("inspect_hardware").contains("reboot"));
+    }
+
+    #[test]
+    fn reclassification_events_name_both_actions() {
+        let ev = serde_json::json!({
+            "kind": "xid", "code": 64, "gpu_index": 5, "pci_address": "0000:ab:00.0",
+            "source": "nvml_poll", "action": "inspect_hardware", "name": "x",
+            "policy_reason": "Re-evaluated", "attributes": {"reclassified_from": "reset_gpu"}
+        });
+        assert_eq!(
+            describe_event(&ev),
+            "XID 64 on GPU 5 (0000:ab:00.0) from nvml_poll: reset_gpu → inspect_hardware (Re-evaluated)"
+        );
+        assert_eq!(short_gpu("GPU 6 (GPU-1, 0000:ba:00.0)"), "GPU 6");
     }
 
     #[test]

@@ -70,6 +70,21 @@ impl Rig {
         )
     }
 
+    /// An engine that publishes kernel-log faults at once even before the
+    /// first NVML poll (NVML slower than `nvml_join_grace_secs`).
+    pub fn without_join_grace(state_dir: Option<&Path>, boot_id: &str) -> Rig {
+        Rig::with(
+            EngineConfig {
+                nvml_join_grace_secs: 0,
+                ..EngineConfig::default()
+            },
+            Arc::new(Policy::default()),
+            state_dir,
+            boot_id,
+            Arc::new(ManualClock::new(start_time())),
+        )
+    }
+
     pub fn with(
         cfg: EngineConfig,
         policy: Arc<Policy>,
@@ -107,8 +122,40 @@ impl Rig {
         })
     }
 
+    /// Moves the clock and returns what the tick published.
+    pub fn tick(&mut self, secs: u64) -> Vec<FaultEvent> {
+        self.clock.advance(Duration::from_secs(secs));
+        self.engine.handle(Input::Tick)
+    }
+
+    /// One incomplete NVML poll (some GPU could not be read).
+    pub fn partial_samples(&mut self, s: Vec<GpuSample>) -> Vec<FaultEvent> {
+        self.engine.handle(Input::Samples {
+            samples: s,
+            complete: false,
+        })
+    }
+
+    /// An NVML XID event for a GPU (identity by UUID and PCI address).
+    pub fn nvml_xid(code: u32, uuid: &str, pci: &str) -> FaultEvent {
+        let mut ev = FaultEvent {
+            code,
+            pci_address: pci.to_string(),
+            gpu_uuid: uuid.to_string(),
+            message: format!("NVML critical XID {code}"),
+            count: 1,
+            ..Default::default()
+        };
+        ev.set_kind(FaultKind::Xid);
+        ev.set_source(Source::NvmlEvent);
+        ev
+    }
+
     pub fn samples(&mut self, s: Vec<GpuSample>) -> Vec<FaultEvent> {
-        self.engine.handle(Input::Samples(s))
+        self.engine.handle(Input::Samples {
+            samples: s,
+            complete: true,
+        })
     }
 
     pub fn nvml(&mut self, ok: bool, message: &str) {

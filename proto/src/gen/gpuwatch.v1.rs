@@ -235,6 +235,10 @@ pub struct MonitorStatus {
     pub nvml_ok: bool,
     #[prost(string, tag = "3")]
     pub message: ::prost::alloc::string::String,
+    /// True once the kmsg source has read the whole ring (faults logged before the
+    /// agent started are known). Validation is incomplete until then.
+    #[prost(bool, tag = "4")]
+    pub kmsg_caught_up: bool,
 }
 /// Result of device validation (startup gate).
 #[derive(serde::Serialize, serde::Deserialize)]

@@ -13,7 +13,7 @@
 
 use super::config::KubeConfig;
 use gpuwatch_proto::{
-    Action, ActiveFault, FaultKind, GpuHealth, NodeHealth, ShortName, ValidationReport, Verdict,
+    Action, ActiveFault, GpuHealth, NodeHealth, ShortName, ValidationReport, Verdict,
 };
 
 /// Condition status values.
@@ -64,28 +64,6 @@ struct Located<'a> {
     fault: &'a ActiveFault,
 }
 
-/// Short reason for a fault kind/code when the engine gave none.
-pub(crate) fn reason_for(kind: FaultKind, code: u32) -> String {
-    match kind {
-        FaultKind::Xid => format!("XID{code}"),
-        FaultKind::Sxid => format!("SXID{code}"),
-        FaultKind::FallenOffBus => "GPUFallenOffBus".into(),
-        FaultKind::PcieAer => "PCIeAER".into(),
-        FaultKind::Nvlink => "NVLinkError".into(),
-        FaultKind::Ecc => "ECCError".into(),
-        FaultKind::PageRetirement => "PageRetirement".into(),
-        FaultKind::RowRemap => "RowRemapFailure".into(),
-        FaultKind::Thermal => "ThermalEvent".into(),
-        FaultKind::MachineCheck => "MachineCheck".into(),
-        FaultKind::DriverError => "DriverError".into(),
-        FaultKind::GpuLost => "GPULost".into(),
-        FaultKind::RecoveryAction => "GPURecoveryAction".into(),
-        FaultKind::PcieLink => "PCIeLinkDegraded".into(),
-        FaultKind::Validation => "ValidationFailed".into(),
-        FaultKind::Unspecified => "GPUFault".into(),
-    }
-}
-
 /// A condition/Event reason: CamelCase-ish, letters and digits only.
 pub(crate) fn sanitize_reason(reason: &str, fallback: impl FnOnce() -> String) -> String {
     let s: String = reason
@@ -97,7 +75,26 @@ pub(crate) fn sanitize_reason(reason: &str, fallback: impl FnOnce() -> String) -
 }
 
 fn fault_reason(f: &ActiveFault) -> String {
-    sanitize_reason(&f.reason, || reason_for(f.kind(), f.code))
+    sanitize_reason(&f.reason, || gpuwatch_proto::kind_reason(f.kind(), f.code))
+}
+
+/// The occurrence count as the condition message shows it: bucketed (`seen
+/// once`, `seen 2+ times`, `seen 10+ times`, `seen 100+ times`, ...), so a
+/// storm changes the message (and causes a status write) only when it crosses
+/// a power of ten, not on every occurrence. The exact count is in the metrics
+/// (`gpu_xid_errors_total`) and the Event's `count`.
+pub(crate) fn count_bucket(count: u64) -> String {
+    match count {
+        0 | 1 => "seen once".to_owned(),
+        2..=9 => "seen 2+ times".to_owned(),
+        n => {
+            let mut floor = 10u64;
+            while let Some(next) = floor.checked_mul(10).filter(|&x| x <= n) {
+                floor = next;
+            }
+            format!("seen {floor}+ times")
+        }
+    }
 }
 
 fn describe(l: &Located<'_>) -> String {
@@ -137,9 +134,9 @@ fn describe(l: &Located<'_>) -> String {
         String::new()
     };
     s.push_str(&format!(
-        ": {}{code} x{}{boot}, action {}{escalated}",
+        ": {}{code} {}{boot}, action {}{escalated}",
         fault_reason(f),
-        f.count.max(1),
+        count_bucket(f.count),
         f.action().short_name()
     ));
     s
@@ -312,7 +309,7 @@ pub(crate) fn desired(health: &NodeHealth, cfg: &KubeConfig, gate: &Gate) -> Des
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuwatch_proto::MonitorStatus;
+    use gpuwatch_proto::{FaultKind, MonitorStatus};
 
     pub(crate) fn fault(action: Action, reason: &str, code: u32) -> ActiveFault {
         let mut f = ActiveFault {
@@ -333,6 +330,7 @@ mod tests {
                 kmsg_ok: true,
                 nvml_ok: true,
                 message: String::new(),
+                kmsg_caught_up: true,
             }),
             gpus: vec![GpuHealth {
                 index: Some(3),
@@ -373,7 +371,7 @@ mod tests {
         assert_eq!((p.status, p.reason.as_str()), (TRUE, "XID79"));
         assert_eq!(
             p.message,
-            "GPU 3 (GPU-abc, 0000:3b:00.0): XID79 code 79 x2, boot boot-1, action reboot_node"
+            "GPU 3 (GPU-abc, 0000:3b:00.0): XID79 code 79 seen 2+ times, boot boot-1, action reboot_node"
         );
         let t = d.fault_taint.unwrap();
         assert_eq!(
@@ -468,6 +466,48 @@ mod tests {
         let d = desired(&h, &KubeConfig::default(), &Gate::Open);
         assert!(d.fault_taint.is_none());
         assert_eq!(cond(&d, "GPUProblem").status, FALSE);
+    }
+
+    #[test]
+    fn counts_are_bucketed_by_powers_of_ten() {
+        let cases = [
+            (0, "seen once"),
+            (1, "seen once"),
+            (2, "seen 2+ times"),
+            (9, "seen 2+ times"),
+            (10, "seen 10+ times"),
+            (99, "seen 10+ times"),
+            (100, "seen 100+ times"),
+            (1000, "seen 1000+ times"),
+            (10_000, "seen 10000+ times"),
+            (u64::MAX, "seen 10000000000000000000+ times"),
+        ];
+        for (n, want) in cases {
+            assert_eq!(count_bucket(n), want, "{n}");
+        }
+        // A storm of 10 000 occurrences moves the message only 5 times.
+        let changes = (1..=10_000u64)
+            .map(count_bucket)
+            .collect::<Vec<_>>()
+            .windows(2)
+            .filter(|w| w[0] != w[1])
+            .count();
+        assert_eq!(changes, 5);
+    }
+
+    #[test]
+    fn reasons_come_from_the_one_proto_table() {
+        // An engine that gave no reason: the proto's kind_reason, same as Events.
+        let mut h = healthy();
+        h.set_verdict(Verdict::Unhealthy);
+        let mut f = fault(Action::ResetGpu, "", 0);
+        f.set_kind(FaultKind::Thermal);
+        h.gpus[0].active_faults.push(f);
+        let d = desired(&h, &KubeConfig::default(), &Gate::Open);
+        assert_eq!(
+            cond(&d, "GPUProblem").reason,
+            gpuwatch_proto::kind_reason(FaultKind::Thermal, 0)
+        );
     }
 
     #[test]

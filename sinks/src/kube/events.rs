@@ -15,9 +15,9 @@
 
 use super::backend::{ApiError, Backend};
 use super::config::KubeConfig;
-use super::desired::{reason_for, sanitize_reason};
+use super::desired::sanitize_reason;
 use crate::{EventSink, KubeObject, Outcome, Registry, Stage, WriteResult};
-use gpuwatch_proto::{Action, FaultEvent, FaultKind, ShortName};
+use gpuwatch_proto::{Action, FaultEvent, ShortName};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -45,25 +45,14 @@ pub(crate) struct PendingEvent {
     pub time: SystemTime,
 }
 
-/// Event reason for a fault event (`XID79`, `SXID12028`, `PCIeAERFatal`, ...).
+/// Event reason for a fault event (`XID79`, `SXID12028`, `PCIeAERFatal`, ...):
+/// [`FaultEvent::short_reason`], the one reason table shared with the engine's
+/// `ActiveFault.reason` and the node conditions, so the same fault gets the same
+/// reason (and Event dedup key) whichever source reported it.
 pub fn event_reason(ev: &FaultEvent) -> String {
-    let attr = |k: &str| ev.attributes.get(k).map(String::as_str);
-    match ev.kind() {
-        FaultKind::PcieAer => match attr("aer_severity") {
-            Some("uncorrected_fatal") => "PCIeAERFatal".into(),
-            Some("uncorrected_nonfatal") => "PCIeAERNonFatal".into(),
-            Some("corrected") => "PCIeAERCorrected".into(),
-            _ => "PCIeAER".into(),
-        },
-        FaultKind::Ecc => match attr("ecc_type") {
-            Some("dbe" | "uncorrected") => "ECCUncorrectable".into(),
-            Some("sbe" | "corrected") => "ECCCorrectable".into(),
-            _ => "ECCError".into(),
-        },
-        FaultKind::RowRemap if ev.action() == Action::ResetGpu => "RowRemapPending".into(),
-        FaultKind::Thermal => sanitize_reason(&ev.name, || reason_for(FaultKind::Thermal, ev.code)),
-        k => reason_for(k, ev.code),
-    }
+    sanitize_reason(&ev.short_reason(), || {
+        gpuwatch_proto::kind_reason(ev.kind(), ev.code)
+    })
 }
 
 /// Event type: Normal for application-level faults, Warning otherwise.
@@ -612,6 +601,7 @@ impl EventWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuwatch_proto::FaultKind;
 
     fn ev(code: u32, action: Action) -> FaultEvent {
         let mut e = FaultEvent {
@@ -643,6 +633,21 @@ mod tests {
         let mut l = ev(0, Action::InspectHardware);
         l.set_kind(FaultKind::GpuLost);
         assert_eq!(event_reason(&l), "GPULost");
+        // Thermal: one reason whatever the source's name for it (Event dedup).
+        let mut t = ev(0, Action::Investigate);
+        t.set_kind(FaultKind::Thermal);
+        t.name = "Clocks slowed down".into();
+        let mut u = t.clone();
+        u.name = "Thermal slowdown".into();
+        assert_eq!(event_reason(&t), event_reason(&u));
+        assert_eq!(event_reason(&t), t.short_reason());
+        // ECC from the kernel log (dbe) and from NVML (uncorrected) agree.
+        let mut k = ev(0, Action::ResetGpu);
+        k.set_kind(FaultKind::Ecc);
+        k.attributes.insert("ecc_type".into(), "dbe".into());
+        let mut n = k.clone();
+        n.attributes.insert("ecc_type".into(), "uncorrected".into());
+        assert_eq!(event_reason(&k), event_reason(&n));
         assert_eq!(event_type(Action::RestartApp), "Normal");
         assert_eq!(event_type(Action::Investigate), "Warning");
     }

@@ -2,11 +2,11 @@
 
 use super::backend::{ApiError, Backend};
 use super::config::KubeConfig;
-use super::desired::{Gate, desired};
+use super::desired::{DesiredCondition, FALSE, Gate, TRUE, UNKNOWN, desired};
 use super::events::{EventQueue, PendingEvent};
 use super::node::{
     condition_apply_body, conditions_differ, desired_taints, has_fault_taint, has_startup_taint,
-    taint_patch,
+    live_conditions, taint_patch,
 };
 use crate::validation::{self, ValidationConfig};
 use crate::{KubeObject, Registry, ValidationResult, WriteResult};
@@ -25,6 +25,39 @@ use tokio::time::Instant;
 
 /// How many fresh reads a taint patch gets after conflicts, per reconcile.
 const CONFLICT_RETRIES: usize = 5;
+
+/// For this long after the writer starts, a condition of ours that the Node
+/// already carries as True or False (written by the previous agent process) is
+/// not moved to Unknown: right after a restart NVML has not reported yet, and
+/// a transient Unknown would move `lastTransitionTime` twice on every agent
+/// restart (rollouts). Known statuses are written at once; a real monitor
+/// failure shows as Unknown once the hold ends.
+pub(crate) const STARTUP_UNKNOWN_HOLD: Duration = Duration::from_secs(10);
+
+/// What one reconcile pass did.
+#[derive(Debug, Clone, Copy, Default)]
+struct Pass {
+    /// Something was written.
+    wrote: bool,
+    /// A move to Unknown was held back (see [`STARTUP_UNKNOWN_HOLD`]).
+    held: bool,
+}
+
+/// Keeps live True/False conditions where `want` says Unknown (startup hold).
+/// Returns whether anything was held.
+fn hold_unknown(node: &Node, want: &mut [DesiredCondition]) -> bool {
+    let mut held = false;
+    for d in want.iter_mut().filter(|d| d.status == UNKNOWN) {
+        let live = live_conditions(node).iter().find(|c| c.type_ == d.type_);
+        if let Some(c) = live.filter(|c| c.status == TRUE || c.status == FALSE) {
+            d.status = if c.status == TRUE { TRUE } else { FALSE };
+            d.reason = c.reason.clone().unwrap_or_default();
+            d.message = c.message.clone().unwrap_or_default();
+            held = true;
+        }
+    }
+    held
+}
 
 pub(crate) fn now_time() -> Time {
     Time(Timestamp::now())
@@ -93,10 +126,26 @@ pub(crate) struct Reconciler {
     pub shutdown: watch::Receiver<bool>,
     pub live: Option<Node>,
     pub gate_report: Option<ValidationReport>,
+    /// Health changed in a way that fails the gate while a validation ran: its
+    /// result (built from the health at spawn time) must not open the gate.
+    pub gate_spoiled: bool,
+    /// Whether the last Node read carried the startup taint (kept across the
+    /// re-reads after API errors, unlike `live`).
+    pub startup_seen: bool,
+    /// Told every gate report (the engine shows it in `/v1/health.validation`).
+    pub on_validation: Option<super::ValidationCallback>,
 }
 
 impl Reconciler {
     fn set_live(&mut self, n: Node) {
+        let has_startup = has_startup_taint(&n, &self.cfg);
+        let had_startup = std::mem::replace(&mut self.startup_seen, has_startup);
+        if !had_startup && has_startup && self.gate_report.is_some() {
+            // The startup taint came back (node template re-applied, an operator
+            // re-gating the node): an earlier result does not count any more.
+            tracing::info!(node = %self.node_name, taint = %self.cfg.startup_taint.key, "Startup taint reappeared; validating again.");
+            self.gate_report = None;
+        }
         if let Some(uid) = &n.metadata.uid {
             *self.node_uid.lock().unwrap_or_else(|e| e.into_inner()) = Some(uid.clone());
         }
@@ -129,7 +178,63 @@ impl Reconciler {
         }
     }
 
+    /// The pure checks on `health` (no extra command), with the expected GPU
+    /// count of the live Node.
+    fn recheck(&self, health: &NodeHealth) -> ValidationReport {
+        let expected = self
+            .live
+            .as_ref()
+            .and_then(|n| expected_gpus(n, &self.vcfg));
+        let mut r = validation::validate(health, expected, &self.vcfg);
+        r.time_unix_nano = Some(unix_nanos(SystemTime::now()));
+        r
+    }
+
+    fn tell(&self, report: &ValidationReport) {
+        if let Some(f) = &self.on_validation {
+            f(report.clone());
+        }
+    }
+
+    /// A new health arrived: a cached passing report, or one being built, no
+    /// longer opens the gate when the new health fails the pure checks (a
+    /// fault appeared, a GPU left, another boot): the full validation, extra
+    /// command included, runs again.
+    fn health_changed(&mut self, validating: bool) {
+        if !self.gate_active() {
+            return;
+        }
+        let health = self.health_rx.borrow().clone();
+        let fresh = self.recheck(&health);
+        if fresh.passed {
+            return;
+        }
+        if validating && !self.gate_spoiled {
+            tracing::info!(node = %self.node_name, checks = %validation::failed_checks(&fresh).join(","), "GPU health changed while validation ran; its result will not remove the startup taint.");
+            self.gate_spoiled = true;
+        }
+        if self.gate_report.as_ref().is_some_and(|r| r.passed) {
+            tracing::info!(node = %self.node_name, checks = %validation::failed_checks(&fresh).join(","), "GPU health changed after validation passed; the startup taint stays.");
+            self.tell(&fresh);
+            self.gate_report = Some(fresh);
+        }
+    }
+
     fn record_validation(&mut self, report: ValidationReport) {
+        if std::mem::take(&mut self.gate_spoiled) && report.passed {
+            // Built from the health at spawn time; the health failed the gate
+            // meanwhile. Judge the current health instead (the command runs
+            // again at the next attempt if that passes).
+            let health = self.health_rx.borrow().clone();
+            let fresh = self.recheck(&health);
+            tracing::info!(node = %self.node_name, "Validation result is stale (GPU health changed while it ran); validating again.");
+            self.tell(&fresh);
+            // Passing now: run the whole validation again at once; failing:
+            // show why and retry at the next interval.
+            self.gate_report = if fresh.passed { None } else { Some(fresh) };
+            return;
+        }
+        self.tell(&report);
         let failed = validation::failed_checks(&report);
         if report.passed {
             self.registry.count_validation(ValidationResult::Pass);
@@ -163,8 +268,8 @@ impl Reconciler {
         self.gate_report = Some(report);
     }
 
-    /// One convergence pass. Returns whether anything was written.
-    async fn reconcile(&mut self) -> Result<bool, ApiError> {
+    /// One convergence pass. `hold`: within [`STARTUP_UNKNOWN_HOLD`].
+    async fn reconcile(&mut self, hold: bool) -> Result<Pass, ApiError> {
         if self.live.is_none() {
             let n = self.backend.get_node().await?;
             self.set_live(n);
@@ -173,14 +278,31 @@ impl Reconciler {
         let now = now_time();
         let node = self.live.clone().unwrap_or_default();
         let startup = self.cfg.startup_gate && has_startup_taint(&node, &self.cfg);
-        let passed = self.gate_report.as_ref().is_some_and(|r| r.passed);
+        let mut passed = self.gate_report.as_ref().is_some_and(|r| r.passed);
+        if startup && passed {
+            // The cached report may be old (the extra command can run for
+            // minutes): judge the current health and boot right before the
+            // taint goes.
+            let fresh = self.recheck(&health);
+            let same_boot = self
+                .gate_report
+                .as_ref()
+                .is_some_and(|r| r.boot_id == health.boot_id);
+            if !fresh.passed || !same_boot {
+                passed = false;
+                tracing::info!(node = %self.node_name, checks = %validation::failed_checks(&fresh).join(","), same_boot, "GPU health changed since validation passed; the startup taint stays.");
+                self.tell(&fresh);
+                self.gate_report = if same_boot { Some(fresh) } else { None };
+            }
+        }
         let remove_startup = startup && passed;
         let gate = if startup && !passed {
             Gate::Closed(self.gate_report.clone())
         } else {
             Gate::Open
         };
-        let want = desired(&health, &self.cfg, &gate);
+        let mut want = desired(&health, &self.cfg, &gate);
+        let held = hold && hold_unknown(&node, &mut want.conditions);
         let mut wrote = false;
         let mut first_err = None;
 
@@ -276,7 +398,7 @@ impl Reconciler {
         }
         match first_err {
             Some(e) => Err(e),
-            None => Ok(wrote),
+            None => Ok(Pass { wrote, held }),
         }
     }
 
@@ -287,6 +409,8 @@ impl Reconciler {
         let resync = Duration::from_secs(self.cfg.resync_secs);
         let interval = Duration::from_secs(self.cfg.validation_interval_secs);
         let mut backoff = initial;
+        let hold_until = Instant::now() + STARTUP_UNKNOWN_HOLD;
+        let mut recheck_hold = false;
         let mut dirty = true;
         let mut next_allowed = Instant::now();
         let mut resync_at = Instant::now() + resync;
@@ -310,6 +434,7 @@ impl Reconciler {
                     if let Some(e) = expected {
                         self.registry.gpus_expected.store(u64::from(e), Relaxed);
                     }
+                    self.gate_spoiled = false;
                     validation = Some(tokio::spawn(run_validation(
                         health,
                         expected,
@@ -318,13 +443,16 @@ impl Reconciler {
                 }
             }
             if dirty && now >= next_allowed {
-                match self.reconcile().await {
-                    Ok(wrote) => {
+                match self.reconcile(Instant::now() < hold_until).await {
+                    Ok(pass) => {
                         dirty = false;
                         backoff = initial;
-                        if wrote {
+                        if pass.wrote {
                             next_allowed = Instant::now() + min_interval;
                         }
+                        // Look again when the hold ends (a health change
+                        // before that is reconciled as usual).
+                        recheck_hold |= pass.held;
                     }
                     Err(e) => {
                         tracing::warn!(node = %self.node_name, error = %e, retry_in_ms = backoff.as_millis() as u64, "Node reconcile failed; retrying.");
@@ -343,12 +471,16 @@ impl Reconciler {
             if validation.is_none() && self.gate_active() {
                 wake = wake.min(gate_next);
             }
+            if recheck_hold {
+                wake = wake.min(hold_until);
+            }
             tokio::select! {
                 _ = self.shutdown.changed() => break,
                 r = self.health_rx.changed(), if health_open => {
                     if r.is_err() {
                         health_open = false;
                     } else {
+                        self.health_changed(validation.is_some());
                         dirty = true;
                     }
                 }
@@ -366,12 +498,22 @@ impl Reconciler {
                     validation = None;
                     gate_next = Instant::now() + interval;
                     match r {
-                        Ok(report) => self.record_validation(report),
+                        Ok(report) => {
+                            let stale = self.gate_spoiled && report.passed;
+                            self.record_validation(report);
+                            if stale && self.gate_report.is_none() {
+                                gate_next = Instant::now();
+                            }
+                        }
                         Err(e) => tracing::warn!(error = %e, "Validation task failed."),
                     }
                     dirty = true;
                 }
                 () = tokio::time::sleep_until(wake) => {
+                    if recheck_hold && Instant::now() >= hold_until {
+                        recheck_hold = false;
+                        dirty = true;
+                    }
                     if Instant::now() >= resync_at {
                         resync_at = Instant::now() + resync;
                         if !self.backend.is_dry_run() {
@@ -456,5 +598,73 @@ pub(crate) async fn watch_node(
             () = tokio::time::sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(max);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+
+    fn live(conds: &[(&str, &str, &str)]) -> Node {
+        Node {
+            status: Some(NodeStatus {
+                conditions: Some(
+                    conds
+                        .iter()
+                        .map(|(t, s, r)| NodeCondition {
+                            type_: (*t).into(),
+                            status: (*s).into(),
+                            reason: Some((*r).into()),
+                            message: Some(format!("{r} message")),
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn want(t: &str, status: &'static str, reason: &str) -> DesiredCondition {
+        DesiredCondition {
+            type_: t.into(),
+            status,
+            reason: reason.into(),
+            message: "starting".into(),
+        }
+    }
+
+    #[test]
+    fn startup_hold_keeps_known_statuses_instead_of_unknown() {
+        let node = live(&[
+            ("AcceleratedHardwareReady", "True", "GPUsHealthy"),
+            ("GPUProblem", "False", "NoGPUProblem"),
+        ]);
+        let mut w = vec![
+            want("AcceleratedHardwareReady", UNKNOWN, "MonitorUnavailable"),
+            want("GPUProblem", UNKNOWN, "MonitorUnavailable"),
+        ];
+        assert!(hold_unknown(&node, &mut w));
+        assert_eq!((w[0].status, w[0].reason.as_str()), (TRUE, "GPUsHealthy"));
+        assert_eq!(w[0].message, "GPUsHealthy message");
+        assert_eq!((w[1].status, w[1].reason.as_str()), (FALSE, "NoGPUProblem"));
+    }
+
+    #[test]
+    fn startup_hold_never_holds_back_a_known_status_or_an_absent_condition() {
+        let node = live(&[
+            ("AcceleratedHardwareReady", "Unknown", "MonitorUnavailable"),
+            ("GPUProblem", "False", "NoGPUProblem"),
+        ]);
+        let mut w = vec![
+            want("AcceleratedHardwareReady", UNKNOWN, "MonitorUnavailable"),
+            want("GPUProblem", TRUE, "XID79"),
+            want("Other", UNKNOWN, "MonitorUnavailable"),
+        ];
+        let before = w.clone();
+        assert!(!hold_unknown(&node, &mut w));
+        assert_eq!(w, before);
     }
 }

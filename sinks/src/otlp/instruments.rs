@@ -178,8 +178,18 @@ fn with(
     base
 }
 
-/// Calls `f` for every GPU that has an NVML sample.
+/// False when the engine reports NVML down: any sample still present is stale
+/// and must not be exported as a current gauge. (A health without monitor
+/// status, e.g. before the engine published, is not "down".)
+fn samples_current(health: &NodeHealth) -> bool {
+    health.monitor.as_ref().is_none_or(|m| m.nvml_ok)
+}
+
+/// Calls `f` for every GPU that has a current NVML sample.
 fn each_sample(health: &NodeHealth, mut f: impl FnMut(Vec<(&'static str, AttrValue)>, &GpuSample)) {
+    if !samples_current(health) {
+        return;
+    }
     for g in &health.gpus {
         if let Some(sample) = &g.sample {
             f(health_gpu_attrs(g), sample);
@@ -541,7 +551,11 @@ fn persistence(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
 }
 
 fn gpus(r: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
-    let visible = h.gpus.iter().filter(|g| g.sample.is_some()).count() as u64;
+    let visible = if samples_current(h) {
+        h.gpus.iter().filter(|g| g.sample.is_some()).count() as u64
+    } else {
+        0
+    };
     out.push(Point {
         attrs: vec![("state", s("visible"))],
         value: Num::U64(visible),
@@ -1090,5 +1104,35 @@ mod tests {
         // Unsupported readings produce no point at all.
         assert!(find("gpu.row_remap.pending").points(&r, &h).is_empty());
         assert_eq!(find("gpuwatch.gpus").points(&r, &h).len(), 1);
+    }
+
+    /// Regression (issue 3): the last sample kept being exported as current
+    /// gauges while NVML was down.
+    #[test]
+    fn stale_samples_are_not_exported_while_nvml_is_down() {
+        let sample = GpuSample {
+            index: 0,
+            uuid: "GPU-0".into(),
+            temperature_c: Some(41),
+            ..Default::default()
+        };
+        let mut h = NodeHealth {
+            gpus: vec![GpuHealth {
+                index: Some(0),
+                sample: Some(sample),
+                ..Default::default()
+            }],
+            monitor: Some(gpuwatch_proto::MonitorStatus {
+                nvml_ok: true,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let r = Registry::new();
+        assert_eq!(find("hw.temperature").points(&r, &h).len(), 1);
+        h.monitor.as_mut().unwrap().nvml_ok = false;
+        assert!(find("hw.temperature").points(&r, &h).is_empty());
+        let visible = find("gpuwatch.gpus").points(&r, &h);
+        assert_eq!(visible[0].value, Num::U64(0));
     }
 }

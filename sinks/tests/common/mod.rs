@@ -598,10 +598,13 @@ pub fn populate(r: &Registry) {
         reason: "XID79".into(),
         gpus: vec![g0, g1],
         node_faults: vec![node_fault],
+        // NVML up (its samples are current and exported); the kernel log down,
+        // so `gpuwatch.monitor.up` has a 0 and a 1 point.
         monitor: Some(MonitorStatus {
-            kmsg_ok: true,
-            nvml_ok: false,
-            message: "nvml: library not found".into(),
+            kmsg_ok: false,
+            nvml_ok: true,
+            message: "kmsg: permission denied".into(),
+            kmsg_caught_up: false,
         }),
         ..Default::default()
     };

@@ -592,6 +592,12 @@ impl ApiDouble {
         self.lock().forbidden.insert((verb.into(), resource.into()));
     }
 
+    pub fn unforbid(&self, verb: &str, resource: &str) {
+        self.lock()
+            .forbidden
+            .remove(&(verb.to_owned(), resource.to_owned()));
+    }
+
     pub fn set_test_failure_status(&self, code: u16) {
         self.lock().test_failure_status = code;
     }

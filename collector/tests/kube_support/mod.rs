@@ -1,0 +1,500 @@
+//! Harness for `kube_e2e.rs`: the real `gpuwatch run` binary as a child
+//! process, writing to the in-process Kubernetes API-server double
+//! (`kube_common`, shared with `sinks/tests`), reading its kernel log from a
+//! FIFO the test writes kmsg-format records into, and NVML from the nvml-sim
+//! cdylib driven by `collector/tests/data/kube-*.toml`.
+//!
+//! One [`Rig`] per test: a tokio runtime serving the double, a temporary
+//! directory with the state dir, the boot-id file, the FIFO and the config.
+//! The FIFO is held open read-write by the rig for its whole life, so the
+//! agent never sees end-of-file between restarts and wakes on every write.
+#![allow(dead_code)]
+
+use crate::kube_common::{ApiDouble, Recorded, condition, taint_value};
+use k8s_openapi::api::core::v1::{Event, Node, NodeCondition, NodeSpec, Taint};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The Node the double serves and the agent writes.
+pub const NODE: &str = "kube-e2e-node";
+/// gpuwatch's readiness condition.
+pub const READY: &str = "AcceleratedHardwareReady";
+/// gpuwatch's problem condition.
+pub const PROBLEM: &str = "GPUProblem";
+/// gpuwatch's fault taint key.
+pub const FAULT_TAINT: &str = "gpuwatch.io/unhealthy";
+/// The startup taint key (cluster-autoscaler convention).
+pub const STARTUP_TAINT: &str = "startup-taint.cluster-autoscaler.kubernetes.io/gpu-not-ready";
+/// Generous bound for things that should take a second or two.
+pub const T: Duration = Duration::from_secs(15);
+
+/// Builds nvml-sim once per test process (a no-op when it is fresh), so that
+/// `--nvml-sim` finds `libnvml_sim.so` next to the `gpuwatch` executable.
+pub fn ensure_nvml_sim() {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let exe = Path::new(env!("CARGO_BIN_EXE_gpuwatch"));
+        let profile_dir = exe.parent().expect("target/<profile> directory");
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.current_dir(&workspace)
+            .args(["build", "-q", "-p", "nvml-sim"]);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let out = cmd.output().expect("run cargo build -p nvml-sim");
+        assert!(
+            out.status.success(),
+            "cargo build -p nvml-sim failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lib = profile_dir.join("libnvml_sim.so");
+        assert!(lib.is_file(), "{} missing after the build", lib.display());
+    });
+}
+
+/// A scenario file in `collector/tests/data`.
+pub fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
+
+/// A Node named [`NODE`] with these taints.
+pub fn node(taints: Vec<Taint>) -> Node {
+    let mut n = Node::default();
+    n.metadata.name = Some(NODE.into());
+    n.metadata.labels = Some(BTreeMap::from([(
+        "node.kubernetes.io/instance-type".to_owned(),
+        "p5.48xlarge".to_owned(),
+    )]));
+    n.spec = Some(NodeSpec {
+        taints: Some(taints),
+        ..Default::default()
+    });
+    n
+}
+
+/// A `NoSchedule` taint.
+pub fn taint(key: &str, value: Option<&str>) -> Taint {
+    Taint {
+        key: key.into(),
+        value: value.map(Into::into),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    }
+}
+
+/// Polls `cond` every 2 ms until it holds or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Where the agent reads NVML from.
+#[derive(Debug, Clone, Copy)]
+pub enum Nvml<'a> {
+    /// `--nvml-sim collector/tests/data/<file>`.
+    Sim(&'a str),
+    /// `--no-nvml`.
+    Off,
+}
+
+/// One test's world: the API double, the kernel-log FIFO, the boot id, the
+/// state directory.
+pub struct Rig {
+    /// The API-server double (dropped before the runtime that serves it).
+    pub api: ApiDouble,
+    /// Serves the double.
+    pub rt: tokio::runtime::Runtime,
+    /// Holds the FIFO open read-write (a writer always exists).
+    fifo: std::fs::File,
+    next_seq: u64,
+    /// Temporary directory (state, boot id, FIFO, configs).
+    pub dir: tempfile::TempDir,
+}
+
+impl Rig {
+    /// Starts the double serving `node`; creates the FIFO and the boot-id file
+    /// (`boot-a`).
+    pub fn new(node: Node) -> Rig {
+        ensure_nvml_sim();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let api = rt.block_on(ApiDouble::start(node));
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let fifo_path = dir.path().join("kmsg.fifo");
+        nix::unistd::mkfifo(&fifo_path, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .expect("mkfifo");
+        // O_RDWR on a FIFO does not block and counts as a writer.
+        let fifo = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&fifo_path)
+            .expect("open the FIFO read-write");
+        let rig = Rig {
+            api,
+            rt,
+            fifo,
+            next_seq: 1,
+            dir,
+        };
+        rig.set_boot_id("boot-a");
+        rig
+    }
+
+    /// The FIFO given to `--kmsg-path`.
+    pub fn fifo_path(&self) -> PathBuf {
+        self.dir.path().join("kmsg.fifo")
+    }
+
+    /// The state directory (same for every agent of this rig).
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    /// The file given to `--boot-id-path`.
+    pub fn boot_id_path(&self) -> PathBuf {
+        self.dir.path().join("boot_id")
+    }
+
+    /// Simulates a boot: the next agent reads this boot id.
+    pub fn set_boot_id(&self, id: &str) {
+        std::fs::write(self.boot_id_path(), format!("{id}\n")).expect("write boot id");
+    }
+
+    /// Writes the config file: fast test pacing for NVML, the engine and the
+    /// writer's retries; the writer's write coalescing
+    /// (`min_write_interval_ms`) stays at its production default. `extra` is
+    /// appended (more `[validation]`/`[kube]` keys go in `kube_extra` and
+    /// `validation` so sections are not repeated).
+    pub fn config(&self, kube_extra: &str, validation: &str) -> PathBuf {
+        let text = format!(
+            r#"node_name = "{NODE}"
+
+[nvml]
+poll_interval_ms = 100
+retry_interval_ms = 200
+
+[engine]
+tick_interval_ms = 100
+persist_interval_ms = 100
+
+[kube]
+enabled = true
+api_server_url = "{url}"
+backoff_initial_ms = 50
+backoff_max_ms = 400
+validation_interval_secs = 1
+request_timeout_secs = 2
+watch_timeout_secs = 30
+{kube_extra}
+
+[validation]
+{validation}
+"#,
+            url = self.api.url,
+        );
+        let path = self.dir.path().join("gpuwatch.toml");
+        std::fs::write(&path, text).expect("write config");
+        path
+    }
+
+    /// Starts `gpuwatch run` with `config` (from [`Rig::config`]), this rig's
+    /// FIFO, boot id and state dir, plus `extra` flags.
+    pub fn start(&self, config: &Path, nvml: Nvml<'_>, extra: &[&str]) -> Agent {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpuwatch"));
+        cmd.arg("run")
+            .arg("--config")
+            .arg(config)
+            .arg("--kmsg-path")
+            .arg(self.fifo_path())
+            .arg("--accept-user-facility")
+            .arg("--boot-id-path")
+            .arg(self.boot_id_path())
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .args(["--api-listen", "127.0.0.1:0", "--log-format", "json"]);
+        match nvml {
+            Nvml::Sim(s) => {
+                cmd.arg("--nvml-sim").arg(data(s));
+            }
+            Nvml::Off => {
+                cmd.arg("--no-nvml");
+            }
+        }
+        cmd.args(extra)
+            .env("RUST_LOG", "info")
+            .env_remove("NODE_NAME")
+            .env_remove("KUBECONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("start gpuwatch");
+        let stderr = Lines::default();
+        stderr.spawn_reader(child.stderr.take().expect("piped stderr"));
+        let agent = Agent {
+            child,
+            stderr,
+            started: Instant::now(),
+        };
+        assert!(
+            wait_until(T, || !agent.logs("gpuwatch started.").is_empty()
+                || agent.exited()),
+            "agent did not start: {:#?}",
+            agent.stderr.get()
+        );
+        assert!(
+            !agent.exited(),
+            "agent exited at start: {:#?}",
+            agent.stderr.get()
+        );
+        agent
+    }
+
+    /// Writes one kmsg-format record (facility user, level warning) into the
+    /// FIFO; returns when the write returned.
+    pub fn write_kmsg(&mut self, message: &str) {
+        let ts_usec = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+            .map(|t| t.tv_sec() as u64 * 1_000_000 + t.tv_nsec() as u64 / 1000)
+            .unwrap_or(0);
+        // PRI = facility user (1) * 8 + level warning (4).
+        let record = format!("12,{},{ts_usec},-;{message}\n", self.next_seq);
+        self.next_seq += 1;
+        self.fifo
+            .write_all(record.as_bytes())
+            .expect("write the kmsg FIFO");
+    }
+
+    /// The Node as stored by the double.
+    pub fn node(&self) -> Node {
+        self.api.node()
+    }
+
+    /// One of the Node's conditions.
+    pub fn cond(&self, type_: &str) -> Option<NodeCondition> {
+        condition(&self.node(), type_)
+    }
+
+    /// `(status, reason)` of a condition, `("", "")` when absent.
+    pub fn cond_status(&self, type_: &str) -> (String, String) {
+        self.cond(type_)
+            .map(|c| (c.status, c.reason.unwrap_or_default()))
+            .unwrap_or_default()
+    }
+
+    /// Value of the taint with `key` (`Some("")` for a taint without value).
+    pub fn taint(&self, key: &str) -> Option<String> {
+        taint_value(&self.node(), key)
+    }
+
+    /// Events the double holds.
+    pub fn events(&self) -> Vec<Event> {
+        self.api.events()
+    }
+
+    /// Requests the double received.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.api.requests()
+    }
+
+    /// Write requests (anything but GET) received so far.
+    pub fn writes(&self) -> Vec<Recorded> {
+        self.requests()
+            .into_iter()
+            .filter(Recorded::is_write)
+            .collect()
+    }
+
+    /// Waits until no write reached the double for `quiet` (the writer's
+    /// coalescing interval has passed), up to `timeout`.
+    pub fn wait_quiet(&self, quiet: Duration, timeout: Duration) -> bool {
+        wait_until(timeout, || {
+            self.writes().last().is_none_or(|r| r.at.elapsed() >= quiet)
+        })
+    }
+}
+
+/// Captured output lines of a child.
+#[derive(Clone, Default)]
+pub struct Lines(Arc<Mutex<Vec<String>>>);
+
+impl Lines {
+    fn spawn_reader(&self, r: impl Read + Send + 'static) {
+        let lines = self.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(r).lines().map_while(Result::ok) {
+                lines.0.lock().expect("lines lock").push(line);
+            }
+        });
+    }
+
+    /// Snapshot.
+    pub fn get(&self) -> Vec<String> {
+        self.0.lock().expect("lines lock").clone()
+    }
+}
+
+/// A running `gpuwatch run`.
+pub struct Agent {
+    child: Child,
+    /// JSON log lines.
+    pub stderr: Lines,
+    /// When it was spawned.
+    pub started: Instant,
+}
+
+impl Agent {
+    /// Whether the process has exited.
+    pub fn exited(&self) -> bool {
+        // try_wait needs &mut; /proc tells without reaping.
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()));
+        stat.map(|s| {
+            s.rsplit_once(") ")
+                .and_then(|(_, rest)| rest.chars().next())
+                .is_none_or(|state| state == 'Z' || state == 'X')
+        })
+        .unwrap_or(true)
+    }
+
+    /// JSON log lines whose `message` is `message`.
+    pub fn logs(&self, message: &str) -> Vec<Value> {
+        self.stderr
+            .get()
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["message"] == message)
+            .collect()
+    }
+
+    /// Every JSON log line at WARN or ERROR.
+    pub fn warnings(&self) -> Vec<Value> {
+        self.stderr
+            .get()
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["level"] == "WARN" || v["level"] == "ERROR")
+            .collect()
+    }
+
+    /// The local API address the agent logged.
+    pub fn api_addr(&self) -> String {
+        self.logs("API listening.")
+            .first()
+            .and_then(|v| v["addr"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| panic!("no API address in {:#?}", self.stderr.get()))
+    }
+
+    /// `GET /v1/health` as JSON.
+    pub fn health(&self) -> Value {
+        let (code, body) = http_get(&self.api_addr(), "/v1/health")
+            .unwrap_or_else(|| panic!("GET /v1/health failed: {:#?}", self.stderr.get()));
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).expect("/v1/health is JSON")
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).expect("pid"));
+        nix::sys::signal::kill(pid, sig).expect("signal the agent");
+    }
+
+    /// SIGTERM; waits for the exit; returns the exit code (None: killed after 20 s).
+    pub fn stop(mut self) -> Option<i32> {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.code();
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // A test that failed midway must not leave the agent running.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Minimal HTTP/1.1 GET: (status, body).
+pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: gpuwatch\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let status = out.get(9..12)?.parse().ok()?;
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
+    Some((status, body))
+}
+
+/// The condition bodies of every server-side apply among `reqs`:
+/// `type → [(status, reason)]` in request order.
+pub fn applied_conditions(reqs: &[Recorded]) -> BTreeMap<String, Vec<(String, String)>> {
+    let mut out: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    for r in reqs
+        .iter()
+        .filter(|r| r.resource == "nodes/status" && r.verb == "patch")
+    {
+        for c in r.body["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            out.entry(c["type"].as_str().unwrap_or_default().to_owned())
+                .or_default()
+                .push((
+                    c["status"].as_str().unwrap_or_default().to_owned(),
+                    c["reason"].as_str().unwrap_or_default().to_owned(),
+                ));
+        }
+    }
+    out
+}
+
+/// The taint lists that JSON patches among `reqs` set on the Node.
+pub fn patched_taint_lists(reqs: &[Recorded]) -> Vec<Vec<Value>> {
+    reqs.iter()
+        .filter(|r| r.resource == "nodes" && r.verb == "patch")
+        .flat_map(|r| r.body.as_array().cloned().unwrap_or_default())
+        .filter_map(|op| match op["path"].as_str() {
+            Some("/spec/taints") => op["value"].as_array().cloned(),
+            Some("/spec") => op["value"]["taints"].as_array().cloned(),
+            _ => None,
+        })
+        .collect()
+}
