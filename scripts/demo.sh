@@ -17,6 +17,6 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 cargo build --release -q -p gpuwatch -p nvml-sim
-exec target/release/gpuwatch demo \
+exec "${CARGO_TARGET_DIR:-target}/release/gpuwatch" demo \
   --scenario nvml-sim/scenarios/demo.toml \
   --reboot-scenario nvml-sim/scenarios/demo-after-reboot.toml "$@"

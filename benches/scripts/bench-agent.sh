@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 RECORDS=${1:-3000000}
 IDLE_SECS=${2:-60}
-BIN=target/release/gpuwatch
+BIN="${CARGO_TARGET_DIR:-target}/release/gpuwatch"
 WORK=$(mktemp -d /tmp/gpuwatch-bench.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 

@@ -24,8 +24,8 @@ if [ -z "${GPUWATCH_BENCH_NO_BUILD:-}" ]; then
   cargo build --release -q -p gpuwatch
 fi
 echo "== live /dev/kmsg: $COUNT XID records at $RATE/s, steady"
-python3 benches/scripts/kmsg-latency.py --bin target/release/gpuwatch \
+python3 benches/scripts/kmsg-latency.py --bin "${CARGO_TARGET_DIR:-target}/release/gpuwatch" \
   --count "$COUNT" --rate "$RATE" --burst 1
 echo "== live /dev/kmsg: $COUNT XID records at $RATE/s, in bursts of $BURST"
-python3 benches/scripts/kmsg-latency.py --bin target/release/gpuwatch \
+python3 benches/scripts/kmsg-latency.py --bin "${CARGO_TARGET_DIR:-target}/release/gpuwatch" \
   --count "$COUNT" --rate "$RATE" --burst "$BURST"

@@ -19,9 +19,9 @@ trap 'rm -rf "$WORK"' EXIT
 
 cargo build --release -q -p gpuwatch
 cargo build --profile bench -q -p gpuwatch-benches --example gen_mixed_log
-target/release/examples/gen_mixed_log "$BYTES" >"$WORK/mixed.log"
+"${CARGO_TARGET_DIR:-target}/release/examples/gen_mixed_log" "$BYTES" >"$WORK/mixed.log"
 
-python3 - "$WORK/mixed.log" "$RUNS" <<'PY'
+GPUWATCH_BIN="${CARGO_TARGET_DIR:-target}/release/gpuwatch" python3 - "$WORK/mixed.log" "$RUNS" <<'PY'
 import os, subprocess, sys, time
 path, runs = sys.argv[1], int(sys.argv[2])
 size = os.path.getsize(path)
@@ -46,7 +46,7 @@ MARKERS = ["NVRM", "nVRM", "NVLink", "nVLink", "NVLINK", "nVLINK", "Xid", "AER",
 rg_all = ["rg", "-c", "-F"] + [a for m in MARKERS for a in ("-e", m)] + [path]
 all_matches = subprocess.run(rg_all, capture_output=True, text=True).stdout.strip()
 t_rg_all = best(rg_all)
-t_gw = best(["target/release/gpuwatch", "scan", "--format", "json", path], ok=(0, 2))
+t_gw = best([os.environ["GPUWATCH_BIN"], "scan", "--format", "json", path], ok=(0, 2))
 mib = size / (1 << 20)
 print(f"file: {mib:.1f} MiB, {matches} lines matching rg's pattern")
 print(f"rg -c:              {t_rg*1000:8.1f} ms  {mib/t_rg:8.1f} MiB/s")

@@ -31,7 +31,7 @@ for tool in prometheus promtool python3 curl; do
 done
 if [ -z "${GPUWATCH_BIN:-}" ]; then
   cargo build -q -p gpuwatch -p nvml-sim
-  GPUWATCH_BIN="$root/target/debug/gpuwatch"
+  GPUWATCH_BIN="${CARGO_TARGET_DIR:-$root/target}/debug/gpuwatch"
 fi
 [ -x "$GPUWATCH_BIN" ] || { echo "e2e: $GPUWATCH_BIN is not executable" >&2; exit 2; }
 
