@@ -19,24 +19,6 @@ fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn build_nvml_sim() {
-    let exe = Path::new(env!("CARGO_BIN_EXE_gpuwatch"));
-    let profile_dir = exe.parent().expect("target/<profile>");
-    let mut cmd = Command::new(env!("CARGO"));
-    cmd.current_dir(workspace())
-        .args(["build", "-q", "-p", "nvml-sim"]);
-    if profile_dir.file_name().is_some_and(|n| n == "release") {
-        cmd.arg("--release");
-    }
-    let out = cmd.output().expect("run cargo build -p nvml-sim");
-    assert!(
-        out.status.success(),
-        "cargo build -p nvml-sim failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(profile_dir.join("libnvml_sim.so").is_file());
-}
-
 /// Index of the first line at or after `from` that contains every needle.
 fn find(lines: &[&str], from: usize, needles: &[&str]) -> Option<usize> {
     lines
@@ -49,7 +31,7 @@ fn find(lines: &[&str], from: usize, needles: &[&str]) -> Option<usize> {
 
 #[test]
 fn demo_shows_detection_reclassification_recovery_and_reboot() {
-    build_nvml_sim();
+    common::nvml_sim_lib();
     let _k = DevKmsg::acquire();
     let scenarios = workspace().join("nvml-sim/scenarios");
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpuwatch"))

@@ -19,6 +19,7 @@
 //! the expected GPU count from the Node and sees faults already in the
 //! kernel-log ring.
 
+mod common;
 #[path = "../../sinks/tests/kube_common/mod.rs"]
 mod kube_common;
 mod kube_support;

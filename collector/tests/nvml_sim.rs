@@ -6,45 +6,18 @@
 //! `target/<profile>/libnvml_sim.so`. Each test gets its own simulator instance
 //! (gpuwatch loads a private copy of the library), so they run in parallel.
 
+mod common;
+
+use common::nvml_sim_lib as sim_lib;
 use gpuwatch::msg::{Input, MonitorInput};
 use gpuwatch::nvml::{self, NvmlConfig};
 use gpuwatch_proto::{FaultEvent, FaultKind, GpuSample, RecoveryAction, Source};
 use gpuwatch_sinks::Registry;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// Builds nvml-sim once per test process; returns the cdylib path.
-fn sim_lib() -> &'static Path {
-    static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test executable path");
-        // target/<profile>/deps/<test> → target/<profile>
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("target/<profile> directory")
-            .to_path_buf();
-        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let mut cmd = std::process::Command::new(env!("CARGO"));
-        cmd.current_dir(&workspace)
-            .args(["build", "-q", "-p", "nvml-sim"]);
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let out = cmd.output().expect("run cargo build -p nvml-sim");
-        assert!(
-            out.status.success(),
-            "cargo build -p nvml-sim failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let lib = profile_dir.join("libnvml_sim.so");
-        assert!(lib.is_file(), "{} missing after the build", lib.display());
-        lib
-    })
-}
 
 fn scenario(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -19,11 +19,15 @@
 //! Each test takes 2–8 s; rotel (PyPI `rotel`, pip-installed when missing) and
 //! `promtool` (Debian `prometheus`) are found as in the sinks crate's tests.
 
+mod common;
 mod otlp_support;
 
 use gpuwatch_proto::{Action, ShortName};
 use gpuwatch_sinks::prometheus::{InstrumentKind, otel_to_prometheus_name};
-use otlp_support::rotel::{DataPoint, Log, Metric, Received, Rotel, documented_metrics, free_port};
+use otlp_support::rotel::{
+    DataPoint, Log, Metric, Received, Rotel, assert_instrument_type, documented_metrics, free_port,
+    promtool_check,
+};
 use otlp_support::{Agent, Exposition, KmsgFifo, data, host_name, wait_received};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -410,27 +414,7 @@ fn roundtrip(proto: Proto) {
         let m = metric(&got, name);
         let (unit, ty) = &documented[name];
         assert_eq!(&m.unit, unit, "{name}: unit");
-        match ty.as_str() {
-            "counter" => {
-                assert_eq!(m.data_type, "Sum", "{name}");
-                assert_eq!(m.monotonic.as_deref(), Some("true"), "{name}");
-                assert_eq!(
-                    m.temporality.as_deref(),
-                    Some("AGGREGATION_TEMPORALITY_CUMULATIVE"),
-                    "{name}"
-                );
-            }
-            "gauge" => assert_eq!(m.data_type, "Gauge", "{name}"),
-            "histogram" => {
-                assert_eq!(m.data_type, "Histogram", "{name}");
-                assert_eq!(
-                    m.temporality.as_deref(),
-                    Some("AGGREGATION_TEMPORALITY_CUMULATIVE"),
-                    "{name}"
-                );
-            }
-            other => panic!("{name}: documented type {other}"),
-        }
+        assert_instrument_type(name, ty, m);
         check_resource(name, &m.resource);
         // Bounded cardinality: no pid, process or message in metric attributes.
         for p in &m.points {
@@ -809,33 +793,6 @@ fn outage(proto: Proto) {
 
     assert_eq!(agent.stop(), Some(0), "gpuwatch exits 0 on SIGTERM");
     rotel.kill();
-}
-
-fn promtool_check(text: &str) -> (bool, String) {
-    use std::io::Write;
-    use std::process::{Command, Stdio};
-    let mut child = Command::new(otlp_support::rotel::promtool())
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run promtool");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
 }
 
 #[test]

@@ -413,11 +413,7 @@ fn register_instruments(
                     .u64_observable_counter(spec.name)
                     .with_unit(spec.unit)
                     .with_description(spec.description)
-                    .with_callback(move |o: &dyn AsyncInstrument<u64>| {
-                        for p in points() {
-                            o.observe(p.value.as_u64(), &key_values(&p));
-                        }
-                    })
+                    .with_callback(observe_u64(points))
                     .build(),
             )),
             (_, NumType::U64) => held.push(Held::GaugeU64(
@@ -425,11 +421,7 @@ fn register_instruments(
                     .u64_observable_gauge(spec.name)
                     .with_unit(spec.unit)
                     .with_description(spec.description)
-                    .with_callback(move |o: &dyn AsyncInstrument<u64>| {
-                        for p in points() {
-                            o.observe(p.value.as_u64(), &key_values(&p));
-                        }
-                    })
+                    .with_callback(observe_u64(points))
                     .build(),
             )),
             (_, NumType::F64) => held.push(Held::GaugeF64(
@@ -447,6 +439,18 @@ fn register_instruments(
         }
     }
     held
+}
+
+/// The callback of a `u64` instrument (counter or gauge): observes every point
+/// `points` yields.
+fn observe_u64(
+    points: impl Fn() -> Vec<Point> + Send + Sync + 'static,
+) -> impl Fn(&dyn AsyncInstrument<u64>) + Send + Sync + 'static {
+    move |o: &dyn AsyncInstrument<u64>| {
+        for p in points() {
+            o.observe(p.value.as_u64(), &key_values(&p));
+        }
+    }
 }
 
 /// A sink for when log export is switched off (`otlp.logs = false`).

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Received, Rotel, documented_metrics, populate, xid_event};
+use common::{Received, Rotel, assert_instrument_type, documented_metrics, populate, xid_event};
 use gpuwatch_proto::Action;
 use gpuwatch_sinks::otlp::{Compression, OtlpConfig, OtlpExporter, Protocol, ResourceInfo};
 use gpuwatch_sinks::{LATENCY_BUCKETS_SECONDS, Outcome, Registry, Signal, Stage};
@@ -100,27 +100,7 @@ fn roundtrip(protocol: Protocol, compression: Compression) {
     for (name, unit, ty) in documented_metrics() {
         let m = got.metric(&name).unwrap();
         assert_eq!(m.unit, unit, "{name}");
-        match ty.as_str() {
-            "counter" => {
-                assert_eq!(m.data_type, "Sum", "{name}");
-                assert_eq!(m.monotonic.as_deref(), Some("true"), "{name}");
-                assert_eq!(
-                    m.temporality.as_deref(),
-                    Some("AGGREGATION_TEMPORALITY_CUMULATIVE"),
-                    "{name}"
-                );
-            }
-            "gauge" => assert_eq!(m.data_type, "Gauge", "{name}"),
-            "histogram" => {
-                assert_eq!(m.data_type, "Histogram", "{name}");
-                assert_eq!(
-                    m.temporality.as_deref(),
-                    Some("AGGREGATION_TEMPORALITY_CUMULATIVE"),
-                    "{name}"
-                );
-            }
-            other => panic!("unknown type {other} for {name}"),
-        }
+        assert_instrument_type(&name, &ty, m);
         // Resource on every export.
         assert_eq!(
             m.resource.get("service.name").map(String::as_str),

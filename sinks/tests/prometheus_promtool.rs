@@ -4,13 +4,11 @@
 
 mod common;
 
-use common::{Rotel, populate, promtool};
+use common::{Rotel, populate, promtool_check};
 use gpuwatch_sinks::Registry;
 use gpuwatch_sinks::otlp::{OtlpConfig, OtlpExporter, Protocol, ResourceInfo};
 use gpuwatch_sinks::prometheus::{InstrumentKind, otel_to_prometheus_name, render};
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 fn resource() -> ResourceInfo {
@@ -30,29 +28,6 @@ fn families(text: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn check_metrics(text: &str) -> (bool, String) {
-    let mut child = Command::new(promtool())
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run promtool");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let msg = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), msg)
-}
-
 #[test]
 fn promtool_accepts_the_exposition() {
     let registry = Registry::new();
@@ -63,7 +38,7 @@ fn promtool_accepts_the_exposition() {
     tricky.gpu_uuid = "GPU-\"quoted\"\\back\nline".into();
     registry.record_fault(&tricky);
     let text = render(&registry, &resource());
-    let (ok, msg) = check_metrics(&text);
+    let (ok, msg) = promtool_check(&text);
     assert!(ok, "promtool rejected the exposition: {msg}\n{text}");
     assert!(msg.trim().is_empty(), "promtool lint findings: {msg}");
     assert!(
@@ -72,7 +47,7 @@ fn promtool_accepts_the_exposition() {
     );
 
     // A broken exposition is rejected: the check can fail.
-    let (ok, _) = check_metrics("# TYPE x counter\nx{a=\"unterminated} 1\n");
+    let (ok, _) = promtool_check("# TYPE x counter\nx{a=\"unterminated} 1\n");
     assert!(!ok);
 }
 

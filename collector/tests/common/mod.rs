@@ -1,14 +1,16 @@
 //! Helpers shared by the agent's integration tests: the real `/dev/kmsg`
-//! (write records, find them again, `printk_devkmsg` handling) and a running
+//! (write records, find them again, `printk_devkmsg` handling), a running
 //! `gpuwatch run` child process whose stdout (events) and stderr (JSON logs)
-//! are captured.
+//! are captured, and the pieces the other harnesses (`kube_support`,
+//! `otlp_support`) build on: captured output [`Lines`], polling, a minimal
+//! HTTP GET, `/proc` process states, the nvml-sim library built once.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 const PRINTK_DEVKMSG: &str = "/proc/sys/kernel/printk_devkmsg";
@@ -138,18 +140,19 @@ pub fn xid_line(marker: &str, domain: u16, bus: u8) -> String {
 pub struct Lines(Arc<Mutex<Vec<String>>>);
 
 impl Lines {
-    fn spawn_reader(&self, r: impl Read + Send + 'static) {
+    /// Appends every line `r` yields, from a background thread.
+    pub fn spawn_reader(&self, r: impl Read + Send + 'static) {
         let lines = self.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(r).lines().map_while(Result::ok) {
-                lines.0.lock().unwrap().push(line);
+                lines.0.lock().expect("lines lock").push(line);
             }
         });
     }
 
     /// Snapshot.
     pub fn get(&self) -> Vec<String> {
-        self.0.lock().unwrap().clone()
+        self.0.lock().expect("lines lock").clone()
     }
 
     /// Lines containing `needle`.
@@ -159,18 +162,84 @@ impl Lines {
             .filter(|l| l.contains(needle))
             .collect()
     }
+
+    /// JSON log lines whose `message` is `message`.
+    pub fn logs(&self, message: &str) -> Vec<serde_json::Value> {
+        self.get()
+            .iter()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["message"] == message)
+            .collect()
+    }
+
+    /// The last `n` lines, joined (for assertion messages).
+    pub fn tail(&self, n: usize) -> String {
+        let all = self.get();
+        all[all.len().saturating_sub(n)..].join("\n")
+    }
 }
 
-/// Waits up to `timeout` for `cond`.
-pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+/// Polls `cond` every `every` until it holds or `timeout` passes; checks once
+/// more at the deadline.
+pub fn poll_until(timeout: Duration, every: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if cond() {
             return true;
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(every);
     }
     cond()
+}
+
+/// Waits up to `timeout` for `cond`, polling every 50 ms.
+pub fn wait_until(timeout: Duration, cond: impl FnMut() -> bool) -> bool {
+    poll_until(timeout, Duration::from_millis(50), cond)
+}
+
+/// The state letter of a `/proc/.../stat` file (`R`, `S`, `T`, `Z`, ...);
+/// `None` when the file cannot be read or parsed.
+pub fn proc_state(stat_path: impl AsRef<Path>) -> Option<char> {
+    let stat = std::fs::read_to_string(stat_path).ok()?;
+    stat.rsplit_once(") ")
+        .and_then(|(_, rest)| rest.chars().next())
+}
+
+/// Builds the nvml-sim cdylib once per test process (a no-op when it is
+/// fresh: it cannot be a dependency of this package) and returns its path,
+/// `libnvml_sim.so` next to the `gpuwatch` executable.
+pub fn nvml_sim_lib() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        // target/<profile>/gpuwatch → target/<profile>
+        let profile_dir = Path::new(env!("CARGO_BIN_EXE_gpuwatch"))
+            .parent()
+            .expect("target/<profile> directory")
+            .to_path_buf();
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.current_dir(&workspace)
+            .args(["build", "-q", "-p", "nvml-sim"]);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let out = cmd.output().expect("run cargo build -p nvml-sim");
+        assert!(
+            out.status.success(),
+            "cargo build -p nvml-sim failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lib = profile_dir.join("libnvml_sim.so");
+        assert!(lib.is_file(), "{} missing after the build", lib.display());
+        lib
+    })
+}
+
+/// A file under `collector/tests/data/`.
+pub fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
 }
 
 /// A running `gpuwatch run`.
@@ -249,12 +318,7 @@ impl Agent {
 
     /// JSON log lines (stderr) with this message.
     pub fn logs(&self, message: &str) -> Vec<serde_json::Value> {
-        self.stderr
-            .get()
-            .iter()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|v| v["message"] == message)
-            .collect()
+        self.stderr.logs(message)
     }
 
     /// The saved cursor's last_seq.
@@ -282,12 +346,7 @@ impl Agent {
             let all_stopped = std::fs::read_dir(&tasks)
                 .map(|dir| {
                     dir.flatten().all(|t| {
-                        std::fs::read_to_string(t.path().join("stat"))
-                            .ok()
-                            .and_then(|s| {
-                                s.rsplit_once(") ")
-                                    .and_then(|(_, rest)| rest.chars().next())
-                            })
+                        proc_state(t.path().join("stat"))
                             .is_some_and(|state| state == 'T' || state == 't')
                     })
                 })
@@ -341,17 +400,41 @@ pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<i32> {
     }
 }
 
-/// Minimal HTTP GET (status, body).
+/// Minimal HTTP/1.1 GET (status, body); understands chunked bodies.
 pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
     )
     .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let status = out.get(9..12)?.parse().ok()?;
-    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8(raw).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.get(9..12)?.parse().ok()?;
+    let chunked = head.lines().any(|l| {
+        let l = l.to_ascii_lowercase();
+        l.starts_with("transfer-encoding:") && l.contains("chunked")
+    });
+    let body = if chunked {
+        dechunk(body)?
+    } else {
+        body.to_owned()
+    };
     Some((status, body))
+}
+
+fn dechunk(mut body: &str) -> Option<String> {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body.split_once("\r\n")?;
+        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+        if size == 0 {
+            return Some(out);
+        }
+        out.push_str(rest.get(..size)?);
+        body = rest.get(size..)?.strip_prefix("\r\n")?;
+    }
 }

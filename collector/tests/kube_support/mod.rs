@@ -10,15 +10,17 @@
 //! agent never sees end-of-file between restarts and wakes on every write.
 #![allow(dead_code)]
 
+use crate::common::{Lines, nvml_sim_lib, poll_until, proc_state, wait_timeout};
 use crate::kube_common::{ApiDouble, Recorded, condition, taint_value};
 use k8s_openapi::api::core::v1::{Event, Node, NodeCondition, NodeSpec, Taint};
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+pub use crate::common::{data, http_get};
 
 /// The Node the double serves and the agent writes.
 pub const NODE: &str = "kube-e2e-node";
@@ -36,33 +38,7 @@ pub const T: Duration = Duration::from_secs(15);
 /// Builds nvml-sim once per test process (a no-op when it is fresh), so that
 /// `--nvml-sim` finds `libnvml_sim.so` next to the `gpuwatch` executable.
 pub fn ensure_nvml_sim() {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let exe = Path::new(env!("CARGO_BIN_EXE_gpuwatch"));
-        let profile_dir = exe.parent().expect("target/<profile> directory");
-        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.current_dir(&workspace)
-            .args(["build", "-q", "-p", "nvml-sim"]);
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let out = cmd.output().expect("run cargo build -p nvml-sim");
-        assert!(
-            out.status.success(),
-            "cargo build -p nvml-sim failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let lib = profile_dir.join("libnvml_sim.so");
-        assert!(lib.is_file(), "{} missing after the build", lib.display());
-    });
-}
-
-/// A scenario file in `collector/tests/data`.
-pub fn data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(name)
+    nvml_sim_lib();
 }
 
 /// A Node named [`NODE`] with these taints.
@@ -91,17 +67,8 @@ pub fn taint(key: &str, value: Option<&str>) -> Taint {
 }
 
 /// Polls `cond` every 2 ms until it holds or `timeout` passes.
-pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
+pub fn wait_until(timeout: Duration, cond: impl FnMut() -> bool) -> bool {
+    poll_until(timeout, Duration::from_millis(2), cond)
 }
 
 /// Where the agent reads NVML from.
@@ -331,26 +298,6 @@ watch_timeout_secs = 30
     }
 }
 
-/// Captured output lines of a child.
-#[derive(Clone, Default)]
-pub struct Lines(Arc<Mutex<Vec<String>>>);
-
-impl Lines {
-    fn spawn_reader(&self, r: impl Read + Send + 'static) {
-        let lines = self.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(r).lines().map_while(Result::ok) {
-                lines.0.lock().expect("lines lock").push(line);
-            }
-        });
-    }
-
-    /// Snapshot.
-    pub fn get(&self) -> Vec<String> {
-        self.0.lock().expect("lines lock").clone()
-    }
-}
-
 /// A running `gpuwatch run`.
 pub struct Agent {
     child: Child,
@@ -364,23 +311,13 @@ impl Agent {
     /// Whether the process has exited.
     pub fn exited(&self) -> bool {
         // try_wait needs &mut; /proc tells without reaping.
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()));
-        stat.map(|s| {
-            s.rsplit_once(") ")
-                .and_then(|(_, rest)| rest.chars().next())
-                .is_none_or(|state| state == 'Z' || state == 'X')
-        })
-        .unwrap_or(true)
+        proc_state(format!("/proc/{}/stat", self.child.id()))
+            .is_none_or(|state| state == 'Z' || state == 'X')
     }
 
     /// JSON log lines whose `message` is `message`.
     pub fn logs(&self, message: &str) -> Vec<Value> {
-        self.stderr
-            .get()
-            .iter()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|v| v["message"] == message)
-            .collect()
+        self.stderr.logs(message)
     }
 
     /// Every JSON log line at WARN or ERROR.
@@ -417,18 +354,7 @@ impl Agent {
     /// SIGTERM; waits for the exit; returns the exit code (None: killed after 20 s).
     pub fn stop(mut self) -> Option<i32> {
         self.signal(nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                return st.code();
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_timeout(&mut self.child, Duration::from_secs(20))
     }
 
     /// SIGKILL and reap.
@@ -444,22 +370,6 @@ impl Drop for Agent {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// Minimal HTTP/1.1 GET: (status, body).
-pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: gpuwatch\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let status = out.get(9..12)?.parse().ok()?;
-    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
-    Some((status, body))
 }
 
 /// The condition bodies of every server-side apply among `reqs`:

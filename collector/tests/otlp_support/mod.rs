@@ -9,67 +9,21 @@
 #[path = "../../../sinks/tests/common/mod.rs"]
 pub mod rotel;
 
+use crate::common::{Lines, nvml_sim_lib, wait_timeout};
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-/// Builds the nvml-sim cdylib once per test process (a no-op when it is
-/// fresh: it cannot be a dependency of this package) and returns its path.
-pub fn sim_lib() -> &'static Path {
-    static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| {
-        // target/<profile>/gpuwatch → target/<profile>
-        let profile_dir = Path::new(env!("CARGO_BIN_EXE_gpuwatch"))
-            .parent()
-            .expect("target/<profile> directory")
-            .to_path_buf();
-        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.current_dir(&workspace)
-            .args(["build", "-q", "-p", "nvml-sim"]);
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let out = cmd.output().expect("run cargo build -p nvml-sim");
-        assert!(
-            out.status.success(),
-            "cargo build -p nvml-sim failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let lib = profile_dir.join("libnvml_sim.so");
-        assert!(lib.is_file(), "{} missing after the build", lib.display());
-        lib
-    })
-}
-
-/// A file under `collector/tests/data/`.
-pub fn data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(name)
-}
+pub use crate::common::{data, http_get, wait_until};
 
 /// The host name gpuwatch puts in `host.name`.
 pub fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_default()
-}
-
-/// Polls `cond` every 50 ms until it holds or `timeout` passes.
-pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    cond()
 }
 
 /// A FIFO of kmsg-format records that `gpuwatch run --kmsg-path` reads. The
@@ -114,41 +68,6 @@ impl KmsgFifo {
     }
 }
 
-/// Captured stderr lines of a child.
-#[derive(Clone, Default)]
-pub struct Lines(Arc<Mutex<Vec<String>>>);
-
-impl Lines {
-    fn spawn_reader(&self, r: impl Read + Send + 'static) {
-        let lines = self.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(r).lines().map_while(Result::ok) {
-                lines.0.lock().unwrap().push(line);
-            }
-        });
-    }
-
-    /// Snapshot.
-    pub fn get(&self) -> Vec<String> {
-        self.0.lock().unwrap().clone()
-    }
-
-    /// JSON log lines whose `message` is `message`.
-    pub fn logs(&self, message: &str) -> Vec<serde_json::Value> {
-        self.get()
-            .iter()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|v| v["message"] == message)
-            .collect()
-    }
-
-    /// The last `n` lines, joined (for assertion messages).
-    pub fn tail(&self, n: usize) -> String {
-        let all = self.get();
-        all[all.len().saturating_sub(n)..].join("\n")
-    }
-}
-
 /// A running `gpuwatch run` (killed on drop).
 pub struct Agent {
     child: Child,
@@ -169,7 +88,7 @@ impl Agent {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpuwatch"));
         cmd.args(["run", "--log-format", "json", "--api-listen", "127.0.0.1:0"])
             .args(args.into_iter().map(Into::into))
-            .env("GPUWATCH_NVML_SIM_LIB", sim_lib())
+            .env("GPUWATCH_NVML_SIM_LIB", nvml_sim_lib())
             .env("RUST_LOG", "info")
             // The exporter reads these; a developer's shell must not redirect it.
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -252,18 +171,7 @@ impl Agent {
             nix::sys::signal::Signal::SIGTERM,
         )
         .expect("signal gpuwatch");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(code) = self.exited() {
-                return code;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_timeout(&mut self.child, Duration::from_secs(20))
     }
 }
 
@@ -272,45 +180,6 @@ impl Drop for Agent {
         // A test that failed midway must not leave the agent running.
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-/// Minimal HTTP/1.1 GET (status, body); understands chunked bodies.
-pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
-    let text = String::from_utf8(raw).ok()?;
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let status = head.get(9..12)?.parse().ok()?;
-    let chunked = head.lines().any(|l| {
-        let l = l.to_ascii_lowercase();
-        l.starts_with("transfer-encoding:") && l.contains("chunked")
-    });
-    let body = if chunked {
-        dechunk(body)?
-    } else {
-        body.to_owned()
-    };
-    Some((status, body))
-}
-
-fn dechunk(mut body: &str) -> Option<String> {
-    let mut out = String::new();
-    loop {
-        let (size, rest) = body.split_once("\r\n")?;
-        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
-        if size == 0 {
-            return Some(out);
-        }
-        out.push_str(rest.get(..size)?);
-        body = rest.get(size..)?.strip_prefix("\r\n")?;
     }
 }
 

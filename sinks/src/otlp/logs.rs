@@ -504,24 +504,26 @@ mod tests {
         q.lock().items.iter().map(|i| i.event.code).collect()
     }
 
-    #[test]
-    fn drop_oldest_beyond_the_bound_and_count_each_drop() {
+    /// A fresh registry and a queue of `capacity` holding events `0..n`.
+    fn filled(capacity: usize, n: u32) -> (Arc<Registry>, Arc<LogQueue>) {
         let reg = Registry::new();
-        let q = LogQueue::new(settings(4), reg.clone());
-        for c in 0..10 {
+        let q = LogQueue::new(settings(capacity), reg.clone());
+        for c in 0..n {
             q.push(&ev(c));
         }
+        (reg, q)
+    }
+
+    #[test]
+    fn drop_oldest_beyond_the_bound_and_count_each_drop() {
+        let (reg, q) = filled(4, 10);
         assert_eq!(codes(&q), vec![6, 7, 8, 9]);
         assert_eq!(reg.events(Stage::OtlpLogs, Outcome::Dropped), 6);
     }
 
     #[test]
     fn successful_batch_is_emitted_and_removed() {
-        let reg = Registry::new();
-        let q = LogQueue::new(settings(10), reg.clone());
-        for c in 0..5 {
-            q.push(&ev(c));
-        }
+        let (reg, q) = filled(10, 5);
         let b = q.next_batch().unwrap();
         assert_eq!(b.len(), 3);
         q.finish_batch(b.len(), true);
@@ -531,11 +533,7 @@ mod tests {
 
     #[test]
     fn failed_batch_stays_at_the_head() {
-        let reg = Registry::new();
-        let q = LogQueue::new(settings(10), reg.clone());
-        for c in 0..4 {
-            q.push(&ev(c));
-        }
+        let (reg, q) = filled(10, 4);
         let b = q.next_batch().unwrap();
         q.finish_batch(b.len(), false);
         assert_eq!(codes(&q), vec![0, 1, 2, 3]);
@@ -552,11 +550,7 @@ mod tests {
     fn overflow_during_export_is_counted_once() {
         // Capacity 3, batch of 3 in flight, 2 more pushed: the 2 oldest (in flight)
         // leave the queue. Success: all 3 in flight were delivered -> emitted.
-        let reg = Registry::new();
-        let q = LogQueue::new(settings(3), reg.clone());
-        for c in 0..3 {
-            q.push(&ev(c));
-        }
+        let (reg, q) = filled(3, 3);
         let b = q.next_batch().unwrap();
         q.push(&ev(3));
         q.push(&ev(4));
@@ -566,11 +560,7 @@ mod tests {
         assert_eq!(reg.events(Stage::OtlpLogs, Outcome::Dropped), 0);
 
         // Failure: the pushed-out in-flight records are lost -> dropped.
-        let reg = Registry::new();
-        let q = LogQueue::new(settings(3), reg.clone());
-        for c in 0..3 {
-            q.push(&ev(c));
-        }
+        let (reg, q) = filled(3, 3);
         let b = q.next_batch().unwrap();
         q.push(&ev(3));
         q.push(&ev(4));

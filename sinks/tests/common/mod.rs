@@ -647,3 +647,55 @@ pub fn promtool() -> PathBuf {
     }
     on_path("promtool").expect("promtool not found after installing prometheus")
 }
+
+/// Runs `promtool check metrics` on `text`: (accepted, stdout + stderr).
+pub fn promtool_check(text: &str) -> (bool, String) {
+    use std::io::Write;
+    let mut child = Command::new(promtool())
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let msg = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), msg)
+}
+
+/// Asserts that `m`, as rotel printed it, has the OTLP shape of the
+/// documented instrument type `ty` (`counter`: cumulative monotonic Sum,
+/// `gauge`: Gauge, `histogram`: cumulative Histogram).
+pub fn assert_instrument_type(name: &str, ty: &str, m: &Metric) {
+    match ty {
+        "counter" => {
+            assert_eq!(m.data_type, "Sum", "{name}");
+            assert_eq!(m.monotonic.as_deref(), Some("true"), "{name}");
+            assert_eq!(
+                m.temporality.as_deref(),
+                Some("AGGREGATION_TEMPORALITY_CUMULATIVE"),
+                "{name}"
+            );
+        }
+        "gauge" => assert_eq!(m.data_type, "Gauge", "{name}"),
+        "histogram" => {
+            assert_eq!(m.data_type, "Histogram", "{name}");
+            assert_eq!(
+                m.temporality.as_deref(),
+                Some("AGGREGATION_TEMPORALITY_CUMULATIVE"),
+                "{name}"
+            );
+        }
+        other => panic!("{name}: documented type {other}"),
+    }
+}
