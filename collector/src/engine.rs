@@ -121,7 +121,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 use xid_parser::{ContextWindow, Policy};
@@ -308,6 +308,14 @@ pub struct Engine {
     /// Time of the last health change.
     updated_at: u64,
     cache: RefCell<Option<Arc<NodeHealth>>>,
+    /// Where the persisted kernel-log event count is published (see
+    /// [`Engine::set_kmsg_ack`]).
+    kmsg_ack: Option<Arc<AtomicU64>>,
+    /// Kernel-log fault events handled by [`run_engine`] so far.
+    kmsg_handled: u64,
+    /// Kernel-log events handled before the oldest one now in `held` (held
+    /// for the join grace: in memory only, not in the state file).
+    kmsg_held_from: Option<u64>,
 }
 
 impl Engine {
@@ -355,6 +363,9 @@ impl Engine {
             dirty: false,
             updated_at: now,
             cache: RefCell::new(None),
+            kmsg_ack: None,
+            kmsg_handled: 0,
+            kmsg_held_from: None,
         };
         engine.load();
         if engine.boots.back() != Some(&engine.boot.boot_id) {
@@ -540,11 +551,16 @@ impl Engine {
     /// overwritten: each skipped write is counted as a failed write and returned
     /// as an error (the state keeps running in memory).
     pub fn persist(&mut self) -> Result<(), StateFileError> {
+        let covered = self.kmsg_persistable();
         let Some(path) = self.state_path.clone() else {
             self.dirty = false;
+            self.publish_kmsg_ack(covered);
             return Ok(());
         };
         if !self.dirty {
+            if self.persist_blocked.is_none() {
+                self.publish_kmsg_ack(covered);
+            }
             return Ok(());
         }
         if let Some(why) = &self.persist_blocked {
@@ -563,8 +579,54 @@ impl Engine {
         self.registry.count_state_write(res.is_ok());
         if res.is_ok() {
             self.dirty = false;
+            self.publish_kmsg_ack(covered);
         }
         res
+    }
+
+    /// Acknowledgements for the kmsg source's cursor: after every successful
+    /// [`Engine::persist`] (at once without a state directory, and whenever
+    /// the state is clean), `ack` holds how many kernel-log fault events
+    /// (`source = kmsg`, counted in channel order by [`run_engine`]) the
+    /// persisted state contains. Events held for the NVML join grace are in
+    /// memory only: the count stops before the oldest of them. The count is
+    /// per process, like the source's; see [`crate::kmsg::spawn_acked`].
+    pub fn set_kmsg_ack(&mut self, ack: Arc<AtomicU64>) {
+        self.kmsg_ack = Some(ack);
+    }
+
+    /// Kernel-log events whose effects the state (as it is now) holds.
+    fn kmsg_persistable(&self) -> u64 {
+        self.kmsg_held_from
+            .map_or(self.kmsg_handled, |h| h.min(self.kmsg_handled))
+    }
+
+    fn publish_kmsg_ack(&self, covered: u64) {
+        if let Some(ack) = &self.kmsg_ack {
+            ack.fetch_max(covered, Ordering::AcqRel);
+        }
+    }
+
+    /// Handles one input for [`run_engine`], keeping the kernel-log event
+    /// count of the acknowledgements.
+    fn handle_counted(&mut self, input: Input) -> Vec<FaultEvent> {
+        let is_kmsg = matches!(&input, Input::Fault { event, .. } if event.source() == gpuwatch_proto::Source::Kmsg);
+        let held_before = self.held.len();
+        let events = self.handle(input);
+        if is_kmsg {
+            if self.held.len() > held_before && self.kmsg_held_from.is_none() {
+                self.kmsg_held_from = Some(self.kmsg_handled);
+            }
+            self.kmsg_handled += 1;
+        }
+        if self.held.is_empty() {
+            self.kmsg_held_from = None;
+        }
+        if self.state_path.is_none() || (!self.dirty && self.persist_blocked.is_none()) {
+            // Nothing more to write: what was handled is as safe as it gets.
+            self.publish_kmsg_ack(self.kmsg_persistable());
+        }
+        events
     }
 
     /// Operator clear: removes the active faults of one GPU (`gpu` = index, UUID or
@@ -1091,7 +1153,7 @@ pub fn run_engine(
     let mut unpublished_since: Option<Instant> = None;
     let mut emitted = false;
     let dispatch = |engine: &mut Engine, input: Input| -> bool {
-        let events = engine.handle(input);
+        let events = engine.handle_counted(input);
         for ev in &events {
             for sink in &sinks {
                 sink.send(ev);

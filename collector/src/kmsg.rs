@@ -24,14 +24,21 @@
 //!   record), not while the [`FaultSender`] holds an event for lack of room in
 //!   the engine channel (the cursor stays before the lowest held `kmsg_seq`),
 //!   and not past events a shutdown could not deliver (they are read again at
-//!   the next start). The engine persists `health.json` on its own schedule,
-//!   so a record is written to the cursor only once its events were handed to
-//!   the engine at least `cursor_lag_ms` ago (default 3 s, longer than the
-//!   engine's worst-case persist delay of 2 × `engine.persist_interval_ms`):
-//!   a `kill -9` then re-reads the last few seconds of the ring (the engine
-//!   coalesces what it already holds) instead of losing a fault that was in
-//!   neither file. A clean shutdown writes the exact position (the engine
-//!   handles what is queued and persists after the sources stopped).
+//!   the next start). The engine persists `health.json` on its own schedule
+//!   and acknowledges (see [`spawn_acked`]) how many of the source's fault
+//!   events the persisted state holds; the cursor stays before the lowest
+//!   `kmsg_seq` of every delivered event not yet acknowledged, and moves on to
+//!   the last record read once none is outstanding (records without faults
+//!   move it freely). A `kill -9` therefore neither loses a fault that was in
+//!   neither file nor counts a persisted one twice, up to two windows: the
+//!   cursor is written at most every `cursor_interval_ms` after the
+//!   acknowledgement (a crash in between re-reads the acknowledged records),
+//!   and an event the [`FaultSender`] coalesced into an older held one while
+//!   other faults were queued between them (engine channel full) is counted
+//!   again if the crash falls between their persists. A clean shutdown writes
+//!   the exact position (the engine handles what is queued and persists after
+//!   the sources stopped). Without acknowledgements (no engine wiring) the
+//!   cursor follows what reached the engine channel.
 //!   Same boot: records up to `last_seq` are skipped, so nothing is replayed
 //!   twice after a clean stop and nothing is skipped. After a read error the
 //!   input is reopened and records up to the last one read are skipped the
@@ -61,7 +68,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use xid_parser::{RecordMeta, Scanner};
 
@@ -95,11 +102,6 @@ pub struct KmsgConfig {
     pub cursor_interval_ms: u64,
     /// Wait before reopening the input after it failed, seconds. Default 5.
     pub retry_interval_secs: u64,
-    /// A record goes into the cursor only once its events were handed to the
-    /// engine at least this long ago, so that the engine's `health.json` holds
-    /// them first (keep it above 2 × `engine.persist_interval_ms`),
-    /// milliseconds. Default 3000.
-    pub cursor_lag_ms: u64,
 }
 
 impl Default for KmsgConfig {
@@ -111,7 +113,6 @@ impl Default for KmsgConfig {
             boot_id_path: PathBuf::from(boot::BOOT_ID_PATH),
             cursor_interval_ms: 1000,
             retry_interval_secs: 5,
-            cursor_lag_ms: 3000,
         }
     }
 }
@@ -130,12 +131,6 @@ impl KmsgConfig {
             problems.push(format!(
                 "cursor_interval_ms: must be between 10 and 3600000, got {}",
                 self.cursor_interval_ms
-            ));
-        }
-        if self.cursor_lag_ms > 3_600_000 {
-            problems.push(format!(
-                "cursor_lag_ms: must be at most 3600000, got {}",
-                self.cursor_lag_ms
             ));
         }
         if !(1..=3600).contains(&self.retry_interval_secs) {
@@ -221,13 +216,38 @@ pub fn spawn(
         .spawn(move || run_source(args, engine_tx))
 }
 
+/// Starts the source thread with engine acknowledgements: `ack` is the
+/// counter the engine publishes (see [`crate::engine::Engine::set_kmsg_ack`]),
+/// the number of this source's fault events its persisted state holds. The
+/// cursor then never passes a fault the engine has not persisted.
+pub fn spawn_acked(
+    args: KmsgSourceArgs,
+    engine_tx: Sender<Input>,
+    ack: Arc<AtomicU64>,
+) -> std::io::Result<std::thread::JoinHandle<KmsgSummary>> {
+    std::thread::Builder::new()
+        .name("gpuwatch-kmsg".into())
+        .spawn(move || run_source_with(args, engine_tx, Some(ack)))
+}
+
 /// The source loop (runs on the calling thread until shutdown, the engine
 /// going away, or the end of a replay with `exit_at_eof`).
 pub fn run_source(args: KmsgSourceArgs, engine_tx: Sender<Input>) -> KmsgSummary {
+    run_source_with(args, engine_tx, None)
+}
+
+fn run_source_with(
+    args: KmsgSourceArgs,
+    engine_tx: Sender<Input>,
+    ack: Option<Arc<AtomicU64>>,
+) -> KmsgSummary {
     let liveness = args.liveness.clone();
     let _alive = crate::pipeline::AliveGuard::set(&liveness.kmsg_alive);
     let stop_tx = args.stop_tx.clone();
     let mut src = Reader::new(args, engine_tx);
+    if let Some(ack) = ack {
+        src.sender.track_acks(ack);
+    }
     let ended_by_eof = src.run();
     src.finish();
     if ended_by_eof && let Some(tx) = stop_tx {
@@ -273,8 +293,8 @@ struct Reader {
     /// Every record up to this one was processed and the scanner holds none
     /// of their events (they were handed to the [`FaultSender`]).
     processed_seq: Option<u64>,
-    /// What may be written to the cursor, and when.
-    gate: CursorGate,
+    /// Position in the cursor file.
+    saved_seq: Option<u64>,
     last_save: Instant,
     /// How long `finish` waits for room for held events.
     drain_timeout: Duration,
@@ -311,7 +331,6 @@ impl Reader {
             },
             None => None,
         };
-        let cursor_lag_ms = args.cfg.cursor_lag_ms;
         Reader {
             sender: FaultSender::new(engine_tx, args.registry.clone()),
             scanner: Scanner::new(args.policy),
@@ -325,7 +344,7 @@ impl Reader {
             boot_time: boot::boot_time_unix_nanos(),
             last_seq: resume_after,
             processed_seq: resume_after,
-            gate: CursorGate::new(resume_after, Duration::from_millis(cursor_lag_ms)),
+            saved_seq: resume_after,
             last_save: Instant::now(),
             drain_timeout: Duration::from_secs(2),
             summary: KmsgSummary::default(),
@@ -745,25 +764,33 @@ impl Reader {
     }
 
     /// Highest sequence number whose records all had their events handed to
-    /// the engine channel: processed, and not held by the sender.
-    fn delivered_seq(&self) -> Option<u64> {
-        let processed = self.processed_seq?;
-        match self.sender.lowest_pending_seq() {
-            None => Some(processed),
-            Some(held) => held.checked_sub(1).map(|before| before.min(processed)),
-        }
+    /// the engine channel (processed, not held by the sender) and, with
+    /// acknowledgements, persisted by the engine.
+    fn delivered_seq(&mut self) -> Option<u64> {
+        let unacked = self.sender.lowest_unacked_seq();
+        cursor_position(
+            self.processed_seq,
+            self.sender.lowest_pending_seq(),
+            unacked,
+        )
     }
 
-    /// Writes the cursor when the gate lets a new position through at `now`.
+    /// Writes the cursor when it can move forward.
     fn save_cursor_at(&mut self, now: Instant) {
         self.last_save = now;
         if self.cursor_path.is_none() {
             return;
         }
-        let delivered = self.delivered_seq();
-        if let Some(seq) = self.gate.due(delivered, now) {
+        if let Some(seq) = self.delivered_seq()
+            && self.advances(seq)
+        {
             self.write_cursor(seq);
         }
+    }
+
+    /// True when `seq` is ahead of the saved position.
+    fn advances(&self, seq: u64) -> bool {
+        self.saved_seq.is_none_or(|saved| seq > saved)
     }
 
     fn write_cursor(&mut self, seq: u64) {
@@ -776,7 +803,7 @@ impl Reader {
         };
         match crate::statefile::write_json(path, &cursor) {
             Ok(()) => {
-                self.gate.saved(seq);
+                self.saved_seq = Some(seq);
                 self.registry.count_state_write(true);
             }
             Err(e) => {
@@ -788,12 +815,12 @@ impl Reader {
 
     /// End of the source: emit what the scanner holds, deliver, save.
     ///
-    /// The exact position is written (no lag): at a clean stop the engine
+    /// The exact position is written (no acknowledgement needed): at a clean stop the engine
     /// handles everything queued and persists after the sources stopped.
     /// Events the bounded drain could not deliver keep the cursor before
     /// their records, so the next start reads them again. When the engine is
     /// gone (it stopped first, e.g. it failed), what was handed to it may not
-    /// be persisted: the cursor then stays where the lag put it.
+    /// be persisted: the cursor then stays where the acknowledgements put it.
     fn finish(&mut self) {
         self.scanner.finish(&mut self.out);
         let _ = self.deliver(Instant::now());
@@ -807,68 +834,24 @@ impl Reader {
             (None, Some(lost)) => lost.checked_sub(1),
         };
         if let Some(seq) = seq
-            && self.gate.advances(seq)
+            && self.advances(seq)
         {
             self.write_cursor(seq);
         }
     }
 }
 
-/// Decides which position the cursor file may hold.
-///
-/// A position is staged when it is first offered and written only once it has
-/// been staged for `lag`: its events reached the engine at least that long
-/// ago, so the engine's own state file (persisted on its schedule) already
-/// holds them. Pure (the time is passed in), so it is tested without sleeping.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct CursorGate {
-    lag: Duration,
-    /// Offered position and when it was offered.
-    staged: Option<(u64, Instant)>,
-    /// Position in the file.
-    saved: Option<u64>,
-}
-
-impl CursorGate {
-    fn new(saved: Option<u64>, lag: Duration) -> CursorGate {
-        CursorGate {
-            lag,
-            staged: None,
-            saved,
-        }
+/// The position the cursor file may hold: every record up to it was
+/// processed (`processed`: the scanner holds none of their events), and it is
+/// before the lowest `kmsg_seq` still held by the sender (`held`) or delivered
+/// but not acknowledged by the engine (`unacked`). Records without faults move
+/// it freely (they are in `processed`, never in the other two).
+fn cursor_position(processed: Option<u64>, held: Option<u64>, unacked: Option<u64>) -> Option<u64> {
+    let mut pos = processed?;
+    for seq in [held, unacked].into_iter().flatten() {
+        pos = pos.min(seq.checked_sub(1)?);
     }
-
-    /// Offers `delivered` (every record up to it reached the engine) at
-    /// `now`; returns the position to write now, if any.
-    fn due(&mut self, delivered: Option<u64>, now: Instant) -> Option<u64> {
-        let delivered = delivered?;
-        match self.staged {
-            Some((seq, at)) if now.saturating_duration_since(at) >= self.lag => {
-                self.staged = Some((delivered, now));
-                self.advances(seq).then_some(seq)
-            }
-            // Still ageing: keep the older stage, or it would never age.
-            Some(_) => None,
-            None if self.lag.is_zero() => {
-                self.staged = Some((delivered, now));
-                self.advances(delivered).then_some(delivered)
-            }
-            None => {
-                self.staged = Some((delivered, now));
-                None
-            }
-        }
-    }
-
-    /// True when `seq` is ahead of the saved position.
-    fn advances(&self, seq: u64) -> bool {
-        self.saved.is_none_or(|saved| seq > saved)
-    }
-
-    /// The file now holds `seq`.
-    fn saved(&mut self, seq: u64) {
-        self.saved = Some(seq);
-    }
+    Some(pos)
 }
 
 const READ_AT_PER_RECORD: Option<Instant> = None;
@@ -1124,31 +1107,59 @@ mod tests {
     }
 
     #[test]
-    fn cursor_gate_writes_a_position_only_after_the_lag() {
-        let lag = Duration::from_secs(3);
-        let t0 = Instant::now();
-        let mut g = CursorGate::new(Some(4), lag);
-        assert_eq!(g.due(None, t0), None, "nothing delivered yet");
-        assert_eq!(g.due(Some(10), t0), None, "staged, not written");
-        assert_eq!(g.due(Some(12), t0 + lag / 2), None, "still ageing");
+    fn cursor_position_stays_before_held_and_unacknowledged_faults() {
+        assert_eq!(cursor_position(None, None, None), None, "nothing processed");
         assert_eq!(
-            g.due(Some(15), t0 + lag),
-            Some(10),
-            "the position staged a full lag ago"
+            cursor_position(Some(9), None, None),
+            Some(9),
+            "free to move"
         );
-        g.saved(10);
-        assert_eq!(g.due(Some(20), t0 + lag * 2), Some(15));
-        g.saved(15);
-        // Nothing new: no rewrite.
-        assert_eq!(g.due(Some(20), t0 + lag * 3), Some(20));
-        g.saved(20);
-        assert_eq!(g.due(Some(20), t0 + lag * 4), None);
-        // Never backwards (e.g. a position older than the saved one).
-        assert_eq!(g.due(Some(3), t0 + lag * 5), None);
-        assert_eq!(g.due(Some(3), t0 + lag * 6), None);
-        // Without a lag the offered position is written at once.
-        let mut g = CursorGate::new(None, Duration::ZERO);
-        assert_eq!(g.due(Some(7), t0), Some(7));
+        assert_eq!(cursor_position(Some(9), Some(4), None), Some(3));
+        assert_eq!(cursor_position(Some(9), None, Some(6)), Some(5));
+        assert_eq!(cursor_position(Some(9), Some(7), Some(6)), Some(5));
+        assert_eq!(cursor_position(Some(3), None, Some(6)), Some(3));
+        assert_eq!(
+            cursor_position(Some(9), None, Some(0)),
+            None,
+            "seq 0 outstanding"
+        );
+    }
+
+    /// The cursor moves past a delivered fault only once the engine
+    /// acknowledged it as persisted; records without faults move it freely.
+    #[test]
+    fn cursor_waits_for_the_engine_acknowledgement() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, rx) = bounded(64);
+        let mut r = device_reader(dir.path(), tx, Registry::new());
+        let ack = Arc::new(AtomicU64::new(0));
+        r.sender.track_acks(ack.clone());
+        let t0 = Instant::now();
+        for seq in 1..=3 {
+            r.process(record(seq, false).as_bytes(), None);
+        }
+        r.save_cursor_at(t0);
+        assert_eq!(saved_seq(dir.path()), Some(3), "no fault: moves freely");
+        for seq in 4..=8 {
+            r.process(record(seq, seq == 5 || seq == 7).as_bytes(), None);
+        }
+        assert_eq!(faults(&rx).len(), 2);
+        r.save_cursor_at(t0);
+        assert_eq!(saved_seq(dir.path()), Some(4), "before the fault of seq 5");
+        ack.store(1, Ordering::Release);
+        r.save_cursor_at(t0);
+        assert_eq!(saved_seq(dir.path()), Some(6), "seq 5 persisted, 7 not");
+        ack.store(2, Ordering::Release);
+        r.save_cursor_at(t0);
+        assert_eq!(saved_seq(dir.path()), Some(8), "everything persisted");
+        assert_eq!(r.sender.unacked(), 0);
+        // A later fault keeps it again; records after it do not move it.
+        for seq in 9..=11 {
+            r.process(record(seq, seq == 10).as_bytes(), None);
+        }
+        r.save_cursor_at(t0);
+        assert_eq!(saved_seq(dir.path()), Some(9));
+        assert_eq!(r.sender.unacked(), 1);
     }
 
     /// Issue 3, item 1: the cursor moved past faults that sat in the sender's
@@ -1166,22 +1177,18 @@ mod tests {
         assert_eq!(r.sender.pending(), 1, "the fault of seq 3 is held");
         assert_eq!(r.delivered_seq(), Some(2));
         let t0 = Instant::now();
-        let lag = Duration::from_millis(r.cfg.cursor_lag_ms);
         r.save_cursor_at(t0);
-        r.save_cursor_at(t0 + lag);
         assert_eq!(saved_seq(dir.path()), Some(2), "not past the held fault");
 
-        // Room again: the held fault is delivered and the cursor may move on,
-        // one lag after that was seen.
+        // Room again: the held fault is delivered and the cursor may move on
+        // (no acknowledgements tracked here).
         assert!(matches!(rx.try_recv(), Ok(Input::Tick)));
         assert_eq!(r.sender.flush(), SendStatus::Accepted);
         assert!(
             matches!(rx.try_recv(), Ok(Input::Fault { event, .. }) if event.kmsg_seq == Some(3))
         );
         assert_eq!(r.delivered_seq(), Some(5));
-        r.save_cursor_at(t0 + lag * 2);
-        assert_eq!(saved_seq(dir.path()), Some(2));
-        r.save_cursor_at(t0 + lag * 3);
+        r.save_cursor_at(t0);
         assert_eq!(saved_seq(dir.path()), Some(5));
     }
 
@@ -1320,11 +1327,10 @@ mod tests {
             path: PathBuf::new(),
             cursor_interval_ms: 0,
             retry_interval_secs: 0,
-            cursor_lag_ms: 3_600_001,
             ..KmsgConfig::default()
         };
         let p = bad.validate();
-        assert_eq!(p.len(), 4, "{p:?}");
+        assert_eq!(p.len(), 3, "{p:?}");
         assert!(p[0].starts_with("path:"));
         assert!(KmsgConfig::default().validate().is_empty());
     }

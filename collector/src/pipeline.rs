@@ -191,6 +191,34 @@ pub struct FaultSender {
     head: u64,
     capacity: usize,
     disconnected: bool,
+    /// Engine acknowledgements (kmsg source only): see [`FaultSender::track_acks`].
+    acks: Option<AckTracker>,
+}
+
+/// Fault events handed to the engine channel that the engine has not yet
+/// acknowledged as contained in a successfully persisted state.
+///
+/// The engine counts the kernel-log fault events it handled (channel order)
+/// and publishes, after each successful persist, how many of them the state
+/// file holds (`ack`). Counting instead of comparing sequence numbers keeps
+/// the scheme exact when the channel order is not the sequence order (an
+/// event coalesced into an older held one travels with the older one).
+#[derive(Debug)]
+struct AckTracker {
+    ack: Arc<AtomicU64>,
+    /// Events acknowledged so far (popped from `outstanding`).
+    acked: u64,
+    /// Lowest `kmsg_seq` of each delivered, unacknowledged event, channel order.
+    outstanding: VecDeque<Option<u64>>,
+}
+
+impl AckTracker {
+    fn pop_acked(&mut self) {
+        let ack = self.ack.load(Ordering::Acquire);
+        while self.acked < ack && self.outstanding.pop_front().is_some() {
+            self.acked += 1;
+        }
+    }
 }
 
 impl FaultSender {
@@ -213,6 +241,43 @@ impl FaultSender {
             head: 0,
             capacity: capacity.max(1),
             disconnected: false,
+            acks: None,
+        }
+    }
+
+    /// Tracks the engine's acknowledgements: every fault event delivered from
+    /// now on stays outstanding until `ack` (the number of this sender's
+    /// events the engine's persisted state holds, published by
+    /// [`crate::engine::run_engine`]) covers it. Only one sender per engine may
+    /// track acknowledgements (the engine counts kernel-log events).
+    pub fn track_acks(&mut self, ack: Arc<AtomicU64>) {
+        self.acks = Some(AckTracker {
+            acked: ack.load(Ordering::Acquire),
+            ack,
+            outstanding: VecDeque::new(),
+        });
+    }
+
+    /// Lowest `kmsg_seq` among the events delivered to the engine but not yet
+    /// acknowledged as persisted (`None` when none, or acknowledgements are
+    /// not tracked). The kmsg cursor must stay before it.
+    pub fn lowest_unacked_seq(&mut self) -> Option<u64> {
+        let acks = self.acks.as_mut()?;
+        acks.pop_acked();
+        acks.outstanding.iter().flatten().copied().min()
+    }
+
+    /// Delivered events not yet acknowledged (0 without tracking).
+    pub fn unacked(&mut self) -> usize {
+        self.acks.as_mut().map_or(0, |a| {
+            a.pop_acked();
+            a.outstanding.len()
+        })
+    }
+
+    fn delivered(&mut self, seq: Option<u64>) {
+        if let Some(a) = self.acks.as_mut() {
+            a.outstanding.push_back(seq);
         }
     }
 
@@ -246,8 +311,12 @@ impl FaultSender {
             return SendStatus::Disconnected;
         }
         if self.pending.is_empty() {
+            let seq = event.kmsg_seq;
             match self.tx.try_send(Input::Fault { event, read_at }) {
-                Ok(()) => return SendStatus::Accepted,
+                Ok(()) => {
+                    self.delivered(seq);
+                    return SendStatus::Accepted;
+                }
                 Err(TrySendError::Disconnected(_)) => return self.gone(),
                 Err(TrySendError::Full(Input::Fault { event, read_at })) => {
                     self.hold(event, read_at);
@@ -317,9 +386,11 @@ impl FaultSender {
             // untouched) when the channel is full.
             let event = std::mem::take(&mut front.event);
             let read_at = front.read_at;
+            let seq = front.seq;
             match self.tx.try_send(Input::Fault { event, read_at }) {
                 Ok(()) => {
                     self.pop_front();
+                    self.delivered(seq);
                 }
                 Err(TrySendError::Disconnected(Input::Fault { event, .. })) => {
                     front.event = event;
@@ -352,7 +423,11 @@ impl FaultSender {
         }) = self.pop_front()
         {
             let left = deadline.saturating_duration_since(Instant::now());
-            if let Err(e) = self.tx.send_timeout(Input::Fault { event, read_at }, left) {
+            let sent = self.tx.send_timeout(Input::Fault { event, read_at }, left);
+            if sent.is_ok() {
+                self.delivered(seq);
+            }
+            if let Err(e) = sent {
                 if matches!(e, crossbeam_channel::SendTimeoutError::Disconnected(_)) {
                     self.disconnected = true;
                 }

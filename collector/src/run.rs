@@ -398,7 +398,7 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
             source,
         })?;
 
-    let engine = Engine::new(
+    let mut engine = Engine::new(
         cfg.engine.clone(),
         policy.clone(),
         Some(cfg.state_dir.clone()),
@@ -410,6 +410,10 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
         registry.clone(),
         Arc::new(crate::clock::SystemClock),
     );
+    // The engine acknowledges the kernel-log events its persisted state holds;
+    // the kmsg cursor never passes one it has not acknowledged.
+    let kmsg_ack = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    engine.set_kmsg_ack(kmsg_ack.clone());
     liveness.state_loaded.store(true, Ordering::Relaxed);
     // The sinks start before the engine thread: seed the channel with the
     // restored state, so the node writer's first pass after a restart
@@ -472,7 +476,7 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
 
     // Kernel log source.
     let kmsg_started = Instant::now();
-    let kmsg_thread = kmsg::spawn(
+    let kmsg_thread = kmsg::spawn_acked(
         KmsgSourceArgs {
             cfg: cfg.kmsg.clone(),
             state_dir: Some(cfg.state_dir.clone()),
@@ -484,6 +488,7 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
             stop_tx: Some(stop_tx.clone()),
         },
         engine_tx.clone(),
+        kmsg_ack,
     )
     .map_err(|source| RunError::Spawn {
         what: "kmsg thread",
