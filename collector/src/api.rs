@@ -12,14 +12,14 @@
 //! `0.0.0.0` for the probes; `/v1/clear` still answers only connections from a
 //! loopback address (`kubectl exec … gpuwatch clear`), 403 otherwise.
 
-use crate::msg::Input;
 use crate::pipeline::Liveness;
 use axum::extract::{ConnectInfo, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
-use gpuwatch_sinks::Registry;
+use gpuwatch_core::Registry;
+use gpuwatch_core::msg::Input;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

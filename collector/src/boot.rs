@@ -147,7 +147,7 @@ mod tests {
         let btime = parse_proc_stat_btime(&std::fs::read_to_string("/proc/stat").unwrap()).unwrap()
             * 1_000_000_000;
         assert!(ours + 1_000_000_000 >= btime, "ours={ours} btime={btime}");
-        let now = crate::clock::unix_nanos(std::time::SystemTime::now());
+        let now = gpuwatch_core::clock::unix_nanos(std::time::SystemTime::now());
         assert!(ours < now);
         assert_eq!(wall_time_unix_nanos(ours, 0), ours);
         assert_eq!(wall_time_unix_nanos(10, 2), 2010);

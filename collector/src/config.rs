@@ -36,7 +36,7 @@ pub struct Config {
     /// NVML poller and event thread.
     pub nvml: crate::nvml::NvmlConfig,
     /// Health engine (dedup, recurrence, ...).
-    pub engine: crate::engine::EngineConfig,
+    pub engine: gpuwatch_core::engine::EngineConfig,
     /// Per-XID policy overrides (`[policy.xid."79"] action = "reboot_node"`).
     pub policy: xid_parser::PolicyOverrides,
     /// Local HTTP API.
@@ -48,7 +48,7 @@ pub struct Config {
     /// Kubernetes node writer.
     pub kube: gpuwatch_sinks::kube::KubeConfig,
     /// Device validation (startup gate).
-    pub validation: gpuwatch_sinks::validation::ValidationConfig,
+    pub validation: gpuwatch_core::validation::ValidationConfig,
     /// Logging.
     pub log: LogConfig,
 }

@@ -55,11 +55,11 @@
 //!   for replays.
 
 use crate::boot;
-use crate::msg::{Input, MonitorInput};
 use crate::pipeline::{FaultSender, Liveness, SendStatus, StopReason};
 use crossbeam_channel::Sender;
+use gpuwatch_core::Registry;
+use gpuwatch_core::msg::{Input, MonitorInput};
 use gpuwatch_proto::{FaultEvent, Source};
-use gpuwatch_sinks::Registry;
 use nix::poll::{PollFd, PollFlags, poll};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
@@ -217,7 +217,7 @@ pub fn spawn(
 }
 
 /// Starts the source thread with engine acknowledgements: `ack` is the
-/// counter the engine publishes (see [`crate::engine::Engine::set_kmsg_ack`]),
+/// counter the engine publishes (see [`gpuwatch_core::engine::Engine::set_kmsg_ack`]),
 /// the number of this source's fault events its persisted state holds. The
 /// cursor then never passes a fault the engine has not persisted.
 pub fn spawn_acked(
@@ -259,7 +259,7 @@ fn run_source_with(
 /// Loads the cursor; a corrupt file is logged, kept aside and ignored.
 pub fn load_cursor(state_dir: &Path) -> Option<KmsgCursor> {
     let path = state_dir.join(CURSOR_FILE);
-    match crate::statefile::read_json::<KmsgCursor>(&path) {
+    match gpuwatch_core::statefile::read_json::<KmsgCursor>(&path) {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, "Kernel log cursor is unusable; reading the whole ring.");
@@ -643,7 +643,7 @@ impl Reader {
 
     fn idle_work(&mut self) -> Outcome {
         self.liveness.kmsg_heartbeat_unix_secs.store(
-            crate::clock::unix_nanos(std::time::SystemTime::now()) / 1_000_000_000,
+            gpuwatch_core::clock::unix_nanos(std::time::SystemTime::now()) / 1_000_000_000,
             Ordering::Relaxed,
         );
         self.boot_time = boot::boot_time_unix_nanos();
@@ -801,7 +801,7 @@ impl Reader {
             boot_id: self.boot_id.clone(),
             last_seq: seq,
         };
-        match crate::statefile::write_json(path, &cursor) {
+        match gpuwatch_core::statefile::write_json(path, &cursor) {
             Ok(()) => {
                 self.saved_seq = Some(seq);
                 self.registry.count_state_write(true);
@@ -1072,8 +1072,8 @@ mod tests {
         assert_eq!(total, 50, "every occurrence accounted for");
         assert_eq!(
             reg.events(
-                gpuwatch_sinks::Stage::Parser,
-                gpuwatch_sinks::Outcome::Dropped
+                gpuwatch_core::Stage::Parser,
+                gpuwatch_core::Outcome::Dropped
             ),
             0
         );
@@ -1212,8 +1212,8 @@ mod tests {
         );
         assert_eq!(
             reg.events(
-                gpuwatch_sinks::Stage::Parser,
-                gpuwatch_sinks::Outcome::Dropped
+                gpuwatch_core::Stage::Parser,
+                gpuwatch_core::Outcome::Dropped
             ),
             1
         );
@@ -1343,7 +1343,7 @@ mod tests {
             boot_id: "b".into(),
             last_seq: 42,
         };
-        crate::statefile::write_json(&dir.path().join(CURSOR_FILE), &c).unwrap();
+        gpuwatch_core::statefile::write_json(&dir.path().join(CURSOR_FILE), &c).unwrap();
         assert_eq!(load_cursor(dir.path()), Some(c));
         std::fs::write(dir.path().join(CURSOR_FILE), "{").unwrap();
         assert_eq!(load_cursor(dir.path()), None);

@@ -7,14 +7,10 @@
 
 pub mod api;
 pub mod boot;
-pub mod clock;
 pub mod config;
-pub mod engine;
 pub mod explain;
 pub mod kmsg;
-pub mod msg;
 pub mod nvml;
 pub mod pipeline;
 pub mod run;
 pub mod scan;
-pub mod statefile;

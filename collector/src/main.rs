@@ -238,9 +238,9 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
 
             let health = one_shot_health(&cfg)?;
             let mut report =
-                gpuwatch_sinks::validation::validate(&health, expected, &cfg.validation);
+                gpuwatch_core::validation::validate(&health, expected, &cfg.validation);
             if let Some(why) = node_problem {
-                gpuwatch_sinks::validation::add_check(
+                gpuwatch_core::validation::add_check(
                     &mut report,
                     gpuwatch_proto::ValidationCheck {
                         name: "node".into(),
@@ -255,16 +255,18 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             if report.passed {
                 // The extra command (e.g. `dcgmi diag -r 1`) runs only once every
                 // other check passed, as in the startup gate.
-                let check = rt.block_on(gpuwatch_sinks::validation::run_extra_command(
+                let check = rt.block_on(gpuwatch_sinks::extra_command::run_extra_command(
                     &cfg.validation,
                 ));
-                gpuwatch_sinks::validation::add_check(&mut report, check);
+                gpuwatch_core::validation::add_check(&mut report, check);
             }
-            report.time_unix_nano = Some(gpuwatch::clock::unix_nanos(std::time::SystemTime::now()));
+            report.time_unix_nano = Some(gpuwatch_core::clock::unix_nanos(
+                std::time::SystemTime::now(),
+            ));
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
-                print!("{}", gpuwatch_sinks::validation::render(&report));
+                print!("{}", gpuwatch_core::validation::render(&report));
             }
             Ok(if report.passed && report.complete {
                 ExitCode::SUCCESS
@@ -359,7 +361,7 @@ const VALIDATE_KMSG_DEADLINE: std::time::Duration = std::time::Duration::from_se
 /// the end of a `--kmsg-path` file). When the ring cannot be read to its end
 /// within 10 s the `kmsg` check is incomplete.
 fn one_shot_health(cfg: &Config) -> anyhow::Result<gpuwatch_proto::NodeHealth> {
-    use gpuwatch::msg::{Input, MonitorInput};
+    use gpuwatch_core::msg::{Input, MonitorInput};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::{Duration, Instant};
@@ -367,22 +369,22 @@ fn one_shot_health(cfg: &Config) -> anyhow::Result<gpuwatch_proto::NodeHealth> {
     let policy =
         Arc::new(xid_parser::Policy::new(&cfg.policy).context("invalid [policy] overrides")?);
     let boot_id = gpuwatch::boot::read_boot_id(&cfg.kmsg.boot_id_path)?;
-    let registry = gpuwatch_sinks::Registry::new();
+    let registry = gpuwatch_core::Registry::new();
     // No join grace: a kernel-log fault on a GPU NVML does not list (fallen
     // off the bus) must count now, as a node fault.
     let mut engine_cfg = cfg.engine.clone();
     engine_cfg.nvml_join_grace_secs = 0;
-    let mut engine = gpuwatch::engine::Engine::new(
+    let mut engine = gpuwatch_core::engine::Engine::new(
         engine_cfg,
         policy.clone(),
         None,
-        gpuwatch::engine::BootInfo {
+        gpuwatch_core::engine::BootInfo {
             boot_id: boot_id.clone(),
             boot_time_unix_nano: gpuwatch::boot::boot_time_unix_nanos(),
         },
         cfg.node_name.clone(),
         registry.clone(),
-        Arc::new(gpuwatch::clock::SystemClock),
+        Arc::new(gpuwatch_core::clock::SystemClock),
     );
     match gpuwatch::nvml::poll_once(&cfg.nvml) {
         Ok(samples) => {
@@ -427,7 +429,7 @@ fn one_shot_health(cfg: &Config) -> anyhow::Result<gpuwatch_proto::NodeHealth> {
     let mut kmsg_ok = false;
     let mut kmsg_failed = false;
     let mut kmsg_message = String::new();
-    let mut handle = |engine: &mut gpuwatch::engine::Engine, input: Input| -> bool {
+    let mut handle = |engine: &mut gpuwatch_core::engine::Engine, input: Input| -> bool {
         if let Input::MonitorStatus {
             input: MonitorInput::Kmsg,
             ok,

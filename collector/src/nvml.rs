@@ -30,10 +30,10 @@ mod events;
 mod library;
 mod poll;
 
-use crate::msg::{Input, MonitorInput};
 use crossbeam_channel::{SendTimeoutError, Sender, TrySendError};
+use gpuwatch_core::Registry;
+use gpuwatch_core::msg::{Input, MonitorInput};
 use gpuwatch_proto::{FaultEvent, FaultKind, GpuSample, Source};
-use gpuwatch_sinks::Registry;
 use nvml_wrapper::Nvml;
 use serde::Deserialize;
 use std::path::PathBuf;
@@ -412,7 +412,9 @@ fn fault(
         gpu_index: id.index,
         gpu_uuid: id.uuid.clone(),
         message,
-        time_unix_nano: Some(crate::clock::unix_nanos(std::time::SystemTime::now())),
+        time_unix_nano: Some(gpuwatch_core::clock::unix_nanos(
+            std::time::SystemTime::now(),
+        )),
         count: 1,
         name: name.to_string(),
         ..FaultEvent::default()

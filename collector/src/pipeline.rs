@@ -21,10 +21,10 @@
 //! * Senders stop when the engine side disconnects; the engine stops after all
 //!   senders are gone and the channel is drained.
 
-use crate::msg::Input;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError, bounded};
+use gpuwatch_core::msg::Input;
+use gpuwatch_core::{Outcome, Registry, Stage};
 use gpuwatch_proto::FaultEvent;
-use gpuwatch_sinks::{Outcome, Registry, Stage};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -248,7 +248,7 @@ impl FaultSender {
     /// Tracks the engine's acknowledgements: every fault event delivered from
     /// now on stays outstanding until `ack` (the number of this sender's
     /// events the engine's persisted state holds, published by
-    /// [`crate::engine::run_engine`]) covers it. Only one sender per engine may
+    /// [`gpuwatch_core::engine::run_engine`]) covers it. Only one sender per engine may
     /// track acknowledgements (the engine counts kernel-log events).
     pub fn track_acks(&mut self, ack: Arc<AtomicU64>) {
         self.acks = Some(AckTracker {

@@ -11,12 +11,12 @@ pub mod demo;
 
 use crate::api::{self, ApiState, MetricsRenderer};
 use crate::config::{Config, LogFormat};
-use crate::engine::{BootInfo, Engine};
 use crate::kmsg::{self, KmsgSourceArgs};
 use crate::pipeline::{AliveGuard, Channels, ENGINE_CHANNEL_CAPACITY, Liveness, StopReason};
 use crossbeam_channel::RecvTimeoutError;
+use gpuwatch_core::engine::{BootInfo, Engine};
+use gpuwatch_core::{EventSink, Registry};
 use gpuwatch_proto::NodeHealth;
-use gpuwatch_sinks::{EventSink, Registry};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -269,7 +269,7 @@ pub fn build_sinks(
     registry: &Arc<Registry>,
     rt: &tokio::runtime::Handle,
     health_rx: tokio::sync::watch::Receiver<Arc<NodeHealth>>,
-    validation_tx: std::sync::Weak<crossbeam_channel::Sender<crate::msg::Input>>,
+    validation_tx: std::sync::Weak<crossbeam_channel::Sender<gpuwatch_core::msg::Input>>,
 ) -> Result<Sinks, RunError> {
     let mut sinks = Sinks {
         event_sinks: Vec::new(),
@@ -318,7 +318,7 @@ pub fn build_sinks(
             let Some(tx) = validation_tx.upgrade() else {
                 return;
             };
-            if let Err(e) = tx.try_send(crate::msg::Input::Validation(report)) {
+            if let Err(e) = tx.try_send(gpuwatch_core::msg::Input::Validation(report)) {
                 tracing::debug!(error = %e, "Validation report not handed to the engine.");
             }
         });
@@ -408,7 +408,7 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
         },
         cfg.node_name.clone(),
         registry.clone(),
-        Arc::new(crate::clock::SystemClock),
+        Arc::new(gpuwatch_core::clock::SystemClock),
     );
     // The engine acknowledges the kernel-log events its persisted state holds;
     // the kmsg cursor never passes one it has not acknowledged.
@@ -463,7 +463,15 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
             .spawn(move || {
                 {
                     let _alive = AliveGuard::set(&liveness.engine_alive);
-                    crate::engine::run_engine(engine, engine_rx, sinks, health_tx, shutdown);
+                    gpuwatch_core::engine::run_engine(
+                        engine,
+                        engine_rx,
+                        sinks,
+                        move |h| {
+                            health_tx.send_replace(h);
+                        },
+                        shutdown,
+                    );
                 }
                 let _ = engine_done_tx.send(());
                 let _ = stop_tx.send(StopReason::ThreadExited);
@@ -523,8 +531,8 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
     if !cfg.nvml.enabled {
         // No NVML source runs to say so: report it once, or the health (and
         // the node conditions) would read "NVML not reported yet" forever.
-        let _ = engine_tx.send(crate::msg::Input::MonitorStatus {
-            input: crate::msg::MonitorInput::Nvml,
+        let _ = engine_tx.send(gpuwatch_core::msg::Input::MonitorStatus {
+            input: gpuwatch_core::msg::MonitorInput::Nvml,
             ok: false,
             message: "NVML disabled (nvml.enabled = false or --no-nvml)".to_string(),
         });
@@ -657,8 +665,8 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
         records_lost: registry.kmsg_records_lost.load(Ordering::Relaxed),
         records_malformed: registry.kmsg_records_malformed.load(Ordering::Relaxed),
         engine_events: registry.events(
-            gpuwatch_sinks::Stage::Engine,
-            gpuwatch_sinks::Outcome::Emitted,
+            gpuwatch_core::Stage::Engine,
+            gpuwatch_core::Outcome::Emitted,
         ),
         latency_p50_us: micros(0.5),
         latency_p99_us: micros(0.99),

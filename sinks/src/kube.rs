@@ -29,7 +29,7 @@
 //!   active. Taints are changed with a JSON patch built from the live list (only our
 //!   keys change) guarded by a `resourceVersion` test; conflicts re-read and retry.
 //! - **Startup taint** — while the Node carries it, device validation
-//!   ([`crate::validation`]) runs every `validation_interval_secs`; the taint is removed
+//!   ([`gpuwatch_core::validation`]) runs every `validation_interval_secs`; the taint is removed
 //!   only after a complete, passing report, and only if the *current* health still
 //!   passes the pure checks right before the removal (the extra command can run for
 //!   minutes; a fault that appears meanwhile keeps the taint). A passing result is
@@ -54,14 +54,13 @@ mod events;
 mod node;
 mod reconcile;
 
-pub(crate) use config::check_label_key;
 pub use config::{KubeConfig, TaintConfig};
 pub use events::{COMPONENT, DEDUP_ANNOTATION, event_reason, event_type};
 
-use crate::validation::ValidationConfig;
-use crate::{EventSink, Registry};
 use backend::Backend;
 use events::{EventQueue, EventWriter, KubeEventSink};
+use gpuwatch_core::validation::ValidationConfig;
+use gpuwatch_core::{EventSink, Registry};
 use gpuwatch_proto::{NodeHealth, ValidationReport};
 use reconcile::Reconciler;
 use std::sync::{Arc, Mutex};

@@ -7,7 +7,7 @@
 //!
 //! ```no_run
 //! use gpuwatch_sinks::otlp::{OtlpConfig, OtlpExporter, ResourceInfo};
-//! use gpuwatch_sinks::Registry;
+//! use gpuwatch_core::Registry;
 //!
 //! let rt = tokio::runtime::Runtime::new().unwrap();
 //! let cfg = OtlpConfig { enabled: true, endpoint: Some("http://127.0.0.1:4317".into()), ..Default::default() };
@@ -26,7 +26,7 @@ pub use config::{
     Compression, OtlpConfig, OtlpSignal, Protocol, ResolvedSignal, TlsConfig, parse_key_values,
 };
 
-use crate::{EventSink, LATENCY_BUCKETS_SECONDS, Registry, Signal};
+use gpuwatch_core::{EventSink, LATENCY_BUCKETS_SECONDS, Registry, Signal};
 use gpuwatch_proto::{FaultEvent, NodeHealth};
 use instruments::{InstrumentKind, NumType, Point, SPECS};
 use logs::{Driver, LogQueue, OtlpLogSink, QueueSettings, Worker};

@@ -16,7 +16,7 @@
 
 use crate::otlp::ResourceInfo;
 use crate::otlp::instruments::{LATENCY_DESCRIPTION, LATENCY_NAME, LATENCY_UNIT, Num, SPECS};
-use crate::registry::{LATENCY_BUCKETS_SECONDS, Registry};
+use gpuwatch_core::registry::{LATENCY_BUCKETS_SECONDS, Registry};
 use std::fmt::Write as _;
 
 pub use crate::otlp::instruments::InstrumentKind;

@@ -10,7 +10,7 @@
 //! the writer failed to write (closed stdout). [`EventSink::flush`] waits up to
 //! its timeout for the queue to empty.
 
-use crate::{EventSink, Outcome, Registry, Stage};
+use gpuwatch_core::{EventSink, Outcome, Registry, Stage};
 use gpuwatch_proto::FaultEvent;
 use std::collections::VecDeque;
 use std::io::Write;

@@ -2,7 +2,7 @@
 //! from `nvmlEventSetWait`.
 
 use super::{Ctx, Identity, fault};
-use crate::msg::Input;
+use gpuwatch_core::msg::Input;
 use gpuwatch_proto::{FaultEvent, FaultKind, Source};
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::bitmasks::event::EventTypes;

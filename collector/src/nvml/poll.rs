@@ -3,7 +3,7 @@
 
 use super::library::Library;
 use super::{Ctx, Identity, NvmlConfig, NvmlError, fault};
-use crate::msg::{Input, MonitorInput};
+use gpuwatch_core::msg::{Input, MonitorInput};
 use gpuwatch_proto::{FaultKind, GpuSample, NvLinkSample, RecoveryAction, Source};
 use nvml_wrapper::enum_wrappers::device::{
     EccCounter, MemoryError, RetirementCause, TemperatureSensor, TemperatureThreshold,
@@ -131,7 +131,9 @@ fn sample(dev: &Device<'_>, id: &mut Identity, count: CountError<'_>) -> Result<
         uuid: id.uuid.clone(),
         pci_address: id.pci.clone(),
         name: reading("nvmlDeviceGetName", dev.name(), count)?.unwrap_or_default(),
-        time_unix_nano: Some(crate::clock::unix_nanos(std::time::SystemTime::now())),
+        time_unix_nano: Some(gpuwatch_core::clock::unix_nanos(
+            std::time::SystemTime::now(),
+        )),
         ..GpuSample::default()
     };
     s.temperature_c = reading(

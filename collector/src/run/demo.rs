@@ -367,7 +367,7 @@ fn new_boot_id() -> String {
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| {
-            let nanos = crate::clock::unix_nanos(std::time::SystemTime::now());
+            let nanos = gpuwatch_core::clock::unix_nanos(std::time::SystemTime::now());
             format!("demo-{nanos:x}-{:x}", std::process::id())
         })
 }
@@ -734,7 +734,8 @@ fn run_phase(
         && let Ok(boot_id) = crate::boot::read_boot_id(phase.boot_id_path)
     {
         let cursor = crate::kmsg::KmsgCursor { boot_id, last_seq };
-        if let Err(e) = crate::statefile::write_json(&state.join(crate::kmsg::CURSOR_FILE), &cursor)
+        if let Err(e) =
+            gpuwatch_core::statefile::write_json(&state.join(crate::kmsg::CURSOR_FILE), &cursor)
         {
             n.say(
                 "",
@@ -890,7 +891,7 @@ fn gpuwatch_exe() -> Result<PathBuf, DemoError> {
 
 /// Active faults recorded in the engine's state file.
 fn state_file_faults(state: &Path) -> Option<usize> {
-    let text = std::fs::read_to_string(state.join(crate::engine::STATE_FILE)).ok()?;
+    let text = std::fs::read_to_string(state.join(gpuwatch_core::engine::STATE_FILE)).ok()?;
     let v: Value = serde_json::from_str(&text).ok()?;
     let gpus: usize = v["gpus"]
         .as_array()?
@@ -1043,7 +1044,7 @@ pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
                 "agent stopped by SIGTERM ({}); {} active fault(s) flushed to {}",
                 status1.map_or_else(|| "killed".to_string(), |s| s.to_string()),
                 state_file_faults(&state).map_or_else(|| "no".to_string(), |c| c.to_string()),
-                state.join(crate::engine::STATE_FILE).display()
+                state.join(gpuwatch_core::engine::STATE_FILE).display()
             ),
         );
         let boot2 = new_boot_id();

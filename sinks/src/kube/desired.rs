@@ -231,14 +231,14 @@ pub(crate) fn desired(health: &NodeHealth, cfg: &KubeConfig, gate: &Gate) -> Des
                     "ValidationIncomplete",
                     format!(
                         "GPU validation could not run every check: {}",
-                        crate::validation::failed_checks(r).join(", ")
+                        gpuwatch_core::validation::failed_checks(r).join(", ")
                     ),
                 ),
                 Some(r) => (
                     "ValidationFailed",
                     format!(
                         "GPU validation failed: {}",
-                        crate::validation::failed_checks(r).join(", ")
+                        gpuwatch_core::validation::failed_checks(r).join(", ")
                     ),
                 ),
             };

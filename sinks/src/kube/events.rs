@@ -16,7 +16,7 @@
 use super::backend::{ApiError, Backend};
 use super::config::KubeConfig;
 use super::desired::sanitize_reason;
-use crate::{EventSink, KubeObject, Outcome, Registry, Stage, WriteResult};
+use gpuwatch_core::{EventSink, KubeObject, Outcome, Registry, Stage, WriteResult};
 use gpuwatch_proto::{Action, FaultEvent, ShortName};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};

@@ -8,9 +8,9 @@ use super::node::{
     condition_apply_body, conditions_differ, desired_taints, has_fault_taint, has_startup_taint,
     live_conditions, taint_patch,
 };
-use crate::validation::{self, ValidationConfig};
-use crate::{KubeObject, Registry, ValidationResult, WriteResult};
 use futures::StreamExt;
+use gpuwatch_core::validation::{self, ValidationConfig};
+use gpuwatch_core::{KubeObject, Registry, ValidationResult, WriteResult};
 use gpuwatch_proto::{NodeHealth, ValidationReport};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -105,7 +105,7 @@ pub(crate) async fn run_validation(
 ) -> ValidationReport {
     let mut report = validation::validate(&health, expected, &vcfg);
     if report.passed && !vcfg.command.is_empty() {
-        let check = validation::run_extra_command(&vcfg).await;
+        let check = crate::extra_command::run_extra_command(&vcfg).await;
         validation::add_check(&mut report, check);
     }
     report.time_unix_nano = Some(unix_nanos(SystemTime::now()));

@@ -3,7 +3,9 @@
 //! one observable instrument per entry; the Prometheus renderer walks the same
 //! table, so both outputs always carry the same names, attributes and values.
 
-use crate::registry::{KubeObject, Outcome, Registry, Stage, ValidationResult, WriteResult};
+use gpuwatch_core::registry::{
+    KubeObject, Outcome, Registry, Stage, ValidationResult, WriteResult,
+};
 use gpuwatch_proto::{
     Action, FaultKind, GpuHealth, GpuSample, NodeHealth, RecoveryAction, ShortName, Verdict,
 };
@@ -216,7 +218,7 @@ fn fault_points(
     registry: &Registry,
     out: &mut Vec<Point>,
     select: impl Fn(FaultKind) -> bool,
-    attrs: impl Fn(&crate::registry::FaultSeries) -> Vec<(&'static str, AttrValue)>,
+    attrs: impl Fn(&gpuwatch_core::registry::FaultSeries) -> Vec<(&'static str, AttrValue)>,
 ) {
     let mut sums: BTreeMap<Vec<(&'static str, AttrValue)>, u64> = BTreeMap::new();
     for (series, n) in registry.faults() {
@@ -637,7 +639,7 @@ fn monitor_up(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
 }
 
 fn export_failures(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    for signal in [crate::Signal::Metrics, crate::Signal::Logs] {
+    for signal in [gpuwatch_core::Signal::Metrics, gpuwatch_core::Signal::Logs] {
         out.push(Point {
             attrs: vec![("signal", s(signal.as_str()))],
             value: Num::U64(r.export_failures(signal)),

@@ -7,7 +7,7 @@
 //! it, `dropped` when it was pushed out of the full queue or left over at
 //! shutdown.
 
-use crate::{EventSink, Outcome, Registry, Signal, Stage};
+use gpuwatch_core::{EventSink, Outcome, Registry, Signal, Stage};
 use gpuwatch_proto::{FaultEvent, ShortName};
 use opentelemetry::InstrumentationScope;
 use opentelemetry::logs::{AnyValue, LogRecord as _, Logger as _, LoggerProvider as _, Severity};

@@ -1,0 +1,634 @@
+//! The Kubernetes node writer end to end through the real `gpuwatch` binary:
+//! kernel-log records written into a FIFO (`--kmsg-path`), NVML from the
+//! nvml-sim cdylib (`--nvml-sim collector/tests/data/kube-*.toml`), and the
+//! in-process API-server double (`sinks/tests/it/kube_common`, axum on
+//! 127.0.0.1:0) that the agent reaches through `[kube] api_server_url`.
+//!
+//! No kube-apiserver can be obtained here; the double is faithful on what the
+//! writer uses (SSA on nodes/status keyed by condition type, JSON patch guarded
+//! by resourceVersion, watch, core/v1 Events).
+//!
+//! Covered: an XID 79 → `GPUProblem=True`/`XID79` + fault taint in < 1 s and a
+//! Warning Event; a removed taint is restored; restarts mid-fault (kill -9 and
+//! SIGTERM) change nothing on the Node and write no duplicate Event; a new
+//! boot in which the GPU validates clears the fault; NVML unavailable is
+//! `Unknown`, never `False`; the startup taint stays while validation fails or
+//! is incomplete and goes when it passes (and the gate's report reaches
+//! `/v1/health.validation`); `--kube-dry-run` logs the patches and writes
+//! nothing; `gpuwatch validate` exits 0/1 for pass / fail / incomplete, reads
+//! the expected GPU count from the Node and sees faults already in the
+//! kernel-log ring.
+
+use crate::kube_support;
+use crate::kube_support::{
+    Agent, FAULT_TAINT, NODE, Nvml, PROBLEM, READY, Rig, STARTUP_TAINT, T, applied_conditions,
+    node, patched_taint_lists, taint, wait_until,
+};
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+/// The healthy 8-GPU board; GPU 1 is at 0000:43:00.0.
+const BOARD: &str = "kube-8gpu-healthy.toml";
+const GPU1_PCI: &str = "0000:43:00.0";
+const GPU1_UUID: &str = "GPU-6b1c2d3e-4f50-4a61-8b72-93a4b5c6d7e1";
+
+/// XID 79 in the shape the NVIDIA driver logs it (NVIDIA "XID Errors" guide,
+/// and e.g. NVIDIA/gpu-operator issue reports: `NVRM: Xid (PCI:0000:3b:00): 79,
+/// pid='<unknown>', name=<unknown>, GPU has fallen off the bus.`), on GPU 1.
+const XID79: &str =
+    "NVRM: Xid (PCI:0000:43:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.";
+
+fn status(rig: &Rig, type_: &str) -> (String, String) {
+    rig.cond_status(type_)
+}
+
+fn pair(s: &str, r: &str) -> (String, String) {
+    (s.to_owned(), r.to_owned())
+}
+
+fn faulted(rig: &Rig) -> bool {
+    status(rig, PROBLEM) == pair("True", "XID79")
+        && rig.taint(FAULT_TAINT).as_deref() == Some("reboot_node")
+}
+
+fn healthy(rig: &Rig) -> bool {
+    status(rig, READY) == pair("True", "GPUsHealthy")
+        && status(rig, PROBLEM) == pair("False", "NoGPUProblem")
+        && rig.taint(FAULT_TAINT).is_none()
+}
+
+/// Gpuwatch's Warning Events with this reason.
+fn warnings(rig: &Rig, reason: &str) -> Vec<k8s_openapi::api::core::v1::Event> {
+    rig.events()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason) && e.type_.as_deref() == Some("Warning"))
+        .collect()
+}
+
+fn diag(rig: &Rig, agent: &Agent) -> String {
+    format!(
+        "node: {:#}\nagent log: {:#?}",
+        rig.api.node_json(),
+        agent.stderr.get()
+    )
+}
+
+/// Observes the Node for `window` after an agent restart: the conditions and
+/// the fault taint must hold on every look and in every write the new agent
+/// sends (no flap through Unknown, no taint removed and re-added).
+fn assert_fault_holds_across_restart(rig: &Rig, agent: &Agent, since: usize, window: Duration) {
+    let end = Instant::now() + window;
+    while Instant::now() < end {
+        assert!(
+            faulted(rig),
+            "fault lost after restart: {}",
+            diag(rig, agent)
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let after = &rig.requests()[since..];
+    assert!(
+        after
+            .iter()
+            .any(|r| r.resource == "nodes" && r.verb == "get" || r.verb == "watch"),
+        "the restarted agent never talked to the API: {after:#?}"
+    );
+    for (type_, seen) in applied_conditions(after) {
+        let want = if type_ == PROBLEM {
+            pair("True", "XID79")
+        } else {
+            pair("True", "GPURecoveryPending")
+        };
+        assert!(
+            seen.iter().all(|s| *s == want),
+            "{type_} applied as {seen:?} after restart"
+        );
+    }
+    for list in patched_taint_lists(after) {
+        assert!(
+            list.iter().any(|t| t["key"] == FAULT_TAINT),
+            "a taint patch after restart dropped the fault taint: {list:?}"
+        );
+    }
+}
+
+/// Issue 5 acceptance (1, 2, 3, 6): fault → condition + taint within 1 s and
+/// an Event; a removed taint is restored; restarts (kill -9, SIGTERM) keep the
+/// Node as it is with no duplicate Event and unchanged lastTransitionTime; a
+/// new boot where the GPU validates clears it all.
+#[test]
+fn xid79_isolates_the_node_survives_restarts_and_clears_after_a_new_boot() {
+    let mut rig = Rig::new(node(vec![taint("example.com/dedicated", Some("ml"))]));
+    let cfg = rig.config("", "");
+    let agent = rig.start(&cfg, Nvml::Sim(BOARD), &[]);
+
+    // Healthy first, and quiet (the writer's coalescing interval has passed).
+    assert!(wait_until(T, || healthy(&rig)), "{}", diag(&rig, &agent));
+    let ready_since = rig.cond(READY).unwrap().last_transition_time;
+    assert!(rig.wait_quiet(Duration::from_millis(1100), T));
+
+    // 1. XID 79 → GPUProblem=True XID79 + fault taint within 1 s.
+    rig.write_kmsg(XID79);
+    let t0 = Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(5), || faulted(&rig)),
+        "{}",
+        diag(&rig, &agent)
+    );
+    let latency = t0.elapsed();
+    eprintln!(
+        "kube_e2e: kmsg write -> GPUProblem=True + taint on the API in {:.1} ms",
+        latency.as_secs_f64() * 1e3
+    );
+    assert!(
+        latency < Duration::from_secs(1),
+        "condition+taint took {latency:?}"
+    );
+    let problem = rig.cond(PROBLEM).unwrap();
+    let msg = problem.message.clone().unwrap_or_default();
+    for part in ["GPU 1", GPU1_UUID, GPU1_PCI, "code 79", "boot boot-a"] {
+        assert!(msg.contains(part), "{part:?} missing from {msg:?}");
+    }
+    // A reboot-class fault is not a hardware verdict: readiness stays True.
+    assert_eq!(status(&rig, READY), pair("True", "GPURecoveryPending"));
+    assert_eq!(
+        rig.cond(READY).unwrap().last_transition_time,
+        ready_since,
+        "readiness did not change status"
+    );
+    assert_eq!(rig.taint("example.com/dedicated").as_deref(), Some("ml"));
+    assert!(
+        wait_until(T, || warnings(&rig, "XID79").len() == 1),
+        "{:#?}",
+        rig.events()
+    );
+    let ev = &warnings(&rig, "XID79")[0];
+    assert_eq!(ev.involved_object.kind.as_deref(), Some("Node"));
+    assert_eq!(ev.involved_object.name.as_deref(), Some(NODE));
+    assert!(
+        ev.message.as_deref().unwrap_or_default().contains(GPU1_PCI),
+        "{ev:?}"
+    );
+    let problem_since = problem.last_transition_time.clone();
+
+    // 6. Someone else removes our taint while the fault is active → restored.
+    rig.api.edit_node(|n| {
+        if let Some(list) = n["spec"]["taints"].as_array_mut() {
+            list.retain(|t| t["key"] != FAULT_TAINT);
+        }
+    });
+    assert!(rig.taint(FAULT_TAINT).is_none());
+    let t1 = Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(5), || rig.taint(FAULT_TAINT).as_deref()
+            == Some("reboot_node")),
+        "{}",
+        diag(&rig, &agent)
+    );
+    eprintln!(
+        "kube_e2e: removed fault taint restored in {:.1} ms",
+        t1.elapsed().as_secs_f64() * 1e3
+    );
+    assert_eq!(rig.taint("example.com/dedicated").as_deref(), Some("ml"));
+
+    // The fault is on disk before the agent is killed.
+    let state = rig.state_dir().join("health.json");
+    assert!(wait_until(T, || std::fs::read_to_string(&state)
+        .is_ok_and(|s| s.contains(GPU1_PCI))));
+    let events_before = rig.events();
+
+    // 2a. kill -9, same state dir, same boot.
+    agent.kill9();
+    let since = rig.requests().len();
+    let agent = rig.start(&cfg, Nvml::Sim(BOARD), &[]);
+    assert_fault_holds_across_restart(&rig, &agent, since, Duration::from_millis(2500));
+    // 2b. SIGTERM, same state dir, same boot.
+    assert_eq!(agent.stop(), Some(0), "clean exit on SIGTERM");
+    let since_term = rig.requests().len();
+    let agent = rig.start(&cfg, Nvml::Sim(BOARD), &[]);
+    assert_fault_holds_across_restart(&rig, &agent, since_term, Duration::from_millis(2500));
+
+    assert_eq!(
+        rig.cond(PROBLEM).unwrap().last_transition_time,
+        problem_since,
+        "GPUProblem lastTransitionTime moved"
+    );
+    assert_eq!(rig.cond(READY).unwrap().last_transition_time, ready_since);
+    let after: Vec<_> = rig.requests()[since..]
+        .iter()
+        .filter(|r| r.resource == "events" && r.is_write())
+        .map(|r| format!("{} {} {}", r.method, r.path, r.body))
+        .collect();
+    assert!(after.is_empty(), "Event writes after restarts: {after:#?}");
+    assert_eq!(rig.events(), events_before, "Events changed by restarts");
+    assert_eq!(agent.stop(), Some(0));
+
+    // 3. New boot: the GPU validates → the reboot-class fault clears.
+    rig.set_boot_id("boot-b");
+    let agent = rig.start(&cfg, Nvml::Sim(BOARD), &[]);
+    assert!(
+        wait_until(T, || healthy(&rig)),
+        "fault not cleared after the new boot: {}",
+        diag(&rig, &agent)
+    );
+    assert_eq!(rig.taint("example.com/dedicated").as_deref(), Some("ml"));
+    let cleared = agent.logs("Fault cleared.");
+    assert!(
+        cleared.iter().any(|l| l["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("rebooted")),
+        "{cleared:#?}"
+    );
+    let health = agent.health();
+    assert_eq!(health["verdict"], "healthy", "{health:#}");
+
+    // A healthy node's conditions do not move when the agent restarts
+    // (DaemonSet rollout): no flap through Unknown.
+    assert!(rig.wait_quiet(Duration::from_millis(1100), T));
+    let ready_since = rig.cond(READY).unwrap().last_transition_time;
+    let problem_since = rig.cond(PROBLEM).unwrap().last_transition_time;
+    assert_eq!(agent.stop(), Some(0));
+    let since = rig.requests().len();
+    let agent = rig.start(&cfg, Nvml::Sim(BOARD), &[]);
+    let end = Instant::now() + Duration::from_millis(2500);
+    while Instant::now() < end {
+        assert!(
+            healthy(&rig),
+            "healthy node changed on restart: {}",
+            diag(&rig, &agent)
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for (type_, seen) in applied_conditions(&rig.requests()[since..]) {
+        assert!(
+            seen.iter().all(|(s, _)| s != "Unknown"),
+            "{type_} written as {seen:?} on a healthy restart"
+        );
+    }
+    assert_eq!(rig.cond(READY).unwrap().last_transition_time, ready_since);
+    assert_eq!(
+        rig.cond(PROBLEM).unwrap().last_transition_time,
+        problem_since
+    );
+    assert_eq!(agent.stop(), Some(0));
+    rig.api.assert_requests_declared();
+}
+
+/// Issue 3 + 5: NVML unavailable (no NVML at all, or the driver not loaded) is
+/// a monitor problem: `AcceleratedHardwareReady=Unknown`, never `False`;
+/// `/v1/health` says `unknown`; the startup taint stays (validation cannot be
+/// complete).
+#[test]
+fn nvml_unavailable_is_unknown_never_false_and_keeps_the_startup_taint() {
+    for (nvml, cause) in [
+        (Nvml::Off, "NVML disabled"),
+        (
+            Nvml::Sim("kube-nvml-init-failure.toml"),
+            "driver is not loaded",
+        ),
+    ] {
+        let rig = Rig::new(node(vec![taint(STARTUP_TAINT, None)]));
+        let cfg = rig.config("", "expected_gpus = 8");
+        let agent = rig.start(&cfg, nvml, &[]);
+        // Unknown, with the reason NVML gave (not just "not reported yet").
+        assert!(
+            wait_until(T, || status(&rig, READY)
+                == pair("Unknown", "MonitorUnavailable")
+                && status(&rig, PROBLEM) == pair("Unknown", "MonitorUnavailable")
+                && rig
+                    .cond(READY)
+                    .and_then(|c| c.message)
+                    .is_some_and(|m| m.contains(cause))),
+            "{nvml:?}: {}",
+            diag(&rig, &agent)
+        );
+        // Validation ran (every second) and could not complete: taint kept.
+        assert!(
+            wait_until(T, || agent
+                .logs("GPU validation incomplete; the startup taint stays.")
+                .len()
+                >= 2),
+            "{nvml:?}: {}",
+            diag(&rig, &agent)
+        );
+        assert_eq!(rig.taint(STARTUP_TAINT).as_deref(), Some(""));
+        let health = agent.health();
+        assert_eq!(health["verdict"], "unknown", "{nvml:?}: {health:#}");
+        assert_eq!(health["monitor"]["nvml_ok"], false, "{health:#}");
+        // The gate's report reaches /v1/health (issue 5 review: it was null).
+        let checks = health["validation"]["checks"].as_array().cloned();
+        assert!(
+            checks.is_some_and(|c| c.iter().any(|c| c["name"] == "nvml" && c["passed"] != true)),
+            "{nvml:?}: {health:#}"
+        );
+        assert_ne!(health["validation"]["passed"], true, "{health:#}");
+
+        // Never False, in any write, and no taint of ours.
+        let applied = applied_conditions(&rig.requests());
+        for (type_, seen) in &applied {
+            assert!(
+                seen.iter().all(|(s, _)| s != "False"),
+                "{nvml:?}: {type_} was written False: {seen:?}"
+            );
+        }
+        assert!(rig.taint(FAULT_TAINT).is_none());
+        assert_eq!(agent.stop(), Some(0));
+    }
+}
+
+/// Issue 5: the startup taint is kept while validation fails (7 of 8 GPUs)
+/// and removed once it passes (8 healthy GPUs); others' taints are untouched.
+#[test]
+fn startup_taint_stays_until_validation_passes() {
+    let rig = Rig::new(node(vec![
+        taint("example.com/dedicated", Some("ml")),
+        taint(STARTUP_TAINT, None),
+    ]));
+    let cfg = rig.config("", "expected_gpus = 8");
+
+    let agent = rig.start(&cfg, Nvml::Sim("kube-7gpu.toml"), &[]);
+    assert!(
+        wait_until(T, || agent
+            .logs("GPU validation failed; the startup taint stays.")
+            .len()
+            >= 2),
+        "{}",
+        diag(&rig, &agent)
+    );
+    let failed = agent.logs("GPU validation failed; the startup taint stays.");
+    assert!(
+        failed[0]["checks"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("gpu_count"),
+        "{failed:#?}"
+    );
+    assert_eq!(rig.taint(STARTUP_TAINT).as_deref(), Some(""));
+    assert_eq!(status(&rig, READY), pair("Unknown", "ValidationFailed"));
+    // The gate's report reaches /v1/health (issue 5 review: it was null).
+    assert!(
+        wait_until(T, || agent.health()["validation"]["checks"]
+            .as_array()
+            .is_some_and(|c| c
+                .iter()
+                .any(|c| c["name"] == "gpu_count" && c["passed"] != true))),
+        "{:#}",
+        agent.health()
+    );
+    let msg = rig.cond(READY).unwrap().message.unwrap_or_default();
+    assert!(msg.contains("gpu_count"), "{msg}");
+    assert_eq!(status(&rig, PROBLEM), pair("False", "NoGPUProblem"));
+    assert!(
+        wait_until(T, || !warnings(&rig, "ValidationFailed").is_empty()),
+        "{:#?}",
+        rig.events()
+    );
+    let ev = &warnings(&rig, "ValidationFailed")[0];
+    assert!(
+        ev.message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("expected 8 GPUs, NVML sees 7"),
+        "{ev:?}"
+    );
+    assert_eq!(agent.stop(), Some(0));
+    assert_eq!(rig.taint(STARTUP_TAINT).as_deref(), Some(""));
+
+    // The missing GPU is back (e.g. after a reseat): validation passes.
+    let agent = rig.start(&cfg, Nvml::Sim(BOARD), &[]);
+    assert!(
+        wait_until(T, || rig.taint(STARTUP_TAINT).is_none()),
+        "{}",
+        diag(&rig, &agent)
+    );
+    assert!(wait_until(T, || healthy(&rig)), "{}", diag(&rig, &agent));
+    assert_eq!(rig.taint("example.com/dedicated").as_deref(), Some("ml"));
+    assert_eq!(
+        rig.cond(READY).unwrap().message.as_deref(),
+        Some("8 GPUs healthy")
+    );
+    assert!(
+        wait_until(T, || rig
+            .events()
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("StartupTaintRemoved")
+                && e.type_.as_deref() == Some("Normal"))),
+        "{:#?}",
+        rig.events()
+    );
+    assert_eq!(agent.stop(), Some(0));
+    rig.api.assert_requests_declared();
+}
+
+/// `--kube-dry-run` logs the exact patches as JSON on stderr and sends
+/// nothing, even with an API server configured.
+#[test]
+fn kube_dry_run_logs_patches_and_writes_nothing() {
+    let mut rig = Rig::new(node(vec![]));
+    let cfg = rig.config("", "");
+    let agent = rig.start(&cfg, Nvml::Sim(BOARD), &["--kube-dry-run"]);
+    assert!(
+        wait_until(T, || !agent
+            .logs("Dry run: would apply the node status conditions.")
+            .is_empty()),
+        "{}",
+        diag(&rig, &agent)
+    );
+    rig.write_kmsg(XID79);
+    let would_taint = || {
+        agent
+            .logs("Dry run: would patch the node taints.")
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l["patch"].as_str()?).ok())
+            .find(|p| p.to_string().contains(FAULT_TAINT))
+    };
+    assert!(
+        wait_until(T, || would_taint().is_some()),
+        "{}",
+        diag(&rig, &agent)
+    );
+    let patch = would_taint().unwrap();
+    let ops = patch.as_array().expect("a JSON patch is an array");
+    assert_eq!(ops[0]["op"], "test", "{patch:#}");
+    assert_eq!(ops[0]["path"], "/metadata/resourceVersion");
+    let taints = ops[1]["value"]
+        .get("taints")
+        .unwrap_or(&ops[1]["value"])
+        .clone();
+    assert!(
+        taints
+            .as_array()
+            .is_some_and(|l| l.iter().any(|t| t["key"] == FAULT_TAINT
+                && t["value"] == "reboot_node"
+                && t["effect"] == "NoSchedule")),
+        "{patch:#}"
+    );
+    let applies: Vec<Value> = agent
+        .logs("Dry run: would apply the node status conditions.")
+        .iter()
+        .filter_map(|l| serde_json::from_str(l["patch"].as_str()?).ok())
+        .collect();
+    assert!(
+        applies
+            .iter()
+            .any(|a| a["status"]["conditions"].as_array().is_some_and(|c| c
+                .iter()
+                .any(|c| c["type"] == PROBLEM && c["status"] == "True" && c["reason"] == "XID79"))),
+        "{applies:#?}"
+    );
+    assert!(
+        wait_until(T, || !agent
+            .logs("Dry run: would create an Event.")
+            .is_empty()),
+        "{}",
+        diag(&rig, &agent)
+    );
+    assert_eq!(agent.stop(), Some(0));
+    let reqs = rig.requests();
+    assert!(reqs.is_empty(), "dry run reached the API: {reqs:#?}");
+    let untouched = rig.node();
+    assert!(untouched.status.is_none_or(|s| s.conditions.is_none()));
+}
+
+/// Runs `gpuwatch validate` with `args`; returns (exit code, stdout).
+fn validate_cmd(args: &[&str]) -> (Option<i32>, String) {
+    kube_support::ensure_nvml_sim();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
+        .arg("validate")
+        .args(args)
+        .env_remove("NODE_NAME")
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("run gpuwatch validate");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!(
+        "gpuwatch validate {args:?}: {:?}\n{stdout}{stderr}",
+        out.status.code()
+    );
+    (out.status.code(), stdout)
+}
+
+fn sim(name: &str) -> String {
+    kube_support::data(name).display().to_string()
+}
+
+/// Issue 5: `gpuwatch validate` runs the same validation once and exits 0/1
+/// with a report (init container): pass, fail (7 of 8 GPUs) and incomplete
+/// (no expected count) from nvml-sim, over the real kernel-log ring.
+#[test]
+fn validate_command_exit_codes_pass_fail_incomplete() {
+    let healthy = sim(BOARD);
+    let (code, out) = validate_cmd(&["--nvml-sim", &healthy, "--expected-gpus", "8"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.starts_with("Validation PASSED"), "{out}");
+    assert!(
+        out.contains("ok   kmsg: kernel-log ring read to its end"),
+        "{out}"
+    );
+    assert!(out.contains("expected 8 GPUs, NVML sees 8"), "{out}");
+
+    let seven = sim("kube-7gpu.toml");
+    let (code, out) = validate_cmd(&["--nvml-sim", &seven, "--expected-gpus", "8"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.starts_with("Validation FAILED"), "{out}");
+    assert!(
+        out.contains("FAIL gpu_count: expected 8 GPUs, NVML sees 7"),
+        "{out}"
+    );
+
+    let (code, out) = validate_cmd(&["--nvml-sim", &healthy]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.starts_with("Validation INCOMPLETE"), "{out}");
+
+    let init_failure = sim("kube-nvml-init-failure.toml");
+    let (code, out) = validate_cmd(&["--nvml-sim", &init_failure, "--expected-gpus", "8"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.starts_with("Validation INCOMPLETE"), "{out}");
+
+    // JSON is the gpuwatch.v1 ValidationReport.
+    let (code, out) = validate_cmd(&["--nvml-sim", &healthy, "--expected-gpus", "8", "--json"]);
+    assert_eq!(code, Some(0));
+    let report: gpuwatch_proto::ValidationReport = serde_json::from_str(&out).expect("JSON report");
+    assert!(report.passed && report.complete);
+
+    // A bad config is refused before anything runs.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[validation]\nexpected_pcie_width = 3\n").unwrap();
+    let (code, out) = validate_cmd(&["--config", bad.to_str().unwrap(), "--nvml-sim", &healthy]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(!out.contains("Validation"), "{out}");
+}
+
+/// `gpuwatch validate` reads the expected GPU count from the Node (label) when
+/// `[kube]` is enabled, with the writer's client settings.
+#[test]
+fn validate_command_reads_the_expected_count_from_the_node() {
+    for (label, code, verdict) in [("8", 0, "PASSED"), ("9", 1, "FAILED")] {
+        let mut n = node(vec![taint(STARTUP_TAINT, None)]);
+        n.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("nvidia.com/gpu.count".into(), label.into());
+        let rig = Rig::new(n);
+        let cfg = rig.config("", "");
+        let (got, out) =
+            validate_cmd(&["--config", cfg.to_str().unwrap(), "--nvml-sim", &sim(BOARD)]);
+        assert_eq!(got, Some(code), "{out}");
+        assert!(out.starts_with(&format!("Validation {verdict}")), "{out}");
+        assert!(
+            out.contains(&format!("expected {label} GPUs, NVML sees 8")),
+            "{out}"
+        );
+        // One read of the Node, nothing written.
+        let reqs = rig.requests();
+        assert_eq!(reqs.len(), 1, "{reqs:#?}");
+        assert_eq!(
+            (reqs[0].verb.as_str(), reqs[0].resource.as_str()),
+            ("get", "nodes")
+        );
+        assert_eq!(rig.taint(STARTUP_TAINT).as_deref(), Some(""));
+    }
+    // The Node cannot be read: incomplete, with the reason.
+    let rig = Rig::new(node(vec![]));
+    let cfg = rig.config("", "");
+    rig.api.forbid("get", "nodes");
+    let (got, out) = validate_cmd(&["--config", cfg.to_str().unwrap(), "--nvml-sim", &sim(BOARD)]);
+    assert_eq!(got, Some(1), "{out}");
+    assert!(out.starts_with("Validation INCOMPLETE"), "{out}");
+    assert!(
+        out.contains("FAIL node: unknown: expected GPU count not read from the Node"),
+        "{out}"
+    );
+}
+
+/// `gpuwatch validate` reads the kernel-log ring of this boot: an XID 79
+/// logged before it ran (here from a saved ring, `--kmsg-path`) fails the
+/// validation on the GPU it names.
+#[test]
+fn validate_command_sees_faults_already_in_the_kernel_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let ring = dir.path().join("ring.kmsg");
+    // PRI 3 = facility kern (0), level err (3): what the NVIDIA driver logs.
+    std::fs::write(
+        &ring,
+        format!("6,1,1000,-;Linux version 6.8.0\n3,2,5000000,-;{XID79}\n"),
+    )
+    .unwrap();
+    let (code, out) = validate_cmd(&[
+        "--nvml-sim",
+        &sim(BOARD),
+        "--expected-gpus",
+        "8",
+        "--kmsg-path",
+        ring.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.starts_with("Validation FAILED"), "{out}");
+    assert!(
+        out.contains("FAIL active_faults gpu 1: active: XID79 (reboot_node)"),
+        "{out}"
+    );
+}

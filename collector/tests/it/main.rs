@@ -1,0 +1,23 @@
+//! gpuwatch binary and library integration tests: one test binary (one link),
+//! one module per area, shared helpers below.
+
+mod common;
+#[path = "../../../core/tests/it/support.rs"]
+mod engine_support;
+#[path = "../../../sinks/tests/it/kube_common/mod.rs"]
+mod kube_common;
+mod kube_support;
+mod otlp_support;
+
+mod api_clear;
+mod cli_agent;
+mod cli_readiness;
+mod config_example;
+mod e2e_demo;
+mod e2e_kmsg;
+mod explain_cli;
+mod kmsg_engine_publish;
+mod kube_e2e;
+mod nvml_sim;
+mod otlp_e2e;
+mod scan_cli;

@@ -1,0 +1,618 @@
+//! The NVML sources through the real nvml-wrapper code path, against the
+//! nvml-sim cdylib (`nvml-sim/scenarios/test-*.toml`), one test per injection.
+//!
+//! The cdylib cannot be a dependency of this package, so the first test to need
+//! it runs `cargo build -p nvml-sim` (a no-op when it is fresh) and uses
+//! `target/<profile>/libnvml_sim.so`. Each test gets its own simulator instance
+//! (gpuwatch loads a private copy of the library), so they run in parallel.
+
+use crate::common::nvml_sim_lib as sim_lib;
+use gpuwatch::nvml::{self, NvmlConfig};
+use gpuwatch_core::Registry;
+use gpuwatch_core::msg::{Input, MonitorInput};
+use gpuwatch_proto::{FaultEvent, FaultKind, GpuSample, RecoveryAction, Source};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+fn scenario(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../nvml-sim/scenarios")
+        .join(name)
+}
+
+fn config(scenario_name: &str) -> NvmlConfig {
+    NvmlConfig {
+        library_path: Some(sim_lib().to_path_buf()),
+        sim_scenario: Some(scenario(scenario_name)),
+        poll_interval_ms: Some(50),
+        retry_interval_ms: Some(50),
+        ..NvmlConfig::default()
+    }
+}
+
+/// A running pair of NVML threads and everything they sent so far.
+struct Harness {
+    rx: crossbeam_channel::Receiver<Input>,
+    seen: Vec<Input>,
+    registry: Arc<Registry>,
+    shutdown: Arc<AtomicBool>,
+    handles: Vec<JoinHandle<()>>,
+}
+
+impl Harness {
+    fn start(cfg: &NvmlConfig) -> Harness {
+        let (tx, rx) = crossbeam_channel::bounded(1024);
+        let registry = Registry::new();
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let handles = nvml::spawn(cfg, tx, registry.clone(), shutdown.clone());
+        Harness {
+            rx,
+            seen: Vec::new(),
+            registry,
+            shutdown,
+            handles,
+        }
+    }
+
+    /// Receives until `f` finds what it wants in the inputs so far (or 10 s pass).
+    fn wait_for<T>(&mut self, what: &str, mut f: impl FnMut(&[Input]) -> Option<T>) -> T {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(t) = f(&self.seen) {
+                return t;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "timed out waiting for {what}; got {:#?}",
+                summary(&self.seen)
+            );
+            if let Ok(input) = self.rx.recv_timeout(left.min(Duration::from_millis(100))) {
+                self.seen.push(input);
+            }
+        }
+    }
+
+    fn faults(&self) -> Vec<&FaultEvent> {
+        faults(&self.seen)
+    }
+
+    /// Stops the threads; returns how long joining took.
+    fn stop(self) -> Duration {
+        let t = Instant::now();
+        self.shutdown.store(true, Ordering::Relaxed);
+        for h in self.handles {
+            h.join().expect("NVML thread panicked");
+        }
+        t.elapsed()
+    }
+}
+
+fn faults(inputs: &[Input]) -> Vec<&FaultEvent> {
+    inputs
+        .iter()
+        .filter_map(|i| match i {
+            Input::Fault { event, .. } => Some(event),
+            _ => None,
+        })
+        .collect()
+}
+
+fn summary(inputs: &[Input]) -> Vec<String> {
+    inputs
+        .iter()
+        .map(|i| match i {
+            Input::Samples {
+                samples: s,
+                complete,
+            } => format!("Samples({}, complete={complete})", s.len()),
+            Input::Fault { event, .. } => {
+                format!(
+                    "Fault({:?} {} gpu {:?})",
+                    event.kind(),
+                    event.code,
+                    event.gpu_index
+                )
+            }
+            other => format!("{other:?}"),
+        })
+        .collect()
+}
+
+/// The latest sample of a GPU that satisfies `pred`.
+fn sample_where(
+    inputs: &[Input],
+    index: u32,
+    pred: impl Fn(&GpuSample) -> bool,
+) -> Option<GpuSample> {
+    inputs.iter().rev().find_map(|i| match i {
+        Input::Samples { samples: s, .. } => {
+            s.iter().find(|g| g.index == index && pred(g)).cloned()
+        }
+        _ => None,
+    })
+}
+
+const UUID0: &str = "GPU-00000000-1111-2222-3333-444444444440";
+const UUID1: &str = "GPU-00000000-1111-2222-3333-444444444441";
+
+#[test]
+fn healthy_sample_carries_every_reading_and_identity() {
+    let mut h = Harness::start(&config("test-pcie.toml"));
+    let s = h.wait_for("a first sample", |seen| sample_where(seen, 1, |_| true));
+    assert_eq!(s.uuid, UUID1);
+    assert_eq!(s.pci_address, "0000:3b:00.0", "8-digit domain normalised");
+    assert_eq!(s.name, "NVIDIA H100 80GB HBM3");
+    assert_eq!(s.temperature_c, Some(35));
+    assert_eq!(s.slowdown_temperature_c, Some(87));
+    assert_eq!(s.shutdown_temperature_c, Some(92));
+    assert_eq!(s.power_mw, Some(72_000));
+    assert_eq!(s.power_limit_mw, Some(700_000));
+    assert_eq!(s.clock_event_reasons, Some(1));
+    assert_eq!(s.ecc_volatile_corrected, Some(0));
+    assert_eq!(s.remapped_rows_pending, Some(false));
+    assert_eq!(s.pcie_link_gen_max, Some(5));
+    assert_eq!(s.pcie_link_width_max, Some(16));
+    assert_eq!(s.nvlinks.len(), 18);
+    assert!(s.nvlinks.iter().all(|l| l.active == Some(true)));
+    assert_eq!(s.recovery_action(), RecoveryAction::None);
+    assert_eq!(s.persistence_mode, Some(true));
+    // Page retirement is not supported on this GPU: empty, and not an error.
+    assert_eq!(s.retired_pages_sbe, None);
+    assert_eq!(s.retired_pages_pending, None);
+    assert!(
+        h.registry.nvml_errors().is_empty(),
+        "{:?}",
+        h.registry.nvml_errors()
+    );
+    let ok = h.seen.iter().any(|i| {
+        matches!(
+            i,
+            Input::MonitorStatus {
+                input: MonitorInput::Nvml,
+                ok: true,
+                ..
+            }
+        )
+    });
+    assert!(ok, "MonitorStatus ok:true first");
+    h.stop();
+}
+
+#[test]
+fn xid_event_is_a_fault_with_code_and_gpu_identity() {
+    let mut h = Harness::start(&config("test-xid.toml"));
+    let ev = h.wait_for("an XID fault", |seen| {
+        faults(seen)
+            .into_iter()
+            .find(|e| e.kind() == FaultKind::Xid)
+            .cloned()
+    });
+    assert_eq!(ev.code, 79);
+    assert_eq!(ev.source(), Source::NvmlEvent);
+    assert_eq!(ev.gpu_index, Some(1));
+    assert_eq!(ev.gpu_uuid, UUID1);
+    assert_eq!(ev.pci_address, "0000:3b:00.0");
+    assert_eq!(
+        ev.action(),
+        gpuwatch_proto::Action::Unspecified,
+        "the engine classifies"
+    );
+    assert_eq!(ev.count, 1);
+    assert!(ev.time_unix_nano.is_some());
+    h.stop();
+}
+
+#[test]
+fn ecc_counters_rise_in_samples_and_dbe_event_is_an_ecc_fault() {
+    let mut h = Harness::start(&config("test-ecc.toml"));
+    let s = h.wait_for("ECC counters in a sample", |seen| {
+        sample_where(seen, 0, |g| g.ecc_volatile_corrected == Some(12))
+    });
+    assert_eq!(s.ecc_aggregate_corrected, Some(40));
+    assert_eq!(s.ecc_volatile_uncorrected, Some(1));
+    assert_eq!(s.ecc_aggregate_uncorrected, Some(1));
+    let ev = h.wait_for("a DBE fault", |seen| {
+        faults(seen)
+            .into_iter()
+            .find(|e| e.kind() == FaultKind::Ecc)
+            .cloned()
+    });
+    assert_eq!(
+        ev.attributes.get("ecc_type").map(String::as_str),
+        Some("dbe")
+    );
+    assert_eq!(ev.gpu_uuid, UUID0);
+    assert_eq!(ev.gpu_index, Some(0));
+    assert_eq!(ev.source(), Source::NvmlEvent);
+    h.stop();
+}
+
+#[test]
+fn row_remap_pending_and_failure_and_recovery_action_show_in_samples() {
+    let mut h = Harness::start(&config("test-row-remap.toml"));
+    let pending = h.wait_for("a pending row remap", |seen| {
+        sample_where(seen, 0, |g| g.remapped_rows_pending == Some(true))
+    });
+    assert_eq!(pending.remapped_rows_uncorrectable, Some(1));
+    assert_eq!(pending.remapped_rows_failure, Some(false));
+    assert_eq!(pending.recovery_action(), RecoveryAction::GpuReset);
+    let failed = h.wait_for("a failed row remap", |seen| {
+        sample_where(seen, 1, |g| g.remapped_rows_failure == Some(true))
+    });
+    assert_eq!(failed.remapped_rows_uncorrectable, Some(512));
+    assert!(
+        h.faults().is_empty(),
+        "samples only: the engine derives faults"
+    );
+    h.stop();
+}
+
+#[test]
+fn pcie_link_downtrained_shows_current_below_max() {
+    let mut h = Harness::start(&config("test-pcie.toml"));
+    let s = h.wait_for("a downtrained link", |seen| {
+        sample_where(seen, 0, |g| g.pcie_link_width == Some(8))
+    });
+    assert_eq!(s.pcie_link_gen, Some(3));
+    assert_eq!(s.pcie_link_gen_max, Some(5));
+    assert_eq!(s.pcie_link_width_max, Some(16));
+    assert_eq!(s.pcie_replay_counter, Some(17));
+    h.stop();
+}
+
+#[test]
+fn thermal_slowdown_is_one_thermal_fault_per_onset() {
+    let mut h = Harness::start(&config("test-thermal.toml"));
+    let ev = h.wait_for("a thermal fault", |seen| {
+        faults(seen)
+            .into_iter()
+            .find(|e| e.kind() == FaultKind::Thermal)
+            .cloned()
+    });
+    assert_eq!(ev.gpu_uuid, UUID1);
+    assert_eq!(ev.source(), Source::NvmlEvent);
+    let temp = ev
+        .attributes
+        .get("temperature_c")
+        .cloned()
+        .unwrap_or_default();
+    assert!(temp == "93" || temp == "94", "temperature_c = {temp:?}");
+    let hot = h.wait_for("a slowed-down sample", |seen| {
+        sample_where(seen, 1, |g| {
+            g.clock_event_reasons.is_some_and(|r| r & 0x60 != 0)
+        })
+    });
+    assert!(hot.temperature_c.is_some_and(|t| t >= 93));
+    // The clearing clock event (t = 1 s) is no fault; the second onset (1.5 s) is.
+    let n = h.wait_for("the second onset", |seen| {
+        let n = faults(seen)
+            .iter()
+            .filter(|e| e.kind() == FaultKind::Thermal)
+            .count();
+        (n >= 2).then_some(n)
+    });
+    assert_eq!(n, 2);
+    h.stop();
+}
+
+#[test]
+fn nvlink_down_shows_in_samples_only_for_links_that_exist() {
+    let mut h = Harness::start(&config("test-nvlink.toml"));
+    let s = h.wait_for("a down link", |seen| {
+        sample_where(seen, 0, |g| {
+            g.nvlinks.iter().any(|l| l.active == Some(false))
+        })
+    });
+    let down: Vec<u32> = s
+        .nvlinks
+        .iter()
+        .filter(|l| l.active == Some(false))
+        .map(|l| l.link)
+        .collect();
+    assert_eq!(down, vec![3]);
+    assert_eq!(s.nvlinks[3].replay_errors, Some(7));
+    assert_eq!(s.nvlinks[3].crc_data_errors, Some(0));
+    let no_links = h.wait_for("GPU 1", |seen| sample_where(seen, 1, |_| true));
+    assert!(
+        no_links.nvlinks.is_empty(),
+        "GPU without NVLink reports no links"
+    );
+    assert!(
+        h.registry.nvml_errors().is_empty(),
+        "{:?}",
+        h.registry.nvml_errors()
+    );
+    h.stop();
+}
+
+#[test]
+fn lost_and_removed_gpus_are_gpu_lost_faults_once_each() {
+    let mut h = Harness::start(&config("test-gpu-lost.toml"));
+    let lost = h.wait_for("two gpu_lost faults", |seen| {
+        let l: Vec<FaultEvent> = faults(seen)
+            .into_iter()
+            .filter(|e| e.kind() == FaultKind::GpuLost)
+            .cloned()
+            .collect();
+        (l.len() >= 2).then_some(l)
+    });
+    let mut uuids: Vec<&str> = lost.iter().map(|e| e.gpu_uuid.as_str()).collect();
+    uuids.sort_unstable();
+    assert_eq!(
+        uuids,
+        vec![UUID1, "GPU-00000000-1111-2222-3333-444444444442"],
+        "GPU 1 (GPU_IS_LOST) and GPU 2 (removed)"
+    );
+    for e in &lost {
+        assert_eq!(e.source(), Source::NvmlPoll);
+        assert!(!e.pci_address.is_empty() && e.gpu_index.is_some(), "{e:?}");
+    }
+    // Both come back at 1.2 s: a full sample again, and no further gpu_lost.
+    h.wait_for("all three GPUs back", |seen| match seen.last() {
+        Some(Input::Samples { samples: s, .. }) if s.len() == 3 => Some(()),
+        _ => None,
+    });
+    let n = h
+        .faults()
+        .iter()
+        .filter(|e| e.kind() == FaultKind::GpuLost)
+        .count();
+    assert_eq!(n, 2, "each loss reported once");
+    // GPU 0's power reading fails: counted under its NVML function, field empty.
+    let errors = h.registry.nvml_errors();
+    assert!(
+        errors
+            .get("nvmlDeviceGetPowerUsage")
+            .is_some_and(|&n| n > 0),
+        "{errors:?}"
+    );
+    assert!(
+        !errors.contains_key("nvmlDeviceGetRetiredPages"),
+        "NotSupported is no error"
+    );
+    let s0 = sample_where(&h.seen, 0, |_| true).expect("GPU 0 sample");
+    assert_eq!(s0.power_mw, None);
+    h.stop();
+}
+
+#[test]
+fn init_failure_is_a_monitor_status_never_a_fault_then_recovers() {
+    let mut h = Harness::start(&config("test-init-failure.toml"));
+    h.wait_for("ok:true after the failures", |seen| {
+        seen.iter()
+            .any(|i| matches!(i, Input::MonitorStatus { ok: true, .. }))
+            .then_some(())
+    });
+    let statuses: Vec<(bool, String)> = h
+        .seen
+        .iter()
+        .filter_map(|i| match i {
+            Input::MonitorStatus {
+                input: MonitorInput::Nvml,
+                ok,
+                message,
+            } => Some((*ok, message.clone())),
+            _ => None,
+        })
+        .collect();
+    assert!(!statuses[0].0, "first status is ok:false: {statuses:?}");
+    assert!(
+        statuses[0].1.contains("driver is not loaded"),
+        "{statuses:?}"
+    );
+    assert!(statuses.last().is_some_and(|s| s.0));
+    assert_eq!(statuses.len(), 2, "one status per change: {statuses:?}");
+    assert!(h.faults().is_empty(), "a monitor problem is never a fault");
+    assert_eq!(h.registry.nvml_errors().get("nvmlInit_v2"), Some(&2));
+    h.wait_for("samples after recovery", |seen| {
+        sample_where(seen, 0, |_| true)
+    });
+    h.stop();
+}
+
+#[test]
+fn missing_library_is_a_monitor_status_and_shutdown_is_prompt() {
+    let cfg = NvmlConfig {
+        library_path: Some(PathBuf::from("/nonexistent/libnvidia-ml.so.1")),
+        poll_interval_ms: Some(50),
+        retry_interval_secs: 30,
+        ..NvmlConfig::default()
+    };
+    let mut h = Harness::start(&cfg);
+    let msg = h.wait_for("ok:false", |seen| {
+        seen.iter().find_map(|i| match i {
+            Input::MonitorStatus {
+                ok: false, message, ..
+            } => Some(message.clone()),
+            _ => None,
+        })
+    });
+    assert!(msg.contains("/nonexistent/libnvidia-ml.so.1"), "{msg}");
+    assert_eq!(h.registry.nvml_errors().get("dlopen"), Some(&1));
+    assert!(h.faults().is_empty());
+    // The poller is inside a 30 s retry wait; shutdown must not wait for it.
+    let took = h.stop();
+    assert!(took < Duration::from_millis(1500), "join took {took:?}");
+}
+
+#[test]
+fn shutdown_joins_both_threads_within_a_second() {
+    let mut h = Harness::start(&config("test-xid.toml"));
+    assert_eq!(h.handles.len(), 2, "poller and event thread");
+    h.wait_for("a sample", |seen| sample_where(seen, 0, |_| true));
+    let took = h.stop();
+    assert!(took < Duration::from_millis(1200), "join took {took:?}");
+}
+
+#[test]
+fn poll_once_finds_the_simulator_and_reads_every_gpu() {
+    let lib = sim_lib();
+    let cfg = NvmlConfig {
+        library_path: Some(lib.to_path_buf()),
+        sim_scenario: Some(scenario("demo.toml")),
+        ..NvmlConfig::default()
+    };
+    let samples = nvml::poll_once(&cfg).expect("poll_once");
+    assert_eq!(samples.len(), 8);
+    let indexes: Vec<u32> = samples.iter().map(|s| s.index).collect();
+    assert_eq!(indexes, (0..8).collect::<Vec<_>>());
+    assert_eq!(samples[7].pci_address, "0000:db:00.0");
+    // Without library_path the simulator is found next to the test executable's
+    // parent directory (target/<profile>/).
+    let auto = NvmlConfig {
+        library_path: None,
+        ..cfg
+    };
+    assert_eq!(
+        nvml::poll_once(&auto).expect("auto-found simulator").len(),
+        8
+    );
+}
+
+#[test]
+fn poll_once_reports_a_missing_scenario_by_path() {
+    let cfg = NvmlConfig {
+        library_path: Some(sim_lib().to_path_buf()),
+        sim_scenario: Some(PathBuf::from("/nonexistent/scenario.toml")),
+        ..NvmlConfig::default()
+    };
+    let err = nvml::poll_once(&cfg).unwrap_err().to_string();
+    assert!(err.contains("/nonexistent/scenario.toml"), "{err}");
+}
+
+/// CPU seconds (user + system) this process has used, from /proc/self/stat.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    // Fields after the command name (which ends with ')'): utime is the 12th, stime the 13th.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    let ticks = 100.0; // USER_HZ on Linux
+    f.iter().sum::<u64>() as f64 / ticks
+}
+
+#[test]
+#[ignore = "measurement, runs 30 s: cargo test -p gpuwatch --test nvml_sim -- --ignored --nocapture idle_cost"]
+fn idle_cost_of_eight_gpus_polled_every_ten_seconds() {
+    let cfg = NvmlConfig {
+        library_path: Some(sim_lib().to_path_buf()),
+        sim_scenario: Some(scenario("demo.toml")),
+        ..NvmlConfig::default()
+    };
+    let mut h = Harness::start(&cfg);
+    h.wait_for("a first poll", |seen| sample_where(seen, 7, |_| true));
+    let (cpu0, t0) = (cpu_seconds(), Instant::now());
+    let window = Duration::from_secs(30);
+    while t0.elapsed() < window {
+        if let Ok(i) = h.rx.recv_timeout(Duration::from_millis(500)) {
+            h.seen.push(i);
+        }
+    }
+    let cpu = cpu_seconds() - cpu0;
+    let share = cpu / t0.elapsed().as_secs_f64() * 100.0;
+    let rss = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .map(str::to_owned)
+        })
+        .unwrap_or_default();
+    let polls = h
+        .seen
+        .iter()
+        .filter(|i| matches!(i, Input::Samples { .. }))
+        .count();
+    println!(
+        "8 simulated GPUs, 10 s poll: {cpu:.3} CPU s in 30 s = {share:.3} % of a core; {polls} polls; {rss}"
+    );
+    // The target (DESIGN.md) is < 0.1 % for a release build; a debug build of the
+    // simulator and wrapper costs more, so it only gets a sanity bound.
+    let limit = if cfg!(debug_assertions) { 0.5 } else { 0.1 };
+    assert!(
+        share < limit,
+        "idle CPU {share:.3} % of a core (limit {limit} %)"
+    );
+    h.stop();
+}
+
+/// Regression (issue 3): NVML enumerating zero GPUs made every GPU lost
+/// (reboot_node). It is a monitor problem: ok:false, no gpu_lost fault.
+#[test]
+fn zero_gpus_is_a_monitor_status_not_every_gpu_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("all-removed.toml");
+    std::fs::write(
+        &path,
+        r#"description = "every GPU leaves enumeration, then comes back"
+
+[[gpu]]
+uuid = "GPU-00000000-1111-2222-3333-444444444440"
+pci = "00000000:1B:00.0"
+
+[[gpu]]
+uuid = "GPU-00000000-1111-2222-3333-444444444441"
+pci = "00000000:3B:00.0"
+
+[[inject]]
+at_ms = 200
+gpu = 0
+removed = true
+
+[[inject]]
+at_ms = 200
+gpu = 1
+removed = true
+
+[[inject]]
+at_ms = 1200
+gpu = 0
+removed = false
+
+[[inject]]
+at_ms = 1200
+gpu = 1
+removed = false
+"#,
+    )
+    .unwrap();
+    let cfg = NvmlConfig {
+        sim_scenario: Some(path),
+        ..config("test-gpu-lost.toml")
+    };
+    let mut h = Harness::start(&cfg);
+    h.wait_for("ok:false for zero GPUs", |seen| {
+        seen.iter()
+            .any(|i| {
+                matches!(i, Input::MonitorStatus { ok: false, message, .. } if message.contains("no GPUs"))
+            })
+            .then_some(())
+    });
+    h.wait_for("both GPUs back", |seen| match seen.last() {
+        Some(Input::Samples { samples, complete }) if samples.len() == 2 => {
+            assert!(complete);
+            Some(())
+        }
+        _ => None,
+    });
+    assert!(
+        h.faults().iter().all(|e| e.kind() != FaultKind::GpuLost),
+        "{:#?}",
+        summary(&h.seen)
+    );
+    assert!(
+        h.seen
+            .iter()
+            .all(|i| !matches!(i, Input::Samples { samples, .. } if samples.is_empty())),
+        "no empty poll is sent as samples"
+    );
+    h.stop();
+}

@@ -1,0 +1,885 @@
+//! OTLP end to end through the real `gpuwatch run` binary: NVML from the
+//! nvml-sim library (`tests/data/otlp-e2e.toml`), XID records written into a
+//! kernel-log FIFO, and a real OpenTelemetry collector (rotel, started on
+//! loopback ports by each test) receiving metrics and one log record per fault
+//! over gRPC and over HTTP/protobuf.
+//!
+//! * `*_exports_scenario_metrics_and_one_log_per_fault`: every exported value
+//!   is checked against the scenario file and the injected faults: names,
+//!   units, types, resource, data-point attributes, log severity/attributes.
+//! * `*_collector_outage_*`: the agent starts with the collector down, faults
+//!   arrive while it is down (a bounded queue keeps the newest, drops are
+//!   counted), the collector starts, is killed mid-run and restarted; the agent
+//!   stays healthy throughout, and its own `/metrics` endpoint passes
+//!   `promtool check metrics` with family names equal to the OTel→Prometheus
+//!   translation of what the collector received.
+//! * `*_sigterm_flushes_*`: with nothing due for a minute, SIGTERM still
+//!   delivers the queued fault log records and a final metric export.
+//!
+//! Each test takes 2–8 s; rotel (PyPI `rotel`, pip-installed when missing) and
+//! `promtool` (Debian `prometheus`) are found as in the sinks crate's tests.
+
+use crate::otlp_support::rotel::{
+    DataPoint, Log, Metric, Received, Rotel, assert_instrument_type, documented_metrics, free_port,
+    promtool_check,
+};
+use crate::otlp_support::{Agent, Exposition, KmsgFifo, data, host_name, wait_received};
+use gpuwatch_proto::{Action, ShortName};
+use gpuwatch_sinks::prometheus::{InstrumentKind, otel_to_prometheus_name};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const NODE: &str = "otlp-e2e-node";
+const WAIT: Duration = Duration::from_secs(20);
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Proto {
+    Grpc,
+    Http,
+}
+
+impl Proto {
+    fn flag(self) -> &'static str {
+        match self {
+            Proto::Grpc => "grpc",
+            Proto::Http => "http",
+        }
+    }
+    fn port(self, c: &Ports) -> u16 {
+        match self {
+            Proto::Grpc => c.grpc,
+            Proto::Http => c.http,
+        }
+    }
+}
+
+struct Ports {
+    grpc: u16,
+    http: u16,
+}
+
+// ---------------------------------------------------------------- scenario --
+
+/// One GPU of the nvml-sim scenario, read from the file the agent runs with.
+#[derive(Debug)]
+struct SimGpu {
+    index: u32,
+    uuid: String,
+    /// Normalised: `0000:1b:00.0`.
+    pci: String,
+    r: BTreeMap<String, f64>,
+}
+
+impl SimGpu {
+    fn reading(&self, key: &str) -> f64 {
+        *self.r.get(key).unwrap_or_else(|| {
+            panic!(
+                "tests/data/otlp-e2e.toml: GPU {} must set {key} (the test checks it)",
+                self.index
+            )
+        })
+    }
+
+    /// `0000:1b:00` as the driver writes it in XID lines.
+    fn kernel_pci(&self) -> &str {
+        &self.pci[..self.pci.len() - 2]
+    }
+
+    fn attrs(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("gpu.index", int(self.index)),
+            ("gpu.uuid", s(&self.uuid)),
+            ("gpu.pci.address", s(&self.pci)),
+        ]
+    }
+}
+
+fn scenario_path() -> PathBuf {
+    data("otlp-e2e.toml")
+}
+
+fn scenario() -> Vec<SimGpu> {
+    let text = std::fs::read_to_string(scenario_path()).expect("read the scenario");
+    let doc: toml::Table = toml::from_str(&text).expect("scenario is TOML");
+    let gpus = doc["gpu"].as_array().expect("[[gpu]] tables");
+    gpus.iter()
+        .map(|g| {
+            let g = g.as_table().expect("[[gpu]] is a table");
+            let pci = g["pci"].as_str().expect("pci").to_ascii_lowercase();
+            let (domain, rest) = pci.split_once(':').expect("domain:bus:dev.fn");
+            let domain = u32::from_str_radix(domain, 16).expect("hex domain");
+            SimGpu {
+                index: u32::try_from(g["index"].as_integer().expect("index")).unwrap(),
+                uuid: g["uuid"].as_str().expect("uuid").to_owned(),
+                pci: format!("{domain:04x}:{rest}"),
+                r: g.iter()
+                    .filter_map(|(k, v)| v.as_integer().map(|i| (k.clone(), i as f64)))
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+// ------------------------------------------------------------------ faults --
+
+/// One XID the test writes into the kernel log.
+#[derive(Clone, Debug)]
+struct Fault {
+    gpu: usize,
+    xid: u32,
+    /// `None`: the driver could not name the process (`pid='<unknown>'`).
+    process: Option<(u32, &'static str)>,
+    text: &'static str,
+    /// Filled in when written.
+    seq: u64,
+    line: String,
+}
+
+impl Fault {
+    fn new(
+        gpu: usize,
+        xid: u32,
+        process: Option<(u32, &'static str)>,
+        text: &'static str,
+    ) -> Fault {
+        Fault {
+            gpu,
+            xid,
+            process,
+            text,
+            seq: 0,
+            line: String::new(),
+        }
+    }
+
+    fn write(&mut self, fifo: &mut KmsgFifo, gpus: &[SimGpu]) {
+        let (pid, name) = match self.process {
+            Some((pid, name)) => (pid.to_string(), name.to_owned()),
+            None => ("'<unknown>'".to_owned(), "<unknown>".to_owned()),
+        };
+        self.line = format!(
+            "NVRM: Xid (PCI:{}): {}, pid={pid}, name={name}, {}",
+            gpus[self.gpu].kernel_pci(),
+            self.xid,
+            self.text
+        );
+        // Level 4 (warning), facility kern, as the NVIDIA driver logs XIDs.
+        self.seq = fifo.write(4, &self.line);
+    }
+}
+
+/// The policy the agent runs with (its config file's `[policy]`).
+fn policy(config: &Path) -> xid_parser::Policy {
+    let cfg = gpuwatch::config::Config::load(config).expect("test config loads");
+    xid_parser::Policy::new(&cfg.policy).expect("policy builds")
+}
+
+// ----------------------------------------------------------------- helpers --
+
+fn s(v: &str) -> String {
+    format!("Str({v})")
+}
+
+fn int(v: impl std::fmt::Display) -> String {
+    format!("Int({v})")
+}
+
+fn point<'a>(m: &'a Metric, attrs: &[(&str, String)]) -> &'a DataPoint {
+    let want: Vec<(&str, &str)> = attrs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    m.point(&want).unwrap_or_else(|| {
+        panic!(
+            "{}: no point with {want:?}; points: {:#?}",
+            m.name, m.points
+        )
+    })
+}
+
+fn value(m: &Metric, attrs: &[(&str, String)]) -> f64 {
+    let p = point(m, attrs);
+    p.value
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{}: point {:?} has no number", m.name, p.attrs))
+}
+
+fn metric<'a>(r: &'a Received, name: &str) -> &'a Metric {
+    r.metric(name)
+        .unwrap_or_else(|| panic!("the collector received no {name}"))
+}
+
+/// `gpuwatch.events{stage, outcome}` in the latest complete export.
+fn events(r: &Received, stage: &str, outcome: &str) -> Option<f64> {
+    let m = r.metric("gpuwatch.events")?;
+    m.point(&[("stage", &s(stage)), ("outcome", &s(outcome))])?
+        .value
+        .as_deref()?
+        .parse()
+        .ok()
+}
+
+/// Log records that carry an `xid` attribute (fault records of XID events).
+fn xid_logs(r: &Received) -> Vec<&Log> {
+    r.logs
+        .iter()
+        .filter(|l| l.attrs.contains_key("xid"))
+        .collect()
+}
+
+fn log_for<'a>(r: &'a Received, f: &Fault, gpus: &[SimGpu]) -> Vec<&'a Log> {
+    xid_logs(r)
+        .into_iter()
+        .filter(|l| {
+            l.attrs.get("xid") == Some(&int(f.xid))
+                && l.attrs.get("gpu.pci.address") == Some(&s(&gpus[f.gpu].pci))
+        })
+        .collect()
+}
+
+fn write_config(dir: &Path, log_queue_size: usize) -> PathBuf {
+    write_config_with(dir, log_queue_size, 1, 20)
+}
+
+fn write_config_with(
+    dir: &Path,
+    log_queue_size: usize,
+    export_interval_secs: u64,
+    log_flush_interval_ms: u64,
+) -> PathBuf {
+    let path = dir.join("gpuwatch.toml");
+    let text = format!(
+        r#"node_name = "{NODE}"
+
+[nvml]
+poll_interval_ms = 200
+
+[otlp]
+export_interval_secs = {export_interval_secs}
+timeout_ms = 1000
+log_flush_interval_ms = {log_flush_interval_ms}
+log_retry_initial_ms = 50
+log_retry_max_ms = 300
+log_queue_size = {log_queue_size}
+
+[otlp.resource_attributes]
+"k8s.cluster.name" = "e2e-cluster"
+
+# Proves config overrides reach the exported action and severity.
+[policy.xid."79"]
+action = "inspect_hardware"
+"#
+    );
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+fn start_agent(dir: &Path, config: &Path, fifo: &KmsgFifo, proto: Proto, port: u16) -> Agent {
+    let state = dir.join("state");
+    Agent::start([
+        "--config".into(),
+        config.as_os_str().to_owned(),
+        "--nvml-sim".into(),
+        scenario_path().into_os_string(),
+        "--kmsg-path".into(),
+        fifo.path.as_os_str().to_owned(),
+        "--accept-user-facility".into(),
+        "--state-dir".into(),
+        state.into_os_string(),
+        "--otlp-endpoint".into(),
+        format!("http://127.0.0.1:{port}").into(),
+        "--otlp-protocol".into(),
+        proto.flag().into(),
+        "--prometheus".into(),
+    ])
+}
+
+/// Waits until the engine knows every GPU of the scenario (NVML polled), so
+/// kernel-log faults are joined to their GPU's index and UUID.
+fn wait_gpus_known(agent: &Agent, gpus: &[SimGpu]) {
+    agent.wait_metrics(WAIT, "every scenario GPU", |e| {
+        e.value("gpuwatch_gpus", &[("state", "visible")]) == Some(gpus.len() as f64)
+            && e.find("hw_temperature_celsius", &[]).len() == gpus.len()
+            && e.value("gpuwatch_monitor_up", &[("input", "nvml")]) == Some(1.0)
+    });
+}
+
+fn check_resource(what: &str, resource: &BTreeMap<String, String>) {
+    let a = |k: &str| resource.get(k).cloned();
+    assert_eq!(a("service.name"), Some(s("gpuwatch")), "{what}");
+    assert_eq!(
+        a("service.version"),
+        Some(s(env!("CARGO_PKG_VERSION"))),
+        "{what}"
+    );
+    assert_eq!(a("k8s.node.name"), Some(s(NODE)), "{what}");
+    assert_eq!(a("host.name"), Some(s(&host_name())), "{what}");
+    assert_eq!(a("k8s.cluster.name"), Some(s("e2e-cluster")), "{what}");
+}
+
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .expect("boot id")
+        .trim()
+        .to_owned()
+}
+
+// -------------------------------------------------------------- round trip --
+
+fn roundtrip(proto: Proto) {
+    let gpus = scenario();
+    assert_eq!(gpus.len(), 4, "the test writes one fault per scenario GPU");
+    let rotel = Rotel::start();
+    let ports = Ports {
+        grpc: rotel.grpc_port,
+        http: rotel.http_port,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), 4096);
+    let policy = policy(&config);
+    let mut fifo = KmsgFifo::create(dir.path());
+    let agent = start_agent(dir.path(), &config, &fifo, proto, proto.port(&ports));
+    wait_gpus_known(&agent, &gpus);
+
+    let mut faults = vec![
+        Fault::new(0, 79, None, "GPU has fallen off the bus."),
+        Fault::new(
+            1,
+            13,
+            Some((1234, "pt_main_thread")),
+            "Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address",
+        ),
+        Fault::new(
+            2,
+            119,
+            Some((3101, "nvidia-smi")),
+            "Timeout after 6s of waiting for RPC response from GPU2 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20802a02 0x8).",
+        ),
+        Fault::new(3, 43, Some((5555, "train.py")), "Ch 00000010"),
+    ];
+    for f in &mut faults {
+        f.write(&mut fifo, &gpus);
+    }
+    // A record that is not a fault: read and counted, nothing exported for it.
+    fifo.write(6, "e1000e: eth0 NIC Link is Up 1000 Mbps Full Duplex");
+    let records = faults.len() as f64 + 1.0;
+
+    let got = wait_received(
+        &rotel,
+        WAIT,
+        "4 fault logs and the metrics after them",
+        |r| {
+            xid_logs(r).len() >= faults.len()
+                && events(r, "otlp_logs", "emitted") == Some(faults.len() as f64)
+                && r.metric("gpuwatch.kmsg.records.read")
+                    .and_then(|m| m.points.first())
+                    .and_then(|p| p.value.as_deref())
+                    == Some(&*records.to_string())
+        },
+    );
+
+    // ---- names, units, types: every instrument with data, as documented.
+    let documented: BTreeMap<String, (String, String)> = documented_metrics()
+        .into_iter()
+        .map(|(n, u, t)| (n, (u, t)))
+        .collect();
+    let names: BTreeSet<String> = got.metrics.iter().map(|m| m.name.clone()).collect();
+    for name in &names {
+        assert!(
+            documented.contains_key(name),
+            "{name} is not in docs/metrics.md"
+        );
+    }
+    // Absent only: no NVSwitch in the scenario (no SXid), retired pages are
+    // not supported by its GPUs (Ampere and later remap rows instead), and no
+    // NVML call failed (NotSupported is not an error).
+    let missing: BTreeSet<&str> = documented
+        .keys()
+        .map(String::as_str)
+        .filter(|n| !names.contains(*n))
+        .collect();
+    assert_eq!(
+        missing,
+        BTreeSet::from([
+            "gpu.retired_pages",
+            "gpu.retired_pages.pending",
+            "gpu.sxid.errors",
+            "gpuwatch.nvml.errors",
+        ]),
+        "instruments missing from the export"
+    );
+    for name in &names {
+        let m = metric(&got, name);
+        let (unit, ty) = &documented[name];
+        assert_eq!(&m.unit, unit, "{name}: unit");
+        assert_instrument_type(name, ty, m);
+        check_resource(name, &m.resource);
+        // Bounded cardinality: no pid, process or message in metric attributes.
+        for p in &m.points {
+            for k in p.attrs.keys() {
+                assert!(
+                    !k.contains("pid") && !k.contains("process") && !k.contains("message"),
+                    "{name} has attribute {k}"
+                );
+            }
+        }
+    }
+
+    // ---- NVML values: exactly the scenario's readings, per GPU.
+    let temp = metric(&got, "hw.temperature");
+    let limit = metric(&got, "hw.temperature.limit");
+    let power = metric(&got, "hw.power");
+    let power_limit = metric(&got, "gpu.power.limit");
+    let ecc = metric(&got, "gpu.ecc.errors");
+    let pcie_gen = metric(&got, "gpu.pcie.link.generation");
+    let pcie_width = metric(&got, "gpu.pcie.link.width");
+    let replays = metric(&got, "gpu.pcie.replays");
+    assert_eq!(temp.points.len(), gpus.len());
+    for g in &gpus {
+        let at = |extra: &[(&'static str, String)]| {
+            let mut a = g.attrs();
+            a.extend_from_slice(extra);
+            a
+        };
+        let hw = [("hw.type", s("gpu")), ("hw.id", s(&g.uuid))];
+        assert_eq!(
+            value(temp, &at(&hw)),
+            g.reading("temperature_c"),
+            "GPU {}",
+            g.index
+        );
+        assert_eq!(
+            value(
+                limit,
+                &at(&[hw[0].clone(), ("hw.limit_type", s("high.degraded"))])
+            ),
+            g.reading("slowdown_temperature_c")
+        );
+        assert_eq!(
+            value(
+                limit,
+                &at(&[hw[0].clone(), ("hw.limit_type", s("high.critical"))])
+            ),
+            g.reading("shutdown_temperature_c")
+        );
+        assert_eq!(value(power, &at(&hw)), g.reading("power_mw") / 1000.0);
+        assert_eq!(
+            value(power_limit, &at(&[])),
+            g.reading("power_limit_mw") / 1000.0
+        );
+        for (ty, counter, key) in [
+            ("corrected", "volatile", "ecc_volatile_corrected"),
+            ("uncorrected", "volatile", "ecc_volatile_uncorrected"),
+            ("corrected", "aggregate", "ecc_aggregate_corrected"),
+            ("uncorrected", "aggregate", "ecc_aggregate_uncorrected"),
+        ] {
+            assert_eq!(
+                value(
+                    ecc,
+                    &at(&[("error.type", s(ty)), ("ecc.counter", s(counter))])
+                ),
+                g.reading(key),
+                "GPU {} {key}",
+                g.index
+            );
+        }
+        for (m, bound, key) in [
+            (pcie_gen, "current", "pcie_link_gen"),
+            (pcie_gen, "max", "pcie_link_gen_max"),
+            (pcie_width, "current", "pcie_link_width"),
+            (pcie_width, "max", "pcie_link_width_max"),
+        ] {
+            assert_eq!(
+                value(m, &at(&[("bound", s(bound))])),
+                g.reading(key),
+                "GPU {} {key}",
+                g.index
+            );
+        }
+        assert_eq!(value(replays, &at(&[])), g.reading("pcie_replay_counter"));
+    }
+    let gpu_count = metric(&got, "gpuwatch.gpus");
+    assert_eq!(
+        value(gpu_count, &[("state", s("visible"))]),
+        gpus.len() as f64
+    );
+    let up = metric(&got, "gpuwatch.monitor.up");
+    assert_eq!(value(up, &[("input", s("kmsg"))]), 1.0);
+    assert_eq!(value(up, &[("input", s("nvml"))]), 1.0);
+
+    // ---- faults: one gpu.xid.errors / gpu.faults series per injected XID.
+    let xid_errors = metric(&got, "gpu.xid.errors");
+    let all_faults = metric(&got, "gpu.faults");
+    assert_eq!(
+        xid_errors.points.len(),
+        faults.len(),
+        "{:#?}",
+        xid_errors.points
+    );
+    for f in &faults {
+        let g = &gpus[f.gpu];
+        let action = policy.entry(f.xid).action.short_name();
+        let mut a = g.attrs();
+        a.extend([("xid", int(f.xid)), ("action", s(action))]);
+        assert_eq!(value(xid_errors, &a), 1.0, "xid {}", f.xid);
+        let mut a = g.attrs();
+        a.extend([
+            ("fault.kind", s("xid")),
+            ("code", int(f.xid)),
+            ("action", s(action)),
+        ]);
+        assert_eq!(value(all_faults, &a), 1.0, "xid {}", f.xid);
+    }
+    // The config override made XID 79 a hardware verdict for the node.
+    assert_eq!(policy.entry(79).action, Action::InspectHardware);
+    let node_action = metric(&got, "gpuwatch.node.action");
+    assert_eq!(
+        value(
+            node_action,
+            &[("action", s("inspect_hardware")), ("reason", s("XID79"))]
+        ),
+        1.0
+    );
+    let node_verdict = metric(&got, "gpuwatch.node.verdict");
+    assert_eq!(value(node_verdict, &[("verdict", s("unhealthy"))]), 1.0);
+    assert_eq!(value(node_verdict, &[("verdict", s("healthy"))]), 0.0);
+    let active = metric(&got, "gpu.faults.active");
+    let mut a = gpus[0].attrs();
+    a.push(("action", s("inspect_hardware")));
+    assert_eq!(value(active, &a), 1.0);
+
+    // ---- self-metrics.
+    assert_eq!(events(&got, "parser", "emitted"), Some(faults.len() as f64));
+    assert_eq!(events(&got, "engine", "emitted"), Some(faults.len() as f64));
+    assert_eq!(events(&got, "otlp_logs", "dropped"), Some(0.0));
+    let failures = metric(&got, "gpuwatch.export.failures");
+    assert_eq!(value(failures, &[("signal", s("logs"))]), 0.0);
+    assert_eq!(value(failures, &[("signal", s("metrics"))]), 0.0);
+    let latency = metric(&got, "gpuwatch.pipeline.latency");
+    assert_eq!(latency.points[0].count, Some(faults.len() as u64));
+
+    // ---- one log record per fault, nothing else.
+    let logs = xid_logs(&got);
+    assert_eq!(logs.len(), faults.len(), "{logs:#?}");
+    assert_eq!(got.logs.len(), faults.len(), "only fault log records");
+    let boot_id = boot_id();
+    let boot_time = gpuwatch::boot::boot_time_unix_nanos();
+    for f in &faults {
+        let g = &gpus[f.gpu];
+        let entry = policy.entry(f.xid);
+        let sev = entry.action.default_severity();
+        let found = log_for(&got, f, &gpus);
+        assert_eq!(found.len(), 1, "xid {} on GPU {}", f.xid, g.index);
+        let log = found[0];
+        check_resource("log record", &log.resource);
+        assert_eq!(log.body, s(&f.line));
+        assert_eq!(log.severity_text, sev.otel_text(), "xid {}", f.xid);
+        assert!(
+            log.severity_number
+                .ends_with(&format!("({})", sev.otel_number())),
+            "xid {}: {}",
+            f.xid,
+            log.severity_number
+        );
+        // Event time = boot time + the record's monotonic timestamp.
+        let want = boot_time + f.seq * 1000 * 1000;
+        assert!(
+            log.timestamp.abs_diff(want) < 2_000_000_000,
+            "xid {}: timestamp {} vs boot time + monotonic {want}",
+            f.xid,
+            log.timestamp
+        );
+        assert!(log.observed >= log.timestamp.min(want));
+        let a = |k: &str| log.attrs.get(k).cloned();
+        assert_eq!(a("fault.kind"), Some(s("xid")));
+        assert_eq!(a("code"), Some(int(f.xid)));
+        assert_eq!(a("fault.name"), Some(s(entry.name)));
+        assert_eq!(a("action"), Some(s(entry.action.short_name())));
+        assert_eq!(a("severity"), Some(s(sev.short_name())));
+        assert_eq!(a("policy.reason"), Some(s(&entry.reason)));
+        assert_eq!(a("gpu.index"), Some(int(g.index)));
+        assert_eq!(a("gpu.uuid"), Some(s(&g.uuid)));
+        match f.process {
+            Some((pid, name)) => {
+                assert_eq!(a("process.pid"), Some(int(pid)));
+                assert_eq!(a("process.executable.name"), Some(s(name)));
+            }
+            None => {
+                assert_eq!(a("process.pid"), None, "unknown pid is omitted");
+                assert_eq!(a("process.executable.name"), None);
+            }
+        }
+        assert_eq!(a("kmsg.seq"), Some(int(f.seq)));
+        assert_eq!(a("kmsg.monotonic_usec"), Some(int(f.seq * 1000)));
+        assert_eq!(a("kmsg.facility"), Some(int(0)));
+        assert_eq!(a("kmsg.level"), Some(int(4)));
+        assert_eq!(a("host.boot.id"), Some(s(&boot_id)));
+        assert_eq!(a("source"), Some(s("kmsg")));
+        assert_eq!(a("count"), Some(int(1)));
+    }
+
+    assert_eq!(agent.stop(), Some(0), "gpuwatch exits 0 on SIGTERM");
+    rotel.kill();
+}
+
+#[test]
+fn grpc_binary_exports_scenario_metrics_and_one_log_per_fault() {
+    roundtrip(Proto::Grpc);
+}
+
+#[test]
+fn http_binary_exports_scenario_metrics_and_one_log_per_fault() {
+    roundtrip(Proto::Http);
+}
+
+// ------------------------------------------------------------------ outage --
+
+/// `gpuwatch_export_failures_total{signal}` on the agent's `/metrics`.
+fn export_failures(e: &Exposition, signal: &str) -> f64 {
+    e.value("gpuwatch_export_failures_total", &[("signal", signal)])
+        .unwrap_or(0.0)
+}
+
+fn otlp_log_events(e: &Exposition, outcome: &str) -> f64 {
+    e.value(
+        "gpuwatch_events_total",
+        &[("stage", "otlp_logs"), ("outcome", outcome)],
+    )
+    .unwrap_or(-1.0)
+}
+
+fn assert_alive(agent: &mut Agent) {
+    assert_eq!(agent.exited(), None, "gpuwatch exited");
+    let (code, body) = agent.get("/healthz").expect("/healthz answers");
+    assert_eq!(code, 200, "/healthz: {body}");
+}
+
+fn outage(proto: Proto) {
+    const QUEUE: usize = 4;
+    let gpus = scenario();
+    let ports = Ports {
+        grpc: free_port(),
+        http: free_port(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), QUEUE);
+    let mut fifo = KmsgFifo::create(dir.path());
+    let mut agent = start_agent(dir.path(), &config, &fifo, proto, proto.port(&ports));
+    wait_gpus_known(&agent, &gpus);
+
+    // 1. Collector down: six faults; the queue keeps the newest four.
+    let mut down: Vec<Fault> = (0..4)
+        .map(|g| Fault::new(g, 13, Some((2000 + g as u32, "python3")), "Graphics Exception: ESR 0x504648=0x2000f"))
+        .chain((0..2).map(|g| {
+            Fault::new(
+                g,
+                31,
+                Some((3000 + g as u32, "python3")),
+                "Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f2a_00000000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ",
+            )
+        }))
+        .collect();
+    for f in &mut down {
+        f.write(&mut fifo, &gpus);
+    }
+    let e = agent.wait_metrics(
+        WAIT,
+        "drops and export failures while the collector is down",
+        |e| {
+            otlp_log_events(e, "dropped") == (down.len() - QUEUE) as f64
+                && export_failures(e, "logs") >= 1.0
+                && export_failures(e, "metrics") >= 1.0
+        },
+    );
+    assert_eq!(otlp_log_events(&e, "emitted"), 0.0);
+    assert_alive(&mut agent);
+
+    // 2. The collector starts: the newest four arrive, the two oldest never do.
+    let rotel = Rotel::start_on(ports.grpc, ports.http);
+    let (lost, kept) = down.split_at(down.len() - QUEUE);
+    let got = wait_received(&rotel, WAIT, "the queued fault logs", |r| {
+        kept.iter().all(|f| log_for(r, f, &gpus).len() == 1)
+            && events(r, "otlp_logs", "emitted") == Some(QUEUE as f64)
+    });
+    for f in lost {
+        assert!(
+            log_for(&got, f, &gpus).is_empty(),
+            "dropped record arrived: {f:?}"
+        );
+    }
+    assert_eq!(xid_logs(&got).len(), QUEUE);
+    // Metrics lose nothing: all six XIDs are counted.
+    let xid_errors = metric(&got, "gpu.xid.errors");
+    assert_eq!(xid_errors.points.len(), down.len());
+    assert_eq!(
+        events(&got, "otlp_logs", "dropped"),
+        Some((down.len() - QUEUE) as f64)
+    );
+    assert_alive(&mut agent);
+
+    // 3. Killed mid-run: faults written meanwhile arrive after the restart.
+    rotel.kill();
+    let before = Exposition::parse(&agent.scrape());
+    let mut later: Vec<Fault> = (0..3)
+        .map(|g| {
+            Fault::new(
+                g,
+                94,
+                Some((4000 + g as u32, "python3")),
+                "Contained: SM (0x1). RST: No, D-RST: No",
+            )
+        })
+        .collect();
+    for f in &mut later {
+        f.write(&mut fifo, &gpus);
+    }
+    agent.wait_metrics(WAIT, "an export failure after the kill", |e| {
+        export_failures(e, "logs") > export_failures(&before, "logs")
+            && export_failures(e, "metrics") > export_failures(&before, "metrics")
+    });
+    assert_alive(&mut agent);
+    let rotel = Rotel::start_on(ports.grpc, ports.http);
+    let total = down.len() + later.len();
+    let got = wait_received(&rotel, WAIT, "the fault logs after the restart", |r| {
+        later.iter().all(|f| log_for(r, f, &gpus).len() == 1)
+            && r.metric("gpu.xid.errors").map(|m| m.points.len()) == Some(total)
+    });
+    assert_eq!(xid_logs(&got).len(), later.len(), "no record sent twice");
+    let e = Exposition::parse(&agent.scrape());
+    assert_eq!(otlp_log_events(&e, "emitted"), (QUEUE + later.len()) as f64);
+    assert_eq!(otlp_log_events(&e, "dropped"), (down.len() - QUEUE) as f64);
+    assert_alive(&mut agent);
+
+    // 4. The agent's own Prometheus endpoint, same run.
+    let text = agent.scrape();
+    let (ok, msg) = promtool_check(&text);
+    assert!(ok, "promtool rejected /metrics: {msg}\n{text}");
+    assert!(msg.trim().is_empty(), "promtool lint findings: {msg}");
+    let mut translated = BTreeMap::new();
+    for name in got.metrics.iter().map(|m| &m.name).collect::<BTreeSet<_>>() {
+        let m = metric(&got, name);
+        let (kind, ty) = match (m.data_type.as_str(), m.monotonic.as_deref()) {
+            ("Sum", Some("true")) => (InstrumentKind::Counter, "counter"),
+            ("Gauge", _) => (InstrumentKind::Gauge, "gauge"),
+            ("Histogram", _) => (InstrumentKind::Histogram, "histogram"),
+            other => panic!("{name}: unexpected data type {other:?}"),
+        };
+        translated.insert(otel_to_prometheus_name(name, &m.unit, kind), ty.to_owned());
+    }
+    let mut families = Exposition::parse(&text).families;
+    assert_eq!(families.remove("target_info").as_deref(), Some("gauge"));
+    assert_eq!(families, translated);
+    // And the two views agree on values: the XID counters.
+    let prom = Exposition::parse(&text);
+    for p in &metric(&got, "gpu.xid.errors").points {
+        let pci = p.attrs["gpu.pci.address"]
+            .trim_start_matches("Str(")
+            .trim_end_matches(')');
+        let xid = p.attrs["xid"]
+            .trim_start_matches("Int(")
+            .trim_end_matches(')');
+        assert_eq!(
+            prom.value(
+                "gpu_xid_errors_total",
+                &[("gpu_pci_address", pci), ("xid", xid)]
+            ),
+            p.value.as_deref().and_then(|v| v.parse().ok()),
+            "{:?}",
+            p.attrs
+        );
+    }
+
+    assert_eq!(agent.stop(), Some(0), "gpuwatch exits 0 on SIGTERM");
+    rotel.kill();
+}
+
+#[test]
+fn grpc_collector_outage_drops_are_counted_and_later_faults_arrive() {
+    outage(Proto::Grpc);
+}
+
+#[test]
+fn http_collector_outage_drops_are_counted_and_later_faults_arrive() {
+    outage(Proto::Http);
+}
+
+// ---------------------------------------------------------------- shutdown --
+
+/// SIGTERM right after faults: the fault log records still waiting for a
+/// fuller batch and the metrics not yet due are delivered before the agent
+/// exits (an agent restart or a node drain must not swallow the last faults).
+fn shutdown_flush(proto: Proto) {
+    let gpus = scenario();
+    let rotel = Rotel::start();
+    let ports = Ports {
+        grpc: rotel.grpc_port,
+        http: rotel.http_port,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // Nothing is exported on its own for a minute: only shutdown sends.
+    let config = write_config_with(dir.path(), 4096, 60, 60_000);
+    let mut fifo = KmsgFifo::create(dir.path());
+    let agent = start_agent(dir.path(), &config, &fifo, proto, proto.port(&ports));
+    wait_gpus_known(&agent, &gpus);
+    let mut faults = vec![
+        Fault::new(
+            0,
+            48,
+            Some((777, "python3")),
+            "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 3, subpartition 0.",
+        ),
+        Fault::new(
+            3,
+            95,
+            Some((778, "python3")),
+            "Uncontained: FBHUB. RST: Yes, D-RST: No",
+        ),
+    ];
+    for f in &mut faults {
+        f.write(&mut fifo, &gpus);
+    }
+    let e = agent.wait_metrics(WAIT, "the engine to emit both faults", |e| {
+        e.value(
+            "gpuwatch_events_total",
+            &[("stage", "engine"), ("outcome", "emitted")],
+        ) == Some(faults.len() as f64)
+    });
+    assert_eq!(
+        otlp_log_events(&e, "emitted"),
+        0.0,
+        "nothing sent before shutdown"
+    );
+    assert!(
+        rotel.received().logs.is_empty() && rotel.received().metrics.is_empty(),
+        "the collector got data before shutdown"
+    );
+
+    assert_eq!(agent.stop(), Some(0), "gpuwatch exits 0 on SIGTERM");
+    let got = wait_received(&rotel, WAIT, "the records flushed at shutdown", |r| {
+        faults.iter().all(|f| log_for(r, f, &gpus).len() == 1)
+    });
+    // The whole output is complete now that the agent is gone.
+    let got_all = rotel.received();
+    assert_eq!(xid_logs(&got).len(), faults.len());
+    let xid_errors = metric(&got_all, "gpu.xid.errors");
+    assert_eq!(xid_errors.points.len(), faults.len(), "final metric export");
+    for f in &faults {
+        let mut a = gpus[f.gpu].attrs();
+        a.push(("xid", int(f.xid)));
+        assert_eq!(value(xid_errors, &a), 1.0);
+    }
+    assert_eq!(
+        events(&got_all, "engine", "emitted"),
+        Some(faults.len() as f64)
+    );
+    rotel.kill();
+}
+
+#[test]
+fn grpc_sigterm_flushes_pending_fault_logs_and_metrics() {
+    shutdown_flush(Proto::Grpc);
+}
+
+#[test]
+fn http_sigterm_flushes_pending_fault_logs_and_metrics() {
+    shutdown_flush(Proto::Http);
+}

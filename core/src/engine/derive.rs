@@ -1,0 +1,929 @@
+//! Faults derived from NVML samples (each sample compared with the previous one
+//! of the same GPU), reset evidence, and the per-GPU "sample is clean" check.
+
+use super::model::{Baseline, FaultKey, Gpu, pci_identity};
+use super::{Engine, NANOS};
+use crate::{Outcome, Stage};
+use gpuwatch_proto::{Action, FaultEvent, FaultKind, GpuSample, RecoveryAction, ShortName, Source};
+use std::collections::{BTreeMap, BTreeSet};
+use tracing::{info, warn};
+
+/// `nvmlClocksEventReasonSwThermalSlowdown`.
+const SW_THERMAL: u64 = 0x20;
+/// `nvmlClocksEventReasonHwThermalSlowdown`.
+const HW_THERMAL: u64 = 0x40;
+/// `nvmlClocksEventReasonHwPowerBrakeSlowdown`.
+const HW_POWER_BRAKE: u64 = 0x80;
+
+/// True when the PCIe link trained below its maximum width (or generation, when
+/// `gen_check`). `None` when NVML reported neither pair.
+pub(crate) fn link_degraded(s: &GpuSample, gen_check: bool) -> Option<bool> {
+    let width = match (s.pcie_link_width, s.pcie_link_width_max) {
+        (Some(c), Some(m)) => Some(c < m),
+        _ => None,
+    };
+    let generation = match (s.pcie_link_gen, s.pcie_link_gen_max) {
+        (Some(c), Some(m)) if gen_check => Some(c < m),
+        _ => None,
+    };
+    match (width, generation) {
+        (None, None) => None,
+        (w, g) => Some(w.unwrap_or(false) || g.unwrap_or(false)),
+    }
+}
+
+fn recovery_pending(s: &GpuSample) -> bool {
+    !matches!(
+        s.recovery_action(),
+        RecoveryAction::None | RecoveryAction::Unspecified
+    )
+}
+
+/// Why a sample does not validate (`Ok` when clean): no pending or failed row remap,
+/// no pending page retirement, no uncorrectable ECC rise since the last counter
+/// reset, PCIe link at max width/gen, recovery action none.
+pub(crate) fn sample_is_clean(
+    s: &GpuSample,
+    ecc_rose: bool,
+    gen_check: bool,
+) -> Result<(), String> {
+    let mut problems = Vec::new();
+    if s.remapped_rows_pending == Some(true) {
+        problems.push("row remap pending".to_string());
+    }
+    if s.remapped_rows_failure == Some(true) {
+        problems.push("row remap failed".to_string());
+    }
+    if s.retired_pages_pending == Some(true) {
+        problems.push("page retirement pending".to_string());
+    }
+    if ecc_rose {
+        problems.push("uncorrectable ECC errors since the last counter reset".to_string());
+    }
+    if link_degraded(s, gen_check) == Some(true) {
+        problems.push(format!(
+            "PCIe link gen {}/{} width x{}/x{}",
+            opt(s.pcie_link_gen),
+            opt(s.pcie_link_gen_max),
+            opt(s.pcie_link_width),
+            opt(s.pcie_link_width_max)
+        ));
+    }
+    if recovery_pending(s) {
+        problems.push(format!(
+            "recovery action {}",
+            s.recovery_action().short_name()
+        ));
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join(", "))
+    }
+}
+
+fn opt(v: Option<u32>) -> String {
+    v.map_or_else(|| "?".to_string(), |v| v.to_string())
+}
+
+/// True for the XIDs whose action defers to NVML's row-remap state.
+pub(crate) fn is_remap_xid(kind: FaultKind, code: u32) -> bool {
+    kind == FaultKind::Xid && matches!(code, 63 | 64)
+}
+
+/// What NVML's row-remap state says about an XID 63/64: `None` when the GPU
+/// reports no row-remap state (no row remapping: the policy action stands).
+pub(crate) fn row_remap_decision(code: u32, s: &GpuSample) -> Option<(Action, String)> {
+    if s.remapped_rows_pending.is_none() && s.remapped_rows_failure.is_none() {
+        return None;
+    }
+    let (action, why) = if s.remapped_rows_failure == Some(true) {
+        (
+            Action::InspectHardware,
+            "row remapping failed (NVML remapped-rows failure)",
+        )
+    } else if s.remapped_rows_pending == Some(true) {
+        (
+            Action::ResetGpu,
+            "row remap pending (NVML): a GPU reset applies it",
+        )
+    } else {
+        (
+            Action::Ignore,
+            "row remapping handled the error (NVML reports no pending or failed remap)",
+        )
+    };
+    Some((
+        action,
+        format!("XID {code} on a row-remapping GPU defers to NVML: {why}"),
+    ))
+}
+
+/// XID 63/64 on a GPU that supports row remapping (NVML reports the remap state):
+/// the remap state decides, not the XID. The caller makes sure `s` is at least
+/// as new as the event.
+pub(crate) fn row_remap_context(ev: &mut FaultEvent, s: &GpuSample) {
+    let Some((action, reason)) = row_remap_decision(ev.code, s) else {
+        return;
+    };
+    ev.attributes
+        .insert("context".into(), "row_remap_state".into());
+    ev.classify(action, reason);
+}
+
+/// XID 63/64 that arrived before any NVML sample at least as new as itself: the
+/// policy action stands for now and the reason says NVML has not confirmed yet
+/// (`stale`: a sample exists but predates the XID; else there is none yet).
+pub(crate) fn row_remap_unconfirmed(ev: &mut FaultEvent, stale: bool) {
+    let why = if stale {
+        "the latest NVML sample predates this XID"
+    } else {
+        "no NVML sample of this GPU yet"
+    };
+    let reason = format!(
+        "XID {} defers to NVML's row-remap state, which has not confirmed it yet ({why}); keeping {} until a newer sample decides. Policy: {}",
+        ev.code,
+        ev.action().short_name(),
+        ev.policy_reason
+    );
+    ev.attributes
+        .insert("context".into(), "row_remap_unconfirmed".into());
+    ev.policy_reason = reason;
+}
+
+/// A fault event derived from one GPU's sample.
+fn derived(
+    s: &GpuSample,
+    kind: FaultKind,
+    name: &str,
+    message: String,
+    attrs: &[(&str, String)],
+) -> FaultEvent {
+    let mut ev = FaultEvent {
+        pci_address: s.pci_address.clone(),
+        gpu_index: Some(s.index),
+        gpu_uuid: s.uuid.clone(),
+        message,
+        time_unix_nano: s.time_unix_nano,
+        count: 1,
+        name: name.to_string(),
+        ..Default::default()
+    };
+    ev.set_kind(kind);
+    ev.set_source(Source::NvmlPoll);
+    for (k, v) in attrs {
+        ev.attributes.insert((*k).to_string(), v.clone());
+    }
+    ev
+}
+
+impl Engine {
+    /// One NVML poll: derives faults, tracks lost GPUs, evaluates recovery.
+    ///
+    /// Only a `complete` poll (every enumerated GPU read, each with its identity)
+    /// may declare a GPU lost or retire faults of GPUs gone since an earlier
+    /// boot: a GPU absent from an incomplete poll is a monitor problem. A poll
+    /// with no GPU at all is a monitor problem too (driver or container device
+    /// list broken): NVML is reported unavailable (verdict `unknown`), no GPU
+    /// is declared lost, and the last samples are no longer shown as current.
+    pub(super) fn on_samples(
+        &mut self,
+        samples: Vec<GpuSample>,
+        complete: bool,
+    ) -> Vec<FaultEvent> {
+        let now = self.clock.now_unix_nanos();
+        let mut out = Vec::new();
+        // A UUID change clears faults below: count their repeats first.
+        self.flush_fault_counts();
+        if samples.is_empty() {
+            if self.nvml.ok != Some(false) {
+                warn!(
+                    complete,
+                    "NVML returned no GPU; GPU health is unknown until it sees GPUs again (no GPU is declared lost)."
+                );
+            }
+            self.set_monitor(
+                crate::msg::MonitorInput::Nvml,
+                false,
+                "NVML enumerates no GPUs (driver not loaded or GPUs not visible to gpuwatch)"
+                    .into(),
+            );
+            self.end_join_grace("NVML enumerates no GPUs", &mut out);
+            return out;
+        }
+        if self.nvml.ok != Some(true) {
+            self.set_monitor(crate::msg::MonitorInput::Nvml, true, String::new());
+        }
+        let mut complete = complete;
+        let mut present = BTreeSet::new();
+        let mut present_uuids = BTreeMap::new();
+        for mut s in samples {
+            let pci = match xid_parser::normalize_pci(&s.pci_address) {
+                Some(p) => p,
+                // Identity by UUID when NVML could not read the PCI address.
+                None => match self
+                    .gpus
+                    .values()
+                    .find(|g| !s.uuid.is_empty() && g.uuid == s.uuid)
+                {
+                    Some(g) => g.pci.clone(),
+                    None => {
+                        warn!(index = s.index, uuid = %s.uuid, pci = %s.pci_address, "NVML sample has no valid PCI address; skipped, and this poll cannot tell which GPUs are missing.");
+                        complete = false;
+                        continue;
+                    }
+                },
+            };
+            s.pci_address = pci.clone();
+            present.insert(pci.clone());
+            if !s.uuid.is_empty() {
+                present_uuids.insert(s.uuid.clone(), pci.clone());
+            }
+            self.observe_sample(s, now, &mut out);
+        }
+        if complete && !present.is_empty() {
+            // A GPU NVML enumerated in this boot and now misses is lost.
+            let missing: Vec<String> = self
+                .gpus
+                .values()
+                .filter(|g| g.confirmed && !present.contains(&g.pci))
+                .map(|g| g.pci.clone())
+                .collect();
+            for pci in missing {
+                let Some(g) = self.gpus.get_mut(&pci) else {
+                    continue;
+                };
+                if !g.lost {
+                    warn!(gpu = %g.describe(), "GPU is missing from the NVML enumeration.");
+                }
+                g.lost = true;
+                g.validated_at = None;
+                let ev = self.lost_event(&pci);
+                self.set_condition(&pci, (FaultKind::GpuLost, None), Some(ev), now, &mut out);
+            }
+            self.retire_absent_from_earlier_boots(&present, &present_uuids, now);
+            self.end_join_grace("first complete NVML poll", &mut out);
+        }
+        self.evaluate_recovery(now);
+        out
+    }
+
+    /// Faults from an earlier boot on a GPU that NVML no longer enumerates in
+    /// this boot (complete poll): with its UUID at another PCI address (bus
+    /// renumbered) they move there; otherwise the GPU was removed, replaced or
+    /// is not detected, and they are converted to `investigate` with that
+    /// reason (visible for `active_window_secs`, then cleared) instead of
+    /// latching a taint for hardware that is not there.
+    fn retire_absent_from_earlier_boots(
+        &mut self,
+        present: &BTreeSet<String>,
+        present_uuids: &BTreeMap<String, String>,
+        now: u64,
+    ) {
+        let boot_id = self.boot.boot_id.clone();
+        let gone: Vec<String> = self
+            .gpus
+            .values()
+            .filter(|g| {
+                !g.confirmed
+                    && !present.contains(&g.pci)
+                    && g.faults.values().any(|f| f.last_boot_id != boot_id)
+            })
+            .map(|g| g.pci.clone())
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        self.flush_fault_counts();
+        let mut changed = false;
+        for pci in gone {
+            let Some(g) = self.gpus.get_mut(&pci) else {
+                continue;
+            };
+            let uuid = g.uuid.clone();
+            let old: Vec<FaultKey> = g
+                .faults
+                .iter()
+                .filter(|(_, f)| f.last_boot_id != boot_id)
+                .map(|(k, _)| k.clone())
+                .collect();
+            let mut taken = Vec::new();
+            for k in old {
+                if let Some(f) = g.faults.remove(&k) {
+                    taken.push((k, f));
+                }
+            }
+            let moved_to = present_uuids
+                .get(&uuid)
+                .filter(|_| !uuid.is_empty())
+                .cloned();
+            match moved_to
+                .as_ref()
+                .and_then(|to| self.gpus.get_mut(to).map(|t| (to, t)))
+            {
+                Some((to, target)) => {
+                    for (k, mut f) in taken {
+                        info!(gpu = %uuid, from = %pci, to = %to, fault = %f.reason, action = f.action.short_name(), "GPU moved to another PCI address since an earlier boot; its fault moved with it.");
+                        f.pci.clone_from(to);
+                        target.faults.entry(k).or_insert(f);
+                    }
+                }
+                None => {
+                    let why = format!(
+                        "GPU no longer present after reboot: NVML enumerates nothing at {pci}{}; hardware removed or replaced, or not detected",
+                        if uuid.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" and no GPU with UUID {uuid}")
+                        }
+                    );
+                    let Some(g) = self.gpus.get_mut(&pci) else {
+                        continue;
+                    };
+                    for (k, mut f) in taken {
+                        warn!(gpu = %g.describe(), fault = %f.reason, kind = k.kind.short_name(), from = f.action.short_name(), to = "investigate", reason = %why, "Fault of a GPU that is gone converted to investigate.");
+                        if f.action.rank() > Action::Investigate.rank() {
+                            f.action = Action::Investigate;
+                            f.severity = Action::Investigate.default_severity();
+                        }
+                        f.policy_reason = format!("{why} (was {}: {})", f.reason, f.policy_reason);
+                        f.level = false;
+                        f.condition_gone_since = None;
+                        f.last_seen = now;
+                        f.last_boot_id.clone_from(&boot_id);
+                        g.faults.entry(k).or_insert(f);
+                    }
+                }
+            }
+            if self.gpus.get(&pci).is_some_and(|g| g.faults.is_empty()) {
+                self.gpus.remove(&pci);
+            }
+            changed = true;
+        }
+        if changed {
+            self.touch();
+        }
+    }
+
+    fn lost_event(&self, pci: &str) -> FaultEvent {
+        let g = self.gpus.get(pci);
+        let mut ev = FaultEvent {
+            pci_address: pci.to_string(),
+            gpu_index: g.and_then(|g| g.index),
+            gpu_uuid: g.map(|g| g.uuid.clone()).unwrap_or_default(),
+            message: "GPU is missing from the NVML device enumeration.".into(),
+            count: 1,
+            name: "GPU lost".into(),
+            ..Default::default()
+        };
+        ev.set_kind(FaultKind::GpuLost);
+        ev.set_source(Source::NvmlPoll);
+        ev
+    }
+
+    /// Applies one GPU's sample.
+    fn observe_sample(&mut self, s: GpuSample, now: u64, out: &mut Vec<FaultEvent>) {
+        let pci = s.pci_address.clone();
+        let gen_check = self.cfg.pcie_link_gen_check;
+        let g = self
+            .gpus
+            .entry(pci.clone())
+            .or_insert_with(|| Gpu::new(pci.clone()));
+        let mut changed = false;
+
+        if !g.uuid.is_empty() && !s.uuid.is_empty() && g.uuid != s.uuid {
+            let why = format!(
+                "GPU UUID at {pci} changed from {} to {} (hardware replaced)",
+                g.uuid, s.uuid
+            );
+            for (key, f) in std::mem::take(&mut g.faults) {
+                info!(gpu = %g.describe(), fault = %f.reason, kind = key.kind.short_name(), action = f.action.short_name(), reason = %why, "Fault cleared.");
+            }
+            g.baseline = Baseline::default();
+            g.reset_evidence = None;
+            g.ecc_rose_at = None;
+            g.validated_at = None;
+            g.lost = false;
+            g.confirmed = false;
+            changed = true;
+        }
+        let first_confirmation = !g.confirmed && !s.uuid.is_empty();
+        if g.uuid != s.uuid && !s.uuid.is_empty() {
+            g.uuid = s.uuid.clone();
+            changed = true;
+        }
+        if g.index != Some(s.index) {
+            g.index = Some(s.index);
+            changed = true;
+        }
+        if !g.confirmed {
+            g.confirmed = true;
+            changed = true;
+        }
+
+        // Reset evidence and edges, comparing with the baseline.
+        let b = g.baseline.clone();
+        let mut evidence = Vec::new();
+        if g.lost {
+            g.lost = false;
+            evidence.push("the GPU re-appeared after being lost".to_string());
+        }
+        let mut ecc_rise = None;
+        if let Some(cur) = s.ecc_volatile_uncorrected {
+            match b.ecc_volatile_uncorrected {
+                Some(prev) if cur > prev => ecc_rise = Some((prev, cur)),
+                Some(prev) if cur < prev => {
+                    evidence.push(format!("volatile ECC counters reset ({prev} → {cur})"));
+                    g.ecc_rose_at = None;
+                }
+                None if cur > 0 => ecc_rise = Some((0, cur)),
+                _ => {}
+            }
+        }
+        let remap_pending = s.remapped_rows_pending;
+        if b.remap_pending == Some(true) && remap_pending == Some(false) {
+            evidence.push("the row-remap pending flag cleared".to_string());
+        }
+        let recovery = recovery_pending(&s);
+        if b.recovery_pending == Some(true) && !recovery {
+            evidence.push("the recovery action returned to none".to_string());
+        }
+        let degraded = link_degraded(&s, gen_check);
+        if b.link_degraded == Some(true) && degraded == Some(false) {
+            evidence.push("the PCIe link returned to its maximum width/gen".to_string());
+        }
+        if let Some((_, _)) = ecc_rise {
+            g.ecc_rose_at = Some(now);
+        }
+        if !evidence.is_empty() {
+            let what = evidence.join("; ");
+            info!(gpu = %g.describe(), evidence = %what, "Observed evidence of a GPU reset.");
+            g.reset_evidence = Some((now, what));
+            changed = true;
+        }
+
+        // NVLink: links seen active in this boot that are now inactive.
+        let mut nvlinks_active = b.nvlinks_active.clone();
+        let mut links_down = Vec::new();
+        for l in &s.nvlinks {
+            match l.active {
+                Some(true) => {
+                    nvlinks_active.insert(l.link);
+                }
+                Some(false) if nvlinks_active.contains(&l.link) => links_down.push(l.link),
+                _ => {}
+            }
+        }
+
+        let new_baseline = Baseline {
+            ecc_volatile_uncorrected: s.ecc_volatile_uncorrected.or(b.ecc_volatile_uncorrected),
+            remap_pending: remap_pending.or(b.remap_pending),
+            recovery_pending: Some(recovery),
+            link_degraded: degraded.or(b.link_degraded),
+            nvlinks_active,
+        };
+        if new_baseline != g.baseline {
+            g.baseline = new_baseline;
+            changed = true;
+        }
+        let clean = sample_is_clean(&s, g.ecc_rose_at.is_some(), gen_check);
+        match (&clean, g.validated_at) {
+            (Ok(()), None) => {
+                g.validated_at = Some(now);
+                changed = true;
+            }
+            (Err(_), Some(_)) => {
+                g.validated_at = None;
+                changed = true;
+            }
+            _ => {}
+        }
+        if first_confirmation {
+            self.merge_pci_history(&pci, &s.uuid);
+        }
+
+        // Edge: volatile uncorrectable ECC rose.
+        if let Some((prev, cur)) = ecc_rise {
+            let ev = derived(
+                &s,
+                FaultKind::Ecc,
+                "Uncorrectable ECC errors",
+                format!("Volatile uncorrectable ECC error count rose from {prev} to {cur}."),
+                &[
+                    ("ecc_type", "uncorrected".to_string()),
+                    ("ecc_counter", "volatile".to_string()),
+                ],
+            );
+            if let Some(e) = self.accept(ev, None, false) {
+                out.push(e);
+            }
+        }
+
+        // Level conditions.
+        let cond = |present: bool, ev: FaultEvent| present.then_some(ev);
+        let lost = self.lost_event(&pci);
+        self.set_condition(
+            &pci,
+            (FaultKind::GpuLost, None),
+            cond(false, lost),
+            now,
+            out,
+        );
+        let ev = derived(
+            &s,
+            FaultKind::PageRetirement,
+            "Retired pages pending",
+            "A page retirement is pending; it takes effect after a GPU reset or reboot.".into(),
+            &[("pending", "true".into())],
+        );
+        let present = s.retired_pages_pending == Some(true);
+        self.set_condition(
+            &pci,
+            (FaultKind::PageRetirement, Some("true")),
+            cond(present, ev),
+            now,
+            out,
+        );
+        let ev = derived(
+            &s,
+            FaultKind::RowRemap,
+            "Row remap pending",
+            format!(
+                "A row remap is pending (uncorrectable rows remapped: {}); a GPU reset applies it.",
+                opt(s.remapped_rows_uncorrectable)
+            ),
+            &[("remap", "pending".into())],
+        );
+        self.set_condition(
+            &pci,
+            (FaultKind::RowRemap, Some("pending")),
+            cond(remap_pending == Some(true), ev),
+            now,
+            out,
+        );
+        let ev = derived(
+            &s,
+            FaultKind::RowRemap,
+            "Row remap failure",
+            "Row remapping failed: the GPU has no spare rows left for an uncorrectable error."
+                .into(),
+            &[("remap", "failure".into())],
+        );
+        self.set_condition(
+            &pci,
+            (FaultKind::RowRemap, Some("failure")),
+            cond(s.remapped_rows_failure == Some(true), ev),
+            now,
+            out,
+        );
+        let ev = derived(
+            &s,
+            FaultKind::PcieLink,
+            "PCIe link degraded",
+            format!(
+                "PCIe link trained below its maximum: gen {}/{} width x{}/x{}.",
+                opt(s.pcie_link_gen),
+                opt(s.pcie_link_gen_max),
+                opt(s.pcie_link_width),
+                opt(s.pcie_link_width_max)
+            ),
+            &[],
+        );
+        self.set_condition(
+            &pci,
+            (FaultKind::PcieLink, None),
+            cond(degraded == Some(true), ev),
+            now,
+            out,
+        );
+        let reasons = s.clock_event_reasons.unwrap_or(0);
+        let thermal = reasons & (SW_THERMAL | HW_THERMAL | HW_POWER_BRAKE);
+        let mut names = Vec::new();
+        for (bit, name) in [
+            (SW_THERMAL, "sw_thermal_slowdown"),
+            (HW_THERMAL, "hw_thermal_slowdown"),
+            (HW_POWER_BRAKE, "hw_power_brake_slowdown"),
+        ] {
+            if thermal & bit != 0 {
+                names.push(name);
+            }
+        }
+        let mut attrs = Vec::new();
+        if let Some(t) = s.temperature_c {
+            attrs.push(("temperature_c", t.to_string()));
+        }
+        let ev = derived(
+            &s,
+            FaultKind::Thermal,
+            "Clocks slowed down",
+            format!("Clocks slowed down: {}.", names.join(", ")),
+            &attrs,
+        );
+        self.set_condition(
+            &pci,
+            (FaultKind::Thermal, None),
+            cond(thermal != 0, ev),
+            now,
+            out,
+        );
+        let links: Vec<String> = links_down.iter().map(u32::to_string).collect();
+        let ev = derived(
+            &s,
+            FaultKind::Nvlink,
+            "NVLink down",
+            format!(
+                "NVLink link(s) {} went from active to inactive.",
+                links.join(", ")
+            ),
+            &[("link", links.join(","))],
+        );
+        self.set_condition(
+            &pci,
+            (FaultKind::Nvlink, None),
+            cond(!links_down.is_empty(), ev),
+            now,
+            out,
+        );
+        let ra = s.recovery_action().short_name();
+        let ev = derived(
+            &s,
+            FaultKind::RecoveryAction,
+            "GPU recovery action",
+            format!("NVML reports GPU recovery action {ra}."),
+            &[("recovery_action", ra.to_string())],
+        );
+        self.set_condition(
+            &pci,
+            (FaultKind::RecoveryAction, None),
+            cond(recovery, ev),
+            now,
+            out,
+        );
+
+        let sample_time = s.time_unix_nano.filter(|&t| t > 0).unwrap_or(now);
+        if let Some(g) = self.gpus.get_mut(&pci) {
+            g.sample = Some(s);
+            g.sample_time = Some(sample_time);
+        }
+        self.recheck_remap(&pci, now, out);
+        *self.cache.get_mut() = None;
+        if changed {
+            self.touch();
+        }
+    }
+
+    /// Active XID 63/64 faults of one GPU that waited for NVML: the sample just
+    /// stored decides when it is at least as new as the XID. A changed action is
+    /// logged with its reason and published as a reclassification event (not a
+    /// new occurrence: the fault metrics are not counted again).
+    fn recheck_remap(&mut self, pci: &str, now: u64, out: &mut Vec<FaultEvent>) {
+        let boot_id = self.boot.boot_id.clone();
+        let policy = std::sync::Arc::clone(&self.policy);
+        let Some(g) = self.gpus.get_mut(pci) else {
+            return;
+        };
+        let (Some(s), Some(at)) = (g.sample.as_ref(), g.sample_time) else {
+            return;
+        };
+        let who = g.describe();
+        let gpu_index = g.index.filter(|_| g.confirmed);
+        let gpu_uuid = if g.confirmed {
+            g.uuid.clone()
+        } else {
+            String::new()
+        };
+        let mut changed = false;
+        let mut emitted = 0;
+        for (key, f) in g.faults.iter_mut() {
+            if !is_remap_xid(key.kind, key.code) || f.awaiting_nvml.is_none_or(|t| at < t) {
+                continue;
+            }
+            f.awaiting_nvml = None;
+            changed = true;
+            let Some((action, why)) = row_remap_decision(key.code, s) else {
+                f.policy_reason = format!(
+                    "XID {}: NVML reports no row-remap state for this GPU, so the policy action {} stands",
+                    key.code,
+                    f.action.short_name()
+                );
+                continue;
+            };
+            let from = f.action;
+            let mut reason = format!(
+                "Re-evaluated with an NVML sample newer than the XID (was {}): {why}",
+                from.short_name()
+            );
+            // Recurrence across boots escalates as it does for a new event.
+            let needed = policy.recurrence_reboots(key.code);
+            let escalated = action == Action::ResetGpu && super::recurred(f.boots_seen, needed);
+            let action = if escalated {
+                reason = format!(
+                    "{reason}; seen on this device in {} distinct boots, i.e. it recurred after {} reboots (recurrence threshold {needed} reboots): escalated from reset_gpu to inspect_hardware",
+                    f.boots_seen,
+                    f.boots_seen.saturating_sub(1)
+                );
+                Action::InspectHardware
+            } else {
+                action
+            };
+            f.escalated = escalated;
+            if action == from {
+                // Confirmed as it was; the reason now says NVML agrees.
+                f.policy_reason = reason;
+                continue;
+            }
+            if action.rank() > from.rank() {
+                warn!(gpu = %who, code = key.code, from = from.short_name(), to = action.short_name(), reason = %reason, "Fault reclassified from NVML's row-remap state.");
+            } else {
+                info!(gpu = %who, code = key.code, from = from.short_name(), to = action.short_name(), reason = %reason, "Fault reclassified from NVML's row-remap state.");
+            }
+            f.action = action;
+            f.severity = action.default_severity();
+            f.policy_reason.clone_from(&reason);
+            f.last_emitted = now;
+            let mut ev = FaultEvent {
+                pci_address: pci.to_string(),
+                gpu_index,
+                gpu_uuid: gpu_uuid.clone(),
+                message: f.message.clone(),
+                time_unix_nano: Some(at),
+                boot_id: boot_id.clone(),
+                code: key.code,
+                count: 1,
+                name: f.name.clone(),
+                ..Default::default()
+            };
+            ev.set_kind(key.kind);
+            ev.set_source(Source::NvmlPoll);
+            ev.classify(action, reason);
+            ev.attributes
+                .insert("context".into(), "row_remap_state".into());
+            ev.attributes
+                .insert("reclassified_from".into(), from.short_name().into());
+            out.push(ev);
+            emitted += 1;
+        }
+        if emitted > 0 {
+            self.registry
+                .count_events(Stage::Engine, Outcome::Emitted, emitted);
+        }
+        if changed {
+            self.touch();
+        }
+    }
+
+    /// A level condition from NVML: present → raise (or refresh) the fault; absent →
+    /// mark the family's level faults as gone (they clear by the recovery rules).
+    /// `family` is the kind and, when given, the key variant the condition owns.
+    fn set_condition(
+        &mut self,
+        pci: &str,
+        family: (FaultKind, Option<&str>),
+        present: Option<FaultEvent>,
+        now: u64,
+        out: &mut Vec<FaultEvent>,
+    ) {
+        let boot_id = self.boot.boot_id.clone();
+        let present_key = present.as_ref().map(FaultKey::of);
+        let Some(g) = self.gpus.get_mut(pci) else {
+            return;
+        };
+        let mut touched = false;
+        for (key, f) in g.faults.iter_mut() {
+            let in_family = key.kind == family.0 && family.1.is_none_or(|v| key.variant == v);
+            if !in_family {
+                continue;
+            }
+            if Some(key) == present_key.as_ref() {
+                f.last_seen = now;
+                f.last_boot_id.clone_from(&boot_id);
+                f.level = true;
+                f.gone_samples = 0;
+                if f.condition_gone_since.take().is_some() {
+                    touched = true;
+                }
+            } else if f.level {
+                // One more consecutive sample without the condition.
+                f.gone_samples = f.gone_samples.saturating_add(1);
+                if f.condition_gone_since.is_none() {
+                    f.condition_gone_since = Some(now);
+                    touched = true;
+                }
+            }
+        }
+        let exists = present_key
+            .as_ref()
+            .is_some_and(|k| g.faults.contains_key(k));
+        if touched {
+            self.touch();
+        }
+        if let Some(ev) = present
+            && !exists
+            && let Some(e) = self.accept(ev, None, true)
+        {
+            out.push(e);
+        }
+    }
+
+    /// Moves recurrence history recorded under the GPU's PCI address (before NVML
+    /// reported its UUID) to the UUID.
+    fn merge_pci_history(&mut self, pci: &str, uuid: &str) {
+        let from = pci_identity(pci);
+        let keys: Vec<_> = self
+            .history
+            .keys()
+            .filter(|k| k.identity == from)
+            .cloned()
+            .collect();
+        for k in keys {
+            if let Some(h) = self.history.remove(&k) {
+                let to = super::model::HistoryKey {
+                    identity: uuid.to_string(),
+                    key: k.key,
+                };
+                self.history.entry(to).or_default().merge(h);
+            }
+        }
+        // Thresholds follow the identity too.
+        let moved: Vec<_> = self
+            .thresholds
+            .keys()
+            .filter(|(id, _)| *id == from)
+            .cloned()
+            .collect();
+        for k in moved {
+            if let Some(q) = self.thresholds.remove(&k) {
+                self.thresholds.insert((uuid.to_string(), k.1), q);
+            }
+        }
+    }
+}
+
+/// Seconds → nanoseconds.
+pub(crate) fn secs(s: u64) -> u64 {
+    s.saturating_mul(NANOS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> GpuSample {
+        let mut s = GpuSample {
+            pcie_link_gen: Some(5),
+            pcie_link_gen_max: Some(5),
+            pcie_link_width: Some(16),
+            pcie_link_width_max: Some(16),
+            remapped_rows_pending: Some(false),
+            remapped_rows_failure: Some(false),
+            ..Default::default()
+        };
+        s.set_recovery_action(RecoveryAction::None);
+        s
+    }
+
+    #[test]
+    fn clean_sample_validates_and_each_problem_is_named() {
+        assert_eq!(sample_is_clean(&sample(), false, true), Ok(()));
+        let mut s = sample();
+        s.remapped_rows_pending = Some(true);
+        s.pcie_link_width = Some(8);
+        s.set_recovery_action(RecoveryAction::GpuReset);
+        let err = sample_is_clean(&s, true, true).unwrap_err();
+        for needle in ["row remap pending", "ECC", "width x8/x16", "gpu_reset"] {
+            assert!(err.contains(needle), "{err}");
+        }
+    }
+
+    #[test]
+    fn idle_gen_downshift_is_not_a_fault_without_gen_check() {
+        let mut s = sample();
+        s.pcie_link_gen = Some(1);
+        assert_eq!(link_degraded(&s, true), Some(true));
+        assert_eq!(link_degraded(&s, false), Some(false));
+        assert_eq!(link_degraded(&GpuSample::default(), true), None);
+    }
+
+    #[test]
+    fn xid63_defers_to_remap_state() {
+        let mut ev = FaultEvent {
+            code: 63,
+            ..Default::default()
+        };
+        ev.set_kind(FaultKind::Xid);
+        let mut s = sample();
+        row_remap_context(&mut ev, &s);
+        assert_eq!(ev.action(), Action::Ignore);
+        s.remapped_rows_pending = Some(true);
+        row_remap_context(&mut ev, &s);
+        assert_eq!(ev.action(), Action::ResetGpu);
+        s.remapped_rows_failure = Some(true);
+        row_remap_context(&mut ev, &s);
+        assert_eq!(ev.action(), Action::InspectHardware);
+        // A GPU without row remapping (no NVML state) keeps the policy's action.
+        let mut ev2 = FaultEvent::default();
+        ev2.classify(Action::ResetGpu, "policy");
+        row_remap_context(&mut ev2, &GpuSample::default());
+        assert_eq!(ev2.action(), Action::ResetGpu);
+    }
+}

@@ -1,0 +1,63 @@
+//! gpuwatch-core: what decides. The health engine (one thread that owns all
+//! health state), its durable state file, device validation, the metric
+//! registry and the [`EventSink`] seam the exporters plug into.
+//!
+//! Nothing here talks to the network, an async runtime or NVML: sources (the
+//! kernel-log reader, the NVML threads) and exporters (OTLP, Prometheus, the
+//! Kubernetes writer) live in other crates and meet the engine through
+//! [`msg::Input`], [`EventSink`] and the health it publishes.
+//!
+//! ```
+//! use gpuwatch_core::engine::{BootInfo, Engine, EngineConfig};
+//! use gpuwatch_core::msg::Input;
+//! use gpuwatch_core::{Registry, clock::SystemClock};
+//! use std::sync::Arc;
+//!
+//! let policy = Arc::new(xid_parser::Policy::default());
+//! let boot = BootInfo { boot_id: "b1".into(), boot_time_unix_nano: 0 };
+//! let mut engine = Engine::new(
+//!     EngineConfig::default(), policy, None, boot, "node-a".into(),
+//!     Arc::new(Registry::new()), Arc::new(SystemClock),
+//! );
+//! let mut scanner = xid_parser::Scanner::new(Arc::new(xid_parser::Policy::default()));
+//! let mut events = Vec::new();
+//! let line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.";
+//! scanner.push(Default::default(), line, &mut events);
+//! scanner.finish(&mut events);
+//! let event = events.pop().unwrap();
+//! let out = engine.handle(Input::Fault { event, read_at: std::time::Instant::now() });
+//! assert_eq!(out.len(), 1);
+//! assert_eq!(engine.health().verdict(), gpuwatch_proto::Verdict::Unhealthy);
+//! ```
+#![deny(missing_docs)]
+
+pub mod clock;
+pub mod engine;
+pub mod msg;
+pub mod names;
+pub mod registry;
+pub mod statefile;
+pub mod validation;
+
+pub use registry::{
+    FaultSeries, KubeObject, LATENCY_BUCKETS_SECONDS, LatencyBuckets, Outcome, Registry, Signal,
+    Stage, ValidationResult, WriteResult,
+};
+
+use gpuwatch_proto::FaultEvent;
+
+/// A destination for classified fault events.
+///
+/// `send` is called from the health-engine thread for every emitted event and
+/// must never block: a sink with I/O behind it queues (bounded, drop-oldest,
+/// every drop counted in the [`Registry`]) and does the I/O elsewhere.
+pub trait EventSink: Send + Sync {
+    /// Short name for logs and the `stage` label.
+    fn name(&self) -> &'static str;
+    /// Hands one event to the sink.
+    fn send(&self, event: &FaultEvent);
+    /// Flushes what can be flushed within `timeout` (called at shutdown).
+    fn flush(&self, timeout: std::time::Duration) {
+        let _ = timeout;
+    }
+}

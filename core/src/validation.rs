@@ -1,0 +1,742 @@
+//! Device validation for the startup taint gate and `gpuwatch validate`.
+//!
+//! [`validate`] is pure: it judges the latest [`NodeHealth`] (NVML samples of every
+//! GPU) against the expected GPU count and the PCIe expectations. The optional extra
+//! command (`dcgmi diag -r 1`, a vendor script, ...) runs separately with
+//! `gpuwatch_sinks::extra_command::run_extra_command`; [`add_check`] folds its result into the report.
+//!
+//! A report only passes when it is *complete*: every check could run (NVML answered,
+//! the kernel-log ring was read to its end so faults logged before the agent started
+//! are known, the expected GPU count is known, every GPU has a sample). A partial
+//! report never removes the startup taint.
+//!
+//! The PCIe link is checked on its width by default (against the GPU's maximum or
+//! `expected_pcie_width`). The generation is only checked when configured
+//! (`expected_pcie_gen` or `check_pcie_gen = true`): idle GPUs drop to Gen1 to save
+//! power, so a generation check on a new, idle node would fail for no fault.
+//!
+//! ```
+//! use gpuwatch_proto::{GpuHealth, GpuSample, MonitorStatus, NodeHealth, RecoveryAction};
+//! use gpuwatch_core::validation::{validate, ValidationConfig};
+//!
+//! let mut sample = GpuSample { index: 0, uuid: "GPU-0".into(), ..Default::default() };
+//! sample.set_recovery_action(RecoveryAction::None);
+//! let health = NodeHealth {
+//!     monitor: Some(MonitorStatus { nvml_ok: true, kmsg_ok: true, kmsg_caught_up: true, message: String::new() }),
+//!     gpus: vec![GpuHealth { index: Some(0), sample: Some(sample), ..Default::default() }],
+//!     ..Default::default()
+//! };
+//! let report = validate(&health, Some(1), &ValidationConfig::default());
+//! assert!(report.complete && report.passed, "{report:?}");
+//! assert!(!validate(&health, Some(2), &ValidationConfig::default()).passed);
+//! assert!(!validate(&health, None, &ValidationConfig::default()).complete);
+//! ```
+
+use gpuwatch_proto::{
+    GpuHealth, GpuSample, NodeHealth, RecoveryAction, ShortName, ValidationCheck, ValidationReport,
+};
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+
+/// Device validation settings (`[validation]`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ValidationConfig {
+    /// GPUs the node must have; unset: from the node label `expected_gpus_label`,
+    /// else the node's `nvidia.com/gpu` capacity.
+    pub expected_gpus: Option<u32>,
+    /// Node label holding the expected GPU count (GPU feature discovery sets
+    /// `nvidia.com/gpu.count`).
+    pub expected_gpus_label: String,
+    /// Minimum PCIe link generation every GPU must run at. Setting it turns the
+    /// generation check on. Unset: the generation is not checked unless
+    /// `check_pcie_gen` is true (then against the GPU's maximum). Idle GPUs drop
+    /// to Gen1 to save power, which is why the generation is not checked by default.
+    pub expected_pcie_gen: Option<u32>,
+    /// Check the PCIe link generation against the GPU's maximum even without
+    /// `expected_pcie_gen` (only sensible when the GPUs are busy during validation).
+    pub check_pcie_gen: bool,
+    /// Minimum PCIe link width (lanes) every GPU must run at; unset: the GPU's maximum.
+    pub expected_pcie_width: Option<u32>,
+    /// Extra validation command (argv, no shell), e.g. `["dcgmi", "diag", "-r", "1"]`;
+    /// must exit 0. Empty: none.
+    pub command: Vec<String>,
+    /// Seconds the extra command may run before it is killed and counted as failed.
+    pub timeout_secs: u64,
+    /// Require the kernel-log ring to have been read before validation can pass
+    /// (a fault logged before gpuwatch started, e.g. an XID 79 at boot, would
+    /// otherwise go unseen). Set false only where the pod cannot open /dev/kmsg
+    /// (no device access granted): the startup taint is then removed on the NVML
+    /// checks alone, and the report says the kernel log was not checked.
+    pub require_kmsg: bool,
+}
+
+impl Default for ValidationConfig {
+    fn default() -> Self {
+        ValidationConfig {
+            expected_gpus: None,
+            expected_gpus_label: "nvidia.com/gpu.count".into(),
+            expected_pcie_gen: None,
+            check_pcie_gen: false,
+            expected_pcie_width: None,
+            command: Vec::new(),
+            timeout_secs: 300,
+            require_kmsg: true,
+        }
+    }
+}
+
+impl ValidationConfig {
+    /// Problems with the settings (empty when valid); key names relative to `[validation]`.
+    pub fn validate(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        if self.expected_gpus == Some(0) {
+            p.push(
+                "expected_gpus: must be at least 1 (leave unset to read it from the node)".into(),
+            );
+        }
+        if let Err(e) = crate::names::check_label_key(&self.expected_gpus_label) {
+            p.push(format!(
+                "expected_gpus_label: {:?} {e}",
+                self.expected_gpus_label
+            ));
+        }
+        if matches!(self.expected_pcie_gen, Some(g) if !(1..=7).contains(&g)) {
+            p.push("expected_pcie_gen: expected 1 to 7".into());
+        }
+        if matches!(self.expected_pcie_width, Some(w) if ![1, 2, 4, 8, 12, 16, 32].contains(&w)) {
+            p.push("expected_pcie_width: expected one of 1, 2, 4, 8, 12, 16, 32".into());
+        }
+        if self.command.first().is_some_and(|c| c.is_empty()) {
+            p.push("command: the program (first element) is empty".into());
+        }
+        if self.timeout_secs == 0 {
+            p.push("timeout_secs: must be greater than 0".into());
+        }
+        p
+    }
+}
+
+/// Check names used in reports (stable: they appear in Events and CLI output).
+pub mod checks {
+    /// NVML answered.
+    pub const NVML: &str = "nvml";
+    /// The kernel log is readable and its ring was read to the end (faults
+    /// logged before gpuwatch started are known).
+    pub const KMSG: &str = "kmsg";
+    /// Expected GPU count equals what NVML sees.
+    pub const GPU_COUNT: &str = "gpu_count";
+    /// The GPU has a sample from the poller.
+    pub const SAMPLE: &str = "sample";
+    /// No pending or failed row remap.
+    pub const ROW_REMAP: &str = "row_remap";
+    /// No uncorrectable ECC error this boot (volatile counter).
+    pub const ECC: &str = "ecc_uncorrected";
+    /// PCIe link at the expected width (and generation, when configured).
+    pub const PCIE_LINK: &str = "pcie_link";
+    /// NVML recovery action is none.
+    pub const RECOVERY_ACTION: &str = "recovery_action";
+    /// No active reset/reboot/inspect fault on the GPU (or, without a GPU index,
+    /// on the node).
+    pub const FAULTS: &str = "active_faults";
+    /// The extra validation command exited 0 in time.
+    pub const COMMAND: &str = "command";
+}
+
+/// One check result (a helper for callers that add their own checks).
+pub fn check(name: &str, gpu: Option<u32>, passed: bool, message: String) -> ValidationCheck {
+    ValidationCheck {
+        name: name.to_owned(),
+        gpu_index: gpu,
+        passed,
+        message,
+    }
+}
+
+/// Validates the node's GPUs as seen in `health`.
+///
+/// `expected_gpus` is the resolved expected count (config, node label or capacity);
+/// `None` falls back to `cfg.expected_gpus`, and when that is unset too the report is
+/// incomplete. The extra command is not run here (see `gpuwatch_sinks::extra_command::run_extra_command`).
+/// `time_unix_nano` is left for the caller; `boot_id` comes from `health`.
+pub fn validate(
+    health: &NodeHealth,
+    expected_gpus: Option<u32>,
+    cfg: &ValidationConfig,
+) -> ValidationReport {
+    let mut report = ValidationReport {
+        boot_id: health.boot_id.clone(),
+        complete: true,
+        ..Default::default()
+    };
+    let nvml_ok = health.monitor.as_ref().is_some_and(|m| m.nvml_ok);
+    if !nvml_ok {
+        let why = health
+            .monitor
+            .as_ref()
+            .map(|m| m.message.as_str())
+            .filter(|m| !m.is_empty())
+            .unwrap_or("no NVML status yet");
+        report.complete = false;
+        report.checks.push(check(
+            checks::NVML,
+            None,
+            false,
+            format!("unknown: NVML is not available ({why})"),
+        ));
+    } else {
+        report
+            .checks
+            .push(check(checks::NVML, None, true, "NVML answered".into()));
+    }
+    let (kmsg_known, mut kmsg_check) = kmsg_check(health);
+    if kmsg_known || cfg.require_kmsg {
+        report.complete &= kmsg_known;
+    } else {
+        // Explicitly waived by `require_kmsg = false`: recorded, not required.
+        kmsg_check.passed = true;
+        kmsg_check.message = format!(
+            "not required (validation.require_kmsg = false): {}",
+            kmsg_check.message.trim_start_matches("unknown: ")
+        );
+    }
+    report.checks.push(kmsg_check);
+
+    let sampled: Vec<(&GpuHealth, &GpuSample)> = health
+        .gpus
+        .iter()
+        .filter_map(|g| g.sample.as_ref().map(|s| (g, s)))
+        .collect();
+    let unsampled = health.gpus.len() - sampled.len();
+    match expected_gpus.or(cfg.expected_gpus) {
+        None => {
+            report.complete = false;
+            report.checks.push(check(
+                checks::GPU_COUNT,
+                None,
+                false,
+                format!(
+                    "unknown: expected GPU count not configured, no node label {:?}, no nvidia.com/gpu capacity ({} visible)",
+                    cfg.expected_gpus_label,
+                    sampled.len()
+                ),
+            ));
+        }
+        Some(want) if nvml_ok => {
+            let seen = u32::try_from(sampled.len()).unwrap_or(u32::MAX);
+            if unsampled > 0 && seen < want {
+                report.complete = false;
+                report.checks.push(check(
+                    checks::GPU_COUNT,
+                    None,
+                    false,
+                    format!("unknown: {seen} of {want} GPUs sampled so far, {unsampled} without a sample"),
+                ));
+            } else {
+                report.checks.push(check(
+                    checks::GPU_COUNT,
+                    None,
+                    seen == want,
+                    format!("expected {want} GPUs, NVML sees {seen}"),
+                ));
+            }
+        }
+        Some(want) => {
+            report.complete = false;
+            report.checks.push(check(
+                checks::GPU_COUNT,
+                None,
+                false,
+                format!("unknown: expected {want} GPUs, NVML unavailable"),
+            ));
+        }
+    }
+
+    for g in &health.gpus {
+        let idx = g.index.or(g.sample.as_ref().map(|s| s.index));
+        let Some(s) = g.sample.as_ref() else {
+            report.complete = false;
+            report.checks.push(check(
+                checks::SAMPLE,
+                idx,
+                false,
+                format!("unknown: no NVML sample yet for GPU {}", gpu_label(g)),
+            ));
+            continue;
+        };
+        gpu_checks(g, s, idx, cfg, &mut report.checks);
+    }
+    let node_faults = isolating(&health.node_faults);
+    if !node_faults.is_empty() {
+        report.checks.push(check(
+            checks::FAULTS,
+            None,
+            false,
+            format!("active on the node: {}", node_faults.join(", ")),
+        ));
+    }
+    finish(&mut report);
+    report
+}
+
+/// The kernel-log check: `(complete, check)`. Until the kmsg source has read the
+/// ring to its end, a fault logged before gpuwatch started (an XID 79 at boot)
+/// may still be unread, so the report cannot be complete.
+fn kmsg_check(health: &NodeHealth) -> (bool, ValidationCheck) {
+    let Some(m) = health.monitor.as_ref() else {
+        return (
+            false,
+            check(
+                checks::KMSG,
+                None,
+                false,
+                "unknown: no kernel-log status yet".into(),
+            ),
+        );
+    };
+    if !m.kmsg_ok {
+        let why = if m.message.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", m.message)
+        };
+        return (
+            false,
+            check(
+                checks::KMSG,
+                None,
+                false,
+                format!(
+                    "unknown: the kernel log is not readable{why}; faults logged before gpuwatch started cannot be ruled out"
+                ),
+            ),
+        );
+    }
+    if !m.kmsg_caught_up {
+        return (
+            false,
+            check(
+                checks::KMSG,
+                None,
+                false,
+                "unknown: the kernel-log ring has not been read to its end yet; faults logged before gpuwatch started may still be unread".into(),
+            ),
+        );
+    }
+    (
+        true,
+        check(
+            checks::KMSG,
+            None,
+            true,
+            "kernel-log ring read to its end".into(),
+        ),
+    )
+}
+
+/// `reason (action)` of each active fault that needs isolation.
+fn isolating(faults: &[gpuwatch_proto::ActiveFault]) -> Vec<String> {
+    faults
+        .iter()
+        .filter(|f| f.action().needs_isolation())
+        .map(|f| format!("{} ({})", f.reason, f.action().short_name()))
+        .collect()
+}
+
+fn gpu_label(g: &GpuHealth) -> String {
+    match (g.index, g.uuid.is_empty()) {
+        (Some(i), false) => format!("{i} ({})", g.uuid),
+        (Some(i), true) => i.to_string(),
+        (None, false) => g.uuid.clone(),
+        (None, true) => g.pci_address.clone(),
+    }
+}
+
+fn gpu_checks(
+    g: &GpuHealth,
+    s: &GpuSample,
+    idx: Option<u32>,
+    cfg: &ValidationConfig,
+    out: &mut Vec<ValidationCheck>,
+) {
+    // Row remapping (Ampere and later); None = not supported on this GPU.
+    let (ok, msg) = match (s.remapped_rows_pending, s.remapped_rows_failure) {
+        (_, Some(true)) => (false, "row remap failed (replace the GPU)".to_owned()),
+        (Some(true), _) => (false, "row remap pending (GPU reset needed)".to_owned()),
+        (None, None) => (true, "row remapping not supported".to_owned()),
+        _ => (true, "no pending or failed row remap".to_owned()),
+    };
+    out.push(check(checks::ROW_REMAP, idx, ok, msg));
+
+    let (ok, msg) = match s.ecc_volatile_uncorrected {
+        Some(0) => (true, "no uncorrectable ECC error this boot".to_owned()),
+        Some(n) => (false, format!("{n} uncorrectable ECC errors this boot")),
+        None => (true, "ECC not supported or disabled".to_owned()),
+    };
+    out.push(check(checks::ECC, idx, ok, msg));
+
+    let mut problems = Vec::new();
+    let mut parts = Vec::new();
+    match (
+        s.pcie_link_width,
+        cfg.expected_pcie_width.or(s.pcie_link_width_max),
+    ) {
+        (Some(c), Some(w)) if c < w => problems.push(format!("width x{c} below expected x{w}")),
+        (Some(c), Some(w)) => parts.push(format!("width x{c} (expected x{w})")),
+        _ => parts.push("width not reported".to_owned()),
+    }
+    let gen_checked = cfg.expected_pcie_gen.is_some() || cfg.check_pcie_gen;
+    match (
+        s.pcie_link_gen,
+        cfg.expected_pcie_gen.or(s.pcie_link_gen_max),
+    ) {
+        (Some(c), Some(w)) if gen_checked && c < w => {
+            problems.push(format!("generation {c} below expected {w}"));
+        }
+        (Some(c), Some(w)) if gen_checked => parts.push(format!("generation {c} (expected {w})")),
+        (Some(c), _) => parts.push(format!("generation {c} (not checked by default)")),
+        (None, _) => parts.push("generation not reported".to_owned()),
+    }
+    if problems.is_empty() {
+        out.push(check(checks::PCIE_LINK, idx, true, parts.join(", ")));
+    } else {
+        out.push(check(checks::PCIE_LINK, idx, false, problems.join(", ")));
+    }
+
+    let ra = s.recovery_action();
+    let ok = matches!(ra, RecoveryAction::None | RecoveryAction::Unspecified);
+    let msg = if ra == RecoveryAction::Unspecified {
+        "recovery action not reported by the driver".to_owned()
+    } else {
+        format!("recovery action {}", ra.short_name())
+    };
+    out.push(check(checks::RECOVERY_ACTION, idx, ok, msg));
+
+    let isolating = isolating(&g.active_faults);
+    if isolating.is_empty() {
+        out.push(check(checks::FAULTS, idx, true, "no active fault".into()));
+    } else {
+        out.push(check(
+            checks::FAULTS,
+            idx,
+            false,
+            format!("active: {}", isolating.join(", ")),
+        ));
+    }
+}
+
+fn finish(report: &mut ValidationReport) {
+    report.passed = report.complete && report.checks.iter().all(|c| c.passed);
+}
+
+/// Adds one check (e.g. the extra command's) to a report and recomputes `passed`.
+/// A check whose message starts with `unknown:` marks the report incomplete.
+pub fn add_check(report: &mut ValidationReport, check: ValidationCheck) {
+    if !check.passed && check.message.starts_with("unknown:") {
+        report.complete = false;
+    }
+    report.checks.push(check);
+    finish(report);
+}
+
+/// Names of the failed checks (`gpu_count`, `ecc_uncorrected[gpu 3]`, ...).
+pub fn failed_checks(report: &ValidationReport) -> Vec<String> {
+    report
+        .checks
+        .iter()
+        .filter(|c| !c.passed)
+        .map(|c| match c.gpu_index {
+            Some(i) => format!("{}[gpu {i}]", c.name),
+            None => c.name.clone(),
+        })
+        .collect()
+}
+
+/// Human-readable report, one check per line (for `gpuwatch validate`).
+pub fn render(report: &ValidationReport) -> String {
+    let mut s = String::new();
+    let verdict = match (report.passed, report.complete) {
+        (true, _) => "PASSED",
+        (false, true) => "FAILED",
+        (false, false) => "INCOMPLETE",
+    };
+    let _ = writeln!(s, "Validation {verdict}");
+    for c in &report.checks {
+        let mark = if c.passed { "ok  " } else { "FAIL" };
+        let gpu = c.gpu_index.map(|i| format!(" gpu {i}")).unwrap_or_default();
+        let _ = writeln!(s, "  {mark} {}{gpu}: {}", c.name, c.message);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuwatch_proto::{Action, ActiveFault, MonitorStatus};
+
+    fn healthy_gpu(i: u32) -> GpuHealth {
+        let mut s = GpuSample {
+            index: i,
+            uuid: format!("GPU-{i}"),
+            remapped_rows_pending: Some(false),
+            remapped_rows_failure: Some(false),
+            ecc_volatile_uncorrected: Some(0),
+            pcie_link_gen: Some(5),
+            pcie_link_gen_max: Some(5),
+            pcie_link_width: Some(16),
+            pcie_link_width_max: Some(16),
+            ..Default::default()
+        };
+        s.set_recovery_action(RecoveryAction::None);
+        GpuHealth {
+            index: Some(i),
+            uuid: format!("GPU-{i}"),
+            sample: Some(s),
+            ..Default::default()
+        }
+    }
+
+    fn health(n: u32) -> NodeHealth {
+        NodeHealth {
+            boot_id: "b1".into(),
+            monitor: Some(MonitorStatus {
+                kmsg_ok: true,
+                nvml_ok: true,
+                message: String::new(),
+                kmsg_caught_up: true,
+            }),
+            gpus: (0..n).map(healthy_gpu).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn cfg() -> ValidationConfig {
+        ValidationConfig::default()
+    }
+
+    #[test]
+    fn healthy_node_passes() {
+        let r = validate(&health(8), Some(8), &cfg());
+        assert!(r.passed && r.complete, "{}", render(&r));
+        assert_eq!(r.boot_id, "b1");
+        assert!(failed_checks(&r).is_empty());
+    }
+
+    #[test]
+    fn wrong_count_fails() {
+        let r = validate(&health(7), Some(8), &cfg());
+        assert!(r.complete && !r.passed);
+        assert_eq!(failed_checks(&r), vec!["gpu_count"]);
+    }
+
+    #[test]
+    fn config_count_is_the_fallback() {
+        let c = ValidationConfig {
+            expected_gpus: Some(2),
+            ..cfg()
+        };
+        assert!(validate(&health(2), None, &c).passed);
+        // An explicit resolved count wins.
+        assert!(!validate(&health(2), Some(3), &c).passed);
+    }
+
+    #[test]
+    fn unknown_count_nvml_down_or_missing_samples_are_incomplete() {
+        let r = validate(&health(8), None, &cfg());
+        assert!(!r.complete && !r.passed);
+
+        let mut h = health(8);
+        h.monitor.as_mut().unwrap().nvml_ok = false;
+        let r = validate(&h, Some(8), &cfg());
+        assert!(!r.complete && !r.passed);
+
+        let mut h = health(8);
+        h.gpus[3].sample = None;
+        let r = validate(&h, Some(8), &cfg());
+        assert!(!r.complete && !r.passed, "{}", render(&r));
+
+        let h = NodeHealth::default();
+        let r = validate(&h, Some(8), &cfg());
+        assert!(!r.complete && !r.passed);
+    }
+
+    #[test]
+    fn per_gpu_failures_name_the_gpu() {
+        let mut h = health(4);
+        let s = h.gpus[1].sample.as_mut().unwrap();
+        s.remapped_rows_pending = Some(true);
+        let s = h.gpus[2].sample.as_mut().unwrap();
+        s.ecc_volatile_uncorrected = Some(3);
+        s.pcie_link_width = Some(8);
+        h.gpus[3]
+            .sample
+            .as_mut()
+            .unwrap()
+            .set_recovery_action(RecoveryAction::GpuReset);
+        let mut f = ActiveFault {
+            reason: "XID79".into(),
+            ..Default::default()
+        };
+        f.set_action(Action::RebootNode);
+        h.gpus[0].active_faults.push(f);
+        let r = validate(&h, Some(4), &cfg());
+        assert!(r.complete && !r.passed);
+        assert_eq!(
+            failed_checks(&r),
+            vec![
+                "active_faults[gpu 0]",
+                "row_remap[gpu 1]",
+                "ecc_uncorrected[gpu 2]",
+                "pcie_link[gpu 2]",
+                "recovery_action[gpu 3]",
+            ]
+        );
+    }
+
+    #[test]
+    fn pcie_generation_is_checked_only_when_configured() {
+        // Regression (issue 5 review): idle GPUs drop to Gen1; a default gate
+        // must not fail new idle nodes on the link generation.
+        let mut h = health(1);
+        h.gpus[0].sample.as_mut().unwrap().pcie_link_gen = Some(1);
+        let r = validate(&h, Some(1), &cfg());
+        assert!(r.passed, "{}", render(&r));
+        assert!(
+            render(&r).contains("generation 1 (not checked"),
+            "{}",
+            render(&r)
+        );
+        let c = ValidationConfig {
+            check_pcie_gen: true,
+            ..cfg()
+        };
+        let r = validate(&h, Some(1), &c);
+        assert_eq!(failed_checks(&r), vec!["pcie_link[gpu 0]"]);
+        assert!(render(&r).contains("generation 1 below expected 5"));
+        let c = ValidationConfig {
+            expected_pcie_gen: Some(1),
+            ..cfg()
+        };
+        assert!(validate(&h, Some(1), &c).passed);
+        let c = ValidationConfig {
+            expected_pcie_gen: Some(4),
+            ..cfg()
+        };
+        assert!(!validate(&h, Some(1), &c).passed);
+        // The width is checked against the maximum by default.
+        let mut h = health(1);
+        h.gpus[0].sample.as_mut().unwrap().pcie_link_width = Some(8);
+        let r = validate(&h, Some(1), &cfg());
+        assert!(
+            render(&r).contains("width x8 below expected x16"),
+            "{}",
+            render(&r)
+        );
+        let c = ValidationConfig {
+            expected_pcie_width: Some(8),
+            ..cfg()
+        };
+        assert!(validate(&h, Some(1), &c).passed);
+    }
+
+    #[test]
+    fn incomplete_until_the_kernel_log_ring_was_read() {
+        // Regression (issue 5 review): an XID 79 logged before the agent
+        // started may still be unread; the gate must not pass before that.
+        let mut h = health(2);
+        h.monitor.as_mut().unwrap().kmsg_caught_up = false;
+        let r = validate(&h, Some(2), &cfg());
+        assert!(!r.complete && !r.passed);
+        assert_eq!(failed_checks(&r), vec!["kmsg"]);
+        assert!(
+            render(&r).contains("not been read to its end"),
+            "{}",
+            render(&r)
+        );
+
+        let mut h = health(2);
+        let m = h.monitor.as_mut().unwrap();
+        m.kmsg_ok = false;
+        m.kmsg_caught_up = false;
+        m.message = "kmsg: Permission denied".into();
+        let r = validate(&h, Some(2), &cfg());
+        assert!(!r.complete && !r.passed);
+        let text = render(&r);
+        assert!(
+            text.contains("kernel log is not readable (kmsg: Permission denied)")
+                && text.contains("cannot be ruled out"),
+            "{text}"
+        );
+        assert!(text.starts_with("Validation INCOMPLETE"), "{text}");
+
+        // Waived explicitly where the pod cannot open /dev/kmsg: NVML checks decide,
+        // and the report says the kernel log was not checked.
+        let waived = ValidationConfig {
+            require_kmsg: false,
+            ..cfg()
+        };
+        let r = validate(&h, Some(2), &waived);
+        assert!(r.complete && r.passed, "{}", render(&r));
+        assert!(render(&r).contains("not required (validation.require_kmsg = false)"));
+    }
+
+    #[test]
+    fn node_level_faults_fail_the_validation() {
+        let mut h = health(2);
+        let mut f = ActiveFault {
+            reason: "XID79".into(),
+            ..Default::default()
+        };
+        f.set_action(Action::RebootNode);
+        h.node_faults.push(f);
+        let mut app = ActiveFault {
+            reason: "XID13".into(),
+            ..Default::default()
+        };
+        app.set_action(Action::RestartApp);
+        h.node_faults.push(app);
+        let r = validate(&h, Some(2), &cfg());
+        assert!(r.complete && !r.passed);
+        assert_eq!(failed_checks(&r), vec!["active_faults"]);
+        assert!(render(&r).contains("active on the node: XID79 (reboot_node)"));
+    }
+
+    #[test]
+    fn not_supported_readings_pass() {
+        let mut h = health(1);
+        let s = h.gpus[0].sample.as_mut().unwrap();
+        s.remapped_rows_pending = None;
+        s.remapped_rows_failure = None;
+        s.ecc_volatile_uncorrected = None;
+        s.set_recovery_action(RecoveryAction::Unspecified);
+        assert!(validate(&h, Some(1), &cfg()).passed);
+    }
+
+    #[test]
+    fn add_check_recomputes() {
+        let mut r = validate(&health(1), Some(1), &cfg());
+        assert!(r.passed);
+        add_check(
+            &mut r,
+            check(checks::COMMAND, None, false, "exit code 1".into()),
+        );
+        assert!(!r.passed && r.complete);
+        assert!(render(&r).contains("FAIL command: exit code 1"));
+    }
+
+    #[test]
+    fn config_validation() {
+        assert!(cfg().validate().is_empty());
+        let c = ValidationConfig {
+            expected_gpus: Some(0),
+            expected_gpus_label: "bad label".into(),
+            expected_pcie_gen: Some(9),
+            check_pcie_gen: false,
+            expected_pcie_width: Some(3),
+            command: vec![String::new()],
+            timeout_secs: 0,
+            require_kmsg: true,
+        };
+        assert_eq!(c.validate().len(), 6, "{:?}", c.validate());
+    }
+}

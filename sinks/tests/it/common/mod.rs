@@ -1,0 +1,701 @@
+//! Test helpers shared by the OTLP and Prometheus integration tests: a real
+//! OpenTelemetry collector (`rotel`, from PyPI) on loopback ports, a parser for
+//! its detailed debug log, `promtool`, and a populated registry.
+#![allow(dead_code)]
+
+use gpuwatch_core::{KubeObject, Outcome, Registry, Stage, ValidationResult, WriteResult};
+use gpuwatch_proto::{
+    Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, GpuSample, MonitorStatus, NodeHealth,
+    NvLinkSample, RecoveryAction, Severity, Source, Verdict,
+};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// rotel version the tests pin.
+pub const ROTEL_VERSION: &str = "0.0.1a15";
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(name))
+            .find(|f| f.is_file())
+    })
+}
+
+fn pip_location() -> Option<PathBuf> {
+    let out = Command::new("python3")
+        .args(["-m", "pip", "show", "-f", "rotel"])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let location = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Location: "))?
+        .trim()
+        .to_owned();
+    let rel = text
+        .lines()
+        .map(str::trim)
+        .find(|l| l.ends_with("rotel-agent"))?
+        .to_owned();
+    let path = PathBuf::from(location).join(rel);
+    path.is_file().then_some(path)
+}
+
+/// The rotel collector binary: `$ROTEL_BIN`, `rotel-agent` on PATH, or the
+/// pip package's copy (installed with pip when missing).
+pub fn rotel_binary() -> PathBuf {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(p) = std::env::var_os("ROTEL_BIN") {
+            return PathBuf::from(p);
+        }
+        if let Some(p) = on_path("rotel-agent").or_else(pip_location) {
+            return p;
+        }
+        let status = Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                &format!("rotel=={ROTEL_VERSION}"),
+            ])
+            .status()
+            .expect("python3 is needed to install rotel");
+        assert!(
+            status.success(),
+            "pip install rotel=={ROTEL_VERSION} failed"
+        );
+        pip_location().expect("rotel-agent not found after pip install")
+    })
+    .clone()
+}
+
+/// A free loopback TCP port (bound and released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind loopback")
+        .port()
+}
+
+/// A running rotel collector; killed on drop.
+pub struct Rotel {
+    child: Child,
+    /// OTLP gRPC port.
+    pub grpc_port: u16,
+    /// OTLP HTTP port.
+    pub http_port: u16,
+    output: Arc<Mutex<String>>,
+    _dir: tempfile::TempDir,
+}
+
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ ... final byte in @..~
+            for d in chars.by_ref() {
+                if ('@'..='~').contains(&d) && d != '[' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+impl Rotel {
+    /// Starts rotel on two fresh loopback ports.
+    pub fn start() -> Rotel {
+        Rotel::start_on(free_port(), free_port())
+    }
+
+    /// Starts rotel on the given ports and waits until both accept connections.
+    pub fn start_on(grpc_port: u16, http_port: u16) -> Rotel {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut child = Command::new(rotel_binary())
+            .arg("start")
+            .args(["--exporter", "blackhole"])
+            .args(["--debug-log", "metrics", "--debug-log", "logs"])
+            .args(["--debug-log-verbosity", "detailed"])
+            .args(["--otlp-grpc-endpoint", &format!("127.0.0.1:{grpc_port}")])
+            .args(["--otlp-http-endpoint", &format!("127.0.0.1:{http_port}")])
+            .arg("--pid-file")
+            .arg(dir.path().join("rotel.pid"))
+            .arg("--log-file")
+            .arg(dir.path().join("rotel.log"))
+            .args(["--batch-timeout", "50ms"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start rotel");
+        let output = Arc::new(Mutex::new(String::new()));
+        for stream in [
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let out = output.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines() {
+                    let Ok(line) = line else { break };
+                    let mut o = out.lock().unwrap();
+                    o.push_str(&strip_ansi(&line));
+                    o.push('\n');
+                }
+            });
+        }
+        let rotel = Rotel {
+            child,
+            grpc_port,
+            http_port,
+            output,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        for port in [grpc_port, http_port] {
+            while TcpStream::connect(("127.0.0.1", port)).is_err() {
+                assert!(
+                    Instant::now() < deadline,
+                    "rotel did not listen on {port}: {}",
+                    rotel.output()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        rotel
+    }
+
+    /// Everything rotel printed so far (ANSI codes removed).
+    pub fn output(&self) -> String {
+        self.output.lock().unwrap().clone()
+    }
+
+    /// What rotel received so far, parsed.
+    pub fn received(&self) -> Received {
+        parse(&self.output())
+    }
+
+    /// Polls until `pred` holds on what rotel received, or panics after `timeout`.
+    pub fn wait_for(
+        &self,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(&Received) -> bool,
+    ) -> Received {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let r = self.received();
+            if pred(&r) {
+                return r;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; rotel output tail:\n{}",
+                tail(&self.output(), 4000)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Kills the collector (abrupt outage).
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Rotel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tail(s: &str, n: usize) -> &str {
+    let start = s.len().saturating_sub(n);
+    let start = (start..s.len())
+        .find(|i| s.is_char_boundary(*i))
+        .unwrap_or(s.len());
+    &s[start..]
+}
+
+/// One data point as rotel printed it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DataPoint {
+    /// Attributes, values as printed (`Str(x)`, `Int(3)`).
+    pub attrs: BTreeMap<String, String>,
+    /// `Value:` of number points.
+    pub value: Option<String>,
+    /// Histogram count.
+    pub count: Option<u64>,
+    /// Histogram sum.
+    pub sum: Option<f64>,
+    /// Histogram bounds.
+    pub bounds: Vec<f64>,
+    /// Histogram bucket counts.
+    pub buckets: Vec<u64>,
+}
+
+/// One metric (one export of it).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Metric {
+    /// Resource attributes of the export.
+    pub resource: BTreeMap<String, String>,
+    /// Name.
+    pub name: String,
+    /// Unit.
+    pub unit: String,
+    /// `Sum`, `Gauge`, `Histogram`.
+    pub data_type: String,
+    /// `true`/`false` for sums.
+    pub monotonic: Option<String>,
+    /// `AGGREGATION_TEMPORALITY_CUMULATIVE` etc.
+    pub temporality: Option<String>,
+    /// Points.
+    pub points: Vec<DataPoint>,
+}
+
+/// One log record.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Log {
+    /// Resource attributes.
+    pub resource: BTreeMap<String, String>,
+    /// Timestamp (ns).
+    pub timestamp: u64,
+    /// Observed timestamp (ns).
+    pub observed: u64,
+    /// Severity text.
+    pub severity_text: String,
+    /// Severity number line (`SEVERITY_NUMBER_ERROR(17)`).
+    pub severity_number: String,
+    /// Body as printed (`Str(...)`).
+    pub body: String,
+    /// Attributes as printed.
+    pub attrs: BTreeMap<String, String>,
+}
+
+/// Everything parsed from rotel's debug log.
+#[derive(Clone, Debug, Default)]
+pub struct Received {
+    /// Metrics in arrival order (one entry per metric per export).
+    pub metrics: Vec<Metric>,
+    /// Log records in arrival order.
+    pub logs: Vec<Log>,
+}
+
+impl Received {
+    /// The latest export of the metric `name`.
+    pub fn metric(&self, name: &str) -> Option<&Metric> {
+        self.metrics.iter().rev().find(|m| m.name == name)
+    }
+}
+
+impl Metric {
+    /// The point whose attributes include every `(key, printed value)` given.
+    pub fn point(&self, attrs: &[(&str, &str)]) -> Option<&DataPoint> {
+        self.points.iter().find(|p| {
+            attrs
+                .iter()
+                .all(|(k, v)| p.attrs.get(*k).map(String::as_str) == Some(*v))
+        })
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Section {
+    None,
+    Resource,
+    Descriptor,
+    PointAttrs,
+    LogAttrs,
+}
+
+fn kv(line: &str) -> Option<(String, String)> {
+    let rest = line.trim_start().strip_prefix("-> ")?;
+    let (k, v) = rest.split_once(": ")?;
+    Some((k.to_owned(), v.to_owned()))
+}
+
+/// Parses rotel's `--debug-log-verbosity detailed` output.
+pub fn parse(text: &str) -> Received {
+    let mut r = Received::default();
+    let mut resource = BTreeMap::new();
+    let mut section = Section::None;
+    let mut in_logs = false;
+    for line in text.lines() {
+        let t = line.trim();
+        if t.starts_with("ResourceMetrics #") || t.starts_with("ResourceLog #") {
+            resource = BTreeMap::new();
+            in_logs = t.starts_with("ResourceLog");
+            section = Section::None;
+        } else if t == "Resource attributes:" {
+            section = Section::Resource;
+        } else if t.starts_with("Metric #") {
+            r.metrics.push(Metric {
+                resource: resource.clone(),
+                ..Default::default()
+            });
+            section = Section::None;
+        } else if t == "Descriptor:" {
+            section = Section::Descriptor;
+        } else if t.starts_with("NumberDataPoints #") || t.starts_with("HistogramDataPoints #") {
+            if let Some(m) = r.metrics.last_mut() {
+                m.points.push(DataPoint::default());
+            }
+            section = Section::None;
+        } else if t == "Data point attributes:" {
+            section = Section::PointAttrs;
+        } else if t.starts_with("LogRecord #") {
+            r.logs.push(Log {
+                resource: resource.clone(),
+                ..Default::default()
+            });
+            section = Section::None;
+        } else if t == "Attributes:" && in_logs {
+            section = Section::LogAttrs;
+        } else if let Some((k, v)) = kv(line) {
+            match section {
+                Section::Resource => {
+                    resource.insert(k, v);
+                }
+                Section::Descriptor => {
+                    if let Some(m) = r.metrics.last_mut() {
+                        match k.as_str() {
+                            "Name" => m.name = v,
+                            "Unit" => m.unit = v,
+                            "DataType" => m.data_type = v,
+                            "IsMonotonic" => m.monotonic = Some(v),
+                            "AggregationTemporality" => m.temporality = Some(v),
+                            _ => {}
+                        }
+                    }
+                }
+                Section::PointAttrs => {
+                    if let Some(p) = r.metrics.last_mut().and_then(|m| m.points.last_mut()) {
+                        p.attrs.insert(k, v);
+                    }
+                }
+                Section::LogAttrs => {
+                    if let Some(l) = r.logs.last_mut() {
+                        l.attrs.insert(k, v);
+                    }
+                }
+                Section::None => {}
+            }
+        } else if in_logs {
+            if let Some(l) = r.logs.last_mut() {
+                if let Some(v) = t.strip_prefix("ObservedTimestamp: ") {
+                    l.observed = v.parse().unwrap_or(0);
+                } else if let Some(v) = t.strip_prefix("Timestamp: ") {
+                    l.timestamp = v.parse().unwrap_or(0);
+                } else if let Some(v) = t.strip_prefix("SeverityText: ") {
+                    l.severity_text = v.to_owned();
+                } else if let Some(v) = t.strip_prefix("SeverityNumber: ") {
+                    l.severity_number = v.to_owned();
+                } else if let Some(v) = t.strip_prefix("Body: ") {
+                    l.body = v.to_owned();
+                }
+            }
+            if t.starts_with("Trace ID") || t.starts_with("Flags:") {
+                section = Section::None;
+            }
+        } else if let Some(p) = r.metrics.last_mut().and_then(|m| m.points.last_mut()) {
+            if let Some(v) = t.strip_prefix("Value: ") {
+                p.value = Some(v.to_owned());
+            } else if let Some(v) = t.strip_prefix("Count: ") {
+                p.count = v.parse().ok();
+            } else if let Some(v) = t.strip_prefix("Sum: ") {
+                p.sum = v.parse().ok();
+            } else if let Some((_, b)) = t
+                .strip_prefix("ExplicitBounds #")
+                .and_then(|rest| rest.split_once(": "))
+            {
+                p.bounds.extend(b.parse::<f64>().ok());
+            } else if let Some((_, c)) = t
+                .strip_prefix("Buckets #")
+                .and_then(|rest| rest.split_once("Count: "))
+            {
+                p.buckets.extend(c.parse::<u64>().ok());
+            }
+            section = Section::None;
+        }
+    }
+    r
+}
+
+/// The OTLP names, units and types listed in `docs/metrics.md`.
+pub fn documented_metrics() -> Vec<(String, String, String)> {
+    let doc = include_str!("../../../../docs/metrics.md");
+    doc.lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| l.split('|').map(str::trim).collect::<Vec<&str>>())
+        // Metric tables have six columns; other tables (log attributes) fewer.
+        .filter(|c| c.len() >= 8)
+        .map(|c| {
+            (
+                c[1].trim_matches('`').to_owned(),
+                c[4].trim_matches('`').to_owned(),
+                c[3].split_whitespace().next().unwrap_or("").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// A GPU sample with every reading present.
+pub fn full_sample(index: u32, temperature: u32) -> GpuSample {
+    GpuSample {
+        index,
+        uuid: format!("GPU-0000000{index}-aaaa-bbbb-cccc-dddddddddddd"),
+        pci_address: format!("0000:{:02x}:00.0", 0x3b + index),
+        name: "NVIDIA H100 80GB HBM3".into(),
+        time_unix_nano: Some(1_700_000_000_000_000_000),
+        temperature_c: Some(temperature),
+        slowdown_temperature_c: Some(87),
+        shutdown_temperature_c: Some(92),
+        power_mw: Some(350_500 + index * 1000),
+        power_limit_mw: Some(700_000),
+        clock_event_reasons: Some(0x1 | 0x40),
+        ecc_volatile_corrected: Some(4),
+        ecc_volatile_uncorrected: Some(0),
+        ecc_aggregate_corrected: Some(40),
+        ecc_aggregate_uncorrected: Some(1),
+        retired_pages_sbe: Some(2),
+        retired_pages_dbe: Some(1),
+        retired_pages_pending: Some(false),
+        remapped_rows_correctable: Some(3),
+        remapped_rows_uncorrectable: Some(1),
+        remapped_rows_pending: Some(index == 0),
+        remapped_rows_failure: Some(false),
+        pcie_link_gen: Some(5),
+        pcie_link_gen_max: Some(5),
+        pcie_link_width: Some(16),
+        pcie_link_width_max: Some(16),
+        pcie_replay_counter: Some(7),
+        nvlinks: (0..2)
+            .map(|link| NvLinkSample {
+                link,
+                active: Some(link == 0),
+                replay_errors: Some(1),
+                recovery_errors: Some(2),
+                crc_flit_errors: Some(3),
+                crc_data_errors: Some(4),
+            })
+            .collect(),
+        recovery_action: RecoveryAction::GpuReset as i32,
+        persistence_mode: Some(true),
+    }
+}
+
+/// An XID event on GPU `index` with kernel-style text.
+pub fn xid_event(code: u32, index: u32, action: Action, count: u32) -> FaultEvent {
+    let pci = format!("0000:{:02x}:00.0", 0x3b + index);
+    let mut ev = FaultEvent {
+        code,
+        pci_address: pci.clone(),
+        gpu_index: Some(index),
+        gpu_uuid: format!("GPU-0000000{index}-aaaa-bbbb-cccc-dddddddddddd"),
+        pid: Some(4242),
+        process: "python3".into(),
+        message: format!(
+            "NVRM: Xid (PCI:{}): {code}, pid=4242, name=python3, Ch 00000008",
+            &pci[5..12]
+        ),
+        kmsg_seq: Some(1000 + u64::from(code)),
+        monotonic_usec: Some(12_345_678),
+        time_unix_nano: Some(1_700_000_000_123_456_789),
+        facility: Some(0),
+        level: Some(4),
+        boot_id: "6f0b1c5e-0000-4000-8000-000000000001".into(),
+        count,
+        attributes: [("channel".to_owned(), "0x00000008".to_owned())].into(),
+        name: "test fault".into(),
+        ..Default::default()
+    };
+    ev.set_kind(FaultKind::Xid);
+    ev.classify(action, format!("xid {code} policy table"));
+    ev.set_source(Source::Kmsg);
+    ev
+}
+
+/// Fills a registry so that every instrument of `docs/metrics.md` has points.
+pub fn populate(r: &Registry) {
+    r.record_fault(&xid_event(79, 0, Action::InspectHardware, 3));
+    r.record_fault(&xid_event(13, 1, Action::RestartApp, 1));
+    let mut sxid = FaultEvent {
+        code: 12028,
+        pci_address: "0000:05:00.0".into(),
+        count: 1,
+        ..Default::default()
+    };
+    sxid.set_kind(FaultKind::Sxid);
+    sxid.classify(Action::ResetGpu, "sxid");
+    r.record_fault(&sxid);
+    let mut aer = FaultEvent {
+        count: 2,
+        ..Default::default()
+    };
+    aer.set_kind(FaultKind::PcieAer);
+    aer.classify(Action::Investigate, "aer");
+    r.record_fault(&aer);
+
+    let mut hw = ActiveFault {
+        code: 79,
+        reason: "XID79".into(),
+        count: 3,
+        ..Default::default()
+    };
+    hw.set_kind(FaultKind::Xid);
+    hw.set_action(Action::InspectHardware);
+    hw.set_severity(Severity::Critical);
+    let mut node_fault = ActiveFault {
+        reason: "PcieAer".into(),
+        ..Default::default()
+    };
+    node_fault.set_action(Action::Investigate);
+    let mut g0 = GpuHealth {
+        index: Some(0),
+        uuid: full_sample(0, 41).uuid,
+        pci_address: full_sample(0, 41).pci_address,
+        active_faults: vec![hw],
+        sample: Some(full_sample(0, 41)),
+        ..Default::default()
+    };
+    g0.set_verdict(Verdict::Unhealthy);
+    g0.set_action(Action::InspectHardware);
+    let mut g1 = GpuHealth {
+        index: Some(1),
+        uuid: full_sample(1, 63).uuid,
+        pci_address: full_sample(1, 63).pci_address,
+        sample: Some(full_sample(1, 63)),
+        ..Default::default()
+    };
+    g1.set_verdict(Verdict::Healthy);
+    let mut health = NodeHealth {
+        node_name: "gpu-node-1".into(),
+        reason: "XID79".into(),
+        gpus: vec![g0, g1],
+        node_faults: vec![node_fault],
+        // NVML up (its samples are current and exported); the kernel log down,
+        // so `gpuwatch.monitor.up` has a 0 and a 1 point.
+        monitor: Some(MonitorStatus {
+            kmsg_ok: false,
+            nvml_ok: true,
+            message: "kmsg: permission denied".into(),
+            kmsg_caught_up: false,
+        }),
+        ..Default::default()
+    };
+    health.set_verdict(Verdict::Unhealthy);
+    health.set_action(Action::InspectHardware);
+    r.set_health(Arc::new(health));
+
+    r.kmsg_records_read.store(1000, Relaxed);
+    r.kmsg_records_lost.store(2, Relaxed);
+    r.kmsg_records_malformed.store(1, Relaxed);
+    r.samples_dropped.store(4, Relaxed);
+    r.count_events(Stage::Parser, Outcome::Emitted, 5);
+    r.count_events(Stage::Engine, Outcome::Coalesced, 2);
+    r.count_nvml_error("nvmlDeviceGetPowerUsage");
+    r.count_state_write(true);
+    r.count_state_write(false);
+    r.count_kube_write(KubeObject::Condition, WriteResult::Ok);
+    r.count_kube_write(KubeObject::Taint, WriteResult::Conflict);
+    r.fault_taint_present.store(1, Relaxed);
+    r.set_startup_taint(true);
+    r.gpus_expected.store(8, Relaxed);
+    r.count_validation(ValidationResult::Pass);
+}
+
+/// `promtool`, installed from Debian's `prometheus` package when missing.
+pub fn promtool() -> PathBuf {
+    if let Some(p) = on_path("promtool") {
+        return p;
+    }
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "prometheus"])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !install() {
+        let _ = Command::new("apt-get").args(["update", "-q"]).status();
+        assert!(install(), "apt-get install prometheus failed");
+    }
+    on_path("promtool").expect("promtool not found after installing prometheus")
+}
+
+/// Runs `promtool check metrics` on `text`: (accepted, stdout + stderr).
+pub fn promtool_check(text: &str) -> (bool, String) {
+    use std::io::Write;
+    let mut child = Command::new(promtool())
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let msg = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), msg)
+}
+
+/// Asserts that `m`, as rotel printed it, has the OTLP shape of the
+/// documented instrument type `ty` (`counter`: cumulative monotonic Sum,
+/// `gauge`: Gauge, `histogram`: cumulative Histogram).
+pub fn assert_instrument_type(name: &str, ty: &str, m: &Metric) {
+    match ty {
+        "counter" => {
+            assert_eq!(m.data_type, "Sum", "{name}");
+            assert_eq!(m.monotonic.as_deref(), Some("true"), "{name}");
+            assert_eq!(
+                m.temporality.as_deref(),
+                Some("AGGREGATION_TEMPORALITY_CUMULATIVE"),
+                "{name}"
+            );
+        }
+        "gauge" => assert_eq!(m.data_type, "Gauge", "{name}"),
+        "histogram" => {
+            assert_eq!(m.data_type, "Histogram", "{name}");
+            assert_eq!(
+                m.temporality.as_deref(),
+                Some("AGGREGATION_TEMPORALITY_CUMULATIVE"),
+                "{name}"
+            );
+        }
+        other => panic!("{name}: documented type {other}"),
+    }
+}

@@ -1,0 +1,1218 @@
+//! Node writer scenarios against the in-process API-server double
+//! (`kube_common`): conditions, taints, Events, outages, restarts, the startup
+//! gate and storm pacing. Each test starts its own double on 127.0.0.1:0.
+
+use crate::kube_common::{ApiDouble, condition, taint_keys, taint_value, wait_for};
+use gpuwatch_core::validation::ValidationConfig;
+use gpuwatch_core::{KubeObject, Registry, ValidationResult, WriteResult};
+use gpuwatch_proto::{
+    Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, GpuSample, MonitorStatus, NodeHealth,
+    RecoveryAction, ValidationReport, Verdict,
+};
+use gpuwatch_sinks::kube::{KubeConfig, NodeWriter, ValidationCallback};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+const NODE: &str = "gpu-node-1";
+const READY: &str = "AcceleratedHardwareReady";
+const PROBLEM: &str = "GPUProblem";
+const FAULT_TAINT: &str = "gpuwatch.io/unhealthy";
+const STARTUP_TAINT: &str = "startup-taint.cluster-autoscaler.kubernetes.io/gpu-not-ready";
+const SECS: Duration = Duration::from_secs(5);
+
+fn node(taints: Vec<Taint>, labels: &[(&str, &str)]) -> Node {
+    let mut n = Node::default();
+    n.metadata.name = Some(NODE.into());
+    n.metadata.labels = Some(
+        labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect::<BTreeMap<_, _>>(),
+    );
+    n.spec = Some(NodeSpec {
+        taints: Some(taints),
+        ..Default::default()
+    });
+    n
+}
+
+fn taint(key: &str, value: Option<&str>) -> Taint {
+    Taint {
+        key: key.into(),
+        value: value.map(Into::into),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    }
+}
+
+fn gpu(i: u32) -> GpuHealth {
+    let mut s = GpuSample {
+        index: i,
+        uuid: format!("GPU-{i}"),
+        pci_address: format!("0000:{:02x}:00.0", 0x1b + i),
+        remapped_rows_pending: Some(false),
+        remapped_rows_failure: Some(false),
+        ecc_volatile_uncorrected: Some(0),
+        pcie_link_gen: Some(5),
+        pcie_link_gen_max: Some(5),
+        pcie_link_width: Some(16),
+        pcie_link_width_max: Some(16),
+        ..Default::default()
+    };
+    s.set_recovery_action(RecoveryAction::None);
+    let mut g = GpuHealth {
+        index: Some(i),
+        uuid: format!("GPU-{i}"),
+        pci_address: s.pci_address.clone(),
+        sample: Some(s),
+        ..Default::default()
+    };
+    g.set_verdict(Verdict::Healthy);
+    g
+}
+
+fn healthy(n: u32, boot: &str) -> NodeHealth {
+    let mut h = NodeHealth {
+        node_name: NODE.into(),
+        boot_id: boot.into(),
+        reason: "Healthy".into(),
+        monitor: Some(MonitorStatus {
+            kmsg_ok: true,
+            nvml_ok: true,
+            message: String::new(),
+            kmsg_caught_up: true,
+        }),
+        gpus: (0..n).map(gpu).collect(),
+        ..Default::default()
+    };
+    h.set_verdict(Verdict::Healthy);
+    h
+}
+
+fn with_fault(mut h: NodeHealth, gpu: usize, code: u32, action: Action, count: u64) -> NodeHealth {
+    let mut f = ActiveFault {
+        code,
+        count,
+        reason: format!("XID{code}"),
+        boot_id: h.boot_id.clone(),
+        message: format!("NVRM: Xid (PCI:0000:1b:00): {code}, occurrence {count}"),
+        ..Default::default()
+    };
+    f.set_kind(FaultKind::Xid);
+    f.set_action(action);
+    h.gpus[gpu].active_faults.push(f);
+    h.gpus[gpu].set_action(action);
+    h.gpus[gpu].set_verdict(Verdict::Unhealthy);
+    h.set_verdict(Verdict::Unhealthy);
+    h.set_action(action);
+    h.reason = format!("XID{code}");
+    h
+}
+
+struct Harness {
+    api: ApiDouble,
+    tx: watch::Sender<Arc<NodeHealth>>,
+    writer: Option<NodeWriter>,
+    registry: Arc<Registry>,
+    /// Every report the writer handed to `on_validation`.
+    reports: Arc<Mutex<Vec<ValidationReport>>>,
+}
+
+impl Harness {
+    async fn start(n: Node, health: NodeHealth) -> Harness {
+        let api = ApiDouble::start(n).await;
+        let cfg = api.kube_config();
+        Harness::with(api, cfg, ValidationConfig::default(), health).await
+    }
+
+    async fn with(
+        api: ApiDouble,
+        cfg: KubeConfig,
+        vcfg: ValidationConfig,
+        health: NodeHealth,
+    ) -> Harness {
+        let (tx, rx) = watch::channel(Arc::new(health));
+        let registry = Registry::new();
+        let reports = Arc::new(Mutex::new(Vec::new()));
+        let sink = reports.clone();
+        let on_validation: ValidationCallback = Arc::new(move |r: ValidationReport| {
+            sink.lock().unwrap().push(r);
+        });
+        let writer = NodeWriter::start(
+            cfg,
+            vcfg,
+            NODE.into(),
+            registry.clone(),
+            rx,
+            false,
+            Some(on_validation),
+        )
+        .await
+        .expect("writer starts");
+        Harness {
+            api,
+            tx,
+            writer: Some(writer),
+            registry,
+            reports,
+        }
+    }
+
+    fn reports(&self) -> Vec<ValidationReport> {
+        self.reports.lock().unwrap().clone()
+    }
+
+    fn set(&self, h: NodeHealth) {
+        self.tx.send_replace(Arc::new(h));
+    }
+
+    fn writer(&self) -> &NodeWriter {
+        self.writer.as_ref().expect("writer running")
+    }
+
+    async fn until(&self, what: &str, f: impl Fn(&Node) -> bool) {
+        let ok = wait_for(SECS, || f(&self.api.node())).await;
+        assert!(
+            ok,
+            "timed out waiting for {what}; node: {:#}",
+            self.api.node_json()
+        );
+    }
+
+    async fn stop(mut self) -> ApiDouble {
+        if let Some(w) = self.writer.take() {
+            w.shutdown().await;
+        }
+        self.api.assert_requests_declared();
+        self.api
+    }
+}
+
+fn status_of(n: &Node, t: &str) -> Option<String> {
+    condition(n, t).map(|c| c.status)
+}
+
+fn xid_event(code: u32, action: Action, gpu: u32, t_nanos: u64) -> FaultEvent {
+    let mut e = FaultEvent {
+        code,
+        gpu_index: Some(gpu),
+        gpu_uuid: format!("GPU-{gpu}"),
+        pci_address: "0000:1b:00.0".into(),
+        message: format!("NVRM: Xid (PCI:0000:1b:00): {code}, pid=1234"),
+        boot_id: "boot-a".into(),
+        time_unix_nano: Some(t_nanos),
+        count: 1,
+        ..Default::default()
+    };
+    e.set_kind(FaultKind::Xid);
+    e.classify(action, "catalog");
+    e
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xid79_sets_condition_and_taint_within_one_second() {
+    let h = Harness::start(node(vec![], &[]), healthy(8, "boot-a")).await;
+    h.until("healthy conditions", |n| {
+        status_of(n, READY).as_deref() == Some("True")
+            && status_of(n, PROBLEM).as_deref() == Some("False")
+    })
+    .await;
+    // Let the write interval after the first round pass, as in a quiet agent.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let t0 = Instant::now();
+    h.set(with_fault(
+        healthy(8, "boot-a"),
+        3,
+        79,
+        Action::RebootNode,
+        1,
+    ));
+    h.until("fault taint and GPUProblem", |n| {
+        taint_value(n, FAULT_TAINT).as_deref() == Some("reboot_node")
+            && status_of(n, PROBLEM).as_deref() == Some("True")
+    })
+    .await;
+    let took = t0.elapsed();
+    eprintln!("fault -> condition + taint on the API: {took:?}");
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+    let n = h.api.node();
+    let p = condition(&n, PROBLEM).unwrap();
+    assert_eq!(p.reason.as_deref(), Some("XID79"));
+    let msg = p.message.unwrap();
+    for part in [
+        "GPU 3",
+        "GPU-3",
+        "0000:1e:00.0",
+        "code 79",
+        "seen once",
+        "boot boot-a",
+    ] {
+        assert!(msg.contains(part), "{part} missing in {msg}");
+    }
+    // A reboot fault is not a hardware verdict: the readiness condition stays True.
+    let r = condition(&n, READY).unwrap();
+    assert_eq!(
+        (r.status.as_str(), r.reason.as_deref()),
+        ("True", Some("GPURecoveryPending"))
+    );
+    // The SSA request is what the API expects.
+    let ssa = h
+        .api
+        .requests()
+        .into_iter()
+        .find(|r| r.resource == "nodes/status")
+        .unwrap();
+    assert_eq!(ssa.content_type, "application/apply-patch+yaml");
+    assert!(ssa.query.contains("fieldManager=gpuwatch"), "{}", ssa.query);
+    assert!(ssa.query.contains("force=true"), "{}", ssa.query);
+    let managed = h.api.node_json()["metadata"]["managedFields"].clone();
+    assert_eq!(managed[0]["manager"], "gpuwatch");
+
+    // An inspect_hardware fault makes the readiness condition False.
+    h.set(with_fault(
+        healthy(8, "boot-a"),
+        3,
+        79,
+        Action::InspectHardware,
+        1,
+    ));
+    h.until("hardware not ready", |n| {
+        status_of(n, READY).as_deref() == Some("False")
+            && taint_value(n, FAULT_TAINT).as_deref() == Some("inspect_hardware")
+    })
+    .await;
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flapping_message_keeps_transition_time() {
+    let api = ApiDouble::start(node(vec![], &[])).await;
+    let cfg = KubeConfig {
+        min_write_interval_ms: 100,
+        ..api.kube_config()
+    };
+    let h = Harness::with(
+        api,
+        cfg,
+        ValidationConfig::default(),
+        with_fault(healthy(2, "boot-a"), 0, 48, Action::ResetGpu, 1),
+    )
+    .await;
+    h.until("GPUProblem True", |n| {
+        status_of(n, PROBLEM).as_deref() == Some("True")
+    })
+    .await;
+    let first = condition(&h.api.node(), PROBLEM).unwrap();
+    let ready_first = condition(&h.api.node(), READY).unwrap();
+    // Make sure a later transition time would be distinguishable (second precision).
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Each count crosses a bucket, so each one changes the message.
+    for count in [2, 10, 100, 1000, 10_000] {
+        h.set(with_fault(
+            healthy(2, "boot-a"),
+            0,
+            48,
+            Action::ResetGpu,
+            count,
+        ));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    h.until("latest message", |n| {
+        condition(n, PROBLEM)
+            .and_then(|c| c.message)
+            .is_some_and(|m| m.contains("seen 10000+ times"))
+    })
+    .await;
+    let last = condition(&h.api.node(), PROBLEM).unwrap();
+    assert_eq!(last.status, "True");
+    assert_eq!(last.last_transition_time, first.last_transition_time);
+    assert_ne!(last.last_heartbeat_time, first.last_heartbeat_time);
+    let ready_last = condition(&h.api.node(), READY).unwrap();
+    assert_eq!(
+        ready_last.last_transition_time,
+        ready_first.last_transition_time
+    );
+    h.stop().await;
+}
+
+async fn concurrent_taint_edit(test_failure_status: u16) {
+    let api = ApiDouble::start(node(vec![taint("dedicated", Some("gpu"))], &[])).await;
+    api.set_test_failure_status(test_failure_status);
+    api.concurrent_taint_edits(2);
+    let cfg = api.kube_config();
+    let h = Harness::with(
+        api,
+        cfg,
+        ValidationConfig::default(),
+        with_fault(healthy(2, "boot-a"), 1, 79, Action::RebootNode, 1),
+    )
+    .await;
+    h.until("fault taint", |n| taint_value(n, FAULT_TAINT).is_some())
+        .await;
+    let keys = taint_keys(&h.api.node());
+    assert_eq!(
+        keys,
+        vec![
+            "dedicated",
+            "other.example.com/edit-1",
+            "other.example.com/edit-0",
+            FAULT_TAINT
+        ]
+    );
+    let conflicts = h
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.resource == "nodes" && r.verb == "patch" && r.status == test_failure_status)
+        .count();
+    assert_eq!(conflicts, 2);
+    assert!(
+        wait_for(SECS, || h
+            .registry
+            .kube_writes(KubeObject::Taint, WriteResult::Ok)
+            == 1)
+        .await
+    );
+    assert_eq!(
+        h.registry
+            .kube_writes(KubeObject::Taint, WriteResult::Conflict),
+        2
+    );
+    // Every taint patch carried the resourceVersion test.
+    for r in h
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.resource == "nodes" && r.verb == "patch")
+    {
+        assert_eq!(r.content_type, "application/json-patch+json");
+        assert_eq!(r.body[0]["op"], "test");
+        assert_eq!(r.body[0]["path"], "/metadata/resourceVersion");
+    }
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_taint_edit_by_another_writer_is_preserved_409() {
+    concurrent_taint_edit(409).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_taint_edit_by_another_writer_is_preserved_422() {
+    concurrent_taint_edit(422).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_outage_then_converges() {
+    let api = ApiDouble::start(node(vec![], &[])).await;
+    api.set_down(true);
+    let h = Harness::start_with_api(
+        api,
+        with_fault(healthy(2, "boot-a"), 0, 79, Action::RebootNode, 1),
+    )
+    .await;
+    // A scaled outage: 3 s with backoff 50 ms .. 400 ms.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let during = h.api.requests().len();
+    assert!(during >= 4, "writer should keep retrying: {during}");
+    // Exponential backoff bounds the retries (3 loops: reconcile, watch, nothing else).
+    assert!(
+        during <= 40,
+        "too many requests during the outage: {during}"
+    );
+    assert!(taint_value(&h.api.node(), FAULT_TAINT).is_none());
+    h.api.set_down(false);
+    h.until("converged after the outage", |n| {
+        taint_value(n, FAULT_TAINT).as_deref() == Some("reboot_node")
+            && status_of(n, PROBLEM).as_deref() == Some("True")
+    })
+    .await;
+    assert!(
+        h.api.requests()[..during].iter().all(|r| r.status == 503),
+        "every request during the outage failed"
+    );
+    // The watch came back too: a removed taint is restored without a resync.
+    h.api.edit_node(|n| {
+        n["spec"]["taints"] = serde_json::json!([]);
+    });
+    h.until("taint restored", |n| taint_value(n, FAULT_TAINT).is_some())
+        .await;
+    h.stop().await;
+}
+
+impl Harness {
+    async fn start_with_api(api: ApiDouble, health: NodeHealth) -> Harness {
+        let cfg = api.kube_config();
+        Harness::with(api, cfg, ValidationConfig::default(), health).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removed_condition_and_taint_are_restored() {
+    let h = Harness::start(
+        node(vec![taint("dedicated", Some("gpu"))], &[]),
+        with_fault(healthy(2, "boot-a"), 0, 79, Action::RebootNode, 1),
+    )
+    .await;
+    h.until("converged", |n| {
+        taint_value(n, FAULT_TAINT).is_some() && status_of(n, PROBLEM).is_some()
+    })
+    .await;
+    let ltt = condition(&h.api.node(), PROBLEM)
+        .unwrap()
+        .last_transition_time;
+    h.api.remove_condition(PROBLEM);
+    h.api.edit_node(|n| {
+        let t = n["spec"]["taints"].as_array_mut().unwrap();
+        t.retain(|t| t["key"] != FAULT_TAINT);
+    });
+    h.until("restored", |n| {
+        taint_value(n, FAULT_TAINT).as_deref() == Some("reboot_node")
+            && status_of(n, PROBLEM).as_deref() == Some("True")
+    })
+    .await;
+    assert_eq!(taint_keys(&h.api.node())[0], "dedicated");
+    // Someone deleted the condition, so it is a new transition.
+    let restored = condition(&h.api.node(), PROBLEM).unwrap();
+    assert!(restored.last_transition_time >= ltt);
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_mid_fault_keeps_state_and_sends_no_duplicate_events() {
+    let health = with_fault(healthy(2, "boot-a"), 1, 79, Action::RebootNode, 1);
+    let h = Harness::start(node(vec![], &[]), health.clone()).await;
+    let ev = xid_event(79, Action::RebootNode, 1, 1_700_000_000_000_000_000);
+    h.writer().event_sink().send(&ev);
+    h.until("fault state", |n| taint_value(n, FAULT_TAINT).is_some())
+        .await;
+    assert!(wait_for(SECS, || h.api.events().len() == 1).await);
+    let before = h.api.node();
+    let api = h.stop().await;
+
+    // Restart: same persisted health, and the same fault event delivered again.
+    let cfg = api.kube_config();
+    let h = Harness::with(api, cfg, ValidationConfig::default(), health).await;
+    h.writer().event_sink().send(&ev);
+    h.writer().event_sink().flush(SECS);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let events = h.api.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].count, Some(1));
+    assert_eq!(events[0].reason.as_deref(), Some("XID79"));
+    assert_eq!(events[0].type_.as_deref(), Some("Warning"));
+    let after = h.api.node();
+    assert_eq!(
+        condition(&after, PROBLEM).unwrap().last_transition_time,
+        condition(&before, PROBLEM).unwrap().last_transition_time
+    );
+    assert_eq!(taint_keys(&after), taint_keys(&before));
+    // The restarted writer wrote nothing: the live node already matched.
+    let writes_after_restart = h
+        .registry
+        .kube_writes(KubeObject::Condition, WriteResult::Ok)
+        + h.registry.kube_writes(KubeObject::Taint, WriteResult::Ok);
+    assert_eq!(writes_after_restart, 0);
+    // A new occurrence later is counted on the same Event.
+    h.writer().event_sink().send(&xid_event(
+        79,
+        Action::RebootNode,
+        1,
+        1_700_000_060_000_000_000,
+    ));
+    assert!(wait_for(SECS, || h.api.events()[0].count == Some(2)).await);
+    assert_eq!(h.api.events().len(), 1);
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_boot_clears_reboot_fault() {
+    let h = Harness::start(
+        node(vec![], &[]),
+        with_fault(healthy(2, "boot-a"), 0, 79, Action::RebootNode, 1),
+    )
+    .await;
+    h.until("fault", |n| taint_value(n, FAULT_TAINT).is_some())
+        .await;
+    h.set(healthy(2, "boot-b"));
+    h.until("cleared", |n| {
+        taint_value(n, FAULT_TAINT).is_none()
+            && status_of(n, PROBLEM).as_deref() == Some("False")
+            && status_of(n, READY).as_deref() == Some("True")
+    })
+    .await;
+    assert!(
+        wait_for(SECS, || h
+            .registry
+            .fault_taint_present
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 0)
+        .await
+    );
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nvml_unavailable_is_unknown_never_false() {
+    let mut h0 = healthy(0, "boot-a");
+    h0.set_verdict(Verdict::Unknown);
+    h0.reason = "MonitorUnavailable".into();
+    h0.monitor = Some(MonitorStatus {
+        kmsg_ok: true,
+        nvml_ok: false,
+        message: "NVML library not found".into(),
+        kmsg_caught_up: true,
+    });
+    let h = Harness::start(node(vec![], &[]), h0).await;
+    h.until("unknown", |n| {
+        status_of(n, READY).as_deref() == Some("Unknown")
+            && status_of(n, PROBLEM).as_deref() == Some("Unknown")
+    })
+    .await;
+    let r = condition(&h.api.node(), READY).unwrap();
+    assert_eq!(r.reason.as_deref(), Some("MonitorUnavailable"));
+    assert!(r.message.unwrap().contains("NVML library not found"));
+    for req in h
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.resource == "nodes/status")
+    {
+        for c in req.body["status"]["conditions"].as_array().unwrap() {
+            assert_ne!(c["status"], "False", "{c}");
+        }
+    }
+    assert!(taint_value(&h.api.node(), FAULT_TAINT).is_none());
+    h.stop().await;
+}
+
+async fn gate(labels: &[(&str, &str)], health: NodeHealth, vcfg: ValidationConfig) -> Harness {
+    let api = ApiDouble::start(node(
+        vec![taint("dedicated", Some("gpu")), taint(STARTUP_TAINT, None)],
+        labels,
+    ))
+    .await;
+    let cfg = api.kube_config();
+    Harness::with(api, cfg, vcfg, health).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_taint_kept_on_partial_validation() {
+    // No expected count anywhere (no config, no label, no capacity).
+    let h = gate(&[], healthy(8, "boot-a"), ValidationConfig::default()).await;
+    assert!(
+        wait_for(SECS, || h
+            .registry
+            .validation_runs(ValidationResult::Incomplete)
+            >= 2)
+        .await
+    );
+    let n = h.api.node();
+    assert!(taint_value(&n, STARTUP_TAINT).is_some());
+    let r = condition(&n, READY).unwrap();
+    assert_eq!(
+        (r.status.as_str(), r.reason.as_deref()),
+        ("Unknown", Some("ValidationIncomplete"))
+    );
+    assert_eq!(h.registry.validation_runs(ValidationResult::Pass), 0);
+    assert_eq!(
+        h.registry
+            .startup_taint_present
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    // NVML down: also incomplete, never removed.
+    let mut down = healthy(8, "boot-a");
+    down.monitor.as_mut().unwrap().nvml_ok = false;
+    h.set(down);
+    let before = h.registry.validation_runs(ValidationResult::Incomplete);
+    assert!(
+        wait_for(SECS, || h
+            .registry
+            .validation_runs(ValidationResult::Incomplete)
+            > before)
+        .await
+    );
+    assert!(taint_value(&h.api.node(), STARTUP_TAINT).is_some());
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_taint_kept_on_failed_validation_with_warning_event() {
+    let h = gate(
+        &[("nvidia.com/gpu.count", "8")],
+        healthy(7, "boot-a"),
+        ValidationConfig::default(),
+    )
+    .await;
+    assert!(
+        wait_for(SECS, || h.registry.validation_runs(ValidationResult::Fail)
+            >= 1)
+        .await
+    );
+    assert!(
+        wait_for(SECS, || h
+            .api
+            .events()
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("ValidationFailed")))
+        .await
+    );
+    let ev = h
+        .api
+        .events()
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some("ValidationFailed"))
+        .unwrap();
+    assert_eq!(ev.type_.as_deref(), Some("Warning"));
+    assert!(ev.message.unwrap().contains("gpu_count"));
+    h.until("ValidationFailed condition", |n| {
+        condition(n, READY).and_then(|c| c.reason).as_deref() == Some("ValidationFailed")
+    })
+    .await;
+    assert!(taint_value(&h.api.node(), STARTUP_TAINT).is_some());
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_taint_kept_when_extra_command_fails() {
+    let vcfg = ValidationConfig {
+        command: vec![
+            "sh".into(),
+            "-c".into(),
+            "echo diag failed >&2; exit 1".into(),
+        ],
+        ..ValidationConfig::default()
+    };
+    let h = gate(&[("nvidia.com/gpu.count", "2")], healthy(2, "boot-a"), vcfg).await;
+    assert!(
+        wait_for(SECS, || h.registry.validation_runs(ValidationResult::Fail)
+            >= 1)
+        .await
+    );
+    assert!(taint_value(&h.api.node(), STARTUP_TAINT).is_some());
+    assert!(
+        wait_for(SECS, || h.api.events().iter().any(|e| e
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("diag failed"))))
+        .await
+    );
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_taint_removed_after_validation_passes() {
+    let vcfg = ValidationConfig {
+        command: vec!["true".into()],
+        ..ValidationConfig::default()
+    };
+    let h = gate(&[("nvidia.com/gpu.count", "2")], healthy(2, "boot-a"), vcfg).await;
+    h.until("startup taint removed", |n| {
+        taint_value(n, STARTUP_TAINT).is_none()
+    })
+    .await;
+    let n = h.api.node();
+    assert_eq!(taint_keys(&n), vec!["dedicated"]);
+    assert_eq!(status_of(&n, READY).as_deref(), Some("True"));
+    assert_eq!(h.registry.validation_runs(ValidationResult::Pass), 1);
+    // The engine is told the report (it becomes `/v1/health.validation`).
+    let reports = h.reports();
+    assert_eq!(reports.len(), 1, "{reports:#?}");
+    assert!(reports[0].passed && reports[0].complete);
+    assert!(
+        reports[0]
+            .checks
+            .iter()
+            .any(|c| c.name == "command" && c.passed)
+    );
+    // The double applied the patch; the writer counts it once the response is in.
+    assert!(
+        wait_for(SECS, || h
+            .registry
+            .kube_writes(KubeObject::StartupTaint, WriteResult::Ok)
+            == 1)
+        .await
+    );
+    assert!(
+        wait_for(SECS, || h
+            .registry
+            .startup_taint_present
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 0)
+        .await
+    );
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storm_of_health_changes_is_paced_to_one_write_per_second() {
+    let h = Harness::start(
+        node(vec![], &[]),
+        with_fault(healthy(8, "boot-a"), 0, 48, Action::ResetGpu, 1),
+    )
+    .await;
+    h.until("first state", |n| taint_value(n, FAULT_TAINT).is_some())
+        .await;
+    let start_writes = h.api.requests().iter().filter(|r| r.is_write()).count();
+    let t0 = Instant::now();
+    // 1000 health changes over ~3 s, every one with a different message.
+    for i in 0..1000u64 {
+        h.set(with_fault(
+            healthy(8, "boot-a"),
+            (i % 8) as usize,
+            48,
+            Action::ResetGpu,
+            i + 2,
+        ));
+        if i % 10 == 9 {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    // The last change: count 1001 on GPU 7 (999 % 8).
+    h.until("last state", |n| {
+        condition(n, PROBLEM)
+            .and_then(|c| c.message)
+            .is_some_and(|m| m.starts_with("GPU 7 ") && m.contains("seen 1000+ times"))
+    })
+    .await;
+    let total = t0.elapsed().as_secs_f64();
+    let writes = h.api.requests().iter().filter(|r| r.is_write()).count() - start_writes;
+    eprintln!("storm: 1000 health changes in {secs:.1}s -> {writes} node writes in {total:.1}s");
+    assert!(
+        (writes as f64) <= total.ceil() + 1.0,
+        "{writes} writes in {total:.1}s (storm {secs:.1}s)"
+    );
+    assert!(writes >= 2, "the writer should keep converging: {writes}");
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forbidden_status_write_does_not_block_the_taint() {
+    let api = ApiDouble::start(node(vec![], &[])).await;
+    api.forbid("patch", "nodes/status");
+    let h = Harness::start_with_api(
+        api,
+        with_fault(healthy(2, "boot-a"), 0, 79, Action::RebootNode, 1),
+    )
+    .await;
+    h.until("taint despite 403", |n| {
+        taint_value(n, FAULT_TAINT).is_some()
+    })
+    .await;
+    assert!(condition(&h.api.node(), PROBLEM).is_none());
+    assert!(
+        wait_for(SECS, || h
+            .registry
+            .kube_writes(KubeObject::Condition, WriteResult::Error)
+            >= 2)
+        .await
+    );
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_are_deduplicated_and_typed() {
+    let h = Harness::start(node(vec![], &[]), healthy(2, "boot-a")).await;
+    let sink = h.writer().event_sink();
+    sink.send(&xid_event(
+        13,
+        Action::RestartApp,
+        0,
+        1_700_000_000_000_000_000,
+    ));
+    sink.send(&xid_event(
+        13,
+        Action::RestartApp,
+        0,
+        1_700_000_001_000_000_000,
+    ));
+    sink.send(&xid_event(
+        79,
+        Action::RebootNode,
+        1,
+        1_700_000_002_000_000_000,
+    ));
+    sink.send(&xid_event(0, Action::Ignore, 1, 1_700_000_002_000_000_000));
+    sink.flush(SECS);
+    let events = h.api.events();
+    assert_eq!(events.len(), 2, "{events:?}");
+    let xid13 = events
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("XID13"))
+        .unwrap();
+    assert_eq!(xid13.type_.as_deref(), Some("Normal"));
+    assert_eq!(xid13.count, Some(2));
+    assert_eq!(xid13.involved_object.kind.as_deref(), Some("Node"));
+    assert_eq!(xid13.involved_object.name.as_deref(), Some(NODE));
+    assert_eq!(xid13.metadata.namespace.as_deref(), Some("default"));
+    assert_eq!(
+        xid13.source.as_ref().and_then(|s| s.component.as_deref()),
+        Some("gpuwatch")
+    );
+    let xid79 = events
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("XID79"))
+        .unwrap();
+    assert_eq!(xid79.type_.as_deref(), Some("Warning"));
+    assert!(xid79.message.as_deref().unwrap().contains("GPU 1 (GPU-1"));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_writes_are_rate_limited() {
+    let api = ApiDouble::start(node(vec![], &[])).await;
+    let cfg = KubeConfig {
+        event_burst: 3,
+        events_per_minute: 60,
+        ..api.kube_config()
+    };
+    let h = Harness::with(api, cfg, ValidationConfig::default(), healthy(8, "boot-a")).await;
+    let sink = h.writer().event_sink();
+    for code in 100..110 {
+        sink.send(&xid_event(
+            code,
+            Action::Investigate,
+            0,
+            1_700_000_000_000_000_000,
+        ));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let n = h.api.events().len();
+    // Burst of 3, then one per second.
+    assert!((3..=5).contains(&n), "{n} events after 1.5 s");
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_needs_no_api_server() {
+    let (tx, rx) = watch::channel(Arc::new(healthy(2, "boot-a")));
+    let registry = Registry::new();
+    let cfg = KubeConfig {
+        enabled: true,
+        // Unreachable on purpose: dry run must not touch it.
+        api_server_url: Some("http://127.0.0.1:9".into()),
+        min_write_interval_ms: 10,
+        ..KubeConfig::default()
+    };
+    let w = NodeWriter::start(
+        cfg,
+        ValidationConfig::default(),
+        NODE.into(),
+        registry.clone(),
+        rx,
+        true,
+        None,
+    )
+    .await
+    .unwrap();
+    tx.send_replace(Arc::new(with_fault(
+        healthy(2, "boot-a"),
+        0,
+        79,
+        Action::RebootNode,
+        1,
+    )));
+    assert!(
+        wait_for(SECS, || registry
+            .kube_writes(KubeObject::Taint, WriteResult::Ok)
+            == 1
+            && registry.kube_writes(KubeObject::Condition, WriteResult::Ok)
+                >= 1)
+        .await
+    );
+    w.event_sink().send(&xid_event(
+        79,
+        Action::RebootNode,
+        0,
+        1_700_000_000_000_000_000,
+    ));
+    w.event_sink().flush(SECS);
+    assert_eq!(registry.kube_writes(KubeObject::Event, WriteResult::Ok), 1);
+    assert_eq!(
+        registry
+            .fault_taint_present
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    w.shutdown().await;
+}
+
+#[tokio::test]
+async fn invalid_settings_are_rejected_with_every_problem() {
+    let (_tx, rx) = watch::channel(Arc::new(NodeHealth::default()));
+    let cfg = KubeConfig {
+        min_write_interval_ms: 0,
+        fault_taint: gpuwatch_sinks::kube::TaintConfig {
+            key: "bad key".into(),
+            effect: "NoSchedule".into(),
+        },
+        ..KubeConfig::default()
+    };
+    let vcfg = ValidationConfig {
+        timeout_secs: 0,
+        ..ValidationConfig::default()
+    };
+    let err = NodeWriter::start(cfg, vcfg, NODE.into(), Registry::new(), rx, true, None)
+        .await
+        .unwrap_err()
+        .to_string();
+    for part in [
+        "fault_taint.key",
+        "min_write_interval_ms",
+        "validation.timeout_secs",
+    ] {
+        assert!(err.contains(part), "{part} missing: {err}");
+    }
+}
+
+/// Regression (issue 5 review): the condition message carried the live count,
+/// so a storm on one fault meant one status write per pacing interval for its
+/// whole length. With the count bucketed, 10 000 occurrences change the
+/// message 5 times, even with write pacing (nearly) off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storm_of_increments_makes_a_handful_of_status_writes() {
+    let api = ApiDouble::start(node(vec![], &[])).await;
+    let cfg = KubeConfig {
+        min_write_interval_ms: 1,
+        ..api.kube_config()
+    };
+    let h = Harness::with(
+        api,
+        cfg,
+        ValidationConfig::default(),
+        with_fault(healthy(8, "boot-a"), 2, 79, Action::RebootNode, 1),
+    )
+    .await;
+    h.until("first state", |n| {
+        condition(n, PROBLEM)
+            .and_then(|c| c.message)
+            .is_some_and(|m| m.contains("seen once"))
+    })
+    .await;
+    let status_writes = |h: &Harness| {
+        h.api
+            .requests()
+            .iter()
+            .filter(|r| r.resource == "nodes/status" && r.is_write())
+            .count()
+    };
+    let before = status_writes(&h);
+    for count in 2..=10_000u64 {
+        h.set(with_fault(
+            healthy(8, "boot-a"),
+            2,
+            79,
+            Action::RebootNode,
+            count,
+        ));
+        if count % 100 == 0 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    h.until("last bucket", |n| {
+        condition(n, PROBLEM)
+            .and_then(|c| c.message)
+            .is_some_and(|m| m.contains("seen 10000+ times"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let writes = status_writes(&h) - before;
+    eprintln!("storm: 10000 occurrences of one fault -> {writes} status writes");
+    assert!(
+        (1..=5).contains(&writes),
+        "{writes} status writes for 10 000 occurrences"
+    );
+    // The taint never moved.
+    let taint_writes = h
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.resource == "nodes" && r.is_write())
+        .count();
+    assert_eq!(taint_writes, 1);
+    h.stop().await;
+}
+
+/// Regression (issue 5 review): the report of a validation whose extra command
+/// runs for a while was built from the health at spawn time; a fault that
+/// appears while the command runs must keep the startup taint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_during_the_extra_command_keeps_the_startup_taint() {
+    let vcfg = ValidationConfig {
+        command: vec!["sleep".into(), "1".into()],
+        ..ValidationConfig::default()
+    };
+    let h = gate(&[("nvidia.com/gpu.count", "2")], healthy(2, "boot-a"), vcfg).await;
+    // The command is running (spawned at start); the fault arrives meanwhile.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    h.set(with_fault(
+        healthy(2, "boot-a"),
+        1,
+        79,
+        Action::RebootNode,
+        1,
+    ));
+    // The stale passing result comes back after ~1 s; watch for 3 s.
+    let end = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < end {
+        assert!(
+            taint_value(&h.api.node(), STARTUP_TAINT).is_some(),
+            "startup taint removed although a fault appeared: {:#}",
+            h.api.node_json()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        h.registry
+            .kube_writes(KubeObject::StartupTaint, WriteResult::Ok),
+        0
+    );
+    // The engine was told the fault's effect on validation.
+    let reports = h.reports();
+    assert!(
+        reports.iter().any(|r| !r.passed
+            && r.checks
+                .iter()
+                .any(|c| c.name == "active_faults" && !c.passed)),
+        "{reports:#?}"
+    );
+    // The fault taint is there, the startup taint stays.
+    let n = h.api.node();
+    assert_eq!(taint_value(&n, FAULT_TAINT).as_deref(), Some("reboot_node"));
+    assert!(taint_value(&n, STARTUP_TAINT).is_some());
+    h.stop().await;
+}
+
+/// Regression (issue 5 review): a passing result cached while the taint
+/// removal could not be written (API forbids the taint patch) must not remove
+/// the taint later, after a fault came and went: the validation runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_pass_is_dropped_when_health_fails_in_between() {
+    let api = ApiDouble::start(node(
+        vec![taint(STARTUP_TAINT, None)],
+        &[("nvidia.com/gpu.count", "2")],
+    ))
+    .await;
+    api.forbid("patch", "nodes");
+    let cfg = KubeConfig {
+        validation_interval_secs: 3600,
+        ..api.kube_config()
+    };
+    let h = Harness::with(api, cfg, ValidationConfig::default(), healthy(2, "boot-a")).await;
+    assert!(
+        wait_for(SECS, || h.registry.validation_runs(ValidationResult::Pass)
+            == 1)
+        .await
+    );
+    assert!(
+        wait_for(SECS, || h
+            .registry
+            .kube_writes(KubeObject::StartupTaint, WriteResult::Error)
+            >= 1)
+        .await
+    );
+    // A fault comes and goes while the taint patch is refused.
+    h.set(with_fault(
+        healthy(2, "boot-a"),
+        0,
+        79,
+        Action::RebootNode,
+        1,
+    ));
+    assert!(
+        wait_for(SECS, || h.reports().last().is_some_and(|r| !r.passed)).await,
+        "{:#?}",
+        h.reports()
+    );
+    h.set(healthy(2, "boot-a"));
+    h.api.unforbid("patch", "nodes");
+    // No new validation runs for an hour: the old pass must not remove the taint.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        taint_value(&h.api.node(), STARTUP_TAINT).is_some(),
+        "{:#}",
+        h.api.node_json()
+    );
+    assert_eq!(h.registry.validation_runs(ValidationResult::Pass), 1);
+    h.stop().await;
+}
+
+/// Issue 5 review: the gate is incomplete until the kernel-log ring was read
+/// (an XID 79 logged before the agent started may still be unread).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_taint_waits_for_the_kernel_log_ring() {
+    let mut h0 = healthy(2, "boot-a");
+    h0.monitor.as_mut().unwrap().kmsg_caught_up = false;
+    let h = gate(
+        &[("nvidia.com/gpu.count", "2")],
+        h0,
+        ValidationConfig::default(),
+    )
+    .await;
+    assert!(
+        wait_for(SECS, || h
+            .registry
+            .validation_runs(ValidationResult::Incomplete)
+            >= 2)
+        .await
+    );
+    assert!(taint_value(&h.api.node(), STARTUP_TAINT).is_some());
+    let r = condition(&h.api.node(), READY).unwrap();
+    assert_eq!(r.reason.as_deref(), Some("ValidationIncomplete"));
+    assert!(r.message.unwrap_or_default().contains("kmsg"));
+    // The ring was read to its end: the next validation passes.
+    h.set(healthy(2, "boot-a"));
+    h.until("startup taint removed", |n| {
+        taint_value(n, STARTUP_TAINT).is_none()
+    })
+    .await;
+    let reports = h.reports();
+    assert!(reports.first().is_some_and(|r| !r.complete), "{reports:#?}");
+    assert!(reports.last().is_some_and(|r| r.passed), "{reports:#?}");
+    h.stop().await;
+}
+
+/// A startup taint that comes back after the gate opened is validated again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reappearing_startup_taint_is_validated_again() {
+    let h = gate(
+        &[("nvidia.com/gpu.count", "2")],
+        healthy(2, "boot-a"),
+        ValidationConfig::default(),
+    )
+    .await;
+    h.until("startup taint removed", |n| {
+        taint_value(n, STARTUP_TAINT).is_none()
+    })
+    .await;
+    // The node is now bad, and someone puts the startup taint back.
+    h.set(with_fault(
+        healthy(2, "boot-a"),
+        0,
+        79,
+        Action::RebootNode,
+        1,
+    ));
+    h.until("fault taint", |n| taint_value(n, FAULT_TAINT).is_some())
+        .await;
+    h.api.edit_node(|n| {
+        n["spec"]["taints"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({"key": STARTUP_TAINT, "effect": "NoSchedule"}));
+    });
+    assert!(
+        wait_for(SECS, || h.registry.validation_runs(ValidationResult::Fail)
+            >= 1)
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(taint_value(&h.api.node(), STARTUP_TAINT).is_some());
+    assert_eq!(h.registry.validation_runs(ValidationResult::Pass), 1);
+    h.stop().await;
+}

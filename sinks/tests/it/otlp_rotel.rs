@@ -1,0 +1,395 @@
+//! The OTLP exporter against a real OpenTelemetry collector (rotel, started on
+//! loopback ports by the test): metrics and fault log records over gRPC and
+//! HTTP/protobuf, and collector outages.
+
+use crate::common;
+use crate::common::{
+    Received, Rotel, assert_instrument_type, documented_metrics, populate, xid_event,
+};
+use gpuwatch_core::{LATENCY_BUCKETS_SECONDS, Outcome, Registry, Signal, Stage};
+use gpuwatch_proto::Action;
+use gpuwatch_sinks::otlp::{Compression, OtlpConfig, OtlpExporter, Protocol, ResourceInfo};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn resource() -> ResourceInfo {
+    ResourceInfo {
+        node_name: "gpu-node-1".into(),
+        host_name: "gpu-host-1".into(),
+        service_version: "9.8.7".into(),
+    }
+}
+
+fn config(protocol: Protocol, grpc_port: u16, http_port: u16) -> OtlpConfig {
+    let endpoint = match protocol {
+        Protocol::Grpc => format!("http://127.0.0.1:{grpc_port}"),
+        Protocol::HttpProtobuf => format!("http://127.0.0.1:{http_port}"),
+    };
+    OtlpConfig {
+        enabled: true,
+        protocol: Some(protocol),
+        endpoint: Some(endpoint),
+        export_interval_secs: 1,
+        timeout_ms: Some(2000),
+        log_flush_interval_ms: 20,
+        log_retry_initial_ms: 50,
+        log_retry_max_ms: 300,
+        resource_attributes: [("k8s.cluster.name".to_owned(), "test-cluster".to_owned())].into(),
+        ..Default::default()
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn logs_with_code(r: &Received, lo: u32, hi: u32) -> Vec<u32> {
+    r.logs
+        .iter()
+        .filter_map(|l| l.attrs.get("code"))
+        .filter_map(|c| c.strip_prefix("Int(")?.strip_suffix(')')?.parse().ok())
+        .filter(|c| (lo..hi).contains(c))
+        .collect()
+}
+
+fn roundtrip(protocol: Protocol, compression: Compression) {
+    let rotel = Rotel::start();
+    let rt = runtime();
+    let registry = Registry::new();
+    populate(&registry);
+    let mut cfg = config(protocol, rotel.grpc_port, rotel.http_port);
+    cfg.compression = Some(compression);
+    cfg.headers = [("x-gpuwatch-test".to_owned(), "1".to_owned())].into();
+    let exporter = OtlpExporter::start(&cfg, &resource(), registry.clone(), rt.handle()).unwrap();
+    for micros in [20, 3000, 2_000_000] {
+        registry.record_latency(Duration::from_micros(micros));
+    }
+    let sink = exporter.log_sink();
+    let events = [
+        xid_event(79, 0, Action::InspectHardware, 3),
+        xid_event(13, 1, Action::RestartApp, 1),
+        xid_event(48, 0, Action::ResetGpu, 1),
+    ];
+    for ev in &events {
+        sink.send(ev);
+    }
+    sink.flush(Duration::from_secs(10));
+    assert_eq!(registry.events(Stage::OtlpLogs, Outcome::Emitted), 3);
+
+    let got = rotel.wait_for(
+        Duration::from_secs(20),
+        "all metrics and 3 log records",
+        |r| {
+            r.logs.len() >= 3
+                && documented_metrics()
+                    .iter()
+                    .all(|(n, _, _)| r.metric(n).is_some())
+                && r.metric("gpuwatch.events")
+                    .and_then(|m| {
+                        m.point(&[("stage", "Str(otlp_logs)"), ("outcome", "Str(emitted)")])
+                    })
+                    .and_then(|p| p.value.as_deref())
+                    == Some("3")
+        },
+    );
+
+    // Every documented instrument arrived with its documented unit and type.
+    for (name, unit, ty) in documented_metrics() {
+        let m = got.metric(&name).unwrap();
+        assert_eq!(m.unit, unit, "{name}");
+        assert_instrument_type(&name, &ty, m);
+        // Resource on every export.
+        assert_eq!(
+            m.resource.get("service.name").map(String::as_str),
+            Some("Str(gpuwatch)")
+        );
+        assert_eq!(
+            m.resource.get("service.version").map(String::as_str),
+            Some("Str(9.8.7)")
+        );
+        assert_eq!(
+            m.resource.get("k8s.node.name").map(String::as_str),
+            Some("Str(gpu-node-1)")
+        );
+        assert_eq!(
+            m.resource.get("host.name").map(String::as_str),
+            Some("Str(gpu-host-1)")
+        );
+        assert_eq!(
+            m.resource.get("k8s.cluster.name").map(String::as_str),
+            Some("Str(test-cluster)")
+        );
+        // Bounded cardinality: no pid, process or message attributes.
+        for p in &m.points {
+            for k in p.attrs.keys() {
+                assert!(
+                    !k.contains("pid") && !k.contains("process") && !k.contains("message"),
+                    "{name}: {k}"
+                );
+            }
+        }
+    }
+
+    // Values match what was put in.
+    let xid = got.metric("gpu.xid.errors").unwrap();
+    let p = xid
+        .point(&[
+            ("xid", "Int(79)"),
+            ("gpu.index", "Int(0)"),
+            ("action", "Str(inspect_hardware)"),
+        ])
+        .expect("xid 79 series");
+    assert_eq!(p.value.as_deref(), Some("3"));
+    assert_eq!(
+        p.attrs.get("gpu.uuid").map(String::as_str),
+        Some("Str(GPU-00000000-aaaa-bbbb-cccc-dddddddddddd)")
+    );
+    assert_eq!(
+        p.attrs.get("gpu.pci.address").map(String::as_str),
+        Some("Str(0000:3b:00.0)")
+    );
+    let temp = got.metric("hw.temperature").unwrap();
+    assert_eq!(temp.points.len(), 2);
+    assert_eq!(
+        temp.point(&[("gpu.index", "Int(0)")])
+            .unwrap()
+            .value
+            .as_deref(),
+        Some("41")
+    );
+    assert_eq!(
+        temp.point(&[("gpu.index", "Int(1)")])
+            .unwrap()
+            .value
+            .as_deref(),
+        Some("63")
+    );
+    let power = got.metric("hw.power").unwrap();
+    assert_eq!(
+        power
+            .point(&[("gpu.index", "Int(1)")])
+            .unwrap()
+            .value
+            .as_deref(),
+        Some("351.5")
+    );
+    let verdict = got.metric("gpuwatch.node.verdict").unwrap();
+    assert_eq!(
+        verdict
+            .point(&[("verdict", "Str(unhealthy)")])
+            .unwrap()
+            .value
+            .as_deref(),
+        Some("1")
+    );
+    assert_eq!(
+        verdict
+            .point(&[("verdict", "Str(healthy)")])
+            .unwrap()
+            .value
+            .as_deref(),
+        Some("0")
+    );
+    let monitor = got.metric("gpuwatch.monitor.up").unwrap();
+    for (input, up) in [("Str(kmsg)", "0"), ("Str(nvml)", "1")] {
+        assert_eq!(
+            monitor.point(&[("input", input)]).unwrap().value.as_deref(),
+            Some(up),
+            "{input}"
+        );
+    }
+    let reads = got.metric("gpuwatch.kmsg.records.read").unwrap();
+    assert_eq!(reads.points[0].value.as_deref(), Some("1000"));
+
+    let hist = got.metric("gpuwatch.pipeline.latency").unwrap();
+    let hp = &hist.points[0];
+    assert_eq!(hp.count, Some(3));
+    assert!((hp.sum.unwrap() - 2.003_02).abs() < 1e-9, "{:?}", hp.sum);
+    assert_eq!(hp.bounds, LATENCY_BUCKETS_SECONDS.to_vec());
+    assert_eq!(hp.buckets.len(), LATENCY_BUCKETS_SECONDS.len() + 1);
+    assert_eq!(hp.buckets.iter().sum::<u64>(), 3);
+    assert_eq!(hp.buckets[1], 1); // 20 µs <= 25 µs
+    assert_eq!(hp.buckets[12], 1); // 2 s > 1 s
+
+    // One log record per fault, with its fields.
+    assert_eq!(got.logs.len(), 3, "{:#?}", got.logs);
+    for ev in &events {
+        let log = got
+            .logs
+            .iter()
+            .find(|l| l.attrs.get("code") == Some(&format!("Int({})", ev.code)))
+            .unwrap_or_else(|| panic!("no log record for xid {}", ev.code));
+        assert_eq!(log.body, format!("Str({})", ev.message));
+        assert_eq!(log.severity_text, ev.severity().otel_text());
+        assert!(
+            log.severity_number
+                .ends_with(&format!("({})", ev.severity().otel_number())),
+            "{}",
+            log.severity_number
+        );
+        assert_eq!(log.timestamp, ev.time_unix_nano.unwrap());
+        assert!(log.observed > 1_700_000_000_000_000_000);
+        let a = |k: &str| log.attrs.get(k).map(String::as_str);
+        assert_eq!(a("xid"), Some(format!("Int({})", ev.code)).as_deref());
+        assert_eq!(a("fault.kind"), Some("Str(xid)"));
+        assert_eq!(
+            a("action"),
+            Some(format!("Str({})", short(ev.action()))).as_deref()
+        );
+        assert_eq!(a("process.pid"), Some("Int(4242)"));
+        assert_eq!(a("process.executable.name"), Some("Str(python3)"));
+        assert_eq!(
+            a("gpu.pci.address"),
+            Some(format!("Str({})", ev.pci_address)).as_deref()
+        );
+        assert_eq!(
+            a("gpu.uuid"),
+            Some(format!("Str({})", ev.gpu_uuid)).as_deref()
+        );
+        assert_eq!(
+            a("gpu.index"),
+            Some(format!("Int({})", ev.gpu_index.unwrap())).as_deref()
+        );
+        assert_eq!(
+            a("kmsg.seq"),
+            Some(format!("Int({})", ev.kmsg_seq.unwrap())).as_deref()
+        );
+        assert_eq!(
+            a("host.boot.id"),
+            Some(format!("Str({})", ev.boot_id)).as_deref()
+        );
+        assert_eq!(
+            a("policy.reason"),
+            Some(format!("Str({})", ev.policy_reason)).as_deref()
+        );
+        assert_eq!(a("count"), Some(format!("Int({})", ev.count)).as_deref());
+        assert_eq!(a("source"), Some("Str(kmsg)"));
+        assert_eq!(a("gpuwatch.channel"), Some("Str(0x00000008)"));
+        assert_eq!(
+            log.resource.get("k8s.node.name").map(String::as_str),
+            Some("Str(gpu-node-1)")
+        );
+    }
+    assert_eq!(registry.export_failures(Signal::Logs), 0);
+    assert_eq!(registry.export_failures(Signal::Metrics), 0);
+    exporter.shutdown(Duration::from_secs(5));
+    rotel.kill();
+}
+
+fn short(a: Action) -> &'static str {
+    use gpuwatch_proto::ShortName;
+    a.short_name()
+}
+
+#[test]
+fn grpc_metrics_and_fault_logs_reach_the_collector() {
+    roundtrip(Protocol::Grpc, Compression::None);
+}
+
+#[test]
+fn http_metrics_and_fault_logs_reach_the_collector() {
+    roundtrip(Protocol::HttpProtobuf, Compression::None);
+}
+
+#[test]
+fn grpc_gzip_metrics_and_fault_logs_reach_the_collector() {
+    roundtrip(Protocol::Grpc, Compression::Gzip);
+}
+
+#[test]
+fn http_gzip_metrics_and_fault_logs_reach_the_collector() {
+    roundtrip(Protocol::HttpProtobuf, Compression::Gzip);
+}
+
+fn outage(protocol: Protocol) {
+    let (grpc_port, http_port) = (common::free_port(), common::free_port());
+    let rt = runtime();
+    let registry = Registry::new();
+    let mut cfg = config(protocol, grpc_port, http_port);
+    cfg.log_queue_size = 50;
+    let exporter = OtlpExporter::start(&cfg, &resource(), registry.clone(), rt.handle()).unwrap();
+    let sink: Arc<dyn gpuwatch_core::EventSink> = exporter.log_sink();
+
+    // Collector down: 10 000 sends return at once; only the newest 50 stay queued.
+    let events: Vec<_> = (0..10_000u32)
+        .map(|i| xid_event(100_000 + i, 0, Action::Investigate, 1))
+        .collect();
+    let started = Instant::now();
+    for ev in &events {
+        sink.send(ev);
+    }
+    let elapsed = started.elapsed();
+    eprintln!("10000 sends with the collector down took {elapsed:?}");
+    assert!(
+        elapsed < Duration::from_millis(500),
+        "send blocked: {elapsed:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while registry.export_failures(Signal::Logs) == 0
+        || registry.export_failures(Signal::Metrics) == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no export failure counted while the collector is down"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(exporter.pending_log_records(), 50);
+    assert_eq!(registry.events(Stage::OtlpLogs, Outcome::Dropped), 9_950);
+
+    // Collector comes up: the 50 newest arrive, nothing else.
+    let rotel = Rotel::start_on(grpc_port, http_port);
+    let got = rotel.wait_for(Duration::from_secs(20), "50 queued log records", |r| {
+        logs_with_code(r, 100_000, 110_000).len() >= 50
+    });
+    let mut codes = logs_with_code(&got, 100_000, 110_000);
+    codes.sort_unstable();
+    assert_eq!(codes, (109_950..110_000).collect::<Vec<_>>());
+    sink.flush(Duration::from_secs(5));
+    assert_eq!(registry.events(Stage::OtlpLogs, Outcome::Emitted), 50);
+    assert_eq!(exporter.pending_log_records(), 0);
+
+    // Killed mid-stream and restarted: the faults sent meanwhile arrive.
+    rotel.kill();
+    let failures_before = registry.export_failures(Signal::Logs);
+    for i in 0..30 {
+        sink.send(&xid_event(200_000 + i, 1, Action::ResetGpu, 1));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while registry.export_failures(Signal::Logs) == failures_before {
+        assert!(
+            Instant::now() < deadline,
+            "no export failure counted after the kill"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rotel = Rotel::start_on(grpc_port, http_port);
+    let got = rotel.wait_for(
+        Duration::from_secs(20),
+        "30 log records after restart",
+        |r| logs_with_code(r, 200_000, 200_030).len() >= 30,
+    );
+    let mut codes = logs_with_code(&got, 200_000, 200_030);
+    codes.sort_unstable();
+    codes.dedup();
+    assert_eq!(codes.len(), 30);
+    sink.flush(Duration::from_secs(5));
+    assert_eq!(registry.events(Stage::OtlpLogs, Outcome::Emitted), 80);
+    assert_eq!(registry.events(Stage::OtlpLogs, Outcome::Dropped), 9_950);
+    exporter.shutdown(Duration::from_secs(5));
+    rotel.kill();
+}
+
+#[test]
+fn grpc_collector_outage_keeps_newest_faults_and_recovers() {
+    outage(Protocol::Grpc);
+}
+
+#[test]
+fn http_collector_outage_keeps_newest_faults_and_recovers() {
+    outage(Protocol::HttpProtobuf);
+}

@@ -1,0 +1,500 @@
+//! The shipped RBAC and admission policy against what the node writer sends:
+//! both manifests parse into typed k8s-openapi objects; the ClusterRole (nodes)
+//! and the Role in the Event namespace (events) together grant exactly
+//! `WRITER_REQUESTS`, which equals the set of requests recorded from a writer run
+//! against the API double; no cluster-wide Event access; the rendered overlays
+//! keep the Events Role in the Event namespace and bind the same subjects as the
+//! ClusterRoleBinding; the CEL names every default condition type and taint key
+//! gpuwatch owns.
+
+use crate::kube_common::{ApiDouble, taint_value, wait_for};
+use gpuwatch_core::Registry;
+use gpuwatch_core::validation::ValidationConfig;
+use gpuwatch_proto::{
+    Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, GpuSample, MonitorStatus, NodeHealth,
+    RecoveryAction, Verdict,
+};
+use gpuwatch_sinks::kube::{KubeConfig, NodeWriter, WRITER_REQUESTS};
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, ServiceAccount, Taint};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
+use serde::Deserialize;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Default)]
+struct Manifests {
+    service_accounts: Vec<ServiceAccount>,
+    roles: Vec<ClusterRole>,
+    bindings: Vec<ClusterRoleBinding>,
+    ns_roles: Vec<Role>,
+    ns_bindings: Vec<RoleBinding>,
+    policies: Vec<ValidatingAdmissionPolicy>,
+    policy_bindings: Vec<ValidatingAdmissionPolicyBinding>,
+}
+
+fn base_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes/base")
+}
+
+fn load(file: &str, m: &mut Manifests) {
+    let path = base_dir().join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let v = serde_yaml::Value::deserialize(doc).expect("YAML document parses");
+        if v.is_null() {
+            continue;
+        }
+        let json = serde_json::to_value(&v).expect("YAML is JSON-compatible");
+        let kind = json["kind"].as_str().unwrap_or_default().to_owned();
+        let ctx = format!("{file}: {kind}");
+        match kind.as_str() {
+            "ServiceAccount" => m
+                .service_accounts
+                .push(serde_json::from_value(json).expect(&ctx)),
+            "ClusterRole" => m.roles.push(serde_json::from_value(json).expect(&ctx)),
+            "ClusterRoleBinding" => m.bindings.push(serde_json::from_value(json).expect(&ctx)),
+            "Role" => m.ns_roles.push(serde_json::from_value(json).expect(&ctx)),
+            "RoleBinding" => m
+                .ns_bindings
+                .push(serde_json::from_value(json).expect(&ctx)),
+            "ValidatingAdmissionPolicy" => {
+                m.policies.push(serde_json::from_value(json).expect(&ctx))
+            }
+            "ValidatingAdmissionPolicyBinding" => {
+                m.policy_bindings
+                    .push(serde_json::from_value(json).expect(&ctx));
+            }
+            other => panic!("{file}: unexpected kind {other:?}"),
+        }
+    }
+}
+
+fn manifests() -> Manifests {
+    let mut m = Manifests::default();
+    load("rbac.yaml", &mut m);
+    load("admission-policy.yaml", &mut m);
+    m
+}
+
+type Req = (String, String, String);
+
+fn rule_grants(rules: &[PolicyRule], out: &mut BTreeSet<Req>) {
+    for rule in rules {
+        assert!(
+            rule.resource_names.is_none(),
+            "resourceNames cannot name the own node"
+        );
+        assert!(rule.non_resource_urls.is_none());
+        for g in rule.api_groups.as_deref().unwrap_or(&[]) {
+            for r in rule.resources.as_deref().unwrap_or(&[]) {
+                for v in &rule.verbs {
+                    assert!(g != "*" && r != "*" && v != "*", "wildcard in {rule:?}");
+                    out.insert((v.clone(), g.clone(), r.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// What the ClusterRoles grant (cluster-wide).
+fn granted_cluster(m: &Manifests) -> BTreeSet<Req> {
+    let mut out = BTreeSet::new();
+    for role in &m.roles {
+        rule_grants(role.rules.as_deref().unwrap_or(&[]), &mut out);
+    }
+    out
+}
+
+/// What the namespaced Roles grant (in their namespace).
+fn granted_namespaced(m: &Manifests) -> BTreeSet<Req> {
+    let mut out = BTreeSet::new();
+    for role in &m.ns_roles {
+        rule_grants(role.rules.as_deref().unwrap_or(&[]), &mut out);
+    }
+    out
+}
+
+fn granted(m: &Manifests) -> BTreeSet<Req> {
+    let mut out = granted_cluster(m);
+    out.extend(granted_namespaced(m));
+    out
+}
+
+fn declared() -> BTreeSet<Req> {
+    WRITER_REQUESTS
+        .iter()
+        .map(|r| (r.verb.to_owned(), r.group.to_owned(), r.resource.to_owned()))
+        .collect()
+}
+
+#[test]
+fn rbac_grants_exactly_the_declared_requests() {
+    let m = manifests();
+    assert_eq!(granted(&m), declared());
+    assert_eq!(m.roles.len(), 1);
+    let sa = &m.service_accounts[0];
+    assert_eq!(sa.metadata.name.as_deref(), Some("gpuwatch"));
+    assert_eq!(sa.metadata.namespace.as_deref(), Some("gpuwatch"));
+    let b = &m.bindings[0];
+    assert_eq!(b.role_ref.kind, "ClusterRole");
+    assert_eq!(Some(&b.role_ref.name), m.roles[0].metadata.name.as_ref());
+    let subj = &b.subjects.as_ref().unwrap()[0];
+    assert_eq!(
+        (
+            subj.kind.as_str(),
+            subj.name.as_str(),
+            subj.namespace.as_deref()
+        ),
+        ("ServiceAccount", "gpuwatch", Some("gpuwatch"))
+    );
+    // Regression (issue 5 review): `list events` cluster-wide let the agent read
+    // every Event in the cluster. Events are granted only by a Role in the
+    // Event namespace; the ClusterRole grants nothing on events.
+    assert!(
+        granted_cluster(&m)
+            .iter()
+            .all(|(_, _, r)| r.starts_with("nodes")),
+        "cluster-wide grants beyond nodes: {:?}",
+        granted_cluster(&m)
+    );
+    let events: BTreeSet<Req> = declared()
+        .into_iter()
+        .filter(|(_, _, r)| r == "events")
+        .collect();
+    assert_eq!(granted_namespaced(&m), events);
+    let ns = KubeConfig::default().event_namespace;
+    assert_eq!(m.ns_roles.len(), 1);
+    let role = &m.ns_roles[0];
+    assert_eq!(role.metadata.namespace.as_deref(), Some(ns.as_str()));
+    assert_eq!(
+        role.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("gpuwatch.io/event-namespace"))
+            .map(String::as_str),
+        Some(ns.as_str()),
+        "the kustomize replacement reads the namespace from this annotation"
+    );
+    assert_eq!(m.ns_bindings.len(), 1);
+    let rb = &m.ns_bindings[0];
+    assert_eq!(rb.metadata.namespace.as_deref(), Some(ns.as_str()));
+    assert_eq!(rb.role_ref.kind, "Role");
+    assert_eq!(Some(&rb.role_ref.name), role.metadata.name.as_ref());
+    assert_eq!(rb.subjects, b.subjects, "same subjects as the node grants");
+    for labels in m
+        .service_accounts
+        .iter()
+        .map(|x| &x.metadata.labels)
+        .chain(m.roles.iter().map(|x| &x.metadata.labels))
+        .chain(m.bindings.iter().map(|x| &x.metadata.labels))
+        .chain(m.ns_roles.iter().map(|x| &x.metadata.labels))
+        .chain(m.ns_bindings.iter().map(|x| &x.metadata.labels))
+    {
+        assert_eq!(
+            labels
+                .as_ref()
+                .and_then(|l| l.get("app.kubernetes.io/name"))
+                .map(String::as_str),
+            Some("gpuwatch")
+        );
+    }
+}
+
+fn all_cel(p: &ValidatingAdmissionPolicy) -> String {
+    let spec = p.spec.as_ref().expect("policy spec");
+    let mut s = String::new();
+    for v in spec.variables.as_deref().unwrap_or(&[]) {
+        s.push_str(&v.expression);
+        s.push('\n');
+    }
+    for v in spec.validations.as_deref().unwrap_or(&[]) {
+        s.push_str(&v.expression);
+        s.push('\n');
+    }
+    for c in spec.match_conditions.as_deref().unwrap_or(&[]) {
+        s.push_str(&c.expression);
+        s.push('\n');
+    }
+    s
+}
+
+#[test]
+fn admission_policy_covers_every_write_and_names_our_types_and_keys() {
+    let m = manifests();
+    assert_eq!(m.policies.len(), 2);
+    // Every policy is bound with Deny.
+    for p in &m.policies {
+        let name = p.metadata.name.clone().unwrap();
+        let b = m
+            .policy_bindings
+            .iter()
+            .find(|b| b.spec.as_ref().and_then(|s| s.policy_name.as_ref()) == Some(&name))
+            .unwrap_or_else(|| panic!("no binding for {name}"));
+        assert_eq!(
+            b.spec.as_ref().unwrap().validation_actions.as_deref(),
+            Some(&["Deny".to_owned()][..])
+        );
+        let spec = p.spec.as_ref().unwrap();
+        assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+        let cel = all_cel(p);
+        assert!(
+            cel.contains("system:serviceaccount:gpuwatch:gpuwatch"),
+            "{name}"
+        );
+        assert!(
+            cel.contains("authentication.kubernetes.io/node-name"),
+            "{name}"
+        );
+    }
+    // Every write the writer can send is intercepted (patch → UPDATE, create → CREATE).
+    let mut covered = BTreeSet::new();
+    for p in &m.policies {
+        let rules = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.match_constraints.as_ref())
+            .and_then(|c| c.resource_rules.as_ref())
+            .unwrap();
+        for r in rules {
+            for res in r.resources.as_deref().unwrap_or(&[]) {
+                for op in r.operations.as_deref().unwrap_or(&[]) {
+                    covered.insert((op.clone(), res.clone()));
+                }
+            }
+        }
+    }
+    for w in WRITER_REQUESTS
+        .iter()
+        .filter(|r| matches!(r.verb, "patch" | "create"))
+    {
+        let op = if w.verb == "create" {
+            "CREATE"
+        } else {
+            "UPDATE"
+        };
+        assert!(
+            covered.contains(&(op.to_owned(), w.resource.to_owned())),
+            "{op} {} not intercepted",
+            w.resource
+        );
+    }
+    // The node policy names every condition type and taint key gpuwatch owns by default.
+    let node_policy = m
+        .policies
+        .iter()
+        .find(|p| all_cel(p).contains("ownConditionTypes"))
+        .expect("node policy");
+    let cel = all_cel(node_policy);
+    let cfg = KubeConfig::default();
+    for t in cfg.owned_condition_types() {
+        assert!(
+            cel.contains(&format!("'{t}'")),
+            "condition type {t} missing"
+        );
+    }
+    for k in cfg.owned_taint_keys() {
+        assert!(cel.contains(&format!("'{k}'")), "taint key {k} missing");
+    }
+    for needle in [
+        "oldObject.status.conditions",
+        "oldObject.spec.taints",
+        "object.metadata.name",
+    ] {
+        assert!(cel.contains(needle), "{needle} not compared");
+    }
+}
+
+fn gpu(i: u32) -> GpuHealth {
+    let mut s = GpuSample {
+        index: i,
+        uuid: format!("GPU-{i}"),
+        ecc_volatile_uncorrected: Some(0),
+        ..Default::default()
+    };
+    s.set_recovery_action(RecoveryAction::None);
+    GpuHealth {
+        index: Some(i),
+        uuid: format!("GPU-{i}"),
+        sample: Some(s),
+        ..Default::default()
+    }
+}
+
+/// Drives one writer through every kind of request and returns what the double saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recorded_requests_equal_the_rbac_grants() {
+    let mut n = Node::default();
+    n.metadata.name = Some("rbac-node".into());
+    n.metadata.labels = Some([("nvidia.com/gpu.count".to_owned(), "1".to_owned())].into());
+    n.spec = Some(NodeSpec {
+        taints: Some(vec![Taint {
+            key: KubeConfig::default().startup_taint.key,
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    let api = ApiDouble::start(n).await;
+    let mut health = NodeHealth {
+        boot_id: "b".into(),
+        monitor: Some(MonitorStatus {
+            kmsg_ok: true,
+            nvml_ok: true,
+            message: String::new(),
+            kmsg_caught_up: true,
+        }),
+        gpus: vec![gpu(0)],
+        ..Default::default()
+    };
+    health.set_verdict(Verdict::Healthy);
+    let (tx, rx) = tokio::sync::watch::channel(Arc::new(health.clone()));
+    let registry = Registry::new();
+    let w = NodeWriter::start(
+        api.kube_config(),
+        ValidationConfig::default(),
+        "rbac-node".into(),
+        registry,
+        rx,
+        false,
+        None,
+    )
+    .await
+    .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(5), || taint_value(
+            &api.node(),
+            "startup-taint.cluster-autoscaler.kubernetes.io/gpu-not-ready"
+        )
+        .is_none())
+        .await
+    );
+    let mut f = ActiveFault {
+        code: 79,
+        reason: "XID79".into(),
+        ..Default::default()
+    };
+    f.set_action(Action::RebootNode);
+    health.gpus[0].active_faults.push(f);
+    health.set_verdict(Verdict::Unhealthy);
+    tx.send_replace(Arc::new(health));
+    let mut ev = FaultEvent {
+        code: 79,
+        gpu_uuid: "GPU-0".into(),
+        count: 1,
+        time_unix_nano: Some(1_700_000_000_000_000_000),
+        ..Default::default()
+    };
+    ev.set_kind(FaultKind::Xid);
+    ev.classify(Action::RebootNode, "catalog");
+    w.event_sink().send(&ev);
+    w.event_sink().flush(Duration::from_secs(5));
+    ev.time_unix_nano = Some(1_700_000_100_000_000_000);
+    w.event_sink().send(&ev);
+    w.event_sink().flush(Duration::from_secs(5));
+    assert!(
+        wait_for(Duration::from_secs(5), || taint_value(
+            &api.node(),
+            "gpuwatch.io/unhealthy"
+        )
+        .is_some())
+        .await
+    );
+    w.shutdown().await;
+    let seen: BTreeSet<Req> = api
+        .requests()
+        .iter()
+        .map(|r| (r.verb.clone(), String::new(), r.resource.clone()))
+        .collect();
+    assert_eq!(
+        seen,
+        declared(),
+        "recorded requests differ from WRITER_REQUESTS"
+    );
+    assert_eq!(seen, granted(&manifests()));
+}
+
+/// Renders an overlay with `kubectl kustomize` (as `deploy_manifests.rs` does).
+fn render(overlay: &str) -> Vec<serde_json::Value> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/kubernetes/overlays")
+        .join(overlay);
+    let out = std::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&dir)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run kubectl (apt-get install kubernetes-client): {e}"));
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("UTF-8 render");
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| {
+            let v = serde_yaml::Value::deserialize(d).expect("YAML document");
+            serde_json::to_value(&v).expect("JSON-compatible")
+        })
+        .collect()
+}
+
+/// After kustomize's `namespace:` (gpuwatch, gpu-operator), the Events Role and
+/// RoleBinding are still in the Event namespace, and the RoleBinding names the
+/// same subjects as the ClusterRoleBinding (the dcgm-sidecar overlay rewrites both).
+#[test]
+fn rendered_overlays_keep_events_rbac_in_the_event_namespace() {
+    let ns = KubeConfig::default().event_namespace;
+    for (overlay, sa) in [
+        ("standalone", ("gpuwatch", "gpuwatch")),
+        ("dcgm-sidecar", ("nvidia-dcgm-exporter", "gpu-operator")),
+    ] {
+        let objs = render(overlay);
+        let find = |kind: &str| -> Vec<&serde_json::Value> {
+            objs.iter().filter(|o| o["kind"] == kind).collect()
+        };
+        let roles = find("Role");
+        assert_eq!(roles.len(), 1, "{overlay}");
+        let role: Role = serde_json::from_value(roles[0].clone()).expect("Role parses");
+        assert_eq!(
+            role.metadata.namespace.as_deref(),
+            Some(ns.as_str()),
+            "{overlay}"
+        );
+        let rbs = find("RoleBinding");
+        assert_eq!(rbs.len(), 1, "{overlay}");
+        let rb: RoleBinding = serde_json::from_value(rbs[0].clone()).expect("RoleBinding parses");
+        assert_eq!(
+            rb.metadata.namespace.as_deref(),
+            Some(ns.as_str()),
+            "{overlay}"
+        );
+        let crb: ClusterRoleBinding =
+            serde_json::from_value(find("ClusterRoleBinding")[0].clone()).expect("parses");
+        assert_eq!(rb.subjects, crb.subjects, "{overlay}");
+        let subj = &rb.subjects.as_ref().expect("subjects")[0];
+        assert_eq!(
+            (subj.name.as_str(), subj.namespace.as_deref()),
+            (sa.0, Some(sa.1)),
+            "{overlay}"
+        );
+        // No ClusterRole grants events.
+        for cr in find("ClusterRole") {
+            let cr: ClusterRole = serde_json::from_value(cr.clone()).expect("parses");
+            for rule in cr.rules.iter().flatten() {
+                assert!(
+                    !rule
+                        .resources
+                        .iter()
+                        .flatten()
+                        .any(|r| r.starts_with("events")),
+                    "{overlay}: cluster-wide Event grant {rule:?}"
+                );
+            }
+        }
+    }
+}
