@@ -2,7 +2,7 @@
 //!
 //! | path | answer |
 //! |---|---|
-//! | `GET /healthz` | liveness: 200 while the engine and kmsg threads run, else 503; JSON body |
+//! | `GET /healthz` | liveness: 200 while the engine and kmsg threads run and make progress (`PROGRESS_DEADLINE_SECS`), else 503; JSON body |
 //! | `GET /readyz` | readiness: 200 once state is loaded, the engine runs, and the kmsg source finished its first pass or reported that it cannot read the kernel log (then `/v1/health` says `monitor.kmsg_ok: false`, verdict `unknown`), else 503 |
 //! | `GET /v1/health` | the `gpuwatch.v1.NodeHealth` JSON the engine published last |
 //! | `GET /metrics` | Prometheus text exposition, when a renderer is installed (`--prometheus`) |
@@ -143,7 +143,10 @@ async fn healthz(State(s): State<ApiState>) -> Response {
     let l = &s.liveness;
     let engine = l.engine_alive.load(Ordering::Relaxed);
     let kmsg = l.kmsg_alive.load(Ordering::Relaxed);
-    let status = if engine && kmsg {
+    let now = gpuwatch_core::clock::unix_nanos(std::time::SystemTime::now()) / 1_000_000_000;
+    let stalled = l.stalled(now);
+    let alive = engine && kmsg && stalled.is_empty();
+    let status = if alive {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
@@ -151,10 +154,12 @@ async fn healthz(State(s): State<ApiState>) -> Response {
     json_response(
         status,
         serde_json::json!({
-            "alive": engine && kmsg,
+            "alive": alive,
             "engine_thread": engine,
             "kmsg_thread": kmsg,
+            "stalled": stalled,
             "kmsg_heartbeat_unix_secs": l.kmsg_heartbeat_unix_secs.load(Ordering::Relaxed),
+            "engine_heartbeat_unix_secs": l.engine_heartbeat_unix_secs.load(Ordering::Relaxed),
         }),
     )
 }

@@ -17,32 +17,24 @@
 //! * Only facility 0 (kern) records can raise faults unless
 //!   `accept_user_facility` is set: anyone who can write `/dev/kmsg` must not be
 //!   able to quarantine a node. Other records are still counted as read.
-//! * Cursor: `(boot_id, last_seq)` in `state_dir/kmsg-cursor.json`, written
-//!   atomically at most every `cursor_interval_ms` and at shutdown. It never
-//!   passes a record whose events have not reached the engine: not while the
-//!   scanner holds a multi-record event (the cursor stays before its first
-//!   record), not while the [`FaultSender`] holds an event for lack of room in
-//!   the engine channel (the cursor stays before the lowest held `kmsg_seq`),
-//!   and not past events a shutdown could not deliver (they are read again at
-//!   the next start). The engine persists `health.json` on its own schedule
-//!   and acknowledges (see [`spawn_acked`]) how many of the source's fault
-//!   events the persisted state holds; the cursor stays before the lowest
-//!   `kmsg_seq` of every delivered event not yet acknowledged, and moves on to
-//!   the last record read once none is outstanding (records without faults
-//!   move it freely). A `kill -9` therefore neither loses a fault that was in
-//!   neither file nor counts a persisted one twice, up to two windows: the
-//!   cursor is written at most every `cursor_interval_ms` after the
-//!   acknowledgement (a crash in between re-reads the acknowledged records),
-//!   and an event the [`FaultSender`] coalesced into an older held one while
-//!   other faults were queued between them (engine channel full) is counted
-//!   again if the crash falls between their persists. A clean shutdown writes
-//!   the exact position (the engine handles what is queued and persists after
-//!   the sources stopped). Without acknowledgements (no engine wiring) the
-//!   cursor follows what reached the engine channel.
+//! * Position: the reader never writes state. Whenever the delivered events
+//!   are exactly those of the records read so far — the scanner holds no
+//!   multi-record event and the [`FaultSender`] holds nothing for lack of
+//!   room — it tells the engine `Input::KmsgProgress(boot_id, last_seq)`
+//!   (when it goes idle, and at most every `cursor_interval_ms` while records
+//!   keep coming). The engine writes that position in the same atomic write
+//!   as the faults it accounted for, and only at such a settled point, so
+//!   the state file always holds exactly the faults of the records up to its
+//!   position: a `kill -9` at any moment, even during a write, neither loses
+//!   a fault nor counts one twice. At a clean stop the reader delivers what
+//!   it holds and reports its final position; what it could not deliver is
+//!   read again at the next start.
+//!   The position to resume after comes from the engine's loaded state
+//!   ([`KmsgSourceArgs::resume`]).
 //!   Same boot: records up to `last_seq` are skipped, so nothing is replayed
 //!   twice after a clean stop and nothing is skipped. After a read error the
 //!   input is reopened and records up to the last one read are skipped the
-//!   same way. New boot (or no cursor): the whole
+//!   same way. New boot (or no position): the whole
 //!   ring is read from its oldest record, so faults logged before the agent
 //!   started are seen. (A fresh open of `/dev/kmsg` is positioned at the
 //!   oldest record in the ring — `SEEK_SET`; `SEEK_DATA` would start after the
@@ -51,14 +43,18 @@
 //! * Any other path is a replay: a regular file or FIFO of kmsg-format lines
 //!   (`PRI,SEQ,TS,FLAGS;MSG\n`, dictionary lines starting with a space are
 //!   skipped), read in large chunks. At end of file the source keeps waiting
-//!   for more (like `tail -f`) unless `exit_at_eof` is set. No cursor is kept
-//!   for replays.
+//!   for more (like `tail -f`) unless `exit_at_eof` is set. A replay has no
+//!   position.
+//! * End of file from a character device (a container runtime that mapped
+//!   `/dev/null` over `/dev/kmsg`) is an error: reported (the kernel log input
+//!   is down, verdict `unknown`) and retried after the jittered retry interval,
+//!   never a busy loop.
 
 use crate::boot;
-use crate::pipeline::{FaultSender, Liveness, SendStatus, StopReason};
+use crate::pipeline::{FaultSender, InOrder, Liveness, SendStatus, StopReason};
 use crossbeam_channel::Sender;
 use gpuwatch_core::Registry;
-use gpuwatch_core::msg::{Input, MonitorInput};
+use gpuwatch_core::msg::{Input, KmsgPosition, MonitorInput};
 use gpuwatch_proto::{FaultEvent, Source};
 use nix::poll::{PollFd, PollFlags, poll};
 use serde::{Deserialize, Serialize};
@@ -68,14 +64,16 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use xid_parser::{RecordMeta, Scanner};
 
 /// Default kernel log device.
 pub const KMSG_PATH: &str = "/dev/kmsg";
-/// Name of the cursor file in the state directory.
-pub const CURSOR_FILE: &str = "kmsg-cursor.json";
+/// A sequence gap larger than any ring can hold (the kernel caps the log
+/// buffer at 2 GiB, and a record takes at least 32 bytes of it) is not a count
+/// of lost records.
+const MAX_PLAUSIBLE_GAP: u64 = (2u64 << 30) / 32;
 const MIN_BUFFER: usize = 16 * 1024;
 const MAX_BUFFER: usize = 1024 * 1024;
 const REPLAY_CHUNK: usize = 256 * 1024;
@@ -98,7 +96,9 @@ pub struct KmsgConfig {
     /// Where the boot id is read (tests simulate a new boot with their own
     /// file). Default `/proc/sys/kernel/random/boot_id`.
     pub boot_id_path: PathBuf,
-    /// Minimum interval between cursor writes, milliseconds. Default 1000.
+    /// Longest interval between two position reports to the engine while
+    /// records keep arriving, milliseconds (the reader also reports whenever
+    /// it goes idle). Default 1000.
     pub cursor_interval_ms: u64,
     /// Wait before reopening the input after it failed, seconds. Default 5.
     pub retry_interval_secs: u64,
@@ -143,16 +143,6 @@ impl KmsgConfig {
     }
 }
 
-/// The persisted reading position.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KmsgCursor {
-    /// Boot the sequence number belongs to.
-    pub boot_id: String,
-    /// Last record whose events reached the engine.
-    pub last_seq: u64,
-}
-
 /// Errors of the kernel log source.
 #[derive(Debug, thiserror::Error)]
 pub enum KmsgError {
@@ -164,6 +154,15 @@ pub enum KmsgError {
         /// The I/O error.
         #[source]
         source: std::io::Error,
+    },
+    /// A character device returned end of file: not a kernel log (a container
+    /// runtime may have mapped `/dev/null` there).
+    #[error(
+        "kernel log {path} returned end of file: it is not a kernel log device (is /dev/null mounted there?)"
+    )]
+    Eof {
+        /// The path.
+        path: PathBuf,
     },
     /// Reading failed with an unexpected error.
     #[error("cannot read kernel log {path}: {source}")]
@@ -181,8 +180,10 @@ pub enum KmsgError {
 pub struct KmsgSourceArgs {
     /// Settings.
     pub cfg: KmsgConfig,
-    /// Where the cursor lives (`None`: no cursor).
-    pub state_dir: Option<PathBuf>,
+    /// The position the engine's state accounts for (`Engine::kmsg_position`):
+    /// in the same boot, records up to it are skipped. `None`: read the ring
+    /// from its start.
+    pub resume: Option<KmsgPosition>,
     /// Current boot id.
     pub boot_id: String,
     /// Classification policy.
@@ -216,38 +217,13 @@ pub fn spawn(
         .spawn(move || run_source(args, engine_tx))
 }
 
-/// Starts the source thread with engine acknowledgements: `ack` is the
-/// counter the engine publishes (see [`gpuwatch_core::engine::Engine::set_kmsg_ack`]),
-/// the number of this source's fault events its persisted state holds. The
-/// cursor then never passes a fault the engine has not persisted.
-pub fn spawn_acked(
-    args: KmsgSourceArgs,
-    engine_tx: Sender<Input>,
-    ack: Arc<AtomicU64>,
-) -> std::io::Result<std::thread::JoinHandle<KmsgSummary>> {
-    std::thread::Builder::new()
-        .name("gpuwatch-kmsg".into())
-        .spawn(move || run_source_with(args, engine_tx, Some(ack)))
-}
-
 /// The source loop (runs on the calling thread until shutdown, the engine
 /// going away, or the end of a replay with `exit_at_eof`).
 pub fn run_source(args: KmsgSourceArgs, engine_tx: Sender<Input>) -> KmsgSummary {
-    run_source_with(args, engine_tx, None)
-}
-
-fn run_source_with(
-    args: KmsgSourceArgs,
-    engine_tx: Sender<Input>,
-    ack: Option<Arc<AtomicU64>>,
-) -> KmsgSummary {
     let liveness = args.liveness.clone();
     let _alive = crate::pipeline::AliveGuard::set(&liveness.kmsg_alive);
     let stop_tx = args.stop_tx.clone();
     let mut src = Reader::new(args, engine_tx);
-    if let Some(ack) = ack {
-        src.sender.track_acks(ack);
-    }
     let ended_by_eof = src.run();
     src.finish();
     if ended_by_eof && let Some(tx) = stop_tx {
@@ -256,17 +232,9 @@ fn run_source_with(
     src.summary
 }
 
-/// Loads the cursor; a corrupt file is logged, kept aside and ignored.
-pub fn load_cursor(state_dir: &Path) -> Option<KmsgCursor> {
-    let path = state_dir.join(CURSOR_FILE);
-    match gpuwatch_core::statefile::read_json::<KmsgCursor>(&path) {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::warn!(error = %e, "Kernel log cursor is unusable; reading the whole ring.");
-            None
-        }
-    }
-}
+/// The engine side of the channel is gone.
+#[derive(Debug)]
+struct EngineGone;
 
 enum Outcome {
     /// Keep going.
@@ -277,7 +245,6 @@ enum Outcome {
 
 struct Reader {
     cfg: KmsgConfig,
-    cursor_path: Option<PathBuf>,
     boot_id: String,
     registry: Arc<Registry>,
     liveness: Arc<Liveness>,
@@ -293,49 +260,45 @@ struct Reader {
     /// Every record up to this one was processed and the scanner holds none
     /// of their events (they were handed to the [`FaultSender`]).
     processed_seq: Option<u64>,
-    /// Position in the cursor file.
-    saved_seq: Option<u64>,
-    last_save: Instant,
+    /// Last position reported to the engine.
+    reported_seq: Option<u64>,
+    last_report: Instant,
     /// How long `finish` waits for room for held events.
     drain_timeout: Duration,
     summary: KmsgSummary,
-    /// Records the device path as a character device (cursor, per-read records).
+    /// The input is a character device (a position, per-read records).
     device: bool,
+    /// Consecutive failed opens/reads (jittered backoff).
+    failures: u32,
 }
 
 impl Reader {
     fn new(args: KmsgSourceArgs, engine_tx: Sender<Input>) -> Reader {
         let device = is_char_device(&args.cfg.path);
-        let cursor_path = args
-            .state_dir
-            .as_ref()
-            .filter(|_| device)
-            .map(|d| d.join(CURSOR_FILE));
-        let resume_after = match args.state_dir.as_deref().filter(|_| device) {
-            Some(dir) => match load_cursor(dir) {
-                Some(c) if c.boot_id == args.boot_id => {
-                    tracing::info!(
-                        last_seq = c.last_seq,
-                        "Resuming the kernel log after the saved cursor."
-                    );
-                    Some(c.last_seq)
-                }
-                Some(c) => {
-                    tracing::info!(saved_boot = %c.boot_id, boot = %args.boot_id, "New boot: reading the whole kernel log ring.");
-                    None
-                }
-                None => {
-                    tracing::info!("No kernel log cursor: reading the whole ring.");
-                    None
-                }
-            },
+        let resume_after = match args.resume.as_ref().filter(|_| device) {
+            Some(p) if p.boot_id == args.boot_id => {
+                tracing::info!(
+                    last_seq = p.last_seq,
+                    "Resuming the kernel log after the position in the health state."
+                );
+                Some(p.last_seq)
+            }
+            Some(p) => {
+                tracing::info!(saved_boot = %p.boot_id, boot = %args.boot_id, "New boot: reading the whole kernel log ring.");
+                None
+            }
+            None if device => {
+                tracing::info!(
+                    "No kernel log position in the health state: reading the whole ring."
+                );
+                None
+            }
             None => None,
         };
         Reader {
             sender: FaultSender::new(engine_tx, args.registry.clone()),
             scanner: Scanner::new(args.policy),
             cfg: args.cfg,
-            cursor_path,
             boot_id: args.boot_id,
             registry: args.registry,
             liveness: args.liveness,
@@ -344,11 +307,12 @@ impl Reader {
             boot_time: boot::boot_time_unix_nanos(),
             last_seq: resume_after,
             processed_seq: resume_after,
-            saved_seq: resume_after,
-            last_save: Instant::now(),
+            reported_seq: resume_after,
+            last_report: Instant::now(),
             drain_timeout: Duration::from_secs(2),
             summary: KmsgSummary::default(),
             device,
+            failures: 0,
         }
     }
 
@@ -378,7 +342,8 @@ impl Reader {
                     if let SendStatus::Disconnected = self.report(false, e.to_string()) {
                         return false;
                     }
-                    self.sleep(Duration::from_secs(self.cfg.retry_interval_secs));
+                    let delay = self.retry_delay();
+                    self.sleep(delay);
                     continue;
                 }
             };
@@ -398,7 +363,8 @@ impl Reader {
                     if let SendStatus::Disconnected = self.report(false, e.to_string()) {
                         return false;
                     }
-                    self.sleep(Duration::from_secs(self.cfg.retry_interval_secs));
+                    let delay = self.retry_delay();
+                    self.sleep(delay);
                 }
             }
         }
@@ -416,9 +382,21 @@ impl Reader {
         })
     }
 
+    /// The retry interval, doubled per consecutive failure up to eight
+    /// times it, with up to 25 % random jitter (a fleet whose nodes failed
+    /// together does not retry in step).
+    fn retry_delay(&mut self) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        let base = Duration::from_secs(self.cfg.retry_interval_secs)
+            .saturating_mul(1 << (self.failures - 1).min(3));
+        base.mul_f64(1.0 + rand::random_range(0.0..0.25))
+    }
+
     fn sleep(&self, d: Duration) {
         let deadline = Instant::now() + d;
         while !self.stopping() && Instant::now() < deadline {
+            // Waiting to retry is progress: the failure is reported, not stuck.
+            self.heartbeat();
             std::thread::sleep(Duration::from_millis(50).min(d));
         }
     }
@@ -442,11 +420,14 @@ impl Reader {
         loop {
             match f.read(&mut buf) {
                 Ok(0) => {
-                    if let Outcome::EngineGone = self.idle(file, IDLE_POLL_MS) {
-                        return Ok(false);
-                    }
+                    // /dev/kmsg never returns end of file (no record:
+                    // EAGAIN); something else is at its path.
+                    return Err(KmsgError::Eof {
+                        path: self.cfg.path.clone(),
+                    });
                 }
                 Ok(n) => {
+                    self.failures = 0;
                     let read_at = Instant::now();
                     if let Outcome::EngineGone = self.process(&buf[..n], Some(read_at)) {
                         return Ok(false);
@@ -457,7 +438,8 @@ impl Reader {
                         if self.stopping() {
                             return Ok(false);
                         }
-                        self.maybe_save_cursor();
+                        self.heartbeat();
+                        self.maybe_report_position();
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -563,7 +545,6 @@ impl Reader {
                     }
                     buf.copy_within(start..filled, 0);
                     filled -= start;
-                    self.maybe_save_cursor();
                     if self.sender.pending() > 0 && self.sender.flush() == SendStatus::Disconnected
                     {
                         return Ok(false);
@@ -641,11 +622,15 @@ impl Reader {
         Outcome::Continue
     }
 
-    fn idle_work(&mut self) -> Outcome {
+    fn heartbeat(&self) {
         self.liveness.kmsg_heartbeat_unix_secs.store(
             gpuwatch_core::clock::unix_nanos(std::time::SystemTime::now()) / 1_000_000_000,
             Ordering::Relaxed,
         );
+    }
+
+    fn idle_work(&mut self) -> Outcome {
+        self.heartbeat();
         self.boot_time = boot::boot_time_unix_nanos();
         if self.scanner.has_pending() {
             self.scanner
@@ -660,7 +645,9 @@ impl Reader {
         if self.sender.flush() == SendStatus::Disconnected {
             return Outcome::EngineGone;
         }
-        self.maybe_save_cursor();
+        if self.report_position().is_err() {
+            return Outcome::EngineGone;
+        }
         Outcome::Continue
     }
 
@@ -692,15 +679,25 @@ impl Reader {
             && seq > last.saturating_add(1)
         {
             let lost = seq - last - 1;
-            self.registry
-                .kmsg_records_lost
-                .fetch_add(lost, Ordering::Relaxed);
-            tracing::warn!(
-                lost,
-                after_seq = last,
-                next_seq = seq,
-                "Kernel log records were lost."
-            );
+            if lost > MAX_PLAUSIBLE_GAP {
+                // No ring holds that many records: a corrupt or edited
+                // sequence number, not lost records.
+                tracing::warn!(
+                    after_seq = last,
+                    next_seq = seq,
+                    "Kernel log sequence number jumped implausibly far; not counted as lost records."
+                );
+            } else {
+                self.registry
+                    .kmsg_records_lost
+                    .fetch_add(lost, Ordering::Relaxed);
+                tracing::warn!(
+                    lost,
+                    after_seq = last,
+                    next_seq = seq,
+                    "Kernel log records were lost."
+                );
+            }
         }
         self.last_seq = Some(seq);
         let accepted = rec.facility == 0 || self.cfg.accept_user_facility;
@@ -757,104 +754,80 @@ impl Reader {
         Outcome::Continue
     }
 
-    fn maybe_save_cursor(&mut self) {
-        if self.last_save.elapsed() >= Duration::from_millis(self.cfg.cursor_interval_ms) {
-            self.save_cursor_at(Instant::now());
+    fn maybe_report_position(&mut self) {
+        if self.last_report.elapsed() >= Duration::from_millis(self.cfg.cursor_interval_ms) {
+            // A gone engine is noticed by the next send.
+            let _ = self.report_position();
         }
     }
 
-    /// Highest sequence number whose records all had their events handed to
-    /// the engine channel (processed, not held by the sender) and, with
-    /// acknowledgements, persisted by the engine.
-    fn delivered_seq(&mut self) -> Option<u64> {
-        let unacked = self.sender.lowest_unacked_seq();
-        cursor_position(
-            self.processed_seq,
-            self.sender.lowest_pending_seq(),
-            unacked,
-        )
-    }
-
-    /// Writes the cursor when it can move forward.
-    fn save_cursor_at(&mut self, now: Instant) {
-        self.last_save = now;
-        if self.cursor_path.is_none() {
-            return;
+    /// The exact position, when there is one: every record read so far had
+    /// its events handed to the engine channel and nothing is held (by the
+    /// scanner or the sender). `None` otherwise, or for a replay.
+    fn exact_position(&self) -> Option<u64> {
+        if !self.device || self.scanner.has_pending() || self.sender.pending() > 0 {
+            return None;
         }
-        if let Some(seq) = self.delivered_seq()
-            && self.advances(seq)
-        {
-            self.write_cursor(seq);
-        }
+        self.last_seq
     }
 
-    /// True when `seq` is ahead of the saved position.
-    fn advances(&self, seq: u64) -> bool {
-        self.saved_seq.is_none_or(|saved| seq > saved)
-    }
-
-    fn write_cursor(&mut self, seq: u64) {
-        let Some(path) = &self.cursor_path else {
-            return;
+    /// Tells the engine the exact position when it moved. Err when the engine
+    /// is gone.
+    fn report_position(&mut self) -> Result<(), EngineGone> {
+        self.last_report = Instant::now();
+        let Some(seq) = self.exact_position() else {
+            return Ok(());
         };
-        let cursor = KmsgCursor {
+        if self.reported_seq.is_some_and(|r| r >= seq) {
+            return Ok(());
+        }
+        let progress = Input::KmsgProgress(KmsgPosition {
             boot_id: self.boot_id.clone(),
             last_seq: seq,
-        };
-        match gpuwatch_core::statefile::write_json(path, &cursor) {
-            Ok(()) => {
-                self.saved_seq = Some(seq);
-                self.registry.count_state_write(true);
-            }
-            Err(e) => {
-                self.registry.count_state_write(false);
-                tracing::warn!(error = %e, "Cannot save the kernel log cursor.");
-            }
+        });
+        match self.sender.try_send_in_order(progress) {
+            InOrder::Sent => self.reported_seq = Some(seq),
+            InOrder::Deferred => {}
+            InOrder::Disconnected => return Err(EngineGone),
         }
+        Ok(())
     }
 
-    /// End of the source: emit what the scanner holds, deliver, save.
-    ///
-    /// The exact position is written (no acknowledgement needed): at a clean stop the engine
-    /// handles everything queued and persists after the sources stopped.
-    /// Events the bounded drain could not deliver keep the cursor before
-    /// their records, so the next start reads them again. When the engine is
-    /// gone (it stopped first, e.g. it failed), what was handed to it may not
-    /// be persisted: the cursor then stays where the acknowledgements put it.
+    /// End of the source: emit what the scanner holds, deliver, and report
+    /// the final position when everything was delivered. Events the bounded
+    /// drain could not deliver are not covered by any reported position, so
+    /// the next start reads their records again.
     fn finish(&mut self) {
         self.scanner.finish(&mut self.out);
         let _ = self.deliver(Instant::now());
         let undelivered = self.sender.drain(self.drain_timeout);
-        if self.sender.is_disconnected() {
+        if self.sender.is_disconnected() || undelivered.is_some() {
             return;
         }
-        let seq = match (self.last_seq, undelivered) {
-            (last, None) => last,
-            (Some(last), Some(lost)) => lost.checked_sub(1).map(|before| before.min(last)),
-            (None, Some(lost)) => lost.checked_sub(1),
-        };
-        if let Some(seq) = seq
-            && self.advances(seq)
+        if let Some(seq) = self.exact_position()
+            && self.reported_seq.is_none_or(|r| seq > r)
         {
-            self.write_cursor(seq);
+            let progress = Input::KmsgProgress(KmsgPosition {
+                boot_id: self.boot_id.clone(),
+                last_seq: seq,
+            });
+            if self
+                .sender
+                .send_in_order_timeout(progress, self.drain_timeout)
+            {
+                self.reported_seq = Some(seq);
+            }
         }
     }
-}
-
-/// The position the cursor file may hold: every record up to it was
-/// processed (`processed`: the scanner holds none of their events), and it is
-/// before the lowest `kmsg_seq` still held by the sender (`held`) or delivered
-/// but not acknowledged by the engine (`unacked`). Records without faults move
-/// it freely (they are in `processed`, never in the other two).
-fn cursor_position(processed: Option<u64>, held: Option<u64>, unacked: Option<u64>) -> Option<u64> {
-    let mut pos = processed?;
-    for seq in [held, unacked].into_iter().flatten() {
-        pos = pos.min(seq.checked_sub(1)?);
-    }
-    Some(pos)
 }
 
 const READ_AT_PER_RECORD: Option<Instant> = None;
+
+/// True when `path` is a character device: the reader then keeps a
+/// position (reports [`Input::KmsgProgress`]); a replay file or FIFO has none.
+pub fn is_device(path: &Path) -> bool {
+    is_char_device(path)
+}
 
 fn is_char_device(path: &Path) -> bool {
     std::fs::metadata(path)
@@ -876,7 +849,7 @@ mod tests {
                 exit_at_eof: true,
                 ..KmsgConfig::default()
             },
-            state_dir: None,
+            resume: None,
             boot_id: "boot-1".into(),
             policy: Arc::new(xid_parser::Policy::default()),
             registry,
@@ -1079,14 +1052,12 @@ mod tests {
         );
     }
 
-    /// A reader that treats its input as the kernel device (cursor kept in
-    /// `dir`), without opening anything: records are fed to `process`.
-    fn device_reader(dir: &Path, tx: Sender<Input>, registry: Arc<Registry>) -> Reader {
-        let mut a = args(&dir.join("unused"), true, registry);
-        a.state_dir = Some(dir.to_path_buf());
+    /// A reader that treats its input as the kernel device, without opening
+    /// anything: records are fed to `process`.
+    fn device_reader(tx: Sender<Input>, registry: Arc<Registry>) -> Reader {
+        let a = args(Path::new("/nonexistent/kmsg"), true, registry);
         let mut r = Reader::new(a, tx);
         r.device = true;
-        r.cursor_path = Some(dir.join(CURSOR_FILE));
         r.drain_timeout = Duration::from_millis(10);
         r
     }
@@ -1102,114 +1073,77 @@ mod tests {
         }
     }
 
-    fn saved_seq(dir: &Path) -> Option<u64> {
-        load_cursor(dir).map(|c| c.last_seq)
+    /// What reached the engine channel: `Some(seq)` per fault event (its
+    /// `kmsg_seq`), `None` per position report with its sequence number.
+    fn drained(rx: &Receiver<Input>) -> Vec<(char, u64)> {
+        rx.try_iter()
+            .filter_map(|i| match i {
+                Input::Fault { event, .. } => Some(('F', event.kmsg_seq.unwrap_or(0))),
+                Input::KmsgProgress(p) => Some(('P', p.last_seq)),
+                _ => None,
+            })
+            .collect()
     }
 
+    /// The position travels in the channel after the events of the records
+    /// it covers, and only when nothing is held: the engine's state then
+    /// holds exactly the faults of the records up to it.
     #[test]
-    fn cursor_position_stays_before_held_and_unacknowledged_faults() {
-        assert_eq!(cursor_position(None, None, None), None, "nothing processed");
-        assert_eq!(
-            cursor_position(Some(9), None, None),
-            Some(9),
-            "free to move"
-        );
-        assert_eq!(cursor_position(Some(9), Some(4), None), Some(3));
-        assert_eq!(cursor_position(Some(9), None, Some(6)), Some(5));
-        assert_eq!(cursor_position(Some(9), Some(7), Some(6)), Some(5));
-        assert_eq!(cursor_position(Some(3), None, Some(6)), Some(3));
-        assert_eq!(
-            cursor_position(Some(9), None, Some(0)),
-            None,
-            "seq 0 outstanding"
-        );
-    }
-
-    /// The cursor moves past a delivered fault only once the engine
-    /// acknowledged it as persisted; records without faults move it freely.
-    #[test]
-    fn cursor_waits_for_the_engine_acknowledgement() {
-        let dir = tempfile::tempdir().unwrap();
+    fn position_follows_the_events_it_covers() {
         let (tx, rx) = bounded(64);
-        let mut r = device_reader(dir.path(), tx, Registry::new());
-        let ack = Arc::new(AtomicU64::new(0));
-        r.sender.track_acks(ack.clone());
-        let t0 = Instant::now();
+        let mut r = device_reader(tx, Registry::new());
         for seq in 1..=3 {
             r.process(record(seq, false).as_bytes(), None);
         }
-        r.save_cursor_at(t0);
-        assert_eq!(saved_seq(dir.path()), Some(3), "no fault: moves freely");
+        r.report_position().unwrap();
+        assert_eq!(drained(&rx), vec![('P', 3)], "no fault: the position moves");
         for seq in 4..=8 {
             r.process(record(seq, seq == 5 || seq == 7).as_bytes(), None);
         }
-        assert_eq!(faults(&rx).len(), 2);
-        r.save_cursor_at(t0);
-        assert_eq!(saved_seq(dir.path()), Some(4), "before the fault of seq 5");
-        ack.store(1, Ordering::Release);
-        r.save_cursor_at(t0);
-        assert_eq!(saved_seq(dir.path()), Some(6), "seq 5 persisted, 7 not");
-        ack.store(2, Ordering::Release);
-        r.save_cursor_at(t0);
-        assert_eq!(saved_seq(dir.path()), Some(8), "everything persisted");
-        assert_eq!(r.sender.unacked(), 0);
-        // A later fault keeps it again; records after it do not move it.
-        for seq in 9..=11 {
-            r.process(record(seq, seq == 10).as_bytes(), None);
-        }
-        r.save_cursor_at(t0);
-        assert_eq!(saved_seq(dir.path()), Some(9));
-        assert_eq!(r.sender.unacked(), 1);
+        r.report_position().unwrap();
+        assert_eq!(drained(&rx), vec![('F', 5), ('F', 7), ('P', 8)]);
+        r.report_position().unwrap();
+        assert_eq!(drained(&rx), vec![], "unchanged: not reported again");
     }
 
-    /// Issue 3, item 1: the cursor moved past faults that sat in the sender's
-    /// coalescing buffer (never reached the engine).
+    /// A fault held for room in the engine channel keeps the position from
+    /// being reported until it is delivered.
     #[test]
-    fn cursor_stays_before_events_held_for_room_in_the_engine_channel() {
-        let dir = tempfile::tempdir().unwrap();
+    fn no_position_while_an_event_is_held_for_room() {
         let (tx, rx) = bounded(1);
         tx.send(Input::Tick).unwrap(); // the engine channel is full
-        let mut r = device_reader(dir.path(), tx, Registry::new());
+        let mut r = device_reader(tx, Registry::new());
         for seq in 1..=5 {
             let rec = record(seq, seq == 3);
             assert!(matches!(r.process(rec.as_bytes(), None), Outcome::Continue));
         }
         assert_eq!(r.sender.pending(), 1, "the fault of seq 3 is held");
-        assert_eq!(r.delivered_seq(), Some(2));
-        let t0 = Instant::now();
-        r.save_cursor_at(t0);
-        assert_eq!(saved_seq(dir.path()), Some(2), "not past the held fault");
-
-        // Room again: the held fault is delivered and the cursor may move on
-        // (no acknowledgements tracked here).
+        assert_eq!(r.exact_position(), None);
         assert!(matches!(rx.try_recv(), Ok(Input::Tick)));
         assert_eq!(r.sender.flush(), SendStatus::Accepted);
-        assert!(
-            matches!(rx.try_recv(), Ok(Input::Fault { event, .. }) if event.kmsg_seq == Some(3))
-        );
-        assert_eq!(r.delivered_seq(), Some(5));
-        r.save_cursor_at(t0);
-        assert_eq!(saved_seq(dir.path()), Some(5));
+        assert_eq!(r.exact_position(), Some(5));
+        r.report_position().unwrap();
+        // Room for one at a time: the fault went with the flush, the
+        // position waits for the next report.
+        assert_eq!(drained(&rx), vec![('F', 3)]);
+        r.report_position().unwrap();
+        assert_eq!(drained(&rx), vec![('P', 5)]);
     }
 
-    /// Issue 3, item 1: `finish` set the cursor to the last record read even
-    /// when the shutdown drain dropped events.
+    /// At shutdown the final position is reported only when every event was
+    /// delivered; otherwise the records are read again at the next start.
     #[test]
-    fn finish_keeps_the_cursor_before_events_it_could_not_deliver() {
-        let dir = tempfile::tempdir().unwrap();
+    fn finish_reports_the_position_only_after_delivering_everything() {
         let reg = Registry::new();
         let (tx, rx) = bounded(1);
         tx.send(Input::Tick).unwrap(); // full; nobody drains
-        let mut r = device_reader(dir.path(), tx, reg.clone());
+        let mut r = device_reader(tx, reg.clone());
         for seq in 10..=14 {
             r.process(record(seq, seq == 12).as_bytes(), None);
         }
         r.finish();
-        assert_eq!(
-            saved_seq(dir.path()),
-            Some(11),
-            "seq 12 is read again at the next start"
-        );
+        assert!(matches!(rx.try_recv(), Ok(Input::Tick)));
+        assert_eq!(drained(&rx), vec![], "nothing delivered, no position");
         assert_eq!(
             reg.events(
                 gpuwatch_core::Stage::Parser,
@@ -1218,38 +1152,63 @@ mod tests {
             1
         );
 
-        // Delivered at shutdown: the exact position, no lag.
-        let dir = tempfile::tempdir().unwrap();
         let (tx, rx2) = bounded(8);
-        let mut r = device_reader(dir.path(), tx, Registry::new());
+        let mut r = device_reader(tx, Registry::new());
         for seq in 10..=14 {
             r.process(record(seq, seq == 12).as_bytes(), None);
         }
         r.finish();
-        assert_eq!(saved_seq(dir.path()), Some(14));
-        assert_eq!(faults(&rx2).len(), 1);
-
-        // The engine is gone: what it was handed may not be persisted, so the
-        // cursor is not moved at shutdown.
-        let dir = tempfile::tempdir().unwrap();
-        let (tx, rx3) = bounded(8);
-        let mut r = device_reader(dir.path(), tx, Registry::new());
-        r.process(record(1, false).as_bytes(), None);
-        drop(rx3);
-        r.process(record(2, true).as_bytes(), None);
-        r.finish();
-        assert_eq!(saved_seq(dir.path()), None);
-        drop(rx);
+        assert_eq!(drained(&rx2), vec![('F', 12), ('P', 14)]);
     }
 
-    /// Issue 3, item 2: after a reopen the device starts at the oldest record
-    /// again; records already read must be skipped, not only those before the
-    /// startup cursor.
+    #[test]
+    fn an_implausible_sequence_jump_is_not_counted_as_lost_records() {
+        let reg = Registry::new();
+        let (tx, _rx) = bounded(8);
+        let mut r = device_reader(tx, reg.clone());
+        r.process(record(1, false).as_bytes(), None);
+        r.process(record(5, false).as_bytes(), None);
+        assert_eq!(reg.kmsg_records_lost.load(Ordering::Relaxed), 3);
+        r.process(record(u64::MAX / 1000, false).as_bytes(), None);
+        assert_eq!(reg.kmsg_records_lost.load(Ordering::Relaxed), 3);
+    }
+
+    /// A replay (file or FIFO) has no position: nothing to resume after.
+    #[test]
+    fn a_replay_reports_no_position() {
+        let (tx, rx) = bounded(8);
+        let mut r = device_reader(tx, Registry::new());
+        r.device = false;
+        r.process(record(1, true).as_bytes(), None);
+        r.report_position().unwrap();
+        r.finish();
+        assert_eq!(drained(&rx), vec![('F', 1)]);
+    }
+
+    /// The engine's position is where a device reader of the same boot
+    /// resumes; another boot's position is ignored.
+    #[test]
+    fn resumes_after_the_position_of_the_same_boot_only() {
+        let mk = |boot: &str| {
+            let (tx, _rx) = bounded::<Input>(8);
+            let mut a = args(Path::new("/dev/kmsg"), true, Registry::new());
+            a.resume = Some(KmsgPosition {
+                boot_id: boot.into(),
+                last_seq: 41,
+            });
+            Reader::new(a, tx).last_seq
+        };
+        assert_eq!(mk("boot-1"), Some(41));
+        assert_eq!(mk("another-boot"), None);
+    }
+
+    /// After a reopen the device starts at the oldest record again; records
+    /// already read must be skipped, not only those before the startup
+    /// position.
     #[test]
     fn reopen_after_a_read_error_skips_records_already_read() {
-        let dir = tempfile::tempdir().unwrap();
         let (tx, rx) = bounded(64);
-        let mut r = device_reader(dir.path(), tx, Registry::new());
+        let mut r = device_reader(tx, Registry::new());
         for seq in 1..=3 {
             r.process(record(seq, seq == 2).as_bytes(), None);
         }
@@ -1333,19 +1292,5 @@ mod tests {
         assert_eq!(p.len(), 3, "{p:?}");
         assert!(p[0].starts_with("path:"));
         assert!(KmsgConfig::default().validate().is_empty());
-    }
-
-    #[test]
-    fn cursor_round_trips_and_corrupt_cursor_is_ignored() {
-        let dir = tempfile::tempdir().unwrap();
-        assert_eq!(load_cursor(dir.path()), None);
-        let c = KmsgCursor {
-            boot_id: "b".into(),
-            last_seq: 42,
-        };
-        gpuwatch_core::statefile::write_json(&dir.path().join(CURSOR_FILE), &c).unwrap();
-        assert_eq!(load_cursor(dir.path()), Some(c));
-        std::fs::write(dir.path().join(CURSOR_FILE), "{").unwrap();
-        assert_eq!(load_cursor(dir.path()), None);
     }
 }

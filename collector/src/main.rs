@@ -374,10 +374,13 @@ fn one_shot_health(cfg: &Config) -> anyhow::Result<gpuwatch_proto::NodeHealth> {
     // off the bus) must count now, as a node fault.
     let mut engine_cfg = cfg.engine.clone();
     engine_cfg.nvml_join_grace_secs = 0;
-    let mut engine = gpuwatch_core::engine::Engine::new(
+    // The agent's persisted state is read (never written: a running agent
+    // owns it): a fault it holds — active or escalated in an earlier boot —
+    // fails the validation like one found now.
+    let mut engine = gpuwatch_core::engine::Engine::new_read_only(
         engine_cfg,
         policy.clone(),
-        None,
+        cfg.state_dir.clone(),
         gpuwatch_core::engine::BootInfo {
             boot_id: boot_id.clone(),
             boot_time_unix_nano: gpuwatch::boot::boot_time_unix_nanos(),
@@ -414,7 +417,7 @@ fn one_shot_health(cfg: &Config) -> anyhow::Result<gpuwatch_proto::NodeHealth> {
     let thread = gpuwatch::kmsg::spawn(
         gpuwatch::kmsg::KmsgSourceArgs {
             cfg: cfg.kmsg.clone(),
-            state_dir: None,
+            resume: engine.kmsg_position().cloned(),
             boot_id,
             policy,
             registry,

@@ -24,7 +24,7 @@
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError, bounded};
 use gpuwatch_core::msg::Input;
 use gpuwatch_core::{Outcome, Registry, Stage};
-use gpuwatch_proto::FaultEvent;
+use gpuwatch_proto::{FaultEvent, ShortName};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -55,7 +55,15 @@ pub struct Liveness {
     pub state_loaded: AtomicBool,
     /// Unix seconds of the last kmsg reader loop iteration (0 before the first).
     pub kmsg_heartbeat_unix_secs: AtomicU64,
+    /// Unix seconds of the health engine's latest loop pass (0 before the first).
+    pub engine_heartbeat_unix_secs: Arc<AtomicU64>,
 }
+
+/// A thread that has made no progress for this long is stuck: `/healthz`
+/// fails so that the kubelet restarts the agent. The engine passes its loop
+/// at least once per tick (1 s by default, 60 s at most), the kmsg reader at
+/// least every 250 ms when idle and every 1,024 records when busy.
+pub const PROGRESS_DEADLINE_SECS: u64 = 90;
 
 impl Liveness {
     /// New flags, all false.
@@ -66,6 +74,21 @@ impl Liveness {
     /// Whether the agent is alive (engine and kmsg threads running).
     pub fn alive(&self) -> bool {
         self.engine_alive.load(Ordering::Relaxed) && self.kmsg_alive.load(Ordering::Relaxed)
+    }
+
+    /// The threads that have made no progress within
+    /// [`PROGRESS_DEADLINE_SECS`] at `now_unix_secs` (empty: all fine). A
+    /// thread that has not started its loop yet (heartbeat 0) is not stuck.
+    pub fn stalled(&self, now_unix_secs: u64) -> Vec<&'static str> {
+        let stale = |hb: u64| hb > 0 && now_unix_secs.saturating_sub(hb) > PROGRESS_DEADLINE_SECS;
+        let mut out = Vec::new();
+        if stale(self.engine_heartbeat_unix_secs.load(Ordering::Relaxed)) {
+            out.push("engine");
+        }
+        if stale(self.kmsg_heartbeat_unix_secs.load(Ordering::Relaxed)) {
+            out.push("kmsg");
+        }
+        out
     }
 
     /// Whether the agent is ready: alive, state loaded, and the kmsg source
@@ -138,6 +161,17 @@ pub enum StopReason {
     ThreadExited,
 }
 
+/// What became of an input that must keep its place in the channel order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InOrder {
+    /// In the channel.
+    Sent,
+    /// Not now (something is held, or no room); try again later.
+    Deferred,
+    /// The engine is gone.
+    Disconnected,
+}
+
 /// Whether a send reached (or will reach) the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendStatus {
@@ -172,15 +206,24 @@ struct Held {
     read_at: Instant,
     /// Lowest kernel log sequence number among the occurrences merged here.
     seq: Option<u64>,
+    /// False once evicted for a more severe fault (skipped on delivery).
+    live: bool,
 }
 
-/// The kmsg source's sender: never blocks, never drops silently.
+/// The kmsg source's sender: never blocks, never drops silently, and never
+/// drops a severe fault for a less severe one.
 ///
 /// Held faults wait in a FIFO (`VecDeque`) with a hash index from coalescing
 /// key to position, so holding, coalescing and delivering are O(1) each even
 /// with [`PENDING_CAPACITY`] distinct faults held during a storm. Positions in
 /// the index are absolute (`head` is the absolute position of the front), so
 /// delivering the front never renumbers the rest.
+///
+/// When the buffer holds `capacity` distinct faults, a new one that is more
+/// severe (action rank) than some held fault evicts the least severe, oldest
+/// of them (left in place as a dead entry, skipped on delivery); otherwise the
+/// new one is dropped. Drops are counted (`parser/dropped`) and logged once
+/// per interval with a count per action class.
 #[derive(Debug)]
 pub struct FaultSender {
     tx: Sender<Input>,
@@ -190,34 +233,67 @@ pub struct FaultSender {
     /// Absolute position of `pending[0]`.
     head: u64,
     capacity: usize,
+    /// Live (not evicted) entries in `pending`.
+    live: usize,
+    /// Live entries per action rank (finding an eviction victim is O(1)
+    /// when there is none).
+    live_by_rank: [usize; RANKS],
     disconnected: bool,
-    /// Engine acknowledgements (kmsg source only): see [`FaultSender::track_acks`].
-    acks: Option<AckTracker>,
+    drops: DropReport,
 }
 
-/// Fault events handed to the engine channel that the engine has not yet
-/// acknowledged as contained in a successfully persisted state.
-///
-/// The engine counts the kernel-log fault events it handled (channel order)
-/// and publishes, after each successful persist, how many of them the state
-/// file holds (`ack`). Counting instead of comparing sequence numbers keeps
-/// the scheme exact when the channel order is not the sequence order (an
-/// event coalesced into an older held one travels with the older one).
-#[derive(Debug)]
-struct AckTracker {
-    ack: Arc<AtomicU64>,
-    /// Events acknowledged so far (popped from `outstanding`).
-    acked: u64,
-    /// Lowest `kmsg_seq` of each delivered, unacknowledged event, channel order.
-    outstanding: VecDeque<Option<u64>>,
+/// Action ranks (`Action::rank`: unspecified .. inspect_hardware).
+const RANKS: usize = 8;
+
+fn rank_of(ev: &FaultEvent) -> usize {
+    usize::try_from(ev.action().rank())
+        .unwrap_or(0)
+        .min(RANKS - 1)
 }
 
-impl AckTracker {
-    fn pop_acked(&mut self) {
-        let ack = self.ack.load(Ordering::Acquire);
-        while self.acked < ack && self.outstanding.pop_front().is_some() {
-            self.acked += 1;
+/// Fault events dropped by the sender, by action class, logged at most once
+/// per [`DropReport::EVERY`].
+#[derive(Debug, Default)]
+struct DropReport {
+    by_rank: [u64; RANKS],
+    last: Option<Instant>,
+}
+
+impl DropReport {
+    const EVERY: Duration = Duration::from_secs(10);
+
+    fn note(&mut self, rank: usize) {
+        self.by_rank[rank.min(RANKS - 1)] += 1;
+        if self.last.is_none_or(|t| t.elapsed() >= Self::EVERY) {
+            self.report();
         }
+    }
+
+    fn report(&mut self) {
+        let total: u64 = self.by_rank.iter().sum();
+        if total == 0 {
+            return;
+        }
+        let per_action: Vec<String> = self
+            .by_rank
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(r, n)| {
+                let name = i32::try_from(r)
+                    .ok()
+                    .and_then(|r| gpuwatch_proto::Action::try_from(r).ok())
+                    .map_or("unknown", |a| a.short_name());
+                format!("{name}={n}")
+            })
+            .collect();
+        tracing::warn!(
+            dropped = total,
+            per_action = %per_action.join(","),
+            "Fault events dropped: the engine channel and the coalescing buffer are full (less severe faults go first)."
+        );
+        self.by_rank = [0; RANKS];
+        self.last = Some(Instant::now());
     }
 }
 
@@ -240,57 +316,27 @@ impl FaultSender {
             index: HashMap::new(),
             head: 0,
             capacity: capacity.max(1),
+            live: 0,
+            live_by_rank: [0; RANKS],
             disconnected: false,
-            acks: None,
-        }
-    }
-
-    /// Tracks the engine's acknowledgements: every fault event delivered from
-    /// now on stays outstanding until `ack` (the number of this sender's
-    /// events the engine's persisted state holds, published by
-    /// [`gpuwatch_core::engine::run_engine`]) covers it. Only one sender per engine may
-    /// track acknowledgements (the engine counts kernel-log events).
-    pub fn track_acks(&mut self, ack: Arc<AtomicU64>) {
-        self.acks = Some(AckTracker {
-            acked: ack.load(Ordering::Acquire),
-            ack,
-            outstanding: VecDeque::new(),
-        });
-    }
-
-    /// Lowest `kmsg_seq` among the events delivered to the engine but not yet
-    /// acknowledged as persisted (`None` when none, or acknowledgements are
-    /// not tracked). The kmsg cursor must stay before it.
-    pub fn lowest_unacked_seq(&mut self) -> Option<u64> {
-        let acks = self.acks.as_mut()?;
-        acks.pop_acked();
-        acks.outstanding.iter().flatten().copied().min()
-    }
-
-    /// Delivered events not yet acknowledged (0 without tracking).
-    pub fn unacked(&mut self) -> usize {
-        self.acks.as_mut().map_or(0, |a| {
-            a.pop_acked();
-            a.outstanding.len()
-        })
-    }
-
-    fn delivered(&mut self, seq: Option<u64>) {
-        if let Some(a) = self.acks.as_mut() {
-            a.outstanding.push_back(seq);
+            drops: DropReport::default(),
         }
     }
 
     /// Events waiting for room in the engine channel.
     pub fn pending(&self) -> usize {
-        self.pending.len()
+        self.live
     }
 
     /// Lowest `kmsg_seq` among the events still waiting for room in the engine
     /// channel (`None` when nothing with a sequence number waits). The kmsg
     /// cursor must not pass it: those records have not reached the engine.
     pub fn lowest_pending_seq(&self) -> Option<u64> {
-        self.pending.iter().filter_map(|h| h.seq).min()
+        self.pending
+            .iter()
+            .filter(|h| h.live)
+            .filter_map(|h| h.seq)
+            .min()
     }
 
     /// True once a send found the engine side gone.
@@ -311,10 +357,8 @@ impl FaultSender {
             return SendStatus::Disconnected;
         }
         if self.pending.is_empty() {
-            let seq = event.kmsg_seq;
             match self.tx.try_send(Input::Fault { event, read_at }) {
                 Ok(()) => {
-                    self.delivered(seq);
                     return SendStatus::Accepted;
                 }
                 Err(TrySendError::Disconnected(_)) => return self.gone(),
@@ -347,16 +391,11 @@ impl FaultSender {
                 return;
             }
         }
-        if self.pending.len() >= self.capacity {
+        let rank = rank_of(&event);
+        if self.live >= self.capacity && !self.evict_below(rank) {
             self.registry
                 .count_events(Stage::Parser, Outcome::Dropped, 1);
-            tracing::warn!(
-                code = event.code,
-                kind = event.kind,
-                pci = %event.pci_address,
-                pending = self.pending.len(),
-                "Fault event dropped: the engine channel and the coalescing buffer are full."
-            );
+            self.drops.note(rank);
             return;
         }
         let mut event = event;
@@ -368,29 +407,91 @@ impl FaultSender {
             seq: event.kmsg_seq,
             event,
             read_at,
+            live: true,
         });
+        self.live += 1;
+        self.live_by_rank[rank] += 1;
+        if self.pending.len() > 2 * self.capacity {
+            self.compact();
+        }
     }
 
-    /// Takes the front entry out of the buffer and the index.
-    fn pop_front(&mut self) -> Option<Held> {
-        let held = self.pending.pop_front()?;
+    /// Evicts the oldest held fault of the lowest rank below `rank`; false
+    /// when every held fault is at least as severe.
+    fn evict_below(&mut self, rank: usize) -> bool {
+        let Some(victim_rank) = (0..rank).find(|&r| self.live_by_rank[r] > 0) else {
+            return false;
+        };
+        let Some(held) = self
+            .pending
+            .iter_mut()
+            .find(|h| h.live && rank_of(&h.event) == victim_rank)
+        else {
+            return false;
+        };
+        held.live = false;
+        let count = u64::from(held.event.count.max(1));
         self.index.remove(&held.key);
-        self.head += 1;
-        Some(held)
+        self.live -= 1;
+        self.live_by_rank[victim_rank] -= 1;
+        self.registry
+            .count_events(Stage::Parser, Outcome::Dropped, count);
+        self.drops.note(victim_rank);
+        true
+    }
+
+    /// Removes evicted entries from the middle of the queue (they would
+    /// otherwise stay until they reach the front) and renumbers the index.
+    fn compact(&mut self) {
+        self.pending.retain(|h| h.live);
+        self.index.clear();
+        for (i, h) in self.pending.iter().enumerate() {
+            self.index.insert(h.key.clone(), self.head + i as u64);
+        }
+    }
+
+    /// Takes the front live entry out of the buffer and the index (dead
+    /// entries in front of it are discarded).
+    fn pop_front(&mut self) -> Option<Held> {
+        loop {
+            let held = self.pending.pop_front()?;
+            self.head += 1;
+            if held.live {
+                self.index.remove(&held.key);
+                self.live -= 1;
+                self.live_by_rank[rank_of(&held.event)] -= 1;
+                return Some(held);
+            }
+        }
+    }
+
+    /// Discards dead entries at the front of the queue.
+    fn skip_dead(&mut self) {
+        while self.pending.front().is_some_and(|h| !h.live) {
+            self.pending.pop_front();
+            self.head += 1;
+        }
     }
 
     /// Tries to deliver held events, oldest first.
     pub fn flush(&mut self) -> SendStatus {
+        self.skip_dead();
         while let Some(front) = self.pending.front_mut() {
             // Moves the event out for the send; put back (same position, index
             // untouched) when the channel is full.
             let event = std::mem::take(&mut front.event);
             let read_at = front.read_at;
-            let seq = front.seq;
+            let rank = rank_of(&event);
             match self.tx.try_send(Input::Fault { event, read_at }) {
                 Ok(()) => {
-                    self.pop_front();
-                    self.delivered(seq);
+                    let front = self.pending.pop_front();
+                    if let Some(h) = front {
+                        self.index.remove(&h.key);
+                    }
+                    self.head += 1;
+                    self.live -= 1;
+                    self.live_by_rank[rank] -= 1;
+                    self.skip_dead();
                 }
                 Err(TrySendError::Disconnected(Input::Fault { event, .. })) => {
                     front.event = event;
@@ -424,9 +525,6 @@ impl FaultSender {
         {
             let left = deadline.saturating_duration_since(Instant::now());
             let sent = self.tx.send_timeout(Input::Fault { event, read_at }, left);
-            if sent.is_ok() {
-                self.delivered(seq);
-            }
             if let Err(e) = sent {
                 if matches!(e, crossbeam_channel::SendTimeoutError::Disconnected(_)) {
                     self.disconnected = true;
@@ -439,6 +537,40 @@ impl FaultSender {
             }
         }
         lowest_lost
+    }
+
+    /// Sends `input` only when it keeps its place in the order: nothing is
+    /// held and the channel has room now (the kmsg position: a later report
+    /// replaces one that could not go).
+    pub fn try_send_in_order(&mut self, input: Input) -> InOrder {
+        if self.live > 0 {
+            return InOrder::Deferred;
+        }
+        match self.tx.try_send(input) {
+            Ok(()) => InOrder::Sent,
+            Err(TrySendError::Full(_)) => InOrder::Deferred,
+            Err(TrySendError::Disconnected(_)) => {
+                self.disconnected = true;
+                InOrder::Disconnected
+            }
+        }
+    }
+
+    /// Sends an input, waiting up to `timeout` for room, after every held
+    /// event. False when it could not be sent in time.
+    pub fn send_in_order_timeout(&mut self, input: Input, timeout: Duration) -> bool {
+        if self.live > 0 {
+            return false;
+        }
+        match self.tx.send_timeout(input, timeout) {
+            Ok(()) => true,
+            Err(e) => {
+                if matches!(e, crossbeam_channel::SendTimeoutError::Disconnected(_)) {
+                    self.disconnected = true;
+                }
+                false
+            }
+        }
     }
 
     /// Sends a non-fault input (monitor status), waiting for room.

@@ -410,10 +410,19 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
         registry.clone(),
         Arc::new(gpuwatch_core::clock::SystemClock),
     );
-    // The engine acknowledges the kernel-log events its persisted state holds;
-    // the kmsg cursor never passes one it has not acknowledged.
-    let kmsg_ack = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    engine.set_kmsg_ack(kmsg_ack.clone());
+    // One state, one writer: the reader resumes after the position the
+    // loaded state accounts for and reports its progress to the engine,
+    // which writes it together with the faults.
+    let kmsg_resume = engine.kmsg_position().cloned();
+    engine.set_heartbeat(liveness.engine_heartbeat_unix_secs.clone());
+    if cfg.nvml.enabled {
+        // A sample older than three poll intervals no longer describes the
+        // GPU (NVML stopped answering): Unknown, and it does not validate.
+        engine.set_sample_max_age(cfg.nvml.poll_interval().saturating_mul(3));
+    }
+    if kmsg::is_device(&cfg.kmsg.path) {
+        engine.track_kmsg_position();
+    }
     liveness.state_loaded.store(true, Ordering::Relaxed);
     // The sinks start before the engine thread: seed the channel with the
     // restored state, so the node writer's first pass after a restart
@@ -484,10 +493,10 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
 
     // Kernel log source.
     let kmsg_started = Instant::now();
-    let kmsg_thread = kmsg::spawn_acked(
+    let kmsg_thread = kmsg::spawn(
         KmsgSourceArgs {
             cfg: cfg.kmsg.clone(),
-            state_dir: Some(cfg.state_dir.clone()),
+            resume: kmsg_resume,
             boot_id: boot_id.clone(),
             policy: policy.clone(),
             registry: registry.clone(),
@@ -496,7 +505,6 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
             stop_tx: Some(stop_tx.clone()),
         },
         engine_tx.clone(),
-        kmsg_ack,
     )
     .map_err(|source| RunError::Spawn {
         what: "kmsg thread",
@@ -603,45 +611,54 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
 
     let reason = stop_rx.recv().unwrap_or(StopReason::ThreadExited);
 
+    // A bounded shutdown, in order: stop the sources, drain the engine and
+    // write the state, flush the sinks. Every step has a share of
+    // SHUTDOWN_BUDGET; a thread that does not finish in its share (a hung
+    // NVML call) is abandoned, not joined, so the process always exits.
+    let shutdown_deadline = Instant::now() + SHUTDOWN_BUDGET;
+    let share =
+        |cap: Duration| cap.min(shutdown_deadline.saturating_duration_since(Instant::now()));
     // 1. Sources stop (the node writer's validation reports too).
     sources_shutdown.store(true, Ordering::Relaxed);
     drop(validation_tx);
-    let kmsg_summary = kmsg_thread.join().unwrap_or_else(|_| {
-        tracing::error!("The kmsg thread panicked.");
-        kmsg::KmsgSummary::default()
-    });
+    let kmsg_summary =
+        join_within(kmsg_thread, share(Duration::from_secs(3)), "kmsg").unwrap_or_default();
     let kmsg_seconds = kmsg_started.elapsed().as_secs_f64();
+    let nvml_deadline = share(Duration::from_secs(2));
     for t in nvml_threads {
-        if t.join().is_err() {
-            tracing::error!("An NVML thread panicked.");
-        }
+        let left = nvml_deadline.min(shutdown_deadline.saturating_duration_since(Instant::now()));
+        join_within(t, left, "NVML");
     }
     // The API stops before the engine drains: it holds an engine sender for
     // operator clears, and the engine stops once every sender is gone.
     let _ = api_stop_tx.send(());
     if let Some(task) = api_task {
-        match rt.block_on(async { tokio::time::timeout(Duration::from_secs(2), task).await }) {
+        let limit = share(Duration::from_secs(1));
+        match rt.block_on(async { tokio::time::timeout(limit, task).await }) {
             Ok(Ok(Err(e))) => tracing::warn!(error = %e, "API server ended with an error."),
             Ok(Err(e)) => tracing::warn!(error = %e, "API server task failed."),
             _ => {}
         }
     }
-    // 2. The engine drains the channel (all senders are gone) and flushes state.
-    if engine_done_rx.recv_timeout(Duration::from_secs(10)) == Err(RecvTimeoutError::Timeout) {
-        tracing::warn!("Engine did not drain within 10 s; stopping it.");
+    // 2. The engine drains the channel (all senders are gone) and writes the
+    // state; past its share it is told to stop (it writes the state then).
+    let drain = share(Duration::from_secs(3));
+    if engine_done_rx.recv_timeout(drain) == Err(RecvTimeoutError::Timeout) {
+        tracing::warn!(
+            waited_ms = drain.as_millis() as u64,
+            "Engine did not drain in time; stopping it."
+        );
         engine_shutdown.store(true, Ordering::Relaxed);
     }
-    if engine_thread.join().is_err() {
-        tracing::error!("The engine thread panicked.");
-    }
+    join_within(engine_thread, share(Duration::from_secs(2)), "engine");
     // 3. Sinks flush.
     for s in &event_sinks {
-        s.flush(Duration::from_secs(2));
+        s.flush(share(Duration::from_secs(2)));
     }
     for hook in on_shutdown {
-        hook(Duration::from_secs(3));
+        hook(share(Duration::from_secs(2)));
     }
-    rt.shutdown_timeout(Duration::from_secs(2));
+    rt.shutdown_timeout(share(Duration::from_secs(1)));
 
     let micros = |q: f64| {
         registry
@@ -682,6 +699,35 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
         return Err(RunError::EngineExited);
     }
     Ok(summary)
+}
+
+/// The whole shutdown (sources, engine drain and state write, sink flush)
+/// takes at most this long after SIGTERM, well inside the kubelet's grace
+/// period.
+pub const SHUTDOWN_BUDGET: Duration = Duration::from_secs(9);
+
+/// Joins `handle` if it finishes within `limit`; otherwise abandons it (the
+/// thread is detached and dies with the process) and says so.
+fn join_within<T>(handle: std::thread::JoinHandle<T>, limit: Duration, what: &str) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    while !handle.is_finished() {
+        if Instant::now() >= deadline {
+            tracing::warn!(
+                thread = what,
+                waited_ms = limit.as_millis() as u64,
+                "A thread did not stop in time; abandoning it so that gpuwatch exits."
+            );
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    match handle.join() {
+        Ok(v) => Some(v),
+        Err(_) => {
+            tracing::error!(thread = what, "A thread panicked.");
+            None
+        }
+    }
 }
 
 /// VmHWM of this process from `/proc/self/status`, KiB.

@@ -106,10 +106,11 @@ mod derive;
 mod health;
 mod model;
 mod persist;
+pub use persist::{LEGACY_CURSOR_FILE, preset_kmsg_position};
 mod recovery;
 
 use crate::clock::Clock;
-use crate::msg::{Input, MonitorInput};
+use crate::msg::{Input, KmsgPosition, MonitorInput};
 use crate::statefile::StateFileError;
 use crate::{EventSink, Outcome, Registry, Stage};
 use derive::secs;
@@ -121,7 +122,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 use xid_parser::{ContextWindow, Policy};
@@ -308,14 +309,100 @@ pub struct Engine {
     /// Time of the last health change.
     updated_at: u64,
     cache: RefCell<Option<Arc<NodeHealth>>>,
-    /// Where the persisted kernel-log event count is published (see
-    /// [`Engine::set_kmsg_ack`]).
-    kmsg_ack: Option<Arc<AtomicU64>>,
-    /// Kernel-log fault events handled by [`run_engine`] so far.
-    kmsg_handled: u64,
-    /// Kernel-log events handled before the oldest one now in `held` (held
-    /// for the join grace: in memory only, not in the state file).
-    kmsg_held_from: Option<u64>,
+    /// The kernel-log position the state accounts for (see
+    /// [`Input::KmsgProgress`]); persisted with the faults in one write.
+    kmsg_position: Option<KmsgPosition>,
+    /// A position reported while events were held for the join grace: it
+    /// applies once they are.
+    kmsg_position_held: Option<KmsgPosition>,
+    /// The engine tracks the kernel-log position (a device reader feeds it):
+    /// the state is then only written at a settled point.
+    track_kmsg: bool,
+    /// A kernel-log fault was handled after the last position: the state
+    /// holds effects of records beyond `kmsg_position`, so writing it now
+    /// would count them twice after a crash.
+    kmsg_unsettled: bool,
+    /// Why the state file is not usable or not written (startup problem or
+    /// the latest write error); shown in the health's monitor status.
+    state_problem: Option<String>,
+    /// Reads the state file but never writes, renames or removes anything.
+    read_only: bool,
+    /// A GPU whose latest NVML sample is older than this (nanoseconds) is
+    /// Unknown and does not validate: NVML stopped answering for it (a hung
+    /// call) even if no error said so. `None`: not checked.
+    sample_max_age: Option<u64>,
+    /// GPUs whose sample was stale at the last check (the health is rebuilt
+    /// when this changes).
+    stale_samples: usize,
+    /// Where [`run_engine`] records its progress (Unix seconds of the latest
+    /// loop pass), for the liveness check.
+    heartbeat: Option<Arc<std::sync::atomic::AtomicU64>>,
+    /// A version 1 cursor file is to be removed after the next write.
+    legacy_cursor_pending: bool,
+    /// Consecutive failed state writes (backoff between retries).
+    write_failures: u32,
+    /// No state write is attempted before this time (backoff after failures).
+    retry_write_at: Option<Instant>,
+    /// GPU faults dropped because the engine already tracks as many GPUs as
+    /// a node can have; logged once per interval.
+    over_capacity: OverCapacity,
+}
+
+/// GPUs whose identity NVML has not confirmed that the engine tracks at most
+/// (kernel-log addresses). An HGX node has 8 GPUs, the largest nodes 16;
+/// anything far beyond is a kernel log naming addresses no node has.
+pub const MAX_UNCONFIRMED_GPUS: usize = 64;
+/// Node-level faults (MCE, NVSwitch, AER on other devices) tracked at most.
+pub const MAX_NODE_FAULTS: usize = 256;
+/// Count-within-window threshold windows (device, XID) tracked at most.
+const MAX_THRESHOLD_KEYS: usize = 1024;
+
+/// Events dropped because the engine was at capacity, reported once per
+/// interval rather than once per event.
+#[derive(Debug, Default)]
+struct OverCapacity {
+    /// Occurrences dropped since the last report.
+    dropped: u64,
+    /// One address refused since the last report.
+    example: String,
+    last_report: Option<Instant>,
+    /// Occurrences dropped since start (shown in the health message).
+    total: u64,
+}
+
+impl OverCapacity {
+    /// How often a capacity problem is logged at most.
+    const REPORT_EVERY: Duration = Duration::from_secs(10);
+
+    fn note(&mut self, occurrences: u64, pci: &str) {
+        self.dropped = self.dropped.saturating_add(occurrences);
+        self.total = self.total.saturating_add(occurrences);
+        if self.example.is_empty() {
+            self.example = pci.to_string();
+        }
+        if self
+            .last_report
+            .is_none_or(|t| t.elapsed() >= Self::REPORT_EVERY)
+        {
+            self.report();
+        }
+    }
+
+    fn report(&mut self) {
+        if self.dropped == 0 {
+            return;
+        }
+        warn!(
+            dropped = self.dropped,
+            example_pci = %self.example,
+            max_unconfirmed_gpus = MAX_UNCONFIRMED_GPUS,
+            max_node_faults = MAX_NODE_FAULTS,
+            "The kernel log names more GPUs or devices than a node can have; less severe faults beyond the engine's bounds were dropped (reset/reboot/inspect-class faults are kept)."
+        );
+        self.dropped = 0;
+        self.example.clear();
+        self.last_report = Some(Instant::now());
+    }
 }
 
 impl Engine {
@@ -363,11 +450,50 @@ impl Engine {
             dirty: false,
             updated_at: now,
             cache: RefCell::new(None),
-            kmsg_ack: None,
-            kmsg_handled: 0,
-            kmsg_held_from: None,
+            kmsg_position: None,
+            kmsg_position_held: None,
+            track_kmsg: false,
+            kmsg_unsettled: false,
+            state_problem: None,
+            read_only: false,
+            sample_max_age: None,
+            stale_samples: 0,
+            heartbeat: None,
+            legacy_cursor_pending: false,
+            write_failures: 0,
+            retry_write_at: None,
+            over_capacity: OverCapacity::default(),
         };
         engine.load();
+        engine.note_boot();
+        engine
+    }
+
+    /// Like [`Engine::new`], but the state in `state_dir` is only read: a
+    /// problem with it is reported, not moved aside, and nothing is ever
+    /// written (for `gpuwatch validate` beside a running agent, which owns the
+    /// file).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new_read_only(
+        cfg: EngineConfig,
+        policy: Arc<Policy>,
+        state_dir: PathBuf,
+        boot: BootInfo,
+        node_name: String,
+        registry: Arc<Registry>,
+        clock: Arc<dyn Clock>,
+    ) -> Engine {
+        let mut engine = Engine::new(cfg, policy, None, boot, node_name, registry, clock);
+        engine.state_path = Some(state_dir.join(STATE_FILE));
+        engine.read_only = true;
+        engine.load();
+        engine.note_boot();
+        engine.persist_blocked = Some("read-only".into());
+        engine
+    }
+
+    fn note_boot(&mut self) {
+        let engine = self;
         if engine.boots.back() != Some(&engine.boot.boot_id) {
             engine.boots.push_back(engine.boot.boot_id.clone());
             while engine.boots.len() > model::HISTORY_BOOTS {
@@ -375,7 +501,6 @@ impl Engine {
             }
             engine.dirty = true;
         }
-        engine
     }
 
     /// Applies one input; returns the events to publish (classified, joined to GPU
@@ -384,6 +509,9 @@ impl Engine {
     pub fn handle(&mut self, input: Input) -> Vec<FaultEvent> {
         match input {
             Input::Fault { event, read_at } => {
+                if self.track_kmsg && event.source() == gpuwatch_proto::Source::Kmsg {
+                    self.kmsg_unsettled = true;
+                }
                 if self.should_hold(&event) {
                     self.held.push((event, Some(read_at)));
                     return Vec::new();
@@ -425,6 +553,15 @@ impl Engine {
                 }
                 Vec::new()
             }
+            Input::KmsgProgress(position) => {
+                self.track_kmsg = true;
+                if self.held.is_empty() {
+                    self.set_kmsg_position(position);
+                } else {
+                    self.kmsg_position_held = Some(position);
+                }
+                Vec::new()
+            }
             Input::Tick => {
                 let now = self.clock.now_unix_nanos();
                 let mut out = Vec::new();
@@ -435,6 +572,18 @@ impl Engine {
                 }
                 self.flush_fault_counts();
                 self.evaluate_recovery(now);
+                let stale = self.count_stale(now);
+                if stale != self.stale_samples {
+                    if stale > self.stale_samples {
+                        warn!(
+                            gpus = stale,
+                            "NVML samples are stale: NVML has not answered for these GPUs within three poll intervals; they are reported unknown."
+                        );
+                    }
+                    self.stale_samples = stale;
+                    self.updated_at = now;
+                    *self.cache.get_mut() = None;
+                }
                 out
             }
         }
@@ -503,6 +652,73 @@ impl Engine {
                 out.push(e);
             }
         }
+        if let Some(p) = self.kmsg_position_held.take() {
+            self.set_kmsg_position(p);
+        }
+    }
+
+    /// Records the reader's position. Every kernel-log event it covers has
+    /// been handled (they precede it in the channel and none is held), so
+    /// the state is settled: it may be written.
+    fn set_kmsg_position(&mut self, position: KmsgPosition) {
+        self.kmsg_unsettled = false;
+        if self.kmsg_position.as_ref() != Some(&position) {
+            self.kmsg_position = Some(position);
+            self.dirty = true;
+        }
+    }
+
+    /// The kernel-log position the loaded state accounts for (`None`: no
+    /// state, an unusable one, or none recorded): the reader resumes after
+    /// it in the same boot, and reads the whole ring otherwise.
+    pub fn kmsg_position(&self) -> Option<&KmsgPosition> {
+        self.kmsg_position.as_ref()
+    }
+
+    /// Tells the engine that a kernel-device reader will report its position
+    /// ([`Input::KmsgProgress`]): from now on the state is written only at
+    /// settled points. Called before any input by the wiring that starts
+    /// such a reader.
+    pub fn track_kmsg_position(&mut self) {
+        self.track_kmsg = true;
+    }
+
+    /// [`run_engine`] stores the Unix seconds of each loop pass here (at least
+    /// once per tick): a liveness check that sees it stand still knows the
+    /// engine is stuck, not just idle.
+    pub fn set_heartbeat(&mut self, heartbeat: Arc<std::sync::atomic::AtomicU64>) {
+        self.heartbeat = Some(heartbeat);
+    }
+
+    /// Ages the NVML samples: a GPU whose latest sample is older than
+    /// `max_age` (the wiring uses three poll intervals) is Unknown and does
+    /// not validate until a fresh sample arrives.
+    pub fn set_sample_max_age(&mut self, max_age: Duration) {
+        self.sample_max_age = Some(u64::try_from(max_age.as_nanos()).unwrap_or(u64::MAX));
+    }
+
+    /// Whether GPU `g`'s latest sample is recent enough to judge it by.
+    pub(crate) fn sample_fresh(&self, g: &Gpu, now: u64) -> bool {
+        match self.sample_max_age {
+            None => true,
+            Some(max) => g.sample_time.is_some_and(|t| now.saturating_sub(t) <= max),
+        }
+    }
+
+    /// Confirmed GPUs whose sample is stale at `now`.
+    fn count_stale(&self, now: u64) -> usize {
+        if self.sample_max_age.is_none() || self.nvml.ok != Some(true) {
+            return 0;
+        }
+        self.gpus
+            .values()
+            .filter(|g| g.confirmed && !g.lost && !self.sample_fresh(g, now))
+            .count()
+    }
+
+    /// Why the state file is unusable or unwritten, if it is.
+    pub fn state_problem(&self) -> Option<&str> {
+        self.state_problem.as_deref()
     }
 
     /// Counts coalesced occurrences not yet counted in the registry (one
@@ -544,23 +760,50 @@ impl Engine {
         self.dirty
     }
 
-    /// Writes `state_dir/health.json` atomically when the state changed (no-op
-    /// without a state directory). Every write is counted in the registry.
+    /// True when the state is settled: when the kernel-log position is
+    /// tracked, no kernel-log event beyond the position has been handled and
+    /// none is held for the join grace. Only a settled state is written:
+    /// the file then holds exactly the faults of the records up to its
+    /// position.
+    pub fn is_settled(&self) -> bool {
+        !self.track_kmsg || (!self.kmsg_unsettled && self.held.is_empty())
+    }
+
+    /// When the next state write may happen: `None` when there is nothing
+    /// to write (clean, no state directory, or not settled: a later input
+    /// settles it), else now or the end of the backoff after a failed write.
+    pub fn persist_due(&self) -> Option<Instant> {
+        if !self.dirty || self.state_path.is_none() || !self.is_settled() {
+            return None;
+        }
+        Some(self.retry_write_at.unwrap_or_else(Instant::now))
+    }
+
+    /// Writes `state_dir/health.json` atomically — faults, history and the
+    /// kernel-log position in one write — when the state changed and is
+    /// settled (see [`Engine::is_settled`]; an unsettled state stays dirty
+    /// and is written at the next settled point). No-op without a state
+    /// directory. Every attempt is counted in the registry; a failed write
+    /// is retried with jittered exponential backoff (up to 30 s), the state
+    /// staying in memory (bounded) meanwhile, and is reported in the health
+    /// (`monitor.state_ok`).
     ///
-    /// When the state file existed but could not be read at startup, it is never
-    /// overwritten: each skipped write is counted as a failed write and returned
-    /// as an error (the state keeps running in memory).
+    /// When the state file existed but could neither be read nor moved aside
+    /// at startup, it is never overwritten: each skipped write is counted as
+    /// a failed write and returned as an error.
     pub fn persist(&mut self) -> Result<(), StateFileError> {
-        let covered = self.kmsg_persistable();
         let Some(path) = self.state_path.clone() else {
             self.dirty = false;
-            self.publish_kmsg_ack(covered);
             return Ok(());
         };
-        if !self.dirty {
-            if self.persist_blocked.is_none() {
-                self.publish_kmsg_ack(covered);
-            }
+        if !self.dirty || !self.is_settled() {
+            return Ok(());
+        }
+        if self.retry_write_at.is_some_and(|t| Instant::now() < t) {
+            return Ok(());
+        }
+        if self.read_only {
+            self.dirty = false;
             return Ok(());
         }
         if let Some(why) = &self.persist_blocked {
@@ -577,56 +820,34 @@ impl Engine {
         let file = self.to_state_file();
         let res = crate::statefile::write_json(&path, &file);
         self.registry.count_state_write(res.is_ok());
-        if res.is_ok() {
-            self.dirty = false;
-            self.publish_kmsg_ack(covered);
+        match &res {
+            Ok(()) => {
+                self.dirty = false;
+                self.retry_write_at = None;
+                if self.write_failures > 0 {
+                    info!(failed_attempts = self.write_failures, path = %path.display(), "Health state file written again; nothing was lost.");
+                    self.write_failures = 0;
+                    self.state_problem = None;
+                    *self.cache.get_mut() = None;
+                }
+                self.remove_legacy_cursor();
+            }
+            Err(e) => {
+                self.write_failures = self.write_failures.saturating_add(1);
+                let backoff = write_backoff(
+                    Duration::from_millis(self.cfg.persist_interval_ms),
+                    self.write_failures,
+                );
+                self.retry_write_at = Some(Instant::now() + backoff);
+                self.state_problem = Some(format!(
+                    "the health state file cannot be written ({e}); {} failed attempts, retrying in {} ms; the state is kept in memory",
+                    self.write_failures,
+                    backoff.as_millis()
+                ));
+                *self.cache.get_mut() = None;
+            }
         }
         res
-    }
-
-    /// Acknowledgements for the kmsg source's cursor: after every successful
-    /// [`Engine::persist`] (at once without a state directory, and whenever
-    /// the state is clean), `ack` holds how many kernel-log fault events
-    /// (`source = kmsg`, counted in channel order by [`run_engine`]) the
-    /// persisted state contains. Events held for the NVML join grace are in
-    /// memory only: the count stops before the oldest of them. The count is
-    /// per process, like the source's; see [`crate::kmsg::spawn_acked`].
-    pub fn set_kmsg_ack(&mut self, ack: Arc<AtomicU64>) {
-        self.kmsg_ack = Some(ack);
-    }
-
-    /// Kernel-log events whose effects the state (as it is now) holds.
-    fn kmsg_persistable(&self) -> u64 {
-        self.kmsg_held_from
-            .map_or(self.kmsg_handled, |h| h.min(self.kmsg_handled))
-    }
-
-    fn publish_kmsg_ack(&self, covered: u64) {
-        if let Some(ack) = &self.kmsg_ack {
-            ack.fetch_max(covered, Ordering::AcqRel);
-        }
-    }
-
-    /// Handles one input for [`run_engine`], keeping the kernel-log event
-    /// count of the acknowledgements.
-    fn handle_counted(&mut self, input: Input) -> Vec<FaultEvent> {
-        let is_kmsg = matches!(&input, Input::Fault { event, .. } if event.source() == gpuwatch_proto::Source::Kmsg);
-        let held_before = self.held.len();
-        let events = self.handle(input);
-        if is_kmsg {
-            if self.held.len() > held_before && self.kmsg_held_from.is_none() {
-                self.kmsg_held_from = Some(self.kmsg_handled);
-            }
-            self.kmsg_handled += 1;
-        }
-        if self.held.is_empty() {
-            self.kmsg_held_from = None;
-        }
-        if self.state_path.is_none() || (!self.dirty && self.persist_blocked.is_none()) {
-            // Nothing more to write: what was handled is as safe as it gets.
-            self.publish_kmsg_ack(self.kmsg_persistable());
-        }
-        events
     }
 
     /// Operator clear: removes the active faults of one GPU (`gpu` = index, UUID or
@@ -705,7 +926,11 @@ impl Engine {
                 .find(|g| g.uuid == ev.gpu_uuid)
                 .map(|g| g.pci.clone());
         }
-        if pci.is_none() && !ev.pci_address.is_empty() && is_gpu_kind(ev.kind()) {
+        if pci.is_none()
+            && !ev.pci_address.is_empty()
+            && is_gpu_kind(ev.kind())
+            && self.room_for_unconfirmed_gpu(ev.action())
+        {
             let mut g = Gpu::new(ev.pci_address.clone());
             g.uuid = ev.gpu_uuid.clone();
             self.gpus.insert(ev.pci_address.clone(), g);
@@ -725,6 +950,70 @@ impl Engine {
             }
         }
         Some(pci)
+    }
+
+    /// Whether a GPU entry may be created for a kernel-log address NVML has
+    /// not reported. At [`MAX_UNCONFIRMED_GPUS`] such entries, one whose
+    /// faults are all less severe than the incoming event and none needs
+    /// isolation is evicted (its faults are logged as dropped); otherwise the
+    /// event is not attached to a GPU (it goes the node-level way, where the
+    /// same bound applies). A kernel log naming more GPUs than a node can
+    /// have is a monitor problem, not that many GPUs.
+    fn room_for_unconfirmed_gpu(&mut self, incoming: Action) -> bool {
+        let unconfirmed = self.gpus.values().filter(|g| !g.confirmed).count();
+        if unconfirmed < MAX_UNCONFIRMED_GPUS {
+            return true;
+        }
+        let worst = |g: &Gpu| {
+            g.faults
+                .values()
+                .map(|f| f.action.rank())
+                .max()
+                .unwrap_or(0)
+        };
+        let victim = self
+            .gpus
+            .values()
+            .filter(|g| !g.confirmed && !g.faults.values().any(|f| f.action.needs_isolation()))
+            .filter(|g| worst(g) < incoming.rank())
+            .min_by_key(|g| (worst(g), g.faults.values().map(|f| f.last_seen).max()))
+            .map(|g| g.pci.clone());
+        match victim {
+            Some(pci) => {
+                if let Some(g) = self.gpus.remove(&pci) {
+                    let faults: u64 = g.faults.values().map(|f| f.count).sum();
+                    self.over_capacity.note(faults.max(1), &pci);
+                    self.touch();
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether a new node-level fault fits under [`MAX_NODE_FAULTS`]; evicts
+    /// the least severe, least recent one that needs no isolation when the
+    /// incoming one is more severe.
+    fn room_for_node_fault(&mut self, incoming: Action) -> bool {
+        if self.node_faults.len() < MAX_NODE_FAULTS {
+            return true;
+        }
+        let victim = self
+            .node_faults
+            .iter()
+            .filter(|(_, f)| !f.action.needs_isolation() && f.action.rank() < incoming.rank())
+            .min_by_key(|(_, f)| (f.action.rank(), f.last_seen))
+            .map(|(k, _)| k.clone());
+        match victim {
+            Some(k) => {
+                if let Some(f) = self.node_faults.remove(&k) {
+                    self.over_capacity.note(f.count.max(1), &k.0);
+                    self.touch();
+                }
+                true
+            }
+            None => false,
+        }
     }
 
     /// Classifies, applies context rules, dedups and activates one event. Returns
@@ -802,6 +1091,18 @@ impl Engine {
             self.registry
                 .count_events(Stage::Engine, Outcome::Coalesced, 1);
             self.touch();
+            return None;
+        }
+        if gpu_pci.is_none()
+            && !self
+                .node_faults
+                .contains_key(&(ev.pci_address.clone(), key.clone()))
+            && !self.room_for_node_fault(ev.action())
+        {
+            // Bounded: a storm of distinct addresses cannot grow the state.
+            self.over_capacity.note(n, &ev.pci_address);
+            self.registry
+                .count_events(Stage::Engine, Outcome::Dropped, 1);
             return None;
         }
         // The full path counts in the registry directly: bring the bulk counts
@@ -1013,10 +1314,22 @@ impl Engine {
         }
         let window = t.window_secs.saturating_mul(NANOS);
         let need = usize::try_from(t.count).unwrap_or(usize::MAX);
-        let q = self
-            .thresholds
-            .entry((identity.to_string(), ev.code))
-            .or_default();
+        let k = (identity.to_string(), ev.code);
+        if !self.thresholds.contains_key(&k) && self.thresholds.len() >= MAX_THRESHOLD_KEYS {
+            // Bounded: forget windows that have expired, else the stalest one.
+            self.thresholds
+                .retain(|_, q| q.back().is_some_and(|&t| now.saturating_sub(t) < window));
+            if self.thresholds.len() >= MAX_THRESHOLD_KEYS
+                && let Some(stale) = self
+                    .thresholds
+                    .iter()
+                    .min_by_key(|(_, q)| q.back().copied().unwrap_or(0))
+                    .map(|(k, _)| k.clone())
+            {
+                self.thresholds.remove(&stale);
+            }
+        }
+        let q = self.thresholds.entry(k).or_default();
         while q
             .front()
             .is_some_and(|&t0| now.saturating_sub(t0) >= window)
@@ -1083,6 +1396,17 @@ fn fault_in<'a>(
     }
 }
 
+/// Delay before retrying a failed state write: the persist interval doubled
+/// per consecutive failure, at most 30 s, with up to 25 % random jitter so
+/// that a fleet whose disks recover together does not retry in step.
+fn write_backoff(interval: Duration, failures: u32) -> Duration {
+    let base = interval
+        .saturating_mul(1u32 << failures.min(16))
+        .min(Duration::from_secs(30));
+    let jitter = rand::random_range(0.0..0.25);
+    base.mul_f64(1.0 + jitter)
+}
+
 /// Recurrence escalation: "recurs after N reboots" means seen in N + 1
 /// distinct boots (first boot, then after each of the N reboots). `needed` 0
 /// disables escalation.
@@ -1146,17 +1470,30 @@ pub fn run_engine(
     health_tx(Arc::clone(&published));
     let mut last_tick = Instant::now();
     let mut last_input = Instant::now();
-    let mut last_persist: Option<Instant> = None;
+    let last_persist: std::cell::Cell<Option<Instant>> = std::cell::Cell::new(None);
     // First input handled since the last publication (None: nothing to
     // publish); `emitted`: some of those inputs produced events, so the health
     // changed for sure.
     let mut unpublished_since: Option<Instant> = None;
     let mut emitted = false;
     let dispatch = |engine: &mut Engine, input: Input| -> bool {
-        let events = engine.handle_counted(input);
+        let progress = matches!(input, Input::KmsgProgress(_));
+        let events = engine.handle(input);
         for ev in &events {
             for sink in &sinks {
                 sink.send(ev);
+            }
+        }
+        if progress {
+            // A settled point inside a burst: write here when a write is
+            // due, or a long storm (never pausing) would never be persisted.
+            let now = Instant::now();
+            let due = last_persist.get().is_none_or(|t| now >= t + persist_every);
+            if due && engine.persist_due().is_some_and(|t| now >= t) {
+                last_persist.set(Some(now));
+                if let Err(e) = engine.persist() {
+                    error!(error = %e, "Health state file not written.");
+                }
             }
         }
         !events.is_empty()
@@ -1172,12 +1509,21 @@ pub fn run_engine(
             }
             break;
         }
+        if let Some(hb) = &engine.heartbeat {
+            // Real time, not the engine's clock: this is about the thread.
+            hb.store(
+                crate::clock::unix_nanos(std::time::SystemTime::now()) / NANOS,
+                Ordering::Relaxed,
+            );
+        }
         // Next thing due: the tick, a publication, a persist.
         let settled = last_input + SETTLE;
         let publish_due = unpublished_since.map(|t| settled.min(t + PUBLISH_EVERY));
-        let persist_due = engine.is_dirty().then(|| {
-            let earliest = last_persist.map_or(last_input, |t| t + persist_every);
-            earliest.max(settled.min(earliest + persist_every))
+        let persist_due = engine.persist_due().map(|ready| {
+            let earliest = last_persist.get().map_or(last_input, |t| t + persist_every);
+            earliest
+                .max(settled.min(earliest + persist_every))
+                .max(ready)
         });
         let due = [Some(last_tick + tick), publish_due, persist_due]
             .into_iter()
@@ -1218,7 +1564,7 @@ pub fn run_engine(
             emitted = false;
         }
         if persist_due.is_some_and(|t| now >= t) {
-            last_persist = Some(now);
+            last_persist.set(Some(now));
             if let Err(e) = engine.persist() {
                 error!(error = %e, "Health state file not written.");
             }
@@ -1229,7 +1575,13 @@ pub fn run_engine(
     }
     engine.flush_fault_counts();
     publish(&engine, &mut published, &registry, &health_tx, emitted);
-    if let Err(e) = engine.persist() {
+    // The final write ignores the backoff: it is the last chance.
+    engine.retry_write_at = None;
+    if !engine.is_settled() {
+        warn!(
+            "Kernel-log events beyond the last reported position were handled; keeping the last settled state file (those records are read again at the next start)."
+        );
+    } else if let Err(e) = engine.persist() {
         warn!(error = %e, "Cannot write the health state file at shutdown.");
     }
     for sink in &sinks {

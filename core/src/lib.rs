@@ -17,7 +17,7 @@
 //! let boot = BootInfo { boot_id: "b1".into(), boot_time_unix_nano: 0 };
 //! let mut engine = Engine::new(
 //!     EngineConfig::default(), policy, None, boot, "node-a".into(),
-//!     Arc::new(Registry::new()), Arc::new(SystemClock),
+//!     Registry::new(), Arc::new(SystemClock),
 //! );
 //! let mut scanner = xid_parser::Scanner::new(Arc::new(xid_parser::Policy::default()));
 //! let mut events = Vec::new();

@@ -57,8 +57,26 @@ pub enum Input {
         /// Receives the number of faults cleared once the engine applied it.
         reply: Option<crossbeam_channel::Sender<usize>>,
     },
+    /// The kernel-log reader's exact position: every record of boot
+    /// `boot_id` up to `seq` was read and every fault event of those records
+    /// was sent before this message, and no event of a later record was sent
+    /// yet. The engine stores it in the same atomic write as the faults it
+    /// accounted for, so a restart resumes after it and neither counts a
+    /// record twice nor skips one. Sent only by a reader of the kernel device
+    /// (a replay has no position).
+    KmsgProgress(KmsgPosition),
     /// Periodic tick (expire dedup windows, persist when dirty).
     Tick,
+}
+
+/// A position in the kernel log: the last record (by sequence number) of
+/// one boot whose fault events the engine's state accounts for.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KmsgPosition {
+    /// `/proc/sys/kernel/random/boot_id` of the boot the sequence numbers belong to.
+    pub boot_id: String,
+    /// Sequence number of the last record accounted for.
+    pub last_seq: u64,
 }
 
 /// A monitoring input whose health is tracked separately from GPU health.

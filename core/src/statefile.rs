@@ -27,8 +27,9 @@ pub enum StateFileError {
         #[source]
         source: std::io::Error,
     },
-    /// The file exists but is not valid; it was moved aside to `kept_as`.
-    #[error("state file {path} is corrupt ({reason}); moved aside to {kept_as}, starting fresh")]
+    /// The state at the path cannot be used (corrupt, newer version, not a
+    /// file, unreadable); it was moved aside to `kept_as`.
+    #[error("state file {path} is unusable ({reason}); moved aside to {kept_as}")]
     Corrupt {
         /// The file.
         path: PathBuf,

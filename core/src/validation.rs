@@ -22,7 +22,7 @@
 //! let mut sample = GpuSample { index: 0, uuid: "GPU-0".into(), ..Default::default() };
 //! sample.set_recovery_action(RecoveryAction::None);
 //! let health = NodeHealth {
-//!     monitor: Some(MonitorStatus { nvml_ok: true, kmsg_ok: true, kmsg_caught_up: true, message: String::new() }),
+//!     monitor: Some(MonitorStatus { nvml_ok: true, kmsg_ok: true, kmsg_caught_up: true, ..Default::default() }),
 //!     gpus: vec![GpuHealth { index: Some(0), sample: Some(sample), ..Default::default() }],
 //!     ..Default::default()
 //! };
@@ -504,6 +504,7 @@ mod tests {
                 nvml_ok: true,
                 message: String::new(),
                 kmsg_caught_up: true,
+                ..Default::default()
             }),
             gpus: (0..n).map(healthy_gpu).collect(),
             ..Default::default()

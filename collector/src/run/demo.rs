@@ -725,7 +725,7 @@ fn run_phase(
 ) -> Result<Option<ExitStatus>, DemoError> {
     // Start the agent at the kernel log's current end so records from before
     // the demo (or, after the simulated reboot, from the "previous boot") do
-    // not crowd the timeline: a cursor for this boot at the last sequence
+    // not crowd the timeline: a position for this boot at the last sequence
     // number. (A real reboot starts with an empty ring; a real first start
     // reads the whole ring.)
     let is_dev = args.kmsg_path == Path::new("/dev/kmsg");
@@ -733,14 +733,12 @@ fn run_phase(
         && let Some(last_seq) = last_kmsg_seq(&args.kmsg_path)
         && let Ok(boot_id) = crate::boot::read_boot_id(phase.boot_id_path)
     {
-        let cursor = crate::kmsg::KmsgCursor { boot_id, last_seq };
-        if let Err(e) =
-            gpuwatch_core::statefile::write_json(&state.join(crate::kmsg::CURSOR_FILE), &cursor)
-        {
+        let position = gpuwatch_core::msg::KmsgPosition { boot_id, last_seq };
+        if let Err(e) = gpuwatch_core::engine::preset_kmsg_position(state, position) {
             n.say(
                 "",
                 &format!(
-                    "cannot pre-set the kernel log cursor ({e}); the agent reads the whole ring"
+                    "cannot pre-set the kernel log position ({e}); the agent reads the whole ring"
                 ),
             );
         }

@@ -1,5 +1,5 @@
-//! The agent binary when it cannot read the kernel log (issue 3, item 5), and
-//! its log output when stderr is not a terminal (item 7).
+//! The agent binary when it cannot read the kernel log, and its log output
+//! when stderr is not a terminal.
 //!
 //! An unprivileged container whose device cgroup denies `/dev/kmsg` cannot open
 //! it; a path that does not exist fails the same `open(2)` the same way for the
@@ -101,4 +101,48 @@ fn text_logs_to_a_pipe_carry_no_colour_codes() {
         !stderr.contains('\u{1b}'),
         "escape sequences in piped logs: {stderr:?}"
     );
+}
+
+/// CPU seconds (user + system) the process has used, from `/proc/PID/stat`.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may contain spaces) start at ')'.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+    ticks as f64 / 100.0
+}
+
+/// Some container runtimes map `/dev/null` over `/dev/kmsg`: a character
+/// device that returns end of file at once. That is reported as the kernel
+/// log being unavailable and retried after the retry interval, not read in a
+/// busy loop; readiness is not held back and SIGTERM ends the agent.
+#[test]
+fn dev_null_as_the_kernel_log_is_reported_without_a_busy_loop() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&dir.path().join("state"), &["--kmsg-path", "/dev/null"]);
+    let addr = agent.api_addr().expect("API address logged");
+    let mut body = String::new();
+    assert!(
+        wait_until(T, || {
+            body = http_get(&addr, "/v1/health")
+                .map(|r| r.1)
+                .unwrap_or_default();
+            body.contains("end of file")
+        }),
+        "not reported: {body}"
+    );
+    let health: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(health["monitor"]["kmsg_ok"], false, "{body}");
+    assert_ne!(health["verdict"], "unhealthy", "{body}");
+    assert!(wait_until(T, || http_get(&addr, "/readyz").is_some_and(|r| r.0 == 200)));
+    let before = cpu_secs(agent.child.id());
+    std::thread::sleep(Duration::from_secs(3));
+    let used = cpu_secs(agent.child.id()) - before;
+    assert!(used < 0.3, "{used:.2} CPU seconds in 3 s: a busy loop");
+    let started = std::time::Instant::now();
+    let (status, _, _) = agent.stop();
+    assert_eq!(status, Some(0));
+    assert!(started.elapsed() < Duration::from_secs(10));
 }

@@ -21,3 +21,5 @@ mod kube_e2e;
 mod nvml_sim;
 mod otlp_e2e;
 mod scan_cli;
+mod storm;
+mod validate_state;

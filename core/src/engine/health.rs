@@ -27,7 +27,9 @@ impl Engine {
     pub(super) fn build_health(&self) -> NodeHealth {
         let nvml_ok = self.nvml.ok == Some(true);
         let kmsg_bad = self.kmsg.ok == Some(false);
-        let can_see = nvml_ok && !kmsg_bad;
+        let now = self.clock.now_unix_nanos();
+        let stale = self.count_stale(now);
+        let can_see = nvml_ok && !kmsg_bad && stale == 0;
 
         let mut gpus: Vec<&Gpu> = self
             .gpus
@@ -58,12 +60,21 @@ impl Engine {
                     },
                     pci_address: g.pci.clone(),
                     active_faults: faults.iter().map(|(k, f)| f.to_proto(k, false)).collect(),
-                    // While NVML is down (or sees no GPU) the last sample is
-                    // stale: not shown, so exporters do not export old gauges.
-                    sample: g.sample.clone().filter(|_| !g.lost && nvml_ok),
+                    // While NVML is down (or sees no GPU, or has not answered
+                    // for this GPU within three poll intervals) the last sample
+                    // is stale: not shown, so exporters do not export old
+                    // gauges and validation cannot pass on it.
+                    sample: g
+                        .sample
+                        .clone()
+                        .filter(|_| !g.lost && nvml_ok && self.sample_fresh(g, now)),
                     ..Default::default()
                 };
-                h.set_verdict(verdict_of(action, can_see && g.confirmed && !g.lost));
+                let fresh = self.sample_fresh(g, now) || !g.confirmed;
+                h.set_verdict(verdict_of(
+                    action,
+                    nvml_ok && !kmsg_bad && g.confirmed && !g.lost && fresh,
+                ));
                 h.set_action(action);
                 h
             })
@@ -130,6 +141,8 @@ impl Engine {
                 message: self.monitor_detail(),
                 // Set by the kmsg source's `Input::KmsgCaughtUp`.
                 kmsg_caught_up: self.kmsg_caught_up,
+                state_ok: self.state_problem.is_none(),
+                state_message: self.state_problem.clone().unwrap_or_default(),
             }),
             updated_unix_nano: Some(self.updated_at),
             validation: self.validation.clone(),
@@ -205,6 +218,10 @@ impl Engine {
             (_, Some(false)) => format!(
                 "The kernel log reader is unavailable ({}); GPU faults cannot be seen.",
                 self.kmsg.message
+            ),
+            _ if self.count_stale(self.clock.now_unix_nanos()) > 0 => format!(
+                "NVML has not answered for {} GPU(s) within three poll intervals (a hung NVML call?); their health cannot be determined.",
+                self.count_stale(self.clock.now_unix_nanos())
             ),
             _ => "Waiting for the first NVML sample.".to_string(),
         };

@@ -1,10 +1,24 @@
-//! The engine's state file, `health.json` (format version 1).
+//! The engine's state file, `health.json` (format version 2): active faults,
+//! recurrence history and the kernel-log position, written together in one
+//! atomic write by the engine thread — the only writer.
 //!
 //! Own serde structs, not the proto types, so the file format changes only on
 //! purpose. Enum values are stored as their short names.
+//!
+//! Version 1 kept the kernel-log position in a second file,
+//! `kmsg-cursor.json`. A version 1 state is read once with that cursor as
+//! its position, and replaced (the cursor file is removed after the first
+//! version 2 write).
+//!
+//! A state that is missing, unreadable, corrupt, of a newer version or not a
+//! regular file is kept aside (renamed `health.<what>-<unix secs>`), the
+//! reason logged and shown in the health (`monitor.state_message`), and the
+//! engine starts empty *without a position*: the kernel-log ring is read
+//! again from its start, so every fault still in the ring comes back.
 
 use super::Engine;
 use super::model::{Baseline, Fault, FaultKey, Gpu, History, HistoryKey};
+use crate::msg::KmsgPosition;
 use crate::statefile::{self, StateFileError};
 use gpuwatch_proto::{Action, FaultKind, Severity, ShortName, Source};
 use serde::{Deserialize, Serialize};
@@ -12,7 +26,10 @@ use std::path::Path;
 use tracing::{error, info, warn};
 
 /// Current state-file format version.
-pub(crate) const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 2;
+
+/// The version 1 kernel-log cursor file, read once for the migration.
+pub const LEGACY_CURSOR_FILE: &str = "kmsg-cursor.json";
 
 #[derive(Serialize, Deserialize, Debug, Default)]
 pub(crate) struct StateFile {
@@ -27,6 +44,9 @@ pub(crate) struct StateFile {
     pub node_faults: Vec<FaultRecord>,
     #[serde(default)]
     pub history: Vec<HistoryRecord>,
+    /// The kernel-log position the faults above account for.
+    #[serde(default)]
+    pub kmsg: Option<KmsgPosition>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Default)]
@@ -189,10 +209,18 @@ fn fault_from_record(r: FaultRecord) -> Result<(FaultKey, Fault), String> {
     ))
 }
 
-/// Moves a file that decoded but cannot be used aside, like a corrupt one.
-fn keep_aside(path: &Path, reason: String) -> StateFileError {
+/// Moves a state that cannot be used aside (a file or whatever else is at
+/// the path) as `health.<what>-<unix secs>`; a read-only reader (`gpuwatch
+/// validate` beside a running agent) leaves it where it is.
+fn keep_aside(path: &Path, what: &str, reason: String, read_only: bool) -> StateFileError {
+    if read_only {
+        return StateFileError::Read {
+            path: path.to_path_buf(),
+            source: std::io::Error::other(reason),
+        };
+    }
     let kept_as = path.with_extension(format!(
-        "corrupt-{}",
+        "{what}-{}",
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -265,60 +293,163 @@ impl Engine {
                     last_seen_unix_nano: h.last_seen,
                 })
                 .collect(),
+            kmsg: self.kmsg_position.clone(),
         }
     }
 
-    /// Loads the state file (see [`Engine::new`]).
+    /// Removes the version 1 cursor file once a version 2 state holds the
+    /// position (after the first successful write).
+    pub(super) fn remove_legacy_cursor(&mut self) {
+        if !self.legacy_cursor_pending {
+            return;
+        }
+        self.legacy_cursor_pending = false;
+        if let Some(dir) = self.state_path.as_deref().and_then(Path::parent) {
+            let legacy = dir.join(LEGACY_CURSOR_FILE);
+            match std::fs::remove_file(&legacy) {
+                Ok(()) => {
+                    info!(path = %legacy.display(), "Removed the version 1 kernel log cursor; the position now lives in the state file.");
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    warn!(path = %legacy.display(), error = %e, "Cannot remove the version 1 kernel log cursor; it is no longer read.");
+                }
+            }
+        }
+    }
+
+    /// Loads the state file (see [`Engine::new`] and the module docs).
     pub(super) fn load(&mut self) {
         let Some(path) = self.state_path.clone() else {
             return;
         };
-        let file = match statefile::read_json::<StateFile>(&path) {
-            Ok(Some(f)) if f.version == VERSION => f,
-            Ok(Some(f)) => {
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if !m.is_file() => {
                 let e = keep_aside(
                     &path,
-                    format!(
-                        "unsupported format version {} (this gpuwatch reads {VERSION})",
-                        f.version
-                    ),
+                    "not-a-file",
+                    format!("{} is not a regular file", path.display()),
+                    self.read_only,
                 );
                 self.unusable(e);
                 return;
             }
-            Ok(None) => {
-                info!(path = %path.display(), "No health state file yet; starting with fresh state.");
+            _ => {}
+        }
+        let decoded = statefile::read(&path).map(|bytes| {
+            bytes.map(|b| serde_json::from_slice::<StateFile>(&b).map_err(|e| e.to_string()))
+        });
+        let file = match decoded {
+            Ok(Some(Err(reason))) => {
+                let e = keep_aside(&path, "corrupt", reason, self.read_only);
+                self.unusable(e);
                 return;
             }
+            Ok(Some(Ok(f))) => Some(f),
+            Ok(None) => None,
             Err(e) => {
+                let e = match e {
+                    StateFileError::Read { source, .. } => keep_aside(
+                        &path,
+                        "unreadable",
+                        format!("cannot be read: {source}"),
+                        self.read_only,
+                    ),
+                    other => other,
+                };
                 self.unusable(e);
                 return;
             }
         };
+        let file = match file {
+            Some(f) if f.version == VERSION => f,
+            Some(f) if f.version == 1 => {
+                let mut f = f;
+                f.kmsg = self.legacy_cursor();
+                self.legacy_cursor_pending = true;
+                self.dirty = true;
+                info!(path = %path.display(), position = ?f.kmsg, "Migrating the version 1 health state and kernel log cursor to one version 2 state file.");
+                f
+            }
+            Some(f) => {
+                let what = if f.version > VERSION {
+                    "newer"
+                } else {
+                    "unsupported"
+                };
+                let e = keep_aside(
+                    &path,
+                    what,
+                    format!(
+                        "format version {} (this gpuwatch reads {VERSION}{})",
+                        f.version,
+                        if f.version > VERSION {
+                            "; written by a newer gpuwatch"
+                        } else {
+                            ""
+                        }
+                    ),
+                    self.read_only,
+                );
+                self.unusable(e);
+                return;
+            }
+            None => {
+                if self.legacy_cursor().is_some() {
+                    // A cursor without its faults would skip them: ignore it.
+                    self.legacy_cursor_pending = true;
+                    self.dirty = true;
+                    warn!(
+                        "A version 1 kernel log cursor exists without its health state; ignoring it and reading the whole ring."
+                    );
+                }
+                info!(path = %path.display(), "No health state file yet; starting with fresh state.");
+                return;
+            }
+        };
+        let position = file.kmsg.clone();
         if let Err(reason) = self.restore(file) {
             self.gpus.clear();
             self.node_faults.clear();
             self.history.clear();
             self.boots.clear();
-            let e = keep_aside(&path, reason);
+            let e = keep_aside(&path, "corrupt", reason, self.read_only);
             self.unusable(e);
+            return;
         }
+        self.kmsg_position = position;
     }
 
-    /// A state file that cannot be used. A corrupt one was moved aside: start
-    /// fresh and write a new one. One that could not be read (EACCES, EIO) or
-    /// moved aside is still there, possibly intact: never overwrite it; run
-    /// without persistence (every skipped write is counted and logged).
+    /// The version 1 cursor file's position, if there is a readable one.
+    fn legacy_cursor(&self) -> Option<KmsgPosition> {
+        let dir = self.state_path.as_deref()?.parent()?;
+        let bytes = std::fs::read(dir.join(LEGACY_CURSOR_FILE)).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    /// A state that cannot be used. It was moved aside: start fresh, without
+    /// a kernel-log position (the whole ring is read again), and write a new
+    /// one. One that could not even be moved aside is still there, possibly
+    /// intact: never overwrite it; run without persistence (every skipped
+    /// write is counted and logged). Either way the reason is kept for the
+    /// health's monitor status.
     fn unusable(&mut self, e: StateFileError) {
+        self.kmsg_position = None;
         match e {
             StateFileError::Corrupt { .. } => {
-                warn!(error = %e, "Health state file is unusable; starting with fresh state.");
+                warn!(error = %e, "Health state file is unusable; kept it aside, starting with fresh state and reading the whole kernel log ring again.");
+                self.state_problem = Some(format!(
+                    "{e}; every fault still in the kernel log ring is read again"
+                ));
                 self.dirty = true;
             }
             StateFileError::Read { .. } | StateFileError::Write { .. } => {
-                error!(error = %e, "Health state file cannot be read; starting with fresh state in memory and leaving the file untouched (state is not persisted until gpuwatch restarts with a readable file).");
+                error!(error = %e, "Health state file cannot be read or moved aside; starting with fresh state in memory and leaving the file untouched (state is not persisted until gpuwatch restarts with a usable file).");
                 self.persist_blocked =
                     Some(format!("the state file could not be read at startup ({e})"));
+                self.state_problem = Some(format!(
+                    "{e}; state is kept in memory only and the whole kernel log ring is read again"
+                ));
                 self.dirty = true;
             }
         }
@@ -394,4 +525,37 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// Sets the kernel-log position of the state in `state_dir` (creating a
+/// state with only a position when there is none), keeping everything else.
+/// For tools that start an agent at the ring's current end on purpose (the
+/// demo); the agent itself never moves its position without its faults.
+pub fn preset_kmsg_position(
+    state_dir: &Path,
+    position: KmsgPosition,
+) -> Result<(), StateFileError> {
+    let path = state_dir.join(super::STATE_FILE);
+    let mut value = match statefile::read(&path)? {
+        Some(bytes) => serde_json::from_slice::<serde_json::Value>(&bytes).map_err(|e| {
+            StateFileError::Write {
+                path: path.clone(),
+                source: std::io::Error::other(format!("existing state does not decode: {e}")),
+            }
+        })?,
+        None => serde_json::json!({ "version": VERSION, "boot_id": position.boot_id }),
+    };
+    if value.get("version").and_then(serde_json::Value::as_u64) != Some(u64::from(VERSION)) {
+        return Err(StateFileError::Write {
+            path,
+            source: std::io::Error::other(format!(
+                "existing state is not format version {VERSION}"
+            )),
+        });
+    }
+    value["kmsg"] = serde_json::to_value(&position).map_err(|e| StateFileError::Write {
+        path: path.clone(),
+        source: std::io::Error::other(e),
+    })?;
+    statefile::write_json(&path, &value)
 }

@@ -228,3 +228,31 @@ fn isolating_fault_message_says_when_nvml_cannot_validate() {
     assert!(h.message.contains("cannot validate"), "{}", h.message);
     assert_eq!(h.action(), Action::RebootNode);
 }
+
+/// A GPU whose latest NVML sample is older than three poll intervals is
+/// Unknown, shows no sample (so validation cannot pass on it), and is judged
+/// again by the next fresh sample.
+#[test]
+fn a_stale_sample_makes_the_gpu_unknown_until_a_fresh_one_arrives() {
+    let mut rig = Rig::new(None, "boot-a");
+    rig.engine
+        .set_sample_max_age(std::time::Duration::from_secs(30));
+    rig.nvml(true, "");
+    rig.samples(two_gpus());
+    assert_eq!(rig.health().verdict(), Verdict::Healthy);
+    rig.tick(20);
+    assert_eq!(rig.health().verdict(), Verdict::Healthy, "20 s old: fresh");
+    rig.tick(15);
+    let h = rig.health();
+    assert_eq!(h.verdict(), Verdict::Unknown, "35 s old: stale");
+    assert!(h.gpus.iter().all(|g| g.sample.is_none()));
+    assert!(h.message.contains("has not answered"), "{}", h.message);
+    let report = gpuwatch_core::validation::validate(
+        &h,
+        Some(2),
+        &gpuwatch_core::validation::ValidationConfig::default(),
+    );
+    assert!(!report.passed, "a stale sample never validates");
+    rig.samples(two_gpus());
+    assert_eq!(rig.health().verdict(), Verdict::Healthy);
+}

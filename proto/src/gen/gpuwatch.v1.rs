@@ -239,6 +239,15 @@ pub struct MonitorStatus {
     /// agent started are known). Validation is incomplete until then.
     #[prost(bool, tag = "4")]
     pub kmsg_caught_up: bool,
+    /// False while the durable state file cannot be used: it was unreadable, corrupt
+    /// or of a newer version at startup (kept aside; the kernel-log ring is read
+    /// again from its start), or the latest write failed (retried with backoff).
+    /// Monitoring only: never a hardware verdict.
+    #[prost(bool, tag = "5")]
+    pub state_ok: bool,
+    /// What is wrong with the state file, and what gpuwatch did about it.
+    #[prost(string, tag = "6")]
+    pub state_message: ::prost::alloc::string::String,
 }
 /// Result of device validation (startup gate).
 #[derive(serde::Serialize, serde::Deserialize)]

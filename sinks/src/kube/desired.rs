@@ -331,6 +331,7 @@ mod tests {
                 nvml_ok: true,
                 message: String::new(),
                 kmsg_caught_up: true,
+                ..Default::default()
             }),
             gpus: vec![GpuHealth {
                 index: Some(3),

@@ -84,6 +84,7 @@ fn healthy(n: u32, boot: &str) -> NodeHealth {
             nvml_ok: true,
             message: String::new(),
             kmsg_caught_up: true,
+            ..Default::default()
         }),
         gpus: (0..n).map(gpu).collect(),
         ..Default::default()
@@ -565,6 +566,7 @@ async fn nvml_unavailable_is_unknown_never_false() {
         nvml_ok: false,
         message: "NVML library not found".into(),
         kmsg_caught_up: true,
+        ..Default::default()
     });
     let h = Harness::start(node(vec![], &[]), h0).await;
     h.until("unknown", |n| {

@@ -347,6 +347,7 @@ async fn recorded_requests_equal_the_rbac_grants() {
             nvml_ok: true,
             message: String::new(),
             kmsg_caught_up: true,
+            ..Default::default()
         }),
         gpus: vec![gpu(0)],
         ..Default::default()

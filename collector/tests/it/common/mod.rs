@@ -321,11 +321,11 @@ impl Agent {
         self.stderr.logs(message)
     }
 
-    /// The saved cursor's last_seq.
+    /// The kernel-log position in the saved state (`kmsg.last_seq`).
     pub fn cursor_seq(&self) -> Option<u64> {
-        let text = std::fs::read_to_string(self.state_dir.join("kmsg-cursor.json")).ok()?;
+        let text = std::fs::read_to_string(self.state_dir.join("health.json")).ok()?;
         let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-        v["last_seq"].as_u64()
+        v["kmsg"]["last_seq"].as_u64()
     }
 
     /// Sends a signal.

@@ -605,6 +605,7 @@ pub fn populate(r: &Registry) {
             nvml_ok: true,
             message: "kmsg: permission denied".into(),
             kmsg_caught_up: false,
+            ..Default::default()
         }),
         ..Default::default()
     };
