@@ -55,6 +55,14 @@ pub struct Liveness {
     pub state_loaded: AtomicBool,
     /// Unix seconds of the last kmsg reader loop iteration (0 before the first).
     pub kmsg_heartbeat_unix_secs: AtomicU64,
+    /// Unix milliseconds of the NVML poller's last known progress: now while
+    /// it is idle or inside an NVML call younger than the call deadline (then
+    /// the call's start); it stands still from a call's deadline until a
+    /// fresh NVML session completes a call. 0: the poller does not run.
+    /// Checked by `Liveness::nvml_progress_ok`.
+    pub nvml_poll_progress_unix_ms: AtomicU64,
+    /// The same for the NVML event source.
+    pub nvml_events_progress_unix_ms: AtomicU64,
 }
 
 impl Liveness {
