@@ -665,10 +665,27 @@ impl Ctx {
     }
 
     /// Sends samples without blocking; a full channel drops them (counted).
-    /// Returns false when the engine is gone.
+    /// While a call of either source is hung the samples are held back: the
+    /// engine takes samples as NVML answering, and NVML counts as unavailable
+    /// until the hang clears. Returns false when the engine is gone.
     fn send_samples(&self, samples: Vec<GpuSample>, complete: bool) -> bool {
         if self.watch.abandoned() {
             return false;
+        }
+        let hung = self
+            .monitor
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .hung
+            .iter()
+            .any(Option::is_some);
+        if hung {
+            tracing::debug!(
+                samples = samples.len(),
+                "NVML samples held back: an NVML call is hung."
+            );
+            return true;
         }
         let n = samples.len() as u64;
         match self.tx.try_send(Input::Samples { samples, complete }) {
@@ -797,6 +814,116 @@ mod tests {
         assert!(cfg.enabled);
         let err = toml::from_str::<NvmlConfig>("poll_intervall = 5").unwrap_err();
         assert!(err.to_string().contains("poll_intervall"));
+    }
+
+    #[test]
+    fn call_timeout_defaults_to_five_seconds_and_is_bounded() {
+        let cfg = NvmlConfig::default();
+        assert_eq!(cfg.call_timeout(), Duration::from_secs(5));
+        for bad in [0, 99, 60_001] {
+            let cfg = NvmlConfig {
+                call_timeout_ms: bad,
+                ..NvmlConfig::default()
+            };
+            let p = cfg.validate().join("\n");
+            assert!(
+                p.contains("call_timeout_ms") && p.contains(&bad.to_string()),
+                "{p}"
+            );
+        }
+        let cfg: NvmlConfig = toml::from_str("call_timeout_ms = 750").unwrap();
+        assert!(cfg.validate().is_empty());
+        assert_eq!(cfg.call_timeout(), Duration::from_millis(750));
+    }
+
+    fn test_ctx() -> (Ctx, crossbeam_channel::Receiver<Input>) {
+        let (tx, rx) = crossbeam_channel::bounded(16);
+        let ctx = Ctx {
+            tx,
+            registry: Registry::new(),
+            shutdown: Arc::new(AtomicBool::new(false)),
+            shared: Arc::new(Shared::default()),
+            monitor: Arc::new(Monitor::default()),
+            watch: Arc::new(watchdog::CallWatch::default()),
+            liveness: Liveness::new(),
+        };
+        (ctx, rx)
+    }
+
+    fn sent(rx: &crossbeam_channel::Receiver<Input>) -> Vec<(bool, String)> {
+        rx.try_iter()
+            .map(|i| match i {
+                Input::MonitorStatus {
+                    input: MonitorInput::Nvml,
+                    ok,
+                    message,
+                } => (ok, message),
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_hung_call_in_either_source_holds_nvml_unavailable_until_it_clears() {
+        let (ctx, rx) = test_ctx();
+        assert!(ctx.report_poll(true, "NVML 570: 2 GPUs".into()));
+        assert!(ctx.report_poll(true, "NVML 570: 2 GPUs".into()));
+        assert_eq!(
+            sent(&rx),
+            vec![(true, "NVML 570: 2 GPUs".into())],
+            "once per change"
+        );
+        let hung = "NVML call nvmlEventSetWait_v2 did not return within 5000 ms".to_string();
+        assert!(ctx.report_hang(watchdog::Role::Events, Some(hung.clone())));
+        assert_eq!(sent(&rx), vec![(false, hung)]);
+        // The poller still answers: not enough while the event source is stuck.
+        assert!(ctx.report_poll(true, "NVML 570: 2 GPUs".into()));
+        assert!(ctx.send_samples(vec![GpuSample::default()], true));
+        assert_eq!(sent(&rx), vec![], "no status change, no samples");
+        assert!(ctx.report_hang(watchdog::Role::Events, None));
+        assert_eq!(sent(&rx), vec![(true, "NVML 570: 2 GPUs".into())]);
+        // A hang forgets the last poll: only a fresh poll makes NVML available.
+        assert!(ctx.report_hang(watchdog::Role::Poller, Some("stuck".into())));
+        assert!(ctx.report_hang(watchdog::Role::Poller, None));
+        assert_eq!(sent(&rx), vec![(false, "stuck".into())]);
+        assert!(ctx.report_poll(true, "NVML 570: 2 GPUs".into()));
+        assert_eq!(sent(&rx).len(), 1);
+    }
+
+    #[test]
+    fn an_abandoned_worker_sends_nothing_more() {
+        let (ctx, rx) = test_ctx();
+        let worker = ctx.with_watch(Arc::new(watchdog::CallWatch::default()));
+        ctx.shared.abandon(&worker.watch, true);
+        assert!(worker.stopping());
+        assert!(!worker.report_poll(true, "late answer".into()));
+        assert!(!worker.send_samples(Vec::new(), true));
+        assert!(!worker.send(Input::KmsgCaughtUp));
+        assert!(sent(&rx).is_empty());
+        // Its late handle is not published either.
+        let gen_before = ctx.shared.lock().nvml_gen;
+        worker.shared.publish(&worker.watch, None);
+        assert_eq!(ctx.shared.lock().nvml_gen, gen_before);
+        // The supervisor's own context is unaffected.
+        assert!(!ctx.stopping());
+    }
+
+    #[test]
+    fn progress_is_ok_only_within_the_deadline_of_each_running_source() {
+        let l = Liveness::new();
+        let d = Duration::from_secs(5);
+        assert!(l.nvml_progress_ok(d), "no NVML source runs");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        l.nvml_poll_progress_unix_ms
+            .store(now - 1_000, Ordering::Relaxed);
+        assert!(l.nvml_progress_ok(d));
+        l.nvml_events_progress_unix_ms
+            .store(now - 6_000, Ordering::Relaxed);
+        assert!(!l.nvml_progress_ok(d), "the event source is stuck");
+        assert!(l.nvml_progress_ok(Duration::from_secs(10)));
     }
 
     #[test]

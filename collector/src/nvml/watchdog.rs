@@ -48,6 +48,11 @@ pub(super) struct CallWatch {
     ended: AtomicBool,
     /// The worker thread ended by panicking.
     panicked: AtomicBool,
+    /// A call that hung in an earlier worker: this worker completing it
+    /// proves NVML answers again.
+    probe: Option<&'static str>,
+    /// `probe` completed.
+    probe_done: AtomicBool,
 }
 
 impl CallWatch {
@@ -57,7 +62,18 @@ impl CallWatch {
         let out = f();
         *self.lock() = None;
         self.completed.fetch_add(1, Ordering::Relaxed);
+        if self.probe == Some(name) {
+            self.probe_done.store(true, Ordering::Relaxed);
+        }
         out
+    }
+
+    /// A watch for a worker started after `call` hung.
+    fn probing(call: &'static str) -> CallWatch {
+        CallWatch {
+            probe: Some(call),
+            ..CallWatch::default()
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<(&'static str, Instant)>> {
@@ -203,13 +219,13 @@ impl Supervisor {
         heartbeat.store(unix_ms(Instant::now()), Ordering::Relaxed);
         let mut stuck: Vec<Arc<CallWatch>> = Vec::new();
         let mut backoff = hang_backoff(self.deadline, self.retry);
-        // From a hang until a fresh worker completes a call.
-        let mut recovering = false;
+        // The call that hung, from the hang until NVML answers again.
+        let mut recovering: Option<&'static str> = None;
         loop {
             if self.ctx.stopping() {
                 return;
             }
-            let watch = Arc::new(CallWatch::default());
+            let watch = Arc::new(recovering.map_or_else(CallWatch::default, CallWatch::probing));
             if let Err(e) = start(self.ctx.with_watch(watch.clone())) {
                 tracing::error!(source = self.role.name(), error = %e, "Cannot start an NVML worker thread.");
                 if !self
@@ -240,8 +256,17 @@ impl Supervisor {
                     }
                     break None;
                 }
-                if recovering && watch.completed() > 0 {
-                    recovering = false;
+                // NVML answers again when a fresh worker completes the call
+                // that hung, or completes any call once no abandoned call
+                // is stuck any more. (Any call alone would not do: with one
+                // function wedged, every fresh worker answers a few calls
+                // before it gets stuck again, and the status would flap.)
+                stuck.retain(|w| !w.ended());
+                if recovering.is_some()
+                    && (watch.probe_done.load(Ordering::Relaxed)
+                        || (stuck.is_empty() && watch.completed() > 0))
+                {
+                    recovering = None;
                     backoff = hang_backoff(self.deadline, self.retry);
                     tracing::info!(
                         source = self.role.name(),
@@ -253,7 +278,7 @@ impl Supervisor {
                 }
                 match watch.overdue(self.deadline) {
                     Some((call, age)) => break Some((call, age)),
-                    None if !recovering => {
+                    None if recovering.is_none() => {
                         let progress = watch.in_call_since().unwrap_or_else(Instant::now);
                         heartbeat.store(unix_ms(progress), Ordering::Relaxed);
                     }
@@ -266,7 +291,7 @@ impl Supervisor {
             // Abandon under the shared lock, so the stuck worker cannot publish
             // its handle after this; the event thread lets go of it.
             self.ctx.shared.abandon(&watch, self.role == Role::Poller);
-            recovering = true;
+            recovering = Some(call);
             self.ctx.registry.count_nvml_error(call);
             tracing::warn!(
                 source = self.role.name(),

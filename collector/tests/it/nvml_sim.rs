@@ -913,3 +913,70 @@ fn sigterm_ends_an_agent_with_hung_nvml_within_ten_seconds() {
     );
     println!("SIGTERM with hung NVML: exited in {took:?}");
 }
+
+/// Only the event wait wedges (forever, from 1 s on) while every poll still
+/// answers: NVML is unavailable all the same (XID events are not watched),
+/// and the status does not flap although fresh event workers answer other
+/// calls before they get stuck again.
+#[test]
+fn hung_event_wait_alone_holds_nvml_unavailable_without_flapping() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("event-wait-hang.toml");
+    std::fs::write(
+        &path,
+        r#"description = "the event wait wedges forever from 1 s on"
+
+[[gpu]]
+uuid = "GPU-00000000-1111-2222-3333-444444444440"
+pci = "00000000:1B:00.0"
+
+[[gpu]]
+uuid = "GPU-00000000-1111-2222-3333-444444444441"
+pci = "00000000:3B:00.0"
+
+[[hang]]
+call = "nvmlEventSetWait_v2"
+at_ms = 1000
+"#,
+    )
+    .unwrap();
+    let deadline = Duration::from_millis(200);
+    let cfg = NvmlConfig {
+        sim_scenario: Some(path),
+        ..hang_config("test-xid.toml", 200, deadline.as_millis() as u64)
+    };
+    let mut h = Harness::with_engine(&cfg);
+    let (at, _) = wait_status(&mut h, 0, false, "nvmlEventSetWait_v2 did not return");
+    // Several backoff rounds: fresh event workers answer a few calls and get
+    // stuck again; the poller keeps polling.
+    std::thread::sleep(Duration::from_secs(2));
+    while let Ok(i) = h.rx.try_recv() {
+        h.receive(i);
+    }
+    let st = statuses(&h);
+    assert_eq!(
+        st.iter().map(|s| s.0).collect::<Vec<_>>(),
+        vec![true, false],
+        "{st:?}"
+    );
+    // Samples are held back while a call is hung: the engine would take
+    // them as NVML answering.
+    assert!(
+        h.seen[at..]
+            .iter()
+            .all(|i| !matches!(i, Input::Samples { .. })),
+        "{:#?}",
+        summary(&h.seen[at..])
+    );
+    assert!(
+        h.verdicts().iter().all(|(_, v)| *v == Verdict::Unknown),
+        "{:?}",
+        h.verdicts()
+    );
+    assert!(!h.liveness.nvml_progress_ok(deadline));
+    let took = h.stop();
+    assert!(
+        took <= deadline + Duration::from_millis(150),
+        "stop took {took:?}"
+    );
+}
