@@ -715,7 +715,7 @@ impl Ctx {
             if now >= end {
                 return true;
             }
-            std::thread::sleep((end - now).min(Duration::from_millis(100)));
+            std::thread::sleep((end - now).min(Duration::from_millis(200)));
         }
     }
 }

@@ -169,9 +169,11 @@ fn unix_ms(at: Instant) -> u64 {
     u64::try_from(then.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// How often a supervisor with this call deadline looks at its worker.
+/// How often a supervisor with this call deadline looks at its worker: a
+/// quarter of the deadline (a hung call is noticed at most that late), at
+/// most once a second (an idle agent wakes rarely).
 pub(super) fn tick(deadline: Duration) -> Duration {
-    (deadline / 4).clamp(Duration::from_millis(10), Duration::from_millis(250))
+    (deadline / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
 /// Delays before a fresh worker after a hang: from the call deadline,
@@ -238,7 +240,7 @@ impl Supervisor {
                 continue;
             }
             let stuck_call = loop {
-                if !self.ctx.sleep(tick) {
+                if !self.nap(tick) {
                     self.finish(&watch);
                     return;
                 }
@@ -322,11 +324,19 @@ impl Supervisor {
                     );
                     break;
                 }
-                if !self.ctx.sleep(tick) {
+                if !self.nap(tick) {
                     return;
                 }
             }
         }
+    }
+
+    /// Sleeps one tick in one piece (an idle agent wakes rarely; shutdown is
+    /// noticed within the tick, which `finish` accounts for). Returns false
+    /// on shutdown.
+    fn nap(&self, tick: Duration) -> bool {
+        std::thread::sleep(tick);
+        !self.ctx.stopping()
     }
 
     /// Shutdown: gives the worker at most the deadline (less the tick that may
@@ -419,7 +429,8 @@ mod tests {
 
     #[test]
     fn tick_is_a_quarter_deadline_within_bounds() {
-        assert_eq!(tick(Duration::from_secs(5)), Duration::from_millis(250));
+        assert_eq!(tick(Duration::from_secs(5)), Duration::from_secs(1));
+        assert_eq!(tick(Duration::from_secs(2)), Duration::from_millis(500));
         assert_eq!(tick(Duration::from_millis(400)), Duration::from_millis(100));
         assert_eq!(tick(Duration::from_millis(8)), Duration::from_millis(10));
     }
