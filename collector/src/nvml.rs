@@ -1,13 +1,14 @@
-//! NVML sources: the poller and the event thread.
+//! NVML sources: the poller and the event source.
 //!
 //! - The **poller** loads and initialises NVML (retrying every
-//!   `retry_interval_secs` while that fails), reads every GPU each
+//!   `retry_interval_secs`, plus random jitter, while that fails), reads every GPU each
 //!   `poll_interval_secs` into a [`GpuSample`] and sends `Input::Samples`. It
 //!   sends a `gpu_lost` fault (source `nvml_poll`) when a call answers
 //!   `GPU_IS_LOST` or a GPU seen before vanishes from enumeration. The health
 //!   engine derives every other fault from sample changes.
-//! - The **event thread** blocks in `nvmlEventSetWait` (500 ms at a time, so it
-//!   notices shutdown) and sends one `Input::Fault` (source `nvml_event`, action
+//! - The **event source** blocks in `nvmlEventSetWait` (half the call deadline
+//!   at a time, at most 500 ms, so it notices shutdown and never looks hung)
+//!   and sends one `Input::Fault` (source `nvml_event`, action
 //!   left unspecified for the engine) per XID critical error, single/double-bit
 //!   ECC event, and clock event whose reasons turn thermal / power-brake slowdown on.
 //!
@@ -18,13 +19,16 @@
 //! that is `NotSupported` leaves its `GpuSample` field empty and is not counted;
 //! other failed calls are counted per NVML function name.
 //!
-//! Both sources share one `Arc<Nvml>` (nvml-wrapper's `Nvml` is `Send + Sync`).
+//! Both sources share the poller's `Nvml` handle (nvml-wrapper's `Nvml` is
+//! `Send + Sync`).
 //!
 //! **Every NVML call has a deadline** (`call_timeout_ms`, 5 s by default). The
 //! calls run on worker threads watched by a supervisor thread per source (see
 //! the `watchdog` module): a call past its deadline makes NVML unavailable
 //! (`MonitorStatus { ok: false }`, never a fault), its thread is abandoned, and
-//! a fresh worker initialises NVML again. The threads [`spawn`] returns are the
+//! a fresh worker initialises NVML again; while a call is hung the poller's
+//! samples are held back, since the engine takes samples as NVML answering.
+//! The threads [`spawn`] returns are the
 //! supervisors: they never call NVML, so joining them after setting `shutdown`
 //! takes at most the call deadline, hung driver or not; [`NvmlSources::stop`]
 //! enforces that bound even on a bug. Each supervisor keeps a progress
@@ -906,6 +910,62 @@ mod tests {
         assert_eq!(ctx.shared.lock().nvml_gen, gen_before);
         // The supervisor's own context is unaffected.
         assert!(!ctx.stopping());
+    }
+
+    /// A driver where every call blocks: the supervisor keeps starting fresh
+    /// workers with backoff, but never has more than `MAX_STUCK` stuck at
+    /// once, and returns within the deadline on shutdown.
+    #[test]
+    fn stuck_workers_are_bounded_and_shutdown_does_not_wait_for_them() {
+        use std::sync::atomic::AtomicUsize;
+        let (ctx, rx) = test_ctx();
+        let started = Arc::new(AtomicUsize::new(0));
+        let deadline = Duration::from_millis(20);
+        let sup = watchdog::Supervisor {
+            role: watchdog::Role::Poller,
+            ctx: ctx.clone(),
+            deadline,
+            retry: Duration::from_millis(20),
+        };
+        let count = started.clone();
+        let supervisor = std::thread::spawn(move || {
+            sup.run(|wctx| {
+                count.fetch_add(1, Ordering::Relaxed);
+                std::thread::Builder::new()
+                    .spawn(move || {
+                        let _end = watchdog::EndGuard(wctx.watch.clone());
+                        // Stuck far longer than the test runs.
+                        wctx.watch.call("nvmlDeviceGetCount_v2", || {
+                            std::thread::sleep(Duration::from_secs(30))
+                        });
+                    })
+                    .map(drop)
+            })
+        });
+        // Backoff 20, 40, 80 ms (+ jitter): four workers well within 1 s.
+        std::thread::sleep(Duration::from_secs(1));
+        assert_eq!(started.load(Ordering::Relaxed), watchdog::MAX_STUCK);
+        let st = sent(&rx);
+        assert_eq!(st.len(), 1, "{st:?}");
+        assert!(
+            !st[0].0
+                && st[0]
+                    .1
+                    .contains("nvmlDeviceGetCount_v2 did not return within 20 ms"),
+            "{st:?}"
+        );
+        let t = Instant::now();
+        ctx.shutdown.store(true, Ordering::Relaxed);
+        supervisor.join().unwrap();
+        assert!(
+            t.elapsed() < Duration::from_millis(200),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(
+            ctx.registry.nvml_errors().get("nvmlDeviceGetCount_v2"),
+            Some(&(watchdog::MAX_STUCK as u64))
+        );
     }
 
     #[test]

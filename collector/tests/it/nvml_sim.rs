@@ -980,3 +980,48 @@ at_ms = 1000
         "stop took {took:?}"
     );
 }
+
+/// `gpuwatch validate`'s one-shot poll has the same deadline: a wedged
+/// enumeration is an error naming the call, returned in time.
+#[test]
+fn poll_once_gives_up_on_a_hung_call_within_the_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("count-hang.toml");
+    std::fs::write(
+        &path,
+        r#"description = "enumeration never returns"
+
+[[gpu]]
+uuid = "GPU-00000000-1111-2222-3333-444444444440"
+pci = "00000000:1B:00.0"
+
+[[hang]]
+call = "nvmlDeviceGetCount_v2"
+"#,
+    )
+    .unwrap();
+    let cfg = NvmlConfig {
+        library_path: Some(sim_lib().to_path_buf()),
+        sim_scenario: Some(path),
+        call_timeout_ms: 200,
+        ..NvmlConfig::default()
+    };
+    let t = Instant::now();
+    let err = nvml::poll_once(&cfg).unwrap_err();
+    let took = t.elapsed();
+    assert!(
+        matches!(
+            err,
+            nvml::NvmlError::Hung {
+                call: "nvmlDeviceGetCount_v2",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("did not return within 200 ms"),
+        "{err}"
+    );
+    assert!(took < Duration::from_millis(600), "poll_once took {took:?}");
+}
