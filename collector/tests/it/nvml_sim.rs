@@ -1025,3 +1025,37 @@ call = "nvmlDeviceGetCount_v2"
     );
     assert!(took < Duration::from_millis(600), "poll_once took {took:?}");
 }
+
+/// The same with the default 5 s call deadline, SIGTERM arriving while calls
+/// are stuck but not yet past their deadline: shutdown leaves them behind
+/// after at most the deadline, and the process ends within 10 s.
+#[test]
+fn sigterm_with_the_default_deadline_and_stuck_calls_exits_within_ten_seconds() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = crate::common::Agent::start_nvml_sim(dir.path(), &scenario("test-hang.toml"), &[]);
+    let addr = agent.api_addr().expect("API address");
+    assert!(
+        crate::common::wait_until(Duration::from_secs(10), || {
+            crate::common::http_get(&addr, "/v1/health")
+                .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
+                .is_some_and(|h| h["monitor"]["nvml_ok"] == true)
+        }),
+        "NVML never available: {}",
+        agent.stderr.tail(20)
+    );
+    // Every call blocks from 1.5 s after the first init on.
+    std::thread::sleep(Duration::from_millis(2500));
+    let t = Instant::now();
+    let (code, _, stderr) = agent.stop();
+    let took = t.elapsed();
+    assert_eq!(code, Some(0), "{}", stderr.tail(20));
+    assert!(took < Duration::from_secs(10), "SIGTERM took {took:?}");
+    assert!(
+        !stderr
+            .logs("An NVML thread did not stop within the call deadline; leaving it behind.")
+            .is_empty(),
+        "the stuck event wait was left behind: {}",
+        stderr.tail(20)
+    );
+    println!("SIGTERM with stuck NVML calls, default deadline: exited in {took:?}");
+}
