@@ -1,13 +1,14 @@
-//! NVML sources: the poller and the event thread.
+//! NVML sources: the poller and the event source.
 //!
 //! - The **poller** loads and initialises NVML (retrying every
-//!   `retry_interval_secs` while that fails), reads every GPU each
+//!   `retry_interval_secs`, plus random jitter, while that fails), reads every GPU each
 //!   `poll_interval_secs` into a [`GpuSample`] and sends `Input::Samples`. It
 //!   sends a `gpu_lost` fault (source `nvml_poll`) when a call answers
 //!   `GPU_IS_LOST` or a GPU seen before vanishes from enumeration. The health
 //!   engine derives every other fault from sample changes.
-//! - The **event thread** blocks in `nvmlEventSetWait` (500 ms at a time, so it
-//!   notices shutdown) and sends one `Input::Fault` (source `nvml_event`, action
+//! - The **event source** blocks in `nvmlEventSetWait` (half the call deadline
+//!   at a time, at most 500 ms, so it notices shutdown and never looks hung)
+//!   and sends one `Input::Fault` (source `nvml_event`, action
 //!   left unspecified for the engine) per XID critical error, single/double-bit
 //!   ECC event, and clock event whose reasons turn thermal / power-brake slowdown on.
 //!
@@ -18,7 +19,20 @@
 //! that is `NotSupported` leaves its `GpuSample` field empty and is not counted;
 //! other failed calls are counted per NVML function name.
 //!
-//! Both threads share one `Arc<Nvml>` (nvml-wrapper's `Nvml` is `Send + Sync`).
+//! Both sources share the poller's `Nvml` handle (nvml-wrapper's `Nvml` is
+//! `Send + Sync`).
+//!
+//! **Every NVML call has a deadline** (`call_timeout_ms`, 5 s by default). The
+//! calls run on worker threads watched by a supervisor thread per source (see
+//! the `watchdog` module): a call past its deadline makes NVML unavailable
+//! (`MonitorStatus { ok: false }`, never a fault), its thread is abandoned, and
+//! a fresh worker initialises NVML again; while a call is hung the poller's
+//! samples are held back, since the engine takes samples as NVML answering.
+//! The threads [`spawn`] returns are the
+//! supervisors: they never call NVML, so joining them after setting `shutdown`
+//! takes at most the call deadline, hung driver or not; [`NvmlSources::stop`]
+//! enforces that bound even on a bug. Each supervisor keeps a progress
+//! heartbeat in [`Liveness`] ([`Liveness::nvml_progress_ok`]).
 //!
 //! With `sim_scenario`, the library is the nvml-sim cdylib: gpuwatch copies
 //! `libnvml_sim.so` into a private temporary directory and writes the side file
@@ -29,7 +43,9 @@
 mod events;
 mod library;
 mod poll;
+mod watchdog;
 
+use crate::pipeline::Liveness;
 use crossbeam_channel::{SendTimeoutError, Sender, TrySendError};
 use gpuwatch_core::Registry;
 use gpuwatch_core::msg::{Input, MonitorInput};
@@ -69,6 +85,10 @@ pub struct NvmlConfig {
     pub retry_interval_secs: u64,
     /// Milliseconds between attempts; overrides `retry_interval_secs` when set.
     pub retry_interval_ms: Option<u64>,
+    /// Deadline of every NVML call, in milliseconds. A call still running past
+    /// it makes NVML unavailable (GPU health Unknown) until a fresh NVML
+    /// session answers; shutdown never waits longer than this for NVML.
+    pub call_timeout_ms: u64,
 }
 
 impl Default for NvmlConfig {
@@ -82,9 +102,16 @@ impl Default for NvmlConfig {
             events: true,
             retry_interval_secs: 30,
             retry_interval_ms: None,
+            call_timeout_ms: DEFAULT_CALL_TIMEOUT_MS,
         }
     }
 }
+
+/// Default NVML call deadline.
+pub const DEFAULT_CALL_TIMEOUT_MS: u64 = 5_000;
+/// Accepted NVML call deadlines: long enough for a slow but working call, and
+/// short enough that shutdown stays well inside a pod's grace period.
+const CALL_TIMEOUT_RANGE_MS: std::ops::RangeInclusive<u64> = 100..=60_000;
 
 /// Longest accepted interval (one day).
 const MAX_INTERVAL_MS: u64 = 86_400_000;
@@ -121,6 +148,14 @@ impl NvmlConfig {
                 None => {}
             }
         }
+        if !CALL_TIMEOUT_RANGE_MS.contains(&self.call_timeout_ms) {
+            p.push(format!(
+                "call_timeout_ms: expected {}..={} milliseconds, got {}",
+                CALL_TIMEOUT_RANGE_MS.start(),
+                CALL_TIMEOUT_RANGE_MS.end(),
+                self.call_timeout_ms
+            ));
+        }
         for (key, path) in [
             ("library_path", &self.library_path),
             ("sim_scenario", &self.sim_scenario),
@@ -140,6 +175,14 @@ impl NvmlConfig {
     /// The effective retry interval.
     pub fn retry_interval(&self) -> Duration {
         interval(self.retry_interval_ms, self.retry_interval_secs)
+    }
+
+    /// The deadline of every NVML call.
+    pub fn call_timeout(&self) -> Duration {
+        Duration::from_millis(
+            self.call_timeout_ms
+                .clamp(*CALL_TIMEOUT_RANGE_MS.start(), *CALL_TIMEOUT_RANGE_MS.end()),
+        )
     }
 }
 
@@ -203,6 +246,24 @@ pub enum NvmlError {
         #[source]
         source: nvml_wrapper::error::NvmlError,
     },
+    /// A thread for NVML calls could not be started.
+    #[error("cannot start a thread for NVML calls: {source}")]
+    Thread {
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The thread making NVML calls panicked.
+    #[error("the thread making NVML calls panicked")]
+    Panicked,
+    /// An NVML call did not return within its deadline.
+    #[error("NVML call {call} did not return within {} ms (driver or GPU hung)", timeout.as_millis())]
+    Hung {
+        /// The NVML function.
+        call: &'static str,
+        /// The deadline it ran past.
+        timeout: Duration,
+    },
 }
 
 impl NvmlError {
@@ -213,28 +274,72 @@ impl NvmlError {
             | NvmlError::SimScenario { .. }
             | NvmlError::SimSetup { .. }
             | NvmlError::Load { .. } => "dlopen",
+            NvmlError::Thread { .. } | NvmlError::Panicked => "thread",
             NvmlError::Init { .. } => "nvmlInit_v2",
             NvmlError::Enumerate { .. } => "nvmlDeviceGetCount_v2",
+            NvmlError::Hung { call, .. } => call,
         }
     }
 }
 
 /// One synchronous poll (for `gpuwatch validate`): a sample of every GPU NVML
 /// enumerates, or the NVML error. GPUs that answer `GPU_IS_LOST` have no sample.
+/// Every NVML call has the configured deadline: past it this returns
+/// [`NvmlError::Hung`] and leaves the stuck call's thread behind.
 pub fn poll_once(cfg: &NvmlConfig) -> Result<Vec<GpuSample>, NvmlError> {
     let lib = library::Library::choose(cfg)?;
-    let nvml = lib.init()?;
-    let result = poll::poll_all(&nvml, &|_| {})?;
-    drop(nvml);
-    drop(lib);
-    Ok(result.samples)
+    let path = lib.path().to_path_buf();
+    let watch = Arc::new(watchdog::CallWatch::default());
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let worker_watch = watch.clone();
+    std::thread::Builder::new()
+        .name("nvml-validate".into())
+        .spawn(move || {
+            let _end = watchdog::EndGuard(worker_watch.clone());
+            let calls = poll::Calls {
+                watch: &worker_watch,
+                count: &|_| {},
+            };
+            let result = library::init(&path, &worker_watch)
+                .and_then(|nvml| {
+                    let r = poll::poll_all(&nvml, &calls);
+                    worker_watch.call("nvmlShutdown", || drop(nvml));
+                    r
+                })
+                .map(|r| r.samples);
+            let _ = tx.send(result);
+        })
+        .map_err(|source| NvmlError::Thread { source })?;
+    let deadline = cfg.call_timeout();
+    loop {
+        match rx.recv_timeout(watchdog::tick(deadline)) {
+            Ok(result) => return result,
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                return Err(NvmlError::Panicked);
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                if let Some((call, _)) = watch.overdue(deadline) {
+                    watch.abandon();
+                    // The private simulator copy stays until the process exits:
+                    // the stuck thread may still use it.
+                    std::mem::forget(lib);
+                    return Err(NvmlError::Hung {
+                        call,
+                        timeout: deadline,
+                    });
+                }
+            }
+        }
+    }
 }
 
 /// The NVML handle the poller publishes to the event thread.
 #[derive(Debug, Default)]
 struct SharedState {
-    /// The current handle; `None` while NVML is not usable.
-    nvml: Option<Arc<Nvml>>,
+    /// The poller worker's current handle; `None` while NVML is not usable.
+    /// Weak: only workers hold handles, so the last one (whose drop calls
+    /// `nvmlShutdown`) is never dropped by a supervisor.
+    nvml: Option<std::sync::Weak<Nvml>>,
     /// Bumped whenever `nvml` is replaced.
     nvml_gen: u64,
     /// Bumped whenever the set of GPUs changes (re-register events).
@@ -252,11 +357,28 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn publish(&self, nvml: Option<Arc<Nvml>>) {
+    /// Publishes the handle of the worker with `watch`; nothing when that
+    /// worker was abandoned (checked under the lock [`Shared::abandon`] takes).
+    fn publish(&self, watch: &watchdog::CallWatch, nvml: Option<std::sync::Weak<Nvml>>) {
         let mut s = self.lock();
+        if watch.abandoned() {
+            return;
+        }
         s.nvml = nvml;
         s.nvml_gen += 1;
         self.changed.notify_all();
+    }
+
+    /// Abandons a worker; with `withdraw`, the handle it published (if any) is
+    /// withdrawn so the event thread lets go of it.
+    fn abandon(&self, watch: &watchdog::CallWatch, withdraw: bool) {
+        let mut s = self.lock();
+        watch.abandon();
+        if withdraw {
+            s.nvml = None;
+            s.nvml_gen += 1;
+            self.changed.notify_all();
+        }
     }
 
     fn gpus_changed(&self) {
@@ -265,78 +387,272 @@ impl Shared {
     }
 }
 
-/// Starts the poller and (with `events`) the event thread. Sends
+/// Starts the poller and (with `events`) the event source. Sends
 /// `Input::Samples` / `Input::Fault` / `Input::MonitorStatus{Nvml}` into `tx`.
 /// Never panics when NVML is missing: reports `MonitorStatus{ok:false}` and
-/// retries. The threads end when `shutdown` is set (within about a second) or
-/// when `tx`'s receiver is gone. Returns no handles when `enabled` is false.
+/// retries. The returned threads (the sources' supervisors, which never call
+/// NVML) end within the call deadline once `shutdown` is set, or when `tx`'s
+/// receiver is gone. Returns no threads when `enabled` is false. The progress
+/// heartbeats go to a private [`Liveness`]; [`start`] takes the agent's.
 pub fn spawn(
     cfg: &NvmlConfig,
     tx: Sender<Input>,
     registry: Arc<Registry>,
     shutdown: Arc<AtomicBool>,
 ) -> Vec<JoinHandle<()>> {
-    if !cfg.enabled {
-        return Vec::new();
+    start(cfg, tx, registry, shutdown, Liveness::new()).into_threads()
+}
+
+/// The running NVML sources (see [`start`]).
+#[derive(Debug)]
+pub struct NvmlSources {
+    threads: Vec<JoinHandle<()>>,
+    shutdown: Arc<AtomicBool>,
+    deadline: Duration,
+}
+
+impl NvmlSources {
+    /// The supervisor threads, for a caller that joins them itself (after
+    /// setting `shutdown`, each ends within the call deadline).
+    pub fn into_threads(self) -> Vec<JoinHandle<()>> {
+        self.threads
     }
-    let shared = Arc::new(Shared::default());
-    let mut handles = Vec::new();
+
+    /// How many threads run (0 when NVML is disabled).
+    pub fn len(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// Whether no thread runs (NVML disabled).
+    pub fn is_empty(&self) -> bool {
+        self.threads.is_empty()
+    }
+
+    /// Sets `shutdown` and waits for the threads, at most the call deadline in
+    /// all; a thread still running then is left behind (never joined).
+    /// Returns how many were left behind (0 unless something is badly wrong:
+    /// the supervisors themselves never wait on NVML).
+    pub fn stop(self) -> usize {
+        self.shutdown.store(true, Ordering::Relaxed);
+        let end = Instant::now() + self.deadline;
+        let mut left = 0;
+        for t in self.threads {
+            while !t.is_finished() && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if t.is_finished() {
+                if t.join().is_err() {
+                    tracing::error!("An NVML thread panicked.");
+                }
+            } else {
+                left += 1;
+            }
+        }
+        if left > 0 {
+            tracing::warn!(
+                threads = left,
+                "NVML threads did not stop within the call deadline; leaving them behind."
+            );
+        }
+        left
+    }
+}
+
+/// Starts the NVML sources like [`spawn`], keeping their progress heartbeats
+/// in `liveness` (`nvml_*_progress_unix_ms`, checked by
+/// [`Liveness::nvml_progress_ok`]).
+pub fn start(
+    cfg: &NvmlConfig,
+    tx: Sender<Input>,
+    registry: Arc<Registry>,
+    shutdown: Arc<AtomicBool>,
+    liveness: Arc<Liveness>,
+) -> NvmlSources {
+    let mut sources = NvmlSources {
+        threads: Vec::new(),
+        shutdown: shutdown.clone(),
+        deadline: cfg.call_timeout(),
+    };
+    if !cfg.enabled {
+        return sources;
+    }
     let ctx = Ctx {
         tx,
         registry,
         shutdown,
-        shared,
+        shared: Arc::new(Shared::default()),
+        monitor: Arc::new(Monitor::default()),
+        watch: Arc::new(watchdog::CallWatch::default()),
+        liveness,
     };
+    let deadline = cfg.call_timeout();
+    let retry = cfg.retry_interval();
     if cfg.events {
-        let ctx = ctx.clone();
-        let retry = cfg.retry_interval();
+        let sup = watchdog::Supervisor {
+            role: watchdog::Role::Events,
+            ctx: ctx.clone(),
+            deadline,
+            retry,
+        };
+        // An event wait must return well inside the call deadline.
+        let wait = (deadline / 2).min(Duration::from_millis(500));
         match std::thread::Builder::new()
             .name("nvml-events".into())
-            .spawn(move || events::run(&ctx, retry))
-        {
-            Ok(h) => handles.push(h),
+            .spawn(move || {
+                sup.run(|wctx| {
+                    std::thread::Builder::new()
+                        .name("nvml-events-call".into())
+                        .spawn(move || {
+                            let _end = watchdog::EndGuard(wctx.watch.clone());
+                            events::run(&wctx, retry, wait);
+                        })
+                        .map(drop)
+                })
+            }) {
+            Ok(h) => sources.threads.push(h),
             Err(e) => tracing::error!(error = %e, "Cannot start the NVML event thread."),
         }
     }
-    let cfg = cfg.clone();
     let poller_ctx = ctx.clone();
+    let poller_cfg = cfg.clone();
     match std::thread::Builder::new()
         .name("nvml-poller".into())
-        .spawn(move || poll::Poller::new(cfg, poller_ctx).run())
+        .spawn(move || poll::supervise(poller_cfg, poller_ctx))
     {
-        Ok(h) => handles.push(h),
+        Ok(h) => sources.threads.push(h),
         Err(e) => {
             tracing::error!(error = %e, "Cannot start the NVML poller thread.");
-            ctx.send(Input::MonitorStatus {
-                input: MonitorInput::Nvml,
-                ok: false,
-                message: format!("cannot start the NVML poller thread: {e}"),
-            });
-            // Without a poller the event thread never gets a handle: stop it.
-            ctx.shared.publish(None);
+            ctx.report_poll(false, format!("cannot start the NVML poller thread: {e}"));
+            // Without a poller the event thread never gets a handle.
         }
     }
-    handles
+    sources
 }
 
-/// What both threads share.
+impl Liveness {
+    /// Whether every running NVML source made progress within `deadline`: it
+    /// is idle, or inside an NVML call that started less than `deadline` ago.
+    /// A source stuck in a call stops its heartbeat until a fresh NVML
+    /// session completes a call. Sources that do not run (NVML disabled) are
+    /// fine. For `/healthz`: pass the NVML call deadline
+    /// (`NvmlConfig::call_timeout`) or a little more.
+    pub fn nvml_progress_ok(&self, deadline: Duration) -> bool {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .unwrap_or(0);
+        let limit = u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX);
+        [
+            &self.nvml_poll_progress_unix_ms,
+            &self.nvml_events_progress_unix_ms,
+        ]
+        .iter()
+        .map(|a| a.load(Ordering::Relaxed))
+        .all(|beat| beat == 0 || now.saturating_sub(beat) <= limit)
+    }
+}
+
+/// What NVML's availability is made of: the poller's last result and any hung
+/// call, per source. The engine gets the combination, once per change.
+#[derive(Debug, Default)]
+struct MonitorState {
+    /// The poller's last status (`None` after a hang, until it polls again).
+    poll: Option<(bool, String)>,
+    /// A hung call per source (`Role::index`).
+    hung: [Option<String>; 2],
+    /// The last status sent.
+    reported: Option<bool>,
+}
+
+#[derive(Debug, Default)]
+struct Monitor {
+    state: Mutex<MonitorState>,
+}
+
+/// What the threads share; each worker's copy has its own `watch`.
 #[derive(Clone, Debug)]
 struct Ctx {
     tx: Sender<Input>,
     registry: Arc<Registry>,
     shutdown: Arc<AtomicBool>,
     shared: Arc<Shared>,
+    monitor: Arc<Monitor>,
+    /// The calls of this thread (a supervisor's is never abandoned).
+    watch: Arc<watchdog::CallWatch>,
+    liveness: Arc<Liveness>,
 }
 
 impl Ctx {
+    /// A copy for a worker watched by `watch`.
+    fn with_watch(&self, watch: Arc<watchdog::CallWatch>) -> Ctx {
+        Ctx {
+            watch,
+            ..self.clone()
+        }
+    }
+
+    /// Shutdown, or this worker was abandoned.
     fn stopping(&self) -> bool {
-        self.shutdown.load(Ordering::Relaxed)
+        self.shutdown.load(Ordering::Relaxed) || self.watch.abandoned()
+    }
+
+    /// Updates the monitor state and sends the combined NVML status when it
+    /// changed. Returns false when the thread should stop (also when this
+    /// worker was abandoned: a late answer changes nothing).
+    fn update_monitor(&self, f: impl FnOnce(&mut MonitorState)) -> bool {
+        let mut st = self.monitor.state.lock().unwrap_or_else(|e| e.into_inner());
+        if self.watch.abandoned() {
+            return false;
+        }
+        f(&mut st);
+        let effective = match st.hung.iter().flatten().next() {
+            Some(m) => Some((false, m.clone())),
+            None => st.poll.clone(),
+        };
+        let Some((ok, message)) = effective else {
+            return true;
+        };
+        if st.reported == Some(ok) {
+            return true;
+        }
+        if ok {
+            tracing::info!(detail = %message, "NVML is available.");
+        } else {
+            tracing::warn!(detail = %message, "NVML is unavailable; GPU health is unknown until it recovers.");
+        }
+        st.reported = Some(ok);
+        // Sent under the lock: statuses reach the engine in the order decided.
+        self.send(Input::MonitorStatus {
+            input: MonitorInput::Nvml,
+            ok,
+            message,
+        })
+    }
+
+    /// The poller's result. Returns false when the thread should stop.
+    fn report_poll(&self, ok: bool, message: String) -> bool {
+        self.update_monitor(|st| st.poll = Some((ok, message)))
+    }
+
+    /// A hung call of a source (`Some`) or its end (`None`). A hang also
+    /// forgets the poller's last result: after it, only a fresh poll says
+    /// NVML is available again.
+    fn report_hang(&self, role: watchdog::Role, message: Option<String>) -> bool {
+        self.update_monitor(|st| {
+            if message.is_some() {
+                st.poll = None;
+            }
+            st.hung[role.index()] = message;
+        })
     }
 
     /// Sends an input that must not be lost (faults, status): blocks while the
     /// channel is full, giving up only on shutdown or when the engine is gone.
     /// Returns false when the thread should stop.
     fn send(&self, input: Input) -> bool {
+        if self.watch.abandoned() {
+            return false;
+        }
         let mut input = input;
         loop {
             match self.tx.send_timeout(input, Duration::from_millis(100)) {
@@ -353,8 +669,28 @@ impl Ctx {
     }
 
     /// Sends samples without blocking; a full channel drops them (counted).
-    /// Returns false when the engine is gone.
+    /// While a call of either source is hung the samples are held back: the
+    /// engine takes samples as NVML answering, and NVML counts as unavailable
+    /// until the hang clears. Returns false when the engine is gone.
     fn send_samples(&self, samples: Vec<GpuSample>, complete: bool) -> bool {
+        if self.watch.abandoned() {
+            return false;
+        }
+        let hung = self
+            .monitor
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .hung
+            .iter()
+            .any(Option::is_some);
+        if hung {
+            tracing::debug!(
+                samples = samples.len(),
+                "NVML samples held back: an NVML call is hung."
+            );
+            return true;
+        }
         let n = samples.len() as u64;
         match self.tx.try_send(Input::Samples { samples, complete }) {
             Ok(()) => true,
@@ -482,6 +818,172 @@ mod tests {
         assert!(cfg.enabled);
         let err = toml::from_str::<NvmlConfig>("poll_intervall = 5").unwrap_err();
         assert!(err.to_string().contains("poll_intervall"));
+    }
+
+    #[test]
+    fn call_timeout_defaults_to_five_seconds_and_is_bounded() {
+        let cfg = NvmlConfig::default();
+        assert_eq!(cfg.call_timeout(), Duration::from_secs(5));
+        for bad in [0, 99, 60_001] {
+            let cfg = NvmlConfig {
+                call_timeout_ms: bad,
+                ..NvmlConfig::default()
+            };
+            let p = cfg.validate().join("\n");
+            assert!(
+                p.contains("call_timeout_ms") && p.contains(&bad.to_string()),
+                "{p}"
+            );
+        }
+        let cfg: NvmlConfig = toml::from_str("call_timeout_ms = 750").unwrap();
+        assert!(cfg.validate().is_empty());
+        assert_eq!(cfg.call_timeout(), Duration::from_millis(750));
+    }
+
+    fn test_ctx() -> (Ctx, crossbeam_channel::Receiver<Input>) {
+        let (tx, rx) = crossbeam_channel::bounded(16);
+        let ctx = Ctx {
+            tx,
+            registry: Registry::new(),
+            shutdown: Arc::new(AtomicBool::new(false)),
+            shared: Arc::new(Shared::default()),
+            monitor: Arc::new(Monitor::default()),
+            watch: Arc::new(watchdog::CallWatch::default()),
+            liveness: Liveness::new(),
+        };
+        (ctx, rx)
+    }
+
+    fn sent(rx: &crossbeam_channel::Receiver<Input>) -> Vec<(bool, String)> {
+        rx.try_iter()
+            .map(|i| match i {
+                Input::MonitorStatus {
+                    input: MonitorInput::Nvml,
+                    ok,
+                    message,
+                } => (ok, message),
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_hung_call_in_either_source_holds_nvml_unavailable_until_it_clears() {
+        let (ctx, rx) = test_ctx();
+        assert!(ctx.report_poll(true, "NVML 570: 2 GPUs".into()));
+        assert!(ctx.report_poll(true, "NVML 570: 2 GPUs".into()));
+        assert_eq!(
+            sent(&rx),
+            vec![(true, "NVML 570: 2 GPUs".into())],
+            "once per change"
+        );
+        let hung = "NVML call nvmlEventSetWait_v2 did not return within 5000 ms".to_string();
+        assert!(ctx.report_hang(watchdog::Role::Events, Some(hung.clone())));
+        assert_eq!(sent(&rx), vec![(false, hung)]);
+        // The poller still answers: not enough while the event source is stuck.
+        assert!(ctx.report_poll(true, "NVML 570: 2 GPUs".into()));
+        assert!(ctx.send_samples(vec![GpuSample::default()], true));
+        assert_eq!(sent(&rx), vec![], "no status change, no samples");
+        assert!(ctx.report_hang(watchdog::Role::Events, None));
+        assert_eq!(sent(&rx), vec![(true, "NVML 570: 2 GPUs".into())]);
+        // A hang forgets the last poll: only a fresh poll makes NVML available.
+        assert!(ctx.report_hang(watchdog::Role::Poller, Some("stuck".into())));
+        assert!(ctx.report_hang(watchdog::Role::Poller, None));
+        assert_eq!(sent(&rx), vec![(false, "stuck".into())]);
+        assert!(ctx.report_poll(true, "NVML 570: 2 GPUs".into()));
+        assert_eq!(sent(&rx).len(), 1);
+    }
+
+    #[test]
+    fn an_abandoned_worker_sends_nothing_more() {
+        let (ctx, rx) = test_ctx();
+        let worker = ctx.with_watch(Arc::new(watchdog::CallWatch::default()));
+        ctx.shared.abandon(&worker.watch, true);
+        assert!(worker.stopping());
+        assert!(!worker.report_poll(true, "late answer".into()));
+        assert!(!worker.send_samples(Vec::new(), true));
+        assert!(!worker.send(Input::KmsgCaughtUp));
+        assert!(sent(&rx).is_empty());
+        // Its late handle is not published either.
+        let gen_before = ctx.shared.lock().nvml_gen;
+        worker.shared.publish(&worker.watch, None);
+        assert_eq!(ctx.shared.lock().nvml_gen, gen_before);
+        // The supervisor's own context is unaffected.
+        assert!(!ctx.stopping());
+    }
+
+    /// A driver where every call blocks: the supervisor keeps starting fresh
+    /// workers with backoff, but never has more than `MAX_STUCK` stuck at
+    /// once, and returns within the deadline on shutdown.
+    #[test]
+    fn stuck_workers_are_bounded_and_shutdown_does_not_wait_for_them() {
+        use std::sync::atomic::AtomicUsize;
+        let (ctx, rx) = test_ctx();
+        let started = Arc::new(AtomicUsize::new(0));
+        let deadline = Duration::from_millis(20);
+        let sup = watchdog::Supervisor {
+            role: watchdog::Role::Poller,
+            ctx: ctx.clone(),
+            deadline,
+            retry: Duration::from_millis(20),
+        };
+        let count = started.clone();
+        let supervisor = std::thread::spawn(move || {
+            sup.run(|wctx| {
+                count.fetch_add(1, Ordering::Relaxed);
+                std::thread::Builder::new()
+                    .spawn(move || {
+                        let _end = watchdog::EndGuard(wctx.watch.clone());
+                        // Stuck far longer than the test runs.
+                        wctx.watch.call("nvmlDeviceGetCount_v2", || {
+                            std::thread::sleep(Duration::from_secs(30))
+                        });
+                    })
+                    .map(drop)
+            })
+        });
+        // Backoff 20, 40, 80 ms (+ jitter): four workers well within 1 s.
+        std::thread::sleep(Duration::from_secs(1));
+        assert_eq!(started.load(Ordering::Relaxed), watchdog::MAX_STUCK);
+        let st = sent(&rx);
+        assert_eq!(st.len(), 1, "{st:?}");
+        assert!(
+            !st[0].0
+                && st[0]
+                    .1
+                    .contains("nvmlDeviceGetCount_v2 did not return within 20 ms"),
+            "{st:?}"
+        );
+        let t = Instant::now();
+        ctx.shutdown.store(true, Ordering::Relaxed);
+        supervisor.join().unwrap();
+        assert!(
+            t.elapsed() < Duration::from_millis(200),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(
+            ctx.registry.nvml_errors().get("nvmlDeviceGetCount_v2"),
+            Some(&(watchdog::MAX_STUCK as u64))
+        );
+    }
+
+    #[test]
+    fn progress_is_ok_only_within_the_deadline_of_each_running_source() {
+        let l = Liveness::new();
+        let d = Duration::from_secs(5);
+        assert!(l.nvml_progress_ok(d), "no NVML source runs");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        l.nvml_poll_progress_unix_ms
+            .store(now - 1_000, Ordering::Relaxed);
+        assert!(l.nvml_progress_ok(d));
+        l.nvml_events_progress_unix_ms
+            .store(now - 6_000, Ordering::Relaxed);
+        assert!(!l.nvml_progress_ok(d), "the event source is stuck");
+        assert!(l.nvml_progress_ok(Duration::from_secs(10)));
     }
 
     #[test]

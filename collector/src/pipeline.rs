@@ -57,6 +57,17 @@ pub struct Liveness {
     pub kmsg_heartbeat_unix_secs: AtomicU64,
     /// Unix seconds of the health engine's latest loop pass (0 before the first).
     pub engine_heartbeat_unix_secs: Arc<AtomicU64>,
+    /// Unix milliseconds of the NVML poller's last known progress: now while
+    /// it is idle or inside an NVML call younger than the call deadline (then
+    /// the call's start); it stands still from a call's deadline until a
+    /// fresh NVML session completes a call. 0: the poller does not run.
+    /// Checked by `Liveness::nvml_progress_ok`.
+    pub nvml_poll_progress_unix_ms: AtomicU64,
+    /// The same for the NVML event source.
+    pub nvml_events_progress_unix_ms: AtomicU64,
+    /// How long the NVML sources may make no progress before `/healthz`
+    /// fails, milliseconds (the call deadline plus a margin; 0: not checked).
+    pub nvml_progress_deadline_ms: AtomicU64,
 }
 
 /// A thread that has made no progress for this long is stuck: `/healthz`
@@ -87,6 +98,10 @@ impl Liveness {
         }
         if stale(self.kmsg_heartbeat_unix_secs.load(Ordering::Relaxed)) {
             out.push("kmsg");
+        }
+        let nvml_deadline = self.nvml_progress_deadline_ms.load(Ordering::Relaxed);
+        if nvml_deadline > 0 && !self.nvml_progress_ok(Duration::from_millis(nvml_deadline)) {
+            out.push("nvml");
         }
         out
     }

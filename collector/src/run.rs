@@ -514,12 +514,20 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
     // NVML sources and their forwarder.
     let mut nvml_threads = Vec::new();
     if cfg.nvml.enabled {
-        nvml_threads = crate::nvml::spawn(
+        nvml_threads = crate::nvml::start(
             &cfg.nvml,
             nvml_tx.clone(),
             registry.clone(),
             sources_shutdown.clone(),
-        );
+            liveness.clone(),
+        )
+        .into_threads();
+        // A hung NVML call stops the sources' heartbeats: /healthz fails once
+        // they stood still for the call deadline plus a margin.
+        let deadline = cfg.nvml.call_timeout() + Duration::from_secs(10);
+        liveness
+            .nvml_progress_deadline_ms
+            .store(deadline.as_millis() as u64, Ordering::Relaxed);
         let (rx, tx, reg, sd) = (
             nvml_rx.clone(),
             engine_tx.clone(),

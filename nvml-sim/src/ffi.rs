@@ -69,12 +69,59 @@ fn lock() -> MutexGuard<'static, Global> {
     GLOBAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Runs an FFI body: no unwinding across the boundary.
-fn ffi(f: impl FnOnce() -> Result<(), Ret>) -> Ret {
+/// Runs a body with no unwinding across the boundary.
+fn catch(f: impl FnOnce() -> Result<(), Ret>) -> Ret {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => SUCCESS,
         Ok(Err(e)) => e,
         Err(_) => UNKNOWN,
+    }
+}
+
+/// Runs the body of the exported function `call`: first any `[[hang]]` on
+/// it, then the body, with no unwinding across the boundary.
+fn ffi(call: &'static str, f: impl FnOnce() -> Result<(), Ret>) -> Ret {
+    catch(|| {
+        hang(call)?;
+        f()
+    })
+}
+
+/// Blocks the calling thread while a `[[hang]]` on `call` is on, without
+/// holding the global lock (other calls go on, as they do when one caller is
+/// stuck in the driver); then fails with the hang's error, if it has one.
+fn hang(call: &'static str) -> Result<(), Ret> {
+    let (h, t0) = {
+        let mut g = lock();
+        let now = g.now_ms();
+        let t0 = g.t0;
+        match (g.sim.as_mut(), t0) {
+            (Some(sim), Some(t0)) => match sim.hang(call, now) {
+                Some(h) => (h, t0),
+                None => return Ok(()),
+            },
+            _ => return Ok(()),
+        }
+    };
+    match h.until_ms {
+        Some(ms) => {
+            let until = t0 + Duration::from_millis(ms);
+            loop {
+                let now = Instant::now();
+                if now >= until {
+                    break;
+                }
+                std::thread::sleep(until - now);
+            }
+        }
+        // A hang that never ends: the caller stays here until the process exits.
+        None => loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        },
+    }
+    match h.error {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
 }
 
@@ -200,21 +247,27 @@ fn scenario_path() -> Result<PathBuf, String> {
     }
 }
 
-fn do_init() -> Result<(), Ret> {
-    let mut g = lock();
-    if g.t0.is_none() {
-        g.t0 = Some(Instant::now());
-    }
-    if g.sim.is_none() {
-        let loaded = scenario_path().and_then(|p| Scenario::load(&p).map_err(|e| e.to_string()));
-        match loaded {
-            Ok(s) => g.sim = Some(Sim::new(s)),
-            Err(msg) => {
-                eprintln!("nvml-sim: {msg}");
-                return Err(UNKNOWN);
+fn do_init(call: &'static str) -> Result<(), Ret> {
+    {
+        let mut g = lock();
+        if g.t0.is_none() {
+            g.t0 = Some(Instant::now());
+        }
+        if g.sim.is_none() {
+            let loaded =
+                scenario_path().and_then(|p| Scenario::load(&p).map_err(|e| e.to_string()));
+            match loaded {
+                Ok(s) => g.sim = Some(Sim::new(s)),
+                Err(msg) => {
+                    eprintln!("nvml-sim: {msg}");
+                    return Err(UNKNOWN);
+                }
             }
         }
     }
+    // After loading, so a hang on init applies from the very first call.
+    hang(call)?;
+    let mut g = lock();
     let now = g.now_ms();
     let sim = g.sim.as_mut().ok_or(UNKNOWN)?;
     sim.advance(now);
@@ -227,7 +280,7 @@ fn do_init() -> Result<(), Ret> {
 /// None beyond NVML's: callable from any thread.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlInit_v2() -> Ret {
-    ffi(do_init)
+    catch(|| do_init("nvmlInit_v2"))
 }
 
 /// Same as [`nvmlInit_v2`]; the flags are accepted and ignored.
@@ -236,7 +289,7 @@ pub unsafe extern "C" fn nvmlInit_v2() -> Ret {
 /// None beyond NVML's.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> Ret {
-    ffi(do_init)
+    catch(|| do_init("nvmlInitWithFlags"))
 }
 
 /// Releases one init reference.
@@ -245,7 +298,7 @@ pub unsafe extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> Ret {
 /// None beyond NVML's.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlShutdown() -> Ret {
-    let r = ffi(|| with_sim(|s| s.shutdown()));
+    let r = ffi("nvmlShutdown", || with_sim(|s| s.shutdown()));
     WAKE.notify_all();
     r
 }
@@ -288,7 +341,7 @@ pub unsafe extern "C" fn nvmlErrorString(result: Ret) -> *const c_char {
 /// `version` must be null or valid for `length` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, length: c_uint) -> Ret {
-    ffi(|| {
+    ffi("nvmlSystemGetDriverVersion", || {
         let v = with_sim(|s| s.driver_version().map(str::to_owned))?;
         // SAFETY: forwarded caller contract.
         unsafe { put_str(version, length, &v) }
@@ -301,7 +354,7 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, length
 /// `version` must be null or valid for `length` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: c_uint) -> Ret {
-    ffi(|| {
+    ffi("nvmlSystemGetNVMLVersion", || {
         let v = with_sim(|s| s.driver_version().map(|v| format!("12.{v}")))?;
         // SAFETY: forwarded caller contract.
         unsafe { put_str(version, length, &v) }
@@ -314,7 +367,7 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: 
 /// `deviceCount` must be null or valid for a write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(deviceCount: *mut c_uint) -> Ret {
-    ffi(|| {
+    ffi("nvmlDeviceGetCount_v2", || {
         non_null(deviceCount)?;
         let n = with_sim(|s| s.device_count())?;
         // SAFETY: forwarded caller contract.
@@ -331,7 +384,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     index: c_uint,
     device: *mut sys::nvmlDevice_t,
 ) -> Ret {
-    ffi(|| {
+    ffi("nvmlDeviceGetHandleByIndex_v2", || {
         non_null(device)?;
         let slot = with_sim(|s| s.handle_by_index(index))?;
         // SAFETY: forwarded caller contract.
@@ -348,7 +401,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     uuid: *const c_char,
     device: *mut sys::nvmlDevice_t,
 ) -> Ret {
-    ffi(|| {
+    ffi("nvmlDeviceGetHandleByUUID", || {
         non_null(uuid)?;
         non_null(device)?;
         // SAFETY: non-null; NUL termination is the caller's contract.
@@ -378,7 +431,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     uuid: *mut c_char,
     length: c_uint,
 ) -> Ret {
-    ffi(|| {
+    ffi("nvmlDeviceGetUUID", || {
         non_null(uuid)?;
         let slot = slot_of(device)?;
         let v = with_sim(|s| s.gpu(slot).map(|(g, _)| g.uuid.clone()))?;
@@ -397,7 +450,7 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     name: *mut c_char,
     length: c_uint,
 ) -> Ret {
-    ffi(|| {
+    ffi("nvmlDeviceGetName", || {
         non_null(name)?;
         let slot = slot_of(device)?;
         let v = with_sim(|s| s.gpu(slot).map(|(g, _)| g.name.clone()))?;
@@ -416,7 +469,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSerial(
     serial: *mut c_char,
     length: c_uint,
 ) -> Ret {
-    ffi(|| {
+    ffi("nvmlDeviceGetSerial", || {
         non_null(serial)?;
         let slot = slot_of(device)?;
         let v = with_sim(|s| s.gpu(slot).map(|(g, _)| g.serial.clone()))?;
@@ -445,7 +498,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     device: sys::nvmlDevice_t,
     pci: *mut sys::nvmlPciInfo_t,
 ) -> Ret {
-    ffi(|| {
+    ffi("nvmlDeviceGetPciInfo_v3", || {
         non_null(pci)?;
         let slot = slot_of(device)?;
         let raw = with_sim(|s| s.gpu(slot).map(|(g, _)| g.pci.clone()))?;
@@ -477,7 +530,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
 /// `index` must be null or valid for a write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetIndex(device: sys::nvmlDevice_t, index: *mut c_uint) -> Ret {
-    ffi(|| {
+    ffi("nvmlDeviceGetIndex", || {
         non_null(index)?;
         let slot = slot_of(device)?;
         let i = with_sim(|s| s.enumeration_index(slot))?;
@@ -496,7 +549,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
     sensorType: c_uint,
     temp: *mut c_uint,
 ) -> Ret {
-    ffi(|| {
+    ffi("nvmlDeviceGetTemperature", || {
         non_null(temp)?;
         if sensorType != sys::nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU {
             return Err(INVALID_ARGUMENT);
@@ -517,7 +570,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperatureThreshold(
     thresholdType: c_uint,
     temp: *mut c_uint,
 ) -> Ret {
-    ffi(|| {
+    ffi("nvmlDeviceGetTemperatureThreshold", || {
         non_null(temp)?;
         let v = read(device, "temperature_threshold", |s| match thresholdType {
             sys::nvmlTemperatureThresholds_enum_NVML_TEMPERATURE_THRESHOLD_SHUTDOWN => {
@@ -541,7 +594,7 @@ macro_rules! u32_reading {
         /// The out-pointer must be null or valid for a write.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $fn(device: sys::nvmlDevice_t, out: *mut c_uint) -> Ret {
-            ffi(|| {
+            ffi(stringify!($fn), || {
                 non_null(out)?;
                 let v = read(device, $reading, |s| s.$field)?;
                 // SAFETY: forwarded caller contract.
@@ -597,7 +650,9 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
     device: sys::nvmlDevice_t,
     reasons: *mut c_ulonglong,
 ) -> Ret {
-    ffi(|| clock_reasons(device, reasons))
+    ffi("nvmlDeviceGetCurrentClocksThrottleReasons", || {
+        clock_reasons(device, reasons)
+    })
 }
 
 /// Clock-event reasons bitmask (newer name of the throttle reasons).
@@ -609,7 +664,9 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksEventReasons(
     device: sys::nvmlDevice_t,
     reasons: *mut c_ulonglong,
 ) -> Ret {
-    ffi(|| clock_reasons(device, reasons))
+    ffi("nvmlDeviceGetCurrentClocksEventReasons", || {
+        clock_reasons(device, reasons)
+    })
 }
 
 /// Total ECC errors: error type 0 corrected / 1 uncorrected, counter 0 volatile / 1 aggregate.
@@ -623,7 +680,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
     counterType: c_uint,
     eccCounts: *mut c_ulonglong,
 ) -> Ret {
-    ffi(|| {
+    ffi("nvmlDeviceGetTotalEccErrors", || {
         non_null(eccCounts)?;
         let v = read(device, "ecc", |s| match (errorType, counterType) {
             (0, 0) => Ok(s.ecc_volatile_corrected),
@@ -683,7 +740,9 @@ pub unsafe extern "C" fn nvmlDeviceGetRetiredPages(
     pageCount: *mut c_uint,
     addresses: *mut c_ulonglong,
 ) -> Ret {
-    ffi(|| retired_pages(device, cause, pageCount, addresses, std::ptr::null_mut()))
+    ffi("nvmlDeviceGetRetiredPages", || {
+        retired_pages(device, cause, pageCount, addresses, std::ptr::null_mut())
+    })
 }
 
 /// Retired page addresses and timestamps.
@@ -698,7 +757,9 @@ pub unsafe extern "C" fn nvmlDeviceGetRetiredPages_v2(
     addresses: *mut c_ulonglong,
     timestamps: *mut c_ulonglong,
 ) -> Ret {
-    ffi(|| retired_pages(device, cause, pageCount, addresses, timestamps))
+    ffi("nvmlDeviceGetRetiredPages_v2", || {
+        retired_pages(device, cause, pageCount, addresses, timestamps)
+    })
 }
 
 /// Whether a page retirement waits for a reboot.
@@ -710,7 +771,7 @@ pub unsafe extern "C" fn nvmlDeviceGetRetiredPagesPendingStatus(
     device: sys::nvmlDevice_t,
     isPending: *mut sys::nvmlEnableState_t,
 ) -> Ret {
-    ffi(|| {
+    ffi("nvmlDeviceGetRetiredPagesPendingStatus", || {
         non_null(isPending)?;
         let v = read(device, "retired_pages", |s| s.retired_pages_pending)?;
         // SAFETY: forwarded caller contract.
@@ -730,7 +791,7 @@ pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
     isPending: *mut c_uint,
     failureOccurred: *mut c_uint,
 ) -> Ret {
-    ffi(|| {
+    ffi("nvmlDeviceGetRemappedRows", || {
         for p in [corrRows, uncRows, isPending, failureOccurred] {
             non_null(p)?;
         }
@@ -775,7 +836,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
     link: c_uint,
     isActive: *mut sys::nvmlEnableState_t,
 ) -> Ret {
-    ffi(|| {
+    ffi("nvmlDeviceGetNvLinkState", || {
         non_null(isActive)?;
         let v = nvlink(device, link, |s| Ok(!s.nvlink_down.contains(&link)))?;
         // SAFETY: forwarded caller contract.
@@ -794,7 +855,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkErrorCounter(
     counter: c_uint,
     counterValue: *mut c_ulonglong,
 ) -> Ret {
-    ffi(|| {
+    ffi("nvmlDeviceGetNvLinkErrorCounter", || {
         non_null(counterValue)?;
         let v = nvlink(device, link, |s| match counter {
             0 => Ok(s.nvlink_replay_errors),
@@ -817,7 +878,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
     device: sys::nvmlDevice_t,
     mode: *mut sys::nvmlEnableState_t,
 ) -> Ret {
-    ffi(|| {
+    ffi("nvmlDeviceGetPersistenceMode", || {
         non_null(mode)?;
         let v = read(device, "persistence_mode", |s| s.persistence_mode)?;
         // SAFETY: forwarded caller contract.
@@ -844,7 +905,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
     valuesCount: c_int,
     values: *mut sys::nvmlFieldValue_t,
 ) -> Ret {
-    ffi(|| {
+    ffi("nvmlDeviceGetFieldValues", || {
         non_null(values)?;
         let n = usize::try_from(valuesCount).map_err(|_| INVALID_ARGUMENT)?;
         let slot = slot_of(device)?;
@@ -902,7 +963,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
     device: sys::nvmlDevice_t,
     eventTypes: *mut c_ulonglong,
 ) -> Ret {
-    ffi(|| {
+    ffi("nvmlDeviceGetSupportedEventTypes", || {
         non_null(eventTypes)?;
         let slot = slot_of(device)?;
         let v = with_sim(|s| s.supported_events(slot))?;
@@ -917,7 +978,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
 /// `set` must be null or valid for a write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut sys::nvmlEventSet_t) -> Ret {
-    ffi(|| {
+    ffi("nvmlEventSetCreate", || {
         non_null(set)?;
         let id = with_sim(|s| s.event_set_create())?;
         let addr = usize::try_from(id).map_err(|_| UNKNOWN)?;
@@ -936,7 +997,7 @@ pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
     eventTypes: c_ulonglong,
     set: sys::nvmlEventSet_t,
 ) -> Ret {
-    ffi(|| {
+    ffi("nvmlDeviceRegisterEvents", || {
         let slot = slot_of(device)?;
         let id = set_id(set)?;
         with_sim(|s| s.register(id, slot, eventTypes))
@@ -953,7 +1014,7 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
     data: *mut sys::nvmlEventData_t,
     timeoutms: c_uint,
 ) -> Ret {
-    ffi(|| {
+    ffi("nvmlEventSetWait_v2", || {
         non_null(data)?;
         let id = set_id(set)?;
         let deadline = Instant::now() + Duration::from_millis(u64::from(timeoutms));
@@ -995,7 +1056,7 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
 /// None beyond NVML's.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlEventSetFree(set: sys::nvmlEventSet_t) -> Ret {
-    let r = ffi(|| {
+    let r = ffi("nvmlEventSetFree", || {
         let id = set_id(set)?;
         let mut g = lock();
         let sim = g.sim.as_mut().ok_or(UNINITIALIZED)?;
@@ -1044,6 +1105,35 @@ mod tests {
         // SAFETY: as above.
         unsafe { put_str(buf.as_mut_ptr(), 4, "abc") }.unwrap();
         assert_eq!(buf, [b'a' as c_char, b'b' as c_char, b'c' as c_char, 0]);
+    }
+
+    /// `CALLS` (what a `[[hang]]` may name) is every function this file
+    /// exports except `nvmlErrorString`, and every export checks for hangs.
+    #[test]
+    fn hang_call_names_are_exactly_the_exports() {
+        let src = include_str!("ffi.rs")
+            .split("#[cfg(test)]")
+            .next()
+            .expect("the non-test part");
+        let mut exported: Vec<&str> = src
+            .split("pub unsafe extern \"C\" fn ")
+            .skip(1)
+            .filter_map(|rest| rest.split('(').next())
+            .filter(|name| *name != "$fn" && *name != "nvmlErrorString")
+            .collect();
+        // The u32_reading! macro's instances.
+        for inst in src.split("u32_reading!(").skip(1) {
+            let name = inst
+                .lines()
+                .find(|l| l.trim_start().starts_with("nvml"))
+                .and_then(|l| l.trim().split(',').next())
+                .expect("macro instance names a function");
+            exported.push(name);
+        }
+        exported.sort_unstable();
+        let mut calls = crate::CALLS.to_vec();
+        calls.sort_unstable();
+        assert_eq!(exported, calls);
     }
 
     #[test]

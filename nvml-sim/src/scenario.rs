@@ -56,7 +56,50 @@ pub const READINGS: &[&str] = &[
     "events",                // nvmlDeviceGetSupportedEventTypes, RegisterEvents
 ];
 
-/// NVML error names a scenario may use (`init.error`, `init.count_error`).
+/// The exported NVML functions a `[[hang]]` may name (every export except
+/// `nvmlErrorString`, which only returns a static string). `"*"` names them all.
+pub const CALLS: &[&str] = &[
+    "nvmlInit_v2",
+    "nvmlInitWithFlags",
+    "nvmlShutdown",
+    "nvmlSystemGetDriverVersion",
+    "nvmlSystemGetNVMLVersion",
+    "nvmlDeviceGetCount_v2",
+    "nvmlDeviceGetHandleByIndex_v2",
+    "nvmlDeviceGetHandleByUUID",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetSerial",
+    "nvmlDeviceGetPciInfo_v3",
+    "nvmlDeviceGetIndex",
+    "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetTemperatureThreshold",
+    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetCurrPcieLinkGeneration",
+    "nvmlDeviceGetMaxPcieLinkGeneration",
+    "nvmlDeviceGetCurrPcieLinkWidth",
+    "nvmlDeviceGetMaxPcieLinkWidth",
+    "nvmlDeviceGetPcieReplayCounter",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetRetiredPages",
+    "nvmlDeviceGetRetiredPages_v2",
+    "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetNvLinkErrorCounter",
+    "nvmlDeviceGetPersistenceMode",
+    "nvmlDeviceGetFieldValues",
+    "nvmlDeviceGetSupportedEventTypes",
+    "nvmlEventSetCreate",
+    "nvmlDeviceRegisterEvents",
+    "nvmlEventSetWait_v2",
+    "nvmlEventSetFree",
+];
+
+/// NVML error names a scenario may use (`init.error`, `init.count_error`, `hang.error`).
 pub const ERROR_NAMES: &[(&str, u32)] = &[
     ("uninitialized", 1),
     ("invalid_argument", 2),
@@ -276,6 +319,37 @@ impl Default for DriverSpec {
     }
 }
 
+/// One `[[hang]]` table: from a given time (and call count) on, calls to one
+/// NVML function (or to every function) block inside the library, the way a
+/// wedged driver leaves a caller stuck in an ioctl.
+///
+/// The hang starts with the first matching call made at or after `at_ms` once
+/// `after_calls` matching calls have entered before it. Every matching call
+/// that enters while the hang is on (from its start for `duration_ms`, or
+/// forever) blocks until the hang ends, then answers normally — or with
+/// `error` when that is set. A hang happens once; more `[[hang]]` tables make
+/// it recur.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HangSpec {
+    /// The NVML function (a name of [`CALLS`]) or `"*"` for every one.
+    pub call: String,
+    /// Not before this many ms after the first `nvmlInit` call.
+    #[serde(default)]
+    pub at_ms: u64,
+    /// Not before this many matching calls entered (they answer normally).
+    #[serde(default)]
+    pub after_calls: u32,
+    /// How long the hang lasts from its start, in ms; absent: forever.
+    pub duration_ms: Option<u64>,
+    /// After blocking, the call fails with this error (a name of
+    /// [`ERROR_NAMES`]) instead of answering.
+    pub error: Option<String>,
+    /// Free text.
+    #[serde(default)]
+    pub note: String,
+}
+
 /// A whole scenario file.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -292,6 +366,9 @@ pub struct Scenario {
     /// Timed changes, applied in `at_ms` order (file order for equal times).
     #[serde(default)]
     pub inject: Vec<Injection>,
+    /// Calls that block (see [`HangSpec`]).
+    #[serde(default)]
+    pub hang: Vec<HangSpec>,
 }
 
 impl Scenario {
@@ -397,6 +474,27 @@ impl Scenario {
             let mut state = GpuState::default();
             inj.apply(&mut state);
             check_state(&key, &state, &mut p);
+        }
+        for (pos, h) in self.hang.iter().enumerate() {
+            let key = format!("hang[{pos}]");
+            if h.call != "*" && !CALLS.contains(&h.call.as_str()) {
+                p.push(format!(
+                    "{key}.call: {:?} is not an NVML function the simulator exports \
+                     (expected \"*\" or one of {})",
+                    h.call,
+                    CALLS.join(", ")
+                ));
+            }
+            if h.duration_ms == Some(0) {
+                p.push(format!(
+                    "{key}.duration_ms: expected more than 0 ms (leave it out for a hang that never ends)"
+                ));
+            }
+            if let Some(e) = &h.error
+                && error_code(e).is_none()
+            {
+                p.push(format!("{key}.error: unknown NVML error {e:?}"));
+            }
         }
         p
     }
@@ -568,6 +666,31 @@ mod tests {
         ] {
             assert!(all.contains(needle), "missing {needle} in {all}");
         }
+    }
+
+    #[test]
+    fn hang_problems_name_their_keys() {
+        let text = format!(
+            "{MINIMAL}\n[[hang]]\ncall = \"nvmlDeviceGetTemprature\"\n\
+             [[hang]]\ncall = \"*\"\nduration_ms = 0\nerror = \"stuck\"\n\
+             [[hang]]\ncall = \"nvmlEventSetWait_v2\"\nat_ms = 5\n"
+        );
+        let Err(ScenarioError::Invalid { problems, .. }) = Scenario::parse(&text, "<t>") else {
+            panic!("expected Invalid");
+        };
+        let all = problems.join("\n");
+        assert_eq!(problems.len(), 3, "{all}");
+        for needle in [
+            "hang[0].call: \"nvmlDeviceGetTemprature\"",
+            "hang[1].duration_ms",
+            "hang[1].error",
+        ] {
+            assert!(all.contains(needle), "missing {needle} in {all}");
+        }
+        let ok = format!("{MINIMAL}\n[[hang]]\ncall = \"nvmlInit_v2\"\nafter_calls = 2\n");
+        let s = Scenario::parse(&ok, "<t>").unwrap();
+        assert_eq!(s.hang[0].after_calls, 2);
+        assert_eq!(s.hang[0].duration_ms, None, "absent: forever");
     }
 
     #[test]

@@ -53,6 +53,24 @@ struct EventSet {
 /// Bound on undelivered events per set (oldest dropped beyond it, like a driver ring).
 const QUEUE_LIMIT: usize = 4096;
 
+/// A call that must block before it runs (a `[[hang]]` is on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hang {
+    /// Until when, in ms after the first init; `None`: forever.
+    pub until_ms: Option<u64>,
+    /// Then fail with this code instead of answering.
+    pub error: Option<Ret>,
+}
+
+/// Progress of one `[[hang]]`.
+#[derive(Debug, Default, Clone)]
+struct HangProgress {
+    /// Matching calls that entered before the hang started.
+    entered: u32,
+    /// When the hang started (ms after the first init).
+    started_ms: Option<u64>,
+}
+
 /// The simulated driver state.
 #[derive(Debug)]
 pub struct Sim {
@@ -66,6 +84,7 @@ pub struct Sim {
     init_calls: u32,
     count_calls: u32,
     refcount: u32,
+    hangs: Vec<HangProgress>,
 }
 
 impl Sim {
@@ -74,6 +93,7 @@ impl Sim {
         let states = scenario.gpu.iter().map(GpuSpec::initial_state).collect();
         let mut order: Vec<usize> = (0..scenario.gpu.len()).collect();
         order.sort_by_key(|&slot| scenario.gpu[slot].index);
+        let scenario_hangs = scenario.hang.len();
         Sim {
             scenario,
             states,
@@ -84,6 +104,7 @@ impl Sim {
             init_calls: 0,
             count_calls: 0,
             refcount: 0,
+            hangs: vec![HangProgress::default(); scenario_hangs],
         }
     }
 
@@ -149,6 +170,46 @@ impl Sim {
             }
         }
         queued
+    }
+
+    /// Whether a call to `call` entering at `now_ms` must block (see
+    /// [`crate::HangSpec`]); counts the call towards `after_calls`. Of several
+    /// hangs that are on, the one that lasts longest decides how long; the
+    /// first with an `error` decides the error.
+    pub fn hang(&mut self, call: &str, now_ms: u64) -> Option<Hang> {
+        let mut out: Option<Hang> = None;
+        for (spec, progress) in self.scenario.hang.iter().zip(self.hangs.iter_mut()) {
+            if spec.call != "*" && spec.call != call {
+                continue;
+            }
+            let start = match progress.started_ms {
+                Some(t) => t,
+                None if now_ms >= spec.at_ms && progress.entered >= spec.after_calls => {
+                    progress.started_ms = Some(now_ms);
+                    now_ms
+                }
+                None => {
+                    progress.entered = progress.entered.saturating_add(1);
+                    continue;
+                }
+            };
+            let until_ms = spec.duration_ms.map(|d| start.saturating_add(d));
+            if until_ms.is_some_and(|u| now_ms >= u) {
+                continue; // over
+            }
+            let error = spec.error.as_deref().and_then(error_code);
+            out = Some(match out {
+                None => Hang { until_ms, error },
+                Some(h) => Hang {
+                    until_ms: match (h.until_ms, until_ms) {
+                        (Some(a), Some(b)) => Some(a.max(b)),
+                        _ => None,
+                    },
+                    error: h.error.or(error),
+                },
+            });
+        }
+        out
     }
 
     /// When the next injection is due (ms since first init), if any.
@@ -481,6 +542,56 @@ mod tests {
         );
         assert_eq!(sim.reading(1, "power").map(|_| ()), Err(UNKNOWN));
         assert!(sim.reading(0, "power").is_ok());
+    }
+
+    #[test]
+    fn hang_starts_after_time_and_calls_then_ends() {
+        let mut sim = two_gpus(
+            "[[hang]]\ncall = \"nvmlDeviceGetTemperature\"\nat_ms = 100\n\
+             after_calls = 2\nduration_ms = 500",
+        );
+        // Other calls never hang and do not count.
+        assert_eq!(sim.hang("nvmlDeviceGetPowerUsage", 200), None);
+        // Two matching calls answer normally (one before at_ms counts too)...
+        assert_eq!(sim.hang("nvmlDeviceGetTemperature", 50), None);
+        assert_eq!(sim.hang("nvmlDeviceGetTemperature", 100), None);
+        // ... the third, at or after at_ms, starts the hang.
+        let h = Hang {
+            until_ms: Some(700),
+            error: None,
+        };
+        assert_eq!(sim.hang("nvmlDeviceGetTemperature", 200), Some(h));
+        // A call entering while the hang is on waits for the same end.
+        assert_eq!(sim.hang("nvmlDeviceGetTemperature", 699), Some(h));
+        // Over, and it does not start again.
+        assert_eq!(sim.hang("nvmlDeviceGetTemperature", 700), None);
+        assert_eq!(sim.hang("nvmlDeviceGetTemperature", 5_000), None);
+    }
+
+    #[test]
+    fn hang_on_every_call_forever_with_an_error() {
+        let mut sim = two_gpus(
+            "[[hang]]\ncall = \"*\"\nat_ms = 10\nerror = \"timeout\"\n\
+             [[hang]]\ncall = \"nvmlDeviceGetCount_v2\"\nduration_ms = 30",
+        );
+        // At t=0 only the count hang is on (30 ms, no error).
+        assert_eq!(
+            sim.hang("nvmlDeviceGetCount_v2", 0),
+            Some(Hang {
+                until_ms: Some(30),
+                error: None
+            })
+        );
+        assert_eq!(sim.hang("nvmlInit_v2", 0), None);
+        // From 10 ms every call hangs forever and then fails with TIMEOUT; the
+        // count hang overlaps: forever wins.
+        let forever = Hang {
+            until_ms: None,
+            error: Some(10),
+        };
+        assert_eq!(sim.hang("nvmlInit_v2", 10), Some(forever));
+        assert_eq!(sim.hang("nvmlDeviceGetCount_v2", 20), Some(forever));
+        assert_eq!(sim.hang("nvmlEventSetWait_v2", 1_000_000), Some(forever));
     }
 
     #[test]

@@ -15,9 +15,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How long one `nvmlEventSetWait` blocks (bounds the shutdown delay).
-const WAIT_MS: u32 = 500;
-
 /// The event types gpuwatch watches.
 fn wanted() -> EventTypes {
     EventTypes::CRITICAL_XID_ERROR
@@ -33,16 +30,18 @@ fn thermal_reasons() -> ThrottleReasons {
         | ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN
 }
 
-/// The thread body: waits for the poller's NVML handle, watches events with it
-/// until the handle is replaced, repeats until shutdown.
-pub(super) fn run(ctx: &Ctx, retry: Duration) {
+/// The worker body: waits for the poller's NVML handle, watches events with it
+/// until the handle is replaced, repeats until shutdown or abandonment. One
+/// `nvmlEventSetWait` blocks at most `wait` (less than the call deadline).
+pub(super) fn run(ctx: &Ctx, retry: Duration, wait: Duration) {
+    let wait_ms = u32::try_from(wait.as_millis()).unwrap_or(u32::MAX);
     let mut seen_gen = 0;
     while !ctx.stopping() {
         let next = {
             let s = ctx.shared.lock();
             if s.nvml_gen != seen_gen {
                 seen_gen = s.nvml_gen;
-                s.nvml.clone()
+                s.nvml.as_ref().and_then(std::sync::Weak::upgrade)
             } else {
                 // Wait for the poller to publish (or replace) the handle.
                 drop(
@@ -61,8 +60,12 @@ pub(super) fn run(ctx: &Ctx, retry: Duration) {
             nvml: &nvml,
             ids: HashMap::new(),
             thermal: HashMap::new(),
+            wait_ms,
         };
-        if !session.run(nvml_gen, retry) {
+        let go_on = session.run(nvml_gen, retry);
+        // This may be the last handle: its drop calls nvmlShutdown.
+        ctx.watch.call("nvmlShutdown", || drop(nvml));
+        if !go_on {
             return;
         }
     }
@@ -75,6 +78,8 @@ struct Session<'a> {
     ids: HashMap<String, Identity>,
     /// Whether a thermal slowdown is active per UUID (report only the start).
     thermal: HashMap<String, bool>,
+    /// How long one event wait blocks.
+    wait_ms: u32,
 }
 
 impl<'a> Session<'a> {
@@ -95,6 +100,7 @@ impl<'a> Session<'a> {
             };
             if now_nvml_gen != nvml_gen {
                 self.drain(&set);
+                self.free(set);
                 return true;
             }
             if now_gpus_gen != gpus_gen {
@@ -103,10 +109,17 @@ impl<'a> Session<'a> {
                 gpus_gen = now_gpus_gen;
                 if let Some(new_set) = self.build() {
                     self.drain(&set);
-                    set = new_set;
+                    self.free(std::mem::replace(&mut set, new_set));
                 }
             }
-            match set.wait(WAIT_MS) {
+            let waited = self
+                .ctx
+                .watch
+                .call("nvmlEventSetWait_v2", || set.wait(self.wait_ms));
+            if self.ctx.stopping() {
+                return false;
+            }
+            match waited {
                 Ok(data) => {
                     if !self.handle(data) {
                         return false;
@@ -115,7 +128,10 @@ impl<'a> Session<'a> {
                 Err(WrapperError::Timeout) => {}
                 Err(WrapperError::GpuLost) => {
                     // The poller reports the lost GPU; do not spin.
-                    if !self.ctx.sleep(Duration::from_millis(u64::from(WAIT_MS))) {
+                    if !self
+                        .ctx
+                        .sleep(Duration::from_millis(u64::from(self.wait_ms)))
+                    {
                         return false;
                     }
                 }
@@ -126,17 +142,25 @@ impl<'a> Session<'a> {
                         return false;
                     }
                     match self.build() {
-                        Some(s) => set = s,
-                        None => return self.ctx.sleep(retry),
+                        Some(s) => self.free(std::mem::replace(&mut set, s)),
+                        None => {
+                            self.free(set);
+                            return self.ctx.sleep(retry);
+                        }
                     }
                 }
             }
         }
     }
 
+    /// Frees an event set (`nvmlEventSetFree`, under the deadline).
+    fn free(&self, set: EventSet<'a>) {
+        self.ctx.watch.call("nvmlEventSetFree", || drop(set));
+    }
+
     /// Delivers whatever is already queued in a set that is about to be dropped.
     fn drain(&mut self, set: &EventSet<'a>) {
-        while let Ok(data) = set.wait(0) {
+        while let Ok(data) = self.ctx.watch.call("nvmlEventSetWait_v2", || set.wait(0)) {
             if !self.handle(data) {
                 return;
             }
@@ -146,7 +170,8 @@ impl<'a> Session<'a> {
     /// Creates an event set with every GPU's supported wanted events registered.
     fn build(&mut self) -> Option<EventSet<'a>> {
         let nvml: &'a Nvml = self.nvml;
-        let count = match nvml.device_count() {
+        let w = &self.ctx.watch;
+        let count = match w.call("nvmlDeviceGetCount_v2", || nvml.device_count()) {
             Ok(n) => n,
             Err(e) => {
                 self.ctx.registry.count_nvml_error("nvmlDeviceGetCount_v2");
@@ -158,7 +183,7 @@ impl<'a> Session<'a> {
         // set is rebuilt without the GPU that failed.
         let mut skip: Vec<u32> = Vec::new();
         'attempt: loop {
-            let mut set = match nvml.create_event_set() {
+            let mut set = match w.call("nvmlEventSetCreate", || nvml.create_event_set()) {
                 Ok(s) => s,
                 Err(e) => {
                     self.ctx.registry.count_nvml_error("nvmlEventSetCreate");
@@ -171,10 +196,13 @@ impl<'a> Session<'a> {
                 if skip.contains(&i) {
                     continue;
                 }
-                let Ok(dev) = nvml.device_by_index(i) else {
+                let Ok(dev) = w.call("nvmlDeviceGetHandleByIndex_v2", || nvml.device_by_index(i))
+                else {
                     continue; // lost or unreadable: the poller reports it
                 };
-                let types = match dev.supported_event_types() {
+                let types = match w.call("nvmlDeviceGetSupportedEventTypes", || {
+                    dev.supported_event_types()
+                }) {
                     Ok(t) => t & wanted(),
                     Err(WrapperError::NotSupported | WrapperError::GpuLost) => continue,
                     Err(e) => {
@@ -189,15 +217,22 @@ impl<'a> Session<'a> {
                     continue;
                 }
                 let id = Identity {
-                    index: dev.index().ok().or(Some(i)),
-                    uuid: dev.uuid().unwrap_or_default(),
-                    pci: dev
-                        .pci_info()
+                    index: w
+                        .call("nvmlDeviceGetIndex", || dev.index())
+                        .ok()
+                        .or(Some(i)),
+                    uuid: w
+                        .call("nvmlDeviceGetUUID", || dev.uuid())
+                        .unwrap_or_default(),
+                    pci: w
+                        .call("nvmlDeviceGetPciInfo_v3", || dev.pci_info())
                         .ok()
                         .and_then(|p| xid_parser::normalize_pci(&p.bus_id))
                         .unwrap_or_default(),
                 };
-                match dev.register_events(types, set) {
+                match w.call("nvmlDeviceRegisterEvents", || {
+                    dev.register_events(types, set)
+                }) {
                     Ok(s) => {
                         set = s;
                         self.ids.insert(id.uuid.clone(), id);
@@ -222,7 +257,10 @@ impl<'a> Session<'a> {
     /// Turns one event into faults and sends them. False when the thread should stop.
     fn handle(&mut self, data: EventData<'_>) -> bool {
         let read_at = Instant::now();
-        let uuid = data.device.uuid().unwrap_or_default();
+        let w = &self.ctx.watch;
+        let uuid = w
+            .call("nvmlDeviceGetUUID", || data.device.uuid())
+            .unwrap_or_default();
         let id = self.ids.get(&uuid).cloned().unwrap_or(Identity {
             uuid: uuid.clone(),
             ..Identity::default()
@@ -275,7 +313,9 @@ impl<'a> Session<'a> {
             }
         }
         if t.contains(EventTypes::CLOCK_CHANGE) {
-            match data.device.current_throttle_reasons() {
+            match w.call("nvmlDeviceGetCurrentClocksThrottleReasons", || {
+                data.device.current_throttle_reasons()
+            }) {
                 Ok(reasons) => {
                     let hot = reasons.intersects(thermal_reasons());
                     let was = self.thermal.insert(uuid.clone(), hot).unwrap_or(false);
@@ -291,7 +331,9 @@ impl<'a> Session<'a> {
                                 reasons & thermal_reasons()
                             ),
                         );
-                        if let Ok(temp) = data.device.temperature(TemperatureSensor::Gpu) {
+                        if let Ok(temp) = w.call("nvmlDeviceGetTemperature", || {
+                            data.device.temperature(TemperatureSensor::Gpu)
+                        }) {
                             ev.attributes
                                 .insert("temperature_c".into(), temp.to_string());
                         }

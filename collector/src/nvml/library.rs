@@ -1,6 +1,7 @@
 //! Which NVML library to load: the system one, a configured one, or a private
 //! copy of the nvml-sim cdylib with its scenario side file.
 
+use super::watchdog::CallWatch;
 use super::{NvmlConfig, NvmlError};
 use nvml_wrapper::Nvml;
 use std::path::{Path, PathBuf};
@@ -74,25 +75,27 @@ impl Library {
         }
     }
 
-    /// Loads the library and initialises NVML.
-    pub(super) fn init(&self) -> Result<Nvml, NvmlError> {
-        let library = self.path.display().to_string();
-        Nvml::builder()
-            .lib_path(self.path.as_os_str())
-            .init()
-            .map_err(|source| match source {
-                nvml_wrapper::error::NvmlError::LibloadingError(_)
-                | nvml_wrapper::error::NvmlError::FailedToLoadSymbol(_) => {
-                    NvmlError::Load { library, source }
-                }
-                source => NvmlError::Init { library, source },
-            })
-    }
-
     /// The path loaded.
     pub(super) fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// Loads the library at `path` and initialises NVML, as one watched call
+/// (`dlopen` and `nvmlInit_v2` both may block in a wedged driver).
+pub(super) fn init(path: &Path, watch: &CallWatch) -> Result<Nvml, NvmlError> {
+    let library = path.display().to_string();
+    watch
+        .call("nvmlInit_v2", || {
+            Nvml::builder().lib_path(path.as_os_str()).init()
+        })
+        .map_err(|source| match source {
+            nvml_wrapper::error::NvmlError::LibloadingError(_)
+            | nvml_wrapper::error::NvmlError::FailedToLoadSymbol(_) => {
+                NvmlError::Load { library, source }
+            }
+            source => NvmlError::Init { library, source },
+        })
 }
 
 impl Drop for Library {

@@ -1,9 +1,10 @@
 //! The poller: NVML lifecycle (load, init, retry), one `GpuSample` per GPU per
 //! interval, and lost-GPU detection.
 
-use super::library::Library;
+use super::library::{self, Library};
+use super::watchdog::{self, CallWatch, EndGuard, Role, Supervisor};
 use super::{Ctx, Identity, NvmlConfig, NvmlError, fault};
-use gpuwatch_core::msg::{Input, MonitorInput};
+use gpuwatch_core::msg::Input;
 use gpuwatch_proto::{FaultKind, GpuSample, NvLinkSample, RecoveryAction, Source};
 use nvml_wrapper::enum_wrappers::device::{
     EccCounter, MemoryError, RetirementCause, TemperatureSensor, TemperatureThreshold,
@@ -18,24 +19,39 @@ use nvml_wrapper::sys_exports::field_id::{
 };
 use nvml_wrapper::{Device, Nvml};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 /// Links probed per GPU (`NVML_NVLINK_MAX_LINKS`).
 const NVLINK_MAX_LINKS: u32 = 18;
 
-/// Counts a failed NVML call by function name.
-pub(super) type CountError<'a> = &'a dyn Fn(&'static str);
+/// What every NVML call of a poll goes through: the deadline watch, and the
+/// counter of failed calls (by NVML function name).
+pub(super) struct Calls<'a> {
+    pub(super) watch: &'a CallWatch,
+    pub(super) count: &'a dyn Fn(&'static str),
+}
 
 /// A call on a GPU answered `GPU_IS_LOST`.
 #[derive(Debug)]
 struct Lost;
 
-/// Turns one reading into `Some` / `None` (not supported, or failed and counted),
-/// or `Lost`.
+/// Makes one NVML call `call` under the deadline and classifies its answer
+/// (see [`classify`]).
 fn reading<T>(
+    calls: &Calls<'_>,
+    call: &'static str,
+    f: impl FnOnce() -> Result<T, WrapperError>,
+) -> Result<Option<T>, Lost> {
+    classify(call, calls.watch.call(call, f), calls.count)
+}
+
+/// Turns one answer into `Some` / `None` (not supported, or failed and counted),
+/// or `Lost`.
+fn classify<T>(
     call: &'static str,
     r: Result<T, WrapperError>,
-    count: CountError<'_>,
+    count: &dyn Fn(&'static str),
 ) -> Result<Option<T>, Lost> {
     match r {
         Ok(v) => Ok(Some(v)),
@@ -73,9 +89,10 @@ pub(super) struct PollResult {
 }
 
 /// Reads every GPU once.
-pub(super) fn poll_all(nvml: &Nvml, count: CountError<'_>) -> Result<PollResult, NvmlError> {
-    let n = nvml
-        .device_count()
+pub(super) fn poll_all(nvml: &Nvml, calls: &Calls<'_>) -> Result<PollResult, NvmlError> {
+    let n = calls
+        .watch
+        .call("nvmlDeviceGetCount_v2", || nvml.device_count())
         .map_err(|source| NvmlError::Enumerate { source })?;
     let mut out = PollResult {
         complete: true,
@@ -83,7 +100,7 @@ pub(super) fn poll_all(nvml: &Nvml, count: CountError<'_>) -> Result<PollResult,
         ..PollResult::default()
     };
     for i in 0..n {
-        match read_gpu(nvml, i, count) {
+        match read_gpu(nvml, i, calls) {
             GpuRead::Sample(s) => out.samples.push(*s),
             GpuRead::Lost(id) => out.lost.push(id),
             GpuRead::Failed => out.complete = false,
@@ -92,8 +109,11 @@ pub(super) fn poll_all(nvml: &Nvml, count: CountError<'_>) -> Result<PollResult,
     Ok(out)
 }
 
-fn read_gpu(nvml: &Nvml, i: u32, count: CountError<'_>) -> GpuRead {
-    let dev = match nvml.device_by_index(i) {
+fn read_gpu(nvml: &Nvml, i: u32, calls: &Calls<'_>) -> GpuRead {
+    let dev = match calls
+        .watch
+        .call("nvmlDeviceGetHandleByIndex_v2", || nvml.device_by_index(i))
+    {
         Ok(d) => d,
         Err(WrapperError::GpuLost) => {
             return GpuRead::Lost(Identity {
@@ -102,7 +122,7 @@ fn read_gpu(nvml: &Nvml, i: u32, count: CountError<'_>) -> GpuRead {
             });
         }
         Err(e) => {
-            count("nvmlDeviceGetHandleByIndex_v2");
+            (calls.count)("nvmlDeviceGetHandleByIndex_v2");
             tracing::warn!(gpu = i, error = %e, "NVML cannot open the GPU.");
             return GpuRead::Failed;
         }
@@ -111,117 +131,91 @@ fn read_gpu(nvml: &Nvml, i: u32, count: CountError<'_>) -> GpuRead {
         index: Some(i),
         ..Identity::default()
     };
-    match sample(&dev, &mut id, count) {
+    match sample(&dev, &mut id, calls) {
         Ok(s) => GpuRead::Sample(Box::new(s)),
         Err(Lost) => GpuRead::Lost(id),
     }
 }
 
 /// Reads one GPU; fills `id` as the identity becomes known (for a lost report).
-fn sample(dev: &Device<'_>, id: &mut Identity, count: CountError<'_>) -> Result<GpuSample, Lost> {
-    if let Some(index) = reading("nvmlDeviceGetIndex", dev.index(), count)? {
+fn sample(dev: &Device<'_>, id: &mut Identity, c: &Calls<'_>) -> Result<GpuSample, Lost> {
+    if let Some(index) = reading(c, "nvmlDeviceGetIndex", || dev.index())? {
         id.index = Some(index);
     }
-    id.uuid = reading("nvmlDeviceGetUUID", dev.uuid(), count)?.unwrap_or_default();
-    id.pci = reading("nvmlDeviceGetPciInfo_v3", dev.pci_info(), count)?
+    id.uuid = reading(c, "nvmlDeviceGetUUID", || dev.uuid())?.unwrap_or_default();
+    id.pci = reading(c, "nvmlDeviceGetPciInfo_v3", || dev.pci_info())?
         .and_then(|p| xid_parser::normalize_pci(&p.bus_id))
         .unwrap_or_default();
     let mut s = GpuSample {
         index: id.index.unwrap_or_default(),
         uuid: id.uuid.clone(),
         pci_address: id.pci.clone(),
-        name: reading("nvmlDeviceGetName", dev.name(), count)?.unwrap_or_default(),
+        name: reading(c, "nvmlDeviceGetName", || dev.name())?.unwrap_or_default(),
         time_unix_nano: Some(gpuwatch_core::clock::unix_nanos(
             std::time::SystemTime::now(),
         )),
         ..GpuSample::default()
     };
-    s.temperature_c = reading(
-        "nvmlDeviceGetTemperature",
-        dev.temperature(TemperatureSensor::Gpu),
-        count,
-    )?;
-    s.slowdown_temperature_c = reading(
-        "nvmlDeviceGetTemperatureThreshold",
-        dev.temperature_threshold(TemperatureThreshold::Slowdown),
-        count,
-    )?;
-    s.shutdown_temperature_c = reading(
-        "nvmlDeviceGetTemperatureThreshold",
-        dev.temperature_threshold(TemperatureThreshold::Shutdown),
-        count,
-    )?;
-    s.power_mw = reading("nvmlDeviceGetPowerUsage", dev.power_usage(), count)?;
-    s.power_limit_mw = reading(
-        "nvmlDeviceGetEnforcedPowerLimit",
-        dev.enforced_power_limit(),
-        count,
-    )?;
-    s.clock_event_reasons = reading(
-        "nvmlDeviceGetCurrentClocksThrottleReasons",
-        dev.current_throttle_reasons(),
-        count,
-    )?
+    s.temperature_c = reading(c, "nvmlDeviceGetTemperature", || {
+        dev.temperature(TemperatureSensor::Gpu)
+    })?;
+    s.slowdown_temperature_c = reading(c, "nvmlDeviceGetTemperatureThreshold", || {
+        dev.temperature_threshold(TemperatureThreshold::Slowdown)
+    })?;
+    s.shutdown_temperature_c = reading(c, "nvmlDeviceGetTemperatureThreshold", || {
+        dev.temperature_threshold(TemperatureThreshold::Shutdown)
+    })?;
+    s.power_mw = reading(c, "nvmlDeviceGetPowerUsage", || dev.power_usage())?;
+    s.power_limit_mw = reading(c, "nvmlDeviceGetEnforcedPowerLimit", || {
+        dev.enforced_power_limit()
+    })?;
+    s.clock_event_reasons = reading(c, "nvmlDeviceGetCurrentClocksThrottleReasons", || {
+        dev.current_throttle_reasons()
+    })?
     .map(|r| r.bits());
-    let ecc = |e, c| {
-        reading(
-            "nvmlDeviceGetTotalEccErrors",
-            dev.total_ecc_errors(e, c),
-            count,
-        )
+    let ecc = |e, k| {
+        reading(c, "nvmlDeviceGetTotalEccErrors", || {
+            dev.total_ecc_errors(e, k)
+        })
     };
     s.ecc_volatile_corrected = ecc(MemoryError::Corrected, EccCounter::Volatile)?;
     s.ecc_volatile_uncorrected = ecc(MemoryError::Uncorrected, EccCounter::Volatile)?;
     s.ecc_aggregate_corrected = ecc(MemoryError::Corrected, EccCounter::Aggregate)?;
     s.ecc_aggregate_uncorrected = ecc(MemoryError::Uncorrected, EccCounter::Aggregate)?;
-    let pages = |c| reading("nvmlDeviceGetRetiredPages", dev.retired_pages(c), count);
+    let pages = |cause| reading(c, "nvmlDeviceGetRetiredPages", || dev.retired_pages(cause));
     s.retired_pages_sbe =
         pages(RetirementCause::MultipleSingleBitEccErrors)?.map(|p| p.len() as u64);
     s.retired_pages_dbe = pages(RetirementCause::DoubleBitEccError)?.map(|p| p.len() as u64);
-    s.retired_pages_pending = reading(
-        "nvmlDeviceGetRetiredPagesPendingStatus",
-        dev.are_pages_pending_retired(),
-        count,
-    )?;
-    s.pcie_link_gen = reading(
-        "nvmlDeviceGetCurrPcieLinkGeneration",
-        dev.current_pcie_link_gen(),
-        count,
-    )?;
-    s.pcie_link_gen_max = reading(
-        "nvmlDeviceGetMaxPcieLinkGeneration",
-        dev.max_pcie_link_gen(),
-        count,
-    )?;
-    s.pcie_link_width = reading(
-        "nvmlDeviceGetCurrPcieLinkWidth",
-        dev.current_pcie_link_width(),
-        count,
-    )?;
-    s.pcie_link_width_max = reading(
-        "nvmlDeviceGetMaxPcieLinkWidth",
-        dev.max_pcie_link_width(),
-        count,
-    )?;
-    s.pcie_replay_counter = reading(
-        "nvmlDeviceGetPcieReplayCounter",
-        dev.pcie_replay_counter(),
-        count,
-    )?
+    s.retired_pages_pending = reading(c, "nvmlDeviceGetRetiredPagesPendingStatus", || {
+        dev.are_pages_pending_retired()
+    })?;
+    s.pcie_link_gen = reading(c, "nvmlDeviceGetCurrPcieLinkGeneration", || {
+        dev.current_pcie_link_gen()
+    })?;
+    s.pcie_link_gen_max = reading(c, "nvmlDeviceGetMaxPcieLinkGeneration", || {
+        dev.max_pcie_link_gen()
+    })?;
+    s.pcie_link_width = reading(c, "nvmlDeviceGetCurrPcieLinkWidth", || {
+        dev.current_pcie_link_width()
+    })?;
+    s.pcie_link_width_max = reading(c, "nvmlDeviceGetMaxPcieLinkWidth", || {
+        dev.max_pcie_link_width()
+    })?;
+    s.pcie_replay_counter = reading(c, "nvmlDeviceGetPcieReplayCounter", || {
+        dev.pcie_replay_counter()
+    })?
     .map(u64::from);
-    s.persistence_mode = reading(
-        "nvmlDeviceGetPersistenceMode",
-        dev.is_in_persistent_mode(),
-        count,
-    )?;
-    fields(dev, &mut s, count)?;
-    s.nvlinks = nvlinks(dev, count)?;
+    s.persistence_mode = reading(c, "nvmlDeviceGetPersistenceMode", || {
+        dev.is_in_persistent_mode()
+    })?;
+    fields(dev, &mut s, c)?;
+    s.nvlinks = nvlinks(dev, c)?;
     Ok(s)
 }
 
 /// Remapped rows (fields 142..=145) and the GPU recovery action (field 230),
 /// in one `nvmlDeviceGetFieldValues` call.
-fn fields(dev: &Device<'_>, s: &mut GpuSample, count: CountError<'_>) -> Result<(), Lost> {
+fn fields(dev: &Device<'_>, s: &mut GpuSample, c: &Calls<'_>) -> Result<(), Lost> {
     const CALL: &str = "nvmlDeviceGetFieldValues";
     let ids = [
         NVML_FI_DEV_REMAPPED_COR,
@@ -231,7 +225,7 @@ fn fields(dev: &Device<'_>, s: &mut GpuSample, count: CountError<'_>) -> Result<
         NVML_FI_DEV_GET_GPU_RECOVERY_ACTION,
     ];
     let ids_wrapped: Vec<FieldId> = ids.iter().map(|&i| FieldId(i)).collect();
-    let Some(values) = reading(CALL, dev.field_values_for(&ids_wrapped), count)? else {
+    let Some(values) = reading(c, CALL, || dev.field_values_for(&ids_wrapped))? else {
         return Ok(());
     };
     let mut got: [Option<u64>; 5] = [None; 5];
@@ -240,7 +234,7 @@ fn fields(dev: &Device<'_>, s: &mut GpuSample, count: CountError<'_>) -> Result<
             Ok(sample) => sample.value,
             Err(e) => Err(e),
         };
-        *slot = reading(CALL, v, count)?.and_then(|v| match v {
+        *slot = classify(CALL, v, c.count)?.and_then(|v| match v {
             SampleValue::U32(x) => Some(u64::from(x)),
             SampleValue::U64(x) => Some(x),
             SampleValue::I64(x) => u64::try_from(x).ok(),
@@ -264,11 +258,11 @@ fn fields(dev: &Device<'_>, s: &mut GpuSample, count: CountError<'_>) -> Result<
 }
 
 /// State and error counters of every NVLink the GPU has.
-fn nvlinks(dev: &Device<'_>, count: CountError<'_>) -> Result<Vec<NvLinkSample>, Lost> {
+fn nvlinks(dev: &Device<'_>, c: &Calls<'_>) -> Result<Vec<NvLinkSample>, Lost> {
     let mut out = Vec::new();
     for link in 0..NVLINK_MAX_LINKS {
         let l = dev.link_wrapper_for(link);
-        let active = match l.is_active() {
+        let active = match c.watch.call("nvmlDeviceGetNvLinkState", || l.is_active()) {
             Ok(a) => a,
             Err(WrapperError::GpuLost) => return Err(Lost),
             // Past the last link.
@@ -276,12 +270,12 @@ fn nvlinks(dev: &Device<'_>, count: CountError<'_>) -> Result<Vec<NvLinkSample>,
             // No NVLink, or this link is absent / disabled.
             Err(WrapperError::NotSupported | WrapperError::FailedToLoadSymbol(_)) => continue,
             Err(e) => {
-                count("nvmlDeviceGetNvLinkState");
+                (c.count)("nvmlDeviceGetNvLinkState");
                 tracing::debug!(link, error = %e, "NVML cannot read the NVLink state.");
                 continue;
             }
         };
-        let counter = |c| reading("nvmlDeviceGetNvLinkErrorCounter", l.error_counter(c), count);
+        let counter = |k| reading(c, "nvmlDeviceGetNvLinkErrorCounter", || l.error_counter(k));
         out.push(NvLinkSample {
             link,
             active: Some(active),
@@ -434,104 +428,131 @@ fn or_unknown(s: &str) -> &str {
     if s.is_empty() { "unknown" } else { s }
 }
 
-/// The poller thread.
+/// Runs the poller source: resolves the library (file work, no NVML call),
+/// then supervises poller workers (see the `watchdog` module) until shutdown.
+pub(super) fn supervise(cfg: NvmlConfig, ctx: Ctx) {
+    let mut retry = watchdog::retry_backoff(cfg.retry_interval());
+    let lib = loop {
+        if ctx.stopping() {
+            return;
+        }
+        match Library::choose(&cfg) {
+            Ok(l) => break l,
+            Err(e) => {
+                ctx.registry.count_nvml_error(e.call());
+                let delay = retry.next().unwrap_or(cfg.retry_interval());
+                if !ctx.report_poll(false, e.to_string()) || !ctx.sleep(delay) {
+                    return;
+                }
+            }
+        }
+    };
+    let path = lib.path().to_path_buf();
+    // Survives worker restarts: a GPU lost before a hang is not reported again.
+    let tracker = Arc::new(Mutex::new(LostTracker::default()));
+    let sup = Supervisor {
+        role: Role::Poller,
+        ctx: ctx.clone(),
+        deadline: cfg.call_timeout(),
+        retry: cfg.retry_interval(),
+    };
+    sup.run(|wctx| {
+        let poller = Poller {
+            cfg: cfg.clone(),
+            ctx: wctx,
+            path: path.clone(),
+            tracker: tracker.clone(),
+        };
+        std::thread::Builder::new()
+            .name("nvml-poll-call".into())
+            .spawn(move || {
+                let _end = EndGuard(poller.ctx.watch.clone());
+                poller.run();
+            })
+            .map(drop)
+    });
+    // The event source stops watching with this poller's handle.
+    ctx.shared.publish(&ctx.watch, None);
+    drop(lib);
+}
+
+/// A poller worker: initialises NVML and polls until shutdown, abandonment,
+/// or an enumeration failure (then it initialises again).
 #[derive(Debug)]
-pub(super) struct Poller {
+struct Poller {
     cfg: NvmlConfig,
     ctx: Ctx,
-    tracker: LostTracker,
-    /// Last monitor state sent (`None` before the first).
-    reported: Option<bool>,
+    path: PathBuf,
+    tracker: Arc<Mutex<LostTracker>>,
 }
 
 impl Poller {
-    pub(super) fn new(cfg: NvmlConfig, ctx: Ctx) -> Poller {
-        Poller {
-            cfg,
-            ctx,
-            tracker: LostTracker::default(),
-            reported: None,
-        }
-    }
-
-    /// Sends the monitor state when it changed. Returns false when the thread should stop.
-    fn monitor(&mut self, ok: bool, message: String) -> bool {
-        if self.reported == Some(ok) {
-            return true;
-        }
-        if ok {
-            tracing::info!(detail = %message, "NVML is available.");
-        } else {
-            tracing::warn!(detail = %message, "NVML is unavailable; GPU health is unknown until it recovers.");
-        }
-        self.reported = Some(ok);
-        self.ctx.send(Input::MonitorStatus {
-            input: MonitorInput::Nvml,
-            ok,
-            message,
-        })
-    }
-
-    fn fail(&mut self, e: &NvmlError) -> bool {
+    fn fail(&self, e: &NvmlError, retry: &mut impl Iterator<Item = std::time::Duration>) -> bool {
         self.ctx.registry.count_nvml_error(e.call());
-        self.monitor(false, e.to_string()) && self.ctx.sleep(self.cfg.retry_interval())
+        let delay = retry.next().unwrap_or(self.cfg.retry_interval());
+        self.ctx.report_poll(false, e.to_string()) && self.ctx.sleep(delay)
     }
 
-    pub(super) fn run(mut self) {
-        let mut lib: Option<Library> = None;
+    fn run(self) {
+        let mut retry = watchdog::retry_backoff(self.cfg.retry_interval());
         while !self.ctx.stopping() {
-            if lib.is_none() {
-                match Library::choose(&self.cfg) {
-                    Ok(l) => lib = Some(l),
-                    Err(e) => {
-                        if !self.fail(&e) {
-                            break;
-                        }
-                        continue;
-                    }
-                }
-            }
-            let Some(l) = lib.as_ref() else { continue };
-            let nvml = match l.init() {
+            let nvml = match library::init(&self.path, &self.ctx.watch) {
                 Ok(n) => Arc::new(n),
                 Err(e) => {
-                    if !self.fail(&e) {
+                    if !self.fail(&e, &mut retry) {
                         break;
                     }
                     continue;
                 }
             };
-            tracing::debug!(library = %l.path().display(), "NVML initialised.");
-            if !self.session(&nvml) {
+            tracing::debug!(library = %self.path.display(), "NVML initialised.");
+            let go_on = self.session(&nvml, &mut retry);
+            // Dropping the last handle calls nvmlShutdown, which may hang too.
+            self.ctx.watch.call("nvmlShutdown", || drop(nvml));
+            if !go_on {
                 break;
             }
         }
-        self.ctx.shared.publish(None);
-        drop(lib);
     }
 
-    /// Polls with one NVML handle until enumeration fails (→ true: retry) or
-    /// the thread should stop (→ false).
-    fn session(&mut self, nvml: &Arc<Nvml>) -> bool {
+    /// Polls with one NVML handle until enumeration fails (→ true: initialise
+    /// again) or the thread should stop (→ false).
+    fn session(
+        &self,
+        nvml: &Arc<Nvml>,
+        retry: &mut impl Iterator<Item = std::time::Duration>,
+    ) -> bool {
         let mut published = false;
+        let registry = self.ctx.registry.clone();
+        let count = move |call: &'static str| registry.count_nvml_error(call);
+        let calls = Calls {
+            watch: &self.ctx.watch,
+            count: &count,
+        };
         loop {
-            let registry = self.ctx.registry.clone();
-            let count = move |call: &'static str| registry.count_nvml_error(call);
-            let mut result = match poll_all(nvml, &count) {
+            let mut result = match poll_all(nvml, &calls) {
                 Ok(r) => r,
                 Err(e) => {
-                    self.ctx.shared.publish(None);
-                    return self.fail(&e);
+                    self.ctx.shared.publish(&self.ctx.watch, None);
+                    return self.fail(&e, retry);
                 }
             };
-            let driver = nvml.sys_driver_version().unwrap_or_default();
+            if self.ctx.stopping() {
+                return false;
+            }
+            let driver = self
+                .ctx
+                .watch
+                .call("nvmlSystemGetDriverVersion", || nvml.sys_driver_version())
+                .unwrap_or_default();
             if result.count == 0 {
                 // Zero GPUs: the driver or the container's device list is
                 // broken; GPU health is unknown, no GPU is "lost".
                 let status = format!(
                     "NVML {driver} enumerates no GPUs (driver not loaded or GPUs not visible to gpuwatch)"
                 );
-                if !self.monitor(false, status) || !self.ctx.sleep(self.cfg.poll_interval()) {
+                if !self.ctx.report_poll(false, status) || !self.ctx.sleep(self.cfg.poll_interval())
+                {
                     return false;
                 }
                 continue;
@@ -541,11 +562,14 @@ impl Poller {
                 result.count,
                 result.samples.len()
             );
-            if !self.monitor(true, status) {
+            if !self.ctx.report_poll(true, status) {
                 return false;
             }
-            self.tracker.fill_identity(&mut result);
-            let up = self.tracker.update(&result);
+            let up = {
+                let mut tracker = self.tracker.lock().unwrap_or_else(|e| e.into_inner());
+                tracker.fill_identity(&mut result);
+                tracker.update(&result)
+            };
             for (id, what) in up.newly_lost {
                 tracing::warn!(gpu = ?id.index, uuid = %id.uuid, pci = %id.pci, "NVML lost a GPU.");
                 let ev = fault(
@@ -567,7 +591,9 @@ impl Poller {
                 tracing::info!(gpu = ?id.index, uuid = %id.uuid, pci = %id.pci, "A lost GPU answers NVML again.");
             }
             if !published {
-                self.ctx.shared.publish(Some(Arc::clone(nvml)));
+                self.ctx
+                    .shared
+                    .publish(&self.ctx.watch, Some(Arc::downgrade(nvml)));
                 published = true;
             } else if up.changed {
                 self.ctx.shared.gpus_changed();

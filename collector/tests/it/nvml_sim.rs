@@ -1,5 +1,7 @@
 //! The NVML sources through the real nvml-wrapper code path, against the
-//! nvml-sim cdylib (`nvml-sim/scenarios/test-*.toml`), one test per injection.
+//! nvml-sim cdylib (`nvml-sim/scenarios/test-*.toml`), one test per injection,
+//! including hung calls (the watchdog: Unknown, bounded stop, recovery, and a
+//! `gpuwatch run` that exits promptly on SIGTERM while NVML is wedged).
 //!
 //! The cdylib cannot be a dependency of this package, so the first test to need
 //! it runs `cargo build -p nvml-sim` (a no-op when it is fresh) and uses
@@ -7,14 +9,15 @@
 //! (gpuwatch loads a private copy of the library), so they run in parallel.
 
 use crate::common::nvml_sim_lib as sim_lib;
-use gpuwatch::nvml::{self, NvmlConfig};
+use crate::engine_support::Rig;
+use gpuwatch::nvml::{self, NvmlConfig, NvmlSources};
+use gpuwatch::pipeline::Liveness;
 use gpuwatch_core::Registry;
 use gpuwatch_core::msg::{Input, MonitorInput};
-use gpuwatch_proto::{FaultEvent, FaultKind, GpuSample, RecoveryAction, Source};
+use gpuwatch_proto::{FaultEvent, FaultKind, GpuSample, RecoveryAction, Source, Verdict};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 fn scenario(name: &str) -> PathBuf {
@@ -33,28 +36,84 @@ fn config(scenario_name: &str) -> NvmlConfig {
     }
 }
 
-/// A running pair of NVML threads and everything they sent so far.
+/// The running NVML sources and everything they sent so far (each input
+/// also goes through a real health engine, when the test has one).
 struct Harness {
     rx: crossbeam_channel::Receiver<Input>,
     seen: Vec<Input>,
+    /// When each input of `seen` arrived.
+    arrived: Vec<Instant>,
     registry: Arc<Registry>,
-    shutdown: Arc<AtomicBool>,
-    handles: Vec<JoinHandle<()>>,
+    liveness: Arc<Liveness>,
+    sources: NvmlSources,
+    engine: Option<Rig>,
 }
 
 impl Harness {
     fn start(cfg: &NvmlConfig) -> Harness {
         let (tx, rx) = crossbeam_channel::bounded(1024);
         let registry = Registry::new();
-        let shutdown = Arc::new(AtomicBool::new(false));
-        let handles = nvml::spawn(cfg, tx, registry.clone(), shutdown.clone());
+        let liveness = Liveness::new();
+        let sources = nvml::start(
+            cfg,
+            tx,
+            registry.clone(),
+            Arc::new(AtomicBool::new(false)),
+            liveness.clone(),
+        );
         Harness {
             rx,
             seen: Vec::new(),
+            arrived: Vec::new(),
             registry,
-            shutdown,
-            handles,
+            liveness,
+            sources,
+            engine: None,
         }
+    }
+
+    /// Like `start`, feeding every input into a health engine too.
+    fn with_engine(cfg: &NvmlConfig) -> Harness {
+        let mut h = Harness::start(cfg);
+        h.engine = Some(Rig::new(None, "boot-nvml-hang"));
+        h
+    }
+
+    /// Verdicts of the GPUs the engine knows, by index.
+    fn verdicts(&self) -> Vec<(Option<u32>, Verdict)> {
+        let rig = self.engine.as_ref().expect("a harness with an engine");
+        rig.engine
+            .health()
+            .gpus
+            .iter()
+            .map(|g| (g.index, g.verdict()))
+            .collect()
+    }
+
+    fn receive(&mut self, input: Input) {
+        if let Some(rig) = self.engine.as_mut() {
+            // The engine consumes its input; tests keep a copy (Input is not
+            // Clone: it can carry a reply channel, never from NVML).
+            let copy = match &input {
+                Input::Samples { samples, complete } => Input::Samples {
+                    samples: samples.clone(),
+                    complete: *complete,
+                },
+                Input::Fault { event, read_at } => Input::Fault {
+                    event: event.clone(),
+                    read_at: *read_at,
+                },
+                Input::MonitorStatus { input, ok, message } => Input::MonitorStatus {
+                    input: *input,
+                    ok: *ok,
+                    message: message.clone(),
+                },
+                other => panic!("NVML sent an unexpected input: {other:?}"),
+            };
+            rig.engine.handle(copy);
+        }
+        self.seen.push(input);
+        self.arrived.push(Instant::now());
     }
 
     /// Receives until `f` finds what it wants in the inputs so far (or 10 s pass).
@@ -71,7 +130,7 @@ impl Harness {
                 summary(&self.seen)
             );
             if let Ok(input) = self.rx.recv_timeout(left.min(Duration::from_millis(100))) {
-                self.seen.push(input);
+                self.receive(input);
             }
         }
     }
@@ -80,14 +139,13 @@ impl Harness {
         faults(&self.seen)
     }
 
-    /// Stops the threads; returns how long joining took.
+    /// Stops the sources; returns how long that took. Every thread ended.
     fn stop(self) -> Duration {
         let t = Instant::now();
-        self.shutdown.store(true, Ordering::Relaxed);
-        for h in self.handles {
-            h.join().expect("NVML thread panicked");
-        }
-        t.elapsed()
+        let left = self.sources.stop();
+        let took = t.elapsed();
+        assert_eq!(left, 0, "threads left behind");
+        took
     }
 }
 
@@ -442,7 +500,7 @@ fn missing_library_is_a_monitor_status_and_shutdown_is_prompt() {
 #[test]
 fn shutdown_joins_both_threads_within_a_second() {
     let mut h = Harness::start(&config("test-xid.toml"));
-    assert_eq!(h.handles.len(), 2, "poller and event thread");
+    assert_eq!(h.sources.len(), 2, "poller and event source");
     h.wait_for("a sample", |seen| sample_where(seen, 0, |_| true));
     let took = h.stop();
     assert!(took < Duration::from_millis(1200), "join took {took:?}");
@@ -513,7 +571,7 @@ fn idle_cost_of_eight_gpus_polled_every_ten_seconds() {
     let window = Duration::from_secs(30);
     while t0.elapsed() < window {
         if let Ok(i) = h.rx.recv_timeout(Duration::from_millis(500)) {
-            h.seen.push(i);
+            h.receive(i);
         }
     }
     let cpu = cpu_seconds() - cpu0;
@@ -615,4 +673,391 @@ removed = false
         "no empty poll is sent as samples"
     );
     h.stop();
+}
+
+/// NVML statuses sent so far, with their arrival times.
+fn statuses(h: &Harness) -> Vec<(bool, String, Instant)> {
+    h.seen
+        .iter()
+        .zip(&h.arrived)
+        .filter_map(|(i, t)| match i {
+            Input::MonitorStatus {
+                input: MonitorInput::Nvml,
+                ok,
+                message,
+            } => Some((*ok, message.clone(), *t)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn hang_config(scenario_name: &str, poll_ms: u64, call_timeout_ms: u64) -> NvmlConfig {
+    NvmlConfig {
+        poll_interval_ms: Some(poll_ms),
+        retry_interval_ms: Some(200),
+        call_timeout_ms,
+        ..config(scenario_name)
+    }
+}
+
+/// Waits for an NVML status `ok` whose message contains `needle`, sent after
+/// input number `from`; returns its position and when it arrived.
+fn wait_status(h: &mut Harness, from: usize, ok: bool, needle: &str) -> (usize, Instant) {
+    let n = h.wait_for(&format!("ok:{ok} ({needle})"), |seen| {
+        seen.iter().skip(from).position(|i| {
+            matches!(i, Input::MonitorStatus { input: MonitorInput::Nvml, ok: o, message }
+                if *o == ok && message.contains(needle))
+        })
+    }) + from;
+    (n, h.arrived[n])
+}
+
+fn complete_polls(seen: &[Input]) -> usize {
+    seen.iter()
+        .filter(|i| matches!(i, Input::Samples { samples, complete: true } if samples.len() == 2))
+        .count()
+}
+
+/// `test-hang.toml`: from 1.5 s after the first init every NVML call blocks
+/// for 10 minutes. The GPUs read Unknown within two poll intervals of the
+/// hang (never Unhealthy), the progress heartbeat stops, and stopping the
+/// sources takes no longer than the call deadline although the stuck calls
+/// never return.
+#[test]
+fn hung_nvml_makes_gpus_unknown_within_two_polls_and_stop_is_bounded() {
+    let (poll, deadline) = (Duration::from_millis(500), Duration::from_millis(300));
+    // The simulator's clock starts at the first init, after this.
+    let started = Instant::now();
+    let mut h = Harness::with_engine(&hang_config(
+        "test-hang.toml",
+        poll.as_millis() as u64,
+        deadline.as_millis() as u64,
+    ));
+    h.wait_for("a first complete poll", |seen| {
+        (complete_polls(seen) > 0).then_some(())
+    });
+    assert_eq!(
+        h.verdicts(),
+        vec![(Some(0), Verdict::Healthy), (Some(1), Verdict::Healthy)]
+    );
+    assert!(h.liveness.nvml_progress_ok(deadline));
+    let (_, unavailable) = wait_status(&mut h, 0, false, "did not return within 300 ms");
+    // The hang began no earlier than 1.5 s after `started`.
+    let after_hang = unavailable.saturating_duration_since(started + Duration::from_millis(1500));
+    assert!(
+        after_hang <= 2 * poll,
+        "NVML reported unavailable {after_hang:?} after the hang began (poll interval {poll:?})"
+    );
+    assert_eq!(
+        h.verdicts(),
+        vec![(Some(0), Verdict::Unknown), (Some(1), Verdict::Unknown)],
+        "a monitor problem is Unknown, never Unhealthy"
+    );
+    let health = h.engine.as_ref().unwrap().engine.health();
+    assert!(!health.monitor.as_ref().unwrap().nvml_ok);
+    assert!(h.faults().is_empty(), "a hang is never a fault");
+    let errors = h.registry.nvml_errors();
+    assert!(!errors.is_empty(), "the hung call is counted: {errors:?}");
+    // The heartbeat stands still while the calls are stuck.
+    assert!(
+        crate::common::wait_until(Duration::from_secs(3), || !h
+            .liveness
+            .nvml_progress_ok(deadline)),
+        "the NVML heartbeat kept going while every call hung"
+    );
+    // Fresh workers keep trying (and getting stuck): still no ok:true.
+    std::thread::sleep(4 * deadline);
+    while let Ok(i) = h.rx.try_recv() {
+        h.receive(i);
+    }
+    let st = statuses(&h);
+    assert_eq!(
+        st.iter().map(|s| s.0).collect::<Vec<_>>(),
+        vec![true, false],
+        "one status per change: {st:?}"
+    );
+    let took = h.stop();
+    // The stop API's own bound is the deadline; allow for scheduling on a
+    // loaded machine.
+    assert!(
+        took <= deadline + Duration::from_millis(150),
+        "stop took {took:?} with a {deadline:?} call deadline"
+    );
+}
+
+/// `test-hang-temperature.toml`: the third poll's first temperature read
+/// blocks for 1.5 s, then the driver answers again. NVML is unavailable while
+/// the call is stuck; once it returns a fresh worker initialises NVML again,
+/// polls, and the GPUs are healthy again.
+#[test]
+fn hung_call_that_returns_is_followed_by_a_fresh_session() {
+    let (poll, deadline) = (Duration::from_millis(300), Duration::from_millis(250));
+    let mut h = Harness::with_engine(&hang_config(
+        "test-hang-temperature.toml",
+        poll.as_millis() as u64,
+        deadline.as_millis() as u64,
+    ));
+    h.wait_for("two complete polls", |seen| {
+        (complete_polls(seen) >= 2).then_some(())
+    });
+    let second_poll = h.arrived[h
+        .seen
+        .iter()
+        .enumerate()
+        .filter(|(_, i)| matches!(i, Input::Samples { complete: true, .. }))
+        .nth(1)
+        .map(|(n, _)| n)
+        .unwrap()];
+    let (at, unavailable) =
+        wait_status(&mut h, 0, false, "nvmlDeviceGetTemperature did not return");
+    // The third poll starts one interval after the second; the hang is
+    // reported within two intervals of that.
+    let since = unavailable.saturating_duration_since(second_poll);
+    assert!(
+        since <= 3 * poll,
+        "reported {since:?} after the second poll"
+    );
+    assert!(
+        h.verdicts().iter().all(|(_, v)| *v == Verdict::Unknown),
+        "{:?}",
+        h.verdicts()
+    );
+    let polls_before = complete_polls(&h.seen);
+    wait_status(&mut h, at, true, "2 GPUs, 2 answering");
+    h.wait_for("a complete poll after recovery", |seen| {
+        (complete_polls(seen) > polls_before).then_some(())
+    });
+    assert_eq!(
+        h.verdicts(),
+        vec![(Some(0), Verdict::Healthy), (Some(1), Verdict::Healthy)]
+    );
+    let s = sample_where(&h.seen, 0, |_| true).unwrap();
+    assert_eq!(s.temperature_c, Some(35), "readings come back");
+    assert!(
+        h.registry
+            .nvml_errors()
+            .get("nvmlDeviceGetTemperature")
+            .is_some_and(|&n| n >= 1),
+        "{:?}",
+        h.registry.nvml_errors()
+    );
+    assert!(h.liveness.nvml_progress_ok(deadline + poll));
+    assert!(h.faults().is_empty(), "a hang is never a fault");
+    let took = h.stop();
+    assert!(
+        took <= deadline + Duration::from_millis(150),
+        "stop took {took:?}"
+    );
+}
+
+/// A `gpuwatch run` whose NVML wedges (every call blocks for 10 minutes):
+/// `/v1/health` says the GPUs are unknown within two poll intervals, and
+/// SIGTERM still ends the process within 10 s, cleanly.
+#[test]
+fn sigterm_ends_an_agent_with_hung_nvml_within_ten_seconds() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = crate::common::data("nvml-hang.toml");
+    let agent = crate::common::Agent::start_nvml_sim(
+        dir.path(),
+        &scenario("test-hang.toml"),
+        &["--config", config.to_str().unwrap()],
+    );
+    let addr = agent.api_addr().expect("API address");
+    let gpus = |want: &str| {
+        crate::common::http_get(&addr, "/v1/health")
+            .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
+            .and_then(|h| {
+                let g = h["gpus"].as_array()?.clone();
+                (g.len() == 2 && g.iter().all(|g| g["verdict"] == want)).then_some(h)
+            })
+    };
+    assert!(
+        crate::common::wait_until(Duration::from_secs(10), || gpus("healthy").is_some()),
+        "GPUs never healthy: {}",
+        agent.stderr.tail(20)
+    );
+    let healthy_seen = Instant::now();
+    // Hang at 1.5 s after init; deadline 1 s, polls every 500 ms.
+    assert!(
+        crate::common::wait_until(Duration::from_secs(5), || gpus("unknown").is_some()),
+        "GPUs never unknown: {}",
+        agent.stderr.tail(20)
+    );
+    let h = gpus("unknown").unwrap();
+    assert_eq!(h["monitor"]["nvml_ok"], false, "{h:#}");
+    assert!(
+        h["monitor"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("did not return within 1000 ms")),
+        "{h:#}"
+    );
+    assert!(
+        healthy_seen.elapsed() < Duration::from_secs(5),
+        "unknown {:?} after healthy",
+        healthy_seen.elapsed()
+    );
+    assert!(
+        !agent
+            .logs("An NVML call did not return within its deadline; NVML counts as unavailable and the call's thread is abandoned.")
+            .is_empty()
+    );
+    let t = Instant::now();
+    let (code, _, stderr) = agent.stop();
+    let took = t.elapsed();
+    assert_eq!(code, Some(0), "{}", stderr.tail(20));
+    assert!(took < Duration::from_secs(10), "SIGTERM took {took:?}");
+    assert!(
+        !stderr.matching("gpuwatch stopped.").is_empty(),
+        "{}",
+        stderr.tail(20)
+    );
+    println!("SIGTERM with hung NVML: exited in {took:?}");
+}
+
+/// Only the event wait wedges (forever, from 1 s on) while every poll still
+/// answers: NVML is unavailable all the same (XID events are not watched),
+/// and the status does not flap although fresh event workers answer other
+/// calls before they get stuck again.
+#[test]
+fn hung_event_wait_alone_holds_nvml_unavailable_without_flapping() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("event-wait-hang.toml");
+    std::fs::write(
+        &path,
+        r#"description = "the event wait wedges forever from 1 s on"
+
+[[gpu]]
+uuid = "GPU-00000000-1111-2222-3333-444444444440"
+pci = "00000000:1B:00.0"
+
+[[gpu]]
+uuid = "GPU-00000000-1111-2222-3333-444444444441"
+pci = "00000000:3B:00.0"
+
+[[hang]]
+call = "nvmlEventSetWait_v2"
+at_ms = 1000
+"#,
+    )
+    .unwrap();
+    let deadline = Duration::from_millis(200);
+    let cfg = NvmlConfig {
+        sim_scenario: Some(path),
+        ..hang_config("test-xid.toml", 200, deadline.as_millis() as u64)
+    };
+    let mut h = Harness::with_engine(&cfg);
+    let (at, _) = wait_status(&mut h, 0, false, "nvmlEventSetWait_v2 did not return");
+    // Several backoff rounds: fresh event workers answer a few calls and get
+    // stuck again; the poller keeps polling.
+    std::thread::sleep(Duration::from_secs(2));
+    while let Ok(i) = h.rx.try_recv() {
+        h.receive(i);
+    }
+    let st = statuses(&h);
+    assert_eq!(
+        st.iter().map(|s| s.0).collect::<Vec<_>>(),
+        vec![true, false],
+        "{st:?}"
+    );
+    // Samples are held back while a call is hung: the engine would take
+    // them as NVML answering.
+    assert!(
+        h.seen[at..]
+            .iter()
+            .all(|i| !matches!(i, Input::Samples { .. })),
+        "{:#?}",
+        summary(&h.seen[at..])
+    );
+    assert!(
+        h.verdicts().iter().all(|(_, v)| *v == Verdict::Unknown),
+        "{:?}",
+        h.verdicts()
+    );
+    assert!(!h.liveness.nvml_progress_ok(deadline));
+    let took = h.stop();
+    assert!(
+        took <= deadline + Duration::from_millis(150),
+        "stop took {took:?}"
+    );
+}
+
+/// `gpuwatch validate`'s one-shot poll has the same deadline: a wedged
+/// enumeration is an error naming the call, returned in time.
+#[test]
+fn poll_once_gives_up_on_a_hung_call_within_the_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("count-hang.toml");
+    std::fs::write(
+        &path,
+        r#"description = "enumeration never returns"
+
+[[gpu]]
+uuid = "GPU-00000000-1111-2222-3333-444444444440"
+pci = "00000000:1B:00.0"
+
+[[hang]]
+call = "nvmlDeviceGetCount_v2"
+"#,
+    )
+    .unwrap();
+    let cfg = NvmlConfig {
+        library_path: Some(sim_lib().to_path_buf()),
+        sim_scenario: Some(path),
+        call_timeout_ms: 200,
+        ..NvmlConfig::default()
+    };
+    let t = Instant::now();
+    let err = nvml::poll_once(&cfg).unwrap_err();
+    let took = t.elapsed();
+    assert!(
+        matches!(
+            err,
+            nvml::NvmlError::Hung {
+                call: "nvmlDeviceGetCount_v2",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("did not return within 200 ms"),
+        "{err}"
+    );
+    assert!(took < Duration::from_millis(600), "poll_once took {took:?}");
+}
+
+/// The same with the default 5 s call deadline, SIGTERM arriving while calls
+/// are stuck but not yet past their deadline: shutdown leaves them behind
+/// after at most the deadline, and the process ends within 10 s.
+#[test]
+fn sigterm_with_the_default_deadline_and_stuck_calls_exits_within_ten_seconds() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = crate::common::Agent::start_nvml_sim(dir.path(), &scenario("test-hang.toml"), &[]);
+    let addr = agent.api_addr().expect("API address");
+    assert!(
+        crate::common::wait_until(Duration::from_secs(10), || {
+            crate::common::http_get(&addr, "/v1/health")
+                .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
+                .is_some_and(|h| h["monitor"]["nvml_ok"] == true)
+        }),
+        "NVML never available: {}",
+        agent.stderr.tail(20)
+    );
+    // Every call blocks from 1.5 s after the first init on.
+    std::thread::sleep(Duration::from_millis(2500));
+    let t = Instant::now();
+    let (code, _, stderr) = agent.stop();
+    let took = t.elapsed();
+    assert_eq!(code, Some(0), "{}", stderr.tail(20));
+    assert!(took < Duration::from_secs(10), "SIGTERM took {took:?}");
+    assert!(
+        !stderr.matching("leaving it behind").is_empty()
+            || stderr
+                .matching("abandoning it so that gpuwatch exits")
+                .iter()
+                .any(|l| l.contains("\"thread\":\"NVML\"")),
+        "the stuck event wait was left behind: {}",
+        stderr.tail(20)
+    );
+    println!("SIGTERM with stuck NVML calls, default deadline: exited in {took:?}");
 }
