@@ -28,8 +28,8 @@ pub struct Config {
     /// Kubernetes node name. Empty: `NODE_NAME` from the environment (downward
     /// API), else the host name.
     pub node_name: String,
-    /// Directory for `health.json` and `kmsg-cursor.json`. Default
-    /// `/var/lib/gpuwatch`.
+    /// Directory for `health.json` (faults, history and the kernel-log
+    /// position, one file). Default `/var/lib/gpuwatch`.
     pub state_dir: PathBuf,
     /// Kernel log source.
     pub kmsg: KmsgConfig,
