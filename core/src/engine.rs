@@ -929,7 +929,7 @@ impl Engine {
         if pci.is_none()
             && !ev.pci_address.is_empty()
             && is_gpu_kind(ev.kind())
-            && self.room_for_unconfirmed_gpu(ev.action())
+            && self.room_for_unconfirmed_gpu(self.expected_action(ev))
         {
             let mut g = Gpu::new(ev.pci_address.clone());
             g.uuid = ev.gpu_uuid.clone();
@@ -952,12 +952,24 @@ impl Engine {
         Some(pci)
     }
 
+    /// The event's action for the capacity decisions: its own once
+    /// classified, else the policy's base action for its XID (context rules
+    /// come later, in [`Engine::accept`]).
+    fn expected_action(&self, ev: &FaultEvent) -> Action {
+        match ev.action() {
+            Action::Unspecified if ev.kind() == FaultKind::Xid => self.policy.entry(ev.code).action,
+            Action::Unspecified => fallback_action(ev).0,
+            a => a,
+        }
+    }
+
     /// Whether a GPU entry may be created for a kernel-log address NVML has
-    /// not reported. At [`MAX_UNCONFIRMED_GPUS`] such entries, one whose
-    /// faults are all less severe than the incoming event and none needs
-    /// isolation is evicted (its faults are logged as dropped); otherwise the
-    /// event is not attached to a GPU (it goes the node-level way, where the
-    /// same bound applies). A kernel log naming more GPUs than a node can
+    /// not reported. At [`MAX_UNCONFIRMED_GPUS`] such entries, the least
+    /// severe, least recently seen one whose faults are no more severe than
+    /// the incoming event and none needs isolation is evicted (its faults are
+    /// logged as dropped); otherwise the event is not attached to a GPU (it
+    /// goes the node-level way, where the same bound applies). A
+    /// reset/reboot/inspect-class fault is never evicted. A kernel log naming more GPUs than a node can
     /// have is a monitor problem, not that many GPUs.
     fn room_for_unconfirmed_gpu(&mut self, incoming: Action) -> bool {
         let unconfirmed = self.gpus.values().filter(|g| !g.confirmed).count();
@@ -975,7 +987,7 @@ impl Engine {
             .gpus
             .values()
             .filter(|g| !g.confirmed && !g.faults.values().any(|f| f.action.needs_isolation()))
-            .filter(|g| worst(g) < incoming.rank())
+            .filter(|g| worst(g) <= incoming.rank())
             .min_by_key(|g| (worst(g), g.faults.values().map(|f| f.last_seen).max()))
             .map(|g| g.pci.clone());
         match victim {
@@ -992,8 +1004,8 @@ impl Engine {
     }
 
     /// Whether a new node-level fault fits under [`MAX_NODE_FAULTS`]; evicts
-    /// the least severe, least recent one that needs no isolation when the
-    /// incoming one is more severe.
+    /// the least severe, least recent one that needs no isolation and is no
+    /// more severe than the incoming one.
     fn room_for_node_fault(&mut self, incoming: Action) -> bool {
         if self.node_faults.len() < MAX_NODE_FAULTS {
             return true;
@@ -1001,7 +1013,7 @@ impl Engine {
         let victim = self
             .node_faults
             .iter()
-            .filter(|(_, f)| !f.action.needs_isolation() && f.action.rank() < incoming.rank())
+            .filter(|(_, f)| !f.action.needs_isolation() && f.action.rank() <= incoming.rank())
             .min_by_key(|(_, f)| (f.action.rank(), f.last_seen))
             .map(|(k, _)| k.clone());
         match victim {
@@ -1097,7 +1109,7 @@ impl Engine {
             && !self
                 .node_faults
                 .contains_key(&(ev.pci_address.clone(), key.clone()))
-            && !self.room_for_node_fault(ev.action())
+            && !self.room_for_node_fault(self.expected_action(&ev))
         {
             // Bounded: a storm of distinct addresses cannot grow the state.
             self.over_capacity.note(n, &ev.pci_address);

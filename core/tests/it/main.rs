@@ -1,5 +1,6 @@
 //! Health-engine integration tests: one binary, one module per behaviour.
 
+mod bounds;
 mod dedup;
 mod join;
 mod monitor_and_inputs;
