@@ -84,6 +84,18 @@ struct Held {
 }
 
 impl Held {
+    fn new(kind: HeldKind, ev: FaultEvent, devices: Vec<String>) -> Held {
+        Held {
+            kind,
+            started_usec: ev.monotonic_usec,
+            ev,
+            devices,
+            aer_errors: Vec::new(),
+            dropped_lines: 0,
+            source_detail: false,
+        }
+    }
+
     fn append(&mut self, msg: &str) {
         if self.ev.message.len() + msg.len() + 1 > MAX_MESSAGE_BYTES {
             self.dropped_lines += 1;
@@ -106,11 +118,29 @@ pub struct Scanner {
     last_identity: Option<usize>,
     /// (normalised PCI, monotonic time) of the last XID 79.
     last_fallen: Option<(String, Option<u64>)>,
-    /// PCI of the last `NVRM: The NVIDIA GPU <pci>` line: the first line of the
-    /// driver's three-line "fallen off the bus" report as `dmesg`/`journalctl` print
-    /// it (continuation lines carry no address).
-    fallen_prelude_pci: Option<String>,
+    /// Fallen-off-the-bus events waiting for their GPU's XID 79 and echo lines, in
+    /// input order, at most one per GPU (several GPUs can fall off together; each
+    /// keeps its own event). Never non-empty together with `held`.
+    fallen: Vec<Held>,
+    /// The head (`NVRM: The NVIDIA GPU <pci>`) and continuation lines of the
+    /// driver's three-line "fallen off the bus" report seen so far: only the head
+    /// names the GPU, so the block is collected until its last line arrives.
+    prelude: Option<Prelude>,
 }
+
+/// An unfinished three-line "fallen off the bus" report (see [`Scanner::push`]).
+#[derive(Debug)]
+struct Prelude {
+    pci: String,
+    meta: RecordMeta,
+    text: String,
+    lines: u8,
+}
+
+/// Lines a fallen-off-the-bus report has before its `fallen off the bus` line.
+const PRELUDE_MAX_LINES: u8 = 2;
+/// GPUs whose fallen-off-the-bus events can wait at once (more: the oldest is emitted).
+const MAX_FALLEN_PENDING: usize = 64;
 
 fn event(kind: FaultKind, meta: &RecordMeta, message: &str) -> FaultEvent {
     let mut ev = FaultEvent {
@@ -146,7 +176,8 @@ impl Scanner {
             identities: Vec::new(),
             last_identity: None,
             last_fallen: None,
-            fallen_prelude_pci: None,
+            fallen: Vec::new(),
+            prelude: None,
         }
     }
 
@@ -177,39 +208,151 @@ impl Scanner {
 
     /// True while an event is held waiting for follow-up records.
     pub fn has_pending(&self) -> bool {
-        self.held.is_some()
+        self.held.is_some() || !self.fallen.is_empty()
     }
 
     /// Feeds one record's (unescaped) message; appends finished, classified events
     /// to `out` in input order.
+    ///
+    /// The driver's three-line report `NVRM: The NVIDIA GPU <pci>` / `NVRM: (PCI ID:
+    /// …) installed in this system has` / `NVRM: fallen off the bus and is not
+    /// responding to commands.` becomes one event for that GPU whose message starts
+    /// with the head line; each GPU's report is its own event, and an XID 79 of the
+    /// same GPU that follows joins that GPU's event (one event per GPU).
     pub fn push(&mut self, meta: RecordMeta, message: &str, out: &mut Vec<FaultEvent>) {
-        if let (Some(held), Some(now)) = (&self.held, meta.monotonic_usec)
-            && let Some(start) = held.started_usec
-            && now.saturating_sub(start) > self.hold_usec
-        {
-            self.emit_held(out);
+        if let Some(now) = meta.monotonic_usec {
+            let started = self
+                .held
+                .as_ref()
+                .or(self.fallen.first())
+                .and_then(|h| h.started_usec);
+            if started.is_some_and(|start| now.saturating_sub(start) > self.hold_usec) {
+                self.emit_held(out);
+            }
         }
         let Some(msg) = parse_message(message) else {
-            if self.held.is_some() {
+            if self.has_pending() {
                 self.emit_held(out);
             }
             return;
         };
-        if let Message::NvrmOther { .. } = msg
-            && let Some(i) = find!(message, "NVRM: The NVIDIA GPU ")
+        if let Message::NvrmOther { .. } = msg {
+            if let Some(i) = find!(message, "NVRM: The NVIDIA GPU ")
+                && let Some(pci) = crate::pci::find_pci(&message[i..]).and_then(normalize_pci)
+            {
+                // The head of a new report: whatever was held before is complete.
+                if self.held.is_some() {
+                    self.emit_held(out);
+                }
+                self.prelude = Some(Prelude {
+                    pci,
+                    meta,
+                    text: message.trim_start().to_owned(),
+                    lines: 1,
+                });
+                return;
+            }
+            if let Some(p) = &mut self.prelude
+                && p.lines < PRELUDE_MAX_LINES
+            {
+                p.text.push('\n');
+                p.text.push_str(message.trim_start());
+                p.lines += 1;
+                return;
+            }
+        }
+        if !matches!(msg, Message::FallenOffBus { .. }) {
+            self.prelude = None;
+        }
+        if let Message::FallenOffBus { pci } = msg {
+            self.fallen_off(meta, pci, message, out);
+            return;
+        }
+        if let Message::Xid(x) = &msg
+            && x.code == 79
+            && self
+                .fallen
+                .iter()
+                .any(|h| pci_matches(x.pci, &h.ev.pci_address))
         {
-            self.fallen_prelude_pci = crate::pci::find_pci(&message[i..]).and_then(normalize_pci);
+            self.start_xid(meta, x, message, out);
+            return;
+        }
+        if !self.fallen.is_empty() {
+            if let (Message::NvrmOther { .. }, Some(last)) = (&msg, self.fallen.last_mut()) {
+                last.append(message);
+                return;
+            }
+            self.emit_held(out);
         }
         if self.held.is_some() && self.attach(&msg, message) {
             return;
         }
-        let merges = matches!((&self.held, &msg), (Some(h), Message::Xid(x))
-            if x.code == 79 && h.kind == HeldKind::FallenOff
-                && pci_matches(x.pci, &h.ev.pci_address));
-        if self.held.is_some() && !merges {
+        if self.held.is_some() {
             self.emit_held(out);
         }
         self.start(meta, msg, message, out);
+    }
+
+    /// A `fallen off the bus` line: the last line of a three-line report, the
+    /// driver's echo of an XID 79, or a report of its own.
+    fn fallen_off(
+        &mut self,
+        meta: RecordMeta,
+        pci: Option<&str>,
+        raw: &str,
+        out: &mut Vec<FaultEvent>,
+    ) {
+        let prelude = if pci.is_none() {
+            self.prelude.take()
+        } else {
+            self.prelude = None;
+            None
+        };
+        let pci = match (&prelude, pci) {
+            (Some(p), _) => p.pci.clone(),
+            (None, Some(p)) => norm(Some(p)),
+            // A continuation without its head: part of the report being held.
+            (None, None) => match self.fallen.last_mut() {
+                Some(last) => {
+                    last.append(raw);
+                    return;
+                }
+                None => String::new(),
+            },
+        };
+        if let Some(h) = self.fallen.iter_mut().find(|h| h.ev.pci_address == pci) {
+            if let Some(p) = &prelude {
+                h.append(&p.text);
+            }
+            h.append(raw);
+            return;
+        }
+        if let Some((last, t)) = &self.last_fallen
+            && *last == pci
+            && match (t, meta.monotonic_usec) {
+                (Some(t), Some(now)) => now.saturating_sub(*t) <= FALLEN_ECHO_USEC,
+                _ => true,
+            }
+        {
+            return;
+        }
+        if self.held.is_some() {
+            self.emit_held(out);
+        }
+        if self.fallen.len() >= MAX_FALLEN_PENDING {
+            let oldest = self.fallen.remove(0);
+            self.emit_one(oldest, out);
+        }
+        let (meta, message) = match &prelude {
+            Some(p) => (p.meta, format!("{}\n{}", p.text, raw.trim_start())),
+            None => (meta, raw.to_owned()),
+        };
+        let mut ev = event(FaultKind::FallenOffBus, &meta, &message);
+        ev.pci_address = pci.clone();
+        ev.name = "GPU has fallen off the bus".to_owned();
+        self.fallen
+            .push(Held::new(HeldKind::FallenOff, ev, vec![pci]));
     }
 
     /// Emits the held event when its hold window ended at `now_monotonic_usec`.
@@ -229,9 +372,15 @@ impl Scanner {
     }
 
     fn emit_held(&mut self, out: &mut Vec<FaultEvent>) {
-        let Some(mut held) = self.held.take() else {
-            return;
-        };
+        for held in std::mem::take(&mut self.fallen) {
+            self.emit_one(held, out);
+        }
+        if let Some(held) = self.held.take() {
+            self.emit_one(held, out);
+        }
+    }
+
+    fn emit_one(&mut self, mut held: Held, out: &mut Vec<FaultEvent>) {
         if !held.aer_errors.is_empty() {
             attr(&mut held.ev, "aer_errors", held.aer_errors.join(","));
         }
@@ -259,15 +408,7 @@ impl Scanner {
     }
 
     fn hold(&mut self, kind: HeldKind, ev: FaultEvent, devices: Vec<String>) {
-        self.held = Some(Held {
-            kind,
-            started_usec: ev.monotonic_usec,
-            ev,
-            devices,
-            aer_errors: Vec::new(),
-            dropped_lines: 0,
-            source_detail: false,
-        });
+        self.held = Some(Held::new(kind, ev, devices));
     }
 
     /// Tries to attach `msg` to the held event; true when it belonged to it.
@@ -353,14 +494,7 @@ impl Scanner {
                 held.append(raw);
                 true
             }
-            (HeldKind::FallenOff, Message::FallenOffBus { pci })
-                if pci.is_none_or(|p| pci_matches(p, &held.ev.pci_address)) =>
-            {
-                held.append(raw);
-                true
-            }
             (HeldKind::Gsp, Message::NvrmOther { .. })
-            | (HeldKind::FallenOff, Message::NvrmOther { .. })
             | (HeldKind::DriverError, Message::NvrmOther { .. }) => {
                 held.append(raw);
                 true
@@ -454,25 +588,8 @@ impl Scanner {
                     id.serial = Some(serial.to_owned());
                 }
             }
-            Message::FallenOffBus { pci } => {
-                let pci = match pci {
-                    Some(p) => norm(Some(p)),
-                    None => self.fallen_prelude_pci.take().unwrap_or_default(),
-                };
-                if let Some((last, t)) = &self.last_fallen
-                    && *last == pci
-                    && match (t, meta.monotonic_usec) {
-                        (Some(t), Some(now)) => now.saturating_sub(*t) <= FALLEN_ECHO_USEC,
-                        _ => true,
-                    }
-                {
-                    return;
-                }
-                let mut ev = event(FaultKind::FallenOffBus, &meta, raw);
-                ev.pci_address = pci.clone();
-                ev.name = "GPU has fallen off the bus".to_owned();
-                self.hold(HeldKind::FallenOff, ev, vec![pci]);
-            }
+            // Waiting reports are kept apart from `held` (see `Scanner::fallen_off`).
+            Message::FallenOffBus { .. } => {}
             Message::AerSummary(s) => {
                 let reporter = norm(Some(s.reporter));
                 let mut ev = event(FaultKind::PcieAer, &meta, raw);
@@ -636,15 +753,6 @@ impl Scanner {
         if let Some(t) = crate::message::ecc_type_of(x.detail) {
             attr(&mut ev, "ecc_type", t);
         }
-        // A held `fallen off the bus` of the same GPU was the prelude of this XID 79.
-        if x.code == 79
-            && let Some(h) = &self.held
-            && h.kind == HeldKind::FallenOff
-            && h.ev.pci_address == ev.pci_address
-            && let Some(h) = self.held.take()
-        {
-            ev.message = format!("{}\n{}", h.ev.message, ev.message);
-        }
         if x.code == 79 {
             // Reuses the previous address's buffer: a storm of XID 79s allocates nothing here.
             match &mut self.last_fallen {
@@ -653,6 +761,18 @@ impl Scanner {
                     *t = meta.monotonic_usec;
                 }
                 None => self.last_fallen = Some((ev.pci_address.clone(), meta.monotonic_usec)),
+            }
+            // A waiting `fallen off the bus` report of the same GPU was the prelude of
+            // this XID 79: one event, the XID's, with the report's lines first. It keeps
+            // its place among the other GPUs' reports (input order).
+            if let Some(h) = self
+                .fallen
+                .iter_mut()
+                .find(|h| h.ev.pci_address == ev.pci_address)
+            {
+                ev.message = format!("{}\n{}", h.ev.message, ev.message);
+                h.ev = ev;
+                return;
             }
         }
         if matches!(x.code, 119 | 120) {
