@@ -13,8 +13,10 @@
 //!
 //! Only kernel lines can raise faults: syslog lines of other programs (a user
 //! process printing "NVRM: Xid ...") and user-facility kmsg/`dmesg -r` records are
-//! counted and skipped. Lines longer than 64 KiB and lines with NUL bytes (binary
-//! garbage) are skipped and counted; nothing panics on input.
+//! counted and skipped. Lines longer than 64 KiB are skipped and counted. NUL bytes
+//! (a crashed machine's syslog is padded with them up to the next boot's first line)
+//! end the text before them: the pieces between NUL runs are read as lines, and the
+//! lines that had NULs are counted. Nothing panics on input.
 //!
 //! Speed: input is read in 1 MiB blocks and split 16 bytes at a time; a line without any
 //! fault marker ([`Scanner::interesting_line`], checked on the raw bytes) is counted
@@ -102,8 +104,8 @@ pub struct ScanSummary {
     pub events: u64,
     /// Lines skipped because they were longer than [`MAX_LINE_BYTES`].
     pub skipped_long_lines: u64,
-    /// Lines skipped because they contained NUL bytes (binary data).
-    pub skipped_binary_lines: u64,
+    /// Lines that contained NUL bytes; the text between NUL runs was read as lines.
+    pub lines_with_nul: u64,
     /// Lines with a fault marker (see [`Scanner::interesting_line`]) skipped because
     /// they came from user space (non-kernel facility / syslog tag), e.g. a program
     /// printing `NVRM: Xid ...`. Lines without a marker cannot hold a fault and are
@@ -225,10 +227,25 @@ impl LineScan {
             summary.skipped_long_lines += 1;
             return Ok(());
         }
-        if line.contains(&0) {
-            summary.skipped_binary_lines += 1;
+        if memchr_nul(line) {
+            summary.lines_with_nul += 1;
+            for piece in line.split(|&b| b == 0) {
+                if !piece.trim_ascii().is_empty() {
+                    self.piece(piece, out, summary)?;
+                }
+            }
             return Ok(());
         }
+        self.piece(line, out, summary)
+    }
+
+    /// One line's text without NUL bytes.
+    fn piece(
+        &mut self,
+        line: &[u8],
+        out: &mut Out<'_>,
+        summary: &mut ScanSummary,
+    ) -> Result<(), ScanError> {
         // A line without a fault marker can neither start nor continue an event; it
         // only matters while an event is held (see the module docs).
         let marked = Scanner::interesting_line(line);
@@ -258,6 +275,22 @@ impl LineScan {
         }
         Ok(())
     }
+}
+
+/// True when `line` has a NUL byte (16 bytes at a time, as [`find_newline`]).
+fn memchr_nul(line: &[u8]) -> bool {
+    const W: usize = 16;
+    let mut chunks = line.chunks_exact(W);
+    for c in &mut chunks {
+        let mut any = 0u8;
+        for &b in c {
+            any |= u8::from(b == 0);
+        }
+        if any != 0 {
+            return true;
+        }
+    }
+    chunks.remainder().contains(&0)
 }
 
 /// Position of the first `\n` in `hay`. Tests 16 bytes at a time with plain byte
@@ -386,11 +419,16 @@ pub fn run(
             scan_reader(&name, &mut f, &policy, &mut o, &mut summary)?;
         }
     }
-    if summary.skipped_long_lines + summary.skipped_binary_lines > 0 {
+    if summary.skipped_long_lines > 0 {
         tracing::warn!(
             long_lines = summary.skipped_long_lines,
-            binary_lines = summary.skipped_binary_lines,
-            "Skipped unreadable lines."
+            "Skipped lines longer than the limit."
+        );
+    }
+    if summary.lines_with_nul > 0 {
+        tracing::info!(
+            lines = summary.lines_with_nul,
+            "Read lines around NUL bytes (padding of a log written during a crash)."
         );
     }
     if args.format == ScanFormat::Text {
@@ -472,8 +510,8 @@ fn write_text(out: &mut dyn Write, rows: &[FaultEvent], s: &ScanSummary) -> std:
     writeln!(out)?;
     writeln!(
         out,
-        "{} lines, {} events ({} long, {} binary, {} non-kernel lines skipped)",
-        s.lines, s.events, s.skipped_long_lines, s.skipped_binary_lines, s.skipped_non_kernel_lines
+        "{} lines, {} events ({} long, {} non-kernel lines skipped; {} lines with NUL bytes read around them)",
+        s.lines, s.events, s.skipped_long_lines, s.skipped_non_kernel_lines, s.lines_with_nul
     )?;
     if s.gpus.is_empty() {
         writeln!(out, "No GPU faults found.")?;
@@ -512,23 +550,29 @@ mod tests {
                 summary.skipped_long_lines += 1;
                 continue;
             }
-            if line.contains(&0) {
-                summary.skipped_binary_lines += 1;
-                continue;
-            }
-            let l = parse_line(line);
-            if l.facility.is_some_and(|f| f != 0) {
-                summary.skipped_non_kernel_lines += 1;
-                continue;
-            }
-            let meta = RecordMeta {
-                seq: l.seq,
-                monotonic_usec: l.monotonic_usec,
-                time_unix_nano: l.time_unix_nano,
-                facility: l.facility,
-                level: l.level,
+            let pieces: Vec<&[u8]> = if line.contains(&0) {
+                summary.lines_with_nul += 1;
+                line.split(|&b| b == 0)
+                    .filter(|p| !p.trim_ascii().is_empty())
+                    .collect()
+            } else {
+                vec![line]
             };
-            scanner.push(meta, &l.message, &mut events);
+            for line in pieces {
+                let l = parse_line(line);
+                if l.facility.is_some_and(|f| f != 0) {
+                    summary.skipped_non_kernel_lines += 1;
+                    continue;
+                }
+                let meta = RecordMeta {
+                    seq: l.seq,
+                    monotonic_usec: l.monotonic_usec,
+                    time_unix_nano: l.time_unix_nano,
+                    facility: l.facility,
+                    level: l.level,
+                };
+                scanner.push(meta, &l.message, &mut events);
+            }
         }
         scanner.finish(&mut events);
         let json = events
@@ -610,17 +654,17 @@ mod tests {
                 lines,
                 events,
                 skipped_long_lines,
-                skipped_binary_lines,
+                lines_with_nul,
                 skipped_non_kernel_lines,
                 gpus,
             } = &summary;
             assert_eq!(
-                (*lines, *events, *skipped_long_lines, *skipped_binary_lines),
+                (*lines, *events, *skipped_long_lines, *lines_with_nul),
                 (
                     want_summary.lines,
                     want_summary.events,
                     want_summary.skipped_long_lines,
-                    want_summary.skipped_binary_lines
+                    want_summary.lines_with_nul
                 ),
                 "step {step}"
             );
@@ -647,13 +691,13 @@ mod tests {
     }
 
     #[test]
-    fn long_lines_and_binary_are_skipped_and_counted() {
+    fn long_lines_are_skipped_and_nul_padding_is_read_around() {
         let mut input = Vec::new();
         input.extend_from_slice(
             b"[  1.0] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.\n",
         );
         input.extend(std::iter::repeat_n(b'a', MAX_LINE_BYTES + 10));
-        input.extend_from_slice(b"\nbinary\0garbage NVRM: Xid (PCI:0000:3b:00): 79, x\n");
+        input.extend_from_slice(b"\ngarbage\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0[ 5.0] NVRM: Xid (PCI:0000:3d:00): 79, x\n");
         input.extend_from_slice(b"[  2.0] NVRM: Xid (PCI:0000:3c:00): 13, Graphics Exception");
         let mut out = Vec::new();
         let s = scan_bytes(
@@ -665,10 +709,11 @@ mod tests {
         .unwrap();
         assert_eq!(s.lines, 4);
         assert_eq!(s.skipped_long_lines, 1);
-        assert_eq!(s.skipped_binary_lines, 1);
-        assert_eq!(s.events, 2);
+        assert_eq!(s.lines_with_nul, 1);
+        assert_eq!(s.events, 3);
         let text = String::from_utf8(out).unwrap();
-        assert_eq!(text.lines().count(), 2);
+        assert_eq!(text.lines().count(), 3);
+        assert!(text.contains(r#""pci_address":"0000:3d:00.0""#), "{text}");
         assert!(text.contains(r#""source":"log_file""#));
     }
 }

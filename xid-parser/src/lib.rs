@@ -49,8 +49,8 @@ mod scanner;
 
 pub use line::{LineFormat, LogLine, parse_line};
 pub use message::{
-    AerDetail, AerSeverity, AerSummary, DriverErrorMsg, EccMsg, GpuIdentity, MceMsg, Message,
-    NvlinkMsg, SxidMsg, ThermalMsg, XidMsg, parse_message, recovery_action_from_text,
+    AerDetail, AerSeverity, AerSummary, DriverErrorMsg, EccMsg, GpuIdentity, MceMsg, McePart,
+    Message, NvlinkMsg, SxidMsg, ThermalMsg, XidMsg, parse_message, recovery_action_from_text,
 };
 pub use overrides::{CountWindow, OverrideProblem, PolicyOverrides, XidOverride};
 pub use pci::{find_pci, normalize_pci};

@@ -102,7 +102,7 @@ impl<'a> LogLine<'a> {
 
 /// Parses one saved-log line, detecting its format. Never fails: a line without a
 /// known prefix is returned whole as the message ([`LineFormat::Unknown`]). A trailing
-/// `\n` / `\r\n` is ignored; invalid UTF-8 is replaced by U+FFFD.
+/// `\n` / `\r\n` and leading NUL bytes are ignored; invalid UTF-8 is replaced by U+FFFD.
 ///
 /// ```
 /// use xid_parser::{parse_line, LineFormat};
@@ -116,6 +116,9 @@ impl<'a> LogLine<'a> {
 /// assert_eq!(l.message, "NVRM: loading\nx");
 /// ```
 pub fn parse_line(line: &[u8]) -> LogLine<'_> {
+    // A crashed machine's syslog is padded with NUL bytes up to the next boot's
+    // first line: the padding is skipped, the line kept.
+    let line = &line[line.iter().position(|&b| b != 0).unwrap_or(line.len())..];
     let line = line.strip_suffix(b"\n").unwrap_or(line);
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     let Some(&first) = line.first() else {
@@ -512,11 +515,17 @@ fn parse_syslog_line(line: &[u8]) -> Option<LogLine<'_>> {
 /// `host tag[pid]: msg` → message (with `#ooo` escapes decoded and an embedded
 /// `[ 123.4]` kernel timestamp lifted out).
 fn parse_host_tag(rest: &[u8], format: LineFormat) -> Option<LogLine<'_>> {
-    let sp = memchr::memchr(b' ', rest)?;
-    if sp == 0 {
-        return None;
-    }
-    let after_host = &rest[sp + 1..];
+    // People often cut the host name before pasting: `Feb 23 03:28:16 kernel: msg`.
+    let unpadded = rest.trim_ascii_start();
+    let after_host = if unpadded.starts_with(b"kernel: ") {
+        unpadded
+    } else {
+        let sp = memchr::memchr(b' ', rest)?;
+        if sp == 0 {
+            return None;
+        }
+        &rest[sp + 1..]
+    };
     let colon = memchr::memchr(b':', &after_host[..after_host.len().min(64)])?;
     let tag = &after_host[..colon];
     let valid_tag = !tag.is_empty()

@@ -923,11 +923,39 @@ impl Policy {
                  the GPU itself is not faulty (investigate, no taint).",
                 "GPU thermal event",
             ),
-            FaultKind::MachineCheck => Decision::new(
+            FaultKind::MachineCheck => match attr(ev, "mce_severity") {
+                Some("corrected") => Decision::new(
+                    Action::Ignore,
+                    "Corrected machine check: the CPU/memory corrected it (counted; a rising rate \
+                     needs a look with `ras-mc-ctl --errors`); outside the GPU, no taint.",
+                    "Machine check (corrected)",
+                ),
+                Some(sev @ ("recoverable" | "uncorrected" | "fatal")) => Decision::new(
+                    Action::Investigate,
+                    format!(
+                        "Machine check, severity {sev}{}: a CPU/memory/PCIe hardware error outside the \
+                         GPU; investigate with `ras-mc-ctl --errors` / mcelog (no GPU taint).",
+                        if attr(ev, "mce_panic") == Some("true") {
+                            ", the kernel panicked"
+                        } else {
+                            ""
+                        }
+                    ),
+                    "Machine check exception",
+                ),
+                _ => Decision::new(
+                    Action::Investigate,
+                    "Machine check exception: a CPU/memory/PCIe hardware error outside the GPU; investigate \
+                     with `ras-mc-ctl --errors` / mcelog (no GPU taint).",
+                    "Machine check exception",
+                ),
+            },
+            FaultKind::Peermem => Decision::new(
                 Action::Investigate,
-                "Machine check exception: a CPU/memory/PCIe hardware error outside the GPU; investigate \
-                 with `ras-mc-ctl --errors` / mcelog (no GPU taint).",
-                "Machine check exception",
+                "nvidia-peermem (GPUDirect RDMA) error: RDMA transfers to or from this GPU's memory may \
+                 fail for the process that registered it; the GPU itself is not reported faulty \
+                 (investigate, no taint).",
+                "nvidia-peermem error",
             ),
             FaultKind::DriverError => Decision::new(
                 Action::RebootNode,
@@ -985,6 +1013,16 @@ impl Policy {
 
     fn classify_xid(&self, ctx: &ContextWindow, ev: &FaultEvent, at: Stamp) -> Decision {
         let code = ev.code;
+        if let Some(printed) = attr(ev, "xid_as_printed") {
+            return Decision::new(
+                Action::Investigate,
+                format!(
+                    "XID code {printed} as printed is out of range (negative or 10^9 and above): \
+                     no catalog entry can match; investigate (alert, no taint)."
+                ),
+                std::borrow::Cow::Owned(format!("Unknown XID {printed}")),
+            );
+        }
         let entry = self.find(code);
         let (name, action, reason) = match entry {
             Some(e) => (e.name, e.action, e.reason.as_str()),
