@@ -145,6 +145,9 @@ pub struct Scanner {
     /// driver's three-line "fallen off the bus" report seen so far: only the head
     /// names the GPU, so the block is collected until its last line arrives.
     prelude: Option<Prelude>,
+    /// Driver version from `NVRM: loading NVIDIA UNIX … Kernel Module … <version>`:
+    /// NVLink5 XIDs are decoded with the intrInfo layout of that generation.
+    driver_version: Option<String>,
 }
 
 /// An unfinished three-line "fallen off the bus" report (see [`Scanner::push`]).
@@ -197,6 +200,7 @@ impl Scanner {
             last_fallen: None,
             fallen: Vec::new(),
             prelude: None,
+            driver_version: None,
         }
     }
 
@@ -254,6 +258,18 @@ impl Scanner {
             return;
         };
         if let Message::NvrmOther { .. } = msg {
+            if let Some(i) = find!(message, "Kernel Module")
+                && contains!(message, "loading NVIDIA")
+            {
+                self.driver_version = message[i + 13..]
+                    .split_whitespace()
+                    .find(|w| {
+                        w.split('.').count() >= 2
+                            && w.split('.')
+                                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+                    })
+                    .map(str::to_owned);
+            }
             if let Some(i) = find!(message, "NVRM: The NVIDIA GPU ")
                 && let Some(pci) = crate::pci::find_pci(&message[i..]).and_then(normalize_pci)
             {
@@ -833,6 +849,9 @@ impl Scanner {
                     }
                     if let Some(e) = n.error_status {
                         attr(&mut ev, "error_status", e);
+                    }
+                    if let Some(v) = &self.driver_version {
+                        attr(&mut ev, "driver_version", v.clone());
                     }
                 }
             }
