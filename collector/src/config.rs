@@ -29,7 +29,9 @@ pub struct Config {
     /// API), else the host name.
     pub node_name: String,
     /// Directory for `health.json` (faults, history and the kernel-log
-    /// position, one file). Default `/var/lib/gpuwatch`.
+    /// position, one file). Default `/var/lib/gpuwatch`; an explicit empty
+    /// value is an error.
+    #[serde(default = "default_state_dir")]
     pub state_dir: PathBuf,
     /// Kernel log source.
     pub kmsg: KmsgConfig,
@@ -139,15 +141,53 @@ impl Default for LogConfig {
     }
 }
 
+/// Level names a `[log] level` directive accepts (tracing's `EnvFilter`).
+const LOG_LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+
 impl LogConfig {
-    /// Problems (keys relative to `[log]`).
+    /// Problems (keys relative to `[log]`). Each comma-separated directive is
+    /// `<level>` or `<target>=<level>`: `EnvFilter` reads a bare word that is not a
+    /// level (`warning`) as a target name and silently logs nothing useful, so that
+    /// is an error here.
     pub fn validate(&self) -> Vec<String> {
         if self.level.trim().is_empty() {
-            vec!["level: must not be empty (e.g. \"info\")".to_string()]
-        } else {
-            Vec::new()
+            return vec!["level: must not be empty (e.g. \"info\")".to_string()];
         }
+        let mut problems = Vec::new();
+        for directive in self.level.split(',').map(str::trim) {
+            let level = directive
+                .rsplit_once('=')
+                .map_or(directive, |(_, l)| l.trim());
+            if !LOG_LEVELS.iter().any(|l| l.eq_ignore_ascii_case(level)) {
+                problems.push(format!(
+                    "level: {directive:?} is not `<level>` or `<target>=<level>` with a level of {}",
+                    LOG_LEVELS.join(", ")
+                ));
+            }
+        }
+        problems
     }
+}
+
+fn default_state_dir() -> PathBuf {
+    PathBuf::from(DEFAULT_STATE_DIR)
+}
+
+/// Reads a config file; refuses anything but a regular file (a device such as
+/// `/dev/zero` or a FIFO would be read forever or block).
+fn read_config_text(path: &Path) -> Result<String, ConfigError> {
+    let err = |source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(err)?;
+    if !meta.is_file() {
+        return Err(err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        )));
+    }
+    std::fs::read_to_string(path).map_err(err)
 }
 
 /// Errors loading the configuration file.
@@ -177,7 +217,7 @@ pub enum ConfigError {
     /// `gpuwatch check-config`: the schema problems of the file and the
     /// validation problems of what remains once the entries with schema problems
     /// are left out (they fall back to their defaults), all in one report.
-    #[error("{}{}{invalid}", ParseProblem::render_all(path, parse), if parse.is_empty() { "" } else { "\n" })]
+    #[error("{}", render_check(path, parse, invalid))]
     Check {
         /// The file.
         path: PathBuf,
@@ -237,6 +277,27 @@ impl ParseProblem {
     }
 }
 
+/// `check-config`'s report: one count for every problem listed, schema problems
+/// (with their line and column) first, then validation problems.
+fn render_check(path: &Path, parse: &[ParseProblem], invalid: &ConfigErrors) -> String {
+    let mut out = format!(
+        "{}: {} configuration problem(s):",
+        path.display(),
+        parse.len() + invalid.0.len()
+    );
+    if !parse.is_empty() {
+        for line in ParseProblem::render_all(path, parse).lines() {
+            out.push_str("\n  ");
+            out.push_str(line);
+        }
+    }
+    for p in &invalid.0 {
+        out.push_str("\n  ");
+        out.push_str(p);
+    }
+    out
+}
+
 /// Most schema problems reported for one file (a file that is mostly wrong
 /// does not need hundreds of lines to say so).
 const MAX_PARSE_PROBLEMS: usize = 64;
@@ -261,10 +322,7 @@ impl Config {
     /// Reads and parses `path` (no validation; see [`Config::validate`]).
     /// An empty `node_name` is filled from `NODE_NAME` / the host name.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = read_config_text(path)?;
         let mut cfg = Config::parse(path, &text)?;
         cfg.fill_node_name();
         Ok(cfg)
@@ -288,10 +346,7 @@ impl Config {
     /// problems of the rest of the file (entries with schema problems left out).
     /// An empty `node_name` is filled from `NODE_NAME` / the host name first.
     pub fn check_file(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = read_config_text(path)?;
         let (cfg, parse) = parse_recovering(&text);
         let Some(mut cfg) = cfg else {
             return Err(ConfigError::Parse {
@@ -408,12 +463,7 @@ fn schema_problems(
     let mut problems = Vec::new();
     while problems.len() < MAX_PARSE_PROBLEMS {
         let err = match Config::deserialize(toml::de::Deserializer::from(root.clone())) {
-            Ok(mut cfg) => {
-                if cfg.state_dir.as_os_str().is_empty() {
-                    cfg.state_dir = PathBuf::from(DEFAULT_STATE_DIR);
-                }
-                return (Some(cfg), problems);
-            }
+            Ok(cfg) => return (Some(cfg), problems),
             Err(e) => e,
         };
         let mut path = Vec::new();
@@ -702,9 +752,43 @@ listen = \n",
             text.contains("c.toml:4:22: key `kmsg.cursor_interval_ms`: invalid type"),
             "{text}"
         );
-        assert!(text.contains("2 configuration problem(s):"), "{text}");
+        // One count for everything listed: the schema problem and both invalid values.
+        assert!(
+            text.contains("c.toml: 3 configuration problem(s):"),
+            "{text}"
+        );
+        assert_eq!(text.lines().count(), 1 + 3, "{text}");
         std::fs::write(&file, "node_name = \"n1\"\n").unwrap();
         assert_eq!(Config::check_file(&file).unwrap().node_name, "n1");
+    }
+
+    #[test]
+    fn values_a_key_does_not_accept_are_errors() {
+        let c =
+            parse("node_name = \"n1\"\nstate_dir = \"\"\n[log]\nlevel = \"warning\"\n").unwrap();
+        let errs = c.validate().unwrap_err().0;
+        assert_eq!(errs.len(), 2, "{errs:?}");
+        assert!(
+            errs[0].starts_with("state_dir: must not be empty"),
+            "{errs:?}"
+        );
+        assert!(
+            errs[1].starts_with("log.level: \"warning\" is not"),
+            "{errs:?}"
+        );
+        let ok = parse("node_name = \"n1\"\n[log]\nlevel = \"info,gpuwatch=DEBUG, kube=off\"\n")
+            .unwrap();
+        assert!(ok.validate().is_ok(), "{:?}", ok.validate());
+        assert!(parse("x = 1").is_err());
+    }
+
+    #[test]
+    fn non_regular_files_are_refused() {
+        for path in ["/dev/zero", "/"] {
+            let err = Config::check_file(Path::new(path)).unwrap_err();
+            assert!(err.to_string().contains("not a regular file"), "{err}");
+            assert!(Config::load(Path::new(path)).is_err());
+        }
     }
 
     #[test]

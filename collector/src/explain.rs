@@ -12,8 +12,9 @@
 //! A code the catalog lacks is not an error: it is explained with the
 //! documented default (`investigate`).
 
+use gpuwatch_proto::Action;
 use std::io::Write;
-use xid_parser::{Explanation, Policy};
+use xid_parser::{Explanation, Nvlink5Row, Policy};
 
 /// Output format of `gpuwatch explain`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -174,14 +175,17 @@ fn write_text(out: &mut dyn Write, e: &Explanation) -> std::io::Result<()> {
         },
     );
     field(out, "threshold:", &threshold)?;
-    field(
-        out,
-        "recurrence:",
-        &format!(
-            "a reset/reboot-class fault recurring after {} reboots escalates to inspect_hardware",
-            e.recurrence_reboots
-        ),
-    )?;
+    // Recurrence escalation only ever applies to reset/reboot-class actions.
+    if matches!(e.action, Action::ResetGpu | Action::RebootNode) {
+        field(
+            out,
+            "recurrence:",
+            &format!(
+                "recurring on the same GPU after {} reboots escalates to inspect_hardware",
+                e.recurrence_reboots
+            ),
+        )?;
+    }
     field(
         out,
         "overridden:",
@@ -192,7 +196,11 @@ fn write_text(out: &mut dyn Write, e: &Explanation) -> std::io::Result<()> {
         },
     )?;
     if e.in_catalog {
-        field(out, "NVIDIA immediate:", or_none(e.nvidia_immediate))?;
+        field(
+            out,
+            "NVIDIA immediate:",
+            &with_bucket_words(e.nvidia_immediate),
+        )?;
         field(
             out,
             "NVIDIA investigatory:",
@@ -205,6 +213,9 @@ fn write_text(out: &mut dyn Write, e: &Explanation) -> std::io::Result<()> {
         field(out, "NVIDIA catalog:", "not listed")?;
     }
     field(out, "operator action:", &e.operator_action)?;
+    if !e.nvlink5_decode.is_empty() {
+        write_nvlink5_rows(out, &e.nvlink5_decode)?;
+    }
     if let Some(o) = &e.other_agents {
         field(out, "gpud:", or_none(o.gpud))?;
         field(out, "NVSentinel:", or_none(o.nvsentinel))?;
@@ -225,6 +236,65 @@ fn write_text(out: &mut dyn Write, e: &Explanation) -> std::io::Result<()> {
             } else {
                 "not fatal"
             },
+        )?;
+    }
+    Ok(())
+}
+
+/// What NVIDIA's bucket names mean (NVIDIA "Analyzing Xid Errors with the Xid
+/// Catalog", resolution buckets), appended to the name.
+fn with_bucket_words(bucket: &str) -> String {
+    let words = match bucket {
+        "" => return "(none: the catalog gives no bucket)".to_owned(),
+        "RESTART_APP" => "restart the application",
+        "RESET_GPU" => "reset the GPU",
+        "RESTART_BM" => "reboot the bare-metal node",
+        "RESTART_VM" => "restart the virtual machine",
+        "IGNORE" => "informational, nothing to do",
+        "CONTACT_SUPPORT" => "contact NVIDIA support",
+        "CHECK_MECHANICALS" => "check power, cooling and seating",
+        "CHECK_UVM" => "check the unified-memory (UVM) driver and the application's memory use",
+        "UPDATE_SWFW" => "update the driver / firmware",
+        "WORKFLOW_XID_45" => "decide by the XID before it (45 alone: restart fabric manager)",
+        "WORKFLOW_XID_48" => "reset the GPU; with XID 63/64, drain and reset",
+        "WORKFLOW_NVLINK_ERR" => "decode the NVLink registers in the message",
+        "WORKFLOW_NVLINK5_ERR" => "decode intrInfo/errorStatus with NVIDIA's NVLink5 table",
+        "XID_154" => "follow the recovery action the message names",
+        _ => return bucket.to_owned(),
+    };
+    format!("{bucket} ({words})")
+}
+
+fn write_nvlink5_rows(out: &mut dyn Write, rows: &[Nvlink5Row]) -> std::io::Result<()> {
+    writeln!(out)?;
+    writeln!(
+        out,
+        "  NVIDIA NVLink5 decode table (first matching row decides; intrInfo bits most significant first, - = any):"
+    )?;
+    writeln!(
+        out,
+        "  {:<32} {:<32} {:<32} {:<22} {:<12} SEVERITY",
+        "MNEMONIC", "INTRINFO BEFORE R575", "INTRINFO FROM R575", "ERRORSTATUS", "RESOLUTION"
+    )?;
+    for r in rows {
+        let status = if r.error_status.is_empty() {
+            "any".to_owned()
+        } else {
+            r.error_status
+                .iter()
+                .map(|s| format!("{s:#010x}"))
+                .collect::<Vec<_>>()
+                .join("/")
+        };
+        writeln!(
+            out,
+            "  {:<32} {:<32} {:<32} {:<22} {:<12} {}",
+            r.mnemonic,
+            r.before_r575.pattern,
+            r.from_r575.pattern,
+            status,
+            r.resolution.as_str(),
+            r.severity
         )?;
     }
     Ok(())
@@ -251,6 +321,16 @@ fn write_table(out: &mut dyn Write, all: &[Explanation]) -> std::io::Result<()> 
             if e.overridden { "yes" } else { "" },
             e.name
         )?;
+    }
+    writeln!(out)?;
+    for line in wrap(
+        "ACTION: what gpuwatch does when no context rule applies (ignore < restart_app < investigate < \
+         reset_gpu < reboot_node < inspect_hardware). SEVERITY: the severity its events carry. NVIDIA: the \
+         catalog's immediate-action bucket. OVR: yes when this node's [policy] config overrides the entry. \
+         `gpuwatch explain <XID>` shows the context rules and what NVIDIA's bucket means.",
+        TEXT_WIDTH,
+    ) {
+        writeln!(out, "{line}")?;
     }
     Ok(())
 }

@@ -1,20 +1,28 @@
-//! `gpuwatch scan [--format json|text] [FILE...]`: offline analysis of saved
-//! kernel logs (`dmesg` in any of its time formats, `journalctl -k`, syslog,
-//! raw `/dev/kmsg` dumps, mixed). Reads stdin when no file (or `-`) is given.
+//! `gpuwatch scan [--format auto|json|text] [FILE...]`: offline analysis of saved
+//! kernel logs (`dmesg` in any of its time formats and with `-x` facility/level
+//! prefixes, `journalctl -k`, syslog, raw `/dev/kmsg` dumps, mixed; `.gz` files
+//! and `nvidia-bug-report.log.gz` read directly). Reads stdin when no file (or
+//! `-`) is given.
 //!
-//! - `--format json` (default): one `FaultEvent` JSON object per line, in input
-//!   order, `source = "log_file"`.
-//! - `--format text`: a table of the events, then one summary line per GPU (PCI
-//!   address) with the most severe action and what to do about it.
+//! - `--format auto` (default): `text` when stdout is a terminal, else `json`.
+//! - `--format json`: one `FaultEvent` JSON object per line, in input order,
+//!   `source = "log_file"`.
+//! - `--format text`: a table of the events as they are found (memory stays flat
+//!   however many there are), then one summary line per GPU (PCI address), most
+//!   severe first, with the action and what to do about it. The TIME column is the
+//!   line's own wall-clock time when it has one (UTC), else seconds since boot.
 //!
 //! Exit codes (the caller maps [`ScanSummary::exit_code`]): **0** nothing needs
 //! action, **2** at least one fault with action `reset_gpu` or more severe, **1**
 //! an error (unreadable file, output closed).
 //!
 //! Only kernel lines can raise faults: syslog lines of other programs (a user
-//! process printing "NVRM: Xid ...") and user-facility kmsg/`dmesg -r` records are
-//! counted and skipped. Lines longer than 64 KiB and lines with NUL bytes (binary
-//! garbage) are skipped and counted; nothing panics on input.
+//! process printing "NVRM: Xid ...") and user-facility kmsg/`dmesg -r`/`dmesg -x`
+//! records are counted and skipped, as the agent skips them
+//! (`--accept-user-facility` includes them). Lines longer than 64 KiB are skipped and counted. NUL bytes
+//! (a crashed machine's syslog is padded with them up to the next boot's first line)
+//! end the text before them: the pieces between NUL runs are read as lines, and the
+//! lines that had NULs are counted. Nothing panics on input.
 //!
 //! Speed: input is read in 1 MiB blocks and split 16 bytes at a time; a line without any
 //! fault marker ([`Scanner::interesting_line`], checked on the raw bytes) is counted
@@ -36,20 +44,38 @@ pub const MAX_LINE_BYTES: usize = 64 * 1024;
 /// Output format of `gpuwatch scan`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ScanFormat {
-    /// One FaultEvent JSON object per line.
+    /// `text` when stdout is a terminal, `json` otherwise.
     #[default]
+    Auto,
+    /// One FaultEvent JSON object per line.
     Json,
     /// Human-readable table and per-GPU summary.
     Text,
+}
+
+impl ScanFormat {
+    /// The concrete format: `Auto` becomes `Text` on a terminal, else `Json`.
+    pub fn resolve(self, stdout_is_terminal: bool) -> ScanFormat {
+        match self {
+            ScanFormat::Auto if stdout_is_terminal => ScanFormat::Text,
+            ScanFormat::Auto => ScanFormat::Json,
+            f => f,
+        }
+    }
 }
 
 /// Arguments of `gpuwatch scan`.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct ScanArgs {
     /// Output format.
-    #[arg(long, value_enum, default_value_t = ScanFormat::Json)]
+    #[arg(long, value_enum, default_value_t = ScanFormat::Auto)]
     pub format: ScanFormat,
-    /// Log files to scan (`-` or none: stdin).
+    /// Also read user-facility lines (a program writing to the kernel log, syslog
+    /// lines of other programs); by default they are skipped and counted, as the
+    /// agent skips them.
+    #[arg(long)]
+    pub accept_user_facility: bool,
+    /// Log files to scan (`-` or none: stdin); `.gz` files are decompressed.
     #[arg(value_name = "FILE")]
     pub files: Vec<PathBuf>,
 }
@@ -102,12 +128,13 @@ pub struct ScanSummary {
     pub events: u64,
     /// Lines skipped because they were longer than [`MAX_LINE_BYTES`].
     pub skipped_long_lines: u64,
-    /// Lines skipped because they contained NUL bytes (binary data).
-    pub skipped_binary_lines: u64,
+    /// Lines that contained NUL bytes; the text between NUL runs was read as lines.
+    pub lines_with_nul: u64,
     /// Lines with a fault marker (see [`Scanner::interesting_line`]) skipped because
     /// they came from user space (non-kernel facility / syslog tag), e.g. a program
     /// printing `NVRM: Xid ...`. Lines without a marker cannot hold a fault and are
-    /// not decoded, so they are not counted here whatever their source.
+    /// not decoded, so they are not counted here whatever their source. Zero with
+    /// `--accept-user-facility`.
     pub skipped_non_kernel_lines: u64,
     /// Per PCI address (empty string: node-level, e.g. machine checks).
     pub gpus: BTreeMap<String, GpuSummary>,
@@ -179,18 +206,29 @@ const OUT_BUFFER_BYTES: usize = 64 * 1024;
 
 struct Out<'a> {
     out: &'a mut dyn Write,
+    /// `Json` or `Text` (resolved).
     format: ScanFormat,
-    rows: Vec<FaultEvent>,
-    /// One JSON line being written.
+    /// One output line being written.
     line: Vec<u8>,
+    /// Text mode: the table header is written.
+    header_done: bool,
 }
 
-impl Out<'_> {
+impl<'a> Out<'a> {
+    fn new(out: &'a mut dyn Write, format: ScanFormat) -> Out<'a> {
+        Out {
+            out,
+            format,
+            line: Vec::new(),
+            header_done: false,
+        }
+    }
+
     fn event(&mut self, mut ev: FaultEvent, summary: &mut ScanSummary) -> Result<(), ScanError> {
         ev.set_source(Source::LogFile);
         summary.record(&ev);
         match self.format {
-            ScanFormat::Json => {
+            ScanFormat::Json | ScanFormat::Auto => {
                 // Serialised into a reused buffer first, so a failed write (closed
                 // pipe) is reported as such, not as a serialisation error.
                 self.line.clear();
@@ -199,10 +237,28 @@ impl Out<'_> {
                 self.out.write_all(&self.line).map_err(ScanError::Write)
             }
             ScanFormat::Text => {
-                self.rows.push(ev);
-                Ok(())
+                if !self.header_done {
+                    self.header_done = true;
+                    write_header(self.out).map_err(ScanError::Write)?;
+                }
+                // Each row is written as it is found: nothing accumulates.
+                self.line.clear();
+                write_row(&mut self.line, &ev).map_err(ScanError::Write)?;
+                self.out.write_all(&self.line).map_err(ScanError::Write)
             }
         }
+    }
+
+    /// Text mode: the table header (when no row wrote it) and the summary.
+    fn finish(&mut self, summary: &ScanSummary) -> Result<(), ScanError> {
+        if self.format == ScanFormat::Text {
+            if !self.header_done {
+                self.header_done = true;
+                write_header(self.out).map_err(ScanError::Write)?;
+            }
+            write_summary(self.out, summary).map_err(ScanError::Write)?;
+        }
+        self.out.flush().map_err(ScanError::Write)
     }
 }
 
@@ -210,6 +266,8 @@ impl Out<'_> {
 struct LineScan {
     scanner: Scanner,
     events: Vec<FaultEvent>,
+    /// `--accept-user-facility`.
+    accept_user: bool,
 }
 
 impl LineScan {
@@ -225,10 +283,25 @@ impl LineScan {
             summary.skipped_long_lines += 1;
             return Ok(());
         }
-        if line.contains(&0) {
-            summary.skipped_binary_lines += 1;
+        if memchr_nul(line) {
+            summary.lines_with_nul += 1;
+            for piece in line.split(|&b| b == 0) {
+                if !piece.trim_ascii().is_empty() {
+                    self.piece(piece, out, summary)?;
+                }
+            }
             return Ok(());
         }
+        self.piece(line, out, summary)
+    }
+
+    /// One line's text without NUL bytes.
+    fn piece(
+        &mut self,
+        line: &[u8],
+        out: &mut Out<'_>,
+        summary: &mut ScanSummary,
+    ) -> Result<(), ScanError> {
         // A line without a fault marker can neither start nor continue an event; it
         // only matters while an event is held (see the module docs).
         let marked = Scanner::interesting_line(line);
@@ -236,7 +309,7 @@ impl LineScan {
             return Ok(());
         }
         let l = parse_line(line);
-        if l.facility.is_some_and(|f| f != 0) {
+        if !self.accept_user && l.facility.is_some_and(|f| f != 0) {
             // Counted only with a marker: unmarked lines are usually not decoded.
             summary.skipped_non_kernel_lines += u64::from(marked);
             return Ok(());
@@ -258,6 +331,22 @@ impl LineScan {
         }
         Ok(())
     }
+}
+
+/// True when `line` has a NUL byte (16 bytes at a time, as [`find_newline`]).
+fn memchr_nul(line: &[u8]) -> bool {
+    const W: usize = 16;
+    let mut chunks = line.chunks_exact(W);
+    for c in &mut chunks {
+        let mut any = 0u8;
+        for &b in c {
+            any |= u8::from(b == 0);
+        }
+        if any != 0 {
+            return true;
+        }
+    }
+    chunks.remainder().contains(&0)
 }
 
 /// Position of the first `\n` in `hay`. Tests 16 bytes at a time with plain byte
@@ -284,12 +373,14 @@ fn scan_reader(
     name: &str,
     reader: &mut dyn Read,
     policy: &Arc<Policy>,
+    accept_user: bool,
     out: &mut Out<'_>,
     summary: &mut ScanSummary,
 ) -> Result<(), ScanError> {
     let mut scan = LineScan {
         scanner: Scanner::new(Arc::clone(policy)),
         events: Vec::new(),
+        accept_user,
     };
     let read_err = |source| ScanError::Read {
         path: name.to_owned(),
@@ -351,21 +442,55 @@ fn scan_reader(
     scan.drain(out, summary)
 }
 
+/// gzip's magic bytes (RFC 1952 2.3.1).
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+
+/// Opens one input: stdin for `-`, a file otherwise; gzip data (by its magic
+/// bytes, whatever the name) is decompressed on the fly, multi-member files
+/// included (as `gzip -d` reads them).
+fn open_input(path: &std::path::Path) -> Result<Box<dyn Read>, ScanError> {
+    let name = path.display().to_string();
+    let err = |source| ScanError::Read {
+        path: name.clone(),
+        source,
+    };
+    let mut reader: Box<dyn std::io::BufRead> = if name == "-" {
+        Box::new(std::io::BufReader::with_capacity(
+            BLOCK_BYTES,
+            std::io::stdin(),
+        ))
+    } else {
+        let meta = std::fs::metadata(path).map_err(err)?;
+        if meta.is_dir() {
+            return Err(err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "is a directory",
+            )));
+        }
+        let f = std::fs::File::open(path).map_err(err)?;
+        Box::new(std::io::BufReader::with_capacity(BLOCK_BYTES, f))
+    };
+    let head = reader.fill_buf().map_err(err)?;
+    if head.starts_with(&GZIP_MAGIC) {
+        Ok(Box::new(flate2::bufread::MultiGzDecoder::new(reader)))
+    } else {
+        Ok(reader)
+    }
+}
+
 /// Runs `gpuwatch scan`: reads every file (or stdin), writes events to `out`, and
-/// returns what was found (see [`ScanSummary::exit_code`]).
+/// returns what was found (see [`ScanSummary::exit_code`]). `--format auto` is
+/// resolved against the process's stdout.
 pub fn run(
     args: &ScanArgs,
     policy: Arc<Policy>,
     out: &mut dyn Write,
 ) -> Result<ScanSummary, ScanError> {
+    use std::io::IsTerminal as _;
+    let format = args.format.resolve(std::io::stdout().is_terminal());
     let mut summary = ScanSummary::default();
     let mut buffered = std::io::BufWriter::with_capacity(OUT_BUFFER_BYTES, out);
-    let mut o = Out {
-        out: &mut buffered,
-        format: args.format,
-        rows: Vec::new(),
-        line: Vec::new(),
-    };
+    let mut o = Out::new(&mut buffered, format);
     let stdin_only = args.files.is_empty();
     let files: Vec<PathBuf> = if stdin_only {
         vec![PathBuf::from("-")]
@@ -374,34 +499,39 @@ pub fn run(
     };
     for path in &files {
         let name = path.display().to_string();
-        if name == "-" {
-            let stdin = std::io::stdin();
-            let mut lock = stdin.lock();
-            scan_reader(&name, &mut lock, &policy, &mut o, &mut summary)?;
+        let mut input = open_input(path)?;
+        let mut sections = KernelLogSections::new(&mut input);
+        let reader: &mut dyn Read = if sections.is_bug_report()? {
+            &mut sections
         } else {
-            let mut f = std::fs::File::open(path).map_err(|source| ScanError::Read {
-                path: name.clone(),
-                source,
-            })?;
-            scan_reader(&name, &mut f, &policy, &mut o, &mut summary)?;
-        }
+            &mut sections.inner
+        };
+        scan_reader(
+            &name,
+            reader,
+            &policy,
+            args.accept_user_facility,
+            &mut o,
+            &mut summary,
+        )?;
     }
-    if summary.skipped_long_lines + summary.skipped_binary_lines > 0 {
+    if summary.skipped_long_lines > 0 {
         tracing::warn!(
             long_lines = summary.skipped_long_lines,
-            binary_lines = summary.skipped_binary_lines,
-            "Skipped unreadable lines."
+            "Skipped lines longer than the limit."
         );
     }
-    if args.format == ScanFormat::Text {
-        let rows = std::mem::take(&mut o.rows);
-        write_text(o.out, &rows, &summary).map_err(ScanError::Write)?;
+    if summary.lines_with_nul > 0 {
+        tracing::info!(
+            lines = summary.lines_with_nul,
+            "Read lines around NUL bytes (padding of a log written during a crash)."
+        );
     }
-    o.out.flush().map_err(ScanError::Write)?;
+    o.finish(&summary)?;
     Ok(summary)
 }
 
-/// Scans an in-memory log (tests, `gpuwatch scan` on buffers).
+/// Scans an in-memory log (tests, `gpuwatch scan` on buffers). `Auto` is JSON.
 pub fn scan_bytes(
     input: &[u8],
     format: ScanFormat,
@@ -410,20 +540,158 @@ pub fn scan_bytes(
 ) -> Result<ScanSummary, ScanError> {
     let mut summary = ScanSummary::default();
     let mut buffered = std::io::BufWriter::with_capacity(OUT_BUFFER_BYTES, out);
-    let mut o = Out {
-        out: &mut buffered,
-        format,
-        rows: Vec::new(),
-        line: Vec::new(),
-    };
+    let mut o = Out::new(&mut buffered, format.resolve(false));
     let mut reader = input;
-    scan_reader("<memory>", &mut reader, &policy, &mut o, &mut summary)?;
-    if format == ScanFormat::Text {
-        let rows = std::mem::take(&mut o.rows);
-        write_text(o.out, &rows, &summary).map_err(ScanError::Write)?;
-    }
-    o.out.flush().map_err(ScanError::Write)?;
+    scan_reader(
+        "<memory>",
+        &mut reader,
+        &policy,
+        false,
+        &mut o,
+        &mut summary,
+    )?;
+    o.finish(&summary)?;
     Ok(summary)
+}
+
+/// `nvidia-bug-report.log`: only its kernel-log sections are scanned (the rest is
+/// `lspci`, `nvidia-smi -q`, config files, ... whose text can look like log lines).
+///
+/// The report (`nvidia-bug-report.sh`, shipped with the driver) opens with the
+/// line `Start of NVIDIA bug report log file.` and separates sections with a line
+/// of underscores followed by a header such as `*** /var/log/kern.log`,
+/// `*** /var/log/messages`, `*** /var/log/syslog`, `dmesg:` /
+/// `Skipping dmesg` or `journalctl -b -0 ...`. A section is scanned when its
+/// header names a kernel log (`kern.log`, `messages`, `syslog`, `dmesg`,
+/// `journalctl`); every line of it is kept, and scanning stops at the next
+/// separator.
+struct KernelLogSections<'a> {
+    inner: &'a mut Box<dyn Read>,
+    /// Undelivered bytes of the current kernel-log section.
+    pending: Vec<u8>,
+    pos: usize,
+    /// Bytes read but not yet split into lines.
+    buf: Vec<u8>,
+    /// Inside a kernel-log section.
+    in_kernel_section: bool,
+    /// The previous line was a separator: this line is a section header.
+    after_separator: bool,
+    eof: bool,
+}
+
+/// First line of an `nvidia-bug-report.log`.
+const BUG_REPORT_START: &[u8] = b"Start of NVIDIA bug report log file";
+
+impl<'a> KernelLogSections<'a> {
+    fn new(inner: &'a mut Box<dyn Read>) -> KernelLogSections<'a> {
+        KernelLogSections {
+            inner,
+            pending: Vec::new(),
+            pos: 0,
+            buf: Vec::new(),
+            in_kernel_section: false,
+            after_separator: false,
+            eof: false,
+        }
+    }
+
+    /// Reads the first bytes: true for a bug report. Otherwise the bytes read are
+    /// delivered first by the plain reader path (`pending`).
+    fn is_bug_report(&mut self) -> Result<bool, ScanError> {
+        let mut head = vec![0u8; 4096];
+        let mut n = 0;
+        while n < head.len() {
+            match self.inner.read(&mut head[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    return Err(ScanError::Read {
+                        path: "<input>".to_owned(),
+                        source,
+                    });
+                }
+            }
+        }
+        head.truncate(n);
+        let is_report = memchr::memmem::find(&head[..n.min(512)], BUG_REPORT_START).is_some();
+        if is_report {
+            self.buf = head;
+        } else {
+            // Not a report: hand the bytes back in front of the rest.
+            let rest = std::mem::replace(self.inner, Box::new(std::io::empty()));
+            *self.inner = Box::new(std::io::Cursor::new(head).chain(rest));
+        }
+        Ok(is_report)
+    }
+
+    /// Splits complete lines out of `buf` into `pending` (kernel sections only).
+    fn split_lines(&mut self) {
+        let mut start = 0;
+        while let Some(off) = memchr::memchr(b'\n', &self.buf[start..]) {
+            let end = start + off + 1;
+            self.line(start, end);
+            start = end;
+        }
+        if self.eof && start < self.buf.len() {
+            let end = self.buf.len();
+            self.line(start, end);
+            start = end;
+        }
+        self.buf.drain(..start);
+    }
+
+    fn line(&mut self, start: usize, end: usize) {
+        let line = &self.buf[start..end];
+        let text = line.trim_ascii();
+        if text.len() >= 20 && text.iter().all(|&b| b == b'_') {
+            self.in_kernel_section = false;
+            self.after_separator = true;
+            return;
+        }
+        if self.after_separator && !text.is_empty() {
+            self.after_separator = false;
+            let header = String::from_utf8_lossy(text).to_ascii_lowercase();
+            self.in_kernel_section = ["kern.log", "messages", "syslog", "dmesg", "journalctl"]
+                .iter()
+                .any(|k| header.contains(k))
+                && !header.starts_with("skipping");
+            return;
+        }
+        if self.in_kernel_section {
+            self.pending.extend_from_slice(line);
+        }
+    }
+}
+
+impl Read for KernelLogSections<'_> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            if self.pos < self.pending.len() {
+                let n = out.len().min(self.pending.len() - self.pos);
+                out[..n].copy_from_slice(&self.pending[self.pos..self.pos + n]);
+                self.pos += n;
+                return Ok(n);
+            }
+            self.pending.clear();
+            self.pos = 0;
+            if self.eof {
+                return Ok(0);
+            }
+            let mut chunk = [0u8; 64 * 1024];
+            let n = loop {
+                match self.inner.read(&mut chunk) {
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    r => break r?,
+                }
+            };
+            if n == 0 {
+                self.eof = true;
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+            self.split_lines();
+        }
+    }
 }
 
 fn truncate(s: &str, max: usize) -> String {
@@ -436,49 +704,93 @@ fn truncate(s: &str, max: usize) -> String {
     }
 }
 
-fn write_text(out: &mut dyn Write, rows: &[FaultEvent], s: &ScanSummary) -> std::io::Result<()> {
+/// `YYYY-MM-DD HH:MM:SS` (UTC) of Unix nanoseconds (Howard Hinnant's
+/// days-to-civil algorithm, proleptic Gregorian).
+fn utc_time(ns: u64) -> String {
+    let secs = ns / 1_000_000_000;
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// The TIME column: the line's own wall-clock time (UTC) when it had one, else
+/// seconds since boot, else `-`. Never raw epoch seconds.
+fn time_column(ev: &FaultEvent) -> String {
+    match (ev.time_unix_nano, ev.monotonic_usec) {
+        (Some(ns), _) => utc_time(ns),
+        (None, Some(us)) => format!("{}.{:06}", us / 1_000_000, us % 1_000_000),
+        (None, None) => "-".to_owned(),
+    }
+}
+
+fn write_header(out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(
         out,
-        "{:<14} {:<13} {:<16} {:>6} {:<17} MESSAGE",
+        "{:<19} {:<13} {:<16} {:>6} {:<17} MESSAGE",
         "TIME", "PCI", "KIND", "CODE", "ACTION"
-    )?;
-    for ev in rows {
-        let time = match (ev.monotonic_usec, ev.time_unix_nano) {
-            (Some(us), _) => format!("{}.{:06}", us / 1_000_000, us % 1_000_000),
-            (None, Some(ns)) => format!("@{}", ns / 1_000_000_000),
-            (None, None) => "-".to_owned(),
-        };
-        let pci = if ev.pci_address.is_empty() {
-            "-"
-        } else {
-            &ev.pci_address
-        };
-        let code = if ev.code == 0 {
-            "-".to_owned()
-        } else {
-            ev.code.to_string()
-        };
-        writeln!(
-            out,
-            "{:<14} {:<13} {:<16} {:>6} {:<17} {}",
-            time,
-            pci,
-            ev.kind().short_name(),
-            code,
-            ev.action().short_name(),
-            truncate(&ev.message, 100)
-        )?;
-    }
+    )
+}
+
+fn write_row(out: &mut Vec<u8>, ev: &FaultEvent) -> std::io::Result<()> {
+    let pci = if ev.pci_address.is_empty() {
+        "-"
+    } else {
+        &ev.pci_address
+    };
+    let code = if ev.code == 0 {
+        ev.attributes
+            .get("xid_as_printed")
+            .cloned()
+            .unwrap_or_else(|| "-".to_owned())
+    } else {
+        ev.code.to_string()
+    };
+    writeln!(
+        out,
+        "{:<19} {:<13} {:<16} {:>6} {:<17} {}",
+        time_column(ev),
+        pci,
+        ev.kind().short_name(),
+        code,
+        ev.action().short_name(),
+        truncate(&ev.message, 100)
+    )
+}
+
+fn write_summary(out: &mut dyn Write, s: &ScanSummary) -> std::io::Result<()> {
     writeln!(out)?;
     writeln!(
         out,
-        "{} lines, {} events ({} long, {} binary, {} non-kernel lines skipped)",
-        s.lines, s.events, s.skipped_long_lines, s.skipped_binary_lines, s.skipped_non_kernel_lines
+        "{} lines, {} events ({} long, {} non-kernel lines skipped; {} lines with NUL bytes read around them)",
+        s.lines, s.events, s.skipped_long_lines, s.skipped_non_kernel_lines, s.lines_with_nul
     )?;
+    if s.skipped_non_kernel_lines > 0 {
+        writeln!(
+            out,
+            "User-space lines with fault markers were skipped as the agent skips them; \
+             --accept-user-facility includes them."
+        )?;
+    }
     if s.gpus.is_empty() {
         writeln!(out, "No GPU faults found.")?;
     }
-    for (pci, g) in &s.gpus {
+    // Most severe first, then by address.
+    let mut gpus: Vec<(&String, &GpuSummary)> = s.gpus.iter().collect();
+    gpus.sort_by(|a, b| b.1.action.rank().cmp(&a.1.action.rank()).then(a.0.cmp(b.0)));
+    for (pci, g) in gpus {
         let who = if pci.is_empty() { "node" } else { pci.as_str() };
         writeln!(
             out,
@@ -512,23 +824,29 @@ mod tests {
                 summary.skipped_long_lines += 1;
                 continue;
             }
-            if line.contains(&0) {
-                summary.skipped_binary_lines += 1;
-                continue;
-            }
-            let l = parse_line(line);
-            if l.facility.is_some_and(|f| f != 0) {
-                summary.skipped_non_kernel_lines += 1;
-                continue;
-            }
-            let meta = RecordMeta {
-                seq: l.seq,
-                monotonic_usec: l.monotonic_usec,
-                time_unix_nano: l.time_unix_nano,
-                facility: l.facility,
-                level: l.level,
+            let pieces: Vec<&[u8]> = if line.contains(&0) {
+                summary.lines_with_nul += 1;
+                line.split(|&b| b == 0)
+                    .filter(|p| !p.trim_ascii().is_empty())
+                    .collect()
+            } else {
+                vec![line]
             };
-            scanner.push(meta, &l.message, &mut events);
+            for line in pieces {
+                let l = parse_line(line);
+                if l.facility.is_some_and(|f| f != 0) {
+                    summary.skipped_non_kernel_lines += 1;
+                    continue;
+                }
+                let meta = RecordMeta {
+                    seq: l.seq,
+                    monotonic_usec: l.monotonic_usec,
+                    time_unix_nano: l.time_unix_nano,
+                    facility: l.facility,
+                    level: l.level,
+                };
+                scanner.push(meta, &l.message, &mut events);
+            }
         }
         scanner.finish(&mut events);
         let json = events
@@ -591,15 +909,10 @@ mod tests {
         assert!(want.len() > 100, "{}", want.len());
         for step in [usize::MAX, 7, 4096, MAX_LINE_BYTES + 1, BLOCK_BYTES / 3] {
             let mut out = Vec::new();
-            let mut o = Out {
-                out: &mut out,
-                format: ScanFormat::Json,
-                rows: Vec::new(),
-                line: Vec::new(),
-            };
+            let mut o = Out::new(&mut out, ScanFormat::Json);
             let mut summary = ScanSummary::default();
             let mut reader = Trickle { data: &input, step };
-            scan_reader("<test>", &mut reader, &policy, &mut o, &mut summary).unwrap();
+            scan_reader("<test>", &mut reader, &policy, false, &mut o, &mut summary).unwrap();
             let got: Vec<String> = String::from_utf8(out)
                 .unwrap()
                 .lines()
@@ -610,17 +923,17 @@ mod tests {
                 lines,
                 events,
                 skipped_long_lines,
-                skipped_binary_lines,
+                lines_with_nul,
                 skipped_non_kernel_lines,
                 gpus,
             } = &summary;
             assert_eq!(
-                (*lines, *events, *skipped_long_lines, *skipped_binary_lines),
+                (*lines, *events, *skipped_long_lines, *lines_with_nul),
                 (
                     want_summary.lines,
                     want_summary.events,
                     want_summary.skipped_long_lines,
-                    want_summary.skipped_binary_lines
+                    want_summary.lines_with_nul
                 ),
                 "step {step}"
             );
@@ -647,13 +960,13 @@ mod tests {
     }
 
     #[test]
-    fn long_lines_and_binary_are_skipped_and_counted() {
+    fn long_lines_are_skipped_and_nul_padding_is_read_around() {
         let mut input = Vec::new();
         input.extend_from_slice(
             b"[  1.0] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.\n",
         );
         input.extend(std::iter::repeat_n(b'a', MAX_LINE_BYTES + 10));
-        input.extend_from_slice(b"\nbinary\0garbage NVRM: Xid (PCI:0000:3b:00): 79, x\n");
+        input.extend_from_slice(b"\ngarbage\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0[ 5.0] NVRM: Xid (PCI:0000:3d:00): 79, x\n");
         input.extend_from_slice(b"[  2.0] NVRM: Xid (PCI:0000:3c:00): 13, Graphics Exception");
         let mut out = Vec::new();
         let s = scan_bytes(
@@ -665,10 +978,11 @@ mod tests {
         .unwrap();
         assert_eq!(s.lines, 4);
         assert_eq!(s.skipped_long_lines, 1);
-        assert_eq!(s.skipped_binary_lines, 1);
-        assert_eq!(s.events, 2);
+        assert_eq!(s.lines_with_nul, 1);
+        assert_eq!(s.events, 3);
         let text = String::from_utf8(out).unwrap();
-        assert_eq!(text.lines().count(), 2);
+        assert_eq!(text.lines().count(), 3);
+        assert!(text.contains(r#""pci_address":"0000:3d:00.0""#), "{text}");
         assert!(text.contains(r#""source":"log_file""#));
     }
 }

@@ -133,6 +133,7 @@ pub fn kind_reason(kind: FaultKind, code: u32) -> String {
         FaultKind::RecoveryAction => "GPURecoveryAction".into(),
         FaultKind::PcieLink => "PCIeLinkDegraded".into(),
         FaultKind::Validation => "ValidationFailed".into(),
+        FaultKind::Peermem => "PeerMemError".into(),
         FaultKind::Unspecified => "GPUFault".into(),
     }
 }

@@ -65,6 +65,7 @@ short_names!(FaultKind {
     RecoveryAction => "recovery_action",
     PcieLink => "pcie_link",
     Validation => "validation",
+    Peermem => "peermem",
 });
 
 short_names!(Action {

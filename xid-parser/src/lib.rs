@@ -41,6 +41,7 @@
 mod catalog;
 mod line;
 mod message;
+mod nvlink5;
 mod overrides;
 mod pci;
 mod policy;
@@ -49,8 +50,11 @@ mod scanner;
 
 pub use line::{LineFormat, LogLine, parse_line};
 pub use message::{
-    AerDetail, AerSeverity, AerSummary, DriverErrorMsg, EccMsg, GpuIdentity, MceMsg, Message,
-    NvlinkMsg, SxidMsg, ThermalMsg, XidMsg, parse_message, recovery_action_from_text,
+    AerDetail, AerSeverity, AerSummary, DriverErrorMsg, EccMsg, GpuIdentity, MceMsg, McePart,
+    Message, NvlinkMsg, SxidMsg, ThermalMsg, XidMsg, parse_message, recovery_action_from_text,
+};
+pub use nvlink5::{
+    Bits, Layout, Nvlink5Row, Resolution, decode as decode_nvlink5, layout_of_driver, nvlink5_rows,
 };
 pub use overrides::{CountWindow, OverrideProblem, PolicyOverrides, XidOverride};
 pub use pci::{find_pci, normalize_pci};

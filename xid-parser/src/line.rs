@@ -13,6 +13,10 @@
 //! | [`LineFormat::SyslogPrecise`] | `Mar 03 12:00:00.123456 host kernel: msg` (`-o short-precise`) |
 //! | [`LineFormat::SyslogIso`] | `2025-03-03T12:00:00.123+01:00 host kernel: msg` (rsyslog RFC 3339, `-o short-iso`) |
 //!
+//! `dmesg -x` prefixes the facility and level (`kern  :warn  : [  123.4] msg`,
+//! `user  :err   : msg`) before any of the dmesg forms: they set `facility` and
+//! `level`, the rest is parsed as usual.
+//!
 //! Syslog-family lines have rsyslog's `#012`-style control escapes decoded and an
 //! embedded kernel timestamp (`kernel: [ 123.4] msg`) moved into `monotonic_usec`.
 //! Month names are accepted in English, German, French, Spanish, Italian and
@@ -102,7 +106,7 @@ impl<'a> LogLine<'a> {
 
 /// Parses one saved-log line, detecting its format. Never fails: a line without a
 /// known prefix is returned whole as the message ([`LineFormat::Unknown`]). A trailing
-/// `\n` / `\r\n` is ignored; invalid UTF-8 is replaced by U+FFFD.
+/// `\n` / `\r\n` and leading NUL bytes are ignored; invalid UTF-8 is replaced by U+FFFD.
 ///
 /// ```
 /// use xid_parser::{parse_line, LineFormat};
@@ -116,6 +120,9 @@ impl<'a> LogLine<'a> {
 /// assert_eq!(l.message, "NVRM: loading\nx");
 /// ```
 pub fn parse_line(line: &[u8]) -> LogLine<'_> {
+    // A crashed machine's syslog is padded with NUL bytes up to the next boot's
+    // first line: the padding is skipped, the line kept.
+    let line = &line[line.iter().position(|&b| b != 0).unwrap_or(line.len())..];
     let line = line.strip_suffix(b"\n").unwrap_or(line);
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     let Some(&first) = line.first() else {
@@ -125,10 +132,54 @@ pub fn parse_line(line: &[u8]) -> LogLine<'_> {
         b'0'..=b'9' => parse_kmsg_line(line).or_else(|| parse_iso_line(line)),
         b'<' => parse_raw_line(line),
         b'[' => parse_bracket_line(line, LineFormat::Dmesg),
-        _ if first.is_ascii_alphabetic() || first >= 0x80 => parse_syslog_line(line),
+        _ if first.is_ascii_alphabetic() => {
+            parse_decoded_prefix(line).or_else(|| parse_syslog_line(line))
+        }
+        _ if first >= 0x80 => parse_syslog_line(line),
         _ => None,
     };
     parsed.unwrap_or_else(|| LogLine::new(LineFormat::Unknown, lossy(line)))
+}
+
+/// syslog facility names as `dmesg -x` prints them (util-linux `dmesg.c`), in
+/// facility-number order (`res0`..`res3` are 12..15).
+const FACILITIES: [&str; 24] = [
+    "kern", "user", "mail", "daemon", "auth", "syslog", "lpr", "news", "uucp", "cron", "authpriv",
+    "ftp", "res0", "res1", "res2", "res3", "local0", "local1", "local2", "local3", "local4",
+    "local5", "local6", "local7",
+];
+/// syslog level names as `dmesg -x` prints them, in level-number order.
+const LEVELS: [&str; 8] = [
+    "emerg", "alert", "crit", "err", "warn", "notice", "info", "debug",
+];
+
+/// `dmesg -x`: `kern  :warn  : ` (names padded to six) before a dmesg line.
+fn parse_decoded_prefix(line: &[u8]) -> Option<LogLine<'_>> {
+    // (index after the name, its padding and `:`; length of the name).
+    let field = |s: &[u8]| -> Option<(usize, usize)> {
+        let n = s.iter().take_while(|b| b.is_ascii_alphanumeric()).count();
+        let pad = s[n..].iter().take_while(|&&b| b == b' ').count();
+        (n > 0 && s.get(n + pad) == Some(&b':')).then_some((n + pad + 1, n))
+    };
+    let (after_fac, fac_len) = field(line)?;
+    let facility = FACILITIES
+        .iter()
+        .position(|f| f.as_bytes() == &line[..fac_len])?;
+    let rest = &line[after_fac..];
+    let (after_level, level_len) = field(rest)?;
+    let level = LEVELS
+        .iter()
+        .position(|l| l.as_bytes() == &rest[..level_len])?;
+    let msg = &rest[after_level..];
+    let msg = msg.strip_prefix(b" ").unwrap_or(msg);
+    let mut out = match msg.first() {
+        Some(b'[') => parse_bracket_line(msg, LineFormat::Dmesg)
+            .unwrap_or_else(|| LogLine::new(LineFormat::Unknown, lossy(msg))),
+        _ => LogLine::new(LineFormat::Unknown, lossy(msg)),
+    };
+    out.facility = Some(facility as u8);
+    out.level = Some(level as u8);
+    Some(out)
 }
 
 fn parse_kmsg_line(line: &[u8]) -> Option<LogLine<'_>> {
@@ -512,11 +563,17 @@ fn parse_syslog_line(line: &[u8]) -> Option<LogLine<'_>> {
 /// `host tag[pid]: msg` → message (with `#ooo` escapes decoded and an embedded
 /// `[ 123.4]` kernel timestamp lifted out).
 fn parse_host_tag(rest: &[u8], format: LineFormat) -> Option<LogLine<'_>> {
-    let sp = memchr::memchr(b' ', rest)?;
-    if sp == 0 {
-        return None;
-    }
-    let after_host = &rest[sp + 1..];
+    // People often cut the host name before pasting: `Feb 23 03:28:16 kernel: msg`.
+    let unpadded = rest.trim_ascii_start();
+    let after_host = if unpadded.starts_with(b"kernel: ") {
+        unpadded
+    } else {
+        let sp = memchr::memchr(b' ', rest)?;
+        if sp == 0 {
+            return None;
+        }
+        &rest[sp + 1..]
+    };
     let colon = memchr::memchr(b':', &after_host[..after_host.len().min(64)])?;
     let tag = &after_host[..colon];
     let valid_tag = !tag.is_empty()
@@ -585,6 +642,26 @@ mod tests {
 
     fn p(s: &str) -> LogLine<'_> {
         parse_line(s.as_bytes())
+    }
+
+    #[test]
+    fn dmesg_decoded_facility_and_level_prefixes() {
+        let l = parse_line(b"kern  :warn  : [   42.023596] NVRM: Xid (PCI:0000:00:06): 13, x");
+        assert_eq!((l.facility, l.level), (Some(0), Some(4)));
+        assert_eq!(l.monotonic_usec, Some(42_023_596));
+        assert_eq!(l.format, LineFormat::Dmesg);
+        assert!(l.message.starts_with("NVRM: Xid"));
+        let l = parse_line(
+            b"user  :err   : [Mon Oct  3 13:52:42 2022] NVRM: Xid (PCI:0000:00:06): 79, x",
+        );
+        assert_eq!((l.facility, l.level), (Some(1), Some(3)));
+        assert_eq!(l.format, LineFormat::DmesgCtime);
+        let l = parse_line(b"local7:debug : plain message");
+        assert_eq!((l.facility, l.level), (Some(23), Some(7)));
+        assert_eq!(l.message, "plain message");
+        // Not a facility name / not a level: not this form.
+        assert_eq!(parse_line(b"kernel:warn  : x").facility, None);
+        assert_eq!(parse_line(b"kern  :warning: x").facility, None);
     }
 
     #[test]

@@ -31,10 +31,15 @@ pub(crate) use {contains, find};
 /// An NVRM `Xid` line: `NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.`
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct XidMsg<'a> {
-    /// PCI address as printed (`0000:3b:00`, not normalised).
+    /// PCI address as printed (`0000:3b:00`, not normalised). May be an address
+    /// someone edited before pasting the log: redacted (`...`, `xxxx:xx:xx`) or with a
+    /// device number above 0x1f; the line is still an XID.
     pub pci: &'a str,
-    /// The XID code.
+    /// The XID code; 0 when the printed code does not fit (see `code_as_printed`).
     pub code: u32,
+    /// The code as printed when it is not a plain number below 10⁹ (`-1`,
+    /// `4294967296`, `1000000000`): such a code is unknown and is reported, not dropped.
+    pub code_as_printed: Option<&'a str>,
     /// `pid=1234`; `None` for `pid='<unknown>'` or no pid.
     pub pid: Option<u32>,
     /// `name=python`; `None` for `name=<unknown>` or no name.
@@ -132,8 +137,9 @@ pub struct AerSummary<'a> {
 pub enum AerDetail<'a> {
     /// `PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)`.
     BusError {
-        /// Device printing the line.
-        device: &'a str,
+        /// Device printing the line; `None` when the line was printed (or saved)
+        /// without the `pcieport <bdf>:` prefix.
+        device: Option<&'a str>,
         /// Severity.
         severity: AerSeverity,
         /// `type=...` value.
@@ -189,14 +195,41 @@ pub struct ThermalMsg<'a> {
     pub temperature_c: Option<u32>,
 }
 
-/// Machine check exception line.
+/// The part of a machine-check report a line is. A report (one event) holds each
+/// part at most once, so a second line of the same part starts the next report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum McePart {
+    /// Opening line: `Machine check events logged`, AMD's `Corrected error, no action
+    /// required.` / `Error Status: …`, CPER's `Hardware error from APEI …`, EDAC's
+    /// `HANDLING MCE MEMORY ERROR`.
+    Summary,
+    /// The bank's status register: `CPU 0: Machine Check: 0 Bank 4: a600…`,
+    /// `CPU:2 (15:2:0) MC2_STATUS[-|CE|…]: 0x98…`, EDAC's `Machine Check Event: …`.
+    Status,
+    /// AMD's per-bank decoding: `MC2 Error: VB Data ECC or parity error.`
+    BankDecode,
+    /// CPER's `event severity: fatal`.
+    Severity,
+    /// EDAC's `HANDLING MCE MEMORY ERROR` (follows the MCE core's summary).
+    Heading,
+    /// An EDAC memory-controller result: `EDAC MC1: 1 CE memory read error on …`.
+    MemoryError,
+    /// `Kernel panic - not syncing: Fatal machine check`.
+    Panic,
+}
+
+/// A machine-check line (x86 MCE core, AMD MCA decoder, EDAC, CPER/APEI).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MceMsg {
-    /// `Bank 5`.
+    /// `Bank 5`, `MC2_STATUS`, `MC2 Error`.
     pub bank: Option<u32>,
-    /// Starts a machine check report (`CPU n: Machine Check ...`, `Machine check events logged`);
-    /// false for the follow-up lines (`TSC`, `ADDR`, `PROCESSOR`, ...).
-    pub starts_report: bool,
+    /// The report part this line is; `None` for detail lines (`TSC`, `ADDR`,
+    /// `PROCESSOR`, `cache level`, CPER section fields), which only belong to a
+    /// report already started.
+    pub part: Option<McePart>,
+    /// `corrected`, `recoverable`, `uncorrected` or `fatal` when the line says (status
+    /// register bits UC/PCC, `CE`/`UE`, the words printed).
+    pub severity: Option<&'static str>,
 }
 
 /// Other NVRM driver errors.
@@ -247,6 +280,11 @@ pub enum Message<'a> {
     Thermal(ThermalMsg<'a>),
     /// Machine check.
     Mce(MceMsg),
+    /// An `nvidia-peermem` (GPUDirect RDMA peer memory) module error.
+    Peermem {
+        /// The function named by the line (`nv_get_p2p_free_callback`), when printed.
+        function: Option<&'a str>,
+    },
     /// NVRM driver error.
     DriverError(DriverErrorMsg<'a>),
     /// Any other NVRM line (context only: GSP RPC dumps, crash dump notes).
@@ -259,11 +297,11 @@ pub enum Message<'a> {
 /// Prefilter: false ⇒ [`parse_message`] returns `None`. True when the message has one
 /// of the markers of a message kind: `NVRM`/`NVLink`/`NVLINK` (also `nV…`), `Xid`/`SXid`,
 /// `AER`, `nvidia`/`nvlink`/`nvswitch`, `[Hardware Error]`, an AER detail `[` (after
-/// four spaces or `device `), `PCIe Bus Error`, `Machine Check`/`Machine check`,
-/// `temperature`, `mce:`.
+/// four spaces or `device `), `PCIe Bus Error`, `Machine Check`/`Machine check`/
+/// `machine check`, `temperature`, `mce:`, `EDAC `.
 ///
 /// One pass, no allocation: every marker contains one of a few byte pairs (`NV`, `nV`,
-/// `nv`, `Xi`, `AE`, `[H`, ` [`, `PC`, `Ma`, `mp`, `mc`). Pairs are tested 16
+/// `nv`, `Xi`, `AE`, `[H`, ` [`, `PC`, `Ma`, `mp`, `mc`, `ma`, `ED`). Pairs are tested 16
 /// positions at a time with plain comparisons (which the compiler vectorises) into a
 /// bit mask; only the positions set in it are checked for the full marker.
 pub fn interesting(msg: &[u8]) -> bool {
@@ -328,7 +366,8 @@ fn marker_pair(a: u8, b: u8) -> bool {
         | ((a == b' ') & (b == b'['))
         | ((a == b'P') & (b == b'C'))
         | ((a == b'M') & (b == b'a'))
-        | ((a == b'm') & ((b == b'p') | (b == b'c')))
+        | ((a == b'm') & ((b == b'p') | (b == b'c') | (b == b'a')))
+        | ((a == b'E') & (b == b'D'))
 }
 
 /// Full marker check for the pair starting at `i` (see [`marker_pair`]).
@@ -361,7 +400,8 @@ fn marker_at(msg: &[u8], i: usize) -> bool {
                 && msg[j - 1] == b'n'
                 && (at(j + 1, b"idia") || at(j + 1, b"link") || at(j + 1, b"switch"))
         }
-        b'm' => at(j, b"mce:") || (j >= 2 && at(j - 2, b"temperature")),
+        b'm' => at(j, b"mce:") || at(j, b"machine check") || (j >= 2 && at(j - 2, b"temperature")),
+        b'E' => at(j, b"EDAC "),
         _ => false,
     }
 }
@@ -429,9 +469,15 @@ pub fn parse_message(msg: &str) -> Option<Message<'_>> {
     }
     if (contains!(msg, "mce:")
         || contains!(msg, "[Hardware Error]")
-        || contains!(msg, "Machine Check"))
+        || contains!(msg, "Machine Check")
+        || contains!(msg, "Machine check")
+        || contains!(msg, "machine check")
+        || contains!(msg, "EDAC "))
         && let Some(m) = parse_mce(msg)
     {
+        return Some(m);
+    }
+    if let Some(m) = parse_peermem(msg) {
         return Some(m);
     }
     if let Some(m) = parse_thermal(msg, None) {
@@ -484,13 +530,29 @@ fn nvlink_driver_body(msg: &str) -> Option<&str> {
 
 fn parse_xid(s: &str) -> Option<XidMsg<'_>> {
     let close = memchr::memchr(b')', &s.as_bytes()[..s.len().min(64)])?;
-    let pci_tok = first_word(&s[..close])?;
+    let pci_tok = first_word(&s[..close]).unwrap_or("");
     let pci_tok = pci_tok.strip_prefix("PCI:").unwrap_or(pci_tok);
-    if !crate::pci::is_pci(pci_tok) {
+    if !(crate::pci::is_pci(pci_tok) || crate::pci::is_edited_pci(pci_tok)) {
         return None;
     }
     let rest = trim_start(s[close + 1..].strip_prefix(':')?);
-    let (code, mut rest) = leading_u32(rest)?;
+    let (code, code_as_printed, mut rest) = match leading_u32(rest) {
+        Some((code, rest)) => (code, None, rest),
+        None => {
+            // A negative code or one of ten or more digits: an unknown code, kept as printed.
+            let digits_from = usize::from(rest.starts_with('-'));
+            let end = rest[digits_from..]
+                .bytes()
+                .position(|b| !b.is_ascii_digit())
+                .map_or(rest.len(), |e| e + digits_from);
+            if end == digits_from || end > 40 {
+                return None;
+            }
+            let printed = &rest[..end];
+            let code = printed.parse::<u32>().unwrap_or(0);
+            (code, Some(printed), &rest[end..])
+        }
+    };
     match rest.as_bytes().first() {
         None => {}
         Some(b',') => rest = trim_start(&rest[1..]),
@@ -535,6 +597,7 @@ fn parse_xid(s: &str) -> Option<XidMsg<'_>> {
     Some(XidMsg {
         pci: pci_tok,
         code,
+        code_as_printed,
         pid,
         process,
         channel,
@@ -602,8 +665,13 @@ fn parse_sxid(s: &str) -> Option<SxidMsg<'_>> {
     let (code, rest) = leading_u32(rest)?;
     let detail = rest.trim_start_matches(',').trim_start();
     // `SOE HALT data[0] = 0x...` lines follow `SOE HALTED` of the same SXid.
-    let followup = detail.starts_with("Severity ")
-        || detail.starts_with("Data {")
+    // Padding varies (`Data     {0x    0037, ...}`): the word and the brace decide.
+    let followup = detail
+        .strip_prefix("Severity")
+        .is_some_and(|r| r.starts_with(char::is_whitespace))
+        || detail
+            .strip_prefix("Data")
+            .is_some_and(|r| r.trim_start().starts_with('{'))
         || detail.starts_with("SOE HALT data[");
     let first = detail.split(',').next().unwrap_or("").trim();
     let fatal = match first {
@@ -797,18 +865,154 @@ fn parse_thermal<'a>(msg: &'a str, pci: Option<&'a str>) -> Option<Message<'a>> 
     Some(Message::Thermal(ThermalMsg { pci, temperature_c }))
 }
 
+/// Severity of an x86 MCi_STATUS value (hex, with or without `0x`): UC (bit 61)
+/// uncorrected, PCC (bit 57) fatal, VAL (bit 63) without UC corrected (Intel SDM
+/// vol. 3B 16.3.2.2, AMD APM vol. 2 9.3.2.4: the bit positions are shared).
+fn status_severity(hex: &str) -> Option<&'static str> {
+    let hex = hex.trim().trim_start_matches("0x");
+    let end = hex
+        .bytes()
+        .position(|b| !b.is_ascii_hexdigit())
+        .unwrap_or(hex.len());
+    let v = u64::from_str_radix(hex.get(..end.min(16))?, 16).ok()?;
+    if v >> 63 == 0 {
+        None
+    } else if v >> 57 & 1 == 1 {
+        Some("fatal")
+    } else if v >> 61 & 1 == 1 {
+        Some("uncorrected")
+    } else {
+        Some("corrected")
+    }
+}
+
+/// `MC<n>` at the start of `s` → n.
+fn mc_bank(s: &str) -> Option<u32> {
+    leading_u32(s.strip_prefix("MC")?).map(|(n, _)| n)
+}
+
 fn parse_mce(msg: &str) -> Option<Message<'_>> {
-    let bank = find!(msg, "Bank ").and_then(|i| leading_u32(&msg[i + 5..]).map(|(n, _)| n));
-    let starts_report = contains!(msg, "Machine Check")
-        || contains!(msg, "Machine check events logged")
-        || contains!(msg, "Machine check:");
-    if contains!(msg, "[Hardware Error]") || starts_report {
-        return Some(Message::Mce(MceMsg {
+    let mce = |bank, part, severity| {
+        Some(Message::Mce(MceMsg {
             bank,
-            starts_report,
-        }));
+            part,
+            severity,
+        }))
+    };
+    if let Some(i) = find!(msg, "Kernel panic - not syncing")
+        && (contains!(&msg[i..], "achine check") || contains!(&msg[i..], "achine Check"))
+    {
+        return mce(None, Some(McePart::Panic), Some("fatal"));
+    }
+    // `EDAC <driver> MC<n>: …` at the start of the message or after a blank
+    // (a saved line may keep a `kernel:` tag before it).
+    let edac = find!(msg, "EDAC ")
+        .filter(|&i| i == 0 || msg.as_bytes()[i - 1].is_ascii_whitespace())
+        .map(|i| &msg[i + 5..]);
+    if let Some(rest) = edac {
+        if contains!(rest, "HANDLING MCE MEMORY ERROR") {
+            return mce(None, Some(McePart::Heading), None);
+        }
+        if contains!(rest, "Machine Check Event") {
+            let bank = find!(rest, "Bank ").and_then(|b| leading_u32(&rest[b + 5..]));
+            let severity = bank.and_then(|(_, r)| status_severity(r.trim_start_matches(':')));
+            return mce(bank.map(|b| b.0), Some(McePart::Status), severity);
+        }
+        // `EDAC MC1: 262 CE memory read error on …`, `EDAC MC0: 1 UE …`.
+        if let Some(colon) = rest.find(": ")
+            && mc_bank(&rest[..colon]).is_some()
+            && let Some((_, after)) = leading_u32(&rest[colon + 2..])
+        {
+            let severity = if after.starts_with(" CE ") {
+                Some("corrected")
+            } else if after.starts_with(" UE ") {
+                Some("uncorrected")
+            } else {
+                None
+            };
+            if severity.is_some() {
+                return mce(None, Some(McePart::MemoryError), severity);
+            }
+        }
+        return mce(None, None, None);
+    }
+    let hw =
+        find!(msg, "[Hardware Error]").map(|i| msg[i + 16..].trim_start_matches(':').trim_start());
+    if let Some(body) = hw {
+        if body.starts_with("Hardware error from APEI") {
+            return mce(None, Some(McePart::Summary), None);
+        }
+        if let Some(sev) = body.strip_prefix("event severity:") {
+            let severity = match sev.trim() {
+                "corrected" | "info" => Some("corrected"),
+                "recoverable" => Some("recoverable"),
+                "fatal" => Some("fatal"),
+                _ => None,
+            };
+            return mce(None, Some(McePart::Severity), severity);
+        }
+        // AMD decoder: `Corrected error, no action required.`, `Uncorrected, software
+        // containable error.`, `System Fatal error.`, older `Error Status: …`.
+        let status_text = body.strip_prefix("Error Status:").map(str::trim_start);
+        let summary = status_text.unwrap_or(body);
+        if summary.starts_with("Corrected error") {
+            return mce(None, Some(McePart::Summary), Some("corrected"));
+        }
+        if summary.starts_with("Uncorrected") {
+            return mce(None, Some(McePart::Summary), Some("uncorrected"));
+        }
+        if summary.starts_with("System Fatal error") {
+            return mce(None, Some(McePart::Summary), Some("fatal"));
+        }
+        if status_text.is_some() {
+            return mce(None, Some(McePart::Summary), None);
+        }
+        // `CPU:2 (15:2:0) MC2_STATUS[-|CE|MiscV|-|-|-|-|CECC]: 0x98444000010c0176`.
+        if let Some(i) = find!(body, "_STATUS[") {
+            let head = &body[..i];
+            let bank = head.rfind("MC").and_then(|m| mc_bank(&head[m..]));
+            let severity = body[i..]
+                .find("]: ")
+                .and_then(|c| status_severity(&body[i + c + 3..]));
+            return mce(bank, Some(McePart::Status), severity);
+        }
+        // `MC2 Error: VB Data ECC or parity error.`, `MC4 Error (node 2): …`.
+        if let Some(bank) = mc_bank(body)
+            && let Some(sp) = body.find(' ')
+            && body[sp + 1..].starts_with("Error")
+        {
+            return mce(Some(bank), Some(McePart::BankDecode), None);
+        }
+    }
+    if contains!(msg, "Machine check events logged") {
+        return mce(None, Some(McePart::Summary), None);
+    }
+    if let Some(i) = find!(msg, "Machine Check") {
+        let bank = find!(&msg[i..], "Bank ").and_then(|b| leading_u32(&msg[i + b + 5..]));
+        let severity = bank.and_then(|(_, r)| status_severity(r.trim_start_matches(':')));
+        return mce(bank.map(|b| b.0), Some(McePart::Status), severity);
+    }
+    if hw.is_some() || contains!(msg, "mce:") {
+        return mce(None, None, None);
     }
     None
+}
+
+/// `nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context, …`:
+/// the module prints its name, the function and line, then `ERROR`.
+fn parse_peermem(msg: &str) -> Option<Message<'_>> {
+    let i = find!(msg, "nvidia-peermem")?;
+    if i > 0 && !msg.as_bytes()[i - 1].is_ascii_whitespace() {
+        return None;
+    }
+    let rest = msg[i + 14..].trim_start_matches(':').trim_start();
+    let e = find!(rest, "ERROR")?;
+    let function = rest[..e]
+        .split_whitespace()
+        .next()
+        .map(|f| f.split(':').next().unwrap_or(f))
+        .filter(|f| !f.is_empty());
+    Some(Message::Peermem { function })
 }
 
 /// An NVLink error in the text of an NVIDIA driver line (`NVRM:` or an NVLink/NVSwitch
@@ -907,8 +1111,14 @@ fn parse_aer(msg: &str) -> Option<Message<'_>> {
             source,
         }));
     }
-    if let Some(p) = body.strip_prefix("PCIe Bus Error: ") {
-        let device = device?;
+    let bus_error = body.strip_prefix("PCIe Bus Error: ").or_else(|| {
+        // Without a device prefix the line may keep other prefixes (`kernel: `).
+        device
+            .is_none()
+            .then(|| find!(body, "PCIe Bus Error: ").map(|i| &body[i + 16..]))
+            .flatten()
+    });
+    if let Some(p) = bus_error {
         let sev = p
             .strip_prefix("severity=")
             .map(|s| s.split(", type=").next().unwrap_or(s))?;
@@ -1057,6 +1267,45 @@ mod tests {
         assert_eq!((x.pci, x.code, x.pid), ("0000:01:00", 13, None));
         assert!(parse_message("NVRM: Xid (PCI:0000:3b:00): ").is_none());
         assert!(parse_message("NVRM: Xid (PCI:zz): 79, x").is_none());
+        assert!(parse_message("NVRM: Xid (PCI:0000:3b:00): -x").is_none());
+        // Edited addresses and out-of-range codes are still XIDs.
+        for (line, pci, code, printed) in [
+            (
+                "NVRM: Xid (PCI:...): 79, GPU has fallen off the bus.",
+                "...",
+                79,
+                None,
+            ),
+            ("NVRM: Xid (PCI:0000:xx:00): 13, x", "0000:xx:00", 13, None),
+            ("NVRM: Xid (PCI:0000:3b:2a): 13, x", "0000:3b:2a", 13, None),
+            (
+                "NVRM: Xid (PCI:0000:3b:00): -5, x",
+                "0000:3b:00",
+                0,
+                Some("-5"),
+            ),
+            (
+                "NVRM: Xid (PCI:0000:3b:00): 1000000000, x",
+                "0000:3b:00",
+                1_000_000_000,
+                Some("1000000000"),
+            ),
+            (
+                "NVRM: Xid (PCI:0000:3b:00): 99999999999",
+                "0000:3b:00",
+                0,
+                Some("99999999999"),
+            ),
+        ] {
+            let Some(Message::Xid(x)) = parse_message(line) else {
+                panic!("not an xid: {line}")
+            };
+            assert_eq!(
+                (x.pci, x.code, x.code_as_printed),
+                (pci, code, printed),
+                "{line}"
+            );
+        }
         assert!(parse_message("NVRM: Xid (PCI:0000:3b:00): 79x").is_none());
     }
 

@@ -160,6 +160,52 @@ pub(crate) fn is_pci(addr: &str) -> bool {
     parse_bdf(addr).is_some()
 }
 
+/// True when `addr` looks like a PCI address someone edited before pasting the log:
+/// redacted (`...`, `xxxx:xx:xx`, `****`: only `.`, `x`, `X`, `*`, `:` and hex digits,
+/// at least one of `.`/`x`/`X`/`*`) or with a device number above 0x1f (no such
+/// device exists; see [`edited_pci`]).
+pub(crate) fn is_edited_pci(addr: &str) -> bool {
+    let b = addr.as_bytes();
+    !b.is_empty()
+        && b.len() <= 24
+        && b.iter()
+            .all(|&c| c.is_ascii_hexdigit() || matches!(c, b'.' | b'x' | b'X' | b'*' | b':'))
+        && (b.iter().any(|&c| matches!(c, b'.' | b'x' | b'X' | b'*'))
+            || parse_bdf_any_dev(addr).is_some())
+}
+
+/// The address an edited XID line names, for the report: `Some(dddd:bb:dd.f)` for a
+/// device number above 0x1f (reported as given, normalised), `None` when the
+/// address was redacted (unknown).
+pub(crate) fn edited_pci(addr: &str) -> Option<String> {
+    parse_bdf_any_dev(addr).map(Bdf::to_normalized)
+}
+
+/// [`parse_bdf`] without the device-number limit.
+fn parse_bdf_any_dev(addr: &str) -> Option<Bdf> {
+    let a = addr.strip_prefix("PCI:").unwrap_or(addr);
+    let (head, func) = match a.rsplit_once('.') {
+        Some((h, f)) => (h, hex_field(f.as_bytes(), 1).filter(|&f| f <= 7)?),
+        None => (a, 0),
+    };
+    let parts: Vec<&str> = head.split(':').collect();
+    let (domain, bus, dev) = match parts[..] {
+        [d, b, v] => (
+            hex_field(d.as_bytes(), 8)?,
+            hex_field(b.as_bytes(), 2)?,
+            hex_field(v.as_bytes(), 2)?,
+        ),
+        [b, v] => (0, hex_field(b.as_bytes(), 2)?, hex_field(v.as_bytes(), 2)?),
+        _ => return None,
+    };
+    Some(Bdf {
+        domain,
+        bus: bus as u8,
+        dev: dev as u8,
+        func: func as u8,
+    })
+}
+
 /// True when `addr` is a PCI address whose normalised form is `normalized`
 /// (`normalize_pci(addr).as_deref() == Some(normalized)`, without allocating).
 pub(crate) fn pci_matches(addr: &str, normalized: &str) -> bool {

@@ -282,6 +282,8 @@ pub struct Explanation {
     pub recurrence_reboots: u32,
     /// True when config changed this entry.
     pub overridden: bool,
+    /// NVIDIA's NVLink5 decode rows (XIDs 144–150; empty otherwise), in table order.
+    pub nvlink5_decode: Vec<crate::nvlink5::Nvlink5Row>,
 }
 
 /// gpuwatch's own decision for a catalog row: (action, why, context rule).
@@ -544,8 +546,10 @@ const RULE_171: &str = "XID 171/172 following XID 48 on the same GPU within the 
 ignore: it details the XID 48, which decides.";
 const RULE_74: &str = "XID 74 with its seven NVLink registers: only benign bits (0, 23, 30 of \
 register 0) set → ignore; any other bit → reset_gpu.";
-const RULE_NVL5: &str = "XIDs 144-150: message says Nonfatal → ignore; Fatal → reset_gpu; neither → \
-table action.";
+const RULE_NVL5: &str = "XIDs 144-150: NVIDIA's decode table decides by intrInfo/errorStatus (layout of \
+the driver named in the log, else the layout that matches): IGNORE → ignore, RESET_GPU → reset_gpu, \
+XID_154_EVAL → ignore (the XID 154 that follows decides). No row: message says Nonfatal → ignore; \
+Fatal → reset_gpu; neither → table action, and the reason says no row matched.";
 const RULE_154: &str = "XID 154 follows the recovery action in its text: GPU Reset Required, Drain P2P, \
 Drain and Reset, PF FLR, bus reset → reset_gpu; Node/OS/System Reboot Required → reboot_node; \
 Recover IMEX domain → investigate; None → ignore.";
@@ -856,6 +860,7 @@ impl Policy {
             threshold: entry.threshold,
             recurrence_reboots: entry.recurrence_reboots,
             overridden: entry.overridden,
+            nvlink5_decode: crate::nvlink5::nvlink5_rows(xid).copied().collect(),
         }
     }
 
@@ -923,11 +928,39 @@ impl Policy {
                  the GPU itself is not faulty (investigate, no taint).",
                 "GPU thermal event",
             ),
-            FaultKind::MachineCheck => Decision::new(
+            FaultKind::MachineCheck => match attr(ev, "mce_severity") {
+                Some("corrected") => Decision::new(
+                    Action::Ignore,
+                    "Corrected machine check: the CPU/memory corrected it (counted; a rising rate \
+                     needs a look with `ras-mc-ctl --errors`); outside the GPU, no taint.",
+                    "Machine check (corrected)",
+                ),
+                Some(sev @ ("recoverable" | "uncorrected" | "fatal")) => Decision::new(
+                    Action::Investigate,
+                    format!(
+                        "Machine check, severity {sev}{}: a CPU/memory/PCIe hardware error outside the \
+                         GPU; investigate with `ras-mc-ctl --errors` / mcelog (no GPU taint).",
+                        if attr(ev, "mce_panic") == Some("true") {
+                            ", the kernel panicked"
+                        } else {
+                            ""
+                        }
+                    ),
+                    "Machine check exception",
+                ),
+                _ => Decision::new(
+                    Action::Investigate,
+                    "Machine check exception: a CPU/memory/PCIe hardware error outside the GPU; investigate \
+                     with `ras-mc-ctl --errors` / mcelog (no GPU taint).",
+                    "Machine check exception",
+                ),
+            },
+            FaultKind::Peermem => Decision::new(
                 Action::Investigate,
-                "Machine check exception: a CPU/memory/PCIe hardware error outside the GPU; investigate \
-                 with `ras-mc-ctl --errors` / mcelog (no GPU taint).",
-                "Machine check exception",
+                "nvidia-peermem (GPUDirect RDMA) error: RDMA transfers to or from this GPU's memory may \
+                 fail for the process that registered it; the GPU itself is not reported faulty \
+                 (investigate, no taint).",
+                "nvidia-peermem error",
             ),
             FaultKind::DriverError => Decision::new(
                 Action::RebootNode,
@@ -985,6 +1018,16 @@ impl Policy {
 
     fn classify_xid(&self, ctx: &ContextWindow, ev: &FaultEvent, at: Stamp) -> Decision {
         let code = ev.code;
+        if let Some(printed) = attr(ev, "xid_as_printed") {
+            return Decision::new(
+                Action::Investigate,
+                format!(
+                    "XID code {printed} as printed is out of range (negative or 10^9 and above): \
+                     no catalog entry can match; investigate (alert, no taint)."
+                ),
+                std::borrow::Cow::Owned(format!("Unknown XID {printed}")),
+            );
+        }
         let entry = self.find(code);
         let (name, action, reason) = match entry {
             Some(e) => (e.name, e.action, e.reason.as_str()),
@@ -1093,7 +1136,13 @@ impl Policy {
                 .context("nvlink_registers_error".into()),
                 None => table(),
             },
-            144..=150 => match attr(ev, "fatal") {
+            144..=150 => {
+                let decoded = nvlink5_decision(ev, code, name);
+                let (decision, note) = match decoded {
+                    Ok(d) => return d,
+                    Err(note) => (
+                        match attr(ev, "fatal") {
+
                 Some("false") => Decision::new(
                     Action::Ignore,
                     format!(
@@ -1111,6 +1160,13 @@ impl Policy {
                 .context("nvlink5_fatal".into()),
                 _ => table(),
             },
+                        note,
+                    ),
+                };
+                let mut d = decision;
+                d.reason = format!("{note} {}", d.reason);
+                d
+            }
             154 => {
                 let raw = attr(ev, "recovery_action");
                 match raw.and_then(RecoveryAction::from_short_name) {
@@ -1129,6 +1185,80 @@ impl Policy {
             _ => table(),
         }
     }
+}
+
+/// Decides an NVLink5 XID (144–150) by NVIDIA's decode table from the line's
+/// intrInfo/errorStatus and the driver generation (`driver_version`, when the log
+/// named it). `Err` carries why no row decided, for the fallback's reason.
+fn nvlink5_decision(ev: &FaultEvent, code: u32, name: &'static str) -> Result<Decision, String> {
+    use crate::nvlink5::{Layout, Resolution, decode, layout_of_driver};
+    let hex = |k: &str| {
+        attr(ev, k).and_then(|v| u32::from_str_radix(v.trim_start_matches("0x"), 16).ok())
+    };
+    let Some(intr) = hex("intr_info") else {
+        return Err(
+            "The line prints no intrInfo, so NVIDIA's NVLink5 decode table cannot be used; \
+                    by the message's Fatal/Nonfatal word:"
+                .to_owned(),
+        );
+    };
+    let status = hex("error_status");
+    let layout = attr(ev, "driver_version").and_then(layout_of_driver);
+    let (row, how) = match layout {
+        Some(l) => (
+            decode(code, intr, status, l),
+            match l {
+                Layout::FromR575 => "R575+ layout, from the driver version in the log",
+                Layout::BeforeR575 => "pre-R575 layout, from the driver version in the log",
+            },
+        ),
+        None => match (
+            decode(code, intr, status, Layout::FromR575),
+            decode(code, intr, status, Layout::BeforeR575),
+        ) {
+            (Some(a), Some(b)) if a.resolution != b.resolution => {
+                return Err(format!(
+                    "NVIDIA's NVLink5 decode table gives {} (R575+ layout) and {} (pre-R575 layout) \
+                     for intrInfo {intr:#010x} and the log does not name the driver; by the message's \
+                     Fatal/Nonfatal word:",
+                    a.resolution.as_str(),
+                    b.resolution.as_str()
+                ));
+            }
+            (Some(a), Some(_)) => (Some(a), "both driver layouts agree"),
+            (Some(a), None) => (Some(a), "R575+ layout, the only one that matches"),
+            (None, Some(b)) => (Some(b), "pre-R575 layout, the only one that matches"),
+            (None, None) => (None, ""),
+        },
+    };
+    let Some(row) = row else {
+        return Err(format!(
+            "No row of NVIDIA's NVLink5 decode table matches XID {code} intrInfo {intr:#010x} errorStatus {}; \
+             by the message's Fatal/Nonfatal word:",
+            status.map_or_else(|| "(none)".to_owned(), |s| format!("{s:#010x}"))
+        ));
+    };
+    let (action, what) = match row.resolution {
+        Resolution::Ignore => (Action::Ignore, "the unit recovered"),
+        Resolution::ResetGpu => (Action::ResetGpu, "the GPU needs a reset"),
+        Resolution::Xid154Eval => (
+            Action::Ignore,
+            "the XID 154 that follows states the recovery action and decides",
+        ),
+    };
+    Ok(Decision::new(
+        action,
+        format!(
+            "XID {code} decoded by NVIDIA's NVLink5 table ({how}): {} intrInfo {intr:#010x} errorStatus {} → \
+             {} ({}): {what}.",
+            row.mnemonic,
+            status.map_or_else(|| "(none)".to_owned(), |s| format!("{s:#010x}")),
+            row.resolution.as_str(),
+            row.severity
+        ),
+        name,
+    )
+    .context(format!("nvlink5_{}", row.resolution.as_str().to_ascii_lowercase())))
 }
 
 /// A classification result before it is written into the event.

@@ -20,7 +20,8 @@
 //! [`Scanner::finish`]. Everything else is emitted at once.
 
 use crate::message::{
-    AerDetail, Message, XidMsg, contains, find, interesting, parse_message, parse_nvlink5,
+    AerDetail, MceMsg, McePart, Message, XidMsg, contains, find, interesting, parse_message,
+    parse_nvlink5,
 };
 use crate::pci::{normalize_pci, pci_matches};
 use crate::policy::{ContextWindow, Policy};
@@ -33,6 +34,12 @@ pub const DEFAULT_HOLD_USEC: u64 = 50_000;
 /// Window after an XID 79 in which `GPU has fallen off the bus` of the same GPU is
 /// the driver's echo of it, not a new fault.
 const FALLEN_ECHO_USEC: u64 = 1_000_000;
+/// Lines of one XID fault: on a real H200 one misaligned store gave three XID 13
+/// lines within 3 ms (the SM warp exception and the ESR dump without a pid, then
+/// the channel line with pid and name) while NVML reported one XID 13. Lines of the
+/// same GPU and XID whose pid and channel agree (or are absent) within this window
+/// of the first are one occurrence.
+const XID_REPEAT_USEC: u64 = 10_000;
 /// Cap on the assembled message of one event (follow-ups beyond are counted).
 const MAX_MESSAGE_BYTES: usize = 8 * 1024;
 /// GPUs whose identity lines are remembered.
@@ -68,6 +75,9 @@ enum HeldKind {
     FallenOff,
     Mce,
     DriverError,
+    /// An XID line without a process: the driver may print more lines of the same
+    /// fault right after it (see `XID_REPEAT_USEC`).
+    Xid,
 }
 
 #[derive(Debug)]
@@ -81,9 +91,30 @@ struct Held {
     dropped_lines: u32,
     /// AER: the source named by the summary printed its own detail lines.
     source_detail: bool,
+    /// Machine check: the report parts seen (bit per [`McePart`]).
+    mce_parts: u8,
+    /// XID: kernel lines of this one occurrence.
+    lines: u32,
+    /// XID: the line naming the process arrived; nothing more belongs to it.
+    complete: bool,
 }
 
 impl Held {
+    fn new(kind: HeldKind, ev: FaultEvent, devices: Vec<String>) -> Held {
+        Held {
+            kind,
+            started_usec: ev.monotonic_usec,
+            ev,
+            devices,
+            aer_errors: Vec::new(),
+            dropped_lines: 0,
+            source_detail: false,
+            mce_parts: 0,
+            lines: 1,
+            complete: false,
+        }
+    }
+
     fn append(&mut self, msg: &str) {
         if self.ev.message.len() + msg.len() + 1 > MAX_MESSAGE_BYTES {
             self.dropped_lines += 1;
@@ -106,11 +137,32 @@ pub struct Scanner {
     last_identity: Option<usize>,
     /// (normalised PCI, monotonic time) of the last XID 79.
     last_fallen: Option<(String, Option<u64>)>,
-    /// PCI of the last `NVRM: The NVIDIA GPU <pci>` line: the first line of the
-    /// driver's three-line "fallen off the bus" report as `dmesg`/`journalctl` print
-    /// it (continuation lines carry no address).
-    fallen_prelude_pci: Option<String>,
+    /// Fallen-off-the-bus events waiting for their GPU's XID 79 and echo lines, in
+    /// input order, at most one per GPU (several GPUs can fall off together; each
+    /// keeps its own event). Never non-empty together with `held`.
+    fallen: Vec<Held>,
+    /// The head (`NVRM: The NVIDIA GPU <pci>`) and continuation lines of the
+    /// driver's three-line "fallen off the bus" report seen so far: only the head
+    /// names the GPU, so the block is collected until its last line arrives.
+    prelude: Option<Prelude>,
+    /// Driver version from `NVRM: loading NVIDIA UNIX … Kernel Module … <version>`:
+    /// NVLink5 XIDs are decoded with the intrInfo layout of that generation.
+    driver_version: Option<String>,
 }
+
+/// An unfinished three-line "fallen off the bus" report (see [`Scanner::push`]).
+#[derive(Debug)]
+struct Prelude {
+    pci: String,
+    meta: RecordMeta,
+    text: String,
+    lines: u8,
+}
+
+/// Lines a fallen-off-the-bus report has before its `fallen off the bus` line.
+const PRELUDE_MAX_LINES: u8 = 2;
+/// GPUs whose fallen-off-the-bus events can wait at once (more: the oldest is emitted).
+const MAX_FALLEN_PENDING: usize = 64;
 
 fn event(kind: FaultKind, meta: &RecordMeta, message: &str) -> FaultEvent {
     let mut ev = FaultEvent {
@@ -146,7 +198,9 @@ impl Scanner {
             identities: Vec::new(),
             last_identity: None,
             last_fallen: None,
-            fallen_prelude_pci: None,
+            fallen: Vec::new(),
+            prelude: None,
+            driver_version: None,
         }
     }
 
@@ -177,49 +231,188 @@ impl Scanner {
 
     /// True while an event is held waiting for follow-up records.
     pub fn has_pending(&self) -> bool {
-        self.held.is_some()
+        self.held.is_some() || !self.fallen.is_empty()
     }
 
     /// Feeds one record's (unescaped) message; appends finished, classified events
     /// to `out` in input order.
+    ///
+    /// The driver's three-line report `NVRM: The NVIDIA GPU <pci>` / `NVRM: (PCI ID:
+    /// …) installed in this system has` / `NVRM: fallen off the bus and is not
+    /// responding to commands.` becomes one event for that GPU whose message starts
+    /// with the head line; each GPU's report is its own event, and an XID 79 of the
+    /// same GPU that follows joins that GPU's event (one event per GPU).
     pub fn push(&mut self, meta: RecordMeta, message: &str, out: &mut Vec<FaultEvent>) {
-        if let (Some(held), Some(now)) = (&self.held, meta.monotonic_usec)
-            && let Some(start) = held.started_usec
-            && now.saturating_sub(start) > self.hold_usec
+        if let Some(now) = meta.monotonic_usec
+            && self.pending().is_some_and(|h| {
+                h.started_usec
+                    .is_some_and(|start| now.saturating_sub(start) > self.hold_window(h))
+            })
         {
             self.emit_held(out);
         }
         let Some(msg) = parse_message(message) else {
-            if self.held.is_some() {
+            if self.has_pending() {
                 self.emit_held(out);
             }
             return;
         };
-        if let Message::NvrmOther { .. } = msg
-            && let Some(i) = find!(message, "NVRM: The NVIDIA GPU ")
-        {
-            self.fallen_prelude_pci = crate::pci::find_pci(&message[i..]).and_then(normalize_pci);
+        if let Message::NvrmOther { .. } = msg {
+            if let Some(i) = find!(message, "Kernel Module")
+                && contains!(message, "loading NVIDIA")
+            {
+                self.driver_version = message[i + 13..]
+                    .split_whitespace()
+                    .find(|w| {
+                        w.split('.').count() >= 2
+                            && w.split('.')
+                                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+                    })
+                    .map(str::to_owned);
+            }
+            if let Some(i) = find!(message, "NVRM: The NVIDIA GPU ")
+                && let Some(pci) = crate::pci::find_pci(&message[i..]).and_then(normalize_pci)
+            {
+                // The head of a new report: whatever was held before is complete.
+                if self.held.is_some() {
+                    self.emit_held(out);
+                }
+                self.prelude = Some(Prelude {
+                    pci,
+                    meta,
+                    text: message.trim_start().to_owned(),
+                    lines: 1,
+                });
+                return;
+            }
+            if let Some(p) = &mut self.prelude
+                && p.lines < PRELUDE_MAX_LINES
+            {
+                p.text.push('\n');
+                p.text.push_str(message.trim_start());
+                p.lines += 1;
+                return;
+            }
         }
-        if self.held.is_some() && self.attach(&msg, message) {
+        if !matches!(msg, Message::FallenOffBus { .. }) {
+            self.prelude = None;
+        }
+        if let Message::FallenOffBus { pci } = msg {
+            self.fallen_off(meta, pci, message, out);
             return;
         }
-        let merges = matches!((&self.held, &msg), (Some(h), Message::Xid(x))
-            if x.code == 79 && h.kind == HeldKind::FallenOff
-                && pci_matches(x.pci, &h.ev.pci_address));
-        if self.held.is_some() && !merges {
+        if let Message::Xid(x) = &msg
+            && x.code == 79
+            && self
+                .fallen
+                .iter()
+                .any(|h| pci_matches(x.pci, &h.ev.pci_address))
+        {
+            self.start_xid(meta, x, message, out);
+            return;
+        }
+        if !self.fallen.is_empty() {
+            if let (Message::NvrmOther { .. }, Some(last)) = (&msg, self.fallen.last_mut()) {
+                last.append(message);
+                return;
+            }
+            self.emit_held(out);
+        }
+        if self.held.is_some() && self.attach(&meta, &msg, message) {
+            if self.held.as_ref().is_some_and(|h| h.complete) {
+                self.emit_held(out);
+            }
+            return;
+        }
+        if self.held.is_some() {
             self.emit_held(out);
         }
         self.start(meta, msg, message, out);
     }
 
+    /// A `fallen off the bus` line: the last line of a three-line report, the
+    /// driver's echo of an XID 79, or a report of its own.
+    fn fallen_off(
+        &mut self,
+        meta: RecordMeta,
+        pci: Option<&str>,
+        raw: &str,
+        out: &mut Vec<FaultEvent>,
+    ) {
+        let prelude = if pci.is_none() {
+            self.prelude.take()
+        } else {
+            self.prelude = None;
+            None
+        };
+        let pci = match (&prelude, pci) {
+            (Some(p), _) => p.pci.clone(),
+            (None, Some(p)) => norm(Some(p)),
+            // A continuation without its head: part of the report being held.
+            (None, None) => match self.fallen.last_mut() {
+                Some(last) => {
+                    last.append(raw);
+                    return;
+                }
+                None => String::new(),
+            },
+        };
+        if let Some(h) = self.fallen.iter_mut().find(|h| h.ev.pci_address == pci) {
+            if let Some(p) = &prelude {
+                h.append(&p.text);
+            }
+            h.append(raw);
+            return;
+        }
+        if let Some((last, t)) = &self.last_fallen
+            && *last == pci
+            && match (t, meta.monotonic_usec) {
+                (Some(t), Some(now)) => now.saturating_sub(*t) <= FALLEN_ECHO_USEC,
+                _ => true,
+            }
+        {
+            return;
+        }
+        if self.held.is_some() {
+            self.emit_held(out);
+        }
+        if self.fallen.len() >= MAX_FALLEN_PENDING {
+            let oldest = self.fallen.remove(0);
+            self.emit_one(oldest, out);
+        }
+        let (meta, message) = match &prelude {
+            Some(p) => (p.meta, format!("{}\n{}", p.text, raw.trim_start())),
+            None => (meta, raw.to_owned()),
+        };
+        let mut ev = event(FaultKind::FallenOffBus, &meta, &message);
+        ev.pci_address = pci.clone();
+        ev.name = "GPU has fallen off the bus".to_owned();
+        self.fallen
+            .push(Held::new(HeldKind::FallenOff, ev, vec![pci]));
+    }
+
     /// Emits the held event when its hold window ended at `now_monotonic_usec`.
     pub fn flush_expired(&mut self, now_monotonic_usec: u64, out: &mut Vec<FaultEvent>) {
-        let expired = self.held.as_ref().is_some_and(|h| {
+        let expired = self.pending().is_some_and(|h| {
             h.started_usec
-                .is_none_or(|s| now_monotonic_usec.saturating_sub(s) >= self.hold_usec)
+                .is_none_or(|s| now_monotonic_usec.saturating_sub(s) >= self.hold_window(h))
         });
         if expired {
             self.emit_held(out);
+        }
+    }
+
+    /// The oldest event waiting for follow-up records.
+    fn pending(&self) -> Option<&Held> {
+        self.held.as_ref().or(self.fallen.first())
+    }
+
+    /// How long `h` waits for follow-up records (record time).
+    fn hold_window(&self, h: &Held) -> u64 {
+        if h.kind == HeldKind::Xid {
+            self.hold_usec.min(XID_REPEAT_USEC)
+        } else {
+            self.hold_usec
         }
     }
 
@@ -229,9 +422,18 @@ impl Scanner {
     }
 
     fn emit_held(&mut self, out: &mut Vec<FaultEvent>) {
-        let Some(mut held) = self.held.take() else {
-            return;
-        };
+        for held in std::mem::take(&mut self.fallen) {
+            self.emit_one(held, out);
+        }
+        if let Some(held) = self.held.take() {
+            self.emit_one(held, out);
+        }
+    }
+
+    fn emit_one(&mut self, mut held: Held, out: &mut Vec<FaultEvent>) {
+        if held.lines > 1 {
+            attr(&mut held.ev, "lines", held.lines.to_string());
+        }
         if !held.aer_errors.is_empty() {
             attr(&mut held.ev, "aer_errors", held.aer_errors.join(","));
         }
@@ -259,23 +461,46 @@ impl Scanner {
     }
 
     fn hold(&mut self, kind: HeldKind, ev: FaultEvent, devices: Vec<String>) {
-        self.held = Some(Held {
-            kind,
-            started_usec: ev.monotonic_usec,
-            ev,
-            devices,
-            aer_errors: Vec::new(),
-            dropped_lines: 0,
-            source_detail: false,
-        });
+        self.held = Some(Held::new(kind, ev, devices));
     }
 
     /// Tries to attach `msg` to the held event; true when it belonged to it.
-    fn attach(&mut self, msg: &Message<'_>, raw: &str) -> bool {
+    fn attach(&mut self, meta: &RecordMeta, msg: &Message<'_>, raw: &str) -> bool {
         let Some(held) = self.held.as_mut() else {
             return false;
         };
         match (held.kind, msg) {
+            (HeldKind::Xid, Message::Xid(x)) => {
+                let ev = &mut held.ev;
+                let same = x.code == ev.code
+                    && x.code_as_printed.is_none()
+                    && pci_matches(x.pci, &ev.pci_address)
+                    && x.pid.is_none_or(|p| ev.pid.is_none_or(|q| p == q))
+                    && x.channel
+                        .is_none_or(|c| ev.attributes.get("channel").is_none_or(|d| d == c))
+                    && within_repeat_window(ev, meta);
+                if !same {
+                    return false;
+                }
+                if ev.pid.is_none() {
+                    ev.pid = x.pid;
+                }
+                if ev.process.is_empty()
+                    && let Some(p) = x.process
+                {
+                    ev.process = p.to_owned();
+                }
+                if let Some(c) = x.channel {
+                    ev.attributes
+                        .entry("channel".to_owned())
+                        .or_insert_with(|| c.to_owned());
+                }
+                held.lines += 1;
+                held.append(raw);
+                // The driver prints the line with the process last: the report is complete.
+                held.complete = x.pid.is_some();
+                true
+            }
             (HeldKind::Sxid, Message::Sxid(s))
                 if s.followup
                     && s.code == held.ev.code
@@ -286,8 +511,8 @@ impl Scanner {
             }
             (HeldKind::Aer, Message::AerDetail(d)) => {
                 let device = match d {
-                    AerDetail::BusError { device, .. } => Some(*device),
-                    AerDetail::Status { device, .. }
+                    AerDetail::BusError { device, .. }
+                    | AerDetail::Status { device, .. }
                     | AerDetail::Bit { device, .. }
                     | AerDetail::Other { device } => *device,
                 };
@@ -353,14 +578,7 @@ impl Scanner {
                 held.append(raw);
                 true
             }
-            (HeldKind::FallenOff, Message::FallenOffBus { pci })
-                if pci.is_none_or(|p| pci_matches(p, &held.ev.pci_address)) =>
-            {
-                held.append(raw);
-                true
-            }
             (HeldKind::Gsp, Message::NvrmOther { .. })
-            | (HeldKind::FallenOff, Message::NvrmOther { .. })
             | (HeldKind::DriverError, Message::NvrmOther { .. }) => {
                 held.append(raw);
                 true
@@ -389,14 +607,12 @@ impl Scanner {
                 true
             }
             (HeldKind::Mce, Message::Mce(m))
-                if !m.starts_report || !held.ev.attributes.contains_key("mce_bank") =>
+                if m.part.is_none_or(|p| held.mce_parts & mce_bit(p) == 0) =>
             {
-                if let Some(b) = m.bank {
-                    held.ev
-                        .attributes
-                        .entry("mce_bank".to_owned())
-                        .or_insert_with(|| b.to_string());
+                if let Some(p) = m.part {
+                    held.mce_parts |= mce_bit(p);
                 }
+                mce_details(&mut held.ev, m);
                 held.append(raw);
                 true
             }
@@ -454,25 +670,8 @@ impl Scanner {
                     id.serial = Some(serial.to_owned());
                 }
             }
-            Message::FallenOffBus { pci } => {
-                let pci = match pci {
-                    Some(p) => norm(Some(p)),
-                    None => self.fallen_prelude_pci.take().unwrap_or_default(),
-                };
-                if let Some((last, t)) = &self.last_fallen
-                    && *last == pci
-                    && match (t, meta.monotonic_usec) {
-                        (Some(t), Some(now)) => now.saturating_sub(*t) <= FALLEN_ECHO_USEC,
-                        _ => true,
-                    }
-                {
-                    return;
-                }
-                let mut ev = event(FaultKind::FallenOffBus, &meta, raw);
-                ev.pci_address = pci.clone();
-                ev.name = "GPU has fallen off the bus".to_owned();
-                self.hold(HeldKind::FallenOff, ev, vec![pci]);
-            }
+            // Waiting reports are kept apart from `held` (see `Scanner::fallen_off`).
+            Message::FallenOffBus { .. } => {}
             Message::AerSummary(s) => {
                 let reporter = norm(Some(s.reporter));
                 let mut ev = event(FaultKind::PcieAer, &meta, raw);
@@ -494,14 +693,18 @@ impl Scanner {
                 error_type,
             }) => {
                 let mut ev = event(FaultKind::PcieAer, &meta, raw);
-                ev.pci_address = norm(Some(device));
+                ev.pci_address = norm(device);
                 attr(&mut ev, "aer_severity", severity.as_str());
                 if let Some(t) = error_type {
                     attr(&mut ev, "aer_type", t);
                 }
                 ev.name = aer_name(severity.as_str());
-                let dev = ev.pci_address.clone();
-                self.hold(HeldKind::Aer, ev, vec![dev]);
+                let devices = if ev.pci_address.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![ev.pci_address.clone()]
+                };
+                self.hold(HeldKind::Aer, ev, devices);
             }
             Message::AerDetail(_) | Message::NvrmOther { .. } => {}
             Message::Nvlink(n) => {
@@ -552,15 +755,24 @@ impl Scanner {
                 self.emit(ev, out);
             }
             Message::Mce(m) => {
-                if !m.starts_report {
+                let Some(part) = m.part else {
                     return;
-                }
+                };
                 let mut ev = event(FaultKind::MachineCheck, &meta, raw);
-                if let Some(b) = m.bank {
-                    attr(&mut ev, "mce_bank", b.to_string());
-                }
+                mce_details(&mut ev, &m);
                 ev.name = "Machine check exception".to_owned();
                 self.hold(HeldKind::Mce, ev, Vec::new());
+                if let Some(h) = &mut self.held {
+                    h.mce_parts = mce_bit(part);
+                }
+            }
+            Message::Peermem { function } => {
+                let mut ev = event(FaultKind::Peermem, &meta, raw);
+                if let Some(f) = function {
+                    attr(&mut ev, "function", f);
+                }
+                ev.name = "nvidia-peermem error".to_owned();
+                self.emit(ev, out);
             }
             Message::DriverError(d) => {
                 let mut ev = event(FaultKind::DriverError, &meta, raw);
@@ -596,6 +808,25 @@ impl Scanner {
         let mut ev = event(FaultKind::Xid, &meta, raw);
         ev.code = x.code;
         ev.pci_address = norm(Some(x.pci));
+        if ev.pci_address.is_empty() {
+            // An address edited before the log was pasted: reported as given when it
+            // still names a bus and device, else unknown; the line is never dropped.
+            attr(&mut ev, "pci_as_printed", x.pci);
+            match crate::pci::edited_pci(x.pci) {
+                Some(p) => {
+                    ev.pci_address = p;
+                    attr(
+                        &mut ev,
+                        "pci_note",
+                        "device number above 0x1f: not a valid PCI address",
+                    );
+                }
+                None => attr(&mut ev, "pci_note", "address redacted: GPU unknown"),
+            }
+        }
+        if let Some(printed) = x.code_as_printed {
+            attr(&mut ev, "xid_as_printed", printed);
+        }
         ev.pid = x.pid;
         if let Some(p) = x.process {
             ev.process = p.to_owned();
@@ -619,6 +850,9 @@ impl Scanner {
                     if let Some(e) = n.error_status {
                         attr(&mut ev, "error_status", e);
                     }
+                    if let Some(v) = &self.driver_version {
+                        attr(&mut ev, "driver_version", v.clone());
+                    }
                 }
             }
             154 => {
@@ -636,15 +870,6 @@ impl Scanner {
         if let Some(t) = crate::message::ecc_type_of(x.detail) {
             attr(&mut ev, "ecc_type", t);
         }
-        // A held `fallen off the bus` of the same GPU was the prelude of this XID 79.
-        if x.code == 79
-            && let Some(h) = &self.held
-            && h.kind == HeldKind::FallenOff
-            && h.ev.pci_address == ev.pci_address
-            && let Some(h) = self.held.take()
-        {
-            ev.message = format!("{}\n{}", h.ev.message, ev.message);
-        }
         if x.code == 79 {
             // Reuses the previous address's buffer: a storm of XID 79s allocates nothing here.
             match &mut self.last_fallen {
@@ -654,12 +879,89 @@ impl Scanner {
                 }
                 None => self.last_fallen = Some((ev.pci_address.clone(), meta.monotonic_usec)),
             }
+            // A waiting `fallen off the bus` report of the same GPU was the prelude of
+            // this XID 79: one event, the XID's, with the report's lines first. It keeps
+            // its place among the other GPUs' reports (input order).
+            if let Some(h) = self
+                .fallen
+                .iter_mut()
+                .find(|h| h.ev.pci_address == ev.pci_address)
+            {
+                ev.message = format!("{}\n{}", h.ev.message, ev.message);
+                h.ev = ev;
+                return;
+            }
         }
         if matches!(x.code, 119 | 120) {
             self.hold(HeldKind::Gsp, ev, Vec::new());
+        } else if x.pid.is_none() && x.code_as_printed.is_none() && multi_line_xid(x.code) {
+            self.hold(HeldKind::Xid, ev, Vec::new());
         } else {
             self.emit(ev, out);
         }
+    }
+}
+
+/// XIDs whose one fault may print several lines. Not: 79 (its own assembly),
+/// 119/120 (GSP dump), 154 (each line is a change of recovery action), NVLink
+/// 74/144-150 (one line per link), ECC 48/63/64/92/94/95 (one line per error).
+fn multi_line_xid(code: u32) -> bool {
+    !matches!(
+        code,
+        48 | 63 | 64 | 74 | 79 | 92 | 94 | 95 | 119 | 120 | 144..=150 | 154
+    )
+}
+
+/// True when `meta` is within [`XID_REPEAT_USEC`] of `ev`'s first line (monotonic
+/// time, else wall-clock time; lines without time are adjacent records).
+fn within_repeat_window(ev: &FaultEvent, meta: &RecordMeta) -> bool {
+    match (ev.monotonic_usec, meta.monotonic_usec) {
+        (Some(a), Some(b)) => b.abs_diff(a) <= XID_REPEAT_USEC,
+        _ => match (ev.time_unix_nano, meta.time_unix_nano) {
+            (Some(a), Some(b)) => b.abs_diff(a) <= XID_REPEAT_USEC * 1000,
+            (None, None) => true,
+            _ => false,
+        },
+    }
+}
+
+fn mce_bit(p: McePart) -> u8 {
+    match p {
+        McePart::Summary => 1,
+        McePart::Status => 2,
+        McePart::BankDecode => 4,
+        McePart::Severity => 8,
+        McePart::MemoryError => 16,
+        McePart::Panic => 32,
+        McePart::Heading => 64,
+    }
+}
+
+/// Rank of a machine-check severity (`mce_severity`): the report keeps the worst.
+fn mce_rank(s: &str) -> u8 {
+    match s {
+        "corrected" => 1,
+        "recoverable" => 2,
+        "uncorrected" => 3,
+        "fatal" => 4,
+        _ => 0,
+    }
+}
+
+fn mce_details(ev: &mut FaultEvent, m: &MceMsg) {
+    if let Some(b) = m.bank {
+        ev.attributes
+            .entry("mce_bank".to_owned())
+            .or_insert_with(|| b.to_string());
+    }
+    if let Some(sev) = m.severity {
+        let cur = ev.attributes.get("mce_severity").map_or(0, |c| mce_rank(c));
+        if mce_rank(sev) > cur {
+            attr(ev, "mce_severity", sev);
+        }
+    }
+    if m.part == Some(McePart::Panic) {
+        attr(ev, "mce_panic", "true");
     }
 }
 

@@ -48,6 +48,8 @@ fn reference(msg: &[u8]) -> bool {
     }
     memchr::memmem::find(msg, b"temperature").is_some()
         || memchr::memmem::find(msg, b"mce:").is_some()
+        || memchr::memmem::find(msg, b"machine check").is_some()
+        || memchr::memmem::find(msg, b"EDAC ").is_some()
 }
 
 /// Markers, their near misses and their pieces, so random messages hit every
@@ -101,6 +103,11 @@ const PIECES: &[&str] = &[
     "emperature",
     "mce:",
     "mce",
+    "machine check",
+    "machine chec",
+    "EDAC ",
+    "EDAC",
+    "ED",
     "mp",
     "mc",
     "m",
@@ -174,6 +181,8 @@ fn markers_across_chunk_boundaries() {
         "device [",
         "mce:",
         "temperature",
+        "machine check",
+        "EDAC ",
     ] {
         for pad in 0..40 {
             let msg = format!("{}{marker}{}", "x".repeat(pad), "y".repeat(pad % 7));

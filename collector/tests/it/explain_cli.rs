@@ -108,8 +108,18 @@ fn all_json_is_one_array_covering_the_catalog() {
 fn all_text_is_one_line_per_code_plus_header() {
     let text = run(all(ExplainFormat::Text), &Policy::default());
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 1 + 174);
+    let rows = lines
+        .iter()
+        .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        .count();
+    assert_eq!(rows, 174);
     assert!(lines[0].contains("ACTION") && lines[0].contains("NVIDIA"));
+    // The columns are explained after the table.
+    let legend = lines[175..].join(" ");
+    for col in ["ACTION:", "SEVERITY:", "NVIDIA:", "OVR:"] {
+        assert!(legend.contains(col), "{col} not explained: {legend}");
+    }
+    assert!(lines[175..].iter().all(|l| l.len() <= 100), "{text}");
     let l79 = lines
         .iter()
         .find(|l| l.trim_start().starts_with("79 "))
@@ -149,7 +159,8 @@ fn overrides_show_up_in_every_format() {
         text.contains("yes, by this node's [policy] config"),
         "{text}"
     );
-    assert!(text.contains("after 3 reboots"), "{text}");
+    // Recurrence escalates reset/reboot-class faults only; inspect_hardware is the top.
+    assert!(!text.contains("recurrence:"), "{text}");
     let v: Vec<serde_json::Value> =
         serde_json::from_str(&run(all(ExplainFormat::Json), &policy)).unwrap();
     assert_eq!(v.len(), 175);
@@ -269,4 +280,43 @@ fn contact_support_codes_explain_their_per_code_decision() {
     let text = run(one(61, ExplainFormat::Text), &Policy::default());
     assert!(text.contains("reset_gpu (severity error)"), "{text}");
     assert!(text.contains("PMU"), "{text}");
+}
+
+#[test]
+fn recurrence_line_only_where_recurrence_applies() {
+    let text = run(one(79, ExplainFormat::Text), &Policy::default());
+    assert!(text.contains("after 2 reboots escalates"), "{text}");
+    let text = run(one(13, ExplainFormat::Text), &Policy::default());
+    assert!(!text.contains("recurrence:"), "{text}");
+    // NVIDIA's bucket name comes with what it means.
+    assert!(
+        text.contains("RESTART_APP (restart the application)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn explain_149_shows_nvidia_nvlink5_decode_rows() {
+    let text = run(one(149, ExplainFormat::Text), &Policy::default());
+    assert!(text.contains("NVIDIA NVLink5 decode table"), "{text}");
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("NETIR"))
+        .collect();
+    // The XID 149 rows of NVIDIA's table (31), each with both layouts.
+    assert_eq!(rows.len(), 31, "{text}");
+    assert!(
+        rows.iter()
+            .any(|l| l.contains("------100110----------0111000110")
+                && l.contains("IGNORE")
+                && l.contains("Link Fatal")),
+        "{text}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&run(one(149, ExplainFormat::Json), &Policy::default())).unwrap();
+    assert_eq!(v["nvlink5_decode"].as_array().map(Vec::len), Some(31));
+    assert_eq!(v["nvlink5_decode"][0]["resolution"], "RESET_GPU");
+    let v: serde_json::Value =
+        serde_json::from_str(&run(one(79, ExplainFormat::Json), &Policy::default())).unwrap();
+    assert_eq!(v["nvlink5_decode"].as_array().map(Vec::len), Some(0));
 }

@@ -28,6 +28,7 @@ fn json_output_is_one_event_per_line_in_input_order() {
     let f = write_tmp(&dir, "dmesg.log", LOG.as_bytes());
     let args = ScanArgs {
         format: ScanFormat::Json,
+        accept_user_facility: false,
         files: vec![f],
     };
     let mut out = Vec::new();
@@ -65,6 +66,7 @@ fn text_output_has_table_and_per_gpu_summary() {
     let f = write_tmp(&dir, "dmesg.log", LOG.as_bytes());
     let args = ScanArgs {
         format: ScanFormat::Text,
+        accept_user_facility: false,
         files: vec![f],
     };
     let mut out = Vec::new();
@@ -85,6 +87,7 @@ fn clean_log_exits_zero_and_missing_file_is_a_clear_error() {
     );
     let args = ScanArgs {
         format: ScanFormat::Json,
+        accept_user_facility: false,
         files: vec![f],
     };
     let mut out = Vec::new();
@@ -95,6 +98,7 @@ fn clean_log_exits_zero_and_missing_file_is_a_clear_error() {
     let missing = dir.path().join("nope.log");
     let args = ScanArgs {
         format: ScanFormat::Json,
+        accept_user_facility: false,
         files: vec![missing.clone()],
     };
     let err = run(&args, Arc::new(Policy::default()), &mut Vec::new()).unwrap_err();
@@ -114,11 +118,12 @@ fn binary_garbage_and_huge_lines_never_panic() {
     let f = write_tmp(&dir, "garbage.bin", &body);
     let args = ScanArgs {
         format: ScanFormat::Json,
+        accept_user_facility: false,
         files: vec![f],
     };
     let mut out = Vec::new();
     let s = run(&args, Arc::new(Policy::default()), &mut out).unwrap();
-    assert!(s.skipped_long_lines + s.skipped_binary_lines >= 1, "{s:?}");
+    assert!(s.skipped_long_lines + s.lines_with_nul >= 1, "{s:?}");
     let text = String::from_utf8(out).unwrap();
     assert!(text.lines().any(|l| l.contains(r#""code":43"#)), "{text}");
 }
@@ -149,6 +154,7 @@ fn binary_scan_exit_codes() {
     let summary = run(
         &ScanArgs {
             format: ScanFormat::Json,
+            accept_user_facility: false,
             files: vec![bad],
         },
         Arc::new(Policy::default()),
@@ -187,6 +193,7 @@ fn closed_stdout_pipe_is_a_normal_end() {
     for format in [ScanFormat::Json, ScanFormat::Text] {
         let args = ScanArgs {
             format,
+            accept_user_facility: false,
             files: vec![f.clone()],
         };
         let err = run(&args, Arc::new(Policy::default()), &mut ClosedPipe).unwrap_err();
@@ -244,4 +251,159 @@ fn summary_reason_is_the_events_short_reason() {
     let g = &summary.gpus[&aer.pci_address];
     assert_eq!(g.reason, "PCIeAERFatal", "{summary:?}");
     assert_eq!(summary.gpus["0000:91:00.0"].reason, "XID79");
+}
+
+fn scan_file(
+    name: &str,
+    body: &[u8],
+    format: ScanFormat,
+    accept_user: bool,
+) -> (String, gpuwatch::scan::ScanSummary) {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write_tmp(&dir, name, body);
+    let args = ScanArgs {
+        format,
+        accept_user_facility: accept_user,
+        files: vec![f],
+    };
+    let mut out = Vec::new();
+    let s = run(&args, Arc::new(Policy::default()), &mut out).unwrap();
+    (String::from_utf8(out).unwrap(), s)
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(data).unwrap();
+    enc.finish().unwrap()
+}
+
+/// `dmesg -x` prints `kern  :warn  : ` / `user  :err   : ` before each line
+/// (util-linux dmesg.c, facility and level names padded to six).
+const DMESG_X: &str = "\
+kern  :warn  : [   42.023596] NVRM: Xid (PCI:0000:00:06): 13, pid=555, name=xid, Graphics Exception
+user  :err   : [   43.000000] NVRM: Xid (PCI:0000:00:07): 79, pid=1, name=x, GPU has fallen off the bus.
+kern  :info  : [   44.000000] usb 1-1: new high-speed USB device number 2 using xhci_hcd
+";
+
+#[test]
+fn dmesg_x_user_facility_lines_are_skipped_and_counted_unless_accepted() {
+    let (text, s) = scan_file("x.log", DMESG_X.as_bytes(), ScanFormat::Json, false);
+    assert_eq!((s.events, s.skipped_non_kernel_lines), (1, 1), "{text}");
+    assert!(text.contains(r#""code":13"#), "{text}");
+    let (text, s) = scan_file("x.log", DMESG_X.as_bytes(), ScanFormat::Json, true);
+    assert_eq!((s.events, s.skipped_non_kernel_lines), (2, 0), "{text}");
+    assert!(text.contains(r#""facility":1"#), "{text}");
+}
+
+#[test]
+fn gz_files_are_read_directly() {
+    let (plain, s1) = scan_file("dmesg.log", LOG.as_bytes(), ScanFormat::Json, false);
+    let (gz, s2) = scan_file(
+        "dmesg.log.gz",
+        &gzip(LOG.as_bytes()),
+        ScanFormat::Json,
+        false,
+    );
+    assert_eq!(plain, gz);
+    assert_eq!(s1, s2);
+    // Two gzip members one after the other read as one stream, as `gzip -d` does.
+    let mut two = gzip(&LOG.as_bytes()[..200]);
+    two.extend(gzip(&LOG.as_bytes()[200..]));
+    let (gz2, _) = scan_file("x.gz", &two, ScanFormat::Json, false);
+    assert_eq!(plain, gz2);
+}
+
+/// The layout of nvidia-bug-report.sh's output: a start line, then sections
+/// separated by a line of underscores with a header naming the command or file.
+#[test]
+fn nvidia_bug_report_only_its_kernel_log_sections_are_scanned() {
+    let report = "\
+Start of NVIDIA bug report log file.  Please include this file, along
+with a detailed description of your problem, when reporting a graphics
+____________________________________________
+
+*** /usr/bin/nvidia-smi -q
+NVRM: Xid (PCI:0000:11:00): 79, this text is not a kernel log
+____________________________________________
+
+*** /var/log/kern.log
+Mar  3 12:00:00 node kernel: [   12.000000] NVRM: Xid (PCI:0000:22:00): 48, DBE (0x1)
+____________________________________________
+
+Skipping dmesg: NVRM: Xid (PCI:0000:44:00): 79, not a log line either
+____________________________________________
+
+journalctl -b -0 -k:
+[   13.000000] NVRM: Xid (PCI:0000:33:00): 13, pid=1, name=x, Graphics Exception
+";
+    let (text, s) = scan_file(
+        "nvidia-bug-report.log.gz",
+        &gzip(report.as_bytes()),
+        ScanFormat::Json,
+        false,
+    );
+    assert_eq!(s.events, 2, "{text}");
+    assert!(
+        text.contains("0000:22:00.0") && text.contains("0000:33:00.0"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("0000:11:00.0") && !text.contains("0000:44:00.0"),
+        "{text}"
+    );
+}
+
+#[test]
+fn text_time_column_and_summary_order() {
+    let log = "\
+[   42.023596] NVRM: Xid (PCI:0000:00:06): 13, pid=555, name=xid, Graphics Exception
+[Mon Oct  3 13:52:42 2022] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.
+NVRM: Xid (PCI:0000:5e:00): 48, DBE (0x1)
+";
+    let (text, _) = scan_file("t.log", log.as_bytes(), ScanFormat::Text, false);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("TIME"), "{text}");
+    // Seconds since boot, the input's own wall-clock time (UTC), or nothing.
+    assert!(lines[1].starts_with("42.023596 "), "{text}");
+    assert!(lines[2].starts_with("2022-10-03 13:52:42 "), "{text}");
+    assert!(lines[3].starts_with("- "), "{text}");
+    assert!(!text.contains('@'), "{text}");
+    // Per-GPU summary, most severe first.
+    let summary: Vec<&str> = lines
+        .iter()
+        .filter(|l| l.starts_with("0000:"))
+        .copied()
+        .collect();
+    assert_eq!(summary.len(), 3, "{text}");
+    assert!(
+        summary[0].starts_with("0000:3b:00.0: reboot_node"),
+        "{text}"
+    );
+    assert!(summary[1].starts_with("0000:5e:00.0: reset_gpu"), "{text}");
+    assert!(
+        summary[2].starts_with("0000:00:06.0: restart_app"),
+        "{text}"
+    );
+}
+
+#[test]
+fn auto_format_is_json_when_stdout_is_not_a_terminal() {
+    assert_eq!(ScanFormat::Auto.resolve(false), ScanFormat::Json);
+    assert_eq!(ScanFormat::Auto.resolve(true), ScanFormat::Text);
+    assert_eq!(ScanFormat::Json.resolve(true), ScanFormat::Json);
+    // Under the test harness stdout is captured (not a terminal): JSON lines.
+    let (text, _) = scan_file("a.log", LOG.as_bytes(), ScanFormat::Auto, false);
+    assert!(text.lines().all(|l| l.starts_with('{')), "{text}");
+}
+
+#[test]
+fn directories_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ScanArgs {
+        format: ScanFormat::Json,
+        accept_user_facility: false,
+        files: vec![dir.path().to_path_buf()],
+    };
+    let err = run(&args, Arc::new(Policy::default()), &mut Vec::new()).unwrap_err();
+    assert!(err.to_string().contains("is a directory"), "{err}");
 }

@@ -350,6 +350,8 @@ pub enum FaultKind {
     PcieLink = 14,
     /// Startup / re-validation failed for a GPU.
     Validation = 15,
+    /// nvidia-peermem (GPUDirect RDMA peer memory) module error ("nvidia-peermem ... ERROR ...").
+    Peermem = 16,
 }
 impl FaultKind {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -374,6 +376,7 @@ impl FaultKind {
             Self::RecoveryAction => "FAULT_KIND_RECOVERY_ACTION",
             Self::PcieLink => "FAULT_KIND_PCIE_LINK",
             Self::Validation => "FAULT_KIND_VALIDATION",
+            Self::Peermem => "FAULT_KIND_PEERMEM",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -395,6 +398,7 @@ impl FaultKind {
             "FAULT_KIND_RECOVERY_ACTION" => Some(Self::RecoveryAction),
             "FAULT_KIND_PCIE_LINK" => Some(Self::PcieLink),
             "FAULT_KIND_VALIDATION" => Some(Self::Validation),
+            "FAULT_KIND_PEERMEM" => Some(Self::Peermem),
             _ => None,
         }
     }
