@@ -8,12 +8,21 @@ use std::io::IsTerminal as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// `gpuwatch --version`: the crate version and the commit it was built from
+/// (`unknown` for a build outside a git checkout without `GPUWATCH_GIT_COMMIT`).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("GPUWATCH_GIT_COMMIT"),
+    ")"
+);
+
 /// Per-node GPU health agent for Kubernetes: watches the kernel log and NVML
 /// for NVIDIA XID / SXid / ECC / row-remap / PCIe / NVLink / thermal faults,
 /// classifies them and reports them (OTLP, Kubernetes node conditions, taints,
 /// Events).
 #[derive(Debug, Parser)]
-#[command(name = "gpuwatch", version, about, propagate_version = true)]
+#[command(name = "gpuwatch", version = VERSION, about, propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
