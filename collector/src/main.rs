@@ -84,8 +84,6 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run a narrated demo on this machine: real /dev/kmsg, simulated GPUs (needs root).
-    Demo(gpuwatch::run::demo::DemoArgs),
     /// Clear active faults by hand (after a repair, an RMA, a false alarm):
     /// asks the running agent's local API (`POST /v1/clear`, loopback only).
     /// Recurrence history is kept. Prints how many faults were cleared.
@@ -282,11 +280,6 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::FAILURE
             })
-        }
-        Command::Demo(args) => {
-            init_logging(LogFormat::Text, "warn");
-            gpuwatch::run::demo::run(&args)?;
-            Ok(ExitCode::SUCCESS)
         }
         Command::Clear { gpu, reason, api } => {
             let cleared = operator_clear(&api, gpu.as_deref(), &reason)?;
