@@ -8,12 +8,21 @@ use std::io::IsTerminal as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// `gpuwatch --version`: the crate version and the commit it was built from
+/// (`unknown` for a build outside a git checkout without `GPUWATCH_GIT_COMMIT`).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("GPUWATCH_GIT_COMMIT"),
+    ")"
+);
+
 /// Per-node GPU health agent for Kubernetes: watches the kernel log and NVML
 /// for NVIDIA XID / SXid / ECC / row-remap / PCIe / NVLink / thermal faults,
 /// classifies them and reports them (OTLP, Kubernetes node conditions, taints,
 /// Events).
 #[derive(Debug, Parser)]
-#[command(name = "gpuwatch", version, about, propagate_version = true)]
+#[command(name = "gpuwatch", version = VERSION, about, propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -75,8 +84,6 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run a narrated demo on this machine: real /dev/kmsg, simulated GPUs (needs root).
-    Demo(gpuwatch::run::demo::DemoArgs),
     /// Clear active faults by hand (after a repair, an RMA, a false alarm):
     /// asks the running agent's local API (`POST /v1/clear`, loopback only).
     /// Recurrence history is kept. Prints how many faults were cleared.
@@ -273,11 +280,6 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::FAILURE
             })
-        }
-        Command::Demo(args) => {
-            init_logging(LogFormat::Text, "warn");
-            gpuwatch::run::demo::run(&args)?;
-            Ok(ExitCode::SUCCESS)
         }
         Command::Clear { gpu, reason, api } => {
             let cleared = operator_clear(&api, gpu.as_deref(), &reason)?;

@@ -1,11 +1,11 @@
-//! `gpuwatch demo`: a narrated run of the real agent on this machine, across a
-//! simulated reboot.
+//! `gpuwatch-demo`: a narrated run of the real agent on this machine, across a
+//! simulated reboot. Its own binary: the container image ships only `gpuwatch`.
 //!
-//! Phase 1 starts `gpuwatch run` as a child process reading the REAL
-//! `/dev/kmsg` (with `accept_user_facility`, the stdout JSON sink, the nvml-sim
-//! library driven by a scenario, a temporary state directory, the Kubernetes
-//! writer in dry-run, NVML polled every second), writes scripted NVIDIA kernel
-//! lines into `/dev/kmsg` at the times the scenario injects its XIDs, and
+//! Phase 1 starts `gpuwatch run` as a child process reading a kernel log (the
+//! stdout JSON sink, the nvml-sim library driven by a scenario, a temporary
+//! state directory, the Kubernetes writer in dry-run, NVML polled every
+//! second), writes scripted NVIDIA kernel lines into it at the times the
+//! scenario injects its XIDs, and
 //! narrates what the agent reports: every emitted event (detection,
 //! classification, reclassification), every cleared fault with the agent's
 //! reason (from its JSON log), and every change of a GPU's or the node's
@@ -17,8 +17,15 @@
 //! the after-reboot scenario. The narration shows which faults the new boot
 //! clears and why the others stay — all taken from the agent, none scripted.
 //!
-//! Needs root: it sets `printk_devkmsg=on` while it runs (the default
-//! `ratelimit` drops all but 10 writes per open) and restores it.
+//! Which kernel log: fake XID lines in a GPU node's real log would reach every
+//! other monitor there (most do not filter the user facility) and send the
+//! on-call to reboot a healthy node. So where an NVIDIA driver is loaded, or
+//! `/dev/kmsg` is not writable, the demo creates a private FIFO, writes
+//! kmsg-format records into it and points the agent's `--kmsg-path` at it (the
+//! same reader code path as `/dev/kmsg`). Elsewhere it uses the real
+//! `/dev/kmsg` (as root: it sets `printk_devkmsg=on` while it runs, since the
+//! default `ratelimit` drops all but 10 writes per open, and restores it), and
+//! afterwards shows how the injected lines look in `dmesg -x`.
 
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -62,9 +69,18 @@ pub struct DemoArgs {
     /// injection (at least 20 s).
     #[arg(long, default_value_t = 0)]
     pub duration_secs: u64,
-    /// Kernel log to write to and read from.
-    #[arg(long, value_name = "PATH", default_value = "/dev/kmsg")]
-    pub kmsg_path: PathBuf,
+    /// Write the scripted kernel lines into this machine's real /dev/kmsg
+    /// (refused where an NVIDIA driver is loaded; default: /dev/kmsg only where
+    /// no driver is loaded and it is writable, else a private FIFO).
+    #[arg(long, conflicts_with = "fifo")]
+    pub kmsg: bool,
+    /// Feed the agent through a private kmsg-format FIFO even where /dev/kmsg
+    /// could be used.
+    #[arg(long)]
+    pub fifo: bool,
+    /// The gpuwatch binary to run (default: `gpuwatch` beside this program).
+    #[arg(long, value_name = "FILE")]
+    pub agent: Option<PathBuf>,
     /// Runs the timeline this many times faster (scenario times, NVML poll
     /// interval, phase lengths); for tests.
     #[arg(long, hide = true, default_value_t = 1,
@@ -83,8 +99,11 @@ pub enum DemoError {
         /// Why.
         message: String,
     },
-    /// Setting up the machine failed (root needed for /dev/kmsg writes).
-    #[error("{what}: {source} (the demo needs root: it writes /dev/kmsg)")]
+    /// The requested kernel log cannot be used.
+    #[error("{0}")]
+    Input(String),
+    /// Setting up the machine failed.
+    #[error("{what}: {source}")]
     Setup {
         /// What failed.
         what: String,
@@ -120,6 +139,12 @@ fn kernel_pci(pci: &str) -> String {
     let norm = xid_parser::normalize_pci(pci).unwrap_or_else(|| pci.to_ascii_lowercase());
     norm.rsplit_once('.')
         .map_or(norm.clone(), |(a, _)| a.to_string())
+}
+
+/// The one PCI address format of the narration, the agent's own
+/// (`0000:18:00.0`), whatever the scenario file wrote.
+fn display_pci(pci: &str) -> String {
+    xid_parser::normalize_pci(pci).unwrap_or_else(|| pci.to_ascii_lowercase())
 }
 
 fn xid_text(xid: u64) -> &'static str {
@@ -201,7 +226,7 @@ pub fn script_from_scenario(text: &str) -> Result<Vec<ScriptedLine>, String> {
                     xid_text(xid)
                 ),
                 note: if note.is_empty() {
-                    format!("kernel reports XID {xid} on {pci}")
+                    format!("kernel reports XID {xid} on {}", display_pci(&pci))
                 } else {
                     note.clone()
                 },
@@ -218,7 +243,7 @@ pub fn script_from_scenario(text: &str) -> Result<Vec<ScriptedLine>, String> {
                     xid_text(64)
                 ),
                 note: if note.is_empty() {
-                    format!("row remapping fails on {pci}")
+                    format!("row remapping fails on {}", display_pci(&pci))
                 } else {
                     note.clone()
                 },
@@ -241,7 +266,10 @@ pub fn script_from_scenario(text: &str) -> Result<Vec<ScriptedLine>, String> {
                     kernel_pci(&other.pci),
                     xid_text(13)
                 ),
-                note: format!("an application crashes on {} (XID 13)", other.pci),
+                note: format!(
+                    "an application crashes on {} (XID 13)",
+                    display_pci(&other.pci)
+                ),
             });
         }
     }
@@ -283,6 +311,183 @@ fn last_kmsg_seq(path: &Path) -> Option<u64> {
             }
             Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {}
             _ => return last,
+        }
+    }
+}
+
+/// Where the demo's kernel lines go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelLogKind {
+    /// This machine's `/dev/kmsg` (records land as facility user).
+    Device,
+    /// A private FIFO of kmsg-format records, read through `--kmsg-path`.
+    Fifo,
+}
+
+/// Present when an NVIDIA kernel module is loaded.
+const NVIDIA_DRIVER_PROC: &str = "/proc/driver/nvidia";
+const DEV_KMSG: &str = "/dev/kmsg";
+
+/// Chooses the kernel log from the flags and the machine, with the sentence
+/// the demo prints about it; an error when `--kmsg` cannot be honoured.
+pub fn choose_kernel_log(
+    force_kmsg: bool,
+    force_fifo: bool,
+    driver_loaded: bool,
+    kmsg_writable: bool,
+) -> Result<(KernelLogKind, String), String> {
+    let fifo = |why: &str| {
+        Ok((
+            KernelLogKind::Fifo,
+            format!("{why}: the agent reads the demo's lines from a private FIFO (--kmsg-path)."),
+        ))
+    };
+    if force_kmsg && driver_loaded {
+        return Err(format!(
+            "an NVIDIA driver is loaded here ({NVIDIA_DRIVER_PROC}); the demo does not write fake \
+             XIDs into a GPU node's kernel log, where other monitors would read them (run \
+             without --kmsg to use a FIFO)"
+        ));
+    }
+    if force_kmsg && !kmsg_writable {
+        return Err(format!(
+            "{DEV_KMSG} is not writable (run as root, or without --kmsg)"
+        ));
+    }
+    if force_kmsg {
+        return Ok((
+            KernelLogKind::Device,
+            format!("--kmsg: the demo writes into this machine's kernel log ({DEV_KMSG})."),
+        ));
+    }
+    if force_fifo {
+        return fifo("--fifo");
+    }
+    if driver_loaded {
+        return fifo("An NVIDIA driver is loaded here, so its kernel log is left alone");
+    }
+    if !kmsg_writable {
+        return fifo(&format!("{DEV_KMSG} is not writable (not root)"));
+    }
+    Ok((
+        KernelLogKind::Device,
+        format!(
+            "No NVIDIA driver here: the demo writes into this machine's kernel log ({DEV_KMSG}) \
+             as user-facility records."
+        ),
+    ))
+}
+
+/// The kernel log the demo writes its scripted lines into.
+struct KernelLog {
+    kind: KernelLogKind,
+    /// What the agent reads (`--kmsg-path`).
+    path: PathBuf,
+    file: std::fs::File,
+    /// FIFO records: the last sequence number written.
+    seq: u64,
+}
+
+impl KernelLog {
+    fn device() -> Result<KernelLog, DemoError> {
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(DEV_KMSG)
+            .map_err(setup_err(format!("cannot open {DEV_KMSG} for writing")))?;
+        Ok(KernelLog {
+            kind: KernelLogKind::Device,
+            path: PathBuf::from(DEV_KMSG),
+            file,
+            seq: 0,
+        })
+    }
+
+    /// A FIFO in `dir`, opened read-write: the open does not wait for a reader,
+    /// and the agent never sees end-of-file between the two boots.
+    fn fifo(dir: &Path) -> Result<KernelLog, DemoError> {
+        let path = dir.join("kmsg.fifo");
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).map_err(
+            |e| DemoError::Setup {
+                what: format!("cannot create the FIFO {}", path.display()),
+                source: std::io::Error::from(e),
+            },
+        )?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(setup_err(format!("cannot open {}", path.display())))?;
+        Ok(KernelLog {
+            kind: KernelLogKind::Fifo,
+            path,
+            file,
+            seq: 0,
+        })
+    }
+
+    /// Writes one NVIDIA driver line at the driver's own priority: NVRM's XID
+    /// lines are KERN_WARNING (`<4>` in `dmesg -r` of a real H200 driver).
+    /// The kernel turns a userspace write into facility user; in the FIFO the
+    /// record is written as the kernel would log the driver's line.
+    fn write(&mut self, message: &str) -> std::io::Result<()> {
+        let record = match self.kind {
+            KernelLogKind::Device => format!("<4>{message}\n"),
+            KernelLogKind::Fifo => {
+                self.seq += 1;
+                let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+                    .map_err(std::io::Error::from)?;
+                let usec = now.tv_sec() as u64 * 1_000_000 + now.tv_nsec() as u64 / 1_000;
+                format!("4,{},{usec},-;{message}\n", self.seq)
+            }
+        };
+        self.file.write_all(record.as_bytes())
+    }
+
+    /// Where the narration says a line went.
+    fn label(&self) -> &'static str {
+        match self.kind {
+            KernelLogKind::Device => "/dev/kmsg",
+            KernelLogKind::Fifo => "FIFO",
+        }
+    }
+}
+
+/// The records of `path` after `after_seq` whose message is one of `messages`,
+/// formatted as `dmesg -x` prints them (`user  :warn  : [  704.029133] …`).
+fn dmesg_x_view(path: &Path, after_seq: u64, messages: &[String]) -> Vec<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    const FACILITIES: [&str; 4] = ["kern", "user", "mail", "daemon"];
+    const LEVELS: [&str; 8] = [
+        "emerg", "alert", "crit", "err", "warn", "notice", "info", "debug",
+    ];
+    let Ok(mut f) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+    else {
+        return Vec::new();
+    };
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut out = Vec::new();
+    loop {
+        match f.read(&mut buf) {
+            Ok(n) if n > 0 => {
+                let Ok(rec) = xid_parser::parse_kmsg_record(&buf[..n]) else {
+                    continue;
+                };
+                let msg = String::from_utf8_lossy(rec.message);
+                if rec.seq > after_seq && messages.iter().any(|m| *m == msg) {
+                    let facility = FACILITIES.get(usize::from(rec.facility)).unwrap_or(&"?");
+                    let level = LEVELS[usize::from(rec.level & 7)];
+                    out.push(format!(
+                        "{facility:<6}:{level:<6}: [{:>12.6}] {msg}",
+                        rec.ts_usec as f64 / 1e6
+                    ));
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {}
+            _ => return out,
         }
     }
 }
@@ -381,6 +586,18 @@ fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
     v[key].as_str().unwrap_or("")
 }
 
+/// Where an event came from, in plain words (the schema's `source` values).
+fn source_words(source: &str) -> &str {
+    match source {
+        "kmsg" => "the kernel log",
+        "nvml_event" => "an NVML event",
+        "nvml_poll" => "NVML polling",
+        "log_file" => "a log file",
+        "validation" => "device validation",
+        other => other,
+    }
+}
+
 fn describe_event(ev: &Value) -> String {
     let code = ev["code"].as_u64().unwrap_or(0);
     let what = match str_of(ev, "kind") {
@@ -389,22 +606,21 @@ fn describe_event(ev: &Value) -> String {
         k => k.replace('_', " "),
     };
     let gpu = match ev["gpu_index"].as_u64() {
-        Some(i) => format!("GPU {i} ({})", str_of(ev, "pci_address")),
+        Some(i) => format!("GPU {i} ({})", display_pci(str_of(ev, "pci_address"))),
         None if !str_of(ev, "pci_address").is_empty() => {
-            format!("GPU {}", str_of(ev, "pci_address"))
+            format!("the GPU at {}", display_pci(str_of(ev, "pci_address")))
         }
         None => "the node".to_string(),
     };
+    let source = source_words(str_of(ev, "source"));
     match ev["attributes"]["reclassified_from"].as_str() {
         Some(from) => format!(
-            "{what} on {gpu} from {}: {from} → {} ({})",
-            str_of(ev, "source"),
+            "{what} on {gpu}, from {source}: {from} → {} ({})",
             str_of(ev, "action"),
             str_of(ev, "policy_reason")
         ),
         None => format!(
-            "{what} on {gpu} from {}: {} → action {} ({})",
-            str_of(ev, "source"),
+            "{what} on {gpu}, from {source}: {} → action {} ({})",
             str_of(ev, "name"),
             str_of(ev, "action"),
             str_of(ev, "policy_reason")
@@ -429,7 +645,7 @@ impl GpuView {
     fn label(&self) -> String {
         match self.index {
             Some(i) => format!("GPU {i}"),
-            None => format!("GPU {}", self.pci),
+            None => format!("the GPU at {}", display_pci(&self.pci)),
         }
     }
 
@@ -462,7 +678,7 @@ fn gpu_views(h: &Value) -> Vec<GpuView> {
         .map(|gpus| {
             gpus.iter()
                 .map(|g| GpuView {
-                    pci: str_of(g, "pci_address").to_string(),
+                    pci: display_pci(str_of(g, "pci_address")),
                     index: g["index"].as_u64(),
                     verdict: str_of(g, "verdict").to_string(),
                     action: str_of(g, "action").to_string(),
@@ -542,14 +758,94 @@ fn clear_rule(action: &str) -> &'static str {
     }
 }
 
+/// The node's state in plain words: "healthy, 8 GPUs", or "unhealthy:
+/// inspect_hardware (RowRemapFailure), 8 GPUs". No action or reason is named
+/// when there is none.
+fn node_line(h: &Value, gpu_count: Option<usize>) -> String {
+    let verdict = match str_of(h, "verdict") {
+        "" | "unspecified" => "not known yet",
+        v => v,
+    };
+    let mut s = verdict.to_string();
+    let action = str_of(h, "action");
+    if !matches!(action, "" | "unspecified") {
+        s.push_str(&format!(": {action}"));
+    }
+    let reason = str_of(h, "reason");
+    if !reason.is_empty() && !reason.eq_ignore_ascii_case(verdict) {
+        s.push_str(&format!(" ({reason})"));
+    }
+    match gpu_count {
+        Some(1) => s.push_str(", 1 GPU"),
+        Some(n) => s.push_str(&format!(", {n} GPUs")),
+        None => s.push_str(", GPUs not enumerated yet"),
+    }
+    s
+}
+
 /// Turns what the agent reports into the timeline.
 struct Narrator {
     t0: Instant,
     last_node: String,
     gpus: BTreeMap<String, GpuView>,
+    /// GPUs NVML enumerated (the node's GPU count), once it answered.
+    gpu_count: Option<usize>,
     events: usize,
+    /// Faults per final action: a reclassification moves its fault.
     by_action: BTreeMap<String, usize>,
     last_health: Option<Value>,
+}
+
+/// Narration lines are at most this long.
+const LINE_WIDTH: usize = 120;
+/// `[ 12.3s] DETECTED  `: time and tag before the text.
+const PREFIX_WIDTH: usize = 19;
+
+/// Splits `text` at spaces into lines of at most `width` characters, the
+/// first after nothing, the others after `indent`. A word longer than a line
+/// is cut.
+pub fn wrap(text: &str, width: usize, indent: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut cur = String::new();
+    let mut cur_len = 0usize;
+    for word in text.split(' ') {
+        let avail = width
+            - if lines.is_empty() {
+                0
+            } else {
+                indent.chars().count()
+            };
+        let wlen = word.chars().count();
+        if cur_len > 0 && cur_len + 1 + wlen > avail {
+            lines.push(std::mem::take(&mut cur));
+            cur_len = 0;
+        }
+        let avail = width
+            - if lines.is_empty() {
+                0
+            } else {
+                indent.chars().count()
+            };
+        let mut word: String = word.to_string();
+        while word.chars().count() > avail && cur_len == 0 {
+            let head: String = word.chars().take(avail).collect();
+            word = word.chars().skip(avail).collect();
+            lines.push(head);
+        }
+        if cur_len > 0 {
+            cur.push(' ');
+            cur_len += 1;
+        }
+        cur_len += word.chars().count();
+        cur.push_str(&word);
+    }
+    if !cur.is_empty() || lines.is_empty() {
+        lines.push(cur);
+    }
+    for l in lines.iter_mut().skip(1) {
+        l.insert_str(0, indent);
+    }
+    lines
 }
 
 impl Narrator {
@@ -558,6 +854,7 @@ impl Narrator {
             t0: Instant::now(),
             last_node: String::new(),
             gpus: BTreeMap::new(),
+            gpu_count: None,
             events: 0,
             by_action: BTreeMap::new(),
             last_health: None,
@@ -565,20 +862,74 @@ impl Narrator {
     }
 
     fn say(&self, tag: &str, text: &str) {
-        println!("[{:5.1}s] {tag:<9} {text}", self.t0.elapsed().as_secs_f64());
+        let prefix = format!("[{:5.1}s] {tag:<9} ", self.t0.elapsed().as_secs_f64());
+        let indent = " ".repeat(PREFIX_WIDTH);
+        let body = wrap(text, LINE_WIDTH - PREFIX_WIDTH, "");
+        for (i, line) in body.iter().enumerate() {
+            let lead = if i == 0 {
+                prefix.as_str()
+            } else {
+                indent.as_str()
+            };
+            println!("{lead}{line}");
+        }
     }
 
     fn event(&mut self, ev: &Value) {
-        let reclassified = !ev["attributes"]["reclassified_from"].is_null();
-        if !reclassified {
-            self.events += 1;
-            *self
-                .by_action
-                .entry(str_of(ev, "action").to_string())
-                .or_default() += 1;
-        }
-        let tag = if reclassified { "RECLASS" } else { "DETECTED" };
+        let action = str_of(ev, "action").to_string();
+        let tag = match ev["attributes"]["reclassified_from"].as_str() {
+            Some(from) => {
+                // The same fault, now with another action: counted once, by
+                // its final action.
+                if let Some(c) = self.by_action.get_mut(from) {
+                    *c -= 1;
+                    if *c == 0 {
+                        self.by_action.remove(from);
+                    }
+                }
+                *self.by_action.entry(action).or_default() += 1;
+                "RECLASS"
+            }
+            None => {
+                self.events += 1;
+                *self.by_action.entry(action).or_default() += 1;
+                "DETECTED"
+            }
+        };
         self.say(tag, &describe_event(ev));
+    }
+
+    /// "GPU 6" for the engine's "GPU 6 (GPU-…, 0000:ba:00.0)"; where the
+    /// engine has no confirmed index yet ("GPU ? (0000:ba:00.0)"), the index
+    /// this narration last saw at that address, else the address.
+    fn gpu_label(&self, described: &str) -> String {
+        let short = short_gpu(described);
+        if short != "GPU ?" {
+            return short.to_string();
+        }
+        let pci = described
+            .rsplit([',', '('])
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .trim_end_matches(')');
+        let pci = display_pci(pci);
+        match self.gpus.get(&pci).and_then(|g| g.index) {
+            Some(i) => format!("GPU {i}"),
+            None => format!("the GPU at {pci}"),
+        }
+    }
+
+    /// "summary" text of the faults by final action.
+    fn actions_summary(&self) -> String {
+        if self.by_action.is_empty() {
+            return "none".to_string();
+        }
+        self.by_action
+            .iter()
+            .map(|(a, c)| format!("{c} {a}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     fn log(&mut self, v: &Value) {
@@ -586,9 +937,9 @@ impl Narrator {
         match msg {
             "Fault cleared." | "Node-level fault cleared." => {
                 let who = if msg == "Fault cleared." {
-                    short_gpu(str_of(v, "gpu")).to_string()
+                    self.gpu_label(str_of(v, "gpu"))
                 } else {
-                    format!("node device {}", str_of(v, "pci"))
+                    format!("node device {}", display_pci(str_of(v, "pci")))
                 };
                 self.say(
                     "CLEARED",
@@ -604,7 +955,7 @@ impl Narrator {
                 "EVIDENCE",
                 &format!(
                     "{}: {} (reset evidence)",
-                    short_gpu(str_of(v, "gpu")),
+                    self.gpu_label(str_of(v, "gpu")),
                     str_of(v, "evidence")
                 ),
             ),
@@ -644,13 +995,10 @@ impl Narrator {
             }
             self.gpus.insert(g.pci.clone(), g);
         }
-        let node = format!(
-            "verdict={} action={} reason={} ({} GPUs)",
-            str_of(&h, "verdict"),
-            str_of(&h, "action"),
-            str_of(&h, "reason"),
-            h["gpus"].as_array().map_or(0, Vec::len)
-        );
+        if nvml_reported {
+            self.gpu_count = h["gpus"].as_array().map(Vec::len);
+        }
+        let node = node_line(&h, self.gpu_count);
         if node != self.last_node {
             self.say("NODE", &node);
             if !str_of(&h, "message").is_empty() {
@@ -716,9 +1064,8 @@ struct Phase<'a> {
 /// Starts the agent, plays the script, narrates, stops the agent with
 /// SIGTERM; returns its exit status (`None`: killed after 15 s).
 fn run_phase(
-    args: &DemoArgs,
     n: &mut Narrator,
-    kmsg: &mut std::fs::File,
+    kmsg: &mut KernelLog,
     state: &Path,
     phase: &Phase<'_>,
     stop: &AtomicBool,
@@ -728,9 +1075,8 @@ fn run_phase(
     // not crowd the timeline: a position for this boot at the last sequence
     // number. (A real reboot starts with an empty ring; a real first start
     // reads the whole ring.)
-    let is_dev = args.kmsg_path == Path::new("/dev/kmsg");
-    if is_dev
-        && let Some(last_seq) = last_kmsg_seq(&args.kmsg_path)
+    if kmsg.kind == KernelLogKind::Device
+        && let Some(last_seq) = last_kmsg_seq(&kmsg.path)
         && let Ok(boot_id) = crate::boot::read_boot_id(phase.boot_id_path)
     {
         let position = gpuwatch_core::msg::KmsgPosition { boot_id, last_seq };
@@ -743,14 +1089,14 @@ fn run_phase(
             );
         }
     }
-    let mut child = Command::new(phase.exe)
-        .args([
-            "run",
-            "--accept-user-facility",
-            "--sink",
-            "stdout",
-            "--kube-dry-run",
-        ])
+    let mut agent = Command::new(phase.exe);
+    agent.args(["run", "--sink", "stdout", "--kube-dry-run"]);
+    if kmsg.kind == KernelLogKind::Device {
+        // The demo's lines land as facility user in the real kernel log, and
+        // by default only kernel records may raise faults.
+        agent.arg("--accept-user-facility");
+    }
+    let mut child = agent
         .args([
             "--api-listen",
             "127.0.0.1:0",
@@ -762,7 +1108,7 @@ fn run_phase(
         .arg("--config")
         .arg(phase.config)
         .arg("--kmsg-path")
-        .arg(&args.kmsg_path)
+        .arg(&kmsg.path)
         .arg("--nvml-sim")
         .arg(phase.scenario)
         .arg("--state-dir")
@@ -832,8 +1178,8 @@ fn run_phase(
         {
             let line = &phase.script[next];
             n.say("INJECT", &line.note);
-            n.say("", &format!("/dev/kmsg ← {}", line.message));
-            if let Err(e) = kmsg.write_all(format!("<3>{}\n", line.message).as_bytes()) {
+            n.say("", &format!("{} ← {}", kmsg.label(), line.message));
+            if let Err(e) = kmsg.write(&line.message) {
                 n.say("", &format!("cannot write the kernel log: {e}"));
             }
             next += 1;
@@ -875,16 +1221,28 @@ fn run_phase(
     Ok(status)
 }
 
-/// This executable's path, taken once: a rebuild that replaces the file while
-/// the demo runs leaves `/proc/self/exe` pointing at "… (deleted)".
-fn gpuwatch_exe() -> Result<PathBuf, DemoError> {
-    let exe =
-        std::env::current_exe().map_err(setup_err("cannot find the gpuwatch executable".into()))?;
-    let text = exe.to_string_lossy();
-    Ok(match text.strip_suffix(" (deleted)") {
+/// The agent binary: `--agent`, else `gpuwatch` in this program's directory.
+/// Taken once: a rebuild that replaces this program while the demo runs leaves
+/// `/proc/self/exe` pointing at "… (deleted)".
+fn gpuwatch_exe(agent: Option<&Path>) -> Result<PathBuf, DemoError> {
+    if let Some(a) = agent {
+        return Ok(a.to_path_buf());
+    }
+    let me = std::env::current_exe().map_err(setup_err("cannot find this executable".into()))?;
+    let text = me.to_string_lossy();
+    let me = match text.strip_suffix(" (deleted)") {
         Some(live) => PathBuf::from(live),
-        None => exe,
-    })
+        None => me,
+    };
+    let exe = me.with_file_name("gpuwatch");
+    if exe.is_file() {
+        Ok(exe)
+    } else {
+        Err(DemoError::Input(format!(
+            "no gpuwatch binary at {} (build it: cargo build --release -p gpuwatch; or pass --agent)",
+            exe.display()
+        )))
+    }
 }
 
 /// Active faults recorded in the engine's state file.
@@ -937,8 +1295,27 @@ pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
         Duration::from_millis(last_inject_ms(text)) + scaled_ms(6_000)
     });
 
-    let is_dev = args.kmsg_path == Path::new("/dev/kmsg");
-    let _printk = if is_dev {
+    let exe = gpuwatch_exe(args.agent.as_deref())?;
+    let writable = std::fs::OpenOptions::new()
+        .append(true)
+        .open(DEV_KMSG)
+        .is_ok()
+        && std::fs::OpenOptions::new()
+            .write(true)
+            .open(PRINTK_DEVKMSG)
+            .is_ok();
+    let (kind, why) = choose_kernel_log(
+        args.kmsg,
+        args.fifo,
+        Path::new(NVIDIA_DRIVER_PROC).exists(),
+        writable,
+    )
+    .map_err(DemoError::Input)?;
+    let state = std::env::temp_dir().join(format!("gpuwatch-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&state)
+        .map_err(setup_err(format!("cannot create {}", state.display())))?;
+    let _cleanup = RemoveDir(state.clone());
+    let _printk = if kind == KernelLogKind::Device {
         let old = std::fs::read_to_string(PRINTK_DEVKMSG)
             .map_err(setup_err(format!("cannot read {PRINTK_DEVKMSG}")))?;
         std::fs::write(PRINTK_DEVKMSG, "on\n")
@@ -947,17 +1324,15 @@ pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
     } else {
         PrintkGuard(None)
     };
-    let mut kmsg = std::fs::OpenOptions::new()
-        .append(true)
-        .open(&args.kmsg_path)
-        .map_err(setup_err(format!(
-            "cannot open {} for writing",
-            args.kmsg_path.display()
-        )))?;
-    let state = std::env::temp_dir().join(format!("gpuwatch-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&state)
-        .map_err(setup_err(format!("cannot create {}", state.display())))?;
-    let _cleanup = RemoveDir(state.clone());
+    let mut kmsg = match kind {
+        KernelLogKind::Device => KernelLog::device()?,
+        KernelLogKind::Fifo => KernelLog::fifo(&state)?,
+    };
+    let first_seq = if kind == KernelLogKind::Device {
+        last_kmsg_seq(&kmsg.path).unwrap_or(0)
+    } else {
+        0
+    };
     let config = state.join("demo-agent.toml");
     std::fs::write(&config, agent_config(speed))
         .map_err(setup_err(format!("cannot write {}", config.display())))?;
@@ -996,13 +1371,16 @@ pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
     }
 
     println!(
-        "gpuwatch demo — real kernel log ({}), simulated GPUs ({})",
-        args.kmsg_path.display(),
+        "gpuwatch demo: the real agent, simulated GPUs ({}).",
         args.scenario.display()
     );
+    for line in wrap(&why, LINE_WIDTH, "") {
+        println!("{line}");
+    }
+    println!("State directory {}.", state.display());
     println!(
-        "state dir {}; NVML polled every {} ms; a condition fault clears after {CLEAR_SAMPLES} clean samples; Ctrl-C stops early.",
-        state.display(),
+        "NVML is polled every {} ms; a condition fault clears after {CLEAR_SAMPLES} clean \
+         samples. Ctrl-C stops early.",
         (POLL_MS / u64::from(speed)).max(50)
     );
     if speed > 1 {
@@ -1013,9 +1391,7 @@ pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
         duration1.as_secs_f64().round()
     );
     let mut n = Narrator::new();
-    let exe = gpuwatch_exe()?;
     let status1 = run_phase(
-        args,
         &mut n,
         &mut kmsg,
         &state,
@@ -1068,7 +1444,6 @@ pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
             scenario2_path.display()
         )))?;
         let status2 = run_phase(
-            args,
             &mut n,
             &mut kmsg,
             &state,
@@ -1086,8 +1461,38 @@ pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
         n.explain_remaining();
     }
 
+    if kind == KernelLogKind::Device {
+        let written: Vec<String> = script1
+            .iter()
+            .chain(reboot.iter().flat_map(|(_, s)| s.iter()))
+            .map(|l| l.message.clone())
+            .collect();
+        let view = dmesg_x_view(&kmsg.path, first_seq, &written);
+        if !view.is_empty() {
+            println!(
+                "\nThe demo's lines stay in this machine's kernel log until the ring wraps. \
+                 `dmesg -x` shows them as\nuser-facility records, which `gpuwatch run` ignores \
+                 by default and `dmesg -r | gpuwatch scan` skips:"
+            );
+            for line in view {
+                for part in wrap(&line, LINE_WIDTH, "    ") {
+                    println!("{part}");
+                }
+            }
+            println!(
+                "Plain `dmesg` output carries no facility: a tool reading it cannot tell these \
+                 from the driver's.\nUse `gpuwatch-demo --fifo` to keep them out of the \
+                 kernel log."
+            );
+        }
+    }
+
     println!("\nSummary after {:.0} s:", n.t0.elapsed().as_secs_f64());
-    println!("  fault events: {} ({:?})", n.events, n.by_action);
+    println!(
+        "  fault events: {}; by final action: {}",
+        n.events,
+        n.actions_summary()
+    );
     if reboot.is_some() && statuses.len() > 1 {
         println!("  node state before the reboot: {boot1_node}");
     }
@@ -1107,7 +1512,11 @@ pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
                 .to_string())
         );
     }
-    println!("  printk_devkmsg restored; nothing was written to any cluster.");
+    if kind == KernelLogKind::Device {
+        println!("  printk_devkmsg restored; nothing was written to any cluster.");
+    } else {
+        println!("  the kernel log was not touched; nothing was written to any cluster.");
+    }
     for s in statuses {
         match s {
             Some(s) if s.success() => {}
@@ -1288,7 +1697,7 @@ remapped_rows_failure = true
         assert_eq!(v[0].label(), "GPU 5");
         assert_eq!(v[0].faults, ["RowRemapFailure"]);
         assert!(v[0].answering);
-        assert_eq!(v[1].label(), "GPU 0000:3a:00.0");
+        assert_eq!(v[1].label(), "the GPU at 0000:3a:00.0");
         assert!(!v[1].answering);
         assert_eq!(
             sample_problems(&h["gpus"][0]["sample"]),
@@ -1307,9 +1716,103 @@ remapped_rows_failure = true
         });
         assert_eq!(
             describe_event(&ev),
-            "XID 64 on GPU 5 (0000:ab:00.0) from nvml_poll: reset_gpu → inspect_hardware (Re-evaluated)"
+            "XID 64 on GPU 5 (0000:ab:00.0), from NVML polling: reset_gpu → inspect_hardware \
+             (Re-evaluated)"
         );
         assert_eq!(short_gpu("GPU 6 (GPU-1, 0000:ba:00.0)"), "GPU 6");
+    }
+
+    #[test]
+    fn summary_counts_the_final_action_of_a_reclassified_fault() {
+        let mut n = Narrator::new();
+        n.event(
+            &serde_json::json!({"kind": "xid", "code": 64, "gpu_index": 5,
+            "pci_address": "0000:ab:00.0", "source": "kmsg", "action": "reset_gpu"}),
+        );
+        n.event(
+            &serde_json::json!({"kind": "xid", "code": 13, "gpu_index": 1,
+            "pci_address": "0000:2a:00.0", "source": "kmsg", "action": "restart_app"}),
+        );
+        n.event(
+            &serde_json::json!({"kind": "xid", "code": 64, "gpu_index": 5,
+            "pci_address": "0000:ab:00.0", "source": "nvml_poll", "action": "inspect_hardware",
+            "attributes": {"reclassified_from": "reset_gpu"}}),
+        );
+        assert_eq!(n.events, 2, "a reclassification is the same fault");
+        assert_eq!(n.actions_summary(), "1 inspect_hardware, 1 restart_app");
+    }
+
+    #[test]
+    fn kernel_log_choice_never_writes_into_a_gpu_nodes_log() {
+        use KernelLogKind::{Device, Fifo};
+        let kind = |k, f, d, w| choose_kernel_log(k, f, d, w).map(|(kind, _)| kind);
+        // (--kmsg, --fifo, driver loaded, /dev/kmsg writable)
+        assert_eq!(kind(false, false, false, true), Ok(Device));
+        assert_eq!(kind(false, false, true, true), Ok(Fifo));
+        assert_eq!(kind(false, false, false, false), Ok(Fifo));
+        assert_eq!(kind(false, true, false, true), Ok(Fifo));
+        assert_eq!(kind(true, false, false, true), Ok(Device));
+        let refused = choose_kernel_log(true, false, true, true).unwrap_err();
+        assert!(refused.contains("NVIDIA driver is loaded"), "{refused}");
+        assert!(choose_kernel_log(true, false, false, false).is_err());
+        let (_, why) = choose_kernel_log(false, false, true, true).unwrap();
+        assert!(why.contains("FIFO") && why.contains("--kmsg-path"), "{why}");
+    }
+
+    #[test]
+    fn wrap_keeps_lines_within_the_width() {
+        let text = "NVRM: Xid (PCI:0000:18:00): 48, pid=31338, name=train.py, An uncorrectable \
+                    double bit error (DBE) has been detected on GPU in the framebuffer at \
+                    partition 0, subpartition 0.";
+        let lines = wrap(text, 60, "    ");
+        assert!(lines.len() > 2, "{lines:#?}");
+        assert!(lines.iter().all(|l| l.chars().count() <= 60), "{lines:#?}");
+        assert!(lines[1..].iter().all(|l| l.starts_with("    ")));
+        let words: Vec<&str> = lines.iter().flat_map(|l| l.split_whitespace()).collect();
+        assert_eq!(words.join(" "), text, "nothing lost or reordered");
+        assert_eq!(wrap("short", 60, "  "), ["short"]);
+        assert!(wrap(&"x".repeat(130), 50, "").iter().all(|l| l.len() <= 50));
+    }
+
+    #[test]
+    fn node_line_is_plain_words() {
+        let healthy = serde_json::json!({"verdict": "healthy", "action": "unspecified",
+            "reason": "Healthy", "gpus": []});
+        assert_eq!(node_line(&healthy, Some(8)), "healthy, 8 GPUs");
+        let bad = serde_json::json!({"verdict": "unhealthy", "action": "inspect_hardware",
+            "reason": "RowRemapFailure"});
+        assert_eq!(
+            node_line(&bad, Some(8)),
+            "unhealthy: inspect_hardware (RowRemapFailure), 8 GPUs"
+        );
+        assert_eq!(
+            node_line(&serde_json::json!({}), None),
+            "not known yet, GPUs not enumerated yet"
+        );
+    }
+
+    #[test]
+    fn unconfirmed_gpu_is_named_by_its_last_index_or_address() {
+        let mut n = Narrator::new();
+        assert_eq!(n.gpu_label("GPU 6 (GPU-1, 0000:ba:00.0)"), "GPU 6");
+        assert_eq!(
+            n.gpu_label("GPU ? (0000:3a:00.0)"),
+            "the GPU at 0000:3a:00.0"
+        );
+        n.gpus.insert(
+            "0000:3a:00.0".into(),
+            GpuView {
+                pci: "0000:3a:00.0".into(),
+                index: Some(2),
+                verdict: "healthy".into(),
+                action: String::new(),
+                faults: Vec::new(),
+                answering: true,
+            },
+        );
+        assert_eq!(n.gpu_label("GPU ? (00000000:3A:00.0)"), "GPU 2");
+        assert_eq!(display_pci("00000000:3A:00.0"), "0000:3a:00.0");
+        assert_eq!(source_words("kmsg"), "the kernel log");
     }
 
     #[test]

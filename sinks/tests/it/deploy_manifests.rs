@@ -1,7 +1,9 @@
 //! Renders every kustomize overlay under `deploy/` with `kubectl kustomize`, parses each
 //! object into its typed k8s-openapi struct, and checks the deployment invariants:
 //! tolerations cover every taint gpuwatch writes, host paths are read-only except the state
-//! dir, no privilege, only CAP_SYSLOG added, probes, downward-API env and resources set.
+//! dir, no privilege, only CAP_SYSLOG added, probes, downward-API env and resources set,
+//! cluster-scoped objects without a namespace, the API NetworkPolicy, the image tag equal to
+//! the crate version, and overlay comments that name only files that exist.
 //!
 //! Needs `kubectl` on PATH (Debian: `apt-get install kubernetes-client`).
 
@@ -12,6 +14,7 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, Namespace, PodSpec, Service, ServiceAccount, Toleration,
 };
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding, Subject};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use std::path::{Path, PathBuf};
@@ -40,7 +43,22 @@ enum Object {
     RoleBinding(Box<RoleBinding>),
     Vap(Box<ValidatingAdmissionPolicy>),
     VapBinding(Box<ValidatingAdmissionPolicyBinding>),
+    NetworkPolicy(Box<NetworkPolicy>),
 }
+
+/// Kinds the API server serves without a namespace (`kubectl api-resources
+/// --namespaced=false`): a `metadata.namespace` on them is at best ignored.
+const CLUSTER_SCOPED: [&str; 5] = [
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+];
+
+/// The memory the agent was measured to use on a node with a real GPU (H200, real
+/// libnvidia-ml.so.1: 32.0 MiB RSS). A request below it under-reserves every GPU node.
+const MEASURED_REAL_GPU_RSS_MIB: f64 = 32.0;
 
 /// The checkout whose `deploy/` is rendered: this one, or `$GPUWATCH_DEPLOY_ROOT`.
 fn repo_root() -> PathBuf {
@@ -73,7 +91,8 @@ fn parse<T: serde::de::DeserializeOwned>(v: serde_yaml::Value, what: &str) -> Bo
     Box::new(serde_yaml::from_value(v).unwrap_or_else(|e| panic!("{what} does not parse: {e}")))
 }
 
-/// Parses a multi-document render; any kind this test does not know fails it.
+/// Parses a multi-document render; any kind this test does not know fails it, and so
+/// does a namespace on a cluster-scoped object.
 fn render(dir: &str) -> Vec<Object> {
     let text = kustomize(dir);
     let mut objects = Vec::new();
@@ -82,6 +101,12 @@ fn render(dir: &str) -> Vec<Object> {
         let kind = v["kind"].as_str().unwrap_or_default().to_string();
         let name = v["metadata"]["name"].as_str().unwrap_or_default();
         let what = format!("{dir}: {kind}/{name}");
+        if CLUSTER_SCOPED.contains(&kind.as_str()) {
+            assert!(
+                v["metadata"].get("namespace").is_none(),
+                "{what} is cluster-scoped but rendered with a namespace"
+            );
+        }
         objects.push(match kind.as_str() {
             "Namespace" => Object::Namespace(parse(v, &what)),
             "ServiceAccount" => Object::ServiceAccount(parse(v, &what)),
@@ -95,6 +120,7 @@ fn render(dir: &str) -> Vec<Object> {
             "RoleBinding" => Object::RoleBinding(parse(v, &what)),
             "ValidatingAdmissionPolicy" => Object::Vap(parse(v, &what)),
             "ValidatingAdmissionPolicyBinding" => Object::VapBinding(parse(v, &what)),
+            "NetworkPolicy" => Object::NetworkPolicy(parse(v, &what)),
             other => panic!("{what}: unexpected kind {other:?} in the render"),
         });
     }
@@ -343,6 +369,12 @@ fn check_agent(ds: &DaemonSet, cms: &[&ConfigMap], what: &str) -> i32 {
             "{what}: {r} request {q} > limit {l}"
         );
     }
+    let mem_request = quantity(&req["memory"].0) / (1024.0 * 1024.0);
+    assert!(
+        mem_request >= MEASURED_REAL_GPU_RSS_MIB,
+        "{what}: memory request {mem_request} MiB is below the {MEASURED_REAL_GPU_RSS_MIB} MiB \
+         measured on a real GPU node"
+    );
 
     // Command and config: the ConfigMap exists, has gpuwatch.toml, and its API port is
     // the container port the probes use.
@@ -350,10 +382,20 @@ fn check_agent(ds: &DaemonSet, cms: &[&ConfigMap], what: &str) -> i32 {
         c.command.as_deref(),
         Some(&["/usr/local/bin/gpuwatch".to_string()][..])
     );
+    let args = c.args.as_deref().unwrap_or_default();
     assert_eq!(
-        c.args.as_deref(),
+        args.get(..3),
         Some(&["run", "--config", "/etc/gpuwatch/gpuwatch.toml"].map(String::from)[..]),
         "{what}: args"
+    );
+    // Flags after the config file override it; only the API address may be set that way.
+    let listen_flag: Option<i32> = args[3..].iter().find_map(|a| {
+        let rest = a.strip_prefix("--api-listen=0.0.0.0:")?;
+        Some(rest.parse().expect("numeric port in --api-listen"))
+    });
+    assert!(
+        args[3..].iter().all(|a| a.starts_with("--api-listen=")),
+        "{what}: unexpected extra args {args:?}"
     );
     let cfg_vol = volumes
         .iter()
@@ -373,11 +415,12 @@ fn check_agent(ds: &DaemonSet, cms: &[&ConfigMap], what: &str) -> i32 {
         .as_ref()
         .and_then(|d| d.get("gpuwatch.toml"))
         .expect("gpuwatch.toml key");
-    let listen_port: i32 = toml
+    let config_port: i32 = toml
         .lines()
         .find_map(|l| l.trim().strip_prefix("listen = \"0.0.0.0:"))
         .and_then(|rest| rest.trim_end_matches('"').parse().ok())
         .unwrap_or_else(|| panic!("{what}: no api listen address in gpuwatch.toml"));
+    let listen_port = listen_flag.unwrap_or(config_port);
     let port = c
         .ports
         .iter()
@@ -408,6 +451,111 @@ fn check_agent(ds: &DaemonSet, cms: &[&ConfigMap], what: &str) -> i32 {
         "{what}: OTLP endpoint"
     );
     listen_port
+}
+
+/// The agent pod's labels and the name of its API container port.
+fn pod_labels(ds: &DaemonSet) -> std::collections::BTreeMap<String, String> {
+    ds.spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default()
+}
+
+/// The one NetworkPolicy selects the agent's pods and admits ingress only to the API port
+/// (by its name, so it follows the container port), from a named set of peers.
+fn check_network_policy(objs: &[Object], ds: &DaemonSet, what: &str) {
+    let policies: Vec<&NetworkPolicy> = objs
+        .iter()
+        .filter_map(|o| match o {
+            Object::NetworkPolicy(p) => Some(&**p),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(policies.len(), 1, "{what}: one NetworkPolicy");
+    let np = policies[0];
+    assert_eq!(
+        np.metadata.namespace, ds.metadata.namespace,
+        "{what}: NetworkPolicy namespace"
+    );
+    let spec = np.spec.as_ref().expect("NetworkPolicy spec");
+    let labels = pod_labels(ds);
+    let selector = spec
+        .pod_selector
+        .as_ref()
+        .and_then(|s| s.match_labels.as_ref());
+    let selector = selector.unwrap_or_else(|| panic!("{what}: policy selects by labels"));
+    assert!(
+        !selector.is_empty(),
+        "{what}: an empty selector takes every pod"
+    );
+    for (k, v) in selector {
+        assert_eq!(
+            labels.get(k),
+            Some(v),
+            "{what}: policy selector {k} vs pod labels"
+        );
+    }
+    assert_eq!(
+        spec.policy_types.as_deref(),
+        Some(&["Ingress".to_string()][..]),
+        "{what}: policyTypes"
+    );
+    let rules = spec.ingress.as_deref().unwrap_or_default();
+    assert!(
+        !rules.is_empty(),
+        "{what}: no ingress rule (the API would be unreachable)"
+    );
+    for rule in rules {
+        let ports = rule.ports.as_deref().unwrap_or_default();
+        assert_eq!(ports.len(), 1, "{what}: one port per rule");
+        assert_eq!(
+            ports[0].port,
+            Some(IntOrString::String("api".into())),
+            "{what}"
+        );
+        assert_eq!(ports[0].protocol.as_deref(), Some("TCP"), "{what}");
+        assert!(
+            !rule.from.as_deref().unwrap_or_default().is_empty(),
+            "{what}: a rule without `from` admits every peer"
+        );
+    }
+}
+
+fn pod_spec(ds: &DaemonSet) -> &PodSpec {
+    ds.spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .expect("pod spec")
+}
+
+/// Keys the required node affinity selects on, any term.
+fn affinity_keys(pod: &PodSpec) -> Vec<String> {
+    pod.affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|r| {
+            r.node_selector_terms
+                .iter()
+                .flat_map(|t| t.match_expressions.iter().flatten())
+                .map(|e| e.key.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn gpuwatch_toml(objs: &[Object]) -> String {
+    let cms = config_maps(objs);
+    let with_toml: Vec<&String> = cms
+        .iter()
+        .filter_map(|c| c.data.as_ref()?.get("gpuwatch.toml"))
+        .collect();
+    assert_eq!(with_toml.len(), 1, "one gpuwatch.toml ConfigMap");
+    with_toml[0].clone()
 }
 
 #[test]
@@ -469,6 +617,41 @@ fn standalone_overlay_invariants() {
             .all(|e| e.contains("system:serviceaccount:gpuwatch:gpuwatch")),
         "admission policies narrow the agent's service account"
     );
+    check_network_policy(&objs, ds, "standalone");
+    assert_eq!(pod.runtime_class_name.as_deref(), Some("nvidia"));
+}
+
+#[test]
+fn eks_overlay_runs_without_a_runtime_class() {
+    let objs = render("deploy/kubernetes/overlays/eks");
+    let dss = daemonsets(&objs);
+    assert_eq!(dss.len(), 1, "one DaemonSet");
+    let ds = dss[0];
+    assert_eq!(ds.metadata.namespace.as_deref(), Some("gpuwatch"));
+    assert_eq!(check_agent(ds, &config_maps(&objs), "eks"), 9400);
+    let pod = pod_spec(ds);
+    // EKS accelerated AMIs make nvidia containerd's default runtime and create no
+    // RuntimeClass: a pod that names one is rejected by the kubelet.
+    assert_eq!(pod.runtime_class_name, None, "eks: runtimeClassName");
+    let keys = affinity_keys(pod);
+    for key in [
+        "eks.amazonaws.com/instance-gpu-manufacturer",
+        "karpenter.k8s.aws/instance-gpu-manufacturer",
+        "nvidia.com/gpu.present",
+    ] {
+        assert!(
+            keys.iter().any(|k| k == key),
+            "eks: affinity lacks {key}: {keys:?}"
+        );
+    }
+    assert_eq!(
+        pod.priority_class_name.as_deref(),
+        Some("system-node-critical")
+    );
+    check_network_policy(&objs, ds, "eks");
+    // Same agent configuration as standalone.
+    let standalone = render("deploy/kubernetes/overlays/standalone");
+    assert_eq!(gpuwatch_toml(&objs), gpuwatch_toml(&standalone));
 }
 
 #[test]
@@ -538,6 +721,100 @@ fn dcgm_sidecar_overlay_invariants() {
             .iter()
             .all(|e| e.contains("system:serviceaccount:gpu-operator:nvidia-dcgm-exporter")),
         "admission policies must narrow the service account the sidecar runs as: {exprs:?}"
+    );
+    // The operator's pod also serves dcgm-exporter: no policy of ours selects it.
+    assert!(
+        !objs.iter().any(|o| matches!(o, Object::NetworkPolicy(_))),
+        "no NetworkPolicy on the operator's pod"
+    );
+    // The base configuration, not a copy that edits to base would silently miss.
+    let standalone = render("deploy/kubernetes/overlays/standalone");
+    assert_eq!(gpuwatch_toml(&objs), gpuwatch_toml(&standalone));
+}
+
+/// The version in `[workspace.package]` of the workspace Cargo.toml.
+fn crate_version() -> String {
+    let text = std::fs::read_to_string(repo_root().join("Cargo.toml")).expect("Cargo.toml");
+    let section = text
+        .split("[workspace.package]")
+        .nth(1)
+        .expect("[workspace.package]");
+    section
+        .lines()
+        .take_while(|l| !l.starts_with('['))
+        .find_map(|l| l.strip_prefix("version = \""))
+        .map(|v| v.trim_end_matches('"').to_string())
+        .expect("version in [workspace.package]")
+}
+
+#[test]
+fn image_tag_is_the_crate_version() {
+    let version = crate_version();
+    for overlay in ["standalone", "eks", "dcgm-sidecar"] {
+        let objs = render(&format!("deploy/kubernetes/overlays/{overlay}"));
+        for ds in daemonsets(&objs) {
+            let image = pod_spec(ds)
+                .containers
+                .iter()
+                .find(|c| c.name == "gpuwatch")
+                .and_then(|c| c.image.clone())
+                .expect("gpuwatch image");
+            assert_eq!(
+                image,
+                format!("ghcr.io/gpuwatch/gpuwatch:{version}"),
+                "{overlay}: image tag must be the crate version"
+            );
+        }
+    }
+}
+
+/// Tokens in `#` comments that look like a file of this repository.
+fn named_files(text: &str) -> Vec<String> {
+    const EXTS: [&str; 6] = [".yaml", ".md", ".toml", ".sh", ".rs", ".json"];
+    text.lines()
+        .filter_map(|l| l.split_once('#').map(|(_, c)| c))
+        .flat_map(|c| c.split(|ch: char| ch.is_whitespace() || "`(),;:\"'".contains(ch)))
+        .map(|t| t.trim_end_matches('.'))
+        .filter(|t| !t.starts_with('/') && !t.contains("://"))
+        .filter(|t| EXTS.iter().any(|e| t.ends_with(e)))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The overlays' comments tell an installer which file to read or edit; a
+/// stale name (a file renamed or never written) sends them nowhere.
+#[test]
+fn overlay_comments_name_files_that_exist() {
+    let root = repo_root();
+    let kube = root.join("deploy/kubernetes");
+    let mut stack = vec![kube.join("overlays")];
+    let mut checked = 0;
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read deploy/kubernetes/overlays") {
+            let path = entry.expect("dir entry").path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("manifest");
+            for name in named_files(&text) {
+                let bases = [dir.clone(), kube.clone(), root.join("deploy"), root.clone()];
+                assert!(
+                    bases.iter().any(|b| b.join(&name).exists()),
+                    "{}: a comment names {name}, which does not exist",
+                    path.display()
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 3, "only {checked} file names found in comments");
+    assert_eq!(
+        named_files("# see rbac-binding.yaml and `deploy/README.md`.\nkey: x.yaml"),
+        ["rbac-binding.yaml", "deploy/README.md"]
     );
 }
 
