@@ -396,15 +396,17 @@ pub fn applied_conditions(reqs: &[Recorded]) -> BTreeMap<String, Vec<(String, St
     out
 }
 
-/// The taint lists that JSON patches among `reqs` set on the Node.
+/// The taint lists that the taint merge patches among `reqs` set on the Node
+/// (an absent or `null` list is the empty list).
 pub fn patched_taint_lists(reqs: &[Recorded]) -> Vec<Vec<Value>> {
     reqs.iter()
         .filter(|r| r.resource == "nodes" && r.verb == "patch")
-        .flat_map(|r| r.body.as_array().cloned().unwrap_or_default())
-        .filter_map(|op| match op["path"].as_str() {
-            Some("/spec/taints") => op["value"].as_array().cloned(),
-            Some("/spec") => op["value"]["taints"].as_array().cloned(),
-            _ => None,
+        .filter(|r| r.body["spec"].get("taints").is_some())
+        .map(|r| {
+            r.body["spec"]["taints"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
         })
         .collect()
 }
