@@ -55,6 +55,7 @@
 //! manifest grants exactly those.
 
 mod backend;
+mod cleanup;
 mod config;
 mod desired;
 mod events;
@@ -62,6 +63,7 @@ mod node;
 mod reconcile;
 mod retry;
 
+pub use cleanup::{CleanupError, CleanupReport, node_cleanup};
 pub use config::{KubeConfig, TaintConfig};
 pub use events::{COMPONENT, DEDUP_ANNOTATION, event_reason, event_type};
 

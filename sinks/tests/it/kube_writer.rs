@@ -1605,3 +1605,69 @@ async fn bookmarks_and_server_timeouts_keep_the_watch_current() {
     );
     h.stop().await;
 }
+
+/// `node-cleanup` takes off only gpuwatch's conditions and taints (fault and
+/// startup), says what it removed, survives lost races, and a dry run writes
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_cleanup_removes_only_gpuwatchs_conditions_and_taints() {
+    let api = ApiDouble::start(node(
+        vec![
+            taint("dedicated", Some("gpu")),
+            taint(FAULT_TAINT, Some("reboot_node")),
+            taint(STARTUP_TAINT, None),
+            taint("other.example.com/keep", None),
+        ],
+        &[],
+    ))
+    .await;
+    api.own_condition(READY, "gpuwatch", "True");
+    api.own_condition(PROBLEM, "gpuwatch", "True");
+    api.own_condition("Ready", "kubelet", "True");
+    let cfg = api.kube_config();
+    let want = gpuwatch_sinks::kube::CleanupReport {
+        conditions: vec![READY.to_owned(), PROBLEM.to_owned()],
+        taints: vec![
+            format!("{FAULT_TAINT}=reboot_node:NoSchedule"),
+            format!("{STARTUP_TAINT}:NoSchedule"),
+        ],
+    };
+    let dry = gpuwatch_sinks::kube::node_cleanup(&cfg, NODE, true)
+        .await
+        .unwrap();
+    assert_eq!(dry, want);
+    assert!(
+        api.requests().iter().all(|r| !r.is_write()),
+        "dry run wrote"
+    );
+    api.concurrent_taint_edits(2);
+    let done = gpuwatch_sinks::kube::node_cleanup(&cfg, NODE, false)
+        .await
+        .unwrap();
+    assert_eq!(done, want);
+    let n = api.node();
+    assert_eq!(
+        taint_keys(&n),
+        [
+            "dedicated",
+            "other.example.com/keep",
+            "other.example.com/edit-1",
+            "other.example.com/edit-0"
+        ]
+    );
+    let types: Vec<String> = n
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .map(|c| c.type_)
+        .collect();
+    assert_eq!(types, ["Ready"]);
+    // Run again: nothing left of ours.
+    let again = gpuwatch_sinks::kube::node_cleanup(&cfg, NODE, false)
+        .await
+        .unwrap();
+    assert!(again.is_empty());
+    api.assert_requests_declared();
+}
