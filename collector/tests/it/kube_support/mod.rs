@@ -11,6 +11,7 @@
 #![allow(dead_code)]
 
 use crate::common::{Lines, nvml_sim_lib, poll_until, proc_state, wait_timeout};
+pub use crate::kube_common::taint_keys;
 use crate::kube_common::{ApiDouble, Recorded, condition, taint_value};
 use k8s_openapi::api::core::v1::{Event, Node, NodeCondition, NodeSpec, Taint};
 use serde_json::Value;
