@@ -54,6 +54,7 @@
 //! The requests the writer can make are listed in [`WRITER_REQUESTS`]; the RBAC
 //! manifest grants exactly those.
 
+mod advertised;
 mod backend;
 mod cleanup;
 mod config;
@@ -288,6 +289,7 @@ impl NodeWriter {
             }
             .run(),
         );
+        let cfg_grace = cfg.not_advertised_grace_secs;
         let reconciler = tokio::spawn(
             Reconciler {
                 events_enabled: cfg.events,
@@ -307,6 +309,7 @@ impl NodeWriter {
                 gate_spoiled: false,
                 startup_seen: false,
                 on_validation,
+                not_advertised: advertised::NotAdvertised::new(Duration::from_secs(cfg_grace)),
             }
             .run(),
         );

@@ -1,5 +1,6 @@
 //! The level-triggered reconcile loop and the Node watch.
 
+use super::advertised::{self, Change, NotAdvertised};
 use super::backend::{ApiError, Backend};
 use super::config::KubeConfig;
 use super::desired::{DesiredCondition, FALSE, Gate, TRUE, UNKNOWN, desired};
@@ -155,6 +156,8 @@ pub(crate) struct Reconciler {
     pub startup_seen: bool,
     /// Told every gate report (the engine shows it in `/v1/health.validation`).
     pub on_validation: Option<super::ValidationCallback>,
+    /// Healthy GPUs the device plugin does not advertise, while running.
+    pub not_advertised: NotAdvertised,
 }
 
 impl Reconciler {
@@ -210,6 +213,7 @@ impl Reconciler {
         let changed = self.live.as_ref().is_none_or(|l| rv_of(&n) != rv_of(l));
         if changed {
             self.set_live(n);
+            self.node_changed();
         }
         changed
     }
@@ -243,8 +247,62 @@ impl Reconciler {
             .as_ref()
             .and_then(|n| expected_gpus(n, &self.vcfg));
         let mut r = validation::validate(health, expected, &self.vcfg);
+        self.add_device_plugin_check(&mut r, health);
         r.time_unix_nano = Some(unix_nanos(SystemTime::now()));
         r
+    }
+
+    /// Adds the device-plugin check (allocatable reaches the expected count)
+    /// to a report whose other checks passed; replaces an earlier one.
+    fn add_device_plugin_check(&self, report: &mut ValidationReport, health: &NodeHealth) {
+        report.checks.retain(|c| c.name != advertised::CHECK);
+        report.passed = report.complete && report.checks.iter().all(|c| c.passed);
+        if !report.passed {
+            return;
+        }
+        let node = self.live.clone().unwrap_or_default();
+        if let Some(check) = advertised::gate_check(&node, health, &self.cfg) {
+            validation::add_check(report, check);
+        }
+    }
+
+    /// The Node changed while the gate holds: a report that failed only on
+    /// the device-plugin check is judged again at once (the device plugin
+    /// advertising is a Node change, not a GPU change: no need to wait for
+    /// the next validation run).
+    fn node_changed(&mut self) {
+        if !self.gate_active() {
+            return;
+        }
+        let Some(mut report) = self.gate_report.clone() else {
+            return;
+        };
+        let only_plugin = !report.passed
+            && report.complete
+            && report
+                .checks
+                .iter()
+                .filter(|c| !c.passed)
+                .all(|c| c.name == advertised::CHECK);
+        if !only_plugin {
+            return;
+        }
+        let health = self.health_rx.borrow().clone();
+        let before = report.checks.clone();
+        for c in &mut report.checks {
+            if c.name == advertised::CHECK {
+                c.passed = true;
+            }
+        }
+        report.passed = true;
+        self.add_device_plugin_check(&mut report, &health);
+        if report.checks != before {
+            if report.passed {
+                tracing::info!(node = %self.node_name, "Device plugin now advertises the GPUs; removing the startup taint.");
+            }
+            self.tell(&report);
+            self.gate_report = Some(report);
+        }
     }
 
     fn tell(&self, report: &ValidationReport) {
@@ -291,6 +349,9 @@ impl Reconciler {
             self.gate_report = if fresh.passed { None } else { Some(fresh) };
             return;
         }
+        let mut report = report;
+        let health = self.health_rx.borrow().clone();
+        self.add_device_plugin_check(&mut report, &health);
         self.tell(&report);
         let failed = validation::failed_checks(&report);
         if report.passed {
@@ -323,6 +384,51 @@ impl Reconciler {
             );
         }
         self.gate_report = Some(report);
+    }
+
+    /// While running (the startup gate open), healthy GPUs the device plugin
+    /// leaves unadvertised past the grace period turn the problem condition
+    /// True with reason `GPUsNotAdvertised` (a GPU fault's reason wins; no
+    /// taint) and raise a Warning Event; recovery clears both.
+    fn track_advertised(
+        &mut self,
+        node: &Node,
+        health: &NodeHealth,
+        gate_closed: bool,
+        want: &mut [DesiredCondition],
+    ) {
+        let change = if gate_closed || self.cfg.allocatable_resources.is_empty() {
+            self.not_advertised.reset()
+        } else {
+            let have = advertised::allocatable(node, &self.cfg);
+            let wanted = advertised::wanted(health, &self.cfg);
+            self.not_advertised.observe(have, wanted, Instant::now())
+        };
+        let message = self.not_advertised.message(&self.cfg);
+        match change {
+            Change::Raised => {
+                tracing::warn!(node = %self.node_name, message = %message, "GPUs are not advertised by the device plugin.");
+                self.event(advertised::REASON, "Warning", message.clone());
+            }
+            Change::Cleared => {
+                tracing::info!(node = %self.node_name, "The device plugin advertises every healthy GPU again.");
+                self.event(
+                    "GPUsAdvertised",
+                    "Normal",
+                    "The device plugin advertises every healthy GPU again".to_owned(),
+                );
+            }
+            Change::None => {}
+        }
+        if self.not_advertised.active()
+            && let Some(c) = want
+                .iter_mut()
+                .find(|c| c.type_ == self.cfg.problem_condition_type && c.status == FALSE)
+        {
+            c.status = TRUE;
+            c.reason = advertised::REASON.to_owned();
+            c.message = message;
+        }
     }
 
     /// One convergence pass. `hold`: within [`STARTUP_UNKNOWN_HOLD`].
@@ -359,6 +465,7 @@ impl Reconciler {
             Gate::Open
         };
         let mut want = desired(&health, &self.cfg, &gate);
+        self.track_advertised(&node, &health, startup, &mut want.conditions);
         let held = hold && hold_unknown(&node, &mut want.conditions);
         let mut wrote = false;
         let mut first_err = None;
@@ -546,6 +653,10 @@ impl Reconciler {
             if recheck_hold {
                 wake = wake.min(hold_until);
             }
+            let advert_due = self.not_advertised.deadline();
+            if let Some(d) = advert_due {
+                wake = wake.min(d);
+            }
             tokio::select! {
                 _ = self.shutdown.changed() => break,
                 r = self.health_rx.changed(), if health_open => {
@@ -580,6 +691,9 @@ impl Reconciler {
                     dirty = true;
                 }
                 () = tokio::time::sleep_until(wake) => {
+                    if advert_due.is_some_and(|d| Instant::now() >= d) {
+                        dirty = true;
+                    }
                     if recheck_hold && Instant::now() >= hold_until {
                         recheck_hold = false;
                         dirty = true;

@@ -36,6 +36,18 @@ fn node(taints: Vec<Taint>, labels: &[(&str, &str)]) -> Node {
         taints: Some(taints),
         ..Default::default()
     });
+    // The device plugin advertises the labelled GPU count (8 without a label).
+    let count = labels
+        .iter()
+        .find(|(k, _)| *k == "nvidia.com/gpu.count")
+        .map_or("8", |(_, v)| v);
+    n.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+        allocatable: Some(BTreeMap::from([(
+            "nvidia.com/gpu".to_owned(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity(count.to_owned()),
+        )])),
+        ..Default::default()
+    });
     n
 }
 
@@ -1670,4 +1682,106 @@ async fn node_cleanup_removes_only_gpuwatchs_conditions_and_taints() {
         .unwrap();
     assert!(again.is_empty());
     api.assert_requests_declared();
+}
+
+/// Sets the Node's allocatable `nvidia.com/gpu` as the device plugin does.
+fn advertise(api: &ApiDouble, n: u32) {
+    api.edit_node(|node| {
+        node["status"]["allocatable"]["nvidia.com/gpu"] = serde_json::json!(n.to_string());
+    });
+}
+
+/// The startup taint stays while NVML sees 8 healthy GPUs but the device
+/// plugin advertises none, and the report says so; it goes as soon as the
+/// plugin advertises 8. Later, 8 healthy GPUs with 6 allocatable past the grace
+/// period: a Warning Event and `GPUProblem=True/GPUsNotAdvertised`, no taint;
+/// cleared when the plugin advertises 8 again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_gate_waits_for_the_device_plugin_and_unadvertised_gpus_are_reported() {
+    let mut n = node(
+        vec![taint("dedicated", Some("gpu")), taint(STARTUP_TAINT, None)],
+        &[("nvidia.com/gpu.count", "8")],
+    );
+    n.status
+        .as_mut()
+        .unwrap()
+        .allocatable
+        .as_mut()
+        .unwrap()
+        .insert(
+            "nvidia.com/gpu".into(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("0".into()),
+        );
+    let api = ApiDouble::start(n).await;
+    let mut cfg = api.kube_config();
+    cfg.not_advertised_grace_secs = 1;
+    let h = Harness::with(api, cfg, ValidationConfig::default(), healthy(8, "boot-a")).await;
+    let says = |r: &ValidationReport| {
+        !r.passed
+            && r.checks.iter().any(|c| {
+                c.name == "device_plugin"
+                    && !c.passed
+                    && c.message
+                        .starts_with("device plugin advertises 0 of 8 GPUs")
+            })
+    };
+    assert!(
+        wait_for(SECS, || h.reports().iter().any(says)).await,
+        "{:#?}",
+        h.reports()
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(taint_value(&h.api.node(), STARTUP_TAINT).is_some());
+    let ready = condition(&h.api.node(), READY).unwrap();
+    assert_eq!(ready.status, "Unknown");
+    assert!(ready.message.unwrap().contains("device_plugin"));
+    // The device plugin comes up.
+    let t0 = Instant::now();
+    advertise(&h.api, 8);
+    h.until("startup taint removed", |n| {
+        taint_value(n, STARTUP_TAINT).is_none()
+    })
+    .await;
+    eprintln!(
+        "device plugin advertised -> startup taint removed in {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(taint_keys(&h.api.node()), ["dedicated"]);
+    // Running: two GPUs drop out of allocatable while NVML sees 8 healthy.
+    let t1 = Instant::now();
+    advertise(&h.api, 6);
+    h.until("GPUsNotAdvertised", |n| {
+        condition(n, PROBLEM)
+            .is_some_and(|c| c.status == "True" && c.reason.as_deref() == Some("GPUsNotAdvertised"))
+    })
+    .await;
+    assert!(
+        t1.elapsed() >= Duration::from_millis(950),
+        "before the grace period: {:?}",
+        t1.elapsed()
+    );
+    let msg = condition(&h.api.node(), PROBLEM).unwrap().message.unwrap();
+    assert!(
+        msg.contains("NVML sees 8 healthy GPUs but the device plugin advertises 6"),
+        "{msg}"
+    );
+    assert!(
+        taint_value(&h.api.node(), FAULT_TAINT).is_none(),
+        "no taint for it"
+    );
+    assert!(
+        wait_for(SECS, || h
+            .api
+            .events()
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("GPUsNotAdvertised")
+                && e.type_.as_deref() == Some("Warning")))
+        .await
+    );
+    advertise(&h.api, 8);
+    h.until("recovered", |n| {
+        condition(n, PROBLEM).is_some_and(|c| c.status == "False")
+    })
+    .await;
+    h.stop().await;
 }

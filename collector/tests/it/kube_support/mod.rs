@@ -54,6 +54,14 @@ pub fn node(taints: Vec<Taint>) -> Node {
         taints: Some(taints),
         ..Default::default()
     });
+    // The device plugin advertises the board's 8 GPUs.
+    n.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+        allocatable: Some(BTreeMap::from([(
+            "nvidia.com/gpu".to_owned(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("8".to_owned()),
+        )])),
+        ..Default::default()
+    });
     n
 }
 
