@@ -62,8 +62,9 @@ fn resources(cfg: &KubeConfig) -> String {
     cfg.allocatable_resources.join(", ")
 }
 
-/// The startup-gate check: the device plugin advertises at least [`wanted`].
-/// `None` when the check is off (`allocatable_resources` empty).
+/// The startup-gate check: the device plugin advertises `expected_allocatable`,
+/// else one device per GPU NVML sees (the gate's other checks require each of
+/// them healthy). `None` when the check is off (`allocatable_resources` empty).
 pub(crate) fn gate_check(
     node: &Node,
     health: &NodeHealth,
@@ -73,11 +74,13 @@ pub(crate) fn gate_check(
         return None;
     }
     let have = allocatable(node, cfg);
-    let want = wanted(health, cfg);
+    let want = cfg
+        .expected_allocatable
+        .map_or(health.gpus.len() as u64, u64::from);
     Some(ValidationCheck {
         name: CHECK.to_owned(),
         gpu_index: None,
-        passed: want > 0 && have >= want,
+        passed: have >= want,
         message: format!(
             "device plugin advertises {have} of {want} GPUs (allocatable {})",
             resources(cfg)

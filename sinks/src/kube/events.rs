@@ -311,19 +311,25 @@ struct Known {
     last: SystemTime,
     /// Listed from the API at startup (written by an earlier run).
     from_list: bool,
+    /// When this process last wrote or listed it (the age the map is pruned by:
+    /// Event times come from the kernel log and NVML and may lag the clock).
+    touched: Instant,
 }
 
 /// Most Events the dedup map remembers; beyond it the least recently written go.
 pub(crate) const KNOWN_CAPACITY: usize = 1024;
 
-/// Ages the dedup map out: an Event last written more than `window` before `now`
-/// no longer absorbs repeats (the next one creates a fresh Event), so it is
-/// forgotten; of the rest, at most `cap` stay, the most recently written.
-fn prune_known(known: &mut HashMap<String, Known>, now: SystemTime, window: Duration, cap: usize) {
-    known.retain(|_, k| now.duration_since(k.last).unwrap_or(Duration::ZERO) < window);
+/// Ages the dedup map out: an Event this process has not written (or listed)
+/// for longer than `window` is forgotten (a repeat that late would start a
+/// fresh Event anyway in any realistic timeline); of the rest, at most `cap`
+/// stay, the most recently written.
+fn prune_known(known: &mut HashMap<String, Known>, now: Instant, window: Duration, cap: usize) {
+    known.retain(|_, k| now.saturating_duration_since(k.touched) < window);
     if known.len() > cap {
-        let mut by_age: Vec<(SystemTime, String)> =
-            known.iter().map(|(key, k)| (k.last, key.clone())).collect();
+        let mut by_age: Vec<(Instant, String)> = known
+            .iter()
+            .map(|(key, k)| (k.touched, key.clone()))
+            .collect();
         by_age.sort();
         for (_, key) in by_age.into_iter().take(known.len() - cap) {
             known.remove(&key);
@@ -433,6 +439,7 @@ impl EventWriter {
                         count: e.count.unwrap_or(1),
                         last,
                         from_list: true,
+                        touched: Instant::now(),
                     },
                 );
             }
@@ -480,6 +487,7 @@ impl EventWriter {
                             count,
                             last,
                             from_list: false,
+                            touched: Instant::now(),
                         },
                     );
                     return Ok(());
@@ -513,6 +521,7 @@ impl EventWriter {
                         count: i32::try_from(p.count).unwrap_or(i32::MAX),
                         last: p.time,
                         from_list: false,
+                        touched: Instant::now(),
                     },
                 );
                 Ok(())
@@ -574,10 +583,9 @@ impl EventWriter {
                 continue;
             }
             seq += 1;
-            // Aged against the Event times themselves (what `write` compares).
             prune_known(
                 &mut known,
-                p.time,
+                Instant::now(),
                 Duration::from_secs(self.cfg.event_dedup_window_secs),
                 KNOWN_CAPACITY,
             );
@@ -744,13 +752,14 @@ mod tests {
 
     #[test]
     fn dedup_map_ages_out_and_stays_bounded() {
-        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(10_000);
+        let now = Instant::now() + Duration::from_secs(10_000);
         let window = Duration::from_secs(600);
         let known_at = |secs_ago: u64| Known {
             name: format!("ev-{secs_ago}"),
             count: 1,
-            last: now - Duration::from_secs(secs_ago),
+            last: SystemTime::UNIX_EPOCH,
             from_list: false,
+            touched: now - Duration::from_secs(secs_ago),
         };
         let mut known: HashMap<String, Known> = HashMap::new();
         known.insert("old".into(), known_at(601));
@@ -761,7 +770,7 @@ mod tests {
         prune_known(&mut known, now, window, 4);
         let mut keys: Vec<&str> = known.keys().map(String::as_str).collect();
         keys.sort_unstable();
-        // Outside the window: gone; of the rest, the four most recent stay.
+        // Untouched for the window: gone; of the rest, the four most recent stay.
         assert_eq!(keys, ["k0", "k1", "k2", "k3"]);
     }
 }
