@@ -374,13 +374,22 @@ fn assert_paced(reqs: &[Recorded], resource: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn six_lost_races_in_a_row_land_the_fault_taint_within_a_second() {
     let api = ApiDouble::start(node(vec![taint("dedicated", Some("gpu"))], &[])).await;
-    // Another writer changes the Node between every read and write, six times.
-    api.concurrent_taint_edits(6);
-    let h = Harness::start_with_api(
-        api,
-        with_fault(healthy(2, "boot-a"), 1, 79, Action::RebootNode, 1),
-    )
+    let h = Harness::start_with_api(api, healthy(2, "boot-a")).await;
+    // Running and watching, its first writes done.
+    h.until("healthy", |n| {
+        status_of(n, PROBLEM).as_deref() == Some("False")
+    })
     .await;
+    assert!(wait_for(SECS, || h.api.watchers() >= 1).await);
+    // Another writer changes the Node between every read and write, six times.
+    h.api.concurrent_taint_edits(6);
+    h.set(with_fault(
+        healthy(2, "boot-a"),
+        1,
+        79,
+        Action::RebootNode,
+        1,
+    ));
     h.until("fault taint", |n| taint_value(n, FAULT_TAINT).is_some())
         .await;
     // Every foreign taint, the six added during the races included, is kept.
@@ -397,6 +406,11 @@ async fn six_lost_races_in_a_row_land_the_fault_taint_within_a_second() {
     assert_eq!(statuses, [409, 409, 409, 409, 409, 409, 200]);
     let last_race = taint_patches[5].at;
     let landed = taint_patches[6].at;
+    eprintln!(
+        "six races: 409s over {:?}, taint landed {:?} after the last race",
+        last_race - taint_patches[0].at,
+        landed - last_race
+    );
     assert!(
         landed - last_race < Duration::from_secs(1),
         "landed {:?} after the last race",
