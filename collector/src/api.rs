@@ -224,8 +224,9 @@ pub async fn serve(
 }
 
 /// Serves the read-only API on TCP and, with `clear`, the operator-clear socket,
-/// until `shutdown` completes (then the socket file is removed). The server
-/// holds the engine channel until it stops.
+/// until `shutdown` completes (then the socket file is removed). A socket that
+/// cannot be created is logged and the TCP side still served. The server holds
+/// the engine channel until it stops.
 pub async fn serve_with_control(
     listener: tokio::net::TcpListener,
     state: ApiState,
@@ -235,7 +236,15 @@ pub async fn serve_with_control(
     let Some(clear) = clear else {
         return serve(listener, state, shutdown).await;
     };
-    let unix = bind_clear_socket(&clear.path)?;
+    let unix = match bind_clear_socket(&clear.path) {
+        Ok(u) => u,
+        Err(e) => {
+            // The probes and metrics must not go down with the socket: serve
+            // TCP and say why `gpuwatch clear` cannot work.
+            tracing::error!(error = %e, "Operator clear is unavailable; serving the read-only API only.");
+            return serve(listener, state, shutdown).await;
+        }
+    };
     tracing::info!(path = %clear.path.display(), "Operator-clear socket listening.");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -851,6 +860,27 @@ mod tests {
         let err = rt.block_on(async { bind_clear_socket(&path).unwrap_err() });
         assert!(err.to_string().contains("not a socket"), "{err:#}");
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "keep me");
+    }
+
+    #[test]
+    fn tcp_is_served_when_the_clear_socket_cannot_be_created() {
+        let rt = runtime();
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("no-such-dir");
+        let listener = rt.block_on(bind("127.0.0.1:0")).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, _rx) = crossbeam_channel::bounded::<Input>(1);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let clear = ClearSocket {
+            path: clear_socket_path(&missing),
+            engine: tx,
+        };
+        let server = rt.spawn(serve_with_control(listener, state(), Some(clear), async {
+            let _ = stop_rx.await;
+        }));
+        assert_eq!(get(addr, "/v1/health").0, 200);
+        stop_tx.send(()).unwrap();
+        rt.block_on(server).unwrap().unwrap();
     }
 
     #[test]
