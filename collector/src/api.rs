@@ -1,28 +1,82 @@
 //! The local HTTP API (axum, on the agent's small tokio runtime).
 //!
+//! Over TCP (`api.listen`), read-only:
+//!
 //! | path | answer |
 //! |---|---|
 //! | `GET /healthz` | liveness: 200 while the engine and kmsg threads run and make progress (`PROGRESS_DEADLINE_SECS`), else 503; JSON body |
 //! | `GET /readyz` | readiness: 200 once state is loaded, the engine runs, and the kmsg source finished its first pass or reported that it cannot read the kernel log (then `/v1/health` says `monitor.kmsg_ok: false`, verdict `unknown`), else 503 |
 //! | `GET /v1/health` | the `gpuwatch.v1.NodeHealth` JSON the engine published last |
 //! | `GET /metrics` | Prometheus text exposition, when a renderer is installed (`--prometheus`) |
-//! | `POST /v1/clear` | operator clear: `{"gpu": "0" \| "GPU-…" \| "0000:3b:00.0" (optional: all), "reason": "…"}`; loopback peers only; answers `{"cleared": N}` once the engine applied it |
+//! | `POST /v1/clear` | 405, with a hint to use `gpuwatch clear` |
 //!
-//! Default listen address `127.0.0.1:9400`. In Kubernetes the API may listen on
-//! `0.0.0.0` for the probes; `/v1/clear` still answers only connections from a
-//! loopback address (`kubectl exec … gpuwatch clear`), 403 otherwise.
+//! Loopback is not a trust boundary in a pod: `kubectl port-forward` and every
+//! sibling container (the dcgm-exporter sidecar) reach the pod's 127.0.0.1. So
+//! nothing on TCP changes state. The TCP side is also hardened against clients
+//! that hold connections open: a request's header must arrive within
+//! [`ApiLimits::header_read_timeout`], at most [`ApiLimits::max_connections`]
+//! are served at once (the rest wait in the listen backlog, holding no file
+//! descriptor of ours), and a request's header and body are capped at
+//! [`ApiLimits::max_request_bytes`] (431 / 413).
+//!
+//! The operator clear is served on a Unix socket in the state directory
+//! ([`CLEAR_SOCKET`], mode 0600), reachable only by whoever can open that
+//! directory — in Kubernetes, `kubectl exec` into the gpuwatch container:
+//!
+//! | path | answer |
+//! |---|---|
+//! | `POST /v1/clear` | `{"gpu": "0" \| "GPU-…" \| "0000:3b:00.0" (optional: all), "reason": "…"}` with `Content-Type: application/json`; answers `{"cleared": N}` once the engine applied it |
 
 use crate::pipeline::Liveness;
-use axum::extract::{ConnectInfo, State};
-use axum::http::{StatusCode, header};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
 use gpuwatch_core::Registry;
 use gpuwatch_core::msg::Input;
+use std::future::Future as _;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// File name of the operator-clear socket in the state directory.
+pub const CLEAR_SOCKET: &str = "gpuwatch.sock";
+
+/// The operator-clear socket of an agent whose state directory is `state_dir`.
+pub fn clear_socket_path(state_dir: &Path) -> PathBuf {
+    state_dir.join(CLEAR_SOCKET)
+}
+
+/// Limits on the TCP side of the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiLimits {
+    /// A request's header (the first one on a connection, or the next one after
+    /// a response) must be complete within this time; the connection is closed
+    /// otherwise. Also the idle time of a kept-alive connection.
+    pub header_read_timeout: Duration,
+    /// Connections served at once.
+    pub max_connections: usize,
+    /// Largest request header, and largest declared body, in bytes.
+    pub max_request_bytes: usize,
+}
+
+impl Default for ApiLimits {
+    fn default() -> Self {
+        ApiLimits {
+            header_read_timeout: Duration::from_secs(5),
+            // The probes, a Prometheus scrape and a person: a handful at most.
+            max_connections: 64,
+            max_request_bytes: 16 * 1024,
+        }
+    }
+}
 
 /// Renders the Prometheus text exposition (installed by whoever wires the
 /// Prometheus renderer into `run`).
@@ -52,6 +106,15 @@ pub enum ApiError {
     /// The server stopped with an error.
     #[error("API server failed: {0}")]
     Serve(#[source] std::io::Error),
+    /// The operator-clear socket could not be created.
+    #[error("cannot serve the operator-clear socket {path}: {source}")]
+    Socket {
+        /// The socket path.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// What the handlers read.
@@ -74,26 +137,43 @@ impl std::fmt::Debug for ApiState {
     }
 }
 
-/// The health engine's input channel, for operator clears (`POST /v1/clear`).
+/// The health engine's input channel, for operator clears.
 pub type EngineControl = crossbeam_channel::Sender<Input>;
 
 /// The engine channel as the clear handler sees it (`None`: not wired).
 #[derive(Clone, Debug)]
 struct Control(Option<EngineControl>);
 
-/// The routes. Without an engine channel, `POST /v1/clear` answers 503.
-pub fn router(state: ApiState) -> Router {
-    router_with_control(state, None)
+/// Where operator clears are served: the Unix socket at `path`, forwarding to
+/// the engine through `engine`.
+#[derive(Debug, Clone)]
+pub struct ClearSocket {
+    /// The socket path (see [`clear_socket_path`]).
+    pub path: PathBuf,
+    /// The health engine's input channel.
+    pub engine: EngineControl,
 }
 
-/// The routes, with `POST /v1/clear` forwarding to the engine through `control`.
-pub fn router_with_control(state: ApiState, control: Option<EngineControl>) -> Router {
+/// The read-only TCP routes.
+pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/v1/health", get(health))
         .route("/metrics", get(metrics))
+        .route("/v1/clear", axum::routing::any(clear_over_tcp))
+        .with_state(state)
+}
+
+/// The routes of the operator-clear socket: `POST /v1/clear` forwarding to
+/// the engine through `control` (503 without one) and `GET /v1/health`.
+pub fn clear_router(state: ApiState, control: Option<EngineControl>) -> Router {
+    Router::new()
+        .route("/v1/health", get(health))
         .route("/v1/clear", post(clear))
+        .layer(DefaultBodyLimit::max(
+            ApiLimits::default().max_request_bytes,
+        ))
         .layer(Extension(Control(control)))
         .with_state(state)
 }
@@ -109,30 +189,275 @@ pub async fn bind(addr: &str) -> Result<tokio::net::TcpListener, ApiError> {
         .map_err(|source| ApiError::Bind { addr: sock, source })
 }
 
-/// Serves until `shutdown` completes (`POST /v1/clear` answers 503: use
-/// [`serve_with_control`] to enable it).
+/// Creates the operator-clear socket at `path`, readable and writable by its
+/// owner only (0600). A stale socket left by an earlier process is replaced;
+/// any other file there is an error (never removed).
+pub fn bind_clear_socket(path: &Path) -> Result<tokio::net::UnixListener, ApiError> {
+    use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
+    let err = |source| ApiError::Socket {
+        path: path.to_path_buf(),
+        source,
+    };
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path).map_err(err)?,
+        Ok(_) => {
+            return Err(err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "a file that is not a socket is in the way",
+            )));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    let listener = tokio::net::UnixListener::bind(path).map_err(err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    Ok(listener)
+}
+
+/// Serves the read-only API until `shutdown` completes, with default limits.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: ApiState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ApiError> {
-    serve_with_control(listener, state, None, shutdown).await
+    serve_with_limits(listener, state, ApiLimits::default(), shutdown).await
 }
 
-/// Serves until `shutdown` completes; `POST /v1/clear` forwards operator clears
-/// to the engine through `control`. The server holds `control` until it stops.
+/// Serves the read-only API on TCP and, with `clear`, the operator-clear socket,
+/// until `shutdown` completes (then the socket file is removed). A socket that
+/// cannot be created is logged and the TCP side still served. The server holds
+/// the engine channel until it stops.
 pub async fn serve_with_control(
     listener: tokio::net::TcpListener,
     state: ApiState,
-    control: Option<EngineControl>,
+    clear: Option<ClearSocket>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ApiError> {
-    let app =
-        router_with_control(state, control).into_make_service_with_connect_info::<SocketAddr>();
+    let Some(clear) = clear else {
+        return serve(listener, state, shutdown).await;
+    };
+    let unix = match bind_clear_socket(&clear.path) {
+        Ok(u) => u,
+        Err(e) => {
+            // The probes and metrics must not go down with the socket: serve
+            // TCP and say why `gpuwatch clear` cannot work.
+            tracing::error!(error = %e, "Operator clear is unavailable; serving the read-only API only.");
+            return serve(listener, state, shutdown).await;
+        }
+    };
+    tracing::info!(path = %clear.path.display(), "Operator-clear socket listening.");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let socket_app = clear_router(state.clone(), Some(clear.engine));
+    let socket_stop = stopped(stop_rx.clone());
+    let socket_task = tokio::spawn(async move {
+        axum::serve(unix, socket_app)
+            .with_graceful_shutdown(socket_stop)
+            .await
+    });
+    let tcp = tokio::spawn(serve_with_limits(
+        listener,
+        state,
+        ApiLimits::default(),
+        stopped(stop_rx),
+    ));
+    shutdown.await;
+    let _ = stop_tx.send(true);
+    let tcp = tcp.await;
+    let unix = socket_task.await;
+    let _ = std::fs::remove_file(&clear.path);
+    tcp.map_err(|e| ApiError::Serve(std::io::Error::other(e)))??;
+    unix.map_err(|e| ApiError::Serve(std::io::Error::other(e)))?
+        .map_err(ApiError::Serve)
+}
+
+/// Serves the read-only API with `limits` until `shutdown` completes.
+pub async fn serve_with_limits(
+    listener: tokio::net::TcpListener,
+    state: ApiState,
+    limits: ApiLimits,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ApiError> {
+    let max = limits.max_request_bytes;
+    let app = router(state).layer(axum::middleware::from_fn(
+        move |headers: HeaderMap, req: axum::extract::Request, next: axum::middleware::Next| async move {
+            let declared = headers
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            if declared.is_some_and(|n| n > max as u64) {
+                return error_response(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("request bodies are limited to {max} bytes"),
+                );
+            }
+            next.run(req).await
+        },
+    ));
+    let listener = LimitedListener {
+        inner: listener,
+        permits: Arc::new(Semaphore::new(limits.max_connections.max(1))),
+        limits,
+    };
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
         .map_err(ApiError::Serve)
+}
+
+/// A TCP listener that serves at most `max_connections` at once: it accepts
+/// only while a permit is free, and each connection holds its permit.
+struct LimitedListener {
+    inner: tokio::net::TcpListener,
+    permits: Arc<Semaphore>,
+    limits: ApiLimits,
+}
+
+impl axum::serve::Listener for LimitedListener {
+    type Io = Guarded;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Guarded, SocketAddr) {
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        let (io, addr) = axum::serve::Listener::accept(&mut self.inner).await;
+        (Guarded::new(io, permit, self.limits), addr)
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
+/// A connection holding its connection permit, enforcing the header read
+/// timeout and the header size limit: from accept (and again after each
+/// response) the bytes up to the blank line that ends a request header must
+/// arrive within the timeout and stay under the size limit, or reads fail and
+/// the server closes the connection.
+struct Guarded {
+    io: tokio::net::TcpStream,
+    _permit: OwnedSemaphorePermit,
+    limits: ApiLimits,
+    /// Waiting for the end of a request header (`\r\n\r\n`) until this fires.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Header bytes read so far, and the last three (a terminator may straddle reads).
+    header_bytes: usize,
+    tail: [u8; 3],
+}
+
+impl Guarded {
+    fn new(io: tokio::net::TcpStream, permit: OwnedSemaphorePermit, limits: ApiLimits) -> Guarded {
+        let mut g = Guarded {
+            io,
+            _permit: permit,
+            limits,
+            deadline: None,
+            header_bytes: 0,
+            tail: [0; 3],
+        };
+        g.expect_header();
+        g
+    }
+
+    fn expect_header(&mut self) {
+        self.deadline = Some(Box::pin(tokio::time::sleep(
+            self.limits.header_read_timeout,
+        )));
+        self.header_bytes = 0;
+        self.tail = [0; 3];
+    }
+
+    /// Looks for the end of the header in newly read bytes.
+    fn scan(&mut self, new: &[u8]) -> std::io::Result<()> {
+        let mut window: Vec<u8> = Vec::with_capacity(3 + new.len());
+        window.extend_from_slice(&self.tail);
+        window.extend_from_slice(new);
+        if let Some(end) = window.windows(4).position(|w| w == b"\r\n\r\n") {
+            self.header_bytes += (end + 4).saturating_sub(3);
+            self.deadline = None;
+        } else {
+            self.header_bytes += new.len();
+            let n = window.len();
+            self.tail.copy_from_slice(&window[n - 3..]);
+        }
+        if self.header_bytes > self.limits.max_request_bytes {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "request header too large",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl AsyncRead for Guarded {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        if let Some(d) = this.deadline.as_mut()
+            && d.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "request header not received in time",
+            )));
+        }
+        let before = buf.filled().len();
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if this.deadline.is_some() {
+                    let new = buf.filled()[before..].to_vec();
+                    this.scan(&new)?;
+                }
+                Poll::Ready(Ok(()))
+            }
+            other => other,
+        }
+    }
+}
+
+impl AsyncWrite for Guarded {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = &mut *self;
+        let r = Pin::new(&mut this.io).poll_write(cx, data);
+        if matches!(r, Poll::Ready(Ok(_))) && this.deadline.is_none() {
+            // A response is going out: the next request's header is due in time.
+            this.expect_header();
+        }
+        r
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+async fn clear_over_tcp() -> Response {
+    let mut r = error_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "the TCP API is read-only: run `gpuwatch clear --reason TEXT` inside the gpuwatch container (kubectl exec); it talks to the Unix socket in the state directory",
+    );
+    // No method changes state here (RFC 9110: an empty Allow means none).
+    r.headers_mut()
+        .insert(header::ALLOW, header::HeaderValue::from_static(""));
+    r
 }
 
 fn json_response(status: StatusCode, body: serde_json::Value) -> Response {
@@ -213,21 +538,20 @@ fn error_response(status: StatusCode, msg: impl Into<String>) -> Response {
     json_response(status, serde_json::json!({ "error": msg.into() }))
 }
 
-/// True for connections from this host's loopback (IPv4, IPv6, IPv4-mapped).
-fn is_local_peer(peer: &SocketAddr) -> bool {
-    peer.ip().to_canonical().is_loopback()
-}
-
 async fn clear(
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Extension(control): Extension<Control>,
+    headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    if !is_local_peer(&peer) {
-        tracing::warn!(peer = %peer, "Operator clear refused: not from a loopback address.");
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+    if !json {
         return error_response(
-            StatusCode::FORBIDDEN,
-            "operator clear is accepted only from a loopback address (run `gpuwatch clear` on the node)",
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "operator clear takes Content-Type: application/json",
         );
     }
     let req: ClearRequest = match serde_json::from_slice(&body) {
@@ -255,7 +579,7 @@ async fn clear(
             "operator clear is not available in this process",
         );
     };
-    tracing::info!(peer = %peer, gpu = gpu.as_deref().unwrap_or("all"), reason = %reason, "Operator clear requested.");
+    tracing::info!(gpu = gpu.as_deref().unwrap_or("all"), reason = %reason, "Operator clear requested.");
     let (reply_tx, reply_rx) = crossbeam_channel::bounded(1);
     let input = Input::Clear {
         gpu: gpu.clone(),
@@ -404,33 +728,46 @@ mod tests {
         (status, body)
     }
 
-    #[test]
-    fn only_loopback_peers_may_clear() {
-        for ok in ["127.0.0.1:1", "[::1]:1", "[::ffff:127.0.0.1]:1"] {
-            assert!(is_local_peer(&ok.parse().unwrap()), "{ok}");
-        }
-        for bad in [
-            "10.0.0.7:1",
-            "[fd00::1]:1",
-            "[::ffff:10.0.0.7]:1",
-            "0.0.0.0:1",
-        ] {
-            assert!(!is_local_peer(&bad.parse().unwrap()), "{bad}");
+    /// Minimal HTTP/1.1 POST over the operator-clear Unix socket.
+    fn post_unix(path: &Path, body: &str, content_type: &str) -> (u16, String) {
+        let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
+        write!(
+            s,
+            "POST /v1/clear HTTP/1.1\r\nHost: gpuwatch\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        let status = out[9..12].parse().unwrap();
+        let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+        (status, body)
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    fn state() -> ApiState {
+        ApiState {
+            registry: Registry::new(),
+            liveness: Liveness::new(),
+            metrics: None,
         }
     }
 
     #[test]
-    fn clear_is_forwarded_to_the_engine_and_answers_its_count() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let state = ApiState {
-            registry: Registry::new(),
-            liveness: Liveness::new(),
-            metrics: None,
-        };
+    fn clear_goes_over_the_owner_only_socket_and_answers_the_engine_count() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let rt = runtime();
+        let dir = tempfile::tempdir().unwrap();
+        let sock = clear_socket_path(dir.path());
+        // A stale socket from an earlier process is replaced.
+        drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
         // A stand-in engine thread: answers each clear with 3 (one GPU) or 7 (all).
         let (tx, rx) = crossbeam_channel::bounded::<Input>(4);
         let engine = std::thread::spawn(move || {
@@ -447,24 +784,35 @@ mod tests {
         let listener = rt.block_on(bind("127.0.0.1:0")).unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let server = rt.spawn(serve_with_control(
-            listener,
-            state.clone(),
-            Some(tx),
-            async {
-                let _ = stop_rx.await;
-            },
-        ));
+        let clear = ClearSocket {
+            path: sock.clone(),
+            engine: tx,
+        };
+        let server = rt.spawn(serve_with_control(listener, state(), Some(clear), async {
+            let _ = stop_rx.await;
+        }));
+        let up = (0..200).any(|_| {
+            std::thread::sleep(Duration::from_millis(10));
+            std::os::unix::net::UnixStream::connect(&sock).is_ok()
+        });
+        assert!(up, "socket served");
+        let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
 
-        let (code, body) = post(
-            addr,
-            "/v1/clear",
+        let json = "application/json";
+        let (code, body) = post_unix(
+            &sock,
             r#"{"gpu": " 0000:3b:00.0 ", "reason": "RMA done, ticket 42"}"#,
+            json,
         );
         assert_eq!(code, 200, "{body}");
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["cleared"], 3);
-        let (code, body) = post(addr, "/v1/clear", r#"{"reason": "fleet reset"}"#);
+        let (code, body) = post_unix(
+            &sock,
+            r#"{"reason": "fleet reset"}"#,
+            "application/json; charset=utf-8",
+        );
         assert_eq!(
             (
                 code,
@@ -479,12 +827,22 @@ mod tests {
             r#"{"reason": "x", "force": true}"#,
             "not json",
         ] {
-            let (code, body) = post(addr, "/v1/clear", bad);
+            let (code, body) = post_unix(&sock, bad, json);
             assert_eq!(code, 400, "{bad}: {body}");
         }
+        // Only JSON: a form or text body (what a page can send cross-site
+        // without a preflight) is refused.
+        for ct in ["text/plain", "application/x-www-form-urlencoded"] {
+            assert_eq!(post_unix(&sock, r#"{"reason": "x"}"#, ct).0, 415, "{ct}");
+        }
+        // Over TCP nothing changes state: 405 with a hint, the engine untouched.
+        let (code, body) = post(addr, "/v1/clear", r#"{"reason": "from a sidecar"}"#);
+        assert_eq!(code, 405, "{body}");
+        assert!(body.contains("gpuwatch clear"), "{body}");
         assert_eq!(get(addr, "/v1/clear").0, 405);
         stop_tx.send(()).unwrap();
         rt.block_on(server).unwrap().unwrap();
+        assert!(!sock.exists(), "socket removed at shutdown");
         let seen = engine.join().unwrap();
         assert_eq!(
             seen,
@@ -496,17 +854,137 @@ mod tests {
                 (None, "fleet reset".to_string())
             ]
         );
+    }
 
-        // Without an engine channel the endpoint says so.
+    #[test]
+    fn clear_socket_never_replaces_a_regular_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = clear_socket_path(dir.path());
+        std::fs::write(&path, "keep me").unwrap();
+        let rt = runtime();
+        let err = rt.block_on(async { bind_clear_socket(&path).unwrap_err() });
+        assert!(err.to_string().contains("not a socket"), "{err:#}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "keep me");
+    }
+
+    #[test]
+    fn tcp_is_served_when_the_clear_socket_cannot_be_created() {
+        let rt = runtime();
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("no-such-dir");
+        let listener = rt.block_on(bind("127.0.0.1:0")).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, _rx) = crossbeam_channel::bounded::<Input>(1);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let clear = ClearSocket {
+            path: clear_socket_path(&missing),
+            engine: tx,
+        };
+        let server = rt.spawn(serve_with_control(listener, state(), Some(clear), async {
+            let _ = stop_rx.await;
+        }));
+        assert_eq!(get(addr, "/v1/health").0, 200);
+        stop_tx.send(()).unwrap();
+        rt.block_on(server).unwrap().unwrap();
+    }
+
+    #[test]
+    fn clear_socket_without_an_engine_says_so() {
+        let rt = runtime();
+        let dir = tempfile::tempdir().unwrap();
+        let sock = clear_socket_path(dir.path());
+        let listener = rt.block_on(async { bind_clear_socket(&sock).unwrap() });
+        let server =
+            rt.spawn(async move { axum::serve(listener, clear_router(state(), None)).await });
+        assert_eq!(
+            post_unix(&sock, r#"{"reason": "x"}"#, "application/json").0,
+            503
+        );
+        server.abort();
+    }
+
+    /// Serves the TCP API with `limits`; returns the address and a stopper.
+    fn limited(
+        rt: &tokio::runtime::Runtime,
+        limits: ApiLimits,
+    ) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
         let listener = rt.block_on(bind("127.0.0.1:0")).unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let server = rt.spawn(serve(listener, state, async {
+        rt.spawn(serve_with_limits(listener, state(), limits, async {
             let _ = stop_rx.await;
         }));
-        assert_eq!(post(addr, "/v1/clear", r#"{"reason": "x"}"#).0, 503);
-        stop_tx.send(()).unwrap();
-        rt.block_on(server).unwrap().unwrap();
+        (addr, stop_tx)
+    }
+
+    #[test]
+    fn half_sent_headers_time_out_and_connections_are_capped() {
+        let rt = runtime();
+        let limits = ApiLimits {
+            header_read_timeout: Duration::from_millis(300),
+            max_connections: 2,
+            ..ApiLimits::default()
+        };
+        let (addr, stop) = limited(&rt, limits);
+        // Two clients take every slot with a header they never finish.
+        let mut stalled: Vec<std::net::TcpStream> = (0..2)
+            .map(|_| {
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+                    .unwrap();
+                s
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(50));
+        // A third, complete request waits for a slot: it is answered only once
+        // the stalled ones have been cut off by the header timeout.
+        let t0 = std::time::Instant::now();
+        let (code, _) = get(addr, "/healthz");
+        let waited = t0.elapsed();
+        assert_eq!(code, 503, "answered (liveness not set)");
+        assert!(
+            waited >= Duration::from_millis(200),
+            "not capped: {waited:?}"
+        );
+        assert!(waited < Duration::from_secs(3), "{waited:?}");
+        for s in &mut stalled {
+            s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            let mut buf = Vec::new();
+            // Closed by the server, without an answer.
+            let _ = s.read_to_end(&mut buf);
+            assert!(buf.is_empty(), "{}", String::from_utf8_lossy(&buf));
+        }
+        stop.send(()).unwrap();
+    }
+
+    #[test]
+    fn oversized_requests_are_refused() {
+        let rt = runtime();
+        let (addr, stop) = limited(&rt, ApiLimits::default());
+        // A header past the limit: the connection is closed without an answer.
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let big = format!(
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\n\r\n",
+            "a".repeat(20_000)
+        );
+        let _ = s.write_all(big.as_bytes());
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        assert!(out.is_empty(), "{}", String::from_utf8_lossy(&out));
+        // A declared body past the limit: 413.
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        write!(
+            s,
+            "POST /v1/health HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        assert!(out.starts_with("HTTP/1.1 413"), "{out}");
+        // Normal requests are unaffected.
+        assert_eq!(get(addr, "/v1/health").0, 200);
+        stop.send(()).unwrap();
     }
 
     #[test]

@@ -85,7 +85,8 @@ enum Command {
         json: bool,
     },
     /// Clear active faults by hand (after a repair, an RMA, a false alarm):
-    /// asks the running agent's local API (`POST /v1/clear`, loopback only).
+    /// asks the running agent over its operator-clear Unix socket in the state
+    /// directory (run it inside the gpuwatch container: `kubectl exec`).
     /// Recurrence history is kept. Prints how many faults were cleared.
     Clear {
         /// GPU to clear: NVML index, UUID or PCI address (default: every GPU and
@@ -95,9 +96,28 @@ enum Command {
         /// Why (mandatory; logged by the agent with every cleared fault).
         #[arg(long, value_name = "TEXT")]
         reason: String,
-        /// The agent's API address (`api.listen`).
-        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9400")]
-        api: String,
+        /// The agent's configuration file: its `state_dir` holds the socket.
+        #[arg(long, value_name = "FILE", conflicts_with = "socket")]
+        config: Option<PathBuf>,
+        /// The socket itself (default: `gpuwatch.sock` in the default state
+        /// directory, /var/lib/gpuwatch, as in both deploy overlays).
+        #[arg(long, value_name = "PATH")]
+        socket: Option<PathBuf>,
+    },
+    /// Remove gpuwatch's conditions, fault taint(s) and the startup taint from a
+    /// Node (before or after an uninstall: nobody else clears them). Prints
+    /// what it removed; other conditions and taints are never touched.
+    NodeCleanup {
+        /// The Node.
+        #[arg(long, value_name = "NAME")]
+        node: String,
+        /// Configuration file whose `[kube]` names (condition types, taint keys,
+        /// field manager, API server) apply; default: the built-in names.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Print what would be removed; change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -281,53 +301,94 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                 ExitCode::FAILURE
             })
         }
-        Command::Clear { gpu, reason, api } => {
-            let cleared = operator_clear(&api, gpu.as_deref(), &reason)?;
+        Command::Clear {
+            gpu,
+            reason,
+            config,
+            socket,
+        } => {
+            let socket = match (socket, config) {
+                (Some(s), _) => s,
+                (None, Some(c)) => gpuwatch::api::clear_socket_path(&Config::load(&c)?.state_dir),
+                (None, None) => gpuwatch::api::clear_socket_path(std::path::Path::new(
+                    gpuwatch::config::DEFAULT_STATE_DIR,
+                )),
+            };
+            let cleared = operator_clear(&socket, gpu.as_deref(), &reason)?;
             match &gpu {
                 Some(g) => println!("Cleared {cleared} active fault(s) of GPU {g}."),
                 None => println!("Cleared {cleared} active fault(s)."),
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::NodeCleanup {
+            node,
+            config,
+            dry_run,
+        } => {
+            init_logging(LogFormat::Text, "warn");
+            let kube = match &config {
+                Some(c) => Config::load(c)?.kube,
+                None => gpuwatch_sinks::kube::KubeConfig::default(),
+            };
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the runtime")?;
+            let report = rt
+                .block_on(gpuwatch_sinks::kube::node_cleanup(&kube, &node, dry_run))
+                .with_context(|| format!("cleaning up node {node:?}"))?;
+            let verb = if dry_run { "Would remove" } else { "Removed" };
+            if report.is_empty() {
+                println!("Node {node}: nothing of gpuwatch's to remove.");
+            }
+            for c in &report.conditions {
+                println!("{verb} condition {c} from node {node}.");
+            }
+            for t in &report.taints {
+                println!("{verb} taint {t} from node {node}.");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
-/// `POST /v1/clear` to the local API: one HTTP/1.1 request over a plain TCP
-/// socket (the API is on this host; no client library needed).
-fn operator_clear(api: &str, gpu: Option<&str>, reason: &str) -> anyhow::Result<u64> {
+/// `POST /v1/clear` over the agent's operator-clear Unix socket: one HTTP/1.1
+/// request (no client library needed).
+fn operator_clear(
+    socket: &std::path::Path,
+    gpu: Option<&str>,
+    reason: &str,
+) -> anyhow::Result<u64> {
     use std::io::{Read, Write};
-    use std::net::ToSocketAddrs;
     use std::time::Duration;
     if reason.trim().is_empty() {
         anyhow::bail!("--reason must not be empty");
     }
-    let addr = api
-        .to_socket_addrs()
-        .with_context(|| format!("invalid --api address {api:?}"))?
-        .next()
-        .with_context(|| format!("--api address {api:?} resolves to nothing"))?;
     let body = serde_json::json!({ "gpu": gpu, "reason": reason }).to_string();
-    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-        .with_context(|| {
-            format!("cannot reach the gpuwatch API at {addr} (is the agent running, api.enabled?)")
-        })?;
+    let shown = socket.display();
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).with_context(|| {
+        format!(
+            "cannot reach the gpuwatch agent at {shown} (is it running? run this inside the gpuwatch container, or pass --config or --socket)"
+        )
+    })?;
     stream.set_read_timeout(Some(Duration::from_secs(15)))?;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
     write!(
         stream,
-        "POST /v1/clear HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST /v1/clear HTTP/1.1\r\nHost: gpuwatch\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
-    .with_context(|| format!("cannot send the request to {addr}"))?;
+    .with_context(|| format!("cannot send the request to {shown}"))?;
     let mut raw = Vec::new();
     stream
         .read_to_end(&mut raw)
-        .with_context(|| format!("no answer from {addr}"))?;
+        .with_context(|| format!("no answer from {shown}"))?;
     let text = String::from_utf8_lossy(&raw);
     let status: u16 = text
         .get(9..12)
         .and_then(|s| s.parse().ok())
-        .with_context(|| format!("not an HTTP answer from {addr}"))?;
+        .with_context(|| format!("not an HTTP answer from {shown}"))?;
     let payload = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
     let v: serde_json::Value = serde_json::from_str(payload).unwrap_or(serde_json::Value::Null);
     if status != 200 {
@@ -336,7 +397,7 @@ fn operator_clear(api: &str, gpu: Option<&str>, reason: &str) -> anyhow::Result<
     }
     v["cleared"]
         .as_u64()
-        .with_context(|| format!("unexpected answer from {addr}: {payload}"))
+        .with_context(|| format!("unexpected answer from {shown}: {payload}"))
 }
 
 /// The policy of a config file's `[policy]` section, or the built-in one.

@@ -578,7 +578,10 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
         Some(rt.spawn(api::serve_with_control(
             listener,
             state,
-            Some(api_control),
+            Some(api::ClearSocket {
+                path: api::clear_socket_path(&cfg.state_dir),
+                engine: api_control,
+            }),
             async {
                 let _ = api_stop_rx.await;
             },

@@ -26,8 +26,13 @@
 //!     so a storm rewrites the status only when it crosses a power of ten; the exact
 //!     count is in the metrics and the Event's `count`.
 //! - **Fault taint** `gpuwatch.io/unhealthy=<action>:NoSchedule` while such a fault is
-//!   active. Taints are changed with a JSON patch built from the live list (only our
-//!   keys change) guarded by a `resourceVersion` test; conflicts re-read and retry.
+//!   active. Taints are changed with a merge patch of the live list (only our keys
+//!   change) carrying the `resourceVersion` it was computed from: when another
+//!   writer changed the Node meanwhile the API server answers 409 Conflict, and the
+//!   writer re-reads, recomputes and retries at once after a 25–50 ms jittered
+//!   pause — a lost race is not an error (counted as
+//!   `gpuwatch.kube.writes{result="conflict"}`), so it never waits out the error
+//!   backoff. A foreign taint added during the race is kept.
 //! - **Startup taint** — while the Node carries it, device validation
 //!   ([`gpuwatch_core::validation`]) runs every `validation_interval_secs`; the taint is removed
 //!   only after a complete, passing report, and only if the *current* health still
@@ -40,20 +45,26 @@
 //!   the window patches `count`/`lastTimestamp`; after a restart Events already on the
 //!   API are not sent again.
 //! - Watches its own Node (`fieldSelector=metadata.name=<node>`) so a removed
-//!   condition or taint is restored; API failures back off exponentially; writes are
-//!   coalesced to at most one round per `min_write_interval_ms`.
+//!   condition or taint is restored (list, then watch; 410 Gone → read again);
+//!   API failures back off exponentially with jitter (a 429's `Retry-After` is
+//!   the least wait); writes are coalesced to at most one round per
+//!   `min_write_interval_ms`. resourceVersions are compared for equality only.
 //! - **Dry run** logs the exact JSON it would send, against an in-memory Node.
 //!
 //! The requests the writer can make are listed in [`WRITER_REQUESTS`]; the RBAC
 //! manifest grants exactly those.
 
+mod advertised;
 mod backend;
+mod cleanup;
 mod config;
 mod desired;
 mod events;
 mod node;
 mod reconcile;
+mod retry;
 
+pub use cleanup::{CleanupError, CleanupReport, node_cleanup};
 pub use config::{KubeConfig, TaintConfig};
 pub use events::{COMPONENT, DEDUP_ANNOTATION, event_reason, event_type};
 
@@ -278,6 +289,7 @@ impl NodeWriter {
             }
             .run(),
         );
+        let cfg_grace = cfg.not_advertised_grace_secs;
         let reconciler = tokio::spawn(
             Reconciler {
                 events_enabled: cfg.events,
@@ -288,6 +300,7 @@ impl NodeWriter {
                 backend,
                 health_rx,
                 node_rx,
+                unseen_write: None,
                 events: queue.clone(),
                 node_uid,
                 shutdown: shutdown_rx,
@@ -296,6 +309,7 @@ impl NodeWriter {
                 gate_spoiled: false,
                 startup_seen: false,
                 on_validation,
+                not_advertised: advertised::NotAdvertised::new(Duration::from_secs(cfg_grace)),
             }
             .run(),
         );

@@ -1,6 +1,7 @@
-//! Operator clear end to end: `gpuwatch clear` → `POST /v1/clear` on the local
-//! API → `Input::Clear` on the engine thread → answer with the number cleared
-//! (regression, issue 3: `Engine::clear` had no caller).
+//! Operator clear end to end: `gpuwatch clear` → `POST /v1/clear` on the
+//! operator-clear Unix socket in the state directory → `Input::Clear` on the
+//! engine thread → answer with the number cleared. Over TCP (what a sibling
+//! container or `kubectl port-forward` reaches) the clear is refused.
 
 use crate::engine_support::*;
 use gpuwatch::api::{self, ApiState};
@@ -35,7 +36,7 @@ fn gpuwatch(args: &[&str]) -> std::process::Output {
 }
 
 #[test]
-fn gpuwatch_clear_reaches_the_engine_through_the_api() {
+fn gpuwatch_clear_reaches_the_engine_only_through_the_state_dir_socket() {
     let rig = Rig::new(None, "boot-a");
     let registry = Arc::clone(&rig.registry);
     let (tx, rx) = crossbeam_channel::bounded::<Input>(64);
@@ -78,7 +79,15 @@ fn gpuwatch_clear_reaches_the_engine_through_the_api() {
         .build()
         .unwrap();
     let listener = rt.block_on(api::bind("127.0.0.1:0")).unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
+    let addr = listener.local_addr().unwrap();
+    let state_dir = tempfile::tempdir().unwrap();
+    let socket = api::clear_socket_path(state_dir.path());
+    let config = state_dir.path().join("gpuwatch.toml");
+    std::fs::write(
+        &config,
+        format!("state_dir = {:?}\n", state_dir.path().display().to_string()),
+    )
+    .unwrap();
     let state = ApiState {
         registry,
         liveness: Liveness::new(),
@@ -88,17 +97,83 @@ fn gpuwatch_clear_reaches_the_engine_through_the_api() {
     let server = rt.spawn(api::serve_with_control(
         listener,
         state,
-        Some(tx.clone()),
+        Some(api::ClearSocket {
+            path: socket.clone(),
+            engine: tx.clone(),
+        }),
         async {
             let _ = stop_rx.await;
         },
     ));
+    let t0 = Instant::now();
+    while !socket.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "socket never appeared"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let config = config.to_str().unwrap();
+    let socket_arg = socket.to_str().unwrap();
 
-    // One GPU, by index.
+    // Over TCP (a sibling container, a port-forward): refused, nothing cleared.
+    let refused = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        let body = r#"{"reason": "from the sidecar"}"#;
+        write!(
+            s,
+            "POST /v1/clear HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    assert!(refused.starts_with("HTTP/1.1 405"), "{refused}");
+    assert!(refused.contains("gpuwatch clear"), "{refused}");
+    // Another user (a container running as someone else) cannot open the
+    // owner-only socket.
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_gpuwatch"))
+        .args(["clear", "--socket", socket_arg, "--reason", "not mine"])
+        .output()
+        .expect("run setpriv");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot reach the gpuwatch agent"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A container without the state directory has no socket to find.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let other_socket = api::clear_socket_path(elsewhere.path());
     let out = gpuwatch(&[
         "clear",
-        "--api",
-        &addr,
+        "--socket",
+        other_socket.to_str().unwrap(),
+        "--reason",
+        "x",
+    ]);
+    assert!(!out.status.success());
+    assert_eq!(
+        health_rx
+            .borrow()
+            .gpus
+            .iter()
+            .map(|g| g.active_faults.len())
+            .sum::<usize>(),
+        3,
+        "nothing cleared"
+    );
+
+    // One GPU, by index, finding the socket through the agent's config.
+    let out = gpuwatch(&[
+        "clear",
+        "--config",
+        config,
         "--gpu",
         "0",
         "--reason",
@@ -127,12 +202,18 @@ fn gpuwatch_clear_reaches_the_engine_through_the_api() {
     );
 
     // The reason is mandatory.
-    let out = gpuwatch(&["clear", "--api", &addr]);
+    let out = gpuwatch(&["clear", "--socket", socket_arg]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--reason"));
 
-    // Everything.
-    let out = gpuwatch(&["clear", "--api", &addr, "--reason", "fleet maintenance"]);
+    // Everything, by socket path.
+    let out = gpuwatch(&[
+        "clear",
+        "--socket",
+        socket_arg,
+        "--reason",
+        "fleet maintenance",
+    ]);
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("Cleared 1 active fault(s)."));
     wait_for(&health_rx, "healthy", |h| h.verdict() == Verdict::Healthy);
@@ -140,10 +221,10 @@ fn gpuwatch_clear_reaches_the_engine_through_the_api() {
     stop_tx.send(()).unwrap();
     rt.block_on(server).unwrap().unwrap();
     // No agent listening: a clear error, not a hang.
-    let out = gpuwatch(&["clear", "--api", &addr, "--reason", "x"]);
+    let out = gpuwatch(&["clear", "--config", config, "--reason", "x"]);
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("cannot reach the gpuwatch API"),
+        String::from_utf8_lossy(&out.stderr).contains("cannot reach the gpuwatch agent"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

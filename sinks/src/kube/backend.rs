@@ -11,18 +11,38 @@ use std::time::Duration;
 /// A failed API call, classified for the retry logic.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ApiError {
-    /// 409, or 422 from a failed JSON-patch `test` (the object changed under us).
+    /// 409 on a write guarded by `metadata.resourceVersion`: another writer changed
+    /// the object between our read and our write. A lost race, not an error:
+    /// re-read, recompute and retry at once.
     #[error("conflict: {0}")]
     Conflict(String),
+    /// 409 from server-side apply: another field manager owns a field we apply
+    /// (only without `force`). Retrying does not help until that manager lets go.
+    #[error("field manager conflict: {0}")]
+    ManagerConflict(String),
     /// 404.
     #[error("not found: {0}")]
     NotFound(String),
     /// 403 (RBAC or admission policy).
     #[error("forbidden: {0}")]
     Forbidden(String),
-    /// 400/422 other than a test failure: our request is wrong; retrying will not help.
+    /// 410 Gone: the resourceVersion a watch started from is too old (compacted);
+    /// the client must read the object again and watch from that version.
+    #[error("gone: {0}")]
+    Gone(String),
+    /// 400/422: our request is wrong; retrying the same request will not help.
     #[error("rejected: {0}")]
     Rejected(String),
+    /// 429: the server sheds load; retry no sooner than `retry_after`.
+    #[error("throttled: {message}")]
+    Throttled {
+        /// What the server said.
+        message: String,
+        /// The server's `retryAfterSeconds` (1 s when it gave none: the API
+        /// server's max-in-flight and priority-and-fairness filters always
+        /// answer `Retry-After: 1` in a plain-text body the client cannot read).
+        retry_after: Duration,
+    },
     /// Anything else (connection refused, 5xx, timeout): retried with backoff.
     #[error("{0}")]
     Transient(String),
@@ -37,12 +57,32 @@ impl ApiError {
                     409 => ApiError::Conflict(msg),
                     404 => ApiError::NotFound(msg),
                     403 => ApiError::Forbidden(msg),
-                    422 if s.message.contains("test") => ApiError::Conflict(msg),
+                    410 => ApiError::Gone(msg),
+                    // A 422 says nothing about a race (a failed JSON-patch `test`
+                    // gets the generic 422 with empty details), and the writer
+                    // sends no JSON patches: the request itself is wrong.
                     400 | 422 => ApiError::Rejected(msg),
+                    429 => ApiError::Throttled {
+                        message: msg,
+                        retry_after: Duration::from_secs(u64::from(
+                            s.details
+                                .as_ref()
+                                .map_or(0, |d| d.retry_after_seconds)
+                                .max(1),
+                        )),
+                    },
                     _ => ApiError::Transient(msg),
                 }
             }
             _ => ApiError::Transient(e.to_string()),
+        }
+    }
+
+    /// The least time to wait before retrying (the server's `Retry-After`).
+    pub(crate) fn retry_after(&self) -> Duration {
+        match self {
+            ApiError::Throttled { retry_after, .. } => *retry_after,
+            _ => Duration::ZERO,
         }
     }
 }
@@ -91,6 +131,7 @@ async fn timed<T>(
     }
 }
 
+/// The dry-run store is the server here: it mints its own versions.
 fn bump_rv(node: &mut Node) {
     let rv: u64 = node
         .metadata
@@ -152,6 +193,12 @@ impl Backend {
                     nodes.patch_status(node_name, &pp, &Patch::Apply(body)),
                 )
                 .await
+                .map_err(|e| match e {
+                    // Apply is not guarded by resourceVersion: its only 409 is a
+                    // field-manager conflict.
+                    ApiError::Conflict(m) => ApiError::ManagerConflict(m),
+                    e => e,
+                })
             }
             Backend::DryRun { node, .. } => {
                 tracing::info!(
@@ -180,10 +227,10 @@ impl Backend {
         }
     }
 
-    /// JSON patch on the Node (taints), guarded by a resourceVersion `test`.
+    /// JSON merge patch on the Node (taints). The body carries
+    /// `metadata.resourceVersion`, so the server answers 409 Conflict when the
+    /// Node changed since that version ([`ApiError::Conflict`]).
     pub(crate) async fn patch_node(&self, patch: &Value) -> ApiResult<Node> {
-        let parsed: json_patch::Patch = serde_json::from_value(patch.clone())
-            .map_err(|e| ApiError::Rejected(format!("invalid JSON patch: {e}")))?;
         match self {
             Backend::Live {
                 nodes,
@@ -193,26 +240,25 @@ impl Backend {
             } => {
                 timed(
                     *timeout,
-                    nodes.patch(
-                        node_name,
-                        &PatchParams::default(),
-                        &Patch::Json::<()>(parsed),
-                    ),
+                    nodes.patch(node_name, &PatchParams::default(), &Patch::Merge(patch)),
                 )
                 .await
             }
             Backend::DryRun { node, .. } => {
                 tracing::info!(
                     request = "PATCH nodes",
-                    content_type = "application/json-patch+json",
+                    content_type = "application/merge-patch+json",
                     patch = %patch,
                     "Dry run: would patch the node taints."
                 );
                 let mut n = lock(node);
+                let want = patch["metadata"]["resourceVersion"].as_str();
+                if want.is_some_and(|rv| Some(rv) != n.metadata.resource_version.as_deref()) {
+                    return Err(ApiError::Conflict("resourceVersion changed".into()));
+                }
                 let mut v =
                     serde_json::to_value(&*n).map_err(|e| ApiError::Rejected(e.to_string()))?;
-                json_patch::patch(&mut v, &parsed)
-                    .map_err(|e| ApiError::Conflict(e.to_string()))?;
+                json_patch::merge(&mut v, patch);
                 let mut new: Node =
                     serde_json::from_value(v).map_err(|e| ApiError::Rejected(e.to_string()))?;
                 bump_rv(&mut new);

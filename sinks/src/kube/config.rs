@@ -65,6 +65,19 @@ pub struct KubeConfig {
     pub startup_taint: TaintConfig,
     /// Seconds between validation attempts while the startup taint is held.
     pub validation_interval_secs: u64,
+    /// Extended resources the device plugin advertises GPUs as (summed; a
+    /// trailing `*` matches a prefix, e.g. `nvidia.com/mig-*` for the mixed MIG
+    /// strategy). The startup gate waits until `status.allocatable` reaches the
+    /// expected count, and healthy GPUs left unadvertised are reported. Empty:
+    /// neither (no device plugin, e.g. dynamic resource allocation).
+    pub allocatable_resources: Vec<String>,
+    /// Devices the plugin must advertise (e.g. MIG instances). Unset: one per
+    /// healthy GPU NVML sees.
+    pub expected_allocatable: Option<u32>,
+    /// Seconds healthy GPUs may stay unadvertised while running before the
+    /// problem condition (reason `GPUsNotAdvertised`, no taint) and a Warning
+    /// Event report it.
+    pub not_advertised_grace_secs: u64,
     /// Write Events on the Node for fault events.
     pub events: bool,
     /// Namespace Node Events are written to (kubelet uses `default`).
@@ -111,6 +124,9 @@ impl Default for KubeConfig {
                 "NoSchedule",
             ),
             validation_interval_secs: 30,
+            allocatable_resources: vec!["nvidia.com/gpu".into()],
+            expected_allocatable: None,
+            not_advertised_grace_secs: 300,
             events: true,
             event_namespace: "default".into(),
             event_queue_capacity: 256,
@@ -177,6 +193,20 @@ impl KubeConfig {
                 self.event_namespace
             ));
         }
+        for r in &self.allocatable_resources {
+            let name = r.strip_suffix('*').unwrap_or(r);
+            if !name.contains('/') || name.chars().any(|c| c.is_whitespace()) {
+                p.push(format!(
+                    "allocatable_resources: {r:?} is not an extended resource name (domain/name, optional trailing *)"
+                ));
+            }
+        }
+        if self.expected_allocatable == Some(0) {
+            p.push(
+                "expected_allocatable: must be at least 1 (leave unset to count healthy GPUs)"
+                    .into(),
+            );
+        }
         if let Some(url) = &self.api_server_url
             && !(url.starts_with("http://") || url.starts_with("https://"))
         {
@@ -186,6 +216,7 @@ impl KubeConfig {
         }
         for (key, v) in [
             ("validation_interval_secs", self.validation_interval_secs),
+            ("not_advertised_grace_secs", self.not_advertised_grace_secs),
             ("event_queue_capacity", self.event_queue_capacity as u64),
             ("event_burst", u64::from(self.event_burst)),
             ("events_per_minute", u64::from(self.events_per_minute)),

@@ -16,6 +16,7 @@
 use super::backend::{ApiError, Backend};
 use super::config::KubeConfig;
 use super::desired::sanitize_reason;
+use super::retry::Backoff;
 use gpuwatch_core::{EventSink, KubeObject, Outcome, Registry, Stage, WriteResult};
 use gpuwatch_proto::{Action, FaultEvent, ShortName};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
@@ -310,6 +311,30 @@ struct Known {
     last: SystemTime,
     /// Listed from the API at startup (written by an earlier run).
     from_list: bool,
+    /// When this process last wrote or listed it (the age the map is pruned by:
+    /// Event times come from the kernel log and NVML and may lag the clock).
+    touched: Instant,
+}
+
+/// Most Events the dedup map remembers; beyond it the least recently written go.
+pub(crate) const KNOWN_CAPACITY: usize = 1024;
+
+/// Ages the dedup map out: an Event this process has not written (or listed)
+/// for longer than `window` is forgotten (a repeat that late would start a
+/// fresh Event anyway in any realistic timeline); of the rest, at most `cap`
+/// stay, the most recently written.
+fn prune_known(known: &mut HashMap<String, Known>, now: Instant, window: Duration, cap: usize) {
+    known.retain(|_, k| now.saturating_duration_since(k.touched) < window);
+    if known.len() > cap {
+        let mut by_age: Vec<(Instant, String)> = known
+            .iter()
+            .map(|(key, k)| (k.touched, key.clone()))
+            .collect();
+        by_age.sort();
+        for (_, key) in by_age.into_iter().take(known.len() - cap) {
+            known.remove(&key);
+        }
+    }
 }
 
 fn to_time(t: SystemTime) -> Time {
@@ -414,6 +439,7 @@ impl EventWriter {
                         count: e.count.unwrap_or(1),
                         last,
                         from_list: true,
+                        touched: Instant::now(),
                     },
                 );
             }
@@ -461,6 +487,7 @@ impl EventWriter {
                             count,
                             last,
                             from_list: false,
+                            touched: Instant::now(),
                         },
                     );
                     return Ok(());
@@ -494,6 +521,7 @@ impl EventWriter {
                         count: i32::try_from(p.count).unwrap_or(i32::MAX),
                         last: p.time,
                         from_list: false,
+                        touched: Instant::now(),
                     },
                 );
                 Ok(())
@@ -519,9 +547,10 @@ impl EventWriter {
             self.cfg.events_per_minute,
             Instant::now(),
         );
-        let initial = Duration::from_millis(self.cfg.backoff_initial_ms);
-        let max = Duration::from_millis(self.cfg.backoff_max_ms);
-        let mut backoff = initial;
+        let mut backoff = Backoff::new(
+            Duration::from_millis(self.cfg.backoff_initial_ms),
+            Duration::from_millis(self.cfg.backoff_max_ms),
+        );
         let mut seq: u64 = 0;
         loop {
             let Some(p) = self.queue.pop() else {
@@ -534,11 +563,11 @@ impl EventWriter {
             if !listed {
                 match self.load_existing(&mut known).await {
                     Ok(()) => listed = true,
-                    Err(ApiError::Transient(e)) => {
+                    Err(e @ (ApiError::Transient(_) | ApiError::Throttled { .. })) => {
                         tracing::warn!(error = %e, "Cannot list existing Events; retrying.");
                         self.queue.requeue(p);
-                        self.sleep_or_close(backoff).await;
-                        backoff = (backoff * 2).min(max);
+                        let delay = backoff.next_delay().max(e.retry_after());
+                        self.sleep_or_close(delay).await;
                         continue;
                     }
                     Err(e) => {
@@ -554,16 +583,26 @@ impl EventWriter {
                 continue;
             }
             seq += 1;
+            prune_known(
+                &mut known,
+                Instant::now(),
+                Duration::from_secs(self.cfg.event_dedup_window_secs),
+                KNOWN_CAPACITY,
+            );
             match self.write(&p, &mut known, seq).await {
                 Ok(()) => {
-                    backoff = initial;
+                    backoff.reset();
                     self.queue.done();
                 }
-                Err(ApiError::Transient(e)) | Err(ApiError::Conflict(e)) => {
+                Err(
+                    e @ (ApiError::Transient(_)
+                    | ApiError::Conflict(_)
+                    | ApiError::Throttled { .. }),
+                ) => {
                     tracing::warn!(reason = %p.reason, error = %e, "Cannot write Event; retrying.");
                     self.queue.requeue(p);
-                    self.sleep_or_close(backoff).await;
-                    backoff = (backoff * 2).min(max);
+                    let delay = backoff.next_delay().max(e.retry_after());
+                    self.sleep_or_close(delay).await;
                 }
                 Err(e) => {
                     tracing::warn!(reason = %p.reason, error = %e, "Event rejected by the API server; dropped.");
@@ -709,5 +748,29 @@ mod tests {
         assert_eq!(sink.queue.len(), 0);
         sink.send(&ev(13, Action::RestartApp));
         assert_eq!(sink.queue.len(), 1);
+    }
+
+    #[test]
+    fn dedup_map_ages_out_and_stays_bounded() {
+        let now = Instant::now() + Duration::from_secs(10_000);
+        let window = Duration::from_secs(600);
+        let known_at = |secs_ago: u64| Known {
+            name: format!("ev-{secs_ago}"),
+            count: 1,
+            last: SystemTime::UNIX_EPOCH,
+            from_list: false,
+            touched: now - Duration::from_secs(secs_ago),
+        };
+        let mut known: HashMap<String, Known> = HashMap::new();
+        known.insert("old".into(), known_at(601));
+        known.insert("edge".into(), known_at(600));
+        for i in 0..10 {
+            known.insert(format!("k{i}"), known_at(i));
+        }
+        prune_known(&mut known, now, window, 4);
+        let mut keys: Vec<&str> = known.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        // Untouched for the window: gone; of the rest, the four most recent stay.
+        assert_eq!(keys, ["k0", "k1", "k2", "k3"]);
     }
 }

@@ -1,5 +1,5 @@
 //! Builders for the two Node writes: the server-side-apply body for our status
-//! conditions and the resourceVersion-guarded JSON patch for taints. Pure.
+//! conditions and the resourceVersion-guarded merge patch for taints. Pure.
 
 use super::config::KubeConfig;
 use super::desired::{DesiredCondition, DesiredTaint};
@@ -138,22 +138,23 @@ pub(crate) fn desired_taints(
     (out.as_slice() != live).then_some(out)
 }
 
-/// JSON patch replacing `spec.taints` with `taints`, guarded by the node's
-/// `resourceVersion` (a concurrent writer makes the `test` fail → 409/422, re-read, retry).
+/// JSON merge patch (RFC 7386) replacing `spec.taints` with `taints`, carrying the
+/// node's `metadata.resourceVersion` as a precondition: the API server answers
+/// 409 Conflict when the Node changed since that version (another writer won the
+/// race), and the caller re-reads and recomputes. A merge patch replaces a list
+/// whole, so the list sent is the live one with only our keys changed; `null`
+/// removes the field when no taint is left.
 pub(crate) fn taint_patch(node: &Node, taints: &[Taint]) -> Value {
     let rv = node.metadata.resource_version.clone().unwrap_or_default();
-    let has_list = node.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some();
-    let has_spec = node.spec.is_some();
-    let taints_json = serde_json::to_value(taints).unwrap_or_else(|_| json!([]));
-    let mut ops = vec![json!({"op": "test", "path": "/metadata/resourceVersion", "value": rv})];
-    if !has_spec {
-        ops.push(json!({"op": "add", "path": "/spec", "value": {"taints": taints_json}}));
-    } else if has_list {
-        ops.push(json!({"op": "replace", "path": "/spec/taints", "value": taints_json}));
+    let taints_json = if taints.is_empty() {
+        Value::Null
     } else {
-        ops.push(json!({"op": "add", "path": "/spec/taints", "value": taints_json}));
-    }
-    Value::Array(ops)
+        serde_json::to_value(taints).unwrap_or(Value::Null)
+    };
+    json!({
+        "metadata": { "resourceVersion": rv },
+        "spec": { "taints": taints_json },
+    })
 }
 
 #[cfg(test)]
@@ -283,16 +284,15 @@ mod tests {
     fn patch_is_guarded_by_resource_version() {
         let live = node(vec![], vec![]);
         let p = taint_patch(&live, &[taint("a", None, "NoSchedule")]);
+        assert_eq!(p["metadata"], json!({"resourceVersion": "42"}));
         assert_eq!(
-            p[0],
-            json!({"op":"test","path":"/metadata/resourceVersion","value":"42"})
+            p["spec"]["taints"],
+            json!([{"key": "a", "effect": "NoSchedule"}])
         );
-        assert_eq!(p[1]["op"], "replace");
-        let mut bare = live.clone();
-        bare.spec.as_mut().unwrap().taints = None;
-        assert_eq!(taint_patch(&bare, &[])[1]["op"], "add");
-        // Parses as an RFC 6902 patch.
-        let _: json_patch::Patch = serde_json::from_value(p).unwrap();
+        // The last taint gone: the field is removed, the guard stays.
+        let p = taint_patch(&live, &[]);
+        assert_eq!(p["spec"]["taints"], Value::Null);
+        assert_eq!(p["metadata"]["resourceVersion"], "42");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The level-triggered reconcile loop and the Node watch.
 
+use super::advertised::{self, Change, NotAdvertised};
 use super::backend::{ApiError, Backend};
 use super::config::KubeConfig;
 use super::desired::{DesiredCondition, FALSE, Gate, TRUE, UNKNOWN, desired};
@@ -8,6 +9,7 @@ use super::node::{
     condition_apply_body, conditions_differ, desired_taints, has_fault_taint, has_startup_taint,
     live_conditions, taint_patch,
 };
+use super::retry::{self, Backoff};
 use futures::StreamExt;
 use gpuwatch_core::validation::{self, ValidationConfig};
 use gpuwatch_core::{KubeObject, Registry, ValidationResult, WriteResult};
@@ -23,8 +25,10 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-/// How many fresh reads a taint patch gets after conflicts, per reconcile.
-const CONFLICT_RETRIES: usize = 5;
+/// How many races a taint write may lose in one reconcile pass before the pass
+/// hands back to the loop (which retries after a short jittered pause, not the
+/// error backoff: a lost race is not an error).
+const CONFLICT_RETRIES: usize = 16;
 
 /// For this long after the writer starts, a condition of ours that the Node
 /// already carries as True or False (written by the previous agent process) is
@@ -68,12 +72,11 @@ fn unix_nanos(t: SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
-fn rv_of(n: &Node) -> u64 {
-    n.metadata
-        .resource_version
-        .as_deref()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(0)
+/// A Node's resourceVersion. Opaque: clients may compare two versions for
+/// equality only, never order them (Kubernetes API conventions, "Concurrency
+/// Control and Consistency").
+fn rv_of(n: &Node) -> Option<&str> {
+    n.metadata.resource_version.as_deref()
 }
 
 /// Expected GPU count: config, else the node label, else `nvidia.com/gpu` capacity.
@@ -112,6 +115,20 @@ pub(crate) async fn run_validation(
     report
 }
 
+/// A Node version from the watcher.
+#[derive(Debug)]
+pub(crate) enum Seen {
+    /// A watch event: in order, but possibly behind the writer's own writes.
+    Event(Node),
+    /// A fresh read (list before watch, relist after 410), and when it was
+    /// sent: at least as new as anything written before that instant.
+    Read(Node, Instant),
+}
+
+/// How long a write of ours may stay unseen on the watch before watch events
+/// are taken as they come again (the watch may have restarted past it).
+const UNSEEN_WRITE_LIMIT: Duration = Duration::from_secs(10);
+
 pub(crate) struct Reconciler {
     pub cfg: KubeConfig,
     pub vcfg: ValidationConfig,
@@ -119,7 +136,12 @@ pub(crate) struct Reconciler {
     pub registry: Arc<Registry>,
     pub backend: Arc<Backend>,
     pub health_rx: watch::Receiver<Arc<NodeHealth>>,
-    pub node_rx: mpsc::Receiver<Node>,
+    pub node_rx: mpsc::Receiver<Seen>,
+    /// The version our latest write produced, until the watch shows it (and
+    /// when it was written). The watch delivers versions in order, so anything
+    /// it sends before that version is older than what the writer already
+    /// holds: such events are skipped, without ever ordering two versions.
+    pub unseen_write: Option<(String, Instant)>,
     pub events: Arc<EventQueue>,
     pub events_enabled: bool,
     pub node_uid: Arc<Mutex<Option<String>>>,
@@ -134,6 +156,8 @@ pub(crate) struct Reconciler {
     pub startup_seen: bool,
     /// Told every gate report (the engine shows it in `/v1/health.validation`).
     pub on_validation: Option<super::ValidationCallback>,
+    /// Healthy GPUs the device plugin does not advertise, while running.
+    pub not_advertised: NotAdvertised,
 }
 
 impl Reconciler {
@@ -155,6 +179,43 @@ impl Reconciler {
         self.registry
             .set_startup_taint(has_startup_taint(&n, &self.cfg));
         self.live = Some(n);
+    }
+
+    fn wrote(&mut self, n: &Node) {
+        self.unseen_write = rv_of(n).map(|rv| (rv.to_owned(), Instant::now()));
+    }
+
+    /// Takes a Node version from the watcher, unless the watch is still behind
+    /// our own latest write (see [`Reconciler::unseen_write`]). Returns whether
+    /// the live view changed.
+    fn seen(&mut self, seen: Seen) -> bool {
+        let n = match seen {
+            Seen::Read(n, sent) => {
+                match &self.unseen_write {
+                    // Sent before our write answered: maybe older than it.
+                    Some((rv, at)) if sent < *at && rv_of(&n) != Some(rv.as_str()) => return false,
+                    _ => self.unseen_write = None,
+                }
+                n
+            }
+            Seen::Event(n) => {
+                if let Some((rv, at)) = &self.unseen_write {
+                    if rv_of(&n) == Some(rv.as_str()) || at.elapsed() >= UNSEEN_WRITE_LIMIT {
+                        self.unseen_write = None;
+                    } else {
+                        return false;
+                    }
+                }
+                n
+            }
+        };
+        // Versions are compared for equality only.
+        let changed = self.live.as_ref().is_none_or(|l| rv_of(&n) != rv_of(l));
+        if changed {
+            self.set_live(n);
+            self.node_changed();
+        }
+        changed
     }
 
     fn gate_active(&self) -> bool {
@@ -186,8 +247,62 @@ impl Reconciler {
             .as_ref()
             .and_then(|n| expected_gpus(n, &self.vcfg));
         let mut r = validation::validate(health, expected, &self.vcfg);
+        self.add_device_plugin_check(&mut r, health);
         r.time_unix_nano = Some(unix_nanos(SystemTime::now()));
         r
+    }
+
+    /// Adds the device-plugin check (allocatable reaches the expected count)
+    /// to a report whose other checks passed; replaces an earlier one.
+    fn add_device_plugin_check(&self, report: &mut ValidationReport, health: &NodeHealth) {
+        report.checks.retain(|c| c.name != advertised::CHECK);
+        report.passed = report.complete && report.checks.iter().all(|c| c.passed);
+        if !report.passed {
+            return;
+        }
+        let node = self.live.clone().unwrap_or_default();
+        if let Some(check) = advertised::gate_check(&node, health, &self.cfg) {
+            validation::add_check(report, check);
+        }
+    }
+
+    /// The Node changed while the gate holds: a report that failed only on
+    /// the device-plugin check is judged again at once (the device plugin
+    /// advertising is a Node change, not a GPU change: no need to wait for
+    /// the next validation run).
+    fn node_changed(&mut self) {
+        if !self.gate_active() {
+            return;
+        }
+        let Some(mut report) = self.gate_report.clone() else {
+            return;
+        };
+        let only_plugin = !report.passed
+            && report.complete
+            && report
+                .checks
+                .iter()
+                .filter(|c| !c.passed)
+                .all(|c| c.name == advertised::CHECK);
+        if !only_plugin {
+            return;
+        }
+        let health = self.health_rx.borrow().clone();
+        let before = report.checks.clone();
+        for c in &mut report.checks {
+            if c.name == advertised::CHECK {
+                c.passed = true;
+            }
+        }
+        report.passed = true;
+        self.add_device_plugin_check(&mut report, &health);
+        if report.checks != before {
+            if report.passed {
+                tracing::info!(node = %self.node_name, "Device plugin now advertises the GPUs; removing the startup taint.");
+            }
+            self.tell(&report);
+            self.gate_report = Some(report);
+        }
     }
 
     fn tell(&self, report: &ValidationReport) {
@@ -234,6 +349,9 @@ impl Reconciler {
             self.gate_report = if fresh.passed { None } else { Some(fresh) };
             return;
         }
+        let mut report = report;
+        let health = self.health_rx.borrow().clone();
+        self.add_device_plugin_check(&mut report, &health);
         self.tell(&report);
         let failed = validation::failed_checks(&report);
         if report.passed {
@@ -266,6 +384,51 @@ impl Reconciler {
             );
         }
         self.gate_report = Some(report);
+    }
+
+    /// While running (the startup gate open), healthy GPUs the device plugin
+    /// leaves unadvertised past the grace period turn the problem condition
+    /// True with reason `GPUsNotAdvertised` (a GPU fault's reason wins; no
+    /// taint) and raise a Warning Event; recovery clears both.
+    fn track_advertised(
+        &mut self,
+        node: &Node,
+        health: &NodeHealth,
+        gate_closed: bool,
+        want: &mut [DesiredCondition],
+    ) {
+        let change = if gate_closed || self.cfg.allocatable_resources.is_empty() {
+            self.not_advertised.reset()
+        } else {
+            let have = advertised::allocatable(node, &self.cfg);
+            let wanted = advertised::wanted(health, &self.cfg);
+            self.not_advertised.observe(have, wanted, Instant::now())
+        };
+        let message = self.not_advertised.message(&self.cfg);
+        match change {
+            Change::Raised => {
+                tracing::warn!(node = %self.node_name, message = %message, "GPUs are not advertised by the device plugin.");
+                self.event(advertised::REASON, "Warning", message.clone());
+            }
+            Change::Cleared => {
+                tracing::info!(node = %self.node_name, "The device plugin advertises every healthy GPU again.");
+                self.event(
+                    "GPUsAdvertised",
+                    "Normal",
+                    "The device plugin advertises every healthy GPU again".to_owned(),
+                );
+            }
+            Change::None => {}
+        }
+        if self.not_advertised.active()
+            && let Some(c) = want
+                .iter_mut()
+                .find(|c| c.type_ == self.cfg.problem_condition_type && c.status == FALSE)
+        {
+            c.status = TRUE;
+            c.reason = advertised::REASON.to_owned();
+            c.message = message;
+        }
     }
 
     /// One convergence pass. `hold`: within [`STARTUP_UNKNOWN_HOLD`].
@@ -302,6 +465,7 @@ impl Reconciler {
             Gate::Open
         };
         let mut want = desired(&health, &self.cfg, &gate);
+        self.track_advertised(&node, &health, startup, &mut want.conditions);
         let held = hold && hold_unknown(&node, &mut want.conditions);
         let mut wrote = false;
         let mut first_err = None;
@@ -317,6 +481,7 @@ impl Reconciler {
                     self.registry
                         .count_kube_write(KubeObject::Condition, WriteResult::Ok);
                     tracing::debug!(node = %self.node_name, "Node conditions applied.");
+                    self.wrote(&n);
                     self.set_live(n);
                     wrote = true;
                 }
@@ -365,21 +530,26 @@ impl Reconciler {
                             ),
                         );
                     }
+                    self.wrote(&n);
                     self.set_live(n);
                     wrote = true;
                     break;
                 }
                 Err(ApiError::Conflict(e)) => {
+                    // Another writer (kubelet, device plugin, NFD, autoscaler)
+                    // changed the Node since our read: re-read, recompute from
+                    // the desired state and retry after a short jittered pause.
                     self.registry
                         .count_kube_write(object, WriteResult::Conflict);
                     attempts += 1;
-                    tracing::debug!(node = %self.node_name, error = %e, attempts, "Taint patch conflicted; re-reading the node.");
+                    tracing::debug!(node = %self.node_name, error = %e, attempts, "Taint write lost a race; re-reading the node.");
                     if attempts >= CONFLICT_RETRIES {
-                        first_err.get_or_insert(ApiError::Transient(format!(
-                            "taint patch still conflicting after {attempts} attempts"
+                        first_err.get_or_insert(ApiError::Conflict(format!(
+                            "taint write lost {attempts} races in a row"
                         )));
                         break;
                     }
+                    tokio::time::sleep(retry::race_jitter()).await;
                     match self.backend.get_node().await {
                         Ok(n) => self.set_live(n),
                         Err(e) => {
@@ -404,11 +574,12 @@ impl Reconciler {
 
     pub(crate) async fn run(mut self) {
         let min_interval = self.cfg.min_write_interval();
-        let initial = Duration::from_millis(self.cfg.backoff_initial_ms);
-        let max = Duration::from_millis(self.cfg.backoff_max_ms);
+        let mut backoff = Backoff::new(
+            Duration::from_millis(self.cfg.backoff_initial_ms),
+            Duration::from_millis(self.cfg.backoff_max_ms),
+        );
         let resync = Duration::from_secs(self.cfg.resync_secs);
         let interval = Duration::from_secs(self.cfg.validation_interval_secs);
-        let mut backoff = initial;
         let hold_until = Instant::now() + STARTUP_UNKNOWN_HOLD;
         let mut recheck_hold = false;
         let mut dirty = true;
@@ -446,7 +617,7 @@ impl Reconciler {
                 match self.reconcile(Instant::now() < hold_until).await {
                     Ok(pass) => {
                         dirty = false;
-                        backoff = initial;
+                        backoff.reset();
                         if pass.wrote {
                             next_allowed = Instant::now() + min_interval;
                         }
@@ -454,12 +625,20 @@ impl Reconciler {
                         // before that is reconciled as usual).
                         recheck_hold |= pass.held;
                     }
+                    Err(ApiError::Conflict(e)) => {
+                        // Still losing races: not an error, so no backoff;
+                        // retry after a short jittered pause from a fresh read.
+                        let pause = retry::race_jitter();
+                        tracing::info!(node = %self.node_name, error = %e, retry_in_ms = pause.as_millis() as u64, "Node keeps changing under the writer; retrying.");
+                        self.live = None;
+                        next_allowed = Instant::now() + pause;
+                    }
                     Err(e) => {
-                        tracing::warn!(node = %self.node_name, error = %e, retry_in_ms = backoff.as_millis() as u64, "Node reconcile failed; retrying.");
+                        let delay = backoff.next_delay().max(e.retry_after());
+                        tracing::warn!(node = %self.node_name, error = %e, retry_in_ms = delay.as_millis() as u64, "Node reconcile failed; retrying.");
                         // Re-read the node next time: our view may be stale.
                         self.live = None;
-                        next_allowed = Instant::now() + backoff;
-                        backoff = (backoff * 2).min(max);
+                        next_allowed = Instant::now() + delay;
                     }
                 }
                 continue;
@@ -474,6 +653,10 @@ impl Reconciler {
             if recheck_hold {
                 wake = wake.min(hold_until);
             }
+            let advert_due = self.not_advertised.deadline();
+            if let Some(d) = advert_due {
+                wake = wake.min(d);
+            }
             tokio::select! {
                 _ = self.shutdown.changed() => break,
                 r = self.health_rx.changed(), if health_open => {
@@ -485,10 +668,8 @@ impl Reconciler {
                     }
                 }
                 n = self.node_rx.recv(), if nodes_open => match n {
-                    Some(n) => {
-                        let newer = self.live.as_ref().is_none_or(|l| rv_of(&n) >= rv_of(l));
-                        if newer {
-                            self.set_live(n);
+                    Some(seen) => {
+                        if self.seen(seen) {
                             dirty = true;
                         }
                     }
@@ -510,6 +691,9 @@ impl Reconciler {
                     dirty = true;
                 }
                 () = tokio::time::sleep_until(wake) => {
+                    if advert_due.is_some_and(|d| Instant::now() >= d) {
+                        dirty = true;
+                    }
                     if recheck_hold && Instant::now() >= hold_until {
                         recheck_hold = false;
                         dirty = true;
@@ -530,74 +714,118 @@ impl Reconciler {
     }
 }
 
+/// Reads the Node afresh (the list of list-then-watch), forwards it and returns
+/// its resourceVersion to watch from.
+async fn relist(backend: &Backend, tx: &mpsc::Sender<Seen>) -> Result<String, ApiError> {
+    let sent = Instant::now();
+    let n = backend.get_node().await?;
+    let rv = n.metadata.resource_version.clone().unwrap_or_default();
+    let _ = tx.send(Seen::Read(n, sent)).await;
+    Ok(rv)
+}
+
 /// Keeps a watch on our Node open, forwarding every version to the reconciler.
+///
+/// List, then watch from the version read. What the API server does that this
+/// follows: a watch ends when the server's `timeoutSeconds` runs out (the
+/// stream just closes) and is resumed from the last version seen; BOOKMARK
+/// events only move that version; a version the server no longer has answers
+/// 410 Gone (as an ERROR event with reason `Expired`, or as the response),
+/// after which the Node is read again and watched from the version read.
 pub(crate) async fn watch_node(
     backend: Arc<Backend>,
-    tx: mpsc::Sender<Node>,
+    tx: mpsc::Sender<Seen>,
     cfg: KubeConfig,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let initial = Duration::from_millis(cfg.backoff_initial_ms);
-    let max = Duration::from_millis(cfg.backoff_max_ms);
-    let mut backoff = initial;
-    let mut rv = "0".to_owned();
+    if backend.is_dry_run() {
+        return;
+    }
+    let mut backoff = Backoff::new(
+        Duration::from_millis(cfg.backoff_initial_ms),
+        Duration::from_millis(cfg.backoff_max_ms),
+    );
+    let mut rv: Option<String> = None;
     loop {
         if *shutdown.borrow() {
             return;
         }
-        let mut got_any = false;
-        match backend.watch_node(&rv, cfg.watch_timeout_secs).await {
-            Ok(None) => return,
-            Ok(Some(mut stream)) => loop {
-                let item = tokio::select! {
-                    _ = shutdown.changed() => return,
-                    item = stream.next() => item,
-                };
-                match item {
-                    None => break,
-                    Some(Ok(WatchEvent::Added(n) | WatchEvent::Modified(n))) => {
-                        got_any = true;
-                        if let Some(v) = &n.metadata.resource_version {
-                            rv.clone_from(v);
-                        }
-                        if tx.send(n).await.is_err() {
-                            return;
-                        }
-                    }
-                    Some(Ok(WatchEvent::Deleted(_))) => {
-                        tracing::warn!(resource_version = %rv, "Own Node was deleted.");
-                    }
-                    Some(Ok(WatchEvent::Bookmark(b))) => {
-                        got_any = true;
-                        rv = b.metadata.resource_version;
-                    }
-                    Some(Ok(WatchEvent::Error(s))) => {
-                        if s.code == 410 {
-                            rv = "0".into();
-                        } else {
-                            tracing::warn!(code = s.code, message = %s.message, "Node watch returned an error.");
-                        }
-                        break;
-                    }
-                    Some(Err(e)) => {
-                        tracing::warn!(error = %e, "Node watch stream failed.");
-                        break;
-                    }
+        let mut progressed = false;
+        let mut wait = Duration::ZERO;
+        match &rv {
+            None => match relist(&backend, &tx).await {
+                Ok(v) => {
+                    rv = Some(v);
+                    progressed = true;
+                }
+                Err(e) => {
+                    wait = e.retry_after();
+                    tracing::warn!(error = %e, "Cannot read the node to start its watch; retrying.");
                 }
             },
-            Err(e) => {
-                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "Cannot watch the node; retrying.");
-            }
+            Some(from) => match backend.watch_node(from, cfg.watch_timeout_secs).await {
+                Ok(None) => return,
+                Ok(Some(mut stream)) => loop {
+                    let item = tokio::select! {
+                        _ = shutdown.changed() => return,
+                        item = stream.next() => item,
+                    };
+                    match item {
+                        // The server closed the watch at its timeout: resume
+                        // from the last version (the server replays since).
+                        None => break,
+                        Some(Ok(WatchEvent::Added(n) | WatchEvent::Modified(n))) => {
+                            progressed = true;
+                            if let Some(v) = &n.metadata.resource_version {
+                                rv = Some(v.clone());
+                            }
+                            if tx.send(Seen::Event(n)).await.is_err() {
+                                return;
+                            }
+                        }
+                        Some(Ok(WatchEvent::Deleted(_))) => {
+                            tracing::warn!("Own Node was deleted.");
+                        }
+                        Some(Ok(WatchEvent::Bookmark(b))) => {
+                            progressed = true;
+                            rv = Some(b.metadata.resource_version);
+                        }
+                        Some(Ok(WatchEvent::Error(s))) => {
+                            if s.code == 410 {
+                                tracing::info!(message = %s.message, "Node watch version expired; reading the node again.");
+                                rv = None;
+                                progressed = true;
+                            } else {
+                                tracing::warn!(code = s.code, message = %s.message, "Node watch returned an error.");
+                            }
+                            break;
+                        }
+                        Some(Err(e)) => {
+                            tracing::warn!(error = %e, "Node watch stream failed.");
+                            break;
+                        }
+                    }
+                },
+                Err(ApiError::Gone(m)) => {
+                    tracing::info!(message = %m, "Node watch version expired; reading the node again.");
+                    rv = None;
+                    progressed = true;
+                }
+                Err(e) => {
+                    wait = e.retry_after();
+                    tracing::warn!(error = %e, "Cannot watch the node; retrying.");
+                }
+            },
         }
-        if got_any {
-            backoff = initial;
+        if progressed {
+            backoff.reset();
             continue;
         }
+        let delay = backoff.next_delay().max(wait);
         tokio::select! {
             _ = shutdown.changed() => return,
-            () = tokio::time::sleep(backoff) => {}
+            () = tokio::time::sleep(delay) => {}
         }
-        backoff = (backoff * 2).min(max);
     }
 }
 

@@ -2,7 +2,7 @@
 //! (`kube_common`): conditions, taints, Events, outages, restarts, the startup
 //! gate and storm pacing. Each test starts its own double on 127.0.0.1:0.
 
-use crate::kube_common::{ApiDouble, condition, taint_keys, taint_value, wait_for};
+use crate::kube_common::{ApiDouble, Recorded, condition, taint_keys, taint_value, wait_for};
 use gpuwatch_core::validation::ValidationConfig;
 use gpuwatch_core::{KubeObject, Registry, ValidationResult, WriteResult};
 use gpuwatch_proto::{
@@ -34,6 +34,18 @@ fn node(taints: Vec<Taint>, labels: &[(&str, &str)]) -> Node {
     );
     n.spec = Some(NodeSpec {
         taints: Some(taints),
+        ..Default::default()
+    });
+    // The device plugin advertises the labelled GPU count (8 without a label).
+    let count = labels
+        .iter()
+        .find(|(k, _)| *k == "nvidia.com/gpu.count")
+        .map_or("8", |(_, v)| v);
+    n.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+        allocatable: Some(BTreeMap::from([(
+            "nvidia.com/gpu".to_owned(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity(count.to_owned()),
+        )])),
         ..Default::default()
     });
     n
@@ -339,71 +351,129 @@ async fn flapping_message_keeps_transition_time() {
     h.stop().await;
 }
 
-async fn concurrent_taint_edit(test_failure_status: u16) {
+/// Successful writes to `resource` (taints: `nodes`; conditions: `nodes/status`).
+fn ok_writes(reqs: &[Recorded], resource: &str) -> Vec<Instant> {
+    reqs.iter()
+        .filter(|r| r.is_write() && r.resource == resource && r.status < 300)
+        .map(|r| r.at)
+        .collect()
+}
+
+/// No two successful writes to `resource` closer than the writer's limit
+/// (`min_write_interval_ms`, 1 s by default), with 50 ms for scheduling.
+fn assert_paced(reqs: &[Recorded], resource: &str) {
+    let at = ok_writes(reqs, resource);
+    for w in at.windows(2) {
+        assert!(
+            w[1] - w[0] >= Duration::from_millis(950),
+            "two {resource} writes {:?} apart",
+            w[1] - w[0]
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_lost_races_in_a_row_land_the_fault_taint_within_a_second() {
     let api = ApiDouble::start(node(vec![taint("dedicated", Some("gpu"))], &[])).await;
-    api.set_test_failure_status(test_failure_status);
-    api.concurrent_taint_edits(2);
-    let cfg = api.kube_config();
-    let h = Harness::with(
-        api,
-        cfg,
-        ValidationConfig::default(),
-        with_fault(healthy(2, "boot-a"), 1, 79, Action::RebootNode, 1),
-    )
+    let h = Harness::start_with_api(api, healthy(2, "boot-a")).await;
+    // Running and watching, its first writes done.
+    h.until("healthy", |n| {
+        status_of(n, PROBLEM).as_deref() == Some("False")
+    })
     .await;
+    assert!(wait_for(SECS, || h.api.watchers() >= 1).await);
+    // Another writer changes the Node between every read and write, six times.
+    h.api.concurrent_taint_edits(6);
+    h.set(with_fault(
+        healthy(2, "boot-a"),
+        1,
+        79,
+        Action::RebootNode,
+        1,
+    ));
     h.until("fault taint", |n| taint_value(n, FAULT_TAINT).is_some())
         .await;
-    let keys = taint_keys(&h.api.node());
-    assert_eq!(
-        keys,
-        vec![
-            "dedicated",
-            "other.example.com/edit-1",
-            "other.example.com/edit-0",
-            FAULT_TAINT
-        ]
-    );
-    let conflicts = h
-        .api
-        .requests()
+    // Every foreign taint, the six added during the races included, is kept.
+    let mut want = vec!["dedicated".to_owned()];
+    want.extend((0..6).rev().map(|i| format!("other.example.com/edit-{i}")));
+    want.push(FAULT_TAINT.to_owned());
+    assert_eq!(taint_keys(&h.api.node()), want);
+    let reqs = h.api.requests();
+    let taint_patches: Vec<&Recorded> = reqs
         .iter()
-        .filter(|r| r.resource == "nodes" && r.verb == "patch" && r.status == test_failure_status)
-        .count();
-    assert_eq!(conflicts, 2);
-    assert!(
-        wait_for(SECS, || h
-            .registry
-            .kube_writes(KubeObject::Taint, WriteResult::Ok)
-            == 1)
-        .await
+        .filter(|r| r.resource == "nodes" && r.verb == "patch")
+        .collect();
+    let statuses: Vec<u16> = taint_patches.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [409, 409, 409, 409, 409, 409, 200]);
+    let last_race = taint_patches[5].at;
+    let landed = taint_patches[6].at;
+    eprintln!(
+        "six races: 409s over {:?}, taint landed {:?} after the last race",
+        last_race - taint_patches[0].at,
+        landed - last_race
     );
+    assert!(
+        landed - last_race < Duration::from_secs(1),
+        "landed {:?} after the last race",
+        landed - last_race
+    );
+    // Each retry waited a jittered pause, not the error backoff, and re-read.
+    for w in taint_patches.windows(2) {
+        assert!(w[1].at - w[0].at >= Duration::from_millis(25));
+    }
+    for r in &taint_patches {
+        assert_eq!(r.content_type, "application/merge-patch+json");
+        assert!(
+            r.body["metadata"]["resourceVersion"].is_string(),
+            "{}",
+            r.body
+        );
+    }
+    let gets_between = reqs
+        .iter()
+        .filter(|r| r.verb == "get" && r.at > taint_patches[0].at && r.at < landed)
+        .count();
+    assert_eq!(gets_between, 6, "one fresh read per lost race");
     assert_eq!(
         h.registry
             .kube_writes(KubeObject::Taint, WriteResult::Conflict),
-        2
+        6
     );
-    // Every taint patch carried the resourceVersion test.
-    for r in h
-        .api
-        .requests()
-        .iter()
-        .filter(|r| r.resource == "nodes" && r.verb == "patch")
-    {
-        assert_eq!(r.content_type, "application/json-patch+json");
-        assert_eq!(r.body[0]["op"], "test");
-        assert_eq!(r.body[0]["path"], "/metadata/resourceVersion");
+    assert_eq!(
+        h.registry.kube_writes(KubeObject::Taint, WriteResult::Ok),
+        1
+    );
+    // The conflict is visible on the metrics endpoint.
+    let text = gpuwatch_sinks::prometheus::render(&h.registry, &Default::default());
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("gpuwatch_kube_writes_total")
+                && l.contains("result=\"conflict\"")
+                && l.contains("object=\"taint\"")
+                && l.trim_end().ends_with(" 6")),
+        "{text}"
+    );
+    // Later health changes still write at most once a second.
+    for i in 2..6 {
+        h.set(with_fault(
+            healthy(2, "boot-a"),
+            1,
+            79,
+            Action::RebootNode,
+            10u64.pow(i),
+        ));
+        tokio::time::sleep(Duration::from_millis(150)).await;
     }
+    h.set(healthy(2, "boot-a"));
+    h.until("fault taint cleared", |n| {
+        taint_value(n, FAULT_TAINT).is_none()
+    })
+    .await;
+    let reqs = h.api.requests();
+    assert_paced(&reqs, "nodes");
+    assert_paced(&reqs, "nodes/status");
+    assert_eq!(taint_keys(&h.api.node()).len(), 7, "foreign taints kept");
     h.stop().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_taint_edit_by_another_writer_is_preserved_409() {
-    concurrent_taint_edit(409).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_taint_edit_by_another_writer_is_preserved_422() {
-    concurrent_taint_edit(422).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1216,5 +1286,518 @@ async fn reappearing_startup_taint_is_validated_again() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(taint_value(&h.api.node(), STARTUP_TAINT).is_some());
     assert_eq!(h.registry.validation_runs(ValidationResult::Pass), 1);
+    h.stop().await;
+}
+
+/// Sends `body` to the double as `method path` with `content_type`; returns the
+/// status code and the JSON body.
+async fn raw(
+    api: &ApiDouble,
+    method: reqwest::Method,
+    path: &str,
+    content_type: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let url = format!("{}{path}", api.url);
+    let content_type = content_type.to_owned();
+    let (code, text) = tokio::task::spawn_blocking(move || {
+        let r = reqwest::blocking::Client::new()
+            .request(method, url)
+            .header("content-type", content_type)
+            .body(body.to_string())
+            .send()
+            .expect("double answers");
+        (r.status().as_u16(), r.text().unwrap_or_default())
+    })
+    .await
+    .expect("request task");
+    (
+        code,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    )
+}
+
+/// The double's answers to a lost race, pinned to kube-apiserver's shapes: an
+/// update or merge patch with a stale resourceVersion is 409 Conflict from the
+/// registry store; a JSON patch whose `test` fails is the generic 422 Invalid
+/// with empty details (nothing in it says "test").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn double_answers_a_stale_write_as_kube_apiserver_does() {
+    use reqwest::Method;
+    use serde_json::json;
+    let api = ApiDouble::start(node(vec![], &[])).await;
+    api.edit_node(|n| n["metadata"]["labels"] = json!({"a": "b"})); // rv 2
+    let path = format!("/api/v1/nodes/{NODE}");
+    let stale_merge = json!({"metadata": {"resourceVersion": "1"}, "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}});
+    let (code, body) = raw(
+        &api,
+        Method::PATCH,
+        &path,
+        "application/merge-patch+json",
+        stale_merge,
+    )
+    .await;
+    assert_eq!(code, 409);
+    assert_eq!(body["reason"], "Conflict");
+    assert_eq!(body["code"], 409);
+    assert_eq!(
+        body["message"],
+        format!(
+            "Operation cannot be fulfilled on nodes \"{NODE}\": the object has been modified; please apply your changes to the latest version and try again"
+        )
+    );
+    assert_eq!(body["details"], json!({"name": NODE, "kind": "nodes"}));
+    let mut stale_node = api.node_json();
+    stale_node["metadata"]["resourceVersion"] = json!("1");
+    let (code, body) = raw(&api, Method::PUT, &path, "application/json", stale_node).await;
+    assert_eq!((code, body["reason"].as_str()), (409, Some("Conflict")));
+    let failed_test = json!([
+        {"op": "test", "path": "/metadata/resourceVersion", "value": "1"},
+        {"op": "replace", "path": "/spec/taints", "value": []},
+    ]);
+    let (code, body) = raw(
+        &api,
+        Method::PATCH,
+        &path,
+        "application/json-patch+json",
+        failed_test,
+    )
+    .await;
+    assert_eq!(code, 422);
+    assert_eq!(
+        body,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "message": "the server rejected our request due to an error in our request",
+               "reason": "Invalid", "code": 422})
+    );
+    // A current resourceVersion goes through and moves the version.
+    let fresh = json!({"metadata": {"resourceVersion": "2"}, "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}});
+    let (code, body) = raw(
+        &api,
+        Method::PATCH,
+        &path,
+        "application/merge-patch+json",
+        fresh,
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["metadata"]["resourceVersion"], "3");
+    assert_eq!(taint_keys(&api.node()), ["k"]);
+    // RBAC denial and a missing Node, as the server words them.
+    api.forbid("patch", "nodes/status");
+    let (code, body) = raw(
+        &api,
+        Method::PATCH,
+        &format!("{path}/status"),
+        "application/apply-patch+yaml",
+        json!({}),
+    )
+    .await;
+    assert_eq!(code, 403);
+    assert_eq!(body["reason"], "Forbidden");
+    assert_eq!(
+        body["message"],
+        format!(
+            "nodes \"{NODE}\" is forbidden: User \"system:serviceaccount:gpuwatch:gpuwatch\" cannot patch resource \"nodes/status\" in API group \"\" at the cluster scope"
+        )
+    );
+    api.set_node_missing(true);
+    let (code, body) = raw(&api, Method::GET, &path, "application/json", json!(null)).await;
+    assert_eq!(
+        (code, body["message"].as_str()),
+        (404, Some(format!("nodes \"{NODE}\" not found").as_str()))
+    );
+}
+
+/// Server-side apply without `force` against a condition type another field
+/// manager owns: 409 naming that manager. The writer reports it (error metric),
+/// still writes the taint, keeps retrying at its backoff, and converges once
+/// the other manager lets go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ssa_conflict_with_another_manager_is_reported_and_retried() {
+    let api = ApiDouble::start(node(vec![], &[])).await;
+    api.own_condition(PROBLEM, "node-problem-detector", "False");
+    let mut cfg = api.kube_config();
+    cfg.force_conflicts = false;
+    let h = Harness::with(
+        api,
+        cfg,
+        ValidationConfig::default(),
+        with_fault(healthy(2, "boot-a"), 0, 79, Action::RebootNode, 1),
+    )
+    .await;
+    h.until("taint despite the apply conflict", |n| {
+        taint_value(n, FAULT_TAINT).is_some()
+    })
+    .await;
+    assert!(
+        wait_for(SECS, || h
+            .registry
+            .kube_writes(KubeObject::Condition, WriteResult::Error)
+            >= 3)
+        .await,
+        "the writer keeps trying"
+    );
+    let reqs = h.api.requests();
+    let conflicts: Vec<&Recorded> = reqs
+        .iter()
+        .filter(|r| r.resource == "nodes/status" && r.status == 409)
+        .collect();
+    assert!(conflicts.len() >= 3);
+    // Backoff, not a hot loop: 50 ms doubling to 400 ms (jittered up to 2x).
+    let span = conflicts.last().unwrap().at - conflicts[0].at;
+    assert!(
+        span >= Duration::from_millis(50 * (conflicts.len() as u64 - 1)),
+        "{} conflicts within {span:?}",
+        conflicts.len()
+    );
+    assert_eq!(status_of(&h.api.node(), PROBLEM).as_deref(), Some("False"));
+    h.api.remove_condition(PROBLEM);
+    h.until("condition converges", |n| {
+        status_of(n, PROBLEM).as_deref() == Some("True")
+    })
+    .await;
+    h.stop().await;
+}
+
+/// The Node is missing (404) at first: reported and retried with backoff,
+/// never given up; once it exists the writer converges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_node_is_retried_until_it_exists() {
+    let api = ApiDouble::start(node(vec![], &[])).await;
+    api.set_node_missing(true);
+    let h = Harness::start_with_api(
+        api,
+        with_fault(healthy(2, "boot-a"), 0, 79, Action::RebootNode, 1),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let during = h.api.requests();
+    let gets = during.iter().filter(|r| r.verb == "get").count();
+    assert!(gets >= 2, "still trying: {gets}");
+    // Two loops read it (reconcile, watch), each backing off from 50 ms.
+    assert!(gets <= 24, "backing off: {gets} reads in 1.5 s");
+    assert!(
+        during
+            .iter()
+            .filter(|r| r.verb == "get")
+            .all(|r| r.status == 404)
+    );
+    h.api.set_node_missing(false);
+    h.until("converged", |n| {
+        taint_value(n, FAULT_TAINT).is_some() && status_of(n, PROBLEM).as_deref() == Some("True")
+    })
+    .await;
+    h.stop().await;
+}
+
+/// 429 from the API server's load shedding: the writer waits at least the
+/// `Retry-After` second before the same request again, then converges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttled_requests_wait_for_retry_after() {
+    let api = ApiDouble::start(node(vec![], &[])).await;
+    api.inject(&[429, 429, 429]);
+    let h = Harness::start_with_api(
+        api,
+        with_fault(healthy(2, "boot-a"), 0, 79, Action::RebootNode, 1),
+    )
+    .await;
+    h.until("converged after throttling", |n| {
+        taint_value(n, FAULT_TAINT).is_some() && status_of(n, PROBLEM).as_deref() == Some("True")
+    })
+    .await;
+    let reqs = h.api.requests();
+    let throttled: Vec<&Recorded> = reqs.iter().filter(|r| r.status == 429).collect();
+    assert_eq!(throttled.len(), 3);
+    // Two loops read the Node (reconcile, watch); without Retry-After each would
+    // retry within 100 ms. Within the second after a 429, at most the other
+    // loop's request of the same kind follows.
+    for t in throttled {
+        let soon = reqs
+            .iter()
+            .filter(|r| {
+                r.at > t.at
+                    && r.at - t.at < Duration::from_millis(990)
+                    && r.verb == t.verb
+                    && r.resource == t.resource
+            })
+            .count();
+        assert!(
+            soon <= 1,
+            "{} {} retried {soon} times within a second of a 429",
+            t.verb,
+            t.resource
+        );
+    }
+    h.stop().await;
+}
+
+/// 500 and 503 answers: retried with jittered exponential backoff, then the
+/// writer converges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_errors_back_off_then_converge() {
+    let api = ApiDouble::start(node(vec![], &[])).await;
+    api.inject(&[500, 503, 500, 503, 500, 503]);
+    let h = Harness::start_with_api(
+        api,
+        with_fault(healthy(2, "boot-a"), 0, 79, Action::RebootNode, 1),
+    )
+    .await;
+    h.until("converged after server errors", |n| {
+        taint_value(n, FAULT_TAINT).is_some() && status_of(n, PROBLEM).as_deref() == Some("True")
+    })
+    .await;
+    let reqs = h.api.requests();
+    assert_eq!(reqs.iter().filter(|r| r.status >= 500).count(), 6);
+    assert_paced(&reqs, "nodes");
+    h.stop().await;
+}
+
+/// The watch's version is compacted away: the server sends ERROR 410 Expired;
+/// the writer reads the Node again and watches from the version it read, so a
+/// later removal of our taint is still seen (and undone) without a resync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_watch_relists_and_resumes_from_the_read_version() {
+    let h = Harness::start(
+        node(vec![], &[]),
+        with_fault(healthy(2, "boot-a"), 0, 79, Action::RebootNode, 1),
+    )
+    .await;
+    h.until("fault taint", |n| taint_value(n, FAULT_TAINT).is_some())
+        .await;
+    assert!(wait_for(SECS, || h.api.watchers() >= 1).await);
+    let before = h.api.requests().len();
+    h.api.compact();
+    assert!(
+        wait_for(SECS, || h.api.watchers() >= 1).await,
+        "watch restarted"
+    );
+    let after: Vec<Recorded> = h.api.requests()[before..].to_vec();
+    let get = after
+        .iter()
+        .position(|r| r.verb == "get")
+        .expect("the Node is read again");
+    let rv = h.api.node().metadata.resource_version.unwrap();
+    let watch = after[get..]
+        .iter()
+        .find(|r| r.verb == "watch")
+        .expect("then watched");
+    assert!(
+        watch.query.contains(&format!("resourceVersion={rv}")),
+        "{}",
+        watch.query
+    );
+    h.api
+        .edit_node(|n| n["spec"]["taints"] = serde_json::json!([]));
+    h.until("taint restored through the new watch", |n| {
+        taint_value(n, FAULT_TAINT).is_some()
+    })
+    .await;
+    h.stop().await;
+}
+
+/// Watches ask for bookmarks; a BOOKMARK moves the version the next watch
+/// starts from; a watch the server closes at `timeoutSeconds` is resumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bookmarks_and_server_timeouts_keep_the_watch_current() {
+    let api = ApiDouble::start(node(vec![], &[])).await;
+    let mut cfg = api.kube_config();
+    cfg.watch_timeout_secs = 1;
+    let h = Harness::with(api, cfg, ValidationConfig::default(), healthy(2, "boot-a")).await;
+    assert!(wait_for(SECS, || h.api.watchers() >= 1).await);
+    // Let the writer's own writes settle, then move the version by a bookmark.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let bookmark = h.api.bookmark();
+    let since = h.api.requests().len();
+    let watches = || -> Vec<Recorded> {
+        h.api.requests()[since..]
+            .iter()
+            .filter(|r| r.verb == "watch")
+            .cloned()
+            .collect()
+    };
+    assert!(
+        wait_for(SECS, || !watches().is_empty()).await,
+        "the server's timeout ends the watch and the writer watches again"
+    );
+    let next = &watches()[0];
+    assert!(
+        next.query.contains("allowWatchBookmarks=true"),
+        "{}",
+        next.query
+    );
+    assert!(
+        next.query.contains(&format!("resourceVersion={bookmark}")),
+        "{}",
+        next.query
+    );
+    h.stop().await;
+}
+
+/// `node-cleanup` takes off only gpuwatch's conditions and taints (fault and
+/// startup), says what it removed, survives lost races, and a dry run writes
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_cleanup_removes_only_gpuwatchs_conditions_and_taints() {
+    let api = ApiDouble::start(node(
+        vec![
+            taint("dedicated", Some("gpu")),
+            taint(FAULT_TAINT, Some("reboot_node")),
+            taint(STARTUP_TAINT, None),
+            taint("other.example.com/keep", None),
+        ],
+        &[],
+    ))
+    .await;
+    api.own_condition(READY, "gpuwatch", "True");
+    api.own_condition(PROBLEM, "gpuwatch", "True");
+    api.own_condition("Ready", "kubelet", "True");
+    let cfg = api.kube_config();
+    let want = gpuwatch_sinks::kube::CleanupReport {
+        conditions: vec![READY.to_owned(), PROBLEM.to_owned()],
+        taints: vec![
+            format!("{FAULT_TAINT}=reboot_node:NoSchedule"),
+            format!("{STARTUP_TAINT}:NoSchedule"),
+        ],
+    };
+    let dry = gpuwatch_sinks::kube::node_cleanup(&cfg, NODE, true)
+        .await
+        .unwrap();
+    assert_eq!(dry, want);
+    assert!(
+        api.requests().iter().all(|r| !r.is_write()),
+        "dry run wrote"
+    );
+    api.concurrent_taint_edits(2);
+    let done = gpuwatch_sinks::kube::node_cleanup(&cfg, NODE, false)
+        .await
+        .unwrap();
+    assert_eq!(done, want);
+    let n = api.node();
+    assert_eq!(
+        taint_keys(&n),
+        [
+            "dedicated",
+            "other.example.com/keep",
+            "other.example.com/edit-1",
+            "other.example.com/edit-0"
+        ]
+    );
+    let types: Vec<String> = n
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .map(|c| c.type_)
+        .collect();
+    assert_eq!(types, ["Ready"]);
+    // Run again: nothing left of ours.
+    let again = gpuwatch_sinks::kube::node_cleanup(&cfg, NODE, false)
+        .await
+        .unwrap();
+    assert!(again.is_empty());
+    api.assert_requests_declared();
+}
+
+/// Sets the Node's allocatable `nvidia.com/gpu` as the device plugin does.
+fn advertise(api: &ApiDouble, n: u32) {
+    api.edit_node(|node| {
+        node["status"]["allocatable"]["nvidia.com/gpu"] = serde_json::json!(n.to_string());
+    });
+}
+
+/// The startup taint stays while NVML sees 8 healthy GPUs but the device
+/// plugin advertises none, and the report says so; it goes as soon as the
+/// plugin advertises 8. Later, 8 healthy GPUs with 6 allocatable past the grace
+/// period: a Warning Event and `GPUProblem=True/GPUsNotAdvertised`, no taint;
+/// cleared when the plugin advertises 8 again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_gate_waits_for_the_device_plugin_and_unadvertised_gpus_are_reported() {
+    let mut n = node(
+        vec![taint("dedicated", Some("gpu")), taint(STARTUP_TAINT, None)],
+        &[("nvidia.com/gpu.count", "8")],
+    );
+    n.status
+        .as_mut()
+        .unwrap()
+        .allocatable
+        .as_mut()
+        .unwrap()
+        .insert(
+            "nvidia.com/gpu".into(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("0".into()),
+        );
+    let api = ApiDouble::start(n).await;
+    let mut cfg = api.kube_config();
+    cfg.not_advertised_grace_secs = 1;
+    let h = Harness::with(api, cfg, ValidationConfig::default(), healthy(8, "boot-a")).await;
+    let says = |r: &ValidationReport| {
+        !r.passed
+            && r.checks.iter().any(|c| {
+                c.name == "device_plugin"
+                    && !c.passed
+                    && c.message
+                        .starts_with("device plugin advertises 0 of 8 GPUs")
+            })
+    };
+    assert!(
+        wait_for(SECS, || h.reports().iter().any(says)).await,
+        "{:#?}",
+        h.reports()
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(taint_value(&h.api.node(), STARTUP_TAINT).is_some());
+    let ready = condition(&h.api.node(), READY).unwrap();
+    assert_eq!(ready.status, "Unknown");
+    assert!(ready.message.unwrap().contains("device_plugin"));
+    // The device plugin comes up.
+    let t0 = Instant::now();
+    advertise(&h.api, 8);
+    h.until("startup taint removed", |n| {
+        taint_value(n, STARTUP_TAINT).is_none()
+    })
+    .await;
+    eprintln!(
+        "device plugin advertised -> startup taint removed in {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(taint_keys(&h.api.node()), ["dedicated"]);
+    // Running: two GPUs drop out of allocatable while NVML sees 8 healthy.
+    let t1 = Instant::now();
+    advertise(&h.api, 6);
+    h.until("GPUsNotAdvertised", |n| {
+        condition(n, PROBLEM)
+            .is_some_and(|c| c.status == "True" && c.reason.as_deref() == Some("GPUsNotAdvertised"))
+    })
+    .await;
+    assert!(
+        t1.elapsed() >= Duration::from_millis(950),
+        "before the grace period: {:?}",
+        t1.elapsed()
+    );
+    let msg = condition(&h.api.node(), PROBLEM).unwrap().message.unwrap();
+    assert!(
+        msg.contains("NVML sees 8 healthy GPUs but the device plugin advertises 6"),
+        "{msg}"
+    );
+    assert!(
+        taint_value(&h.api.node(), FAULT_TAINT).is_none(),
+        "no taint for it"
+    );
+    assert!(
+        wait_for(SECS, || h
+            .api
+            .events()
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("GPUsNotAdvertised")
+                && e.type_.as_deref() == Some("Warning")))
+        .await
+    );
+    advertise(&h.api, 8);
+    h.until("recovered", |n| {
+        condition(n, PROBLEM).is_some_and(|c| c.status == "False")
+    })
+    .await;
     h.stop().await;
 }

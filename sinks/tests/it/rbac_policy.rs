@@ -5,7 +5,9 @@
 //! against the API double; no cluster-wide Event access; the rendered overlays
 //! keep the Events Role in the Event namespace and bind the same subjects as the
 //! ClusterRoleBinding; the CEL names every default condition type and taint key
-//! gpuwatch owns.
+//! gpuwatch owns, and — evaluated with a CEL interpreter against request
+//! objects — allows the agent only its own Node, condition types and taint keys
+//! (and Events about its own Node).
 
 use crate::kube_common::{ApiDouble, taint_value, wait_for};
 use gpuwatch_core::Registry;
@@ -339,6 +341,17 @@ async fn recorded_requests_equal_the_rbac_grants() {
         }]),
         ..Default::default()
     });
+    // The device plugin advertises the GPU (the startup gate waits for it).
+    n.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+        allocatable: Some(
+            [(
+                "nvidia.com/gpu".to_owned(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()),
+            )]
+            .into(),
+        ),
+        ..Default::default()
+    });
     let api = ApiDouble::start(n).await;
     let mut health = NodeHealth {
         boot_id: "b".into(),
@@ -498,4 +511,230 @@ fn rendered_overlays_keep_events_rbac_in_the_event_namespace() {
             }
         }
     }
+}
+
+/// The outcome of one admission request against a policy, as the API server's
+/// CEL admission plugin decides it (apiserver
+/// `pkg/admission/plugin/policy/validating`): no match condition false → the
+/// policy applies; the variables are evaluated in order and exposed as
+/// `variables.<name>`; every validation that is not `true` denies with its
+/// message.
+#[derive(Debug, PartialEq, Eq)]
+enum Admission {
+    /// A match condition is false: the policy does not apply.
+    NotMatched,
+    Allowed,
+    /// The messages of the failed validations.
+    Denied(Vec<String>),
+}
+
+fn cel_eval(expr: &str, ctx: &cel_interpreter::Context<'_>) -> cel_interpreter::Value {
+    let program = cel_interpreter::Program::compile(expr)
+        .unwrap_or_else(|e| panic!("CEL does not compile: {expr}: {e:?}"));
+    program
+        .execute(ctx)
+        .unwrap_or_else(|e| panic!("CEL does not evaluate: {expr}: {e:?}"))
+}
+
+fn admit(
+    p: &ValidatingAdmissionPolicy,
+    request: serde_json::Value,
+    object: serde_json::Value,
+    old_object: serde_json::Value,
+) -> Admission {
+    use cel_interpreter::{Context, Value, to_value};
+    let spec = p.spec.as_ref().expect("policy spec");
+    let mut ctx = Context::default();
+    ctx.add_variable_from_value("request", to_value(&request).unwrap());
+    ctx.add_variable_from_value("object", to_value(&object).unwrap());
+    ctx.add_variable_from_value("oldObject", to_value(&old_object).unwrap());
+    for c in spec.match_conditions.as_deref().unwrap_or(&[]) {
+        if cel_eval(&c.expression, &ctx) != Value::Bool(true) {
+            return Admission::NotMatched;
+        }
+    }
+    let mut vars: std::collections::HashMap<String, Value> = std::collections::HashMap::new();
+    for v in spec.variables.as_deref().unwrap_or(&[]) {
+        let value = cel_eval(&v.expression, &ctx);
+        vars.insert(v.name.clone(), value);
+        ctx.add_variable_from_value("variables", Value::from(vars.clone()));
+    }
+    let denied: Vec<String> = spec
+        .validations
+        .as_deref()
+        .unwrap_or(&[])
+        .iter()
+        .filter(|v| cel_eval(&v.expression, &ctx) != Value::Bool(true))
+        .map(|v| match &v.message_expression {
+            Some(m) => match cel_eval(m, &ctx) {
+                Value::String(s) => s.to_string(),
+                other => format!("{other:?}"),
+            },
+            None => v.message.clone().unwrap_or_default(),
+        })
+        .collect();
+    if denied.is_empty() {
+        Admission::Allowed
+    } else {
+        Admission::Denied(denied)
+    }
+}
+
+/// The request's `userInfo` as the API server fills it for a pod-bound
+/// service-account token (the node name in `extra`, Kubernetes >= 1.30).
+fn request_from(user: &str, node: Option<&str>) -> serde_json::Value {
+    let mut user_info = serde_json::json!({"username": user});
+    if let Some(n) = node {
+        user_info["extra"] = serde_json::json!({"authentication.kubernetes.io/node-name": [n]});
+    }
+    serde_json::json!({"userInfo": user_info})
+}
+
+const AGENT: &str = "system:serviceaccount:gpuwatch:gpuwatch";
+const STARTUP: &str = "startup-taint.cluster-autoscaler.kubernetes.io/gpu-not-ready";
+
+fn node_object(name: &str, conditions: &[(&str, &str)], taints: &[&str]) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "spec": {"taints": taints.iter().map(|k| serde_json::json!({"key": k, "effect": "NoSchedule"})).collect::<Vec<_>>()},
+        "status": {"conditions": conditions.iter().map(|(t, s)| serde_json::json!({"type": t, "status": s})).collect::<Vec<_>>()},
+    })
+}
+
+/// The node policy's CEL, evaluated with a CEL interpreter against request
+/// objects: the agent may change its own condition types and taint keys on its
+/// own Node and remove the startup taint; anything else is denied, and other
+/// users are not matched.
+#[test]
+fn admission_policy_cel_allows_only_own_node_types_and_keys() {
+    let m = manifests();
+    let policy = m
+        .policies
+        .iter()
+        .find(|p| all_cel(p).contains("ownConditionTypes"))
+        .expect("node policy");
+    let me = request_from(AGENT, Some("gpu-1"));
+    let base = || {
+        node_object(
+            "gpu-1",
+            &[("Ready", "True"), ("GPUProblem", "False")],
+            &["dedicated", STARTUP],
+        )
+    };
+    let old = base();
+    // Own condition and taint, own node: allowed.
+    let mut new = node_object(
+        "gpu-1",
+        &[
+            ("Ready", "True"),
+            ("GPUProblem", "True"),
+            ("AcceleratedHardwareReady", "True"),
+        ],
+        &["dedicated", STARTUP, "gpuwatch.io/unhealthy"],
+    );
+    assert_eq!(
+        admit(policy, me.clone(), new.clone(), old.clone()),
+        Admission::Allowed
+    );
+    // Removing the startup taint: allowed.
+    new["spec"]["taints"] = serde_json::json!([{"key": "dedicated", "effect": "NoSchedule"}]);
+    assert_eq!(
+        admit(policy, me.clone(), new.clone(), old.clone()),
+        Admission::Allowed
+    );
+    // Adding it back: denied.
+    assert_eq!(
+        admit(policy, me.clone(), old.clone(), new.clone()),
+        Admission::Denied(vec![
+            "gpuwatch may remove the startup taint, never add it.".into()
+        ])
+    );
+    // Another node: denied, naming both.
+    let other = node_object("gpu-2", &[("GPUProblem", "True")], &[]);
+    let other_old = node_object("gpu-2", &[("GPUProblem", "False")], &[]);
+    assert_eq!(
+        admit(policy, me.clone(), other, other_old),
+        Admission::Denied(vec![
+            "gpuwatch on node gpu-1 may only change its own Node, not gpu-2.".into()
+        ])
+    );
+    // Someone else's condition or taint: denied.
+    let foreign_cond = node_object(
+        "gpu-1",
+        &[("Ready", "False"), ("GPUProblem", "False")],
+        &["dedicated", STARTUP],
+    );
+    assert_eq!(
+        admit(policy, me.clone(), foreign_cond, old.clone()),
+        Admission::Denied(vec![
+            "gpuwatch may only change its own node condition types.".into()
+        ])
+    );
+    let foreign_taint = node_object(
+        "gpu-1",
+        &[("Ready", "True"), ("GPUProblem", "False")],
+        &[STARTUP],
+    );
+    assert_eq!(
+        admit(policy, me.clone(), foreign_taint, old.clone()),
+        Admission::Denied(vec!["gpuwatch may only change its own taint keys.".into()])
+    );
+    // Labels and cordoning: denied.
+    let mut cordon = base();
+    cordon["spec"]["unschedulable"] = serde_json::json!(true);
+    assert_eq!(
+        admit(policy, me.clone(), cordon, old.clone()),
+        Admission::Denied(vec![
+            "gpuwatch may not change node labels or cordon the node.".into()
+        ])
+    );
+    // A token without the node name: denied.
+    match admit(policy, request_from(AGENT, None), base(), old.clone()) {
+        Admission::Denied(msgs) => assert!(
+            msgs.contains(
+                &"gpuwatch must run with a pod-bound service account token that names its node."
+                    .to_owned()
+            ),
+            "{msgs:?}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    // Other users (an operator running node-cleanup) are not this policy's business.
+    let admin = request_from("kubernetes-admin", None);
+    assert_eq!(
+        admit(policy, admin, node_object("gpu-2", &[], &[]), old),
+        Admission::NotMatched
+    );
+}
+
+/// The Event policy's CEL: Events about the agent's own Node only.
+#[test]
+fn admission_policy_cel_allows_events_about_the_own_node_only() {
+    let m = manifests();
+    let policy = m
+        .policies
+        .iter()
+        .find(|p| all_cel(p).contains("involvedObject"))
+        .expect("event policy");
+    let me = request_from(AGENT, Some("gpu-1"));
+    let event = |kind: &str, name: &str| {
+        serde_json::json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "e1"},
+            "involvedObject": {"kind": kind, "name": name}, "reason": "XID79"})
+    };
+    let none = serde_json::Value::Null;
+    assert_eq!(
+        admit(policy, me.clone(), event("Node", "gpu-1"), none.clone()),
+        Admission::Allowed
+    );
+    assert_eq!(
+        admit(policy, me.clone(), event("Node", "gpu-2"), none.clone()),
+        Admission::Denied(vec![
+            "gpuwatch on node gpu-1 may only write Events about its own Node.".into()
+        ])
+    );
+    assert!(matches!(
+        admit(policy, me, event("Pod", "gpu-1"), none.clone()),
+        Admission::Denied(_)
+    ));
 }

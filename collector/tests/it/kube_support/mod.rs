@@ -11,6 +11,7 @@
 #![allow(dead_code)]
 
 use crate::common::{Lines, nvml_sim_lib, poll_until, proc_state, wait_timeout};
+pub use crate::kube_common::taint_keys;
 use crate::kube_common::{ApiDouble, Recorded, condition, taint_value};
 use k8s_openapi::api::core::v1::{Event, Node, NodeCondition, NodeSpec, Taint};
 use serde_json::Value;
@@ -51,6 +52,14 @@ pub fn node(taints: Vec<Taint>) -> Node {
     )]));
     n.spec = Some(NodeSpec {
         taints: Some(taints),
+        ..Default::default()
+    });
+    // The device plugin advertises the board's 8 GPUs.
+    n.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+        allocatable: Some(BTreeMap::from([(
+            "nvidia.com/gpu".to_owned(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("8".to_owned()),
+        )])),
         ..Default::default()
     });
     n
@@ -396,15 +405,17 @@ pub fn applied_conditions(reqs: &[Recorded]) -> BTreeMap<String, Vec<(String, St
     out
 }
 
-/// The taint lists that JSON patches among `reqs` set on the Node.
+/// The taint lists that the taint merge patches among `reqs` set on the Node
+/// (an absent or `null` list is the empty list).
 pub fn patched_taint_lists(reqs: &[Recorded]) -> Vec<Vec<Value>> {
     reqs.iter()
         .filter(|r| r.resource == "nodes" && r.verb == "patch")
-        .flat_map(|r| r.body.as_array().cloned().unwrap_or_default())
-        .filter_map(|op| match op["path"].as_str() {
-            Some("/spec/taints") => op["value"].as_array().cloned(),
-            Some("/spec") => op["value"]["taints"].as_array().cloned(),
-            _ => None,
+        .filter(|r| r.body["spec"].get("taints").is_some())
+        .map(|r| {
+            r.body["spec"]["taints"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
         })
         .collect()
 }

@@ -1,20 +1,26 @@
-//! An in-process Kubernetes API-server double (axum on 127.0.0.1:0), faithful on
-//! what the node writer uses:
+//! An in-process Kubernetes API-server double (axum on 127.0.0.1:0) that answers
+//! the node writer's requests the way kube-apiserver does. Every response shape
+//! names where the real server defines it (paths are in kubernetes/kubernetes,
+//! `staging/src/k8s.io/...`; "API conventions" is
+//! `community/contributors/devel/sig-architecture/api-conventions.md`):
 //!
-//! - `GET /api/v1/nodes/{name}`;
-//! - `GET /api/v1/nodes?watch=true&fieldSelector=metadata.name=...&resourceVersion=...`
-//!   streaming JSON lines (`resourceVersion=0` or an older one → synthetic ADDED first;
-//!   `timeoutSeconds` ends the stream);
-//! - `PATCH /api/v1/nodes/{name}/status` with `application/apply-patch+yaml`,
-//!   `fieldManager`, `force`: conditions merge by `type`, each type owned by one
-//!   manager (managedFields written), a type owned by another manager is a 409 unless
-//!   forced, types the manager stops applying are removed;
-//! - `PATCH /api/v1/nodes/{name}` with `application/json-patch+json`: RFC 6902 applied
-//!   to the stored object; a failed `test` answers 409 (configurable to 422, what a
-//!   real kube-apiserver answers for a failed test op);
-//! - core/v1 Events: create (409 AlreadyExists), merge-patch, list with field selectors;
-//! - resourceVersion bumps on every write; 403 per (verb, resource) on demand; 503 or
-//!   a delay on demand; every request recorded with its RBAC verb and resource.
+//! - `GET /api/v1/nodes/{name}`; 404 `NotFound` when the Node is missing.
+//! - Watch `GET /api/v1/nodes?watch=true&fieldSelector=metadata.name=...`: JSON
+//!   lines; `ADDED` first when the client's version is older; `BOOKMARK` events
+//!   when asked; `410 Gone`/`Expired` for a compacted version (as the response or
+//!   as an `ERROR` event); the stream closes at `timeoutSeconds`.
+//! - `PATCH /api/v1/nodes/{name}/status` apply (`application/apply-patch+yaml`):
+//!   condition types owned per manager (managedFields), 409 naming the other
+//!   manager unless `force`.
+//! - `PATCH /api/v1/nodes/{name}`: merge patch and strategic merge patch (a
+//!   `metadata.resourceVersion` in the body is a precondition: 409 when stale),
+//!   JSON patch (a failed `test` is the generic 422 with empty details);
+//!   `PUT` update (409 on a stale resourceVersion).
+//! - core/v1 Events: create (409 AlreadyExists), merge-patch, list with field
+//!   selectors.
+//! - On demand: 403 RBAC `Status` per (verb, resource), 429 with `Retry-After`,
+//!   500/503, an outage, a delay, another writer racing every node write.
+//! - Every request recorded with its RBAC verb and resource.
 #![allow(dead_code, unreachable_pub)]
 
 use axum::body::{Body, Bytes};
@@ -60,9 +66,19 @@ pub struct Inner {
     forbidden: HashSet<(String, String)>,
     down: bool,
     delay: Option<Duration>,
-    test_failure_status: u16,
     concurrent_taint_edits: u32,
-    watchers: Vec<mpsc::UnboundedSender<Value>>,
+    /// Answers queued for the next requests (429, 500, 503), oldest first.
+    injected: std::collections::VecDeque<u16>,
+    /// Versions below this are compacted: a watch from them is 410 Gone.
+    compacted_rv: u64,
+    /// The Node does not exist (404 on every node request).
+    node_missing: bool,
+    watchers: Vec<Watcher>,
+}
+
+struct Watcher {
+    tx: mpsc::UnboundedSender<Value>,
+    bookmarks: bool,
 }
 
 pub type Shared = Arc<Mutex<Inner>>;
@@ -73,16 +89,52 @@ pub struct ApiDouble {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
-fn status(code: u16, reason: &str, message: impl Into<String>) -> Response {
-    let body = json!({
+/// A `metav1.Status` failure as the API server writes it (apimachinery
+/// `pkg/api/errors/errors.go` builds each; apiserver
+/// `pkg/endpoints/handlers/responsewriters/status.go` sets the HTTP code from
+/// `code`). An empty `details` is omitted, as Go's `omitempty` does.
+fn status_with(code: u16, reason: &str, message: impl Into<String>, details: Value) -> Response {
+    let mut body = json!({
         "kind": "Status", "apiVersion": "v1", "metadata": {},
         "status": "Failure", "message": message.into(), "reason": reason, "code": code,
     });
+    if details.as_object().is_some_and(|d| !d.is_empty()) {
+        body["details"] = details;
+    }
     Response::builder()
         .status(code)
         .header("content-type", "application/json")
         .body(Body::from(body.to_string()))
         .expect("static response parts")
+}
+
+fn status(code: u16, reason: &str, message: impl Into<String>) -> Response {
+    status_with(code, reason, message, json!({}))
+}
+
+/// `errors.NewNotFound`: `<resource> "<name>" not found`, details name + kind
+/// (the resource).
+fn not_found(resource: &str, name: &str) -> Response {
+    status_with(
+        404,
+        "NotFound",
+        format!("{resource} \"{name}\" not found"),
+        json!({"name": name, "kind": resource}),
+    )
+}
+
+/// `errors.NewConflict(resource, name, OptimisticLockErrorMsg)`: what the
+/// registry store (apiserver `pkg/registry/generic/registry/store.go`, `Update`)
+/// answers when the object's resourceVersion differs from the stored one.
+fn optimistic_lock_conflict(resource: &str, name: &str) -> Response {
+    status_with(
+        409,
+        "Conflict",
+        format!(
+            "Operation cannot be fulfilled on {resource} \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+        ),
+        json!({"name": name, "kind": resource}),
+    )
 }
 
 fn ok(code: u16, v: &Value) -> Response {
@@ -131,7 +183,7 @@ impl Inner {
         self.node["metadata"]["resourceVersion"] = json!(self.rv.to_string());
         self.write_managed_fields();
         let ev = json!({"type": "MODIFIED", "object": self.node.clone()});
-        self.watchers.retain(|w| w.send(ev.clone()).is_ok());
+        self.watchers.retain(|w| w.tx.send(ev.clone()).is_ok());
     }
 
     fn write_managed_fields(&mut self) {
@@ -197,12 +249,19 @@ impl Inner {
             {
                 let same = self.conditions().iter().any(|x| x["type"] == t && x == c);
                 if !same {
-                    return status(
+                    // The field manager's conflict error (apimachinery
+                    // `pkg/util/managedfields/internal/conflict.go`,
+                    // `NewConflictError`): 409 Conflict, one cause per field of
+                    // type FieldManagerConflict naming the other manager.
+                    let field = format!(".status.conditions[type=\"{t}\"]");
+                    let with = format!("conflict with \"{owner}\" using v1");
+                    return status_with(
                         409,
                         "Conflict",
-                        format!(
-                            "Apply failed with 1 conflict: conflict with \"{owner}\": .status.conditions[type=\"{t}\"]"
-                        ),
+                        format!("Apply failed with 1 conflict: {with}: {field}"),
+                        json!({"causes": [{
+                            "reason": "FieldManagerConflict", "message": with, "field": field,
+                        }]}),
                     );
                 }
             }
@@ -231,48 +290,116 @@ impl Inner {
         ok(200, &self.node)
     }
 
-    fn json_patch(&mut self, body: &Value) -> Response {
-        let patch: json_patch::Patch = match serde_json::from_value(body.clone()) {
-            Ok(p) => p,
-            Err(e) => return status(400, "BadRequest", format!("invalid JSON patch: {e}")),
-        };
-        if self.concurrent_taint_edits > 0 {
-            // Another writer changes the taints between the client's read and this write.
-            self.concurrent_taint_edits -= 1;
-            let n = self.concurrent_taint_edits;
-            if !self.node["spec"]["taints"].is_array() {
-                self.node["spec"]["taints"] = json!([]);
-            }
-            self.node["spec"]["taints"]
-                .as_array_mut()
-                .expect("array")
-                .push(
-                    json!({"key": format!("other.example.com/edit-{n}"), "effect": "NoSchedule"}),
-                );
-            self.bump();
+    /// Another writer changes the Node between the client's read and this
+    /// write (as the kubelet, the device plugin, NFD or an autoscaler do).
+    fn race(&mut self) {
+        if self.concurrent_taint_edits == 0 {
+            return;
         }
-        let mut candidate = self.node.clone();
-        if let Err(e) = json_patch::patch(&mut candidate, &patch) {
-            let is_test = matches!(e.kind, json_patch::PatchErrorKind::TestFailed);
-            if is_test {
-                let code = self.test_failure_status;
-                let reason = if code == 409 { "Conflict" } else { "Invalid" };
-                return status(
-                    code,
-                    reason,
-                    format!(
-                        "the server rejected our request: jsonpatch test operation does not apply: {e}"
-                    ),
-                );
-            }
-            return status(422, "Invalid", format!("jsonpatch error: {e}"));
+        self.concurrent_taint_edits -= 1;
+        let n = self.concurrent_taint_edits;
+        if !self.node["spec"]["taints"].is_array() {
+            self.node["spec"]["taints"] = json!([]);
+        }
+        self.node["spec"]["taints"]
+            .as_array_mut()
+            .expect("array")
+            .push(json!({"key": format!("other.example.com/edit-{n}"), "effect": "NoSchedule"}));
+        self.bump();
+    }
+
+    /// Stores a patched or replaced Node, enforcing what the registry store does
+    /// on every update (apiserver `pkg/registry/generic/registry/store.go`,
+    /// `Update`): a resourceVersion in the new object that differs from the
+    /// stored one is a 409 Conflict; none means unconditional (Nodes allow
+    /// unconditional updates). The name cannot change.
+    fn store_update(&mut self, mut candidate: Value) -> Response {
+        let name = self.node["metadata"]["name"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
+        let sent = candidate["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or("");
+        if !sent.is_empty() && Some(sent) != self.node["metadata"]["resourceVersion"].as_str() {
+            return optimistic_lock_conflict("nodes", &name);
         }
         if candidate["metadata"]["name"] != self.node["metadata"]["name"] {
-            return status(422, "Invalid", "metadata.name is immutable");
+            // `rest.BeforeUpdate` → `ValidateObjectMetaUpdate`: field.Invalid.
+            return status_with(
+                422,
+                "Invalid",
+                format!(
+                    "Node \"{name}\" is invalid: metadata.name: Invalid value: field is immutable"
+                ),
+                json!({"name": name, "kind": "Node", "causes": [{"reason": "FieldValueInvalid", "message": "Invalid value: field is immutable", "field": "metadata.name"}]}),
+            );
         }
+        // Server-owned fields are not the client's to set.
+        candidate["metadata"]["managedFields"] = self.node["metadata"]["managedFields"].clone();
+        candidate["metadata"]["uid"] = self.node["metadata"]["uid"].clone();
         self.node = candidate;
         self.bump();
         ok(200, &self.node)
+    }
+
+    /// `PATCH nodes/<name>` (apiserver `pkg/endpoints/handlers/patch.go`).
+    fn node_patch(&mut self, content_type: &str, body: &Value) -> Response {
+        self.race();
+        let mut candidate = self.node.clone();
+        match content_type {
+            "application/json-patch+json" => {
+                let patch: json_patch::Patch = match serde_json::from_value(body.clone()) {
+                    Ok(p) => p,
+                    // `jsonpatch.DecodePatch` failing → `errors.NewBadRequest`.
+                    Err(e) => return status(400, "BadRequest", e.to_string()),
+                };
+                if json_patch::patch(&mut candidate, &patch).is_err() {
+                    // `applyJSPatch`: any failure of `patchObj.Apply`, a failed
+                    // `test` op included, is
+                    // `NewGenericServerResponse(422, "", GroupResource{}, "", err, 0, false)`:
+                    // reason Invalid, the generic message, no causes (the
+                    // server's message is dropped), so empty details.
+                    return status(
+                        422,
+                        "Invalid",
+                        "the server rejected our request due to an error in our request",
+                    );
+                }
+                // A JSON patch keeps whatever resourceVersion the object had
+                // (unless an op changed it): the store sees the current one.
+            }
+            // RFC 7386 merge patch (`jsonpatch.MergePatch`); a strategic merge
+            // patch is the same for the fields the double serves (Node taints
+            // carry no patch strategy in `k8s.io/api/core/v1/types.go`, so the
+            // list is replaced whole).
+            "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
+                if !body.is_object() {
+                    return status(400, "BadRequest", "invalid JSON document");
+                }
+                json_patch::merge(&mut candidate, body);
+            }
+            other => {
+                // go-restful rejects other content types before the handler.
+                return status(
+                    415,
+                    "UnsupportedMediaType",
+                    format!(
+                        "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {other})"
+                    ),
+                );
+            }
+        }
+        self.store_update(candidate)
+    }
+
+    /// `PUT nodes/<name>` (apiserver `pkg/endpoints/handlers/update.go`).
+    fn node_update(&mut self, body: &Value) -> Response {
+        self.race();
+        if !body.is_object() {
+            return status(400, "BadRequest", "invalid JSON document");
+        }
+        self.store_update(body.clone())
     }
 }
 
@@ -314,6 +441,67 @@ fn field_match(ev: &Value, selector: &str) -> bool {
         };
         got.as_str() == Some(v)
     })
+}
+
+/// An answer queued with [`ApiDouble::inject`].
+fn injected(code: u16) -> Response {
+    match code {
+        // The max-in-flight and priority-and-fairness filters (apiserver
+        // `pkg/server/filters/maxinflight.go` `tooManyRequests`,
+        // `priority-and-fairness.go`) answer before any handler: a plain-text
+        // body and `Retry-After: 1`, not a Status.
+        429 => Response::builder()
+            .status(429)
+            .header("content-type", "text/plain; charset=utf-8")
+            .header("retry-after", "1")
+            .body(Body::from("Too many requests, please try again later.\n"))
+            .expect("static response parts"),
+        // `errors.NewInternalError`: reason InternalError, the cause in details.
+        500 => status_with(
+            500,
+            "InternalError",
+            "Internal error occurred: etcdserver: request timed out",
+            json!({"causes": [{"message": "etcdserver: request timed out"}]}),
+        ),
+        // `errors.NewServiceUnavailable`.
+        503 => status(
+            503,
+            "ServiceUnavailable",
+            "the server is currently unable to handle the request",
+        ),
+        other => status(other, "Unknown", format!("injected {other}")),
+    }
+}
+
+/// RBAC denial (apiserver `pkg/endpoints/handlers/responsewriters/errors.go`,
+/// `Forbidden` → `forbiddenMessage`): `<resource> "<name>" is forbidden: User
+/// "<user>" cannot <verb> resource "<resource/sub>" in API group "" at the
+/// cluster scope` (or `in the namespace "<ns>"`), details name + kind (the
+/// resource without subresource).
+fn forbidden(verb: &str, resource: &str, path: &str) -> Response {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (name, scope) = match parts.as_slice() {
+        ["api", "v1", "namespaces", ns, _, name, ..] => {
+            (*name, format!("in the namespace \"{ns}\""))
+        }
+        ["api", "v1", "namespaces", ns, ..] => ("", format!("in the namespace \"{ns}\"")),
+        ["api", "v1", _, name, ..] => (*name, "at the cluster scope".to_owned()),
+        _ => ("", "at the cluster scope".to_owned()),
+    };
+    let base = resource.split('/').next().unwrap_or(resource);
+    let subject = if name.is_empty() {
+        format!("{base} is forbidden")
+    } else {
+        format!("{base} \"{name}\" is forbidden")
+    };
+    status_with(
+        403,
+        "Forbidden",
+        format!(
+            "{subject}: User \"system:serviceaccount:gpuwatch:gpuwatch\" cannot {verb} resource \"{resource}\" in API group \"\" {scope}"
+        ),
+        json!({"name": name, "kind": base}),
+    )
 }
 
 async fn handle(
@@ -358,45 +546,75 @@ async fn handle(
     };
     if g.down {
         record(&mut g, 503);
+        // What a client sees from an API server behind a load balancer while
+        // it is unavailable (`errors.NewServiceUnavailable`).
         return status(
             503,
             "ServiceUnavailable",
-            "the API server is down (test outage)",
+            "the server is currently unable to handle the request",
         );
+    }
+    if let Some(code) = g.injected.pop_front() {
+        record(&mut g, code);
+        return injected(code);
     }
     if g.forbidden.contains(&(verb.clone(), resource.clone())) {
         record(&mut g, 403);
-        return status(
-            403,
-            "Forbidden",
-            format!(
-                "User \"system:serviceaccount:gpuwatch:gpuwatch\" cannot {verb} resource \"{resource}\""
-            ),
-        );
+        return forbidden(&verb, &resource, &path);
     }
     let node_name = g.node["metadata"]["name"].as_str().unwrap_or("").to_owned();
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     let resp = match (method.as_str(), parts.as_slice()) {
-        ("GET", ["api", "v1", "nodes", n]) if *n == node_name => ok(200, &g.node),
+        ("GET" | "PATCH" | "PUT", ["api", "v1", "nodes", n, ..])
+            if g.node_missing || *n != node_name =>
+        {
+            not_found("nodes", n)
+        }
+        ("GET", ["api", "v1", "nodes", _]) => ok(200, &g.node),
         ("GET", ["api", "v1", "nodes"]) if verb == "watch" => {
             let sel = q.get("fieldSelector").cloned().unwrap_or_default();
-            if !sel.is_empty() && sel != format!("metadata.name={node_name}") {
-                record(&mut g, 200);
-                return ok(200, &json!({"kind": "Status"}));
-            }
+            let matches = sel.is_empty() || sel == format!("metadata.name={node_name}");
             let from: u64 = q
                 .get("resourceVersion")
                 .and_then(|r| r.parse().ok())
                 .unwrap_or(0);
             let (tx, rx) = mpsc::unbounded_channel::<Value>();
-            if from < g.rv {
-                let _ = tx.send(json!({"type": "ADDED", "object": g.node.clone()}));
+            if from != 0 && from < g.compacted_rv {
+                // The watch cache no longer holds `from` (apiserver
+                // `pkg/storage/cacher/watch_cache.go`: `NewResourceExpired("too
+                // old resource version: ...")`), and `Cacher.Watch` returns it
+                // through `newErrWatcher`: a 200 whose only event is an ERROR
+                // carrying the 410 Expired Status.
+                let _ = tx.send(json!({"type": "ERROR", "object": {
+                    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": format!("too old resource version: {from} ({})", g.compacted_rv),
+                    "reason": "Expired", "code": 410,
+                }}));
+                drop(tx);
+            } else {
+                let node_rv: u64 = g.node["metadata"]["resourceVersion"]
+                    .as_str()
+                    .and_then(|r| r.parse().ok())
+                    .unwrap_or(0);
+                if matches && !g.node_missing && from < node_rv {
+                    // `0` (any version) starts with the current state as ADDED;
+                    // an older version replays what changed since. The double
+                    // keeps no history: its replay is the latest state.
+                    let kind = if from == 0 { "ADDED" } else { "MODIFIED" };
+                    let _ = tx.send(json!({"type": kind, "object": g.node.clone()}));
+                }
+                if matches {
+                    // Bookmarks only for a client that asked (`allowWatchBookmarks`).
+                    let bookmarks = q.get("allowWatchBookmarks").is_some_and(|b| b == "true");
+                    g.watchers.push(Watcher { tx, bookmarks });
+                }
             }
-            g.watchers.push(tx);
+            // The server ends the watch at `timeoutSeconds` by closing the body
+            // (apiserver `pkg/endpoints/handlers/watch.go`, `serveWatch`).
             let timeout = q
                 .get("timeoutSeconds")
                 .and_then(|t| t.parse().ok())
-                .map_or(Duration::from_secs(300), Duration::from_secs);
+                .map_or(Duration::from_secs(1800), Duration::from_secs);
             let deadline = tokio::time::Instant::now() + timeout;
             let stream = futures::stream::unfold(rx, move |mut rx| async move {
                 match tokio::time::timeout_at(deadline, rx.recv()).await {
@@ -414,7 +632,7 @@ async fn handle(
                 .body(Body::from_stream(stream))
                 .expect("static response parts");
         }
-        ("PATCH", ["api", "v1", "nodes", n, "status"]) if *n == node_name => {
+        ("PATCH", ["api", "v1", "nodes", _, "status"]) => {
             if content_type != "application/apply-patch+yaml" {
                 status(
                     415,
@@ -425,30 +643,20 @@ async fn handle(
                 g.apply_status(&q, &body_json)
             }
         }
-        ("PATCH", ["api", "v1", "nodes", n]) if *n == node_name => {
-            if content_type != "application/json-patch+json" {
-                status(
-                    415,
-                    "UnsupportedMediaType",
-                    format!("double only supports JSON patch on nodes, got {content_type}"),
-                )
-            } else {
-                g.json_patch(&body_json)
-            }
-        }
-        ("GET", ["api", "v1", "nodes", n]) | ("PATCH", ["api", "v1", "nodes", n, ..]) => {
-            status(404, "NotFound", format!("nodes \"{n}\" not found"))
-        }
+        ("PATCH", ["api", "v1", "nodes", _]) => g.node_patch(&content_type, &body_json),
+        ("PUT", ["api", "v1", "nodes", _]) => g.node_update(&body_json),
         ("POST", ["api", "v1", "namespaces", ns, "events"]) => {
             let mut ev = body_json.clone();
             let name = ev["metadata"]["name"].as_str().unwrap_or("").to_owned();
             if name.is_empty() {
                 status(422, "Invalid", "metadata.name required")
             } else if g.events.contains_key(&name) {
-                status(
+                // `errors.NewAlreadyExists`.
+                status_with(
                     409,
                     "AlreadyExists",
                     format!("events \"{name}\" already exists"),
+                    json!({"name": name, "kind": "events"}),
                 )
             } else if ev["involvedObject"]["name"].as_str().is_none() {
                 status(422, "Invalid", "involvedObject.name required")
@@ -466,7 +674,7 @@ async fn handle(
         ("PATCH", ["api", "v1", "namespaces", _, "events", name]) => {
             let rv = g.rv + 1;
             match g.events.get_mut(*name) {
-                None => status(404, "NotFound", format!("events \"{name}\" not found")),
+                None => not_found("events", name),
                 Some(ev) => {
                     json_patch::merge(ev, &body_json);
                     ev["metadata"]["resourceVersion"] = json!(rv.to_string());
@@ -513,7 +721,6 @@ impl ApiDouble {
         let inner: Shared = Arc::new(Mutex::new(Inner {
             node: v,
             rv: 1,
-            test_failure_status: 409,
             ..Default::default()
         }));
         let app = axum::Router::new()
@@ -598,18 +805,76 @@ impl ApiDouble {
             .remove(&(verb.to_owned(), resource.to_owned()));
     }
 
-    pub fn set_test_failure_status(&self, code: u16) {
-        self.lock().test_failure_status = code;
-    }
-
+    /// Another writer changes the Node right before each of the next `n` node
+    /// writes (after the client read it): each of those writes loses a race.
     pub fn concurrent_taint_edits(&self, n: u32) {
         self.lock().concurrent_taint_edits = n;
+    }
+
+    /// The next requests get these answers (429, 500, 503), one each, in order.
+    pub fn inject(&self, codes: &[u16]) {
+        self.lock().injected.extend(codes.iter().copied());
+    }
+
+    /// Whether the Node exists (404 on every node request while it does not).
+    pub fn set_node_missing(&self, missing: bool) {
+        self.lock().node_missing = missing;
+    }
+
+    /// Compacts history: every version before the current one is gone; open
+    /// watches get an ERROR 410 Expired and end (what the watch cache does to a
+    /// watcher that fell behind its window).
+    pub fn compact(&self) {
+        let mut g = self.lock();
+        g.compacted_rv = g.rv;
+        let ev = json!({"type": "ERROR", "object": {
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": format!("too old resource version: {} ({})", g.rv.saturating_sub(1), g.rv),
+            "reason": "Expired", "code": 410,
+        }});
+        for w in g.watchers.drain(..) {
+            let _ = w.tx.send(ev.clone());
+        }
+    }
+
+    /// Advances the version without changing the Node (other objects changed)
+    /// and sends a BOOKMARK to the watchers that asked for them: the object
+    /// carries only `resourceVersion` (apiserver `pkg/storage/cacher`,
+    /// bookmark events).
+    pub fn bookmark(&self) -> u64 {
+        let mut g = self.lock();
+        g.rv += 1;
+        let rv = g.rv;
+        let ev = json!({"type": "BOOKMARK", "object": {
+            "kind": "Node", "apiVersion": "v1", "metadata": {"resourceVersion": rv.to_string()},
+        }});
+        g.watchers
+            .retain(|w| !w.bookmarks || w.tx.send(ev.clone()).is_ok());
+        rv
+    }
+
+    /// Open watch streams.
+    pub fn watchers(&self) -> usize {
+        let mut g = self.lock();
+        g.watchers.retain(|w| !w.tx.is_closed());
+        g.watchers.len()
     }
 
     /// Another client edits the node (update by someone else): rv bumps, watchers notified.
     pub fn edit_node(&self, f: impl FnOnce(&mut Value)) {
         let mut g = self.lock();
         f(&mut g.node);
+        g.bump();
+    }
+
+    /// Another field manager applies a condition of this type (and so owns it).
+    pub fn own_condition(&self, type_: &str, manager: &str, status: &str) {
+        let mut g = self.lock();
+        let c = json!({"type": type_, "status": status, "reason": "SetByOther", "message": "set by another manager"});
+        let conds = g.conditions();
+        conds.retain(|x| x["type"] != type_);
+        conds.push(c);
+        g.managed.insert(type_.to_owned(), manager.to_owned());
         g.bump();
     }
 

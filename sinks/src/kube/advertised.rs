@@ -1,0 +1,256 @@
+//! Whether the device plugin advertises the GPUs NVML sees: the Node's
+//! `status.allocatable` for the configured extended resources.
+//!
+//! A GPU node is usable only once its GPUs are allocatable: until the device
+//! plugin advertises them, pending GPU pods do not fit and an autoscaler scales
+//! up again (the very thing the startup taint prevents). So the startup gate
+//! also waits for the advertised count, and while running, healthy GPUs that
+//! stay unadvertised past a grace period are reported (`GPUsNotAdvertised`).
+
+use super::config::KubeConfig;
+use gpuwatch_proto::{NodeHealth, ValidationCheck, Verdict};
+use k8s_openapi::api::core::v1::Node;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Name of the startup-gate check.
+pub(crate) const CHECK: &str = "device_plugin";
+/// Problem-condition and Event reason while GPUs stay unadvertised.
+pub(crate) const REASON: &str = "GPUsNotAdvertised";
+
+/// Whether `name` is one of `patterns` (a trailing `*` matches a prefix, for
+/// MIG strategies that advertise `nvidia.com/mig-<profile>`).
+fn matches(patterns: &[String], name: &str) -> bool {
+    patterns.iter().any(|p| match p.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => p == name,
+    })
+}
+
+/// The Node's allocatable count summed over the configured resources (a
+/// quantity that is not a whole number counts as 0).
+pub(crate) fn allocatable(node: &Node, cfg: &KubeConfig) -> u64 {
+    node.status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .map(|a| {
+            a.iter()
+                .filter(|(name, _)| matches(&cfg.allocatable_resources, name))
+                .map(|(_, q)| q.0.trim().parse::<u64>().unwrap_or(0))
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Healthy GPUs NVML sees.
+fn healthy_gpus(health: &NodeHealth) -> u64 {
+    health
+        .gpus
+        .iter()
+        .filter(|g| g.verdict() == Verdict::Healthy)
+        .count() as u64
+}
+
+/// How many devices the plugin should advertise: `expected_allocatable`, else
+/// one per healthy GPU NVML sees.
+pub(crate) fn wanted(health: &NodeHealth, cfg: &KubeConfig) -> u64 {
+    cfg.expected_allocatable
+        .map_or_else(|| healthy_gpus(health), u64::from)
+}
+
+fn resources(cfg: &KubeConfig) -> String {
+    cfg.allocatable_resources.join(", ")
+}
+
+/// The startup-gate check: the device plugin advertises `expected_allocatable`,
+/// else one device per GPU NVML sees (the gate's other checks require each of
+/// them healthy). `None` when the check is off (`allocatable_resources` empty).
+pub(crate) fn gate_check(
+    node: &Node,
+    health: &NodeHealth,
+    cfg: &KubeConfig,
+) -> Option<ValidationCheck> {
+    if cfg.allocatable_resources.is_empty() {
+        return None;
+    }
+    let have = allocatable(node, cfg);
+    let want = cfg
+        .expected_allocatable
+        .map_or(health.gpus.len() as u64, u64::from);
+    Some(ValidationCheck {
+        name: CHECK.to_owned(),
+        gpu_index: None,
+        passed: have >= want,
+        message: format!(
+            "device plugin advertises {have} of {want} GPUs (allocatable {})",
+            resources(cfg)
+        ),
+    })
+}
+
+/// What changed at an observation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// Short for longer than the grace period: report it now.
+    Raised,
+    /// Advertised again after being reported.
+    Cleared,
+    /// Nothing to report.
+    None,
+}
+
+/// Tracks "NVML sees N healthy GPUs but fewer are allocatable" over time.
+#[derive(Debug)]
+pub(crate) struct NotAdvertised {
+    grace: Duration,
+    /// Since when the node has been short (None: not short).
+    since: Option<Instant>,
+    /// Reported (the grace period passed while short).
+    active: bool,
+    /// `(allocatable, wanted)` at the last observation.
+    last: (u64, u64),
+}
+
+impl NotAdvertised {
+    pub(crate) fn new(grace: Duration) -> NotAdvertised {
+        NotAdvertised {
+            grace,
+            since: None,
+            active: false,
+            last: (0, 0),
+        }
+    }
+
+    /// Takes one look: `have` allocatable, `want` healthy GPUs (0: nothing to
+    /// advertise, never short).
+    pub(crate) fn observe(&mut self, have: u64, want: u64, now: Instant) -> Change {
+        self.last = (have, want);
+        if want == 0 || have >= want {
+            self.since = None;
+            return if std::mem::take(&mut self.active) {
+                Change::Cleared
+            } else {
+                Change::None
+            };
+        }
+        let since = *self.since.get_or_insert(now);
+        if !self.active && now.duration_since(since) >= self.grace {
+            self.active = true;
+            return Change::Raised;
+        }
+        Change::None
+    }
+
+    /// Stops tracking (the startup gate is closed: it reports instead).
+    pub(crate) fn reset(&mut self) -> Change {
+        self.since = None;
+        if std::mem::take(&mut self.active) {
+            Change::Cleared
+        } else {
+            Change::None
+        }
+    }
+
+    /// Reported and not yet cleared.
+    pub(crate) fn active(&self) -> bool {
+        self.active
+    }
+
+    /// When the grace period of a shortfall not yet reported ends.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.since.filter(|_| !self.active).map(|s| s + self.grace)
+    }
+
+    /// The problem-condition / Event message.
+    pub(crate) fn message(&self, cfg: &KubeConfig) -> String {
+        let (have, want) = self.last;
+        format!(
+            "NVML sees {want} healthy GPUs but the device plugin advertises {have} (allocatable {}) for over {}s; pods cannot use the rest",
+            resources(cfg),
+            self.grace.as_secs()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::NodeStatus;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use std::collections::BTreeMap;
+
+    fn node(alloc: &[(&str, &str)]) -> Node {
+        Node {
+            status: Some(NodeStatus {
+                allocatable: Some(
+                    alloc
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned())))
+                        .collect::<BTreeMap<_, _>>(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn allocatable_sums_the_configured_resources_mig_prefixes_included() {
+        let mut cfg = KubeConfig::default();
+        let n = node(&[
+            ("nvidia.com/gpu", "8"),
+            ("nvidia.com/mig-1g.10gb", "7"),
+            ("nvidia.com/mig-3g.40gb", "2"),
+            ("cpu", "96"),
+            ("nvidia.com/bogus", "1.5"),
+        ]);
+        assert_eq!(allocatable(&n, &cfg), 8);
+        cfg.allocatable_resources = vec!["nvidia.com/mig-*".into()];
+        assert_eq!(allocatable(&n, &cfg), 9);
+        assert_eq!(allocatable(&Node::default(), &cfg), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shortfall_is_reported_after_the_grace_period_and_cleared_on_recovery() {
+        let grace = Duration::from_secs(300);
+        let mut t = NotAdvertised::new(grace);
+        let t0 = Instant::now();
+        assert_eq!(t.observe(8, 8, Instant::now()), Change::None);
+        assert_eq!(t.deadline(), None);
+        // Allocatable drops to 6 with 8 healthy GPUs.
+        assert_eq!(t.observe(6, 8, Instant::now()), Change::None);
+        assert_eq!(t.deadline(), Some(t0 + grace));
+        tokio::time::advance(Duration::from_secs(299)).await;
+        assert_eq!(t.observe(6, 8, Instant::now()), Change::None);
+        assert!(!t.active());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(t.observe(6, 8, Instant::now()), Change::Raised);
+        assert!(t.active());
+        assert_eq!(t.deadline(), None);
+        assert!(
+            t.message(&KubeConfig::default())
+                .contains("sees 8 healthy GPUs but the device plugin advertises 6")
+        );
+        // Reported once, not on every look.
+        tokio::time::advance(Duration::from_secs(600)).await;
+        assert_eq!(t.observe(6, 8, Instant::now()), Change::None);
+        assert_eq!(t.observe(8, 8, Instant::now()), Change::Cleared);
+        assert!(!t.active());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_short_dip_within_the_grace_period_is_never_reported() {
+        let mut t = NotAdvertised::new(Duration::from_secs(300));
+        assert_eq!(t.observe(0, 8, Instant::now()), Change::None);
+        tokio::time::advance(Duration::from_secs(120)).await;
+        assert_eq!(t.observe(8, 8, Instant::now()), Change::None);
+        tokio::time::advance(Duration::from_secs(240)).await;
+        // A new dip starts a new grace period.
+        assert_eq!(t.observe(7, 8, Instant::now()), Change::None);
+        tokio::time::advance(Duration::from_secs(299)).await;
+        assert_eq!(t.observe(7, 8, Instant::now()), Change::None);
+        // No healthy GPU: nothing to advertise.
+        assert_eq!(t.observe(0, 0, Instant::now()), Change::None);
+        assert_eq!(t.deadline(), None);
+    }
+}
