@@ -8,7 +8,8 @@
 //!
 //! ```
 //! use gpuwatch_sinks::prometheus::{otel_to_prometheus_name, InstrumentKind, Renderer};
-//! use gpuwatch_sinks::{otlp::ResourceInfo, Registry};
+//! use gpuwatch_core::Registry;
+//! use gpuwatch_sinks::otlp::ResourceInfo;
 //!
 //! assert_eq!(
 //!     otel_to_prometheus_name("gpu.xid.errors", "{error}", InstrumentKind::Counter),
