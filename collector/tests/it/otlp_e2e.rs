@@ -656,6 +656,45 @@ fn http_binary_exports_scenario_metrics_and_one_log_per_fault() {
 
 // ------------------------------------------------------------------ outage --
 
+/// GET `path` with `Accept-Encoding: gzip` over a plain socket: the response
+/// head (lower-cased) and the raw body (the server closes the connection).
+fn get_with_gzip(api: &str, path: &str) -> (String, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(api).expect("connect to the API");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {api}\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    let end = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("response head");
+    let head = String::from_utf8_lossy(&out[..end + 2]).to_ascii_lowercase();
+    assert!(
+        !head.contains("transfer-encoding: chunked"),
+        "the renderer answers with a fixed-length body: {head}"
+    );
+    (head, out[end + 4..].to_vec())
+}
+
+/// Decompresses with the system's `gzip -dc` (an independent decoder).
+fn gunzip(body: &[u8]) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("gzip")
+        .arg("-dc")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("gzip");
+    child.stdin.take().unwrap().write_all(body).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "gzip -dc failed: not a gzip body");
+    String::from_utf8(out.stdout).expect("UTF-8 exposition")
+}
+
 /// `gpuwatch_export_failures_total{signal}` on the agent's `/metrics`.
 fn export_failures(e: &Exposition, signal: &str) -> f64 {
     e.value("gpuwatch_export_failures_total", &[("signal", signal)])
@@ -784,6 +823,15 @@ fn outage(proto: Proto) {
     let (ok, msg) = promtool_check(&text);
     assert!(ok, "promtool rejected /metrics: {msg}\n{text}");
     assert!(msg.trim().is_empty(), "promtool lint findings: {msg}");
+    // A scraper that accepts gzip (Prometheus does) gets gzip.
+    let (head, body) = get_with_gzip(&agent.api, "/metrics");
+    assert!(head.contains("\r\ncontent-encoding: gzip\r\n"), "{head}");
+    assert!(head.contains("\r\nvary: accept-encoding\r\n"), "{head}");
+    let unzipped = gunzip(&body);
+    assert_eq!(
+        Exposition::parse(&unzipped).families,
+        Exposition::parse(&text).families
+    );
     let mut translated = BTreeMap::new();
     for name in got.metrics.iter().map(|m| &m.name).collect::<BTreeSet<_>>() {
         let m = metric(&got, name);
