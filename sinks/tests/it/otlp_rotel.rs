@@ -464,3 +464,54 @@ fn healthy_node_export_fits_the_budget_and_is_gzipped_by_default() {
         assert!(gzip * 4 < raw, "gzip {gzip} vs raw {raw}");
     }
 }
+
+/// End to end through the SDK: a per-link NVLink series appears in the OTLP
+/// export when its counters move and is no longer exported after the quiet
+/// window (the SDK reports only what the latest callback observed).
+#[test]
+fn erroring_nvlink_series_are_exported_then_dropped_after_the_quiet_window() {
+    let rotel = Rotel::start();
+    let rt = runtime();
+    let registry = Registry::new();
+    populate_healthy_hgx(&registry);
+    let mut cfg = config(Protocol::HttpProtobuf, rotel.grpc_port, rotel.http_port);
+    cfg.logs = false;
+    cfg.series_quiet_window_secs = 2;
+    let exporter = OtlpExporter::start(&cfg, &resource(), registry.clone(), rt.handle()).unwrap();
+    let links = |r: &Received| {
+        r.metrics
+            .iter()
+            .filter(|m| m.name == "gpu.nvlink.link.errors")
+            .count()
+    };
+    // A baseline export first, then GPU 0 link 1's counter moves.
+    rotel.wait_for(Duration::from_secs(20), "a first export", |r| {
+        r.metric("gpu.nvlink.errors").is_some()
+    });
+    bump_nvlink(&registry);
+    let got = rotel.wait_for(Duration::from_secs(20), "the link's series", |r| {
+        links(r) > 0
+    });
+    let m = got.metric("gpu.nvlink.link.errors").unwrap();
+    assert_eq!(m.points.len(), 1, "{:?}", m.points);
+    assert_eq!(
+        m.points[0].attrs.get("nvlink.link").map(String::as_str),
+        Some("Int(1)")
+    );
+    // Quiet: after the window, exports no longer carry it.
+    let seen = links(&got);
+    std::thread::sleep(Duration::from_secs(3));
+    let after = rotel.received().metrics.len();
+    let later = rotel.wait_for(Duration::from_secs(20), "two more exports", |r| {
+        r.metrics.len() > after + 40
+    });
+    assert!(
+        later.metrics[after..]
+            .iter()
+            .all(|m| m.name != "gpu.nvlink.link.errors"),
+        "the quiet link is still exported"
+    );
+    assert!(links(&later) >= seen);
+    exporter.shutdown(Duration::from_secs(5));
+    rotel.kill();
+}
