@@ -611,17 +611,33 @@ async fn clear(
     }
 }
 
-async fn metrics(State(s): State<ApiState>) -> Response {
+async fn metrics(State(s): State<ApiState>, headers: axum::http::HeaderMap) -> Response {
     match &s.metrics {
-        Some(render) => (
-            StatusCode::OK,
-            [(
-                header::CONTENT_TYPE,
-                "text/plain; version=0.0.4; charset=utf-8",
-            )],
-            render(),
-        )
-            .into_response(),
+        Some(render) => {
+            let accept = headers
+                .get(header::ACCEPT_ENCODING)
+                .and_then(|v| v.to_str().ok());
+            let (body, encoding) = gpuwatch_sinks::prometheus::encode(render(), accept);
+            let mut response = (
+                StatusCode::OK,
+                [
+                    (
+                        header::CONTENT_TYPE,
+                        gpuwatch_sinks::prometheus::CONTENT_TYPE,
+                    ),
+                    (header::VARY, "Accept-Encoding"),
+                ],
+                body,
+            )
+                .into_response();
+            if let Some(e) = encoding.header() {
+                response.headers_mut().insert(
+                    header::CONTENT_ENCODING,
+                    header::HeaderValue::from_static(e),
+                );
+            }
+            response
+        }
         None => (
             StatusCode::NOT_FOUND,
             "Prometheus endpoint disabled; start gpuwatch with --prometheus.\n",

@@ -284,11 +284,12 @@ pub fn build_sinks(
             )));
     }
     if cfg.api.prometheus {
-        let registry = registry.clone();
-        let resource = resource_info(cfg);
-        sinks.metrics = Some(Arc::new(move || {
-            gpuwatch_sinks::prometheus::render(&registry, &resource)
-        }));
+        let renderer = gpuwatch_sinks::prometheus::Renderer::with_quiet_window(
+            registry.clone(),
+            resource_info(cfg),
+            std::time::Duration::from_secs(cfg.otlp.series_quiet_window_secs),
+        );
+        sinks.metrics = Some(Arc::new(move || renderer.render()));
     }
     if cfg.otlp.enabled {
         // The exporter spawns its gRPC transport on the runtime.

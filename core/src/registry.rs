@@ -185,24 +185,96 @@ pub struct FaultSeries {
     pub pci_address: String,
     /// Fault kind.
     pub kind: FaultKind,
-    /// XID / SXid code, 0 for kinds without a code.
+    /// XID / SXid code, 0 for kinds without a code and for `other` XIDs.
     pub code: u32,
+    /// An XID that NVIDIA's catalog does not list (exported as `other`: the
+    /// number comes from kernel text, so it must not make series; the fault
+    /// log record keeps it).
+    pub other: bool,
     /// Action the policy chose.
     pub action: Action,
+    /// The one series that counts faults beyond [`FAULT_SERIES_CAP`] (every
+    /// other field is empty/default on it).
+    pub overflow: bool,
+}
+
+/// Most fault counter series held at once; faults of new series beyond it
+/// count towards one overflow series.
+pub const FAULT_SERIES_CAP: usize = 256;
+
+/// How long a fault counter series whose fault is no longer active stays
+/// after its last increment, unless set with [`Registry::set_fault_series_window`].
+pub const DEFAULT_FAULT_SERIES_WINDOW: Duration = Duration::from_secs(300);
+
+/// XID codes NVIDIA's catalog lists (built once from xid-parser's table).
+fn catalog_xids() -> &'static std::collections::BTreeSet<u32> {
+    static CODES: OnceLock<std::collections::BTreeSet<u32>> = OnceLock::new();
+    CODES.get_or_init(|| {
+        xid_parser::Policy::default()
+            .entries()
+            .filter(|e| e.in_catalog)
+            .map(|e| e.xid)
+            .collect()
+    })
 }
 
 impl FaultSeries {
     /// The series an event counts towards.
     pub fn of(ev: &FaultEvent) -> FaultSeries {
+        let kind = ev.kind();
+        let other = kind == FaultKind::Xid && !catalog_xids().contains(&ev.code);
         FaultSeries {
             gpu_index: ev.gpu_index,
             gpu_uuid: ev.gpu_uuid.clone(),
             pci_address: ev.pci_address.clone(),
-            kind: ev.kind(),
-            code: ev.code,
+            kind,
+            code: if other { 0 } else { ev.code },
+            other,
             action: ev.action(),
+            overflow: false,
         }
     }
+
+    /// The overflow series of `kind`.
+    pub fn overflow(kind: FaultKind) -> FaultSeries {
+        FaultSeries {
+            gpu_index: None,
+            gpu_uuid: String::new(),
+            pci_address: String::new(),
+            kind,
+            code: 0,
+            other: false,
+            action: Action::Unspecified,
+            overflow: true,
+        }
+    }
+
+    /// Whether `health` still has this series' fault active (same GPU, kind
+    /// and code; node-level faults for series without a GPU).
+    fn active_in(&self, health: &NodeHealth) -> bool {
+        if self.overflow {
+            return false;
+        }
+        let same = |f: &gpuwatch_proto::ActiveFault| {
+            f.kind() == self.kind && (self.other || self.code == f.code)
+        };
+        let on_gpu = health.gpus.iter().any(|g| {
+            let this_gpu = (!self.gpu_uuid.is_empty() && g.uuid == self.gpu_uuid)
+                || (self.gpu_uuid.is_empty()
+                    && self.gpu_index.is_some()
+                    && g.index == self.gpu_index)
+                || (!self.pci_address.is_empty() && g.pci_address == self.pci_address);
+            this_gpu && g.active_faults.iter().any(same)
+        });
+        on_gpu || health.node_faults.iter().any(same)
+    }
+}
+
+/// Count and last increment of one fault series.
+#[derive(Clone, Copy, Debug)]
+struct FaultCount {
+    count: u64,
+    last: Instant,
 }
 
 /// Callback that receives each pipeline latency observation in seconds
@@ -239,7 +311,8 @@ pub struct Registry {
     pub gpus_expected: AtomicU64,
     startup_gate_since: Mutex<Option<Instant>>,
     nvml_errors: Mutex<BTreeMap<&'static str, u64>>,
-    faults: Mutex<BTreeMap<FaultSeries, u64>>,
+    faults: Mutex<BTreeMap<FaultSeries, FaultCount>>,
+    fault_window: Mutex<Duration>,
     latency: Mutex<hdrhistogram::Histogram<u64>>,
     latency_buckets: Mutex<LatencyBuckets>,
     latency_hook: OnceLock<LatencyHook>,
@@ -284,6 +357,7 @@ impl Default for Registry {
             startup_gate_since: Mutex::new(None),
             nvml_errors: Mutex::new(BTreeMap::new()),
             faults: Mutex::new(BTreeMap::new()),
+            fault_window: Mutex::new(DEFAULT_FAULT_SERIES_WINDOW),
             // 1 µs .. 60 s at 3 significant digits.
             latency: Mutex::new(
                 hdrhistogram::Histogram::new_with_bounds(1, 60_000_000_000, 3)
@@ -370,14 +444,50 @@ impl Registry {
         lock(&self.nvml_errors).clone()
     }
 
-    /// Counts a classified fault event (adds `ev.count`, at least 1).
+    /// Counts a classified fault event (adds `ev.count`, at least 1). A new
+    /// series beyond [`FAULT_SERIES_CAP`] counts towards the overflow series.
     pub fn record_fault(&self, ev: &FaultEvent) {
-        *lock(&self.faults).entry(FaultSeries::of(ev)).or_insert(0) += u64::from(ev.count.max(1));
+        let mut key = FaultSeries::of(ev);
+        let mut faults = lock(&self.faults);
+        if !faults.contains_key(&key) && faults.len() >= FAULT_SERIES_CAP {
+            key = FaultSeries::overflow(key.kind);
+        }
+        let now = Instant::now();
+        let e = faults.entry(key).or_insert(FaultCount {
+            count: 0,
+            last: now,
+        });
+        e.count += u64::from(ev.count.max(1));
+        e.last = now;
     }
 
-    /// All fault series and their cumulative counts.
+    /// Sets how long a series whose fault cleared stays after its last increment.
+    pub fn set_fault_series_window(&self, window: Duration) {
+        *lock(&self.fault_window) = window;
+    }
+
+    /// Removes the fault series whose fault is no longer active (per the
+    /// published health) and that have not counted for the fault-series
+    /// window at `now`. Returns how many were removed.
+    pub fn prune_fault_series_at(&self, now: Instant) -> usize {
+        let window = *lock(&self.fault_window);
+        let health = self.health();
+        let mut faults = lock(&self.faults);
+        let before = faults.len();
+        faults.retain(|series, c| {
+            now.saturating_duration_since(c.last) < window || series.active_in(&health)
+        });
+        before - faults.len()
+    }
+
+    /// All fault series and their cumulative counts (series whose fault
+    /// cleared a window ago are removed first, see [`Self::prune_fault_series_at`]).
     pub fn faults(&self) -> BTreeMap<FaultSeries, u64> {
-        lock(&self.faults).clone()
+        self.prune_fault_series_at(Instant::now());
+        lock(&self.faults)
+            .iter()
+            .map(|(k, c)| (k.clone(), c.count))
+            .collect()
     }
 
     /// Records one read → emitted latency.
@@ -487,5 +597,79 @@ mod tests {
         assert_eq!(r.startup_taint_present.load(Relaxed), 1);
         r.set_startup_taint(false);
         assert_eq!(r.startup_gate_seconds(), 0.0);
+    }
+
+    fn xid(code: u32, gpu: u32) -> FaultEvent {
+        let mut ev = FaultEvent {
+            code,
+            gpu_index: Some(gpu),
+            gpu_uuid: format!("GPU-{gpu}"),
+            count: 1,
+            ..Default::default()
+        };
+        ev.set_kind(FaultKind::Xid);
+        ev.set_action(Action::RestartApp);
+        ev
+    }
+
+    #[test]
+    fn xid_codes_outside_the_catalog_share_one_other_series() {
+        let r = Registry::new();
+        r.record_fault(&xid(13, 0));
+        r.record_fault(&xid(99_999, 0));
+        r.record_fault(&xid(4_000_000_000, 0));
+        let f = r.faults();
+        let codes: Vec<_> = f.keys().map(|k| (k.code, k.other)).collect();
+        assert_eq!(codes, vec![(0, true), (13, false)]);
+        assert_eq!(f.values().copied().collect::<Vec<_>>(), vec![2, 1]);
+    }
+
+    #[test]
+    fn fault_series_beyond_the_cap_count_in_one_overflow_series() {
+        let r = Registry::new();
+        for gpu in 0..(FAULT_SERIES_CAP as u32 + 10) {
+            r.record_fault(&xid(13, gpu));
+        }
+        let f = r.faults();
+        assert_eq!(f.len(), FAULT_SERIES_CAP + 1);
+        let overflow = f.iter().find(|(k, _)| k.overflow).unwrap();
+        assert_eq!(*overflow.1, 10);
+        // Every event is still counted.
+        assert_eq!(f.values().sum::<u64>(), FAULT_SERIES_CAP as u64 + 10);
+    }
+
+    #[test]
+    fn fault_series_go_when_the_fault_cleared_a_window_ago() {
+        let r = Registry::new();
+        r.set_fault_series_window(Duration::from_secs(300));
+        let mut ev = xid(79, 0);
+        ev.set_action(Action::InspectHardware);
+        r.record_fault(&ev);
+        r.record_fault(&xid(13, 1));
+        // XID 79 on GPU 0 is active; XID 13 on GPU 1 is not.
+        let mut active = gpuwatch_proto::ActiveFault {
+            code: 79,
+            ..Default::default()
+        };
+        active.set_kind(FaultKind::Xid);
+        let health = NodeHealth {
+            gpus: vec![gpuwatch_proto::GpuHealth {
+                index: Some(0),
+                uuid: "GPU-0".into(),
+                active_faults: vec![active],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        r.set_health(Arc::new(health));
+        let now = Instant::now();
+        assert_eq!(r.prune_fault_series_at(now + Duration::from_secs(299)), 0);
+        assert_eq!(r.prune_fault_series_at(now + Duration::from_secs(301)), 1);
+        let left: Vec<_> = r.faults().into_keys().map(|k| k.code).collect();
+        assert_eq!(left, vec![79]);
+        // Cleared: gone a window after its last increment.
+        r.set_health(Arc::new(NodeHealth::default()));
+        assert_eq!(r.prune_fault_series_at(now + Duration::from_secs(301)), 1);
+        assert!(r.faults().is_empty());
     }
 }

@@ -19,6 +19,12 @@ NODE = '${node_label}=~"$node"'
 GPU = NODE + ', gpu_index=~"$gpu"'
 
 
+def or_zero():
+    """Fallback for series sent only once non-zero (docs/metrics.md, "Series budget"):
+    the panel shows 0 per node instead of "No data"."""
+    return f'\nor sum by (${{node_label}}) (gpuwatch_monitor_up{{{NODE}, input="nvml"}}) * 0'
+
+
 def variables(with_gpu):
     v = [
         {
@@ -191,7 +197,7 @@ def fleet():
         [(f'sum by (verdict) (gpuwatch_node_verdict{{{NODE}}})', "{{verdict}}")], w=8, h=6))
     P.append(panel(lay, "stat", "Nodes tainted",
         "Nodes carrying gpuwatch's fault taint (gpuwatch.io/unhealthy) and the GPU startup taint.",
-        [(f'sum by (taint) (gpuwatch_node_tainted{{{NODE}}})', "{{taint}}")], w=8, h=6))
+        [(f'sum by (taint) (gpuwatch_node_tainted{{{NODE}}})' + or_zero(), "{{taint}}")], w=8, h=6))
     P.append(panel(lay, "stat", "GPUs visible",
         "GPUs NVML sees across the selected nodes, and GPUs they should have where known.",
         [(f'sum by (state) (gpuwatch_gpus{{{NODE}}})', "{{state}}")], w=8, h=6))
@@ -213,7 +219,7 @@ def fleet():
         w=12, h=8))
     P.append(panel(lay, "timeseries", "Startup gate time",
         "How long each node has held the GPU startup taint (0 once validation passed and gpuwatch removed it).",
-        [(f'max by ({"${node_label}"}) (gpuwatch_startup_gate_duration_seconds{{{NODE}}})', "{{${node_label}}}")],
+        [(f'max by ({"${node_label}"}) (gpuwatch_startup_gate_duration_seconds{{{NODE}}})' + or_zero(), "{{${node_label}}}")],
         w=12, h=8, unit="s"))
     P.append(panel(lay, "state-timeline", "Monitor inputs",
         "1 when gpuwatch's kmsg / NVML input works on the node; 0 makes the verdict unknown.",
@@ -275,12 +281,15 @@ def node():
         [(f'sum by (gpu_index) (rate(gpu_pcie_replays_total{{{GPU}}}[$__rate_interval]))', "GPU {{gpu_index}}")],
         w=12, h=8))
     P.append(panel(lay, "timeseries", "NVLink errors",
-        "NVLink replay / recovery / CRC error counts per interval, per link.",
-        [(f'sum by (gpu_index, nvlink_link, error_type) (increase(gpu_nvlink_errors_total{{{GPU}}}[$__rate_interval]))',
+        "NVLink replay / recovery / CRC error counts per interval: per GPU (sum over its links), and per link for links whose counters moved recently.",
+        [(f'sum by (gpu_index, error_type) (increase(gpu_nvlink_errors_total{{{GPU}}}[$__rate_interval]))',
+          "GPU {{gpu_index}} {{error_type}}"),
+         (f'sum by (gpu_index, nvlink_link, error_type) (increase(gpu_nvlink_link_errors_total{{{GPU}}}[$__rate_interval]))',
           "GPU {{gpu_index}} link {{nvlink_link}} {{error_type}}")], w=12, h=8))
-    P.append(panel(lay, "timeseries", "NVLink links active",
-        "Active NVLink links per GPU (a drop means a link went down).",
-        [(f'sum by (gpu_index) (gpu_nvlink_state{{{GPU}}})', "GPU {{gpu_index}}")], w=12, h=8))
+    P.append(panel(lay, "timeseries", "NVLink links down",
+        "NVLink links down per GPU, and which links (a per-link series exists only while a link is down).",
+        [(f'max by (gpu_index) (gpu_nvlink_links_down{{{GPU}}})', "GPU {{gpu_index}} down"),
+         (f'max by (gpu_index, nvlink_link) (gpu_nvlink_link_down{{{GPU}}} == 1)', "GPU {{gpu_index}} link {{nvlink_link}}")], w=12, h=8))
     P.append(panel(lay, "timeseries", "Temperature vs slowdown threshold",
         "GPU temperature and the thermal slowdown (high.degraded) threshold NVML reports.",
         [(f'max by (gpu_index) (hw_temperature_celsius{{{GPU}}})', "GPU {{gpu_index}}"),
@@ -310,7 +319,7 @@ def agent():
     P.append(panel(lay, "timeseries", "Kernel log records lost / malformed",
         "Records the kernel ring overwrote before gpuwatch read them, and records that did not parse.",
         [(f'sum by ({L}) (increase(gpuwatch_kmsg_records_lost_total{{{NODE}}}[$__rate_interval]))', "{{" + L + "}} lost"),
-         (f'sum by ({L}) (increase(gpuwatch_kmsg_records_malformed_total{{{NODE}}}[$__rate_interval]))', "{{" + L + "}} malformed")],
+         (f'sum by ({L}) (increase(gpuwatch_kmsg_records_malformed_total{{{NODE}}}[$__rate_interval]))' + or_zero(), "{{" + L + "}} malformed")],
         w=12, h=8))
     P.append(panel(lay, "timeseries", "Pipeline latency p50 / p99",
         "Record read to fault event emitted by the health engine (design target: p99 < 1 ms).",
@@ -319,7 +328,7 @@ def agent():
         w=12, h=8, unit="s"))
     P.append(panel(lay, "timeseries", "Fault events by stage and outcome",
         "Events per pipeline stage: emitted, coalesced (storm merged, counted) or dropped (always counted).",
-        [(f'sum by (stage, outcome) (rate(gpuwatch_events_total{{{NODE}}}[$__rate_interval]))', "{{stage}} {{outcome}}")],
+        [(f'sum by (stage, outcome) (rate(gpuwatch_events_total{{{NODE}}}[$__rate_interval]))' + or_zero(), "{{stage}} {{outcome}}")],
         w=12, h=8, unit="ops"))
     P.append(panel(lay, "timeseries", "OTLP export failures",
         "Failed OTLP exports per signal (metrics, logs).",
@@ -336,16 +345,16 @@ def agent():
         w=12, h=8, mappings=value_map([(1, "up", "green"), (0, "down", "gray")])))
     P.append(panel(lay, "timeseries", "Kubernetes writes",
         "Node condition / taint / startup-taint / Event writes by result (conflicts are retried).",
-        [(f'sum by (object, result) (increase(gpuwatch_kube_writes_total{{{NODE}}}[$__rate_interval]))', "{{object}} {{result}}")],
+        [(f'sum by (object, result) (increase(gpuwatch_kube_writes_total{{{NODE}}}[$__rate_interval]))' + or_zero(), "{{object}} {{result}}")],
         w=12, h=8))
     P.append(panel(lay, "timeseries", "State file writes and dropped samples",
         "State-file writes by result, and NVML samples dropped oldest-first on a full channel.",
         [(f'sum by (result) (increase(gpuwatch_state_writes_total{{{NODE}}}[$__rate_interval]))', "state {{result}}"),
-         (f'sum(increase(gpuwatch_samples_dropped_total{{{NODE}}}[$__rate_interval]))', "samples dropped")],
+         (f'sum(increase(gpuwatch_samples_dropped_total{{{NODE}}}[$__rate_interval]))' + or_zero(), "samples dropped")],
         w=12, h=8))
     P.append(panel(lay, "timeseries", "Validation runs",
         "Device validation runs (startup gate) by result; incomplete never removes the startup taint.",
-        [(f'sum by (result) (increase(gpuwatch_validation_runs_total{{{NODE}}}[$__rate_interval]))', "{{result}}")],
+        [(f'sum by (result) (increase(gpuwatch_validation_runs_total{{{NODE}}}[$__rate_interval]))' + or_zero(), "{{result}}")],
         w=12, h=8))
     return dashboard("gpuwatch-agent", "gpuwatch / Agent health",
         "gpuwatch's own health: inputs, losses, latency, exports and API writes.", P, with_gpu=False)

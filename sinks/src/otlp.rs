@@ -28,7 +28,7 @@ pub use config::{
 
 use gpuwatch_core::{EventSink, LATENCY_BUCKETS_SECONDS, Registry, Signal};
 use gpuwatch_proto::{FaultEvent, NodeHealth};
-use instruments::{InstrumentKind, NumType, Point, SPECS};
+use instruments::{InstrumentKind, NumType, Point, SPECS, SeriesFilter};
 use logs::{Driver, LogQueue, OtlpLogSink, QueueSettings, Worker};
 use opentelemetry::metrics::{AsyncInstrument, MeterProvider as _};
 use opentelemetry::{InstrumentationScope, KeyValue, Value};
@@ -42,7 +42,7 @@ use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Who is exporting: the OTel resource of every export.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -261,6 +261,12 @@ fn build_metric_exporter(
     };
     let builder =
         opentelemetry_otlp::MetricExporter::builder().with_temporality(Temporality::Cumulative);
+    // The exporter's own retry backs off exponentially with jitter; its
+    // recommended jitter (100 ms) leaves a fleet retrying almost in step after
+    // a collector restart, so jitter spans the whole backoff range.
+    let retry = opentelemetry_otlp::RetryPolicy::recommended()
+        .with_max_jitter(METRIC_RETRY_MAX_DELAY)
+        .with_max_delay(METRIC_RETRY_MAX_DELAY);
     match r.protocol {
         Protocol::Grpc => {
             let mut b = builder
@@ -268,7 +274,8 @@ fn build_metric_exporter(
                 .with_endpoint(r.endpoint.clone())
                 .with_protocol(opentelemetry_otlp::Protocol::Grpc)
                 .with_timeout(r.timeout)
-                .with_metadata(metadata(&r.headers));
+                .with_metadata(metadata(&r.headers))
+                .with_retry_policy(retry);
             if r.gzip {
                 b = b.with_compression(opentelemetry_otlp::Compression::Gzip);
             }
@@ -283,7 +290,8 @@ fn build_metric_exporter(
                 .with_endpoint(r.endpoint.clone())
                 .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
                 .with_timeout(r.timeout)
-                .with_headers(r.headers.clone().into_iter().collect::<HashMap<_, _>>());
+                .with_headers(r.headers.clone().into_iter().collect::<HashMap<_, _>>())
+                .with_retry_policy(retry);
             if r.gzip {
                 b = b.with_compression(opentelemetry_otlp::Compression::Gzip);
             }
@@ -294,6 +302,9 @@ fn build_metric_exporter(
         }
     }
 }
+
+/// Longest wait (and widest jitter) between retries of one metric export.
+const METRIC_RETRY_MAX_DELAY: Duration = Duration::from_millis(1600);
 
 fn build_log_exporter(
     r: &ResolvedSignal,
@@ -399,13 +410,15 @@ enum Held {
 fn register_instruments(
     meter: &opentelemetry::metrics::Meter,
     registry: &Arc<Registry>,
+    filter: &Arc<SeriesFilter>,
 ) -> Vec<Held> {
     let mut held = Vec::with_capacity(SPECS.len());
     for (i, spec) in SPECS.iter().enumerate() {
         let reg = registry.clone();
+        let filter = filter.clone();
         let points = move || -> Vec<Point> {
             let health: Arc<NodeHealth> = reg.health();
-            SPECS[i].points(&reg, &health)
+            filter.apply(i, SPECS[i].points(&reg, &health), Instant::now())
         };
         match (spec.kind, spec.num) {
             (InstrumentKind::Counter, _) => held.push(Held::Counter(
@@ -554,7 +567,10 @@ impl OtlpExporter {
                 .with_reader(reader)
                 .build();
             let meter = provider.meter_with_scope(scope.clone());
-            exporter._instruments = register_instruments(&meter, &registry);
+            let filter = Arc::new(SeriesFilter::new(Duration::from_secs(
+                cfg.series_quiet_window_secs,
+            )));
+            exporter._instruments = register_instruments(&meter, &registry, &filter);
             let histogram = meter
                 .f64_histogram(instruments::LATENCY_NAME)
                 .with_unit(instruments::LATENCY_UNIT)

@@ -2,22 +2,32 @@
 //! exporter sends, under the names an OpenTelemetry collector's Prometheus
 //! exporter gives them (see [`otel_to_prometheus_name`]).
 //!
+//! Series that only matter when something is wrong follow the same presence
+//! rules as the OTLP export (`docs/metrics.md`, "Series budget"), so a
+//! [`Renderer`] remembers what it served across scrapes.
+//!
 //! ```
-//! use gpuwatch_sinks::prometheus::{otel_to_prometheus_name, render, InstrumentKind};
-//! use gpuwatch_sinks::{otlp::ResourceInfo, Registry};
+//! use gpuwatch_sinks::prometheus::{otel_to_prometheus_name, InstrumentKind, Renderer};
+//! use gpuwatch_core::Registry;
+//! use gpuwatch_sinks::otlp::ResourceInfo;
 //!
 //! assert_eq!(
 //!     otel_to_prometheus_name("gpu.xid.errors", "{error}", InstrumentKind::Counter),
 //!     "gpu_xid_errors_total"
 //! );
-//! let text = render(&Registry::new(), &ResourceInfo::default());
+//! let renderer = Renderer::new(Registry::new(), ResourceInfo::default());
+//! let text = renderer.render();
 //! assert!(text.contains("# TYPE gpuwatch_kmsg_records_read_total counter"));
 //! ```
 
 use crate::otlp::ResourceInfo;
-use crate::otlp::instruments::{LATENCY_DESCRIPTION, LATENCY_NAME, LATENCY_UNIT, Num, SPECS};
+use crate::otlp::instruments::{
+    DEFAULT_QUIET_WINDOW, LATENCY_DESCRIPTION, LATENCY_NAME, LATENCY_UNIT, Num, SeriesFilter,
+};
 use gpuwatch_core::registry::{LATENCY_BUCKETS_SECONDS, Registry};
 use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 pub use crate::otlp::instruments::InstrumentKind;
 
@@ -209,9 +219,114 @@ fn header(out: &mut String, name: &str, help: &str, ty: &str) {
     let _ = writeln!(out, "# TYPE {name} {ty}");
 }
 
-/// Renders every instrument that has data points, the pipeline latency
-/// histogram and a `target_info` gauge carrying the resource attributes.
-pub fn render(registry: &Registry, resource: &ResourceInfo) -> String {
+/// The `/metrics` renderer of one endpoint: the registry, the resource and
+/// what earlier scrapes served (series linger at 0 for the quiet window after
+/// they stop mattering, as in the OTLP export).
+#[derive(Debug)]
+pub struct Renderer {
+    registry: Arc<Registry>,
+    resource: ResourceInfo,
+    filter: SeriesFilter,
+}
+
+impl Renderer {
+    /// A renderer with the default quiet window (300 s).
+    pub fn new(registry: Arc<Registry>, resource: ResourceInfo) -> Renderer {
+        Renderer::with_quiet_window(registry, resource, DEFAULT_QUIET_WINDOW)
+    }
+
+    /// A renderer whose lingering series disappear after `window`.
+    pub fn with_quiet_window(
+        registry: Arc<Registry>,
+        resource: ResourceInfo,
+        window: Duration,
+    ) -> Renderer {
+        Renderer {
+            registry,
+            resource,
+            filter: SeriesFilter::new(window),
+        }
+    }
+
+    /// One scrape now.
+    pub fn render(&self) -> String {
+        self.render_at(Instant::now())
+    }
+
+    /// One scrape at `now` (tests move time without sleeping).
+    pub fn render_at(&self, now: Instant) -> String {
+        render_filtered(&self.registry, &self.resource, &self.filter, now)
+    }
+}
+
+/// Content-Encoding of a `/metrics` answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Encoding {
+    /// The text as is.
+    Identity,
+    /// gzip (RFC 1952).
+    Gzip,
+}
+
+impl Encoding {
+    /// The `Content-Encoding` header value, `None` for identity.
+    pub fn header(self) -> Option<&'static str> {
+        match self {
+            Encoding::Identity => None,
+            Encoding::Gzip => Some("gzip"),
+        }
+    }
+}
+
+/// Whether an `Accept-Encoding` header value accepts gzip (RFC 9110 12.5.3:
+/// codings separated by commas, `;q=0` refuses one, `*` stands for any).
+pub fn accepts_gzip(accept_encoding: &str) -> bool {
+    let mut gzip = None;
+    let mut any = None;
+    for part in accept_encoding.split(',') {
+        let mut it = part.split(';');
+        let coding = it.next().unwrap_or("").trim().to_ascii_lowercase();
+        let q = it
+            .filter_map(|p| p.trim().strip_prefix("q=").or(p.trim().strip_prefix("Q=")))
+            .find_map(|q| q.trim().parse::<f32>().ok())
+            .unwrap_or(1.0);
+        match coding.as_str() {
+            "gzip" | "x-gzip" => gzip = Some(q > 0.0),
+            "*" => any = Some(q > 0.0),
+            _ => {}
+        }
+    }
+    gzip.or(any).unwrap_or(false)
+}
+
+/// The body for a client that sent `accept_encoding`: gzip when it accepts
+/// gzip, the text as is otherwise.
+pub fn encode(text: String, accept_encoding: Option<&str>) -> (Vec<u8>, Encoding) {
+    if accept_encoding.is_some_and(accepts_gzip) {
+        use std::io::Write as _;
+        let mut gz = flate2::write::GzEncoder::new(
+            Vec::with_capacity(text.len() / 8),
+            flate2::Compression::default(),
+        );
+        // Writing into a Vec cannot fail.
+        if gz.write_all(text.as_bytes()).is_ok()
+            && let Ok(body) = gz.finish()
+        {
+            return (body, Encoding::Gzip);
+        }
+    }
+    (text.into_bytes(), Encoding::Identity)
+}
+
+/// Renders every instrument that has data points after `filter`, the pipeline
+/// latency histogram (once it has observations, as in OTLP) and a
+/// `target_info` gauge carrying the resource attributes.
+fn render_filtered(
+    registry: &Registry,
+    resource: &ResourceInfo,
+    filter: &SeriesFilter,
+    now: Instant,
+) -> String {
     let health = registry.health();
     let mut out = String::with_capacity(16 * 1024);
 
@@ -224,8 +339,7 @@ pub fn render(registry: &Registry, resource: &ResourceInfo) -> String {
     );
     out.push_str(" 1\n");
 
-    for spec in SPECS {
-        let points = spec.points(registry, &health);
+    for (spec, points) in filter.collect_all(registry, &health, now) {
         if points.is_empty() {
             continue;
         }
@@ -260,6 +374,9 @@ pub fn render(registry: &Registry, resource: &ResourceInfo) -> String {
 
     let name = otel_to_prometheus_name(LATENCY_NAME, LATENCY_UNIT, InstrumentKind::Histogram);
     let b = registry.latency_buckets();
+    if b.count == 0 {
+        return out;
+    }
     header(&mut out, &name, LATENCY_DESCRIPTION, "histogram");
     let mut cumulative = 0u64;
     for (i, bound) in LATENCY_BUCKETS_SECONDS.iter().enumerate() {
@@ -379,7 +496,7 @@ mod tests {
         r.record_latency(std::time::Duration::from_micros(20));
         r.record_latency(std::time::Duration::from_millis(3));
         r.record_latency(std::time::Duration::from_secs(2));
-        let text = render(&r, &ResourceInfo::default());
+        let text = Renderer::new(r, ResourceInfo::default()).render();
         assert!(text.contains("gpuwatch_pipeline_latency_seconds_bucket{le=\"0.000025\"} 1\n"));
         assert!(text.contains("gpuwatch_pipeline_latency_seconds_bucket{le=\"0.005\"} 2\n"));
         assert!(text.contains("gpuwatch_pipeline_latency_seconds_bucket{le=\"1\"} 2\n"));
@@ -394,9 +511,71 @@ mod tests {
             host_name: "host-a".into(),
             service_version: "1.2.3".into(),
         };
-        let text = render(&Registry::new(), &res);
+        let text = Renderer::new(Registry::new(), res).render();
         assert!(text.contains(r#"k8s_node_name="node \"a\"""#), "{text}");
         assert!(text.contains(r#"service_name="gpuwatch""#));
         assert!(text.contains(r#"service_version="1.2.3""#));
+    }
+
+    #[test]
+    fn gzip_only_when_the_client_accepts_it() {
+        for (header, gzip) in [
+            ("gzip", true),
+            ("deflate, gzip;q=1.0, *;q=0.5", true),
+            ("GZIP", true),
+            ("x-gzip", true),
+            ("*", true),
+            ("gzip;q=0", false),
+            ("gzip; q=0.0, *", false),
+            ("identity", false),
+            ("deflate, br", false),
+            ("", false),
+        ] {
+            assert_eq!(accepts_gzip(header), gzip, "{header:?}");
+        }
+        let text = "gpuwatch_up 1\n".repeat(100);
+        let (body, enc) = encode(text.clone(), Some("gzip"));
+        assert_eq!(enc, Encoding::Gzip);
+        assert!(body.len() < text.len() / 4);
+        let mut plain = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&body[..]), &mut plain)
+            .unwrap();
+        assert_eq!(plain, text);
+        let (body, enc) = encode(text.clone(), None);
+        assert_eq!((body, enc), (text.into_bytes(), Encoding::Identity));
+    }
+
+    #[test]
+    fn a_cleared_series_is_served_as_zero_then_left_out() {
+        use gpuwatch_proto::NodeHealth;
+        let r = Registry::new();
+        r.fault_taint_present
+            .store(1, std::sync::atomic::Ordering::Relaxed);
+        r.set_health(std::sync::Arc::new(NodeHealth::default()));
+        let p = Renderer::with_quiet_window(
+            r.clone(),
+            ResourceInfo::default(),
+            Duration::from_secs(60),
+        );
+        let t0 = Instant::now();
+        assert!(
+            p.render_at(t0)
+                .contains("gpuwatch_node_tainted{taint=\"fault\"} 1\n")
+        );
+        r.fault_taint_present
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+        let text = p.render_at(t0 + Duration::from_secs(30));
+        assert!(
+            text.contains("gpuwatch_node_tainted{taint=\"fault\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("taint=\"startup\""),
+            "never tainted: not sent"
+        );
+        let text = p.render_at(t0 + Duration::from_secs(61));
+        assert!(!text.contains("gpuwatch_node_tainted"), "{text}");
+        // No latency observation yet: no histogram, as in OTLP.
+        assert!(!text.contains("gpuwatch_pipeline_latency_seconds"));
     }
 }

@@ -390,8 +390,12 @@ fn roundtrip(proto: Proto) {
         );
     }
     // Absent only: no NVSwitch in the scenario (no SXid), retired pages are
-    // not supported by its GPUs (Ampere and later remap rows instead), and no
-    // NVML call failed (NotSupported is not an error).
+    // not supported by its GPUs (Ampere and later remap rows instead), no
+    // NVML call failed (NotSupported is not an error), and what the series
+    // budget sends only when something is wrong (docs/metrics.md): no row
+    // remapped, no recovery action, every NVLink up and quiet, no malformed
+    // record, no sample dropped; the Kubernetes writer and validation are off,
+    // so no write, taint, startup gate or validation run.
     let missing: BTreeSet<&str> = documented
         .keys()
         .map(String::as_str)
@@ -400,10 +404,22 @@ fn roundtrip(proto: Proto) {
     assert_eq!(
         missing,
         BTreeSet::from([
+            "gpu.nvlink.link.down",
+            "gpu.nvlink.link.errors",
+            "gpu.recovery_action",
             "gpu.retired_pages",
             "gpu.retired_pages.pending",
+            "gpu.row_remap.failure",
+            "gpu.row_remap.pending",
+            "gpu.row_remap.rows",
             "gpu.sxid.errors",
+            "gpuwatch.kmsg.records.malformed",
+            "gpuwatch.kube.writes",
+            "gpuwatch.node.tainted",
             "gpuwatch.nvml.errors",
+            "gpuwatch.samples.dropped",
+            "gpuwatch.startup_gate.duration",
+            "gpuwatch.validation.runs",
         ]),
         "instruments missing from the export"
     );
@@ -541,7 +557,13 @@ fn roundtrip(proto: Proto) {
     );
     let node_verdict = metric(&got, "gpuwatch.node.verdict");
     assert_eq!(value(node_verdict, &[("verdict", s("unhealthy"))]), 1.0);
-    assert_eq!(value(node_verdict, &[("verdict", s("healthy"))]), 0.0);
+    // A state set sends its current state (the node never was healthy here).
+    assert!(
+        node_verdict
+            .points
+            .iter()
+            .all(|p| p.attrs.get("verdict") != Some(&s("healthy")))
+    );
     let active = metric(&got, "gpu.faults.active");
     let mut a = gpus[0].attrs();
     a.push(("action", s("inspect_hardware")));
@@ -550,7 +572,8 @@ fn roundtrip(proto: Proto) {
     // ---- self-metrics.
     assert_eq!(events(&got, "parser", "emitted"), Some(faults.len() as f64));
     assert_eq!(events(&got, "engine", "emitted"), Some(faults.len() as f64));
-    assert_eq!(events(&got, "otlp_logs", "dropped"), Some(0.0));
+    // Counters that stayed at 0 are not sent (docs/metrics.md, "Series budget").
+    assert_eq!(events(&got, "otlp_logs", "dropped"), None);
     let failures = metric(&got, "gpuwatch.export.failures");
     assert_eq!(value(failures, &[("signal", s("logs"))]), 0.0);
     assert_eq!(value(failures, &[("signal", s("metrics"))]), 0.0);
@@ -633,18 +656,64 @@ fn http_binary_exports_scenario_metrics_and_one_log_per_fault() {
 
 // ------------------------------------------------------------------ outage --
 
+/// GET `path` with `Accept-Encoding: gzip` over a plain socket: the response
+/// head (lower-cased) and the raw body (the server closes the connection).
+fn get_with_gzip(api: &str, path: &str) -> (String, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(api).expect("connect to the API");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {api}\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    let end = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("response head");
+    let head = String::from_utf8_lossy(&out[..end + 2]).to_ascii_lowercase();
+    assert!(
+        !head.contains("transfer-encoding: chunked"),
+        "the renderer answers with a fixed-length body: {head}"
+    );
+    (head, out[end + 4..].to_vec())
+}
+
+/// Decompresses with the system's `gzip -dc` (an independent decoder).
+fn gunzip(body: &[u8]) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("gzip")
+        .arg("-dc")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("gzip");
+    child.stdin.take().unwrap().write_all(body).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "gzip -dc failed: not a gzip body");
+    String::from_utf8(out.stdout).expect("UTF-8 exposition")
+}
+
 /// `gpuwatch_export_failures_total{signal}` on the agent's `/metrics`.
 fn export_failures(e: &Exposition, signal: &str) -> f64 {
     e.value("gpuwatch_export_failures_total", &[("signal", signal)])
         .unwrap_or(0.0)
 }
 
+/// `gpuwatch_events_total{stage="otlp_logs",outcome}`; a series that never
+/// counted is not sent (docs/metrics.md, "Series budget"), so absent is 0 —
+/// provided the endpoint answered at all (`gpuwatch_kmsg_records_read_total`
+/// is always there).
 fn otlp_log_events(e: &Exposition, outcome: &str) -> f64 {
+    if e.value("gpuwatch_kmsg_records_read_total", &[]).is_none() {
+        return -1.0;
+    }
     e.value(
         "gpuwatch_events_total",
         &[("stage", "otlp_logs"), ("outcome", outcome)],
     )
-    .unwrap_or(-1.0)
+    .unwrap_or(0.0)
 }
 
 fn assert_alive(agent: &mut Agent) {
@@ -754,6 +823,15 @@ fn outage(proto: Proto) {
     let (ok, msg) = promtool_check(&text);
     assert!(ok, "promtool rejected /metrics: {msg}\n{text}");
     assert!(msg.trim().is_empty(), "promtool lint findings: {msg}");
+    // A scraper that accepts gzip (Prometheus does) gets gzip.
+    let (head, body) = get_with_gzip(&agent.api, "/metrics");
+    assert!(head.contains("\r\ncontent-encoding: gzip\r\n"), "{head}");
+    assert!(head.contains("\r\nvary: accept-encoding\r\n"), "{head}");
+    let unzipped = gunzip(&body);
+    assert_eq!(
+        Exposition::parse(&unzipped).families,
+        Exposition::parse(&text).families
+    );
     let mut translated = BTreeMap::new();
     for name in got.metrics.iter().map(|m| &m.name).collect::<BTreeSet<_>>() {
         let m = metric(&got, name);
@@ -882,4 +960,255 @@ fn grpc_sigterm_flushes_pending_fault_logs_and_metrics() {
 #[test]
 fn http_sigterm_flushes_pending_fault_logs_and_metrics() {
     shutdown_flush(Proto::Http);
+}
+
+// ---------------------------------------------------------------------------
+// Fleet simulation (benches/scripts/fleet-sim.sh): N real agents, one real
+// collector, one Kubernetes API-server double process.
+// ---------------------------------------------------------------------------
+
+fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The healthy 8-GPU board of the Kubernetes end-to-end tests: GPU PCI
+/// addresses (`collector/tests/data/kube-8gpu-healthy.toml`).
+const FLEET_BOARD: &str = "kube-8gpu-healthy.toml";
+/// XID 13 as the driver logs it (NVIDIA "XID Errors" guide: graphics engine
+/// exception; the SM warp text is the common form in public bug reports), on GPU 1.
+const FLEET_XID13: &str = "NVRM: Xid (PCI:0000:43:00): 13, pid=4242, name=python3, Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address";
+/// XID 79 as the driver logs it, on GPU 1.
+const FLEET_XID79: &str =
+    "NVRM: Xid (PCI:0000:43:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.";
+
+fn fleet_node(name: &str) -> k8s_openapi::api::core::v1::Node {
+    let mut n = k8s_openapi::api::core::v1::Node::default();
+    n.metadata.name = Some(name.into());
+    n
+}
+
+fn cpu_ticks(pid: u32) -> u64 {
+    // utime + stime, fields 14 and 15 of /proc/PID/stat (proc(5)); the
+    // command name (field 2) is in parentheses and may hold spaces.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)
+}
+
+fn writes(doubles: &[crate::kube_common::ApiDouble]) -> Vec<(usize, std::time::Instant)> {
+    let mut out = Vec::new();
+    for (i, d) in doubles.iter().enumerate() {
+        for r in d.requests() {
+            if r.is_write() {
+                out.push((i, r.at));
+            }
+        }
+    }
+    out
+}
+
+/// Prints the fleet figures; `benches/scripts/fleet-sim.sh` runs it and
+/// extrapolates. Environment: FLEET_NODES (20), FLEET_EXPORT_SECS (10),
+/// FLEET_STEADY_SECS (60), FLEET_STORM_LINES (50 XID 13 lines per node).
+#[test]
+#[ignore = "fleet simulation: minutes of every core; run by benches/scripts/fleet-sim.sh"]
+fn fleet_simulation() {
+    use crate::kube_common::ApiDouble;
+    use crate::otlp_support::rotel::WireTap;
+    use std::time::Instant;
+    let n: usize = env_or("FLEET_NODES", 20);
+    let interval: u64 = env_or("FLEET_EXPORT_SECS", 10);
+    let steady = Duration::from_secs(env_or("FLEET_STEADY_SECS", 60));
+    let storm_lines: usize = env_or("FLEET_STORM_LINES", 50);
+    // Clock ticks per second of /proc/PID/stat (sysconf(_SC_CLK_TCK), via getconf).
+    let tick: f64 = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0);
+
+    let collector = Rotel::start_quiet();
+    let tap = WireTap::start(collector.grpc_port);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let names: Vec<String> = (0..n).map(|i| format!("fleet-node-{i:03}")).collect();
+    let doubles: Vec<ApiDouble> = names
+        .iter()
+        .map(|name| rt.block_on(ApiDouble::start(fleet_node(name))))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let mut fifos = Vec::new();
+    let mut agents = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let d = dir.path().join(name);
+        std::fs::create_dir_all(d.join("state")).unwrap();
+        std::fs::write(
+            d.join("boot_id"),
+            format!("6f0b1c5e-0000-4000-8000-{i:012}\n"),
+        )
+        .unwrap();
+        let config = d.join("gpuwatch.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"node_name = "{name}"
+
+[otlp]
+enabled = true
+protocol = "grpc"
+endpoint = "http://127.0.0.1:{port}"
+export_interval_secs = {interval}
+series_quiet_window_secs = {window}
+
+[kube]
+enabled = true
+api_server_url = "{url}"
+"#,
+                port = tap.port,
+                window = interval.max(300),
+                url = doubles[i].url,
+            ),
+        )
+        .unwrap();
+        let fifo = KmsgFifo::create(&d);
+        agents.push(Agent::start([
+            "--config".into(),
+            config.into_os_string(),
+            "--nvml-sim".into(),
+            data(FLEET_BOARD).into_os_string(),
+            "--kmsg-path".into(),
+            fifo.path.as_os_str().to_owned(),
+            "--state-dir".into(),
+            d.join("state").into_os_string(),
+            "--boot-id-path".into(),
+            d.join("boot_id").into_os_string(),
+            "--prometheus".into(),
+        ]));
+        fifos.push(fifo);
+    }
+    // Start-up: every node has its conditions written.
+    let t_start = Instant::now();
+    assert!(
+        crate::otlp_support::wait_until(Duration::from_secs(120), || doubles
+            .iter()
+            .all(|d| !writes(std::slice::from_ref(d)).is_empty())),
+        "not every agent wrote its Node"
+    );
+    std::thread::sleep(Duration::from_secs(interval + 2));
+    let startup_writes = writes(&doubles).len();
+    println!(
+        "fleet: {n} agents up in {:.1} s; start-up writes {startup_writes} ({:.1} per node)",
+        t_start.elapsed().as_secs_f64(),
+        startup_writes as f64 / n as f64
+    );
+
+    // Steady state.
+    let exposition = Exposition::parse(&agents[0].scrape());
+    let series = exposition
+        .samples
+        .iter()
+        .filter(|s| s.name != "target_info")
+        .count();
+    let wire0: usize = tap.grpc_messages().iter().map(|(_, b)| b).sum();
+    let msgs0 = tap.grpc_messages().len();
+    let cpu0 = cpu_ticks(collector.pid());
+    let t0 = Instant::now();
+    std::thread::sleep(steady);
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu = (cpu_ticks(collector.pid()) - cpu0) as f64 / tick;
+    let msgs = tap.grpc_messages();
+    let exports = msgs.len() - msgs0;
+    let wire: usize = msgs.iter().map(|(_, b)| b).sum::<usize>() - wire0;
+    let compressed = msgs.iter().filter(|(c, _)| *c).count();
+    let steady_writes = writes(&doubles).len() - startup_writes;
+    println!("fleet: steady {secs:.0} s, export every {interval} s");
+    println!("fleet: series on /metrics of one healthy node: {series}");
+    println!(
+        "fleet: OTLP gRPC messages {exports} ({compressed} of all {} gzip), {:.0} wire bytes per message",
+        msgs.len(),
+        wire as f64 / exports.max(1) as f64
+    );
+    println!(
+        "fleet: collector CPU {cpu:.2} s in {secs:.0} s = {:.3} % of a core per node ({:.2} ms CPU per node export)",
+        cpu / secs * 100.0 / n as f64,
+        cpu * 1000.0 / exports.max(1) as f64
+    );
+    println!(
+        "fleet: kube writes in steady state {steady_writes} = {:.2} per node per hour",
+        steady_writes as f64 / n as f64 / secs * 3600.0
+    );
+
+    // Storm: every node logs XID 13 lines at once, then one node an XID 79.
+    let before = writes(&doubles).len();
+    let t_storm = Instant::now();
+    for f in fifos.iter_mut() {
+        for _ in 0..storm_lines {
+            f.write(4, FLEET_XID13);
+        }
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let victim = n / 2;
+    let t79 = Instant::now();
+    fifos[victim].write(3, FLEET_XID79);
+    let tainted = crate::otlp_support::wait_until(Duration::from_secs(30), || {
+        crate::kube_common::taint_value(&doubles[victim].node(), "gpuwatch.io/unhealthy").is_some()
+    });
+    let taint_ms = t79.elapsed().as_secs_f64() * 1000.0;
+    assert!(tainted, "the XID 79 node was not tainted");
+    std::thread::sleep(Duration::from_secs(10));
+    let storm: Vec<_> = writes(&doubles)
+        .into_iter()
+        .filter(|(_, at)| *at >= t_storm)
+        .collect();
+    let mut per_sec: BTreeMap<u64, usize> = BTreeMap::new();
+    for (_, at) in &storm {
+        *per_sec
+            .entry(at.duration_since(t_storm).as_secs())
+            .or_insert(0) += 1;
+    }
+    let mut first: BTreeMap<usize, f64> = BTreeMap::new();
+    for (i, at) in &storm {
+        let t = at.duration_since(t_storm).as_secs_f64();
+        first.entry(*i).and_modify(|v| *v = v.min(t)).or_insert(t);
+    }
+    let firsts: Vec<f64> = first.values().copied().collect();
+    let mean = firsts.iter().sum::<f64>() / firsts.len().max(1) as f64;
+    let sd = (firsts.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / firsts.len().max(1) as f64)
+        .sqrt();
+    println!(
+        "fleet: storm {storm_lines} x XID 13 on {n} nodes + XID 79 on {}: {} writes ({} before it), {:.1} per node",
+        names[victim],
+        storm.len(),
+        before,
+        storm.len() as f64 / n as f64
+    );
+    println!("fleet: storm writes per second (s after start: writes): {per_sec:?}");
+    println!(
+        "fleet: storm peak {} writes/s",
+        per_sec.values().copied().max().unwrap_or(0)
+    );
+    println!(
+        "fleet: first storm write per node: min {:.3} s, max {:.3} s, mean {mean:.3} s, sd {sd:.3} s",
+        firsts.iter().copied().fold(f64::INFINITY, f64::min),
+        firsts.iter().copied().fold(0.0, f64::max)
+    );
+    println!("fleet: XID 79 node tainted {taint_ms:.0} ms after the record was written");
+    for a in agents {
+        a.stop();
+    }
+    for d in doubles {
+        d.stop();
+    }
+    collector.kill();
 }

@@ -111,12 +111,18 @@ pub struct OtlpConfig {
     /// Extra request headers / gRPC metadata (e.g. an API key). Merged over
     /// `OTEL_EXPORTER_OTLP_HEADERS`.
     pub headers: BTreeMap<String, String>,
-    /// `gzip` or `none`; unset: `OTEL_EXPORTER_OTLP_COMPRESSION`, then none.
+    /// `gzip` or `none`; unset: `OTEL_EXPORTER_OTLP_COMPRESSION`, then gzip
+    /// (an 8-GPU node's metrics export is about 20 times smaller compressed).
     pub compression: Option<Compression>,
     /// Per-export timeout in milliseconds; unset: `OTEL_EXPORTER_OTLP_TIMEOUT`, then 10000.
     pub timeout_ms: Option<u64>,
     /// Seconds between metric exports.
     pub export_interval_secs: u64,
+    /// Seconds a series that only matters when something is wrong (an active
+    /// fault, a down or erroring NVLink, an active clock-event reason) keeps
+    /// being exported after it stopped mattering; at least `export_interval_secs`,
+    /// so its last exported value is the quiet one.
+    pub series_quiet_window_secs: u64,
     /// TLS files.
     pub tls: TlsConfig,
     /// Extra resource attributes; they win over `OTEL_RESOURCE_ATTRIBUTES`.
@@ -149,6 +155,7 @@ impl Default for OtlpConfig {
             compression: None,
             timeout_ms: None,
             export_interval_secs: 30,
+            series_quiet_window_secs: 300,
             tls: TlsConfig::default(),
             resource_attributes: BTreeMap::new(),
             log_queue_size: 4096,
@@ -271,6 +278,14 @@ impl OtlpConfig {
         }
         if self.export_interval_secs == 0 {
             p.push("export_interval_secs: must be at least 1".into());
+        }
+        if self.series_quiet_window_secs < self.export_interval_secs
+            || self.series_quiet_window_secs > 86_400
+        {
+            p.push(format!(
+                "series_quiet_window_secs: {} must be between export_interval_secs ({}) and 86400",
+                self.series_quiet_window_secs, self.export_interval_secs
+            ));
         }
         if self.log_queue_size == 0 || self.log_queue_size > 1_000_000 {
             p.push("log_queue_size: must be between 1 and 1000000".into());
@@ -424,7 +439,7 @@ impl OtlpConfig {
                         false
                     }
                 },
-                None => false,
+                None => true,
             },
         };
 

@@ -10,8 +10,10 @@ use gpuwatch_proto::{
     Action, FaultKind, GpuHealth, GpuSample, NodeHealth, RecoveryAction, ShortName, Verdict,
 };
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
 
 /// How an instrument aggregates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,7 +36,7 @@ pub(crate) enum NumType {
 }
 
 /// Value of one data-point attribute.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum AttrValue {
     /// A string value.
     Str(Cow<'static, str>),
@@ -94,22 +96,180 @@ pub(crate) struct Point {
 
 type Collect = fn(&Registry, &NodeHealth, &mut Vec<Point>);
 
+/// Which of an instrument's points are exported. A healthy node must stay
+/// within its series budget (`docs/metrics.md`): series that only matter when
+/// something is wrong are sent while they matter, and for a quiet window after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Presence {
+    /// Every point, zero or not.
+    Always,
+    /// Points whose value is not zero. A series that was non-zero keeps being
+    /// sent (as 0 once it is 0 or gone) until it has been zero for the quiet
+    /// window, so the last value a collector or Prometheus holds is 0, never a
+    /// stale 1.
+    NonZero,
+    /// Counter points whose value changed within the quiet window. The first
+    /// value seen is a baseline, not a change (a restart does not resend every
+    /// counter that is non-zero since the driver loaded).
+    Moved,
+}
+
 /// One instrument of the table.
 pub(crate) struct Spec {
     pub(crate) name: &'static str,
     pub(crate) unit: &'static str,
     pub(crate) kind: InstrumentKind,
     pub(crate) num: NumType,
+    pub(crate) presence: Presence,
     pub(crate) description: &'static str,
     pub(crate) collect: Collect,
 }
 
 impl Spec {
-    /// The data points of this instrument now.
+    /// Every data point of this instrument now, before [`SeriesFilter`].
     pub(crate) fn points(&self, registry: &Registry, health: &NodeHealth) -> Vec<Point> {
         let mut out = Vec::new();
         (self.collect)(registry, health, &mut out);
         out
+    }
+}
+
+/// How long a series that mattered (non-zero, or a counter that moved) keeps
+/// being exported after it stopped mattering, unless configured otherwise.
+pub const DEFAULT_QUIET_WINDOW: Duration = Duration::from_secs(300);
+
+type SeriesKey = (usize, Vec<(&'static str, AttrValue)>);
+
+/// What the filter remembers of one series.
+#[derive(Clone, Debug)]
+struct Seen {
+    /// The last value collected.
+    value: Num,
+    /// When the series last mattered (non-zero / moved); `None`: never.
+    notable: Option<Instant>,
+}
+
+/// Applies each instrument's [`Presence`] across collections. One filter per
+/// output (the OTLP reader, the Prometheus endpoint), because each must see a
+/// lingering series go to 0 itself.
+#[derive(Debug)]
+pub(crate) struct SeriesFilter {
+    window: Duration,
+    seen: Mutex<HashMap<SeriesKey, Seen>>,
+}
+
+fn is_zero(v: Num) -> bool {
+    match v {
+        Num::U64(v) => v == 0,
+        Num::F64(v) => v == 0.0,
+    }
+}
+
+fn zero_like(v: Num) -> Num {
+    match v {
+        Num::U64(_) => Num::U64(0),
+        Num::F64(_) => Num::F64(0.0),
+    }
+}
+
+impl SeriesFilter {
+    /// A filter whose series linger for `window` after they stop mattering.
+    pub(crate) fn new(window: Duration) -> SeriesFilter {
+        SeriesFilter {
+            window,
+            seen: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn recent(&self, notable: Option<Instant>, now: Instant) -> bool {
+        notable.is_some_and(|t| now.saturating_duration_since(t) < self.window)
+    }
+
+    /// The points of instrument `idx` (of [`SPECS`]) to export at `now`.
+    pub(crate) fn apply(&self, idx: usize, points: Vec<Point>, now: Instant) -> Vec<Point> {
+        let presence = SPECS[idx].presence;
+        if presence == Presence::Always {
+            return points;
+        }
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::with_capacity(points.len());
+        let mut present = std::collections::HashSet::with_capacity(points.len());
+        for p in points {
+            let key: SeriesKey = (idx, p.attrs.clone());
+            let keep = match presence {
+                Presence::Always => true,
+                Presence::NonZero => {
+                    let e = seen.entry(key.clone()).or_insert(Seen {
+                        value: p.value,
+                        notable: None,
+                    });
+                    e.value = p.value;
+                    if !is_zero(p.value) {
+                        e.notable = Some(now);
+                    }
+                    self.recent(e.notable, now)
+                }
+                Presence::Moved => match seen.get_mut(&key) {
+                    None => {
+                        seen.insert(
+                            key.clone(),
+                            Seen {
+                                value: p.value,
+                                notable: None,
+                            },
+                        );
+                        false
+                    }
+                    Some(e) => {
+                        if e.value != p.value {
+                            e.value = p.value;
+                            e.notable = Some(now);
+                        }
+                        self.recent(e.notable, now)
+                    }
+                },
+            };
+            present.insert(key);
+            if keep {
+                out.push(p);
+            }
+        }
+        // Series of this instrument that were not collected this time: a
+        // NonZero series that mattered recently is sent as 0 (its GPU, link or
+        // reason went away); everything else is forgotten.
+        seen.retain(|key, e| {
+            if key.0 != idx || present.contains(key) {
+                return key.0 != idx
+                    || presence != Presence::NonZero
+                    || self.recent(e.notable, now)
+                    || !is_zero(e.value);
+            }
+            if presence == Presence::NonZero && self.recent(e.notable, now) {
+                e.value = zero_like(e.value);
+                out.push(Point {
+                    attrs: key.1.clone(),
+                    value: e.value,
+                });
+                true
+            } else {
+                false
+            }
+        });
+        out
+    }
+
+    /// Every instrument's exported points at `now` (the order of [`SPECS`]).
+    pub(crate) fn collect_all(
+        &self,
+        registry: &Registry,
+        health: &NodeHealth,
+        now: Instant,
+    ) -> Vec<(&'static Spec, Vec<Point>)> {
+        SPECS
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| (spec, self.apply(i, spec.points(registry, health), now)))
+            .collect()
     }
 }
 
@@ -232,18 +392,36 @@ fn fault_points(
     }));
 }
 
+/// The code attribute: the number, or `other` for an XID outside NVIDIA's catalog.
+fn code_attr(f: &gpuwatch_core::registry::FaultSeries) -> AttrValue {
+    if f.other {
+        s("other")
+    } else {
+        AttrValue::Int(i64::from(f.code))
+    }
+}
+
+/// Attributes of the series that counts faults beyond the registry's cap
+/// (the OpenTelemetry SDK's own overflow attribute).
+fn overflow_attrs() -> Vec<(&'static str, AttrValue)> {
+    vec![(
+        "otel.metric.overflow",
+        AttrValue::Str(Cow::Borrowed("true")),
+    )]
+}
+
 fn xid_errors(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
     fault_points(
         r,
         out,
         |k| k == FaultKind::Xid,
         |f| {
+            if f.overflow {
+                return overflow_attrs();
+            }
             with(
                 gpu_attrs(f.gpu_index, &f.gpu_uuid, &f.pci_address),
-                [
-                    ("xid", AttrValue::Int(i64::from(f.code))),
-                    ("action", s(f.action.short_name())),
-                ],
+                [("xid", code_attr(f)), ("action", s(f.action.short_name()))],
             )
         },
     );
@@ -255,11 +433,14 @@ fn sxid_errors(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
         out,
         |k| k == FaultKind::Sxid,
         |f| {
+            if f.overflow {
+                return overflow_attrs();
+            }
             let mut a = Vec::with_capacity(3);
             if !f.pci_address.is_empty() {
                 a.push(("nvswitch.pci.address", owned(&f.pci_address)));
             }
-            a.push(("sxid", AttrValue::Int(i64::from(f.code))));
+            a.push(("sxid", code_attr(f)));
             a.push(("action", s(f.action.short_name())));
             a
         },
@@ -272,11 +453,14 @@ fn faults(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
         out,
         |_| true,
         |f| {
+            if f.overflow {
+                return overflow_attrs();
+            }
             with(
                 gpu_attrs(f.gpu_index, &f.gpu_uuid, &f.pci_address),
                 [
                     ("fault.kind", s(f.kind.short_name())),
-                    ("code", AttrValue::Int(i64::from(f.code))),
+                    ("code", code_attr(f)),
                     ("action", s(f.action.short_name())),
                 ],
             )
@@ -384,6 +568,14 @@ fn power_limit(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
     });
 }
 
+/// The NVML clock-event reason bitmask, one point per GPU.
+fn clock_event_reasons(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        push_opt(out, base, sm.clock_event_reasons.map(Num::U64))
+    });
+}
+
+/// One point per known reason (the filter sends only active ones).
 fn clock_events(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         if let Some(mask) = sm.clock_event_reasons {
@@ -486,27 +678,73 @@ fn pcie_replays(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
     });
 }
 
-fn nvlink_state(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+/// The four NVLink error counters of a link, by `error.type`.
+fn nvlink_counters(l: &gpuwatch_proto::NvLinkSample) -> [(&'static str, Option<u64>); 4] {
+    [
+        ("replay", l.replay_errors),
+        ("recovery", l.recovery_errors),
+        ("crc_flit", l.crc_flit_errors),
+        ("crc_data", l.crc_data_errors),
+    ]
+}
+
+/// Per GPU: each error type summed over the GPU's links (types no link
+/// reports are left out).
+fn nvlink_errors(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        let mut sums: [Option<u64>; 4] = [None; 4];
+        for l in &sm.nvlinks {
+            for (sum, (_, v)) in sums.iter_mut().zip(nvlink_counters(l)) {
+                if let Some(v) = v {
+                    *sum = Some(sum.unwrap_or(0).saturating_add(v));
+                }
+            }
+        }
+        for (ty, sum) in ["replay", "recovery", "crc_flit", "crc_data"]
+            .into_iter()
+            .zip(sums)
+        {
+            let attrs = with(base.clone(), [("error.type", s(ty))]);
+            push_opt(out, attrs, sum.map(Num::U64));
+        }
+    });
+}
+
+/// Per GPU: links NVML reports down (only GPUs that report link state).
+fn nvlink_links_down(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        if sm.nvlinks.iter().any(|l| l.active.is_some()) {
+            let down = sm
+                .nvlinks
+                .iter()
+                .filter(|l| l.active == Some(false))
+                .count();
+            out.push(Point {
+                attrs: base,
+                value: Num::U64(down as u64),
+            });
+        }
+    });
+}
+
+/// Per link: 1 while the link is down (the filter sends only down links).
+fn nvlink_link_down(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         for l in &sm.nvlinks {
             let attrs = with(
                 base.clone(),
                 [("nvlink.link", AttrValue::Int(i64::from(l.link)))],
             );
-            push_opt(out, attrs, l.active.map(flag));
+            push_opt(out, attrs, l.active.map(|a| flag(!a)));
         }
     });
 }
 
-fn nvlink_errors(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+/// Per link and error type (the filter sends only counters that moved).
+fn nvlink_link_errors(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         for l in &sm.nvlinks {
-            for (ty, v) in [
-                ("replay", l.replay_errors),
-                ("recovery", l.recovery_errors),
-                ("crc_flit", l.crc_flit_errors),
-                ("crc_data", l.crc_data_errors),
-            ] {
+            for (ty, v) in nvlink_counters(l) {
                 let attrs = with(
                     base.clone(),
                     [
@@ -701,12 +939,13 @@ fn validation_runs(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
 }
 
 macro_rules! spec {
-    ($name:literal, $unit:literal, $kind:ident, $num:ident, $desc:literal, $collect:ident) => {
+    ($name:literal, $unit:literal, $kind:ident, $num:ident, $presence:ident, $desc:literal, $collect:ident) => {
         Spec {
             name: $name,
             unit: $unit,
             kind: InstrumentKind::$kind,
             num: NumType::$num,
+            presence: Presence::$presence,
             description: $desc,
             collect: $collect,
         }
@@ -720,6 +959,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{error}",
         Counter,
         U64,
+        Always,
         "XID events after dedup, each occurrence counted.",
         xid_errors
     ),
@@ -728,6 +968,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{error}",
         Counter,
         U64,
+        Always,
         "NVSwitch SXid events.",
         sxid_errors
     ),
@@ -736,6 +977,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{fault}",
         Counter,
         U64,
+        Always,
         "Fault events of every kind.",
         faults
     ),
@@ -744,6 +986,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{fault}",
         Gauge,
         U64,
+        NonZero,
         "Faults currently active on the GPU.",
         faults_active
     ),
@@ -752,6 +995,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{state}",
         Gauge,
         U64,
+        NonZero,
         "1 for the GPU's current verdict, 0 for the others.",
         gpu_verdict
     ),
@@ -760,6 +1004,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{state}",
         Gauge,
         U64,
+        NonZero,
         "1 for the node's current verdict, 0 for the others.",
         node_verdict
     ),
@@ -768,6 +1013,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{state}",
         Gauge,
         U64,
+        NonZero,
         "1 for the most severe active action and its reason.",
         node_action
     ),
@@ -776,6 +1022,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "Cel",
         Gauge,
         F64,
+        Always,
         "GPU core temperature.",
         temperature
     ),
@@ -784,24 +1031,44 @@ pub(crate) const SPECS: &[Spec] = &[
         "Cel",
         Gauge,
         F64,
+        Always,
         "GPU thermal thresholds.",
         temperature_limit
     ),
-    spec!("hw.power", "W", Gauge, F64, "GPU power draw.", power),
+    spec!(
+        "hw.power",
+        "W",
+        Gauge,
+        F64,
+        Always,
+        "GPU power draw.",
+        power
+    ),
     spec!(
         "gpu.power.limit",
         "W",
         Gauge,
         F64,
+        Always,
         "Enforced GPU power limit.",
         power_limit
+    ),
+    spec!(
+        "gpu.clock_event.reasons",
+        "{bitmask}",
+        Gauge,
+        U64,
+        Always,
+        "NVML clock-event (throttle) reason bitmask.",
+        clock_event_reasons
     ),
     spec!(
         "gpu.clock_event.active",
         "{state}",
         Gauge,
         U64,
-        "1 while the clock-event (throttle) reason is active.",
+        NonZero,
+        "1 while the clock-event (throttle) reason is active (active reasons only).",
         clock_events
     ),
     spec!(
@@ -809,6 +1076,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{error}",
         Counter,
         U64,
+        Always,
         "NVML ECC error counts.",
         ecc_errors
     ),
@@ -817,6 +1085,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{page}",
         Gauge,
         U64,
+        NonZero,
         "Retired pages (pre-Ampere page retirement).",
         retired_pages
     ),
@@ -825,6 +1094,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{state}",
         Gauge,
         U64,
+        NonZero,
         "1 when a page retirement waits for a reboot or reset.",
         retired_pending
     ),
@@ -833,6 +1103,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{row}",
         Gauge,
         U64,
+        NonZero,
         "Rows remapped.",
         remap_rows
     ),
@@ -841,6 +1112,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{state}",
         Gauge,
         U64,
+        NonZero,
         "1 when a row remap waits for a GPU reset.",
         remap_pending
     ),
@@ -849,6 +1121,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{state}",
         Gauge,
         U64,
+        NonZero,
         "1 when a row remap failed.",
         remap_failure
     ),
@@ -857,6 +1130,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{generation}",
         Gauge,
         U64,
+        Always,
         "PCIe link generation.",
         pcie_gen
     ),
@@ -865,6 +1139,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{lane}",
         Gauge,
         U64,
+        Always,
         "PCIe link width.",
         pcie_width
     ),
@@ -873,30 +1148,52 @@ pub(crate) const SPECS: &[Spec] = &[
         "{replay}",
         Counter,
         U64,
+        Always,
         "PCIe replay counter.",
         pcie_replays
-    ),
-    spec!(
-        "gpu.nvlink.state",
-        "{state}",
-        Gauge,
-        U64,
-        "1 link active, 0 link down.",
-        nvlink_state
     ),
     spec!(
         "gpu.nvlink.errors",
         "{error}",
         Counter,
         U64,
-        "NVLink error counters.",
+        Always,
+        "NVLink error counters summed over the GPU's links.",
         nvlink_errors
+    ),
+    spec!(
+        "gpu.nvlink.links.down",
+        "{link}",
+        Gauge,
+        U64,
+        Always,
+        "NVLinks of the GPU that are down.",
+        nvlink_links_down
+    ),
+    spec!(
+        "gpu.nvlink.link.down",
+        "{state}",
+        Gauge,
+        U64,
+        NonZero,
+        "1 while the NVLink is down (down links only).",
+        nvlink_link_down
+    ),
+    spec!(
+        "gpu.nvlink.link.errors",
+        "{error}",
+        Counter,
+        U64,
+        Moved,
+        "NVLink error counters of links whose counters moved within the quiet window.",
+        nvlink_link_errors
     ),
     spec!(
         "gpu.recovery_action",
         "{action}",
         Gauge,
         U64,
+        NonZero,
         "NVML GPU recovery action.",
         recovery_action
     ),
@@ -905,6 +1202,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{state}",
         Gauge,
         U64,
+        Always,
         "1 when persistence mode is on.",
         persistence
     ),
@@ -913,6 +1211,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{gpu}",
         Gauge,
         U64,
+        Always,
         "GPUs NVML sees; GPUs the node should have.",
         gpus
     ),
@@ -921,6 +1220,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{record}",
         Counter,
         U64,
+        Always,
         "Kernel log records read.",
         kmsg_read
     ),
@@ -929,6 +1229,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{record}",
         Counter,
         U64,
+        Always,
         "Kernel log records overwritten before gpuwatch read them.",
         kmsg_lost
     ),
@@ -937,6 +1238,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{record}",
         Counter,
         U64,
+        NonZero,
         "Kernel log records that did not parse.",
         kmsg_malformed
     ),
@@ -945,6 +1247,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{event}",
         Counter,
         U64,
+        NonZero,
         "Fault events per pipeline stage and outcome.",
         events
     ),
@@ -953,6 +1256,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{sample}",
         Counter,
         U64,
+        NonZero,
         "NVML samples dropped oldest-first.",
         samples_dropped
     ),
@@ -961,6 +1265,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{error}",
         Counter,
         U64,
+        Always,
         "NVML calls that failed.",
         nvml_errors
     ),
@@ -969,6 +1274,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{state}",
         Gauge,
         U64,
+        Always,
         "1 when the input works; 0 means gpuwatch cannot tell.",
         monitor_up
     ),
@@ -977,6 +1283,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{failure}",
         Counter,
         U64,
+        Always,
         "OTLP exports that failed.",
         export_failures
     ),
@@ -985,6 +1292,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{write}",
         Counter,
         U64,
+        NonZero,
         "State-file writes.",
         state_writes
     ),
@@ -993,6 +1301,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{write}",
         Counter,
         U64,
+        NonZero,
         "Kubernetes API writes.",
         kube_writes
     ),
@@ -1001,6 +1310,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{state}",
         Gauge,
         U64,
+        NonZero,
         "1 while the node carries the taint.",
         tainted
     ),
@@ -1009,6 +1319,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "s",
         Gauge,
         F64,
+        NonZero,
         "How long the startup taint has been held.",
         startup_gate
     ),
@@ -1017,6 +1328,7 @@ pub(crate) const SPECS: &[Spec] = &[
         "{run}",
         Counter,
         U64,
+        NonZero,
         "Device validation runs.",
         validation_runs
     ),
@@ -1101,8 +1413,12 @@ mod tests {
             .map(|p| p.attrs.last().unwrap().1.clone())
             .collect();
         assert_eq!(on, vec![s("gpu_idle"), s("hw_thermal_slowdown")]);
-        let link = &find("gpu.nvlink.state").points(&r, &h)[0];
-        assert_eq!(link.value, Num::U64(0));
+        let link = &find("gpu.nvlink.link.down").points(&r, &h)[0];
+        assert_eq!(link.value, Num::U64(1));
+        assert_eq!(
+            find("gpu.nvlink.links.down").points(&r, &h)[0].value,
+            Num::U64(1)
+        );
         // Unsupported readings produce no point at all.
         assert!(find("gpu.row_remap.pending").points(&r, &h).is_empty());
         assert_eq!(find("gpuwatch.gpus").points(&r, &h).len(), 1);
@@ -1136,5 +1452,236 @@ mod tests {
         assert!(find("hw.temperature").points(&r, &h).is_empty());
         let visible = find("gpuwatch.gpus").points(&r, &h);
         assert_eq!(visible[0].value, Num::U64(0));
+    }
+
+    /// A healthy HGX-class node as the poller publishes it: 8 GPUs, every
+    /// reading NVML gives on an H100/H200 (row remapping, no page retirement),
+    /// 18 active NVLinks per GPU with the small non-zero counters real links
+    /// carry since driver load, the idle clock-event reason.
+    fn healthy_node() -> NodeHealth {
+        let gpus = (0..8u32)
+            .map(|i| {
+                let nvlinks = (0..18u32)
+                    .map(|link| NvLinkSample {
+                        link,
+                        active: Some(true),
+                        replay_errors: Some(u64::from(link % 3)),
+                        recovery_errors: Some(0),
+                        crc_flit_errors: Some(u64::from(link % 2)),
+                        crc_data_errors: Some(0),
+                    })
+                    .collect();
+                let mut sample = GpuSample {
+                    index: i,
+                    uuid: format!("GPU-{i:08x}-0000-0000-0000-000000000000"),
+                    pci_address: format!("00000000:{:02x}:00.0", 0x18 + i * 0x10),
+                    temperature_c: Some(35),
+                    slowdown_temperature_c: Some(87),
+                    shutdown_temperature_c: Some(92),
+                    power_mw: Some(72_000),
+                    power_limit_mw: Some(700_000),
+                    clock_event_reasons: Some(0x1),
+                    ecc_volatile_corrected: Some(0),
+                    ecc_volatile_uncorrected: Some(0),
+                    ecc_aggregate_corrected: Some(0),
+                    ecc_aggregate_uncorrected: Some(0),
+                    remapped_rows_correctable: Some(0),
+                    remapped_rows_uncorrectable: Some(0),
+                    remapped_rows_pending: Some(false),
+                    remapped_rows_failure: Some(false),
+                    pcie_link_gen: Some(5),
+                    pcie_link_gen_max: Some(5),
+                    pcie_link_width: Some(16),
+                    pcie_link_width_max: Some(16),
+                    pcie_replay_counter: Some(0),
+                    persistence_mode: Some(true),
+                    nvlinks,
+                    ..Default::default()
+                };
+                sample.set_recovery_action(RecoveryAction::None);
+                let mut g = GpuHealth {
+                    index: Some(i),
+                    uuid: sample.uuid.clone(),
+                    pci_address: sample.pci_address.clone(),
+                    sample: Some(sample),
+                    ..Default::default()
+                };
+                g.set_verdict(Verdict::Healthy);
+                g
+            })
+            .collect();
+        let mut h = NodeHealth {
+            gpus,
+            monitor: Some(gpuwatch_proto::MonitorStatus {
+                kmsg_ok: true,
+                nvml_ok: true,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        h.set_verdict(Verdict::Healthy);
+        h.set_action(Action::Ignore);
+        h
+    }
+
+    /// The registry after a clean start: kernel log read, state written,
+    /// validation passed, condition and startup taint written.
+    fn started_registry() -> std::sync::Arc<Registry> {
+        let r = Registry::new();
+        r.kmsg_records_read.store(1500, Relaxed);
+        r.gpus_expected.store(8, Relaxed);
+        r.count_state_write(true);
+        r.count_validation(ValidationResult::Pass);
+        r.count_kube_write(KubeObject::Condition, WriteResult::Ok);
+        r.count_kube_write(KubeObject::StartupTaint, WriteResult::Ok);
+        r
+    }
+
+    fn count(points: &[(&'static Spec, Vec<Point>)]) -> (usize, usize) {
+        let mut per_gpu = 0;
+        let mut node = 0;
+        for (_, pts) in points {
+            for p in pts {
+                if p.attrs.iter().any(|(k, _)| *k == "gpu.index") {
+                    per_gpu += 1;
+                } else {
+                    node += 1;
+                }
+            }
+        }
+        (per_gpu, node)
+    }
+
+    fn series_of<'a>(points: &'a [(&'static Spec, Vec<Point>)], name: &str) -> &'a [Point] {
+        &points.iter().find(|(s, _)| s.name == name).expect(name).1
+    }
+
+    #[test]
+    fn healthy_eight_gpu_node_stays_within_the_series_budget() {
+        let r = started_registry();
+        let h = healthy_node();
+        let f = SeriesFilter::new(Duration::from_secs(300));
+        let t0 = Instant::now();
+        // The first collection and a steady-state one a minute later.
+        for t in [t0, t0 + Duration::from_secs(60)] {
+            let pts = f.collect_all(&r, &h, t);
+            let (per_gpu, node) = count(&pts);
+            assert!(per_gpu <= 8 * 25, "{per_gpu} GPU points");
+            assert!(node <= 20, "{node} node points");
+            assert!(per_gpu + node <= 220, "{} points", per_gpu + node);
+            // Same information: per-GPU NVLink sums and links down are there.
+            assert_eq!(series_of(&pts, "gpu.nvlink.errors").len(), 8 * 4);
+            assert_eq!(series_of(&pts, "gpu.nvlink.links.down").len(), 8);
+            assert!(series_of(&pts, "gpu.nvlink.link.errors").is_empty());
+            assert!(series_of(&pts, "gpu.nvlink.link.down").is_empty());
+            // One bitmask per GPU plus the active reason only.
+            assert_eq!(series_of(&pts, "gpu.clock_event.reasons").len(), 8);
+            assert_eq!(series_of(&pts, "gpu.clock_event.active").len(), 8);
+            assert!(series_of(&pts, "gpu.faults.active").is_empty());
+            assert_eq!(series_of(&pts, "gpu.health.verdict").len(), 8);
+        }
+        // Unfiltered, the same node has far more points (what the filter saves).
+        let all: usize = SPECS.iter().map(|s| s.points(&r, &h).len()).sum();
+        assert!(all > 700, "{all}");
+    }
+
+    #[test]
+    fn an_erroring_nvlink_adds_only_its_series_until_a_quiet_window_passes() {
+        let r = started_registry();
+        let mut h = healthy_node();
+        let f = SeriesFilter::new(Duration::from_secs(300));
+        let t0 = Instant::now();
+        let base = f.collect_all(&r, &h, t0);
+        let (g0, n0) = count(&base);
+        // GPU 3, link 5: replay and CRC counters move.
+        {
+            let l = &mut h.gpus[3].sample.as_mut().unwrap().nvlinks[5];
+            l.replay_errors = Some(40);
+            l.crc_flit_errors = Some(7);
+        }
+        let t1 = t0 + Duration::from_secs(30);
+        let pts = f.collect_all(&r, &h, t1);
+        let (g1, n1) = count(&pts);
+        assert_eq!(n1, n0);
+        assert_eq!(g1, g0 + 2, "only the two moved counters of the link");
+        let link = series_of(&pts, "gpu.nvlink.link.errors");
+        assert!(link.iter().all(|p| {
+            p.attrs.contains(&("nvlink.link", AttrValue::Int(5)))
+                && p.attrs.contains(&("gpu.index", AttrValue::Int(3)))
+        }));
+        // The per-GPU sum carries the new counts.
+        let sums = series_of(&pts, "gpu.nvlink.errors");
+        let replay3 = sums
+            .iter()
+            .find(|p| {
+                p.attrs.contains(&("gpu.index", AttrValue::Int(3)))
+                    && p.attrs.contains(&("error.type", s("replay")))
+            })
+            .unwrap();
+        assert_eq!(
+            replay3.value,
+            Num::U64(40 + (0..18u64).map(|l| l % 3).sum::<u64>() - 2)
+        );
+        // Quiet, but within the window: still sent.
+        let pts = f.collect_all(&r, &h, t1 + Duration::from_secs(299));
+        assert_eq!(count(&pts).0, g0 + 2);
+        // A quiet window later: gone.
+        let pts = f.collect_all(&r, &h, t1 + Duration::from_secs(300));
+        assert_eq!(count(&pts), (g0, n0));
+    }
+
+    #[test]
+    fn a_down_link_is_named_then_lingers_at_zero_then_goes() {
+        let r = started_registry();
+        let mut h = healthy_node();
+        let f = SeriesFilter::new(Duration::from_secs(300));
+        let t0 = Instant::now();
+        let (g0, _) = count(&f.collect_all(&r, &h, t0));
+        h.gpus[1].sample.as_mut().unwrap().nvlinks[17].active = Some(false);
+        let pts = f.collect_all(&r, &h, t0 + Duration::from_secs(30));
+        let down = series_of(&pts, "gpu.nvlink.link.down");
+        assert_eq!(down.len(), 1);
+        assert_eq!(down[0].value, Num::U64(1));
+        assert!(down[0].attrs.contains(&("nvlink.link", AttrValue::Int(17))));
+        assert_eq!(count(&pts).0, g0 + 1);
+        // Back up: the link's series is sent as 0 for the quiet window.
+        h.gpus[1].sample.as_mut().unwrap().nvlinks[17].active = Some(true);
+        let t2 = t0 + Duration::from_secs(60);
+        let pts = f.collect_all(&r, &h, t2);
+        assert_eq!(
+            series_of(&pts, "gpu.nvlink.link.down")[0].value,
+            Num::U64(0)
+        );
+        let pts = f.collect_all(&r, &h, t0 + Duration::from_secs(30 + 300));
+        assert!(series_of(&pts, "gpu.nvlink.link.down").is_empty());
+        assert_eq!(count(&pts).0, g0);
+    }
+
+    #[test]
+    fn state_sets_send_the_current_state_and_the_previous_one_as_zero() {
+        let r = started_registry();
+        let mut h = healthy_node();
+        let f = SeriesFilter::new(Duration::from_secs(300));
+        let t0 = Instant::now();
+        f.collect_all(&r, &h, t0);
+        h.set_action(Action::RebootNode);
+        h.reason = "XID79".into();
+        let pts = f.collect_all(&r, &h, t0 + Duration::from_secs(30));
+        let action = series_of(&pts, "gpuwatch.node.action");
+        let on: Vec<_> = action.iter().filter(|p| p.value == Num::U64(1)).collect();
+        assert_eq!(on.len(), 1);
+        assert!(on[0].attrs.contains(&("reason", owned("XID79"))));
+        // Cleared: the XID79 series goes to 0 (same attributes), ignore is back at 1.
+        h.set_action(Action::Ignore);
+        h.reason.clear();
+        let pts = f.collect_all(&r, &h, t0 + Duration::from_secs(60));
+        let action = series_of(&pts, "gpuwatch.node.action");
+        let was = action
+            .iter()
+            .find(|p| p.attrs.contains(&("reason", owned("XID79"))))
+            .expect("the cleared series is sent as 0");
+        assert_eq!(was.value, Num::U64(0));
+        let pts = f.collect_all(&r, &h, t0 + Duration::from_secs(400));
+        assert_eq!(series_of(&pts, "gpuwatch.node.action").len(), 1);
     }
 }

@@ -402,13 +402,28 @@ pub(crate) struct Worker {
     pub(crate) scope: InstrumentationScope,
 }
 
+/// Retry delays after failed log exports: doubling from `retry_initial` up
+/// to `retry_max`, each with random jitter (backon's: up to the delay again),
+/// so a fleet whose collector comes back does not retry in lock step.
+fn retry_delays(settings: &QueueSettings) -> impl Iterator<Item = Duration> + use<> {
+    use backon::BackoffBuilder as _;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(settings.retry_initial)
+        .with_max_delay(settings.retry_max)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
 impl Worker {
     pub(crate) fn run(self) {
         // A provider without processors: only used to create records.
         let provider = SdkLoggerProvider::builder().build();
         let logger = provider.logger("gpuwatch");
         let settings = self.queue.settings;
-        let mut delay = settings.retry_initial;
+        let mut delays = retry_delays(&settings);
+        let mut delay = delays.next().unwrap_or(settings.retry_initial);
         let mut failing = false;
         while let Some(batch) = self.queue.next_batch() {
             let records: Vec<SdkLogRecord> = batch
@@ -431,7 +446,8 @@ impl Worker {
                         tracing::info!("OTLP log export recovered.");
                     }
                     failing = false;
-                    delay = settings.retry_initial;
+                    delays = retry_delays(&settings);
+                    delay = delays.next().unwrap_or(settings.retry_initial);
                 }
                 Err(e) => {
                     self.queue.finish_batch(batch.len(), false);
@@ -446,7 +462,7 @@ impl Worker {
                     if self.queue.lock().shutdown.is_some() || !self.queue.backoff(delay) {
                         break;
                     }
-                    delay = (delay * 2).min(settings.retry_max);
+                    delay = delays.next().unwrap_or(settings.retry_max);
                 }
             }
         }
@@ -498,6 +514,29 @@ mod tests {
             code,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn retry_delays_double_up_to_the_max_with_jitter() {
+        let s = QueueSettings {
+            retry_initial: Duration::from_millis(1000),
+            retry_max: Duration::from_millis(30_000),
+            ..settings(1)
+        };
+        // Without jitter: 1, 2, 4, 8, 16, 30, 30, ... s; jitter adds up to as much again.
+        let bare = [1, 2, 4, 8, 16, 30, 30, 30u64];
+        let mut differ = false;
+        for _ in 0..20 {
+            let got: Vec<Duration> = retry_delays(&s).take(bare.len()).collect();
+            for (d, b) in got.iter().zip(bare) {
+                let b = Duration::from_secs(b);
+                assert!(*d >= b && *d <= b * 2, "{d:?} outside [{b:?}, {:?}]", b * 2);
+            }
+            differ |= got != retry_delays(&s).take(bare.len()).collect::<Vec<_>>();
+        }
+        assert!(differ, "two agents would retry in lock step");
+        // The sequence never ends while the collector stays away.
+        assert_eq!(retry_delays(&s).take(1000).count(), 1000);
     }
 
     fn codes(q: &LogQueue) -> Vec<u32> {

@@ -444,7 +444,8 @@ async fn six_lost_races_in_a_row_land_the_fault_taint_within_a_second() {
         1
     );
     // The conflict is visible on the metrics endpoint.
-    let text = gpuwatch_sinks::prometheus::render(&h.registry, &Default::default());
+    let text =
+        gpuwatch_sinks::prometheus::Renderer::new(h.registry.clone(), Default::default()).render();
     assert!(
         text.lines()
             .any(|l| l.starts_with("gpuwatch_kube_writes_total")

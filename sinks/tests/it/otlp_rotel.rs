@@ -4,7 +4,8 @@
 
 use crate::common;
 use crate::common::{
-    Received, Rotel, assert_instrument_type, documented_metrics, populate, xid_event,
+    Received, Rotel, WireTap, assert_instrument_type, bump_nvlink, documented_metrics, populate,
+    populate_healthy_hgx, xid_event,
 };
 use gpuwatch_core::{LATENCY_BUCKETS_SECONDS, Outcome, Registry, Signal, Stage};
 use gpuwatch_proto::Action;
@@ -56,13 +57,13 @@ fn logs_with_code(r: &Received, lo: u32, hi: u32) -> Vec<u32> {
         .collect()
 }
 
-fn roundtrip(protocol: Protocol, compression: Compression) {
+fn roundtrip(protocol: Protocol, compression: Option<Compression>) {
     let rotel = Rotel::start();
     let rt = runtime();
     let registry = Registry::new();
     populate(&registry);
     let mut cfg = config(protocol, rotel.grpc_port, rotel.http_port);
-    cfg.compression = Some(compression);
+    cfg.compression = compression;
     cfg.headers = [("x-gpuwatch-test".to_owned(), "1".to_owned())].into();
     let exporter = OtlpExporter::start(&cfg, &resource(), registry.clone(), rt.handle()).unwrap();
     for micros in [20, 3000, 2_000_000] {
@@ -84,6 +85,7 @@ fn roundtrip(protocol: Protocol, compression: Compression) {
         Duration::from_secs(20),
         "all metrics and 3 log records",
         |r| {
+            bump_nvlink(&registry);
             r.logs.len() >= 3
                 && documented_metrics()
                     .iter()
@@ -186,14 +188,8 @@ fn roundtrip(protocol: Protocol, compression: Compression) {
             .as_deref(),
         Some("1")
     );
-    assert_eq!(
-        verdict
-            .point(&[("verdict", "Str(healthy)")])
-            .unwrap()
-            .value
-            .as_deref(),
-        Some("0")
-    );
+    // A state set sends its current state; states never entered are not sent.
+    assert!(verdict.point(&[("verdict", "Str(healthy)")]).is_none());
     let monitor = got.metric("gpuwatch.monitor.up").unwrap();
     for (input, up) in [("Str(kmsg)", "0"), ("Str(nvml)", "1")] {
         assert_eq!(
@@ -287,22 +283,22 @@ fn short(a: Action) -> &'static str {
 
 #[test]
 fn grpc_metrics_and_fault_logs_reach_the_collector() {
-    roundtrip(Protocol::Grpc, Compression::None);
+    roundtrip(Protocol::Grpc, Some(Compression::None));
 }
 
 #[test]
 fn http_metrics_and_fault_logs_reach_the_collector() {
-    roundtrip(Protocol::HttpProtobuf, Compression::None);
+    roundtrip(Protocol::HttpProtobuf, Some(Compression::None));
 }
 
 #[test]
-fn grpc_gzip_metrics_and_fault_logs_reach_the_collector() {
-    roundtrip(Protocol::Grpc, Compression::Gzip);
+fn grpc_default_gzip_metrics_and_fault_logs_reach_the_collector() {
+    roundtrip(Protocol::Grpc, None);
 }
 
 #[test]
-fn http_gzip_metrics_and_fault_logs_reach_the_collector() {
-    roundtrip(Protocol::HttpProtobuf, Compression::Gzip);
+fn http_default_gzip_metrics_and_fault_logs_reach_the_collector() {
+    roundtrip(Protocol::HttpProtobuf, None);
 }
 
 fn outage(protocol: Protocol) {
@@ -392,4 +388,130 @@ fn grpc_collector_outage_keeps_newest_faults_and_recovers() {
 #[test]
 fn http_collector_outage_keeps_newest_faults_and_recovers() {
     outage(Protocol::HttpProtobuf);
+}
+
+/// Sends one healthy 8-GPU node's metrics through a wire tap to rotel with
+/// the default compression and with none; returns (points in one export,
+/// request bytes per export with gzip, without).
+fn healthy_export(protocol: Protocol) -> (usize, usize, usize) {
+    let rotel = Rotel::start();
+    let rt = runtime();
+    let mut sizes = Vec::new();
+    let mut points = 0;
+    for compression in [None, Some(Compression::None)] {
+        let upstream = match protocol {
+            Protocol::Grpc => rotel.grpc_port,
+            Protocol::HttpProtobuf => rotel.http_port,
+        };
+        let tap = WireTap::start(upstream);
+        let registry = Registry::new();
+        populate_healthy_hgx(&registry);
+        let mut cfg = config(protocol, tap.port, tap.port);
+        cfg.logs = false;
+        cfg.compression = compression;
+        let exporter =
+            OtlpExporter::start(&cfg, &resource(), registry.clone(), rt.handle()).unwrap();
+        let before = rotel.received().metrics.len();
+        let got = rotel.wait_for(Duration::from_secs(20), "two metric exports", |r| {
+            r.metrics.len() >= before + 2 * 10
+        });
+        exporter.shutdown(Duration::from_secs(5));
+        // Points per export (one Metric entry per instrument per export; a
+        // healthy node sends the same set every time).
+        let last = got.metrics[before..]
+            .iter()
+            .rev()
+            .map(|m| (m.name.clone(), m.points.len()))
+            .collect::<std::collections::BTreeMap<_, _>>();
+        points = last.values().sum();
+        let body_sizes: Vec<(bool, usize)> = match protocol {
+            Protocol::HttpProtobuf => tap
+                .http_requests()
+                .into_iter()
+                .filter(|(head, _)| head.starts_with("post /v1/metrics"))
+                .map(|(head, body)| (head.contains("content-encoding: gzip"), body.len()))
+                .collect(),
+            Protocol::Grpc => tap.grpc_messages(),
+        };
+        assert!(!body_sizes.is_empty(), "no export seen on the wire");
+        let gzip = compression.is_none();
+        assert!(
+            body_sizes.iter().all(|(c, _)| *c == gzip),
+            "compressed flags {body_sizes:?}, expected gzip={gzip}"
+        );
+        sizes.push(body_sizes.iter().map(|(_, n)| *n).max().unwrap());
+    }
+    rotel.kill();
+    (points, sizes[0], sizes[1])
+}
+
+/// The series budget end to end: a healthy 8-GPU node (18 NVLinks per GPU)
+/// exports at most 25 points per GPU plus 20 per node; gzip is on by default
+/// (and rotel accepts it) and shrinks the export.
+#[test]
+fn healthy_node_export_fits_the_budget_and_is_gzipped_by_default() {
+    for protocol in [Protocol::HttpProtobuf, Protocol::Grpc] {
+        let (points, gzip, raw) = healthy_export(protocol);
+        eprintln!(
+            "{}: {points} points per export, {raw} bytes raw, {gzip} bytes gzip",
+            protocol.as_str()
+        );
+        assert!(points <= 220, "{points} points");
+        assert!(
+            points >= 150,
+            "{points} points: the node's readings are missing"
+        );
+        assert!(gzip * 4 < raw, "gzip {gzip} vs raw {raw}");
+    }
+}
+
+/// End to end through the SDK: a per-link NVLink series appears in the OTLP
+/// export when its counters move and is no longer exported after the quiet
+/// window (the SDK reports only what the latest callback observed).
+#[test]
+fn erroring_nvlink_series_are_exported_then_dropped_after_the_quiet_window() {
+    let rotel = Rotel::start();
+    let rt = runtime();
+    let registry = Registry::new();
+    populate_healthy_hgx(&registry);
+    let mut cfg = config(Protocol::HttpProtobuf, rotel.grpc_port, rotel.http_port);
+    cfg.logs = false;
+    cfg.series_quiet_window_secs = 2;
+    let exporter = OtlpExporter::start(&cfg, &resource(), registry.clone(), rt.handle()).unwrap();
+    let links = |r: &Received| {
+        r.metrics
+            .iter()
+            .filter(|m| m.name == "gpu.nvlink.link.errors")
+            .count()
+    };
+    // A baseline export first, then GPU 0 link 1's counter moves.
+    rotel.wait_for(Duration::from_secs(20), "a first export", |r| {
+        r.metric("gpu.nvlink.errors").is_some()
+    });
+    bump_nvlink(&registry);
+    let got = rotel.wait_for(Duration::from_secs(20), "the link's series", |r| {
+        links(r) > 0
+    });
+    let m = got.metric("gpu.nvlink.link.errors").unwrap();
+    assert_eq!(m.points.len(), 1, "{:?}", m.points);
+    assert_eq!(
+        m.points[0].attrs.get("nvlink.link").map(String::as_str),
+        Some("Int(1)")
+    );
+    // Quiet: after the window, exports no longer carry it.
+    let seen = links(&got);
+    std::thread::sleep(Duration::from_secs(3));
+    let after = rotel.received().metrics.len();
+    let later = rotel.wait_for(Duration::from_secs(20), "two more exports", |r| {
+        r.metrics.len() > after + 40
+    });
+    assert!(
+        later.metrics[after..]
+            .iter()
+            .all(|m| m.name != "gpu.nvlink.link.errors"),
+        "the quiet link is still exported"
+    );
+    assert!(links(&later) >= seen);
+    exporter.shutdown(Duration::from_secs(5));
+    rotel.kill();
 }

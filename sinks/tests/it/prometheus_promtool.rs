@@ -3,10 +3,10 @@
 //! metrics a real collector (rotel) received from the same registry.
 
 use crate::common;
-use crate::common::{Rotel, populate, promtool_check};
+use crate::common::{Rotel, bump_nvlink, populate, promtool_check};
 use gpuwatch_core::Registry;
 use gpuwatch_sinks::otlp::{OtlpConfig, OtlpExporter, Protocol, ResourceInfo};
-use gpuwatch_sinks::prometheus::{InstrumentKind, otel_to_prometheus_name, render};
+use gpuwatch_sinks::prometheus::{InstrumentKind, Renderer, otel_to_prometheus_name};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -36,7 +36,11 @@ fn promtool_accepts_the_exposition() {
     // Label values that need escaping.
     tricky.gpu_uuid = "GPU-\"quoted\"\\back\nline".into();
     registry.record_fault(&tricky);
-    let text = render(&registry, &resource());
+    let renderer = Renderer::new(registry.clone(), resource());
+    renderer.render();
+    bump_nvlink(&registry);
+    let text = renderer.render();
+    assert!(text.contains("gpu_nvlink_link_errors_total{"), "{text}");
     let (ok, msg) = promtool_check(&text);
     assert!(ok, "promtool rejected the exposition: {msg}\n{text}");
     assert!(msg.trim().is_empty(), "promtool lint findings: {msg}");
@@ -74,6 +78,7 @@ fn prometheus_names_match_the_collector_translation_of_otlp() {
     registry.record_latency(Duration::from_millis(2));
     let expected = common::documented_metrics().len();
     let got = rotel.wait_for(Duration::from_secs(20), "every metric", |r| {
+        bump_nvlink(&registry);
         let names: std::collections::BTreeSet<_> =
             r.metrics.iter().map(|m| m.name.clone()).collect();
         names.len() >= expected
@@ -99,7 +104,10 @@ fn prometheus_names_match_the_collector_translation_of_otlp() {
             ty.to_owned(),
         );
     }
-    let mut rendered = families(&render(&registry, &resource()));
+    let renderer = Renderer::new(registry.clone(), resource());
+    renderer.render();
+    bump_nvlink(&registry);
+    let mut rendered = families(&renderer.render());
     assert_eq!(rendered.remove("target_info").as_deref(), Some("gauge"));
     assert_eq!(rendered, translated);
     rotel.kill();

@@ -126,12 +126,38 @@ impl Rotel {
 
     /// Starts rotel on the given ports and waits until both accept connections.
     pub fn start_on(grpc_port: u16, http_port: u16) -> Rotel {
+        Rotel::start_with(grpc_port, http_port, true)
+    }
+
+    /// Starts rotel on fresh ports without its debug log (nothing to parse;
+    /// for measuring the collector's own cost, e.g. the fleet simulation).
+    pub fn start_quiet() -> Rotel {
+        Rotel::start_with(free_port(), free_port(), false)
+    }
+
+    /// The collector's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn start_with(grpc_port: u16, http_port: u16, debug: bool) -> Rotel {
         let dir = tempfile::tempdir().expect("tempdir");
+        let debug_args: &[&str] = if debug {
+            &[
+                "--debug-log",
+                "metrics",
+                "--debug-log",
+                "logs",
+                "--debug-log-verbosity",
+                "detailed",
+            ]
+        } else {
+            &[]
+        };
         let mut child = Command::new(rotel_binary())
             .arg("start")
             .args(["--exporter", "blackhole"])
-            .args(["--debug-log", "metrics", "--debug-log", "logs"])
-            .args(["--debug-log-verbosity", "detailed"])
+            .args(debug_args)
             .args(["--otlp-grpc-endpoint", &format!("127.0.0.1:{grpc_port}")])
             .args(["--otlp-http-endpoint", &format!("127.0.0.1:{http_port}")])
             .arg("--pid-file")
@@ -484,11 +510,11 @@ pub fn full_sample(index: u32, temperature: u32) -> GpuSample {
         ecc_aggregate_uncorrected: Some(1),
         retired_pages_sbe: Some(2),
         retired_pages_dbe: Some(1),
-        retired_pages_pending: Some(false),
+        retired_pages_pending: Some(index == 1),
         remapped_rows_correctable: Some(3),
         remapped_rows_uncorrectable: Some(1),
         remapped_rows_pending: Some(index == 0),
-        remapped_rows_failure: Some(false),
+        remapped_rows_failure: Some(index == 1),
         pcie_link_gen: Some(5),
         pcie_link_gen_max: Some(5),
         pcie_link_width: Some(16),
@@ -540,7 +566,24 @@ pub fn xid_event(code: u32, index: u32, action: Action, count: u32) -> FaultEven
     ev
 }
 
-/// Fills a registry so that every instrument of `docs/metrics.md` has points.
+/// Moves the NVLink error counters of GPU 0 link 1 in the published health,
+/// so the per-link series (sent only for links whose counters moved) appear
+/// from the next collection on. Call it between collections.
+pub fn bump_nvlink(r: &Registry) {
+    let mut h = (*r.health()).clone();
+    if let Some(l) = h
+        .gpus
+        .first_mut()
+        .and_then(|g| g.sample.as_mut())
+        .and_then(|s| s.nvlinks.get_mut(1))
+    {
+        l.replay_errors = Some(l.replay_errors.unwrap_or(0) + 1);
+    }
+    r.set_health(Arc::new(h));
+}
+
+/// Fills a registry so that every instrument of `docs/metrics.md` has points
+/// (the per-link NVLink counters once [`bump_nvlink`] moved them).
 pub fn populate(r: &Registry) {
     r.record_fault(&xid_event(79, 0, Action::InspectHardware, 3));
     r.record_fault(&xid_event(13, 1, Action::RestartApp, 1));
@@ -699,4 +742,185 @@ pub fn assert_instrument_type(name: &str, ty: &str, m: &Metric) {
         }
         other => panic!("{name}: documented type {other}"),
     }
+}
+
+/// A loopback TCP proxy in front of a collector port that keeps every byte
+/// the client sent, so a test can see what went over the wire (compression,
+/// size) while the real collector still answers.
+pub struct WireTap {
+    /// The port clients connect to.
+    pub port: u16,
+    sent: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl WireTap {
+    /// Listens on a fresh loopback port and forwards each connection to `upstream`.
+    pub fn start(upstream: u16) -> WireTap {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        let port = listener.local_addr().unwrap().port();
+        let sent: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+        let conns = sent.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let idx = {
+                    let mut c = conns.lock().unwrap();
+                    c.push(Vec::new());
+                    c.len() - 1
+                };
+                let (mut c_read, mut s_write) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let (mut s_read, mut c_write) = (server, client);
+                let log = conns.clone();
+                std::thread::spawn(move || {
+                    use std::io::{Read, Write};
+                    let mut buf = [0u8; 16 * 1024];
+                    while let Ok(n) = c_read.read(&mut buf) {
+                        if n == 0 || s_write.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                        log.lock().unwrap()[idx].extend_from_slice(&buf[..n]);
+                    }
+                    let _ = s_write.shutdown(std::net::Shutdown::Write);
+                });
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut s_read, &mut c_write);
+                    let _ = c_write.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        });
+        WireTap { port, sent }
+    }
+
+    /// Bytes each connection sent so far.
+    pub fn connections(&self) -> Vec<Vec<u8>> {
+        self.sent.lock().unwrap().clone()
+    }
+
+    /// HTTP/1.1 requests seen so far: (head, body) per request, split by
+    /// `Content-Length` (the OTLP HTTP exporter always sends it).
+    pub fn http_requests(&self) -> Vec<(String, Vec<u8>)> {
+        let mut out = Vec::new();
+        for conn in self.connections() {
+            let mut rest = &conn[..];
+            while let Some(end) = rest.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&rest[..end]).to_ascii_lowercase();
+                let len = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .unwrap_or(0);
+                let body_start = end + 4;
+                if rest.len() < body_start + len {
+                    break;
+                }
+                out.push((head, rest[body_start..body_start + len].to_vec()));
+                rest = &rest[body_start + len..];
+            }
+        }
+        out
+    }
+
+    /// gRPC messages the client sent: (compressed flag, message length) of
+    /// the first message of every HTTP/2 stream, read from DATA frames
+    /// (RFC 9113 section 4.1 frame layout; gRPC over HTTP/2 length-prefixed
+    /// message: 1 flag byte, 4-byte big-endian length).
+    pub fn grpc_messages(&self) -> Vec<(bool, usize)> {
+        const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+        let mut out = Vec::new();
+        for conn in self.connections() {
+            let Some(mut rest) = conn.strip_prefix(PREFACE) else {
+                continue;
+            };
+            let mut started = std::collections::HashSet::new();
+            while rest.len() >= 9 {
+                let len =
+                    usize::from(rest[0]) << 16 | usize::from(rest[1]) << 8 | usize::from(rest[2]);
+                let (ty, flags) = (rest[3], rest[4]);
+                let stream = u32::from_be_bytes([rest[5], rest[6], rest[7], rest[8]]) & 0x7fff_ffff;
+                if rest.len() < 9 + len {
+                    break;
+                }
+                let mut payload = &rest[9..9 + len];
+                if ty == 0 && flags & 0x8 != 0 && !payload.is_empty() {
+                    let pad = usize::from(payload[0]);
+                    payload = &payload[1..payload.len().saturating_sub(pad)];
+                }
+                if ty == 0 && payload.len() >= 5 && started.insert(stream) {
+                    let n = u32::from_be_bytes([payload[1], payload[2], payload[3], payload[4]]);
+                    out.push((payload[0] == 1, n as usize));
+                }
+                rest = &rest[9 + len..];
+            }
+        }
+        out
+    }
+}
+
+/// A healthy HGX-class node as the poller publishes it: 8 GPUs with every
+/// reading NVML gives on an H100/H200 (row remapping, no page retirement),
+/// 18 active NVLinks per GPU with small counters, the idle clock-event
+/// reason; the registry after a clean start.
+pub fn populate_healthy_hgx(r: &Registry) {
+    let gpus = (0..8u32)
+        .map(|i| {
+            let mut sample = full_sample(i, 35);
+            sample.clock_event_reasons = Some(0x1);
+            sample.ecc_volatile_corrected = Some(0);
+            sample.ecc_aggregate_corrected = Some(0);
+            sample.ecc_aggregate_uncorrected = Some(0);
+            sample.retired_pages_sbe = None;
+            sample.retired_pages_dbe = None;
+            sample.retired_pages_pending = None;
+            sample.remapped_rows_correctable = Some(0);
+            sample.remapped_rows_uncorrectable = Some(0);
+            sample.remapped_rows_pending = Some(false);
+            sample.remapped_rows_failure = Some(false);
+            sample.pcie_replay_counter = Some(0);
+            sample.set_recovery_action(RecoveryAction::None);
+            sample.nvlinks = (0..18)
+                .map(|link| NvLinkSample {
+                    link,
+                    active: Some(true),
+                    replay_errors: Some(0),
+                    recovery_errors: Some(0),
+                    crc_flit_errors: Some(0),
+                    crc_data_errors: Some(0),
+                })
+                .collect();
+            let mut g = GpuHealth {
+                index: Some(i),
+                uuid: sample.uuid.clone(),
+                pci_address: sample.pci_address.clone(),
+                sample: Some(sample),
+                ..Default::default()
+            };
+            g.set_verdict(Verdict::Healthy);
+            g
+        })
+        .collect();
+    let mut health = NodeHealth {
+        node_name: "gpu-node-1".into(),
+        gpus,
+        monitor: Some(MonitorStatus {
+            kmsg_ok: true,
+            nvml_ok: true,
+            message: String::new(),
+            kmsg_caught_up: true,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    health.set_verdict(Verdict::Healthy);
+    health.set_action(Action::Ignore);
+    r.set_health(Arc::new(health));
+    r.kmsg_records_read.store(1500, Relaxed);
+    r.gpus_expected.store(8, Relaxed);
+    r.count_state_write(true);
+    r.count_validation(ValidationResult::Pass);
+    r.count_kube_write(KubeObject::Condition, WriteResult::Ok);
+    r.count_kube_write(KubeObject::StartupTaint, WriteResult::Ok);
 }
