@@ -169,7 +169,9 @@ fn held_back_publication_happens_without_further_input() {
 #[test]
 fn every_event_reaches_the_sinks_in_order_while_publications_are_coalesced() {
     let l = start();
-    let n = 300;
+    // Below the engine's bound on GPUs NVML has not confirmed (each address
+    // here is one), so every fault stays active.
+    let n = 60;
     for i in 0..n {
         l.tx.send(xid(31, &pci(i))).unwrap();
         // One at a time, like a live reader: each event is out before the next.
