@@ -26,6 +26,7 @@ command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; e
 command -v promtool >/dev/null && command -v prometheus >/dev/null || apt_install prometheus
 command -v kubectl >/dev/null || apt_install kubernetes-client
 for tool in jq curl; do command -v "$tool" >/dev/null || apt_install "$tool"; done
+command -v podman >/dev/null && command -v runc >/dev/null || apt_install podman runc
 if ! command -v rotel >/dev/null && ! python3 -m pip show rotel >/dev/null 2>&1; then
   python3 -m pip install --quiet "rotel==${ROTEL_VERSION}"
 fi
@@ -63,5 +64,8 @@ bash deploy/grafana/check.sh
 
 step "Dashboards and alerts against a real Prometheus scraping gpuwatch"
 bash deploy/tests/prometheus-e2e.sh
+
+step "Container image: build with podman (nothing pulled), smoke-run as the DaemonSet runs it"
+bash deploy/image/build.sh
 
 step "All checks passed."

@@ -74,7 +74,7 @@ trap cleanup EXIT
 bin="${GPUWATCH_BIN:-$target/release/gpuwatch}"
 if [ -z "${GPUWATCH_BIN:-}" ]; then
   step "Building gpuwatch (release; the first build takes a few minutes)"
-  (cd "$repo" && cargo build --release --locked -p gpuwatch --bin gpuwatch -p nvml-sim)
+  (cd "$repo" && cargo build --release --locked -p gpuwatch -p nvml-sim)
 fi
 [ -x "$bin" ] || die "no gpuwatch binary at $bin"
 "$bin" --version
