@@ -309,6 +309,10 @@ pub struct Registry {
     pub startup_taint_present: AtomicU64,
     /// GPUs the node should have; `u64::MAX` when unknown.
     pub gpus_expected: AtomicU64,
+    /// Devices the device plugin advertises in the Node's
+    /// `status.allocatable` (the configured resources summed); `u64::MAX`
+    /// when not known (no Kubernetes writer, or the check is off).
+    pub gpus_advertised: AtomicU64,
     startup_gate_since: Mutex<Option<Instant>>,
     nvml_errors: Mutex<BTreeMap<&'static str, u64>>,
     faults: Mutex<BTreeMap<FaultSeries, FaultCount>>,
@@ -354,6 +358,7 @@ impl Default for Registry {
             fault_taint_present: AtomicU64::new(0),
             startup_taint_present: AtomicU64::new(0),
             gpus_expected: AtomicU64::new(u64::MAX),
+            gpus_advertised: AtomicU64::new(u64::MAX),
             startup_gate_since: Mutex::new(None),
             nvml_errors: Mutex::new(BTreeMap::new()),
             faults: Mutex::new(BTreeMap::new()),

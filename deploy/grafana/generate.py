@@ -198,8 +198,11 @@ def fleet():
     P.append(panel(lay, "stat", "Nodes tainted",
         "Nodes carrying gpuwatch's fault taint (gpuwatch.io/unhealthy) and the GPU startup taint.",
         [(f'sum by (taint) (gpuwatch_node_tainted{{{NODE}}})' + or_zero(), "{{taint}}")], w=8, h=6))
-    P.append(panel(lay, "stat", "GPUs visible",
-        "GPUs NVML sees across the selected nodes, and GPUs they should have where known.",
+    P.append(panel(lay, "stat", "GPUs visible, expected, advertised",
+        "GPUs NVML sees across the selected nodes, GPUs they should have where known, and "
+        "devices the device plugin advertises as allocatable (with the Kubernetes writer on). "
+        "Advertised below visible is the 'GPU node present but pods not scheduled' case "
+        "(alert GPUsNotAdvertised).",
         [(f'sum by (state) (gpuwatch_gpus{{{NODE}}})', "{{state}}")], w=8, h=6))
     P.append(panel(lay, "table", "Nodes needing action",
         "Most severe active action per node and its reason (XID79, RowRemapFailure, ...).",

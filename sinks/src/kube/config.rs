@@ -88,6 +88,12 @@ pub struct KubeConfig {
     pub event_burst: u32,
     /// Token-bucket refill rate of Event writes per minute.
     pub events_per_minute: u32,
+    /// The first Normal Event (application-level fault) after a quiet period
+    /// waits a random delay up to this many seconds, so that a fault logged by
+    /// every node of a fleet at once (one job's XID 13) reaches the API server
+    /// spread out. Warning Events, conditions and taints are never delayed.
+    /// 0: no spread.
+    pub normal_event_spread_secs: u64,
     /// Same reason and GPU within this window: the existing Event's `count` is bumped.
     pub event_dedup_window_secs: u64,
     /// Minimum milliseconds between two rounds of Node writes (storm coalescing).
@@ -132,6 +138,7 @@ impl Default for KubeConfig {
             event_queue_capacity: 256,
             event_burst: 10,
             events_per_minute: 30,
+            normal_event_spread_secs: 10,
             event_dedup_window_secs: 600,
             min_write_interval_ms: 1000,
             backoff_initial_ms: 500,
@@ -231,6 +238,12 @@ impl KubeConfig {
             if v == 0 {
                 p.push(format!("{key}: must be greater than 0"));
             }
+        }
+        if self.normal_event_spread_secs > 300 {
+            p.push(format!(
+                "normal_event_spread_secs: {} is longer than 300",
+                self.normal_event_spread_secs
+            ));
         }
         if self.backoff_max_ms < self.backoff_initial_ms {
             p.push("backoff_max_ms: must be at least backoff_initial_ms".into());

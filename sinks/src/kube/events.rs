@@ -552,14 +552,35 @@ impl EventWriter {
             Duration::from_millis(self.cfg.backoff_max_ms),
         );
         let mut seq: u64 = 0;
+        // The next Normal Event is the first after a quiet period.
+        let mut spread_next_normal = true;
         loop {
             let Some(p) = self.queue.pop() else {
                 if self.queue.closed.load(Ordering::SeqCst) {
                     return;
                 }
+                spread_next_normal = true;
                 self.queue.notify.notified().await;
                 continue;
             };
+            let spread = Duration::from_secs(self.cfg.normal_event_spread_secs);
+            if spread_next_normal
+                && p.type_ == "Normal"
+                && !spread.is_zero()
+                && !self.queue.closed.load(Ordering::SeqCst)
+            {
+                // The first Normal Event after a quiet period waits a random
+                // part of the spread (see `normal_event_spread_secs`); repeats
+                // arriving meanwhile coalesce into the queued Event.
+                spread_next_normal = false;
+                let delay = spread.mul_f64(rand::random_range(0.0..1.0));
+                self.queue.requeue(p);
+                self.sleep_unless_closed(delay).await;
+                continue;
+            }
+            if p.type_ != "Normal" {
+                spread_next_normal = false;
+            }
             if !listed {
                 match self.load_existing(&mut known).await {
                     Ok(()) => listed = true,
@@ -611,6 +632,16 @@ impl EventWriter {
                     self.queue.done();
                 }
             }
+        }
+    }
+
+    /// Sleeps `d` (new events do not cut it short), ending early only when
+    /// the sink closes.
+    async fn sleep_unless_closed(&self, d: Duration) {
+        let end = tokio::time::Instant::now() + d;
+        while tokio::time::Instant::now() < end && !self.queue.closed.load(Ordering::SeqCst) {
+            let left = end.saturating_duration_since(tokio::time::Instant::now());
+            tokio::time::sleep(left.min(Duration::from_millis(100))).await;
         }
     }
 

@@ -397,6 +397,14 @@ impl Reconciler {
         gate_closed: bool,
         want: &mut [DesiredCondition],
     ) {
+        if !self.cfg.allocatable_resources.is_empty() {
+            // Shown beside the GPUs NVML sees (`gpuwatch_gpus{state}`): the
+            // "GPU node present but pods not scheduled" case at a glance.
+            self.registry.gpus_advertised.store(
+                advertised::allocatable(node, &self.cfg),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
         let change = if gate_closed || self.cfg.allocatable_resources.is_empty() {
             self.not_advertised.reset()
         } else {

@@ -807,6 +807,13 @@ fn gpus(r: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
             value: Num::U64(expected),
         });
     }
+    let advertised = r.gpus_advertised.load(Relaxed);
+    if advertised != u64::MAX {
+        out.push(Point {
+            attrs: vec![("state", s("advertised"))],
+            value: Num::U64(advertised),
+        });
+    }
 }
 
 fn kmsg_read(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {

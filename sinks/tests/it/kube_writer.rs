@@ -936,6 +936,74 @@ async fn events_are_deduplicated_and_typed() {
     h.stop().await;
 }
 
+/// A fleet-wide application fault (every node logs XID 13 at once) must not
+/// reach the API server from every node in the same second: the first Normal
+/// Event after a quiet period waits a random part of the spread, repeats
+/// coalesce into it meanwhile; a Warning Event is not delayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn normal_events_are_spread_and_warnings_go_at_once() {
+    let api = ApiDouble::start(node(vec![], &[])).await;
+    let cfg = KubeConfig {
+        normal_event_spread_secs: 2,
+        ..api.kube_config()
+    };
+    let h = Harness::with(api, cfg, ValidationConfig::default(), healthy(2, "boot-a")).await;
+    let sink = h.writer().event_sink();
+    let mut delays = Vec::new();
+    for round in 0..4u64 {
+        let t0 = std::time::Instant::now();
+        for i in 0..3 {
+            sink.send(&xid_event(
+                13,
+                Action::RestartApp,
+                round as u32 % 2,
+                1_700_000_000_000_000_000 + (round * 10 + i) * 1_000_000_000,
+            ));
+        }
+        sink.flush(Duration::from_secs(5));
+        delays.push(t0.elapsed());
+        // A quiet period before the next round.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        delays.iter().all(|d| *d < Duration::from_millis(2600)),
+        "{delays:?}"
+    );
+    assert!(
+        delays.iter().any(|d| *d > Duration::from_millis(100)),
+        "never spread: {delays:?}"
+    );
+    let xid13 = h
+        .api
+        .events()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("XID13"))
+        .map(|e| e.count.unwrap_or(1))
+        .sum::<i32>();
+    assert_eq!(xid13, 12, "every occurrence counted");
+
+    let t0 = std::time::Instant::now();
+    sink.send(&xid_event(
+        79,
+        Action::RebootNode,
+        1,
+        1_700_000_100_000_000_000,
+    ));
+    sink.flush(Duration::from_secs(5));
+    assert!(
+        h.api
+            .events()
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("XID79"))
+    );
+    assert!(
+        t0.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t0.elapsed()
+    );
+    h.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn event_writes_are_rate_limited() {
     let api = ApiDouble::start(node(vec![], &[])).await;
@@ -1781,6 +1849,13 @@ async fn startup_gate_waits_for_the_device_plugin_and_unadvertised_gpus_are_repo
     assert!(
         msg.contains("NVML sees 8 healthy GPUs but the device plugin advertises 6"),
         "{msg}"
+    );
+    // Exported beside the GPUs NVML sees (`gpuwatch_gpus{state="advertised"}`).
+    assert_eq!(
+        h.registry
+            .gpus_advertised
+            .load(std::sync::atomic::Ordering::Relaxed),
+        6
     );
     assert!(
         taint_value(&h.api.node(), FAULT_TAINT).is_none(),

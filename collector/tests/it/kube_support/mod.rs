@@ -180,6 +180,7 @@ backoff_max_ms = 400
 validation_interval_secs = 1
 request_timeout_secs = 2
 watch_timeout_secs = 30
+normal_event_spread_secs = 0
 {kube_extra}
 
 [validation]

@@ -759,6 +759,8 @@ impl ApiDouble {
             validation_interval_secs: 1,
             request_timeout_secs: 2,
             watch_timeout_secs: 30,
+            // Tests wait for Normal Events; the fleet spread is tested on its own.
+            normal_event_spread_secs: 0,
             ..KubeConfig::default()
         }
     }
