@@ -128,7 +128,8 @@ pub struct ScanSummary {
     pub events: u64,
     /// Lines skipped because they were longer than [`MAX_LINE_BYTES`].
     pub skipped_long_lines: u64,
-    /// Lines that contained NUL bytes; the text between NUL runs was read as lines.
+    /// Lines with a fault marker that contained NUL bytes; the text between NUL
+    /// runs was read as lines.
     pub lines_with_nul: u64,
     /// Lines with a fault marker (see [`Scanner::interesting_line`]) skipped because
     /// they came from user space (non-kernel facility / syslog tag), e.g. a program
@@ -283,8 +284,15 @@ impl LineScan {
             summary.skipped_long_lines += 1;
             return Ok(());
         }
-        if memchr_nul(line) {
-            summary.lines_with_nul += 1;
+        // A line without a fault marker can neither start nor continue an event; it
+        // only matters while an event is held (see the module docs). NUL bytes never
+        // create a marker, so only lines that go on are searched for them.
+        let marked = Scanner::interesting_line(line);
+        if !marked && !self.scanner.has_pending() {
+            return Ok(());
+        }
+        if memchr::memchr(0, line).is_some() {
+            summary.lines_with_nul += u64::from(marked);
             for piece in line.split(|&b| b == 0) {
                 if !piece.trim_ascii().is_empty() {
                     self.piece(piece, out, summary)?;
@@ -302,8 +310,6 @@ impl LineScan {
         out: &mut Out<'_>,
         summary: &mut ScanSummary,
     ) -> Result<(), ScanError> {
-        // A line without a fault marker can neither start nor continue an event; it
-        // only matters while an event is held (see the module docs).
         let marked = Scanner::interesting_line(line);
         if !marked && !self.scanner.has_pending() {
             return Ok(());
@@ -331,22 +337,6 @@ impl LineScan {
         }
         Ok(())
     }
-}
-
-/// True when `line` has a NUL byte (16 bytes at a time, as [`find_newline`]).
-fn memchr_nul(line: &[u8]) -> bool {
-    const W: usize = 16;
-    let mut chunks = line.chunks_exact(W);
-    for c in &mut chunks {
-        let mut any = 0u8;
-        for &b in c {
-            any |= u8::from(b == 0);
-        }
-        if any != 0 {
-            return true;
-        }
-    }
-    chunks.remainder().contains(&0)
 }
 
 /// Position of the first `\n` in `hay`. Tests 16 bytes at a time with plain byte
@@ -825,7 +815,7 @@ mod tests {
                 continue;
             }
             let pieces: Vec<&[u8]> = if line.contains(&0) {
-                summary.lines_with_nul += 1;
+                summary.lines_with_nul += u64::from(Scanner::interesting_line(line));
                 line.split(|&b| b == 0)
                     .filter(|p| !p.trim_ascii().is_empty())
                     .collect()

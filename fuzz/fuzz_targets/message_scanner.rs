@@ -1,7 +1,9 @@
 //! Fuzzes the message parser and the scanner with arbitrary multi-line input.
 //! Invariants: no panic; no event from input whose lines carry none of the
-//! markers (`Scanner::interesting` false for every line); every PCI address in an
-//! event is normalised; every event is classified and counts 1.
+//! markers (`Scanner::interesting` false for every line); every event's first
+//! line carries a marker; every PCI address in an event is normalised (except an
+//! edited address reported as given, marked `pci_note`); every event is classified
+//! and counts 1.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -38,7 +40,12 @@ fuzz_target!(|data: &[u8]| {
         assert!(events.is_empty(), "event from input without markers");
     }
     for ev in &events {
-        if !ev.pci_address.is_empty() {
+        let first = ev.message.lines().next().unwrap_or("");
+        assert!(
+            Scanner::interesting(first.as_bytes()),
+            "event whose first line has no marker: {first:?}"
+        );
+        if !ev.pci_address.is_empty() && !ev.attributes.contains_key("pci_note") {
             assert_eq!(
                 normalize_pci(&ev.pci_address).as_deref(),
                 Some(ev.pci_address.as_str())

@@ -135,8 +135,9 @@ pub struct Scanner {
     held: Option<Held>,
     identities: Vec<Identity>,
     last_identity: Option<usize>,
-    /// (normalised PCI, monotonic time) of the last XID 79.
-    last_fallen: Option<(String, Option<u64>)>,
+    /// (normalised PCI, monotonic time) of the last XID 79 of each GPU (several GPUs
+    /// can fall off together; each one's later report is the echo of its XID).
+    last_fallen: Vec<(String, Option<u64>)>,
     /// Fallen-off-the-bus events waiting for their GPU's XID 79 and echo lines, in
     /// input order, at most one per GPU (several GPUs can fall off together; each
     /// keeps its own event). Never non-empty together with `held`.
@@ -197,7 +198,7 @@ impl Scanner {
             held: None,
             identities: Vec::new(),
             last_identity: None,
-            last_fallen: None,
+            last_fallen: Vec::new(),
             fallen: Vec::new(),
             prelude: None,
             driver_version: None,
@@ -301,12 +302,11 @@ impl Scanner {
             self.fallen_off(meta, pci, message, out);
             return;
         }
+        // While reports wait, every XID 79 joins them (its own GPU's report, or a
+        // place of its own among them): a later report of its GPU is then its echo.
         if let Message::Xid(x) = &msg
             && x.code == 79
-            && self
-                .fallen
-                .iter()
-                .any(|h| pci_matches(x.pci, &h.ev.pci_address))
+            && !self.fallen.is_empty()
         {
             self.start_xid(meta, x, message, out);
             return;
@@ -364,8 +364,7 @@ impl Scanner {
             h.append(raw);
             return;
         }
-        if let Some((last, t)) = &self.last_fallen
-            && *last == pci
+        if let Some((_, t)) = self.last_fallen.iter().find(|(p, _)| *p == pci)
             && match (t, meta.monotonic_usec) {
                 (Some(t), Some(now)) => now.saturating_sub(*t) <= FALLEN_ECHO_USEC,
                 _ => true,
@@ -871,13 +870,20 @@ impl Scanner {
             attr(&mut ev, "ecc_type", t);
         }
         if x.code == 79 {
-            // Reuses the previous address's buffer: a storm of XID 79s allocates nothing here.
-            match &mut self.last_fallen {
-                Some((pci, t)) => {
-                    pci.clone_from(&ev.pci_address);
-                    *t = meta.monotonic_usec;
+            // Updated in place: a storm of XID 79s allocates nothing here.
+            match self
+                .last_fallen
+                .iter_mut()
+                .find(|(p, _)| *p == ev.pci_address)
+            {
+                Some((_, t)) => *t = meta.monotonic_usec,
+                None => {
+                    if self.last_fallen.len() >= MAX_IDENTITIES {
+                        self.last_fallen.remove(0);
+                    }
+                    self.last_fallen
+                        .push((ev.pci_address.clone(), meta.monotonic_usec));
                 }
-                None => self.last_fallen = Some((ev.pci_address.clone(), meta.monotonic_usec)),
             }
             // A waiting `fallen off the bus` report of the same GPU was the prelude of
             // this XID 79: one event, the XID's, with the report's lines first. It keeps
@@ -889,6 +895,16 @@ impl Scanner {
             {
                 ev.message = format!("{}\n{}", h.ev.message, ev.message);
                 h.ev = ev;
+                return;
+            }
+            if !self.fallen.is_empty() {
+                if self.fallen.len() >= MAX_FALLEN_PENDING {
+                    let oldest = self.fallen.remove(0);
+                    self.emit_one(oldest, out);
+                }
+                let pci = ev.pci_address.clone();
+                self.fallen
+                    .push(Held::new(HeldKind::FallenOff, ev, vec![pci]));
                 return;
             }
         }
