@@ -329,6 +329,13 @@ impl Default for DriverSpec {
 /// forever) blocks until the hang ends, then answers normally — or with
 /// `error` when that is set. A hang happens once; more `[[hang]]` tables make
 /// it recur.
+///
+/// Where the behaviour comes from: NVML has no timeout or cancellation on its
+/// calls, and a wedged driver leaves callers blocked in it — e.g. `nvmlInit`
+/// hanging after hours on H200 with driver 570.x, which NVIDIA confirmed as a
+/// driver bug (<https://github.com/NVIDIA/go-nvml/issues/152>). Whether other
+/// calls block too depends on where the driver is stuck, so a hang names one
+/// function or `"*"` (all of them).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HangSpec {

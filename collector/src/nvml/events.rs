@@ -116,9 +116,8 @@ impl<'a> Session<'a> {
                 .ctx
                 .watch
                 .call("nvmlEventSetWait_v2", || set.wait(self.wait_ms));
-            if self.ctx.stopping() {
-                return false;
-            }
+            // An event that arrived is delivered even at shutdown; an
+            // abandoned worker's late event is refused by `Ctx::send`.
             match waited {
                 Ok(data) => {
                     if !self.handle(data) {
