@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The whole gpuwatch test suite. Installs what the tests need when it is missing
-# (Debian's prometheus for promtool, kubectl for kustomize, the rotel OpenTelemetry
-# collector from PyPI), then runs format, lint, docs, unit/integration/e2e tests,
-# the fuzz-target build and the deploy/ checks.
+# (Debian's prometheus for promtool, kubectl for kustomize, jq, curl, podman + runc
+# for the container image, binutils (strip, readelf), util-linux (setpriv,
+# nsenter), the rotel OpenTelemetry collector from PyPI, the rustfmt and clippy
+# components, cargo-fuzz), then runs format, lint, docs, unit/integration/e2e
+# tests, the fuzz targets and the deploy/ checks.
 #
 # Needs root: the end-to-end tests write records into the real /dev/kmsg.
 # Set CARGO_TARGET_DIR to a persistent directory to reuse builds between runs.
@@ -26,12 +28,15 @@ command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; e
 command -v promtool >/dev/null && command -v prometheus >/dev/null || apt_install prometheus
 command -v kubectl >/dev/null || apt_install kubernetes-client
 for tool in jq curl; do command -v "$tool" >/dev/null || apt_install "$tool"; done
+command -v strip >/dev/null && command -v readelf >/dev/null || apt_install binutils
+command -v setpriv >/dev/null && command -v nsenter >/dev/null || apt_install util-linux
 command -v podman >/dev/null && command -v runc >/dev/null || apt_install podman runc
 if ! command -v rotel >/dev/null && ! python3 -m pip show rotel >/dev/null 2>&1; then
   python3 -m pip install --quiet "rotel==${ROTEL_VERSION}"
 fi
 cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
 cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
+command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 
 if [ "$(id -u)" != 0 ]; then
   echo "warning: not root: the /dev/kmsg end-to-end tests need root and will fail" >&2
@@ -56,11 +61,10 @@ cargo test --workspace --doc --locked
 step "fuzz targets compile"
 cargo check --manifest-path fuzz/Cargo.toml --quiet
 
-step "Fuzz targets run (15 s each; cargo-fuzz installed when missing)"
+step "Fuzz targets run (15 s each)"
 # cargo-fuzz builds with sanitizer flags that need nightly; RUSTC_BOOTSTRAP=1 lets
 # the stable toolchain accept them. Own target dir: instrumented builds share
 # nothing with the normal ones.
-command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 for target in $(cargo fuzz list --fuzz-dir fuzz); do
   RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/fuzz" \
     cargo fuzz run --fuzz-dir fuzz "$target" -- -max_total_time=15

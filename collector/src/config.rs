@@ -654,7 +654,7 @@ mod tests {
         }
     }
 
-    /// Review issue 2: serde stops at the first type error; `parse` reports them all,
+    /// Serde stops at the first type error; `parse` reports them all,
     /// across sections and inside nested tables, each with line, column and key.
     #[test]
     fn every_schema_problem_is_reported_in_one_pass() {

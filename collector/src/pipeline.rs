@@ -752,7 +752,7 @@ mod tests {
         ev
     }
 
-    /// Issue 3, item 3: the index must keep pointing at the right entry while
+    /// The index must keep pointing at the right entry while
     /// the front of the buffer is delivered piece by piece.
     #[test]
     fn coalescing_finds_the_right_entry_after_partial_deliveries() {
@@ -940,7 +940,7 @@ mod tests {
             assert!(!l.ready());
             l.state_loaded.store(true, Ordering::Relaxed);
             assert!(!l.ready(), "kmsg neither caught up nor reported down");
-            // Issue 3, item 5: a kernel log that cannot be read is reported
+            // A kernel log that cannot be read is reported
             // (monitor kmsg_ok=false, verdict unknown), not waited for.
             l.kmsg_unavailable.store(true, Ordering::Relaxed);
             assert!(l.ready());

@@ -596,7 +596,7 @@ mod tests {
 
     #[test]
     fn pcie_generation_is_checked_only_when_configured() {
-        // Regression (issue 5 review): idle GPUs drop to Gen1; a default gate
+        // Regression: idle GPUs drop to Gen1; a default gate
         // must not fail new idle nodes on the link generation.
         let mut h = health(1);
         h.gpus[0].sample.as_mut().unwrap().pcie_link_gen = Some(1);
@@ -642,7 +642,7 @@ mod tests {
 
     #[test]
     fn incomplete_until_the_kernel_log_ring_was_read() {
-        // Regression (issue 5 review): an XID 79 logged before the agent
+        // Regression: an XID 79 logged before the agent
         // started may still be unread; the gate must not pass before that.
         let mut h = health(2);
         h.monitor.as_mut().unwrap().kmsg_caught_up = false;

@@ -306,7 +306,7 @@ mod tests {
         assert_eq!(reg.events(Stage::Stdout, Outcome::Emitted), 2);
     }
 
-    /// Issue 3, item 8: a stalled stdout must not stall the engine thread;
+    /// A stalled stdout must not stall the engine thread;
     /// the oldest lines go first when the queue is full, each counted.
     #[test]
     fn a_stalled_stdout_never_blocks_send_and_drops_the_oldest() {

@@ -1,6 +1,6 @@
 //! Generator for `xid-parser/data/catalog.generated.rs` from
-//! `xid-parser/data/xid-catalog.csv` (a verbatim copy of
-//! `shared/data/xid-catalog.csv`; columns in `shared/data/README.md`).
+//! `xid-parser/data/xid-catalog.csv` (provenance and columns in
+//! `xid-parser/data/README.md`).
 //!
 //! The generated file holds catalog facts only (names, NVIDIA buckets, what other
 //! agents do); gpuwatch's policy is in `src/policy.rs`. The file is compiled into
@@ -8,7 +8,7 @@
 //! differs from what this generator produces. Regenerate with
 //!
 //! ```text
-//! cp shared/data/xid-catalog.csv xid-parser/data/xid-catalog.csv
+//! $EDITOR xid-parser/data/xid-catalog.csv    # a new catalog release
 //! XID_CATALOG_REGENERATE=1 cargo test -p xid-parser --lib catalog::
 //! ```
 //!

@@ -1409,7 +1409,7 @@ mod tests {
         }
     }
 
-    /// Review issue 2: NVLink faults come only from NVIDIA driver lines with real
+    /// NVLink faults come only from NVIDIA driver lines with real
     /// error phrasing.
     #[test]
     fn nvlink_lines_are_anchored_to_driver_prefixes() {

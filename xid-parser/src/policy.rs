@@ -203,7 +203,7 @@ pub struct PolicyEntry {
     pub xid: u32,
     /// Human name (catalog description or mnemonic; `Unknown XID` for codes the catalog lacks).
     pub name: &'static str,
-    /// True when NVIDIA's catalog (shared/data/xid-catalog.csv) has the code.
+    /// True when NVIDIA's catalog (`data/xid-catalog.csv`) has the code.
     pub in_catalog: bool,
     /// The action when no context rule applies.
     #[serde(serialize_with = "ser_short")]
@@ -1687,7 +1687,7 @@ mod tests {
         }
     }
 
-    /// Review issue 2: NVIDIA's CONTACT_SUPPORT bucket no longer sends 63 codes straight
+    /// NVIDIA's CONTACT_SUPPORT bucket no longer sends 63 codes straight
     /// to inspect_hardware. Every code of the two buckets is pinned here; a catalog
     /// update that adds or changes one fails until POLICY.md and this table decide it.
     #[test]

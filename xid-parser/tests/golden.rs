@@ -158,7 +158,7 @@ fn golden_cases() {
     check_cases(&cases);
 }
 
-/// Issue 2 acceptance: at least 100 verbatim kernel lines from public sources, every
+/// At least 100 verbatim kernel lines from public sources, every
 /// case naming where its lines were published.
 #[test]
 fn golden_real_cases() {

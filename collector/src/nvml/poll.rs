@@ -673,7 +673,7 @@ mod tests {
         assert!(up.newly_lost[0].1.contains("GPU_IS_LOST"));
     }
 
-    /// Regression (issue 3): a failed `nvmlDeviceGetPciInfo` sent a sample with
+    /// Regression: a failed `nvmlDeviceGetPciInfo` sent a sample with
     /// an empty PCI address, which the engine skipped and then declared lost.
     #[test]
     fn failed_identity_calls_are_filled_from_earlier_polls() {
@@ -703,7 +703,7 @@ mod tests {
         assert!(t.update(&r).newly_lost.is_empty(), "GPU-b not claimed lost");
     }
 
-    /// Regression (issue 3): NVML seeing zero GPUs made every GPU lost.
+    /// Regression: NVML seeing zero GPUs made every GPU lost.
     #[test]
     fn zero_gpus_is_not_every_gpu_vanished() {
         let mut t = LostTracker::default();

@@ -73,7 +73,7 @@ fn an_unreadable_kernel_log_is_reported_and_does_not_hold_readiness_back() {
     assert_eq!(status, Some(0), "clean exit on SIGTERM");
 }
 
-/// Issue 3, item 7: text logs to a pipe (kubectl logs, journald) carried ANSI
+/// Text logs to a pipe (kubectl logs, journald) carried ANSI
 /// colour codes.
 #[test]
 fn text_logs_to_a_pipe_carry_no_colour_codes() {

@@ -222,7 +222,7 @@ fn clap_parses_the_documented_command_lines() {
     assert!(Cli::try_parse_from(["explain", "79", "--format", "yaml"]).is_err());
 }
 
-/// Review issue 2: `gpuwatch explain --all | head` ends quietly with exit 0 when
+/// `gpuwatch explain --all | head` ends quietly with exit 0 when
 /// the reader closes the pipe; other write errors stay errors.
 #[test]
 fn closed_stdout_pipe_is_a_normal_end() {
@@ -268,7 +268,7 @@ fn closed_stdout_pipe_is_a_normal_end() {
     }
 }
 
-/// Review issue 2: unused codes of NVIDIA's CONTACT_SUPPORT bucket are explained
+/// Unused codes of NVIDIA's CONTACT_SUPPORT bucket are explained
 /// as investigate, with the evidence; XID 61 as reset_gpu.
 #[test]
 fn contact_support_codes_explain_their_per_code_decision() {

@@ -115,7 +115,7 @@ fn assert_fault_holds_across_restart(rig: &Rig, agent: &Agent, since: usize, win
     }
 }
 
-/// Issue 5 acceptance (1, 2, 3, 6): fault → condition + taint within 1 s and
+/// Fault → condition + taint within 1 s and
 /// an Event; a removed taint is restored; restarts (kill -9, SIGTERM) keep the
 /// Node as it is with no duplicate Event and unchanged lastTransitionTime; a
 /// new boot where the GPU validates clears it all.
@@ -278,7 +278,7 @@ fn xid79_isolates_the_node_survives_restarts_and_clears_after_a_new_boot() {
     rig.api.assert_requests_declared();
 }
 
-/// Issue 3 + 5: NVML unavailable (no NVML at all, or the driver not loaded) is
+/// NVML unavailable (no NVML at all, or the driver not loaded) is
 /// a monitor problem: `AcceleratedHardwareReady=Unknown`, never `False`;
 /// `/v1/health` says `unknown`; the startup taint stays (validation cannot be
 /// complete).
@@ -319,7 +319,7 @@ fn nvml_unavailable_is_unknown_never_false_and_keeps_the_startup_taint() {
         let health = agent.health();
         assert_eq!(health["verdict"], "unknown", "{nvml:?}: {health:#}");
         assert_eq!(health["monitor"]["nvml_ok"], false, "{health:#}");
-        // The gate's report reaches /v1/health (issue 5 review: it was null).
+        // The gate's report reaches /v1/health (it was once null).
         let checks = health["validation"]["checks"].as_array().cloned();
         assert!(
             checks.is_some_and(|c| c.iter().any(|c| c["name"] == "nvml" && c["passed"] != true)),
@@ -340,7 +340,7 @@ fn nvml_unavailable_is_unknown_never_false_and_keeps_the_startup_taint() {
     }
 }
 
-/// Issue 5: the startup taint is kept while validation fails (7 of 8 GPUs)
+/// The startup taint is kept while validation fails (7 of 8 GPUs)
 /// and removed once it passes (8 healthy GPUs); others' taints are untouched.
 #[test]
 fn startup_taint_stays_until_validation_passes() {
@@ -369,7 +369,7 @@ fn startup_taint_stays_until_validation_passes() {
     );
     assert_eq!(rig.taint(STARTUP_TAINT).as_deref(), Some(""));
     assert_eq!(status(&rig, READY), pair("Unknown", "ValidationFailed"));
-    // The gate's report reaches /v1/health (issue 5 review: it was null).
+    // The gate's report reaches /v1/health (it was once null).
     assert!(
         wait_until(T, || agent.health()["validation"]["checks"]
             .as_array()
@@ -516,7 +516,7 @@ fn sim(name: &str) -> String {
     kube_support::data(name).display().to_string()
 }
 
-/// Issue 5: `gpuwatch validate` runs the same validation once and exits 0/1
+/// `gpuwatch validate` runs the same validation once and exits 0/1
 /// with a report (init container): pass, fail (7 of 8 GPUs) and incomplete
 /// (no expected count) from nvml-sim, over the real kernel-log ring.
 #[test]

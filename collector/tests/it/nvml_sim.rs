@@ -602,7 +602,7 @@ fn idle_cost_of_eight_gpus_polled_every_ten_seconds() {
     h.stop();
 }
 
-/// Regression (issue 3): NVML enumerating zero GPUs made every GPU lost
+/// Regression: NVML enumerating zero GPUs made every GPU lost
 /// (reboot_node). It is a monitor problem: ok:false, no gpu_lost fault.
 #[test]
 fn zero_gpus_is_a_monitor_status_not_every_gpu_lost() {

@@ -184,7 +184,7 @@ impl Write for ClosedPipe {
     }
 }
 
-/// Review issue 2: `gpuwatch scan … | head` ends quietly with exit 0 when the
+/// `gpuwatch scan … | head` ends quietly with exit 0 when the
 /// reader closes the pipe; other write errors stay errors.
 #[test]
 fn closed_stdout_pipe_is_a_normal_end() {
@@ -222,7 +222,7 @@ fn closed_stdout_pipe_is_a_normal_end() {
     }
 }
 
-/// Review issue 2: the per-GPU reason is `FaultEvent::short_reason()`, the same
+/// The per-GPU reason is `FaultEvent::short_reason()`, the same
 /// reason node conditions and Events carry (not a table of scan's own).
 #[test]
 fn summary_reason_is_the_events_short_reason() {

@@ -29,7 +29,7 @@ fn kmsg_event_gets_index_and_uuid_from_the_nvml_sample_by_pci() {
     }
 }
 
-/// Regression (issue 3): ring faults read before the first NVML sample lost
+/// Regression: ring faults read before the first NVML sample lost
 /// their GPU identity (no index/UUID in the event, a separate metric series).
 #[test]
 fn xid_before_the_first_sample_waits_for_the_nvml_identity() {

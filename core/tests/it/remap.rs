@@ -1,5 +1,5 @@
 //! XID 63/64 defer to NVML's row-remap state only when the NVML sample is at
-//! least as new as the XID (regression: issue 3, the demo's XID 64 was
+//! least as new as the XID (regression: the demo's XID 64 was
 //! downgraded to `ignore` by a sample taken before the kernel line).
 
 use crate::support::*;

@@ -37,7 +37,7 @@ fn below_the_threshold_the_action_is_held_at_investigate() {
     assert_eq!(total, 4);
 }
 
-/// Regression (issue 3): "recurs after N reboots (default 2)" means seen in
+/// Regression: "recurs after N reboots (default 2)" means seen in
 /// N + 1 distinct boots; the engine used to escalate at 2 boots.
 #[test]
 fn reboot_class_fault_recurring_after_two_reboots_escalates() {

@@ -1431,7 +1431,7 @@ mod tests {
         assert_eq!(find("gpuwatch.gpus").points(&r, &h).len(), 1);
     }
 
-    /// Regression (issue 3): the last sample kept being exported as current
+    /// Regression: the last sample kept being exported as current
     /// gauges while NVML was down.
     #[test]
     fn stale_samples_are_not_exported_while_nvml_is_down() {

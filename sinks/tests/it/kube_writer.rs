@@ -1111,7 +1111,7 @@ async fn invalid_settings_are_rejected_with_every_problem() {
     }
 }
 
-/// Regression (issue 5 review): the condition message carried the live count,
+/// Regression: the condition message carried the live count,
 /// so a storm on one fault meant one status write per pacing interval for its
 /// whole length. With the count bucketed, 10 000 occurrences change the
 /// message 5 times, even with write pacing (nearly) off.
@@ -1179,7 +1179,7 @@ async fn storm_of_increments_makes_a_handful_of_status_writes() {
     h.stop().await;
 }
 
-/// Regression (issue 5 review): the report of a validation whose extra command
+/// Regression: the report of a validation whose extra command
 /// runs for a while was built from the health at spawn time; a fault that
 /// appears while the command runs must keep the startup taint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1229,7 +1229,7 @@ async fn fault_during_the_extra_command_keeps_the_startup_taint() {
     h.stop().await;
 }
 
-/// Regression (issue 5 review): a passing result cached while the taint
+/// Regression: a passing result cached while the taint
 /// removal could not be written (API forbids the taint patch) must not remove
 /// the taint later, after a fault came and went: the validation runs again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1283,7 +1283,7 @@ async fn cached_pass_is_dropped_when_health_fails_in_between() {
     h.stop().await;
 }
 
-/// Issue 5 review: the gate is incomplete until the kernel-log ring was read
+/// The gate is incomplete until the kernel-log ring was read
 /// (an XID 79 logged before the agent started may still be unread).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_taint_waits_for_the_kernel_log_ring() {

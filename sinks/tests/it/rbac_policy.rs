@@ -154,7 +154,7 @@ fn rbac_grants_exactly_the_declared_requests() {
         ),
         ("ServiceAccount", "gpuwatch", Some("gpuwatch"))
     );
-    // Regression (issue 5 review): `list events` cluster-wide let the agent read
+    // Regression: `list events` cluster-wide let the agent read
     // every Event in the cluster. Events are granted only by a Role in the
     // Event namespace; the ClusterRole grants nothing on events.
     assert!(
