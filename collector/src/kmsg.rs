@@ -268,13 +268,13 @@ struct Reader {
     summary: KmsgSummary,
     /// The input is a character device (a position, per-read records).
     device: bool,
-    /// Consecutive failed opens/reads (jittered backoff).
-    failures: u32,
+    /// Delays between reopen attempts after a failed open or read.
+    retry: gpuwatch_core::retry::Backoff,
 }
 
 impl Reader {
     fn new(args: KmsgSourceArgs, engine_tx: Sender<Input>) -> Reader {
-        let device = is_char_device(&args.cfg.path);
+        let device = is_device(&args.cfg.path);
         let resume_after = match args.resume.as_ref().filter(|_| device) {
             Some(p) if p.boot_id == args.boot_id => {
                 tracing::info!(
@@ -295,6 +295,7 @@ impl Reader {
             }
             None => None,
         };
+        let args_retry_secs = args.cfg.retry_interval_secs;
         Reader {
             sender: FaultSender::new(engine_tx, args.registry.clone()),
             scanner: Scanner::new(args.policy),
@@ -312,7 +313,10 @@ impl Reader {
             drain_timeout: Duration::from_secs(2),
             summary: KmsgSummary::default(),
             device,
-            failures: 0,
+            retry: gpuwatch_core::retry::Backoff::new(
+                Duration::from_secs(args_retry_secs),
+                Duration::from_secs(args_retry_secs.saturating_mul(8)),
+            ),
         }
     }
 
@@ -382,14 +386,11 @@ impl Reader {
         })
     }
 
-    /// The retry interval, doubled per consecutive failure up to eight
-    /// times it, with up to 25 % random jitter (a fleet whose nodes failed
-    /// together does not retry in step).
+    /// The next retry delay: from the retry interval, doubling up to eight
+    /// times it, jittered (a fleet whose nodes failed together does not retry
+    /// in step); back to the interval after a successful read.
     fn retry_delay(&mut self) -> Duration {
-        self.failures = self.failures.saturating_add(1);
-        let base = Duration::from_secs(self.cfg.retry_interval_secs)
-            .saturating_mul(1 << (self.failures - 1).min(3));
-        base.mul_f64(1.0 + rand::random_range(0.0..0.25))
+        self.retry.next_delay()
     }
 
     fn sleep(&self, d: Duration) {
@@ -416,6 +417,8 @@ impl Reader {
     fn read_device(&mut self, file: &File) -> Result<bool, KmsgError> {
         let mut buf = vec![0u8; MIN_BUFFER];
         let mut reads_since_check = 0u32;
+        // The first record read since the open ends a run of failures.
+        let mut failing = true;
         let mut f = file;
         loop {
             match f.read(&mut buf) {
@@ -427,7 +430,10 @@ impl Reader {
                     });
                 }
                 Ok(n) => {
-                    self.failures = 0;
+                    if failing {
+                        failing = false;
+                        self.retry.reset();
+                    }
                     let read_at = Instant::now();
                     if let Outcome::EngineGone = self.process(&buf[..n], Some(read_at)) {
                         return Ok(false);
@@ -826,10 +832,6 @@ const READ_AT_PER_RECORD: Option<Instant> = None;
 /// True when `path` is a character device: the reader then keeps a
 /// position (reports [`Input::KmsgProgress`]); a replay file or FIFO has none.
 pub fn is_device(path: &Path) -> bool {
-    is_char_device(path)
-}
-
-fn is_char_device(path: &Path) -> bool {
     std::fs::metadata(path)
         .map(|m| m.file_type().is_char_device())
         .unwrap_or(path == Path::new(KMSG_PATH))

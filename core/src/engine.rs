@@ -339,8 +339,10 @@ pub struct Engine {
     heartbeat: Option<Arc<std::sync::atomic::AtomicU64>>,
     /// A version 1 cursor file is to be removed after the next write.
     legacy_cursor_pending: bool,
-    /// Consecutive failed state writes (backoff between retries).
+    /// Consecutive failed state writes.
     write_failures: u32,
+    /// Delays between retries of a failed state write.
+    write_backoff: crate::retry::Backoff,
     /// No state write is attempted before this time (backoff after failures).
     retry_write_at: Option<Instant>,
     /// GPU faults dropped because the engine already tracks as many GPUs as
@@ -366,8 +368,6 @@ struct OverCapacity {
     /// One address refused since the last report.
     example: String,
     last_report: Option<Instant>,
-    /// Occurrences dropped since start (shown in the health message).
-    total: u64,
 }
 
 impl OverCapacity {
@@ -376,7 +376,6 @@ impl OverCapacity {
 
     fn note(&mut self, occurrences: u64, pci: &str) {
         self.dropped = self.dropped.saturating_add(occurrences);
-        self.total = self.total.saturating_add(occurrences);
         if self.example.is_empty() {
             self.example = pci.to_string();
         }
@@ -423,6 +422,7 @@ impl Engine {
         } else {
             now
         };
+        let cfg_persist = cfg.persist_interval_ms;
         let mut engine = Engine {
             cfg,
             policy,
@@ -461,6 +461,7 @@ impl Engine {
             heartbeat: None,
             legacy_cursor_pending: false,
             write_failures: 0,
+            write_backoff: write_backoff(&cfg_persist),
             retry_write_at: None,
             over_capacity: OverCapacity::default(),
         };
@@ -827,6 +828,7 @@ impl Engine {
                 if self.write_failures > 0 {
                     info!(failed_attempts = self.write_failures, path = %path.display(), "Health state file written again; nothing was lost.");
                     self.write_failures = 0;
+                    self.write_backoff.reset();
                     self.state_problem = None;
                     *self.cache.get_mut() = None;
                 }
@@ -834,10 +836,7 @@ impl Engine {
             }
             Err(e) => {
                 self.write_failures = self.write_failures.saturating_add(1);
-                let backoff = write_backoff(
-                    Duration::from_millis(self.cfg.persist_interval_ms),
-                    self.write_failures,
-                );
+                let backoff = self.write_backoff.next_delay();
                 self.retry_write_at = Some(Instant::now() + backoff);
                 self.state_problem = Some(format!(
                     "the health state file cannot be written ({e}); {} failed attempts, retrying in {} ms; the state is kept in memory",
@@ -1408,15 +1407,13 @@ fn fault_in<'a>(
     }
 }
 
-/// Delay before retrying a failed state write: the persist interval doubled
-/// per consecutive failure, at most 30 s, with up to 25 % random jitter so
-/// that a fleet whose disks recover together does not retry in step.
-fn write_backoff(interval: Duration, failures: u32) -> Duration {
-    let base = interval
-        .saturating_mul(1u32 << failures.min(16))
-        .min(Duration::from_secs(30));
-    let jitter = rand::random_range(0.0..0.25);
-    base.mul_f64(1.0 + jitter)
+/// Retries of a failed state write: from the persist interval, doubling up to
+/// 30 s, jittered (a fleet whose disks recover together does not retry in step).
+fn write_backoff(persist_interval_ms: &u64) -> crate::retry::Backoff {
+    crate::retry::Backoff::new(
+        Duration::from_millis(*persist_interval_ms),
+        Duration::from_secs(30),
+    )
 }
 
 /// Recurrence escalation: "recurs after N reboots" means seen in N + 1

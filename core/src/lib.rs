@@ -36,6 +36,7 @@ pub mod engine;
 pub mod msg;
 pub mod names;
 pub mod registry;
+pub mod retry;
 pub mod statefile;
 pub mod validation;
 

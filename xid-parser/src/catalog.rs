@@ -64,27 +64,16 @@ mod gen_catalog;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
-
-    fn crate_file(rel: &str) -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
-    }
 
     /// The checked-in table is exactly what the generator makes of the CSV copy.
-    /// With `XID_CATALOG_REGENERATE=1` the table is rewritten instead.
     #[test]
     fn generated_table_matches_csv_copy() {
-        let csv = std::fs::read_to_string(crate_file("data/xid-catalog.csv")).unwrap();
-        let generated = gen_catalog::generate(&csv).unwrap();
-        let path = crate_file("data/catalog.generated.rs");
-        if std::env::var_os("XID_CATALOG_REGENERATE").is_some() {
-            std::fs::write(&path, &generated).unwrap();
-            return;
-        }
-        let checked_in = std::fs::read_to_string(&path).unwrap();
-        assert!(
-            checked_in == generated,
-            "data/catalog.generated.rs is stale; run XID_CATALOG_REGENERATE=1 cargo test -p xid-parser --lib catalog::"
+        crate::generated_check::check_generated(
+            "xid-catalog.csv",
+            "catalog.generated.rs",
+            "XID_CATALOG_REGENERATE",
+            "XID_CATALOG_REGENERATE=1 cargo test -p xid-parser --lib catalog::",
+            gen_catalog::generate,
         );
     }
 

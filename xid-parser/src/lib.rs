@@ -39,6 +39,8 @@
 #![forbid(unsafe_code)]
 
 mod catalog;
+#[cfg(test)]
+mod generated_check;
 mod line;
 mod message;
 mod nvlink5;

@@ -124,27 +124,16 @@ mod gen_nvlink5;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
-
-    fn crate_file(rel: &str) -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
-    }
 
     /// The checked-in table is exactly what the generator makes of the CSV copy.
-    /// With `NVLINK5_REGENERATE=1` the table is rewritten instead.
     #[test]
     fn generated_table_matches_csv_copy() {
-        let csv = std::fs::read_to_string(crate_file("data/nvlink5-decode.csv")).unwrap();
-        let generated = gen_nvlink5::generate(&csv).unwrap();
-        let path = crate_file("data/nvlink5.generated.rs");
-        if std::env::var_os("NVLINK5_REGENERATE").is_some() {
-            std::fs::write(&path, &generated).unwrap();
-            return;
-        }
-        let checked_in = std::fs::read_to_string(&path).unwrap();
-        assert!(
-            checked_in == generated,
-            "data/nvlink5.generated.rs is stale; run NVLINK5_REGENERATE=1 cargo test -p xid-parser --lib nvlink5::"
+        crate::generated_check::check_generated(
+            "nvlink5-decode.csv",
+            "nvlink5.generated.rs",
+            "NVLINK5_REGENERATE",
+            "NVLINK5_REGENERATE=1 cargo test -p xid-parser --lib nvlink5::",
+            gen_nvlink5::generate,
         );
     }
 

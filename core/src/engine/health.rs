@@ -210,6 +210,7 @@ impl Engine {
     }
 
     fn monitor_message(&self) -> String {
+        let stale = self.count_stale(self.clock.now_unix_nanos());
         let mut m = match (self.nvml.ok, self.kmsg.ok) {
             (Some(false), _) => format!(
                 "NVML is unavailable ({}); GPU health cannot be determined.",
@@ -219,9 +220,8 @@ impl Engine {
                 "The kernel log reader is unavailable ({}); GPU faults cannot be seen.",
                 self.kmsg.message
             ),
-            _ if self.count_stale(self.clock.now_unix_nanos()) > 0 => format!(
-                "NVML has not answered for {} GPU(s) within three poll intervals (a hung NVML call?); their health cannot be determined.",
-                self.count_stale(self.clock.now_unix_nanos())
+            _ if stale > 0 => format!(
+                "NVML has not answered for {stale} GPU(s) within three poll intervals (a hung NVML call?); their health cannot be determined."
             ),
             _ => "Waiting for the first NVML sample.".to_string(),
         };

@@ -255,42 +255,8 @@ impl Agent {
     /// --api-listen 127.0.0.1:0 --log-format json` plus `extra`.
     pub fn start(state_dir: &Path, extra: &[&str]) -> Agent {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpuwatch"));
-        cmd.args([
-            "run",
-            "--sink",
-            "stdout",
-            "--no-nvml",
-            "--log-format",
-            "json",
-        ])
-        .args(["--api-listen", "127.0.0.1:0", "--node-name", "e2e-node"])
-        .arg("--state-dir")
-        .arg(state_dir)
-        .args(extra)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("start gpuwatch");
-        let stdout = Lines::default();
-        let stderr = Lines::default();
-        stdout.spawn_reader(child.stdout.take().unwrap());
-        stderr.spawn_reader(child.stderr.take().unwrap());
-        let agent = Agent {
-            child,
-            stdout,
-            stderr,
-            state_dir: state_dir.to_path_buf(),
-        };
-        assert!(
-            wait_until(Duration::from_secs(20), || !agent
-                .stderr
-                .matching("gpuwatch started.")
-                .is_empty()),
-            "agent did not start: {:#?}",
-            agent.stderr.get()
-        );
-        agent
+        cmd.args(["run", "--no-nvml"]);
+        Agent::spawn(cmd, state_dir, extra)
     }
 
     /// Starts `gpuwatch run --sink stdout --nvml-sim SCENARIO --state-dir DIR
@@ -298,14 +264,21 @@ impl Agent {
     /// nvml-sim library built by [`nvml_sim_lib`].
     pub fn start_nvml_sim(state_dir: &Path, scenario: &Path, extra: &[&str]) -> Agent {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpuwatch"));
-        cmd.args(["run", "--sink", "stdout", "--log-format", "json"])
+        cmd.arg("run")
             .arg("--nvml-sim")
             .arg(scenario)
+            .env("GPUWATCH_NVML_SIM_LIB", nvml_sim_lib());
+        Agent::spawn(cmd, state_dir, extra)
+    }
+
+    /// Adds the common flags to a `gpuwatch run` command, starts it and waits
+    /// for "gpuwatch started.".
+    fn spawn(mut cmd: Command, state_dir: &Path, extra: &[&str]) -> Agent {
+        cmd.args(["--sink", "stdout", "--log-format", "json"])
             .args(["--api-listen", "127.0.0.1:0", "--node-name", "e2e-node"])
             .arg("--state-dir")
             .arg(state_dir)
             .args(extra)
-            .env("GPUWATCH_NVML_SIM_LIB", nvml_sim_lib())
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
