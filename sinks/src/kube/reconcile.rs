@@ -128,6 +128,9 @@ pub(crate) enum Seen {
 /// How long a write of ours may stay unseen on the watch before watch events
 /// are taken as they come again (the watch may have restarted past it).
 const UNSEEN_WRITE_LIMIT: Duration = Duration::from_secs(10);
+/// How long a write of ours may stay unseen while the watch shows other
+/// versions before the Node is read afresh instead.
+const UNSEEN_REREAD_AFTER: Duration = Duration::from_secs(1);
 
 pub(crate) struct Reconciler {
     pub cfg: KubeConfig,
@@ -591,6 +594,8 @@ impl Reconciler {
         let hold_until = Instant::now() + STARTUP_UNKNOWN_HOLD;
         let mut recheck_hold = false;
         let mut dirty = true;
+        // A watch event was set aside while our own write was unseen on it.
+        let mut set_aside = false;
         let mut next_allowed = Instant::now();
         let mut resync_at = Instant::now() + resync;
         let mut gate_next = Instant::now();
@@ -652,6 +657,19 @@ impl Reconciler {
                 continue;
             }
             let mut wake = resync_at;
+            // A watch event was set aside because our own write is still
+            // unseen on the watch. If the watch restarted past that write it
+            // never shows it, and every later change would wait for
+            // UNSEEN_WRITE_LIMIT: re-read the Node once the write is
+            // UNSEEN_REREAD_AFTER old (a read then is at least as new as it).
+            let reread_at = self
+                .unseen_write
+                .as_ref()
+                .filter(|_| set_aside)
+                .map(|(_, at)| *at + UNSEEN_REREAD_AFTER);
+            if let Some(t) = reread_at {
+                wake = wake.min(t);
+            }
             if dirty {
                 wake = wake.min(next_allowed);
             }
@@ -677,8 +695,14 @@ impl Reconciler {
                 }
                 n = self.node_rx.recv(), if nodes_open => match n {
                     Some(seen) => {
+                        let waiting = self.unseen_write.is_some();
                         if self.seen(seen) {
                             dirty = true;
+                        } else if waiting && self.unseen_write.is_some() {
+                            set_aside = true;
+                        }
+                        if self.unseen_write.is_none() {
+                            set_aside = false;
                         }
                     }
                     None => nodes_open = false,
@@ -699,6 +723,14 @@ impl Reconciler {
                     dirty = true;
                 }
                 () = tokio::time::sleep_until(wake) => {
+                    if reread_at.is_some_and(|t| Instant::now() >= t) {
+                        set_aside = false;
+                        self.unseen_write = None;
+                        if !self.backend.is_dry_run() {
+                            self.live = None;
+                        }
+                        dirty = true;
+                    }
                     if advert_due.is_some_and(|d| Instant::now() >= d) {
                         dirty = true;
                     }
