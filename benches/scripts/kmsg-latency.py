@@ -2,7 +2,7 @@
 """kmsg write -> FaultEvent latency of a running gpuwatch agent (DESIGN.md target:
 p99 < 1 ms), measured against the REAL /dev/kmsg. Needs root.
 
-Two measurements with the same write schedule:
+Two readers of the same records, side by side in one run:
 
 1. kernel floor: a minimal reader (poll(2) + read(2) on /dev/kmsg, nothing
    else) timestamps each record as it gets it. This is what ANY sleeping
@@ -23,6 +23,14 @@ Two measurements with the same write schedule:
    write -> in ring and in ring -> event. The agent's own read -> emitted
    histogram (`gpuwatch_pipeline_latency_seconds`, /metrics) is scraped before
    and after, and the difference reported.
+
+Both read every record: the bare reader is started (at the ring's end) once
+the agent is ready. Each record's bare-reader time is its floor, and
+`agent - bare` per record is what the agent itself adds (read, parse,
+engine, sink, pipe, the stdout reader's wake-up) whatever the record's
+position relative to the kernel's tick — two separate runs differ by their
+tick phase by up to 1/HZ, more than the agent's whole cost. On few CPUs the
+readers compete for them; that shows in the difference too.
 
 Writes are timestamped with CLOCK_MONOTONIC just before write(2). printk_devkmsg
 is set to `on` for the run (the default `ratelimit` silently drops all but ~10
@@ -49,10 +57,13 @@ import time
 import urllib.request
 
 PRINTK_DEVKMSG = "/proc/sys/kernel/printk_devkmsg"
-XID_LINE = ("<4>NVRM: Xid (PCI:{dom:04x}:{bus:02x}:00): 31, pid={i}, name=gpuwatch-bench, "
+# The record's index follows the nonce in the process name (`name=` ends at the
+# comma), so the bare reader finds both in the kernel's copy of the line.
+TAG_PREFIX = "gpuwatch-bench-"
+XID_LINE = ("<4>NVRM: Xid (PCI:{dom:04x}:{bus:02x}:00): 31, pid={i}, "
+            "name=" + TAG_PREFIX + "{nonce} {i}, "
             "Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted "
             "@ 0x7f12_34560000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ\n")
-FLOOR_LINE = "<6>gpuwatch-bench floor {nonce} {i}\n"
 PCI_RE = re.compile(rb'"pci_address":"([0-9a-f]{4}):([0-9a-f]{2}):00\.0"')
 TS_RE = re.compile(rb'"monotonic_usec":"?([0-9]+)')
 
@@ -83,13 +94,14 @@ def stdout_reader_main(out_path):
 
 def kmsg_reader_main(out_path, nonce, count):
     """Child process, the kernel floor: a bare poll/read /dev/kmsg reader that
-    timestamps the floor records of this run (`I T_NS` lines) until it has seen
+    timestamps the records of this run (`I T_NS` lines; a record of this run
+    holds `TAG_PREFIX + nonce + " "` followed by its index) until it has seen
     `count` of them or 10 s pass without one."""
     fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     os.lseek(fd, 0, os.SEEK_END)
     p = select.poll()
     p.register(fd, select.POLLIN)
-    tag = f"gpuwatch-bench floor {nonce} ".encode()
+    tag = f"{TAG_PREFIX}{nonce} ".encode()
     got = []
     read, now = os.read, time.monotonic_ns
     os.write(1, b"ready\n")
@@ -106,7 +118,9 @@ def kmsg_reader_main(out_path, nonce, count):
             t = now()
             at = rec.find(tag)
             if at >= 0:
-                got.append((int(rec[at + len(tag):].split(b"\n", 1)[0]), t))
+                rest = rec[at + len(tag):]
+                digits = len(rest) - len(rest.lstrip(b"0123456789"))
+                got.append((int(rest[:digits]), t))
     with open(out_path, "w") as out:
         for i, t in got:
             out.write(f"{i} {t}\n")
@@ -211,33 +225,31 @@ def free_port():
         return s.getsockname()[1]
 
 
-def measure_floor(args, work):
-    n = args.count + args.warmup
-    nonce = f"{random.getrandbits(48):012x}"
+def start_floor_reader(work, nonce, n):
+    """The bare reader, started and positioned at the ring's end."""
     out = os.path.join(work, "floor.txt")
     reader = subprocess.Popen([sys.executable, __file__, "--kmsg-reader", out, nonce, str(n)],
                               stdout=subprocess.PIPE)
-    try:
-        if reader.stdout.readline() != b"ready\n":
-            raise SystemExit("the floor reader did not start")
-        lines = [FLOOR_LINE.format(nonce=nonce, i=i).encode() for i in range(n)]
-        written, _ = write_records(lines, args.rate, args.burst)
-        reader.wait(timeout=30)
-    finally:
-        if reader.poll() is None:
-            reader.kill()
-            reader.wait()
+    if reader.stdout.readline() != b"ready\n":
+        reader.kill()
+        raise SystemExit("the bare kmsg reader did not start")
+    return reader, out
+
+
+def floor_times(out):
     seen = {}
     with open(out) as f:
         for line in f:
             i, t = line.split()
             seen.setdefault(int(i), int(t))
-    lat = [(seen[i] - written[i]) / 1000.0 for i in range(args.warmup, n) if i in seen]
-    return {"matched": len(lat), "missing": args.count - len(lat),
-            "write_to_read_us": summary(lat)}
+    return seen
 
 
-def measure_agent(args, work):
+def measure(args, work):
+    """The agent and (unless --no-floor) the bare reader read the SAME records
+    side by side: both sleep in poll() on /dev/kmsg and the kernel wakes both
+    from the same deferred wake-up, so per record `agent - bare` is the agent's
+    own cost, free of where the write fell relative to the kernel's tick."""
     port = free_port()
     events = os.path.join(work, "events.txt")
     log = open(os.path.join(work, "agent.err"), "wb")
@@ -251,16 +263,23 @@ def measure_agent(args, work):
                               stdin=agent.stdout)
     agent.stdout.close()
     n = args.count + args.warmup
+    nonce = f"{random.getrandbits(48):012x}"
+    floor = None
     try:
         wait_ready(port, agent)
         time.sleep(0.5)  # let the start-up read of the ring settle
+        if not args.no_floor:
+            floor = start_floor_reader(work, nonce, n)
         before = scrape(port)
         base = random.randrange(0x1000 << 8, (0xf000 << 8) - n)
-        lines = [XID_LINE.format(dom=(base + i) >> 8, bus=(base + i) & 0xff, i=i).encode()
+        lines = [XID_LINE.format(dom=(base + i) >> 8, bus=(base + i) & 0xff, i=i,
+                                 nonce=nonce).encode()
                  for i in range(n)]
         written, elapsed = write_records(lines, args.rate, args.burst)
         time.sleep(args.settle)
         after = scrape(port)
+        if floor:
+            floor[0].wait(timeout=30)
     finally:
         agent.send_signal(signal.SIGTERM)
         try:
@@ -270,18 +289,27 @@ def measure_agent(args, work):
             agent.wait()
         reader.wait(timeout=30)
         log.close()
+        if floor and floor[0].poll() is None:
+            floor[0].kill()
+            floor[0].wait()
     seen = {}
     with open(events) as f:
         for line in f:
             key, t, ts = line.split()
             seen.setdefault(int(key), (int(t), int(ts)))
-    lat, logged, ring = [], [], []
+    bare = floor_times(floor[1]) if floor else {}
+    lat, logged, ring, bare_lat, extra = [], [], [], [], []
     for i in range(args.warmup, n):
+        b = bare.get(i)
+        if b is not None:
+            bare_lat.append((b - written[i]) / 1000.0)
         got = seen.get(base + i)
         if got is None:
             continue
         t, ts = got
         lat.append((t - written[i]) / 1000.0)
+        if b is not None:
+            extra.append((t - b) / 1000.0)
         if ts >= 0:
             logged.append(ts - written[i] / 1000.0)
             ring.append(t / 1000.0 - ts)
@@ -291,7 +319,7 @@ def measure_agent(args, work):
     offset = min(logged) if logged else 0.0
     split = bool(logged) and abs(offset) < 1_000_000.0
     delta, hsum, hcount = histogram_delta(before, after)
-    return {
+    result = {
         "write_seconds": round(elapsed, 3),
         "matched": len(lat),
         "missing": args.count - len(lat),
@@ -307,6 +335,16 @@ def measure_agent(args, work):
             "buckets": {le: c for le, c, _ in delta if c},
         },
     }
+    if floor:
+        result["floor"] = {"matched": len(bare_lat), "missing": args.count - len(bare_lat),
+                           "write_to_read_us": summary(bare_lat)}
+        result["agent_minus_bare_us"] = summary(extra)
+        if os.environ.get("KMSG_LATENCY_DUMP"):
+            with open(os.environ["KMSG_LATENCY_DUMP"], "w") as f:
+                for i in range(args.warmup, n):
+                    b, got = bare.get(i), seen.get(base + i)
+                    f.write(f"{i} {written[i]} {b} {got[0] if got else None}\n")
+    return result
 
 
 def fmt(s):
@@ -321,14 +359,14 @@ def report(r):
           f"{r['kernel_hz'] or 'unknown'}; {r['cpus']} CPUs, load average "
           f"{r['loadavg_before']} -> {r['loadavg_after']} (other work on the machine shows up "
           "in the tails)")
-    f = r.get("floor")
+    a = r["agent"]
+    f = a.get("floor")
     if f:
         if f["write_to_read_us"]:
             print(f"   kernel floor, bare poll()+read() reader: {fmt(f['write_to_read_us'])}"
                   + (f"; missing {f['missing']}" if f["missing"] else ""))
         else:
             print("   kernel floor: no record reached the bare reader")
-    a = r["agent"]
     if a["write_to_event_us"]:
         print(f"   AGENT kmsg write -> FaultEvent on stdout: {fmt(a['write_to_event_us'])}; "
               f"matched {a['matched']}, missing {a['missing']}")
@@ -341,6 +379,10 @@ def report(r):
     if h["count"]:
         print(f"     agent's own read -> emitted histogram: {h['count']} obs, mean {h['mean_us']} us, "
               f"p50 <= {h['p50_le_s']} s, p99 <= {h['p99_le_s']} s; per bucket {h['buckets']}")
+    d = a.get("agent_minus_bare_us")
+    if d:
+        print(f"   AGENT - BARE READER, same record (the agent's own cost): p50 {d['p50']:.0f} us, "
+              f"p90 {d['p90']:.0f} us, p99 {d['p99']:.0f} us, max {d['max']:.0f} us")
 
 
 def loadavg():
@@ -403,9 +445,7 @@ def main():
         with open(PRINTK_DEVKMSG, "w") as f:
             f.write("on\n")
         with tempfile.TemporaryDirectory(prefix="gpuwatch-kmsglat.") as work:
-            if not args.no_floor:
-                r["floor"] = measure_floor(args, work)
-            r["agent"] = measure_agent(args, work)
+            r["agent"] = measure(args, work)
     finally:
         with open(PRINTK_DEVKMSG, "w") as f:
             f.write(old + "\n")
@@ -414,7 +454,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(r, f, indent=1)
-    missing = r["agent"]["missing"] + r.get("floor", {}).get("missing", 0)
+    missing = r["agent"]["missing"] + r["agent"].get("floor", {}).get("missing", 0)
     if missing:
         print(f"   WARNING: {missing} records were never seen (printk_devkmsg changed under "
               "the run, or the agent lost them; see its log).", file=sys.stderr)

@@ -108,6 +108,8 @@ mod model;
 mod persist;
 pub use persist::{LEGACY_CURSOR_FILE, preset_kmsg_position};
 mod recovery;
+mod writer;
+use writer::StateWriter;
 
 use crate::clock::Clock;
 use crate::msg::{Input, KmsgPosition, MonitorInput};
@@ -120,7 +122,7 @@ use model::{
 };
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -793,19 +795,58 @@ impl Engine {
     /// at startup, it is never overwritten: each skipped write is counted as
     /// a failed write and returned as an error.
     pub fn persist(&mut self) -> Result<(), StateFileError> {
-        let Some(path) = self.state_path.clone() else {
-            self.dirty = false;
+        let Some((path, file)) = self.snapshot_due()? else {
             return Ok(());
         };
-        if !self.dirty || !self.is_settled() {
+        let res = crate::statefile::write_json(&path, &file);
+        if res.is_ok() {
+            self.dirty = false;
+        }
+        self.write_finished(&path, &res);
+        res
+    }
+
+    /// [`Engine::persist`] on the writer thread: the snapshot is handed over
+    /// and the engine goes on; the outcome comes back through
+    /// [`Engine::background_writes_done`].
+    fn persist_in_background(&mut self, writer: &StateWriter) -> Result<(), StateFileError> {
+        let Some((path, file)) = self.snapshot_due()? else {
             return Ok(());
+        };
+        // Changes from here on make it dirty again; a failed write too.
+        self.dirty = false;
+        writer.submit(path, file);
+        Ok(())
+    }
+
+    /// Applies the outcomes of the writer thread's finished writes.
+    fn background_writes_done(&mut self, writer: &StateWriter) {
+        for done in writer.take_done() {
+            if let Err(e) = &done.result {
+                self.dirty = true;
+                error!(error = %e, "Health state file not written.");
+            }
+            self.write_finished(&done.path, &done.result);
+        }
+    }
+
+    /// The snapshot to write now, if one is due: the state changed, is
+    /// settled, no backoff is running and writing is allowed. Err (counted as
+    /// a failed write) when the file must not be overwritten.
+    fn snapshot_due(&mut self) -> Result<Option<(PathBuf, persist::StateFile)>, StateFileError> {
+        let Some(path) = self.state_path.clone() else {
+            self.dirty = false;
+            return Ok(None);
+        };
+        if !self.dirty || !self.is_settled() {
+            return Ok(None);
         }
         if self.retry_write_at.is_some_and(|t| Instant::now() < t) {
-            return Ok(());
+            return Ok(None);
         }
         if self.read_only {
             self.dirty = false;
-            return Ok(());
+            return Ok(None);
         }
         if let Some(why) = &self.persist_blocked {
             // One error per batch of changes, not one per persist interval.
@@ -818,12 +859,14 @@ impl Engine {
                 )),
             });
         }
-        let file = self.to_state_file();
-        let res = crate::statefile::write_json(&path, &file);
+        Ok(Some((path, self.to_state_file())))
+    }
+
+    /// Counts a finished write and reports or ends a run of failures.
+    fn write_finished(&mut self, path: &Path, res: &Result<(), StateFileError>) {
         self.registry.count_state_write(res.is_ok());
-        match &res {
+        match res {
             Ok(()) => {
-                self.dirty = false;
                 self.retry_write_at = None;
                 if self.write_failures > 0 {
                     info!(failed_attempts = self.write_failures, path = %path.display(), "Health state file written again; nothing was lost.");
@@ -846,7 +889,6 @@ impl Engine {
                 *self.cache.get_mut() = None;
             }
         }
-        res
     }
 
     /// Operator clear: removes the active faults of one GPU (`gpu` = index, UUID or
@@ -1443,14 +1485,22 @@ fn log_new_fault(ev: &FaultEvent, f: &Fault) {
     }
 }
 
+/// How long the shutdown waits for a state write in progress before giving
+/// up the final write (the process must end within its stop budget even on a
+/// hung disk).
+pub const FINAL_WRITE_WAIT: Duration = Duration::from_secs(3);
+
 /// The engine thread loop: receives inputs (with a tick timeout), handles them,
 /// sends each returned event to every sink at once, publishes the health to
 /// `health_tx` and the registry when it changed (timestamps ignored), persists when
 /// dirty (at most once per `persist_interval_ms`). Publishing and persisting wait
 /// for a 5 ms pause in the input (at most 100 ms for a publication, one more
 /// persist interval for a persist) so that they never hold up the events of a
-/// burst. Returns on channel disconnect or `shutdown`, after flushing the state
-/// file and the sinks.
+/// burst. The state file is written by a writer thread of its own (the engine
+/// only copies the state): the disk never delays an event. Returns on channel
+/// disconnect or `shutdown`, after a final state write (unless the writer is
+/// still stuck in an earlier one after [`FINAL_WRITE_WAIT`]) and flushing the
+/// sinks.
 pub fn run_engine(
     mut engine: Engine,
     rx: crossbeam_channel::Receiver<Input>,
@@ -1473,6 +1523,26 @@ pub fn run_engine(
     const PUBLISH_EVERY: Duration = Duration::from_millis(100);
     let tick = Duration::from_millis(engine.cfg.tick_interval_ms.max(1));
     let persist_every = Duration::from_millis(engine.cfg.persist_interval_ms);
+    let writer = if engine.state_path.is_some() && !engine.read_only {
+        match StateWriter::spawn() {
+            Ok(w) => Some(w),
+            Err(e) => {
+                warn!(error = %e, "Cannot start the state writer thread; writing the state on the engine thread.");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let persist = |engine: &mut Engine| {
+        let res = match &writer {
+            Some(w) => engine.persist_in_background(w),
+            None => engine.persist(),
+        };
+        if let Err(e) = res {
+            error!(error = %e, "Health state file not written.");
+        }
+    };
     let registry = Arc::clone(&engine.registry);
     let mut published = engine.health();
     registry.set_health(Arc::clone(&published));
@@ -1500,9 +1570,7 @@ pub fn run_engine(
             let due = last_persist.get().is_none_or(|t| now >= t + persist_every);
             if due && engine.persist_due().is_some_and(|t| now >= t) {
                 last_persist.set(Some(now));
-                if let Err(e) = engine.persist() {
-                    error!(error = %e, "Health state file not written.");
-                }
+                persist(engine);
             }
         }
         !events.is_empty()
@@ -1572,21 +1640,31 @@ pub fn run_engine(
             unpublished_since = None;
             emitted = false;
         }
+        if let Some(w) = &writer {
+            engine.background_writes_done(w);
+        }
         if persist_due.is_some_and(|t| now >= t) {
             last_persist.set(Some(now));
-            if let Err(e) = engine.persist() {
-                error!(error = %e, "Health state file not written.");
-            }
+            persist(&mut engine);
         }
         if disconnected {
             break;
         }
     }
+    let mut writer_stuck = false;
+    if let Some(w) = &writer {
+        writer_stuck = !w.wait_idle(FINAL_WRITE_WAIT);
+        engine.background_writes_done(w);
+    }
     engine.flush_fault_counts();
     publish(&engine, &mut published, &registry, &health_tx, emitted);
     // The final write ignores the backoff: it is the last chance.
     engine.retry_write_at = None;
-    if !engine.is_settled() {
+    if writer_stuck {
+        warn!(
+            "The state writer is still blocked in an earlier write; no final state write (records after the last written position are read again at the next start)."
+        );
+    } else if !engine.is_settled() {
         warn!(
             "Kernel-log events beyond the last reported position were handled; keeping the last settled state file (those records are read again at the next start)."
         );

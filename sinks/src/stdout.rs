@@ -3,22 +3,37 @@
 //!
 //! [`EventSink::send`] runs on the health-engine thread and must never block,
 //! but a pipe whose reader stalls (a paused `| less`, a full container log
-//! pipe) blocks `write(2)`. So `send` only encodes the event and queues the
-//! line; a writer thread (`gpuwatch-stdout`) writes and flushes. The queue is
-//! bounded ([`QUEUE_CAPACITY`] lines by default): when it is full the oldest
-//! line is dropped, counted `stage="stdout", outcome="dropped"`, like a line
-//! the writer failed to write (closed stdout). [`EventSink::flush`] waits up to
-//! its timeout for the queue to empty.
+//! pipe) blocks `write(2)`. So `send` writes the line itself only when that
+//! cannot block: nothing is queued or being written (order), the line fits in
+//! `PIPE_BUF` bytes and `poll(2)` says stdout is writable now (a pipe or
+//! socket with room for it, a tty, a file). Otherwise it queues the line for a
+//! writer thread (`gpuwatch-stdout`), which writes and flushes. Writing on the
+//! engine thread saves a thread wake-up per event (tens to hundreds of µs on
+//! an idle machine); the queue keeps a stalled reader from stalling the
+//! engine. The queue is bounded ([`QUEUE_CAPACITY`] lines by default): when
+//! it is full the oldest line is dropped, counted `stage="stdout",
+//! outcome="dropped"`, like a line the writer failed to write (closed stdout).
+//! [`EventSink::flush`] waits up to its timeout for the queue to empty.
 
 use gpuwatch_core::{EventSink, Outcome, Registry, Stage};
 use gpuwatch_proto::FaultEvent;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use std::collections::VecDeque;
 use std::io::Write;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Lines the sink holds while the writer is behind.
 pub const QUEUE_CAPACITY: usize = 4096;
+
+/// Longest line written on the caller's thread: a pipe that `poll(2)` reports
+/// writable takes a write of up to `PIPE_BUF` (4096 bytes on Linux) whole,
+/// without blocking (pipe(7)).
+const INLINE_MAX_BYTES: usize = 4096;
+
+/// Says whether a write of one line could proceed now without blocking.
+type WritableProbe = Box<dyn Fn() -> bool + Send + Sync>;
 
 /// Writes each event as one JSON line to a writer (stdout by default), from a
 /// writer thread of its own.
@@ -34,6 +49,8 @@ struct Shared {
     out: Mutex<Box<dyn Write + Send>>,
     registry: Arc<Registry>,
     capacity: usize,
+    /// `None`: the output cannot be probed; every line goes through the queue.
+    writable: Option<WritableProbe>,
 }
 
 #[derive(Default)]
@@ -57,10 +74,31 @@ impl std::fmt::Debug for JsonLinesSink {
 impl JsonLinesSink {
     /// A sink writing to the process's stdout.
     pub fn stdout(registry: Arc<Registry>) -> JsonLinesSink {
-        JsonLinesSink::new(Box::new(std::io::stdout()), registry)
+        let probe: WritableProbe = Box::new(|| writable_now(std::io::stdout().as_fd()));
+        JsonLinesSink::build(
+            Box::new(std::io::stdout()),
+            registry,
+            QUEUE_CAPACITY,
+            Some(probe),
+        )
     }
 
-    /// A sink writing to `out`.
+    /// A sink writing to a file descriptor it owns (a pipe, a socket, a
+    /// file), polled like stdout before each write on the caller's thread.
+    pub fn from_fd(fd: std::os::fd::OwnedFd, registry: Arc<Registry>) -> JsonLinesSink {
+        let file = Arc::new(std::fs::File::from(fd));
+        let polled = Arc::clone(&file);
+        let probe: WritableProbe = Box::new(move || writable_now(polled.as_fd()));
+        JsonLinesSink::build(
+            Box::new(SharedFile(file)),
+            registry,
+            QUEUE_CAPACITY,
+            Some(probe),
+        )
+    }
+
+    /// A sink writing to `out` (which cannot be polled: every line is written
+    /// by the writer thread).
     pub fn new(out: Box<dyn Write + Send>, registry: Arc<Registry>) -> JsonLinesSink {
         JsonLinesSink::with_capacity(out, registry, QUEUE_CAPACITY)
     }
@@ -71,12 +109,22 @@ impl JsonLinesSink {
         registry: Arc<Registry>,
         capacity: usize,
     ) -> JsonLinesSink {
+        JsonLinesSink::build(out, registry, capacity, None)
+    }
+
+    fn build(
+        out: Box<dyn Write + Send>,
+        registry: Arc<Registry>,
+        capacity: usize,
+        writable: Option<WritableProbe>,
+    ) -> JsonLinesSink {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             changed: Condvar::new(),
             out: Mutex::new(out),
             registry,
             capacity: capacity.max(1),
+            writable,
         });
         let writer = Arc::clone(&shared);
         if let Err(e) = std::thread::Builder::new()
@@ -90,12 +138,34 @@ impl JsonLinesSink {
     }
 }
 
+/// `poll(2)` with a zero timeout: the descriptor takes a small write now.
+fn writable_now(fd: BorrowedFd<'_>) -> bool {
+    let mut fds = [PollFd::new(fd, PollFlags::POLLOUT)];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(1))
+        && fds[0]
+            .revents()
+            .is_some_and(|r| r.contains(PollFlags::POLLOUT) && !r.intersects(PollFlags::POLLERR))
+}
+
+/// A file shared between the writer and the probe that polls it.
+struct SharedFile(Arc<std::fs::File>);
+
+impl Write for SharedFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        (&*self.0).write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 impl Shared {
     fn lock_queue(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Writes `lines` and flushes once; counts each line.
+    /// Writes `lines` (each ends in a newline) and flushes once; counts each
+    /// line.
     fn write(&self, lines: &mut VecDeque<String>) {
         let n = lines.len() as u64;
         let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
@@ -104,7 +174,7 @@ impl Shared {
         for line in lines.drain(..) {
             // A closed stdout (EPIPE) loses the line; count it instead of
             // failing the agent.
-            if failed || writeln!(out, "{line}").is_err() {
+            if failed || out.write_all(line.as_bytes()).is_err() {
                 failed = true;
                 continue;
             }
@@ -150,8 +220,13 @@ impl EventSink for JsonLinesSink {
     }
 
     fn send(&self, event: &FaultEvent) {
+        // One write(2) per line, newline included: a reader never wakes for
+        // half a line.
         let line = match serde_json::to_string(event) {
-            Ok(l) => l,
+            Ok(mut l) => {
+                l.push('\n');
+                l
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "Cannot encode fault event as JSON.");
                 self.shared
@@ -163,6 +238,17 @@ impl EventSink for JsonLinesSink {
         let mut q = self.shared.lock_queue();
         if q.inline {
             drop(q);
+            self.shared.write(&mut VecDeque::from([line]));
+            return;
+        }
+        // Nothing ahead of this line, and the output takes it now: write it
+        // here, holding the queue so the writer thread cannot start a write
+        // in between (order).
+        if q.lines.is_empty()
+            && !q.writing
+            && line.len() <= INLINE_MAX_BYTES
+            && self.shared.writable.as_ref().is_some_and(|w| w())
+        {
             self.shared.write(&mut VecDeque::from([line]));
             return;
         }
@@ -337,6 +423,101 @@ mod tests {
         assert_eq!(codes(&out.buf), vec![0, 7, 8, 9, 10]);
         assert_eq!(reg.events(Stage::Stdout, Outcome::Emitted), 5);
         assert_eq!(reg.events(Stage::Stdout, Outcome::Dropped), 6);
+    }
+
+    /// A real pipe (the agent's stdout under a container runtime or `| jq`):
+    /// returns the read end (non-blocking) and a sink on the write end.
+    fn pipe_sink(reg: &Arc<Registry>, pipe_bytes: i32) -> (std::fs::File, JsonLinesSink) {
+        let (r, w) = nix::unistd::pipe().unwrap();
+        nix::fcntl::fcntl(&w, nix::fcntl::FcntlArg::F_SETPIPE_SZ(pipe_bytes)).unwrap();
+        let flags = nix::fcntl::fcntl(&r, nix::fcntl::FcntlArg::F_GETFL).unwrap();
+        let flags = nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK;
+        nix::fcntl::fcntl(&r, nix::fcntl::FcntlArg::F_SETFL(flags)).unwrap();
+        (
+            std::fs::File::from(r),
+            JsonLinesSink::from_fd(w, reg.clone()),
+        )
+    }
+
+    fn read_available(r: &mut std::fs::File) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 65536];
+        loop {
+            match std::io::Read::read(r, &mut buf) {
+                Ok(0) => return out,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return out,
+                Err(e) => panic!("read: {e}"),
+            }
+        }
+    }
+
+    /// With room in the pipe the line is written before `send` returns, on
+    /// the caller's thread: no wake-up of the writer thread in between.
+    #[test]
+    fn a_writable_pipe_has_the_line_when_send_returns() {
+        let reg = Registry::new();
+        let (mut r, sink) = pipe_sink(&reg, 65536);
+        for code in [13, 79] {
+            sink.send(&xid(code));
+            let got = read_available(&mut r);
+            let text = String::from_utf8(got).unwrap();
+            assert_eq!(text.matches('\n').count(), 1, "{text:?}");
+            let v: serde_json::Value = serde_json::from_str(text.trim_end()).unwrap();
+            assert_eq!(v["code"], code);
+        }
+        assert_eq!(reg.events(Stage::Stdout, Outcome::Emitted), 2);
+    }
+
+    /// A full pipe (its reader stalled) never blocks `send`; the lines wait in
+    /// the queue and come out in order, after the bytes already in the pipe,
+    /// once the reader drains it; a line longer than `PIPE_BUF` keeps its place.
+    #[test]
+    fn a_full_pipe_never_blocks_send_and_keeps_the_order() {
+        let reg = Registry::new();
+        let page = 4096;
+        let (mut r, sink) = pipe_sink(&reg, page);
+        // Exactly fill the pipe: a blocking write of the pipe's size completes.
+        let mut filler = sink.shared.out.lock().unwrap();
+        filler.write_all(&vec![b'x'; page as usize]).unwrap();
+        drop(filler);
+        let long = FaultEvent {
+            code: 2,
+            message: "m".repeat(5000),
+            ..Default::default()
+        };
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let sink = Arc::new(sink);
+        let sender = Arc::clone(&sink);
+        std::thread::spawn(move || {
+            sender.send(&xid(1));
+            sender.send(&long);
+            sender.send(&xid(3));
+            done_tx.send(()).unwrap();
+        });
+        done_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("send blocked on a full pipe");
+        let mut got = Vec::new();
+        let t0 = Instant::now();
+        while got.iter().filter(|&&b| b == b'\n').count() < 3 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "lines never came");
+            got.extend(read_available(&mut r));
+            std::thread::yield_now();
+        }
+        assert!(got[..page as usize].iter().all(|&b| b == b'x'));
+        let text = String::from_utf8(got[page as usize..].to_vec()).unwrap();
+        let codes: Vec<u64> = text
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["code"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(codes, vec![1, 2, 3]);
+        sink.flush(Duration::from_secs(10));
+        assert_eq!(reg.events(Stage::Stdout, Outcome::Emitted), 3);
     }
 
     #[test]

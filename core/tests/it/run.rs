@@ -126,3 +126,119 @@ fn unchanged_health_is_not_republished() {
     t.join().unwrap();
     assert!(health_rx.try_recv().is_err());
 }
+
+/// The kernel's syscall number the thread named `name` is blocked in, if
+/// such a thread exists (`/proc/self/task/*/syscall`, first field).
+fn blocked_syscall(name: &str) -> Option<i64> {
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let task = task.ok()?.path();
+        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        if comm.trim_end() == name {
+            let sc = std::fs::read_to_string(task.join("syscall")).ok()?;
+            return sc.split_whitespace().next()?.parse().ok();
+        }
+    }
+    None
+}
+
+#[cfg(target_arch = "x86_64")]
+const SYS_OPENAT: i64 = 257;
+#[cfg(target_arch = "aarch64")]
+const SYS_OPENAT: i64 = 56;
+
+/// A state write that blocks in the kernel (here: opening a FIFO nobody
+/// reads, which blocks like a write to a hung volume) never holds up events:
+/// they reach the sinks while the writer thread is stuck. When the write
+/// fails (fsync on a FIFO: EINVAL) it is reported and retried, and the file
+/// written afterwards holds every fault.
+#[test]
+fn a_hung_state_write_never_delays_events_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir
+        .path()
+        .join(format!(".{STATE_FILE}.tmp.{}", std::process::id()));
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let rig = Rig::with(
+        gpuwatch_core::engine::EngineConfig {
+            persist_interval_ms: 100,
+            ..Default::default()
+        },
+        Arc::new(xid_parser::Policy::default()),
+        Some(dir.path()),
+        "boot-a",
+        Arc::new(gpuwatch_core::clock::ManualClock::new(start_time())),
+    );
+    let registry = Arc::clone(&rig.registry);
+    let (tx, rx) = crossbeam_channel::bounded(1024);
+    let sink = Arc::new(Collect::default());
+    let sinks: Vec<Arc<dyn EventSink>> = vec![sink.clone()];
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let stop = Arc::clone(&shutdown);
+    let engine = rig.engine;
+    let t = std::thread::spawn(move || run_engine(engine, rx, sinks, |_| {}, stop));
+    tx.send(Input::Samples {
+        samples: two_gpus(),
+        complete: true,
+    })
+    .unwrap();
+    tx.send(fault(xid(79, PCI0))).unwrap();
+    let t0 = Instant::now();
+    while blocked_syscall("gpuwatch-state") != Some(SYS_OPENAT) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the state write never started"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The writer is stuck in open(2); events keep flowing.
+    let codes = [13, 31, 43, 45, 63, 64, 94, 95];
+    for pci in [PCI0, PCI1] {
+        for code in codes {
+            tx.send(fault(xid(code, pci))).unwrap();
+        }
+    }
+    let want = 1 + 2 * codes.len();
+    let t0 = Instant::now();
+    while sink.events.lock().unwrap().len() < want {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "events were held up by the stuck state write: {} of {want}",
+            sink.events.lock().unwrap().len()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(blocked_syscall("gpuwatch-state"), Some(SYS_OPENAT));
+    assert_eq!(registry.state_writes(), (0, 0), "no write finished yet");
+    // The disk comes back: the blocked open returns, the write fails (a FIFO
+    // cannot be fsynced), is counted, and the retry writes a regular file.
+    let reader = std::thread::spawn({
+        let fifo = fifo.clone();
+        move || std::fs::read(&fifo).unwrap()
+    });
+    let written = reader.join().unwrap();
+    assert!(!written.is_empty());
+    let t0 = Instant::now();
+    while registry.state_writes().0 == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the state was never written after the failure: {:?}",
+            registry.state_writes()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        registry.state_writes().1 >= 1,
+        "the failed write was counted"
+    );
+    shutdown.store(true, Ordering::SeqCst);
+    t.join().unwrap();
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join(STATE_FILE)).unwrap()).unwrap();
+    let text = state.to_string();
+    for code in codes.iter().chain([79].iter()) {
+        assert!(
+            text.contains(&format!("\"XID{code}\"")) || text.contains(&format!("\"code\":{code}")),
+            "XID {code} missing from the state file"
+        );
+    }
+}
