@@ -410,6 +410,7 @@ impl FaultSender {
         if self.live >= self.capacity && !self.evict_below(rank) {
             self.registry
                 .count_events(Stage::Parser, Outcome::Dropped, 1);
+            self.registry.count_source_drop(event.action(), 1);
             self.drops.note(rank);
             return;
         }
@@ -446,11 +447,13 @@ impl FaultSender {
         };
         held.live = false;
         let count = u64::from(held.event.count.max(1));
+        let action = held.event.action();
         self.index.remove(&held.key);
         self.live -= 1;
         self.live_by_rank[victim_rank] -= 1;
         self.registry
             .count_events(Stage::Parser, Outcome::Dropped, count);
+        self.registry.count_source_drop(action, count);
         self.drops.note(victim_rank);
         true
     }
@@ -539,6 +542,7 @@ impl FaultSender {
         }) = self.pop_front()
         {
             let left = deadline.saturating_duration_since(Instant::now());
+            let action = event.action();
             let sent = self.tx.send_timeout(Input::Fault { event, read_at }, left);
             if let Err(e) = sent {
                 if matches!(e, crossbeam_channel::SendTimeoutError::Disconnected(_)) {
@@ -546,6 +550,7 @@ impl FaultSender {
                 }
                 self.registry
                     .count_events(Stage::Parser, Outcome::Dropped, 1);
+                self.registry.count_source_drop(action, 1);
                 if let Some(s) = seq {
                     lowest_lost = Some(lowest_lost.map_or(s, |l| l.min(s)));
                 }
@@ -658,7 +663,7 @@ pub fn forward_nvml(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuwatch_proto::{FaultKind, GpuSample};
+    use gpuwatch_proto::{Action, FaultKind, GpuSample};
 
     fn xid(pci: &str, code: u32) -> FaultEvent {
         let mut ev = FaultEvent {
@@ -744,6 +749,44 @@ mod tests {
         assert_eq!(reg.events(Stage::Parser, Outcome::Dropped), 2);
         s.drain(Duration::from_millis(1));
         assert_eq!(reg.events(Stage::Parser, Outcome::Dropped), 4);
+    }
+
+    fn with_action(mut ev: FaultEvent, action: Action) -> FaultEvent {
+        ev.set_action(action);
+        ev
+    }
+
+    /// A full buffer: a more severe event evicts the oldest least severe held
+    /// one; an event with nothing less severe to evict is itself dropped.
+    /// Each drop is counted by action class.
+    #[test]
+    fn drops_are_counted_per_action_class() {
+        let reg = Registry::new();
+        let (tx, rx) = bounded(1);
+        let mut s = FaultSender::with_capacity(tx, reg.clone(), 2);
+        let now = Instant::now();
+        s.send(with_action(xid("a", 13), Action::RestartApp), now); // sent
+        s.send(with_action(xid("b", 13), Action::RestartApp), now); // held
+        s.send(with_action(xid("c", 31), Action::RestartApp), now); // held
+        s.send(with_action(xid("d", 79), Action::RebootNode), now); // evicts b
+        s.send(with_action(xid("e", 43), Action::Ignore), now); // dropped
+        assert_eq!(reg.events(Stage::Parser, Outcome::Dropped), 2);
+        assert_eq!(reg.source_drops(Action::RestartApp), 1);
+        assert_eq!(reg.source_drops(Action::Ignore), 1);
+        assert_eq!(reg.source_drops(Action::RebootNode), 0);
+        s.flush();
+        let mut got: Vec<(String, u32)> = faults(&rx)
+            .into_iter()
+            .map(|e| (e.pci_address, e.code))
+            .collect();
+        while s.pending() > 0 {
+            s.flush();
+            got.extend(faults(&rx).into_iter().map(|e| (e.pci_address, e.code)));
+        }
+        assert_eq!(
+            got,
+            vec![("a".into(), 13), ("c".into(), 31), ("d".into(), 79)]
+        );
     }
 
     fn xid_at(pci: &str, code: u32, seq: u64) -> FaultEvent {

@@ -288,6 +288,9 @@ pub const LATENCY_BUCKETS_SECONDS: [f64; 12] = [
     1.0,
 ];
 
+/// Number of [`Action`] values (their ranks are 0..ACTION_RANKS).
+const ACTION_RANKS: usize = 8;
+
 /// Shared metric registry. Cheap to clone through `Arc`.
 pub struct Registry {
     /// Kernel log records read.
@@ -299,6 +302,8 @@ pub struct Registry {
     /// NVML samples dropped oldest-first.
     pub samples_dropped: AtomicU64,
     events: [[AtomicU64; 3]; 5],
+    /// Fault events a source dropped for lack of room, by action rank.
+    source_drops: [AtomicU64; ACTION_RANKS],
     export_failures: [AtomicU64; 2],
     state_writes: [AtomicU64; 2],
     kube_writes: [[AtomicU64; 3]; 4],
@@ -351,6 +356,7 @@ impl Default for Registry {
             kmsg_records_malformed: AtomicU64::new(0),
             samples_dropped: AtomicU64::new(0),
             events: Default::default(),
+            source_drops: Default::default(),
             export_failures: Default::default(),
             state_writes: Default::default(),
             kube_writes: Default::default(),
@@ -394,6 +400,24 @@ impl Registry {
     /// Events counted at `stage` with `outcome`.
     pub fn events(&self, stage: Stage, outcome: Outcome) -> u64 {
         self.events[stage as usize][outcome as usize].load(Relaxed)
+    }
+
+    /// Counts `n` fault events of class `action` that a source dropped for
+    /// lack of room in the engine queue (besides
+    /// `count_events(Stage::Parser, Outcome::Dropped, n)`).
+    pub fn count_source_drop(&self, action: Action, n: u64) {
+        let rank = usize::try_from(action.rank())
+            .unwrap_or(0)
+            .min(ACTION_RANKS - 1);
+        self.source_drops[rank].fetch_add(n, Relaxed);
+    }
+
+    /// Fault events of class `action` the sources dropped.
+    pub fn source_drops(&self, action: Action) -> u64 {
+        let rank = usize::try_from(action.rank())
+            .unwrap_or(0)
+            .min(ACTION_RANKS - 1);
+        self.source_drops[rank].load(Relaxed)
     }
 
     /// Counts one failed OTLP export.

@@ -851,6 +851,15 @@ fn events(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
     }
 }
 
+fn events_dropped(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    for action in Action::ALL {
+        out.push(Point {
+            attrs: vec![("action", s(action.short_name()))],
+            value: Num::U64(r.source_drops(action)),
+        });
+    }
+}
+
 fn samples_dropped(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
     out.push(Point {
         attrs: vec![],
@@ -1257,6 +1266,15 @@ pub(crate) const SPECS: &[Spec] = &[
         NonZero,
         "Fault events per pipeline stage and outcome.",
         events
+    ),
+    spec!(
+        "gpuwatch.events.dropped",
+        "{event}",
+        Counter,
+        U64,
+        NonZero,
+        "Fault events the kernel-log source dropped for lack of room in the engine queue, by action class (a more severe event evicts a less severe one; reset/reboot/inspect-class events are dropped only for lack of room among their own kind).",
+        events_dropped
     ),
     spec!(
         "gpuwatch.samples.dropped",

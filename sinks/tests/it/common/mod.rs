@@ -660,6 +660,7 @@ pub fn populate(r: &Registry) {
     r.kmsg_records_lost.store(2, Relaxed);
     r.kmsg_records_malformed.store(1, Relaxed);
     r.samples_dropped.store(4, Relaxed);
+    r.count_source_drop(Action::RestartApp, 3);
     r.count_events(Stage::Parser, Outcome::Emitted, 5);
     r.count_events(Stage::Engine, Outcome::Coalesced, 2);
     r.count_nvml_error("nvmlDeviceGetPowerUsage");
