@@ -394,7 +394,7 @@ fn roundtrip(proto: Proto) {
     // NVML call failed (NotSupported is not an error), and what the series
     // budget sends only when something is wrong (docs/metrics.md): no row
     // remapped, no recovery action, every NVLink up and quiet, no malformed
-    // record, no sample dropped; the Kubernetes writer and validation are off,
+    // record, no sample or event dropped; the Kubernetes writer and validation are off,
     // so no write, taint, startup gate or validation run.
     let missing: BTreeSet<&str> = documented
         .keys()
@@ -413,6 +413,7 @@ fn roundtrip(proto: Proto) {
             "gpu.row_remap.pending",
             "gpu.row_remap.rows",
             "gpu.sxid.errors",
+            "gpuwatch.events.dropped",
             "gpuwatch.kmsg.records.malformed",
             "gpuwatch.kube.writes",
             "gpuwatch.node.tainted",
