@@ -347,6 +347,13 @@ pub struct Engine {
     write_backoff: crate::retry::Backoff,
     /// No state write is attempted before this time (backoff after failures).
     retry_write_at: Option<Instant>,
+    /// Log activations after the events went to the sinks
+    /// ([`run_engine`]): a log line (formatting, a write to stderr) must not
+    /// delay the event it reports.
+    defer_activation_logs: bool,
+    /// Activations not logged yet (only while deferred; logged after every
+    /// input).
+    activations: Vec<Activation>,
     /// GPU faults dropped because the engine already tracks as many GPUs as
     /// a node can have; logged once per interval.
     over_capacity: OverCapacity,
@@ -465,6 +472,8 @@ impl Engine {
             write_failures: 0,
             write_backoff: write_backoff(&cfg_persist),
             retry_write_at: None,
+            defer_activation_logs: false,
+            activations: Vec::new(),
             over_capacity: OverCapacity::default(),
         };
         engine.load();
@@ -1304,7 +1313,12 @@ impl Engine {
                 },
             };
             f.note_occurrence(source, ev_time);
-            log_new_fault(&ev, &f);
+            let activation = Activation::of(&ev, &f);
+            if self.defer_activation_logs {
+                self.activations.push(activation);
+            } else {
+                activation.log();
+            }
             match gpu_pci.as_ref().and_then(|p| self.gpus.get_mut(p)) {
                 Some(g) => {
                     g.faults.insert(key, f);
@@ -1476,12 +1490,43 @@ enum RemapCheck {
     Unconfirmed(u64),
 }
 
-fn log_new_fault(ev: &FaultEvent, f: &Fault) {
-    let action = ev.action().short_name();
-    if ev.action().needs_isolation() {
-        warn!(pci = %ev.pci_address, gpu_index = ?ev.gpu_index, gpu_uuid = %ev.gpu_uuid, kind = ev.kind().short_name(), code = ev.code, action, reason = %f.reason, policy_reason = %ev.policy_reason, "GPU fault became active.");
-    } else {
-        info!(pci = %ev.pci_address, gpu_index = ?ev.gpu_index, gpu_uuid = %ev.gpu_uuid, kind = ev.kind().short_name(), code = ev.code, action, reason = %f.reason, "GPU fault became active.");
+/// What the "GPU fault became active" log line says, taken when the fault
+/// becomes active.
+#[derive(Debug)]
+struct Activation {
+    pci: String,
+    gpu_index: Option<u32>,
+    gpu_uuid: String,
+    kind: FaultKind,
+    code: u32,
+    action: Action,
+    reason: String,
+    policy_reason: String,
+}
+
+impl Activation {
+    fn of(ev: &FaultEvent, f: &Fault) -> Activation {
+        Activation {
+            pci: ev.pci_address.clone(),
+            gpu_index: ev.gpu_index,
+            gpu_uuid: ev.gpu_uuid.clone(),
+            kind: ev.kind(),
+            code: ev.code,
+            action: ev.action(),
+            reason: f.reason.clone(),
+            policy_reason: ev.policy_reason.clone(),
+        }
+    }
+
+    fn log(&self) {
+        let (pci, uuid, kind, code) =
+            (&self.pci, &self.gpu_uuid, self.kind.short_name(), self.code);
+        let action = self.action.short_name();
+        if self.action.needs_isolation() {
+            warn!(pci = %pci, gpu_index = ?self.gpu_index, gpu_uuid = %uuid, kind, code, action, reason = %self.reason, policy_reason = %self.policy_reason, "GPU fault became active.");
+        } else {
+            info!(pci = %pci, gpu_index = ?self.gpu_index, gpu_uuid = %uuid, kind, code, action, reason = %self.reason, "GPU fault became active.");
+        }
     }
 }
 
@@ -1555,6 +1600,7 @@ pub fn run_engine(
     // changed for sure.
     let mut unpublished_since: Option<Instant> = None;
     let mut emitted = false;
+    engine.defer_activation_logs = true;
     let dispatch = |engine: &mut Engine, input: Input| -> bool {
         let progress = matches!(input, Input::KmsgProgress(_));
         let events = engine.handle(input);
@@ -1562,6 +1608,9 @@ pub fn run_engine(
             for sink in &sinks {
                 sink.send(ev);
             }
+        }
+        for activation in engine.activations.drain(..) {
+            activation.log();
         }
         if progress {
             // A settled point inside a burst: write here when a write is

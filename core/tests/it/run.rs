@@ -242,3 +242,73 @@ fn a_hung_state_write_never_delays_events_and_loses_nothing() {
         );
     }
 }
+
+/// A log writer that keeps what it is given.
+#[derive(Clone, Default)]
+struct LogBuf(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Records how much had been logged when each event reached it.
+struct LogAtSend {
+    log: LogBuf,
+    logged_before: Mutex<Vec<usize>>,
+}
+
+impl EventSink for LogAtSend {
+    fn name(&self) -> &'static str {
+        "log-at-send"
+    }
+    fn send(&self, _: &FaultEvent) {
+        let n = self.log.0.lock().unwrap().len();
+        self.logged_before.lock().unwrap().push(n);
+    }
+}
+
+/// The "GPU fault became active" line is written after the sinks got the
+/// event: formatting it and writing it to stderr must not delay the event.
+#[test]
+fn a_fault_is_logged_after_the_sinks_have_its_event() {
+    let log = LogBuf::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let rig = Rig::without_join_grace(None, "boot-a");
+    let (tx, rx) = crossbeam_channel::bounded(16);
+    let sink = Arc::new(LogAtSend {
+        log: log.clone(),
+        logged_before: Mutex::new(Vec::new()),
+    });
+    let sinks: Vec<Arc<dyn EventSink>> = vec![sink.clone()];
+    tx.send(fault(xid(79, PCI0))).unwrap();
+    drop(tx);
+    tracing::subscriber::with_default(subscriber, || {
+        run_engine(
+            rig.engine,
+            rx,
+            sinks,
+            |_| {},
+            Arc::new(AtomicBool::new(false)),
+        )
+    });
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let at = text
+        .find("GPU fault became active.")
+        .expect("the activation is logged");
+    let before = sink.logged_before.lock().unwrap().clone();
+    assert_eq!(before.len(), 1, "one event");
+    assert!(
+        before[0] <= at,
+        "the log line was written before the sink got the event: {text}"
+    );
+}
