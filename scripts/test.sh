@@ -61,13 +61,13 @@ cargo test --workspace --doc --locked
 step "fuzz targets compile"
 cargo check --manifest-path fuzz/Cargo.toml --quiet
 
-step "Fuzz targets run (15 s each)"
+step "Fuzz targets run (30 s each)"
 # cargo-fuzz builds with sanitizer flags that need nightly; RUSTC_BOOTSTRAP=1 lets
 # the stable toolchain accept them. Own target dir: instrumented builds share
 # nothing with the normal ones.
 for target in $(cargo fuzz list --fuzz-dir fuzz); do
   RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/fuzz" \
-    cargo fuzz run --fuzz-dir fuzz "$target" -- -max_total_time=15
+    cargo fuzz run --fuzz-dir fuzz "$target" -- -max_total_time=30
 done
 
 step "Prometheus rules: promtool check + unit tests"
