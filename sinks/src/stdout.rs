@@ -5,8 +5,9 @@
 //! but a pipe whose reader stalls (a paused `| less`, a full container log
 //! pipe) blocks `write(2)`. So `send` writes the line itself only when that
 //! cannot block: nothing is queued or being written (order), the line fits in
-//! `PIPE_BUF` bytes and `poll(2)` says stdout is writable now (a pipe or
-//! socket with room for it, a tty, a file). Otherwise it queues the line for a
+//! `PIPE_BUF` bytes, stdout is a pipe, socket or character device, and
+//! `poll(2)` says it takes the line now (a regular file always polls
+//! writable but can block on a hung disk). Otherwise it queues the line for a
 //! writer thread (`gpuwatch-stdout`), which writes and flushes. Writing on the
 //! engine thread saves a thread wake-up per event (tens to hundreds of µs on
 //! an idle machine); the queue keeps a stalled reader from stalling the
@@ -74,27 +75,20 @@ impl std::fmt::Debug for JsonLinesSink {
 impl JsonLinesSink {
     /// A sink writing to the process's stdout.
     pub fn stdout(registry: Arc<Registry>) -> JsonLinesSink {
-        let probe: WritableProbe = Box::new(|| writable_now(std::io::stdout().as_fd()));
-        JsonLinesSink::build(
-            Box::new(std::io::stdout()),
-            registry,
-            QUEUE_CAPACITY,
-            Some(probe),
-        )
+        let probe: Option<WritableProbe> = pollable(std::io::stdout().as_fd())
+            .then(|| Box::new(|| writable_now(std::io::stdout().as_fd())) as WritableProbe);
+        JsonLinesSink::build(Box::new(std::io::stdout()), registry, QUEUE_CAPACITY, probe)
     }
 
-    /// A sink writing to a file descriptor it owns (a pipe, a socket, a
-    /// file), polled like stdout before each write on the caller's thread.
+    /// A sink writing to a file descriptor it owns, polled like stdout
+    /// before each write on the caller's thread when it is a pipe, socket or
+    /// character device.
     pub fn from_fd(fd: std::os::fd::OwnedFd, registry: Arc<Registry>) -> JsonLinesSink {
         let file = Arc::new(std::fs::File::from(fd));
         let polled = Arc::clone(&file);
-        let probe: WritableProbe = Box::new(move || writable_now(polled.as_fd()));
-        JsonLinesSink::build(
-            Box::new(SharedFile(file)),
-            registry,
-            QUEUE_CAPACITY,
-            Some(probe),
-        )
+        let probe: Option<WritableProbe> = pollable(file.as_fd())
+            .then(|| Box::new(move || writable_now(polled.as_fd())) as WritableProbe);
+        JsonLinesSink::build(Box::new(SharedFile(file)), registry, QUEUE_CAPACITY, probe)
     }
 
     /// A sink writing to `out` (which cannot be polled: every line is written
@@ -136,6 +130,20 @@ impl JsonLinesSink {
         }
         JsonLinesSink { shared }
     }
+}
+
+/// Whether `poll(2)` tells if a write would block: true for pipes, sockets
+/// and character devices (a tty, `/dev/null`). A regular file always polls
+/// writable, yet a write to it can block on a slow or hung disk, so lines
+/// for a file always go through the writer thread.
+fn pollable(fd: BorrowedFd<'_>) -> bool {
+    nix::sys::stat::fstat(fd).is_ok_and(|st| {
+        let kind =
+            nix::sys::stat::SFlag::from_bits_truncate(st.st_mode) & nix::sys::stat::SFlag::S_IFMT;
+        kind == nix::sys::stat::SFlag::S_IFIFO
+            || kind == nix::sys::stat::SFlag::S_IFSOCK
+            || kind == nix::sys::stat::SFlag::S_IFCHR
+    })
 }
 
 /// `poll(2)` with a zero timeout: the descriptor takes a small write now.
@@ -518,6 +526,25 @@ mod tests {
         assert_eq!(codes, vec![1, 2, 3]);
         sink.flush(Duration::from_secs(10));
         assert_eq!(reg.events(Stage::Stdout, Outcome::Emitted), 3);
+    }
+
+    /// A regular file polls writable but can block on a hung disk: its lines
+    /// always go through the writer thread.
+    #[test]
+    fn a_regular_file_is_never_written_on_the_callers_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = std::fs::File::create(dir.path().join("out")).unwrap();
+        assert!(!pollable(file.as_fd()));
+        let (r, w) = nix::unistd::pipe().unwrap();
+        assert!(pollable(w.as_fd()));
+        drop(r);
+        let reg = Registry::new();
+        let sink = JsonLinesSink::from_fd(file.into(), reg.clone());
+        assert!(sink.shared.writable.is_none());
+        sink.send(&xid(79));
+        sink.flush(Duration::from_secs(10));
+        let text = std::fs::read_to_string(dir.path().join("out")).unwrap();
+        assert_eq!(text.lines().count(), 1);
     }
 
     #[test]
