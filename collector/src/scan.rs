@@ -519,14 +519,16 @@ fn scan_reader(
         path: name.to_owned(),
         source,
     };
-    let mut buf = vec![0u8; BLOCK_BYTES];
+    // Every read asks for at least a block, so the input's `BufReader` (of one
+    // block) hands it over without copying it through its own buffer.
+    let mut buf = vec![0u8; 2 * BLOCK_BYTES];
     let mut cur = Cursor::default();
     let mut filled = 0;
     // Inside a line longer than `MAX_LINE_BYTES` whose start was dropped.
     let mut in_long_line = false;
     loop {
         // Room to read: move the partial line to the front once little is left.
-        if buf.len() - filled < BLOCK_BYTES / 4 {
+        if buf.len() - filled < BLOCK_BYTES {
             buf.copy_within(cur.start..filled, 0);
             filled -= cur.start;
             cur.shift(cur.start);
