@@ -42,6 +42,7 @@ mod catalog;
 #[cfg(test)]
 mod generated_check;
 mod line;
+mod markers;
 mod message;
 mod nvlink5;
 mod overrides;
@@ -50,7 +51,8 @@ mod policy;
 mod record;
 mod scanner;
 
-pub use line::{LineFormat, LogLine, parse_line};
+pub use line::{LineFormat, LogLine, YearlessTime, parse_line};
+pub use markers::{LINE_MARKERS, MarkerFinder};
 pub use message::{
     AerDetail, AerSeverity, AerSummary, DriverErrorMsg, EccMsg, GpuIdentity, MceMsg, McePart,
     Message, NvlinkMsg, SxidMsg, ThermalMsg, XidMsg, parse_message, recovery_action_from_text,

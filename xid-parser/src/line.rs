@@ -88,6 +88,73 @@ pub struct LogLine<'a> {
     pub time_unix_nano: Option<u64>,
     /// The kernel message, prefix removed and escapes decoded.
     pub message: Cow<'a, str>,
+    /// Wall-clock time of a syslog line whose date has no year (`Mar  3 12:00:00`);
+    /// [`YearlessTime::resolve`] infers the year. `time_unix_nano` stays `None` then.
+    pub yearless_time: Option<YearlessTime>,
+}
+
+/// A syslog date and time without a year (`Nov 30 12:34:56[.frac]`), as printed
+/// (the writer's local time; read as UTC, like `dmesg -T` times).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct YearlessTime {
+    /// 1..=12.
+    pub month: u32,
+    /// 1..=31.
+    pub day: u32,
+    /// Seconds since midnight.
+    pub second_of_day: u32,
+    /// Fraction of the second, nanoseconds.
+    pub nanos: u32,
+}
+
+impl YearlessTime {
+    /// Unix nanoseconds of this time in `year` (`None` outside 1970..=9999).
+    pub fn in_year(&self, year: i64) -> Option<u64> {
+        let s = self.second_of_day;
+        unix_nanos(
+            year,
+            self.month,
+            self.day,
+            s / 3600,
+            s / 60 % 60,
+            s % 60,
+            self.nanos,
+            0,
+        )
+    }
+
+    /// Unix nanoseconds, with the year inferred as syslog readers do: the year of
+    /// `now_unix_nano`, or the year before when that date would lie in the future
+    /// (a log from December read in January). A day of slack allows for the
+    /// writer's time zone, as the time is read as UTC.
+    ///
+    /// ```
+    /// use xid_parser::parse_line;
+    /// let now = 1_764_547_200_000_000_000; // 2025-12-01 00:00:00 UTC
+    /// let l = parse_line(b"Nov 30 12:34:56 node kernel: NVRM: x");
+    /// assert_eq!(l.yearless_time.unwrap().resolve(now), Some(1_764_506_096_000_000_000)); // 2025-11-30
+    /// let l = parse_line(b"Dec 31 23:00:00 node kernel: NVRM: x");
+    /// assert_eq!(l.yearless_time.unwrap().resolve(now), Some(1_735_686_000_000_000_000)); // 2024-12-31
+    /// ```
+    pub fn resolve(&self, now_unix_nano: u64) -> Option<u64> {
+        const DAY_NANOS: u64 = 86_400 * 1_000_000_000;
+        let year = year_of_unix_secs(now_unix_nano / 1_000_000_000);
+        match self.in_year(year) {
+            Some(t) if t <= now_unix_nano.saturating_add(DAY_NANOS) => Some(t),
+            _ => self.in_year(year - 1),
+        }
+    }
+}
+
+/// Proleptic Gregorian year of a Unix time (Howard Hinnant's civil-from-days).
+fn year_of_unix_secs(secs: u64) -> i64 {
+    let z = (secs / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    yoe + era * 400 + i64::from(mp >= 10)
 }
 
 impl<'a> LogLine<'a> {
@@ -100,6 +167,7 @@ impl<'a> LogLine<'a> {
             monotonic_usec: None,
             time_unix_nano: None,
             message,
+            yearless_time: None,
         }
     }
 }
@@ -542,22 +610,29 @@ fn parse_iso_line(line: &[u8]) -> Option<LogLine<'_>> {
 fn parse_syslog_line(line: &[u8]) -> Option<LogLine<'_>> {
     let sp = memchr::memchr(b' ', &line[..line.len().min(16)])?;
     let mon = std::str::from_utf8(&line[..sp]).ok()?;
-    month_number(mon)?;
+    let month = month_number(mon)?;
     let mut rest = &line[sp..];
     rest = rest.trim_ascii_start();
     let sp = memchr::memchr(b' ', &rest[..rest.len().min(3)])?;
     let day = std::str::from_utf8(&rest[..sp]).ok()?;
-    day.parse::<u32>().ok().filter(|d| (1..=31).contains(d))?;
+    let day = day.parse::<u32>().ok().filter(|d| (1..=31).contains(d))?;
     rest = rest[sp..].trim_ascii_start();
     let sp = memchr::memchr(b' ', &rest[..rest.len().min(20)])?;
     let time = std::str::from_utf8(&rest[..sp]).ok()?;
-    parse_hms(time)?;
+    let (h, m, sec, nanos) = parse_hms(time)?;
     let format = if time.len() > 8 {
         LineFormat::SyslogPrecise
     } else {
         LineFormat::SyslogShort
     };
-    parse_host_tag(&rest[sp + 1..], format)
+    let mut out = parse_host_tag(&rest[sp + 1..], format)?;
+    out.yearless_time = Some(YearlessTime {
+        month,
+        day,
+        second_of_day: (h * 3600 + m * 60 + sec).min(86_399),
+        nanos,
+    });
+    Some(out)
 }
 
 /// `host tag[pid]: msg` → message (with `#ooo` escapes decoded and an embedded

@@ -1,10 +1,11 @@
 //! The one-pass prefilter (`Scanner::interesting`) gives exactly the answer of the
 //! original five-pass memchr prefilter (kept below as the reference), and the
 //! whole-line check (`Scanner::interesting_line`) never rejects a line whose decoded
-//! message passes the prefilter, in every saved-log format.
+//! message passes the prefilter, in every saved-log format; the whole-buffer search
+//! (`MarkerFinder`) finds a marker in exactly the lines `interesting_line` accepts.
 
 use proptest::prelude::*;
-use xid_parser::{Scanner, parse_line};
+use xid_parser::{MarkerFinder, Scanner, parse_line};
 
 /// The original prefilter (three memchr passes for rare bytes, one for `v`, two
 /// memmem searches), verbatim in behaviour.
@@ -152,6 +153,31 @@ proptest! {
     #[test]
     fn one_pass_prefilter_equals_the_reference(msg in message()) {
         prop_assert_eq!(Scanner::interesting(&msg), reference(&msg), "{:?}", String::from_utf8_lossy(&msg));
+    }
+
+    #[test]
+    fn buffer_search_marks_exactly_the_interesting_lines(
+        lines in prop::collection::vec((prefix(), message()), 1..8)
+    ) {
+        let finder = MarkerFinder::new();
+        let mut buf = Vec::new();
+        let mut want = Vec::new();
+        for (pre, msg) in &lines {
+            let start = buf.len();
+            buf.extend_from_slice(pre.as_bytes());
+            buf.extend(msg.iter().map(|&b| if b == b'\n' { b' ' } else { b }));
+            want.push(Scanner::interesting_line(&buf[start..]));
+            buf.push(b'\n');
+        }
+        // Lines holding a marker, found hit by hit from the buffer's start.
+        let mut got = vec![false; lines.len()];
+        let mut from = 0;
+        while let Some(hit) = finder.find(&buf, from) {
+            let line = buf[..hit].iter().filter(|&&b| b == b'\n').count();
+            got[line] = true;
+            from = hit + memchr::memchr(b'\n', &buf[hit..]).map_or(buf.len(), |i| i + 1);
+        }
+        prop_assert_eq!(got, want, "{:?}", String::from_utf8_lossy(&buf));
     }
 
     #[test]

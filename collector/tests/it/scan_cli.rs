@@ -387,6 +387,30 @@ NVRM: Xid (PCI:0000:5e:00): 48, DBE (0x1)
 }
 
 #[test]
+fn text_time_column_of_syslog_dates_without_a_year_is_their_wall_clock_time() {
+    let log = "\
+Jan  2 03:04:05 node kernel: [    9.500000] NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=x, Graphics Exception
+Jan  2 03:04:06.250000 node kernel: NVRM: Xid (PCI:0000:3c:00): 13, pid=2, name=y, Graphics Exception
+";
+    let (text, _) = scan_file("t.log", log.as_bytes(), ScanFormat::Text, false);
+    let rows: Vec<&str> = text.lines().skip(1).take(2).collect();
+    // The year is inferred (this year, or the last when Jan 2 is still ahead).
+    for (row, time) in rows.iter().zip(["-01-02 03:04:05 ", "-01-02 03:04:06 "]) {
+        let year: u32 = row[..4].parse().unwrap_or(0);
+        assert!(year >= 2025, "{text}");
+        assert_eq!(&row[4..20], time, "{text}");
+    }
+    assert!(!text.contains("9.500000 "), "{text}");
+    // JSON carries only times read from the line.
+    let (json, _) = scan_file("t.log", log.as_bytes(), ScanFormat::Json, false);
+    assert_eq!(
+        json.matches(r#""time_unix_nano":null"#).count(),
+        2,
+        "{json}"
+    );
+}
+
+#[test]
 fn auto_format_is_json_when_stdout_is_not_a_terminal() {
     assert_eq!(ScanFormat::Auto.resolve(false), ScanFormat::Json);
     assert_eq!(ScanFormat::Auto.resolve(true), ScanFormat::Text);
