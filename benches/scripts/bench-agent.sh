@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Whole-binary benchmarks of the gpuwatch agent (release build). Prints one
-# line per measurement. Targets (DESIGN.md): replay >= 2 M records/s, kmsg
+# line per measurement. Targets: replay >= 2 M records/s, kmsg
 # write -> FaultEvent p99 < 1 ms, idle RSS < 16 MiB, idle CPU < 0.1 % of a core
 # with 8 simulated GPUs polled every 10 s, RSS < 32 MiB during a 100 k lines/s
 # storm.

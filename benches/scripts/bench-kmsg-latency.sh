@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Live kmsg write -> FaultEvent latency of the release gpuwatch binary against
-# the real /dev/kmsg (DESIGN.md target: p99 < 1 ms). Needs root: it writes
+# the real /dev/kmsg (target: p99 < 1 ms). Needs root: it writes
 # /dev/kmsg and sets printk_devkmsg=on for the run (restored afterwards).
 #
 #   benches/scripts/bench-kmsg-latency.sh [COUNT] [RATE] [BURST]

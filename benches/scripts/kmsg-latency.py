@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""kmsg write -> FaultEvent latency of a running gpuwatch agent (DESIGN.md target:
+"""kmsg write -> FaultEvent latency of a running gpuwatch agent (target:
 p99 < 1 ms), measured against the REAL /dev/kmsg. Needs root.
 
 Two readers of the same records, side by side in one run:

@@ -229,20 +229,14 @@ impl EventSink for JsonLinesSink {
 
     fn send(&self, event: &FaultEvent) {
         // One write(2) per line, newline included: a reader never wakes for
-        // half a line.
-        let line = match serde_json::to_string(event) {
-            Ok(mut l) => {
-                l.push('\n');
-                l
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "Cannot encode fault event as JSON.");
-                self.shared
-                    .registry
-                    .count_events(Stage::Stdout, Outcome::Dropped, 1);
-                return;
-            }
-        };
+        // half a line. The hand-written encoder writes what serde_json would,
+        // without its per-character escaping (this runs on the engine thread).
+        let mut bytes = Vec::with_capacity(1024);
+        gpuwatch_proto::json::write_fault_event(event, &mut bytes);
+        bytes.push(b'\n');
+        // The encoder writes UTF-8 only (it escapes or copies `str` data).
+        let line = String::from_utf8(bytes)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
         let mut q = self.shared.lock_queue();
         if q.inline {
             drop(q);
@@ -398,6 +392,25 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
         assert_eq!(v["code"], 79);
         assert_eq!(reg.events(Stage::Stdout, Outcome::Emitted), 2);
+    }
+
+    /// The line is exactly what serde_json writes for the event.
+    #[test]
+    fn the_line_is_serde_jsons_encoding() {
+        let buf = Buf::default();
+        let reg = Registry::new();
+        let sink = JsonLinesSink::new(Box::new(buf.clone()), reg);
+        let mut ev = FaultEvent {
+            code: 79,
+            pci_address: "0000:3b:00.0".into(),
+            message: "GPU has \"fallen\" off\tthe bus\n\u{1}é".into(),
+            ..Default::default()
+        };
+        ev.attributes.insert("pid".into(), "42".into());
+        sink.send(&ev);
+        sink.flush(Duration::from_secs(10));
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text, serde_json::to_string(&ev).unwrap() + "\n");
     }
 
     /// A stalled stdout must not stall the engine thread;

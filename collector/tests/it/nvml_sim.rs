@@ -592,7 +592,7 @@ fn idle_cost_of_eight_gpus_polled_every_ten_seconds() {
     println!(
         "8 simulated GPUs, 10 s poll: {cpu:.3} CPU s in 30 s = {share:.3} % of a core; {polls} polls; {rss}"
     );
-    // The target (DESIGN.md) is < 0.1 % for a release build; a debug build of the
+    // The target is < 0.1 % of a core for a release build; a debug build of the
     // simulator and wrapper costs more, so it only gets a sanity bound.
     let limit = if cfg!(debug_assertions) { 0.5 } else { 0.1 };
     assert!(
