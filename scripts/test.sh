@@ -2,8 +2,9 @@
 # The whole gpuwatch test suite. Installs what the tests need when it is missing
 # (Debian's prometheus for promtool, kubectl for kustomize, jq, curl, podman + runc
 # for the container image, binutils (strip, readelf), util-linux (setpriv,
-# nsenter), the rotel OpenTelemetry collector from PyPI, the rustfmt and clippy
-# components, cargo-fuzz), then runs format, lint, docs, unit/integration/e2e
+# nsenter), python3 (dashboard generator, rotel), the rotel OpenTelemetry
+# collector from PyPI (into a venv when the system Python refuses packages), the
+# rustfmt and clippy components, cargo-fuzz), then runs format, lint, docs, unit/integration/e2e
 # tests, the fuzz targets and the deploy/ checks.
 #
 # Needs root: the end-to-end tests write records into the real /dev/kmsg.
@@ -31,8 +32,27 @@ for tool in jq curl; do command -v "$tool" >/dev/null || apt_install "$tool"; do
 command -v strip >/dev/null && command -v readelf >/dev/null || apt_install binutils
 command -v setpriv >/dev/null && command -v nsenter >/dev/null || apt_install util-linux
 command -v podman >/dev/null && command -v runc >/dev/null || apt_install podman runc
-if ! command -v rotel >/dev/null && ! python3 -m pip show rotel >/dev/null 2>&1; then
-  python3 -m pip install --quiet "rotel==${ROTEL_VERSION}"
+command -v python3 >/dev/null || apt_install python3
+# rotel (the OTLP collector the exporter tests send to) from PyPI. Debian's own
+# Python refuses packages outside a virtual environment (PEP 668), so it goes
+# into a venv of its own unless ROTEL_BIN, a rotel-agent on PATH or a pip
+# install of the pinned version already provides it.
+if [ -z "${ROTEL_BIN:-}" ] && ! command -v rotel-agent >/dev/null \
+  && ! python3 -m pip show rotel 2>/dev/null | grep -qx "Version: ${ROTEL_VERSION}"; then
+  venv="${GPUWATCH_TOOLS_DIR:-${HOME:-/root}/.cache/gpuwatch}/rotel-${ROTEL_VERSION}"
+  if [ ! -x "$venv/bin/rotel-agent" ]; then
+    rm -rf "$venv"
+    if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+      rm -rf "$venv"
+      apt_install python3-venv
+      python3 -m venv "$venv"
+    fi
+    "$venv/bin/python" -m pip install --quiet "rotel==${ROTEL_VERSION}"
+    agent="$(find "$venv" -name rotel-agent -type f | head -n 1)"
+    [ -n "$agent" ] || { echo "rotel-agent not found after pip install" >&2; exit 1; }
+    ln -sf "$agent" "$venv/bin/rotel-agent"
+  fi
+  export ROTEL_BIN="$venv/bin/rotel-agent"
 fi
 cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
 cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
