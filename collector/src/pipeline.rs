@@ -24,7 +24,7 @@
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError, bounded};
 use gpuwatch_core::msg::Input;
 use gpuwatch_core::{Outcome, Registry, Stage};
-use gpuwatch_proto::{FaultEvent, ShortName};
+use gpuwatch_proto::{Action, FaultEvent, ShortName};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -266,48 +266,43 @@ fn rank_of(ev: &FaultEvent) -> usize {
         .min(RANKS - 1)
 }
 
-/// Fault events dropped by the sender, by action class, logged at most once
-/// per [`DropReport::EVERY`].
+/// Logs the fault events dropped since the last report, by action class, at
+/// most once per [`DropReport::EVERY`]; the counts are the registry's
+/// (`gpuwatch.events.dropped`), so the log and the metric agree.
 #[derive(Debug, Default)]
 struct DropReport {
-    by_rank: [u64; RANKS],
+    /// The registry's counts at the last report, per [`Action::ALL`].
+    reported: [u64; Action::ALL.len()],
     last: Option<Instant>,
 }
 
 impl DropReport {
     const EVERY: Duration = Duration::from_secs(10);
 
-    fn note(&mut self, rank: usize) {
-        self.by_rank[rank.min(RANKS - 1)] += 1;
+    fn note(&mut self, registry: &Registry) {
         if self.last.is_none_or(|t| t.elapsed() >= Self::EVERY) {
-            self.report();
+            self.report(registry);
         }
     }
 
-    fn report(&mut self) {
-        let total: u64 = self.by_rank.iter().sum();
-        if total == 0 {
+    fn report(&mut self, registry: &Registry) {
+        let now = Action::ALL.map(|a| registry.source_drops(a));
+        let per_action: Vec<String> = Action::ALL
+            .iter()
+            .zip(now.iter().zip(&self.reported))
+            .filter(|(_, (n, r))| n > r)
+            .map(|(a, (n, r))| format!("{}={}", a.short_name(), n - r))
+            .collect();
+        if per_action.is_empty() {
             return;
         }
-        let per_action: Vec<String> = self
-            .by_rank
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| **n > 0)
-            .map(|(r, n)| {
-                let name = i32::try_from(r)
-                    .ok()
-                    .and_then(|r| gpuwatch_proto::Action::try_from(r).ok())
-                    .map_or("unknown", |a| a.short_name());
-                format!("{name}={n}")
-            })
-            .collect();
+        let total: u64 = now.iter().sum::<u64>() - self.reported.iter().sum::<u64>();
         tracing::warn!(
             dropped = total,
             per_action = %per_action.join(","),
             "Fault events dropped: the engine channel and the coalescing buffer are full (less severe faults go first)."
         );
-        self.by_rank = [0; RANKS];
+        self.reported = now;
         self.last = Some(Instant::now());
     }
 }
@@ -336,6 +331,14 @@ impl FaultSender {
             disconnected: false,
             drops: DropReport::default(),
         }
+    }
+
+    /// Counts `n` dropped events of class `action` (metrics, periodic log).
+    fn dropped(&mut self, action: Action, n: u64) {
+        self.registry
+            .count_events(Stage::Parser, Outcome::Dropped, n);
+        self.registry.count_source_drop(action, n);
+        self.drops.note(&self.registry);
     }
 
     /// Events waiting for room in the engine channel.
@@ -408,10 +411,7 @@ impl FaultSender {
         }
         let rank = rank_of(&event);
         if self.live >= self.capacity && !self.evict_below(rank) {
-            self.registry
-                .count_events(Stage::Parser, Outcome::Dropped, 1);
-            self.registry.count_source_drop(event.action(), 1);
-            self.drops.note(rank);
+            self.dropped(event.action(), 1);
             return;
         }
         let mut event = event;
@@ -451,10 +451,7 @@ impl FaultSender {
         self.index.remove(&held.key);
         self.live -= 1;
         self.live_by_rank[victim_rank] -= 1;
-        self.registry
-            .count_events(Stage::Parser, Outcome::Dropped, count);
-        self.registry.count_source_drop(action, count);
-        self.drops.note(victim_rank);
+        self.dropped(action, count);
         true
     }
 
@@ -548,9 +545,7 @@ impl FaultSender {
                 if matches!(e, crossbeam_channel::SendTimeoutError::Disconnected(_)) {
                     self.disconnected = true;
                 }
-                self.registry
-                    .count_events(Stage::Parser, Outcome::Dropped, 1);
-                self.registry.count_source_drop(action, 1);
+                self.dropped(action, 1);
                 if let Some(s) = seq {
                     lowest_lost = Some(lowest_lost.map_or(s, |l| l.min(s)));
                 }
@@ -663,7 +658,7 @@ pub fn forward_nvml(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuwatch_proto::{Action, FaultKind, GpuSample};
+    use gpuwatch_proto::{FaultKind, GpuSample};
 
     fn xid(pci: &str, code: u32) -> FaultEvent {
         let mut ev = FaultEvent {

@@ -353,11 +353,8 @@ impl LineScan {
             l.yearless_time?.resolve(now)
         });
         let meta = RecordMeta {
-            seq: l.seq,
-            monotonic_usec: l.monotonic_usec,
             time_unix_nano,
-            facility: l.facility,
-            level: l.level,
+            ..l.meta()
         };
         self.scanner.push(meta, &l.message, &mut self.events);
         self.drain(out, summary)
@@ -972,14 +969,7 @@ mod tests {
                     summary.skipped_non_kernel_lines += 1;
                     continue;
                 }
-                let meta = RecordMeta {
-                    seq: l.seq,
-                    monotonic_usec: l.monotonic_usec,
-                    time_unix_nano: l.time_unix_nano,
-                    facility: l.facility,
-                    level: l.level,
-                };
-                scanner.push(meta, &l.message, &mut events);
+                scanner.push(l.meta(), &l.message, &mut events);
             }
         }
         scanner.finish(&mut events);

@@ -811,7 +811,7 @@ impl Engine {
         if res.is_ok() {
             self.dirty = false;
         }
-        self.write_finished(&path, &res);
+        self.write_finished(&res);
         res
     }
 
@@ -830,12 +830,12 @@ impl Engine {
 
     /// Applies the outcomes of the writer thread's finished writes.
     fn background_writes_done(&mut self, writer: &StateWriter) {
-        for done in writer.take_done() {
-            if let Err(e) = &done.result {
+        for result in writer.take_done() {
+            if let Err(e) = &result {
                 self.dirty = true;
                 error!(error = %e, "Health state file not written.");
             }
-            self.write_finished(&done.path, &done.result);
+            self.write_finished(&result);
         }
     }
 
@@ -872,12 +872,13 @@ impl Engine {
     }
 
     /// Counts a finished write and reports or ends a run of failures.
-    fn write_finished(&mut self, path: &Path, res: &Result<(), StateFileError>) {
+    fn write_finished(&mut self, res: &Result<(), StateFileError>) {
         self.registry.count_state_write(res.is_ok());
         match res {
             Ok(()) => {
                 self.retry_write_at = None;
                 if self.write_failures > 0 {
+                    let path = self.state_path.as_deref().unwrap_or(Path::new(""));
                     info!(failed_attempts = self.write_failures, path = %path.display(), "Health state file written again; nothing was lost.");
                     self.write_failures = 0;
                     self.write_backoff.reset();

@@ -56,7 +56,8 @@ struct Shared {
 
 #[derive(Default)]
 struct Queue {
-    lines: VecDeque<String>,
+    /// Encoded lines, each ending in a newline.
+    lines: VecDeque<Vec<u8>>,
     /// The writer took lines and has not finished writing them.
     writing: bool,
     closed: bool,
@@ -80,10 +81,10 @@ impl JsonLinesSink {
         JsonLinesSink::build(Box::new(std::io::stdout()), registry, QUEUE_CAPACITY, probe)
     }
 
-    /// A sink writing to a file descriptor it owns, polled like stdout
-    /// before each write on the caller's thread when it is a pipe, socket or
-    /// character device.
-    pub fn from_fd(fd: std::os::fd::OwnedFd, registry: Arc<Registry>) -> JsonLinesSink {
+    /// A sink on a file descriptor it owns, set up as [`JsonLinesSink::stdout`]
+    /// is: the tests' real pipes and files stand in for stdout.
+    #[cfg(test)]
+    fn from_fd(fd: std::os::fd::OwnedFd, registry: Arc<Registry>) -> JsonLinesSink {
         let file = Arc::new(std::fs::File::from(fd));
         let polled = Arc::clone(&file);
         let probe: Option<WritableProbe> = pollable(file.as_fd())
@@ -156,8 +157,10 @@ fn writable_now(fd: BorrowedFd<'_>) -> bool {
 }
 
 /// A file shared between the writer and the probe that polls it.
+#[cfg(test)]
 struct SharedFile(Arc<std::fs::File>);
 
+#[cfg(test)]
 impl Write for SharedFile {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         (&*self.0).write(buf)
@@ -174,7 +177,7 @@ impl Shared {
 
     /// Writes `lines` (each ends in a newline) and flushes once; counts each
     /// line.
-    fn write(&self, lines: &mut VecDeque<String>) {
+    fn write(&self, lines: &mut VecDeque<Vec<u8>>) {
         let n = lines.len() as u64;
         let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
         let mut written = 0u64;
@@ -182,7 +185,7 @@ impl Shared {
         for line in lines.drain(..) {
             // A closed stdout (EPIPE) loses the line; count it instead of
             // failing the agent.
-            if failed || out.write_all(line.as_bytes()).is_err() {
+            if failed || out.write_all(&line).is_err() {
                 failed = true;
                 continue;
             }
@@ -231,12 +234,9 @@ impl EventSink for JsonLinesSink {
         // One write(2) per line, newline included: a reader never wakes for
         // half a line. The hand-written encoder writes what serde_json would,
         // without its per-character escaping (this runs on the engine thread).
-        let mut bytes = Vec::with_capacity(1024);
-        gpuwatch_proto::json::write_fault_event(event, &mut bytes);
-        bytes.push(b'\n');
-        // The encoder writes UTF-8 only (it escapes or copies `str` data).
-        let line = String::from_utf8(bytes)
-            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+        let mut line = Vec::with_capacity(1024);
+        gpuwatch_proto::json::write_fault_event(event, &mut line);
+        line.push(b'\n');
         let mut q = self.shared.lock_queue();
         if q.inline {
             drop(q);

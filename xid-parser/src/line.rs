@@ -158,6 +158,18 @@ fn year_of_unix_secs(secs: u64) -> i64 {
 }
 
 impl<'a> LogLine<'a> {
+    /// What the line tells the [`Scanner`](crate::Scanner) about its record
+    /// (sequence number, times, facility, level).
+    pub fn meta(&self) -> crate::RecordMeta {
+        crate::RecordMeta {
+            seq: self.seq,
+            monotonic_usec: self.monotonic_usec,
+            time_unix_nano: self.time_unix_nano,
+            facility: self.facility,
+            level: self.level,
+        }
+    }
+
     fn new(format: LineFormat, message: Cow<'a, str>) -> Self {
         LogLine {
             format,

@@ -5,7 +5,7 @@
 
 use gpuwatch_proto::{FaultEvent, ShortName};
 use std::sync::Arc;
-use xid_parser::{Policy, RecordMeta, Scanner, parse_line};
+use xid_parser::{Policy, Scanner, parse_line};
 
 struct Case {
     name: String,
@@ -61,13 +61,7 @@ fn run(case: &Case) -> Vec<FaultEvent> {
         if line.facility.is_some_and(|f| f != 0) {
             continue;
         }
-        let meta = RecordMeta {
-            seq: line.seq,
-            monotonic_usec: line.monotonic_usec,
-            time_unix_nano: line.time_unix_nano,
-            facility: line.facility,
-            level: line.level,
-        };
+        let meta = line.meta();
         scanner.push(meta, &line.message, &mut events);
     }
     scanner.finish(&mut events);

@@ -19,10 +19,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// The outcome of one write, for the engine.
-pub(crate) struct WriteDone {
-    pub path: PathBuf,
-    pub result: Result<(), StateFileError>,
-}
+pub(crate) type WriteDone = Result<(), StateFileError>;
 
 #[derive(Default)]
 struct Slot {
@@ -124,7 +121,7 @@ fn run(shared: &Shared) {
         drop(file);
         let mut slot = shared.lock();
         slot.busy = false;
-        slot.done.push(WriteDone { path, result });
+        slot.done.push(result);
         drop(slot);
         shared.changed.notify_all();
     }
