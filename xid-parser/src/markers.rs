@@ -7,7 +7,7 @@ use aho_corasick::{AhoCorasick, MatchKind, packed};
 /// [`Scanner::interesting_line`](crate::Scanner::interesting_line): the message
 /// markers of [`Scanner::interesting`](crate::Scanner::interesting) and the
 /// backslash of a kmsg `\xNN` escape.
-pub const LINE_MARKERS: [&str; 22] = [
+pub const LINE_MARKERS: [&str; 24] = [
     "NVRM",
     "nVRM",
     "NVLink",
@@ -23,7 +23,9 @@ pub const LINE_MARKERS: [&str; 22] = [
     "Machine Check",
     "Machine check",
     "machine check",
-    "nvidia",
+    "nvidia-",
+    "nvidia:",
+    "nvidia ",
     "nvlink",
     "nvswitch",
     "temperature",

@@ -296,7 +296,8 @@ pub enum Message<'a> {
 
 /// Prefilter: false ⇒ [`parse_message`] returns `None`. True when the message has one
 /// of the markers of a message kind: `NVRM`/`NVLink`/`NVLINK` (also `nV…`), `Xid`/`SXid`,
-/// `AER`, `nvidia`/`nvlink`/`nvswitch`, `[Hardware Error]`, an AER detail `[` (after
+/// `AER`, `nvidia-`/`nvidia:`/`nvidia ` (a driver's prefix: not `nvidia_modprobe` in
+/// every AppArmor profile-load line), `nvlink`/`nvswitch`, `[Hardware Error]`, an AER detail `[` (after
 /// four spaces or `device `), `PCIe Bus Error`, `Machine Check`/`Machine check`/
 /// `machine check`, `temperature`, `mce:`, `EDAC `.
 ///
@@ -398,7 +399,9 @@ fn marker_at(msg: &[u8], i: usize) -> bool {
         b'v' => {
             j > 0
                 && msg[j - 1] == b'n'
-                && (at(j + 1, b"idia") || at(j + 1, b"link") || at(j + 1, b"switch"))
+                && ((at(j + 1, b"idia") && matches!(msg.get(j + 5), Some(b'-' | b':' | b' ')))
+                    || at(j + 1, b"link")
+                    || at(j + 1, b"switch"))
         }
         b'm' => at(j, b"mce:") || at(j, b"machine check") || (j >= 2 && at(j - 2, b"temperature")),
         b'E' => at(j, b"EDAC "),

@@ -8,7 +8,8 @@ use proptest::prelude::*;
 use xid_parser::{MarkerFinder, Scanner, parse_line};
 
 /// The original prefilter (three memchr passes for rare bytes, one for `v`, two
-/// memmem searches), verbatim in behaviour.
+/// memmem searches), in behaviour; `nvidia` counts only as a driver prefix
+/// (followed by `-`, `:` or a blank).
 fn reference(msg: &[u8]) -> bool {
     let at = |i: usize, pat: &[u8]| msg.get(i..i + pat.len()) == Some(pat);
     for i in memchr::memchr3_iter(b'V', b'X', b'A', msg) {
@@ -42,7 +43,9 @@ fn reference(msg: &[u8]) -> bool {
     for i in memchr::memchr_iter(b'v', msg) {
         if i > 0
             && msg[i - 1] == b'n'
-            && (at(i + 1, b"idia") || at(i + 1, b"link") || at(i + 1, b"switch"))
+            && ((at(i + 1, b"idia") && matches!(msg.get(i + 5), Some(b'-' | b':' | b' ')))
+                || at(i + 1, b"link")
+                || at(i + 1, b"switch"))
         {
             return true;
         }
@@ -94,6 +97,10 @@ const PIECES: &[&str] = &[
     "Ma",
     "M",
     "nvidia",
+    "nvidia-",
+    "nvidia:",
+    "nvidia ",
+    "nvidia_",
     "nvlink",
     "nvswitch",
     "nvme",
@@ -200,7 +207,9 @@ proptest! {
 fn markers_across_chunk_boundaries() {
     for marker in [
         "NVRM:",
-        "nvidia",
+        "nvidia-",
+        "nvidia:",
+        "nvidia ",
         "Xid",
         "AER",
         "    [",
