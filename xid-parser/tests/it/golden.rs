@@ -14,8 +14,8 @@ struct Case {
     expect: Vec<String>,
 }
 
-const GOLDEN: &str = include_str!("data/golden.txt");
-const GOLDEN_REAL: &str = include_str!("data/golden-real.txt");
+const GOLDEN: &str = include_str!("../data/golden.txt");
+const GOLDEN_REAL: &str = include_str!("../data/golden-real.txt");
 
 fn cases() -> Vec<Case> {
     parse_cases(GOLDEN)
