@@ -20,23 +20,10 @@
 //! action, **2** at least one fault with action `reset_gpu` or more severe, **1**
 //! an error (unreadable file, output closed).
 //!
-//! Only kernel lines can raise faults: syslog lines of other programs (a user
-//! process printing "NVRM: Xid ...") and user-facility kmsg/`dmesg -r`/`dmesg -x`
-//! records are counted and skipped, as the agent skips them
-//! (`--accept-user-facility` includes them). Lines longer than 64 KiB are skipped and counted. NUL bytes
-//! (a crashed machine's syslog is padded with them up to the next boot's first line)
-//! end the text before them: the pieces between NUL runs are read as lines, and the
-//! lines that had NULs are counted. Nothing panics on input.
-//!
-//! Speed: input is read in 1 MiB blocks, and each block is searched as a whole for
-//! the fault markers ([`MarkerFinder`]: SIMD multi-literal search, as `grep` does);
-//! the lines before a hit are only counted (newlines counted 64 bytes at a time,
-//! long lines found from the first and last newline of each 32 KiB), and line
-//! bounds are looked for only around hits. While an event is held waiting for
-//! follow-up lines every line goes the full path instead, as an unrelated kernel
-//! line ends the held event and a user-space line does not. JSON is written by
-//! hand (serde_json's exact output) into a reused buffer handed to stdout in
-//! 64 KiB writes. `benches/scripts/rg-compare.sh` times this against `rg -c` on
+//! Reading (line formats, gzip, bug reports, which lines count, NUL bytes, long
+//! lines, the whole-buffer marker search) is [`xid_parser::saved_log`]. JSON is
+//! written by hand (serde_json's exact output) into a reused buffer handed to
+//! stdout in 64 KiB writes. `benches/scripts/rg-compare.sh` times this against `rg -c` on
 //! the same markers, and an XID storm against `wc -l` / `rg -c Xid`.
 
 use gpuwatch_proto::{Action, FaultEvent, ShortName, Source};
@@ -44,10 +31,9 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
-use xid_parser::{MarkerFinder, Policy, RecordMeta, Scanner, parse_line};
-
-/// Longest line considered; longer lines are skipped (counted).
-pub const MAX_LINE_BYTES: usize = 64 * 1024;
+use xid_parser::Policy;
+pub use xid_parser::saved_log::MAX_LINE_BYTES;
+use xid_parser::saved_log::{BLOCK_BYTES, LogCounts, LogOptions, ReadError, open_log, read_events};
 
 /// Output format of `gpuwatch scan`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -136,7 +122,7 @@ pub struct ScanSummary {
     /// Lines with a fault marker that contained NUL bytes; the text between NUL
     /// runs was read as lines.
     pub lines_with_nul: u64,
-    /// Lines with a fault marker (see [`Scanner::interesting_line`]) skipped because
+    /// Lines with a fault marker (see [`xid_parser::Scanner::interesting_line`]) skipped because
     /// they came from user space (non-kernel facility / syslog tag), e.g. a program
     /// printing `NVRM: Xid ...`. Lines without a marker cannot hold a fault and are
     /// not decoded, so they are not counted here whatever their source. Zero with
@@ -205,8 +191,6 @@ pub fn advice(action: Action) -> &'static str {
     }
 }
 
-/// Size of the blocks input is read in.
-const BLOCK_BYTES: usize = 1 << 20;
 /// Capacity of the output buffer.
 const OUT_BUFFER_BYTES: usize = 64 * 1024;
 
@@ -284,308 +268,15 @@ impl Drop for Out<'_> {
     }
 }
 
-/// One input's scan state: the scanner and its event buffer.
-struct LineScan {
-    scanner: Scanner,
-    markers: MarkerFinder,
-    events: Vec<FaultEvent>,
-    /// `--accept-user-facility`.
-    accept_user: bool,
-    /// Text output: the current time (Unix ns), to infer the year of syslog dates
-    /// without one for the TIME column.
-    yearless_now: Option<u64>,
-}
-
-impl LineScan {
-    /// One complete line (`\n` included when present); `hit`: a fault marker was
-    /// found in it.
-    fn line(
-        &mut self,
-        line: &[u8],
-        hit: bool,
-        out: &mut Out<'_>,
-        summary: &mut ScanSummary,
-    ) -> Result<(), ScanError> {
-        summary.lines += 1;
-        if line.len() > MAX_LINE_BYTES + 2 {
-            summary.skipped_long_lines += 1;
-            return Ok(());
-        }
-        // A line without a fault marker can neither start nor continue an event; it
-        // only matters while an event is held (see the module docs). NUL bytes never
-        // create a marker, so only lines that go on are searched for them.
-        let marked = hit || Scanner::interesting_line(line);
-        if !marked && !self.scanner.has_pending() {
-            return Ok(());
-        }
-        if memchr::memchr(0, line).is_some() {
-            summary.lines_with_nul += u64::from(marked);
-            for piece in line.split(|&b| b == 0) {
-                if !piece.trim_ascii().is_empty() {
-                    self.piece(piece, Scanner::interesting_line(piece), out, summary)?;
-                }
-            }
-            return Ok(());
-        }
-        self.piece(line, marked, out, summary)
-    }
-
-    /// One line's text without NUL bytes; `marked`: it passes
-    /// [`Scanner::interesting_line`].
-    fn piece(
-        &mut self,
-        line: &[u8],
-        marked: bool,
-        out: &mut Out<'_>,
-        summary: &mut ScanSummary,
-    ) -> Result<(), ScanError> {
-        if !marked && !self.scanner.has_pending() {
-            return Ok(());
-        }
-        let l = parse_line(line);
-        if !self.accept_user && l.facility.is_some_and(|f| f != 0) {
-            // Counted only with a marker: unmarked lines are usually not decoded.
-            summary.skipped_non_kernel_lines += u64::from(marked);
-            return Ok(());
-        }
-        let time_unix_nano = l.time_unix_nano.or_else(|| {
-            let now = self.yearless_now?;
-            l.yearless_time?.resolve(now)
-        });
-        let meta = RecordMeta {
-            time_unix_nano,
-            ..l.meta()
-        };
-        self.scanner.push(meta, &l.message, &mut self.events);
-        self.drain(out, summary)
-    }
-
-    fn drain(&mut self, out: &mut Out<'_>, summary: &mut ScanSummary) -> Result<(), ScanError> {
-        for ev in self.events.drain(..) {
-            out.event(ev, summary)?;
-        }
-        Ok(())
-    }
-}
-
-/// Bytes counted per step by [`count_lines`]; at most [`MAX_LINE_BYTES`], so a
-/// line between two newlines of one step is never too long.
-const COUNT_STEP: usize = 32 * 1024;
-
-/// Number of `\n` bytes in `hay`: byte compares summed into 64 lanes of `u8`
-/// (emptied every 255 rounds), which the compiler turns into vector compares.
-fn count_newlines(hay: &[u8]) -> usize {
-    const W: usize = 64;
-    let mut n = 0;
-    let mut chunks = hay.chunks_exact(W);
-    let mut acc = [0u8; W];
-    let mut rounds = 0;
-    for c in &mut chunks {
-        let c: &[u8; W] = c.try_into().unwrap_or(&[0; W]);
-        for k in 0..W {
-            acc[k] = acc[k].wrapping_add(u8::from(c[k] == b'\n'));
-        }
-        rounds += 1;
-        if rounds == 255 {
-            n += acc.iter().map(|&a| usize::from(a)).sum::<usize>();
-            (acc, rounds) = ([0; W], 0);
-        }
-    }
-    n += acc.iter().map(|&a| usize::from(a)).sum::<usize>();
-    n + chunks.remainder().iter().filter(|&&b| b == b'\n').count()
-}
-
-/// Counts the lines of `region`, complete lines without a fault marker that start at
-/// its start and end with its last byte (a `\n`), and those longer than
-/// [`MAX_LINE_BYTES`], without looking at each line: newlines are counted
-/// [`COUNT_STEP`] bytes at a time, and only the first and last newline of each step
-/// are located (a line longer than a step has no newline inside it).
-fn count_lines(region: &[u8], summary: &mut ScanSummary) {
-    let mut line_start = 0;
-    let mut at = 0;
-    for step in region.chunks(COUNT_STEP) {
-        let n = count_newlines(step);
-        if n > 0 {
-            summary.lines += n as u64;
-            if let Some(first) = memchr::memchr(b'\n', step)
-                && at + first + 1 - line_start > MAX_LINE_BYTES + 2
-            {
-                summary.skipped_long_lines += 1;
-            }
-            if let Some(last) = memchr::memrchr(b'\n', step) {
-                line_start = at + last + 1;
-            }
-        }
-        at += step.len();
-    }
-    debug_assert_eq!(line_start, region.len());
-}
-
-/// Where a block's processing stands: `buf[start..filled]` is unprocessed input
-/// beginning at a line start; `buf[start..nl_from]` holds no `\n` and no marker starts
-/// in `buf[start..hit_from]` (so a long line is searched once, not per read).
-#[derive(Debug, Default)]
-struct Cursor {
-    start: usize,
-    nl_from: usize,
-    hit_from: usize,
-}
-
-impl Cursor {
-    fn shift(&mut self, by: usize) {
-        self.start -= by;
-        self.nl_from -= by;
-        self.hit_from -= by;
-    }
-
-    fn set(&mut self, at: usize) {
-        (self.start, self.nl_from, self.hit_from) = (at, at, at);
-    }
-}
-
-impl LineScan {
-    /// Processes every complete line of `buf[cur.start..filled]`: while nothing is
-    /// held, the buffer is searched for the next fault marker and the lines before
-    /// the hit's line are only counted; the hit's line, and every line while an event
-    /// is held, go the full path ([`LineScan::line`]).
-    fn lines(
-        &mut self,
-        buf: &[u8],
-        filled: usize,
-        cur: &mut Cursor,
-        out: &mut Out<'_>,
-        summary: &mut ScanSummary,
-    ) -> Result<(), ScanError> {
-        loop {
-            let hit = !self.scanner.has_pending();
-            if hit {
-                let from = cur.hit_from.max(cur.start);
-                let Some(hit) = self.markers.find(&buf[..filled], from) else {
-                    // No marker: count the complete lines, keep the partial one.
-                    if let Some(last) = memchr::memrchr(b'\n', &buf[cur.nl_from..filled]) {
-                        let end = cur.nl_from + last + 1;
-                        count_lines(&buf[cur.start..end], summary);
-                        cur.start = end;
-                    }
-                    cur.nl_from = filled;
-                    cur.hit_from = filled
-                        .saturating_sub(MarkerFinder::MAX_MARKER_BYTES - 1)
-                        .max(cur.start);
-                    return Ok(());
-                };
-                if let Some(nl) = memchr::memrchr(b'\n', &buf[cur.start..hit]) {
-                    let line_start = cur.start + nl + 1;
-                    count_lines(&buf[cur.start..line_start], summary);
-                    cur.start = line_start;
-                }
-                // No newline in `buf[start..hit]`.
-                cur.nl_from = cur.nl_from.max(hit);
-                cur.hit_from = hit;
-            }
-            let Some(off) = memchr::memchr(b'\n', &buf[cur.nl_from..filled]) else {
-                cur.nl_from = filled;
-                return Ok(());
-            };
-            let end = cur.nl_from + off + 1;
-            self.line(&buf[cur.start..end], hit, out, summary)?;
-            cur.set(end);
-        }
-    }
-}
-
-fn scan_reader(
-    name: &str,
-    reader: &mut dyn Read,
-    policy: &Arc<Policy>,
-    accept_user: bool,
-    out: &mut Out<'_>,
-    summary: &mut ScanSummary,
-) -> Result<(), ScanError> {
-    let mut scan = LineScan {
-        scanner: Scanner::new(Arc::clone(policy)),
-        markers: MarkerFinder::new(),
-        events: Vec::new(),
-        accept_user,
-        yearless_now: (out.format == ScanFormat::Text).then(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-        }),
-    };
-    let read_err = |source| ScanError::Read {
-        path: name.to_owned(),
-        source,
-    };
-    // Every read asks for at least a block, so the input's `BufReader` (of one
-    // block) hands it over without copying it through its own buffer.
-    let mut buf = vec![0u8; 2 * BLOCK_BYTES];
-    let mut cur = Cursor::default();
-    let mut filled = 0;
-    // Inside a line longer than `MAX_LINE_BYTES` whose start was dropped.
-    let mut in_long_line = false;
-    loop {
-        // Room to read: move the partial line to the front once little is left.
-        if buf.len() - filled < BLOCK_BYTES {
-            buf.copy_within(cur.start..filled, 0);
-            filled -= cur.start;
-            cur.shift(cur.start);
-        }
-        let n = match reader.read(&mut buf[filled..]) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(read_err(e)),
-        };
-        filled += n;
-        let eof = n == 0;
-        if in_long_line {
-            if let Some(off) = memchr::memchr(b'\n', &buf[cur.nl_from..filled]) {
-                in_long_line = false;
-                summary.lines += 1;
-                summary.skipped_long_lines += 1;
-                cur.set(cur.nl_from + off + 1);
-            } else {
-                cur.set(filled);
-            }
-        }
-        if !in_long_line {
-            scan.lines(&buf, filled, &mut cur, out, summary)?;
-        }
-        if eof {
-            if in_long_line {
-                summary.lines += 1;
-                summary.skipped_long_lines += 1;
-            } else if cur.start < filled {
-                scan.line(&buf[cur.start..filled], false, out, summary)?;
-            }
-            break;
-        }
-        if filled - cur.start > MAX_LINE_BYTES + 2 {
-            // Too long already: drop what is buffered, skip to its end.
-            in_long_line = true;
-            cur.set(filled);
-        }
-        if cur.start == filled {
-            cur.set(0);
-            filled = 0;
-        }
-    }
-    scan.scanner.finish(&mut scan.events);
-    scan.drain(out, summary)
-}
-
-/// gzip's magic bytes (RFC 1952 2.3.1).
-const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
-
-/// Opens one input: stdin for `-`, a file otherwise; gzip data (by its magic
-/// bytes, whatever the name) is decompressed on the fly, multi-member files
-/// included (as `gzip -d` reads them).
+/// Opens one input: stdin for `-`, a file otherwise, read through
+/// [`open_log`] (gzip, bug reports).
 fn open_input(path: &std::path::Path) -> Result<Box<dyn Read>, ScanError> {
     let name = path.display().to_string();
     let err = |source| ScanError::Read {
         path: name.clone(),
         source,
     };
-    let mut reader: Box<dyn std::io::BufRead> = if name == "-" {
+    let reader: Box<dyn Read> = if name == "-" {
         Box::new(std::io::BufReader::with_capacity(
             BLOCK_BYTES,
             std::io::stdin(),
@@ -601,14 +292,43 @@ fn open_input(path: &std::path::Path) -> Result<Box<dyn Read>, ScanError> {
         let f = std::fs::File::open(path).map_err(err)?;
         Box::new(std::io::BufReader::with_capacity(BLOCK_BYTES, f))
     };
-    let head = reader.fill_buf().map_err(err)?;
-    if head.starts_with(&GZIP_MAGIC) {
-        Ok(Box::new(flate2::bufread::MultiGzDecoder::new(reader)))
-    } else {
-        Ok(reader)
-    }
+    open_log(reader).map_err(err)
 }
 
+/// Reads one input's events into `out`, its line counts into `summary`.
+fn scan_reader(
+    name: &str,
+    reader: &mut dyn Read,
+    policy: &Arc<Policy>,
+    accept_user: bool,
+    out: &mut Out<'_>,
+    summary: &mut ScanSummary,
+) -> Result<(), ScanError> {
+    let opts = LogOptions {
+        accept_user_facility: accept_user,
+        // Text output: the TIME column shows syslog dates without a year too.
+        yearless_now: (out.format == ScanFormat::Text).then(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        }),
+    };
+    let mut counts = LogCounts::default();
+    let res = read_events(reader, policy, opts, &mut counts, |ev| {
+        out.event(ev, summary)
+    });
+    summary.lines += counts.lines;
+    summary.skipped_long_lines += counts.skipped_long_lines;
+    summary.lines_with_nul += counts.lines_with_nul;
+    summary.skipped_non_kernel_lines += counts.skipped_non_kernel_lines;
+    res.map_err(|e| match e {
+        ReadError::Read(source) => ScanError::Read {
+            path: name.to_owned(),
+            source,
+        },
+        ReadError::Sink(e) => e,
+    })
+}
 /// Runs `gpuwatch scan`: reads every file (or stdin), writes events to `out`, and
 /// returns what was found (see [`ScanSummary::exit_code`]). `--format auto` is
 /// resolved against the process's stdout.
@@ -631,15 +351,9 @@ pub fn run(
     for path in &files {
         let name = path.display().to_string();
         let mut input = open_input(path)?;
-        let mut sections = KernelLogSections::new(&mut input);
-        let reader: &mut dyn Read = if sections.is_bug_report()? {
-            &mut sections
-        } else {
-            &mut sections.inner
-        };
         scan_reader(
             &name,
-            reader,
+            &mut input,
             &policy,
             args.accept_user_facility,
             &mut o,
@@ -683,146 +397,6 @@ pub fn scan_bytes(
     )?;
     o.finish(&summary)?;
     Ok(summary)
-}
-
-/// `nvidia-bug-report.log`: only its kernel-log sections are scanned (the rest is
-/// `lspci`, `nvidia-smi -q`, config files, ... whose text can look like log lines).
-///
-/// The report (`nvidia-bug-report.sh`, shipped with the driver) opens with the
-/// line `Start of NVIDIA bug report log file.` and separates sections with a line
-/// of underscores followed by a header such as `*** /var/log/kern.log`,
-/// `*** /var/log/messages`, `*** /var/log/syslog`, `dmesg:` /
-/// `Skipping dmesg` or `journalctl -b -0 ...`. A section is scanned when its
-/// header names a kernel log (`kern.log`, `messages`, `syslog`, `dmesg`,
-/// `journalctl`); every line of it is kept, and scanning stops at the next
-/// separator.
-struct KernelLogSections<'a> {
-    inner: &'a mut Box<dyn Read>,
-    /// Undelivered bytes of the current kernel-log section.
-    pending: Vec<u8>,
-    pos: usize,
-    /// Bytes read but not yet split into lines.
-    buf: Vec<u8>,
-    /// Inside a kernel-log section.
-    in_kernel_section: bool,
-    /// The previous line was a separator: this line is a section header.
-    after_separator: bool,
-    eof: bool,
-}
-
-/// First line of an `nvidia-bug-report.log`.
-const BUG_REPORT_START: &[u8] = b"Start of NVIDIA bug report log file";
-
-impl<'a> KernelLogSections<'a> {
-    fn new(inner: &'a mut Box<dyn Read>) -> KernelLogSections<'a> {
-        KernelLogSections {
-            inner,
-            pending: Vec::new(),
-            pos: 0,
-            buf: Vec::new(),
-            in_kernel_section: false,
-            after_separator: false,
-            eof: false,
-        }
-    }
-
-    /// Reads the first bytes: true for a bug report. Otherwise the bytes read are
-    /// delivered first by the plain reader path (`pending`).
-    fn is_bug_report(&mut self) -> Result<bool, ScanError> {
-        let mut head = vec![0u8; 4096];
-        let mut n = 0;
-        while n < head.len() {
-            match self.inner.read(&mut head[n..]) {
-                Ok(0) => break,
-                Ok(k) => n += k,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(source) => {
-                    return Err(ScanError::Read {
-                        path: "<input>".to_owned(),
-                        source,
-                    });
-                }
-            }
-        }
-        head.truncate(n);
-        let is_report = memchr::memmem::find(&head[..n.min(512)], BUG_REPORT_START).is_some();
-        if is_report {
-            self.buf = head;
-        } else {
-            // Not a report: hand the bytes back in front of the rest.
-            let rest = std::mem::replace(self.inner, Box::new(std::io::empty()));
-            *self.inner = Box::new(std::io::Cursor::new(head).chain(rest));
-        }
-        Ok(is_report)
-    }
-
-    /// Splits complete lines out of `buf` into `pending` (kernel sections only).
-    fn split_lines(&mut self) {
-        let mut start = 0;
-        while let Some(off) = memchr::memchr(b'\n', &self.buf[start..]) {
-            let end = start + off + 1;
-            self.line(start, end);
-            start = end;
-        }
-        if self.eof && start < self.buf.len() {
-            let end = self.buf.len();
-            self.line(start, end);
-            start = end;
-        }
-        self.buf.drain(..start);
-    }
-
-    fn line(&mut self, start: usize, end: usize) {
-        let line = &self.buf[start..end];
-        let text = line.trim_ascii();
-        if text.len() >= 20 && text.iter().all(|&b| b == b'_') {
-            self.in_kernel_section = false;
-            self.after_separator = true;
-            return;
-        }
-        if self.after_separator && !text.is_empty() {
-            self.after_separator = false;
-            let header = String::from_utf8_lossy(text).to_ascii_lowercase();
-            self.in_kernel_section = ["kern.log", "messages", "syslog", "dmesg", "journalctl"]
-                .iter()
-                .any(|k| header.contains(k))
-                && !header.starts_with("skipping");
-            return;
-        }
-        if self.in_kernel_section {
-            self.pending.extend_from_slice(line);
-        }
-    }
-}
-
-impl Read for KernelLogSections<'_> {
-    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        loop {
-            if self.pos < self.pending.len() {
-                let n = out.len().min(self.pending.len() - self.pos);
-                out[..n].copy_from_slice(&self.pending[self.pos..self.pos + n]);
-                self.pos += n;
-                return Ok(n);
-            }
-            self.pending.clear();
-            self.pos = 0;
-            if self.eof {
-                return Ok(0);
-            }
-            let mut chunk = [0u8; 64 * 1024];
-            let n = loop {
-                match self.inner.read(&mut chunk) {
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    r => break r?,
-                }
-            };
-            if n == 0 {
-                self.eof = true;
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
-            self.split_lines();
-        }
-    }
 }
 
 fn truncate(s: &str, max: usize) -> String {
@@ -938,6 +512,7 @@ fn write_summary(out: &mut dyn Write, s: &ScanSummary) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xid_parser::{Scanner, parse_line};
 
     /// The plain definition the fast reader must agree with: every line split on
     /// `\n`, decoded and pushed (no prefilter, no blocks).

@@ -14,7 +14,9 @@ use xid_parser::parse_line;
 /// util-linux dmesg.c names.
 const FACILITIES: [&str; 4] = ["kern", "user", "daemon", "local7"];
 const FACILITY_NUMBERS: [u8; 4] = [0, 1, 3, 23];
-const LEVELS: [&str; 8] = ["emerg", "alert", "crit", "err", "warn", "notice", "info", "debug"];
+const LEVELS: [&str; 8] = [
+    "emerg", "alert", "crit", "err", "warn", "notice", "info", "debug",
+];
 
 fuzz_target!(|data: &[u8]| {
     let Some((&sel, rest)) = data.split_first() else {
@@ -34,7 +36,10 @@ fuzz_target!(|data: &[u8]| {
     // `dmesg -x` prefix before a line that starts with a bracket timestamp or text.
     let f = usize::from(sel >> 5) % FACILITIES.len();
     let l = usize::from(sel) % LEVELS.len();
-    if body.first().is_some_and(|&b| b == b'[' || b.is_ascii_alphabetic()) {
+    if body
+        .first()
+        .is_some_and(|&b| b == b'[' || b.is_ascii_alphabetic())
+    {
         let mut prefixed = format!("{:<6}:{:<6}: ", FACILITIES[f], LEVELS[l]).into_bytes();
         prefixed.extend_from_slice(&body);
         let x = parse_line(&prefixed);

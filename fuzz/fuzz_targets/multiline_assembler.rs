@@ -69,7 +69,9 @@ fuzz_target!(|data: &[u8]| {
                 lines.push(format!(
                     "nvidia 0000:{b:02x}:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Requester ID)"
                 ));
-                lines.push("PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)".into());
+                lines.push(
+                    "PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)".into(),
+                );
             }
             21..=23 => {
                 only_fallen = false;
@@ -86,7 +88,9 @@ fuzz_target!(|data: &[u8]| {
             }
             _ => {
                 only_fallen = false;
-                lines.push(format!("NVRM: GPU 0000:{b:02x}:00.0: GPU has fallen off the bus."));
+                lines.push(format!(
+                    "NVRM: GPU 0000:{b:02x}:00.0: GPU has fallen off the bus."
+                ));
             }
         }
     }

@@ -49,6 +49,7 @@ mod overrides;
 mod pci;
 mod policy;
 mod record;
+pub mod saved_log;
 mod scanner;
 
 pub use line::{LineFormat, LogLine, YearlessTime, parse_line};
