@@ -4,9 +4,10 @@
 //!
 //! Run: `cargo build --profile bench -p gpuwatch-benches --example parser_profile`,
 //! then `valgrind --tool=callgrind target/release/examples/parser_profile storm 20000`
-//! (modes: `mixed BYTES`, `storm LINES`; prints the number of events).
+//! (modes: `mixed BYTES`, `storm LINES`, `storm-drop LINES`: events dropped, not
+//! recycled; prints the number of events).
 
-use gpuwatch_benches::{mixed_log, scan_lines, xid_storm};
+use gpuwatch_benches::{mixed_log, scan_lines, scan_lines_dropping, xid_storm};
 use std::sync::Arc;
 use xid_parser::{Policy, Scanner};
 
@@ -29,7 +30,11 @@ fn main() {
     let lines: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
     let mut events = 0;
     for _ in 0..reps {
-        events += scan_lines(&lines, &mut scanner, &mut out);
+        events += if mode == "storm-drop" {
+            scan_lines_dropping(&lines, &mut scanner, &mut out)
+        } else {
+            scan_lines(&lines, &mut scanner, &mut out)
+        };
     }
     println!("{mode}: {} lines x {reps}, {events} events", lines.len());
 }

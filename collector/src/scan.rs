@@ -215,13 +215,13 @@ impl<'a> Out<'a> {
         }
     }
 
-    fn event(&mut self, mut ev: FaultEvent, summary: &mut ScanSummary) -> Result<(), ScanError> {
+    fn event(&mut self, ev: &mut FaultEvent, summary: &mut ScanSummary) -> Result<(), ScanError> {
         ev.set_source(Source::LogFile);
-        summary.record(&ev);
+        summary.record(ev);
         match self.format {
             ScanFormat::Json | ScanFormat::Auto => {
                 // serde_json's exact output, written by hand.
-                gpuwatch_proto::json::write_fault_event(&ev, &mut self.pending);
+                gpuwatch_proto::json::write_fault_event(ev, &mut self.pending);
                 self.pending.push(b'\n');
             }
             ScanFormat::Text => {
@@ -230,7 +230,7 @@ impl<'a> Out<'a> {
                     write_header(&mut self.pending).map_err(ScanError::Write)?;
                 }
                 // Each row is written as it is found: nothing accumulates.
-                write_row(&mut self.pending, &ev).map_err(ScanError::Write)?;
+                write_row(&mut self.pending, ev).map_err(ScanError::Write)?;
             }
         }
         if self.pending.len() >= OUT_BUFFER_BYTES {

@@ -110,7 +110,7 @@ fn read(
         LogOptions::default(),
         &mut counts,
         |ev| {
-            events.push(ev);
+            events.push(ev.clone());
             Ok::<(), ()>(())
         },
     )

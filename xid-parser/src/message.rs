@@ -783,15 +783,25 @@ pub(crate) fn ecc_type_of(s: &str) -> Option<&'static str> {
     static ORRECT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("orrect"));
     let b = s.as_bytes();
     let before = |i: usize, n: usize| i.checked_sub(n).map(|start| &b[start..i]);
+    // Every occurrence of `f` in `b`, by repeated `find` (a `find_iter` copies the
+    // searcher on every call, which costs more than the search on a short line).
+    let all = |f: &'static Finder<'static>| {
+        let mut at = 0;
+        std::iter::from_fn(move || {
+            let i = at + f.find(b.get(at..)?)?;
+            at = i + 1;
+            Some(i)
+        })
+    };
     let mut sbe = false;
-    for i in BE.find_iter(b) {
+    for i in all(&BE) {
         match before(i, 1) {
             Some(b"D") => return Some("dbe"),
             Some(b"S") => sbe = true,
             _ => {}
         }
     }
-    for i in BIT.find_iter(b) {
+    for i in all(&BIT) {
         match before(i, 7) {
             Some(b"double " | b"double-") => return Some("dbe"),
             Some(b"single " | b"single-") => sbe = true,
@@ -802,7 +812,7 @@ pub(crate) fn ecc_type_of(s: &str) -> Option<&'static str> {
         return Some("sbe");
     }
     let mut corrected = false;
-    for i in ORRECT.find_iter(b) {
+    for i in all(&ORRECT) {
         let after = &b[i + 6..];
         if after.starts_with(b"able") || after.starts_with(b"ed") {
             if before(i, 2) == Some(b"nc") {

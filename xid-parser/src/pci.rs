@@ -155,6 +155,20 @@ pub fn normalize_pci(addr: &str) -> Option<String> {
     parse_bdf(addr).map(Bdf::to_normalized)
 }
 
+/// [`normalize_pci`] into `out` (cleared first; left empty when `addr` is not an
+/// address): no allocation once `out` has room.
+pub(crate) fn normalize_pci_into(addr: &str, out: &mut String) -> bool {
+    out.clear();
+    let Some(bdf) = parse_bdf(addr) else {
+        return false;
+    };
+    let mut buf = [0u8; 20];
+    let n = bdf.write_normalized(&mut buf);
+    // Hex digits, ':' and '.': always ASCII.
+    out.push_str(std::str::from_utf8(&buf[..n]).unwrap_or(""));
+    true
+}
+
 /// True when [`normalize_pci`] accepts `addr` (validation only, no allocation).
 pub(crate) fn is_pci(addr: &str) -> bool {
     parse_bdf(addr).is_some()

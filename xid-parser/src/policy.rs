@@ -1007,16 +1007,19 @@ impl Policy {
         };
         ev.set_action(decision.action);
         ev.set_severity(decision.action.default_severity());
-        ev.policy_reason = decision.reason;
+        // Copied into the event's own buffers: a recycled event (see
+        // `Scanner::recycle`) keeps their capacity.
+        ev.policy_reason.clear();
+        ev.policy_reason.push_str(&decision.reason);
         if ev.name.is_empty() {
-            ev.name = decision.name.into_owned();
+            ev.name.push_str(&decision.name);
         }
         if let Some(context) = decision.context {
             ev.attributes.insert("context".into(), context);
         }
     }
 
-    fn classify_xid(&self, ctx: &ContextWindow, ev: &FaultEvent, at: Stamp) -> Decision {
+    fn classify_xid(&self, ctx: &ContextWindow, ev: &FaultEvent, at: Stamp) -> Decision<'_> {
         let code = ev.code;
         if let Some(printed) = attr(ev, "xid_as_printed") {
             return Decision::new(
@@ -1040,7 +1043,7 @@ impl Policy {
                 );
             }
         };
-        let table = || Decision::new(action, reason.to_string(), name);
+        let table = || Decision::new(action, reason, name);
         if entry.is_some_and(|e| e.action_overridden) {
             return table();
         }
@@ -1164,7 +1167,7 @@ impl Policy {
                     ),
                 };
                 let mut d = decision;
-                d.reason = format!("{note} {}", d.reason);
+                d.reason = format!("{note} {}", d.reason).into();
                 d
             }
             154 => {
@@ -1190,7 +1193,11 @@ impl Policy {
 /// Decides an NVLink5 XID (144–150) by NVIDIA's decode table from the line's
 /// intrInfo/errorStatus and the driver generation (`driver_version`, when the log
 /// named it). `Err` carries why no row decided, for the fallback's reason.
-fn nvlink5_decision(ev: &FaultEvent, code: u32, name: &'static str) -> Result<Decision, String> {
+fn nvlink5_decision(
+    ev: &FaultEvent,
+    code: u32,
+    name: &'static str,
+) -> Result<Decision<'static>, String> {
     use crate::nvlink5::{Layout, Resolution, decode, layout_of_driver};
     let hex = |k: &str| {
         attr(ev, k).and_then(|v| u32::from_str_radix(v.trim_start_matches("0x"), 16).ok())
@@ -1263,19 +1270,21 @@ fn nvlink5_decision(ev: &FaultEvent, code: u32, name: &'static str) -> Result<De
 
 /// A classification result before it is written into the event.
 #[derive(Debug)]
-struct Decision {
+/// A classification; `reason` borrows the policy's table where it can, so a
+/// table decision copies its text into the event without allocating.
+struct Decision<'a> {
     action: Action,
-    reason: String,
+    reason: std::borrow::Cow<'a, str>,
     name: std::borrow::Cow<'static, str>,
     context: Option<String>,
 }
 
-impl Decision {
+impl<'a> Decision<'a> {
     fn new(
         action: Action,
-        reason: impl Into<String>,
+        reason: impl Into<std::borrow::Cow<'a, str>>,
         name: impl Into<std::borrow::Cow<'static, str>>,
-    ) -> Decision {
+    ) -> Decision<'a> {
         Decision {
             action,
             reason: reason.into(),
@@ -1284,7 +1293,7 @@ impl Decision {
         }
     }
 
-    fn context(mut self, context: String) -> Decision {
+    fn context(mut self, context: String) -> Decision<'a> {
         self.context = Some(context);
         self
     }
@@ -1344,7 +1353,7 @@ fn caused_by_previous_xid(message: &str) -> Option<u32> {
     digits[..end].parse().ok().filter(|&c| c != 45)
 }
 
-fn classify_sxid(ev: &FaultEvent) -> Decision {
+fn classify_sxid(ev: &FaultEvent) -> Decision<'static> {
     let code = ev.code;
     let name = || std::borrow::Cow::Owned(format!("NVSwitch SXid {code}"));
     match attr(ev, "fatal") {
@@ -1371,7 +1380,7 @@ fn classify_sxid(ev: &FaultEvent) -> Decision {
     }
 }
 
-fn classify_aer(ev: &FaultEvent) -> Decision {
+fn classify_aer(ev: &FaultEvent) -> Decision<'static> {
     match attr(ev, "aer_severity") {
         Some("corrected") => Decision::new(
             Action::Ignore,
@@ -1397,7 +1406,7 @@ fn classify_aer(ev: &FaultEvent) -> Decision {
     }
 }
 
-fn classify_ecc(ev: &FaultEvent) -> Decision {
+fn classify_ecc(ev: &FaultEvent) -> Decision<'static> {
     match attr(ev, "ecc_type") {
         Some("sbe") | Some("corrected") => Decision::new(
             Action::Ignore,
@@ -1418,7 +1427,7 @@ fn classify_ecc(ev: &FaultEvent) -> Decision {
     }
 }
 
-fn classify_row_remap(ev: &FaultEvent) -> Decision {
+fn classify_row_remap(ev: &FaultEvent) -> Decision<'static> {
     let failure = match attr(ev, "row_remap_failure") {
         Some("true") => Some(true),
         Some("false") => Some(false),
@@ -1452,7 +1461,7 @@ fn classify_row_remap(ev: &FaultEvent) -> Decision {
     }
 }
 
-fn classify_validation(ev: &FaultEvent) -> Decision {
+fn classify_validation(ev: &FaultEvent) -> Decision<'static> {
     let check = attr(ev, "check")
         .unwrap_or(ev.name.as_str())
         .to_ascii_lowercase();

@@ -137,7 +137,7 @@ struct LineScan {
 impl LineScan {
     /// One complete line (`\n` included when present); `hit`: a fault marker was
     /// found in it.
-    fn line<E, F: FnMut(FaultEvent) -> Result<(), E>>(
+    fn line<E, F: FnMut(&mut FaultEvent) -> Result<(), E>>(
         &mut self,
         line: &[u8],
         hit: bool,
@@ -170,7 +170,7 @@ impl LineScan {
 
     /// One line's text without NUL bytes; `marked`: it passes
     /// [`Scanner::interesting_line`].
-    fn piece<E, F: FnMut(FaultEvent) -> Result<(), E>>(
+    fn piece<E, F: FnMut(&mut FaultEvent) -> Result<(), E>>(
         &mut self,
         line: &[u8],
         marked: bool,
@@ -198,12 +198,13 @@ impl LineScan {
         self.drain(out)
     }
 
-    fn drain<E, F: FnMut(FaultEvent) -> Result<(), E>>(
+    fn drain<E, F: FnMut(&mut FaultEvent) -> Result<(), E>>(
         &mut self,
         out: &mut F,
     ) -> Result<(), ReadError<E>> {
-        for ev in self.events.drain(..) {
-            out(ev).map_err(ReadError::Sink)?;
+        for mut ev in self.events.drain(..) {
+            out(&mut ev).map_err(ReadError::Sink)?;
+            self.scanner.recycle(ev);
         }
         Ok(())
     }
@@ -289,7 +290,7 @@ impl LineScan {
     /// held, the buffer is searched for the next fault marker and the lines before
     /// the hit's line are only counted; the hit's line, and every line while an event
     /// is held, go the full path ([`LineScan::line`]).
-    fn lines<E, F: FnMut(FaultEvent) -> Result<(), E>>(
+    fn lines<E, F: FnMut(&mut FaultEvent) -> Result<(), E>>(
         &mut self,
         buf: &[u8],
         filled: usize,
@@ -336,11 +337,13 @@ impl LineScan {
 
 /// Reads a saved kernel log (plain text; see [`open_log`] for gzip and bug
 /// reports) and hands every fault event to `out`, in input order, counting lines
-/// into `counts`. `policy` classifies; `opts` says which lines count.
+/// into `counts`. `out` borrows each event (clone what must outlive the call): its
+/// buffers are reused for the next events, so a storm allocates nothing per event
+/// but attributes. `policy` classifies; `opts` says which lines count.
 ///
 /// Errors: the reader's (`Read`, interrupted reads retried) and the first error
 /// `out` returns (`Sink`, reading stops there).
-pub fn read_events<E, F: FnMut(FaultEvent) -> Result<(), E>>(
+pub fn read_events<E, F: FnMut(&mut FaultEvent) -> Result<(), E>>(
     reader: &mut dyn Read,
     policy: &Arc<Policy>,
     opts: LogOptions,

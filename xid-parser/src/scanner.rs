@@ -149,6 +149,9 @@ pub struct Scanner {
     /// Driver version from `NVRM: loading NVIDIA UNIX … Kernel Module … <version>`:
     /// NVLink5 XIDs are decoded with the intrInfo layout of that generation.
     driver_version: Option<String>,
+    /// Emptied events handed back by the reader ([`Scanner::recycle`]): new events
+    /// reuse their strings' buffers.
+    spare: Vec<FaultEvent>,
 }
 
 /// An unfinished three-line "fallen off the bus" report (see [`Scanner::push`]).
@@ -165,19 +168,51 @@ const PRELUDE_MAX_LINES: u8 = 2;
 /// GPUs whose fallen-off-the-bus events can wait at once (more: the oldest is emitted).
 const MAX_FALLEN_PENDING: usize = 64;
 
-fn event(kind: FaultKind, meta: &RecordMeta, message: &str) -> FaultEvent {
-    let mut ev = FaultEvent {
-        message: message.to_owned(),
-        kmsg_seq: meta.seq,
-        monotonic_usec: meta.monotonic_usec,
-        time_unix_nano: meta.time_unix_nano,
-        facility: meta.facility.map(u32::from),
-        level: meta.level.map(u32::from),
-        count: 1,
-        ..Default::default()
-    };
-    ev.set_kind(kind);
-    ev
+/// Events kept for reuse by [`Scanner::recycle`].
+const MAX_SPARE_EVENTS: usize = 16;
+
+/// Resets every field of `ev` to its default in place, its strings emptied but
+/// keeping their capacity. The pattern names every field, so a field added to
+/// `FaultEvent` does not compile until it is reset here too.
+fn empty(ev: &mut FaultEvent) {
+    let FaultEvent {
+        kind,
+        code,
+        pci_address,
+        gpu_index,
+        gpu_uuid,
+        pid,
+        process,
+        message,
+        kmsg_seq,
+        monotonic_usec,
+        time_unix_nano,
+        facility,
+        level,
+        action,
+        severity,
+        policy_reason,
+        source,
+        boot_id,
+        count,
+        attributes,
+        name,
+    } = ev;
+    for s in [
+        pci_address,
+        gpu_uuid,
+        process,
+        message,
+        policy_reason,
+        boot_id,
+        name,
+    ] {
+        s.clear();
+    }
+    (*kind, *code, *action, *severity, *source, *count) = (0, 0, 0, 0, 0, 0);
+    (*gpu_index, *pid, *facility, *level) = (None, None, None, None);
+    (*kmsg_seq, *monotonic_usec, *time_unix_nano) = (None, None, None);
+    attributes.clear();
 }
 
 fn attr(ev: &mut FaultEvent, key: &str, value: impl Into<String>) {
@@ -202,6 +237,7 @@ impl Scanner {
             fallen: Vec::new(),
             prelude: None,
             driver_version: None,
+            spare: Vec::new(),
         }
     }
 
@@ -228,6 +264,31 @@ impl Scanner {
     /// a kmsg `\xNN` escape could, so a line with a backslash always passes.
     pub fn interesting_line(line: &[u8]) -> bool {
         interesting(line) || memchr::memchr(b'\\', line).is_some()
+    }
+
+    /// Hands an event the reader is done with back: the next events reuse its
+    /// buffers, so a reader that recycles every event allocates nothing per XID
+    /// event once the buffers have grown (attributes excepted).
+    pub fn recycle(&mut self, mut ev: FaultEvent) {
+        if self.spare.len() < MAX_SPARE_EVENTS {
+            empty(&mut ev);
+            self.spare.push(ev);
+        }
+    }
+
+    /// A new event of `kind` for the record `meta` / `message` (a recycled one when
+    /// there is one).
+    fn event(&mut self, kind: FaultKind, meta: &RecordMeta, message: &str) -> FaultEvent {
+        let mut ev = self.spare.pop().unwrap_or_default();
+        ev.message.push_str(message);
+        ev.kmsg_seq = meta.seq;
+        ev.monotonic_usec = meta.monotonic_usec;
+        ev.time_unix_nano = meta.time_unix_nano;
+        ev.facility = meta.facility.map(u32::from);
+        ev.level = meta.level.map(u32::from);
+        ev.count = 1;
+        ev.set_kind(kind);
+        ev
     }
 
     /// True while an event is held waiting for follow-up records.
@@ -383,7 +444,7 @@ impl Scanner {
             Some(p) => (p.meta, format!("{}\n{}", p.text, raw.trim_start())),
             None => (meta, raw.to_owned()),
         };
-        let mut ev = event(FaultKind::FallenOffBus, &meta, &message);
+        let mut ev = self.event(FaultKind::FallenOffBus, &meta, &message);
         ev.pci_address = pci.clone();
         ev.name = "GPU has fallen off the bus".to_owned();
         self.fallen
@@ -626,7 +687,7 @@ impl Scanner {
                 if s.followup {
                     return;
                 }
-                let mut ev = event(FaultKind::Sxid, &meta, raw);
+                let mut ev = self.event(FaultKind::Sxid, &meta, raw);
                 ev.code = s.code;
                 ev.pci_address = norm(Some(s.pci));
                 let sw = ev.pci_address.clone();
@@ -673,7 +734,7 @@ impl Scanner {
             Message::FallenOffBus { .. } => {}
             Message::AerSummary(s) => {
                 let reporter = norm(Some(s.reporter));
-                let mut ev = event(FaultKind::PcieAer, &meta, raw);
+                let mut ev = self.event(FaultKind::PcieAer, &meta, raw);
                 ev.pci_address = s.source.clone().unwrap_or_else(|| reporter.clone());
                 attr(&mut ev, "aer_severity", s.severity.as_str());
                 attr(&mut ev, "aer_reporter", reporter.clone());
@@ -691,7 +752,7 @@ impl Scanner {
                 severity,
                 error_type,
             }) => {
-                let mut ev = event(FaultKind::PcieAer, &meta, raw);
+                let mut ev = self.event(FaultKind::PcieAer, &meta, raw);
                 ev.pci_address = norm(device);
                 attr(&mut ev, "aer_severity", severity.as_str());
                 if let Some(t) = error_type {
@@ -707,7 +768,7 @@ impl Scanner {
             }
             Message::AerDetail(_) | Message::NvrmOther { .. } => {}
             Message::Nvlink(n) => {
-                let mut ev = event(FaultKind::Nvlink, &meta, raw);
+                let mut ev = self.event(FaultKind::Nvlink, &meta, raw);
                 ev.pci_address = norm(n.pci);
                 if let Some(l) = n.link {
                     attr(&mut ev, "link", l.to_string());
@@ -729,7 +790,7 @@ impl Scanner {
                     }
                     _ => (FaultKind::RowRemap, "Row remapping"),
                 };
-                let mut ev = event(kind, &meta, raw);
+                let mut ev = self.event(kind, &meta, raw);
                 ev.pci_address = norm(e.pci);
                 if let Some(t) = e.ecc_type {
                     attr(&mut ev, "ecc_type", t);
@@ -741,7 +802,7 @@ impl Scanner {
                 self.emit(ev, out);
             }
             Message::Thermal(t) => {
-                let mut ev = event(FaultKind::Thermal, &meta, raw);
+                let mut ev = self.event(FaultKind::Thermal, &meta, raw);
                 ev.pci_address = norm(t.pci);
                 if let Some(c) = t.temperature_c {
                     attr(&mut ev, "temperature_c", c.to_string());
@@ -757,7 +818,7 @@ impl Scanner {
                 let Some(part) = m.part else {
                     return;
                 };
-                let mut ev = event(FaultKind::MachineCheck, &meta, raw);
+                let mut ev = self.event(FaultKind::MachineCheck, &meta, raw);
                 mce_details(&mut ev, &m);
                 ev.name = "Machine check exception".to_owned();
                 self.hold(HeldKind::Mce, ev, Vec::new());
@@ -766,7 +827,7 @@ impl Scanner {
                 }
             }
             Message::Peermem { function } => {
-                let mut ev = event(FaultKind::Peermem, &meta, raw);
+                let mut ev = self.event(FaultKind::Peermem, &meta, raw);
                 if let Some(f) = function {
                     attr(&mut ev, "function", f);
                 }
@@ -774,7 +835,7 @@ impl Scanner {
                 self.emit(ev, out);
             }
             Message::DriverError(d) => {
-                let mut ev = event(FaultKind::DriverError, &meta, raw);
+                let mut ev = self.event(FaultKind::DriverError, &meta, raw);
                 ev.pci_address = norm(d.pci);
                 attr(
                     &mut ev,
@@ -804,10 +865,9 @@ impl Scanner {
         raw: &str,
         out: &mut Vec<FaultEvent>,
     ) {
-        let mut ev = event(FaultKind::Xid, &meta, raw);
+        let mut ev = self.event(FaultKind::Xid, &meta, raw);
         ev.code = x.code;
-        ev.pci_address = norm(Some(x.pci));
-        if ev.pci_address.is_empty() {
+        if !crate::pci::normalize_pci_into(x.pci, &mut ev.pci_address) {
             // An address edited before the log was pasted: reported as given when it
             // still names a bus and device, else unknown; the line is never dropped.
             attr(&mut ev, "pci_as_printed", x.pci);
@@ -828,7 +888,7 @@ impl Scanner {
         }
         ev.pid = x.pid;
         if let Some(p) = x.process {
-            ev.process = p.to_owned();
+            ev.process.push_str(p);
         }
         if let Some(c) = x.channel {
             attr(&mut ev, "channel", c);
@@ -988,4 +1048,78 @@ fn aer_name(severity: &str) -> String {
         _ => "PCIe AER uncorrected fatal error",
     }
     .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_emptied_event_equals_a_new_one() {
+        let mut ev = FaultEvent {
+            code: 79,
+            pci_address: "0000:3b:00.0".into(),
+            gpu_index: Some(1),
+            gpu_uuid: "GPU-1".into(),
+            pid: Some(7),
+            process: "python".into(),
+            message: "NVRM: Xid".into(),
+            kmsg_seq: Some(1),
+            monotonic_usec: Some(2),
+            time_unix_nano: Some(3),
+            facility: Some(0),
+            level: Some(3),
+            policy_reason: "why".into(),
+            boot_id: "b".into(),
+            count: 4,
+            attributes: [("channel".to_owned(), "1".to_owned())].into(),
+            name: "n".into(),
+            ..Default::default()
+        };
+        ev.set_kind(FaultKind::Xid);
+        ev.set_action(gpuwatch_proto::Action::RebootNode);
+        ev.set_severity(gpuwatch_proto::Severity::Critical);
+        ev.set_source(gpuwatch_proto::Source::Kmsg);
+        empty(&mut ev);
+        assert_eq!(ev, FaultEvent::default());
+    }
+
+    /// Events from a scanner whose reader recycles every event equal those of one
+    /// whose reader keeps them, line for line.
+    #[test]
+    fn recycled_events_are_indistinguishable() {
+        let lines = [
+            "NVRM: Xid (PCI:0000:86:00): 31, pid=626486, name=pt_main_thread, Ch 00000008, intr 0",
+            "NVRM: Xid (PCI:0000:3b:00): 13, pid=1234, name=python, Graphics SM Warp Exception",
+            "NVRM: Xid (PCI:0000:3b:00): 48, DBE (0x1)",
+            "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+            "pcieport 0000:00:01.0: AER: Corrected error received: 0000:01:00.0",
+            "NVRM: Xid (PCI:...): 13, pid=1, name=x, edited",
+            "NVRM: Xid (PCI:0000:3b:00): 94, pid=4142, name=python, Contained: SM (0x1)",
+        ];
+        let policy = Arc::new(Policy::default());
+        let (mut keep, mut reuse) = (Scanner::new(Arc::clone(&policy)), Scanner::new(policy));
+        let (mut kept, mut out) = (Vec::new(), Vec::new());
+        for round in 0..3u64 {
+            for (i, l) in lines.iter().enumerate() {
+                let meta = RecordMeta {
+                    seq: Some(round * 10 + i as u64),
+                    monotonic_usec: Some(1_000_000 * (round * 10 + i as u64)),
+                    ..Default::default()
+                };
+                let before = kept.len();
+                keep.push(meta, l, &mut kept);
+                reuse.push(meta, l, &mut out);
+                assert_eq!(out, kept[before..], "{l}");
+                for ev in out.drain(..) {
+                    reuse.recycle(ev);
+                }
+            }
+        }
+        let before = kept.len();
+        keep.finish(&mut kept);
+        reuse.finish(&mut out);
+        assert_eq!(out, kept[before..]);
+        assert!(kept.len() > 15, "{}", kept.len());
+    }
 }
