@@ -5,8 +5,9 @@
 //! * `/dev/kmsg` is opened non-blocking; each `read(2)` returns exactly one
 //!   record. When the ring holds nothing new (`EAGAIN`) the thread waits in
 //!   `poll(2)`: up to 10 ms while the scanner holds a multi-record event (its
-//!   hold window then expires on time), otherwise up to 250 ms so shutdown is
-//!   noticed (four wake-ups a second is well below 0.1 % of a core).
+//!   hold window then expires on time), otherwise until a record arrives or
+//!   shutdown (the poll set holds the shutdown signal's wake descriptor),
+//!   waking only for its liveness heartbeat every [`IDLE_HEARTBEAT`].
 //! * `EINVAL` from `read` means the buffer is smaller than the record: the
 //!   buffer grows (up to 1 MiB) and the read is retried.
 //! * `EPIPE` means the ring overwrote records we had not read; the kernel moves
@@ -43,28 +44,30 @@
 //! * Any other path is a replay: a regular file or FIFO of kmsg-format lines
 //!   (`PRI,SEQ,TS,FLAGS;MSG\n`, dictionary lines starting with a space are
 //!   skipped), read in large chunks. At end of file the source keeps waiting
-//!   for more (like `tail -f`) unless `exit_at_eof` is set. A replay has no
-//!   position.
+//!   for more (like `tail -f`) unless `exit_at_eof` is set: inotify tells it
+//!   when the file is written (without inotify it reads again every 250 ms).
+//!   A replay has no position.
 //! * End of file from a character device (a container runtime that mapped
 //!   `/dev/null` over `/dev/kmsg`) is an error: reported (the kernel log input
 //!   is down, verdict `unknown`) and retried after the jittered retry interval,
 //!   never a busy loop.
 
 use crate::boot;
-use crate::pipeline::{FaultSender, InOrder, Liveness, SendStatus, StopReason};
+use crate::pipeline::{FaultSender, IDLE_HEARTBEAT, InOrder, Liveness, SendStatus, StopReason};
 use crossbeam_channel::Sender;
-use gpuwatch_core::Registry;
 use gpuwatch_core::msg::{Input, KmsgPosition, MonitorInput};
+use gpuwatch_core::{Registry, Shutdown, WakeFd};
 use gpuwatch_proto::{FaultEvent, Source};
-use nix::poll::{PollFd, PollFlags, poll};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use xid_parser::{RecordMeta, Scanner};
 
@@ -77,9 +80,15 @@ const MAX_PLAUSIBLE_GAP: u64 = (2u64 << 30) / 32;
 const MIN_BUFFER: usize = 16 * 1024;
 const MAX_BUFFER: usize = 1024 * 1024;
 const REPLAY_CHUNK: usize = 256 * 1024;
-const IDLE_POLL_MS: u16 = 250;
-const HOLD_POLL_MS: u16 = 10;
-const RETRY_POLL_MS: u16 = 5;
+/// Wait while the scanner holds a multi-record event (its window expires
+/// on time).
+const HOLD_WAIT: Duration = Duration::from_millis(10);
+/// Wait while the sender holds events for lack of room in the engine channel.
+const RETRY_WAIT: Duration = Duration::from_millis(5);
+/// Longest wait when nothing wakes the reader: a followed replay file is
+/// read again this often when inotify is unavailable, and without a wake
+/// descriptor shutdown is noticed within this.
+const FALLBACK_WAIT: Duration = Duration::from_millis(250);
 
 /// Settings of the kernel log source (`[kmsg]`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -192,8 +201,8 @@ pub struct KmsgSourceArgs {
     pub registry: Arc<Registry>,
     /// Liveness flags (`kmsg_alive`, `kmsg_caught_up`).
     pub liveness: Arc<Liveness>,
-    /// Set to stop the source.
-    pub shutdown: Arc<AtomicBool>,
+    /// Stops the source when triggered; wakes it at once when it waits.
+    pub shutdown: Shutdown,
     /// Told when the source ends by itself (end of a replay with `exit_at_eof`).
     pub stop_tx: Option<Sender<StopReason>>,
 }
@@ -248,7 +257,11 @@ struct Reader {
     boot_id: String,
     registry: Arc<Registry>,
     liveness: Arc<Liveness>,
-    shutdown: Arc<AtomicBool>,
+    shutdown: Shutdown,
+    /// Readable once `shutdown` is triggered: in every `poll(2)` set, so a
+    /// waiting reader stops at once. `None` when no pipe could be made
+    /// (waits are then cut to [`FALLBACK_WAIT`]).
+    wake: Option<WakeFd>,
     sender: FaultSender,
     scanner: Scanner,
     out: Vec<FaultEvent>,
@@ -296,6 +309,13 @@ impl Reader {
             None => None,
         };
         let args_retry_secs = args.cfg.retry_interval_secs;
+        let wake = args
+            .shutdown
+            .wake_fd()
+            .inspect_err(|e| {
+                tracing::warn!(error = %e, "Cannot make the kernel-log reader's wake-up pipe; it looks for shutdown every 250 ms instead.");
+            })
+            .ok();
         Reader {
             sender: FaultSender::new(engine_tx, args.registry.clone()),
             scanner: Scanner::new(args.policy),
@@ -304,6 +324,7 @@ impl Reader {
             registry: args.registry,
             liveness: args.liveness,
             shutdown: args.shutdown,
+            wake,
             out: Vec::new(),
             boot_time: boot::boot_time_unix_nanos(),
             last_seq: resume_after,
@@ -321,7 +342,7 @@ impl Reader {
     }
 
     fn stopping(&self) -> bool {
-        self.shutdown.load(Ordering::Relaxed)
+        self.shutdown.is_triggered()
     }
 
     /// The input has been read to its current end once: faults logged before the
@@ -393,13 +414,45 @@ impl Reader {
         self.retry.next_delay()
     }
 
+    /// Waits `d` before a retry; shutdown ends the wait at once.
     fn sleep(&self, d: Duration) {
         let deadline = Instant::now() + d;
-        while !self.stopping() && Instant::now() < deadline {
+        loop {
             // Waiting to retry is progress: the failure is reported, not stuck.
             self.heartbeat();
-            std::thread::sleep(Duration::from_millis(50).min(d));
+            let now = Instant::now();
+            if now >= deadline
+                || self
+                    .shutdown
+                    .wait_deadline(deadline.min(now + IDLE_HEARTBEAT))
+            {
+                return;
+            }
         }
+    }
+
+    /// Waits until `fd` (when given) is readable, shutdown is triggered, or
+    /// `timeout` passes, whichever comes first; then refreshes the boot time
+    /// (the wall clock may have been stepped during a long wait).
+    fn wait(&mut self, fd: Option<BorrowedFd<'_>>, timeout: Duration) {
+        match (fd, &self.wake) {
+            (None, _) => {
+                self.shutdown.wait_timeout(timeout);
+            }
+            (Some(fd), Some(wake)) => {
+                let mut fds = [
+                    PollFd::new(fd, PollFlags::POLLIN),
+                    PollFd::new(wake.as_fd(), PollFlags::POLLIN),
+                ];
+                // EINTR and other poll errors: the next read tells.
+                let _ = poll(&mut fds, poll_timeout(timeout));
+            }
+            (Some(fd), None) => {
+                let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+                let _ = poll(&mut fds, poll_timeout(timeout.min(FALLBACK_WAIT)));
+            }
+        }
+        self.boot_time = boot::boot_time_unix_nanos();
     }
 
     fn open(&self) -> Result<File, KmsgError> {
@@ -453,8 +506,7 @@ impl Reader {
                     if self.stopping() {
                         return Ok(false);
                     }
-                    let wait = self.wait_ms();
-                    if let Outcome::EngineGone = self.idle(file, wait) {
+                    if let Outcome::EngineGone = self.idle(Some(file.as_fd())) {
                         return Ok(false);
                     }
                 }
@@ -489,6 +541,9 @@ impl Reader {
             .metadata()
             .map(|m| m.file_type().is_fifo())
             .unwrap_or(false);
+        // Set up before the first read: a write after any read that found
+        // the end leaves an event, so no write is ever missed.
+        let growth = Growth::watch(&self.cfg.path);
         let mut buf = vec![0u8; REPLAY_CHUNK];
         let mut filled = 0usize;
         let mut seen_data = false;
@@ -514,7 +569,9 @@ impl Reader {
                 Ok(0) => {
                     if is_fifo && !seen_data {
                         // No writer yet: not the end of the input.
-                        self.sleep(Duration::from_millis(u64::from(IDLE_POLL_MS)));
+                        if let Outcome::EngineGone = self.idle_replay(growth.as_ref()) {
+                            return Ok(false);
+                        }
                         continue;
                     }
                     // End of input: a last line without newline is complete
@@ -533,8 +590,7 @@ impl Reader {
                     if self.cfg.exit_at_eof {
                         return Ok(true);
                     }
-                    let wait = self.wait_ms();
-                    if let Outcome::EngineGone = self.idle_replay(wait) {
+                    if let Outcome::EngineGone = self.idle_replay(growth.as_ref()) {
                         return Ok(false);
                     }
                 }
@@ -559,8 +615,7 @@ impl Reader {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     // A FIFO with a writer attached: read to its current end.
                     self.mark_caught_up();
-                    let wait = self.wait_ms();
-                    if let Outcome::EngineGone = self.idle(file, wait) {
+                    if let Outcome::EngineGone = self.idle(Some(file.as_fd())) {
                         return Ok(false);
                     }
                 }
@@ -595,37 +650,46 @@ impl Reader {
         self.process(line, READ_AT_PER_RECORD)
     }
 
-    /// Poll timeout while idle: short while events are held.
-    fn wait_ms(&self) -> u16 {
+    /// How long an idle wait may last: short while events are held,
+    /// otherwise until the next heartbeat is due.
+    fn idle_wait(&self) -> Duration {
         if self.sender.pending() > 0 {
-            RETRY_POLL_MS
+            RETRY_WAIT
         } else if self.scanner.has_pending() {
-            HOLD_POLL_MS
+            HOLD_WAIT
         } else {
-            IDLE_POLL_MS
+            IDLE_HEARTBEAT
         }
     }
 
-    /// Idle work while waiting for input on a pollable fd.
-    fn idle(&mut self, file: &File, wait_ms: u16) -> Outcome {
+    /// Idle work, then a wait for input on `input` (a pollable descriptor),
+    /// for shutdown, or for the next thing due.
+    fn idle(&mut self, input: Option<BorrowedFd<'_>>) -> Outcome {
         if let Outcome::EngineGone = self.idle_work() {
             return Outcome::EngineGone;
         }
-        let mut fds = [PollFd::new(file.as_fd(), PollFlags::POLLIN)];
-        // EINTR and other poll errors: the next read tells.
-        let _ = poll(&mut fds, self.wait_ms().min(wait_ms));
+        let wait = self.idle_wait();
+        self.wait(input, wait);
         Outcome::Continue
     }
 
-    /// Idle work for a replay file at its end (nothing to poll on).
-    fn idle_replay(&mut self, wait_ms: u16) -> Outcome {
-        if let Outcome::EngineGone = self.idle_work() {
-            return Outcome::EngineGone;
-        }
-        std::thread::sleep(Duration::from_millis(u64::from(
-            self.wait_ms().min(wait_ms),
-        )));
-        Outcome::Continue
+    /// Idle work for a replay at its end (a file or a FIFO without writer,
+    /// which `poll(2)` cannot wait on): waits for `growth` to report a write,
+    /// or without it [`FALLBACK_WAIT`] before reading again.
+    fn idle_replay(&mut self, growth: Option<&Growth>) -> Outcome {
+        let Some(growth) = growth else {
+            if let Outcome::EngineGone = self.idle_work() {
+                return Outcome::EngineGone;
+            }
+            let wait = self.idle_wait().min(FALLBACK_WAIT);
+            self.wait(None, wait);
+            return Outcome::Continue;
+        };
+        let outcome = self.idle(Some(growth.inotify.as_fd()));
+        // Events from before the next read are consumed now: a write after
+        // it leaves a fresh one.
+        growth.drain();
+        outcome
     }
 
     fn heartbeat(&self) {
@@ -637,7 +701,6 @@ impl Reader {
 
     fn idle_work(&mut self) -> Outcome {
         self.heartbeat();
-        self.boot_time = boot::boot_time_unix_nanos();
         if self.scanner.has_pending() {
             self.scanner
                 .flush_expired(boot::monotonic_usec(), &mut self.out);
@@ -829,6 +892,44 @@ impl Reader {
 
 const READ_AT_PER_RECORD: Option<Instant> = None;
 
+fn poll_timeout(d: Duration) -> PollTimeout {
+    PollTimeout::try_from(d).unwrap_or(PollTimeout::MAX)
+}
+
+/// Writes to a followed replay input (inotify `IN_MODIFY`): a reader at the
+/// end of a file waits on this instead of reading again and again.
+#[derive(Debug)]
+struct Growth {
+    inotify: Inotify,
+}
+
+impl Growth {
+    /// A watch on `path`; `None` (logged) when inotify is unavailable.
+    fn watch(path: &Path) -> Option<Growth> {
+        let watched =
+            Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).and_then(|inotify| {
+                inotify.add_watch(path, AddWatchFlags::IN_MODIFY)?;
+                Ok(inotify)
+            });
+        match watched {
+            Ok(inotify) => Some(Growth { inotify }),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "Cannot watch the replay input with inotify; reading it again every 250 ms.");
+                None
+            }
+        }
+    }
+
+    /// Consumes the events queued so far.
+    fn drain(&self) {
+        while self
+            .inotify
+            .read_events()
+            .is_ok_and(|events| !events.is_empty())
+        {}
+    }
+}
+
 /// True when `path` is a character device: the reader then keeps a
 /// position (reports [`Input::KmsgProgress`]); a replay file or FIFO has none.
 pub fn is_device(path: &Path) -> bool {
@@ -856,7 +957,7 @@ mod tests {
             policy: Arc::new(xid_parser::Policy::default()),
             registry,
             liveness: Liveness::new(),
-            shutdown: Arc::new(AtomicBool::new(false)),
+            shutdown: Shutdown::new(),
             stop_tx: None,
         }
     }
@@ -998,7 +1099,7 @@ mod tests {
                 Err(e) => panic!("no fault event: {e}"),
             }
         };
-        shutdown.store(true, Ordering::Relaxed);
+        shutdown.trigger();
         h.join().unwrap();
         assert_eq!((event.code, event.kmsg_seq), (79, Some(10)));
         assert!(
@@ -1277,9 +1378,155 @@ mod tests {
         }
         assert!(saw_ok);
         assert!(!liveness.kmsg_unavailable.load(Ordering::Relaxed));
-        shutdown.store(true, Ordering::Relaxed);
+        shutdown.trigger();
         h.join().unwrap();
         drop(rx);
+    }
+
+    /// Waits (at most 10 s) until the reader has read its input to the end
+    /// once and gone idle.
+    fn wait_caught_up(liveness: &Liveness) {
+        let t0 = Instant::now();
+        while !liveness.kmsg_caught_up.load(Ordering::Relaxed) {
+            assert!(t0.elapsed() < Duration::from_secs(10), "never caught up");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Triggers `shutdown` and asserts the reader thread ends within a
+    /// second (its idle wait is 30 s; the retry wait below is a minute).
+    fn stops_at_once(shutdown: &Shutdown, h: std::thread::JoinHandle<KmsgSummary>) {
+        // Let the reader settle into its wait.
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!h.is_finished(), "the reader ended by itself");
+        let t0 = Instant::now();
+        shutdown.trigger();
+        while !h.is_finished() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(1),
+                "the reader kept waiting after shutdown"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        h.join().unwrap();
+    }
+
+    /// Idle at the end of a followed file (waiting for it to be written):
+    /// shutdown ends the wait at once, and the idle reader has kept its
+    /// liveness heartbeat.
+    #[test]
+    fn an_idle_reader_of_a_followed_file_stops_at_once_on_shutdown() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("idle.kmsg");
+        std::fs::write(&p, "6,1,100,-;eth0: link up\n").unwrap();
+        let mut a = args(&p, false, Registry::new());
+        a.cfg.exit_at_eof = false;
+        let (liveness, shutdown) = (a.liveness.clone(), a.shutdown.clone());
+        let (tx, _rx) = bounded(8);
+        let h = std::thread::spawn(move || run_source(a, tx));
+        wait_caught_up(&liveness);
+        stops_at_once(&shutdown, h);
+        assert!(liveness.kmsg_heartbeat_unix_secs.load(Ordering::Relaxed) > 0);
+    }
+
+    /// Idle in `poll(2)` on an input with nothing to read (a FIFO with a
+    /// writer attached, polled like `/dev/kmsg`): shutdown wakes the poll.
+    #[test]
+    fn an_idle_reader_in_poll_stops_at_once_on_shutdown() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("kmsg.fifo");
+        nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let mut a = args(&p, false, Registry::new());
+        a.cfg.exit_at_eof = false;
+        let (liveness, shutdown) = (a.liveness.clone(), a.shutdown.clone());
+        let (tx, _rx) = bounded(8);
+        let h = std::thread::spawn(move || run_source(a, tx));
+        let mut w = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        use std::io::Write;
+        writeln!(w, "6,1,100,-;eth0: link up").unwrap();
+        wait_caught_up(&liveness);
+        stops_at_once(&shutdown, h);
+        drop(w);
+    }
+
+    /// Waiting a minute to retry an input that cannot be opened: shutdown
+    /// ends the wait at once.
+    #[test]
+    fn a_reader_waiting_to_retry_stops_at_once_on_shutdown() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = args(&dir.path().join("missing"), false, Registry::new());
+        a.cfg.retry_interval_secs = 60;
+        let shutdown = a.shutdown.clone();
+        let (tx, rx) = bounded(8);
+        let h = std::thread::spawn(move || run_source(a, tx));
+        assert!(matches!(
+            rx.recv_timeout(Duration::from_secs(10)),
+            Ok(Input::MonitorStatus { ok: false, .. })
+        ));
+        stops_at_once(&shutdown, h);
+    }
+
+    /// A followed input is read as soon as it is written, file or FIFO
+    /// without a writer yet: the reader waits for the write (inotify), not
+    /// for a timer (it would wait 30 s for its heartbeat).
+    #[test]
+    fn a_followed_input_is_read_as_soon_as_it_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("followed.kmsg");
+        std::fs::write(&file, "").unwrap();
+        let fifo = dir.path().join("followed.fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        for p in [file, fifo] {
+            let mut a = args(&p, false, Registry::new());
+            a.cfg.exit_at_eof = false;
+            let (liveness, shutdown) = (a.liveness.clone(), a.shutdown.clone());
+            let (tx, rx) = bounded(8);
+            let h = std::thread::spawn(move || run_source(a, tx));
+            if p.ends_with("followed.kmsg") {
+                wait_caught_up(&liveness);
+            }
+            // Let the reader settle into its wait.
+            std::thread::sleep(Duration::from_millis(200));
+            let mut f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
+            use std::io::Write;
+            writeln!(f, "{XID_KERN}").unwrap();
+            let t0 = Instant::now();
+            let got = loop {
+                match rx.recv_timeout(Duration::from_secs(20)) {
+                    Ok(Input::Fault { event, .. }) => break event.code,
+                    Ok(_) => {}
+                    Err(e) => panic!("{}: no fault event: {e}", p.display()),
+                }
+            };
+            assert_eq!(got, 79);
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "{}: read {:?} after the write",
+                p.display(),
+                t0.elapsed()
+            );
+            shutdown.trigger();
+            h.join().unwrap();
+            drop(f);
+        }
+    }
+
+    /// Idle, the reader wakes only for its heartbeat, often enough that a
+    /// late wake-up never makes `/healthz` call it stuck; held events keep
+    /// the short waits.
+    #[test]
+    fn idle_waits_are_bounded_by_the_heartbeat() {
+        use crate::pipeline::PROGRESS_DEADLINE_SECS;
+        assert!(IDLE_HEARTBEAT * 2 < Duration::from_secs(PROGRESS_DEADLINE_SECS));
+        let (tx, _rx) = bounded(1);
+        let mut r = device_reader(tx, Registry::new());
+        assert_eq!(r.idle_wait(), IDLE_HEARTBEAT);
+        // A GSP RPC timeout is held for the history dump that follows it: its
+        // window must expire on time.
+        let line = "4,1,100,-;NVRM: Xid (PCI:0000:3b:00): 119, pid=1, name=x, Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20802a02 0x8).";
+        let _ = r.process(line.as_bytes(), None);
+        assert!(r.scanner.has_pending());
+        assert_eq!(r.idle_wait(), HOLD_WAIT);
     }
 
     #[test]

@@ -426,7 +426,7 @@ const VALIDATE_KMSG_DEADLINE: std::time::Duration = std::time::Duration::from_se
 fn one_shot_health(cfg: &Config) -> anyhow::Result<gpuwatch_proto::NodeHealth> {
     use gpuwatch_core::msg::{Input, MonitorInput};
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::Ordering;
     use std::time::{Duration, Instant};
 
     let policy =
@@ -475,7 +475,7 @@ fn one_shot_health(cfg: &Config) -> anyhow::Result<gpuwatch_proto::NodeHealth> {
     }
 
     let liveness = gpuwatch::pipeline::Liveness::new();
-    let shutdown = Arc::new(AtomicBool::new(false));
+    let shutdown = gpuwatch_core::Shutdown::new();
     let (tx, rx) = crossbeam_channel::bounded(gpuwatch::pipeline::ENGINE_CHANNEL_CAPACITY);
     let thread = gpuwatch::kmsg::spawn(
         gpuwatch::kmsg::KmsgSourceArgs {
@@ -527,7 +527,7 @@ fn one_shot_health(cfg: &Config) -> anyhow::Result<gpuwatch_proto::NodeHealth> {
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
         }
     }
-    shutdown.store(true, Ordering::Relaxed);
+    shutdown.trigger();
     // The reader flushes what it holds when it stops; drain until it is gone.
     while let Ok(input) = rx.recv_timeout(Duration::from_secs(2)) {
         handle(&mut engine, input);

@@ -28,10 +28,11 @@
 //! (`MonitorStatus { ok: false }`, never a fault), its thread is abandoned, and
 //! a fresh worker initialises NVML again; while a call is hung the poller's
 //! samples are held back, since the engine takes samples as NVML answering.
-//! The threads [`spawn`] returns are the
-//! supervisors: they never call NVML, so joining them after setting `shutdown`
-//! takes at most the call deadline, hung driver or not; [`NvmlSources::stop`]
-//! enforces that bound even on a bug. Each supervisor keeps a progress
+//! The threads [`spawn`] returns are the supervisors: they never call NVML,
+//! so joining them after triggering `shutdown` takes at most the call
+//! deadline, hung driver or not; [`NvmlSources::stop`] enforces that bound
+//! even on a bug. A thread that sleeps (between polls, before a retry) is
+//! woken by the trigger at once. Each supervisor keeps a progress
 //! heartbeat in [`Liveness`] ([`Liveness::nvml_progress_ok`]).
 //!
 //! With `sim_scenario`, the library is the nvml-sim cdylib: gpuwatch copies
@@ -47,13 +48,13 @@ mod watchdog;
 
 use crate::pipeline::Liveness;
 use crossbeam_channel::{SendTimeoutError, Sender, TrySendError};
-use gpuwatch_core::Registry;
 use gpuwatch_core::msg::{Input, MonitorInput};
+use gpuwatch_core::{Registry, Shutdown};
 use gpuwatch_proto::{FaultEvent, FaultKind, GpuSample, Source};
 use nvml_wrapper::Nvml;
 use serde::Deserialize;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -391,14 +392,14 @@ impl Shared {
 /// `Input::Samples` / `Input::Fault` / `Input::MonitorStatus{Nvml}` into `tx`.
 /// Never panics when NVML is missing: reports `MonitorStatus{ok:false}` and
 /// retries. The returned threads (the sources' supervisors, which never call
-/// NVML) end within the call deadline once `shutdown` is set, or when `tx`'s
-/// receiver is gone. Returns no threads when `enabled` is false. The progress
+/// NVML) end within the call deadline once `shutdown` is triggered, or when
+/// `tx`'s receiver is gone. Returns no threads when `enabled` is false. The progress
 /// heartbeats go to a private [`Liveness`]; [`start`] takes the agent's.
 pub fn spawn(
     cfg: &NvmlConfig,
     tx: Sender<Input>,
     registry: Arc<Registry>,
-    shutdown: Arc<AtomicBool>,
+    shutdown: Shutdown,
 ) -> Vec<JoinHandle<()>> {
     start(cfg, tx, registry, shutdown, Liveness::new()).into_threads()
 }
@@ -407,13 +408,13 @@ pub fn spawn(
 #[derive(Debug)]
 pub struct NvmlSources {
     threads: Vec<JoinHandle<()>>,
-    shutdown: Arc<AtomicBool>,
+    shutdown: Shutdown,
     deadline: Duration,
 }
 
 impl NvmlSources {
     /// The supervisor threads, for a caller that joins them itself (after
-    /// setting `shutdown`, each ends within the call deadline).
+    /// triggering `shutdown`, each ends within the call deadline).
     pub fn into_threads(self) -> Vec<JoinHandle<()>> {
         self.threads
     }
@@ -428,12 +429,13 @@ impl NvmlSources {
         self.threads.is_empty()
     }
 
-    /// Sets `shutdown` and waits for the threads, at most the call deadline in
-    /// all; a thread still running then is left behind (never joined).
+    /// Triggers `shutdown` and waits for the threads, at most the call
+    /// deadline in all; a thread still running then is left behind (never
+    /// joined).
     /// Returns how many were left behind (0 unless something is badly wrong:
     /// the supervisors themselves never wait on NVML).
     pub fn stop(self) -> usize {
-        self.shutdown.store(true, Ordering::Relaxed);
+        self.shutdown.trigger();
         let end = Instant::now() + self.deadline;
         let mut left = 0;
         for t in self.threads {
@@ -465,7 +467,7 @@ pub fn start(
     cfg: &NvmlConfig,
     tx: Sender<Input>,
     registry: Arc<Registry>,
-    shutdown: Arc<AtomicBool>,
+    shutdown: Shutdown,
     liveness: Arc<Liveness>,
 ) -> NvmlSources {
     let mut sources = NvmlSources {
@@ -476,15 +478,7 @@ pub fn start(
     if !cfg.enabled {
         return sources;
     }
-    let ctx = Ctx {
-        tx,
-        registry,
-        shutdown,
-        shared: Arc::new(Shared::default()),
-        monitor: Arc::new(Monitor::default()),
-        watch: Arc::new(watchdog::CallWatch::default()),
-        liveness,
-    };
+    let ctx = Ctx::new(tx, registry, shutdown, liveness);
     let deadline = cfg.call_timeout();
     let retry = cfg.retry_interval();
     if cfg.events {
@@ -574,7 +568,7 @@ struct Monitor {
 struct Ctx {
     tx: Sender<Input>,
     registry: Arc<Registry>,
-    shutdown: Arc<AtomicBool>,
+    shutdown: Shutdown,
     shared: Arc<Shared>,
     monitor: Arc<Monitor>,
     /// The calls of this thread (a supervisor's is never abandoned).
@@ -583,6 +577,34 @@ struct Ctx {
 }
 
 impl Ctx {
+    /// The supervisors' context (its watch is never abandoned).
+    fn new(
+        tx: Sender<Input>,
+        registry: Arc<Registry>,
+        shutdown: Shutdown,
+        liveness: Arc<Liveness>,
+    ) -> Ctx {
+        let shared = Arc::new(Shared::default());
+        // The event worker waits on `changed` for a handle: shutdown wakes it
+        // (notified under the lock the worker checks the signal under).
+        shutdown.on_trigger({
+            let shared = shared.clone();
+            move || {
+                let _state = shared.lock();
+                shared.changed.notify_all();
+            }
+        });
+        Ctx {
+            tx,
+            registry,
+            shutdown,
+            shared,
+            monitor: Arc::new(Monitor::default()),
+            watch: Arc::new(watchdog::CallWatch::default()),
+            liveness,
+        }
+    }
+
     /// A copy for a worker watched by `watch`.
     fn with_watch(&self, watch: Arc<watchdog::CallWatch>) -> Ctx {
         Ctx {
@@ -593,7 +615,7 @@ impl Ctx {
 
     /// Shutdown, or this worker was abandoned.
     fn stopping(&self) -> bool {
-        self.shutdown.load(Ordering::Relaxed) || self.watch.abandoned()
+        self.shutdown.is_triggered() || self.watch.abandoned()
     }
 
     /// Updates the monitor state and sends the combined NVML status when it
@@ -708,19 +730,10 @@ impl Ctx {
         }
     }
 
-    /// Sleeps up to `d`, waking early on shutdown. Returns false on shutdown.
+    /// Sleeps `d` in one wait that shutdown ends at once. Returns false on
+    /// shutdown (or when this worker was abandoned).
     fn sleep(&self, d: Duration) -> bool {
-        let end = Instant::now() + d;
-        loop {
-            if self.stopping() {
-                return false;
-            }
-            let now = Instant::now();
-            if now >= end {
-                return true;
-            }
-            std::thread::sleep((end - now).min(Duration::from_millis(200)));
-        }
+        !self.stopping() && !self.shutdown.wait_timeout(d) && !self.watch.abandoned()
     }
 }
 
@@ -842,15 +855,7 @@ mod tests {
 
     fn test_ctx() -> (Ctx, crossbeam_channel::Receiver<Input>) {
         let (tx, rx) = crossbeam_channel::bounded(16);
-        let ctx = Ctx {
-            tx,
-            registry: Registry::new(),
-            shutdown: Arc::new(AtomicBool::new(false)),
-            shared: Arc::new(Shared::default()),
-            monitor: Arc::new(Monitor::default()),
-            watch: Arc::new(watchdog::CallWatch::default()),
-            liveness: Liveness::new(),
-        };
+        let ctx = Ctx::new(tx, Registry::new(), Shutdown::new(), Liveness::new());
         (ctx, rx)
     }
 
@@ -912,6 +917,73 @@ mod tests {
         assert!(!ctx.stopping());
     }
 
+    /// Triggers `ctx`'s shutdown once `thread` waits, and asserts the thread
+    /// ends within a second (it was in a 10 s or endless wait).
+    fn ends_at_once_on_shutdown<T>(ctx: &Ctx, thread: std::thread::JoinHandle<T>) -> T {
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!thread.is_finished(), "it did not wait");
+        let t = Instant::now();
+        ctx.shutdown.trigger();
+        while !thread.is_finished() {
+            assert!(
+                t.elapsed() < Duration::from_secs(1),
+                "still waiting after shutdown"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        thread.join().unwrap()
+    }
+
+    /// The poller between two polls (10 s apart by default).
+    #[test]
+    fn a_worker_sleeping_until_its_next_poll_wakes_at_once_on_shutdown() {
+        let (ctx, _rx) = test_ctx();
+        let sleeper = {
+            let ctx = ctx.clone();
+            std::thread::spawn(move || ctx.sleep(Duration::from_secs(10)))
+        };
+        assert!(!ends_at_once_on_shutdown(&ctx, sleeper), "reports shutdown");
+        assert!(!ctx.sleep(Duration::from_secs(10)), "no sleep after it");
+    }
+
+    /// The event worker waiting for the poller's NVML handle (which never
+    /// comes while NVML is missing).
+    #[test]
+    fn an_event_worker_waiting_for_a_handle_wakes_at_once_on_shutdown() {
+        let (ctx, _rx) = test_ctx();
+        let worker = {
+            let ctx = ctx.clone();
+            std::thread::spawn(move || {
+                events::run(&ctx, Duration::from_secs(30), Duration::from_millis(500))
+            })
+        };
+        ends_at_once_on_shutdown(&ctx, worker);
+    }
+
+    /// A supervisor between two looks at its idle worker.
+    #[test]
+    fn a_supervisor_wakes_at_once_on_shutdown() {
+        let (ctx, _rx) = test_ctx();
+        let sup = watchdog::Supervisor {
+            role: watchdog::Role::Poller,
+            ctx: ctx.clone(),
+            // A one-second tick.
+            deadline: Duration::from_secs(60),
+            retry: Duration::from_secs(30),
+        };
+        let supervisor = std::thread::spawn(move || {
+            sup.run(|wctx| {
+                std::thread::Builder::new()
+                    .spawn(move || {
+                        let _end = watchdog::EndGuard(wctx.watch.clone());
+                        wctx.sleep(Duration::from_secs(3600));
+                    })
+                    .map(drop)
+            })
+        });
+        ends_at_once_on_shutdown(&ctx, supervisor);
+    }
+
     /// A driver where every call blocks: the supervisor keeps starting fresh
     /// workers with backoff, but never has more than `MAX_STUCK` stuck at
     /// once, and returns within the deadline on shutdown.
@@ -955,7 +1027,7 @@ mod tests {
             "{st:?}"
         );
         let t = Instant::now();
-        ctx.shutdown.store(true, Ordering::Relaxed);
+        ctx.shutdown.trigger();
         supervisor.join().unwrap();
         assert!(
             t.elapsed() < Duration::from_millis(200),
@@ -993,7 +1065,7 @@ mod tests {
             enabled: false,
             ..NvmlConfig::default()
         };
-        let h = spawn(&cfg, tx, Registry::new(), Arc::new(AtomicBool::new(false)));
+        let h = spawn(&cfg, tx, Registry::new(), Shutdown::new());
         assert!(h.is_empty());
     }
 }

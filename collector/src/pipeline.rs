@@ -23,7 +23,7 @@
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError, bounded};
 use gpuwatch_core::msg::Input;
-use gpuwatch_core::{Outcome, Registry, Stage};
+use gpuwatch_core::{Outcome, Registry, Shutdown, Stage};
 use gpuwatch_proto::{Action, FaultEvent, ShortName};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -73,8 +73,14 @@ pub struct Liveness {
 /// A thread that has made no progress for this long is stuck: `/healthz`
 /// fails so that the kubelet restarts the agent. The engine passes its loop
 /// at least once per tick (1 s by default, 60 s at most), the kmsg reader at
-/// least every 250 ms when idle and every 1,024 records when busy.
+/// least every [`IDLE_HEARTBEAT`] when idle and every 1,024 records when busy.
 pub const PROGRESS_DEADLINE_SECS: u64 = 90;
+
+/// How often a source with nothing to do wakes up only to show it is not
+/// stuck (its heartbeat): a third of [`PROGRESS_DEADLINE_SECS`], so that a
+/// wake-up that comes late on a loaded node (or a heartbeat a second short
+/// of its mark) never makes `/healthz` fail.
+pub const IDLE_HEARTBEAT: Duration = Duration::from_secs(PROGRESS_DEADLINE_SECS / 3);
 
 impl Liveness {
     /// New flags, all false.
@@ -601,13 +607,15 @@ impl FaultSender {
 }
 
 /// Forwards NVML inputs into the engine channel with the drop-oldest policy
-/// for samples. Returns when the NVML senders are gone or the engine is gone;
-/// `shutdown` stops it after delivering what it holds.
+/// for samples. Returns when the NVML senders are gone or the engine is gone,
+/// or at once when `shutdown` is triggered (after passing on the non-sample
+/// inputs already queued; samples are disposable at shutdown). Idle, it
+/// blocks until an input arrives or shutdown is triggered.
 pub fn forward_nvml(
     rx: Receiver<Input>,
     tx: Sender<Input>,
     registry: Arc<Registry>,
-    shutdown: Arc<AtomicBool>,
+    shutdown: Shutdown,
 ) {
     let mut held: Option<Input> = None;
     loop {
@@ -618,12 +626,16 @@ pub fn forward_nvml(
                 Err(TrySendError::Disconnected(_)) => return,
             }
         }
-        let wait = if held.is_some() {
-            Duration::from_millis(5)
+        let received = if held.is_some() {
+            // The engine channel is full: offer the held samples again soon.
+            rx.recv_timeout(Duration::from_millis(5))
         } else {
-            Duration::from_millis(250)
+            crossbeam_channel::select! {
+                recv(rx) -> input => input.map_err(|_| RecvTimeoutError::Disconnected),
+                recv(shutdown.receiver()) -> _ => Err(RecvTimeoutError::Timeout),
+            }
         };
-        match rx.recv_timeout(wait) {
+        match received {
             Ok(s @ Input::Samples { .. }) => {
                 if held.replace(s).is_some() {
                     registry.samples_dropped.fetch_add(1, Ordering::Relaxed);
@@ -640,8 +652,12 @@ pub fn forward_nvml(
                 }
             }
             Err(RecvTimeoutError::Timeout) => {
-                if shutdown.load(Ordering::Relaxed) {
-                    // Samples are disposable at shutdown.
+                if shutdown.is_triggered() {
+                    for input in rx.try_iter() {
+                        if !matches!(input, Input::Samples { .. }) && tx.send(input).is_err() {
+                            return;
+                        }
+                    }
                     return;
                 }
             }
@@ -921,7 +937,7 @@ mod tests {
         let reg = Registry::new();
         let (ntx, nrx) = bounded(16);
         let (etx, erx) = bounded(1);
-        let shutdown = Arc::new(AtomicBool::new(false));
+        let shutdown = Shutdown::new();
         // Fill the engine channel so the forwarder must hold.
         etx.send(Input::Tick).unwrap();
         for i in 0..3u32 {
@@ -965,6 +981,64 @@ mod tests {
             other => panic!("expected samples, got {other:?}"),
         }
         assert!(matches!(&got[2], Input::Fault { event, .. } if event.code == 79));
+    }
+
+    /// An idle forwarder blocks with nothing to time out on; triggering
+    /// shutdown ends it at once even though the NVML senders are still alive
+    /// (an abandoned NVML worker may hold one forever).
+    #[test]
+    fn an_idle_forwarder_stops_at_once_on_shutdown() {
+        let (ntx, nrx) = bounded(16);
+        let (etx, erx) = bounded(16);
+        let shutdown = Shutdown::new();
+        let stop = shutdown.clone();
+        let h = std::thread::spawn(move || forward_nvml(nrx, etx, Registry::new(), stop));
+        ntx.send(Input::KmsgCaughtUp).unwrap();
+        assert!(matches!(
+            erx.recv_timeout(Duration::from_secs(5)),
+            Ok(Input::KmsgCaughtUp)
+        ));
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!h.is_finished());
+        let t0 = Instant::now();
+        shutdown.trigger();
+        while !h.is_finished() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(1),
+                "the forwarder kept waiting after shutdown"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        h.join().unwrap();
+        drop(ntx);
+    }
+
+    /// A fault queued when shutdown comes is passed on before the forwarder
+    /// returns (samples may not be: they are disposable at shutdown).
+    #[test]
+    fn a_stopping_forwarder_passes_on_a_queued_fault() {
+        let (ntx, nrx) = bounded(16);
+        let (etx, erx) = bounded(16);
+        let shutdown = Shutdown::new();
+        shutdown.trigger();
+        ntx.send(Input::Samples {
+            samples: vec![GpuSample::default()],
+            complete: true,
+        })
+        .unwrap();
+        ntx.send(Input::Fault {
+            event: xid("a", 79),
+            read_at: Instant::now(),
+        })
+        .unwrap();
+        forward_nvml(nrx, etx, Registry::new(), shutdown);
+        let got: Vec<Input> = erx.try_iter().collect();
+        assert!(
+            got.iter()
+                .any(|i| matches!(i, Input::Fault { event, .. } if event.code == 79)),
+            "{got:?}"
+        );
+        drop(ntx);
     }
 
     #[test]

@@ -15,11 +15,11 @@ use crate::kmsg::{self, KmsgSourceArgs};
 use crate::pipeline::{AliveGuard, Channels, ENGINE_CHANNEL_CAPACITY, Liveness, StopReason};
 use crossbeam_channel::RecvTimeoutError;
 use gpuwatch_core::engine::{BootInfo, Engine};
-use gpuwatch_core::{EventSink, Registry};
+use gpuwatch_core::{EventSink, Registry, Shutdown};
 use gpuwatch_proto::NodeHealth;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// Flags of `gpuwatch run`. Each overrides the matching config-file option.
@@ -458,8 +458,8 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
     } = sinks;
 
     let (stop_tx, stop_rx) = crossbeam_channel::unbounded::<StopReason>();
-    let sources_shutdown = Arc::new(AtomicBool::new(false));
-    let engine_shutdown = Arc::new(AtomicBool::new(false));
+    let sources_shutdown = Shutdown::new();
+    let engine_shutdown = Shutdown::new();
 
     // Engine thread.
     let (engine_done_tx, engine_done_rx) = crossbeam_channel::bounded::<()>(1);
@@ -631,7 +631,7 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
     let share =
         |cap: Duration| cap.min(shutdown_deadline.saturating_duration_since(Instant::now()));
     // 1. Sources stop (the node writer's validation reports too).
-    sources_shutdown.store(true, Ordering::Relaxed);
+    sources_shutdown.trigger();
     drop(validation_tx);
     let kmsg_summary =
         join_within(kmsg_thread, share(Duration::from_secs(3)), "kmsg").unwrap_or_default();
@@ -660,7 +660,7 @@ pub fn run(cfg: Config, opts: RunOptions) -> Result<RunSummary, RunError> {
             waited_ms = drain.as_millis() as u64,
             "Engine did not drain in time; stopping it."
         );
-        engine_shutdown.store(true, Ordering::Relaxed);
+        engine_shutdown.trigger();
     }
     join_within(engine_thread, share(Duration::from_secs(2)), "engine");
     // 3. Sinks flush.

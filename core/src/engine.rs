@@ -114,7 +114,8 @@ use writer::StateWriter;
 use crate::clock::Clock;
 use crate::msg::{Input, KmsgPosition, MonitorInput};
 use crate::statefile::StateFileError;
-use crate::{EventSink, Outcome, Registry, Stage};
+use crate::{EventSink, Outcome, Registry, Shutdown, Stage};
+use crossbeam_channel::RecvTimeoutError;
 use derive::secs;
 use gpuwatch_proto::{Action, FaultEvent, FaultKind, NodeHealth, ShortName, ValidationReport};
 use model::{
@@ -124,7 +125,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 use xid_parser::{ContextWindow, Policy};
@@ -1543,16 +1544,18 @@ pub const FINAL_WRITE_WAIT: Duration = Duration::from_secs(3);
 /// for a 5 ms pause in the input (at most 100 ms for a publication, one more
 /// persist interval for a persist) so that they never hold up the events of a
 /// burst. The state file is written by a writer thread of its own (the engine
-/// only copies the state): the disk never delays an event. Returns on channel
-/// disconnect or `shutdown`, after a final state write (unless the writer is
-/// still stuck in an earlier one after [`FINAL_WRITE_WAIT`]) and flushing the
-/// sinks.
+/// only copies the state): the disk never delays an event. Between inputs the
+/// thread sleeps until the next of these is due. Returns on channel
+/// disconnect or when `shutdown` is triggered (at once, even in the middle of
+/// a wait; inputs already queued are handled first), after a final state
+/// write (unless the writer is still stuck in an earlier one after
+/// [`FINAL_WRITE_WAIT`]) and flushing the sinks.
 pub fn run_engine(
     mut engine: Engine,
     rx: crossbeam_channel::Receiver<Input>,
     sinks: Vec<Arc<dyn EventSink>>,
     health_tx: impl Fn(Arc<NodeHealth>),
-    shutdown: Arc<AtomicBool>,
+    shutdown: Shutdown,
 ) {
     /// Inputs handled between two health publications.
     const BATCH: usize = 4096;
@@ -1626,7 +1629,7 @@ pub fn run_engine(
         !events.is_empty()
     };
     loop {
-        if shutdown.load(Ordering::Relaxed) {
+        if shutdown.is_triggered() {
             // Inputs already queued are handled, not lost.
             for _ in 0..BATCH {
                 match rx.try_recv() {
@@ -1657,7 +1660,14 @@ pub fn run_engine(
             .flatten()
             .min()
             .unwrap_or(last_tick + tick);
-        let disconnected = match rx.recv_timeout(due.saturating_duration_since(Instant::now())) {
+        let wait = due.saturating_duration_since(Instant::now());
+        let received = crossbeam_channel::select! {
+            recv(rx) -> input => input.map_err(|_| RecvTimeoutError::Disconnected),
+            // Handled at the top of the loop.
+            recv(shutdown.receiver()) -> _ => continue,
+            default(wait) => Err(RecvTimeoutError::Timeout),
+        };
+        let disconnected = match received {
             Ok(input) => {
                 unpublished_since.get_or_insert_with(Instant::now);
                 emitted |= dispatch(&mut engine, input);
@@ -1675,8 +1685,8 @@ pub fn run_engine(
                 last_input = Instant::now();
                 closed
             }
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => false,
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => true,
+            Err(RecvTimeoutError::Timeout) => false,
+            Err(RecvTimeoutError::Disconnected) => true,
         };
         let now = Instant::now();
         if now >= last_tick + tick {

@@ -37,8 +37,11 @@ pub mod msg;
 pub mod names;
 pub mod registry;
 pub mod retry;
+pub mod shutdown;
 pub mod statefile;
 pub mod validation;
+
+pub use shutdown::{Shutdown, WakeFd};
 
 pub use registry::{
     FaultSeries, KubeObject, LATENCY_BUCKETS_SECONDS, LatencyBuckets, Outcome, Registry, Signal,

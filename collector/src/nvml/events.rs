@@ -36,22 +36,27 @@ fn thermal_reasons() -> ThrottleReasons {
 pub(super) fn run(ctx: &Ctx, retry: Duration, wait: Duration) {
     let wait_ms = u32::try_from(wait.as_millis()).unwrap_or(u32::MAX);
     let mut seen_gen = 0;
-    while !ctx.stopping() {
+    loop {
         let next = {
-            let s = ctx.shared.lock();
-            if s.nvml_gen != seen_gen {
-                seen_gen = s.nvml_gen;
-                s.nvml.as_ref().and_then(std::sync::Weak::upgrade)
-            } else {
-                // Wait for the poller to publish (or replace) the handle.
-                drop(
-                    ctx.shared
-                        .changed
-                        .wait_timeout(s, Duration::from_millis(200))
-                        .map(|(g, _)| drop(g)),
-                );
-                None
+            let mut s = ctx.shared.lock();
+            // Wait for the poller to publish (or replace) the handle. The
+            // signal is checked under the lock the shutdown hook (see
+            // `start`) takes to notify, so the notification cannot be missed.
+            loop {
+                if ctx.stopping() {
+                    return;
+                }
+                if s.nvml_gen != seen_gen {
+                    break;
+                }
+                s = ctx
+                    .shared
+                    .changed
+                    .wait(s)
+                    .unwrap_or_else(|e| e.into_inner());
             }
+            seen_gen = s.nvml_gen;
+            s.nvml.as_ref().and_then(std::sync::Weak::upgrade)
         };
         let Some(nvml) = next else { continue };
         let nvml_gen = seen_gen;

@@ -331,16 +331,15 @@ impl Supervisor {
         }
     }
 
-    /// Sleeps one tick in one piece (an idle agent wakes rarely; shutdown is
-    /// noticed within the tick, which `finish` accounts for). Returns false
+    /// Sleeps one tick in one wait that shutdown ends at once. Returns false
     /// on shutdown.
     fn nap(&self, tick: Duration) -> bool {
-        std::thread::sleep(tick);
-        !self.ctx.stopping()
+        !self.ctx.shutdown.wait_timeout(tick) && !self.ctx.stopping()
     }
 
-    /// Shutdown: gives the worker at most the deadline (less the tick that may
-    /// already have passed) to end, then leaves it.
+    /// Shutdown: gives the worker at most the deadline less one tick (a
+    /// margin inside the one deadline `NvmlSources::stop` allows in all) to
+    /// end, then leaves it.
     fn finish(&self, watch: &CallWatch) {
         let limit = self.deadline.saturating_sub(tick(self.deadline));
         let t = Instant::now();

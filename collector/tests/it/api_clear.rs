@@ -10,7 +10,6 @@ use gpuwatch_core::msg::Input;
 use gpuwatch_proto::{NodeHealth, Verdict};
 use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 fn wait_for(
@@ -41,9 +40,9 @@ fn gpuwatch_clear_reaches_the_engine_only_through_the_state_dir_socket() {
     let registry = Arc::clone(&rig.registry);
     let (tx, rx) = crossbeam_channel::bounded::<Input>(64);
     let (health_tx, health_rx) = tokio::sync::watch::channel(rig.engine.health());
-    let shutdown = Arc::new(AtomicBool::new(false));
+    let shutdown = gpuwatch_core::Shutdown::new();
     let engine = {
-        let shutdown = Arc::clone(&shutdown);
+        let shutdown = shutdown.clone();
         let engine = rig.engine;
         std::thread::spawn(move || {
             gpuwatch_core::engine::run_engine(

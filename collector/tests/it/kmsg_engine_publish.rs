@@ -8,7 +8,6 @@ use gpuwatch_core::engine::{BootInfo, Engine, EngineConfig, run_engine};
 use gpuwatch_core::msg::Input;
 use gpuwatch_core::{EventSink, Registry};
 use gpuwatch_proto::{FaultEvent, FaultKind, NodeHealth};
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -82,8 +81,8 @@ fn start() -> Loop {
     let (health_tx, health) = tokio::sync::watch::channel(Arc::new(NodeHealth::default()));
     let sink = Arc::new(Collect::default());
     let sinks: Vec<Arc<dyn EventSink>> = vec![sink.clone()];
-    // Stopped by dropping every sender, as in the agent; the flag stays false.
-    let stop = Arc::new(AtomicBool::new(false));
+    // Stopped by dropping every sender, as in the agent; never triggered.
+    let stop = gpuwatch_core::Shutdown::new();
     let thread = std::thread::spawn(move || {
         run_engine(
             engine,

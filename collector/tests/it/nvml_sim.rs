@@ -17,7 +17,6 @@ use gpuwatch_core::msg::{Input, MonitorInput};
 use gpuwatch_proto::{FaultEvent, FaultKind, GpuSample, RecoveryAction, Source, Verdict};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 fn scenario(name: &str) -> PathBuf {
@@ -58,7 +57,7 @@ impl Harness {
             cfg,
             tx,
             registry.clone(),
-            Arc::new(AtomicBool::new(false)),
+            gpuwatch_core::Shutdown::new(),
             liveness.clone(),
         );
         Harness {
@@ -504,6 +503,23 @@ fn shutdown_joins_both_threads_within_a_second() {
     h.wait_for("a sample", |seen| sample_where(seen, 0, |_| true));
     let took = h.stop();
     assert!(took < Duration::from_millis(1200), "join took {took:?}");
+}
+
+/// Polls 10 s apart (the default): stopping between two polls does not wait
+/// for the next one; the poller's sleep ends at the shutdown signal.
+#[test]
+fn stopping_between_polls_ten_seconds_apart_is_prompt() {
+    let cfg = NvmlConfig {
+        poll_interval_ms: None,
+        poll_interval_secs: 10,
+        events: false,
+        ..config("test-xid.toml")
+    };
+    let mut h = Harness::start(&cfg);
+    h.wait_for("a sample", |seen| sample_where(seen, 0, |_| true));
+    std::thread::sleep(Duration::from_millis(200));
+    let took = h.stop();
+    assert!(took < Duration::from_secs(1), "join took {took:?}");
 }
 
 #[test]

@@ -2,11 +2,11 @@
 //! state flushed and sinks flushed on exit.
 
 use crate::support::*;
-use gpuwatch_core::EventSink;
 use gpuwatch_core::engine::{STATE_FILE, run_engine};
 use gpuwatch_core::msg::Input;
+use gpuwatch_core::{EventSink, Shutdown};
 use gpuwatch_proto::{FaultEvent, NodeHealth, Verdict};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -56,13 +56,7 @@ fn events_reach_sinks_health_is_published_and_state_flushed() {
         tx.send(fault(xid(79, PCI0))).unwrap();
     }
     drop(tx);
-    run_engine(
-        rig.engine,
-        rx,
-        sinks,
-        health_tx,
-        Arc::new(AtomicBool::new(false)),
-    );
+    run_engine(rig.engine, rx, sinks, health_tx, Shutdown::new());
 
     let events = sink.events.lock().unwrap();
     assert_eq!(events.len(), 1);
@@ -84,10 +78,10 @@ fn unchanged_health_is_not_republished() {
     let health_tx = move |h| {
         let _ = health_tx.send(h);
     };
-    let shutdown = Arc::new(AtomicBool::new(false));
+    let shutdown = Shutdown::new();
     let clock = rig.clock.clone();
     let engine = rig.engine;
-    let stop = Arc::clone(&shutdown);
+    let stop = shutdown.clone();
     let t = std::thread::spawn(move || run_engine(engine, rx, Vec::new(), health_tx, stop));
 
     let wait_change = |rx: &crossbeam_channel::Receiver<Arc<NodeHealth>>| {
@@ -122,9 +116,66 @@ fn unchanged_health_is_not_republished() {
         Verdict::Degraded,
         "unchanged polls were not published"
     );
-    shutdown.store(true, Ordering::SeqCst);
+    shutdown.trigger();
     t.join().unwrap();
     assert!(health_rx.try_recv().is_err());
+}
+
+/// An idle engine sleeps until its next tick (here a minute away) and still
+/// stops as soon as the shutdown signal is triggered, with its input senders
+/// alive (a source that has not stopped yet).
+#[test]
+fn an_idle_engine_stops_at_once_when_shutdown_is_triggered() {
+    let rig = Rig::with(
+        gpuwatch_core::engine::EngineConfig {
+            tick_interval_ms: 60_000,
+            ..Default::default()
+        },
+        Arc::new(xid_parser::Policy::default()),
+        None,
+        "boot-a",
+        Arc::new(gpuwatch_core::clock::ManualClock::new(start_time())),
+    );
+    let (tx, rx) = crossbeam_channel::bounded(16);
+    let (published_tx, published) = crossbeam_channel::unbounded::<()>();
+    let shutdown = Shutdown::new();
+    let stop = shutdown.clone();
+    let engine = rig.engine;
+    let t = std::thread::spawn(move || {
+        run_engine(
+            engine,
+            rx,
+            Vec::new(),
+            move |_| {
+                let _ = published_tx.send(());
+            },
+            stop,
+        )
+    });
+    tx.send(Input::Samples {
+        samples: two_gpus(),
+        complete: true,
+    })
+    .unwrap();
+    // The initial publication and the one for the samples: the engine is
+    // past its start and idle from here on.
+    for _ in 0..2 {
+        published
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a publication");
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let t0 = Instant::now();
+    shutdown.trigger();
+    while !t.is_finished() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(1),
+            "the engine kept sleeping after the shutdown signal"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    t.join().unwrap();
+    drop(tx);
 }
 
 /// The kernel's syscall number the thread named `name` is blocked in, if
@@ -172,8 +223,8 @@ fn a_hung_state_write_never_delays_events_and_loses_nothing() {
     let (tx, rx) = crossbeam_channel::bounded(1024);
     let sink = Arc::new(Collect::default());
     let sinks: Vec<Arc<dyn EventSink>> = vec![sink.clone()];
-    let shutdown = Arc::new(AtomicBool::new(false));
-    let stop = Arc::clone(&shutdown);
+    let shutdown = Shutdown::new();
+    let stop = shutdown.clone();
     let engine = rig.engine;
     let t = std::thread::spawn(move || run_engine(engine, rx, sinks, |_| {}, stop));
     tx.send(Input::Samples {
@@ -230,7 +281,7 @@ fn a_hung_state_write_never_delays_events_and_loses_nothing() {
         registry.state_writes().1 >= 1,
         "the failed write was counted"
     );
-    shutdown.store(true, Ordering::SeqCst);
+    shutdown.trigger();
     t.join().unwrap();
     let state: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join(STATE_FILE)).unwrap()).unwrap();
@@ -293,13 +344,7 @@ fn a_fault_is_logged_after_the_sinks_have_its_event() {
     tx.send(fault(xid(79, PCI0))).unwrap();
     drop(tx);
     tracing::subscriber::with_default(subscriber, || {
-        run_engine(
-            rig.engine,
-            rx,
-            sinks,
-            |_| {},
-            Arc::new(AtomicBool::new(false)),
-        )
+        run_engine(rig.engine, rx, sinks, |_| {}, Shutdown::new())
     });
     let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
     let at = text
