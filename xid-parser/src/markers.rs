@@ -44,8 +44,14 @@ pub const LINE_MARKERS: [&str; 24] = [
 /// aarch64 NEON), else an Aho-Corasick automaton.
 #[derive(Debug, Clone)]
 pub struct MarkerFinder {
-    teddy: Option<packed::Searcher>,
-    automaton: AhoCorasick,
+    searcher: Searcher,
+}
+
+#[derive(Debug, Clone)]
+enum Searcher {
+    Teddy(packed::Searcher),
+    /// Where the CPU has no Teddy (built only then: it costs more to build).
+    Automaton(AhoCorasick),
 }
 
 impl Default for MarkerFinder {
@@ -66,11 +72,19 @@ impl MarkerFinder {
             .builder()
             .extend(&LINE_MARKERS[..LINE_MARKERS.len() - 1])
             .build();
-        let automaton = AhoCorasick::builder()
-            .match_kind(MatchKind::LeftmostFirst)
-            .build(&LINE_MARKERS[..LINE_MARKERS.len() - 1])
-            .expect("a handful of short literals always builds");
-        MarkerFinder { teddy, automaton }
+        let searcher = match teddy {
+            Some(t) => Searcher::Teddy(t),
+            None => Searcher::Automaton(automaton()),
+        };
+        MarkerFinder { searcher }
+    }
+
+    /// One finder for the whole process, built at first use: building costs more
+    /// than searching a small input.
+    pub fn shared() -> &'static MarkerFinder {
+        static SHARED: std::sync::LazyLock<MarkerFinder> =
+            std::sync::LazyLock::new(MarkerFinder::new);
+        &SHARED
     }
 
     /// Start of the first marker that starts at or after `from` and ends within
@@ -79,12 +93,11 @@ impl MarkerFinder {
         if from >= hay.len() {
             return None;
         }
-        let hit = match &self.teddy {
-            Some(t) => t
+        let hit = match &self.searcher {
+            Searcher::Teddy(t) => t
                 .find_in(hay, aho_corasick::Span::from(from..hay.len()))
                 .map(|m| m.start()),
-            None => self
-                .automaton
+            Searcher::Automaton(a) => a
                 .find(aho_corasick::Input::new(hay).range(from..))
                 .map(|m| m.start()),
         };
@@ -97,6 +110,13 @@ impl MarkerFinder {
     }
 }
 
+fn automaton() -> AhoCorasick {
+    AhoCorasick::builder()
+        .match_kind(MatchKind::LeftmostFirst)
+        .build(&LINE_MARKERS[..LINE_MARKERS.len() - 1])
+        .expect("a handful of short literals always builds")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,7 +124,7 @@ mod tests {
     #[test]
     fn the_searchers_are_fast_where_the_cpu_allows() {
         if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
-            assert!(MarkerFinder::new().teddy.is_some());
+            assert!(matches!(MarkerFinder::new().searcher, Searcher::Teddy(_)));
         }
         assert_eq!(LINE_MARKERS.last(), Some(&"\\"));
     }
@@ -118,7 +138,18 @@ mod tests {
 
     #[test]
     fn finds_each_marker_at_every_offset() {
-        let f = MarkerFinder::new();
+        // The SIMD searcher and the fallback of CPUs without it.
+        for f in [
+            MarkerFinder::new(),
+            MarkerFinder {
+                searcher: Searcher::Automaton(automaton()),
+            },
+        ] {
+            finds_each_marker_at_every_offset_with(&f);
+        }
+    }
+
+    fn finds_each_marker_at_every_offset_with(f: &MarkerFinder) {
         for m in LINE_MARKERS {
             for pad in 0..70 {
                 let hay = format!("{}{m}tail", "x".repeat(pad));

@@ -125,7 +125,7 @@ fn read_head(r: &mut dyn Read) -> std::io::Result<Vec<u8>> {
 /// One input's read state: the scanner and its event buffer.
 struct LineScan {
     scanner: Scanner,
-    markers: MarkerFinder,
+    markers: &'static MarkerFinder,
     events: Vec<FaultEvent>,
     /// Lines of user-space programs are read too (see [`LogOptions`]).
     accept_user: bool,
@@ -354,7 +354,7 @@ pub fn read_events<E, F: FnMut(&mut FaultEvent) -> Result<(), E>>(
     let out = &mut out;
     let mut scan = LineScan {
         scanner: Scanner::new(Arc::clone(policy)),
-        markers: MarkerFinder::new(),
+        markers: MarkerFinder::shared(),
         events: Vec::new(),
         accept_user: opts.accept_user_facility,
         yearless_now: opts.yearless_now,
