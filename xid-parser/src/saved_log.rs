@@ -129,8 +129,7 @@ struct LineScan {
     events: Vec<FaultEvent>,
     /// Lines of user-space programs are read too (see [`LogOptions`]).
     accept_user: bool,
-    /// Text output: the current time (Unix ns), to infer the year of syslog dates
-    /// without one for the TIME column.
+    /// See [`LogOptions::yearless_now`].
     yearless_now: Option<u64>,
 }
 
@@ -142,11 +141,11 @@ impl LineScan {
         line: &[u8],
         hit: bool,
         out: &mut F,
-        summary: &mut LogCounts,
+        counts: &mut LogCounts,
     ) -> Result<(), ReadError<E>> {
-        summary.lines += 1;
+        counts.lines += 1;
         if line.len() > MAX_LINE_BYTES + 2 {
-            summary.skipped_long_lines += 1;
+            counts.skipped_long_lines += 1;
             return Ok(());
         }
         // A line without a fault marker can neither start nor continue an event; it
@@ -157,15 +156,15 @@ impl LineScan {
             return Ok(());
         }
         if memchr::memchr(0, line).is_some() {
-            summary.lines_with_nul += u64::from(marked);
+            counts.lines_with_nul += u64::from(marked);
             for piece in line.split(|&b| b == 0) {
                 if !piece.trim_ascii().is_empty() {
-                    self.piece(piece, Scanner::interesting_line(piece), out, summary)?;
+                    self.piece(piece, Scanner::interesting_line(piece), out, counts)?;
                 }
             }
             return Ok(());
         }
-        self.piece(line, marked, out, summary)
+        self.piece(line, marked, out, counts)
     }
 
     /// One line's text without NUL bytes; `marked`: it passes
@@ -175,7 +174,7 @@ impl LineScan {
         line: &[u8],
         marked: bool,
         out: &mut F,
-        summary: &mut LogCounts,
+        counts: &mut LogCounts,
     ) -> Result<(), ReadError<E>> {
         if !marked && !self.scanner.has_pending() {
             return Ok(());
@@ -183,7 +182,7 @@ impl LineScan {
         let l = parse_line(line);
         if !self.accept_user && l.facility.is_some_and(|f| f != 0) {
             // Counted only with a marker: unmarked lines are usually not decoded.
-            summary.skipped_non_kernel_lines += u64::from(marked);
+            counts.skipped_non_kernel_lines += u64::from(marked);
             return Ok(());
         }
         let time_unix_nano = l.time_unix_nano.or_else(|| {
@@ -242,17 +241,17 @@ fn count_newlines(hay: &[u8]) -> usize {
 /// [`MAX_LINE_BYTES`], without looking at each line: newlines are counted
 /// [`COUNT_STEP`] bytes at a time, and only the first and last newline of each step
 /// are located (a line longer than a step has no newline inside it).
-fn count_lines(region: &[u8], summary: &mut LogCounts) {
+fn count_lines(region: &[u8], counts: &mut LogCounts) {
     let mut line_start = 0;
     let mut at = 0;
     for step in region.chunks(COUNT_STEP) {
         let n = count_newlines(step);
         if n > 0 {
-            summary.lines += n as u64;
+            counts.lines += n as u64;
             if let Some(first) = memchr::memchr(b'\n', step)
                 && at + first + 1 - line_start > MAX_LINE_BYTES + 2
             {
-                summary.skipped_long_lines += 1;
+                counts.skipped_long_lines += 1;
             }
             if let Some(last) = memchr::memrchr(b'\n', step) {
                 line_start = at + last + 1;
@@ -296,7 +295,7 @@ impl LineScan {
         filled: usize,
         cur: &mut Cursor,
         out: &mut F,
-        summary: &mut LogCounts,
+        counts: &mut LogCounts,
     ) -> Result<(), ReadError<E>> {
         loop {
             let hit = !self.scanner.has_pending();
@@ -306,7 +305,7 @@ impl LineScan {
                     // No marker: count the complete lines, keep the partial one.
                     if let Some(last) = memchr::memrchr(b'\n', &buf[cur.nl_from..filled]) {
                         let end = cur.nl_from + last + 1;
-                        count_lines(&buf[cur.start..end], summary);
+                        count_lines(&buf[cur.start..end], counts);
                         cur.start = end;
                     }
                     cur.nl_from = filled;
@@ -317,7 +316,7 @@ impl LineScan {
                 };
                 if let Some(nl) = memchr::memrchr(b'\n', &buf[cur.start..hit]) {
                     let line_start = cur.start + nl + 1;
-                    count_lines(&buf[cur.start..line_start], summary);
+                    count_lines(&buf[cur.start..line_start], counts);
                     cur.start = line_start;
                 }
                 // No newline in `buf[start..hit]`.
@@ -329,7 +328,7 @@ impl LineScan {
                 return Ok(());
             };
             let end = cur.nl_from + off + 1;
-            self.line(&buf[cur.start..end], hit, out, summary)?;
+            self.line(&buf[cur.start..end], hit, out, counts)?;
             cur.set(end);
         }
     }
@@ -350,7 +349,6 @@ pub fn read_events<E, F: FnMut(&mut FaultEvent) -> Result<(), E>>(
     counts: &mut LogCounts,
     mut out: F,
 ) -> Result<(), ReadError<E>> {
-    let summary = counts;
     let out = &mut out;
     let mut scan = LineScan {
         scanner: Scanner::new(Arc::clone(policy)),
@@ -383,22 +381,22 @@ pub fn read_events<E, F: FnMut(&mut FaultEvent) -> Result<(), E>>(
         if in_long_line {
             if let Some(off) = memchr::memchr(b'\n', &buf[cur.nl_from..filled]) {
                 in_long_line = false;
-                summary.lines += 1;
-                summary.skipped_long_lines += 1;
+                counts.lines += 1;
+                counts.skipped_long_lines += 1;
                 cur.set(cur.nl_from + off + 1);
             } else {
                 cur.set(filled);
             }
         }
         if !in_long_line {
-            scan.lines(&buf, filled, &mut cur, out, summary)?;
+            scan.lines(&buf, filled, &mut cur, out, counts)?;
         }
         if eof {
             if in_long_line {
-                summary.lines += 1;
-                summary.skipped_long_lines += 1;
+                counts.lines += 1;
+                counts.skipped_long_lines += 1;
             } else if cur.start < filled {
-                scan.line(&buf[cur.start..filled], false, out, summary)?;
+                scan.line(&buf[cur.start..filled], false, out, counts)?;
             }
             break;
         }
