@@ -35,6 +35,38 @@ pub const LINE_MARKERS: [&str; 24] = [
     "\\",
 ];
 
+/// What the SIMD searcher looks for: each marker, or the end of it that tells it
+/// apart best, with the number of bytes of the marker before that end (checked at
+/// each hit). Teddy tells patterns apart by their first three bytes: `tem` (every
+/// `system`), `dev` (`device`), `PCI`, `nvi` (`nvidia_modprobe`) and `   ` (padded
+/// timestamps) start hundreds of thousands of candidates per 50 MB of a real-looking
+/// log that all fail; `mpe`, `e [`, ` Bu`, `ia-` and `  [` start almost none.
+const SEARCHED: [(&str, usize); 23] = [
+    ("NVRM", 0),
+    ("nVRM", 0),
+    ("NVLink", 0),
+    ("nVLink", 0),
+    ("NVLINK", 0),
+    ("nVLINK", 0),
+    ("Xid", 0),
+    ("AER", 0),
+    ("[Hardware Error]", 0),
+    ("  [", 2),        // "    ["
+    ("e [", 5),        // "device ["
+    (" Bus Error", 4), // "PCIe Bus Error"
+    ("Machine Check", 0),
+    ("Machine check", 0),
+    ("machine check", 0),
+    ("ia-", 4), // "nvidia-"
+    ("ia:", 4), // "nvidia:"
+    ("ia ", 4), // "nvidia "
+    ("nvlink", 0),
+    ("nvswitch", 0),
+    ("mperature", 2), // "temperature"
+    ("mce:", 0),
+    ("EDAC ", 0),
+];
+
 /// Finds [`LINE_MARKERS`] in a buffer of many lines, so a reader looks at line
 /// bounds only around hits (as `grep` does) instead of testing every line: a line
 /// passes [`Scanner::interesting_line`](crate::Scanner::interesting_line) exactly when
@@ -70,7 +102,7 @@ impl MarkerFinder {
         let teddy = packed::Config::new()
             .match_kind(packed::MatchKind::LeftmostFirst)
             .builder()
-            .extend(&LINE_MARKERS[..LINE_MARKERS.len() - 1])
+            .extend(SEARCHED.iter().map(|(l, _)| l))
             .build();
         let searcher = match teddy {
             Some(t) => Searcher::Teddy(t),
@@ -87,24 +119,42 @@ impl MarkerFinder {
         &SHARED
     }
 
-    /// Start of the first marker that starts at or after `from` and ends within
-    /// `hay`.
+    /// Start of a marker that starts at or after `from` and ends within `hay`, in
+    /// the first line after `from` that holds one (the first marker of that line,
+    /// or one overlapping it); `None` when no marker starts at or after `from`.
     pub fn find(&self, hay: &[u8], from: usize) -> Option<usize> {
-        if from >= hay.len() {
-            return None;
-        }
-        let hit = match &self.searcher {
-            Searcher::Teddy(t) => t
-                .find_in(hay, aho_corasick::Span::from(from..hay.len()))
-                .map(|m| m.start()),
-            Searcher::Automaton(a) => a
-                .find(aho_corasick::Input::new(hay).range(from..))
-                .map(|m| m.start()),
+        let mut at = from;
+        let hit = loop {
+            if at >= hay.len() {
+                break None;
+            }
+            let found = match &self.searcher {
+                Searcher::Teddy(t) => t
+                    .find_in(hay, aho_corasick::Span::from(at..hay.len()))
+                    .map(|m| (m.start(), m.pattern().as_usize())),
+                Searcher::Automaton(a) => a
+                    .find(aho_corasick::Input::new(hay).range(at..))
+                    .map(|m| (m.start(), m.pattern().as_usize())),
+            };
+            let Some((start, pattern)) = found else {
+                break None;
+            };
+            let (literal, before) = SEARCHED[pattern];
+            let marker = LINE_MARKERS[pattern];
+            // The marker is the searched end and the `before` bytes ahead of it.
+            if let Some(m) = start.checked_sub(before)
+                && m >= from
+                && hay[m..start] == marker.as_bytes()[..before]
+            {
+                debug_assert!(marker.ends_with(literal));
+                break Some(m);
+            }
+            at = start + 1;
         };
         // The backslash is searched for apart, only up to the hit: a one-byte
         // literal among the others would make Teddy report candidates everywhere.
         let end = hit.unwrap_or(hay.len());
-        memchr::memchr(b'\\', &hay[from..end])
+        memchr::memchr(b'\\', &hay[from.min(end)..end])
             .map(|i| from + i)
             .or(hit)
     }
@@ -113,7 +163,7 @@ impl MarkerFinder {
 fn automaton() -> AhoCorasick {
     AhoCorasick::builder()
         .match_kind(MatchKind::LeftmostFirst)
-        .build(&LINE_MARKERS[..LINE_MARKERS.len() - 1])
+        .build(SEARCHED.iter().map(|(l, _)| l))
         .expect("a handful of short literals always builds")
 }
 
@@ -127,6 +177,11 @@ mod tests {
             assert!(matches!(MarkerFinder::new().searcher, Searcher::Teddy(_)));
         }
         assert_eq!(LINE_MARKERS.last(), Some(&"\\"));
+        // Each searched literal is its marker's end, `before` bytes in.
+        for ((literal, before), marker) in SEARCHED.iter().zip(LINE_MARKERS) {
+            assert!(marker.ends_with(literal), "{marker:?}");
+            assert_eq!(marker.len(), literal.len() + before, "{marker:?}");
+        }
     }
 
     #[test]
