@@ -118,31 +118,14 @@ pub fn xid_storm(n: usize) -> Vec<String> {
 /// The gpuwatch hot path the benches measure, on saved-log lines: prefilter the raw
 /// line ([`Scanner::interesting_line`]); only candidate lines are parsed
 /// ([`parse_line`]: format detection, prefix, UTF-8) and pushed through the
-/// [`Scanner`] (message parse + multi-record assembly + classification). Returns
-/// the number of events.
+/// [`Scanner`] (message parse + multi-record assembly + classification); the
+/// events are recycled once counted. Returns the number of events.
 pub fn scan_lines(
     lines: &[&[u8]],
     scanner: &mut Scanner,
     out: &mut Vec<gpuwatch_proto::FaultEvent>,
 ) -> usize {
-    let mut n = 0;
-    for l in lines {
-        if !Scanner::interesting_line(l) {
-            continue;
-        }
-        let line = parse_line(l);
-        let meta = RecordMeta {
-            monotonic_usec: line.monotonic_usec,
-            ..Default::default()
-        };
-        scanner.push(meta, &line.message, out);
-        n += out.len();
-        // Done with them: their buffers serve the next events.
-        for ev in out.drain(..) {
-            scanner.recycle(ev);
-        }
-    }
-    n
+    scan_lines_with(lines, scanner, out, true)
 }
 
 /// [`scan_lines`] as a reader that keeps its events would run it: each event is
@@ -153,6 +136,15 @@ pub fn scan_lines_dropping(
     scanner: &mut Scanner,
     out: &mut Vec<gpuwatch_proto::FaultEvent>,
 ) -> usize {
+    scan_lines_with(lines, scanner, out, false)
+}
+
+fn scan_lines_with(
+    lines: &[&[u8]],
+    scanner: &mut Scanner,
+    out: &mut Vec<gpuwatch_proto::FaultEvent>,
+    recycle: bool,
+) -> usize {
     let mut n = 0;
     for l in lines {
         if !Scanner::interesting_line(l) {
@@ -165,7 +157,12 @@ pub fn scan_lines_dropping(
         };
         scanner.push(meta, &line.message, out);
         n += out.len();
-        out.clear();
+        for ev in out.drain(..) {
+            if recycle {
+                // Done with it: its buffers serve the next events.
+                scanner.recycle(ev);
+            }
+        }
     }
     n
 }

@@ -1399,16 +1399,10 @@ mod tests {
         // Let the reader settle into its wait.
         std::thread::sleep(Duration::from_millis(200));
         assert!(!h.is_finished(), "the reader ended by itself");
-        let t0 = Instant::now();
         shutdown.trigger();
-        while !h.is_finished() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(1),
-                "the reader kept waiting after shutdown"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        h.join().unwrap();
+        gpuwatch_core::join_by(h, Instant::now() + Duration::from_secs(1))
+            .expect("the reader kept waiting after shutdown")
+            .unwrap();
     }
 
     /// Idle at the end of a followed file (waiting for it to be written):

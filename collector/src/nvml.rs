@@ -439,15 +439,10 @@ impl NvmlSources {
         let end = Instant::now() + self.deadline;
         let mut left = 0;
         for t in self.threads {
-            while !t.is_finished() && Instant::now() < end {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            if t.is_finished() {
-                if t.join().is_err() {
-                    tracing::error!("An NVML thread panicked.");
-                }
-            } else {
-                left += 1;
+            match gpuwatch_core::join_by(t, end) {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => tracing::error!("An NVML thread panicked."),
+                Err(_) => left += 1,
             }
         }
         if left > 0 {
@@ -922,16 +917,10 @@ mod tests {
     fn ends_at_once_on_shutdown<T>(ctx: &Ctx, thread: std::thread::JoinHandle<T>) -> T {
         std::thread::sleep(Duration::from_millis(200));
         assert!(!thread.is_finished(), "it did not wait");
-        let t = Instant::now();
         ctx.shutdown.trigger();
-        while !thread.is_finished() {
-            assert!(
-                t.elapsed() < Duration::from_secs(1),
-                "still waiting after shutdown"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        thread.join().unwrap()
+        gpuwatch_core::join_by(thread, Instant::now() + Duration::from_secs(1))
+            .expect("still waiting after shutdown")
+            .unwrap()
     }
 
     /// The poller between two polls (10 s apart by default).

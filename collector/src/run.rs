@@ -721,22 +721,18 @@ pub const SHUTDOWN_BUDGET: Duration = Duration::from_secs(9);
 /// Joins `handle` if it finishes within `limit`; otherwise abandons it (the
 /// thread is detached and dies with the process) and says so.
 fn join_within<T>(handle: std::thread::JoinHandle<T>, limit: Duration, what: &str) -> Option<T> {
-    let deadline = Instant::now() + limit;
-    while !handle.is_finished() {
-        if Instant::now() >= deadline {
+    match gpuwatch_core::join_by(handle, Instant::now() + limit) {
+        Ok(Ok(v)) => Some(v),
+        Ok(Err(_)) => {
+            tracing::error!(thread = what, "A thread panicked.");
+            None
+        }
+        Err(_) => {
             tracing::warn!(
                 thread = what,
                 waited_ms = limit.as_millis() as u64,
                 "A thread did not stop in time; abandoning it so that gpuwatch exits."
             );
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    match handle.join() {
-        Ok(v) => Some(v),
-        Err(_) => {
-            tracing::error!(thread = what, "A thread panicked.");
             None
         }
     }

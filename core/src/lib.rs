@@ -41,7 +41,7 @@ pub mod shutdown;
 pub mod statefile;
 pub mod validation;
 
-pub use shutdown::{Shutdown, WakeFd};
+pub use shutdown::{Shutdown, WakeFd, join_by};
 
 pub use registry::{
     FaultSeries, KubeObject, LATENCY_BUCKETS_SECONDS, LatencyBuckets, Outcome, Registry, Signal,

@@ -173,6 +173,23 @@ impl Drop for WakeFd {
     }
 }
 
+/// Joins `handle` if its thread ends by `deadline`: `Ok` with what `join`
+/// returns; `Err` with the handle when it is still running then (the caller
+/// leaves it behind or waits longer). Looks every 5 ms: for shutdown and
+/// tests, not a hot path.
+pub fn join_by<T>(
+    handle: std::thread::JoinHandle<T>,
+    deadline: Instant,
+) -> Result<std::thread::Result<T>, std::thread::JoinHandle<T>> {
+    while !handle.is_finished() {
+        if Instant::now() >= deadline {
+            return Err(handle);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(handle.join())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,6 +213,17 @@ mod tests {
         // Generous bounds for a loaded machine; the sleep was 30 s.
         assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
         assert!(slept < Duration::from_secs(5), "{slept:?}");
+    }
+
+    #[test]
+    fn join_by_joins_a_thread_that_ends_and_hands_back_one_that_does_not() {
+        let s = Shutdown::new();
+        let waiter = s.clone();
+        let h = std::thread::spawn(move || waiter.wait_timeout(Duration::from_secs(30)));
+        let h = join_by(h, Instant::now() + Duration::from_millis(50)).expect_err("still waiting");
+        s.trigger();
+        let ended = join_by(h, Instant::now() + Duration::from_secs(10)).expect("it ended");
+        assert!(ended.expect("no panic"), "woken by the trigger");
     }
 
     #[test]

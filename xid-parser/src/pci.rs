@@ -110,11 +110,18 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 impl Bdf {
     /// `dddd:bb:dd.f`, lowercase (domains above `ffff` keep all their digits).
     fn to_normalized(self) -> String {
-        // Built in a stack buffer: one exact allocation, no formatting machinery.
+        let mut s = String::new();
+        self.push_normalized(&mut s);
+        s
+    }
+
+    /// Appends `dddd:bb:dd.f` to `out`, built in a stack buffer (no formatting
+    /// machinery; no allocation when `out` has room).
+    fn push_normalized(self, out: &mut String) {
         let mut buf = [0u8; 20];
         let n = self.write_normalized(&mut buf);
         // Hex digits, ':' and '.': always ASCII, so the conversion cannot fail.
-        std::str::from_utf8(&buf[..n]).map_or_else(|_| String::new(), str::to_owned)
+        out.push_str(std::str::from_utf8(&buf[..n]).unwrap_or(""));
     }
 
     /// Writes `dddd:bb:dd.f` into `buf`; returns its length (at most 17).
@@ -159,14 +166,9 @@ pub fn normalize_pci(addr: &str) -> Option<String> {
 /// address): no allocation once `out` has room.
 pub(crate) fn normalize_pci_into(addr: &str, out: &mut String) -> bool {
     out.clear();
-    let Some(bdf) = parse_bdf(addr) else {
-        return false;
-    };
-    let mut buf = [0u8; 20];
-    let n = bdf.write_normalized(&mut buf);
-    // Hex digits, ':' and '.': always ASCII.
-    out.push_str(std::str::from_utf8(&buf[..n]).unwrap_or(""));
-    true
+    parse_bdf(addr)
+        .map(|bdf| bdf.push_normalized(out))
+        .is_some()
 }
 
 /// True when [`normalize_pci`] accepts `addr` (validation only, no allocation).

@@ -82,14 +82,12 @@ const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 /// input gives).
 pub fn open_log<'a>(mut input: Box<dyn Read + 'a>) -> std::io::Result<Box<dyn Read + 'a>> {
     let head = read_head(&mut input)?;
-    let mut text: Box<dyn Read + 'a> = if head.starts_with(&GZIP_MAGIC) {
-        Box::new(flate2::read::MultiGzDecoder::new(
-            std::io::Cursor::new(head).chain(input),
-        ))
+    let (head, text): (Vec<u8>, Box<dyn Read + 'a>) = if head.starts_with(&GZIP_MAGIC) {
+        let mut text = flate2::read::MultiGzDecoder::new(std::io::Cursor::new(head).chain(input));
+        (read_head(&mut text)?, Box::new(text))
     } else {
-        Box::new(std::io::Cursor::new(head).chain(input))
+        (head, input)
     };
-    let head = read_head(&mut text)?;
     if memchr::memmem::find(&head[..head.len().min(512)], BUG_REPORT_START).is_some() {
         Ok(Box::new(KernelLogSections {
             inner: text,

@@ -165,16 +165,10 @@ fn an_idle_engine_stops_at_once_when_shutdown_is_triggered() {
             .expect("a publication");
     }
     std::thread::sleep(Duration::from_millis(100));
-    let t0 = Instant::now();
     shutdown.trigger();
-    while !t.is_finished() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(1),
-            "the engine kept sleeping after the shutdown signal"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    t.join().unwrap();
+    gpuwatch_core::join_by(t, Instant::now() + Duration::from_secs(1))
+        .expect("the engine kept sleeping after the shutdown signal")
+        .unwrap();
     drop(tx);
 }
 
