@@ -11,9 +11,10 @@
 //!   name=…` captures, nothing classified) and the `rmesg` crate's line parser
 //!   (`rmesg::klogctl::entry_from_line`, header parse only, nothing matched).
 //! - `xid_storm` (lines/s): every line an XID (13/31/43/79/94, several GPUs),
-//!   each parsed into a classified `FaultEvent`; same baselines, and the same
-//!   path with the events dropped instead of recycled (`Scanner::recycle`: fresh
-//!   strings per event).
+//!   each parsed and classified into an event handed out borrowed (as `scan`
+//!   reads); same baselines, and the same path with owned events, recycled
+//!   (`Scanner::recycle`) or dropped (fresh strings per event, as the agent's
+//!   reader, whose events leave for another thread).
 //! - `classify` (events/s): `Policy::classify` alone on the storm's events
 //!   (table lookup, context window, reason/name strings).
 //!
@@ -26,7 +27,9 @@
 //! Run: `cargo bench -p gpuwatch-benches --bench parser -- --warm-up-time 1 --measurement-time 3`
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use gpuwatch_benches::{mixed_log, scan_lines, scan_lines_dropping, xid_storm};
+use gpuwatch_benches::{
+    mixed_log, scan_lines, scan_lines_dropping, scan_lines_recycling, xid_storm,
+};
 use std::hint::black_box;
 use std::sync::Arc;
 use xid_parser::{ContextWindow, Policy, Scanner};
@@ -95,7 +98,12 @@ fn bench(c: &mut Criterion) {
         let mut out = Vec::new();
         b.iter(|| black_box(scan_lines(&storm_bytes, &mut scanner, &mut out)))
     });
-    g.bench_function("gpuwatch_events_not_recycled", |b| {
+    g.bench_function("gpuwatch_owned_events_recycled", |b| {
+        let mut scanner = Scanner::new(Arc::clone(&policy));
+        let mut out = Vec::new();
+        b.iter(|| black_box(scan_lines_recycling(&storm_bytes, &mut scanner, &mut out)))
+    });
+    g.bench_function("gpuwatch_owned_events_dropped", |b| {
         let mut scanner = Scanner::new(Arc::clone(&policy));
         let mut out = Vec::new();
         b.iter(|| black_box(scan_lines_dropping(&storm_bytes, &mut scanner, &mut out)))

@@ -4,10 +4,13 @@
 //!
 //! Run: `cargo build --profile bench -p gpuwatch-benches --example parser_profile`,
 //! then `valgrind --tool=callgrind target/release/examples/parser_profile storm 20000`
-//! (modes: `mixed BYTES`, `storm LINES`, `storm-drop LINES`: events dropped, not
-//! recycled; prints the number of events).
+//! (modes: `mixed BYTES`, `storm LINES`: events borrowed, as `scan` reads them;
+//! `storm-recycle LINES` / `storm-drop LINES`: owned events, recycled / dropped;
+//! prints the number of events).
 
-use gpuwatch_benches::{mixed_log, scan_lines, scan_lines_dropping, xid_storm};
+use gpuwatch_benches::{
+    mixed_log, scan_lines, scan_lines_dropping, scan_lines_recycling, xid_storm,
+};
 use std::sync::Arc;
 use xid_parser::{Policy, Scanner};
 
@@ -30,10 +33,10 @@ fn main() {
     let lines: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
     let mut events = 0;
     for _ in 0..reps {
-        events += if mode == "storm-drop" {
-            scan_lines_dropping(&lines, &mut scanner, &mut out)
-        } else {
-            scan_lines(&lines, &mut scanner, &mut out)
+        events += match mode.as_str() {
+            "storm-drop" => scan_lines_dropping(&lines, &mut scanner, &mut out),
+            "storm-recycle" => scan_lines_recycling(&lines, &mut scanner, &mut out),
+            _ => scan_lines(&lines, &mut scanner, &mut out),
         };
     }
     println!("{mode}: {} lines x {reps}, {events} events", lines.len());

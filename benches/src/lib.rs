@@ -115,35 +115,55 @@ pub fn xid_storm(n: usize) -> Vec<String> {
         .collect()
 }
 
-/// The gpuwatch hot path the benches measure, on saved-log lines: prefilter the raw
-/// line ([`Scanner::interesting_line`]); only candidate lines are parsed
-/// ([`parse_line`]: format detection, prefix, UTF-8) and pushed through the
-/// [`Scanner`] (message parse + multi-record assembly + classification); the
-/// events are recycled once counted. Returns the number of events.
+/// The gpuwatch hot path the benches measure, on saved-log lines, as `gpuwatch
+/// scan` runs it: prefilter the raw line ([`Scanner::interesting_line`]); only
+/// candidate lines are parsed ([`parse_line`]: format detection, prefix, UTF-8)
+/// and pushed through the [`Scanner`] (message parse + multi-record assembly +
+/// classification), which hands each event out borrowed
+/// ([`Scanner::push_view`]: an XID line that is its own event is never copied).
+/// Returns the number of events.
 pub fn scan_lines(
     lines: &[&[u8]],
     scanner: &mut Scanner,
     out: &mut Vec<gpuwatch_proto::FaultEvent>,
 ) -> usize {
-    scan_lines_with(lines, scanner, out, true)
+    scan_lines_with(lines, scanner, out, Keep::Borrowed)
 }
 
-/// [`scan_lines`] as a reader that keeps its events would run it: each event is
-/// dropped instead of recycled, so every event allocates its strings anew (the
-/// baseline of the recycling in the storm bench).
+/// [`scan_lines`] with owned events ([`Scanner::push`]), each recycled once
+/// counted ([`Scanner::recycle`]): a reader that needs owned events but keeps
+/// none.
+pub fn scan_lines_recycling(
+    lines: &[&[u8]],
+    scanner: &mut Scanner,
+    out: &mut Vec<gpuwatch_proto::FaultEvent>,
+) -> usize {
+    scan_lines_with(lines, scanner, out, Keep::Recycled)
+}
+
+/// [`scan_lines`] as a reader that keeps its events runs it (the agent's kmsg
+/// reader sends them to another thread): owned events, each dropped instead of
+/// recycled, so every event allocates its strings anew.
 pub fn scan_lines_dropping(
     lines: &[&[u8]],
     scanner: &mut Scanner,
     out: &mut Vec<gpuwatch_proto::FaultEvent>,
 ) -> usize {
-    scan_lines_with(lines, scanner, out, false)
+    scan_lines_with(lines, scanner, out, Keep::Dropped)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    Borrowed,
+    Recycled,
+    Dropped,
 }
 
 fn scan_lines_with(
     lines: &[&[u8]],
     scanner: &mut Scanner,
     out: &mut Vec<gpuwatch_proto::FaultEvent>,
-    recycle: bool,
+    keep: Keep,
 ) -> usize {
     let mut n = 0;
     for l in lines {
@@ -155,10 +175,17 @@ fn scan_lines_with(
             monotonic_usec: line.monotonic_usec,
             ..Default::default()
         };
+        if keep == Keep::Borrowed {
+            scanner.push_view(meta, &line.message, &mut |ev| {
+                n += 1;
+                std::hint::black_box(ev);
+            });
+            continue;
+        }
         scanner.push(meta, &line.message, out);
         n += out.len();
         for ev in out.drain(..) {
-            if recycle {
+            if keep == Keep::Recycled {
                 // Done with it: its buffers serve the next events.
                 scanner.recycle(ev);
             }

@@ -3,11 +3,13 @@
 //!
 //! - lines that are not faults allocate nothing, through every step a reader takes
 //!   (whole-line prefilter, `parse_line`, message prefilter, `Scanner::push`);
-//! - an XID event allocates nothing once the reader recycles the events it is done
-//!   with (`Scanner::recycle`), except for its attributes (a map), so a storm's
-//!   cost is bounded and regressions show here.
+//! - an XID event handed out borrowed (`Scanner::push_view`, as `scan` reads)
+//!   allocates nothing, attributes included;
+//! - an owned XID event allocates nothing once the reader recycles the events it
+//!   is done with (`Scanner::recycle`), except for its attributes (a map), so a
+//!   storm's cost is bounded and regressions show here.
 
-use gpuwatch_benches::{STORM, mixed_messages, scan_lines, xid_storm};
+use gpuwatch_benches::{STORM, mixed_messages, scan_lines, scan_lines_recycling, xid_storm};
 use std::sync::Arc;
 use xid_parser::{Policy, RecordMeta, Scanner, parse_kmsg_record, parse_line};
 
@@ -97,16 +99,32 @@ fn kmsg_records_that_are_not_faults_allocate_nothing() {
 }
 
 #[test]
+fn a_borrowed_xid_event_allocates_nothing() {
+    let storm = xid_storm(STORM.len() * 200);
+    let lines: Vec<&[u8]> = storm.iter().map(|s| s.as_bytes()).collect();
+    let mut scanner = Scanner::new(Arc::new(Policy::default()));
+    let mut out = Vec::new();
+    // Warm up (context window, last XID 79 per GPU) outside the measurement.
+    scan_lines(&lines[..STORM.len()], &mut scanner, &mut out);
+    let mut events = 0;
+    let info = allocation_counter::measure(|| {
+        events = scan_lines(&lines, &mut scanner, &mut out);
+    });
+    assert_eq!(events, lines.len());
+    assert_eq!(info.count_total, 0, "{info:?}");
+}
+
+#[test]
 fn an_xid_event_costs_a_bounded_number_of_allocations() {
     let storm = xid_storm(STORM.len() * 200);
     let lines: Vec<&[u8]> = storm.iter().map(|s| s.as_bytes()).collect();
     let mut scanner = Scanner::new(Arc::new(Policy::default()));
     let mut out = Vec::with_capacity(16);
     // Warm up (context window, identities) outside the measurement.
-    scan_lines(&lines[..STORM.len()], &mut scanner, &mut out);
+    scan_lines_recycling(&lines[..STORM.len()], &mut scanner, &mut out);
     let mut events = 0;
     let info = allocation_counter::measure(|| {
-        events = scan_lines(&lines, &mut scanner, &mut out);
+        events = scan_lines_recycling(&lines, &mut scanner, &mut out);
     });
     assert_eq!(events, lines.len());
     let per_event = info.count_total as f64 / events as f64;
@@ -141,10 +159,10 @@ fn allocations_per_xid_shape() {
         let lines: Vec<&[u8]> = storm.iter().map(|s| s.as_bytes()).collect();
         let mut scanner = Scanner::new(Arc::new(Policy::default()));
         let mut out = Vec::with_capacity(16);
-        scan_lines(&lines[..1], &mut scanner, &mut out);
+        scan_lines_recycling(&lines[..1], &mut scanner, &mut out);
         let mut events = 0;
         let info = allocation_counter::measure(|| {
-            events = scan_lines(&lines[1..], &mut scanner, &mut out);
+            events = scan_lines_recycling(&lines[1..], &mut scanner, &mut out);
         });
         assert_eq!(events, lines.len() - 1);
         assert_eq!(

@@ -7,7 +7,8 @@
 //! line carries a marker; and when the input holds only fallen-off reports and
 //! XID 79 lines (each GPU at most one report and one XID 79, as the driver prints
 //! them once per lost GPU), exactly one event per GPU named, whatever the order
-//! and interleaving.
+//! and interleaving; the events handed out borrowed (`Scanner::push_view`) equal
+//! the owned ones.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -95,7 +96,9 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let mut scanner = Scanner::new(Arc::new(Policy::default()));
+    let mut viewer = Scanner::new(Arc::new(Policy::default()));
     let mut events = Vec::new();
+    let mut viewed = Vec::new();
     for (i, l) in lines.iter().enumerate() {
         let text = if timestamps {
             // 1 µs apart: every line is within every hold window.
@@ -110,9 +113,12 @@ fuzz_target!(|data: &[u8]| {
             ..Default::default()
         };
         scanner.push(meta, &line.message, &mut events);
+        viewer.push_view(meta, &line.message, &mut |ev| viewed.push(ev.to_event()));
     }
     scanner.finish(&mut events);
+    viewer.finish_view(&mut |ev| viewed.push(ev.to_event()));
     assert!(!scanner.has_pending());
+    assert_eq!(viewed, events);
     for ev in &events {
         let first = ev.message.lines().next().unwrap_or("");
         assert!(

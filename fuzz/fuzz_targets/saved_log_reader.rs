@@ -4,8 +4,8 @@
 //! long lines and NUL padding, with reads of every size.
 //!
 //! Invariants: no panic; the events and line counts equal the plain definition
-//! (every line split on `\n`, NUL pieces apart, decoded and pushed through a
-//! `Scanner`, no prefilter, no blocks), whether the text comes plain, gzip'd (one
+//! (`read_events_plain`: every line split on `\n`, NUL pieces apart, decoded and
+//! pushed through a `Scanner`, no prefilter, no blocks), whether the text comes plain, gzip'd (one
 //! or two members), or as the kernel-log section of a bug report (plain or
 //! gzip'd) whose other sections repeat the same text and are never read.
 #![no_main]
@@ -16,49 +16,14 @@ use libfuzzer_sys::fuzz_target;
 use std::io::{BufReader, Read, Write};
 use std::sync::{Arc, OnceLock};
 use xid_parser::saved_log::{
-    LogCounts, LogOptions, MAX_LINE_BYTES, ReadError, open_log, read_events,
+    LogCounts, LogOptions, ReadError, open_log, read_events, read_events_plain,
 };
-use xid_parser::{Policy, Scanner, parse_line};
+use xid_parser::Policy;
 
 static POLICY: OnceLock<Arc<Policy>> = OnceLock::new();
 
 const BUG_REPORT_START: &[u8] = b"Start of NVIDIA bug report log file";
 const SEPARATOR: &[u8] = b"____________________________________________\n";
-
-/// The plain definition: events and (lines, long lines, lines with NUL).
-fn reference(input: &[u8], policy: &Arc<Policy>) -> (Vec<FaultEvent>, (u64, u64, u64)) {
-    let mut scanner = Scanner::new(Arc::clone(policy));
-    let mut events = Vec::new();
-    let (mut lines, mut long, mut nul) = (0, 0, 0);
-    let mut all: Vec<&[u8]> = input.split_inclusive(|&b| b == b'\n').collect();
-    if all.last().is_some_and(|l| l.is_empty()) {
-        all.pop();
-    }
-    for line in all {
-        lines += 1;
-        if line.len() > MAX_LINE_BYTES + 2 {
-            long += 1;
-            continue;
-        }
-        let pieces: Vec<&[u8]> = if line.contains(&0) {
-            nul += u64::from(Scanner::interesting_line(line));
-            line.split(|&b| b == 0)
-                .filter(|p| !p.trim_ascii().is_empty())
-                .collect()
-        } else {
-            vec![line]
-        };
-        for piece in pieces {
-            let l = parse_line(piece);
-            if l.facility.is_some_and(|f| f != 0) {
-                continue;
-            }
-            scanner.push(l.meta(), &l.message, &mut events);
-        }
-    }
-    scanner.finish(&mut events);
-    (events, (lines, long, nul))
-}
 
 /// Hands out at most `step` bytes per read.
 struct Trickle {
@@ -92,7 +57,7 @@ fn read(
     input: Vec<u8>,
     step: usize,
     policy: &Arc<Policy>,
-) -> std::io::Result<(Vec<FaultEvent>, (u64, u64, u64))> {
+) -> std::io::Result<(Vec<FaultEvent>, LogCounts)> {
     let reader = BufReader::with_capacity(
         1 + step % 4096,
         Trickle {
@@ -110,7 +75,7 @@ fn read(
         LogOptions::default(),
         &mut counts,
         |ev| {
-            events.push(ev.clone());
+            events.push(ev.to_event());
             Ok::<(), ()>(())
         },
     )
@@ -118,14 +83,7 @@ fn read(
         ReadError::Read(e) => e,
         ReadError::Sink(()) => unreachable!("the sink never fails"),
     })?;
-    Ok((
-        events,
-        (
-            counts.lines,
-            counts.skipped_long_lines,
-            counts.lines_with_nul,
-        ),
-    ))
+    Ok((events, counts))
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -142,7 +100,7 @@ fuzz_target!(|data: &[u8]| {
         let _ = read(text.to_vec(), 1 + usize::from(sel), policy);
         return;
     }
-    let want = reference(text, policy);
+    let want = read_events_plain(text, policy, LogOptions::default());
     let step = 1 + usize::from(sel >> 2) * 97;
     let input = match sel & 3 {
         0 => text.to_vec(),

@@ -598,8 +598,12 @@ mod tests {
     fn every_shipped_scenario_parses() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
         let mut n = 0;
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
+        let entries =
+            std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("listing {}: {e}", dir.display()));
+        for entry in entries {
+            let path = entry
+                .unwrap_or_else(|e| panic!("listing {}: {e}", dir.display()))
+                .path();
             if path.extension().is_some_and(|e| e == "toml") {
                 let s = Scenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
                 assert!(!s.gpu.is_empty(), "{} has no GPU", path.display());

@@ -28,12 +28,14 @@ mod generated {
 
 pub mod json;
 mod names;
+mod view;
 
 pub use generated::{
     Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, GpuSample, MonitorStatus, NodeHealth,
     NvLinkSample, RecoveryAction, Severity, Source, ValidationCheck, ValidationReport, Verdict,
 };
 pub use names::ShortName;
+pub use view::{Attrs, FaultEventRef};
 
 impl Action {
     /// Every real action, from least to most severe.
@@ -145,33 +147,7 @@ impl FaultEvent {
     /// row-remap state). The same fault always gets the same reason, whichever
     /// source (kmsg, NVML event, NVML poll) reported it.
     pub fn short_reason(&self) -> String {
-        let attr = |k: &str| self.attributes.get(k).map_or("", String::as_str);
-        match self.kind() {
-            FaultKind::PcieAer => match attr("aer_severity") {
-                "uncorrected_fatal" => "PCIeAERFatal".into(),
-                "uncorrected_nonfatal" => "PCIeAERNonFatal".into(),
-                "corrected" => "PCIeAERCorrected".into(),
-                _ => kind_reason(FaultKind::PcieAer, self.code),
-            },
-            FaultKind::Ecc => match attr("ecc_type") {
-                "sbe" | "corrected" => "ECCCorrected".into(),
-                "dbe" | "uncorrected" => "ECCUncorrected".into(),
-                _ => kind_reason(FaultKind::Ecc, self.code),
-            },
-            FaultKind::RowRemap => {
-                let state = match attr("remap") {
-                    "" => attr("row_remap"),
-                    s => s,
-                };
-                match state {
-                    "failure" => "RowRemapFailure".into(),
-                    "pending" => "RowRemapPending".into(),
-                    _ if attr("row_remap_failure") == "true" => "RowRemapFailure".into(),
-                    _ => kind_reason(FaultKind::RowRemap, self.code),
-                }
-            }
-            k => kind_reason(k, self.code),
-        }
+        self.view().short_reason()
     }
 
     /// Sets `action` and the severity that action implies.

@@ -452,6 +452,11 @@ pub(crate) fn link_in(s: &str) -> Option<u32> {
 /// assert_eq!(parse_message("usb 1-1: new high-speed USB device"), None);
 /// ```
 pub fn parse_message(msg: &str) -> Option<Message<'_>> {
+    // The driver's XID line as it prints it, every line of an XID storm: no search.
+    // (An NVSwitch `SXid (` line never starts with the GPU driver's `NVRM: Xid (`.)
+    if let Some(x) = msg.strip_prefix("NVRM: Xid (") {
+        return parse_xid(x).map(Message::Xid);
+    }
     if !interesting(msg.as_bytes()) {
         return None;
     }
@@ -532,7 +537,10 @@ fn nvlink_driver_body(msg: &str) -> Option<&str> {
 }
 
 fn parse_xid(s: &str) -> Option<XidMsg<'_>> {
-    let close = memchr::memchr(b')', &s.as_bytes()[..s.len().min(64)])?;
+    // Short slices: a byte loop costs less than memchr's call and set-up.
+    let close = s.as_bytes()[..s.len().min(64)]
+        .iter()
+        .position(|&b| b == b')')?;
     let pci_tok = first_word(&s[..close]).unwrap_or("");
     let pci_tok = pci_tok.strip_prefix("PCI:").unwrap_or(pci_tok);
     if !(crate::pci::is_pci(pci_tok) || crate::pci::is_edited_pci(pci_tok)) {
@@ -567,8 +575,11 @@ fn parse_xid(s: &str) -> Option<XidMsg<'_>> {
     let mut channel = None;
     loop {
         if let Some(p) = rest.strip_prefix("pid=") {
-            let end = memchr::memchr(b',', p.as_bytes()).unwrap_or(p.len());
-            pid = p[..end].trim().parse::<u32>().ok();
+            let end = p.bytes().position(|b| b == b',').unwrap_or(p.len());
+            pid = match leading_u32(&p[..end]) {
+                Some((n, "")) => Some(n),
+                _ => p[..end].trim().parse::<u32>().ok(),
+            };
             rest = trim_start(trim_start_bytes(&p[end..], b","));
         } else if let Some(p) = rest.strip_prefix("name=") {
             let end = find_comma_space(p).unwrap_or(p.len());
@@ -645,7 +656,7 @@ fn trim_end_bytes<'a>(s: &'a str, set: &[u8]) -> &'a str {
 /// `s.find(", ")` with memchr.
 fn find_comma_space(s: &str) -> Option<usize> {
     let b = s.as_bytes();
-    memchr::memchr_iter(b',', b).find(|&i| b.get(i + 1) == Some(&b' '))
+    b.windows(2).position(|w| w == b", ")
 }
 
 /// `s.split_whitespace().next()`, without the iterator for the usual all-ASCII token.
@@ -658,7 +669,10 @@ fn first_word(s: &str) -> Option<&str> {
 }
 
 fn parse_sxid(s: &str) -> Option<SxidMsg<'_>> {
-    let close = memchr::memchr(b')', &s.as_bytes()[..s.len().min(64)])?;
+    // Short slices: a byte loop costs less than memchr's call and set-up.
+    let close = s.as_bytes()[..s.len().min(64)]
+        .iter()
+        .position(|&b| b == b')')?;
     let pci_tok = s[..close].split_whitespace().next()?;
     let pci_tok = pci_tok.strip_prefix("PCI:").unwrap_or(pci_tok);
     if !crate::pci::is_pci(pci_tok) {
@@ -1260,6 +1274,34 @@ pub(crate) fn parse_nvlink5(detail: &str) -> Option<Nvlink5<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_line_starting_as_the_driver_prints_an_xid_is_an_xid() {
+        let Some(Message::Xid(x)) = parse_message(
+            "NVRM: Xid (PCI:0000:3b:00): 13, pid=12, name=python, text quoting SXid (PCI:0000:05:00.0): 1",
+        ) else {
+            panic!("not an XID");
+        };
+        assert_eq!((x.code, x.pid, x.process), (13, Some(12), Some("python")));
+        // Not as printed (a prefix, extra blanks): the general path, same result.
+        for m in [
+            "kernel: NVRM: Xid (PCI:0000:3b:00): 13, pid=12, name=python, Graphics",
+            "NVRM:  Xid (PCI:0000:3b:00): 13, pid=12, name=python, Graphics",
+        ] {
+            assert!(
+                matches!(
+                    parse_message(m),
+                    Some(Message::Xid(XidMsg {
+                        code: 13,
+                        pid: Some(12),
+                        ..
+                    }))
+                ),
+                "{m}"
+            );
+        }
+        assert!(interesting(b"NVRM: Xid ("));
+    }
 
     #[test]
     fn xid_field_forms() {

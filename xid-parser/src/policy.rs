@@ -17,7 +17,9 @@
 
 use crate::catalog::{self, CatalogRow};
 use crate::overrides::{CountWindow, OverrideProblem, PolicyOverrides, parse_xid_key};
-use gpuwatch_proto::{Action, FaultEvent, FaultKind, RecoveryAction, Severity, ShortName};
+use gpuwatch_proto::{
+    Action, FaultEvent, FaultEventRef, FaultKind, RecoveryAction, Severity, ShortName,
+};
 use serde::{Serialize, Serializer};
 
 /// Recurrence threshold used when neither the code nor the config sets one.
@@ -60,7 +62,7 @@ struct Stamp {
 }
 
 impl Stamp {
-    fn of(ev: &FaultEvent) -> Stamp {
+    fn of(ev: &FaultEventRef<'_>) -> Stamp {
         Stamp {
             mono_usec: ev.monotonic_usec,
             wall_usec: ev.time_unix_nano.map(|n| n / 1000),
@@ -871,12 +873,7 @@ impl Policy {
     /// (`ctx` remembers recent XIDs per GPU).
     pub fn classify(&self, ctx: &mut ContextWindow, ev: &mut FaultEvent) {
         let decision = match ev.kind() {
-            FaultKind::Xid => {
-                let at = Stamp::of(ev);
-                let d = self.classify_xid(ctx, ev, at);
-                ctx.record(&ev.pci_address, ev.code, at);
-                d
-            }
+            FaultKind::Xid => self.decide_xid(ctx, &ev.view()),
             FaultKind::Sxid => classify_sxid(ev),
             FaultKind::FallenOffBus => {
                 let e79 = self.find(79);
@@ -1019,9 +1016,22 @@ impl Policy {
         }
     }
 
-    fn classify_xid(&self, ctx: &ContextWindow, ev: &FaultEvent, at: Stamp) -> Decision<'_> {
+    /// Decides an XID event and remembers it in `ctx` (the context rules of later
+    /// XIDs of the GPU look at it).
+    pub(crate) fn decide_xid(
+        &self,
+        ctx: &mut ContextWindow,
+        ev: &FaultEventRef<'_>,
+    ) -> Decision<'_> {
+        let at = Stamp::of(ev);
+        let d = self.classify_xid(ctx, ev, at);
+        ctx.record(ev.pci_address, ev.code, at);
+        d
+    }
+
+    fn classify_xid(&self, ctx: &ContextWindow, ev: &FaultEventRef<'_>, at: Stamp) -> Decision<'_> {
         let code = ev.code;
-        if let Some(printed) = attr(ev, "xid_as_printed") {
+        if let Some(printed) = ev.attr("xid_as_printed") {
             return Decision::new(
                 Action::Investigate,
                 format!(
@@ -1047,7 +1057,7 @@ impl Policy {
         if entry.is_some_and(|e| e.action_overridden) {
             return table();
         }
-        let pci = ev.pci_address.as_str();
+        let pci = ev.pci_address;
         let ms = |d: u64| d / 1000;
         match code {
             45 => match ctx.find(pci, at, |c| c != 45) {
@@ -1063,7 +1073,7 @@ impl Policy {
                 .context(format!("after_xid_{other}")),
                 // R570+ names the cause itself: `Ch 00000001 caused by previous Xid 149`;
                 // the earlier XID may predate the context window (or this log).
-                None => match caused_by_previous_xid(&ev.message) {
+                None => match caused_by_previous_xid(ev.message) {
                     Some(other) => Decision::new(
                         Action::Ignore,
                         format!(
@@ -1116,7 +1126,7 @@ impl Policy {
                 .context("after_xid_48".into()),
                 None => table(),
             },
-            74 => match nvlink_registers(&ev.message) {
+            74 => match nvlink_registers(ev.message) {
                 Some(regs) if nvlink_regs_benign(&regs) => Decision::new(
                     Action::Ignore,
                     format!(
@@ -1144,7 +1154,7 @@ impl Policy {
                 let (decision, note) = match decoded {
                     Ok(d) => return d,
                     Err(note) => (
-                        match attr(ev, "fatal") {
+                        match ev.attr("fatal") {
 
                 Some("false") => Decision::new(
                     Action::Ignore,
@@ -1171,7 +1181,7 @@ impl Policy {
                 d
             }
             154 => {
-                let raw = attr(ev, "recovery_action");
+                let raw = ev.attr("recovery_action");
                 match raw.and_then(RecoveryAction::from_short_name) {
                     Some(ra) if ra != RecoveryAction::Unspecified => {
                         let (action, why) = recovery_decision(Some(ra));
@@ -1194,13 +1204,14 @@ impl Policy {
 /// intrInfo/errorStatus and the driver generation (`driver_version`, when the log
 /// named it). `Err` carries why no row decided, for the fallback's reason.
 fn nvlink5_decision(
-    ev: &FaultEvent,
+    ev: &FaultEventRef<'_>,
     code: u32,
     name: &'static str,
 ) -> Result<Decision<'static>, String> {
     use crate::nvlink5::{Layout, Resolution, decode, layout_of_driver};
     let hex = |k: &str| {
-        attr(ev, k).and_then(|v| u32::from_str_radix(v.trim_start_matches("0x"), 16).ok())
+        ev.attr(k)
+            .and_then(|v| u32::from_str_radix(v.trim_start_matches("0x"), 16).ok())
     };
     let Some(intr) = hex("intr_info") else {
         return Err(
@@ -1210,7 +1221,7 @@ fn nvlink5_decision(
         );
     };
     let status = hex("error_status");
-    let layout = attr(ev, "driver_version").and_then(layout_of_driver);
+    let layout = ev.attr("driver_version").and_then(layout_of_driver);
     let (row, how) = match layout {
         Some(l) => (
             decode(code, intr, status, l),
@@ -1268,17 +1279,15 @@ fn nvlink5_decision(
     .context(format!("nvlink5_{}", row.resolution.as_str().to_ascii_lowercase())))
 }
 
-/// A classification result before it is written into the event.
 #[derive(Debug)]
 /// A classification; `reason` borrows the policy's table where it can, so a
 /// table decision copies its text into the event without allocating.
-struct Decision<'a> {
-    action: Action,
-    reason: std::borrow::Cow<'a, str>,
-    name: std::borrow::Cow<'static, str>,
-    context: Option<String>,
+pub(crate) struct Decision<'a> {
+    pub(crate) action: Action,
+    pub(crate) reason: std::borrow::Cow<'a, str>,
+    pub(crate) name: std::borrow::Cow<'static, str>,
+    pub(crate) context: Option<String>,
 }
-
 impl<'a> Decision<'a> {
     fn new(
         action: Action,

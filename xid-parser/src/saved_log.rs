@@ -22,7 +22,7 @@
 
 use crate::scanner::RecordMeta;
 use crate::{MarkerFinder, Policy, Scanner, parse_line};
-use gpuwatch_proto::FaultEvent;
+use gpuwatch_proto::{FaultEvent, FaultEventRef};
 use std::io::Read;
 use std::sync::Arc;
 
@@ -120,11 +120,10 @@ fn read_head(r: &mut dyn Read) -> std::io::Result<Vec<u8>> {
     Ok(head)
 }
 
-/// One input's read state: the scanner and its event buffer.
+/// One input's read state.
 struct LineScan {
     scanner: Scanner,
     markers: &'static MarkerFinder,
-    events: Vec<FaultEvent>,
     /// Lines of user-space programs are read too (see [`LogOptions`]).
     accept_user: bool,
     /// See [`LogOptions::yearless_now`].
@@ -134,7 +133,7 @@ struct LineScan {
 impl LineScan {
     /// One complete line (`\n` included when present); `hit`: a fault marker was
     /// found in it.
-    fn line<E, F: FnMut(&mut FaultEvent) -> Result<(), E>>(
+    fn line<E, F: FnMut(&FaultEventRef<'_>) -> Result<(), E>>(
         &mut self,
         line: &[u8],
         hit: bool,
@@ -167,7 +166,7 @@ impl LineScan {
 
     /// One line's text without NUL bytes; `marked`: it passes
     /// [`Scanner::interesting_line`].
-    fn piece<E, F: FnMut(&mut FaultEvent) -> Result<(), E>>(
+    fn piece<E, F: FnMut(&FaultEventRef<'_>) -> Result<(), E>>(
         &mut self,
         line: &[u8],
         marked: bool,
@@ -191,19 +190,10 @@ impl LineScan {
             time_unix_nano,
             ..l.meta()
         };
-        self.scanner.push(meta, &l.message, &mut self.events);
-        self.drain(out)
-    }
-
-    fn drain<E, F: FnMut(&mut FaultEvent) -> Result<(), E>>(
-        &mut self,
-        out: &mut F,
-    ) -> Result<(), ReadError<E>> {
-        for mut ev in self.events.drain(..) {
-            out(&mut ev).map_err(ReadError::Sink)?;
-            self.scanner.recycle(ev);
-        }
-        Ok(())
+        let mut failed = None;
+        self.scanner
+            .push_view(meta, &l.message, &mut |ev| sink(out, &mut failed, ev));
+        failed.map_or(Ok(()), |e| Err(ReadError::Sink(e)))
     }
 }
 
@@ -287,7 +277,7 @@ impl LineScan {
     /// held, the buffer is searched for the next fault marker and the lines before
     /// the hit's line are only counted; the hit's line, and every line while an event
     /// is held, go the full path ([`LineScan::line`]).
-    fn lines<E, F: FnMut(&mut FaultEvent) -> Result<(), E>>(
+    fn lines<E, F: FnMut(&FaultEventRef<'_>) -> Result<(), E>>(
         &mut self,
         buf: &[u8],
         filled: usize,
@@ -334,13 +324,14 @@ impl LineScan {
 
 /// Reads a saved kernel log (plain text; see [`open_log`] for gzip and bug
 /// reports) and hands every fault event to `out`, in input order, counting lines
-/// into `counts`. `out` borrows each event (clone what must outlive the call): its
-/// buffers are reused for the next events, so a storm allocates nothing per event
-/// but attributes. `policy` classifies; `opts` says which lines count.
+/// into `counts`. `out` borrows each event ([`FaultEventRef::to_event`] what must
+/// outlive the call): an XID line that is its own event is handed out from the
+/// read buffer's text (see [`Scanner::push_view`]), so a storm allocates nothing
+/// per event. `policy` classifies; `opts` says which lines count.
 ///
 /// Errors: the reader's (`Read`, interrupted reads retried) and the first error
 /// `out` returns (`Sink`, reading stops there).
-pub fn read_events<E, F: FnMut(&mut FaultEvent) -> Result<(), E>>(
+pub fn read_events<E, F: FnMut(&FaultEventRef<'_>) -> Result<(), E>>(
     reader: &mut dyn Read,
     policy: &Arc<Policy>,
     opts: LogOptions,
@@ -351,7 +342,6 @@ pub fn read_events<E, F: FnMut(&mut FaultEvent) -> Result<(), E>>(
     let mut scan = LineScan {
         scanner: Scanner::new(Arc::clone(policy)),
         markers: MarkerFinder::shared(),
-        events: Vec::new(),
         accept_user: opts.accept_user_facility,
         yearless_now: opts.yearless_now,
     };
@@ -408,8 +398,76 @@ pub fn read_events<E, F: FnMut(&mut FaultEvent) -> Result<(), E>>(
             filled = 0;
         }
     }
-    scan.scanner.finish(&mut scan.events);
-    scan.drain(out)
+    let mut failed = None;
+    scan.scanner
+        .finish_view(&mut |ev| sink(out, &mut failed, ev));
+    failed.map_or(Ok(()), |e| Err(ReadError::Sink(e)))
+}
+
+/// Hands `ev` to `out` unless an earlier event of the same record failed (reading
+/// stops at the first error, which is kept in `failed`).
+fn sink<E, F: FnMut(&FaultEventRef<'_>) -> Result<(), E>>(
+    out: &mut F,
+    failed: &mut Option<E>,
+    ev: &FaultEventRef<'_>,
+) {
+    if failed.is_none()
+        && let Err(e) = out(ev)
+    {
+        *failed = Some(e);
+    }
+}
+
+/// The plain definition [`read_events`] implements, which tests and fuzzing
+/// compare it with: `input` split into lines at `\n`; a line longer than
+/// [`MAX_LINE_BYTES`] skipped; a line with NUL bytes read as the non-blank pieces
+/// between them; every line or piece decoded and pushed, owned events out. No
+/// prefilter, no blocks, no buffer management: slow and obviously right.
+pub fn read_events_plain(
+    input: &[u8],
+    policy: &Arc<Policy>,
+    opts: LogOptions,
+) -> (Vec<FaultEvent>, LogCounts) {
+    let mut scanner = Scanner::new(Arc::clone(policy));
+    let mut events = Vec::new();
+    let mut counts = LogCounts::default();
+    let mut lines: Vec<&[u8]> = input.split_inclusive(|&b| b == b'\n').collect();
+    if lines.last().is_some_and(|l| l.is_empty()) {
+        lines.pop();
+    }
+    for line in lines {
+        counts.lines += 1;
+        if line.len() > MAX_LINE_BYTES + 2 {
+            counts.skipped_long_lines += 1;
+            continue;
+        }
+        let pieces: Vec<&[u8]> = if line.contains(&0) {
+            counts.lines_with_nul += u64::from(Scanner::interesting_line(line));
+            line.split(|&b| b == 0)
+                .filter(|p| !p.trim_ascii().is_empty())
+                .collect()
+        } else {
+            vec![line]
+        };
+        for piece in pieces {
+            let l = parse_line(piece);
+            if !opts.accept_user_facility && l.facility.is_some_and(|f| f != 0) {
+                counts.skipped_non_kernel_lines += u64::from(Scanner::interesting_line(piece));
+                continue;
+            }
+            let time_unix_nano = l.time_unix_nano.or_else(|| {
+                let now = opts.yearless_now?;
+                l.yearless_time?.resolve(now)
+            });
+            let meta = RecordMeta {
+                time_unix_nano,
+                ..l.meta()
+            };
+            scanner.push(meta, &l.message, &mut events);
+        }
+    }
+    scanner.finish(&mut events);
+    (events, counts)
 }
 
 /// `nvidia-bug-report.log`: only its kernel-log sections are scanned (the rest is

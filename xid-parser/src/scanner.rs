@@ -25,7 +25,7 @@ use crate::message::{
 };
 use crate::pci::{normalize_pci, pci_matches};
 use crate::policy::{ContextWindow, Policy};
-use gpuwatch_proto::{FaultEvent, FaultKind, ShortName};
+use gpuwatch_proto::{Attrs, FaultEvent, FaultEventRef, FaultKind, ShortName};
 use std::sync::Arc;
 
 /// Default hold window for multi-record faults: 50 ms of record time.
@@ -125,6 +125,14 @@ impl Held {
     }
 }
 
+/// Where finished events go.
+enum Sink<'s> {
+    /// Appended, owned.
+    Owned(&'s mut Vec<FaultEvent>),
+    /// Handed over borrowed; the scanner keeps (and reuses) what it owned.
+    View(&'s mut dyn FnMut(&FaultEventRef<'_>)),
+}
+
 /// Stateful kernel-message scanner: multi-record assembly, identity context and
 /// classification. One per input stream (not shared between threads).
 #[derive(Debug)]
@@ -152,6 +160,9 @@ pub struct Scanner {
     /// Emptied events handed back by the reader ([`Scanner::recycle`]): new events
     /// reuse their strings' buffers.
     spare: Vec<FaultEvent>,
+    /// The normalised address of the XID line being emitted without an owned event
+    /// (see [`Scanner::emit_xid`]).
+    pci: String,
 }
 
 /// An unfinished three-line "fallen off the bus" report (see [`Scanner::push`]).
@@ -238,6 +249,7 @@ impl Scanner {
             prelude: None,
             driver_version: None,
             spare: Vec::new(),
+            pci: String::new(),
         }
     }
 
@@ -291,6 +303,79 @@ impl Scanner {
         ev
     }
 
+    /// Emits the XID line `x` (`raw`), whose normalised address is in `self.pci`, as
+    /// a borrowed event: the same event the owned path (`start_xid` + `emit`) builds
+    /// for such a line, without copying its text.
+    fn emit_xid(&mut self, meta: &RecordMeta, x: &XidMsg<'_>, raw: &str, out: &mut Sink<'_>) {
+        let pci = self.pci.as_str();
+        if x.code == 79 {
+            match self.last_fallen.iter_mut().find(|(p, _)| p == pci) {
+                Some((_, t)) => *t = meta.monotonic_usec,
+                None => {
+                    if self.last_fallen.len() >= MAX_IDENTITIES {
+                        self.last_fallen.remove(0);
+                    }
+                    self.last_fallen.push((pci.to_owned(), meta.monotonic_usec));
+                }
+            }
+        }
+        let id = self.identities.iter().find(|i| i.pci == pci);
+        // At most channel, ecc_type, gpu_serial (+ context from the policy).
+        let mut attrs = [("", ""); 3];
+        let mut n = 0;
+        if let Some(c) = x.channel {
+            insert_attr(&mut attrs, &mut n, ("channel", c));
+        }
+        if let Some(t) = crate::message::ecc_type_of(x.detail) {
+            insert_attr(&mut attrs, &mut n, ("ecc_type", t));
+        }
+        if let Some(s) = id.and_then(|i| i.serial.as_deref()) {
+            insert_attr(&mut attrs, &mut n, ("gpu_serial", s));
+        }
+        let mut ev = FaultEventRef {
+            kind: FaultKind::Xid as i32,
+            code: x.code,
+            pci_address: pci,
+            gpu_index: None,
+            gpu_uuid: id.map_or("", |i| i.uuid.as_str()),
+            pid: x.pid,
+            process: x.process.unwrap_or(""),
+            message: raw,
+            kmsg_seq: meta.seq,
+            monotonic_usec: meta.monotonic_usec,
+            time_unix_nano: meta.time_unix_nano,
+            facility: meta.facility.map(u32::from),
+            level: meta.level.map(u32::from),
+            action: 0,
+            severity: 0,
+            policy_reason: "",
+            source: 0,
+            boot_id: "",
+            count: 1,
+            attributes: Attrs::list(&attrs[..n]),
+            name: "",
+        };
+        let d = self.policy.decide_xid(&mut self.ctx, &ev);
+        let (mut all, mut m) = ([("", ""); 5], n);
+        all[..n].copy_from_slice(&attrs[..n]);
+        if let Some(c) = &d.context {
+            insert_attr(&mut all, &mut m, ("context", c));
+        }
+        ev.attributes = Attrs::list(&all[..m]);
+        ev.action = d.action as i32;
+        ev.severity = d.action.default_severity() as i32;
+        ev.policy_reason = &d.reason;
+        ev.name = &d.name;
+        match out {
+            Sink::Owned(v) => {
+                let mut owned = self.spare.pop().unwrap_or_default();
+                ev.write_into(&mut owned);
+                v.push(owned);
+            }
+            Sink::View(f) => f(&ev),
+        }
+    }
+
     /// True while an event is held waiting for follow-up records.
     pub fn has_pending(&self) -> bool {
         self.held.is_some() || !self.fallen.is_empty()
@@ -305,6 +390,23 @@ impl Scanner {
     /// with the head line; each GPU's report is its own event, and an XID 79 of the
     /// same GPU that follows joins that GPU's event (one event per GPU).
     pub fn push(&mut self, meta: RecordMeta, message: &str, out: &mut Vec<FaultEvent>) {
+        self.push_to(meta, message, &mut Sink::Owned(out));
+    }
+
+    /// [`Scanner::push`] handing each finished event to `out` borrowed: from the
+    /// record's own text where it can (an XID line emitted at once is never copied
+    /// into owned strings), else from an event the scanner assembled, whose buffers
+    /// it then reuses. For readers that write or count events and keep none.
+    pub fn push_view(
+        &mut self,
+        meta: RecordMeta,
+        message: &str,
+        out: &mut dyn FnMut(&FaultEventRef<'_>),
+    ) {
+        self.push_to(meta, message, &mut Sink::View(out));
+    }
+
+    fn push_to(&mut self, meta: RecordMeta, message: &str, out: &mut Sink<'_>) {
         if let Some(now) = meta.monotonic_usec
             && self.pending().is_some_and(|h| {
                 h.started_usec
@@ -393,13 +495,7 @@ impl Scanner {
 
     /// A `fallen off the bus` line: the last line of a three-line report, the
     /// driver's echo of an XID 79, or a report of its own.
-    fn fallen_off(
-        &mut self,
-        meta: RecordMeta,
-        pci: Option<&str>,
-        raw: &str,
-        out: &mut Vec<FaultEvent>,
-    ) {
+    fn fallen_off(&mut self, meta: RecordMeta, pci: Option<&str>, raw: &str, out: &mut Sink<'_>) {
         let prelude = if pci.is_none() {
             self.prelude.take()
         } else {
@@ -453,6 +549,7 @@ impl Scanner {
 
     /// Emits the held event when its hold window ended at `now_monotonic_usec`.
     pub fn flush_expired(&mut self, now_monotonic_usec: u64, out: &mut Vec<FaultEvent>) {
+        let out = &mut Sink::Owned(out);
         let expired = self.pending().is_some_and(|h| {
             h.started_usec
                 .is_none_or(|s| now_monotonic_usec.saturating_sub(s) >= self.hold_window(h))
@@ -478,10 +575,15 @@ impl Scanner {
 
     /// Emits everything held (end of input / shutdown).
     pub fn finish(&mut self, out: &mut Vec<FaultEvent>) {
-        self.emit_held(out);
+        self.emit_held(&mut Sink::Owned(out));
     }
 
-    fn emit_held(&mut self, out: &mut Vec<FaultEvent>) {
+    /// [`Scanner::finish`] for a reader of borrowed events (see [`Scanner::push_view`]).
+    pub fn finish_view(&mut self, out: &mut dyn FnMut(&FaultEventRef<'_>)) {
+        self.emit_held(&mut Sink::View(out));
+    }
+
+    fn emit_held(&mut self, out: &mut Sink<'_>) {
         for held in std::mem::take(&mut self.fallen) {
             self.emit_one(held, out);
         }
@@ -490,7 +592,7 @@ impl Scanner {
         }
     }
 
-    fn emit_one(&mut self, mut held: Held, out: &mut Vec<FaultEvent>) {
+    fn emit_one(&mut self, mut held: Held, out: &mut Sink<'_>) {
         if held.lines > 1 {
             attr(&mut held.ev, "lines", held.lines.to_string());
         }
@@ -504,7 +606,7 @@ impl Scanner {
         self.emit(held.ev, out);
     }
 
-    fn emit(&mut self, mut ev: FaultEvent, out: &mut Vec<FaultEvent>) {
+    fn emit(&mut self, mut ev: FaultEvent, out: &mut Sink<'_>) {
         if ev.gpu_uuid.is_empty()
             && !ev.pci_address.is_empty()
             && let Some(id) = self.identities.iter().find(|i| i.pci == ev.pci_address)
@@ -517,7 +619,13 @@ impl Scanner {
             }
         }
         self.policy.classify(&mut self.ctx, &mut ev);
-        out.push(ev);
+        match out {
+            Sink::Owned(v) => v.push(ev),
+            Sink::View(f) => {
+                f(&ev.view());
+                self.recycle(ev);
+            }
+        }
     }
 
     fn hold(&mut self, kind: HeldKind, ev: FaultEvent, devices: Vec<String>) {
@@ -680,7 +788,7 @@ impl Scanner {
         }
     }
 
-    fn start(&mut self, meta: RecordMeta, msg: Message<'_>, raw: &str, out: &mut Vec<FaultEvent>) {
+    fn start(&mut self, meta: RecordMeta, msg: Message<'_>, raw: &str, out: &mut Sink<'_>) {
         match msg {
             Message::Xid(x) => self.start_xid(meta, &x, raw, out),
             Message::Sxid(s) => {
@@ -858,13 +966,17 @@ impl Scanner {
         }
     }
 
-    fn start_xid(
-        &mut self,
-        meta: RecordMeta,
-        x: &XidMsg<'_>,
-        raw: &str,
-        out: &mut Vec<FaultEvent>,
-    ) {
+    fn start_xid(&mut self, meta: RecordMeta, x: &XidMsg<'_>, raw: &str, out: &mut Sink<'_>) {
+        // The common case, a line that is its own event with no detail decoded into
+        // attributes of its own: decided and handed out from the line's text.
+        let at_once = x.code_as_printed.is_none()
+            && !matches!(x.code, 74 | 119 | 120 | 144..=150 | 154)
+            && (x.pid.is_some() || !multi_line_xid(x.code))
+            && (x.code != 79 || self.fallen.is_empty());
+        if at_once && crate::pci::normalize_pci_into(x.pci, &mut self.pci) {
+            self.emit_xid(&meta, x, raw, out);
+            return;
+        }
         let mut ev = self.event(FaultKind::Xid, &meta, raw);
         ev.code = x.code;
         if !crate::pci::normalize_pci_into(x.pci, &mut ev.pci_address) {
@@ -978,6 +1090,17 @@ impl Scanner {
     }
 }
 
+/// Sorted-insert of `pair` into the first `*n` entries of `list` (a handful).
+fn insert_attr<'a>(list: &mut [(&'a str, &'a str)], n: &mut usize, pair: (&'a str, &'a str)) {
+    let mut i = *n;
+    while i > 0 && list[i - 1].0 > pair.0 {
+        list[i] = list[i - 1];
+        i -= 1;
+    }
+    list[i] = pair;
+    *n += 1;
+}
+
 /// XIDs whose one fault may print several lines. Not: 79 (its own assembly),
 /// 119/120 (GSP dump), 154 (each line is a change of recovery action), NVLink
 /// 74/144-150 (one line per link), ECC 48/63/64/92/94/95 (one line per error).
@@ -1082,6 +1205,58 @@ mod tests {
         ev.set_source(gpuwatch_proto::Source::Kmsg);
         empty(&mut ev);
         assert_eq!(ev, FaultEvent::default());
+    }
+
+    /// Borrowed events (an XID line decided straight from its text) equal the owned
+    /// ones line for line: identity (UUID, serial attribute), channel, ECC type, a
+    /// context rule's attribute, XID 79, and the held/assembled events in between.
+    #[test]
+    fn borrowed_events_equal_owned_ones() {
+        let lines = [
+            "NVRM: GPU at PCI:0000:3b:00: GPU-6b1a2c3d-0000-1111-2222-333344445555",
+            "NVRM: GPU Board Serial Number: 1653723052734",
+            "NVRM: Xid (PCI:0000:3b:00): 31, pid=626486, name=pt_main_thread, Ch 00000008, intr 0",
+            "NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, DBE (0x1)",
+            "NVRM: Xid (PCI:0000:3b:00): 63, pid=1, name=x, ECC page retirement",
+            "NVRM: Xid (PCI:0000:3b:00): 45, pid=2, name=y, Ch 00000010",
+            "NVRM: Xid (PCI:0000:3b:00): 13, Graphics SM Warp Exception",
+            "NVRM: Xid (PCI:0000:3b:00): 13, pid=7, name=python, Ch 00000001",
+            "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+            "NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.",
+            "pcieport 0000:00:01.0: AER: Corrected error received: 0000:01:00.0",
+            "NVRM: Xid (PCI:0000:3b:00): 94, pid=4142, name=python, Contained: SM (0x1)",
+            "NVRM: Xid (PCI:...): 13, pid=1, name=x, edited",
+        ];
+        let policy = Arc::new(Policy::default());
+        let (mut owner, mut viewer) = (Scanner::new(Arc::clone(&policy)), Scanner::new(policy));
+        let (mut owned, mut viewed) = (Vec::new(), Vec::new());
+        let mut contexts = 0;
+        for (i, l) in lines.iter().enumerate() {
+            let meta = RecordMeta {
+                seq: Some(i as u64),
+                monotonic_usec: Some(1_000_000 + 100 * i as u64),
+                facility: Some(0),
+                level: Some(3),
+                ..Default::default()
+            };
+            owner.push(meta, l, &mut owned);
+            viewer.push_view(meta, l, &mut |ev| {
+                contexts += usize::from(ev.attr("context").is_some());
+                viewed.push(ev.to_event());
+            });
+            assert_eq!(viewed, owned, "{l}");
+        }
+        owner.finish(&mut owned);
+        viewer.finish_view(&mut |ev| viewed.push(ev.to_event()));
+        assert_eq!(viewed, owned);
+        assert!(contexts >= 2, "{contexts}");
+        let with = |k: &str| {
+            owned
+                .iter()
+                .filter(|e| e.attributes.contains_key(k))
+                .count()
+        };
+        assert!(with("gpu_serial") >= 5 && with("channel") >= 3 && with("ecc_type") >= 1);
     }
 
     /// Events from a scanner whose reader recycles every event equal those of one

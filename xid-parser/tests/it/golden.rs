@@ -50,8 +50,12 @@ fn parse_cases(text: &str) -> Vec<Case> {
     out
 }
 
+/// The case's events, owned (`Scanner::push`); the same case read as borrowed
+/// events (`Scanner::push_view`, as `gpuwatch scan` reads) must give equal ones.
 fn run(case: &Case) -> Vec<FaultEvent> {
     let mut scanner = Scanner::new(Arc::new(Policy::default()));
+    let mut viewer = Scanner::new(Arc::new(Policy::default()));
+    let mut viewed = Vec::new();
     let mut events = Vec::new();
     for l in &case.input {
         // `<NUL>` in a case stands for one NUL byte (not writable in the text file).
@@ -63,8 +67,12 @@ fn run(case: &Case) -> Vec<FaultEvent> {
         }
         let meta = line.meta();
         scanner.push(meta, &line.message, &mut events);
+        viewer.push_view(meta, &line.message, &mut |ev| viewed.push(ev.to_event()));
+        assert_eq!(viewed, events, "{}: after {l:?}", case.name);
     }
     scanner.finish(&mut events);
+    viewer.finish_view(&mut |ev| viewed.push(ev.to_event()));
+    assert_eq!(viewed, events, "{}: at the end", case.name);
     events
 }
 

@@ -4,3 +4,4 @@
 mod golden;
 mod prefilter_reference;
 mod proptest_reference;
+mod saved_log;
