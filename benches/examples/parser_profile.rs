@@ -6,6 +6,7 @@
 //! then `valgrind --tool=callgrind target/release/examples/parser_profile storm 20000`
 //! (modes: `mixed BYTES`, `storm LINES`: events borrowed, as `scan` reads them;
 //! `storm-recycle LINES` / `storm-drop LINES`: owned events, recycled / dropped;
+//! `storm-json LINES`: borrowed events written as `scan --format json` writes them;
 //! prints the number of events).
 
 use gpuwatch_benches::{
@@ -13,6 +14,32 @@ use gpuwatch_benches::{
 };
 use std::sync::Arc;
 use xid_parser::{Policy, Scanner};
+
+/// Each line's events as JSON lines into a buffer emptied every 64 KiB, as `scan`
+/// writes them (prefilter, parse, borrowed events).
+fn json_lines(lines: &[&[u8]], scanner: &mut Scanner) -> usize {
+    let (mut n, mut buf) = (0, Vec::with_capacity(128 * 1024));
+    for l in lines {
+        if !Scanner::interesting_line(l) {
+            continue;
+        }
+        let line = xid_parser::parse_line(l);
+        let meta = xid_parser::RecordMeta {
+            monotonic_usec: line.monotonic_usec,
+            ..Default::default()
+        };
+        scanner.push_view(meta, &line.message, &mut |ev| {
+            n += 1;
+            gpuwatch_proto::json::write_fault_event_ref(ev, &mut buf);
+            buf.push(b'\n');
+        });
+        if buf.len() >= 64 * 1024 {
+            std::hint::black_box(&buf);
+            buf.clear();
+        }
+    }
+    n
+}
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -36,6 +63,7 @@ fn main() {
         events += match mode.as_str() {
             "storm-drop" => scan_lines_dropping(&lines, &mut scanner, &mut out),
             "storm-recycle" => scan_lines_recycling(&lines, &mut scanner, &mut out),
+            "storm-json" => json_lines(&lines, &mut scanner),
             _ => scan_lines(&lines, &mut scanner, &mut out),
         };
     }

@@ -787,55 +787,55 @@ fn parse_nvrm_other(rest: &str) -> Message<'_> {
 /// `double-bit`), `sbe` (`SBE`, `single bit`, `single-bit`), `uncorrected`
 /// (`ncorrectable`, `ncorrected`), `corrected` (`orrectable`, `orrected`).
 ///
-/// One search per marker family instead of one per marker: every marker contains
-/// `BE`, `bit` or `orrect`, and the bytes around each hit tell which one it is.
+/// One pass for all marker families instead of one search per marker: every
+/// marker contains `BE`, `bit` or `orrect`, and the bytes around each hit tell
+/// which one it is.
 pub(crate) fn ecc_type_of(s: &str) -> Option<&'static str> {
-    use memchr::memmem::Finder;
+    use aho_corasick::{AhoCorasick, MatchKind};
     use std::sync::LazyLock;
-    static BE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("BE"));
-    static BIT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("bit"));
-    static ORRECT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("orrect"));
+    // No literal can overlap another's occurrence, so non-overlapping matches see
+    // every occurrence.
+    static FAMILIES: LazyLock<Option<AhoCorasick>> = LazyLock::new(|| {
+        AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostFirst)
+            .build(["BE", "bit", "orrect"])
+            .ok()
+    });
     let b = s.as_bytes();
     let before = |i: usize, n: usize| i.checked_sub(n).map(|start| &b[start..i]);
-    // Every occurrence of `f` in `b`, by repeated `find` (a `find_iter` copies the
-    // searcher on every call, which costs more than the search on a short line).
-    let all = |f: &'static Finder<'static>| {
-        let mut at = 0;
-        std::iter::from_fn(move || {
-            let i = at + f.find(b.get(at..)?)?;
-            at = i + 1;
-            Some(i)
-        })
-    };
-    let mut sbe = false;
-    for i in all(&BE) {
-        match before(i, 1) {
-            Some(b"D") => return Some("dbe"),
-            Some(b"S") => sbe = true,
-            _ => {}
-        }
-    }
-    for i in all(&BIT) {
-        match before(i, 7) {
-            Some(b"double " | b"double-") => return Some("dbe"),
-            Some(b"single " | b"single-") => sbe = true,
-            _ => {}
+    let (mut sbe, mut uncorrected, mut corrected) = (false, false, false);
+    for m in FAMILIES.as_ref()?.find_iter(b) {
+        let i = m.start();
+        match m.pattern().as_usize() {
+            0 => match before(i, 1) {
+                Some(b"D") => return Some("dbe"),
+                Some(b"S") => sbe = true,
+                _ => {}
+            },
+            1 => match before(i, 7) {
+                Some(b"double " | b"double-") => return Some("dbe"),
+                Some(b"single " | b"single-") => sbe = true,
+                _ => {}
+            },
+            _ => {
+                let after = &b[i + 6..];
+                if after.starts_with(b"able") || after.starts_with(b"ed") {
+                    if before(i, 2) == Some(b"nc") {
+                        uncorrected = true;
+                    } else {
+                        corrected = true;
+                    }
+                }
+            }
         }
     }
     if sbe {
-        return Some("sbe");
+        Some("sbe")
+    } else if uncorrected {
+        Some("uncorrected")
+    } else {
+        corrected.then_some("corrected")
     }
-    let mut corrected = false;
-    for i in all(&ORRECT) {
-        let after = &b[i + 6..];
-        if after.starts_with(b"able") || after.starts_with(b"ed") {
-            if before(i, 2) == Some(b"nc") {
-                return Some("uncorrected");
-            }
-            corrected = true;
-        }
-    }
-    corrected.then_some("corrected")
 }
 
 fn parse_driver_error<'a>(rest: &'a str, pci: Option<&'a str>) -> Option<Message<'a>> {

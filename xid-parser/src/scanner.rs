@@ -160,9 +160,9 @@ pub struct Scanner {
     /// Emptied events handed back by the reader ([`Scanner::recycle`]): new events
     /// reuse their strings' buffers.
     spare: Vec<FaultEvent>,
-    /// The normalised address of the XID line being emitted without an owned event
-    /// (see [`Scanner::emit_xid`]).
-    pci: String,
+    /// GPU addresses of XID lines as printed and normalised (see
+    /// [`Scanner::pci_name`]).
+    pci_names: Vec<(String, String)>,
 }
 
 /// An unfinished three-line "fallen off the bus" report (see [`Scanner::push`]).
@@ -249,7 +249,7 @@ impl Scanner {
             prelude: None,
             driver_version: None,
             spare: Vec::new(),
-            pci: String::new(),
+            pci_names: Vec::new(),
         }
     }
 
@@ -303,11 +303,32 @@ impl Scanner {
         ev
     }
 
-    /// Emits the XID line `x` (`raw`), whose normalised address is in `self.pci`, as
-    /// a borrowed event: the same event the owned path (`start_xid` + `emit`) builds
-    /// for such a line, without copying its text.
-    fn emit_xid(&mut self, meta: &RecordMeta, x: &XidMsg<'_>, raw: &str, out: &mut Sink<'_>) {
-        let pci = self.pci.as_str();
+    /// Index in `pci_names` of the address `printed`, normalised once per GPU (a node
+    /// has a handful): `None` when it is not a PCI address.
+    fn pci_name(&mut self, printed: &str) -> Option<usize> {
+        if let Some(i) = self.pci_names.iter().position(|(p, _)| p == printed) {
+            return Some(i);
+        }
+        let normal = normalize_pci(printed)?;
+        if self.pci_names.len() >= MAX_IDENTITIES {
+            self.pci_names.clear();
+        }
+        self.pci_names.push((printed.to_owned(), normal));
+        Some(self.pci_names.len() - 1)
+    }
+
+    /// Emits the XID line `x` (`raw`), whose normalised address is `pci_names[pci]`,
+    /// as a borrowed event: the same event the owned path (`start_xid` + `emit`)
+    /// builds for such a line, without copying its text.
+    fn emit_xid(
+        &mut self,
+        meta: &RecordMeta,
+        x: &XidMsg<'_>,
+        raw: &str,
+        pci: usize,
+        out: &mut Sink<'_>,
+    ) {
+        let pci = self.pci_names[pci].1.as_str();
         if x.code == 79 {
             match self.last_fallen.iter_mut().find(|(p, _)| p == pci) {
                 Some((_, t)) => *t = meta.monotonic_usec,
@@ -973,8 +994,8 @@ impl Scanner {
             && !matches!(x.code, 74 | 119 | 120 | 144..=150 | 154)
             && (x.pid.is_some() || !multi_line_xid(x.code))
             && (x.code != 79 || self.fallen.is_empty());
-        if at_once && crate::pci::normalize_pci_into(x.pci, &mut self.pci) {
-            self.emit_xid(&meta, x, raw, out);
+        if at_once && let Some(pci) = self.pci_name(x.pci) {
+            self.emit_xid(&meta, x, raw, pci, out);
             return;
         }
         let mut ev = self.event(FaultKind::Xid, &meta, raw);
