@@ -12,7 +12,13 @@
 //!   or `None` for the vast majority of lines (memchr prefilter, no allocation).
 //! - [`Scanner`]: assembles multi-record faults (GPU identity + XID 79, AER summary +
 //!   details, SXid follow-ups, GSP RPC dumps after XID 119/120), then classifies each
-//!   [`FaultEvent`](gpuwatch_proto::FaultEvent) with the [`Policy`].
+//!   [`FaultEvent`](gpuwatch_proto::FaultEvent) with the [`Policy`]. Readers that keep
+//!   no event take them borrowed ([`Scanner::push_view`],
+//!   [`FaultEventRef`](gpuwatch_proto::FaultEventRef)): an XID line that is its own
+//!   event is classified and handed out from its own text, without an allocation.
+//! - [`saved_log`]: saved logs (plain, gzip, bug reports) read in blocks with one
+//!   marker search per buffer, against [`saved_log::read_events_plain`], the plain
+//!   per-line definition.
 //!
 //! ```
 //! use std::sync::Arc;
