@@ -657,10 +657,12 @@ fn trim_end_bytes<'a>(s: &'a str, set: &[u8]) -> &'a str {
     &s[..end]
 }
 
-/// `s.find(", ")` with memchr.
+/// `s.find(", ")`.
 fn find_comma_space(s: &str) -> Option<usize> {
     let b = s.as_bytes();
-    (1..b.len()).find(|&i| b[i] == b' ' && b[i - 1] == b',').map(|i| i - 1)
+    (1..b.len())
+        .find(|&i| b[i] == b' ' && b[i - 1] == b',')
+        .map(|i| i - 1)
 }
 
 /// `s.split_whitespace().next()`, without the iterator for the usual all-ASCII token.
