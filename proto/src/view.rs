@@ -95,6 +95,32 @@ pub struct FaultEventRef<'a> {
 }
 
 impl<'a> FaultEventRef<'a> {
+    /// Every field at its default (what [`FaultEvent::default`] holds): written into
+    /// an event, it empties it and keeps its buffers.
+    pub const EMPTY: FaultEventRef<'static> = FaultEventRef {
+        kind: 0,
+        code: 0,
+        pci_address: "",
+        gpu_index: None,
+        gpu_uuid: "",
+        pid: None,
+        process: "",
+        message: "",
+        kmsg_seq: None,
+        monotonic_usec: None,
+        time_unix_nano: None,
+        facility: None,
+        level: None,
+        action: 0,
+        severity: 0,
+        policy_reason: "",
+        source: 0,
+        boot_id: "",
+        count: 0,
+        attributes: Attrs::List(&[]),
+        name: "",
+    };
+
     /// The kind (`Unspecified` for an unknown number, as prost's accessor).
     pub fn kind(&self) -> FaultKind {
         FaultKind::try_from(self.kind).unwrap_or_default()
@@ -325,5 +351,13 @@ mod tests {
         assert_ne!(Attrs::Map(&map), Attrs::list(&[("k", "w")]));
         assert_ne!(Attrs::Map(&map), Attrs::list(&[]));
         assert!(Attrs::list(&[]).is_empty());
+    }
+
+    #[test]
+    fn the_empty_view_empties_an_event() {
+        let mut ev = full();
+        FaultEventRef::EMPTY.write_into(&mut ev);
+        assert_eq!(ev, FaultEvent::default());
+        assert_eq!(FaultEventRef::EMPTY, FaultEvent::default().view());
     }
 }

@@ -640,11 +640,7 @@ fn trim_start(s: &str) -> &str {
 /// `s.trim_start_matches(set)` for a set of ASCII characters (bytes of other
 /// characters never equal an ASCII byte, so bytes are exact).
 fn trim_start_bytes<'a>(s: &'a str, set: &[u8]) -> &'a str {
-    // `set.iter().any` rather than `set.contains`, which runs memchr on a 1-byte set.
-    let i = s
-        .bytes()
-        .position(|c| !set.iter().any(|&x| x == c))
-        .unwrap_or(s.len());
+    let i = s.bytes().position(|c| !set.contains(&c)).unwrap_or(s.len());
     &s[i..]
 }
 
@@ -652,7 +648,7 @@ fn trim_start_bytes<'a>(s: &'a str, set: &[u8]) -> &'a str {
 fn trim_end_bytes<'a>(s: &'a str, set: &[u8]) -> &'a str {
     let end = s
         .bytes()
-        .rposition(|c| !set.iter().any(|&x| x == c))
+        .rposition(|c| !set.contains(&c))
         .map_or(0, |i| i + 1);
     &s[..end]
 }

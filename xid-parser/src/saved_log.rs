@@ -182,14 +182,7 @@ impl LineScan {
             counts.skipped_non_kernel_lines += u64::from(marked);
             return Ok(());
         }
-        let time_unix_nano = l.time_unix_nano.or_else(|| {
-            let now = self.yearless_now?;
-            l.yearless_time?.resolve(now)
-        });
-        let meta = RecordMeta {
-            time_unix_nano,
-            ..l.meta()
-        };
+        let meta = meta_of(&l, self.yearless_now);
         let mut failed = None;
         self.scanner
             .push_view(meta, &l.message, &mut |ev| sink(out, &mut failed, ev));
@@ -404,6 +397,18 @@ pub fn read_events<E, F: FnMut(&FaultEventRef<'_>) -> Result<(), E>>(
     failed.map_or(Ok(()), |e| Err(ReadError::Sink(e)))
 }
 
+/// The record metadata of a saved-log line; a syslog date without a year gets one
+/// from `yearless_now` (see [`LogOptions::yearless_now`]).
+fn meta_of(l: &crate::LogLine<'_>, yearless_now: Option<u64>) -> RecordMeta {
+    let time_unix_nano = l
+        .time_unix_nano
+        .or_else(|| l.yearless_time?.resolve(yearless_now?));
+    RecordMeta {
+        time_unix_nano,
+        ..l.meta()
+    }
+}
+
 /// Hands `ev` to `out` unless an earlier event of the same record failed (reading
 /// stops at the first error, which is kept in `failed`).
 fn sink<E, F: FnMut(&FaultEventRef<'_>) -> Result<(), E>>(
@@ -455,15 +460,7 @@ pub fn read_events_plain(
                 counts.skipped_non_kernel_lines += u64::from(Scanner::interesting_line(piece));
                 continue;
             }
-            let time_unix_nano = l.time_unix_nano.or_else(|| {
-                let now = opts.yearless_now?;
-                l.yearless_time?.resolve(now)
-            });
-            let meta = RecordMeta {
-                time_unix_nano,
-                ..l.meta()
-            };
-            scanner.push(meta, &l.message, &mut events);
+            scanner.push(meta_of(&l, opts.yearless_now), &l.message, &mut events);
         }
     }
     scanner.finish(&mut events);

@@ -183,47 +183,10 @@ const MAX_FALLEN_PENDING: usize = 64;
 const MAX_SPARE_EVENTS: usize = 16;
 
 /// Resets every field of `ev` to its default in place, its strings emptied but
-/// keeping their capacity. The pattern names every field, so a field added to
-/// `FaultEvent` does not compile until it is reset here too.
+/// keeping their capacity (`write_into` names every field, so a field added to
+/// `FaultEvent` does not compile until it is handled there).
 fn empty(ev: &mut FaultEvent) {
-    let FaultEvent {
-        kind,
-        code,
-        pci_address,
-        gpu_index,
-        gpu_uuid,
-        pid,
-        process,
-        message,
-        kmsg_seq,
-        monotonic_usec,
-        time_unix_nano,
-        facility,
-        level,
-        action,
-        severity,
-        policy_reason,
-        source,
-        boot_id,
-        count,
-        attributes,
-        name,
-    } = ev;
-    for s in [
-        pci_address,
-        gpu_uuid,
-        process,
-        message,
-        policy_reason,
-        boot_id,
-        name,
-    ] {
-        s.clear();
-    }
-    (*kind, *code, *action, *severity, *source, *count) = (0, 0, 0, 0, 0, 0);
-    (*gpu_index, *pid, *facility, *level) = (None, None, None, None);
-    (*kmsg_seq, *monotonic_usec, *time_unix_nano) = (None, None, None);
-    attributes.clear();
+    FaultEventRef::EMPTY.write_into(ev);
 }
 
 fn attr(ev: &mut FaultEvent, key: &str, value: impl Into<String>) {
@@ -330,15 +293,7 @@ impl Scanner {
     ) {
         let pci = self.pci_names[pci].1.as_str();
         if x.code == 79 {
-            match self.last_fallen.iter_mut().find(|(p, _)| p == pci) {
-                Some((_, t)) => *t = meta.monotonic_usec,
-                None => {
-                    if self.last_fallen.len() >= MAX_IDENTITIES {
-                        self.last_fallen.remove(0);
-                    }
-                    self.last_fallen.push((pci.to_owned(), meta.monotonic_usec));
-                }
-            }
+            note_fallen(&mut self.last_fallen, pci, meta.monotonic_usec);
         }
         let id = self.identities.iter().find(|i| i.pci == pci);
         // At most channel, ecc_type, gpu_serial (+ context from the policy).
@@ -1063,21 +1018,7 @@ impl Scanner {
             attr(&mut ev, "ecc_type", t);
         }
         if x.code == 79 {
-            // Updated in place: a storm of XID 79s allocates nothing here.
-            match self
-                .last_fallen
-                .iter_mut()
-                .find(|(p, _)| *p == ev.pci_address)
-            {
-                Some((_, t)) => *t = meta.monotonic_usec,
-                None => {
-                    if self.last_fallen.len() >= MAX_IDENTITIES {
-                        self.last_fallen.remove(0);
-                    }
-                    self.last_fallen
-                        .push((ev.pci_address.clone(), meta.monotonic_usec));
-                }
-            }
+            note_fallen(&mut self.last_fallen, &ev.pci_address, meta.monotonic_usec);
             // A waiting `fallen off the bus` report of the same GPU was the prelude of
             // this XID 79: one event, the XID's, with the report's lines first. It keeps
             // its place among the other GPUs' reports (input order).
@@ -1107,6 +1048,20 @@ impl Scanner {
             self.hold(HeldKind::Xid, ev, Vec::new());
         } else {
             self.emit(ev, out);
+        }
+    }
+}
+
+/// Remembers the time of `pci`'s XID 79 in `last_fallen` (updated in place: a
+/// storm of XID 79s allocates nothing here; bounded like the identities).
+fn note_fallen(last_fallen: &mut Vec<(String, Option<u64>)>, pci: &str, at: Option<u64>) {
+    match last_fallen.iter_mut().find(|(p, _)| p == pci) {
+        Some((_, t)) => *t = at,
+        None => {
+            if last_fallen.len() >= MAX_IDENTITIES {
+                last_fallen.remove(0);
+            }
+            last_fallen.push((pci.to_owned(), at));
         }
     }
 }
@@ -1197,36 +1152,6 @@ fn aer_name(severity: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_emptied_event_equals_a_new_one() {
-        let mut ev = FaultEvent {
-            code: 79,
-            pci_address: "0000:3b:00.0".into(),
-            gpu_index: Some(1),
-            gpu_uuid: "GPU-1".into(),
-            pid: Some(7),
-            process: "python".into(),
-            message: "NVRM: Xid".into(),
-            kmsg_seq: Some(1),
-            monotonic_usec: Some(2),
-            time_unix_nano: Some(3),
-            facility: Some(0),
-            level: Some(3),
-            policy_reason: "why".into(),
-            boot_id: "b".into(),
-            count: 4,
-            attributes: [("channel".to_owned(), "1".to_owned())].into(),
-            name: "n".into(),
-            ..Default::default()
-        };
-        ev.set_kind(FaultKind::Xid);
-        ev.set_action(gpuwatch_proto::Action::RebootNode);
-        ev.set_severity(gpuwatch_proto::Severity::Critical);
-        ev.set_source(gpuwatch_proto::Source::Kmsg);
-        empty(&mut ev);
-        assert_eq!(ev, FaultEvent::default());
-    }
 
     /// Borrowed events (an XID line decided straight from its text) equal the owned
     /// ones line for line: identity (UUID, serial attribute), channel, ECC type, a
