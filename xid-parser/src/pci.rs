@@ -109,19 +109,12 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 
 impl Bdf {
     /// `dddd:bb:dd.f`, lowercase (domains above `ffff` keep all their digits).
+    /// Built in a stack buffer, without formatting machinery.
     fn to_normalized(self) -> String {
-        let mut s = String::new();
-        self.push_normalized(&mut s);
-        s
-    }
-
-    /// Appends `dddd:bb:dd.f` to `out`, built in a stack buffer (no formatting
-    /// machinery; no allocation when `out` has room).
-    fn push_normalized(self, out: &mut String) {
         let mut buf = [0u8; 20];
         let n = self.write_normalized(&mut buf);
         // Hex digits, ':' and '.': always ASCII, so the conversion cannot fail.
-        out.push_str(std::str::from_utf8(&buf[..n]).unwrap_or(""));
+        std::str::from_utf8(&buf[..n]).unwrap_or("").to_owned()
     }
 
     /// Writes `dddd:bb:dd.f` into `buf`; returns its length (at most 17).
@@ -160,15 +153,6 @@ impl Bdf {
 /// ```
 pub fn normalize_pci(addr: &str) -> Option<String> {
     parse_bdf(addr).map(Bdf::to_normalized)
-}
-
-/// [`normalize_pci`] into `out` (cleared first; left empty when `addr` is not an
-/// address): no allocation once `out` has room.
-pub(crate) fn normalize_pci_into(addr: &str, out: &mut String) -> bool {
-    out.clear();
-    parse_bdf(addr)
-        .map(|bdf| bdf.push_normalized(out))
-        .is_some()
 }
 
 /// True when [`normalize_pci`] accepts `addr` (validation only, no allocation).

@@ -280,78 +280,6 @@ impl Scanner {
         Some(self.pci_names.len() - 1)
     }
 
-    /// Emits the XID line `x` (`raw`), whose normalised address is `pci_names[pci]`,
-    /// as a borrowed event: the same event the owned path (`start_xid` + `emit`)
-    /// builds for such a line, without copying its text.
-    fn emit_xid(
-        &mut self,
-        meta: &RecordMeta,
-        x: &XidMsg<'_>,
-        raw: &str,
-        pci: usize,
-        out: &mut Sink<'_>,
-    ) {
-        let pci = self.pci_names[pci].1.as_str();
-        if x.code == 79 {
-            note_fallen(&mut self.last_fallen, pci, meta.monotonic_usec);
-        }
-        let id = self.identities.iter().find(|i| i.pci == pci);
-        // At most channel, ecc_type, gpu_serial (+ context from the policy).
-        let mut attrs = [("", ""); 3];
-        let mut n = 0;
-        if let Some(c) = x.channel {
-            insert_attr(&mut attrs, &mut n, ("channel", c));
-        }
-        if let Some(t) = crate::message::ecc_type_of(x.detail) {
-            insert_attr(&mut attrs, &mut n, ("ecc_type", t));
-        }
-        if let Some(s) = id.and_then(|i| i.serial.as_deref()) {
-            insert_attr(&mut attrs, &mut n, ("gpu_serial", s));
-        }
-        let mut ev = FaultEventRef {
-            kind: FaultKind::Xid as i32,
-            code: x.code,
-            pci_address: pci,
-            gpu_index: None,
-            gpu_uuid: id.map_or("", |i| i.uuid.as_str()),
-            pid: x.pid,
-            process: x.process.unwrap_or(""),
-            message: raw,
-            kmsg_seq: meta.seq,
-            monotonic_usec: meta.monotonic_usec,
-            time_unix_nano: meta.time_unix_nano,
-            facility: meta.facility.map(u32::from),
-            level: meta.level.map(u32::from),
-            action: 0,
-            severity: 0,
-            policy_reason: "",
-            source: 0,
-            boot_id: "",
-            count: 1,
-            attributes: Attrs::list(&attrs[..n]),
-            name: "",
-        };
-        let d = self.policy.decide_xid(&mut self.ctx, &ev);
-        let (mut all, mut m) = ([("", ""); 5], n);
-        all[..n].copy_from_slice(&attrs[..n]);
-        if let Some(c) = &d.context {
-            insert_attr(&mut all, &mut m, ("context", c));
-        }
-        ev.attributes = Attrs::list(&all[..m]);
-        ev.action = d.action as i32;
-        ev.severity = d.action.default_severity() as i32;
-        ev.policy_reason = &d.reason;
-        ev.name = &d.name;
-        match out {
-            Sink::Owned(v) => {
-                let mut owned = self.spare.pop().unwrap_or_default();
-                ev.write_into(&mut owned);
-                v.push(owned);
-            }
-            Sink::View(f) => f(&ev),
-        }
-    }
-
     /// True while an event is held waiting for follow-up records.
     pub fn has_pending(&self) -> bool {
         self.held.is_some() || !self.fallen.is_empty()
@@ -942,83 +870,135 @@ impl Scanner {
         }
     }
 
+    /// An XID line. Its event is built borrowed, from the line, the identity table and
+    /// the policy: a line that is its own event (nearly all) is decided and handed out
+    /// without an owned copy; only a line that waits for more (a GSP dump, the other
+    /// lines of one fault, a GPU's fallen-off report) becomes an owned event.
     fn start_xid(&mut self, meta: RecordMeta, x: &XidMsg<'_>, raw: &str, out: &mut Sink<'_>) {
-        // The common case, a line that is its own event with no detail decoded into
-        // attributes of its own: decided and handed out from the line's text.
-        let at_once = x.code_as_printed.is_none()
-            && !matches!(x.code, 74 | 119 | 120 | 144..=150 | 154)
-            && (x.pid.is_some() || !multi_line_xid(x.code))
-            && (x.code != 79 || self.fallen.is_empty());
-        if at_once && let Some(pci) = self.pci_name(x.pci) {
-            self.emit_xid(&meta, x, raw, pci, out);
-            return;
+        let interned = self.pci_name(x.pci);
+        // An address edited before the log was pasted: reported as given when it still
+        // names a bus and device, else unknown; the line is never dropped.
+        let edited = match interned {
+            Some(_) => None,
+            None => Some(crate::pci::edited_pci(x.pci)),
+        };
+        let pci = match (interned, &edited) {
+            (Some(i), _) => self.pci_names[i].1.as_str(),
+            (None, Some(e)) => e.as_deref().unwrap_or(""),
+            (None, None) => "",
+        };
+        let waits = matches!(x.code, 119 | 120)
+            || (x.pid.is_none() && x.code_as_printed.is_none() && multi_line_xid(x.code))
+            || (x.code == 79 && !self.fallen.is_empty());
+        if x.code == 79 {
+            note_fallen(&mut self.last_fallen, pci, meta.monotonic_usec);
         }
-        let mut ev = self.event(FaultKind::Xid, &meta, raw);
-        ev.code = x.code;
-        if !crate::pci::normalize_pci_into(x.pci, &mut ev.pci_address) {
-            // An address edited before the log was pasted: reported as given when it
-            // still names a bus and device, else unknown; the line is never dropped.
-            attr(&mut ev, "pci_as_printed", x.pci);
-            match crate::pci::edited_pci(x.pci) {
-                Some(p) => {
-                    ev.pci_address = p;
-                    attr(
-                        &mut ev,
-                        "pci_note",
-                        "device number above 0x1f: not a valid PCI address",
-                    );
-                }
-                None => attr(&mut ev, "pci_note", "address redacted: GPU unknown"),
-            }
+        let id = self
+            .identities
+            .iter()
+            .find(|i| !pci.is_empty() && i.pci == pci);
+        let mut link = [0u8; 10];
+        let mut attrs = [("", ""); 16];
+        let mut n = 0;
+        let mut add = |pair| insert_attr(&mut attrs, &mut n, pair);
+        if let Some(e) = &edited {
+            add(("pci_as_printed", x.pci));
+            add((
+                "pci_note",
+                match e {
+                    Some(_) => "device number above 0x1f: not a valid PCI address",
+                    None => "address redacted: GPU unknown",
+                },
+            ));
         }
         if let Some(printed) = x.code_as_printed {
-            attr(&mut ev, "xid_as_printed", printed);
-        }
-        ev.pid = x.pid;
-        if let Some(p) = x.process {
-            ev.process.push_str(p);
+            add(("xid_as_printed", printed));
         }
         if let Some(c) = x.channel {
-            attr(&mut ev, "channel", c);
+            add(("channel", c));
         }
         match x.code {
             144..=150 => {
-                if let Some(n) = parse_nvlink5(x.detail) {
-                    attr(&mut ev, "sub_component", n.sub_component);
-                    if let Some(f) = n.fatal {
-                        attr(&mut ev, "fatal", f.to_string());
+                if let Some(v) = parse_nvlink5(x.detail) {
+                    add(("sub_component", v.sub_component));
+                    if let Some(f) = v.fatal {
+                        add(("fatal", if f { "true" } else { "false" }));
                     }
-                    if let Some(l) = n.link {
-                        attr(&mut ev, "link", l.to_string());
+                    if let Some(l) = v.link {
+                        add(("link", decimal(l, &mut link)));
                     }
-                    if let Some(i) = n.intr_info {
-                        attr(&mut ev, "intr_info", i);
+                    if let Some(i) = v.intr_info {
+                        add(("intr_info", i));
                     }
-                    if let Some(e) = n.error_status {
-                        attr(&mut ev, "error_status", e);
+                    if let Some(e) = v.error_status {
+                        add(("error_status", e));
                     }
-                    if let Some(v) = &self.driver_version {
-                        attr(&mut ev, "driver_version", v.clone());
+                    if let Some(d) = &self.driver_version {
+                        add(("driver_version", d));
                     }
                 }
             }
             154 => {
                 if let Some(a) = crate::message::recovery_action_from_text(x.detail) {
-                    attr(&mut ev, "recovery_action", a.short_name());
+                    add(("recovery_action", a.short_name()));
                 }
             }
             74 => {
-                if let Some(n) = crate::message::link_in(x.detail) {
-                    attr(&mut ev, "link", n.to_string());
+                if let Some(l) = crate::message::link_in(x.detail) {
+                    add(("link", decimal(l, &mut link)));
                 }
             }
             _ => {}
         }
         if let Some(t) = crate::message::ecc_type_of(x.detail) {
-            attr(&mut ev, "ecc_type", t);
+            add(("ecc_type", t));
         }
+        if let Some(s) = id.and_then(|i| i.serial.as_deref()) {
+            add(("gpu_serial", s));
+        }
+        let mut view = FaultEventRef {
+            kind: FaultKind::Xid as i32,
+            code: x.code,
+            pci_address: pci,
+            gpu_uuid: id.map_or("", |i| i.uuid.as_str()),
+            pid: x.pid,
+            process: x.process.unwrap_or(""),
+            message: raw,
+            kmsg_seq: meta.seq,
+            monotonic_usec: meta.monotonic_usec,
+            time_unix_nano: meta.time_unix_nano,
+            facility: meta.facility.map(u32::from),
+            level: meta.level.map(u32::from),
+            count: 1,
+            attributes: Attrs::list(&attrs[..n]),
+            ..FaultEventRef::EMPTY
+        };
+        if !waits {
+            let d = self.policy.decide_xid(&mut self.ctx, &view);
+            let (mut all, mut m) = ([("", ""); 17], n);
+            all[..n].copy_from_slice(&attrs[..n]);
+            if let Some(c) = &d.context {
+                insert_attr(&mut all, &mut m, ("context", c));
+            }
+            view.attributes = Attrs::list(&all[..m]);
+            view.action = d.action as i32;
+            view.severity = d.action.default_severity() as i32;
+            view.policy_reason = &d.reason;
+            view.name = &d.name;
+            match out {
+                Sink::Owned(v) => {
+                    let mut owned = self.spare.pop().unwrap_or_default();
+                    view.write_into(&mut owned);
+                    v.push(owned);
+                }
+                Sink::View(f) => f(&view),
+            }
+            return;
+        }
+        // Classified when it is emitted (see `emit`).
+        let mut ev = self.spare.pop().unwrap_or_default();
+        view.write_into(&mut ev);
         if x.code == 79 {
-            note_fallen(&mut self.last_fallen, &ev.pci_address, meta.monotonic_usec);
             // A waiting `fallen off the bus` report of the same GPU was the prelude of
             // this XID 79: one event, the XID's, with the report's lines first. It keeps
             // its place among the other GPUs' reports (input order).
@@ -1044,10 +1024,8 @@ impl Scanner {
         }
         if matches!(x.code, 119 | 120) {
             self.hold(HeldKind::Gsp, ev, Vec::new());
-        } else if x.pid.is_none() && x.code_as_printed.is_none() && multi_line_xid(x.code) {
-            self.hold(HeldKind::Xid, ev, Vec::new());
         } else {
-            self.emit(ev, out);
+            self.hold(HeldKind::Xid, ev, Vec::new());
         }
     }
 }
@@ -1064,6 +1042,21 @@ fn note_fallen(last_fallen: &mut Vec<(String, Option<u64>)>, pci: &str, at: Opti
             last_fallen.push((pci.to_owned(), at));
         }
     }
+}
+
+/// `n` in decimal, written into `buf`.
+fn decimal(mut n: u32, buf: &mut [u8; 10]) -> &str {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    // ASCII digits: the conversion cannot fail.
+    std::str::from_utf8(&buf[i..]).unwrap_or("")
 }
 
 /// Sorted-insert of `pair` into the first `*n` entries of `list` (a handful).
