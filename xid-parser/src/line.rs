@@ -301,10 +301,16 @@ fn parse_raw_line(line: &[u8]) -> Option<LogLine<'_>> {
 
 /// `[...] msg`: monotonic, relative (`-H`), ctime (`-T`) or `Mon D HH:MM` (`-H`).
 fn parse_bracket_line(line: &[u8], plain: LineFormat) -> Option<LogLine<'_>> {
-    let close = memchr::memchr(b']', &line[..line.len().min(40)])?;
-    let (format, mono, wall) = match plain_secs_usec(&line[1..close]) {
-        Some(us) => (plain, Some(us?), None),
-        None => bracket_time(&line[1..close], plain)?,
+    let (close, format, mono, wall) = match dmesg_stamp(line) {
+        Some((close, us)) => (close, plain, Some(us?), None),
+        None => {
+            let close = memchr::memchr(b']', &line[..line.len().min(40)])?;
+            let (format, mono, wall) = match plain_secs_usec(&line[1..close]) {
+                Some(us) => (plain, Some(us?), None),
+                None => bracket_time(&line[1..close], plain)?,
+            };
+            (close, format, mono, wall)
+        }
     };
     let mut rest = &line[close + 1..];
     rest = skip_caller_id(rest);
@@ -315,6 +321,58 @@ fn parse_bracket_line(line: &[u8], plain: LineFormat) -> Option<LogLine<'_>> {
     out.monotonic_usec = mono;
     out.time_unix_nano = wall;
     Some(out)
+}
+
+/// The usual `[  1234.567890]` stamp read in one pass over the bytes (no search for
+/// the `]` first): `(index of the ']', what [`plain_secs_usec`] gives)`. `None` for
+/// any other shape, where the general path decides; when this returns `Some`, the
+/// `]` is the first one within 40 bytes and the value is exactly the general one.
+#[inline]
+fn dmesg_stamp(line: &[u8]) -> Option<(usize, Option<u64>)> {
+    // The `]` counts only within the first 40 bytes, as in the general path.
+    let line = &line[..line.len().min(40)];
+    let mut i = 1;
+    while line.get(i) == Some(&b' ') {
+        i += 1;
+    }
+    let start = i;
+    let mut secs = 0u64;
+    while let Some(&d) = line.get(i).filter(|d| d.is_ascii_digit()) {
+        // Wrapping: more than 19 digits is refused below, and 19 fit in a u64.
+        secs = secs.wrapping_mul(10).wrapping_add(u64::from(d - b'0'));
+        i += 1;
+    }
+    let n_secs = i - start;
+    if n_secs == 0 || n_secs > 19 || line.get(i) != Some(&b'.') {
+        return None;
+    }
+    i += 1;
+    let frac_start = i;
+    let mut frac = 0u64;
+    while let Some(&d) = line.get(i).filter(|d| d.is_ascii_digit()) {
+        frac = frac.wrapping_mul(10).wrapping_add(u64::from(d - b'0'));
+        i += 1;
+    }
+    let n_frac = i - frac_start;
+    if n_frac == 0 || n_frac > 9 {
+        return None;
+    }
+    while line.get(i) == Some(&b' ') {
+        i += 1;
+    }
+    if line.get(i) != Some(&b']') {
+        return None;
+    }
+    let usec = if n_frac <= 6 {
+        frac * 10u64.pow(6 - n_frac as u32)
+    } else {
+        frac / 10u64.pow(n_frac as u32 - 6)
+    };
+    Some((
+        i,
+        secs.checked_mul(1_000_000)
+            .and_then(|v| v.checked_add(usec)),
+    ))
 }
 
 /// Fast path for the common `dmesg` stamp ` 123.456789`: ASCII spaces, digits, one
@@ -411,7 +469,13 @@ fn skip_caller_id(rest: &[u8]) -> &[u8] {
 
 /// `HOST kernel: msg` → `msg`.
 fn strip_host_kernel_tag(rest: &[u8]) -> Option<&[u8]> {
-    let sp = memchr::memchr(b' ', rest)?;
+    // The first space is near the start (a host name, or the message's first word):
+    // a byte loop over a few bytes costs less than memchr's call and set-up.
+    let near = &rest[..rest.len().min(16)];
+    let sp = match near.iter().position(|&b| b == b' ') {
+        Some(sp) => sp,
+        None => near.len() + memchr::memchr(b' ', &rest[near.len()..])?,
+    };
     if sp == 0 {
         return None;
     }
@@ -871,6 +935,30 @@ mod tests {
             }
         }
         assert!(fast_hits > 1000, "{fast_hits}");
+        // The one-pass reader of a whole `[stamp] msg` line agrees with the search
+        // for the `]` plus the general parser (the `]` included in the alphabet).
+        let mut stamp_hits = 0;
+        for inner in inputs
+            .iter()
+            .chain(&[b"1.5]".to_vec(), b" 1.5 ] ]".to_vec()])
+        {
+            let line = [b"[".as_slice(), inner, b"] m"].concat();
+            let Some((close, fast)) = dmesg_stamp(&line) else {
+                continue;
+            };
+            stamp_hits += 1;
+            let general_close = memchr::memchr(b']', &line[..line.len().min(40)]);
+            assert_eq!(
+                Some(close),
+                general_close,
+                "{:?}",
+                String::from_utf8_lossy(&line)
+            );
+            let general = bracket_time(&line[1..close], LineFormat::Dmesg);
+            assert_eq!(fast, general.and_then(|(_, mono, _)| mono));
+            assert_eq!(plain_secs_usec(&line[1..close]), Some(fast));
+        }
+        assert!(stamp_hits > 1000, "{stamp_hits}");
     }
 
     #[test]

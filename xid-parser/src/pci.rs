@@ -22,13 +22,28 @@ fn hex_field(s: &[u8], max_len: usize) -> Option<u32> {
 }
 
 fn hex_digit(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    }
+    let v = HEX_VALUE[usize::from(b)];
+    (v < 16).then_some(v)
 }
+
+/// Each byte's hex value, 0xff for a byte that is not a hex digit: one load per
+/// digit instead of three range tests (every XID line's address is read digit by
+/// digit).
+static HEX_VALUE: [u8; 256] = {
+    let mut t = [0xffu8; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        t[b'A' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+};
 
 // Hand-written rather than `split`/`from_str_radix`: this runs for every XID of a
 // storm (twice), so it avoids iterator and formatting machinery.
@@ -43,23 +58,28 @@ fn parse_bdf(addr: &str) -> Option<Bdf> {
             [b'.', f] => hex_digit(*f).filter(|&f| f <= 7),
             _ => None,
         };
-        let hex2 = |h: u8, l: u8| Some(hex_digit(h)? << 4 | hex_digit(l)?);
-        if let (Some(func), Some(dh), Some(dl), Some(bus), Some(dev)) = (
-            func,
-            hex2(*d0, *d1),
-            hex2(*d2, *d3),
-            hex2(*b0, *b1),
-            hex2(*v0, *v1),
-        ) && dev <= 0x1f
+        let h = |c: &u8| HEX_VALUE[usize::from(*c)];
+        let digits = [h(d0), h(d1), h(d2), h(d3), h(b0), h(b1), h(v0), h(v1)];
+        // Every value below 16 (no 0xff): one OR over the eight instead of eight tests.
+        let all_hex = digits.iter().fold(0, |a, &d| a | d) < 16;
+        let pair = |i: usize| digits[i] << 4 | digits[i + 1];
+        if let Some(func) = func
+            && all_hex
+            && pair(6) <= 0x1f
         {
             return Some(Bdf {
-                domain: u32::from(dh) << 8 | u32::from(dl),
-                bus,
-                dev,
+                domain: u32::from(pair(0)) << 8 | u32::from(pair(2)),
+                bus: pair(4),
+                dev: pair(6),
                 func,
             });
         }
     }
+    parse_bdf_general(addr)
+}
+
+/// Every form [`parse_bdf`] accepts; the fast path there must agree with it.
+fn parse_bdf_general(addr: &str) -> Option<Bdf> {
     // `str::trim` decodes chars from both ends; an address is ASCII, so check that first.
     let trimmed = match addr.as_bytes() {
         [f, .., l] if f.is_ascii_graphic() && l.is_ascii_graphic() => addr,
@@ -354,6 +374,33 @@ mod tests {
         assert_eq!(normalize_pci("000000000:3b:00.0"), None);
         assert_eq!(normalize_pci(":3b:00.0"), None);
         assert_eq!(normalize_pci("0000:3b:00."), None);
+    }
+
+    #[test]
+    fn address_fast_path_agrees_with_the_general_parser() {
+        // Each position of the driver's `dddd:bb:dd.f` form over digits, letters of
+        // both cases, a non-hex letter and separators, one or two positions at a time.
+        let base = *b"0000:3b:1f.7";
+        let alphabet = b"09afAFgG:. 8";
+        let mut fast_hits = 0;
+        for i in 0..base.len() {
+            for j in i..base.len() {
+                for &x in alphabet {
+                    for &y in alphabet {
+                        let mut a = base;
+                        a[i] = x;
+                        a[j] = y;
+                        for cut in [10, 12] {
+                            let s = std::str::from_utf8(&a[..cut]).unwrap();
+                            let got = parse_bdf(s);
+                            assert_eq!(got, parse_bdf_general(s), "{s}");
+                            fast_hits += usize::from(got.is_some());
+                        }
+                    }
+                }
+            }
+        }
+        assert!(fast_hits > 1000, "{fast_hits}");
     }
 
     #[test]
