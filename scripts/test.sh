@@ -85,9 +85,16 @@ step "Fuzz targets run (30 s each)"
 # cargo-fuzz builds with sanitizer flags that need nightly; RUSTC_BOOTSTRAP=1 lets
 # the stable toolchain accept them. Own target dir: instrumented builds share
 # nothing with the normal ones.
+# A target with seeds in fuzz/seeds/<target> (lines of the shapes a fast path
+# takes, which random bytes rarely reach) starts from them too.
 for target in $(cargo fuzz list --fuzz-dir fuzz); do
+  corpora=()
+  if [ -d "fuzz/seeds/$target" ]; then
+    mkdir -p "fuzz/corpus/$target"
+    corpora=("fuzz/corpus/$target" "fuzz/seeds/$target")
+  fi
   RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/fuzz" \
-    cargo fuzz run --fuzz-dir fuzz "$target" -- -max_total_time=30
+    cargo fuzz run --fuzz-dir fuzz "$target" "${corpora[@]}" -- -max_total_time=30
 done
 
 step "Prometheus rules: promtool check + unit tests"

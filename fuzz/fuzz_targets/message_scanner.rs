@@ -1,7 +1,7 @@
 //! Fuzzes the message parser and the scanner with arbitrary multi-line input.
-//! Invariants: no panic; no event from input whose lines carry none of the
-//! markers (`Scanner::interesting` false for every line); every event's first
-//! line carries a marker; every PCI address in an event is normalised (except an
+//! Invariants: no panic; the one-pass XID reading agrees with the general one; no
+//! event from input whose lines carry none of the markers (`Scanner::interesting`
+//! false for every line); every event's first line carries a marker; every PCI address in an event is normalised (except an
 //! edited address reported as given, marked `pci_note`); every event is classified
 //! and counts 1.
 #![no_main]
@@ -19,6 +19,12 @@ fuzz_target!(|data: &[u8]| {
         let line = parse_line(raw);
         let interesting = Scanner::interesting(line.message.as_bytes());
         any_interesting |= interesting;
+        if let Some(body) = line.message.strip_prefix("NVRM: Xid (") {
+            assert!(
+                xid_parser::fuzz_checks::xid_readings_agree(body),
+                "one-pass XID reading differs: {body:?}"
+            );
+        }
         let parsed = parse_message(&line.message);
         assert!(
             interesting || parsed.is_none(),

@@ -68,23 +68,25 @@ pub fn write_fault_event(ev: &crate::FaultEvent, out: &mut Vec<u8>) {
 /// [`write_fault_event`] of a borrowed event: the same bytes the owned event
 /// ([`FaultEventRef::to_event`](crate::FaultEventRef::to_event)) gives.
 pub fn write_fault_event_ref(ev: &crate::FaultEventRef<'_>, out: &mut Vec<u8>) {
+    // Each key is written with the punctuation around it (the quotes of a string
+    // value included) in one piece.
     out.extend_from_slice(b"{\"kind\":");
     enum_value::<crate::FaultKind>(ev.kind, out);
     out.extend_from_slice(b",\"code\":");
     uint(u64::from(ev.code), out);
-    out.extend_from_slice(b",\"pci_address\":");
-    string(ev.pci_address, out);
-    out.extend_from_slice(b",\"gpu_index\":");
+    out.extend_from_slice(b",\"pci_address\":\"");
+    text(ev.pci_address, out);
+    out.extend_from_slice(b"\",\"gpu_index\":");
     opt_uint(ev.gpu_index.map(u64::from), out);
-    out.extend_from_slice(b",\"gpu_uuid\":");
-    string(ev.gpu_uuid, out);
-    out.extend_from_slice(b",\"pid\":");
+    out.extend_from_slice(b",\"gpu_uuid\":\"");
+    text(ev.gpu_uuid, out);
+    out.extend_from_slice(b"\",\"pid\":");
     opt_uint(ev.pid.map(u64::from), out);
-    out.extend_from_slice(b",\"process\":");
-    string(ev.process, out);
-    out.extend_from_slice(b",\"message\":");
-    string(ev.message, out);
-    out.extend_from_slice(b",\"kmsg_seq\":");
+    out.extend_from_slice(b",\"process\":\"");
+    text(ev.process, out);
+    out.extend_from_slice(b"\",\"message\":\"");
+    text(ev.message, out);
+    out.extend_from_slice(b"\",\"kmsg_seq\":");
     opt_uint(ev.kmsg_seq, out);
     out.extend_from_slice(b",\"monotonic_usec\":");
     opt_uint(ev.monotonic_usec, out);
@@ -98,13 +100,13 @@ pub fn write_fault_event_ref(ev: &crate::FaultEventRef<'_>, out: &mut Vec<u8>) {
     enum_value::<crate::Action>(ev.action, out);
     out.extend_from_slice(b",\"severity\":");
     enum_value::<crate::Severity>(ev.severity, out);
-    out.extend_from_slice(b",\"policy_reason\":");
-    string(ev.policy_reason, out);
-    out.extend_from_slice(b",\"source\":");
+    out.extend_from_slice(b",\"policy_reason\":\"");
+    text(ev.policy_reason, out);
+    out.extend_from_slice(b"\",\"source\":");
     enum_value::<crate::Source>(ev.source, out);
-    out.extend_from_slice(b",\"boot_id\":");
-    string(ev.boot_id, out);
-    out.extend_from_slice(b",\"count\":");
+    out.extend_from_slice(b",\"boot_id\":\"");
+    text(ev.boot_id, out);
+    out.extend_from_slice(b"\",\"count\":");
     uint(u64::from(ev.count), out);
     out.extend_from_slice(b",\"attributes\":{");
     for (i, (k, v)) in ev.attributes.iter().enumerate() {
@@ -115,9 +117,9 @@ pub fn write_fault_event_ref(ev: &crate::FaultEventRef<'_>, out: &mut Vec<u8>) {
         out.push(b':');
         string(v, out);
     }
-    out.extend_from_slice(b"},\"name\":");
-    string(ev.name, out);
-    out.push(b'}');
+    out.extend_from_slice(b"},\"name\":\"");
+    text(ev.name, out);
+    out.extend_from_slice(b"\"}");
 }
 
 fn enum_value<T: ShortName + TryFrom<i32>>(value: i32, out: &mut Vec<u8>) {
@@ -183,7 +185,16 @@ fn uint(mut v: u64, out: &mut Vec<u8>) {
 /// as is. Runs without escapes are found [`W`] bytes at a time and copied whole.
 fn string(s: &str, out: &mut Vec<u8>) {
     out.push(b'"');
+    text(s, out);
+    out.push(b'"');
+}
+
+/// The inside of [`string`]: `s` escaped, without the quotes.
+fn text(s: &str, out: &mut Vec<u8>) {
     let b = s.as_bytes();
+    if b.is_empty() {
+        return;
+    }
     let mut start = 0;
     while let Some(i) = next_escape(b, start) {
         out.extend_from_slice(&b[start..i]);
@@ -205,7 +216,6 @@ fn string(s: &str, out: &mut Vec<u8>) {
         }
     }
     out.extend_from_slice(&b[start..]);
-    out.push(b'"');
 }
 
 fn needs_escape(c: u8) -> bool {
@@ -245,13 +255,43 @@ fn next_escape(b: &[u8], from: usize) -> Option<usize> {
         }
         i += W;
     }
-    let rest = &b[i..];
-    if rest.is_empty() {
+    if i == b.len() {
         return None;
     }
-    let mut c = [b'a'; W];
-    c[..rest.len()].copy_from_slice(rest);
-    first_escape(&c).map(|p| i + p)
+    // The last bytes: one more step that ends at the end, where every byte it shares
+    // with the steps before was found clean.
+    if let Some(c) = b.last_chunk::<W>()
+        && b.len() - W >= from
+    {
+        return first_escape(c).map(|p| b.len() - W + p);
+    }
+    // Shorter than a step (most fields): a word at a time, the same way at the end.
+    while let Some(c) = b[i..].first_chunk::<8>() {
+        let m = escape_bits(u64::from_le_bytes(*c));
+        if m != 0 {
+            return Some(i + (m.trailing_zeros() / 8) as usize);
+        }
+        i += 8;
+    }
+    if let Some(c) = b.last_chunk::<8>()
+        && b.len() - 8 >= from
+    {
+        let m = escape_bits(u64::from_le_bytes(*c));
+        return (m != 0).then(|| b.len() - 8 + (m.trailing_zeros() / 8) as usize);
+    }
+    b[i..].iter().position(|&c| needs_escape(c)).map(|p| i + p)
+}
+
+/// The top bit of each byte of `w` (little-endian) that needs an escape; bits above
+/// the lowest set one may be wrong (a borrow carries upwards from a hit), the lowest
+/// is exact, which is all [`next_escape`] reads.
+fn escape_bits(w: u64) -> u64 {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    let zero_byte = |x: u64| x.wrapping_sub(LO) & !x & HI;
+    // Below 0x20 (a byte of 0x80 or more never is: its top bit is masked by `!w`).
+    let control = w.wrapping_sub(LO * 0x20) & !w & HI;
+    control | zero_byte(w ^ (LO * u64::from(b'"'))) | zero_byte(w ^ (LO * u64::from(b'\\')))
 }
 
 #[cfg(test)]
@@ -312,6 +352,35 @@ mod tests {
                     string(&s, &mut buf);
                     let want = serde_json::to_string(&s).expect("string");
                     assert_eq!(String::from_utf8_lossy(&buf), want, "{c:#x} at {at}");
+                }
+            }
+        }
+    }
+
+    /// Strings of every length up to two steps and a half, with up to two bytes that
+    /// need escapes at every pair of positions: the step, the overlapping last step,
+    /// the word and the byte tail each find them as serde_json escapes them.
+    #[test]
+    fn every_length_with_escapes_anywhere() {
+        let mut buf = Vec::new();
+        for len in 0..80usize {
+            for a in 0..=len {
+                for b in a..=len {
+                    let mut s = vec![b'y'; len];
+                    for (at, c) in [(a, b'"'), (b, 0x01)] {
+                        if at < len {
+                            s[at] = c;
+                        }
+                    }
+                    let s = String::from_utf8(s).expect("ascii");
+                    buf.clear();
+                    string(&s, &mut buf);
+                    let want = serde_json::to_string(&s).expect("string");
+                    assert_eq!(
+                        String::from_utf8_lossy(&buf),
+                        want,
+                        "len {len}, at {a} and {b}"
+                    );
                 }
             }
         }

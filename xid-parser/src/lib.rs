@@ -72,3 +72,14 @@ pub use pci::{find_pci, normalize_pci};
 pub use policy::{ContextWindow, Explanation, OtherAgents, Policy, PolicyEntry, PolicyError};
 pub use record::{KmsgRecord, RecordError, parse_kmsg_record, unescape_kmsg};
 pub use scanner::{DEFAULT_HOLD_USEC, RecordMeta, Scanner};
+
+/// Checks for the fuzz targets: each fast path of the parser against the general
+/// reading it stands in for. Not part of the API.
+#[doc(hidden)]
+pub mod fuzz_checks {
+    /// True when the one-pass reading of an XID line body (the text after
+    /// `NVRM: Xid (`) gives nothing or what the general reading gives.
+    pub fn xid_readings_agree(body: &str) -> bool {
+        crate::message::xid_readings_agree(body)
+    }
+}

@@ -329,6 +329,15 @@ fn parse_bracket_line(line: &[u8], plain: LineFormat) -> Option<LogLine<'_>> {
 /// `]` is the first one within 40 bytes and the value is exactly the general one.
 #[inline]
 fn dmesg_stamp(line: &[u8]) -> Option<(usize, Option<u64>)> {
+    match kernel_width_stamp(line) {
+        Some((close, usec)) => Some((close, Some(usec))),
+        None => dmesg_stamp_scan(line),
+    }
+}
+
+/// [`dmesg_stamp`] for any width: one pass over the bytes.
+#[inline]
+fn dmesg_stamp_scan(line: &[u8]) -> Option<(usize, Option<u64>)> {
     // The `]` counts only within the first 40 bytes, as in the general path.
     let line = &line[..line.len().min(40)];
     let mut i = 1;
@@ -373,6 +382,40 @@ fn dmesg_stamp(line: &[u8]) -> Option<(usize, Option<u64>)> {
         secs.checked_mul(1_000_000)
             .and_then(|v| v.checked_add(usec)),
     ))
+}
+
+/// The stamp as the kernel prints it, `[%5lu.%06lu]`: seconds right-aligned in at
+/// least five places (up to seven here), six fraction digits, read at their fixed
+/// positions: `(index of the ']', µs)`. `None` for any other shape; where this gives
+/// a value, it is [`dmesg_stamp`]'s.
+#[inline]
+fn kernel_width_stamp(line: &[u8]) -> Option<(usize, u64)> {
+    let dot = (6..=8).find(|&d| line.get(d) == Some(&b'.'))?;
+    let close = dot + 7;
+    if line.get(close) != Some(&b']') {
+        return None;
+    }
+    let mut secs = 0u64;
+    let mut digits = false;
+    for &c in &line[1..dot] {
+        match c {
+            b' ' if !digits => {}
+            b'0'..=b'9' => {
+                secs = secs * 10 + u64::from(c - b'0');
+                digits = true;
+            }
+            _ => return None,
+        }
+    }
+    let mut frac = 0u64;
+    for &c in &line[dot + 1..close] {
+        let d = c.wrapping_sub(b'0');
+        if d > 9 {
+            return None;
+        }
+        frac = frac * 10 + u64::from(d);
+    }
+    digits.then_some((close, secs * 1_000_000 + frac))
 }
 
 /// Fast path for the common `dmesg` stamp ` 123.456789`: ASCII spaces, digits, one
@@ -889,6 +932,40 @@ mod tests {
             assert_eq!(l.format, LineFormat::Unknown, "{s}");
             assert_eq!(l.message, s);
         }
+    }
+
+    #[test]
+    fn kernel_width_stamps_read_as_any_stamp() {
+        // The kernel's shapes (5 to 7 second places, 6 fraction digits) with every
+        // byte of the stamp replaced by each of a few others.
+        let mut hits = 0;
+        for base in [
+            "[    1.000000] NVRM",
+            "[12345.678901] x",
+            "[123456.789012]",
+            "[1234567.000001] y",
+            "[    0.000000]",
+            "[   12.5] z",
+        ] {
+            for at in 0..base.len() {
+                for b in [b' ', b'0', b'9', b'.', b']', b'x', b'[', 0x80] {
+                    let mut line = base.as_bytes().to_vec();
+                    line[at] = b;
+                    for l in [&line[..], base.as_bytes()] {
+                        if let Some((close, usec)) = kernel_width_stamp(l) {
+                            hits += 1;
+                            assert_eq!(
+                                dmesg_stamp_scan(l),
+                                Some((close, Some(usec))),
+                                "{:?}",
+                                String::from_utf8_lossy(l)
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        assert!(hits > 100, "{hits}");
     }
 
     #[test]

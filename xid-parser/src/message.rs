@@ -537,6 +537,198 @@ fn nvlink_driver_body(msg: &str) -> Option<&str> {
 }
 
 fn parse_xid(s: &str) -> Option<XidMsg<'_>> {
+    parse_xid_usual(s).or_else(|| parse_xid_general(s))
+}
+
+/// Index of the first byte at or after `i` that is not ASCII whitespace, or `None`
+/// when that byte is not ASCII (Unicode whitespace may follow: the general path
+/// decides).
+#[inline]
+fn skip_ascii_ws(b: &[u8], mut i: usize) -> Option<usize> {
+    while let Some(&c) = b.get(i) {
+        if !is_ascii_ws(c) {
+            return (c < 0x80).then_some(i);
+        }
+        i += 1;
+    }
+    Some(i)
+}
+
+/// The XID line as the driver prints it, in one forward pass over the bytes:
+/// `(PCI:dddd:bb:dd): N, pid=N, name=S, Ch HEX, detail` (each field optional, in any
+/// order, ASCII blanks, a code below 10⁹). `None` for any other shape, which
+/// [`parse_xid_general`] reads; where this gives `Some`, it is exactly what the
+/// general reading gives (tested against it on generated lines and by the fuzzer).
+#[inline]
+fn parse_xid_usual(s: &str) -> Option<XidMsg<'_>> {
+    let b = s.as_bytes();
+    // The address in the driver's own form, `dddd:bb:dd` or `dddd:bb:dd.f`, closed by
+    // `)`: none of its bytes is a `)` or a blank, so that `)` is the first one and the
+    // address the general path's first word.
+    let from = if b.starts_with(b"PCI:") { 4 } else { 0 };
+    let close = match b.get(from + 10) {
+        Some(b')') => from + 10,
+        Some(b'.') if b.get(from + 12) == Some(&b')') => from + 12,
+        _ => return None,
+    };
+    if !crate::pci::is_usual_pci(&b[from..close]) || b.get(close + 1) != Some(&b':') {
+        return None;
+    }
+    // The code: one to nine digits.
+    let mut i = skip_ascii_ws(b, close + 2)?;
+    let (code, end) = digits_u32(b, i)?;
+    i = end;
+    match b.get(i) {
+        None => {}
+        Some(b',') => i = skip_ascii_ws(b, i + 1)?,
+        Some(b' ' | b'.') => {
+            while matches!(b.get(i), Some(b' ' | b'.')) {
+                i += 1;
+            }
+        }
+        Some(_) => return None,
+    }
+    // After a field: its commas, then blanks.
+    let next = |mut i: usize, set: &[u8]| {
+        while b.get(i).is_some_and(|c| set.contains(c)) {
+            i += 1;
+        }
+        skip_ascii_ws(b, i)
+    };
+    let (mut pid, mut process, mut channel) = (None, None, None);
+    loop {
+        let rest = &b[i..];
+        if rest.starts_with(b"pid=") {
+            let p = i + 4;
+            // Digits up to the comma (or the end): the number; anything else is read
+            // as the general path reads it.
+            let end = match digits_u32(b, p) {
+                Some((n, end)) if matches!(b.get(end), None | Some(b',')) => {
+                    pid = Some(n);
+                    end
+                }
+                _ => {
+                    let end = find_byte(b, p, b',').unwrap_or(b.len());
+                    pid = s[p..end].trim().parse::<u32>().ok();
+                    end
+                }
+            };
+            i = next(end, b",")?;
+        } else if rest.starts_with(b"name=") {
+            let p = i + 5;
+            let mut end = p;
+            let end = loop {
+                match find_byte(b, end, b',') {
+                    Some(c) if b.get(c + 1) == Some(&b' ') => break c,
+                    Some(c) => end = c + 1,
+                    None => break b.len(),
+                }
+            };
+            let name = trim_end_bytes(&s[p..end], b",");
+            // `str::trim` only where a blank (or a non-ASCII character) ends the name.
+            let plain = |c: Option<&u8>| c.is_some_and(|c| c.is_ascii_graphic());
+            let nb = name.as_bytes();
+            let name = if plain(nb.first()) && plain(nb.last()) {
+                name
+            } else {
+                name.trim()
+            };
+            if !name.is_empty() && name != "<unknown>" {
+                process = Some(name);
+            }
+            i = next(end, b",")?;
+        } else if let Some(skip) = channel_prefix(rest) {
+            let p = i + skip;
+            let mut end = p;
+            while b
+                .get(end)
+                .is_some_and(|&c| crate::pci::HEX_VALUE[usize::from(c)] < 16 || c == b'x')
+            {
+                end += 1;
+            }
+            if end == p {
+                break;
+            }
+            channel = Some(&s[p..end]);
+            i = next(end, b",.")?;
+        } else {
+            break;
+        }
+    }
+    Some(XidMsg {
+        pci: &s[from..close],
+        code,
+        code_as_printed: None,
+        pid,
+        process,
+        channel,
+        detail: &s[i..],
+    })
+}
+
+/// One to nine ASCII digits at `b[i..]`: their value and the index after them
+/// (`None` for none or more than nine, which the callers read another way).
+#[inline]
+fn digits_u32(b: &[u8], mut i: usize) -> Option<(u32, usize)> {
+    let from = i;
+    let mut n = 0u32;
+    while let Some(&c) = b.get(i) {
+        let d = c.wrapping_sub(b'0');
+        if d > 9 {
+            break;
+        }
+        if i - from == 9 {
+            return None;
+        }
+        n = n * 10 + u32::from(d);
+        i += 1;
+    }
+    (i > from).then_some((n, i))
+}
+
+/// Index of the first `needle` at or after `from`: eight bytes at a time (a word
+/// compare instead of a call into memchr, whose set-up costs more than the few
+/// bytes a field of an XID line has).
+#[inline]
+pub(crate) fn find_byte(b: &[u8], from: usize, needle: u8) -> Option<usize> {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    let mut i = from;
+    while let Some(w) = b.get(i..).and_then(|r| r.first_chunk::<8>()) {
+        let x = u64::from_le_bytes(*w) ^ (LO * u64::from(needle));
+        // A zero byte of `x` (a byte equal to `needle`) sets its top bit here; the
+        // lowest such bit is exact (borrows only run upwards from it).
+        let found = x.wrapping_sub(LO) & !x & HI;
+        if found != 0 {
+            return Some(i + (found.trailing_zeros() / 8) as usize);
+        }
+        i += 8;
+    }
+    b.get(i..)?.iter().position(|&c| c == needle).map(|p| i + p)
+}
+
+/// See [`crate::fuzz_checks::xid_readings_agree`].
+pub(crate) fn xid_readings_agree(body: &str) -> bool {
+    parse_xid_usual(body).is_none_or(|usual| Some(usual) == parse_xid_general(body))
+}
+
+/// Length of the channel field's name at the start of `rest` (`Ch `, `Channel ID `,
+/// `Channel `, or R570+'s `channel `).
+#[inline]
+fn channel_prefix(rest: &[u8]) -> Option<usize> {
+    match rest {
+        [b'C', b'h', b' ', ..] => Some(3),
+        [b'C', b'h', b'a', b'n', b'n', b'e', b'l', b' ', tail @ ..] => {
+            Some(if tail.starts_with(b"ID ") { 11 } else { 8 })
+        }
+        [b'c', b'h', b'a', b'n', b'n', b'e', b'l', b' ', ..] => Some(8),
+        _ => None,
+    }
+}
+
+/// The XID line in any shape the parser accepts: blanks of any kind, a first word
+/// before other text in the parentheses, edited addresses, out-of-range codes.
+fn parse_xid_general(s: &str) -> Option<XidMsg<'_>> {
     // Short slices: a byte loop costs less than memchr's call and set-up.
     let close = s.as_bytes()[..s.len().min(64)]
         .iter()
@@ -1428,6 +1620,91 @@ mod tests {
         ] {
             assert_eq!(ecc_type_of(text), want, "{text}");
             assert_eq!(ecc_type_reference(text), want, "reference: {text}");
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4096))]
+        /// The one-pass reading of the usual XID line gives what the general one
+        /// gives wherever it gives anything, on lines made of the fields' forms and
+        /// near misses of each (blanks of other kinds, edited addresses, long codes,
+        /// fields without values, commas without blanks).
+        #[test]
+        fn usual_xid_reading_is_the_general_one(parts in proptest::collection::vec(
+            proptest::sample::select(&[
+                "PCI:", "0000:3b:00", "0000:3B:00.1", "0000:3b:2a", "3b:00", "...", "zz",
+                ")", ":", ": ", " ", "  ", "\t", "\u{a0}", "\u{2003}", ",", ", ", ".", ". ",
+                "13", "79", "-5", "123456789", "1234567890", "0",
+                "pid=", "1234", "'<unknown>'", " 12 ", "+7", "99999999999",
+                "name=", "python", "<unknown>", "pt_main_thread", "é", "a b",
+                "Ch ", "Channel ", "Channel ID ", "channel ", "00000008", "0x0b00000a", "x",
+                "intr 00000000", "Graphics SM Warp Exception", "(GPC 7, TPC 7)",
+            ][..]),
+            0..16,
+        )) {
+            let body = parts.concat();
+            if let Some(usual) = parse_xid_usual(&body) {
+                proptest::prop_assert_eq!(Some(usual), parse_xid_general(&body), "{:?}", body);
+            }
+        }
+
+        /// The same on the driver's own shape with one field of it replaced.
+        #[test]
+        fn usual_xid_reading_on_driver_shapes(
+            pci in proptest::sample::select(&["PCI:0000:3b:00", "0000:86:00", "PCI:0000:07:00.0", "PCI:0000:3b:20", "PCI:..."][..]),
+            after_close in proptest::sample::select(&[": ", ":", ":  ", ": \t", " : ", ":\u{a0}"][..]),
+            code in proptest::sample::select(&["13", "79", "154", "999999999", "1000000000", "-1", "", "7x"][..]),
+            sep in proptest::sample::select(&[", ", ",", " ", ". ", "", ",\u{a0}", ":"][..]),
+            fields in proptest::collection::vec(proptest::sample::select(&[
+                "pid=1234, ", "pid='<unknown>', ", "pid=, ", "pid=12345678901, ", "pid= 7 , ",
+                "name=python, ", "name=<unknown>, ", "name=, ", "name=a,b, ", "name=pt main, ",
+                "name=é, ", "Ch 00000008, ", "Channel ID 0x10. ", "channel 0x0b00000a, ",
+                "Ch , ", "Ch 00000008,, ", "pid=1,,  ",
+            ][..]), 0..4),
+            detail in proptest::sample::select(&["", "Graphics Exception", "GPU has fallen off the bus.", "MMU Fault: ENGINE GRAPHICS", "\u{a0}x"][..]),
+        ) {
+            let body = format!("{pci}){after_close}{code}{sep}{}{detail}", fields.concat());
+            if let Some(usual) = parse_xid_usual(&body) {
+                proptest::prop_assert_eq!(Some(usual), parse_xid_general(&body), "{:?}", body);
+            }
+        }
+    }
+
+    #[test]
+    fn find_byte_finds_the_first_one() {
+        for len in 0..40 {
+            for a in 0..=len {
+                for b in a..=len {
+                    let mut h = vec![b'x'; len];
+                    // A byte just above the needle can look like one to the word test.
+                    for (at, c) in [(a, b','), (b, b'-')] {
+                        if at < len {
+                            h[at] = c;
+                        }
+                    }
+                    for from in 0..=len {
+                        let want = h[from..].iter().position(|&c| c == b',').map(|p| from + p);
+                        assert_eq!(find_byte(&h, from, b','), want, "{len} {a} {b} {from}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_usual_xid_reading_covers_the_driver_lines() {
+        for body in [
+            "PCI:0000:3b:00): 13, pid=1234, name=python, Graphics SM Warp Exception on (GPC 7, TPC 7, SM 0): Illegal Instruction Parameter",
+            "PCI:0000:86:00): 31, pid=626486, name=pt_main_thread, Ch 00000008, intr 00000000. MMU Fault",
+            "PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+            "PCI:0000:cb:00): 43, pid=29012, name=python3, Ch 00000008",
+            "PCI:0000:07:00): 94, pid=4142, name=python, Contained: SM (0x1). RST: No, D-RST: No",
+            "PCI:0000:3b:00): 119, Timeout after 6s of waiting for RPC response from GPU0 GSP!",
+            "0000:01:00): 13, 0003 00000000",
+        ] {
+            let usual = parse_xid_usual(body);
+            assert!(usual.is_some(), "{body}");
+            assert_eq!(usual, parse_xid_general(body), "{body}");
         }
     }
 

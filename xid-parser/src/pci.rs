@@ -29,7 +29,7 @@ fn hex_digit(b: u8) -> Option<u8> {
 /// Each byte's hex value, 0xff for a byte that is not a hex digit: one load per
 /// digit instead of three range tests (every XID line's address is read digit by
 /// digit).
-static HEX_VALUE: [u8; 256] = {
+pub(crate) static HEX_VALUE: [u8; 256] = {
     let mut t = [0xffu8; 256];
     let mut i = 0;
     while i < 10 {
@@ -50,32 +50,61 @@ static HEX_VALUE: [u8; 256] = {
 fn parse_bdf(addr: &str) -> Option<Bdf> {
     let b = addr.as_bytes();
     let b = b.strip_prefix(b"PCI:").unwrap_or(b);
-    // Fast path for the driver's own forms, `dddd:bb:dd` and `dddd:bb:dd.f`; anything
-    // else (or anything invalid) takes the general path below.
-    if let [d0, d1, d2, d3, b':', b0, b1, b':', v0, v1, rest @ ..] = b {
-        let func = match rest {
-            [] => Some(0),
-            [b'.', f] => hex_digit(*f).filter(|&f| f <= 7),
-            _ => None,
-        };
-        let h = |c: &u8| HEX_VALUE[usize::from(*c)];
-        let digits = [h(d0), h(d1), h(d2), h(d3), h(b0), h(b1), h(v0), h(v1)];
-        // Every value below 16 (no 0xff): one OR over the eight instead of eight tests.
-        let all_hex = digits.iter().fold(0, |a, &d| a | d) < 16;
-        let pair = |i: usize| digits[i] << 4 | digits[i + 1];
-        if let Some(func) = func
-            && all_hex
-            && pair(6) <= 0x1f
-        {
-            return Some(Bdf {
-                domain: u32::from(pair(0)) << 8 | u32::from(pair(2)),
-                bus: pair(4),
-                dev: pair(6),
-                func,
-            });
-        }
+    usual_bdf(b).or_else(|| parse_bdf_general(addr))
+}
+
+/// The driver's own forms, `dddd:bb:dd` and `dddd:bb:dd.f` (no `PCI:` prefix):
+/// `None` for anything else, valid or not, which the general parser decides.
+#[inline]
+fn usual_bdf(b: &[u8]) -> Option<Bdf> {
+    let [d0, d1, d2, d3, b':', b0, b1, b':', v0, v1, rest @ ..] = b else {
+        return None;
+    };
+    let func = match rest {
+        [] => 0,
+        [b'.', f] => hex_digit(*f).filter(|&f| f <= 7)?,
+        _ => return None,
+    };
+    let h = |c: &u8| HEX_VALUE[usize::from(*c)];
+    let digits = [h(d0), h(d1), h(d2), h(d3), h(b0), h(b1), h(v0), h(v1)];
+    // Every value below 16 (no 0xff): one OR over the eight instead of eight tests.
+    let all_hex = digits.iter().fold(0, |a, &d| a | d) < 16;
+    let pair = |i: usize| digits[i] << 4 | digits[i + 1];
+    (all_hex && pair(6) <= 0x1f).then(|| Bdf {
+        domain: u32::from(pair(0)) << 8 | u32::from(pair(2)),
+        bus: pair(4),
+        dev: pair(6),
+        func,
+    })
+}
+
+/// `a == b` for text as short as a PCI address: up to 16 bytes compared as two
+/// overlapping words, inline (a call to `memcmp` costs several times that, and the
+/// scanner compares addresses for every XID line of a storm).
+#[inline]
+pub(crate) fn same_text(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
     }
-    parse_bdf_general(addr)
+    match (
+        a.first_chunk::<8>(),
+        a.last_chunk::<8>(),
+        b.first_chunk::<8>(),
+        b.last_chunk::<8>(),
+    ) {
+        (Some(a0), Some(a1), Some(b0), Some(b1)) if a.len() <= 16 => {
+            u64::from_ne_bytes(*a0) == u64::from_ne_bytes(*b0)
+                && u64::from_ne_bytes(*a1) == u64::from_ne_bytes(*b1)
+        }
+        _ => a == b,
+    }
+}
+
+/// True when `addr` (no `PCI:` prefix) is in one of the driver's own forms
+/// (`dddd:bb:dd`, `dddd:bb:dd.f`) and valid: then [`is_pci`] is true too.
+pub(crate) fn is_usual_pci(addr: &[u8]) -> bool {
+    usual_bdf(addr).is_some()
 }
 
 /// Every form [`parse_bdf`] accepts; the fast path there must agree with it.
@@ -307,6 +336,36 @@ pub fn find_pci(text: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn same_text_is_string_equality() {
+        let texts: Vec<String> = (0..40)
+            .flat_map(|n| {
+                let base = "0000:3b:00.0-abcdefghijklmnopqrstuvwxyz0123"
+                    .chars()
+                    .take(n);
+                let s: String = base.collect();
+                let mut other = s.clone().into_bytes();
+                if let Some(last) = other.last_mut() {
+                    *last ^= 1;
+                }
+                let mut first = s.clone().into_bytes();
+                if let Some(f) = first.first_mut() {
+                    *f ^= 1;
+                }
+                [
+                    s,
+                    String::from_utf8(other).unwrap_or_default(),
+                    String::from_utf8(first).unwrap_or_default(),
+                ]
+            })
+            .collect();
+        for a in &texts {
+            for b in &texts {
+                assert_eq!(same_text(a, b), a == b, "{a:?} {b:?}");
+            }
+        }
+    }
 
     #[test]
     fn normalises_every_driver_form() {

@@ -17,6 +17,7 @@
 
 use crate::catalog::{self, CatalogRow};
 use crate::overrides::{CountWindow, OverrideProblem, PolicyOverrides, parse_xid_key};
+use crate::pci::same_text;
 use gpuwatch_proto::{
     Action, FaultEvent, FaultEventRef, FaultKind, RecoveryAction, Severity, ShortName,
 };
@@ -152,7 +153,7 @@ impl ContextWindow {
         if pci.is_empty() {
             return None;
         }
-        let gpu = self.gpus.iter().find(|g| g.pci == pci)?;
+        let gpu = self.gpus.iter().find(|g| same_text(&g.pci, pci))?;
         gpu.recent.iter().rev().find_map(|seen| {
             let d = seen.at.distance(at)?;
             (d <= self.window_usec && pred(seen.code)).then_some((seen.code, d))
@@ -165,7 +166,7 @@ impl ContextWindow {
         }
         self.uses += 1;
         let uses = self.uses;
-        let idx = match self.gpus.iter().position(|g| g.pci == pci) {
+        let idx = match self.gpus.iter().position(|g| same_text(&g.pci, pci)) {
             Some(i) => i,
             None => {
                 let oldest = self

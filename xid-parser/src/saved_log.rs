@@ -132,25 +132,25 @@ struct LineScan {
 
 impl LineScan {
     /// One complete line (`\n` included when present); `hit`: a fault marker was
-    /// found in it.
+    /// found in it. Returns whether it holds one (`hit`, or found here).
     fn line<E, F: FnMut(&FaultEventRef<'_>) -> Result<(), E>>(
         &mut self,
         line: &[u8],
         hit: bool,
         out: &mut F,
         counts: &mut LogCounts,
-    ) -> Result<(), ReadError<E>> {
+    ) -> Result<bool, ReadError<E>> {
         counts.lines += 1;
         if line.len() > MAX_LINE_BYTES + 2 {
             counts.skipped_long_lines += 1;
-            return Ok(());
+            return Ok(false);
         }
         // A line without a fault marker can neither start nor continue an event; it
         // only matters while an event is held (see the module docs). NUL bytes never
         // create a marker, so only lines that go on are searched for them.
         let marked = hit || Scanner::interesting_line(line);
         if !marked && !self.scanner.has_pending() {
-            return Ok(());
+            return Ok(false);
         }
         if memchr::memchr(0, line).is_some() {
             counts.lines_with_nul += u64::from(marked);
@@ -159,9 +159,10 @@ impl LineScan {
                     self.piece(piece, Scanner::interesting_line(piece), out, counts)?;
                 }
             }
-            return Ok(());
+            return Ok(marked);
         }
-        self.piece(line, marked, out, counts)
+        self.piece(line, marked, out, counts)?;
+        Ok(marked)
     }
 
     /// One line's text without NUL bytes; `marked`: it passes
@@ -251,6 +252,11 @@ struct Cursor {
     start: usize,
     nl_from: usize,
     hit_from: usize,
+    /// The last line held a fault marker: the next one is tested on its own
+    /// ([`Scanner::interesting_line`]) instead of searched for. In a storm every line
+    /// is a hit, and a search costs several times the test; the search resumes at the
+    /// first line without a marker.
+    dense: bool,
 }
 
 impl Cursor {
@@ -279,7 +285,7 @@ impl LineScan {
         counts: &mut LogCounts,
     ) -> Result<(), ReadError<E>> {
         loop {
-            let hit = !self.scanner.has_pending();
+            let hit = !self.scanner.has_pending() && !cur.dense;
             if hit {
                 let from = cur.hit_from.max(cur.start);
                 let Some(hit) = self.markers.find(&buf[..filled], from) else {
@@ -309,7 +315,7 @@ impl LineScan {
                 return Ok(());
             };
             let end = cur.nl_from + off + 1;
-            self.line(&buf[cur.start..end], hit, out, counts)?;
+            cur.dense = self.line(&buf[cur.start..end], hit, out, counts)?;
             cur.set(end);
         }
     }

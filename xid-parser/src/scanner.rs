@@ -23,7 +23,7 @@ use crate::message::{
     AerDetail, MceMsg, McePart, Message, XidMsg, contains, find, interesting, parse_message,
     parse_nvlink5,
 };
-use crate::pci::{normalize_pci, pci_matches};
+use crate::pci::{normalize_pci, pci_matches, same_text};
 use crate::policy::{ContextWindow, Policy};
 use gpuwatch_proto::{Attrs, FaultEvent, FaultEventRef, FaultKind, ShortName};
 use std::sync::Arc;
@@ -238,6 +238,14 @@ impl Scanner {
     /// invalid UTF-8 → U+FFFD) never creates the printable bytes a marker is made of;
     /// a kmsg `\xNN` escape could, so a line with a backslash always passes.
     pub fn interesting_line(line: &[u8]) -> bool {
+        // The usual driver line, `[  123.456789] NVRM: …`, holds the `NVRM` marker
+        // where its message starts: found there without the general search.
+        if line.first() == Some(&b'[')
+            && let Some(close) = crate::message::find_byte(&line[..line.len().min(40)], 1, b']')
+            && line.get(close + 1..close + 6) == Some(b" NVRM")
+        {
+            return true;
+        }
         interesting(line) || memchr::memchr(b'\\', line).is_some()
     }
 
@@ -269,7 +277,11 @@ impl Scanner {
     /// Index in `pci_names` of the address `printed`, normalised once per GPU (a node
     /// has a handful): `None` when it is not a PCI address.
     fn pci_name(&mut self, printed: &str) -> Option<usize> {
-        if let Some(i) = self.pci_names.iter().position(|(p, _)| p == printed) {
+        if let Some(i) = self
+            .pci_names
+            .iter()
+            .position(|(p, _)| same_text(p, printed))
+        {
             return Some(i);
         }
         let normal = normalize_pci(printed)?;
@@ -896,7 +908,7 @@ impl Scanner {
         let id = self
             .identities
             .iter()
-            .find(|i| !pci.is_empty() && i.pci == pci);
+            .find(|i| !pci.is_empty() && same_text(&i.pci, pci));
         let mut link = [0u8; 10];
         let mut attrs = [("", ""); 16];
         let mut n = 0;
@@ -975,12 +987,16 @@ impl Scanner {
         };
         if !waits {
             let d = self.policy.decide_xid(&mut self.ctx, &view);
-            let (mut all, mut m) = ([("", ""); 17], n);
-            all[..n].copy_from_slice(&attrs[..n]);
+            // A context rule's attribute joins a copy of the list (most decisions
+            // have none, and the list stays as built).
+            let with_context;
             if let Some(c) = &d.context {
+                let (mut all, mut m) = ([("", ""); 17], n);
+                all[..n].copy_from_slice(&attrs[..n]);
                 insert_attr(&mut all, &mut m, ("context", c));
+                with_context = (all, m);
+                view.attributes = Attrs::list(&with_context.0[..with_context.1]);
             }
-            view.attributes = Attrs::list(&all[..m]);
             view.action = d.action as i32;
             view.severity = d.action.default_severity() as i32;
             view.policy_reason = &d.reason;
@@ -1033,7 +1049,7 @@ impl Scanner {
 /// Remembers the time of `pci`'s XID 79 in `last_fallen` (updated in place: a
 /// storm of XID 79s allocates nothing here; bounded like the identities).
 fn note_fallen(last_fallen: &mut Vec<(String, Option<u64>)>, pci: &str, at: Option<u64>) {
-    match last_fallen.iter_mut().find(|(p, _)| p == pci) {
+    match last_fallen.iter_mut().find(|(p, _)| same_text(p, pci)) {
         Some((_, t)) => *t = at,
         None => {
             if last_fallen.len() >= MAX_IDENTITIES {
