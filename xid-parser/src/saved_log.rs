@@ -273,9 +273,10 @@ impl Cursor {
 
 impl LineScan {
     /// Processes every complete line of `buf[cur.start..filled]`: while nothing is
-    /// held, the buffer is searched for the next fault marker and the lines before
-    /// the hit's line are only counted; the hit's line, and every line while an event
-    /// is held, go the full path ([`LineScan::line`]).
+    /// held and the last line had no fault marker, the buffer is searched for the
+    /// next one and the lines before the hit's line are only counted; the hit's line,
+    /// the line after a line with a marker, and every line while an event is held go
+    /// the full path ([`LineScan::line`]).
     fn lines<E, F: FnMut(&FaultEventRef<'_>) -> Result<(), E>>(
         &mut self,
         buf: &[u8],
