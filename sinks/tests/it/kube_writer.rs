@@ -434,6 +434,16 @@ async fn six_lost_races_in_a_row_land_the_fault_taint_within_a_second() {
         .filter(|r| r.verb == "get" && r.at > taint_patches[0].at && r.at < landed)
         .count();
     assert_eq!(gets_between, 6, "one fresh read per lost race");
+    // The writer counts its write once the API server's answer is back, which can
+    // be after the server already shows the taint.
+    assert!(
+        wait_for(SECS, || h
+            .registry
+            .kube_writes(KubeObject::Taint, WriteResult::Ok)
+            >= 1)
+        .await,
+        "the landed taint write was never counted"
+    );
     assert_eq!(
         h.registry
             .kube_writes(KubeObject::Taint, WriteResult::Conflict),
