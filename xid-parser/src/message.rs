@@ -410,18 +410,7 @@ fn marker_at(msg: &[u8], i: usize) -> bool {
 }
 
 fn leading_u32(s: &str) -> Option<(u32, &str)> {
-    let end = s
-        .bytes()
-        .position(|b| !b.is_ascii_digit())
-        .unwrap_or(s.len());
-    if end == 0 || end > 9 {
-        return None;
-    }
-    // At most nine digits: no overflow.
-    let n = s.as_bytes()[..end]
-        .iter()
-        .fold(0u32, |n, &d| n * 10 + u32::from(d - b'0'));
-    Some((n, &s[end..]))
+    digits_u32(s.as_bytes(), 0).map(|(n, end)| (n, &s[end..]))
 }
 
 /// `Link 32`, `link 3`, `Link 00` → number.
@@ -560,7 +549,7 @@ fn skip_ascii_ws(b: &[u8], mut i: usize) -> Option<usize> {
 /// [`parse_xid_general`] reads; where this gives `Some`, it is exactly what the
 /// general reading gives (tested against it on generated lines and by the fuzzer).
 #[inline]
-fn parse_xid_usual(s: &str) -> Option<XidMsg<'_>> {
+pub(crate) fn parse_xid_usual(s: &str) -> Option<XidMsg<'_>> {
     let b = s.as_bytes();
     // The address in the driver's own form, `dddd:bb:dd` or `dddd:bb:dd.f`, closed by
     // `)`: none of its bytes is a `)` or a blank, so that `)` is the first one and the
@@ -667,7 +656,7 @@ fn parse_xid_usual(s: &str) -> Option<XidMsg<'_>> {
 }
 
 /// One to nine ASCII digits at `b[i..]`: their value and the index after them
-/// (`None` for none or more than nine, which the callers read another way).
+/// (`None` for none or more than nine).
 #[inline]
 fn digits_u32(b: &[u8], mut i: usize) -> Option<(u32, usize)> {
     let from = i;
@@ -707,11 +696,6 @@ pub(crate) fn find_byte(b: &[u8], from: usize, needle: u8) -> Option<usize> {
     b.get(i..)?.iter().position(|&c| c == needle).map(|p| i + p)
 }
 
-/// See [`crate::fuzz_checks::xid_readings_agree`].
-pub(crate) fn xid_readings_agree(body: &str) -> bool {
-    parse_xid_usual(body).is_none_or(|usual| Some(usual) == parse_xid_general(body))
-}
-
 /// Length of the channel field's name at the start of `rest` (`Ch `, `Channel ID `,
 /// `Channel `, or R570+'s `channel `).
 #[inline]
@@ -728,7 +712,7 @@ fn channel_prefix(rest: &[u8]) -> Option<usize> {
 
 /// The XID line in any shape the parser accepts: blanks of any kind, a first word
 /// before other text in the parentheses, edited addresses, out-of-range codes.
-fn parse_xid_general(s: &str) -> Option<XidMsg<'_>> {
+pub(crate) fn parse_xid_general(s: &str) -> Option<XidMsg<'_>> {
     // Short slices: a byte loop costs less than memchr's call and set-up.
     let close = s.as_bytes()[..s.len().min(64)]
         .iter()
@@ -819,13 +803,9 @@ fn is_ascii_ws(b: u8) -> bool {
 /// `s.trim_start()`: a byte loop over ASCII whitespace, `str::trim_start` only when
 /// a non-ASCII character follows (it may be Unicode whitespace).
 fn trim_start(s: &str) -> &str {
-    let b = s.as_bytes();
-    let i = b.iter().position(|&c| !is_ascii_ws(c)).unwrap_or(b.len());
-    let rest = &s[i..];
-    if rest.as_bytes().first().is_some_and(|&c| c >= 0x80) {
-        rest.trim_start()
-    } else {
-        rest
+    match skip_ascii_ws(s.as_bytes(), 0) {
+        Some(i) => &s[i..],
+        None => s.trim_start(),
     }
 }
 
