@@ -3,12 +3,15 @@
 
 Fails (exit 1) with one line per problem when a dashboard query does not parse or returns
 no data, an alert rule is unhealthy or its expression does not parse, an expected alert is
-not firing, or a monitor alert fires although every input works.
+not firing, or a monitor alert fires although every input works. Data that is still on its
+way (a query without data yet, an expected alert not firing yet) is asked again every 2 s
+for up to --wait seconds: a loaded machine scrapes late; every other problem fails at once.
 """
 import argparse
 import json
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -30,14 +33,11 @@ def get(base, path, **params):
         return json.load(e)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--prometheus", required=True)
-    ap.add_argument("--node", required=True)
-    ap.add_argument("--expect", default="", help="space-separated alert names that must fire")
-    args = ap.parse_args()
+def check(args):
+    """(problems, problems that later scrapes can still mend, summary line)."""
     base = args.prometheus
     problems = []
+    pending = []
 
     # 1. Dashboard queries: parse and return data.
     out = subprocess.run(
@@ -52,7 +52,7 @@ def main():
         if r.get("status") != "success":
             problems.append(f"{dash} / {title}: query error: {r.get('error')}: {query}")
         elif not r["data"]["result"]:
-            problems.append(f"{dash} / {title}: no data: {query}")
+            pending.append(f"{dash} / {title}: no data: {query}")
 
     # 2. Alert rules: healthy, and each expression parses as an instant query.
     rules = [
@@ -75,14 +75,31 @@ def main():
     firing = sorted({a["labels"]["alertname"] for a in alerts if a["state"] == "firing"})
     for name in args.expect.split():
         if name not in firing:
-            problems.append(f"alert {name} is not firing (firing: {', '.join(firing) or 'none'})")
+            pending.append(f"alert {name} is not firing (firing: {', '.join(firing) or 'none'})")
     for name in sorted(FORBIDDEN & set(firing)):
         problems.append(f"alert {name} fires although every gpuwatch input works")
 
-    print(f"e2e: {n_queries} dashboard queries, {len(rules)} alert rules checked; firing: {', '.join(firing) or 'none'}")
-    for p in problems:
+    summary = f"e2e: {n_queries} dashboard queries, {len(rules)} alert rules checked; firing: {', '.join(firing) or 'none'}"
+    return problems, pending, summary
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prometheus", required=True)
+    ap.add_argument("--node", required=True)
+    ap.add_argument("--expect", default="", help="space-separated alert names that must fire")
+    ap.add_argument("--wait", type=float, default=20, help="seconds to wait for data still on its way")
+    args = ap.parse_args()
+    deadline = time.monotonic() + args.wait
+    while True:
+        problems, pending, summary = check(args)
+        if problems or not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(2)
+    print(summary)
+    for p in problems + pending:
         print(f"e2e: FAIL {p}", file=sys.stderr)
-    if problems:
+    if problems or pending:
         sys.exit(1)
     print("e2e: OK")
 
