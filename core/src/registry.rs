@@ -281,6 +281,12 @@ struct FaultCount {
 /// (the OTLP exporter records it into an OTel histogram).
 pub type LatencyHook = Box<dyn Fn(f64) + Send + Sync>;
 
+/// Callback run with every node health the engine publishes, on the publishing
+/// thread, so it must be cheap. A metric output that reports "counters that moved"
+/// needs each NVML sample, not only the ones its scrapes or exports happen to see:
+/// otherwise a counter that moves before the first scrape is taken as the baseline.
+pub type HealthObserver = Box<dyn Fn(&Registry, &NodeHealth) + Send + Sync>;
+
 /// Upper bounds (seconds) of the pipeline latency histogram buckets, shared by
 /// the Prometheus renderer and the OTLP histogram view.
 pub const LATENCY_BUCKETS_SECONDS: [f64; 12] = [
@@ -326,6 +332,7 @@ pub struct Registry {
     latency_buckets: Mutex<LatencyBuckets>,
     latency_hook: OnceLock<LatencyHook>,
     health: RwLock<Arc<NodeHealth>>,
+    health_observers: RwLock<Vec<HealthObserver>>,
 }
 
 /// Cumulative explicit-bucket histogram (seconds), Prometheus style.
@@ -377,6 +384,7 @@ impl Default for Registry {
             latency_buckets: Mutex::new(LatencyBuckets::default()),
             latency_hook: OnceLock::new(),
             health: RwLock::new(Arc::new(NodeHealth::default())),
+            health_observers: RwLock::new(Vec::new()),
         }
     }
 }
@@ -556,8 +564,25 @@ impl Registry {
     }
 
     /// Publishes the latest node health (verdicts, active faults, NVML samples).
+    /// Health observers ([`Registry::add_health_observer`]) see it after it is stored.
     pub fn set_health(&self, health: Arc<NodeHealth>) {
-        *self.health.write().unwrap_or_else(|e| e.into_inner()) = health;
+        *self.health.write().unwrap_or_else(|e| e.into_inner()) = health.clone();
+        for observe in self
+            .health_observers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            observe(self, &health);
+        }
+    }
+
+    /// Runs `observer` with every node health published from now on.
+    pub fn add_health_observer(&self, observer: HealthObserver) {
+        self.health_observers
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(observer);
     }
 
     /// The latest node health.

@@ -96,10 +96,16 @@ wait_http "http://127.0.0.1:$prom_port/-/ready" "Prometheus"
 echo "e2e: gpuwatch on :$gw_port, Prometheus on :$prom_port; letting ${settle}s of data accumulate."
 sleep "$settle"
 
-python3 "$here/e2e-check.py" --prometheus "http://127.0.0.1:$prom_port" --node "$node" \
-  --expect "$expect" || {
+# The check's own lines are printed again after the diagnostics: a CI log that keeps only
+# its tail must still show what failed.
+if ! python3 "$here/e2e-check.py" --prometheus "http://127.0.0.1:$prom_port" --node "$node" \
+  --expect "$expect" > "$tmp/check.out" 2>&1; then
+  cat "$tmp/check.out" >&2
   echo "--- gpuwatch /metrics (head) ---" >&2
   curl -fsS "http://127.0.0.1:$gw_port/metrics" | grep -v '^#' | head -n 60 >&2 || true
   echo "--- gpuwatch stderr (tail) ---" >&2; tail -n 20 "$tmp/gpuwatch.err" >&2 || true
+  echo "--- prometheus log (tail) ---" >&2; tail -n 20 "$tmp/prometheus.log" >&2 || true
+  echo "--- e2e-check (again) ---" >&2; cat "$tmp/check.out" >&2
   exit 1
-}
+fi
+cat "$tmp/check.out"

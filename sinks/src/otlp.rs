@@ -570,6 +570,10 @@ impl OtlpExporter {
             let filter = Arc::new(SeriesFilter::new(Duration::from_secs(
                 cfg.series_quiet_window_secs,
             )));
+            let observer = filter.clone();
+            registry.add_health_observer(Box::new(move |registry, health| {
+                observer.observe(registry, health, Instant::now())
+            }));
             exporter._instruments = register_instruments(&meter, &registry, &filter);
             let histogram = meter
                 .f64_histogram(instruments::LATENCY_NAME)

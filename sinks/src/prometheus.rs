@@ -226,7 +226,7 @@ fn header(out: &mut String, name: &str, help: &str, ty: &str) {
 pub struct Renderer {
     registry: Arc<Registry>,
     resource: ResourceInfo,
-    filter: SeriesFilter,
+    filter: Arc<SeriesFilter>,
 }
 
 impl Renderer {
@@ -241,10 +241,15 @@ impl Renderer {
         resource: ResourceInfo,
         window: Duration,
     ) -> Renderer {
+        let filter = Arc::new(SeriesFilter::new(window));
+        let observer = filter.clone();
+        registry.add_health_observer(Box::new(move |registry, health| {
+            observer.observe(registry, health, Instant::now())
+        }));
         Renderer {
             registry,
             resource,
-            filter: SeriesFilter::new(window),
+            filter,
         }
     }
 
@@ -577,5 +582,43 @@ mod tests {
         assert!(!text.contains("gpuwatch_node_tainted"), "{text}");
         // No latency observation yet: no histogram, as in OTLP.
         assert!(!text.contains("gpuwatch_pipeline_latency_seconds"));
+    }
+    #[test]
+    fn nvlink_counters_that_move_before_the_first_scrape_are_served() {
+        use gpuwatch_proto::{GpuHealth, GpuSample, NodeHealth, NvLinkSample};
+        let node = |replay| {
+            let sample = GpuSample {
+                index: 0,
+                uuid: "GPU-0".into(),
+                pci_address: "00000000:1b:00.0".into(),
+                nvlinks: vec![NvLinkSample {
+                    link: 0,
+                    active: Some(true),
+                    replay_errors: Some(replay),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            std::sync::Arc::new(NodeHealth {
+                gpus: vec![GpuHealth {
+                    index: Some(0),
+                    uuid: sample.uuid.clone(),
+                    pci_address: sample.pci_address.clone(),
+                    sample: Some(sample),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })
+        };
+        let r = Registry::new();
+        let p = Renderer::new(r.clone(), ResourceInfo::default());
+        // Two NVML polls publish before anyone scrapes; the first is the baseline.
+        r.set_health(node(2));
+        r.set_health(node(9));
+        let text = p.render();
+        assert!(
+            text.contains("nvlink_link=\"0\",error_type=\"replay\"} 9\n"),
+            "{text}"
+        );
     }
 }

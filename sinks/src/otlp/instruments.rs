@@ -147,6 +147,8 @@ struct Seen {
     value: Num,
     /// When the series last mattered (non-zero / moved); `None`: never.
     notable: Option<Instant>,
+    /// When it was last collected.
+    collected: Instant,
 }
 
 /// Applies each instrument's [`Presence`] across collections. One filter per
@@ -185,6 +187,19 @@ impl SeriesFilter {
         notable.is_some_and(|t| now.saturating_duration_since(t) < self.window)
     }
 
+    /// Feeds one published node health to the instruments that report counters
+    /// that moved ([`Presence::Moved`]), so their baseline is the first NVML sample
+    /// and every move counts, however rarely the output collects (a scrape every
+    /// minute, an export every 30 s). Registered as a health observer by each
+    /// output (`Registry::add_health_observer`).
+    pub(crate) fn observe(&self, registry: &Registry, health: &NodeHealth, now: Instant) {
+        for (idx, spec) in SPECS.iter().enumerate() {
+            if spec.presence == Presence::Moved {
+                self.apply(idx, spec.points(registry, health), now);
+            }
+        }
+    }
+
     /// The points of instrument `idx` (of [`SPECS`]) to export at `now`.
     pub(crate) fn apply(&self, idx: usize, points: Vec<Point>, now: Instant) -> Vec<Point> {
         let presence = SPECS[idx].presence;
@@ -202,8 +217,9 @@ impl SeriesFilter {
                     let e = seen.entry(key.clone()).or_insert(Seen {
                         value: p.value,
                         notable: None,
+                        collected: now,
                     });
-                    e.value = p.value;
+                    (e.value, e.collected) = (p.value, now);
                     if !is_zero(p.value) {
                         e.notable = Some(now);
                     }
@@ -216,6 +232,7 @@ impl SeriesFilter {
                             Seen {
                                 value: p.value,
                                 notable: None,
+                                collected: now,
                             },
                         );
                         false
@@ -225,6 +242,7 @@ impl SeriesFilter {
                             e.value = p.value;
                             e.notable = Some(now);
                         }
+                        e.collected = now;
                         self.recent(e.notable, now)
                     }
                 },
@@ -236,7 +254,10 @@ impl SeriesFilter {
         }
         // Series of this instrument that were not collected this time: a
         // NonZero series that mattered recently is sent as 0 (its GPU, link or
-        // reason went away); everything else is forgotten.
+        // reason went away). A Moved series is not sent (its value is not
+        // current) but remembered for the quiet window: a sample missing once (NVML
+        // down for a poll) must not make its next value a new baseline, which would
+        // hide a move. Everything else is forgotten.
         seen.retain(|key, e| {
             if key.0 != idx || present.contains(key) {
                 return key.0 != idx
@@ -244,15 +265,17 @@ impl SeriesFilter {
                     || self.recent(e.notable, now)
                     || !is_zero(e.value);
             }
-            if presence == Presence::NonZero && self.recent(e.notable, now) {
-                e.value = zero_like(e.value);
-                out.push(Point {
-                    attrs: key.1.clone(),
-                    value: e.value,
-                });
-                true
-            } else {
-                false
+            match presence {
+                Presence::NonZero if self.recent(e.notable, now) => {
+                    e.value = zero_like(e.value);
+                    out.push(Point {
+                        attrs: key.1.clone(),
+                        value: e.value,
+                    });
+                    true
+                }
+                Presence::Moved => self.recent(Some(e.collected), now),
+                _ => false,
             }
         });
         out
@@ -1653,6 +1676,59 @@ mod tests {
         // A quiet window later: gone.
         let pts = f.collect_all(&r, &h, t1 + Duration::from_secs(300));
         assert_eq!(count(&pts), (g0, n0));
+    }
+
+    /// The failure this guards against: with a scrape every few seconds, NVLink
+    /// counters that moved between the agent's first NVML poll and the output's
+    /// first collection were taken as that output's baseline and never shown.
+    #[test]
+    fn a_move_before_the_first_collection_counts_when_every_sample_is_observed() {
+        let r = started_registry();
+        let mut h = healthy_node();
+        let t0 = Instant::now();
+        let observed = SeriesFilter::new(Duration::from_secs(300));
+        let unobserved = SeriesFilter::new(Duration::from_secs(300));
+        observed.observe(&r, &h, t0);
+        h.gpus[0].sample.as_mut().unwrap().nvlinks[2].replay_errors = Some(9);
+        observed.observe(&r, &h, t0 + Duration::from_secs(1));
+        let t2 = t0 + Duration::from_secs(5);
+        let pts = observed.collect_all(&r, &h, t2);
+        let link = series_of(&pts, "gpu.nvlink.link.errors");
+        assert_eq!(link.len(), 1, "{link:?}");
+        assert_eq!(link[0].value, Num::U64(9));
+        assert!(link[0].attrs.contains(&("nvlink.link", AttrValue::Int(2))));
+        // What an output that saw no sample before its first collection makes of it.
+        let pts = unobserved.collect_all(&r, &h, t2);
+        assert!(series_of(&pts, "gpu.nvlink.link.errors").is_empty());
+    }
+
+    #[test]
+    fn a_missed_sample_does_not_make_the_next_value_a_new_baseline() {
+        let r = started_registry();
+        let mut h = healthy_node();
+        let f = SeriesFilter::new(Duration::from_secs(300));
+        let t0 = Instant::now();
+        f.collect_all(&r, &h, t0);
+        // NVML down for a poll: no current samples, nothing NVLink is exported.
+        h.monitor.as_mut().unwrap().nvml_ok = false;
+        let pts = f.collect_all(&r, &h, t0 + Duration::from_secs(10));
+        assert!(series_of(&pts, "gpu.nvlink.link.errors").is_empty());
+        // Back, and the counter moved meanwhile.
+        h.monitor.as_mut().unwrap().nvml_ok = true;
+        h.gpus[4].sample.as_mut().unwrap().nvlinks[7].crc_data_errors = Some(3);
+        let pts = f.collect_all(&r, &h, t0 + Duration::from_secs(20));
+        let link = series_of(&pts, "gpu.nvlink.link.errors");
+        assert_eq!(link.len(), 1, "{link:?}");
+        assert_eq!(link[0].value, Num::U64(3));
+        // A series missing for longer than the quiet window is forgotten.
+        let t3 = t0 + Duration::from_secs(20);
+        h.monitor.as_mut().unwrap().nvml_ok = false;
+        f.collect_all(&r, &h, t3 + Duration::from_secs(1));
+        f.collect_all(&r, &h, t3 + Duration::from_secs(301));
+        h.monitor.as_mut().unwrap().nvml_ok = true;
+        h.gpus[4].sample.as_mut().unwrap().nvlinks[7].crc_data_errors = Some(5);
+        let pts = f.collect_all(&r, &h, t3 + Duration::from_secs(302));
+        assert!(series_of(&pts, "gpu.nvlink.link.errors").is_empty());
     }
 
     #[test]
