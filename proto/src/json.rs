@@ -160,9 +160,17 @@ const DIGIT_PAIRS: [u8; 200] = {
     t
 };
 
+/// `v` in decimal. The digits are built left-aligned in a 20-byte array that is
+/// appended whole and the surplus cut off again: a copy of a fixed size is a few
+/// moves, one of the digits' own length a call into `memcpy`.
 fn uint(mut v: u64, out: &mut Vec<u8>) {
+    if v < 10 {
+        out.push(b'0' + v as u8);
+        return;
+    }
+    let n = decimal_len(v);
     let mut digits = [0u8; 20];
-    let mut i = digits.len();
+    let mut i = n;
     while v >= 100 {
         let r = (v % 100) as usize;
         v /= 100;
@@ -170,14 +178,19 @@ fn uint(mut v: u64, out: &mut Vec<u8>) {
         digits[i..i + 2].copy_from_slice(&DIGIT_PAIRS[2 * r..2 * r + 2]);
     }
     if v >= 10 {
-        i -= 2;
         let r = v as usize;
-        digits[i..i + 2].copy_from_slice(&DIGIT_PAIRS[2 * r..2 * r + 2]);
+        digits[..2].copy_from_slice(&DIGIT_PAIRS[2 * r..2 * r + 2]);
     } else {
-        i -= 1;
-        digits[i] = b'0' + v as u8;
+        digits[0] = b'0' + v as u8;
     }
-    out.extend_from_slice(&digits[i..]);
+    let len = out.len();
+    out.extend_from_slice(&digits);
+    out.truncate(len + n);
+}
+
+/// Number of decimal digits of `v` (1 for 0).
+fn decimal_len(v: u64) -> usize {
+    v.checked_ilog10().map_or(1, |l| l as usize + 1)
 }
 
 /// A JSON string as serde_json writes it: `"` and `\` escaped, control characters
@@ -193,6 +206,12 @@ fn string(s: &str, out: &mut Vec<u8>) {
 fn text(s: &str, out: &mut Vec<u8>) {
     let b = s.as_bytes();
     if b.is_empty() {
+        return;
+    }
+    // Most strings (a kernel message, a policy reason) need no escape: tested whole,
+    // without looking for where, then copied in one piece.
+    if b.len() >= W && clean_long(b) {
+        out.extend_from_slice(b);
         return;
     }
     let mut start = 0;
@@ -243,6 +262,30 @@ fn first_escape(c: &[u8; W]) -> Option<usize> {
     } else {
         None
     }
+}
+
+/// Whether no byte of `b` (at least [`W`] long) needs an escape: each [`W`]-byte
+/// step's flags are or-ed into one array lane by lane (vector compares and ors, no
+/// branch per step), the last step ending at the end; one test at the end.
+fn clean_long(b: &[u8]) -> bool {
+    let mut acc = [0u8; W];
+    let mut steps = b.chunks_exact(W);
+    for c in &mut steps {
+        for k in 0..W {
+            acc[k] |= u8::from(needs_escape(c[k]));
+        }
+    }
+    if !steps.remainder().is_empty()
+        && let Some(c) = b.last_chunk::<W>()
+    {
+        for k in 0..W {
+            acc[k] |= u8::from(needs_escape(c[k]));
+        }
+    }
+    let (lo, hi) = acc.split_at(W / 2);
+    let lo = u128::from_le_bytes(lo.try_into().unwrap_or([1; W / 2]));
+    let hi = u128::from_le_bytes(hi.try_into().unwrap_or([1; W / 2]));
+    lo | hi == 0
 }
 
 /// Position of the first byte at or after `from` that needs an escape, [`W`]
@@ -441,6 +484,27 @@ mod tests {
             buf.clear();
             write_fault_event_ref(&listed, &mut buf);
             assert_eq!(String::from_utf8_lossy(&buf), want, "event {i}, listed");
+        }
+    }
+    /// Every digit count, at and around each power of ten, and the extremes.
+    #[test]
+    fn numbers_at_every_length_are_written_as_rust_formats_them() {
+        let mut values = vec![0, 1, 9, u64::MAX, u64::MAX - 1];
+        let mut p = 1u64;
+        for _ in 0..20 {
+            values.extend([
+                p.saturating_sub(1),
+                p,
+                p.saturating_add(1),
+                p.saturating_mul(7),
+            ]);
+            p = p.saturating_mul(10);
+        }
+        let mut buf = b"prefix".to_vec();
+        for v in values {
+            buf.truncate(6);
+            uint(v, &mut buf);
+            assert_eq!(&buf[6..], v.to_string().as_bytes(), "{v}");
         }
     }
 }
