@@ -1688,6 +1688,40 @@ mod tests {
         }
     }
 
+    /// Each marker and near miss at every offset of a filler text, at its end and
+    /// followed by more text.
+    #[test]
+    fn ecc_type_at_every_offset_is_the_reference() {
+        for marker in [
+            "DBE",
+            "SBE",
+            "xBE",
+            "double-bit",
+            "single bit",
+            "doublebit",
+            "Uncorrectable",
+            "uncorrected",
+            "Corrected",
+            "orrectable",
+            "orrect",
+            "Bit",
+            "bi",
+            "rr",
+        ] {
+            for at in 0..90 {
+                for len in [at + marker.len(), at + marker.len() + 1, 100, 129] {
+                    let mut text = "Graphics Exception: ESR 0x5041b0=0x1 ".repeat(4);
+                    text.truncate(at);
+                    text.push_str(marker);
+                    while text.len() < len {
+                        text.push('x');
+                    }
+                    assert_eq!(ecc_type_of(&text), ecc_type_reference(&text), "{text:?}");
+                }
+            }
+        }
+    }
+
     proptest::proptest! {
         /// The two-pass search agrees with the one-search-per-marker definition on
         /// text made of marker fragments, near misses and noise.
