@@ -109,8 +109,9 @@ pub(crate) enum Presence {
     /// stale 1.
     NonZero,
     /// Counter points whose value changed within the quiet window. The first
-    /// value seen is a baseline, not a change (a restart does not resend every
-    /// counter that is non-zero since the driver loaded).
+    /// NVML sample after start is a baseline, not a change (a restart does not
+    /// resend every counter that is non-zero since the driver loaded); each output
+    /// sees every later sample through `SeriesFilter::observe`.
     Moved,
 }
 
