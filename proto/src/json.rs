@@ -249,12 +249,8 @@ const W: usize = 32;
 /// vector compares), the first set one found from the mask's trailing zeros.
 fn first_escape(c: &[u8; W]) -> Option<usize> {
     let mut m = [0u8; W];
-    for k in 0..W {
-        m[k] = u8::from(needs_escape(c[k]));
-    }
-    let (lo, hi) = m.split_at(W / 2);
-    let lo = u128::from_le_bytes(lo.try_into().unwrap_or([0; W / 2]));
-    let hi = u128::from_le_bytes(hi.try_into().unwrap_or([0; W / 2]));
+    add_escape_flags(&mut m, c);
+    let (lo, hi) = halves(&m);
     if lo != 0 {
         Some((lo.trailing_zeros() / 8) as usize)
     } else if hi != 0 {
@@ -271,21 +267,31 @@ fn clean_long(b: &[u8]) -> bool {
     let mut acc = [0u8; W];
     let mut steps = b.chunks_exact(W);
     for c in &mut steps {
-        for k in 0..W {
-            acc[k] |= u8::from(needs_escape(c[k]));
-        }
+        add_escape_flags(&mut acc, c.try_into().unwrap_or(&[b'"'; W]));
     }
     if !steps.remainder().is_empty()
         && let Some(c) = b.last_chunk::<W>()
     {
-        for k in 0..W {
-            acc[k] |= u8::from(needs_escape(c[k]));
-        }
+        add_escape_flags(&mut acc, c);
     }
-    let (lo, hi) = acc.split_at(W / 2);
-    let lo = u128::from_le_bytes(lo.try_into().unwrap_or([1; W / 2]));
-    let hi = u128::from_le_bytes(hi.try_into().unwrap_or([1; W / 2]));
+    let (lo, hi) = halves(&acc);
     lo | hi == 0
+}
+
+/// Sets `m[k]` to 1 where `c[k]` needs an escape (leaves it otherwise).
+#[inline]
+fn add_escape_flags(m: &mut [u8; W], c: &[u8; W]) {
+    for k in 0..W {
+        m[k] |= u8::from(needs_escape(c[k]));
+    }
+}
+
+/// `m` as two little-endian 128-bit words, low half first.
+#[inline]
+fn halves(m: &[u8; W]) -> (u128, u128) {
+    let (lo, hi) = m.split_at(W / 2);
+    let word = |h: &[u8]| u128::from_le_bytes(h.try_into().unwrap_or([1; W / 2]));
+    (word(lo), word(hi))
 }
 
 /// Position of the first byte at or after `from` that needs an escape, [`W`]

@@ -567,13 +567,10 @@ impl OtlpExporter {
                 .with_reader(reader)
                 .build();
             let meter = provider.meter_with_scope(scope.clone());
-            let filter = Arc::new(SeriesFilter::new(Duration::from_secs(
-                cfg.series_quiet_window_secs,
-            )));
-            let observer = filter.clone();
-            registry.add_health_observer(Box::new(move |registry, health| {
-                observer.observe(registry, health, Instant::now())
-            }));
+            let filter = SeriesFilter::observing(
+                &registry,
+                Duration::from_secs(cfg.series_quiet_window_secs),
+            );
             exporter._instruments = register_instruments(&meter, &registry, &filter);
             let histogram = meter
                 .f64_histogram(instruments::LATENCY_NAME)

@@ -241,15 +241,10 @@ impl Renderer {
         resource: ResourceInfo,
         window: Duration,
     ) -> Renderer {
-        let filter = Arc::new(SeriesFilter::new(window));
-        let observer = filter.clone();
-        registry.add_health_observer(Box::new(move |registry, health| {
-            observer.observe(registry, health, Instant::now())
-        }));
         Renderer {
+            filter: SeriesFilter::observing(&registry, window),
             registry,
             resource,
-            filter,
         }
     }
 

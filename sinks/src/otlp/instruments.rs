@@ -11,8 +11,8 @@ use gpuwatch_proto::{
 };
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How an instrument aggregates.
@@ -188,11 +188,22 @@ impl SeriesFilter {
         notable.is_some_and(|t| now.saturating_duration_since(t) < self.window)
     }
 
+    /// The filter of one output, fed every node health `registry` publishes from now
+    /// on (see [`SeriesFilter::observe`]); an output collects through it.
+    pub(crate) fn observing(registry: &Registry, window: Duration) -> Arc<SeriesFilter> {
+        let filter = Arc::new(SeriesFilter::new(window));
+        let observer = Arc::clone(&filter);
+        registry.add_health_observer(Box::new(move |registry, health| {
+            observer.observe(registry, health, Instant::now())
+        }));
+        filter
+    }
+
     /// Feeds one published node health to the instruments that report counters
     /// that moved ([`Presence::Moved`]), so their baseline is the first NVML sample
     /// and every move counts, however rarely the output collects (a scrape every
-    /// minute, an export every 30 s). Registered as a health observer by each
-    /// output (`Registry::add_health_observer`).
+    /// minute, an export every 30 s). Each output's filter is registered as a health
+    /// observer by [`SeriesFilter::observing`].
     pub(crate) fn observe(&self, registry: &Registry, health: &NodeHealth, now: Instant) {
         for (idx, spec) in SPECS.iter().enumerate() {
             if spec.presence == Presence::Moved {
