@@ -221,6 +221,30 @@ pub fn parse_line(line: &[u8]) -> LogLine<'_> {
     parsed.unwrap_or_else(|| LogLine::new(LineFormat::Unknown, lossy(line)))
 }
 
+/// The GPU driver's XID line as the kernel's `dmesg` prints it, `[%5lu.%06lu] NVRM:
+/// Xid (…`, read without the format detection of [`parse_line`]: `(µs since boot,
+/// message)`, exactly [`parse_line`]'s `monotonic_usec` and `message` for that line
+/// (its other fields are empty). `None` for any other line, and for one with a NUL
+/// byte or invalid UTF-8 (the general path reads those).
+#[inline]
+pub(crate) fn kernel_xid_line(line: &[u8]) -> Option<(u64, &str)> {
+    if line.first() != Some(&b'[') {
+        return None;
+    }
+    let (close, usec) = kernel_width_stamp(line)?;
+    // No caller id, no `host kernel:` tag: the message follows the one blank.
+    let msg = line.get(close + 1..)?.strip_prefix(b" ")?;
+    if !msg.starts_with(b"NVRM: Xid (") {
+        return None;
+    }
+    let msg = msg.strip_suffix(b"\n").unwrap_or(msg);
+    let msg = msg.strip_suffix(b"\r").unwrap_or(msg);
+    if memchr::memchr(0, msg).is_some() {
+        return None;
+    }
+    Some((usec, std::str::from_utf8(msg).ok()?))
+}
+
 /// syslog facility names as `dmesg -x` prints them (util-linux `dmesg.c`), in
 /// facility-number order (`res0`..`res3` are 12..15).
 const FACILITIES: [&str; 24] = [
@@ -491,6 +515,7 @@ fn bracket_time(inner: &[u8], plain: LineFormat) -> Option<(LineFormat, Option<u
 }
 
 /// Skips a printk caller id right after the timestamp: `[ T291]`, ` [    C3]`.
+#[inline]
 fn skip_caller_id(rest: &[u8]) -> &[u8] {
     let candidate = rest.strip_prefix(b" ").unwrap_or(rest);
     if candidate.first() != Some(&b'[') {
@@ -511,6 +536,7 @@ fn skip_caller_id(rest: &[u8]) -> &[u8] {
 }
 
 /// `HOST kernel: msg` → `msg`.
+#[inline]
 fn strip_host_kernel_tag(rest: &[u8]) -> Option<&[u8]> {
     // The first space is near the start (a host name, or the message's first word):
     // a byte loop over a few bytes costs less than memchr's call and set-up.

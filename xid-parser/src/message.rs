@@ -525,7 +525,8 @@ fn nvlink_driver_body(msg: &str) -> Option<&str> {
     Some(rest.trim_start())
 }
 
-fn parse_xid(s: &str) -> Option<XidMsg<'_>> {
+#[inline]
+pub(crate) fn parse_xid(s: &str) -> Option<XidMsg<'_>> {
     parse_xid_usual(s).or_else(|| parse_xid_general(s))
 }
 
@@ -534,6 +535,11 @@ fn parse_xid(s: &str) -> Option<XidMsg<'_>> {
 /// decides).
 #[inline]
 fn skip_ascii_ws(b: &[u8], mut i: usize) -> Option<usize> {
+    // Nearly always one blank, then the next field.
+    let graphic = |c: Option<&u8>| c.is_some_and(|&c| c > b' ' && c < 0x80);
+    if b.get(i) == Some(&b' ') && graphic(b.get(i + 1)) {
+        return Some(i + 1);
+    }
     while let Some(&c) = b.get(i) {
         if !is_ascii_ws(c) {
             return (c < 0x80).then_some(i);
@@ -961,10 +967,63 @@ fn parse_nvrm_other(rest: &str) -> Message<'_> {
 /// `double-bit`), `sbe` (`SBE`, `single bit`, `single-bit`), `uncorrected`
 /// (`ncorrectable`, `ncorrected`), `corrected` (`orrectable`, `orrected`).
 ///
-/// Two passes instead of one search per marker: every marker contains `BE`, `bit`
-/// or `orrect` (the first two found by their rare first letter together), and the
-/// bytes around each hit tell which one it is.
+/// Every marker contains `BE`, `bit` or `orrect`, and the bytes around each hit tell
+/// which one it is: one SIMD search for the three (no two of them can overlap, so
+/// its non-overlapping hits are all of them), or two passes where the CPU has no
+/// packed searcher.
 pub(crate) fn ecc_type_of(s: &str) -> Option<&'static str> {
+    use aho_corasick::packed;
+    use std::sync::LazyLock;
+    static CORES: LazyLock<Option<packed::Searcher>> = LazyLock::new(|| {
+        packed::Config::new()
+            .match_kind(packed::MatchKind::LeftmostFirst)
+            .builder()
+            .extend(["BE", "bit", "orrect"])
+            .build()
+    });
+    let Some(cores) = CORES.as_ref() else {
+        return ecc_type_two_passes(s);
+    };
+    let b = s.as_bytes();
+    let before = |i: usize, n: usize| i.checked_sub(n).map(|start| &b[start..i]);
+    let (mut sbe, mut uncorrected, mut corrected) = (false, false, false);
+    for m in cores.find_iter(b) {
+        let i = m.start();
+        match m.pattern().as_usize() {
+            0 => match before(i, 1) {
+                Some(b"D") => return Some("dbe"),
+                Some(b"S") => sbe = true,
+                _ => {}
+            },
+            1 => match before(i, 7) {
+                Some(b"double " | b"double-") => return Some("dbe"),
+                Some(b"single " | b"single-") => sbe = true,
+                _ => {}
+            },
+            _ => {
+                let after = &b[i + 6..];
+                if after.starts_with(b"able") || after.starts_with(b"ed") {
+                    if before(i, 2) == Some(b"nc") {
+                        uncorrected = true;
+                    } else {
+                        corrected = true;
+                    }
+                }
+            }
+        }
+    }
+    if sbe {
+        Some("sbe")
+    } else if uncorrected {
+        Some("uncorrected")
+    } else {
+        corrected.then_some("corrected")
+    }
+}
+
+/// [`ecc_type_of`] without the packed searcher: the markers' rare first letters
+/// `B`/`b` found together, then `orrect`.
+fn ecc_type_two_passes(s: &str) -> Option<&'static str> {
     use memchr::memmem::Finder;
     use std::sync::LazyLock;
     static ORRECT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("orrect"));
@@ -1599,6 +1658,7 @@ mod tests {
             ("", None),
         ] {
             assert_eq!(ecc_type_of(text), want, "{text}");
+            assert_eq!(ecc_type_two_passes(text), want, "two passes: {text}");
             assert_eq!(ecc_type_reference(text), want, "reference: {text}");
         }
     }
@@ -1716,15 +1776,18 @@ mod tests {
                     while text.len() < len {
                         text.push('x');
                     }
-                    assert_eq!(ecc_type_of(&text), ecc_type_reference(&text), "{text:?}");
+                    let want = ecc_type_reference(&text);
+                    assert_eq!(ecc_type_of(&text), want, "{text:?}");
+                    assert_eq!(ecc_type_two_passes(&text), want, "two passes: {text:?}");
                 }
             }
         }
     }
 
     proptest::proptest! {
-        /// The two-pass search agrees with the one-search-per-marker definition on
-        /// text made of marker fragments, near misses and noise.
+        /// The one-search reading and the two-pass fallback agree with the
+        /// one-search-per-marker definition on text made of marker fragments, near
+        /// misses and noise.
         #[test]
         fn ecc_type_matches_reference(parts in proptest::collection::vec(
             proptest::sample::select(&[
@@ -1735,7 +1798,9 @@ mod tests {
             0..24,
         )) {
             let text = parts.concat();
-            proptest::prop_assert_eq!(ecc_type_of(&text), ecc_type_reference(&text), "{}", text);
+            let want = ecc_type_reference(&text);
+            proptest::prop_assert_eq!(ecc_type_of(&text), want, "{}", text);
+            proptest::prop_assert_eq!(ecc_type_two_passes(&text), want, "two passes: {}", text);
         }
     }
 

@@ -1032,7 +1032,10 @@ impl Policy {
 
     fn classify_xid(&self, ctx: &ContextWindow, ev: &FaultEventRef<'_>, at: Stamp) -> Decision<'_> {
         let code = ev.code;
-        if let Some(printed) = ev.attr("xid_as_printed") {
+        // The parser sets code 0 where the printed code does not fit.
+        if code == 0
+            && let Some(printed) = ev.attr("xid_as_printed")
+        {
             return Decision::new(
                 Action::Investigate,
                 format!(

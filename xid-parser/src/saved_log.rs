@@ -145,6 +145,15 @@ impl LineScan {
             counts.skipped_long_lines += 1;
             return Ok(false);
         }
+        // Every line of an XID storm: read in one step (a kernel line, so whatever
+        // the facility options).
+        let mut failed = None;
+        if self
+            .scanner
+            .push_kernel_xid_line(line, &mut |ev| sink(out, &mut failed, ev))
+        {
+            return failed.map_or(Ok(true), |e| Err(ReadError::Sink(e)));
+        }
         // A line without a fault marker can neither start nor continue an event; it
         // only matters while an event is held (see the module docs). NUL bytes never
         // create a marker, so only lines that go on are searched for them.
