@@ -1032,10 +1032,7 @@ impl Policy {
 
     fn classify_xid(&self, ctx: &ContextWindow, ev: &FaultEventRef<'_>, at: Stamp) -> Decision<'_> {
         let code = ev.code;
-        // The parser sets code 0 where the printed code does not fit.
-        if code == 0
-            && let Some(printed) = ev.attr("xid_as_printed")
-        {
+        if let Some(printed) = ev.attr("xid_as_printed") {
             return Decision::new(
                 Action::Investigate,
                 format!(
@@ -1812,6 +1809,26 @@ mod tests {
         }
         assert!(p.threshold(999).is_none());
         assert_eq!(p.recurrence_reboots(999), DEFAULT_RECURRENCE_REBOOTS);
+    }
+
+    /// A code printed out of range is said to be, whatever number it was kept as
+    /// (`1000000000` fits the code field, `-1` leaves it 0).
+    #[test]
+    fn out_of_range_codes_say_so_whatever_code_they_keep() {
+        let p = Policy::default();
+        for (code, printed) in [(1_000_000_000, "1000000000"), (0, "-1")] {
+            let mut ev = xid(code, GPU, Some(1));
+            ev.attributes
+                .insert("xid_as_printed".into(), printed.into());
+            let ev = classify(&p, &mut ContextWindow::new(), ev);
+            assert_eq!(ev.action(), Action::Investigate);
+            assert!(
+                ev.policy_reason.contains("as printed is out of range"),
+                "{}",
+                ev.policy_reason
+            );
+            assert_eq!(ev.name, format!("Unknown XID {printed}"));
+        }
     }
 
     #[test]
