@@ -115,14 +115,15 @@ pub fn xid_storm(n: usize) -> Vec<String> {
         .collect()
 }
 
-/// The gpuwatch hot path the benches measure, on saved-log lines, as `gpuwatch
-/// scan` runs it: the driver's XID line as the kernel prints it is read in one
-/// step ([`Scanner::push_kernel_xid_line`]); any other line is prefiltered
-/// ([`Scanner::interesting_line`]), and only candidate lines are parsed
-/// ([`parse_line`]: format detection, prefix, UTF-8) and pushed through the
-/// [`Scanner`] (message parse + multi-record assembly + classification), which
-/// hands each event out borrowed ([`Scanner::push_view`]: an XID line that is its
-/// own event is never copied).
+/// The gpuwatch hot path the benches measure, on saved-log lines: every line is
+/// prefiltered ([`Scanner::interesting_line`]; `gpuwatch scan` searches whole
+/// buffers instead, and skips it for the lines of a storm); a candidate that is
+/// the driver's XID line as the kernel prints it is read in one step
+/// ([`Scanner::push_kernel_xid_line`]), any other is parsed ([`parse_line`]:
+/// format detection, prefix, UTF-8) and pushed through the [`Scanner`] (message
+/// parse + multi-record assembly + classification). Each event is handed out
+/// borrowed ([`Scanner::push_view`]: an XID line that is its own event is never
+/// copied).
 /// Returns the number of events.
 pub fn scan_lines(
     lines: &[&[u8]],
@@ -169,15 +170,15 @@ fn scan_lines_with(
 ) -> usize {
     let mut n = 0;
     for l in lines {
+        if !Scanner::interesting_line(l) {
+            continue;
+        }
         if keep == Keep::Borrowed
             && scanner.push_kernel_xid_line(l, &mut |ev| {
                 n += 1;
                 std::hint::black_box(ev);
             })
         {
-            continue;
-        }
-        if !Scanner::interesting_line(l) {
             continue;
         }
         let line = parse_line(l);

@@ -228,15 +228,20 @@ pub fn parse_line(line: &[u8]) -> LogLine<'_> {
 /// byte or invalid UTF-8 (the general path reads those).
 #[inline]
 pub(crate) fn kernel_xid_line(line: &[u8]) -> Option<(u64, &str)> {
+    // Most lines are told apart by where the stamp would close and what follows,
+    // before any digit is read: no caller id, no `host kernel:` tag, the message
+    // right after the one blank.
     if line.first() != Some(&b'[') {
         return None;
     }
-    let (close, usec) = kernel_width_stamp(line)?;
-    // No caller id, no `host kernel:` tag: the message follows the one blank.
-    let msg = line.get(close + 1..)?.strip_prefix(b" ")?;
-    if !msg.starts_with(b"NVRM: Xid (") {
+    let dot = (6..=8).find(|&d| line.get(d) == Some(&b'.'))?;
+    let msg = line.get(dot + 7..)?.strip_prefix(b"] ")?;
+    // A fixed-size compare: inline word loads, no call.
+    if msg.first_chunk::<11>() != Some(b"NVRM: Xid (") {
         return None;
     }
+    let (close, usec) = kernel_width_stamp(line)?;
+    debug_assert_eq!(close, dot + 7);
     let msg = msg.strip_suffix(b"\n").unwrap_or(msg);
     let msg = msg.strip_suffix(b"\r").unwrap_or(msg);
     if memchr::memchr(0, msg).is_some() {

@@ -329,6 +329,7 @@ impl Scanner {
     /// any other line or while an event is held: the caller then takes the general
     /// path. Events are exactly those of the general path (the saved-log reader's
     /// tests compare it with the plain reading).
+    #[inline]
     pub fn push_kernel_xid_line(
         &mut self,
         line: &[u8],
