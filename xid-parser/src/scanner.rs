@@ -240,11 +240,15 @@ impl Scanner {
     pub fn interesting_line(line: &[u8]) -> bool {
         // The usual driver line, `[  123.456789] NVRM: …`, holds the `NVRM` marker
         // where its message starts: found there without the general search.
-        if line.first() == Some(&b'[')
-            && let Some(close) = crate::message::find_byte(&line[..line.len().min(40)], 1, b']')
-            && line.get(close + 1..close + 6) == Some(b" NVRM")
-        {
-            return true;
+        if line.first() == Some(&b'[') {
+            // The kernel's own stamp closes at a fixed place: looked at first.
+            let close = match (6..=8).find(|&d| line.get(d) == Some(&b'.')) {
+                Some(dot) if line.get(dot + 7) == Some(&b']') => Some(dot + 7),
+                _ => crate::message::find_byte(&line[..line.len().min(40)], 1, b']'),
+            };
+            if close.is_some_and(|c| line.get(c + 1..c + 6) == Some(b" NVRM")) {
+                return true;
+            }
         }
         interesting(line) || memchr::memchr(b'\\', line).is_some()
     }
