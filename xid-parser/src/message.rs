@@ -526,7 +526,7 @@ fn nvlink_driver_body(msg: &str) -> Option<&str> {
 }
 
 #[inline]
-pub(crate) fn parse_xid(s: &str) -> Option<XidMsg<'_>> {
+fn parse_xid(s: &str) -> Option<XidMsg<'_>> {
     parse_xid_usual(s).or_else(|| parse_xid_general(s))
 }
 

@@ -351,10 +351,18 @@ impl Scanner {
         };
         // As `push_to` with nothing held: a line that is no XID after all is dropped
         // with the prelude kept; an XID ends any prelude.
-        if let Some(x) = crate::message::parse_xid(&message["NVRM: Xid (".len()..]) {
-            self.prelude = None;
-            self.start_xid(meta, &x, message, &mut Sink::View(out));
-        }
+        let body = &message["NVRM: Xid (".len()..];
+        // The usual reading's value used in place (through `parse_xid`'s `or_else`
+        // it is moved once more, a copy the processor stalls on).
+        let x = match crate::message::parse_xid_usual(body) {
+            Some(x) => x,
+            None => match crate::message::parse_xid_general(body) {
+                Some(x) => x,
+                None => return true,
+            },
+        };
+        self.prelude = None;
+        self.start_xid(meta, &x, message, &mut Sink::View(out));
         true
     }
 
