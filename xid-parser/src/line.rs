@@ -234,14 +234,13 @@ pub(crate) fn kernel_xid_line(line: &[u8]) -> Option<(u64, &str)> {
     if line.first() != Some(&b'[') {
         return None;
     }
-    let dot = (6..=8).find(|&d| line.get(d) == Some(&b'.'))?;
-    let msg = line.get(dot + 7..)?.strip_prefix(b"] ")?;
+    let close = kernel_stamp_close(line)?;
+    let msg = line[close + 1..].strip_prefix(b" ")?;
     // A fixed-size compare: inline word loads, no call.
     if msg.first_chunk::<11>() != Some(b"NVRM: Xid (") {
         return None;
     }
-    let (close, usec) = kernel_width_stamp(line)?;
-    debug_assert_eq!(close, dot + 7);
+    let usec = kernel_stamp_usec(line, close)?;
     let msg = msg.strip_suffix(b"\n").unwrap_or(msg);
     let msg = msg.strip_suffix(b"\r").unwrap_or(msg);
     if memchr::memchr(0, msg).is_some() {
@@ -413,17 +412,30 @@ fn dmesg_stamp_scan(line: &[u8]) -> Option<(usize, Option<u64>)> {
     ))
 }
 
+/// Where the stamp the kernel prints, `[%5lu.%06lu]`, closes, found by its fixed
+/// places alone (the `.` at 6, 7 or 8, the `]` seven bytes after it): the index of
+/// the `]`. The digits are not looked at ([`kernel_stamp_usec`] reads them).
+#[inline]
+pub(crate) fn kernel_stamp_close(line: &[u8]) -> Option<usize> {
+    let dot = (6..=8).find(|&d| line.get(d) == Some(&b'.'))?;
+    (line.get(dot + 7) == Some(&b']')).then_some(dot + 7)
+}
+
 /// The stamp as the kernel prints it, `[%5lu.%06lu]`: seconds right-aligned in at
 /// least five places (up to seven here), six fraction digits, read at their fixed
 /// positions: `(index of the ']', µs)`. `None` for any other shape; where this gives
 /// a value, it is [`dmesg_stamp`]'s.
 #[inline]
 fn kernel_width_stamp(line: &[u8]) -> Option<(usize, u64)> {
-    let dot = (6..=8).find(|&d| line.get(d) == Some(&b'.'))?;
-    let close = dot + 7;
-    if line.get(close) != Some(&b']') {
-        return None;
-    }
+    let close = kernel_stamp_close(line)?;
+    Some((close, kernel_stamp_usec(line, close)?))
+}
+
+/// The µs of a kernel-width stamp closing at `close` (see [`kernel_stamp_close`]):
+/// blanks then digits before the dot, six digits after it.
+#[inline]
+fn kernel_stamp_usec(line: &[u8], close: usize) -> Option<u64> {
+    let dot = close - 7;
     let mut secs = 0u64;
     let mut digits = false;
     for &c in &line[1..dot] {
@@ -444,7 +456,7 @@ fn kernel_width_stamp(line: &[u8]) -> Option<(usize, u64)> {
         }
         frac = frac * 10 + u64::from(d);
     }
-    digits.then_some((close, secs * 1_000_000 + frac))
+    digits.then_some(secs * 1_000_000 + frac)
 }
 
 /// Fast path for the common `dmesg` stamp ` 123.456789`: ASCII spaces, digits, one

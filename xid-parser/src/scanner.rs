@@ -242,10 +242,8 @@ impl Scanner {
         // where its message starts: found there without the general search.
         if line.first() == Some(&b'[') {
             // The kernel's own stamp closes at a fixed place: looked at first.
-            let close = match (6..=8).find(|&d| line.get(d) == Some(&b'.')) {
-                Some(dot) if line.get(dot + 7) == Some(&b']') => Some(dot + 7),
-                _ => crate::message::find_byte(&line[..line.len().min(40)], 1, b']'),
-            };
+            let close = crate::line::kernel_stamp_close(line)
+                .or_else(|| crate::message::find_byte(&line[..line.len().min(40)], 1, b']'));
             if close.is_some_and(|c| line.get(c + 1..c + 6) == Some(b" NVRM")) {
                 return true;
             }
@@ -352,8 +350,9 @@ impl Scanner {
         // As `push_to` with nothing held: a line that is no XID after all is dropped
         // with the prelude kept; an XID ends any prelude.
         let body = &message["NVRM: Xid (".len()..];
-        // The usual reading's value used in place (through `parse_xid`'s `or_else`
-        // it is moved once more, a copy the processor stalls on).
+        // `parse_xid`'s two readings, with the usual one's value used in place
+        // (through an `or_else`, or `parse_xid` returning it, it is moved once more:
+        // a copy the processor stalls on, ~20 instructions a line).
         let x = match crate::message::parse_xid_usual(body) {
             Some(x) => x,
             None => match crate::message::parse_xid_general(body) {
