@@ -9,7 +9,7 @@
 # node names fleet-node-000...) export OTLP over gRPC (gzip, the default) to one real
 # OpenTelemetry collector (rotel, blackhole exporter, no debug log) through a byte-counting
 # loopback proxy, and write their Nodes to the Kubernetes API-server double
-# (sinks/tests/it/kube_common: one process, one listener per Node, since the double serves
+# (test-support/src/kube: one process, one listener per Node, since the double serves
 # one Node). The harness is the ignored test `otlp_e2e::fleet_simulation` of the gpuwatch
 # crate; this script runs it and extrapolates its figures to FLEET_TARGET (5000) nodes:
 #

@@ -1,7 +1,7 @@
 //! The Kubernetes node writer end to end through the real `gpuwatch` binary:
 //! kernel-log records written into a FIFO (`--kmsg-path`), NVML from the
 //! nvml-sim cdylib (`--nvml-sim collector/tests/data/kube-*.toml`), and the
-//! in-process API-server double (`sinks/tests/it/kube_common`, axum on
+//! in-process API-server double (`test-support/src/kube`, axum on
 //! 127.0.0.1:0) that the agent reaches through `[kube] api_server_url`.
 //!
 //! No kube-apiserver can be obtained here; the double answers what the writer

@@ -2,10 +2,6 @@
 //! one module per area, shared helpers below.
 
 mod common;
-#[path = "../../../core/tests/it/support.rs"]
-mod engine_support;
-#[path = "../../../sinks/tests/it/kube_common/mod.rs"]
-mod kube_common;
 mod kube_support;
 mod otlp_support;
 
@@ -23,3 +19,6 @@ mod otlp_e2e;
 mod scan_cli;
 mod storm;
 mod validate_state;
+
+use gpuwatch_test_support::engine as engine_support;
+use gpuwatch_test_support::kube as kube_common;

@@ -8,6 +8,7 @@ mod recovery;
 mod remap;
 mod run;
 mod state;
-mod support;
 mod threshold;
 mod verdict;
+
+use gpuwatch_test_support::engine as support;

@@ -2,8 +2,8 @@
 //! promtool, the Kubernetes writer against the API-server double, deploy/
 //! manifests): one test binary, one module per area.
 
-mod common;
-mod kube_common;
+use gpuwatch_test_support::kube as kube_common;
+use gpuwatch_test_support::telemetry as common;
 
 mod deploy_manifests;
 mod kube_writer;

@@ -7,118 +7,13 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-const PRINTK_DEVKMSG: &str = "/proc/sys/kernel/printk_devkmsg";
-
-static KMSG_LOCK: Mutex<()> = Mutex::new(());
-
-/// Serialises the tests that write to `/dev/kmsg` and turns the kernel's
-/// per-open write rate limit off (`printk_devkmsg=on`) while held; the old
-/// value comes back on drop (also when the test panics).
-pub struct DevKmsg {
-    old: String,
-    _lock: MutexGuard<'static, ()>,
-}
-
-impl DevKmsg {
-    /// Takes the lock and sets `printk_devkmsg=on`.
-    pub fn acquire() -> DevKmsg {
-        let lock = KMSG_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        let old = std::fs::read_to_string(PRINTK_DEVKMSG)
-            .expect("read printk_devkmsg (tests need root on Linux)")
-            .trim()
-            .to_string();
-        std::fs::write(PRINTK_DEVKMSG, "on\n").expect("set printk_devkmsg=on (needs root)");
-        DevKmsg { old, _lock: lock }
-    }
-
-    /// Writes one record (userspace writes always land as facility user or
-    /// above; the kernel never lets them claim facility kern). The trailing
-    /// newline matters: without it the kernel keeps the record open for a
-    /// continuation and readers do not see it until the next record arrives.
-    pub fn write(&self, message: &str) {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .open("/dev/kmsg")
-            .expect("open /dev/kmsg for writing");
-        f.write_all(format!("<4>{message}\n").as_bytes())
-            .expect("write /dev/kmsg");
-    }
-
-    /// Writes many records through one open file.
-    pub fn write_many<'a>(&self, messages: impl IntoIterator<Item = &'a str>) {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .open("/dev/kmsg")
-            .expect("open /dev/kmsg for writing");
-        for m in messages {
-            f.write_all(format!("<6>{m}\n").as_bytes())
-                .expect("write /dev/kmsg");
-        }
-    }
-}
-
-impl Drop for DevKmsg {
-    fn drop(&mut self) {
-        let _ = std::fs::write(PRINTK_DEVKMSG, format!("{}\n", self.old));
-    }
-}
-
-/// All records currently in the ring: `(seq, message)`.
-pub fn ring() -> Vec<(u64, String)> {
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open("/dev/kmsg")
-        .expect("open /dev/kmsg");
-    let mut buf = vec![0u8; 16 * 1024];
-    let mut out = Vec::new();
-    loop {
-        match f.read(&mut buf) {
-            Ok(n) => {
-                let text = String::from_utf8_lossy(&buf[..n]);
-                let Some((header, rest)) = text.split_once(';') else {
-                    continue;
-                };
-                let seq = header.split(',').nth(1).and_then(|s| s.parse().ok());
-                let msg = rest.lines().next().unwrap_or("").to_string();
-                if let Some(seq) = seq {
-                    out.push((seq, msg));
-                }
-            }
-            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
-            Err(_) => break,
-        }
-    }
-    out
-}
-
-/// Sequence number of the record containing `needle`.
-pub fn seq_of(needle: &str) -> Option<u64> {
-    ring()
-        .into_iter()
-        .find(|(_, m)| m.contains(needle))
-        .map(|(s, _)| s)
-}
-
-/// A token unique to this test run.
-pub fn marker(test: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    std::hash::Hash::hash(&(test, nanos, std::process::id()), &mut h);
-    format!(
-        "gwe2e{:012x}",
-        std::hash::Hasher::finish(&h) & 0xffff_ffff_ffff
-    )
-}
+pub use gpuwatch_test_support::kmsg::{DevKmsg, marker, ring, seq_of};
+pub use gpuwatch_test_support::process::wait_timeout;
 
 /// A distinct PCI domain for a test (events on distinct GPUs are never
 /// coalesced by the engine's dedup window).
@@ -393,22 +288,6 @@ impl Drop for Agent {
         // A test that failed midway must not leave the agent running.
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-/// Waits for a child to exit; kills it after `timeout`.
-pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<i32> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Ok(Some(st)) = child.try_wait() {
-            return st.code();
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

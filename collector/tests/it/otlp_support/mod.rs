@@ -2,12 +2,11 @@
 //! `gpuwatch run` child process with the nvml-sim library and a kernel-log
 //! FIFO, its local HTTP API (`/healthz`, `/metrics`), a parser for the
 //! Prometheus text it serves, and the rotel collector helpers shared with the
-//! sinks crate's tests (`sinks/tests/it/common/mod.rs`: start rotel on loopback
-//! ports, parse its detailed debug log, find `promtool`).
+//! sinks crate's tests (`gpuwatch_test_support::telemetry`: start rotel on
+//! loopback ports, parse its detailed debug log, find `promtool`).
 #![allow(dead_code)]
 
-#[path = "../../../../sinks/tests/it/common/mod.rs"]
-pub mod rotel;
+pub use gpuwatch_test_support::telemetry as rotel;
 
 use crate::common::{Lines, nvml_sim_lib, wait_timeout};
 use std::collections::BTreeMap;

@@ -1,7 +1,6 @@
-//! Test helpers shared by the OTLP and Prometheus integration tests: a real
-//! OpenTelemetry collector (`rotel`, from PyPI) on loopback ports, a parser for
-//! its detailed debug log, `promtool`, and a populated registry.
-#![allow(dead_code)]
+//! For the OTLP and Prometheus tests: a real OpenTelemetry collector (`rotel`,
+//! from PyPI) on loopback ports, a parser for its detailed debug log, a wire
+//! tap in front of it, `promtool`, and a populated registry.
 
 use gpuwatch_core::{KubeObject, Outcome, Registry, Stage, ValidationResult, WriteResult};
 use gpuwatch_proto::{
@@ -474,7 +473,7 @@ pub fn parse(text: &str) -> Received {
 
 /// The OTLP names, units and types listed in `docs/metrics.md`.
 pub fn documented_metrics() -> Vec<(String, String, String)> {
-    let doc = include_str!("../../../../docs/metrics.md");
+    let doc = include_str!("../../docs/metrics.md");
     doc.lines()
         .filter(|l| l.starts_with("| `"))
         .map(|l| l.split('|').map(str::trim).collect::<Vec<&str>>())

@@ -1,6 +1,5 @@
-//! Shared helpers for the health-engine tests (`engine_*.rs`): an engine on a
-//! manual clock, and builders for kernel-log events and NVML samples.
-#![allow(dead_code)]
+//! A health engine on a manual clock ([`Rig`]), and builders for kernel-log
+//! events and NVML samples of two simulated GPUs.
 
 use gpuwatch_core::Registry;
 use gpuwatch_core::clock::{Clock, ManualClock};

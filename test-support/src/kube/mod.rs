@@ -1,0 +1,309 @@
+//! An in-process Kubernetes API-server double (axum on 127.0.0.1:0) that answers
+//! the node writer's requests the way kube-apiserver does. Every response shape
+//! names where the real server defines it (paths are in kubernetes/kubernetes,
+//! `staging/src/k8s.io/...`; "API conventions" is
+//! `community/contributors/devel/sig-architecture/api-conventions.md`):
+//!
+//! - `GET /api/v1/nodes/{name}`; 404 `NotFound` when the Node is missing.
+//! - Watch `GET /api/v1/nodes?watch=true&fieldSelector=metadata.name=...`: JSON
+//!   lines; `ADDED` first when the client's version is older; `BOOKMARK` events
+//!   when asked; `410 Gone`/`Expired` for a compacted version (as the response or
+//!   as an `ERROR` event); the stream closes at `timeoutSeconds`.
+//! - `PATCH /api/v1/nodes/{name}/status` apply (`application/apply-patch+yaml`):
+//!   condition types owned per manager (managedFields), 409 naming the other
+//!   manager unless `force`.
+//! - `PATCH /api/v1/nodes/{name}`: merge patch and strategic merge patch (a
+//!   `metadata.resourceVersion` in the body is a precondition: 409 when stale),
+//!   JSON patch (a failed `test` is the generic 422 with empty details);
+//!   `PUT` update (409 on a stale resourceVersion).
+//! - core/v1 Events: create (409 AlreadyExists), merge-patch, list with field
+//!   selectors.
+//! - On demand: 403 RBAC `Status` per (verb, resource), 429 with `Retry-After`,
+//!   500/503, an outage, a delay, another writer racing every node write.
+//! - Every request recorded with its RBAC verb and resource.
+//!
+//! One module per resource kind (`nodes`, `events`), each with its store and a
+//! `serve` function; `request` says which kind a path names (and its RBAC verb
+//! and resource), `server` routes to it after the filters every request meets,
+//! `status` builds the `metav1.Status` answers, `watch` streams watch events.
+//! A new kind (Leases, Pods) is a module beside `nodes`, a variant of the
+//! request's target and a line in the server's route.
+
+mod events;
+mod nodes;
+mod request;
+mod server;
+mod status;
+mod watch;
+
+pub use request::Recorded;
+
+use gpuwatch_sinks::kube::{ApiRequest, KubeConfig, WRITER_REQUESTS};
+use k8s_openapi::api::core::v1::{Event, Node};
+use nodes::Nodes;
+use serde_json::{Value, json};
+use server::{Inner, Shared, handle};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The double: its URL, and handles that change what it answers.
+pub struct ApiDouble {
+    pub url: String,
+    inner: Shared,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl ApiDouble {
+    /// Starts the double serving `node` (resourceVersion set to 1).
+    pub async fn start(node: Node) -> ApiDouble {
+        let mut v = serde_json::to_value(&node).expect("node serialises");
+        v["apiVersion"] = json!("v1");
+        v["kind"] = json!("Node");
+        if v["metadata"]["uid"].is_null() {
+            v["metadata"]["uid"] = json!("node-uid-1");
+        }
+        v["metadata"]["resourceVersion"] = json!("1");
+        let inner: Shared = Arc::new(Mutex::new(Inner {
+            rv: 1,
+            nodes: Nodes {
+                node: v,
+                ..Default::default()
+            },
+            ..Default::default()
+        }));
+        let app = axum::Router::new()
+            .fallback(handle)
+            .with_state(inner.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let addr = listener.local_addr().expect("local addr");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = rx.await;
+                })
+                .await;
+        });
+        ApiDouble {
+            url: format!("http://{addr}"),
+            inner,
+            stop: Some(tx),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().expect("double lock")
+    }
+
+    /// Writer settings pointing at this double, with test-sized pacing.
+    pub fn kube_config(&self) -> KubeConfig {
+        KubeConfig {
+            enabled: true,
+            api_server_url: Some(self.url.clone()),
+            backoff_initial_ms: 50,
+            backoff_max_ms: 400,
+            validation_interval_secs: 1,
+            request_timeout_secs: 2,
+            watch_timeout_secs: 30,
+            // Tests wait for Normal Events; the fleet spread is tested on its own.
+            normal_event_spread_secs: 0,
+            ..KubeConfig::default()
+        }
+    }
+
+    pub fn node(&self) -> Node {
+        serde_json::from_value(self.lock().nodes.node.clone()).expect("stored node parses")
+    }
+
+    pub fn node_json(&self) -> Value {
+        self.lock().nodes.node.clone()
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.lock().requests.clone()
+    }
+
+    pub fn events(&self) -> Vec<Event> {
+        self.lock()
+            .events
+            .0
+            .values()
+            .map(|e| serde_json::from_value(e.clone()).expect("stored event parses"))
+            .collect()
+    }
+
+    pub fn set_down(&self, down: bool) {
+        let mut g = self.lock();
+        g.faults.down = down;
+        if down {
+            // Open watches end, as when the server goes away.
+            g.nodes.watchers.end_all(None);
+        }
+    }
+
+    pub fn set_delay(&self, d: Option<Duration>) {
+        self.lock().faults.delay = d;
+    }
+
+    pub fn forbid(&self, verb: &str, resource: &str) {
+        self.lock()
+            .faults
+            .forbidden
+            .insert((verb.into(), resource.into()));
+    }
+
+    pub fn unforbid(&self, verb: &str, resource: &str) {
+        self.lock()
+            .faults
+            .forbidden
+            .remove(&(verb.to_owned(), resource.to_owned()));
+    }
+
+    /// Another writer changes the Node right before each of the next `n` node
+    /// writes (after the client read it): each of those writes loses a race.
+    pub fn concurrent_taint_edits(&self, n: u32) {
+        self.lock().nodes.concurrent_taint_edits = n;
+    }
+
+    /// The next requests get these answers (429, 500, 503), one each, in order.
+    pub fn inject(&self, codes: &[u16]) {
+        self.lock().faults.injected.extend(codes.iter().copied());
+    }
+
+    /// Whether the Node exists (404 on every node request while it does not).
+    pub fn set_node_missing(&self, missing: bool) {
+        self.lock().nodes.missing = missing;
+    }
+
+    /// Compacts history: every version before the current one is gone; open
+    /// watches get an ERROR 410 Expired and end (what the watch cache does to a
+    /// watcher that fell behind its window).
+    pub fn compact(&self) {
+        let mut g = self.lock();
+        g.nodes.compacted_rv = g.rv;
+        let ev = json!({"type": "ERROR", "object": {
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": format!("too old resource version: {} ({})", g.rv.saturating_sub(1), g.rv),
+            "reason": "Expired", "code": 410,
+        }});
+        g.nodes.watchers.end_all(Some(&ev));
+    }
+
+    /// Advances the version without changing the Node (other objects changed)
+    /// and sends a BOOKMARK to the watchers that asked for them: the object
+    /// carries only `resourceVersion` (apiserver `pkg/storage/cacher`,
+    /// bookmark events).
+    pub fn bookmark(&self) -> u64 {
+        let mut g = self.lock();
+        g.rv += 1;
+        let rv = g.rv;
+        let ev = json!({"type": "BOOKMARK", "object": {
+            "kind": "Node", "apiVersion": "v1", "metadata": {"resourceVersion": rv.to_string()},
+        }});
+        g.nodes.watchers.bookmark(&ev);
+        rv
+    }
+
+    /// Open watch streams.
+    pub fn watchers(&self) -> usize {
+        self.lock().nodes.watchers.open()
+    }
+
+    /// Another client edits the node (update by someone else): rv bumps, watchers notified.
+    pub fn edit_node(&self, f: impl FnOnce(&mut Value)) {
+        let g = &mut *self.lock();
+        f(&mut g.nodes.node);
+        g.nodes.bump(&mut g.rv);
+    }
+
+    /// Another field manager applies a condition of this type (and so owns it).
+    pub fn own_condition(&self, type_: &str, manager: &str, status: &str) {
+        let g = &mut *self.lock();
+        let c = json!({"type": type_, "status": status, "reason": "SetByOther", "message": "set by another manager"});
+        let conds = g.nodes.conditions();
+        conds.retain(|x| x["type"] != type_);
+        conds.push(c);
+        g.nodes.managed.insert(type_.to_owned(), manager.to_owned());
+        g.nodes.bump(&mut g.rv);
+    }
+
+    /// Removes a condition as another writer would (ownership of that type dropped).
+    pub fn remove_condition(&self, type_: &str) {
+        let g = &mut *self.lock();
+        g.nodes.managed.remove(type_);
+        g.nodes.conditions().retain(|c| c["type"] != type_);
+        g.nodes.bump(&mut g.rv);
+    }
+
+    /// Every recorded request maps onto a request the writer declares.
+    pub fn assert_requests_declared(&self) {
+        for r in self.requests() {
+            let declared = WRITER_REQUESTS.iter().any(|d: &ApiRequest| {
+                d.verb == r.verb && d.resource == r.resource && d.group.is_empty()
+            });
+            assert!(
+                declared,
+                "undeclared request {} {} ({} {})",
+                r.method, r.path, r.verb, r.resource
+            );
+        }
+    }
+
+    pub fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+impl Drop for ApiDouble {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Polls `cond` every 20 ms until it holds or `timeout` passes.
+pub async fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub fn condition(node: &Node, type_: &str) -> Option<k8s_openapi::api::core::v1::NodeCondition> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .cloned()
+}
+
+pub fn taint_value(node: &Node, key: &str) -> Option<String> {
+    node.spec
+        .as_ref()?
+        .taints
+        .as_ref()?
+        .iter()
+        .find(|t| t.key == key)
+        .map(|t| t.value.clone().unwrap_or_default())
+}
+
+pub fn taint_keys(node: &Node) -> Vec<String> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .map(|t| t.iter().map(|t| t.key.clone()).collect())
+        .unwrap_or_default()
+}

@@ -1,0 +1,83 @@
+//! The server's state and the path every request takes: recorded, then the
+//! filters that answer before any handler (a delay, an outage, a queued
+//! failure, an RBAC denial), then the handler of the resource its path names.
+
+use super::events::{self, Events};
+use super::nodes::{self, Nodes};
+use super::request::{Recorded, Request, Target};
+use super::status::{forbidden, injected, not_served, service_unavailable};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, Uri};
+use axum::response::Response;
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What the double holds: one store per resource kind, the resourceVersion
+/// counter they share (etcd's revision is one for all kinds), the failures a
+/// test asked for, and every request.
+#[derive(Default)]
+pub(super) struct Inner {
+    pub(super) rv: u64,
+    pub(super) nodes: Nodes,
+    pub(super) events: Events,
+    pub(super) requests: Vec<Recorded>,
+    pub(super) faults: Faults,
+}
+
+/// Failures a test switches on.
+#[derive(Default)]
+pub(super) struct Faults {
+    /// (verb, resource) pairs RBAC denies.
+    pub(super) forbidden: HashSet<(String, String)>,
+    pub(super) down: bool,
+    pub(super) delay: Option<Duration>,
+    /// Answers queued for the next requests (429, 500, 503), oldest first.
+    pub(super) injected: VecDeque<u16>,
+}
+
+pub(super) type Shared = Arc<Mutex<Inner>>;
+
+/// The one handler of the double's router.
+pub(super) async fn handle(
+    State(inner): State<Shared>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let req = Request::new(method, &uri, &headers, &body);
+    let delay = inner.lock().expect("double lock").faults.delay;
+    if let Some(d) = delay {
+        tokio::time::sleep(d).await;
+    }
+    let mut g = inner.lock().expect("double lock");
+    let resp = answer(&mut g, &req);
+    let code = resp.status().as_u16();
+    g.requests.push(req.recorded(code));
+    resp
+}
+
+fn answer(g: &mut Inner, req: &Request) -> Response {
+    if g.faults.down {
+        // What a client sees from an API server behind a load balancer while
+        // it is unavailable (`errors.NewServiceUnavailable`).
+        return service_unavailable();
+    }
+    if let Some(code) = g.faults.injected.pop_front() {
+        return injected(code);
+    }
+    if g.faults
+        .forbidden
+        .contains(&(req.verb.clone(), req.resource.clone()))
+    {
+        return forbidden(&req.verb, &req.resource, &req.path);
+    }
+    // One line per resource kind the double serves.
+    match req.target {
+        Target::Nodes(_) => nodes::serve(&mut g.nodes, &mut g.rv, req),
+        Target::Events { .. } => events::serve(&mut g.events, &mut g.rv, req),
+        Target::Unknown => not_served(req),
+    }
+}

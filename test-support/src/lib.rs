@@ -1,0 +1,28 @@
+//! Helpers that the integration tests of more than one gpuwatch crate share,
+//! one module (and one feature) per subject. Test code only: a dev-dependency
+//! of the crates whose tests use it, never published.
+//!
+//! - [`engine`]: a health engine on a manual clock and builders for kernel-log
+//!   events and NVML samples (`gpuwatch-core`'s and the agent's tests).
+//! - [`kube`]: an in-process Kubernetes API-server double that answers the way
+//!   kube-apiserver does (`gpuwatch-sinks`' writer tests and the agent's
+//!   end-to-end tests).
+//! - [`telemetry`]: a real OpenTelemetry collector (rotel) on loopback ports and
+//!   a parser for what it received, `promtool`, a populated registry (the
+//!   exporters' tests and the agent's OTLP tests).
+//! - [`kmsg`]: the real `/dev/kmsg` for tests that write into it (the agent's
+//!   and the demo's end-to-end tests).
+//! - [`process`]: waiting for a child process with a deadline.
+// The harness types hold child processes, sockets, runtimes and engines; a
+// `Debug` of them would tell a failing test nothing.
+#![allow(missing_debug_implementations)]
+
+#[cfg(feature = "engine")]
+pub mod engine;
+#[cfg(feature = "kmsg")]
+pub mod kmsg;
+#[cfg(feature = "kube")]
+pub mod kube;
+pub mod process;
+#[cfg(feature = "telemetry")]
+pub mod telemetry;
