@@ -8,15 +8,15 @@
 # new boot id, restarted on the same state with nvml-sim/scenarios/demo-after-reboot.toml)
 # -> which faults the new boot clears and which stay, and why. About 45 s. No cluster.
 #
-# Kernel log: where an NVIDIA driver is loaded (a real GPU node) or /dev/kmsg is not
-# writable (not root), the agent reads the demo's lines from a private FIFO and the
-# machine's kernel log is not touched. Elsewhere, as root, they go into /dev/kmsg as
-# user-facility records (printk_devkmsg=on for the duration, restored afterwards); --fifo
-# avoids that, --kmsg insists on it. Extra arguments go to gpuwatch-demo (--help).
+# Kernel log: the agent reads the demo's lines from a private FIFO, and the machine's
+# kernel log is not touched. --kmsg writes them into this machine's /dev/kmsg instead, as
+# user-facility records (root only; refused where an NVIDIA driver is loaded;
+# printk_devkmsg=on for the duration, restored afterwards). Extra arguments go to
+# gpuwatch-demo (--help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 echo "Building gpuwatch, gpuwatch-demo and nvml-sim (release; the first build takes a few minutes)."
-cargo build --release -p gpuwatch -p nvml-sim
+cargo build --release -p gpuwatch -p gpuwatch-demo -p nvml-sim
 exec "${CARGO_TARGET_DIR:-target}/release/gpuwatch-demo" \
   --scenario nvml-sim/scenarios/demo.toml \
   --reboot-scenario nvml-sim/scenarios/demo-after-reboot.toml "$@"

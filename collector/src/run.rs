@@ -7,8 +7,6 @@
 //! stop → the API stops (it holds an engine sender for operator clears) → the
 //! engine drains its channel and flushes its state → sinks flush → exit 0.
 
-pub mod demo;
-
 use crate::api::{self, ApiState, MetricsRenderer};
 use crate::config::{Config, LogFormat};
 use crate::kmsg::{self, KmsgSourceArgs};

@@ -10,6 +10,7 @@
 use crate::common;
 use crate::common::{Agent, DevKmsg, pci_domain, seq_of, wait_until, xid_line};
 use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(20);
@@ -100,6 +101,74 @@ fn user_facility_records_are_ignored_unless_enabled() {
     );
     let (status, _, _) = agent.stop();
     assert_eq!(status, Some(0));
+}
+
+/// `gpuwatch scan --format text` of `input` (plus `extra` flags): its stdout.
+fn scan_text(input: &str, extra: &[&str]) -> String {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
+        .args(["scan", "--format", "text"])
+        .args(extra)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start gpuwatch scan");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input.as_bytes())
+        .expect("write scan input");
+    let out = child.wait_with_output().expect("gpuwatch scan");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// What the README tells a user who wrote user-facility records into the
+/// kernel log (the demo with `--kmsg`, these tests): `dmesg -x` and `dmesg -S
+/// -r` keep the facility (`dmesg -r` from `/dev/kmsg` does not before
+/// util-linux 2.39.4, and plain `dmesg` never does), and `gpuwatch scan` of
+/// their output skips the record. The record is read back by its marker, so
+/// whatever else the ring holds does not matter.
+#[test]
+fn dmesg_x_and_syslog_raw_keep_the_facility_and_scan_skips_the_record() {
+    let k = DevKmsg::acquire();
+    let marker = common::marker("readback");
+    let line = xid_line(&marker, pci_domain(&marker), 0x5e);
+    // `<4>` written from userspace: facility user, level warning (PRI 12).
+    k.write(&line);
+    for (args, facility) in [(&["-x"][..], "user  :warn  : ["), (&["-S", "-r"], "<12>[")] {
+        let out = Command::new("dmesg")
+            .args(args)
+            .output()
+            .expect("run dmesg (util-linux)");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "dmesg {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ours: Vec<&str> = text.lines().filter(|l| l.contains(&marker)).collect();
+        assert_eq!(ours.len(), 1, "dmesg {args:?}: {ours:#?}");
+        assert!(
+            ours[0].starts_with(facility) && ours[0].ends_with(&line),
+            "dmesg {args:?} does not show the user facility: {}",
+            ours[0]
+        );
+        let input = format!("{}\n", ours[0]);
+        let skipped = scan_text(&input, &[]);
+        assert!(
+            skipped.contains("1 non-kernel lines skipped")
+                && skipped.contains("No GPU faults found."),
+            "dmesg {args:?} | gpuwatch scan:\n{skipped}"
+        );
+        // The same line is a fault once user-facility lines are accepted: it
+        // was skipped for its facility, not because it did not parse.
+        let accepted = scan_text(&input, &["--accept-user-facility"]);
+        assert!(
+            accepted.contains("reboot_node") && accepted.contains(&marker),
+            "dmesg {args:?} | gpuwatch scan --accept-user-facility:\n{accepted}"
+        );
+    }
 }
 
 /// The `count` of the active fault on `pci` in a `/v1/health` answer.

@@ -9,7 +9,6 @@ mod api_clear;
 mod cli_agent;
 mod cli_readiness;
 mod config_example;
-mod e2e_demo;
 mod e2e_kmsg;
 mod explain_cli;
 mod kmsg_engine_publish;

@@ -295,6 +295,29 @@ fn dmesg_x_user_facility_lines_are_skipped_and_counted_unless_accepted() {
     assert!(text.contains(r#""facility":1"#), "{text}");
 }
 
+/// `dmesg -S -r` (the syslog(2) buffer, formatted by the kernel) prints the
+/// whole priority, `(facility << 3) | level`: `<12>` is a user-facility
+/// warning, `<4>` a kernel one.
+const DMESG_SYSLOG_RAW: &str = "\
+<4>[   42.023596] NVRM: Xid (PCI:0000:00:06): 13, pid=555, name=xid, Graphics Exception
+<12>[   43.000000] NVRM: Xid (PCI:0000:00:07): 79, pid=1, name=x, GPU has fallen off the bus.
+";
+
+#[test]
+fn dmesg_syslog_raw_user_facility_lines_are_skipped_unless_accepted() {
+    let (text, s) = scan_file(
+        "r.log",
+        DMESG_SYSLOG_RAW.as_bytes(),
+        ScanFormat::Json,
+        false,
+    );
+    assert_eq!((s.events, s.skipped_non_kernel_lines), (1, 1), "{text}");
+    assert!(text.contains(r#""code":13"#), "{text}");
+    let (text, s) = scan_file("r.log", DMESG_SYSLOG_RAW.as_bytes(), ScanFormat::Json, true);
+    assert_eq!((s.events, s.skipped_non_kernel_lines), (2, 0), "{text}");
+    assert!(text.contains(r#""facility":1"#), "{text}");
+}
+
 #[test]
 fn gz_files_are_read_directly() {
     let (plain, s1) = scan_file("dmesg.log", LOG.as_bytes(), ScanFormat::Json, false);

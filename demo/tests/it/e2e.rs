@@ -4,22 +4,19 @@
 //! and `/v1/health`) tells the story the demo promises, in lines of at most
 //! 120 characters.
 //!
-//! Two kernel logs: the real `/dev/kmsg` (this machine has no NVIDIA driver;
-//! needs root) and the private FIFO the demo uses on a GPU node, which must
-//! leave the kernel log untouched. Both hold `common::DevKmsg`, so neither runs
-//! beside another kmsg test of this binary. The nvml-sim cdylib is built first
-//! (`cargo build -p nvml-sim`, a no-op when fresh) next to the gpuwatch binary.
+//! Two kernel logs: the private FIFO (the default), which must leave the
+//! kernel log untouched, and the real `/dev/kmsg` with `--kmsg` (this machine
+//! has no NVIDIA driver; needs root). Both hold `DevKmsg`, so neither runs
+//! beside the other: the FIFO test checks that nothing new of the demo's
+//! reached the ring. The `--kmsg` run starts its agent at the ring's end, so
+//! what earlier runs left in the ring does not change its story.
 
-use crate::common;
-use crate::common::{DevKmsg, wait_timeout};
+use crate::{agent_binary, workspace};
+use gpuwatch_test_support::kmsg::{DevKmsg, ring};
+use gpuwatch_test_support::process::wait_timeout;
 use std::io::Read;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 /// Width of the `[ 12.3s] DETECTED  ` prefix; wrapped lines are indented by it.
 const PREFIX: &str = "                   ";
@@ -52,12 +49,12 @@ fn find(lines: &[String], from: usize, needles: &[&str]) -> Option<usize> {
 /// Runs `gpuwatch-demo --speed 4 ARGS`; returns its stdout after checking it
 /// exited 0.
 fn run_demo(args: &[&str]) -> String {
-    common::nvml_sim_lib();
+    let agent = agent_binary();
     let scenarios = workspace().join("nvml-sim/scenarios");
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpuwatch-demo"))
         .args(["--speed", "4"])
         .arg("--agent")
-        .arg(env!("CARGO_BIN_EXE_gpuwatch"))
+        .arg(agent)
         .arg("--scenario")
         .arg(scenarios.join("demo.toml"))
         .arg("--reboot-scenario")
@@ -185,10 +182,15 @@ fn check_story(out: &str, lines: &[String]) {
 #[test]
 fn demo_on_dev_kmsg_narrates_and_shows_its_lines_as_dmesg_x_does() {
     let _k = DevKmsg::acquire();
-    let out = run_demo(&[]);
+    let out = run_demo(&["--kmsg"]);
     let lines = logical_lines(&out);
     assert!(
-        find(&lines, 0, &["No NVIDIA driver here", "/dev/kmsg"]).is_some(),
+        find(
+            &lines,
+            0,
+            &["--kmsg:", "this machine's kernel log", "/dev/kmsg"]
+        )
+        .is_some(),
         "the demo must say which kernel log it writes:\n{out}"
     );
     check_story(&out, &lines);
@@ -206,10 +208,10 @@ fn demo_on_dev_kmsg_narrates_and_shows_its_lines_as_dmesg_x_does() {
 }
 
 #[test]
-fn demo_through_a_fifo_leaves_the_kernel_log_alone() {
+fn demo_through_a_fifo_by_default_leaves_the_kernel_log_alone() {
     let _k = DevKmsg::acquire();
-    let before = common::ring().last().map_or(0, |(seq, _)| *seq);
-    let out = run_demo(&["--fifo"]);
+    let before = ring().last().map_or(0, |(seq, _)| *seq);
+    let out = run_demo(&[]);
     let lines = logical_lines(&out);
     assert!(
         find(&lines, 0, &["private FIFO", "--kmsg-path"]).is_some(),
@@ -220,7 +222,7 @@ fn demo_through_a_fifo_leaves_the_kernel_log_alone() {
     assert!(!out.contains("dmesg -x"), "{out}");
     assert!(out.contains("the kernel log was not touched"), "{out}");
     // Nothing of the demo's script reached the machine's kernel log.
-    let leaked: Vec<String> = common::ring()
+    let leaked: Vec<String> = ring()
         .into_iter()
         .filter(|(seq, m)| *seq > before && m.contains("NVRM: Xid") && m.contains("name=train.py"))
         .map(|(_, m)| m)
