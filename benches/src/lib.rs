@@ -13,11 +13,12 @@ use xid_parser::{RecordMeta, Scanner, parse_line};
 pub struct Rng(u64);
 
 impl Rng {
-    /// Seeded generator.
+    /// A generator whose sequence depends only on `seed` (0 is taken as 1:
+    /// xorshift never leaves the all-zero state).
     pub fn new(seed: u64) -> Rng {
         Rng(seed.max(1))
     }
-    /// Next value.
+    /// The next 64 bits of the sequence.
     pub fn next_u64(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
@@ -26,7 +27,8 @@ impl Rng {
         self.0 = x;
         x.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
-    /// Value in `0..n`.
+    /// A value in `0..n` (`0..1` for `n = 0`), by modulo: slightly biased to
+    /// low values, which the generated logs do not care about.
     pub fn below(&mut self, n: u64) -> u64 {
         self.next_u64() % n.max(1)
     }

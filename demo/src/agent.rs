@@ -92,7 +92,6 @@ pub fn http_get(addr: &str, path: &str) -> Option<String> {
 
 /// What one agent run needs.
 pub struct Phase<'a> {
-    /// The gpuwatch executable.
     pub exe: &'a Path,
     pub scenario: &'a Path,
     pub script: &'a [crate::script::ScriptedLine],

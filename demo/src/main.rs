@@ -49,7 +49,7 @@ struct Cli {
     args: DemoArgs,
 }
 
-/// Flags of `gpuwatch-demo`.
+/// The demo's command line (what `--help` lists; `--speed` is hidden).
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
     /// nvml-sim scenario of the first boot (GPUs and timed faults).
@@ -92,7 +92,7 @@ pub struct DemoArgs {
     pub speed: u32,
 }
 
-/// Errors of the demo.
+/// Why the demo stopped before its summary, or failed after it.
 #[derive(Debug, thiserror::Error)]
 pub enum DemoError {
     /// The scenario could not be read or parsed.

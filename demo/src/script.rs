@@ -5,12 +5,12 @@
 use crate::DemoError;
 use std::path::Path;
 
-/// One scripted kernel line.
+/// A kernel line the demo writes: when, what, and the narration's words for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScriptedLine {
     /// Milliseconds after the agent started.
     pub at_ms: u64,
-    /// The kernel message.
+    /// As the driver prints it, without a priority prefix.
     pub message: String,
     /// What the narration says when it is written.
     pub note: String,

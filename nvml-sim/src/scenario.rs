@@ -12,9 +12,9 @@ pub enum ScenarioError {
     /// The scenario file could not be read.
     #[error("cannot read scenario {path}: {source}")]
     Read {
-        /// The file.
+        /// The path as given.
         path: String,
-        /// The I/O error.
+        /// What `std::fs::read_to_string` failed with.
         #[source]
         source: std::io::Error,
     },
@@ -156,10 +156,12 @@ macro_rules! state_fields {
             pub uuid: String,
             /// PCI bus id, as NVML prints it (`00000000:3B:00.0`) or short (`3b:00.0`).
             pub pci: String,
-            /// Product name.
+            /// What `nvmlDeviceGetName` answers (default `NVIDIA H100 80GB HBM3`;
+            /// at most 95 bytes, NVML's buffer).
             #[serde(default = "default_name")]
             pub name: String,
-            /// Serial number (informational).
+            /// What `nvmlDeviceGetSerial` answers (default empty; gpuwatch does
+            /// not read it).
             #[serde(default)]
             pub serial: String,
             $( $(#[$doc])* pub $name: Option<$ty>, )*
@@ -270,7 +272,8 @@ state_fields! {
     /// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` value (0 none, 1 GPU reset, 2 node
     /// reboot, 3 drain P2P, 4 drain and reset).
     recovery_action: u32 = 0,
-    /// Persistence mode.
+    /// What `nvmlDeviceGetPersistenceMode` answers (enabled by default, as
+    /// on a GPU node).
     persistence_mode: bool = true,
     /// Readings that return `NVML_ERROR_NOT_SUPPORTED` (names in [`READINGS`]).
     not_supported: Vec<String> = Vec::new(),
@@ -352,19 +355,21 @@ pub struct HangSpec {
     /// After blocking, the call fails with this error (a name of
     /// [`ERROR_NAMES`]) instead of answering.
     pub error: Option<String>,
-    /// Free text.
+    /// Why the hang is in the scenario; the simulator ignores it.
     #[serde(default)]
     pub note: String,
 }
 
-/// A whole scenario file.
+/// A scenario file: the driver, the GPUs, and what happens to them when
+/// (`[[inject]]`, `[[hang]]`); `nvml-sim/README.md` has the format.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Scenario {
     /// One line that says what the scenario shows.
     #[serde(default)]
     pub description: String,
-    /// Driver behaviour.
+    /// `[driver]`: its version and when initialisation or enumeration fails
+    /// (default: a driver that always answers).
     #[serde(default)]
     pub driver: DriverSpec,
     /// The GPUs, in NVML enumeration order.

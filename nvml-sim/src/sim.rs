@@ -32,7 +32,7 @@ pub const EVENT_CLOCK: u64 = sys::nvmlEventTypeClock as u64;
 /// Event types every simulated GPU supports (unless `not_supported` has `events`).
 pub const SUPPORTED_EVENTS: u64 = EVENT_SBE | EVENT_DBE | EVENT_XID | EVENT_CLOCK;
 
-/// One delivered event.
+/// An event as `nvmlEventSetWait` delivers it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Event {
     /// The GPU (scenario slot).
@@ -71,7 +71,9 @@ struct HangProgress {
     started_ms: Option<u64>,
 }
 
-/// The simulated driver state.
+/// The simulated driver: the GPUs' current readings, the injections still to
+/// come, event sets, init reference count and hangs. The FFI layer holds one
+/// behind a lock.
 #[derive(Debug)]
 pub struct Sim {
     scenario: Scenario,
@@ -108,7 +110,8 @@ impl Sim {
         }
     }
 
-    /// The scenario.
+    /// The scenario the driver was built from (its initial state, not the
+    /// current readings).
     pub fn scenario(&self) -> &Scenario {
         &self.scenario
     }
@@ -366,7 +369,8 @@ impl Sim {
         Ok(set.queue.pop_front())
     }
 
-    /// Whether a set exists.
+    /// Whether `set` was created and not yet freed (the FFI answers
+    /// `NVML_ERROR_INVALID_ARGUMENT` for any other handle).
     pub fn has_set(&self, set: u64) -> bool {
         self.sets.contains_key(&set)
     }

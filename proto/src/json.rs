@@ -39,7 +39,8 @@ macro_rules! adapter {
     ($module:ident, $ty:ty) => {
         #[doc = concat!("serde `with` adapter for `", stringify!($ty), "` fields.")]
         pub mod $module {
-            /// Writes the short name.
+            /// Writes the value's lowercase short name (`reset_gpu`); a number no
+            /// variant has is written as the number.
             pub fn serialize<S: serde::Serializer>(v: &i32, s: S) -> Result<S::Ok, S::Error> {
                 super::serialize::<$ty, S>(v, s)
             }

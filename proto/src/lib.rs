@@ -84,7 +84,8 @@ impl Severity {
         }
     }
 
-    /// OpenTelemetry severity text.
+    /// The log record's `SeverityText`: OpenTelemetry's short name of the level
+    /// [`Severity::otel_number`] gives (`WARN`, `FATAL`).
     pub fn otel_text(self) -> &'static str {
         match self {
             Severity::Unspecified => "UNSPECIFIED",

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 /// The attributes of a [`FaultEventRef`], in key order like a [`FaultEvent`]'s map.
 #[derive(Debug, Clone, Copy)]
 pub enum Attrs<'a> {
-    /// An owned event's map.
+    /// Borrowed from a [`FaultEvent`]'s `attributes`.
     Map(&'a BTreeMap<String, String>),
     /// Pairs sorted by key, each key once (see [`Attrs::list`]).
     List(&'a [(&'a str, &'a str)]),
@@ -25,7 +25,7 @@ impl<'a> Attrs<'a> {
         Attrs::List(pairs)
     }
 
-    /// The value of `key`.
+    /// The value of `key`; a list is searched in order, a map by key.
     pub fn get(&self, key: &str) -> Option<&'a str> {
         match *self {
             Attrs::Map(m) => m.get(key).map(String::as_str),
@@ -33,7 +33,7 @@ impl<'a> Attrs<'a> {
         }
     }
 
-    /// Number of attributes.
+    /// How many pairs ([`Attrs::iter`] yields that many).
     pub fn len(&self) -> usize {
         match self {
             Attrs::Map(m) => m.len(),
@@ -177,7 +177,8 @@ impl<'a> FaultEventRef<'a> {
         }
     }
 
-    /// An owned copy.
+    /// A [`FaultEvent`] with this event's fields (allocates every string; see
+    /// [`FaultEventRef::write_into`] to reuse one).
     pub fn to_event(&self) -> FaultEvent {
         let mut ev = FaultEvent::default();
         self.write_into(&mut ev);
@@ -235,7 +236,8 @@ impl<'a> FaultEventRef<'a> {
 }
 
 impl FaultEvent {
-    /// This event, borrowed.
+    /// A view whose strings and attributes borrow from this event; for code
+    /// that takes either kind ([`FaultEventRef`] is what the parser emits).
     pub fn view(&self) -> FaultEventRef<'_> {
         let FaultEvent {
             kind,

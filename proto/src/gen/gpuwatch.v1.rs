@@ -200,7 +200,8 @@ pub struct ActiveFault {
     #[prost(bool, tag = "13")]
     pub escalated: bool,
 }
-/// Health of one GPU.
+/// One GPU in NodeHealth: its identity (index only once NVML confirmed it), its
+/// verdict and the action its active faults call for, and NVML's latest sample.
 #[derive(serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 #[derive(Clone, PartialEq, ::prost::Message)]
