@@ -61,9 +61,11 @@ mod config;
 mod desired;
 mod events;
 mod node;
+pub mod quarantine;
 mod reconcile;
 mod retry;
 
+pub use backend::{ApiError, ApiResult};
 pub use cleanup::{CleanupError, CleanupReport, node_cleanup};
 pub use config::{KubeConfig, TaintConfig};
 pub use events::{COMPONENT, DEDUP_ANNOTATION, event_reason, event_type};

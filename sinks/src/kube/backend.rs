@@ -10,12 +10,15 @@ use std::time::Duration;
 
 /// A failed API call, classified for the retry logic.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum ApiError {
+pub enum ApiError {
     /// 409 on a write guarded by `metadata.resourceVersion`: another writer changed
     /// the object between our read and our write. A lost race, not an error:
     /// re-read, recompute and retry at once.
     #[error("conflict: {0}")]
     Conflict(String),
+    /// 409 with reason `AlreadyExists` on a create: the name is taken.
+    #[error("already exists: {0}")]
+    AlreadyExists(String),
     /// 409 from server-side apply: another field manager owns a field we apply
     /// (only without `force`). Retrying does not help until that manager lets go.
     #[error("field manager conflict: {0}")]
@@ -54,6 +57,7 @@ impl ApiError {
             kube::Error::Api(s) => {
                 let msg = format!("{} ({} {})", s.message, s.code, s.reason);
                 match s.code {
+                    409 if s.reason == "AlreadyExists" => ApiError::AlreadyExists(msg),
                     409 => ApiError::Conflict(msg),
                     404 => ApiError::NotFound(msg),
                     403 => ApiError::Forbidden(msg),
@@ -79,7 +83,7 @@ impl ApiError {
     }
 
     /// The least time to wait before retrying (the server's `Retry-After`).
-    pub(crate) fn retry_after(&self) -> Duration {
+    pub fn retry_after(&self) -> Duration {
         match self {
             ApiError::Throttled { retry_after, .. } => *retry_after,
             _ => Duration::ZERO,
@@ -87,7 +91,8 @@ impl ApiError {
     }
 }
 
-pub(crate) type ApiResult<T> = Result<T, ApiError>;
+/// The result of one API call.
+pub type ApiResult<T> = Result<T, ApiError>;
 
 /// Where writes go.
 #[allow(
@@ -118,7 +123,7 @@ impl std::fmt::Debug for Backend {
     }
 }
 
-async fn timed<T>(
+pub(crate) async fn timed<T>(
     timeout: Duration,
     fut: impl std::future::Future<Output = Result<T, kube::Error>>,
 ) -> ApiResult<T> {

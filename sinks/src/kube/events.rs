@@ -527,7 +527,7 @@ impl EventWriter {
                 Ok(())
             }
             Err(e) => {
-                let result = if matches!(e, ApiError::Conflict(_)) {
+                let result = if matches!(e, ApiError::Conflict(_) | ApiError::AlreadyExists(_)) {
                     WriteResult::Conflict
                 } else {
                     WriteResult::Error
@@ -618,6 +618,7 @@ impl EventWriter {
                 Err(
                     e @ (ApiError::Transient(_)
                     | ApiError::Conflict(_)
+                    | ApiError::AlreadyExists(_)
                     | ApiError::Throttled { .. }),
                 ) => {
                     tracing::warn!(reason = %p.reason, error = %e, "Cannot write Event; retrying.");

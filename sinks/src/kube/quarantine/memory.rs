@@ -1,0 +1,261 @@
+//! The API server's Lease and Node semantics in memory, for the protocol's
+//! tests and the fleet simulation (thousands of agents on paused time, where an
+//! HTTP double would measure the double, not the protocol).
+//!
+//! What it answers, and where the real server's behaviour comes from
+//! (kube-apiserver, `staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go`):
+//! - create of an existing name: 409 `AlreadyExists` (`Store.Create` maps the
+//!   storage's key-exists error with `storeerr.InterpretCreateError`);
+//! - update with a resourceVersion that is not the stored one: 409 `Conflict`
+//!   (`Store.Update`: "the object has been modified"); Leases do not allow
+//!   unconditional updates (`pkg/registry/coordination/lease/strategy.go`,
+//!   `AllowUnconditionalUpdate` is false), so an update without one is 422
+//!   Invalid (`metadata.resourceVersion: must be specified for an update`);
+//!   the protocol never sends one, and [`MemoryLeaseStore::replace`] has no way to;
+//! - update or delete of a missing name: 404 `NotFound`;
+//! - delete whose UID or resourceVersion precondition fails: 409 `Conflict`
+//!   (`Store.Delete` → `checkPreconditions`, "Precondition failed").
+//!
+//! Every write bumps one store-wide resourceVersion, as etcd's revision does.
+
+use super::store::{Holding, LeaseStore, SlotView};
+use crate::kube::backend::{ApiError, ApiResult};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Requests by kind, as the API server would count them.
+#[derive(Debug, Default)]
+pub struct Requests {
+    /// Lease lists (metadata only).
+    pub lists: AtomicU64,
+    /// Lease creates (claims of a free slot).
+    pub creates: AtomicU64,
+    /// Lease replaces (renewals and takeovers).
+    pub replaces: AtomicU64,
+    /// Lease deletes (releases).
+    pub deletes: AtomicU64,
+    /// Node GETs (is a quiet holder's Node still there?).
+    pub node_gets: AtomicU64,
+    /// Node lists (the fleet count, one per page).
+    pub node_lists: AtomicU64,
+}
+
+impl Requests {
+    /// Every request so far.
+    pub fn total(&self) -> u64 {
+        [
+            &self.lists,
+            &self.creates,
+            &self.replaces,
+            &self.deletes,
+            &self.node_gets,
+            &self.node_lists,
+        ]
+        .iter()
+        .map(|c| c.load(Ordering::Relaxed))
+        .sum()
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    revision: u64,
+    next_uid: u64,
+    leases: BTreeMap<u32, SlotView>,
+    nodes: BTreeSet<String>,
+    /// How the next requests are answered (tests); empty: normally.
+    script: std::collections::VecDeque<Answer>,
+}
+
+/// An in-memory API server holding slot Leases and the fleet's Node names.
+#[derive(Debug, Default)]
+pub struct MemoryLeaseStore {
+    state: Mutex<State>,
+    /// What was asked.
+    pub requests: Requests,
+    /// Each way of a request takes a random time in this range (tokio time),
+    /// so that concurrent agents interleave as they do over a network.
+    latency: Option<(Duration, Duration)>,
+    /// Most slot Leases that ever existed at once.
+    peak: AtomicU64,
+}
+
+/// How the in-memory server answers one request.
+#[derive(Debug)]
+pub enum Answer {
+    /// As the API server would.
+    Normal,
+    /// With this failure; the request never took effect (refused connection,
+    /// 429, 5xx, 409, 422).
+    Fail(ApiError),
+    /// The request took effect but the answer was lost (connection reset).
+    Lost,
+}
+
+/// Nodes per page of a fleet list, as the live store asks.
+const NODE_PAGE: usize = 500;
+
+impl MemoryLeaseStore {
+    /// A store whose fleet is `nodes`.
+    pub fn with_nodes<I: IntoIterator<Item = String>>(nodes: I) -> MemoryLeaseStore {
+        let store = MemoryLeaseStore::default();
+        store.lock().nodes = nodes.into_iter().collect();
+        store
+    }
+
+    /// Each way of every request takes between `min` and `max`.
+    pub fn with_latency(mut self, min: Duration, max: Duration) -> MemoryLeaseStore {
+        self.latency = Some((min, max.max(min)));
+        self
+    }
+
+    /// Most slot Leases that existed at once.
+    pub fn peak_slots(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    async fn way(&self) {
+        if let Some((min, max)) = self.latency {
+            let d = if max > min {
+                min + (max - min).mul_f64(rand::random_range(0.0..1.0))
+            } else {
+                min
+            };
+            tokio::time::sleep(d).await;
+        }
+    }
+
+    /// Runs `op` on the state between a request's two ways, unless the script
+    /// says otherwise.
+    async fn call<T>(&self, op: impl FnOnce(&mut State) -> ApiResult<T>) -> ApiResult<T> {
+        self.way().await;
+        let r = {
+            let mut s = self.lock();
+            match s.script.pop_front().unwrap_or(Answer::Normal) {
+                Answer::Normal => op(&mut s),
+                Answer::Fail(e) => Err(e),
+                Answer::Lost => {
+                    let _ = op(&mut s);
+                    Err(ApiError::Transient("connection reset by peer".into()))
+                }
+            }
+        };
+        let n = self.lock().leases.len() as u64;
+        self.peak.fetch_max(n, Ordering::Relaxed);
+        self.way().await;
+        r
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Deletes a Node (a replaced machine).
+    pub fn delete_node(&self, name: &str) {
+        self.lock().nodes.remove(name);
+    }
+
+    /// The slot Leases as stored.
+    pub fn slots(&self) -> Vec<SlotView> {
+        self.lock().leases.values().cloned().collect()
+    }
+
+    /// Answers the next requests (any kind, in order of arrival) as `answers` say.
+    pub fn script<I: IntoIterator<Item = Answer>>(&self, answers: I) {
+        self.lock().script.extend(answers);
+    }
+}
+
+fn written(state: &mut State, index: u32, holding: &Holding, uid: String) -> SlotView {
+    state.revision += 1;
+    SlotView {
+        index,
+        uid,
+        resource_version: state.revision.to_string(),
+        holder: holding.holder.clone(),
+        reason: holding.reason.clone(),
+        fleet_nodes: holding.fleet_nodes,
+    }
+}
+
+impl LeaseStore for MemoryLeaseStore {
+    async fn list(&self) -> ApiResult<Vec<SlotView>> {
+        self.requests.lists.fetch_add(1, Ordering::Relaxed);
+        self.call(|s| Ok(s.leases.values().cloned().collect()))
+            .await
+    }
+
+    async fn create(&self, index: u32, holding: &Holding) -> ApiResult<SlotView> {
+        self.requests.creates.fetch_add(1, Ordering::Relaxed);
+        self.call(|s| {
+            if s.leases.contains_key(&index) {
+                return Err(ApiError::AlreadyExists(format!(
+                    "leases.coordination.k8s.io \"{}\" already exists",
+                    super::store::slot_name(index)
+                )));
+            }
+            s.next_uid += 1;
+            let uid = format!("uid-{}", s.next_uid);
+            let v = written(s, index, holding, uid);
+            s.leases.insert(index, v.clone());
+            Ok(v)
+        })
+        .await
+    }
+
+    async fn replace(&self, current: &SlotView, holding: &Holding) -> ApiResult<SlotView> {
+        self.requests.replaces.fetch_add(1, Ordering::Relaxed);
+        self.call(|s| {
+            let Some(stored) = s.leases.get(&current.index) else {
+                return Err(ApiError::NotFound(current.name()));
+            };
+            if stored.resource_version != current.resource_version {
+                return Err(ApiError::Conflict(format!(
+                    "Operation cannot be fulfilled on leases.coordination.k8s.io \"{}\": the object has been modified; please apply your changes to the latest version and try again",
+                    current.name()
+                )));
+            }
+            let uid = stored.uid.clone();
+            let v = written(s, current.index, holding, uid);
+            s.leases.insert(current.index, v.clone());
+            Ok(v)
+        })
+        .await
+    }
+
+    async fn delete(&self, current: &SlotView) -> ApiResult<()> {
+        self.requests.deletes.fetch_add(1, Ordering::Relaxed);
+        self.call(|s| {
+            let Some(stored) = s.leases.get(&current.index) else {
+                return Err(ApiError::NotFound(current.name()));
+            };
+            if stored.uid != current.uid || stored.resource_version != current.resource_version {
+                return Err(ApiError::Conflict(format!(
+                    "Operation cannot be fulfilled on leases.coordination.k8s.io \"{}\": Precondition failed: ResourceVersion in precondition: {}, ResourceVersion in object meta: {}",
+                    current.name(),
+                    current.resource_version,
+                    stored.resource_version
+                )));
+            }
+            s.leases.remove(&current.index);
+            s.revision += 1;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn node_exists(&self, name: &str) -> ApiResult<bool> {
+        self.requests.node_gets.fetch_add(1, Ordering::Relaxed);
+        self.call(|s| Ok(s.nodes.contains(name))).await
+    }
+
+    async fn fleet_nodes(&self) -> ApiResult<u32> {
+        let n = self.lock().nodes.len();
+        let pages = n.div_ceil(NODE_PAGE).max(1) as u64;
+        self.requests.node_lists.fetch_add(pages, Ordering::Relaxed);
+        self.call(|s| Ok(u32::try_from(s.nodes.len()).unwrap_or(u32::MAX)))
+            .await
+    }
+}

@@ -1,0 +1,558 @@
+//! The claim / renew / release protocol of one agent, over a [`LeaseStore`].
+//!
+//! [`Claimant::step`] is called with whether the Node needs a slot and returns
+//! the new [`Status`] and when to call again; it never sleeps. Time is tokio's
+//! (paused in tests, so expiry and jitter are exact there).
+
+use super::budget::Budget;
+use super::store::{Holding, LeaseStore, SlotView};
+use crate::kube::backend::ApiError;
+use gpuwatch_core::retry::Backoff;
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How one agent takes part in the budget.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The budget (`Off` makes the claimant report [`Status::Off`] and do nothing).
+    pub budget: Budget,
+    /// Least number of slots of a share budget.
+    pub floor: u32,
+    /// This Node's name: the holder identity.
+    pub identity: String,
+    /// A slot whose Lease did not change for this long is free (client-go's
+    /// leader-election rule: measured from when this agent last saw it change,
+    /// so node clocks need not agree). Holders renew every third of it.
+    pub lease_duration: Duration,
+    /// Base pause between claim rounds while deferred (jittered ×0.5–1.5,
+    /// doubling to twice this while the budget stays spent).
+    pub retry: Duration,
+    /// How often the holder of slot 0 counts the fleet again.
+    pub recount_every: Duration,
+    /// First and largest pause after API errors.
+    pub backoff: (Duration, Duration),
+}
+
+/// Where this agent stands in the budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Status {
+    /// The budget is off: fault taints are not bounded.
+    Off,
+    /// The Node needs no slot and holds none.
+    Idle,
+    /// The Node needs a slot and no claim round has been answered yet (the
+    /// API server may be unreachable): keep the fault taint as it is on the Node.
+    Pending,
+    /// The Node holds slot `slot`: it may carry the fault taint.
+    Held {
+        /// The slot's index.
+        slot: u32,
+        /// Slots in the budget as last known (`None`: only the floor is known).
+        slots: Option<u32>,
+    },
+    /// Every slot is held by another Node: no fault taint.
+    Deferred {
+        /// Slots in the budget.
+        slots: u32,
+        /// The Nodes holding them.
+        holders: Vec<String>,
+    },
+}
+
+impl Status {
+    /// Whether the fault taint may be on the Node: `Some(true)` yes,
+    /// `Some(false)` no, `None` keep it as it is (nothing known yet).
+    pub fn permits_taint(&self) -> Option<bool> {
+        match self {
+            Status::Off | Status::Held { .. } => Some(true),
+            Status::Deferred { .. } | Status::Idle => Some(false),
+            Status::Pending => None,
+        }
+    }
+}
+
+/// When a slot Lease was last seen to change.
+#[derive(Debug, Clone)]
+struct Observed {
+    resource_version: String,
+    since: Instant,
+}
+
+/// One agent's side of the budget.
+#[derive(Debug)]
+pub struct Claimant<S> {
+    store: S,
+    cfg: Settings,
+    /// The slot this agent holds, as last written or read.
+    held: Option<SlotView>,
+    /// When `held` was last written (renewals are due a third of the lease
+    /// duration later).
+    written_at: Instant,
+    /// The fleet's Node count this agent last took, and when (slot 0's holder
+    /// counts; kept apart from the Lease so a failed write does not lose it).
+    fleet: Option<(u32, Instant)>,
+    observed: HashMap<u32, Observed>,
+    /// Consecutive claim rounds that found the budget spent.
+    deferred_rounds: u32,
+    backoff: Backoff,
+    status: Status,
+    /// The Node's UID for the owner reference (empty until known).
+    node_uid: String,
+    /// Why the Node is quarantined (written into the slot).
+    reason: String,
+}
+
+/// What a step did, beside the new status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    /// The status after the step.
+    pub status: Status,
+    /// When to step again at the latest (sooner when the need changes).
+    pub next: Instant,
+}
+
+/// Claim candidates tried per round: a wave of claimants spreads over the free
+/// slots instead of every one trying every slot.
+const TRIES_PER_ROUND: usize = 3;
+
+impl<S: LeaseStore> Claimant<S> {
+    /// A claimant that holds nothing yet.
+    pub fn new(store: S, cfg: Settings) -> Claimant<S> {
+        let status = if cfg.budget == Budget::Off {
+            Status::Off
+        } else {
+            Status::Idle
+        };
+        Claimant {
+            store,
+            backoff: Backoff::new(cfg.backoff.0, cfg.backoff.1),
+            cfg,
+            held: None,
+            written_at: Instant::now(),
+            fleet: None,
+            observed: HashMap::new(),
+            deferred_rounds: 0,
+            status,
+            node_uid: String::new(),
+            reason: String::new(),
+        }
+    }
+
+    /// The status as of the last step.
+    pub fn status(&self) -> &Status {
+        &self.status
+    }
+
+    /// The store (the fleet simulation counts its requests).
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Sets the Node UID (owner reference) and the reason written with the next
+    /// claim.
+    pub fn set_context(&mut self, node_uid: &str, reason: &str) {
+        node_uid.clone_into(&mut self.node_uid);
+        reason.clone_into(&mut self.reason);
+    }
+
+    /// One round: claim, renew or release as `need` and the held slot say.
+    pub async fn step(&mut self, need: bool) -> Step {
+        let now = Instant::now();
+        if self.cfg.budget == Budget::Off {
+            self.status = Status::Off;
+            return self.done(now + Duration::from_secs(3600));
+        }
+        let result = match (need, self.held.is_some()) {
+            (true, false) => self.claim(now).await,
+            (true, true) => self.renew_if_due(now).await,
+            (false, true) => self.release().await,
+            (false, false) => {
+                self.status = Status::Idle;
+                self.deferred_rounds = 0;
+                Ok(now + Duration::from_secs(3600))
+            }
+        };
+        match result {
+            Ok(next) => {
+                self.backoff.reset();
+                self.done(next)
+            }
+            Err(e) => {
+                let wait = self.backoff.next_delay().max(e.retry_after());
+                tracing::debug!(error = %e, "Quarantine budget round failed; retrying.");
+                if need && matches!(self.status, Status::Idle) {
+                    self.status = Status::Pending;
+                }
+                let mut next = now + wait;
+                if self.held.is_some() {
+                    next = next.min(self.renew_due());
+                }
+                self.done(next)
+            }
+        }
+    }
+
+    fn done(&self, next: Instant) -> Step {
+        Step {
+            status: self.status.clone(),
+            next,
+        }
+    }
+
+    fn renew_due(&self) -> Instant {
+        self.written_at + self.cfg.lease_duration / 3
+    }
+
+    fn holding(&self, fleet_nodes: Option<u32>) -> Holding {
+        Holding {
+            holder: self.cfg.identity.clone(),
+            node_uid: self.node_uid.clone(),
+            reason: self.reason.clone(),
+            lease_duration: self.cfg.lease_duration,
+            fleet_nodes,
+        }
+    }
+
+    /// Records when each slot Lease was last seen to change.
+    fn observe(&mut self, slots: &[SlotView], now: Instant) {
+        self.observed
+            .retain(|i, _| slots.iter().any(|s| s.index == *i));
+        for s in slots {
+            match self.observed.get_mut(&s.index) {
+                Some(o) if o.resource_version == s.resource_version => {}
+                _ => {
+                    self.observed.insert(
+                        s.index,
+                        Observed {
+                            resource_version: s.resource_version.clone(),
+                            since: now,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    /// A slot quiet for this long has missed a renewal: its holder's Node is
+    /// looked up.
+    fn stale_after(&self) -> Duration {
+        self.cfg.lease_duration / 2
+    }
+
+    fn unchanged_for(&self, index: u32, now: Instant) -> Duration {
+        self.observed
+            .get(&index)
+            .map_or(Duration::ZERO, |o| now.saturating_duration_since(o.since))
+    }
+
+    /// Becomes the holder of `slot` (just written at `now`).
+    fn hold(&mut self, slot: SlotView, slots: Option<u32>, now: Instant) -> Instant {
+        self.status = Status::Held {
+            slot: slot.index,
+            slots,
+        };
+        self.held = Some(slot);
+        self.written_at = now;
+        self.deferred_rounds = 0;
+        // Slot 0 without a count (the count failed): count again soon, so
+        // claimants past the floor learn the budget's size.
+        if self
+            .held
+            .as_ref()
+            .is_some_and(|s| s.index == 0 && s.fleet_nodes.is_none())
+        {
+            now + jittered(self.cfg.retry / 8)
+        } else {
+            self.renew_due()
+        }
+    }
+
+    /// A claim round: adopt a slot this Node already holds, else create a free
+    /// one, else take over one whose holder is gone or expired, else defer.
+    async fn claim(&mut self, now: Instant) -> Result<Instant, ApiError> {
+        let listed = self.store.list().await?;
+        self.observe(&listed, now);
+        if let Some(next) = self.adopt(&listed, now).await? {
+            return Ok(next);
+        }
+        let slots = self.known_slots(&listed);
+        let limit = slots.unwrap_or(self.cfg.floor.max(1));
+        let by_index: BTreeMap<u32, &SlotView> = listed.iter().map(|s| (s.index, s)).collect();
+
+        let mut free: Vec<u32> = (0..limit).filter(|i| !by_index.contains_key(i)).collect();
+        // Slot 0 first when it is free (its holder counts the fleet, so the
+        // sooner it is held the sooner claimants know the budget); the rest
+        // in an order of this agent's own, so a wave spreads over them.
+        let zero_free = free.first() == Some(&0);
+        rotate_randomly(&mut free[usize::from(zero_free)..]);
+        for index in free.into_iter().take(TRIES_PER_ROUND) {
+            let fleet = if index == 0 {
+                self.count_fleet(now).await
+            } else {
+                None
+            };
+            match self.store.create(index, &self.holding(fleet)).await {
+                Ok(slot) => return Ok(self.hold(slot, slots, now)),
+                Err(ApiError::AlreadyExists(_) | ApiError::Conflict(_)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        for slot in self.takeover_candidates(&by_index, limit, now).await? {
+            let fleet = if slot.index == 0 {
+                self.count_fleet(now).await
+            } else {
+                None
+            };
+            match self.store.replace(&slot, &self.holding(fleet)).await {
+                Ok(taken) => {
+                    tracing::info!(
+                        slot = slot.index,
+                        previous = %slot.holder,
+                        "Took over a quarantine budget slot whose holder is gone."
+                    );
+                    return Ok(self.hold(taken, slots, now));
+                }
+                Err(ApiError::Conflict(_) | ApiError::NotFound(_)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(self.defer(&by_index, limit, slots.is_some(), now))
+    }
+
+    /// Adopts a slot this Node already holds (a restarted agent, or a create
+    /// whose answer was lost), giving back any second one.
+    async fn adopt(
+        &mut self,
+        listed: &[SlotView],
+        now: Instant,
+    ) -> Result<Option<Instant>, ApiError> {
+        let mut mine: Vec<&SlotView> = listed
+            .iter()
+            .filter(|s| s.holder == self.cfg.identity)
+            .collect();
+        mine.sort_by_key(|s| s.index);
+        let Some(first) = mine.first() else {
+            return Ok(None);
+        };
+        for extra in &mine[1..] {
+            match self.store.delete(extra).await {
+                Ok(()) | Err(ApiError::NotFound(_) | ApiError::Conflict(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let slots = self.known_slots(listed);
+        let slot = (*first).clone();
+        // Renew at once: the Lease may have gone unrenewed while no agent ran.
+        self.held = Some(slot);
+        self.status = Status::Held {
+            slot: first.index,
+            slots,
+        };
+        self.written_at = now - self.cfg.lease_duration;
+        Ok(Some(now))
+    }
+
+    /// The budget's slots: this agent's budget over the fleet count its
+    /// holder wrote on slot 0 (`None` while nobody has counted).
+    fn known_slots(&self, listed: &[SlotView]) -> Option<u32> {
+        let fleet = listed.iter().find(|s| s.index == 0)?.fleet_nodes?;
+        self.cfg.budget.slots(fleet, self.cfg.floor)
+    }
+
+    /// The fleet count to write on slot 0: taken again when this agent has
+    /// none or it is older than `recount_every` (`None` when that failed and
+    /// there is none: the holder tries again soon).
+    async fn count_fleet(&mut self, now: Instant) -> Option<u32> {
+        let fresh = self
+            .fleet
+            .filter(|(_, at)| now.saturating_duration_since(*at) < self.cfg.recount_every);
+        if let Some((n, _)) = fresh {
+            return Some(n);
+        }
+        match self.store.fleet_nodes().await {
+            Ok(n) => {
+                self.fleet = Some((n, now));
+                Some(n)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "Could not count the fleet's Nodes for the quarantine budget.");
+                self.fleet.map(|(n, _)| n)
+            }
+        }
+    }
+
+    /// Slots below `limit` whose holder's Node is gone, or that did not change
+    /// for a whole lease duration. A Node is looked up only once its slot has
+    /// missed a renewal: a live holder renews every third of the duration.
+    async fn takeover_candidates(
+        &self,
+        by_index: &BTreeMap<u32, &SlotView>,
+        limit: u32,
+        now: Instant,
+    ) -> Result<Vec<SlotView>, ApiError> {
+        let stale_after = self.stale_after();
+        let mut out = Vec::new();
+        for (&index, slot) in by_index.range(..limit) {
+            let quiet = self.unchanged_for(index, now);
+            let free = if slot.holder.is_empty() || quiet >= self.cfg.lease_duration {
+                true
+            } else if quiet >= stale_after {
+                !self.store.node_exists(&slot.holder).await?
+            } else {
+                false
+            };
+            if free {
+                out.push((*slot).clone());
+            }
+        }
+        rotate_randomly(&mut out);
+        out.truncate(TRIES_PER_ROUND);
+        Ok(out)
+    }
+
+    /// Every slot is held: defer, and come back after a jittered pause that
+    /// grows while the budget stays spent (or when a quiet slot may expire).
+    fn defer(
+        &mut self,
+        by_index: &BTreeMap<u32, &SlotView>,
+        limit: u32,
+        counted: bool,
+        now: Instant,
+    ) -> Instant {
+        let holders: Vec<String> = by_index
+            .range(..limit)
+            .map(|(_, s)| s.holder.clone())
+            .collect();
+        self.status = Status::Deferred {
+            slots: limit,
+            holders,
+        };
+        if !counted {
+            // Slot 0's holder is counting the fleet: look again soon.
+            return now + jittered(self.cfg.retry / 8);
+        }
+        self.deferred_rounds = self.deferred_rounds.saturating_add(1);
+        let base = if self.deferred_rounds > 2 {
+            self.cfg.retry * 2
+        } else {
+            self.cfg.retry
+        };
+        let mut next = now + jittered(base);
+        // The earliest moment a quiet slot's holder is looked up or its lease
+        // runs out, plus a little so it really has by this agent's clock.
+        let margin = Duration::from_millis(100);
+        for (&index, _) in by_index.range(..limit) {
+            if let Some(o) = self.observed.get(&index) {
+                for at in [
+                    o.since + self.stale_after(),
+                    o.since + self.cfg.lease_duration,
+                ] {
+                    if at + margin > now {
+                        next = next.min(at + margin);
+                    }
+                }
+            }
+        }
+        next
+    }
+
+    /// Renews the held slot when a third of the lease duration has passed
+    /// (slot 0's holder counts the fleet again when that is due).
+    async fn renew_if_due(&mut self, now: Instant) -> Result<Instant, ApiError> {
+        let Some(current) = self.held.clone() else {
+            return Ok(now);
+        };
+        let uncounted = current.index == 0 && current.fleet_nodes.is_none();
+        if now < self.renew_due() && !uncounted {
+            return Ok(self.renew_due());
+        }
+        let fleet = if current.index == 0 {
+            self.count_fleet(now).await.or(current.fleet_nodes)
+        } else {
+            None
+        };
+        match self.store.replace(&current, &self.holding(fleet)).await {
+            Ok(renewed) => {
+                let still_uncounted = renewed.index == 0 && renewed.fleet_nodes.is_none();
+                self.held = Some(renewed);
+                self.written_at = now;
+                Ok(if still_uncounted {
+                    now + jittered(self.cfg.retry / 8)
+                } else {
+                    self.renew_due()
+                })
+            }
+            Err(ApiError::Conflict(_) | ApiError::NotFound(_)) => {
+                self.recheck_after_lost_renewal(now).await
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A renewal lost its race: the slot is still ours (someone else only
+    /// touched it) or another Node took it over after we missed renewals.
+    async fn recheck_after_lost_renewal(&mut self, now: Instant) -> Result<Instant, ApiError> {
+        let listed = self.store.list().await?;
+        self.observe(&listed, now);
+        let index = self.held.as_ref().map_or(u32::MAX, |s| s.index);
+        match listed.iter().find(|s| s.index == index) {
+            Some(s) if s.holder == self.cfg.identity => {
+                self.held = Some(s.clone());
+                Ok(now)
+            }
+            other => {
+                tracing::warn!(
+                    slot = index,
+                    holder = other.map_or("", |s| s.holder.as_str()),
+                    "Lost the quarantine budget slot (renewals were missed); the fault taint goes."
+                );
+                self.held = None;
+                self.claim(now).await
+            }
+        }
+    }
+
+    /// Gives the slot back (after the fault taint left the Node).
+    async fn release(&mut self) -> Result<Instant, ApiError> {
+        let Some(current) = self.held.clone() else {
+            return Ok(Instant::now());
+        };
+        match self.store.delete(&current).await {
+            Ok(()) | Err(ApiError::NotFound(_)) => {}
+            Err(ApiError::Conflict(_)) => {
+                // Changed since we wrote it: delete it only if it is still ours.
+                let listed = self.store.list().await?;
+                if let Some(s) = listed
+                    .iter()
+                    .find(|s| s.index == current.index && s.holder == self.cfg.identity)
+                {
+                    self.held = Some(s.clone());
+                    return Ok(Instant::now());
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        tracing::info!(
+            slot = current.index,
+            "Gave back the quarantine budget slot."
+        );
+        self.held = None;
+        self.status = Status::Idle;
+        Ok(Instant::now() + Duration::from_secs(3600))
+    }
+}
+
+/// `base` stretched by a random factor in [0.5, 1.5).
+fn jittered(base: Duration) -> Duration {
+    base.mul_f64(rand::random_range(0.5..1.5))
+}
+
+/// Rotates `v` by a random offset, so that claimants starting from the same
+/// list try different slots first.
+fn rotate_randomly<T>(v: &mut [T]) {
+    if v.len() > 1 {
+        let k = rand::random_range(0..v.len());
+        v.rotate_left(k);
+    }
+}

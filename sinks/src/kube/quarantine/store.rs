@@ -1,0 +1,323 @@
+//! What the budget protocol needs from the API server, as a trait: the live
+//! implementation ([`KubeLeaseStore`]) talks to `coordination.k8s.io/v1` Leases
+//! and core/v1 Nodes; the fleet simulation implements it over an in-memory
+//! model of the same semantics.
+
+use super::super::backend::{ApiError, ApiResult};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
+use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+/// Label on every slot Lease; its value is the slot's index.
+pub const SLOT_LABEL: &str = "gpuwatch.io/quarantine-slot";
+/// Annotation naming the holder's Node (also `spec.holderIdentity`; an annotation
+/// so that a metadata-only list shows it).
+pub const HOLDER_ANNOTATION: &str = "gpuwatch.io/holder";
+/// Annotation with why the holder is quarantined (the fault taint's value).
+pub const REASON_ANNOTATION: &str = "gpuwatch.io/quarantine-reason";
+/// Annotation on slot 0: the fleet's Node count its holder last took.
+pub const FLEET_ANNOTATION: &str = "gpuwatch.io/fleet-nodes";
+/// Slot Leases are named `<prefix><index>`.
+pub const LEASE_PREFIX: &str = "gpuwatch-quarantine-";
+
+/// A slot Lease as a metadata-only list shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotView {
+    /// Slot index (from the name and the label; a Lease whose two disagree is
+    /// not a slot).
+    pub index: u32,
+    /// `metadata.uid` (delete precondition).
+    pub uid: String,
+    /// `metadata.resourceVersion`: compared for equality only.
+    pub resource_version: String,
+    /// The Node holding the slot (empty: released but not deleted).
+    pub holder: String,
+    /// Why the holder is quarantined, as it said.
+    pub reason: String,
+    /// The fleet's Node count, on slot 0 once its holder has counted.
+    pub fleet_nodes: Option<u32>,
+}
+
+impl SlotView {
+    /// `gpuwatch-quarantine-<index>`.
+    pub fn name(&self) -> String {
+        slot_name(self.index)
+    }
+}
+
+/// The Lease name of slot `index`.
+pub fn slot_name(index: u32) -> String {
+    format!("{LEASE_PREFIX}{index}")
+}
+
+/// What a holder writes into a slot it creates, takes over or renews.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holding {
+    /// The holder's Node name (`spec.holderIdentity`).
+    pub holder: String,
+    /// The holder's Node UID, for the owner reference that lets the garbage
+    /// collector delete the Lease with the Node (empty: no owner reference).
+    pub node_uid: String,
+    /// Why (the fault taint's value).
+    pub reason: String,
+    /// Lease duration written into `spec.leaseDurationSeconds`.
+    pub lease_duration: Duration,
+    /// The fleet count to record (slot 0 only).
+    pub fleet_nodes: Option<u32>,
+}
+
+/// The API calls of the budget protocol. Every write is atomic on the server:
+/// a create of an existing name fails with `AlreadyExists`, a replace or delete
+/// whose resourceVersion is stale fails with `Conflict`.
+pub trait LeaseStore: Send + Sync {
+    /// Every slot Lease in the namespace (metadata only).
+    fn list(&self) -> impl Future<Output = ApiResult<Vec<SlotView>>> + Send;
+    /// Creates slot `index` held as `holding` (`AlreadyExists` when it exists).
+    fn create(
+        &self,
+        index: u32,
+        holding: &Holding,
+    ) -> impl Future<Output = ApiResult<SlotView>> + Send;
+    /// Replaces `current` (guarded by its resourceVersion) with a Lease held as
+    /// `holding`: a takeover when the holder changes, else a renewal.
+    fn replace(
+        &self,
+        current: &SlotView,
+        holding: &Holding,
+    ) -> impl Future<Output = ApiResult<SlotView>> + Send;
+    /// Deletes `current`, preconditioned on its UID and resourceVersion.
+    fn delete(&self, current: &SlotView) -> impl Future<Output = ApiResult<()>> + Send;
+    /// Whether the Node `name` exists.
+    fn node_exists(&self, name: &str) -> impl Future<Output = ApiResult<bool>> + Send;
+    /// How many Nodes the fleet's label selector matches.
+    fn fleet_nodes(&self) -> impl Future<Output = ApiResult<u32>> + Send;
+}
+
+/// The live store: Leases in one namespace, Nodes by label selector.
+#[derive(Clone)]
+pub struct KubeLeaseStore {
+    leases: Api<Lease>,
+    nodes: Api<Node>,
+    selector: String,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for KubeLeaseStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeLeaseStore")
+            .field("selector", &self.selector)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Nodes per page of the fleet count (metadata only, so a page stays small).
+const NODE_PAGE: u32 = 500;
+
+impl KubeLeaseStore {
+    /// Leases in `namespace`; the fleet is the Nodes matching `selector`.
+    pub fn new(
+        client: kube::Client,
+        namespace: &str,
+        selector: &str,
+        timeout: Duration,
+    ) -> KubeLeaseStore {
+        KubeLeaseStore {
+            leases: Api::namespaced(client.clone(), namespace),
+            nodes: Api::all(client),
+            selector: selector.to_owned(),
+            timeout,
+        }
+    }
+}
+
+async fn timed<T>(
+    timeout: Duration,
+    fut: impl Future<Output = Result<T, kube::Error>>,
+) -> ApiResult<T> {
+    super::super::backend::timed(timeout, fut).await
+}
+
+/// The Lease a holding asks for, on top of `meta` (name, resourceVersion).
+fn lease(index: u32, mut meta: ObjectMeta, holding: &Holding, transitions: i32) -> Lease {
+    let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+    meta.name = Some(slot_name(index));
+    meta.labels = Some(BTreeMap::from([(SLOT_LABEL.to_owned(), index.to_string())]));
+    let mut ann = BTreeMap::from([
+        (HOLDER_ANNOTATION.to_owned(), holding.holder.clone()),
+        (REASON_ANNOTATION.to_owned(), holding.reason.clone()),
+    ]);
+    if let Some(n) = holding.fleet_nodes {
+        ann.insert(FLEET_ANNOTATION.to_owned(), n.to_string());
+    }
+    meta.annotations = Some(ann);
+    meta.owner_references = (!holding.node_uid.is_empty()).then(|| {
+        vec![OwnerReference {
+            api_version: "v1".into(),
+            kind: "Node".into(),
+            name: holding.holder.clone(),
+            uid: holding.node_uid.clone(),
+            block_owner_deletion: Some(false),
+            controller: Some(false),
+        }]
+    });
+    Lease {
+        metadata: meta,
+        spec: Some(LeaseSpec {
+            holder_identity: Some(holding.holder.clone()),
+            lease_duration_seconds: Some(
+                i32::try_from(holding.lease_duration.as_secs()).unwrap_or(i32::MAX),
+            ),
+            acquire_time: Some(now.clone()),
+            renew_time: Some(now),
+            lease_transitions: Some(transitions),
+            ..LeaseSpec::default()
+        }),
+    }
+}
+
+/// The slot a Lease is, from its metadata (`None`: not a slot Lease).
+pub fn view(meta: &ObjectMeta) -> Option<SlotView> {
+    let name = meta.name.as_deref()?;
+    let index: u32 = name.strip_prefix(LEASE_PREFIX)?.parse().ok()?;
+    let label = meta.labels.as_ref()?.get(SLOT_LABEL)?;
+    if *label != index.to_string() {
+        return None;
+    }
+    let ann = |k: &str| meta.annotations.as_ref().and_then(|a| a.get(k)).cloned();
+    Some(SlotView {
+        index,
+        uid: meta.uid.clone().unwrap_or_default(),
+        resource_version: meta.resource_version.clone().unwrap_or_default(),
+        holder: ann(HOLDER_ANNOTATION).unwrap_or_default(),
+        reason: ann(REASON_ANNOTATION).unwrap_or_default(),
+        fleet_nodes: ann(FLEET_ANNOTATION).and_then(|n| n.parse().ok()),
+    })
+}
+
+fn view_of(l: &Lease) -> ApiResult<SlotView> {
+    view(&l.metadata).ok_or_else(|| {
+        ApiError::Transient("the API server answered with a Lease that is not a slot".into())
+    })
+}
+
+impl LeaseStore for KubeLeaseStore {
+    async fn list(&self) -> ApiResult<Vec<SlotView>> {
+        let lp = ListParams::default().labels(SLOT_LABEL);
+        let list = timed(self.timeout, self.leases.list_metadata(&lp)).await?;
+        Ok(list
+            .items
+            .iter()
+            .filter_map(|m| view(&m.metadata))
+            .collect())
+    }
+
+    async fn create(&self, index: u32, holding: &Holding) -> ApiResult<SlotView> {
+        let l = lease(index, ObjectMeta::default(), holding, 0);
+        let made = timed(self.timeout, self.leases.create(&PostParams::default(), &l)).await?;
+        view_of(&made)
+    }
+
+    async fn replace(&self, current: &SlotView, holding: &Holding) -> ApiResult<SlotView> {
+        // A metadata list does not carry `leaseTransitions`; a takeover reads
+        // the Lease for it (the replace is guarded by the resourceVersion the
+        // decision was made on, not the one read here).
+        let transitions = if current.holder == holding.holder {
+            None
+        } else {
+            Some(
+                timed(self.timeout, self.leases.get(&current.name()))
+                    .await?
+                    .spec
+                    .and_then(|s| s.lease_transitions)
+                    .unwrap_or(0)
+                    .saturating_add(1),
+            )
+        };
+        let meta = ObjectMeta {
+            resource_version: Some(current.resource_version.clone()),
+            ..ObjectMeta::default()
+        };
+        let l = lease(current.index, meta, holding, transitions.unwrap_or(0));
+        let (name, pp) = (current.name(), PostParams::default());
+        view_of(&timed(self.timeout, self.leases.replace(&name, &pp, &l)).await?)
+    }
+
+    async fn delete(&self, current: &SlotView) -> ApiResult<()> {
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(current.uid.clone()),
+                resource_version: Some(current.resource_version.clone()),
+            }),
+            ..DeleteParams::default()
+        };
+        timed(self.timeout, self.leases.delete(&current.name(), &dp))
+            .await
+            .map(|_| ())
+    }
+
+    async fn node_exists(&self, name: &str) -> ApiResult<bool> {
+        match timed(self.timeout, self.nodes.get_metadata_opt(name)).await {
+            Ok(n) => Ok(n.is_some()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn fleet_nodes(&self) -> ApiResult<u32> {
+        // Served from the API server's watch cache (resourceVersion=0): a
+        // count, not a consistent read, is all the budget needs.
+        let mut lp = ListParams::default()
+            .labels(&self.selector)
+            .limit(NODE_PAGE);
+        lp.resource_version = Some("0".into());
+        let mut count: u32 = 0;
+        loop {
+            let page = timed(self.timeout, self.nodes.list_metadata(&lp)).await?;
+            count = count.saturating_add(u32::try_from(page.items.len()).unwrap_or(u32::MAX));
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => {
+                    // A continue token carries its own resourceVersion.
+                    lp.resource_version = None;
+                    lp = lp.continue_token(&token);
+                }
+                None => return Ok(count),
+            }
+        }
+    }
+}
+
+/// A shared store (the fleet simulation's agents share one API server).
+impl<T: LeaseStore> LeaseStore for std::sync::Arc<T> {
+    fn list(&self) -> impl std::future::Future<Output = ApiResult<Vec<SlotView>>> + Send {
+        (**self).list()
+    }
+    fn create(
+        &self,
+        index: u32,
+        holding: &Holding,
+    ) -> impl std::future::Future<Output = ApiResult<SlotView>> + Send {
+        (**self).create(index, holding)
+    }
+    fn replace(
+        &self,
+        current: &SlotView,
+        holding: &Holding,
+    ) -> impl std::future::Future<Output = ApiResult<SlotView>> + Send {
+        (**self).replace(current, holding)
+    }
+    fn delete(
+        &self,
+        current: &SlotView,
+    ) -> impl std::future::Future<Output = ApiResult<()>> + Send {
+        (**self).delete(current)
+    }
+    fn node_exists(&self, name: &str) -> impl std::future::Future<Output = ApiResult<bool>> + Send {
+        (**self).node_exists(name)
+    }
+    fn fleet_nodes(&self) -> impl std::future::Future<Output = ApiResult<u32>> + Send {
+        (**self).fleet_nodes()
+    }
+}

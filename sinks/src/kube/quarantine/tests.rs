@@ -1,0 +1,455 @@
+//! The protocol against the in-memory API server, many agents at once, on
+//! paused time. Each agent's Node carries the fault taint exactly while its
+//! status permits it (as the reconciler applies it), and the harness checks the
+//! bound after every change.
+
+use super::*;
+use crate::kube::backend::ApiError;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+const LEASE: Duration = Duration::from_secs(60);
+
+fn settings(identity: &str, budget: &str) -> Settings {
+    Settings {
+        budget: Budget::parse(budget).unwrap(),
+        floor: 2,
+        identity: identity.to_owned(),
+        lease_duration: LEASE,
+        retry: Duration::from_secs(15),
+        recount_every: Duration::from_secs(600),
+        backoff: (Duration::from_millis(500), Duration::from_secs(30)),
+    }
+}
+
+fn node(i: usize) -> String {
+    format!("gpu-node-{i:03}")
+}
+
+/// The fleet's taints as the agents' reconcilers would leave them.
+#[derive(Debug, Default)]
+struct Board {
+    tainted: BTreeSet<String>,
+    peak: usize,
+    statuses: std::collections::BTreeMap<String, Status>,
+}
+
+struct Agent {
+    need: tokio::sync::watch::Sender<Need>,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+struct Fleet {
+    store: Arc<MemoryLeaseStore>,
+    board: Arc<Mutex<Board>>,
+    agents: std::collections::BTreeMap<String, Agent>,
+    budget: &'static str,
+}
+
+impl Fleet {
+    fn new(nodes: usize, budget: &'static str) -> Fleet {
+        let store = MemoryLeaseStore::with_nodes((0..nodes).map(node))
+            .with_latency(Duration::from_millis(1), Duration::from_millis(30));
+        Fleet {
+            store: Arc::new(store),
+            board: Arc::default(),
+            agents: Default::default(),
+            budget,
+        }
+    }
+
+    /// Starts the agent of Node `name` (again, after a kill: a restart).
+    fn start(&mut self, name: &str, need: bool) {
+        let claimant = Claimant::new(self.store.clone(), settings(name, self.budget));
+        let (need_tx, need_rx) = tokio::sync::watch::channel(Need {
+            slot: need,
+            node_uid: format!("uid-of-{name}"),
+            reason: "inspect_hardware".into(),
+        });
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let board = self.board.clone();
+        let who = name.to_owned();
+        let task = tokio::spawn(agent_loop(claimant, need_rx, stop_rx, board, who));
+        self.agents.insert(
+            name.to_owned(),
+            Agent {
+                need: need_tx,
+                stop: stop_tx,
+                task,
+            },
+        );
+    }
+
+    /// The Node's faults clear: its reconciler removes the taint, then the
+    /// slot is no longer needed.
+    fn clear(&self, name: &str) {
+        self.board.lock().unwrap().tainted.remove(name);
+        self.agents[name].need.send_modify(|n| n.slot = false);
+    }
+
+    /// Kills the agent (no release: the process is gone). Its Node keeps the
+    /// taint it had.
+    async fn kill(&mut self, name: &str) {
+        let a = self.agents.remove(name).unwrap();
+        a.task.abort();
+        let _ = a.task.await;
+    }
+
+    async fn stop_all(self) {
+        for (_, a) in self.agents {
+            let _ = a.stop.send(true);
+            let _ = a.task.await;
+        }
+    }
+
+    fn tainted(&self) -> BTreeSet<String> {
+        self.board.lock().unwrap().tainted.clone()
+    }
+
+    fn status(&self, name: &str) -> Option<Status> {
+        self.board.lock().unwrap().statuses.get(name).cloned()
+    }
+
+    fn peak(&self) -> usize {
+        self.board.lock().unwrap().peak
+    }
+
+    fn count(&self, f: impl Fn(&Status) -> bool) -> usize {
+        self.board
+            .lock()
+            .unwrap()
+            .statuses
+            .iter()
+            .filter(|(n, s)| self.agents.contains_key(*n) && f(s))
+            .count()
+    }
+}
+
+/// `run`, with the taint applied as the reconciler does (a status that says
+/// nothing yet leaves the taint as it is).
+async fn agent_loop(
+    mut claimant: Claimant<Arc<MemoryLeaseStore>>,
+    mut need: tokio::sync::watch::Receiver<Need>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    board: Arc<Mutex<Board>>,
+    who: String,
+) {
+    loop {
+        let n = need.borrow_and_update().clone();
+        claimant.set_context(&n.node_uid, &n.reason);
+        let step = claimant.step(n.slot).await;
+        {
+            let mut b = board.lock().unwrap();
+            match step.status.permits_taint() {
+                Some(true) if n.slot => {
+                    b.tainted.insert(who.clone());
+                }
+                Some(false) => {
+                    b.tainted.remove(&who);
+                }
+                _ => {}
+            }
+            b.peak = b.peak.max(b.tainted.len());
+            b.statuses.insert(who.clone(), step.status.clone());
+        }
+        tokio::select! {
+            r = need.changed() => if r.is_err() { return },
+            () = tokio::time::sleep_until(step.next) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+async fn settle(d: Duration) {
+    tokio::time::sleep(d).await;
+}
+
+fn held(s: &Status) -> bool {
+    matches!(s, Status::Held { .. })
+}
+
+fn deferred(s: &Status) -> bool {
+    matches!(s, Status::Deferred { .. })
+}
+
+/// Twenty of a hundred Nodes see a fault in the same instant.
+async fn wave() -> Fleet {
+    let mut fleet = Fleet::new(100, "10%");
+    for i in 0..20 {
+        fleet.start(&node(i), true);
+    }
+    settle(Duration::from_secs(10)).await;
+    fleet
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_simultaneous_wave_taints_exactly_the_budget_and_never_more() {
+    let fleet = wave().await;
+    assert_eq!(fleet.tainted().len(), 10);
+    assert_eq!(fleet.peak(), 10, "the bound held at every moment");
+    assert_eq!(fleet.store.peak_slots(), 10);
+    assert_eq!(fleet.count(held), 10);
+    assert_eq!(fleet.count(deferred), 10);
+    // Still so a few renewals later...
+    settle(Duration::from_secs(120)).await;
+    assert_eq!(fleet.tainted().len(), 10);
+    assert_eq!(fleet.peak(), 10);
+    // ...and every deferred Node, having looked again, names the ten holders.
+    let holders: BTreeSet<String> = fleet.tainted();
+    for i in 0..20 {
+        if let Some(Status::Deferred { slots, holders: h }) = fleet.status(&node(i)) {
+            assert_eq!(slots, 10);
+            assert_eq!(h.iter().cloned().collect::<BTreeSet<_>>(), holders);
+        }
+    }
+    fleet.stop_all().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cleared_holder_hands_its_slot_to_a_deferred_node_within_a_minute() {
+    let fleet = wave().await;
+    let before = fleet.tainted();
+    let holder = before.iter().next().unwrap().clone();
+    fleet.clear(&holder);
+    let t0 = Instant::now();
+    loop {
+        settle(Duration::from_secs(1)).await;
+        let now = fleet.tainted();
+        if now.len() == 10 && !now.contains(&holder) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no deferred Node took the slot"
+        );
+    }
+    assert_eq!(fleet.status(&holder), Some(Status::Idle));
+    assert_eq!(fleet.peak(), 10);
+    fleet.stop_all().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_holder_whose_node_was_deleted_frees_its_slot_within_a_minute() {
+    let mut fleet = wave().await;
+    let holder = fleet.tainted().into_iter().next().unwrap();
+    fleet.kill(&holder).await;
+    fleet.store.delete_node(&holder);
+    // Its Node is gone, and its taint with it.
+    fleet.board.lock().unwrap().tainted.remove(&holder);
+    let t0 = Instant::now();
+    while fleet.tainted().len() < 10 {
+        settle(Duration::from_secs(1)).await;
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the slot of a deleted Node was not taken"
+        );
+    }
+    assert!(fleet.store.slots().iter().all(|s| s.holder != holder));
+    assert_eq!(fleet.peak(), 10);
+    fleet.stop_all().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_killed_holder_with_its_node_kept_frees_its_slot_after_the_lease_duration() {
+    let mut fleet = wave().await;
+    let holder = fleet.tainted().into_iter().next().unwrap();
+    fleet.kill(&holder).await;
+    let t0 = Instant::now();
+    let taken_at = loop {
+        settle(Duration::from_secs(1)).await;
+        if fleet.store.slots().iter().all(|s| s.holder != holder) {
+            break t0.elapsed();
+        }
+        assert!(t0.elapsed() < LEASE * 2, "the expired slot was not taken");
+    };
+    // Not before its holder could have renewed for a whole lease duration...
+    assert!(taken_at >= LEASE - LEASE / 3, "taken after {taken_at:?}");
+    settle(Duration::from_secs(5)).await;
+    // ...and the live agents' Nodes are back at the budget: the dead agent's
+    // Node keeps its stale taint (only its own agent may write it).
+    let live: BTreeSet<String> = fleet
+        .tainted()
+        .into_iter()
+        .filter(|n| *n != holder)
+        .collect();
+    assert_eq!(live.len(), 10);
+    fleet.stop_all().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_agent_adopts_its_own_slot() {
+    let mut fleet = wave().await;
+    let holder = fleet.tainted().into_iter().next().unwrap();
+    let slot_before: Vec<u32> = fleet
+        .store
+        .slots()
+        .iter()
+        .filter(|s| s.holder == holder)
+        .map(|s| s.index)
+        .collect();
+    fleet.kill(&holder).await;
+    settle(Duration::from_secs(5)).await;
+    fleet.start(&holder, true);
+    settle(Duration::from_secs(5)).await;
+    assert!(
+        matches!(fleet.status(&holder), Some(Status::Held { slot, .. }) if slot_before == [slot])
+    );
+    assert_eq!(
+        fleet.store.slots().len(),
+        10,
+        "no second slot for the same Node"
+    );
+    assert_eq!(fleet.tainted().len(), 10);
+    fleet.stop_all().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn api_errors_during_the_claims_never_pass_the_budget() {
+    let mut fleet = Fleet::new(100, "10%");
+    // Every kind of failure the API server and the network produce, one
+    // request in three, answered to whoever asks next.
+    fleet
+        .store
+        .script((0..300).map(|i| {
+            match (i % 3, i / 3 % 6) {
+                (0 | 1, _) => Answer::Normal,
+                (_, 0) => Answer::Fail(ApiError::Conflict("the object has been modified".into())),
+                (_, 1) => Answer::Fail(ApiError::Rejected(
+                    "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"
+                        .into(),
+                )),
+                (_, 2) => Answer::Fail(ApiError::Throttled {
+                    message: "Too many requests".into(),
+                    retry_after: Duration::from_secs(1),
+                }),
+                (_, 3) => Answer::Fail(ApiError::Transient("500 Internal Server Error".into())),
+                (_, 4) => Answer::Lost,
+                _ => Answer::Fail(ApiError::AlreadyExists("already exists".into())),
+            }
+        }));
+    for i in 0..30 {
+        fleet.start(&node(i), true);
+    }
+    settle(Duration::from_secs(120)).await;
+    assert_eq!(fleet.peak(), 10);
+    assert_eq!(fleet.tainted().len(), 10);
+    assert_eq!(fleet.store.peak_slots(), 10);
+    // A dropped answer left no Node with two slots.
+    let holders: Vec<String> = fleet.store.slots().into_iter().map(|s| s.holder).collect();
+    let distinct: BTreeSet<&String> = holders.iter().collect();
+    assert_eq!(distinct.len(), holders.len());
+    fleet.stop_all().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_create_whose_answer_was_lost_is_adopted() {
+    let store = Arc::new(MemoryLeaseStore::with_nodes((0..10).map(node)));
+    let mut c = Claimant::new(store.clone(), settings("gpu-node-001", "10%"));
+    // The list and the fleet count are answered; the create of slot 0 takes
+    // effect but its answer is lost.
+    store.script([Answer::Normal, Answer::Normal, Answer::Lost]);
+    let first = c.step(true).await;
+    assert_ne!(first.status.permits_taint(), Some(true));
+    let mut st = first;
+    for _ in 0..10 {
+        tokio::time::sleep_until(st.next).await;
+        st = c.step(true).await;
+        if matches!(st.status, Status::Held { .. }) {
+            break;
+        }
+    }
+    assert!(matches!(st.status, Status::Held { .. }), "{:?}", st.status);
+    let slots = c.store().slots();
+    assert_eq!(slots.len(), 1, "{slots:?}");
+    assert_eq!(slots[0].holder, "gpu-node-001");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unreachable_api_server_changes_nothing() {
+    let store = Arc::new(MemoryLeaseStore::with_nodes((0..10).map(node)));
+    let mut holder = Claimant::new(store.clone(), settings("gpu-node-000", "10%"));
+    assert!(matches!(
+        holder.step(true).await.status,
+        Status::Held { .. }
+    ));
+    store.script((0..50).map(|_| Answer::Fail(ApiError::Transient("connection refused".into()))));
+    let mut newcomer = Claimant::new(store.clone(), settings("gpu-node-001", "10%"));
+    let s = newcomer.step(true).await;
+    assert_eq!(s.status, Status::Pending);
+    assert_eq!(
+        s.status.permits_taint(),
+        None,
+        "no taint added, none removed"
+    );
+    tokio::time::advance(LEASE).await;
+    let h = holder.step(true).await;
+    assert!(
+        matches!(h.status, Status::Held { .. }),
+        "a holder keeps its slot"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn claimants_past_the_floor_wait_for_the_fleet_count() {
+    let store = Arc::new(MemoryLeaseStore::with_nodes((0..100).map(node)));
+    // The first claimant's list is answered, its fleet count fails: slot 0's
+    // holder has no count to write.
+    store.script([
+        Answer::Normal,
+        Answer::Fail(ApiError::Transient("500".into())),
+    ]);
+    let mut agents: Vec<Claimant<Arc<MemoryLeaseStore>>> = (0..5)
+        .map(|i| Claimant::new(store.clone(), settings(&node(i), "10%")))
+        .collect();
+    let mut held_now = 0;
+    for a in &mut agents {
+        if matches!(a.step(true).await.status, Status::Held { .. }) {
+            held_now += 1;
+        }
+    }
+    assert!(
+        held_now <= 2,
+        "only the floor's slots before a count: {held_now}"
+    );
+    // Once slot 0 carries the count, the others get the budget's slots.
+    for _ in 0..20 {
+        tokio::time::advance(Duration::from_secs(3)).await;
+        for a in &mut agents {
+            a.step(true).await;
+        }
+    }
+    let slot0 = store.slots().into_iter().find(|s| s.index == 0).unwrap();
+    assert_eq!(slot0.fleet_nodes, Some(100));
+    assert_eq!(
+        agents
+            .iter()
+            .filter(|a| matches!(a.status(), Status::Held { .. }))
+            .count(),
+        5
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_off_budget_permits_the_taint_without_asking() {
+    let store = Arc::new(MemoryLeaseStore::with_nodes((0..10).map(node)));
+    let mut c = Claimant::new(store.clone(), settings("gpu-node-000", "off"));
+    assert_eq!(c.step(true).await.status, Status::Off);
+    assert_eq!(Status::Off.permits_taint(), Some(true));
+    assert_eq!(store.requests.total(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_count_budget_is_the_count_whatever_the_fleet() {
+    let mut fleet = Fleet::new(100, "3");
+    for i in 0..8 {
+        fleet.start(&node(i), true);
+    }
+    settle(Duration::from_secs(10)).await;
+    assert_eq!(fleet.tainted().len(), 3);
+    assert_eq!(fleet.peak(), 3);
+    fleet.stop_all().await;
+}
