@@ -509,7 +509,12 @@ async fn readyz(State(s): State<ApiState>) -> Response {
 }
 
 async fn health(State(s): State<ApiState>) -> Response {
-    let h = s.registry.health();
+    let mut h = s.registry.health();
+    // The Kubernetes writer's view of the quarantine budget, beside the
+    // engine's health.
+    if let Some(q) = s.registry.quarantine() {
+        Arc::make_mut(&mut h).quarantine = Some(q);
+    }
     match serde_json::to_value(&*h) {
         Ok(v) => json_response(StatusCode::OK, v),
         Err(e) => json_response(

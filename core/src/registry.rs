@@ -5,7 +5,7 @@
 //! values from fixed enums or bounded sets (GPU identity, XID code), never
 //! free text. Names and meanings: `docs/metrics.md`.
 
-use gpuwatch_proto::{Action, FaultEvent, FaultKind, NodeHealth};
+use gpuwatch_proto::{Action, FaultEvent, FaultKind, NodeHealth, QuarantineStatus};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
@@ -318,6 +318,14 @@ pub struct Registry {
     pub fault_taint_present: AtomicU64,
     /// 1 while the node carries the startup taint.
     pub startup_taint_present: AtomicU64,
+    /// 1 while the node's fault taint is deferred: the fleet quarantine budget
+    /// is spent.
+    pub quarantine_deferred: AtomicU64,
+    /// Times the node's fault taint was deferred for the quarantine budget.
+    pub quarantine_deferrals: AtomicU64,
+    /// Slots of the fleet quarantine budget as last known (0: off or unknown).
+    pub quarantine_slots: AtomicU64,
+    quarantine: RwLock<Option<QuarantineStatus>>,
     /// GPUs the node should have; `u64::MAX` when unknown.
     pub gpus_expected: AtomicU64,
     /// Devices the device plugin advertises in the Node's
@@ -370,6 +378,10 @@ impl Default for Registry {
             validation_runs: Default::default(),
             fault_taint_present: AtomicU64::new(0),
             startup_taint_present: AtomicU64::new(0),
+            quarantine_deferred: AtomicU64::new(0),
+            quarantine_deferrals: AtomicU64::new(0),
+            quarantine_slots: AtomicU64::new(0),
+            quarantine: RwLock::new(None),
             gpus_expected: AtomicU64::new(u64::MAX),
             gpus_advertised: AtomicU64::new(u64::MAX),
             startup_gate_since: Mutex::new(None),
@@ -588,6 +600,20 @@ impl Registry {
     /// The latest node health.
     pub fn health(&self) -> Arc<NodeHealth> {
         self.health
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Publishes where the node stands in the fleet quarantine budget (the
+    /// Kubernetes writer; `/v1/health` shows it beside the engine's health).
+    pub fn set_quarantine(&self, status: QuarantineStatus) {
+        *self.quarantine.write().unwrap_or_else(|e| e.into_inner()) = Some(status);
+    }
+
+    /// The latest quarantine budget status (`None` without a Kubernetes writer).
+    pub fn quarantine(&self) -> Option<QuarantineStatus> {
+        self.quarantine
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()

@@ -32,7 +32,8 @@ mod view;
 
 pub use generated::{
     Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, GpuSample, MonitorStatus, NodeHealth,
-    NvLinkSample, RecoveryAction, Severity, Source, ValidationCheck, ValidationReport, Verdict,
+    NvLinkSample, QuarantineStatus, RecoveryAction, Severity, Source, ValidationCheck,
+    ValidationReport, Verdict,
 };
 pub use names::ShortName;
 pub use view::{Attrs, FaultEventRef};

@@ -101,19 +101,35 @@ const fn req(verb: &'static str, resource: &'static str) -> ApiRequest {
     }
 }
 
+const fn lease(verb: &'static str) -> ApiRequest {
+    ApiRequest {
+        verb,
+        group: "coordination.k8s.io",
+        resource: "leases",
+    }
+}
+
 /// Every request the node writer can make (what the RBAC roles must grant).
-/// `list events` serves the Event dedup after a restart; nodes are never listed
-/// (a watch with `metadata.name` field selector is authorised as `watch`).
-/// Node requests are cluster-scoped; Event requests only go to `event_namespace`
-/// (a namespaced Role there grants them).
-pub const WRITER_REQUESTS: [ApiRequest; 7] = [
+/// `list events` serves the Event dedup after a restart; `list nodes` is the
+/// quarantine budget's fleet count (the watch of the own Node, with a
+/// `metadata.name` field selector, is authorised as `watch`). Node requests are
+/// cluster-scoped; Event requests only go to `event_namespace`, Lease requests
+/// (the quarantine budget's slots) only to `quarantine_namespace` (namespaced
+/// Roles there grant them).
+pub const WRITER_REQUESTS: [ApiRequest; 13] = [
     req("get", "nodes"),
+    req("list", "nodes"),
     req("watch", "nodes"),
     req("patch", "nodes"),
     req("patch", "nodes/status"),
     req("create", "events"),
     req("patch", "events"),
     req("list", "events"),
+    lease("list"),
+    lease("get"),
+    lease("create"),
+    lease("update"),
+    lease("delete"),
 ];
 
 /// Errors starting the node writer.
@@ -195,6 +211,7 @@ pub struct NodeWriter {
     reconciler: JoinHandle<()>,
     watcher: JoinHandle<()>,
     events: JoinHandle<()>,
+    quarantine: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for NodeWriter {
@@ -226,6 +243,68 @@ async fn build_client(cfg: &KubeConfig) -> Result<kube::Client, KubeError> {
     kube::Client::try_from(config).map_err(KubeError::Client)
 }
 
+/// Starts the quarantine budget's claimant (none when the budget is off): over
+/// the API server's Leases, or in dry-run mode over an in-memory API server
+/// whose fleet is this Node alone.
+fn start_quarantine(
+    cfg: &KubeConfig,
+    node_name: &str,
+    client: Option<kube::Client>,
+    registry: &Arc<Registry>,
+    shutdown: watch::Receiver<bool>,
+) -> (Option<quarantine::link::Link>, Option<JoinHandle<()>>) {
+    let budget = cfg.quarantine_budget();
+    let registry = registry.clone();
+    if budget == quarantine::Budget::Off {
+        registry.set_quarantine(quarantine::link::status_view(
+            budget,
+            &quarantine::Status::Off,
+        ));
+        return (None, None);
+    }
+    let settings = quarantine::Settings {
+        budget,
+        floor: cfg.quarantine_floor,
+        identity: node_name.to_owned(),
+        lease_duration: Duration::from_secs(cfg.quarantine_lease_duration_secs),
+        retry: Duration::from_secs(15),
+        recount_every: Duration::from_secs(600),
+        backoff: (
+            Duration::from_millis(cfg.backoff_initial_ms),
+            Duration::from_millis(cfg.backoff_max_ms),
+        ),
+    };
+    let (need_tx, need_rx) = watch::channel(quarantine::Need::default());
+    let (status_tx, status_rx) = watch::channel(quarantine::Status::Idle);
+    let task = match client {
+        Some(client) => {
+            let store = quarantine::KubeLeaseStore::new(
+                client,
+                &cfg.quarantine_namespace,
+                &cfg.quarantine_node_selector,
+                Duration::from_secs(cfg.request_timeout_secs),
+            );
+            tokio::spawn(quarantine::run(
+                quarantine::Claimant::new(store, settings),
+                need_rx,
+                status_tx,
+                shutdown,
+            ))
+        }
+        None => {
+            let store = quarantine::MemoryLeaseStore::with_nodes([node_name.to_owned()]);
+            tokio::spawn(quarantine::run(
+                quarantine::Claimant::new(store, settings),
+                need_rx,
+                status_tx,
+                shutdown,
+            ))
+        }
+    };
+    let link = quarantine::link::Link::new(need_tx, status_rx, budget, registry);
+    (Some(link), Some(task))
+}
+
 impl NodeWriter {
     /// Validates the settings, builds the client (none in dry-run mode) and starts
     /// the reconcile loop, the Node watch and the Event writer on the current tokio
@@ -254,24 +333,29 @@ impl NodeWriter {
         if node_name.is_empty() {
             return Err(KubeError::NoNodeName);
         }
-        let backend = Arc::new(if dry_run {
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let client = if dry_run {
             tracing::info!(node = %node_name, "Kubernetes writer in dry-run mode: patches are logged, not sent.");
-            Backend::dry_run(&node_name)
+            None
         } else {
-            let client = build_client(&cfg).await?;
-            Backend::Live {
+            Some(build_client(&cfg).await?)
+        };
+        let backend = Arc::new(match &client {
+            None => Backend::dry_run(&node_name),
+            Some(client) => Backend::Live {
                 nodes: kube::Api::all(client.clone()),
-                events: kube::Api::namespaced(client, &cfg.event_namespace),
+                events: kube::Api::namespaced(client.clone(), &cfg.event_namespace),
                 node_name: node_name.clone(),
                 timeout: Duration::from_secs(cfg.request_timeout_secs),
-            }
+            },
         });
+        let (quarantine_link, quarantine_task) =
+            start_quarantine(&cfg, &node_name, client, &registry, shutdown_rx.clone());
         let queue = Arc::new(EventQueue::new(cfg.event_queue_capacity, registry.clone()));
         let sink = Arc::new(KubeEventSink {
             queue: queue.clone(),
             enabled: cfg.events,
         });
-        let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let (node_tx, node_rx) = mpsc::channel(16);
         let node_uid = Arc::new(Mutex::new(None));
         let watcher = tokio::spawn(reconcile::watch_node(
@@ -312,6 +396,7 @@ impl NodeWriter {
                 startup_seen: false,
                 on_validation,
                 not_advertised: advertised::NotAdvertised::new(Duration::from_secs(cfg_grace)),
+                quarantine: quarantine_link,
             }
             .run(),
         );
@@ -322,6 +407,7 @@ impl NodeWriter {
             reconciler,
             watcher,
             events,
+            quarantine: quarantine_task,
         })
     }
 
@@ -335,6 +421,9 @@ impl NodeWriter {
         let _ = self.shutdown_tx.send(true);
         let _ = self.reconciler.await;
         let _ = self.watcher.await;
+        if let Some(q) = self.quarantine {
+            let _ = q.await;
+        }
         self.queue.close();
         let mut events = self.events;
         if tokio::time::timeout(Duration::from_secs(5), &mut events)

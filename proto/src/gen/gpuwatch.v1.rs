@@ -314,6 +314,36 @@ pub struct NodeHealth {
     /// Latest validation result, when one ran.
     #[prost(message, optional, tag = "11")]
     pub validation: ::core::option::Option<ValidationReport>,
+    /// Where the node stands in the fleet quarantine budget (set by the
+    /// Kubernetes writer; absent without one).
+    #[prost(message, optional, tag = "12")]
+    pub quarantine: ::core::option::Option<QuarantineStatus>,
+}
+/// The fleet quarantine budget as this node's agent last saw it.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct QuarantineStatus {
+    /// "off" (no budget), "idle" (no fault taint wanted), "pending" (no claim
+    /// answered yet), "held" (this node holds a slot: it may carry the fault
+    /// taint), "deferred" (every slot is held elsewhere: no fault taint).
+    #[prost(string, tag = "1")]
+    pub state: ::prost::alloc::string::String,
+    /// The budget as configured ("10%", "3", "off").
+    #[prost(string, tag = "2")]
+    pub budget: ::prost::alloc::string::String,
+    /// Slots in the budget (0: not known yet).
+    #[prost(uint32, tag = "3")]
+    pub slots: u32,
+    /// The slot this node holds, when held.
+    #[prost(uint32, optional, tag = "4")]
+    pub slot: ::core::option::Option<u32>,
+    /// The nodes holding slots, when deferred.
+    #[prost(string, repeated, tag = "5")]
+    pub holders: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// In words, e.g. "taint deferred: budget 10 of 10 held".
+    #[prost(string, tag = "6")]
+    pub message: ::prost::alloc::string::String,
 }
 /// What kind of signal a fault event came from.
 #[derive(serde::Serialize, serde::Deserialize)]

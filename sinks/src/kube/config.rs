@@ -1,6 +1,7 @@
 //! `[kube]` settings: names of the conditions and taints gpuwatch owns, the
 //! startup gate, Event rate limits and the reconcile loop's pacing.
 
+use super::quarantine::Budget;
 use gpuwatch_core::names::{check_label_key, is_dns_label};
 use gpuwatch_proto::{Action, ShortName};
 use serde::{Deserialize, Serialize};
@@ -108,6 +109,22 @@ pub struct KubeConfig {
     pub watch_timeout_secs: u32,
     /// Timeout of one API request, seconds.
     pub request_timeout_secs: u64,
+    /// How much of the fleet may carry gpuwatch's fault taints at once: a share
+    /// of the Nodes `quarantine_node_selector` matches (`"10%"`, rounded up, never
+    /// below `quarantine_floor`), a count (`"3"`), or `"off"`. Beyond it a
+    /// faulty Node keeps its conditions but gets no fault taint until a slot
+    /// frees. The startup taint and the conditions are never budgeted.
+    pub quarantine_budget: String,
+    /// Least number of slots a share budget has, whatever the fleet's size.
+    pub quarantine_floor: u32,
+    /// Label selector of the Nodes that make up the fleet (GPU feature
+    /// discovery's label by default).
+    pub quarantine_node_selector: String,
+    /// Namespace of the budget's Leases (`gpuwatch-quarantine-<n>`).
+    pub quarantine_namespace: String,
+    /// A slot whose Lease its holder did not renew for this long is free
+    /// (holders renew every third of it).
+    pub quarantine_lease_duration_secs: u64,
 }
 
 impl Default for KubeConfig {
@@ -146,6 +163,11 @@ impl Default for KubeConfig {
             resync_secs: 300,
             watch_timeout_secs: 290,
             request_timeout_secs: 10,
+            quarantine_budget: "10%".into(),
+            quarantine_floor: 2,
+            quarantine_node_selector: "nvidia.com/gpu.present=true".into(),
+            quarantine_namespace: "gpuwatch".into(),
+            quarantine_lease_duration_secs: 60,
         }
     }
 }
@@ -248,7 +270,35 @@ impl KubeConfig {
         if self.backoff_max_ms < self.backoff_initial_ms {
             p.push("backoff_max_ms: must be at least backoff_initial_ms".into());
         }
+        self.check_quarantine(&mut p);
         p
+    }
+
+    fn check_quarantine(&self, p: &mut Vec<String>) {
+        if let Err(e) = Budget::parse(&self.quarantine_budget) {
+            p.push(format!("quarantine_budget: {e}"));
+        }
+        if let Err(e) = check_label_selector(&self.quarantine_node_selector) {
+            p.push(format!("quarantine_node_selector: {e}"));
+        }
+        if !is_dns_label(&self.quarantine_namespace) {
+            p.push(format!(
+                "quarantine_namespace: {:?} is not a valid namespace name (RFC 1123 label)",
+                self.quarantine_namespace
+            ));
+        }
+        if !(15..=3600).contains(&self.quarantine_lease_duration_secs) {
+            p.push(format!(
+                "quarantine_lease_duration_secs: {} is outside 15..=3600",
+                self.quarantine_lease_duration_secs
+            ));
+        }
+    }
+
+    /// The parsed `quarantine_budget` (`Off` when it does not parse: the
+    /// config check has reported it).
+    pub fn quarantine_budget(&self) -> Budget {
+        Budget::parse(&self.quarantine_budget).unwrap_or(Budget::Off)
     }
 
     fn check_taint(&self, key: &str, t: &TaintConfig, p: &mut Vec<String>) {
@@ -314,6 +364,72 @@ impl KubeConfig {
     }
 }
 
+/// A label selector as the API server parses it (`k8s.io/apimachinery/pkg/labels`
+/// `Parse`): comma-separated `key`, `!key`, `key=value`, `key==value`,
+/// `key!=value`, `key in (a,b)`, `key notin (a,b)`.
+fn check_label_selector(sel: &str) -> Result<(), String> {
+    if sel.trim().is_empty() {
+        return Err("must not be empty (the fleet would be every Node)".into());
+    }
+    for req in split_requirements(sel) {
+        let req = req.trim();
+        let (key, values) = if let Some(k) = req.strip_prefix('!') {
+            (k, Vec::new())
+        } else if let Some((k, rest)) = req.split_once(" notin ").or_else(|| req.split_once(" in "))
+        {
+            let set = rest.trim();
+            let Some(inner) = set.strip_prefix('(').and_then(|s| s.strip_suffix(')')) else {
+                return Err(format!("{req:?}: a set is written (a,b)"));
+            };
+            (k, inner.split(',').map(str::trim).collect())
+        } else if let Some((k, v)) = req
+            .split_once("!=")
+            .or_else(|| req.split_once("=="))
+            .or_else(|| req.split_once('='))
+        {
+            (k, vec![v.trim()])
+        } else {
+            (req, Vec::new())
+        };
+        check_label_key(key.trim()).map_err(|e| format!("{req:?}: key {e}"))?;
+        for v in values {
+            if !is_label_value(v) {
+                return Err(format!("{req:?}: {v:?} is not a label value"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Splits at the commas outside `( )`.
+fn split_requirements(sel: &str) -> Vec<&str> {
+    let (mut out, mut depth, mut start) = (Vec::new(), 0u32, 0);
+    for (i, c) in sel.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                out.push(&sel[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&sel[start..]);
+    out
+}
+
+/// A label value: empty, or at most 63 alphanumerics, `-`, `_`, `.`, starting
+/// and ending with an alphanumeric.
+fn is_label_value(v: &str) -> bool {
+    v.is_empty()
+        || (v.len() <= 63
+            && v.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && v.ends_with(|c: char| c.is_ascii_alphanumeric())
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+}
+
 fn is_condition_type(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 316
@@ -360,6 +476,53 @@ mod tests {
             "fault_taint_actions: \"restart_app\"",
         ] {
             assert!(joined.contains(needle), "missing {needle} in {joined}");
+        }
+    }
+
+    #[test]
+    fn quarantine_settings_are_checked_with_their_key() {
+        let c = KubeConfig {
+            quarantine_budget: "lots".into(),
+            quarantine_node_selector: "nvidia.com/gpu.present=yes please".into(),
+            quarantine_namespace: "Not_A_Namespace".into(),
+            quarantine_lease_duration_secs: 5,
+            ..KubeConfig::default()
+        };
+        let joined = c.validate().join("\n");
+        for needle in [
+            "quarantine_budget: \"lots\" is not a quarantine budget",
+            "quarantine_node_selector:",
+            "quarantine_namespace:",
+            "quarantine_lease_duration_secs: 5",
+        ] {
+            assert!(joined.contains(needle), "missing {needle} in {joined}");
+        }
+        for ok in ["off", "3", "10%", "2.5%"] {
+            let c = KubeConfig {
+                quarantine_budget: ok.into(),
+                ..KubeConfig::default()
+            };
+            assert!(c.validate().is_empty(), "{ok}");
+        }
+        assert_eq!(
+            KubeConfig::default().quarantine_budget(),
+            Budget::Share { basis_points: 1000 }
+        );
+    }
+
+    #[test]
+    fn label_selectors_as_the_api_server_parses_them() {
+        for ok in [
+            "nvidia.com/gpu.present=true",
+            "nvidia.com/gpu.present==true,node-role.kubernetes.io/gpu",
+            "!node.kubernetes.io/exclude-from-external-load-balancers",
+            "nvidia.com/gpu.product in (NVIDIA-H100-80GB-HBM3,NVIDIA-H200)",
+            "tier notin (cpu), zone!=us-east-1a",
+        ] {
+            assert_eq!(check_label_selector(ok), Ok(()), "{ok}");
+        }
+        for bad in ["", "a=b=c", "x in a,b", "-bad=x", "k=-v", "UPPER.io/x=1"] {
+            assert!(check_label_selector(bad).is_err(), "{bad}");
         }
     }
 

@@ -46,11 +46,13 @@
 //! own agent may write its Node), while its slot frees after the lease duration.
 
 mod budget;
+pub(crate) mod link;
 mod memory;
 mod protocol;
 mod store;
 
 pub use budget::{Budget, BudgetError};
+pub use link::DEFERRED_REASON;
 pub use memory::{Answer, MemoryLeaseStore, Requests};
 pub use protocol::{Claimant, Settings, Status, Step};
 pub use store::{

@@ -9,6 +9,7 @@ use super::node::{
     condition_apply_body, conditions_differ, desired_taints, has_fault_taint, has_startup_taint,
     live_conditions, taint_patch,
 };
+use super::quarantine;
 use super::retry::{self, Backoff};
 use futures::StreamExt;
 use gpuwatch_core::validation::{self, ValidationConfig};
@@ -161,6 +162,8 @@ pub(crate) struct Reconciler {
     pub on_validation: Option<super::ValidationCallback>,
     /// Healthy GPUs the device plugin does not advertise, while running.
     pub not_advertised: NotAdvertised,
+    /// The fleet quarantine budget's claimant (none when the budget is off).
+    pub quarantine: Option<quarantine::link::Link>,
 }
 
 impl Reconciler {
@@ -442,6 +445,32 @@ impl Reconciler {
         }
     }
 
+    /// Applies the fleet quarantine budget to the desired fault taint: written
+    /// only while this Node holds a slot, left as it is while no claim has been
+    /// answered, and withheld (with a Warning Event) when the budget is spent.
+    fn gate_fault_taint(
+        &mut self,
+        node: &Node,
+        fault_taint: &mut Option<super::desired::DesiredTaint>,
+    ) {
+        let Some(link) = self.quarantine.as_mut() else {
+            return;
+        };
+        let live = has_fault_taint(node, &self.cfg);
+        let uid = node.metadata.uid.as_deref().unwrap_or_default();
+        let wanted = fault_taint.as_ref().map(|t| t.value.as_str());
+        let (gate, deferral) = link.gate(wanted, live, uid);
+        match gate {
+            quarantine::link::Gate::AsDesired => {}
+            quarantine::link::Gate::Withhold => *fault_taint = None,
+            quarantine::link::Gate::KeepLive if !live => *fault_taint = None,
+            quarantine::link::Gate::KeepLive => {}
+        }
+        if let Some(d) = deferral {
+            self.event(quarantine::DEFERRED_REASON, "Warning", d.message);
+        }
+    }
+
     /// One convergence pass. `hold`: within [`STARTUP_UNKNOWN_HOLD`].
     async fn reconcile(&mut self, hold: bool) -> Result<Pass, ApiError> {
         if self.live.is_none() {
@@ -477,6 +506,7 @@ impl Reconciler {
         };
         let mut want = desired(&health, &self.cfg, &gate);
         self.track_advertised(&node, &health, startup, &mut want.conditions);
+        self.gate_fault_taint(&node, &mut want.fault_taint);
         let held = hold && hold_unknown(&node, &mut want.conditions);
         let mut wrote = false;
         let mut first_err = None;
@@ -602,6 +632,7 @@ impl Reconciler {
         let mut validation: Option<JoinHandle<ValidationReport>> = None;
         let mut health_open = true;
         let mut nodes_open = true;
+        let mut quarantine_open = self.quarantine.is_some();
         loop {
             if *self.shutdown.borrow() {
                 break;
@@ -685,6 +716,18 @@ impl Reconciler {
             }
             tokio::select! {
                 _ = self.shutdown.changed() => break,
+                r = async {
+                    match self.quarantine.as_mut() {
+                        Some(q) => q.status_changes().changed().await,
+                        None => std::future::pending().await,
+                    }
+                }, if quarantine_open => {
+                    // The claimant's answer changes what the taint may be.
+                    if r.is_err() {
+                        quarantine_open = false;
+                    }
+                    dirty = true;
+                }
                 r = self.health_rx.changed(), if health_open => {
                     if r.is_err() {
                         health_open = false;

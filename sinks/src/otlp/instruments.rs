@@ -973,6 +973,27 @@ fn tainted(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
     });
 }
 
+fn quarantine_deferred(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    out.push(Point {
+        attrs: vec![],
+        value: atomic(&r.quarantine_deferred),
+    });
+}
+
+fn quarantine_deferrals(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    out.push(Point {
+        attrs: vec![],
+        value: atomic(&r.quarantine_deferrals),
+    });
+}
+
+fn quarantine_slots(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    out.push(Point {
+        attrs: vec![],
+        value: atomic(&r.quarantine_slots),
+    });
+}
+
 fn startup_gate(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
     out.push(Point {
         attrs: vec![],
@@ -1373,6 +1394,33 @@ pub(crate) const SPECS: &[Spec] = &[
         NonZero,
         "1 while the node carries the taint.",
         tainted
+    ),
+    spec!(
+        "gpuwatch.kube.quarantine.deferred",
+        "{state}",
+        Gauge,
+        U64,
+        NonZero,
+        "1 while the node's fault taint is deferred: the fleet quarantine budget is spent.",
+        quarantine_deferred
+    ),
+    spec!(
+        "gpuwatch.kube.quarantine.deferrals",
+        "{deferral}",
+        Counter,
+        U64,
+        NonZero,
+        "Times the node's fault taint was deferred for the fleet quarantine budget.",
+        quarantine_deferrals
+    ),
+    spec!(
+        "gpuwatch.kube.quarantine.slots",
+        "{slot}",
+        Gauge,
+        U64,
+        NonZero,
+        "Slots of the fleet quarantine budget as this agent last knew them.",
+        quarantine_slots
     ),
     spec!(
         "gpuwatch.startup_gate.duration",

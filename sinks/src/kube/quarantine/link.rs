@@ -1,0 +1,297 @@
+//! The reconciler's side of the budget: tells the claimant whether the Node
+//! needs a slot, and gates the desired fault taint on the claimant's status.
+
+use super::Need;
+use super::budget::Budget;
+use super::protocol::Status;
+use gpuwatch_core::Registry;
+use gpuwatch_proto::QuarantineStatus;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use tokio::sync::watch;
+
+/// Event reason while the fault taint is deferred.
+pub const DEFERRED_REASON: &str = "QuarantineBudgetExhausted";
+
+/// What the reconciler should do with the fault taint this pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Gate {
+    /// Write the desired fault taint (or its absence).
+    AsDesired,
+    /// No fault taint: remove it if the Node carries it.
+    Withhold,
+    /// Leave the fault taint as the Node carries it (no claim answered yet).
+    KeepLive,
+}
+
+/// A Warning Event to send when the taint was just deferred.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Deferral {
+    pub message: String,
+}
+
+/// The reconciler's handle on the claimant task.
+#[derive(Debug)]
+pub(crate) struct Link {
+    need: watch::Sender<Need>,
+    status: watch::Receiver<Status>,
+    budget: Budget,
+    /// A deferral was announced (Event sent) and has not ended since.
+    announced: bool,
+    registry: Arc<Registry>,
+}
+
+impl Link {
+    pub(crate) fn new(
+        need: watch::Sender<Need>,
+        status: watch::Receiver<Status>,
+        budget: Budget,
+        registry: Arc<Registry>,
+    ) -> Link {
+        Link {
+            need,
+            status,
+            budget,
+            announced: false,
+            registry,
+        }
+    }
+
+    /// A receiver that fires when the claimant's status changes.
+    pub(crate) fn status_changes(&mut self) -> &mut watch::Receiver<Status> {
+        &mut self.status
+    }
+
+    /// One reconcile pass: the Node wants a fault taint (`wanted`, with its
+    /// value) and carries one (`live`). Tells the claimant, and says what to
+    /// do with the taint and whether a deferral Event is due.
+    pub(crate) fn gate(
+        &mut self,
+        wanted: Option<&str>,
+        live: bool,
+        node_uid: &str,
+    ) -> (Gate, Option<Deferral>) {
+        let need = wanted.is_some() || live;
+        let next = Need {
+            slot: need,
+            node_uid: node_uid.to_owned(),
+            reason: wanted.unwrap_or_default().to_owned(),
+        };
+        self.need.send_if_modified(|n| {
+            let changed = *n != next;
+            if changed {
+                *n = next;
+            }
+            changed
+        });
+        let status = self.status.borrow().clone();
+        self.publish(&status);
+        // An idle status that predates this need says nothing yet.
+        let permits = match (&status, need) {
+            (Status::Idle, true) => None,
+            (s, _) => s.permits_taint(),
+        };
+        let gate = match permits {
+            Some(true) => Gate::AsDesired,
+            Some(false) if wanted.is_none() => Gate::AsDesired,
+            Some(false) => Gate::Withhold,
+            None => Gate::KeepLive,
+        };
+        let deferral = self.track(&status, wanted.is_some());
+        (gate, deferral)
+    }
+
+    /// Counts and announces the start of a deferral; ends it when the Node
+    /// holds a slot or needs none.
+    fn track(&mut self, status: &Status, wanted: bool) -> Option<Deferral> {
+        match status {
+            Status::Deferred { slots, holders } if wanted => {
+                self.registry.quarantine_deferred.store(1, Relaxed);
+                if self.announced {
+                    return None;
+                }
+                self.announced = true;
+                self.registry.quarantine_deferrals.fetch_add(1, Relaxed);
+                tracing::warn!(slots, holders = %holders.join(","), "Fault taint deferred: the fleet quarantine budget is spent.");
+                Some(Deferral {
+                    message: deferral_message(self.budget, *slots, holders),
+                })
+            }
+            Status::Pending | Status::Deferred { .. } if wanted => None,
+            _ => {
+                self.registry.quarantine_deferred.store(0, Relaxed);
+                self.announced = false;
+                None
+            }
+        }
+    }
+
+    fn publish(&self, status: &Status) {
+        let q = status_view(self.budget, status);
+        self.registry
+            .quarantine_slots
+            .store(u64::from(q.slots), Relaxed);
+        if self.registry.quarantine().as_ref() != Some(&q) {
+            self.registry.set_quarantine(q);
+        }
+    }
+}
+
+/// The Event text of a deferral.
+fn deferral_message(budget: Budget, slots: u32, holders: &[String]) -> String {
+    const SHOWN: usize = 10;
+    let mut names = holders[..holders.len().min(SHOWN)].join(", ");
+    if holders.len() > SHOWN {
+        names.push_str(&format!(" and {} more", holders.len() - SHOWN));
+    }
+    format!(
+        "Fault taint deferred: the fleet quarantine budget ({budget}) is spent, {} of {slots} slots held by {names}. \
+         The node's conditions report the fault; the fault taint follows as soon as a slot frees. \
+         Many nodes deferred at once point to a common cause (driver or kernel update, a configuration change) rather than failing hardware.",
+        holders.len()
+    )
+}
+
+/// `/v1/health.quarantine` for `status`.
+pub(crate) fn status_view(budget: Budget, status: &Status) -> QuarantineStatus {
+    let mut q = QuarantineStatus {
+        budget: budget.to_string(),
+        ..QuarantineStatus::default()
+    };
+    match status {
+        Status::Off => {
+            q.state = "off".into();
+            q.message = "no quarantine budget: the fault taint is not bounded".into();
+        }
+        Status::Idle => {
+            q.state = "idle".into();
+            q.message = "no fault taint wanted; no slot held".into();
+        }
+        Status::Pending => {
+            q.state = "pending".into();
+            q.message = "claiming a slot; the fault taint is left as it is until then".into();
+        }
+        Status::Held { slot, slots } => {
+            q.state = "held".into();
+            q.slot = Some(*slot);
+            q.slots = slots.unwrap_or(0);
+            q.message = match slots {
+                Some(n) => format!("slot {slot} of {n} held: the fault taint may stay"),
+                None => format!("slot {slot} held: the fault taint may stay"),
+            };
+        }
+        Status::Deferred { slots, holders } => {
+            q.state = "deferred".into();
+            q.slots = *slots;
+            q.holders.clone_from(holders);
+            q.message = format!("taint deferred: budget {} of {slots} held", holders.len());
+        }
+    }
+    q
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link() -> (
+        Link,
+        watch::Receiver<Need>,
+        watch::Sender<Status>,
+        Arc<Registry>,
+    ) {
+        let (need_tx, need_rx) = watch::channel(Need::default());
+        let (status_tx, status_rx) = watch::channel(Status::Idle);
+        let registry = Registry::new();
+        let l = Link::new(
+            need_tx,
+            status_rx,
+            Budget::parse("10%").unwrap(),
+            registry.clone(),
+        );
+        (l, need_rx, status_tx, registry)
+    }
+
+    #[test]
+    fn a_taint_on_the_node_is_kept_until_the_claimant_answers() {
+        let (mut l, need, _status, _) = link();
+        // A restarted agent: the Node carries the taint, the claimant has not
+        // stepped yet.
+        let (gate, _) = l.gate(Some("inspect_hardware"), true, "uid-1");
+        assert_eq!(gate, Gate::KeepLive);
+        assert!(need.borrow().slot);
+        assert_eq!(need.borrow().reason, "inspect_hardware");
+        assert_eq!(need.borrow().node_uid, "uid-1");
+    }
+
+    #[test]
+    fn a_held_slot_lets_the_taint_be_written() {
+        let (mut l, _need, status, registry) = link();
+        status.send_replace(Status::Held {
+            slot: 3,
+            slots: Some(10),
+        });
+        assert_eq!(l.gate(Some("reset_gpu"), false, "u").0, Gate::AsDesired);
+        let q = registry.quarantine().unwrap();
+        assert_eq!(q.state, "held");
+        assert_eq!(q.slot, Some(3));
+        assert_eq!(q.message, "slot 3 of 10 held: the fault taint may stay");
+    }
+
+    #[test]
+    fn a_deferral_withholds_the_taint_and_is_announced_once() {
+        let (mut l, _need, status, registry) = link();
+        let holders: Vec<String> = (0..10).map(|i| format!("n{i}")).collect();
+        status.send_replace(Status::Deferred {
+            slots: 10,
+            holders: holders.clone(),
+        });
+        let (gate, d) = l.gate(Some("inspect_hardware"), true, "u");
+        assert_eq!(gate, Gate::Withhold);
+        let msg = d.expect("announced").message;
+        assert!(msg.contains("10 of 10 slots held by n0, n1"), "{msg}");
+        assert!(msg.contains("(10%)"), "{msg}");
+        assert_eq!(registry.quarantine_deferred.load(Relaxed), 1);
+        assert_eq!(registry.quarantine_deferrals.load(Relaxed), 1);
+        assert_eq!(
+            registry.quarantine().unwrap().message,
+            "taint deferred: budget 10 of 10 held"
+        );
+        // The next passes of the same deferral send nothing.
+        assert_eq!(l.gate(Some("inspect_hardware"), false, "u").1, None);
+        assert_eq!(registry.quarantine_deferrals.load(Relaxed), 1);
+        // Once held, the deferral ends; a later one is announced again.
+        status.send_replace(Status::Held {
+            slot: 1,
+            slots: Some(10),
+        });
+        l.gate(Some("inspect_hardware"), false, "u");
+        assert_eq!(registry.quarantine_deferred.load(Relaxed), 0);
+        status.send_replace(Status::Deferred { slots: 10, holders });
+        assert!(l.gate(Some("inspect_hardware"), false, "u").1.is_some());
+        assert_eq!(registry.quarantine_deferrals.load(Relaxed), 2);
+    }
+
+    #[test]
+    fn removing_a_taint_is_never_withheld() {
+        let (mut l, need, status, _) = link();
+        status.send_replace(Status::Deferred {
+            slots: 10,
+            holders: vec![],
+        });
+        // Faults cleared while the Node still carries the taint: remove it.
+        assert_eq!(l.gate(None, true, "u").0, Gate::AsDesired);
+        assert!(
+            need.borrow().slot,
+            "the slot is needed until the taint is gone"
+        );
+        assert_eq!(l.gate(None, false, "u").0, Gate::AsDesired);
+        assert!(!need.borrow().slot);
+    }
+
+    #[test]
+    fn an_off_budget_says_so() {
+        let q = status_view(Budget::Off, &Status::Off);
+        assert_eq!((q.state.as_str(), q.budget.as_str()), ("off", "off"));
+    }
+}
