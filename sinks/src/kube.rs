@@ -33,6 +33,11 @@
 //!   pause — a lost race is not an error (counted as
 //!   `gpuwatch.kube.writes{result="conflict"}`), so it never waits out the error
 //!   backoff. A foreign taint added during the race is kept.
+//! - **Fleet quarantine budget** ([`quarantine`]) — the fault taint is written only
+//!   while this Node holds one of the budget's Lease slots; a Node past the budget
+//!   keeps its conditions, gets no fault taint and a `QuarantineBudgetExhausted`
+//!   Warning Event, and takes a slot as soon as one frees. Before the first claim
+//!   is answered (API down, agent restarting) the taint is left as the Node has it.
 //! - **Startup taint** — while the Node carries it, device validation
 //!   ([`gpuwatch_core::validation`]) runs every `validation_interval_secs`; the taint is removed
 //!   only after a complete, passing report, and only if the *current* health still
@@ -267,7 +272,7 @@ fn start_quarantine(
         floor: cfg.quarantine_floor,
         identity: node_name.to_owned(),
         lease_duration: Duration::from_secs(cfg.quarantine_lease_duration_secs),
-        retry: Duration::from_secs(15),
+        retry: Duration::from_secs(cfg.quarantine_retry_secs),
         recount_every: Duration::from_secs(600),
         backoff: (
             Duration::from_millis(cfg.backoff_initial_ms),
@@ -278,9 +283,13 @@ fn start_quarantine(
     let (status_tx, status_rx) = watch::channel(quarantine::Status::Idle);
     let task = match client {
         Some(client) => {
+            let namespace = cfg
+                .quarantine_namespace
+                .clone()
+                .unwrap_or_else(|| client.default_namespace().to_owned());
             let store = quarantine::KubeLeaseStore::new(
                 client,
-                &cfg.quarantine_namespace,
+                &namespace,
                 &cfg.quarantine_node_selector,
                 Duration::from_secs(cfg.request_timeout_secs),
             );

@@ -669,6 +669,9 @@ pub fn populate(r: &Registry) {
     r.count_kube_write(KubeObject::Taint, WriteResult::Conflict);
     r.fault_taint_present.store(1, Relaxed);
     r.set_startup_taint(true);
+    r.quarantine_deferred.store(1, Relaxed);
+    r.quarantine_deferrals.store(1, Relaxed);
+    r.quarantine_slots.store(10, Relaxed);
     r.gpus_expected.store(8, Relaxed);
     r.count_validation(ValidationResult::Pass);
 }

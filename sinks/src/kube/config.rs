@@ -120,11 +120,17 @@ pub struct KubeConfig {
     /// Label selector of the Nodes that make up the fleet (GPU feature
     /// discovery's label by default).
     pub quarantine_node_selector: String,
-    /// Namespace of the budget's Leases (`gpuwatch-quarantine-<n>`).
-    pub quarantine_namespace: String,
+    /// Namespace of the budget's Leases (`gpuwatch-quarantine-<n>`). Unset: the
+    /// agent's own namespace (in a pod, its service account's; the RBAC Role
+    /// for the Leases is deployed there).
+    pub quarantine_namespace: Option<String>,
     /// A slot whose Lease its holder did not renew for this long is free
     /// (holders renew every third of it).
     pub quarantine_lease_duration_secs: u64,
+    /// Pause between claim rounds of a deferred Node (jittered ×0.5–1.5,
+    /// doubled after three rounds that found the budget spent): how soon a
+    /// freed slot is taken, against the lists the deferred Nodes make.
+    pub quarantine_retry_secs: u64,
 }
 
 impl Default for KubeConfig {
@@ -166,8 +172,9 @@ impl Default for KubeConfig {
             quarantine_budget: "10%".into(),
             quarantine_floor: 2,
             quarantine_node_selector: "nvidia.com/gpu.present=true".into(),
-            quarantine_namespace: "gpuwatch".into(),
+            quarantine_namespace: None,
             quarantine_lease_duration_secs: 60,
+            quarantine_retry_secs: 15,
         }
     }
 }
@@ -281,10 +288,17 @@ impl KubeConfig {
         if let Err(e) = check_label_selector(&self.quarantine_node_selector) {
             p.push(format!("quarantine_node_selector: {e}"));
         }
-        if !is_dns_label(&self.quarantine_namespace) {
+        if let Some(ns) = &self.quarantine_namespace
+            && !is_dns_label(ns)
+        {
             p.push(format!(
-                "quarantine_namespace: {:?} is not a valid namespace name (RFC 1123 label)",
-                self.quarantine_namespace
+                "quarantine_namespace: {ns:?} is not a valid namespace name (RFC 1123 label)"
+            ));
+        }
+        if !(1..=30).contains(&self.quarantine_retry_secs) {
+            p.push(format!(
+                "quarantine_retry_secs: {} is outside 1..=30 (a freed slot must be taken within a minute)",
+                self.quarantine_retry_secs
             ));
         }
         if !(15..=3600).contains(&self.quarantine_lease_duration_secs) {
@@ -484,7 +498,7 @@ mod tests {
         let c = KubeConfig {
             quarantine_budget: "lots".into(),
             quarantine_node_selector: "nvidia.com/gpu.present=yes please".into(),
-            quarantine_namespace: "Not_A_Namespace".into(),
+            quarantine_namespace: Some("Not_A_Namespace".into()),
             quarantine_lease_duration_secs: 5,
             ..KubeConfig::default()
         };

@@ -56,8 +56,8 @@ pub use link::DEFERRED_REASON;
 pub use memory::{Answer, MemoryLeaseStore, Requests};
 pub use protocol::{Claimant, Settings, Status, Step};
 pub use store::{
-    FLEET_ANNOTATION, HOLDER_ANNOTATION, Holding, KubeLeaseStore, LEASE_PREFIX, LeaseStore,
-    REASON_ANNOTATION, SLOT_LABEL, SlotView, slot_name,
+    FLEET_ANNOTATION, HOLDER_ANNOTATION, HeldSpec, Holding, KubeLeaseStore, LEASE_PREFIX,
+    LeaseStore, REASON_ANNOTATION, SLOT_LABEL, SlotView, slot_name,
 };
 
 use tokio::sync::watch;

@@ -448,7 +448,7 @@ impl Reconciler {
     /// Applies the fleet quarantine budget to the desired fault taint: written
     /// only while this Node holds a slot, left as it is while no claim has been
     /// answered, and withheld (with a Warning Event) when the budget is spent.
-    fn gate_fault_taint(
+    async fn gate_fault_taint(
         &mut self,
         node: &Node,
         fault_taint: &mut Option<super::desired::DesiredTaint>,
@@ -459,7 +459,7 @@ impl Reconciler {
         let live = has_fault_taint(node, &self.cfg);
         let uid = node.metadata.uid.as_deref().unwrap_or_default();
         let wanted = fault_taint.as_ref().map(|t| t.value.as_str());
-        let (gate, deferral) = link.gate(wanted, live, uid);
+        let (gate, deferral) = link.gate(wanted, live, uid).await;
         match gate {
             quarantine::link::Gate::AsDesired => {}
             quarantine::link::Gate::Withhold => *fault_taint = None,
@@ -506,7 +506,7 @@ impl Reconciler {
         };
         let mut want = desired(&health, &self.cfg, &gate);
         self.track_advertised(&node, &health, startup, &mut want.conditions);
-        self.gate_fault_taint(&node, &mut want.fault_taint);
+        self.gate_fault_taint(&node, &mut want.fault_taint).await;
         let held = hold && hold_unknown(&node, &mut want.conditions);
         let mut wrote = false;
         let mut first_err = None;
@@ -606,6 +606,13 @@ impl Reconciler {
                     break;
                 }
             }
+        }
+        if let Some(link) = &self.quarantine {
+            // The taint as written: once it is gone the slot can go back.
+            let node = self.live.clone().unwrap_or_default();
+            let wanted = want.fault_taint.as_ref().map(|t| t.value.as_str());
+            let uid = node.metadata.uid.as_deref().unwrap_or_default();
+            link.tell(wanted, has_fault_taint(&node, &self.cfg), uid);
         }
         match first_err {
             Some(e) => Err(e),

@@ -9,4 +9,5 @@ mod deploy_manifests;
 mod kube_writer;
 mod otlp_rotel;
 mod prometheus_promtool;
+mod quarantine_fleet;
 mod rbac_policy;

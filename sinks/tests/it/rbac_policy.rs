@@ -1,6 +1,7 @@
 //! The shipped RBAC and admission policy against what the node writer sends:
-//! both manifests parse into typed k8s-openapi objects; the ClusterRole (nodes)
-//! and the Role in the Event namespace (events) together grant exactly
+//! both manifests parse into typed k8s-openapi objects; the ClusterRole (nodes),
+//! the Role in the Event namespace (events) and the Role in the agent's
+//! namespace (the quarantine budget's Leases) together grant exactly
 //! `WRITER_REQUESTS`, which equals the set of requests recorded from a writer run
 //! against the API double; no cluster-wide Event access; the rendered overlays
 //! keep the Events Role in the Event namespace and bind the same subjects as the
@@ -164,14 +165,45 @@ fn rbac_grants_exactly_the_declared_requests() {
         "cluster-wide grants beyond nodes: {:?}",
         granted_cluster(&m)
     );
-    let events: BTreeSet<Req> = declared()
+    let namespaced: BTreeSet<Req> = declared()
         .into_iter()
-        .filter(|(_, _, r)| r == "events")
+        .filter(|(_, _, r)| r == "events" || r == "leases")
         .collect();
-    assert_eq!(granted_namespaced(&m), events);
+    assert_eq!(granted_namespaced(&m), namespaced);
     let ns = KubeConfig::default().event_namespace;
-    assert_eq!(m.ns_roles.len(), 1);
-    let role = &m.ns_roles[0];
+    assert_eq!(m.ns_roles.len(), 2);
+    assert_eq!(m.ns_bindings.len(), 2);
+    let named = |n: &str| {
+        let role = m
+            .ns_roles
+            .iter()
+            .find(|r| r.metadata.name.as_deref() == Some(n))
+            .unwrap_or_else(|| panic!("Role {n}"));
+        let binding = m
+            .ns_bindings
+            .iter()
+            .find(|r| r.metadata.name.as_deref() == Some(n))
+            .unwrap_or_else(|| panic!("RoleBinding {n}"));
+        (role, binding)
+    };
+    // The Leases' Role is in the agent's own namespace, where the agent puts
+    // them by default (`quarantine_namespace` unset), and grants only Leases.
+    let (q_role, q_binding) = named("gpuwatch-quarantine");
+    assert_eq!(KubeConfig::default().quarantine_namespace, None);
+    assert_eq!(q_role.metadata.namespace, sa.metadata.namespace);
+    assert_eq!(q_binding.metadata.namespace, sa.metadata.namespace);
+    let mut q_grants = BTreeSet::new();
+    rule_grants(q_role.rules.as_deref().unwrap_or(&[]), &mut q_grants);
+    assert!(
+        q_grants
+            .iter()
+            .all(|(_, g, r)| g == "coordination.k8s.io" && r == "leases")
+    );
+    assert_eq!(
+        q_binding.subjects, b.subjects,
+        "same subjects as the node grants"
+    );
+    let (role, rb) = named("gpuwatch-events");
     assert_eq!(role.metadata.namespace.as_deref(), Some(ns.as_str()));
     assert_eq!(
         role.metadata
@@ -182,8 +214,6 @@ fn rbac_grants_exactly_the_declared_requests() {
         Some(ns.as_str()),
         "the kustomize replacement reads the namespace from this annotation"
     );
-    assert_eq!(m.ns_bindings.len(), 1);
-    let rb = &m.ns_bindings[0];
     assert_eq!(rb.metadata.namespace.as_deref(), Some(ns.as_str()));
     assert_eq!(rb.role_ref.kind, "Role");
     assert_eq!(Some(&rb.role_ref.name), role.metadata.name.as_ref());
@@ -228,7 +258,7 @@ fn all_cel(p: &ValidatingAdmissionPolicy) -> String {
 #[test]
 fn admission_policy_covers_every_write_and_names_our_types_and_keys() {
     let m = manifests();
-    assert_eq!(m.policies.len(), 2);
+    assert_eq!(m.policies.len(), 3);
     // Every policy is bound with Deny.
     for p in &m.policies {
         let name = p.metadata.name.clone().unwrap();
@@ -253,7 +283,8 @@ fn admission_policy_covers_every_write_and_names_our_types_and_keys() {
             "{name}"
         );
     }
-    // Every write the writer can send is intercepted (patch → UPDATE, create → CREATE).
+    // Every write the writer can send is intercepted (patch and update →
+    // UPDATE, create → CREATE, delete → DELETE).
     let mut covered = BTreeSet::new();
     for p in &m.policies {
         let rules = p
@@ -272,12 +303,12 @@ fn admission_policy_covers_every_write_and_names_our_types_and_keys() {
     }
     for w in WRITER_REQUESTS
         .iter()
-        .filter(|r| matches!(r.verb, "patch" | "create"))
+        .filter(|r| matches!(r.verb, "patch" | "update" | "create" | "delete"))
     {
-        let op = if w.verb == "create" {
-            "CREATE"
-        } else {
-            "UPDATE"
+        let op = match w.verb {
+            "create" => "CREATE",
+            "delete" => "DELETE",
+            _ => "UPDATE",
         };
         assert!(
             covered.contains(&(op.to_owned(), w.resource.to_owned())),
@@ -367,9 +398,22 @@ async fn recorded_requests_equal_the_rbac_grants() {
     };
     health.set_verdict(Verdict::Healthy);
     let (tx, rx) = tokio::sync::watch::channel(Arc::new(health.clone()));
+    // The quarantine budget's every request: a one-slot budget whose slot 0
+    // was released but not deleted (no holder), so the claim is a takeover (a
+    // read for leaseTransitions, a guarded update) and counts the fleet; a
+    // short lease so a renewal (update) falls inside the test; the release
+    // (delete) once the fault clears.
+    let mut cfg = api.kube_config();
+    cfg.quarantine_budget = "1".into();
+    cfg.quarantine_lease_duration_secs = 15;
+    let mut left = k8s_openapi::api::coordination::v1::Lease::default();
+    left.metadata.name = Some("gpuwatch-quarantine-0".into());
+    left.metadata.labels =
+        Some([("gpuwatch.io/quarantine-slot".to_owned(), "0".to_owned())].into());
+    api.put_lease("default", &left);
     let registry = Registry::new();
     let w = NodeWriter::start(
-        api.kube_config(),
+        cfg,
         ValidationConfig::default(),
         "rbac-node".into(),
         registry,
@@ -393,9 +437,9 @@ async fn recorded_requests_equal_the_rbac_grants() {
         ..Default::default()
     };
     f.set_action(Action::RebootNode);
-    health.gpus[0].active_faults.push(f);
+    health.gpus[0].active_faults.push(f.clone());
     health.set_verdict(Verdict::Unhealthy);
-    tx.send_replace(Arc::new(health));
+    tx.send_replace(Arc::new(health.clone()));
     let mut ev = FaultEvent {
         code: 79,
         gpu_uuid: "GPU-0".into(),
@@ -418,11 +462,59 @@ async fn recorded_requests_equal_the_rbac_grants() {
         .is_some())
         .await
     );
+    let renewed = || {
+        api.requests().iter().any(|r| {
+            r.verb == "update"
+                && r.resource == "leases"
+                && r.status == 200
+                && r.body["spec"]["holderIdentity"] == "rbac-node"
+                && r.body["metadata"]["annotations"]["gpuwatch.io/fleet-nodes"].is_string()
+        })
+    };
+    assert!(
+        wait_for(Duration::from_secs(10), || api
+            .requests()
+            .iter()
+            .filter(|r| r.verb == "update" && r.resource == "leases" && r.status == 200)
+            .count()
+            >= 2)
+        .await,
+        "taken over, then renewed"
+    );
+    assert!(
+        renewed(),
+        "{:#?}",
+        api.requests()
+            .iter()
+            .filter(|r| r.resource == "leases")
+            .map(|r| (&r.verb, r.status, &r.body))
+            .collect::<Vec<_>>()
+    );
+    health.gpus[0].active_faults.clear();
+    health.set_verdict(Verdict::Healthy);
+    tx.send_replace(Arc::new(health.clone()));
+    assert!(
+        wait_for(Duration::from_secs(5), || api.leases("default").is_empty()).await,
+        "the slot is given back once the taint is gone"
+    );
+    assert!(taint_value(&api.node(), "gpuwatch.io/unhealthy").is_none());
+    // The next fault claims the now free slot by create.
+    health.gpus[0].active_faults.push(f.clone());
+    health.set_verdict(Verdict::Unhealthy);
+    tx.send_replace(Arc::new(health.clone()));
+    assert!(
+        wait_for(Duration::from_secs(5), || taint_value(
+            &api.node(),
+            "gpuwatch.io/unhealthy"
+        )
+        .is_some())
+        .await
+    );
     w.shutdown().await;
     let seen: BTreeSet<Req> = api
         .requests()
         .iter()
-        .map(|r| (r.verb.clone(), String::new(), r.resource.clone()))
+        .map(|r| (r.verb.clone(), r.group.clone(), r.resource.clone()))
         .collect();
     assert_eq!(
         seen,
@@ -471,17 +563,30 @@ fn rendered_overlays_keep_events_rbac_in_the_event_namespace() {
         let find = |kind: &str| -> Vec<&serde_json::Value> {
             objs.iter().filter(|o| o["kind"] == kind).collect()
         };
-        let roles = find("Role");
-        assert_eq!(roles.len(), 1, "{overlay}");
-        let role: Role = serde_json::from_value(roles[0].clone()).expect("Role parses");
+        let named = |kind: &str, name: &str| -> serde_json::Value {
+            let all = find(kind);
+            assert_eq!(all.len(), 2, "{overlay}: {kind}s");
+            (*all
+                .iter()
+                .find(|o| o["metadata"]["name"] == name)
+                .unwrap_or_else(|| panic!("{overlay}: {kind} {name}")))
+            .clone()
+        };
+        // The quarantine budget's Role and binding go where the agent runs:
+        // its Leases live in its own namespace.
+        for kind in ["Role", "RoleBinding"] {
+            let q = named(kind, "gpuwatch-quarantine");
+            assert_eq!(q["metadata"]["namespace"], sa.1, "{overlay}: {kind}");
+        }
+        let role: Role =
+            serde_json::from_value(named("Role", "gpuwatch-events")).expect("Role parses");
         assert_eq!(
             role.metadata.namespace.as_deref(),
             Some(ns.as_str()),
             "{overlay}"
         );
-        let rbs = find("RoleBinding");
-        assert_eq!(rbs.len(), 1, "{overlay}");
-        let rb: RoleBinding = serde_json::from_value(rbs[0].clone()).expect("RoleBinding parses");
+        let rb: RoleBinding = serde_json::from_value(named("RoleBinding", "gpuwatch-events"))
+            .expect("RoleBinding parses");
         assert_eq!(
             rb.metadata.namespace.as_deref(),
             Some(ns.as_str()),

@@ -18,6 +18,11 @@
 //!   `PUT` update (409 on a stale resourceVersion).
 //! - core/v1 Events: create (409 AlreadyExists), merge-patch, list with field
 //!   selectors.
+//! - Several Nodes (a fleet), listed by label selector, metadata-only when asked
+//!   (`leases` and `nodes` modules say what a list serves).
+//! - `coordination.k8s.io/v1` Leases: create (409 AlreadyExists), update (422
+//!   without a resourceVersion, 409 with a stale one), delete with preconditions
+//!   (409), get, list by label selector.
 //! - On demand: 403 RBAC `Status` per (verb, resource), 429 with `Retry-After`,
 //!   500/503, an outage, a delay, another writer racing every node write.
 //! - Every request recorded with its RBAC verb and resource.
@@ -30,8 +35,10 @@
 //! request's target and a line in the server's route.
 
 mod events;
+mod leases;
 mod nodes;
 mod request;
+mod selector;
 mod server;
 mod status;
 mod watch;
@@ -40,7 +47,7 @@ pub use request::Recorded;
 
 use gpuwatch_sinks::kube::{ApiRequest, KubeConfig, WRITER_REQUESTS};
 use k8s_openapi::api::core::v1::{Event, Node};
-use nodes::Nodes;
+use nodes::NodeStore;
 use serde_json::{Value, json};
 use server::{Inner, Shared, handle};
 use std::sync::{Arc, Mutex};
@@ -56,19 +63,15 @@ pub struct ApiDouble {
 impl ApiDouble {
     /// Starts the double serving `node` (resourceVersion set to 1).
     pub async fn start(node: Node) -> ApiDouble {
-        let mut v = serde_json::to_value(&node).expect("node serialises");
-        v["apiVersion"] = json!("v1");
-        v["kind"] = json!("Node");
+        let mut v = node_value(&node);
         if v["metadata"]["uid"].is_null() {
             v["metadata"]["uid"] = json!("node-uid-1");
         }
-        v["metadata"]["resourceVersion"] = json!("1");
+        let mut nodes = NodeStore::default();
+        nodes.insert(v, 1);
         let inner: Shared = Arc::new(Mutex::new(Inner {
             rv: 1,
-            nodes: Nodes {
-                node: v,
-                ..Default::default()
-            },
+            nodes,
             ..Default::default()
         }));
         let app = axum::Router::new()
@@ -114,11 +117,89 @@ impl ApiDouble {
     }
 
     pub fn node(&self) -> Node {
-        serde_json::from_value(self.lock().nodes.node.clone()).expect("stored node parses")
+        serde_json::from_value(self.node_json()).expect("stored node parses")
     }
 
     pub fn node_json(&self) -> Value {
-        self.lock().nodes.node.clone()
+        self.lock()
+            .nodes
+            .primary_ref()
+            .map(|n| n.node.clone())
+            .unwrap_or_default()
+    }
+
+    /// Adds another Node (a fleet: several agents, each writing its own).
+    pub fn add_node(&self, node: Node) {
+        let g = &mut *self.lock();
+        g.rv += 1;
+        g.nodes.insert(node_value(&node), g.rv);
+    }
+
+    /// Another Node, by name.
+    pub fn node_named(&self, name: &str) -> Option<Node> {
+        let v = self
+            .lock()
+            .nodes
+            .by_name
+            .get(name)
+            .map(|n| n.node.clone())?;
+        Some(serde_json::from_value(v).expect("stored node parses"))
+    }
+
+    /// Deletes a Node (a replaced machine); its watches see DELETED and end.
+    pub fn delete_node(&self, name: &str) -> bool {
+        let g = &mut *self.lock();
+        g.nodes.remove(name, &mut g.rv)
+    }
+
+    /// The Leases in `namespace`.
+    pub fn leases(&self, namespace: &str) -> Vec<k8s_openapi::api::coordination::v1::Lease> {
+        self.lock()
+            .leases
+            .items
+            .iter()
+            .filter(|((ns, _), _)| ns == namespace)
+            .map(|(_, l)| serde_json::from_value(l.clone()).expect("stored lease parses"))
+            .collect()
+    }
+
+    /// Stores a Lease as another client created it (a slot left behind).
+    pub fn put_lease(&self, namespace: &str, lease: &k8s_openapi::api::coordination::v1::Lease) {
+        let g = &mut *self.lock();
+        g.rv += 1;
+        let mut v = serde_json::to_value(lease).expect("lease serialises");
+        v["apiVersion"] = json!("coordination.k8s.io/v1");
+        v["kind"] = json!("Lease");
+        v["metadata"]["namespace"] = json!(namespace);
+        v["metadata"]["resourceVersion"] = json!(g.rv.to_string());
+        if v["metadata"]["uid"].is_null() {
+            v["metadata"]["uid"] = json!(format!("lease-uid-put-{}", g.rv));
+        }
+        let name = v["metadata"]["name"].as_str().unwrap_or("").to_owned();
+        g.leases.items.insert((namespace.to_owned(), name), v);
+    }
+
+    /// From now on, counts after every request how many Nodes carry `key`.
+    pub fn track_taint(&self, key: &str) {
+        let g = &mut *self.lock();
+        let now = g.tainted_with(key);
+        g.taint_watch = Some((key.to_owned(), now));
+    }
+
+    /// Leaves `node` out of the tracked count from now on (its agent was
+    /// killed: nobody may remove its taint but that agent).
+    pub fn untrack_node(&self, node: &str) {
+        self.lock().taint_watch_excluded.insert(node.to_owned());
+    }
+
+    /// The most Nodes that carried the tracked taint at once.
+    pub fn taint_peak(&self) -> usize {
+        self.lock().taint_watch.as_ref().map_or(0, |(_, p)| *p)
+    }
+
+    /// Nodes carrying `key` now.
+    pub fn tainted_with(&self, key: &str) -> usize {
+        self.lock().tainted_with(key)
     }
 
     pub fn requests(&self) -> Vec<Recorded> {
@@ -139,7 +220,9 @@ impl ApiDouble {
         g.faults.down = down;
         if down {
             // Open watches end, as when the server goes away.
-            g.nodes.watchers.end_all(None);
+            for n in g.nodes.by_name.values_mut() {
+                n.watchers.end_all(None);
+            }
         }
     }
 
@@ -164,7 +247,7 @@ impl ApiDouble {
     /// Another writer changes the Node right before each of the next `n` node
     /// writes (after the client read it): each of those writes loses a race.
     pub fn concurrent_taint_edits(&self, n: u32) {
-        self.lock().nodes.concurrent_taint_edits = n;
+        self.lock().nodes.primary().concurrent_taint_edits = n;
     }
 
     /// The next requests get these answers (429, 500, 503), one each, in order.
@@ -174,7 +257,7 @@ impl ApiDouble {
 
     /// Whether the Node exists (404 on every node request while it does not).
     pub fn set_node_missing(&self, missing: bool) {
-        self.lock().nodes.missing = missing;
+        self.lock().nodes.primary().missing = missing;
     }
 
     /// Compacts history: every version before the current one is gone; open
@@ -182,13 +265,14 @@ impl ApiDouble {
     /// watcher that fell behind its window).
     pub fn compact(&self) {
         let mut g = self.lock();
-        g.nodes.compacted_rv = g.rv;
+        let rv = g.rv;
+        g.nodes.primary().compacted_rv = rv;
         let ev = json!({"type": "ERROR", "object": {
             "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
             "message": format!("too old resource version: {} ({})", g.rv.saturating_sub(1), g.rv),
             "reason": "Expired", "code": 410,
         }});
-        g.nodes.watchers.end_all(Some(&ev));
+        g.nodes.primary().watchers.end_all(Some(&ev));
     }
 
     /// Advances the version without changing the Node (other objects changed)
@@ -202,46 +286,49 @@ impl ApiDouble {
         let ev = json!({"type": "BOOKMARK", "object": {
             "kind": "Node", "apiVersion": "v1", "metadata": {"resourceVersion": rv.to_string()},
         }});
-        g.nodes.watchers.bookmark(&ev);
+        g.nodes.primary().watchers.bookmark(&ev);
         rv
     }
 
     /// Open watch streams.
     pub fn watchers(&self) -> usize {
-        self.lock().nodes.watchers.open()
+        self.lock().nodes.primary().watchers.open()
     }
 
     /// Another client edits the node (update by someone else): rv bumps, watchers notified.
     pub fn edit_node(&self, f: impl FnOnce(&mut Value)) {
         let g = &mut *self.lock();
-        f(&mut g.nodes.node);
-        g.nodes.bump(&mut g.rv);
+        let n = g.nodes.primary();
+        f(&mut n.node);
+        n.bump(&mut g.rv);
     }
 
     /// Another field manager applies a condition of this type (and so owns it).
     pub fn own_condition(&self, type_: &str, manager: &str, status: &str) {
         let g = &mut *self.lock();
         let c = json!({"type": type_, "status": status, "reason": "SetByOther", "message": "set by another manager"});
-        let conds = g.nodes.conditions();
+        let n = g.nodes.primary();
+        let conds = n.conditions();
         conds.retain(|x| x["type"] != type_);
         conds.push(c);
-        g.nodes.managed.insert(type_.to_owned(), manager.to_owned());
-        g.nodes.bump(&mut g.rv);
+        n.managed.insert(type_.to_owned(), manager.to_owned());
+        n.bump(&mut g.rv);
     }
 
     /// Removes a condition as another writer would (ownership of that type dropped).
     pub fn remove_condition(&self, type_: &str) {
         let g = &mut *self.lock();
-        g.nodes.managed.remove(type_);
-        g.nodes.conditions().retain(|c| c["type"] != type_);
-        g.nodes.bump(&mut g.rv);
+        let n = g.nodes.primary();
+        n.managed.remove(type_);
+        n.conditions().retain(|c| c["type"] != type_);
+        n.bump(&mut g.rv);
     }
 
     /// Every recorded request maps onto a request the writer declares.
     pub fn assert_requests_declared(&self) {
         for r in self.requests() {
             let declared = WRITER_REQUESTS.iter().any(|d: &ApiRequest| {
-                d.verb == r.verb && d.resource == r.resource && d.group.is_empty()
+                d.verb == r.verb && d.resource == r.resource && d.group == r.group
             });
             assert!(
                 declared,
@@ -264,6 +351,14 @@ impl Drop for ApiDouble {
             let _ = tx.send(());
         }
     }
+}
+
+/// A Node as the double stores it.
+fn node_value(node: &Node) -> Value {
+    let mut v = serde_json::to_value(node).expect("node serialises");
+    v["apiVersion"] = json!("v1");
+    v["kind"] = json!("Node");
+    v
 }
 
 /// Polls `cond` every 20 ms until it holds or `timeout` passes.

@@ -1,9 +1,17 @@
-//! The Node: one object, served as kube-apiserver serves `nodes` and
-//! `nodes/status` (get, watch, server-side apply of conditions, merge /
-//! strategic merge / JSON patch, update), with the field managers of its
-//! conditions and the other writers that race the client.
+//! Nodes, served as kube-apiserver serves `nodes` and `nodes/status` (get,
+//! watch, server-side apply of conditions, merge / strategic merge / JSON
+//! patch, update), with the field managers of their conditions and the other
+//! writers that race the client; and the collection: a list by label selector,
+//! metadata-only when asked.
+//!
+//! A list with `resourceVersion=0` is served from the watch cache, which does
+//! not paginate: `limit` is ignored and no `continue` token is given
+//! (apiserver `pkg/storage/cacher/cacher.go`, `shouldDelegateList`: only a list
+//! with a limit and another resourceVersion goes to etcd). Other lists honour
+//! `limit` and `continue`.
 
 use super::request::{Request, Target};
+use super::selector;
 use super::status::{not_found, not_served, ok, optimistic_lock_conflict, status, status_with};
 use super::watch::{self, Watchers};
 use axum::response::Response;
@@ -25,7 +33,120 @@ pub(super) struct Nodes {
     pub(super) watchers: Watchers,
 }
 
-/// Answers a request for `nodes` (`rv`: the server's resourceVersion counter).
+/// Every Node the double holds; the first one started is the primary, which
+/// the single-node helpers of [`super::ApiDouble`] act on.
+#[derive(Default)]
+pub(super) struct NodeStore {
+    pub(super) primary: String,
+    pub(super) by_name: BTreeMap<String, Nodes>,
+    /// Watches whose field selector names no Node the double holds: open,
+    /// silent, until their timeout (as the real server keeps them).
+    idle: Vec<mpsc::UnboundedSender<Value>>,
+}
+
+impl NodeStore {
+    pub(super) fn primary(&mut self) -> &mut Nodes {
+        let name = self.primary.clone();
+        self.by_name.entry(name).or_default()
+    }
+
+    pub(super) fn primary_ref(&self) -> Option<&Nodes> {
+        self.by_name.get(&self.primary)
+    }
+
+    /// Adds a Node (named in `node.metadata.name`) at version `rv`.
+    pub(super) fn insert(&mut self, mut node: Value, rv: u64) {
+        let name = node["metadata"]["name"].as_str().unwrap_or("").to_owned();
+        if node["metadata"]["uid"].is_null() {
+            node["metadata"]["uid"] = json!(format!("node-uid-{name}"));
+        }
+        node["metadata"]["resourceVersion"] = json!(rv.to_string());
+        if self.primary.is_empty() {
+            self.primary.clone_from(&name);
+        }
+        self.by_name.insert(
+            name,
+            Nodes {
+                node,
+                ..Nodes::default()
+            },
+        );
+    }
+
+    /// Deletes a Node: its watches get a DELETED event and end.
+    pub(super) fn remove(&mut self, name: &str, rv: &mut u64) -> bool {
+        let Some(mut n) = self.by_name.remove(name) else {
+            return false;
+        };
+        *rv += 1;
+        n.node["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let ev = json!({"type": "DELETED", "object": n.node});
+        n.watchers.end_all(Some(&ev));
+        true
+    }
+}
+
+/// Answers a request for `nodes` (`rv`: the server's resourceVersion counter):
+/// the collection here, one Node in [`serve`].
+pub(super) fn serve_store(store: &mut NodeStore, rv: &mut u64, req: &Request) -> Response {
+    let Target::Nodes(rest) = &req.target else {
+        return not_served(req);
+    };
+    match rest.first() {
+        Some(name) => match store.by_name.get_mut(name) {
+            Some(nodes) => serve(nodes, rv, req),
+            None => not_found("nodes", name),
+        },
+        None if req.verb == "watch" => {
+            let sel = req.q.get("fieldSelector").cloned().unwrap_or_default();
+            let name = sel.strip_prefix("metadata.name=").unwrap_or(&store.primary);
+            match store.by_name.get_mut(name) {
+                Some(nodes) => serve(nodes, rv, req),
+                None => {
+                    let (tx, rx) = mpsc::unbounded_channel::<Value>();
+                    store.idle.push(tx);
+                    watch::response(rx, &req.q)
+                }
+            }
+        }
+        None if req.method == "GET" => list(store, *rv, req),
+        None => not_served(req),
+    }
+}
+
+/// `GET /api/v1/nodes`: by label selector; `limit` and `continue` (the name to
+/// go on after) unless served from the watch cache (`resourceVersion=0`).
+fn list(store: &NodeStore, rv: u64, req: &Request) -> Response {
+    let sel = req.q.get("labelSelector").cloned().unwrap_or_default();
+    let from_cache = req.q.get("resourceVersion").is_some_and(|v| v == "0");
+    let limit: usize = if from_cache {
+        0
+    } else {
+        req.q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(0)
+    };
+    let after = req.q.get("continue").cloned().unwrap_or_default();
+    let mut items: Vec<Value> = store
+        .by_name
+        .iter()
+        .filter(|(name, n)| (after.is_empty() || **name > after) && !n.missing)
+        .filter(|(_, n)| selector::matches(&n.node, &sel))
+        .map(|(_, n)| n.node.clone())
+        .collect();
+    let mut cont = None;
+    if limit > 0 && items.len() > limit {
+        items.truncate(limit);
+        cont = items
+            .last()
+            .and_then(|n| n["metadata"]["name"].as_str())
+            .map(str::to_owned);
+    }
+    ok(
+        200,
+        &selector::list_body("Node", "v1", items, rv, &req.accept, cont),
+    )
+}
+
+/// Answers a request for one Node (`rv`: the server's resourceVersion counter).
 pub(super) fn serve(nodes: &mut Nodes, rv: &mut u64, req: &Request) -> Response {
     let Target::Nodes(rest) = &req.target else {
         return not_served(req);
@@ -39,7 +160,7 @@ pub(super) fn serve(nodes: &mut Nodes, rv: &mut u64, req: &Request) -> Response 
         ("GET" | "PATCH" | "PUT", [n, ..]) if nodes.missing || *n != node_name => {
             not_found("nodes", n)
         }
-        ("GET", [_]) => ok(200, &nodes.node),
+        ("GET", [_]) => ok(200, &selector::object_body(&nodes.node, &req.accept)),
         ("GET", []) if req.verb == "watch" => nodes.watch(&req.q, &node_name),
         ("PATCH", [_, "status"]) => {
             if req.content_type != "application/apply-patch+yaml" {

@@ -17,6 +17,8 @@ pub struct Recorded {
     pub content_type: String,
     pub body: Value,
     pub verb: String,
+    /// The RBAC API group (`""` for core).
+    pub group: String,
     pub resource: String,
     pub status: u16,
     pub at: Instant,
@@ -39,6 +41,11 @@ pub(super) enum Target {
         namespace: String,
         name: Option<String>,
     },
+    /// `/apis/coordination.k8s.io/v1/namespaces/<ns>/leases[/<name>]`.
+    Leases {
+        namespace: String,
+        name: Option<String>,
+    },
     /// Anything else.
     Unknown,
 }
@@ -58,6 +65,29 @@ impl Target {
                 namespace: (*ns).to_owned(),
                 name: Some((*name).to_owned()),
             },
+            [
+                "apis",
+                "coordination.k8s.io",
+                "v1",
+                "namespaces",
+                ns,
+                "leases",
+            ] => Target::Leases {
+                namespace: (*ns).to_owned(),
+                name: None,
+            },
+            [
+                "apis",
+                "coordination.k8s.io",
+                "v1",
+                "namespaces",
+                ns,
+                "leases",
+                name,
+            ] => Target::Leases {
+                namespace: (*ns).to_owned(),
+                name: Some((*name).to_owned()),
+            },
             _ => Target::Unknown,
         }
     }
@@ -73,7 +103,16 @@ impl Target {
                 _ => None,
             },
             Target::Events { name, .. } => Some(("events".into(), name.is_none())),
+            Target::Leases { name, .. } => Some(("leases".into(), name.is_none())),
             Target::Unknown => None,
+        }
+    }
+
+    /// The RBAC API group of the resource.
+    pub(super) fn group(&self) -> &'static str {
+        match self {
+            Target::Leases { .. } => "coordination.k8s.io",
+            _ => "",
         }
     }
 }
@@ -86,6 +125,8 @@ pub(super) struct Request {
     pub(super) query: String,
     pub(super) q: BTreeMap<String, String>,
     pub(super) content_type: String,
+    /// The `Accept` header (metadata-only lists and gets ask in it).
+    pub(super) accept: String,
     pub(super) body: Value,
     pub(super) target: Target,
     /// The RBAC verb (`get`, `list`, `watch`, `create`, `patch`, `update`,
@@ -100,11 +141,15 @@ impl Request {
         let path = uri.path().to_owned();
         let query = uri.query().unwrap_or("").to_owned();
         let q = query_map(&query);
-        let content_type = headers
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_owned();
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned()
+        };
+        let content_type = header("content-type");
+        let accept = header("accept");
         let body: Value = if body.is_empty() {
             Value::Null
         } else {
@@ -122,6 +167,7 @@ impl Request {
             query,
             q,
             content_type,
+            accept,
             body,
             target,
             verb,
@@ -138,6 +184,7 @@ impl Request {
             content_type: self.content_type.clone(),
             body: self.body.clone(),
             verb: self.verb.clone(),
+            group: self.target.group().to_owned(),
             resource: self.resource.clone(),
             status,
             at: Instant::now(),

@@ -3,7 +3,8 @@
 //! failure, an RBAC denial), then the handler of the resource its path names.
 
 use super::events::{self, Events};
-use super::nodes::{self, Nodes};
+use super::leases::{self, Leases};
+use super::nodes::{self, NodeStore};
 use super::request::{Recorded, Request, Target};
 use super::status::{forbidden, injected, not_served, service_unavailable};
 use axum::body::Bytes;
@@ -20,8 +21,14 @@ use std::time::Duration;
 #[derive(Default)]
 pub(super) struct Inner {
     pub(super) rv: u64,
-    pub(super) nodes: Nodes,
+    pub(super) nodes: NodeStore,
     pub(super) events: Events,
+    pub(super) leases: Leases,
+    /// A taint key whose holders are counted after every request, and the
+    /// most Nodes that carried it at once.
+    pub(super) taint_watch: Option<(String, usize)>,
+    /// Nodes left out of that count (an agent killed: its stale taint).
+    pub(super) taint_watch_excluded: std::collections::BTreeSet<String>,
     pub(super) requests: Vec<Recorded>,
     pub(super) faults: Faults,
 }
@@ -56,6 +63,7 @@ pub(super) async fn handle(
     let resp = answer(&mut g, &req);
     let code = resp.status().as_u16();
     g.requests.push(req.recorded(code));
+    g.count_taints();
     resp
 }
 
@@ -72,12 +80,39 @@ fn answer(g: &mut Inner, req: &Request) -> Response {
         .forbidden
         .contains(&(req.verb.clone(), req.resource.clone()))
     {
-        return forbidden(&req.verb, &req.resource, &req.path);
+        return forbidden(&req.verb, req.target.group(), &req.resource, &req.path);
     }
     // One line per resource kind the double serves.
     match req.target {
-        Target::Nodes(_) => nodes::serve(&mut g.nodes, &mut g.rv, req),
+        Target::Nodes(_) => nodes::serve_store(&mut g.nodes, &mut g.rv, req),
         Target::Events { .. } => events::serve(&mut g.events, &mut g.rv, req),
+        Target::Leases { .. } => leases::serve(&mut g.leases, &mut g.rv, req),
         Target::Unknown => not_served(req),
+    }
+}
+
+impl Inner {
+    /// Nodes carrying `key` now (but those left out of the count).
+    pub(super) fn tainted_with(&self, key: &str) -> usize {
+        self.nodes
+            .by_name
+            .iter()
+            .filter(|(name, _)| !self.taint_watch_excluded.contains(*name))
+            .map(|(_, n)| n)
+            .filter(|n| {
+                n.node["spec"]["taints"]
+                    .as_array()
+                    .is_some_and(|t| t.iter().any(|t| t["key"] == key))
+            })
+            .count()
+    }
+
+    fn count_taints(&mut self) {
+        if let Some((key, _)) = &self.taint_watch {
+            let now = self.tainted_with(&key.clone());
+            if let Some((_, peak)) = &mut self.taint_watch {
+                *peak = (*peak).max(now);
+            }
+        }
     }
 }

@@ -126,28 +126,42 @@ pub(super) fn injected(code: u16) -> Response {
 /// "<user>" cannot <verb> resource "<resource/sub>" in API group "" at the
 /// cluster scope` (or `in the namespace "<ns>"`), details name + kind (the
 /// resource without subresource).
-pub(super) fn forbidden(verb: &str, resource: &str, path: &str) -> Response {
+pub(super) fn forbidden(verb: &str, group: &str, resource: &str, path: &str) -> Response {
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let (name, scope) = match parts.as_slice() {
-        ["api", "v1", "namespaces", ns, _, name, ..] => {
-            (*name, format!("in the namespace \"{ns}\""))
-        }
-        ["api", "v1", "namespaces", ns, ..] => ("", format!("in the namespace \"{ns}\"")),
-        ["api", "v1", _, name, ..] => (*name, "at the cluster scope".to_owned()),
+    // Core paths are /api/v1/..., named groups /apis/<group>/<version>/...
+    let rest: &[&str] = match parts.as_slice() {
+        ["api", "v1", rest @ ..] => rest,
+        ["apis", _, _, rest @ ..] => rest,
+        _ => &[],
+    };
+    let (name, scope) = match rest {
+        ["namespaces", ns, _, name, ..] => (*name, format!("in the namespace \"{ns}\"")),
+        ["namespaces", ns, ..] => ("", format!("in the namespace \"{ns}\"")),
+        [_, name, ..] => (*name, "at the cluster scope".to_owned()),
         _ => ("", "at the cluster scope".to_owned()),
     };
     let base = resource.split('/').next().unwrap_or(resource);
-    let subject = if name.is_empty() {
-        format!("{base} is forbidden")
+    let qualified = if group.is_empty() {
+        base.to_owned()
     } else {
-        format!("{base} \"{name}\" is forbidden")
+        format!("{base}.{group}")
+    };
+    let subject = if name.is_empty() {
+        format!("{qualified} is forbidden")
+    } else {
+        format!("{qualified} \"{name}\" is forbidden")
     };
     status_with(
         403,
         "Forbidden",
         format!(
-            "{subject}: User \"system:serviceaccount:gpuwatch:gpuwatch\" cannot {verb} resource \"{resource}\" in API group \"\" {scope}"
+            "{subject}: User \"system:serviceaccount:gpuwatch:gpuwatch\" cannot {verb} resource \"{resource}\" in API group \"{group}\" {scope}"
         ),
-        json!({"name": name, "kind": base}),
+        // Go's `omitempty` drops an empty group.
+        if group.is_empty() {
+            json!({"name": name, "kind": base})
+        } else {
+            json!({"name": name, "group": group, "kind": base})
+        },
     )
 }

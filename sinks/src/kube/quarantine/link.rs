@@ -10,6 +10,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use tokio::sync::watch;
 
+/// How long a reconcile pass waits for the claimant to answer a new need (a
+/// claim is a list and a create: milliseconds, unless the API server is slow).
+pub(crate) const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Event reason while the fault taint is deferred.
 pub const DEFERRED_REASON: &str = "QuarantineBudgetExhausted";
 
@@ -64,27 +68,21 @@ impl Link {
 
     /// One reconcile pass: the Node wants a fault taint (`wanted`, with its
     /// value) and carries one (`live`). Tells the claimant, and says what to
-    /// do with the taint and whether a deferral Event is due.
-    pub(crate) fn gate(
+    /// do with the taint and whether a deferral Event is due. A need the
+    /// claimant has not answered yet is waited for up to [`CLAIM_WAIT`], so
+    /// the conditions and the taint of a new fault land in one pass.
+    pub(crate) async fn gate(
         &mut self,
         wanted: Option<&str>,
         live: bool,
         node_uid: &str,
     ) -> (Gate, Option<Deferral>) {
-        let need = wanted.is_some() || live;
-        let next = Need {
-            slot: need,
-            node_uid: node_uid.to_owned(),
-            reason: wanted.unwrap_or_default().to_owned(),
-        };
-        self.need.send_if_modified(|n| {
-            let changed = *n != next;
-            if changed {
-                *n = next;
-            }
-            changed
-        });
-        let status = self.status.borrow().clone();
+        let need = self.tell(wanted, live, node_uid);
+        if need && matches!(*self.status.borrow(), Status::Idle) {
+            let answered = self.status.wait_for(|s| !matches!(s, Status::Idle));
+            let _ = tokio::time::timeout(CLAIM_WAIT, answered).await;
+        }
+        let status = self.status.borrow_and_update().clone();
         self.publish(&status);
         // An idle status that predates this need says nothing yet.
         let permits = match (&status, need) {
@@ -99,6 +97,26 @@ impl Link {
         };
         let deferral = self.track(&status, wanted.is_some());
         (gate, deferral)
+    }
+
+    /// Tells the claimant whether the Node needs a slot: while it wants the
+    /// fault taint or still carries it (a slot is given back only after the
+    /// taint is gone). Returns the need.
+    pub(crate) fn tell(&self, wanted: Option<&str>, live: bool, node_uid: &str) -> bool {
+        let need = wanted.is_some() || live;
+        let next = Need {
+            slot: need,
+            node_uid: node_uid.to_owned(),
+            reason: wanted.unwrap_or_default().to_owned(),
+        };
+        self.need.send_if_modified(|n| {
+            let changed = *n != next;
+            if changed {
+                *n = next;
+            }
+            changed
+        });
+        need
     }
 
     /// Counts and announces the start of a deferral; ends it when the Node
@@ -212,41 +230,44 @@ mod tests {
         (l, need_rx, status_tx, registry)
     }
 
-    #[test]
-    fn a_taint_on_the_node_is_kept_until_the_claimant_answers() {
+    #[tokio::test(start_paused = true)]
+    async fn a_taint_on_the_node_is_kept_until_the_claimant_answers() {
         let (mut l, need, _status, _) = link();
         // A restarted agent: the Node carries the taint, the claimant has not
         // stepped yet.
-        let (gate, _) = l.gate(Some("inspect_hardware"), true, "uid-1");
+        let (gate, _) = l.gate(Some("inspect_hardware"), true, "uid-1").await;
         assert_eq!(gate, Gate::KeepLive);
         assert!(need.borrow().slot);
         assert_eq!(need.borrow().reason, "inspect_hardware");
         assert_eq!(need.borrow().node_uid, "uid-1");
     }
 
-    #[test]
-    fn a_held_slot_lets_the_taint_be_written() {
+    #[tokio::test]
+    async fn a_held_slot_lets_the_taint_be_written() {
         let (mut l, _need, status, registry) = link();
         status.send_replace(Status::Held {
             slot: 3,
             slots: Some(10),
         });
-        assert_eq!(l.gate(Some("reset_gpu"), false, "u").0, Gate::AsDesired);
+        assert_eq!(
+            l.gate(Some("reset_gpu"), false, "u").await.0,
+            Gate::AsDesired
+        );
         let q = registry.quarantine().unwrap();
         assert_eq!(q.state, "held");
         assert_eq!(q.slot, Some(3));
         assert_eq!(q.message, "slot 3 of 10 held: the fault taint may stay");
     }
 
-    #[test]
-    fn a_deferral_withholds_the_taint_and_is_announced_once() {
+    #[tokio::test]
+    async fn a_deferral_withholds_the_taint_and_is_announced_once() {
         let (mut l, _need, status, registry) = link();
         let holders: Vec<String> = (0..10).map(|i| format!("n{i}")).collect();
         status.send_replace(Status::Deferred {
             slots: 10,
             holders: holders.clone(),
         });
-        let (gate, d) = l.gate(Some("inspect_hardware"), true, "u");
+        let (gate, d) = l.gate(Some("inspect_hardware"), true, "u").await;
         assert_eq!(gate, Gate::Withhold);
         let msg = d.expect("announced").message;
         assert!(msg.contains("10 of 10 slots held by n0, n1"), "{msg}");
@@ -258,34 +279,39 @@ mod tests {
             "taint deferred: budget 10 of 10 held"
         );
         // The next passes of the same deferral send nothing.
-        assert_eq!(l.gate(Some("inspect_hardware"), false, "u").1, None);
+        assert_eq!(l.gate(Some("inspect_hardware"), false, "u").await.1, None);
         assert_eq!(registry.quarantine_deferrals.load(Relaxed), 1);
         // Once held, the deferral ends; a later one is announced again.
         status.send_replace(Status::Held {
             slot: 1,
             slots: Some(10),
         });
-        l.gate(Some("inspect_hardware"), false, "u");
+        l.gate(Some("inspect_hardware"), false, "u").await;
         assert_eq!(registry.quarantine_deferred.load(Relaxed), 0);
         status.send_replace(Status::Deferred { slots: 10, holders });
-        assert!(l.gate(Some("inspect_hardware"), false, "u").1.is_some());
+        assert!(
+            l.gate(Some("inspect_hardware"), false, "u")
+                .await
+                .1
+                .is_some()
+        );
         assert_eq!(registry.quarantine_deferrals.load(Relaxed), 2);
     }
 
-    #[test]
-    fn removing_a_taint_is_never_withheld() {
+    #[tokio::test]
+    async fn removing_a_taint_is_never_withheld() {
         let (mut l, need, status, _) = link();
         status.send_replace(Status::Deferred {
             slots: 10,
             holders: vec![],
         });
         // Faults cleared while the Node still carries the taint: remove it.
-        assert_eq!(l.gate(None, true, "u").0, Gate::AsDesired);
+        assert_eq!(l.gate(None, true, "u").await.0, Gate::AsDesired);
         assert!(
             need.borrow().slot,
             "the slot is needed until the taint is gone"
         );
-        assert_eq!(l.gate(None, false, "u").0, Gate::AsDesired);
+        assert_eq!(l.gate(None, false, "u").await.0, Gate::AsDesired);
         assert!(!need.borrow().slot);
     }
 

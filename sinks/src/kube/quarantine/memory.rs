@@ -18,7 +18,7 @@
 //!
 //! Every write bumps one store-wide resourceVersion, as etcd's revision does.
 
-use super::store::{Holding, LeaseStore, SlotView};
+use super::store::{HeldSpec, Holding, LeaseStore, SlotView};
 use crate::kube::backend::{ApiError, ApiResult};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -168,8 +168,27 @@ impl MemoryLeaseStore {
     }
 }
 
-fn written(state: &mut State, index: u32, holding: &Holding, uid: String) -> SlotView {
+/// The slot as stored after a write by `holding` over `before` (none: a create).
+fn written(
+    state: &mut State,
+    index: u32,
+    holding: &Holding,
+    uid: String,
+    before: Option<&SlotView>,
+) -> SlotView {
     state.revision += 1;
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let spec = match before.and_then(|b| b.spec.map(|s| (b.holder == holding.holder, s))) {
+        Some((true, s)) => s,
+        Some((false, s)) => HeldSpec {
+            acquired: now,
+            transitions: s.transitions.saturating_add(1),
+        },
+        None => HeldSpec {
+            acquired: now,
+            transitions: 0,
+        },
+    };
     SlotView {
         index,
         uid,
@@ -177,6 +196,7 @@ fn written(state: &mut State, index: u32, holding: &Holding, uid: String) -> Slo
         holder: holding.holder.clone(),
         reason: holding.reason.clone(),
         fleet_nodes: holding.fleet_nodes,
+        spec: Some(spec),
     }
 }
 
@@ -198,7 +218,7 @@ impl LeaseStore for MemoryLeaseStore {
             }
             s.next_uid += 1;
             let uid = format!("uid-{}", s.next_uid);
-            let v = written(s, index, holding, uid);
+            let v = written(s, index, holding, uid, None);
             s.leases.insert(index, v.clone());
             Ok(v)
         })
@@ -217,8 +237,8 @@ impl LeaseStore for MemoryLeaseStore {
                     current.name()
                 )));
             }
-            let uid = stored.uid.clone();
-            let v = written(s, current.index, holding, uid);
+            let (uid, before) = (stored.uid.clone(), stored.clone());
+            let v = written(s, current.index, holding, uid, Some(&before));
             s.leases.insert(current.index, v.clone());
             Ok(v)
         })

@@ -262,7 +262,9 @@ impl<S: LeaseStore> Claimant<S> {
             .as_ref()
             .is_some_and(|s| s.index == 0 && s.fleet_nodes.is_none())
         {
-            now + jittered(self.cfg.retry / 8)
+            // Slot 0 without a count: count at once (in a renewal), so
+            // claimants past the floor learn the budget's size.
+            now
         } else {
             self.renew_due()
         }
@@ -286,25 +288,17 @@ impl<S: LeaseStore> Claimant<S> {
         // in an order of this agent's own, so a wave spreads over them.
         let zero_free = free.first() == Some(&0);
         rotate_randomly(&mut free[usize::from(zero_free)..]);
+        // Slot 0 is claimed without a count: only its winner counts (right
+        // after, in its first renewal), not every claimant of a wave.
         for index in free.into_iter().take(TRIES_PER_ROUND) {
-            let fleet = if index == 0 {
-                self.count_fleet(now).await
-            } else {
-                None
-            };
-            match self.store.create(index, &self.holding(fleet)).await {
+            match self.store.create(index, &self.holding(None)).await {
                 Ok(slot) => return Ok(self.hold(slot, slots, now)),
                 Err(ApiError::AlreadyExists(_) | ApiError::Conflict(_)) => continue,
                 Err(e) => return Err(e),
             }
         }
         for slot in self.takeover_candidates(&by_index, limit, now).await? {
-            let fleet = if slot.index == 0 {
-                self.count_fleet(now).await
-            } else {
-                None
-            };
-            match self.store.replace(&slot, &self.holding(fleet)).await {
+            match self.store.replace(&slot, &self.holding(None)).await {
                 Ok(taken) => {
                     tracing::info!(
                         slot = slot.index,
@@ -353,9 +347,12 @@ impl<S: LeaseStore> Claimant<S> {
         Ok(Some(now))
     }
 
-    /// The budget's slots: this agent's budget over the fleet count its
-    /// holder wrote on slot 0 (`None` while nobody has counted).
+    /// The budget's slots: a count budget's count, or a share of the fleet
+    /// count slot 0's holder wrote (`None` while nobody has counted).
     fn known_slots(&self, listed: &[SlotView]) -> Option<u32> {
+        if let Budget::Count(n) = self.cfg.budget {
+            return Some(n);
+        }
         let fleet = listed.iter().find(|s| s.index == 0)?.fleet_nodes?;
         self.cfg.budget.slots(fleet, self.cfg.floor)
     }
@@ -475,6 +472,12 @@ impl<S: LeaseStore> Claimant<S> {
         match self.store.replace(&current, &self.holding(fleet)).await {
             Ok(renewed) => {
                 let still_uncounted = renewed.index == 0 && renewed.fleet_nodes.is_none();
+                if let (Status::Held { slots, .. }, Some(n)) =
+                    (&mut self.status, renewed.fleet_nodes)
+                {
+                    // Slot 0's holder knows the budget's size from its own count.
+                    *slots = self.cfg.budget.slots(n, self.cfg.floor);
+                }
                 self.held = Some(renewed);
                 self.written_at = now;
                 Ok(if still_uncounted {

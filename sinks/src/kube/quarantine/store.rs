@@ -7,6 +7,7 @@ use super::super::backend::{ApiError, ApiResult};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -40,6 +41,19 @@ pub struct SlotView {
     pub reason: String,
     /// The fleet's Node count, on slot 0 once its holder has counted.
     pub fleet_nodes: Option<u32>,
+    /// `spec.acquireTime` and `spec.leaseTransitions`, when the view came from
+    /// a whole Lease (a write's answer; a metadata-only list does not carry
+    /// them).
+    pub spec: Option<HeldSpec>,
+}
+
+/// What a renewal keeps of the Lease it renews.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldSpec {
+    /// When the current holder acquired the slot.
+    pub acquired: Timestamp,
+    /// How often the slot changed holders.
+    pub transitions: i32,
 }
 
 impl SlotView {
@@ -141,9 +155,10 @@ async fn timed<T>(
     super::super::backend::timed(timeout, fut).await
 }
 
-/// The Lease a holding asks for, on top of `meta` (name, resourceVersion).
-fn lease(index: u32, mut meta: ObjectMeta, holding: &Holding, transitions: i32) -> Lease {
-    let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+/// The Lease a holding asks for, on top of `meta` (name, resourceVersion),
+/// acquired at `held.acquired` (renewed now).
+fn lease(index: u32, mut meta: ObjectMeta, holding: &Holding, held: HeldSpec) -> Lease {
+    let now = MicroTime(Timestamp::now());
     meta.name = Some(slot_name(index));
     meta.labels = Some(BTreeMap::from([(SLOT_LABEL.to_owned(), index.to_string())]));
     let mut ann = BTreeMap::from([
@@ -171,9 +186,9 @@ fn lease(index: u32, mut meta: ObjectMeta, holding: &Holding, transitions: i32) 
             lease_duration_seconds: Some(
                 i32::try_from(holding.lease_duration.as_secs()).unwrap_or(i32::MAX),
             ),
-            acquire_time: Some(now.clone()),
+            acquire_time: Some(MicroTime(held.acquired)),
             renew_time: Some(now),
-            lease_transitions: Some(transitions),
+            lease_transitions: Some(held.transitions),
             ..LeaseSpec::default()
         }),
     }
@@ -195,13 +210,27 @@ pub fn view(meta: &ObjectMeta) -> Option<SlotView> {
         holder: ann(HOLDER_ANNOTATION).unwrap_or_default(),
         reason: ann(REASON_ANNOTATION).unwrap_or_default(),
         fleet_nodes: ann(FLEET_ANNOTATION).and_then(|n| n.parse().ok()),
+        spec: None,
+    })
+}
+
+fn held_spec(l: &Lease) -> Option<HeldSpec> {
+    let spec = l.spec.as_ref()?;
+    Some(HeldSpec {
+        acquired: spec
+            .acquire_time
+            .as_ref()
+            .map_or_else(Timestamp::now, |t| t.0),
+        transitions: spec.lease_transitions.unwrap_or(0),
     })
 }
 
 fn view_of(l: &Lease) -> ApiResult<SlotView> {
-    view(&l.metadata).ok_or_else(|| {
+    let mut v = view(&l.metadata).ok_or_else(|| {
         ApiError::Transient("the API server answered with a Lease that is not a slot".into())
-    })
+    })?;
+    v.spec = held_spec(l);
+    Ok(v)
 }
 
 impl LeaseStore for KubeLeaseStore {
@@ -216,32 +245,45 @@ impl LeaseStore for KubeLeaseStore {
     }
 
     async fn create(&self, index: u32, holding: &Holding) -> ApiResult<SlotView> {
-        let l = lease(index, ObjectMeta::default(), holding, 0);
+        let first = HeldSpec {
+            acquired: Timestamp::now(),
+            transitions: 0,
+        };
+        let l = lease(index, ObjectMeta::default(), holding, first);
         let made = timed(self.timeout, self.leases.create(&PostParams::default(), &l)).await?;
         view_of(&made)
     }
 
     async fn replace(&self, current: &SlotView, holding: &Holding) -> ApiResult<SlotView> {
-        // A metadata list does not carry `leaseTransitions`; a takeover reads
-        // the Lease for it (the replace is guarded by the resourceVersion the
-        // decision was made on, not the one read here).
-        let transitions = if current.holder == holding.holder {
-            None
+        // A metadata list carries neither `acquireTime` nor `leaseTransitions`:
+        // a view without them is completed with a read (once: every write's
+        // answer carries them). The replace stays guarded by the
+        // resourceVersion the decision was made on, not the one read here.
+        let known = match current.spec {
+            Some(s) => s,
+            None => timed(self.timeout, self.leases.get(&current.name()))
+                .await
+                .ok()
+                .as_ref()
+                .and_then(held_spec)
+                .unwrap_or(HeldSpec {
+                    acquired: Timestamp::now(),
+                    transitions: 0,
+                }),
+        };
+        let held = if current.holder == holding.holder {
+            known
         } else {
-            Some(
-                timed(self.timeout, self.leases.get(&current.name()))
-                    .await?
-                    .spec
-                    .and_then(|s| s.lease_transitions)
-                    .unwrap_or(0)
-                    .saturating_add(1),
-            )
+            HeldSpec {
+                acquired: Timestamp::now(),
+                transitions: known.transitions.saturating_add(1),
+            }
         };
         let meta = ObjectMeta {
             resource_version: Some(current.resource_version.clone()),
             ..ObjectMeta::default()
         };
-        let l = lease(current.index, meta, holding, transitions.unwrap_or(0));
+        let l = lease(current.index, meta, holding, held);
         let (name, pp) = (current.name(), PostParams::default());
         view_of(&timed(self.timeout, self.leases.replace(&name, &pp, &l)).await?)
     }

@@ -349,9 +349,9 @@ async fn api_errors_during_the_claims_never_pass_the_budget() {
 async fn a_create_whose_answer_was_lost_is_adopted() {
     let store = Arc::new(MemoryLeaseStore::with_nodes((0..10).map(node)));
     let mut c = Claimant::new(store.clone(), settings("gpu-node-001", "10%"));
-    // The list and the fleet count are answered; the create of slot 0 takes
-    // effect but its answer is lost.
-    store.script([Answer::Normal, Answer::Normal, Answer::Lost]);
+    // The list is answered; the create of slot 0 takes effect but its answer
+    // is lost.
+    store.script([Answer::Normal, Answer::Lost]);
     let first = c.step(true).await;
     assert_ne!(first.status.permits_taint(), Some(true));
     let mut st = first;
@@ -396,9 +396,10 @@ async fn an_unreachable_api_server_changes_nothing() {
 #[tokio::test(start_paused = true)]
 async fn claimants_past_the_floor_wait_for_the_fleet_count() {
     let store = Arc::new(MemoryLeaseStore::with_nodes((0..100).map(node)));
-    // The first claimant's list is answered, its fleet count fails: slot 0's
-    // holder has no count to write.
+    // The first claimant's list and its create of slot 0 are answered, its
+    // fleet count fails: slot 0's holder has no count to write.
     store.script([
+        Answer::Normal,
         Answer::Normal,
         Answer::Fail(ApiError::Transient("500".into())),
     ]);
@@ -452,4 +453,77 @@ async fn a_count_budget_is_the_count_whatever_the_fleet() {
     assert_eq!(fleet.tainted().len(), 3);
     assert_eq!(fleet.peak(), 3);
     fleet.stop_all().await;
+}
+
+/// Requests per second of simulated time, by kind, between two snapshots.
+fn rates(before: &[u64; 6], after: &[u64; 6], secs: f64) -> [f64; 6] {
+    let mut out = [0.0; 6];
+    for i in 0..6 {
+        out[i] = (after[i] - before[i]) as f64 / secs;
+    }
+    out
+}
+
+fn snapshot(r: &Requests) -> [u64; 6] {
+    use std::sync::atomic::Ordering::Relaxed;
+    [
+        r.lists.load(Relaxed),
+        r.creates.load(Relaxed),
+        r.replaces.load(Relaxed),
+        r.deletes.load(Relaxed),
+        r.node_gets.load(Relaxed),
+        r.node_lists.load(Relaxed),
+    ]
+}
+
+/// What the budget costs the API server at 5,000 GPU Nodes (budget 10 %, 500
+/// slots): `faulty` Nodes have a fault at once; the first minute is the wave,
+/// the next nine the steady state. Only faulty Nodes send anything (a healthy
+/// Node needs no slot and asks nothing). Prints the rates per second.
+async fn fleet_cost(faulty: usize) -> ([f64; 6], [f64; 6], usize) {
+    const NODES: usize = 5000;
+    let mut fleet = Fleet::new(NODES, "10%");
+    for i in 0..faulty {
+        fleet.start(&node(i), true);
+    }
+    let s0 = snapshot(&fleet.store.requests);
+    settle(Duration::from_secs(60)).await;
+    let s1 = snapshot(&fleet.store.requests);
+    settle(Duration::from_secs(540)).await;
+    let s2 = snapshot(&fleet.store.requests);
+    let wave = rates(&s0, &s1, 60.0);
+    let steady = rates(&s1, &s2, 540.0);
+    let held = fleet.count(held);
+    let line = |r: &[f64; 6]| {
+        format!(
+            "lease lists {:.1}/s, claims (creates) {:.1}/s, renewals+takeovers {:.1}/s, releases {:.1}/s, node gets {:.2}/s, node list pages {:.3}/s",
+            r[0], r[1], r[2], r[3], r[4], r[5]
+        )
+    };
+    eprintln!("fleet budget cost, {NODES} nodes, {faulty} with a fault ({held} hold a slot):");
+    eprintln!("  first minute: {}", line(&wave));
+    eprintln!("  steady state: {}", line(&steady));
+    assert!(fleet.peak() <= 500, "peak {}", fleet.peak());
+    fleet.stop_all().await;
+    (wave, steady, held)
+}
+
+#[tokio::test(start_paused = true)]
+async fn fleet_cost_at_5000_nodes_with_one_percent_quarantined() {
+    let (_, steady, held) = fleet_cost(50).await;
+    assert_eq!(held, 50);
+    // Renewals: one per holder per third of the lease duration (20 s).
+    assert!((steady[2] - 50.0 / 20.0).abs() < 0.5, "{steady:?}");
+    // Nobody is deferred: no lists in the steady state.
+    assert!(steady[0] < 0.1, "{steady:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn fleet_cost_at_5000_nodes_with_ten_percent_quarantined_and_a_wave_past_it() {
+    // 500 hold every slot; a further 500 are deferred.
+    let (_, steady, held) = fleet_cost(1000).await;
+    assert_eq!(held, 500);
+    assert!((steady[2] - 500.0 / 20.0).abs() < 3.0, "{steady:?}");
+    // Deferred Nodes look again every 15–45 s: at most 500 / 7.5 lists a second.
+    assert!(steady[0] < 500.0 / 7.5, "{steady:?}");
 }

@@ -1,0 +1,323 @@
+//! The fleet quarantine budget end to end: twenty real node writers against one
+//! API-server double holding a hundred GPU Nodes, all seeing XID 79 at once.
+//! The double answers Leases as kube-apiserver does (create 409
+//! AlreadyExists, update 422 without a resourceVersion and 409 with a stale
+//! one, delete preconditions; see `gpuwatch_test_support::kube`), and counts
+//! after every request how many Nodes carry the fault taint.
+
+use crate::kube_common::{ApiDouble, taint_value, wait_for};
+use gpuwatch_core::Registry;
+use gpuwatch_core::validation::ValidationConfig;
+use gpuwatch_proto::{
+    Action, ActiveFault, GpuHealth, GpuSample, MonitorStatus, NodeHealth, RecoveryAction, Verdict,
+};
+use gpuwatch_sinks::kube::{KubeConfig, NodeWriter};
+use k8s_openapi::api::core::v1::Node;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+const FAULT_TAINT: &str = "gpuwatch.io/unhealthy";
+const FLEET: usize = 100;
+const AGENTS: usize = 20;
+const BUDGET: usize = 10;
+
+fn name(i: usize) -> String {
+    format!("gpu-node-{i:03}")
+}
+
+fn gpu_node(i: usize) -> Node {
+    let mut n = Node::default();
+    n.metadata.name = Some(name(i));
+    n.metadata.uid = Some(format!("uid-{i:03}"));
+    n.metadata.labels = Some(BTreeMap::from([(
+        "nvidia.com/gpu.present".to_owned(),
+        "true".to_owned(),
+    )]));
+    n
+}
+
+fn health(faulty: bool) -> NodeHealth {
+    let mut s = GpuSample {
+        index: 0,
+        uuid: "GPU-0".into(),
+        ..Default::default()
+    };
+    s.set_recovery_action(RecoveryAction::None);
+    let mut g = GpuHealth {
+        index: Some(0),
+        uuid: "GPU-0".into(),
+        pci_address: "0000:1b:00.0".into(),
+        sample: Some(s),
+        ..Default::default()
+    };
+    if faulty {
+        let mut f = ActiveFault {
+            code: 79,
+            reason: "XID79".into(),
+            count: 1,
+            boot_id: "boot-a".into(),
+            ..Default::default()
+        };
+        f.set_action(Action::InspectHardware);
+        g.active_faults.push(f);
+    }
+    let mut h = NodeHealth {
+        boot_id: "boot-a".into(),
+        monitor: Some(MonitorStatus {
+            kmsg_ok: true,
+            nvml_ok: true,
+            kmsg_caught_up: true,
+            ..Default::default()
+        }),
+        gpus: vec![g],
+        ..Default::default()
+    };
+    h.set_verdict(if faulty {
+        Verdict::Unhealthy
+    } else {
+        Verdict::Healthy
+    });
+    h
+}
+
+struct Agent {
+    health: watch::Sender<Arc<NodeHealth>>,
+    writer: NodeWriter,
+}
+
+struct Fleet {
+    api: ApiDouble,
+    agents: BTreeMap<String, Agent>,
+}
+
+impl Fleet {
+    async fn start(api: ApiDouble) -> Fleet {
+        api.track_taint(FAULT_TAINT);
+        let mut agents = BTreeMap::new();
+        for i in 0..AGENTS {
+            let (tx, rx) = watch::channel(Arc::new(health(false)));
+            let writer = NodeWriter::start(
+                config(&api),
+                ValidationConfig::default(),
+                name(i),
+                Registry::new(),
+                rx,
+                false,
+                None,
+            )
+            .await
+            .expect("writer starts");
+            agents.insert(name(i), Agent { health: tx, writer });
+        }
+        Fleet { api, agents }
+    }
+
+    fn tainted(&self) -> BTreeSet<String> {
+        (0..FLEET)
+            .map(name)
+            .filter(|n| {
+                self.api
+                    .node_named(n)
+                    .is_some_and(|node| taint_value(&node, FAULT_TAINT).is_some())
+            })
+            .collect()
+    }
+
+    fn holders(&self) -> BTreeSet<String> {
+        self.api
+            .leases("default")
+            .into_iter()
+            .filter_map(|l| l.spec.and_then(|s| s.holder_identity))
+            .collect()
+    }
+
+    /// Every agent sees XID 79 in the same instant.
+    fn wave(&self) {
+        for a in self.agents.values() {
+            a.health.send_replace(Arc::new(health(true)));
+        }
+    }
+
+    async fn settled(&self, what: &str) {
+        assert!(
+            wait_for(Duration::from_secs(20), || self.tainted().len() == BUDGET).await,
+            "{what}: {} tainted",
+            self.tainted().len()
+        );
+    }
+
+    /// The agent stops as a killed process would: it never renews or gives
+    /// back its slot.
+    async fn kill(&mut self, node: &str) {
+        let a = self.agents.remove(node).expect("agent");
+        a.writer.shutdown().await;
+    }
+
+    async fn stop(self) {
+        for (_, a) in self.agents {
+            a.writer.shutdown().await;
+        }
+    }
+}
+
+fn config(api: &ApiDouble) -> KubeConfig {
+    KubeConfig {
+        quarantine_budget: "10%".into(),
+        // Test-sized: a deferred Node looks again every 0.5–1.5 s, a silent
+        // holder's slot is free after 15 s.
+        quarantine_retry_secs: 1,
+        quarantine_lease_duration_secs: 15,
+        // Tests wait for the startup gate only where they ask for it.
+        startup_gate: false,
+        ..api.kube_config()
+    }
+}
+
+async fn fleet_double() -> ApiDouble {
+    let api = ApiDouble::start(gpu_node(0)).await;
+    for i in 1..FLEET {
+        api.add_node(gpu_node(i));
+    }
+    api
+}
+
+fn deferral_events(api: &ApiDouble) -> BTreeSet<String> {
+    api.events()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("QuarantineBudgetExhausted"))
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
+        .filter_map(|e| e.involved_object.name)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wave_over_a_hundred_nodes_taints_ten_and_hands_slots_on() {
+    let mut fleet = Fleet::start(fleet_double().await).await;
+    let t0 = Instant::now();
+    fleet.wave();
+    fleet.settled("the wave").await;
+    eprintln!(
+        "quarantine: wave settled at 10 tainted in {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(fleet.api.taint_peak(), BUDGET, "never more than the budget");
+    assert_eq!(
+        fleet.holders(),
+        fleet.tainted(),
+        "every tainted Node holds a slot"
+    );
+    // Each of the ten deferred Nodes says why it is not tainted.
+    let deferred: BTreeSet<String> = fleet
+        .agents
+        .keys()
+        .filter(|n| !fleet.tainted().contains(*n))
+        .cloned()
+        .collect();
+    assert_eq!(deferred.len(), AGENTS - BUDGET);
+    assert!(
+        wait_for(Duration::from_secs(10), || deferral_events(&fleet.api)
+            == deferred)
+        .await,
+        "deferral Events on {:?}, deferred {deferred:?}",
+        deferral_events(&fleet.api)
+    );
+    let ev = fleet
+        .api
+        .events()
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some("QuarantineBudgetExhausted"))
+        .unwrap();
+    let msg = ev.message.unwrap_or_default();
+    assert!(msg.contains("10 of 10 slots held by"), "{msg}");
+
+    // An operator clears one holder (`gpuwatch clear`): its faults go, its
+    // taint goes, its slot goes to a deferred Node within a minute.
+    let cleared = fleet.tainted().into_iter().next().unwrap();
+    fleet.agents[&cleared]
+        .health
+        .send_replace(Arc::new(health(false)));
+    let t1 = Instant::now();
+    assert!(
+        wait_for(Duration::from_secs(60), || {
+            let t = fleet.tainted();
+            t.len() == BUDGET && !t.contains(&cleared)
+        })
+        .await,
+        "no deferred Node took the cleared slot"
+    );
+    eprintln!("quarantine: cleared slot taken after {:?}", t1.elapsed());
+    assert_eq!(fleet.api.taint_peak(), BUDGET);
+
+    // A holder dies with its machine (Node deleted): its slot is taken
+    // within a minute.
+    let gone = fleet.tainted().into_iter().next().unwrap();
+    fleet.kill(&gone).await;
+    assert!(fleet.api.delete_node(&gone));
+    let t2 = Instant::now();
+    assert!(
+        wait_for(Duration::from_secs(60), || fleet.tainted().len() == BUDGET
+            && !fleet.holders().contains(&gone))
+        .await,
+        "the slot of a deleted Node was not taken"
+    );
+    eprintln!(
+        "quarantine: deleted holder's slot taken after {:?}",
+        t2.elapsed()
+    );
+    assert_eq!(fleet.api.taint_peak(), BUDGET);
+
+    // A holder's agent dies, its Node stays: the slot is taken once the
+    // lease duration (15 s here) has passed, not before. Its Node keeps the
+    // stale taint only its own agent could remove: the bound is on the
+    // Nodes whose agents run.
+    let silent = fleet.tainted().into_iter().next().unwrap();
+    fleet.kill(&silent).await;
+    fleet.api.untrack_node(&silent);
+    let t3 = Instant::now();
+    assert!(
+        wait_for(Duration::from_secs(60), || !fleet
+            .holders()
+            .contains(&silent))
+        .await,
+        "the silent holder's slot was not taken"
+    );
+    let took = t3.elapsed();
+    eprintln!("quarantine: silent holder's slot taken after {took:?}");
+    assert!(
+        took >= Duration::from_secs(9),
+        "taken after {took:?}: before the lease ran out"
+    );
+    assert!(
+        wait_for(Duration::from_secs(10), || fleet.tainted().len()
+            == BUDGET + 1)
+        .await,
+        "ten live holders plus the stale taint"
+    );
+    assert_eq!(fleet.api.taint_peak(), BUDGET);
+    fleet.api.assert_requests_declared();
+    fleet.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_errors_during_a_wave_never_pass_the_budget() {
+    let fleet = Fleet::start(fleet_double().await).await;
+    // The first claims meet throttling, server errors and an unavailable
+    // server, interleaved with answers.
+    fleet
+        .api
+        .inject(&[429, 500, 503, 429, 500, 503, 429, 500, 503, 429, 500, 503]);
+    fleet.wave();
+    fleet.settled("the wave with API errors").await;
+    assert_eq!(fleet.api.taint_peak(), BUDGET);
+    assert_eq!(fleet.holders(), fleet.tainted());
+    // The API server goes away for a while: nothing changes.
+    fleet.api.set_down(true);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    fleet.api.set_down(false);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(fleet.tainted().len(), BUDGET);
+    assert_eq!(fleet.api.taint_peak(), BUDGET);
+    fleet.stop().await;
+}
