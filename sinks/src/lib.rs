@@ -6,6 +6,7 @@
 
 pub mod extra_command;
 pub mod kube;
+mod metrics;
 pub mod otlp;
 pub mod prometheus;
 pub mod stdout;

@@ -19,16 +19,15 @@
 //! ```
 
 pub mod config;
-pub(crate) mod instruments;
 mod logs;
 
 pub use config::{
     Compression, OtlpConfig, OtlpSignal, Protocol, ResolvedSignal, TlsConfig, parse_key_values,
 };
 
+use crate::metrics::{self, InstrumentKind, NumType, Point, SPECS, SeriesFilter};
 use gpuwatch_core::{EventSink, LATENCY_BUCKETS_SECONDS, Registry, Signal};
 use gpuwatch_proto::{FaultEvent, NodeHealth};
-use instruments::{InstrumentKind, NumType, Point, SPECS, SeriesFilter};
 use logs::{Driver, LogQueue, OtlpLogSink, QueueSettings, Worker};
 use opentelemetry::metrics::{AsyncInstrument, MeterProvider as _};
 use opentelemetry::{InstrumentationScope, KeyValue, Value};
@@ -392,8 +391,8 @@ fn key_values(p: &Point) -> Vec<KeyValue> {
         .iter()
         .map(|(k, v)| {
             let v = match v {
-                instruments::AttrValue::Str(s) => Value::from(s.to_string()),
-                instruments::AttrValue::Int(i) => Value::I64(*i),
+                metrics::AttrValue::Str(s) => Value::from(s.to_string()),
+                metrics::AttrValue::Int(i) => Value::I64(*i),
             };
             KeyValue::new(*k, v)
         })
@@ -573,9 +572,9 @@ impl OtlpExporter {
             );
             exporter._instruments = register_instruments(&meter, &registry, &filter);
             let histogram = meter
-                .f64_histogram(instruments::LATENCY_NAME)
-                .with_unit(instruments::LATENCY_UNIT)
-                .with_description(instruments::LATENCY_DESCRIPTION)
+                .f64_histogram(metrics::LATENCY_NAME)
+                .with_unit(metrics::LATENCY_UNIT)
+                .with_description(metrics::LATENCY_DESCRIPTION)
                 .with_boundaries(LATENCY_BUCKETS_SECONDS.to_vec())
                 .build();
             if !registry.set_latency_hook(Box::new(move |secs| histogram.record(secs, &[]))) {

@@ -20,16 +20,16 @@
 //! assert!(text.contains("# TYPE gpuwatch_kmsg_records_read_total counter"));
 //! ```
 
-use crate::otlp::ResourceInfo;
-use crate::otlp::instruments::{
+use crate::metrics::{
     DEFAULT_QUIET_WINDOW, LATENCY_DESCRIPTION, LATENCY_NAME, LATENCY_UNIT, Num, SeriesFilter,
 };
+use crate::otlp::ResourceInfo;
 use gpuwatch_core::registry::{LATENCY_BUCKETS_SECONDS, Registry};
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use crate::otlp::instruments::InstrumentKind;
+pub use crate::metrics::InstrumentKind;
 
 /// Content type of the text this module renders.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";

@@ -1,0 +1,134 @@
+//! The metric table: every metric of `docs/metrics.md`, each an entry with
+//! named fields beside the pure function that reads its data points from the
+//! [`Registry`] and the [`NodeHealth`]. Both outputs read it: the OTLP exporter
+//! registers one observable instrument per entry, the Prometheus renderer walks
+//! the same table, so both always carry the same names, attributes and values.
+//! The mapping to the data model lives here; the transports (`otlp`,
+//! `prometheus`) only carry it.
+//!
+//! One module per subject: `faults`, `gpu` (telemetry and state), `memory`,
+//! `links`, `agent` (the agent itself), `kube` (the Kubernetes writer).
+
+mod agent;
+mod faults;
+mod filter;
+mod gpu;
+mod kube;
+mod links;
+mod memory;
+mod model;
+
+pub(crate) use filter::{DEFAULT_QUIET_WINDOW, SeriesFilter};
+pub use model::InstrumentKind;
+pub(crate) use model::{AttrValue, Num, NumType, Point, Presence, Spec};
+
+use gpuwatch_proto::{GpuHealth, GpuSample, NodeHealth};
+use std::borrow::Cow;
+use std::sync::LazyLock;
+use std::sync::atomic::Ordering::Relaxed;
+
+/// Every observable instrument (the latency histogram is separate), in export
+/// order: subject by subject.
+pub(crate) static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
+    [
+        faults::TABLE,
+        gpu::TABLE,
+        memory::TABLE,
+        links::TABLE,
+        gpu::STATE,
+        agent::TABLE,
+        kube::TABLE,
+    ]
+    .concat()
+});
+
+fn s(v: &'static str) -> AttrValue {
+    AttrValue::Str(Cow::Borrowed(v))
+}
+
+fn owned(v: &str) -> AttrValue {
+    AttrValue::Str(Cow::Owned(v.to_owned()))
+}
+
+/// The pipeline latency histogram (fed through `Registry::set_latency_hook`).
+pub(crate) const LATENCY_NAME: &str = "gpuwatch.pipeline.latency";
+/// Unit of the latency histogram.
+pub(crate) const LATENCY_UNIT: &str = "s";
+/// Description of the latency histogram.
+pub(crate) const LATENCY_DESCRIPTION: &str =
+    "Kernel log record read to fault event emitted by the health engine.";
+
+fn gpu_attrs(index: Option<u32>, uuid: &str, pci: &str) -> Vec<(&'static str, AttrValue)> {
+    let mut a = Vec::with_capacity(4);
+    if let Some(i) = index {
+        a.push(("gpu.index", AttrValue::Int(i64::from(i))));
+    }
+    if !uuid.is_empty() {
+        a.push(("gpu.uuid", owned(uuid)));
+    }
+    if !pci.is_empty() {
+        a.push(("gpu.pci.address", owned(pci)));
+    }
+    a
+}
+
+/// GPU identity of a health entry, falling back to its sample.
+fn health_gpu_attrs(g: &GpuHealth) -> Vec<(&'static str, AttrValue)> {
+    let sample = g.sample.as_ref();
+    let index = g.index.or(sample.map(|s| s.index));
+    let uuid = if g.uuid.is_empty() {
+        sample.map_or("", |s| s.uuid.as_str())
+    } else {
+        g.uuid.as_str()
+    };
+    let pci = if g.pci_address.is_empty() {
+        sample.map_or("", |s| s.pci_address.as_str())
+    } else {
+        g.pci_address.as_str()
+    };
+    gpu_attrs(index, uuid, pci)
+}
+
+fn with(
+    mut base: Vec<(&'static str, AttrValue)>,
+    extra: impl IntoIterator<Item = (&'static str, AttrValue)>,
+) -> Vec<(&'static str, AttrValue)> {
+    base.extend(extra);
+    base
+}
+
+/// False when the engine reports NVML down: any sample still present is stale
+/// and must not be exported as a current gauge. (A health without monitor
+/// status, e.g. before the engine published, is not "down".)
+fn samples_current(health: &NodeHealth) -> bool {
+    health.monitor.as_ref().is_none_or(|m| m.nvml_ok)
+}
+
+/// Calls `f` for every GPU that has a current NVML sample.
+fn each_sample(health: &NodeHealth, mut f: impl FnMut(Vec<(&'static str, AttrValue)>, &GpuSample)) {
+    if !samples_current(health) {
+        return;
+    }
+    for g in &health.gpus {
+        if let Some(sample) = &g.sample {
+            f(health_gpu_attrs(g), sample);
+        }
+    }
+}
+
+fn push_opt(out: &mut Vec<Point>, attrs: Vec<(&'static str, AttrValue)>, v: Option<Num>) {
+    if let Some(value) = v {
+        out.push(Point { attrs, value });
+    }
+}
+
+fn flag(b: bool) -> Num {
+    Num::U64(u64::from(b))
+}
+
+fn atomic(v: &std::sync::atomic::AtomicU64) -> Num {
+    Num::U64(v.load(Relaxed))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,258 @@
+//! The agent itself: GPUs seen and expected, kernel-log records, fault events
+//! through the pipeline, dropped samples, NVML call errors, inputs up, export and
+//! state-file failures.
+
+use super::{
+    InstrumentKind, Num, NumType, Point, Presence, Spec, atomic, flag, s, samples_current,
+};
+use gpuwatch_core::registry::{Outcome, Registry, Stage};
+use gpuwatch_proto::{Action, NodeHealth, ShortName};
+use std::sync::atomic::Ordering::Relaxed;
+
+/// This subject's instruments, in export order.
+pub(super) const TABLE: &[Spec] = &[
+    GPUS,
+    KMSG_READ,
+    KMSG_LOST,
+    KMSG_MALFORMED,
+    EVENTS,
+    EVENTS_DROPPED,
+    SAMPLES_DROPPED,
+    NVML_ERRORS,
+    MONITOR_UP,
+    EXPORT_FAILURES,
+    STATE_WRITES,
+];
+
+const GPUS: Spec = Spec {
+    name: "gpuwatch.gpus",
+    unit: "{gpu}",
+    kind: InstrumentKind::Gauge,
+    num: NumType::U64,
+    presence: Presence::Always,
+    description: "GPUs NVML sees; GPUs the node should have.",
+    collect: gpus,
+};
+
+fn gpus(r: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    let visible = if samples_current(h) {
+        h.gpus.iter().filter(|g| g.sample.is_some()).count() as u64
+    } else {
+        0
+    };
+    out.push(Point {
+        attrs: vec![("state", s("visible"))],
+        value: Num::U64(visible),
+    });
+    let expected = r.gpus_expected.load(Relaxed);
+    if expected != u64::MAX {
+        out.push(Point {
+            attrs: vec![("state", s("expected"))],
+            value: Num::U64(expected),
+        });
+    }
+    let advertised = r.gpus_advertised.load(Relaxed);
+    if advertised != u64::MAX {
+        out.push(Point {
+            attrs: vec![("state", s("advertised"))],
+            value: Num::U64(advertised),
+        });
+    }
+}
+
+const KMSG_READ: Spec = Spec {
+    name: "gpuwatch.kmsg.records.read",
+    unit: "{record}",
+    kind: InstrumentKind::Counter,
+    num: NumType::U64,
+    presence: Presence::Always,
+    description: "Kernel log records read.",
+    collect: kmsg_read,
+};
+
+fn kmsg_read(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    out.push(Point {
+        attrs: vec![],
+        value: atomic(&r.kmsg_records_read),
+    });
+}
+
+const KMSG_LOST: Spec = Spec {
+    name: "gpuwatch.kmsg.records.lost",
+    unit: "{record}",
+    kind: InstrumentKind::Counter,
+    num: NumType::U64,
+    presence: Presence::Always,
+    description: "Kernel log records overwritten before gpuwatch read them.",
+    collect: kmsg_lost,
+};
+
+fn kmsg_lost(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    out.push(Point {
+        attrs: vec![],
+        value: atomic(&r.kmsg_records_lost),
+    });
+}
+
+const KMSG_MALFORMED: Spec = Spec {
+    name: "gpuwatch.kmsg.records.malformed",
+    unit: "{record}",
+    kind: InstrumentKind::Counter,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "Kernel log records that did not parse.",
+    collect: kmsg_malformed,
+};
+
+fn kmsg_malformed(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    out.push(Point {
+        attrs: vec![],
+        value: atomic(&r.kmsg_records_malformed),
+    });
+}
+
+const EVENTS: Spec = Spec {
+    name: "gpuwatch.events",
+    unit: "{event}",
+    kind: InstrumentKind::Counter,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "Fault events per pipeline stage and outcome.",
+    collect: events,
+};
+
+fn events(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    for stage in Stage::ALL {
+        for outcome in Outcome::ALL {
+            out.push(Point {
+                attrs: vec![
+                    ("stage", s(stage.as_str())),
+                    ("outcome", s(outcome.as_str())),
+                ],
+                value: Num::U64(r.events(stage, outcome)),
+            });
+        }
+    }
+}
+
+const EVENTS_DROPPED: Spec = Spec {
+    name: "gpuwatch.events.dropped",
+    unit: "{event}",
+    kind: InstrumentKind::Counter,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "Fault events the kernel-log source dropped for lack of room in the engine queue, by action class (a more severe event evicts a less severe one; reset/reboot/inspect-class events are dropped only for lack of room among their own kind).",
+    collect: events_dropped,
+};
+
+fn events_dropped(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    for action in Action::ALL {
+        out.push(Point {
+            attrs: vec![("action", s(action.short_name()))],
+            value: Num::U64(r.source_drops(action)),
+        });
+    }
+}
+
+const SAMPLES_DROPPED: Spec = Spec {
+    name: "gpuwatch.samples.dropped",
+    unit: "{sample}",
+    kind: InstrumentKind::Counter,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "NVML samples dropped oldest-first.",
+    collect: samples_dropped,
+};
+
+fn samples_dropped(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    out.push(Point {
+        attrs: vec![],
+        value: atomic(&r.samples_dropped),
+    });
+}
+
+const NVML_ERRORS: Spec = Spec {
+    name: "gpuwatch.nvml.errors",
+    unit: "{error}",
+    kind: InstrumentKind::Counter,
+    num: NumType::U64,
+    presence: Presence::Always,
+    description: "NVML calls that failed.",
+    collect: nvml_errors,
+};
+
+fn nvml_errors(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    for (call, n) in r.nvml_errors() {
+        out.push(Point {
+            attrs: vec![("nvml.call", s(call))],
+            value: Num::U64(n),
+        });
+    }
+}
+
+const MONITOR_UP: Spec = Spec {
+    name: "gpuwatch.monitor.up",
+    unit: "{state}",
+    kind: InstrumentKind::Gauge,
+    num: NumType::U64,
+    presence: Presence::Always,
+    description: "1 when the input works; 0 means gpuwatch cannot tell.",
+    collect: monitor_up,
+};
+
+fn monitor_up(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    // No monitor status yet means gpuwatch cannot tell: 0.
+    let (kmsg, nvml) = h
+        .monitor
+        .as_ref()
+        .map_or((false, false), |m| (m.kmsg_ok, m.nvml_ok));
+    out.push(Point {
+        attrs: vec![("input", s("kmsg"))],
+        value: flag(kmsg),
+    });
+    out.push(Point {
+        attrs: vec![("input", s("nvml"))],
+        value: flag(nvml),
+    });
+}
+
+const EXPORT_FAILURES: Spec = Spec {
+    name: "gpuwatch.export.failures",
+    unit: "{failure}",
+    kind: InstrumentKind::Counter,
+    num: NumType::U64,
+    presence: Presence::Always,
+    description: "OTLP exports that failed.",
+    collect: export_failures,
+};
+
+fn export_failures(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    for signal in [gpuwatch_core::Signal::Metrics, gpuwatch_core::Signal::Logs] {
+        out.push(Point {
+            attrs: vec![("signal", s(signal.as_str()))],
+            value: Num::U64(r.export_failures(signal)),
+        });
+    }
+}
+
+const STATE_WRITES: Spec = Spec {
+    name: "gpuwatch.state.writes",
+    unit: "{write}",
+    kind: InstrumentKind::Counter,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "State-file writes.",
+    collect: state_writes,
+};
+
+fn state_writes(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    let (ok, err) = r.state_writes();
+    out.push(Point {
+        attrs: vec![("result", s("ok"))],
+        value: Num::U64(ok),
+    });
+    out.push(Point {
+        attrs: vec![("result", s("error"))],
+        value: Num::U64(err),
+    });
+}

@@ -1,0 +1,214 @@
+//! GPU telemetry from NVML samples: temperature and its limits, power and its
+//! limit, clock-event (throttle) reasons; and GPU state: the driver's recovery
+//! action, persistence mode.
+
+use super::{
+    AttrValue, InstrumentKind, Num, NumType, Point, Presence, Spec, each_sample, flag, owned,
+    push_opt, s, with,
+};
+use gpuwatch_core::registry::Registry;
+use gpuwatch_proto::{GpuSample, NodeHealth, RecoveryAction};
+
+/// The telemetry instruments, in export order.
+pub(super) const TABLE: &[Spec] = &[
+    TEMPERATURE,
+    TEMPERATURE_LIMIT,
+    POWER,
+    POWER_LIMIT,
+    CLOCK_EVENT_REASONS,
+    CLOCK_EVENTS,
+];
+
+/// The GPU state instruments, in export order (after the links').
+pub(super) const STATE: &[Spec] = &[RECOVERY_ACTION, PERSISTENCE];
+
+/// NVML clock-event (throttle) reason bits and their attribute values.
+pub(super) const CLOCK_EVENT_BITS: [(u64, &str); 9] = [
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+];
+
+pub(super) fn hw_attrs(
+    base: Vec<(&'static str, AttrValue)>,
+    sample: &GpuSample,
+) -> Vec<(&'static str, AttrValue)> {
+    with(
+        base,
+        [("hw.type", s("gpu")), ("hw.id", owned(&sample.uuid))],
+    )
+}
+
+pub(super) fn milliwatts(v: Option<u32>) -> Option<Num> {
+    v.map(|mw| Num::F64(f64::from(mw) / 1000.0))
+}
+
+/// NVML's numeric recovery action (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`).
+pub(super) fn recovery_value(a: RecoveryAction) -> Option<u64> {
+    Some(match a {
+        RecoveryAction::Unspecified => return None,
+        RecoveryAction::None => 0,
+        RecoveryAction::GpuReset => 1,
+        RecoveryAction::NodeReboot => 2,
+        RecoveryAction::DrainP2p => 3,
+        RecoveryAction::DrainAndReset => 4,
+        RecoveryAction::RecoverImexDomain => 5,
+        RecoveryAction::BusReset => 6,
+        RecoveryAction::SystemReboot => 7,
+        RecoveryAction::PfFlr => 8,
+    })
+}
+
+const TEMPERATURE: Spec = Spec {
+    name: "hw.temperature",
+    unit: "Cel",
+    kind: InstrumentKind::Gauge,
+    num: NumType::F64,
+    presence: Presence::Always,
+    description: "GPU core temperature.",
+    collect: temperature,
+};
+
+fn temperature(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        let v = sm.temperature_c.map(|c| Num::F64(f64::from(c)));
+        push_opt(out, hw_attrs(base, sm), v);
+    });
+}
+
+const TEMPERATURE_LIMIT: Spec = Spec {
+    name: "hw.temperature.limit",
+    unit: "Cel",
+    kind: InstrumentKind::Gauge,
+    num: NumType::F64,
+    presence: Presence::Always,
+    description: "GPU thermal thresholds.",
+    collect: temperature_limit,
+};
+
+fn temperature_limit(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        for (limit, v) in [
+            ("high.degraded", sm.slowdown_temperature_c),
+            ("high.critical", sm.shutdown_temperature_c),
+        ] {
+            let attrs = with(hw_attrs(base.clone(), sm), [("hw.limit_type", s(limit))]);
+            push_opt(out, attrs, v.map(|c| Num::F64(f64::from(c))));
+        }
+    });
+}
+
+const POWER: Spec = Spec {
+    name: "hw.power",
+    unit: "W",
+    kind: InstrumentKind::Gauge,
+    num: NumType::F64,
+    presence: Presence::Always,
+    description: "GPU power draw.",
+    collect: power,
+};
+
+fn power(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        push_opt(out, hw_attrs(base, sm), milliwatts(sm.power_mw))
+    });
+}
+
+const POWER_LIMIT: Spec = Spec {
+    name: "gpu.power.limit",
+    unit: "W",
+    kind: InstrumentKind::Gauge,
+    num: NumType::F64,
+    presence: Presence::Always,
+    description: "Enforced GPU power limit.",
+    collect: power_limit,
+};
+
+fn power_limit(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        push_opt(out, base, milliwatts(sm.power_limit_mw))
+    });
+}
+
+const CLOCK_EVENT_REASONS: Spec = Spec {
+    name: "gpu.clock_event.reasons",
+    unit: "{bitmask}",
+    kind: InstrumentKind::Gauge,
+    num: NumType::U64,
+    presence: Presence::Always,
+    description: "NVML clock-event (throttle) reason bitmask.",
+    collect: clock_event_reasons,
+};
+
+/// The NVML clock-event reason bitmask, one point per GPU.
+fn clock_event_reasons(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        push_opt(out, base, sm.clock_event_reasons.map(Num::U64))
+    });
+}
+
+const CLOCK_EVENTS: Spec = Spec {
+    name: "gpu.clock_event.active",
+    unit: "{state}",
+    kind: InstrumentKind::Gauge,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "1 while the clock-event (throttle) reason is active (active reasons only).",
+    collect: clock_events,
+};
+
+/// One point per known reason (the filter sends only active ones).
+fn clock_events(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        if let Some(mask) = sm.clock_event_reasons {
+            for (bit, reason) in CLOCK_EVENT_BITS {
+                out.push(Point {
+                    attrs: with(base.clone(), [("reason", s(reason))]),
+                    value: flag(mask & bit != 0),
+                });
+            }
+        }
+    });
+}
+
+const RECOVERY_ACTION: Spec = Spec {
+    name: "gpu.recovery_action",
+    unit: "{action}",
+    kind: InstrumentKind::Gauge,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "NVML GPU recovery action.",
+    collect: recovery_action,
+};
+
+fn recovery_action(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        push_opt(
+            out,
+            base,
+            recovery_value(sm.recovery_action()).map(Num::U64),
+        );
+    });
+}
+
+const PERSISTENCE: Spec = Spec {
+    name: "gpu.persistence_mode",
+    unit: "{state}",
+    kind: InstrumentKind::Gauge,
+    num: NumType::U64,
+    presence: Presence::Always,
+    description: "1 when persistence mode is on.",
+    collect: persistence,
+};
+
+fn persistence(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        push_opt(out, base, sm.persistence_mode.map(flag))
+    });
+}

@@ -1,0 +1,149 @@
+//! The Kubernetes writer: API writes, taints carried, the fleet quarantine budget,
+//! the startup gate and device validation runs.
+
+use super::{InstrumentKind, Num, NumType, Point, Presence, Spec, atomic, s};
+use gpuwatch_core::registry::{KubeObject, Registry, ValidationResult, WriteResult};
+use gpuwatch_proto::NodeHealth;
+
+/// This subject's instruments, in export order.
+pub(super) const TABLE: &[Spec] = &[
+    KUBE_WRITES,
+    TAINTED,
+    QUARANTINE_DEFERRED,
+    QUARANTINE_DEFERRALS,
+    QUARANTINE_SLOTS,
+    STARTUP_GATE,
+    VALIDATION_RUNS,
+];
+
+const KUBE_WRITES: Spec = Spec {
+    name: "gpuwatch.kube.writes",
+    unit: "{write}",
+    kind: InstrumentKind::Counter,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "Kubernetes API writes.",
+    collect: kube_writes,
+};
+
+fn kube_writes(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    for object in KubeObject::ALL {
+        for result in WriteResult::ALL {
+            out.push(Point {
+                attrs: vec![
+                    ("object", s(object.as_str())),
+                    ("result", s(result.as_str())),
+                ],
+                value: Num::U64(r.kube_writes(object, result)),
+            });
+        }
+    }
+}
+
+const TAINTED: Spec = Spec {
+    name: "gpuwatch.node.tainted",
+    unit: "{state}",
+    kind: InstrumentKind::Gauge,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "1 while the node carries the taint.",
+    collect: tainted,
+};
+
+fn tainted(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    out.push(Point {
+        attrs: vec![("taint", s("fault"))],
+        value: atomic(&r.fault_taint_present),
+    });
+    out.push(Point {
+        attrs: vec![("taint", s("startup"))],
+        value: atomic(&r.startup_taint_present),
+    });
+}
+
+const QUARANTINE_DEFERRED: Spec = Spec {
+    name: "gpuwatch.kube.quarantine.deferred",
+    unit: "{state}",
+    kind: InstrumentKind::Gauge,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "1 while the node's fault taint is deferred: the fleet quarantine budget is spent.",
+    collect: quarantine_deferred,
+};
+
+fn quarantine_deferred(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    out.push(Point {
+        attrs: vec![],
+        value: atomic(&r.quarantine_deferred),
+    });
+}
+
+const QUARANTINE_DEFERRALS: Spec = Spec {
+    name: "gpuwatch.kube.quarantine.deferrals",
+    unit: "{deferral}",
+    kind: InstrumentKind::Counter,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "Times the node's fault taint was deferred for the fleet quarantine budget.",
+    collect: quarantine_deferrals,
+};
+
+fn quarantine_deferrals(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    out.push(Point {
+        attrs: vec![],
+        value: atomic(&r.quarantine_deferrals),
+    });
+}
+
+const QUARANTINE_SLOTS: Spec = Spec {
+    name: "gpuwatch.kube.quarantine.slots",
+    unit: "{slot}",
+    kind: InstrumentKind::Gauge,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "Slots of the fleet quarantine budget as this agent last knew them.",
+    collect: quarantine_slots,
+};
+
+fn quarantine_slots(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    out.push(Point {
+        attrs: vec![],
+        value: atomic(&r.quarantine_slots),
+    });
+}
+
+const STARTUP_GATE: Spec = Spec {
+    name: "gpuwatch.startup_gate.duration",
+    unit: "s",
+    kind: InstrumentKind::Gauge,
+    num: NumType::F64,
+    presence: Presence::NonZero,
+    description: "How long the startup taint has been held.",
+    collect: startup_gate,
+};
+
+fn startup_gate(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    out.push(Point {
+        attrs: vec![],
+        value: Num::F64(r.startup_gate_seconds()),
+    });
+}
+
+const VALIDATION_RUNS: Spec = Spec {
+    name: "gpuwatch.validation.runs",
+    unit: "{run}",
+    kind: InstrumentKind::Counter,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "Device validation runs.",
+    collect: validation_runs,
+};
+
+fn validation_runs(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    for result in ValidationResult::ALL {
+        out.push(Point {
+            attrs: vec![("result", s(result.as_str()))],
+            value: Num::U64(r.validation_runs(result)),
+        });
+    }
+}

@@ -1,0 +1,137 @@
+//! GPU memory health from NVML samples: ECC error counters, retired pages, row
+//! remapping.
+
+use super::{
+    InstrumentKind, Num, NumType, Point, Presence, Spec, each_sample, flag, push_opt, s, with,
+};
+use gpuwatch_core::registry::Registry;
+use gpuwatch_proto::NodeHealth;
+
+/// This subject's instruments, in export order.
+pub(super) const TABLE: &[Spec] = &[
+    ECC_ERRORS,
+    RETIRED_PAGES,
+    RETIRED_PENDING,
+    REMAP_ROWS,
+    REMAP_PENDING,
+    REMAP_FAILURE,
+];
+
+const ECC_ERRORS: Spec = Spec {
+    name: "gpu.ecc.errors",
+    unit: "{error}",
+    kind: InstrumentKind::Counter,
+    num: NumType::U64,
+    presence: Presence::Always,
+    description: "NVML ECC error counts.",
+    collect: ecc_errors,
+};
+
+fn ecc_errors(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        for (ty, counter, v) in [
+            ("corrected", "volatile", sm.ecc_volatile_corrected),
+            ("uncorrected", "volatile", sm.ecc_volatile_uncorrected),
+            ("corrected", "aggregate", sm.ecc_aggregate_corrected),
+            ("uncorrected", "aggregate", sm.ecc_aggregate_uncorrected),
+        ] {
+            let attrs = with(
+                base.clone(),
+                [("error.type", s(ty)), ("ecc.counter", s(counter))],
+            );
+            push_opt(out, attrs, v.map(Num::U64));
+        }
+    });
+}
+
+const RETIRED_PAGES: Spec = Spec {
+    name: "gpu.retired_pages",
+    unit: "{page}",
+    kind: InstrumentKind::Gauge,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "Retired pages (pre-Ampere page retirement).",
+    collect: retired_pages,
+};
+
+fn retired_pages(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        for (cause, v) in [("sbe", sm.retired_pages_sbe), ("dbe", sm.retired_pages_dbe)] {
+            push_opt(
+                out,
+                with(base.clone(), [("cause", s(cause))]),
+                v.map(Num::U64),
+            );
+        }
+    });
+}
+
+const RETIRED_PENDING: Spec = Spec {
+    name: "gpu.retired_pages.pending",
+    unit: "{state}",
+    kind: InstrumentKind::Gauge,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "1 when a page retirement waits for a reboot or reset.",
+    collect: retired_pending,
+};
+
+fn retired_pending(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        push_opt(out, base, sm.retired_pages_pending.map(flag))
+    });
+}
+
+const REMAP_ROWS: Spec = Spec {
+    name: "gpu.row_remap.rows",
+    unit: "{row}",
+    kind: InstrumentKind::Gauge,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "Rows remapped.",
+    collect: remap_rows,
+};
+
+fn remap_rows(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        for (ty, v) in [
+            ("correctable", sm.remapped_rows_correctable),
+            ("uncorrectable", sm.remapped_rows_uncorrectable),
+        ] {
+            let v = v.map(|n| Num::U64(u64::from(n)));
+            push_opt(out, with(base.clone(), [("error.type", s(ty))]), v);
+        }
+    });
+}
+
+const REMAP_PENDING: Spec = Spec {
+    name: "gpu.row_remap.pending",
+    unit: "{state}",
+    kind: InstrumentKind::Gauge,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "1 when a row remap waits for a GPU reset.",
+    collect: remap_pending,
+};
+
+fn remap_pending(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        push_opt(out, base, sm.remapped_rows_pending.map(flag))
+    });
+}
+
+const REMAP_FAILURE: Spec = Spec {
+    name: "gpu.row_remap.failure",
+    unit: "{state}",
+    kind: InstrumentKind::Gauge,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "1 when a row remap failed.",
+    collect: remap_failure,
+};
+
+fn remap_failure(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        push_opt(out, base, sm.remapped_rows_failure.map(flag))
+    });
+}

@@ -1,0 +1,407 @@
+//! The table's invariants and each subject's collection, on filled registries.
+
+use super::*;
+use gpuwatch_core::registry::{KubeObject, Registry, ValidationResult, WriteResult};
+use gpuwatch_proto::{Action, FaultKind, NodeHealth, RecoveryAction, Verdict};
+use gpuwatch_proto::{FaultEvent, GpuHealth, NvLinkSample};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+fn find(name: &str) -> &'static Spec {
+    SPECS.iter().find(|s| s.name == name).expect(name)
+}
+
+#[test]
+fn names_are_unique() {
+    let mut names: Vec<_> = SPECS.iter().map(|s| s.name).collect();
+    names.push(LATENCY_NAME);
+    let n = names.len();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), n);
+}
+
+#[test]
+fn xid_counter_sums_series_and_carries_gpu_identity() {
+    let r = Registry::new();
+    let mut ev = FaultEvent {
+        code: 79,
+        gpu_index: Some(2),
+        gpu_uuid: "GPU-a".into(),
+        pci_address: "0000:3b:00.0".into(),
+        count: 3,
+        ..Default::default()
+    };
+    ev.set_kind(FaultKind::Xid);
+    ev.set_action(Action::InspectHardware);
+    r.record_fault(&ev);
+    let pts = find("gpu.xid.errors").points(&r, &NodeHealth::default());
+    assert_eq!(pts.len(), 1);
+    assert_eq!(pts[0].value, Num::U64(3));
+    assert!(pts[0].attrs.contains(&("gpu.index", AttrValue::Int(2))));
+    assert!(pts[0].attrs.contains(&("xid", AttrValue::Int(79))));
+    assert!(pts[0].attrs.contains(&("action", s("inspect_hardware"))));
+    // Not an SXid.
+    assert!(
+        find("gpu.sxid.errors")
+            .points(&r, &NodeHealth::default())
+            .is_empty()
+    );
+}
+
+#[test]
+fn samples_map_to_units_and_bits() {
+    let sample = GpuSample {
+        index: 0,
+        uuid: "GPU-0".into(),
+        temperature_c: Some(41),
+        power_mw: Some(350_500),
+        clock_event_reasons: Some(0x1 | 0x40),
+        nvlinks: vec![NvLinkSample {
+            link: 3,
+            active: Some(false),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let h = NodeHealth {
+        gpus: vec![GpuHealth {
+            index: Some(0),
+            sample: Some(sample),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let r = Registry::new();
+    assert_eq!(find("hw.power").points(&r, &h)[0].value, Num::F64(350.5));
+    let clocks = find("gpu.clock_event.active").points(&r, &h);
+    let on: Vec<_> = clocks
+        .iter()
+        .filter(|p| p.value == Num::U64(1))
+        .map(|p| p.attrs.last().unwrap().1.clone())
+        .collect();
+    assert_eq!(on, vec![s("gpu_idle"), s("hw_thermal_slowdown")]);
+    let link = &find("gpu.nvlink.link.down").points(&r, &h)[0];
+    assert_eq!(link.value, Num::U64(1));
+    assert_eq!(
+        find("gpu.nvlink.links.down").points(&r, &h)[0].value,
+        Num::U64(1)
+    );
+    // Unsupported readings produce no point at all.
+    assert!(find("gpu.row_remap.pending").points(&r, &h).is_empty());
+    assert_eq!(find("gpuwatch.gpus").points(&r, &h).len(), 1);
+}
+
+/// Regression: the last sample kept being exported as current
+/// gauges while NVML was down.
+#[test]
+fn stale_samples_are_not_exported_while_nvml_is_down() {
+    let sample = GpuSample {
+        index: 0,
+        uuid: "GPU-0".into(),
+        temperature_c: Some(41),
+        ..Default::default()
+    };
+    let mut h = NodeHealth {
+        gpus: vec![GpuHealth {
+            index: Some(0),
+            sample: Some(sample),
+            ..Default::default()
+        }],
+        monitor: Some(gpuwatch_proto::MonitorStatus {
+            nvml_ok: true,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let r = Registry::new();
+    assert_eq!(find("hw.temperature").points(&r, &h).len(), 1);
+    h.monitor.as_mut().unwrap().nvml_ok = false;
+    assert!(find("hw.temperature").points(&r, &h).is_empty());
+    let visible = find("gpuwatch.gpus").points(&r, &h);
+    assert_eq!(visible[0].value, Num::U64(0));
+}
+
+/// A healthy HGX-class node as the poller publishes it: 8 GPUs, every
+/// reading NVML gives on an H100/H200 (row remapping, no page retirement),
+/// 18 active NVLinks per GPU with the small non-zero counters real links
+/// carry since driver load, the idle clock-event reason.
+fn healthy_node() -> NodeHealth {
+    let gpus = (0..8u32)
+        .map(|i| {
+            let nvlinks = (0..18u32)
+                .map(|link| NvLinkSample {
+                    link,
+                    active: Some(true),
+                    replay_errors: Some(u64::from(link % 3)),
+                    recovery_errors: Some(0),
+                    crc_flit_errors: Some(u64::from(link % 2)),
+                    crc_data_errors: Some(0),
+                })
+                .collect();
+            let mut sample = GpuSample {
+                index: i,
+                uuid: format!("GPU-{i:08x}-0000-0000-0000-000000000000"),
+                pci_address: format!("00000000:{:02x}:00.0", 0x18 + i * 0x10),
+                temperature_c: Some(35),
+                slowdown_temperature_c: Some(87),
+                shutdown_temperature_c: Some(92),
+                power_mw: Some(72_000),
+                power_limit_mw: Some(700_000),
+                clock_event_reasons: Some(0x1),
+                ecc_volatile_corrected: Some(0),
+                ecc_volatile_uncorrected: Some(0),
+                ecc_aggregate_corrected: Some(0),
+                ecc_aggregate_uncorrected: Some(0),
+                remapped_rows_correctable: Some(0),
+                remapped_rows_uncorrectable: Some(0),
+                remapped_rows_pending: Some(false),
+                remapped_rows_failure: Some(false),
+                pcie_link_gen: Some(5),
+                pcie_link_gen_max: Some(5),
+                pcie_link_width: Some(16),
+                pcie_link_width_max: Some(16),
+                pcie_replay_counter: Some(0),
+                persistence_mode: Some(true),
+                nvlinks,
+                ..Default::default()
+            };
+            sample.set_recovery_action(RecoveryAction::None);
+            let mut g = GpuHealth {
+                index: Some(i),
+                uuid: sample.uuid.clone(),
+                pci_address: sample.pci_address.clone(),
+                sample: Some(sample),
+                ..Default::default()
+            };
+            g.set_verdict(Verdict::Healthy);
+            g
+        })
+        .collect();
+    let mut h = NodeHealth {
+        gpus,
+        monitor: Some(gpuwatch_proto::MonitorStatus {
+            kmsg_ok: true,
+            nvml_ok: true,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    h.set_verdict(Verdict::Healthy);
+    h.set_action(Action::Ignore);
+    h
+}
+
+/// The registry after a clean start: kernel log read, state written,
+/// validation passed, condition and startup taint written.
+fn started_registry() -> std::sync::Arc<Registry> {
+    let r = Registry::new();
+    r.kmsg_records_read.store(1500, Relaxed);
+    r.gpus_expected.store(8, Relaxed);
+    r.count_state_write(true);
+    r.count_validation(ValidationResult::Pass);
+    r.count_kube_write(KubeObject::Condition, WriteResult::Ok);
+    r.count_kube_write(KubeObject::StartupTaint, WriteResult::Ok);
+    r
+}
+
+fn count(points: &[(&'static Spec, Vec<Point>)]) -> (usize, usize) {
+    let mut per_gpu = 0;
+    let mut node = 0;
+    for (_, pts) in points {
+        for p in pts {
+            if p.attrs.iter().any(|(k, _)| *k == "gpu.index") {
+                per_gpu += 1;
+            } else {
+                node += 1;
+            }
+        }
+    }
+    (per_gpu, node)
+}
+
+fn series_of<'a>(points: &'a [(&'static Spec, Vec<Point>)], name: &str) -> &'a [Point] {
+    &points.iter().find(|(s, _)| s.name == name).expect(name).1
+}
+
+#[test]
+fn healthy_eight_gpu_node_stays_within_the_series_budget() {
+    let r = started_registry();
+    let h = healthy_node();
+    let f = SeriesFilter::new(Duration::from_secs(300));
+    let t0 = Instant::now();
+    // The first collection and a steady-state one a minute later.
+    for t in [t0, t0 + Duration::from_secs(60)] {
+        let pts = f.collect_all(&r, &h, t);
+        let (per_gpu, node) = count(&pts);
+        assert!(per_gpu <= 8 * 25, "{per_gpu} GPU points");
+        assert!(node <= 20, "{node} node points");
+        assert!(per_gpu + node <= 220, "{} points", per_gpu + node);
+        // Same information: per-GPU NVLink sums and links down are there.
+        assert_eq!(series_of(&pts, "gpu.nvlink.errors").len(), 8 * 4);
+        assert_eq!(series_of(&pts, "gpu.nvlink.links.down").len(), 8);
+        assert!(series_of(&pts, "gpu.nvlink.link.errors").is_empty());
+        assert!(series_of(&pts, "gpu.nvlink.link.down").is_empty());
+        // One bitmask per GPU plus the active reason only.
+        assert_eq!(series_of(&pts, "gpu.clock_event.reasons").len(), 8);
+        assert_eq!(series_of(&pts, "gpu.clock_event.active").len(), 8);
+        assert!(series_of(&pts, "gpu.faults.active").is_empty());
+        assert_eq!(series_of(&pts, "gpu.health.verdict").len(), 8);
+    }
+    // Unfiltered, the same node has far more points (what the filter saves).
+    let all: usize = SPECS.iter().map(|s| s.points(&r, &h).len()).sum();
+    assert!(all > 700, "{all}");
+}
+
+#[test]
+fn an_erroring_nvlink_adds_only_its_series_until_a_quiet_window_passes() {
+    let r = started_registry();
+    let mut h = healthy_node();
+    let f = SeriesFilter::new(Duration::from_secs(300));
+    let t0 = Instant::now();
+    let base = f.collect_all(&r, &h, t0);
+    let (g0, n0) = count(&base);
+    // GPU 3, link 5: replay and CRC counters move.
+    {
+        let l = &mut h.gpus[3].sample.as_mut().unwrap().nvlinks[5];
+        l.replay_errors = Some(40);
+        l.crc_flit_errors = Some(7);
+    }
+    let t1 = t0 + Duration::from_secs(30);
+    let pts = f.collect_all(&r, &h, t1);
+    let (g1, n1) = count(&pts);
+    assert_eq!(n1, n0);
+    assert_eq!(g1, g0 + 2, "only the two moved counters of the link");
+    let link = series_of(&pts, "gpu.nvlink.link.errors");
+    assert!(link.iter().all(|p| {
+        p.attrs.contains(&("nvlink.link", AttrValue::Int(5)))
+            && p.attrs.contains(&("gpu.index", AttrValue::Int(3)))
+    }));
+    // The per-GPU sum carries the new counts.
+    let sums = series_of(&pts, "gpu.nvlink.errors");
+    let replay3 = sums
+        .iter()
+        .find(|p| {
+            p.attrs.contains(&("gpu.index", AttrValue::Int(3)))
+                && p.attrs.contains(&("error.type", s("replay")))
+        })
+        .unwrap();
+    assert_eq!(
+        replay3.value,
+        Num::U64(40 + (0..18u64).map(|l| l % 3).sum::<u64>() - 2)
+    );
+    // Quiet, but within the window: still sent.
+    let pts = f.collect_all(&r, &h, t1 + Duration::from_secs(299));
+    assert_eq!(count(&pts).0, g0 + 2);
+    // A quiet window later: gone.
+    let pts = f.collect_all(&r, &h, t1 + Duration::from_secs(300));
+    assert_eq!(count(&pts), (g0, n0));
+}
+
+/// The failure this guards against: with a scrape every few seconds, NVLink
+/// counters that moved between the agent's first NVML poll and the output's
+/// first collection were taken as that output's baseline and never shown.
+#[test]
+fn a_move_before_the_first_collection_counts_when_every_sample_is_observed() {
+    let r = started_registry();
+    let mut h = healthy_node();
+    let t0 = Instant::now();
+    let observed = SeriesFilter::new(Duration::from_secs(300));
+    let unobserved = SeriesFilter::new(Duration::from_secs(300));
+    observed.observe(&r, &h, t0);
+    h.gpus[0].sample.as_mut().unwrap().nvlinks[2].replay_errors = Some(9);
+    observed.observe(&r, &h, t0 + Duration::from_secs(1));
+    let t2 = t0 + Duration::from_secs(5);
+    let pts = observed.collect_all(&r, &h, t2);
+    let link = series_of(&pts, "gpu.nvlink.link.errors");
+    assert_eq!(link.len(), 1, "{link:?}");
+    assert_eq!(link[0].value, Num::U64(9));
+    assert!(link[0].attrs.contains(&("nvlink.link", AttrValue::Int(2))));
+    // What an output that saw no sample before its first collection makes of it.
+    let pts = unobserved.collect_all(&r, &h, t2);
+    assert!(series_of(&pts, "gpu.nvlink.link.errors").is_empty());
+}
+
+#[test]
+fn a_missed_sample_does_not_make_the_next_value_a_new_baseline() {
+    let r = started_registry();
+    let mut h = healthy_node();
+    let f = SeriesFilter::new(Duration::from_secs(300));
+    let t0 = Instant::now();
+    f.collect_all(&r, &h, t0);
+    // NVML down for a poll: no current samples, nothing NVLink is exported.
+    h.monitor.as_mut().unwrap().nvml_ok = false;
+    let pts = f.collect_all(&r, &h, t0 + Duration::from_secs(10));
+    assert!(series_of(&pts, "gpu.nvlink.link.errors").is_empty());
+    // Back, and the counter moved meanwhile.
+    h.monitor.as_mut().unwrap().nvml_ok = true;
+    h.gpus[4].sample.as_mut().unwrap().nvlinks[7].crc_data_errors = Some(3);
+    let pts = f.collect_all(&r, &h, t0 + Duration::from_secs(20));
+    let link = series_of(&pts, "gpu.nvlink.link.errors");
+    assert_eq!(link.len(), 1, "{link:?}");
+    assert_eq!(link[0].value, Num::U64(3));
+    // A series missing for longer than the quiet window is forgotten.
+    let t3 = t0 + Duration::from_secs(20);
+    h.monitor.as_mut().unwrap().nvml_ok = false;
+    f.collect_all(&r, &h, t3 + Duration::from_secs(1));
+    f.collect_all(&r, &h, t3 + Duration::from_secs(301));
+    h.monitor.as_mut().unwrap().nvml_ok = true;
+    h.gpus[4].sample.as_mut().unwrap().nvlinks[7].crc_data_errors = Some(5);
+    let pts = f.collect_all(&r, &h, t3 + Duration::from_secs(302));
+    assert!(series_of(&pts, "gpu.nvlink.link.errors").is_empty());
+}
+
+#[test]
+fn a_down_link_is_named_then_lingers_at_zero_then_goes() {
+    let r = started_registry();
+    let mut h = healthy_node();
+    let f = SeriesFilter::new(Duration::from_secs(300));
+    let t0 = Instant::now();
+    let (g0, _) = count(&f.collect_all(&r, &h, t0));
+    h.gpus[1].sample.as_mut().unwrap().nvlinks[17].active = Some(false);
+    let pts = f.collect_all(&r, &h, t0 + Duration::from_secs(30));
+    let down = series_of(&pts, "gpu.nvlink.link.down");
+    assert_eq!(down.len(), 1);
+    assert_eq!(down[0].value, Num::U64(1));
+    assert!(down[0].attrs.contains(&("nvlink.link", AttrValue::Int(17))));
+    assert_eq!(count(&pts).0, g0 + 1);
+    // Back up: the link's series is sent as 0 for the quiet window.
+    h.gpus[1].sample.as_mut().unwrap().nvlinks[17].active = Some(true);
+    let t2 = t0 + Duration::from_secs(60);
+    let pts = f.collect_all(&r, &h, t2);
+    assert_eq!(
+        series_of(&pts, "gpu.nvlink.link.down")[0].value,
+        Num::U64(0)
+    );
+    let pts = f.collect_all(&r, &h, t0 + Duration::from_secs(30 + 300));
+    assert!(series_of(&pts, "gpu.nvlink.link.down").is_empty());
+    assert_eq!(count(&pts).0, g0);
+}
+
+#[test]
+fn state_sets_send_the_current_state_and_the_previous_one_as_zero() {
+    let r = started_registry();
+    let mut h = healthy_node();
+    let f = SeriesFilter::new(Duration::from_secs(300));
+    let t0 = Instant::now();
+    f.collect_all(&r, &h, t0);
+    h.set_action(Action::RebootNode);
+    h.reason = "XID79".into();
+    let pts = f.collect_all(&r, &h, t0 + Duration::from_secs(30));
+    let action = series_of(&pts, "gpuwatch.node.action");
+    let on: Vec<_> = action.iter().filter(|p| p.value == Num::U64(1)).collect();
+    assert_eq!(on.len(), 1);
+    assert!(on[0].attrs.contains(&("reason", owned("XID79"))));
+    // Cleared: the XID79 series goes to 0 (same attributes), ignore is back at 1.
+    h.set_action(Action::Ignore);
+    h.reason.clear();
+    let pts = f.collect_all(&r, &h, t0 + Duration::from_secs(60));
+    let action = series_of(&pts, "gpuwatch.node.action");
+    let was = action
+        .iter()
+        .find(|p| p.attrs.contains(&("reason", owned("XID79"))))
+        .expect("the cleared series is sent as 0");
+    assert_eq!(was.value, Num::U64(0));
+    let pts = f.collect_all(&r, &h, t0 + Duration::from_secs(400));
+    assert_eq!(series_of(&pts, "gpuwatch.node.action").len(), 1);
+}
