@@ -69,6 +69,7 @@ mod node;
 pub mod quarantine;
 mod reconcile;
 mod retry;
+mod schedule;
 
 pub use backend::{ApiError, ApiResult};
 pub use cleanup::{CleanupError, CleanupReport, node_cleanup};

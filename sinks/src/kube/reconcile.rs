@@ -11,6 +11,7 @@ use super::node::{
 };
 use super::quarantine;
 use super::retry::{self, Backoff};
+use super::schedule::{Schedule, Wake, error_policy};
 use futures::StreamExt;
 use gpuwatch_core::validation::{self, ValidationConfig};
 use gpuwatch_core::{KubeObject, Registry, ValidationResult, WriteResult};
@@ -620,107 +621,23 @@ impl Reconciler {
         }
     }
 
+    /// The loop: a pass whenever one is wanted and the schedule allows it,
+    /// a validation whenever the startup gate holds and one is due, and in
+    /// between waits for the first of the inputs (health, the Node watch, the
+    /// validation, the quarantine claimant) or the next deadline.
     pub(crate) async fn run(mut self) {
-        let min_interval = self.cfg.min_write_interval();
-        let mut backoff = Backoff::new(
-            Duration::from_millis(self.cfg.backoff_initial_ms),
-            Duration::from_millis(self.cfg.backoff_max_ms),
-        );
-        let resync = Duration::from_secs(self.cfg.resync_secs);
-        let interval = Duration::from_secs(self.cfg.validation_interval_secs);
-        let hold_until = Instant::now() + STARTUP_UNKNOWN_HOLD;
-        let mut recheck_hold = false;
-        let mut dirty = true;
-        // A watch event was set aside while our own write was unseen on it.
-        let mut set_aside = false;
-        let mut next_allowed = Instant::now();
-        let mut resync_at = Instant::now() + resync;
-        let mut gate_next = Instant::now();
-        let mut validation: Option<JoinHandle<ValidationReport>> = None;
-        let mut health_open = true;
-        let mut nodes_open = true;
-        let mut quarantine_open = self.quarantine.is_some();
+        let mut run = RunState::new(&self.cfg, self.quarantine.is_some());
         loop {
             if *self.shutdown.borrow() {
                 break;
             }
-            let now = Instant::now();
-            if validation.is_none() && self.gate_active() && now >= gate_next {
-                let passed = self.gate_report.as_ref().is_some_and(|r| r.passed);
-                if !passed {
-                    let health = self.health_rx.borrow().clone();
-                    let expected = self
-                        .live
-                        .as_ref()
-                        .and_then(|n| expected_gpus(n, &self.vcfg));
-                    if let Some(e) = expected {
-                        self.registry.gpus_expected.store(u64::from(e), Relaxed);
-                    }
-                    self.gate_spoiled = false;
-                    validation = Some(tokio::spawn(run_validation(
-                        health,
-                        expected,
-                        self.vcfg.clone(),
-                    )));
-                }
-            }
-            if dirty && now >= next_allowed {
-                match self.reconcile(Instant::now() < hold_until).await {
-                    Ok(pass) => {
-                        dirty = false;
-                        backoff.reset();
-                        if pass.wrote {
-                            next_allowed = Instant::now() + min_interval;
-                        }
-                        // Look again when the hold ends (a health change
-                        // before that is reconciled as usual).
-                        recheck_hold |= pass.held;
-                    }
-                    Err(ApiError::Conflict(e)) => {
-                        // Still losing races: not an error, so no backoff;
-                        // retry after a short jittered pause from a fresh read.
-                        let pause = retry::race_jitter();
-                        tracing::info!(node = %self.node_name, error = %e, retry_in_ms = pause.as_millis() as u64, "Node keeps changing under the writer; retrying.");
-                        self.live = None;
-                        next_allowed = Instant::now() + pause;
-                    }
-                    Err(e) => {
-                        let delay = backoff.next_delay().max(e.retry_after());
-                        tracing::warn!(node = %self.node_name, error = %e, retry_in_ms = delay.as_millis() as u64, "Node reconcile failed; retrying.");
-                        // Re-read the node next time: our view may be stale.
-                        self.live = None;
-                        next_allowed = Instant::now() + delay;
-                    }
-                }
+            self.start_validation_if_due(&mut run);
+            if run.dirty && run.schedule.is_due(Wake::Pass, Instant::now()) {
+                self.pass(&mut run).await;
                 continue;
             }
-            let mut wake = resync_at;
-            // A watch event was set aside because our own write is still
-            // unseen on the watch. If the watch restarted past that write it
-            // never shows it, and every later change would wait for
-            // UNSEEN_WRITE_LIMIT: re-read the Node once the write is
-            // UNSEEN_REREAD_AFTER old (a read then is at least as new as it).
-            let reread_at = self
-                .unseen_write
-                .as_ref()
-                .filter(|_| set_aside)
-                .map(|(_, at)| *at + UNSEEN_REREAD_AFTER);
-            if let Some(t) = reread_at {
-                wake = wake.min(t);
-            }
-            if dirty {
-                wake = wake.min(next_allowed);
-            }
-            if validation.is_none() && self.gate_active() {
-                wake = wake.min(gate_next);
-            }
-            if recheck_hold {
-                wake = wake.min(hold_until);
-            }
-            let advert_due = self.not_advertised.deadline();
-            if let Some(d) = advert_due {
-                wake = wake.min(d);
-            }
+            self.plan(&mut run);
+            let wake = run.next_wake(self.gate_active());
             tokio::select! {
                 _ = self.shutdown.changed() => break,
                 r = async {
@@ -728,79 +645,227 @@ impl Reconciler {
                         Some(q) => q.status_changes().changed().await,
                         None => std::future::pending().await,
                     }
-                }, if quarantine_open => {
+                }, if run.quarantine_open => {
                     // The claimant's answer changes what the taint may be.
-                    if r.is_err() {
-                        quarantine_open = false;
-                    }
-                    dirty = true;
+                    run.quarantine_open = r.is_ok();
+                    run.dirty = true;
                 }
-                r = self.health_rx.changed(), if health_open => {
-                    if r.is_err() {
-                        health_open = false;
-                    } else {
-                        self.health_changed(validation.is_some());
-                        dirty = true;
+                r = self.health_rx.changed(), if run.health_open => {
+                    run.health_open = r.is_ok();
+                    if r.is_ok() {
+                        self.health_changed(run.validation.is_some());
+                        run.dirty = true;
                     }
                 }
-                n = self.node_rx.recv(), if nodes_open => match n {
-                    Some(seen) => {
-                        let waiting = self.unseen_write.is_some();
-                        if self.seen(seen) {
-                            dirty = true;
-                        } else if waiting && self.unseen_write.is_some() {
-                            set_aside = true;
-                        }
-                        if self.unseen_write.is_none() {
-                            set_aside = false;
-                        }
-                    }
-                    None => nodes_open = false,
+                n = self.node_rx.recv(), if run.nodes_open => match n {
+                    Some(seen) => self.node_seen(seen, &mut run),
+                    None => run.nodes_open = false,
                 },
-                r = async { validation.as_mut().expect("guarded by is_some").await }, if validation.is_some() => {
-                    validation = None;
-                    gate_next = Instant::now() + interval;
-                    match r {
-                        Ok(report) => {
-                            let stale = self.gate_spoiled && report.passed;
-                            self.record_validation(report);
-                            if stale && self.gate_report.is_none() {
-                                gate_next = Instant::now();
-                            }
-                        }
-                        Err(e) => tracing::warn!(error = %e, "Validation task failed."),
-                    }
-                    dirty = true;
+                r = async { run.validation.as_mut().expect("guarded by is_some").await }, if run.validation.is_some() => {
+                    self.validation_done(r, &mut run);
                 }
-                () = tokio::time::sleep_until(wake) => {
-                    if reread_at.is_some_and(|t| Instant::now() >= t) {
-                        set_aside = false;
-                        self.unseen_write = None;
-                        if !self.backend.is_dry_run() {
-                            self.live = None;
-                        }
-                        dirty = true;
-                    }
-                    if advert_due.is_some_and(|d| Instant::now() >= d) {
-                        dirty = true;
-                    }
-                    if recheck_hold && Instant::now() >= hold_until {
-                        recheck_hold = false;
-                        dirty = true;
-                    }
-                    if Instant::now() >= resync_at {
-                        resync_at = Instant::now() + resync;
-                        if !self.backend.is_dry_run() {
-                            self.live = None;
-                        }
-                        dirty = true;
-                    }
-                }
+                () = tokio::time::sleep_until(wake) => self.woke(&mut run),
             }
         }
-        if let Some(v) = validation {
+        if let Some(v) = run.validation {
             v.abort();
         }
+    }
+
+    /// Starts a validation when the gate holds, none runs, none passed and
+    /// one is due.
+    fn start_validation_if_due(&mut self, run: &mut RunState) {
+        let due = run.validation.is_none()
+            && self.gate_active()
+            && run.schedule.is_due(Wake::Validate, Instant::now());
+        if !due || self.gate_report.as_ref().is_some_and(|r| r.passed) {
+            return;
+        }
+        let health = self.health_rx.borrow().clone();
+        let expected = self
+            .live
+            .as_ref()
+            .and_then(|n| expected_gpus(n, &self.vcfg));
+        if let Some(e) = expected {
+            self.registry.gpus_expected.store(u64::from(e), Relaxed);
+        }
+        self.gate_spoiled = false;
+        run.validation = Some(tokio::spawn(run_validation(
+            health,
+            expected,
+            self.vcfg.clone(),
+        )));
+    }
+
+    /// One reconcile pass and what it means for the schedule: paced after a
+    /// write, the hold end looked at again when something was held, and after
+    /// a failure the error policy's pause with a fresh read of the Node.
+    async fn pass(&mut self, run: &mut RunState) {
+        let hold = Instant::now() < run.hold_until;
+        match self.reconcile(hold).await {
+            Ok(pass) => {
+                run.dirty = false;
+                run.backoff.reset();
+                if pass.wrote {
+                    run.schedule
+                        .set(Wake::Pass, Instant::now() + run.min_interval);
+                }
+                if pass.held {
+                    // A health change before then is reconciled as usual.
+                    run.schedule.set(Wake::HoldEnds, run.hold_until);
+                }
+            }
+            Err(e) => {
+                let pause = error_policy(&e, &mut run.backoff);
+                let retry_in_ms = pause.as_millis() as u64;
+                if matches!(e, ApiError::Conflict(_)) {
+                    tracing::info!(node = %self.node_name, error = %e, retry_in_ms, "Node keeps changing under the writer; retrying.");
+                } else {
+                    tracing::warn!(node = %self.node_name, error = %e, retry_in_ms, "Node reconcile failed; retrying.");
+                }
+                // Re-read the node next time: our view may be stale.
+                self.live = None;
+                run.schedule.set(Wake::Pass, Instant::now() + pause);
+            }
+        }
+    }
+
+    /// The deadlines that follow from the state: a re-read once a write set
+    /// aside on the watch is old enough, the unadvertised-GPU grace end.
+    fn plan(&self, run: &mut RunState) {
+        // A watch event was set aside because our own write is still unseen
+        // on the watch. If the watch restarted past that write it never shows
+        // it, and every later change would wait for UNSEEN_WRITE_LIMIT: re-read
+        // the Node once the write is UNSEEN_REREAD_AFTER old (a read then is
+        // at least as new as it).
+        let reread = self
+            .unseen_write
+            .as_ref()
+            .filter(|_| run.set_aside)
+            .map(|(_, at)| *at + UNSEEN_REREAD_AFTER);
+        run.schedule.set_opt(Wake::Reread, reread);
+        run.schedule
+            .set_opt(Wake::Advertised, self.not_advertised.deadline());
+    }
+
+    /// A Node version from the watcher.
+    fn node_seen(&mut self, seen: Seen, run: &mut RunState) {
+        let waiting = self.unseen_write.is_some();
+        if self.seen(seen) {
+            run.dirty = true;
+        } else if waiting && self.unseen_write.is_some() {
+            run.set_aside = true;
+        }
+        if self.unseen_write.is_none() {
+            run.set_aside = false;
+        }
+    }
+
+    /// A validation finished: the next one is due an interval later (at once
+    /// when its result was stale and dropped).
+    fn validation_done(
+        &mut self,
+        r: Result<ValidationReport, tokio::task::JoinError>,
+        run: &mut RunState,
+    ) {
+        run.validation = None;
+        run.schedule
+            .set(Wake::Validate, Instant::now() + run.validation_interval);
+        match r {
+            Ok(report) => {
+                let stale = self.gate_spoiled && report.passed;
+                self.record_validation(report);
+                if stale && self.gate_report.is_none() {
+                    run.schedule.set(Wake::Validate, Instant::now());
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "Validation task failed."),
+        }
+        run.dirty = true;
+    }
+
+    /// Deadlines passed: each reason's own step, then a pass.
+    fn woke(&mut self, run: &mut RunState) {
+        let now = Instant::now();
+        for why in run.schedule.take_due(now) {
+            match why {
+                Wake::Reread => {
+                    run.set_aside = false;
+                    self.unseen_write = None;
+                    if !self.backend.is_dry_run() {
+                        self.live = None;
+                    }
+                }
+                Wake::Resync => {
+                    run.schedule.set(Wake::Resync, now + run.resync);
+                    if !self.backend.is_dry_run() {
+                        self.live = None;
+                    }
+                }
+                Wake::HoldEnds | Wake::Advertised | Wake::Pass | Wake::Validate => {}
+            }
+            run.dirty = true;
+        }
+    }
+}
+
+/// The reconcile loop's own state: the schedule, the backoff, what is open.
+struct RunState {
+    schedule: Schedule,
+    backoff: Backoff,
+    /// A pass is wanted (something changed since the last one).
+    dirty: bool,
+    /// A watch event was set aside while our own write was unseen on it.
+    set_aside: bool,
+    validation: Option<JoinHandle<ValidationReport>>,
+    /// Until then a move to Unknown is held back (see [`STARTUP_UNKNOWN_HOLD`]).
+    hold_until: Instant,
+    min_interval: Duration,
+    resync: Duration,
+    validation_interval: Duration,
+    health_open: bool,
+    nodes_open: bool,
+    quarantine_open: bool,
+}
+
+impl RunState {
+    fn new(cfg: &KubeConfig, quarantine: bool) -> RunState {
+        let now = Instant::now();
+        let resync = Duration::from_secs(cfg.resync_secs);
+        let mut schedule = Schedule::default();
+        schedule.set(Wake::Pass, now);
+        schedule.set(Wake::Validate, now);
+        schedule.set(Wake::Resync, now + resync);
+        RunState {
+            schedule,
+            backoff: Backoff::new(
+                Duration::from_millis(cfg.backoff_initial_ms),
+                Duration::from_millis(cfg.backoff_max_ms),
+            ),
+            dirty: true,
+            set_aside: false,
+            validation: None,
+            hold_until: now + STARTUP_UNKNOWN_HOLD,
+            min_interval: cfg.min_write_interval(),
+            resync,
+            validation_interval: Duration::from_secs(cfg.validation_interval_secs),
+            health_open: true,
+            nodes_open: true,
+            quarantine_open: quarantine,
+        }
+    }
+
+    /// When the loop wakes at the latest: a pass only while one is wanted, a
+    /// validation only while the gate holds and none runs.
+    fn next_wake(&self, gate_active: bool) -> Instant {
+        let validating = self.validation.is_some();
+        self.schedule
+            .next(|w| match w {
+                Wake::Pass => self.dirty,
+                Wake::Validate => gate_active && !validating,
+                _ => true,
+            })
+            .unwrap_or_else(|| Instant::now() + self.resync)
     }
 }
 
