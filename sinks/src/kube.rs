@@ -147,7 +147,7 @@ pub enum KubeError {
     /// `api_server_url` is not a URL.
     #[error("invalid api_server_url {url:?}: {reason}")]
     Url {
-        /// The configured value.
+        /// `api_server_url` as configured.
         url: String,
         /// Why it does not parse.
         reason: String,
@@ -164,7 +164,7 @@ pub enum KubeError {
     /// Reading the Node failed (API unreachable, RBAC, not found).
     #[error("cannot read node {node:?}: {reason}")]
     GetNode {
-        /// The node name.
+        /// The Node that was asked for.
         node: String,
         /// What the API (or the connection) said.
         reason: String,

@@ -112,7 +112,7 @@ pub enum OtlpError {
     TlsFile {
         /// Which setting (`ca_file`, `cert_file`, `key_file`).
         key: &'static str,
-        /// The file.
+        /// The path as configured.
         path: PathBuf,
         /// The I/O error.
         #[source]
@@ -123,7 +123,7 @@ pub enum OtlpError {
     TlsPem {
         /// Which setting (`ca_file`, `cert_file`, `key_file`).
         key: &'static str,
-        /// The file.
+        /// The path as configured.
         path: PathBuf,
         /// What was looked for (`CERTIFICATE`, `PRIVATE KEY`).
         expected: &'static str,
@@ -495,6 +495,47 @@ impl std::fmt::Debug for OtlpExporter {
     }
 }
 
+/// Both signals' settings and the resource attributes, resolved from the
+/// config and the environment; every problem of all three at once.
+struct Settings {
+    metrics: ResolvedSignal,
+    logs: ResolvedSignal,
+    attrs: BTreeMap<String, String>,
+}
+
+impl Settings {
+    fn resolve(
+        cfg: &OtlpConfig,
+        resource: &ResourceInfo,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Settings, OtlpError> {
+        let mut problems = cfg.validate();
+        let metrics = cfg.resolve(OtlpSignal::Metrics, env);
+        let logs = cfg.resolve(OtlpSignal::Logs, env);
+        let attrs = resource_attributes(resource, cfg, env);
+        for r in [&metrics, &logs] {
+            if let Err(p) = r {
+                for p in p {
+                    if !problems.contains(p) {
+                        problems.push(p.clone());
+                    }
+                }
+            }
+        }
+        if let Err(p) = &attrs {
+            problems.extend(p.iter().cloned());
+        }
+        match (metrics, logs, attrs, problems.is_empty()) {
+            (Ok(metrics), Ok(logs), Ok(attrs), true) => Ok(Settings {
+                metrics,
+                logs,
+                attrs,
+            }),
+            _ => Err(OtlpError::Config(problems)),
+        }
+    }
+}
+
 impl OtlpExporter {
     /// Validates the settings (config and environment), builds the exporters
     /// and starts exporting. Metrics: a periodic reader every
@@ -509,31 +550,12 @@ impl OtlpExporter {
         if !cfg.enabled {
             return Err(OtlpError::Disabled);
         }
-        let env = |k: &str| std::env::var(k).ok();
-        let mut problems = cfg.validate();
-        let metrics = cfg.resolve(OtlpSignal::Metrics, &env);
-        let logs = cfg.resolve(OtlpSignal::Logs, &env);
-        let attrs = resource_attributes(resource, cfg, &env);
-        for r in [&metrics, &logs] {
-            if let Err(p) = r {
-                for p in p {
-                    if !problems.contains(p) {
-                        problems.push(p.clone());
-                    }
-                }
-            }
-        }
-        if let Err(p) = &attrs {
-            problems.extend(p.iter().cloned());
-        }
-        let (Ok(metrics), Ok(logs), Ok(attrs), true) = (metrics, logs, attrs, problems.is_empty())
-        else {
-            return Err(OtlpError::Config(problems));
-        };
+        let settings = Settings::resolve(cfg, resource, &|k: &str| std::env::var(k).ok())?;
         let tls = TlsMaterial::load(&cfg.tls)?;
         let otel_resource = Resource::builder_empty()
             .with_attributes(
-                attrs
+                settings
+                    .attrs
                     .iter()
                     .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
             )
@@ -550,76 +572,123 @@ impl OtlpExporter {
             log_queue: None,
             log_thread: None,
             sink: Arc::new(DisabledLogSink),
-            resource: attrs,
+            resource: settings.attrs.clone(),
         };
-
         if cfg.metrics {
-            let inner = build_metric_exporter(&metrics, tls.as_ref())?;
-            let reader = PeriodicReader::builder(CountingExporter {
-                inner,
-                registry: registry.clone(),
-            })
-            .with_interval(Duration::from_secs(cfg.export_interval_secs))
-            .build();
-            let provider = SdkMeterProvider::builder()
-                .with_resource(otel_resource.clone())
-                .with_reader(reader)
-                .build();
-            let meter = provider.meter_with_scope(scope.clone());
-            let filter = SeriesFilter::observing(
+            exporter.start_metrics(
+                cfg,
+                &settings.metrics,
+                tls.as_ref(),
+                &otel_resource,
+                &scope,
                 &registry,
-                Duration::from_secs(cfg.series_quiet_window_secs),
-            );
-            exporter._instruments = register_instruments(&meter, &registry, &filter);
-            let histogram = meter
-                .f64_histogram(metrics::LATENCY_NAME)
-                .with_unit(metrics::LATENCY_UNIT)
-                .with_description(metrics::LATENCY_DESCRIPTION)
-                .with_boundaries(LATENCY_BUCKETS_SECONDS.to_vec())
-                .build();
-            if !registry.set_latency_hook(Box::new(move |secs| histogram.record(secs, &[]))) {
-                tracing::warn!(
-                    "Pipeline latency hook already installed; the OTLP latency histogram stays empty."
-                );
-            }
-            tracing::info!(endpoint = %metrics.endpoint, protocol = metrics.protocol.as_str(), interval_secs = cfg.export_interval_secs, "OTLP metric export started.");
-            exporter.meter_provider = Some(provider);
+            )?;
         }
-
         if cfg.logs {
-            let mut log_exporter = build_log_exporter(&logs, tls.as_ref())?;
-            log_exporter.set_resource(&otel_resource);
-            let queue = LogQueue::new(
-                QueueSettings {
-                    capacity: cfg.log_queue_size,
-                    batch_size: cfg.log_batch_size,
-                    linger: Duration::from_millis(cfg.log_flush_interval_ms),
-                    retry_initial: Duration::from_millis(cfg.log_retry_initial_ms),
-                    retry_max: Duration::from_millis(cfg.log_retry_max_ms),
-                },
-                registry.clone(),
-            );
-            let worker = Worker {
-                queue: queue.clone(),
-                exporter: log_exporter,
-                driver: match logs.protocol {
-                    Protocol::Grpc => Driver::Runtime(rt.clone()),
-                    Protocol::HttpProtobuf => Driver::Park,
-                },
+            exporter.start_logs(
+                cfg,
+                &settings.logs,
+                tls.as_ref(),
+                &otel_resource,
                 scope,
-            };
-            let handle = std::thread::Builder::new()
-                .name("gpuwatch-otlp-logs".into())
-                .spawn(move || worker.run())
-                .map_err(OtlpError::Thread)?;
-            tracing::info!(endpoint = %logs.endpoint, protocol = logs.protocol.as_str(), queue = cfg.log_queue_size, "OTLP fault log export started.");
-            exporter.sink = Arc::new(OtlpLogSink {
-                queue: queue.clone(),
-            });
-            exporter.log_queue = Some(queue);
-            exporter.log_thread = Some(handle);
+                &registry,
+                rt,
+            )?;
         }
         Ok(exporter)
+    }
+
+    /// The metric pipeline: a periodic reader counting failed exports, one
+    /// observable instrument per table entry behind this output's series
+    /// filter, and the pipeline latency histogram.
+    fn start_metrics(
+        &mut self,
+        cfg: &OtlpConfig,
+        metrics: &ResolvedSignal,
+        tls: Option<&TlsMaterial>,
+        otel_resource: &Resource,
+        scope: &InstrumentationScope,
+        registry: &Arc<Registry>,
+    ) -> Result<(), OtlpError> {
+        let inner = build_metric_exporter(metrics, tls)?;
+        let reader = PeriodicReader::builder(CountingExporter {
+            inner,
+            registry: registry.clone(),
+        })
+        .with_interval(Duration::from_secs(cfg.export_interval_secs))
+        .build();
+        let provider = SdkMeterProvider::builder()
+            .with_resource(otel_resource.clone())
+            .with_reader(reader)
+            .build();
+        let meter = provider.meter_with_scope(scope.clone());
+        let filter =
+            SeriesFilter::observing(registry, Duration::from_secs(cfg.series_quiet_window_secs));
+        self._instruments = register_instruments(&meter, registry, &filter);
+        let histogram = meter
+            .f64_histogram(metrics::LATENCY_NAME)
+            .with_unit(metrics::LATENCY_UNIT)
+            .with_description(metrics::LATENCY_DESCRIPTION)
+            .with_boundaries(LATENCY_BUCKETS_SECONDS.to_vec())
+            .build();
+        if !registry.set_latency_hook(Box::new(move |secs| histogram.record(secs, &[]))) {
+            tracing::warn!(
+                "Pipeline latency hook already installed; the OTLP latency histogram stays empty."
+            );
+        }
+        tracing::info!(endpoint = %metrics.endpoint, protocol = metrics.protocol.as_str(), interval_secs = cfg.export_interval_secs, "OTLP metric export started.");
+        self.meter_provider = Some(provider);
+        Ok(())
+    }
+
+    /// The log pipeline: a bounded queue the sink fills and a worker thread
+    /// that exports it in batches (on `rt` for gRPC).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the parts start() resolved, each used once"
+    )]
+    fn start_logs(
+        &mut self,
+        cfg: &OtlpConfig,
+        logs: &ResolvedSignal,
+        tls: Option<&TlsMaterial>,
+        otel_resource: &Resource,
+        scope: InstrumentationScope,
+        registry: &Arc<Registry>,
+        rt: &tokio::runtime::Handle,
+    ) -> Result<(), OtlpError> {
+        let mut log_exporter = build_log_exporter(logs, tls)?;
+        log_exporter.set_resource(otel_resource);
+        let queue = LogQueue::new(
+            QueueSettings {
+                capacity: cfg.log_queue_size,
+                batch_size: cfg.log_batch_size,
+                linger: Duration::from_millis(cfg.log_flush_interval_ms),
+                retry_initial: Duration::from_millis(cfg.log_retry_initial_ms),
+                retry_max: Duration::from_millis(cfg.log_retry_max_ms),
+            },
+            registry.clone(),
+        );
+        let worker = Worker {
+            queue: queue.clone(),
+            exporter: log_exporter,
+            driver: match logs.protocol {
+                Protocol::Grpc => Driver::Runtime(rt.clone()),
+                Protocol::HttpProtobuf => Driver::Park,
+            },
+            scope,
+        };
+        let handle = std::thread::Builder::new()
+            .name("gpuwatch-otlp-logs".into())
+            .spawn(move || worker.run())
+            .map_err(OtlpError::Thread)?;
+        tracing::info!(endpoint = %logs.endpoint, protocol = logs.protocol.as_str(), queue = cfg.log_queue_size, "OTLP fault log export started.");
+        self.sink = Arc::new(OtlpLogSink {
+            queue: queue.clone(),
+        });
+        self.log_queue = Some(queue);
+        self.log_thread = Some(handle);
+        Ok(())
     }
 
     /// The sink that turns each fault event into one OTLP log record. `send`

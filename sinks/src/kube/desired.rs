@@ -201,96 +201,11 @@ fn monitor_message(health: &NodeHealth) -> String {
 /// Computes the desired state.
 pub(crate) fn desired(health: &NodeHealth, cfg: &KubeConfig, gate: &Gate) -> Desired {
     let faults = isolating_faults(health);
-    let unknown = monitor_unknown(health);
     let mut conditions = Vec::new();
-
     if cfg.ready_condition {
-        let hw: Vec<Located<'_>> = faults
-            .iter()
-            .filter(|l| cfg.is_hardware_not_ready(l.fault.action()))
-            .map(|l| Located {
-                gpu: l.gpu,
-                fault: l.fault,
-            })
-            .collect();
-        let (status, reason, message) = if let Some(first) = hw.first() {
-            (FALSE, fault_reason(first.fault), summarize(&hw))
-        } else if unknown {
-            (
-                UNKNOWN,
-                "MonitorUnavailable".to_owned(),
-                monitor_message(health),
-            )
-        } else if let Gate::Closed(report) = gate {
-            let (reason, message) = match report {
-                None => (
-                    "ValidationPending",
-                    "GPU validation has not run yet; the startup taint is held".to_owned(),
-                ),
-                Some(r) if !r.complete => (
-                    "ValidationIncomplete",
-                    format!(
-                        "GPU validation could not run every check: {}",
-                        gpuwatch_core::validation::failed_checks(r).join(", ")
-                    ),
-                ),
-                Some(r) => (
-                    "ValidationFailed",
-                    format!(
-                        "GPU validation failed: {}",
-                        gpuwatch_core::validation::failed_checks(r).join(", ")
-                    ),
-                ),
-            };
-            (UNKNOWN, reason.to_owned(), message)
-        } else if let Some(first) = faults.first() {
-            (
-                TRUE,
-                "GPURecoveryPending".to_owned(),
-                format!(
-                    "GPU hardware not judged faulty; {} needed (see condition {})",
-                    first.fault.action().short_name(),
-                    cfg.problem_condition_type
-                ),
-            )
-        } else {
-            let n = health.gpus.len();
-            (
-                TRUE,
-                "GPUsHealthy".to_owned(),
-                format!("{n} GPU{} healthy", if n == 1 { "" } else { "s" }),
-            )
-        };
-        conditions.push(DesiredCondition {
-            type_: cfg.ready_condition_type.clone(),
-            status,
-            reason,
-            message,
-        });
+        conditions.push(ready_condition(health, cfg, gate, &faults));
     }
-
-    let (status, reason, message) = if let Some(first) = faults.first() {
-        (TRUE, fault_reason(first.fault), summarize(&faults))
-    } else if unknown {
-        (
-            UNKNOWN,
-            "MonitorUnavailable".to_owned(),
-            monitor_message(health),
-        )
-    } else {
-        (
-            FALSE,
-            "NoGPUProblem".to_owned(),
-            "No GPU fault needs a reset, reboot or hardware inspection".to_owned(),
-        )
-    };
-    conditions.push(DesiredCondition {
-        type_: cfg.problem_condition_type.clone(),
-        status,
-        reason,
-        message,
-    });
-
+    conditions.push(problem_condition(health, cfg, &faults));
     let fault_taint = faults.first().map(|l| {
         let action: Action = l.fault.action();
         let t = cfg.fault_taint_for(action);
@@ -303,6 +218,113 @@ pub(crate) fn desired(health: &NodeHealth, cfg: &KubeConfig, gate: &Gate) -> Des
     Desired {
         conditions,
         fault_taint,
+    }
+}
+
+/// The readiness condition: False for a hardware verdict, Unknown when the
+/// monitor cannot tell or the startup gate holds, else True.
+fn ready_condition(
+    health: &NodeHealth,
+    cfg: &KubeConfig,
+    gate: &Gate,
+    faults: &[Located<'_>],
+) -> DesiredCondition {
+    let hw: Vec<Located<'_>> = faults
+        .iter()
+        .filter(|l| cfg.is_hardware_not_ready(l.fault.action()))
+        .map(|l| Located {
+            gpu: l.gpu,
+            fault: l.fault,
+        })
+        .collect();
+    let (status, reason, message) = if let Some(first) = hw.first() {
+        (FALSE, fault_reason(first.fault), summarize(&hw))
+    } else if monitor_unknown(health) {
+        (
+            UNKNOWN,
+            "MonitorUnavailable".to_owned(),
+            monitor_message(health),
+        )
+    } else if let Gate::Closed(report) = gate {
+        let (reason, message) = gate_reason(report.as_ref());
+        (UNKNOWN, reason.to_owned(), message)
+    } else if let Some(first) = faults.first() {
+        (
+            TRUE,
+            "GPURecoveryPending".to_owned(),
+            format!(
+                "GPU hardware not judged faulty; {} needed (see condition {})",
+                first.fault.action().short_name(),
+                cfg.problem_condition_type
+            ),
+        )
+    } else {
+        let n = health.gpus.len();
+        (
+            TRUE,
+            "GPUsHealthy".to_owned(),
+            format!("{n} GPU{} healthy", if n == 1 { "" } else { "s" }),
+        )
+    };
+    DesiredCondition {
+        type_: cfg.ready_condition_type.clone(),
+        status,
+        reason,
+        message,
+    }
+}
+
+/// Why the readiness condition is Unknown while the startup gate holds.
+fn gate_reason(report: Option<&ValidationReport>) -> (&'static str, String) {
+    match report {
+        None => (
+            "ValidationPending",
+            "GPU validation has not run yet; the startup taint is held".to_owned(),
+        ),
+        Some(r) if !r.complete => (
+            "ValidationIncomplete",
+            format!(
+                "GPU validation could not run every check: {}",
+                gpuwatch_core::validation::failed_checks(r).join(", ")
+            ),
+        ),
+        Some(r) => (
+            "ValidationFailed",
+            format!(
+                "GPU validation failed: {}",
+                gpuwatch_core::validation::failed_checks(r).join(", ")
+            ),
+        ),
+    }
+}
+
+/// The problem condition: True while an isolating fault is active, Unknown
+/// when the monitor cannot tell, else False.
+fn problem_condition(
+    health: &NodeHealth,
+    cfg: &KubeConfig,
+    faults: &[Located<'_>],
+) -> DesiredCondition {
+    let (status, reason, message) = if let Some(first) = faults.first() {
+        (TRUE, fault_reason(first.fault), summarize(faults))
+    } else if monitor_unknown(health) {
+        (
+            UNKNOWN,
+            "MonitorUnavailable".to_owned(),
+            monitor_message(health),
+        )
+    } else {
+        (
+            FALSE,
+            "NoGPUProblem".to_owned(),
+            "No GPU fault needs a reset, reboot or hardware inspection".to_owned(),
+        )
+    };
+    DesiredCondition {
+        type_: cfg.problem_condition_type.clone(),
+        status,
+        reason,
+        message,
     }
 }
 

@@ -538,7 +538,9 @@ impl EventWriter {
         }
     }
 
-    /// The task body.
+    /// Writes queued Events until the queue closes and drains: first lists
+    /// the Events already on the API for this Node (a restart sends none
+    /// twice), then writes at the token bucket's pace, retrying what failed.
     pub(crate) async fn run(self) {
         let mut known: HashMap<String, Known> = HashMap::new();
         let mut listed = false;

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
 
-/// The live conditions of a node.
+/// A Node's conditions as the API returned them (none: empty).
 pub(crate) fn live_conditions(node: &Node) -> &[NodeCondition] {
     node.status
         .as_ref()
@@ -15,7 +15,7 @@ pub(crate) fn live_conditions(node: &Node) -> &[NodeCondition] {
         .unwrap_or(&[])
 }
 
-/// The live taints of a node.
+/// A Node's taints as the API returned them (none: empty).
 pub(crate) fn live_taints(node: &Node) -> &[Taint] {
     node.spec
         .as_ref()

@@ -482,24 +482,7 @@ impl Reconciler {
         let now = now_time();
         let node = self.live.clone().unwrap_or_default();
         let startup = self.cfg.startup_gate && has_startup_taint(&node, &self.cfg);
-        let mut passed = self.gate_report.as_ref().is_some_and(|r| r.passed);
-        if startup && passed {
-            // The cached report may be old (the extra command can run for
-            // minutes): judge the current health and boot right before the
-            // taint goes.
-            let fresh = self.recheck(&health);
-            let same_boot = self
-                .gate_report
-                .as_ref()
-                .is_some_and(|r| r.boot_id == health.boot_id);
-            if !fresh.passed || !same_boot {
-                passed = false;
-                tracing::info!(node = %self.node_name, checks = %validation::failed_checks(&fresh).join(","), same_boot, "GPU health changed since validation passed; the startup taint stays.");
-                self.tell(&fresh);
-                self.gate_report = if same_boot { Some(fresh) } else { None };
-            }
-        }
-        let remove_startup = startup && passed;
+        let passed = startup && self.gate_still_passes(&health);
         let gate = if startup && !passed {
             Gate::Closed(self.gate_report.clone())
         } else {
@@ -509,73 +492,106 @@ impl Reconciler {
         self.track_advertised(&node, &health, startup, &mut want.conditions);
         self.gate_fault_taint(&node, &mut want.fault_taint).await;
         let held = hold && hold_unknown(&node, &mut want.conditions);
-        let mut wrote = false;
-        let mut first_err = None;
+        let conditions = self.write_conditions(&node, &want.conditions, &now).await;
+        let taints = self
+            .write_taints(want.fault_taint.as_ref(), startup && passed, &now)
+            .await;
+        self.tell_quarantine(want.fault_taint.as_ref());
+        let wrote = conditions.as_ref().is_ok_and(|w| *w) | taints.as_ref().is_ok_and(|w| *w);
+        match (conditions, taints) {
+            (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+            (Ok(_), Ok(_)) => Ok(Pass { wrote, held }),
+        }
+    }
 
-        if conditions_differ(&node, &want.conditions) {
-            let body = condition_apply_body(&self.node_name, Some(&node), &want.conditions, &now);
-            match self
-                .backend
-                .apply_status(&self.cfg.field_manager, self.cfg.force_conflicts, &body)
-                .await
-            {
-                Ok(n) => {
-                    self.registry
-                        .count_kube_write(KubeObject::Condition, WriteResult::Ok);
-                    tracing::debug!(node = %self.node_name, "Node conditions applied.");
-                    self.wrote(&n);
-                    self.set_live(n);
-                    wrote = true;
-                }
-                Err(e) => {
-                    let r = if matches!(e, ApiError::Conflict(_)) {
-                        WriteResult::Conflict
-                    } else {
-                        WriteResult::Error
-                    };
-                    self.registry.count_kube_write(KubeObject::Condition, r);
-                    tracing::warn!(node = %self.node_name, error = %e, "Cannot apply the node conditions.");
-                    first_err = Some(e);
-                }
+    /// Whether a passing gate report still holds right before the startup
+    /// taint goes: the cached report may be old (the extra command can run for
+    /// minutes), so the current health and boot are judged again; a report
+    /// that no longer holds is replaced (or dropped on another boot).
+    fn gate_still_passes(&mut self, health: &NodeHealth) -> bool {
+        if !self.gate_report.as_ref().is_some_and(|r| r.passed) {
+            return false;
+        }
+        let fresh = self.recheck(health);
+        let same_boot = self
+            .gate_report
+            .as_ref()
+            .is_some_and(|r| r.boot_id == health.boot_id);
+        if fresh.passed && same_boot {
+            return true;
+        }
+        tracing::info!(node = %self.node_name, checks = %validation::failed_checks(&fresh).join(","), same_boot, "GPU health changed since validation passed; the startup taint stays.");
+        self.tell(&fresh);
+        self.gate_report = if same_boot { Some(fresh) } else { None };
+        false
+    }
+
+    /// Applies our conditions when the Node's differ. `Ok(true)`: written.
+    async fn write_conditions(
+        &mut self,
+        node: &Node,
+        want: &[DesiredCondition],
+        now: &Time,
+    ) -> Result<bool, ApiError> {
+        if !conditions_differ(node, want) {
+            return Ok(false);
+        }
+        let body = condition_apply_body(&self.node_name, Some(node), want, now);
+        match self
+            .backend
+            .apply_status(&self.cfg.field_manager, self.cfg.force_conflicts, &body)
+            .await
+        {
+            Ok(n) => {
+                self.registry
+                    .count_kube_write(KubeObject::Condition, WriteResult::Ok);
+                tracing::debug!(node = %self.node_name, "Node conditions applied.");
+                self.wrote(&n);
+                self.set_live(n);
+                Ok(true)
+            }
+            Err(e) => {
+                let r = if matches!(e, ApiError::Conflict(_)) {
+                    WriteResult::Conflict
+                } else {
+                    WriteResult::Error
+                };
+                self.registry.count_kube_write(KubeObject::Condition, r);
+                tracing::warn!(node = %self.node_name, error = %e, "Cannot apply the node conditions.");
+                Err(e)
             }
         }
+    }
 
+    /// Converges the taint list (fault taint as `fault` says, the startup taint
+    /// removed when `remove_startup`), re-reading and retrying after each lost
+    /// race up to [`CONFLICT_RETRIES`]. `Ok(true)`: written.
+    async fn write_taints(
+        &mut self,
+        fault: Option<&super::desired::DesiredTaint>,
+        remove_startup: bool,
+        now: &Time,
+    ) -> Result<bool, ApiError> {
         let mut attempts = 0;
         loop {
             let node = self.live.clone().unwrap_or_default();
-            let Some(taints) = desired_taints(
-                &node,
-                &self.cfg,
-                want.fault_taint.as_ref(),
-                remove_startup,
-                &now,
-            ) else {
-                break;
+            let Some(taints) = desired_taints(&node, &self.cfg, fault, remove_startup, now) else {
+                return Ok(false);
             };
             let object = if remove_startup && has_startup_taint(&node, &self.cfg) {
                 KubeObject::StartupTaint
             } else {
                 KubeObject::Taint
             };
-            let patch = taint_patch(&node, &taints);
-            match self.backend.patch_node(&patch).await {
+            match self.backend.patch_node(&taint_patch(&node, &taints)).await {
                 Ok(n) => {
                     self.registry.count_kube_write(object, WriteResult::Ok);
                     if object == KubeObject::StartupTaint && !has_startup_taint(&n, &self.cfg) {
-                        tracing::info!(node = %self.node_name, taint = %self.cfg.startup_taint.key, "Startup taint removed.");
-                        self.event(
-                            "StartupTaintRemoved",
-                            "Normal",
-                            format!(
-                                "GPU validation passed; removed the startup taint {}",
-                                self.cfg.startup_taint.key
-                            ),
-                        );
+                        self.startup_taint_removed();
                     }
                     self.wrote(&n);
                     self.set_live(n);
-                    wrote = true;
-                    break;
+                    return Ok(true);
                 }
                 Err(ApiError::Conflict(e)) => {
                     // Another writer (kubelet, device plugin, NFD, autoscaler)
@@ -586,38 +602,43 @@ impl Reconciler {
                     attempts += 1;
                     tracing::debug!(node = %self.node_name, error = %e, attempts, "Taint write lost a race; re-reading the node.");
                     if attempts >= CONFLICT_RETRIES {
-                        first_err.get_or_insert(ApiError::Conflict(format!(
+                        return Err(ApiError::Conflict(format!(
                             "taint write lost {attempts} races in a row"
                         )));
-                        break;
                     }
                     tokio::time::sleep(retry::race_jitter()).await;
-                    match self.backend.get_node().await {
-                        Ok(n) => self.set_live(n),
-                        Err(e) => {
-                            first_err.get_or_insert(e);
-                            break;
-                        }
-                    }
+                    let n = self.backend.get_node().await?;
+                    self.set_live(n);
                 }
                 Err(e) => {
                     self.registry.count_kube_write(object, WriteResult::Error);
                     tracing::warn!(node = %self.node_name, error = %e, "Cannot patch the node taints.");
-                    first_err.get_or_insert(e);
-                    break;
+                    return Err(e);
                 }
             }
         }
+    }
+
+    fn startup_taint_removed(&self) {
+        tracing::info!(node = %self.node_name, taint = %self.cfg.startup_taint.key, "Startup taint removed.");
+        self.event(
+            "StartupTaintRemoved",
+            "Normal",
+            format!(
+                "GPU validation passed; removed the startup taint {}",
+                self.cfg.startup_taint.key
+            ),
+        );
+    }
+
+    /// Tells the quarantine claimant the taint as written: once it is gone
+    /// the slot can go back.
+    fn tell_quarantine(&self, fault: Option<&super::desired::DesiredTaint>) {
         if let Some(link) = &self.quarantine {
-            // The taint as written: once it is gone the slot can go back.
             let node = self.live.clone().unwrap_or_default();
-            let wanted = want.fault_taint.as_ref().map(|t| t.value.as_str());
+            let wanted = fault.map(|t| t.value.as_str());
             let uid = node.metadata.uid.as_deref().unwrap_or_default();
             link.tell(wanted, has_fault_taint(&node, &self.cfg), uid);
-        }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(Pass { wrote, held }),
         }
     }
 

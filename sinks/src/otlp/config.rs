@@ -37,7 +37,7 @@ impl Protocol {
         }
     }
 
-    /// The standard spelling.
+    /// As `OTEL_EXPORTER_OTLP_PROTOCOL` spells it (`grpc`, `http/protobuf`).
     pub fn as_str(self) -> &'static str {
         match self {
             Protocol::Grpc => "grpc",
@@ -325,140 +325,13 @@ impl OtlpConfig {
         signal: OtlpSignal,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<ResolvedSignal, Vec<String>> {
+        let env = SignalEnv { signal, env };
         let mut problems = Vec::new();
-        let var = |suffix: &str| -> Option<(String, String)> {
-            let specific = format!("OTEL_EXPORTER_OTLP_{}{suffix}", signal.env_infix());
-            let generic = format!("OTEL_EXPORTER_OTLP_{suffix}");
-            env(&specific)
-                .filter(|v| !v.trim().is_empty())
-                .map(|v| (specific, v))
-                .or_else(|| {
-                    env(&generic)
-                        .filter(|v| !v.trim().is_empty())
-                        .map(|v| (generic, v))
-                })
-        };
-
-        let protocol = match self.protocol {
-            Some(p) => p,
-            None => match var("PROTOCOL") {
-                Some((name, v)) => Protocol::parse(&v).unwrap_or_else(|| {
-                    problems.push(format!("{name}: {v:?} is not grpc or http/protobuf"));
-                    Protocol::Grpc
-                }),
-                None => Protocol::Grpc,
-            },
-        };
-
-        let insecure = self.insecure.unwrap_or_else(|| {
-            var("INSECURE").is_some_and(|(_, v)| v.trim().eq_ignore_ascii_case("true"))
-        });
-
-        let file_specific = match signal {
-            OtlpSignal::Metrics => self.metrics_endpoint.as_deref(),
-            OtlpSignal::Logs => self.logs_endpoint.as_deref(),
-        };
-        let env_specific = format!("OTEL_EXPORTER_OTLP_{}ENDPOINT", signal.env_infix());
-        // (url, used as is?, where it came from)
-        let (url, as_is, source) = if let Some(u) = file_specific {
-            (
-                u.to_owned(),
-                true,
-                format!(
-                    "{}_endpoint",
-                    signal
-                        .env_infix()
-                        .trim_end_matches('_')
-                        .to_ascii_lowercase()
-                ),
-            )
-        } else if let Some(u) = &self.endpoint {
-            (u.clone(), false, "endpoint".to_owned())
-        } else if let Some(u) = env(&env_specific).filter(|v| !v.trim().is_empty()) {
-            (u, true, env_specific)
-        } else if let Some(u) = env("OTEL_EXPORTER_OTLP_ENDPOINT").filter(|v| !v.trim().is_empty())
-        {
-            (u, false, "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned())
-        } else {
-            let default = match protocol {
-                Protocol::Grpc => "http://localhost:4317",
-                Protocol::HttpProtobuf => "http://localhost:4318",
-            };
-            (default.to_owned(), false, "default endpoint".to_owned())
-        };
-        let url = url.trim().to_owned();
-        check_url(&source, &url, &mut problems);
-        let endpoint = match protocol {
-            Protocol::Grpc => {
-                if url.contains("://") {
-                    url
-                } else if insecure {
-                    format!("http://{url}")
-                } else {
-                    format!("https://{url}")
-                }
-            }
-            Protocol::HttpProtobuf => {
-                if !url.contains("://") {
-                    problems.push(format!(
-                        "{source}: {url:?} needs http:// or https:// with protocol http/protobuf"
-                    ));
-                }
-                if as_is {
-                    url
-                } else {
-                    format!("{}{}", url.trim_end_matches('/'), signal.http_path())
-                }
-            }
-        };
-        if endpoint.starts_with("http://") && self.tls.is_set() {
-            problems.push(format!(
-                "{source}: {endpoint:?} is plaintext (http://) but tls files are set; use https://"
-            ));
-        }
-
-        let mut headers = BTreeMap::new();
-        if let Some((name, v)) = var("HEADERS") {
-            match parse_key_values(&v) {
-                Ok(kv) => headers.extend(kv),
-                Err(e) => problems.push(format!("{name}: {e}")),
-            }
-        }
-        headers.extend(self.headers.iter().map(|(k, v)| (k.clone(), v.clone())));
-        for (k, v) in &headers {
-            check_header("headers", k, v, &mut problems);
-        }
-
-        let gzip = match self.compression {
-            Some(c) => c == Compression::Gzip,
-            None => match var("COMPRESSION") {
-                Some((name, v)) => match Compression::parse(&v) {
-                    Some(c) => c == Compression::Gzip,
-                    None => {
-                        problems.push(format!("{name}: {v:?} is not gzip or none"));
-                        false
-                    }
-                },
-                None => true,
-            },
-        };
-
-        let timeout_ms = match self.timeout_ms {
-            Some(t) => t,
-            None => match var("TIMEOUT") {
-                Some((name, v)) => match v.trim().parse::<u64>() {
-                    Ok(t) if t > 0 => t,
-                    _ => {
-                        problems.push(format!(
-                            "{name}: {v:?} is not a positive number of milliseconds"
-                        ));
-                        DEFAULT_TIMEOUT_MS
-                    }
-                },
-                None => DEFAULT_TIMEOUT_MS,
-            },
-        };
-
+        let protocol = self.protocol_of(&env, &mut problems);
+        let endpoint = self.endpoint_of(&env, protocol, &mut problems);
+        let headers = self.headers_of(&env, &mut problems);
+        let gzip = self.gzip_of(&env, &mut problems);
+        let timeout_ms = self.timeout_of(&env, &mut problems);
         if problems.is_empty() {
             Ok(ResolvedSignal {
                 protocol,
@@ -470,6 +343,168 @@ impl OtlpConfig {
         } else {
             Err(problems)
         }
+    }
+
+    /// `protocol`, else `OTEL_EXPORTER_OTLP[_<SIGNAL>]_PROTOCOL`, else gRPC.
+    fn protocol_of(&self, env: &SignalEnv<'_>, problems: &mut Vec<String>) -> Protocol {
+        if let Some(p) = self.protocol {
+            return p;
+        }
+        match env.var("PROTOCOL") {
+            Some((name, v)) => Protocol::parse(&v).unwrap_or_else(|| {
+                problems.push(format!("{name}: {v:?} is not grpc or http/protobuf"));
+                Protocol::Grpc
+            }),
+            None => Protocol::Grpc,
+        }
+    }
+
+    /// Where the endpoint URL comes from, in the specification's order: the
+    /// signal's own key or variable is used as is; the generic ones get the
+    /// signal's HTTP path appended. Returns (url, used as is, source).
+    fn endpoint_source(&self, env: &SignalEnv<'_>, protocol: Protocol) -> (String, bool, String) {
+        let signal = env.signal;
+        let file_specific = match signal {
+            OtlpSignal::Metrics => self.metrics_endpoint.as_deref(),
+            OtlpSignal::Logs => self.logs_endpoint.as_deref(),
+        };
+        let env_specific = format!("OTEL_EXPORTER_OTLP_{}ENDPOINT", signal.env_infix());
+        let set = |name: &str| (env.env)(name).filter(|v| !v.trim().is_empty());
+        if let Some(u) = file_specific {
+            let key = signal
+                .env_infix()
+                .trim_end_matches('_')
+                .to_ascii_lowercase();
+            (u.to_owned(), true, format!("{key}_endpoint"))
+        } else if let Some(u) = &self.endpoint {
+            (u.clone(), false, "endpoint".to_owned())
+        } else if let Some(u) = set(&env_specific) {
+            (u, true, env_specific)
+        } else if let Some(u) = set("OTEL_EXPORTER_OTLP_ENDPOINT") {
+            (u, false, "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned())
+        } else {
+            let default = match protocol {
+                Protocol::Grpc => "http://localhost:4317",
+                Protocol::HttpProtobuf => "http://localhost:4318",
+            };
+            (default.to_owned(), false, "default endpoint".to_owned())
+        }
+    }
+
+    /// The endpoint to export to: a gRPC URL without scheme gets `http://`
+    /// when insecure, else `https://`; an HTTP URL needs its scheme.
+    fn endpoint_of(
+        &self,
+        env: &SignalEnv<'_>,
+        protocol: Protocol,
+        problems: &mut Vec<String>,
+    ) -> String {
+        let insecure = self.insecure.unwrap_or_else(|| {
+            env.var("INSECURE")
+                .is_some_and(|(_, v)| v.trim().eq_ignore_ascii_case("true"))
+        });
+        let (url, as_is, source) = self.endpoint_source(env, protocol);
+        let url = url.trim().to_owned();
+        check_url(&source, &url, problems);
+        let endpoint = match protocol {
+            Protocol::Grpc if url.contains("://") => url,
+            Protocol::Grpc if insecure => format!("http://{url}"),
+            Protocol::Grpc => format!("https://{url}"),
+            Protocol::HttpProtobuf => {
+                if !url.contains("://") {
+                    problems.push(format!(
+                        "{source}: {url:?} needs http:// or https:// with protocol http/protobuf"
+                    ));
+                }
+                if as_is {
+                    url
+                } else {
+                    format!("{}{}", url.trim_end_matches('/'), env.signal.http_path())
+                }
+            }
+        };
+        if endpoint.starts_with("http://") && self.tls.is_set() {
+            problems.push(format!(
+                "{source}: {endpoint:?} is plaintext (http://) but tls files are set; use https://"
+            ));
+        }
+        endpoint
+    }
+
+    /// The environment's headers, then the config's (which win).
+    fn headers_of(
+        &self,
+        env: &SignalEnv<'_>,
+        problems: &mut Vec<String>,
+    ) -> BTreeMap<String, String> {
+        let mut headers = BTreeMap::new();
+        if let Some((name, v)) = env.var("HEADERS") {
+            match parse_key_values(&v) {
+                Ok(kv) => headers.extend(kv),
+                Err(e) => problems.push(format!("{name}: {e}")),
+            }
+        }
+        headers.extend(self.headers.iter().map(|(k, v)| (k.clone(), v.clone())));
+        for (k, v) in &headers {
+            check_header("headers", k, v, problems);
+        }
+        headers
+    }
+
+    /// `compression`, else the environment, else gzip.
+    fn gzip_of(&self, env: &SignalEnv<'_>, problems: &mut Vec<String>) -> bool {
+        if let Some(c) = self.compression {
+            return c == Compression::Gzip;
+        }
+        match env.var("COMPRESSION") {
+            Some((name, v)) => match Compression::parse(&v) {
+                Some(c) => c == Compression::Gzip,
+                None => {
+                    problems.push(format!("{name}: {v:?} is not gzip or none"));
+                    false
+                }
+            },
+            None => true,
+        }
+    }
+
+    /// `timeout_ms`, else the environment, else the default.
+    fn timeout_of(&self, env: &SignalEnv<'_>, problems: &mut Vec<String>) -> u64 {
+        if let Some(t) = self.timeout_ms {
+            return t;
+        }
+        match env.var("TIMEOUT") {
+            Some((name, v)) => match v.trim().parse::<u64>() {
+                Ok(t) if t > 0 => t,
+                _ => {
+                    problems.push(format!(
+                        "{name}: {v:?} is not a positive number of milliseconds"
+                    ));
+                    DEFAULT_TIMEOUT_MS
+                }
+            },
+            None => DEFAULT_TIMEOUT_MS,
+        }
+    }
+}
+
+/// The `OTEL_EXPORTER_OTLP_*` variables as one signal sees them.
+struct SignalEnv<'a> {
+    signal: OtlpSignal,
+    env: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl SignalEnv<'_> {
+    /// The signal's own variable (`OTEL_EXPORTER_OTLP_METRICS_<suffix>`), else
+    /// the generic one, with its name; blank values count as unset.
+    fn var(&self, suffix: &str) -> Option<(String, String)> {
+        let specific = format!("OTEL_EXPORTER_OTLP_{}{suffix}", self.signal.env_infix());
+        let generic = format!("OTEL_EXPORTER_OTLP_{suffix}");
+        [specific, generic].into_iter().find_map(|name| {
+            (self.env)(&name)
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| (name, v))
+        })
     }
 }
 
