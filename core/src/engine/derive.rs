@@ -1,19 +1,12 @@
 //! Faults derived from NVML samples (each sample compared with the previous one
 //! of the same GPU), reset evidence, and the per-GPU "sample is clean" check.
 
+use super::Engine;
+use super::conditions::{HW_POWER_BRAKE, HW_THERMAL, SW_THERMAL, derived};
 use super::model::{Baseline, FaultKey, Gpu, pci_identity};
-use super::{Engine, NANOS};
-use crate::{Outcome, Stage};
-use gpuwatch_proto::{Action, FaultEvent, FaultKind, GpuSample, RecoveryAction, ShortName, Source};
+use gpuwatch_proto::{Action, FaultEvent, FaultKind, GpuSample, RecoveryAction, ShortName};
 use std::collections::{BTreeMap, BTreeSet};
 use tracing::{info, warn};
-
-/// `nvmlClocksEventReasonSwThermalSlowdown`.
-const SW_THERMAL: u64 = 0x20;
-/// `nvmlClocksEventReasonHwThermalSlowdown`.
-const HW_THERMAL: u64 = 0x40;
-/// `nvmlClocksEventReasonHwPowerBrakeSlowdown`.
-const HW_POWER_BRAKE: u64 = 0x80;
 
 /// True when the PCIe link trained below its maximum width (or generation, when
 /// `gen_check`). `None` when NVML reported neither pair.
@@ -84,97 +77,6 @@ pub(crate) fn sample_is_clean(
 
 fn opt(v: Option<u32>) -> String {
     v.map_or_else(|| "?".to_string(), |v| v.to_string())
-}
-
-/// True for the XIDs whose action defers to NVML's row-remap state.
-pub(crate) fn is_remap_xid(kind: FaultKind, code: u32) -> bool {
-    kind == FaultKind::Xid && matches!(code, 63 | 64)
-}
-
-/// What NVML's row-remap state says about an XID 63/64: `None` when the GPU
-/// reports no row-remap state (no row remapping: the policy action stands).
-pub(crate) fn row_remap_decision(code: u32, s: &GpuSample) -> Option<(Action, String)> {
-    if s.remapped_rows_pending.is_none() && s.remapped_rows_failure.is_none() {
-        return None;
-    }
-    let (action, why) = if s.remapped_rows_failure == Some(true) {
-        (
-            Action::InspectHardware,
-            "row remapping failed (NVML remapped-rows failure)",
-        )
-    } else if s.remapped_rows_pending == Some(true) {
-        (
-            Action::ResetGpu,
-            "row remap pending (NVML): a GPU reset applies it",
-        )
-    } else {
-        (
-            Action::Ignore,
-            "row remapping handled the error (NVML reports no pending or failed remap)",
-        )
-    };
-    Some((
-        action,
-        format!("XID {code} on a row-remapping GPU defers to NVML: {why}"),
-    ))
-}
-
-/// XID 63/64 on a GPU that supports row remapping (NVML reports the remap state):
-/// the remap state decides, not the XID. The caller makes sure `s` is at least
-/// as new as the event.
-pub(crate) fn row_remap_context(ev: &mut FaultEvent, s: &GpuSample) {
-    let Some((action, reason)) = row_remap_decision(ev.code, s) else {
-        return;
-    };
-    ev.attributes
-        .insert("context".into(), "row_remap_state".into());
-    ev.classify(action, reason);
-}
-
-/// XID 63/64 that arrived before any NVML sample at least as new as itself: the
-/// policy action stands for now and the reason says NVML has not confirmed yet
-/// (`stale`: a sample exists but predates the XID; else there is none yet).
-pub(crate) fn row_remap_unconfirmed(ev: &mut FaultEvent, stale: bool) {
-    let why = if stale {
-        "the latest NVML sample predates this XID"
-    } else {
-        "no NVML sample of this GPU yet"
-    };
-    let reason = format!(
-        "XID {} defers to NVML's row-remap state, which has not confirmed it yet ({why}); keeping {} until a newer sample decides. Policy: {}",
-        ev.code,
-        ev.action().short_name(),
-        ev.policy_reason
-    );
-    ev.attributes
-        .insert("context".into(), "row_remap_unconfirmed".into());
-    ev.policy_reason = reason;
-}
-
-/// A fault event derived from one GPU's sample.
-fn derived(
-    s: &GpuSample,
-    kind: FaultKind,
-    name: &str,
-    message: String,
-    attrs: &[(&str, String)],
-) -> FaultEvent {
-    let mut ev = FaultEvent {
-        pci_address: s.pci_address.clone(),
-        gpu_index: Some(s.index),
-        gpu_uuid: s.uuid.clone(),
-        message,
-        time_unix_nano: s.time_unix_nano,
-        count: 1,
-        name: name.to_string(),
-        ..Default::default()
-    };
-    ev.set_kind(kind);
-    ev.set_source(Source::NvmlPoll);
-    for (k, v) in attrs {
-        ev.attributes.insert((*k).to_string(), v.clone());
-    }
-    ev
 }
 
 impl Engine {
@@ -363,22 +265,6 @@ impl Engine {
         if changed {
             self.touch();
         }
-    }
-
-    fn lost_event(&self, pci: &str) -> FaultEvent {
-        let g = self.gpus.get(pci);
-        let mut ev = FaultEvent {
-            pci_address: pci.to_string(),
-            gpu_index: g.and_then(|g| g.index),
-            gpu_uuid: g.map(|g| g.uuid.clone()).unwrap_or_default(),
-            message: "GPU is missing from the NVML device enumeration.".into(),
-            count: 1,
-            name: "GPU lost".into(),
-            ..Default::default()
-        };
-        ev.set_kind(FaultKind::GpuLost);
-        ev.set_source(Source::NvmlPoll);
-        ev
     }
 
     /// Applies one GPU's sample.
@@ -672,159 +558,6 @@ impl Engine {
         }
     }
 
-    /// Active XID 63/64 faults of one GPU that waited for NVML: the sample just
-    /// stored decides when it is at least as new as the XID. A changed action is
-    /// logged with its reason and published as a reclassification event (not a
-    /// new occurrence: the fault metrics are not counted again).
-    fn recheck_remap(&mut self, pci: &str, now: u64, out: &mut Vec<FaultEvent>) {
-        let boot_id = self.boot.boot_id.clone();
-        let policy = std::sync::Arc::clone(&self.policy);
-        let Some(g) = self.gpus.get_mut(pci) else {
-            return;
-        };
-        let (Some(s), Some(at)) = (g.sample.as_ref(), g.sample_time) else {
-            return;
-        };
-        let who = g.describe();
-        let gpu_index = g.index.filter(|_| g.confirmed);
-        let gpu_uuid = if g.confirmed {
-            g.uuid.clone()
-        } else {
-            String::new()
-        };
-        let mut changed = false;
-        let mut emitted = 0;
-        for (key, f) in g.faults.iter_mut() {
-            if !is_remap_xid(key.kind, key.code) || f.awaiting_nvml.is_none_or(|t| at < t) {
-                continue;
-            }
-            f.awaiting_nvml = None;
-            changed = true;
-            let Some((action, why)) = row_remap_decision(key.code, s) else {
-                f.policy_reason = format!(
-                    "XID {}: NVML reports no row-remap state for this GPU, so the policy action {} stands",
-                    key.code,
-                    f.action.short_name()
-                );
-                continue;
-            };
-            let from = f.action;
-            let mut reason = format!(
-                "Re-evaluated with an NVML sample newer than the XID (was {}): {why}",
-                from.short_name()
-            );
-            // Recurrence across boots escalates as it does for a new event.
-            let needed = policy.recurrence_reboots(key.code);
-            let escalated = action == Action::ResetGpu && super::recurred(f.boots_seen, needed);
-            let action = if escalated {
-                reason = format!(
-                    "{reason}; seen on this device in {} distinct boots, i.e. it recurred after {} reboots (recurrence threshold {needed} reboots): escalated from reset_gpu to inspect_hardware",
-                    f.boots_seen,
-                    f.boots_seen.saturating_sub(1)
-                );
-                Action::InspectHardware
-            } else {
-                action
-            };
-            f.escalated = escalated;
-            if action == from {
-                // Confirmed as it was; the reason now says NVML agrees.
-                f.policy_reason = reason;
-                continue;
-            }
-            if action.rank() > from.rank() {
-                warn!(gpu = %who, code = key.code, from = from.short_name(), to = action.short_name(), reason = %reason, "Fault reclassified from NVML's row-remap state.");
-            } else {
-                info!(gpu = %who, code = key.code, from = from.short_name(), to = action.short_name(), reason = %reason, "Fault reclassified from NVML's row-remap state.");
-            }
-            f.action = action;
-            f.severity = action.default_severity();
-            f.policy_reason.clone_from(&reason);
-            f.last_emitted = now;
-            let mut ev = FaultEvent {
-                pci_address: pci.to_string(),
-                gpu_index,
-                gpu_uuid: gpu_uuid.clone(),
-                message: f.message.clone(),
-                time_unix_nano: Some(at),
-                boot_id: boot_id.clone(),
-                code: key.code,
-                count: 1,
-                name: f.name.clone(),
-                ..Default::default()
-            };
-            ev.set_kind(key.kind);
-            ev.set_source(Source::NvmlPoll);
-            ev.classify(action, reason);
-            ev.attributes
-                .insert("context".into(), "row_remap_state".into());
-            ev.attributes
-                .insert("reclassified_from".into(), from.short_name().into());
-            out.push(ev);
-            emitted += 1;
-        }
-        if emitted > 0 {
-            self.registry
-                .count_events(Stage::Engine, Outcome::Emitted, emitted);
-        }
-        if changed {
-            self.touch();
-        }
-    }
-
-    /// A level condition from NVML: present → raise (or refresh) the fault; absent →
-    /// mark the family's level faults as gone (they clear by the recovery rules).
-    /// `family` is the kind and, when given, the key variant the condition owns.
-    fn set_condition(
-        &mut self,
-        pci: &str,
-        family: (FaultKind, Option<&str>),
-        present: Option<FaultEvent>,
-        now: u64,
-        out: &mut Vec<FaultEvent>,
-    ) {
-        let boot_id = self.boot.boot_id.clone();
-        let present_key = present.as_ref().map(FaultKey::of);
-        let Some(g) = self.gpus.get_mut(pci) else {
-            return;
-        };
-        let mut touched = false;
-        for (key, f) in g.faults.iter_mut() {
-            let in_family = key.kind == family.0 && family.1.is_none_or(|v| key.variant == v);
-            if !in_family {
-                continue;
-            }
-            if Some(key) == present_key.as_ref() {
-                f.last_seen = now;
-                f.last_boot_id.clone_from(&boot_id);
-                f.level = true;
-                f.gone_samples = 0;
-                if f.condition_gone_since.take().is_some() {
-                    touched = true;
-                }
-            } else if f.level {
-                // One more consecutive sample without the condition.
-                f.gone_samples = f.gone_samples.saturating_add(1);
-                if f.condition_gone_since.is_none() {
-                    f.condition_gone_since = Some(now);
-                    touched = true;
-                }
-            }
-        }
-        let exists = present_key
-            .as_ref()
-            .is_some_and(|k| g.faults.contains_key(k));
-        if touched {
-            self.touch();
-        }
-        if let Some(ev) = present
-            && !exists
-            && let Some(e) = self.accept(ev, None, true)
-        {
-            out.push(e);
-        }
-    }
-
     /// Moves recurrence history recorded under the GPU's PCI address (before NVML
     /// reported its UUID) to the UUID.
     fn merge_pci_history(&mut self, pci: &str, uuid: &str) {
@@ -857,11 +590,6 @@ impl Engine {
             }
         }
     }
-}
-
-/// Seconds → nanoseconds.
-pub(crate) fn secs(s: u64) -> u64 {
-    s.saturating_mul(NANOS)
 }
 
 #[cfg(test)]
@@ -902,28 +630,5 @@ mod tests {
         assert_eq!(link_degraded(&s, true), Some(true));
         assert_eq!(link_degraded(&s, false), Some(false));
         assert_eq!(link_degraded(&GpuSample::default(), true), None);
-    }
-
-    #[test]
-    fn xid63_defers_to_remap_state() {
-        let mut ev = FaultEvent {
-            code: 63,
-            ..Default::default()
-        };
-        ev.set_kind(FaultKind::Xid);
-        let mut s = sample();
-        row_remap_context(&mut ev, &s);
-        assert_eq!(ev.action(), Action::Ignore);
-        s.remapped_rows_pending = Some(true);
-        row_remap_context(&mut ev, &s);
-        assert_eq!(ev.action(), Action::ResetGpu);
-        s.remapped_rows_failure = Some(true);
-        row_remap_context(&mut ev, &s);
-        assert_eq!(ev.action(), Action::InspectHardware);
-        // A GPU without row remapping (no NVML state) keeps the policy's action.
-        let mut ev2 = FaultEvent::default();
-        ev2.classify(Action::ResetGpu, "policy");
-        row_remap_context(&mut ev2, &GpuSample::default());
-        assert_eq!(ev2.action(), Action::ResetGpu);
     }
 }

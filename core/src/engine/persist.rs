@@ -18,11 +18,13 @@
 
 use super::Engine;
 use super::model::{Baseline, Fault, FaultKey, Gpu, History, HistoryKey};
+use super::writer::StateWriter;
 use crate::msg::KmsgPosition;
 use crate::statefile::{self, StateFileError};
 use gpuwatch_proto::{Action, FaultKind, Severity, ShortName, Source};
 use serde::{Deserialize, Serialize};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 
 /// Current state-file format version.
@@ -525,6 +527,176 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// Writing the state: settled points, the schedule, the writer thread.
+impl Engine {
+    /// Records the reader's position. Every kernel-log event it covers has
+    /// been handled (they precede it in the channel and none is held), so
+    /// the state is settled: it may be written.
+    pub(super) fn set_kmsg_position(&mut self, position: KmsgPosition) {
+        self.kmsg_unsettled = false;
+        if self.kmsg_position.as_ref() != Some(&position) {
+            self.kmsg_position = Some(position);
+            self.dirty = true;
+        }
+    }
+
+    /// The kernel-log position the loaded state accounts for (`None`: no
+    /// state, an unusable one, or none recorded): the reader resumes after
+    /// it in the same boot, and reads the whole ring otherwise.
+    pub fn kmsg_position(&self) -> Option<&KmsgPosition> {
+        self.kmsg_position.as_ref()
+    }
+
+    /// Tells the engine that a kernel-device reader will report its position
+    /// ([`Input::KmsgProgress`](crate::msg::Input::KmsgProgress)): from now
+    /// on the state is written only at settled points. Called before any
+    /// input by the wiring that starts such a reader.
+    pub fn track_kmsg_position(&mut self) {
+        self.track_kmsg = true;
+    }
+
+    /// True when the state is settled: when the kernel-log position is
+    /// tracked, no kernel-log event beyond the position has been handled and
+    /// none is held for the join grace. Only a settled state is written:
+    /// the file then holds exactly the faults of the records up to its
+    /// position.
+    pub fn is_settled(&self) -> bool {
+        !self.track_kmsg || (!self.kmsg_unsettled && self.held.is_empty())
+    }
+
+    /// When the next state write may happen: `None` when there is nothing
+    /// to write (clean, no state directory, or not settled: a later input
+    /// settles it), else now or the end of the backoff after a failed write.
+    pub fn persist_due(&self) -> Option<Instant> {
+        if !self.dirty || self.state_path.is_none() || !self.is_settled() {
+            return None;
+        }
+        Some(self.retry_write_at.unwrap_or_else(Instant::now))
+    }
+
+    /// Writes `state_dir/health.json` atomically — faults, history and the
+    /// kernel-log position in one write — when the state changed and is
+    /// settled (see [`Engine::is_settled`]; an unsettled state stays dirty
+    /// and is written at the next settled point). No-op without a state
+    /// directory. Every attempt is counted in the registry; a failed write
+    /// is retried with jittered exponential backoff (up to 30 s), the state
+    /// staying in memory (bounded) meanwhile, and is reported in the health
+    /// (`monitor.state_ok`).
+    ///
+    /// When the state file existed but could neither be read nor moved aside
+    /// at startup, it is never overwritten: each skipped write is counted as
+    /// a failed write and returned as an error.
+    pub fn persist(&mut self) -> Result<(), StateFileError> {
+        let Some((path, file)) = self.snapshot_due()? else {
+            return Ok(());
+        };
+        let res = crate::statefile::write_json(&path, &file);
+        if res.is_ok() {
+            self.dirty = false;
+        }
+        self.write_finished(&res);
+        res
+    }
+
+    /// [`Engine::persist`] on the writer thread: the snapshot is handed over
+    /// and the engine goes on; the outcome comes back through
+    /// [`Engine::background_writes_done`].
+    pub(super) fn persist_in_background(
+        &mut self,
+        writer: &StateWriter,
+    ) -> Result<(), StateFileError> {
+        let Some((path, file)) = self.snapshot_due()? else {
+            return Ok(());
+        };
+        // Changes from here on make it dirty again; a failed write too.
+        self.dirty = false;
+        writer.submit(path, file);
+        Ok(())
+    }
+
+    /// Applies the outcomes of the writer thread's finished writes.
+    pub(super) fn background_writes_done(&mut self, writer: &StateWriter) {
+        for result in writer.take_done() {
+            if let Err(e) = &result {
+                self.dirty = true;
+                error!(error = %e, "Health state file not written.");
+            }
+            self.write_finished(&result);
+        }
+    }
+
+    /// The snapshot to write now, if one is due: the state changed, is
+    /// settled, no backoff is running and writing is allowed. Err (counted as
+    /// a failed write) when the file must not be overwritten.
+    fn snapshot_due(&mut self) -> Result<Option<(PathBuf, StateFile)>, StateFileError> {
+        let Some(path) = self.state_path.clone() else {
+            self.dirty = false;
+            return Ok(None);
+        };
+        if !self.dirty || !self.is_settled() {
+            return Ok(None);
+        }
+        if self.retry_write_at.is_some_and(|t| Instant::now() < t) {
+            return Ok(None);
+        }
+        if self.read_only {
+            self.dirty = false;
+            return Ok(None);
+        }
+        if let Some(why) = &self.persist_blocked {
+            // One error per batch of changes, not one per persist interval.
+            self.dirty = false;
+            self.registry.count_state_write(false);
+            return Err(StateFileError::Write {
+                path,
+                source: std::io::Error::other(format!(
+                    "not overwriting it: {why}; health state is kept in memory only until gpuwatch restarts with a readable file"
+                )),
+            });
+        }
+        Ok(Some((path, self.to_state_file())))
+    }
+
+    /// Counts a finished write and reports or ends a run of failures.
+    fn write_finished(&mut self, res: &Result<(), StateFileError>) {
+        self.registry.count_state_write(res.is_ok());
+        match res {
+            Ok(()) => {
+                self.retry_write_at = None;
+                if self.write_failures > 0 {
+                    let path = self.state_path.as_deref().unwrap_or(Path::new(""));
+                    info!(failed_attempts = self.write_failures, path = %path.display(), "Health state file written again; nothing was lost.");
+                    self.write_failures = 0;
+                    self.write_backoff.reset();
+                    self.state_problem = None;
+                    *self.cache.get_mut() = None;
+                }
+                self.remove_legacy_cursor();
+            }
+            Err(e) => {
+                self.write_failures = self.write_failures.saturating_add(1);
+                let backoff = self.write_backoff.next_delay();
+                self.retry_write_at = Some(Instant::now() + backoff);
+                self.state_problem = Some(format!(
+                    "the health state file cannot be written ({e}); {} failed attempts, retrying in {} ms; the state is kept in memory",
+                    self.write_failures,
+                    backoff.as_millis()
+                ));
+                *self.cache.get_mut() = None;
+            }
+        }
+    }
+}
+
+/// Retries of a failed state write: from the persist interval, doubling up to
+/// 30 s, jittered (a fleet whose disks recover together does not retry in step).
+pub(super) fn write_backoff(persist_interval_ms: &u64) -> crate::retry::Backoff {
+    crate::retry::Backoff::new(
+        Duration::from_millis(*persist_interval_ms),
+        Duration::from_secs(30),
+    )
 }
 
 /// Sets the kernel-log position of the state in `state_dir` (creating a
