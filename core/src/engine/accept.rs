@@ -1,17 +1,85 @@
-//! One fault event into the engine: cross-source merge, coalescing of plain
-//! repeats, classification and context rules, activation.
+//! One fault event into the engine, in three phases ([`Engine::accept`]):
+//! the cross-source merge, the plain repeat, and the full path
+//! (classification, context rules, activation or coalescing). The event's
+//! outcome is counted at the one exit, [`Engine::count_taken`].
+//!
+//! Where an event's fault is kept (on the GPU it joined, or on the node) is
+//! decided once, as its [`Holder`]; every phase reads it from there.
 
 use super::model::{Fault, FaultKey, Gpu, HistoryKey, fallback_action, pci_identity};
 use super::remap::RemapCheck;
-use super::{Engine, NANOS, model};
+use super::{Engine, NANOS, model, secs};
 use crate::{Outcome, Stage};
-use gpuwatch_proto::{Action, FaultEvent, FaultKind, ShortName};
+use gpuwatch_proto::{Action, FaultEvent, FaultKind, ShortName, Source};
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 use tracing::{info, warn};
 
 /// Count-within-window threshold windows (device, XID) tracked at most.
 const MAX_THRESHOLD_KEYS: usize = 1024;
+
+/// Which fault map an event's fault lives in, decided once per event (after
+/// the join) and read by every phase.
+#[derive(Debug)]
+enum Holder {
+    /// The GPU at this normalised PCI address (the key of `Engine::gpus`).
+    Gpu(String),
+    /// The node: a fault of no GPU (MCE, NVSwitch, AER on a root port),
+    /// keyed by the event's PCI address and its fault key.
+    Node,
+}
+
+/// One event on its way through [`Engine::accept`], with what every phase
+/// reads about it.
+#[derive(Debug)]
+struct Arrival {
+    ev: FaultEvent,
+    holder: Holder,
+    key: FaultKey,
+    /// Occurrences the event stands for (its `count`, at least 1).
+    n: u64,
+    source: Source,
+    /// When the engine received it (its clock).
+    now: u64,
+    /// The event's own time, else `now`.
+    at: u64,
+    /// Raised from an NVML level condition.
+    level: bool,
+    /// An XID 63/64, whose action NVML's row-remap state decides.
+    remap_xid: bool,
+}
+
+/// What [`Engine::accept`] did with one event; [`Engine::count_taken`]
+/// counts it.
+// Lives for one call on the stack; boxing the event would add an
+// allocation to every published event.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+enum Taken {
+    /// A second source's report of an occurrence already counted.
+    Merged,
+    /// A plain repeat of an active fault: its counters were bumped, nothing
+    /// else ran (the registry's fault counters catch up in bulk).
+    Repeat,
+    /// A repeat that took the full path and is not re-emitted (dedup window).
+    Coalesced,
+    /// Not kept: the engine is at its bound of node-level faults.
+    Dropped,
+    /// To be published.
+    Emitted(FaultEvent),
+}
+
+/// What the context rules decided about one event, for the fault it updates
+/// or creates.
+#[derive(Debug)]
+struct Context {
+    /// How NVML's row-remap state applied (XID 63/64).
+    remap: RemapCheck,
+    /// Distinct boots the device + fault has been seen in.
+    boots_seen: u32,
+    /// Recurrence across boots raised the action to `inspect_hardware`.
+    escalated: bool,
+}
 
 impl Engine {
     /// Classifies, applies context rules, dedups and activates one event. Returns
@@ -25,10 +93,21 @@ impl Engine {
     /// everything else takes the full path.
     pub(super) fn accept(
         &mut self,
-        mut ev: FaultEvent,
+        ev: FaultEvent,
         read_at: Option<Instant>,
         level: bool,
     ) -> Option<FaultEvent> {
+        let mut a = self.arrive(ev, level);
+        let taken = match self.merge_or_repeat(&mut a) {
+            Some(taken) => taken,
+            None => self.full_path(a),
+        };
+        self.count_taken(taken, read_at)
+    }
+
+    /// Normalises the event's PCI address, joins it to its GPU and decides
+    /// where its fault lives.
+    fn arrive(&mut self, mut ev: FaultEvent, level: bool) -> Arrival {
         let now = self.clock.now_unix_nanos();
         ev.count = ev.count.max(1);
         if !ev.pci_address.is_empty()
@@ -37,240 +116,243 @@ impl Engine {
         {
             ev.pci_address = p;
         }
-        let gpu_pci = self.join(&mut ev);
-        let key = FaultKey::of(&ev);
-        let n = u64::from(ev.count);
-        let source = ev.source();
-        let ev_time = ev.time_unix_nano.filter(|&t| t > 0).unwrap_or(now);
+        let holder = match self.join(&mut ev) {
+            Some(pci) => Holder::Gpu(pci),
+            None => Holder::Node,
+        };
+        Arrival {
+            key: FaultKey::of(&ev),
+            n: u64::from(ev.count),
+            source: ev.source(),
+            now,
+            at: ev.time_unix_nano.filter(|&t| t > 0).unwrap_or(now),
+            level,
+            remap_xid: super::remap::is_remap_xid(ev.kind(), ev.code),
+            holder,
+            ev,
+        }
+    }
+
+    /// Phases 1 and 2, on the active fault the event belongs to (one lookup):
+    /// `None` when there is none, or the event is neither a second report
+    /// nor a plain repeat.
+    fn merge_or_repeat(&mut self, a: &mut Arrival) -> Option<Taken> {
         let cross_window = self.cfg.cross_source_window_ms.saturating_mul(1_000_000);
-        let dedup = self.cfg.dedup_window_secs.saturating_mul(NANOS);
-        let remap_xid = super::remap::is_remap_xid(ev.kind(), ev.code);
+        let dedup = secs(self.cfg.dedup_window_secs);
         let boot_id = self.boot.boot_id.as_str();
-        let mut fast = None;
-        if let Some(f) = fault_in(
+        let f = fault_in(
             &mut self.gpus,
             &mut self.node_faults,
-            gpu_pci.as_deref(),
-            &ev.pci_address,
-            &key,
-        ) {
-            if f.match_other_source(source, ev_time, cross_window) {
-                // One occurrence, two reports (kernel log + NVML event).
-                if f.prefers_message_of(source) && !ev.message.is_empty() {
-                    f.message = std::mem::take(&mut ev.message);
-                    f.message_source = source;
-                }
-                fast = Some(true);
-            } else if !level
-                && !remap_xid
-                && f.last_boot_id == boot_id
-                && ev.action() != Action::Unspecified
-                && ev.action().rank() <= f.action.rank()
-                && now.saturating_sub(f.last_emitted) < dedup
-            {
-                f.note_occurrence(source, ev_time);
-                f.count = f.count.saturating_add(n);
-                f.pending = f.pending.saturating_add(n);
-                f.unrecorded = f.unrecorded.saturating_add(n);
-                f.last_seen = now;
-                if !ev.message.is_empty() && f.message != ev.message {
-                    f.message.clone_from(&ev.message);
-                    f.message_source = source;
-                }
-                fast = Some(false);
-            }
+            &a.holder,
+            &a.ev.pci_address,
+            &a.key,
+        )?;
+        if merge_cross_source(f, a, cross_window) {
+            Some(Taken::Merged)
+        } else if coalesce_repeat(f, a, boot_id, dedup) {
+            Some(Taken::Repeat)
+        } else {
+            None
         }
-        if let Some(merged) = fast {
-            if merged {
-                tracing::debug!(pci = %ev.pci_address, code = ev.code, source = source.short_name(), "Same fault reported by a second source; counted once.");
-            } else {
-                self.unrecorded = true;
-            }
-            self.registry
-                .count_events(Stage::Engine, Outcome::Coalesced, 1);
-            self.touch();
-            return None;
-        }
-        if gpu_pci.is_none()
-            && !self
-                .node_faults
-                .contains_key(&(ev.pci_address.clone(), key.clone()))
-            && !self.room_for_node_fault(self.expected_action(&ev))
-        {
+    }
+
+    /// Phase 3: a new fault, a more severe or otherwise changed occurrence,
+    /// a repeat after the dedup window or across a reboot. Classifies,
+    /// applies the context rules, counts the fault in the registry, then
+    /// updates the active fault or activates a new one.
+    fn full_path(&mut self, mut a: Arrival) -> Taken {
+        if !self.room_for(&a) {
             // Bounded: a storm of distinct addresses cannot grow the state.
-            self.over_capacity.note(n, &ev.pci_address);
-            self.registry
-                .count_events(Stage::Engine, Outcome::Dropped, 1);
-            return None;
+            self.over_capacity.note(a.n, &a.ev.pci_address);
+            return Taken::Dropped;
         }
         // The full path counts in the registry directly: bring the bulk counts
         // up to date first so the series stay in order.
         self.flush_fault_counts();
+        self.classify(&mut a.ev);
+        let context = self.context_rules(&mut a);
+        self.registry.record_fault(&a.ev);
+        let boot_id = self.boot.boot_id.clone();
+        let dedup = secs(self.cfg.dedup_window_secs);
+        match fault_in(
+            &mut self.gpus,
+            &mut self.node_faults,
+            &a.holder,
+            &a.ev.pci_address,
+            &a.key,
+        ) {
+            Some(f) => update_active(f, a, &context, &boot_id, dedup),
+            None => self.activate(a, context, boot_id),
+        }
+    }
+
+    /// The one exit of [`Engine::accept`]: counts what became of the event
+    /// and returns it when it is to be published.
+    fn count_taken(&mut self, taken: Taken, read_at: Option<Instant>) -> Option<FaultEvent> {
+        let outcome = match &taken {
+            Taken::Dropped => Outcome::Dropped,
+            Taken::Emitted(_) => Outcome::Emitted,
+            Taken::Merged | Taken::Repeat | Taken::Coalesced => Outcome::Coalesced,
+        };
+        self.registry.count_events(Stage::Engine, outcome, 1);
+        let published = match taken {
+            // Nothing was kept: the state did not change.
+            Taken::Dropped => return None,
+            Taken::Repeat => {
+                // Counted in the registry by the next `flush_fault_counts`.
+                self.unrecorded = true;
+                None
+            }
+            Taken::Merged | Taken::Coalesced => None,
+            Taken::Emitted(ev) => {
+                if let Some(t) = read_at {
+                    self.registry.record_latency(t.elapsed());
+                }
+                Some(ev)
+            }
+        };
+        self.touch();
+        published
+    }
+
+    /// Whether the event's fault may be kept: on a GPU always (that bound
+    /// applies in the join), on the node when it is already active or fits
+    /// under [`MAX_NODE_FAULTS`](super::MAX_NODE_FAULTS).
+    fn room_for(&mut self, a: &Arrival) -> bool {
+        match a.holder {
+            Holder::Gpu(_) => true,
+            Holder::Node => {
+                self.node_faults
+                    .contains_key(&(a.ev.pci_address.clone(), a.key.clone()))
+                    || self.room_for_node_fault(self.expected_action(&a.ev))
+            }
+        }
+    }
+
+    /// Fills the boot and classifies: the policy first, then the engine
+    /// default for kinds it left open.
+    fn classify(&mut self, ev: &mut FaultEvent) {
         if ev.boot_id.is_empty() {
             ev.boot_id = self.boot.boot_id.clone();
         }
-
-        // Policy classification, then the engine default for kinds it left open.
         if ev.action() == Action::Unspecified {
-            self.policy.classify(&mut self.ctx, &mut ev);
+            self.policy.classify(&mut self.ctx, ev);
         }
         if ev.action() == Action::Unspecified {
-            let (action, reason) = fallback_action(&ev);
+            let (action, reason) = fallback_action(ev);
             ev.classify(action, reason);
         }
         if ev.severity() == gpuwatch_proto::Severity::Unspecified {
             ev.set_severity(ev.action().default_severity());
         }
+    }
 
-        let gpu = gpu_pci.as_ref().and_then(|p| self.gpus.get(p));
-        let remap = if remap_xid {
-            self.remap_context(gpu, &mut ev, now)
+    /// The context rules, in order: NVML's row-remap state (XID 63/64),
+    /// count-within-window thresholds, the recurrence history and the
+    /// escalation of a fault that recurs across reboots.
+    fn context_rules(&mut self, a: &mut Arrival) -> Context {
+        let gpu = match &a.holder {
+            Holder::Gpu(pci) => self.gpus.get(pci),
+            Holder::Node => None,
+        };
+        let remap = if a.remap_xid {
+            self.remap_context(gpu, &mut a.ev, a.now)
         } else {
             RemapCheck::NotApplicable
         };
         let identity = match gpu {
             Some(g) => g.identity(),
-            None if ev.pci_address.is_empty() => "node".to_string(),
-            None => pci_identity(&ev.pci_address),
+            None if a.ev.pci_address.is_empty() => "node".to_string(),
+            None => pci_identity(&a.ev.pci_address),
         };
-        self.apply_threshold(&identity, &mut ev, now);
-
-        let boots_seen = self.record_history(identity, &key, now);
-        let mut escalated = false;
-        if matches!(ev.action(), Action::ResetGpu | Action::RebootNode) {
-            let code = if ev.kind() == FaultKind::Xid {
-                ev.code
-            } else {
-                0
-            };
-            let needed = self.policy.recurrence_reboots(code);
-            if recurred(boots_seen, needed) {
-                let reason = format!(
-                    "{} seen on this device in {boots_seen} distinct boots, i.e. it recurred after {} reboots (recurrence threshold {needed} reboots): escalated from {} to inspect_hardware; policy: {}",
-                    ev.short_reason(),
-                    boots_seen - 1,
-                    ev.action().short_name(),
-                    ev.policy_reason
-                );
-                ev.classify(Action::InspectHardware, reason);
-                escalated = true;
-            }
+        self.apply_threshold(&identity, &mut a.ev, a.now);
+        let boots_seen = self.record_history(identity, &a.key, a.now);
+        let escalated = self.escalate_recurrence(&mut a.ev, boots_seen);
+        Context {
+            remap,
+            boots_seen,
+            escalated,
         }
-        self.registry.record_fault(&ev);
+    }
 
-        let boot_id = self.boot.boot_id.clone();
-        let slot = match &gpu_pci {
-            Some(p) => self.gpus.get_mut(p).map(|g| &mut g.faults),
-            None => None,
-        };
-        let existing = match slot {
-            Some(faults) => faults.get_mut(&key),
-            None => self
-                .node_faults
-                .get_mut(&(ev.pci_address.clone(), key.clone())),
-        };
-        if let Some(f) = existing {
-            // A fault from an earlier boot that recurs in this one is news (it
-            // survived the reboot): published, never coalesced.
-            let recurs_after_reboot = f.last_boot_id != boot_id;
-            f.note_occurrence(source, ev_time);
-            f.count = f.count.saturating_add(n);
-            f.last_seen = now;
-            f.last_boot_id.clone_from(&boot_id);
-            f.boots_seen = f.boots_seen.max(boots_seen);
-            if !ev.message.is_empty() {
-                f.message.clone_from(&ev.message);
-                f.message_source = source;
-            }
-            if level {
-                f.level = true;
-                f.condition_gone_since = None;
-                f.gone_samples = 0;
-            }
-            let mut more_severe = ev.action().rank() > f.action.rank();
-            match remap {
-                // A sample at least as new as this XID decides for the whole
-                // fault while it waited for NVML (down as well as up).
-                RemapCheck::Confirmed if f.awaiting_nvml.is_some() => {
-                    f.awaiting_nvml = None;
-                    if f.action != ev.action() {
-                        info!(pci = %ev.pci_address, gpu_index = ?ev.gpu_index, code = ev.code, from = f.action.short_name(), to = ev.action().short_name(), reason = %ev.policy_reason, "Fault reclassified from NVML's row-remap state.");
-                        more_severe = true;
-                    }
-                }
-                RemapCheck::Unconfirmed(t) => {
-                    f.awaiting_nvml = Some(f.awaiting_nvml.map_or(t, |w| w.max(t)));
-                }
-                _ => {}
-            }
-            if more_severe {
-                f.action = ev.action();
-                f.severity = ev.severity();
-                f.policy_reason = ev.policy_reason.clone();
-                f.escalated |= escalated;
-            }
-            if !more_severe && !recurs_after_reboot && now.saturating_sub(f.last_emitted) < dedup {
-                f.pending = f.pending.saturating_add(n);
-                self.registry
-                    .count_events(Stage::Engine, Outcome::Coalesced, 1);
-                self.touch();
-                return None;
-            }
-            ev.count = u32::try_from(f.pending.saturating_add(n)).unwrap_or(u32::MAX);
-            f.pending = 0;
-            f.last_emitted = now;
+    /// A reset/reboot-class fault seen in more distinct boots than the
+    /// policy's `recurrence_reboots` allows becomes `inspect_hardware`.
+    fn escalate_recurrence(&self, ev: &mut FaultEvent, boots_seen: u32) -> bool {
+        if !matches!(ev.action(), Action::ResetGpu | Action::RebootNode) {
+            return false;
+        }
+        let code = if ev.kind() == FaultKind::Xid {
+            ev.code
         } else {
-            let mut f = Fault {
-                pci: ev.pci_address.clone(),
-                action: ev.action(),
-                severity: ev.severity(),
-                policy_reason: ev.policy_reason.clone(),
-                reason: ev.short_reason(),
-                name: ev.name.clone(),
-                message: ev.message.clone(),
-                message_source: source,
-                count: n,
-                pending: 0,
-                unrecorded: 0,
-                recent: VecDeque::new(),
-                first_seen: now,
-                last_seen: now,
-                last_emitted: now,
-                boot_id: boot_id.clone(),
-                last_boot_id: boot_id,
-                boots_seen,
-                escalated,
-                level,
-                condition_gone_since: None,
-                gone_samples: 0,
-                awaiting_nvml: match remap {
-                    RemapCheck::Unconfirmed(t) => Some(t),
-                    _ => None,
-                },
-            };
-            f.note_occurrence(source, ev_time);
-            let activation = Activation::of(&ev, &f);
-            if self.defer_activation_logs {
-                self.activations.push(activation);
-            } else {
-                activation.log();
+            0
+        };
+        let needed = self.policy.recurrence_reboots(code);
+        if !recurred(boots_seen, needed) {
+            return false;
+        }
+        let reason = format!(
+            "{} seen on this device in {boots_seen} distinct boots, i.e. it recurred after {} reboots (recurrence threshold {needed} reboots): escalated from {} to inspect_hardware; policy: {}",
+            ev.short_reason(),
+            boots_seen - 1,
+            ev.action().short_name(),
+            ev.policy_reason
+        );
+        ev.classify(Action::InspectHardware, reason);
+        true
+    }
+
+    /// A new active fault: logged (now, or after the events went to the
+    /// sinks) and kept where its holder says.
+    fn activate(&mut self, a: Arrival, c: Context, boot_id: String) -> Taken {
+        let ev = a.ev;
+        let mut f = Fault {
+            pci: ev.pci_address.clone(),
+            action: ev.action(),
+            severity: ev.severity(),
+            policy_reason: ev.policy_reason.clone(),
+            reason: ev.short_reason(),
+            name: ev.name.clone(),
+            message: ev.message.clone(),
+            message_source: a.source,
+            count: a.n,
+            pending: 0,
+            unrecorded: 0,
+            recent: VecDeque::new(),
+            first_seen: a.now,
+            last_seen: a.now,
+            last_emitted: a.now,
+            boot_id: boot_id.clone(),
+            last_boot_id: boot_id,
+            boots_seen: c.boots_seen,
+            escalated: c.escalated,
+            level: a.level,
+            condition_gone_since: None,
+            gone_samples: 0,
+            awaiting_nvml: match c.remap {
+                RemapCheck::Unconfirmed(t) => Some(t),
+                _ => None,
+            },
+        };
+        f.note_occurrence(a.source, a.at);
+        let activation = Activation::of(&ev, &f);
+        if self.defer_activation_logs {
+            self.activations.push(activation);
+        } else {
+            activation.log();
+        }
+        let gpu = match &a.holder {
+            Holder::Gpu(pci) => self.gpus.get_mut(pci),
+            Holder::Node => None,
+        };
+        match gpu {
+            Some(g) => {
+                g.faults.insert(a.key, f);
             }
-            match gpu_pci.as_ref().and_then(|p| self.gpus.get_mut(p)) {
-                Some(g) => {
-                    g.faults.insert(key, f);
-                }
-                None => {
-                    self.node_faults.insert((ev.pci_address.clone(), key), f);
-                }
+            None => {
+                self.node_faults.insert((ev.pci_address.clone(), a.key), f);
             }
         }
-        self.registry
-            .count_events(Stage::Engine, Outcome::Emitted, 1);
-        if let Some(t) = read_at {
-            self.registry.record_latency(t.elapsed());
-        }
-        self.touch();
-        Some(ev)
+        Taken::Emitted(ev)
     }
 
     /// Count-within-window thresholds: below the count, a reset/reboot/inspect action
@@ -356,17 +438,114 @@ impl Engine {
 fn fault_in<'a>(
     gpus: &'a mut BTreeMap<String, Gpu>,
     node_faults: &'a mut BTreeMap<(String, FaultKey), Fault>,
-    gpu_pci: Option<&str>,
+    holder: &Holder,
     pci: &str,
     key: &FaultKey,
 ) -> Option<&'a mut Fault> {
-    match gpu_pci {
-        Some(p) => gpus.get_mut(p)?.faults.get_mut(key),
+    match holder {
+        Holder::Gpu(p) => gpus.get_mut(p)?.faults.get_mut(key),
         // Node-level faults are keyed by (PCI address, fault): the lookup needs
         // owned keys, so it is skipped while there are none.
-        None if node_faults.is_empty() => None,
-        None => node_faults.get_mut(&(pci.to_string(), key.clone())),
+        Holder::Node if node_faults.is_empty() => None,
+        Holder::Node => node_faults.get_mut(&(pci.to_string(), key.clone())),
     }
+}
+
+/// Phase 1: the same occurrence already counted from another source (kernel
+/// log and NVML event) within `window` nanoseconds. Counted once; the richer
+/// message (the kernel log's, with pid and process) is kept.
+fn merge_cross_source(f: &mut Fault, a: &mut Arrival, window: u64) -> bool {
+    if !f.match_other_source(a.source, a.at, window) {
+        return false;
+    }
+    if f.prefers_message_of(a.source) && !a.ev.message.is_empty() {
+        f.message = std::mem::take(&mut a.ev.message);
+        f.message_source = a.source;
+    }
+    tracing::debug!(pci = %a.ev.pci_address, code = a.ev.code, source = a.source.short_name(), "Same fault reported by a second source; counted once.");
+    true
+}
+
+/// Phase 2: a repeat that cannot change the fault (classified, no more
+/// severe, same boot, inside the dedup window, not a level condition or an
+/// XID 63/64 that NVML may reclassify) only bumps its counters.
+fn coalesce_repeat(f: &mut Fault, a: &Arrival, boot_id: &str, dedup: u64) -> bool {
+    let ev = &a.ev;
+    let plain = !a.level
+        && !a.remap_xid
+        && f.last_boot_id == boot_id
+        && ev.action() != Action::Unspecified
+        && ev.action().rank() <= f.action.rank()
+        && a.now.saturating_sub(f.last_emitted) < dedup;
+    if !plain {
+        return false;
+    }
+    f.note_occurrence(a.source, a.at);
+    f.count = f.count.saturating_add(a.n);
+    f.pending = f.pending.saturating_add(a.n);
+    f.unrecorded = f.unrecorded.saturating_add(a.n);
+    f.last_seen = a.now;
+    if !ev.message.is_empty() && f.message != ev.message {
+        f.message.clone_from(&ev.message);
+        f.message_source = a.source;
+    }
+    true
+}
+
+/// Phase 3 on an active fault: records the occurrence, raises the action
+/// when the event is more severe (or NVML's row-remap state reclassified
+/// it), and re-emits unless it is a repeat inside the dedup window of this
+/// boot.
+fn update_active(f: &mut Fault, mut a: Arrival, c: &Context, boot_id: &str, dedup: u64) -> Taken {
+    let ev = &mut a.ev;
+    // A fault from an earlier boot that recurs in this one is news (it
+    // survived the reboot): published, never coalesced.
+    let recurs_after_reboot = f.last_boot_id != boot_id;
+    f.note_occurrence(a.source, a.at);
+    f.count = f.count.saturating_add(a.n);
+    f.last_seen = a.now;
+    f.last_boot_id.clear();
+    f.last_boot_id.push_str(boot_id);
+    f.boots_seen = f.boots_seen.max(c.boots_seen);
+    if !ev.message.is_empty() {
+        f.message.clone_from(&ev.message);
+        f.message_source = a.source;
+    }
+    if a.level {
+        f.level = true;
+        f.condition_gone_since = None;
+        f.gone_samples = 0;
+    }
+    let mut more_severe = ev.action().rank() > f.action.rank();
+    match c.remap {
+        // A sample at least as new as this XID decides for the whole
+        // fault while it waited for NVML (down as well as up).
+        RemapCheck::Confirmed if f.awaiting_nvml.is_some() => {
+            f.awaiting_nvml = None;
+            if f.action != ev.action() {
+                info!(pci = %ev.pci_address, gpu_index = ?ev.gpu_index, code = ev.code, from = f.action.short_name(), to = ev.action().short_name(), reason = %ev.policy_reason, "Fault reclassified from NVML's row-remap state.");
+                more_severe = true;
+            }
+        }
+        RemapCheck::Unconfirmed(t) => {
+            f.awaiting_nvml = Some(f.awaiting_nvml.map_or(t, |w| w.max(t)));
+        }
+        _ => {}
+    }
+    if more_severe {
+        f.action = ev.action();
+        f.severity = ev.severity();
+        f.policy_reason = ev.policy_reason.clone();
+        f.escalated |= c.escalated;
+    }
+    if !more_severe && !recurs_after_reboot && a.now.saturating_sub(f.last_emitted) < dedup {
+        f.pending = f.pending.saturating_add(a.n);
+        return Taken::Coalesced;
+    }
+    ev.count = u32::try_from(f.pending.saturating_add(a.n)).unwrap_or(u32::MAX);
+    f.pending = 0;
+    f.last_emitted = a.now;
+    Taken::Emitted(a.ev)
 }
 
 /// Recurrence escalation: "recurs after N reboots" means seen in N + 1
