@@ -32,8 +32,8 @@ enum Holder {
 /// One event on its way through [`Engine::accept`], with what every phase
 /// reads about it.
 #[derive(Debug)]
-struct Arrival {
-    ev: FaultEvent,
+struct Arrival<'e> {
+    ev: &'e mut FaultEvent,
     holder: Holder,
     key: FaultKey,
     /// Occurrences the event stands for (its `count`, at least 1).
@@ -51,10 +51,7 @@ struct Arrival {
 
 /// What [`Engine::accept`] did with one event; [`Engine::count_taken`]
 /// counts it.
-// Lives for one call on the stack; boxing the event would add an
-// allocation to every published event.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Taken {
     /// A second source's report of an occurrence already counted.
     Merged,
@@ -66,7 +63,7 @@ enum Taken {
     /// Not kept: the engine is at its bound of node-level faults.
     Dropped,
     /// To be published.
-    Emitted(FaultEvent),
+    Emitted,
 }
 
 /// What the context rules decided about one event, for the fault it updates
@@ -93,21 +90,22 @@ impl Engine {
     /// everything else takes the full path.
     pub(super) fn accept(
         &mut self,
-        ev: FaultEvent,
+        mut ev: FaultEvent,
         read_at: Option<Instant>,
         level: bool,
     ) -> Option<FaultEvent> {
-        let mut a = self.arrive(ev, level);
+        let mut a = self.arrive(&mut ev, level);
         let taken = match self.merge_or_repeat(&mut a) {
             Some(taken) => taken,
-            None => self.full_path(a),
+            None => self.full_path(&mut a),
         };
-        self.count_taken(taken, read_at)
+        self.count_taken(taken, read_at);
+        (taken == Taken::Emitted).then_some(ev)
     }
 
     /// Normalises the event's PCI address, joins it to its GPU and decides
     /// where its fault lives.
-    fn arrive(&mut self, mut ev: FaultEvent, level: bool) -> Arrival {
+    fn arrive<'e>(&mut self, ev: &'e mut FaultEvent, level: bool) -> Arrival<'e> {
         let now = self.clock.now_unix_nanos();
         ev.count = ev.count.max(1);
         if !ev.pci_address.is_empty()
@@ -116,12 +114,12 @@ impl Engine {
         {
             ev.pci_address = p;
         }
-        let holder = match self.join(&mut ev) {
+        let holder = match self.join(ev) {
             Some(pci) => Holder::Gpu(pci),
             None => Holder::Node,
         };
         Arrival {
-            key: FaultKey::of(&ev),
+            key: FaultKey::of(ev),
             n: u64::from(ev.count),
             source: ev.source(),
             now,
@@ -136,7 +134,7 @@ impl Engine {
     /// Phases 1 and 2, on the active fault the event belongs to (one lookup):
     /// `None` when there is none, or the event is neither a second report
     /// nor a plain repeat.
-    fn merge_or_repeat(&mut self, a: &mut Arrival) -> Option<Taken> {
+    fn merge_or_repeat(&mut self, a: &mut Arrival<'_>) -> Option<Taken> {
         let cross_window = self.cfg.cross_source_window_ms.saturating_mul(1_000_000);
         let dedup = secs(self.cfg.dedup_window_secs);
         let boot_id = self.boot.boot_id.as_str();
@@ -160,8 +158,8 @@ impl Engine {
     /// a repeat after the dedup window or across a reboot. Classifies,
     /// applies the context rules, counts the fault in the registry, then
     /// updates the active fault or activates a new one.
-    fn full_path(&mut self, mut a: Arrival) -> Taken {
-        if !self.room_for(&a) {
+    fn full_path(&mut self, a: &mut Arrival<'_>) -> Taken {
+        if !self.room_for(a) {
             // Bounded: a storm of distinct addresses cannot grow the state.
             self.over_capacity.note(a.n, &a.ev.pci_address);
             return Taken::Dropped;
@@ -169,9 +167,9 @@ impl Engine {
         // The full path counts in the registry directly: bring the bulk counts
         // up to date first so the series stay in order.
         self.flush_fault_counts();
-        self.classify(&mut a.ev);
-        let context = self.context_rules(&mut a);
-        self.registry.record_fault(&a.ev);
+        self.classify(a.ev);
+        let context = self.context_rules(a);
+        self.registry.record_fault(a.ev);
         let boot_id = self.boot.boot_id.clone();
         let dedup = secs(self.cfg.dedup_window_secs);
         match fault_in(
@@ -187,44 +185,39 @@ impl Engine {
     }
 
     /// The one exit of [`Engine::accept`]: counts what became of the event
-    /// and returns it when it is to be published.
-    fn count_taken(&mut self, taken: Taken, read_at: Option<Instant>) -> Option<FaultEvent> {
-        let outcome = match &taken {
+    /// (and, for a published one, its latency since it was read).
+    fn count_taken(&mut self, taken: Taken, read_at: Option<Instant>) {
+        let outcome = match taken {
             Taken::Dropped => Outcome::Dropped,
-            Taken::Emitted(_) => Outcome::Emitted,
+            Taken::Emitted => Outcome::Emitted,
             Taken::Merged | Taken::Repeat | Taken::Coalesced => Outcome::Coalesced,
         };
         self.registry.count_events(Stage::Engine, outcome, 1);
-        let published = match taken {
+        match taken {
             // Nothing was kept: the state did not change.
-            Taken::Dropped => return None,
-            Taken::Repeat => {
-                // Counted in the registry by the next `flush_fault_counts`.
-                self.unrecorded = true;
-                None
-            }
-            Taken::Merged | Taken::Coalesced => None,
-            Taken::Emitted(ev) => {
+            Taken::Dropped => return,
+            // Counted in the registry by the next `flush_fault_counts`.
+            Taken::Repeat => self.unrecorded = true,
+            Taken::Merged | Taken::Coalesced => {}
+            Taken::Emitted => {
                 if let Some(t) = read_at {
                     self.registry.record_latency(t.elapsed());
                 }
-                Some(ev)
             }
-        };
+        }
         self.touch();
-        published
     }
 
     /// Whether the event's fault may be kept: on a GPU always (that bound
     /// applies in the join), on the node when it is already active or fits
     /// under [`MAX_NODE_FAULTS`](super::MAX_NODE_FAULTS).
-    fn room_for(&mut self, a: &Arrival) -> bool {
+    fn room_for(&mut self, a: &Arrival<'_>) -> bool {
         match a.holder {
             Holder::Gpu(_) => true,
             Holder::Node => {
                 self.node_faults
                     .contains_key(&(a.ev.pci_address.clone(), a.key.clone()))
-                    || self.room_for_node_fault(self.expected_action(&a.ev))
+                    || self.room_for_node_fault(self.expected_action(a.ev))
             }
         }
     }
@@ -250,13 +243,13 @@ impl Engine {
     /// The context rules, in order: NVML's row-remap state (XID 63/64),
     /// count-within-window thresholds, the recurrence history and the
     /// escalation of a fault that recurs across reboots.
-    fn context_rules(&mut self, a: &mut Arrival) -> Context {
+    fn context_rules(&mut self, a: &mut Arrival<'_>) -> Context {
         let gpu = match &a.holder {
             Holder::Gpu(pci) => self.gpus.get(pci),
             Holder::Node => None,
         };
         let remap = if a.remap_xid {
-            self.remap_context(gpu, &mut a.ev, a.now)
+            self.remap_context(gpu, a.ev, a.now)
         } else {
             RemapCheck::NotApplicable
         };
@@ -265,9 +258,9 @@ impl Engine {
             None if a.ev.pci_address.is_empty() => "node".to_string(),
             None => pci_identity(&a.ev.pci_address),
         };
-        self.apply_threshold(&identity, &mut a.ev, a.now);
+        self.apply_threshold(&identity, a.ev, a.now);
         let boots_seen = self.record_history(identity, &a.key, a.now);
-        let escalated = self.escalate_recurrence(&mut a.ev, boots_seen);
+        let escalated = self.escalate_recurrence(a.ev, boots_seen);
         Context {
             remap,
             boots_seen,
@@ -303,8 +296,8 @@ impl Engine {
 
     /// A new active fault: logged (now, or after the events went to the
     /// sinks) and kept where its holder says.
-    fn activate(&mut self, a: Arrival, c: Context, boot_id: String) -> Taken {
-        let ev = a.ev;
+    fn activate(&mut self, a: &Arrival<'_>, c: Context, boot_id: String) -> Taken {
+        let ev: &FaultEvent = a.ev;
         let mut f = Fault {
             pci: ev.pci_address.clone(),
             action: ev.action(),
@@ -334,7 +327,7 @@ impl Engine {
             },
         };
         f.note_occurrence(a.source, a.at);
-        let activation = Activation::of(&ev, &f);
+        let activation = Activation::of(ev, &f);
         if self.defer_activation_logs {
             self.activations.push(activation);
         } else {
@@ -346,13 +339,14 @@ impl Engine {
         };
         match gpu {
             Some(g) => {
-                g.faults.insert(a.key, f);
+                g.faults.insert(a.key.clone(), f);
             }
             None => {
-                self.node_faults.insert((ev.pci_address.clone(), a.key), f);
+                self.node_faults
+                    .insert((ev.pci_address.clone(), a.key.clone()), f);
             }
         }
-        Taken::Emitted(ev)
+        Taken::Emitted
     }
 
     /// Count-within-window thresholds: below the count, a reset/reboot/inspect action
@@ -454,7 +448,7 @@ fn fault_in<'a>(
 /// Phase 1: the same occurrence already counted from another source (kernel
 /// log and NVML event) within `window` nanoseconds. Counted once; the richer
 /// message (the kernel log's, with pid and process) is kept.
-fn merge_cross_source(f: &mut Fault, a: &mut Arrival, window: u64) -> bool {
+fn merge_cross_source(f: &mut Fault, a: &mut Arrival<'_>, window: u64) -> bool {
     if !f.match_other_source(a.source, a.at, window) {
         return false;
     }
@@ -469,8 +463,8 @@ fn merge_cross_source(f: &mut Fault, a: &mut Arrival, window: u64) -> bool {
 /// Phase 2: a repeat that cannot change the fault (classified, no more
 /// severe, same boot, inside the dedup window, not a level condition or an
 /// XID 63/64 that NVML may reclassify) only bumps its counters.
-fn coalesce_repeat(f: &mut Fault, a: &Arrival, boot_id: &str, dedup: u64) -> bool {
-    let ev = &a.ev;
+fn coalesce_repeat(f: &mut Fault, a: &Arrival<'_>, boot_id: &str, dedup: u64) -> bool {
+    let ev: &FaultEvent = a.ev;
     let plain = !a.level
         && !a.remap_xid
         && f.last_boot_id == boot_id
@@ -496,8 +490,14 @@ fn coalesce_repeat(f: &mut Fault, a: &Arrival, boot_id: &str, dedup: u64) -> boo
 /// when the event is more severe (or NVML's row-remap state reclassified
 /// it), and re-emits unless it is a repeat inside the dedup window of this
 /// boot.
-fn update_active(f: &mut Fault, mut a: Arrival, c: &Context, boot_id: &str, dedup: u64) -> Taken {
-    let ev = &mut a.ev;
+fn update_active(
+    f: &mut Fault,
+    a: &mut Arrival<'_>,
+    c: &Context,
+    boot_id: &str,
+    dedup: u64,
+) -> Taken {
+    let ev: &mut FaultEvent = a.ev;
     // A fault from an earlier boot that recurs in this one is news (it
     // survived the reboot): published, never coalesced.
     let recurs_after_reboot = f.last_boot_id != boot_id;
@@ -545,7 +545,7 @@ fn update_active(f: &mut Fault, mut a: Arrival, c: &Context, boot_id: &str, dedu
     ev.count = u32::try_from(f.pending.saturating_add(a.n)).unwrap_or(u32::MAX);
     f.pending = 0;
     f.last_emitted = a.now;
-    Taken::Emitted(a.ev)
+    Taken::Emitted
 }
 
 /// Recurrence escalation: "recurs after N reboots" means seen in N + 1
