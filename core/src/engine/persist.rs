@@ -241,6 +241,32 @@ fn keep_aside(path: &Path, what: &str, reason: String, read_only: bool) -> State
     }
 }
 
+/// Reads and decodes the state file: `None` when there is none. Whatever
+/// cannot be used (not a regular file, unreadable, corrupt) is kept aside.
+fn read_state(path: &Path, read_only: bool) -> Result<Option<StateFile>, StateFileError> {
+    if let Ok(m) = std::fs::symlink_metadata(path)
+        && !m.is_file()
+    {
+        let reason = format!("{} is not a regular file", path.display());
+        return Err(keep_aside(path, "not-a-file", reason, read_only));
+    }
+    let bytes = match statefile::read(path) {
+        Ok(bytes) => bytes,
+        Err(StateFileError::Read { source, .. }) => {
+            let reason = format!("cannot be read: {source}");
+            return Err(keep_aside(path, "unreadable", reason, read_only));
+        }
+        Err(other) => return Err(other),
+    };
+    let Some(bytes) = bytes else {
+        return Ok(None);
+    };
+    match serde_json::from_slice::<StateFile>(&bytes) {
+        Ok(f) => Ok(Some(f)),
+        Err(e) => Err(keep_aside(path, "corrupt", e.to_string(), read_only)),
+    }
+}
+
 impl Engine {
     pub(super) fn to_state_file(&self) -> StateFile {
         StateFile {
@@ -325,89 +351,14 @@ impl Engine {
         let Some(path) = self.state_path.clone() else {
             return;
         };
-        match std::fs::symlink_metadata(&path) {
-            Ok(m) if !m.is_file() => {
-                let e = keep_aside(
-                    &path,
-                    "not-a-file",
-                    format!("{} is not a regular file", path.display()),
-                    self.read_only,
-                );
-                self.unusable(e);
-                return;
-            }
-            _ => {}
-        }
-        let decoded = statefile::read(&path).map(|bytes| {
-            bytes.map(|b| serde_json::from_slice::<StateFile>(&b).map_err(|e| e.to_string()))
-        });
-        let file = match decoded {
-            Ok(Some(Err(reason))) => {
-                let e = keep_aside(&path, "corrupt", reason, self.read_only);
-                self.unusable(e);
-                return;
-            }
-            Ok(Some(Ok(f))) => Some(f),
-            Ok(None) => None,
-            Err(e) => {
-                let e = match e {
-                    StateFileError::Read { source, .. } => keep_aside(
-                        &path,
-                        "unreadable",
-                        format!("cannot be read: {source}"),
-                        self.read_only,
-                    ),
-                    other => other,
-                };
-                self.unusable(e);
-                return;
-            }
+        let file = match read_state(&path, self.read_only) {
+            Ok(Some(f)) => f,
+            Ok(None) => return self.no_state_file(&path),
+            Err(e) => return self.unusable(e),
         };
-        let file = match file {
-            Some(f) if f.version == VERSION => f,
-            Some(f) if f.version == 1 => {
-                let mut f = f;
-                f.kmsg = self.legacy_cursor();
-                self.legacy_cursor_pending = true;
-                self.dirty = true;
-                info!(path = %path.display(), position = ?f.kmsg, "Migrating the version 1 health state and kernel log cursor to one version 2 state file.");
-                f
-            }
-            Some(f) => {
-                let what = if f.version > VERSION {
-                    "newer"
-                } else {
-                    "unsupported"
-                };
-                let e = keep_aside(
-                    &path,
-                    what,
-                    format!(
-                        "format version {} (this gpuwatch reads {VERSION}{})",
-                        f.version,
-                        if f.version > VERSION {
-                            "; written by a newer gpuwatch"
-                        } else {
-                            ""
-                        }
-                    ),
-                    self.read_only,
-                );
-                self.unusable(e);
-                return;
-            }
-            None => {
-                if self.legacy_cursor().is_some() {
-                    // A cursor without its faults would skip them: ignore it.
-                    self.legacy_cursor_pending = true;
-                    self.dirty = true;
-                    warn!(
-                        "A version 1 kernel log cursor exists without its health state; ignoring it and reading the whole ring."
-                    );
-                }
-                info!(path = %path.display(), "No health state file yet; starting with fresh state.");
-                return;
-            }
+        let file = match self.check_version(&path, file) {
+            Ok(f) => f,
+            Err(e) => return self.unusable(e),
         };
         let position = file.kmsg.clone();
         if let Err(reason) = self.restore(file) {
@@ -416,10 +367,55 @@ impl Engine {
             self.history.clear();
             self.boots.clear();
             let e = keep_aside(&path, "corrupt", reason, self.read_only);
-            self.unusable(e);
-            return;
+            return self.unusable(e);
         }
         self.kmsg_position = position;
+    }
+
+    /// A file of this version as is; a version 1 file with the position of
+    /// its cursor file (migrated at the next write); any other version is
+    /// kept aside.
+    fn check_version(
+        &mut self,
+        path: &Path,
+        mut f: StateFile,
+    ) -> Result<StateFile, StateFileError> {
+        if f.version == VERSION {
+            return Ok(f);
+        }
+        if f.version == 1 {
+            f.kmsg = self.legacy_cursor();
+            self.legacy_cursor_pending = true;
+            self.dirty = true;
+            info!(path = %path.display(), position = ?f.kmsg, "Migrating the version 1 health state and kernel log cursor to one version 2 state file.");
+            return Ok(f);
+        }
+        let newer = f.version > VERSION;
+        let reason = format!(
+            "format version {} (this gpuwatch reads {VERSION}{})",
+            f.version,
+            if newer {
+                "; written by a newer gpuwatch"
+            } else {
+                ""
+            }
+        );
+        let what = if newer { "newer" } else { "unsupported" };
+        Err(keep_aside(path, what, reason, self.read_only))
+    }
+
+    /// No state file yet: a fresh start. A version 1 cursor without its
+    /// faults would skip them, so it is ignored (and removed at the first
+    /// write).
+    fn no_state_file(&mut self, path: &Path) {
+        if self.legacy_cursor().is_some() {
+            self.legacy_cursor_pending = true;
+            self.dirty = true;
+            warn!(
+                "A version 1 kernel log cursor exists without its health state; ignoring it and reading the whole ring."
+            );
+        }
+        info!(path = %path.display(), "No health state file yet; starting with fresh state.");
     }
 
     /// The version 1 cursor file's position, if there is a readable one.

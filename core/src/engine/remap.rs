@@ -3,10 +3,11 @@
 //! fault (see the engine module docs).
 
 use super::Engine;
-use super::model::Gpu;
+use super::model::{Fault, FaultKey, Gpu};
 use crate::{Outcome, Stage};
 use gpuwatch_proto::{Action, FaultEvent, FaultKind, GpuSample, ShortName, Source};
 use tracing::{info, warn};
+use xid_parser::Policy;
 
 /// True for the XIDs whose action defers to NVML's row-remap state.
 pub(crate) fn is_remap_xid(kind: FaultKind, code: u32) -> bool {
@@ -123,7 +124,6 @@ impl Engine {
     /// logged with its reason and published as a reclassification event (not a
     /// new occurrence: the fault metrics are not counted again).
     pub(super) fn recheck_remap(&mut self, pci: &str, now: u64, out: &mut Vec<FaultEvent>) {
-        let boot_id = self.boot.boot_id.clone();
         let policy = std::sync::Arc::clone(&self.policy);
         let Some(g) = self.gpus.get_mut(pci) else {
             return;
@@ -132,12 +132,21 @@ impl Engine {
             return;
         };
         let who = g.describe();
-        let gpu_index = g.index.filter(|_| g.confirmed);
-        let gpu_uuid = if g.confirmed {
-            g.uuid.clone()
-        } else {
-            String::new()
+        // What every reclassification event of this GPU carries.
+        let mut base = FaultEvent {
+            pci_address: pci.to_string(),
+            gpu_index: g.index.filter(|_| g.confirmed),
+            gpu_uuid: if g.confirmed {
+                g.uuid.clone()
+            } else {
+                String::new()
+            },
+            time_unix_nano: Some(at),
+            boot_id: self.boot.boot_id.clone(),
+            count: 1,
+            ..Default::default()
         };
+        base.set_source(Source::NvmlPoll);
         let mut changed = false;
         let mut emitted = 0;
         for (key, f) in g.faults.iter_mut() {
@@ -146,68 +155,17 @@ impl Engine {
             }
             f.awaiting_nvml = None;
             changed = true;
-            let Some((action, why)) = row_remap_decision(key.code, s) else {
-                f.policy_reason = format!(
-                    "XID {}: NVML reports no row-remap state for this GPU, so the policy action {} stands",
-                    key.code,
-                    f.action.short_name()
-                );
+            let Some(from) = redecide(f, key, s, &policy) else {
                 continue;
             };
-            let from = f.action;
-            let mut reason = format!(
-                "Re-evaluated with an NVML sample newer than the XID (was {}): {why}",
-                from.short_name()
-            );
-            // Recurrence across boots escalates as it does for a new event.
-            let needed = policy.recurrence_reboots(key.code);
-            let escalated =
-                action == Action::ResetGpu && super::accept::recurred(f.boots_seen, needed);
-            let action = if escalated {
-                reason = format!(
-                    "{reason}; seen on this device in {} distinct boots, i.e. it recurred after {} reboots (recurrence threshold {needed} reboots): escalated from reset_gpu to inspect_hardware",
-                    f.boots_seen,
-                    f.boots_seen.saturating_sub(1)
-                );
-                Action::InspectHardware
+            let (to, reason) = (f.action.short_name(), &f.policy_reason);
+            if f.action.rank() > from.rank() {
+                warn!(gpu = %who, code = key.code, from = from.short_name(), to, reason = %reason, "Fault reclassified from NVML's row-remap state.");
             } else {
-                action
-            };
-            f.escalated = escalated;
-            if action == from {
-                // Confirmed as it was; the reason now says NVML agrees.
-                f.policy_reason = reason;
-                continue;
+                info!(gpu = %who, code = key.code, from = from.short_name(), to, reason = %reason, "Fault reclassified from NVML's row-remap state.");
             }
-            if action.rank() > from.rank() {
-                warn!(gpu = %who, code = key.code, from = from.short_name(), to = action.short_name(), reason = %reason, "Fault reclassified from NVML's row-remap state.");
-            } else {
-                info!(gpu = %who, code = key.code, from = from.short_name(), to = action.short_name(), reason = %reason, "Fault reclassified from NVML's row-remap state.");
-            }
-            f.action = action;
-            f.severity = action.default_severity();
-            f.policy_reason.clone_from(&reason);
             f.last_emitted = now;
-            let mut ev = FaultEvent {
-                pci_address: pci.to_string(),
-                gpu_index,
-                gpu_uuid: gpu_uuid.clone(),
-                message: f.message.clone(),
-                time_unix_nano: Some(at),
-                boot_id: boot_id.clone(),
-                code: key.code,
-                count: 1,
-                name: f.name.clone(),
-                ..Default::default()
-            };
-            ev.set_kind(key.kind);
-            ev.set_source(Source::NvmlPoll);
-            ev.classify(action, reason);
-            ev.attributes
-                .insert("context".into(), "row_remap_state".into());
-            ev.attributes
-                .insert("reclassified_from".into(), from.short_name().into());
-            out.push(ev);
+            out.push(reclassification(&base, key, f, from));
             emitted += 1;
         }
         if emitted > 0 {
@@ -218,6 +176,63 @@ impl Engine {
             self.touch();
         }
     }
+}
+
+/// Lets NVML's row-remap state decide an XID 63/64 fault that waited for it:
+/// the fault's reason then says what NVML reported, and its action follows
+/// NVML's (a reset/reboot-class fault that recurs across boots escalates as
+/// a new event would). Returns the earlier action when the action changed.
+fn redecide(f: &mut Fault, key: &FaultKey, s: &GpuSample, policy: &Policy) -> Option<Action> {
+    let Some((action, why)) = row_remap_decision(key.code, s) else {
+        f.policy_reason = format!(
+            "XID {}: NVML reports no row-remap state for this GPU, so the policy action {} stands",
+            key.code,
+            f.action.short_name()
+        );
+        return None;
+    };
+    let from = f.action;
+    let mut reason = format!(
+        "Re-evaluated with an NVML sample newer than the XID (was {}): {why}",
+        from.short_name()
+    );
+    let needed = policy.recurrence_reboots(key.code);
+    let escalated = action == Action::ResetGpu && super::accept::recurred(f.boots_seen, needed);
+    let action = if escalated {
+        reason = format!(
+            "{reason}; seen on this device in {} distinct boots, i.e. it recurred after {} reboots (recurrence threshold {needed} reboots): escalated from reset_gpu to inspect_hardware",
+            f.boots_seen,
+            f.boots_seen.saturating_sub(1)
+        );
+        Action::InspectHardware
+    } else {
+        action
+    };
+    f.escalated = escalated;
+    f.policy_reason = reason;
+    if action == from {
+        // Confirmed as it was; the reason now says NVML agrees.
+        return None;
+    }
+    f.action = action;
+    f.severity = action.default_severity();
+    Some(from)
+}
+
+/// The event that publishes a fault's new action (`reclassified_from` names
+/// the earlier one); `base` carries the GPU's identity and the sample time.
+fn reclassification(base: &FaultEvent, key: &FaultKey, f: &Fault, from: Action) -> FaultEvent {
+    let mut ev = base.clone();
+    ev.code = key.code;
+    ev.message.clone_from(&f.message);
+    ev.name.clone_from(&f.name);
+    ev.set_kind(key.kind);
+    ev.classify(f.action, f.policy_reason.clone());
+    ev.attributes
+        .insert("context".into(), "row_remap_state".into());
+    ev.attributes
+        .insert("reclassified_from".into(), from.short_name().into());
+    ev
 }
 
 #[cfg(test)]
