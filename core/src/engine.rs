@@ -102,17 +102,28 @@
 //! failure), else `degraded` for active restart_app/investigate faults, else
 //! `healthy`. A monitoring failure never produces a hardware verdict.
 
+// One fault event: cross-source merge, plain repeat, full path.
 mod accept;
+// The NVML level conditions (a table) and their present/absent transitions.
 mod conditions;
 mod config;
+// NVML polls: the sample diff against the baseline, lost and gone GPUs.
 mod derive;
+// `NodeHealth` and the verdicts.
 mod health;
+// The identity join, its startup grace and the capacity bounds.
 mod join;
+// Fault identity, active faults, per-GPU state, recurrence history.
 mod model;
+// The state file: its format, loading, and the write schedule.
 mod persist;
+// The clearing rules (module docs above).
 mod recovery;
+// XID 63/64 and NVML's row-remap state.
 mod remap;
+// The engine thread (`run_engine`).
 mod run;
+// The state-file writer thread.
 mod writer;
 
 pub use config::EngineConfig;
@@ -238,7 +249,8 @@ pub struct Engine {
     heartbeat: Option<Arc<std::sync::atomic::AtomicU64>>,
     /// A version 1 cursor file is to be removed after the next write.
     legacy_cursor_pending: bool,
-    /// Consecutive failed state writes.
+    /// Consecutive failed state writes (the health reports them; a
+    /// successful write logs that the run of failures ended).
     write_failures: u32,
     /// Delays between retries of a failed state write.
     write_backoff: crate::retry::Backoff,
@@ -360,44 +372,20 @@ impl Engine {
 
     /// Applies one input; returns the events to publish (classified, joined to GPU
     /// identity, coalesced: a repeat inside the dedup window of an active fault bumps
-    /// its count and is not returned again).
+    /// its count and is not returned again). Each kind of input has one method.
     pub fn handle(&mut self, input: Input) -> Vec<FaultEvent> {
         match input {
-            Input::Fault { event, read_at } => {
-                if self.track_kmsg && event.source() == gpuwatch_proto::Source::Kmsg {
-                    self.kmsg_unsettled = true;
-                }
-                if self.should_hold(&event) {
-                    self.held.push((event, Some(read_at)));
-                    return Vec::new();
-                }
-                let out: Vec<FaultEvent> = self
-                    .accept(event, Some(read_at), false)
-                    .into_iter()
-                    .collect();
-                out
-            }
+            Input::Fault { event, read_at } => self.on_fault(event, read_at),
             Input::Samples { samples, complete } => self.on_samples(samples, complete),
             Input::MonitorStatus { input, ok, message } => {
-                self.set_monitor(input, ok, message);
-                let mut out = Vec::new();
-                if input == MonitorInput::Nvml && !ok {
-                    // No NVML identity is coming: publish what waited for it.
-                    self.end_join_grace("NVML is unavailable", &mut out);
-                }
-                out
+                self.on_monitor_status(input, ok, message)
             }
             Input::Validation(report) => {
                 self.set_validation(report);
                 Vec::new()
             }
             Input::KmsgCaughtUp => {
-                if !self.kmsg_caught_up {
-                    info!("The kernel log reader caught up with the ring buffer.");
-                    self.kmsg_caught_up = true;
-                    self.updated_at = self.clock.now_unix_nanos();
-                    *self.cache.get_mut() = None;
-                }
+                self.on_kmsg_caught_up();
                 Vec::new()
             }
             Input::Clear { gpu, reason, reply } => {
@@ -409,39 +397,90 @@ impl Engine {
                 Vec::new()
             }
             Input::KmsgProgress(position) => {
-                self.track_kmsg = true;
-                if self.held.is_empty() {
-                    self.set_kmsg_position(position);
-                } else {
-                    self.kmsg_position_held = Some(position);
-                }
+                self.on_kmsg_progress(position);
                 Vec::new()
             }
-            Input::Tick => {
-                let now = self.clock.now_unix_nanos();
-                let mut out = Vec::new();
-                if !self.join_grace_over
-                    && now.saturating_sub(self.started_at) >= secs(self.cfg.nvml_join_grace_secs)
-                {
-                    self.end_join_grace("the NVML join grace passed", &mut out);
-                }
-                self.flush_fault_counts();
-                self.evaluate_recovery(now);
-                let stale = self.count_stale(now);
-                if stale != self.stale_samples {
-                    if stale > self.stale_samples {
-                        warn!(
-                            gpus = stale,
-                            "NVML samples are stale: NVML has not answered for these GPUs within three poll intervals; they are reported unknown."
-                        );
-                    }
-                    self.stale_samples = stale;
-                    self.updated_at = now;
-                    *self.cache.get_mut() = None;
-                }
-                out
-            }
+            Input::Tick => self.on_tick(),
         }
+    }
+
+    /// A fault event from a source: held for the NVML join grace when its
+    /// GPU has no identity yet, else accepted.
+    fn on_fault(&mut self, event: FaultEvent, read_at: Instant) -> Vec<FaultEvent> {
+        if self.track_kmsg && event.source() == gpuwatch_proto::Source::Kmsg {
+            self.kmsg_unsettled = true;
+        }
+        if self.should_hold(&event) {
+            self.held.push((event, Some(read_at)));
+            return Vec::new();
+        }
+        self.accept(event, Some(read_at), false)
+            .into_iter()
+            .collect()
+    }
+
+    /// A monitoring input's status; NVML reporting itself unavailable ends
+    /// the join grace (no NVML identity is coming: what waited for it is
+    /// published).
+    fn on_monitor_status(
+        &mut self,
+        input: MonitorInput,
+        ok: bool,
+        message: String,
+    ) -> Vec<FaultEvent> {
+        self.set_monitor(input, ok, message);
+        let mut out = Vec::new();
+        if input == MonitorInput::Nvml && !ok {
+            self.end_join_grace("NVML is unavailable", &mut out);
+        }
+        out
+    }
+
+    fn on_kmsg_caught_up(&mut self) {
+        if !self.kmsg_caught_up {
+            info!("The kernel log reader caught up with the ring buffer.");
+            self.kmsg_caught_up = true;
+            self.updated_at = self.clock.now_unix_nanos();
+            *self.cache.get_mut() = None;
+        }
+    }
+
+    /// The reader's position; it applies once no event is held for the join
+    /// grace (the held events precede it).
+    fn on_kmsg_progress(&mut self, position: KmsgPosition) {
+        self.track_kmsg = true;
+        if self.held.is_empty() {
+            self.set_kmsg_position(position);
+        } else {
+            self.kmsg_position_held = Some(position);
+        }
+    }
+
+    /// The periodic tick: the end of the join grace, the bulk fault counts,
+    /// the recovery rules, and the samples that went stale.
+    fn on_tick(&mut self) -> Vec<FaultEvent> {
+        let now = self.clock.now_unix_nanos();
+        let mut out = Vec::new();
+        if !self.join_grace_over
+            && now.saturating_sub(self.started_at) >= secs(self.cfg.nvml_join_grace_secs)
+        {
+            self.end_join_grace("the NVML join grace passed", &mut out);
+        }
+        self.flush_fault_counts();
+        self.evaluate_recovery(now);
+        let stale = self.count_stale(now);
+        if stale != self.stale_samples {
+            if stale > self.stale_samples {
+                warn!(
+                    gpus = stale,
+                    "NVML samples are stale: NVML has not answered for these GPUs within three poll intervals; they are reported unknown."
+                );
+            }
+            self.stale_samples = stale;
+            self.updated_at = now;
+            *self.cache.get_mut() = None;
+        }
+        out
     }
 
     /// Stores a validation report. A report that differs from the stored one
