@@ -62,7 +62,8 @@ enum Taken {
     Coalesced,
     /// Not kept: the engine is at its bound of node-level faults.
     Dropped,
-    /// To be published.
+    /// Published: returned to the caller (the latency since it was read
+    /// is recorded).
     Emitted,
 }
 

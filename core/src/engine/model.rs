@@ -26,7 +26,8 @@ pub(crate) struct FaultKey {
 }
 
 impl FaultKey {
-    /// The key of an event.
+    /// The key of an event: its kind and code, and the variant its
+    /// attributes name (below).
     pub fn of(ev: &FaultEvent) -> FaultKey {
         let attr = |k: &str| ev.attributes.get(k).cloned().unwrap_or_default();
         let variant = match ev.kind() {
@@ -262,7 +263,8 @@ impl Fault {
         }
     }
 
-    /// The proto form (`ActiveFault`).
+    /// The proto form (`ActiveFault`); a node-level fault's message names
+    /// the device's PCI address.
     pub fn to_proto(&self, key: &FaultKey, node_level: bool) -> ActiveFault {
         let mut af = ActiveFault {
             code: key.code,

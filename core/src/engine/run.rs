@@ -94,7 +94,8 @@ struct EngineLoop<'a> {
     writer: Option<StateWriter>,
     tick: Duration,
     persist_every: Duration,
-    /// The health last published.
+    /// The health last published, compared with the next (timestamps
+    /// ignored) so an unchanged health is not sent again.
     published: Arc<NodeHealth>,
     last_tick: Instant,
     last_input: Instant,
