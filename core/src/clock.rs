@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Source of wall-clock time.
 pub trait Clock: Send + Sync + std::fmt::Debug {
-    /// The current time.
+    /// The current wall-clock time (it may step back; callers saturate).
     fn now(&self) -> SystemTime;
 
     /// The current time as Unix epoch nanoseconds.
@@ -21,7 +21,7 @@ pub fn unix_nanos(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
-/// The real clock.
+/// The system's wall clock (`SystemTime::now`), as the agent runs.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SystemClock;
 
@@ -47,7 +47,7 @@ impl ManualClock {
         *t += by;
     }
 
-    /// Sets the clock.
+    /// Sets the clock, backwards too (a wall-clock step).
     pub fn set(&self, to: SystemTime) {
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) = to;
     }

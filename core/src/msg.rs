@@ -15,7 +15,9 @@ pub enum Input {
     /// with context: recurrence, NVML state). `read_at` is when the source read
     /// the record (for the read → emitted latency histogram).
     Fault {
-        /// The event.
+        /// The fault as the source reported it; its PCI address may not be
+        /// normalised yet and its GPU identity may be missing (the engine
+        /// joins it).
         event: FaultEvent,
         /// When the source read the underlying record.
         read_at: Instant,
@@ -33,9 +35,9 @@ pub enum Input {
     /// The state of an input (`kmsg` or `nvml`): `ok` false means gpuwatch cannot
     /// tell (verdict `unknown`), never a hardware fault.
     MonitorStatus {
-        /// Which input.
+        /// The input the status is about.
         input: MonitorInput,
-        /// Whether it works.
+        /// False: the input cannot see faults now (logged once per change).
         ok: bool,
         /// Human-readable detail (the error when not ok).
         message: String,
@@ -89,7 +91,7 @@ pub enum MonitorInput {
 }
 
 impl MonitorInput {
-    /// Label value.
+    /// Its name in log lines (the `input` field).
     pub fn as_str(self) -> &'static str {
         match self {
             MonitorInput::Kmsg => "kmsg",

@@ -27,7 +27,7 @@ pub enum Stage {
 }
 
 impl Stage {
-    /// Every stage.
+    /// Every stage, in the order exporters list their series.
     pub const ALL: [Stage; 5] = [
         Stage::Parser,
         Stage::Engine,
@@ -35,7 +35,7 @@ impl Stage {
         Stage::OtlpLogs,
         Stage::KubeEvents,
     ];
-    /// Attribute value.
+    /// The `stage` attribute value in metrics.
     pub fn as_str(self) -> &'static str {
         match self {
             Stage::Parser => "parser",
@@ -59,9 +59,9 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// Every outcome.
+    /// Every outcome, in the order exporters list their series.
     pub const ALL: [Outcome; 3] = [Outcome::Emitted, Outcome::Coalesced, Outcome::Dropped];
-    /// Attribute value.
+    /// The `outcome` attribute value in metrics.
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Emitted => "emitted",
@@ -81,7 +81,7 @@ pub enum Signal {
 }
 
 impl Signal {
-    /// Attribute value.
+    /// The `signal` attribute value in metrics.
     pub fn as_str(self) -> &'static str {
         match self {
             Signal::Metrics => "metrics",
@@ -104,14 +104,14 @@ pub enum KubeObject {
 }
 
 impl KubeObject {
-    /// Every object kind.
+    /// Every object kind, in the order exporters list their series.
     pub const ALL: [KubeObject; 4] = [
         KubeObject::Condition,
         KubeObject::Taint,
         KubeObject::StartupTaint,
         KubeObject::Event,
     ];
-    /// Attribute value.
+    /// The `object` attribute value in metrics.
     pub fn as_str(self) -> &'static str {
         match self {
             KubeObject::Condition => "condition",
@@ -134,9 +134,9 @@ pub enum WriteResult {
 }
 
 impl WriteResult {
-    /// Every result.
+    /// Every result, in the order exporters list their series.
     pub const ALL: [WriteResult; 3] = [WriteResult::Ok, WriteResult::Conflict, WriteResult::Error];
-    /// Attribute value.
+    /// The `result` attribute value in metrics.
     pub fn as_str(self) -> &'static str {
         match self {
             WriteResult::Ok => "ok",
@@ -158,13 +158,13 @@ pub enum ValidationResult {
 }
 
 impl ValidationResult {
-    /// Every result.
+    /// Every result, in the order exporters list their series.
     pub const ALL: [ValidationResult; 3] = [
         ValidationResult::Pass,
         ValidationResult::Fail,
         ValidationResult::Incomplete,
     ];
-    /// Attribute value.
+    /// The `result` attribute value in metrics.
     pub fn as_str(self) -> &'static str {
         match self {
             ValidationResult::Pass => "pass",
@@ -597,7 +597,8 @@ impl Registry {
             .push(observer);
     }
 
-    /// The latest node health.
+    /// The node health the engine published last (an empty one before the
+    /// first publication).
     pub fn health(&self) -> Arc<NodeHealth> {
         self.health
             .read()

@@ -12,18 +12,18 @@ pub enum StateFileError {
     /// The file could not be written.
     #[error("cannot write state file {path}: {source}")]
     Write {
-        /// The file.
+        /// The state file (its temporary sibling is removed on failure).
         path: PathBuf,
-        /// The I/O error.
+        /// The failed step's error (create, write, fsync, rename, encode).
         #[source]
         source: std::io::Error,
     },
     /// The file could not be read.
     #[error("cannot read state file {path}: {source}")]
     Read {
-        /// The file.
+        /// The state file.
         path: PathBuf,
-        /// The I/O error.
+        /// The read error (never `NotFound`: a missing file is `Ok(None)`).
         #[source]
         source: std::io::Error,
     },
@@ -31,7 +31,7 @@ pub enum StateFileError {
     /// file, unreadable); it was moved aside to `kept_as`.
     #[error("state file {path} is unusable ({reason}); moved aside to {kept_as}")]
     Corrupt {
-        /// The file.
+        /// Where the state was (nothing is there now).
         path: PathBuf,
         /// What was wrong.
         reason: String,

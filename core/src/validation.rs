@@ -169,89 +169,16 @@ pub fn validate(
         complete: true,
         ..Default::default()
     };
-    let nvml_ok = health.monitor.as_ref().is_some_and(|m| m.nvml_ok);
-    if !nvml_ok {
-        let why = health
-            .monitor
-            .as_ref()
-            .map(|m| m.message.as_str())
-            .filter(|m| !m.is_empty())
-            .unwrap_or("no NVML status yet");
-        report.complete = false;
-        report.checks.push(check(
-            checks::NVML,
-            None,
-            false,
-            format!("unknown: NVML is not available ({why})"),
-        ));
-    } else {
-        report
-            .checks
-            .push(check(checks::NVML, None, true, "NVML answered".into()));
-    }
-    let (kmsg_known, mut kmsg_check) = kmsg_check(health);
-    if kmsg_known || cfg.require_kmsg {
-        report.complete &= kmsg_known;
-    } else {
-        // Explicitly waived by `require_kmsg = false`: recorded, not required.
-        kmsg_check.passed = true;
-        kmsg_check.message = format!(
-            "not required (validation.require_kmsg = false): {}",
-            kmsg_check.message.trim_start_matches("unknown: ")
-        );
-    }
-    report.checks.push(kmsg_check);
-
-    let sampled: Vec<(&GpuHealth, &GpuSample)> = health
-        .gpus
-        .iter()
-        .filter_map(|g| g.sample.as_ref().map(|s| (g, s)))
-        .collect();
-    let unsampled = health.gpus.len() - sampled.len();
-    match expected_gpus.or(cfg.expected_gpus) {
-        None => {
-            report.complete = false;
-            report.checks.push(check(
-                checks::GPU_COUNT,
-                None,
-                false,
-                format!(
-                    "unknown: expected GPU count not configured, no node label {:?}, no nvidia.com/gpu capacity ({} visible)",
-                    cfg.expected_gpus_label,
-                    sampled.len()
-                ),
-            ));
-        }
-        Some(want) if nvml_ok => {
-            let seen = u32::try_from(sampled.len()).unwrap_or(u32::MAX);
-            if unsampled > 0 && seen < want {
-                report.complete = false;
-                report.checks.push(check(
-                    checks::GPU_COUNT,
-                    None,
-                    false,
-                    format!("unknown: {seen} of {want} GPUs sampled so far, {unsampled} without a sample"),
-                ));
-            } else {
-                report.checks.push(check(
-                    checks::GPU_COUNT,
-                    None,
-                    seen == want,
-                    format!("expected {want} GPUs, NVML sees {seen}"),
-                ));
-            }
-        }
-        Some(want) => {
-            report.complete = false;
-            report.checks.push(check(
-                checks::GPU_COUNT,
-                None,
-                false,
-                format!("unknown: expected {want} GPUs, NVML unavailable"),
-            ));
-        }
-    }
-
+    let (nvml_ok, nvml) = nvml_check(health);
+    report.complete &= nvml_ok;
+    report.checks.push(nvml);
+    let (kmsg_known, kmsg) = kmsg_requirement(health, cfg);
+    report.complete &= kmsg_known;
+    report.checks.push(kmsg);
+    let (count_known, count) =
+        gpu_count_check(health, expected_gpus.or(cfg.expected_gpus), cfg, nvml_ok);
+    report.complete &= count_known;
+    report.checks.push(count);
     for g in &health.gpus {
         let idx = g.index.or(g.sample.as_ref().map(|s| s.index));
         let Some(s) = g.sample.as_ref() else {
@@ -277,6 +204,94 @@ pub fn validate(
     }
     finish(&mut report);
     report
+}
+
+/// The NVML check: `(answered, check)`.
+fn nvml_check(health: &NodeHealth) -> (bool, ValidationCheck) {
+    if health.monitor.as_ref().is_some_and(|m| m.nvml_ok) {
+        return (
+            true,
+            check(checks::NVML, None, true, "NVML answered".into()),
+        );
+    }
+    let why = health
+        .monitor
+        .as_ref()
+        .map(|m| m.message.as_str())
+        .filter(|m| !m.is_empty())
+        .unwrap_or("no NVML status yet");
+    (
+        false,
+        check(
+            checks::NVML,
+            None,
+            false,
+            format!("unknown: NVML is not available ({why})"),
+        ),
+    )
+}
+
+/// The kernel-log check as configured: `(complete, check)`. With
+/// `require_kmsg = false` a kernel log that was not read is recorded, not
+/// required.
+fn kmsg_requirement(health: &NodeHealth, cfg: &ValidationConfig) -> (bool, ValidationCheck) {
+    let (known, mut c) = kmsg_check(health);
+    if known || cfg.require_kmsg {
+        return (known, c);
+    }
+    c.passed = true;
+    c.message = format!(
+        "not required (validation.require_kmsg = false): {}",
+        c.message.trim_start_matches("unknown: ")
+    );
+    (true, c)
+}
+
+/// The GPU count check against the resolved expected count: `(complete,
+/// check)`. Unknown while the count is not known, NVML is down, or fewer
+/// GPUs than expected have a sample so far.
+fn gpu_count_check(
+    health: &NodeHealth,
+    expected: Option<u32>,
+    cfg: &ValidationConfig,
+    nvml_ok: bool,
+) -> (bool, ValidationCheck) {
+    let sampled = health.gpus.iter().filter(|g| g.sample.is_some()).count();
+    let unsampled = health.gpus.len() - sampled;
+    let (known, passed, message) = match expected {
+        None => (
+            false,
+            false,
+            format!(
+                "unknown: expected GPU count not configured, no node label {:?}, no nvidia.com/gpu capacity ({sampled} visible)",
+                cfg.expected_gpus_label
+            ),
+        ),
+        Some(want) if nvml_ok => {
+            let seen = u32::try_from(sampled).unwrap_or(u32::MAX);
+            if unsampled > 0 && seen < want {
+                (
+                    false,
+                    false,
+                    format!(
+                        "unknown: {seen} of {want} GPUs sampled so far, {unsampled} without a sample"
+                    ),
+                )
+            } else {
+                (
+                    true,
+                    seen == want,
+                    format!("expected {want} GPUs, NVML sees {seen}"),
+                )
+            }
+        }
+        Some(want) => (
+            false,
+            false,
+            format!("unknown: expected {want} GPUs, NVML unavailable"),
+        ),
+    };
+    (known, check(checks::GPU_COUNT, None, passed, message))
 }
 
 /// The kernel-log check: `(complete, check)`. Until the kmsg source has read the

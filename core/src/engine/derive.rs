@@ -1,19 +1,12 @@
 //! Faults derived from NVML samples (each sample compared with the previous one
 //! of the same GPU), reset evidence, and the per-GPU "sample is clean" check.
 
+use super::Engine;
+use super::conditions::{derived, opt};
 use super::model::{Baseline, FaultKey, Gpu, pci_identity};
-use super::{Engine, NANOS};
-use crate::{Outcome, Stage};
-use gpuwatch_proto::{Action, FaultEvent, FaultKind, GpuSample, RecoveryAction, ShortName, Source};
+use gpuwatch_proto::{Action, FaultEvent, FaultKind, GpuSample, RecoveryAction, ShortName};
 use std::collections::{BTreeMap, BTreeSet};
 use tracing::{info, warn};
-
-/// `nvmlClocksEventReasonSwThermalSlowdown`.
-const SW_THERMAL: u64 = 0x20;
-/// `nvmlClocksEventReasonHwThermalSlowdown`.
-const HW_THERMAL: u64 = 0x40;
-/// `nvmlClocksEventReasonHwPowerBrakeSlowdown`.
-const HW_POWER_BRAKE: u64 = 0x80;
 
 /// True when the PCIe link trained below its maximum width (or generation, when
 /// `gen_check`). `None` when NVML reported neither pair.
@@ -82,99 +75,174 @@ pub(crate) fn sample_is_clean(
     }
 }
 
-fn opt(v: Option<u32>) -> String {
-    v.map_or_else(|| "?".to_string(), |v| v.to_string())
+/// What one sample shows against the GPU's baseline (the readings of the
+/// earlier samples of this boot); see [`diff`].
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct SampleDiff {
+    /// Evidence of a GPU reset, in the order it is reported.
+    pub reset_evidence: Vec<String>,
+    /// The volatile uncorrectable ECC count rose: (before, now).
+    pub ecc_rise: Option<(u64, u64)>,
+    /// The volatile ECC counters went down (a reset cleared them): an
+    /// earlier rise no longer keeps the GPU from validating.
+    pub ecc_counters_reset: bool,
+    /// NVLink links seen active in this boot that are now inactive.
+    pub links_down: Vec<u32>,
+    /// The PCIe link trained below its maximum (`None`: not reported).
+    pub link_degraded: Option<bool>,
+    /// The driver asks for a recovery action.
+    pub recovery_pending: bool,
+    /// The baseline the next sample is compared with.
+    pub next: Baseline,
 }
 
-/// True for the XIDs whose action defers to NVML's row-remap state.
-pub(crate) fn is_remap_xid(kind: FaultKind, code: u32) -> bool {
-    kind == FaultKind::Xid && matches!(code, 63 | 64)
-}
-
-/// What NVML's row-remap state says about an XID 63/64: `None` when the GPU
-/// reports no row-remap state (no row remapping: the policy action stands).
-pub(crate) fn row_remap_decision(code: u32, s: &GpuSample) -> Option<(Action, String)> {
-    if s.remapped_rows_pending.is_none() && s.remapped_rows_failure.is_none() {
-        return None;
+/// Compares a sample with the GPU's baseline: reset evidence, the ECC rise,
+/// links gone down, and the next baseline (a reading the sample lacks keeps
+/// its earlier value). Pure: the engine applies the result.
+pub(super) fn diff(b: &Baseline, s: &GpuSample, gen_check: bool) -> SampleDiff {
+    let mut d = SampleDiff::default();
+    if let Some(cur) = s.ecc_volatile_uncorrected {
+        match b.ecc_volatile_uncorrected {
+            Some(prev) if cur > prev => d.ecc_rise = Some((prev, cur)),
+            Some(prev) if cur < prev => {
+                d.reset_evidence
+                    .push(format!("volatile ECC counters reset ({prev} → {cur})"));
+                d.ecc_counters_reset = true;
+            }
+            None if cur > 0 => d.ecc_rise = Some((0, cur)),
+            _ => {}
+        }
     }
-    let (action, why) = if s.remapped_rows_failure == Some(true) {
-        (
-            Action::InspectHardware,
-            "row remapping failed (NVML remapped-rows failure)",
-        )
-    } else if s.remapped_rows_pending == Some(true) {
-        (
-            Action::ResetGpu,
-            "row remap pending (NVML): a GPU reset applies it",
-        )
-    } else {
-        (
-            Action::Ignore,
-            "row remapping handled the error (NVML reports no pending or failed remap)",
-        )
+    if b.remap_pending == Some(true) && s.remapped_rows_pending == Some(false) {
+        d.reset_evidence
+            .push("the row-remap pending flag cleared".to_string());
+    }
+    d.recovery_pending = recovery_pending(s);
+    if b.recovery_pending == Some(true) && !d.recovery_pending {
+        d.reset_evidence
+            .push("the recovery action returned to none".to_string());
+    }
+    d.link_degraded = link_degraded(s, gen_check);
+    if b.link_degraded == Some(true) && d.link_degraded == Some(false) {
+        d.reset_evidence
+            .push("the PCIe link returned to its maximum width/gen".to_string());
+    }
+    let mut nvlinks_active = b.nvlinks_active.clone();
+    for l in &s.nvlinks {
+        match l.active {
+            Some(true) => {
+                nvlinks_active.insert(l.link);
+            }
+            Some(false) if nvlinks_active.contains(&l.link) => d.links_down.push(l.link),
+            _ => {}
+        }
+    }
+    d.next = Baseline {
+        ecc_volatile_uncorrected: s.ecc_volatile_uncorrected.or(b.ecc_volatile_uncorrected),
+        remap_pending: s.remapped_rows_pending.or(b.remap_pending),
+        recovery_pending: Some(d.recovery_pending),
+        link_degraded: d.link_degraded.or(b.link_degraded),
+        nvlinks_active,
     };
-    Some((
-        action,
-        format!("XID {code} on a row-remapping GPU defers to NVML: {why}"),
-    ))
+    d
 }
 
-/// XID 63/64 on a GPU that supports row remapping (NVML reports the remap state):
-/// the remap state decides, not the XID. The caller makes sure `s` is at least
-/// as new as the event.
-pub(crate) fn row_remap_context(ev: &mut FaultEvent, s: &GpuSample) {
-    let Some((action, reason)) = row_remap_decision(ev.code, s) else {
-        return;
-    };
-    ev.attributes
-        .insert("context".into(), "row_remap_state".into());
-    ev.classify(action, reason);
-}
-
-/// XID 63/64 that arrived before any NVML sample at least as new as itself: the
-/// policy action stands for now and the reason says NVML has not confirmed yet
-/// (`stale`: a sample exists but predates the XID; else there is none yet).
-pub(crate) fn row_remap_unconfirmed(ev: &mut FaultEvent, stale: bool) {
-    let why = if stale {
-        "the latest NVML sample predates this XID"
-    } else {
-        "no NVML sample of this GPU yet"
-    };
-    let reason = format!(
-        "XID {} defers to NVML's row-remap state, which has not confirmed it yet ({why}); keeping {} until a newer sample decides. Policy: {}",
-        ev.code,
-        ev.action().short_name(),
-        ev.policy_reason
+/// A different UUID at the GPU's PCI address: the hardware was replaced, so
+/// its faults clear (logged) and what the engine knew of it starts over.
+/// True when that happened.
+fn clear_if_replaced(g: &mut Gpu, s: &GpuSample) -> bool {
+    if g.uuid.is_empty() || s.uuid.is_empty() || g.uuid == s.uuid {
+        return false;
+    }
+    let why = format!(
+        "GPU UUID at {} changed from {} to {} (hardware replaced)",
+        g.pci, g.uuid, s.uuid
     );
-    ev.attributes
-        .insert("context".into(), "row_remap_unconfirmed".into());
-    ev.policy_reason = reason;
+    for (key, f) in std::mem::take(&mut g.faults) {
+        info!(gpu = %g.describe(), fault = %f.reason, kind = key.kind.short_name(), action = f.action.short_name(), reason = %why, "Fault cleared.");
+    }
+    g.baseline = Baseline::default();
+    g.reset_evidence = None;
+    g.ecc_rose_at = None;
+    g.validated_at = None;
+    g.lost = false;
+    g.confirmed = false;
+    true
 }
 
-/// A fault event derived from one GPU's sample.
-fn derived(
-    s: &GpuSample,
-    kind: FaultKind,
-    name: &str,
-    message: String,
-    attrs: &[(&str, String)],
-) -> FaultEvent {
-    let mut ev = FaultEvent {
-        pci_address: s.pci_address.clone(),
-        gpu_index: Some(s.index),
-        gpu_uuid: s.uuid.clone(),
-        message,
-        time_unix_nano: s.time_unix_nano,
-        count: 1,
-        name: name.to_string(),
-        ..Default::default()
-    };
-    ev.set_kind(kind);
-    ev.set_source(Source::NvmlPoll);
-    for (k, v) in attrs {
-        ev.attributes.insert((*k).to_string(), v.clone());
+/// Takes the GPU's UUID and index from the sample: NVML confirmed them in
+/// this boot. True when anything changed.
+fn confirm_identity(g: &mut Gpu, s: &GpuSample) -> bool {
+    let mut changed = false;
+    if g.uuid != s.uuid && !s.uuid.is_empty() {
+        g.uuid = s.uuid.clone();
+        changed = true;
     }
-    ev
+    if g.index != Some(s.index) {
+        g.index = Some(s.index);
+        changed = true;
+    }
+    if !g.confirmed {
+        g.confirmed = true;
+        changed = true;
+    }
+    changed
+}
+
+/// Applies a [`diff`] to the GPU: reset evidence (a GPU that re-appears
+/// after being lost is evidence too), the time of the latest ECC rise, the
+/// next baseline, and whether the GPU validates. True when any changed.
+fn apply_diff(g: &mut Gpu, d: &mut SampleDiff, s: &GpuSample, now: u64, gen_check: bool) -> bool {
+    let mut changed = false;
+    let mut evidence = Vec::new();
+    if g.lost {
+        g.lost = false;
+        evidence.push("the GPU re-appeared after being lost".to_string());
+    }
+    evidence.append(&mut d.reset_evidence);
+    if d.ecc_counters_reset {
+        g.ecc_rose_at = None;
+    }
+    if d.ecc_rise.is_some() {
+        g.ecc_rose_at = Some(now);
+    }
+    if !evidence.is_empty() {
+        let what = evidence.join("; ");
+        info!(gpu = %g.describe(), evidence = %what, "Observed evidence of a GPU reset.");
+        g.reset_evidence = Some((now, what));
+        changed = true;
+    }
+    if d.next != g.baseline {
+        g.baseline = std::mem::take(&mut d.next);
+        changed = true;
+    }
+    let clean = sample_is_clean(s, g.ecc_rose_at.is_some(), gen_check);
+    match (&clean, g.validated_at) {
+        (Ok(()), None) => {
+            g.validated_at = Some(now);
+            changed = true;
+        }
+        (Err(_), Some(_)) => {
+            g.validated_at = None;
+            changed = true;
+        }
+        _ => {}
+    }
+    changed
+}
+
+/// The edge event of a rise in the volatile uncorrectable ECC count.
+fn ecc_rise_event(s: &GpuSample, prev: u64, cur: u64) -> FaultEvent {
+    derived(
+        s,
+        FaultKind::Ecc,
+        "Uncorrectable ECC errors",
+        format!("Volatile uncorrectable ECC error count rose from {prev} to {cur}."),
+        &[
+            ("ecc_type", "uncorrected".to_string()),
+            ("ecc_counter", "volatile".to_string()),
+        ],
+    )
 }
 
 impl Engine {
@@ -365,23 +433,9 @@ impl Engine {
         }
     }
 
-    fn lost_event(&self, pci: &str) -> FaultEvent {
-        let g = self.gpus.get(pci);
-        let mut ev = FaultEvent {
-            pci_address: pci.to_string(),
-            gpu_index: g.and_then(|g| g.index),
-            gpu_uuid: g.map(|g| g.uuid.clone()).unwrap_or_default(),
-            message: "GPU is missing from the NVML device enumeration.".into(),
-            count: 1,
-            name: "GPU lost".into(),
-            ..Default::default()
-        };
-        ev.set_kind(FaultKind::GpuLost);
-        ev.set_source(Source::NvmlPoll);
-        ev
-    }
-
-    /// Applies one GPU's sample.
+    /// Applies one GPU's sample: its identity, what it shows against the
+    /// GPU's baseline ([`diff`]), the ECC edge, the level conditions, and the
+    /// XID 63/64 faults that waited for it.
     fn observe_sample(&mut self, s: GpuSample, now: u64, out: &mut Vec<FaultEvent>) {
         let pci = s.pci_address.clone();
         let gen_check = self.cfg.pcie_link_gen_check;
@@ -389,277 +443,20 @@ impl Engine {
             .gpus
             .entry(pci.clone())
             .or_insert_with(|| Gpu::new(pci.clone()));
-        let mut changed = false;
-
-        if !g.uuid.is_empty() && !s.uuid.is_empty() && g.uuid != s.uuid {
-            let why = format!(
-                "GPU UUID at {pci} changed from {} to {} (hardware replaced)",
-                g.uuid, s.uuid
-            );
-            for (key, f) in std::mem::take(&mut g.faults) {
-                info!(gpu = %g.describe(), fault = %f.reason, kind = key.kind.short_name(), action = f.action.short_name(), reason = %why, "Fault cleared.");
-            }
-            g.baseline = Baseline::default();
-            g.reset_evidence = None;
-            g.ecc_rose_at = None;
-            g.validated_at = None;
-            g.lost = false;
-            g.confirmed = false;
-            changed = true;
-        }
+        let mut changed = clear_if_replaced(g, &s);
         let first_confirmation = !g.confirmed && !s.uuid.is_empty();
-        if g.uuid != s.uuid && !s.uuid.is_empty() {
-            g.uuid = s.uuid.clone();
-            changed = true;
-        }
-        if g.index != Some(s.index) {
-            g.index = Some(s.index);
-            changed = true;
-        }
-        if !g.confirmed {
-            g.confirmed = true;
-            changed = true;
-        }
-
-        // Reset evidence and edges, comparing with the baseline.
-        let b = g.baseline.clone();
-        let mut evidence = Vec::new();
-        if g.lost {
-            g.lost = false;
-            evidence.push("the GPU re-appeared after being lost".to_string());
-        }
-        let mut ecc_rise = None;
-        if let Some(cur) = s.ecc_volatile_uncorrected {
-            match b.ecc_volatile_uncorrected {
-                Some(prev) if cur > prev => ecc_rise = Some((prev, cur)),
-                Some(prev) if cur < prev => {
-                    evidence.push(format!("volatile ECC counters reset ({prev} → {cur})"));
-                    g.ecc_rose_at = None;
-                }
-                None if cur > 0 => ecc_rise = Some((0, cur)),
-                _ => {}
-            }
-        }
-        let remap_pending = s.remapped_rows_pending;
-        if b.remap_pending == Some(true) && remap_pending == Some(false) {
-            evidence.push("the row-remap pending flag cleared".to_string());
-        }
-        let recovery = recovery_pending(&s);
-        if b.recovery_pending == Some(true) && !recovery {
-            evidence.push("the recovery action returned to none".to_string());
-        }
-        let degraded = link_degraded(&s, gen_check);
-        if b.link_degraded == Some(true) && degraded == Some(false) {
-            evidence.push("the PCIe link returned to its maximum width/gen".to_string());
-        }
-        if let Some((_, _)) = ecc_rise {
-            g.ecc_rose_at = Some(now);
-        }
-        if !evidence.is_empty() {
-            let what = evidence.join("; ");
-            info!(gpu = %g.describe(), evidence = %what, "Observed evidence of a GPU reset.");
-            g.reset_evidence = Some((now, what));
-            changed = true;
-        }
-
-        // NVLink: links seen active in this boot that are now inactive.
-        let mut nvlinks_active = b.nvlinks_active.clone();
-        let mut links_down = Vec::new();
-        for l in &s.nvlinks {
-            match l.active {
-                Some(true) => {
-                    nvlinks_active.insert(l.link);
-                }
-                Some(false) if nvlinks_active.contains(&l.link) => links_down.push(l.link),
-                _ => {}
-            }
-        }
-
-        let new_baseline = Baseline {
-            ecc_volatile_uncorrected: s.ecc_volatile_uncorrected.or(b.ecc_volatile_uncorrected),
-            remap_pending: remap_pending.or(b.remap_pending),
-            recovery_pending: Some(recovery),
-            link_degraded: degraded.or(b.link_degraded),
-            nvlinks_active,
-        };
-        if new_baseline != g.baseline {
-            g.baseline = new_baseline;
-            changed = true;
-        }
-        let clean = sample_is_clean(&s, g.ecc_rose_at.is_some(), gen_check);
-        match (&clean, g.validated_at) {
-            (Ok(()), None) => {
-                g.validated_at = Some(now);
-                changed = true;
-            }
-            (Err(_), Some(_)) => {
-                g.validated_at = None;
-                changed = true;
-            }
-            _ => {}
-        }
+        changed |= confirm_identity(g, &s);
+        let mut d = diff(&g.baseline, &s, gen_check);
+        changed |= apply_diff(g, &mut d, &s, now, gen_check);
         if first_confirmation {
             self.merge_pci_history(&pci, &s.uuid);
         }
-
-        // Edge: volatile uncorrectable ECC rose.
-        if let Some((prev, cur)) = ecc_rise {
-            let ev = derived(
-                &s,
-                FaultKind::Ecc,
-                "Uncorrectable ECC errors",
-                format!("Volatile uncorrectable ECC error count rose from {prev} to {cur}."),
-                &[
-                    ("ecc_type", "uncorrected".to_string()),
-                    ("ecc_counter", "volatile".to_string()),
-                ],
-            );
-            if let Some(e) = self.accept(ev, None, false) {
-                out.push(e);
-            }
+        if let Some((prev, cur)) = d.ecc_rise
+            && let Some(e) = self.accept(ecc_rise_event(&s, prev, cur), None, false)
+        {
+            out.push(e);
         }
-
-        // Level conditions.
-        let cond = |present: bool, ev: FaultEvent| present.then_some(ev);
-        let lost = self.lost_event(&pci);
-        self.set_condition(
-            &pci,
-            (FaultKind::GpuLost, None),
-            cond(false, lost),
-            now,
-            out,
-        );
-        let ev = derived(
-            &s,
-            FaultKind::PageRetirement,
-            "Retired pages pending",
-            "A page retirement is pending; it takes effect after a GPU reset or reboot.".into(),
-            &[("pending", "true".into())],
-        );
-        let present = s.retired_pages_pending == Some(true);
-        self.set_condition(
-            &pci,
-            (FaultKind::PageRetirement, Some("true")),
-            cond(present, ev),
-            now,
-            out,
-        );
-        let ev = derived(
-            &s,
-            FaultKind::RowRemap,
-            "Row remap pending",
-            format!(
-                "A row remap is pending (uncorrectable rows remapped: {}); a GPU reset applies it.",
-                opt(s.remapped_rows_uncorrectable)
-            ),
-            &[("remap", "pending".into())],
-        );
-        self.set_condition(
-            &pci,
-            (FaultKind::RowRemap, Some("pending")),
-            cond(remap_pending == Some(true), ev),
-            now,
-            out,
-        );
-        let ev = derived(
-            &s,
-            FaultKind::RowRemap,
-            "Row remap failure",
-            "Row remapping failed: the GPU has no spare rows left for an uncorrectable error."
-                .into(),
-            &[("remap", "failure".into())],
-        );
-        self.set_condition(
-            &pci,
-            (FaultKind::RowRemap, Some("failure")),
-            cond(s.remapped_rows_failure == Some(true), ev),
-            now,
-            out,
-        );
-        let ev = derived(
-            &s,
-            FaultKind::PcieLink,
-            "PCIe link degraded",
-            format!(
-                "PCIe link trained below its maximum: gen {}/{} width x{}/x{}.",
-                opt(s.pcie_link_gen),
-                opt(s.pcie_link_gen_max),
-                opt(s.pcie_link_width),
-                opt(s.pcie_link_width_max)
-            ),
-            &[],
-        );
-        self.set_condition(
-            &pci,
-            (FaultKind::PcieLink, None),
-            cond(degraded == Some(true), ev),
-            now,
-            out,
-        );
-        let reasons = s.clock_event_reasons.unwrap_or(0);
-        let thermal = reasons & (SW_THERMAL | HW_THERMAL | HW_POWER_BRAKE);
-        let mut names = Vec::new();
-        for (bit, name) in [
-            (SW_THERMAL, "sw_thermal_slowdown"),
-            (HW_THERMAL, "hw_thermal_slowdown"),
-            (HW_POWER_BRAKE, "hw_power_brake_slowdown"),
-        ] {
-            if thermal & bit != 0 {
-                names.push(name);
-            }
-        }
-        let mut attrs = Vec::new();
-        if let Some(t) = s.temperature_c {
-            attrs.push(("temperature_c", t.to_string()));
-        }
-        let ev = derived(
-            &s,
-            FaultKind::Thermal,
-            "Clocks slowed down",
-            format!("Clocks slowed down: {}.", names.join(", ")),
-            &attrs,
-        );
-        self.set_condition(
-            &pci,
-            (FaultKind::Thermal, None),
-            cond(thermal != 0, ev),
-            now,
-            out,
-        );
-        let links: Vec<String> = links_down.iter().map(u32::to_string).collect();
-        let ev = derived(
-            &s,
-            FaultKind::Nvlink,
-            "NVLink down",
-            format!(
-                "NVLink link(s) {} went from active to inactive.",
-                links.join(", ")
-            ),
-            &[("link", links.join(","))],
-        );
-        self.set_condition(
-            &pci,
-            (FaultKind::Nvlink, None),
-            cond(!links_down.is_empty(), ev),
-            now,
-            out,
-        );
-        let ra = s.recovery_action().short_name();
-        let ev = derived(
-            &s,
-            FaultKind::RecoveryAction,
-            "GPU recovery action",
-            format!("NVML reports GPU recovery action {ra}."),
-            &[("recovery_action", ra.to_string())],
-        );
-        self.set_condition(
-            &pci,
-            (FaultKind::RecoveryAction, None),
-            cond(recovery, ev),
-            now,
-            out,
-        );
-
+        self.observe_conditions(&pci, &s, &d, now, out);
         let sample_time = s.time_unix_nano.filter(|&t| t > 0).unwrap_or(now);
         if let Some(g) = self.gpus.get_mut(&pci) {
             g.sample = Some(s);
@@ -669,159 +466,6 @@ impl Engine {
         *self.cache.get_mut() = None;
         if changed {
             self.touch();
-        }
-    }
-
-    /// Active XID 63/64 faults of one GPU that waited for NVML: the sample just
-    /// stored decides when it is at least as new as the XID. A changed action is
-    /// logged with its reason and published as a reclassification event (not a
-    /// new occurrence: the fault metrics are not counted again).
-    fn recheck_remap(&mut self, pci: &str, now: u64, out: &mut Vec<FaultEvent>) {
-        let boot_id = self.boot.boot_id.clone();
-        let policy = std::sync::Arc::clone(&self.policy);
-        let Some(g) = self.gpus.get_mut(pci) else {
-            return;
-        };
-        let (Some(s), Some(at)) = (g.sample.as_ref(), g.sample_time) else {
-            return;
-        };
-        let who = g.describe();
-        let gpu_index = g.index.filter(|_| g.confirmed);
-        let gpu_uuid = if g.confirmed {
-            g.uuid.clone()
-        } else {
-            String::new()
-        };
-        let mut changed = false;
-        let mut emitted = 0;
-        for (key, f) in g.faults.iter_mut() {
-            if !is_remap_xid(key.kind, key.code) || f.awaiting_nvml.is_none_or(|t| at < t) {
-                continue;
-            }
-            f.awaiting_nvml = None;
-            changed = true;
-            let Some((action, why)) = row_remap_decision(key.code, s) else {
-                f.policy_reason = format!(
-                    "XID {}: NVML reports no row-remap state for this GPU, so the policy action {} stands",
-                    key.code,
-                    f.action.short_name()
-                );
-                continue;
-            };
-            let from = f.action;
-            let mut reason = format!(
-                "Re-evaluated with an NVML sample newer than the XID (was {}): {why}",
-                from.short_name()
-            );
-            // Recurrence across boots escalates as it does for a new event.
-            let needed = policy.recurrence_reboots(key.code);
-            let escalated = action == Action::ResetGpu && super::recurred(f.boots_seen, needed);
-            let action = if escalated {
-                reason = format!(
-                    "{reason}; seen on this device in {} distinct boots, i.e. it recurred after {} reboots (recurrence threshold {needed} reboots): escalated from reset_gpu to inspect_hardware",
-                    f.boots_seen,
-                    f.boots_seen.saturating_sub(1)
-                );
-                Action::InspectHardware
-            } else {
-                action
-            };
-            f.escalated = escalated;
-            if action == from {
-                // Confirmed as it was; the reason now says NVML agrees.
-                f.policy_reason = reason;
-                continue;
-            }
-            if action.rank() > from.rank() {
-                warn!(gpu = %who, code = key.code, from = from.short_name(), to = action.short_name(), reason = %reason, "Fault reclassified from NVML's row-remap state.");
-            } else {
-                info!(gpu = %who, code = key.code, from = from.short_name(), to = action.short_name(), reason = %reason, "Fault reclassified from NVML's row-remap state.");
-            }
-            f.action = action;
-            f.severity = action.default_severity();
-            f.policy_reason.clone_from(&reason);
-            f.last_emitted = now;
-            let mut ev = FaultEvent {
-                pci_address: pci.to_string(),
-                gpu_index,
-                gpu_uuid: gpu_uuid.clone(),
-                message: f.message.clone(),
-                time_unix_nano: Some(at),
-                boot_id: boot_id.clone(),
-                code: key.code,
-                count: 1,
-                name: f.name.clone(),
-                ..Default::default()
-            };
-            ev.set_kind(key.kind);
-            ev.set_source(Source::NvmlPoll);
-            ev.classify(action, reason);
-            ev.attributes
-                .insert("context".into(), "row_remap_state".into());
-            ev.attributes
-                .insert("reclassified_from".into(), from.short_name().into());
-            out.push(ev);
-            emitted += 1;
-        }
-        if emitted > 0 {
-            self.registry
-                .count_events(Stage::Engine, Outcome::Emitted, emitted);
-        }
-        if changed {
-            self.touch();
-        }
-    }
-
-    /// A level condition from NVML: present → raise (or refresh) the fault; absent →
-    /// mark the family's level faults as gone (they clear by the recovery rules).
-    /// `family` is the kind and, when given, the key variant the condition owns.
-    fn set_condition(
-        &mut self,
-        pci: &str,
-        family: (FaultKind, Option<&str>),
-        present: Option<FaultEvent>,
-        now: u64,
-        out: &mut Vec<FaultEvent>,
-    ) {
-        let boot_id = self.boot.boot_id.clone();
-        let present_key = present.as_ref().map(FaultKey::of);
-        let Some(g) = self.gpus.get_mut(pci) else {
-            return;
-        };
-        let mut touched = false;
-        for (key, f) in g.faults.iter_mut() {
-            let in_family = key.kind == family.0 && family.1.is_none_or(|v| key.variant == v);
-            if !in_family {
-                continue;
-            }
-            if Some(key) == present_key.as_ref() {
-                f.last_seen = now;
-                f.last_boot_id.clone_from(&boot_id);
-                f.level = true;
-                f.gone_samples = 0;
-                if f.condition_gone_since.take().is_some() {
-                    touched = true;
-                }
-            } else if f.level {
-                // One more consecutive sample without the condition.
-                f.gone_samples = f.gone_samples.saturating_add(1);
-                if f.condition_gone_since.is_none() {
-                    f.condition_gone_since = Some(now);
-                    touched = true;
-                }
-            }
-        }
-        let exists = present_key
-            .as_ref()
-            .is_some_and(|k| g.faults.contains_key(k));
-        if touched {
-            self.touch();
-        }
-        if let Some(ev) = present
-            && !exists
-            && let Some(e) = self.accept(ev, None, true)
-        {
-            out.push(e);
         }
     }
 
@@ -857,11 +501,6 @@ impl Engine {
             }
         }
     }
-}
-
-/// Seconds → nanoseconds.
-pub(crate) fn secs(s: u64) -> u64 {
-    s.saturating_mul(NANOS)
 }
 
 #[cfg(test)]
@@ -904,26 +543,118 @@ mod tests {
         assert_eq!(link_degraded(&GpuSample::default(), true), None);
     }
 
-    #[test]
-    fn xid63_defers_to_remap_state() {
-        let mut ev = FaultEvent {
-            code: 63,
+    fn link(link: u32, active: Option<bool>) -> gpuwatch_proto::NvLinkSample {
+        gpuwatch_proto::NvLinkSample {
+            link,
+            active,
             ..Default::default()
-        };
-        ev.set_kind(FaultKind::Xid);
+        }
+    }
+
+    #[test]
+    fn first_sample_sets_the_baseline_and_shows_no_reset() {
         let mut s = sample();
-        row_remap_context(&mut ev, &s);
-        assert_eq!(ev.action(), Action::Ignore);
-        s.remapped_rows_pending = Some(true);
-        row_remap_context(&mut ev, &s);
-        assert_eq!(ev.action(), Action::ResetGpu);
-        s.remapped_rows_failure = Some(true);
-        row_remap_context(&mut ev, &s);
-        assert_eq!(ev.action(), Action::InspectHardware);
-        // A GPU without row remapping (no NVML state) keeps the policy's action.
-        let mut ev2 = FaultEvent::default();
-        ev2.classify(Action::ResetGpu, "policy");
-        row_remap_context(&mut ev2, &GpuSample::default());
-        assert_eq!(ev2.action(), Action::ResetGpu);
+        s.ecc_volatile_uncorrected = Some(0);
+        s.nvlinks = vec![link(0, Some(true)), link(1, Some(false))];
+        let d = diff(&Baseline::default(), &s, false);
+        assert!(d.reset_evidence.is_empty(), "{d:?}");
+        assert_eq!(d.ecc_rise, None);
+        assert!(d.links_down.is_empty());
+        assert_eq!(
+            d.next,
+            Baseline {
+                ecc_volatile_uncorrected: Some(0),
+                remap_pending: Some(false),
+                recovery_pending: Some(false),
+                link_degraded: Some(false),
+                nvlinks_active: [0].into(),
+            }
+        );
+    }
+
+    #[test]
+    fn ecc_rise_is_an_edge_from_the_baseline_or_from_zero() {
+        let mut s = sample();
+        s.ecc_volatile_uncorrected = Some(5);
+        let before = Baseline {
+            ecc_volatile_uncorrected: Some(2),
+            ..Baseline::default()
+        };
+        assert_eq!(diff(&before, &s, false).ecc_rise, Some((2, 5)));
+        // No earlier reading in this boot: every error counted so far is new.
+        assert_eq!(diff(&Baseline::default(), &s, false).ecc_rise, Some((0, 5)));
+        let same = Baseline {
+            ecc_volatile_uncorrected: Some(5),
+            ..Baseline::default()
+        };
+        assert_eq!(diff(&same, &s, false).ecc_rise, None);
+    }
+
+    #[test]
+    fn each_reset_evidence_is_named_in_order() {
+        let before = Baseline {
+            ecc_volatile_uncorrected: Some(3),
+            remap_pending: Some(true),
+            recovery_pending: Some(true),
+            link_degraded: Some(true),
+            nvlinks_active: Default::default(),
+        };
+        let mut s = sample();
+        s.ecc_volatile_uncorrected = Some(0);
+        let d = diff(&before, &s, false);
+        assert_eq!(
+            d.reset_evidence,
+            [
+                "volatile ECC counters reset (3 → 0)",
+                "the row-remap pending flag cleared",
+                "the recovery action returned to none",
+                "the PCIe link returned to its maximum width/gen",
+            ]
+        );
+        assert!(d.ecc_counters_reset);
+        assert_eq!(d.ecc_rise, None);
+        assert_eq!(d.next.ecc_volatile_uncorrected, Some(0));
+        assert_eq!(d.next.recovery_pending, Some(false));
+    }
+
+    #[test]
+    fn only_links_seen_active_this_boot_can_go_down() {
+        let before = Baseline {
+            nvlinks_active: [0, 1].into(),
+            ..Baseline::default()
+        };
+        let mut s = sample();
+        s.nvlinks = vec![
+            link(0, Some(true)),
+            link(1, Some(false)),
+            link(2, Some(true)),
+            link(3, Some(false)),
+            link(4, None),
+        ];
+        let d = diff(&before, &s, false);
+        assert_eq!(d.links_down, [1]);
+        // A link once active stays in the baseline while it is down.
+        assert_eq!(d.next.nvlinks_active, [0, 1, 2].into());
+    }
+
+    #[test]
+    fn readings_the_sample_lacks_keep_their_baseline_value() {
+        let before = Baseline {
+            ecc_volatile_uncorrected: Some(4),
+            remap_pending: Some(true),
+            recovery_pending: Some(true),
+            link_degraded: Some(true),
+            nvlinks_active: Default::default(),
+        };
+        let mut bare = GpuSample::default();
+        bare.set_recovery_action(RecoveryAction::None);
+        let d = diff(&before, &bare, true);
+        assert_eq!(d.next.ecc_volatile_uncorrected, Some(4));
+        assert_eq!(d.next.remap_pending, Some(true));
+        assert_eq!(d.next.link_degraded, Some(true));
+        assert_eq!(d.link_degraded, None);
+        // The recovery action has no earlier value to keep: none now is evidence.
+        assert_eq!(d.next.recovery_pending, Some(false));
+        assert_eq!(d.reset_evidence, ["the recovery action returned to none"]);
     }
 }

@@ -23,14 +23,57 @@ struct Deciding<'a> {
     fault: &'a Fault,
 }
 
+/// Most severe first, then the oldest, then by key: the order faults are
+/// listed in.
+fn severity_order<K: Ord>(a: &(&K, &Fault), b: &(&K, &Fault)) -> std::cmp::Ordering {
+    b.1.action
+        .rank()
+        .cmp(&a.1.action.rank())
+        .then(a.1.first_seen.cmp(&b.1.first_seen))
+        .then(a.0.cmp(b.0))
+}
+
 impl Engine {
+    /// The node health: every GPU with its verdict, the node-level faults,
+    /// the node verdict with the fault that decides it, and the monitors.
     pub(super) fn build_health(&self) -> NodeHealth {
         let nvml_ok = self.nvml.ok == Some(true);
-        let kmsg_bad = self.kmsg.ok == Some(false);
         let now = self.clock.now_unix_nanos();
-        let stale = self.count_stale(now);
-        let can_see = nvml_ok && !kmsg_bad && stale == 0;
+        let can_see = nvml_ok && self.kmsg.ok != Some(false) && self.count_stale(now) == 0;
+        let gpus = self.listed_gpus();
+        let mut node_faults: Vec<_> = self.node_faults.iter().collect();
+        node_faults.sort_by(severity_order);
+        let action = max_action(
+            self.gpus
+                .values()
+                .flat_map(|g| g.faults.values())
+                .chain(self.node_faults.values()),
+        );
+        let verdict = verdict_of(action, can_see);
+        let (reason, message) = self.node_reason(&gpus, verdict);
+        let mut h = NodeHealth {
+            node_name: self.node_name.clone(),
+            boot_id: self.boot.boot_id.clone(),
+            reason,
+            message,
+            gpus: gpus.iter().map(|g| self.gpu_health(g, now)).collect(),
+            node_faults: node_faults
+                .iter()
+                .map(|((_, k), f)| f.to_proto(k, true))
+                .collect(),
+            monitor: Some(self.monitor_status()),
+            updated_unix_nano: Some(self.updated_at),
+            validation: self.validation.clone(),
+            ..Default::default()
+        };
+        h.set_verdict(verdict);
+        h.set_action(action);
+        h
+    }
 
+    /// The GPUs the health lists (NVML confirmed them, or they carry a
+    /// fault), by index, unindexed ones last by PCI address.
+    fn listed_gpus(&self) -> Vec<&Gpu> {
         let mut gpus: Vec<&Gpu> = self
             .gpus
             .values()
@@ -39,56 +82,45 @@ impl Engine {
         gpus.sort_by(|a, b| {
             (a.index.is_none(), a.index, &a.pci).cmp(&(b.index.is_none(), b.index, &b.pci))
         });
-        let gpu_health: Vec<GpuHealth> = gpus
-            .iter()
-            .map(|g| {
-                let action = g.action();
-                let mut faults: Vec<(&FaultKey, &Fault)> = g.faults.iter().collect();
-                faults.sort_by(|a, b| {
-                    b.1.action
-                        .rank()
-                        .cmp(&a.1.action.rank())
-                        .then(a.1.first_seen.cmp(&b.1.first_seen))
-                        .then(a.0.cmp(b.0))
-                });
-                let mut h = GpuHealth {
-                    index: g.index.filter(|_| g.confirmed),
-                    uuid: if g.confirmed {
-                        g.uuid.clone()
-                    } else {
-                        String::new()
-                    },
-                    pci_address: g.pci.clone(),
-                    active_faults: faults.iter().map(|(k, f)| f.to_proto(k, false)).collect(),
-                    // While NVML is down (or sees no GPU, or has not answered
-                    // for this GPU within three poll intervals) the last sample
-                    // is stale: not shown, so exporters do not export old
-                    // gauges and validation cannot pass on it.
-                    sample: g
-                        .sample
-                        .clone()
-                        .filter(|_| !g.lost && nvml_ok && self.sample_fresh(g, now)),
-                    ..Default::default()
-                };
-                let fresh = self.sample_fresh(g, now) || !g.confirmed;
-                h.set_verdict(verdict_of(
-                    action,
-                    nvml_ok && !kmsg_bad && g.confirmed && !g.lost && fresh,
-                ));
-                h.set_action(action);
-                h
-            })
-            .collect();
+        gpus
+    }
 
-        let mut node_faults: Vec<_> = self.node_faults.iter().collect();
-        node_faults.sort_by(|a, b| {
-            b.1.action
-                .rank()
-                .cmp(&a.1.action.rank())
-                .then(a.1.first_seen.cmp(&b.1.first_seen))
-                .then(a.0.cmp(b.0))
-        });
+    /// One GPU's health: its faults, its latest sample while it is current,
+    /// and its verdict.
+    fn gpu_health(&self, g: &Gpu, now: u64) -> GpuHealth {
+        let nvml_ok = self.nvml.ok == Some(true);
+        let action = g.action();
+        let mut faults: Vec<(&FaultKey, &Fault)> = g.faults.iter().collect();
+        faults.sort_by(severity_order);
+        let mut h = GpuHealth {
+            index: g.index.filter(|_| g.confirmed),
+            uuid: if g.confirmed {
+                g.uuid.clone()
+            } else {
+                String::new()
+            },
+            pci_address: g.pci.clone(),
+            active_faults: faults.iter().map(|(k, f)| f.to_proto(k, false)).collect(),
+            // While NVML is down (or sees no GPU, or has not answered
+            // for this GPU within three poll intervals) the last sample
+            // is stale: not shown, so exporters do not export old
+            // gauges and validation cannot pass on it.
+            sample: g
+                .sample
+                .clone()
+                .filter(|_| !g.lost && nvml_ok && self.sample_fresh(g, now)),
+            ..Default::default()
+        };
+        let fresh = self.sample_fresh(g, now) || !g.confirmed;
+        let can_see = nvml_ok && self.kmsg.ok != Some(false) && g.confirmed && !g.lost && fresh;
+        h.set_verdict(verdict_of(action, can_see));
+        h.set_action(action);
+        h
+    }
 
+    /// The node's reason and message: the deciding fault's while one needs
+    /// action, the monitors' while the health is unknown, else healthy.
+    fn node_reason(&self, gpus: &[&Gpu], verdict: Verdict) -> (String, String) {
         // The most severe active fault, the most recent one on ties.
         let mut deciding: Option<Deciding<'_>> = None;
         let mut total = 0usize;
@@ -105,14 +137,7 @@ impl Engine {
                 deciding = Some(Deciding { gpu, key, fault });
             }
         }
-        let action = max_action(
-            self.gpus
-                .values()
-                .flat_map(|g| g.faults.values())
-                .chain(self.node_faults.values()),
-        );
-        let verdict = verdict_of(action, can_see);
-        let (reason, message) = match (&deciding, verdict) {
+        match (&deciding, verdict) {
             (Some(d), Verdict::Unhealthy | Verdict::Degraded) => {
                 (d.fault.reason.clone(), self.describe(d, total))
             }
@@ -124,33 +149,19 @@ impl Engine {
                     gpus.iter().filter(|g| g.confirmed && !g.lost).count()
                 ),
             ),
-        };
-        let mut h = NodeHealth {
-            node_name: self.node_name.clone(),
-            boot_id: self.boot.boot_id.clone(),
-            reason,
-            message,
-            gpus: gpu_health,
-            node_faults: node_faults
-                .iter()
-                .map(|((_, k), f)| f.to_proto(k, true))
-                .collect(),
-            monitor: Some(MonitorStatus {
-                kmsg_ok: self.kmsg.ok == Some(true),
-                nvml_ok,
-                message: self.monitor_detail(),
-                // Set by the kmsg source's `Input::KmsgCaughtUp`.
-                kmsg_caught_up: self.kmsg_caught_up,
-                state_ok: self.state_problem.is_none(),
-                state_message: self.state_problem.clone().unwrap_or_default(),
-            }),
-            updated_unix_nano: Some(self.updated_at),
-            validation: self.validation.clone(),
-            ..Default::default()
-        };
-        h.set_verdict(verdict);
-        h.set_action(action);
-        h
+        }
+    }
+
+    fn monitor_status(&self) -> MonitorStatus {
+        MonitorStatus {
+            kmsg_ok: self.kmsg.ok == Some(true),
+            nvml_ok: self.nvml.ok == Some(true),
+            message: self.monitor_detail(),
+            // Set by the kmsg source's `Input::KmsgCaughtUp`.
+            kmsg_caught_up: self.kmsg_caught_up,
+            state_ok: self.state_problem.is_none(),
+            state_message: self.state_problem.clone().unwrap_or_default(),
+        }
     }
 
     fn describe(&self, d: &Deciding<'_>, total: usize) -> String {

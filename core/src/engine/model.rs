@@ -26,7 +26,8 @@ pub(crate) struct FaultKey {
 }
 
 impl FaultKey {
-    /// The key of an event.
+    /// The key of an event: its kind and code, and the variant its
+    /// attributes name (below).
     pub fn of(ev: &FaultEvent) -> FaultKey {
         let attr = |k: &str| ev.attributes.get(k).cloned().unwrap_or_default();
         let variant = match ev.kind() {
@@ -213,6 +214,29 @@ impl Fault {
         source == Source::Kmsg && self.message_source != Source::Kmsg
     }
 
+    /// A sample shows the fault's level condition: it is current (again).
+    /// True when it had been marked gone, which changes the health.
+    pub fn condition_present(&mut self, now: u64, boot_id: &str) -> bool {
+        self.last_seen = now;
+        self.last_boot_id.clear();
+        self.last_boot_id.push_str(boot_id);
+        self.level = true;
+        self.gone_samples = 0;
+        self.condition_gone_since.take().is_some()
+    }
+
+    /// One more consecutive sample without the fault's level condition (the
+    /// recovery rules clear it after `condition_clear_samples`). True for
+    /// the first, which changes the health.
+    pub fn condition_absent(&mut self, now: u64) -> bool {
+        self.gone_samples = self.gone_samples.saturating_add(1);
+        if self.condition_gone_since.is_some() {
+            return false;
+        }
+        self.condition_gone_since = Some(now);
+        true
+    }
+
     /// Counts the coalesced occurrences not yet in the registry.
     pub fn record_unrecorded(
         &mut self,
@@ -239,7 +263,8 @@ impl Fault {
         }
     }
 
-    /// The proto form (`ActiveFault`).
+    /// The proto form (`ActiveFault`); a node-level fault's message names
+    /// the device's PCI address.
     pub fn to_proto(&self, key: &FaultKey, node_level: bool) -> ActiveFault {
         let mut af = ActiveFault {
             code: key.code,

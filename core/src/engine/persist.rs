@@ -18,11 +18,13 @@
 
 use super::Engine;
 use super::model::{Baseline, Fault, FaultKey, Gpu, History, HistoryKey};
+use super::writer::StateWriter;
 use crate::msg::KmsgPosition;
 use crate::statefile::{self, StateFileError};
 use gpuwatch_proto::{Action, FaultKind, Severity, ShortName, Source};
 use serde::{Deserialize, Serialize};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 
 /// Current state-file format version.
@@ -239,6 +241,32 @@ fn keep_aside(path: &Path, what: &str, reason: String, read_only: bool) -> State
     }
 }
 
+/// Reads and decodes the state file: `None` when there is none. Whatever
+/// cannot be used (not a regular file, unreadable, corrupt) is kept aside.
+fn read_state(path: &Path, read_only: bool) -> Result<Option<StateFile>, StateFileError> {
+    if let Ok(m) = std::fs::symlink_metadata(path)
+        && !m.is_file()
+    {
+        let reason = format!("{} is not a regular file", path.display());
+        return Err(keep_aside(path, "not-a-file", reason, read_only));
+    }
+    let bytes = match statefile::read(path) {
+        Ok(bytes) => bytes,
+        Err(StateFileError::Read { source, .. }) => {
+            let reason = format!("cannot be read: {source}");
+            return Err(keep_aside(path, "unreadable", reason, read_only));
+        }
+        Err(other) => return Err(other),
+    };
+    let Some(bytes) = bytes else {
+        return Ok(None);
+    };
+    match serde_json::from_slice::<StateFile>(&bytes) {
+        Ok(f) => Ok(Some(f)),
+        Err(e) => Err(keep_aside(path, "corrupt", e.to_string(), read_only)),
+    }
+}
+
 impl Engine {
     pub(super) fn to_state_file(&self) -> StateFile {
         StateFile {
@@ -323,89 +351,14 @@ impl Engine {
         let Some(path) = self.state_path.clone() else {
             return;
         };
-        match std::fs::symlink_metadata(&path) {
-            Ok(m) if !m.is_file() => {
-                let e = keep_aside(
-                    &path,
-                    "not-a-file",
-                    format!("{} is not a regular file", path.display()),
-                    self.read_only,
-                );
-                self.unusable(e);
-                return;
-            }
-            _ => {}
-        }
-        let decoded = statefile::read(&path).map(|bytes| {
-            bytes.map(|b| serde_json::from_slice::<StateFile>(&b).map_err(|e| e.to_string()))
-        });
-        let file = match decoded {
-            Ok(Some(Err(reason))) => {
-                let e = keep_aside(&path, "corrupt", reason, self.read_only);
-                self.unusable(e);
-                return;
-            }
-            Ok(Some(Ok(f))) => Some(f),
-            Ok(None) => None,
-            Err(e) => {
-                let e = match e {
-                    StateFileError::Read { source, .. } => keep_aside(
-                        &path,
-                        "unreadable",
-                        format!("cannot be read: {source}"),
-                        self.read_only,
-                    ),
-                    other => other,
-                };
-                self.unusable(e);
-                return;
-            }
+        let file = match read_state(&path, self.read_only) {
+            Ok(Some(f)) => f,
+            Ok(None) => return self.no_state_file(&path),
+            Err(e) => return self.unusable(e),
         };
-        let file = match file {
-            Some(f) if f.version == VERSION => f,
-            Some(f) if f.version == 1 => {
-                let mut f = f;
-                f.kmsg = self.legacy_cursor();
-                self.legacy_cursor_pending = true;
-                self.dirty = true;
-                info!(path = %path.display(), position = ?f.kmsg, "Migrating the version 1 health state and kernel log cursor to one version 2 state file.");
-                f
-            }
-            Some(f) => {
-                let what = if f.version > VERSION {
-                    "newer"
-                } else {
-                    "unsupported"
-                };
-                let e = keep_aside(
-                    &path,
-                    what,
-                    format!(
-                        "format version {} (this gpuwatch reads {VERSION}{})",
-                        f.version,
-                        if f.version > VERSION {
-                            "; written by a newer gpuwatch"
-                        } else {
-                            ""
-                        }
-                    ),
-                    self.read_only,
-                );
-                self.unusable(e);
-                return;
-            }
-            None => {
-                if self.legacy_cursor().is_some() {
-                    // A cursor without its faults would skip them: ignore it.
-                    self.legacy_cursor_pending = true;
-                    self.dirty = true;
-                    warn!(
-                        "A version 1 kernel log cursor exists without its health state; ignoring it and reading the whole ring."
-                    );
-                }
-                info!(path = %path.display(), "No health state file yet; starting with fresh state.");
-                return;
-            }
+        let file = match self.check_version(&path, file) {
+            Ok(f) => f,
+            Err(e) => return self.unusable(e),
         };
         let position = file.kmsg.clone();
         if let Err(reason) = self.restore(file) {
@@ -414,10 +367,55 @@ impl Engine {
             self.history.clear();
             self.boots.clear();
             let e = keep_aside(&path, "corrupt", reason, self.read_only);
-            self.unusable(e);
-            return;
+            return self.unusable(e);
         }
         self.kmsg_position = position;
+    }
+
+    /// A file of this version as is; a version 1 file with the position of
+    /// its cursor file (migrated at the next write); any other version is
+    /// kept aside.
+    fn check_version(
+        &mut self,
+        path: &Path,
+        mut f: StateFile,
+    ) -> Result<StateFile, StateFileError> {
+        if f.version == VERSION {
+            return Ok(f);
+        }
+        if f.version == 1 {
+            f.kmsg = self.legacy_cursor();
+            self.legacy_cursor_pending = true;
+            self.dirty = true;
+            info!(path = %path.display(), position = ?f.kmsg, "Migrating the version 1 health state and kernel log cursor to one version 2 state file.");
+            return Ok(f);
+        }
+        let newer = f.version > VERSION;
+        let reason = format!(
+            "format version {} (this gpuwatch reads {VERSION}{})",
+            f.version,
+            if newer {
+                "; written by a newer gpuwatch"
+            } else {
+                ""
+            }
+        );
+        let what = if newer { "newer" } else { "unsupported" };
+        Err(keep_aside(path, what, reason, self.read_only))
+    }
+
+    /// No state file yet: a fresh start. A version 1 cursor without its
+    /// faults would skip them, so it is ignored (and removed at the first
+    /// write).
+    fn no_state_file(&mut self, path: &Path) {
+        if self.legacy_cursor().is_some() {
+            self.legacy_cursor_pending = true;
+            self.dirty = true;
+            warn!(
+                "A version 1 kernel log cursor exists without its health state; ignoring it and reading the whole ring."
+            );
+        }
+        info!(path = %path.display(), "No health state file yet; starting with fresh state.");
     }
 
     /// The version 1 cursor file's position, if there is a readable one.
@@ -525,6 +523,176 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// Writing the state: settled points, the schedule, the writer thread.
+impl Engine {
+    /// Records the reader's position. Every kernel-log event it covers has
+    /// been handled (they precede it in the channel and none is held), so
+    /// the state is settled: it may be written.
+    pub(super) fn set_kmsg_position(&mut self, position: KmsgPosition) {
+        self.kmsg_unsettled = false;
+        if self.kmsg_position.as_ref() != Some(&position) {
+            self.kmsg_position = Some(position);
+            self.dirty = true;
+        }
+    }
+
+    /// The kernel-log position the loaded state accounts for (`None`: no
+    /// state, an unusable one, or none recorded): the reader resumes after
+    /// it in the same boot, and reads the whole ring otherwise.
+    pub fn kmsg_position(&self) -> Option<&KmsgPosition> {
+        self.kmsg_position.as_ref()
+    }
+
+    /// Tells the engine that a kernel-device reader will report its position
+    /// ([`Input::KmsgProgress`](crate::msg::Input::KmsgProgress)): from now
+    /// on the state is written only at settled points. Called before any
+    /// input by the wiring that starts such a reader.
+    pub fn track_kmsg_position(&mut self) {
+        self.track_kmsg = true;
+    }
+
+    /// True when the state is settled: when the kernel-log position is
+    /// tracked, no kernel-log event beyond the position has been handled and
+    /// none is held for the join grace. Only a settled state is written:
+    /// the file then holds exactly the faults of the records up to its
+    /// position.
+    pub fn is_settled(&self) -> bool {
+        !self.track_kmsg || (!self.kmsg_unsettled && self.held.is_empty())
+    }
+
+    /// When the next state write may happen: `None` when there is nothing
+    /// to write (clean, no state directory, or not settled: a later input
+    /// settles it), else now or the end of the backoff after a failed write.
+    pub fn persist_due(&self) -> Option<Instant> {
+        if !self.dirty || self.state_path.is_none() || !self.is_settled() {
+            return None;
+        }
+        Some(self.retry_write_at.unwrap_or_else(Instant::now))
+    }
+
+    /// Writes `state_dir/health.json` atomically — faults, history and the
+    /// kernel-log position in one write — when the state changed and is
+    /// settled (see [`Engine::is_settled`]; an unsettled state stays dirty
+    /// and is written at the next settled point). No-op without a state
+    /// directory. Every attempt is counted in the registry; a failed write
+    /// is retried with jittered exponential backoff (up to 30 s), the state
+    /// staying in memory (bounded) meanwhile, and is reported in the health
+    /// (`monitor.state_ok`).
+    ///
+    /// When the state file existed but could neither be read nor moved aside
+    /// at startup, it is never overwritten: each skipped write is counted as
+    /// a failed write and returned as an error.
+    pub fn persist(&mut self) -> Result<(), StateFileError> {
+        let Some((path, file)) = self.snapshot_due()? else {
+            return Ok(());
+        };
+        let res = crate::statefile::write_json(&path, &file);
+        if res.is_ok() {
+            self.dirty = false;
+        }
+        self.write_finished(&res);
+        res
+    }
+
+    /// [`Engine::persist`] on the writer thread: the snapshot is handed over
+    /// and the engine goes on; the outcome comes back through
+    /// [`Engine::background_writes_done`].
+    pub(super) fn persist_in_background(
+        &mut self,
+        writer: &StateWriter,
+    ) -> Result<(), StateFileError> {
+        let Some((path, file)) = self.snapshot_due()? else {
+            return Ok(());
+        };
+        // Changes from here on make it dirty again; a failed write too.
+        self.dirty = false;
+        writer.submit(path, file);
+        Ok(())
+    }
+
+    /// Applies the outcomes of the writer thread's finished writes.
+    pub(super) fn background_writes_done(&mut self, writer: &StateWriter) {
+        for result in writer.take_done() {
+            if let Err(e) = &result {
+                self.dirty = true;
+                error!(error = %e, "Health state file not written.");
+            }
+            self.write_finished(&result);
+        }
+    }
+
+    /// The snapshot to write now, if one is due: the state changed, is
+    /// settled, no backoff is running and writing is allowed. Err (counted as
+    /// a failed write) when the file must not be overwritten.
+    fn snapshot_due(&mut self) -> Result<Option<(PathBuf, StateFile)>, StateFileError> {
+        let Some(path) = self.state_path.clone() else {
+            self.dirty = false;
+            return Ok(None);
+        };
+        if !self.dirty || !self.is_settled() {
+            return Ok(None);
+        }
+        if self.retry_write_at.is_some_and(|t| Instant::now() < t) {
+            return Ok(None);
+        }
+        if self.read_only {
+            self.dirty = false;
+            return Ok(None);
+        }
+        if let Some(why) = &self.persist_blocked {
+            // One error per batch of changes, not one per persist interval.
+            self.dirty = false;
+            self.registry.count_state_write(false);
+            return Err(StateFileError::Write {
+                path,
+                source: std::io::Error::other(format!(
+                    "not overwriting it: {why}; health state is kept in memory only until gpuwatch restarts with a readable file"
+                )),
+            });
+        }
+        Ok(Some((path, self.to_state_file())))
+    }
+
+    /// Counts a finished write and reports or ends a run of failures.
+    fn write_finished(&mut self, res: &Result<(), StateFileError>) {
+        self.registry.count_state_write(res.is_ok());
+        match res {
+            Ok(()) => {
+                self.retry_write_at = None;
+                if self.write_failures > 0 {
+                    let path = self.state_path.as_deref().unwrap_or(Path::new(""));
+                    info!(failed_attempts = self.write_failures, path = %path.display(), "Health state file written again; nothing was lost.");
+                    self.write_failures = 0;
+                    self.write_backoff.reset();
+                    self.state_problem = None;
+                    *self.cache.get_mut() = None;
+                }
+                self.remove_legacy_cursor();
+            }
+            Err(e) => {
+                self.write_failures = self.write_failures.saturating_add(1);
+                let backoff = self.write_backoff.next_delay();
+                self.retry_write_at = Some(Instant::now() + backoff);
+                self.state_problem = Some(format!(
+                    "the health state file cannot be written ({e}); {} failed attempts, retrying in {} ms; the state is kept in memory",
+                    self.write_failures,
+                    backoff.as_millis()
+                ));
+                *self.cache.get_mut() = None;
+            }
+        }
+    }
+}
+
+/// Retries of a failed state write: from the persist interval, doubling up to
+/// 30 s, jittered (a fleet whose disks recover together does not retry in step).
+pub(super) fn write_backoff(persist_interval_ms: &u64) -> crate::retry::Backoff {
+    crate::retry::Backoff::new(
+        Duration::from_millis(*persist_interval_ms),
+        Duration::from_secs(30),
+    )
 }
 
 /// Sets the kernel-log position of the state in `state_dir` (creating a

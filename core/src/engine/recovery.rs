@@ -1,8 +1,8 @@
 //! When active faults clear (the rules are listed in the engine module docs).
 
 use super::Engine;
-use super::derive::secs;
 use super::model::{Fault, Gpu};
+use super::secs;
 use gpuwatch_proto::{Action, ShortName};
 use tracing::info;
 

@@ -49,7 +49,8 @@ pub(crate) struct StateWriter {
 }
 
 impl StateWriter {
-    /// Starts the thread.
+    /// Starts the `gpuwatch-state` thread; fails only when the OS cannot
+    /// start a thread (the engine then writes on its own thread).
     pub fn spawn() -> std::io::Result<StateWriter> {
         let shared = Arc::new(Shared {
             slot: Mutex::new(Slot::default()),

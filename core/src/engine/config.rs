@@ -1,0 +1,171 @@
+//! The engine's settings (`[engine]`) and their validation.
+
+/// Health engine settings (`[engine]`).
+#[derive(serde::Deserialize, serde::Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    /// A repeat of an active fault (same GPU, kind and code) within this many seconds
+    /// of the last emitted event is coalesced (`count + 1`) instead of re-emitted.
+    pub dedup_window_secs: u64,
+    /// `ignore` / `restart_app` / `investigate` faults clear after this many seconds
+    /// without a new occurrence.
+    pub active_window_secs: u64,
+    /// Seconds without recurrence (after reset evidence) before a `reset_gpu` fault
+    /// clears.
+    pub reset_clear_quiet_secs: u64,
+    /// A non-isolating fault raised from an NVML condition (thermal slowdown, PCIe
+    /// link below max, NVLink down) clears once the condition has been absent in
+    /// this many consecutive NVML samples.
+    pub condition_clear_samples: u32,
+    /// Seconds the GPU must validate without recurrence after a reboot before an
+    /// `inspect_hardware` fault clears.
+    pub inspect_clear_quiet_secs: u64,
+    /// Engine tick (recovery evaluation when no input arrives), milliseconds.
+    pub tick_interval_ms: u64,
+    /// Minimum interval between state-file writes, milliseconds.
+    pub persist_interval_ms: u64,
+    /// Treat a PCIe link generation below the maximum as a fault. Off by default:
+    /// GPUs lower the link generation (down to Gen1) when idle to save power, so
+    /// the check would flag healthy idle GPUs. Link width below the maximum is
+    /// always a fault.
+    pub pcie_link_gen_check: bool,
+    /// The same fault (GPU, kind, code) reported by two different sources (the
+    /// kernel log and an NVML event) within this many milliseconds is one
+    /// occurrence: counted once, the kernel-log text (pid, process) kept.
+    pub cross_source_window_ms: u64,
+    /// At startup, kernel-log GPU faults whose PCI address NVML has not reported
+    /// yet wait up to this many seconds for the first complete NVML poll, so they
+    /// are published with the GPU's index and UUID. Released at once when NVML
+    /// reports itself unavailable or disabled. 0 disables the wait.
+    pub nvml_join_grace_secs: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            dedup_window_secs: 60,
+            active_window_secs: 3600,
+            reset_clear_quiet_secs: 60,
+            condition_clear_samples: 3,
+            inspect_clear_quiet_secs: 3600,
+            tick_interval_ms: 1000,
+            persist_interval_ms: 1000,
+            pcie_link_gen_check: false,
+            cross_source_window_ms: 2000,
+            nvml_join_grace_secs: 5,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Every problem with the settings (empty when valid); keys relative to `[engine]`.
+    pub fn validate(&self) -> Vec<String> {
+        let mut errs = Vec::new();
+        if self.dedup_window_secs == 0 {
+            errs.push("dedup_window_secs: must be at least 1".to_string());
+        }
+        if self.active_window_secs == 0 {
+            errs.push("active_window_secs: must be at least 1".to_string());
+        }
+        if self.dedup_window_secs > self.active_window_secs {
+            errs.push(format!(
+                "dedup_window_secs: {} is longer than active_window_secs ({}); a fault would expire while its repeats are still coalesced",
+                self.dedup_window_secs, self.active_window_secs
+            ));
+        }
+        if !(10..=60_000).contains(&self.tick_interval_ms) {
+            errs.push(format!(
+                "tick_interval_ms: {} is outside 10..=60000",
+                self.tick_interval_ms
+            ));
+        }
+        if !(100..=600_000).contains(&self.persist_interval_ms) {
+            errs.push(format!(
+                "persist_interval_ms: {} is outside 100..=600000",
+                self.persist_interval_ms
+            ));
+        }
+        if !(1..=1000).contains(&self.condition_clear_samples) {
+            errs.push(format!(
+                "condition_clear_samples: {} is outside 1..=1000",
+                self.condition_clear_samples
+            ));
+        }
+        if self.cross_source_window_ms > 60_000 {
+            errs.push(format!(
+                "cross_source_window_ms: {} is longer than 60000",
+                self.cross_source_window_ms
+            ));
+        }
+        if self.nvml_join_grace_secs > 300 {
+            errs.push(format!(
+                "nvml_join_grace_secs: {} is longer than 300",
+                self.nvml_join_grace_secs
+            ));
+        }
+        for (key, v) in [
+            ("reset_clear_quiet_secs", self.reset_clear_quiet_secs),
+            ("inspect_clear_quiet_secs", self.inspect_clear_quiet_secs),
+        ] {
+            if v > 30 * 86_400 {
+                errs.push(format!("{key}: {v} is longer than 30 days"));
+            }
+        }
+        errs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_defaults_parse_and_unknown_keys_are_rejected() {
+        let cfg: EngineConfig = toml::from_str("").unwrap();
+        assert_eq!(cfg, EngineConfig::default());
+        assert_eq!(cfg.dedup_window_secs, 60);
+        // Idle GPUs drop to Gen1: only the link width is checked by default.
+        assert!(!cfg.pcie_link_gen_check);
+        assert!(cfg.validate().is_empty());
+        let cfg: EngineConfig = toml::from_str("dedup_window_secs = 5\n").unwrap();
+        assert_eq!(cfg.dedup_window_secs, 5);
+        let err = toml::from_str::<EngineConfig>("dedup_window = 5\n").unwrap_err();
+        assert!(err.to_string().contains("dedup_window"), "{err}");
+    }
+
+    #[test]
+    fn validate_reports_every_problem() {
+        let cfg = EngineConfig {
+            dedup_window_secs: 0,
+            active_window_secs: 0,
+            tick_interval_ms: 1,
+            persist_interval_ms: 1,
+            inspect_clear_quiet_secs: 40 * 86_400,
+            condition_clear_samples: 0,
+            cross_source_window_ms: 120_000,
+            nvml_join_grace_secs: 3600,
+            ..EngineConfig::default()
+        };
+        let problems = cfg.validate();
+        for key in [
+            "dedup_window_secs",
+            "active_window_secs",
+            "tick_interval_ms",
+            "persist_interval_ms",
+            "inspect_clear_quiet_secs",
+            "condition_clear_samples",
+            "cross_source_window_ms",
+            "nvml_join_grace_secs",
+        ] {
+            assert!(
+                problems.iter().any(|p| p.starts_with(key)),
+                "{key} not in {problems:?}"
+            );
+        }
+        let longer = EngineConfig {
+            dedup_window_secs: 7200,
+            ..EngineConfig::default()
+        };
+        assert!(longer.validate()[0].contains("longer than active_window_secs"));
+    }
+}
