@@ -1,7 +1,7 @@
 //! The agent's configuration: one TOML file (`--config`), every section
 //! `deny_unknown_fields`, every option with a default (see
 //! `config/gpuwatch.example.toml`). Command-line flags of `gpuwatch run`
-//! override the file ([`crate::run::RunArgs::apply`]).
+//! override the file ([`crate::agent::resolve`] applies them).
 //!
 //! [`Config::load`] reports every syntax error, or every schema problem (unknown
 //! key, wrong type), each with the file, line, column and key — not only the first
