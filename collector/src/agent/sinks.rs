@@ -75,6 +75,33 @@ pub fn build_sinks(
         sinks.metrics = Some(Arc::new(move || renderer.render()));
     }
     if cfg.otlp.enabled {
+        sinks.start_otlp(cfg, registry, rt)?;
+    }
+    if cfg.kube.enabled || opts.kube_dry_run {
+        sinks.start_kube_writer(cfg, opts, registry, rt, health_rx, validation_tx)?;
+    }
+    Ok(sinks)
+}
+
+/// Resource attributes of this agent (OTLP resource, Prometheus `target_info`).
+pub fn resource_info(cfg: &Config) -> gpuwatch_sinks::otlp::ResourceInfo {
+    gpuwatch_sinks::otlp::ResourceInfo {
+        node_name: cfg.node_name.clone(),
+        host_name: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_default(),
+        service_version: env!("CARGO_PKG_VERSION").to_string(),
+    }
+}
+
+impl Sinks {
+    /// The OTLP exporter: metrics, and one log record per fault.
+    fn start_otlp(
+        &mut self,
+        cfg: &Config,
+        registry: &Arc<Registry>,
+        rt: &tokio::runtime::Handle,
+    ) -> Result<(), RunError> {
         // The exporter spawns its gRPC transport on the runtime.
         let _guard = rt.enter();
         let exporter = gpuwatch_sinks::otlp::OtlpExporter::start(
@@ -88,15 +115,26 @@ pub fn build_sinks(
             message: e.to_string(),
         })?;
         tracing::info!(exporter = ?exporter, "OTLP export started.");
-        sinks.event_sinks.push(exporter.log_sink());
-        sinks
-            .on_shutdown
+        self.event_sinks.push(exporter.log_sink());
+        self.on_shutdown
             .push(Box::new(move |budget| exporter.shutdown(budget)));
+        Ok(())
     }
-    if cfg.kube.enabled || opts.kube_dry_run {
+
+    /// The Kubernetes node writer (conditions, taints, Events, startup
+    /// gate); `--kube-dry-run` logs the patches instead of sending them.
+    fn start_kube_writer(
+        &mut self,
+        cfg: &Config,
+        opts: &RunOptions,
+        registry: &Arc<Registry>,
+        rt: &tokio::runtime::Handle,
+        health_rx: tokio::sync::watch::Receiver<Arc<NodeHealth>>,
+        validation_tx: std::sync::Weak<crossbeam_channel::Sender<gpuwatch_core::msg::Input>>,
+    ) -> Result<(), RunError> {
         // Startup-gate reports go to the engine (`/v1/health.validation`). The
         // writer only holds a weak reference to the engine channel: once the
-        // run drops the strong one (sources stopping), the engine's channel
+        // agent drops the strong one (its inputs stopping), the engine's channel
         // can disconnect and drain while the writer still runs.
         let on_validation: gpuwatch_sinks::kube::ValidationCallback = Arc::new(move |report| {
             let Some(tx) = validation_tx.upgrade() else {
@@ -120,9 +158,9 @@ pub fn build_sinks(
                 name: "kube",
                 message: e.to_string(),
             })?;
-        sinks.event_sinks.push(writer.event_sink());
+        self.event_sinks.push(writer.event_sink());
         let handle = rt.clone();
-        sinks.on_shutdown.push(Box::new(move |budget| {
+        self.on_shutdown.push(Box::new(move |budget| {
             if handle
                 .block_on(async { tokio::time::timeout(budget, writer.shutdown()).await })
                 .is_err()
@@ -130,22 +168,9 @@ pub fn build_sinks(
                 tracing::warn!("The Kubernetes writer did not stop within its shutdown budget.");
             }
         }));
+        Ok(())
     }
-    Ok(sinks)
-}
 
-/// Resource attributes of this agent (OTLP resource, Prometheus `target_info`).
-pub fn resource_info(cfg: &Config) -> gpuwatch_sinks::otlp::ResourceInfo {
-    gpuwatch_sinks::otlp::ResourceInfo {
-        node_name: cfg.node_name.clone(),
-        host_name: std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_string())
-            .unwrap_or_default(),
-        service_version: env!("CARGO_PKG_VERSION").to_string(),
-    }
-}
-
-impl Sinks {
     /// Flushes every event sink, then runs the shutdown hooks, each within
     /// its share.
     pub(super) fn stop(self, budget: &Budget) {
