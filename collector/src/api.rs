@@ -88,16 +88,16 @@ pub enum ApiError {
     /// The listen address is not an address.
     #[error("invalid API listen address {addr:?}: {source}")]
     Address {
-        /// What was given.
+        /// `api.listen` as given.
         addr: String,
-        /// The parse error.
+        /// Why it is not `host:port`.
         #[source]
         source: std::net::AddrParseError,
     },
     /// The socket could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
-        /// The address.
+        /// The parsed `api.listen`.
         addr: SocketAddr,
         /// The I/O error.
         #[source]
@@ -109,7 +109,7 @@ pub enum ApiError {
     /// The operator-clear socket could not be created.
     #[error("cannot serve the operator-clear socket {path}: {source}")]
     Socket {
-        /// The socket path.
+        /// [`CLEAR_SOCKET`] in the state directory.
         path: PathBuf,
         /// The I/O error.
         #[source]

@@ -26,7 +26,7 @@ pub enum BootError {
     /// The boot id file could not be read.
     #[error("cannot read boot id from {path}: {source}")]
     Read {
-        /// The file.
+        /// The boot id file (`kmsg.boot_id_path`, `--boot-id-path`).
         path: PathBuf,
         /// The I/O error.
         #[source]
@@ -35,7 +35,7 @@ pub enum BootError {
     /// The boot id file was empty or not a single token.
     #[error("boot id file {path} does not contain a boot id (got {content:?})")]
     Invalid {
-        /// The file.
+        /// The boot id file (`kmsg.boot_id_path`, `--boot-id-path`).
         path: PathBuf,
         /// What it contained (truncated).
         content: String,

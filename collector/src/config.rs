@@ -1,7 +1,7 @@
 //! The agent's configuration: one TOML file (`--config`), every section
 //! `deny_unknown_fields`, every option with a default (see
 //! `config/gpuwatch.example.toml`). Command-line flags of `gpuwatch run`
-//! override the file ([`crate::run::RunArgs::apply`]).
+//! override the file ([`crate::agent::resolve`] applies them).
 //!
 //! [`Config::load`] reports every syntax error, or every schema problem (unknown
 //! key, wrong type), each with the file, line, column and key — not only the first
@@ -21,7 +21,7 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/gpuwatch";
 /// Default listen address of the local HTTP API.
 pub const DEFAULT_API_LISTEN: &str = "127.0.0.1:9400";
 
-/// The whole configuration.
+/// One configuration file: every section, each option with its default.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -33,7 +33,7 @@ pub struct Config {
     /// value is an error.
     #[serde(default = "default_state_dir")]
     pub state_dir: PathBuf,
-    /// Kernel log source.
+    /// Kernel log source (`[kmsg]`: device or replay file, boot id, cursor).
     pub kmsg: KmsgConfig,
     /// NVML poller and event thread.
     pub nvml: crate::nvml::NvmlConfig,
@@ -41,17 +41,17 @@ pub struct Config {
     pub engine: gpuwatch_core::engine::EngineConfig,
     /// Per-XID policy overrides (`[policy.xid."79"] action = "reboot_node"`).
     pub policy: xid_parser::PolicyOverrides,
-    /// Local HTTP API.
+    /// Local HTTP API (probes, health, metrics) and the operator-clear socket.
     pub api: ApiConfig,
     /// Which local event sinks are on.
     pub sinks: SinkSelection,
     /// OTLP metrics and log export.
     pub otlp: gpuwatch_sinks::otlp::OtlpConfig,
-    /// Kubernetes node writer.
+    /// Kubernetes node writer (conditions, taints, Events, startup gate).
     pub kube: gpuwatch_sinks::kube::KubeConfig,
     /// Device validation (startup gate).
     pub validation: gpuwatch_core::validation::ValidationConfig,
-    /// Logging.
+    /// The agent's own log on stderr (format, level).
     pub log: LogConfig,
 }
 
@@ -196,7 +196,7 @@ pub enum ConfigError {
     /// The file could not be read.
     #[error("cannot read config file {path}: {source}")]
     Read {
-        /// The file.
+        /// The configuration file (`--config`, or the `check-config` argument).
         path: PathBuf,
         /// The I/O error.
         #[source]
@@ -206,7 +206,7 @@ pub enum ConfigError {
     /// found, one `file:line:column: key `k`: message` line each.
     #[error("{}", ParseProblem::render_all(path, problems))]
     Parse {
-        /// The file.
+        /// The configuration file (`--config`, or the `check-config` argument).
         path: PathBuf,
         /// Every problem, in the order found (never empty).
         problems: Vec<ParseProblem>,
@@ -219,7 +219,7 @@ pub enum ConfigError {
     /// are left out (they fall back to their defaults), all in one report.
     #[error("{}", render_check(path, parse, invalid))]
     Check {
-        /// The file.
+        /// The configuration file (`--config`, or the `check-config` argument).
         path: PathBuf,
         /// Syntax and schema problems (may be empty).
         parse: Vec<ParseProblem>,
@@ -237,7 +237,7 @@ pub struct ParseProblem {
     pub column: usize,
     /// Dotted key path, when the problem is at a key or value.
     pub key: Option<String>,
-    /// What was wrong.
+    /// What was wrong, and what was expected.
     pub message: String,
 }
 

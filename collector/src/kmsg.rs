@@ -158,7 +158,7 @@ pub enum KmsgError {
     /// The input could not be opened.
     #[error("cannot open kernel log {path}: {source}")]
     Open {
-        /// The path.
+        /// The kernel log device or replay file (`kmsg.path`).
         path: PathBuf,
         /// The I/O error.
         #[source]
@@ -170,13 +170,13 @@ pub enum KmsgError {
         "kernel log {path} returned end of file: it is not a kernel log device (is /dev/null mounted there?)"
     )]
     Eof {
-        /// The path.
+        /// The kernel log device or replay file (`kmsg.path`).
         path: PathBuf,
     },
     /// Reading failed with an unexpected error.
     #[error("cannot read kernel log {path}: {source}")]
     Read {
-        /// The path.
+        /// The kernel log device or replay file (`kmsg.path`).
         path: PathBuf,
         /// The I/O error.
         #[source]
@@ -184,20 +184,23 @@ pub enum KmsgError {
     },
 }
 
-/// Everything the source needs.
+/// What the source is started with ([`spawn`], [`run_source`]).
 #[derive(Debug)]
 pub struct KmsgSourceArgs {
-    /// Settings.
+    /// The `[kmsg]` section, flags applied.
     pub cfg: KmsgConfig,
     /// The position the engine's state accounts for (`Engine::kmsg_position`):
     /// in the same boot, records up to it are skipped. `None`: read the ring
     /// from its start.
     pub resume: Option<KmsgPosition>,
-    /// Current boot id.
+    /// This boot's id, stamped on each event; `resume` applies only when it
+    /// names the same boot.
     pub boot_id: String,
-    /// Classification policy.
+    /// Classifies what the scanner finds (the built-in table with the
+    /// `[policy]` overrides).
     pub policy: Arc<xid_parser::Policy>,
-    /// Metrics.
+    /// Where the source counts records read, lost and malformed, and the
+    /// events it coalesced or dropped.
     pub registry: Arc<Registry>,
     /// Liveness flags (`kmsg_alive`, `kmsg_caught_up`).
     pub liveness: Arc<Liveness>,
@@ -216,7 +219,7 @@ pub struct KmsgSummary {
     pub events: u64,
 }
 
-/// Starts the source thread.
+/// Starts [`run_source`] on a thread of its own (`gpuwatch-kmsg`).
 pub fn spawn(
     args: KmsgSourceArgs,
     engine_tx: Sender<Input>,
@@ -245,8 +248,9 @@ pub fn run_source(args: KmsgSourceArgs, engine_tx: Sender<Input>) -> KmsgSummary
 #[derive(Debug)]
 struct EngineGone;
 
+/// Whether the reader goes on after a step (a batch of records, a wait).
 enum Outcome {
-    /// Keep going.
+    /// The engine is still there: read on.
     Continue,
     /// The engine is gone.
     EngineGone,

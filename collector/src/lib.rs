@@ -2,9 +2,11 @@
 //!
 //! Sources (kmsg, NVML poll, NVML events) feed bounded crossbeam channels into
 //! one health-engine thread that owns all state; the engine publishes events
-//! to sinks and the desired node state to the Kubernetes writer.
+//! to sinks and the desired node state to the Kubernetes writer. [`agent`]
+//! assembles those parts for `gpuwatch run` and `gpuwatch validate`.
 #![deny(missing_docs)]
 
+pub mod agent;
 pub mod api;
 pub mod boot;
 pub mod config;
@@ -12,5 +14,4 @@ pub mod explain;
 pub mod kmsg;
 pub mod nvml;
 pub mod pipeline;
-pub mod run;
 pub mod scan;

@@ -216,7 +216,7 @@ pub enum NvmlError {
     /// The private copy of the simulator could not be prepared.
     #[error("cannot prepare the nvml-sim library in {dir}: {source}")]
     SimSetup {
-        /// The private directory.
+        /// Where the private copy of the simulator goes.
         dir: PathBuf,
         /// The I/O error.
         #[source]
@@ -250,7 +250,7 @@ pub enum NvmlError {
     /// A thread for NVML calls could not be started.
     #[error("cannot start a thread for NVML calls: {source}")]
     Thread {
-        /// The OS error.
+        /// Why the OS refused the thread.
         #[source]
         source: std::io::Error,
     },
@@ -260,7 +260,7 @@ pub enum NvmlError {
     /// An NVML call did not return within its deadline.
     #[error("NVML call {call} did not return within {} ms (driver or GPU hung)", timeout.as_millis())]
     Hung {
-        /// The NVML function.
+        /// The NVML function (`nvmlDeviceGetCount_v2`, ...).
         call: &'static str,
         /// The deadline it ran past.
         timeout: Duration,
@@ -549,7 +549,7 @@ struct MonitorState {
     poll: Option<(bool, String)>,
     /// A hung call per source (`Role::index`).
     hung: [Option<String>; 2],
-    /// The last status sent.
+    /// The NVML status last sent to the engine (`None`: none yet).
     reported: Option<bool>,
 }
 

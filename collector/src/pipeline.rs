@@ -21,7 +21,7 @@
 //! * Senders stop when the engine side disconnects; the engine stops after all
 //!   senders are gone and the channel is drained.
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError, bounded};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 use gpuwatch_core::msg::Input;
 use gpuwatch_core::{Outcome, Registry, Shutdown, Stage};
 use gpuwatch_proto::{Action, FaultEvent, ShortName};
@@ -141,33 +141,6 @@ impl<'a> AliveGuard<'a> {
 impl Drop for AliveGuard<'_> {
     fn drop(&mut self) {
         self.0.store(false, Ordering::Relaxed);
-    }
-}
-
-/// The channels of one agent.
-#[derive(Debug)]
-pub struct Channels {
-    /// Sender into the engine channel (kmsg source, forwarder).
-    pub engine_tx: Sender<Input>,
-    /// The engine's receiver.
-    pub engine_rx: Receiver<Input>,
-    /// Sender handed to the NVML sources.
-    pub nvml_tx: Sender<Input>,
-    /// The forwarder's receiver.
-    pub nvml_rx: Receiver<Input>,
-}
-
-impl Channels {
-    /// Creates the channels with the given engine channel capacity.
-    pub fn new(engine_capacity: usize) -> Channels {
-        let (engine_tx, engine_rx) = bounded(engine_capacity.max(1));
-        let (nvml_tx, nvml_rx) = bounded(NVML_CHANNEL_CAPACITY);
-        Channels {
-            engine_tx,
-            engine_rx,
-            nvml_tx,
-            nvml_rx,
-        }
     }
 }
 
@@ -674,6 +647,7 @@ pub fn forward_nvml(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crossbeam_channel::bounded;
     use gpuwatch_proto::{FaultKind, GpuSample};
 
     fn xid(pci: &str, code: u32) -> FaultEvent {

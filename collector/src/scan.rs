@@ -106,16 +106,16 @@ pub struct GpuSummary {
     pub action: Action,
     /// Reason of the most severe event (e.g. `XID79`).
     pub reason: String,
-    /// Number of events.
+    /// Fault events found for this GPU.
     pub events: u64,
 }
 
 /// What a scan found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ScanSummary {
-    /// Lines read.
+    /// Input lines read, over every file.
     pub lines: u64,
-    /// Events emitted.
+    /// Fault events written to the output.
     pub events: u64,
     /// Lines skipped because they were longer than [`MAX_LINE_BYTES`].
     pub skipped_long_lines: u64,

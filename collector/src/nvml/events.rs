@@ -261,97 +261,23 @@ impl<'a> Session<'a> {
     /// Turns one event into faults and sends them. False when the thread should stop.
     fn handle(&mut self, data: EventData<'_>) -> bool {
         let read_at = Instant::now();
-        let w = &self.ctx.watch;
-        let uuid = w
+        let uuid = self
+            .ctx
+            .watch
             .call("nvmlDeviceGetUUID", || data.device.uuid())
             .unwrap_or_default();
         let id = self.ids.get(&uuid).cloned().unwrap_or(Identity {
             uuid: uuid.clone(),
             ..Identity::default()
         });
-        let mut out: Vec<FaultEvent> = Vec::new();
         let t = data.event_type;
+        let mut out: Vec<FaultEvent> = Vec::new();
         if t.contains(EventTypes::CRITICAL_XID_ERROR) {
-            let (code, what) = match data.event_data {
-                Some(XidError::Value(v)) => (
-                    u32::try_from(v).unwrap_or(u32::MAX),
-                    format!("NVML XID critical error event: Xid {v}."),
-                ),
-                Some(XidError::Unknown) | None => (
-                    999,
-                    "NVML XID critical error event with an unknown XID.".to_string(),
-                ),
-            };
-            out.push(fault(
-                FaultKind::Xid,
-                code,
-                &id,
-                Source::NvmlEvent,
-                "",
-                what,
-            ));
+            out.push(xid_fault(&id, data.event_data.as_ref()));
         }
-        for (bit, ty, name) in [
-            (
-                EventTypes::DOUBLE_BIT_ECC_ERROR,
-                "dbe",
-                "Double-bit ECC error",
-            ),
-            (
-                EventTypes::SINGLE_BIT_ECC_ERROR,
-                "sbe",
-                "Single-bit ECC error",
-            ),
-        ] {
-            if t.contains(bit) {
-                let mut ev = fault(
-                    FaultKind::Ecc,
-                    0,
-                    &id,
-                    Source::NvmlEvent,
-                    name,
-                    format!("NVML {name} event."),
-                );
-                ev.attributes.insert("ecc_type".into(), ty.into());
-                out.push(ev);
-            }
-        }
+        out.extend(ecc_faults(&id, t));
         if t.contains(EventTypes::CLOCK_CHANGE) {
-            match w.call("nvmlDeviceGetCurrentClocksThrottleReasons", || {
-                data.device.current_throttle_reasons()
-            }) {
-                Ok(reasons) => {
-                    let hot = reasons.intersects(thermal_reasons());
-                    let was = self.thermal.insert(uuid.clone(), hot).unwrap_or(false);
-                    if hot && !was {
-                        let mut ev = fault(
-                            FaultKind::Thermal,
-                            0,
-                            &id,
-                            Source::NvmlEvent,
-                            "Thermal slowdown",
-                            format!(
-                                "NVML clock event: clocks slowed down ({:?}).",
-                                reasons & thermal_reasons()
-                            ),
-                        );
-                        if let Ok(temp) = w.call("nvmlDeviceGetTemperature", || {
-                            data.device.temperature(TemperatureSensor::Gpu)
-                        }) {
-                            ev.attributes
-                                .insert("temperature_c".into(), temp.to_string());
-                        }
-                        out.push(ev);
-                    }
-                }
-                Err(WrapperError::NotSupported | WrapperError::GpuLost) => {}
-                Err(e) => {
-                    self.ctx
-                        .registry
-                        .count_nvml_error("nvmlDeviceGetCurrentClocksThrottleReasons");
-                    tracing::debug!(error = %e, "NVML cannot read clock-event reasons.");
-                }
-            }
+            out.extend(self.thermal_fault(&id, &data));
         }
         for event in out {
             tracing::info!(
@@ -367,4 +293,93 @@ impl<'a> Session<'a> {
         }
         true
     }
+
+    /// The fault of a clock event that starts a thermal (or power-brake)
+    /// slowdown; none while one is already reported for the GPU, or when
+    /// the clocks slowed for another reason.
+    fn thermal_fault(&mut self, id: &Identity, data: &EventData<'_>) -> Option<FaultEvent> {
+        let w = &self.ctx.watch;
+        let reasons = match w.call("nvmlDeviceGetCurrentClocksThrottleReasons", || {
+            data.device.current_throttle_reasons()
+        }) {
+            Ok(reasons) => reasons,
+            Err(WrapperError::NotSupported | WrapperError::GpuLost) => return None,
+            Err(e) => {
+                self.ctx
+                    .registry
+                    .count_nvml_error("nvmlDeviceGetCurrentClocksThrottleReasons");
+                tracing::debug!(error = %e, "NVML cannot read clock-event reasons.");
+                return None;
+            }
+        };
+        let hot = reasons.intersects(thermal_reasons());
+        let was = self.thermal.insert(id.uuid.clone(), hot).unwrap_or(false);
+        if !hot || was {
+            return None;
+        }
+        let mut ev = fault(
+            FaultKind::Thermal,
+            0,
+            id,
+            Source::NvmlEvent,
+            "Thermal slowdown",
+            format!(
+                "NVML clock event: clocks slowed down ({:?}).",
+                reasons & thermal_reasons()
+            ),
+        );
+        if let Ok(temp) = w.call("nvmlDeviceGetTemperature", || {
+            data.device.temperature(TemperatureSensor::Gpu)
+        }) {
+            ev.attributes
+                .insert("temperature_c".into(), temp.to_string());
+        }
+        Some(ev)
+    }
+}
+
+/// The fault of a critical XID event (code 999 when NVML does not say which).
+fn xid_fault(id: &Identity, xid: Option<&XidError>) -> FaultEvent {
+    let (code, what) = match xid {
+        Some(&XidError::Value(v)) => (
+            u32::try_from(v).unwrap_or(u32::MAX),
+            format!("NVML XID critical error event: Xid {v}."),
+        ),
+        Some(&XidError::Unknown) | None => (
+            999,
+            "NVML XID critical error event with an unknown XID.".to_string(),
+        ),
+    };
+    fault(FaultKind::Xid, code, id, Source::NvmlEvent, "", what)
+}
+
+/// The faults of the ECC bits in event type `t`, double-bit first.
+fn ecc_faults(id: &Identity, t: EventTypes) -> Vec<FaultEvent> {
+    [
+        (
+            EventTypes::DOUBLE_BIT_ECC_ERROR,
+            "dbe",
+            "Double-bit ECC error",
+        ),
+        (
+            EventTypes::SINGLE_BIT_ECC_ERROR,
+            "sbe",
+            "Single-bit ECC error",
+        ),
+    ]
+    .into_iter()
+    .filter(|(bit, _, _)| t.contains(*bit))
+    .map(|(_, ty, name)| {
+        let mut ev = fault(
+            FaultKind::Ecc,
+            0,
+            id,
+            Source::NvmlEvent,
+            name,
+            format!("NVML {name} event."),
+        );
+        ev.attributes.insert("ecc_type".into(), ty.into());
+        ev
+    })
+    .collect()
 }

@@ -180,7 +180,7 @@ pub(super) fn tick(deadline: Duration) -> Duration {
 /// doubling up to `max(retry, deadline)`, each with random jitter (backon adds
 /// up to one more delay), so the agents of a fleet whose driver wedged at the
 /// same moment do not retry in step.
-pub(super) fn hang_backoff(deadline: Duration, retry: Duration) -> impl Iterator<Item = Duration> {
+pub(super) fn hang_backoff(deadline: Duration, retry: Duration) -> backon::ExponentialBackoff {
     backon::ExponentialBuilder::new()
         .with_min_delay(deadline)
         .with_max_delay(retry.max(deadline))
@@ -212,6 +212,26 @@ pub(super) struct Supervisor {
     pub(super) retry: Duration,
 }
 
+/// What the supervisor keeps across workers about calls that hung.
+struct Hangs {
+    /// Abandoned workers whose call has not returned yet.
+    stuck: Vec<Arc<CallWatch>>,
+    /// Delays before each fresh worker after a hang.
+    backoff: backon::ExponentialBackoff,
+    /// The call that hung, from the hang until NVML answers again.
+    recovering: Option<&'static str>,
+}
+
+/// How watching one worker ended.
+enum Watched {
+    /// Shutdown, or the engine is gone.
+    Stop,
+    /// The worker panicked; start another.
+    Restart,
+    /// The worker is stuck in this call for this long.
+    Hung(&'static str, Duration),
+}
+
 impl Supervisor {
     /// `start` spawns a worker thread that runs with the context it is given
     /// (whose watch is the worker's) and holds an [`EndGuard`] on that watch.
@@ -219,114 +239,167 @@ impl Supervisor {
         let tick = tick(self.deadline);
         let heartbeat = self.role.heartbeat(&self.ctx.liveness);
         heartbeat.store(unix_ms(Instant::now()), Ordering::Relaxed);
-        let mut stuck: Vec<Arc<CallWatch>> = Vec::new();
-        let mut backoff = hang_backoff(self.deadline, self.retry);
-        // The call that hung, from the hang until NVML answers again.
-        let mut recovering: Option<&'static str> = None;
+        let mut hangs = Hangs {
+            stuck: Vec::new(),
+            backoff: hang_backoff(self.deadline, self.retry),
+            recovering: None,
+        };
         loop {
             if self.ctx.stopping() {
                 return;
             }
-            let watch = Arc::new(recovering.map_or_else(CallWatch::default, CallWatch::probing));
+            let watch = Arc::new(
+                hangs
+                    .recovering
+                    .map_or_else(CallWatch::default, CallWatch::probing),
+            );
             if let Err(e) = start(self.ctx.with_watch(watch.clone())) {
-                tracing::error!(source = self.role.name(), error = %e, "Cannot start an NVML worker thread.");
-                if !self
-                    .ctx
-                    .report_poll(false, format!("cannot start an NVML thread: {e}"))
-                    || !self.ctx.sleep(self.retry)
-                {
+                if !self.worker_did_not_start(&e) {
                     return;
                 }
                 continue;
             }
-            let stuck_call = loop {
-                if !self.nap(tick) {
-                    self.finish(&watch);
-                    return;
-                }
-                if watch.ended() {
-                    if !watch.panicked.load(Ordering::Relaxed) {
-                        // Shutdown, or the engine is gone.
-                        return;
-                    }
-                    tracing::error!(
-                        source = self.role.name(),
-                        "An NVML worker thread panicked; starting another."
-                    );
-                    if !self.ctx.sleep(self.retry) {
-                        return;
-                    }
-                    break None;
-                }
-                // NVML answers again when a fresh worker completes the call
-                // that hung, or completes any call once no abandoned call
-                // is stuck any more. (Any call alone would not do: with one
-                // function wedged, every fresh worker answers a few calls
-                // before it gets stuck again, and the status would flap.)
-                stuck.retain(|w| !w.ended());
-                if recovering.is_some()
-                    && (watch.probe_done.load(Ordering::Relaxed)
-                        || (stuck.is_empty() && watch.completed() > 0))
-                {
-                    recovering = None;
-                    backoff = hang_backoff(self.deadline, self.retry);
-                    tracing::info!(
-                        source = self.role.name(),
-                        "NVML answers again after a hung call."
-                    );
-                    if !self.ctx.report_hang(self.role, None) {
-                        return;
-                    }
-                }
-                match watch.overdue(self.deadline) {
-                    Some((call, age)) => break Some((call, age)),
-                    None if recovering.is_none() => {
-                        let progress = watch.in_call_since().unwrap_or_else(Instant::now);
-                        heartbeat.store(unix_ms(progress), Ordering::Relaxed);
-                    }
-                    None => {}
-                }
+            let (call, age) = match self.watch_worker(&watch, &mut hangs, heartbeat, tick) {
+                Watched::Stop => return,
+                Watched::Restart => continue,
+                Watched::Hung(call, age) => (call, age),
             };
-            let Some((call, age)) = stuck_call else {
-                continue;
-            };
-            // Abandon under the shared lock, so the stuck worker cannot publish
-            // its handle after this; the event thread lets go of it.
-            self.ctx.shared.abandon(&watch, self.role == Role::Poller);
-            recovering = Some(call);
-            self.ctx.registry.count_nvml_error(call);
-            tracing::warn!(
-                source = self.role.name(),
-                call,
-                waited_ms = u64::try_from(age.as_millis()).unwrap_or(u64::MAX),
-                deadline_ms = u64::try_from(self.deadline.as_millis()).unwrap_or(u64::MAX),
-                "An NVML call did not return within its deadline; NVML counts as unavailable and the call's thread is abandoned."
-            );
-            let message = format!(
-                "NVML call {call} did not return within {} ms (driver or GPU hung)",
-                self.deadline.as_millis()
-            );
-            if !self.ctx.report_hang(self.role, Some(message)) {
+            if !self.abandon(&watch, call, age, &mut hangs)
+                || !self.wait_before_fresh_worker(&watch, &mut hangs, tick)
+            {
                 return;
             }
-            stuck.push(watch.clone());
-            let delay = backoff.next().unwrap_or(self.retry.max(self.deadline));
-            let since = Instant::now();
-            loop {
-                stuck.retain(|w| !w.ended());
-                let returned = watch.ended();
-                if returned || (since.elapsed() >= delay && stuck.len() < MAX_STUCK) {
-                    tracing::info!(
-                        source = self.role.name(),
-                        stuck_call_returned = returned,
-                        still_stuck = stuck.len(),
-                        "Starting a fresh NVML worker."
-                    );
-                    break;
+        }
+    }
+
+    /// Reports a worker thread that could not start and waits before the
+    /// next try. False on shutdown (or when the engine is gone).
+    fn worker_did_not_start(&self, e: &std::io::Error) -> bool {
+        tracing::error!(source = self.role.name(), error = %e, "Cannot start an NVML worker thread.");
+        self.ctx
+            .report_poll(false, format!("cannot start an NVML thread: {e}"))
+            && self.ctx.sleep(self.retry)
+    }
+
+    /// Looks at the worker once a tick until it ends or hangs in a call;
+    /// keeps the heartbeat and says when NVML answers again after a hang.
+    fn watch_worker(
+        &self,
+        watch: &Arc<CallWatch>,
+        hangs: &mut Hangs,
+        heartbeat: &AtomicU64,
+        tick: Duration,
+    ) -> Watched {
+        loop {
+            if !self.nap(tick) {
+                self.finish(watch);
+                return Watched::Stop;
+            }
+            if watch.ended() {
+                if !watch.panicked.load(Ordering::Relaxed) {
+                    // Shutdown, or the engine is gone.
+                    return Watched::Stop;
                 }
-                if !self.nap(tick) {
-                    return;
+                tracing::error!(
+                    source = self.role.name(),
+                    "An NVML worker thread panicked; starting another."
+                );
+                if !self.ctx.sleep(self.retry) {
+                    return Watched::Stop;
                 }
+                return Watched::Restart;
+            }
+            // NVML answers again when a fresh worker completes the call
+            // that hung, or completes any call once no abandoned call
+            // is stuck any more. (Any call alone would not do: with one
+            // function wedged, every fresh worker answers a few calls
+            // before it gets stuck again, and the status would flap.)
+            hangs.stuck.retain(|w| !w.ended());
+            if hangs.recovering.is_some()
+                && (watch.probe_done.load(Ordering::Relaxed)
+                    || (hangs.stuck.is_empty() && watch.completed() > 0))
+            {
+                hangs.recovering = None;
+                hangs.backoff = hang_backoff(self.deadline, self.retry);
+                tracing::info!(
+                    source = self.role.name(),
+                    "NVML answers again after a hung call."
+                );
+                if !self.ctx.report_hang(self.role, None) {
+                    return Watched::Stop;
+                }
+            }
+            match watch.overdue(self.deadline) {
+                Some((call, age)) => return Watched::Hung(call, age),
+                None if hangs.recovering.is_none() => {
+                    let progress = watch.in_call_since().unwrap_or_else(Instant::now);
+                    heartbeat.store(unix_ms(progress), Ordering::Relaxed);
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// Abandons a worker stuck in `call` for `age`: NVML counts as
+    /// unavailable until a fresh worker gets an answer. False on shutdown
+    /// (or when the engine is gone).
+    fn abandon(
+        &self,
+        watch: &Arc<CallWatch>,
+        call: &'static str,
+        age: Duration,
+        hangs: &mut Hangs,
+    ) -> bool {
+        // Abandon under the shared lock, so the stuck worker cannot publish
+        // its handle after this; the event thread lets go of it.
+        self.ctx.shared.abandon(watch, self.role == Role::Poller);
+        hangs.recovering = Some(call);
+        self.ctx.registry.count_nvml_error(call);
+        tracing::warn!(
+            source = self.role.name(),
+            call,
+            waited_ms = u64::try_from(age.as_millis()).unwrap_or(u64::MAX),
+            deadline_ms = u64::try_from(self.deadline.as_millis()).unwrap_or(u64::MAX),
+            "An NVML call did not return within its deadline; NVML counts as unavailable and the call's thread is abandoned."
+        );
+        let message = format!(
+            "NVML call {call} did not return within {} ms (driver or GPU hung)",
+            self.deadline.as_millis()
+        );
+        if !self.ctx.report_hang(self.role, Some(message)) {
+            return false;
+        }
+        hangs.stuck.push(watch.clone());
+        true
+    }
+
+    /// Waits until the abandoned call returns, or the backoff delay passed
+    /// while fewer than [`MAX_STUCK`] workers are stuck. False on shutdown.
+    fn wait_before_fresh_worker(
+        &self,
+        watch: &CallWatch,
+        hangs: &mut Hangs,
+        tick: Duration,
+    ) -> bool {
+        let delay = hangs
+            .backoff
+            .next()
+            .unwrap_or(self.retry.max(self.deadline));
+        let since = Instant::now();
+        loop {
+            hangs.stuck.retain(|w| !w.ended());
+            let returned = watch.ended();
+            if returned || (since.elapsed() >= delay && hangs.stuck.len() < MAX_STUCK) {
+                tracing::info!(
+                    source = self.role.name(),
+                    stuck_call_returned = returned,
+                    still_stuck = hangs.stuck.len(),
+                    "Starting a fresh NVML worker."
+                );
+                return true;
+            }
+            if !self.nap(tick) {
+                return false;
             }
         }
     }

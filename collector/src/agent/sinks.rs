@@ -1,0 +1,184 @@
+//! The event sinks and exporters: stdout JSON lines, the Prometheus renderer,
+//! the OTLP exporter and the Kubernetes node writer. They start before the
+//! engine (the writer converges to the restored health at once) and stop
+//! last, flushing what the engine emitted while it drained.
+
+use super::{Budget, RunError, RunOptions};
+use crate::api::MetricsRenderer;
+use crate::config::Config;
+use gpuwatch_core::{EventSink, Registry};
+use gpuwatch_proto::NodeHealth;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Flush budget of each event sink, and of each shutdown hook.
+const SINK_STOP: Duration = Duration::from_secs(2);
+
+/// Sinks and exporters assembled for one run.
+pub struct Sinks {
+    /// Where the engine sends every emitted event.
+    pub event_sinks: Vec<Arc<dyn EventSink>>,
+    /// `/metrics` renderer (with `--prometheus`).
+    pub metrics: Option<MetricsRenderer>,
+    /// Called at shutdown after the engine stopped, with a time budget
+    /// (OTLP exporter shutdown, kube writer shutdown).
+    pub on_shutdown: Vec<Box<dyn FnOnce(Duration) + Send>>,
+}
+
+impl std::fmt::Debug for Sinks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sinks")
+            .field(
+                "event_sinks",
+                &self
+                    .event_sinks
+                    .iter()
+                    .map(|s| s.name())
+                    .collect::<Vec<_>>(),
+            )
+            .field("metrics", &self.metrics.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Assembles the event sinks and exporters. **This is the one place where
+/// sinks are wired**: stdout JSON lines, the Prometheus renderer, the OTLP
+/// exporter (metrics + one log record per fault) and the Kubernetes node
+/// writer (conditions, taints, Events, startup gate; `--kube-dry-run` logs the
+/// patches instead of sending them).
+pub fn build_sinks(
+    cfg: &Config,
+    opts: &RunOptions,
+    registry: &Arc<Registry>,
+    rt: &tokio::runtime::Handle,
+    health_rx: tokio::sync::watch::Receiver<Arc<NodeHealth>>,
+    validation_tx: std::sync::Weak<crossbeam_channel::Sender<gpuwatch_core::msg::Input>>,
+) -> Result<Sinks, RunError> {
+    let mut sinks = Sinks {
+        event_sinks: Vec::new(),
+        metrics: None,
+        on_shutdown: Vec::new(),
+    };
+    if cfg.sinks.stdout {
+        sinks
+            .event_sinks
+            .push(Arc::new(gpuwatch_sinks::stdout::JsonLinesSink::stdout(
+                registry.clone(),
+            )));
+    }
+    if cfg.api.prometheus {
+        let renderer = gpuwatch_sinks::prometheus::Renderer::with_quiet_window(
+            registry.clone(),
+            resource_info(cfg),
+            std::time::Duration::from_secs(cfg.otlp.series_quiet_window_secs),
+        );
+        sinks.metrics = Some(Arc::new(move || renderer.render()));
+    }
+    if cfg.otlp.enabled {
+        sinks.start_otlp(cfg, registry, rt)?;
+    }
+    if cfg.kube.enabled || opts.kube_dry_run {
+        sinks.start_kube_writer(cfg, opts, registry, rt, health_rx, validation_tx)?;
+    }
+    Ok(sinks)
+}
+
+/// Resource attributes of this agent (OTLP resource, Prometheus `target_info`).
+pub fn resource_info(cfg: &Config) -> gpuwatch_sinks::otlp::ResourceInfo {
+    gpuwatch_sinks::otlp::ResourceInfo {
+        node_name: cfg.node_name.clone(),
+        host_name: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_default(),
+        service_version: env!("CARGO_PKG_VERSION").to_string(),
+    }
+}
+
+impl Sinks {
+    /// The OTLP exporter: metrics, and one log record per fault.
+    fn start_otlp(
+        &mut self,
+        cfg: &Config,
+        registry: &Arc<Registry>,
+        rt: &tokio::runtime::Handle,
+    ) -> Result<(), RunError> {
+        // The exporter spawns its gRPC transport on the runtime.
+        let _guard = rt.enter();
+        let exporter = gpuwatch_sinks::otlp::OtlpExporter::start(
+            &cfg.otlp,
+            &resource_info(cfg),
+            registry.clone(),
+            rt,
+        )
+        .map_err(|e| RunError::Sink {
+            name: "otlp",
+            message: e.to_string(),
+        })?;
+        tracing::info!(exporter = ?exporter, "OTLP export started.");
+        self.event_sinks.push(exporter.log_sink());
+        self.on_shutdown
+            .push(Box::new(move |budget| exporter.shutdown(budget)));
+        Ok(())
+    }
+
+    /// The Kubernetes node writer (conditions, taints, Events, startup
+    /// gate); `--kube-dry-run` logs the patches instead of sending them.
+    fn start_kube_writer(
+        &mut self,
+        cfg: &Config,
+        opts: &RunOptions,
+        registry: &Arc<Registry>,
+        rt: &tokio::runtime::Handle,
+        health_rx: tokio::sync::watch::Receiver<Arc<NodeHealth>>,
+        validation_tx: std::sync::Weak<crossbeam_channel::Sender<gpuwatch_core::msg::Input>>,
+    ) -> Result<(), RunError> {
+        // Startup-gate reports go to the engine (`/v1/health.validation`). The
+        // writer only holds a weak reference to the engine channel: once the
+        // agent drops the strong one (its inputs stopping), the engine's channel
+        // can disconnect and drain while the writer still runs.
+        let on_validation: gpuwatch_sinks::kube::ValidationCallback = Arc::new(move |report| {
+            let Some(tx) = validation_tx.upgrade() else {
+                return;
+            };
+            if let Err(e) = tx.try_send(gpuwatch_core::msg::Input::Validation(report)) {
+                tracing::debug!(error = %e, "Validation report not handed to the engine.");
+            }
+        });
+        let writer = rt
+            .block_on(gpuwatch_sinks::kube::NodeWriter::start(
+                cfg.kube.clone(),
+                cfg.validation.clone(),
+                cfg.node_name.clone(),
+                registry.clone(),
+                health_rx,
+                opts.kube_dry_run,
+                Some(on_validation),
+            ))
+            .map_err(|e| RunError::Sink {
+                name: "kube",
+                message: e.to_string(),
+            })?;
+        self.event_sinks.push(writer.event_sink());
+        let handle = rt.clone();
+        self.on_shutdown.push(Box::new(move |budget| {
+            if handle
+                .block_on(async { tokio::time::timeout(budget, writer.shutdown()).await })
+                .is_err()
+            {
+                tracing::warn!("The Kubernetes writer did not stop within its shutdown budget.");
+            }
+        }));
+        Ok(())
+    }
+
+    /// Flushes every event sink, then runs the shutdown hooks, each within
+    /// its share.
+    pub(super) fn stop(self, budget: &Budget) {
+        for s in &self.event_sinks {
+            s.flush(budget.share(SINK_STOP));
+        }
+        for hook in self.on_shutdown {
+            hook(budget.share(SINK_STOP));
+        }
+    }
+}
