@@ -3,7 +3,7 @@
 //! `xid-parser/data/README.md`).
 //!
 //! The generated file holds catalog facts only (names, NVIDIA buckets, what other
-//! agents do); gpuwatch's policy is in `src/policy.rs`. The file is compiled into
+//! agents do); gpuwatch's policy is in `src/policy/`. The file is compiled into
 //! the crate's unit tests (`catalog::tests`), which fail when the checked-in table
 //! differs from what this generator produces. Regenerate with
 //!
