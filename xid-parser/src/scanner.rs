@@ -20,8 +20,8 @@
 //! [`Scanner::finish`]. Everything else is emitted at once.
 
 use crate::message::{
-    AerDetail, MceMsg, McePart, Message, XidMsg, contains, find, interesting, parse_message,
-    parse_nvlink5,
+    AerDetail, AerSummary, DriverErrorMsg, EccMsg, MceMsg, McePart, Message, SxidMsg, ThermalMsg,
+    XidMsg, contains, find, interesting, parse_message, parse_nvlink5,
 };
 use crate::pci::{normalize_pci, pci_matches, same_text};
 use crate::policy::{ContextWindow, Policy};
@@ -40,6 +40,9 @@ const FALLEN_ECHO_USEC: u64 = 1_000_000;
 /// same GPU and XID whose pid and channel agree (or are absent) within this window
 /// of the first are one occurrence.
 const XID_REPEAT_USEC: u64 = 10_000;
+/// How long after an SXid head line its follow-up lines can come: the driver
+/// prints a report's lines together (milliseconds apart in real logs).
+const SXID_REPORT_USEC: u64 = 1_000_000;
 /// Cap on the assembled message of one event (follow-ups beyond are counted).
 const MAX_MESSAGE_BYTES: usize = 8 * 1024;
 /// GPUs whose identity lines are remembered.
@@ -123,6 +126,151 @@ impl Held {
         self.ev.message.push('\n');
         self.ev.message.push_str(msg);
     }
+
+    /// Another line of the held XID's fault: the same GPU and code, a pid and
+    /// channel that agree (or are absent), within the repeat window. Its pid,
+    /// process and channel fill what the first lines lacked.
+    fn attach_xid(&mut self, x: &XidMsg<'_>, meta: &RecordMeta) -> bool {
+        let ev = &mut self.ev;
+        let same = x.code == ev.code
+            && x.code_as_printed.is_none()
+            && pci_matches(x.pci, &ev.pci_address)
+            && x.pid.is_none_or(|p| ev.pid.is_none_or(|q| p == q))
+            && x.channel
+                .is_none_or(|c| ev.attributes.get("channel").is_none_or(|d| d == c))
+            && within_repeat_window(ev, meta);
+        if !same {
+            return false;
+        }
+        if ev.pid.is_none() {
+            ev.pid = x.pid;
+        }
+        if ev.process.is_empty()
+            && let Some(p) = x.process
+        {
+            ev.process = p.to_owned();
+        }
+        if let Some(c) = x.channel {
+            ev.attributes
+                .entry("channel".to_owned())
+                .or_insert_with(|| c.to_owned());
+        }
+        self.lines += 1;
+        // The driver prints the line with the process last: the report is complete.
+        self.complete = x.pid.is_some();
+        true
+    }
+
+    /// An AER detail line of one of the held summary's devices (or, for a summary
+    /// that printed no source, of the first device that reports): the faulting
+    /// device, severity, type, status and error bits.
+    fn attach_aer(&mut self, d: &AerDetail<'_>) -> bool {
+        let device = match d {
+            AerDetail::BusError { device, .. }
+            | AerDetail::Status { device, .. }
+            | AerDetail::Bit { device, .. }
+            | AerDetail::Other { device } => *device,
+        };
+        let dev = device.and_then(normalize_pci);
+        if let Some(dev) = &dev
+            && !self.devices.iter().any(|d| d == dev)
+        {
+            // A summary whose source was not printed accepts the first device.
+            let open = self.devices.len() == 1 && !self.ev.attributes.contains_key("aer_type");
+            if !(open && matches!(d, AerDetail::BusError { .. })) {
+                return false;
+            }
+            self.devices.push(dev.clone());
+            self.ev.pci_address = dev.clone();
+        }
+        // The faulting device is the one whose error registers are printed:
+        // the summary's source when it prints them, else the first device that
+        // does (AMD root ports report source 0000:00:00.0 for their own errors).
+        if let (AerDetail::BusError { .. }, Some(dev)) = (d, &dev)
+            && !self.source_detail
+        {
+            let is_source = self.devices.last() == Some(dev);
+            if is_source || !self.ev.attributes.contains_key("aer_type") {
+                self.ev.pci_address = dev.clone();
+            }
+            self.source_detail = is_source;
+        }
+        self.aer_detail(d);
+        true
+    }
+
+    /// What an AER detail line says, recorded on the held event.
+    fn aer_detail(&mut self, d: &AerDetail<'_>) {
+        match d {
+            AerDetail::BusError {
+                severity,
+                error_type,
+                ..
+            } => {
+                if self.ev.attributes.contains_key("aer_type") {
+                    // A second error group of the same device: keep the first
+                    // type, record the most severe severity.
+                    let cur = self.ev.attributes.get("aer_severity").cloned();
+                    if cur.as_deref() == Some("corrected") {
+                        attr(&mut self.ev, "aer_severity", severity.as_str());
+                    }
+                } else {
+                    attr(&mut self.ev, "aer_severity", severity.as_str());
+                    if let Some(t) = error_type {
+                        attr(&mut self.ev, "aer_type", *t);
+                    }
+                }
+            }
+            AerDetail::Status { status, .. } => {
+                self.ev
+                    .attributes
+                    .entry("aer_status".to_owned())
+                    .or_insert_with(|| (*status).to_owned());
+            }
+            AerDetail::Bit { name, .. } => {
+                if self.aer_errors.len() < 32 && !self.aer_errors.iter().any(|e| e == name) {
+                    self.aer_errors.push((*name).to_owned());
+                }
+            }
+            AerDetail::Other { .. } => {}
+        }
+    }
+
+    /// Another driver-error line of the same GPU (or of none named).
+    fn attach_driver_error(&mut self, d: &DriverErrorMsg<'_>) -> bool {
+        let dev = norm(d.pci);
+        if !dev.is_empty() && !self.ev.pci_address.is_empty() && dev != self.ev.pci_address {
+            return false;
+        }
+        if self.ev.pci_address.is_empty() {
+            self.ev.pci_address = dev;
+        }
+        // A code printed by a later line completes an event started by a
+        // line without one (`rm_init_adapter failed` before `RmInitAdapter failed! (..)`).
+        if let Some(c) = d.code
+            && self
+                .ev
+                .attributes
+                .get("driver_error")
+                .is_none_or(|v| !v.contains('('))
+        {
+            attr(&mut self.ev, "driver_error", format!("{} ({c})", d.error));
+        }
+        true
+    }
+
+    /// A machine-check line of a part the held report does not have yet (or a
+    /// detail line).
+    fn attach_mce(&mut self, m: &MceMsg) -> bool {
+        if m.part.is_some_and(|p| self.mce_parts & mce_bit(p) != 0) {
+            return false;
+        }
+        if let Some(p) = m.part {
+            self.mce_parts |= mce_bit(p);
+        }
+        mce_details(&mut self.ev, m);
+        true
+    }
 }
 
 /// Where finished events go.
@@ -146,6 +294,10 @@ pub struct Scanner {
     /// (normalised PCI, monotonic time) of the last XID 79 of each GPU (several GPUs
     /// can fall off together; each one's later report is the echo of its XID).
     last_fallen: Vec<(String, Option<u64>)>,
+    /// (normalised switch PCI, code, monotonic time) of the last SXid head line of
+    /// each switch and code: a follow-up line without a head of its own is a
+    /// report of its own (see `Scanner::start_sxid`).
+    last_sxid: Vec<(String, u32, Option<u64>)>,
     /// Fallen-off-the-bus events waiting for their GPU's XID 79 and echo lines, in
     /// input order, at most one per GPU (several GPUs can fall off together; each
     /// keeps its own event). Never non-empty together with `held`.
@@ -208,6 +360,7 @@ impl Scanner {
             identities: Vec::new(),
             last_identity: None,
             last_fallen: Vec::new(),
+            last_sxid: Vec::new(),
             fallen: Vec::new(),
             prelude: None,
             driver_version: None,
@@ -596,200 +749,31 @@ impl Scanner {
         let Some(held) = self.held.as_mut() else {
             return false;
         };
-        match (held.kind, msg) {
-            (HeldKind::Xid, Message::Xid(x)) => {
-                let ev = &mut held.ev;
-                let same = x.code == ev.code
-                    && x.code_as_printed.is_none()
-                    && pci_matches(x.pci, &ev.pci_address)
-                    && x.pid.is_none_or(|p| ev.pid.is_none_or(|q| p == q))
-                    && x.channel
-                        .is_none_or(|c| ev.attributes.get("channel").is_none_or(|d| d == c))
-                    && within_repeat_window(ev, meta);
-                if !same {
-                    return false;
-                }
-                if ev.pid.is_none() {
-                    ev.pid = x.pid;
-                }
-                if ev.process.is_empty()
-                    && let Some(p) = x.process
-                {
-                    ev.process = p.to_owned();
-                }
-                if let Some(c) = x.channel {
-                    ev.attributes
-                        .entry("channel".to_owned())
-                        .or_insert_with(|| c.to_owned());
-                }
-                held.lines += 1;
-                held.append(raw);
-                // The driver prints the line with the process last: the report is complete.
-                held.complete = x.pid.is_some();
-                true
+        let belongs = match (held.kind, msg) {
+            (HeldKind::Xid, Message::Xid(x)) => held.attach_xid(x, meta),
+            (HeldKind::Sxid, Message::Sxid(s)) => {
+                s.followup && s.code == held.ev.code && pci_matches(s.pci, &held.ev.pci_address)
             }
-            (HeldKind::Sxid, Message::Sxid(s))
-                if s.followup
-                    && s.code == held.ev.code
-                    && pci_matches(s.pci, &held.ev.pci_address) =>
-            {
-                held.append(raw);
-                true
-            }
-            (HeldKind::Aer, Message::AerDetail(d)) => {
-                let device = match d {
-                    AerDetail::BusError { device, .. }
-                    | AerDetail::Status { device, .. }
-                    | AerDetail::Bit { device, .. }
-                    | AerDetail::Other { device } => *device,
-                };
-                let dev = device.and_then(normalize_pci);
-                if let Some(dev) = &dev
-                    && !held.devices.iter().any(|d| d == dev)
-                {
-                    // A summary whose source was not printed accepts the first device.
-                    let open =
-                        held.devices.len() == 1 && !held.ev.attributes.contains_key("aer_type");
-                    if !(open && matches!(d, AerDetail::BusError { .. })) {
-                        return false;
-                    }
-                    held.devices.push(dev.clone());
-                    held.ev.pci_address = dev.clone();
-                }
-                // The faulting device is the one whose error registers are printed:
-                // the summary's source when it prints them, else the first device that
-                // does (AMD root ports report source 0000:00:00.0 for their own errors).
-                if let (AerDetail::BusError { .. }, Some(dev)) = (d, &dev)
-                    && !held.source_detail
-                {
-                    let is_source = held.devices.last() == Some(dev);
-                    if is_source || !held.ev.attributes.contains_key("aer_type") {
-                        held.ev.pci_address = dev.clone();
-                    }
-                    held.source_detail = is_source;
-                }
-                match d {
-                    AerDetail::BusError {
-                        severity,
-                        error_type,
-                        ..
-                    } => {
-                        if held.ev.attributes.contains_key("aer_type") {
-                            // A second error group of the same device: keep the first
-                            // type, record the most severe severity.
-                            let cur = held.ev.attributes.get("aer_severity").cloned();
-                            if cur.as_deref() == Some("corrected") {
-                                attr(&mut held.ev, "aer_severity", severity.as_str());
-                            }
-                        } else {
-                            attr(&mut held.ev, "aer_severity", severity.as_str());
-                            if let Some(t) = error_type {
-                                attr(&mut held.ev, "aer_type", *t);
-                            }
-                        }
-                    }
-                    AerDetail::Status { status, .. } => {
-                        held.ev
-                            .attributes
-                            .entry("aer_status".to_owned())
-                            .or_insert_with(|| (*status).to_owned());
-                    }
-                    AerDetail::Bit { name, .. } => {
-                        if held.aer_errors.len() < 32 && !held.aer_errors.iter().any(|e| e == name)
-                        {
-                            held.aer_errors.push((*name).to_owned());
-                        }
-                    }
-                    AerDetail::Other { .. } => {}
-                }
-                held.append(raw);
-                true
-            }
-            (HeldKind::Gsp, Message::NvrmOther { .. })
-            | (HeldKind::DriverError, Message::NvrmOther { .. }) => {
-                held.append(raw);
-                true
-            }
-            (HeldKind::DriverError, Message::DriverError(d)) => {
-                let dev = norm(d.pci);
-                if !dev.is_empty() && !held.ev.pci_address.is_empty() && dev != held.ev.pci_address
-                {
-                    return false;
-                }
-                if held.ev.pci_address.is_empty() {
-                    held.ev.pci_address = dev;
-                }
-                // A code printed by a later line completes an event started by a
-                // line without one (`rm_init_adapter failed` before `RmInitAdapter failed! (..)`).
-                if let Some(c) = d.code
-                    && held
-                        .ev
-                        .attributes
-                        .get("driver_error")
-                        .is_none_or(|v| !v.contains('('))
-                {
-                    attr(&mut held.ev, "driver_error", format!("{} ({c})", d.error));
-                }
-                held.append(raw);
-                true
-            }
-            (HeldKind::Mce, Message::Mce(m))
-                if m.part.is_none_or(|p| held.mce_parts & mce_bit(p) == 0) =>
-            {
-                if let Some(p) = m.part {
-                    held.mce_parts |= mce_bit(p);
-                }
-                mce_details(&mut held.ev, m);
-                held.append(raw);
-                true
-            }
+            (HeldKind::Aer, Message::AerDetail(d)) => held.attach_aer(d),
+            (HeldKind::Gsp | HeldKind::DriverError, Message::NvrmOther { .. }) => true,
+            (HeldKind::DriverError, Message::DriverError(d)) => held.attach_driver_error(d),
+            (HeldKind::Mce, Message::Mce(m)) => held.attach_mce(m),
             _ => false,
+        };
+        if belongs {
+            held.append(raw);
         }
+        belongs
     }
 
+    /// Starts the event `msg` opens: emitted at once, or held for the lines that
+    /// belong to it. Lines that only describe (a GPU's identity and serial) are
+    /// remembered; continuation lines without a report are dropped.
     fn start(&mut self, meta: RecordMeta, msg: Message<'_>, raw: &str, out: &mut Sink<'_>) {
         match msg {
             Message::Xid(x) => self.start_xid(meta, &x, raw, out),
-            Message::Sxid(s) => {
-                if s.followup {
-                    return;
-                }
-                let mut ev = self.event(FaultKind::Sxid, &meta, raw);
-                ev.code = s.code;
-                ev.pci_address = norm(Some(s.pci));
-                let sw = ev.pci_address.clone();
-                attr(&mut ev, "nvswitch", sw);
-                if let Some(f) = s.fatal {
-                    attr(&mut ev, "fatal", f.to_string());
-                }
-                if let Some(l) = s.link {
-                    attr(&mut ev, "sxid_link", l.to_string());
-                }
-                let name = s.detail.split_once(", ").map_or(s.detail, |x| x.1).trim();
-                ev.name = name.trim_end_matches("(First)").trim_end().to_owned();
-                self.hold(HeldKind::Sxid, ev, Vec::new());
-            }
-            Message::GpuIdentity(id) => {
-                let pci = norm(Some(id.pci));
-                let idx = match self.identities.iter().position(|i| i.pci == pci) {
-                    Some(i) => {
-                        self.identities[i].uuid = id.uuid.to_owned();
-                        i
-                    }
-                    None => {
-                        if self.identities.len() >= MAX_IDENTITIES {
-                            self.identities.remove(0);
-                        }
-                        self.identities.push(Identity {
-                            pci,
-                            uuid: id.uuid.to_owned(),
-                            serial: None,
-                        });
-                        self.identities.len() - 1
-                    }
-                };
-                self.last_identity = Some(idx);
-            }
+            Message::Sxid(s) => self.start_sxid(&meta, &s, raw),
+            Message::GpuIdentity(id) => self.note_identity(id.pci, id.uuid),
             Message::GpuSerial(serial) => {
                 if let Some(i) = self.last_identity.take()
                     && let Some(id) = self.identities.get_mut(i)
@@ -797,23 +781,7 @@ impl Scanner {
                     id.serial = Some(serial.to_owned());
                 }
             }
-            // Waiting reports are kept apart from `held` (see `Scanner::fallen_off`).
-            Message::FallenOffBus { .. } => {}
-            Message::AerSummary(s) => {
-                let reporter = norm(Some(s.reporter));
-                let mut ev = self.event(FaultKind::PcieAer, &meta, raw);
-                ev.pci_address = s.source.clone().unwrap_or_else(|| reporter.clone());
-                attr(&mut ev, "aer_severity", s.severity.as_str());
-                attr(&mut ev, "aer_reporter", reporter.clone());
-                ev.name = aer_name(s.severity.as_str());
-                let mut devices = vec![reporter];
-                if let Some(src) = s.source
-                    && src != devices[0]
-                {
-                    devices.push(src);
-                }
-                self.hold(HeldKind::Aer, ev, devices);
-            }
+            Message::AerSummary(s) => self.start_aer_summary(&meta, s, raw),
             Message::AerDetail(AerDetail::BusError {
                 device,
                 severity,
@@ -833,7 +801,9 @@ impl Scanner {
                 };
                 self.hold(HeldKind::Aer, ev, devices);
             }
-            Message::AerDetail(_) | Message::NvrmOther { .. } => {}
+            // Waiting fallen-off-the-bus reports are kept apart from `held` (see
+            // `Scanner::fallen_off`); the other lines only continue a report.
+            Message::FallenOffBus { .. } | Message::AerDetail(_) | Message::NvrmOther { .. } => {}
             Message::Nvlink(n) => {
                 let mut ev = self.event(FaultKind::Nvlink, &meta, raw);
                 ev.pci_address = norm(n.pci);
@@ -846,41 +816,22 @@ impl Scanner {
                 ev.name = "NVLink error".to_owned();
                 self.emit(ev, out);
             }
-            Message::Ecc(e) | Message::PageRetirement(e) | Message::RowRemap { ecc: e, .. } => {
-                let (kind, name) = match msg {
-                    Message::Ecc(_) => (FaultKind::Ecc, "ECC error"),
-                    Message::PageRetirement(_) => {
-                        (FaultKind::PageRetirement, "Dynamic page retirement")
-                    }
-                    Message::RowRemap { failure: true, .. } => {
-                        (FaultKind::RowRemap, "Row remapping failure")
-                    }
-                    _ => (FaultKind::RowRemap, "Row remapping"),
-                };
-                let mut ev = self.event(kind, &meta, raw);
-                ev.pci_address = norm(e.pci);
-                if let Some(t) = e.ecc_type {
-                    attr(&mut ev, "ecc_type", t);
-                }
-                if let Message::RowRemap { failure, .. } = msg {
-                    attr(&mut ev, "row_remap_failure", failure.to_string());
-                }
-                ev.name = name.to_owned();
-                self.emit(ev, out);
+            Message::Ecc(e) => self.emit_memory(&meta, FaultKind::Ecc, "ECC error", e, raw, out),
+            Message::PageRetirement(e) => {
+                let name = "Dynamic page retirement";
+                self.emit_memory(&meta, FaultKind::PageRetirement, name, e, raw, out);
             }
-            Message::Thermal(t) => {
-                let mut ev = self.event(FaultKind::Thermal, &meta, raw);
-                ev.pci_address = norm(t.pci);
-                if let Some(c) = t.temperature_c {
-                    attr(&mut ev, "temperature_c", c.to_string());
-                }
-                ev.name = if t.pci.is_some() || contains!(raw, "NVRM") {
-                    "GPU thermal slowdown".to_owned()
+            Message::RowRemap { ecc, failure } => {
+                let name = if failure {
+                    "Row remapping failure"
                 } else {
-                    "CPU temperature above threshold".to_owned()
+                    "Row remapping"
                 };
+                let mut ev = self.memory_event(&meta, FaultKind::RowRemap, name, ecc, raw);
+                attr(&mut ev, "row_remap_failure", failure.to_string());
                 self.emit(ev, out);
             }
+            Message::Thermal(t) => self.emit_thermal(&meta, t, raw, out),
             Message::Mce(m) => {
                 let Some(part) = m.part else {
                     return;
@@ -901,28 +852,186 @@ impl Scanner {
                 ev.name = "nvidia-peermem error".to_owned();
                 self.emit(ev, out);
             }
-            Message::DriverError(d) => {
-                let mut ev = self.event(FaultKind::DriverError, &meta, raw);
-                ev.pci_address = norm(d.pci);
-                attr(
-                    &mut ev,
-                    "driver_error",
-                    match d.code {
-                        Some(c) => format!("{} ({c})", d.error),
-                        None => d.error.to_owned(),
-                    },
-                );
-                ev.name = match d.error {
-                    "rm_init_adapter_failed" => "GPU initialisation failed (RmInitAdapter)",
-                    "probe_failed" => "NVIDIA driver probe failed",
-                    "no_devices_initialized" => "No NVIDIA GPU initialised",
-                    "gpu_lost" => "GPU lost",
-                    _ => "NVIDIA driver error",
-                }
-                .to_owned();
-                self.hold(HeldKind::DriverError, ev, Vec::new());
-            }
+            Message::DriverError(d) => self.start_driver_error(&meta, &d, raw),
         }
+    }
+
+    /// An SXid line that no held report took. A head line starts a report; a
+    /// follow-up line (`Severity …`, `Data {…}`, `SOE HALT data[…]`) whose head
+    /// was seen — the same switch and code, within [`SXID_REPORT_USEC`] — belongs
+    /// to that report and is dropped; without its head (a pasted excerpt, a head
+    /// the ring overwrote) it is a report of its own: the switch said something
+    /// went wrong, and saying nothing would lose it.
+    fn start_sxid(&mut self, meta: &RecordMeta, s: &SxidMsg<'_>, raw: &str) {
+        let switch = norm(Some(s.pci));
+        let head_seen = self.last_sxid.iter().any(|(p, code, t)| {
+            *p == switch
+                && *code == s.code
+                && match (t, meta.monotonic_usec) {
+                    (Some(t), Some(now)) => now.saturating_sub(*t) <= SXID_REPORT_USEC,
+                    _ => true,
+                }
+        });
+        if s.followup && head_seen {
+            return;
+        }
+        if !s.followup {
+            note_sxid(&mut self.last_sxid, &switch, s.code, meta.monotonic_usec);
+        }
+        let mut ev = self.event(FaultKind::Sxid, meta, raw);
+        ev.code = s.code;
+        ev.pci_address = switch.clone();
+        attr(&mut ev, "nvswitch", switch);
+        if let Some(f) = s.fatal {
+            attr(&mut ev, "fatal", f.to_string());
+        }
+        if let Some(l) = s.link {
+            attr(&mut ev, "sxid_link", l.to_string());
+        }
+        if s.followup {
+            attr(&mut ev, "sxid_head", "absent");
+            ev.name = format!("SXid {} (report head not in the log)", s.code);
+        } else {
+            let name = s.detail.split_once(", ").map_or(s.detail, |x| x.1).trim();
+            ev.name = name.trim_end_matches("(First)").trim_end().to_owned();
+        }
+        self.hold(HeldKind::Sxid, ev, Vec::new());
+    }
+
+    /// `NVRM: GPU at PCI:<pci>: <uuid>`: later events of that address carry the UUID
+    /// (and the serial printed next, see [`Message::GpuSerial`]).
+    fn note_identity(&mut self, pci: &str, uuid: &str) {
+        let pci = norm(Some(pci));
+        let idx = match self.identities.iter().position(|i| i.pci == pci) {
+            Some(i) => {
+                self.identities[i].uuid = uuid.to_owned();
+                i
+            }
+            None => {
+                if self.identities.len() >= MAX_IDENTITIES {
+                    self.identities.remove(0);
+                }
+                self.identities.push(Identity {
+                    pci,
+                    uuid: uuid.to_owned(),
+                    serial: None,
+                });
+                self.identities.len() - 1
+            }
+        };
+        self.last_identity = Some(idx);
+    }
+
+    /// An AER summary (`AER: Corrected error received: <source>`): held for the
+    /// detail lines of the devices it names.
+    fn start_aer_summary(&mut self, meta: &RecordMeta, s: AerSummary<'_>, raw: &str) {
+        let reporter = norm(Some(s.reporter));
+        let mut ev = self.event(FaultKind::PcieAer, meta, raw);
+        ev.pci_address = s.source.clone().unwrap_or_else(|| reporter.clone());
+        attr(&mut ev, "aer_severity", s.severity.as_str());
+        attr(&mut ev, "aer_reporter", reporter.clone());
+        ev.name = aer_name(s.severity.as_str());
+        let mut devices = vec![reporter];
+        if let Some(src) = s.source
+            && src != devices[0]
+        {
+            devices.push(src);
+        }
+        self.hold(HeldKind::Aer, ev, devices);
+    }
+
+    /// An ECC, page-retirement or row-remap event of one line.
+    fn memory_event(
+        &mut self,
+        meta: &RecordMeta,
+        kind: FaultKind,
+        name: &str,
+        e: EccMsg<'_>,
+        raw: &str,
+    ) -> FaultEvent {
+        let mut ev = self.event(kind, meta, raw);
+        ev.pci_address = norm(e.pci);
+        if let Some(t) = e.ecc_type {
+            attr(&mut ev, "ecc_type", t);
+        }
+        ev.name = name.to_owned();
+        ev
+    }
+
+    fn emit_memory(
+        &mut self,
+        meta: &RecordMeta,
+        kind: FaultKind,
+        name: &str,
+        e: EccMsg<'_>,
+        raw: &str,
+        out: &mut Sink<'_>,
+    ) {
+        let ev = self.memory_event(meta, kind, name, e, raw);
+        self.emit(ev, out);
+    }
+
+    /// A thermal line: the GPU's when it names a PCI address or comes from the
+    /// NVIDIA driver, else the host CPU's (the x86 thermal-throttle messages,
+    /// `CPU3: Core temperature above threshold …`, with or without `mce: `).
+    /// `thermal_sensor` says which (`gpu`, `cpu_core`, `cpu_package`, `cpu`); the
+    /// policy's reason follows it.
+    fn emit_thermal(
+        &mut self,
+        meta: &RecordMeta,
+        t: ThermalMsg<'_>,
+        raw: &str,
+        out: &mut Sink<'_>,
+    ) {
+        let mut ev = self.event(FaultKind::Thermal, meta, raw);
+        ev.pci_address = norm(t.pci);
+        if let Some(c) = t.temperature_c {
+            attr(&mut ev, "temperature_c", c.to_string());
+        }
+        let gpu = t.pci.is_some() || contains!(raw, "NVRM");
+        let sensor = if gpu {
+            "gpu"
+        } else if contains!(raw, "Package temperature") {
+            "cpu_package"
+        } else if contains!(raw, "Core temperature") {
+            "cpu_core"
+        } else {
+            "cpu"
+        };
+        attr(&mut ev, "thermal_sensor", sensor);
+        if !gpu && let Some(cpu) = cpu_number(raw) {
+            attr(&mut ev, "cpu", cpu.to_string());
+        }
+        ev.name = if gpu {
+            "GPU thermal slowdown".to_owned()
+        } else {
+            "CPU temperature above threshold".to_owned()
+        };
+        self.emit(ev, out);
+    }
+
+    /// A driver error (`RmInitAdapter failed`, a failed probe): held for the
+    /// driver's lines that explain it.
+    fn start_driver_error(&mut self, meta: &RecordMeta, d: &DriverErrorMsg<'_>, raw: &str) {
+        let mut ev = self.event(FaultKind::DriverError, meta, raw);
+        ev.pci_address = norm(d.pci);
+        attr(
+            &mut ev,
+            "driver_error",
+            match d.code {
+                Some(c) => format!("{} ({c})", d.error),
+                None => d.error.to_owned(),
+            },
+        );
+        ev.name = match d.error {
+            "rm_init_adapter_failed" => "GPU initialisation failed (RmInitAdapter)",
+            "probe_failed" => "NVIDIA driver probe failed",
+            "no_devices_initialized" => "No NVIDIA GPU initialised",
+            "gpu_lost" => "GPU lost",
+            _ => "NVIDIA driver error",
+        }
+        .to_owned();
+        self.hold(HeldKind::DriverError, ev, Vec::new());
     }
 
     /// An XID line. Its event is built borrowed, from the line, the identity table and
@@ -966,48 +1075,7 @@ impl Scanner {
                 },
             ));
         }
-        if let Some(printed) = x.code_as_printed {
-            add(("xid_as_printed", printed));
-        }
-        if let Some(c) = x.channel {
-            add(("channel", c));
-        }
-        match x.code {
-            144..=150 => {
-                if let Some(v) = parse_nvlink5(x.detail) {
-                    add(("sub_component", v.sub_component));
-                    if let Some(f) = v.fatal {
-                        add(("fatal", if f { "true" } else { "false" }));
-                    }
-                    if let Some(l) = v.link {
-                        add(("link", decimal(l, &mut link)));
-                    }
-                    if let Some(i) = v.intr_info {
-                        add(("intr_info", i));
-                    }
-                    if let Some(e) = v.error_status {
-                        add(("error_status", e));
-                    }
-                    if let Some(d) = &self.driver_version {
-                        add(("driver_version", d));
-                    }
-                }
-            }
-            154 => {
-                if let Some(a) = crate::message::recovery_action_from_text(x.detail) {
-                    add(("recovery_action", a.short_name()));
-                }
-            }
-            74 => {
-                if let Some(l) = crate::message::link_in(x.detail) {
-                    add(("link", decimal(l, &mut link)));
-                }
-            }
-            _ => {}
-        }
-        if let Some(t) = crate::message::ecc_type_of(x.detail) {
-            add(("ecc_type", t));
-        }
+        xid_line_attrs(x, self.driver_version.as_deref(), &mut link, &mut add);
         if let Some(s) = id.and_then(|i| i.serial.as_deref()) {
             add(("gpu_serial", s));
         }
@@ -1057,7 +1125,14 @@ impl Scanner {
         // Classified when it is emitted (see `emit`).
         let mut ev = self.spare.pop().unwrap_or_default();
         view.write_into(&mut ev);
-        if x.code == 79 {
+        self.hold_xid(ev, out);
+    }
+
+    /// Holds an XID event that waits for more lines: XID 119/120 for the GSP dump,
+    /// an XID 79 among waiting fallen-off-the-bus reports, any other for the other
+    /// lines of one fault.
+    fn hold_xid(&mut self, mut ev: FaultEvent, out: &mut Sink<'_>) {
+        if ev.code == 79 {
             // A waiting `fallen off the bus` report of the same GPU was the prelude of
             // this XID 79: one event, the XID's, with the report's lines first. It keeps
             // its place among the other GPUs' reports (input order).
@@ -1081,12 +1156,96 @@ impl Scanner {
                 return;
             }
         }
-        if matches!(x.code, 119 | 120) {
+        if matches!(ev.code, 119 | 120) {
             self.hold(HeldKind::Gsp, ev, Vec::new());
         } else {
             self.hold(HeldKind::Xid, ev, Vec::new());
         }
     }
+}
+
+/// The attributes an XID line states itself: the code as printed when out of
+/// range, the channel, each code's own details (NVLink5 fields with the driver
+/// version that decodes them, XID 154's recovery action, XID 74's link) and the
+/// ECC error type; `link` holds the link number's digits.
+#[inline]
+fn xid_line_attrs<'a>(
+    x: &XidMsg<'a>,
+    driver_version: Option<&'a str>,
+    link: &'a mut [u8; 10],
+    add: &mut impl FnMut((&'a str, &'a str)),
+) {
+    if let Some(printed) = x.code_as_printed {
+        add(("xid_as_printed", printed));
+    }
+    if let Some(c) = x.channel {
+        add(("channel", c));
+    }
+    match x.code {
+        144..=150 => {
+            if let Some(v) = parse_nvlink5(x.detail) {
+                add(("sub_component", v.sub_component));
+                if let Some(f) = v.fatal {
+                    add(("fatal", if f { "true" } else { "false" }));
+                }
+                if let Some(l) = v.link {
+                    add(("link", decimal(l, link)));
+                }
+                if let Some(i) = v.intr_info {
+                    add(("intr_info", i));
+                }
+                if let Some(e) = v.error_status {
+                    add(("error_status", e));
+                }
+                if let Some(d) = driver_version {
+                    add(("driver_version", d));
+                }
+            }
+        }
+        154 => {
+            if let Some(a) = crate::message::recovery_action_from_text(x.detail) {
+                add(("recovery_action", a.short_name()));
+            }
+        }
+        74 => {
+            if let Some(l) = crate::message::link_in(x.detail) {
+                add(("link", decimal(l, link)));
+            }
+        }
+        _ => {}
+    }
+    if let Some(t) = crate::message::ecc_type_of(x.detail) {
+        add(("ecc_type", t));
+    }
+}
+
+/// Remembers when `switch` last printed an SXid head line of `code` (updated in
+/// place; bounded like the identity table).
+fn note_sxid(last: &mut Vec<(String, u32, Option<u64>)>, switch: &str, code: u32, at: Option<u64>) {
+    match last.iter_mut().find(|(p, c, _)| p == switch && *c == code) {
+        Some(e) => e.2 = at,
+        None => {
+            if last.len() >= MAX_IDENTITIES {
+                last.remove(0);
+            }
+            last.push((switch.to_owned(), code, at));
+        }
+    }
+}
+
+/// The CPU number of an x86 thermal-throttle line (`CPU3: …`, after an `mce: `
+/// prefix when the kernel prints one).
+fn cpu_number(raw: &str) -> Option<u32> {
+    let i = find!(raw, "CPU")?;
+    let digits = &raw[i + 3..];
+    let end = digits
+        .bytes()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(digits.len());
+    if end == 0 || digits.as_bytes().get(end) != Some(&b':') {
+        return None;
+    }
+    digits[..end].parse().ok()
 }
 
 /// Remembers the time of `pci`'s XID 79 in `last_fallen` (updated in place: a

@@ -157,6 +157,14 @@ pub fn parse_message(msg: &str) -> Option<Message<'_>> {
         || contains!(msg, "EDAC "))
         && let Some(m) = parse_mce(msg)
     {
+        // A line of no report part only continues one. The x86 thermal-throttle
+        // messages carry the same `mce: ` prefix (`pr_fmt` of
+        // arch/x86/kernel/cpu/mce/therm_throt.c) and are thermal events.
+        if let Message::Mce(MceMsg { part: None, .. }) = m
+            && let Some(t) = parse_thermal(msg, None)
+        {
+            return Some(t);
+        }
         return Some(m);
     }
     if let Some(m) = parse_peermem(msg) {

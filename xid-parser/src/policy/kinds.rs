@@ -28,6 +28,28 @@ pub(super) const THERMAL: Fixed = Fixed {
     name: "GPU thermal event",
 };
 
+pub(super) const CPU_THERMAL: Fixed = Fixed {
+    action: Action::Investigate,
+    reason: "CPU thermal throttling: a host CPU core or package ran above its temperature threshold \
+             and the kernel slowed its clock; check the node's fans, heat sinks and airflow. \
+             Nothing here is about a GPU (investigate, no taint).",
+    name: "CPU temperature above threshold",
+};
+
+/// A thermal event: the host CPU's (`thermal_sensor` `cpu*`, from the x86
+/// thermal-throttle lines) or a GPU's.
+pub(super) fn thermal(ev: &FaultEvent) -> Decision<'static> {
+    let cpu = ev
+        .attributes
+        .get("thermal_sensor")
+        .is_some_and(|s| s.starts_with("cpu"));
+    if cpu {
+        CPU_THERMAL.decision()
+    } else {
+        THERMAL.decision()
+    }
+}
+
 pub(super) const PEERMEM: Fixed = Fixed {
     action: Action::Investigate,
     reason: "nvidia-peermem (GPUDirect RDMA) error: RDMA transfers to or from this GPU's memory may \
@@ -366,6 +388,43 @@ mod tests {
     use crate::policy::test_events::classify;
     use crate::policy::{ContextWindow, PolicyOverrides};
     use gpuwatch_proto::FaultKind;
+
+    /// A thermal reason names what the line is about: the host CPU for the x86
+    /// thermal-throttle lines, the GPU otherwise.
+    #[test]
+    fn thermal_reason_names_the_cpu_or_the_gpu() {
+        let p = Policy::default();
+        let thermal = |sensor: Option<&str>| {
+            let mut ev = FaultEvent::default();
+            ev.set_kind(FaultKind::Thermal);
+            if let Some(s) = sensor {
+                ev.attributes.insert("thermal_sensor".into(), s.into());
+            }
+            classify(&p, &mut ContextWindow::new(), ev)
+        };
+        for cpu in ["cpu_core", "cpu_package", "cpu"] {
+            let ev = thermal(Some(cpu));
+            assert!(
+                ev.policy_reason.contains("CPU"),
+                "{cpu}: {}",
+                ev.policy_reason
+            );
+            assert!(
+                !ev.policy_reason.contains("the GPU"),
+                "{cpu}: {}",
+                ev.policy_reason
+            );
+            assert_eq!(ev.action(), Action::Investigate);
+        }
+        for gpu in [Some("gpu"), None] {
+            let ev = thermal(gpu);
+            assert!(
+                ev.policy_reason.contains("the GPU protects itself"),
+                "{gpu:?}"
+            );
+            assert_eq!(ev.action(), Action::Investigate);
+        }
+    }
 
     #[test]
     fn every_non_xid_kind_is_classified() {

@@ -216,7 +216,7 @@ impl Policy {
             FaultKind::Ecc => kinds::ecc(ev),
             FaultKind::PageRetirement => kinds::page_retirement(ev),
             FaultKind::RowRemap => kinds::row_remap(ev),
-            FaultKind::Thermal => kinds::THERMAL.decision(),
+            FaultKind::Thermal => kinds::thermal(ev),
             FaultKind::MachineCheck => kinds::machine_check(ev),
             FaultKind::Peermem => kinds::PEERMEM.decision(),
             FaultKind::DriverError => kinds::DRIVER_ERROR.decision(),

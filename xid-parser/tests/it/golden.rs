@@ -5,6 +5,7 @@
 
 use gpuwatch_proto::{FaultEvent, ShortName};
 use std::sync::Arc;
+use xid_parser::saved_log::{LogCounts, LogOptions, read_events, read_events_plain};
 use xid_parser::{Policy, Scanner, parse_line};
 
 struct Case {
@@ -259,4 +260,90 @@ fn checker_reports_mismatches() {
         check(&events[0], "xid 44 0000:3b:00.1 pid=8 channel=1").len(),
         4
     );
+}
+
+/// Whole input through `read_events` (`gpuwatch scan`'s reader: block reads and a
+/// whole-buffer marker search that looks only at lines around a hit).
+fn read_whole(input: &[u8], step: usize) -> Vec<FaultEvent> {
+    struct Chunks<'a>(&'a [u8], usize);
+    impl std::io::Read for Chunks<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.1.min(buf.len()).min(self.0.len());
+            buf[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+    let policy = Arc::new(Policy::default());
+    let mut events = Vec::new();
+    let mut counts = LogCounts::default();
+    read_events(
+        &mut Chunks(input, step),
+        &policy,
+        LogOptions::default(),
+        &mut counts,
+        |ev| {
+            events.push(ev.to_event());
+            Ok::<(), ()>(())
+        },
+    )
+    .expect("in-memory reads do not fail");
+    events
+}
+
+/// A marker search that misses a shape loses its lines only on the whole-buffer
+/// path (the per-line path tests every line), so every golden case and every
+/// line of the repository's kernel-line corpora goes through both, as one input
+/// and line by line, and must give the same events.
+#[test]
+fn whole_buffer_and_per_line_paths_agree_on_every_golden_and_corpus_line() {
+    let policy = Arc::new(Policy::default());
+    let mut cases = cases();
+    cases.extend(parse_cases(GOLDEN_REAL));
+    for case in &cases {
+        let text: String = case
+            .input
+            .iter()
+            .map(|l| l.replace("<NUL>", "\0") + "\n")
+            .collect();
+        let per_line = run(case);
+        for step in [usize::MAX, 7] {
+            assert_eq!(
+                read_whole(text.as_bytes(), step),
+                per_line,
+                "{} (step {step})",
+                case.name
+            );
+        }
+    }
+    let corpora: [(&str, &str); 3] = [
+        (
+            "shapes",
+            include_str!("../../../fuzz/seeds/message_scanner/shapes.txt"),
+        ),
+        (
+            "storm",
+            include_str!("../../../fuzz/seeds/message_scanner/storm.txt"),
+        ),
+        (
+            "e2e-kmsg",
+            include_str!("../../../deploy/tests/e2e-kmsg.txt"),
+        ),
+    ];
+    let mut lines = 0;
+    for (name, text) in corpora {
+        let (plain, _) = read_events_plain(text.as_bytes(), &policy, LogOptions::default());
+        assert_eq!(read_whole(text.as_bytes(), usize::MAX), plain, "{name}");
+        for line in text.lines() {
+            let one = format!("{line}\n");
+            let (plain, _) = read_events_plain(one.as_bytes(), &policy, LogOptions::default());
+            assert_eq!(
+                read_whole(one.as_bytes(), usize::MAX),
+                plain,
+                "{name}: {line:?}"
+            );
+            lines += 1;
+        }
+    }
+    assert!(lines >= 30, "corpora lost lines: {lines}");
 }
