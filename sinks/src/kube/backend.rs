@@ -175,6 +175,37 @@ impl Backend {
         }
     }
 
+    /// Our Node and the version to watch from: a list of just this Node
+    /// (`fieldSelector=metadata.name=<node>`) and the list's resourceVersion,
+    /// as client-go's reflector lists before it watches. The Node's own
+    /// version is the one it was last changed at: on a quiet Node that can be
+    /// older than what the watch cache still holds (etcd compacts every five
+    /// minutes), and a watch from it is 410 Gone at once, every time. The
+    /// list's version is the store's current one.
+    pub(crate) async fn read_node_to_watch(&self) -> ApiResult<(Node, String)> {
+        match self {
+            Backend::Live {
+                nodes,
+                node_name,
+                timeout,
+                ..
+            } => {
+                let lp = ListParams::default().fields(&format!("metadata.name={node_name}"));
+                let list = timed(*timeout, nodes.list(&lp)).await?;
+                let rv = list.metadata.resource_version.clone().unwrap_or_default();
+                match list.items.into_iter().next() {
+                    Some(n) => Ok((n, rv)),
+                    None => Err(ApiError::NotFound(node_name.clone())),
+                }
+            }
+            Backend::DryRun { node, .. } => {
+                let n = lock(node).clone();
+                let rv = n.metadata.resource_version.clone().unwrap_or_default();
+                Ok((n, rv))
+            }
+        }
+    }
+
     /// SSA of our conditions on `nodes/<name>/status`.
     pub(crate) async fn apply_status(
         &self,

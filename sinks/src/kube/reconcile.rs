@@ -894,8 +894,7 @@ impl RunState {
 /// its resourceVersion to watch from.
 async fn relist(backend: &Backend, tx: &mpsc::Sender<Seen>) -> Result<String, ApiError> {
     let sent = Instant::now();
-    let n = backend.get_node().await?;
-    let rv = n.metadata.resource_version.clone().unwrap_or_default();
+    let (n, rv) = backend.read_node_to_watch().await?;
     let _ = tx.send(Seen::Read(n, sent)).await;
     Ok(rv)
 }
@@ -907,7 +906,9 @@ async fn relist(backend: &Backend, tx: &mpsc::Sender<Seen>) -> Result<String, Ap
 /// stream just closes) and is resumed from the last version seen; BOOKMARK
 /// events only move that version; a version the server no longer has answers
 /// 410 Gone (as an ERROR event with reason `Expired`, or as the response),
-/// after which the Node is read again and watched from the version read.
+/// after which the Node is read again and watched from the version read. A 410
+/// for the version just read is not progress: it backs off like an error, so a
+/// server that keeps answering it is not asked again in a tight loop.
 pub(crate) async fn watch_node(
     backend: Arc<Backend>,
     tx: mpsc::Sender<Seen>,
@@ -922,17 +923,30 @@ pub(crate) async fn watch_node(
         Duration::from_millis(cfg.backoff_max_ms),
     );
     let mut rv: Option<String> = None;
+    // The version in `rv` came from a read, and no watch event moved it since.
+    let mut just_read = false;
     loop {
         if *shutdown.borrow() {
             return;
         }
         let mut progressed = false;
         let mut wait = Duration::ZERO;
+        let expired = |m: &str, just_read: bool| {
+            if just_read {
+                tracing::warn!(message = %m, "Node watch version expired right after reading the node; backing off.");
+            } else {
+                tracing::info!(message = %m, "Node watch version expired; reading the node again.");
+            }
+            !just_read
+        };
         match &rv {
             None => match relist(&backend, &tx).await {
+                // Watched at once; the backoff is kept until the watch shows
+                // progress (a 410 right after the read keeps growing it).
                 Ok(v) => {
                     rv = Some(v);
-                    progressed = true;
+                    just_read = true;
+                    continue;
                 }
                 Err(e) => {
                     wait = e.retry_after();
@@ -941,51 +955,24 @@ pub(crate) async fn watch_node(
             },
             Some(from) => match backend.watch_node(from, cfg.watch_timeout_secs).await {
                 Ok(None) => return,
-                Ok(Some(mut stream)) => loop {
-                    let item = tokio::select! {
-                        _ = shutdown.changed() => return,
-                        item = stream.next() => item,
-                    };
-                    match item {
-                        // The server closed the watch at its timeout: resume
-                        // from the last version (the server replays since).
-                        None => break,
-                        Some(Ok(WatchEvent::Added(n) | WatchEvent::Modified(n))) => {
-                            progressed = true;
-                            if let Some(v) = &n.metadata.resource_version {
-                                rv = Some(v.clone());
-                            }
-                            if tx.send(Seen::Event(n)).await.is_err() {
-                                return;
-                            }
-                        }
-                        Some(Ok(WatchEvent::Deleted(_))) => {
-                            tracing::warn!("Own Node was deleted.");
-                        }
-                        Some(Ok(WatchEvent::Bookmark(b))) => {
-                            progressed = true;
-                            rv = Some(b.metadata.resource_version);
-                        }
-                        Some(Ok(WatchEvent::Error(s))) => {
-                            if s.code == 410 {
-                                tracing::info!(message = %s.message, "Node watch version expired; reading the node again.");
-                                rv = None;
-                                progressed = true;
-                            } else {
-                                tracing::warn!(code = s.code, message = %s.message, "Node watch returned an error.");
-                            }
-                            break;
-                        }
-                        Some(Err(e)) => {
-                            tracing::warn!(error = %e, "Node watch stream failed.");
-                            break;
+                Ok(Some(stream)) => {
+                    let (end, moved) = follow(stream, &tx, &mut rv, &mut shutdown).await;
+                    if moved {
+                        just_read = false;
+                        progressed = true;
+                    }
+                    match end {
+                        WatchEnd::Stop => return,
+                        WatchEnd::Resume => {}
+                        WatchEnd::Expired(m) => {
+                            progressed |= expired(&m, just_read);
+                            rv = None;
                         }
                     }
-                },
+                }
                 Err(ApiError::Gone(m)) => {
-                    tracing::info!(message = %m, "Node watch version expired; reading the node again.");
+                    progressed = expired(&m, just_read);
                     rv = None;
-                    progressed = true;
                 }
                 Err(e) => {
                     wait = e.retry_after();
@@ -1001,6 +988,70 @@ pub(crate) async fn watch_node(
         tokio::select! {
             _ = shutdown.changed() => return,
             () = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+/// How one watch stream ended.
+enum WatchEnd {
+    /// Shutdown, or the reconciler is gone.
+    Stop,
+    /// Closed by the server at its timeout, or failed: watched again from the
+    /// last version seen.
+    Resume,
+    /// 410 Expired: the version is gone; the Node must be read again.
+    Expired(String),
+}
+
+type NodeWatch =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<WatchEvent<Node>, kube::Error>> + Send>>;
+
+/// Forwards one watch stream's Nodes to the reconciler, moving `rv` with every
+/// event and bookmark, until the stream ends; true with it when an event or
+/// bookmark moved the version.
+async fn follow(
+    mut stream: NodeWatch,
+    tx: &mpsc::Sender<Seen>,
+    rv: &mut Option<String>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> (WatchEnd, bool) {
+    let mut moved = false;
+    loop {
+        let item = tokio::select! {
+            _ = shutdown.changed() => return (WatchEnd::Stop, moved),
+            item = stream.next() => item,
+        };
+        match item {
+            // The server closed the watch at its timeout: resume from the last
+            // version (the server replays since).
+            None => return (WatchEnd::Resume, moved),
+            Some(Ok(WatchEvent::Added(n) | WatchEvent::Modified(n))) => {
+                moved = true;
+                if let Some(v) = &n.metadata.resource_version {
+                    *rv = Some(v.clone());
+                }
+                if tx.send(Seen::Event(n)).await.is_err() {
+                    return (WatchEnd::Stop, moved);
+                }
+            }
+            Some(Ok(WatchEvent::Deleted(_))) => {
+                tracing::warn!("Own Node was deleted.");
+            }
+            Some(Ok(WatchEvent::Bookmark(b))) => {
+                moved = true;
+                *rv = Some(b.metadata.resource_version);
+            }
+            Some(Ok(WatchEvent::Error(s))) if s.code == 410 => {
+                return (WatchEnd::Expired(s.message), moved);
+            }
+            Some(Ok(WatchEvent::Error(s))) => {
+                tracing::warn!(code = s.code, message = %s.message, "Node watch returned an error.");
+                return (WatchEnd::Resume, moved);
+            }
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "Node watch stream failed.");
+                return (WatchEnd::Resume, moved);
+            }
         }
     }
 }

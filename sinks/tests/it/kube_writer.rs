@@ -1633,8 +1633,11 @@ async fn server_errors_back_off_then_converge() {
 }
 
 /// The watch's version is compacted away: the server sends ERROR 410 Expired;
-/// the writer reads the Node again and watches from the version it read, so a
+/// the writer lists its Node again and watches from the list's version, so a
 /// later removal of our taint is still seen (and undone) without a resync.
+/// Other objects changed after the Node did, so the Node's own version is older
+/// than the compaction: a watch from it would be 410 again, every time (a quiet
+/// Node on a busy cluster); the list's version is the server's current one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_watch_relists_and_resumes_from_the_read_version() {
     let h = Harness::start(
@@ -1646,32 +1649,72 @@ async fn expired_watch_relists_and_resumes_from_the_read_version() {
         .await;
     assert!(wait_for(SECS, || h.api.watchers() >= 1).await);
     let before = h.api.requests().len();
+    let node_rv: u64 = h
+        .api
+        .node()
+        .metadata
+        .resource_version
+        .unwrap()
+        .parse()
+        .unwrap();
+    h.api.advance_version();
+    h.api.advance_version();
     h.api.compact();
     assert!(
         wait_for(SECS, || h.api.watchers() >= 1).await,
         "watch restarted"
     );
     let after: Vec<Recorded> = h.api.requests()[before..].to_vec();
-    let get = after
+    let list = after
         .iter()
-        .position(|r| r.verb == "get")
-        .expect("the Node is read again");
-    let rv = h.api.node().metadata.resource_version.unwrap();
-    let watch = after[get..]
+        .position(|r| r.verb == "list" && r.resource == "nodes")
+        .expect("the Node is listed again");
+    assert!(
+        after[list].query.contains("fieldSelector=metadata.name%3D"),
+        "{}",
+        after[list].query
+    );
+    let watch = after[list..]
         .iter()
         .find(|r| r.verb == "watch")
         .expect("then watched");
+    let from: u64 = watch
+        .query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("resourceVersion="))
+        .and_then(|v| v.parse().ok())
+        .expect("a resourceVersion");
     assert!(
-        watch.query.contains(&format!("resourceVersion={rv}")),
-        "{}",
-        watch.query
+        from >= node_rv + 2,
+        "watched from {from}, the Node's own version is {node_rv}"
     );
+    let watches = after.iter().filter(|r| r.verb == "watch").count();
+    assert_eq!(watches, 1, "one watch after the relist, no 410 loop");
     h.api
         .edit_node(|n| n["spec"]["taints"] = serde_json::json!([]));
     h.until("taint restored through the new watch", |n| {
         taint_value(n, FAULT_TAINT).is_some()
     })
     .await;
+    h.stop().await;
+}
+
+/// A server that answers 410 to every watch, even from the version it just
+/// listed: the writer backs off between tries instead of asking again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_that_expires_every_time_backs_off() {
+    let h = Harness::start(node(vec![], &[]), healthy(2, "boot-a")).await;
+    assert!(wait_for(SECS, || h.api.watchers() >= 1).await);
+    let before = h.api.requests().len();
+    h.api.expire_every_watch();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let watches = h.api.requests()[before..]
+        .iter()
+        .filter(|r| r.verb == "watch")
+        .count();
+    // The double's backoff (50 ms doubling to 400 ms): about 9 tries in 3 s;
+    // a tight loop makes hundreds.
+    assert!((3..=12).contains(&watches), "{watches} watches in 3 s");
     h.stop().await;
 }
 

@@ -275,6 +275,20 @@ impl ApiDouble {
         g.nodes.primary().watchers.end_all(Some(&ev));
     }
 
+    /// Another object changed (a Pod, a Lease elsewhere): the server's version
+    /// moves, the Node's own version stays, and nobody watching the Node hears
+    /// of it (a watch with a field selector gets no bookmark for it either).
+    pub fn advance_version(&self) {
+        self.lock().rv += 1;
+    }
+
+    /// Every watch from a version is answered 410 Expired from now on, and the
+    /// open ones end with it: a server whose watch cache keeps nothing.
+    pub fn expire_every_watch(&self) {
+        self.compact();
+        self.lock().nodes.primary().compacted_rv = u64::MAX;
+    }
+
     /// Advances the version without changing the Node (other objects changed)
     /// and sends a BOOKMARK to the watchers that asked for them: the object
     /// carries only `resourceVersion` (apiserver `pkg/storage/cacher`,

@@ -114,10 +114,17 @@ pub(super) fn serve_store(store: &mut NodeStore, rv: &mut u64, req: &Request) ->
     }
 }
 
-/// `GET /api/v1/nodes`: by label selector; `limit` and `continue` (the name to
+/// `GET /api/v1/nodes`: by label selector and `metadata.name` field selector;
+/// the list's resourceVersion is the server's current one; `limit` and `continue` (the name to
 /// go on after) unless served from the watch cache (`resourceVersion=0`).
 fn list(store: &NodeStore, rv: u64, req: &Request) -> Response {
     let sel = req.q.get("labelSelector").cloned().unwrap_or_default();
+    // The field selector nodes support that clients use: one Node by name.
+    let name = req
+        .q
+        .get("fieldSelector")
+        .and_then(|f| f.strip_prefix("metadata.name="))
+        .map(str::to_owned);
     let from_cache = req.q.get("resourceVersion").is_some_and(|v| v == "0");
     let limit: usize = if from_cache {
         0
@@ -128,6 +135,7 @@ fn list(store: &NodeStore, rv: u64, req: &Request) -> Response {
     let mut items: Vec<Value> = store
         .by_name
         .iter()
+        .filter(|(n, _)| name.as_ref().is_none_or(|want| *n == want))
         .filter(|(name, n)| (after.is_empty() || **name > after) && !n.missing)
         .filter(|(_, n)| selector::matches(&n.node, &sel))
         .map(|(_, n)| n.node.clone())
