@@ -95,6 +95,8 @@ pub struct Claimant<S> {
     observed: HashMap<u32, Observed>,
     /// Consecutive claim rounds that found the budget spent.
     deferred_rounds: u32,
+    /// Consecutive claim rounds left undecided (see `Protocol::claim`).
+    undecided_rounds: u32,
     backoff: Backoff,
     status: Status,
     /// The Node's UID for the owner reference (empty until known).
@@ -115,6 +117,9 @@ pub struct Step {
 /// Claim candidates tried per round: a wave of claimants spreads over the free
 /// slots instead of every one trying every slot.
 const TRIES_PER_ROUND: usize = 3;
+/// Claim rounds (an eighth of the retry pause apart) a Node waits for a fresh
+/// listing or slot 0's fleet count before it defers on what it knows.
+const UNDECIDED_ROUNDS: u32 = 8;
 
 impl<S: LeaseStore> Claimant<S> {
     /// A claimant that holds nothing yet.
@@ -133,6 +138,7 @@ impl<S: LeaseStore> Claimant<S> {
             fleet: None,
             observed: HashMap::new(),
             deferred_rounds: 0,
+            undecided_rounds: 0,
             status,
             node_uid: String::new(),
             reason: String::new(),
@@ -170,6 +176,7 @@ impl<S: LeaseStore> Claimant<S> {
             (false, false) => {
                 self.status = Status::Idle;
                 self.deferred_rounds = 0;
+                self.undecided_rounds = 0;
                 Ok(now + Duration::from_secs(3600))
             }
         };
@@ -255,6 +262,7 @@ impl<S: LeaseStore> Claimant<S> {
         self.held = Some(slot);
         self.written_at = now;
         self.deferred_rounds = 0;
+        self.undecided_rounds = 0;
         // Slot 0 without a count (the count failed): count again soon, so
         // claimants past the floor learn the budget's size.
         if self
@@ -290,10 +298,11 @@ impl<S: LeaseStore> Claimant<S> {
         rotate_randomly(&mut free[usize::from(zero_free)..]);
         // Slot 0 is claimed without a count: only its winner counts (right
         // after, in its first renewal), not every claimant of a wave.
+        let mut lost_race = false;
         for index in free.into_iter().take(TRIES_PER_ROUND) {
             match self.store.create(index, &self.holding(None)).await {
                 Ok(slot) => return Ok(self.hold(slot, slots, now)),
-                Err(ApiError::AlreadyExists(_) | ApiError::Conflict(_)) => continue,
+                Err(ApiError::AlreadyExists(_) | ApiError::Conflict(_)) => lost_race = true,
                 Err(e) => return Err(e),
             }
         }
@@ -311,7 +320,18 @@ impl<S: LeaseStore> Claimant<S> {
                 Err(e) => return Err(e),
             }
         }
-        Ok(self.defer(&by_index, limit, slots.is_some(), now))
+        if (lost_race || slots.is_none()) && self.undecided_rounds < UNDECIDED_ROUNDS {
+            // Not a decision yet: the listing was stale (other Nodes created
+            // the slots it showed free), or only the floor is known while slot
+            // 0's holder counts the fleet. Saying "the budget is spent" now
+            // would be a false alarm; look again soon. A count that never
+            // comes ends this after a few rounds: the floor is then the budget.
+            self.undecided_rounds += 1;
+            self.status = Status::Pending;
+            return Ok(now + jittered(self.cfg.retry / 8));
+        }
+        self.undecided_rounds = 0;
+        Ok(self.defer(&by_index, limit, now))
     }
 
     /// Adopts a slot this Node already holds (a restarted agent, or a create
@@ -410,13 +430,7 @@ impl<S: LeaseStore> Claimant<S> {
 
     /// Every slot is held: defer, and come back after a jittered pause that
     /// grows while the budget stays spent (or when a quiet slot may expire).
-    fn defer(
-        &mut self,
-        by_index: &BTreeMap<u32, &SlotView>,
-        limit: u32,
-        counted: bool,
-        now: Instant,
-    ) -> Instant {
+    fn defer(&mut self, by_index: &BTreeMap<u32, &SlotView>, limit: u32, now: Instant) -> Instant {
         let holders: Vec<String> = by_index
             .range(..limit)
             .map(|(_, s)| s.holder.clone())
@@ -425,10 +439,6 @@ impl<S: LeaseStore> Claimant<S> {
             slots: limit,
             holders,
         };
-        if !counted {
-            // Slot 0's holder is counting the fleet: look again soon.
-            return now + jittered(self.cfg.retry / 8);
-        }
         self.deferred_rounds = self.deferred_rounds.saturating_add(1);
         let base = if self.deferred_rounds > 2 {
             self.cfg.retry * 2
