@@ -326,6 +326,9 @@ pub struct Registry {
     /// Slots of the fleet quarantine budget as last known (0: off or unknown).
     pub quarantine_slots: AtomicU64,
     quarantine: RwLock<Option<QuarantineStatus>>,
+    /// Status changes of the conditions the Kubernetes writer owns, by
+    /// (condition type, new status).
+    condition_transitions: Mutex<BTreeMap<(String, &'static str), u64>>,
     /// GPUs the node should have; `u64::MAX` when unknown.
     pub gpus_expected: AtomicU64,
     /// Devices the device plugin advertises in the Node's
@@ -382,6 +385,7 @@ impl Default for Registry {
             quarantine_deferrals: AtomicU64::new(0),
             quarantine_slots: AtomicU64::new(0),
             quarantine: RwLock::new(None),
+            condition_transitions: Mutex::new(BTreeMap::new()),
             gpus_expected: AtomicU64::new(u64::MAX),
             gpus_advertised: AtomicU64::new(u64::MAX),
             startup_gate_since: Mutex::new(None),
@@ -471,6 +475,30 @@ impl Registry {
     /// Kubernetes writes of `object` with `result`.
     pub fn kube_writes(&self, object: KubeObject, result: WriteResult) -> u64 {
         self.kube_writes[object as usize][result as usize].load(Relaxed)
+    }
+
+    /// Counts a status change of condition `type_` to `status` (`True`,
+    /// `False`, `Unknown`).
+    pub fn count_condition_transition(&self, type_: &str, status: &'static str) {
+        *lock(&self.condition_transitions)
+            .entry((type_.to_owned(), status))
+            .or_insert(0) += 1;
+    }
+
+    /// Status changes of condition `type_` to `status` so far.
+    pub fn condition_transitions(&self, type_: &str, status: &str) -> u64 {
+        lock(&self.condition_transitions)
+            .iter()
+            .find(|((t, s), _)| t == type_ && *s == status)
+            .map_or(0, |(_, n)| *n)
+    }
+
+    /// Every (condition type, status) and its count of changes.
+    pub fn all_condition_transitions(&self) -> Vec<((String, &'static str), u64)> {
+        lock(&self.condition_transitions)
+            .iter()
+            .map(|(k, n)| (k.clone(), *n))
+            .collect()
     }
 
     /// Counts a validation run.

@@ -20,8 +20,17 @@
 //!     reset/reboot, the hardware is not judged broken, so a node-repair controller
 //!     does not replace the node for it unless configured to.
 //!   - `GPUProblem`: `True` while a reset/reboot/inspect fault is active (reason =
-//!     the fault's short reason, message names GPU index, UUID, PCI address, code,
-//!     occurrences and boot), `False`/`NoGPUProblem`, `Unknown`/`MonitorUnavailable`.
+//!     the action class of the most severe fault, [`class_reason`]:
+//!     `GPUResetRequired`, `NodeRebootRequired`, `HardwareReplacementRequired`, the
+//!     same on a `False` readiness condition; the message names the fault, GPU index,
+//!     UUID, PCI address, code, occurrences and boot), `False`/`NoGPUProblem`,
+//!     `Unknown`/`MonitorUnavailable`.
+//!   - Flapping is bounded ([`flap`]): after `condition_flap_limit` clears within
+//!     `condition_flap_window_secs` (default 3 per hour) a further clear is held —
+//!     the condition and the fault taint stay — until the fault has stayed away a
+//!     whole window; every status change is counted
+//!     (`gpuwatch.kube.condition.transitions`). The history is the process's own:
+//!     a restarted agent starts a new window.
 //!     Occurrences are bucketed (`seen once`, `seen 2+ times`, `seen 10+ times`, ...)
 //!     so a storm rewrites the status only when it crosses a power of ten; the exact
 //!     count is in the metrics and the Event's `count`.
@@ -65,6 +74,7 @@ mod cleanup;
 mod config;
 mod desired;
 mod events;
+mod flap;
 mod node;
 pub mod quarantine;
 mod reconcile;
@@ -73,7 +83,8 @@ mod schedule;
 
 pub use backend::{ApiError, ApiResult};
 pub use cleanup::{CleanupError, CleanupReport, node_cleanup};
-pub use config::{KubeConfig, TaintConfig};
+pub use config::{KubeConfig, StartupGateMode, TaintConfig};
+pub use desired::class_reason;
 pub use events::{COMPONENT, DEDUP_ANNOTATION, event_reason, event_type};
 
 use backend::Backend;
@@ -386,6 +397,11 @@ impl NodeWriter {
             .run(),
         );
         let cfg_grace = cfg.not_advertised_grace_secs;
+        let (flap_limit, flap_window) = (cfg.condition_flap_limit, cfg.condition_flap_window_secs);
+        let (problem_type, ready_type) = (
+            cfg.problem_condition_type.clone(),
+            cfg.ready_condition_type.clone(),
+        );
         let reconciler = tokio::spawn(
             Reconciler {
                 events_enabled: cfg.events,
@@ -407,6 +423,12 @@ impl NodeWriter {
                 on_validation,
                 not_advertised: advertised::NotAdvertised::new(Duration::from_secs(cfg_grace)),
                 quarantine: quarantine_link,
+                flap: flap::Hysteresis::new(
+                    flap_limit,
+                    Duration::from_secs(flap_window),
+                    &problem_type,
+                    &ready_type,
+                ),
             }
             .run(),
         );

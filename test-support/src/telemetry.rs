@@ -667,6 +667,7 @@ pub fn populate(r: &Registry) {
     r.count_state_write(false);
     r.count_kube_write(KubeObject::Condition, WriteResult::Ok);
     r.count_kube_write(KubeObject::Taint, WriteResult::Conflict);
+    r.count_condition_transition("GPUProblem", "True");
     r.fault_taint_present.store(1, Relaxed);
     r.set_startup_taint(true);
     r.quarantine_deferred.store(1, Relaxed);

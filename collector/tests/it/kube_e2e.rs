@@ -9,7 +9,7 @@
 //! merge patch guarded by resourceVersion with 409 on a race, watch, core/v1
 //! Events), each response shape citing its source.
 //!
-//! Covered: an XID 79 → `GPUProblem=True`/`XID79` + fault taint in < 1 s and a
+//! Covered: an XID 79 → `GPUProblem=True`/`NodeRebootRequired` + fault taint in < 1 s and a
 //! Warning Event; a removed taint is restored; restarts mid-fault (kill -9 and
 //! SIGTERM) change nothing on the Node and write no duplicate Event; a new
 //! boot in which the GPU validates clears the fault; NVML unavailable is
@@ -50,7 +50,7 @@ fn pair(s: &str, r: &str) -> (String, String) {
 }
 
 fn faulted(rig: &Rig) -> bool {
-    status(rig, PROBLEM) == pair("True", "XID79")
+    status(rig, PROBLEM) == pair("True", "NodeRebootRequired")
         && rig.taint(FAULT_TAINT).as_deref() == Some("reboot_node")
 }
 
@@ -98,7 +98,7 @@ fn assert_fault_holds_across_restart(rig: &Rig, agent: &Agent, since: usize, win
     );
     for (type_, seen) in applied_conditions(after) {
         let want = if type_ == PROBLEM {
-            pair("True", "XID79")
+            pair("True", "NodeRebootRequired")
         } else {
             pair("True", "GPURecoveryPending")
         };
@@ -130,7 +130,7 @@ fn xid79_isolates_the_node_survives_restarts_and_clears_after_a_new_boot() {
     let ready_since = rig.cond(READY).unwrap().last_transition_time;
     assert!(rig.wait_quiet(Duration::from_millis(1100), T));
 
-    // 1. XID 79 → GPUProblem=True XID79 + fault taint within 1 s.
+    // 1. XID 79 → GPUProblem=True NodeRebootRequired + fault taint within 1 s.
     rig.write_kmsg(XID79);
     let t0 = Instant::now();
     assert!(
@@ -472,11 +472,11 @@ fn kube_dry_run_logs_patches_and_writes_nothing() {
         .filter_map(|l| serde_json::from_str(l["patch"].as_str()?).ok())
         .collect();
     assert!(
-        applies
-            .iter()
-            .any(|a| a["status"]["conditions"].as_array().is_some_and(|c| c
-                .iter()
-                .any(|c| c["type"] == PROBLEM && c["status"] == "True" && c["reason"] == "XID79"))),
+        applies.iter().any(|a| a["status"]["conditions"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["type"] == PROBLEM
+                && c["status"] == "True"
+                && c["reason"] == "NodeRebootRequired"))),
         "{applies:#?}"
     );
     assert!(

@@ -395,7 +395,7 @@ fn roundtrip(proto: Proto) {
     // budget sends only when something is wrong (docs/metrics.md): no row
     // remapped, no recovery action, every NVLink up and quiet, no malformed
     // record, no sample or event dropped; the Kubernetes writer and validation are off,
-    // so no write, taint, quarantine budget, startup gate or validation run.
+    // so no write, condition change, taint, quarantine budget, startup gate or validation run.
     let missing: BTreeSet<&str> = documented
         .keys()
         .map(String::as_str)
@@ -415,6 +415,7 @@ fn roundtrip(proto: Proto) {
             "gpu.sxid.errors",
             "gpuwatch.events.dropped",
             "gpuwatch.kmsg.records.malformed",
+            "gpuwatch.kube.condition.transitions",
             "gpuwatch.kube.quarantine.deferrals",
             "gpuwatch.kube.quarantine.deferred",
             "gpuwatch.kube.quarantine.slots",

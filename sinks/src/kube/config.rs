@@ -60,8 +60,13 @@ pub struct KubeConfig {
     pub fault_taint_actions: BTreeMap<String, TaintConfig>,
     /// Allow `NoExecute` fault taints (evicts running pods; off unless opted in).
     pub allow_no_execute: bool,
-    /// Remove the startup taint once device validation passes.
+    /// Hold the startup gate: validate while the Node carries the startup taint.
     pub startup_gate: bool,
+    /// What passing validation does: `remove_taint` (gpuwatch removes the
+    /// startup taint) or `condition_only` (gpuwatch only turns the readiness
+    /// condition True and leaves the taint to node-readiness-controller, whose
+    /// rule removes it on that condition).
+    pub startup_gate_mode: StartupGateMode,
     /// Startup taint put on by the node template and removed by gpuwatch after validation.
     pub startup_taint: TaintConfig,
     /// Seconds between validation attempts while the startup taint is held.
@@ -131,6 +136,23 @@ pub struct KubeConfig {
     /// doubled after three rounds that found the budget spent): how soon a
     /// freed slot is taken, against the lists the deferred Nodes make.
     pub quarantine_retry_secs: u64,
+    /// Clears a condition may make within `condition_flap_window_secs` before a
+    /// further clear is held until the fault has stayed away a whole window
+    /// (0: no bound).
+    pub condition_flap_limit: u32,
+    /// The flap window, seconds.
+    pub condition_flap_window_secs: u64,
+}
+
+/// What passing the startup gate's validation does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartupGateMode {
+    /// gpuwatch removes the startup taint.
+    #[default]
+    RemoveTaint,
+    /// gpuwatch turns the readiness condition True and never touches the taint.
+    ConditionOnly,
 }
 
 impl Default for KubeConfig {
@@ -148,6 +170,7 @@ impl Default for KubeConfig {
             fault_taint_actions: BTreeMap::new(),
             allow_no_execute: false,
             startup_gate: true,
+            startup_gate_mode: StartupGateMode::RemoveTaint,
             startup_taint: TaintConfig::new(
                 "startup-taint.cluster-autoscaler.kubernetes.io/gpu-not-ready",
                 "NoSchedule",
@@ -175,6 +198,8 @@ impl Default for KubeConfig {
             quarantine_namespace: None,
             quarantine_lease_duration_secs: 60,
             quarantine_retry_secs: 15,
+            condition_flap_limit: 3,
+            condition_flap_window_secs: 3600,
         }
     }
 }
@@ -278,6 +303,9 @@ impl KubeConfig {
             p.push("backoff_max_ms: must be at least backoff_initial_ms".into());
         }
         self.check_quarantine(&mut p);
+        if self.condition_flap_limit > 0 && self.condition_flap_window_secs == 0 {
+            p.push("condition_flap_window_secs: must be greater than 0 while condition_flap_limit is set".into());
+        }
         p
     }
 

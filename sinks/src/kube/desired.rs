@@ -3,7 +3,8 @@
 //!
 //! Semantics (also in the module docs of `kube`):
 //! - problem condition (`GPUProblem`): True while a reset/reboot/inspect fault is
-//!   active (reason = the most severe fault's short reason); False `NoGPUProblem`;
+//!   active (reason = the action class of the most severe fault, see
+//!   [`class_reason`]; the faults are in the message); False `NoGPUProblem`;
 //!   Unknown `MonitorUnavailable` when the verdict is unknown and no such fault is known.
 //! - readiness condition (`AcceleratedHardwareReady`): False only while a fault whose
 //!   action is in `hardware_not_ready_actions` (default `inspect_hardware`) is active;
@@ -76,6 +77,23 @@ pub(crate) fn sanitize_reason(reason: &str, fallback: impl FnOnce() -> String) -
 
 fn fault_reason(f: &ActiveFault) -> String {
     sanitize_reason(&f.reason, || gpuwatch_proto::kind_reason(f.kind(), f.code))
+}
+
+/// The reason a condition carries for a fault of `action`: one of a small,
+/// stable set that names what fixes it, so a repair controller's policy (or
+/// a runbook) can tell a reboot from a replacement by the reason alone; the
+/// fault itself (`XID79`, GPU, code, boot) is in the message. Stable across
+/// releases: changing one breaks the policies that match it.
+pub const fn class_reason(action: Action) -> &'static str {
+    match action {
+        Action::ResetGpu => "GPUResetRequired",
+        Action::RebootNode => "NodeRebootRequired",
+        Action::InspectHardware => "HardwareReplacementRequired",
+        // Not isolating: such faults never make a condition True or False.
+        Action::Unspecified | Action::Ignore | Action::RestartApp | Action::Investigate => {
+            "GPUFaultReported"
+        }
+    }
 }
 
 /// The occurrence count as the condition message shows it: bucketed (`seen
@@ -238,7 +256,11 @@ fn ready_condition(
         })
         .collect();
     let (status, reason, message) = if let Some(first) = hw.first() {
-        (FALSE, fault_reason(first.fault), summarize(&hw))
+        (
+            FALSE,
+            class_reason(first.fault.action()).to_owned(),
+            summarize(&hw),
+        )
     } else if monitor_unknown(health) {
         (
             UNKNOWN,
@@ -306,7 +328,11 @@ fn problem_condition(
     faults: &[Located<'_>],
 ) -> DesiredCondition {
     let (status, reason, message) = if let Some(first) = faults.first() {
-        (TRUE, fault_reason(first.fault), summarize(faults))
+        (
+            TRUE,
+            class_reason(first.fault.action()).to_owned(),
+            summarize(faults),
+        )
     } else if monitor_unknown(health) {
         (
             UNKNOWN,
@@ -391,7 +417,7 @@ mod tests {
         let r = cond(&d, "AcceleratedHardwareReady");
         assert_eq!((r.status, r.reason.as_str()), (TRUE, "GPURecoveryPending"));
         let p = cond(&d, "GPUProblem");
-        assert_eq!((p.status, p.reason.as_str()), (TRUE, "XID79"));
+        assert_eq!((p.status, p.reason.as_str()), (TRUE, "NodeRebootRequired"));
         assert_eq!(
             p.message,
             "GPU 3 (GPU-abc, 0000:3b:00.0): XID79 code 79 seen 2+ times, boot boot-1, action reboot_node"
@@ -414,8 +440,16 @@ mod tests {
             .push(fault(Action::InspectHardware, "RowRemapFailure", 0));
         let d = desired(&h, &KubeConfig::default(), &Gate::Open);
         let r = cond(&d, "AcceleratedHardwareReady");
-        assert_eq!((r.status, r.reason.as_str()), (FALSE, "RowRemapFailure"));
-        assert_eq!(cond(&d, "GPUProblem").reason, "RowRemapFailure");
+        assert_eq!(
+            (r.status, r.reason.as_str()),
+            (FALSE, "HardwareReplacementRequired")
+        );
+        assert!(
+            r.message.starts_with("node: RowRemapFailure"),
+            "{}",
+            r.message
+        );
+        assert_eq!(cond(&d, "GPUProblem").reason, "HardwareReplacementRequired");
         assert!(cond(&d, "GPUProblem").message.contains("; GPU 3"));
         assert_eq!(d.fault_taint.unwrap().value, "inspect_hardware");
     }
@@ -476,7 +510,40 @@ mod tests {
             .push(fault(Action::RebootNode, "", 79));
         let d = desired(&h, &cfg, &Gate::Open);
         let r = cond(&d, "AcceleratedHardwareReady");
-        assert_eq!((r.status, r.reason.as_str()), (FALSE, "XID79"));
+        assert_eq!((r.status, r.reason.as_str()), (FALSE, "NodeRebootRequired"));
+        assert!(r.message.contains("XID79"), "{}", r.message);
+    }
+
+    #[test]
+    fn each_action_class_has_its_reason_and_the_fault_is_in_the_message() {
+        for (action, reason, code, short) in [
+            (Action::ResetGpu, "GPUResetRequired", 48, "XID48"),
+            (Action::RebootNode, "NodeRebootRequired", 79, "XID79"),
+            (
+                Action::InspectHardware,
+                "HardwareReplacementRequired",
+                64,
+                "XID64",
+            ),
+        ] {
+            let mut h = healthy();
+            h.set_verdict(Verdict::Unhealthy);
+            h.gpus[0].active_faults.push(fault(action, short, code));
+            let cfg = KubeConfig {
+                hardware_not_ready_actions: vec![
+                    "reset_gpu".into(),
+                    "reboot_node".into(),
+                    "inspect_hardware".into(),
+                ],
+                ..KubeConfig::default()
+            };
+            let d = desired(&h, &cfg, &Gate::Open);
+            for t in ["GPUProblem", "AcceleratedHardwareReady"] {
+                let c = cond(&d, t);
+                assert_eq!(c.reason, reason, "{t} for {action:?}");
+                assert!(c.message.contains(short), "{t}: {}", c.message);
+            }
+        }
     }
 
     #[test]
@@ -527,9 +594,13 @@ mod tests {
         f.set_kind(FaultKind::Thermal);
         h.gpus[0].active_faults.push(f);
         let d = desired(&h, &KubeConfig::default(), &Gate::Open);
-        assert_eq!(
-            cond(&d, "GPUProblem").reason,
-            gpuwatch_proto::kind_reason(FaultKind::Thermal, 0)
+        let p = cond(&d, "GPUProblem");
+        assert_eq!(p.reason, "GPUResetRequired");
+        assert!(
+            p.message
+                .contains(&gpuwatch_proto::kind_reason(FaultKind::Thermal, 0)),
+            "{}",
+            p.message
         );
     }
 

@@ -2,7 +2,7 @@
 
 use super::advertised::{self, Change, NotAdvertised};
 use super::backend::{ApiError, Backend};
-use super::config::KubeConfig;
+use super::config::{KubeConfig, StartupGateMode};
 use super::desired::{DesiredCondition, FALSE, Gate, TRUE, UNKNOWN, desired};
 use super::events::{EventQueue, PendingEvent};
 use super::node::{
@@ -165,6 +165,8 @@ pub(crate) struct Reconciler {
     pub not_advertised: NotAdvertised,
     /// The fleet quarantine budget's claimant (none when the budget is off).
     pub quarantine: Option<quarantine::link::Link>,
+    /// Holds conditions that keep clearing and coming back.
+    pub flap: super::flap::Hysteresis,
 }
 
 impl Reconciler {
@@ -490,11 +492,14 @@ impl Reconciler {
         };
         let mut want = desired(&health, &self.cfg, &gate);
         self.track_advertised(&node, &health, startup, &mut want.conditions);
+        self.flap.apply(&mut want, Instant::now(), &self.registry);
         self.gate_fault_taint(&node, &mut want.fault_taint).await;
         let held = hold && hold_unknown(&node, &mut want.conditions);
         let conditions = self.write_conditions(&node, &want.conditions, &now).await;
+        let remove_startup =
+            startup && passed && self.cfg.startup_gate_mode == StartupGateMode::RemoveTaint;
         let taints = self
-            .write_taints(want.fault_taint.as_ref(), startup && passed, &now)
+            .write_taints(want.fault_taint.as_ref(), remove_startup, &now)
             .await;
         self.tell_quarantine(want.fault_taint.as_ref());
         let wrote = conditions.as_ref().is_ok_and(|w| *w) | taints.as_ref().is_ok_and(|w| *w);
@@ -767,6 +772,8 @@ impl Reconciler {
         run.schedule.set_opt(Wake::Reread, reread);
         run.schedule
             .set_opt(Wake::Advertised, self.not_advertised.deadline());
+        run.schedule
+            .set_opt(Wake::FlapHoldEnds, self.flap.deadline());
     }
 
     /// A Node version from the watcher.
@@ -823,7 +830,11 @@ impl Reconciler {
                         self.live = None;
                     }
                 }
-                Wake::HoldEnds | Wake::Advertised | Wake::Pass | Wake::Validate => {}
+                Wake::HoldEnds
+                | Wake::Advertised
+                | Wake::FlapHoldEnds
+                | Wake::Pass
+                | Wake::Validate => {}
             }
             run.dirty = true;
         }

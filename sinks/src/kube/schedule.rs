@@ -28,6 +28,8 @@ pub(crate) enum Wake {
     /// Healthy GPUs the device plugin leaves unadvertised reach their grace
     /// period.
     Advertised,
+    /// A condition held for flapping may clear (its quiet window ends).
+    FlapHoldEnds,
 }
 
 impl Wake {

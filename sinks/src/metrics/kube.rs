@@ -1,13 +1,14 @@
-//! The Kubernetes writer: API writes, taints carried, the fleet quarantine budget,
-//! the startup gate and device validation runs.
+//! The Kubernetes writer: API writes, condition status changes, taints carried,
+//! the fleet quarantine budget, the startup gate and device validation runs.
 
-use super::{InstrumentKind, Num, NumType, Point, Presence, Spec, atomic, s};
+use super::{AttrValue, InstrumentKind, Num, NumType, Point, Presence, Spec, atomic, s};
 use gpuwatch_core::registry::{KubeObject, Registry, ValidationResult, WriteResult};
 use gpuwatch_proto::NodeHealth;
 
 /// This subject's instruments, in export order.
 pub(super) const TABLE: &[Spec] = &[
     KUBE_WRITES,
+    CONDITION_TRANSITIONS,
     TAINTED,
     QUARANTINE_DEFERRED,
     QUARANTINE_DEFERRALS,
@@ -37,6 +38,28 @@ fn kube_writes(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
                 value: Num::U64(r.kube_writes(object, result)),
             });
         }
+    }
+}
+
+const CONDITION_TRANSITIONS: Spec = Spec {
+    name: "gpuwatch.kube.condition.transitions",
+    unit: "{transition}",
+    kind: InstrumentKind::Counter,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "Status changes of the node conditions gpuwatch writes.",
+    collect: condition_transitions,
+};
+
+fn condition_transitions(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    for ((condition, status), n) in r.all_condition_transitions() {
+        out.push(Point {
+            attrs: vec![
+                ("condition", AttrValue::Str(condition.into())),
+                ("status", s(status)),
+            ],
+            value: Num::U64(n),
+        });
     }
 }
 

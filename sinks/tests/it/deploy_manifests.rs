@@ -908,3 +908,57 @@ fn toleration_semantics() {
     assert_eq!(quantity("20m"), 0.02);
     assert_eq!(quantity("32Mi"), 32.0 * 1024.0 * 1024.0);
 }
+
+/// The node-readiness-controller and Karpenter examples render, agree with each
+/// other on the readiness taint, name gpuwatch's readiness condition, and the
+/// gpuwatch settings they document parse and validate.
+#[test]
+fn readiness_examples_render_and_match_the_documented_settings() {
+    let docs = |dir: &str| -> Vec<serde_yaml::Value> {
+        serde_yaml::Deserializer::from_str(&kustomize(dir))
+            .map(|d| serde_yaml::Value::deserialize(d).expect("valid YAML"))
+            .collect()
+    };
+    let rules = docs("deploy/examples/node-readiness-controller");
+    assert_eq!(rules.len(), 1);
+    let rule = &rules[0];
+    assert_eq!(rule["kind"].as_str(), Some("NodeReadinessRule"));
+    let cfg = gpuwatch_sinks::kube::KubeConfig::default();
+    let cond = &rule["spec"]["conditions"][0];
+    assert_eq!(
+        cond["type"].as_str(),
+        Some(cfg.ready_condition_type.as_str())
+    );
+    assert_eq!(cond["requiredStatus"].as_str(), Some("True"));
+    let key = rule["spec"]["taint"]["key"].as_str().expect("taint key");
+    assert!(key.starts_with("readiness.k8s.io/"), "{key}");
+    let pools = docs("deploy/examples/karpenter");
+    let startup = &pools[0]["spec"]["template"]["spec"]["startupTaints"][0];
+    assert_eq!(
+        startup["key"].as_str(),
+        Some(key),
+        "the NodePool and the rule agree"
+    );
+    // The settings the kustomization's comment documents.
+    let text = std::fs::read_to_string(
+        repo_root().join("deploy/examples/node-readiness-controller/kustomization.yaml"),
+    )
+    .expect("kustomization");
+    let toml_part: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("#   "))
+        .filter(|l| !l.starts_with("kubectl"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    #[derive(serde::Deserialize)]
+    struct File {
+        kube: gpuwatch_sinks::kube::KubeConfig,
+    }
+    let file: File = toml::from_str(&toml_part).unwrap_or_else(|e| panic!("{toml_part}: {e}"));
+    assert_eq!(file.kube.validate(), Vec::<String>::new());
+    assert_eq!(file.kube.startup_taint.key, key);
+    assert_eq!(
+        file.kube.startup_gate_mode,
+        gpuwatch_sinks::kube::StartupGateMode::ConditionOnly
+    );
+}
