@@ -111,6 +111,12 @@ pub struct KmsgConfig {
     pub cursor_interval_ms: u64,
     /// Wait before reopening the input after it failed, seconds. Default 5.
     pub retry_interval_secs: u64,
+    /// The host's `/proc`, where a line that names a pid is attributed to
+    /// its pod (`<proc_root>/<pid>/cgroup`) the moment it is read. In the
+    /// DaemonSet a read-only hostPath mount of the host's `/proc`. Only
+    /// records read live from the device are attributed: a replayed file's
+    /// pids name processes of another time. Default `/proc`.
+    pub proc_root: PathBuf,
 }
 
 impl Default for KmsgConfig {
@@ -122,6 +128,7 @@ impl Default for KmsgConfig {
             boot_id_path: PathBuf::from(boot::BOOT_ID_PATH),
             cursor_interval_ms: 1000,
             retry_interval_secs: 5,
+            proc_root: PathBuf::from("/proc"),
         }
     }
 }
@@ -135,6 +142,9 @@ impl KmsgConfig {
         }
         if self.boot_id_path.as_os_str().is_empty() {
             problems.push("boot_id_path: must not be empty".to_string());
+        }
+        if self.proc_root.as_os_str().is_empty() {
+            problems.push("proc_root: must not be empty".to_string());
         }
         if !(10..=3_600_000).contains(&self.cursor_interval_ms) {
             problems.push(format!(
@@ -287,6 +297,8 @@ struct Reader {
     device: bool,
     /// Delays between reopen attempts after a failed open or read.
     retry: gpuwatch_core::retry::Backoff,
+    /// `sysconf(_SC_CLK_TCK)`, the unit of a process's start time.
+    clock_ticks: u64,
 }
 
 impl Reader {
@@ -323,6 +335,7 @@ impl Reader {
         Reader {
             sender: FaultSender::new(engine_tx, args.registry.clone()),
             scanner: Scanner::new(args.policy),
+            clock_ticks: crate::attribution::clock_ticks_per_sec(),
             cfg: args.cfg,
             boot_id: args.boot_id,
             registry: args.registry,
@@ -819,6 +832,9 @@ impl Reader {
                 ev.boot_id.clone_from(&self.boot_id);
             }
             ev.count = ev.count.max(1);
+            if self.device && ev.pid.is_some() {
+                crate::attribution::annotate(&mut ev, &self.cfg.proc_root, self.clock_ticks);
+            }
             self.summary.events += 1;
             if self.sender.send(ev, read_at) == SendStatus::Disconnected {
                 return Outcome::EngineGone;

@@ -8,6 +8,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod attribution;
 pub mod boot;
 pub mod config;
 pub mod explain;

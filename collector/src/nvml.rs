@@ -42,6 +42,7 @@
 //! left alone.
 
 mod events;
+mod fabric;
 mod library;
 mod poll;
 mod watchdog;
@@ -288,6 +289,21 @@ impl NvmlError {
 /// Every NVML call has the configured deadline: past it this returns
 /// [`NvmlError::Hung`] and leaves the stuck call's thread behind.
 pub fn poll_once(cfg: &NvmlConfig) -> Result<Vec<GpuSample>, NvmlError> {
+    poll_while(cfg, Duration::ZERO, |_| false)
+}
+
+/// How often [`poll_while`] polls again.
+const REPOLL: Duration = Duration::from_secs(1);
+
+/// [`poll_once`], polled again every second (one NVML initialisation) while
+/// `again` holds for the samples and `wait` has not passed: the last poll's
+/// samples. `gpuwatch validate` waits this way for a fabric manager that is
+/// still registering the GPUs.
+pub fn poll_while(
+    cfg: &NvmlConfig,
+    wait: Duration,
+    again: impl Fn(&[GpuSample]) -> bool + Send + 'static,
+) -> Result<Vec<GpuSample>, NvmlError> {
     let lib = library::Library::choose(cfg)?;
     let path = lib.path().to_path_buf();
     let watch = Arc::new(watchdog::CallWatch::default());
@@ -301,9 +317,16 @@ pub fn poll_once(cfg: &NvmlConfig) -> Result<Vec<GpuSample>, NvmlError> {
                 watch: &worker_watch,
                 count: &|_| {},
             };
+            let until = Instant::now() + wait;
             let result = library::init(&path, &worker_watch)
                 .and_then(|nvml| {
-                    let r = poll::poll_all(&nvml, &calls);
+                    let mut r = poll::poll_all(&nvml, &calls);
+                    while r.as_ref().is_ok_and(|r| again(&r.samples))
+                        && Instant::now() + REPOLL <= until
+                    {
+                        std::thread::sleep(REPOLL);
+                        r = poll::poll_all(&nvml, &calls);
+                    }
                     worker_watch.call("nvmlShutdown", || drop(nvml));
                     r
                 })

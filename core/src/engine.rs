@@ -65,6 +65,14 @@
 //! - `inspect_hardware`: after a reboot in which the GPU has validated continuously
 //!   for `inspect_clear_quiet_secs` without the fault recurring, or at once when the
 //!   GPU at that PCI address reports a different UUID (hardware replaced).
+//! - NVLink fabric faults (`fabric`, whatever their action): once NVML has
+//!   shown the GPU registered and healthy in `condition_clear_samples`
+//!   consecutive samples (restarting the fabric manager fixes most of them
+//!   without a reboot); while NVML still shows the problem they stay, however
+//!   long. A registration that is pending at startup is a fault only after
+//!   `fabric_wait_secs` (the fabric manager registers GPUs a while after it
+//!   starts); one that was completed in this boot and is pending again is a
+//!   fault at once.
 //! - Node-level faults (no GPU to validate): `ignore`..`investigate` as above; the
 //!   others after a reboot plus `reset_clear_quiet_secs` (reset/reboot class) or
 //!   `inspect_clear_quiet_secs` (inspect) without recurrence.

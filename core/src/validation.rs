@@ -32,8 +32,10 @@
 //! assert!(!validate(&health, None, &ValidationConfig::default()).complete);
 //! ```
 
+use gpuwatch_proto::fabric;
 use gpuwatch_proto::{
-    GpuHealth, GpuSample, NodeHealth, RecoveryAction, ShortName, ValidationCheck, ValidationReport,
+    GpuFabric, GpuHealth, GpuSample, NodeHealth, RecoveryAction, ShortName, ValidationCheck,
+    ValidationReport,
 };
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -136,6 +138,9 @@ pub mod checks {
     pub const PCIE_LINK: &str = "pcie_link";
     /// NVML recovery action is none.
     pub const RECOVERY_ACTION: &str = "recovery_action";
+    /// The GPU is registered with the NVLink fabric (NVSwitch systems) and
+    /// the fabric reports it healthy.
+    pub const FABRIC: &str = "fabric";
     /// No active reset/reboot/inspect fault on the GPU (or, without a GPU index,
     /// on the node).
     pub const FAULTS: &str = "active_faults";
@@ -427,6 +432,9 @@ fn gpu_checks(
     };
     out.push(check(checks::RECOVERY_ACTION, idx, ok, msg));
 
+    let (ok, msg) = fabric_check(s.fabric.as_ref());
+    out.push(check(checks::FABRIC, idx, ok, msg));
+
     let isolating = isolating(&g.active_faults);
     if isolating.is_empty() {
         out.push(check(checks::FAULTS, idx, true, "no active fault".into()));
@@ -437,6 +445,68 @@ fn gpu_checks(
             false,
             format!("active: {}", isolating.join(", ")),
         ));
+    }
+}
+
+/// The fabric check: no fabric on the board passes; a registration must be
+/// completed with success and a health mask that reports no problem. A
+/// pending registration fails (the startup gate validates again, and
+/// `gpuwatch validate` waits up to `fabric_wait_secs` for it first).
+fn fabric_check(f: Option<&GpuFabric>) -> (bool, String) {
+    let Some(f) = f else {
+        return (
+            true,
+            "fabric state not reported (driver without GPU fabric info)".into(),
+        );
+    };
+    let clique = |f: &GpuFabric| {
+        if f.cluster_uuid.is_empty() {
+            format!("clique {}", f.clique_id)
+        } else {
+            format!("clique {}, cluster {}", f.clique_id, f.cluster_uuid)
+        }
+    };
+    if f.state == fabric::NOT_SUPPORTED {
+        return (true, "no NVLink fabric on this GPU".into());
+    }
+    if fabric::is_pending(f) {
+        return (
+            false,
+            format!(
+                "fabric registration {} — is nvidia-fabricmanager running?",
+                if f.state == fabric::NOT_STARTED {
+                    "not started"
+                } else {
+                    "in progress"
+                }
+            ),
+        );
+    }
+    match fabric::problem(f) {
+        None if f.state == fabric::COMPLETED => (
+            true,
+            format!("registered with the NVLink fabric ({})", clique(f)),
+        ),
+        None => (false, format!("unknown fabric state {:?}", f.state)),
+        Some(fabric::Problem::RegistrationFailed) => (
+            false,
+            format!(
+                "fabric registration failed: {}",
+                fabric::status_words(&f.status)
+            ),
+        ),
+        Some(p) => {
+            let notes = f.health_mask.map(fabric::health_notes).unwrap_or_default();
+            (
+                false,
+                format!(
+                    "fabric {}: {} ({})",
+                    p.name().replace('_', " "),
+                    notes.join(", "),
+                    clique(f)
+                ),
+            )
+        }
     }
 }
 
@@ -726,6 +796,61 @@ mod tests {
         s.ecc_volatile_uncorrected = None;
         s.set_recovery_action(RecoveryAction::Unspecified);
         assert!(validate(&h, Some(1), &cfg()).passed);
+    }
+
+    #[test]
+    fn fabric_registration_is_checked_per_gpu() {
+        let with = |state: &str, status: &str, mask: Option<u32>| {
+            let mut h = health(2);
+            let s = h.gpus[0].sample.as_mut().unwrap();
+            s.fabric = Some(GpuFabric {
+                state: state.into(),
+                status: status.into(),
+                clique_id: 2,
+                cluster_uuid: String::new(),
+                health_mask: mask,
+            });
+            let r = validate(&h, Some(2), &cfg());
+            let c = r
+                .checks
+                .iter()
+                .find(|c| c.name == checks::FABRIC && c.gpu_index == Some(0))
+                .cloned()
+                .expect("a fabric check for GPU 0");
+            (r.passed, c)
+        };
+        let (passed, c) = with("in_progress", "", None);
+        assert!(!passed && !c.passed);
+        assert_eq!(
+            c.message,
+            "fabric registration in progress — is nvidia-fabricmanager running?"
+        );
+        let (passed, c) = with("not_started", "", None);
+        assert!(!passed && c.message.starts_with("fabric registration not started"));
+        let (passed, c) = with("completed", "insufficient_resources", None);
+        assert!(!passed);
+        assert!(
+            c.message
+                .starts_with("fabric registration failed: insufficient resources"),
+            "{}",
+            c.message
+        );
+        let (passed, c) = with("completed", "success", Some(0x1A9));
+        assert!(!passed);
+        assert_eq!(
+            c.message,
+            "fabric degraded bandwidth: degraded bandwidth (clique 2)"
+        );
+        let (passed, c) = with("completed", "success", Some(0x1AA));
+        assert!(passed && c.passed, "{c:?}");
+        assert_eq!(c.message, "registered with the NVLink fabric (clique 2)");
+        let (passed, c) = with("not_supported", "", None);
+        assert!(passed && c.passed);
+        // GPU 1 reported nothing (an older driver): passes, and says so.
+        let r = validate(&health(2), Some(2), &cfg());
+        assert!(r.checks.iter().any(|c| c.name == checks::FABRIC
+            && c.passed
+            && c.message.starts_with("fabric state not reported")));
     }
 
     #[test]

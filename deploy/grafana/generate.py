@@ -228,6 +228,13 @@ def fleet():
         "1 when gpuwatch's kmsg / NVML input works on the node; 0 makes the verdict unknown.",
         [(f'min by ({"${node_label}"}, input) (gpuwatch_monitor_up{{{NODE}}})', "{{${node_label}}} {{input}}")],
         w=12, h=8, mappings=value_map([(1, "up", "green"), (0, "down", "gray")])))
+    P.append(panel(lay, "timeseries", "GPUs off the NVLink fabric, by clique",
+        "GPUs whose NVLink fabric registration is not started or in progress (NVSwitch systems; "
+        "CUDA fails on them), counted per fabric clique: many GPUs of one clique at once point at "
+        "the rack's fabric or its NVSwitches rather than at one node. A failed registration or an "
+        "unhealthy route is a `fabric` fault (Faults by kind). No data: no GPU is off its fabric.",
+        [(f'count by (gpu_fabric_clique_id) (gpu_fabric_state{{{NODE}}} > 0 < 3)', "clique {{gpu_fabric_clique_id}}")],
+        w=12, h=8))
     return dashboard("gpuwatch-fleet", "gpuwatch / Fleet overview",
         "GPU node health across the fleet as gpuwatch sees it.", P, with_gpu=False)
 

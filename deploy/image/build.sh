@@ -160,6 +160,7 @@ podman run -d --name "$container" "${secure[@]}" "${nvml[@]}" \
   --device /dev/kmsg:/dev/kmsg:r \
   -v "$work/state:/var/lib/gpuwatch:rw" \
   -v "$work/config:/etc/gpuwatch:ro" \
+  -v /proc:/host/proc:ro \
   "$image" run --config /etc/gpuwatch/gpuwatch.toml >/dev/null
 pid="$(podman inspect --format '{{.State.Pid}}' "$container")"
 # curl from the host inside the container's network namespace: the image has no shell.

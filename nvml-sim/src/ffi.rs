@@ -886,6 +886,88 @@ pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
     })
 }
 
+/// `NVML_STRUCT_VERSION(GpuFabricInfo, 2)`: the struct's size with the
+/// version in the top byte, as nvml.h builds it.
+const FABRIC_INFO_V2: c_uint =
+    std::mem::size_of::<sys::nvmlGpuFabricInfo_v2_t>() as c_uint | (2 << 24);
+/// `NVML_STRUCT_VERSION(GpuFabricInfo, 3)` (adds `healthSummary`).
+const FABRIC_INFO_V3: c_uint =
+    std::mem::size_of::<sys::nvmlGpuFabricInfo_v3_t>() as c_uint | (3 << 24);
+/// `NVML_ERROR_ARGUMENT_VERSION_MISMATCH`: a versioned struct of a version
+/// the library does not know.
+const VERSION_MISMATCH: Ret = sys::nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+
+/// The GPU's fabric registration, the first NVML call for it (no health mask).
+///
+/// # Safety
+/// `info` must be null or valid for a write of `nvmlGpuFabricInfo_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfo(
+    device: sys::nvmlDevice_t,
+    info: *mut sys::nvmlGpuFabricInfo_t,
+) -> Ret {
+    ffi("nvmlDeviceGetGpuFabricInfo", || {
+        non_null(info)?;
+        let f = read(device, "fabric", |s| s.fabric.clone())?;
+        let v = sys::nvmlGpuFabricInfo_t {
+            clusterUuid: f.cluster_uuid_bytes(),
+            status: f.status_code(),
+            cliqueId: f.clique_id,
+            state: f.state_value(),
+        };
+        // SAFETY: forwarded caller contract.
+        unsafe { put(info, v) }
+    })
+}
+
+/// The GPU's fabric registration with its health (`nvmlGpuFabricInfo_v2_t`
+/// or `_v3_t`, by the `version` the caller set; any other version is
+/// `ARGUMENT_VERSION_MISMATCH`, as NVML answers it).
+///
+/// # Safety
+/// `info` must be null or point to a struct of the version in its `version`
+/// field, valid for reads and writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfoV(
+    device: sys::nvmlDevice_t,
+    info: *mut sys::nvmlGpuFabricInfoV_t,
+) -> Ret {
+    ffi("nvmlDeviceGetGpuFabricInfoV", || {
+        non_null(info)?;
+        // SAFETY: non-null; `version` is the first field of every version.
+        let version = unsafe { std::ptr::addr_of!((*info).version).read() };
+        if version != FABRIC_INFO_V2 && version != FABRIC_INFO_V3 {
+            return Err(VERSION_MISMATCH);
+        }
+        let f = read(device, "fabric", |s| s.fabric.clone())?;
+        let v2 = sys::nvmlGpuFabricInfo_v2_t {
+            version,
+            clusterUuid: f.cluster_uuid_bytes(),
+            status: f.status_code(),
+            cliqueId: f.clique_id,
+            state: f.state_value(),
+            healthMask: f.health_mask,
+        };
+        if version == FABRIC_INFO_V3 {
+            let v3 = sys::nvmlGpuFabricInfo_v3_t {
+                version,
+                clusterUuid: v2.clusterUuid,
+                status: v2.status,
+                cliqueId: v2.cliqueId,
+                state: v2.state,
+                healthMask: v2.healthMask,
+                healthSummary: f.health_summary,
+            };
+            // SAFETY: the caller's struct is v3 (its version says so).
+            unsafe { put(info, v3) }
+        } else {
+            // SAFETY: the caller's struct is v2: only its fields are written
+            // (v2 is v3's prefix).
+            unsafe { put(info.cast::<sys::nvmlGpuFabricInfo_v2_t>(), v2) }
+        }
+    })
+}
+
 /// Field ids the simulator answers (from nvml.h).
 const FI_PCIE_REPLAY_COUNTER: c_uint = sys::field_id::NVML_FI_DEV_PCIE_REPLAY_COUNTER;
 const FI_REMAPPED_COR: c_uint = sys::field_id::NVML_FI_DEV_REMAPPED_COR;

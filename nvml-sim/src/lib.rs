@@ -5,7 +5,8 @@
 //! simulated GPUs with identities and readings, plus injections timed in
 //! milliseconds after the first `nvmlInit` call (XID / ECC / clock events, counters
 //! rising, row remap pending or failed, PCIe downtraining, thermal slowdown,
-//! NVLink down, lost or removed GPUs, recovery action, init failures, recoveries)
+//! NVLink down, NVLink fabric registration and health, lost or removed GPUs,
+//! recovery action, init failures, recoveries)
 //! and calls that hang (block inside the library for a while, or forever).
 //!
 //! The scenario is read on the first init call from the side file
@@ -49,8 +50,8 @@ mod sim;
 
 pub use ffi::{SCENARIO_ENV, SIDE_FILE_SUFFIX};
 pub use scenario::{
-    CALLS, DriverSpec, ERROR_NAMES, GpuSpec, GpuState, HangSpec, Injection, READINGS, Scenario,
-    ScenarioError, error_code, nvml_bus_id,
+    CALLS, DriverSpec, ERROR_NAMES, FABRIC_STATES, FabricState, GpuSpec, GpuState, HangSpec,
+    Injection, READINGS, Scenario, ScenarioError, error_code, nvml_bus_id,
 };
 pub use sim::{
     EVENT_CLOCK, EVENT_DBE, EVENT_SBE, EVENT_XID, Event, Hang, Ret, SUPPORTED_EVENTS, Sim,

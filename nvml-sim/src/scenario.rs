@@ -53,6 +53,7 @@ pub const READINGS: &[&str] = &[
     "nvlink",                // nvmlDeviceGetNvLinkState, ...ErrorCounter
     "recovery_action",       // field 230 NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
     "persistence_mode",      // nvmlDeviceGetPersistenceMode
+    "fabric",                // nvmlDeviceGetGpuFabricInfo{,V}
     "events",                // nvmlDeviceGetSupportedEventTypes, RegisterEvents
 ];
 
@@ -91,6 +92,8 @@ pub const CALLS: &[&str] = &[
     "nvmlDeviceGetNvLinkState",
     "nvmlDeviceGetNvLinkErrorCounter",
     "nvmlDeviceGetPersistenceMode",
+    "nvmlDeviceGetGpuFabricInfo",
+    "nvmlDeviceGetGpuFabricInfoV",
     "nvmlDeviceGetFieldValues",
     "nvmlDeviceGetSupportedEventTypes",
     "nvmlEventSetCreate",
@@ -116,7 +119,12 @@ pub const ERROR_NAMES: &[(&str, u32)] = &[
     ("reset_required", 16),
     ("operating_system", 17),
     ("lib_rm_version_mismatch", 18),
+    ("in_use", 19),
     ("memory", 20),
+    ("no_data", 21),
+    ("insufficient_resources", 23),
+    ("not_ready", 27),
+    ("invalid_state", 29),
     ("unknown", 999),
 ];
 
@@ -275,10 +283,113 @@ state_fields! {
     /// What `nvmlDeviceGetPersistenceMode` answers (enabled by default, as
     /// on a GPU node).
     persistence_mode: bool = true,
+    /// NVLink fabric registration (`nvmlDeviceGetGpuFabricInfo{,V}`); the
+    /// `[gpu.fabric]` / `[inject.fabric]` table. An injection's table replaces
+    /// the GPU's whole fabric state (fields it leaves out take their defaults).
+    fabric: FabricState = FabricState::default(),
     /// Readings that return `NVML_ERROR_NOT_SUPPORTED` (names in [`READINGS`]).
     not_supported: Vec<String> = Vec::new(),
     /// Readings that return `NVML_ERROR_UNKNOWN` (names in [`READINGS`]).
     failing: Vec<String> = Vec::new(),
+}
+
+/// The fabric states, by NVML value (`NVML_GPU_FABRIC_STATE_*`).
+pub const FABRIC_STATES: [&str; 4] = ["not_supported", "not_started", "in_progress", "completed"];
+
+/// A GPU's NVLink fabric registration as NVML reports it
+/// (`nvmlGpuFabricInfo_v3_t`). The default is a GPU without a fabric
+/// (`not_supported`), as a PCIe board or a board without NVSwitches reports.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FabricState {
+    /// `not_supported` | `not_started` | `in_progress` | `completed`.
+    pub state: String,
+    /// The registration's result: `success`, or an NVML error name of
+    /// [`ERROR_NAMES`] (what the fabric manager answered).
+    pub status: String,
+    /// The fabric clique (NVLink partition) id.
+    pub clique_id: u32,
+    /// The cluster UUID (`xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`); empty: all zero.
+    pub cluster_uuid: String,
+    /// `healthMask` (`NVML_GPU_FABRIC_HEALTH_MASK_*`: per field 0 not
+    /// supported, 1 true, 2 false; degraded bandwidth at bit 0, route
+    /// recovery at 2, route unhealthy at 4, access timeout recovery at 6,
+    /// incorrect configuration at 8).
+    pub health_mask: u32,
+    /// `healthSummary` of the v3 struct (0 not supported, 1 healthy,
+    /// 2 unhealthy, 3 limited capacity).
+    pub health_summary: u8,
+}
+
+impl Default for FabricState {
+    fn default() -> FabricState {
+        FabricState {
+            state: "not_supported".into(),
+            status: "success".into(),
+            clique_id: 0,
+            cluster_uuid: String::new(),
+            health_mask: 0,
+            health_summary: 0,
+        }
+    }
+}
+
+impl FabricState {
+    /// The NVML state value (`nvmlGpuFabricState_t`).
+    pub fn state_value(&self) -> u8 {
+        FABRIC_STATES
+            .iter()
+            .position(|s| *s == self.state)
+            .and_then(|i| u8::try_from(i).ok())
+            .unwrap_or(0)
+    }
+
+    /// The NVML return code of `status`.
+    pub fn status_code(&self) -> u32 {
+        if self.status == "success" {
+            0
+        } else {
+            error_code(&self.status).unwrap_or(999)
+        }
+    }
+
+    /// The cluster UUID's 16 bytes (all zero when empty).
+    pub fn cluster_uuid_bytes(&self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        let hex: String = self.cluster_uuid.chars().filter(|c| *c != '-').collect();
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = hex
+                .get(2 * i..2 * i + 2)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .unwrap_or(0);
+        }
+        out
+    }
+
+    fn problems(&self, key: &str, p: &mut Vec<String>) {
+        if !FABRIC_STATES.contains(&self.state.as_str()) {
+            p.push(format!(
+                "{key}.fabric.state: expected one of {}, got {:?}",
+                FABRIC_STATES.join(", "),
+                self.state
+            ));
+        }
+        if self.status != "success" && error_code(&self.status).is_none() {
+            p.push(format!(
+                "{key}.fabric.status: expected \"success\" or an NVML error name, got {:?}",
+                self.status
+            ));
+        }
+        if !self.cluster_uuid.is_empty() && !valid_uuid(&format!("GPU-{}", self.cluster_uuid)) {
+            p.push(format!(
+                "{key}.fabric.cluster_uuid: expected xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, got {:?}",
+                self.cluster_uuid
+            ));
+        }
+        if self.health_summary > 3 {
+            p.push(format!("{key}.fabric.health_summary: expected 0 to 3"));
+        }
+    }
 }
 
 fn default_name() -> String {
@@ -536,6 +647,7 @@ fn check_state(key: &str, s: &GpuState, p: &mut Vec<String>) {
     if s.nvlink_count > 64 {
         p.push(format!("{key}.nvlink_count: at most 64 links"));
     }
+    s.fabric.problems(key, p);
 }
 
 fn valid_uuid(u: &str) -> bool {
@@ -597,6 +709,62 @@ mod tests {
         assert_eq!(st.pcie_link_width, 16);
         assert_eq!(st.nvlink_count, 18);
         assert!(!st.lost);
+    }
+
+    #[test]
+    fn fabric_tables_and_their_injection() {
+        let text = format!(
+            "{MINIMAL}
+            [gpu.fabric]
+            state = \"completed\"
+            clique_id = 7
+            cluster_uuid = \"6e1c7a52-3b1d-4f0e-9a55-2f8a3c9e0d11\"
+            health_mask = 0x1A6
+
+            [[inject]]
+            at_ms = 100
+            gpu = 0
+            [inject.fabric]
+            state = \"in_progress\"
+            "
+        );
+        let s = Scenario::parse(&text, "<test>").unwrap();
+        let mut st = s.gpu[0].initial_state();
+        assert_eq!(st.fabric.state_value(), 3);
+        assert_eq!(st.fabric.clique_id, 7);
+        assert_eq!(st.fabric.health_mask, 0x1A6);
+        let uuid = st.fabric.cluster_uuid_bytes();
+        assert_eq!(&uuid[..3], &[0x6e, 0x1c, 0x7a]);
+        assert_eq!(uuid[15], 0x11);
+        s.inject[0].apply(&mut st);
+        assert_eq!(st.fabric.state_value(), 2);
+        assert_eq!(st.fabric.status_code(), 0);
+        assert_eq!(
+            st.fabric.clique_id, 0,
+            "an injection replaces the whole table"
+        );
+        assert_eq!(
+            GpuState::default().fabric.state_value(),
+            0,
+            "no fabric by default"
+        );
+
+        let bad = format!(
+            "{MINIMAL}
+            [gpu.fabric]
+            state = \"registered\"
+            status = \"broken\"
+            cluster_uuid = \"nope\"
+            "
+        );
+        let Err(ScenarioError::Invalid { problems, .. }) = Scenario::parse(&bad, "<test>") else {
+            panic!("accepted");
+        };
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(
+            problems[0].starts_with("gpu[0].fabric.state:"),
+            "{problems:?}"
+        );
     }
 
     #[test]

@@ -26,13 +26,14 @@ mod generated {
     include!("gen/gpuwatch.v1.rs");
 }
 
+pub mod fabric;
 pub mod json;
 mod names;
 mod view;
 
 pub use generated::{
-    Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, GpuSample, MonitorStatus, NodeHealth,
-    NvLinkSample, QuarantineStatus, RecoveryAction, Severity, Source, ValidationCheck,
+    Action, ActiveFault, FaultEvent, FaultKind, GpuFabric, GpuHealth, GpuSample, MonitorStatus,
+    NodeHealth, NvLinkSample, QuarantineStatus, RecoveryAction, Severity, Source, ValidationCheck,
     ValidationReport, Verdict,
 };
 pub use names::ShortName;
@@ -138,6 +139,7 @@ pub fn kind_reason(kind: FaultKind, code: u32) -> String {
         FaultKind::PcieLink => "PCIeLinkDegraded".into(),
         FaultKind::Validation => "ValidationFailed".into(),
         FaultKind::Peermem => "PeerMemError".into(),
+        FaultKind::Fabric => "GPUFabric".into(),
         FaultKind::Unspecified => "GPUFault".into(),
     }
 }

@@ -66,6 +66,7 @@ short_names!(FaultKind {
     PcieLink => "pcie_link",
     Validation => "validation",
     Peermem => "peermem",
+    Fabric => "fabric",
 });
 
 short_names!(Action {

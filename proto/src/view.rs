@@ -173,6 +173,11 @@ impl<'a> FaultEventRef<'a> {
                     _ => kind_reason(FaultKind::RowRemap, self.code),
                 }
             }
+            FaultKind::Fabric => crate::fabric::Problem::from_name(attr("fabric_problem"))
+                .map_or_else(
+                    || kind_reason(FaultKind::Fabric, self.code),
+                    |p| p.reason().into(),
+                ),
             k => kind_reason(k, self.code),
         }
     }

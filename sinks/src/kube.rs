@@ -25,7 +25,7 @@
 //!     same on a `False` readiness condition; the message names the fault, GPU index,
 //!     UUID, PCI address, code, occurrences and boot), `False`/`NoGPUProblem`,
 //!     `Unknown`/`MonitorUnavailable`.
-//!   - Flapping is bounded ([`flap`]): after `condition_flap_limit` clears within
+//!   - Flapping is bounded (module `flap`): after `condition_flap_limit` clears within
 //!     `condition_flap_window_secs` (default 3 per hour) a further clear is held —
 //!     the condition and the fault taint stay — until the fault has stayed away a
 //!     whole window; every status change is counted

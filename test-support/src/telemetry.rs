@@ -531,6 +531,13 @@ pub fn full_sample(index: u32, temperature: u32) -> GpuSample {
             .collect(),
         recovery_action: RecoveryAction::GpuReset as i32,
         persistence_mode: Some(true),
+        fabric: Some(gpuwatch_proto::GpuFabric {
+            state: "completed".into(),
+            status: "success".into(),
+            clique_id: 1,
+            cluster_uuid: "6e1c7a52-3b1d-4f0e-9a55-2f8a3c9e0d11".into(),
+            health_mask: Some(0x1AA),
+        }),
     }
 }
 

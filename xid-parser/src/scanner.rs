@@ -1181,6 +1181,12 @@ fn xid_line_attrs<'a>(
     if let Some(c) = x.channel {
         add(("channel", c));
     }
+    if let Some(gi) = x.gpu_instance {
+        add(("gpu_instance", gi));
+    }
+    if let Some(ci) = x.compute_instance {
+        add(("compute_instance", ci));
+    }
     match x.code {
         144..=150 => {
             if let Some(v) = parse_nvlink5(x.detail) {

@@ -8,7 +8,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use gpuwatch_core::engine::Engine;
 use gpuwatch_core::msg::{Input, MonitorInput};
 use gpuwatch_core::{Registry, Shutdown};
-use gpuwatch_proto::NodeHealth;
+use gpuwatch_proto::{NodeHealth, fabric};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -38,11 +38,14 @@ impl Prepared {
     /// state read, never written) fed with one NVML poll and one pass of the
     /// kmsg source over the kernel-log ring of this boot (read until
     /// `EAGAIN`, or the end of a `--kmsg-path` file). When the ring cannot
-    /// be read to its end within 10 s the `kmsg` check is incomplete.
+    /// be read to its end within 10 s the `kmsg` check is incomplete. While a
+    /// GPU's NVLink fabric registration is pending, NVML is polled again for
+    /// up to `[engine] fabric_wait_secs`.
     pub fn check_once(&self) -> Result<NodeHealth, CheckError> {
         let registry = Registry::new();
         let mut engine = self.read_only_engine(&registry);
-        feed_nvml_poll(&mut engine, &self.config().nvml);
+        let fabric_wait = Duration::from_secs(self.config().engine.fabric_wait_secs);
+        feed_nvml_poll(&mut engine, &self.config().nvml, fabric_wait);
         let pass = self.read_kmsg_ring(&mut engine, &registry)?;
         Ok(pass.finish(engine, self))
     }
@@ -75,9 +78,24 @@ impl Prepared {
 }
 
 /// One NVML poll into the engine; NVML down is reported as an incomplete
-/// validation (never a pass).
-fn feed_nvml_poll(engine: &mut Engine, cfg: &crate::nvml::NvmlConfig) {
-    match crate::nvml::poll_once(cfg) {
+/// validation (never a pass). While some GPU's NVLink fabric registration is
+/// pending (the fabric manager is starting), NVML is polled again every
+/// second for up to `fabric_wait`, and the last poll is judged.
+fn feed_nvml_poll(engine: &mut Engine, cfg: &crate::nvml::NvmlConfig, fabric_wait: Duration) {
+    let told = std::sync::atomic::AtomicBool::new(false);
+    let polled = crate::nvml::poll_while(cfg, fabric_wait, move |samples| {
+        let pending = samples
+            .iter()
+            .any(|s| s.fabric.as_ref().is_some_and(fabric::is_pending));
+        if pending && !told.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                wait_secs = fabric_wait.as_secs(),
+                "GPU NVLink fabric registration in progress; waiting for it (is nvidia-fabricmanager running?)."
+            );
+        }
+        pending
+    });
+    match polled {
         Ok(samples) => {
             engine.handle(Input::MonitorStatus {
                 input: MonitorInput::Nvml,

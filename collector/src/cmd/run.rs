@@ -44,6 +44,10 @@ pub(crate) struct Args {
     /// Let user-facility kernel log records raise faults (`kmsg.accept_user_facility`).
     #[arg(long)]
     pub(crate) accept_user_facility: bool,
+    /// The host's /proc, where a faulting pid is attributed to its pod
+    /// (`kmsg.proc_root`, default /proc).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) proc_root: Option<PathBuf>,
     /// Use the nvml-sim library with this scenario file (`nvml.sim_scenario`).
     #[arg(long, value_name = "SCENARIO", conflicts_with = "no_nvml")]
     pub(crate) nvml_sim: Option<PathBuf>,
@@ -110,6 +114,9 @@ impl Args {
         }
         if self.accept_user_facility {
             cfg.kmsg.accept_user_facility = true;
+        }
+        if let Some(p) = &self.proc_root {
+            cfg.kmsg.proc_root.clone_from(p);
         }
         if let Some(s) = &self.nvml_sim {
             cfg.nvml.enabled = true;

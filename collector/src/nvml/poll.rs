@@ -210,6 +210,7 @@ fn sample(dev: &Device<'_>, id: &mut Identity, c: &Calls<'_>) -> Result<GpuSampl
     })?;
     fields(dev, &mut s, c)?;
     s.nvlinks = nvlinks(dev, c)?;
+    s.fabric = reading(c, super::fabric::CALL, || super::fabric::read(dev))?;
     Ok(s)
 }
 

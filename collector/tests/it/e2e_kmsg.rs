@@ -550,3 +550,111 @@ fn kill_9_at_random_moments_neither_loses_nor_double_counts() {
         );
     }
 }
+
+/// A line naming a pid is attributed from `<proc_root>/<pid>/cgroup` when it
+/// is read from the real `/dev/kmsg`: a live process outside any pod (this
+/// suite's `sleep`) is said to be so, with its cgroup; a pid whose process
+/// is gone says that; and under a proc root whose cgroup file is kubelet's
+/// (systemd driver, containerd) the event carries the pod UID and container id.
+#[test]
+fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
+    let k = DevKmsg::acquire();
+    let marker = common::marker("pidpod");
+    let dom = pci_domain(&marker);
+    let mut sleeper = Command::new("sleep").arg("60").spawn().unwrap();
+    let live = sleeper.id();
+    let mut done = Command::new("true").spawn().unwrap();
+    let gone = done.id();
+    done.wait().unwrap();
+    let own_cgroup = std::fs::read_to_string(format!("/proc/{live}/cgroup")).unwrap();
+    let own_cgroup = own_cgroup
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .or_else(|| {
+            own_cgroup
+                .lines()
+                .next()
+                .and_then(|l| l.splitn(3, ':').nth(2))
+        })
+        .unwrap()
+        .trim()
+        .to_owned();
+    // A proc root where the sleeper is in a pod: its real stat (start time),
+    // and the cgroup file kubelet's systemd driver gives a containerd container.
+    let fake = tempfile::tempdir().unwrap();
+    let dir = fake.path().join(live.to_string());
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::copy(format!("/proc/{live}/stat"), dir.join("stat")).unwrap();
+    let uid = "1f2e3d4c-5b6a-4789-8abc-def012345678";
+    let cid = "4f1c0e8b6a2d9c7e5b3a1f0e9d8c7b6a5f4e3d2c1b0a99887766554433221100";
+    std::fs::write(
+        dir.join("cgroup"),
+        format!(
+            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{cid}.scope\n",
+            uid.replace('-', "_")
+        ),
+    )
+    .unwrap();
+    // One GPU each: repeats of one fault on one GPU are coalesced.
+    let line = |pid: u32, tag: &str, bus: u8| {
+        format!(
+            "NVRM: Xid (PCI:{dom:04x}:{bus:02x}:00): 13, pid={pid}, name={marker}-{tag}, Graphics Exception"
+        )
+    };
+
+    let state = tempfile::tempdir().unwrap();
+    let agent = Agent::start(state.path(), &["--accept-user-facility"]);
+    k.write(&line(live, "live", 0x3b));
+    k.write(&line(gone, "gone", 0x3c));
+    assert!(
+        agent.wait_events(&marker, 2, T),
+        "{:#?}",
+        agent.stderr.get()
+    );
+    let by_tag = |tag: &str| by_tag_in(&agent, &marker, tag);
+    let ev = by_tag("live");
+    assert_eq!(ev["attributes"]["pod_attribution"], "not_in_pod", "{ev}");
+    assert_eq!(ev["attributes"]["process.cgroup"], own_cgroup.as_str());
+    assert!(ev["attributes"].get("k8s.pod.uid").is_none());
+    let ev = by_tag("gone");
+    // `pid_reused` only if the system handed the pid out again in between.
+    assert!(
+        matches!(
+            ev["attributes"]["pod_attribution"].as_str(),
+            Some("process_exited" | "pid_reused")
+        ),
+        "{ev}"
+    );
+    agent.stop();
+
+    let state = tempfile::tempdir().unwrap();
+    let proc_root = fake.path().to_str().unwrap();
+    let agent = Agent::start(
+        state.path(),
+        &["--accept-user-facility", "--proc-root", proc_root],
+    );
+    k.write(&line(live, "pod", 0x3d));
+    assert!(
+        wait_until(T, || agent
+            .events(&marker)
+            .iter()
+            .any(|e| e["process"].as_str().is_some_and(|p| p.ends_with("pod")))),
+        "{:#?}",
+        agent.stderr.get()
+    );
+    let ev = by_tag_in(&agent, &marker, "pod");
+    assert_eq!(ev["attributes"]["k8s.pod.uid"], uid, "{ev}");
+    assert_eq!(ev["attributes"]["container.id"], cid);
+    agent.stop();
+    sleeper.kill().ok();
+    sleeper.wait().ok();
+    drop(k);
+}
+
+fn by_tag_in(agent: &Agent, marker: &str, tag: &str) -> serde_json::Value {
+    agent
+        .events(marker)
+        .into_iter()
+        .find(|e| e["process"].as_str().is_some_and(|p| p.ends_with(tag)))
+        .unwrap_or_else(|| panic!("no event for {tag}"))
+}

@@ -17,6 +17,7 @@ mod nvml_sim;
 mod otlp_e2e;
 mod scan_cli;
 mod storm;
+mod validate_fabric;
 mod validate_state;
 
 use gpuwatch_test_support::engine as engine_support;

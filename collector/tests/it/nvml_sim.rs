@@ -1077,3 +1077,55 @@ fn sigterm_with_the_default_deadline_and_stuck_calls_exits_within_ten_seconds() 
     );
     println!("SIGTERM with stuck NVML calls, default deadline: exited in {took:?}");
 }
+
+/// `hgx-fabric-manager-restart.toml`: GPU 0 is registered with the NVLink
+/// fabric, leaves it at 1.5 s (pending again: the fabric manager restarted)
+/// and is registered again at 5 s. The poller reads the registration through
+/// `nvmlDeviceGetGpuFabricInfoV`; the engine raises a reboot-class fabric
+/// fault while it is pending and clears it once it is back.
+#[test]
+fn a_gpu_leaving_the_fabric_is_a_fault_until_it_is_registered_again() {
+    let mut h = Harness::with_engine(&config("hgx-fabric-manager-restart.toml"));
+    let registered = h.wait_for("a registered sample", |seen| {
+        sample_where(seen, 0, |g| {
+            g.fabric.as_ref().is_some_and(|f| f.state == "completed")
+        })
+    });
+    let f = registered.fabric.unwrap();
+    assert_eq!(f.status, "success");
+    assert_eq!(f.clique_id, 1);
+    assert_eq!(f.cluster_uuid, "6e1c7a52-3b1d-4f0e-9a55-2f8a3c9e0d11");
+    assert_eq!(f.health_mask, Some(0x1AA), "read through the v3 struct");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut raised = false;
+    while Instant::now() < deadline {
+        if let Ok(input) = h.rx.recv_timeout(Duration::from_millis(100)) {
+            h.receive(input);
+        }
+        let rig = h.engine.as_mut().unwrap();
+        rig.advance(1);
+        let faults = rig.gpu_faults("0000:18:00.0");
+        if !raised && faults == ["GPUFabricNotRegistered"] {
+            raised = true;
+            assert!(h.verdicts().contains(&(Some(0), Verdict::Unhealthy)));
+        } else if raised && faults.is_empty() {
+            break;
+        }
+    }
+    assert!(raised, "no fabric fault: {:#?}", summary(&h.seen));
+    let rig = h.engine.as_ref().unwrap();
+    assert!(
+        rig.gpu_faults("0000:18:00.0").is_empty(),
+        "the fault did not clear once the GPU was registered again"
+    );
+    let ev = h
+        .faults()
+        .into_iter()
+        .find(|e| e.kind() == FaultKind::Fabric);
+    assert!(
+        ev.is_none(),
+        "fabric faults come from the engine, not the source"
+    );
+    assert!(h.verdicts().iter().all(|(_, v)| *v == Verdict::Healthy));
+    h.stop();
+}

@@ -1,7 +1,9 @@
 //! NVML level conditions: faults that are present while NVML shows them
 //! (row remap pending, PCIe link degraded, thermal slowdown, ...) and are
 //! marked gone, sample by sample, once it no longer does; they clear by the
-//! recovery rules (`condition_clear_samples`).
+//! recovery rules (`condition_clear_samples`). The NVLink fabric condition
+//! (the GPU not registered, its registration failed, its health mask
+//! degraded) is one of them.
 //!
 //! [`LEVEL_CONDITIONS`] lists the conditions a sample is checked for, and
 //! [`Engine::observe_conditions`] reads it for every sample; a GPU missing
@@ -11,6 +13,7 @@
 use super::Engine;
 use super::derive::SampleDiff;
 use super::model::FaultKey;
+use gpuwatch_proto::fabric::{self, Problem};
 use gpuwatch_proto::{FaultEvent, FaultKind, GpuSample, ShortName, Source};
 
 /// `nvmlClocksEventReasonSwThermalSlowdown`.
@@ -44,7 +47,7 @@ pub(super) struct LevelCondition {
 }
 
 /// The level conditions, in the order their events are published.
-pub(super) const LEVEL_CONDITIONS: [LevelCondition; 7] = [
+pub(super) const LEVEL_CONDITIONS: [LevelCondition; 8] = [
     LevelCondition {
         kind: FaultKind::PageRetirement,
         variant: Some("true"),
@@ -86,6 +89,12 @@ pub(super) const LEVEL_CONDITIONS: [LevelCondition; 7] = [
         variant: None,
         present: |_, d| d.recovery_pending,
         event: recovery_action,
+    },
+    LevelCondition {
+        kind: FaultKind::Fabric,
+        variant: None,
+        present: |_, d| d.fabric.is_some(),
+        event: fabric_problem,
     },
 ];
 
@@ -186,6 +195,50 @@ fn recovery_action(s: &GpuSample, _: &SampleDiff) -> FaultEvent {
         format!("NVML reports GPU recovery action {ra}."),
         &[("recovery_action", ra.to_string())],
     )
+}
+
+fn fabric_problem(s: &GpuSample, d: &SampleDiff) -> FaultEvent {
+    let problem = d.fabric.unwrap_or(Problem::NotRegistered);
+    let f = s.fabric.clone().unwrap_or_default();
+    let mut notes = f.health_mask.map(fabric::health_notes).unwrap_or_default();
+    let message = match problem {
+        Problem::RegistrationFailed => format!(
+            "NVLink fabric registration failed: {}.",
+            fabric::status_words(&f.status)
+        ),
+        Problem::NotRegistered => format!(
+            "The GPU is not registered with the NVLink fabric (state {}): is nvidia-fabricmanager running?",
+            f.state.replace('_', " ")
+        ),
+        _ => {
+            if notes.is_empty() {
+                notes.push("unhealthy");
+            }
+            format!("NVLink fabric health: {}.", notes.join(", "))
+        }
+    };
+    let mut attrs = vec![
+        ("fabric_problem", problem.name().to_string()),
+        ("fabric_state", f.state.clone()),
+        ("fabric_clique_id", f.clique_id.to_string()),
+    ];
+    if !f.status.is_empty() {
+        attrs.push(("fabric_status", f.status.clone()));
+    }
+    if !f.cluster_uuid.is_empty() {
+        attrs.push(("fabric_cluster_uuid", f.cluster_uuid.clone()));
+    }
+    if let Some(m) = f.health_mask {
+        attrs.push(("fabric_health_mask", format!("{m:#x}")));
+    }
+    let name = match problem {
+        Problem::RegistrationFailed => "GPU fabric registration failed",
+        Problem::NotRegistered => "GPU not registered with the NVLink fabric",
+        Problem::RouteUnhealthy => "GPU fabric route unhealthy",
+        Problem::DegradedBandwidth => "GPU fabric bandwidth degraded",
+        Problem::IncorrectConfiguration => "GPU fabric misconfigured",
+    };
+    derived(s, FaultKind::Fabric, name, message, &attrs)
 }
 
 /// A fault event derived from one GPU's sample.

@@ -38,6 +38,12 @@ pub struct EngineConfig {
     /// are published with the GPU's index and UUID. Released at once when NVML
     /// reports itself unavailable or disabled. 0 disables the wait.
     pub nvml_join_grace_secs: u64,
+    /// How long a GPU's NVLink fabric registration may stay pending (not
+    /// started, in progress) before it is a fault: the fabric manager
+    /// registers the GPUs a while after it starts at boot. A GPU that was
+    /// registered in this boot and is pending again is a fault at once.
+    /// `gpuwatch validate` waits up to this long for a pending registration.
+    pub fabric_wait_secs: u64,
 }
 
 impl Default for EngineConfig {
@@ -53,6 +59,7 @@ impl Default for EngineConfig {
             pcie_link_gen_check: false,
             cross_source_window_ms: 2000,
             nvml_join_grace_secs: 5,
+            fabric_wait_secs: 300,
         }
     }
 }
@@ -103,6 +110,12 @@ impl EngineConfig {
                 self.nvml_join_grace_secs
             ));
         }
+        if self.fabric_wait_secs > 3600 {
+            errs.push(format!(
+                "fabric_wait_secs: {} is longer than 3600 (a GPU the fabric manager has not registered in an hour is not going to be)",
+                self.fabric_wait_secs
+            ));
+        }
         for (key, v) in [
             ("reset_clear_quiet_secs", self.reset_clear_quiet_secs),
             ("inspect_clear_quiet_secs", self.inspect_clear_quiet_secs),
@@ -144,6 +157,7 @@ mod tests {
             condition_clear_samples: 0,
             cross_source_window_ms: 120_000,
             nvml_join_grace_secs: 3600,
+            fabric_wait_secs: 7200,
             ..EngineConfig::default()
         };
         let problems = cfg.validate();
@@ -156,6 +170,7 @@ mod tests {
             "condition_clear_samples",
             "cross_source_window_ms",
             "nvml_join_grace_secs",
+            "fabric_wait_secs",
         ] {
             assert!(
                 problems.iter().any(|p| p.starts_with(key)),

@@ -4,6 +4,7 @@
 use super::Engine;
 use super::conditions::{derived, opt};
 use super::model::{Baseline, FaultKey, Gpu, pci_identity};
+use gpuwatch_proto::fabric::{self, Problem};
 use gpuwatch_proto::{Action, FaultEvent, FaultKind, GpuSample, RecoveryAction, ShortName};
 use std::collections::{BTreeMap, BTreeSet};
 use tracing::{info, warn};
@@ -92,14 +93,51 @@ pub(super) struct SampleDiff {
     pub link_degraded: Option<bool>,
     /// The driver asks for a recovery action.
     pub recovery_pending: bool,
+    /// What is wrong with the GPU's fabric registration (see [`fabric_problem`]).
+    pub fabric: Option<Problem>,
     /// The baseline the next sample is compared with.
     pub next: Baseline,
 }
 
+/// How a sample is compared with its GPU's baseline.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct DiffRules {
+    /// The sample's time (engine clock, ns).
+    pub now: u64,
+    /// `pcie_link_gen_check`.
+    pub gen_check: bool,
+    /// `fabric_wait_secs`, in ns.
+    pub fabric_wait: u64,
+}
+
+/// The fabric problem a sample shows against the baseline: a finished
+/// registration's failure or health (`fabric::problem`), or a pending one
+/// that is a problem already: the GPU was registered earlier in this boot
+/// (it left the fabric: the fabric manager stopped or lost it), or it has
+/// been pending for the whole wait. Also the baseline's fabric fields next.
+fn fabric_problem(
+    b: &Baseline,
+    s: &GpuSample,
+    r: DiffRules,
+) -> (Option<Problem>, bool, Option<u64>) {
+    let Some(f) = &s.fabric else {
+        return (None, b.fabric_completed, b.fabric_pending_since);
+    };
+    let completed = b.fabric_completed || f.state == fabric::COMPLETED;
+    if !fabric::is_pending(f) {
+        return (fabric::problem(f), completed, None);
+    }
+    let since = b.fabric_pending_since.unwrap_or(r.now);
+    let overdue = r.now.saturating_sub(since) >= r.fabric_wait;
+    let problem = (b.fabric_completed || overdue).then_some(Problem::NotRegistered);
+    (problem, completed, Some(since))
+}
+
 /// Compares a sample with the GPU's baseline: reset evidence, the ECC rise,
-/// links gone down, and the next baseline (a reading the sample lacks keeps
-/// its earlier value). Pure: the engine applies the result.
-pub(super) fn diff(b: &Baseline, s: &GpuSample, gen_check: bool) -> SampleDiff {
+/// links gone down, the fabric, and the next baseline (a reading the sample
+/// lacks keeps its earlier value). Pure: the engine applies the result.
+pub(super) fn diff(b: &Baseline, s: &GpuSample, r: DiffRules) -> SampleDiff {
+    let gen_check = r.gen_check;
     let mut d = SampleDiff::default();
     if let Some(cur) = s.ecc_volatile_uncorrected {
         match b.ecc_volatile_uncorrected {
@@ -137,12 +175,16 @@ pub(super) fn diff(b: &Baseline, s: &GpuSample, gen_check: bool) -> SampleDiff {
             _ => {}
         }
     }
+    let (fabric, fabric_completed, fabric_pending_since) = fabric_problem(b, s, r);
+    d.fabric = fabric;
     d.next = Baseline {
         ecc_volatile_uncorrected: s.ecc_volatile_uncorrected.or(b.ecc_volatile_uncorrected),
         remap_pending: s.remapped_rows_pending.or(b.remap_pending),
         recovery_pending: Some(d.recovery_pending),
         link_degraded: d.link_degraded.or(b.link_degraded),
         nvlinks_active,
+        fabric_completed,
+        fabric_pending_since,
     };
     d
 }
@@ -446,7 +488,12 @@ impl Engine {
         let mut changed = clear_if_replaced(g, &s);
         let first_confirmation = !g.confirmed && !s.uuid.is_empty();
         changed |= confirm_identity(g, &s);
-        let mut d = diff(&g.baseline, &s, gen_check);
+        let rules = DiffRules {
+            now,
+            gen_check,
+            fabric_wait: super::secs(self.cfg.fabric_wait_secs),
+        };
+        let mut d = diff(&g.baseline, &s, rules);
         changed |= apply_diff(g, &mut d, &s, now, gen_check);
         if first_confirmation {
             self.merge_pci_history(&pci, &s.uuid);
@@ -506,6 +553,76 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuwatch_proto::GpuFabric;
+
+    fn rules(gen_check: bool) -> DiffRules {
+        DiffRules {
+            gen_check,
+            ..DiffRules::default()
+        }
+    }
+
+    fn with_fabric(state: &str, mask: Option<u32>) -> GpuSample {
+        GpuSample {
+            fabric: Some(GpuFabric {
+                state: state.into(),
+                status: if state == "completed" {
+                    "success".into()
+                } else {
+                    String::new()
+                },
+                clique_id: 1,
+                health_mask: mask,
+                ..Default::default()
+            }),
+            ..sample()
+        }
+    }
+
+    #[test]
+    fn a_pending_fabric_is_a_problem_after_the_wait_or_once_it_was_registered() {
+        let wait = 300_000_000_000;
+        let at = |now| DiffRules {
+            now,
+            fabric_wait: wait,
+            ..DiffRules::default()
+        };
+        // Boot: the fabric manager is still registering the GPU.
+        let pending = with_fabric("in_progress", None);
+        let d = diff(&Baseline::default(), &pending, at(1_000));
+        assert_eq!(d.fabric, None, "within the wait");
+        assert_eq!(d.next.fabric_pending_since, Some(1_000));
+        let d = diff(&d.next, &pending, at(1_000 + wait));
+        assert_eq!(
+            d.fabric,
+            Some(Problem::NotRegistered),
+            "pending past the wait"
+        );
+        // Registered, healthy: no problem, and the GPU counts as registered.
+        let healthy = with_fabric("completed", Some(0x1AA));
+        let d = diff(&d.next, &healthy, at(2 * wait));
+        assert_eq!(d.fabric, None);
+        assert!(d.next.fabric_completed && d.next.fabric_pending_since.is_none());
+        // It leaves the fabric: a problem at once, no wait.
+        let d = diff(&d.next, &pending, at(2 * wait + 1));
+        assert_eq!(d.fabric, Some(Problem::NotRegistered));
+        // Health mask: a degraded route.
+        let degraded = with_fabric("completed", Some(0x1A9));
+        assert_eq!(
+            diff(&d.next, &degraded, at(3 * wait)).fabric,
+            Some(Problem::DegradedBandwidth)
+        );
+        // A sample without fabric information keeps what was known.
+        let d2 = diff(&d.next, &sample(), at(3 * wait));
+        assert_eq!(d2.fabric, None);
+        assert_eq!(d2.next.fabric_pending_since, d.next.fabric_pending_since);
+        // No fabric on this board: never a problem.
+        let none = with_fabric("not_supported", None);
+        assert_eq!(
+            diff(&Baseline::default(), &none, at(10 * wait)).fabric,
+            None
+        );
+    }
 
     fn sample() -> GpuSample {
         let mut s = GpuSample {
@@ -556,7 +673,7 @@ mod tests {
         let mut s = sample();
         s.ecc_volatile_uncorrected = Some(0);
         s.nvlinks = vec![link(0, Some(true)), link(1, Some(false))];
-        let d = diff(&Baseline::default(), &s, false);
+        let d = diff(&Baseline::default(), &s, rules(false));
         assert!(d.reset_evidence.is_empty(), "{d:?}");
         assert_eq!(d.ecc_rise, None);
         assert!(d.links_down.is_empty());
@@ -568,6 +685,7 @@ mod tests {
                 recovery_pending: Some(false),
                 link_degraded: Some(false),
                 nvlinks_active: [0].into(),
+                ..Baseline::default()
             }
         );
     }
@@ -580,14 +698,17 @@ mod tests {
             ecc_volatile_uncorrected: Some(2),
             ..Baseline::default()
         };
-        assert_eq!(diff(&before, &s, false).ecc_rise, Some((2, 5)));
+        assert_eq!(diff(&before, &s, rules(false)).ecc_rise, Some((2, 5)));
         // No earlier reading in this boot: every error counted so far is new.
-        assert_eq!(diff(&Baseline::default(), &s, false).ecc_rise, Some((0, 5)));
+        assert_eq!(
+            diff(&Baseline::default(), &s, rules(false)).ecc_rise,
+            Some((0, 5))
+        );
         let same = Baseline {
             ecc_volatile_uncorrected: Some(5),
             ..Baseline::default()
         };
-        assert_eq!(diff(&same, &s, false).ecc_rise, None);
+        assert_eq!(diff(&same, &s, rules(false)).ecc_rise, None);
     }
 
     #[test]
@@ -597,11 +718,11 @@ mod tests {
             remap_pending: Some(true),
             recovery_pending: Some(true),
             link_degraded: Some(true),
-            nvlinks_active: Default::default(),
+            ..Baseline::default()
         };
         let mut s = sample();
         s.ecc_volatile_uncorrected = Some(0);
-        let d = diff(&before, &s, false);
+        let d = diff(&before, &s, rules(false));
         assert_eq!(
             d.reset_evidence,
             [
@@ -631,7 +752,7 @@ mod tests {
             link(3, Some(false)),
             link(4, None),
         ];
-        let d = diff(&before, &s, false);
+        let d = diff(&before, &s, rules(false));
         assert_eq!(d.links_down, [1]);
         // A link once active stays in the baseline while it is down.
         assert_eq!(d.next.nvlinks_active, [0, 1, 2].into());
@@ -644,11 +765,11 @@ mod tests {
             remap_pending: Some(true),
             recovery_pending: Some(true),
             link_degraded: Some(true),
-            nvlinks_active: Default::default(),
+            ..Baseline::default()
         };
         let mut bare = GpuSample::default();
         bare.set_recovery_action(RecoveryAction::None);
-        let d = diff(&before, &bare, true);
+        let d = diff(&before, &bare, rules(true));
         assert_eq!(d.next.ecc_volatile_uncorrected, Some(4));
         assert_eq!(d.next.remap_pending, Some(true));
         assert_eq!(d.next.link_degraded, Some(true));

@@ -42,6 +42,7 @@ impl FaultKey {
             },
             FaultKind::RecoveryAction => attr("recovery_action"),
             FaultKind::PageRetirement => attr("pending"),
+            FaultKind::Fabric => attr("fabric_problem"),
             _ => String::new(),
         };
         FaultKey {
@@ -75,6 +76,7 @@ pub(crate) fn is_gpu_kind(kind: FaultKind) -> bool {
             | FaultKind::GpuLost
             | FaultKind::RecoveryAction
             | FaultKind::PcieLink
+            | FaultKind::Fabric
     )
 }
 
@@ -300,6 +302,12 @@ pub(crate) struct Baseline {
     pub link_degraded: Option<bool>,
     /// NVLink links seen active in this boot.
     pub nvlinks_active: BTreeSet<u32>,
+    /// The GPU's fabric registration was seen completed in this boot: a
+    /// later pending state means it left the fabric.
+    pub fabric_completed: bool,
+    /// Since when the registration has been pending (not started or in
+    /// progress), while it is.
+    pub fabric_pending_since: Option<u64>,
 }
 
 /// Everything the engine knows about one GPU (keyed by PCI address).

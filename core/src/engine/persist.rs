@@ -84,6 +84,10 @@ pub(crate) struct BaselineRecord {
     pub link_degraded: Option<bool>,
     #[serde(default)]
     pub nvlinks_active: Vec<u32>,
+    #[serde(default)]
+    pub fabric_completed: bool,
+    #[serde(default)]
+    pub fabric_pending_unix_nano: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Default)]
@@ -293,6 +297,8 @@ impl Engine {
                         recovery_pending: g.baseline.recovery_pending,
                         link_degraded: g.baseline.link_degraded,
                         nvlinks_active: g.baseline.nvlinks_active.iter().copied().collect(),
+                        fabric_completed: g.baseline.fabric_completed,
+                        fabric_pending_unix_nano: g.baseline.fabric_pending_since,
                     },
                     reset_evidence_unix_nano: g.reset_evidence.as_ref().map(|e| e.0),
                     reset_evidence: g
@@ -478,6 +484,8 @@ impl Engine {
                     recovery_pending: r.baseline.recovery_pending,
                     link_degraded: r.baseline.link_degraded,
                     nvlinks_active: r.baseline.nvlinks_active.into_iter().collect(),
+                    fabric_completed: r.baseline.fabric_completed,
+                    fabric_pending_since: r.baseline.fabric_pending_unix_nano,
                 };
                 g.reset_evidence = r.reset_evidence_unix_nano.map(|t| (t, r.reset_evidence));
                 g.ecc_rose_at = r.ecc_rose_unix_nano;

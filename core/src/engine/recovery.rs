@@ -1,9 +1,9 @@
 //! When active faults clear (the rules are listed in the engine module docs).
 
 use super::Engine;
-use super::model::{Fault, Gpu};
+use super::model::{Fault, FaultKey, Gpu};
 use super::secs;
-use gpuwatch_proto::{Action, ShortName};
+use gpuwatch_proto::{Action, FaultKind, ShortName};
 use tracing::info;
 
 /// What the clearing rules need besides the fault.
@@ -48,7 +48,27 @@ impl Ctx<'_> {
 }
 
 /// Why a GPU fault clears now, or `None` while it stays active.
-fn gpu_clear_reason(f: &Fault, g: &Gpu, c: &Ctx<'_>, cfg: &super::EngineConfig) -> Option<String> {
+fn gpu_clear_reason(
+    key: &FaultKey,
+    f: &Fault,
+    g: &Gpu,
+    c: &Ctx<'_>,
+    cfg: &super::EngineConfig,
+) -> Option<String> {
+    if key.kind == FaultKind::Fabric {
+        // Whatever its action, a fabric fault is the fabric's state: it
+        // holds while NVML shows it (however long) and clears once the GPU
+        // is registered and healthy again (restarting the fabric manager
+        // fixes it without a reboot).
+        let gone = f.condition_gone_since?;
+        return (f.gone_samples >= c.clear_samples).then(|| {
+            format!(
+                "the NVLink fabric shows the GPU registered and healthy in {} consecutive samples over {:.1} s",
+                f.gone_samples,
+                c.now.saturating_sub(gone) as f64 / 1e9
+            )
+        });
+    }
     let old_boot = f.last_boot_id != c.boot_id;
     match f.action {
         Action::Unspecified | Action::Ignore | Action::RestartApp | Action::Investigate => {
@@ -135,7 +155,9 @@ impl Engine {
             let done: Vec<_> = g
                 .faults
                 .iter()
-                .filter_map(|(k, f)| gpu_clear_reason(f, g, &c, &self.cfg).map(|r| (k.clone(), r)))
+                .filter_map(|(k, f)| {
+                    gpu_clear_reason(k, f, g, &c, &self.cfg).map(|r| (k.clone(), r))
+                })
                 .collect();
             for (k, why) in done {
                 if let Some(f) = g.faults.remove(&k) {

@@ -2,6 +2,7 @@
 
 mod bounds;
 mod dedup;
+mod fabric;
 mod join;
 mod monitor_and_inputs;
 mod recovery;

@@ -158,6 +158,34 @@ pub struct GpuSample {
     pub recovery_action: i32,
     #[prost(bool, optional, tag = "30")]
     pub persistence_mode: ::core::option::Option<bool>,
+    /// NVLink fabric registration; absent where the driver has no GPU fabric info.
+    #[prost(message, optional, tag = "31")]
+    pub fabric: ::core::option::Option<GpuFabric>,
+}
+/// The GPU's NVLink fabric registration (nvmlDeviceGetGpuFabricInfoV, else
+/// nvmlDeviceGetGpuFabricInfo). On NVSwitch systems CUDA cannot initialise on a
+/// GPU until the fabric manager has registered it.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct GpuFabric {
+    /// not_supported (no NVLink fabric: PCIe boards, no NVSwitch) | not_started |
+    /// in_progress | completed.
+    #[prost(string, tag = "1")]
+    pub state: ::prost::alloc::string::String,
+    /// The registration's result once completed: "success", or the NVML return
+    /// name of its failure (e.g. "unknown", "insufficient_resources").
+    #[prost(string, tag = "2")]
+    pub status: ::prost::alloc::string::String,
+    /// The fabric clique (NVLink partition) the GPU belongs to.
+    #[prost(uint32, tag = "3")]
+    pub clique_id: u32,
+    /// The fabric's cluster UUID (canonical form); empty when not reported.
+    #[prost(string, tag = "4")]
+    pub cluster_uuid: ::prost::alloc::string::String,
+    /// nvmlGpuFabricInfoV healthMask (absent from the v1 call).
+    #[prost(uint32, optional, tag = "5")]
+    pub health_mask: ::core::option::Option<u32>,
 }
 /// A fault that is currently active on a GPU (or the node).
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -383,6 +411,10 @@ pub enum FaultKind {
     Validation = 15,
     /// nvidia-peermem (GPUDirect RDMA peer memory) module error ("nvidia-peermem ... ERROR ...").
     Peermem = 16,
+    /// NVLink fabric (NVSwitch systems, NVML GPU fabric info): the GPU is not
+    /// registered with the fabric manager, its registration failed, or the
+    /// fabric's health mask reports a degraded or unhealthy route.
+    Fabric = 17,
 }
 impl FaultKind {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -408,6 +440,7 @@ impl FaultKind {
             Self::PcieLink => "FAULT_KIND_PCIE_LINK",
             Self::Validation => "FAULT_KIND_VALIDATION",
             Self::Peermem => "FAULT_KIND_PEERMEM",
+            Self::Fabric => "FAULT_KIND_FABRIC",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -430,6 +463,7 @@ impl FaultKind {
             "FAULT_KIND_PCIE_LINK" => Some(Self::PcieLink),
             "FAULT_KIND_VALIDATION" => Some(Self::Validation),
             "FAULT_KIND_PEERMEM" => Some(Self::Peermem),
+            "FAULT_KIND_FABRIC" => Some(Self::Fabric),
             _ => None,
         }
     }

@@ -1,6 +1,6 @@
 //! GPU telemetry from NVML samples: temperature and its limits, power and its
 //! limit, clock-event (throttle) reasons; and GPU state: the driver's recovery
-//! action, persistence mode.
+//! action, persistence mode, NVLink fabric registration.
 
 use super::{
     AttrValue, InstrumentKind, Num, NumType, Point, Presence, Spec, each_sample, flag, owned,
@@ -20,7 +20,7 @@ pub(super) const TABLE: &[Spec] = &[
 ];
 
 /// The GPU state instruments, in export order (after the links').
-pub(super) const STATE: &[Spec] = &[RECOVERY_ACTION, PERSISTENCE];
+pub(super) const STATE: &[Spec] = &[RECOVERY_ACTION, PERSISTENCE, FABRIC_STATE];
 
 /// NVML clock-event (throttle) reason bits and their attribute values.
 pub(super) const CLOCK_EVENT_BITS: [(u64, &str); 9] = [
@@ -210,5 +210,44 @@ const PERSISTENCE: Spec = Spec {
 fn persistence(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         push_opt(out, base, sm.persistence_mode.map(flag))
+    });
+}
+
+const FABRIC_STATE: Spec = Spec {
+    name: "gpu.fabric.state",
+    unit: "{state}",
+    kind: InstrumentKind::Gauge,
+    num: NumType::U64,
+    presence: Presence::Always,
+    description: "NVLink fabric registration: 0 no fabric, 1 not started, 2 in progress, 3 completed.",
+    collect: fabric_state,
+};
+
+/// One series per GPU with a fabric (`not_supported` GPUs report 0 too, so
+/// a missing series means the driver reports no fabric information). The
+/// clique and cluster UUID are attributes so a rack-wide problem groups by
+/// clique; both are fixed for a GPU, so they add no series.
+fn fabric_state(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        let Some(f) = &sm.fabric else {
+            return;
+        };
+        let Some(v) = gpuwatch_proto::fabric::state_value(&f.state) else {
+            return;
+        };
+        let attrs = with(
+            base,
+            [
+                (
+                    "gpu.fabric.clique_id",
+                    AttrValue::Int(i64::from(f.clique_id)),
+                ),
+                ("gpu.fabric.cluster_uuid", owned(&f.cluster_uuid)),
+            ],
+        );
+        out.push(Point {
+            attrs,
+            value: Num::U64(u64::from(v)),
+        });
     });
 }

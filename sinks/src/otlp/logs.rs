@@ -390,7 +390,14 @@ pub(crate) fn fill_record(rec: &mut SdkLogRecord, ev: &FaultEvent, observed: Sys
     rec.add_attribute("source", ev.source().short_name());
     rec.add_attribute("count", i64::from(ev.count.max(1)));
     for (k, v) in &ev.attributes {
-        rec.add_attribute(format!("gpuwatch.{k}"), v.clone());
+        // OpenTelemetry semantic-convention keys (the faulting pod and
+        // container) keep their names, so a backend joins them with its
+        // other Kubernetes data; gpuwatch's own keys get its prefix.
+        if k.starts_with("k8s.") || k.starts_with("container.") {
+            rec.add_attribute(k.clone(), v.clone());
+        } else {
+            rec.add_attribute(format!("gpuwatch.{k}"), v.clone());
+        }
     }
 }
 
@@ -635,7 +642,15 @@ mod tests {
             gpu_index: Some(1),
             time_unix_nano: Some(1_700_000_000_000_000_000),
             count: 2,
-            attributes: [("channel".to_owned(), "0x00000008".to_owned())].into(),
+            attributes: [
+                ("channel".to_owned(), "0x00000008".to_owned()),
+                (
+                    "k8s.pod.uid".to_owned(),
+                    "1f2e3d4c-5b6a-4789-8abc-def012345678".to_owned(),
+                ),
+                ("container.id".to_owned(), "4f1c0e8b6a2d".to_owned()),
+            ]
+            .into(),
             ..Default::default()
         };
         e.set_kind(gpuwatch_proto::FaultKind::Xid);
@@ -654,6 +669,9 @@ mod tests {
         assert!(attrs["xid"].contains("79"));
         assert!(attrs["process.pid"].contains("1234"));
         assert!(attrs["gpuwatch.channel"].contains("0x00000008"));
+        // Semantic-convention keys keep their names.
+        assert!(attrs["k8s.pod.uid"].contains("1f2e3d4c"));
+        assert!(attrs["container.id"].contains("4f1c0e8b6a2d"));
         assert!(attrs["action"].contains("inspect_hardware"));
     }
 

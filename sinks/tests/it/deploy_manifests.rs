@@ -329,7 +329,7 @@ fn check_agent(ds: &DaemonSet, cms: &[&ConfigMap], what: &str) -> i32 {
     for v in volumes {
         if let Some(hp) = &v.host_path {
             assert!(
-                hp.path == "/dev/kmsg" || hp.path == STATE_DIR,
+                hp.path == "/dev/kmsg" || hp.path == STATE_DIR || hp.path == "/proc",
                 "{what}: extra hostPath {}",
                 hp.path
             );

@@ -28,6 +28,11 @@ pub struct XidMsg<'a> {
     pub channel: Option<&'a str>,
     /// The free text after the code and the pid/name fields.
     pub detail: &'a str,
+    /// `GPU-I:05` after the address (`(PCI:0000:3b:00 GPU-I:05)`): the MIG GPU
+    /// instance the fault happened in, as printed.
+    pub gpu_instance: Option<&'a str>,
+    /// `GPU-CI:01` after the address: the MIG compute instance, as printed.
+    pub compute_instance: Option<&'a str>,
 }
 
 #[inline]
@@ -81,6 +86,8 @@ pub(crate) fn parse_xid_usual(s: &str) -> Option<XidMsg<'_>> {
         process,
         channel,
         detail: &s[i..],
+        gpu_instance: None,
+        compute_instance: None,
     })
 }
 
@@ -194,6 +201,7 @@ pub(crate) fn parse_xid_general(s: &str) -> Option<XidMsg<'_>> {
         .iter()
         .position(|&b| b == b')')?;
     let pci_tok = first_word(&s[..close]).unwrap_or("");
+    let (gpu_instance, compute_instance) = mig_instances(&s[..close]);
     let pci_tok = pci_tok.strip_prefix("PCI:").unwrap_or(pci_tok);
     if !(crate::pci::is_pci(pci_tok) || crate::pci::is_edited_pci(pci_tok)) {
         return None;
@@ -268,7 +276,26 @@ pub(crate) fn parse_xid_general(s: &str) -> Option<XidMsg<'_>> {
         process,
         channel,
         detail: rest,
+        gpu_instance,
+        compute_instance,
     })
+}
+
+/// The MIG instances a MIG-mode XID names after its address, inside the
+/// parentheses (`PCI:0000:3b:00 GPU-I:05 GPU-CI:01`): the digits of
+/// `GPU-I:` and `GPU-CI:`, as printed.
+fn mig_instances(paren: &str) -> (Option<&str>, Option<&str>) {
+    fn digits<'a>(w: &'a str, prefix: &str) -> Option<&'a str> {
+        w.strip_prefix(prefix)
+            .filter(|d| !d.is_empty() && d.len() <= 4 && d.bytes().all(|b| b.is_ascii_digit()))
+    }
+    let (mut gi, mut ci) = (None, None);
+    for w in paren.split_ascii_whitespace().skip(1) {
+        let w = w.trim_end_matches(',');
+        gi = gi.or_else(|| digits(w, "GPU-I:"));
+        ci = ci.or_else(|| digits(w, "GPU-CI:"));
+    }
+    (gi, ci)
 }
 
 /// Recovery action named by XID 154 text (`... to 0x2 (Node Reboot Required)`); the
@@ -388,6 +415,30 @@ mod tests {
             );
         }
         assert!(interesting(b"NVRM: Xid ("));
+    }
+
+    #[test]
+    fn a_mig_xid_keeps_its_instances() {
+        let Some(Message::Xid(x)) = parse_message(
+            "NVRM: Xid (PCI:0000:3b:00 GPU-I:05): 94, pid=7101, name=python, Ch 00000008, Contained ECC error",
+        ) else {
+            panic!("not an XID");
+        };
+        assert_eq!((x.pci, x.code, x.pid), ("0000:3b:00", 94, Some(7101)));
+        assert_eq!((x.gpu_instance, x.compute_instance), (Some("05"), None));
+        let Some(Message::Xid(x)) =
+            parse_message("NVRM: Xid (PCI:0000:3b:00 GPU-I:07 GPU-CI:01): 43, pid=9, name=a.out")
+        else {
+            panic!("not an XID");
+        };
+        assert_eq!(
+            (x.gpu_instance, x.compute_instance),
+            (Some("07"), Some("01"))
+        );
+        let Some(Message::Xid(x)) = parse_message("NVRM: Xid (PCI:0000:3b:00): 13, pid=1") else {
+            panic!("not an XID");
+        };
+        assert_eq!((x.gpu_instance, x.compute_instance), (None, None));
     }
 
     #[test]

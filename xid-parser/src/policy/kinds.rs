@@ -1,7 +1,7 @@
 //! Every fault kind other than the XID: NVSwitch SXids, a GPU fallen off the bus
 //! without an XID, PCIe AER and link, NVLink, ECC, page retirement, row remapping,
-//! thermal events, machine checks, nvidia-peermem, driver errors, NVML's GPU lost
-//! and recovery action, and failed validation checks.
+//! thermal events, machine checks, nvidia-peermem, driver errors, NVML's GPU lost,
+//! recovery action and NVLink fabric, and failed validation checks.
 
 use super::{Decision, Policy};
 use gpuwatch_proto::{Action, FaultEvent, RecoveryAction, ShortName};
@@ -181,6 +181,54 @@ pub(super) fn recovery_action(ev: &FaultEvent) -> Decision<'static> {
         ),
         "GPU recovery action",
     )
+}
+
+/// A fabric fault (NVML GPU fabric info), by its `fabric_problem`.
+pub(super) fn fabric(ev: &FaultEvent) -> Decision<'static> {
+    use gpuwatch_proto::fabric::Problem;
+    let (action, reason, name) = match attr(ev, "fabric_problem").and_then(Problem::from_name) {
+        Some(Problem::RegistrationFailed) => (
+            Action::RebootNode,
+            "NVLink fabric registration failed: CUDA cannot initialise on this GPU. Check \
+             nvidia-fabricmanager's log; restarting it (GPUs idle) or rebooting the node registers \
+             the GPU again. Clears once the fabric shows the GPU registered and healthy.",
+            "GPU fabric registration failed",
+        ),
+        Some(Problem::NotRegistered) => (
+            Action::RebootNode,
+            "The GPU is not registered with the NVLink fabric: CUDA fails to initialise on it. Is \
+             nvidia-fabricmanager running? Restarting it (GPUs idle) or rebooting the node \
+             registers the GPU again. Clears once the fabric shows the GPU registered and healthy.",
+            "GPU not registered with the NVLink fabric",
+        ),
+        Some(Problem::RouteUnhealthy) => (
+            Action::InspectHardware,
+            "A route of the GPU through the NVLink fabric is unhealthy (NVSwitch, NVLink or \
+             cabling): multi-GPU traffic over it fails. Clears once the fabric reports the GPU \
+             healthy again.",
+            "GPU fabric route unhealthy",
+        ),
+        Some(Problem::DegradedBandwidth) => (
+            Action::Investigate,
+            "The GPU's NVLink fabric bandwidth is degraded (links to the NVSwitches lost): jobs \
+             run, collectives slower; inspect NVLinks and NVSwitch trays at the next maintenance \
+             (investigate, no taint).",
+            "GPU fabric bandwidth degraded",
+        ),
+        Some(Problem::IncorrectConfiguration) => (
+            Action::InspectHardware,
+            "The NVLink fabric is misconfigured for this GPU (system GUID, chassis serial, \
+             partition or NVLink count): a tray in the wrong rack, a missing partition or missing \
+             NVLinks need a person. Clears once the fabric reports the GPU healthy again.",
+            "GPU fabric misconfigured",
+        ),
+        None => (
+            Action::Investigate,
+            "Unfamiliar NVLink fabric problem (investigate, no taint).",
+            "GPU fabric problem",
+        ),
+    };
+    Decision::new(action, reason, name)
 }
 
 fn attr<'a>(ev: &'a FaultEvent, key: &str) -> Option<&'a str> {

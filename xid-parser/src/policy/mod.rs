@@ -223,6 +223,7 @@ impl Policy {
             FaultKind::GpuLost => kinds::GPU_LOST.decision(),
             FaultKind::RecoveryAction => kinds::recovery_action(ev),
             FaultKind::Validation => kinds::validation(ev),
+            FaultKind::Fabric => kinds::fabric(ev),
             FaultKind::Unspecified => kinds::UNSPECIFIED.decision(),
         }
     }
