@@ -232,8 +232,10 @@ def fleet():
         "GPUs whose NVLink fabric registration is not started or in progress (NVSwitch systems; "
         "CUDA fails on them), counted per fabric clique: many GPUs of one clique at once point at "
         "the rack's fabric or its NVSwitches rather than at one node. A failed registration or an "
-        "unhealthy route is a `fabric` fault (Faults by kind). No data: no GPU is off its fabric.",
-        [(f'count by (gpu_fabric_clique_id) (gpu_fabric_state{{{NODE}}} > 0 < 3)', "clique {{gpu_fabric_clique_id}}")],
+        "unhealthy route is a `fabric` fault (Faults by kind). 0 per clique while every GPU is registered; "
+        "no data: no driver reports fabric information.",
+        [(f'count by (gpu_fabric_clique_id) (gpu_fabric_state{{{NODE}}} > 0 < 3)\n'
+          f'or count by (gpu_fabric_clique_id) (gpu_fabric_state{{{NODE}}}) * 0', "clique {{gpu_fabric_clique_id}}")],
         w=12, h=8))
     return dashboard("gpuwatch-fleet", "gpuwatch / Fleet overview",
         "GPU node health across the fleet as gpuwatch sees it.", P, with_gpu=False)
