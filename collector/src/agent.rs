@@ -14,6 +14,7 @@
 //! | health engine thread | the engine channel's receiver, the sinks, the health watch | 2: drains once every sender is gone, writes the state |
 //! | kernel-log reader thread | an engine sender, the sources' shutdown, a stop sender (end of a replay) | 1 |
 //! | NVML poller, event thread and forwarder | an engine sender, the sources' shutdown | 1 |
+//! | kubelet PodResources poller (runtime task) | an engine sender, its own stop | 1 |
 //! | local API and operator-clear socket | the last engine sender, its own stop | 1, after the sources |
 //! | signal watch | a stop sender | with the runtime |
 //!
@@ -44,7 +45,7 @@ use crate::api::{self, ApiState};
 use crate::pipeline::{ENGINE_CHANNEL_CAPACITY, Liveness, StopReason};
 use engine::EngineThread;
 use gpuwatch_core::{Registry, Shutdown};
-use inputs::{EngineInlet, Inputs, KmsgReader, LocalApi, NvmlSources};
+use inputs::{EngineInlet, Inputs, KmsgReader, KubeletDevices, LocalApi, NvmlSources};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -165,6 +166,7 @@ impl Prepared {
         )?;
         let kmsg = KmsgReader::start(kmsg_args, inlet.sender())?;
         let nvml = NvmlSources::start(&cfg.nvml, inlet.sender(), &registry, &liveness, &shutdown)?;
+        let kubelet = KubeletDevices::start(&cfg.kubelet, &rt, inlet.sender());
         let api_state = ApiState {
             registry: registry.clone(),
             liveness,
@@ -186,6 +188,7 @@ impl Prepared {
                 validation,
                 kmsg,
                 nvml,
+                kubelet,
                 api,
             },
             engine,

@@ -19,13 +19,11 @@
 //! that faulted. A process outside any pod (a host daemon, a Slurm job) is
 //! said so, never guessed.
 
-use gpuwatch_proto::FaultEvent;
+pub mod podresources;
+
+use gpuwatch_proto::{FaultEvent, PodRef, PodRole};
 use std::path::Path;
 
-/// The attribute naming the pod's UID (OpenTelemetry `k8s.pod.uid`).
-pub const POD_UID: &str = "k8s.pod.uid";
-/// The attribute naming the container's id (OpenTelemetry `container.id`).
-pub const CONTAINER_ID: &str = "container.id";
 /// The attribute saying how the pid was attributed when no pod was found:
 /// `not_in_pod`, `process_exited`, `pid_reused`, `unreadable`.
 pub const ATTRIBUTION: &str = "pod_attribution";
@@ -53,8 +51,10 @@ pub enum Attribution {
     Unreadable(String),
 }
 
-/// Attributes `ev` (when it names a pid) from `proc_root`, adding
-/// [`POD_UID`] and [`CONTAINER_ID`], or [`ATTRIBUTION`] saying why not.
+/// Attributes `ev` (when it names a pid) from `proc_root`: its pod as a
+/// [`PodRole::Caused`] entry of `pods` with the UID and container id (the
+/// engine adds the name, namespace and container name), or [`ATTRIBUTION`]
+/// saying why there is none.
 /// `ticks_per_sec` converts the process start time (`sysconf(_SC_CLK_TCK)`).
 pub fn annotate(ev: &mut FaultEvent, proc_root: &Path, ticks_per_sec: u64) {
     let Some(pid) = ev.pid else {
@@ -62,10 +62,13 @@ pub fn annotate(ev: &mut FaultEvent, proc_root: &Path, ticks_per_sec: u64) {
     };
     match attribute(proc_root, pid, ev.monotonic_usec, ticks_per_sec) {
         Attribution::Pod { uid, container_id } => {
-            ev.attributes.insert(POD_UID.into(), uid);
-            if let Some(c) = container_id {
-                ev.attributes.insert(CONTAINER_ID.into(), c);
-            }
+            let mut pod = PodRef {
+                uid,
+                container_id: container_id.unwrap_or_default(),
+                ..Default::default()
+            };
+            pod.set_role(PodRole::Caused);
+            ev.pods.push(pod);
         }
         Attribution::NotInPod(cgroup) => {
             ev.attributes
@@ -350,8 +353,10 @@ mod tests {
             ..Default::default()
         };
         annotate(&mut ev, root.path(), 100);
-        assert_eq!(ev.attributes[POD_UID], UID);
-        assert_eq!(ev.attributes[CONTAINER_ID], CID);
+        assert_eq!(ev.pods.len(), 1);
+        assert_eq!(ev.pods[0].uid, UID);
+        assert_eq!(ev.pods[0].container_id, CID);
+        assert_eq!(ev.pods[0].role(), PodRole::Caused);
         let mut gone = FaultEvent {
             pid: Some(9),
             ..Default::default()

@@ -51,6 +51,8 @@ pub struct Config {
     pub kube: gpuwatch_sinks::kube::KubeConfig,
     /// Device validation (startup gate).
     pub validation: gpuwatch_core::validation::ValidationConfig,
+    /// The kubelet's PodResources API (which pods hold which GPUs).
+    pub kubelet: crate::attribution::podresources::KubeletConfig,
     /// The agent's own log on stderr (format, level).
     pub log: LogConfig,
 }
@@ -425,6 +427,7 @@ impl Config {
         section("otlp", self.otlp.validate());
         section("kube", self.kube.validate());
         section("validation", self.validation.validate());
+        section("kubelet", self.kubelet.validate());
         section("log", self.log.validate());
         if all.is_empty() {
             Ok(())

@@ -44,6 +44,7 @@
 mod events;
 mod fabric;
 mod library;
+mod mig;
 mod poll;
 mod watchdog;
 

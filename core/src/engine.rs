@@ -123,6 +123,8 @@ mod health;
 mod join;
 // Fault identity, active faults, per-GPU state, recurrence history.
 mod model;
+// The pods a fault names, and MIG instance scoping.
+mod pods;
 // The state file: its format, loading, and the write schedule.
 mod persist;
 // The clearing rules (module docs above).
@@ -274,6 +276,8 @@ pub struct Engine {
     /// GPU faults dropped because the engine already tracks as many GPUs as
     /// a node can have; logged once per interval.
     over_capacity: OverCapacity,
+    /// The node's pods and their devices, for naming a fault's pods.
+    placement: crate::placement::Placement,
 }
 
 impl Engine {
@@ -338,6 +342,7 @@ impl Engine {
             defer_activation_logs: false,
             activations: Vec::new(),
             over_capacity: OverCapacity::default(),
+            placement: crate::placement::Placement::default(),
         };
         engine.load();
         engine.note_boot();
@@ -406,6 +411,10 @@ impl Engine {
             }
             Input::KmsgProgress(position) => {
                 self.on_kmsg_progress(position);
+                Vec::new()
+            }
+            Input::Placement(update) => {
+                self.placement.apply(update);
                 Vec::new()
             }
             Input::Tick => self.on_tick(),

@@ -67,6 +67,9 @@ pub enum Input {
     /// record twice nor skips one. Sent only by a reader of the kernel device
     /// (a replay has no position).
     KmsgProgress(KmsgPosition),
+    /// Where the node's pods run (the pods bound to it, the devices each
+    /// container holds): what the engine names a fault's pods from.
+    Placement(crate::placement::PlacementUpdate),
     /// Periodic tick (expire dedup windows, persist when dirty).
     Tick,
 }

@@ -158,15 +158,47 @@ pub fn check(name: &str, gpu: Option<u32>, passed: bool, message: String) -> Val
     }
 }
 
+/// What an expected count counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expected {
+    /// Whole GPUs (configured, or a Node count of GPUs).
+    Gpus(u32),
+    /// What the device plugin's single MIG strategy advertises: one device per
+    /// MIG device of a GPU in MIG mode, one per other GPU. GPU feature
+    /// discovery then sets `nvidia.com/gpu.count` to this number and the
+    /// `nvidia.com/gpu` capacity is this number, so a count read from the Node
+    /// of such GPUs is one of these.
+    SingleStrategyDevices(u32),
+}
+
+/// The MIG devices of a GPU in MIG mode (its latest sample's); `None` when it
+/// is not in MIG mode or has no sample.
+pub fn mig_devices(g: &GpuHealth) -> Option<usize> {
+    g.sample
+        .as_ref()
+        .filter(|s| s.mig_enabled == Some(true))
+        .map(|s| s.mig_devices.len())
+}
+
 /// Validates the node's GPUs as seen in `health`.
 ///
-/// `expected_gpus` is the resolved expected count (config, node label or capacity);
-/// `None` falls back to `cfg.expected_gpus`, and when that is unset too the report is
-/// incomplete. The extra command is not run here (see `gpuwatch_sinks::extra_command::run_extra_command`).
-/// `time_unix_nano` is left for the caller; `boot_id` comes from `health`.
+/// `expected_gpus` is the resolved expected count of GPUs (config, node label or
+/// capacity); `None` falls back to `cfg.expected_gpus`, and when that is unset too
+/// the report is incomplete. The extra command is not run here (see
+/// `gpuwatch_sinks::extra_command::run_extra_command`). `time_unix_nano` is left for
+/// the caller; `boot_id` comes from `health`.
 pub fn validate(
     health: &NodeHealth,
     expected_gpus: Option<u32>,
+    cfg: &ValidationConfig,
+) -> ValidationReport {
+    validate_expecting(health, expected_gpus.map(Expected::Gpus), cfg)
+}
+
+/// [`validate`] with an expected count that may count MIG devices.
+pub fn validate_expecting(
+    health: &NodeHealth,
+    expected: Option<Expected>,
     cfg: &ValidationConfig,
 ) -> ValidationReport {
     let mut report = ValidationReport {
@@ -180,8 +212,12 @@ pub fn validate(
     let (kmsg_known, kmsg) = kmsg_requirement(health, cfg);
     report.complete &= kmsg_known;
     report.checks.push(kmsg);
-    let (count_known, count) =
-        gpu_count_check(health, expected_gpus.or(cfg.expected_gpus), cfg, nvml_ok);
+    let (count_known, count) = gpu_count_check(
+        health,
+        expected.or(cfg.expected_gpus.map(Expected::Gpus)),
+        cfg,
+        nvml_ok,
+    );
     report.complete &= count_known;
     report.checks.push(count);
     for g in &health.gpus {
@@ -257,12 +293,48 @@ fn kmsg_requirement(health: &NodeHealth, cfg: &ValidationConfig) -> (bool, Valid
 /// GPUs than expected have a sample so far.
 fn gpu_count_check(
     health: &NodeHealth,
-    expected: Option<u32>,
+    expected: Option<Expected>,
     cfg: &ValidationConfig,
     nvml_ok: bool,
 ) -> (bool, ValidationCheck) {
     let sampled = health.gpus.iter().filter(|g| g.sample.is_some()).count();
     let unsampled = health.gpus.len() - sampled;
+    let expected = match expected {
+        Some(Expected::SingleStrategyDevices(want)) if nvml_ok && unsampled == 0 => {
+            let seen: usize = health
+                .gpus
+                .iter()
+                .map(|g| mig_devices(g).unwrap_or(1))
+                .sum();
+            let seen = u32::try_from(seen).unwrap_or(u32::MAX);
+            return (
+                true,
+                check(
+                    checks::GPU_COUNT,
+                    None,
+                    seen == want,
+                    format!(
+                        "expected {want} devices (the Node's count under the single MIG strategy), NVML sees {seen} on {sampled} GPUs"
+                    ),
+                ),
+            );
+        }
+        Some(Expected::SingleStrategyDevices(want)) if nvml_ok => {
+            return (
+                false,
+                check(
+                    checks::GPU_COUNT,
+                    None,
+                    false,
+                    format!(
+                        "unknown: expected {want} devices (single MIG strategy), {unsampled} GPUs without a sample"
+                    ),
+                ),
+            );
+        }
+        Some(Expected::SingleStrategyDevices(want) | Expected::Gpus(want)) => Some(want),
+        None => None,
+    };
     let (known, passed, message) = match expected {
         None => (
             false,
@@ -613,6 +685,38 @@ mod tests {
         let r = validate(&health(7), Some(8), &cfg());
         assert!(r.complete && !r.passed);
         assert_eq!(failed_checks(&r), vec!["gpu_count"]);
+    }
+
+    #[test]
+    fn a_node_count_of_single_strategy_mig_devices_is_compared_in_devices() {
+        // Two GPUs in MIG mode with 7 MIG devices each: the Node says 14.
+        let mut h = health(2);
+        for g in &mut h.gpus {
+            let s = g.sample.as_mut().unwrap();
+            s.mig_enabled = Some(true);
+            s.mig_devices = (0..7)
+                .map(|i| gpuwatch_proto::MigDevice {
+                    uuid: format!("MIG-{i}"),
+                    gpu_instance: 7 + i,
+                    compute_instance: 0,
+                })
+                .collect();
+        }
+        let r = validate_expecting(&h, Some(Expected::SingleStrategyDevices(14)), &cfg());
+        assert!(r.passed && r.complete, "{}", render(&r));
+        assert!(render(&r).contains("expected 14 devices"), "{}", render(&r));
+        // A GPU gone with its 7 MIG devices fails in the same units.
+        h.gpus.pop();
+        let r = validate_expecting(&h, Some(Expected::SingleStrategyDevices(14)), &cfg());
+        assert!(r.complete && !r.passed);
+        assert_eq!(failed_checks(&r), vec!["gpu_count"]);
+        assert!(
+            render(&r).contains("NVML sees 7 on 1 GPUs"),
+            "{}",
+            render(&r)
+        );
+        // The same Node count taken as GPUs would fail a healthy node.
+        assert!(!validate(&h, Some(14), &cfg()).passed);
     }
 
     #[test]

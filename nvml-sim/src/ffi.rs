@@ -171,8 +171,40 @@ fn handle_of(slot: usize) -> sys::nvmlDevice_t {
     std::ptr::without_provenance_mut(slot + 1)
 }
 
+/// A GPU handle is `slot + 1`; a MIG device handle also carries its index
+/// above [`MIG_SHIFT`]. A GPU call on a MIG handle is `INVALID_ARGUMENT`.
+const MIG_SHIFT: u32 = 16;
+
 fn slot_of(device: sys::nvmlDevice_t) -> Result<usize, Ret> {
-    device.addr().checked_sub(1).ok_or(INVALID_ARGUMENT)
+    let addr = device.addr();
+    if addr >> MIG_SHIFT != 0 {
+        return Err(INVALID_ARGUMENT);
+    }
+    addr.checked_sub(1).ok_or(INVALID_ARGUMENT)
+}
+
+fn mig_handle_of(slot: usize, index: usize) -> sys::nvmlDevice_t {
+    std::ptr::without_provenance_mut(((index + 1) << MIG_SHIFT) | (slot + 1))
+}
+
+/// The (GPU slot, MIG device index) of a MIG device handle.
+fn mig_of(device: sys::nvmlDevice_t) -> Result<(usize, usize), Ret> {
+    let addr = device.addr();
+    let index = (addr >> MIG_SHIFT).checked_sub(1).ok_or(INVALID_ARGUMENT)?;
+    let slot = (addr & ((1 << MIG_SHIFT) - 1))
+        .checked_sub(1)
+        .ok_or(INVALID_ARGUMENT)?;
+    Ok((slot, index))
+}
+
+/// The MIG device a MIG handle names (its GPU must answer, in MIG mode).
+fn mig_device(device: sys::nvmlDevice_t) -> Result<crate::scenario::MigDeviceSpec, Ret> {
+    let (slot, index) = mig_of(device)?;
+    let mig = read(handle_of(slot), "mig", |s| s.mig.clone())?;
+    if !mig.enabled {
+        return Err(INVALID_ARGUMENT);
+    }
+    mig.devices.get(index).cloned().ok_or(INVALID_ARGUMENT)
 }
 
 fn set_id(set: sys::nvmlEventSet_t) -> Result<u64, Ret> {
@@ -433,6 +465,11 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
 ) -> Ret {
     ffi("nvmlDeviceGetUUID", || {
         non_null(uuid)?;
+        if mig_of(device).is_ok() {
+            let v = mig_device(device)?.uuid;
+            // SAFETY: forwarded caller contract.
+            return unsafe { put_str(uuid, length, &v) };
+        }
         let slot = slot_of(device)?;
         let v = with_sim(|s| s.gpu(slot).map(|(g, _)| g.uuid.clone()))?;
         // SAFETY: forwarded caller contract.
@@ -1151,6 +1188,104 @@ pub unsafe extern "C" fn nvmlEventSetFree(set: sys::nvmlEventSet_t) -> Ret {
     r
 }
 
+/// MIG mode: current and pending (the same: the scenario has no pending
+/// change). A GPU without MIG support is told with `not_supported = ["mig"]`.
+///
+/// # Safety
+/// `current` and `pending` must be null or valid for writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    device: sys::nvmlDevice_t,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> Ret {
+    ffi("nvmlDeviceGetMigMode", || {
+        non_null(pending)?;
+        let on = c_uint::from(read(device, "mig", |s| s.mig.enabled)?);
+        // SAFETY: forwarded caller contract.
+        unsafe {
+            put(current, on)?;
+            put(pending, on)
+        }
+    })
+}
+
+/// The most MIG devices the GPU can hold (NVML answers this whether or not
+/// MIG is on).
+///
+/// # Safety
+/// `count` must be null or valid for writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    device: sys::nvmlDevice_t,
+    count: *mut c_uint,
+) -> Ret {
+    ffi("nvmlDeviceGetMaxMigDeviceCount", || {
+        read(device, "mig", |_| ())?;
+        // SAFETY: forwarded caller contract.
+        unsafe { put(count, crate::scenario::MAX_MIG_DEVICES as c_uint) }
+    })
+}
+
+/// The MIG device at `index`: `NOT_FOUND` for an index with no device,
+/// `INVALID_ARGUMENT` while MIG is off (`nvml.h`).
+///
+/// # Safety
+/// `mig` must be null or valid for writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    device: sys::nvmlDevice_t,
+    index: c_uint,
+    mig: *mut sys::nvmlDevice_t,
+) -> Ret {
+    ffi("nvmlDeviceGetMigDeviceHandleByIndex", || {
+        non_null(mig)?;
+        let slot = slot_of(device)?;
+        let state = read(device, "mig", |s| s.mig.clone())?;
+        let i = index as usize;
+        if !state.enabled || i >= crate::scenario::MAX_MIG_DEVICES {
+            return Err(INVALID_ARGUMENT);
+        }
+        if i >= state.devices.len() {
+            return Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_FOUND);
+        }
+        // SAFETY: forwarded caller contract.
+        unsafe { put(mig, mig_handle_of(slot, i)) }
+    })
+}
+
+/// A MIG device's GPU instance id (`INVALID_ARGUMENT` for a GPU handle).
+///
+/// # Safety
+/// `id` must be null or valid for writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
+    device: sys::nvmlDevice_t,
+    id: *mut c_uint,
+) -> Ret {
+    ffi("nvmlDeviceGetGpuInstanceId", || {
+        let d = mig_device(device)?;
+        // SAFETY: forwarded caller contract.
+        unsafe { put(id, d.gpu_instance) }
+    })
+}
+
+/// A MIG device's compute instance id (`INVALID_ARGUMENT` for a GPU handle).
+///
+/// # Safety
+/// `id` must be null or valid for writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
+    device: sys::nvmlDevice_t,
+    id: *mut c_uint,
+) -> Ret {
+    ffi("nvmlDeviceGetComputeInstanceId", || {
+        let d = mig_device(device)?;
+        // SAFETY: forwarded caller contract.
+        unsafe { put(id, d.compute_instance) }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1216,6 +1351,18 @@ mod tests {
         let mut calls = crate::CALLS.to_vec();
         calls.sort_unstable();
         assert_eq!(exported, calls);
+    }
+
+    #[test]
+    fn mig_handles_round_trip_and_are_not_gpu_handles() {
+        let h = mig_handle_of(3, 6);
+        assert_eq!(mig_of(h), Ok((3, 6)));
+        assert_eq!(
+            slot_of(h),
+            Err(INVALID_ARGUMENT),
+            "a GPU call on a MIG handle"
+        );
+        assert_eq!(mig_of(handle_of(3)), Err(INVALID_ARGUMENT));
     }
 
     #[test]

@@ -54,7 +54,8 @@ pub const READINGS: &[&str] = &[
     "recovery_action",       // field 230 NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
     "persistence_mode",      // nvmlDeviceGetPersistenceMode
     "fabric",                // nvmlDeviceGetGpuFabricInfo{,V}
-    "events",                // nvmlDeviceGetSupportedEventTypes, RegisterEvents
+    "mig",    // nvmlDeviceGetMigMode, ...MaxMigDeviceCount, ...MigDeviceHandleByIndex
+    "events", // nvmlDeviceGetSupportedEventTypes, RegisterEvents
 ];
 
 /// The exported NVML functions a `[[hang]]` may name (every export except
@@ -94,6 +95,11 @@ pub const CALLS: &[&str] = &[
     "nvmlDeviceGetPersistenceMode",
     "nvmlDeviceGetGpuFabricInfo",
     "nvmlDeviceGetGpuFabricInfoV",
+    "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetMaxMigDeviceCount",
+    "nvmlDeviceGetMigDeviceHandleByIndex",
+    "nvmlDeviceGetGpuInstanceId",
+    "nvmlDeviceGetComputeInstanceId",
     "nvmlDeviceGetFieldValues",
     "nvmlDeviceGetSupportedEventTypes",
     "nvmlEventSetCreate",
@@ -287,10 +293,78 @@ state_fields! {
     /// `[gpu.fabric]` / `[inject.fabric]` table. An injection's table replaces
     /// the GPU's whole fabric state (fields it leaves out take their defaults).
     fabric: FabricState = FabricState::default(),
+    /// MIG mode and the MIG devices (`[gpu.mig]` / `[inject.mig]`: an
+    /// injection replaces the whole MIG state, as reconfiguring MIG does).
+    mig: MigState = MigState::default(),
     /// Readings that return `NVML_ERROR_NOT_SUPPORTED` (names in [`READINGS`]).
     not_supported: Vec<String> = Vec::new(),
     /// Readings that return `NVML_ERROR_UNKNOWN` (names in [`READINGS`]).
     failing: Vec<String> = Vec::new(),
+}
+
+/// A GPU's MIG configuration: MIG mode, and the MIG devices (a GPU instance
+/// with one compute instance each) NVML enumerates while it is on. The
+/// default is a GPU with MIG off.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MigState {
+    /// `nvmlDeviceGetMigMode`'s current mode.
+    pub enabled: bool,
+    /// The MIG devices, in handle-index order (`[[gpu.mig.devices]]`).
+    pub devices: Vec<MigDeviceSpec>,
+}
+
+/// One MIG device.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigDeviceSpec {
+    /// `MIG-` followed by a 36-character UUID.
+    pub uuid: String,
+    /// `nvmlDeviceGetGpuInstanceId`.
+    pub gpu_instance: u32,
+    /// `nvmlDeviceGetComputeInstanceId`.
+    #[serde(default)]
+    pub compute_instance: u32,
+}
+
+/// MIG devices per GPU at most (an H100 or H200 makes up to 7).
+pub const MAX_MIG_DEVICES: usize = 7;
+
+impl MigState {
+    fn problems(&self, key: &str, p: &mut Vec<String>) {
+        if self.devices.len() > MAX_MIG_DEVICES {
+            p.push(format!(
+                "{key}.mig.devices: at most {MAX_MIG_DEVICES}, got {}",
+                self.devices.len()
+            ));
+        }
+        if !self.enabled && !self.devices.is_empty() {
+            p.push(format!(
+                "{key}.mig.devices: MIG devices need enabled = true"
+            ));
+        }
+        for (i, d) in self.devices.iter().enumerate() {
+            let earlier = &self.devices[..i];
+            if earlier.iter().any(|e| e.uuid == d.uuid) {
+                p.push(format!("{key}.mig.devices: duplicate uuid {:?}", d.uuid));
+            }
+            if earlier.iter().any(|e| {
+                (e.gpu_instance, e.compute_instance) == (d.gpu_instance, d.compute_instance)
+            }) {
+                p.push(format!(
+                    "{key}.mig.devices: duplicate GPU instance {} compute instance {}",
+                    d.gpu_instance, d.compute_instance
+                ));
+            }
+            let as_gpu = d.uuid.strip_prefix("MIG-").map(|r| format!("GPU-{r}"));
+            if !as_gpu.is_some_and(|u| valid_uuid(&u)) {
+                p.push(format!(
+                    "{key}.mig.devices: uuid expected MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, got {:?}",
+                    d.uuid
+                ));
+            }
+        }
+    }
 }
 
 /// The fabric states, by NVML value (`NVML_GPU_FABRIC_STATE_*`).
@@ -648,6 +722,7 @@ fn check_state(key: &str, s: &GpuState, p: &mut Vec<String>) {
         p.push(format!("{key}.nvlink_count: at most 64 links"));
     }
     s.fabric.problems(key, p);
+    s.mig.problems(key, p);
 }
 
 fn valid_uuid(u: &str) -> bool {
@@ -765,6 +840,70 @@ mod tests {
             problems[0].starts_with("gpu[0].fabric.state:"),
             "{problems:?}"
         );
+    }
+
+    #[test]
+    fn mig_devices_and_their_injection() {
+        let text = format!(
+            "{MINIMAL}
+            [gpu.mig]
+            enabled = true
+            [[gpu.mig.devices]]
+            uuid = \"MIG-5c3a1b2e-7d4f-5a6b-8c9d-0e1f2a3b4c5d\"
+            gpu_instance = 5
+            [[gpu.mig.devices]]
+            uuid = \"MIG-5c3a1b2e-7d4f-5a6b-8c9d-0e1f2a3b4c5e\"
+            gpu_instance = 6
+            compute_instance = 1
+
+            [[inject]]
+            at_ms = 100
+            gpu = 0
+            [inject.mig]
+            enabled = false
+            "
+        );
+        let s = Scenario::parse(&text, "<test>").unwrap();
+        let mut st = s.gpu[0].initial_state();
+        assert!(st.mig.enabled);
+        assert_eq!(st.mig.devices.len(), 2);
+        assert_eq!(
+            (
+                st.mig.devices[1].gpu_instance,
+                st.mig.devices[1].compute_instance
+            ),
+            (6, 1)
+        );
+        assert_eq!(st.mig.devices[0].compute_instance, 0, "defaults to 0");
+        s.inject[0].apply(&mut st);
+        assert_eq!(st.mig, MigState::default(), "MIG turned off, devices gone");
+        assert!(!GpuState::default().mig.enabled, "MIG off by default");
+
+        let dev = |uuid: &str, gi: u32| {
+            format!("[[gpu.mig.devices]]\nuuid = \"{uuid}\"\ngpu_instance = {gi}\n")
+        };
+        let u = "MIG-5c3a1b2e-7d4f-5a6b-8c9d-0e1f2a3b4c5d";
+        let bad = format!(
+            "{MINIMAL}\n[gpu.mig]\nenabled = true\n{}{}{}",
+            dev(u, 1),
+            dev(u, 1),
+            dev("GPU-5c3a1b2e-7d4f-5a6b-8c9d-0e1f2a3b4c5d", 2)
+        );
+        let Err(ScenarioError::Invalid { problems, .. }) = Scenario::parse(&bad, "<test>") else {
+            panic!("accepted");
+        };
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(problems[0].contains("duplicate uuid"), "{problems:?}");
+        assert!(
+            problems[1].contains("duplicate GPU instance 1"),
+            "{problems:?}"
+        );
+        assert!(problems[2].contains("uuid expected MIG-"), "{problems:?}");
+        let off = format!("{MINIMAL}\n[gpu.mig]\n{}", dev(u, 1));
+        let Err(ScenarioError::Invalid { problems, .. }) = Scenario::parse(&off, "<test>") else {
+            panic!("accepted");
+        };
+        assert!(problems[0].contains("need enabled = true"), "{problems:?}");
     }
 
     #[test]

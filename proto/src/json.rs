@@ -58,6 +58,7 @@ adapter!(severity, crate::Severity);
 adapter!(source, crate::Source);
 adapter!(verdict, crate::Verdict);
 adapter!(recovery_action, crate::RecoveryAction);
+adapter!(pod_role, crate::PodRole);
 
 /// Appends `ev` as one JSON object to `out`, exactly as `serde_json::to_writer`
 /// writes it (same field order, escapes and enum names), without serde's
@@ -120,7 +121,35 @@ pub fn write_fault_event_ref(ev: &crate::FaultEventRef<'_>, out: &mut Vec<u8>) {
     }
     out.extend_from_slice(b"},\"name\":\"");
     text(ev.name, out);
-    out.extend_from_slice(b"\"}");
+    out.push(b'"');
+    if !ev.pods.is_empty() {
+        out.extend_from_slice(b",\"pods\":[");
+        for (i, p) in ev.pods.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_pod_ref(p, out);
+        }
+        out.push(b']');
+    }
+    out.push(b'}');
+}
+
+/// One [`crate::PodRef`], in the field order serde writes it.
+fn write_pod_ref(p: &crate::PodRef, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"{\"uid\":");
+    string(&p.uid, out);
+    out.extend_from_slice(b",\"name\":");
+    string(&p.name, out);
+    out.extend_from_slice(b",\"namespace\":");
+    string(&p.namespace, out);
+    out.extend_from_slice(b",\"container\":");
+    string(&p.container, out);
+    out.extend_from_slice(b",\"container_id\":");
+    string(&p.container_id, out);
+    out.extend_from_slice(b",\"role\":");
+    enum_value::<crate::PodRole>(p.role, out);
+    out.push(b'}');
 }
 
 fn enum_value<T: ShortName + TryFrom<i32>>(value: i32, out: &mut Vec<u8>) {
@@ -473,6 +502,16 @@ mod tests {
             };
             for _ in 0..(r >> 8) % 4 {
                 ev.attributes.insert(text(&mut rng), text(&mut rng));
+            }
+            for _ in 0..(r >> 12) % 3 {
+                ev.pods.push(crate::PodRef {
+                    uid: text(&mut rng),
+                    name: text(&mut rng),
+                    namespace: text(&mut rng),
+                    container: text(&mut rng),
+                    container_id: text(&mut rng),
+                    role: (step(&mut rng) % 4) as i32,
+                });
             }
             buf.clear();
             write_fault_event(&ev, &mut buf);

@@ -1,6 +1,6 @@
 //! Short lowercase names of enum values, as used in JSON, metric attributes and CLI output.
 
-use crate::{Action, FaultKind, RecoveryAction, Severity, Source, Verdict};
+use crate::{Action, FaultKind, PodRole, RecoveryAction, Severity, Source, Verdict};
 
 /// A protobuf enum with a lowercase short name (`ACTION_RESET_GPU` → `reset_gpu`).
 pub trait ShortName: Sized + Copy + 'static {
@@ -115,4 +115,10 @@ short_names!(RecoveryAction {
     BusReset => "bus_reset",
     SystemReboot => "system_reboot",
     PfFlr => "pf_flr",
+});
+
+short_names!(PodRole {
+    Unspecified => "unspecified",
+    Caused => "caused",
+    Affected => "affected",
 });

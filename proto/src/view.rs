@@ -2,7 +2,7 @@
 //! kernel line it was parsed from, the policy table, the parser's state), so a
 //! reader that only writes or counts an event never copies it into owned strings.
 
-use crate::{Action, FaultEvent, FaultKind, Severity, Source, kind_reason};
+use crate::{Action, FaultEvent, FaultKind, PodRef, Severity, Source, kind_reason};
 use std::collections::BTreeMap;
 
 /// The attributes of a [`FaultEventRef`], in key order like a [`FaultEvent`]'s map.
@@ -92,6 +92,7 @@ pub struct FaultEventRef<'a> {
     pub count: u32,
     pub attributes: Attrs<'a>,
     pub name: &'a str,
+    pub pods: &'a [PodRef],
 }
 
 impl<'a> FaultEventRef<'a> {
@@ -119,6 +120,7 @@ impl<'a> FaultEventRef<'a> {
         count: 0,
         attributes: Attrs::List(&[]),
         name: "",
+        pods: &[],
     };
 
     /// The kind (`Unspecified` for an unknown number, as prost's accessor).
@@ -215,6 +217,7 @@ impl<'a> FaultEventRef<'a> {
             count,
             attributes,
             name,
+            pods,
         } = *self;
         let set = |s: &mut String, v: &str| {
             s.clear();
@@ -237,6 +240,8 @@ impl<'a> FaultEventRef<'a> {
         for (k, v) in attributes.iter() {
             ev.attributes.insert(k.to_owned(), v.to_owned());
         }
+        ev.pods.clear();
+        ev.pods.extend_from_slice(pods);
     }
 }
 
@@ -266,6 +271,7 @@ impl FaultEvent {
             count,
             attributes,
             name,
+            pods,
         } = self;
         FaultEventRef {
             kind: *kind,
@@ -289,6 +295,7 @@ impl FaultEvent {
             count: *count,
             attributes: Attrs::Map(attributes),
             name,
+            pods,
         }
     }
 }

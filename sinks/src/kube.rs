@@ -76,6 +76,8 @@ mod desired;
 mod events;
 mod flap;
 mod node;
+mod pod_events;
+mod pods;
 pub mod quarantine;
 mod reconcile;
 mod retry;
@@ -83,9 +85,10 @@ mod schedule;
 
 pub use backend::{ApiError, ApiResult};
 pub use cleanup::{CleanupError, CleanupReport, node_cleanup};
-pub use config::{KubeConfig, StartupGateMode, TaintConfig};
+pub use config::{KubeConfig, MigStrategy, StartupGateMode, TaintConfig};
 pub use desired::class_reason;
 pub use events::{COMPONENT, DEDUP_ANNOTATION, event_reason, event_type};
+pub use pods::{PlacementCallback, pod_info};
 
 use backend::Backend;
 use events::{EventQueue, EventWriter, KubeEventSink};
@@ -130,10 +133,12 @@ const fn lease(verb: &'static str) -> ApiRequest {
 /// `list events` serves the Event dedup after a restart; `list nodes` is the
 /// quarantine budget's fleet count (the watch of the own Node, with a
 /// `metadata.name` field selector, is authorised as `watch`). Node requests are
-/// cluster-scoped; Event requests only go to `event_namespace`, Lease requests
+/// cluster-scoped; `list`/`watch pods` read the pods bound to this Node (a
+/// `spec.nodeName` field selector) to name the pod a faulting process runs
+/// in. Event requests only go to `event_namespace`, Lease requests
 /// (the quarantine budget's slots) only to `quarantine_namespace` (namespaced
 /// Roles there grant them).
-pub const WRITER_REQUESTS: [ApiRequest; 13] = [
+pub const WRITER_REQUESTS: [ApiRequest; 15] = [
     req("get", "nodes"),
     req("list", "nodes"),
     req("watch", "nodes"),
@@ -142,6 +147,8 @@ pub const WRITER_REQUESTS: [ApiRequest; 13] = [
     req("create", "events"),
     req("patch", "events"),
     req("list", "events"),
+    req("list", "pods"),
+    req("watch", "pods"),
     lease("list"),
     lease("get"),
     lease("create"),
@@ -186,6 +193,25 @@ pub enum KubeError {
 /// health engine, which shows it as `/v1/health.validation`).
 pub type ValidationCallback = Arc<dyn Fn(ValidationReport) + Send + Sync>;
 
+/// Where the writer hands what it learns for the health engine.
+#[derive(Default, Clone)]
+pub struct WriterHooks {
+    /// Every startup-gate validation report.
+    pub on_validation: Option<ValidationCallback>,
+    /// The pods bound to this Node, after every change; `None`: the pods are
+    /// not listed (nor is `list`/`watch pods` sent).
+    pub on_pods: Option<PlacementCallback>,
+}
+
+impl std::fmt::Debug for WriterHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriterHooks")
+            .field("on_validation", &self.on_validation.is_some())
+            .field("on_pods", &self.on_pods.is_some())
+            .finish()
+    }
+}
+
 /// The expected GPU count of `node_name` as the startup gate resolves it:
 /// `validation.expected_gpus`, else the node label `validation.expected_gpus_label`,
 /// else the node's `nvidia.com/gpu` capacity. Reads the Node once with the
@@ -209,7 +235,8 @@ pub async fn expected_gpus_from_node(
     let client = build_client(cfg).await?;
     let backend = Backend::Live {
         nodes: kube::Api::all(client.clone()),
-        events: kube::Api::namespaced(client, &cfg.event_namespace),
+        events: kube::Api::namespaced(client.clone(), &cfg.event_namespace),
+        client,
         node_name: node_name.to_owned(),
         timeout: Duration::from_secs(cfg.request_timeout_secs),
     };
@@ -218,6 +245,17 @@ pub async fn expected_gpus_from_node(
         reason: e.to_string(),
     })?;
     Ok(reconcile::expected_gpus(&node, validation))
+}
+
+/// What a count read from the Node ([`expected_gpus_from_node`]) counts on a
+/// node whose GPUs NVML sees in `health`: MIG devices under the single MIG
+/// strategy once GPUs are in MIG mode, else GPUs.
+pub fn node_count(
+    n: u32,
+    cfg: &KubeConfig,
+    health: &NodeHealth,
+) -> gpuwatch_core::validation::Expected {
+    reconcile::node_count(n, cfg, health)
 }
 
 /// Writes conditions, taints and Events on the agent's own Node.
@@ -229,6 +267,8 @@ pub struct NodeWriter {
     watcher: JoinHandle<()>,
     events: JoinHandle<()>,
     quarantine: Option<JoinHandle<()>>,
+    /// The pods listing, when asked for and not in dry-run mode.
+    pod_lister: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for NodeWriter {
@@ -339,7 +379,7 @@ impl NodeWriter {
         registry: Arc<Registry>,
         health_rx: watch::Receiver<Arc<NodeHealth>>,
         dry_run: bool,
-        on_validation: Option<ValidationCallback>,
+        hooks: WriterHooks,
     ) -> Result<NodeWriter, KubeError> {
         let mut problems = cfg.validate();
         problems.extend(
@@ -366,16 +406,29 @@ impl NodeWriter {
             Some(client) => Backend::Live {
                 nodes: kube::Api::all(client.clone()),
                 events: kube::Api::namespaced(client.clone(), &cfg.event_namespace),
+                client: client.clone(),
                 node_name: node_name.clone(),
                 timeout: Duration::from_secs(cfg.request_timeout_secs),
             },
         });
+        let pod_lister = match (&client, hooks.on_pods) {
+            (Some(client), Some(on_pods)) => Some(tokio::spawn(pods::watch_pods(
+                client.clone(),
+                node_name.clone(),
+                cfg.clone(),
+                on_pods,
+                shutdown_rx.clone(),
+            ))),
+            _ => None,
+        };
+        let on_validation = hooks.on_validation;
         let (quarantine_link, quarantine_task) =
             start_quarantine(&cfg, &node_name, client, &registry, shutdown_rx.clone());
         let queue = Arc::new(EventQueue::new(cfg.event_queue_capacity, registry.clone()));
         let sink = Arc::new(KubeEventSink {
             queue: queue.clone(),
             enabled: cfg.events,
+            pods: cfg.events && cfg.pod_events,
         });
         let (node_tx, node_rx) = mpsc::channel(16);
         let node_uid = Arc::new(Mutex::new(None));
@@ -440,6 +493,7 @@ impl NodeWriter {
             watcher,
             events,
             quarantine: quarantine_task,
+            pod_lister,
         })
     }
 
@@ -455,6 +509,9 @@ impl NodeWriter {
         let _ = self.watcher.await;
         if let Some(q) = self.quarantine {
             let _ = q.await;
+        }
+        if let Some(p) = self.pod_lister {
+            let _ = p.await;
         }
         self.queue.close();
         let mut events = self.events;

@@ -165,6 +165,11 @@ impl Rig {
         });
     }
 
+    /// Where the node's pods run, as the pod listing or the kubelet says.
+    pub fn placement(&mut self, update: gpuwatch_core::placement::PlacementUpdate) {
+        self.engine.handle(Input::Placement(update));
+    }
+
     pub fn health(&self) -> Arc<NodeHealth> {
         self.engine.health()
     }

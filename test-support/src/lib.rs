@@ -23,6 +23,8 @@ pub mod engine;
 pub mod kmsg;
 #[cfg(feature = "kube")]
 pub mod kube;
+#[cfg(feature = "kubelet")]
+pub mod kubelet;
 pub mod process;
 #[cfg(feature = "telemetry")]
 pub mod telemetry;

@@ -531,6 +531,8 @@ pub fn full_sample(index: u32, temperature: u32) -> GpuSample {
             .collect(),
         recovery_action: RecoveryAction::GpuReset as i32,
         persistence_mode: Some(true),
+        mig_enabled: Some(false),
+        mig_devices: Vec::new(),
         fabric: Some(gpuwatch_proto::GpuFabric {
             state: "completed".into(),
             status: "success".into(),

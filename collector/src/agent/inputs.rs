@@ -61,6 +61,7 @@ pub(super) struct Inputs {
     pub(super) validation: Arc<Sender<Input>>,
     pub(super) kmsg: KmsgReader,
     pub(super) nvml: NvmlSources,
+    pub(super) kubelet: KubeletDevices,
     pub(super) api: Option<LocalApi>,
 }
 
@@ -92,6 +93,7 @@ impl Inputs {
         drop(self.validation);
         let summary = self.kmsg.stop(budget, left);
         self.nvml.stop(budget, left);
+        self.kubelet.stop(budget, rt, left);
         if let Some(api) = self.api {
             api.stop(budget, rt, left);
         }
@@ -240,6 +242,46 @@ impl LocalApi {
             Ok(Err(e)) => tracing::warn!(error = %e, "API server task failed."),
             Ok(Ok(Ok(()))) => {}
             Err(_) => left.push("API"),
+        }
+    }
+}
+
+/// Which pods hold the GPUs: the kubelet's PodResources API, asked on the
+/// runtime (none when `[kubelet] pod_resources_socket` is empty).
+#[derive(Debug)]
+pub(super) struct KubeletDevices {
+    stop_tx: tokio::sync::watch::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl KubeletDevices {
+    pub(super) fn start(
+        cfg: &crate::attribution::podresources::KubeletConfig,
+        rt: &tokio::runtime::Runtime,
+        engine: Sender<Input>,
+    ) -> KubeletDevices {
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let task = (!cfg.pod_resources_socket.as_os_str().is_empty()).then(|| {
+            rt.spawn(crate::attribution::podresources::poll(
+                cfg.clone(),
+                engine,
+                stop_rx,
+            ))
+        });
+        KubeletDevices { stop_tx, task }
+    }
+
+    fn stop(self, budget: &Budget, rt: &tokio::runtime::Runtime, left: &mut StillRunning) {
+        let _ = self.stop_tx.send(true);
+        let Some(task) = self.task else {
+            return;
+        };
+        let limit = budget.share(API_STOP);
+        if rt
+            .block_on(async { tokio::time::timeout(limit, task).await })
+            .is_err()
+        {
+            left.push("kubelet PodResources");
         }
     }
 }

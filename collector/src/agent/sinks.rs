@@ -136,12 +136,22 @@ impl Sinks {
         // writer only holds a weak reference to the engine channel: once the
         // agent drops the strong one (its inputs stopping), the engine's channel
         // can disconnect and drain while the writer still runs.
+        let pods_tx = validation_tx.clone();
         let on_validation: gpuwatch_sinks::kube::ValidationCallback = Arc::new(move |report| {
             let Some(tx) = validation_tx.upgrade() else {
                 return;
             };
             if let Err(e) = tx.try_send(gpuwatch_core::msg::Input::Validation(report)) {
                 tracing::debug!(error = %e, "Validation report not handed to the engine.");
+            }
+        });
+        // The node's pods go to the engine the same way (weakly held).
+        let on_pods: gpuwatch_sinks::kube::PlacementCallback = Arc::new(move |update| {
+            let Some(tx) = pods_tx.upgrade() else {
+                return;
+            };
+            if let Err(e) = tx.try_send(gpuwatch_core::msg::Input::Placement(update)) {
+                tracing::debug!(error = %e, "Pod listing not handed to the engine.");
             }
         });
         let writer = rt
@@ -152,7 +162,10 @@ impl Sinks {
                 registry.clone(),
                 health_rx,
                 opts.kube_dry_run,
-                Some(on_validation),
+                gpuwatch_sinks::kube::WriterHooks {
+                    on_validation: Some(on_validation),
+                    on_pods: Some(on_pods),
+                },
             ))
             .map_err(|e| RunError::Sink {
                 name: "kube",

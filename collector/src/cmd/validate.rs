@@ -6,6 +6,7 @@ use super::init_logging;
 use anyhow::Context as _;
 use gpuwatch::agent::{self, PrepareError, Prepared};
 use gpuwatch::config::{Config, LogFormat};
+use gpuwatch_core::validation::Expected;
 use gpuwatch_proto::{ValidationCheck, ValidationReport};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -95,22 +96,31 @@ fn prepare(cfg: Config) -> anyhow::Result<Prepared> {
     })
 }
 
+/// An expected count and where it came from.
+#[derive(Debug, Clone, Copy)]
+enum Count {
+    /// `validation.expected_gpus`.
+    Configured(u32),
+    /// Read from the Node: in the units the device plugin's MIG strategy gives it.
+    Node(u32),
+}
+
 /// The expected GPU count, as the startup gate resolves it, and why the
 /// Node could not tell it.
 fn expected_gpus(
     rt: &tokio::runtime::Runtime,
     cfg: &Config,
     read_node: bool,
-) -> (Option<u32>, Option<String>) {
+) -> (Option<Count>, Option<String>) {
     match cfg.validation.expected_gpus {
-        Some(n) => (Some(n), None),
+        Some(n) => (Some(Count::Configured(n)), None),
         None if read_node => {
             match rt.block_on(gpuwatch_sinks::kube::expected_gpus_from_node(
                 &cfg.kube,
                 &cfg.validation,
                 &cfg.node_name,
             )) {
-                Ok(n) => (n, None),
+                Ok(n) => (n.map(Count::Node), None),
                 Err(e) => (None, Some(e.to_string())),
             }
         }
@@ -125,11 +135,15 @@ fn judge(
     rt: &tokio::runtime::Runtime,
     prepared: &Prepared,
     health: &gpuwatch_proto::NodeHealth,
-    expected: Option<u32>,
+    expected: Option<Count>,
     node_problem: Option<String>,
 ) -> ValidationReport {
     let validation = &prepared.config().validation;
-    let mut report = gpuwatch_core::validation::validate(health, expected, validation);
+    let expected = expected.map(|c| match c {
+        Count::Configured(n) => Expected::Gpus(n),
+        Count::Node(n) => gpuwatch_sinks::kube::node_count(n, &prepared.config().kube, health),
+    });
+    let mut report = gpuwatch_core::validation::validate_expecting(health, expected, validation);
     if let Some(why) = node_problem {
         gpuwatch_core::validation::add_check(
             &mut report,

@@ -211,6 +211,11 @@ fn sample(dev: &Device<'_>, id: &mut Identity, c: &Calls<'_>) -> Result<GpuSampl
     fields(dev, &mut s, c)?;
     s.nvlinks = nvlinks(dev, c)?;
     s.fabric = reading(c, super::fabric::CALL, || super::fabric::read(dev))?;
+    s.mig_enabled = reading(c, "nvmlDeviceGetMigMode", || super::mig::enabled(dev))?;
+    if s.mig_enabled == Some(true) {
+        s.mig_devices =
+            reading(c, super::mig::CALL, || super::mig::devices(dev))?.unwrap_or_default();
+    }
     Ok(s)
 }
 

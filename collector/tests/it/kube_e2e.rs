@@ -739,3 +739,87 @@ fn node_cleanup_after_uninstall_leaves_no_gpuwatch_taint() {
     assert!(rig.cond(READY).is_none() && rig.cond(PROBLEM).is_none());
     assert!(cleanup(&[]).contains("nothing of gpuwatch's to remove"));
 }
+
+/// XID 79 on a GPU that a pod holds names that pod: the kubelet stand-in
+/// (a gRPC server built from the kubelet's PodResources `api.proto`) says
+/// which container holds GPU 1's UUID; the fault in `/v1/health` lists the
+/// pod (with the UID the pod listing gives), and the pod gets a Warning
+/// Event saying its GPU failed and the node is being isolated.
+#[test]
+fn xid79_names_the_pod_that_held_the_gpu() {
+    let mut rig = Rig::new(node(vec![]));
+    let kubelet_dir = tempfile::tempdir().unwrap();
+    let kubelet = rig
+        .rt
+        .block_on(gpuwatch_test_support::kubelet::Kubelet::start(
+            kubelet_dir.path(),
+        ));
+    kubelet.set_pods(vec![gpuwatch_test_support::kubelet::PodDevices {
+        namespace: "ml".into(),
+        name: "trainer-0".into(),
+        containers: vec![(
+            "main".into(),
+            vec![("nvidia.com/gpu".into(), vec![GPU1_UUID.into()])],
+        )],
+    }]);
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "trainer-0", "namespace": "ml", "uid": "pod-uid-7"},
+        "spec": {"nodeName": NODE, "containers": [{"name": "main"}]},
+    }))
+    .unwrap();
+    rig.api.put_pod(&pod);
+    // The [kubelet] section goes after [validation] (the rig's last section).
+    let cfg = rig.config(
+        "",
+        &format!(
+            "\n[kubelet]\npod_resources_socket = \"{}\"\npod_resources_interval_ms = 200\n",
+            kubelet.socket.display()
+        ),
+    );
+    let agent = rig.start(&cfg, Nvml::Sim(BOARD), &[]);
+    assert!(wait_until(T, || healthy(&rig)), "{}", diag(&rig, &agent));
+    assert!(
+        wait_until(T, || kubelet.list_calls() >= 2
+            && rig.api.pod_watchers() == 1),
+        "{}",
+        diag(&rig, &agent)
+    );
+    rig.write_kmsg(XID79);
+    assert!(wait_until(T, || faulted(&rig)), "{}", diag(&rig, &agent));
+    let health = agent.health();
+    let gpu = health["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["uuid"] == GPU1_UUID)
+        .expect("GPU 1 in the health");
+    let pods = &gpu["active_faults"][0]["pods"];
+    assert_eq!(pods[0]["name"], "trainer-0", "{gpu:#}");
+    assert_eq!(pods[0]["namespace"], "ml");
+    assert_eq!(pods[0]["container"], "main");
+    assert_eq!(pods[0]["uid"], "pod-uid-7");
+    assert_eq!(pods[0]["role"], "affected");
+    let pod_event = || {
+        rig.events()
+            .into_iter()
+            .find(|e| e.involved_object.kind.as_deref() == Some("Pod"))
+    };
+    assert!(
+        wait_until(T, || pod_event().is_some()),
+        "{:#?}",
+        rig.events()
+    );
+    let e = pod_event().unwrap();
+    assert_eq!(e.metadata.namespace.as_deref(), Some("ml"));
+    assert_eq!(e.involved_object.name.as_deref(), Some("trainer-0"));
+    assert_eq!(e.type_.as_deref(), Some("Warning"));
+    let msg = e.message.unwrap_or_default();
+    assert!(
+        msg.contains("The GPU this pod uses failed: XID 79")
+            && msg.contains(GPU1_UUID)
+            && msg.contains("isolating the node"),
+        "{msg}"
+    );
+    agent.stop();
+    kubelet.stop();
+}

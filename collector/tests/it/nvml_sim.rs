@@ -1129,3 +1129,129 @@ fn a_gpu_leaving_the_fabric_is_a_fault_until_it_is_registered_again() {
     assert!(h.verdicts().iter().all(|(_, v)| *v == Verdict::Healthy));
     h.stop();
 }
+
+/// `test-mig.toml` through the real NVML path: the poller reads MIG mode
+/// and each MIG device's UUID, GPU instance and compute instance.
+#[test]
+fn mig_devices_are_read_with_their_instance_ids() {
+    let mut h = Harness::start(&config("test-mig.toml"));
+    let s = h.wait_for("a sample with MIG devices", |seen| {
+        sample_where(seen, 0, |g| !g.mig_devices.is_empty())
+    });
+    assert_eq!(s.mig_enabled, Some(true));
+    let ids: Vec<(&str, u32, u32)> = s
+        .mig_devices
+        .iter()
+        .map(|m| (m.uuid.as_str(), m.gpu_instance, m.compute_instance))
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            ("MIG-1d2c3b4a-5f6e-5a7b-8c9d-0e1f2a3b4c01", 1, 0),
+            ("MIG-1d2c3b4a-5f6e-5a7b-8c9d-0e1f2a3b4c05", 5, 0),
+            ("MIG-1d2c3b4a-5f6e-5a7b-8c9d-0e1f2a3b4c0d", 13, 0),
+        ]
+    );
+    let s1 = sample_where(&h.seen, 1, |_| true).unwrap();
+    assert_eq!(s1.mig_devices.len(), 2);
+    h.stop();
+}
+
+/// A whole agent on `test-mig.toml` with a kernel log it follows: XID 94
+/// (contained ECC) on GPU instance 5 of GPU 0 marks that instance only —
+/// its siblings, GPU 0 and the node stay healthy — while XID 95
+/// (uncontained ECC) on GPU instance 1 of GPU 1 takes the whole GPU and
+/// both its instances. `/v1/health` keeps the instance on the fault.
+#[test]
+fn a_contained_mig_fault_is_scoped_to_its_instance_through_the_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("kmsg.log");
+    std::fs::write(&log, "").unwrap();
+    let agent = crate::common::Agent::start_nvml_sim(
+        &dir.path().join("state"),
+        &scenario("test-mig.toml"),
+        &["--kmsg-path", log.to_str().unwrap()],
+    );
+    let addr = agent.api_addr().expect("API address");
+    let health = || {
+        crate::common::http_get(&addr, "/v1/health")
+            .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
+    };
+    let mig_listed = |h: &serde_json::Value| {
+        h["gpus"]
+            .as_array()
+            .is_some_and(|g| g.len() == 2 && g.iter().all(|g| g["mig_instances"].is_array()))
+    };
+    assert!(
+        crate::common::wait_until(Duration::from_secs(15), || health()
+            .is_some_and(|h| mig_listed(&h))),
+        "MIG instances never listed: {:#?} {}",
+        health(),
+        agent.stderr.tail(20)
+    );
+    let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    std::io::Write::write_all(
+        &mut f,
+        b"3,10,1000,-;NVRM: Xid (PCI:0000:3b:00 GPU-I:05): 94, pid=7101, name=python, Ch 00000008, Contained ECC error\n\
+          3,11,1100,-;NVRM: Xid (PCI:0000:5d:00 GPU-I:01): 95, pid=7202, name=python, Ch 00000010, Uncontained ECC error\n",
+    )
+    .unwrap();
+    let both = |h: &serde_json::Value| {
+        h["gpus"].as_array().is_some_and(|g| {
+            g.iter()
+                .all(|g| g["active_faults"].as_array().is_some_and(|a| !a.is_empty()))
+        })
+    };
+    assert!(
+        crate::common::wait_until(Duration::from_secs(15), || health()
+            .is_some_and(|h| both(&h))),
+        "faults never active: {:#?} {}",
+        health(),
+        agent.stderr.tail(20)
+    );
+    let h = health().unwrap();
+    let gpu = |pci: &str| {
+        h["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["pci_address"] == pci)
+            .unwrap_or_else(|| panic!("no GPU {pci}: {h:#}"))
+            .clone()
+    };
+    let instances = |g: &serde_json::Value| -> Vec<(u64, String)> {
+        g["mig_instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                (
+                    m["gpu_instance"].as_u64().unwrap(),
+                    m["verdict"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let g0 = gpu("0000:3b:00.0");
+    assert_eq!(g0["verdict"], "healthy", "{g0:#}");
+    assert_eq!(g0["active_faults"][0]["gpu_instance"], 5, "{g0:#}");
+    assert_eq!(
+        instances(&g0),
+        [
+            (1, "healthy".to_owned()),
+            (5, "degraded".to_owned()),
+            (13, "healthy".to_owned())
+        ]
+    );
+    let g1 = gpu("0000:5d:00.0");
+    assert_eq!(g1["verdict"], "unhealthy", "{g1:#}");
+    assert_eq!(
+        instances(&g1),
+        [(1, "unhealthy".to_owned()), (2, "unhealthy".to_owned())]
+    );
+    let events = agent.events("Contained ECC error");
+    assert_eq!(events.len(), 1, "{events:#?}");
+    assert_eq!(events[0]["attributes"]["gpu_instance"], "5");
+    let (code, _, stderr) = agent.stop();
+    assert_eq!(code, Some(0), "{}", stderr.tail(20));
+}

@@ -454,3 +454,39 @@ fn directories_are_refused() {
     let err = run(&args, Arc::new(Policy::default()), &mut Vec::new()).unwrap_err();
     assert!(err.to_string().contains("is a directory"), "{err}");
 }
+
+/// A MIG instance printed in the XID prefix stays on the event: the GPU
+/// instance alone (`GPU-I:05`) and with its compute instance.
+#[test]
+fn a_mig_xid_keeps_its_gpu_and_compute_instance() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = "\
+[7200.000000] NVRM: Xid (PCI:0000:3b:00 GPU-I:05): 94, pid=7101, name=python, Ch 00000008, Contained ECC error
+[7300.000000] NVRM: Xid (PCI:0000:3b:00 GPU-I:07 GPU-CI:01): 43, pid=7200, name=train.py, Ch 00000010
+";
+    let f = write_tmp(&dir, "mig.log", log.as_bytes());
+    let args = ScanArgs {
+        format: ScanFormat::Json,
+        accept_user_facility: false,
+        files: vec![f],
+    };
+    let mut out = Vec::new();
+    run(&args, Arc::new(Policy::default()), &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let events: Vec<FaultEvent> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events.len(), 2, "{text}");
+    let attr = |e: &FaultEvent, k: &str| e.attributes.get(k).cloned();
+    assert_eq!(events[0].code, 94);
+    assert_eq!(
+        attr(&events[0], "gpu_instance").as_deref(),
+        Some("5"),
+        "{text}"
+    );
+    assert_eq!(attr(&events[0], "compute_instance"), None);
+    assert_eq!(events[0].pci_address, "0000:3b:00.0");
+    assert_eq!(attr(&events[1], "gpu_instance").as_deref(), Some("7"));
+    assert_eq!(attr(&events[1], "compute_instance").as_deref(), Some("1"));
+}

@@ -109,9 +109,8 @@ impl Engine {
     fn arrive<'e>(&mut self, ev: &'e mut FaultEvent, level: bool) -> Arrival<'e> {
         let now = self.clock.now_unix_nanos();
         ev.count = ev.count.max(1);
-        if !ev.pci_address.is_empty()
-            && !self.gpus.contains_key(&ev.pci_address)
-            && let Some(p) = xid_parser::normalize_pci(&ev.pci_address)
+        if !self.gpus.contains_key(&ev.pci_address)
+            && let Some(p) = super::model::gpu_key(&ev.pci_address)
         {
             ev.pci_address = p;
         }
@@ -170,6 +169,11 @@ impl Engine {
         self.flush_fault_counts();
         self.classify(a.ev);
         let context = self.context_rules(a);
+        let gpu = match &a.holder {
+            Holder::Gpu(pci) => self.gpus.get(pci),
+            Holder::Node => None,
+        };
+        self.name_pods(a.ev, gpu);
         self.registry.record_fault(a.ev);
         let boot_id = self.boot.boot_id.clone();
         let dedup = secs(self.cfg.dedup_window_secs);
@@ -326,6 +330,7 @@ impl Engine {
                 RemapCheck::Unconfirmed(t) => Some(t),
                 _ => None,
             },
+            pods: ev.pods.clone(),
         };
         f.note_occurrence(a.source, a.at);
         let activation = Activation::of(ev, &f);
@@ -508,6 +513,7 @@ fn update_active(
     f.last_boot_id.clear();
     f.last_boot_id.push_str(boot_id);
     f.boots_seen = f.boots_seen.max(c.boots_seen);
+    super::pods::merge_pods(&mut f.pods, &ev.pods);
     if !ev.message.is_empty() {
         f.message.clone_from(&ev.message);
         f.message_source = a.source;

@@ -46,7 +46,7 @@ impl Engine {
         let action = max_action(
             self.gpus
                 .values()
-                .flat_map(|g| g.faults.values())
+                .flat_map(super::pods::whole_gpu_faults)
                 .chain(self.node_faults.values()),
         );
         let verdict = verdict_of(action, can_see);
@@ -113,7 +113,9 @@ impl Engine {
         };
         let fresh = self.sample_fresh(g, now) || !g.confirmed;
         let can_see = nvml_ok && self.kmsg.ok != Some(false) && g.confirmed && !g.lost && fresh;
-        h.set_verdict(verdict_of(action, can_see));
+        let verdict = verdict_of(action, can_see);
+        h.mig_instances = self.mig_health(g, action, verdict);
+        h.set_verdict(verdict);
         h.set_action(action);
         h
     }
@@ -126,7 +128,12 @@ impl Engine {
         let mut total = 0usize;
         let candidates = gpus
             .iter()
-            .flat_map(|g| g.faults.iter().map(move |(k, f)| (Some(*g), k, f)))
+            .flat_map(|g| {
+                g.faults
+                    .iter()
+                    .filter(|(k, f)| !super::pods::contained(k, f))
+                    .map(move |(k, f)| (Some(*g), k, f))
+            })
             .chain(self.node_faults.iter().map(|((_, k), f)| (None, k, f)));
         for (gpu, key, fault) in candidates {
             total += 1;

@@ -43,6 +43,11 @@ impl FaultKey {
             FaultKind::RecoveryAction => attr("recovery_action"),
             FaultKind::PageRetirement => attr("pending"),
             FaultKind::Fabric => attr("fabric_problem"),
+            // An XID on a MIG GPU instance is that instance's fault (see
+            // `pods::contained`); the same code on another instance is another.
+            FaultKind::Xid => attr(super::pods::GPU_INSTANCE)
+                .parse::<u32>()
+                .map_or_else(|_| String::new(), |gi| format!("gi{gi}")),
             _ => String::new(),
         };
         FaultKey {
@@ -176,6 +181,8 @@ pub(crate) struct Fault {
     /// XID 63/64 whose action NVML has not confirmed yet: the event time (Unix
     /// nanoseconds) an NVML sample must be at least as new as to decide.
     pub awaiting_nvml: Option<u64>,
+    /// The pods the fault was seen with, latest first (bounded).
+    pub pods: Vec<gpuwatch_proto::PodRef>,
 }
 
 /// Unmatched occurrences remembered per fault for cross-source merging.
@@ -283,6 +290,8 @@ impl Fault {
             },
             boots_seen: self.boots_seen,
             escalated: self.escalated,
+            pods: self.pods.clone(),
+            gpu_instance: super::pods::key_instance(key),
             ..Default::default()
         };
         af.set_kind(key.kind);
@@ -361,9 +370,10 @@ impl Gpu {
         }
     }
 
-    /// Most severe active action (Unspecified when none).
+    /// Most severe action of the faults of the whole GPU (Unspecified when
+    /// none): a fault contained to one MIG instance does not count.
     pub fn action(&self) -> Action {
-        max_action(self.faults.values())
+        max_action(super::pods::whole_gpu_faults(self))
     }
 
     /// "GPU 3 (GPU-…, 0000:3b:00.0)".
@@ -384,6 +394,22 @@ impl Gpu {
 /// more than one of them).
 fn is_live_source(s: Source) -> bool {
     matches!(s, Source::Kmsg | Source::NvmlEvent | Source::NvmlPoll)
+}
+
+/// The key a GPU is held under for the address an event names: the
+/// normalised PCI address, or the address as given when it does not parse
+/// (the scanner reports an edited address, such as a device number above
+/// 0x1f, as printed rather than dropping the line). `None` for no address.
+///
+/// Both the accept path and the state loader key GPUs by this one function,
+/// so every GPU the engine holds can be written and read back: a loader
+/// stricter than the accept path would throw the whole state away (and every
+/// escalated fault with it) over one line it never should have seen.
+pub(crate) fn gpu_key(addr: &str) -> Option<String> {
+    if addr.is_empty() {
+        return None;
+    }
+    Some(xid_parser::normalize_pci(addr).unwrap_or_else(|| addr.to_owned()))
 }
 
 /// Recurrence identity of a device known only by PCI address.

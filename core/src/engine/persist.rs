@@ -128,6 +128,9 @@ pub(crate) struct FaultRecord {
     /// XID 63/64 waiting for an NVML sample at least this new.
     #[serde(default)]
     pub awaiting_nvml_unix_nano: Option<u64>,
+    /// The pods the fault was seen with.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<gpuwatch_proto::PodRef>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Default)]
@@ -171,6 +174,7 @@ fn fault_to_record(key: &FaultKey, f: &Fault) -> FaultRecord {
         condition_gone_unix_nano: f.condition_gone_since,
         condition_gone_samples: f.gone_samples,
         awaiting_nvml_unix_nano: f.awaiting_nvml,
+        pods: f.pods.clone(),
     }
 }
 
@@ -211,6 +215,7 @@ fn fault_from_record(r: FaultRecord) -> Result<(FaultKey, Fault), String> {
             condition_gone_since: r.condition_gone_unix_nano,
             gone_samples: r.condition_gone_samples,
             awaiting_nvml: r.awaiting_nvml_unix_nano,
+            pods: r.pods,
         },
     ))
 }
@@ -464,8 +469,8 @@ impl Engine {
         self.boots = file.boots.into_iter().collect();
         let mut active = 0usize;
         for r in file.gpus {
-            let Some(pci) = xid_parser::normalize_pci(&r.pci_address) else {
-                return Err(format!("invalid GPU PCI address {:?}", r.pci_address));
+            let Some(pci) = super::model::gpu_key(&r.pci_address) else {
+                return Err("a GPU record without a PCI address".to_owned());
             };
             let mut g = Gpu::new(pci.clone());
             g.uuid = r.uuid;

@@ -98,6 +98,49 @@ fn corrupt_file_is_kept_aside_and_the_engine_starts_fresh() {
     assert!(path.exists(), "a fresh file is written");
 }
 
+/// Every address the scanner reports on a GPU's fault is a GPU the state
+/// file can hold and give back: an address no real device has (device
+/// number above 0x1f, reported as printed) once made the loader throw the
+/// whole state away, escalated faults and kernel log position with it.
+#[test]
+fn every_gpu_the_scanner_names_survives_a_restart() {
+    let lines = [
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.",
+        "NVRM: Xid (PCI:0001:57:27): 31, pid=1, name=x, Ch 00000008, intr 10000000. MMU Fault",
+        "NVRM: Xid (PCI:10000:01:00): 48, An uncorrectable double bit error",
+    ];
+    let mut scanner = xid_parser::Scanner::new(Arc::new(xid_parser::Policy::default()));
+    let mut events = Vec::new();
+    for l in lines {
+        scanner.push(xid_parser::RecordMeta::default(), l, &mut events);
+    }
+    scanner.finish(&mut events);
+    let named: Vec<String> = events.iter().map(|e| e.pci_address.clone()).collect();
+    assert_eq!(named, ["0000:3b:00.0", "0001:57:27.0", "10000:01:00.0"]);
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut rig = Rig::new(Some(dir.path()), "boot-a");
+    for ev in events {
+        rig.fault(ev);
+    }
+    let before = rig.health();
+    assert_eq!(before.gpus.len(), 3, "{before:?}");
+    rig.engine.persist().unwrap();
+    let clock = rig.clock.clone();
+    let rig = Rig::with(
+        EngineConfig::default(),
+        Arc::new(xid_parser::Policy::default()),
+        Some(dir.path()),
+        "boot-a",
+        clock,
+    );
+    let after = rig.health();
+    let m = after.monitor.as_ref().unwrap();
+    assert!(m.state_ok, "{m:?}");
+    assert!(dir.path().join(STATE_FILE).exists());
+    assert_eq!(essence(&after), essence(&before));
+}
+
 #[test]
 fn unknown_version_or_bad_content_is_kept_aside() {
     for body in [

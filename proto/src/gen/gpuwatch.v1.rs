@@ -72,6 +72,49 @@ pub struct FaultEvent {
     /// Short human name of the code / kind (e.g. "GPU has fallen off the bus").
     #[prost(string, tag = "21")]
     pub name: ::prost::alloc::string::String,
+    /// The pods the fault is about: the one whose process caused it, and, for a
+    /// fault of the GPU itself, the pods that held the GPU (or its MIG instance).
+    #[prost(message, repeated, tag = "22")]
+    #[serde(skip_serializing_if = "::prost::alloc::vec::Vec::is_empty")]
+    pub pods: ::prost::alloc::vec::Vec<PodRef>,
+}
+/// A pod named on a fault. Any field but `role` may be empty: a pid is known
+/// by its pod UID and container id first; the name, namespace and container
+/// name come from the pods bound to the node, and a pod the kubelet lists as
+/// holding a GPU is known by name, namespace and container name.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct PodRef {
+    #[prost(string, tag = "1")]
+    pub uid: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub name: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub namespace: ::prost::alloc::string::String,
+    /// Container name (`spec.containers\[\].name`).
+    #[prost(string, tag = "4")]
+    pub container: ::prost::alloc::string::String,
+    /// The runtime's container id (no `containerd://` prefix).
+    #[prost(string, tag = "5")]
+    pub container_id: ::prost::alloc::string::String,
+    #[prost(enumeration = "PodRole", tag = "6")]
+    #[serde(with = "crate::json::pod_role")]
+    pub role: i32,
+}
+/// One MIG device (GPU instance + compute instance) of a GPU in MIG mode.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct MigDevice {
+    /// The MIG device UUID (`MIG-...`): the device id the NVIDIA device plugin
+    /// gives pods for `nvidia.com/mig-*` resources.
+    #[prost(string, tag = "1")]
+    pub uuid: ::prost::alloc::string::String,
+    #[prost(uint32, tag = "2")]
+    pub gpu_instance: u32,
+    #[prost(uint32, tag = "3")]
+    pub compute_instance: u32,
 }
 /// NVLink state of one link, read by the poller.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -161,6 +204,13 @@ pub struct GpuSample {
     /// NVLink fabric registration; absent where the driver has no GPU fabric info.
     #[prost(message, optional, tag = "31")]
     pub fabric: ::core::option::Option<GpuFabric>,
+    /// MIG mode currently enabled; absent where the GPU has no MIG support.
+    #[prost(bool, optional, tag = "32")]
+    pub mig_enabled: ::core::option::Option<bool>,
+    /// The MIG devices while MIG is enabled.
+    #[prost(message, repeated, tag = "33")]
+    #[serde(skip_serializing_if = "::prost::alloc::vec::Vec::is_empty")]
+    pub mig_devices: ::prost::alloc::vec::Vec<MigDevice>,
 }
 /// The GPU's NVLink fabric registration (nvmlDeviceGetGpuFabricInfoV, else
 /// nvmlDeviceGetGpuFabricInfo). On NVSwitch systems CUDA cannot initialise on a
@@ -190,7 +240,7 @@ pub struct GpuFabric {
 /// A fault that is currently active on a GPU (or the node).
 #[derive(serde::Serialize, serde::Deserialize)]
 #[serde(default)]
-#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+#[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ActiveFault {
     #[prost(enumeration = "FaultKind", tag = "1")]
     #[serde(with = "crate::json::fault_kind")]
@@ -227,6 +277,13 @@ pub struct ActiveFault {
     /// True when recurrence escalated the action.
     #[prost(bool, tag = "13")]
     pub escalated: bool,
+    /// The pods the fault was seen with (caused by / hit), latest first.
+    #[prost(message, repeated, tag = "14")]
+    #[serde(skip_serializing_if = "::prost::alloc::vec::Vec::is_empty")]
+    pub pods: ::prost::alloc::vec::Vec<PodRef>,
+    /// The MIG GPU instance the fault is contained to; absent: the whole GPU.
+    #[prost(uint32, optional, tag = "15")]
+    pub gpu_instance: ::core::option::Option<u32>,
 }
 /// One GPU in NodeHealth: its identity (index only once NVML confirmed it), its
 /// verdict and the action its active faults call for, and NVML's latest sample.
@@ -252,6 +309,32 @@ pub struct GpuHealth {
     /// Latest NVML sample, when there is one.
     #[prost(message, optional, tag = "7")]
     pub sample: ::core::option::Option<GpuSample>,
+    /// While the GPU is in MIG mode: each MIG device with its own verdict. A
+    /// fault contained to one GPU instance (the kernel line names it, and the
+    /// GPU itself needs no reset) marks only that instance; a fault of the
+    /// whole GPU marks every instance.
+    #[prost(message, repeated, tag = "8")]
+    #[serde(skip_serializing_if = "::prost::alloc::vec::Vec::is_empty")]
+    pub mig_instances: ::prost::alloc::vec::Vec<MigInstanceHealth>,
+}
+/// One MIG device's health (see GpuHealth.mig_instances).
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct MigInstanceHealth {
+    #[prost(string, tag = "1")]
+    pub uuid: ::prost::alloc::string::String,
+    #[prost(uint32, tag = "2")]
+    pub gpu_instance: u32,
+    #[prost(uint32, tag = "3")]
+    pub compute_instance: u32,
+    #[prost(enumeration = "Verdict", tag = "4")]
+    #[serde(with = "crate::json::verdict")]
+    pub verdict: i32,
+    /// Most severe action among the faults that hit this instance.
+    #[prost(enumeration = "Action", tag = "5")]
+    #[serde(with = "crate::json::action")]
+    pub action: i32,
 }
 /// State of gpuwatch's own monitoring inputs; failures here are never hardware verdicts.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -690,6 +773,40 @@ impl RecoveryAction {
             "RECOVERY_ACTION_BUS_RESET" => Some(Self::BusReset),
             "RECOVERY_ACTION_SYSTEM_REBOOT" => Some(Self::SystemReboot),
             "RECOVERY_ACTION_PF_FLR" => Some(Self::PfFlr),
+            _ => None,
+        }
+    }
+}
+/// How a pod is involved in a fault.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+#[repr(i32)]
+pub enum PodRole {
+    Unspecified = 0,
+    /// Its process is the one the kernel line names (`pid=`): the fault is the
+    /// application's, or at least surfaced in it.
+    Caused = 1,
+    /// It held the GPU (or MIG instance) that failed (kubelet PodResources).
+    Affected = 2,
+}
+impl PodRole {
+    /// String value of the enum field names used in the ProtoBuf definition.
+    ///
+    /// The values are not transformed in any way and thus are considered stable
+    /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+    pub fn as_str_name(&self) -> &'static str {
+        match self {
+            Self::Unspecified => "POD_ROLE_UNSPECIFIED",
+            Self::Caused => "POD_ROLE_CAUSED",
+            Self::Affected => "POD_ROLE_AFFECTED",
+        }
+    }
+    /// Creates an enum from field names used in the ProtoBuf definition.
+    pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+        match value {
+            "POD_ROLE_UNSPECIFIED" => Some(Self::Unspecified),
+            "POD_ROLE_CAUSED" => Some(Self::Caused),
+            "POD_ROLE_AFFECTED" => Some(Self::Affected),
             _ => None,
         }
     }

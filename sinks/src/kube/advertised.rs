@@ -7,8 +7,9 @@
 //! also waits for the advertised count, and while running, healthy GPUs that
 //! stay unadvertised past a grace period are reported (`GPUsNotAdvertised`).
 
-use super::config::KubeConfig;
-use gpuwatch_proto::{NodeHealth, ValidationCheck, Verdict};
+use super::config::{KubeConfig, MigStrategy};
+use gpuwatch_core::validation::mig_devices;
+use gpuwatch_proto::{GpuHealth, NodeHealth, ValidationCheck, Verdict};
 use k8s_openapi::api::core::v1::Node;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -27,44 +28,80 @@ fn matches(patterns: &[String], name: &str) -> bool {
     })
 }
 
-/// The Node's allocatable count summed over the configured resources (a
-/// quantity that is not a whole number counts as 0).
+/// The Node's allocatable count summed over the configured resources and,
+/// under the mixed MIG strategy, the MIG resources (a quantity that is not a
+/// whole number counts as 0).
 pub(crate) fn allocatable(node: &Node, cfg: &KubeConfig) -> u64 {
+    let mig = cfg.mig_strategy.mig_resource();
     node.status
         .as_ref()
         .and_then(|s| s.allocatable.as_ref())
         .map(|a| {
             a.iter()
-                .filter(|(name, _)| matches(&cfg.allocatable_resources, name))
+                .filter(|(name, _)| {
+                    matches(&cfg.allocatable_resources, name)
+                        || mig.is_some_and(|m| matches(&[m.to_owned()], name))
+                })
                 .map(|(_, q)| q.0.trim().parse::<u64>().unwrap_or(0))
                 .sum()
         })
         .unwrap_or(0)
 }
 
-/// Healthy GPUs NVML sees.
-fn healthy_gpus(health: &NodeHealth) -> u64 {
+/// The devices the plugin advertises for one GPU: its MIG devices under the
+/// single and mixed strategies while it is in MIG mode, else the GPU.
+fn devices_of(g: &GpuHealth, strategy: MigStrategy) -> u64 {
+    match (strategy, mig_devices(g)) {
+        (MigStrategy::Single | MigStrategy::Mixed, Some(n)) => n as u64,
+        _ => 1,
+    }
+}
+
+/// The devices of the GPUs `keep` selects.
+fn devices(health: &NodeHealth, cfg: &KubeConfig, keep: impl Fn(&GpuHealth) -> bool) -> u64 {
     health
         .gpus
         .iter()
-        .filter(|g| g.verdict() == Verdict::Healthy)
-        .count() as u64
+        .filter(|g| keep(g))
+        .map(|g| devices_of(g, cfg.mig_strategy))
+        .sum()
 }
 
 /// How many devices the plugin should advertise: `expected_allocatable`, else
-/// one per healthy GPU NVML sees.
+/// those of every healthy GPU NVML sees (MIG devices by the strategy).
 pub(crate) fn wanted(health: &NodeHealth, cfg: &KubeConfig) -> u64 {
-    cfg.expected_allocatable
-        .map_or_else(|| healthy_gpus(health), u64::from)
+    cfg.expected_allocatable.map_or_else(
+        || devices(health, cfg, |g| g.verdict() == Verdict::Healthy),
+        u64::from,
+    )
 }
 
+/// The resources counted, for messages.
 fn resources(cfg: &KubeConfig) -> String {
-    cfg.allocatable_resources.join(", ")
+    let mut r = cfg.allocatable_resources.join(", ");
+    if let Some(m) = cfg.mig_strategy.mig_resource() {
+        r.push_str(", ");
+        r.push_str(m);
+    }
+    r
+}
+
+/// What a count is of: GPUs, or devices once MIG devices are counted.
+fn unit(health: &NodeHealth, cfg: &KubeConfig) -> &'static str {
+    if cfg.expected_allocatable.is_none()
+        && cfg.mig_strategy != MigStrategy::None
+        && health.gpus.iter().any(|g| mig_devices(g).is_some())
+    {
+        "devices (MIG devices of GPUs in MIG mode)"
+    } else {
+        "GPUs"
+    }
 }
 
 /// The startup-gate check: the device plugin advertises `expected_allocatable`,
-/// else one device per GPU NVML sees (the gate's other checks require each of
-/// them healthy). `None` when the check is off (`allocatable_resources` empty).
+/// else the devices of every GPU NVML sees (the gate's other checks require
+/// each of them healthy). `None` when the check is off (`allocatable_resources`
+/// empty).
 pub(crate) fn gate_check(
     node: &Node,
     health: &NodeHealth,
@@ -76,14 +113,16 @@ pub(crate) fn gate_check(
     let have = allocatable(node, cfg);
     let want = cfg
         .expected_allocatable
-        .map_or(health.gpus.len() as u64, u64::from);
+        .map_or_else(|| devices(health, cfg, |_| true), u64::from);
     Some(ValidationCheck {
         name: CHECK.to_owned(),
         gpu_index: None,
         passed: have >= want,
         message: format!(
-            "device plugin advertises {have} of {want} GPUs (allocatable {})",
-            resources(cfg)
+            "device plugin advertises {have} of {want} {} (allocatable {}; MIG strategy {})",
+            unit(health, cfg),
+            resources(cfg),
+            cfg.mig_strategy.name()
         ),
     })
 }
@@ -162,10 +201,11 @@ impl NotAdvertised {
     }
 
     /// The problem-condition / Event message.
-    pub(crate) fn message(&self, cfg: &KubeConfig) -> String {
+    pub(crate) fn message(&self, cfg: &KubeConfig, health: &NodeHealth) -> String {
         let (have, want) = self.last;
         format!(
-            "NVML sees {want} healthy GPUs but the device plugin advertises {have} (allocatable {}) for over {}s; pods cannot use the rest",
+            "NVML sees {want} healthy {} but the device plugin advertises {have} (allocatable {}) for over {}s; pods cannot use the rest",
+            unit(health, cfg),
             resources(cfg),
             self.grace.as_secs()
         )
@@ -210,6 +250,78 @@ mod tests {
         assert_eq!(allocatable(&Node::default(), &cfg), 0);
     }
 
+    /// Two GPUs in MIG mode (3 and 2 MIG devices) and one whole GPU.
+    fn mig_health() -> NodeHealth {
+        let gpu = |mig: u32| {
+            let mut g = GpuHealth {
+                sample: Some(gpuwatch_proto::GpuSample {
+                    mig_enabled: Some(mig > 0),
+                    mig_devices: (0..mig)
+                        .map(|i| gpuwatch_proto::MigDevice {
+                            uuid: format!("MIG-{i}"),
+                            gpu_instance: i + 1,
+                            compute_instance: 0,
+                        })
+                        .collect(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            g.set_verdict(Verdict::Healthy);
+            g
+        };
+        NodeHealth {
+            gpus: vec![gpu(3), gpu(2), gpu(0)],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_gate_counts_mig_devices_by_the_device_plugin_strategy() {
+        let health = mig_health();
+        let check = |strategy: MigStrategy, alloc: &[(&str, &str)]| {
+            let cfg = KubeConfig {
+                mig_strategy: strategy,
+                ..KubeConfig::default()
+            };
+            gate_check(&node(alloc), &health, &cfg).unwrap()
+        };
+        // single: every MIG device is an nvidia.com/gpu.
+        let c = check(MigStrategy::Single, &[("nvidia.com/gpu", "5")]);
+        assert!(!c.passed, "{}", c.message);
+        assert!(
+            c.message.contains("advertises 5 of 6 devices (MIG devices"),
+            "{}",
+            c.message
+        );
+        assert!(check(MigStrategy::Single, &[("nvidia.com/gpu", "6")]).passed);
+        // mixed: MIG devices under their profiles, the whole GPU as nvidia.com/gpu.
+        let mixed = [
+            ("nvidia.com/gpu", "1"),
+            ("nvidia.com/mig-3g.71gb", "2"),
+            ("nvidia.com/mig-1g.18gb", "2"),
+        ];
+        let c = check(MigStrategy::Mixed, &mixed);
+        assert!(!c.passed, "one MIG device is missing: {}", c.message);
+        assert!(c.message.contains("nvidia.com/mig-*"), "{}", c.message);
+        let mut all = mixed.to_vec();
+        all[2].1 = "3";
+        assert!(check(MigStrategy::Mixed, &all).passed);
+        // none: the plugin ignores MIG and advertises whole GPUs.
+        let c = check(MigStrategy::None, &[("nvidia.com/gpu", "3")]);
+        assert!(c.passed, "{}", c.message);
+        assert!(c.message.contains("3 of 3 GPUs"), "{}", c.message);
+        // Running: only healthy GPUs' devices are wanted.
+        let mut h = health.clone();
+        h.gpus[0].set_verdict(Verdict::Unhealthy);
+        assert_eq!(wanted(&h, &KubeConfig::default()), 3);
+        let fixed = KubeConfig {
+            expected_allocatable: Some(4),
+            ..KubeConfig::default()
+        };
+        assert_eq!(wanted(&h, &fixed), 4, "an explicit count wins");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn shortfall_is_reported_after_the_grace_period_and_cleared_on_recovery() {
         let grace = Duration::from_secs(300);
@@ -228,7 +340,7 @@ mod tests {
         assert!(t.active());
         assert_eq!(t.deadline(), None);
         assert!(
-            t.message(&KubeConfig::default())
+            t.message(&KubeConfig::default(), &NodeHealth::default())
                 .contains("sees 8 healthy GPUs but the device plugin advertises 6")
         );
         // Reported once, not on every look.

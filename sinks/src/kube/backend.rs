@@ -52,7 +52,7 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    fn from_kube(e: kube::Error) -> ApiError {
+    pub(crate) fn from_kube(e: kube::Error) -> ApiError {
         match &e {
             kube::Error::Api(s) => {
                 let msg = format!("{} ({} {})", s.message, s.code, s.reason);
@@ -104,6 +104,8 @@ pub(crate) enum Backend {
     Live {
         nodes: Api<Node>,
         events: Api<Event>,
+        /// For Events in other namespaces (a Pod's are in the pod's).
+        client: kube::Client,
         node_name: String,
         timeout: Duration,
     },
@@ -319,11 +321,16 @@ impl Backend {
         }
     }
 
+    /// Creates `ev` in its namespace.
     pub(crate) async fn create_event(&self, ev: &Event) -> ApiResult<Event> {
         match self {
             Backend::Live {
-                events, timeout, ..
-            } => timed(*timeout, events.create(&PostParams::default(), ev)).await,
+                client, timeout, ..
+            } => {
+                let ns = ev.metadata.namespace.as_deref().unwrap_or("default");
+                let events: Api<Event> = Api::namespaced(client.clone(), ns);
+                timed(*timeout, events.create(&PostParams::default(), ev)).await
+            }
             Backend::DryRun { events, .. } => {
                 tracing::info!(
                     request = "POST events",
@@ -336,11 +343,17 @@ impl Backend {
         }
     }
 
-    pub(crate) async fn patch_event(&self, name: &str, patch: &Value) -> ApiResult<Event> {
+    pub(crate) async fn patch_event(
+        &self,
+        namespace: &str,
+        name: &str,
+        patch: &Value,
+    ) -> ApiResult<Event> {
         match self {
             Backend::Live {
-                events, timeout, ..
+                client, timeout, ..
             } => {
+                let events: Api<Event> = Api::namespaced(client.clone(), namespace);
                 timed(
                     *timeout,
                     events.patch(name, &PatchParams::default(), &Patch::Merge(patch)),

@@ -110,7 +110,8 @@ pub async fn node_cleanup(
     let client = build_client(cfg).await?;
     let backend = Backend::Live {
         nodes: kube::Api::all(client.clone()),
-        events: kube::Api::namespaced(client, &cfg.event_namespace),
+        events: kube::Api::namespaced(client.clone(), &cfg.event_namespace),
+        client,
         node_name: node_name.to_owned(),
         timeout: Duration::from_secs(cfg.request_timeout_secs),
     };

@@ -77,9 +77,15 @@ pub struct KubeConfig {
     /// expected count, and healthy GPUs left unadvertised are reported. Empty:
     /// neither (no device plugin, e.g. dynamic resource allocation).
     pub allocatable_resources: Vec<String>,
-    /// Devices the plugin must advertise (e.g. MIG instances). Unset: one per
-    /// healthy GPU NVML sees.
+    /// Devices the plugin must advertise. Unset: counted from what NVML sees,
+    /// by [`KubeConfig::mig_strategy`].
     pub expected_allocatable: Option<u32>,
+    /// The device plugin's MIG strategy (its `MIG_STRATEGY`), which decides
+    /// what a GPU in MIG mode is advertised as: one device per MIG device
+    /// (`single`: as `nvidia.com/gpu`; `mixed`: as `nvidia.com/mig-<profile>`,
+    /// counted without listing them in `allocatable_resources`), or the whole
+    /// GPU (`none`). GPUs not in MIG mode count one each under every strategy.
+    pub mig_strategy: MigStrategy,
     /// Seconds healthy GPUs may stay unadvertised while running before the
     /// problem condition (reason `GPUsNotAdvertised`, no taint) and a Warning
     /// Event report it.
@@ -88,6 +94,14 @@ pub struct KubeConfig {
     pub events: bool,
     /// Namespace Node Events are written to (kubelet uses `default`).
     pub event_namespace: String,
+    /// Write a Warning Event on the Pod a fault names (in the pod's
+    /// namespace): the pod whose process caused it, or one that held the
+    /// failed GPU.
+    pub pod_events: bool,
+    /// New Events per pod per `event_dedup_window_secs` at most (repeats of
+    /// one fault update that Event's count and do not count here); more are
+    /// dropped and counted.
+    pub pod_event_limit: u32,
     /// Events queued at most; the oldest is dropped (and counted) beyond this.
     pub event_queue_capacity: usize,
     /// Token-bucket burst of Event writes.
@@ -144,6 +158,37 @@ pub struct KubeConfig {
     pub condition_flap_window_secs: u64,
 }
 
+/// How the NVIDIA device plugin advertises GPUs in MIG mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MigStrategy {
+    /// MIG is ignored: every GPU is one `nvidia.com/gpu`.
+    None,
+    /// Every MIG device is one `nvidia.com/gpu` (the GPU Operator's default).
+    #[default]
+    Single,
+    /// Every MIG device is one `nvidia.com/mig-<profile>`; GPUs not in MIG
+    /// mode stay `nvidia.com/gpu`.
+    Mixed,
+}
+
+impl MigStrategy {
+    /// The resource pattern a MIG device is advertised under, when it is
+    /// not `nvidia.com/gpu`.
+    pub(crate) fn mig_resource(self) -> Option<&'static str> {
+        matches!(self, MigStrategy::Mixed).then_some("nvidia.com/mig-*")
+    }
+
+    /// The config value.
+    pub fn name(self) -> &'static str {
+        match self {
+            MigStrategy::None => "none",
+            MigStrategy::Single => "single",
+            MigStrategy::Mixed => "mixed",
+        }
+    }
+}
+
 /// What passing the startup gate's validation does.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -178,9 +223,12 @@ impl Default for KubeConfig {
             validation_interval_secs: 30,
             allocatable_resources: vec!["nvidia.com/gpu".into()],
             expected_allocatable: None,
+            mig_strategy: MigStrategy::Single,
             not_advertised_grace_secs: 300,
             events: true,
             event_namespace: "default".into(),
+            pod_events: true,
+            pod_event_limit: 5,
             event_queue_capacity: 256,
             event_burst: 10,
             events_per_minute: 30,

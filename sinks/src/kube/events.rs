@@ -44,6 +44,8 @@ pub(crate) struct PendingEvent {
     pub count: u32,
     /// When the (latest) occurrence happened.
     pub time: SystemTime,
+    /// The Pod the Event is about; `None`: the Node.
+    pub pod: Option<super::pod_events::PodTarget>,
 }
 
 /// Event reason for a fault event (`XID79`, `SXID12028`, `PCIeAERFatal`, ...):
@@ -141,13 +143,19 @@ pub(crate) fn pending_from(ev: &FaultEvent, now: SystemTime) -> PendingEvent {
         message: truncate(message, MAX_EVENT_MESSAGE),
         count: ev.count.max(1),
         time,
+        pod: None,
     }
 }
 
 /// Bounded, coalescing queue shared by the sink and the writer task.
+///
+/// Node Events and Pod Events wait in two lanes of `capacity` each, taken in
+/// turn: a storm of Node Events (a replayed ring, every GPU at once) neither
+/// pushes the Event a pod owner needs out of the queue nor keeps it waiting
+/// behind the whole backlog at the token bucket's pace, and the reverse.
 #[derive(Debug)]
 pub(crate) struct EventQueue {
-    items: Mutex<VecDeque<PendingEvent>>,
+    items: Mutex<Lanes>,
     capacity: usize,
     notify: Notify,
     in_flight: AtomicUsize,
@@ -155,10 +163,56 @@ pub(crate) struct EventQueue {
     registry: Arc<Registry>,
 }
 
+/// The two lanes of [`EventQueue`].
+#[derive(Debug, Default)]
+struct Lanes {
+    node: VecDeque<PendingEvent>,
+    pods: VecDeque<PendingEvent>,
+    /// The pod lane goes next when both hold Events.
+    pod_next: bool,
+}
+
+impl Lanes {
+    fn lane(&mut self, p: &PendingEvent) -> &mut VecDeque<PendingEvent> {
+        if p.pod.is_some() {
+            &mut self.pods
+        } else {
+            &mut self.node
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.node.len() + self.pods.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.node.is_empty() && self.pods.is_empty()
+    }
+
+    fn clear(&mut self) {
+        self.node.clear();
+        self.pods.clear();
+    }
+
+    fn pop(&mut self) -> Option<PendingEvent> {
+        let from_pods = match (self.node.is_empty(), self.pods.is_empty()) {
+            (true, true) => return None,
+            (false, false) => self.pod_next,
+            (node_empty, _) => node_empty,
+        };
+        self.pod_next = !from_pods;
+        if from_pods {
+            self.pods.pop_front()
+        } else {
+            self.node.pop_front()
+        }
+    }
+}
+
 impl EventQueue {
     pub(crate) fn new(capacity: usize, registry: Arc<Registry>) -> EventQueue {
         EventQueue {
-            items: Mutex::new(VecDeque::new()),
+            items: Mutex::new(Lanes::default()),
             capacity: capacity.max(1),
             notify: Notify::new(),
             in_flight: AtomicUsize::new(0),
@@ -167,19 +221,20 @@ impl EventQueue {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<PendingEvent>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Lanes> {
         self.items.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Queues an event; never blocks.
     pub(crate) fn push(&self, p: PendingEvent) {
         {
-            let mut q = self.lock();
+            let mut lanes = self.lock();
+            let q = lanes.lane(&p);
             if let Some(existing) = q.iter_mut().find(|e| e.key == p.key) {
                 existing.count = existing.count.saturating_add(p.count);
                 existing.message = p.message;
                 existing.time = existing.time.max(p.time);
-                drop(q);
+                drop(lanes);
                 self.registry
                     .count_events(Stage::KubeEvents, Outcome::Coalesced, 1);
                 return;
@@ -187,7 +242,7 @@ impl EventQueue {
             q.push_back(p);
             if q.len() > self.capacity {
                 q.pop_front();
-                drop(q);
+                drop(lanes);
                 self.registry
                     .count_events(Stage::KubeEvents, Outcome::Dropped, 1);
             }
@@ -196,8 +251,7 @@ impl EventQueue {
     }
 
     fn pop(&self) -> Option<PendingEvent> {
-        let mut q = self.lock();
-        let p = q.pop_front();
+        let p = self.lock().pop();
         if p.is_some() {
             self.in_flight.fetch_add(1, Ordering::SeqCst);
         }
@@ -208,15 +262,19 @@ impl EventQueue {
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 
-    /// Puts a failed item back at the front (or drops it when the queue filled meanwhile).
+    /// Puts a failed item back at the front of its lane, next to be taken
+    /// (or drops it when the lane filled meanwhile).
     fn requeue(&self, p: PendingEvent) {
-        let mut q = self.lock();
+        let mut lanes = self.lock();
+        let pod = p.pod.is_some();
+        let q = lanes.lane(&p);
         if q.len() >= self.capacity {
-            drop(q);
+            drop(lanes);
             self.registry
                 .count_events(Stage::KubeEvents, Outcome::Dropped, 1);
         } else {
             q.push_front(p);
+            lanes.pod_next = pod;
         }
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
@@ -239,6 +297,8 @@ impl EventQueue {
 pub(crate) struct KubeEventSink {
     pub(crate) queue: Arc<EventQueue>,
     pub(crate) enabled: bool,
+    /// Also an Event on every Pod the fault names.
+    pub(crate) pods: bool,
 }
 
 impl std::fmt::Debug for KubeEventSink {
@@ -259,7 +319,13 @@ impl EventSink for KubeEventSink {
         if !self.enabled || matches!(event.action(), Action::Ignore) {
             return;
         }
-        self.queue.push(pending_from(event, SystemTime::now()));
+        let now = SystemTime::now();
+        self.queue.push(pending_from(event, now));
+        if self.pods {
+            for p in super::pod_events::pending_for_pods(event, now) {
+                self.queue.push(p);
+            }
+        }
     }
 
     fn flush(&self, timeout: Duration) {
@@ -306,6 +372,8 @@ impl TokenBucket {
 /// An Event of ours known to exist on the API.
 #[derive(Debug, Clone)]
 struct Known {
+    /// The Event's namespace (a Pod's Events are in the pod's).
+    namespace: String,
     name: String,
     count: i32,
     last: SystemTime,
@@ -314,6 +382,42 @@ struct Known {
     /// When this process last wrote or listed it (the age the map is pruned by:
     /// Event times come from the kernel log and NVML and may lag the clock).
     touched: Instant,
+}
+
+/// New Events written per pod within the dedup window (the per-pod cap).
+#[derive(Debug, Default)]
+pub(crate) struct PodCaps {
+    by_pod: HashMap<(String, String), VecDeque<SystemTime>>,
+}
+
+impl PodCaps {
+    /// Whether one more new Event about `pod` at `at` fits under `limit`
+    /// within `window`; counts it when it does.
+    pub(crate) fn admit(
+        &mut self,
+        pod: &super::pod_events::PodTarget,
+        at: SystemTime,
+        window: Duration,
+        limit: u32,
+    ) -> bool {
+        let recent = |t: &SystemTime| at.duration_since(*t).unwrap_or(Duration::ZERO) < window;
+        self.by_pod.retain(|_, q| q.back().is_some_and(recent));
+        if self.by_pod.len() >= KNOWN_CAPACITY {
+            self.by_pod.clear();
+        }
+        let q = self
+            .by_pod
+            .entry((pod.namespace.clone(), pod.name.clone()))
+            .or_default();
+        while q.front().is_some_and(|t| !recent(t)) {
+            q.pop_front();
+        }
+        if q.len() >= limit as usize {
+            return false;
+        }
+        q.push_back(at);
+        true
+    }
 }
 
 /// Most Events the dedup map remembers; beyond it the least recently written go.
@@ -371,29 +475,50 @@ impl EventWriter {
             .time
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
-        let uid = self
-            .node_uid
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .unwrap_or_else(|| self.node_name.clone());
+        let (name, namespace, involved) = match &p.pod {
+            Some(pod) => (
+                format!("{}.{:x}.{seq}", pod.name, nanos),
+                pod.namespace.clone(),
+                ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: Some(pod.name.clone()),
+                    namespace: Some(pod.namespace.clone()),
+                    uid: Some(pod.uid.clone()).filter(|u| !u.is_empty()),
+                    ..Default::default()
+                },
+            ),
+            None => {
+                let uid = self
+                    .node_uid
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone()
+                    .unwrap_or_else(|| self.node_name.clone());
+                (
+                    format!("{}.{:x}.{seq}", self.node_name, nanos),
+                    self.cfg.event_namespace.clone(),
+                    ObjectReference {
+                        api_version: Some("v1".into()),
+                        kind: Some("Node".into()),
+                        name: Some(self.node_name.clone()),
+                        uid: Some(uid),
+                        ..Default::default()
+                    },
+                )
+            }
+        };
         Event {
             metadata: ObjectMeta {
-                name: Some(format!("{}.{:x}.{seq}", self.node_name, nanos)),
-                namespace: Some(self.cfg.event_namespace.clone()),
+                name: Some(name),
+                namespace: Some(namespace),
                 annotations: Some(BTreeMap::from([(
                     DEDUP_ANNOTATION.to_owned(),
                     p.key.clone(),
                 )])),
                 ..Default::default()
             },
-            involved_object: ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Node".into()),
-                name: Some(self.node_name.clone()),
-                uid: Some(uid),
-                ..Default::default()
-            },
+            involved_object: involved,
             reason: Some(p.reason.clone()),
             message: Some(p.message.clone()),
             type_: Some(p.type_.to_owned()),
@@ -435,6 +560,7 @@ impl EventWriter {
                 known.insert(
                     key,
                     Known {
+                        namespace: self.cfg.event_namespace.clone(),
                         name,
                         count: e.count.unwrap_or(1),
                         last,
@@ -452,6 +578,7 @@ impl EventWriter {
         &self,
         p: &PendingEvent,
         known: &mut HashMap<String, Known>,
+        pod_caps: &mut PodCaps,
         seq: u64,
     ) -> Result<(), ApiError> {
         let window = Duration::from_secs(self.cfg.event_dedup_window_secs);
@@ -474,7 +601,11 @@ impl EventWriter {
                 "lastTimestamp": to_time(last),
                 "message": p.message,
             });
-            match self.backend.patch_event(&k.name, &patch).await {
+            match self
+                .backend
+                .patch_event(&k.namespace, &k.name, &patch)
+                .await
+            {
                 Ok(_) => {
                     self.registry
                         .count_kube_write(KubeObject::Event, WriteResult::Ok);
@@ -483,6 +614,7 @@ impl EventWriter {
                     known.insert(
                         p.key.clone(),
                         Known {
+                            namespace: k.namespace,
                             name: k.name,
                             count,
                             last,
@@ -503,6 +635,14 @@ impl EventWriter {
                 }
             }
         }
+        if let Some(pod) = &p.pod
+            && !pod_caps.admit(pod, p.time, window, self.cfg.pod_event_limit)
+        {
+            tracing::debug!(reason = %p.reason, pod = %pod.name, namespace = %pod.namespace, "Pod Event limit reached; dropped.");
+            self.registry
+                .count_events(Stage::KubeEvents, Outcome::Dropped, 1);
+            return Ok(());
+        }
         let ev = self.new_event(p, seq);
         match self.backend.create_event(&ev).await {
             Ok(created) => {
@@ -513,6 +653,7 @@ impl EventWriter {
                 known.insert(
                     p.key.clone(),
                     Known {
+                        namespace: ev.metadata.namespace.clone().unwrap_or_default(),
                         name: created
                             .metadata
                             .name
@@ -543,6 +684,7 @@ impl EventWriter {
     /// twice), then writes at the token bucket's pace, retrying what failed.
     pub(crate) async fn run(self) {
         let mut known: HashMap<String, Known> = HashMap::new();
+        let mut pod_caps = PodCaps::default();
         let mut listed = false;
         let mut bucket = TokenBucket::new(
             self.cfg.event_burst,
@@ -612,7 +754,7 @@ impl EventWriter {
                 Duration::from_secs(self.cfg.event_dedup_window_secs),
                 KNOWN_CAPACITY,
             );
-            match self.write(&p, &mut known, seq).await {
+            match self.write(&p, &mut known, &mut pod_caps, seq).await {
                 Ok(()) => {
                     backoff.reset();
                     self.queue.done();
@@ -755,6 +897,42 @@ mod tests {
     }
 
     #[test]
+    fn a_storm_of_node_events_neither_evicts_nor_starves_a_pod_event() {
+        let reg = Registry::new();
+        let q = EventQueue::new(4, reg.clone());
+        let node = |code| pending_from(&ev(code, Action::ResetGpu), SystemTime::UNIX_EPOCH);
+        let mut pod = node(13);
+        pod.key = "pod/ml/trainer-0/XID13".into();
+        pod.pod = Some(super::super::pod_events::PodTarget {
+            namespace: "ml".into(),
+            name: "trainer-0".into(),
+            uid: "u".into(),
+        });
+        q.push(node(1));
+        q.push(pod.clone());
+        for code in 2..50 {
+            q.push(node(code));
+        }
+        // The node lane dropped its oldest; the pod's Event is still there.
+        assert_eq!(q.len(), 5);
+        assert_eq!(reg.events(Stage::KubeEvents, Outcome::Dropped), 45);
+        let first = q.pop().unwrap();
+        assert!(first.pod.is_none());
+        // A failed write goes back to the front of its lane and is taken next.
+        q.requeue(first);
+        assert!(q.pop().unwrap().pod.is_none());
+        q.done();
+        assert_eq!(
+            q.pop().unwrap().key,
+            pod.key,
+            "taken in turn with the node lane"
+        );
+        q.done();
+        let rest: Vec<String> = std::iter::from_fn(|| q.pop().map(|p| p.reason)).collect();
+        assert_eq!(rest, ["XID47", "XID48", "XID49"]);
+    }
+
+    #[test]
     fn token_bucket_paces() {
         let t0 = Instant::now();
         let mut b = TokenBucket::new(2, 60, t0);
@@ -777,6 +955,7 @@ mod tests {
         let sink = KubeEventSink {
             queue: Arc::new(EventQueue::new(8, reg)),
             enabled: true,
+            pods: true,
         };
         sink.send(&ev(0, Action::Ignore));
         assert_eq!(sink.queue.len(), 0);
@@ -785,10 +964,34 @@ mod tests {
     }
 
     #[test]
+    fn pod_events_are_capped_per_pod_within_the_window() {
+        let mut caps = PodCaps::default();
+        let pod = |name: &str| super::super::pod_events::PodTarget {
+            namespace: "ml".into(),
+            name: name.into(),
+            uid: String::new(),
+        };
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let w = Duration::from_secs(600);
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert!((0..3).all(|i| caps.admit(&pod("a"), at(i), w, 3)));
+        assert!(
+            !caps.admit(&pod("a"), at(10), w, 3),
+            "fourth within the window"
+        );
+        assert!(
+            caps.admit(&pod("b"), at(10), w, 3),
+            "another pod has its own cap"
+        );
+        assert!(caps.admit(&pod("a"), at(601), w, 3), "the window moved on");
+    }
+
+    #[test]
     fn dedup_map_ages_out_and_stays_bounded() {
         let now = Instant::now() + Duration::from_secs(10_000);
         let window = Duration::from_secs(600);
         let known_at = |secs_ago: u64| Known {
+            namespace: "default".into(),
             name: format!("ev-{secs_ago}"),
             count: 1,
             last: SystemTime::UNIX_EPOCH,

@@ -2,7 +2,7 @@
 
 use super::advertised::{self, Change, NotAdvertised};
 use super::backend::{ApiError, Backend};
-use super::config::{KubeConfig, StartupGateMode};
+use super::config::{KubeConfig, MigStrategy, StartupGateMode};
 use super::desired::{DesiredCondition, FALSE, Gate, TRUE, UNKNOWN, desired};
 use super::events::{EventQueue, PendingEvent};
 use super::node::{
@@ -13,7 +13,7 @@ use super::quarantine;
 use super::retry::{self, Backoff};
 use super::schedule::{Schedule, Wake, error_policy};
 use futures::StreamExt;
-use gpuwatch_core::validation::{self, ValidationConfig};
+use gpuwatch_core::validation::{self, Expected, ValidationConfig};
 use gpuwatch_core::{KubeObject, Registry, ValidationResult, WriteResult};
 use gpuwatch_proto::{NodeHealth, ValidationReport};
 use k8s_openapi::api::core::v1::Node;
@@ -81,6 +81,34 @@ fn rv_of(n: &Node) -> Option<&str> {
     n.metadata.resource_version.as_deref()
 }
 
+/// The expected count the startup gate validates against: the configured
+/// GPU count, else the Node's count ([`expected_gpus`]), which under the
+/// single MIG strategy counts MIG devices once NVML sees GPUs in MIG mode.
+pub(crate) fn expected(
+    node: Option<&Node>,
+    vcfg: &ValidationConfig,
+    cfg: &KubeConfig,
+    health: &NodeHealth,
+) -> Option<Expected> {
+    if let Some(n) = vcfg.expected_gpus {
+        return Some(Expected::Gpus(n));
+    }
+    Some(node_count(expected_gpus(node?, vcfg)?, cfg, health))
+}
+
+/// A count read from the Node, in the units it counts (see [`expected`]).
+pub(crate) fn node_count(n: u32, cfg: &KubeConfig, health: &NodeHealth) -> Expected {
+    let mig = health
+        .gpus
+        .iter()
+        .any(|g| validation::mig_devices(g).is_some());
+    if mig && cfg.mig_strategy == MigStrategy::Single {
+        Expected::SingleStrategyDevices(n)
+    } else {
+        Expected::Gpus(n)
+    }
+}
+
 /// Expected GPU count: config, else the node label, else `nvidia.com/gpu` capacity.
 pub(crate) fn expected_gpus(node: &Node, vcfg: &ValidationConfig) -> Option<u32> {
     if let Some(n) = vcfg.expected_gpus {
@@ -105,10 +133,10 @@ pub(crate) fn expected_gpus(node: &Node, vcfg: &ValidationConfig) -> Option<u32>
 /// Runs `validation::validate` and, when every other check passed, the extra command.
 pub(crate) async fn run_validation(
     health: Arc<NodeHealth>,
-    expected: Option<u32>,
+    expected: Option<Expected>,
     vcfg: ValidationConfig,
 ) -> ValidationReport {
-    let mut report = validation::validate(&health, expected, &vcfg);
+    let mut report = validation::validate_expecting(&health, expected, &vcfg);
     if report.passed && !vcfg.command.is_empty() {
         let check = crate::extra_command::run_extra_command(&vcfg).await;
         validation::add_check(&mut report, check);
@@ -244,6 +272,7 @@ impl Reconciler {
                 message,
                 count: 1,
                 time: SystemTime::now(),
+                pod: None,
             });
         }
     }
@@ -251,11 +280,8 @@ impl Reconciler {
     /// The pure checks on `health` (no extra command), with the expected GPU
     /// count of the live Node.
     fn recheck(&self, health: &NodeHealth) -> ValidationReport {
-        let expected = self
-            .live
-            .as_ref()
-            .and_then(|n| expected_gpus(n, &self.vcfg));
-        let mut r = validation::validate(health, expected, &self.vcfg);
+        let expected = expected(self.live.as_ref(), &self.vcfg, &self.cfg, health);
+        let mut r = validation::validate_expecting(health, expected, &self.vcfg);
         self.add_device_plugin_check(&mut r, health);
         r.time_unix_nano = Some(unix_nanos(SystemTime::now()));
         r
@@ -421,7 +447,7 @@ impl Reconciler {
             let wanted = advertised::wanted(health, &self.cfg);
             self.not_advertised.observe(have, wanted, Instant::now())
         };
-        let message = self.not_advertised.message(&self.cfg);
+        let message = self.not_advertised.message(&self.cfg, health);
         match change {
             Change::Raised => {
                 tracing::warn!(node = %self.node_name, message = %message, "GPUs are not advertised by the device plugin.");
@@ -708,11 +734,8 @@ impl Reconciler {
             return;
         }
         let health = self.health_rx.borrow().clone();
-        let expected = self
-            .live
-            .as_ref()
-            .and_then(|n| expected_gpus(n, &self.vcfg));
-        if let Some(e) = expected {
+        let expected = expected(self.live.as_ref(), &self.vcfg, &self.cfg, &health);
+        if let Some(Expected::Gpus(e)) = expected {
             self.registry.gpus_expected.store(u64::from(e), Relaxed);
         }
         self.gate_spoiled = false;

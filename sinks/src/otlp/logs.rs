@@ -390,14 +390,48 @@ pub(crate) fn fill_record(rec: &mut SdkLogRecord, ev: &FaultEvent, observed: Sys
     rec.add_attribute("source", ev.source().short_name());
     rec.add_attribute("count", i64::from(ev.count.max(1)));
     for (k, v) in &ev.attributes {
-        // OpenTelemetry semantic-convention keys (the faulting pod and
-        // container) keep their names, so a backend joins them with its
-        // other Kubernetes data; gpuwatch's own keys get its prefix.
-        if k.starts_with("k8s.") || k.starts_with("container.") {
-            rec.add_attribute(k.clone(), v.clone());
-        } else {
-            rec.add_attribute(format!("gpuwatch.{k}"), v.clone());
+        rec.add_attribute(format!("gpuwatch.{k}"), v.clone());
+    }
+    add_pods(rec, &ev.pods);
+}
+
+/// The fault's pod under the OpenTelemetry semantic-convention names (so a
+/// backend joins it with its other Kubernetes data): the pod whose process
+/// caused it, else the one pod that held the failed GPU. Every pod that held
+/// it is listed in `gpuwatch.affected_pods` (`namespace/name`, comma
+/// separated).
+fn add_pods(rec: &mut SdkLogRecord, pods: &[gpuwatch_proto::PodRef]) {
+    use gpuwatch_proto::PodRole;
+    let affected: Vec<&gpuwatch_proto::PodRef> = pods
+        .iter()
+        .filter(|p| p.role() == PodRole::Affected)
+        .collect();
+    let main = pods
+        .iter()
+        .find(|p| p.role() == PodRole::Caused)
+        .or(match affected.as_slice() {
+            [one] => Some(*one),
+            _ => None,
+        });
+    if let Some(p) = main {
+        for (key, value) in [
+            ("k8s.pod.uid", &p.uid),
+            ("k8s.pod.name", &p.name),
+            ("k8s.namespace.name", &p.namespace),
+            ("k8s.container.name", &p.container),
+            ("container.id", &p.container_id),
+        ] {
+            if !value.is_empty() {
+                rec.add_attribute(key, value.clone());
+            }
         }
+    }
+    if !affected.is_empty() {
+        let list: Vec<String> = affected
+            .iter()
+            .map(|p| format!("{}/{}", p.namespace, p.name))
+            .collect();
+        rec.add_attribute("gpuwatch.affected_pods", list.join(","));
     }
 }
 
@@ -642,15 +676,15 @@ mod tests {
             gpu_index: Some(1),
             time_unix_nano: Some(1_700_000_000_000_000_000),
             count: 2,
-            attributes: [
-                ("channel".to_owned(), "0x00000008".to_owned()),
-                (
-                    "k8s.pod.uid".to_owned(),
-                    "1f2e3d4c-5b6a-4789-8abc-def012345678".to_owned(),
-                ),
-                ("container.id".to_owned(), "4f1c0e8b6a2d".to_owned()),
-            ]
-            .into(),
+            attributes: [("channel".to_owned(), "0x00000008".to_owned())].into(),
+            pods: vec![gpuwatch_proto::PodRef {
+                uid: "1f2e3d4c-5b6a-4789-8abc-def012345678".into(),
+                name: "trainer-0".into(),
+                namespace: "ml".into(),
+                container: "main".into(),
+                container_id: "4f1c0e8b6a2d".into(),
+                role: gpuwatch_proto::PodRole::Caused as i32,
+            }],
             ..Default::default()
         };
         e.set_kind(gpuwatch_proto::FaultKind::Xid);
@@ -671,7 +705,11 @@ mod tests {
         assert!(attrs["gpuwatch.channel"].contains("0x00000008"));
         // Semantic-convention keys keep their names.
         assert!(attrs["k8s.pod.uid"].contains("1f2e3d4c"));
+        assert!(attrs["k8s.pod.name"].contains("trainer-0"));
+        assert!(attrs["k8s.namespace.name"].contains("ml"));
+        assert!(attrs["k8s.container.name"].contains("main"));
         assert!(attrs["container.id"].contains("4f1c0e8b6a2d"));
+        assert!(!attrs.contains_key("gpuwatch.affected_pods"));
         assert!(attrs["action"].contains("inspect_hardware"));
     }
 

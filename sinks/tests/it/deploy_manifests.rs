@@ -329,7 +329,10 @@ fn check_agent(ds: &DaemonSet, cms: &[&ConfigMap], what: &str) -> i32 {
     for v in volumes {
         if let Some(hp) = &v.host_path {
             assert!(
-                hp.path == "/dev/kmsg" || hp.path == STATE_DIR || hp.path == "/proc",
+                hp.path == "/dev/kmsg"
+                    || hp.path == STATE_DIR
+                    || hp.path == "/proc"
+                    || hp.path == "/var/lib/kubelet/pod-resources",
                 "{what}: extra hostPath {}",
                 hp.path
             );

@@ -3,13 +3,16 @@
 //! gate and storm pacing. Each test starts its own double on 127.0.0.1:0.
 
 use crate::kube_common::{ApiDouble, Recorded, condition, taint_keys, taint_value, wait_for};
+use gpuwatch_core::placement::PlacementUpdate;
 use gpuwatch_core::validation::ValidationConfig;
 use gpuwatch_core::{KubeObject, Registry, ValidationResult, WriteResult};
 use gpuwatch_proto::{
     Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, GpuSample, MonitorStatus, NodeHealth,
     RecoveryAction, ValidationReport, Verdict,
 };
-use gpuwatch_sinks::kube::{KubeConfig, NodeWriter, ValidationCallback};
+use gpuwatch_sinks::kube::{
+    KubeConfig, NodeWriter, PlacementCallback, ValidationCallback, WriterHooks,
+};
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -132,6 +135,8 @@ struct Harness {
     registry: Arc<Registry>,
     /// Every report the writer handed to `on_validation`.
     reports: Arc<Mutex<Vec<ValidationReport>>>,
+    /// Every pod listing the writer handed to `on_pods`.
+    placements: Arc<Mutex<Vec<PlacementUpdate>>>,
 }
 
 impl Harness {
@@ -147,12 +152,28 @@ impl Harness {
         vcfg: ValidationConfig,
         health: NodeHealth,
     ) -> Harness {
+        Harness::with_listing(api, cfg, vcfg, health, false).await
+    }
+
+    /// With `pods`, the writer also lists the Node's pods into `placements`.
+    async fn with_listing(
+        api: ApiDouble,
+        cfg: KubeConfig,
+        vcfg: ValidationConfig,
+        health: NodeHealth,
+        pods: bool,
+    ) -> Harness {
         let (tx, rx) = watch::channel(Arc::new(health));
         let registry = Registry::new();
         let reports = Arc::new(Mutex::new(Vec::new()));
         let sink = reports.clone();
         let on_validation: ValidationCallback = Arc::new(move |r: ValidationReport| {
             sink.lock().unwrap().push(r);
+        });
+        let placements = Arc::new(Mutex::new(Vec::new()));
+        let seen = placements.clone();
+        let on_pods: PlacementCallback = Arc::new(move |u: PlacementUpdate| {
+            seen.lock().unwrap().push(u);
         });
         let writer = NodeWriter::start(
             cfg,
@@ -161,7 +182,10 @@ impl Harness {
             registry.clone(),
             rx,
             false,
-            Some(on_validation),
+            WriterHooks {
+                on_validation: Some(on_validation),
+                on_pods: pods.then_some(on_pods),
+            },
         )
         .await
         .expect("writer starts");
@@ -171,6 +195,7 @@ impl Harness {
             writer: Some(writer),
             registry,
             reports,
+            placements,
         }
     }
 
@@ -1057,7 +1082,7 @@ async fn dry_run_needs_no_api_server() {
         registry.clone(),
         rx,
         true,
-        None,
+        WriterHooks::default(),
     )
     .await
     .unwrap();
@@ -1108,10 +1133,18 @@ async fn invalid_settings_are_rejected_with_every_problem() {
         timeout_secs: 0,
         ..ValidationConfig::default()
     };
-    let err = NodeWriter::start(cfg, vcfg, NODE.into(), Registry::new(), rx, true, None)
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = NodeWriter::start(
+        cfg,
+        vcfg,
+        NODE.into(),
+        Registry::new(),
+        rx,
+        true,
+        WriterHooks::default(),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
     for part in [
         "fault_taint.key",
         "min_write_interval_ms",
@@ -2029,5 +2062,247 @@ async fn a_fault_returning_after_every_reboot_moves_the_conditions_a_bounded_num
     let to_true = h.registry.condition_transitions(PROBLEM, "True");
     // The first status written is not a change.
     assert_eq!((to_true, to_false), (3, 2));
+    h.stop().await;
+}
+
+fn pod_on(
+    node: &str,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    containers: &[(&str, &str)],
+) -> k8s_openapi::api::core::v1::Pod {
+    let statuses: Vec<serde_json::Value> = containers
+        .iter()
+        .map(|(n, id)| serde_json::json!({"name": n, "containerID": format!("containerd://{id}"), "image": "img", "imageID": "", "ready": true, "restartCount": 0}))
+        .collect();
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": namespace, "uid": uid},
+        "spec": {"nodeName": node, "containers": [{"name": "main"}]},
+        "status": {"containerStatuses": statuses},
+    }))
+    .expect("pod")
+}
+
+/// The pods bound to the Node are listed and watched (and only they); a
+/// fault that names a pod writes a Warning Event on that Pod, in its
+/// namespace, in words for the pod's owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_pods_are_listed_and_a_named_pod_gets_a_warning_event() {
+    let api = ApiDouble::start(node(vec![], &[])).await;
+    api.put_pod(&pod_on(NODE, "ml", "trainer-0", "u-1", &[("main", "c1")]));
+    api.put_pod(&pod_on("other-node", "ml", "elsewhere", "u-9", &[]));
+    let cfg = api.kube_config();
+    let h = Harness::with_listing(
+        api,
+        cfg,
+        ValidationConfig::default(),
+        healthy(8, "boot-a"),
+        true,
+    )
+    .await;
+    let latest = |h: &Harness| {
+        h.placements
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find_map(|u| match u {
+                PlacementUpdate::Pods(d) => Some(d.clone()),
+                _ => None,
+            })
+    };
+    assert!(
+        wait_for(SECS, || latest(&h)
+            .is_some_and(|d| d.by_uid.contains_key("u-1")))
+        .await
+    );
+    let d = latest(&h).unwrap();
+    assert!(
+        !d.by_uid.contains_key("u-9"),
+        "a pod of another node: {d:?}"
+    );
+    assert_eq!(
+        d.by_uid["u-1"].containers,
+        vec![("c1".to_owned(), "main".to_owned())]
+    );
+    // Changes arrive through the watch.
+    assert!(wait_for(SECS, || h.api.pod_watchers() == 1).await);
+    h.api
+        .put_pod(&pod_on(NODE, "ml", "trainer-1", "u-2", &[("main", "c2")]));
+    assert!(
+        wait_for(SECS, || latest(&h)
+            .is_some_and(|d| d.by_uid.contains_key("u-2")))
+        .await
+    );
+    assert!(h.api.delete_pod("ml", "trainer-1"));
+    assert!(
+        wait_for(SECS, || latest(&h)
+            .is_some_and(|d| !d.by_uid.contains_key("u-2")))
+        .await
+    );
+
+    let mut ev = xid_event(13, Action::RestartApp, 2, 1_700_000_000_000_000_000);
+    ev.pid = Some(7101);
+    ev.process = "python".into();
+    let mut p = gpuwatch_proto::PodRef {
+        uid: "u-1".into(),
+        name: "trainer-0".into(),
+        namespace: "ml".into(),
+        container: "main".into(),
+        container_id: "c1".into(),
+        ..Default::default()
+    };
+    p.set_role(gpuwatch_proto::PodRole::Caused);
+    ev.pods = vec![p];
+    h.writer().event_sink().send(&ev);
+    let pod_event = |h: &Harness| {
+        h.api
+            .events()
+            .into_iter()
+            .find(|e| e.involved_object.kind.as_deref() == Some("Pod"))
+    };
+    assert!(
+        wait_for(SECS, || pod_event(&h).is_some()).await,
+        "{:?}",
+        h.api.events()
+    );
+    let e = pod_event(&h).unwrap();
+    assert_eq!(e.metadata.namespace.as_deref(), Some("ml"));
+    assert_eq!(e.involved_object.name.as_deref(), Some("trainer-0"));
+    assert_eq!(e.involved_object.uid.as_deref(), Some("u-1"));
+    assert_eq!(e.type_.as_deref(), Some("Warning"));
+    assert_eq!(e.reason.as_deref(), Some("XID13"));
+    assert_eq!(e.reporting_instance.as_deref(), Some(NODE));
+    let msg = e.message.unwrap_or_default();
+    assert!(
+        msg.contains("python (pid 7101) in container main")
+            && msg.contains("The GPU itself is fine"),
+        "{msg}"
+    );
+    // The Node's own Event is written as before.
+    assert!(
+        wait_for(SECS, || h.api.events().iter().any(|e| e
+            .involved_object
+            .kind
+            .as_deref()
+            == Some("Node")))
+        .await
+    );
+    // A repeat updates the Pod's Event, it does not add one.
+    h.writer().event_sink().send(&ev);
+    assert!(wait_for(SECS, || pod_event(&h).is_some_and(|e| e.count == Some(2))).await);
+    assert_eq!(
+        h.api
+            .events()
+            .iter()
+            .filter(|e| e.involved_object.kind.as_deref() == Some("Pod"))
+            .count(),
+        1
+    );
+    h.api.assert_requests_declared();
+    h.stop().await.stop();
+}
+
+/// `healthy(n)` with every GPU in MIG mode, `per_gpu` MIG devices each.
+fn healthy_mig(n: u32, per_gpu: u32, boot: &str) -> NodeHealth {
+    let mut h = healthy(n, boot);
+    for (gi, g) in h.gpus.iter_mut().enumerate() {
+        let s = g.sample.get_or_insert_with(Default::default);
+        s.mig_enabled = Some(true);
+        s.mig_devices = (0..per_gpu)
+            .map(|i| gpuwatch_proto::MigDevice {
+                uuid: format!("MIG-{gi:08x}-0000-5000-8000-{i:012x}"),
+                gpu_instance: 7 + i,
+                compute_instance: 0,
+            })
+            .collect();
+    }
+    h
+}
+
+/// A node whose 2 GPUs are in MIG mode with 7 MIG devices each. Under the
+/// single strategy GPU feature discovery labels `nvidia.com/gpu.count=14` and
+/// the plugin advertises 14 `nvidia.com/gpu` (the GFD README's single-strategy
+/// table): the gate counts MIG devices on both sides and lifts the taint once
+/// all 14 are advertised, never at 13. Under the mixed strategy the devices
+/// are `nvidia.com/mig-1g.18gb`: counted without naming them in
+/// `allocatable_resources`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_startup_gate_counts_mig_devices_by_the_device_plugin_strategy() {
+    // Single strategy.
+    let n = node(
+        vec![taint(STARTUP_TAINT, None)],
+        &[("nvidia.com/gpu.count", "14")],
+    );
+    let api = ApiDouble::start(n).await;
+    advertise(&api, 13);
+    let cfg = api.kube_config();
+    let h = Harness::with(
+        api,
+        cfg,
+        ValidationConfig::default(),
+        healthy_mig(2, 7, "boot-a"),
+    )
+    .await;
+    let short = |r: &ValidationReport| {
+        r.checks.iter().any(|c| {
+            c.name == "device_plugin"
+                && !c.passed
+                && c.message
+                    .starts_with("device plugin advertises 13 of 14 devices")
+        })
+    };
+    assert!(
+        wait_for(SECS, || h.reports().iter().any(short)).await,
+        "{:#?}",
+        h.reports()
+    );
+    let r = h.reports().into_iter().find(short).unwrap();
+    let count = r.checks.iter().find(|c| c.name == "gpu_count").unwrap();
+    assert!(count.passed, "the label counts MIG devices: {count:?}");
+    assert!(taint_value(&h.api.node(), STARTUP_TAINT).is_some());
+    advertise(&h.api, 14);
+    h.until("startup taint removed", |n| {
+        taint_value(n, STARTUP_TAINT).is_none()
+    })
+    .await;
+    h.stop().await;
+
+    // Mixed strategy: no nvidia.com/gpu at all, the MIG profile instead.
+    let mut n = node(vec![taint(STARTUP_TAINT, None)], &[]);
+    n.status.as_mut().unwrap().allocatable = Some(BTreeMap::from([(
+        "nvidia.com/mig-1g.18gb".to_owned(),
+        k8s_openapi::apimachinery::pkg::api::resource::Quantity("13".into()),
+    )]));
+    let api = ApiDouble::start(n).await;
+    let mut cfg = api.kube_config();
+    cfg.mig_strategy = gpuwatch_sinks::kube::MigStrategy::Mixed;
+    let vcfg = ValidationConfig {
+        expected_gpus: Some(2),
+        ..ValidationConfig::default()
+    };
+    let h = Harness::with(api, cfg, vcfg, healthy_mig(2, 7, "boot-a")).await;
+    let short = |r: &ValidationReport| {
+        r.checks.iter().any(|c| {
+            c.name == "device_plugin"
+                && !c.passed
+                && c.message
+                    .starts_with("device plugin advertises 13 of 14 devices")
+                && c.message.contains("nvidia.com/mig-*")
+        })
+    };
+    assert!(
+        wait_for(SECS, || h.reports().iter().any(short)).await,
+        "{:#?}",
+        h.reports()
+    );
+    h.api.edit_node(|node| {
+        node["status"]["allocatable"]["nvidia.com/mig-1g.18gb"] = serde_json::json!("14");
+    });
+    h.until("startup taint removed", |n| {
+        taint_value(n, STARTUP_TAINT).is_none()
+    })
+    .await;
     h.stop().await;
 }

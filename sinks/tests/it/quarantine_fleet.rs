@@ -11,7 +11,7 @@ use gpuwatch_core::validation::ValidationConfig;
 use gpuwatch_proto::{
     Action, ActiveFault, GpuHealth, GpuSample, MonitorStatus, NodeHealth, RecoveryAction, Verdict,
 };
-use gpuwatch_sinks::kube::{KubeConfig, NodeWriter};
+use gpuwatch_sinks::kube::{KubeConfig, NodeWriter, WriterHooks};
 use k8s_openapi::api::core::v1::Node;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -105,7 +105,7 @@ impl Fleet {
                 Registry::new(),
                 rx,
                 false,
-                None,
+                WriterHooks::default(),
             )
             .await
             .expect("writer starts");

@@ -17,7 +17,7 @@ use gpuwatch_proto::{
     Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, GpuSample, MonitorStatus, NodeHealth,
     RecoveryAction, Verdict,
 };
-use gpuwatch_sinks::kube::{KubeConfig, NodeWriter, WRITER_REQUESTS};
+use gpuwatch_sinks::kube::{KubeConfig, NodeWriter, WRITER_REQUESTS, WriterHooks};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
@@ -156,13 +156,17 @@ fn rbac_grants_exactly_the_declared_requests() {
         ("ServiceAccount", "gpuwatch", Some("gpuwatch"))
     );
     // Regression: `list events` cluster-wide let the agent read
-    // every Event in the cluster. Events are granted only by a Role in the
-    // Event namespace; the ClusterRole grants nothing on events.
+    // every Event in the cluster. Reading Events is granted only by a Role in
+    // the Event namespace; cluster-wide, Events can only be created and
+    // patched (a Pod's Event goes into the pod's namespace), pods only listed
+    // and watched.
     assert!(
         granted_cluster(&m)
             .iter()
-            .all(|(_, _, r)| r.starts_with("nodes")),
-        "cluster-wide grants beyond nodes: {:?}",
+            .all(|(v, _, r)| r.starts_with("nodes")
+                || (r == "pods" && (v == "list" || v == "watch"))
+                || (r == "events" && (v == "create" || v == "patch"))),
+        "cluster-wide grants beyond nodes, pod reads and Event writes: {:?}",
         granted_cluster(&m)
     );
     let namespaced: BTreeSet<Req> = declared()
@@ -419,7 +423,10 @@ async fn recorded_requests_equal_the_rbac_grants() {
         registry,
         rx,
         false,
-        None,
+        WriterHooks {
+            on_pods: Some(std::sync::Arc::new(|_| {})),
+            ..WriterHooks::default()
+        },
     )
     .await
     .unwrap();
@@ -601,17 +608,18 @@ fn rendered_overlays_keep_events_rbac_in_the_event_namespace() {
             (sa.0, Some(sa.1)),
             "{overlay}"
         );
-        // No ClusterRole grants events.
+        // No ClusterRole lets the agent read Events.
         for cr in find("ClusterRole") {
             let cr: ClusterRole = serde_json::from_value(cr.clone()).expect("parses");
             for rule in cr.rules.iter().flatten() {
+                let events = rule
+                    .resources
+                    .iter()
+                    .flatten()
+                    .any(|r| r.starts_with("events"));
                 assert!(
-                    !rule
-                        .resources
-                        .iter()
-                        .flatten()
-                        .any(|r| r.starts_with("events")),
-                    "{overlay}: cluster-wide Event grant {rule:?}"
+                    !events || rule.verbs.iter().all(|v| v == "create" || v == "patch"),
+                    "{overlay}: cluster-wide Event read grant {rule:?}"
                 );
             }
         }
@@ -825,7 +833,8 @@ fn admission_policy_cel_allows_events_about_the_own_node_only() {
     let me = request_from(AGENT, Some("gpu-1"));
     let event = |kind: &str, name: &str| {
         serde_json::json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "e1"},
-            "involvedObject": {"kind": kind, "name": name}, "reason": "XID79"})
+            "involvedObject": {"kind": kind, "name": name}, "reason": "XID79",
+            "reportingInstance": "gpu-1"})
     };
     let none = serde_json::Value::Null;
     assert_eq!(
@@ -835,11 +844,25 @@ fn admission_policy_cel_allows_events_about_the_own_node_only() {
     assert_eq!(
         admit(policy, me.clone(), event("Node", "gpu-2"), none.clone()),
         Admission::Denied(vec![
-            "gpuwatch on node gpu-1 may only write Events about its own Node.".into()
+            "gpuwatch on node gpu-1 may only write Events about its own Node, or about Pods reported from its own Node.".into()
         ])
     );
+    // A Pod's Event reported from the agent's own Node is admitted; one that
+    // claims another Node, or none, is not.
+    assert_eq!(
+        admit(policy, me.clone(), event("Pod", "trainer-0"), none.clone()),
+        Admission::Allowed
+    );
+    let mut other = event("Pod", "trainer-0");
+    other["reportingInstance"] = serde_json::json!("gpu-2");
     assert!(matches!(
-        admit(policy, me, event("Pod", "gpu-1"), none.clone()),
+        admit(policy, me.clone(), other, none.clone()),
+        Admission::Denied(_)
+    ));
+    let mut unsaid = event("Pod", "trainer-0");
+    unsaid.as_object_mut().unwrap().remove("reportingInstance");
+    assert!(matches!(
+        admit(policy, me, unsaid, none.clone()),
         Admission::Denied(_)
     ));
 }

@@ -23,6 +23,9 @@
 //! - `coordination.k8s.io/v1` Leases: create (409 AlreadyExists), update (422
 //!   without a resourceVersion, 409 with a stale one), delete with preconditions
 //!   (409), get, list by label selector.
+//! - core/v1 Pods: list and watch across namespaces by
+//!   `fieldSelector=spec.nodeName=...`; the test adds, changes and deletes
+//!   them (`pods` says what a watch replays).
 //! - On demand: 403 RBAC `Status` per (verb, resource), 429 with `Retry-After`,
 //!   500/503, an outage, a delay, another writer racing every node write.
 //! - Every request recorded with its RBAC verb and resource.
@@ -37,6 +40,7 @@
 mod events;
 mod leases;
 mod nodes;
+mod pods;
 mod request;
 mod selector;
 mod server;
@@ -273,6 +277,8 @@ impl ApiDouble {
             "reason": "Expired", "code": 410,
         }});
         g.nodes.primary().watchers.end_all(Some(&ev));
+        g.pods.compacted_rv = rv;
+        g.pods.end_watches(&ev);
     }
 
     /// Another object changed (a Pod, a Lease elsewhere): the server's version
@@ -336,6 +342,27 @@ impl ApiDouble {
         n.managed.remove(type_);
         n.conditions().retain(|c| c["type"] != type_);
         n.bump(&mut g.rv);
+    }
+
+    /// Creates or replaces a Pod (its `metadata.namespace` and `name`),
+    /// streamed to the open pod watches.
+    pub fn put_pod(&self, pod: &k8s_openapi::api::core::v1::Pod) {
+        let g = &mut *self.lock();
+        g.pods.put(
+            &mut g.rv,
+            serde_json::to_value(pod).expect("pod serialises"),
+        );
+    }
+
+    /// Deletes a Pod; false when there is none.
+    pub fn delete_pod(&self, namespace: &str, name: &str) -> bool {
+        let g = &mut *self.lock();
+        g.pods.delete(&mut g.rv, namespace, name)
+    }
+
+    /// Open pod watches.
+    pub fn pod_watchers(&self) -> usize {
+        self.lock().pods.watchers()
     }
 
     /// Every recorded request maps onto a request the writer declares.

@@ -46,6 +46,11 @@ pub(super) enum Target {
         namespace: String,
         name: Option<String>,
     },
+    /// `/api/v1/pods` (every namespace) or `/api/v1/namespaces/<ns>/pods`.
+    Pods {
+        namespace: Option<String>,
+        name: Option<String>,
+    },
     /// Anything else.
     Unknown,
 }
@@ -57,6 +62,18 @@ impl Target {
             ["api", "v1", "nodes", rest @ ..] => {
                 Target::Nodes(rest.iter().map(|s| (*s).to_owned()).collect())
             }
+            ["api", "v1", "pods"] => Target::Pods {
+                namespace: None,
+                name: None,
+            },
+            ["api", "v1", "namespaces", ns, "pods"] => Target::Pods {
+                namespace: Some((*ns).to_owned()),
+                name: None,
+            },
+            ["api", "v1", "namespaces", ns, "pods", name] => Target::Pods {
+                namespace: Some((*ns).to_owned()),
+                name: Some((*name).to_owned()),
+            },
             ["api", "v1", "namespaces", ns, "events"] => Target::Events {
                 namespace: (*ns).to_owned(),
                 name: None,
@@ -104,6 +121,7 @@ impl Target {
             },
             Target::Events { name, .. } => Some(("events".into(), name.is_none())),
             Target::Leases { name, .. } => Some(("leases".into(), name.is_none())),
+            Target::Pods { name, .. } => Some(("pods".into(), name.is_none())),
             Target::Unknown => None,
         }
     }

@@ -5,6 +5,7 @@
 use super::events::{self, Events};
 use super::leases::{self, Leases};
 use super::nodes::{self, NodeStore};
+use super::pods::{self, Pods};
 use super::request::{Recorded, Request, Target};
 use super::status::{forbidden, injected, not_served, service_unavailable};
 use axum::body::Bytes;
@@ -24,6 +25,7 @@ pub(super) struct Inner {
     pub(super) nodes: NodeStore,
     pub(super) events: Events,
     pub(super) leases: Leases,
+    pub(super) pods: Pods,
     /// A taint key whose holders are counted after every request, and the
     /// most Nodes that carried it at once.
     pub(super) taint_watch: Option<(String, usize)>,
@@ -87,6 +89,7 @@ fn answer(g: &mut Inner, req: &Request) -> Response {
         Target::Nodes(_) => nodes::serve_store(&mut g.nodes, &mut g.rv, req),
         Target::Events { .. } => events::serve(&mut g.events, &mut g.rv, req),
         Target::Leases { .. } => leases::serve(&mut g.leases, &mut g.rv, req),
+        Target::Pods { .. } => pods::serve(&mut g.pods, g.rv, req),
         Target::Unknown => not_served(req),
     }
 }

@@ -12,6 +12,8 @@ use tokio::sync::mpsc;
 struct Watcher {
     tx: mpsc::UnboundedSender<Value>,
     bookmarks: bool,
+    /// The watch's field selector (kinds that filter their events by it).
+    selector: String,
 }
 
 /// The open watches of one resource kind.
@@ -22,8 +24,28 @@ impl Watchers {
     /// A new watch; BOOKMARK events only when the client asked for them
     /// (`allowWatchBookmarks`).
     pub(super) fn add(&mut self, tx: mpsc::UnboundedSender<Value>, q: &BTreeMap<String, String>) {
+        self.add_selected(tx, q, "");
+    }
+
+    /// A new watch with its field selector, for [`Watchers::send_if`].
+    pub(super) fn add_selected(
+        &mut self,
+        tx: mpsc::UnboundedSender<Value>,
+        q: &BTreeMap<String, String>,
+        selector: &str,
+    ) {
         let bookmarks = q.get("allowWatchBookmarks").is_some_and(|b| b == "true");
-        self.0.push(Watcher { tx, bookmarks });
+        self.0.push(Watcher {
+            tx,
+            bookmarks,
+            selector: selector.to_owned(),
+        });
+    }
+
+    /// Sends a watch event to the open watches whose selector `matches`.
+    pub(super) fn send_if(&mut self, ev: &Value, matches: impl Fn(&str) -> bool) {
+        self.0
+            .retain(|w| !matches(&w.selector) || w.tx.send(ev.clone()).is_ok());
     }
 
     /// Sends a watch event to every open watch; closed ones are dropped.

@@ -29,9 +29,9 @@ pub struct XidMsg<'a> {
     /// The free text after the code and the pid/name fields.
     pub detail: &'a str,
     /// `GPU-I:05` after the address (`(PCI:0000:3b:00 GPU-I:05)`): the MIG GPU
-    /// instance the fault happened in, as printed.
+    /// instance the fault happened in, without the zero padding (`5`).
     pub gpu_instance: Option<&'a str>,
-    /// `GPU-CI:01` after the address: the MIG compute instance, as printed.
+    /// `GPU-CI:01` after the address: the MIG compute instance (`1`).
     pub compute_instance: Option<&'a str>,
 }
 
@@ -282,12 +282,16 @@ pub(crate) fn parse_xid_general(s: &str) -> Option<XidMsg<'_>> {
 }
 
 /// The MIG instances a MIG-mode XID names after its address, inside the
-/// parentheses (`PCI:0000:3b:00 GPU-I:05 GPU-CI:01`): the digits of
-/// `GPU-I:` and `GPU-CI:`, as printed.
+/// parentheses (`PCI:0000:3b:00 GPU-I:05 GPU-CI:01`): the numbers of
+/// `GPU-I:` and `GPU-CI:` without the driver's zero padding (`5`, `1`), the
+/// form `nvidia-smi` and NVML's instance ids use, so that they join.
 fn mig_instances(paren: &str) -> (Option<&str>, Option<&str>) {
     fn digits<'a>(w: &'a str, prefix: &str) -> Option<&'a str> {
-        w.strip_prefix(prefix)
-            .filter(|d| !d.is_empty() && d.len() <= 4 && d.bytes().all(|b| b.is_ascii_digit()))
+        let d = w
+            .strip_prefix(prefix)
+            .filter(|d| !d.is_empty() && d.len() <= 4 && d.bytes().all(|b| b.is_ascii_digit()))?;
+        let unpadded = d.trim_start_matches('0');
+        Some(if unpadded.is_empty() { "0" } else { unpadded })
     }
     let (mut gi, mut ci) = (None, None);
     for w in paren.split_ascii_whitespace().skip(1) {
@@ -425,16 +429,13 @@ mod tests {
             panic!("not an XID");
         };
         assert_eq!((x.pci, x.code, x.pid), ("0000:3b:00", 94, Some(7101)));
-        assert_eq!((x.gpu_instance, x.compute_instance), (Some("05"), None));
+        assert_eq!((x.gpu_instance, x.compute_instance), (Some("5"), None));
         let Some(Message::Xid(x)) =
             parse_message("NVRM: Xid (PCI:0000:3b:00 GPU-I:07 GPU-CI:01): 43, pid=9, name=a.out")
         else {
             panic!("not an XID");
         };
-        assert_eq!(
-            (x.gpu_instance, x.compute_instance),
-            (Some("07"), Some("01"))
-        );
+        assert_eq!((x.gpu_instance, x.compute_instance), (Some("7"), Some("1")));
         let Some(Message::Xid(x)) = parse_message("NVRM: Xid (PCI:0000:3b:00): 13, pid=1") else {
             panic!("not an XID");
         };

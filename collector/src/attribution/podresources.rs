@@ -1,0 +1,246 @@
+//! Which pods hold which GPUs: the kubelet's PodResources API (v1, `List`)
+//! on its unix socket, asked every `interval_ms` and handed to the health
+//! engine as [`PlacementUpdate::Devices`] whenever the answer changes, so a
+//! fault of a GPU (XID 79, uncorrectable ECC, a lost GPU) names the pods that
+//! held it. Device ids are what the device plugin gave the kubelet: GPU UUIDs
+//! for `nvidia.com/gpu`, MIG device UUIDs for `nvidia.com/mig-*`.
+//!
+//! The client is generated from the kubelet's own `api.proto`
+//! (`collector/proto/podresources/v1/api.proto`, which names its source), as
+//! is the server half the tests' kubelet stand-in is built from.
+//!
+//! A kubelet that cannot be asked (no socket: not a Kubernetes node, or the
+//! socket not mounted; a timeout) blocks nothing: the engine is told, keeps
+//! the last answer and says the pods on a GPU are unknown or may be stale.
+
+#[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic)]
+mod v1 {
+    include!("podresources_v1.rs");
+}
+
+use gpuwatch_core::msg::Input;
+use gpuwatch_core::placement::{DeviceHolder, DeviceHolders, PlacementUpdate};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use v1::pod_resources_lister_client::PodResourcesListerClient;
+
+/// The socket the kubelet serves PodResources on.
+pub const DEFAULT_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+
+/// `[kubelet]`: where and how often the kubelet is asked.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubeletConfig {
+    /// The PodResources socket. Empty: never asked (faults of a GPU name no
+    /// pods). Default `/var/lib/kubelet/pod-resources/kubelet.sock`.
+    pub pod_resources_socket: PathBuf,
+    /// How often `List` is called, milliseconds. Default 10000.
+    pub pod_resources_interval_ms: u64,
+    /// The longest one call may take, milliseconds. Default 2000.
+    pub pod_resources_timeout_ms: u64,
+}
+
+impl Default for KubeletConfig {
+    fn default() -> Self {
+        KubeletConfig {
+            pod_resources_socket: PathBuf::from(DEFAULT_SOCKET),
+            pod_resources_interval_ms: 10_000,
+            pod_resources_timeout_ms: 2_000,
+        }
+    }
+}
+
+impl KubeletConfig {
+    /// Problems (keys relative to `[kubelet]`).
+    pub fn validate(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        if self.pod_resources_interval_ms < 100 {
+            p.push(format!(
+                "pod_resources_interval_ms: at least 100, got {}",
+                self.pod_resources_interval_ms
+            ));
+        }
+        if self.pod_resources_timeout_ms == 0 {
+            p.push("pod_resources_timeout_ms: must be above 0".into());
+        }
+        p
+    }
+}
+
+/// A failed `List`, in words.
+#[derive(Debug, thiserror::Error)]
+pub enum ListError {
+    /// The socket could not be reached.
+    #[error("cannot connect to the kubelet at {path}: {message}")]
+    Connect {
+        /// The socket.
+        path: PathBuf,
+        /// What the connection said.
+        message: String,
+    },
+    /// The kubelet answered with a gRPC error.
+    #[error("kubelet PodResources List failed: {0}")]
+    Status(String),
+    /// No answer within the timeout.
+    #[error("kubelet PodResources List timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+/// Asks the kubelet at `socket` once: every device id to the containers
+/// that hold it.
+pub async fn list(socket: &Path, timeout: Duration) -> Result<DeviceHolders, ListError> {
+    let call = async {
+        let path = socket.to_path_buf();
+        // The URI is not used: every connection goes to the socket.
+        let channel = tonic::transport::Endpoint::from_static("http://kubelet.sock")
+            .connect_timeout(timeout)
+            .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                let path = path.clone();
+                async move {
+                    let stream = tokio::net::UnixStream::connect(path).await?;
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                }
+            }))
+            .await
+            .map_err(|e| ListError::Connect {
+                path: socket.to_path_buf(),
+                message: source_chain(&e),
+            })?;
+        let mut client = PodResourcesListerClient::new(channel);
+        let resp = client
+            .list(v1::ListPodResourcesRequest {})
+            .await
+            .map_err(|s| ListError::Status(format!("{} ({:?})", s.message(), s.code())))?;
+        Ok(holders(resp.into_inner()))
+    };
+    tokio::time::timeout(timeout, call)
+        .await
+        .map_err(|_| ListError::Timeout(timeout))?
+}
+
+/// The error and its causes, joined (tonic's own message is generic).
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// Device id to holders, from one `List` answer.
+fn holders(resp: v1::ListPodResourcesResponse) -> DeviceHolders {
+    let mut by_device: HashMap<String, Vec<DeviceHolder>> = HashMap::new();
+    for pod in resp.pod_resources {
+        for c in &pod.containers {
+            for d in &c.devices {
+                for id in &d.device_ids {
+                    by_device.entry(id.clone()).or_default().push(DeviceHolder {
+                        namespace: pod.namespace.clone(),
+                        pod: pod.name.clone(),
+                        container: c.name.clone(),
+                        resource: d.resource_name.clone(),
+                    });
+                }
+            }
+        }
+    }
+    DeviceHolders { by_device }
+}
+
+/// Asks the kubelet every interval until `stop`, telling the engine through
+/// `tx` what changed (module doc).
+pub async fn poll(
+    cfg: KubeletConfig,
+    tx: crossbeam_channel::Sender<Input>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let interval = Duration::from_millis(cfg.pod_resources_interval_ms);
+    let timeout = Duration::from_millis(cfg.pod_resources_timeout_ms);
+    let mut last: Option<DeviceHolders> = None;
+    let mut failing = false;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let update = match list(&cfg.pod_resources_socket, timeout).await {
+            Ok(now) => {
+                if failing {
+                    tracing::info!("The kubelet answers PodResources again.");
+                }
+                failing = false;
+                (last.as_ref() != Some(&now)).then(|| {
+                    last = Some(now.clone());
+                    PlacementUpdate::Devices(Arc::new(now))
+                })
+            }
+            Err(e) => {
+                let first = !failing;
+                failing = true;
+                first.then(|| {
+                    let missing = matches!(&e, ListError::Connect { .. })
+                        && !cfg.pod_resources_socket.exists();
+                    if missing {
+                        tracing::info!(socket = %cfg.pod_resources_socket.display(), "No kubelet PodResources socket: faults of a GPU name no pods.");
+                    } else {
+                        tracing::warn!(error = %e, "Cannot ask the kubelet which pods hold the GPUs; retrying.");
+                    }
+                    PlacementUpdate::DevicesUnavailable(e.to_string())
+                })
+            }
+        };
+        if let Some(u) = update
+            && tx.try_send(Input::Placement(u)).is_err()
+        {
+            // Full or gone: the next change (or the next failure) is sent
+            // again; an unchanged answer is resent after a full channel.
+            last = None;
+        }
+        tokio::select! {
+            _ = stop.changed() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_device_of_every_container_is_indexed() {
+        let resp = v1::ListPodResourcesResponse {
+            pod_resources: vec![v1::PodResources {
+                name: "trainer-0".into(),
+                namespace: "ml".into(),
+                containers: vec![v1::ContainerResources {
+                    name: "main".into(),
+                    devices: vec![v1::ContainerDevices {
+                        resource_name: "nvidia.com/gpu".into(),
+                        device_ids: vec!["GPU-1".into(), "GPU-2".into()],
+                        topology: None,
+                    }],
+                    ..Default::default()
+                }],
+            }],
+        };
+        let h = holders(resp);
+        assert_eq!(h.by_device.len(), 2);
+        assert_eq!(h.by_device["GPU-2"][0].pod, "trainer-0");
+        assert_eq!(h.by_device["GPU-2"][0].resource, "nvidia.com/gpu");
+    }
+
+    #[tokio::test]
+    async fn a_missing_socket_is_a_connect_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("kubelet.sock");
+        let e = list(&sock, Duration::from_millis(500)).await.unwrap_err();
+        assert!(matches!(e, ListError::Connect { .. }), "{e}");
+        assert!(e.to_string().contains("kubelet.sock"), "{e}");
+    }
+}

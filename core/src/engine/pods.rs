@@ -1,0 +1,147 @@
+//! The pods of a fault, and faults contained to one MIG GPU instance.
+//!
+//! A fault names the pod whose process the kernel line names (the edge read
+//! its UID and container id from the pid's cgroup; the engine adds the name,
+//! namespace and container name from the node's pod listing) and, for a fault
+//! of the GPU itself (one whose action isolates the node), every pod that
+//! holds the GPU or one of its MIG devices, from the kubelet's device
+//! assignments. A fault contained to one GPU instance that names no process
+//! names the pods of that instance.
+//!
+//! A fault is contained to a GPU instance when the kernel line names the
+//! instance (`GPU-I:05`) and the policy asks for no more than restarting the
+//! application: it marks that instance only, and the GPU's verdict (and the
+//! node's) stays what its other faults make it. A fault that isolates the node
+//! (uncontained ECC, a lost GPU) hits the whole GPU and every instance on it,
+//! even when the line names an instance.
+
+use super::Engine;
+use super::model::{Fault, FaultKey, Gpu};
+use crate::placement::PLACEMENT_NOTE;
+use gpuwatch_proto::{Action, FaultEvent, MigInstanceHealth, PodRef, ShortName, Verdict};
+
+/// The attribute of a MIG GPU instance id (the parser's name).
+pub(super) const GPU_INSTANCE: &str = "gpu_instance";
+
+/// Pods kept per active fault (a fault of a GPU shared by many small pods
+/// still has a bounded health listing).
+const MAX_PODS_PER_FAULT: usize = 32;
+
+/// The GPU instance `key` is scoped to (its variant `gi<N>`).
+pub(super) fn key_instance(key: &FaultKey) -> Option<u32> {
+    key.variant.strip_prefix("gi")?.parse().ok()
+}
+
+/// True when the fault marks only its GPU instance (module doc).
+pub(super) fn contained(key: &FaultKey, f: &Fault) -> bool {
+    key_instance(key).is_some() && !f.action.needs_isolation()
+}
+
+/// The faults that count for the whole GPU (and the node).
+pub(super) fn whole_gpu_faults(g: &Gpu) -> impl Iterator<Item = &Fault> {
+    g.faults
+        .iter()
+        .filter(|(k, f)| !contained(k, f))
+        .map(|(_, f)| f)
+}
+
+/// Merges `new` into a fault's pods: the latest first, each pod once,
+/// bounded.
+pub(super) fn merge_pods(kept: &mut Vec<PodRef>, new: &[PodRef]) {
+    if new.is_empty() {
+        return;
+    }
+    let same = |a: &PodRef, b: &PodRef| {
+        a.role == b.role
+            && if a.uid.is_empty() || b.uid.is_empty() {
+                a.namespace == b.namespace && a.name == b.name
+            } else {
+                a.uid == b.uid
+            }
+    };
+    kept.retain(|p| !new.iter().any(|n| same(p, n)));
+    let mut merged = new.to_vec();
+    merged.append(kept);
+    merged.truncate(MAX_PODS_PER_FAULT);
+    *kept = merged;
+}
+
+impl Engine {
+    /// Names the pods of a classified event on `gpu` (module doc); what
+    /// could not be told is said in [`PLACEMENT_NOTE`].
+    pub(super) fn name_pods(&self, ev: &mut FaultEvent, gpu: Option<&Gpu>) {
+        let mut notes: Vec<String> = Vec::new();
+        notes.extend(self.placement.name_known_pods(&mut ev.pods));
+        let instance = ev
+            .attributes
+            .get(GPU_INSTANCE)
+            .and_then(|v| v.parse::<u32>().ok());
+        let whole = ev.action().needs_isolation();
+        if let Some(g) = gpu
+            && (whole || (instance.is_some() && ev.pods.is_empty()))
+        {
+            let mut devices: Vec<&str> = Vec::new();
+            if whole && !g.uuid.is_empty() {
+                devices.push(&g.uuid);
+            }
+            for m in g.sample.iter().flat_map(|s| &s.mig_devices) {
+                if whole || Some(m.gpu_instance) == instance {
+                    devices.push(&m.uuid);
+                }
+            }
+            if !devices.is_empty() {
+                notes.extend(self.placement.add_holders(&devices, &mut ev.pods));
+            }
+        }
+        if !notes.is_empty() {
+            ev.attributes
+                .insert(PLACEMENT_NOTE.to_owned(), notes.join("; "));
+        }
+    }
+
+    /// The verdict of each MIG device of `g` (its latest sample's): the
+    /// whole GPU's faults hit every instance, a contained fault its own.
+    pub(super) fn mig_health(
+        &self,
+        g: &Gpu,
+        gpu_action: Action,
+        gpu_verdict: Verdict,
+    ) -> Vec<MigInstanceHealth> {
+        let Some(s) = &g.sample else {
+            return Vec::new();
+        };
+        s.mig_devices
+            .iter()
+            .map(|m| {
+                let own = g
+                    .faults
+                    .iter()
+                    .filter(|(k, f)| contained(k, f) && key_instance(k) == Some(m.gpu_instance))
+                    .map(|(_, f)| f.action)
+                    .max_by_key(|a| a.rank())
+                    .unwrap_or(Action::Unspecified);
+                let action = if own.rank() > gpu_action.rank() {
+                    own
+                } else {
+                    gpu_action
+                };
+                let verdict = match gpu_verdict {
+                    Verdict::Healthy if matches!(own, Action::RestartApp | Action::Investigate) => {
+                        Verdict::Degraded
+                    }
+                    v => v,
+                };
+                let mut h = MigInstanceHealth {
+                    uuid: m.uuid.clone(),
+                    gpu_instance: m.gpu_instance,
+                    compute_instance: m.compute_instance,
+                    ..Default::default()
+                };
+                h.set_action(action);
+                h.set_verdict(verdict);
+                tracing::trace!(uuid = %h.uuid, verdict = h.verdict().short_name(), "MIG instance health.");
+                h
+            })
+            .collect()
+    }
+}

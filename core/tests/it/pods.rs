@@ -1,0 +1,215 @@
+//! The pods a fault names and faults contained to one MIG instance: the
+//! pid's pod gets its name from the node's pod listing; a fault of the GPU
+//! itself names every pod holding the GPU or its MIG devices (kubelet
+//! PodResources); a contained fault on one GPU instance leaves the sibling
+//! instances and the GPU's verdict healthy, while an uncontained one hits
+//! them all.
+
+use crate::support::*;
+use gpuwatch_core::placement::{
+    DeviceHolder, DeviceHolders, PLACEMENT_NOTE, PlacementUpdate, PodDirectory, PodInfo,
+};
+use gpuwatch_proto::{Action, GpuSample, MigDevice, PodRef, PodRole, Verdict};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+const MIG5: &str = "MIG-55555555-5555-5555-5555-555555555555";
+const MIG6: &str = "MIG-66666666-6666-6666-6666-666666666666";
+
+fn mig_gpus() -> Vec<GpuSample> {
+    let mut s = two_gpus();
+    s[0].mig_enabled = Some(true);
+    s[0].mig_devices = vec![
+        MigDevice {
+            uuid: MIG5.into(),
+            gpu_instance: 5,
+            compute_instance: 0,
+        },
+        MigDevice {
+            uuid: MIG6.into(),
+            gpu_instance: 6,
+            compute_instance: 0,
+        },
+    ];
+    s
+}
+
+fn pods() -> Arc<PodDirectory> {
+    Arc::new(PodDirectory::new([
+        PodInfo {
+            uid: "uid-a".into(),
+            name: "trainer-a".into(),
+            namespace: "ml".into(),
+            containers: vec![("cid-a".into(), "main".into())],
+        },
+        PodInfo {
+            uid: "uid-b".into(),
+            name: "infer-b".into(),
+            namespace: "serving".into(),
+            containers: vec![],
+        },
+    ]))
+}
+
+fn holder(ns: &str, pod: &str, resource: &str) -> DeviceHolder {
+    DeviceHolder {
+        namespace: ns.into(),
+        pod: pod.into(),
+        container: "main".into(),
+        resource: resource.into(),
+    }
+}
+
+fn devices() -> Arc<DeviceHolders> {
+    Arc::new(DeviceHolders {
+        by_device: HashMap::from([
+            (
+                MIG5.into(),
+                vec![holder("ml", "trainer-a", "nvidia.com/mig-3g.71gb")],
+            ),
+            (
+                MIG6.into(),
+                vec![holder("serving", "infer-b", "nvidia.com/mig-3g.71gb")],
+            ),
+            (
+                UUID1.into(),
+                vec![holder("ml", "whole-gpu", "nvidia.com/gpu")],
+            ),
+        ]),
+    })
+}
+
+fn rig() -> Rig {
+    let mut rig = Rig::new(None, "boot-a");
+    rig.samples(mig_gpus());
+    rig.placement(PlacementUpdate::Pods(pods()));
+    rig.placement(PlacementUpdate::Devices(devices()));
+    rig
+}
+
+fn caused(uid: &str, cid: &str) -> PodRef {
+    let mut p = PodRef {
+        uid: uid.into(),
+        container_id: cid.into(),
+        ..Default::default()
+    };
+    p.set_role(PodRole::Caused);
+    p
+}
+
+fn on_instance(code: u32, gi: u32) -> gpuwatch_proto::FaultEvent {
+    let mut ev = xid(code, PCI0);
+    ev.attributes.insert("gpu_instance".into(), gi.to_string());
+    ev
+}
+
+#[test]
+fn the_pid_pod_is_named_from_the_node_pod_listing() {
+    let mut rig = rig();
+    let mut ev = on_instance(13, 5);
+    ev.pods = vec![caused("uid-a", "cid-a")];
+    let out = rig.fault(ev);
+    let p = &out[0].pods[0];
+    assert_eq!(
+        (p.name.as_str(), p.namespace.as_str(), p.container.as_str()),
+        ("trainer-a", "ml", "main")
+    );
+    assert_eq!(
+        out[0].pods.len(),
+        1,
+        "an application fault names its own pod only"
+    );
+    // /v1/health lists the pods of the active fault.
+    let h = rig.health();
+    let f = &h.gpus[0].active_faults[0];
+    assert_eq!(f.pods[0].name, "trainer-a");
+    assert_eq!(f.gpu_instance, Some(5));
+}
+
+#[test]
+fn a_pod_not_listed_is_known_by_uid_only() {
+    let mut rig = Rig::new(None, "boot-a");
+    rig.samples(two_gpus());
+    let mut ev = xid(13, PCI0);
+    ev.pods = vec![caused("uid-z", "")];
+    let out = rig.fault(ev);
+    assert_eq!(out[0].pods[0].uid, "uid-z");
+    assert!(out[0].pods[0].name.is_empty());
+    assert!(out[0].attributes[PLACEMENT_NOTE].contains("pod UID only"));
+}
+
+#[test]
+fn a_contained_mig_fault_leaves_the_sibling_instances_and_the_gpu_healthy() {
+    let mut rig = rig();
+    // XID 94 (contained ECC) on GPU instance 6, naming no process: the pods of
+    // that instance are the ones it hit.
+    let out = rig.fault(on_instance(94, 6));
+    assert_eq!(out[0].action(), Action::RestartApp);
+    let names: Vec<&str> = out[0].pods.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["infer-b"]);
+    assert_eq!(
+        out[0].pods[0].uid, "uid-b",
+        "the UID comes from the listing"
+    );
+    let h = rig.health();
+    assert_eq!(h.gpus[0].verdict(), Verdict::Healthy, "{:#?}", h.gpus[0]);
+    assert_eq!(h.verdict(), Verdict::Healthy);
+    let by_gi = |gi: u32| {
+        h.gpus[0]
+            .mig_instances
+            .iter()
+            .find(|m| m.gpu_instance == gi)
+            .map(|m| m.verdict())
+    };
+    assert_eq!(by_gi(6), Some(Verdict::Degraded));
+    assert_eq!(by_gi(5), Some(Verdict::Healthy));
+    // The same code on the other instance is another fault.
+    rig.fault(on_instance(94, 5));
+    assert_eq!(rig.health().gpus[0].active_faults.len(), 2);
+    assert_eq!(rig.health().gpus[0].verdict(), Verdict::Healthy);
+}
+
+#[test]
+fn an_uncontained_fault_hits_every_instance_and_every_pod_on_them() {
+    let mut rig = rig();
+    // XID 95 (uncontained ECC) printed with an instance: the whole GPU.
+    let out = rig.fault(on_instance(95, 5));
+    assert!(out[0].action().needs_isolation(), "{:?}", out[0].action());
+    let mut names: Vec<&str> = out[0].pods.iter().map(|p| p.name.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["infer-b", "trainer-a"]);
+    assert!(out[0].pods.iter().all(|p| p.role() == PodRole::Affected));
+    let h = rig.health();
+    assert_eq!(h.gpus[0].verdict(), Verdict::Unhealthy);
+    assert!(
+        h.gpus[0]
+            .mig_instances
+            .iter()
+            .all(|m| m.verdict() == Verdict::Unhealthy)
+    );
+}
+
+#[test]
+fn xid79_names_the_pod_that_held_the_gpu() {
+    let mut rig = rig();
+    let mut ev = xid(79, PCI1);
+    ev.pid = None;
+    let out = rig.fault(ev);
+    assert_eq!(out[0].pods.len(), 1);
+    assert_eq!(out[0].pods[0].name, "whole-gpu");
+    assert_eq!(out[0].pods[0].role(), PodRole::Affected);
+    // The kubelet unreachable: the last listing still names the pod, and the
+    // event says it may be stale.
+    rig.placement(PlacementUpdate::DevicesUnavailable(
+        "connection refused".into(),
+    ));
+    rig.advance(700);
+    let mut again = xid(79, PCI1);
+    again.pid = None;
+    let out = rig.fault(again);
+    assert!(
+        out[0].attributes[PLACEMENT_NOTE].contains("earlier listing"),
+        "{:?}",
+        out[0].attributes
+    );
+}

@@ -1,0 +1,147 @@
+//! core/v1 Pods, as the agent's pod listing reads them: a cluster-wide list
+//! and watch filtered by `fieldSelector=spec.nodeName=<node>` (the field
+//! selector kube-apiserver offers on pods, `pkg/registry/core/pod/strategy.go`
+//! `PodToSelectableFields`), and the test's own adds, changes and deletes,
+//! each streamed to the open watches as ADDED / MODIFIED / DELETED.
+//!
+//! Like the Node watch, the double keeps no history: a watch from an older
+//! version replays the pods changed since as they are now (deletes since that
+//! version are not replayed), and a compacted version answers 410 Expired.
+
+use super::request::{Request, Target};
+use super::selector;
+use super::status::{not_served, ok};
+use super::watch::{self, Watchers};
+use axum::response::Response;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use tokio::sync::mpsc;
+
+/// The stored Pods by (namespace, name), each with the version it changed at.
+#[derive(Default)]
+pub(super) struct Pods {
+    by_key: BTreeMap<(String, String), (Value, u64)>,
+    watchers: Watchers,
+    /// Versions below this are gone from the watch cache.
+    pub(super) compacted_rv: u64,
+}
+
+fn node_of(pod: &Value) -> &str {
+    pod["spec"]["nodeName"].as_str().unwrap_or("")
+}
+
+/// Whether `pod` matches a `spec.nodeName=` (or empty) field selector; any
+/// other selector matches nothing here.
+fn selects(selector: &str, pod: &Value) -> bool {
+    selector
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .all(|kv| match kv.split_once('=') {
+            Some(("spec.nodeName", v)) => node_of(pod) == v,
+            Some(("metadata.namespace", v)) => pod["metadata"]["namespace"] == v,
+            _ => false,
+        })
+}
+
+impl Pods {
+    /// Creates or replaces a pod (a new version, an event to the watches).
+    pub(super) fn put(&mut self, rv: &mut u64, mut pod: Value) {
+        *rv += 1;
+        let ns = pod["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_owned();
+        let name = pod["metadata"]["name"].as_str().unwrap_or("").to_owned();
+        pod["metadata"]["namespace"] = json!(ns);
+        pod["metadata"]["resourceVersion"] = json!(rv.to_string());
+        pod["apiVersion"] = json!("v1");
+        pod["kind"] = json!("Pod");
+        let kind = if self.by_key.contains_key(&(ns.clone(), name.clone())) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        self.watchers
+            .send_if(&json!({"type": kind, "object": pod.clone()}), |sel| {
+                selects(sel, &pod)
+            });
+        self.by_key.insert((ns, name), (pod, *rv));
+    }
+
+    /// Deletes a pod; false when there is none.
+    pub(super) fn delete(&mut self, rv: &mut u64, namespace: &str, name: &str) -> bool {
+        let Some((mut pod, _)) = self.by_key.remove(&(namespace.to_owned(), name.to_owned()))
+        else {
+            return false;
+        };
+        *rv += 1;
+        pod["metadata"]["resourceVersion"] = json!(rv.to_string());
+        self.watchers
+            .send_if(&json!({"type": "DELETED", "object": pod.clone()}), |sel| {
+                selects(sel, &pod)
+            });
+        true
+    }
+
+    /// Ends every open pod watch with `ev` (an ERROR).
+    pub(super) fn end_watches(&mut self, ev: &Value) {
+        self.watchers.end_all(Some(ev));
+    }
+
+    /// Open pod watches.
+    pub(super) fn watchers(&mut self) -> usize {
+        self.watchers.open()
+    }
+}
+
+/// Answers a request for `pods`.
+pub(super) fn serve(pods: &mut Pods, rv: u64, req: &Request) -> Response {
+    let Target::Pods { name: None, .. } = &req.target else {
+        return not_served(req);
+    };
+    let sel = req.q.get("fieldSelector").cloned().unwrap_or_default();
+    match (req.method.as_str(), req.verb.as_str()) {
+        ("GET", "watch") => pods.watch(&req.q, &sel),
+        ("GET", "list") => {
+            let items: Vec<Value> = pods
+                .by_key
+                .values()
+                .filter(|(p, _)| selects(&sel, p))
+                .map(|(p, _)| p.clone())
+                .collect();
+            ok(
+                200,
+                &selector::list_body("Pod", "v1", items, rv, &req.accept, None),
+            )
+        }
+        _ => not_served(req),
+    }
+}
+
+impl Pods {
+    fn watch(&mut self, q: &BTreeMap<String, String>, sel: &str) -> Response {
+        let from: u64 = q
+            .get("resourceVersion")
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(0);
+        let (tx, rx) = mpsc::unbounded_channel::<Value>();
+        if from != 0 && from < self.compacted_rv {
+            // As for Nodes: the 200 whose only event is the 410 Expired Status.
+            let _ = tx.send(json!({"type": "ERROR", "object": {
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": format!("too old resource version: {from} ({})", self.compacted_rv),
+                "reason": "Expired", "code": 410,
+            }}));
+            drop(tx);
+        } else {
+            for (p, at) in self.by_key.values() {
+                if *at > from && selects(sel, p) {
+                    let kind = if from == 0 { "ADDED" } else { "MODIFIED" };
+                    let _ = tx.send(json!({"type": kind, "object": p.clone()}));
+                }
+            }
+            self.watchers.add_selected(tx, q, sel);
+        }
+        watch::response(rx, q)
+    }
+}
