@@ -343,6 +343,7 @@ fn start_quarantine(
                 client,
                 &namespace,
                 &cfg.quarantine_node_selector,
+                cfg.fault_taint_keys(),
                 Duration::from_secs(cfg.request_timeout_secs),
             );
             tokio::spawn(quarantine::run(

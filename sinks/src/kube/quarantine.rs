@@ -13,12 +13,21 @@
 //!   a name succeed, the others get 409 `AlreadyExists`. A list-then-taint scheme
 //!   would race; server-side apply with one field manager shared by every agent
 //!   would not exclude anyone.
-//! - **Take over** a slot whose holder's Node is gone (looked up once the Lease
-//!   missed a renewal), or whose Lease did not change for a whole lease duration
-//!   (client-go's leader-election rule: measured from when this agent last saw it
-//!   change, so node clocks need not agree), by an *update* guarded by the
-//!   resourceVersion it was judged on: of several agents taking over one slot,
-//!   one wins and the others get 409 `Conflict`.
+//! - **The budget counts taints, not live agents.** A slot whose holder's Node
+//!   still carries gpuwatch's fault taint is in use, whatever its Lease's renew
+//!   time: only the holder's own agent writes that Node, so a holder killed
+//!   for good (OOM, a crash loop, a wedged container) leaves its taint, and
+//!   handing its slot on would put one taint more on the fleet than the budget
+//!   allows. A slot is free when its Lease is gone (released), when its
+//!   holder's Node is gone, or when that Node no longer carries the fault
+//!   taint (an operator removed it, `gpuwatch node-cleanup` ran) and the Lease
+//!   did not change for a whole lease duration (client-go's leader-election
+//!   rule: measured from when this agent last saw it change, so node clocks
+//!   need not agree). The holder's Node is looked up once its Lease missed a
+//!   renewal, and again at most once per lease duration while it stays tainted.
+//! - **Take over** a free slot by an *update* guarded by the resourceVersion
+//!   it was judged on: of several agents taking over one slot, one wins and
+//!   the others get 409 `Conflict`.
 //! - **Renew** every third of the lease duration while the Node is quarantined;
 //!   **release** (delete, preconditioned on UID and resourceVersion) once the
 //!   fault taint has left the Node. A restarted agent finds its own slot by its
@@ -42,8 +51,10 @@
 //! the next list and is adopted. An unreachable API server changes nothing: a
 //! holder keeps its slot and taint, a Node that holds none adds no taint.
 //!
-//! Known limit: a Node whose agent stopped keeps the fault taint it had (only its
-//! own agent may write its Node), while its slot frees after the lease duration.
+//! A Node whose agent is gone for good keeps its fault taint and its slot: the
+//! operator drains and repairs it as any quarantined node, or runs
+//! `gpuwatch node-cleanup` on it, which takes the taint off and so frees the
+//! slot a lease duration later.
 
 mod budget;
 pub(crate) mod link;
@@ -56,8 +67,8 @@ pub use link::DEFERRED_REASON;
 pub use memory::{Answer, MemoryLeaseStore, Requests};
 pub use protocol::{Claimant, Settings, Status, Step};
 pub use store::{
-    FLEET_ANNOTATION, HOLDER_ANNOTATION, HeldSpec, Holding, KubeLeaseStore, LEASE_PREFIX,
-    LeaseStore, REASON_ANNOTATION, SLOT_LABEL, SlotView, slot_name,
+    FLEET_ANNOTATION, HOLDER_ANNOTATION, HeldSpec, HolderNode, Holding, KubeLeaseStore,
+    LEASE_PREFIX, LeaseStore, REASON_ANNOTATION, SLOT_LABEL, SlotView, slot_name,
 };
 
 use tokio::sync::watch;

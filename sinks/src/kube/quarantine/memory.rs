@@ -18,7 +18,7 @@
 //!
 //! Every write bumps one store-wide resourceVersion, as etcd's revision does.
 
-use super::store::{HeldSpec, Holding, LeaseStore, SlotView};
+use super::store::{HeldSpec, HolderNode, Holding, LeaseStore, SlotView};
 use crate::kube::backend::{ApiError, ApiResult};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -65,11 +65,14 @@ struct State {
     next_uid: u64,
     leases: BTreeMap<u32, SlotView>,
     nodes: BTreeSet<String>,
+    /// Nodes carrying the fault taint.
+    tainted: BTreeSet<String>,
     /// How the next requests are answered (tests); empty: normally.
     script: std::collections::VecDeque<Answer>,
 }
 
-/// An in-memory API server holding slot Leases and the fleet's Node names.
+/// An in-memory API server holding slot Leases, the fleet's Node names and
+/// which of them carry the fault taint.
 #[derive(Debug, Default)]
 pub struct MemoryLeaseStore {
     state: Mutex<State>,
@@ -154,7 +157,20 @@ impl MemoryLeaseStore {
 
     /// Deletes a Node (a replaced machine).
     pub fn delete_node(&self, name: &str) {
-        self.lock().nodes.remove(name);
+        let mut s = self.lock();
+        s.nodes.remove(name);
+        s.tainted.remove(name);
+    }
+
+    /// Puts the fault taint on Node `name`, or takes it off (what its agent's
+    /// reconciler, or an operator, does).
+    pub fn set_tainted(&self, name: &str, tainted: bool) {
+        let mut s = self.lock();
+        if tainted && s.nodes.contains(name) {
+            s.tainted.insert(name.to_owned());
+        } else {
+            s.tainted.remove(name);
+        }
     }
 
     /// The slot Leases as stored.
@@ -266,9 +282,18 @@ impl LeaseStore for MemoryLeaseStore {
         .await
     }
 
-    async fn node_exists(&self, name: &str) -> ApiResult<bool> {
+    async fn holder_node(&self, name: &str) -> ApiResult<HolderNode> {
         self.requests.node_gets.fetch_add(1, Ordering::Relaxed);
-        self.call(|s| Ok(s.nodes.contains(name))).await
+        self.call(|s| {
+            Ok(if !s.nodes.contains(name) {
+                HolderNode::Gone
+            } else if s.tainted.contains(name) {
+                HolderNode::Tainted
+            } else {
+                HolderNode::Untainted
+            })
+        })
+        .await
     }
 
     async fn fleet_nodes(&self) -> ApiResult<u32> {

@@ -5,7 +5,7 @@
 //! (paused in tests, so expiry and jitter are exact there).
 
 use super::budget::Budget;
-use super::store::{Holding, LeaseStore, SlotView};
+use super::store::{HolderNode, Holding, LeaseStore, SlotView};
 use crate::kube::backend::ApiError;
 use gpuwatch_core::retry::Backoff;
 use std::collections::{BTreeMap, HashMap};
@@ -77,6 +77,10 @@ impl Status {
 struct Observed {
     resource_version: String,
     since: Instant,
+    /// When its holder's Node was last found carrying the fault taint (the
+    /// slot is in use whatever the Lease says; asked again a lease duration
+    /// later, not on every claim round).
+    tainted_at: Option<Instant>,
 }
 
 /// One agent's side of the budget.
@@ -234,6 +238,7 @@ impl<S: LeaseStore> Claimant<S> {
                         Observed {
                             resource_version: s.resource_version.clone(),
                             since: now,
+                            tainted_at: None,
                         },
                     );
                 }
@@ -399,11 +404,16 @@ impl<S: LeaseStore> Claimant<S> {
         }
     }
 
-    /// Slots below `limit` whose holder's Node is gone, or that did not change
-    /// for a whole lease duration. A Node is looked up only once its slot has
-    /// missed a renewal: a live holder renews every third of the duration.
+    /// Slots below `limit` that are free although their Lease exists: the
+    /// slot was released without being deleted, its holder's Node is gone,
+    /// or its holder's Node no longer carries the fault taint and the Lease
+    /// did not change for a whole lease duration. A holder's Node that
+    /// carries the fault taint keeps its slot however long its Lease went
+    /// unrenewed: the taint counts against the budget, not the agent's
+    /// liveness. Nodes are looked up only once their slot missed a renewal
+    /// (a live holder renews every third of the duration).
     async fn takeover_candidates(
-        &self,
+        &mut self,
         by_index: &BTreeMap<u32, &SlotView>,
         limit: u32,
         now: Instant,
@@ -412,12 +422,21 @@ impl<S: LeaseStore> Claimant<S> {
         let mut out = Vec::new();
         for (&index, slot) in by_index.range(..limit) {
             let quiet = self.unchanged_for(index, now);
-            let free = if slot.holder.is_empty() || quiet >= self.cfg.lease_duration {
+            let free = if slot.holder.is_empty() {
                 true
-            } else if quiet >= stale_after {
-                !self.store.node_exists(&slot.holder).await?
-            } else {
+            } else if quiet < stale_after || self.known_tainted(index, now) {
                 false
+            } else {
+                match self.store.holder_node(&slot.holder).await? {
+                    HolderNode::Gone => true,
+                    HolderNode::Untainted => quiet >= self.cfg.lease_duration,
+                    HolderNode::Tainted => {
+                        if let Some(o) = self.observed.get_mut(&index) {
+                            o.tainted_at = Some(now);
+                        }
+                        false
+                    }
+                }
             };
             if free {
                 out.push((*slot).clone());
@@ -426,6 +445,15 @@ impl<S: LeaseStore> Claimant<S> {
         rotate_randomly(&mut out);
         out.truncate(TRIES_PER_ROUND);
         Ok(out)
+    }
+
+    /// Whether slot `index`'s holder's Node was found tainted less than a
+    /// lease duration ago.
+    fn known_tainted(&self, index: u32, now: Instant) -> bool {
+        self.observed
+            .get(&index)
+            .and_then(|o| o.tainted_at)
+            .is_some_and(|t| now.saturating_duration_since(t) < self.cfg.lease_duration)
     }
 
     /// Every slot is held: defer, and come back after a jittered pause that

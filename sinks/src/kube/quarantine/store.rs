@@ -105,10 +105,23 @@ pub trait LeaseStore: Send + Sync {
     ) -> impl Future<Output = ApiResult<SlotView>> + Send;
     /// Deletes `current`, preconditioned on its UID and resourceVersion.
     fn delete(&self, current: &SlotView) -> impl Future<Output = ApiResult<()>> + Send;
-    /// Whether the Node `name` exists.
-    fn node_exists(&self, name: &str) -> impl Future<Output = ApiResult<bool>> + Send;
+    /// Whether the Node `name` exists, and whether it carries gpuwatch's fault
+    /// taint.
+    fn holder_node(&self, name: &str) -> impl Future<Output = ApiResult<HolderNode>> + Send;
     /// How many Nodes the fleet's label selector matches.
     fn fleet_nodes(&self) -> impl Future<Output = ApiResult<u32>> + Send;
+}
+
+/// A slot holder's Node as the API server has it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HolderNode {
+    /// No such Node (the machine was replaced or removed).
+    Gone,
+    /// The Node is there without gpuwatch's fault taint.
+    Untainted,
+    /// The Node carries gpuwatch's fault taint: whatever its agent does, the
+    /// slot is in use.
+    Tainted,
 }
 
 /// The live store: Leases in one namespace, Nodes by label selector.
@@ -117,6 +130,9 @@ pub struct KubeLeaseStore {
     leases: Api<Lease>,
     nodes: Api<Node>,
     selector: String,
+    /// Every key gpuwatch's fault taint may have (the default and each
+    /// per-action override).
+    taint_keys: Vec<String>,
     timeout: Duration,
 }
 
@@ -132,17 +148,20 @@ impl std::fmt::Debug for KubeLeaseStore {
 const NODE_PAGE: u32 = 500;
 
 impl KubeLeaseStore {
-    /// Leases in `namespace`; the fleet is the Nodes matching `selector`.
+    /// Leases in `namespace`; the fleet is the Nodes matching `selector`; a
+    /// Node carrying a taint with one of `taint_keys` uses its slot.
     pub fn new(
         client: kube::Client,
         namespace: &str,
         selector: &str,
+        taint_keys: Vec<String>,
         timeout: Duration,
     ) -> KubeLeaseStore {
         KubeLeaseStore {
             leases: Api::namespaced(client.clone(), namespace),
             nodes: Api::all(client),
             selector: selector.to_owned(),
+            taint_keys,
             timeout,
         }
     }
@@ -301,11 +320,21 @@ impl LeaseStore for KubeLeaseStore {
             .map(|_| ())
     }
 
-    async fn node_exists(&self, name: &str) -> ApiResult<bool> {
-        match timed(self.timeout, self.nodes.get_metadata_opt(name)).await {
-            Ok(n) => Ok(n.is_some()),
-            Err(e) => Err(e),
-        }
+    async fn holder_node(&self, name: &str) -> ApiResult<HolderNode> {
+        // The whole Node: taints are in `spec`, which a metadata read leaves out.
+        let Some(node) = timed(self.timeout, self.nodes.get_opt(name)).await? else {
+            return Ok(HolderNode::Gone);
+        };
+        let tainted = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| self.taint_keys.contains(&t.key)));
+        Ok(if tainted {
+            HolderNode::Tainted
+        } else {
+            HolderNode::Untainted
+        })
     }
 
     async fn fleet_nodes(&self) -> ApiResult<u32> {
@@ -356,8 +385,11 @@ impl<T: LeaseStore> LeaseStore for std::sync::Arc<T> {
     ) -> impl std::future::Future<Output = ApiResult<()>> + Send {
         (**self).delete(current)
     }
-    fn node_exists(&self, name: &str) -> impl std::future::Future<Output = ApiResult<bool>> + Send {
-        (**self).node_exists(name)
+    fn holder_node(
+        &self,
+        name: &str,
+    ) -> impl std::future::Future<Output = ApiResult<HolderNode>> + Send {
+        (**self).holder_node(name)
     }
     fn fleet_nodes(&self) -> impl std::future::Future<Output = ApiResult<u32>> + Send {
         (**self).fleet_nodes()
