@@ -5,7 +5,7 @@
 //! | path | answer |
 //! |---|---|
 //! | `GET /healthz` | liveness: 200 while the engine and kmsg threads run and make progress (`PROGRESS_DEADLINE_SECS`), else 503; JSON body |
-//! | `GET /readyz` | readiness: 200 once state is loaded, the engine runs, and the kmsg source finished its first pass or reported that it cannot read the kernel log (then `/v1/health` says `monitor.kmsg_ok: false`, verdict `unknown`), else 503 |
+//! | `GET /readyz` | readiness: 200 once state is loaded, the engine runs, and the kmsg source finished its first pass or reported that it cannot read the kernel log (then `/v1/health` says `monitor.kmsg_ok: false`, verdict `unknown`), and while the fleet quarantine budget works (`quarantine_budget_unavailable`; `/v1/health` `quarantine` says why), else 503 |
 //! | `GET /v1/health` | the `gpuwatch.v1.NodeHealth` JSON the engine published last |
 //! | `GET /metrics` | Prometheus text exposition, when a renderer is installed (`--prometheus`) |
 //! | `POST /v1/clear` | 405, with a hint to use `gpuwatch clear` |
@@ -491,7 +491,11 @@ async fn healthz(State(s): State<ApiState>) -> Response {
 
 async fn readyz(State(s): State<ApiState>) -> Response {
     let l = &s.liveness;
-    let ready = l.ready();
+    // A quarantine budget that cannot work (a Role without Leases) fails
+    // readiness, so a DaemonSet rollout of a broken Role stops at its first
+    // nodes instead of reaching the fleet.
+    let budget_unavailable = s.registry.quarantine_unavailable.load(Ordering::Relaxed) != 0;
+    let ready = l.ready() && !budget_unavailable;
     json_response(
         if ready {
             StatusCode::OK
@@ -504,6 +508,7 @@ async fn readyz(State(s): State<ApiState>) -> Response {
             "state_loaded": l.state_loaded.load(Ordering::Relaxed),
             "kmsg_caught_up": l.kmsg_caught_up.load(Ordering::Relaxed),
             "kmsg_unavailable": l.kmsg_unavailable.load(Ordering::Relaxed),
+            "quarantine_budget_unavailable": budget_unavailable,
         }),
     )
 }

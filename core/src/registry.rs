@@ -325,6 +325,10 @@ pub struct Registry {
     pub quarantine_deferrals: AtomicU64,
     /// Slots of the fleet quarantine budget as last known (0: off or unknown).
     pub quarantine_slots: AtomicU64,
+    /// 1 while the fleet quarantine budget cannot work on this node (its
+    /// requests refused, or unanswered for a lease duration): fault taints
+    /// go on without it, and `/readyz` fails.
+    pub quarantine_unavailable: AtomicU64,
     quarantine: RwLock<Option<QuarantineStatus>>,
     /// Status changes of the conditions the Kubernetes writer owns, by
     /// (condition type, new status).
@@ -384,6 +388,7 @@ impl Default for Registry {
             quarantine_deferred: AtomicU64::new(0),
             quarantine_deferrals: AtomicU64::new(0),
             quarantine_slots: AtomicU64::new(0),
+            quarantine_unavailable: AtomicU64::new(0),
             quarantine: RwLock::new(None),
             condition_transitions: Mutex::new(BTreeMap::new()),
             gpus_expected: AtomicU64::new(u64::MAX),

@@ -319,7 +319,14 @@ fn start_quarantine(
         ));
         return (None, None);
     }
+    let namespace = cfg.quarantine_namespace.clone().unwrap_or_else(|| {
+        client
+            .as_ref()
+            .map_or("default", |c| c.default_namespace())
+            .to_owned()
+    });
     let settings = quarantine::Settings {
+        namespace: namespace.clone(),
         budget,
         floor: cfg.quarantine_floor,
         identity: node_name.to_owned(),
@@ -335,10 +342,6 @@ fn start_quarantine(
     let (status_tx, status_rx) = watch::channel(quarantine::Status::Idle);
     let task = match client {
         Some(client) => {
-            let namespace = cfg
-                .quarantine_namespace
-                .clone()
-                .unwrap_or_else(|| client.default_namespace().to_owned());
             let store = quarantine::KubeLeaseStore::new(
                 client,
                 &namespace,

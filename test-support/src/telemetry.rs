@@ -682,6 +682,7 @@ pub fn populate(r: &Registry) {
     r.quarantine_deferred.store(1, Relaxed);
     r.quarantine_deferrals.store(1, Relaxed);
     r.quarantine_slots.store(10, Relaxed);
+    r.quarantine_unavailable.store(1, Relaxed);
     r.gpus_expected.store(8, Relaxed);
     r.count_validation(ValidationResult::Pass);
 }

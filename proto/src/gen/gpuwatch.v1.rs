@@ -437,7 +437,11 @@ pub struct NodeHealth {
 pub struct QuarantineStatus {
     /// "off" (no budget), "idle" (no fault taint wanted), "pending" (no claim
     /// answered yet), "held" (this node holds a slot: it may carry the fault
-    /// taint), "deferred" (every slot is held elsewhere: no fault taint).
+    /// taint), "deferred" (every slot is held elsewhere: no fault taint),
+    /// "unavailable_refused" (the API server refuses the budget's requests:
+    /// RBAC, a missing namespace, an admission webhook) or
+    /// "unavailable_no_answer" (a claim went unanswered for a lease duration);
+    /// while unavailable the fault taint is written without the budget.
     #[prost(string, tag = "1")]
     pub state: ::prost::alloc::string::String,
     /// The budget as configured ("10%", "3", "off").

@@ -488,15 +488,15 @@ impl Reconciler {
         let live = has_fault_taint(node, &self.cfg);
         let uid = node.metadata.uid.as_deref().unwrap_or_default();
         let wanted = fault_taint.as_ref().map(|t| t.value.as_str());
-        let (gate, deferral) = link.gate(wanted, live, uid).await;
+        let (gate, notice) = link.gate(wanted, live, uid).await;
         match gate {
             quarantine::link::Gate::AsDesired => {}
             quarantine::link::Gate::Withhold => *fault_taint = None,
             quarantine::link::Gate::KeepLive if !live => *fault_taint = None,
             quarantine::link::Gate::KeepLive => {}
         }
-        if let Some(d) = deferral {
-            self.event(quarantine::DEFERRED_REASON, "Warning", d.message);
+        if let Some(n) = notice {
+            self.event(n.reason, "Warning", n.message);
         }
     }
 
@@ -519,6 +519,9 @@ impl Reconciler {
         let mut want = desired(&health, &self.cfg, &gate);
         self.track_advertised(&node, &health, startup, &mut want.conditions);
         self.flap.apply(&mut want, Instant::now(), &self.registry);
+        // What the faults ask for, before the budget's gate: the need the
+        // claimant hears after the write (a withheld taint is still needed).
+        let wanted_taint = want.fault_taint.clone();
         self.gate_fault_taint(&node, &mut want.fault_taint).await;
         let held = hold && hold_unknown(&node, &mut want.conditions);
         let conditions = self.write_conditions(&node, &want.conditions, &now).await;
@@ -527,7 +530,7 @@ impl Reconciler {
         let taints = self
             .write_taints(want.fault_taint.as_ref(), remove_startup, &now)
             .await;
-        self.tell_quarantine(want.fault_taint.as_ref());
+        self.tell_quarantine(wanted_taint.as_ref());
         let wrote = conditions.as_ref().is_ok_and(|w| *w) | taints.as_ref().is_ok_and(|w| *w);
         match (conditions, taints) {
             (Err(e), _) | (Ok(_), Err(e)) => Err(e),
@@ -662,8 +665,12 @@ impl Reconciler {
         );
     }
 
-    /// Tells the quarantine claimant the taint as written: once it is gone
-    /// the slot can go back.
+    /// Tells the quarantine claimant, after the write, the taint the faults
+    /// want (before the budget's gate) and whether the Node now carries one:
+    /// once it is gone and none is wanted the slot can go back. Telling it
+    /// the gated taint instead would turn a deferred or pending claim into
+    /// "no need" after every pass, and the claimant would go idle and claim
+    /// again in a loop as fast as the API server answers.
     fn tell_quarantine(&self, fault: Option<&super::desired::DesiredTaint>) {
         if let Some(link) = &self.quarantine {
             let node = self.live.clone().unwrap_or_default();

@@ -13,6 +13,7 @@ pub(super) const TABLE: &[Spec] = &[
     QUARANTINE_DEFERRED,
     QUARANTINE_DEFERRALS,
     QUARANTINE_SLOTS,
+    QUARANTINE_UNAVAILABLE,
     STARTUP_GATE,
     VALIDATION_RUNS,
 ];
@@ -132,6 +133,23 @@ fn quarantine_slots(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
     out.push(Point {
         attrs: vec![],
         value: atomic(&r.quarantine_slots),
+    });
+}
+
+const QUARANTINE_UNAVAILABLE: Spec = Spec {
+    name: "gpuwatch.kube.quarantine.unavailable",
+    unit: "{state}",
+    kind: InstrumentKind::Gauge,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "1 while the fleet quarantine budget cannot work on this node (the API server refuses its Lease requests, or a claim went unanswered for a lease duration): fault taints are applied without it.",
+    collect: quarantine_unavailable,
+};
+
+fn quarantine_unavailable(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    out.push(Point {
+        attrs: vec![],
+        value: atomic(&r.quarantine_unavailable),
     });
 }
 

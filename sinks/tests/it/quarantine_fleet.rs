@@ -246,6 +246,19 @@ async fn a_wave_over_a_hundred_nodes_taints_ten_and_hands_slots_on() {
         fleet.tainted(),
         "every tainted Node holds a slot"
     );
+    // Ten deferred Nodes look again every 0.5–1.5 s (retry 1 s here, twice
+    // that after a few rounds): a few Lease lists a second, not a spin.
+    let lists = |api: &ApiDouble| {
+        api.requests()
+            .iter()
+            .filter(|r| r.resource == "leases" && r.verb == "list")
+            .count()
+    };
+    let before = lists(&fleet.api);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let listed = lists(&fleet.api) - before;
+    eprintln!("quarantine: {listed} Lease lists in 5 s from 10 deferred Nodes");
+    assert!(listed <= 120, "{listed} Lease lists in 5 s");
     // Each of the ten deferred Nodes says why it is not tainted.
     let deferred: BTreeSet<String> = fleet
         .agents
@@ -357,4 +370,159 @@ async fn api_errors_during_a_wave_never_pass_the_budget() {
     assert_eq!(fleet.tainted().len(), BUDGET);
     assert_eq!(fleet.api.taint_peak(), BUDGET);
     fleet.stop().await;
+}
+
+/// The Event reason and message of every `QuarantineBudgetUnavailable` Warning
+/// on `node`.
+fn unavailable_events(api: &ApiDouble, node: &str) -> Vec<String> {
+    api.events()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("QuarantineBudgetUnavailable"))
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
+        .filter(|e| e.involved_object.name.as_deref() == Some(node))
+        .map(|e| e.message.unwrap_or_default())
+        .collect()
+}
+
+/// A Role without `leases` (every Lease request answered 403): the budget
+/// fails open and loud — the faulty Node is tainted, a Warning Event quotes
+/// the 403, the gauge behind `/readyz` says unavailable — and once Leases
+/// are allowed again the agent takes a slot and the gauge clears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_without_leases_taints_anyway_and_says_why() {
+    let api = fleet_double().await;
+    api.track_taint(FAULT_TAINT);
+    for verb in ["get", "list", "create", "update", "delete"] {
+        api.forbid(verb, "leases");
+    }
+    let node = name(0);
+    let registry = Registry::new();
+    let (tx, rx) = watch::channel(Arc::new(health(false)));
+    let writer = NodeWriter::start(
+        config(&api),
+        ValidationConfig::default(),
+        node.clone(),
+        registry.clone(),
+        rx,
+        false,
+        WriterHooks::default(),
+    )
+    .await
+    .expect("writer starts");
+    // The startup check finds the broken Role before any fault.
+    assert!(
+        wait_for(Duration::from_secs(10), || registry
+            .quarantine_unavailable
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 1)
+        .await,
+        "the startup access check did not report the Role"
+    );
+    assert!(
+        api.requests()
+            .iter()
+            .any(|r| r.resource == "selfsubjectaccessreviews")
+    );
+    let t0 = Instant::now();
+    tx.send_replace(Arc::new(health(true)));
+    assert!(
+        wait_for(Duration::from_secs(60), || api
+            .node_named(&node)
+            .is_some_and(|n| taint_value(&n, FAULT_TAINT).is_some()))
+        .await,
+        "the faulty Node was not tainted without the budget"
+    );
+    eprintln!(
+        "quarantine: tainted without the budget after {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        wait_for(Duration::from_secs(10), || !unavailable_events(&api, &node)
+            .is_empty())
+        .await,
+        "no QuarantineBudgetUnavailable Event"
+    );
+    let events = unavailable_events(&api, &node);
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(
+        events[0].contains("RBAC denies") || events[0].contains("403"),
+        "{}",
+        events[0]
+    );
+    assert!(
+        events[0].contains("leases (coordination.k8s.io)"),
+        "{}",
+        events[0]
+    );
+    let q = registry.quarantine().expect("quarantine status");
+    assert_eq!(q.state, "unavailable_refused", "{q:?}");
+
+    for verb in ["get", "list", "create", "update", "delete"] {
+        api.unforbid(verb, "leases");
+    }
+    assert!(
+        wait_for(Duration::from_secs(60), || registry
+            .quarantine()
+            .is_some_and(|q| q.state == "held"))
+        .await,
+        "no slot once Leases were allowed: {:?}",
+        registry.quarantine()
+    );
+    assert_eq!(
+        registry
+            .quarantine_unavailable
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    assert_eq!(
+        api.leases("default")
+            .iter()
+            .filter(
+                |l| l.spec.as_ref().and_then(|s| s.holder_identity.as_deref())
+                    == Some(node.as_str())
+            )
+            .count(),
+        1
+    );
+    api.assert_requests_declared();
+    writer.shutdown().await;
+}
+
+/// The Leases' namespace does not exist (a create there is 404): the same
+/// fail-open path, quoting the 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_namespace_taints_anyway_and_says_why() {
+    let api = fleet_double().await;
+    api.set_namespace_missing("default", true);
+    let node = name(0);
+    let registry = Registry::new();
+    let (_tx, rx) = watch::channel(Arc::new(health(true)));
+    let writer = NodeWriter::start(
+        config(&api),
+        ValidationConfig::default(),
+        node.clone(),
+        registry.clone(),
+        rx,
+        false,
+        WriterHooks::default(),
+    )
+    .await
+    .expect("writer starts");
+    assert!(
+        wait_for(Duration::from_secs(60), || api
+            .node_named(&node)
+            .is_some_and(|n| taint_value(&n, FAULT_TAINT).is_some()))
+        .await,
+        "the faulty Node was not tainted without the budget: {:?}",
+        registry.quarantine()
+    );
+    assert!(
+        wait_for(Duration::from_secs(10), || unavailable_events(&api, &node)
+            .iter()
+            .any(|m| m.contains("namespaces \"default\" not found")))
+        .await,
+        "{:?}",
+        unavailable_events(&api, &node)
+    );
+    writer.shutdown().await;
 }

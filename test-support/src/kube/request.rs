@@ -51,6 +51,8 @@ pub(super) enum Target {
         namespace: Option<String>,
         name: Option<String>,
     },
+    /// `/apis/authorization.k8s.io/v1/selfsubjectaccessreviews`.
+    AccessReview,
     /// Anything else.
     Unknown,
 }
@@ -105,6 +107,12 @@ impl Target {
                 namespace: (*ns).to_owned(),
                 name: Some((*name).to_owned()),
             },
+            [
+                "apis",
+                "authorization.k8s.io",
+                "v1",
+                "selfsubjectaccessreviews",
+            ] => Target::AccessReview,
             _ => Target::Unknown,
         }
     }
@@ -122,6 +130,7 @@ impl Target {
             Target::Events { name, .. } => Some(("events".into(), name.is_none())),
             Target::Leases { name, .. } => Some(("leases".into(), name.is_none())),
             Target::Pods { name, .. } => Some(("pods".into(), name.is_none())),
+            Target::AccessReview => Some(("selfsubjectaccessreviews".into(), true)),
             Target::Unknown => None,
         }
     }
@@ -130,6 +139,7 @@ impl Target {
     pub(super) fn group(&self) -> &'static str {
         match self {
             Target::Leases { .. } => "coordination.k8s.io",
+            Target::AccessReview => "authorization.k8s.io",
             _ => "",
         }
     }

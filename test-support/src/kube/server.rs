@@ -7,7 +7,7 @@ use super::leases::{self, Leases};
 use super::nodes::{self, NodeStore};
 use super::pods::{self, Pods};
 use super::request::{Recorded, Request, Target};
-use super::status::{forbidden, injected, not_served, service_unavailable};
+use super::status::{forbidden, injected, not_found, not_served, service_unavailable};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, Uri};
@@ -44,6 +44,30 @@ pub(super) struct Faults {
     pub(super) delay: Option<Duration>,
     /// Answers queued for the next requests (429, 500, 503), oldest first.
     pub(super) injected: VecDeque<u16>,
+    /// Namespaces that do not exist (creates in them are 404).
+    pub(super) missing_namespaces: HashSet<String>,
+}
+
+/// A SelfSubjectAccessReview, answered from the same RBAC denials as the
+/// requests (apiserver `pkg/registry/authorization/selfsubjectaccessreview/rest.go`:
+/// the spec echoed, `status.allowed` from the authorizer). Every
+/// authenticated user may create one (the `system:basic-user` ClusterRole).
+fn access_review(forbidden: &HashSet<(String, String)>, req: &Request) -> Response {
+    if req.method != Method::POST {
+        return super::status::not_served(req);
+    }
+    let attrs = &req.body["spec"]["resourceAttributes"];
+    let field = |k: &str| attrs[k].as_str().unwrap_or_default().to_owned();
+    let denied = forbidden.contains(&(field("verb"), field("resource")));
+    let mut answer = req.body.clone();
+    answer["apiVersion"] = "authorization.k8s.io/v1".into();
+    answer["kind"] = "SelfSubjectAccessReview".into();
+    answer["status"] = if denied {
+        serde_json::json!({"allowed": false})
+    } else {
+        serde_json::json!({"allowed": true, "reason": "RBAC: allowed by the double"})
+    };
+    super::status::ok(201, &answer)
 }
 
 pub(super) type Shared = Arc<Mutex<Inner>>;
@@ -84,12 +108,23 @@ fn answer(g: &mut Inner, req: &Request) -> Response {
     {
         return forbidden(&req.verb, req.target.group(), &req.resource, &req.path);
     }
+    if let Target::Leases { namespace, .. } = &req.target
+        && req.method == Method::POST
+        && g.faults.missing_namespaces.contains(namespace)
+    {
+        // The NamespaceLifecycle admission plugin refuses a create in a
+        // namespace that does not exist (`errors.NewNotFound(namespaces, ns)`);
+        // a list there is an empty list, and an update or delete finds no
+        // object.
+        return not_found("namespaces", namespace);
+    }
     // One line per resource kind the double serves.
     match req.target {
         Target::Nodes(_) => nodes::serve_store(&mut g.nodes, &mut g.rv, req),
         Target::Events { .. } => events::serve(&mut g.events, &mut g.rv, req),
         Target::Leases { .. } => leases::serve(&mut g.leases, &mut g.rv, req),
         Target::Pods { .. } => pods::serve(&mut g.pods, g.rv, req),
+        Target::AccessReview => access_review(&g.faults.forbidden, req),
         Target::Unknown => not_served(req),
     }
 }

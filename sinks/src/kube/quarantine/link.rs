@@ -16,6 +16,8 @@ pub(crate) const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_mil
 
 /// Event reason while the fault taint is deferred.
 pub const DEFERRED_REASON: &str = "QuarantineBudgetExhausted";
+/// Event reason when the budget cannot work and fault taints go on without it.
+pub const UNAVAILABLE_REASON: &str = "QuarantineBudgetUnavailable";
 
 /// What the reconciler should do with the fault taint this pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,9 +30,11 @@ pub(crate) enum Gate {
     KeepLive,
 }
 
-/// A Warning Event to send when the taint was just deferred.
+/// A Warning Event to send: the taint was just deferred, or the budget just
+/// became unavailable.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Deferral {
+pub(crate) struct Notice {
+    pub reason: &'static str,
     pub message: String,
 }
 
@@ -42,6 +46,8 @@ pub(crate) struct Link {
     budget: Budget,
     /// A deferral was announced (Event sent) and has not ended since.
     announced: bool,
+    /// The budget's unavailability was announced and has not ended since.
+    unavailable_announced: bool,
     registry: Arc<Registry>,
 }
 
@@ -57,6 +63,7 @@ impl Link {
             status,
             budget,
             announced: false,
+            unavailable_announced: false,
             registry,
         }
     }
@@ -76,7 +83,7 @@ impl Link {
         wanted: Option<&str>,
         live: bool,
         node_uid: &str,
-    ) -> (Gate, Option<Deferral>) {
+    ) -> (Gate, Option<Notice>) {
         let need = self.tell(wanted, live, node_uid);
         if need && matches!(*self.status.borrow(), Status::Idle) {
             let answered = self.status.wait_for(|s| !matches!(s, Status::Idle));
@@ -95,8 +102,10 @@ impl Link {
             Some(false) => Gate::Withhold,
             None => Gate::KeepLive,
         };
-        let deferral = self.track(&status, wanted.is_some());
-        (gate, deferral)
+        let notice = self
+            .track_unavailable(&status)
+            .or_else(|| self.track(&status, wanted.is_some()));
+        (gate, notice)
     }
 
     /// Tells the claimant whether the Node needs a slot: while it wants the
@@ -119,9 +128,27 @@ impl Link {
         need
     }
 
+    /// Sets the gauge and announces the start of an unavailable budget, once
+    /// per episode.
+    fn track_unavailable(&mut self, status: &Status) -> Option<Notice> {
+        let Status::Unavailable { message, .. } = status else {
+            self.registry.quarantine_unavailable.store(0, Relaxed);
+            self.unavailable_announced = false;
+            return None;
+        };
+        self.registry.quarantine_unavailable.store(1, Relaxed);
+        if std::mem::replace(&mut self.unavailable_announced, true) {
+            return None;
+        }
+        Some(Notice {
+            reason: UNAVAILABLE_REASON,
+            message: message.clone(),
+        })
+    }
+
     /// Counts and announces the start of a deferral; ends it when the Node
     /// holds a slot or needs none.
-    fn track(&mut self, status: &Status, wanted: bool) -> Option<Deferral> {
+    fn track(&mut self, status: &Status, wanted: bool) -> Option<Notice> {
         match status {
             Status::Deferred { slots, holders } if wanted => {
                 self.registry.quarantine_deferred.store(1, Relaxed);
@@ -131,7 +158,8 @@ impl Link {
                 self.announced = true;
                 self.registry.quarantine_deferrals.fetch_add(1, Relaxed);
                 tracing::warn!(slots, holders = %holders.join(","), "Fault taint deferred: the fleet quarantine budget is spent.");
-                Some(Deferral {
+                Some(Notice {
+                    reason: DEFERRED_REASON,
                     message: deferral_message(self.budget, *slots, holders),
                 })
             }
@@ -203,6 +231,15 @@ pub(crate) fn status_view(budget: Budget, status: &Status) -> QuarantineStatus {
             q.slots = *slots;
             q.holders.clone_from(holders);
             q.message = format!("taint deferred: budget {} of {slots} held", holders.len());
+        }
+        Status::Unavailable { refused, message } => {
+            q.state = if *refused {
+                "unavailable_refused"
+            } else {
+                "unavailable_no_answer"
+            }
+            .into();
+            q.message.clone_from(message);
         }
     }
     q
@@ -313,6 +350,31 @@ mod tests {
         );
         assert_eq!(l.gate(None, false, "u").await.0, Gate::AsDesired);
         assert!(!need.borrow().slot);
+    }
+
+    #[tokio::test]
+    async fn an_unavailable_budget_lets_the_taint_through_and_says_so_once() {
+        let (mut l, _need, status, registry) = link();
+        status.send_replace(Status::Unavailable {
+            refused: true,
+            message: "Quarantine budget unavailable: forbidden".into(),
+        });
+        let (gate, notice) = l.gate(Some("inspect_hardware"), false, "u").await;
+        assert_eq!(gate, Gate::AsDesired, "fails open");
+        let n = notice.expect("announced");
+        assert_eq!(n.reason, UNAVAILABLE_REASON);
+        assert!(n.message.contains("forbidden"), "{}", n.message);
+        assert_eq!(registry.quarantine_unavailable.load(Relaxed), 1);
+        let q = registry.quarantine().unwrap();
+        assert_eq!(q.state, "unavailable_refused");
+        // Announced once per episode, whatever the Node needs.
+        assert_eq!(l.gate(None, true, "u").await.1, None);
+        status.send_replace(Status::Held {
+            slot: 0,
+            slots: Some(10),
+        });
+        l.gate(Some("inspect_hardware"), true, "u").await;
+        assert_eq!(registry.quarantine_unavailable.load(Relaxed), 0);
     }
 
     #[test]

@@ -40,6 +40,8 @@ pub struct Requests {
     pub node_gets: AtomicU64,
     /// Node lists (the fleet count, one per page).
     pub node_lists: AtomicU64,
+    /// SelfSubjectAccessReviews (the access check, one per request kind).
+    pub access_reviews: AtomicU64,
 }
 
 impl Requests {
@@ -52,6 +54,7 @@ impl Requests {
             &self.deletes,
             &self.node_gets,
             &self.node_lists,
+            &self.access_reviews,
         ]
         .iter()
         .map(|c| c.load(Ordering::Relaxed))
@@ -67,6 +70,8 @@ struct State {
     nodes: BTreeSet<String>,
     /// Nodes carrying the fault taint.
     tainted: BTreeSet<String>,
+    /// (verb, resource) pairs RBAC denies.
+    denied: BTreeSet<(String, String)>,
     /// How the next requests are answered (tests); empty: normally.
     script: std::collections::VecDeque<Answer>,
 }
@@ -131,17 +136,28 @@ impl MemoryLeaseStore {
     }
 
     /// Runs `op` on the state between a request's two ways, unless the script
-    /// says otherwise.
-    async fn call<T>(&self, op: impl FnOnce(&mut State) -> ApiResult<T>) -> ApiResult<T> {
+    /// says otherwise or RBAC denies `verb` on `resource`: the authorization
+    /// filter answers before the handler (apiserver
+    /// `pkg/endpoints/filters/authorization.go`), with the message
+    /// `responsewriters.ForbiddenStatusError` writes.
+    async fn call<T>(
+        &self,
+        (verb, resource): (&str, &str),
+        op: impl FnOnce(&mut State) -> ApiResult<T>,
+    ) -> ApiResult<T> {
         self.way().await;
         let r = {
             let mut s = self.lock();
-            match s.script.pop_front().unwrap_or(Answer::Normal) {
-                Answer::Normal => op(&mut s),
-                Answer::Fail(e) => Err(e),
-                Answer::Lost => {
-                    let _ = op(&mut s);
-                    Err(ApiError::Transient("connection reset by peer".into()))
+            if s.denied.contains(&(verb.to_owned(), resource.to_owned())) {
+                Err(forbidden(verb, resource))
+            } else {
+                match s.script.pop_front().unwrap_or(Answer::Normal) {
+                    Answer::Normal => op(&mut s),
+                    Answer::Fail(e) => Err(e),
+                    Answer::Lost => {
+                        let _ = op(&mut s);
+                        Err(ApiError::Transient("connection reset by peer".into()))
+                    }
                 }
             }
         };
@@ -178,10 +194,39 @@ impl MemoryLeaseStore {
         self.lock().leases.values().cloned().collect()
     }
 
+    /// RBAC denies `verb` on `resource` (`leases`, `nodes`) from now on, or
+    /// (`deny = false`) allows it again.
+    pub fn deny(&self, verb: &str, resource: &str, deny: bool) {
+        let key = (verb.to_owned(), resource.to_owned());
+        let mut s = self.lock();
+        if deny {
+            s.denied.insert(key);
+        } else {
+            s.denied.remove(&key);
+        }
+    }
+
     /// Answers the next requests (any kind, in order of arrival) as `answers` say.
     pub fn script<I: IntoIterator<Item = Answer>>(&self, answers: I) {
         self.lock().script.extend(answers);
     }
+}
+
+/// The 403 of a request RBAC denies, worded as the API server words it for the
+/// agent's service account.
+fn forbidden(verb: &str, resource: &str) -> ApiError {
+    let (qualified, group, scope) = if resource == "leases" {
+        (
+            "leases.coordination.k8s.io",
+            "coordination.k8s.io",
+            " in the namespace \"gpuwatch\"",
+        )
+    } else {
+        (resource, "", " at the cluster scope")
+    };
+    ApiError::Forbidden(format!(
+        "{qualified} is forbidden: User \"system:serviceaccount:gpuwatch:gpuwatch\" cannot {verb} resource \"{resource}\" in API group \"{group}\"{scope} (403 Forbidden)"
+    ))
 }
 
 /// The slot as stored after a write by `holding` over `before` (none: a create).
@@ -219,13 +264,15 @@ fn written(
 impl LeaseStore for MemoryLeaseStore {
     async fn list(&self) -> ApiResult<Vec<SlotView>> {
         self.requests.lists.fetch_add(1, Ordering::Relaxed);
-        self.call(|s| Ok(s.leases.values().cloned().collect()))
-            .await
+        self.call(("list", "leases"), |s| {
+            Ok(s.leases.values().cloned().collect())
+        })
+        .await
     }
 
     async fn create(&self, index: u32, holding: &Holding) -> ApiResult<SlotView> {
         self.requests.creates.fetch_add(1, Ordering::Relaxed);
-        self.call(|s| {
+        self.call(("create", "leases"), |s| {
             if s.leases.contains_key(&index) {
                 return Err(ApiError::AlreadyExists(format!(
                     "leases.coordination.k8s.io \"{}\" already exists",
@@ -243,7 +290,7 @@ impl LeaseStore for MemoryLeaseStore {
 
     async fn replace(&self, current: &SlotView, holding: &Holding) -> ApiResult<SlotView> {
         self.requests.replaces.fetch_add(1, Ordering::Relaxed);
-        self.call(|s| {
+        self.call(("update", "leases"), |s| {
             let Some(stored) = s.leases.get(&current.index) else {
                 return Err(ApiError::NotFound(current.name()));
             };
@@ -263,7 +310,7 @@ impl LeaseStore for MemoryLeaseStore {
 
     async fn delete(&self, current: &SlotView) -> ApiResult<()> {
         self.requests.deletes.fetch_add(1, Ordering::Relaxed);
-        self.call(|s| {
+        self.call(("delete", "leases"), |s| {
             let Some(stored) = s.leases.get(&current.index) else {
                 return Err(ApiError::NotFound(current.name()));
             };
@@ -284,7 +331,7 @@ impl LeaseStore for MemoryLeaseStore {
 
     async fn holder_node(&self, name: &str) -> ApiResult<HolderNode> {
         self.requests.node_gets.fetch_add(1, Ordering::Relaxed);
-        self.call(|s| {
+        self.call(("get", "nodes"), |s| {
             Ok(if !s.nodes.contains(name) {
                 HolderNode::Gone
             } else if s.tainted.contains(name) {
@@ -300,7 +347,31 @@ impl LeaseStore for MemoryLeaseStore {
         let n = self.lock().nodes.len();
         let pages = n.div_ceil(NODE_PAGE).max(1) as u64;
         self.requests.node_lists.fetch_add(pages, Ordering::Relaxed);
-        self.call(|s| Ok(u32::try_from(s.nodes.len()).unwrap_or(u32::MAX)))
-            .await
+        self.call(("list", "nodes"), |s| {
+            Ok(u32::try_from(s.nodes.len()).unwrap_or(u32::MAX))
+        })
+        .await
+    }
+
+    async fn access(&self) -> ApiResult<Vec<String>> {
+        // A SelfSubjectAccessReview is allowed to every authenticated user
+        // (the `system:basic-user` ClusterRole) and answers from the same
+        // RBAC rules as the requests.
+        let n = super::store::BUDGET_REQUESTS.len() as u64;
+        self.requests.access_reviews.fetch_add(n, Ordering::Relaxed);
+        self.way().await;
+        let denied = {
+            let s = self.lock();
+            super::store::BUDGET_REQUESTS
+                .iter()
+                .filter(|(verb, _, resource, _)| {
+                    s.denied
+                        .contains(&((*verb).to_owned(), (*resource).to_owned()))
+                })
+                .map(|(verb, _, resource, _)| format!("{verb} {resource}"))
+                .collect()
+        };
+        self.way().await;
+        Ok(denied)
     }
 }

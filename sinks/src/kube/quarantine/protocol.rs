@@ -32,6 +32,9 @@ pub struct Settings {
     pub recount_every: Duration,
     /// First and largest pause after API errors.
     pub backoff: (Duration, Duration),
+    /// Namespace of the slot Leases (named in what the agent says when the
+    /// API server refuses them).
+    pub namespace: String,
 }
 
 /// Where this agent stands in the budget.
@@ -58,6 +61,18 @@ pub enum Status {
         /// The Nodes holding them.
         holders: Vec<String>,
     },
+    /// The budget cannot work on this Node: the API server refuses its
+    /// requests (403 from RBAC, 404 for a missing namespace, 422 from an
+    /// admission webhook), or a claim got no answer for a whole lease
+    /// duration. The fault taint is written without the budget (fails open):
+    /// an unbounded quarantine is how the agent behaved before the budget
+    /// existed, a missing one leaves broken GPUs schedulable.
+    Unavailable {
+        /// `true`: refused; `false`: no answer for a lease duration.
+        refused: bool,
+        /// What the API server (or the connection) said, and what to fix.
+        message: String,
+    },
 }
 
 impl Status {
@@ -65,7 +80,7 @@ impl Status {
     /// `Some(false)` no, `None` keep it as it is (nothing known yet).
     pub fn permits_taint(&self) -> Option<bool> {
         match self {
-            Status::Off | Status::Held { .. } => Some(true),
+            Status::Off | Status::Held { .. } | Status::Unavailable { .. } => Some(true),
             Status::Deferred { .. } | Status::Idle => Some(false),
             Status::Pending => None,
         }
@@ -107,6 +122,13 @@ pub struct Claimant<S> {
     node_uid: String,
     /// Why the Node is quarantined (written into the slot).
     reason: String,
+    /// When the access check last ran (`None`: not yet; it runs at the first
+    /// step).
+    access_checked: Option<Instant>,
+    /// Consecutive rounds the API server refused (403, 404, 422).
+    refusals: u32,
+    /// Since when claim rounds have failed without an answer, in a row.
+    failing_since: Option<Instant>,
 }
 
 /// What a step did, beside the new status.
@@ -146,6 +168,9 @@ impl<S: LeaseStore> Claimant<S> {
             status,
             node_uid: String::new(),
             reason: String::new(),
+            access_checked: None,
+            refusals: 0,
+            failing_since: None,
         }
     }
 
@@ -173,28 +198,29 @@ impl<S: LeaseStore> Claimant<S> {
             self.status = Status::Off;
             return self.done(now + Duration::from_secs(3600));
         }
+        if self.access_checked.is_none() {
+            self.check_access(now).await;
+        }
         let result = match (need, self.held.is_some()) {
             (true, false) => self.claim(now).await,
             (true, true) => self.renew_if_due(now).await,
             (false, true) => self.release().await,
-            (false, false) => {
-                self.status = Status::Idle;
-                self.deferred_rounds = 0;
-                self.undecided_rounds = 0;
-                Ok(now + Duration::from_secs(3600))
-            }
+            (false, false) => self.idle(now).await,
         };
         match result {
             Ok(next) => {
-                self.backoff.reset();
+                // An idle round of an unavailable budget keeps backing off
+                // its access checks.
+                if !matches!(self.status, Status::Unavailable { .. }) {
+                    self.backoff.reset();
+                }
+                self.refusals = 0;
+                self.failing_since = None;
                 self.done(next)
             }
             Err(e) => {
                 let wait = self.backoff.next_delay().max(e.retry_after());
-                tracing::debug!(error = %e, "Quarantine budget round failed; retrying.");
-                if need && matches!(self.status, Status::Idle) {
-                    self.status = Status::Pending;
-                }
+                self.failed(need, &e, now);
                 let mut next = now + wait;
                 if self.held.is_some() {
                     next = next.min(self.renew_due());
@@ -202,6 +228,91 @@ impl<S: LeaseStore> Claimant<S> {
                 self.done(next)
             }
         }
+    }
+
+    /// Nothing needed and nothing held. While the budget is unavailable, the
+    /// access check runs again at the backoff's pace, so a fixed Role is
+    /// noticed without a fault.
+    async fn idle(&mut self, now: Instant) -> Result<Instant, ApiError> {
+        self.deferred_rounds = 0;
+        self.undecided_rounds = 0;
+        if matches!(self.status, Status::Unavailable { .. }) {
+            if self.access_checked != Some(now) {
+                self.check_access(now).await;
+            }
+            if matches!(self.status, Status::Unavailable { .. }) {
+                return Ok(now + self.backoff.next_delay());
+            }
+        }
+        self.status = Status::Idle;
+        Ok(now + Duration::from_secs(3600))
+    }
+
+    /// Asks the API server whether this agent may make every request the
+    /// budget needs, and says the answer. A check that cannot be made (an
+    /// old server, an outage) decides nothing: the requests themselves will.
+    async fn check_access(&mut self, now: Instant) {
+        self.access_checked = Some(now);
+        match self.store.access().await {
+            Ok(denied) if denied.is_empty() => {
+                tracing::info!(
+                    namespace = %self.cfg.namespace,
+                    "Quarantine budget: RBAC allows every request the budget makes."
+                );
+                if matches!(self.status, Status::Unavailable { .. }) {
+                    self.status = Status::Idle;
+                }
+            }
+            Ok(denied) => {
+                let answer = format!("RBAC denies {}", denied.join(", "));
+                self.unavailable(true, &answer);
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                "Quarantine budget: could not check the agent's permissions (SelfSubjectAccessReview); its first request will tell."
+            ),
+        }
+    }
+
+    /// A round failed with `e`. A claim refused (403, 404, 422) twice in a
+    /// row, or without an answer for a whole lease duration, makes the budget
+    /// unavailable: the fault taint is written without it. A holder's or an
+    /// idle Node's failures change nothing (a holder may carry the taint
+    /// anyway; the next claim or access check tells).
+    fn failed(&mut self, need: bool, e: &ApiError, now: Instant) {
+        if !need || self.held.is_some() {
+            self.refusals = 0;
+            self.failing_since = None;
+            tracing::debug!(error = %e, "Quarantine budget round failed; retrying.");
+            return;
+        }
+        self.refusals = if refused(e) { self.refusals + 1 } else { 0 };
+        let since = *self.failing_since.get_or_insert(now);
+        let waited = now.saturating_duration_since(since);
+        if self.refusals >= 2 {
+            self.unavailable(true, &e.to_string());
+        } else if waited >= self.cfg.lease_duration {
+            let answer = format!("no answer for {} s (last: {e})", waited.as_secs());
+            self.unavailable(false, &answer);
+        } else {
+            tracing::debug!(error = %e, "Quarantine budget claim failed; retrying.");
+            if matches!(self.status, Status::Idle) {
+                self.status = Status::Pending;
+            }
+        }
+    }
+
+    /// Makes the budget unavailable (logged at ERROR once per episode).
+    fn unavailable(&mut self, refused: bool, answer: &str) {
+        let message = unavailable_message(refused, answer, &self.cfg.namespace);
+        if !matches!(self.status, Status::Unavailable { .. }) {
+            tracing::error!(
+                namespace = %self.cfg.namespace,
+                answer,
+                "{message}"
+            );
+        }
+        self.status = Status::Unavailable { refused, message };
     }
 
     fn done(&self, next: Instant) -> Step {
@@ -581,6 +692,39 @@ impl<S: LeaseStore> Claimant<S> {
         self.held = None;
         self.status = Status::Idle;
         Ok(Instant::now() + Duration::from_secs(3600))
+    }
+}
+
+/// Whether the API server refused a request for good: retrying the same
+/// request will not help until someone changes the cluster (RBAC, the
+/// namespace, an admission webhook).
+fn refused(e: &ApiError) -> bool {
+    // A NotFound that reaches here came from a create (the races that end in
+    // NotFound on updates and deletes are handled where they happen): the
+    // namespace, or the Lease API itself, is missing.
+    matches!(
+        e,
+        ApiError::Forbidden(_) | ApiError::NotFound(_) | ApiError::Rejected(_)
+    )
+}
+
+/// The RBAC rules the budget needs, as an operator adds them.
+pub const BUDGET_RBAC: &str = "leases (coordination.k8s.io): get, list, create, update, delete in the agent's namespace; nodes: get, list cluster-wide";
+
+/// What the agent says when the budget is unavailable.
+fn unavailable_message(refused: bool, answer: &str, namespace: &str) -> String {
+    if refused {
+        format!(
+            "Quarantine budget unavailable: the API server refused its requests ({answer}). \
+             Fault taints are applied without the budget until this is fixed. \
+             The agent needs {BUDGET_RBAC} (namespace {namespace:?}, which must exist); \
+             see the Role in deploy/kubernetes/base/rbac.yaml."
+        )
+    } else {
+        format!(
+            "Quarantine budget unavailable: {answer}. \
+             Fault taints are applied without the budget until a claim is answered."
+        )
     }
 }
 

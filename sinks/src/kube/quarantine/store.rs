@@ -4,6 +4,9 @@
 //! model of the same semantics.
 
 use super::super::backend::{ApiError, ApiResult};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
@@ -110,7 +113,22 @@ pub trait LeaseStore: Send + Sync {
     fn holder_node(&self, name: &str) -> impl Future<Output = ApiResult<HolderNode>> + Send;
     /// How many Nodes the fleet's label selector matches.
     fn fleet_nodes(&self) -> impl Future<Output = ApiResult<u32>> + Send;
+    /// The requests of [`BUDGET_REQUESTS`] this agent may not make, as
+    /// `"<verb> <resource>"` (empty: all allowed).
+    fn access(&self) -> impl Future<Output = ApiResult<Vec<String>>> + Send;
 }
+
+/// Every (verb, API group, resource, namespaced) the budget protocol uses:
+/// Leases in the agent's namespace, and Nodes (a holder's, the fleet count).
+pub const BUDGET_REQUESTS: [(&str, &str, &str, bool); 7] = [
+    ("get", "coordination.k8s.io", "leases", true),
+    ("list", "coordination.k8s.io", "leases", true),
+    ("create", "coordination.k8s.io", "leases", true),
+    ("update", "coordination.k8s.io", "leases", true),
+    ("delete", "coordination.k8s.io", "leases", true),
+    ("get", "", "nodes", false),
+    ("list", "", "nodes", false),
+];
 
 /// A slot holder's Node as the API server has it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +145,8 @@ pub enum HolderNode {
 /// The live store: Leases in one namespace, Nodes by label selector.
 #[derive(Clone)]
 pub struct KubeLeaseStore {
+    client: kube::Client,
+    namespace: String,
     leases: Api<Lease>,
     nodes: Api<Node>,
     selector: String,
@@ -159,7 +179,9 @@ impl KubeLeaseStore {
     ) -> KubeLeaseStore {
         KubeLeaseStore {
             leases: Api::namespaced(client.clone(), namespace),
-            nodes: Api::all(client),
+            nodes: Api::all(client.clone()),
+            client,
+            namespace: namespace.to_owned(),
             selector: selector.to_owned(),
             taint_keys,
             timeout,
@@ -252,6 +274,34 @@ fn view_of(l: &Lease) -> ApiResult<SlotView> {
     Ok(v)
 }
 
+impl KubeLeaseStore {
+    /// One SelfSubjectAccessReview: may this agent make the request?
+    async fn may(
+        &self,
+        verb: &str,
+        group: &str,
+        resource: &str,
+        namespaced: bool,
+    ) -> ApiResult<bool> {
+        let review = SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(ResourceAttributes {
+                    verb: Some(verb.to_owned()),
+                    group: Some(group.to_owned()),
+                    resource: Some(resource.to_owned()),
+                    namespace: namespaced.then(|| self.namespace.clone()),
+                    ..ResourceAttributes::default()
+                }),
+                ..SelfSubjectAccessReviewSpec::default()
+            },
+            ..SelfSubjectAccessReview::default()
+        };
+        let api: Api<SelfSubjectAccessReview> = Api::all(self.client.clone());
+        let answer = timed(self.timeout, api.create(&PostParams::default(), &review)).await?;
+        Ok(answer.status.is_some_and(|s| s.allowed))
+    }
+}
+
 impl LeaseStore for KubeLeaseStore {
     async fn list(&self) -> ApiResult<Vec<SlotView>> {
         let lp = ListParams::default().labels(SLOT_LABEL);
@@ -337,6 +387,16 @@ impl LeaseStore for KubeLeaseStore {
         })
     }
 
+    async fn access(&self) -> ApiResult<Vec<String>> {
+        let mut denied = Vec::new();
+        for (verb, group, resource, namespaced) in BUDGET_REQUESTS {
+            if !self.may(verb, group, resource, namespaced).await? {
+                denied.push(format!("{verb} {resource}"));
+            }
+        }
+        Ok(denied)
+    }
+
     async fn fleet_nodes(&self) -> ApiResult<u32> {
         // Served from the API server's watch cache (resourceVersion=0): a
         // count, not a consistent read, is all the budget needs.
@@ -393,5 +453,8 @@ impl<T: LeaseStore> LeaseStore for std::sync::Arc<T> {
     }
     fn fleet_nodes(&self) -> impl std::future::Future<Output = ApiResult<u32>> + Send {
         (**self).fleet_nodes()
+    }
+    fn access(&self) -> impl std::future::Future<Output = ApiResult<Vec<String>>> + Send {
+        (**self).access()
     }
 }

@@ -23,6 +23,7 @@ fn settings(identity: &str, budget: &str) -> Settings {
         retry: Duration::from_secs(15),
         recount_every: Duration::from_secs(600),
         backoff: (Duration::from_millis(500), Duration::from_secs(30)),
+        namespace: "gpuwatch".into(),
     }
 }
 
@@ -338,25 +339,24 @@ async fn api_errors_during_the_claims_never_pass_the_budget() {
     let mut fleet = Fleet::new(100, "10%");
     // Every kind of failure the API server and the network produce, one
     // request in three, answered to whoever asks next.
-    fleet
-        .store
-        .script((0..300).map(|i| {
-            match (i % 3, i / 3 % 6) {
-                (0 | 1, _) => Answer::Normal,
-                (_, 0) => Answer::Fail(ApiError::Conflict("the object has been modified".into())),
-                (_, 1) => Answer::Fail(ApiError::Rejected(
-                    "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"
-                        .into(),
-                )),
-                (_, 2) => Answer::Fail(ApiError::Throttled {
-                    message: "Too many requests".into(),
-                    retry_after: Duration::from_secs(1),
-                }),
-                (_, 3) => Answer::Fail(ApiError::Transient("500 Internal Server Error".into())),
-                (_, 4) => Answer::Lost,
-                _ => Answer::Fail(ApiError::AlreadyExists("already exists".into())),
-            }
-        }));
+    fleet.store.script((0..300).map(|i| {
+        match (i % 3, i / 3 % 6) {
+            (0 | 1, _) => Answer::Normal,
+            (_, 0) => Answer::Fail(ApiError::Conflict("the object has been modified".into())),
+            // A lone 422 is followed by normal answers here; a refusal
+            // that repeats is the budget failing open (tested below).
+            (_, 1) => Answer::Fail(ApiError::Transient(
+                "etcdserver: request timed out (500 InternalError)".into(),
+            )),
+            (_, 2) => Answer::Fail(ApiError::Throttled {
+                message: "Too many requests".into(),
+                retry_after: Duration::from_secs(1),
+            }),
+            (_, 3) => Answer::Fail(ApiError::Transient("500 Internal Server Error".into())),
+            (_, 4) => Answer::Lost,
+            _ => Answer::Fail(ApiError::AlreadyExists("already exists".into())),
+        }
+    }));
     for i in 0..30 {
         fleet.start(&node(i), true);
     }
@@ -552,4 +552,182 @@ async fn fleet_cost_at_5000_nodes_with_ten_percent_quarantined_and_a_wave_past_i
     assert!((steady[2] - 500.0 / 20.0).abs() < 3.0, "{steady:?}");
     // Deferred Nodes look again every 15–45 s: at most 500 / 7.5 lists a second.
     assert!(steady[0] < 500.0 / 7.5, "{steady:?}");
+}
+
+/// Steps `c` at its own pace until `done` holds or `limit` passes.
+async fn step_until(
+    c: &mut Claimant<Arc<MemoryLeaseStore>>,
+    need: bool,
+    limit: Duration,
+    done: impl Fn(&Status) -> bool,
+) -> Status {
+    let t0 = Instant::now();
+    loop {
+        let st = c.step(need).await;
+        if done(&st.status) || t0.elapsed() >= limit {
+            return st.status;
+        }
+        tokio::time::sleep_until(st.next.min(Instant::now() + Duration::from_secs(5))).await;
+    }
+}
+
+fn unavailable(s: &Status) -> bool {
+    matches!(s, Status::Unavailable { .. })
+}
+
+/// Every Lease request answered 403 (a Role without `leases`): the budget
+/// is unavailable within seconds, says so with the API's answer and the
+/// rule to add, and permits the fault taint; once allowed, a slot is taken.
+#[tokio::test(start_paused = true)]
+async fn a_role_without_leases_fails_open_and_says_what_is_missing() {
+    let store = Arc::new(MemoryLeaseStore::with_nodes((0..10).map(node)));
+    for verb in ["get", "list", "create", "update", "delete"] {
+        store.deny(verb, "leases", true);
+    }
+    let mut c = Claimant::new(store.clone(), settings("gpu-node-000", "10%"));
+    let t0 = Instant::now();
+    let st = step_until(&mut c, true, Duration::from_secs(60), unavailable).await;
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    let Status::Unavailable { refused, message } = &st else {
+        panic!("{st:?}");
+    };
+    assert!(*refused);
+    assert!(
+        message.contains(
+            "RBAC denies get leases, list leases, create leases, update leases, delete leases"
+        ),
+        "{message}"
+    );
+    assert!(
+        message.contains("leases (coordination.k8s.io): get, list, create, update, delete"),
+        "{message}"
+    );
+    assert!(message.contains("\"gpuwatch\""), "{message}");
+    assert_eq!(st.permits_taint(), Some(true), "fails open");
+    // Still refused on every round after: still unavailable, now quoting the
+    // API server's own 403.
+    let st = c.step(true).await.status;
+    let Status::Unavailable { message, .. } = &st else {
+        panic!("{st:?}");
+    };
+    assert!(
+        message.contains("cannot list resource \"leases\""),
+        "{message}"
+    );
+    for verb in ["get", "list", "create", "update", "delete"] {
+        store.deny(verb, "leases", false);
+    }
+    let st = step_until(&mut c, true, Duration::from_secs(60), |s| {
+        matches!(s, Status::Held { .. })
+    })
+    .await;
+    assert!(matches!(st, Status::Held { .. }), "{st:?}");
+}
+
+/// A Role that lacks one verb is found at start, before any fault; once
+/// fixed, the idle agent notices without a fault.
+#[tokio::test(start_paused = true)]
+async fn the_startup_check_finds_a_missing_verb_before_any_fault() {
+    let store = Arc::new(MemoryLeaseStore::with_nodes((0..10).map(node)));
+    store.deny("delete", "leases", true);
+    let mut c = Claimant::new(store.clone(), settings("gpu-node-000", "10%"));
+    let st = c.step(false).await;
+    let Status::Unavailable {
+        refused: true,
+        message,
+    } = &st.status
+    else {
+        panic!("{:?}", st.status);
+    };
+    assert!(message.contains("RBAC denies delete leases"), "{message}");
+    assert_eq!(store.requests.access_reviews.load(Ordering::Relaxed), 7);
+    store.deny("delete", "leases", false);
+    let st = step_until(&mut c, false, Duration::from_secs(120), |s| {
+        *s == Status::Idle
+    })
+    .await;
+    assert_eq!(st, Status::Idle);
+}
+
+/// A namespace that does not exist: a create is 404 (a list there is empty).
+#[tokio::test(start_paused = true)]
+async fn a_missing_namespace_fails_open() {
+    let store = Arc::new(MemoryLeaseStore::with_nodes((0..10).map(node)));
+    store.script((0..20).flat_map(|_| {
+        [
+            Answer::Normal,
+            Answer::Fail(ApiError::NotFound(
+                "namespaces \"gpuwatch\" not found (404 NotFound)".into(),
+            )),
+        ]
+    }));
+    let mut c = Claimant::new(store.clone(), settings("gpu-node-000", "10%"));
+    let st = step_until(&mut c, true, Duration::from_secs(60), unavailable).await;
+    let Status::Unavailable {
+        refused: true,
+        message,
+    } = &st
+    else {
+        panic!("{st:?}");
+    };
+    assert!(
+        message.contains("namespaces \"gpuwatch\" not found"),
+        "{message}"
+    );
+}
+
+/// One 422 (a webhook's hiccup) is retried, not taken for a broken setup.
+#[tokio::test(start_paused = true)]
+async fn a_single_refusal_is_retried() {
+    let store = Arc::new(MemoryLeaseStore::with_nodes((0..10).map(node)));
+    store.script([Answer::Fail(ApiError::Rejected(
+        "admission webhook \"leases.example.com\" denied the request (422 Invalid)".into(),
+    ))]);
+    let mut c = Claimant::new(store.clone(), settings("gpu-node-000", "10%"));
+    let first = c.step(true).await;
+    assert_eq!(first.status, Status::Pending);
+    tokio::time::sleep_until(first.next).await;
+    assert!(matches!(c.step(true).await.status, Status::Held { .. }));
+}
+
+/// 5xx and 429 keep the claim pending with backoff; past a lease duration
+/// without an answer the budget is unavailable and the taint goes on.
+#[tokio::test(start_paused = true)]
+async fn a_claim_unanswered_for_a_lease_duration_fails_open() {
+    let store = Arc::new(MemoryLeaseStore::with_nodes((0..10).map(node)));
+    store.script((0..500).map(|i| {
+        Answer::Fail(if i % 2 == 0 {
+            ApiError::Transient("503 Service Unavailable".into())
+        } else {
+            ApiError::Throttled {
+                message: "Too many requests".into(),
+                retry_after: Duration::from_secs(1),
+            }
+        })
+    }));
+    let mut c = Claimant::new(store.clone(), settings("gpu-node-000", "10%"));
+    let t0 = Instant::now();
+    let first = c.step(true).await;
+    assert_eq!(first.status, Status::Pending);
+    assert_eq!(first.status.permits_taint(), None);
+    let st = step_until(&mut c, true, LEASE * 3, unavailable).await;
+    let took = t0.elapsed();
+    assert!(
+        took >= LEASE && took < LEASE + Duration::from_secs(35),
+        "{took:?}"
+    );
+    let Status::Unavailable {
+        refused: false,
+        message,
+    } = &st
+    else {
+        panic!("{st:?}");
+    };
+    assert!(message.contains("no answer for"), "{message}");
+    assert_eq!(st.permits_taint(), Some(true));
+    let lists = store.requests.lists.load(Ordering::Relaxed);
+    assert!(
+        (3..=30).contains(&lists),
+        "{lists} claim rounds: retried with backoff"
+    );
 }
