@@ -6,7 +6,7 @@
 //! |---|---|
 //! | `GET /healthz` | liveness: 200 while the engine and kmsg threads run and make progress (`PROGRESS_DEADLINE_SECS`), else 503; JSON body |
 //! | `GET /readyz` | readiness: 200 once state is loaded, the engine runs, and the kmsg source finished its first pass or reported that it cannot read the kernel log (then `/v1/health` says `monitor.kmsg_ok: false`, verdict `unknown`), and while the fleet quarantine budget works (`quarantine_budget_unavailable`; `/v1/health` `quarantine` says why), else 503 |
-//! | `GET /v1/health` | the `gpuwatch.v1.NodeHealth` JSON the engine published last |
+//! | `GET /v1/health` | the `gpuwatch.v1.NodeHealth` JSON the engine published last, with the Kubernetes writer's quarantine status and condition holds |
 //! | `GET /metrics` | Prometheus text exposition, when a renderer is installed (`--prometheus`) |
 //! | `POST /v1/clear` | 405, with a hint to use `gpuwatch clear` |
 //!
@@ -520,6 +520,11 @@ async fn health(State(s): State<ApiState>) -> Response {
     if let Some(q) = s.registry.quarantine() {
         Arc::make_mut(&mut h).quarantine = Some(q);
     }
+    // The conditions the writer holds in their problem status, and until when.
+    let holds = s.registry.condition_holds();
+    if !holds.is_empty() {
+        Arc::make_mut(&mut h).condition_holds = holds;
+    }
     match serde_json::to_value(&*h) {
         Ok(v) => json_response(StatusCode::OK, v),
         Err(e) => json_response(
@@ -730,6 +735,19 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["node_name"], "n1");
         assert_eq!(v["verdict"], "healthy");
+        assert!(v.get("condition_holds").is_none(), "none held: left out");
+        // A hold the Kubernetes writer published shows beside the health.
+        registry.set_condition_holds(vec![gpuwatch_proto::ConditionHold {
+            condition: "GPUProblem".into(),
+            held_until_unix_nano: 1_800_000_000_000_000_000,
+            message: "held until 2027-01-15T08:00:00Z: cleared 3 times within 60 min".into(),
+        }]);
+        let v: serde_json::Value = serde_json::from_str(&get(addr, "/v1/health").1).unwrap();
+        assert_eq!(v["condition_holds"][0]["condition"], "GPUProblem");
+        assert_eq!(
+            v["condition_holds"][0]["held_until_unix_nano"],
+            1_800_000_000_000_000_000u64
+        );
         let (code, body) = get(addr, "/metrics");
         assert_eq!((code, body.as_str()), (200, "gpuwatch_up 1\n"));
         assert_eq!(get(addr, "/nope").0, 404);

@@ -5,7 +5,7 @@
 //! values from fixed enums or bounded sets (GPU identity, XID code), never
 //! free text. Names and meanings: `docs/metrics.md`.
 
-use gpuwatch_proto::{Action, FaultEvent, FaultKind, NodeHealth, QuarantineStatus};
+use gpuwatch_proto::{Action, ConditionHold, FaultEvent, FaultKind, NodeHealth, QuarantineStatus};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
@@ -330,6 +330,8 @@ pub struct Registry {
     /// go on without it, and `/readyz` fails.
     pub quarantine_unavailable: AtomicU64,
     quarantine: RwLock<Option<QuarantineStatus>>,
+    /// The conditions whose clear the Kubernetes writer holds back.
+    condition_holds: RwLock<Vec<ConditionHold>>,
     /// Status changes of the conditions the Kubernetes writer owns, by
     /// (condition type, new status).
     condition_transitions: Mutex<BTreeMap<(String, &'static str), u64>>,
@@ -390,6 +392,7 @@ impl Default for Registry {
             quarantine_slots: AtomicU64::new(0),
             quarantine_unavailable: AtomicU64::new(0),
             quarantine: RwLock::new(None),
+            condition_holds: RwLock::new(Vec::new()),
             condition_transitions: Mutex::new(BTreeMap::new()),
             gpus_expected: AtomicU64::new(u64::MAX),
             gpus_advertised: AtomicU64::new(u64::MAX),
@@ -648,6 +651,24 @@ impl Registry {
     /// The latest quarantine budget status (`None` without a Kubernetes writer).
     pub fn quarantine(&self) -> Option<QuarantineStatus> {
         self.quarantine
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Publishes the conditions whose clear the Kubernetes writer holds back
+    /// (the flap bound; `/v1/health` shows them beside the engine's health).
+    pub fn set_condition_holds(&self, holds: Vec<ConditionHold>) {
+        *self
+            .condition_holds
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = holds;
+    }
+
+    /// The conditions held back as last published (empty while none is held
+    /// and without a Kubernetes writer).
+    pub fn condition_holds(&self) -> Vec<ConditionHold> {
+        self.condition_holds
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()

@@ -91,22 +91,31 @@ pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T
     };
     match serde_json::from_slice(&bytes) {
         Ok(v) => Ok(Some(v)),
-        Err(e) => {
-            let secs = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0);
-            let kept_as = path.with_extension(format!("corrupt-{secs}"));
-            fs::rename(path, &kept_as).map_err(|source| StateFileError::Write {
-                path: path.to_path_buf(),
-                source,
-            })?;
-            Err(StateFileError::Corrupt {
-                path: path.to_path_buf(),
-                reason: e.to_string(),
-                kept_as,
-            })
-        }
+        Err(e) => Err(keep_aside(path, "corrupt", e.to_string())),
+    }
+}
+
+/// Moves a state that cannot be used (a file or whatever else is at `path`)
+/// aside as `<stem>.<what>-<unix secs>` (`health.json` → `health.newer-…`),
+/// so that nothing is lost and the next write starts afresh.
+/// [`StateFileError::Corrupt`] with `reason` when it was moved,
+/// [`StateFileError::Write`] when it could not be (it is still there).
+pub fn keep_aside(path: &Path, what: &str, reason: String) -> StateFileError {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let kept_as = path.with_extension(format!("{what}-{secs}"));
+    match fs::rename(path, &kept_as) {
+        Ok(()) => StateFileError::Corrupt {
+            path: path.to_path_buf(),
+            reason,
+            kept_as,
+        },
+        Err(source) => StateFileError::Write {
+            path: path.to_path_buf(),
+            source,
+        },
     }
 }
 

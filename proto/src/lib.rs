@@ -32,9 +32,9 @@ mod names;
 mod view;
 
 pub use generated::{
-    Action, ActiveFault, FaultEvent, FaultKind, GpuFabric, GpuHealth, GpuSample, MigDevice,
-    MigInstanceHealth, MonitorStatus, NodeHealth, NvLinkSample, PodRef, PodRole, QuarantineStatus,
-    RecoveryAction, Severity, Source, ValidationCheck, ValidationReport, Verdict,
+    Action, ActiveFault, ConditionHold, FaultEvent, FaultKind, GpuFabric, GpuHealth, GpuSample,
+    MigDevice, MigInstanceHealth, MonitorStatus, NodeHealth, NvLinkSample, PodRef, PodRole,
+    QuarantineStatus, RecoveryAction, Severity, Source, ValidationCheck, ValidationReport, Verdict,
 };
 pub use names::ShortName;
 pub use view::{Attrs, FaultEventRef};

@@ -48,12 +48,14 @@ fn generate() -> String {
         );
     }
     // A fault names pods only where attribution found some: the field is left
-    // out of JSON when empty, as the hand-written event writer does.
+    // out of JSON when empty, as the hand-written event writer does; so are
+    // MIG lists on GPUs without MIG and condition holds while none is held.
     for field in [
         "FaultEvent.pods",
         "ActiveFault.pods",
         "GpuSample.mig_devices",
         "GpuHealth.mig_instances",
+        "NodeHealth.condition_holds",
     ] {
         cfg.field_attribute(
             format!(".gpuwatch.v1.{field}"),

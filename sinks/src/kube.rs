@@ -28,9 +28,11 @@
 //!   - Flapping is bounded (module `flap`): after `condition_flap_limit` clears within
 //!     `condition_flap_window_secs` (default 3 per hour) a further clear is held —
 //!     the condition and the fault taint stay — until the fault has stayed away a
-//!     whole window; every status change is counted
-//!     (`gpuwatch.kube.condition.transitions`). The history is the process's own:
-//!     a restarted agent starts a new window.
+//!     whole window (its message says until when; `/v1/health` lists it in
+//!     `condition_holds`); every status change is counted
+//!     (`gpuwatch.kube.condition.transitions`). The history is kept in the state
+//!     directory (`kube-conditions.json`, written ahead of the Node), so restarts
+//!     and reboots do not start a new window.
 //!     Occurrences are bucketed (`seen once`, `seen 2+ times`, `seen 10+ times`, ...)
 //!     so a storm rewrites the status only when it crosses a power of ten; the exact
 //!     count is in the metrics and the Event's `count`.
@@ -96,6 +98,7 @@ use gpuwatch_core::validation::ValidationConfig;
 use gpuwatch_core::{EventSink, Registry};
 use gpuwatch_proto::{NodeHealth, ValidationReport};
 use reconcile::Reconciler;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -193,7 +196,8 @@ pub enum KubeError {
 /// health engine, which shows it as `/v1/health.validation`).
 pub type ValidationCallback = Arc<dyn Fn(ValidationReport) + Send + Sync>;
 
-/// Where the writer hands what it learns for the health engine.
+/// Where the writer hands what it learns for the health engine, and where it
+/// keeps what it must remember across restarts.
 #[derive(Default, Clone)]
 pub struct WriterHooks {
     /// Every startup-gate validation report.
@@ -201,6 +205,10 @@ pub struct WriterHooks {
     /// The pods bound to this Node, after every change; `None`: the pods are
     /// not listed (nor is `list`/`watch pods` sent).
     pub on_pods: Option<PlacementCallback>,
+    /// The agent's state directory: the condition flap history is kept in
+    /// its `kube-conditions.json`, so the bound survives restarts and
+    /// reboots. `None`: in memory only (dry runs, tests).
+    pub state_dir: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for WriterHooks {
@@ -208,6 +216,7 @@ impl std::fmt::Debug for WriterHooks {
         f.debug_struct("WriterHooks")
             .field("on_validation", &self.on_validation.is_some())
             .field("on_pods", &self.on_pods.is_some())
+            .field("state_dir", &self.state_dir)
             .finish()
     }
 }
@@ -485,6 +494,7 @@ impl NodeWriter {
                     Duration::from_secs(flap_window),
                     &problem_type,
                     &ready_type,
+                    hooks.state_dir.map(|d| d.join(flap::FILE_NAME)),
                 ),
             }
             .run(),

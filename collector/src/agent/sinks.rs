@@ -165,6 +165,9 @@ impl Sinks {
                 gpuwatch_sinks::kube::WriterHooks {
                     on_validation: Some(on_validation),
                     on_pods: Some(on_pods),
+                    // A dry run shows nothing on the Node: it keeps no history
+                    // for the agent that does.
+                    state_dir: (!opts.kube_dry_run).then(|| cfg.state_dir.clone()),
                 },
             ))
             .map_err(|e| RunError::Sink {

@@ -230,24 +230,7 @@ fn keep_aside(path: &Path, what: &str, reason: String, read_only: bool) -> State
             source: std::io::Error::other(reason),
         };
     }
-    let kept_as = path.with_extension(format!(
-        "{what}-{}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0)
-    ));
-    match std::fs::rename(path, &kept_as) {
-        Ok(()) => StateFileError::Corrupt {
-            path: path.to_path_buf(),
-            reason,
-            kept_as,
-        },
-        Err(source) => StateFileError::Write {
-            path: path.to_path_buf(),
-            source,
-        },
-    }
+    statefile::keep_aside(path, what, reason)
 }
 
 /// Reads and decodes the state file: `None` when there is none. Whatever

@@ -429,6 +429,29 @@ pub struct NodeHealth {
     /// Kubernetes writer; absent without one).
     #[prost(message, optional, tag = "12")]
     pub quarantine: ::core::option::Option<QuarantineStatus>,
+    /// Node conditions whose clear the Kubernetes writer holds back (the
+    /// condition flap bound); left out while none is held and without a writer.
+    #[prost(message, repeated, tag = "13")]
+    #[serde(skip_serializing_if = "::prost::alloc::vec::Vec::is_empty")]
+    pub condition_holds: ::prost::alloc::vec::Vec<ConditionHold>,
+}
+/// A node condition held in its problem status: it cleared as often as the
+/// flap bound allows within a window, so a further clear waits until the
+/// fault has stayed away a whole window.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ConditionHold {
+    /// The condition type ("GPUProblem", "AcceleratedHardwareReady").
+    #[prost(string, tag = "1")]
+    pub condition: ::prost::alloc::string::String,
+    /// When the hold ends if the fault stays away until then (unix nanos; the
+    /// condition clears at the writer's next pass after it).
+    #[prost(uint64, tag = "2")]
+    pub held_until_unix_nano: u64,
+    /// The message the condition shows while held.
+    #[prost(string, tag = "3")]
+    pub message: ::prost::alloc::string::String,
 }
 /// The fleet quarantine budget as this node's agent last saw it.
 #[derive(serde::Serialize, serde::Deserialize)]

@@ -50,16 +50,16 @@ struct Pass {
 }
 
 /// Keeps live True/False conditions where `want` says Unknown (startup hold).
-/// Returns whether anything was held.
-fn hold_unknown(node: &Node, want: &mut [DesiredCondition]) -> bool {
-    let mut held = false;
+/// Returns the condition types held.
+fn hold_unknown(node: &Node, want: &mut [DesiredCondition]) -> Vec<String> {
+    let mut held = Vec::new();
     for d in want.iter_mut().filter(|d| d.status == UNKNOWN) {
         let live = live_conditions(node).iter().find(|c| c.type_ == d.type_);
         if let Some(c) = live.filter(|c| c.status == TRUE || c.status == FALSE) {
             d.status = if c.status == TRUE { TRUE } else { FALSE };
             d.reason = c.reason.clone().unwrap_or_default();
             d.message = c.message.clone().unwrap_or_default();
-            held = true;
+            held.push(d.type_.clone());
         }
     }
     held
@@ -518,12 +518,22 @@ impl Reconciler {
         };
         let mut want = desired(&health, &self.cfg, &gate);
         self.track_advertised(&node, &health, startup, &mut want.conditions);
-        self.flap.apply(&mut want, Instant::now(), &self.registry);
+        // The startup hold first, so the flap bound judges what is written: a
+        // move to Unknown held back is neither a clear nor the fault's return.
+        let as_live = if hold {
+            hold_unknown(&node, &mut want.conditions)
+        } else {
+            Vec::new()
+        };
+        self.flap
+            .apply(&mut want, SystemTime::now(), &as_live, &self.registry);
+        // Write-ahead: the history is on disk before the Node shows it.
+        self.flap.save().await;
         // What the faults ask for, before the budget's gate: the need the
         // claimant hears after the write (a withheld taint is still needed).
         let wanted_taint = want.fault_taint.clone();
         self.gate_fault_taint(&node, &mut want.fault_taint).await;
-        let held = hold && hold_unknown(&node, &mut want.conditions);
+        let held = !as_live.is_empty();
         let conditions = self.write_conditions(&node, &want.conditions, &now).await;
         let remove_startup =
             startup && passed && self.cfg.startup_gate_mode == StartupGateMode::RemoveTaint;
@@ -803,7 +813,7 @@ impl Reconciler {
         run.schedule
             .set_opt(Wake::Advertised, self.not_advertised.deadline());
         run.schedule
-            .set_opt(Wake::FlapHoldEnds, self.flap.deadline());
+            .set_opt(Wake::FlapHoldEnds, self.flap.deadline(SystemTime::now()));
     }
 
     /// A Node version from the watcher.
@@ -1142,7 +1152,10 @@ mod tests {
             want("AcceleratedHardwareReady", UNKNOWN, "MonitorUnavailable"),
             want("GPUProblem", UNKNOWN, "MonitorUnavailable"),
         ];
-        assert!(hold_unknown(&node, &mut w));
+        assert_eq!(
+            hold_unknown(&node, &mut w),
+            ["AcceleratedHardwareReady", "GPUProblem"]
+        );
         assert_eq!((w[0].status, w[0].reason.as_str()), (TRUE, "GPUsHealthy"));
         assert_eq!(w[0].message, "GPUsHealthy message");
         assert_eq!((w[1].status, w[1].reason.as_str()), (FALSE, "NoGPUProblem"));
@@ -1160,7 +1173,7 @@ mod tests {
             want("Other", UNKNOWN, "MonitorUnavailable"),
         ];
         let before = w.clone();
-        assert!(!hold_unknown(&node, &mut w));
+        assert!(hold_unknown(&node, &mut w).is_empty());
         assert_eq!(w, before);
     }
 }
