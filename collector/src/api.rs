@@ -729,6 +729,17 @@ mod tests {
             liveness.kmsg_caught_up.store(true, Ordering::Relaxed);
             let (code, body) = get(addr, "/readyz");
             assert_eq!(code, 200, "{body}");
+            // A quarantine budget that cannot work (a Role without Leases)
+            // fails readiness, so a rollout of the broken Role stops.
+            registry.quarantine_unavailable.store(1, Ordering::Relaxed);
+            let (code, body) = get(addr, "/readyz");
+            assert_eq!(code, 503, "{body}");
+            assert!(
+                body.contains("\"quarantine_budget_unavailable\":true"),
+                "{body}"
+            );
+            registry.quarantine_unavailable.store(0, Ordering::Relaxed);
+            assert_eq!(get(addr, "/readyz").0, 200);
         }
         let (code, body) = get(addr, "/v1/health");
         assert_eq!(code, 200);

@@ -442,13 +442,19 @@ async fn a_role_without_leases_taints_anyway_and_says_why() {
         .await,
         "no QuarantineBudgetUnavailable Event"
     );
+    // One Event object: first the startup check's verdict, then the API
+    // server's own 403 from the claim.
+    assert!(
+        wait_for(Duration::from_secs(10), || unavailable_events(&api, &node)
+            .iter()
+            .any(|m| m.contains("403")))
+        .await,
+        "{:?}",
+        unavailable_events(&api, &node)
+    );
     let events = unavailable_events(&api, &node);
     assert_eq!(events.len(), 1, "{events:?}");
-    assert!(
-        events[0].contains("RBAC denies") || events[0].contains("403"),
-        "{}",
-        events[0]
-    );
+    assert!(events[0].contains("forbidden"), "{}", events[0]);
     assert!(
         events[0].contains("leases (coordination.k8s.io)"),
         "{}",

@@ -46,8 +46,9 @@ pub(crate) struct Link {
     budget: Budget,
     /// A deferral was announced (Event sent) and has not ended since.
     announced: bool,
-    /// The budget's unavailability was announced and has not ended since.
-    unavailable_announced: bool,
+    /// What was last announced of the budget's unavailability (`None`: it
+    /// was not, or it ended since).
+    unavailable_announced: Option<String>,
     registry: Arc<Registry>,
 }
 
@@ -63,7 +64,7 @@ impl Link {
             status,
             budget,
             announced: false,
-            unavailable_announced: false,
+            unavailable_announced: None,
             registry,
         }
     }
@@ -128,18 +129,25 @@ impl Link {
         need
     }
 
-    /// Sets the gauge and announces the start of an unavailable budget, once
-    /// per episode.
+    /// Sets the gauge and announces an unavailable budget: at its start, and
+    /// again when a refusal's words change (the startup access check's
+    /// verdict, then the API server's own 403 once a claim was refused). The
+    /// Event writer folds both into one Event object on the Node.
     fn track_unavailable(&mut self, status: &Status) -> Option<Notice> {
-        let Status::Unavailable { message, .. } = status else {
+        let Status::Unavailable { refused, message } = status else {
             self.registry.quarantine_unavailable.store(0, Relaxed);
-            self.unavailable_announced = false;
+            self.unavailable_announced = None;
             return None;
         };
         self.registry.quarantine_unavailable.store(1, Relaxed);
-        if std::mem::replace(&mut self.unavailable_announced, true) {
+        let again = match &self.unavailable_announced {
+            None => true,
+            Some(said) => *refused && said != message,
+        };
+        if !again {
             return None;
         }
+        self.unavailable_announced = Some(message.clone());
         Some(Notice {
             reason: UNAVAILABLE_REASON,
             message: message.clone(),
@@ -367,8 +375,16 @@ mod tests {
         assert_eq!(registry.quarantine_unavailable.load(Relaxed), 1);
         let q = registry.quarantine().unwrap();
         assert_eq!(q.state, "unavailable_refused");
-        // Announced once per episode, whatever the Node needs.
+        // Announced once while the words stay the same, whatever the Node
+        // needs; again when the API server's own refusal replaces them.
         assert_eq!(l.gate(None, true, "u").await.1, None);
+        status.send_replace(Status::Unavailable {
+            refused: true,
+            message: "Quarantine budget unavailable: 403 Forbidden".into(),
+        });
+        let again = l.gate(Some("inspect_hardware"), true, "u").await.1;
+        assert!(again.is_some_and(|n| n.message.contains("403")));
+        assert_eq!(l.gate(Some("inspect_hardware"), true, "u").await.1, None);
         status.send_replace(Status::Held {
             slot: 0,
             slots: Some(10),

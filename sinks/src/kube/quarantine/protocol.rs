@@ -305,7 +305,13 @@ impl<S: LeaseStore> Claimant<S> {
     /// Makes the budget unavailable (logged at ERROR once per episode).
     fn unavailable(&mut self, refused: bool, answer: &str) {
         let message = unavailable_message(refused, answer, &self.cfg.namespace);
-        if !matches!(self.status, Status::Unavailable { .. }) {
+        // Once per episode, and again when a refusal's words change (the
+        // access check's verdict, then the API server's own answer).
+        let said = match &self.status {
+            Status::Unavailable { message: m, .. } => !refused || *m == message,
+            _ => false,
+        };
+        if !said {
             tracing::error!(
                 namespace = %self.cfg.namespace,
                 answer,
