@@ -408,7 +408,7 @@ impl<S: LeaseStore> Claimant<S> {
         if let Some(next) = self.adopt(&listed, now).await? {
             return Ok(next);
         }
-        let slots = self.known_slots(&listed);
+        let slots = self.slots_for_claim(&listed, now).await;
         let limit = slots.unwrap_or(self.cfg.floor.max(1));
         let by_index: BTreeMap<u32, &SlotView> = listed.iter().map(|s| (s.index, s)).collect();
 
@@ -497,6 +497,24 @@ impl<S: LeaseStore> Claimant<S> {
         }
         let fleet = listed.iter().find(|s| s.index == 0)?.fleet_nodes?;
         self.cfg.budget.slots(fleet, self.cfg.floor)
+    }
+
+    /// The budget's slots for a claim round: as [`Self::known_slots`], but
+    /// when slot 0's Lease has gone a whole lease duration unrenewed (its
+    /// holder's agent is dead; its tainted Node keeps the slot) nobody
+    /// counts the fleet any more, so this agent counts it itself (at most
+    /// once per `recount_every`) rather than fall back to the floor for good.
+    async fn slots_for_claim(&mut self, listed: &[SlotView], now: Instant) -> Option<u32> {
+        let known = self.known_slots(listed);
+        let silent = listed.iter().any(|s| s.index == 0)
+            && self.unchanged_for(0, now) >= self.cfg.lease_duration;
+        if matches!(self.cfg.budget, Budget::Count(_)) || !silent {
+            return known;
+        }
+        match self.count_fleet(now).await {
+            Some(n) => self.cfg.budget.slots(n, self.cfg.floor).or(known),
+            None => known,
+        }
     }
 
     /// The fleet count to write on slot 0: taken again when this agent has

@@ -731,3 +731,62 @@ async fn a_claim_unanswered_for_a_lease_duration_fails_open() {
         "{lists} claim rounds: retried with backoff"
     );
 }
+
+/// Holders killed in the middle of a wave and after it (their Nodes keep
+/// their taints), then restarted on the same Nodes: the fleet never carries
+/// more fault taints than the budget, and each restarted agent holds its own
+/// slot again.
+#[tokio::test(start_paused = true)]
+async fn holders_killed_during_and_after_a_wave_never_push_taints_past_the_budget() {
+    let mut fleet = Fleet::new(100, "10%");
+    for i in 0..20 {
+        fleet.start(&node(i), true);
+    }
+    // Mid-wave: kill slot 0's holder (the one that counts the fleet) as
+    // soon as its claim lands, and any other holder by then.
+    let slot0 = loop {
+        let holder = fleet.store.slots().into_iter().find(|s| s.index == 0);
+        match holder {
+            Some(s) if fleet.tainted().contains(&s.holder) => break s.holder,
+            _ => settle(Duration::from_millis(5)).await,
+        }
+    };
+    let mut early: Vec<String> = vec![slot0.clone()];
+    early.extend(fleet.tainted().into_iter().filter(|n| *n != slot0).take(1));
+    assert!(
+        !early.is_empty() && fleet.tainted().len() < 10,
+        "not mid-wave: {:?}",
+        fleet.tainted()
+    );
+    for n in &early {
+        fleet.kill(n).await;
+    }
+    settle(Duration::from_secs(10)).await;
+    let late: Vec<String> = fleet
+        .tainted()
+        .into_iter()
+        .filter(|n| !early.contains(n))
+        .take(3)
+        .collect();
+    for n in &late {
+        fleet.kill(n).await;
+    }
+    settle(LEASE * 4).await;
+    assert_eq!(fleet.peak(), 10, "the bound held at every moment");
+    assert_eq!(fleet.tainted().len(), 10);
+    assert_eq!(fleet.store.peak_slots(), 10);
+    for n in early.iter().chain(&late) {
+        fleet.start(n, true);
+    }
+    settle(Duration::from_secs(30)).await;
+    for n in early.iter().chain(&late) {
+        assert!(
+            matches!(fleet.status(n), Some(Status::Held { .. })),
+            "{n}: {:?}",
+            fleet.status(n)
+        );
+    }
+    assert_eq!(fleet.peak(), 10);
+    assert_eq!(fleet.store.slots().len(), 10, "no second slot for any Node");
+    fleet.stop_all().await;
+}
