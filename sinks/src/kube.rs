@@ -516,23 +516,31 @@ impl NodeWriter {
         self.sink.clone()
     }
 
-    /// Stops the loop and the watch, then gives queued Events up to 5 s to be written.
+    /// Stops the loop and the watch, then gives queued Events up to 5 s to be
+    /// written ([`NodeWriter::shutdown_within`] with 5 s).
     pub async fn shutdown(self) {
+        self.shutdown_within(Duration::from_secs(5)).await;
+    }
+
+    /// Stops every task of the writer and gives queued Events what is left
+    /// of `within`, so the writer keeps to the share of the agent's stop
+    /// deadline it was given. A task still busy at the deadline (an API call
+    /// in flight) is aborted; Events still queued then are dropped, and the
+    /// log says how many.
+    pub async fn shutdown_within(self, within: Duration) {
+        let end = tokio::time::Instant::now() + within;
         let _ = self.shutdown_tx.send(true);
-        let _ = self.reconciler.await;
-        let _ = self.watcher.await;
-        if let Some(q) = self.quarantine {
-            let _ = q.await;
-        }
-        if let Some(p) = self.pod_lister {
-            let _ = p.await;
+        let mut tasks = vec![self.reconciler, self.watcher];
+        tasks.extend(self.quarantine);
+        tasks.extend(self.pod_lister);
+        for task in &mut tasks {
+            if tokio::time::timeout_at(end, &mut *task).await.is_err() {
+                task.abort();
+            }
         }
         self.queue.close();
         let mut events = self.events;
-        if tokio::time::timeout(Duration::from_secs(5), &mut events)
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout_at(end, &mut events).await.is_err() {
             events.abort();
             tracing::warn!(
                 queued = self.queue.len(),

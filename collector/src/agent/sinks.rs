@@ -178,7 +178,12 @@ impl Sinks {
         let handle = rt.clone();
         self.on_shutdown.push(Box::new(move |budget| {
             if handle
-                .block_on(async { tokio::time::timeout(budget, writer.shutdown()).await })
+                .block_on(async {
+                    // A little past its own deadline: the writer aborts what
+                    // is still busy then and says what it dropped.
+                    let margin = Duration::from_millis(100);
+                    tokio::time::timeout(budget + margin, writer.shutdown_within(budget)).await
+                })
                 .is_err()
             {
                 tracing::warn!("The Kubernetes writer did not stop within its shutdown budget.");

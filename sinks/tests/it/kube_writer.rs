@@ -2514,3 +2514,29 @@ async fn the_startup_gate_counts_mig_devices_by_the_device_plugin_strategy() {
     .await;
     h.stop().await;
 }
+
+/// An API server that stops answering while Events are queued: the writer
+/// keeps to the deadline it is given (the agent's share of its stop
+/// deadline), not a length of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_keeps_to_its_deadline_when_the_api_hangs() {
+    let health = with_fault(healthy(2, "boot-a"), 1, 79, Action::RebootNode, 1);
+    let mut h = Harness::start(node(vec![], &[]), health).await;
+    h.until("fault state", |n| taint_value(n, FAULT_TAINT).is_some())
+        .await;
+    h.api.set_delay(Some(Duration::from_secs(30)));
+    for i in 0..5 {
+        h.writer().event_sink().send(&xid_event(
+            79,
+            Action::RebootNode,
+            1,
+            1_700_000_000_000_000_000 + i,
+        ));
+    }
+    let writer = h.writer.take().expect("writer running");
+    let t0 = Instant::now();
+    writer.shutdown_within(Duration::from_millis(500)).await;
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(2), "stopped after {took:?}");
+    h.api.set_delay(None);
+}
