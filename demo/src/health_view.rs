@@ -2,9 +2,8 @@
 //! compares and words it: one view per GPU, the line for a GPU whose view
 //! changed, why a GPU does not validate, and which rule would clear a fault.
 
-use crate::narrate::str_of;
 use crate::script::display_pci;
-use serde_json::Value;
+use gpuwatch_proto::{GpuSample, NodeHealth, RecoveryAction, ShortName};
 
 /// One GPU as `/v1/health` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,25 +49,18 @@ impl GpuView {
     }
 }
 
-pub fn gpu_views(h: &Value) -> Vec<GpuView> {
-    h["gpus"]
-        .as_array()
-        .map(|gpus| {
-            gpus.iter()
-                .map(|g| GpuView {
-                    pci: display_pci(str_of(g, "pci_address")),
-                    index: g["index"].as_u64(),
-                    verdict: str_of(g, "verdict").to_string(),
-                    action: str_of(g, "action").to_string(),
-                    faults: g["active_faults"]
-                        .as_array()
-                        .map(|f| f.iter().map(|f| str_of(f, "reason").to_string()).collect())
-                        .unwrap_or_default(),
-                    answering: !g["sample"].is_null(),
-                })
-                .collect()
+pub fn gpu_views(h: &NodeHealth) -> Vec<GpuView> {
+    h.gpus
+        .iter()
+        .map(|g| GpuView {
+            pci: display_pci(&g.pci_address),
+            index: g.index.map(u64::from),
+            verdict: g.verdict().short_name().to_string(),
+            action: g.action().short_name().to_string(),
+            faults: g.active_faults.iter().map(|f| f.reason.clone()).collect(),
+            answering: g.sample.is_some(),
         })
-        .unwrap_or_default()
+        .collect()
 }
 
 /// The narration line for a GPU whose view changed (`None`: nothing to say —
@@ -94,28 +86,27 @@ pub fn gpu_change(prev: Option<&GpuView>, cur: &GpuView) -> Option<String> {
     }
 }
 
-/// Why a GPU does not validate, from its NVML sample in `/v1/health`.
-pub fn sample_problems(sample: &Value) -> Vec<String> {
+/// Why a GPU does not validate, from its NVML sample in `/v1/health`
+/// (`None`: the GPU does not answer NVML).
+pub fn sample_problems(sample: Option<&GpuSample>) -> Vec<String> {
+    let Some(sample) = sample else {
+        return vec!["it does not answer NVML".to_string()];
+    };
     let mut out = Vec::new();
-    if sample.is_null() {
-        out.push("it does not answer NVML".to_string());
-        return out;
-    }
-    for (key, text) in [
-        ("remapped_rows_failure", "remapped_rows_failure=true"),
-        ("remapped_rows_pending", "remapped_rows_pending=true"),
-        ("retired_pages_pending", "retired_pages_pending=true"),
+    for (set, text) in [
+        (sample.remapped_rows_failure, "remapped_rows_failure=true"),
+        (sample.remapped_rows_pending, "remapped_rows_pending=true"),
+        (sample.retired_pages_pending, "retired_pages_pending=true"),
     ] {
-        if sample[key].as_bool() == Some(true) {
+        if set == Some(true) {
             out.push(text.to_string());
         }
     }
-    match sample["recovery_action"].as_str() {
-        None | Some("none" | "unspecified") => {}
-        Some(a) => out.push(format!("recovery_action={a}")),
+    match sample.recovery_action() {
+        RecoveryAction::None | RecoveryAction::Unspecified => {}
+        a => out.push(format!("recovery_action={}", a.short_name())),
     }
-    let n = |k: &str| sample[k].as_u64();
-    if let (Some(w), Some(m)) = (n("pcie_link_width"), n("pcie_link_width_max"))
+    if let (Some(w), Some(m)) = (sample.pcie_link_width, sample.pcie_link_width_max)
         && w < m
     {
         out.push(format!("PCIe link x{w}/x{m}"));
@@ -139,19 +130,18 @@ pub fn clear_rule(action: &str) -> &'static str {
 /// The node's state in plain words: "healthy, 8 GPUs", or "unhealthy:
 /// inspect_hardware (RowRemapFailure), 8 GPUs". No action or reason is named
 /// when there is none.
-pub fn node_line(h: &Value, gpu_count: Option<usize>) -> String {
-    let verdict = match str_of(h, "verdict") {
+pub fn node_line(h: &NodeHealth, gpu_count: Option<usize>) -> String {
+    let verdict = match h.verdict().short_name() {
         "" | "unspecified" => "not known yet",
         v => v,
     };
     let mut s = verdict.to_string();
-    let action = str_of(h, "action");
+    let action = h.action().short_name();
     if !matches!(action, "" | "unspecified") {
         s.push_str(&format!(": {action}"));
     }
-    let reason = str_of(h, "reason");
-    if !reason.is_empty() && !reason.eq_ignore_ascii_case(verdict) {
-        s.push_str(&format!(" ({reason})"));
+    if !h.reason.is_empty() && !h.reason.eq_ignore_ascii_case(verdict) {
+        s.push_str(&format!(" ({})", h.reason));
     }
     match gpu_count {
         Some(1) => s.push_str(", 1 GPU"),
@@ -164,6 +154,11 @@ pub fn node_line(h: &Value, gpu_count: Option<usize>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `/v1/health` as the agent serves it, read as the demo reads it.
+    fn health(v: serde_json::Value) -> NodeHealth {
+        serde_json::from_value(v).expect("a NodeHealth")
+    }
 
     fn view(verdict: &str, faults: &[&str], answering: bool) -> GpuView {
         GpuView {
@@ -214,7 +209,7 @@ mod tests {
 
     #[test]
     fn health_json_becomes_views_and_reasons() {
-        let h: Value = serde_json::json!({
+        let h = health(serde_json::json!({
             "verdict": "unhealthy",
             "monitor": {"nvml_ok": true},
             "gpus": [
@@ -227,7 +222,7 @@ mod tests {
                 {"pci_address": "0000:3a:00.0", "verdict": "unknown", "action": "reboot_node",
                  "active_faults": [{"reason": "XID79"}], "sample": null}
             ]
-        });
+        }));
         let v = gpu_views(&h);
         assert_eq!(v[0].label(), "GPU 5");
         assert_eq!(v[0].faults, ["RowRemapFailure"]);
@@ -235,26 +230,30 @@ mod tests {
         assert_eq!(v[1].label(), "the GPU at 0000:3a:00.0");
         assert!(!v[1].answering);
         assert_eq!(
-            sample_problems(&h["gpus"][0]["sample"]),
+            sample_problems(h.gpus[0].sample.as_ref()),
             ["remapped_rows_failure=true", "PCIe link x8/x16"]
         );
-        assert_eq!(sample_problems(&Value::Null), ["it does not answer NVML"]);
+        assert_eq!(sample_problems(None), ["it does not answer NVML"]);
         assert!(clear_rule("inspect_hardware").contains("reboot"));
     }
 
     #[test]
     fn node_line_is_plain_words() {
-        let healthy = serde_json::json!({"verdict": "healthy", "action": "unspecified",
-            "reason": "Healthy", "gpus": []});
+        let healthy = health(
+            serde_json::json!({"verdict": "healthy", "action": "unspecified",
+            "reason": "Healthy", "gpus": []}),
+        );
         assert_eq!(node_line(&healthy, Some(8)), "healthy, 8 GPUs");
-        let bad = serde_json::json!({"verdict": "unhealthy", "action": "inspect_hardware",
-            "reason": "RowRemapFailure"});
+        let bad = health(
+            serde_json::json!({"verdict": "unhealthy", "action": "inspect_hardware",
+            "reason": "RowRemapFailure"}),
+        );
         assert_eq!(
             node_line(&bad, Some(8)),
             "unhealthy: inspect_hardware (RowRemapFailure), 8 GPUs"
         );
         assert_eq!(
-            node_line(&serde_json::json!({}), None),
+            node_line(&health(serde_json::json!({})), None),
             "not known yet, GPUs not enumerated yet"
         );
     }

@@ -3,6 +3,7 @@
 
 use crate::health_view::{GpuView, clear_rule, gpu_change, gpu_views, node_line, sample_problems};
 use crate::script::display_pci;
+use gpuwatch_proto::{NodeHealth, ShortName};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -68,7 +69,7 @@ pub struct Narrator {
     pub events: usize,
     /// Faults per final action: a reclassification moves its fault.
     pub by_action: BTreeMap<String, usize>,
-    pub last_health: Option<Value>,
+    pub last_health: Option<NodeHealth>,
 }
 
 /// Narration lines are at most this long.
@@ -253,8 +254,8 @@ impl Narrator {
         }
     }
 
-    pub fn health(&mut self, h: Value) {
-        let nvml_reported = h["monitor"]["nvml_ok"].as_bool() == Some(true);
+    pub fn health(&mut self, h: NodeHealth) {
+        let nvml_reported = h.monitor.as_ref().is_some_and(|m| m.nvml_ok);
         for mut g in gpu_views(&h) {
             let prev = self.gpus.get(&g.pci);
             if !nvml_reported && !g.answering {
@@ -271,13 +272,13 @@ impl Narrator {
             self.gpus.insert(g.pci.clone(), g);
         }
         if nvml_reported {
-            self.gpu_count = h["gpus"].as_array().map(Vec::len);
+            self.gpu_count = Some(h.gpus.len());
         }
         let node = node_line(&h, self.gpu_count);
         if node != self.last_node {
             self.say("NODE", &node);
-            if !str_of(&h, "message").is_empty() {
-                self.say("", str_of(&h, "message"));
+            if !h.message.is_empty() {
+                self.say("", &h.message);
             }
             self.last_node = node;
         }
@@ -289,21 +290,21 @@ impl Narrator {
         let Some(h) = &self.last_health else {
             return;
         };
-        for g in h["gpus"].as_array().into_iter().flatten() {
-            if str_of(g, "verdict") == "healthy" {
+        for g in &h.gpus {
+            let verdict = g.verdict().short_name();
+            if verdict == "healthy" {
                 continue;
             }
-            let label = g["index"]
-                .as_u64()
-                .map_or_else(|| str_of(g, "pci_address").to_string(), |i| i.to_string());
-            let action = str_of(g, "action");
-            let faults: Vec<String> = g["active_faults"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|f| format!("{} ({})", str_of(f, "reason"), str_of(f, "action")))
+            let label = g
+                .index
+                .map_or_else(|| g.pci_address.clone(), |i| i.to_string());
+            let action = g.action().short_name();
+            let faults: Vec<String> = g
+                .active_faults
+                .iter()
+                .map(|f| format!("{} ({})", f.reason, f.action().short_name()))
                 .collect();
-            let problems = sample_problems(&g["sample"]);
+            let problems = sample_problems(g.sample.as_ref());
             let why = if problems.is_empty() {
                 "NVML reports nothing wrong now".to_string()
             } else {
@@ -315,8 +316,7 @@ impl Narrator {
             self.say(
                 "STAYS",
                 &format!(
-                    "GPU {label} {} ({action}): {}; {why}; {}.",
-                    str_of(g, "verdict"),
+                    "GPU {label} {verdict} ({action}): {}; {why}; {}.",
                     faults.join(", "),
                     clear_rule(action)
                 ),

@@ -6,7 +6,6 @@ use crate::DemoError;
 use crate::agent::{Agent, Phase, http_get};
 use crate::kernel_log::{KernelLog, KernelLogKind};
 use crate::narrate::Narrator;
-use serde_json::Value;
 use std::path::Path;
 use std::process::ExitStatus;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -82,7 +81,7 @@ fn play(
         if last_poll.elapsed() >= HEALTH_EVERY {
             last_poll = Instant::now();
             if let Some(body) = http_get(api, "/v1/health")
-                && let Ok(h) = serde_json::from_str::<Value>(&body)
+                && let Ok(h) = serde_json::from_str::<gpuwatch_proto::NodeHealth>(&body)
             {
                 n.health(h);
             }
