@@ -63,12 +63,12 @@ mod protocol;
 mod store;
 
 pub use budget::{Budget, BudgetError};
-pub use link::DEFERRED_REASON;
+pub use link::{DEFERRED_REASON, UNAVAILABLE_REASON};
 pub use memory::{Answer, MemoryLeaseStore, Requests};
-pub use protocol::{Claimant, Settings, Status, Step};
+pub use protocol::{BUDGET_RBAC, Claimant, Settings, Status, Step};
 pub use store::{
-    FLEET_ANNOTATION, HOLDER_ANNOTATION, HeldSpec, HolderNode, Holding, KubeLeaseStore,
-    LEASE_PREFIX, LeaseStore, REASON_ANNOTATION, SLOT_LABEL, SlotView, slot_name,
+    BUDGET_REQUESTS, FLEET_ANNOTATION, HOLDER_ANNOTATION, HeldSpec, HolderNode, Holding,
+    KubeLeaseStore, LEASE_PREFIX, LeaseStore, REASON_ANNOTATION, SLOT_LABEL, SlotView, slot_name,
 };
 
 use tokio::sync::watch;
