@@ -6,7 +6,7 @@
 //! waits on the network.
 
 use gpuwatch_proto::{PodRef, PodRole};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// A pod bound to this node.
@@ -21,6 +21,8 @@ pub struct PodInfo {
     /// (runtime container id without its `<runtime>://` prefix, container
     /// name) from `status.containerStatuses` and `initContainerStatuses`.
     pub containers: Vec<(String, String)>,
+    /// The owner reference with `controller: true`: (kind, name).
+    pub controller: Option<(String, String)>,
 }
 
 /// The pods bound to this node, by UID.
@@ -28,6 +30,9 @@ pub struct PodInfo {
 pub struct PodDirectory {
     /// By `metadata.uid`.
     pub by_uid: HashMap<String, PodInfo>,
+    /// UIDs of pods deleted from the node lately (the listing keeps a bounded
+    /// number): a fault of a process of one is said to be of a gone pod.
+    pub gone: HashSet<String>,
 }
 
 impl PodDirectory {
@@ -35,6 +40,7 @@ impl PodDirectory {
     pub fn new(pods: impl IntoIterator<Item = PodInfo>) -> PodDirectory {
         PodDirectory {
             by_uid: pods.into_iter().map(|p| (p.uid.clone(), p)).collect(),
+            gone: HashSet::new(),
         }
     }
 
@@ -59,11 +65,105 @@ pub struct DeviceHolder {
     pub resource: String,
 }
 
-/// Device id (a GPU UUID, or a MIG device UUID) to the containers that hold it.
+/// The device (a GPU UUID, or a MIG device) to the containers that hold
+/// it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeviceHolders {
-    /// By device id as the device plugin reported it.
+    /// By [`DeviceShape::key`] of the device id the device plugin reported.
     pub by_device: HashMap<String, Vec<DeviceHolder>>,
+    /// Device ids under a GPU resource whose shape is none of
+    /// [`DeviceShape`]'s (skipped; a fault of their GPU cannot name them).
+    pub unknown_ids: u64,
+}
+
+/// What a device id the NVIDIA device plugin gave the kubelet names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceShape {
+    /// `GPU-<uuid>`: a whole GPU, its NVML UUID.
+    Gpu(String),
+    /// `GPU-<uuid>::<n>`: replica `n` of a GPU shared by time-slicing or
+    /// MPS.
+    GpuReplica(String, u32),
+    /// `MIG-<uuid>`: a MIG device by its own NVML UUID (R470 drivers and
+    /// later); also `MIG-<uuid>::<n>`, a replica of one.
+    Mig(String),
+    /// `MIG-GPU-<uuid>/<gi>/<ci>`: a MIG device named by its GPU's UUID and
+    /// its GPU and compute instance ids (the MIG UUID of R450/R460 drivers).
+    MigOfGpu {
+        /// The GPU's UUID (`GPU-…`).
+        gpu: String,
+        /// GPU instance id.
+        gi: u32,
+        /// Compute instance id.
+        ci: u32,
+    },
+}
+
+impl DeviceShape {
+    /// Reads a device id; `None` for any other shape (an index under the
+    /// device plugin's `deviceIDStrategy: index`, another vendor's id).
+    pub fn parse(id: &str) -> Option<DeviceShape> {
+        let (base, replica) = match id.rsplit_once("::") {
+            Some((b, n)) => (b, Some(n.parse::<u32>().ok()?)),
+            None => (id, None),
+        };
+        if let Some(rest) = base.strip_prefix("MIG-GPU-") {
+            let mut parts = rest.split('/');
+            let gpu = parts.next().filter(|u| is_uuid(u))?;
+            let gi = parts.next()?.parse().ok()?;
+            let ci = parts.next()?.parse().ok()?;
+            return (parts.next().is_none() && replica.is_none()).then(|| DeviceShape::MigOfGpu {
+                gpu: format!("GPU-{gpu}"),
+                gi,
+                ci,
+            });
+        }
+        if let Some(u) = base.strip_prefix("MIG-") {
+            return is_uuid(u).then(|| DeviceShape::Mig(base.to_owned()));
+        }
+        let u = base.strip_prefix("GPU-")?;
+        if !is_uuid(u) {
+            return None;
+        }
+        Some(match replica {
+            Some(n) => DeviceShape::GpuReplica(base.to_owned(), n),
+            None => DeviceShape::Gpu(base.to_owned()),
+        })
+    }
+
+    /// The key the engine looks a device up by: the GPU UUID for a whole GPU
+    /// and its replicas, the MIG UUID, or `<GPU UUID>/<gi>/<ci>`.
+    pub fn key(&self) -> String {
+        match self {
+            DeviceShape::Gpu(u) | DeviceShape::GpuReplica(u, _) | DeviceShape::Mig(u) => u.clone(),
+            DeviceShape::MigOfGpu { gpu, gi, ci } => mig_of_gpu_key(gpu, *gi, *ci),
+        }
+    }
+}
+
+/// The [`DeviceShape::key`] of a MIG device named by its GPU and instances.
+pub fn mig_of_gpu_key(gpu_uuid: &str, gi: u32, ci: u32) -> String {
+    format!("{gpu_uuid}/{gi}/{ci}")
+}
+
+/// An NVML UUID after its `GPU-`/`MIG-` prefix: hex digits in the
+/// `8-4-4-4-12` groups NVML prints.
+fn is_uuid(s: &str) -> bool {
+    let groups: Vec<&str> = s.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// The extended resources whose device ids are GPUs: a name, or a prefix
+/// ending in `*` (`nvidia.com/mig-*`).
+pub fn is_gpu_resource(resource: &str, names: &[String]) -> bool {
+    names.iter().any(|n| match n.strip_suffix('*') {
+        Some(prefix) => resource.starts_with(prefix),
+        None => resource == n,
+    })
 }
 
 /// One placement source's news for the engine.
@@ -91,6 +191,12 @@ pub struct Placement {
 
 /// The attribute saying what placement could not tell about a fault's pods.
 pub const PLACEMENT_NOTE: &str = "pod_placement";
+/// The attribute saying why a fault names a pod by UID only, or no pods:
+/// `pod_gone` (the pod was deleted before its fault was read),
+/// `pod_resources_unavailable` (the kubelet could not say which pods hold
+/// the GPU); the edge adds `not_in_pod`, `process_exited`, `pid_reused`,
+/// `unreadable`.
+pub const POD_ATTRIBUTION: &str = "pod_attribution";
 
 impl Placement {
     /// Applies one source's update. A source that becomes unavailable keeps
@@ -122,6 +228,10 @@ impl Placement {
             };
             p.name.clone_from(&info.name);
             p.namespace.clone_from(&info.namespace);
+            if let Some((kind, name)) = &info.controller {
+                p.controller_kind.clone_from(kind);
+                p.controller_name.clone_from(name);
+            }
             if p.container.is_empty()
                 && let Some((_, c)) = info
                     .containers
@@ -139,6 +249,22 @@ impl Placement {
             (_, Some(why)) => format!("pod UID only: cannot list the node's pods ({why})"),
             (Some(_), None) => "pod UID only: the pod is not among the node's pods".to_owned(),
         })
+    }
+
+    /// True when a pod of `pods` known by UID only was deleted from the node
+    /// lately.
+    pub fn names_a_gone_pod(&self, pods: &[PodRef]) -> bool {
+        let Some(d) = self.pods.as_deref() else {
+            return false;
+        };
+        pods.iter()
+            .any(|p| p.name.is_empty() && !p.uid.is_empty() && d.gone.contains(&p.uid))
+    }
+
+    /// True when the kubelet's device assignments are not known now (never
+    /// listed, or its last call failed).
+    pub fn devices_unavailable(&self) -> bool {
+        self.devices.is_none() || self.devices_note.is_some()
     }
 
     /// Adds every container that holds one of `devices` to `pods` as
@@ -159,17 +285,19 @@ impl Placement {
                 if named {
                     continue;
                 }
-                let uid = self
+                let info = self
                     .pods
                     .as_deref()
-                    .and_then(|p| p.by_name(&h.namespace, &h.pod))
-                    .map(|p| p.uid.clone())
-                    .unwrap_or_default();
+                    .and_then(|p| p.by_name(&h.namespace, &h.pod));
+                let (kind, controller) =
+                    info.and_then(|p| p.controller.clone()).unwrap_or_default();
                 let mut p = PodRef {
-                    uid,
+                    uid: info.map(|p| p.uid.clone()).unwrap_or_default(),
                     name: h.pod.clone(),
                     namespace: h.namespace.clone(),
                     container: h.container.clone(),
+                    controller_kind: kind,
+                    controller_name: controller,
                     ..Default::default()
                 };
                 p.set_role(PodRole::Affected);
@@ -205,6 +333,7 @@ mod tests {
                 ("c1".into(), "main".into()),
                 ("c2".into(), "sidecar".into()),
             ],
+            controller: Some(("Job".into(), "train-42".into())),
         }]))
     }
 
@@ -222,6 +351,100 @@ mod tests {
             ),
             ("trainer-0", "ml", "sidecar")
         );
+        assert_eq!(
+            (
+                pods[0].controller_kind.as_str(),
+                pods[0].controller_name.as_str()
+            ),
+            ("Job", "train-42")
+        );
+    }
+
+    #[test]
+    fn a_pod_deleted_before_its_fault_is_said_to_be_gone() {
+        let mut pl = Placement::default();
+        let mut d = (*directory()).clone();
+        d.gone.insert("u7".into());
+        pl.apply(PlacementUpdate::Pods(Arc::new(d)));
+        let mut pods = vec![caused("u7", "c9")];
+        assert!(pl.name_known_pods(&mut pods).is_some());
+        assert!(pl.names_a_gone_pod(&pods));
+        assert!(!pl.names_a_gone_pod(&[caused("u8", "")]));
+    }
+
+    /// Every device id shape the NVIDIA device plugin (github.com/NVIDIA/
+    /// k8s-device-plugin) hands the kubelet, and where it comes from:
+    /// - `GPU-<uuid>`: a full GPU's NVML UUID, the default
+    ///   `deviceIDStrategy: uuid` (`internal/rm/nvml_devices.go`, the
+    ///   device's `GetUUID`).
+    /// - `GPU-<uuid>::<n>`: replica `n` of a shared GPU, time-slicing or MPS
+    ///   (`internal/rm/devices.go`, `NewAnnotatedID`: `"%s::%d"`).
+    /// - `MIG-<uuid>`: a MIG device's NVML UUID, R470 drivers and later
+    ///   (`internal/rm/nvml_devices.go`, the MIG device's `GetUUID`), under
+    ///   `nvidia.com/mig-<profile>` (mixed strategy) or `nvidia.com/gpu`
+    ///   (single strategy).
+    /// - `MIG-GPU-<uuid>/<gi>/<ci>`: the MIG UUID R450/R460 drivers returned,
+    ///   passed through the same way.
+    /// - `0`, `0:1`: `deviceIDStrategy: index` (`internal/rm/nvml_devices.go`,
+    ///   the index); not a shape a GPU's identity can be matched to: skipped
+    ///   and counted.
+    #[test]
+    fn device_id_shapes_name_their_gpu_or_mig_device() {
+        let u = "6b1c2d3e-4f50-4a61-8b72-93a4b5c6d7e1";
+        let gpu = format!("GPU-{u}");
+        let mig = "MIG-1d2c3b4a-5f6e-5a7b-8c9d-0e1f2a3b4c05";
+        for (id, shape) in [
+            (gpu.clone(), Some(DeviceShape::Gpu(gpu.clone()))),
+            (
+                format!("{gpu}::3"),
+                Some(DeviceShape::GpuReplica(gpu.clone(), 3)),
+            ),
+            (mig.to_owned(), Some(DeviceShape::Mig(mig.to_owned()))),
+            (format!("{mig}::1"), Some(DeviceShape::Mig(mig.to_owned()))),
+            (
+                format!("MIG-GPU-{u}/5/0"),
+                Some(DeviceShape::MigOfGpu {
+                    gpu: gpu.clone(),
+                    gi: 5,
+                    ci: 0,
+                }),
+            ),
+            ("0".to_owned(), None),
+            ("0:1".to_owned(), None),
+            (format!("{gpu}::x"), None),
+            (format!("MIG-GPU-{u}/5"), None),
+            (format!("MIG-GPU-{u}/5/0/1"), None),
+            ("GPU-not-a-uuid".to_owned(), None),
+            ("/dev/infiniband/uverbs0".to_owned(), None),
+        ] {
+            assert_eq!(DeviceShape::parse(&id), shape, "{id}");
+        }
+        // The keys the engine looks a fault's GPU up by.
+        assert_eq!(DeviceShape::parse(&format!("{gpu}::3")).unwrap().key(), gpu);
+        assert_eq!(
+            DeviceShape::parse(&format!("MIG-GPU-{u}/5/0"))
+                .unwrap()
+                .key(),
+            mig_of_gpu_key(&gpu, 5, 0)
+        );
+    }
+
+    #[test]
+    fn gpu_resources_are_names_or_prefixes() {
+        let names = vec![
+            "nvidia.com/gpu".to_owned(),
+            "nvidia.com/mig-*".to_owned(),
+            "nvidia.com/gpu.shared".to_owned(),
+        ];
+        for (resource, gpu) in [
+            ("nvidia.com/gpu", true),
+            ("nvidia.com/mig-1g.10gb", true),
+            ("nvidia.com/gpu.shared", true),
+            ("nvidia.com/gpu-other", false),
+            ("rdma/hca", false),
+        ] {
+            assert_eq!(is_gpu_resource(resource, &names), gpu, "{resource}");
+        }
     }
 
     #[test]
@@ -261,6 +484,7 @@ mod tests {
                 ("GPU-1".into(), vec![holder.clone()]),
                 ("MIG-2".into(), vec![holder]),
             ]),
+            unknown_ids: 0,
         })));
         assert_eq!(
             pl.add_holders(&["GPU-1", "MIG-2", "GPU-3"], &mut pods),

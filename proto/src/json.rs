@@ -149,6 +149,10 @@ fn write_pod_ref(p: &crate::PodRef, out: &mut Vec<u8>) {
     string(&p.container_id, out);
     out.extend_from_slice(b",\"role\":");
     enum_value::<crate::PodRole>(p.role, out);
+    out.extend_from_slice(b",\"controller_kind\":");
+    string(&p.controller_kind, out);
+    out.extend_from_slice(b",\"controller_name\":");
+    string(&p.controller_name, out);
     out.push(b'}');
 }
 
@@ -511,6 +515,8 @@ mod tests {
                     container: text(&mut rng),
                     container_id: text(&mut rng),
                     role: (step(&mut rng) % 4) as i32,
+                    controller_kind: text(&mut rng),
+                    controller_name: text(&mut rng),
                 });
             }
             buf.clear();

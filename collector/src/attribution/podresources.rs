@@ -2,12 +2,18 @@
 //! on its unix socket, asked every `interval_ms` and handed to the health
 //! engine as [`PlacementUpdate::Devices`] whenever the answer changes, so a
 //! fault of a GPU (XID 79, uncorrectable ECC, a lost GPU) names the pods that
-//! held it. Device ids are what the device plugin gave the kubelet: GPU UUIDs
-//! for `nvidia.com/gpu`, MIG device UUIDs for `nvidia.com/mig-*`.
+//! held it. Device ids are what the device plugin gave the kubelet, under the
+//! resources `gpu_resources` names (`nvidia.com/gpu`, `nvidia.com/mig-*` and
+//! any the device plugin's configuration renamed them to); their shapes
+//! ([`DeviceShape`]: GPU UUIDs, replicas of a shared GPU, MIG UUIDs old and
+//! new) are read into the GPU or MIG device they name, and an id of any other
+//! shape is skipped and counted.
 //!
 //! The client is generated from the kubelet's own `api.proto`
 //! (`collector/proto/podresources/v1/api.proto`, which names its source), as
-//! is the server half the tests' kubelet stand-in is built from.
+//! is the server half the tests' kubelet stand-in is built from. Each call
+//! has its own timeout, and answers up to [`MAX_ANSWER_BYTES`] are read (a
+//! node with many pods and devices exceeds tonic's 4 MiB default).
 //!
 //! A kubelet that cannot be asked (no socket: not a Kubernetes node, or the
 //! socket not mounted; a timeout) blocks nothing: the engine is told, keeps
@@ -19,7 +25,9 @@ mod v1 {
 }
 
 use gpuwatch_core::msg::Input;
-use gpuwatch_core::placement::{DeviceHolder, DeviceHolders, PlacementUpdate};
+use gpuwatch_core::placement::{
+    DeviceHolder, DeviceHolders, DeviceShape, PlacementUpdate, is_gpu_resource,
+};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -29,6 +37,9 @@ use v1::pod_resources_lister_client::PodResourcesListerClient;
 
 /// The socket the kubelet serves PodResources on.
 pub const DEFAULT_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+
+/// The largest `List` answer read, bytes.
+pub const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
 
 /// `[kubelet]`: where and how often the kubelet is asked.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -41,6 +52,11 @@ pub struct KubeletConfig {
     pub pod_resources_interval_ms: u64,
     /// The longest one call may take, milliseconds. Default 2000.
     pub pod_resources_timeout_ms: u64,
+    /// The extended resources whose devices are GPUs or MIG devices: names,
+    /// or prefixes ending in `*`. Default `nvidia.com/gpu`,
+    /// `nvidia.com/mig-*`; add the names a device plugin configuration
+    /// renames them to (`nvidia.com/gpu.shared`).
+    pub gpu_resources: Vec<String>,
 }
 
 impl Default for KubeletConfig {
@@ -49,6 +65,7 @@ impl Default for KubeletConfig {
             pod_resources_socket: PathBuf::from(DEFAULT_SOCKET),
             pod_resources_interval_ms: 10_000,
             pod_resources_timeout_ms: 2_000,
+            gpu_resources: vec!["nvidia.com/gpu".into(), "nvidia.com/mig-*".into()],
         }
     }
 }
@@ -57,9 +74,10 @@ impl KubeletConfig {
     /// Problems (keys relative to `[kubelet]`).
     pub fn validate(&self) -> Vec<String> {
         let mut p = Vec::new();
-        if self.pod_resources_interval_ms < 100 {
+        // A few calls a second at most.
+        if self.pod_resources_interval_ms < 500 {
             p.push(format!(
-                "pod_resources_interval_ms: at least 100, got {}",
+                "pod_resources_interval_ms: at least 500, got {}",
                 self.pod_resources_interval_ms
             ));
         }
@@ -91,7 +109,11 @@ pub enum ListError {
 
 /// Asks the kubelet at `socket` once: every device id to the containers
 /// that hold it.
-pub async fn list(socket: &Path, timeout: Duration) -> Result<DeviceHolders, ListError> {
+pub async fn list(
+    socket: &Path,
+    timeout: Duration,
+    gpu_resources: &[String],
+) -> Result<DeviceHolders, ListError> {
     let call = async {
         let path = socket.to_path_buf();
         // The URI is not used: every connection goes to the socket.
@@ -109,12 +131,13 @@ pub async fn list(socket: &Path, timeout: Duration) -> Result<DeviceHolders, Lis
                 path: socket.to_path_buf(),
                 message: source_chain(&e),
             })?;
-        let mut client = PodResourcesListerClient::new(channel);
+        let mut client =
+            PodResourcesListerClient::new(channel).max_decoding_message_size(MAX_ANSWER_BYTES);
         let resp = client
             .list(v1::ListPodResourcesRequest {})
             .await
             .map_err(|s| ListError::Status(format!("{} ({:?})", s.message(), s.code())))?;
-        Ok(holders(resp.into_inner()))
+        Ok(holders(resp.into_inner(), gpu_resources))
     };
     tokio::time::timeout(timeout, call)
         .await
@@ -133,14 +156,30 @@ fn source_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// Device id to holders, from one `List` answer.
-fn holders(resp: v1::ListPodResourcesResponse) -> DeviceHolders {
+/// Device to holders, from one `List` answer (module doc).
+fn holders(resp: v1::ListPodResourcesResponse, gpu_resources: &[String]) -> DeviceHolders {
     let mut by_device: HashMap<String, Vec<DeviceHolder>> = HashMap::new();
+    let mut unknown_ids = 0;
     for pod in resp.pod_resources {
         for c in &pod.containers {
             for d in &c.devices {
+                if !is_gpu_resource(&d.resource_name, gpu_resources) {
+                    continue;
+                }
                 for id in &d.device_ids {
-                    by_device.entry(id.clone()).or_default().push(DeviceHolder {
+                    let Some(shape) = DeviceShape::parse(id) else {
+                        tracing::debug!(id = %id, resource = %d.resource_name, "Device id of no known shape; skipped.");
+                        unknown_ids += 1;
+                        continue;
+                    };
+                    let held = by_device.entry(shape.key()).or_default();
+                    // Two replicas of one GPU in one container: one holder.
+                    if held.iter().any(|h| {
+                        h.namespace == pod.namespace && h.pod == pod.name && h.container == c.name
+                    }) {
+                        continue;
+                    }
+                    held.push(DeviceHolder {
                         namespace: pod.namespace.clone(),
                         pod: pod.name.clone(),
                         container: c.name.clone(),
@@ -150,7 +189,10 @@ fn holders(resp: v1::ListPodResourcesResponse) -> DeviceHolders {
             }
         }
     }
-    DeviceHolders { by_device }
+    DeviceHolders {
+        by_device,
+        unknown_ids,
+    }
 }
 
 /// Asks the kubelet every interval until `stop`, telling the engine through
@@ -168,7 +210,7 @@ pub async fn poll(
         if *stop.borrow() {
             return;
         }
-        let update = match list(&cfg.pod_resources_socket, timeout).await {
+        let update = match list(&cfg.pod_resources_socket, timeout, &cfg.gpu_resources).await {
             Ok(now) => {
                 if failing {
                     tracing::info!("The kubelet answers PodResources again.");
@@ -212,6 +254,9 @@ pub async fn poll(
 mod tests {
     use super::*;
 
+    const G1: &str = "GPU-6b1c2d3e-4f50-4a61-8b72-93a4b5c6d7e1";
+    const G2: &str = "GPU-6b1c2d3e-4f50-4a61-8b72-93a4b5c6d7e2";
+
     #[test]
     fn every_device_of_every_container_is_indexed() {
         let resp = v1::ListPodResourcesResponse {
@@ -222,24 +267,65 @@ mod tests {
                     name: "main".into(),
                     devices: vec![v1::ContainerDevices {
                         resource_name: "nvidia.com/gpu".into(),
-                        device_ids: vec!["GPU-1".into(), "GPU-2".into()],
+                        device_ids: vec![G1.into(), G2.into()],
                         topology: None,
                     }],
                     ..Default::default()
                 }],
             }],
         };
-        let h = holders(resp);
+        let h = holders(resp, &KubeletConfig::default().gpu_resources);
         assert_eq!(h.by_device.len(), 2);
-        assert_eq!(h.by_device["GPU-2"][0].pod, "trainer-0");
-        assert_eq!(h.by_device["GPU-2"][0].resource, "nvidia.com/gpu");
+        assert_eq!(h.by_device[G2][0].pod, "trainer-0");
+        assert_eq!(h.by_device[G2][0].resource, "nvidia.com/gpu");
+        assert_eq!(h.unknown_ids, 0);
+    }
+
+    #[test]
+    fn replicas_renamed_resources_and_unknown_shapes() {
+        let devices = |resource: &str, ids: &[&str]| v1::ContainerDevices {
+            resource_name: resource.into(),
+            device_ids: ids.iter().map(|s| (*s).to_owned()).collect(),
+            topology: None,
+        };
+        let resp = v1::ListPodResourcesResponse {
+            pod_resources: vec![v1::PodResources {
+                name: "nb-2".into(),
+                namespace: "research".into(),
+                containers: vec![v1::ContainerResources {
+                    name: "main".into(),
+                    devices: vec![
+                        devices(
+                            "nvidia.com/gpu.shared",
+                            &[&format!("{G1}::0"), &format!("{G1}::3")],
+                        ),
+                        devices("nvidia.com/mig-1g.10gb", &["0:1"]),
+                        devices("rdma/hca", &["mlx5_0"]),
+                    ],
+                    ..Default::default()
+                }],
+            }],
+        };
+        let mut names = KubeletConfig::default().gpu_resources;
+        // Not configured: the renamed resource is not read.
+        let h = holders(resp.clone(), &names);
+        assert!(h.by_device.is_empty());
+        assert_eq!(h.unknown_ids, 1, "the index-shaped MIG id");
+        names.push("nvidia.com/gpu.shared".into());
+        let h = holders(resp, &names);
+        assert_eq!(h.by_device.len(), 1);
+        assert_eq!(h.by_device[G1].len(), 1, "two replicas, one holder");
+        assert_eq!(h.by_device[G1][0].pod, "nb-2");
+        assert_eq!(h.unknown_ids, 1);
     }
 
     #[tokio::test]
     async fn a_missing_socket_is_a_connect_error_naming_it() {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("kubelet.sock");
-        let e = list(&sock, Duration::from_millis(500)).await.unwrap_err();
+        let e = list(&sock, Duration::from_millis(500), &[])
+            .await
+            .unwrap_err();
         assert!(matches!(e, ListError::Connect { .. }), "{e}");
         assert!(e.to_string().contains("kubelet.sock"), "{e}");
     }

@@ -48,6 +48,10 @@ pub(crate) struct Args {
     /// (`kmsg.proc_root`, default /proc).
     #[arg(long, value_name = "DIR")]
     pub(crate) proc_root: Option<PathBuf>,
+    /// The kubelet's PodResources socket, which says the pods holding each
+    /// GPU (`kubelet.pod_resources_socket`; empty: not asked).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) pod_resources_socket: Option<PathBuf>,
     /// Use the nvml-sim library with this scenario file (`nvml.sim_scenario`).
     #[arg(long, value_name = "SCENARIO", conflicts_with = "no_nvml")]
     pub(crate) nvml_sim: Option<PathBuf>,
@@ -117,6 +121,9 @@ impl Args {
         }
         if let Some(p) = &self.proc_root {
             cfg.kmsg.proc_root.clone_from(p);
+        }
+        if let Some(p) = &self.pod_resources_socket {
+            cfg.kubelet.pod_resources_socket.clone_from(p);
         }
         if let Some(s) = &self.nvml_sim {
             cfg.nvml.enabled = true;

@@ -17,7 +17,7 @@
 
 use super::Engine;
 use super::model::{Fault, FaultKey, Gpu};
-use crate::placement::PLACEMENT_NOTE;
+use crate::placement::{PLACEMENT_NOTE, POD_ATTRIBUTION, mig_of_gpu_key};
 use gpuwatch_proto::{Action, FaultEvent, MigInstanceHealth, PodRef, ShortName, Verdict};
 
 /// The attribute of a MIG GPU instance id (the parser's name).
@@ -71,6 +71,7 @@ impl Engine {
     /// could not be told is said in [`PLACEMENT_NOTE`].
     pub(super) fn name_pods(&self, ev: &mut FaultEvent, gpu: Option<&Gpu>) {
         let mut notes: Vec<String> = Vec::new();
+        let mut asked_kubelet = false;
         notes.extend(self.placement.name_known_pods(&mut ev.pods));
         let instance = ev
             .attributes
@@ -80,22 +81,38 @@ impl Engine {
         if let Some(g) = gpu
             && (whole || (instance.is_some() && ev.pods.is_empty()))
         {
-            let mut devices: Vec<&str> = Vec::new();
+            // Every key a device plugin may have named these devices by
+            // (`DeviceShape::key`).
+            let mut devices: Vec<String> = Vec::new();
             if whole && !g.uuid.is_empty() {
-                devices.push(&g.uuid);
+                devices.push(g.uuid.clone());
             }
             for m in g.sample.iter().flat_map(|s| &s.mig_devices) {
                 if whole || Some(m.gpu_instance) == instance {
-                    devices.push(&m.uuid);
+                    devices.push(m.uuid.clone());
+                    if !g.uuid.is_empty() {
+                        devices.push(mig_of_gpu_key(&g.uuid, m.gpu_instance, m.compute_instance));
+                    }
                 }
             }
             if !devices.is_empty() {
+                asked_kubelet = true;
+                let devices: Vec<&str> = devices.iter().map(String::as_str).collect();
                 notes.extend(self.placement.add_holders(&devices, &mut ev.pods));
             }
         }
         if !notes.is_empty() {
             ev.attributes
                 .insert(PLACEMENT_NOTE.to_owned(), notes.join("; "));
+        }
+        if self.placement.names_a_gone_pod(&ev.pods) {
+            ev.attributes
+                .insert(POD_ATTRIBUTION.to_owned(), "pod_gone".to_owned());
+        } else if asked_kubelet && self.placement.devices_unavailable() {
+            ev.attributes.insert(
+                POD_ATTRIBUTION.to_owned(),
+                "pod_resources_unavailable".to_owned(),
+            );
         }
     }
 

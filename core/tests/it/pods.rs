@@ -7,7 +7,8 @@
 
 use crate::support::*;
 use gpuwatch_core::placement::{
-    DeviceHolder, DeviceHolders, PLACEMENT_NOTE, PlacementUpdate, PodDirectory, PodInfo,
+    DeviceHolder, DeviceHolders, PLACEMENT_NOTE, POD_ATTRIBUTION, PlacementUpdate, PodDirectory,
+    PodInfo,
 };
 use gpuwatch_proto::{Action, GpuSample, MigDevice, PodRef, PodRole, Verdict};
 use std::collections::HashMap;
@@ -41,12 +42,14 @@ fn pods() -> Arc<PodDirectory> {
             name: "trainer-a".into(),
             namespace: "ml".into(),
             containers: vec![("cid-a".into(), "main".into())],
+            controller: None,
         },
         PodInfo {
             uid: "uid-b".into(),
             name: "infer-b".into(),
             namespace: "serving".into(),
             containers: vec![],
+            controller: None,
         },
     ]))
 }
@@ -76,6 +79,7 @@ fn devices() -> Arc<DeviceHolders> {
                 vec![holder("ml", "whole-gpu", "nvidia.com/gpu")],
             ),
         ]),
+        unknown_ids: 0,
     })
 }
 
@@ -212,4 +216,51 @@ fn xid79_names_the_pod_that_held_the_gpu() {
         "{:?}",
         out[0].attributes
     );
+}
+
+/// A MIG device the device plugin named the R450/R460 way
+/// (`MIG-GPU-<uuid>/<gi>/<ci>`) is found by its GPU and instances.
+#[test]
+fn a_mig_device_named_by_its_gpu_and_instances_is_found() {
+    let mut rig = Rig::new(None, "boot-a");
+    rig.samples(mig_gpus());
+    let gpu = &mig_gpus()[0].uuid;
+    let key = gpuwatch_core::placement::DeviceShape::parse(&format!("MIG-{gpu}/6/0"))
+        .expect("the old MIG id shape")
+        .key();
+    rig.placement(PlacementUpdate::Devices(Arc::new(DeviceHolders {
+        by_device: HashMap::from([(key, vec![holder("serving", "infer-b", "nvidia.com/gpu")])]),
+        unknown_ids: 0,
+    })));
+    let out = rig.fault(on_instance(94, 6));
+    assert_eq!(out[0].pods.len(), 1, "{:?}", out[0].pods);
+    assert_eq!(out[0].pods[0].name, "infer-b");
+}
+
+/// A pod deleted before its process's fault was read keeps its UID and says
+/// `pod_gone`; a fault of a GPU while the kubelet cannot be asked names no
+/// pods and says `pod_resources_unavailable`.
+#[test]
+fn gone_pods_and_an_unavailable_kubelet_are_said_so() {
+    let mut rig = Rig::new(None, "boot-a");
+    rig.samples(two_gpus());
+    let mut d = (*pods()).clone();
+    d.gone.insert("uid-gone".into());
+    rig.placement(PlacementUpdate::Pods(Arc::new(d)));
+    let mut ev = xid(13, PCI0);
+    ev.pods = vec![caused("uid-gone", "cid-x")];
+    let out = rig.fault(ev);
+    assert_eq!(out[0].pods[0].uid, "uid-gone");
+    assert_eq!(out[0].attributes[POD_ATTRIBUTION], "pod_gone");
+
+    rig.placement(PlacementUpdate::DevicesUnavailable(
+        "cannot connect to the kubelet".into(),
+    ));
+    let out = rig.fault(xid(79, PCI0));
+    assert!(out[0].pods.is_empty(), "{:?}", out[0].pods);
+    assert_eq!(
+        out[0].attributes[POD_ATTRIBUTION],
+        "pod_resources_unavailable"
+    );
+    assert!(out[0].attributes[PLACEMENT_NOTE].contains("cannot connect to the kubelet"));
 }

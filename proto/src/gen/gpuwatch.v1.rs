@@ -101,6 +101,12 @@ pub struct PodRef {
     #[prost(enumeration = "PodRole", tag = "6")]
     #[serde(with = "crate::json::pod_role")]
     pub role: i32,
+    /// The pod's controller (the owner reference with `controller: true`):
+    /// its kind (`Job`, `StatefulSet`, `ReplicaSet`, …) and name.
+    #[prost(string, tag = "7")]
+    pub controller_kind: ::prost::alloc::string::String,
+    #[prost(string, tag = "8")]
+    pub controller_name: ::prost::alloc::string::String,
 }
 /// One MIG device (GPU instance + compute instance) of a GPU in MIG mode.
 #[derive(serde::Serialize, serde::Deserialize)]

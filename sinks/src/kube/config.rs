@@ -102,6 +102,17 @@ pub struct KubeConfig {
     /// one fault update that Event's count and do not count here); more are
     /// dropped and counted.
     pub pod_event_limit: u32,
+    /// New Pod Events per `event_dedup_window_secs` on this node at most,
+    /// all pods together (a fault of a GPU shared by many pods, many pods
+    /// failing at once); more are dropped and counted.
+    pub pod_event_node_limit: u32,
+    /// A repeat of an Event already written is patched (`count`,
+    /// `lastTimestamp`) no sooner than this many seconds after the Event's
+    /// last write, then twice as long after each patch (at most
+    /// `event_dedup_window_secs`); the repeats meanwhile go into the next
+    /// patch. A pod that crash-loops on the same fault costs a few writes
+    /// per window, not one per crash.
+    pub event_patch_interval_secs: u64,
     /// Events queued at most; the oldest is dropped (and counted) beyond this.
     pub event_queue_capacity: usize,
     /// Token-bucket burst of Event writes.
@@ -229,6 +240,8 @@ impl Default for KubeConfig {
             event_namespace: "default".into(),
             pod_events: true,
             pod_event_limit: 5,
+            pod_event_node_limit: 50,
+            event_patch_interval_secs: 60,
             event_queue_capacity: 256,
             event_burst: 10,
             events_per_minute: 30,
@@ -330,6 +343,7 @@ impl KubeConfig {
             ("event_burst", u64::from(self.event_burst)),
             ("events_per_minute", u64::from(self.events_per_minute)),
             ("event_dedup_window_secs", self.event_dedup_window_secs),
+            ("event_patch_interval_secs", self.event_patch_interval_secs),
             ("min_write_interval_ms", self.min_write_interval_ms),
             ("backoff_initial_ms", self.backoff_initial_ms),
             ("backoff_max_ms", self.backoff_max_ms),

@@ -46,6 +46,9 @@ pub(crate) struct PendingEvent {
     pub time: SystemTime,
     /// The Pod the Event is about; `None`: the Node.
     pub pod: Option<super::pod_events::PodTarget>,
+    /// A held repeat whose time came (or a flush): patched without waiting
+    /// for `event_patch_interval_secs` again.
+    pub due: bool,
 }
 
 /// Event reason for a fault event (`XID79`, `SXID12028`, `PCIeAERFatal`, ...):
@@ -124,9 +127,10 @@ pub(crate) fn pending_from(ev: &FaultEvent, now: SystemTime) -> PendingEvent {
     };
     let first_line = ev.message.lines().next().unwrap_or("").trim();
     let message = format!(
-        "{gpu}:{code}{name}, action {}{boot}; {}{}",
+        "{gpu}:{code}{name}, action {}{boot}; {}{}{}",
         ev.action().short_name(),
         ev.policy_reason,
+        pods_words(ev),
         if first_line.is_empty() {
             String::new()
         } else {
@@ -144,7 +148,43 @@ pub(crate) fn pending_from(ev: &FaultEvent, now: SystemTime) -> PendingEvent {
         count: ev.count.max(1),
         time,
         pod: None,
+        due: false,
     }
+}
+
+/// The pods a fault names, for the Node's Event: `; pod ml/trainer-0
+/// (container main)` for the pod whose process caused it, `; pods on the
+/// GPU: ml/a, ml/b` for those that held a failed GPU (a pod known by UID
+/// only is named by it).
+fn pods_words(ev: &FaultEvent) -> String {
+    use gpuwatch_proto::PodRole;
+    let name = |p: &gpuwatch_proto::PodRef| {
+        let mut s = if p.name.is_empty() {
+            format!("uid {}", p.uid)
+        } else {
+            format!("{}/{}", p.namespace, p.name)
+        };
+        if !p.container.is_empty() {
+            s.push_str(&format!(" (container {})", p.container));
+        }
+        s
+    };
+    let mut out = String::new();
+    for p in ev.pods.iter().filter(|p| p.role() == PodRole::Caused) {
+        out.push_str("; pod ");
+        out.push_str(&name(p));
+    }
+    let affected: Vec<String> = ev
+        .pods
+        .iter()
+        .filter(|p| p.role() == PodRole::Affected)
+        .map(name)
+        .collect();
+    if !affected.is_empty() {
+        out.push_str("; pods on the GPU: ");
+        out.push_str(&affected.join(", "));
+    }
+    out
 }
 
 /// Bounded, coalescing queue shared by the sink and the writer task.
@@ -160,6 +200,8 @@ pub(crate) struct EventQueue {
     notify: Notify,
     in_flight: AtomicUsize,
     closed: AtomicBool,
+    /// A flush asks for the held repeats now.
+    flushing: AtomicBool,
     registry: Arc<Registry>,
 }
 
@@ -170,6 +212,9 @@ struct Lanes {
     pods: VecDeque<PendingEvent>,
     /// The pod lane goes next when both hold Events.
     pod_next: bool,
+    /// Repeats waiting for their Event's next patch (see
+    /// `event_patch_interval_secs`), with the time it is due; one per key.
+    held: Vec<(Instant, PendingEvent)>,
 }
 
 impl Lanes {
@@ -182,16 +227,32 @@ impl Lanes {
     }
 
     fn len(&self) -> usize {
-        self.node.len() + self.pods.len()
+        self.node.len() + self.pods.len() + self.held.len()
     }
 
     fn is_empty(&self) -> bool {
-        self.node.is_empty() && self.pods.is_empty()
+        self.node.is_empty() && self.pods.is_empty() && self.held.is_empty()
     }
 
     fn clear(&mut self) {
         self.node.clear();
         self.pods.clear();
+        self.held.clear();
+    }
+
+    /// Moves the held repeats due at `now` (all of them with `all`) to the
+    /// front of their lanes, to be patched next.
+    fn release(&mut self, now: Instant, all: bool) {
+        let mut i = 0;
+        while i < self.held.len() {
+            if all || self.held[i].0 <= now {
+                let (_, mut p) = self.held.swap_remove(i);
+                p.due = true;
+                self.lane(&p).push_front(p);
+            } else {
+                i += 1;
+            }
+        }
     }
 
     fn pop(&mut self) -> Option<PendingEvent> {
@@ -217,6 +278,7 @@ impl EventQueue {
             notify: Notify::new(),
             in_flight: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
+            flushing: AtomicBool::new(false),
             registry,
         }
     }
@@ -229,6 +291,15 @@ impl EventQueue {
     pub(crate) fn push(&self, p: PendingEvent) {
         {
             let mut lanes = self.lock();
+            if let Some((_, held)) = lanes.held.iter_mut().find(|(_, e)| e.key == p.key) {
+                held.count = held.count.saturating_add(p.count);
+                held.message = p.message;
+                held.time = held.time.max(p.time);
+                drop(lanes);
+                self.registry
+                    .count_events(Stage::KubeEvents, Outcome::Coalesced, 1);
+                return;
+            }
             let q = lanes.lane(&p);
             if let Some(existing) = q.iter_mut().find(|e| e.key == p.key) {
                 existing.count = existing.count.saturating_add(p.count);
@@ -251,7 +322,11 @@ impl EventQueue {
     }
 
     fn pop(&self) -> Option<PendingEvent> {
-        let p = self.lock().pop();
+        let all = self.flushing.load(Ordering::SeqCst) || self.closed.load(Ordering::SeqCst);
+        let mut lanes = self.lock();
+        lanes.release(Instant::now(), all);
+        let p = lanes.pop();
+        drop(lanes);
         if p.is_some() {
             self.in_flight.fetch_add(1, Ordering::SeqCst);
         }
@@ -260,6 +335,26 @@ impl EventQueue {
 
     fn done(&self) {
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Holds a repeat taken from the queue until `due` (merging it into one
+    /// already held for its key).
+    fn hold(&self, p: PendingEvent, due: Instant) {
+        let mut lanes = self.lock();
+        if let Some((_, held)) = lanes.held.iter_mut().find(|(_, e)| e.key == p.key) {
+            held.count = held.count.saturating_add(p.count);
+            held.message = p.message;
+            held.time = held.time.max(p.time);
+        } else {
+            lanes.held.push((due, p));
+        }
+        drop(lanes);
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// When the earliest held repeat is due.
+    fn next_due(&self) -> Option<Instant> {
+        self.lock().held.iter().map(|(t, _)| *t).min()
     }
 
     /// Puts a failed item back at the front of its lane, next to be taken
@@ -322,17 +417,28 @@ impl EventSink for KubeEventSink {
         let now = SystemTime::now();
         self.queue.push(pending_from(event, now));
         if self.pods {
-            for p in super::pod_events::pending_for_pods(event, now) {
+            let deferred = self
+                .queue
+                .registry
+                .quarantine_deferred
+                .load(Ordering::Relaxed)
+                == 1;
+            for p in super::pod_events::pending_for_pods(event, now, deferred) {
                 self.queue.push(p);
             }
         }
     }
 
+    /// Waits for the queue to drain, held repeats included (they are
+    /// patched now rather than at their time).
     fn flush(&self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
+        self.queue.flushing.store(true, Ordering::SeqCst);
+        self.queue.notify.notify_one();
         while !self.queue.is_idle() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
+        self.queue.flushing.store(false, Ordering::SeqCst);
     }
 }
 
@@ -367,6 +473,11 @@ impl TokenBucket {
             Err(Duration::from_secs_f64((1.0 - self.tokens) / self.per_sec))
         }
     }
+
+    /// Gives back a token taken for a request that was not made.
+    pub(crate) fn refund(&mut self) {
+        self.tokens = (self.tokens + 1.0).min(self.burst);
+    }
 }
 
 /// An Event of ours known to exist on the API.
@@ -379,31 +490,44 @@ struct Known {
     last: SystemTime,
     /// Listed from the API at startup (written by an earlier run).
     from_list: bool,
+    /// Patches written since it was created (each doubles the wait before
+    /// the next; see `event_patch_interval_secs`).
+    patches: u32,
     /// When this process last wrote or listed it (the age the map is pruned by:
     /// Event times come from the kernel log and NVML and may lag the clock).
     touched: Instant,
 }
 
-/// New Events written per pod within the dedup window (the per-pod cap).
+/// New Events written per pod, and for all pods of the node, within the
+/// dedup window (the per-pod and per-node caps).
 #[derive(Debug, Default)]
 pub(crate) struct PodCaps {
     by_pod: HashMap<(String, String), VecDeque<SystemTime>>,
+    all: VecDeque<SystemTime>,
 }
 
 impl PodCaps {
     /// Whether one more new Event about `pod` at `at` fits under `limit`
-    /// within `window`; counts it when it does.
+    /// for the pod and `node_limit` for the node within `window`; counts it
+    /// when it does.
     pub(crate) fn admit(
         &mut self,
         pod: &super::pod_events::PodTarget,
         at: SystemTime,
         window: Duration,
         limit: u32,
+        node_limit: u32,
     ) -> bool {
         let recent = |t: &SystemTime| at.duration_since(*t).unwrap_or(Duration::ZERO) < window;
         self.by_pod.retain(|_, q| q.back().is_some_and(recent));
         if self.by_pod.len() >= KNOWN_CAPACITY {
             self.by_pod.clear();
+        }
+        while self.all.front().is_some_and(|t| !recent(t)) {
+            self.all.pop_front();
+        }
+        if self.all.len() >= node_limit as usize {
+            return false;
         }
         let q = self
             .by_pod
@@ -416,8 +540,17 @@ impl PodCaps {
             return false;
         }
         q.push_back(at);
+        self.all.push_back(at);
         true
     }
+}
+
+/// How long after an Event's last write its next repeat is patched: the
+/// interval after the create, doubling with each patch, at most `window`.
+fn patch_wait(interval_secs: u64, patches: u32, window: Duration) -> Duration {
+    Duration::from_secs(interval_secs)
+        .saturating_mul(1u32 << patches.min(16))
+        .min(window)
 }
 
 /// Most Events the dedup map remembers; beyond it the least recently written go.
@@ -565,6 +698,7 @@ impl EventWriter {
                         count: e.count.unwrap_or(1),
                         last,
                         from_list: true,
+                        patches: 0,
                         touched: Instant::now(),
                     },
                 );
@@ -573,14 +707,15 @@ impl EventWriter {
         Ok(())
     }
 
-    /// Writes one Event; `Err` means retry later.
+    /// Writes one Event; `Ok(Some(due))`: a repeat too soon after its
+    /// Event's last write, to be held until `due`; `Err` means retry later.
     async fn write(
         &self,
         p: &PendingEvent,
         known: &mut HashMap<String, Known>,
         pod_caps: &mut PodCaps,
         seq: u64,
-    ) -> Result<(), ApiError> {
+    ) -> Result<Option<Instant>, ApiError> {
         let window = Duration::from_secs(self.cfg.event_dedup_window_secs);
         if let Some(k) = known.get(&p.key).cloned()
             && p.time.duration_since(k.last).unwrap_or(Duration::ZERO) < window
@@ -590,7 +725,14 @@ impl EventWriter {
                 tracing::debug!(reason = %p.reason, event = %k.name, "Event already on the API; not resent.");
                 self.registry
                     .count_events(Stage::KubeEvents, Outcome::Coalesced, 1);
-                return Ok(());
+                return Ok(None);
+            }
+            let wait = patch_wait(self.cfg.event_patch_interval_secs, k.patches, window);
+            let since = p.time.duration_since(k.last).unwrap_or(Duration::ZERO);
+            if !p.due && since < wait {
+                self.registry
+                    .count_events(Stage::KubeEvents, Outcome::Coalesced, 1);
+                return Ok(Some(Instant::now() + (wait - since)));
             }
             let count = k
                 .count
@@ -619,10 +761,11 @@ impl EventWriter {
                             count,
                             last,
                             from_list: false,
+                            patches: k.patches.saturating_add(1),
                             touched: Instant::now(),
                         },
                     );
-                    return Ok(());
+                    return Ok(None);
                 }
                 Err(ApiError::NotFound(_)) => {
                     // Expired (event TTL) or deleted: create a fresh one.
@@ -636,12 +779,18 @@ impl EventWriter {
             }
         }
         if let Some(pod) = &p.pod
-            && !pod_caps.admit(pod, p.time, window, self.cfg.pod_event_limit)
+            && !pod_caps.admit(
+                pod,
+                p.time,
+                window,
+                self.cfg.pod_event_limit,
+                self.cfg.pod_event_node_limit,
+            )
         {
             tracing::debug!(reason = %p.reason, pod = %pod.name, namespace = %pod.namespace, "Pod Event limit reached; dropped.");
             self.registry
                 .count_events(Stage::KubeEvents, Outcome::Dropped, 1);
-            return Ok(());
+            return Ok(None);
         }
         let ev = self.new_event(p, seq);
         match self.backend.create_event(&ev).await {
@@ -662,10 +811,11 @@ impl EventWriter {
                         count: i32::try_from(p.count).unwrap_or(i32::MAX),
                         last: p.time,
                         from_list: false,
+                        patches: 0,
                         touched: Instant::now(),
                     },
                 );
-                Ok(())
+                Ok(None)
             }
             Err(e) => {
                 let result = if matches!(e, ApiError::Conflict(_) | ApiError::AlreadyExists(_)) {
@@ -704,7 +854,15 @@ impl EventWriter {
                     return;
                 }
                 spread_next_normal = true;
-                self.queue.notify.notified().await;
+                match self.queue.next_due() {
+                    Some(due) => {
+                        tokio::select! {
+                            () = self.queue.notify.notified() => {}
+                            () = tokio::time::sleep_until(due.into()) => {}
+                        }
+                    }
+                    None => self.queue.notify.notified().await,
+                }
                 continue;
             };
             let spread = Duration::from_secs(self.cfg.normal_event_spread_secs);
@@ -755,9 +913,14 @@ impl EventWriter {
                 KNOWN_CAPACITY,
             );
             match self.write(&p, &mut known, &mut pod_caps, seq).await {
-                Ok(()) => {
+                Ok(None) => {
                     backoff.reset();
                     self.queue.done();
+                }
+                Ok(Some(due)) => {
+                    // Not a write: no token spent.
+                    bucket.refund();
+                    self.queue.hold(p, due);
                 }
                 Err(
                     e @ (ApiError::Transient(_)
@@ -974,16 +1137,49 @@ mod tests {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         let w = Duration::from_secs(600);
         let at = |s: u64| t0 + Duration::from_secs(s);
-        assert!((0..3).all(|i| caps.admit(&pod("a"), at(i), w, 3)));
+        assert!((0..3).all(|i| caps.admit(&pod("a"), at(i), w, 3, 100)));
         assert!(
-            !caps.admit(&pod("a"), at(10), w, 3),
+            !caps.admit(&pod("a"), at(10), w, 3, 100),
             "fourth within the window"
         );
         assert!(
-            caps.admit(&pod("b"), at(10), w, 3),
+            caps.admit(&pod("b"), at(10), w, 3, 100),
             "another pod has its own cap"
         );
-        assert!(caps.admit(&pod("a"), at(601), w, 3), "the window moved on");
+        assert!(
+            caps.admit(&pod("a"), at(601), w, 3, 100),
+            "the window moved on"
+        );
+    }
+
+    #[test]
+    fn pod_events_are_capped_per_node_within_the_window() {
+        let mut caps = PodCaps::default();
+        let pod = |name: String| super::super::pod_events::PodTarget {
+            namespace: "ml".into(),
+            name,
+            uid: String::new(),
+        };
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let w = Duration::from_secs(600);
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        // Ten pods, one Event each: the node's cap of 4 lets the first four in.
+        let admitted = (0..10)
+            .filter(|&i| caps.admit(&pod(format!("p{i}")), at(i), w, 3, 4))
+            .count();
+        assert_eq!(admitted, 4);
+        assert!(
+            caps.admit(&pod("p9".into()), at(605), w, 3, 4),
+            "the window moved on"
+        );
+    }
+
+    #[test]
+    fn repeats_are_patched_at_doubling_intervals_up_to_the_window() {
+        let w = Duration::from_secs(600);
+        let waits: Vec<u64> = (0..6).map(|n| patch_wait(60, n, w).as_secs()).collect();
+        assert_eq!(waits, [60, 120, 240, 480, 600, 600]);
+        assert_eq!(patch_wait(60, u32::MAX, w), w);
     }
 
     #[test]
@@ -996,6 +1192,7 @@ mod tests {
             count: 1,
             last: SystemTime::UNIX_EPOCH,
             from_list: false,
+            patches: 0,
             touched: now - Duration::from_secs(secs_ago),
         };
         let mut known: HashMap<String, Known> = HashMap::new();

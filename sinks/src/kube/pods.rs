@@ -6,7 +6,9 @@
 //! The whole Pod is read, not its metadata alone: a container's name comes
 //! from `status.containerStatuses[].containerID`, which a metadata-only list
 //! does not carry. What is kept per pod is its UID, name, namespace and
-//! container ids and names.
+//! container ids and names and its controller (the owner reference with
+//! `controller: true`). Deleted pods' UIDs are remembered, a bounded number,
+//! so that a fault read after its pod went says so.
 //!
 //! An API server that cannot be reached (or RBAC that denies the list) never
 //! blocks anything: the engine is told the listing is unavailable, keeps the
@@ -20,7 +22,7 @@ use futures::StreamExt;
 use gpuwatch_core::placement::{PlacementUpdate, PodDirectory, PodInfo};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -49,13 +51,25 @@ pub fn pod_info(pod: &Pod) -> Option<PodInfo> {
             Some((id.to_owned(), c.name.clone()))
         })
         .collect();
+    let controller = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| (o.kind.clone(), o.name.clone()));
     Some(PodInfo {
         uid,
         name: pod.metadata.name.clone().unwrap_or_default(),
         namespace: pod.metadata.namespace.clone().unwrap_or_default(),
         containers,
+        controller,
     })
 }
+
+/// Deleted pods remembered as gone (a fault read after its pod was deleted
+/// says so rather than that the pod is unknown).
+const GONE_CAPACITY: usize = 256;
 
 /// The listing loop (module doc); ends at shutdown.
 pub(crate) async fn watch_pods(
@@ -75,6 +89,7 @@ pub(crate) async fn watch_pods(
             Duration::from_millis(cfg.backoff_max_ms),
         ),
         pods: HashMap::new(),
+        gone: VecDeque::new(),
         rv: None,
         unavailable: false,
         on_change,
@@ -116,6 +131,8 @@ struct PodWatcher {
     watch_timeout_secs: u32,
     backoff: Backoff,
     pods: HashMap<String, PodInfo>,
+    /// UIDs of pods deleted lately, oldest first (at most `GONE_CAPACITY`).
+    gone: VecDeque<String>,
     /// The version to watch from; `None` lists first.
     rv: Option<String>,
     /// The engine was told the listing is unavailable and not yet told it works.
@@ -127,19 +144,40 @@ impl PodWatcher {
     fn publish(&self) {
         (self.on_change)(PlacementUpdate::Pods(Arc::new(PodDirectory {
             by_uid: self.pods.clone(),
+            gone: self.gone.iter().cloned().collect(),
         })));
+    }
+
+    fn remember_gone(&mut self, uid: String) {
+        self.gone.retain(|u| *u != uid);
+        self.gone.push_back(uid);
+        while self.gone.len() > GONE_CAPACITY {
+            self.gone.pop_front();
+        }
     }
 
     async fn list(&mut self) -> Step {
         let lp = ListParams::default().fields(&self.selector);
         match super::backend::timed(self.timeout, self.api.list(&lp)).await {
             Ok(list) => {
-                self.pods = list
+                let now: HashMap<String, PodInfo> = list
                     .items
                     .iter()
                     .filter_map(pod_info)
                     .map(|p| (p.uid.clone(), p))
                     .collect();
+                // Pods deleted while the watch was down are gone too.
+                let vanished: Vec<String> = self
+                    .pods
+                    .keys()
+                    .filter(|u| !now.contains_key(*u))
+                    .cloned()
+                    .collect();
+                for uid in vanished {
+                    self.remember_gone(uid);
+                }
+                self.gone.retain(|u| !now.contains_key(u));
+                self.pods = now;
                 self.rv = list.metadata.resource_version;
                 self.unavailable = false;
                 self.backoff.reset();
@@ -214,6 +252,7 @@ impl PodWatcher {
                 if let Some(uid) = &p.metadata.uid
                     && self.pods.remove(uid).is_some()
                 {
+                    self.remember_gone(uid.clone());
                     self.publish();
                 }
             }
@@ -278,6 +317,18 @@ mod tests {
             ]
         );
         assert_eq!((info.name.as_str(), info.namespace.as_str()), ("p", "ml"));
+        assert_eq!(info.controller, None);
+        let owned: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "train-42-x7k", "namespace": "ml", "uid": "u2", "ownerReferences": [
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": "not-the-controller", "uid": "o1"},
+                {"apiVersion": "batch/v1", "kind": "Job", "name": "train-42", "uid": "o2", "controller": true}
+            ]}
+        }))
+        .unwrap();
+        assert_eq!(
+            pod_info(&owned).unwrap().controller,
+            Some(("Job".to_owned(), "train-42".to_owned()))
+        );
         let no_uid: Pod =
             serde_json::from_value(serde_json::json!({"metadata": {"name": "x"}})).unwrap();
         assert!(pod_info(&no_uid).is_none());

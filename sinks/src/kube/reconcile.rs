@@ -273,6 +273,7 @@ impl Reconciler {
                 count: 1,
                 time: SystemTime::now(),
                 pod: None,
+                due: false,
             });
         }
     }

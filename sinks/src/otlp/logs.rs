@@ -397,9 +397,10 @@ pub(crate) fn fill_record(rec: &mut SdkLogRecord, ev: &FaultEvent, observed: Sys
 
 /// The fault's pod under the OpenTelemetry semantic-convention names (so a
 /// backend joins it with its other Kubernetes data): the pod whose process
-/// caused it, else the one pod that held the failed GPU. Every pod that held
-/// it is listed in `gpuwatch.affected_pods` (`namespace/name`, comma
-/// separated).
+/// caused it, else the one pod that held the failed GPU, with its
+/// controller under the key of its kind (`k8s.job.name`,
+/// `k8s.statefulset.name`, `k8s.replicaset.name`, …). Every pod that held
+/// it is listed in `gpuwatch.affected_pods` (an array of `namespace/name`).
 fn add_pods(rec: &mut SdkLogRecord, pods: &[gpuwatch_proto::PodRef]) {
     use gpuwatch_proto::PodRole;
     let affected: Vec<&gpuwatch_proto::PodRef> = pods
@@ -425,14 +426,38 @@ fn add_pods(rec: &mut SdkLogRecord, pods: &[gpuwatch_proto::PodRef]) {
                 rec.add_attribute(key, value.clone());
             }
         }
+        if !p.controller_name.is_empty() {
+            match controller_key(&p.controller_kind) {
+                Some(key) => rec.add_attribute(key, p.controller_name.clone()),
+                None => rec.add_attribute(
+                    "gpuwatch.pod.controller",
+                    format!("{}/{}", p.controller_kind, p.controller_name),
+                ),
+            }
+        }
     }
     if !affected.is_empty() {
-        let list: Vec<String> = affected
+        let list: Vec<AnyValue> = affected
             .iter()
-            .map(|p| format!("{}/{}", p.namespace, p.name))
+            .map(|p| AnyValue::String(format!("{}/{}", p.namespace, p.name).into()))
             .collect();
-        rec.add_attribute("gpuwatch.affected_pods", list.join(","));
+        rec.add_attribute("gpuwatch.affected_pods", AnyValue::ListAny(Box::new(list)));
     }
+}
+
+/// The OpenTelemetry semantic-convention key of a controller's name, by its
+/// kind; `None` for a kind the conventions do not name.
+fn controller_key(kind: &str) -> Option<&'static str> {
+    Some(match kind {
+        "Job" => "k8s.job.name",
+        "CronJob" => "k8s.cronjob.name",
+        "StatefulSet" => "k8s.statefulset.name",
+        "ReplicaSet" => "k8s.replicaset.name",
+        "Deployment" => "k8s.deployment.name",
+        "DaemonSet" => "k8s.daemonset.name",
+        "ReplicationController" => "k8s.replicationcontroller.name",
+        _ => return None,
+    })
 }
 
 /// The worker: owns the OTLP log exporter and drains the queue.
@@ -684,6 +709,8 @@ mod tests {
                 container: "main".into(),
                 container_id: "4f1c0e8b6a2d".into(),
                 role: gpuwatch_proto::PodRole::Caused as i32,
+                controller_kind: "Job".into(),
+                controller_name: "train-42".into(),
             }],
             ..Default::default()
         };
@@ -708,6 +735,7 @@ mod tests {
         assert!(attrs["k8s.pod.name"].contains("trainer-0"));
         assert!(attrs["k8s.namespace.name"].contains("ml"));
         assert!(attrs["k8s.container.name"].contains("main"));
+        assert!(attrs["k8s.job.name"].contains("train-42"));
         assert!(attrs["container.id"].contains("4f1c0e8b6a2d"));
         assert!(!attrs.contains_key("gpuwatch.affected_pods"));
         assert!(attrs["action"].contains("inspect_hardware"));

@@ -2380,25 +2380,29 @@ async fn node_pods_are_listed_and_a_named_pod_gets_a_warning_event() {
     assert_eq!(e.involved_object.name.as_deref(), Some("trainer-0"));
     assert_eq!(e.involved_object.uid.as_deref(), Some("u-1"));
     assert_eq!(e.type_.as_deref(), Some("Warning"));
-    assert_eq!(e.reason.as_deref(), Some("XID13"));
+    assert_eq!(e.reason.as_deref(), Some("GPUApplicationFault"));
     assert_eq!(e.reporting_instance.as_deref(), Some(NODE));
     let msg = e.message.unwrap_or_default();
     assert!(
-        msg.contains("python (pid 7101) in container main")
+        msg.contains("python (pid 7101) in container main hit XID 13")
+            && msg.contains("illegal memory access or out-of-range address in your kernel")
             && msg.contains("The GPU itself is fine"),
         "{msg}"
     );
-    // The Node's own Event is written as before.
-    assert!(
-        wait_for(SECS, || h.api.events().iter().any(|e| e
-            .involved_object
-            .kind
-            .as_deref()
-            == Some("Node")))
-        .await
-    );
-    // A repeat updates the Pod's Event, it does not add one.
+    // The Node's own Event names the pod.
+    let node_event = |h: &Harness| {
+        h.api
+            .events()
+            .into_iter()
+            .find(|e| e.involved_object.kind.as_deref() == Some("Node"))
+    };
+    assert!(wait_for(SECS, || node_event(&h).is_some()).await);
+    let m = node_event(&h).unwrap().message.unwrap_or_default();
+    assert!(m.contains("; pod ml/trainer-0 (container main)"), "{m}");
+    // A repeat updates the Pod's Event (at the latest when flushed), it does
+    // not add one.
     h.writer().event_sink().send(&ev);
+    h.writer().event_sink().flush(SECS);
     assert!(wait_for(SECS, || pod_event(&h).is_some_and(|e| e.count == Some(2))).await);
     assert_eq!(
         h.api
@@ -2409,6 +2413,87 @@ async fn node_pods_are_listed_and_a_named_pod_gets_a_warning_event() {
         1
     );
     h.api.assert_requests_declared();
+    h.stop().await.stop();
+}
+
+/// A pod crash-looping on XID 13 (time scaled down 60×: a crash every
+/// 1/6 s for 10 s against a 10 s dedup window and a 1 s patch interval, as
+/// every 10 s for 10 minutes against the defaults' 600 s and 60 s) costs a
+/// few Event writes, counted at the API double: one Pod Event object whose
+/// count ends at every crash, created once and patched at doubling
+/// intervals (1, 2, 4 s after the last write), the last repeats in the
+/// flush; the Node's Event the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_looping_pod_costs_a_handful_of_event_writes_and_one_event() {
+    let api = ApiDouble::start(node(vec![], &[])).await;
+    let cfg = KubeConfig {
+        event_dedup_window_secs: 10,
+        event_patch_interval_secs: 1,
+        ..api.kube_config()
+    };
+    let h = Harness::with(api, cfg, ValidationConfig::default(), healthy(2, "boot-a")).await;
+    let crashes = 60u32;
+    let start = tokio::time::Instant::now();
+    for i in 0..crashes {
+        tokio::time::sleep_until(start + Duration::from_millis(u64::from(i) * 1000 / 6)).await;
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        let mut ev = xid_event(13, Action::RestartApp, 0, now);
+        ev.pid = Some(1000 + i);
+        ev.process = "python".into();
+        let mut p = gpuwatch_proto::PodRef {
+            uid: "u-1".into(),
+            name: "trainer-0".into(),
+            namespace: "ml".into(),
+            container: "main".into(),
+            ..Default::default()
+        };
+        p.set_role(gpuwatch_proto::PodRole::Caused);
+        ev.pods = vec![p];
+        h.writer().event_sink().send(&ev);
+    }
+    h.writer().event_sink().flush(SECS);
+    let pod_events: Vec<_> = h
+        .api
+        .events()
+        .into_iter()
+        .filter(|e| e.involved_object.kind.as_deref() == Some("Pod"))
+        .collect();
+    assert_eq!(pod_events.len(), 1, "{pod_events:?}");
+    assert_eq!(pod_events[0].count, Some(crashes as i32));
+    assert_eq!(pod_events[0].reason.as_deref(), Some("GPUApplicationFault"));
+    let writes = |ns: &str| {
+        h.api
+            .requests()
+            .iter()
+            .filter(|r| {
+                r.is_write()
+                    && r.resource == "events"
+                    && r.path.starts_with(&format!("/api/v1/namespaces/{ns}/"))
+            })
+            .count()
+    };
+    let (pod_writes, node_writes) = (writes("ml"), writes("default"));
+    // Create, patches at 1, 3 and 7 s, and the flush: 5 (fewer when the
+    // queue merged repeats first).
+    assert!(
+        (2..=5).contains(&pod_writes),
+        "{pod_writes} Pod Event writes for {crashes} crashes"
+    );
+    assert!(
+        (2..=5).contains(&node_writes),
+        "{node_writes} Node Event writes for {crashes} crashes"
+    );
+    let node_event = h
+        .api
+        .events()
+        .into_iter()
+        .find(|e| e.involved_object.kind.as_deref() == Some("Node"))
+        .unwrap();
+    assert_eq!(node_event.count, Some(crashes as i32));
+    eprintln!("{crashes} crashes: {pod_writes} Pod Event writes, {node_writes} Node Event writes");
     h.stop().await.stop();
 }
 
