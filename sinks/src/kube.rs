@@ -132,6 +132,15 @@ const fn lease(verb: &'static str) -> ApiRequest {
     }
 }
 
+/// Requests the writer makes that no role of ours grants: Kubernetes'
+/// `system:basic-user` ClusterRole lets every authenticated user create
+/// SelfSubjectAccessReviews (the quarantine budget's startup access check).
+pub const UNGRANTED_REQUESTS: [ApiRequest; 1] = [ApiRequest {
+    verb: "create",
+    group: "authorization.k8s.io",
+    resource: "selfsubjectaccessreviews",
+}];
+
 /// Every request the node writer can make (what the RBAC roles must grant).
 /// `list events` serves the Event dedup after a restart; `list nodes` is the
 /// quarantine budget's fleet count (the watch of the own Node, with a

@@ -399,7 +399,11 @@ async fn a_role_without_leases_taints_anyway_and_says_why() {
     let registry = Registry::new();
     let (tx, rx) = watch::channel(Arc::new(health(false)));
     let writer = NodeWriter::start(
-        config(&api),
+        KubeConfig {
+            // A changed Event is patched at once here, not after a minute.
+            event_patch_interval_secs: 1,
+            ..config(&api)
+        },
         ValidationConfig::default(),
         node.clone(),
         registry.clone(),

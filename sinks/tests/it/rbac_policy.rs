@@ -17,7 +17,9 @@ use gpuwatch_proto::{
     Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, GpuSample, MonitorStatus, NodeHealth,
     RecoveryAction, Verdict,
 };
-use gpuwatch_sinks::kube::{KubeConfig, NodeWriter, WRITER_REQUESTS, WriterHooks};
+use gpuwatch_sinks::kube::{
+    KubeConfig, NodeWriter, UNGRANTED_REQUESTS, WRITER_REQUESTS, WriterHooks,
+};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
@@ -518,11 +520,20 @@ async fn recorded_requests_equal_the_rbac_grants() {
         .await
     );
     w.shutdown().await;
+    let ungranted: BTreeSet<Req> = UNGRANTED_REQUESTS
+        .iter()
+        .map(|r| (r.verb.to_owned(), r.group.to_owned(), r.resource.to_owned()))
+        .collect();
     let seen: BTreeSet<Req> = api
         .requests()
         .iter()
         .map(|r| (r.verb.clone(), r.group.clone(), r.resource.clone()))
         .collect();
+    assert!(
+        ungranted.is_subset(&seen),
+        "the startup access check was not made: {seen:?}"
+    );
+    let seen: BTreeSet<Req> = seen.difference(&ungranted).cloned().collect();
     assert_eq!(
         seen,
         declared(),

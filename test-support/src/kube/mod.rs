@@ -49,7 +49,7 @@ mod watch;
 
 pub use request::Recorded;
 
-use gpuwatch_sinks::kube::{ApiRequest, KubeConfig, WRITER_REQUESTS};
+use gpuwatch_sinks::kube::{ApiRequest, KubeConfig, UNGRANTED_REQUESTS, WRITER_REQUESTS};
 use k8s_openapi::api::core::v1::{Event, Node};
 use nodes::NodeStore;
 use serde_json::{Value, json};
@@ -375,18 +375,17 @@ impl ApiDouble {
         self.lock().pods.watchers()
     }
 
-    /// Every recorded request maps onto a request the writer declares (a
-    /// SelfSubjectAccessReview needs no grant: `system:basic-user` allows it
-    /// to every authenticated user).
+    /// Every recorded request maps onto a request the writer declares,
+    /// granted by its roles or by Kubernetes to every user.
     pub fn assert_requests_declared(&self) {
-        for r in self
-            .requests()
-            .into_iter()
-            .filter(|r| r.resource != "selfsubjectaccessreviews")
-        {
-            let declared = WRITER_REQUESTS.iter().any(|d: &ApiRequest| {
-                d.verb == r.verb && d.resource == r.resource && d.group == r.group
-            });
+        for r in self.requests() {
+            let declared =
+                WRITER_REQUESTS
+                    .iter()
+                    .chain(&UNGRANTED_REQUESTS)
+                    .any(|d: &ApiRequest| {
+                        d.verb == r.verb && d.resource == r.resource && d.group == r.group
+                    });
             assert!(
                 declared,
                 "undeclared request {} {} ({} {})",
