@@ -419,6 +419,7 @@ fn roundtrip(proto: Proto) {
             "gpuwatch.kube.quarantine.deferrals",
             "gpuwatch.kube.quarantine.deferred",
             "gpuwatch.kube.quarantine.slots",
+            "gpuwatch.kube.quarantine.unavailable",
             "gpuwatch.kube.writes",
             "gpuwatch.node.tainted",
             "gpuwatch.nvml.errors",
