@@ -85,6 +85,29 @@
 //! - [`Engine::clear`] (`Input::Clear`, `POST /v1/clear`, `gpuwatch clear`): an
 //!   operator clear, with the operator's reason.
 //!
+//! # MIG: a fault contained to one instance
+//!
+//! A kernel line printed for a MIG GPU instance (`Xid (PCI:… GPU-I:09): …`)
+//! carries the instance (`gpu_instance`, and `compute_instance` for
+//! `GPU-CI:`). Such a fault is *contained* when the policy asks for no more
+//! than restarting the application (`ignore`, `restart_app`,
+//! `investigate`): XID 94 (contained ECC error) and the application XIDs
+//! (13, 31, 43, 45) by default. A contained fault is that instance's: the
+//! event, its log record and the active fault in `/v1/health` name the
+//! instance and its MIG device UUID (`mig_uuid`, from the GPU's latest
+//! sample), the instance is `degraded` (for `restart_app` / `investigate`),
+//! and the sibling instances, the GPU's verdict, the node's verdict, the
+//! Node conditions and the taint are what the other faults make them. It
+//! clears by the rules above for its action.
+//!
+//! Every other fault is the GPU's, even when the line names an instance:
+//! one that needs a GPU reset, a reboot or an inspection (XID 95
+//! uncontained ECC, 79 fallen off the bus, 48 double-bit ECC, a row-remap
+//! failure, an uncorrectable ECC rise — NVML reports ECC and row remapping
+//! per GPU, never per instance) hits the GPU and every instance on it.
+//! A MIG device NVML cannot read makes that instance `unknown` (a monitoring
+//! problem), never the GPU.
+//!
 //! # NVML is a monitor, not a verdict
 //!
 //! Only a complete poll (every enumerated GPU read, each with its UUID and PCI

@@ -141,6 +141,9 @@ pub mod checks {
     /// The GPU is registered with the NVLink fabric (NVSwitch systems) and
     /// the fabric reports it healthy.
     pub const FABRIC: &str = "fabric";
+    /// No MIG mode change waits for a GPU reset; the MIG devices of a GPU in
+    /// MIG mode are listed.
+    pub const MIG: &str = "mig";
     /// No active reset/reboot/inspect fault on the GPU (or, without a GPU index,
     /// on the node).
     pub const FAULTS: &str = "active_faults";
@@ -507,6 +510,10 @@ fn gpu_checks(
     let (ok, msg) = fabric_check(s.fabric.as_ref());
     out.push(check(checks::FABRIC, idx, ok, msg));
 
+    if let Some((ok, msg)) = mig_check(s) {
+        out.push(check(checks::MIG, idx, ok, msg));
+    }
+
     let isolating = isolating(&g.active_faults);
     if isolating.is_empty() {
         out.push(check(checks::FAULTS, idx, true, "no active fault".into()));
@@ -518,6 +525,61 @@ fn gpu_checks(
             format!("active: {}", isolating.join(", ")),
         ));
     }
+}
+
+/// The MIG check, for a GPU in MIG mode or with a MIG mode change pending
+/// (`None` otherwise): a pending change fails — the GPU's devices change at
+/// its next reset, so what the device plugin advertises now is not what the
+/// node will have — and the MIG devices are listed (a device NVML cannot
+/// read is named with its error: a monitoring problem, not a failed check).
+fn mig_check(s: &GpuSample) -> Option<(bool, String)> {
+    let on = s.mig_enabled == Some(true);
+    let pending = s.mig_pending.filter(|&p| Some(p) != s.mig_enabled);
+    if !on && pending.is_none() {
+        return None;
+    }
+    let word = |b: bool| if b { "enabled" } else { "disabled" };
+    let mut msg = if let Some(p) = pending {
+        format!(
+            "MIG mode change pending: {} now, {} after the next GPU reset or reboot",
+            word(on),
+            word(p)
+        )
+    } else {
+        "MIG mode enabled".to_owned()
+    };
+    if on {
+        let devices: Vec<String> = s
+            .mig_devices
+            .iter()
+            .map(|m| {
+                if !m.error.is_empty() && m.uuid.is_empty() {
+                    return format!("unreadable ({})", m.error);
+                }
+                let profile = if m.profile.is_empty() {
+                    String::new()
+                } else {
+                    format!(" {}", m.profile)
+                };
+                let unread = if m.error.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (partly unreadable: {})", m.error)
+                };
+                format!(
+                    "GI {} CI {}{profile} {}{unread}",
+                    m.gpu_instance, m.compute_instance, m.uuid
+                )
+            })
+            .collect();
+        msg.push_str(&format!(
+            "; {} MIG devices{}{}",
+            devices.len(),
+            if devices.is_empty() { "" } else { ": " },
+            devices.join(", ")
+        ));
+    }
+    Some((pending.is_none(), msg))
 }
 
 /// The fabric check: no fabric on the board passes; a registration must be
@@ -687,6 +749,69 @@ mod tests {
         assert_eq!(failed_checks(&r), vec!["gpu_count"]);
     }
 
+    /// A GPU in MIG mode lists its MIG devices in the `mig` check; a
+    /// pending MIG mode change fails it; a GPU without MIG has no such check;
+    /// a MIG device NVML cannot read is named, and fails nothing.
+    #[test]
+    fn the_mig_check_lists_devices_and_fails_a_pending_mode_change() {
+        let mut h = health(2);
+        {
+            let s = h.gpus[0].sample.as_mut().unwrap();
+            s.mig_enabled = Some(true);
+            s.mig_pending = Some(true);
+            s.mig_devices = (0..7)
+                .map(|i| gpuwatch_proto::MigDevice {
+                    uuid: format!("MIG-{i}"),
+                    gpu_instance: 7 + i,
+                    profile: "1g.10gb".into(),
+                    ..Default::default()
+                })
+                .collect();
+            s.mig_devices[2] = gpuwatch_proto::MigDevice {
+                error: "nvmlDeviceGetUUID: an unknown error occurred".into(),
+                ..Default::default()
+            };
+        }
+        h.gpus[1].sample.as_mut().unwrap().mig_enabled = Some(false);
+        let r = validate(&h, Some(2), &cfg());
+        assert!(r.passed && r.complete, "{}", render(&r));
+        let mig: Vec<_> = r.checks.iter().filter(|c| c.name == checks::MIG).collect();
+        assert_eq!(mig.len(), 1, "only the GPU in MIG mode: {}", render(&r));
+        assert_eq!(mig[0].gpu_index, Some(0));
+        assert!(
+            mig[0].message.starts_with("MIG mode enabled; 7 MIG devices: GI 7 CI 0 1g.10gb MIG-0, GI 8 CI 0 1g.10gb MIG-1, unreadable (nvmlDeviceGetUUID: "),
+            "{}",
+            mig[0].message
+        );
+        // `nvidia-smi -mig 0` on a busy GPU: disabled at the next reset.
+        h.gpus[0].sample.as_mut().unwrap().mig_pending = Some(false);
+        let r = validate(&h, Some(2), &cfg());
+        assert!(!r.passed, "{}", render(&r));
+        assert_eq!(failed_checks(&r), vec!["mig[gpu 0]"]);
+        assert!(
+            render(&r).contains(
+                "MIG mode change pending: enabled now, disabled after the next GPU reset or reboot"
+            ),
+            "{}",
+            render(&r)
+        );
+        // And the other way: enabling waits for the reset too.
+        let s = h.gpus[1].sample.as_mut().unwrap();
+        s.mig_pending = Some(true);
+        let r = validate(&h, Some(2), &cfg());
+        assert_eq!(
+            failed_checks(&r),
+            vec!["mig[gpu 0]", "mig[gpu 1]"],
+            "{}",
+            render(&r)
+        );
+        assert!(
+            render(&r).contains("disabled now, enabled after"),
+            "{}",
+            render(&r)
+        );
+    }
+
     #[test]
     fn a_node_count_of_single_strategy_mig_devices_is_compared_in_devices() {
         // Two GPUs in MIG mode with 7 MIG devices each: the Node says 14.
@@ -699,6 +824,7 @@ mod tests {
                     uuid: format!("MIG-{i}"),
                     gpu_instance: 7 + i,
                     compute_instance: 0,
+                    ..Default::default()
                 })
                 .collect();
         }

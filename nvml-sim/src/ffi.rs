@@ -197,14 +197,21 @@ fn mig_of(device: sys::nvmlDevice_t) -> Result<(usize, usize), Ret> {
     Ok((slot, index))
 }
 
-/// The MIG device a MIG handle names (its GPU must answer, in MIG mode).
-fn mig_device(device: sys::nvmlDevice_t) -> Result<crate::scenario::MigDeviceSpec, Ret> {
+/// The MIG device a MIG handle names (its GPU must answer, in MIG mode; a
+/// device whose MIG configuration is gone is `INVALID_ARGUMENT`, as a stale
+/// handle is), with its GPU's memory in MiB. A `failing` device answers
+/// `UNKNOWN`.
+fn mig_device(device: sys::nvmlDevice_t) -> Result<(crate::scenario::MigDeviceSpec, u64), Ret> {
     let (slot, index) = mig_of(device)?;
-    let mig = read(handle_of(slot), "mig", |s| s.mig.clone())?;
+    let (mig, mib) = read(handle_of(slot), "mig", |s| (s.mig.clone(), s.memory_mib))?;
     if !mig.enabled {
         return Err(INVALID_ARGUMENT);
     }
-    mig.devices.get(index).cloned().ok_or(INVALID_ARGUMENT)
+    let d = mig.devices.get(index).cloned().ok_or(INVALID_ARGUMENT)?;
+    if d.failing {
+        return Err(UNKNOWN);
+    }
+    Ok((d, mib))
 }
 
 fn set_id(set: sys::nvmlEventSet_t) -> Result<u64, Ret> {
@@ -466,7 +473,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     ffi("nvmlDeviceGetUUID", || {
         non_null(uuid)?;
         if mig_of(device).is_ok() {
-            let v = mig_device(device)?.uuid;
+            let v = mig_device(device)?.0.uuid;
             // SAFETY: forwarded caller contract.
             return unsafe { put_str(uuid, length, &v) };
         }
@@ -1188,8 +1195,8 @@ pub unsafe extern "C" fn nvmlEventSetFree(set: sys::nvmlEventSet_t) -> Ret {
     r
 }
 
-/// MIG mode: current and pending (the same: the scenario has no pending
-/// change). A GPU without MIG support is told with `not_supported = ["mig"]`.
+/// MIG mode: current and pending (`[gpu.mig] pending`, else the current
+/// mode). A GPU without MIG support is told with `not_supported = ["mig"]`.
 ///
 /// # Safety
 /// `current` and `pending` must be null or valid for writes.
@@ -1201,11 +1208,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
 ) -> Ret {
     ffi("nvmlDeviceGetMigMode", || {
         non_null(pending)?;
-        let on = c_uint::from(read(device, "mig", |s| s.mig.enabled)?);
+        let (on, next) = read(device, "mig", |s| (s.mig.enabled, s.mig.pending_mode()))?;
         // SAFETY: forwarded caller contract.
         unsafe {
-            put(current, on)?;
-            put(pending, on)
+            put(current, c_uint::from(on))?;
+            put(pending, c_uint::from(next))
         }
     })
 }
@@ -1264,7 +1271,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
     id: *mut c_uint,
 ) -> Ret {
     ffi("nvmlDeviceGetGpuInstanceId", || {
-        let d = mig_device(device)?;
+        let (d, _) = mig_device(device)?;
         // SAFETY: forwarded caller contract.
         unsafe { put(id, d.gpu_instance) }
     })
@@ -1280,9 +1287,80 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
     id: *mut c_uint,
 ) -> Ret {
     ffi("nvmlDeviceGetComputeInstanceId", || {
-        let d = mig_device(device)?;
+        let (d, _) = mig_device(device)?;
         // SAFETY: forwarded caller contract.
         unsafe { put(id, d.compute_instance) }
+    })
+}
+
+/// A MIG device's slices and memory. nvml.h: "This API currently only
+/// supports MIG device handles" — a GPU handle is `NOT_SUPPORTED`.
+///
+/// # Safety
+/// `attrs` must be null or valid for writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
+    device: sys::nvmlDevice_t,
+    attrs: *mut sys::nvmlDeviceAttributes_t,
+) -> Ret {
+    ffi("nvmlDeviceGetAttributes_v2", || {
+        non_null(attrs)?;
+        if mig_of(device).is_err() {
+            slot_of(device)?;
+            return Err(NOT_SUPPORTED);
+        }
+        let (d, mib) = mig_device(device)?;
+        let a = d.attributes(mib).ok_or(UNKNOWN)?;
+        // SM and engine counts are not simulated (0): only the slices and
+        // the memory name the profile.
+        let v = sys::nvmlDeviceAttributes_t {
+            multiprocessorCount: 0,
+            sharedCopyEngineCount: 0,
+            sharedDecoderCount: 0,
+            sharedEncoderCount: 0,
+            sharedJpegCount: 0,
+            sharedOfaCount: 0,
+            gpuInstanceSliceCount: a.gpu_slices,
+            computeInstanceSliceCount: a.compute_slices,
+            memorySizeMB: a.memory_mib,
+        };
+        // SAFETY: forwarded caller contract.
+        unsafe { put(attrs, v) }
+    })
+}
+
+/// `NVML_STRUCT_VERSION(Memory, 2)`.
+const MEMORY_V2: c_uint = std::mem::size_of::<sys::nvmlMemory_v2_t>() as c_uint | (2 << 24);
+
+/// The GPU's framebuffer memory: `memory_mib` in all, none of it used
+/// (nothing runs on a simulated GPU). Any `version` but 2 is
+/// `ARGUMENT_VERSION_MISMATCH`, as NVML answers it.
+///
+/// # Safety
+/// `memory` must be null or point to an `nvmlMemory_v2_t`, valid for reads
+/// and writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: sys::nvmlDevice_t,
+    memory: *mut sys::nvmlMemory_v2_t,
+) -> Ret {
+    ffi("nvmlDeviceGetMemoryInfo_v2", || {
+        non_null(memory)?;
+        // SAFETY: non-null; `version` is the first field.
+        let version = unsafe { std::ptr::addr_of!((*memory).version).read() };
+        if version != MEMORY_V2 {
+            return Err(VERSION_MISMATCH);
+        }
+        let total = read(device, "memory", |s| s.memory_mib)? * 1024 * 1024;
+        let v = sys::nvmlMemory_v2_t {
+            version,
+            total,
+            reserved: 0,
+            free: total,
+            used: 0,
+        };
+        // SAFETY: forwarded caller contract.
+        unsafe { put(memory, v) }
     })
 }
 

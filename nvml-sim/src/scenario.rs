@@ -55,6 +55,7 @@ pub const READINGS: &[&str] = &[
     "persistence_mode",      // nvmlDeviceGetPersistenceMode
     "fabric",                // nvmlDeviceGetGpuFabricInfo{,V}
     "mig",    // nvmlDeviceGetMigMode, ...MaxMigDeviceCount, ...MigDeviceHandleByIndex
+    "memory", // nvmlDeviceGetMemoryInfo_v2
     "events", // nvmlDeviceGetSupportedEventTypes, RegisterEvents
 ];
 
@@ -100,6 +101,8 @@ pub const CALLS: &[&str] = &[
     "nvmlDeviceGetMigDeviceHandleByIndex",
     "nvmlDeviceGetGpuInstanceId",
     "nvmlDeviceGetComputeInstanceId",
+    "nvmlDeviceGetAttributes_v2",
+    "nvmlDeviceGetMemoryInfo_v2",
     "nvmlDeviceGetFieldValues",
     "nvmlDeviceGetSupportedEventTypes",
     "nvmlEventSetCreate",
@@ -293,6 +296,9 @@ state_fields! {
     /// `[gpu.fabric]` / `[inject.fabric]` table. An injection's table replaces
     /// the GPU's whole fabric state (fields it leaves out take their defaults).
     fabric: FabricState = FabricState::default(),
+    /// Total framebuffer memory, MiB (`nvmlDeviceGetMemoryInfo_v2`; an H100
+    /// SXM 80 GB reports 81559).
+    memory_mib: u64 = 81_559,
     /// MIG mode and the MIG devices (`[gpu.mig]` / `[inject.mig]`: an
     /// injection replaces the whole MIG state, as reconfiguring MIG does).
     mig: MigState = MigState::default(),
@@ -310,6 +316,10 @@ state_fields! {
 pub struct MigState {
     /// `nvmlDeviceGetMigMode`'s current mode.
     pub enabled: bool,
+    /// `nvmlDeviceGetMigMode`'s pending mode (what the next GPU reset
+    /// applies, after `nvidia-smi -mig 1` on a busy GPU); absent: the
+    /// current mode, no change pending.
+    pub pending: Option<bool>,
     /// The MIG devices, in handle-index order (`[[gpu.mig.devices]]`).
     pub devices: Vec<MigDeviceSpec>,
 }
@@ -325,13 +335,90 @@ pub struct MigDeviceSpec {
     /// `nvmlDeviceGetComputeInstanceId`.
     #[serde(default)]
     pub compute_instance: u32,
+    /// The profile as `nvidia-smi mig -lgi` and the device plugin name it:
+    /// `"1g.10gb"` (compute instance the size of its GPU instance) or
+    /// `"1c.2g.20gb"`. `nvmlDeviceGetAttributes_v2` answers its slice
+    /// counts and memory.
+    pub profile: String,
+    /// The device's memory in MiB (`memorySizeMB`); absent: derived from the
+    /// profile (see [`MigDeviceSpec::attributes`]).
+    #[serde(default)]
+    pub memory_mib: Option<u64>,
+    /// Every call on this MIG device's handle answers `NVML_ERROR_UNKNOWN`
+    /// (the GPU and its other MIG devices answer).
+    #[serde(default)]
+    pub failing: bool,
+}
+
+/// What `nvmlDeviceGetAttributes_v2` answers for a MIG device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigAttributes {
+    /// `gpuInstanceSliceCount`.
+    pub gpu_slices: u32,
+    /// `computeInstanceSliceCount`.
+    pub compute_slices: u32,
+    /// `memorySizeMB`.
+    pub memory_mib: u64,
+}
+
+/// Memory slices of a MIG-capable GPU: A100, H100 and H200 split their
+/// memory in eighths (NVIDIA's MIG user guide, "Supported MIG Profiles").
+const MEMORY_SLICES: u64 = 8;
+
+/// A MIG profile name: (compute slices, GPU slices, memory in GB).
+fn parse_profile(p: &str) -> Option<(u32, u32, u64)> {
+    let gb: u64 = p.strip_suffix("gb")?.rsplit_once('.')?.1.parse().ok()?;
+    let mut parts = p.split('.');
+    let (c, g) = match (parts.next()?, parts.next()?, parts.next()) {
+        (c, g, Some(_)) => (
+            c.strip_suffix('c')?.parse().ok()?,
+            g.strip_suffix('g')?.parse().ok()?,
+        ),
+        (g, _, None) => {
+            let g: u32 = g.strip_suffix('g')?.parse().ok()?;
+            (g, g)
+        }
+    };
+    (parts.next().is_none() && (1..=7).contains(&g) && (1..=g).contains(&c) && gb > 0)
+        .then_some((c, g, gb))
+}
+
+impl MigDeviceSpec {
+    /// The slice counts and memory of this device on a GPU of `gpu_mib`
+    /// MiB. Without `memory_mib`, the memory is the fewest eighths of the
+    /// GPU's memory that the device plugin names `<gb>gb` (it rounds the
+    /// eighths up, then to the nearest GB of the GPU's total: NVIDIA
+    /// go-nvlib `getMigMemorySizeGB`), so a 1g.10gb device of an 80 GB H100
+    /// has one eighth.
+    pub fn attributes(&self, gpu_mib: u64) -> Option<MigAttributes> {
+        let (c, g, gb) = parse_profile(&self.profile)?;
+        let memory_mib = match self.memory_mib {
+            Some(m) => m,
+            None => {
+                let total_gb = gpu_mib.div_ceil(1024);
+                let eighths = (1..=MEMORY_SLICES)
+                    .find(|k| (k * total_gb * 2 + MEMORY_SLICES) / (2 * MEMORY_SLICES) == gb)?;
+                eighths * gpu_mib / MEMORY_SLICES
+            }
+        };
+        Some(MigAttributes {
+            gpu_slices: g,
+            compute_slices: c,
+            memory_mib,
+        })
+    }
 }
 
 /// MIG devices per GPU at most (an H100 or H200 makes up to 7).
 pub const MAX_MIG_DEVICES: usize = 7;
 
 impl MigState {
-    fn problems(&self, key: &str, p: &mut Vec<String>) {
+    /// `nvmlDeviceGetMigMode`'s pending mode.
+    pub fn pending_mode(&self) -> bool {
+        self.pending.unwrap_or(self.enabled)
+    }
+
+    fn problems(&self, key: &str, gpu_mib: u64, p: &mut Vec<String>) {
         if self.devices.len() > MAX_MIG_DEVICES {
             p.push(format!(
                 "{key}.mig.devices: at most {MAX_MIG_DEVICES}, got {}",
@@ -361,6 +448,17 @@ impl MigState {
                 p.push(format!(
                     "{key}.mig.devices: uuid expected MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, got {:?}",
                     d.uuid
+                ));
+            }
+            if parse_profile(&d.profile).is_none() {
+                p.push(format!(
+                    "{key}.mig.devices: profile expected <g>g.<n>gb or <c>c.<g>g.<n>gb (1 <= c <= g <= 7), got {:?}",
+                    d.profile
+                ));
+            } else if d.attributes(gpu_mib).is_none() {
+                p.push(format!(
+                    "{key}.mig.devices: profile {:?} is no number of eighths of the GPU's {gpu_mib} MiB; set memory_mib",
+                    d.profile
                 ));
             }
         }
@@ -722,7 +820,7 @@ fn check_state(key: &str, s: &GpuState, p: &mut Vec<String>) {
         p.push(format!("{key}.nvlink_count: at most 64 links"));
     }
     s.fabric.problems(key, p);
-    s.mig.problems(key, p);
+    s.mig.problems(key, s.memory_mib, p);
 }
 
 fn valid_uuid(u: &str) -> bool {
@@ -851,10 +949,12 @@ mod tests {
             [[gpu.mig.devices]]
             uuid = \"MIG-5c3a1b2e-7d4f-5a6b-8c9d-0e1f2a3b4c5d\"
             gpu_instance = 5
+            profile = \"1g.10gb\"
             [[gpu.mig.devices]]
             uuid = \"MIG-5c3a1b2e-7d4f-5a6b-8c9d-0e1f2a3b4c5e\"
             gpu_instance = 6
             compute_instance = 1
+            profile = \"1c.2g.20gb\"
 
             [[inject]]
             at_ms = 100
@@ -875,12 +975,15 @@ mod tests {
             (6, 1)
         );
         assert_eq!(st.mig.devices[0].compute_instance, 0, "defaults to 0");
+        assert!(st.mig.pending_mode(), "no change pending: the current mode");
         s.inject[0].apply(&mut st);
         assert_eq!(st.mig, MigState::default(), "MIG turned off, devices gone");
         assert!(!GpuState::default().mig.enabled, "MIG off by default");
 
         let dev = |uuid: &str, gi: u32| {
-            format!("[[gpu.mig.devices]]\nuuid = \"{uuid}\"\ngpu_instance = {gi}\n")
+            format!(
+                "[[gpu.mig.devices]]\nuuid = \"{uuid}\"\ngpu_instance = {gi}\nprofile = \"1g.10gb\"\n"
+            )
         };
         let u = "MIG-5c3a1b2e-7d4f-5a6b-8c9d-0e1f2a3b4c5d";
         let bad = format!(
@@ -904,6 +1007,51 @@ mod tests {
             panic!("accepted");
         };
         assert!(problems[0].contains("need enabled = true"), "{problems:?}");
+    }
+
+    /// The slice counts and memory `nvmlDeviceGetAttributes_v2` answers for
+    /// a profile, checked against the profiles NVIDIA's MIG user guide lists
+    /// (the memory named as the device plugin rounds it).
+    #[test]
+    fn mig_profiles_answer_their_slices_and_memory() {
+        let attrs = |profile: &str, gpu_mib: u64| {
+            MigDeviceSpec {
+                profile: profile.to_owned(),
+                ..MigDeviceSpec::default()
+            }
+            .attributes(gpu_mib)
+            .map(|a| (a.compute_slices, a.gpu_slices, a.memory_mib))
+        };
+        // H100 SXM 80 GB (81559 MiB).
+        assert_eq!(attrs("1g.10gb", 81_559), Some((1, 1, 10_194)));
+        assert_eq!(attrs("3g.40gb", 81_559), Some((3, 3, 40_779)));
+        assert_eq!(attrs("7g.80gb", 81_559), Some((7, 7, 81_559)));
+        assert_eq!(attrs("1c.2g.20gb", 81_559), Some((1, 2, 20_389)));
+        // H200 141 GB (143771 MiB): 1g.18gb, 2g.35gb, 3g.71gb.
+        assert_eq!(attrs("1g.18gb", 143_771).map(|a| a.2), Some(17_971));
+        assert_eq!(attrs("2g.35gb", 143_771).map(|a| a.2), Some(35_942));
+        assert_eq!(attrs("3g.71gb", 143_771).map(|a| a.2), Some(71_885));
+        // Not an eighth of the memory, and not profiles at all.
+        assert_eq!(attrs("1g.11gb", 81_559), None);
+        for bad in [
+            "1g",
+            "8g.80gb",
+            "2c.1g.10gb",
+            "1g.10GB",
+            "g.10gb",
+            "1c.1g.1g.10gb",
+        ] {
+            assert_eq!(attrs(bad, 81_559), None, "{bad}");
+        }
+        let explicit = MigDeviceSpec {
+            profile: "1g.11gb".to_owned(),
+            memory_mib: Some(11_000),
+            ..MigDeviceSpec::default()
+        };
+        assert_eq!(
+            explicit.attributes(81_559).map(|a| a.memory_mib),
+            Some(11_000)
+        );
     }
 
     #[test]

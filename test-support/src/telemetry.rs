@@ -533,6 +533,7 @@ pub fn full_sample(index: u32, temperature: u32) -> GpuSample {
         persistence_mode: Some(true),
         mig_enabled: Some(false),
         mig_devices: Vec::new(),
+        mig_pending: Some(false),
         fabric: Some(gpuwatch_proto::GpuFabric {
             state: "completed".into(),
             status: "success".into(),

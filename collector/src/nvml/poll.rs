@@ -211,10 +211,12 @@ fn sample(dev: &Device<'_>, id: &mut Identity, c: &Calls<'_>) -> Result<GpuSampl
     fields(dev, &mut s, c)?;
     s.nvlinks = nvlinks(dev, c)?;
     s.fabric = reading(c, super::fabric::CALL, || super::fabric::read(dev))?;
-    s.mig_enabled = reading(c, "nvmlDeviceGetMigMode", || super::mig::enabled(dev))?;
+    let mode = reading(c, "nvmlDeviceGetMigMode", || super::mig::mode(dev))?;
+    s.mig_enabled = mode.map(|m| m.0);
+    s.mig_pending = mode.map(|m| m.1);
     if s.mig_enabled == Some(true) {
         s.mig_devices =
-            reading(c, super::mig::CALL, || super::mig::devices(dev))?.unwrap_or_default();
+            reading(c, super::mig::CALL, || super::mig::devices(dev, c.count))?.unwrap_or_default();
     }
     Ok(s)
 }

@@ -948,3 +948,69 @@ fn xid79_without_a_kubelet_socket_is_reported_without_pods() {
     assert!(!agent.exited());
     agent.stop();
 }
+
+/// The startup gate on a MIG node under the device plugin's mixed strategy
+/// (`nvidia.com/mig-<profile>` per MIG device, `nvidia.com/gpu` per GPU not
+/// in MIG mode): NVML shows GPU 0's seven 1g.10gb MIG devices and GPU 1, the
+/// Node advertises `nvidia.com/mig-1g.10gb: 0` (the plugin has not caught up
+/// with the MIG manager) — the startup taint stays, the check speaking of
+/// MIG devices; once the Node advertises 7, the taint goes.
+#[test]
+fn the_startup_taint_waits_until_the_mig_devices_are_advertised() {
+    let mut n = node(vec![taint(STARTUP_TAINT, None)]);
+    n.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+        allocatable: Some(std::collections::BTreeMap::from(
+            [("nvidia.com/gpu", "1"), ("nvidia.com/mig-1g.10gb", "0")].map(|(k, v)| {
+                (
+                    k.to_owned(),
+                    k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.to_owned()),
+                )
+            }),
+        )),
+        ..Default::default()
+    });
+    let rig = Rig::new(n);
+    let cfg = rig.config("mig_strategy = \"mixed\"", "expected_gpus = 2");
+    let agent = rig.start(
+        &cfg,
+        Nvml::Sim("../../../nvml-sim/scenarios/h100-mig-7x1g.toml"),
+        &[],
+    );
+    let held = "GPU validation failed; the startup taint stays.";
+    assert!(
+        wait_until(T, || agent.logs(held).len() >= 2),
+        "{}",
+        diag(&rig, &agent)
+    );
+    assert_eq!(rig.taint(STARTUP_TAINT).as_deref(), Some(""));
+    let check = || {
+        agent.health()["validation"]["checks"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["name"] == "device_plugin").cloned())
+    };
+    assert!(wait_until(T, || check().is_some()), "{:#}", agent.health());
+    let c = check().unwrap();
+    assert_eq!(c["passed"], false, "{c:#}");
+    assert_eq!(
+        c["message"],
+        "device plugin advertises 1 of 8 devices (MIG devices of GPUs in MIG mode) (allocatable nvidia.com/gpu, nvidia.com/mig-*; MIG strategy mixed)",
+        "{c:#}"
+    );
+    let gpu_count = agent.health()["validation"]["checks"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == "gpu_count").cloned());
+    assert_eq!(
+        gpu_count.map(|c| c["passed"].clone()),
+        Some(Value::Bool(true))
+    );
+
+    rig.api.edit_node(|n| {
+        n["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] = serde_json::json!("7");
+    });
+    assert!(
+        wait_until(T, || rig.taint(STARTUP_TAINT).is_none()),
+        "{}",
+        diag(&rig, &agent)
+    );
+    assert_eq!(agent.stop(), Some(0));
+}

@@ -13,6 +13,7 @@ mod e2e_kmsg;
 mod explain_cli;
 mod kmsg_engine_publish;
 mod kube_e2e;
+mod mig;
 mod nvml_sim;
 mod otlp_e2e;
 mod scan_cli;

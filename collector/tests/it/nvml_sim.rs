@@ -1139,19 +1139,53 @@ fn mig_devices_are_read_with_their_instance_ids() {
         sample_where(seen, 0, |g| !g.mig_devices.is_empty())
     });
     assert_eq!(s.mig_enabled, Some(true));
-    let ids: Vec<(&str, u32, u32)> = s
+    assert_eq!(s.mig_pending, Some(true), "no change pending");
+    let ids: Vec<(&str, u32, u32, &str, u32, u64)> = s
         .mig_devices
         .iter()
-        .map(|m| (m.uuid.as_str(), m.gpu_instance, m.compute_instance))
+        .map(|m| {
+            (
+                m.uuid.as_str(),
+                m.gpu_instance,
+                m.compute_instance,
+                m.profile.as_str(),
+                m.gpu_slices,
+                m.memory_mib,
+            )
+        })
         .collect();
+    // H200 (143771 MiB): the profiles named from nvmlDeviceGetAttributes_v2
+    // and the GPU's memory as the device plugin names them.
     assert_eq!(
         ids,
         [
-            ("MIG-1d2c3b4a-5f6e-5a7b-8c9d-0e1f2a3b4c01", 1, 0),
-            ("MIG-1d2c3b4a-5f6e-5a7b-8c9d-0e1f2a3b4c05", 5, 0),
-            ("MIG-1d2c3b4a-5f6e-5a7b-8c9d-0e1f2a3b4c0d", 13, 0),
+            (
+                "MIG-1d2c3b4a-5f6e-5a7b-8c9d-0e1f2a3b4c01",
+                1,
+                0,
+                "3g.71gb",
+                3,
+                71_885
+            ),
+            (
+                "MIG-1d2c3b4a-5f6e-5a7b-8c9d-0e1f2a3b4c05",
+                5,
+                0,
+                "2g.35gb",
+                2,
+                35_942
+            ),
+            (
+                "MIG-1d2c3b4a-5f6e-5a7b-8c9d-0e1f2a3b4c0d",
+                13,
+                0,
+                "1g.18gb",
+                1,
+                17_971
+            ),
         ]
     );
+    assert!(s.mig_devices.iter().all(|m| m.error.is_empty()));
     let s1 = sample_where(&h.seen, 1, |_| true).unwrap();
     assert_eq!(s1.mig_devices.len(), 2);
     h.stop();

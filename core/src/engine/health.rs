@@ -115,6 +115,13 @@ impl Engine {
         let can_see = nvml_ok && self.kmsg.ok != Some(false) && g.confirmed && !g.lost && fresh;
         let verdict = verdict_of(action, can_see);
         h.mig_instances = self.mig_health(g, action, verdict);
+        for f in &mut h.active_faults {
+            if let Some(gi) = f.gpu_instance
+                && let Some(m) = super::pods::mig_device(g, gi, None)
+            {
+                f.mig_uuid = m.uuid.clone();
+            }
+        }
         h.set_verdict(verdict);
         h.set_action(action);
         h

@@ -291,7 +291,8 @@ impl Fault {
             boots_seen: self.boots_seen,
             escalated: self.escalated,
             pods: self.pods.clone(),
-            gpu_instance: super::pods::key_instance(key),
+            gpu_instance: super::pods::key_instance(key)
+                .filter(|_| super::pods::contained(key, self)),
             ..Default::default()
         };
         af.set_kind(key.kind);

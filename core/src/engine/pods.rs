@@ -18,10 +18,28 @@
 use super::Engine;
 use super::model::{Fault, FaultKey, Gpu};
 use crate::placement::{PLACEMENT_NOTE, POD_ATTRIBUTION, mig_of_gpu_key};
-use gpuwatch_proto::{Action, FaultEvent, MigInstanceHealth, PodRef, ShortName, Verdict};
+use gpuwatch_proto::{
+    Action, FaultEvent, MigDevice, MigInstanceHealth, PodRef, ShortName, Verdict,
+};
 
 /// The attribute of a MIG GPU instance id (the parser's name).
 pub(super) const GPU_INSTANCE: &str = "gpu_instance";
+/// The attribute of a MIG compute instance id (the parser's name).
+const COMPUTE_INSTANCE: &str = "compute_instance";
+/// The attribute naming the MIG device UUID of the instance an event names.
+pub(super) const MIG_UUID: &str = "mig_uuid";
+
+/// The MIG device of `g` (its latest sample's) with GPU instance `gi` and,
+/// when given, compute instance `ci` (a GPU instance split into compute
+/// instances has one MIG device per compute instance; without `ci` the
+/// first).
+pub(super) fn mig_device(g: &Gpu, gi: u32, ci: Option<u32>) -> Option<&MigDevice> {
+    g.sample
+        .iter()
+        .flat_map(|s| &s.mig_devices)
+        .filter(|m| !m.uuid.is_empty())
+        .find(|m| m.gpu_instance == gi && ci.is_none_or(|ci| m.compute_instance == ci))
+}
 
 /// Pods kept per active fault (a fault of a GPU shared by many small pods
 /// still has a bounded health listing).
@@ -66,10 +84,24 @@ pub(super) fn merge_pods(kept: &mut Vec<PodRef>, new: &[PodRef]) {
     *kept = merged;
 }
 
+/// Adds the MIG device UUID of the instance `ev` names ([`MIG_UUID`]), from
+/// the GPU's latest MIG devices.
+fn name_instance(ev: &mut FaultEvent, gpu: Option<&Gpu>) {
+    let id = |k: &str| ev.attributes.get(k).and_then(|v| v.parse::<u32>().ok());
+    let (Some(g), Some(gi)) = (gpu, id(GPU_INSTANCE)) else {
+        return;
+    };
+    if let Some(m) = mig_device(g, gi, id(COMPUTE_INSTANCE)) {
+        let uuid = m.uuid.clone();
+        ev.attributes.insert(MIG_UUID.to_owned(), uuid);
+    }
+}
+
 impl Engine {
     /// Names the pods of a classified event on `gpu` (module doc); what
     /// could not be told is said in [`PLACEMENT_NOTE`].
     pub(super) fn name_pods(&self, ev: &mut FaultEvent, gpu: Option<&Gpu>) {
+        name_instance(ev, gpu);
         let mut notes: Vec<String> = Vec::new();
         let mut asked_kubelet = false;
         notes.extend(self.placement.name_known_pods(&mut ev.pods));
@@ -142,7 +174,12 @@ impl Engine {
                 } else {
                     gpu_action
                 };
+                // A MIG device NVML cannot read is that instance's monitor
+                // problem: unknown, unless the whole GPU is worse.
                 let verdict = match gpu_verdict {
+                    Verdict::Healthy | Verdict::Degraded if !m.error.is_empty() => {
+                        Verdict::Unknown
+                    }
                     Verdict::Healthy if matches!(own, Action::RestartApp | Action::Investigate) => {
                         Verdict::Degraded
                     }
@@ -152,6 +189,12 @@ impl Engine {
                     uuid: m.uuid.clone(),
                     gpu_instance: m.gpu_instance,
                     compute_instance: m.compute_instance,
+                    profile: m.profile.clone(),
+                    message: if m.error.is_empty() {
+                        String::new()
+                    } else {
+                        format!("NVML cannot read this MIG device: {}", m.error)
+                    },
                     ..Default::default()
                 };
                 h.set_action(action);

@@ -25,11 +25,13 @@ fn mig_gpus() -> Vec<GpuSample> {
             uuid: MIG5.into(),
             gpu_instance: 5,
             compute_instance: 0,
+            ..Default::default()
         },
         MigDevice {
             uuid: MIG6.into(),
             gpu_instance: 6,
             compute_instance: 0,
+            ..Default::default()
         },
     ];
     s
@@ -167,6 +169,10 @@ fn a_contained_mig_fault_leaves_the_sibling_instances_and_the_gpu_healthy() {
     };
     assert_eq!(by_gi(6), Some(Verdict::Degraded));
     assert_eq!(by_gi(5), Some(Verdict::Healthy));
+    // The event and the active fault name the instance and its MIG UUID.
+    assert_eq!(out[0].attributes["mig_uuid"], MIG6);
+    let f = &h.gpus[0].active_faults[0];
+    assert_eq!((f.gpu_instance, f.mig_uuid.as_str()), (Some(6), MIG6));
     // The same code on the other instance is another fault.
     rig.fault(on_instance(94, 5));
     assert_eq!(rig.health().gpus[0].active_faults.len(), 2);
@@ -190,6 +196,89 @@ fn an_uncontained_fault_hits_every_instance_and_every_pod_on_them() {
             .mig_instances
             .iter()
             .all(|m| m.verdict() == Verdict::Unhealthy)
+    );
+    // The fault is the whole GPU's: no instance on the active fault.
+    assert_eq!(h.gpus[0].active_faults[0].gpu_instance, None);
+    assert!(h.gpus[0].active_faults[0].mig_uuid.is_empty());
+}
+
+/// The containment rule code by code: the application XIDs and XID 94
+/// printed for an instance mark that instance only; XID 95 (uncontained
+/// ECC), 79 (fallen off the bus) and 48 (double-bit ECC) hit the GPU and
+/// every instance even when the line names one; a row-remap failure (no
+/// instance: NVML reports it per GPU) hits them all.
+#[test]
+fn the_containment_rule_by_code() {
+    for code in [13, 31, 43, 45, 94] {
+        let mut rig = rig();
+        let out = rig.fault(on_instance(code, 6));
+        assert_eq!(out[0].attributes["mig_uuid"], MIG6, "XID {code}");
+        // The policy's action for the code: an instance is degraded for
+        // restart_app / investigate, healthy for ignore (XID 43).
+        let own = match out[0].action() {
+            Action::RestartApp | Action::Investigate => Verdict::Degraded,
+            Action::Ignore => Verdict::Healthy,
+            a => panic!("XID {code}: {a:?} is no contained action"),
+        };
+        let h = rig.health();
+        assert_eq!(h.gpus[0].verdict(), Verdict::Healthy, "XID {code}");
+        assert_eq!(h.verdict(), Verdict::Healthy, "XID {code}");
+        let v: Vec<(u32, Verdict)> = h.gpus[0]
+            .mig_instances
+            .iter()
+            .map(|m| (m.gpu_instance, m.verdict()))
+            .collect();
+        assert_eq!(v, [(5, Verdict::Healthy), (6, own)], "XID {code}");
+    }
+    for code in [95, 79, 48] {
+        let mut rig = rig();
+        rig.fault(on_instance(code, 6));
+        let h = rig.health();
+        assert_eq!(h.gpus[0].verdict(), Verdict::Unhealthy, "XID {code}");
+        assert!(
+            h.gpus[0]
+                .mig_instances
+                .iter()
+                .all(|m| m.verdict() == Verdict::Unhealthy),
+            "XID {code}: {:?}",
+            h.gpus[0].mig_instances
+        );
+    }
+    let mut rig = rig();
+    let mut samples = mig_gpus();
+    samples[0].remapped_rows_failure = Some(true);
+    rig.samples(samples);
+    let h = rig.health();
+    assert_eq!(h.gpus[0].verdict(), Verdict::Unhealthy, "{:#?}", h.gpus[0]);
+    assert!(
+        h.gpus[0]
+            .mig_instances
+            .iter()
+            .all(|m| m.verdict() == Verdict::Unhealthy)
+    );
+}
+
+/// A MIG device NVML cannot read is that instance's monitoring problem:
+/// its verdict is unknown with the error, the GPU and its sibling stay
+/// healthy.
+#[test]
+fn an_unreadable_mig_device_is_unknown_not_the_gpus_problem() {
+    let mut rig = rig();
+    let mut samples = mig_gpus();
+    samples[0].mig_devices[1].error =
+        "nvmlDeviceGetAttributes_v2: an unknown error occurred".into();
+    rig.samples(samples);
+    let h = rig.health();
+    assert_eq!(h.gpus[0].verdict(), Verdict::Healthy);
+    assert_eq!(h.verdict(), Verdict::Healthy);
+    let m = &h.gpus[0].mig_instances;
+    assert_eq!(m[0].verdict(), Verdict::Healthy);
+    assert_eq!(m[1].verdict(), Verdict::Unknown);
+    assert!(
+        m[1].message
+            .contains("NVML cannot read this MIG device: nvmlDeviceGetAttributes_v2"),
+        "{:?}",
+        m[1]
     );
 }
 

@@ -121,6 +121,23 @@ pub struct MigDevice {
     pub gpu_instance: u32,
     #[prost(uint32, tag = "3")]
     pub compute_instance: u32,
+    /// The MIG profile as the device plugin names its resource
+    /// (`nvidia.com/mig-<profile>`): "1g.10gb", or "1c.2g.20gb" for a compute
+    /// instance smaller than its GPU instance. Empty when it could not be read.
+    #[prost(string, tag = "4")]
+    pub profile: ::prost::alloc::string::String,
+    /// GPU instance slices, compute instance slices and memory (MiB) of the
+    /// device (nvmlDeviceGetAttributes_v2 on the MIG handle).
+    #[prost(uint32, tag = "5")]
+    pub gpu_slices: u32,
+    #[prost(uint32, tag = "6")]
+    pub compute_slices: u32,
+    #[prost(uint64, tag = "7")]
+    pub memory_mib: u64,
+    /// Set when a read of this MIG device failed: the NVML call and its error.
+    /// A monitoring problem of this instance only, never a hardware verdict.
+    #[prost(string, tag = "8")]
+    pub error: ::prost::alloc::string::String,
 }
 /// NVLink state of one link, read by the poller.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -217,6 +234,10 @@ pub struct GpuSample {
     #[prost(message, repeated, tag = "33")]
     #[serde(skip_serializing_if = "::prost::alloc::vec::Vec::is_empty")]
     pub mig_devices: ::prost::alloc::vec::Vec<MigDevice>,
+    /// MIG mode after the next GPU reset or reboot (nvmlDeviceGetMigMode's
+    /// pending mode); differs from mig_enabled while a change waits for it.
+    #[prost(bool, optional, tag = "34")]
+    pub mig_pending: ::core::option::Option<bool>,
 }
 /// The GPU's NVLink fabric registration (nvmlDeviceGetGpuFabricInfoV, else
 /// nvmlDeviceGetGpuFabricInfo). On NVSwitch systems CUDA cannot initialise on a
@@ -290,6 +311,10 @@ pub struct ActiveFault {
     /// The MIG GPU instance the fault is contained to; absent: the whole GPU.
     #[prost(uint32, optional, tag = "15")]
     pub gpu_instance: ::core::option::Option<u32>,
+    /// The MIG device UUID of that instance (the id PodResources lists for
+    /// its pods); empty when NVML has not listed the instance.
+    #[prost(string, tag = "16")]
+    pub mig_uuid: ::prost::alloc::string::String,
 }
 /// One GPU in NodeHealth: its identity (index only once NVML confirmed it), its
 /// verdict and the action its active faults call for, and NVML's latest sample.
@@ -341,6 +366,12 @@ pub struct MigInstanceHealth {
     #[prost(enumeration = "Action", tag = "5")]
     #[serde(with = "crate::json::action")]
     pub action: i32,
+    /// The MIG profile ("1g.10gb"; see MigDevice.profile).
+    #[prost(string, tag = "6")]
+    pub profile: ::prost::alloc::string::String,
+    /// Why the instance's verdict is unknown: a failed NVML read of it.
+    #[prost(string, tag = "7")]
+    pub message: ::prost::alloc::string::String,
 }
 /// State of gpuwatch's own monitoring inputs; failures here are never hardware verdicts.
 #[derive(serde::Serialize, serde::Deserialize)]

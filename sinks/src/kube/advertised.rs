@@ -261,6 +261,7 @@ mod tests {
                             uuid: format!("MIG-{i}"),
                             gpu_instance: i + 1,
                             compute_instance: 0,
+                            ..Default::default()
                         })
                         .collect(),
                     ..Default::default()

@@ -2508,6 +2508,7 @@ fn healthy_mig(n: u32, per_gpu: u32, boot: &str) -> NodeHealth {
                 uuid: format!("MIG-{gi:08x}-0000-5000-8000-{i:012x}"),
                 gpu_instance: 7 + i,
                 compute_instance: 0,
+                ..Default::default()
             })
             .collect();
     }
