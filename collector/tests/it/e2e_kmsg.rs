@@ -615,10 +615,17 @@ fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
         ),
     )
     .unwrap();
-    // One GPU each: repeats of one fault on one GPU are coalesced.
+    // One GPU each: repeats of one fault on one GPU are coalesced. XID 13 as
+    // the driver prints it, and XID 31 (an MMU fault in the process's
+    // context) with the driver's fault text.
     let line = |pid: u32, tag: &str, bus: u8| {
         format!(
             "NVRM: Xid (PCI:{dom:04x}:{bus:02x}:00): 13, pid={pid}, name={marker}-{tag}, Graphics Exception"
+        )
+    };
+    let mmu_fault = |pid: u32, tag: &str, bus: u8| {
+        format!(
+            "NVRM: Xid (PCI:{dom:04x}:{bus:02x}:00): 31, pid={pid}, name={marker}-{tag}, Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f_a0000000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ"
         )
     };
 
@@ -737,7 +744,7 @@ fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
         "{:#?}",
         agent.stderr.get()
     );
-    k.write(&line(live, "named", 0x3e));
+    k.write(&mmu_fault(live, "named", 0x3e));
     k.write(&line(live2, "cgroupfs", 0x3f));
     assert!(
         wait_until(T, || {
@@ -794,8 +801,17 @@ fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
     assert!(
         e.message
             .as_deref()
-            .is_some_and(|m| m.contains("in container main hit XID 13")
+            .is_some_and(|m| m.contains("in container main hit XID 31")
+                && m.contains("GPU memory page fault")
                 && m.contains("The GPU itself is fine")),
+        "{e:?}"
+    );
+    let e = pod_event("jobs").unwrap();
+    assert_eq!(e.involved_object.name.as_deref(), Some("batch-7"));
+    assert!(
+        e.message
+            .as_deref()
+            .is_some_and(|m| m.contains("in container worker hit XID 13")),
         "{e:?}"
     );
     agent.stop();
