@@ -231,7 +231,7 @@ impl<S: LeaseStore> Claimant<S> {
     }
 
     /// Nothing needed and nothing held. While the budget is unavailable, the
-    /// access check runs again at the backoff's pace, so a fixed Role is
+    /// access check runs again once per lease duration, so a fixed Role is
     /// noticed without a fault.
     async fn idle(&mut self, now: Instant) -> Result<Instant, ApiError> {
         self.deferred_rounds = 0;
@@ -241,7 +241,10 @@ impl<S: LeaseStore> Claimant<S> {
                 self.check_access(now).await;
             }
             if matches!(self.status, Status::Unavailable { .. }) {
-                return Ok(now + self.backoff.next_delay());
+                // At most once per lease duration: a broken Role on a fleet's
+                // worth of idle agents costs the API server seven reviews per
+                // agent per lease duration, not per backoff step.
+                return Ok(now + self.backoff.next_delay().max(self.cfg.lease_duration));
             }
         }
         self.status = Status::Idle;
