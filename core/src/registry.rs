@@ -305,6 +305,12 @@ pub struct Registry {
     pub kmsg_records_lost: AtomicU64,
     /// Records that did not parse.
     pub kmsg_records_malformed: AtomicU64,
+    /// Calls to the kubelet's PodResources API that failed (no socket, a
+    /// timeout, an error answer): faults of a GPU then name no pods.
+    pub pod_resources_failures: AtomicU64,
+    /// Device ids in the kubelet's last PodResources answer whose shape names
+    /// no GPU or MIG device (skipped, never guessed).
+    pub pod_resources_unknown_devices: AtomicU64,
     /// NVML samples dropped oldest-first.
     pub samples_dropped: AtomicU64,
     events: [[AtomicU64; 3]; 5],
@@ -378,6 +384,8 @@ impl Default for Registry {
             kmsg_records_read: AtomicU64::new(0),
             kmsg_records_lost: AtomicU64::new(0),
             kmsg_records_malformed: AtomicU64::new(0),
+            pod_resources_failures: AtomicU64::new(0),
+            pod_resources_unknown_devices: AtomicU64::new(0),
             samples_dropped: AtomicU64::new(0),
             events: Default::default(),
             source_drops: Default::default(),

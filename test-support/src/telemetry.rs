@@ -668,6 +668,8 @@ pub fn populate(r: &Registry) {
     r.kmsg_records_read.store(1000, Relaxed);
     r.kmsg_records_lost.store(2, Relaxed);
     r.kmsg_records_malformed.store(1, Relaxed);
+    r.pod_resources_failures.store(1, Relaxed);
+    r.pod_resources_unknown_devices.store(1, Relaxed);
     r.samples_dropped.store(4, Relaxed);
     r.count_source_drop(Action::RestartApp, 3);
     r.count_events(Stage::Parser, Outcome::Emitted, 5);

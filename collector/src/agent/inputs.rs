@@ -259,12 +259,14 @@ impl KubeletDevices {
         cfg: &crate::attribution::podresources::KubeletConfig,
         rt: &tokio::runtime::Runtime,
         engine: Sender<Input>,
+        registry: &Arc<Registry>,
     ) -> KubeletDevices {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let task = (!cfg.pod_resources_socket.as_os_str().is_empty()).then(|| {
             rt.spawn(crate::attribution::podresources::poll(
                 cfg.clone(),
                 engine,
+                registry.clone(),
                 stop_rx,
             ))
         });

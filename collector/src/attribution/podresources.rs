@@ -200,6 +200,7 @@ fn holders(resp: v1::ListPodResourcesResponse, gpu_resources: &[String]) -> Devi
 pub async fn poll(
     cfg: KubeletConfig,
     tx: crossbeam_channel::Sender<Input>,
+    registry: std::sync::Arc<gpuwatch_core::Registry>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let interval = Duration::from_millis(cfg.pod_resources_interval_ms);
@@ -212,6 +213,9 @@ pub async fn poll(
         }
         let update = match list(&cfg.pod_resources_socket, timeout, &cfg.gpu_resources).await {
             Ok(now) => {
+                registry
+                    .pod_resources_unknown_devices
+                    .store(now.unknown_ids, std::sync::atomic::Ordering::Relaxed);
                 if failing {
                     tracing::info!("The kubelet answers PodResources again.");
                 }
@@ -222,6 +226,9 @@ pub async fn poll(
                 })
             }
             Err(e) => {
+                registry
+                    .pod_resources_failures
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let first = !failing;
                 failing = true;
                 first.then(|| {
@@ -317,6 +324,63 @@ mod tests {
         assert_eq!(h.by_device[G1].len(), 1, "two replicas, one holder");
         assert_eq!(h.by_device[G1][0].pod, "nb-2");
         assert_eq!(h.unknown_ids, 1);
+    }
+
+    /// The poll loop counts what the metrics export: a failed call while the
+    /// socket is missing, then, once the kubelet answers, the device ids of
+    /// a shape that names no GPU (an index-shaped id here).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn failed_calls_and_unknown_device_ids_are_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = KubeletConfig {
+            pod_resources_socket: dir.path().join("kubelet.sock"),
+            pod_resources_interval_ms: 50,
+            pod_resources_timeout_ms: 500,
+            ..KubeletConfig::default()
+        };
+        let (tx, rx) = crossbeam_channel::bounded(16);
+        let registry = gpuwatch_core::Registry::new();
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(poll(cfg, tx, registry.clone(), stop_rx));
+        let counted =
+            |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while counted(&registry.pod_resources_failures) == 0 {
+            assert!(std::time::Instant::now() < deadline, "no failure counted");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(matches!(
+            rx.try_recv(),
+            Ok(Input::Placement(PlacementUpdate::DevicesUnavailable(_)))
+        ));
+        let kubelet = gpuwatch_test_support::kubelet::Kubelet::start(dir.path()).await;
+        kubelet.set_pods(vec![gpuwatch_test_support::kubelet::PodDevices {
+            namespace: "ml".into(),
+            name: "trainer-0".into(),
+            containers: vec![(
+                "main".into(),
+                vec![(
+                    "nvidia.com/gpu".into(),
+                    vec![
+                        "GPU-3f6c5b1e-8a2d-4c7b-9e1f-0a2b3c4d5e6f".into(),
+                        "3".into(),
+                    ],
+                )],
+            )],
+        }]);
+        while counted(&registry.pod_resources_unknown_devices) != 1 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "unknown ids: {}, failures: {}, calls: {}",
+                counted(&registry.pod_resources_unknown_devices),
+                counted(&registry.pod_resources_failures),
+                kubelet.list_calls()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop_tx.send(true).unwrap();
+        task.await.unwrap();
+        kubelet.stop();
     }
 
     #[tokio::test]

@@ -264,6 +264,11 @@ log_queue_size = {log_queue_size}
 [otlp.resource_attributes]
 "k8s.cluster.name" = "e2e-cluster"
 
+# Not a kubelet node: never ask (the default socket may or may not exist
+# on the machine running the tests).
+[kubelet]
+pod_resources_socket = ""
+
 # Proves config overrides reach the exported action and severity.
 [policy.xid."79"]
 action = "inspect_hardware"
@@ -395,7 +400,8 @@ fn roundtrip(proto: Proto) {
     // budget sends only when something is wrong (docs/metrics.md): no row
     // remapped, no recovery action, every NVLink up and quiet, no malformed
     // record, no sample or event dropped; the Kubernetes writer and validation are off,
-    // so no write, condition change, taint, quarantine budget, startup gate or validation run.
+    // so no write, condition change, taint, quarantine budget, startup gate or validation run;
+    // the kubelet is never asked, so no PodResources failure or unknown device.
     let missing: BTreeSet<&str> = documented
         .keys()
         .map(String::as_str)
@@ -420,6 +426,8 @@ fn roundtrip(proto: Proto) {
             "gpuwatch.kube.quarantine.deferred",
             "gpuwatch.kube.quarantine.slots",
             "gpuwatch.kube.quarantine.unavailable",
+            "gpuwatch.kubelet.pod_resources.failures",
+            "gpuwatch.kubelet.pod_resources.unknown_devices",
             "gpuwatch.kube.writes",
             "gpuwatch.node.tainted",
             "gpuwatch.nvml.errors",

@@ -19,6 +19,8 @@ pub(super) const TABLE: &[Spec] = &[
     EVENTS_DROPPED,
     SAMPLES_DROPPED,
     NVML_ERRORS,
+    POD_RESOURCES_FAILURES,
+    POD_RESOURCES_UNKNOWN,
     MONITOR_UP,
     EXPORT_FAILURES,
     STATE_WRITES,
@@ -188,6 +190,40 @@ fn nvml_errors(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
             value: Num::U64(n),
         });
     }
+}
+
+const POD_RESOURCES_FAILURES: Spec = Spec {
+    name: "gpuwatch.kubelet.pod_resources.failures",
+    unit: "{call}",
+    kind: InstrumentKind::Counter,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "Calls to the kubelet's PodResources API that failed: faults of a GPU name no pods meanwhile.",
+    collect: pod_resources_failures,
+};
+
+fn pod_resources_failures(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    out.push(Point {
+        attrs: vec![],
+        value: atomic(&r.pod_resources_failures),
+    });
+}
+
+const POD_RESOURCES_UNKNOWN: Spec = Spec {
+    name: "gpuwatch.kubelet.pod_resources.unknown_devices",
+    unit: "{device}",
+    kind: InstrumentKind::Gauge,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "Device ids in the kubelet's last PodResources answer whose shape names no GPU or MIG device (skipped).",
+    collect: pod_resources_unknown,
+};
+
+fn pod_resources_unknown(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+    out.push(Point {
+        attrs: vec![],
+        value: atomic(&r.pod_resources_unknown_devices),
+    });
 }
 
 const MONITOR_UP: Spec = Spec {
