@@ -7,7 +7,7 @@
 //! the real `/dev/kmsg` are scoped to one instance / the whole GPU (with the
 //! API-server double watching for a taint).
 
-use crate::common::{self, Agent, DevKmsg, http_get, nvml_sim_lib, pci_domain, wait_until};
+use crate::common::{self, Agent, DevKmsg, http_get, pci_domain, wait_until};
 use gpuwatch_proto::ValidationReport;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -41,35 +41,8 @@ fn variant(dir: &Path, edit: impl FnOnce(String) -> String) -> PathBuf {
 /// `gpuwatch validate --nvml-sim SIM --expected-gpus 2 --json`: the exit
 /// code and the report.
 fn validate(dir: &Path, sim: &Path) -> (Option<i32>, ValidationReport) {
-    let conf = dir.join("validate.toml");
-    std::fs::write(
-        &conf,
-        format!("state_dir = {:?}\n", dir.display().to_string()),
-    )
-    .unwrap();
-    let empty = dir.join("empty.kmsg");
-    std::fs::write(&empty, "").unwrap();
-    nvml_sim_lib();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
-        .arg("validate")
-        .arg("--config")
-        .arg(&conf)
-        .arg("--nvml-sim")
-        .arg(sim)
-        .args(["--expected-gpus", "2", "--json", "--kmsg-path"])
-        .arg(&empty)
-        .env_remove("NODE_NAME")
-        .env_remove("KUBECONFIG")
-        .output()
-        .expect("run gpuwatch validate");
-    let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{e}: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.code(), report)
+    let out = common::run_validate(dir, sim, "", &["--expected-gpus", "2", "--json"]);
+    (out.status.code(), common::validation_report(&out))
 }
 
 fn mig_checks(r: &ValidationReport) -> Vec<(Option<u32>, bool, String)> {

@@ -4,7 +4,7 @@
 //! registration per GPU (nvml-sim answers `nvmlDeviceGetGpuFabricInfoV` from
 //! the scenario's `[gpu.fabric]`).
 
-use crate::common::nvml_sim_lib;
+use crate::common::{run_validate, validation_report};
 use gpuwatch_proto::ValidationReport;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -29,40 +29,11 @@ fn scenario(dir: &Path, fabric0: &str, inject: &str) -> std::path::PathBuf {
 /// fabric wait set to `wait_secs`; the exit code, the report and how long
 /// it took.
 fn validate(dir: &Path, sim: &Path, wait_secs: u64) -> (Option<i32>, ValidationReport, Duration) {
-    let conf = dir.join("validate.toml");
-    std::fs::write(
-        &conf,
-        format!(
-            "state_dir = {:?}\n[engine]\nfabric_wait_secs = {wait_secs}\n",
-            dir.display().to_string()
-        ),
-    )
-    .unwrap();
-    let empty = dir.join("empty.kmsg");
-    std::fs::write(&empty, "").unwrap();
-    nvml_sim_lib();
+    let config = format!("[engine]\nfabric_wait_secs = {wait_secs}\n");
     let started = Instant::now();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
-        .arg("validate")
-        .arg("--config")
-        .arg(&conf)
-        .arg("--nvml-sim")
-        .arg(sim)
-        .args(["--expected-gpus", "2", "--json", "--kmsg-path"])
-        .arg(&empty)
-        .env_remove("NODE_NAME")
-        .env_remove("KUBECONFIG")
-        .output()
-        .expect("run gpuwatch validate");
+    let out = run_validate(dir, sim, &config, &["--expected-gpus", "2", "--json"]);
     let took = started.elapsed();
-    let report: ValidationReport = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{e}: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.code(), report, took)
+    (out.status.code(), validation_report(&out), took)
 }
 
 fn fabric_check(r: &ValidationReport, gpu: u32) -> (bool, String) {

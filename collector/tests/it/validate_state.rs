@@ -3,7 +3,7 @@
 //! `inspect_hardware` by recurring across reboots — fails the validation with
 //! a message naming it, while `gpuwatch run` keeps the node tainted for it.
 
-use crate::common::{data, nvml_sim_lib};
+use crate::common::{data, run_validate};
 use crate::engine_support::{Rig, xid};
 use gpuwatch_core::engine::STATE_FILE;
 
@@ -11,27 +11,12 @@ use gpuwatch_core::engine::STATE_FILE;
 const PCI: &str = "0000:1b:00.0";
 
 fn validate(state_dir: &std::path::Path) -> (Option<i32>, String) {
-    let conf = state_dir.join("validate.toml");
-    std::fs::write(
-        &conf,
-        format!("state_dir = {:?}\n", state_dir.display().to_string()),
-    )
-    .unwrap();
-    let empty = state_dir.join("empty.kmsg");
-    std::fs::write(&empty, "").unwrap();
-    nvml_sim_lib();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
-        .arg("validate")
-        .arg("--config")
-        .arg(&conf)
-        .arg("--nvml-sim")
-        .arg(data("kube-8gpu-healthy.toml"))
-        .args(["--expected-gpus", "8", "--kmsg-path"])
-        .arg(&empty)
-        .env_remove("NODE_NAME")
-        .env_remove("KUBECONFIG")
-        .output()
-        .expect("run gpuwatch validate");
+    let out = run_validate(
+        state_dir,
+        &data("kube-8gpu-healthy.toml"),
+        "",
+        &["--expected-gpus", "8"],
+    );
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -190,12 +190,6 @@ impl ApiDouble {
         g.taint_watch = Some((key.to_owned(), now));
     }
 
-    /// Leaves `node` out of the tracked count from now on (its agent was
-    /// killed: nobody may remove its taint but that agent).
-    pub fn untrack_node(&self, node: &str) {
-        self.lock().taint_watch_excluded.insert(node.to_owned());
-    }
-
     /// The most Nodes that carried the tracked taint at once.
     pub fn taint_peak(&self) -> usize {
         self.lock().taint_watch.as_ref().map_or(0, |(_, p)| *p)

@@ -29,8 +29,6 @@ pub(super) struct Inner {
     /// A taint key whose holders are counted after every request, and the
     /// most Nodes that carried it at once.
     pub(super) taint_watch: Option<(String, usize)>,
-    /// Nodes left out of that count (an agent killed: its stale taint).
-    pub(super) taint_watch_excluded: std::collections::BTreeSet<String>,
     pub(super) requests: Vec<Recorded>,
     pub(super) faults: Faults,
 }
@@ -130,13 +128,11 @@ fn answer(g: &mut Inner, req: &Request) -> Response {
 }
 
 impl Inner {
-    /// Nodes carrying `key` now (but those left out of the count).
+    /// Nodes carrying `key` now.
     pub(super) fn tainted_with(&self, key: &str) -> usize {
         self.nodes
             .by_name
-            .iter()
-            .filter(|(name, _)| !self.taint_watch_excluded.contains(*name))
-            .map(|(_, n)| n)
+            .values()
             .filter(|n| {
                 n.node["spec"]["taints"]
                     .as_array()

@@ -130,6 +130,46 @@ pub fn nvml_sim_lib() -> &'static Path {
     })
 }
 
+/// Runs `gpuwatch validate --nvml-sim SIM` (the init-container check) with
+/// `state_dir = DIR` plus `config` as its settings, an empty kernel log, no
+/// node name and no kubeconfig, and `args` after the subcommand's own.
+pub fn run_validate(dir: &Path, sim: &Path, config: &str, args: &[&str]) -> std::process::Output {
+    let conf = dir.join("validate.toml");
+    std::fs::write(
+        &conf,
+        format!("state_dir = {:?}\n{config}", dir.display().to_string()),
+    )
+    .unwrap();
+    let empty = dir.join("empty.kmsg");
+    std::fs::write(&empty, "").unwrap();
+    nvml_sim_lib();
+    Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
+        .arg("validate")
+        .arg("--config")
+        .arg(&conf)
+        .arg("--nvml-sim")
+        .arg(sim)
+        .arg("--kmsg-path")
+        .arg(&empty)
+        .args(args)
+        .env_remove("NODE_NAME")
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("run gpuwatch validate")
+}
+
+/// The JSON report of a `gpuwatch validate --json` run (panics with its
+/// output when there is none).
+pub fn validation_report(out: &std::process::Output) -> gpuwatch_proto::ValidationReport {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
 /// A file under `collector/tests/data/`.
 pub fn data(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

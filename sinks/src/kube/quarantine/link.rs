@@ -129,7 +129,8 @@ impl Link {
         need
     }
 
-    /// Sets the gauge and announces an unavailable budget: at its start, and
+    /// Sets the gauge and announces an unavailable budget (an ERROR line and a
+    /// Warning Event): at its start, and
     /// again when a refusal's words change (the startup access check's
     /// verdict, then the API server's own 403 once a claim was refused). The
     /// Event writer folds both into one Event object on the Node.
@@ -148,6 +149,7 @@ impl Link {
             return None;
         }
         self.unavailable_announced = Some(message.clone());
+        tracing::error!("{message}");
         Some(Notice {
             reason: UNAVAILABLE_REASON,
             message: message.clone(),

@@ -305,22 +305,10 @@ impl<S: LeaseStore> Claimant<S> {
         }
     }
 
-    /// Makes the budget unavailable (logged at ERROR once per episode).
+    /// Makes the budget unavailable. The reconciler's side says so (an
+    /// ERROR and an Event, once per episode and again when the words change).
     fn unavailable(&mut self, refused: bool, answer: &str) {
         let message = unavailable_message(refused, answer, &self.cfg.namespace);
-        // Once per episode, and again when a refusal's words change (the
-        // access check's verdict, then the API server's own answer).
-        let said = match &self.status {
-            Status::Unavailable { message: m, .. } => !refused || *m == message,
-            _ => false,
-        };
-        if !said {
-            tracing::error!(
-                namespace = %self.cfg.namespace,
-                answer,
-                "{message}"
-            );
-        }
         self.status = Status::Unavailable { refused, message };
     }
 
