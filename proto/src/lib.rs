@@ -26,6 +26,17 @@ mod generated {
     include!("gen/gpuwatch.v1.rs");
 }
 
+/// The kubelet's PodResources v1 API (`kubelet/podresources/v1/api.proto`,
+/// whose header names the kubelet version it is vendored from): which
+/// devices each container of each pod on the node holds. The messages and
+/// client with the `podresources` feature; the server half with
+/// `podresources-server`.
+#[cfg(feature = "podresources")]
+#[allow(missing_docs, clippy::all, clippy::pedantic, unreachable_pub)]
+pub mod podresources {
+    include!("gen/podresources.v1.rs");
+}
+
 pub mod fabric;
 pub mod json;
 mod names;

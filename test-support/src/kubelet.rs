@@ -1,15 +1,11 @@
-//! A kubelet PodResources server on a unix socket, generated from the
-//! kubelet's own `api.proto` (`collector/proto/podresources/v1/api.proto`,
-//! whose header names its source) by the same codegen as the agent's client.
+//! A kubelet PodResources server on a unix socket, generated (in
+//! gpuwatch-proto) from the kubelet's own `api.proto`, in the same file as
+//! the agent's client.
 //! It answers `List` with what the test set (the only call the agent makes),
 //! `Get` from the same pods (an error for a pod it does not have), and
 //! `GetAllocatableResources` with every device the pods hold.
 
-#[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic)]
-pub mod v1 {
-    include!("podresources_v1.rs");
-}
-
+pub use gpuwatch_proto::podresources as v1;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use v1::pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer};

@@ -9,9 +9,9 @@
 //! new) are read into the GPU or MIG device they name, and an id of any other
 //! shape is skipped and counted.
 //!
-//! The client is generated from the kubelet's own `api.proto`
-//! (`collector/proto/podresources/v1/api.proto`, which names its source), as
-//! is the server half the tests' kubelet stand-in is built from. Each call
+//! The client is generated (in gpuwatch-proto) from the kubelet's own
+//! `api.proto`, as is the server half the tests' kubelet stand-in is built
+//! from. Each call
 //! has its own timeout, and answers up to [`MAX_ANSWER_BYTES`] are read (a
 //! node with many pods and devices exceeds tonic's 4 MiB default).
 //!
@@ -19,15 +19,11 @@
 //! socket not mounted; a timeout) blocks nothing: the engine is told, keeps
 //! the last answer and says the pods on a GPU are unknown or may be stale.
 
-#[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic)]
-mod v1 {
-    include!("podresources_v1.rs");
-}
-
 use gpuwatch_core::msg::Input;
 use gpuwatch_core::placement::{
     DeviceHolder, DeviceHolders, DeviceShape, PlacementUpdate, is_gpu_resource,
 };
+use gpuwatch_proto::podresources as v1;
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
