@@ -35,15 +35,11 @@ use axum::routing::{get, post};
 use axum::{Extension, Router};
 use gpuwatch_core::Registry;
 use gpuwatch_core::msg::Input;
-use std::future::Future as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// File name of the operator-clear socket in the state directory.
@@ -296,156 +292,71 @@ pub async fn serve_with_limits(
             next.run(req).await
         },
     ));
-    let listener = LimitedListener {
-        inner: listener,
-        permits: Arc::new(Semaphore::new(limits.max_connections.max(1))),
-        limits,
-    };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(ApiError::Serve)
+    serve_connections(listener, app, limits, shutdown).await;
+    Ok(())
 }
 
-/// A TCP listener that serves at most `max_connections` at once: it accepts
-/// only while a permit is free, and each connection holds its permit.
-struct LimitedListener {
-    inner: tokio::net::TcpListener,
-    permits: Arc<Semaphore>,
+/// The smallest read buffer hyper accepts; a smaller `max_request_bytes`
+/// caps the header at this instead.
+const MIN_HEADER_BUFFER: usize = 8 * 1024;
+
+/// Accepts connections while fewer than `max_connections` are open (the
+/// rest wait in the listen backlog, holding no file descriptor of ours) and
+/// serves each over HTTP/1 with hyper's own header limits: the header of
+/// every request, the first and each one after a response, must arrive
+/// within `header_read_timeout` (else the connection is closed unanswered)
+/// and fit in `max_request_bytes` (else 431). On `shutdown`, stops
+/// accepting, closes idle connections and waits for the answers in flight.
+async fn serve_connections(
+    listener: tokio::net::TcpListener,
+    app: Router,
     limits: ApiLimits,
-}
-
-impl axum::serve::Listener for LimitedListener {
-    type Io = Guarded;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Guarded, SocketAddr) {
-        let permit = self
-            .permits
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the semaphore is never closed");
-        let (io, addr) = axum::serve::Listener::accept(&mut self.inner).await;
-        (Guarded::new(io, permit, self.limits), addr)
-    }
-
-    fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.inner.local_addr()
-    }
-}
-
-/// A connection holding its connection permit, enforcing the header read
-/// timeout and the header size limit: from accept (and again after each
-/// response) the bytes up to the blank line that ends a request header must
-/// arrive within the timeout and stay under the size limit, or reads fail and
-/// the server closes the connection.
-struct Guarded {
-    io: tokio::net::TcpStream,
-    _permit: OwnedSemaphorePermit,
-    limits: ApiLimits,
-    /// Waiting for the end of a request header (`\r\n\r\n`) until this fires.
-    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
-    /// Header bytes read so far, and the last three (a terminator may straddle reads).
-    header_bytes: usize,
-    tail: [u8; 3],
-}
-
-impl Guarded {
-    fn new(io: tokio::net::TcpStream, permit: OwnedSemaphorePermit, limits: ApiLimits) -> Guarded {
-        let mut g = Guarded {
-            io,
-            _permit: permit,
-            limits,
-            deadline: None,
-            header_bytes: 0,
-            tail: [0; 3],
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_request_bytes.max(MIN_HEADER_BUFFER));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = accept_within(&listener, &permits) => accepted,
         };
-        g.expect_header();
-        g
+        let Some((io, permit)) = accepted else {
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let conn = graceful.watch(http.serve_connection(hyper_util::rt::TokioIo::new(io), service));
+        tokio::spawn(async move {
+            // A client that hangs up or times out is not the server's error.
+            let _ = conn.await;
+            drop(permit);
+        });
     }
-
-    fn expect_header(&mut self) {
-        self.deadline = Some(Box::pin(tokio::time::sleep(
-            self.limits.header_read_timeout,
-        )));
-        self.header_bytes = 0;
-        self.tail = [0; 3];
-    }
-
-    /// Looks for the end of the header in newly read bytes.
-    fn scan(&mut self, new: &[u8]) -> std::io::Result<()> {
-        let mut window: Vec<u8> = Vec::with_capacity(3 + new.len());
-        window.extend_from_slice(&self.tail);
-        window.extend_from_slice(new);
-        if let Some(end) = window.windows(4).position(|w| w == b"\r\n\r\n") {
-            self.header_bytes += (end + 4).saturating_sub(3);
-            self.deadline = None;
-        } else {
-            self.header_bytes += new.len();
-            let n = window.len();
-            self.tail.copy_from_slice(&window[n - 3..]);
-        }
-        if self.header_bytes > self.limits.max_request_bytes {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "request header too large",
-            ));
-        }
-        Ok(())
-    }
+    graceful.shutdown().await;
 }
 
-impl AsyncRead for Guarded {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = &mut *self;
-        if let Some(d) = this.deadline.as_mut()
-            && d.as_mut().poll(cx).is_ready()
-        {
-            return Poll::Ready(Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "request header not received in time",
-            )));
+/// Waits for a free connection permit, then for a connection. An accept
+/// error (out of file descriptors) pauses accepting for a moment.
+async fn accept_within(
+    listener: &tokio::net::TcpListener,
+    permits: &Arc<Semaphore>,
+) -> Option<(tokio::net::TcpStream, OwnedSemaphorePermit)> {
+    let permit = permits
+        .clone()
+        .acquire_owned()
+        .await
+        .expect("the semaphore is never closed");
+    match listener.accept().await {
+        Ok((io, _)) => Some((io, permit)),
+        Err(e) => {
+            tracing::warn!(error = %e, "The API cannot accept a connection; pausing.");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            None
         }
-        let before = buf.filled().len();
-        match Pin::new(&mut this.io).poll_read(cx, buf) {
-            Poll::Ready(Ok(())) => {
-                if this.deadline.is_some() {
-                    let new = buf.filled()[before..].to_vec();
-                    this.scan(&new)?;
-                }
-                Poll::Ready(Ok(()))
-            }
-            other => other,
-        }
-    }
-}
-
-impl AsyncWrite for Guarded {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = &mut *self;
-        let r = Pin::new(&mut this.io).poll_write(cx, data);
-        if matches!(r, Poll::Ready(Ok(_))) && this.deadline.is_none() {
-            // A response is going out: the next request's header is due in time.
-            this.expect_header();
-        }
-        r
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 
@@ -1013,10 +924,36 @@ mod tests {
     }
 
     #[test]
+    fn an_idle_kept_alive_connection_is_closed_after_the_header_timeout() {
+        let rt = runtime();
+        let limits = ApiLimits {
+            header_read_timeout: Duration::from_millis(300),
+            ..ApiLimits::default()
+        };
+        let (addr, stop) = limited(&rt, limits);
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut first = [0u8; 12];
+        s.read_exact(&mut first).unwrap();
+        assert_eq!(&first, b"HTTP/1.1 200");
+        // The connection stays open for a next request; none comes, and the
+        // server closes it once the header timeout has passed.
+        let t0 = std::time::Instant::now();
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest).unwrap();
+        let waited = t0.elapsed();
+        assert!(waited >= Duration::from_millis(200), "{waited:?}");
+        assert!(waited < Duration::from_secs(4), "{waited:?}");
+        stop.send(()).unwrap();
+    }
+
+    #[test]
     fn oversized_requests_are_refused() {
         let rt = runtime();
         let (addr, stop) = limited(&rt, ApiLimits::default());
-        // A header past the limit: the connection is closed without an answer.
+        // A header past the limit: 431, and the connection is closed.
         let mut s = std::net::TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let big = format!(
@@ -1026,7 +963,8 @@ mod tests {
         let _ = s.write_all(big.as_bytes());
         let mut out = Vec::new();
         let _ = s.read_to_end(&mut out);
-        assert!(out.is_empty(), "{}", String::from_utf8_lossy(&out));
+        let out = String::from_utf8_lossy(&out);
+        assert!(out.starts_with("HTTP/1.1 431"), "{out}");
         // A declared body past the limit: 413.
         let mut s = std::net::TcpStream::connect(addr).unwrap();
         write!(
