@@ -727,6 +727,9 @@ fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
         ),
     )
     .unwrap();
+    // A real collector receives the OTLP log records.
+    let rotel = gpuwatch_test_support::telemetry::Rotel::start();
+    let otlp = format!("http://127.0.0.1:{}", rotel.grpc_port);
     let state = tempfile::tempdir().unwrap();
     let agent = Agent::start(
         state.path(),
@@ -736,6 +739,8 @@ fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
             proc_root,
             "--config",
             config.to_str().unwrap(),
+            "--otlp-endpoint",
+            &otlp,
         ],
     );
     // The listing is in before the faults are written.
@@ -781,6 +786,38 @@ fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
         ),
         "{ev}"
     );
+    // The OTLP log record of each carries the pod under the semantic
+    // conventions' names.
+    let record = |r: &gpuwatch_test_support::telemetry::Received, tag: &str| {
+        r.logs
+            .iter()
+            .find(|l| {
+                l.attrs
+                    .get("process.executable.name")
+                    .is_some_and(|p| p.contains(&format!("{marker}-{tag}")))
+            })
+            .cloned()
+    };
+    let got = rotel.wait_for(T, "the two pod faults' log records", |r| {
+        record(r, "named").is_some() && record(r, "cgroupfs").is_some()
+    });
+    for (tag, uid, name, ns, container) in [
+        ("named", uid, "trainer-0", "ml", "main"),
+        ("cgroupfs", uid2, "batch-7", "jobs", "worker"),
+    ] {
+        let attrs = record(&got, tag).unwrap().attrs;
+        for (key, want) in [
+            ("k8s.pod.uid", uid),
+            ("k8s.pod.name", name),
+            ("k8s.namespace.name", ns),
+            ("k8s.container.name", container),
+        ] {
+            assert!(
+                attrs.get(key).is_some_and(|v| v.contains(want)),
+                "{tag}: {key} should be {want}: {attrs:#?}"
+            );
+        }
+    }
     // This agent reads the ring from its start, so the earlier phase's
     // XID 13 of the same pid is attributed to trainer-0 too (its own Event):
     // each Event is found by the process tag its message names.
