@@ -15,7 +15,6 @@ use opentelemetry_sdk::logs::{LogBatch, LogExporter as _, SdkLogRecord, SdkLogge
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant, SystemTime};
 
 /// Queue and batching settings.
@@ -286,31 +285,8 @@ impl Driver {
     fn block_on<F: Future>(&self, fut: F) -> F::Output {
         match self {
             Driver::Runtime(h) => h.block_on(fut),
-            Driver::Park => park_block_on(fut),
+            Driver::Park => futures::executor::block_on(fut),
         }
-    }
-}
-
-struct ThreadWaker(std::thread::Thread);
-
-impl Wake for ThreadWaker {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
-fn park_block_on<F: Future>(fut: F) -> F::Output {
-    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let mut fut = std::pin::pin!(fut);
-    loop {
-        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
-            return v;
-        }
-        std::thread::park();
     }
 }
 
@@ -739,10 +715,5 @@ mod tests {
         assert!(attrs["container.id"].contains("4f1c0e8b6a2d"));
         assert!(!attrs.contains_key("gpuwatch.affected_pods"));
         assert!(attrs["action"].contains("inspect_hardware"));
-    }
-
-    #[test]
-    fn park_block_on_runs_a_future() {
-        assert_eq!(park_block_on(async { 41 + 1 }), 42);
     }
 }
