@@ -39,7 +39,7 @@ SIGTERM. A record never reported is counted missing (e.g. a concurrent test
 restored `ratelimit` mid-run) and makes the exit status 1.
 
 usage: kmsg-latency.py [--bin target/release/gpuwatch] [--count 2000]
-         [--rate 500] [--burst 1] [--warmup 20] [--no-floor] [--json FILE]
+         [--rate 500] [--burst 1] [--warmup 20] [--no-floor] [--json FILE] [--agent-arg ARG]...
   --burst B: write B records back to back, bursts spaced B/rate s apart.
 """
 import argparse
@@ -257,7 +257,7 @@ def measure(args, work):
         [args.bin, "run", "--sink", "stdout", "--accept-user-facility", "--no-nvml",
          "--prometheus", "--api-listen", f"127.0.0.1:{port}",
          "--state-dir", os.path.join(work, "state"), "--node-name", "bench",
-         "--log-format", "json"],
+         "--log-format", "json", *args.agent_arg],
         stdout=subprocess.PIPE, stderr=log)
     reader = subprocess.Popen([sys.executable, __file__, "--stdout-reader", events],
                               stdin=agent.stdout)
@@ -424,6 +424,8 @@ def main():
     p.add_argument("--settle", type=float, default=1.0, help="seconds to wait after the last write")
     p.add_argument("--no-floor", action="store_true", help="skip the bare-reader measurement")
     p.add_argument("--json", help="also write the result as JSON to this file")
+    p.add_argument("--agent-arg", action="append", default=[],
+                   help="one more argument for `gpuwatch run` (repeatable)")
     args = p.parse_args()
     if args.count < 1 or args.rate <= 0 or args.warmup < 0 or args.burst < 1:
         p.error("--count, --rate and --burst must be positive, --warmup not negative")
