@@ -9,6 +9,7 @@ pub mod kube;
 mod metrics;
 pub mod otlp;
 pub mod prometheus;
+mod queue;
 pub mod stdout;
 
 /// Installs the process-wide rustls crypto provider (ring) once. Both the OTLP

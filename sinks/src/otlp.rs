@@ -26,7 +26,7 @@ pub use config::{
 };
 
 use crate::metrics::{self, InstrumentKind, NumType, Point, SPECS, SeriesFilter};
-use gpuwatch_core::{EventSink, LATENCY_BUCKETS_SECONDS, Registry, Signal};
+use gpuwatch_core::{EventSink, LATENCY_BUCKETS_SECONDS, Registry, Signal, Stage};
 use gpuwatch_proto::{FaultEvent, NodeHealth};
 use logs::{Driver, LogQueue, OtlpLogSink, QueueSettings, Worker};
 use opentelemetry::metrics::{AsyncInstrument, MeterProvider as _};
@@ -659,18 +659,20 @@ impl OtlpExporter {
     ) -> Result<(), OtlpError> {
         let mut log_exporter = build_log_exporter(logs, tls)?;
         log_exporter.set_resource(otel_resource);
-        let queue = LogQueue::new(
-            QueueSettings {
-                capacity: cfg.log_queue_size,
+        let queue = Arc::new(LogQueue::new(
+            cfg.log_queue_size,
+            Stage::OtlpLogs,
+            registry.clone(),
+        ));
+        let worker = Worker {
+            queue: queue.clone(),
+            settings: QueueSettings {
                 batch_size: cfg.log_batch_size,
                 linger: Duration::from_millis(cfg.log_flush_interval_ms),
                 retry_initial: Duration::from_millis(cfg.log_retry_initial_ms),
                 retry_max: Duration::from_millis(cfg.log_retry_max_ms),
             },
-            registry.clone(),
-        );
-        let worker = Worker {
-            queue: queue.clone(),
+            registry: registry.clone(),
             exporter: log_exporter,
             driver: match logs.protocol {
                 Protocol::Grpc => Driver::Runtime(rt.clone()),
@@ -712,7 +714,9 @@ impl OtlpExporter {
     pub fn shutdown(mut self, timeout: Duration) {
         let half = timeout / 2;
         if let Some(q) = self.log_queue.take() {
-            q.shutdown(half);
+            if !q.stop_and_wait(half) {
+                tracing::warn!("OTLP log worker did not stop in time; abandoning it.");
+            }
             if let Some(h) = self.log_thread.take()
                 && h.is_finished()
             {
@@ -731,7 +735,7 @@ impl Drop for OtlpExporter {
     fn drop(&mut self) {
         // Dropped without shutdown(): stop the worker without waiting.
         if let Some(q) = self.log_queue.take() {
-            q.request_stop();
+            q.stop(crate::queue::Drain::Until(std::time::Instant::now()));
         }
     }
 }

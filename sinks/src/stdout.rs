@@ -16,14 +16,14 @@
 //! outcome="dropped"`, like a line the writer failed to write (closed stdout).
 //! [`EventSink::flush`] waits up to its timeout for the queue to empty.
 
+use crate::queue::{Drain, Settled, SinkQueue};
 use gpuwatch_core::{EventSink, Outcome, Registry, Stage};
 use gpuwatch_proto::FaultEvent;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use std::collections::VecDeque;
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// Lines the sink holds while the writer is behind.
 pub const QUEUE_CAPACITY: usize = 4096;
@@ -40,29 +40,18 @@ type WritableProbe = Box<dyn Fn() -> bool + Send + Sync>;
 /// writer thread of its own.
 pub struct JsonLinesSink {
     shared: Arc<Shared>,
+    /// No writer thread could be started: `send` writes itself.
+    inline: bool,
 }
 
 struct Shared {
-    queue: Mutex<Queue>,
-    /// Signalled when lines arrive or the sink closes (writer waits) and when
-    /// the writer finished a batch (flush waits).
-    changed: Condvar,
+    /// Encoded lines, each ending in a newline.
+    queue: SinkQueue<Vec<u8>>,
     out: Mutex<Box<dyn Write + Send>>,
     registry: Arc<Registry>,
     capacity: usize,
     /// `None`: the output cannot be probed; every line goes through the queue.
     writable: Option<WritableProbe>,
-}
-
-#[derive(Default)]
-struct Queue {
-    /// Encoded lines, each ending in a newline.
-    lines: VecDeque<Vec<u8>>,
-    /// The writer took lines and has not finished writing them.
-    writing: bool,
-    closed: bool,
-    /// No writer thread could be started: `send` writes itself.
-    inline: bool,
 }
 
 impl std::fmt::Debug for JsonLinesSink {
@@ -114,22 +103,24 @@ impl JsonLinesSink {
         writable: Option<WritableProbe>,
     ) -> JsonLinesSink {
         let shared = Arc::new(Shared {
-            queue: Mutex::new(Queue::default()),
-            changed: Condvar::new(),
+            queue: SinkQueue::new(capacity, Stage::Stdout, registry.clone()),
             out: Mutex::new(out),
             registry,
             capacity: capacity.max(1),
             writable,
         });
         let writer = Arc::clone(&shared);
-        if let Err(e) = std::thread::Builder::new()
+        let inline = match std::thread::Builder::new()
             .name("gpuwatch-stdout".into())
             .spawn(move || writer.run())
         {
-            tracing::error!(error = %e, "Cannot start the stdout writer thread; writing on the engine thread.");
-            shared.lock_queue().inline = true;
-        }
-        JsonLinesSink { shared }
+            Ok(_) => false,
+            Err(e) => {
+                tracing::error!(error = %e, "Cannot start the stdout writer thread; writing on the engine thread.");
+                true
+            }
+        };
+        JsonLinesSink { shared, inline }
     }
 }
 
@@ -171,57 +162,42 @@ impl Write for SharedFile {
 }
 
 impl Shared {
-    fn lock_queue(&self) -> MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Writes `lines` (each ends in a newline) and flushes once; counts each
-    /// line.
-    fn write(&self, lines: &mut VecDeque<Vec<u8>>) {
-        let n = lines.len() as u64;
+    /// Writes `lines` (each ends in a newline) and flushes once; returns how
+    /// many reached the output. A closed stdout (EPIPE) loses the rest:
+    /// counted, never fatal to the agent.
+    fn write<'a>(&self, lines: impl ExactSizeIterator<Item = &'a [u8]>) -> usize {
         let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
-        let mut written = 0u64;
-        let mut failed = false;
-        for line in lines.drain(..) {
-            // A closed stdout (EPIPE) loses the line; count it instead of
-            // failing the agent.
-            if failed || out.write_all(&line).is_err() {
-                failed = true;
-                continue;
+        let mut written = 0;
+        for line in lines {
+            if out.write_all(line).is_err() {
+                return written;
             }
             written += 1;
         }
-        if !failed && out.flush().is_err() {
+        if out.flush().is_err() {
             // Whatever was buffered did not make it out.
-            written = 0;
+            return 0;
         }
-        drop(out);
+        written
+    }
+
+    /// Writes one line on the caller's thread and counts it.
+    fn write_counted(&self, line: &[u8]) {
+        let written = self.write(std::iter::once(line)) as u64;
         self.registry
             .count_events(Stage::Stdout, Outcome::Emitted, written);
         self.registry
-            .count_events(Stage::Stdout, Outcome::Dropped, n - written);
+            .count_events(Stage::Stdout, Outcome::Dropped, 1 - written);
     }
 
     /// The writer thread: takes everything queued, writes it, repeats; ends
-    /// when the sink is dropped and the queue is empty.
+    /// once the sink is dropped and what it queued is written.
     fn run(&self) {
-        let mut batch = VecDeque::new();
-        loop {
-            {
-                let mut q = self.lock_queue();
-                q.writing = false;
-                self.changed.notify_all();
-                while q.lines.is_empty() && !q.closed {
-                    q = self.changed.wait(q).unwrap_or_else(|e| e.into_inner());
-                }
-                if q.lines.is_empty() {
-                    return;
-                }
-                std::mem::swap(&mut batch, &mut q.lines);
-                q.writing = true;
-            }
-            self.write(&mut batch);
+        while let Some(batch) = self.queue.next_batch(usize::MAX, Duration::ZERO) {
+            let written = self.write(batch.iter().map(|l| l.as_slice()));
+            self.queue.settle(batch.len(), Settled::Done { written });
         }
+        self.queue.finish();
     }
 }
 
@@ -237,53 +213,30 @@ impl EventSink for JsonLinesSink {
         let mut line = Vec::with_capacity(1024);
         gpuwatch_proto::json::write_fault_event(event, &mut line);
         line.push(b'\n');
-        let mut q = self.shared.lock_queue();
-        if q.inline {
-            drop(q);
-            self.shared.write(&mut VecDeque::from([line]));
+        if self.inline {
+            self.shared.write_counted(&line);
             return;
         }
         // Nothing ahead of this line, and the output takes it now: write it
-        // here, holding the queue so the writer thread cannot start a write
-        // in between (order).
-        if q.lines.is_empty()
-            && !q.writing
-            && line.len() <= INLINE_MAX_BYTES
-            && self.shared.writable.as_ref().is_some_and(|w| w())
-        {
-            self.shared.write(&mut VecDeque::from([line]));
-            return;
-        }
-        if q.lines.len() >= self.shared.capacity {
-            q.lines.pop_front();
-            self.shared
-                .registry
-                .count_events(Stage::Stdout, Outcome::Dropped, 1);
-        }
-        q.lines.push_back(line);
-        drop(q);
-        self.shared.changed.notify_all();
+        // here; the queue stays locked meanwhile, so the writer thread cannot
+        // start a write in between (order).
+        self.shared.queue.push_unless(line, |line| {
+            let now = line.len() <= INLINE_MAX_BYTES
+                && self.shared.writable.as_ref().is_some_and(|w| w());
+            if now {
+                self.shared.write_counted(line);
+            }
+            now
+        });
     }
 
     /// Waits until every queued line is written, at most `timeout`.
     fn flush(&self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        let mut q = self.shared.lock_queue();
-        while !q.inline && (!q.lines.is_empty() || q.writing) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                tracing::warn!(
-                    queued = q.lines.len(),
-                    "The stdout sink did not finish writing in time."
-                );
-                return;
-            }
-            q = self
-                .shared
-                .changed
-                .wait_timeout(q, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+        if !self.shared.queue.flush(timeout) {
+            tracing::warn!(
+                queued = self.shared.queue.len(),
+                "The stdout sink did not finish writing in time."
+            );
         }
     }
 }
@@ -292,14 +245,15 @@ impl Drop for JsonLinesSink {
     /// Lets the writer thread finish what is queued and end. It is not joined:
     /// a blocked stdout must not block whoever drops the sink.
     fn drop(&mut self) {
-        self.shared.lock_queue().closed = true;
-        self.shared.changed.notify_all();
+        self.shared.queue.stop(Drain::All);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Condvar;
+    use std::time::Instant;
 
     #[derive(Clone, Default)]
     struct Buf(Arc<Mutex<Vec<u8>>>);
@@ -423,7 +377,7 @@ mod tests {
         sink.send(&xid(0));
         // Wait until the writer has taken line 0 and is stuck writing it.
         let t0 = Instant::now();
-        while !sink.shared.lock_queue().writing {
+        while !sink.shared.queue.in_flight() {
             assert!(
                 t0.elapsed() < Duration::from_secs(10),
                 "writer never started"

@@ -7,271 +7,35 @@
 //! it, `dropped` when it was pushed out of the full queue or left over at
 //! shutdown.
 
-use gpuwatch_core::{EventSink, Outcome, Registry, Signal, Stage};
+use crate::queue::{Settled, SinkQueue};
+use gpuwatch_core::{EventSink, Registry, Signal};
 use gpuwatch_proto::{FaultEvent, ShortName};
 use opentelemetry::InstrumentationScope;
 use opentelemetry::logs::{AnyValue, LogRecord as _, Logger as _, LoggerProvider as _, Severity};
 use opentelemetry_sdk::logs::{LogBatch, LogExporter as _, SdkLogRecord, SdkLoggerProvider};
-use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
-/// Queue and batching settings.
+/// Batching and retry settings of the export worker.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct QueueSettings {
-    pub(crate) capacity: usize,
     pub(crate) batch_size: usize,
     pub(crate) linger: Duration,
     pub(crate) retry_initial: Duration,
     pub(crate) retry_max: Duration,
 }
 
-struct Queued {
-    id: u64,
+/// A fault event waiting for export, with when the sink was handed it (the
+/// record's observed time).
+pub(crate) struct Queued {
     event: FaultEvent,
     observed: SystemTime,
 }
 
-#[derive(Default)]
-struct State {
-    items: VecDeque<Arc<Queued>>,
-    next_id: u64,
-    /// Highest id of the batch being exported, if any.
-    inflight_upto: Option<u64>,
-    /// Records of the in-flight batch that overflow pushed out of the queue:
-    /// emitted if the export succeeds, dropped if it fails.
-    dropped_inflight: u64,
-    flush_requested: bool,
-    shutdown: Option<Instant>,
-    finished: bool,
-}
-
-/// The queue shared by the sink (producer) and the worker (consumer).
-pub(crate) struct LogQueue {
-    state: Mutex<State>,
-    /// Wakes the worker (new records, flush, shutdown).
-    work: Condvar,
-    /// Wakes `flush` / `shutdown` waiters (queue drained, worker finished).
-    idle: Condvar,
-    settings: QueueSettings,
-    registry: Arc<Registry>,
-}
-
-impl std::fmt::Debug for LogQueue {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LogQueue")
-            .field("settings", &self.settings)
-            .finish_non_exhaustive()
-    }
-}
-
-impl LogQueue {
-    pub(crate) fn new(settings: QueueSettings, registry: Arc<Registry>) -> Arc<LogQueue> {
-        Arc::new(LogQueue {
-            state: Mutex::new(State::default()),
-            work: Condvar::new(),
-            idle: Condvar::new(),
-            settings,
-            registry,
-        })
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Queues one event; never blocks beyond a short mutex hold. When full,
-    /// the oldest record is dropped and counted.
-    pub(crate) fn push(&self, event: &FaultEvent) {
-        let observed = SystemTime::now();
-        let mut st = self.lock();
-        if st.shutdown.is_some() {
-            drop(st);
-            self.registry
-                .count_events(Stage::OtlpLogs, Outcome::Dropped, 1);
-            return;
-        }
-        if st.items.len() >= self.settings.capacity
-            && let Some(old) = st.items.pop_front()
-        {
-            if st.inflight_upto.is_some_and(|upto| old.id <= upto) {
-                st.dropped_inflight += 1;
-            } else {
-                self.registry
-                    .count_events(Stage::OtlpLogs, Outcome::Dropped, 1);
-            }
-        }
-        let id = st.next_id;
-        st.next_id += 1;
-        st.items.push_back(Arc::new(Queued {
-            id,
-            event: event.clone(),
-            observed,
-        }));
-        let len = st.items.len();
-        drop(st);
-        if len == 1 || len >= self.settings.batch_size {
-            self.work.notify_one();
-        }
-    }
-
-    /// Records waiting (not yet acknowledged by the collector).
-    pub(crate) fn len(&self) -> usize {
-        self.lock().items.len()
-    }
-
-    /// Asks the worker to send now and waits until the queue is empty or `timeout`.
-    pub(crate) fn flush(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        let mut st = self.lock();
-        st.flush_requested = true;
-        self.work.notify_one();
-        while !(st.finished || st.items.is_empty() && st.inflight_upto.is_none()) {
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            st = self
-                .idle
-                .wait_timeout(st, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        st.items.is_empty()
-    }
-
-    /// Tells the worker to make a last attempt until `deadline`, then waits for it.
-    pub(crate) fn shutdown(&self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        let mut st = self.lock();
-        st.shutdown = Some(deadline);
-        self.work.notify_all();
-        while !st.finished {
-            let now = Instant::now();
-            if now >= deadline {
-                tracing::warn!("OTLP log worker did not stop in time; abandoning it.");
-                return;
-            }
-            st = self
-                .idle
-                .wait_timeout(st, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-    }
-
-    /// Tells the worker to stop (at once, counting what is left as dropped)
-    /// without waiting for it.
-    pub(crate) fn request_stop(&self) {
-        let mut st = self.lock();
-        if st.shutdown.is_none() {
-            st.shutdown = Some(Instant::now());
-        }
-        self.work.notify_all();
-    }
-
-    /// Waits for a batch to send; `None` when the worker should stop.
-    fn next_batch(&self) -> Option<Vec<Arc<Queued>>> {
-        let mut st = self.lock();
-        let mut first_seen: Option<Instant> = None;
-        loop {
-            if st.shutdown.is_some() {
-                if st.items.is_empty() || st.shutdown.is_some_and(|d| Instant::now() >= d) {
-                    return None;
-                }
-                break;
-            }
-            if st.items.is_empty() {
-                first_seen = None;
-                st.flush_requested = false;
-                self.idle.notify_all();
-                st = self.work.wait(st).unwrap_or_else(|e| e.into_inner());
-                continue;
-            }
-            let since = *first_seen.get_or_insert_with(Instant::now);
-            let waited = since.elapsed();
-            if st.items.len() >= self.settings.batch_size
-                || st.flush_requested
-                || waited >= self.settings.linger
-            {
-                break;
-            }
-            st = self
-                .work
-                .wait_timeout(st, self.settings.linger - waited)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        let batch: Vec<_> = st
-            .items
-            .iter()
-            .take(self.settings.batch_size)
-            .cloned()
-            .collect();
-        st.inflight_upto = batch.last().map(|q| q.id);
-        st.dropped_inflight = 0;
-        Some(batch)
-    }
-
-    /// Settles the in-flight batch after the export.
-    fn finish_batch(&self, batch_len: usize, ok: bool) {
-        let mut st = self.lock();
-        let upto = st.inflight_upto.take();
-        let dropped_inflight = std::mem::take(&mut st.dropped_inflight);
-        if ok {
-            if let Some(upto) = upto {
-                while st.items.front().is_some_and(|q| q.id <= upto) {
-                    st.items.pop_front();
-                }
-            }
-            self.registry
-                .count_events(Stage::OtlpLogs, Outcome::Emitted, batch_len as u64);
-        } else if dropped_inflight > 0 {
-            self.registry
-                .count_events(Stage::OtlpLogs, Outcome::Dropped, dropped_inflight);
-        }
-        if st.items.is_empty() {
-            self.idle.notify_all();
-        }
-    }
-
-    /// Sleeps for the backoff delay unless shutdown comes first. Returns false
-    /// when the worker should stop.
-    fn backoff(&self, delay: Duration) -> bool {
-        let until = Instant::now() + delay;
-        let mut st = self.lock();
-        loop {
-            if let Some(deadline) = st.shutdown {
-                // One last try if there is time left before the deadline.
-                return Instant::now() < deadline;
-            }
-            let now = Instant::now();
-            if now >= until {
-                return true;
-            }
-            st = self
-                .work
-                .wait_timeout(st, until - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-    }
-
-    /// Counts everything left as dropped and marks the worker finished.
-    fn finish(&self) {
-        let mut st = self.lock();
-        let left = st.items.len() as u64;
-        st.items.clear();
-        if left > 0 {
-            self.registry
-                .count_events(Stage::OtlpLogs, Outcome::Dropped, left);
-            tracing::warn!(records = left, "OTLP log records lost at shutdown.");
-        }
-        st.finished = true;
-        self.idle.notify_all();
-    }
-}
+/// The log records waiting for the collector: what `send` fills and the
+/// worker drains.
+pub(crate) type LogQueue = SinkQueue<Queued>;
 
 /// Runs an export future to completion on the current thread.
 pub(crate) enum Driver {
@@ -439,6 +203,8 @@ fn controller_key(kind: &str) -> Option<&'static str> {
 /// The worker: owns the OTLP log exporter and drains the queue.
 pub(crate) struct Worker {
     pub(crate) queue: Arc<LogQueue>,
+    pub(crate) settings: QueueSettings,
+    pub(crate) registry: Arc<Registry>,
     pub(crate) exporter: opentelemetry_otlp::LogExporter,
     pub(crate) driver: Driver,
     pub(crate) scope: InstrumentationScope,
@@ -463,11 +229,11 @@ impl Worker {
         // A provider without processors: only used to create records.
         let provider = SdkLoggerProvider::builder().build();
         let logger = provider.logger("gpuwatch");
-        let settings = self.queue.settings;
+        let settings = self.settings;
         let mut delays = retry_delays(&settings);
         let mut delay = delays.next().unwrap_or(settings.retry_initial);
         let mut failing = false;
-        while let Some(batch) = self.queue.next_batch() {
+        while let Some(batch) = self.queue.next_batch(settings.batch_size, settings.linger) {
             let records: Vec<SdkLogRecord> = batch
                 .iter()
                 .map(|q| {
@@ -483,7 +249,12 @@ impl Worker {
                 .block_on(self.exporter.export(LogBatch::new(&pairs)));
             match result {
                 Ok(()) => {
-                    self.queue.finish_batch(batch.len(), true);
+                    self.queue.settle(
+                        batch.len(),
+                        Settled::Done {
+                            written: batch.len(),
+                        },
+                    );
                     if failing {
                         tracing::info!("OTLP log export recovered.");
                     }
@@ -492,8 +263,8 @@ impl Worker {
                     delay = delays.next().unwrap_or(settings.retry_initial);
                 }
                 Err(e) => {
-                    self.queue.finish_batch(batch.len(), false);
-                    self.queue.registry.count_export_failure(Signal::Logs);
+                    self.queue.settle(batch.len(), Settled::Retry);
+                    self.registry.count_export_failure(Signal::Logs);
                     if !failing {
                         tracing::warn!(error = %e, queued = self.queue.len(), retry_in_ms = delay.as_millis() as u64, "OTLP log export failed; retrying with backoff.");
                     } else {
@@ -501,14 +272,17 @@ impl Worker {
                     }
                     failing = true;
                     // Shutting down: that was the last try.
-                    if self.queue.lock().shutdown.is_some() || !self.queue.backoff(delay) {
+                    if self.queue.stopping() || !self.queue.backoff(delay) {
                         break;
                     }
                     delay = delays.next().unwrap_or(settings.retry_max);
                 }
             }
         }
-        self.queue.finish();
+        let left = self.queue.finish();
+        if left > 0 {
+            tracing::warn!(records = left, "OTLP log records lost at shutdown.");
+        }
         let _ = provider.shutdown();
     }
 }
@@ -524,7 +298,10 @@ impl EventSink for OtlpLogSink {
     }
 
     fn send(&self, event: &FaultEvent) {
-        self.queue.push(event);
+        self.queue.push(Queued {
+            event: event.clone(),
+            observed: SystemTime::now(),
+        });
     }
 
     fn flush(&self, timeout: Duration) {
@@ -540,10 +317,10 @@ impl EventSink for OtlpLogSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuwatch_core::{Outcome, Stage};
 
-    fn settings(capacity: usize) -> QueueSettings {
+    fn settings() -> QueueSettings {
         QueueSettings {
-            capacity,
             batch_size: 3,
             linger: Duration::from_millis(1),
             retry_initial: Duration::from_millis(1),
@@ -563,7 +340,7 @@ mod tests {
         let s = QueueSettings {
             retry_initial: Duration::from_millis(1000),
             retry_max: Duration::from_millis(30_000),
-            ..settings(1)
+            ..settings()
         };
         // Without jitter: 1, 2, 4, 8, 16, 30, 30, ... s; jitter adds up to as much again.
         let bare = [1, 2, 4, 8, 16, 30, 30, 30u64];
@@ -581,88 +358,28 @@ mod tests {
         assert_eq!(retry_delays(&s).take(1000).count(), 1000);
     }
 
-    fn codes(q: &LogQueue) -> Vec<u32> {
-        q.lock().items.iter().map(|i| i.event.code).collect()
-    }
-
-    /// A fresh registry and a queue of `capacity` holding events `0..n`.
-    fn filled(capacity: usize, n: u32) -> (Arc<Registry>, Arc<LogQueue>) {
+    /// The sink face counts at the OTLP logs stage: a full queue drops the
+    /// oldest; after the stop every send is dropped.
+    #[test]
+    fn the_sink_counts_drops_at_its_stage() {
         let reg = Registry::new();
-        let q = LogQueue::new(settings(capacity), reg.clone());
-        for c in 0..n {
-            q.push(&ev(c));
+        let queue = Arc::new(LogQueue::new(4, Stage::OtlpLogs, reg.clone()));
+        let sink = OtlpLogSink {
+            queue: queue.clone(),
+        };
+        for c in 0..10 {
+            sink.send(&ev(c));
         }
-        (reg, q)
-    }
-
-    #[test]
-    fn drop_oldest_beyond_the_bound_and_count_each_drop() {
-        let (reg, q) = filled(4, 10);
-        assert_eq!(codes(&q), vec![6, 7, 8, 9]);
+        let batch = queue.next_batch(10, Duration::ZERO).unwrap();
+        let codes: Vec<u32> = batch.iter().map(|q| q.event.code).collect();
+        assert_eq!(codes, vec![6, 7, 8, 9]);
         assert_eq!(reg.events(Stage::OtlpLogs, Outcome::Dropped), 6);
-    }
-
-    #[test]
-    fn successful_batch_is_emitted_and_removed() {
-        let (reg, q) = filled(10, 5);
-        let b = q.next_batch().unwrap();
-        assert_eq!(b.len(), 3);
-        q.finish_batch(b.len(), true);
-        assert_eq!(codes(&q), vec![3, 4]);
-        assert_eq!(reg.events(Stage::OtlpLogs, Outcome::Emitted), 3);
-    }
-
-    #[test]
-    fn failed_batch_stays_at_the_head() {
-        let (reg, q) = filled(10, 4);
-        let b = q.next_batch().unwrap();
-        q.finish_batch(b.len(), false);
-        assert_eq!(codes(&q), vec![0, 1, 2, 3]);
-        let again = q.next_batch().unwrap();
-        assert_eq!(
-            again.iter().map(|i| i.event.code).collect::<Vec<_>>(),
-            vec![0, 1, 2]
-        );
-        assert_eq!(reg.events(Stage::OtlpLogs, Outcome::Emitted), 0);
-        assert_eq!(reg.events(Stage::OtlpLogs, Outcome::Dropped), 0);
-    }
-
-    #[test]
-    fn overflow_during_export_is_counted_once() {
-        // Capacity 3, batch of 3 in flight, 2 more pushed: the 2 oldest (in flight)
-        // leave the queue. Success: all 3 in flight were delivered -> emitted.
-        let (reg, q) = filled(3, 3);
-        let b = q.next_batch().unwrap();
-        q.push(&ev(3));
-        q.push(&ev(4));
-        q.finish_batch(b.len(), true);
-        assert_eq!(codes(&q), vec![3, 4]);
-        assert_eq!(reg.events(Stage::OtlpLogs, Outcome::Emitted), 3);
-        assert_eq!(reg.events(Stage::OtlpLogs, Outcome::Dropped), 0);
-
-        // Failure: the pushed-out in-flight records are lost -> dropped.
-        let (reg, q) = filled(3, 3);
-        let b = q.next_batch().unwrap();
-        q.push(&ev(3));
-        q.push(&ev(4));
-        q.finish_batch(b.len(), false);
-        assert_eq!(codes(&q), vec![2, 3, 4]);
-        assert_eq!(reg.events(Stage::OtlpLogs, Outcome::Emitted), 0);
-        assert_eq!(reg.events(Stage::OtlpLogs, Outcome::Dropped), 2);
-    }
-
-    #[test]
-    fn shutdown_counts_leftovers_as_dropped_and_rejects_new_sends() {
-        let reg = Registry::new();
-        let q = LogQueue::new(settings(10), reg.clone());
-        q.push(&ev(1));
-        q.push(&ev(2));
-        q.lock().shutdown = Some(Instant::now());
-        assert!(q.next_batch().is_none());
-        q.finish();
-        q.push(&ev(3));
-        assert_eq!(reg.events(Stage::OtlpLogs, Outcome::Dropped), 3);
-        assert_eq!(q.len(), 0);
+        queue.settle(batch.len(), Settled::Retry);
+        queue.stop(crate::queue::Drain::Until(std::time::Instant::now()));
+        sink.send(&ev(10));
+        assert!(queue.next_batch(10, Duration::ZERO).is_none());
+        assert_eq!(queue.finish(), 4);
+        assert_eq!(reg.events(Stage::OtlpLogs, Outcome::Dropped), 11);
     }
 
     #[test]
