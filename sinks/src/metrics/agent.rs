@@ -3,7 +3,7 @@
 //! state-file failures.
 
 use super::{
-    InstrumentKind, Num, NumType, Point, Presence, Spec, atomic, flag, s, samples_current,
+    Collect, InstrumentKind, Num, NumType, Point, Presence, Spec, flag, s, samples_current,
 };
 use gpuwatch_core::registry::{Outcome, Registry, Stage};
 use gpuwatch_proto::{Action, NodeHealth, ShortName};
@@ -33,7 +33,7 @@ const GPUS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "GPUs NVML sees; GPUs the node should have.",
-    collect: gpus,
+    collect: Collect::Points(gpus),
 };
 
 fn gpus(r: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
@@ -69,15 +69,8 @@ const KMSG_READ: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "Kernel log records read.",
-    collect: kmsg_read,
+    collect: Collect::Value(|r| &r.kmsg_records_read),
 };
-
-fn kmsg_read(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    out.push(Point {
-        attrs: vec![],
-        value: atomic(&r.kmsg_records_read),
-    });
-}
 
 const KMSG_LOST: Spec = Spec {
     name: "gpuwatch.kmsg.records.lost",
@@ -86,15 +79,8 @@ const KMSG_LOST: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "Kernel log records overwritten before gpuwatch read them.",
-    collect: kmsg_lost,
+    collect: Collect::Value(|r| &r.kmsg_records_lost),
 };
-
-fn kmsg_lost(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    out.push(Point {
-        attrs: vec![],
-        value: atomic(&r.kmsg_records_lost),
-    });
-}
 
 const KMSG_MALFORMED: Spec = Spec {
     name: "gpuwatch.kmsg.records.malformed",
@@ -103,15 +89,8 @@ const KMSG_MALFORMED: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Kernel log records that did not parse.",
-    collect: kmsg_malformed,
+    collect: Collect::Value(|r| &r.kmsg_records_malformed),
 };
-
-fn kmsg_malformed(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    out.push(Point {
-        attrs: vec![],
-        value: atomic(&r.kmsg_records_malformed),
-    });
-}
 
 const EVENTS: Spec = Spec {
     name: "gpuwatch.events",
@@ -120,7 +99,7 @@ const EVENTS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Fault events per pipeline stage and outcome.",
-    collect: events,
+    collect: Collect::Points(events),
 };
 
 fn events(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
@@ -144,7 +123,7 @@ const EVENTS_DROPPED: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Fault events the kernel-log source dropped for lack of room in the engine queue, by action class (a more severe event evicts a less severe one; reset/reboot/inspect-class events are dropped only for lack of room among their own kind).",
-    collect: events_dropped,
+    collect: Collect::Points(events_dropped),
 };
 
 fn events_dropped(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
@@ -163,15 +142,8 @@ const SAMPLES_DROPPED: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "NVML samples dropped oldest-first.",
-    collect: samples_dropped,
+    collect: Collect::Value(|r| &r.samples_dropped),
 };
-
-fn samples_dropped(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    out.push(Point {
-        attrs: vec![],
-        value: atomic(&r.samples_dropped),
-    });
-}
 
 const NVML_ERRORS: Spec = Spec {
     name: "gpuwatch.nvml.errors",
@@ -180,7 +152,7 @@ const NVML_ERRORS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "NVML calls that failed.",
-    collect: nvml_errors,
+    collect: Collect::Points(nvml_errors),
 };
 
 fn nvml_errors(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
@@ -199,15 +171,8 @@ const POD_RESOURCES_FAILURES: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Calls to the kubelet's PodResources API that failed: faults of a GPU name no pods meanwhile.",
-    collect: pod_resources_failures,
+    collect: Collect::Value(|r| &r.pod_resources_failures),
 };
-
-fn pod_resources_failures(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    out.push(Point {
-        attrs: vec![],
-        value: atomic(&r.pod_resources_failures),
-    });
-}
 
 const POD_RESOURCES_UNKNOWN: Spec = Spec {
     name: "gpuwatch.kubelet.pod_resources.unknown_devices",
@@ -216,15 +181,8 @@ const POD_RESOURCES_UNKNOWN: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Device ids in the kubelet's last PodResources answer whose shape names no GPU or MIG device (skipped).",
-    collect: pod_resources_unknown,
+    collect: Collect::Value(|r| &r.pod_resources_unknown_devices),
 };
-
-fn pod_resources_unknown(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    out.push(Point {
-        attrs: vec![],
-        value: atomic(&r.pod_resources_unknown_devices),
-    });
-}
 
 const MONITOR_UP: Spec = Spec {
     name: "gpuwatch.monitor.up",
@@ -233,7 +191,7 @@ const MONITOR_UP: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "1 when the input works; 0 means gpuwatch cannot tell.",
-    collect: monitor_up,
+    collect: Collect::Points(monitor_up),
 };
 
 fn monitor_up(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
@@ -259,7 +217,7 @@ const EXPORT_FAILURES: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "OTLP exports that failed.",
-    collect: export_failures,
+    collect: Collect::Points(export_failures),
 };
 
 fn export_failures(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
@@ -278,7 +236,7 @@ const STATE_WRITES: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "State-file writes.",
-    collect: state_writes,
+    collect: Collect::Points(state_writes),
 };
 
 fn state_writes(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {

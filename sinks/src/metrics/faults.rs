@@ -2,7 +2,7 @@
 //! those active, the GPU and node verdicts, the node's most severe action.
 
 use super::{
-    AttrValue, InstrumentKind, Num, NumType, Point, Presence, Spec, flag, gpu_attrs,
+    AttrValue, Collect, InstrumentKind, Num, NumType, Point, Presence, Spec, flag, gpu_attrs,
     health_gpu_attrs, owned, s, with,
 };
 use gpuwatch_core::registry::Registry;
@@ -86,7 +86,7 @@ const XID_ERRORS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "XID events after dedup, each occurrence counted.",
-    collect: xid_errors,
+    collect: Collect::Points(xid_errors),
 };
 
 fn xid_errors(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
@@ -113,7 +113,7 @@ const SXID_ERRORS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "NVSwitch SXid events.",
-    collect: sxid_errors,
+    collect: Collect::Points(sxid_errors),
 };
 
 fn sxid_errors(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
@@ -143,7 +143,7 @@ const FAULTS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "Fault events of every kind.",
-    collect: faults,
+    collect: Collect::Points(faults),
 };
 
 fn faults(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
@@ -174,7 +174,7 @@ const FAULTS_ACTIVE: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Faults currently active on the GPU.",
-    collect: faults_active,
+    collect: Collect::Points(faults_active),
 };
 
 fn faults_active(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
@@ -193,7 +193,7 @@ const GPU_VERDICT: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 for the GPU's current verdict, 0 for the others.",
-    collect: gpu_verdict,
+    collect: Collect::Points(gpu_verdict),
 };
 
 fn gpu_verdict(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
@@ -215,7 +215,7 @@ const NODE_VERDICT: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 for the node's current verdict, 0 for the others.",
-    collect: node_verdict,
+    collect: Collect::Points(node_verdict),
 };
 
 fn node_verdict(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
@@ -234,7 +234,7 @@ const NODE_ACTION: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 for the most severe active action and its reason.",
-    collect: node_action,
+    collect: Collect::Points(node_action),
 };
 
 fn node_action(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {

@@ -3,8 +3,8 @@
 //! action, persistence mode, NVLink fabric registration.
 
 use super::{
-    AttrValue, InstrumentKind, Num, NumType, Point, Presence, Spec, each_sample, flag, owned,
-    push_opt, s, with,
+    AttrValue, Collect, InstrumentKind, Num, NumType, Point, Presence, Spec, each_sample, flag,
+    owned, push_opt, s, with,
 };
 use gpuwatch_core::registry::Registry;
 use gpuwatch_proto::{GpuSample, NodeHealth, RecoveryAction};
@@ -72,7 +72,7 @@ const TEMPERATURE: Spec = Spec {
     num: NumType::F64,
     presence: Presence::Always,
     description: "GPU core temperature.",
-    collect: temperature,
+    collect: Collect::Points(temperature),
 };
 
 fn temperature(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
@@ -89,7 +89,7 @@ const TEMPERATURE_LIMIT: Spec = Spec {
     num: NumType::F64,
     presence: Presence::Always,
     description: "GPU thermal thresholds.",
-    collect: temperature_limit,
+    collect: Collect::Points(temperature_limit),
 };
 
 fn temperature_limit(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
@@ -111,7 +111,7 @@ const POWER: Spec = Spec {
     num: NumType::F64,
     presence: Presence::Always,
     description: "GPU power draw.",
-    collect: power,
+    collect: Collect::Points(power),
 };
 
 fn power(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
@@ -127,7 +127,7 @@ const POWER_LIMIT: Spec = Spec {
     num: NumType::F64,
     presence: Presence::Always,
     description: "Enforced GPU power limit.",
-    collect: power_limit,
+    collect: Collect::Points(power_limit),
 };
 
 fn power_limit(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
@@ -143,7 +143,7 @@ const CLOCK_EVENT_REASONS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "NVML clock-event (throttle) reason bitmask.",
-    collect: clock_event_reasons,
+    collect: Collect::Points(clock_event_reasons),
 };
 
 /// The NVML clock-event reason bitmask, one point per GPU.
@@ -160,7 +160,7 @@ const CLOCK_EVENTS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 while the clock-event (throttle) reason is active (active reasons only).",
-    collect: clock_events,
+    collect: Collect::Points(clock_events),
 };
 
 /// One point per known reason (the filter sends only active ones).
@@ -184,7 +184,7 @@ const RECOVERY_ACTION: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "NVML GPU recovery action.",
-    collect: recovery_action,
+    collect: Collect::Points(recovery_action),
 };
 
 fn recovery_action(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
@@ -204,7 +204,7 @@ const PERSISTENCE: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "1 when persistence mode is on.",
-    collect: persistence,
+    collect: Collect::Points(persistence),
 };
 
 fn persistence(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
@@ -220,7 +220,7 @@ const FABRIC_STATE: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "NVLink fabric registration: 0 no fabric, 1 not started, 2 in progress, 3 completed.",
-    collect: fabric_state,
+    collect: Collect::Points(fabric_state),
 };
 
 /// One series per GPU with a fabric (`not_supported` GPUs report 0 too, so

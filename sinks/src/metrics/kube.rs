@@ -1,7 +1,7 @@
 //! The Kubernetes writer: API writes, condition status changes, taints carried,
 //! the fleet quarantine budget, the startup gate and device validation runs.
 
-use super::{AttrValue, InstrumentKind, Num, NumType, Point, Presence, Spec, atomic, s};
+use super::{AttrValue, Collect, InstrumentKind, Num, NumType, Point, Presence, Spec, atomic, s};
 use gpuwatch_core::registry::{KubeObject, Registry, ValidationResult, WriteResult};
 use gpuwatch_proto::NodeHealth;
 
@@ -25,7 +25,7 @@ const KUBE_WRITES: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Kubernetes API writes.",
-    collect: kube_writes,
+    collect: Collect::Points(kube_writes),
 };
 
 fn kube_writes(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
@@ -49,7 +49,7 @@ const CONDITION_TRANSITIONS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Status changes of the node conditions gpuwatch writes.",
-    collect: condition_transitions,
+    collect: Collect::Points(condition_transitions),
 };
 
 fn condition_transitions(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
@@ -71,7 +71,7 @@ const TAINTED: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 while the node carries the taint.",
-    collect: tainted,
+    collect: Collect::Points(tainted),
 };
 
 fn tainted(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
@@ -92,15 +92,8 @@ const QUARANTINE_DEFERRED: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 while the node's fault taint is deferred: the fleet quarantine budget is spent.",
-    collect: quarantine_deferred,
+    collect: Collect::Value(|r| &r.quarantine_deferred),
 };
-
-fn quarantine_deferred(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    out.push(Point {
-        attrs: vec![],
-        value: atomic(&r.quarantine_deferred),
-    });
-}
 
 const QUARANTINE_DEFERRALS: Spec = Spec {
     name: "gpuwatch.kube.quarantine.deferrals",
@@ -109,15 +102,8 @@ const QUARANTINE_DEFERRALS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Times the node's fault taint was deferred for the fleet quarantine budget.",
-    collect: quarantine_deferrals,
+    collect: Collect::Value(|r| &r.quarantine_deferrals),
 };
-
-fn quarantine_deferrals(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    out.push(Point {
-        attrs: vec![],
-        value: atomic(&r.quarantine_deferrals),
-    });
-}
 
 const QUARANTINE_SLOTS: Spec = Spec {
     name: "gpuwatch.kube.quarantine.slots",
@@ -126,15 +112,8 @@ const QUARANTINE_SLOTS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Slots of the fleet quarantine budget as this agent last knew them.",
-    collect: quarantine_slots,
+    collect: Collect::Value(|r| &r.quarantine_slots),
 };
-
-fn quarantine_slots(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    out.push(Point {
-        attrs: vec![],
-        value: atomic(&r.quarantine_slots),
-    });
-}
 
 const QUARANTINE_UNAVAILABLE: Spec = Spec {
     name: "gpuwatch.kube.quarantine.unavailable",
@@ -143,15 +122,8 @@ const QUARANTINE_UNAVAILABLE: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 while the fleet quarantine budget cannot work on this node (the API server refuses its Lease requests, or a claim went unanswered for a lease duration): fault taints are applied without it.",
-    collect: quarantine_unavailable,
+    collect: Collect::Value(|r| &r.quarantine_unavailable),
 };
-
-fn quarantine_unavailable(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    out.push(Point {
-        attrs: vec![],
-        value: atomic(&r.quarantine_unavailable),
-    });
-}
 
 const STARTUP_GATE: Spec = Spec {
     name: "gpuwatch.startup_gate.duration",
@@ -160,7 +132,7 @@ const STARTUP_GATE: Spec = Spec {
     num: NumType::F64,
     presence: Presence::NonZero,
     description: "How long the startup taint has been held.",
-    collect: startup_gate,
+    collect: Collect::Points(startup_gate),
 };
 
 fn startup_gate(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
@@ -177,7 +149,7 @@ const VALIDATION_RUNS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Device validation runs.",
-    collect: validation_runs,
+    collect: Collect::Points(validation_runs),
 };
 
 fn validation_runs(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {

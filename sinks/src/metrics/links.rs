@@ -2,8 +2,8 @@
 //! error counters and links down.
 
 use super::{
-    AttrValue, InstrumentKind, Num, NumType, Point, Presence, Spec, each_sample, flag, push_opt, s,
-    with,
+    AttrValue, Collect, InstrumentKind, Num, NumType, Point, Presence, Spec, each_sample, flag,
+    push_opt, s, with,
 };
 use gpuwatch_core::registry::Registry;
 use gpuwatch_proto::NodeHealth;
@@ -50,7 +50,7 @@ const PCIE_GEN: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "PCIe link generation.",
-    collect: pcie_gen,
+    collect: Collect::Points(pcie_gen),
 };
 
 fn pcie_gen(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
@@ -66,7 +66,7 @@ const PCIE_WIDTH: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "PCIe link width.",
-    collect: pcie_width,
+    collect: Collect::Points(pcie_width),
 };
 
 fn pcie_width(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
@@ -82,7 +82,7 @@ const PCIE_REPLAYS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "PCIe replay counter.",
-    collect: pcie_replays,
+    collect: Collect::Points(pcie_replays),
 };
 
 fn pcie_replays(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
@@ -98,7 +98,7 @@ const NVLINK_ERRORS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "NVLink error counters summed over the GPU's links.",
-    collect: nvlink_errors,
+    collect: Collect::Points(nvlink_errors),
 };
 
 /// Per GPU: each error type summed over the GPU's links (types no link
@@ -130,7 +130,7 @@ const NVLINK_LINKS_DOWN: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "NVLinks of the GPU that are down.",
-    collect: nvlink_links_down,
+    collect: Collect::Points(nvlink_links_down),
 };
 
 /// Per GPU: links NVML reports down (only GPUs that report link state).
@@ -157,7 +157,7 @@ const NVLINK_LINK_DOWN: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 while the NVLink is down (down links only).",
-    collect: nvlink_link_down,
+    collect: Collect::Points(nvlink_link_down),
 };
 
 /// Per link: 1 while the link is down (the filter sends only down links).
@@ -180,7 +180,7 @@ const NVLINK_LINK_ERRORS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Moved,
     description: "NVLink error counters of links whose counters moved within the quiet window.",
-    collect: nvlink_link_errors,
+    collect: Collect::Points(nvlink_link_errors),
 };
 
 /// Per link and error type (the filter sends only counters that moved).

@@ -2,7 +2,8 @@
 //! remapping.
 
 use super::{
-    InstrumentKind, Num, NumType, Point, Presence, Spec, each_sample, flag, push_opt, s, with,
+    Collect, InstrumentKind, Num, NumType, Point, Presence, Spec, each_sample, flag, push_opt, s,
+    with,
 };
 use gpuwatch_core::registry::Registry;
 use gpuwatch_proto::NodeHealth;
@@ -24,7 +25,7 @@ const ECC_ERRORS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "NVML ECC error counts.",
-    collect: ecc_errors,
+    collect: Collect::Points(ecc_errors),
 };
 
 fn ecc_errors(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
@@ -51,7 +52,7 @@ const RETIRED_PAGES: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Retired pages (pre-Ampere page retirement).",
-    collect: retired_pages,
+    collect: Collect::Points(retired_pages),
 };
 
 fn retired_pages(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
@@ -73,7 +74,7 @@ const RETIRED_PENDING: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 when a page retirement waits for a reboot or reset.",
-    collect: retired_pending,
+    collect: Collect::Points(retired_pending),
 };
 
 fn retired_pending(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
@@ -89,7 +90,7 @@ const REMAP_ROWS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Rows remapped.",
-    collect: remap_rows,
+    collect: Collect::Points(remap_rows),
 };
 
 fn remap_rows(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
@@ -111,7 +112,7 @@ const REMAP_PENDING: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 when a row remap waits for a GPU reset.",
-    collect: remap_pending,
+    collect: Collect::Points(remap_pending),
 };
 
 fn remap_pending(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
@@ -127,7 +128,7 @@ const REMAP_FAILURE: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 when a row remap failed.",
-    collect: remap_failure,
+    collect: Collect::Points(remap_failure),
 };
 
 fn remap_failure(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {

@@ -4,6 +4,8 @@
 use gpuwatch_core::registry::Registry;
 use gpuwatch_proto::NodeHealth;
 use std::borrow::Cow;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
 
 /// How an instrument aggregates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,7 +78,14 @@ pub(crate) struct Point {
     pub(crate) value: Num,
 }
 
-pub(crate) type Collect = fn(&Registry, &NodeHealth, &mut Vec<Point>);
+/// How an instrument reads its data points.
+#[derive(Clone, Copy)]
+pub(crate) enum Collect {
+    /// One point without attributes: the value of one counter or gauge.
+    Value(fn(&Registry) -> &AtomicU64),
+    /// Any other shape: the function pushes every point.
+    Points(fn(&Registry, &NodeHealth, &mut Vec<Point>)),
+}
 
 /// Which of an instrument's points are exported. A healthy node must stay
 /// within its series budget (`docs/metrics.md`): series that only matter when
@@ -112,8 +121,16 @@ pub(crate) struct Spec {
 impl Spec {
     /// Every data point of this instrument now, before [`SeriesFilter`].
     pub(crate) fn points(&self, registry: &Registry, health: &NodeHealth) -> Vec<Point> {
-        let mut out = Vec::new();
-        (self.collect)(registry, health, &mut out);
-        out
+        match self.collect {
+            Collect::Value(value) => vec![Point {
+                attrs: Vec::new(),
+                value: Num::U64(value(registry).load(Relaxed)),
+            }],
+            Collect::Points(collect) => {
+                let mut out = Vec::new();
+                collect(registry, health, &mut out);
+                out
+            }
+        }
     }
 }
