@@ -3,9 +3,10 @@
 //! state-file failures.
 
 use super::{
-    Collect, InstrumentKind, Num, NumType, Point, Presence, Spec, flag, s, samples_current,
+    Collect, InstrumentKind, Num, NumType, Point, Presence, Sources, Spec, flag, s, samples_current,
 };
-use gpuwatch_core::registry::{Outcome, Registry, Stage};
+use crate::kube::EVENTS_STAGE;
+use gpuwatch_core::registry::{Outcome, Stage};
 use gpuwatch_proto::{Action, NodeHealth, ShortName};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -36,7 +37,7 @@ const GPUS: Spec = Spec {
     collect: Collect::Points(gpus),
 };
 
-fn gpus(r: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn gpus(r: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     let visible = if samples_current(h) {
         h.gpus.iter().filter(|g| g.sample.is_some()).count() as u64
     } else {
@@ -46,14 +47,14 @@ fn gpus(r: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
         attrs: vec![("state", s("visible"))],
         value: Num::U64(visible),
     });
-    let expected = r.gpus_expected.load(Relaxed);
+    let expected = r.kube.gpus_expected.load(Relaxed);
     if expected != u64::MAX {
         out.push(Point {
             attrs: vec![("state", s("expected"))],
             value: Num::U64(expected),
         });
     }
-    let advertised = r.gpus_advertised.load(Relaxed);
+    let advertised = r.kube.gpus_advertised.load(Relaxed);
     if advertised != u64::MAX {
         out.push(Point {
             attrs: vec![("state", s("advertised"))],
@@ -69,7 +70,7 @@ const KMSG_READ: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "Kernel log records read.",
-    collect: Collect::Value(|r| &r.kmsg_records_read),
+    collect: Collect::Value(|r| &r.registry.kmsg_records_read),
 };
 
 const KMSG_LOST: Spec = Spec {
@@ -79,7 +80,7 @@ const KMSG_LOST: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "Kernel log records overwritten before gpuwatch read them.",
-    collect: Collect::Value(|r| &r.kmsg_records_lost),
+    collect: Collect::Value(|r| &r.registry.kmsg_records_lost),
 };
 
 const KMSG_MALFORMED: Spec = Spec {
@@ -89,7 +90,7 @@ const KMSG_MALFORMED: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Kernel log records that did not parse.",
-    collect: Collect::Value(|r| &r.kmsg_records_malformed),
+    collect: Collect::Value(|r| &r.registry.kmsg_records_malformed),
 };
 
 const EVENTS: Spec = Spec {
@@ -102,7 +103,7 @@ const EVENTS: Spec = Spec {
     collect: Collect::Points(events),
 };
 
-fn events(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+fn events(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
     for stage in Stage::ALL {
         for outcome in Outcome::ALL {
             out.push(Point {
@@ -110,9 +111,16 @@ fn events(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
                     ("stage", s(stage.as_str())),
                     ("outcome", s(outcome.as_str())),
                 ],
-                value: Num::U64(r.events(stage, outcome)),
+                value: Num::U64(r.registry.events(stage, outcome)),
             });
         }
+    }
+    // The node writer's Events, last (the writer keeps their counts).
+    for outcome in Outcome::ALL {
+        out.push(Point {
+            attrs: vec![("stage", s(EVENTS_STAGE)), ("outcome", s(outcome.as_str()))],
+            value: Num::U64(r.kube.events(outcome)),
+        });
     }
 }
 
@@ -126,11 +134,11 @@ const EVENTS_DROPPED: Spec = Spec {
     collect: Collect::Points(events_dropped),
 };
 
-fn events_dropped(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+fn events_dropped(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
     for action in Action::ALL {
         out.push(Point {
             attrs: vec![("action", s(action.short_name()))],
-            value: Num::U64(r.source_drops(action)),
+            value: Num::U64(r.registry.source_drops(action)),
         });
     }
 }
@@ -142,7 +150,7 @@ const SAMPLES_DROPPED: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "NVML samples dropped oldest-first.",
-    collect: Collect::Value(|r| &r.samples_dropped),
+    collect: Collect::Value(|r| &r.registry.samples_dropped),
 };
 
 const NVML_ERRORS: Spec = Spec {
@@ -155,8 +163,8 @@ const NVML_ERRORS: Spec = Spec {
     collect: Collect::Points(nvml_errors),
 };
 
-fn nvml_errors(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    for (call, n) in r.nvml_errors() {
+fn nvml_errors(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
+    for (call, n) in r.registry.nvml_errors() {
         out.push(Point {
             attrs: vec![("nvml.call", s(call))],
             value: Num::U64(n),
@@ -171,7 +179,7 @@ const POD_RESOURCES_FAILURES: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Calls to the kubelet's PodResources API that failed: faults of a GPU name no pods meanwhile.",
-    collect: Collect::Value(|r| &r.pod_resources_failures),
+    collect: Collect::Value(|r| &r.registry.pod_resources_failures),
 };
 
 const POD_RESOURCES_UNKNOWN: Spec = Spec {
@@ -181,7 +189,7 @@ const POD_RESOURCES_UNKNOWN: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Device ids in the kubelet's last PodResources answer whose shape names no GPU or MIG device (skipped).",
-    collect: Collect::Value(|r| &r.pod_resources_unknown_devices),
+    collect: Collect::Value(|r| &r.registry.pod_resources_unknown_devices),
 };
 
 const MONITOR_UP: Spec = Spec {
@@ -194,7 +202,7 @@ const MONITOR_UP: Spec = Spec {
     collect: Collect::Points(monitor_up),
 };
 
-fn monitor_up(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn monitor_up(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     // No monitor status yet means gpuwatch cannot tell: 0.
     let (kmsg, nvml) = h
         .monitor
@@ -220,11 +228,11 @@ const EXPORT_FAILURES: Spec = Spec {
     collect: Collect::Points(export_failures),
 };
 
-fn export_failures(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+fn export_failures(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
     for signal in [gpuwatch_core::Signal::Metrics, gpuwatch_core::Signal::Logs] {
         out.push(Point {
             attrs: vec![("signal", s(signal.as_str()))],
-            value: Num::U64(r.export_failures(signal)),
+            value: Num::U64(r.registry.export_failures(signal)),
         });
     }
 }
@@ -239,8 +247,8 @@ const STATE_WRITES: Spec = Spec {
     collect: Collect::Points(state_writes),
 };
 
-fn state_writes(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    let (ok, err) = r.state_writes();
+fn state_writes(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
+    let (ok, err) = r.registry.state_writes();
     out.push(Point {
         attrs: vec![("result", s("ok"))],
         value: Num::U64(ok),

@@ -2,8 +2,8 @@
 //! those active, the GPU and node verdicts, the node's most severe action.
 
 use super::{
-    AttrValue, Collect, InstrumentKind, Num, NumType, Point, Presence, Spec, flag, gpu_attrs,
-    health_gpu_attrs, owned, s, with,
+    AttrValue, Collect, InstrumentKind, Num, NumType, Point, Presence, Sources, Spec, flag,
+    gpu_attrs, health_gpu_attrs, owned, s, with,
 };
 use gpuwatch_core::registry::Registry;
 use gpuwatch_proto::{Action, FaultKind, NodeHealth, ShortName, Verdict};
@@ -89,9 +89,9 @@ const XID_ERRORS: Spec = Spec {
     collect: Collect::Points(xid_errors),
 };
 
-fn xid_errors(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+fn xid_errors(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
     fault_points(
-        r,
+        r.registry,
         out,
         |k| k == FaultKind::Xid,
         |f| {
@@ -116,9 +116,9 @@ const SXID_ERRORS: Spec = Spec {
     collect: Collect::Points(sxid_errors),
 };
 
-fn sxid_errors(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+fn sxid_errors(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
     fault_points(
-        r,
+        r.registry,
         out,
         |k| k == FaultKind::Sxid,
         |f| {
@@ -146,9 +146,9 @@ const FAULTS: Spec = Spec {
     collect: Collect::Points(faults),
 };
 
-fn faults(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+fn faults(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
     fault_points(
-        r,
+        r.registry,
         out,
         |_| true,
         |f| {
@@ -177,7 +177,7 @@ const FAULTS_ACTIVE: Spec = Spec {
     collect: Collect::Points(faults_active),
 };
 
-fn faults_active(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn faults_active(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     for g in &h.gpus {
         active_by_action(&g.active_faults, &health_gpu_attrs(g), out);
     }
@@ -196,7 +196,7 @@ const GPU_VERDICT: Spec = Spec {
     collect: Collect::Points(gpu_verdict),
 };
 
-fn gpu_verdict(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn gpu_verdict(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     for g in &h.gpus {
         let base = health_gpu_attrs(g);
         for v in VERDICTS {
@@ -218,7 +218,7 @@ const NODE_VERDICT: Spec = Spec {
     collect: Collect::Points(node_verdict),
 };
 
-fn node_verdict(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn node_verdict(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     for v in VERDICTS {
         out.push(Point {
             attrs: vec![("verdict", s(v.short_name()))],
@@ -237,7 +237,7 @@ const NODE_ACTION: Spec = Spec {
     collect: Collect::Points(node_action),
 };
 
-fn node_action(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn node_action(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     for a in Action::ALL {
         let active = h.action() == a;
         let reason = if active { owned(&h.reason) } else { s("") };

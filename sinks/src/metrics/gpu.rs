@@ -3,10 +3,9 @@
 //! action, persistence mode, NVLink fabric registration.
 
 use super::{
-    AttrValue, Collect, InstrumentKind, Num, NumType, Point, Presence, Spec, each_sample, flag,
-    owned, push_opt, s, with,
+    AttrValue, Collect, InstrumentKind, Num, NumType, Point, Presence, Sources, Spec, each_sample,
+    flag, owned, push_opt, s, with,
 };
-use gpuwatch_core::registry::Registry;
 use gpuwatch_proto::{GpuSample, NodeHealth, RecoveryAction};
 
 /// The telemetry instruments, in export order.
@@ -75,7 +74,7 @@ const TEMPERATURE: Spec = Spec {
     collect: Collect::Points(temperature),
 };
 
-fn temperature(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn temperature(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         let v = sm.temperature_c.map(|c| Num::F64(f64::from(c)));
         push_opt(out, hw_attrs(base, sm), v);
@@ -92,7 +91,7 @@ const TEMPERATURE_LIMIT: Spec = Spec {
     collect: Collect::Points(temperature_limit),
 };
 
-fn temperature_limit(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn temperature_limit(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         for (limit, v) in [
             ("high.degraded", sm.slowdown_temperature_c),
@@ -114,7 +113,7 @@ const POWER: Spec = Spec {
     collect: Collect::Points(power),
 };
 
-fn power(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn power(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         push_opt(out, hw_attrs(base, sm), milliwatts(sm.power_mw))
     });
@@ -130,7 +129,7 @@ const POWER_LIMIT: Spec = Spec {
     collect: Collect::Points(power_limit),
 };
 
-fn power_limit(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn power_limit(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         push_opt(out, base, milliwatts(sm.power_limit_mw))
     });
@@ -147,7 +146,7 @@ const CLOCK_EVENT_REASONS: Spec = Spec {
 };
 
 /// The NVML clock-event reason bitmask, one point per GPU.
-fn clock_event_reasons(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn clock_event_reasons(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         push_opt(out, base, sm.clock_event_reasons.map(Num::U64))
     });
@@ -164,7 +163,7 @@ const CLOCK_EVENTS: Spec = Spec {
 };
 
 /// One point per known reason (the filter sends only active ones).
-fn clock_events(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn clock_events(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         if let Some(mask) = sm.clock_event_reasons {
             for (bit, reason) in CLOCK_EVENT_BITS {
@@ -187,7 +186,7 @@ const RECOVERY_ACTION: Spec = Spec {
     collect: Collect::Points(recovery_action),
 };
 
-fn recovery_action(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn recovery_action(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         push_opt(
             out,
@@ -207,7 +206,7 @@ const PERSISTENCE: Spec = Spec {
     collect: Collect::Points(persistence),
 };
 
-fn persistence(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn persistence(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         push_opt(out, base, sm.persistence_mode.map(flag))
     });
@@ -227,7 +226,7 @@ const FABRIC_STATE: Spec = Spec {
 /// a missing series means the driver reports no fabric information). The
 /// clique and cluster UUID are attributes so a rack-wide problem groups by
 /// clique; both are fixed for a GPU, so they add no series.
-fn fabric_state(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn fabric_state(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         let Some(f) = &sm.fabric else {
             return;

@@ -1,8 +1,10 @@
 //! The Kubernetes writer: API writes, condition status changes, taints carried,
 //! the fleet quarantine budget, the startup gate and device validation runs.
 
-use super::{AttrValue, Collect, InstrumentKind, Num, NumType, Point, Presence, Spec, atomic, s};
-use gpuwatch_core::registry::{KubeObject, Registry, ValidationResult, WriteResult};
+use super::{
+    AttrValue, Collect, InstrumentKind, Num, NumType, Point, Presence, Sources, Spec, atomic, s,
+};
+use crate::kube::{KubeObject, ValidationResult, WriteResult};
 use gpuwatch_proto::NodeHealth;
 
 /// This subject's instruments, in export order.
@@ -28,7 +30,7 @@ const KUBE_WRITES: Spec = Spec {
     collect: Collect::Points(kube_writes),
 };
 
-fn kube_writes(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+fn kube_writes(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
     for object in KubeObject::ALL {
         for result in WriteResult::ALL {
             out.push(Point {
@@ -36,7 +38,7 @@ fn kube_writes(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
                     ("object", s(object.as_str())),
                     ("result", s(result.as_str())),
                 ],
-                value: Num::U64(r.kube_writes(object, result)),
+                value: Num::U64(r.kube.kube_writes(object, result)),
             });
         }
     }
@@ -52,8 +54,8 @@ const CONDITION_TRANSITIONS: Spec = Spec {
     collect: Collect::Points(condition_transitions),
 };
 
-fn condition_transitions(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    for ((condition, status), n) in r.all_condition_transitions() {
+fn condition_transitions(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
+    for ((condition, status), n) in r.kube.all_condition_transitions() {
         out.push(Point {
             attrs: vec![
                 ("condition", AttrValue::Str(condition.into())),
@@ -74,14 +76,14 @@ const TAINTED: Spec = Spec {
     collect: Collect::Points(tainted),
 };
 
-fn tainted(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+fn tainted(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
     out.push(Point {
         attrs: vec![("taint", s("fault"))],
-        value: atomic(&r.fault_taint_present),
+        value: atomic(&r.kube.fault_taint_present),
     });
     out.push(Point {
         attrs: vec![("taint", s("startup"))],
-        value: atomic(&r.startup_taint_present),
+        value: atomic(&r.kube.startup_taint_present),
     });
 }
 
@@ -92,7 +94,7 @@ const QUARANTINE_DEFERRED: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 while the node's fault taint is deferred: the fleet quarantine budget is spent.",
-    collect: Collect::Value(|r| &r.quarantine_deferred),
+    collect: Collect::Value(|r| &r.kube.quarantine_deferred),
 };
 
 const QUARANTINE_DEFERRALS: Spec = Spec {
@@ -102,7 +104,7 @@ const QUARANTINE_DEFERRALS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Times the node's fault taint was deferred for the fleet quarantine budget.",
-    collect: Collect::Value(|r| &r.quarantine_deferrals),
+    collect: Collect::Value(|r| &r.kube.quarantine_deferrals),
 };
 
 const QUARANTINE_SLOTS: Spec = Spec {
@@ -112,7 +114,7 @@ const QUARANTINE_SLOTS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Slots of the fleet quarantine budget as this agent last knew them.",
-    collect: Collect::Value(|r| &r.quarantine_slots),
+    collect: Collect::Value(|r| &r.kube.quarantine_slots),
 };
 
 const QUARANTINE_UNAVAILABLE: Spec = Spec {
@@ -122,7 +124,7 @@ const QUARANTINE_UNAVAILABLE: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 while the fleet quarantine budget cannot work on this node (the API server refuses its Lease requests, or a claim went unanswered for a lease duration): fault taints are applied without it.",
-    collect: Collect::Value(|r| &r.quarantine_unavailable),
+    collect: Collect::Value(|r| &r.kube.quarantine_unavailable),
 };
 
 const STARTUP_GATE: Spec = Spec {
@@ -135,10 +137,10 @@ const STARTUP_GATE: Spec = Spec {
     collect: Collect::Points(startup_gate),
 };
 
-fn startup_gate(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+fn startup_gate(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
     out.push(Point {
         attrs: vec![],
-        value: Num::F64(r.startup_gate_seconds()),
+        value: Num::F64(r.kube.startup_gate_seconds()),
     });
 }
 
@@ -152,11 +154,11 @@ const VALIDATION_RUNS: Spec = Spec {
     collect: Collect::Points(validation_runs),
 };
 
-fn validation_runs(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+fn validation_runs(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
     for result in ValidationResult::ALL {
         out.push(Point {
             attrs: vec![("result", s(result.as_str()))],
-            value: Num::U64(r.validation_runs(result)),
+            value: Num::U64(r.kube.validation_runs(result)),
         });
     }
 }

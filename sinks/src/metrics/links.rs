@@ -2,10 +2,9 @@
 //! error counters and links down.
 
 use super::{
-    AttrValue, Collect, InstrumentKind, Num, NumType, Point, Presence, Spec, each_sample, flag,
-    push_opt, s, with,
+    AttrValue, Collect, InstrumentKind, Num, NumType, Point, Presence, Sources, Spec, each_sample,
+    flag, push_opt, s, with,
 };
-use gpuwatch_core::registry::Registry;
 use gpuwatch_proto::NodeHealth;
 
 /// This subject's instruments, in export order.
@@ -53,7 +52,7 @@ const PCIE_GEN: Spec = Spec {
     collect: Collect::Points(pcie_gen),
 };
 
-fn pcie_gen(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn pcie_gen(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         bounds(out, &base, sm.pcie_link_gen, sm.pcie_link_gen_max)
     });
@@ -69,7 +68,7 @@ const PCIE_WIDTH: Spec = Spec {
     collect: Collect::Points(pcie_width),
 };
 
-fn pcie_width(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn pcie_width(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         bounds(out, &base, sm.pcie_link_width, sm.pcie_link_width_max)
     });
@@ -85,7 +84,7 @@ const PCIE_REPLAYS: Spec = Spec {
     collect: Collect::Points(pcie_replays),
 };
 
-fn pcie_replays(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn pcie_replays(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         push_opt(out, base, sm.pcie_replay_counter.map(Num::U64))
     });
@@ -103,7 +102,7 @@ const NVLINK_ERRORS: Spec = Spec {
 
 /// Per GPU: each error type summed over the GPU's links (types no link
 /// reports are left out).
-fn nvlink_errors(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn nvlink_errors(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         let mut sums: [Option<u64>; 4] = [None; 4];
         for l in &sm.nvlinks {
@@ -134,7 +133,7 @@ const NVLINK_LINKS_DOWN: Spec = Spec {
 };
 
 /// Per GPU: links NVML reports down (only GPUs that report link state).
-fn nvlink_links_down(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn nvlink_links_down(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         if sm.nvlinks.iter().any(|l| l.active.is_some()) {
             let down = sm
@@ -161,7 +160,7 @@ const NVLINK_LINK_DOWN: Spec = Spec {
 };
 
 /// Per link: 1 while the link is down (the filter sends only down links).
-fn nvlink_link_down(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn nvlink_link_down(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         for l in &sm.nvlinks {
             let attrs = with(
@@ -184,7 +183,7 @@ const NVLINK_LINK_ERRORS: Spec = Spec {
 };
 
 /// Per link and error type (the filter sends only counters that moved).
-fn nvlink_link_errors(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn nvlink_link_errors(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         for l in &sm.nvlinks {
             for (ty, v) in nvlink_counters(l) {

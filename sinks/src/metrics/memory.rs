@@ -2,10 +2,9 @@
 //! remapping.
 
 use super::{
-    Collect, InstrumentKind, Num, NumType, Point, Presence, Spec, each_sample, flag, push_opt, s,
-    with,
+    Collect, InstrumentKind, Num, NumType, Point, Presence, Sources, Spec, each_sample, flag,
+    push_opt, s, with,
 };
-use gpuwatch_core::registry::Registry;
 use gpuwatch_proto::NodeHealth;
 
 /// This subject's instruments, in export order.
@@ -28,7 +27,7 @@ const ECC_ERRORS: Spec = Spec {
     collect: Collect::Points(ecc_errors),
 };
 
-fn ecc_errors(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn ecc_errors(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         for (ty, counter, v) in [
             ("corrected", "volatile", sm.ecc_volatile_corrected),
@@ -55,7 +54,7 @@ const RETIRED_PAGES: Spec = Spec {
     collect: Collect::Points(retired_pages),
 };
 
-fn retired_pages(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn retired_pages(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         for (cause, v) in [("sbe", sm.retired_pages_sbe), ("dbe", sm.retired_pages_dbe)] {
             push_opt(
@@ -77,7 +76,7 @@ const RETIRED_PENDING: Spec = Spec {
     collect: Collect::Points(retired_pending),
 };
 
-fn retired_pending(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn retired_pending(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         push_opt(out, base, sm.retired_pages_pending.map(flag))
     });
@@ -93,7 +92,7 @@ const REMAP_ROWS: Spec = Spec {
     collect: Collect::Points(remap_rows),
 };
 
-fn remap_rows(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn remap_rows(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         for (ty, v) in [
             ("correctable", sm.remapped_rows_correctable),
@@ -115,7 +114,7 @@ const REMAP_PENDING: Spec = Spec {
     collect: Collect::Points(remap_pending),
 };
 
-fn remap_pending(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn remap_pending(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         push_opt(out, base, sm.remapped_rows_pending.map(flag))
     });
@@ -131,7 +130,7 @@ const REMAP_FAILURE: Spec = Spec {
     collect: Collect::Points(remap_failure),
 };
 
-fn remap_failure(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn remap_failure(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         push_opt(out, base, sm.remapped_rows_failure.map(flag))
     });

@@ -1,6 +1,7 @@
 //! What an instrument is: its kind, number type, data points and when its
 //! series are exported.
 
+use crate::kube::KubeMetrics;
 use gpuwatch_core::registry::Registry;
 use gpuwatch_proto::NodeHealth;
 use std::borrow::Cow;
@@ -78,13 +79,21 @@ pub(crate) struct Point {
     pub(crate) value: Num,
 }
 
+/// What the instruments read besides the node health: the health engine's
+/// registry and the Kubernetes node writer's metrics.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Sources<'a> {
+    pub(crate) registry: &'a Registry,
+    pub(crate) kube: &'a KubeMetrics,
+}
+
 /// How an instrument reads its data points.
 #[derive(Clone, Copy)]
 pub(crate) enum Collect {
     /// One point without attributes: the value of one counter or gauge.
-    Value(fn(&Registry) -> &AtomicU64),
+    Value(for<'a> fn(&'a Sources<'a>) -> &'a AtomicU64),
     /// Any other shape: the function pushes every point.
-    Points(fn(&Registry, &NodeHealth, &mut Vec<Point>)),
+    Points(fn(&Sources<'_>, &NodeHealth, &mut Vec<Point>)),
 }
 
 /// Which of an instrument's points are exported. A healthy node must stay
@@ -120,15 +129,15 @@ pub(crate) struct Spec {
 
 impl Spec {
     /// Every data point of this instrument now, before [`SeriesFilter`].
-    pub(crate) fn points(&self, registry: &Registry, health: &NodeHealth) -> Vec<Point> {
+    pub(crate) fn points(&self, src: &Sources<'_>, health: &NodeHealth) -> Vec<Point> {
         match self.collect {
             Collect::Value(value) => vec![Point {
                 attrs: Vec::new(),
-                value: Num::U64(value(registry).load(Relaxed)),
+                value: Num::U64(value(src).load(Relaxed)),
             }],
             Collect::Points(collect) => {
                 let mut out = Vec::new();
-                collect(registry, health, &mut out);
+                collect(src, health, &mut out);
                 out
             }
         }
