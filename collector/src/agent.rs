@@ -45,6 +45,7 @@ use crate::api::{self, ApiState};
 use crate::pipeline::{ENGINE_CHANNEL_CAPACITY, Liveness, StopReason};
 use engine::EngineThread;
 use gpuwatch_core::{Registry, Shutdown};
+use gpuwatch_sinks::kube::KubeMetrics;
 use inputs::{EngineInlet, Inputs, KmsgReader, KubeletDevices, LocalApi, NvmlSources};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -128,6 +129,7 @@ impl Prepared {
         })?;
         let rt = runtime()?;
         let registry = Registry::new();
+        let kube = KubeMetrics::new();
         let liveness = Liveness::new();
         let engine = self.agent_engine(&registry, &liveness);
         let shutdown = Shutdown::new();
@@ -152,6 +154,7 @@ impl Prepared {
             cfg,
             opts,
             &registry,
+            &kube,
             rt.handle(),
             health_rx,
             Arc::downgrade(&validation),
@@ -169,6 +172,7 @@ impl Prepared {
         let kubelet = KubeletDevices::start(&cfg.kubelet, &rt, inlet.sender(), &registry);
         let api_state = ApiState {
             registry: registry.clone(),
+            kube,
             liveness,
             metrics: sinks.metrics.take().filter(|_| cfg.api.prometheus),
         };

@@ -35,6 +35,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Router};
 use gpuwatch_core::Registry;
 use gpuwatch_core::msg::Input;
+use gpuwatch_sinks::kube::KubeMetrics;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -118,6 +119,10 @@ pub enum ApiError {
 pub struct ApiState {
     /// Metrics and the latest node health.
     pub registry: Arc<Registry>,
+    /// The Kubernetes writer's metrics: the quarantine budget's status and
+    /// the held conditions (`/v1/health`), whether the budget works
+    /// (`/readyz`).
+    pub kube: Arc<KubeMetrics>,
     /// Thread liveness and readiness.
     pub liveness: Arc<Liveness>,
     /// `/metrics` renderer; `None` answers 404.
@@ -405,7 +410,7 @@ async fn readyz(State(s): State<ApiState>) -> Response {
     // A quarantine budget that cannot work (a Role without Leases) fails
     // readiness, so a DaemonSet rollout of a broken Role stops at its first
     // nodes instead of reaching the fleet.
-    let budget_unavailable = s.registry.quarantine_unavailable.load(Ordering::Relaxed) != 0;
+    let budget_unavailable = s.kube.quarantine_unavailable.load(Ordering::Relaxed) != 0;
     let ready = l.ready() && !budget_unavailable;
     json_response(
         if ready {
@@ -428,11 +433,11 @@ async fn health(State(s): State<ApiState>) -> Response {
     let mut h = s.registry.health();
     // The Kubernetes writer's view of the quarantine budget, beside the
     // engine's health.
-    if let Some(q) = s.registry.quarantine() {
+    if let Some(q) = s.kube.quarantine() {
         Arc::make_mut(&mut h).quarantine = Some(q);
     }
     // The conditions the writer holds in their problem status, and until when.
-    let holds = s.registry.condition_holds();
+    let holds = s.kube.condition_holds();
     if !holds.is_empty() {
         Arc::make_mut(&mut h).condition_holds = holds;
     }
@@ -609,8 +614,10 @@ mod tests {
         };
         h.set_verdict(Verdict::Healthy);
         registry.set_health(Arc::new(h));
+        let kube = KubeMetrics::new();
         let state = ApiState {
             registry: registry.clone(),
+            kube: kube.clone(),
             liveness: liveness.clone(),
             metrics: Some(Arc::new(|| "gpuwatch_up 1\n".to_string())),
         };
@@ -642,14 +649,14 @@ mod tests {
             assert_eq!(code, 200, "{body}");
             // A quarantine budget that cannot work (a Role without Leases)
             // fails readiness, so a rollout of the broken Role stops.
-            registry.quarantine_unavailable.store(1, Ordering::Relaxed);
+            kube.quarantine_unavailable.store(1, Ordering::Relaxed);
             let (code, body) = get(addr, "/readyz");
             assert_eq!(code, 503, "{body}");
             assert!(
                 body.contains("\"quarantine_budget_unavailable\":true"),
                 "{body}"
             );
-            registry.quarantine_unavailable.store(0, Ordering::Relaxed);
+            kube.quarantine_unavailable.store(0, Ordering::Relaxed);
             assert_eq!(get(addr, "/readyz").0, 200);
         }
         let (code, body) = get(addr, "/v1/health");
@@ -659,7 +666,7 @@ mod tests {
         assert_eq!(v["verdict"], "healthy");
         assert!(v.get("condition_holds").is_none(), "none held: left out");
         // A hold the Kubernetes writer published shows beside the health.
-        registry.set_condition_holds(vec![gpuwatch_proto::ConditionHold {
+        kube.set_condition_holds(vec![gpuwatch_proto::ConditionHold {
             condition: "GPUProblem".into(),
             held_until_unix_nano: 1_800_000_000_000_000_000,
             message: "held until 2027-01-15T08:00:00Z: cleared 3 times within 60 min".into(),
@@ -721,6 +728,7 @@ mod tests {
     fn state() -> ApiState {
         ApiState {
             registry: Registry::new(),
+            kube: KubeMetrics::new(),
             liveness: Liveness::new(),
             metrics: None,
         }

@@ -45,8 +45,7 @@ pub mod validation;
 pub use shutdown::{Shutdown, WakeFd, join_by};
 
 pub use registry::{
-    FaultSeries, KubeObject, LATENCY_BUCKETS_SECONDS, LatencyBuckets, Outcome, Registry, Signal,
-    Stage, ValidationResult, WriteResult,
+    FaultSeries, LATENCY_BUCKETS_SECONDS, LatencyBuckets, Outcome, Registry, Signal, Stage,
 };
 
 use gpuwatch_proto::FaultEvent;

@@ -1,11 +1,12 @@
-//! The in-process metric registry every gpuwatch component writes to and every
-//! exporter (OTLP, Prometheus text) reads from.
+//! The in-process metric registry the health engine, its inputs and the event
+//! sinks write to and every exporter (OTLP, Prometheus text) reads from. The
+//! cluster node writer keeps its own metrics (in the sinks crate).
 //!
 //! Hot-path counters are plain atomics; everything keyed by labels uses label
 //! values from fixed enums or bounded sets (GPU identity, XID code), never
 //! free text. Names and meanings: `docs/metrics.md`.
 
-use gpuwatch_proto::{Action, ConditionHold, FaultEvent, FaultKind, NodeHealth, QuarantineStatus};
+use gpuwatch_proto::{Action, FaultEvent, FaultKind, NodeHealth};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
@@ -22,19 +23,11 @@ pub enum Stage {
     Stdout,
     /// The OTLP log-record exporter.
     OtlpLogs,
-    /// Kubernetes Events on the Node.
-    KubeEvents,
 }
 
 impl Stage {
     /// Every stage, in the order exporters list their series.
-    pub const ALL: [Stage; 5] = [
-        Stage::Parser,
-        Stage::Engine,
-        Stage::Stdout,
-        Stage::OtlpLogs,
-        Stage::KubeEvents,
-    ];
+    pub const ALL: [Stage; 4] = [Stage::Parser, Stage::Engine, Stage::Stdout, Stage::OtlpLogs];
     /// The `stage` attribute value in metrics.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -42,7 +35,6 @@ impl Stage {
             Stage::Engine => "engine",
             Stage::Stdout => "stdout",
             Stage::OtlpLogs => "otlp_logs",
-            Stage::KubeEvents => "kube_events",
         }
     }
 }
@@ -86,90 +78,6 @@ impl Signal {
         match self {
             Signal::Metrics => "metrics",
             Signal::Logs => "logs",
-        }
-    }
-}
-
-/// Kubernetes object kind written (`object` attribute).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum KubeObject {
-    /// Node condition (status SSA).
-    Condition,
-    /// Fault taint (JSON patch).
-    Taint,
-    /// Startup taint removal.
-    StartupTaint,
-    /// Event on the Node.
-    Event,
-}
-
-impl KubeObject {
-    /// Every object kind, in the order exporters list their series.
-    pub const ALL: [KubeObject; 4] = [
-        KubeObject::Condition,
-        KubeObject::Taint,
-        KubeObject::StartupTaint,
-        KubeObject::Event,
-    ];
-    /// The `object` attribute value in metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            KubeObject::Condition => "condition",
-            KubeObject::Taint => "taint",
-            KubeObject::StartupTaint => "startup_taint",
-            KubeObject::Event => "event",
-        }
-    }
-}
-
-/// Result of a write (`result` attribute).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum WriteResult {
-    /// Accepted.
-    Ok,
-    /// 409 Conflict (retried).
-    Conflict,
-    /// Any other failure.
-    Error,
-}
-
-impl WriteResult {
-    /// Every result, in the order exporters list their series.
-    pub const ALL: [WriteResult; 3] = [WriteResult::Ok, WriteResult::Conflict, WriteResult::Error];
-    /// The `result` attribute value in metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WriteResult::Ok => "ok",
-            WriteResult::Conflict => "conflict",
-            WriteResult::Error => "error",
-        }
-    }
-}
-
-/// Outcome of a device validation run (`result` attribute).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ValidationResult {
-    /// Every check ran and passed.
-    Pass,
-    /// A check failed.
-    Fail,
-    /// Not every check could run (never removes the startup taint).
-    Incomplete,
-}
-
-impl ValidationResult {
-    /// Every result, in the order exporters list their series.
-    pub const ALL: [ValidationResult; 3] = [
-        ValidationResult::Pass,
-        ValidationResult::Fail,
-        ValidationResult::Incomplete,
-    ];
-    /// The `result` attribute value in metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ValidationResult::Pass => "pass",
-            ValidationResult::Fail => "fail",
-            ValidationResult::Incomplete => "incomplete",
         }
     }
 }
@@ -305,49 +213,19 @@ pub struct Registry {
     pub kmsg_records_lost: AtomicU64,
     /// Records that did not parse.
     pub kmsg_records_malformed: AtomicU64,
-    /// Calls to the kubelet's PodResources API that failed (no socket, a
-    /// timeout, an error answer): faults of a GPU then name no pods.
+    /// PodResources API calls that failed (no socket, a timeout, an error
+    /// answer): faults of a GPU then name no pods.
     pub pod_resources_failures: AtomicU64,
-    /// Device ids in the kubelet's last PodResources answer whose shape names
-    /// no GPU or MIG device (skipped, never guessed).
+    /// Device ids in the last PodResources answer whose shape names no GPU or
+    /// MIG device (skipped, never guessed).
     pub pod_resources_unknown_devices: AtomicU64,
     /// NVML samples dropped oldest-first.
     pub samples_dropped: AtomicU64,
-    events: [[AtomicU64; 3]; 5],
+    events: [[AtomicU64; 3]; 4],
     /// Fault events a source dropped for lack of room, by action rank.
     source_drops: [AtomicU64; ACTION_RANKS],
     export_failures: [AtomicU64; 2],
     state_writes: [AtomicU64; 2],
-    kube_writes: [[AtomicU64; 3]; 4],
-    validation_runs: [AtomicU64; 3],
-    /// 1 while the node carries gpuwatch's fault taint.
-    pub fault_taint_present: AtomicU64,
-    /// 1 while the node carries the startup taint.
-    pub startup_taint_present: AtomicU64,
-    /// 1 while the node's fault taint is deferred: the fleet quarantine budget
-    /// is spent.
-    pub quarantine_deferred: AtomicU64,
-    /// Times the node's fault taint was deferred for the quarantine budget.
-    pub quarantine_deferrals: AtomicU64,
-    /// Slots of the fleet quarantine budget as last known (0: off or unknown).
-    pub quarantine_slots: AtomicU64,
-    /// 1 while the fleet quarantine budget cannot work on this node (its
-    /// requests refused, or unanswered for a lease duration): fault taints
-    /// go on without it, and `/readyz` fails.
-    pub quarantine_unavailable: AtomicU64,
-    quarantine: RwLock<Option<QuarantineStatus>>,
-    /// The conditions whose clear the Kubernetes writer holds back.
-    condition_holds: RwLock<Vec<ConditionHold>>,
-    /// Status changes of the conditions the Kubernetes writer owns, by
-    /// (condition type, new status).
-    condition_transitions: Mutex<BTreeMap<(String, &'static str), u64>>,
-    /// GPUs the node should have; `u64::MAX` when unknown.
-    pub gpus_expected: AtomicU64,
-    /// Devices the device plugin advertises in the Node's
-    /// `status.allocatable` (the configured resources summed); `u64::MAX`
-    /// when not known (no Kubernetes writer, or the check is off).
-    pub gpus_advertised: AtomicU64,
-    startup_gate_since: Mutex<Option<Instant>>,
     nvml_errors: Mutex<BTreeMap<&'static str, u64>>,
     faults: Mutex<BTreeMap<FaultSeries, FaultCount>>,
     fault_window: Mutex<Duration>,
@@ -391,20 +269,6 @@ impl Default for Registry {
             source_drops: Default::default(),
             export_failures: Default::default(),
             state_writes: Default::default(),
-            kube_writes: Default::default(),
-            validation_runs: Default::default(),
-            fault_taint_present: AtomicU64::new(0),
-            startup_taint_present: AtomicU64::new(0),
-            quarantine_deferred: AtomicU64::new(0),
-            quarantine_deferrals: AtomicU64::new(0),
-            quarantine_slots: AtomicU64::new(0),
-            quarantine_unavailable: AtomicU64::new(0),
-            quarantine: RwLock::new(None),
-            condition_holds: RwLock::new(Vec::new()),
-            condition_transitions: Mutex::new(BTreeMap::new()),
-            gpus_expected: AtomicU64::new(u64::MAX),
-            gpus_advertised: AtomicU64::new(u64::MAX),
-            startup_gate_since: Mutex::new(None),
             nvml_errors: Mutex::new(BTreeMap::new()),
             faults: Mutex::new(BTreeMap::new()),
             fault_window: Mutex::new(DEFAULT_FAULT_SERIES_WINDOW),
@@ -481,50 +345,6 @@ impl Registry {
             self.state_writes[0].load(Relaxed),
             self.state_writes[1].load(Relaxed),
         )
-    }
-
-    /// Counts a Kubernetes write.
-    pub fn count_kube_write(&self, object: KubeObject, result: WriteResult) {
-        self.kube_writes[object as usize][result as usize].fetch_add(1, Relaxed);
-    }
-
-    /// Kubernetes writes of `object` with `result`.
-    pub fn kube_writes(&self, object: KubeObject, result: WriteResult) -> u64 {
-        self.kube_writes[object as usize][result as usize].load(Relaxed)
-    }
-
-    /// Counts a status change of condition `type_` to `status` (`True`,
-    /// `False`, `Unknown`).
-    pub fn count_condition_transition(&self, type_: &str, status: &'static str) {
-        *lock(&self.condition_transitions)
-            .entry((type_.to_owned(), status))
-            .or_insert(0) += 1;
-    }
-
-    /// Status changes of condition `type_` to `status` so far.
-    pub fn condition_transitions(&self, type_: &str, status: &str) -> u64 {
-        lock(&self.condition_transitions)
-            .iter()
-            .find(|((t, s), _)| t == type_ && *s == status)
-            .map_or(0, |(_, n)| *n)
-    }
-
-    /// Every (condition type, status) and its count of changes.
-    pub fn all_condition_transitions(&self) -> Vec<((String, &'static str), u64)> {
-        lock(&self.condition_transitions)
-            .iter()
-            .map(|(k, n)| (k.clone(), *n))
-            .collect()
-    }
-
-    /// Counts a validation run.
-    pub fn count_validation(&self, result: ValidationResult) {
-        self.validation_runs[result as usize].fetch_add(1, Relaxed);
-    }
-
-    /// Validation runs with `result`.
-    pub fn validation_runs(&self, result: ValidationResult) -> u64 {
-        self.validation_runs[result as usize].load(Relaxed)
     }
 
     /// Counts a failed NVML call (`call` is the NVML function name, a static string).
@@ -649,55 +469,6 @@ impl Registry {
             .unwrap_or_else(|e| e.into_inner())
             .clone()
     }
-
-    /// Publishes where the node stands in the fleet quarantine budget (the
-    /// Kubernetes writer; `/v1/health` shows it beside the engine's health).
-    pub fn set_quarantine(&self, status: QuarantineStatus) {
-        *self.quarantine.write().unwrap_or_else(|e| e.into_inner()) = Some(status);
-    }
-
-    /// The latest quarantine budget status (`None` without a Kubernetes writer).
-    pub fn quarantine(&self) -> Option<QuarantineStatus> {
-        self.quarantine
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// Publishes the conditions whose clear the Kubernetes writer holds back
-    /// (the flap bound; `/v1/health` shows them beside the engine's health).
-    pub fn set_condition_holds(&self, holds: Vec<ConditionHold>) {
-        *self
-            .condition_holds
-            .write()
-            .unwrap_or_else(|e| e.into_inner()) = holds;
-    }
-
-    /// The conditions held back as last published (empty while none is held
-    /// and without a Kubernetes writer).
-    pub fn condition_holds(&self) -> Vec<ConditionHold> {
-        self.condition_holds
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// Marks whether the startup taint is present (starts/stops the gate clock).
-    pub fn set_startup_taint(&self, present: bool) {
-        self.startup_taint_present
-            .store(u64::from(present), Relaxed);
-        let mut since = lock(&self.startup_gate_since);
-        match (present, since.is_some()) {
-            (true, false) => *since = Some(Instant::now()),
-            (false, true) => *since = None,
-            _ => {}
-        }
-    }
-
-    /// Seconds the startup taint has been held (0 when absent).
-    pub fn startup_gate_seconds(&self) -> f64 {
-        lock(&self.startup_gate_since).map_or(0.0, |t| t.elapsed().as_secs_f64())
-    }
 }
 
 #[cfg(test)]
@@ -730,16 +501,6 @@ mod tests {
         assert_eq!(b.counts[8], 1); // <= 5 ms
         let p99 = r.latency_quantile_nanos(0.99).unwrap();
         assert!((2_990_000..=3_010_000).contains(&p99), "{p99}");
-    }
-
-    #[test]
-    fn startup_gate_clock() {
-        let r = Registry::new();
-        assert_eq!(r.startup_gate_seconds(), 0.0);
-        r.set_startup_taint(true);
-        assert_eq!(r.startup_taint_present.load(Relaxed), 1);
-        r.set_startup_taint(false);
-        assert_eq!(r.startup_gate_seconds(), 0.0);
     }
 
     fn xid(code: u32, gpu: u32) -> FaultEvent {

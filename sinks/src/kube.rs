@@ -77,6 +77,7 @@ mod config;
 mod desired;
 mod events;
 mod flap;
+mod metrics;
 mod node;
 mod pod_events;
 mod pods;
@@ -90,12 +91,13 @@ pub use cleanup::{CleanupError, CleanupReport, node_cleanup};
 pub use config::{KubeConfig, MigStrategy, StartupGateMode, TaintConfig};
 pub use desired::class_reason;
 pub use events::{COMPONENT, DEDUP_ANNOTATION, event_reason, event_type};
+pub use metrics::{EVENTS_STAGE, KubeMetrics, KubeObject, ValidationResult, WriteResult};
 pub use pods::{PlacementCallback, pod_info};
 
 use backend::Backend;
 use events::{EventQueue, EventWriter, KubeEventSink};
+use gpuwatch_core::EventSink;
 use gpuwatch_core::validation::ValidationConfig;
-use gpuwatch_core::{EventSink, Registry};
 use gpuwatch_proto::{NodeHealth, ValidationReport};
 use reconcile::Reconciler;
 use std::path::PathBuf;
@@ -325,13 +327,13 @@ fn start_quarantine(
     cfg: &KubeConfig,
     node_name: &str,
     client: Option<kube::Client>,
-    registry: &Arc<Registry>,
+    metrics: &Arc<KubeMetrics>,
     shutdown: watch::Receiver<bool>,
 ) -> (Option<quarantine::link::Link>, Option<JoinHandle<()>>) {
     let budget = cfg.quarantine_budget();
-    let registry = registry.clone();
+    let metrics = metrics.clone();
     if budget == quarantine::Budget::Off {
-        registry.set_quarantine(quarantine::link::status_view(
+        metrics.set_quarantine(quarantine::link::status_view(
             budget,
             &quarantine::Status::Off,
         ));
@@ -384,7 +386,7 @@ fn start_quarantine(
             ))
         }
     };
-    let link = quarantine::link::Link::new(need_tx, status_rx, budget, registry);
+    let link = quarantine::link::Link::new(need_tx, status_rx, budget, metrics);
     (Some(link), Some(task))
 }
 
@@ -398,7 +400,7 @@ impl NodeWriter {
         cfg: KubeConfig,
         validation: ValidationConfig,
         node_name: String,
-        registry: Arc<Registry>,
+        metrics: Arc<KubeMetrics>,
         health_rx: watch::Receiver<Arc<NodeHealth>>,
         dry_run: bool,
         hooks: WriterHooks,
@@ -445,8 +447,8 @@ impl NodeWriter {
         };
         let on_validation = hooks.on_validation;
         let (quarantine_link, quarantine_task) =
-            start_quarantine(&cfg, &node_name, client, &registry, shutdown_rx.clone());
-        let queue = Arc::new(EventQueue::new(cfg.event_queue_capacity, registry.clone()));
+            start_quarantine(&cfg, &node_name, client, &metrics, shutdown_rx.clone());
+        let queue = Arc::new(EventQueue::new(cfg.event_queue_capacity, metrics.clone()));
         let sink = Arc::new(KubeEventSink {
             queue: queue.clone(),
             enabled: cfg.events,
@@ -467,7 +469,7 @@ impl NodeWriter {
                 cfg: cfg.clone(),
                 node_name: node_name.clone(),
                 node_uid: node_uid.clone(),
-                registry: registry.clone(),
+                metrics: metrics.clone(),
             }
             .run(),
         );
@@ -483,7 +485,7 @@ impl NodeWriter {
                 cfg,
                 vcfg: validation,
                 node_name,
-                registry,
+                metrics,
                 backend,
                 health_rx,
                 node_rx,

@@ -1,6 +1,8 @@
 //! The metric table: every metric of `docs/metrics.md`, each an entry with
-//! named fields beside the pure function that reads its data points from the
-//! [`Registry`] and the [`NodeHealth`]. Both outputs read it: the OTLP exporter
+//! named fields and how its data points are read ([`Collect`]) from the
+//! [`Sources`] (the engine's [`Registry`], the node writer's `KubeMetrics`) and
+//! the [`NodeHealth`]: one counter or gauge named by an accessor, or a pure
+//! function beside the entry. Both outputs read it: the OTLP exporter
 //! registers one observable instrument per entry, the Prometheus renderer walks
 //! the same table, so both always carry the same names, attributes and values.
 //! The mapping to the data model lives here; the transports (`otlp`,
@@ -20,7 +22,7 @@ mod model;
 
 pub(crate) use filter::{DEFAULT_QUIET_WINDOW, SeriesFilter};
 pub use model::InstrumentKind;
-pub(crate) use model::{AttrValue, Num, NumType, Point, Presence, Spec};
+pub(crate) use model::{AttrValue, Collect, Num, NumType, Point, Presence, Sources, Spec};
 
 use gpuwatch_proto::{GpuHealth, GpuSample, NodeHealth};
 use std::borrow::Cow;

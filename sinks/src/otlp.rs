@@ -8,11 +8,13 @@
 //! ```no_run
 //! use gpuwatch_sinks::otlp::{OtlpConfig, OtlpExporter, ResourceInfo};
 //! use gpuwatch_core::Registry;
+//! use gpuwatch_sinks::kube::KubeMetrics;
 //!
 //! let rt = tokio::runtime::Runtime::new().unwrap();
 //! let cfg = OtlpConfig { enabled: true, endpoint: Some("http://127.0.0.1:4317".into()), ..Default::default() };
 //! let resource = ResourceInfo { node_name: "gpu-node-1".into(), host_name: "gpu-node-1".into(), service_version: "0.1.0".into() };
-//! let exporter = OtlpExporter::start(&cfg, &resource, Registry::new(), rt.handle()).unwrap();
+//! let exporter =
+//!     OtlpExporter::start(&cfg, &resource, Registry::new(), KubeMetrics::new(), rt.handle()).unwrap();
 //! let sink = exporter.log_sink(); // hand to the health engine
 //! # drop(sink);
 //! exporter.shutdown(std::time::Duration::from_secs(5));
@@ -25,7 +27,8 @@ pub use config::{
     Compression, OtlpConfig, OtlpSignal, Protocol, ResolvedSignal, TlsConfig, parse_key_values,
 };
 
-use crate::metrics::{self, InstrumentKind, NumType, Point, SPECS, SeriesFilter};
+use crate::kube::KubeMetrics;
+use crate::metrics::{self, InstrumentKind, NumType, Point, SPECS, SeriesFilter, Sources};
 use gpuwatch_core::{EventSink, LATENCY_BUCKETS_SECONDS, Registry, Signal, Stage};
 use gpuwatch_proto::{FaultEvent, NodeHealth};
 use logs::{Driver, LogQueue, OtlpLogSink, QueueSettings, Worker};
@@ -409,15 +412,20 @@ enum Held {
 fn register_instruments(
     meter: &opentelemetry::metrics::Meter,
     registry: &Arc<Registry>,
+    kube: &Arc<KubeMetrics>,
     filter: &Arc<SeriesFilter>,
 ) -> Vec<Held> {
     let mut held = Vec::with_capacity(SPECS.len());
     for (i, spec) in SPECS.iter().enumerate() {
-        let reg = registry.clone();
+        let (reg, kube) = (registry.clone(), kube.clone());
         let filter = filter.clone();
         let points = move || -> Vec<Point> {
             let health: Arc<NodeHealth> = reg.health();
-            filter.apply(i, SPECS[i].points(&reg, &health), Instant::now())
+            let src = Sources {
+                registry: &reg,
+                kube: &kube,
+            };
+            filter.apply(i, SPECS[i].points(&src, &health), Instant::now())
         };
         match (spec.kind, spec.num) {
             (InstrumentKind::Counter, _) => held.push(Held::Counter(
@@ -545,6 +553,7 @@ impl OtlpExporter {
         cfg: &OtlpConfig,
         resource: &ResourceInfo,
         registry: Arc<Registry>,
+        kube: Arc<KubeMetrics>,
         rt: &tokio::runtime::Handle,
     ) -> Result<OtlpExporter, OtlpError> {
         if !cfg.enabled {
@@ -582,6 +591,7 @@ impl OtlpExporter {
                 &otel_resource,
                 &scope,
                 &registry,
+                &kube,
             )?;
         }
         if cfg.logs {
@@ -601,6 +611,10 @@ impl OtlpExporter {
     /// The metric pipeline: a periodic reader counting failed exports, one
     /// observable instrument per table entry behind this output's series
     /// filter, and the pipeline latency histogram.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the parts start() resolved, each used once"
+    )]
     fn start_metrics(
         &mut self,
         cfg: &OtlpConfig,
@@ -609,6 +623,7 @@ impl OtlpExporter {
         otel_resource: &Resource,
         scope: &InstrumentationScope,
         registry: &Arc<Registry>,
+        kube: &Arc<KubeMetrics>,
     ) -> Result<(), OtlpError> {
         let inner = build_metric_exporter(metrics, tls)?;
         let reader = PeriodicReader::builder(CountingExporter {
@@ -622,9 +637,12 @@ impl OtlpExporter {
             .with_reader(reader)
             .build();
         let meter = provider.meter_with_scope(scope.clone());
-        let filter =
-            SeriesFilter::observing(registry, Duration::from_secs(cfg.series_quiet_window_secs));
-        self._instruments = register_instruments(&meter, registry, &filter);
+        let filter = SeriesFilter::observing(
+            registry,
+            kube,
+            Duration::from_secs(cfg.series_quiet_window_secs),
+        );
+        self._instruments = register_instruments(&meter, registry, kube, &filter);
         let histogram = meter
             .f64_histogram(metrics::LATENCY_NAME)
             .with_unit(metrics::LATENCY_UNIT)
@@ -781,6 +799,7 @@ mod tests {
             &OtlpConfig::default(),
             &ResourceInfo::default(),
             Registry::new(),
+            KubeMetrics::new(),
             rt.handle(),
         )
         .unwrap_err();
@@ -798,8 +817,14 @@ mod tests {
             log_queue_size: 0,
             ..Default::default()
         };
-        let e = OtlpExporter::start(&cfg, &ResourceInfo::default(), Registry::new(), rt.handle())
-            .unwrap_err();
+        let e = OtlpExporter::start(
+            &cfg,
+            &ResourceInfo::default(),
+            Registry::new(),
+            KubeMetrics::new(),
+            rt.handle(),
+        )
+        .unwrap_err();
         let msg = e.to_string();
         assert!(
             msg.contains("endpoint") && msg.contains("log_queue_size"),
@@ -822,8 +847,14 @@ mod tests {
             },
             ..Default::default()
         };
-        let e = OtlpExporter::start(&cfg, &ResourceInfo::default(), Registry::new(), rt.handle())
-            .unwrap_err();
+        let e = OtlpExporter::start(
+            &cfg,
+            &ResourceInfo::default(),
+            Registry::new(),
+            KubeMetrics::new(),
+            rt.handle(),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("/nonexistent/ca.pem"), "{e}");
     }
 
@@ -858,8 +889,14 @@ mod tests {
             },
             ..Default::default()
         };
-        let e = OtlpExporter::start(&cfg, &ResourceInfo::default(), Registry::new(), rt.handle())
-            .unwrap_err();
+        let e = OtlpExporter::start(
+            &cfg,
+            &ResourceInfo::default(),
+            Registry::new(),
+            KubeMetrics::new(),
+            rt.handle(),
+        )
+        .unwrap_err();
         assert!(
             matches!(&e, OtlpError::TlsPem { key: "ca_file", .. }),
             "{e}"
@@ -869,8 +906,14 @@ mod tests {
             cert_file: Some(cert),
             key_file: Some(key.clone()),
         };
-        let e = OtlpExporter::start(&cfg, &ResourceInfo::default(), Registry::new(), rt.handle())
-            .unwrap_err();
+        let e = OtlpExporter::start(
+            &cfg,
+            &ResourceInfo::default(),
+            Registry::new(),
+            KubeMetrics::new(),
+            rt.handle(),
+        )
+        .unwrap_err();
         assert!(
             matches!(
                 &e,

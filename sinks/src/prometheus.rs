@@ -9,19 +9,22 @@
 //! ```
 //! use gpuwatch_sinks::prometheus::{otel_to_prometheus_name, InstrumentKind, Renderer};
 //! use gpuwatch_core::Registry;
+//! use gpuwatch_sinks::kube::KubeMetrics;
 //! use gpuwatch_sinks::otlp::ResourceInfo;
 //!
 //! assert_eq!(
 //!     otel_to_prometheus_name("gpu.xid.errors", "{error}", InstrumentKind::Counter),
 //!     "gpu_xid_errors_total"
 //! );
-//! let renderer = Renderer::new(Registry::new(), ResourceInfo::default());
+//! let renderer = Renderer::new(Registry::new(), KubeMetrics::new(), ResourceInfo::default());
 //! let text = renderer.render();
 //! assert!(text.contains("# TYPE gpuwatch_kmsg_records_read_total counter"));
 //! ```
 
+use crate::kube::KubeMetrics;
 use crate::metrics::{
     DEFAULT_QUIET_WINDOW, LATENCY_DESCRIPTION, LATENCY_NAME, LATENCY_UNIT, Num, SeriesFilter,
+    Sources,
 };
 use crate::otlp::ResourceInfo;
 use gpuwatch_core::registry::{LATENCY_BUCKETS_SECONDS, Registry};
@@ -225,25 +228,32 @@ fn header(out: &mut String, name: &str, help: &str, ty: &str) {
 #[derive(Debug)]
 pub struct Renderer {
     registry: Arc<Registry>,
+    kube: Arc<KubeMetrics>,
     resource: ResourceInfo,
     filter: Arc<SeriesFilter>,
 }
 
 impl Renderer {
     /// A renderer with the default quiet window (300 s).
-    pub fn new(registry: Arc<Registry>, resource: ResourceInfo) -> Renderer {
-        Renderer::with_quiet_window(registry, resource, DEFAULT_QUIET_WINDOW)
+    pub fn new(
+        registry: Arc<Registry>,
+        kube: Arc<KubeMetrics>,
+        resource: ResourceInfo,
+    ) -> Renderer {
+        Renderer::with_quiet_window(registry, kube, resource, DEFAULT_QUIET_WINDOW)
     }
 
     /// A renderer whose lingering series disappear after `window`.
     pub fn with_quiet_window(
         registry: Arc<Registry>,
+        kube: Arc<KubeMetrics>,
         resource: ResourceInfo,
         window: Duration,
     ) -> Renderer {
         Renderer {
-            filter: SeriesFilter::observing(&registry, window),
+            filter: SeriesFilter::observing(&registry, &kube, window),
             registry,
+            kube,
             resource,
         }
     }
@@ -255,7 +265,11 @@ impl Renderer {
 
     /// One scrape at `now` (tests move time without sleeping).
     pub fn render_at(&self, now: Instant) -> String {
-        render_filtered(&self.registry, &self.resource, &self.filter, now)
+        let src = Sources {
+            registry: &self.registry,
+            kube: &self.kube,
+        };
+        render_filtered(&src, &self.resource, &self.filter, now)
     }
 }
 
@@ -322,12 +336,12 @@ pub fn encode(text: String, accept_encoding: Option<&str>) -> (Vec<u8>, Encoding
 /// latency histogram (once it has observations, as in OTLP) and a
 /// `target_info` gauge carrying the resource attributes.
 fn render_filtered(
-    registry: &Registry,
+    src: &Sources<'_>,
     resource: &ResourceInfo,
     filter: &SeriesFilter,
     now: Instant,
 ) -> String {
-    let health = registry.health();
+    let health = src.registry.health();
     let mut out = String::with_capacity(16 * 1024);
 
     header(&mut out, "target_info", "Target metadata", "gauge");
@@ -339,7 +353,7 @@ fn render_filtered(
     );
     out.push_str(" 1\n");
 
-    for (spec, points) in filter.collect_all(registry, &health, now) {
+    for (spec, points) in filter.collect_all(src, &health, now) {
         if points.is_empty() {
             continue;
         }
@@ -373,7 +387,7 @@ fn render_filtered(
     }
 
     let name = otel_to_prometheus_name(LATENCY_NAME, LATENCY_UNIT, InstrumentKind::Histogram);
-    let b = registry.latency_buckets();
+    let b = src.registry.latency_buckets();
     if b.count == 0 {
         return out;
     }
@@ -496,7 +510,7 @@ mod tests {
         r.record_latency(std::time::Duration::from_micros(20));
         r.record_latency(std::time::Duration::from_millis(3));
         r.record_latency(std::time::Duration::from_secs(2));
-        let text = Renderer::new(r, ResourceInfo::default()).render();
+        let text = Renderer::new(r, KubeMetrics::new(), ResourceInfo::default()).render();
         assert!(text.contains("gpuwatch_pipeline_latency_seconds_bucket{le=\"0.000025\"} 1\n"));
         assert!(text.contains("gpuwatch_pipeline_latency_seconds_bucket{le=\"0.005\"} 2\n"));
         assert!(text.contains("gpuwatch_pipeline_latency_seconds_bucket{le=\"1\"} 2\n"));
@@ -511,7 +525,7 @@ mod tests {
             host_name: "host-a".into(),
             service_version: "1.2.3".into(),
         };
-        let text = Renderer::new(Registry::new(), res).render();
+        let text = Renderer::new(Registry::new(), KubeMetrics::new(), res).render();
         assert!(text.contains(r#"k8s_node_name="node \"a\"""#), "{text}");
         assert!(text.contains(r#"service_name="gpuwatch""#));
         assert!(text.contains(r#"service_version="1.2.3""#));
@@ -549,11 +563,13 @@ mod tests {
     fn a_cleared_series_is_served_as_zero_then_left_out() {
         use gpuwatch_proto::NodeHealth;
         let r = Registry::new();
-        r.fault_taint_present
+        let kube = KubeMetrics::new();
+        kube.fault_taint_present
             .store(1, std::sync::atomic::Ordering::Relaxed);
         r.set_health(std::sync::Arc::new(NodeHealth::default()));
         let p = Renderer::with_quiet_window(
             r.clone(),
+            kube.clone(),
             ResourceInfo::default(),
             Duration::from_secs(60),
         );
@@ -562,7 +578,7 @@ mod tests {
             p.render_at(t0)
                 .contains("gpuwatch_node_tainted{taint=\"fault\"} 1\n")
         );
-        r.fault_taint_present
+        kube.fault_taint_present
             .store(0, std::sync::atomic::Ordering::Relaxed);
         let text = p.render_at(t0 + Duration::from_secs(30));
         assert!(
@@ -606,7 +622,7 @@ mod tests {
             })
         };
         let r = Registry::new();
-        let p = Renderer::new(r.clone(), ResourceInfo::default());
+        let p = Renderer::new(r.clone(), KubeMetrics::new(), ResourceInfo::default());
         // Two NVML polls publish before anyone scrapes; the first is the baseline.
         r.set_health(node(2));
         r.set_health(node(9));

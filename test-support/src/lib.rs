@@ -8,7 +8,7 @@
 //!   kube-apiserver does (`gpuwatch-sinks`' writer tests and the agent's
 //!   end-to-end tests).
 //! - [`telemetry`]: a real OpenTelemetry collector (rotel) on loopback ports and
-//!   a parser for what it received, `promtool`, a populated registry (the
+//!   a parser for what it received, `promtool`, populated metrics (the
 //!   exporters' tests and the agent's OTLP tests).
 //! - [`kmsg`]: the real `/dev/kmsg` for tests that write into it (the agent's
 //!   and the demo's end-to-end tests).

@@ -2,11 +2,12 @@
 //! from PyPI) on loopback ports, a parser for its detailed debug log, a wire
 //! tap in front of it, `promtool`, and a populated registry.
 
-use gpuwatch_core::{KubeObject, Outcome, Registry, Stage, ValidationResult, WriteResult};
+use gpuwatch_core::{Outcome, Registry, Stage};
 use gpuwatch_proto::{
     Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, GpuSample, MonitorStatus, NodeHealth,
     NvLinkSample, RecoveryAction, Severity, Source, Verdict,
 };
+use gpuwatch_sinks::kube::{KubeMetrics, KubeObject, ValidationResult, WriteResult};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};
@@ -591,9 +592,10 @@ pub fn bump_nvlink(r: &Registry) {
     r.set_health(Arc::new(h));
 }
 
-/// Fills a registry so that every instrument of `docs/metrics.md` has points
-/// (the per-link NVLink counters once [`bump_nvlink`] moved them).
-pub fn populate(r: &Registry) {
+/// Fills a registry and the node writer's metrics so that every instrument of
+/// `docs/metrics.md` has points (the per-link NVLink counters once
+/// [`bump_nvlink`] moved them).
+pub fn populate(r: &Registry, k: &KubeMetrics) {
     r.record_fault(&xid_event(79, 0, Action::InspectHardware, 3));
     r.record_fault(&xid_event(13, 1, Action::RestartApp, 1));
     let mut sxid = FaultEvent {
@@ -677,17 +679,17 @@ pub fn populate(r: &Registry) {
     r.count_nvml_error("nvmlDeviceGetPowerUsage");
     r.count_state_write(true);
     r.count_state_write(false);
-    r.count_kube_write(KubeObject::Condition, WriteResult::Ok);
-    r.count_kube_write(KubeObject::Taint, WriteResult::Conflict);
-    r.count_condition_transition("GPUProblem", "True");
-    r.fault_taint_present.store(1, Relaxed);
-    r.set_startup_taint(true);
-    r.quarantine_deferred.store(1, Relaxed);
-    r.quarantine_deferrals.store(1, Relaxed);
-    r.quarantine_slots.store(10, Relaxed);
-    r.quarantine_unavailable.store(1, Relaxed);
-    r.gpus_expected.store(8, Relaxed);
-    r.count_validation(ValidationResult::Pass);
+    k.count_kube_write(KubeObject::Condition, WriteResult::Ok);
+    k.count_kube_write(KubeObject::Taint, WriteResult::Conflict);
+    k.count_condition_transition("GPUProblem", "True");
+    k.fault_taint_present.store(1, Relaxed);
+    k.set_startup_taint(true);
+    k.quarantine_deferred.store(1, Relaxed);
+    k.quarantine_deferrals.store(1, Relaxed);
+    k.quarantine_slots.store(10, Relaxed);
+    k.quarantine_unavailable.store(1, Relaxed);
+    k.gpus_expected.store(8, Relaxed);
+    k.count_validation(ValidationResult::Pass);
 }
 
 /// `promtool`, installed from Debian's `prometheus` package when missing.
@@ -880,8 +882,8 @@ impl WireTap {
 /// A healthy HGX-class node as the poller publishes it: 8 GPUs with every
 /// reading NVML gives on an H100/H200 (row remapping, no page retirement),
 /// 18 active NVLinks per GPU with small counters, the idle clock-event
-/// reason; the registry after a clean start.
-pub fn populate_healthy_hgx(r: &Registry) {
+/// reason; the registry and the node writer's metrics after a clean start.
+pub fn populate_healthy_hgx(r: &Registry, k: &KubeMetrics) {
     let gpus = (0..8u32)
         .map(|i| {
             let mut sample = full_sample(i, 35);
@@ -935,9 +937,9 @@ pub fn populate_healthy_hgx(r: &Registry) {
     health.set_action(Action::Ignore);
     r.set_health(Arc::new(health));
     r.kmsg_records_read.store(1500, Relaxed);
-    r.gpus_expected.store(8, Relaxed);
+    k.gpus_expected.store(8, Relaxed);
     r.count_state_write(true);
-    r.count_validation(ValidationResult::Pass);
-    r.count_kube_write(KubeObject::Condition, WriteResult::Ok);
-    r.count_kube_write(KubeObject::StartupTaint, WriteResult::Ok);
+    k.count_validation(ValidationResult::Pass);
+    k.count_kube_write(KubeObject::Condition, WriteResult::Ok);
+    k.count_kube_write(KubeObject::StartupTaint, WriteResult::Ok);
 }

@@ -8,6 +8,7 @@ use crate::api::MetricsRenderer;
 use crate::config::Config;
 use gpuwatch_core::{EventSink, Registry};
 use gpuwatch_proto::NodeHealth;
+use gpuwatch_sinks::kube::KubeMetrics;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,6 +51,7 @@ pub fn build_sinks(
     cfg: &Config,
     opts: &RunOptions,
     registry: &Arc<Registry>,
+    kube: &Arc<KubeMetrics>,
     rt: &tokio::runtime::Handle,
     health_rx: tokio::sync::watch::Receiver<Arc<NodeHealth>>,
     validation_tx: std::sync::Weak<crossbeam_channel::Sender<gpuwatch_core::msg::Input>>,
@@ -69,16 +71,17 @@ pub fn build_sinks(
     if cfg.api.prometheus {
         let renderer = gpuwatch_sinks::prometheus::Renderer::with_quiet_window(
             registry.clone(),
+            kube.clone(),
             resource_info(cfg),
             std::time::Duration::from_secs(cfg.otlp.series_quiet_window_secs),
         );
         sinks.metrics = Some(Arc::new(move || renderer.render()));
     }
     if cfg.otlp.enabled {
-        sinks.start_otlp(cfg, registry, rt)?;
+        sinks.start_otlp(cfg, registry, kube, rt)?;
     }
     if cfg.kube.enabled || opts.kube_dry_run {
-        sinks.start_kube_writer(cfg, opts, registry, rt, health_rx, validation_tx)?;
+        sinks.start_kube_writer(cfg, opts, kube, rt, health_rx, validation_tx)?;
     }
     Ok(sinks)
 }
@@ -100,6 +103,7 @@ impl Sinks {
         &mut self,
         cfg: &Config,
         registry: &Arc<Registry>,
+        kube: &Arc<KubeMetrics>,
         rt: &tokio::runtime::Handle,
     ) -> Result<(), RunError> {
         // The exporter spawns its gRPC transport on the runtime.
@@ -108,6 +112,7 @@ impl Sinks {
             &cfg.otlp,
             &resource_info(cfg),
             registry.clone(),
+            kube.clone(),
             rt,
         )
         .map_err(|e| RunError::Sink {
@@ -127,7 +132,7 @@ impl Sinks {
         &mut self,
         cfg: &Config,
         opts: &RunOptions,
-        registry: &Arc<Registry>,
+        kube: &Arc<KubeMetrics>,
         rt: &tokio::runtime::Handle,
         health_rx: tokio::sync::watch::Receiver<Arc<NodeHealth>>,
         validation_tx: std::sync::Weak<crossbeam_channel::Sender<gpuwatch_core::msg::Input>>,
@@ -159,7 +164,7 @@ impl Sinks {
                 cfg.kube.clone(),
                 cfg.validation.clone(),
                 cfg.node_name.clone(),
-                registry.clone(),
+                kube.clone(),
                 health_rx,
                 opts.kube_dry_run,
                 gpuwatch_sinks::kube::WriterHooks {

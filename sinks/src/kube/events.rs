@@ -2,7 +2,7 @@
 //!
 //! `send` (health-engine thread) only queues: a bounded queue that coalesces an
 //! event into a queued one of the same reason and GPU (count + n) and drops the
-//! oldest beyond capacity, every drop counted at `Stage::KubeEvents`. A tokio
+//! oldest beyond capacity, every drop counted (`gpuwatch.events{stage="kube_events"}`). A tokio
 //! task writes them, paced by a token bucket, and deduplicates against Events it
 //! wrote (same reason + GPU within the window → `count`/`lastTimestamp` patch) and,
 //! after a restart, against the Events already on the API (listed once).
@@ -16,8 +16,9 @@
 use super::backend::{ApiError, Backend};
 use super::config::KubeConfig;
 use super::desired::sanitize_reason;
+use super::metrics::{KubeMetrics, KubeObject, WriteResult};
 use super::retry::Backoff;
-use gpuwatch_core::{EventSink, KubeObject, Outcome, Registry, Stage, WriteResult};
+use gpuwatch_core::{EventSink, Outcome};
 use gpuwatch_proto::{Action, FaultEvent, ShortName};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -202,7 +203,7 @@ pub(crate) struct EventQueue {
     closed: AtomicBool,
     /// A flush asks for the held repeats now.
     flushing: AtomicBool,
-    registry: Arc<Registry>,
+    metrics: Arc<KubeMetrics>,
 }
 
 /// The two lanes of [`EventQueue`].
@@ -271,7 +272,7 @@ impl Lanes {
 }
 
 impl EventQueue {
-    pub(crate) fn new(capacity: usize, registry: Arc<Registry>) -> EventQueue {
+    pub(crate) fn new(capacity: usize, metrics: Arc<KubeMetrics>) -> EventQueue {
         EventQueue {
             items: Mutex::new(Lanes::default()),
             capacity: capacity.max(1),
@@ -279,7 +280,7 @@ impl EventQueue {
             in_flight: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
             flushing: AtomicBool::new(false),
-            registry,
+            metrics,
         }
     }
 
@@ -296,8 +297,7 @@ impl EventQueue {
                 held.message = p.message;
                 held.time = held.time.max(p.time);
                 drop(lanes);
-                self.registry
-                    .count_events(Stage::KubeEvents, Outcome::Coalesced, 1);
+                self.metrics.count_events(Outcome::Coalesced, 1);
                 return;
             }
             let q = lanes.lane(&p);
@@ -306,16 +306,14 @@ impl EventQueue {
                 existing.message = p.message;
                 existing.time = existing.time.max(p.time);
                 drop(lanes);
-                self.registry
-                    .count_events(Stage::KubeEvents, Outcome::Coalesced, 1);
+                self.metrics.count_events(Outcome::Coalesced, 1);
                 return;
             }
             q.push_back(p);
             if q.len() > self.capacity {
                 q.pop_front();
                 drop(lanes);
-                self.registry
-                    .count_events(Stage::KubeEvents, Outcome::Dropped, 1);
+                self.metrics.count_events(Outcome::Dropped, 1);
             }
         }
         self.notify.notify_one();
@@ -365,8 +363,7 @@ impl EventQueue {
         let q = lanes.lane(&p);
         if q.len() >= self.capacity {
             drop(lanes);
-            self.registry
-                .count_events(Stage::KubeEvents, Outcome::Dropped, 1);
+            self.metrics.count_events(Outcome::Dropped, 1);
         } else {
             q.push_front(p);
             lanes.pod_next = pod;
@@ -419,7 +416,7 @@ impl EventSink for KubeEventSink {
         if self.pods {
             let deferred = self
                 .queue
-                .registry
+                .metrics
                 .quarantine_deferred
                 .load(Ordering::Relaxed)
                 == 1;
@@ -598,7 +595,7 @@ pub(crate) struct EventWriter {
     pub(crate) cfg: KubeConfig,
     pub(crate) node_name: String,
     pub(crate) node_uid: Arc<Mutex<Option<String>>>,
-    pub(crate) registry: Arc<Registry>,
+    pub(crate) metrics: Arc<KubeMetrics>,
 }
 
 impl EventWriter {
@@ -723,15 +720,13 @@ impl EventWriter {
             if k.from_list && secs(p.time) <= secs(k.last) {
                 // Already reported by an earlier run of the agent.
                 tracing::debug!(reason = %p.reason, event = %k.name, "Event already on the API; not resent.");
-                self.registry
-                    .count_events(Stage::KubeEvents, Outcome::Coalesced, 1);
+                self.metrics.count_events(Outcome::Coalesced, 1);
                 return Ok(None);
             }
             let wait = patch_wait(self.cfg.event_patch_interval_secs, k.patches, window);
             let since = p.time.duration_since(k.last).unwrap_or(Duration::ZERO);
             if !p.due && since < wait {
-                self.registry
-                    .count_events(Stage::KubeEvents, Outcome::Coalesced, 1);
+                self.metrics.count_events(Outcome::Coalesced, 1);
                 return Ok(Some(Instant::now() + (wait - since)));
             }
             let count = k
@@ -749,10 +744,9 @@ impl EventWriter {
                 .await
             {
                 Ok(_) => {
-                    self.registry
+                    self.metrics
                         .count_kube_write(KubeObject::Event, WriteResult::Ok);
-                    self.registry
-                        .count_events(Stage::KubeEvents, Outcome::Coalesced, 1);
+                    self.metrics.count_events(Outcome::Coalesced, 1);
                     known.insert(
                         p.key.clone(),
                         Known {
@@ -772,7 +766,7 @@ impl EventWriter {
                     known.remove(&p.key);
                 }
                 Err(e) => {
-                    self.registry
+                    self.metrics
                         .count_kube_write(KubeObject::Event, WriteResult::Error);
                     return Err(e);
                 }
@@ -788,17 +782,15 @@ impl EventWriter {
             )
         {
             tracing::debug!(reason = %p.reason, pod = %pod.name, namespace = %pod.namespace, "Pod Event limit reached; dropped.");
-            self.registry
-                .count_events(Stage::KubeEvents, Outcome::Dropped, 1);
+            self.metrics.count_events(Outcome::Dropped, 1);
             return Ok(None);
         }
         let ev = self.new_event(p, seq);
         match self.backend.create_event(&ev).await {
             Ok(created) => {
-                self.registry
+                self.metrics
                     .count_kube_write(KubeObject::Event, WriteResult::Ok);
-                self.registry
-                    .count_events(Stage::KubeEvents, Outcome::Emitted, 1);
+                self.metrics.count_events(Outcome::Emitted, 1);
                 known.insert(
                     p.key.clone(),
                     Known {
@@ -823,7 +815,7 @@ impl EventWriter {
                 } else {
                     WriteResult::Error
                 };
-                self.registry.count_kube_write(KubeObject::Event, result);
+                self.metrics.count_kube_write(KubeObject::Event, result);
                 Err(e)
             }
         }
@@ -935,8 +927,7 @@ impl EventWriter {
                 }
                 Err(e) => {
                     tracing::warn!(reason = %p.reason, error = %e, "Event rejected by the API server; dropped.");
-                    self.registry
-                        .count_events(Stage::KubeEvents, Outcome::Dropped, 1);
+                    self.metrics.count_events(Outcome::Dropped, 1);
                     self.queue.done();
                 }
             }
@@ -961,8 +952,7 @@ impl EventWriter {
             q.clear();
             drop(q);
             if n > 0 {
-                self.registry
-                    .count_events(Stage::KubeEvents, Outcome::Dropped, n);
+                self.metrics.count_events(Outcome::Dropped, n);
             }
             return;
         }
@@ -1043,16 +1033,16 @@ mod tests {
 
     #[test]
     fn queue_coalesces_and_drops_oldest() {
-        let reg = Registry::new();
-        let q = EventQueue::new(2, reg.clone());
+        let metrics = KubeMetrics::new();
+        let q = EventQueue::new(2, metrics.clone());
         let mk = |code| pending_from(&ev(code, Action::ResetGpu), SystemTime::UNIX_EPOCH);
         q.push(mk(1));
         q.push(mk(1));
         q.push(mk(2));
         q.push(mk(3));
         assert_eq!(q.len(), 2);
-        assert_eq!(reg.events(Stage::KubeEvents, Outcome::Coalesced), 1);
-        assert_eq!(reg.events(Stage::KubeEvents, Outcome::Dropped), 1);
+        assert_eq!(metrics.events(Outcome::Coalesced), 1);
+        assert_eq!(metrics.events(Outcome::Dropped), 1);
         let first = q.pop().unwrap();
         assert_eq!(first.reason, "XID2");
         q.done();
@@ -1061,8 +1051,8 @@ mod tests {
 
     #[test]
     fn a_storm_of_node_events_neither_evicts_nor_starves_a_pod_event() {
-        let reg = Registry::new();
-        let q = EventQueue::new(4, reg.clone());
+        let metrics = KubeMetrics::new();
+        let q = EventQueue::new(4, metrics.clone());
         let node = |code| pending_from(&ev(code, Action::ResetGpu), SystemTime::UNIX_EPOCH);
         let mut pod = node(13);
         pod.key = "pod/ml/trainer-0/XID13".into();
@@ -1078,7 +1068,7 @@ mod tests {
         }
         // The node lane dropped its oldest; the pod's Event is still there.
         assert_eq!(q.len(), 5);
-        assert_eq!(reg.events(Stage::KubeEvents, Outcome::Dropped), 45);
+        assert_eq!(metrics.events(Outcome::Dropped), 45);
         let first = q.pop().unwrap();
         assert!(first.pod.is_none());
         // A failed write goes back to the front of its lane and is taken next.
@@ -1114,9 +1104,9 @@ mod tests {
 
     #[test]
     fn ignore_faults_make_no_event() {
-        let reg = Registry::new();
+        let metrics = KubeMetrics::new();
         let sink = KubeEventSink {
-            queue: Arc::new(EventQueue::new(8, reg)),
+            queue: Arc::new(EventQueue::new(8, metrics)),
             enabled: true,
             pods: true,
         };

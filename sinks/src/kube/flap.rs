@@ -54,7 +54,7 @@
 //! tests) the history is in memory only.
 
 use super::desired::{Desired, DesiredCondition, DesiredTaint, FALSE, TRUE, UNKNOWN};
-use gpuwatch_core::Registry;
+use super::metrics::KubeMetrics;
 use gpuwatch_core::statefile::{self, StateFileError};
 use gpuwatch_proto::ConditionHold;
 use k8s_openapi::jiff::Timestamp;
@@ -114,7 +114,7 @@ pub(crate) struct Hysteresis {
     saved: Option<HistoryFile>,
     /// The last write failed (logged once until one succeeds again).
     failing: bool,
-    /// The holds as last published to the registry.
+    /// The holds as last published to the writer's metrics.
     published: Vec<ConditionHold>,
 }
 
@@ -163,7 +163,7 @@ impl Hysteresis {
         want: &mut Desired,
         now: SystemTime,
         as_live: &[String],
-        registry: &Registry,
+        metrics: &KubeMetrics,
     ) {
         let now = unix_nanos(now);
         let mut problem_held = false;
@@ -208,7 +208,7 @@ impl Hysteresis {
             }
             if track.status != Some(c.status) {
                 if track.status.is_some() {
-                    registry.count_condition_transition(&c.type_, c.status);
+                    metrics.count_condition_transition(&c.type_, c.status);
                 }
                 track.status = Some(c.status);
             }
@@ -219,7 +219,7 @@ impl Hysteresis {
             want.fault_taint.clone_from(&self.last_taint);
         }
         if holds != self.published {
-            registry.set_condition_holds(holds.clone());
+            metrics.set_condition_holds(holds.clone());
             self.published = holds;
         }
     }
@@ -621,10 +621,10 @@ mod tests {
         h: &mut Hysteresis,
         problem: bool,
         at: SystemTime,
-        registry: &Registry,
+        metrics: &KubeMetrics,
     ) -> Desired {
         let mut d = want(problem);
-        h.apply(&mut d, at, &[], registry);
+        h.apply(&mut d, at, &[], metrics);
         h.save().await;
         d
     }
@@ -638,13 +638,13 @@ mod tests {
     /// move a bounded number of times, the metric counts each move.
     #[tokio::test]
     async fn a_fault_returning_after_every_reboot_moves_the_conditions_a_bounded_number_of_times() {
-        let registry = Registry::new();
+        let metrics = KubeMetrics::new();
         let mut h = Hysteresis::new(3, Duration::from_secs(3600), P, R, None);
         let mut shown = Vec::new();
         let mut now = t0();
         for round in 0..60 {
             for problem in [true, false] {
-                let d = pass(&mut h, problem, now, &registry).await;
+                let d = pass(&mut h, problem, now, &metrics).await;
                 shown.push((round, problem, status(&d, P), d.fault_taint.is_some()));
                 now += MIN;
             }
@@ -657,24 +657,24 @@ mod tests {
         assert!(shown[10..].iter().all(|s| s.2 == TRUE && s.3), "{shown:?}");
         let counted: u64 = [TRUE, FALSE, UNKNOWN]
             .iter()
-            .flat_map(|s| [P, R].map(|t| registry.condition_transitions(t, s)))
+            .flat_map(|s| [P, R].map(|t| metrics.condition_transitions(t, s)))
             .sum();
         assert_eq!(counted, 12, "each move of both conditions is counted");
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_held_condition_says_until_when_and_clears_after_a_quiet_window() {
-        let registry = Registry::new();
+        let metrics = KubeMetrics::new();
         let window = Duration::from_secs(600);
         let mut h = Hysteresis::new(1, window, P, R, None);
         let mut now = t0();
         for problem in [true, false, true] {
-            pass(&mut h, problem, now, &registry).await;
+            pass(&mut h, problem, now, &metrics).await;
             now += Duration::from_secs(10);
         }
         // The second clear within the window is held, until a window after
         // it (08:00:30 + 10 min)...
-        let d = pass(&mut h, false, now, &registry).await;
+        let d = pass(&mut h, false, now, &metrics).await;
         assert_eq!(status(&d, P), TRUE);
         assert_eq!(condition(&d, P).reason, "HardwareReplacementRequired");
         assert_eq!(
@@ -683,7 +683,7 @@ mod tests {
              the fault returns (last: HardwareReplacementRequired message)"
         );
         // Both conditions are held (the readiness condition was False).
-        let holds = registry.condition_holds();
+        let holds = metrics.condition_holds();
         let types: Vec<&str> = holds.iter().map(|h| h.condition.as_str()).collect();
         assert_eq!(types, [R, P]);
         for hold in &holds {
@@ -691,7 +691,7 @@ mod tests {
             assert_eq!(hold.message, condition(&d, &hold.condition).message);
         }
         // ...with the same message on every pass meanwhile (no write per pass).
-        let later = pass(&mut h, false, now + Duration::from_secs(300), &registry).await;
+        let later = pass(&mut h, false, now + Duration::from_secs(300), &metrics).await;
         assert_eq!(later, d);
         // The writer wakes when the wall clock says the window is over.
         let left = Duration::from_secs(300);
@@ -703,23 +703,23 @@ mod tests {
             &mut h,
             false,
             now + window - Duration::from_secs(1),
-            &registry,
+            &metrics,
         )
         .await;
         assert_eq!(status(&d, P), TRUE);
-        let d = pass(&mut h, false, now + window, &registry).await;
+        let d = pass(&mut h, false, now + window, &metrics).await;
         assert_eq!(status(&d, P), FALSE);
         assert!(d.fault_taint.is_none());
         assert_eq!(h.deadline(now + window), None);
-        assert!(registry.condition_holds().is_empty());
+        assert!(metrics.condition_holds().is_empty());
     }
 
     #[tokio::test]
     async fn no_limit_means_no_hold() {
-        let registry = Registry::new();
+        let metrics = KubeMetrics::new();
         let mut h = Hysteresis::new(0, Duration::from_secs(3600), P, R, None);
         for i in 0..20 {
-            let d = pass(&mut h, i % 2 == 0, t0() + i * MIN, &registry).await;
+            let d = pass(&mut h, i % 2 == 0, t0() + i * MIN, &metrics).await;
             assert_eq!(status(&d, P), if i % 2 == 0 { TRUE } else { FALSE });
         }
         assert!(h.tracks.values().all(|t| t.clears.is_empty()));
@@ -735,10 +735,10 @@ mod tests {
         let mut shown = Vec::new();
         let mut now = t0();
         for _boot in 0..4 {
-            let registry = Registry::new();
+            let metrics = KubeMetrics::new();
             let mut h = in_dir(&dir, 3, window);
             for problem in [true, false] {
-                let d = pass(&mut h, problem, now, &registry).await;
+                let d = pass(&mut h, problem, now, &metrics).await;
                 shown.push(status(&d, P));
                 now += MIN;
             }
@@ -755,9 +755,9 @@ mod tests {
         assert_eq!(file["conditions"][P]["holding"], true);
         assert_eq!(file["fault_taint"]["value"], "inspect_hardware");
         // A clean boot: still held, the taint kept, the same message.
-        let registry = Registry::new();
+        let metrics = KubeMetrics::new();
         let mut h = in_dir(&dir, 3, window);
-        let d = pass(&mut h, false, now + MIN, &registry).await;
+        let d = pass(&mut h, false, now + MIN, &metrics).await;
         assert_eq!(status(&d, P), TRUE);
         assert!(
             condition(&d, P)
@@ -770,15 +770,15 @@ mod tests {
             Some("inspect_hardware")
         );
         // The status is the one written before: no transition in this process.
-        assert_eq!(registry.condition_transitions(P, TRUE), 0);
+        assert_eq!(metrics.condition_transitions(P, TRUE), 0);
         drop(h);
         // A clean boot once the fault has stayed away a whole window.
-        let registry = Registry::new();
+        let metrics = KubeMetrics::new();
         let mut h = in_dir(&dir, 3, window);
-        let d = pass(&mut h, false, held_since + window, &registry).await;
+        let d = pass(&mut h, false, held_since + window, &metrics).await;
         assert_eq!(status(&d, P), FALSE);
         assert!(d.fault_taint.is_none());
-        assert_eq!(registry.condition_transitions(P, FALSE), 1);
+        assert_eq!(metrics.condition_transitions(P, FALSE), 1);
     }
 
     /// The startup hold shows a condition as the Node has it until NVML
@@ -788,12 +788,12 @@ mod tests {
     async fn conditions_shown_as_live_leave_the_history_alone() {
         let dir = tempfile::tempdir().unwrap();
         let window = Duration::from_secs(3600);
-        let registry = Registry::new();
+        let metrics = KubeMetrics::new();
         let mut h = in_dir(&dir, 1, window);
-        pass(&mut h, true, t0(), &registry).await;
-        pass(&mut h, false, t0() + MIN, &registry).await;
-        pass(&mut h, true, t0() + 2 * MIN, &registry).await;
-        let held = pass(&mut h, false, t0() + 3 * MIN, &registry).await;
+        pass(&mut h, true, t0(), &metrics).await;
+        pass(&mut h, false, t0() + MIN, &metrics).await;
+        pass(&mut h, true, t0() + 2 * MIN, &metrics).await;
+        let held = pass(&mut h, false, t0() + 3 * MIN, &metrics).await;
         assert_eq!(status(&held, P), TRUE);
         drop(h);
         // Restart: the Node's (held) conditions are shown as they are.
@@ -801,34 +801,34 @@ mod tests {
         let mut live = held.clone();
         live.fault_taint = None;
         let types = [P.to_owned(), R.to_owned()];
-        h.apply(&mut live, t0() + 4 * MIN, &types, &registry);
+        h.apply(&mut live, t0() + 4 * MIN, &types, &metrics);
         h.save().await;
         assert_eq!(
             live.fault_taint, held.fault_taint,
             "the taint stays while held"
         );
-        let holds = registry.condition_holds();
+        let holds = metrics.condition_holds();
         assert_eq!(holds.len(), 2, "{holds:?}");
         let until = unix_nanos(t0() + 63 * MIN);
         assert!(holds.iter().all(|h| h.held_until_unix_nano == until));
-        let d = pass(&mut h, false, t0() + 5 * MIN, &registry).await;
+        let d = pass(&mut h, false, t0() + 5 * MIN, &metrics).await;
         assert_eq!(d, held, "the same hold, ending a window after it began");
         // Not holding: a problem shown as live is still the last status
         // written, so the clear after it counts (and the next one is held).
         let dir = tempfile::tempdir().unwrap();
         let mut h = in_dir(&dir, 1, window);
-        let problem = pass(&mut h, true, t0(), &registry).await;
+        let problem = pass(&mut h, true, t0(), &metrics).await;
         drop(h);
         let mut h = in_dir(&dir, 1, window);
         let mut live = problem.clone();
-        h.apply(&mut live, t0() + MIN, &types, &registry);
+        h.apply(&mut live, t0() + MIN, &types, &metrics);
         assert_eq!(
-            status(&pass(&mut h, false, t0() + 2 * MIN, &registry).await, P),
+            status(&pass(&mut h, false, t0() + 2 * MIN, &metrics).await, P),
             FALSE
         );
-        pass(&mut h, true, t0() + 3 * MIN, &registry).await;
+        pass(&mut h, true, t0() + 3 * MIN, &metrics).await;
         assert_eq!(
-            status(&pass(&mut h, false, t0() + 4 * MIN, &registry).await, P),
+            status(&pass(&mut h, false, t0() + 4 * MIN, &metrics).await, P),
             TRUE
         );
     }
@@ -837,7 +837,7 @@ mod tests {
     /// now, so the hold lasts a whole window from the step, not longer.
     #[tokio::test]
     async fn a_clock_that_steps_back_counts_as_no_time_passed() {
-        let registry = Registry::new();
+        let metrics = KubeMetrics::new();
         let window = Duration::from_secs(600);
         let mut h = Hysteresis::new(1, window, P, R, None);
         for (i, problem) in [true, false, true, false].into_iter().enumerate() {
@@ -845,12 +845,12 @@ mod tests {
                 &mut h,
                 problem,
                 t0() + u32::try_from(i).unwrap() * MIN,
-                &registry,
+                &metrics,
             )
             .await;
         }
         let stepped = t0() - Duration::from_secs(3600);
-        let d = pass(&mut h, false, stepped, &registry).await;
+        let d = pass(&mut h, false, stepped, &metrics).await;
         assert_eq!(status(&d, P), TRUE, "no time passed");
         assert!(
             condition(&d, P)
@@ -862,11 +862,11 @@ mod tests {
             &mut h,
             false,
             stepped + window - Duration::from_secs(1),
-            &registry,
+            &metrics,
         )
         .await;
         assert_eq!(status(&d, P), TRUE);
-        let d = pass(&mut h, false, stepped + window, &registry).await;
+        let d = pass(&mut h, false, stepped + window, &metrics).await;
         assert_eq!(status(&d, P), FALSE);
         // The clear recorded before the step counted from the step, so it is
         // pruned a window after it; the hold's end is a clear of its own.
@@ -878,14 +878,14 @@ mod tests {
     async fn the_history_is_written_only_when_it_changes() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(FILE_NAME);
-        let registry = Registry::new();
+        let metrics = KubeMetrics::new();
         let mut h = in_dir(&dir, 3, Duration::from_secs(3600));
-        pass(&mut h, true, t0(), &registry).await;
+        pass(&mut h, true, t0(), &metrics).await;
         assert!(path.exists(), "written before the Node is");
         std::fs::remove_file(&path).unwrap();
-        pass(&mut h, true, t0() + MIN, &registry).await;
+        pass(&mut h, true, t0() + MIN, &metrics).await;
         assert!(!path.exists(), "nothing changed: nothing written");
-        pass(&mut h, false, t0() + 2 * MIN, &registry).await;
+        pass(&mut h, false, t0() + 2 * MIN, &metrics).await;
         let file: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         let clears = &file["conditions"][P]["clears_unix_nano"];
@@ -895,10 +895,10 @@ mod tests {
     #[tokio::test]
     async fn at_most_limit_clears_are_kept() {
         let dir = tempfile::tempdir().unwrap();
-        let registry = Registry::new();
+        let metrics = KubeMetrics::new();
         let mut h = in_dir(&dir, 3, Duration::from_secs(3600));
         for i in 0..6 {
-            pass(&mut h, i % 2 == 0, t0() + i * MIN, &registry).await;
+            pass(&mut h, i % 2 == 0, t0() + i * MIN, &metrics).await;
         }
         assert_eq!(h.tracks[P].clears.len(), 3);
         drop(h);
@@ -907,7 +907,7 @@ mod tests {
         let newest = h.tracks[P].clears.clone();
         assert_eq!(newest.len(), 2);
         assert_eq!(newest.back().copied(), Some(unix_nanos(t0() + 5 * MIN)));
-        pass(&mut h, false, t0() + 6 * MIN, &registry).await;
+        pass(&mut h, false, t0() + 6 * MIN, &metrics).await;
         let file: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.path().join(FILE_NAME)).unwrap()).unwrap();
         assert_eq!(
@@ -933,7 +933,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join(FILE_NAME);
             std::fs::write(&path, content).unwrap();
-            let registry = Registry::new();
+            let metrics = KubeMetrics::new();
             let mut h = in_dir(&dir, 1, Duration::from_secs(3600));
             let aside: Vec<String> = std::fs::read_dir(dir.path())
                 .unwrap()
@@ -945,8 +945,8 @@ mod tests {
                 "{aside:?}"
             );
             assert_eq!(std::fs::read(dir.path().join(&aside[0])).unwrap(), content);
-            pass(&mut h, true, t0(), &registry).await;
-            let d = pass(&mut h, false, t0() + MIN, &registry).await;
+            pass(&mut h, true, t0(), &metrics).await;
+            let d = pass(&mut h, false, t0() + MIN, &metrics).await;
             assert_eq!(status(&d, P), FALSE, "{what}: the first clear is allowed");
             assert!(path.exists(), "a fresh history replaces it");
         }

@@ -5,6 +5,7 @@ use super::backend::{ApiError, Backend};
 use super::config::{KubeConfig, MigStrategy, StartupGateMode};
 use super::desired::{DesiredCondition, FALSE, Gate, TRUE, UNKNOWN, desired};
 use super::events::{EventQueue, PendingEvent};
+use super::metrics::{KubeMetrics, KubeObject, ValidationResult, WriteResult};
 use super::node::{
     condition_apply_body, conditions_differ, desired_taints, has_fault_taint, has_startup_taint,
     live_conditions, taint_patch,
@@ -14,7 +15,6 @@ use super::retry::{self, Backoff};
 use super::schedule::{Schedule, Wake, error_policy};
 use futures::StreamExt;
 use gpuwatch_core::validation::{self, Expected, ValidationConfig};
-use gpuwatch_core::{KubeObject, Registry, ValidationResult, WriteResult};
 use gpuwatch_proto::{NodeHealth, ValidationReport};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -166,7 +166,7 @@ pub(crate) struct Reconciler {
     pub cfg: KubeConfig,
     pub vcfg: ValidationConfig,
     pub node_name: String,
-    pub registry: Arc<Registry>,
+    pub metrics: Arc<KubeMetrics>,
     pub backend: Arc<Backend>,
     pub health_rx: watch::Receiver<Arc<NodeHealth>>,
     pub node_rx: mpsc::Receiver<Seen>,
@@ -210,10 +210,10 @@ impl Reconciler {
         if let Some(uid) = &n.metadata.uid {
             *self.node_uid.lock().unwrap_or_else(|e| e.into_inner()) = Some(uid.clone());
         }
-        self.registry
+        self.metrics
             .fault_taint_present
             .store(u64::from(has_fault_taint(&n, &self.cfg)), Relaxed);
-        self.registry
+        self.metrics
             .set_startup_taint(has_startup_taint(&n, &self.cfg));
         self.live = Some(n);
     }
@@ -391,13 +391,13 @@ impl Reconciler {
         self.tell(&report);
         let failed = validation::failed_checks(&report);
         if report.passed {
-            self.registry.count_validation(ValidationResult::Pass);
+            self.metrics.count_validation(ValidationResult::Pass);
             tracing::info!(node = %self.node_name, "GPU validation passed; removing the startup taint.");
         } else if !report.complete {
-            self.registry.count_validation(ValidationResult::Incomplete);
+            self.metrics.count_validation(ValidationResult::Incomplete);
             tracing::info!(node = %self.node_name, checks = %failed.join(","), "GPU validation incomplete; the startup taint stays.");
         } else {
-            self.registry.count_validation(ValidationResult::Fail);
+            self.metrics.count_validation(ValidationResult::Fail);
             tracing::warn!(node = %self.node_name, checks = %failed.join(","), "GPU validation failed; the startup taint stays.");
             let details: Vec<String> = report
                 .checks
@@ -436,7 +436,7 @@ impl Reconciler {
         if !self.cfg.allocatable_resources.is_empty() {
             // Shown beside the GPUs NVML sees (`gpuwatch_gpus{state}`): the
             // "GPU node present but pods not scheduled" case at a glance.
-            self.registry.gpus_advertised.store(
+            self.metrics.gpus_advertised.store(
                 advertised::allocatable(node, &self.cfg),
                 std::sync::atomic::Ordering::Relaxed,
             );
@@ -527,7 +527,7 @@ impl Reconciler {
             Vec::new()
         };
         self.flap
-            .apply(&mut want, SystemTime::now(), &as_live, &self.registry);
+            .apply(&mut want, SystemTime::now(), &as_live, &self.metrics);
         // Write-ahead: the history is on disk before the Node shows it.
         self.flap.save().await;
         // What the faults ask for, before the budget's gate: the need the
@@ -588,7 +588,7 @@ impl Reconciler {
             .await
         {
             Ok(n) => {
-                self.registry
+                self.metrics
                     .count_kube_write(KubeObject::Condition, WriteResult::Ok);
                 tracing::debug!(node = %self.node_name, "Node conditions applied.");
                 self.wrote(&n);
@@ -601,7 +601,7 @@ impl Reconciler {
                 } else {
                     WriteResult::Error
                 };
-                self.registry.count_kube_write(KubeObject::Condition, r);
+                self.metrics.count_kube_write(KubeObject::Condition, r);
                 tracing::warn!(node = %self.node_name, error = %e, "Cannot apply the node conditions.");
                 Err(e)
             }
@@ -630,7 +630,7 @@ impl Reconciler {
             };
             match self.backend.patch_node(&taint_patch(&node, &taints)).await {
                 Ok(n) => {
-                    self.registry.count_kube_write(object, WriteResult::Ok);
+                    self.metrics.count_kube_write(object, WriteResult::Ok);
                     if object == KubeObject::StartupTaint && !has_startup_taint(&n, &self.cfg) {
                         self.startup_taint_removed();
                     }
@@ -642,8 +642,7 @@ impl Reconciler {
                     // Another writer (kubelet, device plugin, NFD, autoscaler)
                     // changed the Node since our read: re-read, recompute from
                     // the desired state and retry after a short jittered pause.
-                    self.registry
-                        .count_kube_write(object, WriteResult::Conflict);
+                    self.metrics.count_kube_write(object, WriteResult::Conflict);
                     attempts += 1;
                     tracing::debug!(node = %self.node_name, error = %e, attempts, "Taint write lost a race; re-reading the node.");
                     if attempts >= CONFLICT_RETRIES {
@@ -656,7 +655,7 @@ impl Reconciler {
                     self.set_live(n);
                 }
                 Err(e) => {
-                    self.registry.count_kube_write(object, WriteResult::Error);
+                    self.metrics.count_kube_write(object, WriteResult::Error);
                     tracing::warn!(node = %self.node_name, error = %e, "Cannot patch the node taints.");
                     return Err(e);
                 }
@@ -754,7 +753,7 @@ impl Reconciler {
         let health = self.health_rx.borrow().clone();
         let expected = expected(self.live.as_ref(), &self.vcfg, &self.cfg, &health);
         if let Some(Expected::Gpus(e)) = expected {
-            self.registry.gpus_expected.store(u64::from(e), Relaxed);
+            self.metrics.gpus_expected.store(u64::from(e), Relaxed);
         }
         self.gate_spoiled = false;
         run.validation = Some(tokio::spawn(run_validation(

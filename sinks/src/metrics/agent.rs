@@ -3,9 +3,10 @@
 //! state-file failures.
 
 use super::{
-    InstrumentKind, Num, NumType, Point, Presence, Spec, atomic, flag, s, samples_current,
+    Collect, InstrumentKind, Num, NumType, Point, Presence, Sources, Spec, flag, s, samples_current,
 };
-use gpuwatch_core::registry::{Outcome, Registry, Stage};
+use crate::kube::EVENTS_STAGE;
+use gpuwatch_core::registry::{Outcome, Stage};
 use gpuwatch_proto::{Action, NodeHealth, ShortName};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -33,10 +34,10 @@ const GPUS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "GPUs NVML sees; GPUs the node should have.",
-    collect: gpus,
+    collect: Collect::Points(gpus),
 };
 
-fn gpus(r: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn gpus(r: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     let visible = if samples_current(h) {
         h.gpus.iter().filter(|g| g.sample.is_some()).count() as u64
     } else {
@@ -46,14 +47,14 @@ fn gpus(r: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
         attrs: vec![("state", s("visible"))],
         value: Num::U64(visible),
     });
-    let expected = r.gpus_expected.load(Relaxed);
+    let expected = r.kube.gpus_expected.load(Relaxed);
     if expected != u64::MAX {
         out.push(Point {
             attrs: vec![("state", s("expected"))],
             value: Num::U64(expected),
         });
     }
-    let advertised = r.gpus_advertised.load(Relaxed);
+    let advertised = r.kube.gpus_advertised.load(Relaxed);
     if advertised != u64::MAX {
         out.push(Point {
             attrs: vec![("state", s("advertised"))],
@@ -69,15 +70,8 @@ const KMSG_READ: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "Kernel log records read.",
-    collect: kmsg_read,
+    collect: Collect::Value(|r| &r.registry.kmsg_records_read),
 };
-
-fn kmsg_read(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    out.push(Point {
-        attrs: vec![],
-        value: atomic(&r.kmsg_records_read),
-    });
-}
 
 const KMSG_LOST: Spec = Spec {
     name: "gpuwatch.kmsg.records.lost",
@@ -86,15 +80,8 @@ const KMSG_LOST: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "Kernel log records overwritten before gpuwatch read them.",
-    collect: kmsg_lost,
+    collect: Collect::Value(|r| &r.registry.kmsg_records_lost),
 };
-
-fn kmsg_lost(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    out.push(Point {
-        attrs: vec![],
-        value: atomic(&r.kmsg_records_lost),
-    });
-}
 
 const KMSG_MALFORMED: Spec = Spec {
     name: "gpuwatch.kmsg.records.malformed",
@@ -103,15 +90,8 @@ const KMSG_MALFORMED: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Kernel log records that did not parse.",
-    collect: kmsg_malformed,
+    collect: Collect::Value(|r| &r.registry.kmsg_records_malformed),
 };
-
-fn kmsg_malformed(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    out.push(Point {
-        attrs: vec![],
-        value: atomic(&r.kmsg_records_malformed),
-    });
-}
 
 const EVENTS: Spec = Spec {
     name: "gpuwatch.events",
@@ -120,10 +100,10 @@ const EVENTS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Fault events per pipeline stage and outcome.",
-    collect: events,
+    collect: Collect::Points(events),
 };
 
-fn events(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+fn events(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
     for stage in Stage::ALL {
         for outcome in Outcome::ALL {
             out.push(Point {
@@ -131,9 +111,16 @@ fn events(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
                     ("stage", s(stage.as_str())),
                     ("outcome", s(outcome.as_str())),
                 ],
-                value: Num::U64(r.events(stage, outcome)),
+                value: Num::U64(r.registry.events(stage, outcome)),
             });
         }
+    }
+    // The node writer's Events, last (the writer keeps their counts).
+    for outcome in Outcome::ALL {
+        out.push(Point {
+            attrs: vec![("stage", s(EVENTS_STAGE)), ("outcome", s(outcome.as_str()))],
+            value: Num::U64(r.kube.events(outcome)),
+        });
     }
 }
 
@@ -144,14 +131,14 @@ const EVENTS_DROPPED: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Fault events the kernel-log source dropped for lack of room in the engine queue, by action class (a more severe event evicts a less severe one; reset/reboot/inspect-class events are dropped only for lack of room among their own kind).",
-    collect: events_dropped,
+    collect: Collect::Points(events_dropped),
 };
 
-fn events_dropped(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+fn events_dropped(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
     for action in Action::ALL {
         out.push(Point {
             attrs: vec![("action", s(action.short_name()))],
-            value: Num::U64(r.source_drops(action)),
+            value: Num::U64(r.registry.source_drops(action)),
         });
     }
 }
@@ -163,15 +150,8 @@ const SAMPLES_DROPPED: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "NVML samples dropped oldest-first.",
-    collect: samples_dropped,
+    collect: Collect::Value(|r| &r.registry.samples_dropped),
 };
-
-fn samples_dropped(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    out.push(Point {
-        attrs: vec![],
-        value: atomic(&r.samples_dropped),
-    });
-}
 
 const NVML_ERRORS: Spec = Spec {
     name: "gpuwatch.nvml.errors",
@@ -180,11 +160,11 @@ const NVML_ERRORS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "NVML calls that failed.",
-    collect: nvml_errors,
+    collect: Collect::Points(nvml_errors),
 };
 
-fn nvml_errors(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    for (call, n) in r.nvml_errors() {
+fn nvml_errors(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
+    for (call, n) in r.registry.nvml_errors() {
         out.push(Point {
             attrs: vec![("nvml.call", s(call))],
             value: Num::U64(n),
@@ -199,15 +179,8 @@ const POD_RESOURCES_FAILURES: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Calls to the kubelet's PodResources API that failed: faults of a GPU name no pods meanwhile.",
-    collect: pod_resources_failures,
+    collect: Collect::Value(|r| &r.registry.pod_resources_failures),
 };
-
-fn pod_resources_failures(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    out.push(Point {
-        attrs: vec![],
-        value: atomic(&r.pod_resources_failures),
-    });
-}
 
 const POD_RESOURCES_UNKNOWN: Spec = Spec {
     name: "gpuwatch.kubelet.pod_resources.unknown_devices",
@@ -216,15 +189,8 @@ const POD_RESOURCES_UNKNOWN: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Device ids in the kubelet's last PodResources answer whose shape names no GPU or MIG device (skipped).",
-    collect: pod_resources_unknown,
+    collect: Collect::Value(|r| &r.registry.pod_resources_unknown_devices),
 };
-
-fn pod_resources_unknown(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    out.push(Point {
-        attrs: vec![],
-        value: atomic(&r.pod_resources_unknown_devices),
-    });
-}
 
 const MONITOR_UP: Spec = Spec {
     name: "gpuwatch.monitor.up",
@@ -233,10 +199,10 @@ const MONITOR_UP: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "1 when the input works; 0 means gpuwatch cannot tell.",
-    collect: monitor_up,
+    collect: Collect::Points(monitor_up),
 };
 
-fn monitor_up(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn monitor_up(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     // No monitor status yet means gpuwatch cannot tell: 0.
     let (kmsg, nvml) = h
         .monitor
@@ -259,14 +225,14 @@ const EXPORT_FAILURES: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "OTLP exports that failed.",
-    collect: export_failures,
+    collect: Collect::Points(export_failures),
 };
 
-fn export_failures(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+fn export_failures(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
     for signal in [gpuwatch_core::Signal::Metrics, gpuwatch_core::Signal::Logs] {
         out.push(Point {
             attrs: vec![("signal", s(signal.as_str()))],
-            value: Num::U64(r.export_failures(signal)),
+            value: Num::U64(r.registry.export_failures(signal)),
         });
     }
 }
@@ -278,11 +244,11 @@ const STATE_WRITES: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "State-file writes.",
-    collect: state_writes,
+    collect: Collect::Points(state_writes),
 };
 
-fn state_writes(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    let (ok, err) = r.state_writes();
+fn state_writes(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
+    let (ok, err) = r.registry.state_writes();
     out.push(Point {
         attrs: vec![("result", s("ok"))],
         value: Num::U64(ok),

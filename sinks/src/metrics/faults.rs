@@ -2,8 +2,8 @@
 //! those active, the GPU and node verdicts, the node's most severe action.
 
 use super::{
-    AttrValue, InstrumentKind, Num, NumType, Point, Presence, Spec, flag, gpu_attrs,
-    health_gpu_attrs, owned, s, with,
+    AttrValue, Collect, InstrumentKind, Num, NumType, Point, Presence, Sources, Spec, flag,
+    gpu_attrs, health_gpu_attrs, owned, s, with,
 };
 use gpuwatch_core::registry::Registry;
 use gpuwatch_proto::{Action, FaultKind, NodeHealth, ShortName, Verdict};
@@ -86,12 +86,12 @@ const XID_ERRORS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "XID events after dedup, each occurrence counted.",
-    collect: xid_errors,
+    collect: Collect::Points(xid_errors),
 };
 
-fn xid_errors(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+fn xid_errors(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
     fault_points(
-        r,
+        r.registry,
         out,
         |k| k == FaultKind::Xid,
         |f| {
@@ -113,12 +113,12 @@ const SXID_ERRORS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "NVSwitch SXid events.",
-    collect: sxid_errors,
+    collect: Collect::Points(sxid_errors),
 };
 
-fn sxid_errors(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+fn sxid_errors(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
     fault_points(
-        r,
+        r.registry,
         out,
         |k| k == FaultKind::Sxid,
         |f| {
@@ -143,12 +143,12 @@ const FAULTS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "Fault events of every kind.",
-    collect: faults,
+    collect: Collect::Points(faults),
 };
 
-fn faults(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+fn faults(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
     fault_points(
-        r,
+        r.registry,
         out,
         |_| true,
         |f| {
@@ -174,10 +174,10 @@ const FAULTS_ACTIVE: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Faults currently active on the GPU.",
-    collect: faults_active,
+    collect: Collect::Points(faults_active),
 };
 
-fn faults_active(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn faults_active(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     for g in &h.gpus {
         active_by_action(&g.active_faults, &health_gpu_attrs(g), out);
     }
@@ -193,10 +193,10 @@ const GPU_VERDICT: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 for the GPU's current verdict, 0 for the others.",
-    collect: gpu_verdict,
+    collect: Collect::Points(gpu_verdict),
 };
 
-fn gpu_verdict(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn gpu_verdict(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     for g in &h.gpus {
         let base = health_gpu_attrs(g);
         for v in VERDICTS {
@@ -215,10 +215,10 @@ const NODE_VERDICT: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 for the node's current verdict, 0 for the others.",
-    collect: node_verdict,
+    collect: Collect::Points(node_verdict),
 };
 
-fn node_verdict(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn node_verdict(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     for v in VERDICTS {
         out.push(Point {
             attrs: vec![("verdict", s(v.short_name()))],
@@ -234,10 +234,10 @@ const NODE_ACTION: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 for the most severe active action and its reason.",
-    collect: node_action,
+    collect: Collect::Points(node_action),
 };
 
-fn node_action(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn node_action(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     for a in Action::ALL {
         let active = h.action() == a;
         let reason = if active { owned(&h.reason) } else { s("") };

@@ -1,6 +1,7 @@
 //! [`SeriesFilter`]: each instrument's [`Presence`] across collections, per output.
 
-use super::{AttrValue, Num, Point, Presence, SPECS, Spec};
+use super::{AttrValue, Num, Point, Presence, SPECS, Sources, Spec};
+use crate::kube::KubeMetrics;
 use gpuwatch_core::registry::Registry;
 use gpuwatch_proto::NodeHealth;
 use std::collections::HashMap;
@@ -62,11 +63,20 @@ impl SeriesFilter {
 
     /// The filter of one output, fed every node health `registry` publishes from now
     /// on (see [`SeriesFilter::observe`]); an output collects through it.
-    pub(crate) fn observing(registry: &Registry, window: Duration) -> Arc<SeriesFilter> {
+    pub(crate) fn observing(
+        registry: &Registry,
+        kube: &Arc<KubeMetrics>,
+        window: Duration,
+    ) -> Arc<SeriesFilter> {
         let filter = Arc::new(SeriesFilter::new(window));
         let observer = Arc::clone(&filter);
+        let kube = Arc::clone(kube);
         registry.add_health_observer(Box::new(move |registry, health| {
-            observer.observe(registry, health, Instant::now())
+            let src = Sources {
+                registry,
+                kube: &kube,
+            };
+            observer.observe(&src, health, Instant::now())
         }));
         filter
     }
@@ -76,10 +86,10 @@ impl SeriesFilter {
     /// and every move counts, however rarely the output collects (a scrape every
     /// minute, an export every 30 s). Each output's filter is registered as a health
     /// observer by [`SeriesFilter::observing`].
-    pub(crate) fn observe(&self, registry: &Registry, health: &NodeHealth, now: Instant) {
+    pub(crate) fn observe(&self, src: &Sources<'_>, health: &NodeHealth, now: Instant) {
         for (idx, spec) in SPECS.iter().enumerate() {
             if spec.presence == Presence::Moved {
-                self.apply(idx, spec.points(registry, health), now);
+                self.apply(idx, spec.points(src, health), now);
             }
         }
     }
@@ -168,14 +178,14 @@ impl SeriesFilter {
     /// Every instrument's exported points at `now` (the order of [`SPECS`]).
     pub(crate) fn collect_all(
         &self,
-        registry: &Registry,
+        src: &Sources<'_>,
         health: &NodeHealth,
         now: Instant,
     ) -> Vec<(&'static Spec, Vec<Point>)> {
         SPECS
             .iter()
             .enumerate()
-            .map(|(i, spec)| (spec, self.apply(i, spec.points(registry, health), now)))
+            .map(|(i, spec)| (spec, self.apply(i, spec.points(src, health), now)))
             .collect()
     }
 }

@@ -3,10 +3,9 @@
 //! action, persistence mode, NVLink fabric registration.
 
 use super::{
-    AttrValue, InstrumentKind, Num, NumType, Point, Presence, Spec, each_sample, flag, owned,
-    push_opt, s, with,
+    AttrValue, Collect, InstrumentKind, Num, NumType, Point, Presence, Sources, Spec, each_sample,
+    flag, owned, push_opt, s, with,
 };
-use gpuwatch_core::registry::Registry;
 use gpuwatch_proto::{GpuSample, NodeHealth, RecoveryAction};
 
 /// The telemetry instruments, in export order.
@@ -72,10 +71,10 @@ const TEMPERATURE: Spec = Spec {
     num: NumType::F64,
     presence: Presence::Always,
     description: "GPU core temperature.",
-    collect: temperature,
+    collect: Collect::Points(temperature),
 };
 
-fn temperature(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn temperature(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         let v = sm.temperature_c.map(|c| Num::F64(f64::from(c)));
         push_opt(out, hw_attrs(base, sm), v);
@@ -89,10 +88,10 @@ const TEMPERATURE_LIMIT: Spec = Spec {
     num: NumType::F64,
     presence: Presence::Always,
     description: "GPU thermal thresholds.",
-    collect: temperature_limit,
+    collect: Collect::Points(temperature_limit),
 };
 
-fn temperature_limit(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn temperature_limit(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         for (limit, v) in [
             ("high.degraded", sm.slowdown_temperature_c),
@@ -111,10 +110,10 @@ const POWER: Spec = Spec {
     num: NumType::F64,
     presence: Presence::Always,
     description: "GPU power draw.",
-    collect: power,
+    collect: Collect::Points(power),
 };
 
-fn power(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn power(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         push_opt(out, hw_attrs(base, sm), milliwatts(sm.power_mw))
     });
@@ -127,10 +126,10 @@ const POWER_LIMIT: Spec = Spec {
     num: NumType::F64,
     presence: Presence::Always,
     description: "Enforced GPU power limit.",
-    collect: power_limit,
+    collect: Collect::Points(power_limit),
 };
 
-fn power_limit(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn power_limit(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         push_opt(out, base, milliwatts(sm.power_limit_mw))
     });
@@ -143,11 +142,11 @@ const CLOCK_EVENT_REASONS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "NVML clock-event (throttle) reason bitmask.",
-    collect: clock_event_reasons,
+    collect: Collect::Points(clock_event_reasons),
 };
 
 /// The NVML clock-event reason bitmask, one point per GPU.
-fn clock_event_reasons(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn clock_event_reasons(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         push_opt(out, base, sm.clock_event_reasons.map(Num::U64))
     });
@@ -160,11 +159,11 @@ const CLOCK_EVENTS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 while the clock-event (throttle) reason is active (active reasons only).",
-    collect: clock_events,
+    collect: Collect::Points(clock_events),
 };
 
 /// One point per known reason (the filter sends only active ones).
-fn clock_events(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn clock_events(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         if let Some(mask) = sm.clock_event_reasons {
             for (bit, reason) in CLOCK_EVENT_BITS {
@@ -184,10 +183,10 @@ const RECOVERY_ACTION: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "NVML GPU recovery action.",
-    collect: recovery_action,
+    collect: Collect::Points(recovery_action),
 };
 
-fn recovery_action(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn recovery_action(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         push_opt(
             out,
@@ -204,10 +203,10 @@ const PERSISTENCE: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "1 when persistence mode is on.",
-    collect: persistence,
+    collect: Collect::Points(persistence),
 };
 
-fn persistence(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn persistence(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         push_opt(out, base, sm.persistence_mode.map(flag))
     });
@@ -220,14 +219,14 @@ const FABRIC_STATE: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "NVLink fabric registration: 0 no fabric, 1 not started, 2 in progress, 3 completed.",
-    collect: fabric_state,
+    collect: Collect::Points(fabric_state),
 };
 
 /// One series per GPU with a fabric (`not_supported` GPUs report 0 too, so
 /// a missing series means the driver reports no fabric information). The
 /// clique and cluster UUID are attributes so a rack-wide problem groups by
 /// clique; both are fixed for a GPU, so they add no series.
-fn fabric_state(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn fabric_state(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         let Some(f) = &sm.fabric else {
             return;

@@ -1,8 +1,10 @@
 //! The Kubernetes writer: API writes, condition status changes, taints carried,
 //! the fleet quarantine budget, the startup gate and device validation runs.
 
-use super::{AttrValue, InstrumentKind, Num, NumType, Point, Presence, Spec, atomic, s};
-use gpuwatch_core::registry::{KubeObject, Registry, ValidationResult, WriteResult};
+use super::{
+    AttrValue, Collect, InstrumentKind, Num, NumType, Point, Presence, Sources, Spec, atomic, s,
+};
+use crate::kube::{KubeObject, ValidationResult, WriteResult};
 use gpuwatch_proto::NodeHealth;
 
 /// This subject's instruments, in export order.
@@ -25,10 +27,10 @@ const KUBE_WRITES: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Kubernetes API writes.",
-    collect: kube_writes,
+    collect: Collect::Points(kube_writes),
 };
 
-fn kube_writes(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+fn kube_writes(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
     for object in KubeObject::ALL {
         for result in WriteResult::ALL {
             out.push(Point {
@@ -36,7 +38,7 @@ fn kube_writes(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
                     ("object", s(object.as_str())),
                     ("result", s(result.as_str())),
                 ],
-                value: Num::U64(r.kube_writes(object, result)),
+                value: Num::U64(r.kube.kube_writes(object, result)),
             });
         }
     }
@@ -49,11 +51,11 @@ const CONDITION_TRANSITIONS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Status changes of the node conditions gpuwatch writes.",
-    collect: condition_transitions,
+    collect: Collect::Points(condition_transitions),
 };
 
-fn condition_transitions(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    for ((condition, status), n) in r.all_condition_transitions() {
+fn condition_transitions(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
+    for ((condition, status), n) in r.kube.all_condition_transitions() {
         out.push(Point {
             attrs: vec![
                 ("condition", AttrValue::Str(condition.into())),
@@ -71,17 +73,17 @@ const TAINTED: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 while the node carries the taint.",
-    collect: tainted,
+    collect: Collect::Points(tainted),
 };
 
-fn tainted(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+fn tainted(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
     out.push(Point {
         attrs: vec![("taint", s("fault"))],
-        value: atomic(&r.fault_taint_present),
+        value: atomic(&r.kube.fault_taint_present),
     });
     out.push(Point {
         attrs: vec![("taint", s("startup"))],
-        value: atomic(&r.startup_taint_present),
+        value: atomic(&r.kube.startup_taint_present),
     });
 }
 
@@ -92,15 +94,8 @@ const QUARANTINE_DEFERRED: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 while the node's fault taint is deferred: the fleet quarantine budget is spent.",
-    collect: quarantine_deferred,
+    collect: Collect::Value(|r| &r.kube.quarantine_deferred),
 };
-
-fn quarantine_deferred(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    out.push(Point {
-        attrs: vec![],
-        value: atomic(&r.quarantine_deferred),
-    });
-}
 
 const QUARANTINE_DEFERRALS: Spec = Spec {
     name: "gpuwatch.kube.quarantine.deferrals",
@@ -109,15 +104,8 @@ const QUARANTINE_DEFERRALS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Times the node's fault taint was deferred for the fleet quarantine budget.",
-    collect: quarantine_deferrals,
+    collect: Collect::Value(|r| &r.kube.quarantine_deferrals),
 };
-
-fn quarantine_deferrals(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    out.push(Point {
-        attrs: vec![],
-        value: atomic(&r.quarantine_deferrals),
-    });
-}
 
 const QUARANTINE_SLOTS: Spec = Spec {
     name: "gpuwatch.kube.quarantine.slots",
@@ -126,15 +114,8 @@ const QUARANTINE_SLOTS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Slots of the fleet quarantine budget as this agent last knew them.",
-    collect: quarantine_slots,
+    collect: Collect::Value(|r| &r.kube.quarantine_slots),
 };
-
-fn quarantine_slots(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    out.push(Point {
-        attrs: vec![],
-        value: atomic(&r.quarantine_slots),
-    });
-}
 
 const QUARANTINE_UNAVAILABLE: Spec = Spec {
     name: "gpuwatch.kube.quarantine.unavailable",
@@ -143,15 +124,8 @@ const QUARANTINE_UNAVAILABLE: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 while the fleet quarantine budget cannot work on this node (the API server refuses its Lease requests, or a claim went unanswered for a lease duration): fault taints are applied without it.",
-    collect: quarantine_unavailable,
+    collect: Collect::Value(|r| &r.kube.quarantine_unavailable),
 };
-
-fn quarantine_unavailable(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
-    out.push(Point {
-        attrs: vec![],
-        value: atomic(&r.quarantine_unavailable),
-    });
-}
 
 const STARTUP_GATE: Spec = Spec {
     name: "gpuwatch.startup_gate.duration",
@@ -160,13 +134,13 @@ const STARTUP_GATE: Spec = Spec {
     num: NumType::F64,
     presence: Presence::NonZero,
     description: "How long the startup taint has been held.",
-    collect: startup_gate,
+    collect: Collect::Points(startup_gate),
 };
 
-fn startup_gate(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+fn startup_gate(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
     out.push(Point {
         attrs: vec![],
-        value: Num::F64(r.startup_gate_seconds()),
+        value: Num::F64(r.kube.startup_gate_seconds()),
     });
 }
 
@@ -177,14 +151,14 @@ const VALIDATION_RUNS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Device validation runs.",
-    collect: validation_runs,
+    collect: Collect::Points(validation_runs),
 };
 
-fn validation_runs(r: &Registry, _: &NodeHealth, out: &mut Vec<Point>) {
+fn validation_runs(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
     for result in ValidationResult::ALL {
         out.push(Point {
             attrs: vec![("result", s(result.as_str()))],
-            value: Num::U64(r.validation_runs(result)),
+            value: Num::U64(r.kube.validation_runs(result)),
         });
     }
 }

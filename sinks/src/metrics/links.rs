@@ -2,10 +2,9 @@
 //! error counters and links down.
 
 use super::{
-    AttrValue, InstrumentKind, Num, NumType, Point, Presence, Spec, each_sample, flag, push_opt, s,
-    with,
+    AttrValue, Collect, InstrumentKind, Num, NumType, Point, Presence, Sources, Spec, each_sample,
+    flag, push_opt, s, with,
 };
-use gpuwatch_core::registry::Registry;
 use gpuwatch_proto::NodeHealth;
 
 /// This subject's instruments, in export order.
@@ -50,10 +49,10 @@ const PCIE_GEN: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "PCIe link generation.",
-    collect: pcie_gen,
+    collect: Collect::Points(pcie_gen),
 };
 
-fn pcie_gen(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn pcie_gen(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         bounds(out, &base, sm.pcie_link_gen, sm.pcie_link_gen_max)
     });
@@ -66,10 +65,10 @@ const PCIE_WIDTH: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "PCIe link width.",
-    collect: pcie_width,
+    collect: Collect::Points(pcie_width),
 };
 
-fn pcie_width(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn pcie_width(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         bounds(out, &base, sm.pcie_link_width, sm.pcie_link_width_max)
     });
@@ -82,10 +81,10 @@ const PCIE_REPLAYS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "PCIe replay counter.",
-    collect: pcie_replays,
+    collect: Collect::Points(pcie_replays),
 };
 
-fn pcie_replays(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn pcie_replays(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         push_opt(out, base, sm.pcie_replay_counter.map(Num::U64))
     });
@@ -98,12 +97,12 @@ const NVLINK_ERRORS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "NVLink error counters summed over the GPU's links.",
-    collect: nvlink_errors,
+    collect: Collect::Points(nvlink_errors),
 };
 
 /// Per GPU: each error type summed over the GPU's links (types no link
 /// reports are left out).
-fn nvlink_errors(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn nvlink_errors(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         let mut sums: [Option<u64>; 4] = [None; 4];
         for l in &sm.nvlinks {
@@ -130,11 +129,11 @@ const NVLINK_LINKS_DOWN: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "NVLinks of the GPU that are down.",
-    collect: nvlink_links_down,
+    collect: Collect::Points(nvlink_links_down),
 };
 
 /// Per GPU: links NVML reports down (only GPUs that report link state).
-fn nvlink_links_down(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn nvlink_links_down(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         if sm.nvlinks.iter().any(|l| l.active.is_some()) {
             let down = sm
@@ -157,11 +156,11 @@ const NVLINK_LINK_DOWN: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 while the NVLink is down (down links only).",
-    collect: nvlink_link_down,
+    collect: Collect::Points(nvlink_link_down),
 };
 
 /// Per link: 1 while the link is down (the filter sends only down links).
-fn nvlink_link_down(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn nvlink_link_down(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         for l in &sm.nvlinks {
             let attrs = with(
@@ -180,11 +179,11 @@ const NVLINK_LINK_ERRORS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Moved,
     description: "NVLink error counters of links whose counters moved within the quiet window.",
-    collect: nvlink_link_errors,
+    collect: Collect::Points(nvlink_link_errors),
 };
 
 /// Per link and error type (the filter sends only counters that moved).
-fn nvlink_link_errors(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn nvlink_link_errors(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         for l in &sm.nvlinks {
             for (ty, v) in nvlink_counters(l) {

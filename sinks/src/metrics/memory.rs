@@ -2,9 +2,9 @@
 //! remapping.
 
 use super::{
-    InstrumentKind, Num, NumType, Point, Presence, Spec, each_sample, flag, push_opt, s, with,
+    Collect, InstrumentKind, Num, NumType, Point, Presence, Sources, Spec, each_sample, flag,
+    push_opt, s, with,
 };
-use gpuwatch_core::registry::Registry;
 use gpuwatch_proto::NodeHealth;
 
 /// This subject's instruments, in export order.
@@ -24,10 +24,10 @@ const ECC_ERRORS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "NVML ECC error counts.",
-    collect: ecc_errors,
+    collect: Collect::Points(ecc_errors),
 };
 
-fn ecc_errors(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn ecc_errors(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         for (ty, counter, v) in [
             ("corrected", "volatile", sm.ecc_volatile_corrected),
@@ -51,10 +51,10 @@ const RETIRED_PAGES: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Retired pages (pre-Ampere page retirement).",
-    collect: retired_pages,
+    collect: Collect::Points(retired_pages),
 };
 
-fn retired_pages(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn retired_pages(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         for (cause, v) in [("sbe", sm.retired_pages_sbe), ("dbe", sm.retired_pages_dbe)] {
             push_opt(
@@ -73,10 +73,10 @@ const RETIRED_PENDING: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 when a page retirement waits for a reboot or reset.",
-    collect: retired_pending,
+    collect: Collect::Points(retired_pending),
 };
 
-fn retired_pending(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn retired_pending(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         push_opt(out, base, sm.retired_pages_pending.map(flag))
     });
@@ -89,10 +89,10 @@ const REMAP_ROWS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Rows remapped.",
-    collect: remap_rows,
+    collect: Collect::Points(remap_rows),
 };
 
-fn remap_rows(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn remap_rows(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         for (ty, v) in [
             ("correctable", sm.remapped_rows_correctable),
@@ -111,10 +111,10 @@ const REMAP_PENDING: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 when a row remap waits for a GPU reset.",
-    collect: remap_pending,
+    collect: Collect::Points(remap_pending),
 };
 
-fn remap_pending(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn remap_pending(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         push_opt(out, base, sm.remapped_rows_pending.map(flag))
     });
@@ -127,10 +127,10 @@ const REMAP_FAILURE: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 when a row remap failed.",
-    collect: remap_failure,
+    collect: Collect::Points(remap_failure),
 };
 
-fn remap_failure(_: &Registry, h: &NodeHealth, out: &mut Vec<Point>) {
+fn remap_failure(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         push_opt(out, base, sm.remapped_rows_failure.map(flag))
     });

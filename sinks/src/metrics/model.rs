@@ -1,9 +1,12 @@
 //! What an instrument is: its kind, number type, data points and when its
 //! series are exported.
 
+use crate::kube::KubeMetrics;
 use gpuwatch_core::registry::Registry;
 use gpuwatch_proto::NodeHealth;
 use std::borrow::Cow;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
 
 /// How an instrument aggregates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,7 +79,22 @@ pub(crate) struct Point {
     pub(crate) value: Num,
 }
 
-pub(crate) type Collect = fn(&Registry, &NodeHealth, &mut Vec<Point>);
+/// What the instruments read besides the node health: the health engine's
+/// registry and the Kubernetes node writer's metrics.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Sources<'a> {
+    pub(crate) registry: &'a Registry,
+    pub(crate) kube: &'a KubeMetrics,
+}
+
+/// How an instrument reads its data points.
+#[derive(Clone, Copy)]
+pub(crate) enum Collect {
+    /// One point without attributes: the value of one counter or gauge.
+    Value(for<'a> fn(&'a Sources<'a>) -> &'a AtomicU64),
+    /// Any other shape: the function pushes every point.
+    Points(fn(&Sources<'_>, &NodeHealth, &mut Vec<Point>)),
+}
 
 /// Which of an instrument's points are exported. A healthy node must stay
 /// within its series budget (`docs/metrics.md`): series that only matter when
@@ -111,9 +129,17 @@ pub(crate) struct Spec {
 
 impl Spec {
     /// Every data point of this instrument now, before [`SeriesFilter`].
-    pub(crate) fn points(&self, registry: &Registry, health: &NodeHealth) -> Vec<Point> {
-        let mut out = Vec::new();
-        (self.collect)(registry, health, &mut out);
-        out
+    pub(crate) fn points(&self, src: &Sources<'_>, health: &NodeHealth) -> Vec<Point> {
+        match self.collect {
+            Collect::Value(value) => vec![Point {
+                attrs: Vec::new(),
+                value: Num::U64(value(src).load(Relaxed)),
+            }],
+            Collect::Points(collect) => {
+                let mut out = Vec::new();
+                collect(src, health, &mut out);
+                out
+            }
+        }
     }
 }

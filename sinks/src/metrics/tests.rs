@@ -1,14 +1,85 @@
 //! The table's invariants and each subject's collection, on filled registries.
 
 use super::*;
-use gpuwatch_core::registry::{KubeObject, Registry, ValidationResult, WriteResult};
+use crate::kube::{KubeMetrics, KubeObject, ValidationResult, WriteResult};
+use gpuwatch_core::registry::Registry;
 use gpuwatch_proto::{Action, FaultKind, NodeHealth, RecoveryAction, Verdict};
 use gpuwatch_proto::{FaultEvent, GpuHealth, NvLinkSample};
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
+/// The registry and the node writer's metrics an output reads.
+struct Fixture {
+    registry: Arc<Registry>,
+    kube: Arc<KubeMetrics>,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        Fixture {
+            registry: Registry::new(),
+            kube: KubeMetrics::new(),
+        }
+    }
+
+    fn src(&self) -> Sources<'_> {
+        Sources {
+            registry: &self.registry,
+            kube: &self.kube,
+        }
+    }
+}
+
 fn find(name: &str) -> &'static Spec {
     SPECS.iter().find(|s| s.name == name).expect(name)
+}
+
+#[test]
+fn the_writers_events_follow_the_engines_stages() {
+    use gpuwatch_core::registry::{Outcome, Stage};
+    let r = Fixture::new();
+    r.registry.count_events(Stage::Parser, Outcome::Emitted, 5);
+    r.kube.count_events(Outcome::Dropped, 2);
+    let pts = find("gpuwatch.events").points(&r.src(), &NodeHealth::default());
+    let series: Vec<(String, String, u64)> = pts
+        .iter()
+        .map(|p| {
+            (
+                p.attrs[0].1.to_label().into_owned(),
+                p.attrs[1].1.to_label().into_owned(),
+                p.value.as_u64(),
+            )
+        })
+        .collect();
+    // Five stages of three outcomes, the writer's last, as before the split.
+    assert_eq!(series.len(), 15);
+    assert_eq!(series[0], ("parser".into(), "emitted".into(), 5));
+    assert_eq!(
+        &series[12..],
+        &[
+            ("kube_events".into(), "emitted".into(), 0),
+            ("kube_events".into(), "coalesced".into(), 0),
+            ("kube_events".into(), "dropped".into(), 2),
+        ]
+    );
+}
+
+#[test]
+fn single_atomic_instruments_read_the_registry_and_the_writer() {
+    let r = Fixture::new();
+    r.registry.kmsg_records_lost.store(7, Relaxed);
+    r.kube.quarantine_slots.store(10, Relaxed);
+    let h = NodeHealth::default();
+    for (name, want) in [
+        ("gpuwatch.kmsg.records.lost", 7),
+        ("gpuwatch.kube.quarantine.slots", 10),
+    ] {
+        let pts = find(name).points(&r.src(), &h);
+        assert_eq!(pts.len(), 1, "{name}");
+        assert!(pts[0].attrs.is_empty(), "{name}");
+        assert_eq!(pts[0].value, Num::U64(want), "{name}");
+    }
 }
 
 #[test]
@@ -23,7 +94,7 @@ fn names_are_unique() {
 
 #[test]
 fn xid_counter_sums_series_and_carries_gpu_identity() {
-    let r = Registry::new();
+    let r = Fixture::new();
     let mut ev = FaultEvent {
         code: 79,
         gpu_index: Some(2),
@@ -34,8 +105,8 @@ fn xid_counter_sums_series_and_carries_gpu_identity() {
     };
     ev.set_kind(FaultKind::Xid);
     ev.set_action(Action::InspectHardware);
-    r.record_fault(&ev);
-    let pts = find("gpu.xid.errors").points(&r, &NodeHealth::default());
+    r.registry.record_fault(&ev);
+    let pts = find("gpu.xid.errors").points(&r.src(), &NodeHealth::default());
     assert_eq!(pts.len(), 1);
     assert_eq!(pts[0].value, Num::U64(3));
     assert!(pts[0].attrs.contains(&("gpu.index", AttrValue::Int(2))));
@@ -44,7 +115,7 @@ fn xid_counter_sums_series_and_carries_gpu_identity() {
     // Not an SXid.
     assert!(
         find("gpu.sxid.errors")
-            .points(&r, &NodeHealth::default())
+            .points(&r.src(), &NodeHealth::default())
             .is_empty()
     );
 }
@@ -72,24 +143,31 @@ fn samples_map_to_units_and_bits() {
         }],
         ..Default::default()
     };
-    let r = Registry::new();
-    assert_eq!(find("hw.power").points(&r, &h)[0].value, Num::F64(350.5));
-    let clocks = find("gpu.clock_event.active").points(&r, &h);
+    let r = Fixture::new();
+    assert_eq!(
+        find("hw.power").points(&r.src(), &h)[0].value,
+        Num::F64(350.5)
+    );
+    let clocks = find("gpu.clock_event.active").points(&r.src(), &h);
     let on: Vec<_> = clocks
         .iter()
         .filter(|p| p.value == Num::U64(1))
         .map(|p| p.attrs.last().unwrap().1.clone())
         .collect();
     assert_eq!(on, vec![s("gpu_idle"), s("hw_thermal_slowdown")]);
-    let link = &find("gpu.nvlink.link.down").points(&r, &h)[0];
+    let link = &find("gpu.nvlink.link.down").points(&r.src(), &h)[0];
     assert_eq!(link.value, Num::U64(1));
     assert_eq!(
-        find("gpu.nvlink.links.down").points(&r, &h)[0].value,
+        find("gpu.nvlink.links.down").points(&r.src(), &h)[0].value,
         Num::U64(1)
     );
     // Unsupported readings produce no point at all.
-    assert!(find("gpu.row_remap.pending").points(&r, &h).is_empty());
-    assert_eq!(find("gpuwatch.gpus").points(&r, &h).len(), 1);
+    assert!(
+        find("gpu.row_remap.pending")
+            .points(&r.src(), &h)
+            .is_empty()
+    );
+    assert_eq!(find("gpuwatch.gpus").points(&r.src(), &h).len(), 1);
 }
 
 /// Regression: the last sample kept being exported as current
@@ -114,11 +192,11 @@ fn stale_samples_are_not_exported_while_nvml_is_down() {
         }),
         ..Default::default()
     };
-    let r = Registry::new();
-    assert_eq!(find("hw.temperature").points(&r, &h).len(), 1);
+    let r = Fixture::new();
+    assert_eq!(find("hw.temperature").points(&r.src(), &h).len(), 1);
     h.monitor.as_mut().unwrap().nvml_ok = false;
-    assert!(find("hw.temperature").points(&r, &h).is_empty());
-    let visible = find("gpuwatch.gpus").points(&r, &h);
+    assert!(find("hw.temperature").points(&r.src(), &h).is_empty());
+    let visible = find("gpuwatch.gpus").points(&r.src(), &h);
     assert_eq!(visible[0].value, Num::U64(0));
 }
 
@@ -194,14 +272,16 @@ fn healthy_node() -> NodeHealth {
 
 /// The registry after a clean start: kernel log read, state written,
 /// validation passed, condition and startup taint written.
-fn started_registry() -> std::sync::Arc<Registry> {
-    let r = Registry::new();
-    r.kmsg_records_read.store(1500, Relaxed);
-    r.gpus_expected.store(8, Relaxed);
-    r.count_state_write(true);
-    r.count_validation(ValidationResult::Pass);
-    r.count_kube_write(KubeObject::Condition, WriteResult::Ok);
-    r.count_kube_write(KubeObject::StartupTaint, WriteResult::Ok);
+fn started_registry() -> Fixture {
+    let r = Fixture::new();
+    r.registry.kmsg_records_read.store(1500, Relaxed);
+    r.kube.gpus_expected.store(8, Relaxed);
+    r.registry.count_state_write(true);
+    r.kube.count_validation(ValidationResult::Pass);
+    r.kube
+        .count_kube_write(KubeObject::Condition, WriteResult::Ok);
+    r.kube
+        .count_kube_write(KubeObject::StartupTaint, WriteResult::Ok);
     r
 }
 
@@ -232,7 +312,7 @@ fn healthy_eight_gpu_node_stays_within_the_series_budget() {
     let t0 = Instant::now();
     // The first collection and a steady-state one a minute later.
     for t in [t0, t0 + Duration::from_secs(60)] {
-        let pts = f.collect_all(&r, &h, t);
+        let pts = f.collect_all(&r.src(), &h, t);
         let (per_gpu, node) = count(&pts);
         assert!(per_gpu <= 8 * 25, "{per_gpu} GPU points");
         assert!(node <= 20, "{node} node points");
@@ -249,7 +329,7 @@ fn healthy_eight_gpu_node_stays_within_the_series_budget() {
         assert_eq!(series_of(&pts, "gpu.health.verdict").len(), 8);
     }
     // Unfiltered, the same node has far more points (what the filter saves).
-    let all: usize = SPECS.iter().map(|s| s.points(&r, &h).len()).sum();
+    let all: usize = SPECS.iter().map(|s| s.points(&r.src(), &h).len()).sum();
     assert!(all > 700, "{all}");
 }
 
@@ -259,7 +339,7 @@ fn an_erroring_nvlink_adds_only_its_series_until_a_quiet_window_passes() {
     let mut h = healthy_node();
     let f = SeriesFilter::new(Duration::from_secs(300));
     let t0 = Instant::now();
-    let base = f.collect_all(&r, &h, t0);
+    let base = f.collect_all(&r.src(), &h, t0);
     let (g0, n0) = count(&base);
     // GPU 3, link 5: replay and CRC counters move.
     {
@@ -268,7 +348,7 @@ fn an_erroring_nvlink_adds_only_its_series_until_a_quiet_window_passes() {
         l.crc_flit_errors = Some(7);
     }
     let t1 = t0 + Duration::from_secs(30);
-    let pts = f.collect_all(&r, &h, t1);
+    let pts = f.collect_all(&r.src(), &h, t1);
     let (g1, n1) = count(&pts);
     assert_eq!(n1, n0);
     assert_eq!(g1, g0 + 2, "only the two moved counters of the link");
@@ -291,10 +371,10 @@ fn an_erroring_nvlink_adds_only_its_series_until_a_quiet_window_passes() {
         Num::U64(40 + (0..18u64).map(|l| l % 3).sum::<u64>() - 2)
     );
     // Quiet, but within the window: still sent.
-    let pts = f.collect_all(&r, &h, t1 + Duration::from_secs(299));
+    let pts = f.collect_all(&r.src(), &h, t1 + Duration::from_secs(299));
     assert_eq!(count(&pts).0, g0 + 2);
     // A quiet window later: gone.
-    let pts = f.collect_all(&r, &h, t1 + Duration::from_secs(300));
+    let pts = f.collect_all(&r.src(), &h, t1 + Duration::from_secs(300));
     assert_eq!(count(&pts), (g0, n0));
 }
 
@@ -308,17 +388,17 @@ fn a_move_before_the_first_collection_counts_when_every_sample_is_observed() {
     let t0 = Instant::now();
     let observed = SeriesFilter::new(Duration::from_secs(300));
     let unobserved = SeriesFilter::new(Duration::from_secs(300));
-    observed.observe(&r, &h, t0);
+    observed.observe(&r.src(), &h, t0);
     h.gpus[0].sample.as_mut().unwrap().nvlinks[2].replay_errors = Some(9);
-    observed.observe(&r, &h, t0 + Duration::from_secs(1));
+    observed.observe(&r.src(), &h, t0 + Duration::from_secs(1));
     let t2 = t0 + Duration::from_secs(5);
-    let pts = observed.collect_all(&r, &h, t2);
+    let pts = observed.collect_all(&r.src(), &h, t2);
     let link = series_of(&pts, "gpu.nvlink.link.errors");
     assert_eq!(link.len(), 1, "{link:?}");
     assert_eq!(link[0].value, Num::U64(9));
     assert!(link[0].attrs.contains(&("nvlink.link", AttrValue::Int(2))));
     // What an output that saw no sample before its first collection makes of it.
-    let pts = unobserved.collect_all(&r, &h, t2);
+    let pts = unobserved.collect_all(&r.src(), &h, t2);
     assert!(series_of(&pts, "gpu.nvlink.link.errors").is_empty());
 }
 
@@ -328,26 +408,26 @@ fn a_missed_sample_does_not_make_the_next_value_a_new_baseline() {
     let mut h = healthy_node();
     let f = SeriesFilter::new(Duration::from_secs(300));
     let t0 = Instant::now();
-    f.collect_all(&r, &h, t0);
+    f.collect_all(&r.src(), &h, t0);
     // NVML down for a poll: no current samples, nothing NVLink is exported.
     h.monitor.as_mut().unwrap().nvml_ok = false;
-    let pts = f.collect_all(&r, &h, t0 + Duration::from_secs(10));
+    let pts = f.collect_all(&r.src(), &h, t0 + Duration::from_secs(10));
     assert!(series_of(&pts, "gpu.nvlink.link.errors").is_empty());
     // Back, and the counter moved meanwhile.
     h.monitor.as_mut().unwrap().nvml_ok = true;
     h.gpus[4].sample.as_mut().unwrap().nvlinks[7].crc_data_errors = Some(3);
-    let pts = f.collect_all(&r, &h, t0 + Duration::from_secs(20));
+    let pts = f.collect_all(&r.src(), &h, t0 + Duration::from_secs(20));
     let link = series_of(&pts, "gpu.nvlink.link.errors");
     assert_eq!(link.len(), 1, "{link:?}");
     assert_eq!(link[0].value, Num::U64(3));
     // A series missing for longer than the quiet window is forgotten.
     let t3 = t0 + Duration::from_secs(20);
     h.monitor.as_mut().unwrap().nvml_ok = false;
-    f.collect_all(&r, &h, t3 + Duration::from_secs(1));
-    f.collect_all(&r, &h, t3 + Duration::from_secs(301));
+    f.collect_all(&r.src(), &h, t3 + Duration::from_secs(1));
+    f.collect_all(&r.src(), &h, t3 + Duration::from_secs(301));
     h.monitor.as_mut().unwrap().nvml_ok = true;
     h.gpus[4].sample.as_mut().unwrap().nvlinks[7].crc_data_errors = Some(5);
-    let pts = f.collect_all(&r, &h, t3 + Duration::from_secs(302));
+    let pts = f.collect_all(&r.src(), &h, t3 + Duration::from_secs(302));
     assert!(series_of(&pts, "gpu.nvlink.link.errors").is_empty());
 }
 
@@ -357,9 +437,9 @@ fn a_down_link_is_named_then_lingers_at_zero_then_goes() {
     let mut h = healthy_node();
     let f = SeriesFilter::new(Duration::from_secs(300));
     let t0 = Instant::now();
-    let (g0, _) = count(&f.collect_all(&r, &h, t0));
+    let (g0, _) = count(&f.collect_all(&r.src(), &h, t0));
     h.gpus[1].sample.as_mut().unwrap().nvlinks[17].active = Some(false);
-    let pts = f.collect_all(&r, &h, t0 + Duration::from_secs(30));
+    let pts = f.collect_all(&r.src(), &h, t0 + Duration::from_secs(30));
     let down = series_of(&pts, "gpu.nvlink.link.down");
     assert_eq!(down.len(), 1);
     assert_eq!(down[0].value, Num::U64(1));
@@ -368,12 +448,12 @@ fn a_down_link_is_named_then_lingers_at_zero_then_goes() {
     // Back up: the link's series is sent as 0 for the quiet window.
     h.gpus[1].sample.as_mut().unwrap().nvlinks[17].active = Some(true);
     let t2 = t0 + Duration::from_secs(60);
-    let pts = f.collect_all(&r, &h, t2);
+    let pts = f.collect_all(&r.src(), &h, t2);
     assert_eq!(
         series_of(&pts, "gpu.nvlink.link.down")[0].value,
         Num::U64(0)
     );
-    let pts = f.collect_all(&r, &h, t0 + Duration::from_secs(30 + 300));
+    let pts = f.collect_all(&r.src(), &h, t0 + Duration::from_secs(30 + 300));
     assert!(series_of(&pts, "gpu.nvlink.link.down").is_empty());
     assert_eq!(count(&pts).0, g0);
 }
@@ -384,10 +464,10 @@ fn state_sets_send_the_current_state_and_the_previous_one_as_zero() {
     let mut h = healthy_node();
     let f = SeriesFilter::new(Duration::from_secs(300));
     let t0 = Instant::now();
-    f.collect_all(&r, &h, t0);
+    f.collect_all(&r.src(), &h, t0);
     h.set_action(Action::RebootNode);
     h.reason = "XID79".into();
-    let pts = f.collect_all(&r, &h, t0 + Duration::from_secs(30));
+    let pts = f.collect_all(&r.src(), &h, t0 + Duration::from_secs(30));
     let action = series_of(&pts, "gpuwatch.node.action");
     let on: Vec<_> = action.iter().filter(|p| p.value == Num::U64(1)).collect();
     assert_eq!(on.len(), 1);
@@ -395,13 +475,13 @@ fn state_sets_send_the_current_state_and_the_previous_one_as_zero() {
     // Cleared: the XID79 series goes to 0 (same attributes), ignore is back at 1.
     h.set_action(Action::Ignore);
     h.reason.clear();
-    let pts = f.collect_all(&r, &h, t0 + Duration::from_secs(60));
+    let pts = f.collect_all(&r.src(), &h, t0 + Duration::from_secs(60));
     let action = series_of(&pts, "gpuwatch.node.action");
     let was = action
         .iter()
         .find(|p| p.attrs.contains(&("reason", owned("XID79"))))
         .expect("the cleared series is sent as 0");
     assert_eq!(was.value, Num::U64(0));
-    let pts = f.collect_all(&r, &h, t0 + Duration::from_secs(400));
+    let pts = f.collect_all(&r.src(), &h, t0 + Duration::from_secs(400));
     assert_eq!(series_of(&pts, "gpuwatch.node.action").len(), 1);
 }

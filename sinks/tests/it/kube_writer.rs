@@ -5,7 +5,6 @@
 use crate::kube_common::{ApiDouble, Recorded, condition, taint_keys, taint_value, wait_for};
 use gpuwatch_core::placement::PlacementUpdate;
 use gpuwatch_core::validation::ValidationConfig;
-use gpuwatch_core::{KubeObject, Registry, ValidationResult, WriteResult};
 use gpuwatch_proto::{
     Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, GpuSample, MonitorStatus, NodeHealth,
     RecoveryAction, ValidationReport, Verdict,
@@ -13,6 +12,7 @@ use gpuwatch_proto::{
 use gpuwatch_sinks::kube::{
     KubeConfig, NodeWriter, PlacementCallback, ValidationCallback, WriterHooks,
 };
+use gpuwatch_sinks::kube::{KubeMetrics, KubeObject, ValidationResult, WriteResult};
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -133,7 +133,7 @@ struct Harness {
     api: ApiDouble,
     tx: watch::Sender<Arc<NodeHealth>>,
     writer: Option<NodeWriter>,
-    registry: Arc<Registry>,
+    metrics: Arc<KubeMetrics>,
     /// Every report the writer handed to `on_validation`.
     reports: Arc<Mutex<Vec<ValidationReport>>>,
     /// Every pod listing the writer handed to `on_pods`.
@@ -187,7 +187,7 @@ impl Harness {
         state_dir: Option<PathBuf>,
     ) -> Harness {
         let (tx, rx) = watch::channel(Arc::new(health));
-        let registry = Registry::new();
+        let metrics = KubeMetrics::new();
         let reports = Arc::new(Mutex::new(Vec::new()));
         let sink = reports.clone();
         let on_validation: ValidationCallback = Arc::new(move |r: ValidationReport| {
@@ -202,7 +202,7 @@ impl Harness {
             cfg,
             vcfg,
             NODE.into(),
-            registry.clone(),
+            metrics.clone(),
             rx,
             false,
             WriterHooks {
@@ -217,7 +217,7 @@ impl Harness {
             api,
             tx,
             writer: Some(writer),
-            registry,
+            metrics,
             reports,
             placements,
         }
@@ -487,24 +487,25 @@ async fn six_lost_races_in_a_row_land_the_fault_taint_within_a_second() {
     // be after the server already shows the taint.
     assert!(
         wait_for(SECS, || h
-            .registry
+            .metrics
             .kube_writes(KubeObject::Taint, WriteResult::Ok)
             >= 1)
         .await,
         "the landed taint write was never counted"
     );
     assert_eq!(
-        h.registry
+        h.metrics
             .kube_writes(KubeObject::Taint, WriteResult::Conflict),
         6
     );
-    assert_eq!(
-        h.registry.kube_writes(KubeObject::Taint, WriteResult::Ok),
-        1
-    );
+    assert_eq!(h.metrics.kube_writes(KubeObject::Taint, WriteResult::Ok), 1);
     // The conflict is visible on the metrics endpoint.
-    let text =
-        gpuwatch_sinks::prometheus::Renderer::new(h.registry.clone(), Default::default()).render();
+    let text = gpuwatch_sinks::prometheus::Renderer::new(
+        gpuwatch_core::Registry::new(),
+        h.metrics.clone(),
+        Default::default(),
+    )
+    .render();
     assert!(
         text.lines()
             .any(|l| l.starts_with("gpuwatch_kube_writes_total")
@@ -643,9 +644,9 @@ async fn restart_mid_fault_keeps_state_and_sends_no_duplicate_events() {
     assert_eq!(taint_keys(&after), taint_keys(&before));
     // The restarted writer wrote nothing: the live node already matched.
     let writes_after_restart = h
-        .registry
+        .metrics
         .kube_writes(KubeObject::Condition, WriteResult::Ok)
-        + h.registry.kube_writes(KubeObject::Taint, WriteResult::Ok);
+        + h.metrics.kube_writes(KubeObject::Taint, WriteResult::Ok);
     assert_eq!(writes_after_restart, 0);
     // A new occurrence later is counted on the same Event.
     h.writer().event_sink().send(&xid_event(
@@ -677,7 +678,7 @@ async fn new_boot_clears_reboot_fault() {
     .await;
     assert!(
         wait_for(SECS, || h
-            .registry
+            .metrics
             .fault_taint_present
             .load(std::sync::atomic::Ordering::Relaxed)
             == 0)
@@ -737,7 +738,7 @@ async fn startup_taint_kept_on_partial_validation() {
     let h = gate(&[], healthy(8, "boot-a"), ValidationConfig::default()).await;
     assert!(
         wait_for(SECS, || h
-            .registry
+            .metrics
             .validation_runs(ValidationResult::Incomplete)
             >= 2)
         .await
@@ -749,9 +750,9 @@ async fn startup_taint_kept_on_partial_validation() {
         (r.status.as_str(), r.reason.as_deref()),
         ("Unknown", Some("ValidationIncomplete"))
     );
-    assert_eq!(h.registry.validation_runs(ValidationResult::Pass), 0);
+    assert_eq!(h.metrics.validation_runs(ValidationResult::Pass), 0);
     assert_eq!(
-        h.registry
+        h.metrics
             .startup_taint_present
             .load(std::sync::atomic::Ordering::Relaxed),
         1
@@ -760,10 +761,10 @@ async fn startup_taint_kept_on_partial_validation() {
     let mut down = healthy(8, "boot-a");
     down.monitor.as_mut().unwrap().nvml_ok = false;
     h.set(down);
-    let before = h.registry.validation_runs(ValidationResult::Incomplete);
+    let before = h.metrics.validation_runs(ValidationResult::Incomplete);
     assert!(
         wait_for(SECS, || h
-            .registry
+            .metrics
             .validation_runs(ValidationResult::Incomplete)
             > before)
         .await
@@ -781,7 +782,7 @@ async fn startup_taint_kept_on_failed_validation_with_warning_event() {
     )
     .await;
     assert!(
-        wait_for(SECS, || h.registry.validation_runs(ValidationResult::Fail)
+        wait_for(SECS, || h.metrics.validation_runs(ValidationResult::Fail)
             >= 1)
         .await
     );
@@ -821,7 +822,7 @@ async fn startup_taint_kept_when_extra_command_fails() {
     };
     let h = gate(&[("nvidia.com/gpu.count", "2")], healthy(2, "boot-a"), vcfg).await;
     assert!(
-        wait_for(SECS, || h.registry.validation_runs(ValidationResult::Fail)
+        wait_for(SECS, || h.metrics.validation_runs(ValidationResult::Fail)
             >= 1)
         .await
     );
@@ -850,7 +851,7 @@ async fn startup_taint_removed_after_validation_passes() {
     let n = h.api.node();
     assert_eq!(taint_keys(&n), vec!["dedicated"]);
     assert_eq!(status_of(&n, READY).as_deref(), Some("True"));
-    assert_eq!(h.registry.validation_runs(ValidationResult::Pass), 1);
+    assert_eq!(h.metrics.validation_runs(ValidationResult::Pass), 1);
     // The engine is told the report (it becomes `/v1/health.validation`).
     let reports = h.reports();
     assert_eq!(reports.len(), 1, "{reports:#?}");
@@ -864,14 +865,14 @@ async fn startup_taint_removed_after_validation_passes() {
     // The double applied the patch; the writer counts it once the response is in.
     assert!(
         wait_for(SECS, || h
-            .registry
+            .metrics
             .kube_writes(KubeObject::StartupTaint, WriteResult::Ok)
             == 1)
         .await
     );
     assert!(
         wait_for(SECS, || h
-            .registry
+            .metrics
             .startup_taint_present
             .load(std::sync::atomic::Ordering::Relaxed)
             == 0)
@@ -939,7 +940,7 @@ async fn forbidden_status_write_does_not_block_the_taint() {
     assert!(condition(&h.api.node(), PROBLEM).is_none());
     assert!(
         wait_for(SECS, || h
-            .registry
+            .metrics
             .kube_writes(KubeObject::Condition, WriteResult::Error)
             >= 2)
         .await
@@ -1091,7 +1092,7 @@ async fn event_writes_are_rate_limited() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dry_run_needs_no_api_server() {
     let (tx, rx) = watch::channel(Arc::new(healthy(2, "boot-a")));
-    let registry = Registry::new();
+    let metrics = KubeMetrics::new();
     let cfg = KubeConfig {
         enabled: true,
         // Unreachable on purpose: dry run must not touch it.
@@ -1103,7 +1104,7 @@ async fn dry_run_needs_no_api_server() {
         cfg,
         ValidationConfig::default(),
         NODE.into(),
-        registry.clone(),
+        metrics.clone(),
         rx,
         true,
         WriterHooks::default(),
@@ -1118,10 +1119,10 @@ async fn dry_run_needs_no_api_server() {
         1,
     )));
     assert!(
-        wait_for(SECS, || registry
+        wait_for(SECS, || metrics
             .kube_writes(KubeObject::Taint, WriteResult::Ok)
             == 1
-            && registry.kube_writes(KubeObject::Condition, WriteResult::Ok)
+            && metrics.kube_writes(KubeObject::Condition, WriteResult::Ok)
                 >= 1)
         .await
     );
@@ -1132,9 +1133,9 @@ async fn dry_run_needs_no_api_server() {
         1_700_000_000_000_000_000,
     ));
     w.event_sink().flush(SECS);
-    assert_eq!(registry.kube_writes(KubeObject::Event, WriteResult::Ok), 1);
+    assert_eq!(metrics.kube_writes(KubeObject::Event, WriteResult::Ok), 1);
     assert_eq!(
-        registry
+        metrics
             .fault_taint_present
             .load(std::sync::atomic::Ordering::Relaxed),
         1
@@ -1161,7 +1162,7 @@ async fn invalid_settings_are_rejected_with_every_problem() {
         cfg,
         vcfg,
         NODE.into(),
-        Registry::new(),
+        KubeMetrics::new(),
         rx,
         true,
         WriterHooks::default(),
@@ -1276,7 +1277,7 @@ async fn fault_during_the_extra_command_keeps_the_startup_taint() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(
-        h.registry
+        h.metrics
             .kube_writes(KubeObject::StartupTaint, WriteResult::Ok),
         0
     );
@@ -1313,13 +1314,13 @@ async fn cached_pass_is_dropped_when_health_fails_in_between() {
     };
     let h = Harness::with(api, cfg, ValidationConfig::default(), healthy(2, "boot-a")).await;
     assert!(
-        wait_for(SECS, || h.registry.validation_runs(ValidationResult::Pass)
+        wait_for(SECS, || h.metrics.validation_runs(ValidationResult::Pass)
             == 1)
         .await
     );
     assert!(
         wait_for(SECS, || h
-            .registry
+            .metrics
             .kube_writes(KubeObject::StartupTaint, WriteResult::Error)
             >= 1)
         .await
@@ -1346,7 +1347,7 @@ async fn cached_pass_is_dropped_when_health_fails_in_between() {
         "{:#}",
         h.api.node_json()
     );
-    assert_eq!(h.registry.validation_runs(ValidationResult::Pass), 1);
+    assert_eq!(h.metrics.validation_runs(ValidationResult::Pass), 1);
     h.stop().await;
 }
 
@@ -1364,7 +1365,7 @@ async fn startup_taint_waits_for_the_kernel_log_ring() {
     .await;
     assert!(
         wait_for(SECS, || h
-            .registry
+            .metrics
             .validation_runs(ValidationResult::Incomplete)
             >= 2)
         .await
@@ -1415,13 +1416,13 @@ async fn reappearing_startup_taint_is_validated_again() {
             .push(serde_json::json!({"key": STARTUP_TAINT, "effect": "NoSchedule"}));
     });
     assert!(
-        wait_for(SECS, || h.registry.validation_runs(ValidationResult::Fail)
+        wait_for(SECS, || h.metrics.validation_runs(ValidationResult::Fail)
             >= 1)
         .await
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(taint_value(&h.api.node(), STARTUP_TAINT).is_some());
-    assert_eq!(h.registry.validation_runs(ValidationResult::Pass), 1);
+    assert_eq!(h.metrics.validation_runs(ValidationResult::Pass), 1);
     h.stop().await;
 }
 
@@ -1455,7 +1456,7 @@ async fn raw(
 
 /// The double's answers to a lost race, pinned to kube-apiserver's shapes: an
 /// update or merge patch with a stale resourceVersion is 409 Conflict from the
-/// registry store; a JSON patch whose `test` fails is the generic 422 Invalid
+/// metrics store; a JSON patch whose `test` fails is the generic 422 Invalid
 /// with empty details (nothing in it says "test").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn double_answers_a_stale_write_as_kube_apiserver_does() {
@@ -1568,7 +1569,7 @@ async fn ssa_conflict_with_another_manager_is_reported_and_retried() {
     .await;
     assert!(
         wait_for(SECS, || h
-            .registry
+            .metrics
             .kube_writes(KubeObject::Condition, WriteResult::Error)
             >= 3)
         .await,
@@ -1965,7 +1966,7 @@ async fn startup_gate_waits_for_the_device_plugin_and_unadvertised_gpus_are_repo
     );
     // Exported beside the GPUs NVML sees (`gpuwatch_gpus{state="advertised"}`).
     assert_eq!(
-        h.registry
+        h.metrics
             .gpus_advertised
             .load(std::sync::atomic::Ordering::Relaxed),
         6
@@ -2011,7 +2012,7 @@ async fn condition_only_mode_reports_readiness_and_leaves_the_taint_alone() {
         status_of(n, READY).as_deref() == Some("True")
     })
     .await;
-    assert!(h.registry.validation_runs(ValidationResult::Pass) >= 1);
+    assert!(h.metrics.validation_runs(ValidationResult::Pass) >= 1);
     // Some passes later the taint is still there, and was never written.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let n = h.api.node();
@@ -2083,8 +2084,8 @@ async fn a_fault_returning_after_every_reboot_moves_the_conditions_a_bounded_num
             true, false, true, false, true, true, true, true, true, true, true, true
         ]
     );
-    let to_false = h.registry.condition_transitions(PROBLEM, "False");
-    let to_true = h.registry.condition_transitions(PROBLEM, "True");
+    let to_false = h.metrics.condition_transitions(PROBLEM, "False");
+    let to_true = h.metrics.condition_transitions(PROBLEM, "True");
     // The first status written is not a change.
     assert_eq!((to_true, to_false), (3, 2));
     h.stop().await;
@@ -2172,8 +2173,8 @@ async fn the_flap_bound_holds_across_agent_restarts_and_reboots() {
     // A clean fifth boot: still held, nothing written, and `/v1/health`'s
     // source says until when.
     let h = Harness::with_state(api, cfg.clone(), healthy(2, "boot-4"), state.path()).await;
-    assert!(wait_for(SECS, || !h.registry.condition_holds().is_empty()).await);
-    let hold = h.registry.condition_holds()[0].clone();
+    assert!(wait_for(SECS, || !h.metrics.condition_holds().is_empty()).await);
+    let hold = h.metrics.condition_holds()[0].clone();
     assert_eq!(hold.condition, PROBLEM);
     assert_eq!(hold.message, message);
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -2182,7 +2183,7 @@ async fn the_flap_bound_holds_across_agent_restarts_and_reboots() {
     assert_eq!(still.reason.as_deref(), Some("NodeRebootRequired"));
     assert_eq!(still.last_transition_time, p.last_transition_time);
     assert_eq!(
-        h.registry
+        h.metrics
             .kube_writes(KubeObject::Condition, WriteResult::Ok),
         0
     );
@@ -2203,7 +2204,7 @@ async fn the_flap_bound_holds_across_agent_restarts_and_reboots() {
         status_of(n, PROBLEM).as_deref() == Some("False") && taint_value(n, FAULT_TAINT).is_none()
     })
     .await;
-    assert!(h.registry.condition_holds().is_empty());
+    assert!(h.metrics.condition_holds().is_empty());
     let api = h.stop().await;
     assert_eq!(true_to_false(&problem_statuses_sent(&api)), 4);
 }
@@ -2230,7 +2231,7 @@ async fn a_writer_killed_while_holding_keeps_holding_after_a_restart() {
             cfg.clone(),
             ValidationConfig::default(),
             NODE.into(),
-            Registry::new(),
+            KubeMetrics::new(),
             rx,
             false,
             WriterHooks {
@@ -2262,7 +2263,7 @@ async fn a_writer_killed_while_holding_keeps_holding_after_a_restart() {
     let before = condition(&api.node(), PROBLEM).unwrap();
 
     let h = Harness::with_state(api, cfg, healthy(2, "boot-a"), state.path()).await;
-    assert!(wait_for(SECS, || !h.registry.condition_holds().is_empty()).await);
+    assert!(wait_for(SECS, || !h.metrics.condition_holds().is_empty()).await);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after = condition(&h.api.node(), PROBLEM).unwrap();
     assert_eq!(after, before, "still held, as it was");

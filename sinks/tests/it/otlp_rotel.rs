@@ -9,6 +9,7 @@ use crate::common::{
 };
 use gpuwatch_core::{LATENCY_BUCKETS_SECONDS, Outcome, Registry, Signal, Stage};
 use gpuwatch_proto::Action;
+use gpuwatch_sinks::kube::KubeMetrics;
 use gpuwatch_sinks::otlp::{Compression, OtlpConfig, OtlpExporter, Protocol, ResourceInfo};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -61,11 +62,19 @@ fn roundtrip(protocol: Protocol, compression: Option<Compression>) {
     let rotel = Rotel::start();
     let rt = runtime();
     let registry = Registry::new();
-    populate(&registry);
+    let kube = KubeMetrics::new();
+    populate(&registry, &kube);
     let mut cfg = config(protocol, rotel.grpc_port, rotel.http_port);
     cfg.compression = compression;
     cfg.headers = [("x-gpuwatch-test".to_owned(), "1".to_owned())].into();
-    let exporter = OtlpExporter::start(&cfg, &resource(), registry.clone(), rt.handle()).unwrap();
+    let exporter = OtlpExporter::start(
+        &cfg,
+        &resource(),
+        registry.clone(),
+        kube.clone(),
+        rt.handle(),
+    )
+    .unwrap();
     for micros in [20, 3000, 2_000_000] {
         registry.record_latency(Duration::from_micros(micros));
     }
@@ -305,9 +314,17 @@ fn outage(protocol: Protocol) {
     let (grpc_port, http_port) = (common::free_port(), common::free_port());
     let rt = runtime();
     let registry = Registry::new();
+    let kube = KubeMetrics::new();
     let mut cfg = config(protocol, grpc_port, http_port);
     cfg.log_queue_size = 50;
-    let exporter = OtlpExporter::start(&cfg, &resource(), registry.clone(), rt.handle()).unwrap();
+    let exporter = OtlpExporter::start(
+        &cfg,
+        &resource(),
+        registry.clone(),
+        kube.clone(),
+        rt.handle(),
+    )
+    .unwrap();
     let sink: Arc<dyn gpuwatch_core::EventSink> = exporter.log_sink();
 
     // Collector down: 10 000 sends return at once; only the newest 50 stay queued.
@@ -405,12 +422,19 @@ fn healthy_export(protocol: Protocol) -> (usize, usize, usize) {
         };
         let tap = WireTap::start(upstream);
         let registry = Registry::new();
-        populate_healthy_hgx(&registry);
+        let kube = KubeMetrics::new();
+        populate_healthy_hgx(&registry, &kube);
         let mut cfg = config(protocol, tap.port, tap.port);
         cfg.logs = false;
         cfg.compression = compression;
-        let exporter =
-            OtlpExporter::start(&cfg, &resource(), registry.clone(), rt.handle()).unwrap();
+        let exporter = OtlpExporter::start(
+            &cfg,
+            &resource(),
+            registry.clone(),
+            kube.clone(),
+            rt.handle(),
+        )
+        .unwrap();
         let before = rotel.received().metrics.len();
         let got = rotel.wait_for(Duration::from_secs(20), "two metric exports", |r| {
             r.metrics.len() >= before + 2 * 10
@@ -473,11 +497,19 @@ fn erroring_nvlink_series_are_exported_then_dropped_after_the_quiet_window() {
     let rotel = Rotel::start();
     let rt = runtime();
     let registry = Registry::new();
-    populate_healthy_hgx(&registry);
+    let kube = KubeMetrics::new();
+    populate_healthy_hgx(&registry, &kube);
     let mut cfg = config(Protocol::HttpProtobuf, rotel.grpc_port, rotel.http_port);
     cfg.logs = false;
     cfg.series_quiet_window_secs = 2;
-    let exporter = OtlpExporter::start(&cfg, &resource(), registry.clone(), rt.handle()).unwrap();
+    let exporter = OtlpExporter::start(
+        &cfg,
+        &resource(),
+        registry.clone(),
+        kube.clone(),
+        rt.handle(),
+    )
+    .unwrap();
     let links = |r: &Received| {
         r.metrics
             .iter()

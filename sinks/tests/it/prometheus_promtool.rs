@@ -5,6 +5,7 @@
 use crate::common;
 use crate::common::{Rotel, bump_nvlink, populate, promtool_check};
 use gpuwatch_core::Registry;
+use gpuwatch_sinks::kube::KubeMetrics;
 use gpuwatch_sinks::otlp::{OtlpConfig, OtlpExporter, Protocol, ResourceInfo};
 use gpuwatch_sinks::prometheus::{InstrumentKind, Renderer, otel_to_prometheus_name};
 use std::collections::BTreeMap;
@@ -30,13 +31,14 @@ fn families(text: &str) -> BTreeMap<String, String> {
 #[test]
 fn promtool_accepts_the_exposition() {
     let registry = Registry::new();
-    populate(&registry);
+    let kube = KubeMetrics::new();
+    populate(&registry, &kube);
     registry.record_latency(Duration::from_micros(30));
     let mut tricky = common::xid_event(31, 0, gpuwatch_proto::Action::RestartApp, 1);
     // Label values that need escaping.
     tricky.gpu_uuid = "GPU-\"quoted\"\\back\nline".into();
     registry.record_fault(&tricky);
-    let renderer = Renderer::new(registry.clone(), resource());
+    let renderer = Renderer::new(registry.clone(), kube.clone(), resource());
     renderer.render();
     bump_nvlink(&registry);
     let text = renderer.render();
@@ -57,7 +59,8 @@ fn promtool_accepts_the_exposition() {
 #[test]
 fn prometheus_names_match_the_collector_translation_of_otlp() {
     let registry = Registry::new();
-    populate(&registry);
+    let kube = KubeMetrics::new();
+    populate(&registry, &kube);
     registry.record_latency(Duration::from_millis(2));
     let rotel = Rotel::start();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -73,7 +76,14 @@ fn prometheus_names_match_the_collector_translation_of_otlp() {
         logs: false,
         ..Default::default()
     };
-    let exporter = OtlpExporter::start(&cfg, &resource(), registry.clone(), rt.handle()).unwrap();
+    let exporter = OtlpExporter::start(
+        &cfg,
+        &resource(),
+        registry.clone(),
+        kube.clone(),
+        rt.handle(),
+    )
+    .unwrap();
     // The OTLP histogram sees observations made after start.
     registry.record_latency(Duration::from_millis(2));
     let expected = common::documented_metrics().len();
@@ -104,7 +114,7 @@ fn prometheus_names_match_the_collector_translation_of_otlp() {
             ty.to_owned(),
         );
     }
-    let renderer = Renderer::new(registry.clone(), resource());
+    let renderer = Renderer::new(registry.clone(), kube.clone(), resource());
     renderer.render();
     bump_nvlink(&registry);
     let mut rendered = families(&renderer.render());

@@ -6,11 +6,11 @@
 //! after every request how many Nodes carry the fault taint.
 
 use crate::kube_common::{ApiDouble, taint_value, wait_for};
-use gpuwatch_core::Registry;
 use gpuwatch_core::validation::ValidationConfig;
 use gpuwatch_proto::{
     Action, ActiveFault, GpuHealth, GpuSample, MonitorStatus, NodeHealth, RecoveryAction, Verdict,
 };
+use gpuwatch_sinks::kube::KubeMetrics;
 use gpuwatch_sinks::kube::{KubeConfig, NodeWriter, WriterHooks};
 use k8s_openapi::api::core::v1::Node;
 use std::collections::{BTreeMap, BTreeSet};
@@ -102,7 +102,7 @@ impl Fleet {
                 config(&api),
                 ValidationConfig::default(),
                 name(i),
-                Registry::new(),
+                KubeMetrics::new(),
                 rx,
                 false,
                 WriterHooks::default(),
@@ -162,7 +162,7 @@ impl Fleet {
             config(&self.api),
             ValidationConfig::default(),
             node.to_owned(),
-            Registry::new(),
+            KubeMetrics::new(),
             rx,
             false,
             WriterHooks::default(),
@@ -396,7 +396,7 @@ async fn a_role_without_leases_taints_anyway_and_says_why() {
         api.forbid(verb, "leases");
     }
     let node = name(0);
-    let registry = Registry::new();
+    let metrics = KubeMetrics::new();
     let (tx, rx) = watch::channel(Arc::new(health(false)));
     let writer = NodeWriter::start(
         KubeConfig {
@@ -406,7 +406,7 @@ async fn a_role_without_leases_taints_anyway_and_says_why() {
         },
         ValidationConfig::default(),
         node.clone(),
-        registry.clone(),
+        metrics.clone(),
         rx,
         false,
         WriterHooks::default(),
@@ -415,7 +415,7 @@ async fn a_role_without_leases_taints_anyway_and_says_why() {
     .expect("writer starts");
     // The startup check finds the broken Role before any fault.
     assert!(
-        wait_for(Duration::from_secs(10), || registry
+        wait_for(Duration::from_secs(10), || metrics
             .quarantine_unavailable
             .load(std::sync::atomic::Ordering::Relaxed)
             == 1)
@@ -464,22 +464,22 @@ async fn a_role_without_leases_taints_anyway_and_says_why() {
         "{}",
         events[0]
     );
-    let q = registry.quarantine().expect("quarantine status");
+    let q = metrics.quarantine().expect("quarantine status");
     assert_eq!(q.state, "unavailable_refused", "{q:?}");
 
     for verb in ["get", "list", "create", "update", "delete"] {
         api.unforbid(verb, "leases");
     }
     assert!(
-        wait_for(Duration::from_secs(60), || registry
+        wait_for(Duration::from_secs(60), || metrics
             .quarantine()
             .is_some_and(|q| q.state == "held"))
         .await,
         "no slot once Leases were allowed: {:?}",
-        registry.quarantine()
+        metrics.quarantine()
     );
     assert_eq!(
-        registry
+        metrics
             .quarantine_unavailable
             .load(std::sync::atomic::Ordering::Relaxed),
         0
@@ -505,13 +505,13 @@ async fn a_missing_namespace_taints_anyway_and_says_why() {
     let api = fleet_double().await;
     api.set_namespace_missing("default", true);
     let node = name(0);
-    let registry = Registry::new();
+    let metrics = KubeMetrics::new();
     let (_tx, rx) = watch::channel(Arc::new(health(true)));
     let writer = NodeWriter::start(
         config(&api),
         ValidationConfig::default(),
         node.clone(),
-        registry.clone(),
+        metrics.clone(),
         rx,
         false,
         WriterHooks::default(),
@@ -524,7 +524,7 @@ async fn a_missing_namespace_taints_anyway_and_says_why() {
             .is_some_and(|n| taint_value(&n, FAULT_TAINT).is_some()))
         .await,
         "the faulty Node was not tainted without the budget: {:?}",
-        registry.quarantine()
+        metrics.quarantine()
     );
     assert!(
         wait_for(Duration::from_secs(10), || unavailable_events(&api, &node)

@@ -11,12 +11,12 @@
 //! (and Events about its own Node).
 
 use crate::kube_common::{ApiDouble, taint_value, wait_for};
-use gpuwatch_core::Registry;
 use gpuwatch_core::validation::ValidationConfig;
 use gpuwatch_proto::{
     Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, GpuSample, MonitorStatus, NodeHealth,
     RecoveryAction, Verdict,
 };
+use gpuwatch_sinks::kube::KubeMetrics;
 use gpuwatch_sinks::kube::{
     KubeConfig, NodeWriter, UNGRANTED_REQUESTS, WRITER_REQUESTS, WriterHooks,
 };
@@ -417,12 +417,12 @@ async fn recorded_requests_equal_the_rbac_grants() {
     left.metadata.labels =
         Some([("gpuwatch.io/quarantine-slot".to_owned(), "0".to_owned())].into());
     api.put_lease("default", &left);
-    let registry = Registry::new();
+    let metrics = KubeMetrics::new();
     let w = NodeWriter::start(
         cfg,
         ValidationConfig::default(),
         "rbac-node".into(),
-        registry,
+        metrics,
         rx,
         false,
         WriterHooks {

@@ -4,7 +4,7 @@
 use super::Need;
 use super::budget::Budget;
 use super::protocol::Status;
-use gpuwatch_core::Registry;
+use crate::kube::metrics::KubeMetrics;
 use gpuwatch_proto::QuarantineStatus;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -49,7 +49,7 @@ pub(crate) struct Link {
     /// What was last announced of the budget's unavailability (`None`: it
     /// was not, or it ended since).
     unavailable_announced: Option<String>,
-    registry: Arc<Registry>,
+    metrics: Arc<KubeMetrics>,
 }
 
 impl Link {
@@ -57,7 +57,7 @@ impl Link {
         need: watch::Sender<Need>,
         status: watch::Receiver<Status>,
         budget: Budget,
-        registry: Arc<Registry>,
+        metrics: Arc<KubeMetrics>,
     ) -> Link {
         Link {
             need,
@@ -65,7 +65,7 @@ impl Link {
             budget,
             announced: false,
             unavailable_announced: None,
-            registry,
+            metrics,
         }
     }
 
@@ -136,11 +136,11 @@ impl Link {
     /// Event writer folds both into one Event object on the Node.
     fn track_unavailable(&mut self, status: &Status) -> Option<Notice> {
         let Status::Unavailable { refused, message } = status else {
-            self.registry.quarantine_unavailable.store(0, Relaxed);
+            self.metrics.quarantine_unavailable.store(0, Relaxed);
             self.unavailable_announced = None;
             return None;
         };
-        self.registry.quarantine_unavailable.store(1, Relaxed);
+        self.metrics.quarantine_unavailable.store(1, Relaxed);
         let again = match &self.unavailable_announced {
             None => true,
             Some(said) => *refused && said != message,
@@ -161,12 +161,12 @@ impl Link {
     fn track(&mut self, status: &Status, wanted: bool) -> Option<Notice> {
         match status {
             Status::Deferred { slots, holders } if wanted => {
-                self.registry.quarantine_deferred.store(1, Relaxed);
+                self.metrics.quarantine_deferred.store(1, Relaxed);
                 if self.announced {
                     return None;
                 }
                 self.announced = true;
-                self.registry.quarantine_deferrals.fetch_add(1, Relaxed);
+                self.metrics.quarantine_deferrals.fetch_add(1, Relaxed);
                 tracing::warn!(slots, holders = %holders.join(","), "Fault taint deferred: the fleet quarantine budget is spent.");
                 Some(Notice {
                     reason: DEFERRED_REASON,
@@ -175,7 +175,7 @@ impl Link {
             }
             Status::Pending | Status::Deferred { .. } if wanted => None,
             _ => {
-                self.registry.quarantine_deferred.store(0, Relaxed);
+                self.metrics.quarantine_deferred.store(0, Relaxed);
                 self.announced = false;
                 None
             }
@@ -184,11 +184,11 @@ impl Link {
 
     fn publish(&self, status: &Status) {
         let q = status_view(self.budget, status);
-        self.registry
+        self.metrics
             .quarantine_slots
             .store(u64::from(q.slots), Relaxed);
-        if self.registry.quarantine().as_ref() != Some(&q) {
-            self.registry.set_quarantine(q);
+        if self.metrics.quarantine().as_ref() != Some(&q) {
+            self.metrics.set_quarantine(q);
         }
     }
 }
@@ -263,18 +263,18 @@ mod tests {
         Link,
         watch::Receiver<Need>,
         watch::Sender<Status>,
-        Arc<Registry>,
+        Arc<KubeMetrics>,
     ) {
         let (need_tx, need_rx) = watch::channel(Need::default());
         let (status_tx, status_rx) = watch::channel(Status::Idle);
-        let registry = Registry::new();
+        let metrics = KubeMetrics::new();
         let l = Link::new(
             need_tx,
             status_rx,
             Budget::parse("10%").unwrap(),
-            registry.clone(),
+            metrics.clone(),
         );
-        (l, need_rx, status_tx, registry)
+        (l, need_rx, status_tx, metrics)
     }
 
     #[tokio::test(start_paused = true)]
@@ -291,7 +291,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_held_slot_lets_the_taint_be_written() {
-        let (mut l, _need, status, registry) = link();
+        let (mut l, _need, status, metrics) = link();
         status.send_replace(Status::Held {
             slot: 3,
             slots: Some(10),
@@ -300,7 +300,7 @@ mod tests {
             l.gate(Some("reset_gpu"), false, "u").await.0,
             Gate::AsDesired
         );
-        let q = registry.quarantine().unwrap();
+        let q = metrics.quarantine().unwrap();
         assert_eq!(q.state, "held");
         assert_eq!(q.slot, Some(3));
         assert_eq!(q.message, "slot 3 of 10 held: the fault taint may stay");
@@ -308,7 +308,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_deferral_withholds_the_taint_and_is_announced_once() {
-        let (mut l, _need, status, registry) = link();
+        let (mut l, _need, status, metrics) = link();
         let holders: Vec<String> = (0..10).map(|i| format!("n{i}")).collect();
         status.send_replace(Status::Deferred {
             slots: 10,
@@ -319,22 +319,22 @@ mod tests {
         let msg = d.expect("announced").message;
         assert!(msg.contains("10 of 10 slots held by n0, n1"), "{msg}");
         assert!(msg.contains("(10%)"), "{msg}");
-        assert_eq!(registry.quarantine_deferred.load(Relaxed), 1);
-        assert_eq!(registry.quarantine_deferrals.load(Relaxed), 1);
+        assert_eq!(metrics.quarantine_deferred.load(Relaxed), 1);
+        assert_eq!(metrics.quarantine_deferrals.load(Relaxed), 1);
         assert_eq!(
-            registry.quarantine().unwrap().message,
+            metrics.quarantine().unwrap().message,
             "taint deferred: budget 10 of 10 held"
         );
         // The next passes of the same deferral send nothing.
         assert_eq!(l.gate(Some("inspect_hardware"), false, "u").await.1, None);
-        assert_eq!(registry.quarantine_deferrals.load(Relaxed), 1);
+        assert_eq!(metrics.quarantine_deferrals.load(Relaxed), 1);
         // Once held, the deferral ends; a later one is announced again.
         status.send_replace(Status::Held {
             slot: 1,
             slots: Some(10),
         });
         l.gate(Some("inspect_hardware"), false, "u").await;
-        assert_eq!(registry.quarantine_deferred.load(Relaxed), 0);
+        assert_eq!(metrics.quarantine_deferred.load(Relaxed), 0);
         status.send_replace(Status::Deferred { slots: 10, holders });
         assert!(
             l.gate(Some("inspect_hardware"), false, "u")
@@ -342,7 +342,7 @@ mod tests {
                 .1
                 .is_some()
         );
-        assert_eq!(registry.quarantine_deferrals.load(Relaxed), 2);
+        assert_eq!(metrics.quarantine_deferrals.load(Relaxed), 2);
     }
 
     #[tokio::test]
@@ -364,7 +364,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_unavailable_budget_lets_the_taint_through_and_says_so_once() {
-        let (mut l, _need, status, registry) = link();
+        let (mut l, _need, status, metrics) = link();
         status.send_replace(Status::Unavailable {
             refused: true,
             message: "Quarantine budget unavailable: forbidden".into(),
@@ -374,8 +374,8 @@ mod tests {
         let n = notice.expect("announced");
         assert_eq!(n.reason, UNAVAILABLE_REASON);
         assert!(n.message.contains("forbidden"), "{}", n.message);
-        assert_eq!(registry.quarantine_unavailable.load(Relaxed), 1);
-        let q = registry.quarantine().unwrap();
+        assert_eq!(metrics.quarantine_unavailable.load(Relaxed), 1);
+        let q = metrics.quarantine().unwrap();
         assert_eq!(q.state, "unavailable_refused");
         // Announced once while the words stay the same, whatever the Node
         // needs; again when the API server's own refusal replaces them.
@@ -392,7 +392,7 @@ mod tests {
             slots: Some(10),
         });
         l.gate(Some("inspect_hardware"), true, "u").await;
-        assert_eq!(registry.quarantine_unavailable.load(Relaxed), 0);
+        assert_eq!(metrics.quarantine_unavailable.load(Relaxed), 0);
     }
 
     #[test]
