@@ -313,6 +313,12 @@ async fn build_client(cfg: &KubeConfig) -> Result<kube::Client, KubeError> {
         None => kube::Config::infer().await.map_err(KubeError::Infer)?,
     };
     config.connect_timeout = Some(Duration::from_secs(cfg.request_timeout_secs));
+    // The client's own retry of 429/503/504 (up to 15 tries, unjittered)
+    // is off: every caller here retries with its own jittered backoff and
+    // must see the server's answer, not a timeout that hides retries (the
+    // quarantine budget fails open on refusals and unanswered claims, the
+    // pod listing tells the engine it is unavailable).
+    config.default_retry = false;
     // Watches hold the connection open up to watch_timeout_secs.
     config.read_timeout = Some(Duration::from_secs(
         u64::from(cfg.watch_timeout_secs) + cfg.request_timeout_secs,
