@@ -13,15 +13,17 @@
 //! An API server that cannot be reached (or RBAC that denies the list) never
 //! blocks anything: the engine is told the listing is unavailable, keeps the
 //! last one, and names new pods by UID only; the list is retried with backoff.
-//! A watch that the server ends at its timeout resumes from the last version
-//! seen; an expired version (410) lists again.
+//! The list-then-watch is kube-runtime's `watcher`: a watch that the server
+//! ends at its timeout resumes from the last version seen; an expired version
+//! (410) lists again.
 
 use super::config::KubeConfig;
 use super::retry::Backoff;
 use futures::StreamExt;
 use gpuwatch_core::placement::{PlacementUpdate, PodDirectory, PodInfo};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt as _, watcher};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,7 +73,10 @@ pub fn pod_info(pod: &Pod) -> Option<PodInfo> {
 /// says so rather than that the pod is unknown).
 const GONE_CAPACITY: usize = 256;
 
-/// The listing loop (module doc); ends at shutdown.
+/// The listing loop (module doc) on kube-runtime's `watcher`, which lists,
+/// then watches from the version listed, resumes a watch the server ended,
+/// and lists again after a 410; errors are retried after our jittered
+/// backoff. Ends at shutdown.
 pub(crate) async fn watch_pods(
     client: kube::Client,
     node_name: String,
@@ -79,68 +84,70 @@ pub(crate) async fn watch_pods(
     on_change: PlacementCallback,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut watcher = PodWatcher {
-        api: Api::all(client),
-        selector: format!("spec.nodeName={node_name}"),
-        timeout: Duration::from_secs(cfg.request_timeout_secs),
-        watch_timeout_secs: cfg.watch_timeout_secs,
-        backoff: Backoff::new(
-            Duration::from_millis(cfg.backoff_initial_ms),
-            Duration::from_millis(cfg.backoff_max_ms),
-        ),
-        pods: HashMap::new(),
-        gone: VecDeque::new(),
-        rv: None,
-        unavailable: false,
-        on_change,
-    };
+    let config = watcher::Config::default()
+        .fields(&format!("spec.nodeName={node_name}"))
+        .timeout(cfg.watch_timeout_secs);
+    let backoff = WatchBackoff(Backoff::new(
+        Duration::from_millis(cfg.backoff_initial_ms),
+        Duration::from_millis(cfg.backoff_max_ms),
+    ));
+    let events = watcher(Api::<Pod>::all(client), config).backoff(backoff);
+    let mut events = std::pin::pin!(events);
+    let mut store = PodStore::new(on_change);
     loop {
-        if *shutdown.borrow() {
-            return;
-        }
-        let step = match watcher.rv.clone() {
-            None => watcher.list().await,
-            Some(from) => watcher.watch(&from, &mut shutdown).await,
+        let next = tokio::select! {
+            _ = shutdown.changed() => return,
+            next = events.next() => next,
         };
-        let why = match step {
-            Step::Again => continue,
-            Step::Shutdown => return,
-            Step::Failed(why) => why,
-        };
-        watcher.failed(why);
-        if !pause(&mut shutdown, watcher.backoff.next_delay()).await {
-            return;
+        match next {
+            Some(Ok(event)) => store.apply(event),
+            Some(Err(e)) => store.failed(&e),
+            // The watcher's stream does not end; a backoff that did would.
+            None => return,
         }
     }
 }
 
-/// What one list or one watch ended with.
-enum Step {
-    /// List or watch again at once (from `rv`, or listing when it is `None`).
-    Again,
-    /// Failed: said once, then retried after a backoff.
-    Failed(String),
-    Shutdown,
+/// The shared jittered backoff, as kube-runtime's stream backoff takes it
+/// (reset after every event that arrives).
+struct WatchBackoff(Backoff);
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+    fn next(&mut self) -> Option<Duration> {
+        Some(self.0.next_delay())
+    }
 }
 
-/// The listing's state between requests.
-struct PodWatcher {
-    api: Api<Pod>,
-    selector: String,
-    timeout: Duration,
-    watch_timeout_secs: u32,
-    backoff: Backoff,
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.0.reset();
+    }
+}
+
+/// The node's pods as the watcher tells them, published after every change.
+struct PodStore {
     pods: HashMap<String, PodInfo>,
+    /// The listing under way (between `Init` and `InitDone`).
+    relisting: Option<HashMap<String, PodInfo>>,
     /// UIDs of pods deleted lately, oldest first (at most `GONE_CAPACITY`).
     gone: VecDeque<String>,
-    /// The version to watch from; `None` lists first.
-    rv: Option<String>,
     /// The engine was told the listing is unavailable and not yet told it works.
     unavailable: bool,
     on_change: PlacementCallback,
 }
 
-impl PodWatcher {
+impl PodStore {
+    fn new(on_change: PlacementCallback) -> PodStore {
+        PodStore {
+            pods: HashMap::new(),
+            relisting: None,
+            gone: VecDeque::new(),
+            unavailable: false,
+            on_change,
+        }
+    }
+
     fn publish(&self) {
         (self.on_change)(PlacementUpdate::Pods(Arc::new(PodDirectory {
             by_uid: self.pods.clone(),
@@ -156,16 +163,16 @@ impl PodWatcher {
         }
     }
 
-    async fn list(&mut self) -> Step {
-        let lp = ListParams::default().fields(&self.selector);
-        match super::backend::timed(self.timeout, self.api.list(&lp)).await {
-            Ok(list) => {
-                let now: HashMap<String, PodInfo> = list
-                    .items
-                    .iter()
-                    .filter_map(pod_info)
-                    .map(|p| (p.uid.clone(), p))
-                    .collect();
+    fn apply(&mut self, event: watcher::Event<Pod>) {
+        match event {
+            watcher::Event::Init => self.relisting = Some(HashMap::new()),
+            watcher::Event::InitApply(p) => {
+                if let (Some(listed), Some(info)) = (self.relisting.as_mut(), pod_info(&p)) {
+                    listed.insert(info.uid.clone(), info);
+                }
+            }
+            watcher::Event::InitDone => {
+                let now = self.relisting.take().unwrap_or_default();
                 // Pods deleted while the watch was down are gone too.
                 let vanished: Vec<String> = self
                     .pods
@@ -178,77 +185,20 @@ impl PodWatcher {
                 }
                 self.gone.retain(|u| !now.contains_key(u));
                 self.pods = now;
-                self.rv = list.metadata.resource_version;
+                if self.unavailable {
+                    tracing::info!("The node's pods are listed again.");
+                }
                 self.unavailable = false;
-                self.backoff.reset();
                 self.publish();
                 tracing::debug!(pods = self.pods.len(), "Listed the node's pods.");
-                Step::Again
             }
-            Err(e) => Step::Failed(e.to_string()),
-        }
-    }
-
-    /// One watch from `from`, applied event by event until the server ends it.
-    async fn watch(&mut self, from: &str, shutdown: &mut watch::Receiver<bool>) -> Step {
-        let wp = WatchParams::default()
-            .fields(&self.selector)
-            .timeout(self.watch_timeout_secs);
-        let stream = match self.api.watch(&wp, from).await {
-            Ok(stream) => stream,
-            Err(e) => {
-                let e = super::backend::ApiError::from_kube(e);
-                if matches!(e, super::backend::ApiError::Gone(_)) {
-                    self.rv = None;
-                    return Step::Again;
-                }
-                return Step::Failed(e.to_string());
-            }
-        };
-        let mut stream = std::pin::pin!(stream);
-        let opened = tokio::time::Instant::now();
-        let mut moved = false;
-        let step = loop {
-            let next = tokio::select! {
-                _ = shutdown.changed() => return Step::Shutdown,
-                n = stream.next() => n,
-            };
-            let Some(next) = next else {
-                break Step::Again;
-            };
-            moved = true;
-            let event = match next {
-                Ok(event) => event,
-                Err(e) => break Step::Failed(e.to_string()),
-            };
-            if let Some(step) = self.apply(event) {
-                break step;
-            }
-        };
-        if moved {
-            self.backoff.reset();
-        } else if matches!(step, Step::Again) && opened.elapsed() < Duration::from_secs(1) {
-            // A server that closes every watch at once is not asked again in
-            // a tight loop.
-            if !pause(shutdown, self.backoff.next_delay()).await {
-                return Step::Shutdown;
-            }
-        }
-        step
-    }
-
-    /// Applies one watch event; `Some` ends the watch.
-    fn apply(&mut self, event: WatchEvent<Pod>) -> Option<Step> {
-        match event {
-            WatchEvent::Added(p) | WatchEvent::Modified(p) => {
-                self.rv = p.metadata.resource_version.clone().or(self.rv.take());
+            watcher::Event::Apply(p) => {
                 if let Some(info) = pod_info(&p) {
                     self.pods.insert(info.uid.clone(), info);
                     self.publish();
                 }
             }
-            WatchEvent::Deleted(p) => {
-                self.rv = p.metadata.resource_version.clone().or(self.rv.take());
+            watcher::Event::Delete(p) => {
                 if let Some(uid) = &p.metadata.uid
                     && self.pods.remove(uid).is_some()
                 {
@@ -256,36 +206,23 @@ impl PodWatcher {
                     self.publish();
                 }
             }
-            WatchEvent::Bookmark(b) => self.rv = Some(b.metadata.resource_version),
-            WatchEvent::Error(e) if e.code == 410 => {
-                tracing::info!(message = %e.message, "Pod watch version expired; listing the pods again.");
-                self.rv = None;
-                return Some(Step::Again);
-            }
-            WatchEvent::Error(e) => {
-                return Some(Step::Failed(format!("{} ({})", e.message, e.code)));
-            }
         }
-        None
     }
 
-    /// Says a failure once per outage, and lists again next time: what
-    /// changed meanwhile is not lost.
-    fn failed(&mut self, why: String) {
+    /// Says a failure once per outage. An expired version (410) is not one:
+    /// the watcher lists again at once.
+    fn failed(&mut self, e: &watcher::Error) {
+        if let watcher::Error::WatchError(status) = e
+            && status.code == 410
+        {
+            tracing::info!(message = %status.message, "Pod watch version expired; listing the pods again.");
+            return;
+        }
         if !self.unavailable {
             self.unavailable = true;
-            tracing::warn!(error = %why, "Cannot list or watch the node's pods; faults name pods by UID only until it works.");
-            (self.on_change)(PlacementUpdate::PodsUnavailable(why));
+            tracing::warn!(error = %e, "Cannot list or watch the node's pods; faults name pods by UID only until it works.");
+            (self.on_change)(PlacementUpdate::PodsUnavailable(e.to_string()));
         }
-        self.rv = None;
-    }
-}
-
-/// Sleeps `delay`; `false` when shutdown came first.
-async fn pause(shutdown: &mut watch::Receiver<bool>, delay: Duration) -> bool {
-    tokio::select! {
-        _ = shutdown.changed() => false,
-        () = tokio::time::sleep(delay) => true,
     }
 }
 

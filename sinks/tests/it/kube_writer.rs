@@ -2293,6 +2293,88 @@ fn pod_on(
     .expect("pod")
 }
 
+/// The pod listing (kube-runtime's watcher) through an outage and a
+/// compaction: while the API server is away the engine is told once that the
+/// listing is unavailable; a pod deleted meanwhile is missing from the next
+/// listing and remembered as gone; a watch whose version was compacted (410)
+/// lists again without calling the listing unavailable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pod_listing_survives_an_outage_and_a_compaction() {
+    let api = ApiDouble::start(node(vec![], &[])).await;
+    api.put_pod(&pod_on(NODE, "ml", "trainer-0", "u-1", &[("main", "c1")]));
+    let cfg = api.kube_config();
+    let h = Harness::with_listing(
+        api,
+        cfg,
+        ValidationConfig::default(),
+        healthy(8, "boot-a"),
+        true,
+    )
+    .await;
+    let latest = |h: &Harness| {
+        h.placements
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find_map(|u| match u {
+                PlacementUpdate::Pods(d) => Some(d.clone()),
+                _ => None,
+            })
+    };
+    let unavailable = |h: &Harness| {
+        h.placements
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|u| matches!(u, PlacementUpdate::PodsUnavailable(_)))
+            .count()
+    };
+    assert!(
+        wait_for(SECS, || latest(&h)
+            .is_some_and(|d| d.by_uid.contains_key("u-1")))
+        .await
+    );
+    assert!(wait_for(SECS, || h.api.pod_watchers() == 1).await);
+
+    h.api.set_down(true);
+    assert!(h.api.delete_pod("ml", "trainer-0"));
+    assert!(
+        wait_for(SECS, || unavailable(&h) == 1).await,
+        "{:?}\n{:?}",
+        h.placements.lock().unwrap(),
+        h.api
+            .requests()
+            .iter()
+            .filter(|r| r.resource == "pods")
+            .map(|r| format!("{} {}?{} {}", r.verb, r.path, r.query, r.status))
+            .collect::<Vec<_>>()
+    );
+    h.api.set_down(false);
+    assert!(
+        wait_for(SECS, || latest(&h)
+            .is_some_and(
+                |d| !d.by_uid.contains_key("u-1") && d.gone.contains("u-1")
+            ))
+        .await,
+        "{:?}",
+        latest(&h)
+    );
+    assert_eq!(unavailable(&h), 1, "said once per outage");
+
+    assert!(wait_for(SECS, || h.api.pod_watchers() == 1).await);
+    h.api.compact();
+    h.api
+        .put_pod(&pod_on(NODE, "ml", "trainer-1", "u-2", &[("main", "c2")]));
+    assert!(
+        wait_for(SECS, || latest(&h)
+            .is_some_and(|d| d.by_uid.contains_key("u-2")))
+        .await
+    );
+    assert_eq!(unavailable(&h), 1, "a 410 is no outage");
+    h.stop().await;
+}
+
 /// The pods bound to the Node are listed and watched (and only they); a
 /// fault that names a pod writes a Warning Event on that Pod, in its
 /// namespace, in words for the pod's owner.

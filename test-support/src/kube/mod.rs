@@ -221,6 +221,7 @@ impl ApiDouble {
             for n in g.nodes.by_name.values_mut() {
                 n.watchers.end_all(None);
             }
+            g.pods.end_watches(None);
         }
     }
 
@@ -281,8 +282,8 @@ impl ApiDouble {
             "reason": "Expired", "code": 410,
         }});
         g.nodes.primary().watchers.end_all(Some(&ev));
-        g.pods.compacted_rv = rv;
-        g.pods.end_watches(&ev);
+        g.pods.compact(rv);
+        g.pods.end_watches(Some(&ev));
     }
 
     /// Another object changed (a Pod, a Lease elsewhere): the server's version

@@ -4,9 +4,10 @@
 //! `PodToSelectableFields`), and the test's own adds, changes and deletes,
 //! each streamed to the open watches as ADDED / MODIFIED / DELETED.
 //!
-//! Like the Node watch, the double keeps no history: a watch from an older
-//! version replays the pods changed since as they are now (deletes since that
-//! version are not replayed), and a compacted version answers 410 Expired.
+//! A watch from an older version replays what changed since, as the watch
+//! cache does: the pods changed since as they are now, and the pods deleted
+//! since as DELETED (kept as tombstones until a compaction); a compacted
+//! version answers 410 Expired.
 
 use super::request::{Request, Target};
 use super::selector;
@@ -21,6 +22,9 @@ use tokio::sync::mpsc;
 #[derive(Default)]
 pub(super) struct Pods {
     by_key: BTreeMap<(String, String), (Value, u64)>,
+    /// Deleted pods (as last stored, with the deletion's version), replayed
+    /// to a watch from before the deletion.
+    deleted: Vec<(Value, u64)>,
     watchers: Watchers,
     /// Versions below this are gone from the watch cache.
     pub(super) compacted_rv: u64,
@@ -80,12 +84,21 @@ impl Pods {
             .send_if(&json!({"type": "DELETED", "object": pod.clone()}), |sel| {
                 selects(sel, &pod)
             });
+        self.deleted.push((pod, *rv));
         true
     }
 
-    /// Ends every open pod watch with `ev` (an ERROR).
-    pub(super) fn end_watches(&mut self, ev: &Value) {
-        self.watchers.end_all(Some(ev));
+    /// Ends every open pod watch, with `ev` (an ERROR) as its last event or
+    /// none (the server went away).
+    pub(super) fn end_watches(&mut self, ev: Option<&Value>) {
+        self.watchers.end_all(ev);
+    }
+
+    /// Forgets every version before `rv`: tombstones go, and a watch from
+    /// before it is 410.
+    pub(super) fn compact(&mut self, rv: u64) {
+        self.compacted_rv = rv;
+        self.deleted.clear();
     }
 
     /// Open pod watches.
@@ -138,6 +151,13 @@ impl Pods {
                 if *at > from && selects(sel, p) {
                     let kind = if from == 0 { "ADDED" } else { "MODIFIED" };
                     let _ = tx.send(json!({"type": kind, "object": p.clone()}));
+                }
+            }
+            if from != 0 {
+                for (p, at) in &self.deleted {
+                    if *at > from && selects(sel, p) {
+                        let _ = tx.send(json!({"type": "DELETED", "object": p.clone()}));
+                    }
                 }
             }
             self.watchers.add_selected(tx, q, sel);
