@@ -149,7 +149,7 @@ impl Prepared {
         let validation = Arc::new(inlet.sender());
         gpuwatch_sinks::install_crypto_provider();
         let mut sinks = build_sinks(
-            cfg,
+            &self,
             opts,
             &registry,
             rt.handle(),

@@ -10,6 +10,7 @@ use crate::kmsg::{self, KmsgSourceArgs};
 use crate::pipeline::{Liveness, StopReason};
 use gpuwatch_core::engine::{BootInfo, Engine};
 use gpuwatch_core::{Registry, Shutdown};
+use gpuwatch_sinks::kube::KubeSettings;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -47,30 +48,45 @@ pub fn resolve<T>(
 }
 
 /// The agent's configuration resolved into what its parts are built from: the
-/// validated settings, the classification policy and the boot it runs in.
-/// Nothing runs yet and nothing is written.
+/// validated settings, the node writer's resolved settings, the
+/// classification policy and the boot it runs in. Nothing runs yet and
+/// nothing is written.
 #[derive(Debug, Clone)]
 pub struct Prepared {
     cfg: Config,
+    kube: KubeSettings,
     policy: Arc<xid_parser::Policy>,
     boot: BootInfo,
 }
 
-/// Validates `cfg`, builds the policy and reads the boot id.
+/// Validates `cfg`, resolves `[kube]`, builds the policy and reads the boot id.
 pub fn prepare(cfg: Config) -> Result<Prepared, PrepareError> {
     cfg.validate()?;
+    let kube = cfg.kube.resolve().map_err(|problems| {
+        ConfigErrors(problems.into_iter().map(|p| format!("kube.{p}")).collect())
+    })?;
     let policy = Arc::new(xid_parser::Policy::new(&cfg.policy)?);
     let boot = BootInfo {
         boot_id: crate::boot::read_boot_id(&cfg.kmsg.boot_id_path)?,
         boot_time_unix_nano: crate::boot::boot_time_unix_nanos(),
     };
-    Ok(Prepared { cfg, policy, boot })
+    Ok(Prepared {
+        cfg,
+        kube,
+        policy,
+        boot,
+    })
 }
 
 impl Prepared {
     /// The validated configuration, flags applied.
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    /// The node writer's settings (`[kube]`), resolved.
+    pub fn kube(&self) -> &KubeSettings {
+        &self.kube
     }
 
     /// The classification policy (built-in table plus `[policy]` overrides).

@@ -16,8 +16,8 @@
 //! A watch that the server ends at its timeout resumes from the last version
 //! seen; an expired version (410) lists again.
 
-use super::config::KubeConfig;
 use super::retry::Backoff;
+use super::settings::ApiSettings;
 use futures::StreamExt;
 use gpuwatch_core::placement::{PlacementUpdate, PodDirectory, PodInfo};
 use k8s_openapi::api::core::v1::Pod;
@@ -75,19 +75,16 @@ const GONE_CAPACITY: usize = 256;
 pub(crate) async fn watch_pods(
     client: kube::Client,
     node_name: String,
-    cfg: KubeConfig,
+    api: ApiSettings,
     on_change: PlacementCallback,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut watcher = PodWatcher {
         api: Api::all(client),
         selector: format!("spec.nodeName={node_name}"),
-        timeout: Duration::from_secs(cfg.request_timeout_secs),
-        watch_timeout_secs: cfg.watch_timeout_secs,
-        backoff: Backoff::new(
-            Duration::from_millis(cfg.backoff_initial_ms),
-            Duration::from_millis(cfg.backoff_max_ms),
-        ),
+        timeout: api.request_timeout,
+        watch_timeout_secs: api.watch_timeout_secs,
+        backoff: Backoff::new(api.backoff_initial, api.backoff_max),
         pods: HashMap::new(),
         gone: VecDeque::new(),
         rv: None,

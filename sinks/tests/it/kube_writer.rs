@@ -199,7 +199,7 @@ impl Harness {
             seen.lock().unwrap().push(u);
         });
         let writer = NodeWriter::start(
-            cfg,
+            cfg.resolve().expect("valid settings"),
             vcfg,
             NODE.into(),
             registry.clone(),
@@ -1100,7 +1100,7 @@ async fn dry_run_needs_no_api_server() {
         ..KubeConfig::default()
     };
     let w = NodeWriter::start(
-        cfg,
+        cfg.resolve().unwrap(),
         ValidationConfig::default(),
         NODE.into(),
         registry.clone(),
@@ -1142,9 +1142,8 @@ async fn dry_run_needs_no_api_server() {
     w.shutdown().await;
 }
 
-#[tokio::test]
-async fn invalid_settings_are_rejected_with_every_problem() {
-    let (_tx, rx) = watch::channel(Arc::new(NodeHealth::default()));
+#[test]
+fn invalid_settings_never_resolve_and_every_problem_is_named() {
     let cfg = KubeConfig {
         min_write_interval_ms: 0,
         fault_taint: gpuwatch_sinks::kube::TaintConfig {
@@ -1153,27 +1152,8 @@ async fn invalid_settings_are_rejected_with_every_problem() {
         },
         ..KubeConfig::default()
     };
-    let vcfg = ValidationConfig {
-        timeout_secs: 0,
-        ..ValidationConfig::default()
-    };
-    let err = NodeWriter::start(
-        cfg,
-        vcfg,
-        NODE.into(),
-        Registry::new(),
-        rx,
-        true,
-        WriterHooks::default(),
-    )
-    .await
-    .unwrap_err()
-    .to_string();
-    for part in [
-        "fault_taint.key",
-        "min_write_interval_ms",
-        "validation.timeout_secs",
-    ] {
+    let err = cfg.resolve().unwrap_err().join("; ");
+    for part in ["fault_taint.key", "min_write_interval_ms"] {
         assert!(err.contains(part), "{part} missing: {err}");
     }
 }
@@ -1834,7 +1814,7 @@ async fn node_cleanup_removes_only_gpuwatchs_conditions_and_taints() {
     api.own_condition(READY, "gpuwatch", "True");
     api.own_condition(PROBLEM, "gpuwatch", "True");
     api.own_condition("Ready", "kubelet", "True");
-    let cfg = api.kube_config();
+    let cfg = api.kube_config().resolve().unwrap();
     let want = gpuwatch_sinks::kube::CleanupReport {
         conditions: vec![READY.to_owned(), PROBLEM.to_owned()],
         taints: vec![
@@ -2227,7 +2207,7 @@ async fn a_writer_killed_while_holding_keeps_holding_after_a_restart() {
         .unwrap();
     let writer = doomed
         .spawn(NodeWriter::start(
-            cfg.clone(),
+            cfg.resolve().unwrap(),
             ValidationConfig::default(),
             NODE.into(),
             Registry::new(),
