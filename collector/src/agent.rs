@@ -166,7 +166,7 @@ impl Prepared {
         )?;
         let kmsg = KmsgReader::start(kmsg_args, inlet.sender())?;
         let nvml = NvmlSources::start(&cfg.nvml, inlet.sender(), &registry, &liveness, &shutdown)?;
-        let kubelet = KubeletDevices::start(&cfg.kubelet, &rt, inlet.sender(), &registry);
+        let kubelet = KubeletDevices::start(self.kubelet(), &rt, inlet.sender(), &registry);
         let api_state = ApiState {
             registry: registry.clone(),
             liveness,
