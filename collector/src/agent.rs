@@ -151,7 +151,7 @@ impl Prepared {
         let validation = Arc::new(inlet.sender());
         gpuwatch_sinks::install_crypto_provider();
         let mut sinks = build_sinks(
-            cfg,
+            &self,
             opts,
             &registry,
             &kube,
@@ -169,7 +169,7 @@ impl Prepared {
         )?;
         let kmsg = KmsgReader::start(kmsg_args, inlet.sender())?;
         let nvml = NvmlSources::start(&cfg.nvml, inlet.sender(), &registry, &liveness, &shutdown)?;
-        let kubelet = KubeletDevices::start(&cfg.kubelet, &rt, inlet.sender(), &registry);
+        let kubelet = KubeletDevices::start(self.kubelet(), &rt, inlet.sender(), &registry);
         let api_state = ApiState {
             registry: registry.clone(),
             kube,

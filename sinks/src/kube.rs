@@ -85,6 +85,7 @@ pub mod quarantine;
 mod reconcile;
 mod retry;
 mod schedule;
+mod settings;
 
 pub use backend::{ApiError, ApiResult};
 pub use cleanup::{CleanupError, CleanupReport, node_cleanup};
@@ -93,6 +94,10 @@ pub use desired::class_reason;
 pub use events::{COMPONENT, DEDUP_ANNOTATION, event_reason, event_type};
 pub use metrics::{EVENTS_STAGE, KubeMetrics, KubeObject, ValidationResult, WriteResult};
 pub use pods::{PlacementCallback, pod_info};
+pub use settings::{
+    AdvertisedSettings, ApiSettings, ConditionSettings, EventSettings, FlapBound, GateSettings,
+    KubeSettings, QuarantineSettings, Taint, TaintEffect, TaintSettings,
+};
 
 use backend::Backend;
 use events::{EventQueue, EventWriter, KubeEventSink};
@@ -173,7 +178,8 @@ pub const WRITER_REQUESTS: [ApiRequest; 15] = [
 /// Errors starting the node writer.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
-    /// The `[kube]` or `[validation]` settings are invalid (every problem listed).
+    /// The `[kube]` settings are invalid: every problem
+    /// [`KubeConfig::resolve`] reported.
     #[error("invalid Kubernetes writer settings: {}", .0.join("; "))]
     Config(Vec<String>),
     /// `api_server_url` is not a URL.
@@ -238,7 +244,7 @@ impl std::fmt::Debug for WriterHooks {
 /// writer's client settings (`api_server_url`, in-cluster, kubeconfig); used by
 /// `gpuwatch validate`. `Ok(None)`: the Node says nothing.
 pub async fn expected_gpus_from_node(
-    cfg: &KubeConfig,
+    settings: &KubeSettings,
     validation: &ValidationConfig,
     node_name: &str,
 ) -> Result<Option<u32>, KubeError> {
@@ -248,18 +254,8 @@ pub async fn expected_gpus_from_node(
     if node_name.is_empty() {
         return Err(KubeError::NoNodeName);
     }
-    let problems = cfg.validate();
-    if !problems.is_empty() {
-        return Err(KubeError::Config(problems));
-    }
-    let client = build_client(cfg).await?;
-    let backend = Backend::Live {
-        nodes: kube::Api::all(client.clone()),
-        events: kube::Api::namespaced(client.clone(), &cfg.event_namespace),
-        client,
-        node_name: node_name.to_owned(),
-        timeout: Duration::from_secs(cfg.request_timeout_secs),
-    };
+    let client = build_client(&settings.api).await?;
+    let backend = Backend::live(client, node_name, settings);
     let node = backend.get_node().await.map_err(|e| KubeError::GetNode {
         node: node_name.to_owned(),
         reason: e.to_string(),
@@ -272,10 +268,10 @@ pub async fn expected_gpus_from_node(
 /// strategy once GPUs are in MIG mode, else GPUs.
 pub fn node_count(
     n: u32,
-    cfg: &KubeConfig,
+    settings: &KubeSettings,
     health: &NodeHealth,
 ) -> gpuwatch_core::validation::Expected {
-    reconcile::node_count(n, cfg, health)
+    reconcile::node_count(n, settings.advertised.mig_strategy, health)
 }
 
 /// Writes conditions, taints and Events on the agent's own Node.
@@ -297,12 +293,12 @@ impl std::fmt::Debug for NodeWriter {
     }
 }
 
-async fn build_client(cfg: &KubeConfig) -> Result<kube::Client, KubeError> {
+async fn build_client(api: &ApiSettings) -> Result<kube::Client, KubeError> {
     // Several TLS backends are compiled into the binary (kube: ring; other
     // dependencies may bring aws-lc-rs), so rustls cannot pick one by itself.
     // Select ring once per process; an already installed provider is kept.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut config = match &cfg.api_server_url {
+    let mut config = match &api.server_url {
         Some(url) => {
             let uri = url.parse::<http::Uri>().map_err(|e| KubeError::Url {
                 url: url.clone(),
@@ -312,7 +308,7 @@ async fn build_client(cfg: &KubeConfig) -> Result<kube::Client, KubeError> {
         }
         None => kube::Config::infer().await.map_err(KubeError::Infer)?,
     };
-    config.connect_timeout = Some(Duration::from_secs(cfg.request_timeout_secs));
+    config.connect_timeout = Some(api.request_timeout);
     // The client's own retry of 429/503/504 (up to 15 tries, unjittered)
     // is off: every caller here retries with its own jittered backoff and
     // must see the server's answer, not a timeout that hides retries (the
@@ -320,9 +316,8 @@ async fn build_client(cfg: &KubeConfig) -> Result<kube::Client, KubeError> {
     // pod listing tells the engine it is unavailable).
     config.default_retry = false;
     // Watches hold the connection open up to watch_timeout_secs.
-    config.read_timeout = Some(Duration::from_secs(
-        u64::from(cfg.watch_timeout_secs) + cfg.request_timeout_secs,
-    ));
+    config.read_timeout =
+        Some(Duration::from_secs(u64::from(api.watch_timeout_secs)) + api.request_timeout);
     kube::Client::try_from(config).map_err(KubeError::Client)
 }
 
@@ -330,39 +325,36 @@ async fn build_client(cfg: &KubeConfig) -> Result<kube::Client, KubeError> {
 /// the API server's Leases, or in dry-run mode over an in-memory API server
 /// whose fleet is this Node alone.
 fn start_quarantine(
-    cfg: &KubeConfig,
+    settings: &KubeSettings,
     node_name: &str,
     client: Option<kube::Client>,
     metrics: &Arc<KubeMetrics>,
     shutdown: watch::Receiver<bool>,
 ) -> (Option<quarantine::link::Link>, Option<JoinHandle<()>>) {
-    let budget = cfg.quarantine_budget();
+    let q = &settings.quarantine;
     let metrics = metrics.clone();
-    if budget == quarantine::Budget::Off {
+    if q.budget == quarantine::Budget::Off {
         metrics.set_quarantine(quarantine::link::status_view(
-            budget,
+            q.budget,
             &quarantine::Status::Off,
         ));
         return (None, None);
     }
-    let namespace = cfg.quarantine_namespace.clone().unwrap_or_else(|| {
+    let namespace = q.namespace.clone().unwrap_or_else(|| {
         client
             .as_ref()
             .map_or("default", |c| c.default_namespace())
             .to_owned()
     });
-    let settings = quarantine::Settings {
+    let claimant = quarantine::Settings {
         namespace: namespace.clone(),
-        budget,
-        floor: cfg.quarantine_floor,
+        budget: q.budget,
+        floor: q.floor,
         identity: node_name.to_owned(),
-        lease_duration: Duration::from_secs(cfg.quarantine_lease_duration_secs),
-        retry: Duration::from_secs(cfg.quarantine_retry_secs),
+        lease_duration: q.lease_duration,
+        retry: q.retry,
         recount_every: Duration::from_secs(600),
-        backoff: (
-            Duration::from_millis(cfg.backoff_initial_ms),
-            Duration::from_millis(cfg.backoff_max_ms),
-        ),
+        backoff: (settings.api.backoff_initial, settings.api.backoff_max),
     };
     let (need_tx, need_rx) = watch::channel(quarantine::Need::default());
     let (status_tx, status_rx) = watch::channel(quarantine::Status::Idle);
@@ -371,12 +363,12 @@ fn start_quarantine(
             let store = quarantine::KubeLeaseStore::new(
                 client,
                 &namespace,
-                &cfg.quarantine_node_selector,
-                cfg.fault_taint_keys(),
-                Duration::from_secs(cfg.request_timeout_secs),
+                &q.node_selector,
+                settings.taints.fault_keys(),
+                settings.api.request_timeout,
             );
             tokio::spawn(quarantine::run(
-                quarantine::Claimant::new(store, settings),
+                quarantine::Claimant::new(store, claimant),
                 need_rx,
                 status_tx,
                 shutdown,
@@ -385,42 +377,97 @@ fn start_quarantine(
         None => {
             let store = quarantine::MemoryLeaseStore::with_nodes([node_name.to_owned()]);
             tokio::spawn(quarantine::run(
-                quarantine::Claimant::new(store, settings),
+                quarantine::Claimant::new(store, claimant),
                 need_rx,
                 status_tx,
                 shutdown,
             ))
         }
     };
-    let link = quarantine::link::Link::new(need_tx, status_rx, budget, metrics);
+    let link = quarantine::link::Link::new(need_tx, status_rx, q.budget, metrics);
     (Some(link), Some(task))
 }
 
+/// What the writer's tasks share.
+struct Shared {
+    node_name: String,
+    metrics: Arc<KubeMetrics>,
+    backend: Arc<Backend>,
+    queue: Arc<EventQueue>,
+    node_uid: Arc<Mutex<Option<String>>>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Shared {
+    fn event_writer(&self, settings: &KubeSettings) -> EventWriter {
+        EventWriter {
+            queue: self.queue.clone(),
+            backend: self.backend.clone(),
+            cfg: settings.clone(),
+            node_name: self.node_name.clone(),
+            node_uid: self.node_uid.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+
+    /// The reconcile loop, fed the health by `health_rx` and the Node by `node_rx`.
+    fn reconciler(
+        self,
+        settings: KubeSettings,
+        validation: ValidationConfig,
+        health_rx: watch::Receiver<Arc<NodeHealth>>,
+        node_rx: mpsc::Receiver<reconcile::Seen>,
+        quarantine: Option<quarantine::link::Link>,
+        hooks: WriterHooks,
+    ) -> Reconciler {
+        let flap = flap::Hysteresis::new(
+            settings.flap.limit,
+            settings.flap.window,
+            &settings.conditions.problem_type,
+            &settings.conditions.ready_type,
+            hooks.state_dir.map(|d| d.join(flap::FILE_NAME)),
+        );
+        Reconciler {
+            events_enabled: settings.events.enabled,
+            not_advertised: advertised::NotAdvertised::new(settings.advertised.grace),
+            cfg: settings,
+            vcfg: validation,
+            node_name: self.node_name,
+            metrics: self.metrics,
+            backend: self.backend,
+            health_rx,
+            node_rx,
+            unseen_write: None,
+            events: self.queue,
+            node_uid: self.node_uid,
+            shutdown: self.shutdown,
+            live: None,
+            gate_report: None,
+            gate_spoiled: false,
+            startup_seen: false,
+            on_validation: hooks.on_validation,
+            quarantine,
+            flap,
+        }
+    }
+}
+
 impl NodeWriter {
-    /// Validates the settings, builds the client (none in dry-run mode) and starts
-    /// the reconcile loop, the Node watch and the Event writer on the current tokio
-    /// runtime. An unreachable API server is not an error: the loop retries.
-    /// `on_validation` is called (on a runtime task; it must not block) with every
-    /// startup-gate validation report.
+    /// Builds the client (none in dry-run mode) and starts the reconcile
+    /// loop, the Node watch and the Event writer on the current tokio
+    /// runtime, from settings resolved and checked at config load
+    /// (`validation` included). An unreachable API server is not an error:
+    /// the loop retries. `hooks.on_validation` is called (on a runtime task;
+    /// it must not block) with every startup-gate validation report.
     pub async fn start(
-        cfg: KubeConfig,
+        settings: KubeSettings,
         validation: ValidationConfig,
         node_name: String,
         metrics: Arc<KubeMetrics>,
         health_rx: watch::Receiver<Arc<NodeHealth>>,
         dry_run: bool,
-        hooks: WriterHooks,
+        mut hooks: WriterHooks,
     ) -> Result<NodeWriter, KubeError> {
-        let mut problems = cfg.validate();
-        problems.extend(
-            validation
-                .validate()
-                .into_iter()
-                .map(|p| format!("validation.{p}")),
-        );
-        if !problems.is_empty() {
-            return Err(KubeError::Config(problems));
-        }
         if node_name.is_empty() {
             return Err(KubeError::NoNodeName);
         }
@@ -429,98 +476,60 @@ impl NodeWriter {
             tracing::info!(node = %node_name, "Kubernetes writer in dry-run mode: patches are logged, not sent.");
             None
         } else {
-            Some(build_client(&cfg).await?)
+            Some(build_client(&settings.api).await?)
         };
         let backend = Arc::new(match &client {
             None => Backend::dry_run(&node_name),
-            Some(client) => Backend::Live {
-                nodes: kube::Api::all(client.clone()),
-                events: kube::Api::namespaced(client.clone(), &cfg.event_namespace),
-                client: client.clone(),
-                node_name: node_name.clone(),
-                timeout: Duration::from_secs(cfg.request_timeout_secs),
-            },
+            Some(client) => Backend::live(client.clone(), &node_name, &settings),
         });
-        let pod_lister = match (&client, hooks.on_pods) {
+        let pod_lister = match (&client, hooks.on_pods.take()) {
             (Some(client), Some(on_pods)) => Some(tokio::spawn(pods::watch_pods(
                 client.clone(),
                 node_name.clone(),
-                cfg.clone(),
+                settings.api.clone(),
                 on_pods,
                 shutdown_rx.clone(),
             ))),
             _ => None,
         };
-        let on_validation = hooks.on_validation;
         let (quarantine_link, quarantine_task) =
-            start_quarantine(&cfg, &node_name, client, &metrics, shutdown_rx.clone());
-        let queue = Arc::new(EventQueue::new(cfg.event_queue_capacity, metrics.clone()));
+            start_quarantine(&settings, &node_name, client, &metrics, shutdown_rx.clone());
+        let events = &settings.events;
+        let queue = Arc::new(EventQueue::new(events.queue_capacity, metrics.clone()));
         let sink = Arc::new(KubeEventSink {
             queue: queue.clone(),
-            enabled: cfg.events,
-            pods: cfg.events && cfg.pod_events,
+            enabled: events.enabled,
+            pods: events.enabled && events.pods,
         });
         let (node_tx, node_rx) = mpsc::channel(16);
-        let node_uid = Arc::new(Mutex::new(None));
         let watcher = tokio::spawn(reconcile::watch_node(
             backend.clone(),
             node_tx,
-            cfg.clone(),
+            settings.api.clone(),
             shutdown_rx.clone(),
         ));
-        let events = tokio::spawn(
-            EventWriter {
-                queue: queue.clone(),
-                backend: backend.clone(),
-                cfg: cfg.clone(),
-                node_name: node_name.clone(),
-                node_uid: node_uid.clone(),
-                metrics: metrics.clone(),
-            }
-            .run(),
-        );
-        let cfg_grace = cfg.not_advertised_grace_secs;
-        let (flap_limit, flap_window) = (cfg.condition_flap_limit, cfg.condition_flap_window_secs);
-        let (problem_type, ready_type) = (
-            cfg.problem_condition_type.clone(),
-            cfg.ready_condition_type.clone(),
-        );
-        let reconciler = tokio::spawn(
-            Reconciler {
-                events_enabled: cfg.events,
-                cfg,
-                vcfg: validation,
-                node_name,
-                metrics,
-                backend,
-                health_rx,
-                node_rx,
-                unseen_write: None,
-                events: queue.clone(),
-                node_uid,
-                shutdown: shutdown_rx,
-                live: None,
-                gate_report: None,
-                gate_spoiled: false,
-                startup_seen: false,
-                on_validation,
-                not_advertised: advertised::NotAdvertised::new(Duration::from_secs(cfg_grace)),
-                quarantine: quarantine_link,
-                flap: flap::Hysteresis::new(
-                    flap_limit,
-                    Duration::from_secs(flap_window),
-                    &problem_type,
-                    &ready_type,
-                    hooks.state_dir.map(|d| d.join(flap::FILE_NAME)),
-                ),
-            }
-            .run(),
+        let shared = Shared {
+            node_name,
+            metrics,
+            backend,
+            queue: queue.clone(),
+            node_uid: Arc::new(Mutex::new(None)),
+            shutdown: shutdown_rx,
+        };
+        let events = tokio::spawn(shared.event_writer(&settings).run());
+        let reconciler = shared.reconciler(
+            settings,
+            validation,
+            health_rx,
+            node_rx,
+            quarantine_link,
+            hooks,
         );
         Ok(NodeWriter {
             sink,
             queue,
             shutdown_tx,
-            reconciler,
+            reconciler: tokio::spawn(reconciler.run()),
             watcher,
             events,
             quarantine: quarantine_task,

@@ -504,11 +504,18 @@ impl std::fmt::Debug for OtlpExporter {
 }
 
 /// Both signals' settings and the resource attributes, resolved from the
-/// config and the environment; every problem of all three at once.
+/// config and the environment; every problem of all three at once. The
+/// pacing typed once here.
 struct Settings {
     metrics: ResolvedSignal,
     logs: ResolvedSignal,
     attrs: BTreeMap<String, String>,
+    /// Between two metric exports.
+    export_interval: Duration,
+    /// A series unchanged this long stops being exported.
+    series_quiet_window: Duration,
+    /// The log record queue and its batching.
+    log_queue: QueueSettings,
 }
 
 impl Settings {
@@ -538,6 +545,15 @@ impl Settings {
                 metrics,
                 logs,
                 attrs,
+                export_interval: Duration::from_secs(cfg.export_interval_secs),
+                series_quiet_window: Duration::from_secs(cfg.series_quiet_window_secs),
+                log_queue: QueueSettings {
+                    capacity: cfg.log_queue_size,
+                    batch_size: cfg.log_batch_size,
+                    linger: Duration::from_millis(cfg.log_flush_interval_ms),
+                    retry_initial: Duration::from_millis(cfg.log_retry_initial_ms),
+                    retry_max: Duration::from_millis(cfg.log_retry_max_ms),
+                },
             }),
             _ => Err(OtlpError::Config(problems)),
         }
@@ -585,8 +601,7 @@ impl OtlpExporter {
         };
         if cfg.metrics {
             exporter.start_metrics(
-                cfg,
-                &settings.metrics,
+                &settings,
                 tls.as_ref(),
                 &otel_resource,
                 &scope,
@@ -596,8 +611,7 @@ impl OtlpExporter {
         }
         if cfg.logs {
             exporter.start_logs(
-                cfg,
-                &settings.logs,
+                &settings,
                 tls.as_ref(),
                 &otel_resource,
                 scope,
@@ -617,31 +631,27 @@ impl OtlpExporter {
     )]
     fn start_metrics(
         &mut self,
-        cfg: &OtlpConfig,
-        metrics: &ResolvedSignal,
+        settings: &Settings,
         tls: Option<&TlsMaterial>,
         otel_resource: &Resource,
         scope: &InstrumentationScope,
         registry: &Arc<Registry>,
         kube: &Arc<KubeMetrics>,
     ) -> Result<(), OtlpError> {
+        let metrics = &settings.metrics;
         let inner = build_metric_exporter(metrics, tls)?;
         let reader = PeriodicReader::builder(CountingExporter {
             inner,
             registry: registry.clone(),
         })
-        .with_interval(Duration::from_secs(cfg.export_interval_secs))
+        .with_interval(settings.export_interval)
         .build();
         let provider = SdkMeterProvider::builder()
             .with_resource(otel_resource.clone())
             .with_reader(reader)
             .build();
         let meter = provider.meter_with_scope(scope.clone());
-        let filter = SeriesFilter::observing(
-            registry,
-            kube,
-            Duration::from_secs(cfg.series_quiet_window_secs),
-        );
+        let filter = SeriesFilter::observing(registry, kube, settings.series_quiet_window);
         self._instruments = register_instruments(&meter, registry, kube, &filter);
         let histogram = meter
             .f64_histogram(metrics::LATENCY_NAME)
@@ -654,42 +664,33 @@ impl OtlpExporter {
                 "Pipeline latency hook already installed; the OTLP latency histogram stays empty."
             );
         }
-        tracing::info!(endpoint = %metrics.endpoint, protocol = metrics.protocol.as_str(), interval_secs = cfg.export_interval_secs, "OTLP metric export started.");
+        tracing::info!(endpoint = %metrics.endpoint, protocol = metrics.protocol.as_str(), interval_secs = settings.export_interval.as_secs(), "OTLP metric export started.");
         self.meter_provider = Some(provider);
         Ok(())
     }
 
     /// The log pipeline: a bounded queue the sink fills and a worker thread
     /// that exports it in batches (on `rt` for gRPC).
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "the parts start() resolved, each used once"
-    )]
     fn start_logs(
         &mut self,
-        cfg: &OtlpConfig,
-        logs: &ResolvedSignal,
+        settings: &Settings,
         tls: Option<&TlsMaterial>,
         otel_resource: &Resource,
         scope: InstrumentationScope,
         registry: &Arc<Registry>,
         rt: &tokio::runtime::Handle,
     ) -> Result<(), OtlpError> {
+        let logs = &settings.logs;
         let mut log_exporter = build_log_exporter(logs, tls)?;
         log_exporter.set_resource(otel_resource);
         let queue = Arc::new(LogQueue::new(
-            cfg.log_queue_size,
+            settings.log_queue.capacity,
             Stage::OtlpLogs,
             registry.clone(),
         ));
         let worker = Worker {
             queue: queue.clone(),
-            settings: QueueSettings {
-                batch_size: cfg.log_batch_size,
-                linger: Duration::from_millis(cfg.log_flush_interval_ms),
-                retry_initial: Duration::from_millis(cfg.log_retry_initial_ms),
-                retry_max: Duration::from_millis(cfg.log_retry_max_ms),
-            },
+            settings: settings.log_queue,
             registry: registry.clone(),
             exporter: log_exporter,
             driver: match logs.protocol {
@@ -702,7 +703,7 @@ impl OtlpExporter {
             .name("gpuwatch-otlp-logs".into())
             .spawn(move || worker.run())
             .map_err(OtlpError::Thread)?;
-        tracing::info!(endpoint = %logs.endpoint, protocol = logs.protocol.as_str(), queue = cfg.log_queue_size, "OTLP fault log export started.");
+        tracing::info!(endpoint = %logs.endpoint, protocol = logs.protocol.as_str(), queue = settings.log_queue.capacity, "OTLP fault log export started.");
         self.sink = Arc::new(OtlpLogSink {
             queue: queue.clone(),
         });

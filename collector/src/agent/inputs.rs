@@ -256,13 +256,13 @@ pub(super) struct KubeletDevices {
 
 impl KubeletDevices {
     pub(super) fn start(
-        cfg: &crate::attribution::podresources::KubeletConfig,
+        cfg: &crate::attribution::podresources::KubeletSettings,
         rt: &tokio::runtime::Runtime,
         engine: Sender<Input>,
         registry: &Arc<Registry>,
     ) -> KubeletDevices {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let task = (!cfg.pod_resources_socket.as_os_str().is_empty()).then(|| {
+        let task = (!cfg.socket.as_os_str().is_empty()).then(|| {
             rt.spawn(crate::attribution::podresources::poll(
                 cfg.clone(),
                 engine,

@@ -5,11 +5,13 @@
 //! read a configuration file and their flags the same way and build the same
 //! health engine and kernel-log reader from it.
 
+use crate::attribution::podresources::KubeletSettings;
 use crate::config::{Config, ConfigError, ConfigErrors};
 use crate::kmsg::{self, KmsgSourceArgs};
 use crate::pipeline::{Liveness, StopReason};
 use gpuwatch_core::engine::{BootInfo, Engine};
 use gpuwatch_core::{Registry, Shutdown};
+use gpuwatch_sinks::kube::KubeSettings;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -47,30 +49,65 @@ pub fn resolve<T>(
 }
 
 /// The agent's configuration resolved into what its parts are built from: the
-/// validated settings, the classification policy and the boot it runs in.
-/// Nothing runs yet and nothing is written.
+/// validated settings, the resolved `[kube]` and `[kubelet]` settings, the
+/// classification policy and the boot it runs in. Nothing runs yet and
+/// nothing is written.
 #[derive(Debug, Clone)]
 pub struct Prepared {
     cfg: Config,
+    kube: KubeSettings,
+    kubelet: KubeletSettings,
     policy: Arc<xid_parser::Policy>,
     boot: BootInfo,
 }
 
-/// Validates `cfg`, builds the policy and reads the boot id.
+/// Validates `cfg`, resolves `[kube]` and `[kubelet]`, builds the policy and
+/// reads the boot id.
 pub fn prepare(cfg: Config) -> Result<Prepared, PrepareError> {
     cfg.validate()?;
+    let kube = cfg.kube.resolve().map_err(|p| in_section("kube", p))?;
+    let kubelet = cfg
+        .kubelet
+        .resolve()
+        .map_err(|p| in_section("kubelet", p))?;
     let policy = Arc::new(xid_parser::Policy::new(&cfg.policy)?);
     let boot = BootInfo {
         boot_id: crate::boot::read_boot_id(&cfg.kmsg.boot_id_path)?,
         boot_time_unix_nano: crate::boot::boot_time_unix_nanos(),
     };
-    Ok(Prepared { cfg, policy, boot })
+    Ok(Prepared {
+        cfg,
+        kube,
+        kubelet,
+        policy,
+        boot,
+    })
+}
+
+/// `problems` of section `name`, each prefixed with its key path.
+fn in_section(name: &str, problems: Vec<String>) -> ConfigErrors {
+    ConfigErrors(
+        problems
+            .into_iter()
+            .map(|p| format!("{name}.{p}"))
+            .collect(),
+    )
 }
 
 impl Prepared {
     /// The validated configuration, flags applied.
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    /// The node writer's settings (`[kube]`), resolved.
+    pub fn kube(&self) -> &KubeSettings {
+        &self.kube
+    }
+
+    /// The kubelet PodResources poller's settings (`[kubelet]`), resolved.
+    pub fn kubelet(&self) -> &KubeletSettings {
+        &self.kubelet
     }
 
     /// The classification policy (built-in table plus `[policy]` overrides).

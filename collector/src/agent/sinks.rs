@@ -3,7 +3,7 @@
 //! engine (the writer converges to the restored health at once) and stop
 //! last, flushing what the engine emitted while it drained.
 
-use super::{Budget, RunError, RunOptions};
+use super::{Budget, Prepared, RunError, RunOptions};
 use crate::api::MetricsRenderer;
 use crate::config::Config;
 use gpuwatch_core::{EventSink, Registry};
@@ -48,7 +48,7 @@ impl std::fmt::Debug for Sinks {
 /// writer (conditions, taints, Events, startup gate; `--kube-dry-run` logs the
 /// patches instead of sending them).
 pub fn build_sinks(
-    cfg: &Config,
+    prepared: &Prepared,
     opts: &RunOptions,
     registry: &Arc<Registry>,
     kube: &Arc<KubeMetrics>,
@@ -56,6 +56,7 @@ pub fn build_sinks(
     health_rx: tokio::sync::watch::Receiver<Arc<NodeHealth>>,
     validation_tx: std::sync::Weak<crossbeam_channel::Sender<gpuwatch_core::msg::Input>>,
 ) -> Result<Sinks, RunError> {
+    let cfg = prepared.config();
     let mut sinks = Sinks {
         event_sinks: Vec::new(),
         metrics: None,
@@ -80,8 +81,8 @@ pub fn build_sinks(
     if cfg.otlp.enabled {
         sinks.start_otlp(cfg, registry, kube, rt)?;
     }
-    if cfg.kube.enabled || opts.kube_dry_run {
-        sinks.start_kube_writer(cfg, opts, kube, rt, health_rx, validation_tx)?;
+    if prepared.kube().enabled || opts.kube_dry_run {
+        sinks.start_kube_writer(prepared, opts, kube, rt, health_rx, validation_tx)?;
     }
     Ok(sinks)
 }
@@ -130,7 +131,7 @@ impl Sinks {
     /// gate); `--kube-dry-run` logs the patches instead of sending them.
     fn start_kube_writer(
         &mut self,
-        cfg: &Config,
+        prepared: &Prepared,
         opts: &RunOptions,
         kube: &Arc<KubeMetrics>,
         rt: &tokio::runtime::Handle,
@@ -141,6 +142,7 @@ impl Sinks {
         // writer only holds a weak reference to the engine channel: once the
         // agent drops the strong one (its inputs stopping), the engine's channel
         // can disconnect and drain while the writer still runs.
+        let cfg = prepared.config();
         let pods_tx = validation_tx.clone();
         let on_validation: gpuwatch_sinks::kube::ValidationCallback = Arc::new(move |report| {
             let Some(tx) = validation_tx.upgrade() else {
@@ -161,7 +163,7 @@ impl Sinks {
         });
         let writer = rt
             .block_on(gpuwatch_sinks::kube::NodeWriter::start(
-                cfg.kube.clone(),
+                prepared.kube().clone(),
                 cfg.validation.clone(),
                 cfg.node_name.clone(),
                 kube.clone(),

@@ -66,9 +66,28 @@ impl Default for KubeletConfig {
     }
 }
 
+/// `[kubelet]` resolved ([`KubeletConfig::resolve`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeletSettings {
+    /// The PodResources socket; empty: never asked.
+    pub socket: PathBuf,
+    /// Pause between two `List` calls.
+    pub interval: Duration,
+    /// The longest one call may take.
+    pub timeout: Duration,
+    /// Resource names (or `*` prefixes) whose devices are GPUs or MIG devices.
+    pub gpu_resources: Vec<String>,
+}
+
 impl KubeletConfig {
-    /// Problems (keys relative to `[kubelet]`).
+    /// Problems (keys relative to `[kubelet]`): those [`KubeletConfig::resolve`] reports.
     pub fn validate(&self) -> Vec<String> {
+        self.resolve().err().unwrap_or_default()
+    }
+
+    /// Checks the settings and types them in one pass: the settings, or
+    /// every problem (keys relative to `[kubelet]`).
+    pub fn resolve(&self) -> Result<KubeletSettings, Vec<String>> {
         let mut p = Vec::new();
         // A few calls a second at most.
         if self.pod_resources_interval_ms < 500 {
@@ -80,7 +99,15 @@ impl KubeletConfig {
         if self.pod_resources_timeout_ms == 0 {
             p.push("pod_resources_timeout_ms: must be above 0".into());
         }
-        p
+        if !p.is_empty() {
+            return Err(p);
+        }
+        Ok(KubeletSettings {
+            socket: self.pod_resources_socket.clone(),
+            interval: Duration::from_millis(self.pod_resources_interval_ms),
+            timeout: Duration::from_millis(self.pod_resources_timeout_ms),
+            gpu_resources: self.gpu_resources.clone(),
+        })
     }
 }
 
@@ -194,20 +221,18 @@ fn holders(resp: v1::ListPodResourcesResponse, gpu_resources: &[String]) -> Devi
 /// Asks the kubelet every interval until `stop`, telling the engine through
 /// `tx` what changed (module doc).
 pub async fn poll(
-    cfg: KubeletConfig,
+    cfg: KubeletSettings,
     tx: crossbeam_channel::Sender<Input>,
     registry: std::sync::Arc<gpuwatch_core::Registry>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let interval = Duration::from_millis(cfg.pod_resources_interval_ms);
-    let timeout = Duration::from_millis(cfg.pod_resources_timeout_ms);
     let mut last: Option<DeviceHolders> = None;
     let mut failing = false;
     loop {
         if *stop.borrow() {
             return;
         }
-        let update = match list(&cfg.pod_resources_socket, timeout, &cfg.gpu_resources).await {
+        let update = match list(&cfg.socket, cfg.timeout, &cfg.gpu_resources).await {
             Ok(now) => {
                 registry
                     .pod_resources_unknown_devices
@@ -229,9 +254,9 @@ pub async fn poll(
                 failing = true;
                 first.then(|| {
                     let missing = matches!(&e, ListError::Connect { .. })
-                        && !cfg.pod_resources_socket.exists();
+                        && !cfg.socket.exists();
                     if missing {
-                        tracing::info!(socket = %cfg.pod_resources_socket.display(), "No kubelet PodResources socket: faults of a GPU name no pods.");
+                        tracing::info!(socket = %cfg.socket.display(), "No kubelet PodResources socket: faults of a GPU name no pods.");
                     } else {
                         tracing::warn!(error = %e, "Cannot ask the kubelet which pods hold the GPUs; retrying.");
                     }
@@ -248,7 +273,7 @@ pub async fn poll(
         }
         tokio::select! {
             _ = stop.changed() => return,
-            () = tokio::time::sleep(interval) => {}
+            () = tokio::time::sleep(cfg.interval) => {}
         }
     }
 }
@@ -328,11 +353,11 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn failed_calls_and_unknown_device_ids_are_counted() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = KubeletConfig {
-            pod_resources_socket: dir.path().join("kubelet.sock"),
-            pod_resources_interval_ms: 50,
-            pod_resources_timeout_ms: 500,
-            ..KubeletConfig::default()
+        let cfg = KubeletSettings {
+            socket: dir.path().join("kubelet.sock"),
+            interval: Duration::from_millis(50),
+            timeout: Duration::from_millis(500),
+            gpu_resources: KubeletConfig::default().gpu_resources,
         };
         let (tx, rx) = crossbeam_channel::bounded(16);
         let registry = gpuwatch_core::Registry::new();
@@ -377,6 +402,21 @@ mod tests {
         stop_tx.send(true).unwrap();
         task.await.unwrap();
         kubelet.stop();
+    }
+
+    #[test]
+    fn settings_are_resolved_with_the_problems_validate_reports() {
+        let s = KubeletConfig::default().resolve().unwrap();
+        assert_eq!(s.interval, Duration::from_secs(10));
+        assert_eq!(s.timeout, Duration::from_secs(2));
+        let bad = KubeletConfig {
+            pod_resources_interval_ms: 100,
+            pod_resources_timeout_ms: 0,
+            ..KubeletConfig::default()
+        };
+        let problems = bad.resolve().unwrap_err();
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert_eq!(bad.validate(), problems);
     }
 
     #[tokio::test]

@@ -4,6 +4,7 @@
 use super::init_logging;
 use anyhow::Context as _;
 use gpuwatch::config::{Config, LogFormat};
+use gpuwatch_sinks::kube::KubeError;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -38,7 +39,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting the runtime")?;
     let report = rt
-        .block_on(gpuwatch_sinks::kube::node_cleanup(&kube, &node, dry_run))
+        .block_on(async {
+            let settings = kube.resolve().map_err(KubeError::Config)?;
+            gpuwatch_sinks::kube::node_cleanup(&settings, &node, dry_run).await
+        })
         .with_context(|| format!("cleaning up node {node:?}"))?;
     let verb = if dry_run { "Would remove" } else { "Removed" };
     if report.is_empty() {

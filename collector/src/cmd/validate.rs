@@ -71,8 +71,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("cannot start the runtime for the validation")?;
-    let (expected, node_problem) = expected_gpus(&rt, &cfg, read_node);
     let prepared = prepare(cfg)?;
+    let (expected, node_problem) = expected_gpus(&rt, &prepared, read_node);
     let health = prepared.check_once()?;
     let report = judge(&rt, &prepared, &health, expected, node_problem);
     if args.json {
@@ -109,14 +109,15 @@ enum Count {
 /// Node could not tell it.
 fn expected_gpus(
     rt: &tokio::runtime::Runtime,
-    cfg: &Config,
+    prepared: &Prepared,
     read_node: bool,
 ) -> (Option<Count>, Option<String>) {
+    let cfg = prepared.config();
     match cfg.validation.expected_gpus {
         Some(n) => (Some(Count::Configured(n)), None),
         None if read_node => {
             match rt.block_on(gpuwatch_sinks::kube::expected_gpus_from_node(
-                &cfg.kube,
+                prepared.kube(),
                 &cfg.validation,
                 &cfg.node_name,
             )) {
@@ -141,7 +142,7 @@ fn judge(
     let validation = &prepared.config().validation;
     let expected = expected.map(|c| match c {
         Count::Configured(n) => Expected::Gpus(n),
-        Count::Node(n) => gpuwatch_sinks::kube::node_count(n, &prepared.config().kube, health),
+        Count::Node(n) => gpuwatch_sinks::kube::node_count(n, prepared.kube(), health),
     });
     let mut report = gpuwatch_core::validation::validate_expecting(health, expected, validation);
     if let Some(why) = node_problem {

@@ -7,7 +7,8 @@
 //! also waits for the advertised count, and while running, healthy GPUs that
 //! stay unadvertised past a grace period are reported (`GPUsNotAdvertised`).
 
-use super::config::{KubeConfig, MigStrategy};
+use super::config::MigStrategy;
+use super::settings::AdvertisedSettings;
 use gpuwatch_core::validation::mig_devices;
 use gpuwatch_proto::{GpuHealth, NodeHealth, ValidationCheck, Verdict};
 use k8s_openapi::api::core::v1::Node;
@@ -31,7 +32,7 @@ fn matches(patterns: &[String], name: &str) -> bool {
 /// The Node's allocatable count summed over the configured resources and,
 /// under the mixed MIG strategy, the MIG resources (a quantity that is not a
 /// whole number counts as 0).
-pub(crate) fn allocatable(node: &Node, cfg: &KubeConfig) -> u64 {
+pub(crate) fn allocatable(node: &Node, cfg: &AdvertisedSettings) -> u64 {
     let mig = cfg.mig_strategy.mig_resource();
     node.status
         .as_ref()
@@ -39,7 +40,7 @@ pub(crate) fn allocatable(node: &Node, cfg: &KubeConfig) -> u64 {
         .map(|a| {
             a.iter()
                 .filter(|(name, _)| {
-                    matches(&cfg.allocatable_resources, name)
+                    matches(&cfg.resources, name)
                         || mig.is_some_and(|m| matches(&[m.to_owned()], name))
                 })
                 .map(|(_, q)| q.0.trim().parse::<u64>().unwrap_or(0))
@@ -58,7 +59,11 @@ fn devices_of(g: &GpuHealth, strategy: MigStrategy) -> u64 {
 }
 
 /// The devices of the GPUs `keep` selects.
-fn devices(health: &NodeHealth, cfg: &KubeConfig, keep: impl Fn(&GpuHealth) -> bool) -> u64 {
+fn devices(
+    health: &NodeHealth,
+    cfg: &AdvertisedSettings,
+    keep: impl Fn(&GpuHealth) -> bool,
+) -> u64 {
     health
         .gpus
         .iter()
@@ -69,16 +74,16 @@ fn devices(health: &NodeHealth, cfg: &KubeConfig, keep: impl Fn(&GpuHealth) -> b
 
 /// How many devices the plugin should advertise: `expected_allocatable`, else
 /// those of every healthy GPU NVML sees (MIG devices by the strategy).
-pub(crate) fn wanted(health: &NodeHealth, cfg: &KubeConfig) -> u64 {
-    cfg.expected_allocatable.map_or_else(
+pub(crate) fn wanted(health: &NodeHealth, cfg: &AdvertisedSettings) -> u64 {
+    cfg.expected.map_or_else(
         || devices(health, cfg, |g| g.verdict() == Verdict::Healthy),
         u64::from,
     )
 }
 
 /// The resources counted, for messages.
-fn resources(cfg: &KubeConfig) -> String {
-    let mut r = cfg.allocatable_resources.join(", ");
+fn resources(cfg: &AdvertisedSettings) -> String {
+    let mut r = cfg.resources.join(", ");
     if let Some(m) = cfg.mig_strategy.mig_resource() {
         r.push_str(", ");
         r.push_str(m);
@@ -87,8 +92,8 @@ fn resources(cfg: &KubeConfig) -> String {
 }
 
 /// What a count is of: GPUs, or devices once MIG devices are counted.
-fn unit(health: &NodeHealth, cfg: &KubeConfig) -> &'static str {
-    if cfg.expected_allocatable.is_none()
+fn unit(health: &NodeHealth, cfg: &AdvertisedSettings) -> &'static str {
+    if cfg.expected.is_none()
         && cfg.mig_strategy != MigStrategy::None
         && health.gpus.iter().any(|g| mig_devices(g).is_some())
     {
@@ -105,14 +110,14 @@ fn unit(health: &NodeHealth, cfg: &KubeConfig) -> &'static str {
 pub(crate) fn gate_check(
     node: &Node,
     health: &NodeHealth,
-    cfg: &KubeConfig,
+    cfg: &AdvertisedSettings,
 ) -> Option<ValidationCheck> {
-    if cfg.allocatable_resources.is_empty() {
+    if cfg.resources.is_empty() {
         return None;
     }
     let have = allocatable(node, cfg);
     let want = cfg
-        .expected_allocatable
+        .expected
         .map_or_else(|| devices(health, cfg, |_| true), u64::from);
     Some(ValidationCheck {
         name: CHECK.to_owned(),
@@ -201,7 +206,7 @@ impl NotAdvertised {
     }
 
     /// The problem-condition / Event message.
-    pub(crate) fn message(&self, cfg: &KubeConfig, health: &NodeHealth) -> String {
+    pub(crate) fn message(&self, cfg: &AdvertisedSettings, health: &NodeHealth) -> String {
         let (have, want) = self.last;
         format!(
             "NVML sees {want} healthy {} but the device plugin advertises {have} (allocatable {}) for over {}s; pods cannot use the rest",
@@ -215,6 +220,7 @@ impl NotAdvertised {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kube::KubeSettings;
     use k8s_openapi::api::core::v1::NodeStatus;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use std::collections::BTreeMap;
@@ -236,7 +242,7 @@ mod tests {
 
     #[test]
     fn allocatable_sums_the_configured_resources_mig_prefixes_included() {
-        let mut cfg = KubeConfig::default();
+        let mut cfg = KubeSettings::default().advertised;
         let n = node(&[
             ("nvidia.com/gpu", "8"),
             ("nvidia.com/mig-1g.10gb", "7"),
@@ -245,7 +251,7 @@ mod tests {
             ("nvidia.com/bogus", "1.5"),
         ]);
         assert_eq!(allocatable(&n, &cfg), 8);
-        cfg.allocatable_resources = vec!["nvidia.com/mig-*".into()];
+        cfg.resources = vec!["nvidia.com/mig-*".into()];
         assert_eq!(allocatable(&n, &cfg), 9);
         assert_eq!(allocatable(&Node::default(), &cfg), 0);
     }
@@ -281,9 +287,9 @@ mod tests {
     fn the_gate_counts_mig_devices_by_the_device_plugin_strategy() {
         let health = mig_health();
         let check = |strategy: MigStrategy, alloc: &[(&str, &str)]| {
-            let cfg = KubeConfig {
+            let cfg = AdvertisedSettings {
                 mig_strategy: strategy,
-                ..KubeConfig::default()
+                ..KubeSettings::default().advertised
             };
             gate_check(&node(alloc), &health, &cfg).unwrap()
         };
@@ -315,10 +321,10 @@ mod tests {
         // Running: only healthy GPUs' devices are wanted.
         let mut h = health.clone();
         h.gpus[0].set_verdict(Verdict::Unhealthy);
-        assert_eq!(wanted(&h, &KubeConfig::default()), 3);
-        let fixed = KubeConfig {
-            expected_allocatable: Some(4),
-            ..KubeConfig::default()
+        assert_eq!(wanted(&h, &KubeSettings::default().advertised), 3);
+        let fixed = AdvertisedSettings {
+            expected: Some(4),
+            ..KubeSettings::default().advertised
         };
         assert_eq!(wanted(&h, &fixed), 4, "an explicit count wins");
     }
@@ -341,7 +347,7 @@ mod tests {
         assert!(t.active());
         assert_eq!(t.deadline(), None);
         assert!(
-            t.message(&KubeConfig::default(), &NodeHealth::default())
+            t.message(&KubeSettings::default().advertised, &NodeHealth::default())
                 .contains("sees 8 healthy GPUs but the device plugin advertises 6")
         );
         // Reported once, not on every look.

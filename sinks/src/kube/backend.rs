@@ -2,6 +2,7 @@
 //! kube `Client`, or in dry-run mode against an in-memory Node while logging the
 //! exact requests. The list of operations is [`super::WRITER_REQUESTS`].
 
+use super::settings::KubeSettings;
 use k8s_openapi::api::core::v1::{Event, Node};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde_json::Value;
@@ -151,6 +152,17 @@ fn bump_rv(node: &mut Node) {
 
 impl Backend {
     /// A dry-run backend holding a bare Node called `node_name`.
+    /// The API server `client` talks to, for `node_name`.
+    pub(crate) fn live(client: kube::Client, node_name: &str, s: &KubeSettings) -> Backend {
+        Backend::Live {
+            nodes: Api::all(client.clone()),
+            events: Api::namespaced(client.clone(), &s.events.namespace),
+            client,
+            node_name: node_name.to_owned(),
+            timeout: s.api.request_timeout,
+        }
+    }
+
     pub(crate) fn dry_run(node_name: &str) -> Backend {
         let mut node = Node::default();
         node.metadata.name = Some(node_name.to_owned());

@@ -3,13 +3,12 @@
 //! node unschedulable).
 
 use super::backend::{ApiError, Backend};
-use super::config::KubeConfig;
 use super::node::{live_conditions, live_taints, taint_patch};
 use super::retry;
+use super::settings::KubeSettings;
 use super::{KubeError, build_client};
 use k8s_openapi::api::core::v1::Node;
 use serde_json::json;
-use std::time::Duration;
 
 /// Races a cleanup write may lose before giving up (another writer changing
 /// the Node this often in a row is not a race any more).
@@ -61,11 +60,8 @@ fn api(what: &'static str) -> impl Fn(ApiError) -> CleanupError {
 }
 
 /// Our condition types on `node`.
-fn our_conditions(node: &Node, cfg: &KubeConfig) -> Vec<String> {
-    let mut ours = vec![cfg.problem_condition_type.clone()];
-    if cfg.ready_condition {
-        ours.push(cfg.ready_condition_type.clone());
-    }
+fn our_conditions(node: &Node, cfg: &KubeSettings) -> Vec<String> {
+    let ours = cfg.conditions.owned_types();
     live_conditions(node)
         .iter()
         .filter(|c| ours.contains(&c.type_))
@@ -74,14 +70,11 @@ fn our_conditions(node: &Node, cfg: &KubeConfig) -> Vec<String> {
 }
 
 /// Our taints on `node` (fault taints by key, the startup taint by key and effect).
-fn our_taints(node: &Node, cfg: &KubeConfig) -> Vec<String> {
-    let fault = cfg.fault_taint_keys();
+fn our_taints(node: &Node, cfg: &KubeSettings) -> Vec<String> {
+    let fault = cfg.taints.fault_keys();
     live_taints(node)
         .iter()
-        .filter(|t| {
-            fault.contains(&t.key)
-                || (t.key == cfg.startup_taint.key && t.effect == cfg.startup_taint.effect)
-        })
+        .filter(|t| fault.contains(&t.key) || cfg.taints.startup.is(&t.key, &t.effect))
         .map(|t| match &t.value {
             Some(v) => format!("{}={v}:{}", t.key, t.effect),
             None => format!("{}:{}", t.key, t.effect),
@@ -96,31 +89,21 @@ fn our_taints(node: &Node, cfg: &KubeConfig) -> Vec<String> {
 /// `field_manager` (applying none of them), so the server removes the ones
 /// only gpuwatch owns. `dry_run`: reads and reports, writes nothing.
 pub async fn node_cleanup(
-    cfg: &KubeConfig,
+    cfg: &KubeSettings,
     node_name: &str,
     dry_run: bool,
 ) -> Result<CleanupReport, CleanupError> {
     if node_name.is_empty() {
         return Err(KubeError::NoNodeName.into());
     }
-    let problems = cfg.validate();
-    if !problems.is_empty() {
-        return Err(KubeError::Config(problems).into());
-    }
-    let client = build_client(cfg).await?;
-    let backend = Backend::Live {
-        nodes: kube::Api::all(client.clone()),
-        events: kube::Api::namespaced(client.clone(), &cfg.event_namespace),
-        client,
-        node_name: node_name.to_owned(),
-        timeout: Duration::from_secs(cfg.request_timeout_secs),
-    };
+    let client = build_client(&cfg.api).await?;
+    let backend = Backend::live(client, node_name, cfg);
     cleanup_with(&backend, cfg, node_name, dry_run).await
 }
 
 async fn cleanup_with(
     backend: &Backend,
-    cfg: &KubeConfig,
+    cfg: &KubeSettings,
     node_name: &str,
     dry_run: bool,
 ) -> Result<CleanupReport, CleanupError> {
@@ -134,13 +117,10 @@ async fn cleanup_with(
     }
     let mut races = 0;
     while !our_taints(&node, cfg).is_empty() {
-        let fault = cfg.fault_taint_keys();
+        let fault = cfg.taints.fault_keys();
         let keep: Vec<_> = live_taints(&node)
             .iter()
-            .filter(|t| {
-                !(fault.contains(&t.key)
-                    || (t.key == cfg.startup_taint.key && t.effect == cfg.startup_taint.effect))
-            })
+            .filter(|t| !(fault.contains(&t.key) || cfg.taints.startup.is(&t.key, &t.effect)))
             .cloned()
             .collect();
         match backend.patch_node(&taint_patch(&node, &keep)).await {
@@ -166,7 +146,7 @@ async fn cleanup_with(
             "status": { "conditions": [] },
         });
         node = backend
-            .apply_status(&cfg.field_manager, false, &body)
+            .apply_status(&cfg.conditions.field_manager, false, &body)
             .await
             .map_err(api("removing the conditions"))?;
         let kept = our_conditions(&node, cfg);

@@ -2,11 +2,13 @@
 //! startup gate, Event rate limits and the reconcile loop's pacing.
 
 use super::quarantine::Budget;
+use super::settings::{
+    KubeSettings, Parsed, Taint, TaintEffect, TaintSettings, fault_keys, isolating_action,
+};
 use gpuwatch_core::names::{check_label_key, is_dns_label};
-use gpuwatch_proto::{Action, ShortName};
+use gpuwatch_proto::Action;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 /// One taint gpuwatch manages: key and effect (the value is chosen at run time).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -265,12 +267,40 @@ impl Default for KubeConfig {
     }
 }
 
-const EFFECTS: [&str; 3] = ["NoSchedule", "PreferNoSchedule", "NoExecute"];
-
 impl KubeConfig {
-    /// Problems with the settings (empty when valid); key names relative to `[kube]`.
+    /// Problems with the settings (empty when valid); key names relative to
+    /// `[kube]`. The problems [`KubeConfig::resolve`] reports.
     pub fn validate(&self) -> Vec<String> {
+        self.resolve().err().unwrap_or_default()
+    }
+
+    /// Checks the settings and types them in one pass: the resolved settings,
+    /// or every problem (key names relative to `[kube]`).
+    pub fn resolve(&self) -> Result<KubeSettings, Vec<String>> {
         let mut p = Vec::new();
+        self.check_conditions(&mut p);
+        let hardware_not_ready = self.hardware_not_ready_actions(&mut p);
+        let taints = self.resolve_taints(&mut p);
+        self.check_names(&mut p);
+        self.check_pacing(&mut p);
+        let budget = self.check_quarantine(&mut p);
+        if self.condition_flap_limit > 0 && self.condition_flap_window_secs == 0 {
+            p.push("condition_flap_window_secs: must be greater than 0 while condition_flap_limit is set".into());
+        }
+        match (taints, budget) {
+            (Some(taints), Some(budget)) if p.is_empty() => Ok(KubeSettings::from_parts(
+                self,
+                Parsed {
+                    hardware_not_ready,
+                    taints,
+                    budget,
+                },
+            )),
+            _ => Err(p),
+        }
+    }
+
+    fn check_conditions(&self, p: &mut Vec<String>) {
         if self.field_manager.is_empty() || self.field_manager.len() > 128 {
             p.push("field_manager: expected 1 to 128 characters".into());
         }
@@ -287,28 +317,53 @@ impl KubeConfig {
         if self.ready_condition && self.ready_condition_type == self.problem_condition_type {
             p.push("problem_condition_type: must differ from ready_condition_type".into());
         }
+    }
+
+    fn hardware_not_ready_actions(&self, p: &mut Vec<String>) -> Vec<Action> {
+        let mut actions = Vec::new();
         for a in &self.hardware_not_ready_actions {
-            match Action::from_short_name(a) {
-                Some(act) if act.needs_isolation() => {}
-                _ => p.push(format!(
+            match isolating_action(a) {
+                Some(act) => actions.push(act),
+                None => p.push(format!(
                     "hardware_not_ready_actions: {a:?} is not one of reset_gpu, reboot_node, inspect_hardware"
                 )),
             }
         }
-        self.check_taint("fault_taint", &self.fault_taint, &mut p);
+        actions
+    }
+
+    /// The fault taint, the per-action ones and the startup taint, when each is valid.
+    fn resolve_taints(&self, p: &mut Vec<String>) -> Option<TaintSettings> {
+        let fault = self.check_taint("fault_taint", &self.fault_taint, p);
+        let mut by_action = BTreeMap::new();
         for (action, t) in &self.fault_taint_actions {
-            match Action::from_short_name(action) {
-                Some(act) if act.needs_isolation() => {}
-                _ => p.push(format!(
+            let act = isolating_action(action);
+            if act.is_none() {
+                p.push(format!(
                     "fault_taint_actions: {action:?} is not one of reset_gpu, reboot_node, inspect_hardware"
-                )),
+                ));
             }
-            self.check_taint(&format!("fault_taint_actions.{action}"), t, &mut p);
+            let taint = self.check_taint(&format!("fault_taint_actions.{action}"), t, p);
+            if let (Some(act), Some(taint)) = (act, taint) {
+                by_action.insert(act, taint);
+            }
         }
-        self.check_taint("startup_taint", &self.startup_taint, &mut p);
-        if self.fault_taint_keys().contains(&self.startup_taint.key) {
+        let startup = self.check_taint("startup_taint", &self.startup_taint, p);
+        let fault_keys = fault_keys(
+            &self.fault_taint.key,
+            self.fault_taint_actions.values().map(|t| &t.key),
+        );
+        if fault_keys.contains(&self.startup_taint.key) {
             p.push("startup_taint.key: must differ from the fault taint keys".into());
         }
+        Some(TaintSettings {
+            fault: fault?,
+            fault_by_action: by_action,
+            startup: startup?,
+        })
+    }
+
+    fn check_names(&self, p: &mut Vec<String>) {
         if !is_dns_label(&self.event_namespace) {
             p.push(format!(
                 "event_namespace: {:?} is not a valid namespace name (RFC 1123 label)",
@@ -336,6 +391,9 @@ impl KubeConfig {
                 "api_server_url: {url:?} must start with http:// or https://"
             ));
         }
+    }
+
+    fn check_pacing(&self, p: &mut Vec<String>) {
         for (key, v) in [
             ("validation_interval_secs", self.validation_interval_secs),
             ("not_advertised_grace_secs", self.not_advertised_grace_secs),
@@ -364,17 +422,13 @@ impl KubeConfig {
         if self.backoff_max_ms < self.backoff_initial_ms {
             p.push("backoff_max_ms: must be at least backoff_initial_ms".into());
         }
-        self.check_quarantine(&mut p);
-        if self.condition_flap_limit > 0 && self.condition_flap_window_secs == 0 {
-            p.push("condition_flap_window_secs: must be greater than 0 while condition_flap_limit is set".into());
-        }
-        p
     }
 
-    fn check_quarantine(&self, p: &mut Vec<String>) {
-        if let Err(e) = Budget::parse(&self.quarantine_budget) {
-            p.push(format!("quarantine_budget: {e}"));
-        }
+    /// Checks the quarantine settings; the budget, when it parses.
+    fn check_quarantine(&self, p: &mut Vec<String>) -> Option<Budget> {
+        let budget = Budget::parse(&self.quarantine_budget)
+            .map_err(|e| p.push(format!("quarantine_budget: {e}")))
+            .ok();
         if let Err(e) = check_label_selector(&self.quarantine_node_selector) {
             p.push(format!("quarantine_node_selector: {e}"));
         }
@@ -397,74 +451,34 @@ impl KubeConfig {
                 self.quarantine_lease_duration_secs
             ));
         }
+        budget
     }
 
-    /// The parsed `quarantine_budget` (`Off` when it does not parse: the
-    /// config check has reported it).
-    pub fn quarantine_budget(&self) -> Budget {
-        Budget::parse(&self.quarantine_budget).unwrap_or(Budget::Off)
-    }
-
-    fn check_taint(&self, key: &str, t: &TaintConfig, p: &mut Vec<String>) {
+    /// Checks one taint; the taint, when valid.
+    fn check_taint(&self, key: &str, t: &TaintConfig, p: &mut Vec<String>) -> Option<Taint> {
+        let mut valid = true;
         if let Err(e) = check_label_key(&t.key) {
             p.push(format!("{key}.key: {:?} {e}", t.key));
+            valid = false;
         }
-        if !EFFECTS.contains(&t.effect.as_str()) {
-            p.push(format!(
+        match TaintEffect::parse(&t.effect) {
+            None => p.push(format!(
                 "{key}.effect: {:?} is not one of NoSchedule, PreferNoSchedule, NoExecute",
                 t.effect
-            ));
-        } else if t.effect == "NoExecute" && !self.allow_no_execute && key != "startup_taint" {
-            p.push(format!(
-                "{key}.effect: NoExecute evicts running pods; set allow_no_execute = true to opt in"
-            ));
-        }
-    }
-
-    /// The fault taint for `action` (per-action override, else `fault_taint`).
-    pub fn fault_taint_for(&self, action: Action) -> &TaintConfig {
-        self.fault_taint_actions
-            .get(action.short_name())
-            .unwrap_or(&self.fault_taint)
-    }
-
-    /// Every taint key gpuwatch may write as a fault taint.
-    pub fn fault_taint_keys(&self) -> Vec<String> {
-        let mut keys = vec![self.fault_taint.key.clone()];
-        for t in self.fault_taint_actions.values() {
-            if !keys.contains(&t.key) {
-                keys.push(t.key.clone());
+            )),
+            Some(TaintEffect::NoExecute) if !self.allow_no_execute && key != "startup_taint" => {
+                p.push(format!(
+                    "{key}.effect: NoExecute evicts running pods; set allow_no_execute = true to opt in"
+                ));
+            }
+            Some(effect) => {
+                return valid.then(|| Taint {
+                    key: t.key.clone(),
+                    effect,
+                });
             }
         }
-        keys
-    }
-
-    /// Every taint key gpuwatch may change (fault taints and the startup taint).
-    pub fn owned_taint_keys(&self) -> Vec<String> {
-        let mut keys = self.fault_taint_keys();
-        keys.push(self.startup_taint.key.clone());
-        keys
-    }
-
-    /// The condition types gpuwatch writes.
-    pub fn owned_condition_types(&self) -> Vec<String> {
-        let mut v = Vec::new();
-        if self.ready_condition {
-            v.push(self.ready_condition_type.clone());
-        }
-        v.push(self.problem_condition_type.clone());
-        v
-    }
-
-    /// Whether an active fault with `action` makes the readiness condition False.
-    pub fn is_hardware_not_ready(&self, action: Action) -> bool {
-        self.hardware_not_ready_actions
-            .iter()
-            .any(|a| Action::from_short_name(a) == Some(action))
-    }
-
-    pub(crate) fn min_write_interval(&self) -> Duration {
-        Duration::from_millis(self.min_write_interval_ms)
+        None
     }
 }
 
@@ -545,6 +559,7 @@ fn is_condition_type(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn default_is_valid() {
@@ -609,7 +624,7 @@ mod tests {
             assert!(c.validate().is_empty(), "{ok}");
         }
         assert_eq!(
-            KubeConfig::default().quarantine_budget(),
+            KubeSettings::default().quarantine.budget,
             Budget::Share { basis_points: 1000 }
         );
     }
@@ -667,15 +682,52 @@ mod tests {
             "inspect_hardware".into(),
             TaintConfig::new("gpuwatch.io/hardware", "NoSchedule"),
         );
+        let t = c.resolve().unwrap().taints;
         assert_eq!(
-            c.fault_taint_for(Action::InspectHardware).key,
+            t.fault_for(Action::InspectHardware).key,
             "gpuwatch.io/hardware"
         );
+        assert_eq!(t.fault_for(Action::ResetGpu).key, "gpuwatch.io/unhealthy");
+        assert_eq!(t.fault_keys().len(), 2);
+        assert_eq!(t.owned_keys().len(), 3);
+    }
+
+    #[test]
+    fn resolved_settings_are_typed() {
+        let mut c = KubeConfig {
+            hardware_not_ready_actions: vec!["REBOOT_NODE".into(), "inspect_hardware".into()],
+            quarantine_budget: "3".into(),
+            min_write_interval_ms: 250,
+            ..KubeConfig::default()
+        };
+        c.startup_taint.effect = "NoExecute".into();
+        let s = c.resolve().unwrap();
         assert_eq!(
-            c.fault_taint_for(Action::ResetGpu).key,
-            "gpuwatch.io/unhealthy"
+            s.conditions.hardware_not_ready,
+            [Action::RebootNode, Action::InspectHardware]
         );
-        assert_eq!(c.fault_taint_keys().len(), 2);
-        assert_eq!(c.owned_taint_keys().len(), 3);
+        assert!(s.conditions.is_hardware_not_ready(Action::RebootNode));
+        assert!(!s.conditions.is_hardware_not_ready(Action::ResetGpu));
+        assert_eq!(s.taints.startup.effect, TaintEffect::NoExecute);
+        assert_eq!(s.taints.fault.effect, TaintEffect::NoSchedule);
+        assert_eq!(s.quarantine.budget, Budget::Count(3));
+        assert_eq!(s.api.min_write_interval, Duration::from_millis(250));
+        assert_eq!(s.quarantine.lease_duration, Duration::from_secs(60));
+        assert_eq!(
+            s.conditions.owned_types(),
+            ["AcceleratedHardwareReady", "GPUProblem"]
+        );
+    }
+
+    #[test]
+    fn resolve_and_validate_report_the_same_problems() {
+        let c = KubeConfig {
+            quarantine_budget: "lots".into(),
+            backoff_initial_ms: 0,
+            ..KubeConfig::default()
+        };
+        let problems = c.resolve().unwrap_err();
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert_eq!(c.validate(), problems);
     }
 }

@@ -12,7 +12,7 @@
 //!   gate has not validated the GPUs; True otherwise (reset/reboot faults keep it True
 //!   with reason `GPURecoveryPending` — the hardware is not judged broken).
 
-use super::config::KubeConfig;
+use super::settings::KubeSettings;
 use gpuwatch_proto::{
     Action, ActiveFault, GpuHealth, NodeHealth, ShortName, ValidationReport, Verdict,
 };
@@ -217,20 +217,20 @@ fn monitor_message(health: &NodeHealth) -> String {
 }
 
 /// Computes the desired state.
-pub(crate) fn desired(health: &NodeHealth, cfg: &KubeConfig, gate: &Gate) -> Desired {
+pub(crate) fn desired(health: &NodeHealth, cfg: &KubeSettings, gate: &Gate) -> Desired {
     let faults = isolating_faults(health);
     let mut conditions = Vec::new();
-    if cfg.ready_condition {
+    if cfg.conditions.ready {
         conditions.push(ready_condition(health, cfg, gate, &faults));
     }
     conditions.push(problem_condition(health, cfg, &faults));
     let fault_taint = faults.first().map(|l| {
         let action: Action = l.fault.action();
-        let t = cfg.fault_taint_for(action);
+        let t = cfg.taints.fault_for(action);
         DesiredTaint {
             key: t.key.clone(),
             value: action.short_name().to_owned(),
-            effect: t.effect.clone(),
+            effect: t.effect.as_str().to_owned(),
         }
     });
     Desired {
@@ -243,13 +243,13 @@ pub(crate) fn desired(health: &NodeHealth, cfg: &KubeConfig, gate: &Gate) -> Des
 /// monitor cannot tell or the startup gate holds, else True.
 fn ready_condition(
     health: &NodeHealth,
-    cfg: &KubeConfig,
+    cfg: &KubeSettings,
     gate: &Gate,
     faults: &[Located<'_>],
 ) -> DesiredCondition {
     let hw: Vec<Located<'_>> = faults
         .iter()
-        .filter(|l| cfg.is_hardware_not_ready(l.fault.action()))
+        .filter(|l| cfg.conditions.is_hardware_not_ready(l.fault.action()))
         .map(|l| Located {
             gpu: l.gpu,
             fault: l.fault,
@@ -277,7 +277,7 @@ fn ready_condition(
             format!(
                 "GPU hardware not judged faulty; {} needed (see condition {})",
                 first.fault.action().short_name(),
-                cfg.problem_condition_type
+                cfg.conditions.problem_type
             ),
         )
     } else {
@@ -289,7 +289,7 @@ fn ready_condition(
         )
     };
     DesiredCondition {
-        type_: cfg.ready_condition_type.clone(),
+        type_: cfg.conditions.ready_type.clone(),
         status,
         reason,
         message,
@@ -324,7 +324,7 @@ fn gate_reason(report: Option<&ValidationReport>) -> (&'static str, String) {
 /// when the monitor cannot tell, else False.
 fn problem_condition(
     health: &NodeHealth,
-    cfg: &KubeConfig,
+    cfg: &KubeSettings,
     faults: &[Located<'_>],
 ) -> DesiredCondition {
     let (status, reason, message) = if let Some(first) = faults.first() {
@@ -347,7 +347,7 @@ fn problem_condition(
         )
     };
     DesiredCondition {
-        type_: cfg.problem_condition_type.clone(),
+        type_: cfg.conditions.problem_type.clone(),
         status,
         reason,
         message,
@@ -399,7 +399,7 @@ mod tests {
 
     #[test]
     fn healthy_node() {
-        let d = desired(&healthy(), &KubeConfig::default(), &Gate::Open);
+        let d = desired(&healthy(), &KubeSettings::default(), &Gate::Open);
         assert_eq!(cond(&d, "AcceleratedHardwareReady").status, TRUE);
         let p = cond(&d, "GPUProblem");
         assert_eq!((p.status, p.reason.as_str()), (FALSE, "NoGPUProblem"));
@@ -413,7 +413,7 @@ mod tests {
         h.gpus[0]
             .active_faults
             .push(fault(Action::RebootNode, "XID79", 79));
-        let d = desired(&h, &KubeConfig::default(), &Gate::Open);
+        let d = desired(&h, &KubeSettings::default(), &Gate::Open);
         let r = cond(&d, "AcceleratedHardwareReady");
         assert_eq!((r.status, r.reason.as_str()), (TRUE, "GPURecoveryPending"));
         let p = cond(&d, "GPUProblem");
@@ -438,7 +438,7 @@ mod tests {
             .push(fault(Action::ResetGpu, "XID48", 48));
         h.node_faults
             .push(fault(Action::InspectHardware, "RowRemapFailure", 0));
-        let d = desired(&h, &KubeConfig::default(), &Gate::Open);
+        let d = desired(&h, &KubeSettings::default(), &Gate::Open);
         let r = cond(&d, "AcceleratedHardwareReady");
         assert_eq!(
             (r.status, r.reason.as_str()),
@@ -460,20 +460,24 @@ mod tests {
         h.set_verdict(Verdict::Unknown);
         h.monitor.as_mut().unwrap().nvml_ok = false;
         h.monitor.as_mut().unwrap().message = "libnvidia-ml.so not found".into();
-        let d = desired(&h, &KubeConfig::default(), &Gate::Open);
+        let d = desired(&h, &KubeSettings::default(), &Gate::Open);
         for c in &d.conditions {
             assert_eq!(c.status, UNKNOWN, "{c:?}");
             assert_eq!(c.reason, "MonitorUnavailable");
         }
         assert!(cond(&d, "GPUProblem").message.contains("libnvidia-ml.so"));
         // Agent starting: no verdict yet.
-        let d = desired(&NodeHealth::default(), &KubeConfig::default(), &Gate::Open);
+        let d = desired(
+            &NodeHealth::default(),
+            &KubeSettings::default(),
+            &Gate::Open,
+        );
         assert!(d.conditions.iter().all(|c| c.status == UNKNOWN));
     }
 
     #[test]
     fn closed_gate_is_unknown_with_validation_reason() {
-        let d = desired(&healthy(), &KubeConfig::default(), &Gate::Closed(None));
+        let d = desired(&healthy(), &KubeSettings::default(), &Gate::Closed(None));
         let r = cond(&d, "AcceleratedHardwareReady");
         assert_eq!(
             (r.status, r.reason.as_str()),
@@ -487,7 +491,11 @@ mod tests {
             }],
             ..Default::default()
         };
-        let d = desired(&healthy(), &KubeConfig::default(), &Gate::Closed(Some(rep)));
+        let d = desired(
+            &healthy(),
+            &KubeSettings::default(),
+            &Gate::Closed(Some(rep)),
+        );
         let r = cond(&d, "AcceleratedHardwareReady");
         assert_eq!(r.reason, "ValidationFailed");
         assert!(r.message.contains("gpu_count"));
@@ -496,14 +504,12 @@ mod tests {
 
     #[test]
     fn ready_condition_can_be_off_and_actions_configurable() {
-        let mut cfg = KubeConfig {
-            ready_condition: false,
-            ..KubeConfig::default()
-        };
+        let mut cfg = KubeSettings::default();
+        cfg.conditions.ready = false;
         let d = desired(&healthy(), &cfg, &Gate::Open);
         assert_eq!(d.conditions.len(), 1);
-        cfg.ready_condition = true;
-        cfg.hardware_not_ready_actions.push("reboot_node".into());
+        cfg.conditions.ready = true;
+        cfg.conditions.hardware_not_ready.push(Action::RebootNode);
         let mut h = healthy();
         h.gpus[0]
             .active_faults
@@ -529,14 +535,12 @@ mod tests {
             let mut h = healthy();
             h.set_verdict(Verdict::Unhealthy);
             h.gpus[0].active_faults.push(fault(action, short, code));
-            let cfg = KubeConfig {
-                hardware_not_ready_actions: vec![
-                    "reset_gpu".into(),
-                    "reboot_node".into(),
-                    "inspect_hardware".into(),
-                ],
-                ..KubeConfig::default()
-            };
+            let mut cfg = KubeSettings::default();
+            cfg.conditions.hardware_not_ready = vec![
+                Action::ResetGpu,
+                Action::RebootNode,
+                Action::InspectHardware,
+            ];
             let d = desired(&h, &cfg, &Gate::Open);
             for t in ["GPUProblem", "AcceleratedHardwareReady"] {
                 let c = cond(&d, t);
@@ -553,7 +557,7 @@ mod tests {
         h.gpus[0]
             .active_faults
             .push(fault(Action::RestartApp, "XID13", 13));
-        let d = desired(&h, &KubeConfig::default(), &Gate::Open);
+        let d = desired(&h, &KubeSettings::default(), &Gate::Open);
         assert!(d.fault_taint.is_none());
         assert_eq!(cond(&d, "GPUProblem").status, FALSE);
     }
@@ -593,7 +597,7 @@ mod tests {
         let mut f = fault(Action::ResetGpu, "", 0);
         f.set_kind(FaultKind::Thermal);
         h.gpus[0].active_faults.push(f);
-        let d = desired(&h, &KubeConfig::default(), &Gate::Open);
+        let d = desired(&h, &KubeSettings::default(), &Gate::Open);
         let p = cond(&d, "GPUProblem");
         assert_eq!(p.reason, "GPUResetRequired");
         assert!(
@@ -612,7 +616,7 @@ mod tests {
                 .active_faults
                 .push(fault(Action::ResetGpu, "XID48", 48 + i));
         }
-        let d = desired(&h, &KubeConfig::default(), &Gate::Open);
+        let d = desired(&h, &KubeSettings::default(), &Gate::Open);
         let m = &cond(&d, "GPUProblem").message;
         assert!(m.len() <= MAX_MESSAGE, "{}", m.len());
         assert!(m.ends_with("more"), "{m}");

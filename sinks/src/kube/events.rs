@@ -14,10 +14,10 @@
 //! and it is what kubelet and node-problem-detector write for Nodes.
 
 use super::backend::{ApiError, Backend};
-use super::config::KubeConfig;
 use super::desired::sanitize_reason;
 use super::metrics::{KubeMetrics, KubeObject, WriteResult};
 use super::retry::Backoff;
+use super::settings::KubeSettings;
 use gpuwatch_core::{EventSink, Outcome};
 use gpuwatch_proto::{Action, FaultEvent, ShortName};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
@@ -544,10 +544,8 @@ impl PodCaps {
 
 /// How long after an Event's last write its next repeat is patched: the
 /// interval after the create, doubling with each patch, at most `window`.
-fn patch_wait(interval_secs: u64, patches: u32, window: Duration) -> Duration {
-    Duration::from_secs(interval_secs)
-        .saturating_mul(1u32 << patches.min(16))
-        .min(window)
+fn patch_wait(interval: Duration, patches: u32, window: Duration) -> Duration {
+    interval.saturating_mul(1u32 << patches.min(16)).min(window)
 }
 
 /// Most Events the dedup map remembers; beyond it the least recently written go.
@@ -592,7 +590,7 @@ fn secs(t: SystemTime) -> u64 {
 pub(crate) struct EventWriter {
     pub(crate) queue: Arc<EventQueue>,
     pub(crate) backend: Arc<Backend>,
-    pub(crate) cfg: KubeConfig,
+    pub(crate) cfg: KubeSettings,
     pub(crate) node_name: String,
     pub(crate) node_uid: Arc<Mutex<Option<String>>>,
     pub(crate) metrics: Arc<KubeMetrics>,
@@ -627,7 +625,7 @@ impl EventWriter {
                     .unwrap_or_else(|| self.node_name.clone());
                 (
                     format!("{}.{:x}.{seq}", self.node_name, nanos),
-                    self.cfg.event_namespace.clone(),
+                    self.cfg.events.namespace.clone(),
                     ObjectReference {
                         api_version: Some("v1".into()),
                         kind: Some("Node".into()),
@@ -690,7 +688,7 @@ impl EventWriter {
                 known.insert(
                     key,
                     Known {
-                        namespace: self.cfg.event_namespace.clone(),
+                        namespace: self.cfg.events.namespace.clone(),
                         name,
                         count: e.count.unwrap_or(1),
                         last,
@@ -713,7 +711,7 @@ impl EventWriter {
         pod_caps: &mut PodCaps,
         seq: u64,
     ) -> Result<Option<Instant>, ApiError> {
-        let window = Duration::from_secs(self.cfg.event_dedup_window_secs);
+        let window = self.cfg.events.dedup_window;
         if let Some(k) = known.get(&p.key).cloned()
             && p.time.duration_since(k.last).unwrap_or(Duration::ZERO) < window
         {
@@ -723,7 +721,7 @@ impl EventWriter {
                 self.metrics.count_events(Outcome::Coalesced, 1);
                 return Ok(None);
             }
-            let wait = patch_wait(self.cfg.event_patch_interval_secs, k.patches, window);
+            let wait = patch_wait(self.cfg.events.patch_interval, k.patches, window);
             let since = p.time.duration_since(k.last).unwrap_or(Duration::ZERO);
             if !p.due && since < wait {
                 self.metrics.count_events(Outcome::Coalesced, 1);
@@ -777,8 +775,8 @@ impl EventWriter {
                 pod,
                 p.time,
                 window,
-                self.cfg.pod_event_limit,
-                self.cfg.pod_event_node_limit,
+                self.cfg.events.pod_limit,
+                self.cfg.events.pod_node_limit,
             )
         {
             tracing::debug!(reason = %p.reason, pod = %pod.name, namespace = %pod.namespace, "Pod Event limit reached; dropped.");
@@ -829,14 +827,11 @@ impl EventWriter {
         let mut pod_caps = PodCaps::default();
         let mut listed = false;
         let mut bucket = TokenBucket::new(
-            self.cfg.event_burst,
-            self.cfg.events_per_minute,
+            self.cfg.events.burst,
+            self.cfg.events.per_minute,
             Instant::now(),
         );
-        let mut backoff = Backoff::new(
-            Duration::from_millis(self.cfg.backoff_initial_ms),
-            Duration::from_millis(self.cfg.backoff_max_ms),
-        );
+        let mut backoff = Backoff::new(self.cfg.api.backoff_initial, self.cfg.api.backoff_max);
         let mut seq: u64 = 0;
         // The next Normal Event is the first after a quiet period.
         let mut spread_next_normal = true;
@@ -857,7 +852,7 @@ impl EventWriter {
                 }
                 continue;
             };
-            let spread = Duration::from_secs(self.cfg.normal_event_spread_secs);
+            let spread = self.cfg.events.normal_spread;
             if spread_next_normal
                 && p.type_ == "Normal"
                 && !spread.is_zero()
@@ -901,7 +896,7 @@ impl EventWriter {
             prune_known(
                 &mut known,
                 Instant::now(),
-                Duration::from_secs(self.cfg.event_dedup_window_secs),
+                self.cfg.events.dedup_window,
                 KNOWN_CAPACITY,
             );
             match self.write(&p, &mut known, &mut pod_caps, seq).await {
@@ -1167,9 +1162,11 @@ mod tests {
     #[test]
     fn repeats_are_patched_at_doubling_intervals_up_to_the_window() {
         let w = Duration::from_secs(600);
-        let waits: Vec<u64> = (0..6).map(|n| patch_wait(60, n, w).as_secs()).collect();
+        let waits: Vec<u64> = (0..6)
+            .map(|n| patch_wait(Duration::from_secs(60), n, w).as_secs())
+            .collect();
         assert_eq!(waits, [60, 120, 240, 480, 600, 600]);
-        assert_eq!(patch_wait(60, u32::MAX, w), w);
+        assert_eq!(patch_wait(Duration::from_secs(60), u32::MAX, w), w);
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Builders for the two Node writes: the server-side-apply body for our status
 //! conditions and the resourceVersion-guarded merge patch for taints. Pure.
 
-use super::config::KubeConfig;
 use super::desired::{DesiredCondition, DesiredTaint};
+use super::settings::KubeSettings;
 use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
@@ -82,15 +82,15 @@ fn same_taint(t: &Taint, key: &str, value: Option<&str>, effect: &str) -> bool {
 }
 
 /// Whether `node` carries the startup taint (key and effect).
-pub(crate) fn has_startup_taint(node: &Node, cfg: &KubeConfig) -> bool {
+pub(crate) fn has_startup_taint(node: &Node, cfg: &KubeSettings) -> bool {
     live_taints(node)
         .iter()
-        .any(|t| t.key == cfg.startup_taint.key && t.effect == cfg.startup_taint.effect)
+        .any(|t| cfg.taints.startup.is(&t.key, &t.effect))
 }
 
 /// Whether `node` carries any of our fault taints.
-pub(crate) fn has_fault_taint(node: &Node, cfg: &KubeConfig) -> bool {
-    let keys = cfg.fault_taint_keys();
+pub(crate) fn has_fault_taint(node: &Node, cfg: &KubeSettings) -> bool {
+    let keys = cfg.taints.fault_keys();
     live_taints(node).iter().any(|t| keys.contains(&t.key))
 }
 
@@ -98,13 +98,13 @@ pub(crate) fn has_fault_taint(node: &Node, cfg: &KubeConfig) -> bool {
 /// kept verbatim and in order). `None` when nothing changes.
 pub(crate) fn desired_taints(
     node: &Node,
-    cfg: &KubeConfig,
+    cfg: &KubeSettings,
     fault: Option<&DesiredTaint>,
     remove_startup: bool,
     now: &Time,
 ) -> Option<Vec<Taint>> {
     let live = live_taints(node);
-    let fault_keys = cfg.fault_taint_keys();
+    let fault_keys = cfg.taints.fault_keys();
     let mut out = Vec::with_capacity(live.len() + 1);
     let mut have_fault = false;
     for t in live {
@@ -118,8 +118,7 @@ pub(crate) fn desired_taints(
             }
             continue;
         }
-        if remove_startup && t.key == cfg.startup_taint.key && t.effect == cfg.startup_taint.effect
-        {
+        if remove_startup && cfg.taints.startup.is(&t.key, &t.effect) {
             continue;
         }
         out.push(t.clone());
@@ -231,7 +230,7 @@ mod tests {
 
     #[test]
     fn taints_change_only_our_key() {
-        let cfg = KubeConfig::default();
+        let cfg = KubeSettings::default();
         let others = vec![
             taint("dedicated", Some("gpu"), "NoSchedule"),
             taint("gpuwatch.io/unhealthy", Some("reset_gpu"), "NoSchedule"),
@@ -267,9 +266,9 @@ mod tests {
 
     #[test]
     fn startup_taint_removed_only_when_asked() {
-        let cfg = KubeConfig::default();
+        let cfg = KubeSettings::default();
         let live = node(
-            vec![taint(&cfg.startup_taint.key, None, "NoSchedule")],
+            vec![taint(&cfg.taints.startup.key, None, "NoSchedule")],
             vec![],
         );
         assert!(has_startup_taint(&live, &cfg));
@@ -297,8 +296,8 @@ mod tests {
 
     #[test]
     fn no_execute_gets_time_added() {
-        let mut cfg = KubeConfig::default();
-        cfg.fault_taint.effect = "NoExecute".into();
+        let mut cfg = KubeSettings::default();
+        cfg.taints.fault.effect = crate::kube::TaintEffect::NoExecute;
         let want = DesiredTaint {
             key: "gpuwatch.io/unhealthy".into(),
             value: "reset_gpu".into(),

@@ -17,8 +17,8 @@
 //! ends at its timeout resumes from the last version seen; an expired version
 //! (410) lists again.
 
-use super::config::KubeConfig;
 use super::retry::Backoff;
+use super::settings::ApiSettings;
 use futures::StreamExt;
 use gpuwatch_core::placement::{PlacementUpdate, PodDirectory, PodInfo};
 use k8s_openapi::api::core::v1::Pod;
@@ -80,17 +80,14 @@ const GONE_CAPACITY: usize = 256;
 pub(crate) async fn watch_pods(
     client: kube::Client,
     node_name: String,
-    cfg: KubeConfig,
+    api: ApiSettings,
     on_change: PlacementCallback,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let config = watcher::Config::default()
         .fields(&format!("spec.nodeName={node_name}"))
-        .timeout(cfg.watch_timeout_secs);
-    let backoff = WatchBackoff(Backoff::new(
-        Duration::from_millis(cfg.backoff_initial_ms),
-        Duration::from_millis(cfg.backoff_max_ms),
-    ));
+        .timeout(api.watch_timeout_secs);
+    let backoff = WatchBackoff(Backoff::new(api.backoff_initial, api.backoff_max));
     let events = watcher(Api::<Pod>::all(client), config).backoff(backoff);
     let mut events = std::pin::pin!(events);
     let mut store = PodStore::new(on_change);

@@ -2,7 +2,7 @@
 
 use super::advertised::{self, Change, NotAdvertised};
 use super::backend::{ApiError, Backend};
-use super::config::{KubeConfig, MigStrategy, StartupGateMode};
+use super::config::{MigStrategy, StartupGateMode};
 use super::desired::{DesiredCondition, FALSE, Gate, TRUE, UNKNOWN, desired};
 use super::events::{EventQueue, PendingEvent};
 use super::metrics::{KubeMetrics, KubeObject, ValidationResult, WriteResult};
@@ -13,6 +13,7 @@ use super::node::{
 use super::quarantine;
 use super::retry::{self, Backoff};
 use super::schedule::{Schedule, Wake, error_policy};
+use super::settings::{ApiSettings, KubeSettings};
 use futures::StreamExt;
 use gpuwatch_core::validation::{self, Expected, ValidationConfig};
 use gpuwatch_proto::{NodeHealth, ValidationReport};
@@ -87,22 +88,26 @@ fn rv_of(n: &Node) -> Option<&str> {
 pub(crate) fn expected(
     node: Option<&Node>,
     vcfg: &ValidationConfig,
-    cfg: &KubeConfig,
+    mig_strategy: MigStrategy,
     health: &NodeHealth,
 ) -> Option<Expected> {
     if let Some(n) = vcfg.expected_gpus {
         return Some(Expected::Gpus(n));
     }
-    Some(node_count(expected_gpus(node?, vcfg)?, cfg, health))
+    Some(node_count(
+        expected_gpus(node?, vcfg)?,
+        mig_strategy,
+        health,
+    ))
 }
 
 /// A count read from the Node, in the units it counts (see [`expected`]).
-pub(crate) fn node_count(n: u32, cfg: &KubeConfig, health: &NodeHealth) -> Expected {
+pub(crate) fn node_count(n: u32, mig_strategy: MigStrategy, health: &NodeHealth) -> Expected {
     let mig = health
         .gpus
         .iter()
         .any(|g| validation::mig_devices(g).is_some());
-    if mig && cfg.mig_strategy == MigStrategy::Single {
+    if mig && mig_strategy == MigStrategy::Single {
         Expected::SingleStrategyDevices(n)
     } else {
         Expected::Gpus(n)
@@ -163,7 +168,7 @@ const UNSEEN_WRITE_LIMIT: Duration = Duration::from_secs(10);
 const UNSEEN_REREAD_AFTER: Duration = Duration::from_secs(1);
 
 pub(crate) struct Reconciler {
-    pub cfg: KubeConfig,
+    pub cfg: KubeSettings,
     pub vcfg: ValidationConfig,
     pub node_name: String,
     pub metrics: Arc<KubeMetrics>,
@@ -204,7 +209,7 @@ impl Reconciler {
         if !had_startup && has_startup && self.gate_report.is_some() {
             // The startup taint came back (node template re-applied, an operator
             // re-gating the node): an earlier result does not count any more.
-            tracing::info!(node = %self.node_name, taint = %self.cfg.startup_taint.key, "Startup taint reappeared; validating again.");
+            tracing::info!(node = %self.node_name, taint = %self.cfg.taints.startup.key, "Startup taint reappeared; validating again.");
             self.gate_report = None;
         }
         if let Some(uid) = &n.metadata.uid {
@@ -256,7 +261,7 @@ impl Reconciler {
     }
 
     fn gate_active(&self) -> bool {
-        self.cfg.startup_gate
+        self.cfg.gate.enabled
             && self
                 .live
                 .as_ref()
@@ -281,7 +286,12 @@ impl Reconciler {
     /// The pure checks on `health` (no extra command), with the expected GPU
     /// count of the live Node.
     fn recheck(&self, health: &NodeHealth) -> ValidationReport {
-        let expected = expected(self.live.as_ref(), &self.vcfg, &self.cfg, health);
+        let expected = expected(
+            self.live.as_ref(),
+            &self.vcfg,
+            self.cfg.advertised.mig_strategy,
+            health,
+        );
         let mut r = validation::validate_expecting(health, expected, &self.vcfg);
         self.add_device_plugin_check(&mut r, health);
         r.time_unix_nano = Some(unix_nanos(SystemTime::now()));
@@ -297,7 +307,7 @@ impl Reconciler {
             return;
         }
         let node = self.live.clone().unwrap_or_default();
-        if let Some(check) = advertised::gate_check(&node, health, &self.cfg) {
+        if let Some(check) = advertised::gate_check(&node, health, &self.cfg.advertised) {
             validation::add_check(report, check);
         }
     }
@@ -414,7 +424,7 @@ impl Reconciler {
                 format!(
                     "GPU validation failed ({}); the startup taint {} stays: {}",
                     failed.join(", "),
-                    self.cfg.startup_taint.key,
+                    self.cfg.taints.startup.key,
                     details.join("; ")
                 ),
             );
@@ -433,22 +443,22 @@ impl Reconciler {
         gate_closed: bool,
         want: &mut [DesiredCondition],
     ) {
-        if !self.cfg.allocatable_resources.is_empty() {
+        if !self.cfg.advertised.resources.is_empty() {
             // Shown beside the GPUs NVML sees (`gpuwatch_gpus{state}`): the
             // "GPU node present but pods not scheduled" case at a glance.
             self.metrics.gpus_advertised.store(
-                advertised::allocatable(node, &self.cfg),
+                advertised::allocatable(node, &self.cfg.advertised),
                 std::sync::atomic::Ordering::Relaxed,
             );
         }
-        let change = if gate_closed || self.cfg.allocatable_resources.is_empty() {
+        let change = if gate_closed || self.cfg.advertised.resources.is_empty() {
             self.not_advertised.reset()
         } else {
-            let have = advertised::allocatable(node, &self.cfg);
-            let wanted = advertised::wanted(health, &self.cfg);
+            let have = advertised::allocatable(node, &self.cfg.advertised);
+            let wanted = advertised::wanted(health, &self.cfg.advertised);
             self.not_advertised.observe(have, wanted, Instant::now())
         };
-        let message = self.not_advertised.message(&self.cfg, health);
+        let message = self.not_advertised.message(&self.cfg.advertised, health);
         match change {
             Change::Raised => {
                 tracing::warn!(node = %self.node_name, message = %message, "GPUs are not advertised by the device plugin.");
@@ -467,7 +477,7 @@ impl Reconciler {
         if self.not_advertised.active()
             && let Some(c) = want
                 .iter_mut()
-                .find(|c| c.type_ == self.cfg.problem_condition_type && c.status == FALSE)
+                .find(|c| c.type_ == self.cfg.conditions.problem_type && c.status == FALSE)
         {
             c.status = TRUE;
             c.reason = advertised::REASON.to_owned();
@@ -510,7 +520,7 @@ impl Reconciler {
         let health = self.health_rx.borrow().clone();
         let now = now_time();
         let node = self.live.clone().unwrap_or_default();
-        let startup = self.cfg.startup_gate && has_startup_taint(&node, &self.cfg);
+        let startup = self.cfg.gate.enabled && has_startup_taint(&node, &self.cfg);
         let passed = startup && self.gate_still_passes(&health);
         let gate = if startup && !passed {
             Gate::Closed(self.gate_report.clone())
@@ -537,7 +547,7 @@ impl Reconciler {
         let held = !as_live.is_empty();
         let conditions = self.write_conditions(&node, &want.conditions, &now).await;
         let remove_startup =
-            startup && passed && self.cfg.startup_gate_mode == StartupGateMode::RemoveTaint;
+            startup && passed && self.cfg.gate.mode == StartupGateMode::RemoveTaint;
         let taints = self
             .write_taints(want.fault_taint.as_ref(), remove_startup, &now)
             .await;
@@ -584,7 +594,11 @@ impl Reconciler {
         let body = condition_apply_body(&self.node_name, Some(node), want, now);
         match self
             .backend
-            .apply_status(&self.cfg.field_manager, self.cfg.force_conflicts, &body)
+            .apply_status(
+                &self.cfg.conditions.field_manager,
+                self.cfg.conditions.force_conflicts,
+                &body,
+            )
             .await
         {
             Ok(n) => {
@@ -664,13 +678,13 @@ impl Reconciler {
     }
 
     fn startup_taint_removed(&self) {
-        tracing::info!(node = %self.node_name, taint = %self.cfg.startup_taint.key, "Startup taint removed.");
+        tracing::info!(node = %self.node_name, taint = %self.cfg.taints.startup.key, "Startup taint removed.");
         self.event(
             "StartupTaintRemoved",
             "Normal",
             format!(
                 "GPU validation passed; removed the startup taint {}",
-                self.cfg.startup_taint.key
+                self.cfg.taints.startup.key
             ),
         );
     }
@@ -751,7 +765,12 @@ impl Reconciler {
             return;
         }
         let health = self.health_rx.borrow().clone();
-        let expected = expected(self.live.as_ref(), &self.vcfg, &self.cfg, &health);
+        let expected = expected(
+            self.live.as_ref(),
+            &self.vcfg,
+            self.cfg.advertised.mig_strategy,
+            &health,
+        );
         if let Some(Expected::Gpus(e)) = expected {
             self.metrics.gpus_expected.store(u64::from(e), Relaxed);
         }
@@ -901,26 +920,23 @@ struct RunState {
 }
 
 impl RunState {
-    fn new(cfg: &KubeConfig, quarantine: bool) -> RunState {
+    fn new(cfg: &KubeSettings, quarantine: bool) -> RunState {
         let now = Instant::now();
-        let resync = Duration::from_secs(cfg.resync_secs);
+        let resync = cfg.api.resync;
         let mut schedule = Schedule::default();
         schedule.set(Wake::Pass, now);
         schedule.set(Wake::Validate, now);
         schedule.set(Wake::Resync, now + resync);
         RunState {
             schedule,
-            backoff: Backoff::new(
-                Duration::from_millis(cfg.backoff_initial_ms),
-                Duration::from_millis(cfg.backoff_max_ms),
-            ),
+            backoff: Backoff::new(cfg.api.backoff_initial, cfg.api.backoff_max),
             dirty: true,
             set_aside: false,
             validation: None,
             hold_until: now + STARTUP_UNKNOWN_HOLD,
-            min_interval: cfg.min_write_interval(),
+            min_interval: cfg.api.min_write_interval,
             resync,
-            validation_interval: Duration::from_secs(cfg.validation_interval_secs),
+            validation_interval: cfg.gate.validation_interval,
             health_open: true,
             nodes_open: true,
             quarantine_open: quarantine,
@@ -963,16 +979,13 @@ async fn relist(backend: &Backend, tx: &mpsc::Sender<Seen>) -> Result<String, Ap
 pub(crate) async fn watch_node(
     backend: Arc<Backend>,
     tx: mpsc::Sender<Seen>,
-    cfg: KubeConfig,
+    api: ApiSettings,
     mut shutdown: watch::Receiver<bool>,
 ) {
     if backend.is_dry_run() {
         return;
     }
-    let mut backoff = Backoff::new(
-        Duration::from_millis(cfg.backoff_initial_ms),
-        Duration::from_millis(cfg.backoff_max_ms),
-    );
+    let mut backoff = Backoff::new(api.backoff_initial, api.backoff_max);
     let mut rv: Option<String> = None;
     // The version in `rv` came from a read, and no watch event moved it since.
     let mut just_read = false;
@@ -1004,7 +1017,7 @@ pub(crate) async fn watch_node(
                     tracing::warn!(error = %e, "Cannot read the node to start its watch; retrying.");
                 }
             },
-            Some(from) => match backend.watch_node(from, cfg.watch_timeout_secs).await {
+            Some(from) => match backend.watch_node(from, api.watch_timeout_secs).await {
                 Ok(None) => return,
                 Ok(Some(stream)) => {
                     let (end, moved) = follow(stream, &tx, &mut rv, &mut shutdown).await;

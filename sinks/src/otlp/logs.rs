@@ -17,9 +17,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-/// Batching and retry settings of the export worker.
+/// The log queue's bound and the export worker's batching and retries.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct QueueSettings {
+    /// Records queued at most (the oldest go first).
+    pub(crate) capacity: usize,
     pub(crate) batch_size: usize,
     pub(crate) linger: Duration,
     pub(crate) retry_initial: Duration,
@@ -321,6 +323,7 @@ mod tests {
 
     fn settings() -> QueueSettings {
         QueueSettings {
+            capacity: 1,
             batch_size: 3,
             linger: Duration::from_millis(1),
             retry_initial: Duration::from_millis(1),

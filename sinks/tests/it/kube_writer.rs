@@ -199,7 +199,7 @@ impl Harness {
             seen.lock().unwrap().push(u);
         });
         let writer = NodeWriter::start(
-            cfg,
+            cfg.resolve().expect("valid settings"),
             vcfg,
             NODE.into(),
             metrics.clone(),
@@ -1101,7 +1101,7 @@ async fn dry_run_needs_no_api_server() {
         ..KubeConfig::default()
     };
     let w = NodeWriter::start(
-        cfg,
+        cfg.resolve().unwrap(),
         ValidationConfig::default(),
         NODE.into(),
         metrics.clone(),
@@ -1143,9 +1143,8 @@ async fn dry_run_needs_no_api_server() {
     w.shutdown().await;
 }
 
-#[tokio::test]
-async fn invalid_settings_are_rejected_with_every_problem() {
-    let (_tx, rx) = watch::channel(Arc::new(NodeHealth::default()));
+#[test]
+fn invalid_settings_never_resolve_and_every_problem_is_named() {
     let cfg = KubeConfig {
         min_write_interval_ms: 0,
         fault_taint: gpuwatch_sinks::kube::TaintConfig {
@@ -1154,27 +1153,8 @@ async fn invalid_settings_are_rejected_with_every_problem() {
         },
         ..KubeConfig::default()
     };
-    let vcfg = ValidationConfig {
-        timeout_secs: 0,
-        ..ValidationConfig::default()
-    };
-    let err = NodeWriter::start(
-        cfg,
-        vcfg,
-        NODE.into(),
-        KubeMetrics::new(),
-        rx,
-        true,
-        WriterHooks::default(),
-    )
-    .await
-    .unwrap_err()
-    .to_string();
-    for part in [
-        "fault_taint.key",
-        "min_write_interval_ms",
-        "validation.timeout_secs",
-    ] {
+    let err = cfg.resolve().unwrap_err().join("; ");
+    for part in ["fault_taint.key", "min_write_interval_ms"] {
         assert!(err.contains(part), "{part} missing: {err}");
     }
 }
@@ -1835,7 +1815,7 @@ async fn node_cleanup_removes_only_gpuwatchs_conditions_and_taints() {
     api.own_condition(READY, "gpuwatch", "True");
     api.own_condition(PROBLEM, "gpuwatch", "True");
     api.own_condition("Ready", "kubelet", "True");
-    let cfg = api.kube_config();
+    let cfg = api.kube_config().resolve().unwrap();
     let want = gpuwatch_sinks::kube::CleanupReport {
         conditions: vec![READY.to_owned(), PROBLEM.to_owned()],
         taints: vec![
@@ -2228,7 +2208,7 @@ async fn a_writer_killed_while_holding_keeps_holding_after_a_restart() {
         .unwrap();
     let writer = doomed
         .spawn(NodeWriter::start(
-            cfg.clone(),
+            cfg.resolve().unwrap(),
             ValidationConfig::default(),
             NODE.into(),
             KubeMetrics::new(),

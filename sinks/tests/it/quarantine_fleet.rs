@@ -10,8 +10,7 @@ use gpuwatch_core::validation::ValidationConfig;
 use gpuwatch_proto::{
     Action, ActiveFault, GpuHealth, GpuSample, MonitorStatus, NodeHealth, RecoveryAction, Verdict,
 };
-use gpuwatch_sinks::kube::KubeMetrics;
-use gpuwatch_sinks::kube::{KubeConfig, NodeWriter, WriterHooks};
+use gpuwatch_sinks::kube::{KubeConfig, KubeMetrics, KubeSettings, NodeWriter, WriterHooks};
 use k8s_openapi::api::core::v1::Node;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -99,7 +98,7 @@ impl Fleet {
         for i in 0..AGENTS {
             let (tx, rx) = watch::channel(Arc::new(health(false)));
             let writer = NodeWriter::start(
-                config(&api),
+                settings(&api),
                 ValidationConfig::default(),
                 name(i),
                 KubeMetrics::new(),
@@ -159,7 +158,7 @@ impl Fleet {
     async fn restart(&mut self, node: &str, now: NodeHealth) {
         let (tx, rx) = watch::channel(Arc::new(now));
         let writer = NodeWriter::start(
-            config(&self.api),
+            settings(&self.api),
             ValidationConfig::default(),
             node.to_owned(),
             KubeMetrics::new(),
@@ -198,6 +197,10 @@ impl Fleet {
             a.writer.shutdown().await;
         }
     }
+}
+
+fn settings(api: &ApiDouble) -> KubeSettings {
+    config(api).resolve().unwrap()
 }
 
 fn config(api: &ApiDouble) -> KubeConfig {
@@ -403,7 +406,9 @@ async fn a_role_without_leases_taints_anyway_and_says_why() {
             // A changed Event is patched at once here, not after a minute.
             event_patch_interval_secs: 1,
             ..config(&api)
-        },
+        }
+        .resolve()
+        .unwrap(),
         ValidationConfig::default(),
         node.clone(),
         metrics.clone(),
@@ -508,7 +513,7 @@ async fn a_missing_namespace_taints_anyway_and_says_why() {
     let metrics = KubeMetrics::new();
     let (_tx, rx) = watch::channel(Arc::new(health(true)));
     let writer = NodeWriter::start(
-        config(&api),
+        settings(&api),
         ValidationConfig::default(),
         node.clone(),
         metrics.clone(),

@@ -18,7 +18,7 @@ use gpuwatch_proto::{
 };
 use gpuwatch_sinks::kube::KubeMetrics;
 use gpuwatch_sinks::kube::{
-    KubeConfig, NodeWriter, UNGRANTED_REQUESTS, WRITER_REQUESTS, WriterHooks,
+    KubeConfig, KubeSettings, NodeWriter, UNGRANTED_REQUESTS, WRITER_REQUESTS, WriterHooks,
 };
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -329,14 +329,14 @@ fn admission_policy_covers_every_write_and_names_our_types_and_keys() {
         .find(|p| all_cel(p).contains("ownConditionTypes"))
         .expect("node policy");
     let cel = all_cel(node_policy);
-    let cfg = KubeConfig::default();
-    for t in cfg.owned_condition_types() {
+    let cfg = KubeSettings::default();
+    for t in cfg.conditions.owned_types() {
         assert!(
             cel.contains(&format!("'{t}'")),
             "condition type {t} missing"
         );
     }
-    for k in cfg.owned_taint_keys() {
+    for k in cfg.taints.owned_keys() {
         assert!(cel.contains(&format!("'{k}'")), "taint key {k} missing");
     }
     for needle in [
@@ -419,7 +419,7 @@ async fn recorded_requests_equal_the_rbac_grants() {
     api.put_lease("default", &left);
     let metrics = KubeMetrics::new();
     let w = NodeWriter::start(
-        cfg,
+        cfg.resolve().unwrap(),
         ValidationConfig::default(),
         "rbac-node".into(),
         metrics,
