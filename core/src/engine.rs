@@ -152,6 +152,8 @@ mod pods;
 mod persist;
 // The clearing rules (module docs above).
 mod recovery;
+// The recurrence escalation and `Fault::reclassify`.
+mod reclassify;
 // XID 63/64 and NVML's row-remap state.
 mod remap;
 // The engine thread (`run_engine`).

@@ -452,11 +452,13 @@ impl Engine {
                     };
                     for (k, mut f) in taken {
                         warn!(gpu = %g.describe(), fault = %f.reason, kind = k.kind.short_name(), from = f.action.short_name(), to = "investigate", reason = %why, "Fault of a GPU that is gone converted to investigate.");
-                        if f.action.rank() > Action::Investigate.rank() {
-                            f.action = Action::Investigate;
-                            f.severity = Action::Investigate.default_severity();
-                        }
-                        f.policy_reason = format!("{why} (was {}: {})", f.reason, f.policy_reason);
+                        let to = if f.action.rank() > Action::Investigate.rank() {
+                            Action::Investigate
+                        } else {
+                            f.action
+                        };
+                        let reason = format!("{why} (was {}: {})", f.reason, f.policy_reason);
+                        f.reclassify(to, to.default_severity(), reason);
                         f.level = false;
                         f.condition_gone_since = None;
                         f.last_seen = now;
