@@ -1,11 +1,12 @@
 //! Faults derived from NVML samples (each sample compared with the previous one
-//! of the same GPU), reset evidence, and the per-GPU "sample is clean" check.
+//! of the same GPU), reset evidence, the per-GPU "sample is clean" check, and
+//! the fault event built from one sample ([`derived`], which the level
+//! conditions use too).
 
 use super::Engine;
-use super::conditions::{derived, opt};
 use super::model::{Baseline, FaultKey, Gpu, pci_identity};
 use gpuwatch_proto::fabric::{self, Problem};
-use gpuwatch_proto::{Action, FaultEvent, FaultKind, GpuSample, RecoveryAction, ShortName};
+use gpuwatch_proto::{Action, FaultEvent, FaultKind, GpuSample, RecoveryAction, ShortName, Source};
 use std::collections::{BTreeMap, BTreeSet};
 use tracing::{info, warn};
 
@@ -271,6 +272,37 @@ fn apply_diff(g: &mut Gpu, d: &mut SampleDiff, s: &GpuSample, now: u64, gen_chec
         _ => {}
     }
     changed
+}
+
+/// A fault event derived from one GPU's sample.
+pub(super) fn derived(
+    s: &GpuSample,
+    kind: FaultKind,
+    name: &str,
+    message: String,
+    attrs: &[(&str, String)],
+) -> FaultEvent {
+    let mut ev = FaultEvent {
+        pci_address: s.pci_address.clone(),
+        gpu_index: Some(s.index),
+        gpu_uuid: s.uuid.clone(),
+        message,
+        time_unix_nano: s.time_unix_nano,
+        count: 1,
+        name: name.to_string(),
+        ..Default::default()
+    };
+    ev.set_kind(kind);
+    ev.set_source(Source::NvmlPoll);
+    for (k, v) in attrs {
+        ev.attributes.insert((*k).to_string(), v.clone());
+    }
+    ev
+}
+
+/// A reading for a message; `?` when NVML did not report it.
+pub(super) fn opt(v: Option<u32>) -> String {
+    v.map_or_else(|| "?".to_string(), |v| v.to_string())
 }
 
 /// The edge event of a rise in the volatile uncorrectable ECC count.

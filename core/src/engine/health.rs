@@ -46,7 +46,7 @@ impl Engine {
         let action = max_action(
             self.gpus
                 .values()
-                .flat_map(super::pods::whole_gpu_faults)
+                .flat_map(super::model::whole_gpu_faults)
                 .chain(self.node_faults.values()),
         );
         let verdict = verdict_of(action, can_see);
@@ -138,7 +138,7 @@ impl Engine {
             .flat_map(|g| {
                 g.faults
                     .iter()
-                    .filter(|(k, f)| !super::pods::contained(k, f))
+                    .filter(|(k, f)| !super::model::contained(k, f))
                     .map(move |(k, f)| (Some(*g), k, f))
             })
             .chain(self.node_faults.iter().map(|((_, k), f)| (None, k, f)));

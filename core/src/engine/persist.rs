@@ -597,7 +597,7 @@ impl Engine {
     /// [`Engine::background_writes_done`].
     pub(super) fn persist_in_background(
         &mut self,
-        writer: &StateWriter,
+        writer: &StateWriter<StateFile>,
     ) -> Result<(), StateFileError> {
         let Some((path, file)) = self.snapshot_due()? else {
             return Ok(());
@@ -609,7 +609,7 @@ impl Engine {
     }
 
     /// Applies the outcomes of the writer thread's finished writes.
-    pub(super) fn background_writes_done(&mut self, writer: &StateWriter) {
+    pub(super) fn background_writes_done(&mut self, writer: &StateWriter<StateFile>) {
         for result in writer.take_done() {
             if let Err(e) = &result {
                 self.dirty = true;

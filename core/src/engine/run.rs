@@ -1,6 +1,7 @@
 //! The engine thread: [`run_engine`] receives inputs, hands the events to the
 //! sinks, publishes the health and schedules the state writes.
 
+use super::persist::StateFile;
 use super::writer::StateWriter;
 use super::{Engine, NANOS, health};
 use crate::msg::Input;
@@ -91,7 +92,7 @@ struct EngineLoop<'a> {
     registry: Arc<Registry>,
     /// `None`: no state to write, or the writer thread could not start (the
     /// engine thread writes itself then).
-    writer: Option<StateWriter>,
+    writer: Option<StateWriter<StateFile>>,
     tick: Duration,
     persist_every: Duration,
     /// The health last published, compared with the next (timestamps
