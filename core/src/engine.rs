@@ -173,7 +173,7 @@ use accept::Activation;
 use gpuwatch_proto::{FaultEvent, NodeHealth, ShortName, ValidationReport};
 use join::OverCapacity;
 use model::{Fault, FaultKey, Gpu, History, HistoryKey};
-use persist::write_backoff;
+use persist::Persistence;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
@@ -214,7 +214,6 @@ struct Monitor {
 pub struct Engine {
     cfg: EngineConfig,
     policy: Arc<Policy>,
-    state_path: Option<PathBuf>,
     boot: BootInfo,
     node_name: String,
     registry: Arc<Registry>,
@@ -244,34 +243,14 @@ pub struct Engine {
     held: Vec<(FaultEvent, Option<Instant>)>,
     /// Some fault has coalesced occurrences not yet counted in the registry.
     unrecorded: bool,
-    /// Why the state file must not be written (it exists but could not be read
-    /// at startup; overwriting it would lose its faults and history).
-    persist_blocked: Option<String>,
     /// When this boot started (node-level quiet periods count from here).
     boot_start: u64,
-    /// State changed since the last successful persist.
-    dirty: bool,
     /// Time of the last health change.
     updated_at: u64,
     cache: RefCell<Option<Arc<NodeHealth>>>,
-    /// The kernel-log position the state accounts for (see
-    /// [`Input::KmsgProgress`]); persisted with the faults in one write.
-    kmsg_position: Option<KmsgPosition>,
     /// A position reported while events were held for the join grace: it
     /// applies once they are.
     kmsg_position_held: Option<KmsgPosition>,
-    /// The engine tracks the kernel-log position (a device reader feeds it):
-    /// the state is then only written at a settled point.
-    track_kmsg: bool,
-    /// A kernel-log fault was handled after the last position: the state
-    /// holds effects of records beyond `kmsg_position`, so writing it now
-    /// would count them twice after a crash.
-    kmsg_unsettled: bool,
-    /// Why the state file is not usable or not written (startup problem or
-    /// the latest write error); shown in the health's monitor status.
-    state_problem: Option<String>,
-    /// Reads the state file but never writes, renames or removes anything.
-    read_only: bool,
     /// A GPU whose latest NVML sample is older than this (nanoseconds) is
     /// Unknown and does not validate: NVML stopped answering for it (a hung
     /// call) even if no error said so. `None`: not checked.
@@ -282,15 +261,6 @@ pub struct Engine {
     /// Where [`run_engine`] records its progress (Unix seconds of the latest
     /// loop pass), for the liveness check.
     heartbeat: Option<Arc<std::sync::atomic::AtomicU64>>,
-    /// A version 1 cursor file is to be removed after the next write.
-    legacy_cursor_pending: bool,
-    /// Consecutive failed state writes (the health reports them; a
-    /// successful write logs that the run of failures ended).
-    write_failures: u32,
-    /// Delays between retries of a failed state write.
-    write_backoff: crate::retry::Backoff,
-    /// No state write is attempted before this time (backoff after failures).
-    retry_write_at: Option<Instant>,
     /// Log activations after the events went to the sinks
     /// ([`run_engine`]): a log line (formatting, a write to stderr) must not
     /// delay the event it reports.
@@ -303,6 +273,8 @@ pub struct Engine {
     over_capacity: OverCapacity,
     /// The node's pods and their devices, for naming a fault's pods.
     placement: crate::placement::Placement,
+    /// The state file, the kernel-log position it accounts for, the writes.
+    persist: Persistence,
 }
 
 impl Engine {
@@ -323,11 +295,13 @@ impl Engine {
         } else {
             now
         };
-        let cfg_persist = cfg.persist_interval_ms;
+        let persist = Persistence::new(
+            state_dir.map(|d| d.join(STATE_FILE)),
+            cfg.persist_interval_ms,
+        );
         let mut engine = Engine {
             cfg,
             policy,
-            state_path: state_dir.map(|d| d.join(STATE_FILE)),
             boot,
             node_name,
             registry,
@@ -346,28 +320,18 @@ impl Engine {
             join_grace_over: false,
             held: Vec::new(),
             unrecorded: false,
-            persist_blocked: None,
             boot_start,
-            dirty: false,
             updated_at: now,
             cache: RefCell::new(None),
-            kmsg_position: None,
             kmsg_position_held: None,
-            track_kmsg: false,
-            kmsg_unsettled: false,
-            state_problem: None,
-            read_only: false,
             sample_max_age: None,
             stale_samples: 0,
             heartbeat: None,
-            legacy_cursor_pending: false,
-            write_failures: 0,
-            write_backoff: write_backoff(&cfg_persist),
-            retry_write_at: None,
             defer_activation_logs: false,
             activations: Vec::new(),
             over_capacity: OverCapacity::default(),
             placement: crate::placement::Placement::default(),
+            persist,
         };
         engine.load();
         engine.note_boot();
@@ -389,11 +353,9 @@ impl Engine {
         clock: Arc<dyn Clock>,
     ) -> Engine {
         let mut engine = Engine::new(cfg, policy, None, boot, node_name, registry, clock);
-        engine.state_path = Some(state_dir.join(STATE_FILE));
-        engine.read_only = true;
+        engine.persist.read_only_at(state_dir.join(STATE_FILE));
         engine.load();
         engine.note_boot();
-        engine.persist_blocked = Some("read-only".into());
         engine
     }
 
@@ -404,7 +366,7 @@ impl Engine {
             while engine.boots.len() > model::HISTORY_BOOTS {
                 engine.boots.pop_front();
             }
-            engine.dirty = true;
+            engine.persist.mark_dirty();
         }
     }
 
@@ -449,8 +411,8 @@ impl Engine {
     /// A fault event from a source: held for the NVML join grace when its
     /// GPU has no identity yet, else accepted.
     fn on_fault(&mut self, event: FaultEvent, read_at: Instant) -> Vec<FaultEvent> {
-        if self.track_kmsg && event.source() == gpuwatch_proto::Source::Kmsg {
-            self.kmsg_unsettled = true;
+        if event.source() == gpuwatch_proto::Source::Kmsg {
+            self.persist.kmsg_event_handled();
         }
         if self.should_hold(&event) {
             self.held.push((event, Some(read_at)));
@@ -490,7 +452,7 @@ impl Engine {
     /// The reader's position; it applies once no event is held for the join
     /// grace (the held events precede it).
     fn on_kmsg_progress(&mut self, position: KmsgPosition) {
-        self.track_kmsg = true;
+        self.persist.track_kmsg();
         if self.held.is_empty() {
             self.set_kmsg_position(position);
         } else {
@@ -583,7 +545,7 @@ impl Engine {
 
     /// Why the state file is unusable or unwritten, if it is.
     pub fn state_problem(&self) -> Option<&str> {
-        self.state_problem.as_deref()
+        self.persist.problem()
     }
 
     /// Counts coalesced occurrences not yet counted in the registry (one
@@ -622,7 +584,7 @@ impl Engine {
 
     /// True when state changed since the last successful [`Engine::persist`].
     pub fn is_dirty(&self) -> bool {
-        self.dirty
+        self.persist.is_dirty()
     }
 
     /// Operator clear: removes the active faults of one GPU (`gpu` = index, UUID or
@@ -664,7 +626,7 @@ impl Engine {
 
     /// Marks the health changed (and the persisted state dirty).
     fn touch(&mut self) {
-        self.dirty = true;
+        self.persist.mark_dirty();
         self.updated_at = self.clock.now_unix_nanos();
         *self.cache.get_mut() = None;
     }

@@ -173,8 +173,8 @@ impl Engine {
             message: self.monitor_detail(),
             // Set by the kmsg source's `Input::KmsgCaughtUp`.
             kmsg_caught_up: self.kmsg_caught_up,
-            state_ok: self.state_problem.is_none(),
-            state_message: self.state_problem.clone().unwrap_or_default(),
+            state_ok: self.persist.problem().is_none(),
+            state_message: self.persist.problem().unwrap_or_default().to_owned(),
         }
     }
 

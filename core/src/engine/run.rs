@@ -125,7 +125,7 @@ impl<'a> EngineLoop<'a> {
         sinks: &'a [Arc<dyn EventSink>],
         health_tx: &'a dyn Fn(Arc<NodeHealth>),
     ) -> EngineLoop<'a> {
-        let writer = if engine.state_path.is_some() && !engine.read_only {
+        let writer = if engine.persist.writes() {
             match StateWriter::spawn() {
                 Ok(w) => Some(w),
                 Err(e) => {
@@ -311,7 +311,7 @@ impl<'a> EngineLoop<'a> {
         self.engine.flush_fault_counts();
         self.publish();
         // The final write ignores the backoff: it is the last chance.
-        self.engine.retry_write_at = None;
+        self.engine.persist.end_backoff();
         if writer_stuck {
             warn!(
                 "The state writer is still blocked in an earlier write; no final state write (records after the last written position are read again at the next start)."
