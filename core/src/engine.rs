@@ -171,7 +171,7 @@ use crate::clock::Clock;
 use crate::msg::{Input, KmsgPosition, MonitorInput};
 use accept::Activation;
 use gpuwatch_proto::{FaultEvent, NodeHealth, ShortName, ValidationReport};
-use join::OverCapacity;
+use join::JoinGrace;
 use model::{Fault, FaultKey, Gpu, History, HistoryKey};
 use persist::Persistence;
 use std::cell::RefCell;
@@ -234,13 +234,6 @@ pub struct Engine {
     validation: Option<ValidationReport>,
     /// The kmsg source finished its first pass over the ring.
     kmsg_caught_up: bool,
-    /// When the engine started (the NVML join grace counts from here).
-    started_at: u64,
-    /// The startup join grace is over (first complete NVML poll, NVML
-    /// unavailable, or `nvml_join_grace_secs` passed).
-    join_grace_over: bool,
-    /// Kernel-log events held for the join grace, in arrival order.
-    held: Vec<(FaultEvent, Option<Instant>)>,
     /// Some fault has coalesced occurrences not yet counted in the registry.
     unrecorded: bool,
     /// When this boot started (node-level quiet periods count from here).
@@ -248,9 +241,6 @@ pub struct Engine {
     /// Time of the last health change.
     updated_at: u64,
     cache: RefCell<Option<Arc<NodeHealth>>>,
-    /// A position reported while events were held for the join grace: it
-    /// applies once they are.
-    kmsg_position_held: Option<KmsgPosition>,
     /// A GPU whose latest NVML sample is older than this (nanoseconds) is
     /// Unknown and does not validate: NVML stopped answering for it (a hung
     /// call) even if no error said so. `None`: not checked.
@@ -268,13 +258,13 @@ pub struct Engine {
     /// Activations not logged yet (only while deferred; logged after every
     /// input).
     activations: Vec<Activation>,
-    /// GPU faults dropped because the engine already tracks as many GPUs as
-    /// a node can have; logged once per interval.
-    over_capacity: OverCapacity,
     /// The node's pods and their devices, for naming a fault's pods.
     placement: crate::placement::Placement,
     /// The state file, the kernel-log position it accounts for, the writes.
     persist: Persistence,
+    /// The startup join grace: the kernel-log faults (and position) held
+    /// for NVML's identities; what the capacity bounds dropped.
+    grace: JoinGrace,
 }
 
 impl Engine {
@@ -316,22 +306,18 @@ impl Engine {
             nvml: Monitor::default(),
             validation: None,
             kmsg_caught_up: false,
-            started_at: now,
-            join_grace_over: false,
-            held: Vec::new(),
             unrecorded: false,
             boot_start,
             updated_at: now,
             cache: RefCell::new(None),
-            kmsg_position_held: None,
             sample_max_age: None,
             stale_samples: 0,
             heartbeat: None,
             defer_activation_logs: false,
             activations: Vec::new(),
-            over_capacity: OverCapacity::default(),
             placement: crate::placement::Placement::default(),
             persist,
+            grace: JoinGrace::new(now),
         };
         engine.load();
         engine.note_boot();
@@ -415,7 +401,7 @@ impl Engine {
             self.persist.kmsg_event_handled();
         }
         if self.should_hold(&event) {
-            self.held.push((event, Some(read_at)));
+            self.grace.hold(event, read_at);
             return Vec::new();
         }
         self.accept(event, Some(read_at), false)
@@ -453,10 +439,8 @@ impl Engine {
     /// grace (the held events precede it).
     fn on_kmsg_progress(&mut self, position: KmsgPosition) {
         self.persist.track_kmsg();
-        if self.held.is_empty() {
+        if let Some(position) = self.grace.position(position) {
             self.set_kmsg_position(position);
-        } else {
-            self.kmsg_position_held = Some(position);
         }
     }
 
@@ -465,9 +449,7 @@ impl Engine {
     fn on_tick(&mut self) -> Vec<FaultEvent> {
         let now = self.clock.now_unix_nanos();
         let mut out = Vec::new();
-        if !self.join_grace_over
-            && now.saturating_sub(self.started_at) >= secs(self.cfg.nvml_join_grace_secs)
-        {
+        if self.grace.expired(now, self.cfg.nvml_join_grace_secs) {
             self.end_join_grace("the NVML join grace passed", &mut out);
         }
         self.flush_fault_counts();

@@ -162,7 +162,7 @@ impl Engine {
     fn full_path(&mut self, a: &mut Arrival<'_>) -> Taken {
         if !self.room_for(a) {
             // Bounded: a storm of distinct addresses cannot grow the state.
-            self.over_capacity.note(a.n, &a.ev.pci_address);
+            self.grace.dropped(a.n, &a.ev.pci_address);
             return Taken::Dropped;
         }
         // The full path counts in the registry directly: bring the bulk counts

@@ -797,7 +797,7 @@ impl Engine {
     /// the file then holds exactly the faults of the records up to its
     /// position.
     pub fn is_settled(&self) -> bool {
-        self.persist.is_settled(self.held.is_empty())
+        self.persist.is_settled(self.grace.nothing_held())
     }
 
     /// When the next state write may happen: `None` when there is nothing
