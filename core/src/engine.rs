@@ -140,6 +140,8 @@ mod conditions;
 mod config;
 // NVML polls: the sample diff against the baseline, lost and gone GPUs.
 mod derive;
+// The monitoring inputs, the validation, stale samples.
+mod monitors;
 // `NodeHealth` and the verdicts.
 mod health;
 // The identity join, its startup grace and the capacity bounds.
@@ -173,13 +175,14 @@ use accept::Activation;
 use gpuwatch_proto::{FaultEvent, NodeHealth, ShortName, ValidationReport};
 use join::JoinGrace;
 use model::{Fault, FaultKey, Gpu, History, HistoryKey};
+use monitors::Monitors;
 use persist::Persistence;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tracing::{info, warn};
+use tracing::info;
 use xid_parser::{ContextWindow, Policy};
 
 pub(crate) const NANOS: u64 = 1_000_000_000;
@@ -199,14 +202,6 @@ pub struct BootInfo {
     pub boot_id: String,
     /// Wall-clock time of the boot, Unix epoch nanoseconds (0 when unknown).
     pub boot_time_unix_nano: u64,
-}
-
-/// State of one monitoring input.
-#[derive(Clone, Debug, Default)]
-struct Monitor {
-    /// `None` until the input reported.
-    ok: Option<bool>,
-    message: String,
 }
 
 /// The health engine. See the module documentation for the rules.
@@ -229,11 +224,6 @@ pub struct Engine {
     boots: VecDeque<String>,
     /// Count-within-window occurrences by (device identity, XID).
     thresholds: HashMap<(String, u32), VecDeque<u64>>,
-    kmsg: Monitor,
-    nvml: Monitor,
-    validation: Option<ValidationReport>,
-    /// The kmsg source finished its first pass over the ring.
-    kmsg_caught_up: bool,
     /// Some fault has coalesced occurrences not yet counted in the registry.
     unrecorded: bool,
     /// When this boot started (node-level quiet periods count from here).
@@ -241,13 +231,6 @@ pub struct Engine {
     /// Time of the last health change.
     updated_at: u64,
     cache: RefCell<Option<Arc<NodeHealth>>>,
-    /// A GPU whose latest NVML sample is older than this (nanoseconds) is
-    /// Unknown and does not validate: NVML stopped answering for it (a hung
-    /// call) even if no error said so. `None`: not checked.
-    sample_max_age: Option<u64>,
-    /// GPUs whose sample was stale at the last check (the health is rebuilt
-    /// when this changes).
-    stale_samples: usize,
     /// Where [`run_engine`] records its progress (Unix seconds of the latest
     /// loop pass), for the liveness check.
     heartbeat: Option<Arc<std::sync::atomic::AtomicU64>>,
@@ -265,6 +248,8 @@ pub struct Engine {
     /// The startup join grace: the kernel-log faults (and position) held
     /// for NVML's identities; what the capacity bounds dropped.
     grace: JoinGrace,
+    /// The monitoring inputs, the validation, stale samples.
+    monitors: Monitors,
 }
 
 impl Engine {
@@ -302,22 +287,17 @@ impl Engine {
             history: BTreeMap::new(),
             boots: VecDeque::new(),
             thresholds: HashMap::new(),
-            kmsg: Monitor::default(),
-            nvml: Monitor::default(),
-            validation: None,
-            kmsg_caught_up: false,
             unrecorded: false,
             boot_start,
             updated_at: now,
             cache: RefCell::new(None),
-            sample_max_age: None,
-            stale_samples: 0,
             heartbeat: None,
             defer_activation_logs: false,
             activations: Vec::new(),
             placement: crate::placement::Placement::default(),
             persist,
             grace: JoinGrace::new(now),
+            monitors: Monitors::default(),
         };
         engine.load();
         engine.note_boot();
@@ -427,9 +407,7 @@ impl Engine {
     }
 
     fn on_kmsg_caught_up(&mut self) {
-        if !self.kmsg_caught_up {
-            info!("The kernel log reader caught up with the ring buffer.");
-            self.kmsg_caught_up = true;
+        if self.monitors.caught_up() {
             self.updated_at = self.clock.now_unix_nanos();
             *self.cache.get_mut() = None;
         }
@@ -454,40 +432,17 @@ impl Engine {
         }
         self.flush_fault_counts();
         self.evaluate_recovery(now);
-        let stale = self.count_stale(now);
-        if stale != self.stale_samples {
-            if stale > self.stale_samples {
-                warn!(
-                    gpus = stale,
-                    "NVML samples are stale: NVML has not answered for these GPUs within three poll intervals; they are reported unknown."
-                );
-            }
-            self.stale_samples = stale;
+        if self.monitors.update_stale(self.count_stale(now)) {
             self.updated_at = now;
             *self.cache.get_mut() = None;
         }
         out
     }
 
-    /// Stores a validation report. A report that differs from the stored one
-    /// only in its time is the same result (the stored one, with the time the
-    /// result was first obtained, is kept): re-validating on every published
-    /// health must not republish the health and loop.
+    /// Stores a validation report ([`Monitors::set_validation`]); a new
+    /// result changes the health.
     fn set_validation(&mut self, report: ValidationReport) {
-        let same = self.validation.as_ref().is_some_and(|v| {
-            v.passed == report.passed
-                && v.complete == report.complete
-                && v.checks == report.checks
-                && v.boot_id == report.boot_id
-        });
-        if !same {
-            info!(
-                passed = report.passed,
-                complete = report.complete,
-                checks = report.checks.len(),
-                "Device validation result changed."
-            );
-            self.validation = Some(report);
+        if self.monitors.set_validation(report) {
             self.touch();
         }
     }
@@ -503,26 +458,12 @@ impl Engine {
     /// `max_age` (the wiring uses three poll intervals) is Unknown and does
     /// not validate until a fresh sample arrives.
     pub fn set_sample_max_age(&mut self, max_age: Duration) {
-        self.sample_max_age = Some(u64::try_from(max_age.as_nanos()).unwrap_or(u64::MAX));
-    }
-
-    /// Whether GPU `g`'s latest sample is recent enough to judge it by.
-    pub(crate) fn sample_fresh(&self, g: &Gpu, now: u64) -> bool {
-        match self.sample_max_age {
-            None => true,
-            Some(max) => g.sample_time.is_some_and(|t| now.saturating_sub(t) <= max),
-        }
+        self.monitors.set_sample_max_age(max_age);
     }
 
     /// Confirmed GPUs whose sample is stale at `now`.
     fn count_stale(&self, now: u64) -> usize {
-        if self.sample_max_age.is_none() || self.nvml.ok != Some(true) {
-            return 0;
-        }
-        self.gpus
-            .values()
-            .filter(|g| g.confirmed && !g.lost && !self.sample_fresh(g, now))
-            .count()
+        self.monitors.count_stale(self.gpus.values(), now)
     }
 
     /// Why the state file is unusable or unwritten, if it is.
@@ -614,23 +555,9 @@ impl Engine {
     }
 
     pub(crate) fn set_monitor(&mut self, input: MonitorInput, ok: bool, message: String) {
-        let m = match input {
-            MonitorInput::Kmsg => &mut self.kmsg,
-            MonitorInput::Nvml => &mut self.nvml,
-        };
-        if m.ok == Some(ok) && m.message == message {
-            return;
+        if self.monitors.set(input, ok, message) {
+            self.updated_at = self.clock.now_unix_nanos();
+            *self.cache.get_mut() = None;
         }
-        if m.ok != Some(ok) {
-            if ok {
-                info!(input = input.as_str(), "Monitoring input is available.");
-            } else {
-                warn!(input = input.as_str(), message = %message, "Monitoring input is unavailable; GPUs it covers are reported as unknown, not faulty.");
-            }
-        }
-        m.ok = Some(ok);
-        m.message = message;
-        self.updated_at = self.clock.now_unix_nanos();
-        *self.cache.get_mut() = None;
     }
 }

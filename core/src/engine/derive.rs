@@ -338,7 +338,7 @@ impl Engine {
         // A UUID change clears faults below: count their repeats first.
         self.flush_fault_counts();
         if samples.is_empty() {
-            if self.nvml.ok != Some(false) {
+            if !self.monitors.nvml_down() {
                 warn!(
                     complete,
                     "NVML returned no GPU; GPU health is unknown until it sees GPUs again (no GPU is declared lost)."
@@ -353,7 +353,7 @@ impl Engine {
             self.end_join_grace("NVML enumerates no GPUs", &mut out);
             return out;
         }
-        if self.nvml.ok != Some(true) {
+        if !self.monitors.nvml_ok() {
             self.set_monitor(crate::msg::MonitorInput::Nvml, true, String::new());
         }
         let mut complete = complete;

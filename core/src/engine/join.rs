@@ -178,7 +178,7 @@ impl Engine {
         self.grace.should_hold(
             ev,
             self.cfg.nvml_join_grace_secs,
-            self.nvml.ok == Some(false),
+            self.monitors.nvml_down(),
             confirmed,
         )
     }
