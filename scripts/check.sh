@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The fast edit-compile loop: format, lint, and the tests that need nothing but cargo.
+# The fast edit-compile loop: format, lint, the module-cycle check of core (python3,
+# standard library), and the tests that need nothing but cargo.
 # No root, no package installs, no /dev/kmsg, no podman, no network: the unit tests of
 # every crate plus the integration tests of the pure crates (xid-parser, proto, core).
 # What it leaves out (the agent's and the demo's end-to-end tests against the real
@@ -14,6 +15,9 @@ step() { printf '\n==> %s\n' "$*"; }
 
 step "cargo fmt --check"
 cargo fmt --all --check
+
+step "no module import cycles in core"
+python3 scripts/module-cycles.py core
 
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings

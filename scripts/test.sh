@@ -65,6 +65,9 @@ fi
 step "cargo fmt --check"
 cargo fmt --all --check
 
+step "no module import cycles in core"
+python3 scripts/module-cycles.py core
+
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 

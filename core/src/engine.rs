@@ -140,6 +140,8 @@ mod conditions;
 mod config;
 // NVML polls: the sample diff against the baseline, lost and gone GPUs.
 mod derive;
+// The monitoring inputs, the validation, stale samples.
+mod monitors;
 // `NodeHealth` and the verdicts.
 mod health;
 // The identity join, its startup grace and the capacity bounds.
@@ -152,6 +154,8 @@ mod pods;
 mod persist;
 // The clearing rules (module docs above).
 mod recovery;
+// The recurrence escalation and `Fault::reclassify`.
+mod reclassify;
 // XID 63/64 and NVML's row-remap state.
 mod remap;
 // The engine thread (`run_engine`).
@@ -169,15 +173,16 @@ use crate::clock::Clock;
 use crate::msg::{Input, KmsgPosition, MonitorInput};
 use accept::Activation;
 use gpuwatch_proto::{FaultEvent, NodeHealth, ShortName, ValidationReport};
-use join::OverCapacity;
+use join::JoinGrace;
 use model::{Fault, FaultKey, Gpu, History, HistoryKey};
-use persist::write_backoff;
+use monitors::Monitors;
+use persist::Persistence;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tracing::{info, warn};
+use tracing::info;
 use xid_parser::{ContextWindow, Policy};
 
 pub(crate) const NANOS: u64 = 1_000_000_000;
@@ -199,20 +204,11 @@ pub struct BootInfo {
     pub boot_time_unix_nano: u64,
 }
 
-/// State of one monitoring input.
-#[derive(Clone, Debug, Default)]
-struct Monitor {
-    /// `None` until the input reported.
-    ok: Option<bool>,
-    message: String,
-}
-
 /// The health engine. See the module documentation for the rules.
 #[derive(Debug)]
 pub struct Engine {
     cfg: EngineConfig,
     policy: Arc<Policy>,
-    state_path: Option<PathBuf>,
     boot: BootInfo,
     node_name: String,
     registry: Arc<Registry>,
@@ -228,67 +224,16 @@ pub struct Engine {
     boots: VecDeque<String>,
     /// Count-within-window occurrences by (device identity, XID).
     thresholds: HashMap<(String, u32), VecDeque<u64>>,
-    kmsg: Monitor,
-    nvml: Monitor,
-    validation: Option<ValidationReport>,
-    /// The kmsg source finished its first pass over the ring.
-    kmsg_caught_up: bool,
-    /// When the engine started (the NVML join grace counts from here).
-    started_at: u64,
-    /// The startup join grace is over (first complete NVML poll, NVML
-    /// unavailable, or `nvml_join_grace_secs` passed).
-    join_grace_over: bool,
-    /// Kernel-log events held for the join grace, in arrival order.
-    held: Vec<(FaultEvent, Option<Instant>)>,
     /// Some fault has coalesced occurrences not yet counted in the registry.
     unrecorded: bool,
-    /// Why the state file must not be written (it exists but could not be read
-    /// at startup; overwriting it would lose its faults and history).
-    persist_blocked: Option<String>,
     /// When this boot started (node-level quiet periods count from here).
     boot_start: u64,
-    /// State changed since the last successful persist.
-    dirty: bool,
     /// Time of the last health change.
     updated_at: u64,
     cache: RefCell<Option<Arc<NodeHealth>>>,
-    /// The kernel-log position the state accounts for (see
-    /// [`Input::KmsgProgress`]); persisted with the faults in one write.
-    kmsg_position: Option<KmsgPosition>,
-    /// A position reported while events were held for the join grace: it
-    /// applies once they are.
-    kmsg_position_held: Option<KmsgPosition>,
-    /// The engine tracks the kernel-log position (a device reader feeds it):
-    /// the state is then only written at a settled point.
-    track_kmsg: bool,
-    /// A kernel-log fault was handled after the last position: the state
-    /// holds effects of records beyond `kmsg_position`, so writing it now
-    /// would count them twice after a crash.
-    kmsg_unsettled: bool,
-    /// Why the state file is not usable or not written (startup problem or
-    /// the latest write error); shown in the health's monitor status.
-    state_problem: Option<String>,
-    /// Reads the state file but never writes, renames or removes anything.
-    read_only: bool,
-    /// A GPU whose latest NVML sample is older than this (nanoseconds) is
-    /// Unknown and does not validate: NVML stopped answering for it (a hung
-    /// call) even if no error said so. `None`: not checked.
-    sample_max_age: Option<u64>,
-    /// GPUs whose sample was stale at the last check (the health is rebuilt
-    /// when this changes).
-    stale_samples: usize,
     /// Where [`run_engine`] records its progress (Unix seconds of the latest
     /// loop pass), for the liveness check.
     heartbeat: Option<Arc<std::sync::atomic::AtomicU64>>,
-    /// A version 1 cursor file is to be removed after the next write.
-    legacy_cursor_pending: bool,
-    /// Consecutive failed state writes (the health reports them; a
-    /// successful write logs that the run of failures ended).
-    write_failures: u32,
-    /// Delays between retries of a failed state write.
-    write_backoff: crate::retry::Backoff,
-    /// No state write is attempted before this time (backoff after failures).
-    retry_write_at: Option<Instant>,
     /// Log activations after the events went to the sinks
     /// ([`run_engine`]): a log line (formatting, a write to stderr) must not
     /// delay the event it reports.
@@ -296,11 +241,15 @@ pub struct Engine {
     /// Activations not logged yet (only while deferred; logged after every
     /// input).
     activations: Vec<Activation>,
-    /// GPU faults dropped because the engine already tracks as many GPUs as
-    /// a node can have; logged once per interval.
-    over_capacity: OverCapacity,
     /// The node's pods and their devices, for naming a fault's pods.
     placement: crate::placement::Placement,
+    /// The state file, the kernel-log position it accounts for, the writes.
+    persist: Persistence,
+    /// The startup join grace: the kernel-log faults (and position) held
+    /// for NVML's identities; what the capacity bounds dropped.
+    grace: JoinGrace,
+    /// The monitoring inputs, the validation, stale samples.
+    monitors: Monitors,
 }
 
 impl Engine {
@@ -321,11 +270,13 @@ impl Engine {
         } else {
             now
         };
-        let cfg_persist = cfg.persist_interval_ms;
+        let persist = Persistence::new(
+            state_dir.map(|d| d.join(STATE_FILE)),
+            cfg.persist_interval_ms,
+        );
         let mut engine = Engine {
             cfg,
             policy,
-            state_path: state_dir.map(|d| d.join(STATE_FILE)),
             boot,
             node_name,
             registry,
@@ -336,36 +287,17 @@ impl Engine {
             history: BTreeMap::new(),
             boots: VecDeque::new(),
             thresholds: HashMap::new(),
-            kmsg: Monitor::default(),
-            nvml: Monitor::default(),
-            validation: None,
-            kmsg_caught_up: false,
-            started_at: now,
-            join_grace_over: false,
-            held: Vec::new(),
             unrecorded: false,
-            persist_blocked: None,
             boot_start,
-            dirty: false,
             updated_at: now,
             cache: RefCell::new(None),
-            kmsg_position: None,
-            kmsg_position_held: None,
-            track_kmsg: false,
-            kmsg_unsettled: false,
-            state_problem: None,
-            read_only: false,
-            sample_max_age: None,
-            stale_samples: 0,
             heartbeat: None,
-            legacy_cursor_pending: false,
-            write_failures: 0,
-            write_backoff: write_backoff(&cfg_persist),
-            retry_write_at: None,
             defer_activation_logs: false,
             activations: Vec::new(),
-            over_capacity: OverCapacity::default(),
             placement: crate::placement::Placement::default(),
+            persist,
+            grace: JoinGrace::new(now),
+            monitors: Monitors::default(),
         };
         engine.load();
         engine.note_boot();
@@ -387,11 +319,9 @@ impl Engine {
         clock: Arc<dyn Clock>,
     ) -> Engine {
         let mut engine = Engine::new(cfg, policy, None, boot, node_name, registry, clock);
-        engine.state_path = Some(state_dir.join(STATE_FILE));
-        engine.read_only = true;
+        engine.persist.read_only_at(state_dir.join(STATE_FILE));
         engine.load();
         engine.note_boot();
-        engine.persist_blocked = Some("read-only".into());
         engine
     }
 
@@ -402,7 +332,7 @@ impl Engine {
             while engine.boots.len() > model::HISTORY_BOOTS {
                 engine.boots.pop_front();
             }
-            engine.dirty = true;
+            engine.persist.mark_dirty();
         }
     }
 
@@ -447,11 +377,11 @@ impl Engine {
     /// A fault event from a source: held for the NVML join grace when its
     /// GPU has no identity yet, else accepted.
     fn on_fault(&mut self, event: FaultEvent, read_at: Instant) -> Vec<FaultEvent> {
-        if self.track_kmsg && event.source() == gpuwatch_proto::Source::Kmsg {
-            self.kmsg_unsettled = true;
+        if event.source() == gpuwatch_proto::Source::Kmsg {
+            self.persist.kmsg_event_handled();
         }
         if self.should_hold(&event) {
-            self.held.push((event, Some(read_at)));
+            self.grace.hold(event, read_at);
             return Vec::new();
         }
         self.accept(event, Some(read_at), false)
@@ -477,9 +407,7 @@ impl Engine {
     }
 
     fn on_kmsg_caught_up(&mut self) {
-        if !self.kmsg_caught_up {
-            info!("The kernel log reader caught up with the ring buffer.");
-            self.kmsg_caught_up = true;
+        if self.monitors.caught_up() {
             self.updated_at = self.clock.now_unix_nanos();
             *self.cache.get_mut() = None;
         }
@@ -488,11 +416,9 @@ impl Engine {
     /// The reader's position; it applies once no event is held for the join
     /// grace (the held events precede it).
     fn on_kmsg_progress(&mut self, position: KmsgPosition) {
-        self.track_kmsg = true;
-        if self.held.is_empty() {
+        self.persist.track_kmsg();
+        if let Some(position) = self.grace.position(position) {
             self.set_kmsg_position(position);
-        } else {
-            self.kmsg_position_held = Some(position);
         }
     }
 
@@ -501,47 +427,22 @@ impl Engine {
     fn on_tick(&mut self) -> Vec<FaultEvent> {
         let now = self.clock.now_unix_nanos();
         let mut out = Vec::new();
-        if !self.join_grace_over
-            && now.saturating_sub(self.started_at) >= secs(self.cfg.nvml_join_grace_secs)
-        {
+        if self.grace.expired(now, self.cfg.nvml_join_grace_secs) {
             self.end_join_grace("the NVML join grace passed", &mut out);
         }
         self.flush_fault_counts();
         self.evaluate_recovery(now);
-        let stale = self.count_stale(now);
-        if stale != self.stale_samples {
-            if stale > self.stale_samples {
-                warn!(
-                    gpus = stale,
-                    "NVML samples are stale: NVML has not answered for these GPUs within three poll intervals; they are reported unknown."
-                );
-            }
-            self.stale_samples = stale;
+        if self.monitors.update_stale(self.count_stale(now)) {
             self.updated_at = now;
             *self.cache.get_mut() = None;
         }
         out
     }
 
-    /// Stores a validation report. A report that differs from the stored one
-    /// only in its time is the same result (the stored one, with the time the
-    /// result was first obtained, is kept): re-validating on every published
-    /// health must not republish the health and loop.
+    /// Stores a validation report ([`Monitors::set_validation`]); a new
+    /// result changes the health.
     fn set_validation(&mut self, report: ValidationReport) {
-        let same = self.validation.as_ref().is_some_and(|v| {
-            v.passed == report.passed
-                && v.complete == report.complete
-                && v.checks == report.checks
-                && v.boot_id == report.boot_id
-        });
-        if !same {
-            info!(
-                passed = report.passed,
-                complete = report.complete,
-                checks = report.checks.len(),
-                "Device validation result changed."
-            );
-            self.validation = Some(report);
+        if self.monitors.set_validation(report) {
             self.touch();
         }
     }
@@ -557,31 +458,17 @@ impl Engine {
     /// `max_age` (the wiring uses three poll intervals) is Unknown and does
     /// not validate until a fresh sample arrives.
     pub fn set_sample_max_age(&mut self, max_age: Duration) {
-        self.sample_max_age = Some(u64::try_from(max_age.as_nanos()).unwrap_or(u64::MAX));
-    }
-
-    /// Whether GPU `g`'s latest sample is recent enough to judge it by.
-    pub(crate) fn sample_fresh(&self, g: &Gpu, now: u64) -> bool {
-        match self.sample_max_age {
-            None => true,
-            Some(max) => g.sample_time.is_some_and(|t| now.saturating_sub(t) <= max),
-        }
+        self.monitors.set_sample_max_age(max_age);
     }
 
     /// Confirmed GPUs whose sample is stale at `now`.
     fn count_stale(&self, now: u64) -> usize {
-        if self.sample_max_age.is_none() || self.nvml.ok != Some(true) {
-            return 0;
-        }
-        self.gpus
-            .values()
-            .filter(|g| g.confirmed && !g.lost && !self.sample_fresh(g, now))
-            .count()
+        self.monitors.count_stale(self.gpus.values(), now)
     }
 
     /// Why the state file is unusable or unwritten, if it is.
     pub fn state_problem(&self) -> Option<&str> {
-        self.state_problem.as_deref()
+        self.persist.problem()
     }
 
     /// Counts coalesced occurrences not yet counted in the registry (one
@@ -620,7 +507,7 @@ impl Engine {
 
     /// True when state changed since the last successful [`Engine::persist`].
     pub fn is_dirty(&self) -> bool {
-        self.dirty
+        self.persist.is_dirty()
     }
 
     /// Operator clear: removes the active faults of one GPU (`gpu` = index, UUID or
@@ -662,29 +549,15 @@ impl Engine {
 
     /// Marks the health changed (and the persisted state dirty).
     fn touch(&mut self) {
-        self.dirty = true;
+        self.persist.mark_dirty();
         self.updated_at = self.clock.now_unix_nanos();
         *self.cache.get_mut() = None;
     }
 
     pub(crate) fn set_monitor(&mut self, input: MonitorInput, ok: bool, message: String) {
-        let m = match input {
-            MonitorInput::Kmsg => &mut self.kmsg,
-            MonitorInput::Nvml => &mut self.nvml,
-        };
-        if m.ok == Some(ok) && m.message == message {
-            return;
+        if self.monitors.set(input, ok, message) {
+            self.updated_at = self.clock.now_unix_nanos();
+            *self.cache.get_mut() = None;
         }
-        if m.ok != Some(ok) {
-            if ok {
-                info!(input = input.as_str(), "Monitoring input is available.");
-            } else {
-                warn!(input = input.as_str(), message = %message, "Monitoring input is unavailable; GPUs it covers are reported as unknown, not faulty.");
-            }
-        }
-        m.ok = Some(ok);
-        m.message = message;
-        self.updated_at = self.clock.now_unix_nanos();
-        *self.cache.get_mut() = None;
     }
 }

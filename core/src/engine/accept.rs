@@ -7,6 +7,7 @@
 //! decided once, as its [`Holder`]; every phase reads it from there.
 
 use super::model::{Fault, FaultKey, Gpu, HistoryKey, fallback_action, pci_identity};
+use super::reclassify::Escalation;
 use super::remap::RemapCheck;
 use super::{Engine, NANOS, model, secs};
 use crate::{Outcome, Stage};
@@ -161,7 +162,7 @@ impl Engine {
     fn full_path(&mut self, a: &mut Arrival<'_>) -> Taken {
         if !self.room_for(a) {
             // Bounded: a storm of distinct addresses cannot grow the state.
-            self.over_capacity.note(a.n, &a.ev.pci_address);
+            self.grace.dropped(a.n, &a.ev.pci_address);
             return Taken::Dropped;
         }
         // The full path counts in the registry directly: bring the bulk counts
@@ -273,29 +274,20 @@ impl Engine {
         }
     }
 
-    /// A reset/reboot-class fault seen in more distinct boots than the
-    /// policy's `recurrence_reboots` allows becomes `inspect_hardware`.
+    /// The recurrence escalation ([`Escalation`]) of a classified event;
+    /// true when it applied.
     fn escalate_recurrence(&self, ev: &mut FaultEvent, boots_seen: u32) -> bool {
-        if !matches!(ev.action(), Action::ResetGpu | Action::RebootNode) {
+        let Some(e) = Escalation::check(&self.policy, ev.kind(), ev.code, ev.action(), boots_seen)
+        else {
             return false;
-        }
-        let code = if ev.kind() == FaultKind::Xid {
-            ev.code
-        } else {
-            0
         };
-        let needed = self.policy.recurrence_reboots(code);
-        if !recurred(boots_seen, needed) {
-            return false;
-        }
         let reason = format!(
-            "{} seen on this device in {boots_seen} distinct boots, i.e. it recurred after {} reboots (recurrence threshold {needed} reboots): escalated from {} to inspect_hardware; policy: {}",
+            "{} {}; policy: {}",
             ev.short_reason(),
-            boots_seen - 1,
-            ev.action().short_name(),
+            e.describe(),
             ev.policy_reason
         );
-        ev.classify(Action::InspectHardware, reason);
+        ev.classify(Escalation::TO, reason);
         true
     }
 
@@ -540,9 +532,7 @@ fn update_active(
         _ => {}
     }
     if more_severe {
-        f.action = ev.action();
-        f.severity = ev.severity();
-        f.policy_reason = ev.policy_reason.clone();
+        f.reclassify(ev.action(), ev.severity(), ev.policy_reason.clone());
         f.escalated |= c.escalated;
     }
     if !more_severe && !recurs_after_reboot && a.now.saturating_sub(f.last_emitted) < dedup {
@@ -553,13 +543,6 @@ fn update_active(
     f.pending = 0;
     f.last_emitted = a.now;
     Taken::Emitted
-}
-
-/// Recurrence escalation: "recurs after N reboots" means seen in N + 1
-/// distinct boots (first boot, then after each of the N reboots). `needed` 0
-/// disables escalation.
-pub(super) fn recurred(boots_seen: u32, needed: u32) -> bool {
-    needed > 0 && boots_seen > needed
 }
 
 /// What the "GPU fault became active" log line says, taken when the fault

@@ -11,7 +11,7 @@
 //! by the poll).
 
 use super::Engine;
-use super::derive::SampleDiff;
+use super::derive::{SampleDiff, derived, opt};
 use super::model::FaultKey;
 use gpuwatch_proto::fabric::{self, Problem};
 use gpuwatch_proto::{FaultEvent, FaultKind, GpuSample, ShortName, Source};
@@ -239,37 +239,6 @@ fn fabric_problem(s: &GpuSample, d: &SampleDiff) -> FaultEvent {
         Problem::IncorrectConfiguration => "GPU fabric misconfigured",
     };
     derived(s, FaultKind::Fabric, name, message, &attrs)
-}
-
-/// A fault event derived from one GPU's sample.
-pub(super) fn derived(
-    s: &GpuSample,
-    kind: FaultKind,
-    name: &str,
-    message: String,
-    attrs: &[(&str, String)],
-) -> FaultEvent {
-    let mut ev = FaultEvent {
-        pci_address: s.pci_address.clone(),
-        gpu_index: Some(s.index),
-        gpu_uuid: s.uuid.clone(),
-        message,
-        time_unix_nano: s.time_unix_nano,
-        count: 1,
-        name: name.to_string(),
-        ..Default::default()
-    };
-    ev.set_kind(kind);
-    ev.set_source(Source::NvmlPoll);
-    for (k, v) in attrs {
-        ev.attributes.insert((*k).to_string(), v.clone());
-    }
-    ev
-}
-
-/// A reading for a message; `?` when NVML did not report it.
-pub(super) fn opt(v: Option<u32>) -> String {
-    v.map_or_else(|| "?".to_string(), |v| v.to_string())
 }
 
 impl Engine {

@@ -1,11 +1,12 @@
 //! Faults derived from NVML samples (each sample compared with the previous one
-//! of the same GPU), reset evidence, and the per-GPU "sample is clean" check.
+//! of the same GPU), reset evidence, the per-GPU "sample is clean" check, and
+//! the fault event built from one sample ([`derived`], which the level
+//! conditions use too).
 
 use super::Engine;
-use super::conditions::{derived, opt};
 use super::model::{Baseline, FaultKey, Gpu, pci_identity};
 use gpuwatch_proto::fabric::{self, Problem};
-use gpuwatch_proto::{Action, FaultEvent, FaultKind, GpuSample, RecoveryAction, ShortName};
+use gpuwatch_proto::{Action, FaultEvent, FaultKind, GpuSample, RecoveryAction, ShortName, Source};
 use std::collections::{BTreeMap, BTreeSet};
 use tracing::{info, warn};
 
@@ -273,6 +274,37 @@ fn apply_diff(g: &mut Gpu, d: &mut SampleDiff, s: &GpuSample, now: u64, gen_chec
     changed
 }
 
+/// A fault event derived from one GPU's sample.
+pub(super) fn derived(
+    s: &GpuSample,
+    kind: FaultKind,
+    name: &str,
+    message: String,
+    attrs: &[(&str, String)],
+) -> FaultEvent {
+    let mut ev = FaultEvent {
+        pci_address: s.pci_address.clone(),
+        gpu_index: Some(s.index),
+        gpu_uuid: s.uuid.clone(),
+        message,
+        time_unix_nano: s.time_unix_nano,
+        count: 1,
+        name: name.to_string(),
+        ..Default::default()
+    };
+    ev.set_kind(kind);
+    ev.set_source(Source::NvmlPoll);
+    for (k, v) in attrs {
+        ev.attributes.insert((*k).to_string(), v.clone());
+    }
+    ev
+}
+
+/// A reading for a message; `?` when NVML did not report it.
+pub(super) fn opt(v: Option<u32>) -> String {
+    v.map_or_else(|| "?".to_string(), |v| v.to_string())
+}
+
 /// The edge event of a rise in the volatile uncorrectable ECC count.
 fn ecc_rise_event(s: &GpuSample, prev: u64, cur: u64) -> FaultEvent {
     derived(
@@ -306,7 +338,7 @@ impl Engine {
         // A UUID change clears faults below: count their repeats first.
         self.flush_fault_counts();
         if samples.is_empty() {
-            if self.nvml.ok != Some(false) {
+            if !self.monitors.nvml_down() {
                 warn!(
                     complete,
                     "NVML returned no GPU; GPU health is unknown until it sees GPUs again (no GPU is declared lost)."
@@ -321,7 +353,7 @@ impl Engine {
             self.end_join_grace("NVML enumerates no GPUs", &mut out);
             return out;
         }
-        if self.nvml.ok != Some(true) {
+        if !self.monitors.nvml_ok() {
             self.set_monitor(crate::msg::MonitorInput::Nvml, true, String::new());
         }
         let mut complete = complete;
@@ -452,11 +484,13 @@ impl Engine {
                     };
                     for (k, mut f) in taken {
                         warn!(gpu = %g.describe(), fault = %f.reason, kind = k.kind.short_name(), from = f.action.short_name(), to = "investigate", reason = %why, "Fault of a GPU that is gone converted to investigate.");
-                        if f.action.rank() > Action::Investigate.rank() {
-                            f.action = Action::Investigate;
-                            f.severity = Action::Investigate.default_severity();
-                        }
-                        f.policy_reason = format!("{why} (was {}: {})", f.reason, f.policy_reason);
+                        let to = if f.action.rank() > Action::Investigate.rank() {
+                            Action::Investigate
+                        } else {
+                            f.action
+                        };
+                        let reason = format!("{why} (was {}: {})", f.reason, f.policy_reason);
+                        f.reclassify(to, to.default_severity(), reason);
                         f.level = false;
                         f.condition_gone_since = None;
                         f.last_seen = now;

@@ -37,16 +37,16 @@ impl Engine {
     /// The node health: every GPU with its verdict, the node-level faults,
     /// the node verdict with the fault that decides it, and the monitors.
     pub(super) fn build_health(&self) -> NodeHealth {
-        let nvml_ok = self.nvml.ok == Some(true);
+        let nvml_ok = self.monitors.nvml_ok();
         let now = self.clock.now_unix_nanos();
-        let can_see = nvml_ok && self.kmsg.ok != Some(false) && self.count_stale(now) == 0;
+        let can_see = nvml_ok && !self.monitors.kmsg_down() && self.count_stale(now) == 0;
         let gpus = self.listed_gpus();
         let mut node_faults: Vec<_> = self.node_faults.iter().collect();
         node_faults.sort_by(severity_order);
         let action = max_action(
             self.gpus
                 .values()
-                .flat_map(super::pods::whole_gpu_faults)
+                .flat_map(super::model::whole_gpu_faults)
                 .chain(self.node_faults.values()),
         );
         let verdict = verdict_of(action, can_see);
@@ -63,7 +63,7 @@ impl Engine {
                 .collect(),
             monitor: Some(self.monitor_status()),
             updated_unix_nano: Some(self.updated_at),
-            validation: self.validation.clone(),
+            validation: self.monitors.validation().cloned(),
             ..Default::default()
         };
         h.set_verdict(verdict);
@@ -88,7 +88,7 @@ impl Engine {
     /// One GPU's health: its faults, its latest sample while it is current,
     /// and its verdict.
     fn gpu_health(&self, g: &Gpu, now: u64) -> GpuHealth {
-        let nvml_ok = self.nvml.ok == Some(true);
+        let nvml_ok = self.monitors.nvml_ok();
         let action = g.action();
         let mut faults: Vec<(&FaultKey, &Fault)> = g.faults.iter().collect();
         faults.sort_by(severity_order);
@@ -108,11 +108,11 @@ impl Engine {
             sample: g
                 .sample
                 .clone()
-                .filter(|_| !g.lost && nvml_ok && self.sample_fresh(g, now)),
+                .filter(|_| !g.lost && nvml_ok && self.monitors.sample_fresh(g, now)),
             ..Default::default()
         };
-        let fresh = self.sample_fresh(g, now) || !g.confirmed;
-        let can_see = nvml_ok && self.kmsg.ok != Some(false) && g.confirmed && !g.lost && fresh;
+        let fresh = self.monitors.sample_fresh(g, now) || !g.confirmed;
+        let can_see = nvml_ok && !self.monitors.kmsg_down() && g.confirmed && !g.lost && fresh;
         let verdict = verdict_of(action, can_see);
         h.mig_instances = self.mig_health(g, action, verdict);
         for f in &mut h.active_faults {
@@ -138,7 +138,7 @@ impl Engine {
             .flat_map(|g| {
                 g.faults
                     .iter()
-                    .filter(|(k, f)| !super::pods::contained(k, f))
+                    .filter(|(k, f)| !super::model::contained(k, f))
                     .map(move |(k, f)| (Some(*g), k, f))
             })
             .chain(self.node_faults.iter().map(|((_, k), f)| (None, k, f)));
@@ -168,13 +168,13 @@ impl Engine {
 
     fn monitor_status(&self) -> MonitorStatus {
         MonitorStatus {
-            kmsg_ok: self.kmsg.ok == Some(true),
-            nvml_ok: self.nvml.ok == Some(true),
-            message: self.monitor_detail(),
+            kmsg_ok: self.monitors.kmsg_ok(),
+            nvml_ok: self.monitors.nvml_ok(),
+            message: self.monitors.detail(),
             // Set by the kmsg source's `Input::KmsgCaughtUp`.
-            kmsg_caught_up: self.kmsg_caught_up,
-            state_ok: self.state_problem.is_none(),
-            state_message: self.state_problem.clone().unwrap_or_default(),
+            kmsg_caught_up: self.monitors.kmsg_caught_up(),
+            state_ok: self.persist.problem().is_none(),
+            state_message: self.persist.problem().unwrap_or_default().to_owned(),
         }
     }
 
@@ -212,7 +212,7 @@ impl Engine {
         );
         if f.action.needs_isolation()
             && d.gpu.is_some_and(|g| g.validated_at.is_none())
-            && self.nvml.ok != Some(true)
+            && !self.monitors.nvml_ok()
         {
             m.push_str(" NVML is unavailable, so the GPU cannot validate yet.");
         }
@@ -222,34 +222,9 @@ impl Engine {
         m
     }
 
-    fn monitor_detail(&self) -> String {
-        let mut parts = Vec::new();
-        for (name, m) in [("nvml", &self.nvml), ("kmsg", &self.kmsg)] {
-            match m.ok {
-                None => parts.push(format!("{name}: not reported yet")),
-                Some(false) => parts.push(format!("{name}: {}", m.message)),
-                Some(true) => {}
-            }
-        }
-        parts.join("; ")
-    }
-
     fn monitor_message(&self) -> String {
         let stale = self.count_stale(self.clock.now_unix_nanos());
-        let mut m = match (self.nvml.ok, self.kmsg.ok) {
-            (Some(false), _) => format!(
-                "NVML is unavailable ({}); GPU health cannot be determined.",
-                self.nvml.message
-            ),
-            (_, Some(false)) => format!(
-                "The kernel log reader is unavailable ({}); GPU faults cannot be seen.",
-                self.kmsg.message
-            ),
-            _ if stale > 0 => format!(
-                "NVML has not answered for {stale} GPU(s) within three poll intervals (a hung NVML call?); their health cannot be determined."
-            ),
-            _ => "Waiting for the first NVML sample.".to_string(),
-        };
+        let mut m = self.monitors.why_unknown(stale);
         let active =
             self.gpus.values().map(|g| g.faults.len()).sum::<usize>() + self.node_faults.len();
         if active > 0 {

@@ -1,9 +1,10 @@
 //! Joining kernel-log events to the GPU identity NVML reported: the startup
-//! join grace, finding (or creating) the GPU entry an event belongs to, and
+//! join grace ([`JoinGrace`]), finding (or creating) the GPU entry an event belongs to, and
 //! the bounds on what a kernel log alone can make the engine track.
 
-use super::Engine;
 use super::model::{Gpu, fallback_action, is_gpu_kind};
+use super::{Engine, secs};
+use crate::msg::KmsgPosition;
 use gpuwatch_proto::{Action, FaultEvent, FaultKind};
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
@@ -61,14 +62,65 @@ impl OverCapacity {
     }
 }
 
-impl Engine {
-    /// True when a kernel-log GPU fault should wait for the first complete NVML
-    /// poll (its PCI address has no NVML identity yet).
-    pub(super) fn should_hold(&self, ev: &FaultEvent) -> bool {
-        const MAX_HELD: usize = 10_000;
-        if self.join_grace_over
-            || self.cfg.nvml_join_grace_secs == 0
-            || self.nvml.ok == Some(false)
+/// Kernel-log events held for the join grace at most (beyond, they are
+/// accepted without waiting).
+const MAX_HELD: usize = 10_000;
+
+/// One kernel-log event held for the join grace, with when it was read.
+pub(super) type Held = (FaultEvent, Option<Instant>);
+
+/// The startup join grace: kernel-log GPU faults for an address NVML has
+/// not reported yet wait, in arrival order, for the first complete NVML
+/// poll (at most `nvml_join_grace_secs`), and so does a kernel-log position
+/// reported while they wait (the held events precede it). Also what the
+/// capacity bounds dropped, reported once per interval.
+#[derive(Debug)]
+pub(super) struct JoinGrace {
+    /// When the engine started (the grace counts from here).
+    started_at: u64,
+    /// The grace is over (first complete NVML poll, NVML unavailable, or
+    /// `nvml_join_grace_secs` passed).
+    over: bool,
+    /// Kernel-log events held, in arrival order.
+    held: Vec<Held>,
+    /// A position reported while events were held: it applies once they are.
+    held_position: Option<KmsgPosition>,
+    /// GPU faults dropped because the engine already tracks as many GPUs or
+    /// node-level faults as a node can have.
+    over_capacity: OverCapacity,
+}
+
+impl JoinGrace {
+    /// A grace that starts at `now` (engine clock, ns).
+    pub fn new(now: u64) -> JoinGrace {
+        JoinGrace {
+            started_at: now,
+            over: false,
+            held: Vec::new(),
+            held_position: None,
+            over_capacity: OverCapacity::default(),
+        }
+    }
+
+    /// True when the grace of `grace_secs` has run out at `now` and has not
+    /// ended yet.
+    pub fn expired(&self, now: u64, grace_secs: u64) -> bool {
+        !self.over && now.saturating_sub(self.started_at) >= secs(grace_secs)
+    }
+
+    /// True when a kernel-log GPU fault should wait: the grace runs
+    /// (`grace_secs` > 0, NVML not reported unavailable) and its address
+    /// parses but NVML has not `confirmed` it.
+    pub fn should_hold(
+        &self,
+        ev: &FaultEvent,
+        grace_secs: u64,
+        nvml_unavailable: bool,
+        confirmed: impl Fn(&str) -> bool,
+    ) -> bool {
+        if self.over
+            || grace_secs == 0
+            || nvml_unavailable
             || ev.source() != gpuwatch_proto::Source::Kmsg
             || !is_gpu_kind(ev.kind())
             || ev.pci_address.is_empty()
@@ -76,33 +128,79 @@ impl Engine {
         {
             return false;
         }
-        let known = |pci: &str| self.gpus.get(pci).is_some_and(|g| g.confirmed);
-        if known(&ev.pci_address) {
+        if confirmed(&ev.pci_address) {
             return false;
         }
         // An address that does not parse can never join: no reason to wait.
-        xid_parser::normalize_pci(&ev.pci_address).is_some_and(|p| !known(&p))
+        xid_parser::normalize_pci(&ev.pci_address).is_some_and(|p| !confirmed(&p))
+    }
+
+    pub fn hold(&mut self, ev: FaultEvent, read_at: Instant) {
+        self.held.push((ev, Some(read_at)));
+    }
+
+    pub fn nothing_held(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// A kernel-log position: back when it applies now (nothing is held),
+    /// else kept until the grace ends.
+    pub fn position(&mut self, position: KmsgPosition) -> Option<KmsgPosition> {
+        if self.held.is_empty() {
+            Some(position)
+        } else {
+            self.held_position = Some(position);
+            None
+        }
+    }
+
+    /// Ends the grace: the held events, in arrival order, and the position
+    /// that waited for them; `None` when it had ended already.
+    pub fn end(&mut self) -> Option<(Vec<Held>, Option<KmsgPosition>)> {
+        if self.over {
+            return None;
+        }
+        self.over = true;
+        Some((std::mem::take(&mut self.held), self.held_position.take()))
+    }
+
+    /// `occurrences` of a fault at `pci` dropped at a capacity bound.
+    pub fn dropped(&mut self, occurrences: u64, pci: &str) {
+        self.over_capacity.note(occurrences, pci);
+    }
+}
+
+impl Engine {
+    /// True when a kernel-log GPU fault should wait for the first complete NVML
+    /// poll (its PCI address has no NVML identity yet).
+    pub(super) fn should_hold(&self, ev: &FaultEvent) -> bool {
+        let confirmed = |pci: &str| self.gpus.get(pci).is_some_and(|g| g.confirmed);
+        self.grace.should_hold(
+            ev,
+            self.cfg.nvml_join_grace_secs,
+            self.monitors.nvml_down(),
+            confirmed,
+        )
     }
 
     /// Ends the startup join grace and publishes the held events (joined to
     /// whatever identity NVML reported by now).
     pub(super) fn end_join_grace(&mut self, why: &str, out: &mut Vec<FaultEvent>) {
-        if self.join_grace_over {
+        let Some((held, position)) = self.grace.end() else {
             return;
-        }
-        self.join_grace_over = true;
-        if !self.held.is_empty() {
+        };
+        if !held.is_empty() {
             info!(
-                events = self.held.len(),
+                events = held.len(),
                 why, "Publishing kernel-log faults held for the NVML identity join."
             );
         }
-        for (ev, read_at) in std::mem::take(&mut self.held) {
+        for (ev, read_at) in held {
             if let Some(e) = self.accept(ev, read_at, false) {
                 out.push(e);
             }
         }
-        if let Some(p) = self.kmsg_position_held.take() {
+        if let Some(p) = position {
             self.set_kmsg_position(p);
         }
     }
@@ -186,7 +284,7 @@ impl Engine {
             Some(pci) => {
                 if let Some(g) = self.gpus.remove(&pci) {
                     let faults: u64 = g.faults.values().map(|f| f.count).sum();
-                    self.over_capacity.note(faults.max(1), &pci);
+                    self.grace.dropped(faults.max(1), &pci);
                     self.touch();
                 }
                 true
@@ -211,12 +309,105 @@ impl Engine {
         match victim {
             Some(k) => {
                 if let Some(f) = self.node_faults.remove(&k) {
-                    self.over_capacity.note(f.count.max(1), &k.0);
+                    self.grace.dropped(f.count.max(1), &k.0);
                     self.touch();
                 }
                 true
             }
             None => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::NANOS;
+    use gpuwatch_proto::Source;
+
+    const PCI: &str = "0000:3b:00.0";
+    const PCI1: &str = "0000:86:00.0";
+
+    fn kmsg_fault(kind: FaultKind, pci: &str) -> FaultEvent {
+        let mut ev = FaultEvent {
+            code: 79,
+            pci_address: pci.into(),
+            ..Default::default()
+        };
+        ev.set_kind(kind);
+        ev.set_source(Source::Kmsg);
+        ev
+    }
+
+    fn position(last_seq: u64) -> KmsgPosition {
+        KmsgPosition {
+            boot_id: "boot-a".into(),
+            last_seq,
+        }
+    }
+
+    #[test]
+    fn only_kernel_log_gpu_faults_of_an_address_nvml_has_not_confirmed_wait() {
+        let g = JoinGrace::new(0);
+        let nobody = |_: &str| false;
+        let hold = |ev: &FaultEvent| g.should_hold(ev, 30, false, nobody);
+        assert!(hold(&kmsg_fault(FaultKind::Xid, PCI)));
+        // Confirmed, as printed or normalised.
+        assert!(!g.should_hold(&kmsg_fault(FaultKind::Xid, PCI), 30, false, |p| p == PCI));
+        let upper = kmsg_fault(FaultKind::Xid, "0000:3B:00.0");
+        assert!(!g.should_hold(&upper, 30, false, |p| p == PCI));
+        // A node-level kind, another source, no or an unparsable address.
+        assert!(!hold(&kmsg_fault(FaultKind::PcieAer, PCI)));
+        let mut nvml = kmsg_fault(FaultKind::Xid, PCI);
+        nvml.set_source(Source::NvmlEvent);
+        assert!(!hold(&nvml));
+        assert!(!hold(&kmsg_fault(FaultKind::Xid, "")));
+        assert!(!hold(&kmsg_fault(FaultKind::Xid, "not an address")));
+        // No grace configured, or NVML reported itself unavailable.
+        let ev = kmsg_fault(FaultKind::Xid, PCI);
+        assert!(!g.should_hold(&ev, 0, false, nobody));
+        assert!(!g.should_hold(&ev, 30, true, nobody));
+    }
+
+    #[test]
+    fn the_end_releases_the_held_events_in_order_and_the_position_after_them() {
+        let mut g = JoinGrace::new(0);
+        assert_eq!(g.position(position(1)), Some(position(1)), "applies now");
+        let t = Instant::now();
+        g.hold(kmsg_fault(FaultKind::Xid, PCI), t);
+        g.hold(kmsg_fault(FaultKind::Xid, PCI1), t);
+        assert!(!g.nothing_held());
+        assert_eq!(g.position(position(5)), None, "waits for the held events");
+        assert_eq!(g.position(position(6)), None);
+        let (held, at) = g.end().expect("the grace ran");
+        let order: Vec<&str> = held.iter().map(|(e, _)| e.pci_address.as_str()).collect();
+        assert_eq!(order, [PCI, PCI1]);
+        assert_eq!(at, Some(position(6)), "the latest position");
+        assert!(g.nothing_held());
+        assert!(g.end().is_none(), "it ends once");
+        let ev = kmsg_fault(FaultKind::Xid, PCI);
+        assert!(!g.should_hold(&ev, 30, false, |_| false), "over");
+        assert_eq!(g.position(position(7)), Some(position(7)));
+    }
+
+    #[test]
+    fn the_grace_expires_after_its_seconds_unless_it_ended() {
+        let start = 5 * NANOS;
+        let mut g = JoinGrace::new(start);
+        assert!(!g.expired(start + secs(30) - 1, 30));
+        assert!(g.expired(start + secs(30), 30));
+        g.end();
+        assert!(!g.expired(u64::MAX, 30));
+    }
+
+    #[test]
+    fn at_most_max_held_events_wait() {
+        let mut g = JoinGrace::new(0);
+        let ev = kmsg_fault(FaultKind::Xid, PCI);
+        for _ in 0..MAX_HELD {
+            assert!(g.should_hold(&ev, 30, false, |_| false));
+            g.hold(ev.clone(), Instant::now());
+        }
+        assert!(!g.should_hold(&ev, 30, false, |_| false));
     }
 }

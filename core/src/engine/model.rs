@@ -1,5 +1,6 @@
 //! The engine's in-memory model: fault identity, active faults, per-GPU state,
-//! recurrence history. Reasons come from `FaultEvent::short_reason` (one table
+//! recurrence history, and which faults are contained to one MIG GPU
+//! instance (the pods module says what that means for the pods). Reasons come from `FaultEvent::short_reason` (one table
 //! for every crate).
 
 use crate::Registry;
@@ -44,8 +45,8 @@ impl FaultKey {
             FaultKind::PageRetirement => attr("pending"),
             FaultKind::Fabric => attr("fabric_problem"),
             // An XID on a MIG GPU instance is that instance's fault (see
-            // `pods::contained`); the same code on another instance is another.
-            FaultKind::Xid => attr(super::pods::GPU_INSTANCE)
+            // [`contained`]); the same code on another instance is another.
+            FaultKind::Xid => attr(GPU_INSTANCE)
                 .parse::<u32>()
                 .map_or_else(|_| String::new(), |gi| format!("gi{gi}")),
             _ => String::new(),
@@ -56,6 +57,28 @@ impl FaultKey {
             variant,
         }
     }
+}
+
+/// The attribute of a MIG GPU instance id (the parser's name).
+pub(super) const GPU_INSTANCE: &str = "gpu_instance";
+
+/// The GPU instance `key` is scoped to (its variant `gi<N>`).
+pub(super) fn key_instance(key: &FaultKey) -> Option<u32> {
+    key.variant.strip_prefix("gi")?.parse().ok()
+}
+
+/// True when the fault marks only its GPU instance: the kernel line named
+/// the instance and the action needs no isolation (the `pods` module docs).
+pub(super) fn contained(key: &FaultKey, f: &Fault) -> bool {
+    key_instance(key).is_some() && !f.action.needs_isolation()
+}
+
+/// The faults that count for the whole GPU (and the node).
+pub(super) fn whole_gpu_faults(g: &Gpu) -> impl Iterator<Item = &Fault> {
+    g.faults
+        .iter()
+        .filter(|(k, f)| !contained(k, f))
+        .map(|(_, f)| f)
 }
 
 /// Row-remap state of a row-remap event (`remap`, or the parser's `row_remap`).
@@ -291,8 +314,7 @@ impl Fault {
             boots_seen: self.boots_seen,
             escalated: self.escalated,
             pods: self.pods.clone(),
-            gpu_instance: super::pods::key_instance(key)
-                .filter(|_| super::pods::contained(key, self)),
+            gpu_instance: key_instance(key).filter(|_| contained(key, self)),
             ..Default::default()
         };
         af.set_kind(key.kind);
@@ -374,7 +396,7 @@ impl Gpu {
     /// Most severe action of the faults of the whole GPU (Unspecified when
     /// none): a fault contained to one MIG instance does not count.
     pub fn action(&self) -> Action {
-        max_action(super::pods::whole_gpu_faults(self))
+        max_action(whole_gpu_faults(self))
     }
 
     /// "GPU 3 (GPU-…, 0000:3b:00.0)".

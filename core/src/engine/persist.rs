@@ -19,6 +19,7 @@
 use super::Engine;
 use super::model::{Baseline, Fault, FaultKey, Gpu, History, HistoryKey};
 use super::writer::StateWriter;
+use crate::Registry;
 use crate::msg::KmsgPosition;
 use crate::statefile::{self, StateFileError};
 use gpuwatch_proto::{Action, FaultKind, Severity, ShortName, Source};
@@ -259,6 +260,363 @@ fn read_state(path: &Path, read_only: bool) -> Result<Option<StateFile>, StateFi
     }
 }
 
+/// The state file's side of the engine: where the file is and whether it
+/// may be written, the kernel-log position the state accounts for and
+/// whether the state is settled there, and the schedule of writes (the
+/// backoff after failures). The engine's faults and history go into the
+/// snapshot ([`Engine::to_state_file`]); everything else about the file is
+/// here.
+#[derive(Debug)]
+pub(super) struct Persistence {
+    /// `state_dir/health.json`; `None`: the engine runs without a state file.
+    path: Option<PathBuf>,
+    /// Reads the state file but never writes, renames or removes anything.
+    read_only: bool,
+    /// Why the state file must not be written (it exists but could not be read
+    /// at startup; overwriting it would lose its faults and history).
+    blocked: Option<String>,
+    /// State changed since the last successful write.
+    dirty: bool,
+    /// Why the state file is not usable or not written (startup problem or
+    /// the latest write error); shown in the health's monitor status.
+    problem: Option<String>,
+    /// The kernel-log position the state accounts for (see
+    /// [`Input::KmsgProgress`](crate::msg::Input::KmsgProgress)); persisted
+    /// with the faults in one write.
+    kmsg_position: Option<KmsgPosition>,
+    /// The engine tracks the kernel-log position (a device reader feeds it):
+    /// the state is then only written at a settled point.
+    track_kmsg: bool,
+    /// A kernel-log fault was handled after the last position: the state
+    /// holds effects of records beyond `kmsg_position`, so writing it now
+    /// would count them twice after a crash.
+    kmsg_unsettled: bool,
+    /// A version 1 cursor file is to be removed after the next write.
+    legacy_cursor_pending: bool,
+    /// Consecutive failed writes (the health reports them; a successful
+    /// write logs that the run of failures ended).
+    write_failures: u32,
+    /// Delays between retries of a failed write.
+    write_backoff: crate::retry::Backoff,
+    /// No write is attempted before this time (backoff after failures).
+    retry_write_at: Option<Instant>,
+}
+
+impl Persistence {
+    /// The state file at `path` (`None`: no state file), written at most
+    /// once per `persist_interval_ms` after a failed write.
+    pub fn new(path: Option<PathBuf>, persist_interval_ms: u64) -> Persistence {
+        Persistence {
+            path,
+            read_only: false,
+            blocked: None,
+            dirty: false,
+            problem: None,
+            kmsg_position: None,
+            track_kmsg: false,
+            kmsg_unsettled: false,
+            legacy_cursor_pending: false,
+            write_failures: 0,
+            write_backoff: write_backoff(&persist_interval_ms),
+            retry_write_at: None,
+        }
+    }
+
+    /// From now on the state file is the one at `path`, only read: a
+    /// problem with it is reported, not moved aside, and nothing is ever
+    /// written.
+    pub fn read_only_at(&mut self, path: PathBuf) {
+        self.path = Some(path);
+        self.read_only = true;
+    }
+
+    /// Whether this engine writes a state file at all.
+    pub fn writes(&self) -> bool {
+        self.path.is_some() && !self.read_only
+    }
+
+    /// The state changed: it is to be written.
+    pub fn mark_dirty(&mut self) {
+        self.dirty = true;
+    }
+
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    /// Why the state file is unusable or unwritten, if it is.
+    pub fn problem(&self) -> Option<&str> {
+        self.problem.as_deref()
+    }
+
+    /// The state file as it is on disk, ready to restore: `None` when there
+    /// is none or it cannot be used (logged, kept aside, and the reason
+    /// kept for the health; see the module docs).
+    pub fn open(&mut self) -> Option<StateFile> {
+        let path = self.path.clone()?;
+        let file = match read_state(&path, self.read_only) {
+            Ok(Some(f)) => f,
+            Ok(None) => {
+                self.no_state_file(&path);
+                return None;
+            }
+            Err(e) => {
+                self.unusable(e);
+                return None;
+            }
+        };
+        match self.check_version(&path, file) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                self.unusable(e);
+                None
+            }
+        }
+    }
+
+    /// The opened file was restored: the state accounts for its position.
+    pub fn restored(&mut self, position: Option<KmsgPosition>) {
+        self.kmsg_position = position;
+    }
+
+    /// The opened file did not restore (`reason`): it is kept aside as
+    /// corrupt and the engine starts fresh.
+    pub fn restore_failed(&mut self, reason: String) {
+        let Some(path) = self.path.clone() else {
+            return;
+        };
+        let e = keep_aside(&path, "corrupt", reason, self.read_only);
+        self.unusable(e);
+    }
+
+    /// A file of this version as is; a version 1 file with the position of
+    /// its cursor file (migrated at the next write); any other version is
+    /// kept aside.
+    fn check_version(
+        &mut self,
+        path: &Path,
+        mut f: StateFile,
+    ) -> Result<StateFile, StateFileError> {
+        if f.version == VERSION {
+            return Ok(f);
+        }
+        if f.version == 1 {
+            f.kmsg = self.legacy_cursor();
+            self.legacy_cursor_pending = true;
+            self.dirty = true;
+            info!(path = %path.display(), position = ?f.kmsg, "Migrating the version 1 health state and kernel log cursor to one version 2 state file.");
+            return Ok(f);
+        }
+        let newer = f.version > VERSION;
+        let reason = format!(
+            "format version {} (this gpuwatch reads {VERSION}{})",
+            f.version,
+            if newer {
+                "; written by a newer gpuwatch"
+            } else {
+                ""
+            }
+        );
+        let what = if newer { "newer" } else { "unsupported" };
+        Err(keep_aside(path, what, reason, self.read_only))
+    }
+
+    /// No state file yet: a fresh start. A version 1 cursor without its
+    /// faults would skip them, so it is ignored (and removed at the first
+    /// write).
+    fn no_state_file(&mut self, path: &Path) {
+        if self.legacy_cursor().is_some() {
+            self.legacy_cursor_pending = true;
+            self.dirty = true;
+            warn!(
+                "A version 1 kernel log cursor exists without its health state; ignoring it and reading the whole ring."
+            );
+        }
+        info!(path = %path.display(), "No health state file yet; starting with fresh state.");
+    }
+
+    /// The version 1 cursor file's position, if there is a readable one.
+    fn legacy_cursor(&self) -> Option<KmsgPosition> {
+        let dir = self.path.as_deref()?.parent()?;
+        let bytes = std::fs::read(dir.join(LEGACY_CURSOR_FILE)).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    /// A state that cannot be used. It was moved aside: start fresh, without
+    /// a kernel-log position (the whole ring is read again), and write a new
+    /// one. One that could not even be moved aside is still there, possibly
+    /// intact: never overwrite it; run without persistence (every skipped
+    /// write is counted and logged). Either way the reason is kept for the
+    /// health's monitor status.
+    fn unusable(&mut self, e: StateFileError) {
+        self.kmsg_position = None;
+        match e {
+            StateFileError::Corrupt { .. } => {
+                warn!(error = %e, "Health state file is unusable; kept it aside, starting with fresh state and reading the whole kernel log ring again.");
+                self.problem = Some(format!(
+                    "{e}; every fault still in the kernel log ring is read again"
+                ));
+                self.dirty = true;
+            }
+            StateFileError::Read { .. } | StateFileError::Write { .. } => {
+                error!(error = %e, "Health state file cannot be read or moved aside; starting with fresh state in memory and leaving the file untouched (state is not persisted until gpuwatch restarts with a usable file).");
+                self.blocked = Some(format!("the state file could not be read at startup ({e})"));
+                self.problem = Some(format!(
+                    "{e}; state is kept in memory only and the whole kernel log ring is read again"
+                ));
+                self.dirty = true;
+            }
+        }
+    }
+
+    /// Removes the version 1 cursor file once a version 2 state holds the
+    /// position (after the first successful write).
+    fn remove_legacy_cursor(&mut self) {
+        if !self.legacy_cursor_pending {
+            return;
+        }
+        self.legacy_cursor_pending = false;
+        if let Some(dir) = self.path.as_deref().and_then(Path::parent) {
+            let legacy = dir.join(LEGACY_CURSOR_FILE);
+            match std::fs::remove_file(&legacy) {
+                Ok(()) => {
+                    info!(path = %legacy.display(), "Removed the version 1 kernel log cursor; the position now lives in the state file.");
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    warn!(path = %legacy.display(), error = %e, "Cannot remove the version 1 kernel log cursor; it is no longer read.");
+                }
+            }
+        }
+    }
+
+    /// Records the reader's position: every kernel-log event it covers has
+    /// been handled, so the state is settled there.
+    pub fn set_kmsg_position(&mut self, position: KmsgPosition) {
+        self.kmsg_unsettled = false;
+        if self.kmsg_position.as_ref() != Some(&position) {
+            self.kmsg_position = Some(position);
+            self.dirty = true;
+        }
+    }
+
+    pub fn kmsg_position(&self) -> Option<&KmsgPosition> {
+        self.kmsg_position.as_ref()
+    }
+
+    /// A kernel-device reader reports its position: the state is written
+    /// only at settled points from now on.
+    pub fn track_kmsg(&mut self) {
+        self.track_kmsg = true;
+    }
+
+    /// A kernel-log fault was handled: while the position is tracked, the
+    /// state is unsettled until the next position.
+    pub fn kmsg_event_handled(&mut self) {
+        if self.track_kmsg {
+            self.kmsg_unsettled = true;
+        }
+    }
+
+    /// True when the state may be written now (see [`Engine::is_settled`]);
+    /// `nothing_held`: no kernel-log event waits for the join grace.
+    pub fn is_settled(&self, nothing_held: bool) -> bool {
+        !self.track_kmsg || (!self.kmsg_unsettled && nothing_held)
+    }
+
+    /// When the next write may happen (see [`Engine::persist_due`]).
+    pub fn due(&self, settled: bool) -> Option<Instant> {
+        if !self.dirty || self.path.is_none() || !settled {
+            return None;
+        }
+        Some(self.retry_write_at.unwrap_or_else(Instant::now))
+    }
+
+    /// Where to write a snapshot now, if one is due: the state changed, is
+    /// settled, no backoff is running and writing is allowed. Err (counted as
+    /// a failed write) when the file must not be overwritten.
+    pub fn write_due(
+        &mut self,
+        settled: bool,
+        registry: &Registry,
+    ) -> Result<Option<PathBuf>, StateFileError> {
+        let Some(path) = self.path.clone() else {
+            self.dirty = false;
+            return Ok(None);
+        };
+        if !self.dirty || !settled {
+            return Ok(None);
+        }
+        if self.retry_write_at.is_some_and(|t| Instant::now() < t) {
+            return Ok(None);
+        }
+        if self.read_only {
+            self.dirty = false;
+            return Ok(None);
+        }
+        if let Some(why) = &self.blocked {
+            // One error per batch of changes, not one per persist interval.
+            self.dirty = false;
+            registry.count_state_write(false);
+            return Err(StateFileError::Write {
+                path,
+                source: std::io::Error::other(format!(
+                    "not overwriting it: {why}; health state is kept in memory only until gpuwatch restarts with a readable file"
+                )),
+            });
+        }
+        Ok(Some(path))
+    }
+
+    /// The snapshot went to the disk (or to the writer thread): changes from
+    /// here on make the state dirty again.
+    pub fn written(&mut self) {
+        self.dirty = false;
+    }
+
+    /// The next write ignores the backoff (the final write at shutdown).
+    pub fn end_backoff(&mut self) {
+        self.retry_write_at = None;
+    }
+
+    /// Counts a finished write and reports or ends a run of failures; true
+    /// when that changed what the health says about the state file.
+    pub fn write_finished(
+        &mut self,
+        res: &Result<(), StateFileError>,
+        registry: &Registry,
+    ) -> bool {
+        registry.count_state_write(res.is_ok());
+        match res {
+            Ok(()) => {
+                self.retry_write_at = None;
+                let ended = self.write_failures > 0;
+                if ended {
+                    let path = self.path.as_deref().unwrap_or(Path::new(""));
+                    info!(failed_attempts = self.write_failures, path = %path.display(), "Health state file written again; nothing was lost.");
+                    self.write_failures = 0;
+                    self.write_backoff.reset();
+                    self.problem = None;
+                }
+                self.remove_legacy_cursor();
+                ended
+            }
+            Err(e) => {
+                self.write_failures = self.write_failures.saturating_add(1);
+                let backoff = self.write_backoff.next_delay();
+                self.retry_write_at = Some(Instant::now() + backoff);
+                self.problem = Some(format!(
+                    "the health state file cannot be written ({e}); {} failed attempts, retrying in {} ms; the state is kept in memory",
+                    self.write_failures,
+                    backoff.as_millis()
+                ));
+                true
+            }
+        }
+    }
+}
+
+/// The engine's state in and out of the file.
 impl Engine {
     pub(super) fn to_state_file(&self) -> StateFile {
         StateFile {
@@ -315,44 +673,14 @@ impl Engine {
                     last_seen_unix_nano: h.last_seen,
                 })
                 .collect(),
-            kmsg: self.kmsg_position.clone(),
-        }
-    }
-
-    /// Removes the version 1 cursor file once a version 2 state holds the
-    /// position (after the first successful write).
-    pub(super) fn remove_legacy_cursor(&mut self) {
-        if !self.legacy_cursor_pending {
-            return;
-        }
-        self.legacy_cursor_pending = false;
-        if let Some(dir) = self.state_path.as_deref().and_then(Path::parent) {
-            let legacy = dir.join(LEGACY_CURSOR_FILE);
-            match std::fs::remove_file(&legacy) {
-                Ok(()) => {
-                    info!(path = %legacy.display(), "Removed the version 1 kernel log cursor; the position now lives in the state file.");
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    warn!(path = %legacy.display(), error = %e, "Cannot remove the version 1 kernel log cursor; it is no longer read.");
-                }
-            }
+            kmsg: self.persist.kmsg_position().cloned(),
         }
     }
 
     /// Loads the state file (see [`Engine::new`] and the module docs).
     pub(super) fn load(&mut self) {
-        let Some(path) = self.state_path.clone() else {
+        let Some(file) = self.persist.open() else {
             return;
-        };
-        let file = match read_state(&path, self.read_only) {
-            Ok(Some(f)) => f,
-            Ok(None) => return self.no_state_file(&path),
-            Err(e) => return self.unusable(e),
-        };
-        let file = match self.check_version(&path, file) {
-            Ok(f) => f,
-            Err(e) => return self.unusable(e),
         };
         let position = file.kmsg.clone();
         if let Err(reason) = self.restore(file) {
@@ -360,91 +688,9 @@ impl Engine {
             self.node_faults.clear();
             self.history.clear();
             self.boots.clear();
-            let e = keep_aside(&path, "corrupt", reason, self.read_only);
-            return self.unusable(e);
+            return self.persist.restore_failed(reason);
         }
-        self.kmsg_position = position;
-    }
-
-    /// A file of this version as is; a version 1 file with the position of
-    /// its cursor file (migrated at the next write); any other version is
-    /// kept aside.
-    fn check_version(
-        &mut self,
-        path: &Path,
-        mut f: StateFile,
-    ) -> Result<StateFile, StateFileError> {
-        if f.version == VERSION {
-            return Ok(f);
-        }
-        if f.version == 1 {
-            f.kmsg = self.legacy_cursor();
-            self.legacy_cursor_pending = true;
-            self.dirty = true;
-            info!(path = %path.display(), position = ?f.kmsg, "Migrating the version 1 health state and kernel log cursor to one version 2 state file.");
-            return Ok(f);
-        }
-        let newer = f.version > VERSION;
-        let reason = format!(
-            "format version {} (this gpuwatch reads {VERSION}{})",
-            f.version,
-            if newer {
-                "; written by a newer gpuwatch"
-            } else {
-                ""
-            }
-        );
-        let what = if newer { "newer" } else { "unsupported" };
-        Err(keep_aside(path, what, reason, self.read_only))
-    }
-
-    /// No state file yet: a fresh start. A version 1 cursor without its
-    /// faults would skip them, so it is ignored (and removed at the first
-    /// write).
-    fn no_state_file(&mut self, path: &Path) {
-        if self.legacy_cursor().is_some() {
-            self.legacy_cursor_pending = true;
-            self.dirty = true;
-            warn!(
-                "A version 1 kernel log cursor exists without its health state; ignoring it and reading the whole ring."
-            );
-        }
-        info!(path = %path.display(), "No health state file yet; starting with fresh state.");
-    }
-
-    /// The version 1 cursor file's position, if there is a readable one.
-    fn legacy_cursor(&self) -> Option<KmsgPosition> {
-        let dir = self.state_path.as_deref()?.parent()?;
-        let bytes = std::fs::read(dir.join(LEGACY_CURSOR_FILE)).ok()?;
-        serde_json::from_slice(&bytes).ok()
-    }
-
-    /// A state that cannot be used. It was moved aside: start fresh, without
-    /// a kernel-log position (the whole ring is read again), and write a new
-    /// one. One that could not even be moved aside is still there, possibly
-    /// intact: never overwrite it; run without persistence (every skipped
-    /// write is counted and logged). Either way the reason is kept for the
-    /// health's monitor status.
-    fn unusable(&mut self, e: StateFileError) {
-        self.kmsg_position = None;
-        match e {
-            StateFileError::Corrupt { .. } => {
-                warn!(error = %e, "Health state file is unusable; kept it aside, starting with fresh state and reading the whole kernel log ring again.");
-                self.state_problem = Some(format!(
-                    "{e}; every fault still in the kernel log ring is read again"
-                ));
-                self.dirty = true;
-            }
-            StateFileError::Read { .. } | StateFileError::Write { .. } => {
-                error!(error = %e, "Health state file cannot be read or moved aside; starting with fresh state in memory and leaving the file untouched (state is not persisted until gpuwatch restarts with a usable file).");
-                self.persist_blocked =
-                    Some(format!("the state file could not be read at startup ({e})"));
-                self.state_problem = Some(format!(
-                    "{e}; state is kept in memory only and the whole kernel log ring is read again"
-                ));
-                self.dirty = true;
-            }
-        }
+        self.persist.restored(position);
     }
 
     fn restore(&mut self, file: StateFile) -> Result<(), String> {
@@ -515,7 +761,7 @@ impl Engine {
             info!(active_faults = active, boot_id = %self.boot.boot_id, "Restored health state of this boot.");
         } else {
             info!(active_faults = active, previous_boot = %file.boot_id, boot_id = %self.boot.boot_id, "Restored health state from an earlier boot; reboot-class faults clear once the GPUs validate.");
-            self.dirty = true;
+            self.persist.mark_dirty();
         }
         Ok(())
     }
@@ -527,18 +773,14 @@ impl Engine {
     /// been handled (they precede it in the channel and none is held), so
     /// the state is settled: it may be written.
     pub(super) fn set_kmsg_position(&mut self, position: KmsgPosition) {
-        self.kmsg_unsettled = false;
-        if self.kmsg_position.as_ref() != Some(&position) {
-            self.kmsg_position = Some(position);
-            self.dirty = true;
-        }
+        self.persist.set_kmsg_position(position);
     }
 
     /// The kernel-log position the loaded state accounts for (`None`: no
     /// state, an unusable one, or none recorded): the reader resumes after
     /// it in the same boot, and reads the whole ring otherwise.
     pub fn kmsg_position(&self) -> Option<&KmsgPosition> {
-        self.kmsg_position.as_ref()
+        self.persist.kmsg_position()
     }
 
     /// Tells the engine that a kernel-device reader will report its position
@@ -546,7 +788,7 @@ impl Engine {
     /// on the state is written only at settled points. Called before any
     /// input by the wiring that starts such a reader.
     pub fn track_kmsg_position(&mut self) {
-        self.track_kmsg = true;
+        self.persist.track_kmsg();
     }
 
     /// True when the state is settled: when the kernel-log position is
@@ -555,17 +797,14 @@ impl Engine {
     /// the file then holds exactly the faults of the records up to its
     /// position.
     pub fn is_settled(&self) -> bool {
-        !self.track_kmsg || (!self.kmsg_unsettled && self.held.is_empty())
+        self.persist.is_settled(self.grace.nothing_held())
     }
 
     /// When the next state write may happen: `None` when there is nothing
     /// to write (clean, no state directory, or not settled: a later input
     /// settles it), else now or the end of the backoff after a failed write.
     pub fn persist_due(&self) -> Option<Instant> {
-        if !self.dirty || self.state_path.is_none() || !self.is_settled() {
-            return None;
-        }
-        Some(self.retry_write_at.unwrap_or_else(Instant::now))
+        self.persist.due(self.is_settled())
     }
 
     /// Writes `state_dir/health.json` atomically — faults, history and the
@@ -581,12 +820,13 @@ impl Engine {
     /// at startup, it is never overwritten: each skipped write is counted as
     /// a failed write and returned as an error.
     pub fn persist(&mut self) -> Result<(), StateFileError> {
-        let Some((path, file)) = self.snapshot_due()? else {
+        let settled = self.is_settled();
+        let Some(path) = self.persist.write_due(settled, &self.registry)? else {
             return Ok(());
         };
-        let res = crate::statefile::write_json(&path, &file);
+        let res = crate::statefile::write_json(&path, &self.to_state_file());
         if res.is_ok() {
-            self.dirty = false;
+            self.persist.written();
         }
         self.write_finished(&res);
         res
@@ -597,94 +837,41 @@ impl Engine {
     /// [`Engine::background_writes_done`].
     pub(super) fn persist_in_background(
         &mut self,
-        writer: &StateWriter,
+        writer: &StateWriter<StateFile>,
     ) -> Result<(), StateFileError> {
-        let Some((path, file)) = self.snapshot_due()? else {
+        let settled = self.is_settled();
+        let Some(path) = self.persist.write_due(settled, &self.registry)? else {
             return Ok(());
         };
         // Changes from here on make it dirty again; a failed write too.
-        self.dirty = false;
-        writer.submit(path, file);
+        self.persist.written();
+        writer.submit(path, self.to_state_file());
         Ok(())
     }
 
     /// Applies the outcomes of the writer thread's finished writes.
-    pub(super) fn background_writes_done(&mut self, writer: &StateWriter) {
+    pub(super) fn background_writes_done(&mut self, writer: &StateWriter<StateFile>) {
         for result in writer.take_done() {
             if let Err(e) = &result {
-                self.dirty = true;
+                self.persist.mark_dirty();
                 error!(error = %e, "Health state file not written.");
             }
             self.write_finished(&result);
         }
     }
 
-    /// The snapshot to write now, if one is due: the state changed, is
-    /// settled, no backoff is running and writing is allowed. Err (counted as
-    /// a failed write) when the file must not be overwritten.
-    fn snapshot_due(&mut self) -> Result<Option<(PathBuf, StateFile)>, StateFileError> {
-        let Some(path) = self.state_path.clone() else {
-            self.dirty = false;
-            return Ok(None);
-        };
-        if !self.dirty || !self.is_settled() {
-            return Ok(None);
-        }
-        if self.retry_write_at.is_some_and(|t| Instant::now() < t) {
-            return Ok(None);
-        }
-        if self.read_only {
-            self.dirty = false;
-            return Ok(None);
-        }
-        if let Some(why) = &self.persist_blocked {
-            // One error per batch of changes, not one per persist interval.
-            self.dirty = false;
-            self.registry.count_state_write(false);
-            return Err(StateFileError::Write {
-                path,
-                source: std::io::Error::other(format!(
-                    "not overwriting it: {why}; health state is kept in memory only until gpuwatch restarts with a readable file"
-                )),
-            });
-        }
-        Ok(Some((path, self.to_state_file())))
-    }
-
-    /// Counts a finished write and reports or ends a run of failures.
+    /// Counts a finished write; the health shows a run of failures and its
+    /// end.
     fn write_finished(&mut self, res: &Result<(), StateFileError>) {
-        self.registry.count_state_write(res.is_ok());
-        match res {
-            Ok(()) => {
-                self.retry_write_at = None;
-                if self.write_failures > 0 {
-                    let path = self.state_path.as_deref().unwrap_or(Path::new(""));
-                    info!(failed_attempts = self.write_failures, path = %path.display(), "Health state file written again; nothing was lost.");
-                    self.write_failures = 0;
-                    self.write_backoff.reset();
-                    self.state_problem = None;
-                    *self.cache.get_mut() = None;
-                }
-                self.remove_legacy_cursor();
-            }
-            Err(e) => {
-                self.write_failures = self.write_failures.saturating_add(1);
-                let backoff = self.write_backoff.next_delay();
-                self.retry_write_at = Some(Instant::now() + backoff);
-                self.state_problem = Some(format!(
-                    "the health state file cannot be written ({e}); {} failed attempts, retrying in {} ms; the state is kept in memory",
-                    self.write_failures,
-                    backoff.as_millis()
-                ));
-                *self.cache.get_mut() = None;
-            }
+        if self.persist.write_finished(res, &self.registry) {
+            *self.cache.get_mut() = None;
         }
     }
 }
 
 /// Retries of a failed state write: from the persist interval, doubling up to
 /// 30 s, jittered (a fleet whose disks recover together does not retry in step).
-pub(super) fn write_backoff(persist_interval_ms: &u64) -> crate::retry::Backoff {
+fn write_backoff(persist_interval_ms: &u64) -> crate::retry::Backoff {
     crate::retry::Backoff::new(
         Duration::from_millis(*persist_interval_ms),
         Duration::from_secs(30),
@@ -722,4 +909,126 @@ pub fn preset_kmsg_position(
         source: std::io::Error::other(e),
     })?;
     statefile::write_json(&path, &value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn position(seq: u64) -> KmsgPosition {
+        KmsgPosition {
+            boot_id: "boot-a".into(),
+            last_seq: seq,
+        }
+    }
+
+    #[test]
+    fn a_failed_write_backs_off_and_the_next_success_ends_the_run() {
+        let dir = tempfile::tempdir().unwrap();
+        // A file where the state directory should be: every write fails.
+        std::fs::write(dir.path().join("state"), b"").unwrap();
+        let path = dir.path().join("state").join(super::super::STATE_FILE);
+        let registry = Registry::new();
+        let mut p = Persistence::new(Some(path.clone()), 1_000);
+        assert_eq!(p.due(true), None, "nothing changed");
+        p.mark_dirty();
+        assert!(p.due(true).is_some());
+        let to = p.write_due(true, &registry).unwrap().unwrap();
+        let res = crate::statefile::write_json(&to, &StateFile::default());
+        assert!(res.is_err(), "the directory is a file");
+        assert!(p.write_finished(&res, &registry), "the health shows it");
+        let problem = p.problem().unwrap();
+        assert!(problem.contains("1 failed attempts"), "{problem}");
+        assert!(p.due(true).unwrap() > Instant::now(), "backing off");
+        assert_eq!(p.write_due(true, &registry).unwrap(), None);
+        std::fs::remove_file(dir.path().join("state")).unwrap();
+        p.end_backoff();
+        let to = p.write_due(true, &registry).unwrap().unwrap();
+        let res = crate::statefile::write_json(&to, &StateFile::default());
+        assert!(res.is_ok());
+        p.written();
+        assert!(
+            p.write_finished(&res, &registry),
+            "the run of failures ended"
+        );
+        assert_eq!(p.problem(), None);
+        assert_eq!(p.due(true), None);
+        assert_eq!(registry.state_writes(), (1, 1));
+    }
+
+    #[test]
+    fn a_tracked_position_settles_the_state_and_only_a_new_one_dirties_it() {
+        let mut p = Persistence::new(Some(PathBuf::from("/nonexistent/health.json")), 1_000);
+        p.kmsg_event_handled();
+        assert!(p.is_settled(true), "untracked: always settled");
+        p.track_kmsg();
+        assert!(p.is_settled(true));
+        assert!(!p.is_settled(false), "events held for the join grace");
+        p.kmsg_event_handled();
+        assert!(!p.is_settled(true));
+        p.set_kmsg_position(position(7));
+        assert!(p.is_settled(true) && p.is_dirty());
+        assert_eq!(p.kmsg_position(), Some(&position(7)));
+        p.written();
+        p.set_kmsg_position(position(7));
+        assert!(!p.is_dirty(), "the same position changes nothing");
+        // Not settled: never due, however dirty.
+        p.kmsg_event_handled();
+        p.mark_dirty();
+        assert_eq!(p.due(p.is_settled(true)), None);
+    }
+
+    #[test]
+    fn a_file_that_could_not_be_read_is_never_overwritten() {
+        let registry = Registry::new();
+        let path = PathBuf::from("/nonexistent/health.json");
+        let mut p = Persistence::new(Some(path.clone()), 1_000);
+        p.unusable(StateFileError::Read {
+            path,
+            source: std::io::Error::other("EIO"),
+        });
+        assert!(p.problem().unwrap().contains("kept in memory only"));
+        let err = p.write_due(true, &registry).unwrap_err();
+        assert!(err.to_string().contains("not overwriting it"), "{err}");
+        assert_eq!(registry.state_writes(), (0, 1), "counted as a failed write");
+        // One error per batch of changes.
+        assert_eq!(p.write_due(true, &registry).unwrap(), None);
+        p.mark_dirty();
+        assert!(p.write_due(true, &registry).is_err());
+    }
+
+    #[test]
+    fn a_read_only_state_is_read_but_never_written_or_moved() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(super::super::STATE_FILE);
+        std::fs::write(&path, b"{ not json").unwrap();
+        let mut p = Persistence::new(None, 1_000);
+        p.read_only_at(path.clone());
+        assert!(!p.writes());
+        assert!(p.open().is_none());
+        assert!(p.problem().is_some());
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            b"{ not json",
+            "left in place"
+        );
+        assert!(p.is_dirty());
+        assert_eq!(p.write_due(true, &Registry::new()).unwrap(), None);
+        assert!(!p.is_dirty());
+    }
+
+    #[test]
+    fn a_corrupt_state_is_kept_aside_and_read_again_from_no_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(super::super::STATE_FILE);
+        std::fs::write(&path, b"{ not json").unwrap();
+        let mut p = Persistence::new(Some(path.clone()), 1_000);
+        assert!(p.writes());
+        assert!(p.open().is_none());
+        assert!(!path.exists(), "moved aside");
+        let problem = p.problem().unwrap();
+        assert!(problem.contains("read again"), "{problem}");
+        assert_eq!(p.kmsg_position(), None);
+        assert!(p.write_due(true, &Registry::new()).unwrap().is_some());
+    }
 }

@@ -16,14 +16,12 @@
 //! even when the line names an instance.
 
 use super::Engine;
-use super::model::{Fault, FaultKey, Gpu};
+use super::model::{GPU_INSTANCE, Gpu, contained, key_instance};
 use crate::placement::{PLACEMENT_NOTE, POD_ATTRIBUTION, mig_of_gpu_key};
 use gpuwatch_proto::{
     Action, FaultEvent, MigDevice, MigInstanceHealth, PodRef, ShortName, Verdict,
 };
 
-/// The attribute of a MIG GPU instance id (the parser's name).
-pub(super) const GPU_INSTANCE: &str = "gpu_instance";
 /// The attribute of a MIG compute instance id (the parser's name).
 const COMPUTE_INSTANCE: &str = "compute_instance";
 /// The attribute naming the MIG device UUID of the instance an event names.
@@ -44,24 +42,6 @@ pub(super) fn mig_device(g: &Gpu, gi: u32, ci: Option<u32>) -> Option<&MigDevice
 /// Pods kept per active fault (a fault of a GPU shared by many small pods
 /// still has a bounded health listing).
 const MAX_PODS_PER_FAULT: usize = 32;
-
-/// The GPU instance `key` is scoped to (its variant `gi<N>`).
-pub(super) fn key_instance(key: &FaultKey) -> Option<u32> {
-    key.variant.strip_prefix("gi")?.parse().ok()
-}
-
-/// True when the fault marks only its GPU instance (module doc).
-pub(super) fn contained(key: &FaultKey, f: &Fault) -> bool {
-    key_instance(key).is_some() && !f.action.needs_isolation()
-}
-
-/// The faults that count for the whole GPU (and the node).
-pub(super) fn whole_gpu_faults(g: &Gpu) -> impl Iterator<Item = &Fault> {
-    g.faults
-        .iter()
-        .filter(|(k, f)| !contained(k, f))
-        .map(|(_, f)| f)
-}
 
 /// Merges `new` into a fault's pods: the latest first, each pod once,
 /// bounded.

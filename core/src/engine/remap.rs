@@ -4,6 +4,7 @@
 
 use super::Engine;
 use super::model::{Fault, FaultKey, Gpu};
+use super::reclassify::Escalation;
 use crate::{Outcome, Stage};
 use gpuwatch_proto::{Action, FaultEvent, FaultKind, GpuSample, ShortName, Source};
 use tracing::{info, warn};
@@ -184,39 +185,28 @@ impl Engine {
 /// a new event would). Returns the earlier action when the action changed.
 fn redecide(f: &mut Fault, key: &FaultKey, s: &GpuSample, policy: &Policy) -> Option<Action> {
     let Some((action, why)) = row_remap_decision(key.code, s) else {
-        f.policy_reason = format!(
+        let reason = format!(
             "XID {}: NVML reports no row-remap state for this GPU, so the policy action {} stands",
             key.code,
             f.action.short_name()
         );
-        return None;
+        return f.reclassify(f.action, f.severity, reason);
     };
-    let from = f.action;
     let mut reason = format!(
         "Re-evaluated with an NVML sample newer than the XID (was {}): {why}",
-        from.short_name()
+        f.action.short_name()
     );
-    let needed = policy.recurrence_reboots(key.code);
-    let escalated = action == Action::ResetGpu && super::accept::recurred(f.boots_seen, needed);
-    let action = if escalated {
-        reason = format!(
-            "{reason}; seen on this device in {} distinct boots, i.e. it recurred after {} reboots (recurrence threshold {needed} reboots): escalated from reset_gpu to inspect_hardware",
-            f.boots_seen,
-            f.boots_seen.saturating_sub(1)
-        );
-        Action::InspectHardware
-    } else {
-        action
+    let escalation = Escalation::check(policy, key.kind, key.code, action, f.boots_seen);
+    let action = match escalation {
+        Some(e) => {
+            reason = format!("{reason}; {}", e.describe());
+            Escalation::TO
+        }
+        None => action,
     };
-    f.escalated = escalated;
-    f.policy_reason = reason;
-    if action == from {
-        // Confirmed as it was; the reason now says NVML agrees.
-        return None;
-    }
-    f.action = action;
-    f.severity = action.default_severity();
-    Some(from)
+    f.escalated = escalation.is_some();
+    // The same action: confirmed as it was; the reason now says NVML agrees.
+    f.reclassify(action, action.default_severity(), reason)
 }
 
 /// The event that publishes a fault's new action (`reclassified_from` names

@@ -1,6 +1,7 @@
 //! The engine thread: [`run_engine`] receives inputs, hands the events to the
 //! sinks, publishes the health and schedules the state writes.
 
+use super::persist::StateFile;
 use super::writer::StateWriter;
 use super::{Engine, NANOS, health};
 use crate::msg::Input;
@@ -91,7 +92,7 @@ struct EngineLoop<'a> {
     registry: Arc<Registry>,
     /// `None`: no state to write, or the writer thread could not start (the
     /// engine thread writes itself then).
-    writer: Option<StateWriter>,
+    writer: Option<StateWriter<StateFile>>,
     tick: Duration,
     persist_every: Duration,
     /// The health last published, compared with the next (timestamps
@@ -124,7 +125,7 @@ impl<'a> EngineLoop<'a> {
         sinks: &'a [Arc<dyn EventSink>],
         health_tx: &'a dyn Fn(Arc<NodeHealth>),
     ) -> EngineLoop<'a> {
-        let writer = if engine.state_path.is_some() && !engine.read_only {
+        let writer = if engine.persist.writes() {
             match StateWriter::spawn() {
                 Ok(w) => Some(w),
                 Err(e) => {
@@ -310,7 +311,7 @@ impl<'a> EngineLoop<'a> {
         self.engine.flush_fault_counts();
         self.publish();
         // The final write ignores the backoff: it is the last chance.
-        self.engine.retry_write_at = None;
+        self.engine.persist.end_backoff();
         if writer_stuck {
             warn!(
                 "The state writer is still blocked in an earlier write; no final state write (records after the last written position are read again at the next start)."

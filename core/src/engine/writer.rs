@@ -12,8 +12,8 @@
 //! results come back to the engine, which reports and retries failures as
 //! before. One thread writes, so snapshots reach the disk in order.
 
-use super::persist::StateFile;
 use crate::statefile::StateFileError;
+use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -21,39 +21,45 @@ use std::time::{Duration, Instant};
 /// The outcome of one write, for the engine.
 pub(crate) type WriteDone = Result<(), StateFileError>;
 
-#[derive(Default)]
-struct Slot {
+struct Slot<T> {
     /// The next snapshot to write (not started yet).
-    job: Option<(PathBuf, StateFile)>,
+    job: Option<(PathBuf, T)>,
     /// A snapshot is being written now.
     busy: bool,
     done: Vec<WriteDone>,
     closed: bool,
 }
 
-struct Shared {
-    slot: Mutex<Slot>,
+struct Shared<T> {
+    slot: Mutex<Slot<T>>,
     changed: Condvar,
 }
 
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Slot> {
+impl<T> Shared<T> {
+    fn lock(&self) -> MutexGuard<'_, Slot<T>> {
         self.slot.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-/// Handle of the writer thread; dropping it lets the thread finish what it
-/// holds and end (it is not joined: a hung disk must not hang the caller).
-pub(crate) struct StateWriter {
-    shared: Arc<Shared>,
+/// Handle of the writer thread, which writes snapshots of type `T` (the
+/// engine's: its state file) as JSON; dropping it lets the thread finish
+/// what it holds and end (it is not joined: a hung disk must not hang the
+/// caller).
+pub(crate) struct StateWriter<T> {
+    shared: Arc<Shared<T>>,
 }
 
-impl StateWriter {
+impl<T: Serialize + Send + 'static> StateWriter<T> {
     /// Starts the `gpuwatch-state` thread; fails only when the OS cannot
     /// start a thread (the engine then writes on its own thread).
-    pub fn spawn() -> std::io::Result<StateWriter> {
+    pub fn spawn() -> std::io::Result<StateWriter<T>> {
         let shared = Arc::new(Shared {
-            slot: Mutex::new(Slot::default()),
+            slot: Mutex::new(Slot {
+                job: None,
+                busy: false,
+                done: Vec::new(),
+                closed: false,
+            }),
             changed: Condvar::new(),
         });
         let worker = Arc::clone(&shared);
@@ -65,7 +71,7 @@ impl StateWriter {
 
     /// Queues `file` for writing to `path`, replacing a snapshot that has not
     /// been started.
-    pub fn submit(&self, path: PathBuf, file: StateFile) {
+    pub fn submit(&self, path: PathBuf, file: T) {
         self.shared.lock().job = Some((path, file));
         self.shared.changed.notify_all();
     }
@@ -96,14 +102,14 @@ impl StateWriter {
     }
 }
 
-impl Drop for StateWriter {
+impl<T> Drop for StateWriter<T> {
     fn drop(&mut self) {
         self.shared.lock().closed = true;
         self.shared.changed.notify_all();
     }
 }
 
-fn run(shared: &Shared) {
+fn run<T: Serialize>(shared: &Shared<T>) {
     loop {
         let (path, file) = {
             let mut slot = shared.lock();

@@ -204,6 +204,10 @@ fn fault_of_a_gpu_absent_after_reboot_is_converted_with_a_reason() {
     assert_ne!(h.verdict(), Verdict::Unhealthy, "{h:#?}");
     let g = h.gpus.iter().find(|g| g.pci_address == PCI1).unwrap();
     assert_eq!(g.active_faults[0].action(), Action::Investigate);
+    assert_eq!(
+        g.active_faults[0].severity(),
+        gpuwatch_proto::Severity::Warning
+    );
     assert!(
         g.active_faults[0]
             .policy_reason

@@ -71,8 +71,9 @@ fn reboot_class_fault_recurring_after_two_reboots_escalates() {
     let ev = rig.fault(xid(79, PCI0)).remove(0);
     assert_eq!(ev.action(), Action::InspectHardware);
     assert!(
-        ev.policy_reason.contains("3 distinct boots")
-            && ev.policy_reason.contains("after 2 reboots"),
+        ev.policy_reason.starts_with(
+            "XID79 seen on this device in 3 distinct boots, i.e. it recurred after 2 reboots (recurrence threshold 2 reboots): escalated from reboot_node to inspect_hardware; policy: "
+        ),
         "{}",
         ev.policy_reason
     );
