@@ -16,7 +16,7 @@
 //! pod (`pod_event_limit`) and per node (`pod_event_node_limit`) new Events
 //! per dedup window.
 
-use super::events::{PendingEvent, event_reason};
+use super::event_text::{PendingEvent, PodTarget, event_reason, pending_from};
 use gpuwatch_proto::{Action, FaultEvent, FaultKind, PodRef, PodRole, ShortName};
 use std::time::SystemTime;
 
@@ -24,15 +24,6 @@ use std::time::SystemTime;
 pub const APPLICATION_REASON: &str = "GPUApplicationFault";
 /// Reason of the Event on a pod whose GPU failed.
 pub const HARDWARE_REASON: &str = "GPUHardwareFault";
-
-/// The Pod an Event is about.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct PodTarget {
-    pub namespace: String,
-    pub name: String,
-    /// Empty when the kubelet named the pod but the pod listing did not.
-    pub uid: String,
-}
 
 fn gpu_words(ev: &FaultEvent) -> String {
     let idx = ev
@@ -182,7 +173,7 @@ pub(crate) fn pending_for_pods(
         .iter()
         .filter(|p| !p.name.is_empty() && !p.namespace.is_empty())
         .map(|p| {
-            let mut pending = super::events::pending_from(ev, now);
+            let mut pending = pending_from(ev, now);
             let (reason, message) = pod_message(ev, p, deferred);
             pending.key = format!("{reason}/{fault}/{}/{}", p.namespace, p.name);
             pending.reason = reason.to_owned();

@@ -4,7 +4,8 @@ use super::advertised::{self, Change, NotAdvertised};
 use super::backend::{ApiError, Backend};
 use super::config::{MigStrategy, StartupGateMode};
 use super::desired::{DesiredCondition, FALSE, Gate, TRUE, UNKNOWN, desired};
-use super::events::{EventQueue, PendingEvent};
+use super::event_text::PendingEvent;
+use super::events::EventQueue;
 use super::metrics::{KubeMetrics, KubeObject, ValidationResult, WriteResult};
 use super::node::{
     condition_apply_body, conditions_differ, desired_taints, has_fault_taint, has_startup_taint,
