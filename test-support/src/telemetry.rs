@@ -365,6 +365,80 @@ fn kv(line: &str) -> Option<(String, String)> {
     Some((k.to_owned(), v.to_owned()))
 }
 
+/// One `-> key: value` line of the section it is in.
+fn attribute(
+    r: &mut Received,
+    resource: &mut BTreeMap<String, String>,
+    section: Section,
+    k: String,
+    v: String,
+) {
+    match section {
+        Section::Resource => {
+            resource.insert(k, v);
+        }
+        Section::Descriptor => {
+            if let Some(m) = r.metrics.last_mut() {
+                match k.as_str() {
+                    "Name" => m.name = v,
+                    "Unit" => m.unit = v,
+                    "DataType" => m.data_type = v,
+                    "IsMonotonic" => m.monotonic = Some(v),
+                    "AggregationTemporality" => m.temporality = Some(v),
+                    _ => {}
+                }
+            }
+        }
+        Section::PointAttrs => {
+            if let Some(p) = r.metrics.last_mut().and_then(|m| m.points.last_mut()) {
+                p.attrs.insert(k, v);
+            }
+        }
+        Section::LogAttrs => {
+            if let Some(l) = r.logs.last_mut() {
+                l.attrs.insert(k, v);
+            }
+        }
+        Section::None => {}
+    }
+}
+
+/// A log record's own field line (`Timestamp: …`, `Body: …`).
+fn log_field(l: &mut Log, t: &str) {
+    if let Some(v) = t.strip_prefix("ObservedTimestamp: ") {
+        l.observed = v.parse().unwrap_or(0);
+    } else if let Some(v) = t.strip_prefix("Timestamp: ") {
+        l.timestamp = v.parse().unwrap_or(0);
+    } else if let Some(v) = t.strip_prefix("SeverityText: ") {
+        l.severity_text = v.to_owned();
+    } else if let Some(v) = t.strip_prefix("SeverityNumber: ") {
+        l.severity_number = v.to_owned();
+    } else if let Some(v) = t.strip_prefix("Body: ") {
+        l.body = v.to_owned();
+    }
+}
+
+/// A data point's own field line (`Value: …`, histogram counts and bounds).
+fn point_field(p: &mut DataPoint, t: &str) {
+    if let Some(v) = t.strip_prefix("Value: ") {
+        p.value = Some(v.to_owned());
+    } else if let Some(v) = t.strip_prefix("Count: ") {
+        p.count = v.parse().ok();
+    } else if let Some(v) = t.strip_prefix("Sum: ") {
+        p.sum = v.parse().ok();
+    } else if let Some((_, b)) = t
+        .strip_prefix("ExplicitBounds #")
+        .and_then(|rest| rest.split_once(": "))
+    {
+        p.bounds.extend(b.parse::<f64>().ok());
+    } else if let Some((_, c)) = t
+        .strip_prefix("Buckets #")
+        .and_then(|rest| rest.split_once("Count: "))
+    {
+        p.buckets.extend(c.parse::<u64>().ok());
+    }
+}
+
 /// Parses rotel's `--debug-log-verbosity detailed` output.
 pub fn parse(text: &str) -> Received {
     let mut r = Received::default();
@@ -403,69 +477,16 @@ pub fn parse(text: &str) -> Received {
         } else if t == "Attributes:" && in_logs {
             section = Section::LogAttrs;
         } else if let Some((k, v)) = kv(line) {
-            match section {
-                Section::Resource => {
-                    resource.insert(k, v);
-                }
-                Section::Descriptor => {
-                    if let Some(m) = r.metrics.last_mut() {
-                        match k.as_str() {
-                            "Name" => m.name = v,
-                            "Unit" => m.unit = v,
-                            "DataType" => m.data_type = v,
-                            "IsMonotonic" => m.monotonic = Some(v),
-                            "AggregationTemporality" => m.temporality = Some(v),
-                            _ => {}
-                        }
-                    }
-                }
-                Section::PointAttrs => {
-                    if let Some(p) = r.metrics.last_mut().and_then(|m| m.points.last_mut()) {
-                        p.attrs.insert(k, v);
-                    }
-                }
-                Section::LogAttrs => {
-                    if let Some(l) = r.logs.last_mut() {
-                        l.attrs.insert(k, v);
-                    }
-                }
-                Section::None => {}
-            }
+            attribute(&mut r, &mut resource, section, k, v);
         } else if in_logs {
             if let Some(l) = r.logs.last_mut() {
-                if let Some(v) = t.strip_prefix("ObservedTimestamp: ") {
-                    l.observed = v.parse().unwrap_or(0);
-                } else if let Some(v) = t.strip_prefix("Timestamp: ") {
-                    l.timestamp = v.parse().unwrap_or(0);
-                } else if let Some(v) = t.strip_prefix("SeverityText: ") {
-                    l.severity_text = v.to_owned();
-                } else if let Some(v) = t.strip_prefix("SeverityNumber: ") {
-                    l.severity_number = v.to_owned();
-                } else if let Some(v) = t.strip_prefix("Body: ") {
-                    l.body = v.to_owned();
-                }
+                log_field(l, t);
             }
             if t.starts_with("Trace ID") || t.starts_with("Flags:") {
                 section = Section::None;
             }
         } else if let Some(p) = r.metrics.last_mut().and_then(|m| m.points.last_mut()) {
-            if let Some(v) = t.strip_prefix("Value: ") {
-                p.value = Some(v.to_owned());
-            } else if let Some(v) = t.strip_prefix("Count: ") {
-                p.count = v.parse().ok();
-            } else if let Some(v) = t.strip_prefix("Sum: ") {
-                p.sum = v.parse().ok();
-            } else if let Some((_, b)) = t
-                .strip_prefix("ExplicitBounds #")
-                .and_then(|rest| rest.split_once(": "))
-            {
-                p.bounds.extend(b.parse::<f64>().ok());
-            } else if let Some((_, c)) = t
-                .strip_prefix("Buckets #")
-                .and_then(|rest| rest.split_once("Count: "))
-            {
-                p.buckets.extend(c.parse::<u64>().ok());
-            }
+            point_field(p, t);
             section = Section::None;
         }
     }
