@@ -284,7 +284,11 @@ impl<S: LeaseStore> Claimant<S> {
     /// anyway; the next claim or access check tells). A failure that is an
     /// answer (a 409: the API server did the work and said no) ends a run of
     /// unanswered rounds: failing open past the budget is for an API server
-    /// that does not answer, not for one that answers with an error.
+    /// that does not answer, not for one that answers with an error. A
+    /// claimant that last found the budget spent stays deferred however long
+    /// the silence: silence frees no slot, so failing open there would pass
+    /// the budget (sporadic 5xx and 429, as an API server shedding load during
+    /// a wave answers, can leave a few claim rounds in a row unanswered).
     fn failed(&mut self, need: bool, e: &ApiError, now: Instant) {
         if !need || self.held.is_some() {
             self.refusals = 0;
@@ -300,7 +304,9 @@ impl<S: LeaseStore> Claimant<S> {
         let waited = now.saturating_duration_since(since);
         if self.refusals >= 2 {
             self.unavailable(true, &e.to_string());
-        } else if waited >= self.cfg.lease_duration {
+        } else if waited >= self.cfg.lease_duration
+            && !matches!(self.status, Status::Deferred { .. })
+        {
             let answer = format!("no answer for {} s (last: {e})", waited.as_secs());
             self.unavailable(false, &answer);
         } else {

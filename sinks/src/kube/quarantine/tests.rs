@@ -768,6 +768,27 @@ async fn errors_the_api_server_answers_do_not_fail_the_budget_open() {
     assert!(deferred(&st), "{st:?}");
 }
 
+/// A Node deferred by a spent budget whose claims then go unanswered for
+/// three lease durations stays deferred: silence frees no slot.
+#[tokio::test(start_paused = true)]
+async fn a_deferred_claimant_stays_deferred_while_the_api_server_is_silent() {
+    let store = Arc::new(MemoryLeaseStore::with_nodes((0..100).map(node)));
+    for i in 0..10 {
+        let mut holder = Claimant::new(store.clone(), settings(&node(i), "10"));
+        assert!(held(&holder.step(true).await.status));
+        store.set_tainted(&node(i), true);
+    }
+    let mut c = Claimant::new(store.clone(), settings(&node(10), "10"));
+    assert!(deferred(&c.step(true).await.status));
+    store.script(
+        (0..200).map(|_| Answer::Fail(ApiError::Transient("503 Service Unavailable".into()))),
+    );
+    let lists = store.requests.lists.load(Ordering::Relaxed);
+    let st = step_until(&mut c, true, LEASE * 3, |s| s.permits_taint() == Some(true)).await;
+    assert!(deferred(&st), "an eleventh taint: {st:?}");
+    assert!(store.requests.lists.load(Ordering::Relaxed) - lists >= 20);
+}
+
 /// Holders killed in the middle of a wave and after it (their Nodes keep
 /// their taints), then restarted on the same Nodes: the fleet never carries
 /// more fault taints than the budget, and each restarted agent holds its own
