@@ -210,6 +210,12 @@ impl MemoryLeaseStore {
     pub fn script<I: IntoIterator<Item = Answer>>(&self, answers: I) {
         self.lock().script.extend(answers);
     }
+
+    /// Drops the answers still scripted: every request from now on is
+    /// answered normally.
+    pub fn end_script(&self) {
+        self.lock().script.clear();
+    }
 }
 
 /// The 403 of a request RBAC denies, worded as the API server words it for the

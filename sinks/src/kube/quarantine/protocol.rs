@@ -281,7 +281,14 @@ impl<S: LeaseStore> Claimant<S> {
     /// row, or without an answer for a whole lease duration, makes the budget
     /// unavailable: the fault taint is written without it. A holder's or an
     /// idle Node's failures change nothing (a holder may carry the taint
-    /// anyway; the next claim or access check tells).
+    /// anyway; the next claim or access check tells). A failure that is an
+    /// answer (a 409: the API server did the work and said no) ends a run of
+    /// unanswered rounds: failing open past the budget is for an API server
+    /// that does not answer, not for one that answers with an error. A
+    /// claimant that last found the budget spent stays deferred however long
+    /// the silence: silence frees no slot, so failing open there would pass
+    /// the budget (sporadic 5xx and 429, as an API server shedding load during
+    /// a wave answers, can leave a few claim rounds in a row unanswered).
     fn failed(&mut self, need: bool, e: &ApiError, now: Instant) {
         if !need || self.held.is_some() {
             self.refusals = 0;
@@ -290,11 +297,16 @@ impl<S: LeaseStore> Claimant<S> {
             return;
         }
         self.refusals = if refused(e) { self.refusals + 1 } else { 0 };
+        if answered(e) {
+            self.failing_since = None;
+        }
         let since = *self.failing_since.get_or_insert(now);
         let waited = now.saturating_duration_since(since);
         if self.refusals >= 2 {
             self.unavailable(true, &e.to_string());
-        } else if waited >= self.cfg.lease_duration {
+        } else if waited >= self.cfg.lease_duration
+            && !matches!(self.status, Status::Deferred { .. })
+        {
             let answer = format!("no answer for {} s (last: {e})", waited.as_secs());
             self.unavailable(false, &answer);
         } else {
@@ -721,6 +733,12 @@ fn refused(e: &ApiError) -> bool {
         e,
         ApiError::Forbidden(_) | ApiError::NotFound(_) | ApiError::Rejected(_)
     )
+}
+
+/// Whether a failed request was nevertheless answered: neither a refusal nor
+/// a failure to answer (5xx, 429, a connection that failed or timed out).
+fn answered(e: &ApiError) -> bool {
+    !refused(e) && !matches!(e, ApiError::Transient(_) | ApiError::Throttled { .. })
 }
 
 /// The RBAC rules the budget needs, as an operator adds them.

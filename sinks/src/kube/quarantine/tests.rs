@@ -334,6 +334,11 @@ async fn a_restarted_agent_adopts_its_own_slot() {
     fleet.stop_all().await;
 }
 
+/// The errors last half a lease duration: a claim unanswered for a whole one
+/// fails open by design (an eleventh taint, asserted on its own in
+/// `a_claim_unanswered_for_a_lease_duration_fails_open`), and three hundred
+/// scripted answers can last longer than that once most agents are deferred
+/// and ask only every 15 to 30 s.
 #[tokio::test(start_paused = true)]
 async fn api_errors_during_the_claims_never_pass_the_budget() {
     let mut fleet = Fleet::new(100, "10%");
@@ -360,7 +365,9 @@ async fn api_errors_during_the_claims_never_pass_the_budget() {
     for i in 0..30 {
         fleet.start(&node(i), true);
     }
-    settle(Duration::from_secs(120)).await;
+    settle(LEASE / 2).await;
+    fleet.store.end_script();
+    settle(Duration::from_secs(120) - LEASE / 2).await;
     assert_eq!(fleet.peak(), 10);
     assert_eq!(fleet.tainted().len(), 10);
     assert_eq!(fleet.store.peak_slots(), 10);
@@ -730,6 +737,56 @@ async fn a_claim_unanswered_for_a_lease_duration_fails_open() {
         (3..=30).contains(&lists),
         "{lists} claim rounds: retried with backoff"
     );
+}
+
+/// A claimant whose rounds all fail for two lease durations, every other one
+/// with a 409: the API server answers, so the budget is not unavailable and
+/// the Node takes no eleventh taint while ten others hold the budget (a 409
+/// used to count as no answer: after a lease duration of 503s and 409s the
+/// claimant failed open).
+#[tokio::test(start_paused = true)]
+async fn errors_the_api_server_answers_do_not_fail_the_budget_open() {
+    let store = Arc::new(MemoryLeaseStore::with_nodes((0..100).map(node)));
+    for i in 0..10 {
+        let mut holder = Claimant::new(store.clone(), settings(&node(i), "10"));
+        assert!(held(&holder.step(true).await.status));
+        store.set_tainted(&node(i), true);
+    }
+    store.script((0..100).map(|i| {
+        Answer::Fail(if i % 2 == 0 {
+            ApiError::Transient("503 Service Unavailable".into())
+        } else {
+            ApiError::Conflict("the object has been modified".into())
+        })
+    }));
+    let mut c = Claimant::new(store.clone(), settings(&node(10), "10"));
+    let st = step_until(&mut c, true, LEASE * 2, |s| s.permits_taint() == Some(true)).await;
+    assert_eq!(st, Status::Pending, "an eleventh taint");
+    assert!(store.requests.lists.load(Ordering::Relaxed) >= 20);
+    store.end_script();
+    let st = step_until(&mut c, true, LEASE, deferred).await;
+    assert!(deferred(&st), "{st:?}");
+}
+
+/// A Node deferred by a spent budget whose claims then go unanswered for
+/// three lease durations stays deferred: silence frees no slot.
+#[tokio::test(start_paused = true)]
+async fn a_deferred_claimant_stays_deferred_while_the_api_server_is_silent() {
+    let store = Arc::new(MemoryLeaseStore::with_nodes((0..100).map(node)));
+    for i in 0..10 {
+        let mut holder = Claimant::new(store.clone(), settings(&node(i), "10"));
+        assert!(held(&holder.step(true).await.status));
+        store.set_tainted(&node(i), true);
+    }
+    let mut c = Claimant::new(store.clone(), settings(&node(10), "10"));
+    assert!(deferred(&c.step(true).await.status));
+    store.script(
+        (0..200).map(|_| Answer::Fail(ApiError::Transient("503 Service Unavailable".into()))),
+    );
+    let lists = store.requests.lists.load(Ordering::Relaxed);
+    let st = step_until(&mut c, true, LEASE * 3, |s| s.permits_taint() == Some(true)).await;
+    assert!(deferred(&st), "an eleventh taint: {st:?}");
+    assert!(store.requests.lists.load(Ordering::Relaxed) - lists >= 20);
 }
 
 /// Holders killed in the middle of a wave and after it (their Nodes keep
