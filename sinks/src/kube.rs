@@ -80,6 +80,7 @@ mod events;
 mod flap;
 mod metrics;
 mod node;
+mod node_watch;
 mod pod_events;
 mod pods;
 pub mod quarantine;
@@ -418,7 +419,7 @@ impl Shared {
         settings: KubeSettings,
         validation: ValidationConfig,
         health_rx: watch::Receiver<Arc<NodeHealth>>,
-        node_rx: mpsc::Receiver<reconcile::Seen>,
+        node_rx: mpsc::Receiver<node_watch::Seen>,
         quarantine: Option<quarantine::link::Link>,
         hooks: WriterHooks,
     ) -> Reconciler {
@@ -504,7 +505,7 @@ impl NodeWriter {
             pods: events.enabled && events.pods,
         });
         let (node_tx, node_rx) = mpsc::channel(16);
-        let watcher = tokio::spawn(reconcile::watch_node(
+        let watcher = tokio::spawn(node_watch::watch_node(
             backend.clone(),
             node_tx,
             settings.api.clone(),
