@@ -430,28 +430,21 @@ impl Shared {
             &settings.conditions.ready_type,
             hooks.state_dir.map(|d| d.join(flap::FILE_NAME)),
         );
-        Reconciler {
-            events_enabled: settings.events.enabled,
-            not_advertised: advertised::NotAdvertised::new(settings.advertised.grace),
-            cfg: settings,
-            vcfg: validation,
+        Reconciler::new(reconcile::Parts {
+            settings,
+            validation,
             node_name: self.node_name,
             metrics: self.metrics,
             backend: self.backend,
             health_rx,
             node_rx,
-            unseen_write: None,
             events: self.queue,
             node_uid: self.node_uid,
             shutdown: self.shutdown,
-            live: None,
-            gate_report: None,
-            gate_spoiled: false,
-            startup_seen: false,
             on_validation: hooks.on_validation,
             quarantine,
             flap,
-        }
+        })
     }
 }
 

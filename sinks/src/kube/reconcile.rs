@@ -159,38 +159,83 @@ const UNSEEN_WRITE_LIMIT: Duration = Duration::from_secs(10);
 const UNSEEN_REREAD_AFTER: Duration = Duration::from_secs(1);
 
 pub(crate) struct Reconciler {
-    pub cfg: KubeSettings,
-    pub vcfg: ValidationConfig,
+    cfg: KubeSettings,
+    vcfg: ValidationConfig,
+    node_name: String,
+    metrics: Arc<KubeMetrics>,
+    backend: Arc<Backend>,
+    health_rx: watch::Receiver<Arc<NodeHealth>>,
+    node_rx: mpsc::Receiver<Seen>,
+    /// The version our latest write produced, until the watch shows it (and
+    /// when it was written). The watch delivers versions in order, so anything
+    /// it sends before that version is older than what the writer already
+    /// holds: such events are skipped, without ever ordering two versions.
+    unseen_write: Option<(String, Instant)>,
+    events: Arc<EventQueue>,
+    events_enabled: bool,
+    node_uid: Arc<Mutex<Option<String>>>,
+    shutdown: watch::Receiver<bool>,
+    live: Option<Node>,
+    gate_report: Option<ValidationReport>,
+    /// Health changed in a way that fails the gate while a validation ran: its
+    /// result (built from the health at spawn time) must not open the gate.
+    gate_spoiled: bool,
+    /// Whether the last Node read carried the startup taint (kept across the
+    /// re-reads after API errors, unlike `live`).
+    startup_seen: bool,
+    /// Told every gate report (the engine shows it in `/v1/health.validation`).
+    on_validation: Option<super::ValidationCallback>,
+    /// Healthy GPUs the device plugin does not advertise, while running.
+    not_advertised: NotAdvertised,
+    /// The fleet quarantine budget's claimant (none when the budget is off).
+    quarantine: Option<quarantine::link::Link>,
+    /// Holds conditions that keep clearing and coming back.
+    flap: super::flap::Hysteresis,
+}
+
+/// What the reconcile loop is built from: its settings, its API, its
+/// inputs (the health, the Node's versions) and the parts it consults.
+pub(crate) struct Parts {
+    pub settings: KubeSettings,
+    pub validation: ValidationConfig,
     pub node_name: String,
     pub metrics: Arc<KubeMetrics>,
     pub backend: Arc<Backend>,
     pub health_rx: watch::Receiver<Arc<NodeHealth>>,
     pub node_rx: mpsc::Receiver<Seen>,
-    /// The version our latest write produced, until the watch shows it (and
-    /// when it was written). The watch delivers versions in order, so anything
-    /// it sends before that version is older than what the writer already
-    /// holds: such events are skipped, without ever ordering two versions.
-    pub unseen_write: Option<(String, Instant)>,
     pub events: Arc<EventQueue>,
-    pub events_enabled: bool,
     pub node_uid: Arc<Mutex<Option<String>>>,
     pub shutdown: watch::Receiver<bool>,
-    pub live: Option<Node>,
-    pub gate_report: Option<ValidationReport>,
-    /// Health changed in a way that fails the gate while a validation ran: its
-    /// result (built from the health at spawn time) must not open the gate.
-    pub gate_spoiled: bool,
-    /// Whether the last Node read carried the startup taint (kept across the
-    /// re-reads after API errors, unlike `live`).
-    pub startup_seen: bool,
-    /// Told every gate report (the engine shows it in `/v1/health.validation`).
     pub on_validation: Option<super::ValidationCallback>,
-    /// Healthy GPUs the device plugin does not advertise, while running.
-    pub not_advertised: NotAdvertised,
-    /// The fleet quarantine budget's claimant (none when the budget is off).
     pub quarantine: Option<quarantine::link::Link>,
-    /// Holds conditions that keep clearing and coming back.
     pub flap: super::flap::Hysteresis,
+}
+
+impl Reconciler {
+    pub(crate) fn new(p: Parts) -> Reconciler {
+        Reconciler {
+            events_enabled: p.settings.events.enabled,
+            not_advertised: NotAdvertised::new(p.settings.advertised.grace),
+            cfg: p.settings,
+            vcfg: p.validation,
+            node_name: p.node_name,
+            metrics: p.metrics,
+            backend: p.backend,
+            health_rx: p.health_rx,
+            node_rx: p.node_rx,
+            unseen_write: None,
+            events: p.events,
+            node_uid: p.node_uid,
+            shutdown: p.shutdown,
+            live: None,
+            gate_report: None,
+            gate_spoiled: false,
+            startup_seen: false,
+            on_validation: p.on_validation,
+            quarantine: p.quarantine,
+            flap: p.flap,
+        }
+    }
 }
 
 impl Reconciler {
