@@ -78,6 +78,7 @@ mod desired;
 mod event_text;
 mod events;
 mod flap;
+mod gate;
 mod metrics;
 mod node;
 mod node_watch;
@@ -263,7 +264,7 @@ pub async fn expected_gpus_from_node(
         node: node_name.to_owned(),
         reason: e.to_string(),
     })?;
-    Ok(reconcile::expected_gpus(&node, validation))
+    Ok(gate::expected_gpus(&node, validation))
 }
 
 /// What a count read from the Node ([`expected_gpus_from_node`]) counts on a
@@ -274,7 +275,7 @@ pub fn node_count(
     settings: &KubeSettings,
     health: &NodeHealth,
 ) -> gpuwatch_core::validation::Expected {
-    reconcile::node_count(n, settings.advertised.mig_strategy, health)
+    gate::node_count(n, settings.advertised.mig_strategy, health)
 }
 
 /// Writes conditions, taints and Events on the agent's own Node.

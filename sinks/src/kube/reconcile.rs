@@ -3,10 +3,11 @@
 
 use super::advertised::{self, Change, NotAdvertised};
 use super::backend::{ApiError, Backend};
-use super::config::{MigStrategy, StartupGateMode};
+use super::config::StartupGateMode;
 use super::desired::{DesiredCondition, FALSE, Gate, TRUE, UNKNOWN, desired};
 use super::event_text::PendingEvent;
 use super::events::EventQueue;
+use super::gate::{StartupGate, run_validation};
 use super::metrics::{KubeMetrics, KubeObject, ValidationResult, WriteResult};
 use super::node::{
     condition_apply_body, conditions_differ, desired_taints, has_fault_taint, has_startup_taint,
@@ -71,84 +72,11 @@ pub(crate) fn now_time() -> Time {
     Time(Timestamp::now())
 }
 
-fn unix_nanos(t: SystemTime) -> u64 {
-    t.duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-}
-
 /// A Node's resourceVersion. Opaque: clients may compare two versions for
 /// equality only, never order them (Kubernetes API conventions, "Concurrency
 /// Control and Consistency").
 fn rv_of(n: &Node) -> Option<&str> {
     n.metadata.resource_version.as_deref()
-}
-
-/// The expected count the startup gate validates against: the configured
-/// GPU count, else the Node's count ([`expected_gpus`]), which under the
-/// single MIG strategy counts MIG devices once NVML sees GPUs in MIG mode.
-pub(crate) fn expected(
-    node: Option<&Node>,
-    vcfg: &ValidationConfig,
-    mig_strategy: MigStrategy,
-    health: &NodeHealth,
-) -> Option<Expected> {
-    if let Some(n) = vcfg.expected_gpus {
-        return Some(Expected::Gpus(n));
-    }
-    Some(node_count(
-        expected_gpus(node?, vcfg)?,
-        mig_strategy,
-        health,
-    ))
-}
-
-/// A count read from the Node, in the units it counts (see [`expected`]).
-pub(crate) fn node_count(n: u32, mig_strategy: MigStrategy, health: &NodeHealth) -> Expected {
-    let mig = health
-        .gpus
-        .iter()
-        .any(|g| validation::mig_devices(g).is_some());
-    if mig && mig_strategy == MigStrategy::Single {
-        Expected::SingleStrategyDevices(n)
-    } else {
-        Expected::Gpus(n)
-    }
-}
-
-/// Expected GPU count: config, else the node label, else `nvidia.com/gpu` capacity.
-pub(crate) fn expected_gpus(node: &Node, vcfg: &ValidationConfig) -> Option<u32> {
-    if let Some(n) = vcfg.expected_gpus {
-        return Some(n);
-    }
-    if let Some(n) = node
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(&vcfg.expected_gpus_label))
-        .and_then(|v| v.trim().parse::<u32>().ok())
-    {
-        return Some(n);
-    }
-    node.status
-        .as_ref()
-        .and_then(|s| s.capacity.as_ref())
-        .and_then(|c| c.get("nvidia.com/gpu"))
-        .and_then(|q| q.0.trim().parse::<u32>().ok())
-}
-
-/// Runs `validation::validate` and, when every other check passed, the extra command.
-pub(crate) async fn run_validation(
-    health: Arc<NodeHealth>,
-    expected: Option<Expected>,
-    vcfg: ValidationConfig,
-) -> ValidationReport {
-    let mut report = validation::validate_expecting(&health, expected, &vcfg);
-    if report.passed && !vcfg.command.is_empty() {
-        let check = crate::extra_command::run_extra_command(&vcfg).await;
-        validation::add_check(&mut report, check);
-    }
-    report.time_unix_nano = Some(unix_nanos(SystemTime::now()));
-    report
 }
 
 /// How long a write of ours may stay unseen on the watch before watch events
@@ -160,7 +88,6 @@ const UNSEEN_REREAD_AFTER: Duration = Duration::from_secs(1);
 
 pub(crate) struct Reconciler {
     cfg: KubeSettings,
-    vcfg: ValidationConfig,
     node_name: String,
     metrics: Arc<KubeMetrics>,
     backend: Arc<Backend>,
@@ -176,15 +103,8 @@ pub(crate) struct Reconciler {
     node_uid: Arc<Mutex<Option<String>>>,
     shutdown: watch::Receiver<bool>,
     live: Option<Node>,
-    gate_report: Option<ValidationReport>,
-    /// Health changed in a way that fails the gate while a validation ran: its
-    /// result (built from the health at spawn time) must not open the gate.
-    gate_spoiled: bool,
-    /// Whether the last Node read carried the startup taint (kept across the
-    /// re-reads after API errors, unlike `live`).
-    startup_seen: bool,
-    /// Told every gate report (the engine shows it in `/v1/health.validation`).
-    on_validation: Option<super::ValidationCallback>,
+    /// The startup gate's report and what voids it.
+    gate: StartupGate,
     /// Healthy GPUs the device plugin does not advertise, while running.
     not_advertised: NotAdvertised,
     /// The fleet quarantine budget's claimant (none when the budget is off).
@@ -216,8 +136,13 @@ impl Reconciler {
         Reconciler {
             events_enabled: p.settings.events.enabled,
             not_advertised: NotAdvertised::new(p.settings.advertised.grace),
+            gate: StartupGate::new(
+                p.validation,
+                p.settings.advertised.clone(),
+                p.node_name.clone(),
+                p.on_validation,
+            ),
             cfg: p.settings,
-            vcfg: p.validation,
             node_name: p.node_name,
             metrics: p.metrics,
             backend: p.backend,
@@ -228,10 +153,6 @@ impl Reconciler {
             node_uid: p.node_uid,
             shutdown: p.shutdown,
             live: None,
-            gate_report: None,
-            gate_spoiled: false,
-            startup_seen: false,
-            on_validation: p.on_validation,
             quarantine: p.quarantine,
             flap: p.flap,
         }
@@ -240,13 +161,9 @@ impl Reconciler {
 
 impl Reconciler {
     fn set_live(&mut self, n: Node) {
-        let has_startup = has_startup_taint(&n, &self.cfg);
-        let had_startup = std::mem::replace(&mut self.startup_seen, has_startup);
-        if !had_startup && has_startup && self.gate_report.is_some() {
-            // The startup taint came back (node template re-applied, an operator
-            // re-gating the node): an earlier result does not count any more.
+        if self.gate.saw_node(has_startup_taint(&n, &self.cfg)) {
+            // An earlier result does not count any more.
             tracing::info!(node = %self.node_name, taint = %self.cfg.taints.startup.key, "Startup taint reappeared; validating again.");
-            self.gate_report = None;
         }
         if let Some(uid) = &n.metadata.uid {
             *self.node_uid.lock().unwrap_or_else(|e| e.into_inner()) = Some(uid.clone());
@@ -319,122 +236,31 @@ impl Reconciler {
         }
     }
 
-    /// The pure checks on `health` (no extra command), with the expected GPU
-    /// count of the live Node.
-    fn recheck(&self, health: &NodeHealth) -> ValidationReport {
-        let expected = expected(
-            self.live.as_ref(),
-            &self.vcfg,
-            self.cfg.advertised.mig_strategy,
-            health,
-        );
-        let mut r = validation::validate_expecting(health, expected, &self.vcfg);
-        self.add_device_plugin_check(&mut r, health);
-        r.time_unix_nano = Some(unix_nanos(SystemTime::now()));
-        r
-    }
-
-    /// Adds the device-plugin check (allocatable reaches the expected count)
-    /// to a report whose other checks passed; replaces an earlier one.
-    fn add_device_plugin_check(&self, report: &mut ValidationReport, health: &NodeHealth) {
-        report.checks.retain(|c| c.name != advertised::CHECK);
-        report.passed = report.complete && report.checks.iter().all(|c| c.passed);
-        if !report.passed {
-            return;
-        }
-        let node = self.live.clone().unwrap_or_default();
-        if let Some(check) = advertised::gate_check(&node, health, &self.cfg.advertised) {
-            validation::add_check(report, check);
-        }
-    }
-
-    /// The Node changed while the gate holds: a report that failed only on
-    /// the device-plugin check is judged again at once (the device plugin
-    /// advertising is a Node change, not a GPU change: no need to wait for
-    /// the next validation run).
+    /// The Node changed: the gate judges a report that failed only on the
+    /// device plugin again.
     fn node_changed(&mut self) {
-        if !self.gate_active() {
-            return;
+        if self.gate_active() {
+            let health = self.health_rx.borrow().clone();
+            self.gate.node_changed(self.live.as_ref(), &health);
         }
-        let Some(mut report) = self.gate_report.clone() else {
+    }
+
+    /// A new health arrived: the gate decides whether its report still holds.
+    fn health_changed(&mut self, validating: bool) {
+        if self.gate_active() {
+            let health = self.health_rx.borrow().clone();
+            self.gate
+                .health_changed(self.live.as_ref(), &health, validating);
+        }
+    }
+
+    /// A validation finished: the gate keeps its report; a fresh one is
+    /// counted, logged, and a failure raises a Warning Event.
+    fn record_validation(&mut self, report: ValidationReport) {
+        let health = self.health_rx.borrow().clone();
+        let Some(report) = self.gate.record(self.live.as_ref(), &health, report) else {
             return;
         };
-        let only_plugin = !report.passed
-            && report.complete
-            && report
-                .checks
-                .iter()
-                .filter(|c| !c.passed)
-                .all(|c| c.name == advertised::CHECK);
-        if !only_plugin {
-            return;
-        }
-        let health = self.health_rx.borrow().clone();
-        let before = report.checks.clone();
-        for c in &mut report.checks {
-            if c.name == advertised::CHECK {
-                c.passed = true;
-            }
-        }
-        report.passed = true;
-        self.add_device_plugin_check(&mut report, &health);
-        if report.checks != before {
-            if report.passed {
-                tracing::info!(node = %self.node_name, "Device plugin now advertises the GPUs; removing the startup taint.");
-            }
-            self.tell(&report);
-            self.gate_report = Some(report);
-        }
-    }
-
-    fn tell(&self, report: &ValidationReport) {
-        if let Some(f) = &self.on_validation {
-            f(report.clone());
-        }
-    }
-
-    /// A new health arrived: a cached passing report, or one being built, no
-    /// longer opens the gate when the new health fails the pure checks (a
-    /// fault appeared, a GPU left, another boot): the full validation, extra
-    /// command included, runs again.
-    fn health_changed(&mut self, validating: bool) {
-        if !self.gate_active() {
-            return;
-        }
-        let health = self.health_rx.borrow().clone();
-        let fresh = self.recheck(&health);
-        if fresh.passed {
-            return;
-        }
-        if validating && !self.gate_spoiled {
-            tracing::info!(node = %self.node_name, checks = %validation::failed_checks(&fresh).join(","), "GPU health changed while validation ran; its result will not remove the startup taint.");
-            self.gate_spoiled = true;
-        }
-        if self.gate_report.as_ref().is_some_and(|r| r.passed) {
-            tracing::info!(node = %self.node_name, checks = %validation::failed_checks(&fresh).join(","), "GPU health changed after validation passed; the startup taint stays.");
-            self.tell(&fresh);
-            self.gate_report = Some(fresh);
-        }
-    }
-
-    fn record_validation(&mut self, report: ValidationReport) {
-        if std::mem::take(&mut self.gate_spoiled) && report.passed {
-            // Built from the health at spawn time; the health failed the gate
-            // meanwhile. Judge the current health instead (the command runs
-            // again at the next attempt if that passes).
-            let health = self.health_rx.borrow().clone();
-            let fresh = self.recheck(&health);
-            tracing::info!(node = %self.node_name, "Validation result is stale (GPU health changed while it ran); validating again.");
-            self.tell(&fresh);
-            // Passing now: run the whole validation again at once; failing:
-            // show why and retry at the next interval.
-            self.gate_report = if fresh.passed { None } else { Some(fresh) };
-            return;
-        }
-        let mut report = report;
-        let health = self.health_rx.borrow().clone();
-        self.add_device_plugin_check(&mut report, &health);
-        self.tell(&report);
         let failed = validation::failed_checks(&report);
         if report.passed {
             self.metrics.count_validation(ValidationResult::Pass);
@@ -465,7 +291,6 @@ impl Reconciler {
                 ),
             );
         }
-        self.gate_report = Some(report);
     }
 
     /// While running (the startup gate open), healthy GPUs the device plugin
@@ -557,9 +382,9 @@ impl Reconciler {
         let now = now_time();
         let node = self.live.clone().unwrap_or_default();
         let startup = self.cfg.gate.enabled && has_startup_taint(&node, &self.cfg);
-        let passed = startup && self.gate_still_passes(&health);
+        let passed = startup && self.gate.still_passes(self.live.as_ref(), &health);
         let gate = if startup && !passed {
-            Gate::Closed(self.gate_report.clone())
+            Gate::Closed(self.gate.report().cloned())
         } else {
             Gate::Open
         };
@@ -593,28 +418,6 @@ impl Reconciler {
             (Err(e), _) | (Ok(_), Err(e)) => Err(e),
             (Ok(_), Ok(_)) => Ok(Pass { wrote, held }),
         }
-    }
-
-    /// Whether a passing gate report still holds right before the startup
-    /// taint goes: the cached report may be old (the extra command can run for
-    /// minutes), so the current health and boot are judged again; a report
-    /// that no longer holds is replaced (or dropped on another boot).
-    fn gate_still_passes(&mut self, health: &NodeHealth) -> bool {
-        if !self.gate_report.as_ref().is_some_and(|r| r.passed) {
-            return false;
-        }
-        let fresh = self.recheck(health);
-        let same_boot = self
-            .gate_report
-            .as_ref()
-            .is_some_and(|r| r.boot_id == health.boot_id);
-        if fresh.passed && same_boot {
-            return true;
-        }
-        tracing::info!(node = %self.node_name, checks = %validation::failed_checks(&fresh).join(","), same_boot, "GPU health changed since validation passed; the startup taint stays.");
-        self.tell(&fresh);
-        self.gate_report = if same_boot { Some(fresh) } else { None };
-        false
     }
 
     /// Applies our conditions when the Node's differ. `Ok(true)`: written.
@@ -797,24 +600,19 @@ impl Reconciler {
         let due = run.validation.is_none()
             && self.gate_active()
             && run.schedule.is_due(Wake::Validate, Instant::now());
-        if !due || self.gate_report.as_ref().is_some_and(|r| r.passed) {
+        if !due || self.gate.passed() {
             return;
         }
         let health = self.health_rx.borrow().clone();
-        let expected = expected(
-            self.live.as_ref(),
-            &self.vcfg,
-            self.cfg.advertised.mig_strategy,
-            &health,
-        );
+        let expected = self.gate.expected(self.live.as_ref(), &health);
         if let Some(Expected::Gpus(e)) = expected {
             self.metrics.gpus_expected.store(u64::from(e), Relaxed);
         }
-        self.gate_spoiled = false;
+        self.gate.validation_started();
         run.validation = Some(tokio::spawn(run_validation(
             health,
             expected,
-            self.vcfg.clone(),
+            self.gate.vcfg().clone(),
         )));
     }
 
@@ -896,9 +694,9 @@ impl Reconciler {
             .set(Wake::Validate, Instant::now() + run.validation_interval);
         match r {
             Ok(report) => {
-                let stale = self.gate_spoiled && report.passed;
+                let stale = self.gate.spoiled() && report.passed;
                 self.record_validation(report);
-                if stale && self.gate_report.is_none() {
+                if stale && self.gate.report().is_none() {
                     run.schedule.set(Wake::Validate, Instant::now());
                 }
             }

@@ -1,0 +1,363 @@
+//! The startup gate: the validation report that decides whether the startup
+//! taint may go, kept current as the Node and the GPUs' health change, and the
+//! expected GPU count it validates against.
+
+use super::ValidationCallback;
+use super::advertised;
+use super::config::MigStrategy;
+use super::settings::AdvertisedSettings;
+use gpuwatch_core::validation::{self, Expected, ValidationConfig};
+use gpuwatch_proto::{NodeHealth, ValidationReport};
+use k8s_openapi::api::core::v1::Node;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+pub(crate) fn unix_nanos(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// The expected count the startup gate validates against: the configured
+/// GPU count, else the Node's count ([`expected_gpus`]), which under the
+/// single MIG strategy counts MIG devices once NVML sees GPUs in MIG mode.
+pub(crate) fn expected(
+    node: Option<&Node>,
+    vcfg: &ValidationConfig,
+    mig_strategy: MigStrategy,
+    health: &NodeHealth,
+) -> Option<Expected> {
+    if let Some(n) = vcfg.expected_gpus {
+        return Some(Expected::Gpus(n));
+    }
+    Some(node_count(
+        expected_gpus(node?, vcfg)?,
+        mig_strategy,
+        health,
+    ))
+}
+
+/// A count read from the Node, in the units it counts (see [`expected`]).
+pub(crate) fn node_count(n: u32, mig_strategy: MigStrategy, health: &NodeHealth) -> Expected {
+    let mig = health
+        .gpus
+        .iter()
+        .any(|g| validation::mig_devices(g).is_some());
+    if mig && mig_strategy == MigStrategy::Single {
+        Expected::SingleStrategyDevices(n)
+    } else {
+        Expected::Gpus(n)
+    }
+}
+
+/// Expected GPU count: config, else the node label, else `nvidia.com/gpu` capacity.
+pub(crate) fn expected_gpus(node: &Node, vcfg: &ValidationConfig) -> Option<u32> {
+    if let Some(n) = vcfg.expected_gpus {
+        return Some(n);
+    }
+    if let Some(n) = node
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(&vcfg.expected_gpus_label))
+        .and_then(|v| v.trim().parse::<u32>().ok())
+    {
+        return Some(n);
+    }
+    node.status
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| c.get("nvidia.com/gpu"))
+        .and_then(|q| q.0.trim().parse::<u32>().ok())
+}
+
+/// Runs `validation::validate` and, when every other check passed, the extra command.
+pub(crate) async fn run_validation(
+    health: Arc<NodeHealth>,
+    expected: Option<Expected>,
+    vcfg: ValidationConfig,
+) -> ValidationReport {
+    let mut report = validation::validate_expecting(&health, expected, &vcfg);
+    if report.passed && !vcfg.command.is_empty() {
+        let check = crate::extra_command::run_extra_command(&vcfg).await;
+        validation::add_check(&mut report, check);
+    }
+    report.time_unix_nano = Some(unix_nanos(SystemTime::now()));
+    report
+}
+
+/// What the gate knows between passes.
+pub(crate) struct StartupGate {
+    /// The latest validation report: a passed one opens the gate.
+    report: Option<ValidationReport>,
+    /// Health changed in a way that fails the gate while a validation ran: its
+    /// result (built from the health at spawn time) must not open the gate.
+    spoiled: bool,
+    /// Whether the last Node read carried the startup taint (kept across the
+    /// re-reads after API errors).
+    startup_seen: bool,
+    /// Told every gate report (the engine shows it in `/v1/health.validation`).
+    on_validation: Option<ValidationCallback>,
+    vcfg: ValidationConfig,
+    advertised: AdvertisedSettings,
+    node_name: String,
+}
+
+impl StartupGate {
+    pub(crate) fn new(
+        vcfg: ValidationConfig,
+        advertised: AdvertisedSettings,
+        node_name: String,
+        on_validation: Option<ValidationCallback>,
+    ) -> StartupGate {
+        StartupGate {
+            report: None,
+            spoiled: false,
+            startup_seen: false,
+            on_validation,
+            vcfg,
+            advertised,
+            node_name,
+        }
+    }
+
+    pub(crate) fn report(&self) -> Option<&ValidationReport> {
+        self.report.as_ref()
+    }
+
+    /// A validation report passed (the gate opens unless health changed).
+    pub(crate) fn passed(&self) -> bool {
+        self.report.as_ref().is_some_and(|r| r.passed)
+    }
+
+    pub(crate) fn spoiled(&self) -> bool {
+        self.spoiled
+    }
+
+    pub(crate) fn vcfg(&self) -> &ValidationConfig {
+        &self.vcfg
+    }
+
+    /// A validation starts from the current health.
+    pub(crate) fn validation_started(&mut self) {
+        self.spoiled = false;
+    }
+
+    /// The Node was read: `true` when the startup taint came back (node
+    /// template re-applied, an operator re-gating the node), which voids an
+    /// earlier result.
+    pub(crate) fn saw_node(&mut self, has_startup: bool) -> bool {
+        let had_startup = std::mem::replace(&mut self.startup_seen, has_startup);
+        if !had_startup && has_startup && self.report.is_some() {
+            self.report = None;
+            return true;
+        }
+        false
+    }
+
+    /// The expected count for the live Node and `health`.
+    pub(crate) fn expected(&self, live: Option<&Node>, health: &NodeHealth) -> Option<Expected> {
+        expected(live, &self.vcfg, self.advertised.mig_strategy, health)
+    }
+
+    /// The pure checks on `health` (no extra command), with the expected GPU
+    /// count of the live Node.
+    fn recheck(&self, live: Option<&Node>, health: &NodeHealth) -> ValidationReport {
+        let mut r = validation::validate_expecting(health, self.expected(live, health), &self.vcfg);
+        self.add_device_plugin_check(live, &mut r, health);
+        r.time_unix_nano = Some(unix_nanos(SystemTime::now()));
+        r
+    }
+
+    /// Adds the device-plugin check (allocatable reaches the expected count)
+    /// to a report whose other checks passed; replaces an earlier one.
+    fn add_device_plugin_check(
+        &self,
+        live: Option<&Node>,
+        report: &mut ValidationReport,
+        health: &NodeHealth,
+    ) {
+        report.checks.retain(|c| c.name != advertised::CHECK);
+        report.passed = report.complete && report.checks.iter().all(|c| c.passed);
+        if !report.passed {
+            return;
+        }
+        let node = live.cloned().unwrap_or_default();
+        if let Some(check) = advertised::gate_check(&node, health, &self.advertised) {
+            validation::add_check(report, check);
+        }
+    }
+
+    fn tell(&self, report: &ValidationReport) {
+        if let Some(f) = &self.on_validation {
+            f(report.clone());
+        }
+    }
+
+    /// The Node changed while the gate holds: a report that failed only on
+    /// the device-plugin check is judged again at once (the device plugin
+    /// advertising is a Node change, not a GPU change: no need to wait for
+    /// the next validation run).
+    pub(crate) fn node_changed(&mut self, live: Option<&Node>, health: &NodeHealth) {
+        let Some(mut report) = self.report.clone() else {
+            return;
+        };
+        let only_plugin = !report.passed
+            && report.complete
+            && report
+                .checks
+                .iter()
+                .filter(|c| !c.passed)
+                .all(|c| c.name == advertised::CHECK);
+        if !only_plugin {
+            return;
+        }
+        let before = report.checks.clone();
+        for c in &mut report.checks {
+            if c.name == advertised::CHECK {
+                c.passed = true;
+            }
+        }
+        report.passed = true;
+        self.add_device_plugin_check(live, &mut report, health);
+        if report.checks != before {
+            if report.passed {
+                tracing::info!(node = %self.node_name, "Device plugin now advertises the GPUs; removing the startup taint.");
+            }
+            self.tell(&report);
+            self.report = Some(report);
+        }
+    }
+
+    /// A new health arrived while the gate holds: a cached passing report,
+    /// or one being built, no longer opens the gate when the new health
+    /// fails the pure checks (a fault appeared, a GPU left, another boot):
+    /// the full validation, extra command included, runs again.
+    pub(crate) fn health_changed(
+        &mut self,
+        live: Option<&Node>,
+        health: &NodeHealth,
+        validating: bool,
+    ) {
+        let fresh = self.recheck(live, health);
+        if fresh.passed {
+            return;
+        }
+        if validating && !self.spoiled {
+            tracing::info!(node = %self.node_name, checks = %validation::failed_checks(&fresh).join(","), "GPU health changed while validation ran; its result will not remove the startup taint.");
+            self.spoiled = true;
+        }
+        if self.passed() {
+            tracing::info!(node = %self.node_name, checks = %validation::failed_checks(&fresh).join(","), "GPU health changed after validation passed; the startup taint stays.");
+            self.tell(&fresh);
+            self.report = Some(fresh);
+        }
+    }
+
+    /// A validation finished with `report`. `None`: its result was stale
+    /// (health failed the gate while it ran) and the current health was
+    /// judged instead; otherwise the report as kept (device-plugin check
+    /// added), for the caller to count and announce.
+    pub(crate) fn record(
+        &mut self,
+        live: Option<&Node>,
+        health: &NodeHealth,
+        report: ValidationReport,
+    ) -> Option<ValidationReport> {
+        if std::mem::take(&mut self.spoiled) && report.passed {
+            // Built from the health at spawn time; the health failed the gate
+            // meanwhile. Judge the current health instead (the command runs
+            // again at the next attempt if that passes).
+            let fresh = self.recheck(live, health);
+            tracing::info!(node = %self.node_name, "Validation result is stale (GPU health changed while it ran); validating again.");
+            self.tell(&fresh);
+            // Passing now: run the whole validation again at once; failing:
+            // show why and retry at the next interval.
+            self.report = if fresh.passed { None } else { Some(fresh) };
+            return None;
+        }
+        let mut report = report;
+        self.add_device_plugin_check(live, &mut report, health);
+        self.tell(&report);
+        self.report = Some(report.clone());
+        Some(report)
+    }
+
+    /// Whether a passed report still opens the gate for `health`: the same
+    /// boot, and the pure checks still pass.
+    pub(crate) fn still_passes(&mut self, live: Option<&Node>, health: &NodeHealth) -> bool {
+        if !self.passed() {
+            return false;
+        }
+        let fresh = self.recheck(live, health);
+        let same_boot = self
+            .report
+            .as_ref()
+            .is_some_and(|r| r.boot_id == health.boot_id);
+        if fresh.passed && same_boot {
+            return true;
+        }
+        tracing::info!(node = %self.node_name, checks = %validation::failed_checks(&fresh).join(","), same_boot, "GPU health changed since validation passed; the startup taint stays.");
+        self.tell(&fresh);
+        self.report = if same_boot { Some(fresh) } else { None };
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    fn gate() -> (StartupGate, Arc<Mutex<Vec<ValidationReport>>>) {
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let seen = told.clone();
+        let cb: ValidationCallback = Arc::new(move |r| seen.lock().unwrap().push(r));
+        let g = StartupGate::new(
+            ValidationConfig::default(),
+            crate::kube::KubeSettings::default().advertised,
+            "gpu-node-1".into(),
+            Some(cb),
+        );
+        (g, told)
+    }
+
+    fn failed_report() -> ValidationReport {
+        ValidationReport {
+            passed: false,
+            complete: true,
+            checks: vec![gpuwatch_proto::ValidationCheck {
+                name: "gpu_count".into(),
+                passed: false,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_failed_report_is_kept_told_and_never_opens_the_gate() {
+        let (mut g, told) = gate();
+        let health = NodeHealth::default();
+        assert!(!g.still_passes(None, &health), "no report: closed");
+        let kept = g.record(None, &health, failed_report()).unwrap();
+        assert!(!kept.passed);
+        assert_eq!(told.lock().unwrap().len(), 1);
+        assert!(g.report().is_some_and(|r| !r.passed));
+        assert!(!g.passed());
+        assert!(!g.still_passes(None, &health));
+    }
+
+    #[test]
+    fn the_startup_taint_coming_back_voids_the_report() {
+        let (mut g, _) = gate();
+        let health = NodeHealth::default();
+        assert!(!g.saw_node(true), "first sight: nothing to void");
+        g.record(None, &health, failed_report());
+        assert!(!g.saw_node(true), "still there: the report stands");
+        assert!(g.report().is_some());
+        assert!(!g.saw_node(false), "removed");
+        assert!(g.report().is_some());
+        assert!(g.saw_node(true), "back again");
+        assert!(g.report().is_none());
+    }
+}
