@@ -53,6 +53,8 @@ struct State<T> {
     flush_requested: bool,
     stop: Option<Drain>,
     finished: bool,
+    /// The batch size the consumer waits for (its last `next_batch`).
+    batch_max: usize,
 }
 
 /// A bounded drop-oldest queue with one consumer (module doc).
@@ -88,6 +90,7 @@ impl<T> SinkQueue<T> {
                 flush_requested: false,
                 stop: None,
                 finished: false,
+                batch_max: 1,
             }),
             work: Condvar::new(),
             idle: Condvar::new(),
@@ -138,8 +141,14 @@ impl<T> SinkQueue<T> {
         let id = st.next_id;
         st.next_id += 1;
         st.items.push_back((id, Arc::new(item)));
+        // The consumer waits for a first item, then (lingering) for a full
+        // batch: any other push needs no wake-up (a syscall on the engine
+        // thread saved per event).
+        let wake = st.items.len() == 1 || st.items.len() >= st.batch_max;
         drop(st);
-        self.work.notify_one();
+        if wake {
+            self.work.notify_one();
+        }
     }
 
     /// Items waiting (including a batch being written).
@@ -154,10 +163,24 @@ impl<T> SinkQueue<T> {
         let mut st = self.lock();
         st.flush_requested = true;
         self.work.notify_all();
-        while !(st.finished || st.items.is_empty() && st.inflight_upto.is_none()) {
+        let st = self.wait_until(st, deadline, |st| {
+            st.finished || st.items.is_empty() && st.inflight_upto.is_none()
+        });
+        st.is_some_and(|st| st.items.is_empty())
+    }
+
+    /// Waits on `idle` until `done` holds (`Some`) or `deadline` passes
+    /// (`None`).
+    fn wait_until<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State<T>>,
+        deadline: Instant,
+        done: impl Fn(&State<T>) -> bool,
+    ) -> Option<MutexGuard<'a, State<T>>> {
+        while !done(&st) {
             let now = Instant::now();
             if now >= deadline {
-                return false;
+                return None;
             }
             st = self
                 .idle
@@ -165,7 +188,7 @@ impl<T> SinkQueue<T> {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        st.items.is_empty()
+        Some(st)
     }
 
     /// Refuses new items from now on and tells the consumer to drain as
@@ -183,19 +206,8 @@ impl<T> SinkQueue<T> {
     pub(crate) fn stop_and_wait(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         self.stop(Drain::Until(deadline));
-        let mut st = self.lock();
-        while !st.finished {
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            st = self
-                .idle
-                .wait_timeout(st, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        true
+        self.wait_until(self.lock(), deadline, |st| st.finished)
+            .is_some()
     }
 
     /// True while the consumer writes a batch.
@@ -215,6 +227,7 @@ impl<T> SinkQueue<T> {
     pub(crate) fn next_batch(&self, max: usize, linger: Duration) -> Option<Vec<Arc<T>>> {
         let max = max.max(1);
         let mut st = self.lock();
+        st.batch_max = max;
         let mut first_seen: Option<Instant> = None;
         loop {
             if let Some(drain) = st.stop {

@@ -2273,6 +2273,19 @@ fn pod_on(
     .expect("pod")
 }
 
+/// The latest pod listing the writer handed over.
+fn latest_pods(h: &Harness) -> Option<Arc<gpuwatch_core::placement::PodDirectory>> {
+    h.placements
+        .lock()
+        .unwrap()
+        .iter()
+        .rev()
+        .find_map(|u| match u {
+            PlacementUpdate::Pods(d) => Some(d.clone()),
+            _ => None,
+        })
+}
+
 /// The pod listing (kube-runtime's watcher) through an outage and a
 /// compaction: while the API server is away the engine is told once that the
 /// listing is unavailable; a pod deleted meanwhile is missing from the next
@@ -2291,17 +2304,7 @@ async fn the_pod_listing_survives_an_outage_and_a_compaction() {
         true,
     )
     .await;
-    let latest = |h: &Harness| {
-        h.placements
-            .lock()
-            .unwrap()
-            .iter()
-            .rev()
-            .find_map(|u| match u {
-                PlacementUpdate::Pods(d) => Some(d.clone()),
-                _ => None,
-            })
-    };
+    let latest = latest_pods;
     let unavailable = |h: &Harness| {
         h.placements
             .lock()
@@ -2372,17 +2375,7 @@ async fn node_pods_are_listed_and_a_named_pod_gets_a_warning_event() {
         true,
     )
     .await;
-    let latest = |h: &Harness| {
-        h.placements
-            .lock()
-            .unwrap()
-            .iter()
-            .rev()
-            .find_map(|u| match u {
-                PlacementUpdate::Pods(d) => Some(d.clone()),
-                _ => None,
-            })
-    };
+    let latest = latest_pods;
     assert!(
         wait_for(SECS, || latest(&h)
             .is_some_and(|d| d.by_uid.contains_key("u-1")))
