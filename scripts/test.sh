@@ -7,6 +7,7 @@
 # rustfmt and clippy components, cargo-fuzz), then runs format, lint, docs, unit/integration/e2e
 # tests, the fuzz targets and the deploy/ checks.
 #
+# Installs the Rust toolchain with rustup when cargo is missing.
 # Needs root: the end-to-end tests write records into the real /dev/kmsg.
 # Set CARGO_TARGET_DIR to a persistent directory to reuse builds between runs.
 set -euo pipefail
@@ -25,7 +26,15 @@ apt_install() {
 }
 
 step "Checking tools the tests need"
-command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; exit 1; }
+# The Rust toolchain: rustup's, installed for this user when there is none.
+if ! command -v cargo >/dev/null; then
+  if [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ]; then
+    command -v curl >/dev/null || apt_install curl ca-certificates
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs \
+      | sh -s -- -y --profile minimal --component rustfmt,clippy
+  fi
+  export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+fi
 command -v promtool >/dev/null && command -v prometheus >/dev/null || apt_install prometheus
 command -v kubectl >/dev/null || apt_install kubernetes-client
 for tool in jq curl; do command -v "$tool" >/dev/null || apt_install "$tool"; done
