@@ -38,7 +38,7 @@ mod summary;
 
 pub use check::CheckError;
 pub use prepare::{PrepareError, Prepared, prepare, resolve};
-pub use sinks::{Sinks, build_sinks, resource_info};
+pub use sinks::{EngineLink, Sinks, build_sinks, resource_info};
 pub use summary::{RunSummary, peak_rss_kib};
 
 use crate::api::{self, ApiState};
@@ -131,7 +131,18 @@ impl Prepared {
         let registry = Registry::new();
         let kube = KubeMetrics::new();
         let liveness = Liveness::new();
-        let engine = self.agent_engine(&registry, &liveness);
+        let mut engine = self.agent_engine(&registry, &liveness);
+        // A fault record whose pods a fresh listing could name asks for one.
+        let pods_ask = Arc::new(tokio::sync::Notify::new());
+        let devices_ask = Arc::new(tokio::sync::Notify::new());
+        let wake = |n: &Arc<tokio::sync::Notify>| -> gpuwatch_core::engine::Ask {
+            let n = n.clone();
+            Arc::new(move || n.notify_one())
+        };
+        engine.set_placement_asks(gpuwatch_core::engine::PlacementAsks {
+            pods: (self.kube().enabled && !opts.kube_dry_run).then(|| wake(&pods_ask)),
+            devices: (!self.kubelet().socket.as_os_str().is_empty()).then(|| wake(&devices_ask)),
+        });
         let shutdown = Shutdown::new();
         let (stop_tx, stop_rx) = crossbeam_channel::unbounded::<StopReason>();
         let kmsg_args = self.kmsg_source(
@@ -157,7 +168,10 @@ impl Prepared {
             &kube,
             rt.handle(),
             health_rx,
-            Arc::downgrade(&validation),
+            sinks::EngineLink {
+                tx: Arc::downgrade(&validation),
+                pods_ask,
+            },
         )?;
         let engine = EngineThread::start(
             engine,
@@ -169,7 +183,8 @@ impl Prepared {
         )?;
         let kmsg = KmsgReader::start(kmsg_args, inlet.sender())?;
         let nvml = NvmlSources::start(&cfg.nvml, inlet.sender(), &registry, &liveness, &shutdown)?;
-        let kubelet = KubeletDevices::start(self.kubelet(), &rt, inlet.sender(), &registry);
+        let kubelet =
+            KubeletDevices::start(self.kubelet(), &rt, inlet.sender(), &registry, devices_ask);
         let api_state = ApiState {
             registry: registry.clone(),
             kube,

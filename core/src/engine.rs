@@ -150,6 +150,8 @@ mod join;
 mod model;
 // The pods a fault names, and MIG instance scoping.
 mod pods;
+// Fault records waiting for a fresher placement listing.
+mod placement_wait;
 // The state file: its format, loading, and the write schedule.
 mod persist;
 // The clearing rules (module docs above).
@@ -166,6 +168,7 @@ mod writer;
 pub use config::EngineConfig;
 pub use join::{MAX_NODE_FAULTS, MAX_UNCONFIRMED_GPUS};
 pub use persist::{LEGACY_CURSOR_FILE, preset_kmsg_position};
+pub use placement_wait::{Ask, PlacementAsks};
 pub use run::{FINAL_WRITE_WAIT, run_engine};
 
 use crate::Registry;
@@ -177,6 +180,7 @@ use join::JoinGrace;
 use model::{Fault, FaultKey, Gpu, History, HistoryKey};
 use monitors::Monitors;
 use persist::Persistence;
+use placement_wait::PlacementWait;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
@@ -243,6 +247,9 @@ pub struct Engine {
     activations: Vec<Activation>,
     /// The node's pods and their devices, for naming a fault's pods.
     placement: crate::placement::Placement,
+    /// Published records waiting for a fresher placement listing (and the
+    /// kernel-log position behind them).
+    wait: PlacementWait,
     /// The state file, the kernel-log position it accounts for, the writes.
     persist: Persistence,
     /// The startup join grace: the kernel-log faults (and position) held
@@ -295,6 +302,7 @@ impl Engine {
             defer_activation_logs: false,
             activations: Vec::new(),
             placement: crate::placement::Placement::default(),
+            wait: PlacementWait::default(),
             persist,
             grace: JoinGrace::new(now),
             monitors: Monitors::default(),
@@ -340,6 +348,12 @@ impl Engine {
     /// identity, coalesced: a repeat inside the dedup window of an active fault bumps
     /// its count and is not returned again). Each kind of input has one method.
     pub fn handle(&mut self, input: Input) -> Vec<FaultEvent> {
+        let mut out = self.handle_one(input);
+        self.release_waiting(false, &mut out);
+        out
+    }
+
+    fn handle_one(&mut self, input: Input) -> Vec<FaultEvent> {
         match input {
             Input::Fault { event, read_at } => self.on_fault(event, read_at),
             Input::Samples { samples, complete } => self.on_samples(samples, complete),
@@ -418,6 +432,14 @@ impl Engine {
     fn on_kmsg_progress(&mut self, position: KmsgPosition) {
         self.persist.track_kmsg();
         if let Some(position) = self.grace.position(position) {
+            self.apply_kmsg_position(position);
+        }
+    }
+
+    /// A position no join-grace event waits for: it applies once no record
+    /// waits for placement either.
+    fn apply_kmsg_position(&mut self, position: KmsgPosition) {
+        if let Some(position) = self.wait.position(position) {
             self.set_kmsg_position(position);
         }
     }
@@ -445,6 +467,13 @@ impl Engine {
         if self.monitors.set_validation(report) {
             self.touch();
         }
+    }
+
+    /// The placement sources the engine may ask for a fresh listing when a
+    /// published record's pods could be named by one (`placement_wait_ms`).
+    /// Called by the wiring before any input.
+    pub fn set_placement_asks(&mut self, asks: PlacementAsks) {
+        self.wait.set_asks(asks);
     }
 
     /// [`run_engine`] stores the Unix seconds of each loop pass here (at least

@@ -8,6 +8,7 @@
 use gpuwatch_proto::{PodRef, PodRole};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// A pod bound to this node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -178,6 +179,13 @@ pub enum PlacementUpdate {
     Devices(Arc<DeviceHolders>),
     /// The kubelet cannot be asked (no socket, an error).
     DevicesUnavailable(String),
+    /// The pod listing the engine has is current as of this instant: a list
+    /// of the node's pods sent then (and every change it showed) has
+    /// reached the engine, so a pod it does not know did not exist then.
+    PodsCurrent(Instant),
+    /// The device assignments the engine has are current as of this
+    /// instant: the kubelet answered a `List` sent then.
+    DevicesCurrent(Instant),
 }
 
 /// What the engine knows of the node's pods and their devices.
@@ -185,8 +193,12 @@ pub enum PlacementUpdate {
 pub struct Placement {
     pods: Option<Arc<PodDirectory>>,
     pods_note: Option<String>,
+    /// When the last list of the node's pods the engine has seen was sent.
+    pods_current: Option<Instant>,
     devices: Option<Arc<DeviceHolders>>,
     devices_note: Option<String>,
+    /// When the last `List` whose answer the engine has was sent.
+    devices_current: Option<Instant>,
 }
 
 /// The attribute saying what placement could not tell about a fault's pods.
@@ -214,7 +226,37 @@ impl Placement {
                 self.devices_note = None;
             }
             PlacementUpdate::DevicesUnavailable(why) => self.devices_note = Some(why),
+            PlacementUpdate::PodsCurrent(at) => {
+                self.pods_current = self.pods_current.max(Some(at));
+            }
+            PlacementUpdate::DevicesCurrent(at) => {
+                self.devices_current = self.devices_current.max(Some(at));
+            }
         }
+    }
+
+    /// True when a listing of the node's pods sent after `read_at` could
+    /// still name a pod of `pods` known by UID only: the listing works, has
+    /// not been current since `read_at`, and the pod is neither listed nor
+    /// gone (a pod that started a moment before its fault).
+    pub fn pods_behind(&self, pods: &[PodRef], read_at: Instant) -> bool {
+        if self.pods_note.is_some() || self.pods_current.is_some_and(|t| t >= read_at) {
+            return false;
+        }
+        let dir = self.pods.as_deref();
+        pods.iter().any(|p| {
+            p.name.is_empty()
+                && !p.uid.is_empty()
+                && dir.is_none_or(|d| !d.by_uid.contains_key(&p.uid) && !d.gone.contains(&p.uid))
+        })
+    }
+
+    /// True when a `List` sent after `read_at` could name pods on a GPU that
+    /// the engine's device assignments do not: the kubelet answers and has
+    /// not been asked since `read_at` (a pod placed on the GPU a moment
+    /// before its fault).
+    pub fn devices_behind(&self, read_at: Instant) -> bool {
+        self.devices_note.is_none() && self.devices_current.is_none_or(|t| t < read_at)
     }
 
     /// Fills the name, namespace and container name of every pod `pods`
@@ -445,6 +487,48 @@ mod tests {
         ] {
             assert_eq!(is_gpu_resource(resource, &names), gpu, "{resource}");
         }
+    }
+
+    #[test]
+    fn a_listing_is_behind_a_fault_until_one_sent_after_it_arrives() {
+        let before = Instant::now();
+        let read_at = before + std::time::Duration::from_millis(5);
+        let after = read_at + std::time::Duration::from_millis(5);
+        let mut pl = Placement::default();
+        let unknown = [caused("u9", "")];
+        // Never listed yet: the first listing may name it.
+        assert!(pl.pods_behind(&unknown, read_at));
+        assert!(pl.devices_behind(read_at));
+        pl.apply(PlacementUpdate::Pods(directory()));
+        pl.apply(PlacementUpdate::PodsCurrent(before));
+        assert!(pl.pods_behind(&unknown, read_at));
+        // A pod the listing knows, or knows to be gone, needs nothing more.
+        let mut named = [caused("u1", "")];
+        assert!(!pl.pods_behind(&named, read_at));
+        named[0].name = "x".into();
+        assert!(!pl.pods_behind(&named, read_at));
+        let mut d = (*directory()).clone();
+        d.gone.insert("u7".into());
+        pl.apply(PlacementUpdate::Pods(Arc::new(d)));
+        assert!(!pl.pods_behind(&[caused("u7", "")], read_at));
+        // A listing sent after the fault was read settles it.
+        pl.apply(PlacementUpdate::PodsCurrent(after));
+        assert!(!pl.pods_behind(&unknown, read_at));
+        // An older "current" never moves the mark back.
+        pl.apply(PlacementUpdate::PodsCurrent(before));
+        assert!(!pl.pods_behind(&unknown, read_at));
+        // A listing that does not work has nothing coming.
+        let mut down = Placement::default();
+        down.apply(PlacementUpdate::PodsUnavailable("503".into()));
+        assert!(!down.pods_behind(&unknown, read_at));
+
+        pl.apply(PlacementUpdate::DevicesCurrent(before));
+        assert!(pl.devices_behind(read_at));
+        pl.apply(PlacementUpdate::DevicesCurrent(after));
+        assert!(!pl.devices_behind(read_at));
+        let mut gone = Placement::default();
+        gone.apply(PlacementUpdate::DevicesUnavailable("no socket".into()));
+        assert!(!gone.devices_behind(read_at));
     }
 
     #[test]

@@ -97,7 +97,7 @@ pub use config::{KubeConfig, MigStrategy, StartupGateMode, TaintConfig};
 pub use desired::class_reason;
 pub use events::{COMPONENT, DEDUP_ANNOTATION, event_reason, event_type};
 pub use metrics::{EVENTS_STAGE, KubeMetrics, KubeObject, ValidationResult, WriteResult};
-pub use pods::{PlacementCallback, pod_info};
+pub use pods::{MIN_LIST_GAP, PlacementCallback, pod_info};
 pub use settings::{
     AdvertisedSettings, ApiSettings, ConditionSettings, EventSettings, FlapBound, GateSettings,
     KubeSettings, QuarantineSettings, Taint, TaintEffect, TaintSettings,
@@ -226,6 +226,9 @@ pub struct WriterHooks {
     /// The pods bound to this Node, after every change; `None`: the pods are
     /// not listed (nor is `list`/`watch pods` sent).
     pub on_pods: Option<PlacementCallback>,
+    /// Woken when the health engine needs a fresh list of the node's pods (a
+    /// fault names a pod the listing does not know); `None`: never asked.
+    pub pods_ask: Option<Arc<tokio::sync::Notify>>,
     /// The agent's state directory: the condition flap history is kept in
     /// its `kube-conditions.json`, so the bound survives restarts and
     /// reboots. `None`: in memory only (dry runs, tests).
@@ -237,6 +240,7 @@ impl std::fmt::Debug for WriterHooks {
         f.debug_struct("WriterHooks")
             .field("on_validation", &self.on_validation.is_some())
             .field("on_pods", &self.on_pods.is_some())
+            .field("pods_ask", &self.pods_ask.is_some())
             .field("state_dir", &self.state_dir)
             .finish()
     }
@@ -485,6 +489,7 @@ impl NodeWriter {
                 node_name.clone(),
                 settings.api.clone(),
                 on_pods,
+                hooks.pods_ask.take().unwrap_or_default(),
                 shutdown_rx.clone(),
             ))),
             _ => None,

@@ -260,6 +260,7 @@ impl KubeletDevices {
         rt: &tokio::runtime::Runtime,
         engine: Sender<Input>,
         registry: &Arc<Registry>,
+        ask: Arc<tokio::sync::Notify>,
     ) -> KubeletDevices {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let task = (!cfg.socket.as_os_str().is_empty()).then(|| {
@@ -267,6 +268,7 @@ impl KubeletDevices {
                 cfg.clone(),
                 engine,
                 registry.clone(),
+                ask,
                 stop_rx,
             ))
         });

@@ -42,6 +42,17 @@ impl std::fmt::Debug for Sinks {
     }
 }
 
+/// How the sinks and the health engine reach each other.
+#[derive(Debug)]
+pub struct EngineLink {
+    /// Validation reports and pod listings go to the engine here. Held
+    /// weakly: once the agent drops the strong sender, the engine's channel
+    /// can drain while the writer still runs.
+    pub tx: std::sync::Weak<crossbeam_channel::Sender<gpuwatch_core::msg::Input>>,
+    /// The engine wakes this to ask the pod listing for a fresh list.
+    pub pods_ask: Arc<tokio::sync::Notify>,
+}
+
 /// Assembles the event sinks and exporters. **This is the one place where
 /// sinks are wired**: stdout JSON lines, the Prometheus renderer, the OTLP
 /// exporter (metrics + one log record per fault) and the Kubernetes node
@@ -54,7 +65,7 @@ pub fn build_sinks(
     kube: &Arc<KubeMetrics>,
     rt: &tokio::runtime::Handle,
     health_rx: tokio::sync::watch::Receiver<Arc<NodeHealth>>,
-    validation_tx: std::sync::Weak<crossbeam_channel::Sender<gpuwatch_core::msg::Input>>,
+    engine: EngineLink,
 ) -> Result<Sinks, RunError> {
     let cfg = prepared.config();
     let mut sinks = Sinks {
@@ -82,7 +93,7 @@ pub fn build_sinks(
         sinks.start_otlp(cfg, registry, kube, rt)?;
     }
     if prepared.kube().enabled || opts.kube_dry_run {
-        sinks.start_kube_writer(prepared, opts, kube, rt, health_rx, validation_tx)?;
+        sinks.start_kube_writer(prepared, opts, kube, rt, health_rx, engine)?;
     }
     Ok(sinks)
 }
@@ -136,8 +147,12 @@ impl Sinks {
         kube: &Arc<KubeMetrics>,
         rt: &tokio::runtime::Handle,
         health_rx: tokio::sync::watch::Receiver<Arc<NodeHealth>>,
-        validation_tx: std::sync::Weak<crossbeam_channel::Sender<gpuwatch_core::msg::Input>>,
+        engine: EngineLink,
     ) -> Result<(), RunError> {
+        let EngineLink {
+            tx: validation_tx,
+            pods_ask,
+        } = engine;
         // Startup-gate reports go to the engine (`/v1/health.validation`). The
         // writer only holds a weak reference to the engine channel: once the
         // agent drops the strong one (its inputs stopping), the engine's channel
@@ -172,6 +187,7 @@ impl Sinks {
                 gpuwatch_sinks::kube::WriterHooks {
                     on_validation: Some(on_validation),
                     on_pods: Some(on_pods),
+                    pods_ask: Some(pods_ask),
                     // A dry run shows nothing on the Node: it keeps no history
                     // for the agent that does.
                     state_dir: (!opts.kube_dry_run).then(|| cfg.state_dir.clone()),

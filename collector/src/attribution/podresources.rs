@@ -1,8 +1,11 @@
 //! Which pods hold which GPUs: the kubelet's PodResources API (v1, `List`)
-//! on its unix socket, asked every `interval_ms` and handed to the health
-//! engine as [`PlacementUpdate::Devices`] whenever the answer changes, so a
-//! fault of a GPU (XID 79, uncorrectable ECC, a lost GPU) names the pods that
-//! held it. Device ids are what the device plugin gave the kubelet, under the
+//! on its unix socket, asked every `interval_ms` and whenever the engine asks
+//! (a fault of a GPU read after the last call waits for a fresh answer, at
+//! most [`MIN_ASK_GAP`] apart), and handed to the health engine as
+//! [`PlacementUpdate::Devices`] whenever the answer changes and
+//! [`PlacementUpdate::DevicesCurrent`] after every answer, so a fault of a GPU
+//! (XID 79, uncorrectable ECC, a lost GPU) names the pods that held it,
+//! including one placed a moment before. Device ids are what the device plugin gave the kubelet, under the
 //! resources `gpu_resources` names (`nvidia.com/gpu`, `nvidia.com/mig-*` and
 //! any the device plugin's configuration renamed them to); their shapes
 //! ([`DeviceShape`]: GPU UUIDs, replicas of a shared GPU, MIG UUIDs old and
@@ -218,12 +221,20 @@ fn holders(resp: v1::ListPodResourcesResponse, gpu_resources: &[String]) -> Devi
     }
 }
 
-/// Asks the kubelet every interval until `stop`, telling the engine through
-/// `tx` what changed (module doc).
+/// Asks answered at most this often (the kubelet rate-limits its
+/// PodResources socket at 100 calls a second, shared by every client on the
+/// node; a storm of faults on many GPUs costs at most four calls a second).
+pub const MIN_ASK_GAP: Duration = Duration::from_millis(250);
+
+/// Asks the kubelet every interval, and when the engine asks (`ask`: a
+/// fault of a GPU read after the last call), until `stop`, telling the
+/// engine through `tx` what changed and, after every answer, that its
+/// device assignments are current as of the call (module doc).
 pub async fn poll(
     cfg: KubeletSettings,
     tx: crossbeam_channel::Sender<Input>,
     registry: std::sync::Arc<gpuwatch_core::Registry>,
+    ask: Arc<tokio::sync::Notify>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut last: Option<DeviceHolders> = None;
@@ -232,7 +243,12 @@ pub async fn poll(
         if *stop.borrow() {
             return;
         }
-        let update = match list(&cfg.socket, cfg.timeout, &cfg.gpu_resources).await {
+        // This call answers every ask made until now.
+        let _ = futures::FutureExt::now_or_never(ask.notified());
+        let sent_at = std::time::Instant::now();
+        let answer = list(&cfg.socket, cfg.timeout, &cfg.gpu_resources).await;
+        let ok = answer.is_ok();
+        let update = match answer {
             Ok(now) => {
                 registry
                     .pod_resources_unknown_devices
@@ -252,29 +268,59 @@ pub async fn poll(
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let first = !failing;
                 failing = true;
-                first.then(|| {
-                    let missing = matches!(&e, ListError::Connect { .. })
-                        && !cfg.socket.exists();
-                    if missing {
-                        tracing::info!(socket = %cfg.socket.display(), "No kubelet PodResources socket: faults of a GPU name no pods.");
-                    } else {
-                        tracing::warn!(error = %e, "Cannot ask the kubelet which pods hold the GPUs; retrying.");
-                    }
-                    PlacementUpdate::DevicesUnavailable(e.to_string())
-                })
+                first.then(|| unavailable(&cfg, &e))
             }
         };
+        let mut delivered = true;
         if let Some(u) = update
             && tx.try_send(Input::Placement(u)).is_err()
         {
             // Full or gone: the next change (or the next failure) is sent
             // again; an unchanged answer is resent after a full channel.
             last = None;
+            delivered = false;
         }
-        tokio::select! {
-            _ = stop.changed() => return,
-            () = tokio::time::sleep(cfg.interval) => {}
+        // Current only when the engine has the answer: after a lost update
+        // it would mark an older listing current.
+        if ok && delivered {
+            let _ = tx.try_send(Input::Placement(PlacementUpdate::DevicesCurrent(sent_at)));
         }
+        if !wait_for_next(&cfg, &ask, &mut stop, sent_at).await {
+            return;
+        }
+    }
+}
+
+/// The engine's word for an unanswered `List` (logged once per failure run).
+fn unavailable(cfg: &KubeletSettings, e: &ListError) -> PlacementUpdate {
+    let missing = matches!(e, ListError::Connect { .. }) && !cfg.socket.exists();
+    if missing {
+        tracing::info!(socket = %cfg.socket.display(), "No kubelet PodResources socket: faults of a GPU name no pods.");
+    } else {
+        tracing::warn!(error = %e, "Cannot ask the kubelet which pods hold the GPUs; retrying.");
+    }
+    PlacementUpdate::DevicesUnavailable(e.to_string())
+}
+
+/// Waits until the next call is due: the interval after `sent_at`, or an
+/// ask, answered no sooner than [`MIN_ASK_GAP`] after `sent_at` (asks
+/// meanwhile are one). False at `stop`.
+async fn wait_for_next(
+    cfg: &KubeletSettings,
+    ask: &tokio::sync::Notify,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+    sent_at: std::time::Instant,
+) -> bool {
+    let next_poll = tokio::time::Instant::from_std(sent_at + cfg.interval);
+    tokio::select! {
+        _ = stop.changed() => return false,
+        () = tokio::time::sleep_until(next_poll) => return true,
+        () = ask.notified() => {}
+    }
+    let earliest = tokio::time::Instant::from_std(sent_at + MIN_ASK_GAP);
+    tokio::select! {
+        _ = stop.changed() => false,
+        () = tokio::time::sleep_until(earliest) => true,
     }
 }
 
@@ -362,7 +408,8 @@ mod tests {
         let (tx, rx) = crossbeam_channel::bounded(16);
         let registry = gpuwatch_core::Registry::new();
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let task = tokio::spawn(poll(cfg, tx, registry.clone(), stop_rx));
+        let ask = Arc::new(tokio::sync::Notify::new());
+        let task = tokio::spawn(poll(cfg, tx, registry.clone(), ask, stop_rx));
         let counted =
             |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -399,6 +446,75 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        stop_tx.send(true).unwrap();
+        task.await.unwrap();
+        kubelet.stop();
+    }
+
+    /// A call a minute apart, and an ask between: the ask is answered by a
+    /// call sent after it, and the engine is told its device assignments
+    /// are current as of that call (after the changed answer itself). Asks
+    /// made before a call is sent are answered by it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn an_ask_is_answered_by_a_call_and_marked_current() {
+        let dir = tempfile::tempdir().unwrap();
+        let kubelet = gpuwatch_test_support::kubelet::Kubelet::start(dir.path()).await;
+        let cfg = KubeletSettings {
+            socket: kubelet.socket.clone(),
+            interval: Duration::from_secs(60),
+            timeout: Duration::from_secs(2),
+            gpu_resources: KubeletConfig::default().gpu_resources,
+        };
+        let (tx, rx) = crossbeam_channel::bounded(16);
+        let ask = Arc::new(tokio::sync::Notify::new());
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(poll(
+            cfg,
+            tx,
+            gpuwatch_core::Registry::new(),
+            ask.clone(),
+            stop_rx,
+        ));
+        let next = || {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Ok(Input::Placement(u)) = rx.try_recv() {
+                    return u;
+                }
+                assert!(std::time::Instant::now() < deadline, "nothing sent");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        assert!(matches!(next(), PlacementUpdate::Devices(_)));
+        assert!(matches!(next(), PlacementUpdate::DevicesCurrent(_)));
+        assert_eq!(kubelet.list_calls(), 1);
+        kubelet.set_pods(vec![gpuwatch_test_support::kubelet::PodDevices {
+            namespace: "ml".into(),
+            name: "trainer-0".into(),
+            containers: vec![(
+                "main".into(),
+                vec![("nvidia.com/gpu".into(), vec![G1.into()])],
+            )],
+        }]);
+        let asked_at = std::time::Instant::now();
+        for _ in 0..5 {
+            ask.notify_one();
+        }
+        let PlacementUpdate::Devices(d) = next() else {
+            panic!("the new answer first");
+        };
+        assert_eq!(d.by_device[G1][0].pod, "trainer-0");
+        let PlacementUpdate::DevicesCurrent(at) = next() else {
+            panic!("then current");
+        };
+        assert!(at >= asked_at);
+        tokio::time::sleep(MIN_ASK_GAP * 2).await;
+        // One call, or two when the task woke between the asks.
+        let calls = kubelet.list_calls();
+        assert!((2..=3).contains(&calls), "five asks, {calls} calls in all");
+        // Unchanged answers only say they are current.
+        ask.notify_one();
+        assert!(matches!(next(), PlacementUpdate::DevicesCurrent(_)));
         stop_tx.send(true).unwrap();
         task.await.unwrap();
         kubelet.stop();

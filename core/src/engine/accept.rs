@@ -6,29 +6,18 @@
 //! Where an event's fault is kept (on the GPU it joined, or on the node) is
 //! decided once, as its [`Holder`]; every phase reads it from there.
 
-use super::model::{Fault, FaultKey, Gpu, HistoryKey, fallback_action, pci_identity};
+use super::model::{Fault, FaultKey, HistoryKey, Holder, fallback_action, fault_in, pci_identity};
 use super::reclassify::Escalation;
 use super::remap::RemapCheck;
 use super::{Engine, NANOS, model, secs};
 use crate::{Outcome, Stage};
 use gpuwatch_proto::{Action, FaultEvent, FaultKind, ShortName, Source};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Instant;
 use tracing::{info, warn};
 
 /// Count-within-window threshold windows (device, XID) tracked at most.
 const MAX_THRESHOLD_KEYS: usize = 1024;
-
-/// Which fault map an event's fault lives in, decided once per event (after
-/// the join) and read by every phase.
-#[derive(Debug)]
-enum Holder {
-    /// The GPU at this normalised PCI address (the key of `Engine::gpus`).
-    Gpu(String),
-    /// The node: a fault of no GPU (MCE, NVSwitch, AER on a root port),
-    /// keyed by the event's PCI address and its fault key.
-    Node,
-}
 
 /// One event on its way through [`Engine::accept`], with what every phase
 /// reads about it.
@@ -101,8 +90,9 @@ impl Engine {
             Some(taken) => taken,
             None => self.full_path(&mut a),
         };
+        let holder = (taken == Taken::Emitted).then(|| a.holder.clone());
         self.count_taken(taken, read_at);
-        (taken == Taken::Emitted).then_some(ev)
+        self.publish_or_wait(ev, holder?, read_at)
     }
 
     /// Normalises the event's PCI address, joins it to its GPU and decides
@@ -423,23 +413,6 @@ impl Engine {
             self.history.remove(&oldest);
         }
         n
-    }
-}
-
-/// The active fault an event belongs to, if any.
-fn fault_in<'a>(
-    gpus: &'a mut BTreeMap<String, Gpu>,
-    node_faults: &'a mut BTreeMap<(String, FaultKey), Fault>,
-    holder: &Holder,
-    pci: &str,
-    key: &FaultKey,
-) -> Option<&'a mut Fault> {
-    match holder {
-        Holder::Gpu(p) => gpus.get_mut(p)?.faults.get_mut(key),
-        // Node-level faults are keyed by (PCI address, fault): the lookup needs
-        // owned keys, so it is skipped while there are none.
-        Holder::Node if node_faults.is_empty() => None,
-        Holder::Node => node_faults.get_mut(&(pci.to_string(), key.clone())),
     }
 }
 

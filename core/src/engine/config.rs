@@ -44,6 +44,12 @@ pub struct EngineConfig {
     /// registered in this boot and is pending again is a fault at once.
     /// `gpuwatch validate` waits up to this long for a pending registration.
     pub fabric_wait_secs: u64,
+    /// A fault record whose pods a fresher placement listing could still
+    /// name (a pod the node's pod listing does not know yet, a GPU's pods
+    /// when the kubelet was last asked before the fault) waits up to this
+    /// many milliseconds for one the engine asks for. Only the record
+    /// waits: the verdicts, conditions and taint do not. 0 disables it.
+    pub placement_wait_ms: u64,
 }
 
 impl Default for EngineConfig {
@@ -60,6 +66,7 @@ impl Default for EngineConfig {
             cross_source_window_ms: 2000,
             nvml_join_grace_secs: 5,
             fabric_wait_secs: 300,
+            placement_wait_ms: 1000,
         }
     }
 }
@@ -116,6 +123,12 @@ impl EngineConfig {
                 self.fabric_wait_secs
             ));
         }
+        if self.placement_wait_ms > 10_000 {
+            errs.push(format!(
+                "placement_wait_ms: {} is longer than 10000 (a fault record must not wait longer for its pods)",
+                self.placement_wait_ms
+            ));
+        }
         for (key, v) in [
             ("reset_clear_quiet_secs", self.reset_clear_quiet_secs),
             ("inspect_clear_quiet_secs", self.inspect_clear_quiet_secs),
@@ -158,6 +171,7 @@ mod tests {
             cross_source_window_ms: 120_000,
             nvml_join_grace_secs: 3600,
             fabric_wait_secs: 7200,
+            placement_wait_ms: 60_000,
             ..EngineConfig::default()
         };
         let problems = cfg.validate();
@@ -171,6 +185,7 @@ mod tests {
             "cross_source_window_ms",
             "nvml_join_grace_secs",
             "fabric_wait_secs",
+            "placement_wait_ms",
         ] {
             assert!(
                 problems.iter().any(|p| p.starts_with(key)),

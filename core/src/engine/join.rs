@@ -201,7 +201,7 @@ impl Engine {
             }
         }
         if let Some(p) = position {
-            self.set_kmsg_position(p);
+            self.apply_kmsg_position(p);
         }
     }
 

@@ -552,3 +552,31 @@ mod tests {
         assert_ne!(ecc("dbe"), ecc("sbe"));
     }
 }
+
+/// Which fault map an event's fault lives in, decided once per event (after
+/// the join) and read by every phase.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Holder {
+    /// The GPU at this normalised PCI address (the key of `Engine::gpus`).
+    Gpu(String),
+    /// The node: a fault of no GPU (MCE, NVSwitch, AER on a root port),
+    /// keyed by the event's PCI address and its fault key.
+    Node,
+}
+
+/// The active fault an event belongs to, if any.
+pub(super) fn fault_in<'a>(
+    gpus: &'a mut BTreeMap<String, Gpu>,
+    node_faults: &'a mut BTreeMap<(String, FaultKey), Fault>,
+    holder: &Holder,
+    pci: &str,
+    key: &FaultKey,
+) -> Option<&'a mut Fault> {
+    match holder {
+        Holder::Gpu(p) => gpus.get_mut(p)?.faults.get_mut(key),
+        // Node-level faults are keyed by (PCI address, fault): the lookup needs
+        // owned keys, so it is skipped while there are none.
+        Holder::Node if node_faults.is_empty() => None,
+        Holder::Node => node_faults.get_mut(&(pci.to_string(), key.clone())),
+    }
+}

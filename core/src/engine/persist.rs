@@ -519,7 +519,8 @@ impl Persistence {
     }
 
     /// True when the state may be written now (see [`Engine::is_settled`]);
-    /// `nothing_held`: no kernel-log event waits for the join grace.
+    /// `nothing_held`: no kernel-log event waits for the join grace and no
+    /// record for placement.
     pub fn is_settled(&self, nothing_held: bool) -> bool {
         !self.track_kmsg || (!self.kmsg_unsettled && nothing_held)
     }
@@ -793,11 +794,13 @@ impl Engine {
 
     /// True when the state is settled: when the kernel-log position is
     /// tracked, no kernel-log event beyond the position has been handled and
-    /// none is held for the join grace. Only a settled state is written:
+    /// none is held for the join grace, and no published record waits for
+    /// placement. Only a settled state is written:
     /// the file then holds exactly the faults of the records up to its
     /// position.
     pub fn is_settled(&self) -> bool {
-        self.persist.is_settled(self.grace.nothing_held())
+        self.persist
+            .is_settled(self.grace.nothing_held() && self.wait.is_empty())
     }
 
     /// When the next state write may happen: `None` when there is nothing

@@ -16,11 +16,14 @@
 //! even when the line names an instance.
 
 use super::Engine;
-use super::model::{GPU_INSTANCE, Gpu, contained, key_instance};
+use super::model::{FaultKey, GPU_INSTANCE, Gpu, contained, key_instance};
+use super::model::{Holder, fault_in};
+use super::placement_wait::{Needs, Waiting};
 use crate::placement::{PLACEMENT_NOTE, POD_ATTRIBUTION, mig_of_gpu_key};
 use gpuwatch_proto::{
-    Action, FaultEvent, MigDevice, MigInstanceHealth, PodRef, ShortName, Verdict,
+    Action, FaultEvent, MigDevice, MigInstanceHealth, PodRef, PodRole, ShortName, Verdict,
 };
+use std::time::Instant;
 
 /// The attribute of a MIG compute instance id (the parser's name).
 const COMPUTE_INSTANCE: &str = "compute_instance";
@@ -78,40 +81,50 @@ fn name_instance(ev: &mut FaultEvent, gpu: Option<&Gpu>) {
 }
 
 impl Engine {
-    /// Names the pods of a classified event on `gpu` (module doc); what
-    /// could not be told is said in [`PLACEMENT_NOTE`].
-    pub(super) fn name_pods(&self, ev: &mut FaultEvent, gpu: Option<&Gpu>) {
-        name_instance(ev, gpu);
-        let mut notes: Vec<String> = Vec::new();
-        let mut asked_kubelet = false;
-        notes.extend(self.placement.name_known_pods(&mut ev.pods));
+    /// The device keys whose holders a fault of `ev` on `gpu` hits (module
+    /// doc): every key a device plugin may have named the GPU or its MIG
+    /// devices by (`DeviceShape::key`); empty when it names no holders.
+    fn devices_hit(ev: &FaultEvent, gpu: Option<&Gpu>) -> Vec<String> {
         let instance = ev
             .attributes
             .get(GPU_INSTANCE)
             .and_then(|v| v.parse::<u32>().ok());
         let whole = ev.action().needs_isolation();
-        if let Some(g) = gpu
-            && (whole || (instance.is_some() && ev.pods.is_empty()))
-        {
-            // Every key a device plugin may have named these devices by
-            // (`DeviceShape::key`).
-            let mut devices: Vec<String> = Vec::new();
-            if whole && !g.uuid.is_empty() {
-                devices.push(g.uuid.clone());
-            }
-            for m in g.sample.iter().flat_map(|s| &s.mig_devices) {
-                if whole || Some(m.gpu_instance) == instance {
-                    devices.push(m.uuid.clone());
-                    if !g.uuid.is_empty() {
-                        devices.push(mig_of_gpu_key(&g.uuid, m.gpu_instance, m.compute_instance));
-                    }
+        let mut devices: Vec<String> = Vec::new();
+        let Some(g) = gpu else {
+            return devices;
+        };
+        // The pods the kernel line's process names, not the holders an
+        // earlier naming added.
+        let no_process = ev.pods.iter().all(|p| p.role() == PodRole::Affected);
+        if !(whole || (instance.is_some() && no_process)) {
+            return devices;
+        }
+        if whole && !g.uuid.is_empty() {
+            devices.push(g.uuid.clone());
+        }
+        for m in g.sample.iter().flat_map(|s| &s.mig_devices) {
+            if whole || Some(m.gpu_instance) == instance {
+                devices.push(m.uuid.clone());
+                if !g.uuid.is_empty() {
+                    devices.push(mig_of_gpu_key(&g.uuid, m.gpu_instance, m.compute_instance));
                 }
             }
-            if !devices.is_empty() {
-                asked_kubelet = true;
-                let devices: Vec<&str> = devices.iter().map(String::as_str).collect();
-                notes.extend(self.placement.add_holders(&devices, &mut ev.pods));
-            }
+        }
+        devices
+    }
+
+    /// Names the pods of a classified event on `gpu` (module doc); what
+    /// could not be told is said in [`PLACEMENT_NOTE`].
+    pub(super) fn name_pods(&self, ev: &mut FaultEvent, gpu: Option<&Gpu>) {
+        name_instance(ev, gpu);
+        let mut notes: Vec<String> = Vec::new();
+        notes.extend(self.placement.name_known_pods(&mut ev.pods));
+        let devices = Self::devices_hit(ev, gpu);
+        let asked_kubelet = !devices.is_empty();
+        if asked_kubelet {
+            let devices: Vec<&str> = devices.iter().map(String::as_str).collect();
+            notes.extend(self.placement.add_holders(&devices, &mut ev.pods));
         }
         if !notes.is_empty() {
             ev.attributes
@@ -126,6 +139,109 @@ impl Engine {
                 "pod_resources_unavailable".to_owned(),
             );
         }
+    }
+
+    /// A published record: returned when it goes out now, else held until
+    /// a fresher placement listing can name its pods (`placement_wait`
+    /// module doc).
+    pub(super) fn publish_or_wait(
+        &mut self,
+        ev: FaultEvent,
+        holder: Holder,
+        read_at: Option<Instant>,
+    ) -> Option<FaultEvent> {
+        let now = self.clock.now_unix_nanos();
+        let read_at = read_at.unwrap_or_else(Instant::now);
+        let gpu = self.holder_gpu(&holder);
+        let wants_devices = !Self::devices_hit(&ev, gpu).is_empty();
+        let wait_ns = self.cfg.placement_wait_ms.saturating_mul(1_000_000);
+        let needs = self
+            .wait
+            .needs(&ev, wants_devices, read_at, &self.placement, now, wait_ns);
+        if !self.wait.must_hold(needs) {
+            return Some(ev);
+        }
+        let w = Waiting {
+            ev,
+            holder,
+            read_at,
+            until: now.saturating_add(wait_ns),
+            needs,
+        };
+        let over = self.wait.hold(w, now)?;
+        Some(self.renamed(over))
+    }
+
+    /// Appends the held records that may go out now (every one when
+    /// `all`, at shutdown) to `out`, their pods named again from the
+    /// placement the engine has now; applies the kernel-log position that
+    /// waited for them.
+    pub(super) fn release_waiting(&mut self, all: bool, out: &mut Vec<FaultEvent>) {
+        if self.wait.is_empty() {
+            return;
+        }
+        let now = self.clock.now_unix_nanos();
+        let (ready, position) = self.wait.release(now, &self.placement, all);
+        for w in ready {
+            let ev = self.renamed(w);
+            out.push(ev);
+        }
+        if let Some(p) = position {
+            self.set_kmsg_position(p);
+        }
+    }
+
+    /// A held record with its pods named again (the pods the earlier
+    /// listing named for the kubelet's devices dropped first), and its
+    /// fault given the pods it names now.
+    fn renamed(&mut self, w: Waiting) -> FaultEvent {
+        let Waiting {
+            mut ev,
+            holder,
+            needs,
+            ..
+        } = w;
+        if needs == Needs::default() {
+            return ev;
+        }
+        ev.pods.retain(|p| p.role() != PodRole::Affected);
+        ev.attributes.remove(PLACEMENT_NOTE);
+        if ev
+            .attributes
+            .get(POD_ATTRIBUTION)
+            .is_some_and(|v| v == "pod_gone" || v == "pod_resources_unavailable")
+        {
+            ev.attributes.remove(POD_ATTRIBUTION);
+        }
+        let gpu = self.holder_gpu(&holder);
+        self.name_pods(&mut ev, gpu);
+        let key = FaultKey::of(&ev);
+        if let Some(f) = fault_in(
+            &mut self.gpus,
+            &mut self.node_faults,
+            &holder,
+            &ev.pci_address,
+            &key,
+        ) {
+            merge_pods(&mut f.pods, &ev.pods);
+        }
+        self.touch();
+        ev
+    }
+
+    fn holder_gpu(&self, holder: &Holder) -> Option<&Gpu> {
+        match holder {
+            Holder::Gpu(pci) => self.gpus.get(pci),
+            Holder::Node => None,
+        }
+    }
+
+    /// How long until the oldest held record goes out at the latest.
+    pub(super) fn placement_due_in(&self) -> Option<std::time::Duration> {
+        let until = self.wait.next_deadline()?;
+        Some(std::time::Duration::from_nanos(
+            until.saturating_sub(self.clock.now_unix_nanos()),
+        ))
     }
 
     /// The verdict of each MIG device of `g` (its latest sample's): the

@@ -186,6 +186,22 @@ impl<'a> EngineLoop<'a> {
         self.emitted |= !events.is_empty();
     }
 
+    /// Hands the records whose placement wait is over (every one when
+    /// `all`) to the sinks.
+    fn release_waiting(&mut self, all: bool) {
+        let mut out = Vec::new();
+        self.engine.release_waiting(all, &mut out);
+        for ev in &out {
+            for sink in self.sinks {
+                sink.send(ev);
+            }
+        }
+        if !out.is_empty() {
+            self.emitted = true;
+            self.unpublished_since.get_or_insert_with(Instant::now);
+        }
+    }
+
     /// Writes the state (on the writer thread when there is one).
     fn persist(&mut self) {
         let res = match &self.writer {
@@ -223,7 +239,8 @@ impl<'a> EngineLoop<'a> {
                 .max(ready)
         });
         let tick = self.last_tick + self.tick;
-        let wake = [Some(tick), publish, persist]
+        let release = self.engine.placement_due_in().map(|d| Instant::now() + d);
+        let wake = [Some(tick), publish, persist, release]
             .into_iter()
             .flatten()
             .min()
@@ -274,6 +291,8 @@ impl<'a> EngineLoop<'a> {
             self.dispatch(Input::Tick);
             self.last_tick = now;
             self.unpublished_since.get_or_insert(now);
+        } else {
+            self.release_waiting(false);
         }
         if due.publish.is_some_and(|t| now >= t) {
             self.engine.flush_fault_counts();
@@ -303,6 +322,9 @@ impl<'a> EngineLoop<'a> {
     /// The last publication, the final state write (unless the writer is
     /// stuck or the state is not settled) and the sinks' flush.
     fn stop(mut self) {
+        // Records waiting for placement go out as they are: the sinks are
+        // flushed below.
+        self.release_waiting(true);
         let mut writer_stuck = false;
         if let Some(w) = &self.writer {
             writer_stuck = !w.wait_idle(FINAL_WRITE_WAIT);

@@ -353,3 +353,222 @@ fn gone_pods_and_an_unavailable_kubelet_are_said_so() {
     );
     assert!(out[0].attributes[PLACEMENT_NOTE].contains("cannot connect to the kubelet"));
 }
+
+/// Counts the asks the engine makes of one placement source.
+fn asks() -> (
+    gpuwatch_core::engine::Ask,
+    Arc<std::sync::atomic::AtomicU32>,
+) {
+    let n = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let m = n.clone();
+    let ask: gpuwatch_core::engine::Ask = Arc::new(move || {
+        m.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    });
+    (ask, n)
+}
+
+fn asked(n: &std::sync::atomic::AtomicU32) -> u32 {
+    n.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A rig whose engine can ask both placement sources, with listings sent
+/// before any fault.
+fn asking_rig() -> (
+    Rig,
+    Arc<std::sync::atomic::AtomicU32>,
+    Arc<std::sync::atomic::AtomicU32>,
+) {
+    let mut rig = rig();
+    let (pods_ask, pods_n) = asks();
+    let (devices_ask, devices_n) = asks();
+    rig.engine
+        .set_placement_asks(gpuwatch_core::engine::PlacementAsks {
+            pods: Some(pods_ask),
+            devices: Some(devices_ask),
+        });
+    let listed = std::time::Instant::now();
+    rig.placement(PlacementUpdate::PodsCurrent(listed));
+    rig.placement(PlacementUpdate::DevicesCurrent(listed));
+    (rig, pods_n, devices_n)
+}
+
+fn position(seq: u64) -> gpuwatch_core::msg::KmsgPosition {
+    gpuwatch_core::msg::KmsgPosition {
+        boot_id: "boot-a".into(),
+        last_seq: seq,
+    }
+}
+
+#[test]
+fn a_pod_started_a_moment_ago_is_named_once_the_listing_the_engine_asked_for_arrives() {
+    let (mut rig, pods_asked, devices_asked) = asking_rig();
+    rig.engine.track_kmsg_position();
+    rig.engine
+        .handle(gpuwatch_core::msg::Input::KmsgProgress(position(1)));
+    let mut ev = xid(13, PCI1);
+    ev.pods = vec![caused("uid-new", "cid-new")];
+    assert!(rig.fault(ev).is_empty(), "the record waits for the listing");
+    assert_eq!((asked(&pods_asked), asked(&devices_asked)), (1, 0));
+    // Only the record waits: the fault is in the health at once.
+    assert_eq!(rig.gpu_verdict(PCI1), Verdict::Degraded);
+    // A position read after the fault waits with the record: a state file
+    // written now would account for a record no sink was handed.
+    rig.engine
+        .handle(gpuwatch_core::msg::Input::KmsgProgress(position(2)));
+    assert!(!rig.engine.is_settled());
+    assert_eq!(rig.engine.kmsg_position(), Some(&position(1)));
+    // The listing the ask caused: the new pod, then "current since".
+    let mut d = (*pods()).clone();
+    d.by_uid.insert(
+        "uid-new".into(),
+        PodInfo {
+            uid: "uid-new".into(),
+            name: "trainer-new".into(),
+            namespace: "ml".into(),
+            containers: vec![("cid-new".into(), "main".into())],
+            controller: Some(("Job".into(), "train-7".into())),
+        },
+    );
+    // An update that does not know the pod and is not known to be newer
+    // than the fault settles nothing.
+    assert!(
+        rig.engine
+            .handle(gpuwatch_core::msg::Input::Placement(PlacementUpdate::Pods(
+                pods()
+            )))
+            .is_empty()
+    );
+    // The watch (or the fresh list the ask caused) brings the pod.
+    let out = rig
+        .engine
+        .handle(gpuwatch_core::msg::Input::Placement(PlacementUpdate::Pods(
+            Arc::new(d),
+        )));
+    assert_eq!(out.len(), 1);
+    let p = &out[0].pods[0];
+    assert_eq!(
+        (
+            p.name.as_str(),
+            p.namespace.as_str(),
+            p.container.as_str(),
+            p.controller_name.as_str()
+        ),
+        ("trainer-new", "ml", "main", "train-7")
+    );
+    assert!(!out[0].attributes.contains_key(PLACEMENT_NOTE), "{out:?}");
+    assert_eq!(rig.engine.kmsg_position(), Some(&position(2)));
+    assert!(rig.engine.is_settled());
+    // /v1/health names the pod too.
+    let h = rig.health();
+    assert_eq!(h.gpus[1].active_faults[0].pods[0].name, "trainer-new");
+}
+
+#[test]
+fn a_gpu_fault_waits_for_a_kubelet_answer_sent_after_it() {
+    let (mut rig, pods_asked, devices_asked) = asking_rig();
+    let out = rig.fault(xid(79, PCI1));
+    assert!(out.is_empty());
+    assert_eq!((asked(&pods_asked), asked(&devices_asked)), (0, 1));
+    assert_eq!(rig.gpu_verdict(PCI1), Verdict::Unhealthy, "never waits");
+    // A storm on the same GPU: repeats are not new records and ask nothing.
+    for _ in 0..10_000 {
+        assert!(rig.fault(xid(79, PCI1)).is_empty());
+    }
+    assert_eq!(asked(&devices_asked), 1);
+    // The kubelet's answer: a pod placed on GPU 1 a moment before.
+    let mut d = (*devices()).clone();
+    d.by_device.insert(
+        UUID1.into(),
+        vec![holder("ml-team", "trainer-0", "nvidia.com/gpu")],
+    );
+    rig.placement(PlacementUpdate::Devices(Arc::new(d)));
+    let out = rig.engine.handle(gpuwatch_core::msg::Input::Placement(
+        PlacementUpdate::DevicesCurrent(std::time::Instant::now()),
+    ));
+    assert_eq!(out.len(), 1);
+    let names: Vec<(&str, &str)> = out[0]
+        .pods
+        .iter()
+        .map(|p| (p.namespace.as_str(), p.name.as_str()))
+        .collect();
+    assert_eq!(names, [("ml-team", "trainer-0")]);
+    assert!(!out[0].attributes.contains_key(POD_ATTRIBUTION));
+}
+
+#[test]
+fn a_record_goes_out_at_the_wait_or_when_its_source_fails_and_in_order() {
+    let (mut rig, _, _) = asking_rig();
+    let mut ev = xid(13, PCI1);
+    ev.pods = vec![caused("uid-late", "")];
+    assert!(rig.fault(ev).is_empty());
+    // A record that needs nothing waits behind the one ahead of it.
+    let mut named = xid(31, PCI1);
+    named.pods = vec![caused("uid-a", "cid-a")];
+    assert!(rig.fault(named).is_empty());
+    // No listing came: at the wait's end both go, oldest first, and the
+    // first says the pod is known by UID only.
+    rig.clock.advance(std::time::Duration::from_millis(999));
+    assert!(
+        rig.engine
+            .handle(gpuwatch_core::msg::Input::Tick)
+            .is_empty()
+    );
+    let out = rig.tick(1);
+    let codes: Vec<u32> = out.iter().map(|e| e.code).collect();
+    assert_eq!(codes, [13, 31]);
+    assert!(out[0].attributes[PLACEMENT_NOTE].contains("pod UID only"));
+    assert_eq!(out[1].pods[0].name, "trainer-a");
+
+    // A list sent after the fault that does not know the pod: it goes at
+    // once, saying so.
+    let mut ev = xid(43, PCI1);
+    ev.pods = vec![caused("uid-never", "")];
+    assert!(rig.fault(ev).is_empty());
+    let out = rig.engine.handle(gpuwatch_core::msg::Input::Placement(
+        PlacementUpdate::PodsCurrent(std::time::Instant::now()),
+    ));
+    assert_eq!(out.len(), 1);
+    assert!(out[0].attributes[PLACEMENT_NOTE].contains("not among the node's pods"));
+
+    // The kubelet fails while a record waits for it: it goes at once.
+    assert!(rig.fault(xid(48, PCI1)).is_empty());
+    let out = rig.engine.handle(gpuwatch_core::msg::Input::Placement(
+        PlacementUpdate::DevicesUnavailable("connection refused".into()),
+    ));
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        out[0].attributes[POD_ATTRIBUTION],
+        "pod_resources_unavailable"
+    );
+}
+
+#[test]
+fn without_a_source_to_ask_or_with_the_wait_off_nothing_waits() {
+    // No ask: the agent runs no pod listing or kubelet client.
+    let mut plain = rig();
+    let mut ev = xid(13, PCI1);
+    ev.pods = vec![caused("uid-unknown", "")];
+    assert_eq!(plain.fault(ev.clone()).len(), 1);
+    assert_eq!(plain.fault(xid(79, PCI0)).len(), 1);
+    // placement_wait_ms = 0.
+    let mut off = Rig::with(
+        gpuwatch_core::engine::EngineConfig {
+            placement_wait_ms: 0,
+            ..Default::default()
+        },
+        Arc::new(xid_parser::Policy::default()),
+        None,
+        "boot-a",
+        Arc::new(gpuwatch_core::clock::ManualClock::new(start_time())),
+    );
+    let (ask, n) = asks();
+    off.engine
+        .set_placement_asks(gpuwatch_core::engine::PlacementAsks {
+            pods: Some(ask.clone()),
+            devices: Some(ask),
+        });
+    off.samples(two_gpus());
+    assert_eq!(off.fault(ev).len(), 1);
+    assert_eq!(off.fault(xid(79, PCI0)).len(), 1);
+    assert_eq!(asked(&n), 0);
+}

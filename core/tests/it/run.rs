@@ -351,3 +351,71 @@ fn a_fault_is_logged_after_the_sinks_have_its_event() {
         "the log line was written before the sink got the event: {text}"
     );
 }
+
+/// A rig whose engine asks the kubelet (the ask does nothing: no answer
+/// comes), ticking once a minute so only the wait's own deadline can
+/// release a record.
+fn waiting_rig(wait_ms: u64) -> Rig {
+    let mut rig = Rig::with(
+        gpuwatch_core::engine::EngineConfig {
+            tick_interval_ms: 60_000,
+            placement_wait_ms: wait_ms,
+            ..Default::default()
+        },
+        Arc::new(xid_parser::Policy::default()),
+        None,
+        "boot-a",
+        Arc::new(gpuwatch_core::clock::ManualClock::new(start_time())),
+    );
+    rig.engine
+        .set_placement_asks(gpuwatch_core::engine::PlacementAsks {
+            pods: None,
+            devices: Some(Arc::new(|| {})),
+        });
+    rig
+}
+
+#[test]
+fn the_loop_wakes_for_a_records_placement_deadline_and_shutdown_releases_the_rest() {
+    // The rig's clock is manual: the loop sees the deadline as "due now"
+    // only once the clock has moved, which the test does from outside.
+    let rig = waiting_rig(500);
+    let clock = rig.clock.clone();
+    let (tx, rx) = crossbeam_channel::bounded(64);
+    let sink = Arc::new(Collect::default());
+    let sinks: Vec<Arc<dyn EventSink>> = vec![sink.clone()];
+    let shutdown = Shutdown::new();
+    let stop = shutdown.clone();
+    let engine = std::thread::spawn(move || {
+        run_engine(rig.engine, rx, sinks, |_| {}, stop);
+    });
+    tx.send(Input::Samples {
+        samples: two_gpus(),
+        complete: true,
+    })
+    .unwrap();
+    tx.send(fault(xid(79, PCI0))).unwrap();
+    let seen = |n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if sink.events.lock().unwrap().len() >= n {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(sink.events.lock().unwrap().is_empty(), "the record waits");
+    clock.advance(Duration::from_millis(500));
+    assert!(seen(1), "released by the loop at its deadline, not a tick");
+    // A second record waits; stopping the engine hands it to the sinks
+    // before they are flushed.
+    tx.send(fault(xid(79, PCI1))).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(sink.events.lock().unwrap().len(), 1);
+    shutdown.trigger();
+    engine.join().unwrap();
+    assert_eq!(sink.events.lock().unwrap().len(), 2);
+    assert_eq!(sink.flushes.load(Ordering::SeqCst), 1);
+}

@@ -16,18 +16,30 @@
 //! The list-then-watch is kube-runtime's `watcher`: a watch that the server
 //! ends at its timeout resumes from the last version seen; an expired version
 //! (410) lists again.
+//!
+//! When the engine asks (a fault names a pod UID the listing does not know:
+//! a pod that started a moment before, a watch that lags), one more list is
+//! sent, at most every [`MIN_LIST_GAP`], read from the API server's current
+//! state (no `resourceVersion`, so not from a possibly stale watch cache).
+//! The pods it shows that the store lacks are added (not ones the watch
+//! already saw deleted), and the engine is told the listing is current as of
+//! when that list was sent ([`PlacementUpdate::PodsCurrent`]).
 
 use super::retry::Backoff;
 use super::settings::ApiSettings;
-use futures::StreamExt;
+use futures::{FutureExt as _, StreamExt};
 use gpuwatch_core::placement::{PlacementUpdate, PodDirectory, PodInfo};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::Api;
+use kube::api::{Api, ListParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::Duration;
-use tokio::sync::watch;
+use std::time::{Duration, Instant};
+use tokio::sync::{Notify, watch};
+
+/// Asked-for lists are sent at most this often (each one reads every pod of
+/// the node from the API server).
+pub const MIN_LIST_GAP: Duration = Duration::from_millis(500);
 
 /// Receives the pod listing after every change (the agent forwards it to the
 /// health engine; it must not block).
@@ -82,18 +94,29 @@ pub(crate) async fn watch_pods(
     node_name: String,
     api: ApiSettings,
     on_change: PlacementCallback,
+    ask: Arc<Notify>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let fields = format!("spec.nodeName={node_name}");
     let config = watcher::Config::default()
-        .fields(&format!("spec.nodeName={node_name}"))
+        .fields(&fields)
         .timeout(api.watch_timeout_secs);
+    let pods = Api::<Pod>::all(client);
     let backoff = WatchBackoff(Backoff::new(api.backoff_initial, api.backoff_max));
-    let events = watcher(Api::<Pod>::all(client), config).backoff(backoff);
+    let events = watcher(pods.clone(), config).backoff(backoff);
     let mut events = std::pin::pin!(events);
     let mut store = PodStore::new(on_change);
+    let mut last_list: Option<Instant> = None;
     loop {
         let next = tokio::select! {
             _ = shutdown.changed() => return,
+            () = ask.notified() => {
+                tokio::select! {
+                    _ = shutdown.changed() => return,
+                    () = store.list_now(&pods, &fields, &ask, &mut last_list, api.request_timeout) => {}
+                }
+                continue;
+            }
             next = events.next() => next,
         };
         match next {
@@ -204,6 +227,50 @@ impl PodStore {
                 }
             }
         }
+    }
+
+    /// Sends an asked-for list (no sooner than [`MIN_LIST_GAP`] after the
+    /// last; asks made until it is sent are one) and takes in its answer; a failure only waits for the next ask
+    /// (the watch reports outages).
+    async fn list_now(
+        &mut self,
+        pods: &Api<Pod>,
+        fields: &str,
+        ask: &Notify,
+        last_list: &mut Option<Instant>,
+        timeout: Duration,
+    ) {
+        if let Some(t) = *last_list {
+            tokio::time::sleep_until((t + MIN_LIST_GAP).into()).await;
+        }
+        // This list answers every ask made until now, including one made
+        // while it waited.
+        let _ = ask.notified().now_or_never();
+        let sent_at = Instant::now();
+        *last_list = Some(sent_at);
+        let params = ListParams::default().fields(fields);
+        match tokio::time::timeout(timeout, pods.list(&params)).await {
+            Ok(Ok(listed)) => self.listed(&listed.items, sent_at),
+            Ok(Err(e)) => tracing::debug!(error = %e, "Asked-for pod list failed."),
+            Err(_) => tracing::debug!(?timeout, "Asked-for pod list timed out."),
+        }
+    }
+
+    /// An asked-for list sent at `sent_at`: adds the pods the store lacks
+    /// (not ones the watch saw deleted: the watch is newer there), then
+    /// tells the engine the listing is current as of `sent_at`.
+    fn listed(&mut self, pods: &[Pod], sent_at: Instant) {
+        let mut added = false;
+        for info in pods.iter().filter_map(pod_info) {
+            if !self.pods.contains_key(&info.uid) && !self.gone.contains(&info.uid) {
+                self.pods.insert(info.uid.clone(), info);
+                added = true;
+            }
+        }
+        if added {
+            self.publish();
+        }
+        (self.on_change)(PlacementUpdate::PodsCurrent(sent_at));
     }
 
     /// Says a failure once per outage. An expired version (410) is not one:

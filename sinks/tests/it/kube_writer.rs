@@ -138,6 +138,8 @@ struct Harness {
     reports: Arc<Mutex<Vec<ValidationReport>>>,
     /// Every pod listing the writer handed to `on_pods`.
     placements: Arc<Mutex<Vec<PlacementUpdate>>>,
+    /// What the engine wakes to ask the pod listing for a fresh list.
+    pods_ask: Arc<tokio::sync::Notify>,
 }
 
 impl Harness {
@@ -198,6 +200,7 @@ impl Harness {
         let on_pods: PlacementCallback = Arc::new(move |u: PlacementUpdate| {
             seen.lock().unwrap().push(u);
         });
+        let pods_ask = Arc::new(tokio::sync::Notify::new());
         let writer = NodeWriter::start(
             cfg.resolve().expect("valid settings"),
             vcfg,
@@ -208,6 +211,7 @@ impl Harness {
             WriterHooks {
                 on_validation: Some(on_validation),
                 on_pods: pods.then_some(on_pods),
+                pods_ask: pods.then(|| pods_ask.clone()),
                 state_dir,
             },
         )
@@ -220,6 +224,7 @@ impl Harness {
             metrics,
             reports,
             placements,
+            pods_ask,
         }
     }
 
@@ -2681,4 +2686,87 @@ async fn shutdown_keeps_to_its_deadline_when_the_api_hangs() {
     let took = t0.elapsed();
     assert!(took < Duration::from_secs(2), "stopped after {took:?}");
     h.api.set_delay(None);
+}
+
+/// The engine asks for a fresh list when a fault names a pod the listing
+/// does not know. With the watch lagging behind the API server (a watch
+/// cache behind etcd), the asked-for list finds the pod, the engine gets it
+/// and then the word that its listing is current as of when the list was
+/// sent; a burst of asks costs one list per `MIN_LIST_GAP`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_asked_for_list_finds_a_pod_the_lagging_watch_has_not_shown() {
+    let api = ApiDouble::start(node(vec![], &[])).await;
+    let cfg = api.kube_config();
+    let h = Harness::with_listing(
+        api,
+        cfg,
+        ValidationConfig::default(),
+        healthy(8, "boot-a"),
+        true,
+    )
+    .await;
+    assert!(wait_for(SECS, || h.api.pod_watchers() == 1).await);
+    h.api.lag_pod_watches(true);
+    h.api.put_pod(&pod_on(
+        NODE,
+        "ml",
+        "trainer-new",
+        "u-new",
+        &[("main", "c9")],
+    ));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        latest_pods(&h).is_none_or(|d| !d.by_uid.contains_key("u-new")),
+        "the watch lags"
+    );
+    let lists = |h: &Harness| {
+        h.api
+            .requests()
+            .iter()
+            .filter(|r| r.resource == "pods" && r.verb == "list")
+            .count()
+    };
+    let listed_before = lists(&h);
+    let asked_at = std::time::Instant::now();
+    for _ in 0..20 {
+        h.pods_ask.notify_one();
+    }
+    let current = |h: &Harness| {
+        h.placements
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|u| match u {
+                PlacementUpdate::PodsCurrent(t) => Some(*t),
+                _ => None,
+            })
+            .max()
+    };
+    assert!(wait_for(SECS, || current(&h).is_some_and(|t| t >= asked_at)).await);
+    assert!(latest_pods(&h).is_some_and(|d| d.by_uid["u-new"].name == "trainer-new"));
+    // Twenty asks at once cost one list (two when some arrive while the
+    // first is under way); lists asked for are MIN_LIST_GAP apart.
+    h.pods_ask.notify_one();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let asked: Vec<std::time::Instant> = h
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.resource == "pods" && r.verb == "list" && r.at >= asked_at)
+        .map(|r| r.at)
+        .collect();
+    assert!((1..=2).contains(&asked.len()), "{asked:?}");
+    assert_eq!(lists(&h) - listed_before, asked.len());
+    for pair in asked.windows(2) {
+        // The double records a request when it answers: allow its latency.
+        assert!(
+            pair[1].duration_since(pair[0]) + Duration::from_millis(50)
+                >= gpuwatch_sinks::kube::MIN_LIST_GAP,
+            "{asked:?}"
+        );
+    }
+    // The watch catches up: the pod stays, nothing is listed twice.
+    h.api.lag_pod_watches(false);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(latest_pods(&h).unwrap().by_uid.len(), 1);
 }

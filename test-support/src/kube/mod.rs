@@ -359,6 +359,12 @@ impl ApiDouble {
         );
     }
 
+    /// Makes the pod watches lag behind the stored pods (lists see every
+    /// change at once), or catch up in order: a watch cache behind etcd.
+    pub fn lag_pod_watches(&self, on: bool) {
+        self.lock().pods.lag(on);
+    }
+
     /// Deletes a Pod; false when there is none.
     pub fn delete_pod(&self, namespace: &str, name: &str) -> bool {
         let g = &mut *self.lock();

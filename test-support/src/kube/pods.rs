@@ -8,6 +8,14 @@
 //! cache does: the pods changed since as they are now, and the pods deleted
 //! since as DELETED (kept as tombstones until a compaction); a compacted
 //! version answers 410 Expired.
+//!
+//! The open watches can be made to lag ([`Pods::lag`]): kube-apiserver
+//! serves watches from its watch cache, which an etcd watch feeds and which
+//! falls behind etcd under load, while a list without `resourceVersion` is a
+//! consistent read of the current state (Kubernetes API concepts, "Resource
+//! versions": unset means "Most Recent"). While lagging, changes are queued
+//! for the watches and lists see them at once; ending the lag delivers the
+//! queue in order.
 
 use super::request::{Request, Target};
 use super::selector;
@@ -28,6 +36,8 @@ pub(super) struct Pods {
     watchers: Watchers,
     /// Versions below this are gone from the watch cache.
     pub(super) compacted_rv: u64,
+    /// Watch events held back while the watches lag.
+    lagging: Option<Vec<Value>>,
 }
 
 fn node_of(pod: &Value) -> &str {
@@ -65,10 +75,7 @@ impl Pods {
         } else {
             "ADDED"
         };
-        self.watchers
-            .send_if(&json!({"type": kind, "object": pod.clone()}), |sel| {
-                selects(sel, &pod)
-            });
+        self.stream(json!({"type": kind, "object": pod.clone()}));
         self.by_key.insert((ns, name), (pod, *rv));
     }
 
@@ -80,12 +87,30 @@ impl Pods {
         };
         *rv += 1;
         pod["metadata"]["resourceVersion"] = json!(rv.to_string());
-        self.watchers
-            .send_if(&json!({"type": "DELETED", "object": pod.clone()}), |sel| {
-                selects(sel, &pod)
-            });
+        self.stream(json!({"type": "DELETED", "object": pod.clone()}));
         self.deleted.push((pod, *rv));
         true
+    }
+
+    /// One change to the watches that select its pod (queued while they lag).
+    fn stream(&mut self, ev: Value) {
+        match &mut self.lagging {
+            Some(queue) => queue.push(ev),
+            None => self
+                .watchers
+                .send_if(&ev, |sel| selects(sel, &ev["object"])),
+        }
+    }
+
+    /// Makes the watches lag behind the stored pods, or catch up (module doc).
+    pub(super) fn lag(&mut self, on: bool) {
+        if on {
+            self.lagging.get_or_insert_with(Vec::new);
+            return;
+        }
+        for ev in self.lagging.take().unwrap_or_default() {
+            self.stream(ev);
+        }
     }
 
     /// Ends every open pod watch, with `ev` (an ERROR) as its last event or
