@@ -576,6 +576,9 @@ fn kill_9_at_random_moments_neither_loses_nor_double_counts() {
 /// suite's `sleep`) is said to be so, with its cgroup; a pid whose process
 /// is gone says that; and under a proc root whose cgroup file is kubelet's
 /// (systemd driver, containerd) the event carries the pod UID and container id.
+/// With an API server serving the pods, the events and OTLP records carry the
+/// pods' names, also for a pod that started while the watch lagged (the
+/// record waits for the fresh list the engine asks for).
 #[test]
 fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
     let k = DevKmsg::acquire();
@@ -716,7 +719,6 @@ fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
         .unwrap()
     };
     api.put_pod(&pod("trainer-0", "ml", uid, "main", cid));
-    api.put_pod(&pod("batch-7", "jobs", uid2, "worker", cid2));
     let cfg_dir = tempfile::tempdir().unwrap();
     let config = cfg_dir.path().join("gpuwatch.toml");
     std::fs::write(
@@ -743,12 +745,16 @@ fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
             &otlp,
         ],
     );
-    // The listing is in before the faults are written.
+    // The listing is in before the faults are written. batch-7 starts just
+    // before its fault, while the watch lags behind the API server: its
+    // record waits for the fresh list the engine asks for.
     assert!(
         wait_until(T, || api.pod_watchers() == 1),
         "{:#?}",
         agent.stderr.get()
     );
+    api.lag_pod_watches(true);
+    api.put_pod(&pod("batch-7", "jobs", uid2, "worker", cid2));
     k.write(&mmu_fault(live, "named", 0x3e));
     k.write(&line(live2, "cgroupfs", 0x3f));
     assert!(
