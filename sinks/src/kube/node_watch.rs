@@ -1,7 +1,7 @@
 //! The watch on our own Node: list, then watch from the version read,
 //! forwarding every version to the reconciler as a [`Seen`].
 
-use super::backend::{ApiError, Backend};
+use super::backend::{ApiError, NodeApi, NodeWatch};
 use super::retry::Backoff;
 use super::settings::ApiSettings;
 use futures::StreamExt;
@@ -24,7 +24,7 @@ pub(crate) enum Seen {
 
 /// Reads the Node afresh (the list of list-then-watch), forwards it and returns
 /// its resourceVersion to watch from.
-async fn relist(backend: &Backend, tx: &mpsc::Sender<Seen>) -> Result<String, ApiError> {
+async fn relist(backend: &dyn NodeApi, tx: &mpsc::Sender<Seen>) -> Result<String, ApiError> {
     let sent = Instant::now();
     let (n, rv) = backend.read_node_to_watch().await?;
     let _ = tx.send(Seen::Read(n, sent)).await;
@@ -42,7 +42,7 @@ async fn relist(backend: &Backend, tx: &mpsc::Sender<Seen>) -> Result<String, Ap
 /// for the version just read is not progress: it backs off like an error, so a
 /// server that keeps answering it is not asked again in a tight loop.
 pub(crate) async fn watch_node(
-    backend: Arc<Backend>,
+    backend: Arc<dyn NodeApi>,
     tx: mpsc::Sender<Seen>,
     api: ApiSettings,
     mut shutdown: watch::Receiver<bool>,
@@ -69,7 +69,7 @@ pub(crate) async fn watch_node(
             !just_read
         };
         match &rv {
-            None => match relist(&backend, &tx).await {
+            None => match relist(&*backend, &tx).await {
                 // Watched at once; the backoff is kept until the watch shows
                 // progress (a 410 right after the read keeps growing it).
                 Ok(v) => {
@@ -131,9 +131,6 @@ enum WatchEnd {
     /// 410 Expired: the version is gone; the Node must be read again.
     Expired(String),
 }
-
-type NodeWatch =
-    std::pin::Pin<Box<dyn futures::Stream<Item = Result<WatchEvent<Node>, kube::Error>> + Send>>;
 
 /// Forwards one watch stream's Nodes to the reconciler, moving `rv` with every
 /// event and bookmark, until the stream ends; true with it when an event or
