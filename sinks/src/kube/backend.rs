@@ -3,11 +3,13 @@
 //! exact requests. The list of operations is [`super::WRITER_REQUESTS`].
 
 use super::settings::KubeSettings;
+use futures::StreamExt as _;
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{Event, Node};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
 use serde_json::Value;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -100,9 +102,8 @@ pub type ApiResult<T> = Result<T, ApiError>;
 /// A boxed future of an API call (the trait below is used as `dyn`).
 pub(crate) type ApiFuture<'a, T> = BoxFuture<'a, ApiResult<T>>;
 
-/// A watch on one Node as the API server streams it.
-pub(crate) type NodeWatch =
-    Pin<Box<dyn futures::Stream<Item = Result<WatchEvent<Node>, kube::Error>> + Send>>;
+/// What kube-runtime's `watcher` tells of one Node.
+pub(crate) type NodeEvents = BoxStream<'static, watcher::Result<watcher::Event<Node>>>;
 
 /// The API operations on the agent's own Node and its Events: against the API
 /// server ([`LiveNodeApi`]) or, in dry-run mode, against an in-memory Node
@@ -114,15 +115,6 @@ pub(crate) trait NodeApi: Send + Sync {
 
     /// Reads our Node.
     fn get_node(&self) -> ApiFuture<'_, Node>;
-
-    /// Our Node and the version to watch from: a list of just this Node
-    /// (`fieldSelector=metadata.name=<node>`) and the list's resourceVersion,
-    /// as client-go's reflector lists before it watches. The Node's own
-    /// version is the one it was last changed at: on a quiet Node that can be
-    /// older than what the watch cache still holds (etcd compacts every five
-    /// minutes), and a watch from it is 410 Gone at once, every time. The
-    /// list's version is the store's current one.
-    fn read_node_to_watch(&self) -> ApiFuture<'_, (Node, String)>;
 
     /// SSA of our conditions on `nodes/<name>/status`.
     fn apply_status<'a>(
@@ -151,12 +143,11 @@ pub(crate) trait NodeApi: Send + Sync {
         patch: &'a Value,
     ) -> ApiFuture<'a, Event>;
 
-    /// Starts a watch on our Node from `resource_version`. `None` in dry-run mode.
-    fn watch_node<'a>(
-        &'a self,
-        resource_version: &'a str,
-        timeout_secs: u32,
-    ) -> ApiFuture<'a, Option<NodeWatch>>;
+    /// kube-runtime's `watcher` on our Node
+    /// (`fieldSelector=metadata.name=<node>`), each watch ended by the server
+    /// after `timeout_secs`. `None` in dry-run mode: only our own writes
+    /// change the in-memory Node.
+    fn watch_node(&self, timeout_secs: u32) -> Option<NodeEvents>;
 }
 
 /// The operations for `node_name`: against the API server `client` talks to,
@@ -222,18 +213,6 @@ impl NodeApi for LiveNodeApi {
 
     fn get_node(&self) -> ApiFuture<'_, Node> {
         Box::pin(timed(self.timeout, self.nodes.get(&self.node_name)))
-    }
-
-    fn read_node_to_watch(&self) -> ApiFuture<'_, (Node, String)> {
-        Box::pin(async move {
-            let lp = ListParams::default().fields(&format!("metadata.name={}", self.node_name));
-            let list = timed(self.timeout, self.nodes.list(&lp)).await?;
-            let rv = list.metadata.resource_version.clone().unwrap_or_default();
-            match list.items.into_iter().next() {
-                Some(n) => Ok((n, rv)),
-                None => Err(ApiError::NotFound(self.node_name.clone())),
-            }
-        })
     }
 
     fn apply_status<'a>(
@@ -305,22 +284,11 @@ impl NodeApi for LiveNodeApi {
         })
     }
 
-    fn watch_node<'a>(
-        &'a self,
-        resource_version: &'a str,
-        timeout_secs: u32,
-    ) -> ApiFuture<'a, Option<NodeWatch>> {
-        Box::pin(async move {
-            let wp = WatchParams::default()
-                .fields(&format!("metadata.name={}", self.node_name))
-                .timeout(timeout_secs);
-            let s = self
-                .nodes
-                .watch(&wp, resource_version)
-                .await
-                .map_err(ApiError::from_kube)?;
-            Ok(Some(Box::pin(s) as NodeWatch))
-        })
+    fn watch_node(&self, timeout_secs: u32) -> Option<NodeEvents> {
+        let config = watcher::Config::default()
+            .fields(&format!("metadata.name={}", self.node_name))
+            .timeout(timeout_secs);
+        Some(watcher(self.nodes.clone(), config).boxed())
     }
 }
 
@@ -435,12 +403,6 @@ impl NodeApi for DryRunNodeApi {
         Box::pin(std::future::ready(Ok(n)))
     }
 
-    fn read_node_to_watch(&self) -> ApiFuture<'_, (Node, String)> {
-        let n = lock(&self.node).clone();
-        let rv = n.metadata.resource_version.clone().unwrap_or_default();
-        Box::pin(std::future::ready(Ok((n, rv))))
-    }
-
     fn apply_status<'a>(
         &'a self,
         manager: &'a str,
@@ -473,8 +435,8 @@ impl NodeApi for DryRunNodeApi {
         Box::pin(std::future::ready(self.patch_event_now(name, patch)))
     }
 
-    fn watch_node<'a>(&'a self, _: &'a str, _: u32) -> ApiFuture<'a, Option<NodeWatch>> {
-        Box::pin(std::future::ready(Ok(None)))
+    fn watch_node(&self, _: u32) -> Option<NodeEvents> {
+        None
     }
 }
 
@@ -525,9 +487,7 @@ mod tests {
             conds,
             [("A".into(), "Unknown".into()), ("B".into(), "False".into())]
         );
-        let (read, list_rv) = api.read_node_to_watch().await.unwrap();
-        assert_eq!((rv(&read), list_rv.as_str()), ("3", "3"));
-        assert!(api.watch_node("3", 60).await.unwrap().is_none());
+        assert!(api.watch_node(60).is_none());
     }
 
     #[tokio::test]
