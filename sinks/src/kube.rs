@@ -103,7 +103,6 @@ pub use settings::{
     KubeSettings, QuarantineSettings, Taint, TaintEffect, TaintSettings,
 };
 
-use backend::Backend;
 use events::{EventQueue, EventWriter, KubeEventSink};
 use gpuwatch_core::EventSink;
 use gpuwatch_core::validation::ValidationConfig;
@@ -263,7 +262,7 @@ pub async fn expected_gpus_from_node(
         return Err(KubeError::NoNodeName);
     }
     let client = build_client(&settings.api).await?;
-    let backend = Backend::live(client, node_name, settings);
+    let backend = backend::node_api(Some(client), node_name, settings);
     let node = backend.get_node().await.map_err(|e| KubeError::GetNode {
         node: node_name.to_owned(),
         reason: e.to_string(),
@@ -400,7 +399,7 @@ fn start_quarantine(
 struct Shared {
     node_name: String,
     metrics: Arc<KubeMetrics>,
-    backend: Arc<Backend>,
+    backend: Arc<dyn backend::NodeApi>,
     queue: Arc<EventQueue>,
     node_uid: Arc<Mutex<Option<String>>>,
     shutdown: watch::Receiver<bool>,
@@ -479,10 +478,7 @@ impl NodeWriter {
         } else {
             Some(build_client(&settings.api).await?)
         };
-        let backend = Arc::new(match &client {
-            None => Backend::dry_run(&node_name),
-            Some(client) => Backend::live(client.clone(), &node_name, &settings),
-        });
+        let backend = backend::node_api(client.clone(), &node_name, &settings);
         let pod_lister = match (&client, hooks.on_pods.take()) {
             (Some(client), Some(on_pods)) => Some(tokio::spawn(pods::watch_pods(
                 client.clone(),

@@ -2,7 +2,7 @@
 //! (around an uninstall nobody else would, and the startup taint would keep the
 //! node unschedulable).
 
-use super::backend::{ApiError, Backend};
+use super::backend::{ApiError, NodeApi, node_api};
 use super::node::{live_conditions, live_taints, taint_patch};
 use super::retry;
 use super::settings::KubeSettings;
@@ -97,12 +97,12 @@ pub async fn node_cleanup(
         return Err(KubeError::NoNodeName.into());
     }
     let client = build_client(&cfg.api).await?;
-    let backend = Backend::live(client, node_name, cfg);
-    cleanup_with(&backend, cfg, node_name, dry_run).await
+    let backend = node_api(Some(client), node_name, cfg);
+    cleanup_with(&*backend, cfg, node_name, dry_run).await
 }
 
 async fn cleanup_with(
-    backend: &Backend,
+    backend: &dyn NodeApi,
     cfg: &KubeSettings,
     node_name: &str,
     dry_run: bool,

@@ -13,7 +13,7 @@
 //! selectors (`involvedObject.name`, `reason`) are what the dedup listing needs,
 //! and it is what kubelet and node-problem-detector write for Nodes.
 
-use super::backend::{ApiError, Backend};
+use super::backend::{ApiError, NodeApi};
 use super::event_text::{PendingEvent, PodTarget, pending_from};
 pub use super::event_text::{event_reason, event_type};
 use super::metrics::{KubeMetrics, KubeObject, WriteResult};
@@ -455,7 +455,7 @@ fn secs(t: SystemTime) -> u64 {
 /// Writes queued Events. Runs until the queue is closed and drained.
 pub(crate) struct EventWriter {
     pub(crate) queue: Arc<EventQueue>,
-    pub(crate) backend: Arc<Backend>,
+    pub(crate) backend: Arc<dyn NodeApi>,
     pub(crate) cfg: KubeSettings,
     pub(crate) node_name: String,
     pub(crate) node_uid: Arc<Mutex<Option<String>>>,

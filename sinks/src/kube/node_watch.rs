@@ -1,12 +1,28 @@
-//! The watch on our own Node: list, then watch from the version read,
-//! forwarding every version to the reconciler as a [`Seen`].
+//! The watch on our own Node: kube-runtime's `watcher` on the one Node
+//! (`fieldSelector=metadata.name=<node>`), forwarding every version to the
+//! reconciler as a [`Seen`].
+//!
+//! The watcher lists, then watches from the list's resourceVersion (the
+//! store's current one: the Node's own version is the one it last changed at,
+//! on a quiet Node older than what the watch cache still holds, and a watch
+//! from it would be 410 Gone at once, every time); it resumes a watch the
+//! server ended at `timeoutSeconds` from the last version seen, BOOKMARKs
+//! included, and lists again after a 410 Gone.
+//!
+//! Failures are retried after the jittered backoff, applied here by not
+//! polling the watcher rather than by its `backoff` adapter, which resets
+//! after every item (a relist's included): the backoff resets only when the
+//! watch shows the Node change, a 429's `Retry-After` is the least wait, and
+//! a 410 for the version just listed is not progress but backs off like an
+//! error, so a server that keeps answering it is not asked again in a tight
+//! loop.
 
-use super::backend::{ApiError, Backend};
+use super::backend::{ApiError, NodeApi};
 use super::retry::Backoff;
 use super::settings::ApiSettings;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::WatchEvent;
+use kube::runtime::watcher;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -22,97 +38,50 @@ pub(crate) enum Seen {
     Read(Node, Instant),
 }
 
-/// Reads the Node afresh (the list of list-then-watch), forwards it and returns
-/// its resourceVersion to watch from.
-async fn relist(backend: &Backend, tx: &mpsc::Sender<Seen>) -> Result<String, ApiError> {
-    let sent = Instant::now();
-    let (n, rv) = backend.read_node_to_watch().await?;
-    let _ = tx.send(Seen::Read(n, sent)).await;
-    Ok(rv)
-}
-
-/// Keeps a watch on our Node open, forwarding every version to the reconciler.
-///
-/// List, then watch from the version read. What the API server does that this
-/// follows: a watch ends when the server's `timeoutSeconds` runs out (the
-/// stream just closes) and is resumed from the last version seen; BOOKMARK
-/// events only move that version; a version the server no longer has answers
-/// 410 Gone (as an ERROR event with reason `Expired`, or as the response),
-/// after which the Node is read again and watched from the version read. A 410
-/// for the version just read is not progress: it backs off like an error, so a
-/// server that keeps answering it is not asked again in a tight loop.
+/// Keeps the watcher on our Node going (module doc) until shutdown or until
+/// the reconciler is gone. Returns at once in dry-run mode.
 pub(crate) async fn watch_node(
-    backend: Arc<Backend>,
+    api: Arc<dyn NodeApi>,
     tx: mpsc::Sender<Seen>,
-    api: ApiSettings,
+    settings: ApiSettings,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    if backend.is_dry_run() {
+    let Some(mut events) = api.watch_node(settings.watch_timeout_secs) else {
         return;
-    }
-    let mut backoff = Backoff::new(api.backoff_initial, api.backoff_max);
-    let mut rv: Option<String> = None;
-    // The version in `rv` came from a read, and no watch event moved it since.
-    let mut just_read = false;
+    };
+    let mut backoff = Backoff::new(settings.backoff_initial, settings.backoff_max);
+    let mut follow = Follow::new(settings.request_timeout);
     loop {
-        if *shutdown.borrow() {
-            return;
-        }
-        let mut progressed = false;
-        let mut wait = Duration::ZERO;
-        let expired = |m: &str, just_read: bool| {
-            if just_read {
-                tracing::warn!(message = %m, "Node watch version expired right after reading the node; backing off.");
-            } else {
-                tracing::info!(message = %m, "Node watch version expired; reading the node again.");
-            }
-            !just_read
+        let next = tokio::select! {
+            _ = shutdown.changed() => return,
+            next = events.next() => next,
         };
-        match &rv {
-            None => match relist(&backend, &tx).await {
-                // Watched at once; the backoff is kept until the watch shows
-                // progress (a 410 right after the read keeps growing it).
-                Ok(v) => {
-                    rv = Some(v);
-                    just_read = true;
-                    continue;
-                }
-                Err(e) => {
-                    wait = e.retry_after();
-                    tracing::warn!(error = %e, "Cannot read the node to start its watch; retrying.");
-                }
-            },
-            Some(from) => match backend.watch_node(from, api.watch_timeout_secs).await {
-                Ok(None) => return,
-                Ok(Some(stream)) => {
-                    let (end, moved) = follow(stream, &tx, &mut rv, &mut shutdown).await;
-                    if moved {
-                        just_read = false;
-                        progressed = true;
-                    }
-                    match end {
-                        WatchEnd::Stop => return,
-                        WatchEnd::Resume => {}
-                        WatchEnd::Expired(m) => {
-                            progressed |= expired(&m, just_read);
-                            rv = None;
-                        }
+        let step = match next {
+            Some(Ok(event)) => follow.event(event, &tx).await,
+            Some(Err(e)) => {
+                let gone_at_start = matches!(&e, watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 410);
+                if gone_at_start {
+                    // The watcher would watch from the same version again;
+                    // a new one lists first.
+                    match api.watch_node(settings.watch_timeout_secs) {
+                        Some(fresh) => events = fresh,
+                        None => return,
                     }
                 }
-                Err(ApiError::Gone(m)) => {
-                    progressed = expired(&m, just_read);
-                    rv = None;
-                }
-                Err(e) => {
-                    wait = e.retry_after();
-                    tracing::warn!(error = %e, "Cannot watch the node; retrying.");
-                }
-            },
-        }
-        if progressed {
-            backoff.reset();
-            continue;
-        }
+                follow.failed(e)
+            }
+            // The watcher's stream does not end.
+            None => return,
+        };
+        let wait = match step {
+            Step::Stop => return,
+            Step::Next => continue,
+            Step::Progress => {
+                backoff.reset();
+                continue;
+            }
+            Step::Retry(wait) => wait,
+        };
         let delay = backoff.next_delay().max(wait);
         tokio::select! {
             _ = shutdown.changed() => return,
@@ -121,65 +90,118 @@ pub(crate) async fn watch_node(
     }
 }
 
-/// How one watch stream ended.
-enum WatchEnd {
+/// What the loop does after one item from the watcher.
+enum Step {
     /// Shutdown, or the reconciler is gone.
     Stop,
-    /// Closed by the server at its timeout, or failed: watched again from the
-    /// last version seen.
-    Resume,
-    /// 410 Expired: the version is gone; the Node must be read again.
-    Expired(String),
+    /// Poll again.
+    Next,
+    /// The watch showed the Node change: the backoff starts over.
+    Progress,
+    /// Poll again after the backoff, and no sooner than this.
+    Retry(Duration),
 }
 
-type NodeWatch =
-    std::pin::Pin<Box<dyn futures::Stream<Item = Result<WatchEvent<Node>, kube::Error>> + Send>>;
+/// The watcher's items as the reconciler hears them.
+struct Follow {
+    /// When the watcher last started a list (its `Init`, after which it sends
+    /// the request): what the list returns is at least as new as that.
+    listing_since: Instant,
+    /// The list under way found our Node.
+    found: bool,
+    /// When the last list ended, while no watch event came since.
+    listed_at: Option<Instant>,
+    /// A 410 sooner than this after a list, with no watch event between, is
+    /// for the version just listed (the watch starts right after the list,
+    /// and such an answer comes within a request's time).
+    at_once: Duration,
+}
 
-/// Forwards one watch stream's Nodes to the reconciler, moving `rv` with every
-/// event and bookmark, until the stream ends; true with it when an event or
-/// bookmark moved the version.
-async fn follow(
-    mut stream: NodeWatch,
-    tx: &mpsc::Sender<Seen>,
-    rv: &mut Option<String>,
-    shutdown: &mut watch::Receiver<bool>,
-) -> (WatchEnd, bool) {
-    let mut moved = false;
-    loop {
-        let item = tokio::select! {
-            _ = shutdown.changed() => return (WatchEnd::Stop, moved),
-            item = stream.next() => item,
-        };
-        match item {
-            // The server closed the watch at its timeout: resume from the last
-            // version (the server replays since).
-            None => return (WatchEnd::Resume, moved),
-            Some(Ok(WatchEvent::Added(n) | WatchEvent::Modified(n))) => {
-                moved = true;
-                if let Some(v) = &n.metadata.resource_version {
-                    *rv = Some(v.clone());
+impl Follow {
+    fn new(at_once: Duration) -> Follow {
+        Follow {
+            listing_since: Instant::now(),
+            found: false,
+            listed_at: None,
+            at_once,
+        }
+    }
+
+    /// Forwards what the watcher saw of the Node.
+    async fn event(&mut self, event: watcher::Event<Node>, tx: &mpsc::Sender<Seen>) -> Step {
+        let seen = match event {
+            watcher::Event::Init => {
+                self.listing_since = Instant::now();
+                self.found = false;
+                return Step::Next;
+            }
+            watcher::Event::InitApply(n) => {
+                self.found = true;
+                Seen::Read(n, self.listing_since)
+            }
+            watcher::Event::InitDone => {
+                if !self.found {
+                    tracing::warn!("Own Node not found; watching for it.");
                 }
+                self.listed_at = Some(Instant::now());
+                return Step::Next;
+            }
+            watcher::Event::Apply(n) => {
+                self.listed_at = None;
                 if tx.send(Seen::Event(n)).await.is_err() {
-                    return (WatchEnd::Stop, moved);
+                    return Step::Stop;
+                }
+                return Step::Progress;
+            }
+            watcher::Event::Delete(_) => {
+                tracing::warn!("Own Node was deleted.");
+                return Step::Next;
+            }
+        };
+        match tx.send(seen).await {
+            Ok(()) => Step::Next,
+            Err(_) => Step::Stop,
+        }
+    }
+
+    /// Says what failed; a 410 not right after a list is progress (the
+    /// watcher lists again at once).
+    fn failed(&mut self, e: watcher::Error) -> Step {
+        let what = match &e {
+            watcher::Error::InitialListFailed(_) => {
+                "Cannot read the node to start its watch; retrying."
+            }
+            watcher::Error::WatchStartFailed(_) => "Cannot watch the node; retrying.",
+            watcher::Error::WatchError(_) => "Node watch returned an error.",
+            watcher::Error::WatchFailed(_) | watcher::Error::NoResourceVersion => {
+                "Node watch stream failed."
+            }
+        };
+        let listing = matches!(e, watcher::Error::InitialListFailed(_));
+        let e = match e {
+            watcher::Error::InitialListFailed(e)
+            | watcher::Error::WatchStartFailed(e)
+            | watcher::Error::WatchFailed(e) => ApiError::from_kube(e),
+            watcher::Error::WatchError(s) => ApiError::from_kube(kube::Error::Api(s)),
+            e @ watcher::Error::NoResourceVersion => ApiError::Transient(e.to_string()),
+        };
+        match e {
+            ApiError::Gone(m) if !listing => {
+                let just_read = self
+                    .listed_at
+                    .take()
+                    .is_some_and(|t| t.elapsed() < self.at_once);
+                if just_read {
+                    tracing::warn!(message = %m, "Node watch version expired right after reading the node; backing off.");
+                    Step::Retry(Duration::ZERO)
+                } else {
+                    tracing::info!(message = %m, "Node watch version expired; reading the node again.");
+                    Step::Progress
                 }
             }
-            Some(Ok(WatchEvent::Deleted(_))) => {
-                tracing::warn!("Own Node was deleted.");
-            }
-            Some(Ok(WatchEvent::Bookmark(b))) => {
-                moved = true;
-                *rv = Some(b.metadata.resource_version);
-            }
-            Some(Ok(WatchEvent::Error(s))) if s.code == 410 => {
-                return (WatchEnd::Expired(s.message), moved);
-            }
-            Some(Ok(WatchEvent::Error(s))) => {
-                tracing::warn!(code = s.code, message = %s.message, "Node watch returned an error.");
-                return (WatchEnd::Resume, moved);
-            }
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "Node watch stream failed.");
-                return (WatchEnd::Resume, moved);
+            e => {
+                tracing::warn!(error = %e, "{what}");
+                Step::Retry(e.retry_after())
             }
         }
     }

@@ -2,7 +2,7 @@
 //! `node_watch`).
 
 use super::advertised::{self, Change, NotAdvertised};
-use super::backend::{ApiError, Backend};
+use super::backend::{ApiError, NodeApi};
 use super::config::StartupGateMode;
 use super::desired::{DesiredCondition, FALSE, Gate, TRUE, UNKNOWN, desired};
 use super::event_text::PendingEvent;
@@ -90,7 +90,7 @@ pub(crate) struct Reconciler {
     cfg: KubeSettings,
     node_name: String,
     metrics: Arc<KubeMetrics>,
-    backend: Arc<Backend>,
+    backend: Arc<dyn NodeApi>,
     health_rx: watch::Receiver<Arc<NodeHealth>>,
     node_rx: mpsc::Receiver<Seen>,
     /// The version our latest write produced, until the watch shows it (and
@@ -120,7 +120,7 @@ pub(crate) struct Parts {
     pub validation: ValidationConfig,
     pub node_name: String,
     pub metrics: Arc<KubeMetrics>,
-    pub backend: Arc<Backend>,
+    pub backend: Arc<dyn NodeApi>,
     pub health_rx: watch::Receiver<Arc<NodeHealth>>,
     pub node_rx: mpsc::Receiver<Seen>,
     pub events: Arc<EventQueue>,
