@@ -19,13 +19,14 @@ pub use super::event_text::{event_reason, event_type};
 use super::metrics::{KubeMetrics, KubeObject, WriteResult};
 use super::retry::Backoff;
 use super::settings::KubeSettings;
+use crate::queue::{Counts, Drain, Keyed, Settled, SinkQueue};
 use gpuwatch_core::{EventSink, Outcome};
 use gpuwatch_proto::{Action, FaultEvent};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::Notify;
@@ -36,198 +37,154 @@ pub const DEDUP_ANNOTATION: &str = "gpuwatch.io/dedup-key";
 pub const COMPONENT: &str = "gpuwatch";
 /// Bounded, coalescing queue shared by the sink and the writer task.
 ///
-/// Node Events and Pod Events wait in two lanes of `capacity` each, taken in
-/// turn: a storm of Node Events (a replayed ring, every GPU at once) neither
-/// pushes the Event a pod owner needs out of the queue nor keeps it waiting
-/// behind the whole backlog at the writes' pace, and the reverse.
+/// Node Events and Pod Events wait in two lanes, keyed [`SinkQueue`]s of
+/// `capacity` each, taken in turn: a storm of Node Events (a replayed ring,
+/// every GPU at once) neither pushes the Event a pod owner needs out of the
+/// queue nor keeps it waiting behind the whole backlog at the writes' pace,
+/// and the reverse. A repeat too soon after its Event's last write is
+/// deferred in its lane until its next patch is due (see
+/// `event_patch_interval_secs`).
 #[derive(Debug)]
 pub(crate) struct EventQueue {
-    items: Mutex<Lanes>,
-    capacity: usize,
-    notify: Notify,
-    in_flight: AtomicUsize,
-    closed: AtomicBool,
-    /// A flush asks for the held repeats now.
-    flushing: AtomicBool,
+    node: SinkQueue<PendingEvent>,
+    pods: SinkQueue<PendingEvent>,
+    /// The pod lane goes next when both hold Events.
+    pod_next: AtomicBool,
+    /// Wakes the writer task (either lane).
+    notify: Arc<Notify>,
     metrics: Arc<KubeMetrics>,
 }
 
-/// The two lanes of [`EventQueue`].
-#[derive(Debug, Default)]
-struct Lanes {
-    node: VecDeque<PendingEvent>,
-    pods: VecDeque<PendingEvent>,
-    /// The pod lane goes next when both hold Events.
-    pod_next: bool,
-    /// Repeats waiting for their Event's next patch (see
-    /// `event_patch_interval_secs`), with the time it is due; one per key.
-    held: Vec<(Instant, PendingEvent)>,
+impl Keyed for PendingEvent {
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn merge(&mut self, newer: PendingEvent) {
+        self.count = self.count.saturating_add(newer.count);
+        self.message = newer.message;
+        self.time = self.time.max(newer.time);
+    }
+
+    fn mark_due(&mut self) {
+        self.due = true;
+    }
 }
 
-impl Lanes {
-    fn lane(&mut self, p: &PendingEvent) -> &mut VecDeque<PendingEvent> {
-        if p.pod.is_some() {
-            &mut self.pods
-        } else {
-            &mut self.node
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.node.len() + self.pods.len() + self.held.len()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.node.is_empty() && self.pods.is_empty() && self.held.is_empty()
-    }
-
-    fn clear(&mut self) {
-        self.node.clear();
-        self.pods.clear();
-        self.held.clear();
-    }
-
-    /// Moves the held repeats due at `now` (all of them with `all`) to the
-    /// front of their lanes, to be patched next.
-    fn release(&mut self, now: Instant, all: bool) {
-        let mut i = 0;
-        while i < self.held.len() {
-            if all || self.held[i].0 <= now {
-                let (_, mut p) = self.held.swap_remove(i);
-                p.due = true;
-                self.lane(&p).push_front(p);
-            } else {
-                i += 1;
-            }
-        }
-    }
-
-    fn pop(&mut self) -> Option<PendingEvent> {
-        let from_pods = match (self.node.is_empty(), self.pods.is_empty()) {
-            (true, true) => return None,
-            (false, false) => self.pod_next,
-            (node_empty, _) => node_empty,
-        };
-        self.pod_next = !from_pods;
-        if from_pods {
-            self.pods.pop_front()
-        } else {
-            self.node.pop_front()
-        }
+impl Counts for KubeMetrics {
+    fn count_events(&self, outcome: Outcome, n: u64) {
+        KubeMetrics::count_events(self, outcome, n);
     }
 }
 
 impl EventQueue {
     pub(crate) fn new(capacity: usize, metrics: Arc<KubeMetrics>) -> EventQueue {
+        let notify = Arc::new(Notify::new());
+        let lane = || SinkQueue::keyed(capacity, metrics.clone(), notify.clone());
         EventQueue {
-            items: Mutex::new(Lanes::default()),
-            capacity: capacity.max(1),
-            notify: Notify::new(),
-            in_flight: AtomicUsize::new(0),
-            closed: AtomicBool::new(false),
-            flushing: AtomicBool::new(false),
+            node: lane(),
+            pods: lane(),
+            pod_next: AtomicBool::new(false),
+            notify,
             metrics,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Lanes> {
-        self.items.lock().unwrap_or_else(|e| e.into_inner())
+    fn lane(&self, p: &PendingEvent) -> &SinkQueue<PendingEvent> {
+        if p.pod.is_some() {
+            &self.pods
+        } else {
+            &self.node
+        }
+    }
+
+    fn lanes(&self) -> [&SinkQueue<PendingEvent>; 2] {
+        [&self.node, &self.pods]
     }
 
     /// Queues an event; never blocks.
     pub(crate) fn push(&self, p: PendingEvent) {
-        {
-            let mut lanes = self.lock();
-            if let Some((_, held)) = lanes.held.iter_mut().find(|(_, e)| e.key == p.key) {
-                held.count = held.count.saturating_add(p.count);
-                held.message = p.message;
-                held.time = held.time.max(p.time);
-                drop(lanes);
-                self.metrics.count_events(Outcome::Coalesced, 1);
-                return;
-            }
-            let q = lanes.lane(&p);
-            if let Some(existing) = q.iter_mut().find(|e| e.key == p.key) {
-                existing.count = existing.count.saturating_add(p.count);
-                existing.message = p.message;
-                existing.time = existing.time.max(p.time);
-                drop(lanes);
-                self.metrics.count_events(Outcome::Coalesced, 1);
-                return;
-            }
-            q.push_back(p);
-            if q.len() > self.capacity {
-                q.pop_front();
-                drop(lanes);
-                self.metrics.count_events(Outcome::Dropped, 1);
-            }
-        }
-        self.notify.notify_one();
+        self.lane(&p).push_or_merge(p);
     }
 
+    /// The next Event to write, from the lanes in turn (the due repeats of
+    /// both moved to their heads first).
     fn pop(&self) -> Option<PendingEvent> {
-        let all = self.flushing.load(Ordering::SeqCst) || self.closed.load(Ordering::SeqCst);
-        let mut lanes = self.lock();
-        lanes.release(Instant::now(), all);
-        let p = lanes.pop();
-        drop(lanes);
-        if p.is_some() {
-            self.in_flight.fetch_add(1, Ordering::SeqCst);
-        }
-        p
+        self.node.release_due();
+        self.pods.release_due();
+        let [first, second] = if self.pod_next.load(Ordering::SeqCst) {
+            [&self.pods, &self.node]
+        } else {
+            [&self.node, &self.pods]
+        };
+        let p = first.take().or_else(|| second.take())?;
+        self.pod_next.store(p.pod.is_none(), Ordering::SeqCst);
+        Some(p)
     }
 
+    /// The Event being written is done with (its outcome counted).
     fn done(&self) {
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        for lane in self.lanes() {
+            if lane.in_flight() {
+                lane.settle(1, Settled::Counted);
+            }
+        }
     }
 
     /// Holds a repeat taken from the queue until `due` (merging it into one
     /// already held for its key).
     fn hold(&self, p: PendingEvent, due: Instant) {
-        let mut lanes = self.lock();
-        if let Some((_, held)) = lanes.held.iter_mut().find(|(_, e)| e.key == p.key) {
-            held.count = held.count.saturating_add(p.count);
-            held.message = p.message;
-            held.time = held.time.max(p.time);
-        } else {
-            lanes.held.push((due, p));
-        }
-        drop(lanes);
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.lane(&p).defer(due);
     }
 
     /// When the earliest held repeat is due.
     fn next_due(&self) -> Option<Instant> {
-        self.lock().held.iter().map(|(t, _)| *t).min()
+        self.lanes().iter().filter_map(|l| l.next_due()).min()
     }
 
     /// Puts a failed item back at the front of its lane, next to be taken
     /// (or drops it when the lane filled meanwhile).
     fn requeue(&self, p: PendingEvent) {
-        let mut lanes = self.lock();
-        let pod = p.pod.is_some();
-        let q = lanes.lane(&p);
-        if q.len() >= self.capacity {
-            drop(lanes);
-            self.metrics.count_events(Outcome::Dropped, 1);
-        } else {
-            q.push_front(p);
-            lanes.pod_next = pod;
+        if self.lane(&p).settle(1, Settled::Retry) {
+            self.pod_next.store(p.pod.is_some(), Ordering::SeqCst);
         }
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 
-    pub(crate) fn is_idle(&self) -> bool {
-        self.lock().is_empty() && self.in_flight.load(Ordering::SeqCst) == 0
+    /// Waits up to `timeout` for both lanes to drain, held repeats included
+    /// (taken at once meanwhile).
+    fn flush(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        for lane in self.lanes() {
+            lane.ask_flush();
+        }
+        for lane in self.lanes() {
+            lane.wait_flushed(deadline);
+        }
+        for lane in self.lanes() {
+            lane.end_flush();
+        }
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.lock().len()
+        self.node.len() + self.pods.len()
     }
 
     pub(crate) fn close(&self) {
-        self.closed.store(true, Ordering::SeqCst);
-        self.notify.notify_one();
+        for lane in self.lanes() {
+            lane.stop(Drain::All);
+        }
+    }
+
+    fn closed(&self) -> bool {
+        self.node.stopping()
+    }
+
+    /// Drops (counted) everything still queued: the writer gives up at
+    /// shutdown.
+    fn drop_all(&self) {
+        for lane in self.lanes() {
+            lane.finish();
+        }
     }
 }
 
@@ -275,13 +232,7 @@ impl EventSink for KubeEventSink {
     /// Waits for the queue to drain, held repeats included (they are
     /// patched now rather than at their time).
     fn flush(&self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        self.queue.flushing.store(true, Ordering::SeqCst);
-        self.queue.notify.notify_one();
-        while !self.queue.is_idle() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        self.queue.flushing.store(false, Ordering::SeqCst);
+        self.queue.flush(timeout);
     }
 }
 
@@ -776,7 +727,7 @@ impl EventWriter {
     /// meanwhile coalesce into it.
     async fn next_pending(&self, spread_next_normal: &mut bool) -> Option<PendingEvent> {
         loop {
-            let closed = self.queue.closed.load(Ordering::SeqCst);
+            let closed = self.queue.closed();
             let Some(p) = self.queue.pop() else {
                 if closed {
                     return None;
@@ -863,22 +814,16 @@ impl EventWriter {
     /// the sink closes.
     async fn sleep_unless_closed(&self, d: Duration) {
         let end = tokio::time::Instant::now() + d;
-        while tokio::time::Instant::now() < end && !self.queue.closed.load(Ordering::SeqCst) {
+        while tokio::time::Instant::now() < end && !self.queue.closed() {
             let left = end.saturating_duration_since(tokio::time::Instant::now());
             tokio::time::sleep(left.min(Duration::from_millis(100))).await;
         }
     }
 
     async fn sleep_or_close(&self, d: Duration) {
-        if self.queue.closed.load(Ordering::SeqCst) {
+        if self.queue.closed() {
             // Shutting down: give up on what cannot be written now.
-            let mut q = self.queue.lock();
-            let n = q.len() as u64;
-            q.clear();
-            drop(q);
-            if n > 0 {
-                self.metrics.count_events(Outcome::Dropped, n);
-            }
+            self.queue.drop_all();
             return;
         }
         tokio::select! {
@@ -971,7 +916,7 @@ mod tests {
         let first = q.pop().unwrap();
         assert_eq!(first.reason, "XID2");
         q.done();
-        assert!(!q.is_idle());
+        assert_eq!(q.len(), 1);
     }
 
     #[test]
@@ -1006,7 +951,12 @@ mod tests {
             "taken in turn with the node lane"
         );
         q.done();
-        let rest: Vec<String> = std::iter::from_fn(|| q.pop().map(|p| p.reason)).collect();
+        let rest: Vec<String> = std::iter::from_fn(|| {
+            let p = q.pop()?;
+            q.done();
+            Some(p.reason)
+        })
+        .collect();
         assert_eq!(rest, ["XID47", "XID48", "XID49"]);
     }
 
