@@ -32,7 +32,7 @@
 //! assert!(!validate(&health, None, &ValidationConfig::default()).complete);
 //! ```
 
-use gpuwatch_proto::fabric;
+use gpuwatch_proto::fabric::{FabricState, Problem, Reading};
 use gpuwatch_proto::{
     GpuFabric, GpuHealth, GpuSample, NodeHealth, RecoveryAction, ShortName, ValidationCheck,
     ValidationReport,
@@ -593,54 +593,43 @@ fn fabric_check(f: Option<&GpuFabric>) -> (bool, String) {
             "fabric state not reported (driver without GPU fabric info)".into(),
         );
     };
-    let clique = |f: &GpuFabric| {
-        if f.cluster_uuid.is_empty() {
-            format!("clique {}", f.clique_id)
-        } else {
-            format!("clique {}, cluster {}", f.clique_id, f.cluster_uuid)
-        }
+    let f = Reading::of(f);
+    let clique = if f.cluster_uuid.is_empty() {
+        format!("clique {}", f.clique_id)
+    } else {
+        format!("clique {}, cluster {}", f.clique_id, f.cluster_uuid)
     };
-    if f.state == fabric::NOT_SUPPORTED {
+    if f.state == FabricState::NotSupported {
         return (true, "no NVLink fabric on this GPU".into());
     }
-    if fabric::is_pending(f) {
+    if f.is_pending() {
+        let state = f.problem_text(Problem::NotRegistered);
         return (
             false,
-            format!(
-                "fabric registration {} — is nvidia-fabricmanager running?",
-                if f.state == fabric::NOT_STARTED {
-                    "not started"
-                } else {
-                    "in progress"
-                }
-            ),
+            format!("fabric registration {state} — is nvidia-fabricmanager running?"),
         );
     }
-    match fabric::problem(f) {
-        None if f.state == fabric::COMPLETED => (
+    match f.problem() {
+        None if f.state == FabricState::Completed => (
             true,
-            format!("registered with the NVLink fabric ({})", clique(f)),
+            format!("registered with the NVLink fabric ({clique})"),
         ),
-        None => (false, format!("unknown fabric state {:?}", f.state)),
-        Some(fabric::Problem::RegistrationFailed) => (
+        None => (
+            false,
+            format!("unknown fabric state {:?}", f.state.as_str()),
+        ),
+        Some(p @ Problem::RegistrationFailed) => (
+            false,
+            format!("fabric registration failed: {}", f.problem_text(p)),
+        ),
+        Some(p) => (
             false,
             format!(
-                "fabric registration failed: {}",
-                fabric::status_words(&f.status)
+                "fabric {}: {} ({clique})",
+                p.name().replace('_', " "),
+                f.problem_text(p)
             ),
         ),
-        Some(p) => {
-            let notes = f.health_mask.map(fabric::health_notes).unwrap_or_default();
-            (
-                false,
-                format!(
-                    "fabric {}: {} ({})",
-                    p.name().replace('_', " "),
-                    notes.join(", "),
-                    clique(f)
-                ),
-            )
-        }
     }
 }
 

@@ -8,7 +8,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use gpuwatch_core::engine::Engine;
 use gpuwatch_core::msg::{Input, MonitorInput};
 use gpuwatch_core::{Registry, Shutdown};
-use gpuwatch_proto::{NodeHealth, fabric};
+use gpuwatch_proto::NodeHealth;
+use gpuwatch_proto::fabric::Reading;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -84,9 +85,11 @@ impl Prepared {
 fn feed_nvml_poll(engine: &mut Engine, cfg: &crate::nvml::NvmlConfig, fabric_wait: Duration) {
     let told = std::sync::atomic::AtomicBool::new(false);
     let polled = crate::nvml::poll_while(cfg, fabric_wait, move |samples| {
-        let pending = samples
-            .iter()
-            .any(|s| s.fabric.as_ref().is_some_and(fabric::is_pending));
+        let pending = samples.iter().any(|s| {
+            s.fabric
+                .as_ref()
+                .is_some_and(|f| Reading::of(f).is_pending())
+        });
         if pending && !told.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 wait_secs = fabric_wait.as_secs(),

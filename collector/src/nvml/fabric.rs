@@ -11,7 +11,7 @@
 #![allow(unsafe_code)]
 
 use gpuwatch_proto::GpuFabric;
-use gpuwatch_proto::fabric;
+use gpuwatch_proto::fabric::{self, FabricState, Reading};
 use nvml_wrapper::Device;
 use nvml_wrapper::error::{NvmlError, nvml_try};
 use nvml_wrapper_sys::bindings as sys;
@@ -83,19 +83,19 @@ fn from_raw(
     uuid: &[u8; 16],
     health_mask: Option<u32>,
 ) -> GpuFabric {
-    let state = fabric::state_name(state).map_or_else(|| format!("unknown_{state}"), str::to_owned);
-    let status = if state == fabric::COMPLETED {
+    let state = FabricState::from_nvml(state);
+    let status = if state == FabricState::Completed {
         fabric::status_name(status)
     } else {
         String::new()
     };
-    GpuFabric {
+    GpuFabric::from(Reading {
         state,
         status,
         clique_id,
         cluster_uuid: canonical_uuid(uuid),
         health_mask,
-    }
+    })
 }
 
 fn canonical_uuid(b: &[u8; 16]) -> String {

@@ -13,7 +13,7 @@
 use super::Engine;
 use super::derive::{SampleDiff, derived, opt};
 use super::model::FaultKey;
-use gpuwatch_proto::fabric::{self, Problem};
+use gpuwatch_proto::fabric::{Problem, Reading};
 use gpuwatch_proto::{FaultEvent, FaultKind, GpuSample, ShortName, Source};
 
 /// `nvmlClocksEventReasonSwThermalSlowdown`.
@@ -199,46 +199,32 @@ fn recovery_action(s: &GpuSample, _: &SampleDiff) -> FaultEvent {
 
 fn fabric_problem(s: &GpuSample, d: &SampleDiff) -> FaultEvent {
     let problem = d.fabric.unwrap_or(Problem::NotRegistered);
-    let f = s.fabric.clone().unwrap_or_default();
-    let mut notes = f.health_mask.map(fabric::health_notes).unwrap_or_default();
+    let f = Reading::of(&s.fabric.clone().unwrap_or_default());
+    let text = f.problem_text(problem);
     let message = match problem {
-        Problem::RegistrationFailed => format!(
-            "NVLink fabric registration failed: {}.",
-            fabric::status_words(&f.status)
-        ),
+        Problem::RegistrationFailed => format!("NVLink fabric registration failed: {text}."),
         Problem::NotRegistered => format!(
-            "The GPU is not registered with the NVLink fabric (state {}): is nvidia-fabricmanager running?",
-            f.state.replace('_', " ")
+            "The GPU is not registered with the NVLink fabric (state {text}): is nvidia-fabricmanager running?"
         ),
-        _ => {
-            if notes.is_empty() {
-                notes.push("unhealthy");
-            }
-            format!("NVLink fabric health: {}.", notes.join(", "))
+        Problem::RouteUnhealthy | Problem::DegradedBandwidth | Problem::IncorrectConfiguration => {
+            format!("NVLink fabric health: {text}.")
         }
     };
     let mut attrs = vec![
         ("fabric_problem", problem.name().to_string()),
-        ("fabric_state", f.state.clone()),
+        ("fabric_state", f.state.to_string()),
         ("fabric_clique_id", f.clique_id.to_string()),
     ];
     if !f.status.is_empty() {
-        attrs.push(("fabric_status", f.status.clone()));
+        attrs.push(("fabric_status", f.status));
     }
     if !f.cluster_uuid.is_empty() {
-        attrs.push(("fabric_cluster_uuid", f.cluster_uuid.clone()));
+        attrs.push(("fabric_cluster_uuid", f.cluster_uuid));
     }
     if let Some(m) = f.health_mask {
         attrs.push(("fabric_health_mask", format!("{m:#x}")));
     }
-    let name = match problem {
-        Problem::RegistrationFailed => "GPU fabric registration failed",
-        Problem::NotRegistered => "GPU not registered with the NVLink fabric",
-        Problem::RouteUnhealthy => "GPU fabric route unhealthy",
-        Problem::DegradedBandwidth => "GPU fabric bandwidth degraded",
-        Problem::IncorrectConfiguration => "GPU fabric misconfigured",
-    };
-    derived(s, FaultKind::Fabric, name, message, &attrs)
+    derived(s, FaultKind::Fabric, problem.title(), message, &attrs)
 }
 
 impl Engine {

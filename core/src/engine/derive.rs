@@ -5,7 +5,7 @@
 
 use super::Engine;
 use super::model::{Baseline, FaultKey, Gpu, pci_identity};
-use gpuwatch_proto::fabric::{self, Problem};
+use gpuwatch_proto::fabric::{FabricState, Problem, Reading};
 use gpuwatch_proto::{Action, FaultEvent, FaultKind, GpuSample, RecoveryAction, ShortName, Source};
 use std::collections::{BTreeMap, BTreeSet};
 use tracing::{info, warn};
@@ -112,7 +112,7 @@ pub(super) struct DiffRules {
 }
 
 /// The fabric problem a sample shows against the baseline: a finished
-/// registration's failure or health (`fabric::problem`), or a pending one
+/// registration's failure or health ([`Reading::problem`]), or a pending one
 /// that is a problem already: the GPU was registered earlier in this boot
 /// (it left the fabric: the fabric manager stopped or lost it), or it has
 /// been pending for the whole wait. Also the baseline's fabric fields next.
@@ -124,9 +124,10 @@ fn fabric_problem(
     let Some(f) = &s.fabric else {
         return (None, b.fabric_completed, b.fabric_pending_since);
     };
-    let completed = b.fabric_completed || f.state == fabric::COMPLETED;
-    if !fabric::is_pending(f) {
-        return (fabric::problem(f), completed, None);
+    let f = Reading::of(f);
+    let completed = b.fabric_completed || f.state == FabricState::Completed;
+    if !f.is_pending() {
+        return (f.problem(), completed, None);
     }
     let since = b.fabric_pending_since.unwrap_or(r.now);
     let overdue = r.now.saturating_sub(since) >= r.fabric_wait;

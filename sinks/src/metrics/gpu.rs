@@ -6,6 +6,7 @@ use super::{
     AttrValue, Collect, InstrumentKind, Num, NumType, Point, Presence, Sources, Spec, each_sample,
     flag, owned, push_opt, s, with,
 };
+use gpuwatch_proto::fabric::FabricState;
 use gpuwatch_proto::{GpuSample, NodeHealth, RecoveryAction};
 
 /// The telemetry instruments, in export order.
@@ -231,7 +232,7 @@ fn fabric_state(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
         let Some(f) = &sm.fabric else {
             return;
         };
-        let Some(v) = gpuwatch_proto::fabric::state_value(&f.state) else {
+        let Some(v) = FabricState::parse(&f.state).nvml_value() else {
             return;
         };
         let attrs = with(
