@@ -39,6 +39,7 @@ use gpuwatch_proto::{
 };
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
+use std::time::Duration;
 
 /// Device validation settings (`[validation]`).
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -117,6 +118,24 @@ impl ValidationConfig {
         }
         p
     }
+
+    /// The extra command as it runs (`command` and `timeout_secs`, typed).
+    pub fn extra_command(&self) -> ExtraCommand {
+        ExtraCommand {
+            argv: self.command.clone(),
+            timeout: Duration::from_secs(self.timeout_secs),
+        }
+    }
+}
+
+/// The extra validation command (`dcgmi diag -r 1`, a vendor script, ...)
+/// with its deadline, from [`ValidationConfig::extra_command`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtraCommand {
+    /// Program and arguments, no shell; empty: no command configured.
+    pub argv: Vec<String>,
+    /// How long it may run before it is killed and counted as failed.
+    pub timeout: Duration,
 }
 
 /// Check names used in reports (stable: they appear in Events and CLI output).
@@ -1098,5 +1117,24 @@ mod tests {
             require_kmsg: true,
         };
         assert_eq!(c.validate().len(), 6, "{:?}", c.validate());
+    }
+
+    #[test]
+    fn the_extra_command_is_its_argv_and_its_timeout_in_seconds() {
+        assert_eq!(
+            cfg().extra_command(),
+            ExtraCommand {
+                argv: Vec::new(),
+                timeout: Duration::from_secs(300),
+            }
+        );
+        let c = ValidationConfig {
+            command: vec!["dcgmi".into(), "diag".into(), "-r".into(), "1".into()],
+            timeout_secs: 900,
+            ..cfg()
+        };
+        let e = c.extra_command();
+        assert_eq!(e.argv, c.command);
+        assert_eq!(e.timeout, Duration::from_secs(900));
     }
 }

@@ -3,9 +3,8 @@
 //! folded into a [`ValidationReport`](gpuwatch_proto::ValidationReport) with
 //! [`gpuwatch_core::validation::add_check`].
 
-use gpuwatch_core::validation::{ValidationConfig, check, checks};
+use gpuwatch_core::validation::{ExtraCommand, check, checks};
 use gpuwatch_proto::ValidationCheck;
-use std::time::Duration;
 
 /// How much of the command's output a check message keeps.
 const OUTPUT_TAIL_BYTES: usize = 512;
@@ -21,9 +20,9 @@ fn tail(bytes: &[u8]) -> String {
 }
 
 /// Runs the extra validation command, if one is configured, killing it after
-/// `timeout_secs`. The check passes when no command is configured or it exits 0.
-pub async fn run_extra_command(cfg: &ValidationConfig) -> ValidationCheck {
-    let Some((program, args)) = cfg.command.split_first() else {
+/// its timeout. The check passes when no command is configured or it exits 0.
+pub async fn run_extra_command(cmd: &ExtraCommand) -> ValidationCheck {
+    let Some((program, args)) = cmd.argv.split_first() else {
         return check(
             checks::COMMAND,
             None,
@@ -31,14 +30,15 @@ pub async fn run_extra_command(cfg: &ValidationConfig) -> ValidationCheck {
             "no extra command configured".into(),
         );
     };
-    let shown = cfg.command.join(" ");
-    let mut cmd = tokio::process::Command::new(program);
-    cmd.args(args)
+    let shown = cmd.argv.join(" ");
+    let mut child = tokio::process::Command::new(program);
+    child
+        .args(args)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
-    let child = match cmd.spawn() {
+    let child = match child.spawn() {
         Ok(c) => c,
         Err(e) => {
             return check(
@@ -49,15 +49,14 @@ pub async fn run_extra_command(cfg: &ValidationConfig) -> ValidationCheck {
             );
         }
     };
-    let timeout = Duration::from_secs(cfg.timeout_secs);
-    match tokio::time::timeout(timeout, child.wait_with_output()).await {
+    match tokio::time::timeout(cmd.timeout, child.wait_with_output()).await {
         Err(_) => check(
             checks::COMMAND,
             None,
             false,
             format!(
                 "`{shown}` did not finish within {}s and was killed",
-                cfg.timeout_secs
+                cmd.timeout.as_secs()
             ),
         ),
         Ok(Err(e)) => check(
@@ -89,47 +88,40 @@ pub async fn run_extra_command(cfg: &ValidationConfig) -> ValidationCheck {
 mod tests {
     use super::*;
 
-    fn cfg() -> ValidationConfig {
-        ValidationConfig::default()
+    use gpuwatch_core::validation::ValidationConfig;
+
+    /// The command as `[validation]` configures it.
+    fn configured(command: &[&str], timeout_secs: u64) -> ExtraCommand {
+        ValidationConfig {
+            command: command.iter().map(|&a| a.to_owned()).collect(),
+            timeout_secs,
+            ..ValidationConfig::default()
+        }
+        .extra_command()
     }
 
     #[tokio::test]
     async fn extra_command_outcomes() {
-        let ok = run_extra_command(&ValidationConfig {
-            command: vec!["true".into()],
-            ..cfg()
-        })
-        .await;
+        let ok = run_extra_command(&configured(&["true"], 300)).await;
         assert!(ok.passed, "{ok:?}");
-        let fail = run_extra_command(&ValidationConfig {
-            command: vec!["sh".into(), "-c".into(), "echo bad gpu >&2; exit 3".into()],
-            ..cfg()
-        })
-        .await;
+        let fail =
+            run_extra_command(&configured(&["sh", "-c", "echo bad gpu >&2; exit 3"], 300)).await;
         assert!(!fail.passed);
         assert!(
             fail.message.contains("exit code 3: bad gpu"),
             "{}",
             fail.message
         );
-        let missing = run_extra_command(&ValidationConfig {
-            command: vec!["/nonexistent/dcgmi".into()],
-            ..cfg()
-        })
-        .await;
+        let missing = run_extra_command(&configured(&["/nonexistent/dcgmi"], 300)).await;
         assert!(!missing.passed && missing.message.contains("could not start"));
-        let none = run_extra_command(&cfg()).await;
+        let none = run_extra_command(&ValidationConfig::default().extra_command()).await;
         assert!(none.passed);
+        assert_eq!(none.message, "no extra command configured");
     }
 
     #[tokio::test(start_paused = true)]
     async fn extra_command_timeout_kills() {
-        let slow = run_extra_command(&ValidationConfig {
-            command: vec!["sleep".into(), "30".into()],
-            timeout_secs: 1,
-            ..cfg()
-        })
-        .await;
+        let slow = run_extra_command(&configured(&["sleep", "30"], 1)).await;
         assert!(!slow.passed);
         assert!(
             slow.message.contains("did not finish within 1s"),

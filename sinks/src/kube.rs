@@ -95,7 +95,8 @@ pub use backend::{ApiError, ApiResult};
 pub use cleanup::{CleanupError, CleanupReport, node_cleanup};
 pub use config::{KubeConfig, MigStrategy, StartupGateMode, TaintConfig};
 pub use desired::class_reason;
-pub use events::{COMPONENT, DEDUP_ANNOTATION, event_reason, event_type};
+pub use event_text::{event_reason, event_type};
+pub use events::{COMPONENT, DEDUP_ANNOTATION};
 pub use metrics::{EVENTS_STAGE, KubeMetrics, KubeObject, ValidationResult, WriteResult};
 pub use pods::{MIN_LIST_GAP, PlacementCallback, pod_info};
 pub use settings::{

@@ -24,7 +24,8 @@ pub mod config;
 mod logs;
 
 pub use config::{
-    Compression, OtlpConfig, OtlpSignal, Protocol, ResolvedSignal, TlsConfig, parse_key_values,
+    Compression, OtlpConfig, OtlpPacing, OtlpSignal, Protocol, ResolvedSignal, TlsConfig,
+    parse_key_values,
 };
 
 use crate::kube::KubeMetrics;
@@ -540,19 +541,20 @@ impl Settings {
         if let Err(p) = &attrs {
             problems.extend(p.iter().cloned());
         }
+        let pacing = cfg.pacing();
         match (metrics, logs, attrs, problems.is_empty()) {
             (Ok(metrics), Ok(logs), Ok(attrs), true) => Ok(Settings {
                 metrics,
                 logs,
                 attrs,
-                export_interval: Duration::from_secs(cfg.export_interval_secs),
-                series_quiet_window: Duration::from_secs(cfg.series_quiet_window_secs),
+                export_interval: pacing.export_interval,
+                series_quiet_window: pacing.series_quiet_window,
                 log_queue: QueueSettings {
                     capacity: cfg.log_queue_size,
                     batch_size: cfg.log_batch_size,
-                    linger: Duration::from_millis(cfg.log_flush_interval_ms),
-                    retry_initial: Duration::from_millis(cfg.log_retry_initial_ms),
-                    retry_max: Duration::from_millis(cfg.log_retry_max_ms),
+                    linger: pacing.log_flush_interval,
+                    retry_initial: pacing.log_retry_initial,
+                    retry_max: pacing.log_retry_max,
                 },
             }),
             _ => Err(OtlpError::Config(problems)),

@@ -85,7 +85,7 @@ pub fn build_sinks(
             registry.clone(),
             kube.clone(),
             resource_info(cfg),
-            std::time::Duration::from_secs(cfg.otlp.series_quiet_window_secs),
+            cfg.otlp.pacing().series_quiet_window,
         );
         sinks.metrics = Some(Arc::new(move || renderer.render()));
     }

@@ -159,7 +159,9 @@ fn judge(
     if report.passed {
         // The extra command (e.g. `dcgmi diag -r 1`) runs only once every
         // other check passed, as in the startup gate.
-        let check = rt.block_on(gpuwatch_sinks::extra_command::run_extra_command(validation));
+        let check = rt.block_on(gpuwatch_sinks::extra_command::run_extra_command(
+            &validation.extra_command(),
+        ));
         gpuwatch_core::validation::add_check(&mut report, check);
     }
     report.time_unix_nano = Some(gpuwatch_core::clock::unix_nanos(

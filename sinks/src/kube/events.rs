@@ -15,7 +15,8 @@
 
 use super::backend::{ApiError, NodeApi};
 use super::event_text::{PendingEvent, PodTarget, pending_from};
-pub use super::event_text::{event_reason, event_type};
+#[cfg(test)]
+use super::event_text::{event_reason, event_type};
 use super::metrics::{KubeMetrics, KubeObject, WriteResult};
 use super::retry::Backoff;
 use super::settings::KubeSettings;

@@ -167,6 +167,23 @@ impl Default for OtlpConfig {
     }
 }
 
+/// `[otlp]`'s intervals as durations, from [`OtlpConfig::pacing`]: what the
+/// exporter and the Prometheus renderer are paced by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OtlpPacing {
+    /// Between two metric exports (`export_interval_secs`).
+    pub export_interval: Duration,
+    /// How long a series that stopped mattering is still exported
+    /// (`series_quiet_window_secs`).
+    pub series_quiet_window: Duration,
+    /// Longest a log record waits for a fuller batch (`log_flush_interval_ms`).
+    pub log_flush_interval: Duration,
+    /// First retry delay after a failed log export (`log_retry_initial_ms`).
+    pub log_retry_initial: Duration,
+    /// Longest retry delay after failed log exports (`log_retry_max_ms`).
+    pub log_retry_max: Duration,
+}
+
 /// Default per-export timeout.
 pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
 
@@ -316,6 +333,17 @@ impl OtlpConfig {
             }
         }
         p
+    }
+
+    /// The intervals, typed: the one place their keys become durations.
+    pub fn pacing(&self) -> OtlpPacing {
+        OtlpPacing {
+            export_interval: Duration::from_secs(self.export_interval_secs),
+            series_quiet_window: Duration::from_secs(self.series_quiet_window_secs),
+            log_flush_interval: Duration::from_millis(self.log_flush_interval_ms),
+            log_retry_initial: Duration::from_millis(self.log_retry_initial_ms),
+            log_retry_max: Duration::from_millis(self.log_retry_max_ms),
+        }
     }
 
     /// Combines defaults, the environment (read through `env`) and this config
@@ -567,6 +595,46 @@ mod tests {
         assert_eq!(r.protocol, Protocol::Grpc);
         assert_eq!(r.endpoint, "http://localhost:4317");
         assert_eq!(r.timeout, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn pacing_types_every_interval_in_its_key_unit() {
+        let d = OtlpConfig::default().pacing();
+        assert_eq!(
+            d,
+            OtlpPacing {
+                export_interval: Duration::from_secs(30),
+                series_quiet_window: Duration::from_secs(300),
+                log_flush_interval: Duration::from_millis(200),
+                log_retry_initial: Duration::from_secs(1),
+                log_retry_max: Duration::from_secs(30),
+            }
+        );
+        let c = OtlpConfig {
+            export_interval_secs: 7,
+            series_quiet_window_secs: 70,
+            log_flush_interval_ms: 5,
+            log_retry_initial_ms: 6,
+            log_retry_max_ms: 60,
+            ..Default::default()
+        };
+        let p = c.pacing();
+        assert_eq!(
+            [
+                p.export_interval,
+                p.series_quiet_window,
+                p.log_flush_interval,
+                p.log_retry_initial,
+                p.log_retry_max
+            ],
+            [
+                Duration::from_secs(7),
+                Duration::from_secs(70),
+                Duration::from_millis(5),
+                Duration::from_millis(6),
+                Duration::from_millis(60)
+            ]
+        );
     }
 
     #[test]
