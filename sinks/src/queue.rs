@@ -267,6 +267,23 @@ impl<T> SinkQueue<T> {
         }
     }
 
+    /// The most items the queue holds (keyed: waiting items).
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Counts an item that reached the output without being queued (a
+    /// bypass, or a producer writing on its own thread): emitted, or dropped
+    /// when the output lost it.
+    pub(crate) fn count_unqueued(&self, written: bool) {
+        let outcome = if written {
+            Outcome::Emitted
+        } else {
+            Outcome::Dropped
+        };
+        self.count(outcome, 1);
+    }
+
     /// Items waiting (including a batch being written, and deferred ones).
     pub(crate) fn len(&self) -> usize {
         let st = self.lock();

@@ -17,7 +17,7 @@
 //! [`EventSink::flush`] waits up to its timeout for the queue to empty.
 
 use crate::queue::{Drain, Settled, SinkQueue};
-use gpuwatch_core::{EventSink, Outcome, Registry, Stage};
+use gpuwatch_core::{EventSink, Registry, Stage};
 use gpuwatch_proto::FaultEvent;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use std::io::Write;
@@ -48,8 +48,6 @@ struct Shared {
     /// Encoded lines, each ending in a newline.
     queue: SinkQueue<Vec<u8>>,
     out: Mutex<Box<dyn Write + Send>>,
-    registry: Arc<Registry>,
-    capacity: usize,
     /// `None`: the output cannot be probed; every line goes through the queue.
     writable: Option<WritableProbe>,
 }
@@ -57,7 +55,7 @@ struct Shared {
 impl std::fmt::Debug for JsonLinesSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("JsonLinesSink")
-            .field("capacity", &self.shared.capacity)
+            .field("capacity", &self.shared.queue.capacity())
             .finish_non_exhaustive()
     }
 }
@@ -103,10 +101,8 @@ impl JsonLinesSink {
         writable: Option<WritableProbe>,
     ) -> JsonLinesSink {
         let shared = Arc::new(Shared {
-            queue: SinkQueue::new(capacity, Stage::Stdout, registry.clone()),
+            queue: SinkQueue::new(capacity, Stage::Stdout, registry),
             out: Mutex::new(out),
-            registry,
-            capacity: capacity.max(1),
             writable,
         });
         let writer = Arc::clone(&shared);
@@ -181,13 +177,11 @@ impl Shared {
         written
     }
 
-    /// Writes one line on the caller's thread and counts it.
+    /// Writes one line on the caller's thread and counts it (at the queue's
+    /// stage, like the queued lines).
     fn write_counted(&self, line: &[u8]) {
-        let written = self.write(std::iter::once(line)) as u64;
-        self.registry
-            .count_events(Stage::Stdout, Outcome::Emitted, written);
-        self.registry
-            .count_events(Stage::Stdout, Outcome::Dropped, 1 - written);
+        let written = self.write(std::iter::once(line)) == 1;
+        self.queue.count_unqueued(written);
     }
 
     /// The writer thread: takes everything queued, writes it, repeats; ends
@@ -252,6 +246,7 @@ impl Drop for JsonLinesSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuwatch_core::Outcome;
     use std::sync::Condvar;
     use std::time::Instant;
 
