@@ -6,8 +6,8 @@
 use super::super::backend::ApiError;
 use super::super::gate::run_validation;
 use super::super::node_watch::Seen;
-use super::super::retry::Backoff;
-use super::super::schedule::{Schedule, Wake, error_policy};
+use super::super::retry::ErrorPolicy;
+use super::super::schedule::{Schedule, Wake};
 use super::super::settings::KubeSettings;
 use super::{Reconciler, STARTUP_UNKNOWN_HOLD, UNSEEN_REREAD_AFTER};
 use gpuwatch_core::validation::Expected;
@@ -99,7 +99,7 @@ impl Reconciler {
         match self.reconcile(hold).await {
             Ok(pass) => {
                 run.dirty = false;
-                run.backoff.reset();
+                run.errors.reset();
                 if pass.wrote {
                     run.schedule
                         .set(Wake::Pass, Instant::now() + run.min_interval);
@@ -110,7 +110,7 @@ impl Reconciler {
                 }
             }
             Err(e) => {
-                let pause = error_policy(&e, &mut run.backoff);
+                let pause = run.errors.after(&e);
                 let retry_in_ms = pause.as_millis() as u64;
                 if matches!(e, ApiError::Conflict(_)) {
                     tracing::info!(node = %self.node_name, error = %e, retry_in_ms, "Node keeps changing under the writer; retrying.");
@@ -209,10 +209,11 @@ impl Reconciler {
     }
 }
 
-/// The reconcile loop's own state: the schedule, the backoff, what is open.
+/// The reconcile loop's own state: the schedule, the error policy, what is open.
 struct RunState {
     schedule: Schedule,
-    backoff: Backoff,
+    /// A failed pass's pause; a taint write's lost races are retried soon.
+    errors: ErrorPolicy,
     /// A pass is wanted (something changed since the last one).
     dirty: bool,
     /// A watch event was set aside while our own write was unseen on it.
@@ -238,7 +239,8 @@ impl RunState {
         schedule.set(Wake::Resync, now + resync);
         RunState {
             schedule,
-            backoff: Backoff::new(cfg.api.backoff_initial, cfg.api.backoff_max),
+            errors: ErrorPolicy::new(cfg.api.backoff_initial, cfg.api.backoff_max)
+                .retrying_lost_races_soon(),
             dirty: true,
             set_aside: false,
             validation: None,
