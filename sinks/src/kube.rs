@@ -541,12 +541,6 @@ impl NodeWriter {
         self.sink.clone()
     }
 
-    /// Stops the loop and the watch, then gives queued Events up to 5 s to be
-    /// written ([`NodeWriter::shutdown_within`] with 5 s).
-    pub async fn shutdown(self) {
-        self.shutdown_within(Duration::from_secs(5)).await;
-    }
-
     /// Stops every task of the writer and gives queued Events what is left
     /// of `within`, so the writer keeps to the share of the agent's stop
     /// deadline it was given. A task still busy at the deadline (an API call

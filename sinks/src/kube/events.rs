@@ -18,7 +18,7 @@ use super::event_text::{PendingEvent, PodTarget, pending_from};
 #[cfg(test)]
 use super::event_text::{event_reason, event_type};
 use super::metrics::{KubeMetrics, KubeObject, WriteResult};
-use super::retry::Backoff;
+use super::retry::ErrorPolicy;
 use super::settings::KubeSettings;
 use crate::queue::{Counts, Drain, Keyed, Settled, SinkQueue};
 use gpuwatch_core::{EventSink, Outcome};
@@ -277,7 +277,7 @@ struct RunState {
     /// The Events already on the API were listed (or cannot be).
     listed: bool,
     pacer: Pacer,
-    backoff: Backoff,
+    backoff: ErrorPolicy,
     seq: u64,
     /// The next Normal Event is the first after a quiet period.
     spread_next_normal: bool,
@@ -681,7 +681,7 @@ impl EventWriter {
             pod_caps: PodCaps::default(),
             listed: false,
             pacer: Pacer::new(self.cfg.events.burst, self.cfg.events.per_minute),
-            backoff: Backoff::new(self.cfg.api.backoff_initial, self.cfg.api.backoff_max),
+            backoff: ErrorPolicy::new(self.cfg.api.backoff_initial, self.cfg.api.backoff_max),
             seq: 0,
             spread_next_normal: true,
         };
@@ -771,7 +771,7 @@ impl EventWriter {
             Err(e @ (ApiError::Transient(_) | ApiError::Throttled { .. })) => {
                 tracing::warn!(error = %e, "Cannot list existing Events; retrying.");
                 self.queue.requeue(p);
-                let delay = st.backoff.next_delay().max(e.retry_after());
+                let delay = st.backoff.after(&e);
                 self.sleep_or_close(delay).await;
                 return None;
             }
@@ -786,7 +786,12 @@ impl EventWriter {
 
     /// After a write: done, retried after a backoff (a transient error, a
     /// race, throttling), or dropped (rejected by the API server).
-    async fn settle(&self, p: PendingEvent, written: Result<(), ApiError>, backoff: &mut Backoff) {
+    async fn settle(
+        &self,
+        p: PendingEvent,
+        written: Result<(), ApiError>,
+        backoff: &mut ErrorPolicy,
+    ) {
         match written {
             Ok(()) => {
                 backoff.reset();
@@ -800,7 +805,7 @@ impl EventWriter {
             ) => {
                 tracing::warn!(reason = %p.reason, error = %e, "Cannot write Event; retrying.");
                 self.queue.requeue(p);
-                let delay = backoff.next_delay().max(e.retry_after());
+                let delay = backoff.after(&e);
                 self.sleep_or_close(delay).await;
             }
             Err(e) => {

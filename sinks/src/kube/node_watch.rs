@@ -9,16 +9,17 @@
 //! server ended at `timeoutSeconds` from the last version seen, BOOKMARKs
 //! included, and lists again after a 410 Gone.
 //!
-//! Failures are retried after the jittered backoff, applied here by not
-//! polling the watcher rather than by its `backoff` adapter, which resets
-//! after every item (a relist's included): the backoff resets only when the
+//! Failures are retried after the task's [`ErrorPolicy`] pause (jittered
+//! backoff), applied here by not polling the watcher rather than by its
+//! `backoff` adapter, which resets after every item (a relist's included)
+//! and ignores `Retry-After`: the backoff resets only when the
 //! watch shows the Node change, a 429's `Retry-After` is the least wait, and
 //! a 410 for the version just listed is not progress but backs off like an
 //! error, so a server that keeps answering it is not asked again in a tight
 //! loop.
 
 use super::backend::{ApiError, NodeApi};
-use super::retry::Backoff;
+use super::retry::ErrorPolicy;
 use super::settings::ApiSettings;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
@@ -49,7 +50,7 @@ pub(crate) async fn watch_node(
     let Some(mut events) = api.watch_node(settings.watch_timeout_secs) else {
         return;
     };
-    let mut backoff = Backoff::new(settings.backoff_initial, settings.backoff_max);
+    let mut errors = ErrorPolicy::new(settings.backoff_initial, settings.backoff_max);
     let mut follow = Follow::new(settings.request_timeout);
     loop {
         let next = tokio::select! {
@@ -73,16 +74,15 @@ pub(crate) async fn watch_node(
             // The watcher's stream does not end.
             None => return,
         };
-        let wait = match step {
+        let delay = match step {
             Step::Stop => return,
             Step::Next => continue,
             Step::Progress => {
-                backoff.reset();
+                errors.reset();
                 continue;
             }
-            Step::Retry(wait) => wait,
+            Step::Failed(e) => errors.after(&e),
         };
-        let delay = backoff.next_delay().max(wait);
         tokio::select! {
             _ = shutdown.changed() => return,
             () = tokio::time::sleep(delay) => {}
@@ -98,8 +98,8 @@ enum Step {
     Next,
     /// The watch showed the Node change: the backoff starts over.
     Progress,
-    /// Poll again after the backoff, and no sooner than this.
-    Retry(Duration),
+    /// Poll again after the error policy's pause for this.
+    Failed(ApiError),
 }
 
 /// The watcher's items as the reconciler hears them.
@@ -193,7 +193,7 @@ impl Follow {
                     .is_some_and(|t| t.elapsed() < self.at_once);
                 if just_read {
                     tracing::warn!(message = %m, "Node watch version expired right after reading the node; backing off.");
-                    Step::Retry(Duration::ZERO)
+                    Step::Failed(ApiError::Gone(m))
                 } else {
                     tracing::info!(message = %m, "Node watch version expired; reading the node again.");
                     Step::Progress
@@ -201,7 +201,7 @@ impl Follow {
             }
             e => {
                 tracing::warn!(error = %e, "{what}");
-                Step::Retry(e.retry_after())
+                Step::Failed(e)
             }
         }
     }

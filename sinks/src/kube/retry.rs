@@ -1,10 +1,13 @@
 //! Retry pacing for API calls: jittered exponential backoff after errors (the
-//! shared [`gpuwatch_core::retry::Backoff`]), and a short jittered pause before
-//! retrying a lost optimistic-concurrency race.
+//! shared [`gpuwatch_core::retry::Backoff`]), a short jittered pause before
+//! retrying a lost optimistic-concurrency race, and the [`ErrorPolicy`] each
+//! of the writer's tasks (the reconciler, the Node watch, the Event writer,
+//! the quarantine claimant) owns to turn a failed call into its pause.
 //!
 //! Jitter keeps the agents of a whole cluster from retrying in lockstep after an
 //! API server outage (every DaemonSet pod sees the same outage at the same time).
 
+use super::backend::ApiError;
 use backon::{BackoffBuilder, ConstantBuilder};
 use std::time::Duration;
 
@@ -22,9 +25,92 @@ pub(crate) fn race_jitter() -> Duration {
         .unwrap_or(Duration::from_millis(25))
 }
 
+/// The pause after a failed API call: the jittered exponential backoff,
+/// never shorter than the server's `Retry-After` (a 429's), started over by
+/// [`ErrorPolicy::reset`] after a success. One per task, so one task's
+/// failures do not slow another's retries.
+#[derive(Debug)]
+pub(crate) struct ErrorPolicy {
+    backoff: Backoff,
+    /// A 409 Conflict is a lost race (see [`ErrorPolicy::retrying_lost_races_soon`]).
+    races_retry_soon: bool,
+}
+
+impl ErrorPolicy {
+    /// Every error backs off, from `initial` doubling up to `max`.
+    pub(crate) fn new(initial: Duration, max: Duration) -> ErrorPolicy {
+        ErrorPolicy {
+            backoff: Backoff::new(initial, max),
+            races_retry_soon: false,
+        }
+    }
+
+    /// For a task whose 409 Conflicts are lost races on its own writes
+    /// guarded by a resourceVersion: another writer changed the object since
+    /// the read, which is no error, so the retry (which reads afresh) comes
+    /// after [`race_jitter`] and the backoff does not grow.
+    pub(crate) fn retrying_lost_races_soon(mut self) -> ErrorPolicy {
+        self.races_retry_soon = true;
+        self
+    }
+
+    /// The pause before retrying after `e`.
+    pub(crate) fn after(&mut self, e: &ApiError) -> Duration {
+        match e {
+            ApiError::Conflict(_) if self.races_retry_soon => race_jitter(),
+            _ => self.backoff.next_delay().max(e.retry_after()),
+        }
+    }
+
+    /// The next backoff step for a wait that repeats while something stays
+    /// wrong without a call failing (the quarantine claimant's access check
+    /// while the budget is unavailable).
+    pub(crate) fn step(&mut self) -> Duration {
+        self.backoff.next_delay()
+    }
+
+    /// A call succeeded (or the task made progress): the next error waits the
+    /// first step again.
+    pub(crate) fn reset(&mut self) {
+        self.backoff.reset();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lost_race_pauses_briefly_when_races_are_retried_soon() {
+        let mut p = ErrorPolicy::new(Duration::from_millis(500), Duration::from_secs(30))
+            .retrying_lost_races_soon();
+        let race = p.after(&ApiError::Conflict("modified".into()));
+        assert!(race < Duration::from_millis(100), "{race:?}");
+        // The race did not grow the backoff: the first error waits its first step.
+        let first = p.after(&ApiError::Transient("503".into()));
+        assert!(first >= Duration::from_millis(500) && first < Duration::from_secs(1));
+        let second = p.after(&ApiError::Transient("503".into()));
+        assert!(second >= Duration::from_secs(1), "{second:?}");
+        // A 429's Retry-After is the least wait.
+        p.reset();
+        let throttled = ApiError::Throttled {
+            message: "slow down".into(),
+            retry_after: Duration::from_secs(7),
+        };
+        assert!(p.after(&throttled) >= Duration::from_secs(7));
+    }
+
+    #[test]
+    fn by_default_a_conflict_backs_off_like_any_error() {
+        let mut p = ErrorPolicy::new(Duration::from_millis(500), Duration::from_secs(30));
+        let first = p.after(&ApiError::Conflict("modified".into()));
+        assert!(first >= Duration::from_millis(500) && first < Duration::from_secs(1));
+        let second = p.after(&ApiError::Conflict("modified".into()));
+        assert!(second >= Duration::from_secs(1), "{second:?}");
+        p.reset();
+        let again = p.step();
+        assert!(again >= Duration::from_millis(500) && again < Duration::from_secs(1));
+    }
 
     #[test]
     fn jitter_differs_between_calls_and_stays_small() {

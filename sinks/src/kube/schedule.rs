@@ -1,12 +1,9 @@
 //! When the reconciler runs next: one schedule of deadlines keyed by why they
-//! wake, and the error policy that maps a failed pass to its pause (as
-//! kube-runtime's controller does: a reconcile says when to run again, a
-//! separate policy maps errors to delays).
+//! wake (as kube-runtime's controller does: a reconcile says when to run
+//! again; a separate policy, [`super::retry::ErrorPolicy`], maps errors to
+//! delays).
 
-use super::backend::ApiError;
-use super::retry::{self, Backoff};
 use std::collections::BTreeMap;
-use std::time::Duration;
 use tokio::time::Instant;
 
 /// Why the reconciler wakes.
@@ -92,21 +89,10 @@ impl Schedule {
     }
 }
 
-/// The pause before the next pass after a failed one. A lost race is not an
-/// error: another writer changed the Node meanwhile, so the pass runs again
-/// after a short jittered pause, without growing the backoff. Anything else
-/// backs off exponentially with jitter, and never sooner than the server's
-/// `Retry-After`. Either way the next pass reads the Node afresh.
-pub(crate) fn error_policy(e: &ApiError, backoff: &mut Backoff) -> Duration {
-    match e {
-        ApiError::Conflict(_) => retry::race_jitter(),
-        _ => backoff.next_delay().max(e.retry_after()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[tokio::test(start_paused = true)]
     async fn the_earliest_active_deadline_wakes() {
@@ -144,24 +130,5 @@ mod tests {
         assert!(s.is_due(Wake::Pass, now) && s.is_due(Wake::Validate, now));
         assert!(!s.is_due(Wake::Advertised, now));
         assert!(!s.is_due(Wake::HoldEnds, now), "no deadline: not due");
-    }
-
-    #[test]
-    fn a_lost_race_pauses_briefly_and_other_errors_back_off() {
-        let mut b = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
-        let race = error_policy(&ApiError::Conflict("modified".into()), &mut b);
-        assert!(race < Duration::from_millis(100), "{race:?}");
-        // The race did not grow the backoff: the first error waits its first step.
-        let first = error_policy(&ApiError::Transient("503".into()), &mut b);
-        assert!(first >= Duration::from_millis(500) && first < Duration::from_secs(1));
-        let second = error_policy(&ApiError::Transient("503".into()), &mut b);
-        assert!(second >= Duration::from_secs(1), "{second:?}");
-        // A 429's Retry-After is the least wait.
-        b.reset();
-        let throttled = ApiError::Throttled {
-            message: "slow down".into(),
-            retry_after: Duration::from_secs(7),
-        };
-        assert!(error_policy(&throttled, &mut b) >= Duration::from_secs(7));
     }
 }

@@ -251,7 +251,7 @@ impl Harness {
 
     async fn stop(mut self) -> ApiDouble {
         if let Some(w) = self.writer.take() {
-            w.shutdown().await;
+            w.shutdown_within(Duration::from_secs(5)).await;
         }
         self.api.assert_requests_declared();
         self.api
@@ -1145,7 +1145,7 @@ async fn dry_run_needs_no_api_server() {
             .load(std::sync::atomic::Ordering::Relaxed),
         1
     );
-    w.shutdown().await;
+    w.shutdown_within(Duration::from_secs(5)).await;
 }
 
 #[test]

@@ -151,7 +151,7 @@ impl Fleet {
     /// back its slot.
     async fn kill(&mut self, node: &str) {
         let a = self.agents.remove(node).expect("agent");
-        a.writer.shutdown().await;
+        a.writer.shutdown_within(Duration::from_secs(5)).await;
     }
 
     /// Starts the agent of `node` again (a restarted pod on the same Node).
@@ -194,7 +194,7 @@ impl Fleet {
 
     async fn stop(self) {
         for (_, a) in self.agents {
-            a.writer.shutdown().await;
+            a.writer.shutdown_within(Duration::from_secs(5)).await;
         }
     }
 }
@@ -500,7 +500,7 @@ async fn a_role_without_leases_taints_anyway_and_says_why() {
         1
     );
     api.assert_requests_declared();
-    writer.shutdown().await;
+    writer.shutdown_within(Duration::from_secs(5)).await;
 }
 
 /// The Leases' namespace does not exist (a create there is 404): the same
@@ -539,5 +539,5 @@ async fn a_missing_namespace_taints_anyway_and_says_why() {
         "{:?}",
         unavailable_events(&api, &node)
     );
-    writer.shutdown().await;
+    writer.shutdown_within(Duration::from_secs(5)).await;
 }

@@ -519,7 +519,7 @@ async fn recorded_requests_equal_the_rbac_grants() {
         .is_some())
         .await
     );
-    w.shutdown().await;
+    w.shutdown_within(Duration::from_secs(5)).await;
     let ungranted: BTreeSet<Req> = UNGRANTED_REQUESTS
         .iter()
         .map(|r| (r.verb.to_owned(), r.group.to_owned(), r.resource.to_owned()))

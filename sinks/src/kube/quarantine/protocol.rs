@@ -7,7 +7,7 @@
 use super::budget::Budget;
 use super::store::{HolderNode, Holding, LeaseStore, SlotView};
 use crate::kube::backend::ApiError;
-use gpuwatch_core::retry::Backoff;
+use crate::kube::retry::ErrorPolicy;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -116,7 +116,7 @@ pub struct Claimant<S> {
     deferred_rounds: u32,
     /// Consecutive claim rounds left undecided (see `Protocol::claim`).
     undecided_rounds: u32,
-    backoff: Backoff,
+    backoff: ErrorPolicy,
     status: Status,
     /// The Node's UID for the owner reference (empty until known).
     node_uid: String,
@@ -157,7 +157,7 @@ impl<S: LeaseStore> Claimant<S> {
         };
         Claimant {
             store,
-            backoff: Backoff::new(cfg.backoff.0, cfg.backoff.1),
+            backoff: ErrorPolicy::new(cfg.backoff.0, cfg.backoff.1),
             cfg,
             held: None,
             written_at: Instant::now(),
@@ -219,7 +219,7 @@ impl<S: LeaseStore> Claimant<S> {
                 self.done(next)
             }
             Err(e) => {
-                let wait = self.backoff.next_delay().max(e.retry_after());
+                let wait = self.backoff.after(&e);
                 self.failed(need, &e, now);
                 let mut next = now + wait;
                 if self.held.is_some() {
@@ -244,7 +244,7 @@ impl<S: LeaseStore> Claimant<S> {
                 // At most once per lease duration: a broken Role on a fleet's
                 // worth of idle agents costs the API server seven reviews per
                 // agent per lease duration, not per backoff step.
-                return Ok(now + self.backoff.next_delay().max(self.cfg.lease_duration));
+                return Ok(now + self.backoff.step().max(self.cfg.lease_duration));
             }
         }
         self.status = Status::Idle;

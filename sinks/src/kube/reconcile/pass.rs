@@ -1,0 +1,371 @@
+//! One write pass: the desired state from the health (`desired`), the
+//! unadvertised-GPU condition, the startup hold on Unknown, the flap bound
+//! and the fleet quarantine budget's gate applied in that order, then the
+//! conditions and the taints written where the Node differs.
+
+use super::super::advertised::{self, Change};
+use super::super::backend::ApiError;
+use super::super::config::StartupGateMode;
+use super::super::desired::{DesiredCondition, DesiredTaint, FALSE, Gate, TRUE, UNKNOWN, desired};
+use super::super::metrics::{KubeObject, WriteResult};
+use super::super::node::{
+    condition_apply_body, conditions_differ, desired_taints, has_fault_taint, has_startup_taint,
+    live_conditions, taint_patch,
+};
+use super::super::quarantine;
+use super::super::retry;
+use super::{Reconciler, now_time};
+use gpuwatch_proto::NodeHealth;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use std::time::SystemTime;
+use tokio::time::Instant;
+
+/// How many races a taint write may lose in one reconcile pass before the pass
+/// hands back to the loop (which retries after a short jittered pause, not the
+/// error backoff: a lost race is not an error).
+const CONFLICT_RETRIES: usize = 16;
+
+/// What one reconcile pass did.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Pass {
+    /// Something was written.
+    pub(super) wrote: bool,
+    /// A move to Unknown was held back (see [`super::STARTUP_UNKNOWN_HOLD`]).
+    pub(super) held: bool,
+}
+
+/// Keeps live True/False conditions where `want` says Unknown (startup hold).
+/// Returns the condition types held.
+fn hold_unknown(node: &Node, want: &mut [DesiredCondition]) -> Vec<String> {
+    let mut held = Vec::new();
+    for d in want.iter_mut().filter(|d| d.status == UNKNOWN) {
+        let live = live_conditions(node).iter().find(|c| c.type_ == d.type_);
+        if let Some(c) = live.filter(|c| c.status == TRUE || c.status == FALSE) {
+            d.status = if c.status == TRUE { TRUE } else { FALSE };
+            d.reason = c.reason.clone().unwrap_or_default();
+            d.message = c.message.clone().unwrap_or_default();
+            held.push(d.type_.clone());
+        }
+    }
+    held
+}
+
+impl Reconciler {
+    /// While running (the startup gate open), healthy GPUs the device plugin
+    /// leaves unadvertised past the grace period turn the problem condition
+    /// True with reason `GPUsNotAdvertised` (a GPU fault's reason wins; no
+    /// taint) and raise a Warning Event; recovery clears both.
+    fn track_advertised(
+        &mut self,
+        node: &Node,
+        health: &NodeHealth,
+        gate_closed: bool,
+        want: &mut [DesiredCondition],
+    ) {
+        if !self.cfg.advertised.resources.is_empty() {
+            // Shown beside the GPUs NVML sees (`gpuwatch_gpus{state}`): the
+            // "GPU node present but pods not scheduled" case at a glance.
+            self.metrics.gpus_advertised.store(
+                advertised::allocatable(node, &self.cfg.advertised),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
+        let change = if gate_closed || self.cfg.advertised.resources.is_empty() {
+            self.not_advertised.reset()
+        } else {
+            let have = advertised::allocatable(node, &self.cfg.advertised);
+            let wanted = advertised::wanted(health, &self.cfg.advertised);
+            self.not_advertised.observe(have, wanted, Instant::now())
+        };
+        let message = self.not_advertised.message(&self.cfg.advertised, health);
+        match change {
+            Change::Raised => {
+                tracing::warn!(node = %self.node_name, message = %message, "GPUs are not advertised by the device plugin.");
+                self.event(advertised::REASON, "Warning", message.clone());
+            }
+            Change::Cleared => {
+                tracing::info!(node = %self.node_name, "The device plugin advertises every healthy GPU again.");
+                self.event(
+                    "GPUsAdvertised",
+                    "Normal",
+                    "The device plugin advertises every healthy GPU again".to_owned(),
+                );
+            }
+            Change::None => {}
+        }
+        if self.not_advertised.active()
+            && let Some(c) = want
+                .iter_mut()
+                .find(|c| c.type_ == self.cfg.conditions.problem_type && c.status == FALSE)
+        {
+            c.status = TRUE;
+            c.reason = advertised::REASON.to_owned();
+            c.message = message;
+        }
+    }
+
+    /// Applies the fleet quarantine budget to the desired fault taint: written
+    /// only while this Node holds a slot, left as it is while no claim has been
+    /// answered, and withheld (with a Warning Event) when the budget is spent.
+    async fn gate_fault_taint(&mut self, node: &Node, fault_taint: &mut Option<DesiredTaint>) {
+        let Some(link) = self.quarantine.as_mut() else {
+            return;
+        };
+        let live = has_fault_taint(node, &self.cfg);
+        let uid = node.metadata.uid.as_deref().unwrap_or_default();
+        let wanted = fault_taint.as_ref().map(|t| t.value.as_str());
+        let (gate, notice) = link.gate(wanted, live, uid).await;
+        match gate {
+            quarantine::link::Gate::AsDesired => {}
+            quarantine::link::Gate::Withhold => *fault_taint = None,
+            quarantine::link::Gate::KeepLive if !live => *fault_taint = None,
+            quarantine::link::Gate::KeepLive => {}
+        }
+        if let Some(n) = notice {
+            self.event(n.reason, "Warning", n.message);
+        }
+    }
+
+    /// One convergence pass. `hold`: within [`super::STARTUP_UNKNOWN_HOLD`].
+    pub(super) async fn reconcile(&mut self, hold: bool) -> Result<Pass, ApiError> {
+        if self.live.is_none() {
+            let n = self.backend.get_node().await?;
+            self.set_live(n);
+        }
+        let health = self.health_rx.borrow().clone();
+        let now = now_time();
+        let node = self.live.clone().unwrap_or_default();
+        let startup = self.cfg.gate.enabled && has_startup_taint(&node, &self.cfg);
+        let passed = startup && self.gate.still_passes(self.live.as_ref(), &health);
+        let gate = if startup && !passed {
+            Gate::Closed(self.gate.report().cloned())
+        } else {
+            Gate::Open
+        };
+        let mut want = desired(&health, &self.cfg, &gate);
+        self.track_advertised(&node, &health, startup, &mut want.conditions);
+        // The startup hold first, so the flap bound judges what is written: a
+        // move to Unknown held back is neither a clear nor the fault's return.
+        let as_live = if hold {
+            hold_unknown(&node, &mut want.conditions)
+        } else {
+            Vec::new()
+        };
+        self.flap
+            .apply(&mut want, SystemTime::now(), &as_live, &self.metrics);
+        // Write-ahead: the history is on disk before the Node shows it.
+        self.flap.save().await;
+        // What the faults ask for, before the budget's gate: the need the
+        // claimant hears after the write (a withheld taint is still needed).
+        let wanted_taint = want.fault_taint.clone();
+        self.gate_fault_taint(&node, &mut want.fault_taint).await;
+        let held = !as_live.is_empty();
+        let conditions = self.write_conditions(&node, &want.conditions, &now).await;
+        let remove_startup =
+            startup && passed && self.cfg.gate.mode == StartupGateMode::RemoveTaint;
+        let taints = self
+            .write_taints(want.fault_taint.as_ref(), remove_startup, &now)
+            .await;
+        self.tell_quarantine(wanted_taint.as_ref());
+        let wrote = conditions.as_ref().is_ok_and(|w| *w) | taints.as_ref().is_ok_and(|w| *w);
+        match (conditions, taints) {
+            (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+            (Ok(_), Ok(_)) => Ok(Pass { wrote, held }),
+        }
+    }
+
+    /// Applies our conditions when the Node's differ. `Ok(true)`: written.
+    async fn write_conditions(
+        &mut self,
+        node: &Node,
+        want: &[DesiredCondition],
+        now: &Time,
+    ) -> Result<bool, ApiError> {
+        if !conditions_differ(node, want) {
+            return Ok(false);
+        }
+        let body = condition_apply_body(&self.node_name, Some(node), want, now);
+        match self
+            .backend
+            .apply_status(
+                &self.cfg.conditions.field_manager,
+                self.cfg.conditions.force_conflicts,
+                &body,
+            )
+            .await
+        {
+            Ok(n) => {
+                self.metrics
+                    .count_kube_write(KubeObject::Condition, WriteResult::Ok);
+                tracing::debug!(node = %self.node_name, "Node conditions applied.");
+                self.wrote(&n);
+                self.set_live(n);
+                Ok(true)
+            }
+            Err(e) => {
+                let r = if matches!(e, ApiError::Conflict(_)) {
+                    WriteResult::Conflict
+                } else {
+                    WriteResult::Error
+                };
+                self.metrics.count_kube_write(KubeObject::Condition, r);
+                tracing::warn!(node = %self.node_name, error = %e, "Cannot apply the node conditions.");
+                Err(e)
+            }
+        }
+    }
+
+    /// Converges the taint list (fault taint as `fault` says, the startup taint
+    /// removed when `remove_startup`), re-reading and retrying after each lost
+    /// race up to [`CONFLICT_RETRIES`]. `Ok(true)`: written.
+    async fn write_taints(
+        &mut self,
+        fault: Option<&DesiredTaint>,
+        remove_startup: bool,
+        now: &Time,
+    ) -> Result<bool, ApiError> {
+        let mut attempts = 0;
+        loop {
+            let node = self.live.clone().unwrap_or_default();
+            let Some(taints) = desired_taints(&node, &self.cfg, fault, remove_startup, now) else {
+                return Ok(false);
+            };
+            let object = if remove_startup && has_startup_taint(&node, &self.cfg) {
+                KubeObject::StartupTaint
+            } else {
+                KubeObject::Taint
+            };
+            match self.backend.patch_node(&taint_patch(&node, &taints)).await {
+                Ok(n) => {
+                    self.metrics.count_kube_write(object, WriteResult::Ok);
+                    if object == KubeObject::StartupTaint && !has_startup_taint(&n, &self.cfg) {
+                        self.startup_taint_removed();
+                    }
+                    self.wrote(&n);
+                    self.set_live(n);
+                    return Ok(true);
+                }
+                Err(ApiError::Conflict(e)) => {
+                    // Another writer (kubelet, device plugin, NFD, autoscaler)
+                    // changed the Node since our read: re-read, recompute from
+                    // the desired state and retry after a short jittered pause.
+                    self.metrics.count_kube_write(object, WriteResult::Conflict);
+                    attempts += 1;
+                    tracing::debug!(node = %self.node_name, error = %e, attempts, "Taint write lost a race; re-reading the node.");
+                    if attempts >= CONFLICT_RETRIES {
+                        return Err(ApiError::Conflict(format!(
+                            "taint write lost {attempts} races in a row"
+                        )));
+                    }
+                    tokio::time::sleep(retry::race_jitter()).await;
+                    let n = self.backend.get_node().await?;
+                    self.set_live(n);
+                }
+                Err(e) => {
+                    self.metrics.count_kube_write(object, WriteResult::Error);
+                    tracing::warn!(node = %self.node_name, error = %e, "Cannot patch the node taints.");
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    fn startup_taint_removed(&self) {
+        tracing::info!(node = %self.node_name, taint = %self.cfg.taints.startup.key, "Startup taint removed.");
+        self.event(
+            "StartupTaintRemoved",
+            "Normal",
+            format!(
+                "GPU validation passed; removed the startup taint {}",
+                self.cfg.taints.startup.key
+            ),
+        );
+    }
+
+    /// Tells the quarantine claimant, after the write, the taint the faults
+    /// want (before the budget's gate) and whether the Node now carries one:
+    /// once it is gone and none is wanted the slot can go back. Telling it
+    /// the gated taint instead would turn a deferred or pending claim into
+    /// "no need" after every pass, and the claimant would go idle and claim
+    /// again in a loop as fast as the API server answers.
+    fn tell_quarantine(&self, fault: Option<&DesiredTaint>) {
+        if let Some(link) = &self.quarantine {
+            let node = self.live.clone().unwrap_or_default();
+            let wanted = fault.map(|t| t.value.as_str());
+            let uid = node.metadata.uid.as_deref().unwrap_or_default();
+            link.tell(wanted, has_fault_taint(&node, &self.cfg), uid);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+
+    fn live(conds: &[(&str, &str, &str)]) -> Node {
+        Node {
+            status: Some(NodeStatus {
+                conditions: Some(
+                    conds
+                        .iter()
+                        .map(|(t, s, r)| NodeCondition {
+                            type_: (*t).into(),
+                            status: (*s).into(),
+                            reason: Some((*r).into()),
+                            message: Some(format!("{r} message")),
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn want(t: &str, status: &'static str, reason: &str) -> DesiredCondition {
+        DesiredCondition {
+            type_: t.into(),
+            status,
+            reason: reason.into(),
+            message: "starting".into(),
+        }
+    }
+
+    #[test]
+    fn startup_hold_keeps_known_statuses_instead_of_unknown() {
+        let node = live(&[
+            ("AcceleratedHardwareReady", "True", "GPUsHealthy"),
+            ("GPUProblem", "False", "NoGPUProblem"),
+        ]);
+        let mut w = vec![
+            want("AcceleratedHardwareReady", UNKNOWN, "MonitorUnavailable"),
+            want("GPUProblem", UNKNOWN, "MonitorUnavailable"),
+        ];
+        assert_eq!(
+            hold_unknown(&node, &mut w),
+            ["AcceleratedHardwareReady", "GPUProblem"]
+        );
+        assert_eq!((w[0].status, w[0].reason.as_str()), (TRUE, "GPUsHealthy"));
+        assert_eq!(w[0].message, "GPUsHealthy message");
+        assert_eq!((w[1].status, w[1].reason.as_str()), (FALSE, "NoGPUProblem"));
+    }
+
+    #[test]
+    fn startup_hold_never_holds_back_a_known_status_or_an_absent_condition() {
+        let node = live(&[
+            ("AcceleratedHardwareReady", "Unknown", "MonitorUnavailable"),
+            ("GPUProblem", "False", "NoGPUProblem"),
+        ]);
+        let mut w = vec![
+            want("AcceleratedHardwareReady", UNKNOWN, "MonitorUnavailable"),
+            want("GPUProblem", TRUE, "XID79"),
+            want("Other", UNKNOWN, "MonitorUnavailable"),
+        ];
+        let before = w.clone();
+        assert!(hold_unknown(&node, &mut w).is_empty());
+        assert_eq!(w, before);
+    }
+}
