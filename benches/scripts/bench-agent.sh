@@ -14,15 +14,20 @@
 #
 #   benches/scripts/bench-agent.sh [RECORDS] [IDLE_SECS]
 #   (defaults: 3000000 records, 60 s idle)
+# GPUWATCH_BENCH_BIN=PATH benchmarks that binary instead of building one (a
+# before/after pair: run it twice, once per binary, in the same session).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RECORDS=${1:-3000000}
 IDLE_SECS=${2:-60}
-BIN="${CARGO_TARGET_DIR:-target}/release/gpuwatch"
+BIN="${GPUWATCH_BENCH_BIN:-${CARGO_TARGET_DIR:-target}/release/gpuwatch}"
 WORK=$(mktemp -d /tmp/gpuwatch-bench.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 
-cargo build --release -q -p gpuwatch -p nvml-sim
+if [ -z "${GPUWATCH_BENCH_BIN:-}" ]; then
+  cargo build --release -q -p gpuwatch -p nvml-sim
+fi
+echo "== binary: $("$BIN" --version)"
 
 echo "== replay: $RECORDS records, one XID per 1000"
 python3 benches/scripts/gen-kmsg.py "$WORK/replay.kmsg" "$RECORDS" 1000
