@@ -15,6 +15,8 @@
 #     An XID storm (every line an XID, benches' xid_storm). Baselines: `wc -l` and
 #     `rg -c Xid`. Measured: `gpuwatch scan --format json FILE` end to end, in
 #     lines/s. Target: >= 2 M lines/s.
+#
+# GPUWATCH_BENCH_BIN=PATH measures that gpuwatch binary (a before/after pair).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODE=mixed
@@ -39,7 +41,7 @@ else
   "$GEN" "$SIZE" >"$WORK/input.log"
 fi
 
-GPUWATCH_BIN="${CARGO_TARGET_DIR:-target}/release/gpuwatch" python3 - "$WORK/input.log" "$RUNS" "$MODE" <<'PY'
+GPUWATCH_BIN="${GPUWATCH_BENCH_BIN:-${CARGO_TARGET_DIR:-target}/release/gpuwatch}" python3 - "$WORK/input.log" "$RUNS" "$MODE" <<'PY'
 import os, subprocess, sys, time
 path, runs, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 size = os.path.getsize(path)
