@@ -119,6 +119,27 @@ pub fn run(prepared: Prepared, opts: &RunOptions) -> Result<RunSummary, RunError
 }
 
 impl Prepared {
+    /// The wake-ups of the pod listing and the kubelet poller, which the
+    /// engine uses to ask for a fresh listing when a fault record's pods
+    /// could be named by one; a source that will not run gets no ask.
+    fn placement_asks(
+        &self,
+        opts: &RunOptions,
+        engine: &mut gpuwatch_core::engine::Engine,
+    ) -> (Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>) {
+        let pods_ask = Arc::new(tokio::sync::Notify::new());
+        let devices_ask = Arc::new(tokio::sync::Notify::new());
+        let wake = |n: &Arc<tokio::sync::Notify>| -> gpuwatch_core::engine::Ask {
+            let n = n.clone();
+            Arc::new(move || n.notify_one())
+        };
+        engine.set_placement_asks(gpuwatch_core::engine::PlacementAsks {
+            pods: (self.kube().enabled && !opts.kube_dry_run).then(|| wake(&pods_ask)),
+            devices: (!self.kubelet().socket.as_os_str().is_empty()).then(|| wake(&devices_ask)),
+        });
+        (pods_ask, devices_ask)
+    }
+
     /// Creates the state directory and starts every part, in the order of
     /// the module doc's table.
     pub fn start(self, opts: &RunOptions) -> Result<RunningAgent, RunError> {
@@ -132,17 +153,7 @@ impl Prepared {
         let kube = KubeMetrics::new();
         let liveness = Liveness::new();
         let mut engine = self.agent_engine(&registry, &liveness);
-        // A fault record whose pods a fresh listing could name asks for one.
-        let pods_ask = Arc::new(tokio::sync::Notify::new());
-        let devices_ask = Arc::new(tokio::sync::Notify::new());
-        let wake = |n: &Arc<tokio::sync::Notify>| -> gpuwatch_core::engine::Ask {
-            let n = n.clone();
-            Arc::new(move || n.notify_one())
-        };
-        engine.set_placement_asks(gpuwatch_core::engine::PlacementAsks {
-            pods: (self.kube().enabled && !opts.kube_dry_run).then(|| wake(&pods_ask)),
-            devices: (!self.kubelet().socket.as_os_str().is_empty()).then(|| wake(&devices_ask)),
-        });
+        let (pods_ask, devices_ask) = self.placement_asks(opts, &mut engine);
         let shutdown = Shutdown::new();
         let (stop_tx, stop_rx) = crossbeam_channel::unbounded::<StopReason>();
         let kmsg_args = self.kmsg_source(
