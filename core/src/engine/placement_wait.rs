@@ -108,13 +108,20 @@ impl PlacementWait {
         self.waiting.is_empty()
     }
 
+    /// False when no record can be held: no source to ask and none waiting
+    /// (the agent without Kubernetes or a kubelet: nothing else to check).
+    pub(super) fn may_hold(&self) -> bool {
+        self.asks.pods.is_some() || self.asks.devices.is_some() || !self.waiting.is_empty()
+    }
+
     /// What a record read at `read_at` whose pods are `ev.pods` (and which
-    /// names the pods holding some device when `wants_devices`) should wait
-    /// for at `now`, given `wait_ns` per record; asks the sources it needs.
+    /// names the pods holding some device when `wants_devices()`, asked only
+    /// when the kubelet can be) should wait for at `now`, given `wait_ns`
+    /// per record; asks the sources it needs.
     pub(super) fn needs(
         &self,
         ev: &FaultEvent,
-        wants_devices: bool,
+        wants_devices: impl FnOnce() -> bool,
         read_at: Instant,
         placement: &Placement,
         now: u64,
@@ -129,8 +136,8 @@ impl PlacementWait {
         let needs = Needs {
             pods: self.asks.pods.is_some() && placement.pods_behind(&ev.pods, read_at),
             devices: self.asks.devices.is_some()
-                && wants_devices
-                && placement.devices_behind(read_at),
+                && placement.devices_behind(read_at)
+                && wants_devices(),
         };
         if needs.pods
             && let Some(ask) = &self.asks.pods
@@ -280,7 +287,7 @@ mod tests {
         pl.apply(listed("other"));
         let read_at = Instant::now();
         let ev = app_fault("new-pod");
-        let needs = w.needs(&ev, true, read_at, &pl, 0, WAIT);
+        let needs = w.needs(&ev, || true, read_at, &pl, 0, WAIT);
         // No kubelet source: nothing to wait for from it.
         assert_eq!(
             needs,
@@ -322,7 +329,7 @@ mod tests {
         });
         let mut pl = Placement::default();
         let read_at = Instant::now();
-        let needs = w.needs(&app_fault("u"), true, read_at, &pl, 0, WAIT);
+        let needs = w.needs(&app_fault("u"), || true, read_at, &pl, 0, WAIT);
         assert!(needs.pods && needs.devices);
         w.hold(waiting(app_fault("u"), read_at, needs, WAIT), 0);
         assert_eq!(w.next_deadline(), Some(WAIT));
@@ -337,7 +344,7 @@ mod tests {
         assert_eq!(w.release(WAIT + 2, &pl, false).0.len(), 1);
         // Nothing to ask of a failed source.
         assert_eq!(
-            w.needs(&app_fault("u"), true, Instant::now(), &pl, WAIT, WAIT),
+            w.needs(&app_fault("u"), || true, Instant::now(), &pl, WAIT, WAIT),
             Needs::default()
         );
     }
@@ -348,7 +355,7 @@ mod tests {
         let idle = PlacementWait::default();
         let now = Instant::now();
         assert_eq!(
-            idle.needs(&app_fault("u"), true, now, &pl, 0, WAIT),
+            idle.needs(&app_fault("u"), || true, now, &pl, 0, WAIT),
             Needs::default()
         );
         assert!(!idle.must_hold(Needs::default()));
@@ -360,18 +367,18 @@ mod tests {
             devices: None,
         });
         assert_eq!(
-            w.needs(&app_fault("u"), false, now, &pl, 0, 0),
+            w.needs(&app_fault("u"), || false, now, &pl, 0, 0),
             Needs::default()
         );
-        let needs = w.needs(&app_fault("u"), false, now, &pl, 0, WAIT);
+        let needs = w.needs(&app_fault("u"), || false, now, &pl, 0, WAIT);
         w.hold(waiting(app_fault("u"), now, needs, WAIT), 0);
         let late = WAIT * BUSY_LIMIT_WAITS;
         assert!(
-            w.needs(&app_fault("v"), false, now, &pl, late - 1, WAIT)
+            w.needs(&app_fault("v"), || false, now, &pl, late - 1, WAIT)
                 .pods
         );
         assert_eq!(
-            w.needs(&app_fault("v"), false, now, &pl, late, WAIT),
+            w.needs(&app_fault("v"), || false, now, &pl, late, WAIT),
             Needs::default()
         );
         assert_eq!(asked.load(Ordering::Relaxed), 2);

@@ -150,10 +150,13 @@ impl Engine {
         holder: Holder,
         read_at: Option<Instant>,
     ) -> Option<FaultEvent> {
+        if !self.wait.may_hold() {
+            return Some(ev);
+        }
         let now = self.clock.now_unix_nanos();
         let read_at = read_at.unwrap_or_else(Instant::now);
         let gpu = self.holder_gpu(&holder);
-        let wants_devices = !Self::devices_hit(&ev, gpu).is_empty();
+        let wants_devices = || !Self::devices_hit(&ev, gpu).is_empty();
         let wait_ns = self.cfg.placement_wait_ms.saturating_mul(1_000_000);
         let needs = self
             .wait
