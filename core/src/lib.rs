@@ -35,6 +35,7 @@ pub mod clock;
 pub mod engine;
 pub mod msg;
 pub mod names;
+pub mod network;
 pub mod placement;
 pub mod registry;
 pub mod retry;

@@ -151,6 +151,7 @@ pub fn kind_reason(kind: FaultKind, code: u32) -> String {
         FaultKind::Validation => "ValidationFailed".into(),
         FaultKind::Peermem => "PeerMemError".into(),
         FaultKind::Fabric => "GPUFabric".into(),
+        FaultKind::Nic => "NICFault".into(),
         FaultKind::Unspecified => "GPUFault".into(),
     }
 }

@@ -67,6 +67,7 @@ short_names!(FaultKind {
     Validation => "validation",
     Peermem => "peermem",
     Fabric => "fabric",
+    Nic => "nic",
 });
 
 short_names!(Action {
@@ -94,6 +95,7 @@ short_names!(Source {
     NvmlEvent => "nvml_event",
     NvmlPoll => "nvml_poll",
     Validation => "validation",
+    Sysfs => "sysfs",
 });
 
 short_names!(Verdict {

@@ -471,6 +471,89 @@ pub struct NodeHealth {
     #[prost(message, repeated, tag = "13")]
     #[serde(skip_serializing_if = "::prost::alloc::vec::Vec::is_empty")]
     pub condition_holds: ::prost::alloc::vec::Vec<ConditionHold>,
+    /// The node's RDMA network ports and the NetworkProblem verdict; absent
+    /// while the NIC monitor is off.
+    #[prost(message, optional, tag = "14")]
+    pub network: ::core::option::Option<NetworkHealth>,
+}
+/// The NetworkProblem node condition and the ports behind it. Network faults
+/// never change the GPU verdict or AcceleratedHardwareReady.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct NetworkHealth {
+    /// True while a port is down, flapping, below its expected rate, its NIC
+    /// reported a hardware fault, or fewer ports are up than expected.
+    #[prost(bool, tag = "1")]
+    pub problem: bool,
+    /// The condition's reason: NICPortDown, NICPortFlapping, NICLinkDegraded,
+    /// NICHardwareFault (the most severe present), or NICHealthy.
+    #[prost(string, tag = "2")]
+    pub reason: ::prost::alloc::string::String,
+    /// In words, naming the ports.
+    #[prost(string, tag = "3")]
+    pub message: ::prost::alloc::string::String,
+    #[prost(message, repeated, tag = "4")]
+    pub ports: ::prost::alloc::vec::Vec<NicPortHealth>,
+    /// False while the NIC tree cannot be read: the monitor is down, which is
+    /// never a network verdict.
+    #[prost(bool, tag = "5")]
+    pub monitor_ok: bool,
+    #[prost(string, tag = "6")]
+    pub monitor_message: ::prost::alloc::string::String,
+}
+/// One RDMA port.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct NicPortHealth {
+    /// RDMA device (`mlx5_0`) and port number.
+    #[prost(string, tag = "1")]
+    pub device: ::prost::alloc::string::String,
+    #[prost(uint32, tag = "2")]
+    pub port: u32,
+    /// "infiniband" | "ethernet" (RoCE) | "unknown".
+    #[prost(string, tag = "3")]
+    pub link_layer: ::prost::alloc::string::String,
+    /// The port's netdev (`ib0`, `eth2`), when it has one.
+    #[prost(string, tag = "4")]
+    pub netdev: ::prost::alloc::string::String,
+    #[prost(string, tag = "5")]
+    pub pci_address: ::prost::alloc::string::String,
+    /// Logical state (`ACTIVE`, `DOWN`, `INIT`, ...) and physical state
+    /// (`LinkUp`, `Polling`, `Disabled`, ...) as last read.
+    #[prost(string, tag = "6")]
+    pub state: ::prost::alloc::string::String,
+    #[prost(string, tag = "7")]
+    pub phys_state: ::prost::alloc::string::String,
+    /// Link rate, Gb/s (0: not known).
+    #[prost(double, tag = "8")]
+    pub rate_gbps: f64,
+    /// "up" | "down" (past the grace) | "going_down" (within the grace) |
+    /// "flapping" | "degraded" | "hardware_fault" | "never_up" (down since the
+    /// agent started, no expectation set: information) | "ignored".
+    #[prost(string, tag = "9")]
+    pub status: ::prost::alloc::string::String,
+    /// Down→up flaps within the flap window.
+    #[prost(uint32, tag = "10")]
+    pub flaps_in_window: u32,
+    /// When the port left ACTIVE/LinkUp (unix nanos), while it is not up.
+    #[prost(uint64, optional, tag = "11")]
+    pub down_since_unix_nano: ::core::option::Option<u64>,
+    /// Why the status, in words.
+    #[prost(string, tag = "12")]
+    pub message: ::prost::alloc::string::String,
+    /// Error counters stuck at their maximum (they saturate instead of
+    /// wrapping): their deltas are no longer known.
+    #[prost(string, repeated, tag = "13")]
+    pub saturated_counters: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// Counter files that cannot be read (EINVAL, `N/A`): read once, skipped since.
+    #[prost(string, repeated, tag = "14")]
+    pub unreadable_counters: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// The GPUs on the same NUMA node as the NIC (PCI addresses): the GPUs
+    /// whose traffic the port most likely carries.
+    #[prost(string, repeated, tag = "15")]
+    pub near_gpus: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 /// A node condition held in its problem status: it cleared as often as the
 /// flap bound allows within a window, so a further clear waits until the
@@ -562,6 +645,10 @@ pub enum FaultKind {
     /// registered with the fabric manager, its registration failed, or the
     /// fabric's health mask reports a degraded or unhealthy route.
     Fabric = 17,
+    /// RDMA NIC (InfiniBand / RoCE) port: link down or up, cable or transceiver
+    /// module event, PCIe error at the NIC's address. Network faults feed the
+    /// NetworkProblem condition, never a GPU verdict.
+    Nic = 18,
 }
 impl FaultKind {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -588,6 +675,7 @@ impl FaultKind {
             Self::Validation => "FAULT_KIND_VALIDATION",
             Self::Peermem => "FAULT_KIND_PEERMEM",
             Self::Fabric => "FAULT_KIND_FABRIC",
+            Self::Nic => "FAULT_KIND_NIC",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -611,6 +699,7 @@ impl FaultKind {
             "FAULT_KIND_VALIDATION" => Some(Self::Validation),
             "FAULT_KIND_PEERMEM" => Some(Self::Peermem),
             "FAULT_KIND_FABRIC" => Some(Self::Fabric),
+            "FAULT_KIND_NIC" => Some(Self::Nic),
             _ => None,
         }
     }
@@ -718,6 +807,8 @@ pub enum Source {
     NvmlPoll = 4,
     /// Device validation (startup gate, re-validation).
     Validation = 5,
+    /// sysfs (the NIC poller: /sys/class/infiniband, /sys/class/net).
+    Sysfs = 6,
 }
 impl Source {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -732,6 +823,7 @@ impl Source {
             Self::NvmlEvent => "SOURCE_NVML_EVENT",
             Self::NvmlPoll => "SOURCE_NVML_POLL",
             Self::Validation => "SOURCE_VALIDATION",
+            Self::Sysfs => "SOURCE_SYSFS",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -743,6 +835,7 @@ impl Source {
             "SOURCE_NVML_EVENT" => Some(Self::NvmlEvent),
             "SOURCE_NVML_POLL" => Some(Self::NvmlPoll),
             "SOURCE_VALIDATION" => Some(Self::Validation),
+            "SOURCE_SYSFS" => Some(Self::Sysfs),
             _ => None,
         }
     }

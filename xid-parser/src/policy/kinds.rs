@@ -429,6 +429,34 @@ pub(super) fn validation(ev: &FaultEvent) -> Decision<'static> {
     )
 }
 
+/// A NIC event (RDMA port link change, cable/module event, NIC health), by
+/// its `nic_event`. These never isolate a GPU: the network monitor turns them
+/// into the `NetworkProblem` condition, and `investigate` here only sets the
+/// record's severity.
+pub(super) fn nic(ev: &FaultEvent) -> Decision<'static> {
+    let (action, reason, name) = match attr(ev, "nic_event") {
+        Some("link_up") => (
+            Action::Ignore,
+            "NIC port link up: information; the network monitor counts a down→up as a flap.",
+            "NIC link up",
+        ),
+        Some("link_down") => (
+            Action::Investigate,
+            "NIC port link down: RDMA traffic over the port stops (NCCL over it hangs or \
+             fails over). The network monitor reports NICPortDown if it stays down past the \
+             grace, NICPortFlapping if it keeps coming back.",
+            "NIC link down",
+        ),
+        _ => (
+            Action::Investigate,
+            "NIC hardware event (cable or transceiver module, NIC health, PCIe error at the \
+             NIC): check the cable and module; the network monitor reports NICHardwareFault.",
+            "NIC hardware event",
+        ),
+    };
+    Decision::new(action, reason, name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -224,6 +224,7 @@ impl Policy {
             FaultKind::RecoveryAction => kinds::recovery_action(ev),
             FaultKind::Validation => kinds::validation(ev),
             FaultKind::Fabric => kinds::fabric(ev),
+            FaultKind::Nic => kinds::nic(ev),
             FaultKind::Unspecified => kinds::UNSPECIFIED.decision(),
         }
     }

@@ -1,0 +1,18 @@
+//! The node's RDMA network ports (InfiniBand and RoCE NICs) beside the GPUs:
+//! what a sysfs scan reads ([`NicScan`]), the `[network]` settings
+//! ([`NetworkConfig`] resolved into [`NetworkSettings`]) and the port state
+//! machine that turns scans and NIC kernel-log events into the
+//! `NetworkProblem` verdict.
+//!
+//! Nothing here reads sysfs: the agent's NIC poller does and sends
+//! its scans to the engine; tests drive the monitor with made-up scans
+//! and an injected clock.
+
+mod config;
+mod reading;
+
+pub use config::{NetworkConfig, NetworkSettings};
+pub use reading::{
+    CounterReading, CounterValue, LinkLayer, NicScan, PhysState, PortId, PortReading, PortState,
+    counter_width_bits, parse_link_layer, parse_phys_state, parse_rate_gbps, parse_state,
+};
