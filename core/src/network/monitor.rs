@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use gpuwatch_proto::{FaultEvent, FaultKind, NetworkHealth, NicPortHealth};
 
-use super::{LinkLayer, NetworkSettings, NicScan, PortId, PortReading};
+use super::{LinkLayer, NetworkSettings, NicScan, PhysState, PortId, PortReading, PortState};
 use counters::{Count, CounterTrack};
 
 /// The `NetworkProblem` reason for a NIC hardware fault (the most severe).
@@ -137,7 +137,9 @@ pub struct PortMetrics {
     /// Flaps counted since the agent started (monotonic).
     pub flaps_total: u64,
     /// Per error counter (by name, sorted): the errors counted since the
-    /// agent started, as deltas (monotonic; resets and saturation excluded).
+    /// agent started, as deltas (monotonic: a reset counts from 0, a
+    /// saturated counter adds nothing). Every counter that has read a number
+    /// once is listed, also after it turned unreadable.
     pub errors: Vec<(String, u64)>,
     /// Counters at their maximum: their deltas are not known.
     pub saturated: Vec<String>,
@@ -296,6 +298,9 @@ impl Port {
         self.mark_down(at, DownCause::Vanished);
         self.down_cause = DownCause::Vanished;
         self.vanished = true;
+        // Its state files are gone with it.
+        self.reading.state = PortState::Unknown;
+        self.reading.phys_state = PhysState::Unknown;
         self.last_scan_up = false;
         self.kernel_flaps = 0;
     }
@@ -490,6 +495,8 @@ impl NetworkMonitor {
     /// incomplete one, changes only the ports it read.
     pub fn scan(&mut self, scan: &NicScan) -> Vec<PortTransition> {
         let at = scan.at;
+        // What time alone decided by now, before the new reading.
+        let mut out = self.settle(at);
         self.first_scan_at.get_or_insert(at);
         self.last_scan = Some(ScanNote {
             complete: scan.complete,
@@ -520,7 +527,8 @@ impl NetworkMonitor {
                 true
             });
         }
-        self.settle(at)
+        out.extend(self.settle(at));
+        out
     }
 
     /// A NIC kernel-log event: `FaultKind::Nic` (attribute `nic_event`:
@@ -534,6 +542,7 @@ impl NetworkMonitor {
             return None;
         }
         let targets = self.ports_for(event, kind == FaultKind::Nic)?;
+        let mut out = self.settle(at);
         let attr = |k: &str| event.attributes.get(k).map(String::as_str);
         let s = &self.settings;
         if kind == FaultKind::PcieAer {
@@ -549,7 +558,8 @@ impl NetworkMonitor {
                     }
                 }
             }
-            return Some(self.settle(at));
+            out.extend(self.settle(at));
+            return Some(out);
         }
         let nic_event = attr("nic_event").unwrap_or("");
         for id in &targets {
@@ -575,7 +585,8 @@ impl NetworkMonitor {
                 _ => {}
             }
         }
-        Some(self.settle(at))
+        out.extend(self.settle(at));
+        Some(out)
     }
 
     /// Time passes: the grace runs out, a quiet window clears flapping or a
@@ -648,13 +659,10 @@ impl NetworkMonitor {
             (LinkLayer::InfiniBand, s.expected_infiniband),
             (LinkLayer::Ethernet, s.expected_ethernet),
         ] {
-            if let Some((up, expected)) = self.expectation_unmet(layer, expected, now) {
+            if let Some((up, expected, not_up)) = self.expectation_unmet(layer, expected, now) {
                 problems.push((
                     PortStatus::severity(REASON_PORT_DOWN),
-                    format!(
-                        "{up} of {expected} expected {} ports up",
-                        words::layer(layer)
-                    ),
+                    words::expected(layer, up, expected, &not_up),
                 ));
             }
         }
@@ -712,7 +720,7 @@ impl NetworkMonitor {
                 errors: p
                     .counters
                     .iter()
-                    .filter(|(_, c)| !c.unreadable)
+                    .filter(|(_, c)| c.known())
                     .map(|(n, c)| (n.clone(), c.total))
                     .collect(),
                 saturated: p
@@ -725,31 +733,30 @@ impl NetworkMonitor {
             .collect()
     }
 
-    /// `Some((up, expected))` when fewer non-ignored ports of `layer` are up
-    /// (or still within their grace) than expected, once the grace since the
-    /// first scan has passed.
+    /// `Some((up, expected, the ports not up))` when fewer non-ignored ports
+    /// of `layer` are up (or still within their grace) than expected, once
+    /// the grace since the first scan has passed.
     fn expectation_unmet(
         &self,
         layer: LinkLayer,
         expected: Option<u32>,
         now: Instant,
-    ) -> Option<(usize, u32)> {
+    ) -> Option<(usize, u32, Vec<&Port>)> {
         let expected = expected?;
         let started = self.first_scan_at?;
         if now.saturating_duration_since(started) < self.settings.down_grace {
             return None;
         }
-        let up = self
+        let (up, not_up): (Vec<&Port>, Vec<&Port>) = self
             .ports
             .values()
             .filter(|p| !p.ignored && p.reading.link_layer == layer)
-            .filter(|p| {
+            .partition(|p| {
                 p.up || p
                     .down_since
                     .is_some_and(|d| now.saturating_duration_since(d) < self.settings.down_grace)
-            })
-            .count();
-        (up < expected as usize).then_some((up, expected))
+            });
+        (up.len() < expected as usize).then_some((up.len(), expected, not_up))
     }
 
     fn near_gpus(&self, r: &PortReading) -> Vec<String> {

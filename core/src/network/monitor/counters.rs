@@ -18,6 +18,11 @@ pub(super) struct CounterTrack {
 }
 
 impl CounterTrack {
+    /// True once a value has been read: the counter has a number to report.
+    pub(super) fn known(&self) -> bool {
+        self.last.is_some()
+    }
+
     /// Takes one reading and returns the errors it adds (0 for the baseline,
     /// an unreadable file, or a saturated counter that stays at its maximum).
     pub(super) fn update(&mut self, name: &str, value: CounterValue) -> u64 {

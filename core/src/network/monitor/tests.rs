@@ -374,6 +374,19 @@ fn unreadable_counters_are_listed() {
         "no number for an unreadable counter"
     );
     assert!(!h.problem);
+    // A counter that turns unreadable keeps its total in the metrics.
+    r.scan(10, vec![with_counters(ib(0, true), &[("symbol_error", 4)])]);
+    let mut reading = ib(0, true);
+    reading.counters.push(CounterReading {
+        name: "symbol_error".into(),
+        value: CounterValue::Unreadable,
+    });
+    r.scan(15, vec![reading]);
+    assert_eq!(
+        r.metrics("mlx5_0").errors[0],
+        ("symbol_error".to_string(), 3)
+    );
+    assert_eq!(r.health(15).ports[0].unreadable_counters.len(), 2);
 }
 
 /// One physical flap seen by the kernel lines, the `link_downed` counter
@@ -527,7 +540,8 @@ fn fewer_ports_up_than_expected_is_a_problem() {
     assert!(h.problem);
     assert_eq!(h.reason, REASON_PORT_DOWN);
     assert!(
-        h.message.contains("7 of 8 expected InfiniBand ports up"),
+        h.message
+            .contains("7 of 8 expected InfiniBand ports up (not up: mlx5_7/1 (ib7))"),
         "{}",
         h.message
     );
@@ -637,6 +651,7 @@ fn a_vanished_device_goes_down_after_the_grace() {
         "{}",
         t[0].message
     );
+    assert_eq!(r.health(5).ports[0].state, "UNKNOWN");
     assert_eq!(r.status(5, "mlx5_1"), "missing", "never up: forgotten");
     let t = r.tick(5 + GRACE);
     assert_eq!(tos(&t), [(PortStatus::GoingDown, PortStatus::Down)]);
@@ -811,4 +826,38 @@ fn statuses_and_reasons_have_their_names() {
         assert_eq!(s.reason(), reason);
         assert_eq!(s.is_problem(), reason.is_some());
     }
+}
+
+#[test]
+fn a_late_scan_reports_the_expired_grace_first() {
+    // The engine missed the deadline: the scan that reads the port up again
+    // still says it was down, then up.
+    let mut r = Rig::new();
+    r.scan(0, vec![ib(0, true)]);
+    r.scan(5, vec![ib(0, false)]);
+    let t = r.scan(5 + GRACE + 30, vec![ib(0, true)]);
+    assert_eq!(
+        tos(&t),
+        [
+            (PortStatus::GoingDown, PortStatus::Down),
+            (PortStatus::Down, PortStatus::Up)
+        ]
+    );
+    assert!(
+        t[1].message.contains("up again after 1m 30s"),
+        "{}",
+        t[1].message
+    );
+    // The same for a kernel line.
+    let mut r = Rig::new();
+    r.scan(0, vec![ib(0, true)]);
+    r.kernel(5, &nic_event(0, "link_down", &[]));
+    let t = r.kernel(5 + GRACE, &nic_event(0, "link_up", &[])).unwrap();
+    assert_eq!(
+        tos(&t),
+        [
+            (PortStatus::GoingDown, PortStatus::Down),
+            (PortStatus::Down, PortStatus::Up)
+        ]
+    );
 }

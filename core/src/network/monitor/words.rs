@@ -63,14 +63,23 @@ fn states(p: &Port) -> String {
     )
 }
 
+/// Flaps in the window, as a sentence to append (empty for none).
+fn flaps_sentence(p: &Port, now: Instant, s: &NetworkSettings) -> String {
+    if p.flaps_in_window(now, s) == 0 {
+        String::new()
+    } else {
+        format!(" {}.", flaps(p, now, s))
+    }
+}
+
 /// Why the port is not up, as evidence.
 fn down_evidence(p: &Port) -> String {
     match p.down_cause {
-        DownCause::Scan => format!("not ACTIVE/LinkUp ({})", states(p)),
+        DownCause::Scan => states(p),
         DownCause::KernelLinkDown => "the kernel reported link down".to_string(),
         DownCause::Unplugged => "the kernel reported the cable or module unplugged".to_string(),
         DownCause::Vanished => {
-            "its RDMA device disappeared from sysfs (NIC removed, driver unbound or NIC dead)"
+            "its RDMA device disappeared from sysfs: NIC removed, driver unbound or NIC dead"
                 .to_string()
         }
     }
@@ -127,14 +136,15 @@ pub(super) fn problem(p: &Port, now: Instant, s: &NetworkSettings) -> String {
 /// One port's status in words, for `NicPortHealth.message`.
 pub(super) fn port(p: &Port, now: Instant, s: &NetworkSettings) -> String {
     match p.status {
+        PortStatus::Up if p.flaps_in_window(now, s) == 0 => "up".to_string(),
         PortStatus::Up => format!("up; {}", flaps(p, now, s)),
         PortStatus::GoingDown => format!(
-            "{} for {}; down if not back within {}",
-            down_evidence(p),
+            "not up for {} ({}); down if not back within {}",
             down_for(p, now),
+            down_evidence(p),
             duration(s.down_grace)
         ),
-        PortStatus::Down => format!("down for {}: {}", down_for(p, now), down_evidence(p)),
+        PortStatus::Down => format!("down for {} ({})", down_for(p, now), down_evidence(p)),
         PortStatus::Flapping => format!(
             "flapping: {}; clears after {} without a flap",
             flaps(p, now, s),
@@ -162,17 +172,18 @@ pub(super) fn port(p: &Port, now: Instant, s: &NetworkSettings) -> String {
 pub(super) fn transition(p: &Port, from: PortStatus, now: Instant, s: &NetworkSettings) -> String {
     let who = label(p);
     let fl = flaps(p, now, s);
+    let more = flaps_sentence(p, now, s);
     match p.status {
         PortStatus::GoingDown => format!(
-            "{who} left ACTIVE/LinkUp: {}; reported down if not back within {}. {fl}.",
+            "{who} is not up ({}); reported down if not back within {}.{more}",
             down_evidence(p),
             duration(s.down_grace)
         ),
         PortStatus::Down => format!(
-            "{who} is down: {} for {}; RDMA traffic over it has stopped (NCCL jobs over it \
-             hang or fail over). {fl}.",
-            down_evidence(p),
-            down_for(p, now)
+            "{who} is down for {} ({}): RDMA traffic over it has stopped; jobs using it hang \
+             or fail over.{more}",
+            down_for(p, now),
+            down_evidence(p)
         ),
         PortStatus::Flapping => format!(
             "{who} is flapping: {fl} (threshold {}); jobs over it stall at every flap. \
@@ -185,16 +196,32 @@ pub(super) fn transition(p: &Port, from: PortStatus, now: Instant, s: &NetworkSe
             s.min_rate_gbps.unwrap_or(0.0)
         ),
         PortStatus::HardwareFault => format!(
-            "{who}: NIC hardware fault: {}. Check the cable, transceiver and NIC. Clears after \
-             {} without another.",
+            "{who}: NIC hardware fault: {}. Check the NIC, its PCIe slot, cable and \
+             transceiver. Clears after {} without another.",
             hw_what(p),
             duration(s.flap_quiet)
         ),
-        PortStatus::NeverUp => format!(
-            "{who} has not been up since the agent started ({}). Information only: no \
-             expected port count is set for it; set [network] expected_ports or ignore it.",
-            states(p)
-        ),
+        PortStatus::NeverUp => {
+            let expected = match p.reading.link_layer {
+                LinkLayer::InfiniBand => s.expected_infiniband,
+                LinkLayer::Ethernet => s.expected_ethernet,
+                LinkLayer::Unknown => None,
+            };
+            match expected {
+                Some(n) => format!(
+                    "{who} has not been up since the agent started ({}); it counts against \
+                     the {n} expected {} ports.",
+                    states(p),
+                    layer(p.reading.link_layer)
+                ),
+                None => format!(
+                    "{who} has not been up since the agent started ({}). Information only: no \
+                     expected port count is set for it; set [network] expected_ports to have \
+                     such ports reported, or ignore it.",
+                    states(p)
+                ),
+            }
+        }
         PortStatus::Up => match from {
             PortStatus::GoingDown if p.returned => format!(
                 "{who} is back up after {}, within the grace: counted as a flap. {fl}.",
@@ -224,13 +251,31 @@ pub(super) fn transition(p: &Port, from: PortStatus, now: Instant, s: &NetworkSe
     }
 }
 
+/// Too few ports of a link layer up: `7 of 8 expected InfiniBand ports up
+/// (not up: mlx5_7/1 (ib7))`, naming the ports not up that the message does
+/// not name already as problems.
+pub(super) fn expected(l: LinkLayer, up: usize, expected: u32, not_up: &[&Port]) -> String {
+    let mut m = format!("{up} of {expected} expected {} ports up", layer(l));
+    let names: Vec<String> = not_up
+        .iter()
+        .filter(|p| !p.status.is_problem())
+        .map(|p| short(p))
+        .collect();
+    if !names.is_empty() {
+        m.push_str(&format!(" (not up: {})", join_capped(&names, 300)));
+    }
+    m
+}
+
 /// Nothing wrong: how many ports are up, and the never-up ones.
 pub(super) fn healthy<'a>(ports: impl Iterator<Item = &'a Port>) -> String {
     let (mut ib, mut eth, mut other, mut ignored) = (0, 0, 0, 0);
     let mut never = Vec::new();
     let mut total = 0;
     for p in ports {
-        total += 1;
+        if !p.ignored {
+            total += 1;
+        }
         if p.ignored {
             ignored += 1;
             continue;
@@ -246,7 +291,7 @@ pub(super) fn healthy<'a>(ports: impl Iterator<Item = &'a Port>) -> String {
             }
         }
     }
-    if total == 0 {
+    if total == 0 && ignored == 0 {
         return "No RDMA ports found.".to_string();
     }
     let mut m = format!("{} of {total} ports up", ib + eth + other);
