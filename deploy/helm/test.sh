@@ -7,7 +7,7 @@
 #   4. the rendered PrometheusRule: promtool check, and the promtool unit tests of
 #      deploy/prometheus/tests run against it (as deploy/prometheus/test.sh runs them
 #      against rules.yaml);
-#   5. the rendered gpuwatch.toml of each: `gpuwatch check-config`.
+#   5. the rendered gpuwatch.toml of each: `gpuwatch check-config`; NOTES.txt renders.
 # The typed object checks and the kustomize parity are Rust tests (sinks/tests/it/helm_chart.rs).
 #
 #   HELM_BIN=... KUBERNETES_VALIDATE_BIN=... GPUWATCH_BIN=... deploy/helm/test.sh
@@ -65,6 +65,10 @@ for values in "$chart"/ci/*-values.yaml; do
   split "$tmp/$case.yaml" "$tmp/$case-builtin.yaml" "$tmp/$case-crds.yaml" "$tmp/$case.toml"
   "$kv" --strict --quiet --kubernetes-version 1.30.0 "$tmp/$case-builtin.yaml"
   "$gpuwatch" check-config "$tmp/$case.toml"
+  # NOTES.txt renders (a client-side dry run needs no cluster).
+  KUBECONFIG=/dev/null "$helm" install gpuwatch "$chart" --namespace "$ns" --values "$values" \
+    --dry-run=client > "$tmp/$case-install.txt"
+  grep -q '^NOTES:' "$tmp/$case-install.txt"
 done
 
 # The PrometheusRule with every alert (the unit tests cover all of them).

@@ -663,3 +663,127 @@ fn helm_chart_version_is_the_crate_version() {
         Some(format!("ghcr.io/gpuwatch/gpuwatch:{version}").as_str())
     );
 }
+
+/// Values whose contents are Kubernetes API objects or free-form maps: documented and
+/// schema-checked as one value, not key by key.
+const PASS_THROUGH_VALUES: [&str; 3] = ["resources", "updateStrategy", "affinity"];
+
+/// Value paths of `values.yaml`: every key of the chart's own sections, a pass-through
+/// value or a value that is not a mapping as a whole.
+fn value_paths(prefix: &str, v: &Value, out: &mut Vec<String>) {
+    for (k, child) in v.as_mapping().expect("mapping") {
+        let path = format!("{prefix}{}", k.as_str().expect("string key"));
+        let section = child.as_mapping().is_some_and(|m| !m.is_empty())
+            && prefix.is_empty()
+            && !PASS_THROUGH_VALUES.contains(&path.as_str())
+            && !path.ends_with("labels");
+        if section {
+            value_paths(&format!("{path}."), child, out);
+        } else {
+            out.push(path);
+        }
+    }
+}
+
+/// Every value is in the README's table and in the schema, the schema has no value that
+/// values.yaml lacks, and the schema closes every object: fixed keys with
+/// `additionalProperties: false`, maps with a typed `additionalProperties`; only the
+/// Kubernetes structures the chart passes through (inside affinity, env, volumes,
+/// NetworkPolicy peers) are open. No remote `$ref`.
+#[test]
+fn helm_values_are_documented_and_in_the_schema() {
+    let chart = repo_root().join(CHART);
+    let values: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(chart.join("values.yaml")).expect("values.yaml"),
+    )
+    .expect("values.yaml parses");
+    let readme = std::fs::read_to_string(chart.join("README.md")).expect("chart README.md");
+    let schema_text =
+        std::fs::read_to_string(chart.join("values.schema.json")).expect("values.schema.json");
+    let schema: serde_json::Value = serde_json::from_str(&schema_text).expect("schema parses");
+    assert_eq!(
+        schema["$schema"].as_str(),
+        Some("http://json-schema.org/draft-07/schema#")
+    );
+    assert!(
+        !schema_text.contains("$ref"),
+        "the schema is self-contained"
+    );
+
+    let mut paths = Vec::new();
+    value_paths("", &values, &mut paths);
+    let mut undocumented = Vec::new();
+    for path in &paths {
+        if !readme.contains(&format!("| `{path}` |")) {
+            undocumented.push(path.clone());
+        }
+        let mut node = &schema;
+        for key in path.split('.') {
+            node = &node["properties"][key];
+        }
+        assert!(node.is_object(), "{path} is not in values.schema.json");
+    }
+    assert!(
+        undocumented.is_empty(),
+        "values without a row in deploy/helm/gpuwatch/README.md: {undocumented:?}"
+    );
+    for key in schema["properties"].as_object().expect("properties").keys() {
+        assert!(
+            key == "global" || values.get(key.as_str()).is_some(),
+            "schema property {key} has no default in values.yaml"
+        );
+    }
+
+    // Open objects: the Kubernetes structures passed through as they are.
+    const OPEN: [&str; 6] = [
+        "global",
+        "affinity.",
+        "extraEnv[].valueFrom.",
+        "extraVolumes[].",
+        "networkPolicy.from[].",
+        "resources.claims",
+    ];
+    fn walk(path: &str, node: &serde_json::Value, open: &[&str], bad: &mut Vec<String>) {
+        let types: Vec<&str> = match &node["type"] {
+            serde_json::Value::String(t) => vec![t.as_str()],
+            serde_json::Value::Array(ts) => ts.iter().filter_map(|t| t.as_str()).collect(),
+            _ => Vec::new(),
+        };
+        if types.contains(&"object") {
+            let closed = match &node["additionalProperties"] {
+                serde_json::Value::Bool(false) => node.get("properties").is_some(),
+                serde_json::Value::Object(_) => node.get("properties").is_none(),
+                _ => false,
+            };
+            if !closed && !open.iter().any(|o| path.starts_with(o)) {
+                bad.push(path.to_string());
+            }
+        }
+        for (k, child) in node["properties"].as_object().into_iter().flatten() {
+            let p = if path.is_empty() {
+                k.clone()
+            } else {
+                format!("{path}.{k}")
+            };
+            walk(&p, child, open, bad);
+        }
+        if let Some(items) = node.get("items") {
+            walk(&format!("{path}[]"), items, open, bad);
+        }
+        if let Some(ap @ serde_json::Value::Object(_)) = node.get("additionalProperties") {
+            walk(&format!("{path}.*"), ap, open, bad);
+        }
+    }
+    let mut bad = Vec::new();
+    walk("", &schema, &OPEN, &mut bad);
+    assert!(bad.is_empty(), "objects the schema leaves open: {bad:?}");
+}
+
+/// The chart's kubeVersion matches the documented prerequisite (Kubernetes >= 1.30).
+#[test]
+fn helm_refuses_kubernetes_before_1_30() {
+    let err = helm_template("gpuwatch", &["--kube-version", "1.29.0"])
+        .expect_err("Kubernetes 1.29 refused");
+    assert!(err.contains("kubeVersion"), "{err}");
+    helm_template("gpuwatch", &["--kube-version", "1.30.0"]).expect("Kubernetes 1.30 accepted");
+}
