@@ -624,7 +624,10 @@ impl NetworkMonitor {
             if let Some(reason) = p.status.reason() {
                 problems.push((PortStatus::severity(reason), words::problem(p, now, s)));
             }
-            ports.push(NicPortHealth {
+            // Fields the schema gains later stay at their defaults until
+            // they are filled here.
+            #[allow(clippy::needless_update)]
+            let port = NicPortHealth {
                 device: id.device.clone(),
                 port: id.port,
                 link_layer: p.reading.link_layer.as_str().to_string(),
@@ -653,7 +656,9 @@ impl NetworkMonitor {
                     .map(|(n, _)| n.clone())
                     .collect(),
                 near_gpus: self.near_gpus(&p.reading),
-            });
+                ..NicPortHealth::default()
+            };
+            ports.push(port);
         }
         for (layer, expected) in [
             (LinkLayer::InfiniBand, s.expected_infiniband),
@@ -694,14 +699,17 @@ impl NetworkMonitor {
             ),
             None => (REASON_HEALTHY, words::healthy(self.ports.values())),
         };
-        NetworkHealth {
+        #[allow(clippy::needless_update)]
+        let health = NetworkHealth {
             problem: reason != REASON_HEALTHY,
             reason: reason.to_string(),
             message,
             ports,
             monitor_ok,
             monitor_message,
-        }
+            ..NetworkHealth::default()
+        };
+        health
     }
 
     /// Per port: link layer, up, rate, flaps and error deltas since the agent
