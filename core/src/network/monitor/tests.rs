@@ -763,6 +763,21 @@ fn the_most_severe_reason_names_the_ports() {
         order,
         [("mlx5_0", 1), ("mlx5_1", 1), ("mlx5_2", 1), ("mlx5_3", 1)]
     );
+    // Natural order: mlx5_2 before mlx5_10.
+    let mut r = Rig::new();
+    let mut second = ib(10, true);
+    second.id.port = 2;
+    r.scan(0, vec![ib(10, true), ib(2, true), second, ib(1, true)]);
+    let order: Vec<(String, u32)> = r
+        .health(0)
+        .ports
+        .iter()
+        .map(|p| (p.device.clone(), p.port))
+        .collect();
+    let want = [("mlx5_1", 1), ("mlx5_2", 1), ("mlx5_10", 1), ("mlx5_10", 2)];
+    assert_eq!(order, want.map(|(d, p)| (d.to_string(), p)));
+    let metrics: Vec<PortId> = r.m.port_metrics().into_iter().map(|m| m.port).collect();
+    assert_eq!(metrics[2].device, "mlx5_10");
 }
 
 #[test]
