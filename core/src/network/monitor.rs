@@ -615,16 +615,20 @@ impl NetworkMonitor {
 
     /// The monitor's view for `NodeHealth.network`. `now` and
     /// `now_unix_nano` are the same moment: they turn the `Instant`s into
-    /// unix nanoseconds for `down_since_unix_nano`.
+    /// unix nanoseconds for `down_since_unix_nano`. Ports are in natural
+    /// device order (`mlx5_2` before `mlx5_10`), then by port.
     pub fn health(&self, now: Instant, now_unix_nano: u64) -> NetworkHealth {
         let s = &self.settings;
         let mut problems: Vec<(usize, String)> = Vec::new();
         let mut ports = Vec::with_capacity(self.ports.len());
-        for (id, p) in &self.ports {
+        for (id, p) in self.in_order() {
             if let Some(reason) = p.status.reason() {
                 problems.push((PortStatus::severity(reason), words::problem(p, now, s)));
             }
-            ports.push(NicPortHealth {
+            // Fields the schema gains later stay at their defaults until
+            // they are filled here.
+            #[allow(clippy::needless_update)]
+            let port = NicPortHealth {
                 device: id.device.clone(),
                 port: id.port,
                 link_layer: p.reading.link_layer.as_str().to_string(),
@@ -653,7 +657,9 @@ impl NetworkMonitor {
                     .map(|(n, _)| n.clone())
                     .collect(),
                 near_gpus: self.near_gpus(&p.reading),
-            });
+                ..NicPortHealth::default()
+            };
+            ports.push(port);
         }
         for (layer, expected) in [
             (LinkLayer::InfiniBand, s.expected_infiniband),
@@ -694,21 +700,24 @@ impl NetworkMonitor {
             ),
             None => (REASON_HEALTHY, words::healthy(self.ports.values())),
         };
-        NetworkHealth {
+        #[allow(clippy::needless_update)]
+        let health = NetworkHealth {
             problem: reason != REASON_HEALTHY,
             reason: reason.to_string(),
             message,
             ports,
             monitor_ok,
             monitor_message,
-        }
+            ..NetworkHealth::default()
+        };
+        health
     }
 
     /// Per port: link layer, up, rate, flaps and error deltas since the agent
-    /// started, saturated counters; sorted by device, port.
+    /// started, saturated counters; in the order of [`NetworkMonitor::health`].
     pub fn port_metrics(&self) -> Vec<PortMetrics> {
-        self.ports
-            .iter()
+        self.in_order()
+            .into_iter()
             .map(|(id, p)| PortMetrics {
                 port: id.clone(),
                 link_layer: p.reading.link_layer,
@@ -757,6 +766,14 @@ impl NetworkMonitor {
                     .is_some_and(|d| now.saturating_duration_since(d) < self.settings.down_grace)
             });
         (up.len() < expected as usize).then_some((up.len(), expected, not_up))
+    }
+
+    /// The ports by device in natural order (`mlx5_2` before `mlx5_10`),
+    /// then port.
+    fn in_order(&self) -> Vec<(&PortId, &Port)> {
+        let mut v: Vec<(&PortId, &Port)> = self.ports.iter().collect();
+        v.sort_by(|(a, _), (b, _)| natural(&a.device, &b.device).then(a.port.cmp(&b.port)));
+        v
     }
 
     fn near_gpus(&self, r: &PortReading) -> Vec<String> {
@@ -854,6 +871,15 @@ impl NetworkMonitor {
         }
         out
     }
+}
+
+/// Device names compared with their trailing numbers as numbers.
+fn natural(a: &str, b: &str) -> std::cmp::Ordering {
+    fn split(s: &str) -> (&str, Option<u64>) {
+        let stem = s.trim_end_matches(|c: char| c.is_ascii_digit());
+        (stem, s[stem.len()..].parse().ok())
+    }
+    split(a).cmp(&split(b)).then_with(|| a.cmp(b))
 }
 
 /// A module event that reports an error: attribute `module_error`, a

@@ -763,6 +763,21 @@ fn the_most_severe_reason_names_the_ports() {
         order,
         [("mlx5_0", 1), ("mlx5_1", 1), ("mlx5_2", 1), ("mlx5_3", 1)]
     );
+    // Natural order: mlx5_2 before mlx5_10.
+    let mut r = Rig::new();
+    let mut second = ib(10, true);
+    second.id.port = 2;
+    r.scan(0, vec![ib(10, true), ib(2, true), second, ib(1, true)]);
+    let order: Vec<(String, u32)> = r
+        .health(0)
+        .ports
+        .iter()
+        .map(|p| (p.device.clone(), p.port))
+        .collect();
+    let want = [("mlx5_1", 1), ("mlx5_2", 1), ("mlx5_10", 1), ("mlx5_10", 2)];
+    assert_eq!(order, want.map(|(d, p)| (d.to_string(), p)));
+    let metrics: Vec<PortId> = r.m.port_metrics().into_iter().map(|m| m.port).collect();
+    assert_eq!(metrics[2].device, "mlx5_10");
 }
 
 #[test]
@@ -860,4 +875,191 @@ fn a_late_scan_reports_the_expired_grace_first() {
             (PortStatus::Down, PortStatus::Up)
         ]
     );
+}
+
+#[test]
+fn kernel_flaps_count_at_once_and_never_up_is_no_flap() {
+    let mut r = Rig::new();
+    r.scan(0, vec![ib(0, true), ib(1, false)]);
+    let mut last = Vec::new();
+    for i in 0..3 {
+        r.kernel(10 + i * 10, &nic_event(0, "link_down", &[]));
+        last = r
+            .kernel(12 + i * 10, &nic_event(0, "link_up", &[]))
+            .unwrap();
+    }
+    // The third pair flaps without waiting for a scan.
+    assert_eq!(tos(&last), [(PortStatus::GoingDown, PortStatus::Flapping)]);
+    assert_eq!(r.metrics("mlx5_0").flaps_total, 3);
+    // The scan after them adds nothing.
+    r.scan(40, vec![ib(0, true), ib(1, false)]);
+    assert_eq!(r.metrics("mlx5_0").flaps_total, 3);
+    // A port that was never up coming up is not a flap.
+    let t = r.kernel(41, &nic_event(1, "link_up", &[])).unwrap();
+    assert_eq!(tos(&t), [(PortStatus::GoingDown, PortStatus::Up)]);
+    assert_eq!(r.metrics("mlx5_1").flaps_total, 0);
+}
+
+/// A small xorshift generator: the same "random" sequence on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Random scans, kernel lines and ticks keep the monitor's promises:
+/// transitions chain (each `from` is the status last reported), none for an
+/// ignored port, nothing changes between deadlines, the next deadline is
+/// always ahead, flap totals never fall and a problem status makes a problem.
+#[test]
+fn random_inputs_keep_the_invariants() {
+    let mut reached = BTreeSet::new();
+    for seed in 1..=30u64 {
+        let s = NetworkSettings {
+            ignore: vec!["mlx5_3".into()],
+            min_rate_gbps: Some(400.0),
+            expected_infiniband: (seed % 2 == 0).then_some(3),
+            ..NetworkSettings::default()
+        };
+        let mut r = Rig::with(s);
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut now = 0u64;
+        // The latest time the monitor took (a kernel line it did not consume
+        // gives it none).
+        let mut given = 0u64;
+        let mut status: BTreeMap<String, PortStatus> = BTreeMap::new();
+        let mut totals: BTreeMap<String, u64> = BTreeMap::new();
+        let mut counters = [0u64; 5];
+        let mut carrier = [0u64; 5];
+        for step in 0..400 {
+            let prev = given;
+            now += rng.below(90);
+            given = now;
+            let transitions = match rng.below(10) {
+                0..=4 => {
+                    let mut ports = Vec::new();
+                    for n in 0..5u32 {
+                        if rng.below(20) == 0 {
+                            continue; // missing from this scan
+                        }
+                        let up = rng.below(4) != 0;
+                        let mut p = if n == 4 {
+                            carrier[4] += rng.below(3);
+                            roce(n, up, carrier[4])
+                        } else {
+                            ib(n, up)
+                        };
+                        if rng.below(10) == 0 {
+                            p.rate_gbps = Some(200.0);
+                        }
+                        counters[n as usize] += rng.below(3);
+                        if rng.below(50) == 0 {
+                            counters[n as usize] = 0; // cleared
+                        }
+                        p = with_counters(
+                            p,
+                            &[
+                                ("link_downed", counters[n as usize].min(255)),
+                                ("symbol_error", counters[n as usize] * 7),
+                            ],
+                        );
+                        ports.push(p);
+                    }
+                    let complete = rng.below(15) != 0;
+                    let problems = if rng.below(10) == 0 {
+                        vec!["mlx5_1: vanished during the scan".to_string()]
+                    } else {
+                        Vec::new()
+                    };
+                    r.m.scan(&NicScan {
+                        at: r.t(now),
+                        ports: if complete { ports } else { Vec::new() },
+                        problems,
+                        complete,
+                    })
+                }
+                5..=7 => {
+                    let prev_given = prev;
+                    let n = rng.below(6) as u32; // 5: no such NIC
+                    let ev = match rng.below(6) {
+                        0 | 1 => nic_event(n, "link_down", &[]),
+                        2 | 3 => nic_event(n, "link_up", &[]),
+                        4 => nic_event(n, "module", &[("module_status", "error")]),
+                        _ => aer(n, "uncorrected_fatal"),
+                    };
+                    let out = r.kernel(now, &ev);
+                    assert_eq!(out.is_none(), n == 5 || status_of(&r, n).is_none());
+                    if out.is_none() {
+                        given = prev_given;
+                    }
+                    out.unwrap_or_default()
+                }
+                _ => {
+                    let quiet = r.m.next_deadline().is_none_or(|d| r.t(now) < d);
+                    let out = r.tick(now);
+                    assert!(
+                        !quiet || out.is_empty(),
+                        "seed {seed} step {step}: a change before the deadline: {out:?}"
+                    );
+                    out
+                }
+            };
+            for t in &transitions {
+                let key = t.port.device.clone();
+                assert_ne!(key, "mlx5_3", "seed {seed}: ignored port transition");
+                assert_ne!(t.from, t.to);
+                if let Some(prev) = status.get(&key) {
+                    assert_eq!(*prev, t.from, "seed {seed} step {step}: {t:?}");
+                }
+                status.insert(key, t.to);
+                reached.insert(t.to.as_str());
+            }
+            if let Some(d) = r.m.next_deadline() {
+                assert!(
+                    d > r.t(given),
+                    "seed {seed} step {step}: deadline not ahead"
+                );
+            }
+            let h = r.health(now);
+            for p in &h.ports {
+                if let Some(prev) = status.get(&p.device) {
+                    assert_eq!(prev.as_str(), p.status, "seed {seed} step {step}");
+                }
+                if p.status != "up" && p.status != "going_down" && p.status != "ignored" {
+                    assert!(
+                        p.status == "never_up" || h.problem,
+                        "seed {seed} step {step}: {} {} but no problem",
+                        p.device,
+                        p.status
+                    );
+                }
+            }
+            for m in r.m.port_metrics() {
+                let total = totals.entry(m.port.device.clone()).or_default();
+                assert!(m.flaps_total >= *total, "seed {seed}: flap total fell");
+                *total = m.flaps_total;
+            }
+            // A forgotten port starts over.
+            status.retain(|d, _| h.ports.iter().any(|p| &p.device == d));
+            totals.retain(|d, _| h.ports.iter().any(|p| &p.device == d));
+        }
+    }
+    // The inputs reach every status but `ignored` (which has no transitions).
+    assert_eq!(reached.len(), 7, "{reached:?}");
+}
+
+fn status_of(r: &Rig, n: u32) -> Option<PortStatus> {
+    r.m.port_metrics()
+        .into_iter()
+        .find(|m| m.port.device == format!("mlx5_{n}"))
+        .map(|m| m.status)
 }

@@ -76,7 +76,15 @@ fn flaps_sentence(p: &Port, now: Instant, s: &NetworkSettings) -> String {
 fn down_evidence(p: &Port) -> String {
     match p.down_cause {
         DownCause::Scan => states(p),
+        // Once a scan read it not up, its states say more than the line.
+        DownCause::KernelLinkDown if !p.reading.is_up() => {
+            format!("{}; the kernel reported link down", states(p))
+        }
         DownCause::KernelLinkDown => "the kernel reported link down".to_string(),
+        DownCause::Unplugged if !p.reading.is_up() => format!(
+            "the kernel reported the cable or module unplugged; {}",
+            states(p)
+        ),
         DownCause::Unplugged => "the kernel reported the cable or module unplugged".to_string(),
         DownCause::Vanished => {
             "its RDMA device disappeared from sysfs: NIC removed, driver unbound or NIC dead"
