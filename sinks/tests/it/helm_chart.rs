@@ -787,3 +787,34 @@ fn helm_refuses_kubernetes_before_1_30() {
     assert!(err.contains("kubeVersion"), "{err}");
     helm_template("gpuwatch", &["--kube-version", "1.30.0"]).expect("Kubernetes 1.30 accepted");
 }
+
+/// With no alert disabled, the chart's PrometheusRule is deploy/prometheus/prometheusrule.yaml:
+/// same name, labels (besides the chart's own) and rule groups.
+#[test]
+fn helm_prometheus_rule_is_the_shipped_one() {
+    let text = helm_template(
+        "gpuwatch",
+        &[
+            "--set",
+            "prometheusRule.enabled=true",
+            "--show-only",
+            "templates/prometheusrule.yaml",
+        ],
+    )
+    .expect("helm template");
+    let ours = normalise(serde_yaml::from_str::<Value>(&text).expect("PrometheusRule"));
+    let shipped: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo_root().join("deploy/prometheus/prometheusrule.yaml"))
+            .expect("prometheusrule.yaml"),
+    )
+    .expect("prometheusrule.yaml parses");
+    assert_eq!(ours["metadata"]["name"], shipped["metadata"]["name"]);
+    assert_eq!(
+        ours["metadata"]["namespace"],
+        shipped["metadata"]["namespace"]
+    );
+    let mut labels = ours["metadata"]["labels"].clone();
+    remove_keys(&mut labels, &["app.kubernetes.io/part-of"]);
+    assert_eq!(labels, shipped["metadata"]["labels"], "labels");
+    assert_eq!(ours["spec"], shipped["spec"], "rule groups");
+}
