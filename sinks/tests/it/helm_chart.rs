@@ -509,6 +509,14 @@ fn helm_refuses_bad_values_naming_the_key() {
             "/tolerations/0/operator",
         ),
         ("image:\n  digest: latest\n", "/image/digest"),
+        (
+            "podLabels:\n  app.kubernetes.io/name: other\n",
+            "podLabels: app.kubernetes.io/name is the DaemonSet's selector label",
+        ),
+        (
+            "mode: dcgmSidecar\ndcgmSidecar:\n  renderDaemonSet: true\npodLabels:\n  app: x\n",
+            "podLabels: app is the DaemonSet's selector label",
+        ),
         ("config: \"[api\\n\"\n", "config: not valid TOML"),
         (
             "config: \"[api]\\nprometheus = true\\n\"\n",
