@@ -97,7 +97,16 @@ fn helm_ci_values_pass_the_manifest_checks() {
         } else {
             "gpuwatch"
         };
-        let objs = parse_render(&render_ci(case, namespace), &what);
+        let text = render_ci(case, namespace);
+        // Tidy output: no line (a blank one of a block scalar included) ends in whitespace.
+        if let Some((n, line)) = text
+            .lines()
+            .enumerate()
+            .find(|(_, l)| l.ends_with([' ', '\t']))
+        {
+            panic!("{what}: line {} ends in whitespace: {line:?}", n + 1);
+        }
+        let objs = parse_render(&text, &what);
         match case.as_str() {
             "standalone" => check_standalone(&objs, &what),
             "eks" => check_eks(&objs, &what),
