@@ -7,7 +7,7 @@ use aho_corasick::{AhoCorasick, MatchKind, packed};
 /// [`Scanner::interesting_line`](crate::Scanner::interesting_line): the message
 /// markers of [`Scanner::interesting`](crate::Scanner::interesting) and the
 /// backslash of a kmsg `\xNN` escape.
-pub const LINE_MARKERS: [&str; 24] = [
+pub const LINE_MARKERS: [&str; 25] = [
     "NVRM",
     "nVRM",
     "NVLink",
@@ -31,6 +31,7 @@ pub const LINE_MARKERS: [&str; 24] = [
     "temperature",
     "mce:",
     "EDAC ",
+    "mlx5_core",
     // Last: searched for apart (see `MarkerFinder::find`).
     "\\",
 ];
@@ -41,7 +42,7 @@ pub const LINE_MARKERS: [&str; 24] = [
 /// `system`), `dev` (`device`), `PCI`, `nvi` (`nvidia_modprobe`) and `   ` (padded
 /// timestamps) start hundreds of thousands of candidates per 50 MB of a real-looking
 /// log that all fail; `mpe`, `e [`, ` Bu`, `ia-` and `  [` start almost none.
-const SEARCHED: [(&str, usize); 23] = [
+const SEARCHED: [(&str, usize); 24] = [
     ("NVRM", 0),
     ("nVRM", 0),
     ("NVLink", 0),
@@ -65,6 +66,7 @@ const SEARCHED: [(&str, usize); 23] = [
     ("mperature", 2), // "temperature"
     ("mce:", 0),
     ("EDAC ", 0),
+    ("mlx5_core", 0),
 ];
 
 /// Finds [`LINE_MARKERS`] in a buffer of many lines, so a reader looks at line

@@ -5,10 +5,11 @@
 /// `AER`, `nvidia-`/`nvidia:`/`nvidia ` (a driver's prefix: not `nvidia_modprobe` in
 /// every AppArmor profile-load line), `nvlink`/`nvswitch`, `[Hardware Error]`, an AER detail `[` (after
 /// four spaces or `device `), `PCIe Bus Error`, `Machine Check`/`Machine check`/
-/// `machine check`, `temperature`, `mce:`, `EDAC `.
+/// `machine check`, `temperature`, `mce:`, `EDAC `, `mlx5_core` (the ConnectX NIC
+/// driver's lines).
 ///
 /// One pass, no allocation: every marker contains one of a few byte pairs (`NV`, `nV`,
-/// `nv`, `Xi`, `AE`, `[H`, ` [`, `PC`, `Ma`, `mp`, `mc`, `ma`, `ED`). Pairs are tested 16
+/// `nv`, `Xi`, `AE`, `[H`, ` [`, `PC`, `Ma`, `mp`, `mc`, `ma`, `ED`, `x5`). Pairs are tested 16
 /// positions at a time with plain comparisons (which the compiler vectorises) into a
 /// bit mask; only the positions set in it are checked for the full marker.
 pub fn interesting(msg: &[u8]) -> bool {
@@ -75,6 +76,7 @@ fn marker_pair(a: u8, b: u8) -> bool {
         | ((a == b'M') & (b == b'a'))
         | ((a == b'm') & ((b == b'p') | (b == b'c') | (b == b'a')))
         | ((a == b'E') & (b == b'D'))
+        | ((a == b'x') & (b == b'5'))
 }
 
 /// Full marker check for the pair starting at `i` (see [`marker_pair`]).
@@ -111,6 +113,7 @@ fn marker_at(msg: &[u8], i: usize) -> bool {
         }
         b'm' => at(j, b"mce:") || at(j, b"machine check") || (j >= 2 && at(j - 2, b"temperature")),
         b'E' => at(j, b"EDAC "),
+        b'x' => j >= 2 && at(j - 2, b"mlx5_core"),
         _ => false,
     }
 }
