@@ -7,7 +7,8 @@
 #   4. the rendered PrometheusRule: promtool check, and the promtool unit tests of
 #      deploy/prometheus/tests run against it (as deploy/prometheus/test.sh runs them
 #      against rules.yaml);
-#   5. the rendered gpuwatch.toml of each: `gpuwatch check-config`; NOTES.txt renders.
+#   5. the rendered gpuwatch.toml of each: `gpuwatch check-config`; NOTES.txt renders;
+#   6. the packaged chart renders as the directory does.
 # The typed object checks and the kustomize parity are Rust tests (sinks/tests/it/helm_chart.rs).
 #
 #   HELM_BIN=... KUBERNETES_VALIDATE_BIN=... GPUWATCH_BIN=... deploy/helm/test.sh
@@ -29,6 +30,11 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
 "$here/sync.sh" --check
+
+# Where a network namespace can be made (root), kubernetes-validate runs without a network:
+# proof that its bundled schemas are all it uses.
+offline=()
+if unshare -n true 2>/dev/null; then offline=(unshare -n); fi
 
 # PyYAML: the system python3's, else the one beside kubernetes-validate (its dependency).
 py=python3
@@ -63,13 +69,19 @@ for values in "$chart"/ci/*-values.yaml; do
   "$helm" lint --strict --quiet "$chart" --namespace "$ns" --values "$values"
   "$helm" template gpuwatch "$chart" --namespace "$ns" --values "$values" > "$tmp/$case.yaml"
   split "$tmp/$case.yaml" "$tmp/$case-builtin.yaml" "$tmp/$case-crds.yaml" "$tmp/$case.toml"
-  "$kv" --strict --quiet --kubernetes-version 1.30.0 "$tmp/$case-builtin.yaml"
+  "${offline[@]}" "$kv" --strict --quiet --kubernetes-version 1.30.0 "$tmp/$case-builtin.yaml"
   "$gpuwatch" check-config "$tmp/$case.toml"
   # NOTES.txt renders (a client-side dry run needs no cluster).
   KUBECONFIG=/dev/null "$helm" install gpuwatch "$chart" --namespace "$ns" --values "$values" \
     --dry-run=client > "$tmp/$case-install.txt"
   grep -q '^NOTES:' "$tmp/$case-install.txt"
 done
+
+# The packaged chart (what a chart repository serves) renders the same as the directory.
+"$helm" package "$chart" --destination "$tmp/pkg" >/dev/null
+"$helm" template gpuwatch "$tmp"/pkg/gpuwatch-*.tgz --namespace gpuwatch \
+  --values "$chart/ci/monitoring-values.yaml" > "$tmp/packaged.yaml"
+diff -u "$tmp/monitoring.yaml" "$tmp/packaged.yaml"
 
 # The PrometheusRule with every alert (the unit tests cover all of them).
 "$helm" template gpuwatch "$chart" --namespace gpuwatch --values "$chart/ci/monitoring-values.yaml" \
@@ -96,4 +108,4 @@ if grep -q 'alert: GPUWatchAgentMissing$' "$tmp/rule-disabled.yaml"; then
   echo "prometheusRule.disabledAlerts: GPUWatchAgentMissing still rendered" >&2
   exit 1
 fi
-echo "deploy/helm: sync, lint, kubernetes-validate, promtool and check-config passed."
+echo "deploy/helm: copies, lint, kubernetes-validate, check-config, NOTES, package and promtool passed."

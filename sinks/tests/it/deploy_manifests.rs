@@ -885,16 +885,17 @@ fn named_files(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// The overlays' comments tell an installer which file to read or edit; a
-/// stale name (a file renamed or never written) sends them nowhere.
+/// The overlays' and the Helm chart's comments tell an installer which file to read or
+/// edit; a stale name (a file renamed or never written) sends them nowhere.
 #[test]
 fn overlay_comments_name_files_that_exist() {
     let root = repo_root();
     let kube = root.join("deploy/kubernetes");
-    let mut stack = vec![kube.join("overlays")];
+    let chart = root.join("deploy/helm/gpuwatch");
+    let mut stack = vec![kube.join("overlays"), chart.clone()];
     let mut checked = 0;
     while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).expect("read deploy/kubernetes/overlays") {
+        for entry in std::fs::read_dir(&dir).expect("read the directory") {
             let path = entry.expect("dir entry").path();
             if path.is_dir() {
                 stack.push(path);
@@ -905,7 +906,13 @@ fn overlay_comments_name_files_that_exist() {
             }
             let text = std::fs::read_to_string(&path).expect("manifest");
             for name in named_files(&text) {
-                let bases = [dir.clone(), kube.clone(), root.join("deploy"), root.clone()];
+                let bases = [
+                    dir.clone(),
+                    chart.clone(),
+                    kube.clone(),
+                    root.join("deploy"),
+                    root.clone(),
+                ];
                 assert!(
                     bases.iter().any(|b| b.join(&name).exists()),
                     "{}: a comment names {name}, which does not exist",

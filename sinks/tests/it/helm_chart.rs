@@ -97,7 +97,16 @@ fn helm_ci_values_pass_the_manifest_checks() {
         } else {
             "gpuwatch"
         };
-        let objs = parse_render(&render_ci(case, namespace), &what);
+        let text = render_ci(case, namespace);
+        // Tidy output: no line (a blank one of a block scalar included) ends in whitespace.
+        if let Some((n, line)) = text
+            .lines()
+            .enumerate()
+            .find(|(_, l)| l.ends_with([' ', '\t']))
+        {
+            panic!("{what}: line {} ends in whitespace: {line:?}", n + 1);
+        }
+        let objs = parse_render(&text, &what);
         match case.as_str() {
             "standalone" => check_standalone(&objs, &what),
             "eks" => check_eks(&objs, &what),
@@ -509,6 +518,14 @@ fn helm_refuses_bad_values_naming_the_key() {
             "/tolerations/0/operator",
         ),
         ("image:\n  digest: latest\n", "/image/digest"),
+        (
+            "podLabels:\n  app.kubernetes.io/name: other\n",
+            "podLabels: app.kubernetes.io/name is the DaemonSet's selector label",
+        ),
+        (
+            "mode: dcgmSidecar\ndcgmSidecar:\n  renderDaemonSet: true\npodLabels:\n  app: x\n",
+            "podLabels: app is the DaemonSet's selector label",
+        ),
         ("config: \"[api\\n\"\n", "config: not valid TOML"),
         (
             "config: \"[api]\\nprometheus = true\\n\"\n",
@@ -786,4 +803,35 @@ fn helm_refuses_kubernetes_before_1_30() {
         .expect_err("Kubernetes 1.29 refused");
     assert!(err.contains("kubeVersion"), "{err}");
     helm_template("gpuwatch", &["--kube-version", "1.30.0"]).expect("Kubernetes 1.30 accepted");
+}
+
+/// With no alert disabled, the chart's PrometheusRule is deploy/prometheus/prometheusrule.yaml:
+/// same name, labels (besides the chart's own) and rule groups.
+#[test]
+fn helm_prometheus_rule_is_the_shipped_one() {
+    let text = helm_template(
+        "gpuwatch",
+        &[
+            "--set",
+            "prometheusRule.enabled=true",
+            "--show-only",
+            "templates/prometheusrule.yaml",
+        ],
+    )
+    .expect("helm template");
+    let ours = normalise(serde_yaml::from_str::<Value>(&text).expect("PrometheusRule"));
+    let shipped: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo_root().join("deploy/prometheus/prometheusrule.yaml"))
+            .expect("prometheusrule.yaml"),
+    )
+    .expect("prometheusrule.yaml parses");
+    assert_eq!(ours["metadata"]["name"], shipped["metadata"]["name"]);
+    assert_eq!(
+        ours["metadata"]["namespace"],
+        shipped["metadata"]["namespace"]
+    );
+    let mut labels = ours["metadata"]["labels"].clone();
+    remove_keys(&mut labels, &["app.kubernetes.io/part-of"]);
+    assert_eq!(labels, shipped["metadata"]["labels"], "labels");
+    assert_eq!(ours["spec"], shipped["spec"], "rule groups");
 }

@@ -129,6 +129,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
+{{/* The chart's labels with .extra merged over them (one key, one value: no duplicates). */}}
+{{- define "gpuwatch.labelsWith" -}}
+{{- toYaml (mergeOverwrite (include "gpuwatch.labels" .root | fromYaml) (.extra | default dict)) }}
+{{- end -}}
+
 {{/* The service account the agent runs as: "namespace:name". */}}
 {{- define "gpuwatch.serviceAccount" -}}
 {{- if eq .Values.mode "dcgmSidecar" -}}

@@ -1,27 +1,33 @@
 {{/*
-The pod template's annotations: the device-injector requests for /dev/kmsg (see
-deploy/README.md "Kernel log access"), the config checksum, podAnnotations.
+The pod template's annotations: the device-injector requests for /dev/kmsg, the config
+checksum, then podAnnotations (which win over a key of the same name). An unprivileged
+container may not open a host device node, even one bind-mounted from a hostPath: the device
+cgroup denies it. The requests ask the node's device injector (containerd NRI
+device-injector, current and older prefixes; CRI-O) to allow /dev/kmsg (char 1:11) for the
+gpuwatch container only; deploy/README.md "Kernel log access".
 */}}
 {{- define "gpuwatch.podAnnotations" -}}
-# An unprivileged container may not open a host device node, even one bind-mounted from a
-# hostPath: the device cgroup denies it. These ask the node's device injector (containerd NRI
-# device-injector, current and older prefixes; CRI-O) to allow /dev/kmsg (char 1:11) for the
-# gpuwatch container only.
-devices.noderesource.dev/container.gpuwatch: |
-  - path: /dev/kmsg
-    type: c
-    major: 1
-    minor: 11
-devices.nri.io/container.gpuwatch: |
-  - path: /dev/kmsg
-    type: c
-    major: 1
-    minor: 11
-io.kubernetes.cri-o.Devices: /dev/kmsg:/dev/kmsg:r
-checksum/config: {{ include "gpuwatch.configText" . | sha256sum }}
-{{- with .Values.podAnnotations }}
-{{ toYaml . }}
-{{- end }}
+{{- $kmsg := "- path: /dev/kmsg\n  type: c\n  major: 1\n  minor: 11\n" -}}
+{{- $annotations := dict
+  "devices.noderesource.dev/container.gpuwatch" $kmsg
+  "devices.nri.io/container.gpuwatch" $kmsg
+  "io.kubernetes.cri-o.Devices" "/dev/kmsg:/dev/kmsg:r"
+  "checksum/config" (include "gpuwatch.configText" . | sha256sum) -}}
+{{- toYaml (mergeOverwrite $annotations (.Values.podAnnotations | default dict)) }}
+{{- end -}}
+
+{{/*
+The pod template's labels: SELECTOR (a dict, which podLabels may not change) and BASE
+(which they may), then podLabels.
+*/}}
+{{- define "gpuwatch.podLabels" -}}
+{{- $podLabels := .root.Values.podLabels | default dict -}}
+{{- range $k, $v := .selector -}}
+{{- if and (hasKey $podLabels $k) (ne (toString (index $podLabels $k)) $v) -}}
+{{ fail (printf "podLabels: %s is the DaemonSet's selector label (%s); it cannot be changed" $k $v) }}
+{{- end -}}
+{{- end -}}
+{{- toYaml (mergeOverwrite (merge dict .selector .base) $podLabels) }}
 {{- end -}}
 
 {{/* gpuwatch's own tolerations: every fault taint key and the startup taint, any value and effect. */}}
