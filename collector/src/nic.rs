@@ -561,7 +561,11 @@ fn device_layout(
         .ok()
         .and_then(|t| t.trim().parse::<i64>().ok())
         .and_then(|n| u32::try_from(n).ok());
-    let ports_dir = dir.join("ports");
+    // The files are opened by their resolved path: no link to follow on each
+    // open. A device registered again is a new class entry, laid out again.
+    let ports_dir = fs::canonicalize(&dir)
+        .unwrap_or_else(|_| dir.clone())
+        .join("ports");
     let mut numbers: Vec<u32> = match fs::read_dir(&ports_dir) {
         Ok(entries) => entries
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
