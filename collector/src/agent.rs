@@ -46,7 +46,7 @@ use crate::pipeline::{ENGINE_CHANNEL_CAPACITY, Liveness, StopReason};
 use engine::EngineThread;
 use gpuwatch_core::{Registry, Shutdown};
 use gpuwatch_sinks::kube::KubeMetrics;
-use inputs::{EngineInlet, Inputs, KmsgReader, KubeletDevices, LocalApi, NvmlSources};
+use inputs::{EngineInlet, Inputs, KmsgReader, KubeletDevices, LocalApi, NvmlFeed};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -84,7 +84,7 @@ pub enum RunError {
     },
     /// The local API could not start.
     #[error(transparent)]
-    Api(#[from] api::ApiError),
+    Api(#[from] api::LocalApiError),
     /// A sink could not start.
     #[error("cannot start sink {name}: {message}")]
     Sink {
@@ -171,7 +171,6 @@ impl Prepared {
         let (health_tx, health_rx) = tokio::sync::watch::channel(engine.health());
         let (inlet, engine_rx) = EngineInlet::new(ENGINE_CHANNEL_CAPACITY);
         let validation = Arc::new(inlet.sender());
-        gpuwatch_sinks::install_crypto_provider();
         let mut sinks = build_sinks(
             &self,
             opts,
@@ -193,7 +192,7 @@ impl Prepared {
             stop_tx.clone(),
         )?;
         let kmsg = KmsgReader::start(kmsg_args, inlet.sender())?;
-        let nvml = NvmlSources::start(&cfg.nvml, inlet.sender(), &registry, &liveness, &shutdown)?;
+        let nvml = NvmlFeed::start(&cfg.nvml, inlet.sender(), &registry, &liveness, &shutdown)?;
         let kubelet =
             KubeletDevices::start(self.kubelet(), &rt, inlet.sender(), &registry, devices_ask);
         let api_state = ApiState {
@@ -288,7 +287,7 @@ impl RunningAgent {
             stop_rx: _,
             registry,
         } = self;
-        let budget = Budget::new(budget);
+        let budget = StopBudget::new(budget);
         let mut still_running = Vec::new();
         let (inputs_stopped, inputs) = inputs.stop(&budget, &rt, &mut still_running);
         engine.stop(inputs_stopped, &budget, &mut still_running);
@@ -309,13 +308,13 @@ impl RunningAgent {
 
 /// One deadline for a whole stop.
 #[derive(Debug)]
-struct Budget {
+struct StopBudget {
     deadline: Instant,
 }
 
-impl Budget {
-    fn new(total: Duration) -> Budget {
-        Budget {
+impl StopBudget {
+    fn new(total: Duration) -> StopBudget {
+        StopBudget {
             deadline: Instant::now() + total,
         }
     }

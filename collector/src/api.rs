@@ -79,9 +79,9 @@ impl Default for ApiLimits {
 /// Prometheus renderer into `run`).
 pub type MetricsRenderer = Arc<dyn Fn() -> String + Send + Sync>;
 
-/// Errors of the API server.
+/// Errors of the local API server (the HTTP listener and the operator-clear socket).
 #[derive(Debug, thiserror::Error)]
-pub enum ApiError {
+pub enum LocalApiError {
     /// The listen address is not an address.
     #[error("invalid API listen address {addr:?}: {source}")]
     Address {
@@ -180,22 +180,22 @@ pub fn clear_router(state: ApiState, control: Option<EngineControl>) -> Router {
 }
 
 /// Binds the listen address (`host:port`; port 0 picks a free one).
-pub async fn bind(addr: &str) -> Result<tokio::net::TcpListener, ApiError> {
-    let sock: SocketAddr = addr.parse().map_err(|source| ApiError::Address {
+pub async fn bind(addr: &str) -> Result<tokio::net::TcpListener, LocalApiError> {
+    let sock: SocketAddr = addr.parse().map_err(|source| LocalApiError::Address {
         addr: addr.to_string(),
         source,
     })?;
     tokio::net::TcpListener::bind(sock)
         .await
-        .map_err(|source| ApiError::Bind { addr: sock, source })
+        .map_err(|source| LocalApiError::Bind { addr: sock, source })
 }
 
 /// Creates the operator-clear socket at `path`, readable and writable by its
 /// owner only (0600). A stale socket left by an earlier process is replaced;
 /// any other file there is an error (never removed).
-pub fn bind_clear_socket(path: &Path) -> Result<tokio::net::UnixListener, ApiError> {
+pub fn bind_clear_socket(path: &Path) -> Result<tokio::net::UnixListener, LocalApiError> {
     use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
-    let err = |source| ApiError::Socket {
+    let err = |source| LocalApiError::Socket {
         path: path.to_path_buf(),
         source,
     };
@@ -220,7 +220,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     state: ApiState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), ApiError> {
+) -> Result<(), LocalApiError> {
     serve_with_limits(listener, state, ApiLimits::default(), shutdown).await
 }
 
@@ -233,7 +233,7 @@ pub async fn serve_with_control(
     state: ApiState,
     clear: Option<ClearSocket>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), ApiError> {
+) -> Result<(), LocalApiError> {
     let Some(clear) = clear else {
         return serve(listener, state, shutdown).await;
     };
@@ -269,9 +269,9 @@ pub async fn serve_with_control(
     let tcp = tcp.await;
     let unix = socket_task.await;
     let _ = std::fs::remove_file(&clear.path);
-    tcp.map_err(|e| ApiError::Serve(std::io::Error::other(e)))??;
-    unix.map_err(|e| ApiError::Serve(std::io::Error::other(e)))?
-        .map_err(ApiError::Serve)
+    tcp.map_err(|e| LocalApiError::Serve(std::io::Error::other(e)))??;
+    unix.map_err(|e| LocalApiError::Serve(std::io::Error::other(e)))?
+        .map_err(LocalApiError::Serve)
 }
 
 /// Serves the read-only API with `limits` until `shutdown` completes.
@@ -280,7 +280,7 @@ pub async fn serve_with_limits(
     state: ApiState,
     limits: ApiLimits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), ApiError> {
+) -> Result<(), LocalApiError> {
     let max = limits.max_request_bytes;
     let app = router(state).layer(axum::middleware::from_fn(
         move |headers: HeaderMap, req: axum::extract::Request, next: axum::middleware::Next| async move {

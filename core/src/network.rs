@@ -9,9 +9,14 @@
 //! and an injected clock.
 
 mod config;
+mod monitor;
 mod reading;
 
 pub use config::{NetworkConfig, NetworkSettings};
+pub use monitor::{
+    NetworkMonitor, PortMetrics, PortStatus, PortTransition, REASON_HARDWARE_FAULT, REASON_HEALTHY,
+    REASON_LINK_DEGRADED, REASON_PORT_DOWN, REASON_PORT_FLAPPING,
+};
 pub use reading::{
     CounterReading, CounterValue, LinkLayer, NicScan, PhysState, PortId, PortReading, PortState,
     counter_width_bits, parse_link_layer, parse_phys_state, parse_rate_gbps, parse_state,

@@ -302,10 +302,7 @@ impl std::fmt::Debug for NodeWriter {
 }
 
 async fn build_client(api: &ApiSettings) -> Result<kube::Client, KubeError> {
-    // Several TLS backends are compiled into the binary (kube: ring; other
-    // dependencies may bring aws-lc-rs), so rustls cannot pick one by itself.
-    // Select ring once per process; an already installed provider is kept.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crate::install_crypto_provider();
     let mut config = match &api.server_url {
         Some(url) => {
             let uri = url.parse::<http::Uri>().map_err(|e| KubeError::Url {
@@ -566,5 +563,22 @@ impl NodeWriter {
                 "Kubernetes Events still queued at shutdown were dropped."
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// rustls cannot pick a crypto provider by itself in this build (ring and
+    /// aws-lc-rs are both compiled in) and the kube client's TLS config uses
+    /// the process-wide one: building a client installs it first, whichever
+    /// path (the agent, `node-cleanup`) builds it.
+    #[tokio::test]
+    async fn building_a_client_installs_the_crypto_provider() {
+        let mut api = KubeSettings::default().api;
+        api.server_url = Some("https://127.0.0.1:1".into());
+        build_client(&api).await.expect("a client for an https URL");
+        assert!(rustls::crypto::CryptoProvider::get_default().is_some());
     }
 }

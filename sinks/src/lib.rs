@@ -14,8 +14,11 @@ pub mod stdout;
 
 /// Installs the process-wide rustls crypto provider (ring) once. Both the OTLP
 /// exporter (tonic / reqwest) and the kube client use rustls; with more than one
-/// backend compiled in, rustls cannot pick one itself and would panic on the
-/// first TLS connection. Call before starting any sink; later calls do nothing.
-pub fn install_crypto_provider() {
+/// backend compiled in (kube: ring; other dependencies may bring aws-lc-rs),
+/// rustls cannot pick one itself and would panic on the first TLS connection.
+/// Called by every constructor that builds a TLS client ([`otlp::OtlpExporter::start`],
+/// the kube client's), so that every path (the agent, `node-cleanup`, tests that
+/// start a sink) has it; an already installed provider is kept.
+pub(crate) fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }

@@ -579,6 +579,7 @@ impl OtlpExporter {
         }
         let settings = Settings::resolve(cfg, resource, &|k: &str| std::env::var(k).ok())?;
         let tls = TlsMaterial::load(&cfg.tls)?;
+        crate::install_crypto_provider();
         let otel_resource = Resource::builder_empty()
             .with_attributes(
                 settings

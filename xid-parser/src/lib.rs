@@ -8,8 +8,9 @@
 //!   and its `-r/-T/-H/--time-format iso` variants, caller ids, `journalctl -k`,
 //!   syslog/rsyslog, raw kmsg records). Never fails.
 //! - [`parse_message`]: one kernel message → a typed [`Message`] (NVRM XID, NVSwitch
-//!   SXid, PCIe AER, NVLink, ECC, row remap, thermal, machine check, driver errors),
-//!   or `None` for the vast majority of lines (memchr prefilter, no allocation).
+//!   SXid, PCIe AER, NVLink, ECC, row remap, thermal, machine check, driver errors,
+//!   `mlx5_core` NIC link / cable module / health lines), or `None` for the vast
+//!   majority of lines (memchr prefilter, no allocation).
 //! - [`Scanner`]: assembles multi-record faults (GPU identity + XID 79, AER summary +
 //!   details, SXid follow-ups, GSP RPC dumps after XID 119/120), then classifies each
 //!   [`FaultEvent`](gpuwatch_proto::FaultEvent) with the [`Policy`]. Readers that keep
@@ -62,7 +63,8 @@ pub use line::{LineFormat, LogLine, YearlessTime, parse_line};
 pub use markers::{LINE_MARKERS, MarkerFinder};
 pub use message::{
     AerDetail, AerSeverity, AerSummary, DriverErrorMsg, EccMsg, GpuIdentity, MceMsg, McePart,
-    Message, NvlinkMsg, SxidMsg, ThermalMsg, XidMsg, parse_message, recovery_action_from_text,
+    Message, NicEvent, NicMsg, NvlinkMsg, SxidMsg, ThermalMsg, XidMsg, parse_message,
+    recovery_action_from_text,
 };
 pub use nvlink5::{
     Bits, Layout, Nvlink5Row, Resolution, decode as decode_nvlink5, layout_of_driver, nvlink5_rows,

@@ -14,14 +14,17 @@
 //! - XID 119/120 (GSP RPC timeout) hold for the GSP RPC history dump.
 //! - Machine checks hold for their `[Hardware Error]` detail lines; driver errors
 //!   (`RmInitAdapter failed!`, `rm_init_adapter failed`, probe failures) merge.
+//! - NIC lines (`mlx5_core`: link up/down, port module events, health reports)
+//!   are one event each, emitted at once.
 //!
 //! A held event is emitted on the next unrelated record, by [`Scanner::flush_expired`]
 //! once its hold window (default [`DEFAULT_HOLD_USEC`] of record time) has passed, or by
 //! [`Scanner::finish`]. Everything else is emitted at once.
 
 use crate::message::{
-    AerDetail, AerSummary, DriverErrorMsg, EccMsg, MceMsg, McePart, Message, SxidMsg, ThermalMsg,
-    XidMsg, contains, find, interesting, parse_message, parse_nvlink5,
+    AerDetail, AerSummary, DriverErrorMsg, EccMsg, MceMsg, McePart, Message, NicEvent, NicMsg,
+    SxidMsg, ThermalMsg, XidMsg, contains, find, interesting, module_status, parse_message,
+    parse_nvlink5,
 };
 use crate::pci::{normalize_pci, pci_matches, same_text};
 use crate::policy::{ContextWindow, Policy};
@@ -859,7 +862,38 @@ impl Scanner {
                 self.emit(ev, out);
             }
             Message::DriverError(d) => self.start_driver_error(&meta, &d, raw),
+            Message::Nic(n) => self.emit_nic(&meta, n, raw, out),
         }
+    }
+
+    /// A NIC line (`mlx5_core`): one event of its own, at the NIC's PCI function,
+    /// with `nic_event` and what the line names (`netdev`; `module`,
+    /// `module_status`, `module_error`; `health_detail`). Its name and action are
+    /// the policy's (by `nic_event`, and `module_status` for module events).
+    fn emit_nic(&mut self, meta: &RecordMeta, n: NicMsg<'_>, raw: &str, out: &mut Sink<'_>) {
+        let mut ev = self.event(FaultKind::Nic, meta, raw);
+        ev.pci_address = norm(n.pci);
+        attr(&mut ev, "nic_event", n.event.as_str());
+        match n.event {
+            NicEvent::Link { netdev, .. } => {
+                if !netdev.is_empty() {
+                    attr(&mut ev, "netdev", netdev);
+                }
+            }
+            NicEvent::Module {
+                module,
+                status,
+                error,
+            } => {
+                attr(&mut ev, "module", module.to_string());
+                attr(&mut ev, "module_status", module_status(status));
+                if let Some(e) = error {
+                    attr(&mut ev, "module_error", e);
+                }
+            }
+            NicEvent::Health { detail } => attr(&mut ev, "health_detail", detail),
+        }
+        self.emit(ev, out);
     }
 
     /// An SXid line that no held report took. A head line starts a report; a
@@ -1193,6 +1227,8 @@ mod tests {
             "pcieport 0000:00:01.0: AER: Corrected error received: 0000:01:00.0",
             "NVRM: Xid (PCI:0000:3b:00): 94, pid=4142, name=python, Contained: SM (0x1)",
             "NVRM: Xid (PCI:...): 13, pid=1, name=x, edited",
+            "mlx5_core 0000:1a:00.0 ens1f0np0: Link down",
+            "mlx5_core 0000:5c:00.0: port_module:1103:(pid 0): Port module event[error]: module 0, Cable error, High Temperature",
         ];
         let policy = Arc::new(Policy::default());
         let (mut owner, mut viewer) = (Scanner::new(Arc::clone(&policy)), Scanner::new(policy));
@@ -1230,7 +1266,8 @@ mod tests {
     /// take or leave to the general path: the kernel's own widths and the shapes
     /// next to them (wider seconds, caller ids, `host kernel:` tags, `dmesg -x`
     /// prefixes, CRLF, NUL bytes, invalid UTF-8), and messages that hold events
-    /// back (GSP dumps, XIDs waiting for their other lines, fallen-off reports).
+    /// back (GSP dumps, XIDs waiting for their other lines, fallen-off reports)
+    /// or end them (an AER summary, NIC lines).
     const STAMPS: &[&str] = &[
         "[ 1234.567890] ",
         "[12345.678901] ",
@@ -1266,6 +1303,8 @@ mod tests {
         "NVRM: Xid(PCI:0000:3b:00): 43, no blank",
         "NVRM: GPU 0000:3b:00.0: RmInitAdapter failed! (0x24:0x65:1426)",
         "pcieport 0000:00:01.0: AER: Corrected error received: 0000:01:00.0",
+        "mlx5_core 0000:1a:00.0 ens1f0np0: Link down",
+        "mlx5_core 0000:41:00.0: poll_health:852:(pid 0): device's health compromised - reached miss count",
     ];
 
     /// Feeds `lines` the reader's way (the one-step path first, else the general
@@ -1354,6 +1393,7 @@ mod tests {
             "pcieport 0000:00:01.0: AER: Corrected error received: 0000:01:00.0",
             "NVRM: Xid (PCI:...): 13, pid=1, name=x, edited",
             "NVRM: Xid (PCI:0000:3b:00): 94, pid=4142, name=python, Contained: SM (0x1)",
+            "mlx5_core 0000:63:00.1: Port module event: module 1, Cable unplugged",
         ];
         let policy = Arc::new(Policy::default());
         let (mut keep, mut reuse) = (Scanner::new(Arc::clone(&policy)), Scanner::new(policy));

@@ -2,7 +2,7 @@
 //! event sinks and the health watch; stopped after every input is gone.
 
 use super::inputs::InputsStopped;
-use super::{Budget, RunError, StillRunning, join_within};
+use super::{RunError, StillRunning, StopBudget, join_within};
 use crate::pipeline::{AliveGuard, Liveness, StopReason};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use gpuwatch_core::engine::Engine;
@@ -80,7 +80,7 @@ impl EngineThread {
     /// Waits for the engine to drain the channel (no sender is left:
     /// `_inputs`) and write the state; past its share it is told to stop (it
     /// writes the state then).
-    pub(super) fn stop(self, _inputs: InputsStopped, budget: &Budget, left: &mut StillRunning) {
+    pub(super) fn stop(self, _inputs: InputsStopped, budget: &StopBudget, left: &mut StillRunning) {
         let drain = budget.share(ENGINE_DRAIN);
         if self.done_rx.recv_timeout(drain) == Err(RecvTimeoutError::Timeout) {
             tracing::warn!(

@@ -11,7 +11,7 @@
 //! drains its channel after every sender is gone and never waits on one
 //! still held.
 
-use super::{Budget, RunError, StillRunning, join_within};
+use super::{RunError, StillRunning, StopBudget, join_within};
 use crate::api::{self, ApiState};
 use crate::kmsg::{self, KmsgSourceArgs, KmsgSummary};
 use crate::pipeline::{Liveness, NVML_CHANNEL_CAPACITY, StopReason};
@@ -60,7 +60,7 @@ pub(super) struct Inputs {
     /// sender; the writer holds it weakly, so dropping it here is enough.
     pub(super) validation: Arc<Sender<Input>>,
     pub(super) kmsg: KmsgReader,
-    pub(super) nvml: NvmlSources,
+    pub(super) nvml: NvmlFeed,
     pub(super) kubelet: KubeletDevices,
     pub(super) api: Option<LocalApi>,
 }
@@ -85,7 +85,7 @@ impl Inputs {
     /// Stops the sources (and drops the validation sender), then the API.
     pub(super) fn stop(
         self,
-        budget: &Budget,
+        budget: &StopBudget,
         rt: &tokio::runtime::Runtime,
         left: &mut StillRunning,
     ) -> (InputsStopped, InputsSummary) {
@@ -118,7 +118,7 @@ impl KmsgReader {
         Ok(KmsgReader { thread, started })
     }
 
-    fn stop(self, budget: &Budget, left: &mut StillRunning) -> InputsSummary {
+    fn stop(self, budget: &StopBudget, left: &mut StillRunning) -> InputsSummary {
         let kmsg = join_within(self.thread, budget.share(KMSG_STOP), "kmsg", left);
         InputsSummary {
             kmsg: kmsg.unwrap_or_default(),
@@ -130,11 +130,11 @@ impl KmsgReader {
 /// The NVML poller and event source and the forwarder between their channel
 /// and the engine's (none when NVML is disabled).
 #[derive(Debug)]
-pub(super) struct NvmlSources {
+pub(super) struct NvmlFeed {
     threads: Vec<JoinHandle<()>>,
 }
 
-impl NvmlSources {
+impl NvmlFeed {
     /// Starts the sources and their forwarder. Disabled, it tells the engine
     /// once instead (no source runs to say so, and the health and the node
     /// conditions would read "NVML not reported yet" forever).
@@ -144,14 +144,14 @@ impl NvmlSources {
         registry: &Arc<Registry>,
         liveness: &Arc<Liveness>,
         shutdown: &Shutdown,
-    ) -> Result<NvmlSources, RunError> {
+    ) -> Result<NvmlFeed, RunError> {
         if !cfg.enabled {
             let _ = tx.send(Input::MonitorStatus {
                 input: MonitorInput::Nvml,
                 ok: false,
                 message: "NVML disabled (nvml.enabled = false or --no-nvml)".to_string(),
             });
-            return Ok(NvmlSources {
+            return Ok(NvmlFeed {
                 threads: Vec::new(),
             });
         }
@@ -180,12 +180,12 @@ impl NvmlSources {
                     source,
                 })?,
         );
-        Ok(NvmlSources { threads })
+        Ok(NvmlFeed { threads })
     }
 
     /// Joins each thread within its own share (a hung NVML call is left
     /// behind).
-    fn stop(self, budget: &Budget, left: &mut StillRunning) {
+    fn stop(self, budget: &StopBudget, left: &mut StillRunning) {
         let each = budget.share(NVML_STOP);
         for t in self.threads {
             join_within(t, budget.share(each), "NVML", left);
@@ -198,7 +198,7 @@ impl NvmlSources {
 #[derive(Debug)]
 pub(super) struct LocalApi {
     stop_tx: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<(), api::ApiError>>,
+    task: tokio::task::JoinHandle<Result<(), api::LocalApiError>>,
 }
 
 impl LocalApi {
@@ -234,7 +234,7 @@ impl LocalApi {
         Ok(Some(LocalApi { stop_tx, task }))
     }
 
-    fn stop(self, budget: &Budget, rt: &tokio::runtime::Runtime, left: &mut StillRunning) {
+    fn stop(self, budget: &StopBudget, rt: &tokio::runtime::Runtime, left: &mut StillRunning) {
         let _ = self.stop_tx.send(());
         let limit = budget.share(API_STOP);
         match rt.block_on(async { tokio::time::timeout(limit, self.task).await }) {
@@ -275,7 +275,7 @@ impl KubeletDevices {
         KubeletDevices { stop_tx, task }
     }
 
-    fn stop(self, budget: &Budget, rt: &tokio::runtime::Runtime, left: &mut StillRunning) {
+    fn stop(self, budget: &StopBudget, rt: &tokio::runtime::Runtime, left: &mut StillRunning) {
         let _ = self.stop_tx.send(true);
         let Some(task) = self.task else {
             return;

@@ -3,7 +3,7 @@
 //! engine (the writer converges to the restored health at once) and stop
 //! last, flushing what the engine emitted while it drained.
 
-use super::{Budget, Prepared, RunError, RunOptions};
+use super::{Prepared, RunError, RunOptions, StopBudget};
 use crate::api::MetricsRenderer;
 use crate::config::Config;
 use gpuwatch_core::{EventSink, Registry};
@@ -217,7 +217,7 @@ impl Sinks {
 
     /// Flushes every event sink, then runs the shutdown hooks, each within
     /// its share.
-    pub(super) fn stop(self, budget: &Budget) {
+    pub(super) fn stop(self, budget: &StopBudget) {
         for s in &self.event_sinks {
             s.flush(budget.share(SINK_STOP));
         }

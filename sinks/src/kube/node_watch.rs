@@ -75,13 +75,13 @@ pub(crate) async fn watch_node(
             None => return,
         };
         let delay = match step {
-            Step::Stop => return,
-            Step::Next => continue,
-            Step::Progress => {
+            WatchStep::Stop => return,
+            WatchStep::Next => continue,
+            WatchStep::Progress => {
                 errors.reset();
                 continue;
             }
-            Step::Failed(e) => errors.after(&e),
+            WatchStep::Failed(e) => errors.after(&e),
         };
         tokio::select! {
             _ = shutdown.changed() => return,
@@ -91,7 +91,7 @@ pub(crate) async fn watch_node(
 }
 
 /// What the loop does after one item from the watcher.
-enum Step {
+enum WatchStep {
     /// Shutdown, or the reconciler is gone.
     Stop,
     /// Poll again.
@@ -128,12 +128,12 @@ impl Follow {
     }
 
     /// Forwards what the watcher saw of the Node.
-    async fn event(&mut self, event: watcher::Event<Node>, tx: &mpsc::Sender<Seen>) -> Step {
+    async fn event(&mut self, event: watcher::Event<Node>, tx: &mpsc::Sender<Seen>) -> WatchStep {
         let seen = match event {
             watcher::Event::Init => {
                 self.listing_since = Instant::now();
                 self.found = false;
-                return Step::Next;
+                return WatchStep::Next;
             }
             watcher::Event::InitApply(n) => {
                 self.found = true;
@@ -144,29 +144,29 @@ impl Follow {
                     tracing::warn!("Own Node not found; watching for it.");
                 }
                 self.listed_at = Some(Instant::now());
-                return Step::Next;
+                return WatchStep::Next;
             }
             watcher::Event::Apply(n) => {
                 self.listed_at = None;
                 if tx.send(Seen::Event(n)).await.is_err() {
-                    return Step::Stop;
+                    return WatchStep::Stop;
                 }
-                return Step::Progress;
+                return WatchStep::Progress;
             }
             watcher::Event::Delete(_) => {
                 tracing::warn!("Own Node was deleted.");
-                return Step::Next;
+                return WatchStep::Next;
             }
         };
         match tx.send(seen).await {
-            Ok(()) => Step::Next,
-            Err(_) => Step::Stop,
+            Ok(()) => WatchStep::Next,
+            Err(_) => WatchStep::Stop,
         }
     }
 
     /// Says what failed; a 410 not right after a list is progress (the
     /// watcher lists again at once).
-    fn failed(&mut self, e: watcher::Error) -> Step {
+    fn failed(&mut self, e: watcher::Error) -> WatchStep {
         let what = match &e {
             watcher::Error::InitialListFailed(_) => {
                 "Cannot read the node to start its watch; retrying."
@@ -193,15 +193,15 @@ impl Follow {
                     .is_some_and(|t| t.elapsed() < self.at_once);
                 if just_read {
                     tracing::warn!(message = %m, "Node watch version expired right after reading the node; backing off.");
-                    Step::Failed(ApiError::Gone(m))
+                    WatchStep::Failed(ApiError::Gone(m))
                 } else {
                     tracing::info!(message = %m, "Node watch version expired; reading the node again.");
-                    Step::Progress
+                    WatchStep::Progress
                 }
             }
             e => {
                 tracing::warn!(error = %e, "{what}");
-                Step::Failed(e)
+                WatchStep::Failed(e)
             }
         }
     }

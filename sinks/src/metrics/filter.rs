@@ -16,7 +16,7 @@ pub(crate) type SeriesKey = (usize, Vec<(&'static str, AttrValue)>);
 
 /// What the filter remembers of one series.
 #[derive(Clone, Debug)]
-pub(crate) struct Seen {
+pub(crate) struct SeenSeries {
     /// The last value collected.
     value: Num,
     /// When the series last mattered (non-zero / moved); `None`: never.
@@ -31,7 +31,7 @@ pub(crate) struct Seen {
 #[derive(Debug)]
 pub(crate) struct SeriesFilter {
     window: Duration,
-    seen: Mutex<HashMap<SeriesKey, Seen>>,
+    seen: Mutex<HashMap<SeriesKey, SeenSeries>>,
 }
 
 pub(crate) fn is_zero(v: Num) -> bool {
@@ -108,7 +108,7 @@ impl SeriesFilter {
             let keep = match presence {
                 Presence::Always => true,
                 Presence::NonZero => {
-                    let e = seen.entry(key.clone()).or_insert(Seen {
+                    let e = seen.entry(key.clone()).or_insert(SeenSeries {
                         value: p.value,
                         notable: None,
                         collected: now,
@@ -123,7 +123,7 @@ impl SeriesFilter {
                     None => {
                         seen.insert(
                             key.clone(),
-                            Seen {
+                            SeenSeries {
                                 value: p.value,
                                 notable: None,
                                 collected: now,

@@ -3,7 +3,8 @@
 //! tolerations cover every taint gpuwatch writes, host paths are read-only except the state
 //! dir, no privilege, only CAP_SYSLOG added, probes, downward-API env and resources set,
 //! cluster-scoped objects without a namespace, the API NetworkPolicy, the image tag equal to
-//! the crate version, and overlay comments that name only files that exist.
+//! the crate version, and overlay comments that name only files that exist. The Helm chart's
+//! renders go through the same checks (helm_chart.rs).
 //!
 //! Needs `kubectl` on PATH (Debian: `apt-get install kubernetes-client`).
 
@@ -30,7 +31,7 @@ const STATE_DIR: &str = "/var/lib/gpuwatch";
 /// some kinds are inspected further, hence the unread variant fields.
 #[derive(Debug)]
 #[allow(dead_code)]
-enum Object {
+pub(crate) enum Object {
     Namespace(Box<Namespace>),
     ServiceAccount(Box<ServiceAccount>),
     ConfigMap(Box<ConfigMap>),
@@ -44,6 +45,9 @@ enum Object {
     Vap(Box<ValidatingAdmissionPolicy>),
     VapBinding(Box<ValidatingAdmissionPolicyBinding>),
     NetworkPolicy(Box<NetworkPolicy>),
+    /// A prometheus-operator object (`monitoring.coreos.com/v1`: PodMonitor,
+    /// ServiceMonitor, PrometheusRule), which k8s-openapi has no type for.
+    Monitoring(Box<serde_yaml::Value>),
 }
 
 /// Kinds the API server serves without a namespace (`kubectl api-resources
@@ -61,7 +65,7 @@ const CLUSTER_SCOPED: [&str; 5] = [
 const MEASURED_REAL_GPU_RSS_MIB: f64 = 32.0;
 
 /// The checkout whose `deploy/` is rendered: this one, or `$GPUWATCH_DEPLOY_ROOT`.
-fn repo_root() -> PathBuf {
+pub(crate) fn repo_root() -> PathBuf {
     if let Some(root) = std::env::var_os("GPUWATCH_DEPLOY_ROOT") {
         return PathBuf::from(root);
     }
@@ -71,7 +75,7 @@ fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
-fn kustomize(dir: &str) -> String {
+pub(crate) fn kustomize(dir: &str) -> String {
     let path = repo_root().join(dir);
     let out = Command::new("kubectl")
         .arg("kustomize")
@@ -91,13 +95,20 @@ fn parse<T: serde::de::DeserializeOwned>(v: serde_yaml::Value, what: &str) -> Bo
     Box::new(serde_yaml::from_value(v).unwrap_or_else(|e| panic!("{what} does not parse: {e}")))
 }
 
+/// Renders a kustomize directory and parses it (`parse_render`).
+fn render(dir: &str) -> Vec<Object> {
+    parse_render(&kustomize(dir), dir)
+}
+
 /// Parses a multi-document render; any kind this test does not know fails it, and so
 /// does a namespace on a cluster-scoped object.
-fn render(dir: &str) -> Vec<Object> {
-    let text = kustomize(dir);
+pub(crate) fn parse_render(text: &str, dir: &str) -> Vec<Object> {
     let mut objects = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
+    for doc in serde_yaml::Deserializer::from_str(text) {
         let v = serde_yaml::Value::deserialize(doc).expect("valid YAML");
+        if v.is_null() {
+            continue;
+        }
         let kind = v["kind"].as_str().unwrap_or_default().to_string();
         let name = v["metadata"]["name"].as_str().unwrap_or_default();
         let what = format!("{dir}: {kind}/{name}");
@@ -121,6 +132,11 @@ fn render(dir: &str) -> Vec<Object> {
             "ValidatingAdmissionPolicy" => Object::Vap(parse(v, &what)),
             "ValidatingAdmissionPolicyBinding" => Object::VapBinding(parse(v, &what)),
             "NetworkPolicy" => Object::NetworkPolicy(parse(v, &what)),
+            "PodMonitor" | "ServiceMonitor" | "PrometheusRule"
+                if v["apiVersion"].as_str() == Some("monitoring.coreos.com/v1") =>
+            {
+                Object::Monitoring(Box::new(v))
+            }
             other => panic!("{what}: unexpected kind {other:?} in the render"),
         });
     }
@@ -130,7 +146,7 @@ fn render(dir: &str) -> Vec<Object> {
 
 use serde::Deserialize as _;
 
-fn daemonsets(objs: &[Object]) -> Vec<&DaemonSet> {
+pub(crate) fn daemonsets(objs: &[Object]) -> Vec<&DaemonSet> {
     objs.iter()
         .filter_map(|o| match o {
             Object::DaemonSet(d) => Some(&**d),
@@ -139,7 +155,7 @@ fn daemonsets(objs: &[Object]) -> Vec<&DaemonSet> {
         .collect()
 }
 
-fn config_maps(objs: &[Object]) -> Vec<&ConfigMap> {
+pub(crate) fn config_maps(objs: &[Object]) -> Vec<&ConfigMap> {
     objs.iter()
         .filter_map(|o| match o {
             Object::ConfigMap(c) => Some(&**c),
@@ -236,7 +252,7 @@ fn env_field(c: &Container, name: &str) -> Option<String> {
 }
 
 /// Checks the gpuwatch container and its pod; returns the API port.
-fn check_agent(ds: &DaemonSet, cms: &[&ConfigMap], what: &str) -> i32 {
+pub(crate) fn check_agent(ds: &DaemonSet, cms: &[&ConfigMap], what: &str) -> i32 {
     let spec = ds.spec.as_ref().expect("DaemonSet spec");
     let pod = spec.template.spec.as_ref().expect("pod spec");
     let c = pod
@@ -525,7 +541,7 @@ fn check_network_policy(objs: &[Object], ds: &DaemonSet, what: &str) {
     }
 }
 
-fn pod_spec(ds: &DaemonSet) -> &PodSpec {
+pub(crate) fn pod_spec(ds: &DaemonSet) -> &PodSpec {
     ds.spec
         .as_ref()
         .and_then(|s| s.template.spec.as_ref())
@@ -551,7 +567,7 @@ fn affinity_keys(pod: &PodSpec) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn gpuwatch_toml(objs: &[Object]) -> String {
+pub(crate) fn gpuwatch_toml(objs: &[Object]) -> String {
     let cms = config_maps(objs);
     let with_toml: Vec<&String> = cms
         .iter()
@@ -564,11 +580,17 @@ fn gpuwatch_toml(objs: &[Object]) -> String {
 #[test]
 fn standalone_overlay_invariants() {
     let objs = render("deploy/kubernetes/overlays/standalone");
-    let dss = daemonsets(&objs);
-    assert_eq!(dss.len(), 1, "one DaemonSet");
+    check_standalone(&objs, "standalone");
+}
+
+/// gpuwatch's own DaemonSet in namespace gpuwatch, its service account bound and
+/// narrowed by the admission policies, the API NetworkPolicy, the `nvidia` RuntimeClass.
+pub(crate) fn check_standalone(objs: &[Object], what: &str) {
+    let dss = daemonsets(objs);
+    assert_eq!(dss.len(), 1, "{what}: one DaemonSet");
     let ds = dss[0];
     assert_eq!(ds.metadata.namespace.as_deref(), Some("gpuwatch"));
-    let port = check_agent(ds, &config_maps(&objs), "standalone");
+    let port = check_agent(ds, &config_maps(objs), what);
     assert_eq!(port, 9400);
     let pod = ds
         .spec
@@ -607,7 +629,7 @@ fn standalone_overlay_invariants() {
         )
     );
     assert!(
-        binding_subjects(&objs)
+        binding_subjects(objs)
             .iter()
             .any(|s| s.kind == "ServiceAccount"
                 && s.name == sa
@@ -615,27 +637,35 @@ fn standalone_overlay_invariants() {
         "service account {sa} is bound"
     );
     assert!(
-        policy_match_expressions(&objs)
+        policy_match_expressions(objs)
             .iter()
             .all(|e| e.contains("system:serviceaccount:gpuwatch:gpuwatch")),
         "admission policies narrow the agent's service account"
     );
-    check_network_policy(&objs, ds, "standalone");
-    assert_eq!(pod.runtime_class_name.as_deref(), Some("nvidia"));
+    check_network_policy(objs, ds, what);
+    assert_eq!(pod.runtime_class_name.as_deref(), Some("nvidia"), "{what}");
 }
 
 #[test]
 fn eks_overlay_runs_without_a_runtime_class() {
     let objs = render("deploy/kubernetes/overlays/eks");
-    let dss = daemonsets(&objs);
-    assert_eq!(dss.len(), 1, "one DaemonSet");
+    check_eks(&objs, "eks");
+    // Same agent configuration as standalone.
+    let standalone = render("deploy/kubernetes/overlays/standalone");
+    assert_eq!(gpuwatch_toml(&objs), gpuwatch_toml(&standalone));
+}
+
+/// Standalone on EKS: no RuntimeClass, the EKS Auto Mode GPU label in the affinity.
+pub(crate) fn check_eks(objs: &[Object], what: &str) {
+    let dss = daemonsets(objs);
+    assert_eq!(dss.len(), 1, "{what}: one DaemonSet");
     let ds = dss[0];
     assert_eq!(ds.metadata.namespace.as_deref(), Some("gpuwatch"));
-    assert_eq!(check_agent(ds, &config_maps(&objs), "eks"), 9400);
+    assert_eq!(check_agent(ds, &config_maps(objs), what), 9400);
     let pod = pod_spec(ds);
     // EKS accelerated AMIs make nvidia containerd's default runtime and create no
     // RuntimeClass: a pod that names one is rejected by the kubelet.
-    assert_eq!(pod.runtime_class_name, None, "eks: runtimeClassName");
+    assert_eq!(pod.runtime_class_name, None, "{what}: runtimeClassName");
     let keys = affinity_keys(pod);
     for key in [
         "eks.amazonaws.com/instance-gpu-manufacturer",
@@ -644,23 +674,30 @@ fn eks_overlay_runs_without_a_runtime_class() {
     ] {
         assert!(
             keys.iter().any(|k| k == key),
-            "eks: affinity lacks {key}: {keys:?}"
+            "{what}: affinity lacks {key}: {keys:?}"
         );
     }
     assert_eq!(
         pod.priority_class_name.as_deref(),
         Some("system-node-critical")
     );
-    check_network_policy(&objs, ds, "eks");
-    // Same agent configuration as standalone.
-    let standalone = render("deploy/kubernetes/overlays/standalone");
-    assert_eq!(gpuwatch_toml(&objs), gpuwatch_toml(&standalone));
+    check_network_policy(objs, ds, what);
 }
 
 #[test]
 fn dcgm_sidecar_overlay_invariants() {
     let objs = render("deploy/kubernetes/overlays/dcgm-sidecar");
-    let dss = daemonsets(&objs);
+    check_dcgm_sidecar(&objs, "dcgm-sidecar");
+    // The base configuration, not a copy that edits to base would silently miss.
+    let standalone = render("deploy/kubernetes/overlays/standalone");
+    assert_eq!(gpuwatch_toml(&objs), gpuwatch_toml(&standalone));
+}
+
+/// The partial dcgm-exporter DaemonSet (operator's name, selector and toleration kept,
+/// nothing it owns set), gpuwatch's permissions bound to the operator's service account,
+/// and gpuwatch's own service-account token mounted.
+pub(crate) fn check_dcgm_sidecar(objs: &[Object], what: &str) {
+    let dss = daemonsets(objs);
     assert_eq!(dss.len(), 1, "one (partial) DaemonSet");
     let ds = dss[0];
     assert_eq!(ds.metadata.name.as_deref(), Some("nvidia-dcgm-exporter"));
@@ -675,7 +712,7 @@ fn dcgm_sidecar_overlay_invariants() {
         Some("nvidia-dcgm-exporter"),
         "selector must equal the GPU Operator's"
     );
-    let port = check_agent(ds, &config_maps(&objs), "dcgm-sidecar");
+    let port = check_agent(ds, &config_maps(objs), what);
     assert_ne!(
         port, 9400,
         "dcgm-exporter already listens on 9400 in this pod"
@@ -709,7 +746,7 @@ fn dcgm_sidecar_overlay_invariants() {
         !objs.iter().any(|o| matches!(o, Object::ServiceAccount(_))),
         "no ServiceAccount"
     );
-    let subjects = binding_subjects(&objs);
+    let subjects = binding_subjects(objs);
     assert!(!subjects.is_empty());
     assert!(
         subjects
@@ -718,7 +755,7 @@ fn dcgm_sidecar_overlay_invariants() {
                 && s.namespace.as_deref() == Some("gpu-operator")),
         "bindings name the dcgm-exporter service account only: {subjects:?}"
     );
-    let exprs = policy_match_expressions(&objs);
+    let exprs = policy_match_expressions(objs);
     assert!(
         exprs
             .iter()
@@ -730,13 +767,77 @@ fn dcgm_sidecar_overlay_invariants() {
         !objs.iter().any(|o| matches!(o, Object::NetworkPolicy(_))),
         "no NetworkPolicy on the operator's pod"
     );
-    // The base configuration, not a copy that edits to base would silently miss.
-    let standalone = render("deploy/kubernetes/overlays/standalone");
-    assert_eq!(gpuwatch_toml(&objs), gpuwatch_toml(&standalone));
+    check_service_account_token(pod, what);
+}
+
+/// The GPU Operator's dcgm-exporter DaemonSet sets `automountServiceAccountToken: false`,
+/// so the gpuwatch container must mount a token itself, where client libraries look for
+/// it: a projected, expiring, pod-bound token (the admission policies need the node name
+/// it carries), the cluster CA and the namespace, read-only.
+fn check_service_account_token(pod: &PodSpec, what: &str) {
+    const PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let c = pod
+        .containers
+        .iter()
+        .find(|c| c.name == "gpuwatch")
+        .expect("gpuwatch container");
+    let mount = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.mount_path == PATH)
+        .unwrap_or_else(|| panic!("{what}: no service-account token mounted at {PATH}"));
+    assert_eq!(mount.read_only, Some(true), "{what}: token mount read-only");
+    let projected = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == mount.name)
+        .and_then(|v| v.projected.as_ref())
+        .unwrap_or_else(|| panic!("{what}: volume {} is not projected", mount.name));
+    let sources = projected.sources.as_deref().unwrap_or_default();
+    let token = sources
+        .iter()
+        .find_map(|s| s.service_account_token.as_ref())
+        .unwrap_or_else(|| panic!("{what}: no serviceAccountToken source"));
+    assert_eq!(token.path, "token", "{what}");
+    assert!(
+        token.expiration_seconds.is_some_and(|s| s >= 600),
+        "{what}: token expirationSeconds {:?}",
+        token.expiration_seconds
+    );
+    assert!(
+        token.audience.is_none(),
+        "{what}: the API server's audience"
+    );
+    assert!(
+        sources
+            .iter()
+            .filter_map(|s| s.config_map.as_ref())
+            .any(|cm| {
+                cm.name == "kube-root-ca.crt"
+                    && cm
+                        .items
+                        .iter()
+                        .flatten()
+                        .any(|i| i.key == "ca.crt" && i.path == "ca.crt")
+            }),
+        "{what}: kube-root-ca.crt ca.crt"
+    );
+    assert!(
+        sources
+            .iter()
+            .filter_map(|s| s.downward_api.as_ref())
+            .flat_map(|d| d.items.iter().flatten())
+            .any(|i| i.path == "namespace"
+                && i.field_ref.as_ref().map(|f| f.field_path.as_str())
+                    == Some("metadata.namespace")),
+        "{what}: namespace from the downward API"
+    );
 }
 
 /// The version in `[workspace.package]` of the workspace Cargo.toml.
-fn crate_version() -> String {
+pub(crate) fn crate_version() -> String {
     let text = std::fs::read_to_string(repo_root().join("Cargo.toml")).expect("Cargo.toml");
     let section = text
         .split("[workspace.package]")
@@ -784,16 +885,17 @@ fn named_files(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// The overlays' comments tell an installer which file to read or edit; a
-/// stale name (a file renamed or never written) sends them nowhere.
+/// The overlays' and the Helm chart's comments tell an installer which file to read or
+/// edit; a stale name (a file renamed or never written) sends them nowhere.
 #[test]
 fn overlay_comments_name_files_that_exist() {
     let root = repo_root();
     let kube = root.join("deploy/kubernetes");
-    let mut stack = vec![kube.join("overlays")];
+    let chart = root.join("deploy/helm/gpuwatch");
+    let mut stack = vec![kube.join("overlays"), chart.clone()];
     let mut checked = 0;
     while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).expect("read deploy/kubernetes/overlays") {
+        for entry in std::fs::read_dir(&dir).expect("read the directory") {
             let path = entry.expect("dir entry").path();
             if path.is_dir() {
                 stack.push(path);
@@ -804,7 +906,13 @@ fn overlay_comments_name_files_that_exist() {
             }
             let text = std::fs::read_to_string(&path).expect("manifest");
             for name in named_files(&text) {
-                let bases = [dir.clone(), kube.clone(), root.join("deploy"), root.clone()];
+                let bases = [
+                    dir.clone(),
+                    chart.clone(),
+                    kube.clone(),
+                    root.join("deploy"),
+                    root.clone(),
+                ];
                 assert!(
                     bases.iter().any(|b| b.join(&name).exists()),
                     "{}: a comment names {name}, which does not exist",

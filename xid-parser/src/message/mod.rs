@@ -7,7 +7,8 @@
 //! One module per message family, each with its types and parser: `xid` (the
 //! driver's XID line), `sxid` (NVSwitch), `aer` (PCIe AER), `nvlink`, `ecc` (ECC,
 //! page retirement, row remapping), `thermal`, `mce` (machine checks), `driver`
-//! (identity, serial, driver errors, nvidia-peermem, other `NVRM:` lines);
+//! (identity, serial, driver errors, nvidia-peermem, other `NVRM:` lines), `nic`
+//! (the `mlx5_core` NIC driver: port link, cable/module, firmware health);
 //! `prefilter` and `text` are what they share.
 
 /// Position of the literal `$needle` in the `&str` `$haystack`.
@@ -36,6 +37,7 @@ mod aer;
 mod driver;
 mod ecc;
 mod mce;
+mod nic;
 mod nvlink;
 mod prefilter;
 mod sxid;
@@ -48,6 +50,8 @@ pub use driver::{DriverErrorMsg, GpuIdentity};
 pub use ecc::EccMsg;
 pub(crate) use ecc::ecc_type_of;
 pub use mce::{MceMsg, McePart};
+pub(crate) use nic::module_status;
+pub use nic::{NicEvent, NicMsg};
 pub use nvlink::NvlinkMsg;
 pub use prefilter::interesting;
 pub use sxid::SxidMsg;
@@ -59,6 +63,7 @@ pub(crate) use xid::{parse_nvlink5, parse_xid_general, parse_xid_usual};
 use aer::parse_aer;
 use driver::{parse_nvrm_other, parse_peermem, parse_probe_failure};
 use mce::parse_mce;
+use nic::parse_nic;
 use nvlink::{nvlink_driver_body, parse_nvlink};
 use sxid::parse_sxid;
 use thermal::parse_thermal;
@@ -108,6 +113,9 @@ pub enum Message<'a> {
     },
     /// NVRM driver error.
     DriverError(DriverErrorMsg<'a>),
+    /// A NIC line of the `mlx5_core` driver: port link up/down, cable or
+    /// transceiver module event, firmware health report.
+    Nic(NicMsg<'a>),
     /// Any other NVRM line (context only: GSP RPC dumps, crash dump notes).
     NvrmOther {
         /// GPU named as `GPUn` (`NVRM: GPU0 RPC history`), when any.
@@ -116,7 +124,7 @@ pub enum Message<'a> {
 }
 
 /// Parses one (unescaped) kernel message. Returns `None` for messages that are not
-/// GPU / PCIe / host-hardware faults or their context.
+/// GPU / PCIe / NIC / host-hardware faults or their context.
 ///
 /// ```
 /// use xid_parser::{parse_message, Message};
@@ -145,6 +153,12 @@ pub fn parse_message(msg: &str) -> Option<Message<'_>> {
             }
             return Some(parse_nvrm_other(rest));
         }
+    }
+    // NIC lines take only the driver's link, module and health lines; the AER
+    // detail lines the AER driver prints under a NIC's driver name
+    // (`mlx5_core 0000:3b:00.0: PCIe Bus Error: …`) go on to `parse_aer`.
+    if let Some(n) = parse_nic(msg) {
+        return Some(Message::Nic(n));
     }
     if let Some(m) = parse_aer(msg) {
         return Some(m);

@@ -36,8 +36,9 @@ impl Stamp {
     }
 }
 
+/// One XID of a GPU's recent history, with its record time.
 #[derive(Debug, Clone, Copy)]
-struct Seen {
+struct RecentXid {
     code: u32,
     at: Stamp,
 }
@@ -47,7 +48,7 @@ struct GpuHistory {
     pci: String,
     last_use: u64,
     /// Oldest first; at most `PER_GPU`.
-    recent: std::collections::VecDeque<Seen>,
+    recent: std::collections::VecDeque<RecentXid>,
 }
 
 /// Recent XIDs per GPU (keyed by PCI address), for the short-window context
@@ -152,7 +153,7 @@ impl ContextWindow {
         if gpu.recent.len() >= PER_GPU {
             gpu.recent.pop_front();
         }
-        gpu.recent.push_back(Seen { code, at });
+        gpu.recent.push_back(RecentXid { code, at });
     }
 }
 

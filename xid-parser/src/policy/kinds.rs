@@ -1,7 +1,7 @@
 //! Every fault kind other than the XID: NVSwitch SXids, a GPU fallen off the bus
 //! without an XID, PCIe AER and link, NVLink, ECC, page retirement, row remapping,
 //! thermal events, machine checks, nvidia-peermem, driver errors, NVML's GPU lost,
-//! recovery action and NVLink fabric, and failed validation checks.
+//! recovery action and NVLink fabric, failed validation checks, and NIC events.
 
 use super::{Decision, Policy};
 use gpuwatch_proto::{Action, FaultEvent, RecoveryAction, ShortName};
@@ -430,9 +430,9 @@ pub(super) fn validation(ev: &FaultEvent) -> Decision<'static> {
 }
 
 /// A NIC event (RDMA port link change, cable/module event, NIC health), by
-/// its `nic_event`. These never isolate a GPU: the network monitor turns them
-/// into the `NetworkProblem` condition, and `investigate` here only sets the
-/// record's severity.
+/// its `nic_event` (and, for `module` events, its `module_status`). These never
+/// isolate a GPU: the network monitor turns them into the `NetworkProblem`
+/// condition, and `investigate` here only sets the record's severity.
 pub(super) fn nic(ev: &FaultEvent) -> Decision<'static> {
     let (action, reason, name) = match attr(ev, "nic_event") {
         Some("link_up") => (
@@ -447,6 +447,7 @@ pub(super) fn nic(ev: &FaultEvent) -> Decision<'static> {
              grace, NICPortFlapping if it keeps coming back.",
             "NIC link down",
         ),
+        Some("module") => return nic_module(ev),
         _ => (
             Action::Investigate,
             "NIC hardware event (cable or transceiver module, NIC health, PCIe error at the \
@@ -455,6 +456,44 @@ pub(super) fn nic(ev: &FaultEvent) -> Decision<'static> {
         ),
     };
     Decision::new(action, reason, name)
+}
+
+/// A cable/transceiver module event (`Port module event` of the mlx5 driver), by
+/// its `module_status`: plugged is information; unplugged takes the port down;
+/// an error names the driver's error text (`module_error`).
+fn nic_module(ev: &FaultEvent) -> Decision<'static> {
+    match attr(ev, "module_status") {
+        Some("plugged") => Decision::new(
+            Action::Ignore,
+            "NIC cable/module plugged: information; the port's link comes up on its own.",
+            "NIC module plugged",
+        ),
+        Some("unplugged") => Decision::new(
+            Action::Investigate,
+            "NIC cable/module unplugged: the port's link is down until it is plugged back; \
+             if nobody pulled it, check the cable and cage. The network monitor reports \
+             NICPortDown while the port stays down.",
+            "NIC module unplugged",
+        ),
+        Some("error") => {
+            let error = attr(ev, "module_error").unwrap_or("no error text");
+            Decision::new(
+                Action::Investigate,
+                format!(
+                    "NIC cable/module error ({error}): the port's link is down or unreliable; \
+                     check or replace the cable or transceiver. The network monitor reports \
+                     NICHardwareFault."
+                ),
+                "NIC module error",
+            )
+        }
+        _ => Decision::new(
+            Action::Investigate,
+            "NIC cable/module event (disabled or unknown status): check the cable and \
+             module; the network monitor reports NICHardwareFault.",
+            "NIC module event",
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -625,6 +664,70 @@ mod tests {
                 ev.policy_reason
             );
         }
+    }
+
+    /// NIC events by `nic_event` and, for module events, `module_status`; an
+    /// error's reason names the driver's error text.
+    #[test]
+    fn nic_module_events_by_status() {
+        let p = Policy::default();
+        let nic = |attrs: &[(&str, &str)]| {
+            let mut ev = FaultEvent::default();
+            ev.set_kind(FaultKind::Nic);
+            for (a, v) in attrs {
+                ev.attributes.insert((*a).into(), (*v).into());
+            }
+            classify(&p, &mut ContextWindow::new(), ev)
+        };
+        let module = |status: &str| nic(&[("nic_event", "module"), ("module_status", status)]);
+        let cases = [
+            (
+                nic(&[("nic_event", "link_up")]),
+                Action::Ignore,
+                "NIC link up",
+            ),
+            (
+                nic(&[("nic_event", "link_down")]),
+                Action::Investigate,
+                "NIC link down",
+            ),
+            (module("plugged"), Action::Ignore, "NIC module plugged"),
+            (
+                module("unplugged"),
+                Action::Investigate,
+                "NIC module unplugged",
+            ),
+            (module("error"), Action::Investigate, "NIC module error"),
+            (module("disabled"), Action::Investigate, "NIC module event"),
+            (module("unknown"), Action::Investigate, "NIC module event"),
+            (
+                nic(&[("nic_event", "module")]),
+                Action::Investigate,
+                "NIC module event",
+            ),
+            (
+                nic(&[("nic_event", "health")]),
+                Action::Investigate,
+                "NIC hardware event",
+            ),
+            (nic(&[]), Action::Investigate, "NIC hardware event"),
+        ];
+        for (ev, action, name) in cases {
+            assert_eq!((ev.action(), ev.name.as_str()), (action, name));
+            assert_eq!(ev.severity(), action.default_severity());
+            assert!(ev.policy_reason.ends_with('.'), "{}", ev.policy_reason);
+        }
+        let err = nic(&[
+            ("nic_event", "module"),
+            ("module_status", "error"),
+            ("module_error", "High Temperature"),
+        ]);
+        assert!(
+            err.policy_reason.contains("(High Temperature)"),
+            "{}",
+            err.policy_reason
+        );
+        assert!(module("error").policy_reason.contains("(no error text)"));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use xid_parser::{MarkerFinder, Scanner, parse_line};
 
 /// The original prefilter (three memchr passes for rare bytes, one for `v`, two
 /// memmem searches), in behaviour; `nvidia` counts only as a driver prefix
-/// (followed by `-`, `:` or a blank).
+/// (followed by `-`, `:` or a blank); plus the mlx5 NIC driver's markers.
 fn reference(msg: &[u8]) -> bool {
     let at = |i: usize, pat: &[u8]| msg.get(i..i + pat.len()) == Some(pat);
     for i in memchr::memchr3_iter(b'V', b'X', b'A', msg) {
@@ -54,6 +54,15 @@ fn reference(msg: &[u8]) -> bool {
         || memchr::memmem::find(msg, b"mce:").is_some()
         || memchr::memmem::find(msg, b"machine check").is_some()
         || memchr::memmem::find(msg, b"EDAC ").is_some()
+        || [
+            &b"Link up"[..],
+            b"Link down",
+            b"Port module",
+            b"compromised",
+            b"Fatal error",
+        ]
+        .iter()
+        .any(|m| memchr::memmem::find(msg, m).is_some())
 }
 
 /// Markers, their near misses and their pieces, so random messages hit every
@@ -116,6 +125,23 @@ const PIECES: &[&str] = &[
     "EDAC ",
     "EDAC",
     "ED",
+    "Link up",
+    "Link down",
+    "Link Up",
+    "Link",
+    "Li",
+    "Port module",
+    "Port modul",
+    "Port",
+    "Po",
+    "compromised",
+    "ompromised",
+    "comp",
+    "Fatal error",
+    "Fatal erro",
+    "Fa",
+    "L",
+    "F",
     "mp",
     "mc",
     "m",
@@ -218,6 +244,11 @@ fn markers_across_chunk_boundaries() {
         "temperature",
         "machine check",
         "EDAC ",
+        "Link up",
+        "Link down",
+        "Port module",
+        "compromised",
+        "Fatal error",
     ] {
         for pad in 0..40 {
             let msg = format!("{}{marker}{}", "x".repeat(pad), "y".repeat(pad % 7));
@@ -228,6 +259,8 @@ fn markers_across_chunk_boundaries() {
     for noise in [
         "usb 1-1.4: new high-speed USB device number 7 using xhci_hcd",
         "nvme0n1: p1 p2",
+        "mlx5_core 0000:0c:00.0: mlx5_pcie_event:301:(pid 0): PCIe slot advertised sufficient power (75W).",
+        "mlx5_core 0000:1a:00.0: firmware version: 28.39.1002",
     ] {
         assert!(!Scanner::interesting(noise.as_bytes()), "{noise:?}");
         assert!(!Scanner::interesting_line(

@@ -21,7 +21,7 @@ pub const UNAVAILABLE_REASON: &str = "QuarantineBudgetUnavailable";
 
 /// What the reconciler should do with the fault taint this pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Gate {
+pub(crate) enum TaintGate {
     /// Write the desired fault taint (or its absence).
     AsDesired,
     /// No fault taint: remove it if the Node carries it.
@@ -84,7 +84,7 @@ impl Link {
         wanted: Option<&str>,
         live: bool,
         node_uid: &str,
-    ) -> (Gate, Option<Notice>) {
+    ) -> (TaintGate, Option<Notice>) {
         let need = self.tell(wanted, live, node_uid);
         if need && matches!(*self.status.borrow(), Status::Idle) {
             let answered = self.status.wait_for(|s| !matches!(s, Status::Idle));
@@ -98,10 +98,10 @@ impl Link {
             (s, _) => s.permits_taint(),
         };
         let gate = match permits {
-            Some(true) => Gate::AsDesired,
-            Some(false) if wanted.is_none() => Gate::AsDesired,
-            Some(false) => Gate::Withhold,
-            None => Gate::KeepLive,
+            Some(true) => TaintGate::AsDesired,
+            Some(false) if wanted.is_none() => TaintGate::AsDesired,
+            Some(false) => TaintGate::Withhold,
+            None => TaintGate::KeepLive,
         };
         let notice = self
             .track_unavailable(&status)
@@ -283,7 +283,7 @@ mod tests {
         // A restarted agent: the Node carries the taint, the claimant has not
         // stepped yet.
         let (gate, _) = l.gate(Some("inspect_hardware"), true, "uid-1").await;
-        assert_eq!(gate, Gate::KeepLive);
+        assert_eq!(gate, TaintGate::KeepLive);
         assert!(need.borrow().slot);
         assert_eq!(need.borrow().reason, "inspect_hardware");
         assert_eq!(need.borrow().node_uid, "uid-1");
@@ -298,7 +298,7 @@ mod tests {
         });
         assert_eq!(
             l.gate(Some("reset_gpu"), false, "u").await.0,
-            Gate::AsDesired
+            TaintGate::AsDesired
         );
         let q = metrics.quarantine().unwrap();
         assert_eq!(q.state, "held");
@@ -315,7 +315,7 @@ mod tests {
             holders: holders.clone(),
         });
         let (gate, d) = l.gate(Some("inspect_hardware"), true, "u").await;
-        assert_eq!(gate, Gate::Withhold);
+        assert_eq!(gate, TaintGate::Withhold);
         let msg = d.expect("announced").message;
         assert!(msg.contains("10 of 10 slots held by n0, n1"), "{msg}");
         assert!(msg.contains("(10%)"), "{msg}");
@@ -353,12 +353,12 @@ mod tests {
             holders: vec![],
         });
         // Faults cleared while the Node still carries the taint: remove it.
-        assert_eq!(l.gate(None, true, "u").await.0, Gate::AsDesired);
+        assert_eq!(l.gate(None, true, "u").await.0, TaintGate::AsDesired);
         assert!(
             need.borrow().slot,
             "the slot is needed until the taint is gone"
         );
-        assert_eq!(l.gate(None, false, "u").await.0, Gate::AsDesired);
+        assert_eq!(l.gate(None, false, "u").await.0, TaintGate::AsDesired);
         assert!(!need.borrow().slot);
     }
 
@@ -370,7 +370,7 @@ mod tests {
             message: "Quarantine budget unavailable: forbidden".into(),
         });
         let (gate, notice) = l.gate(Some("inspect_hardware"), false, "u").await;
-        assert_eq!(gate, Gate::AsDesired, "fails open");
+        assert_eq!(gate, TaintGate::AsDesired, "fails open");
         let n = notice.expect("announced");
         assert_eq!(n.reason, UNAVAILABLE_REASON);
         assert!(n.message.contains("forbidden"), "{}", n.message);

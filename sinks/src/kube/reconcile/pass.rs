@@ -117,10 +117,10 @@ impl Reconciler {
         let wanted = fault_taint.as_ref().map(|t| t.value.as_str());
         let (gate, notice) = link.gate(wanted, live, uid).await;
         match gate {
-            quarantine::link::Gate::AsDesired => {}
-            quarantine::link::Gate::Withhold => *fault_taint = None,
-            quarantine::link::Gate::KeepLive if !live => *fault_taint = None,
-            quarantine::link::Gate::KeepLive => {}
+            quarantine::link::TaintGate::AsDesired => {}
+            quarantine::link::TaintGate::Withhold => *fault_taint = None,
+            quarantine::link::TaintGate::KeepLive if !live => *fault_taint = None,
+            quarantine::link::TaintGate::KeepLive => {}
         }
         if let Some(n) = notice {
             self.event(n.reason, "Warning", n.message);

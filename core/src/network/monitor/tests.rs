@@ -1,0 +1,1065 @@
+//! The rules of POLICY.md's "Network (NIC / InfiniBand) ports", one test
+//! each, on made-up scans and an injected clock.
+
+use super::*;
+use crate::network::{CounterReading, CounterValue, PhysState, PortState};
+
+const GRACE: u64 = 60;
+
+/// A clock the tests move by hand: `t(s)` is `s` seconds after the start.
+struct Rig {
+    m: NetworkMonitor,
+    t0: Instant,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        Rig::with(NetworkSettings::default())
+    }
+
+    fn with(settings: NetworkSettings) -> Rig {
+        Rig {
+            m: NetworkMonitor::new(settings),
+            t0: Instant::now(),
+        }
+    }
+
+    fn t(&self, secs: u64) -> Instant {
+        self.t0 + Duration::from_secs(secs)
+    }
+
+    fn scan(&mut self, secs: u64, ports: Vec<PortReading>) -> Vec<PortTransition> {
+        let scan = NicScan {
+            at: self.t(secs),
+            ports,
+            problems: Vec::new(),
+            complete: true,
+        };
+        self.m.scan(&scan)
+    }
+
+    fn tick(&mut self, secs: u64) -> Vec<PortTransition> {
+        self.m.tick(self.t(secs))
+    }
+
+    fn kernel(&mut self, secs: u64, ev: &FaultEvent) -> Option<Vec<PortTransition>> {
+        self.m.kernel_event(ev, self.t(secs))
+    }
+
+    fn health(&self, secs: u64) -> NetworkHealth {
+        self.m
+            .health(self.t(secs), 1_000_000_000_000 + secs * 1_000_000_000)
+    }
+
+    fn status(&self, secs: u64, device: &str) -> String {
+        self.health(secs)
+            .ports
+            .into_iter()
+            .find(|p| p.device == device)
+            .map(|p| p.status)
+            .unwrap_or_else(|| "missing".into())
+    }
+
+    fn metrics(&self, device: &str) -> PortMetrics {
+        self.m
+            .port_metrics()
+            .into_iter()
+            .find(|p| p.port.device == device)
+            .expect("the port is known")
+    }
+}
+
+/// `mlx5_<n>` port 1, InfiniBand, 400 Gb/s, at `0000:<n+0x10>:00.0`.
+fn ib(n: u32, up: bool) -> PortReading {
+    PortReading {
+        id: PortId {
+            device: format!("mlx5_{n}"),
+            port: 1,
+        },
+        link_layer: LinkLayer::InfiniBand,
+        state: if up {
+            PortState::Active
+        } else {
+            PortState::Down
+        },
+        phys_state: if up {
+            PhysState::LinkUp
+        } else {
+            PhysState::Polling
+        },
+        rate_gbps: Some(400.0),
+        netdev: Some(format!("ib{n}")),
+        pci_address: Some(format!("0000:{:02x}:00.0", n + 0x10)),
+        numa_node: Some(n / 4),
+        counters: Vec::new(),
+        carrier_changes: None,
+    }
+}
+
+/// The same as a RoCE port with netdev `eth<n>`.
+fn roce(n: u32, up: bool, carrier_changes: u64) -> PortReading {
+    PortReading {
+        link_layer: LinkLayer::Ethernet,
+        netdev: Some(format!("eth{n}")),
+        carrier_changes: Some(carrier_changes),
+        ..ib(n, up)
+    }
+}
+
+fn with_counters(mut r: PortReading, counters: &[(&str, u64)]) -> PortReading {
+    r.counters = counters
+        .iter()
+        .map(|(name, v)| CounterReading {
+            name: (*name).to_string(),
+            value: CounterValue::Value(*v),
+        })
+        .collect();
+    r
+}
+
+fn nic_event(n: u32, what: &str, attrs: &[(&str, &str)]) -> FaultEvent {
+    let mut ev = FaultEvent {
+        pci_address: format!("0000:{:02x}:00.0", n + 0x10),
+        message: format!("mlx5_core 0000:{:02x}:00.0: {what}", n + 0x10),
+        ..FaultEvent::default()
+    };
+    ev.set_kind(FaultKind::Nic);
+    ev.attributes.insert("nic_event".into(), what.into());
+    for (k, v) in attrs {
+        ev.attributes.insert((*k).into(), (*v).into());
+    }
+    ev
+}
+
+fn aer(n: u32, severity: &str) -> FaultEvent {
+    let mut ev = FaultEvent {
+        pci_address: format!("0000:{:02x}:00.0", n + 0x10),
+        ..FaultEvent::default()
+    };
+    ev.set_kind(FaultKind::PcieAer);
+    ev.attributes.insert("aer_severity".into(), severity.into());
+    ev
+}
+
+fn tos(ts: &[PortTransition]) -> Vec<(PortStatus, PortStatus)> {
+    ts.iter().map(|t| (t.from, t.to)).collect()
+}
+
+/// Flaps the port `mlx5_0` at seconds `at`: down at `at`, up at `at + 5`.
+fn flap(r: &mut Rig, at: u64) {
+    r.scan(at, vec![ib(0, false)]);
+    r.scan(at + 5, vec![ib(0, true)]);
+}
+
+#[test]
+fn down_goes_down_after_exactly_the_grace() {
+    let mut r = Rig::new();
+    assert!(r.scan(0, vec![ib(0, true)]).is_empty());
+    let t = r.scan(10, vec![ib(0, false)]);
+    assert_eq!(tos(&t), [(PortStatus::Up, PortStatus::GoingDown)]);
+    assert!(
+        t[0].message
+            .contains("mlx5_0/1 (ib0, InfiniBand, 400 Gb/s)")
+    );
+    assert!(!r.health(10).problem, "within the grace is not a problem");
+    assert_eq!(r.m.next_deadline(), Some(r.t(10 + GRACE)));
+    assert!(r.tick(10 + GRACE - 1).is_empty(), "not before the grace");
+    assert!(r.scan(10 + GRACE - 1, vec![ib(0, false)]).is_empty());
+    let t = r.tick(10 + GRACE);
+    assert_eq!(tos(&t), [(PortStatus::GoingDown, PortStatus::Down)]);
+    assert!(t[0].message.contains("is down"), "{}", t[0].message);
+    let h = r.health(100);
+    assert!(h.problem);
+    assert_eq!(h.reason, REASON_PORT_DOWN);
+    assert!(h.message.contains("mlx5_0/1 (ib0)"), "{}", h.message);
+    assert_eq!(h.ports[0].status, "down");
+    assert_eq!(
+        h.ports[0].down_since_unix_nano,
+        Some(1_000_000_000_000 + 10 * 1_000_000_000)
+    );
+    assert_eq!(r.m.next_deadline(), None, "nothing left to expire");
+}
+
+#[test]
+fn a_kernel_link_down_starts_the_grace() {
+    let mut r = Rig::new();
+    r.scan(0, vec![ib(0, true)]);
+    let t = r.kernel(3, &nic_event(0, "link_down", &[])).unwrap();
+    assert_eq!(tos(&t), [(PortStatus::Up, PortStatus::GoingDown)]);
+    assert!(t[0].message.contains("kernel reported link down"));
+    // The scan that confirms it does not restart the grace.
+    assert!(r.scan(5, vec![ib(0, false)]).is_empty());
+    assert_eq!(r.m.next_deadline(), Some(r.t(3 + GRACE)));
+    let t = r.tick(3 + GRACE);
+    assert_eq!(tos(&t), [(PortStatus::GoingDown, PortStatus::Down)]);
+}
+
+#[test]
+fn back_within_the_grace_is_one_flap_not_down() {
+    let mut r = Rig::new();
+    r.scan(0, vec![ib(0, true)]);
+    r.scan(10, vec![ib(0, false)]);
+    let t = r.scan(40, vec![ib(0, true)]);
+    assert_eq!(tos(&t), [(PortStatus::GoingDown, PortStatus::Up)]);
+    assert!(
+        t[0].message.contains("counted as a flap"),
+        "{}",
+        t[0].message
+    );
+    assert!(r.tick(200).is_empty());
+    assert_eq!(r.metrics("mlx5_0").flaps_total, 1);
+    assert_eq!(r.health(200).ports[0].flaps_in_window, 1);
+    assert!(!r.health(200).problem);
+}
+
+#[test]
+fn back_after_down_clears_down_and_is_a_flap() {
+    let mut r = Rig::new();
+    r.scan(0, vec![ib(0, true)]);
+    r.scan(10, vec![ib(0, false)]);
+    r.tick(100);
+    let t = r.scan(300, vec![ib(0, true)]);
+    assert_eq!(tos(&t), [(PortStatus::Down, PortStatus::Up)]);
+    assert!(
+        t[0].message.contains("up again after 4m 50s"),
+        "{}",
+        t[0].message
+    );
+    assert_eq!(r.metrics("mlx5_0").flaps_total, 1);
+    assert!(!r.health(300).problem);
+}
+
+#[test]
+fn three_flaps_in_the_window_flap_until_the_quiet_time() {
+    let mut r = Rig::new();
+    r.scan(0, vec![ib(0, true)]);
+    flap(&mut r, 100);
+    flap(&mut r, 1000);
+    assert_eq!(r.status(1005, "mlx5_0"), "up");
+    r.scan(2000, vec![ib(0, false)]);
+    let t = r.scan(2005, vec![ib(0, true)]);
+    assert_eq!(tos(&t), [(PortStatus::GoingDown, PortStatus::Flapping)]);
+    assert!(
+        t[0].message.contains("3 flaps in the last 1h"),
+        "{}",
+        t[0].message
+    );
+    let h = r.health(2005);
+    assert_eq!(h.reason, REASON_PORT_FLAPPING);
+    assert_eq!(h.ports[0].flaps_in_window, 3);
+    // Never latched: 30 minutes without a flap clears it.
+    let quiet = 2005 + 1800;
+    assert_eq!(r.m.next_deadline(), Some(r.t(quiet)));
+    assert!(r.tick(quiet - 1).is_empty());
+    let t = r.tick(quiet);
+    assert_eq!(tos(&t), [(PortStatus::Flapping, PortStatus::Up)]);
+    assert!(!r.health(quiet).problem);
+    assert_eq!(r.metrics("mlx5_0").flaps_total, 3, "the total stays");
+}
+
+#[test]
+fn flaps_spread_wider_than_the_window_are_not_flapping() {
+    // Threshold 2: two flaps exactly one window apart are not both in it.
+    let s = NetworkSettings {
+        flap_threshold: 2,
+        ..NetworkSettings::default()
+    };
+    let mut r = Rig::with(s.clone());
+    r.scan(0, vec![ib(0, true)]);
+    flap(&mut r, 100);
+    flap(&mut r, 100 + 3600);
+    assert_eq!(r.status(3705, "mlx5_0"), "up");
+    // One second less apart, they are.
+    let mut r = Rig::with(s);
+    r.scan(0, vec![ib(0, true)]);
+    flap(&mut r, 100);
+    flap(&mut r, 100 + 3599);
+    assert_eq!(r.status(3704, "mlx5_0"), "flapping");
+    // The default threshold 3 with flaps 40 minutes apart: never 3 in 1h.
+    let mut r = Rig::new();
+    r.scan(0, vec![ib(0, true)]);
+    for i in 0..5 {
+        flap(&mut r, 100 + i * 2400);
+    }
+    assert_eq!(r.metrics("mlx5_0").flaps_total, 5);
+    assert_eq!(r.status(100 + 5 * 2400, "mlx5_0"), "up");
+}
+
+#[test]
+fn steady_counters_are_no_errors() {
+    // A healthy H100 node's ports read these forever.
+    let counters = [
+        ("excessive_buffer_overrun_errors", 15),
+        ("symbol_error", 15),
+        ("port_rcv_errors", 3),
+    ];
+    let mut r = Rig::new();
+    for secs in [0, 5, 10, 3600] {
+        assert!(
+            r.scan(secs, vec![with_counters(ib(0, true), &counters)])
+                .is_empty()
+        );
+    }
+    let m = r.metrics("mlx5_0");
+    assert!(m.errors.iter().all(|(_, d)| *d == 0), "{:?}", m.errors);
+    assert_eq!(m.errors.len(), 3);
+    assert!(!r.health(3600).problem);
+}
+
+#[test]
+fn counters_count_deltas_and_resets_from_zero() {
+    let mut r = Rig::new();
+    for (secs, v) in [(0, 100), (5, 104), (10, 110), (15, 3), (20, 5)] {
+        r.scan(
+            secs,
+            vec![with_counters(ib(0, true), &[("symbol_error", v)])],
+        );
+    }
+    // 4 + 6, then the reset's 3 counted from 0, then 2.
+    assert_eq!(
+        r.metrics("mlx5_0").errors,
+        [("symbol_error".to_string(), 15)]
+    );
+    assert!(
+        !r.health(20).problem,
+        "error deltas alone are not a problem"
+    );
+}
+
+#[test]
+fn saturated_counters_are_listed_and_not_counted() {
+    for (name, max) in [
+        ("excessive_buffer_overrun_errors", 15u64), // 4 bits
+        ("symbol_error", 65_535),                   // 16 bits
+        ("rx_icrc_encapsulated", 65_535),           // unknown width: all ones
+    ] {
+        let mut r = Rig::new();
+        r.scan(0, vec![with_counters(ib(0, true), &[(name, max)])]);
+        r.scan(5, vec![with_counters(ib(0, true), &[(name, max)])]);
+        let m = r.metrics("mlx5_0");
+        assert_eq!(m.saturated, [name.to_string()], "{name}");
+        assert_eq!(m.errors, [(name.to_string(), 0)], "{name}");
+        assert_eq!(r.health(5).ports[0].saturated_counters, [name.to_string()]);
+        // Cleared: it counts again from 0.
+        r.scan(10, vec![with_counters(ib(0, true), &[(name, 2)])]);
+        let m = r.metrics("mlx5_0");
+        assert!(m.saturated.is_empty(), "{name}");
+        assert_eq!(m.errors, [(name.to_string(), 2)], "{name}");
+    }
+    // Below the maximum is not saturated.
+    let mut r = Rig::new();
+    r.scan(
+        0,
+        vec![with_counters(ib(0, true), &[("symbol_error", 65_534)])],
+    );
+    assert!(r.metrics("mlx5_0").saturated.is_empty());
+}
+
+#[test]
+fn unreadable_counters_are_listed() {
+    let mut r = Rig::new();
+    let mut reading = with_counters(ib(0, true), &[("symbol_error", 1)]);
+    reading.counters.push(CounterReading {
+        name: "port_xmit_wait".into(),
+        value: CounterValue::Unreadable,
+    });
+    r.scan(0, vec![reading.clone()]);
+    r.scan(5, vec![reading]);
+    let h = r.health(5);
+    assert_eq!(h.ports[0].unreadable_counters, ["port_xmit_wait"]);
+    assert!(h.ports[0].saturated_counters.is_empty());
+    assert_eq!(
+        r.metrics("mlx5_0").errors,
+        [("symbol_error".to_string(), 0)],
+        "no number for an unreadable counter"
+    );
+    assert!(!h.problem);
+    // A counter that turns unreadable keeps its total in the metrics.
+    r.scan(10, vec![with_counters(ib(0, true), &[("symbol_error", 4)])]);
+    let mut reading = ib(0, true);
+    reading.counters.push(CounterReading {
+        name: "symbol_error".into(),
+        value: CounterValue::Unreadable,
+    });
+    r.scan(15, vec![reading]);
+    assert_eq!(
+        r.metrics("mlx5_0").errors[0],
+        ("symbol_error".to_string(), 3)
+    );
+    assert_eq!(r.health(15).ports[0].unreadable_counters.len(), 2);
+}
+
+/// One physical flap seen by the kernel lines, the `link_downed` counter
+/// and the scans, in the orders they can arrive, counts once; two flaps
+/// between two scans count twice.
+#[test]
+fn one_flap_seen_by_every_source_counts_once() {
+    type Step = (u64, &'static str, bool, u64);
+    // (seconds, "scan" | "down" | "up", scan: port up, scan: link_downed)
+    let cases: [(&str, &[Step], u64); 6] = [
+        (
+            "kernel pair and counter between two scans that read up",
+            &[
+                (0, "scan", true, 7),
+                (2, "down", false, 0),
+                (3, "up", false, 0),
+                (5, "scan", true, 8),
+            ],
+            1,
+        ),
+        (
+            "a scan sees it down between the kernel lines",
+            &[
+                (0, "scan", true, 7),
+                (2, "down", false, 0),
+                (5, "scan", false, 8),
+                (7, "up", false, 0),
+                (10, "scan", true, 8),
+            ],
+            1,
+        ),
+        (
+            "the up line comes after the scan that read up",
+            &[
+                (0, "scan", true, 7),
+                (2, "down", false, 0),
+                (5, "scan", false, 8),
+                (10, "scan", true, 8),
+                (11, "up", false, 0),
+            ],
+            1,
+        ),
+        (
+            "no kernel lines: the counter and the scans",
+            &[
+                (0, "scan", true, 7),
+                (5, "scan", false, 8),
+                (10, "scan", true, 8),
+            ],
+            1,
+        ),
+        (
+            "only the counter saw it",
+            &[(0, "scan", true, 7), (5, "scan", true, 8)],
+            1,
+        ),
+        (
+            "two flaps between two scans: the counter sees both",
+            &[
+                (0, "scan", true, 7),
+                (1, "down", false, 0),
+                (2, "up", false, 0),
+                (5, "scan", true, 9),
+            ],
+            2,
+        ),
+    ];
+    for (name, steps, want) in cases {
+        let mut r = Rig::new();
+        for &(secs, what, up, link_downed) in steps {
+            match what {
+                "scan" => {
+                    r.scan(
+                        secs,
+                        vec![with_counters(ib(0, up), &[("link_downed", link_downed)])],
+                    );
+                }
+                kernel => {
+                    assert!(r.kernel(secs, &nic_event(0, kernel, &[])).is_some());
+                }
+            }
+        }
+        assert_eq!(r.metrics("mlx5_0").flaps_total, want, "{name}");
+    }
+}
+
+#[test]
+fn roce_carrier_changes_count_pairs() {
+    let mut r = Rig::new();
+    r.scan(0, vec![roce(0, true, 10)]);
+    r.scan(5, vec![roce(0, true, 14)]);
+    assert_eq!(r.metrics("mlx5_0").flaps_total, 2);
+    // A down not yet back (one change) is carried, then completed.
+    r.scan(10, vec![roce(0, false, 15)]);
+    assert_eq!(r.metrics("mlx5_0").flaps_total, 2);
+    r.scan(15, vec![roce(0, true, 16)]);
+    assert_eq!(r.metrics("mlx5_0").flaps_total, 3);
+    assert_eq!(r.status(15, "mlx5_0"), "flapping");
+    // InfiniBand ports' carrier_changes (IPoIB) are not a flap source.
+    let mut r = Rig::new();
+    let mut p = ib(1, true);
+    p.carrier_changes = Some(10);
+    r.scan(0, vec![p.clone()]);
+    p.carrier_changes = Some(14);
+    r.scan(5, vec![p]);
+    assert_eq!(r.metrics("mlx5_1").flaps_total, 0);
+}
+
+#[test]
+fn below_the_minimum_rate_is_degraded() {
+    let s = NetworkSettings {
+        min_rate_gbps: Some(400.0),
+        ..NetworkSettings::default()
+    };
+    let mut r = Rig::with(s);
+    let mut slow = ib(1, true);
+    slow.rate_gbps = Some(200.0);
+    let t = r.scan(0, vec![ib(0, true), slow]);
+    assert_eq!(tos(&t), [(PortStatus::Up, PortStatus::Degraded)]);
+    assert_eq!(t[0].port.device, "mlx5_1");
+    assert!(
+        t[0].message.contains("400 Gb/s minimum"),
+        "{}",
+        t[0].message
+    );
+    let h = r.health(0);
+    assert_eq!(h.reason, REASON_LINK_DEGRADED);
+    assert!(h.message.contains("mlx5_1/1 (ib1)"), "{}", h.message);
+    assert!(h.message.contains("200 Gb/s"), "{}", h.message);
+    let t = r.scan(5, vec![ib(0, true), ib(1, true)]);
+    assert_eq!(tos(&t), [(PortStatus::Degraded, PortStatus::Up)]);
+    assert!(!r.health(5).problem);
+}
+
+#[test]
+fn fewer_ports_up_than_expected_is_a_problem() {
+    let s = NetworkSettings {
+        expected_infiniband: Some(8),
+        ..NetworkSettings::default()
+    };
+    let mut r = Rig::with(s);
+    let ports = |eighth_up| {
+        (0..8)
+            .map(|n| ib(n, n < 7 || eighth_up))
+            .collect::<Vec<_>>()
+    };
+    r.scan(0, ports(false));
+    assert!(!r.health(GRACE - 1).problem, "not before the grace");
+    r.scan(GRACE, ports(false));
+    let h = r.health(GRACE);
+    assert!(h.problem);
+    assert_eq!(h.reason, REASON_PORT_DOWN);
+    assert!(
+        h.message
+            .contains("7 of 8 expected InfiniBand ports up (not up: mlx5_7/1 (ib7))"),
+        "{}",
+        h.message
+    );
+    assert_eq!(h.ports[7].status, "never_up");
+    r.scan(GRACE + 5, ports(true));
+    assert!(!r.health(GRACE + 5).problem);
+    // A NIC missing altogether counts too.
+    let s = NetworkSettings {
+        expected_infiniband: Some(8),
+        ..NetworkSettings::default()
+    };
+    let mut r = Rig::with(s);
+    r.scan(0, (0..7).map(|n| ib(n, true)).collect());
+    assert_eq!(r.m.next_deadline(), Some(r.t(GRACE)));
+    assert!(r.health(GRACE).problem);
+}
+
+#[test]
+fn a_never_up_port_is_information_reported_once() {
+    let mut r = Rig::new();
+    assert!(r.scan(0, vec![ib(0, true), ib(1, false)]).is_empty());
+    assert_eq!(r.status(0, "mlx5_1"), "going_down");
+    let t = r.tick(GRACE);
+    assert_eq!(tos(&t), [(PortStatus::GoingDown, PortStatus::NeverUp)]);
+    assert!(t[0].message.contains("not been up since the agent started"));
+    for secs in [GRACE + 5, GRACE + 10, 3 * 3600] {
+        assert!(r.scan(secs, vec![ib(0, true), ib(1, false)]).is_empty());
+        assert!(r.tick(secs).is_empty());
+    }
+    let h = r.health(3 * 3600);
+    assert!(!h.problem);
+    assert_eq!(h.reason, REASON_HEALTHY);
+    assert_eq!(h.ports[1].status, "never_up");
+    assert!(
+        h.message
+            .contains("not up since the agent started: mlx5_1/1 (ib1)")
+    );
+    // Coming up the first time is not a flap.
+    let t = r.scan(3 * 3600 + 5, vec![ib(0, true), ib(1, true)]);
+    assert_eq!(tos(&t), [(PortStatus::NeverUp, PortStatus::Up)]);
+    assert_eq!(r.metrics("mlx5_1").flaps_total, 0);
+}
+
+#[test]
+fn ignored_ports_are_shown_never_a_problem() {
+    let s = NetworkSettings {
+        ignore: vec!["mlx5_1".into()],
+        ..NetworkSettings::default()
+    };
+    let mut r = Rig::with(s);
+    let mut all = Vec::new();
+    all.extend(r.scan(0, vec![ib(0, true), ib(1, true)]));
+    all.extend(r.scan(5, vec![ib(0, true), ib(1, false)]));
+    all.extend(r.tick(1000));
+    all.extend(r.kernel(1001, &aer(1, "uncorrected_fatal")).unwrap());
+    all.extend(r.kernel(1002, &nic_event(1, "link_up", &[])).unwrap());
+    assert!(all.is_empty(), "{all:?}");
+    let h = r.health(1003);
+    assert!(!h.problem);
+    assert_eq!(h.ports[1].status, "ignored");
+    assert!(r.m.next_deadline().is_none_or(|d| d > r.t(1003)));
+}
+
+#[test]
+fn an_incomplete_scan_keeps_the_states() {
+    let mut r = Rig::new();
+    r.scan(0, vec![ib(0, true), ib(1, true)]);
+    r.scan(5, vec![ib(0, true), ib(1, false)]);
+    let t = r.m.scan(&NicScan {
+        at: r.t(10),
+        ports: Vec::new(),
+        problems: vec!["/sys/class/infiniband: permission denied".into()],
+        complete: false,
+    });
+    assert!(t.is_empty());
+    let h = r.health(10);
+    assert!(!h.monitor_ok);
+    assert!(h.monitor_message.contains("permission denied"));
+    assert!(!h.problem, "a blind monitor is no verdict");
+    assert_eq!(h.ports.len(), 2);
+    assert_eq!(h.ports[0].status, "up");
+    // What it knew goes on: the down port is down after its grace.
+    let t = r.tick(5 + GRACE);
+    assert_eq!(tos(&t), [(PortStatus::GoingDown, PortStatus::Down)]);
+    // A scan with problems keeps the ports it missed.
+    let t = r.m.scan(&NicScan {
+        at: r.t(70),
+        ports: vec![ib(1, false)],
+        problems: vec!["mlx5_0: vanished during the scan".into()],
+        complete: true,
+    });
+    assert!(t.is_empty());
+    let h = r.health(70);
+    assert!(h.monitor_ok);
+    assert_eq!(h.ports[0].status, "up");
+}
+
+#[test]
+fn a_vanished_device_goes_down_after_the_grace() {
+    let mut r = Rig::new();
+    r.scan(0, vec![ib(0, true), ib(1, false), ib(2, true)]);
+    // mlx5_0 (up) and mlx5_1 (never up) leave a clean scan.
+    let t = r.scan(5, vec![ib(2, true)]);
+    assert_eq!(tos(&t), [(PortStatus::Up, PortStatus::GoingDown)]);
+    assert!(
+        t[0].message.contains("disappeared from sysfs"),
+        "{}",
+        t[0].message
+    );
+    assert_eq!(r.health(5).ports[0].state, "UNKNOWN");
+    assert_eq!(r.status(5, "mlx5_1"), "missing", "never up: forgotten");
+    let t = r.tick(5 + GRACE);
+    assert_eq!(tos(&t), [(PortStatus::GoingDown, PortStatus::Down)]);
+    assert_eq!(r.health(5 + GRACE).reason, REASON_PORT_DOWN);
+    // Back (replugged): up again, one flap.
+    let t = r.scan(200, vec![ib(0, true), ib(2, true)]);
+    assert_eq!(tos(&t), [(PortStatus::Down, PortStatus::Up)]);
+    assert_eq!(r.metrics("mlx5_0").flaps_total, 1);
+}
+
+#[test]
+fn kernel_events_about_other_devices_are_not_consumed() {
+    let mut r = Rig::new();
+    r.scan(0, vec![ib(0, true)]);
+    assert_eq!(r.kernel(1, &nic_event(9, "link_down", &[])), None);
+    assert_eq!(
+        r.kernel(1, &aer(9, "uncorrected_fatal")),
+        None,
+        "a GPU's AER"
+    );
+    let mut xid = aer(0, "uncorrected_fatal");
+    xid.set_kind(FaultKind::Xid);
+    assert_eq!(r.kernel(1, &xid), None);
+    // A netdev with no address finds its port; one of another NIC does not.
+    let mut by_name = nic_event(0, "link_down", &[("netdev", "ib0")]);
+    by_name.pci_address.clear();
+    assert_eq!(r.kernel(2, &by_name).map(|t| t.len()), Some(1));
+    by_name.attributes.insert("netdev".into(), "eth7".into());
+    assert_eq!(r.kernel(3, &by_name), None);
+    assert_eq!(r.status(3, "mlx5_0"), "going_down");
+}
+
+#[test]
+fn an_uncorrectable_aer_at_the_nic_is_a_hardware_fault_until_quiet() {
+    let mut r = Rig::new();
+    r.scan(0, vec![ib(0, true), ib(1, true)]);
+    assert_eq!(r.kernel(5, &aer(0, "corrected")), Some(Vec::new()));
+    let t = r.kernel(10, &aer(0, "uncorrected_fatal")).unwrap();
+    assert_eq!(tos(&t), [(PortStatus::Up, PortStatus::HardwareFault)]);
+    assert!(t[0].message.contains("fatal PCIe error at 0000:10:00.0"));
+    let h = r.health(10);
+    assert_eq!(h.reason, REASON_HARDWARE_FAULT);
+    assert_eq!(r.m.next_deadline(), Some(r.t(10 + 1800)));
+    assert!(r.tick(10 + 1799).is_empty());
+    // Another one restarts the quiet time.
+    assert!(
+        r.kernel(1000, &aer(0, "uncorrected_nonfatal"))
+            .unwrap()
+            .is_empty()
+    );
+    assert!(r.tick(10 + 1800).is_empty());
+    let t = r.tick(1000 + 1800);
+    assert_eq!(tos(&t), [(PortStatus::HardwareFault, PortStatus::Up)]);
+    assert!(!r.health(2800).problem);
+}
+
+#[test]
+fn module_events_fault_or_take_the_link_down() {
+    let mut r = Rig::new();
+    r.scan(0, vec![ib(0, true), ib(1, true), ib(2, true)]);
+    let bad = nic_event(
+        0,
+        "module",
+        &[("module_status", "error"), ("module_error", "Bad cable")],
+    );
+    let t = r.kernel(1, &bad).unwrap();
+    assert_eq!(tos(&t), [(PortStatus::Up, PortStatus::HardwareFault)]);
+    assert!(t[0].message.contains("Bad cable"), "{}", t[0].message);
+    let plugged = nic_event(1, "module", &[("module_status", "plugged")]);
+    assert_eq!(r.kernel(2, &plugged), Some(Vec::new()));
+    let unplugged = nic_event(1, "module", &[("module_status", "unplugged")]);
+    let t = r.kernel(3, &unplugged).unwrap();
+    assert_eq!(tos(&t), [(PortStatus::Up, PortStatus::GoingDown)]);
+    assert!(t[0].message.contains("unplugged"));
+    let t = r.kernel(4, &nic_event(2, "health", &[])).unwrap();
+    assert_eq!(tos(&t), [(PortStatus::Up, PortStatus::HardwareFault)]);
+}
+
+#[test]
+fn the_most_severe_reason_names_the_ports() {
+    let s = NetworkSettings {
+        min_rate_gbps: Some(400.0),
+        ..NetworkSettings::default()
+    };
+    let mut r = Rig::with(s);
+    let mut slow = ib(3, true);
+    slow.rate_gbps = Some(100.0);
+    r.scan(0, vec![ib(0, true), ib(1, true), ib(2, true), slow.clone()]);
+    r.scan(
+        5,
+        vec![ib(0, true), ib(1, false), ib(2, true), slow.clone()],
+    );
+    r.tick(5 + GRACE);
+    let h = r.health(5 + GRACE);
+    assert_eq!(h.reason, REASON_PORT_DOWN);
+    r.kernel(100, &aer(2, "uncorrected_fatal"));
+    let h = r.health(100);
+    assert_eq!(h.reason, REASON_HARDWARE_FAULT);
+    let hw = h.message.find("mlx5_2/1").unwrap();
+    let down = h.message.find("mlx5_1/1").unwrap();
+    let slow_at = h.message.find("mlx5_3/1").unwrap();
+    assert!(hw < down && down < slow_at, "{}", h.message);
+    let order: Vec<(&str, u32)> = h
+        .ports
+        .iter()
+        .map(|p| (p.device.as_str(), p.port))
+        .collect();
+    assert_eq!(
+        order,
+        [("mlx5_0", 1), ("mlx5_1", 1), ("mlx5_2", 1), ("mlx5_3", 1)]
+    );
+    // Natural order: mlx5_2 before mlx5_10.
+    let mut r = Rig::new();
+    let mut second = ib(10, true);
+    second.id.port = 2;
+    r.scan(0, vec![ib(10, true), ib(2, true), second, ib(1, true)]);
+    let order: Vec<(String, u32)> = r
+        .health(0)
+        .ports
+        .iter()
+        .map(|p| (p.device.clone(), p.port))
+        .collect();
+    let want = [("mlx5_1", 1), ("mlx5_2", 1), ("mlx5_10", 1), ("mlx5_10", 2)];
+    assert_eq!(order, want.map(|(d, p)| (d.to_string(), p)));
+    let metrics: Vec<PortId> = r.m.port_metrics().into_iter().map(|m| m.port).collect();
+    assert_eq!(metrics[2].device, "mlx5_10");
+}
+
+#[test]
+fn near_gpus_share_the_numa_node() {
+    let mut r = Rig::new();
+    r.m.set_gpus(&[
+        ("0000:18:00.0".into(), Some(0)),
+        ("0000:9a:00.0".into(), Some(1)),
+        ("0000:2a:00.0".into(), Some(0)),
+        ("0000:3a:00.0".into(), None),
+    ]);
+    let mut no_numa = ib(5, true);
+    no_numa.numa_node = None;
+    r.scan(0, vec![ib(0, true), ib(4, true), no_numa]);
+    let h = r.health(0);
+    assert_eq!(h.ports[0].near_gpus, ["0000:18:00.0", "0000:2a:00.0"]);
+    assert_eq!(h.ports[1].near_gpus, ["0000:9a:00.0"]);
+    assert!(h.ports[2].near_gpus.is_empty());
+}
+
+#[test]
+fn next_deadline_is_the_earliest_and_never_in_the_past() {
+    let mut r = Rig::new();
+    r.scan(0, vec![ib(0, true), ib(1, true)]);
+    assert_eq!(r.m.next_deadline(), None, "all up, nothing expected");
+    let s = NetworkSettings {
+        expected_infiniband: Some(2),
+        ..NetworkSettings::default()
+    };
+    let mut r = Rig::with(s);
+    assert_eq!(r.m.next_deadline(), None);
+    r.scan(0, vec![ib(0, true), ib(1, true)]);
+    // The start of the expected-ports check.
+    assert_eq!(r.m.next_deadline(), Some(r.t(GRACE)));
+    r.scan(GRACE + 10, vec![ib(0, false), ib(1, true)]);
+    r.kernel(GRACE + 20, &nic_event(1, "link_down", &[]));
+    assert_eq!(r.m.next_deadline(), Some(r.t(2 * GRACE + 10)));
+    r.tick(2 * GRACE + 10);
+    assert_eq!(r.m.next_deadline(), Some(r.t(2 * GRACE + 20)));
+    // An old event time does not move the clock back.
+    let t = r.kernel(0, &aer(0, "corrected")).unwrap();
+    assert!(t.is_empty());
+    assert_eq!(r.status(2 * GRACE + 10, "mlx5_0"), "down");
+}
+
+#[test]
+fn statuses_and_reasons_have_their_names() {
+    use PortStatus::*;
+    let all = [
+        (Up, "up", None),
+        (GoingDown, "going_down", None),
+        (Down, "down", Some(REASON_PORT_DOWN)),
+        (Flapping, "flapping", Some(REASON_PORT_FLAPPING)),
+        (Degraded, "degraded", Some(REASON_LINK_DEGRADED)),
+        (HardwareFault, "hardware_fault", Some(REASON_HARDWARE_FAULT)),
+        (NeverUp, "never_up", None),
+        (Ignored, "ignored", None),
+    ];
+    for (s, name, reason) in all {
+        assert_eq!(s.as_str(), name);
+        assert_eq!(s.reason(), reason);
+        assert_eq!(s.is_problem(), reason.is_some());
+    }
+}
+
+#[test]
+fn a_late_scan_reports_the_expired_grace_first() {
+    // The engine missed the deadline: the scan that reads the port up again
+    // still says it was down, then up.
+    let mut r = Rig::new();
+    r.scan(0, vec![ib(0, true)]);
+    r.scan(5, vec![ib(0, false)]);
+    let t = r.scan(5 + GRACE + 30, vec![ib(0, true)]);
+    assert_eq!(
+        tos(&t),
+        [
+            (PortStatus::GoingDown, PortStatus::Down),
+            (PortStatus::Down, PortStatus::Up)
+        ]
+    );
+    assert!(
+        t[1].message.contains("up again after 1m 30s"),
+        "{}",
+        t[1].message
+    );
+    // The same for a kernel line.
+    let mut r = Rig::new();
+    r.scan(0, vec![ib(0, true)]);
+    r.kernel(5, &nic_event(0, "link_down", &[]));
+    let t = r.kernel(5 + GRACE, &nic_event(0, "link_up", &[])).unwrap();
+    assert_eq!(
+        tos(&t),
+        [
+            (PortStatus::GoingDown, PortStatus::Down),
+            (PortStatus::Down, PortStatus::Up)
+        ]
+    );
+}
+
+#[test]
+fn kernel_flaps_count_at_once_and_never_up_is_no_flap() {
+    let mut r = Rig::new();
+    r.scan(0, vec![ib(0, true), ib(1, false)]);
+    let mut last = Vec::new();
+    for i in 0..3 {
+        r.kernel(10 + i * 10, &nic_event(0, "link_down", &[]));
+        last = r
+            .kernel(12 + i * 10, &nic_event(0, "link_up", &[]))
+            .unwrap();
+    }
+    // The third pair flaps without waiting for a scan.
+    assert_eq!(tos(&last), [(PortStatus::GoingDown, PortStatus::Flapping)]);
+    assert_eq!(r.metrics("mlx5_0").flaps_total, 3);
+    // The scan after them adds nothing.
+    r.scan(40, vec![ib(0, true), ib(1, false)]);
+    assert_eq!(r.metrics("mlx5_0").flaps_total, 3);
+    // A port that was never up coming up is not a flap.
+    let t = r.kernel(41, &nic_event(1, "link_up", &[])).unwrap();
+    assert_eq!(tos(&t), [(PortStatus::GoingDown, PortStatus::Up)]);
+    assert_eq!(r.metrics("mlx5_1").flaps_total, 0);
+}
+
+/// A small xorshift generator: the same "random" sequence on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Random scans, kernel lines and ticks keep the monitor's promises:
+/// transitions chain (each `from` is the status last reported), none for an
+/// ignored port, nothing changes between deadlines, the next deadline is
+/// always ahead, flap totals never fall and a problem status makes a problem.
+#[test]
+fn random_inputs_keep_the_invariants() {
+    let mut reached = BTreeSet::new();
+    for seed in 1..=30u64 {
+        let s = NetworkSettings {
+            ignore: vec!["mlx5_3".into()],
+            min_rate_gbps: Some(400.0),
+            expected_infiniband: (seed % 2 == 0).then_some(3),
+            ..NetworkSettings::default()
+        };
+        let mut r = Rig::with(s);
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut now = 0u64;
+        // The latest time the monitor took (a kernel line it did not consume
+        // gives it none).
+        let mut given = 0u64;
+        let mut status: BTreeMap<String, PortStatus> = BTreeMap::new();
+        let mut totals: BTreeMap<String, u64> = BTreeMap::new();
+        let mut counters = [0u64; 5];
+        let mut carrier = [0u64; 5];
+        for step in 0..400 {
+            let prev = given;
+            now += rng.below(90);
+            given = now;
+            let transitions = match rng.below(10) {
+                0..=4 => {
+                    let mut ports = Vec::new();
+                    for n in 0..5u32 {
+                        if rng.below(20) == 0 {
+                            continue; // missing from this scan
+                        }
+                        let up = rng.below(4) != 0;
+                        let mut p = if n == 4 {
+                            carrier[4] += rng.below(3);
+                            roce(n, up, carrier[4])
+                        } else {
+                            ib(n, up)
+                        };
+                        if rng.below(10) == 0 {
+                            p.rate_gbps = Some(200.0);
+                        }
+                        counters[n as usize] += rng.below(3);
+                        if rng.below(50) == 0 {
+                            counters[n as usize] = 0; // cleared
+                        }
+                        p = with_counters(
+                            p,
+                            &[
+                                ("link_downed", counters[n as usize].min(255)),
+                                ("symbol_error", counters[n as usize] * 7),
+                            ],
+                        );
+                        ports.push(p);
+                    }
+                    let complete = rng.below(15) != 0;
+                    let problems = if rng.below(10) == 0 {
+                        vec!["mlx5_1: vanished during the scan".to_string()]
+                    } else {
+                        Vec::new()
+                    };
+                    r.m.scan(&NicScan {
+                        at: r.t(now),
+                        ports: if complete { ports } else { Vec::new() },
+                        problems,
+                        complete,
+                    })
+                }
+                5..=7 => {
+                    let prev_given = prev;
+                    let n = rng.below(6) as u32; // 5: no such NIC
+                    let ev = match rng.below(6) {
+                        0 | 1 => nic_event(n, "link_down", &[]),
+                        2 | 3 => nic_event(n, "link_up", &[]),
+                        4 => nic_event(n, "module", &[("module_status", "error")]),
+                        _ => aer(n, "uncorrected_fatal"),
+                    };
+                    let out = r.kernel(now, &ev);
+                    assert_eq!(out.is_none(), n == 5 || status_of(&r, n).is_none());
+                    if out.is_none() {
+                        given = prev_given;
+                    }
+                    out.unwrap_or_default()
+                }
+                _ => {
+                    let quiet = r.m.next_deadline().is_none_or(|d| r.t(now) < d);
+                    let out = r.tick(now);
+                    assert!(
+                        !quiet || out.is_empty(),
+                        "seed {seed} step {step}: a change before the deadline: {out:?}"
+                    );
+                    out
+                }
+            };
+            for t in &transitions {
+                let key = t.port.device.clone();
+                assert_ne!(key, "mlx5_3", "seed {seed}: ignored port transition");
+                assert_ne!(t.from, t.to);
+                if let Some(prev) = status.get(&key) {
+                    assert_eq!(*prev, t.from, "seed {seed} step {step}: {t:?}");
+                }
+                status.insert(key, t.to);
+                reached.insert(t.to.as_str());
+            }
+            if let Some(d) = r.m.next_deadline() {
+                assert!(
+                    d > r.t(given),
+                    "seed {seed} step {step}: deadline not ahead"
+                );
+            }
+            let h = r.health(now);
+            for p in &h.ports {
+                if let Some(prev) = status.get(&p.device) {
+                    assert_eq!(prev.as_str(), p.status, "seed {seed} step {step}");
+                }
+                if p.status != "up" && p.status != "going_down" && p.status != "ignored" {
+                    assert!(
+                        p.status == "never_up" || h.problem,
+                        "seed {seed} step {step}: {} {} but no problem",
+                        p.device,
+                        p.status
+                    );
+                }
+            }
+            for m in r.m.port_metrics() {
+                let total = totals.entry(m.port.device.clone()).or_default();
+                assert!(m.flaps_total >= *total, "seed {seed}: flap total fell");
+                *total = m.flaps_total;
+            }
+            // A forgotten port starts over.
+            status.retain(|d, _| h.ports.iter().any(|p| &p.device == d));
+            totals.retain(|d, _| h.ports.iter().any(|p| &p.device == d));
+        }
+    }
+    // The inputs reach every status but `ignored` (which has no transitions).
+    assert_eq!(reached.len(), 7, "{reached:?}");
+}
+
+fn status_of(r: &Rig, n: u32) -> Option<PortStatus> {
+    r.m.port_metrics()
+        .into_iter()
+        .find(|m| m.port.device == format!("mlx5_{n}"))
+        .map(|m| m.status)
+}

@@ -1,0 +1,192 @@
+{{/*
+The pod template's annotations: the device-injector requests for /dev/kmsg, the config
+checksum, then podAnnotations (which win over a key of the same name). An unprivileged
+container may not open a host device node, even one bind-mounted from a hostPath: the device
+cgroup denies it. The requests ask the node's device injector (containerd NRI
+device-injector, current and older prefixes; CRI-O) to allow /dev/kmsg (char 1:11) for the
+gpuwatch container only; deploy/README.md "Kernel log access".
+*/}}
+{{- define "gpuwatch.podAnnotations" -}}
+{{- $kmsg := "- path: /dev/kmsg\n  type: c\n  major: 1\n  minor: 11\n" -}}
+{{- $annotations := dict
+  "devices.noderesource.dev/container.gpuwatch" $kmsg
+  "devices.nri.io/container.gpuwatch" $kmsg
+  "io.kubernetes.cri-o.Devices" "/dev/kmsg:/dev/kmsg:r"
+  "checksum/config" (include "gpuwatch.configText" . | sha256sum) -}}
+{{- toYaml (mergeOverwrite $annotations (.Values.podAnnotations | default dict)) }}
+{{- end -}}
+
+{{/*
+The pod template's labels: SELECTOR (a dict, which podLabels may not change) and BASE
+(which they may), then podLabels.
+*/}}
+{{- define "gpuwatch.podLabels" -}}
+{{- $podLabels := .root.Values.podLabels | default dict -}}
+{{- range $k, $v := .selector -}}
+{{- if and (hasKey $podLabels $k) (ne (toString (index $podLabels $k)) $v) -}}
+{{ fail (printf "podLabels: %s is the DaemonSet's selector label (%s); it cannot be changed" $k $v) }}
+{{- end -}}
+{{- end -}}
+{{- toYaml (mergeOverwrite (merge dict .selector .base) $podLabels) }}
+{{- end -}}
+
+{{/* gpuwatch's own tolerations: every fault taint key and the startup taint, any value and effect. */}}
+{{- define "gpuwatch.ownTolerations" -}}
+{{- $s := include "gpuwatch.settings" . | fromJson -}}
+{{- range $s.faultTaintKeys }}
+- key: {{ . }}
+  operator: Exists
+{{- end }}
+- key: {{ $s.startupTaintKey }}
+  operator: Exists
+{{- end -}}
+
+{{/* The gpuwatch container. */}}
+{{- define "gpuwatch.container" -}}
+{{- $s := include "gpuwatch.settings" . | fromJson -}}
+- name: gpuwatch
+  image: {{ include "gpuwatch.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command: ["/usr/local/bin/gpuwatch"]
+  args:
+    - run
+    - --config
+    - /etc/gpuwatch/gpuwatch.toml
+    {{- if eq .Values.mode "dcgmSidecar" }}
+    # The API port as a flag (flags override the config file): dcgm-exporter owns 9400.
+    - --api-listen=0.0.0.0:{{ $s.apiPort | int }}
+    {{- end }}
+    {{- range .Values.extraArgs }}
+    - {{ . | quote }}
+    {{- end }}
+  env:
+    - name: NODE_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: spec.nodeName
+    - name: POD_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.name
+    - name: POD_NAMESPACE
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.namespace
+    # Extra OTLP resource attributes (k8s.node.name and host.name come from NODE_NAME).
+    - name: OTEL_RESOURCE_ATTRIBUTES
+      value: k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE)
+    # NVML through the NVIDIA container toolkit: every GPU, management library only.
+    - name: NVIDIA_VISIBLE_DEVICES
+      value: all
+    - name: NVIDIA_DRIVER_CAPABILITIES
+      value: utility
+    {{- with .Values.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  ports:
+    - name: api
+      containerPort: {{ $s.apiPort | int }}
+      protocol: TCP
+  startupProbe:
+    {{- toYaml (merge (dict "httpGet" (dict "path" "/healthz" "port" "api")) .Values.probes.startup) | nindent 4 }}
+  livenessProbe:
+    {{- toYaml (merge (dict "httpGet" (dict "path" "/healthz" "port" "api")) .Values.probes.liveness) | nindent 4 }}
+  readinessProbe:
+    {{- toYaml (merge (dict "httpGet" (dict "path" "/readyz" "port" "api")) .Values.probes.readiness) | nindent 4 }}
+  resources:
+    {{- toYaml .Values.resources | nindent 4 }}
+  # Root with every capability but CAP_SYSLOG dropped: reading /dev/kmsg needs CAP_SYSLOG in
+  # the effective set, which Kubernetes gives only to UID 0 (deploy/README.md "Privileges").
+  securityContext:
+    runAsUser: 0
+    runAsGroup: 0
+    runAsNonRoot: false
+    privileged: false
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    capabilities:
+      drop: ["ALL"]
+      add: ["SYSLOG"]
+    seccompProfile:
+      type: RuntimeDefault
+  volumeMounts:
+    - name: kmsg
+      mountPath: /dev/kmsg
+      readOnly: true
+    - name: state
+      mountPath: {{ $s.stateDir }}
+    - name: host-proc
+      mountPath: /host/proc
+      readOnly: true
+    - name: pod-resources
+      mountPath: /var/lib/kubelet/pod-resources
+      readOnly: true
+    - name: config
+      mountPath: /etc/gpuwatch
+      readOnly: true
+    - name: tmp
+      mountPath: /tmp
+    {{- if eq .Values.mode "dcgmSidecar" }}
+    - name: gpuwatch-api-access
+      mountPath: /var/run/secrets/kubernetes.io/serviceaccount
+      readOnly: true
+    {{- end }}
+    {{- with .Values.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+{{- end -}}
+
+{{/* The pod's volumes. */}}
+{{- define "gpuwatch.volumes" -}}
+{{- $s := include "gpuwatch.settings" . | fromJson -}}
+- name: kmsg
+  hostPath:
+    path: /dev/kmsg
+    type: CharDevice
+# The only writable host path: kernel-log position, fault history, condition flap history.
+- name: state
+  hostPath:
+    path: {{ $s.stateDir }}
+    type: DirectoryOrCreate
+# The host's /proc, read-only: a faulting pid is attributed to its pod (not hostPID).
+- name: host-proc
+  hostPath:
+    path: /proc
+    type: Directory
+# The kubelet's PodResources socket: which pods hold which GPUs.
+- name: pod-resources
+  hostPath:
+    path: /var/lib/kubelet/pod-resources
+- name: config
+  configMap:
+    name: {{ include "gpuwatch.configMapName" . }}
+- name: tmp
+  emptyDir:
+    medium: Memory
+    sizeLimit: 8Mi
+{{- if eq .Values.mode "dcgmSidecar" }}
+# The operator's DaemonSet sets automountServiceAccountToken: false: gpuwatch's container
+# mounts the token the kubelet would (pod-bound, naming the node, as the admission policies
+# require), the cluster CA and the namespace, for itself only.
+- name: gpuwatch-api-access
+  projected:
+    sources:
+      - serviceAccountToken:
+          path: token
+          expirationSeconds: {{ .Values.dcgmSidecar.tokenExpirationSeconds | int }}
+      - configMap:
+          name: kube-root-ca.crt
+          items:
+            - key: ca.crt
+              path: ca.crt
+      - downwardAPI:
+          items:
+            - path: namespace
+              fieldRef:
+                apiVersion: v1
+                fieldPath: metadata.namespace
+{{- end }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}

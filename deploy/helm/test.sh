@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Offline checks of the Helm chart (deploy/helm/gpuwatch) that need tools besides cargo:
+#   1. the chart's copies of deploy/ files are current (sync.sh --check);
+#   2. helm lint --strict with each ci/*-values.yaml;
+#   3. helm template with each: the built-in kinds pass kubernetes-validate --strict against
+#      the Kubernetes 1.30 schemas (the chart's oldest supported version; bundled, no network);
+#   4. the rendered PrometheusRule: promtool check, and the promtool unit tests of
+#      deploy/prometheus/tests run against it (as deploy/prometheus/test.sh runs them
+#      against rules.yaml);
+#   5. the rendered gpuwatch.toml of each: `gpuwatch check-config`; NOTES.txt renders;
+#   6. the packaged chart renders as the directory does.
+# The typed object checks and the kustomize parity are Rust tests (sinks/tests/it/helm_chart.rs).
+#
+#   HELM_BIN=... KUBERNETES_VALIDATE_BIN=... GPUWATCH_BIN=... deploy/helm/test.sh
+# Defaults: helm, kubernetes-validate on PATH; target/debug/gpuwatch (or $CARGO_TARGET_DIR's).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+chart="$here/gpuwatch"
+helm="${HELM_BIN:-helm}"
+kv="${KUBERNETES_VALIDATE_BIN:-kubernetes-validate}"
+gpuwatch="${GPUWATCH_BIN:-${CARGO_TARGET_DIR:-$root/target}/debug/gpuwatch}"
+need() { command -v "$1" >/dev/null || { echo "$1 not found: $2" >&2; exit 2; }; }
+need "$helm" "scripts/test.sh installs the pinned Helm; or set HELM_BIN"
+need "$kv" "scripts/test.sh installs it (pip install kubernetes-validate); or set KUBERNETES_VALIDATE_BIN"
+need promtool "apt-get install -y prometheus"
+need python3 "apt-get install -y python3"
+[ -x "$gpuwatch" ] || { echo "$gpuwatch not found: cargo build -p gpuwatch, or set GPUWATCH_BIN" >&2; exit 2; }
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+"$here/sync.sh" --check
+
+# Where a network namespace can be made (root), kubernetes-validate runs without a network:
+# proof that its bundled schemas are all it uses.
+offline=()
+if unshare -n true 2>/dev/null; then offline=(unshare -n); fi
+
+# PyYAML: the system python3's, else the one beside kubernetes-validate (its dependency).
+py=python3
+if ! python3 -c 'import yaml' 2>/dev/null; then
+  py="$(dirname "$(readlink -f "$(command -v "$kv")")")/python3"
+  "$py" -c 'import yaml' || { echo "no python3 with PyYAML found" >&2; exit 2; }
+fi
+
+# Splits a render into its built-in kinds (file 2) and prometheus-operator kinds (file 3), and
+# writes the gpuwatch.toml the ConfigMap carries to file 4.
+split() {
+  "$py" - "$@" <<'PY2'
+import sys, yaml
+render, builtin, crds, toml = sys.argv[1:5]
+docs = [d for d in yaml.safe_load_all(open(render)) if d]
+yaml.safe_dump_all([d for d in docs if not d["apiVersion"].startswith("monitoring.coreos.com/")],
+                   open(builtin, "w"))
+yaml.safe_dump_all([d for d in docs if d["apiVersion"].startswith("monitoring.coreos.com/")],
+                   open(crds, "w"))
+tomls = [d["data"]["gpuwatch.toml"] for d in docs
+         if d["kind"] == "ConfigMap" and "gpuwatch.toml" in d.get("data", {})]
+assert len(tomls) == 1, "one gpuwatch.toml ConfigMap"
+open(toml, "w").write(tomls[0])
+PY2
+}
+
+for values in "$chart"/ci/*-values.yaml; do
+  case="$(basename "$values" -values.yaml)"
+  ns=gpuwatch
+  [ "$case" = dcgm-sidecar ] && ns=gpu-operator
+  echo "--- ci/$case-values.yaml"
+  "$helm" lint --strict --quiet "$chart" --namespace "$ns" --values "$values"
+  "$helm" template gpuwatch "$chart" --namespace "$ns" --values "$values" > "$tmp/$case.yaml"
+  split "$tmp/$case.yaml" "$tmp/$case-builtin.yaml" "$tmp/$case-crds.yaml" "$tmp/$case.toml"
+  "${offline[@]}" "$kv" --strict --quiet --kubernetes-version 1.30.0 "$tmp/$case-builtin.yaml"
+  "$gpuwatch" check-config "$tmp/$case.toml"
+  # NOTES.txt renders (a client-side dry run needs no cluster).
+  KUBECONFIG=/dev/null "$helm" install gpuwatch "$chart" --namespace "$ns" --values "$values" \
+    --dry-run=client > "$tmp/$case-install.txt"
+  grep -q '^NOTES:' "$tmp/$case-install.txt"
+done
+
+# The packaged chart (what a chart repository serves) renders the same as the directory.
+"$helm" package "$chart" --destination "$tmp/pkg" >/dev/null
+"$helm" template gpuwatch "$tmp"/pkg/gpuwatch-*.tgz --namespace gpuwatch \
+  --values "$chart/ci/monitoring-values.yaml" > "$tmp/packaged.yaml"
+diff -u "$tmp/monitoring.yaml" "$tmp/packaged.yaml"
+
+# The PrometheusRule with every alert (the unit tests cover all of them).
+"$helm" template gpuwatch "$chart" --namespace gpuwatch --values "$chart/ci/monitoring-values.yaml" \
+  --set-json 'prometheusRule.disabledAlerts=[]' --show-only templates/prometheusrule.yaml > "$tmp/rule.yaml"
+mkdir -p "$tmp/rules/tests/annotations"
+awk '/^spec:$/ { on = 1; next } on { sub(/^  /, ""); print }' "$tmp/rule.yaml" > "$tmp/rules/rules.yaml"
+promtool check rules "$tmp/rules/rules.yaml"
+# Same alerts as rules.yaml.
+diff <(awk '$1 == "-" && $2 == "alert:" { print $3 }' "$root/deploy/prometheus/rules.yaml" | sort) \
+  <(awk '$1 == "-" && $2 == "alert:" { print $3 }' "$tmp/rules/rules.yaml" | sort)
+# Behaviour tests against the rendered rules without annotations (promtool 2.x compares
+# annotations in every alert test), the annotation tests against the rendered rules as is.
+cp "$tmp/rules/rules.yaml" "$tmp/rules/rules-annotated.yaml"
+awk -f "$root/deploy/prometheus/strip-annotations.awk" "$tmp/rules/rules-annotated.yaml" > "$tmp/rules/rules.yaml"
+cp "$root"/deploy/prometheus/tests/*.yaml "$tmp/rules/tests/"
+promtool test rules "$tmp"/rules/tests/*.yaml
+sed 's#\.\./\.\./rules\.yaml#../../rules-annotated.yaml#' "$root"/deploy/prometheus/tests/annotations/annotations.yaml \
+  > "$tmp/rules/tests/annotations/annotations.yaml"
+promtool test rules "$tmp/rules/tests/annotations/annotations.yaml"
+# A disabled alert is left out.
+"$helm" template gpuwatch "$chart" --namespace gpuwatch --values "$chart/ci/monitoring-values.yaml" \
+  --show-only templates/prometheusrule.yaml > "$tmp/rule-disabled.yaml"
+if grep -q 'alert: GPUWatchAgentMissing$' "$tmp/rule-disabled.yaml"; then
+  echo "prometheusRule.disabledAlerts: GPUWatchAgentMissing still rendered" >&2
+  exit 1
+fi
+echo "deploy/helm: copies, lint, kubernetes-validate, check-config, NOTES, package and promtool passed."
