@@ -17,8 +17,9 @@
 //! device's driver name) are not NIC events here.
 //!
 //! The prefilter passes these lines by their own words (`Link up`, `Link down`,
-//! `Port module`, `compromised`, `Fatal error`), not by `mlx5_core`: the
-//! driver's other lines are common at boot and would all be decoded for nothing.
+//! `Port module`, `compromised`, `Fatal error`, and `temperature` of the
+//! temperature warning), not by `mlx5_core`: the driver's other lines are common
+//! at boot and would all be decoded for nothing.
 
 use super::text::leading_u32;
 
@@ -56,10 +57,12 @@ pub enum NicEvent<'a> {
     },
     /// A report of the firmware health poller (`poll_health`, drivers/net/
     /// ethernet/mellanox/mlx5/core/health.c): `device's health compromised -
-    /// reached miss count`, `Fatal error 1 detected`. The recovery lines that
-    /// follow a fatal error (`health recovery failed`, …) are not read: the
-    /// report they follow is the event, and their words would be prefilter
-    /// markers that many ordinary lines hold.
+    /// reached miss count`, `Fatal error 1 detected`; or the firmware's
+    /// temperature warning event (`temp_warn`, events.c): `High temperature on
+    /// sensors with bit set 0 1`. The recovery lines that follow a fatal error
+    /// (`health recovery failed`, …) are not read: the report they follow is the
+    /// event, and their words would be prefilter markers that many ordinary lines
+    /// hold.
     Health {
         /// The report, without the `function:line:(pid N): ` prefix.
         detail: &'a str,
@@ -142,6 +145,7 @@ pub(super) fn parse_nic(msg: &str) -> Option<NicMsg<'_>> {
         parse_module(m)?
     } else if body.starts_with("device's health compromised")
         || (body.starts_with("Fatal error ") && body.ends_with(" detected"))
+        || body.starts_with("High temperature on sensors")
     {
         NicEvent::Health { detail: body }
     } else {
@@ -332,6 +336,15 @@ mod tests {
                     detail: "Fatal error 1 detected",
                 },
             ),
+            // events.c `temp_warn`: mlx5_core_warn(events->dev, "High temperature on
+            // sensors with bit set %llx %llx", …) (`%#llx` since 6.10).
+            (
+                "mlx5_core 0000:41:00.1: temp_warn:170:(pid 0): High temperature on sensors with bit set 0 1",
+                Some("0000:41:00.1"),
+                NicEvent::Health {
+                    detail: "High temperature on sensors with bit set 0 1",
+                },
+            ),
         ];
         for (line, pci, event) in cases {
             let got = parse_nic(line);
@@ -361,6 +374,7 @@ mod tests {
             "mlx5_core 0000:1a:00.0: Link down",
             "mlx5_core 0000:1a:00.0: poll_health:739:(pid 0): Fatal error",
             "mlx5_core 0000:41:00.0: print_health_info:458:(pid 0): synd 0x8: unrecoverable hardware error",
+            "mlx5_core 0000:61:00.0: print_health_info:520:(pid 0): synd 0x10: High temperature",
             "mlx5_core 0000:41:00.0: mlx5_fw_fatal_reporter_err_work:679:(pid 1234): health recovery failed",
             "mlx5_core 0000:3b:00.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)",
             "mlx5_core 0000:3b:00.0: AER: aer_status: 0x00000001, aer_mask: 0x00000000",
