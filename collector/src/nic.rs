@@ -30,7 +30,8 @@
 //! warning per device naming all of its newly unreadable counters). A read
 //! that fails with a passing error (`EIO`, `EAGAIN`, `EBUSY`, `ETIMEDOUT`,
 //! `ENOMEM`: a busy firmware command) leaves the counter out of that scan and
-//! is tried again in the next, logged at debug level only.
+//! is tried again in the next, logged at debug level when it starts failing.
+//! A state file that cannot be read is `Unknown` in the reading, not logged.
 //!
 //! Problems. A port whose files vanish between the listing and the reading
 //! (the device was removed mid-scan) is left out with a `problems` entry; the
@@ -159,6 +160,8 @@ struct CounterSlot {
     /// `<dev>/<port>/<dir>/<name>`, the key in [`NicReader::unreadable`].
     key: String,
     unreadable: bool,
+    /// The last read failed with a passing error (logged once per run of them).
+    failing: bool,
 }
 
 /// What a failed read means.
@@ -389,7 +392,8 @@ impl NicReader {
     }
 
     /// Reads a text file: `Ok(None)` when it cannot be read (missing or
-    /// refused), `Err` when the port itself is gone.
+    /// refused: the reading says `Unknown`, nothing is logged, as it would be
+    /// every scan), `Err` when the port itself is gone.
     fn read_text(&mut self, path: &Path, port_dir: &Path) -> Result<Option<&str>, Vanished> {
         match read_small(&mut self.buf[..], path) {
             Ok(bytes) => Ok(Some(text(bytes))),
@@ -397,7 +401,6 @@ impl NicReader {
                 if classify(&e) == Failure::Gone && !port_dir.is_dir() {
                     return Err(Vanished);
                 }
-                tracing::debug!(path = %path.display(), error = %e, "Cannot read an RDMA port file.");
                 Ok(None)
             }
         }
@@ -433,6 +436,7 @@ impl NicReader {
             let why = match read_small(&mut self.buf[..], &slot.path) {
                 Ok(bytes) => match text(bytes).parse::<u64>() {
                     Ok(v) => {
+                        slot.failing = false;
                         counters.push(CounterReading {
                             name: slot.name.clone(),
                             value: CounterValue::Value(v),
@@ -454,7 +458,11 @@ impl NicReader {
                         continue;
                     }
                     Failure::Passing => {
-                        tracing::debug!(path = %slot.path.display(), error = %e, "Cannot read an RDMA counter this time.");
+                        // Logged when it starts failing, not every scan.
+                        if !slot.failing {
+                            tracing::debug!(path = %slot.path.display(), error = %e, "Cannot read an RDMA counter for now.");
+                            slot.failing = true;
+                        }
                         continue;
                     }
                 },
@@ -609,6 +617,7 @@ fn device_layout(
                 name: counter.to_string(),
                 path: pdir.join(sub).join(counter),
                 unreadable: unreadable.contains(&key),
+                failing: false,
                 key,
             }
         };
