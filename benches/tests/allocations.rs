@@ -7,7 +7,10 @@
 //!   allocates nothing, attributes included;
 //! - an owned XID event allocates nothing once the reader recycles the events it
 //!   is done with (`Scanner::recycle`), except for its attributes (a map), so a
-//!   storm's cost is bounded and regressions show here.
+//!   storm's cost is bounded and regressions show here;
+//! - a NIC sysfs scan with its layout cached allocates what the scan it returns
+//!   holds and a little per device for listing the class directory, nothing
+//!   per file read.
 
 use gpuwatch_benches::{STORM, mixed_messages, scan_lines, scan_lines_recycling, xid_storm};
 use std::sync::Arc;
@@ -173,4 +176,41 @@ fn allocations_per_xid_shape() {
             STORM[idx]
         );
     }
+}
+
+/// The fake 8-NIC node of `benches/nic.rs`, scanned once to lay it out, then
+/// measured: the scan's own strings and vectors, plus the listing of
+/// `class/infiniband` (`read_dir`'s state and two names per device).
+#[test]
+fn nic_steady_scan_allocates_only_what_the_scan_holds() {
+    use gpuwatch::nic::NicReader;
+    use gpuwatch_test_support::sysfs::FakeSysfs;
+    use std::time::Instant;
+
+    let fake = FakeSysfs::node_of(8);
+    let mut reader = NicReader::new(fake.root().to_path_buf());
+    reader.scan(Instant::now());
+    let mut scan = None;
+    let info = allocation_counter::measure(|| scan = Some(reader.scan(Instant::now())));
+    let scan = scan.expect("scanned");
+    assert_eq!(scan.ports.len(), 8);
+    // The ports vector; per port its device name, netdev, PCI address,
+    // counters vector and each counter's name.
+    let held: u64 = 1 + scan
+        .ports
+        .iter()
+        .map(|p| {
+            2 + u64::from(p.netdev.is_some())
+                + u64::from(p.pci_address.is_some())
+                + p.counters.len() as u64
+        })
+        .sum::<u64>();
+    let files: usize = scan.ports.iter().map(|p| 4 + p.counters.len()).sum();
+    assert!(files > 300, "{files} files read");
+    let listing = info.count_total.checked_sub(held);
+    assert!(
+        listing.is_some_and(|l| l <= 2 + 3 * 8),
+        "{} allocations for a scan holding {held} ({info:?})",
+        info.count_total
+    );
 }

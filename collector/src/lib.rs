@@ -13,6 +13,7 @@ pub mod boot;
 pub mod config;
 pub mod explain;
 pub mod kmsg;
+pub mod nic;
 pub mod nvml;
 pub mod pipeline;
 pub mod scan;

@@ -13,6 +13,8 @@
 //! - [`kmsg`]: the real `/dev/kmsg` for tests that write into it (the agent's
 //!   and the demo's end-to-end tests).
 //! - [`process`]: waiting for a child process with a deadline.
+//! - [`sysfs`]: a fake `/sys` of RDMA NICs (ports, counters, netdevs) in a
+//!   temporary directory (the NIC reader's tests and benchmark).
 // The harness types hold child processes, sockets, runtimes and engines; a
 // `Debug` of them would tell a failing test nothing.
 #![allow(missing_debug_implementations)]
@@ -26,5 +28,7 @@ pub mod kube;
 #[cfg(feature = "kubelet")]
 pub mod kubelet;
 pub mod process;
+#[cfg(feature = "sysfs")]
+pub mod sysfs;
 #[cfg(feature = "telemetry")]
 pub mod telemetry;

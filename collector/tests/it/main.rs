@@ -14,6 +14,7 @@ mod explain_cli;
 mod kmsg_engine_publish;
 mod kube_e2e;
 mod mig;
+mod nic;
 mod nvml_sim;
 mod otlp_e2e;
 mod scan_cli;
