@@ -154,6 +154,7 @@ impl Prepared {
         if kmsg::is_device(&cfg.kmsg.path) {
             engine.track_kmsg_position();
         }
+        engine.set_network(self.network.clone());
         liveness.state_loaded.store(true, Ordering::Relaxed);
         engine
     }

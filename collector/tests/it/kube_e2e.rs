@@ -330,9 +330,11 @@ fn nvml_unavailable_is_unknown_never_false_and_keeps_the_startup_taint() {
         );
         assert_ne!(health["validation"]["passed"], true, "{health:#}");
 
-        // Never False, in any write, and no taint of ours.
+        // The GPU conditions never False, in any write, and no taint of ours
+        // (NetworkProblem False says the RDMA ports are fine, which the NIC
+        // monitor knows without NVML).
         let applied = applied_conditions(&rig.requests());
-        for (type_, seen) in &applied {
+        for (type_, seen) in applied.iter().filter(|(t, _)| *t != "NetworkProblem") {
             assert!(
                 seen.iter().all(|(s, _)| s != "False"),
                 "{nvml:?}: {type_} was written False: {seen:?}"
