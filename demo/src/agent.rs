@@ -1,6 +1,7 @@
 //! The child agent: `gpuwatch run` started as the demo needs it (stdout JSON
 //! sink, the nvml-sim library driven by a scenario, a temporary state
-//! directory, the Kubernetes writer in dry-run, NVML polled every second),
+//! directory, the Kubernetes writer in dry-run, NVML polled every second, the
+//! demo's NIC tree as its sysfs),
 //! what it prints read on two threads, its local API, and a clean stop with
 //! SIGTERM.
 
@@ -30,11 +31,13 @@ pub fn poll_ms(speed: u32) -> u64 {
     (POLL_MS / u64::from(speed.max(1))).max(50)
 }
 
-/// The demo agent's configuration file: NVML polled every `POLL_MS / speed`.
+/// The demo agent's configuration file: NVML polled every `POLL_MS / speed`,
+/// and the NIC monitor's timings (`crate::nic::timings`).
 pub fn agent_config(speed: u32) -> String {
     let poll = poll_ms(speed);
     format!(
-        "# Written by `gpuwatch demo`.\n[nvml]\npoll_interval_ms = {poll}\nretry_interval_ms = {poll}\n\n[engine]\ncondition_clear_samples = {CLEAR_SAMPLES}\n"
+        "# Written by `gpuwatch demo`.\n[nvml]\npoll_interval_ms = {poll}\nretry_interval_ms = {poll}\n\n[engine]\ncondition_clear_samples = {CLEAR_SAMPLES}\n\n{}",
+        crate::nic::timings(speed).config_table()
     )
 }
 
@@ -98,6 +101,10 @@ pub struct Phase<'a> {
     pub duration: Duration,
     pub boot_id_path: &'a Path,
     pub config: &'a Path,
+    /// The demo's NIC tree (`--sysfs-root`).
+    pub sysfs: &'a gpuwatch_test_support::sysfs::FakeSysfs,
+    /// The agent's `[network]` timings, which the flap narration waits by.
+    pub net: &'a crate::nic::NetworkTimings,
 }
 
 /// Kills the agent on drop (error paths).
@@ -162,6 +169,8 @@ impl Agent {
             .arg(state)
             .arg("--boot-id-path")
             .arg(phase.boot_id_path)
+            .arg("--sysfs-root")
+            .arg(phase.sysfs.root())
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -265,6 +274,20 @@ mod tests {
                 Duration::from_millis((POLL_MS / u64::from(speed)).max(50))
             );
             assert_eq!(cfg.engine.condition_clear_samples, CLEAR_SAMPLES);
+            let nic = crate::nic::timings(speed);
+            let net = cfg
+                .network
+                .resolve()
+                .unwrap_or_else(|e| panic!("{e:?}\n{text}"));
+            assert!(net.enabled);
+            assert_eq!(
+                net.poll_interval,
+                Duration::from_millis(nic.poll_interval_ms)
+            );
+            assert_eq!(net.flap_threshold, crate::nic::FLAPS);
+            assert_eq!(net.flap_quiet, Duration::from_secs(nic.flap_quiet_secs));
+            // A flap's down half is shorter than the grace: flaps, not a port down.
+            assert!(nic.half_flap < net.down_grace, "{nic:?}");
         }
     }
 }

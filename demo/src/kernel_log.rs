@@ -132,19 +132,20 @@ impl KernelLog {
         })
     }
 
-    /// Writes one NVIDIA driver line at the driver's own priority: NVRM's XID
-    /// lines are KERN_WARNING (`<4>` in `dmesg -r` of a real H200 driver).
-    /// The kernel turns a userspace write into facility user; in the FIFO the
-    /// record is written as the kernel would log the driver's line.
-    pub fn write(&mut self, message: &str) -> std::io::Result<()> {
+    /// Writes one driver line at the driver's own `level` (`<4>` for NVRM's
+    /// XID lines). The kernel turns a userspace write into facility user; in
+    /// the FIFO the record is written as the kernel would log the driver's
+    /// line.
+    pub fn write(&mut self, message: &str, level: u8) -> std::io::Result<()> {
+        let level = level & 7;
         let record = match self.kind {
-            KernelLogKind::Device => format!("<4>{message}\n"),
+            KernelLogKind::Device => format!("<{level}>{message}\n"),
             KernelLogKind::Fifo => {
                 self.seq += 1;
                 let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
                     .map_err(std::io::Error::from)?;
                 let usec = now.tv_sec() as u64 * 1_000_000 + now.tv_nsec() as u64 / 1_000;
-                format!("4,{},{usec},-;{message}\n", self.seq)
+                format!("{level},{},{usec},-;{message}\n", self.seq)
             }
         };
         self.file.write_all(record.as_bytes())

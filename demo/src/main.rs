@@ -16,20 +16,29 @@
 //! the after-reboot scenario. The narration shows which faults the new boot
 //! clears and why the others stay — all taken from the agent, none scripted.
 //!
+//! The node has four RDMA NICs in a fake sysfs tree the agent reads
+//! (`--sysfs-root`); after the scenario's last injection one port flaps (its
+//! state in the tree and the `mlx5_core` kernel lines), and the narration
+//! shows the `NetworkProblem` condition the agent reports, the GPU verdicts
+//! it leaves alone, and the clear after the quiet window.
+//!
 //! The kernel log is a private FIFO the agent reads through `--kmsg-path` (the
 //! same reader code path as `/dev/kmsg`) unless `--kmsg` asks for this
 //! machine's real `/dev/kmsg` (`kernel_log` says why).
 //!
-//! Modules by job: `script` (the kernel lines from the scenario),
-//! `kernel_log` (the FIFO or `/dev/kmsg` they are written to), `agent` (the
-//! child `gpuwatch run`), `phase` (one boot: play the script, narrate, stop),
-//! `narrate` and `health_view` (the timeline's words), `run` (both boots and
-//! the summary).
+//! Modules by job: `script` (the kernel lines from the scenario, and the
+//! flap's), `nic` (the NIC tree and the `[network]` timings), `kernel_log`
+//! (the FIFO or `/dev/kmsg` they are written to), `agent` (the child
+//! `gpuwatch run`), `phase` (one boot: play the script, narrate, stop),
+//! `narrate`, `health_view` and `network_view` (the timeline's words), `run`
+//! (both boots and the summary).
 
 mod agent;
 mod health_view;
 mod kernel_log;
 mod narrate;
+mod network_view;
+mod nic;
 mod phase;
 mod run;
 mod script;

@@ -2,6 +2,7 @@
 //! log, `/v1/health`) turned into tagged lines of at most 120 characters.
 
 use crate::health_view::{GpuView, clear_rule, gpu_change, gpu_views, node_line, sample_problems};
+use crate::network_view::NetworkStory;
 use crate::script::display_pci;
 use gpuwatch_proto::{NodeHealth, ShortName};
 use serde_json::Value;
@@ -70,6 +71,8 @@ pub struct Narrator {
     /// Faults per final action: a reclassification moves its fault.
     pub by_action: BTreeMap<String, usize>,
     pub last_health: Option<NodeHealth>,
+    /// The node's RDMA ports: the agent's `nic` records and `NetworkProblem`.
+    pub net: NetworkStory,
 }
 
 /// Narration lines are at most this long.
@@ -134,6 +137,7 @@ impl Narrator {
             events: 0,
             by_action: BTreeMap::new(),
             last_health: None,
+            net: NetworkStory::default(),
         }
     }
 
@@ -152,6 +156,12 @@ impl Narrator {
     }
 
     pub fn event(&mut self, ev: &Value) {
+        if str_of(ev, "kind") == "nic" {
+            // Network records: never GPU faults, not counted with them.
+            let line = self.net.record(ev);
+            self.say("NIC", &line);
+            return;
+        }
         let action = str_of(ev, "action").to_string();
         let tag = match ev["attributes"]["reclassified_from"].as_str() {
             Some(from) => {
@@ -281,6 +291,10 @@ impl Narrator {
                 self.say("", &h.message);
             }
             self.last_node = node;
+        }
+        let gpus: Vec<GpuView> = self.gpus.values().cloned().collect();
+        for (tag, line) in self.net.health(&h, &gpus) {
+            self.say(tag, &line);
         }
         self.last_health = Some(h);
     }

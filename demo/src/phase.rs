@@ -1,11 +1,14 @@
-//! One boot of the demo: the agent started, the scenario's kernel lines
-//! written at their times, what the agent reports narrated (its events and log
-//! as they come, `/v1/health` four times a second), and the agent stopped.
+//! One boot of the demo: the agent started, the scenario's kernel lines (and
+//! the NIC flap's port changes) written at their times, what the agent
+//! reports narrated (its events and log as they come, `/v1/health` four times
+//! a second), and the agent stopped.
 
 use crate::DemoError;
 use crate::agent::{Agent, Phase, http_get};
+use crate::health_view::GpuView;
 use crate::kernel_log::{KernelLog, KernelLogKind};
 use crate::narrate::Narrator;
+use crate::script::ScriptedLine;
 use std::path::Path;
 use std::process::ExitStatus;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,6 +30,7 @@ pub fn run_phase(
         start_at_ring_end(n, kmsg, state, phase.boot_id_path);
     }
     let mut agent = Agent::start(phase, kmsg, state)?;
+    n.net.agent_started();
     let api = agent.wait_for_api(n)?;
     n.say("", &format!("agent started (API http://{api}/v1/health)"));
     play(n, kmsg, phase, &agent, &api, stop);
@@ -55,7 +59,9 @@ fn start_at_ring_end(n: &Narrator, kmsg: &KernelLog, state: &Path, boot_id_path:
 }
 
 /// Until the phase's duration has passed (or a signal came): writes each
-/// scripted line when its time comes, narrates what the agent reported.
+/// scripted line when its time comes (a NIC line's port change into the sysfs
+/// tree first), narrates what the agent reported, and says what it did not
+/// report about the flapped port in time.
 fn play(
     n: &mut Narrator,
     kmsg: &mut KernelLog,
@@ -66,14 +72,15 @@ fn play(
 ) {
     let mut next = 0usize;
     let mut last_poll = Instant::now() - Duration::from_secs(1);
+    let first_port_line = phase.script.iter().position(|l| l.port.is_some());
+    let last_port_line = phase.script.iter().rposition(|l| l.port.is_some());
     while agent.elapsed() < phase.duration && !stop.load(Ordering::Relaxed) {
         while let Some(line) = phase.script.get(next)
             && agent.elapsed() >= Duration::from_millis(line.at_ms)
         {
-            n.say("INJECT", &line.note);
-            n.say("", &format!("{} ← {}", kmsg.label(), line.message));
-            if let Err(e) = kmsg.write(&line.message) {
-                n.say("", &format!("cannot write the kernel log: {e}"));
+            write_line(n, kmsg, phase, line, Some(next) == first_port_line);
+            if Some(next) == last_port_line {
+                n.net.flap_written();
             }
             next += 1;
         }
@@ -86,6 +93,53 @@ fn play(
                 n.health(h);
             }
         }
+        for missing in n.net.overdue(Some(Instant::now())) {
+            n.say("NETWORK", &missing);
+        }
         std::thread::sleep(Duration::from_millis(25));
+    }
+    agent.drain(n);
+    if !stop.load(Ordering::Relaxed) {
+        for missing in n.net.overdue(None) {
+            n.say("NETWORK", &format!("{missing} (the boot ended)"));
+        }
+    }
+}
+
+/// Writes one scripted line and narrates it. A NIC line changes its port in
+/// the sysfs tree first, as the port changes before the driver prints; the
+/// first one starts what the narration waits for.
+fn write_line(
+    n: &mut Narrator,
+    kmsg: &mut KernelLog,
+    phase: &Phase<'_>,
+    line: &ScriptedLine,
+    first_port_line: bool,
+) {
+    match &line.port {
+        Some(change) => {
+            if first_port_line {
+                let gpus: Vec<GpuView> = n.gpus.values().cloned().collect();
+                n.net.flap_begins(
+                    &change.port_name(),
+                    change.nic.netdev,
+                    &gpus,
+                    Duration::from_secs(phase.net.flap_quiet_secs),
+                    phase.net.report_timeout,
+                );
+            }
+            crate::nic::apply(phase.sysfs, change);
+            n.say(
+                "INJECT",
+                &format!("{}; {} ← {}", line.note, kmsg.label(), line.message),
+            );
+        }
+        None => {
+            n.say("INJECT", &line.note);
+            n.say("", &format!("{} ← {}", kmsg.label(), line.message));
+        }
+    }
+    if let Err(e) = kmsg.write(&line.message, line.level()) {
+        n.say("", &format!("cannot write the kernel log: {e}"));
     }
 }

@@ -9,9 +9,11 @@ use crate::kernel_log::{
     dmesg_x_view,
 };
 use crate::narrate::{LINE_WIDTH, Narrator, wrap};
+use crate::nic::{FLAP_AFTER_LAST_INJECT_MS, NetworkTimings};
 use crate::phase::run_phase;
-use crate::script::{ScriptedLine, last_inject_ms, read_scenario};
+use crate::script::{ScriptedLine, flap_script, last_inject_ms, read_scenario};
 use crate::{DemoArgs, DemoError, setup_err};
+use gpuwatch_test_support::sysfs::FakeSysfs;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::Arc;
@@ -27,23 +29,36 @@ struct Plan {
     reboot: Option<(String, Vec<ScriptedLine>)>,
     duration1: Duration,
     duration2: Duration,
+    /// The agent's `[network]` timings and the flap's.
+    net: NetworkTimings,
 }
 
 impl Plan {
     fn read(args: &DemoArgs) -> Result<Plan, DemoError> {
         let speed = args.speed.max(1);
         let scaled_ms = |ms: u64| Duration::from_millis(ms / u64::from(speed));
-        let boot1 = read_scenario(&args.scenario, speed)?;
+        let net = crate::nic::timings(speed);
+        let mut boot1 = read_scenario(&args.scenario, speed)?;
+        let original = std::fs::read_to_string(&args.scenario).unwrap_or_default();
+        // The flap follows the scenario's story, when it has one.
+        let flap = (!boot1.1.is_empty()).then(|| {
+            let start = last_inject_ms(&original) + FLAP_AFTER_LAST_INJECT_MS;
+            flap_script(start, speed, &net)
+        });
+        let flap_end = flap.as_ref().map_or(Duration::ZERO, |f| {
+            Duration::from_millis(f.first().map_or(0, |l| l.at_ms)) + net.flap_story()
+        });
+        boot1.1.extend(flap.into_iter().flatten());
+        boot1.1.sort_by_key(|l| l.at_ms);
         let reboot = if args.no_reboot {
             None
         } else {
             Some(read_scenario(&args.reboot_scenario, speed)?)
         };
-        let original = std::fs::read_to_string(&args.scenario).unwrap_or_default();
         let duration1 = if args.duration_secs > 0 {
             Duration::from_secs(args.duration_secs)
         } else {
-            scaled_ms((last_inject_ms(&original) + 3_000).max(20_000))
+            scaled_ms((last_inject_ms(&original) + 3_000).max(20_000)).max(flap_end)
         };
         let duration2 = reboot.as_ref().map_or(Duration::ZERO, |(text, _)| {
             Duration::from_millis(last_inject_ms(text)) + scaled_ms(6_000)
@@ -54,6 +69,7 @@ impl Plan {
             reboot,
             duration1,
             duration2,
+            net,
         })
     }
 
@@ -78,10 +94,12 @@ impl Drop for StateDir {
 }
 
 /// What the agent runs with. Dropped in field order: the kernel log closes,
-/// `printk_devkmsg` comes back, the state directory goes.
+/// `printk_devkmsg` comes back, the NIC tree and the state directory go.
 struct Setup {
     kmsg: KernelLog,
     _printk: PrintkGuard,
+    /// The node's RDMA NICs, in the state directory.
+    sysfs: FakeSysfs,
     state: StateDir,
     config: PathBuf,
     boot_id_path: PathBuf,
@@ -103,6 +121,7 @@ impl Setup {
         let printk = PrintkGuard::for_kind(kind)?;
         let kmsg = KernelLog::open(kind, &state.0)?;
         let first_seq = kmsg.last_seq().unwrap_or(0);
+        let sysfs = crate::nic::build_tree(&state.0)?;
         let config = state.0.join("demo-agent.toml");
         write_file(&config, &agent::agent_config(speed))?;
         let boot_id_path = state.0.join("boot_id");
@@ -111,6 +130,7 @@ impl Setup {
         Ok(Setup {
             kmsg,
             _printk: printk,
+            sysfs,
             state,
             config,
             boot_id_path,
@@ -178,6 +198,18 @@ fn print_intro(args: &DemoArgs, why: &str, setup: &Setup, plan: &Plan) {
          samples. Ctrl-C stops early.",
         agent::poll_ms(plan.speed)
     );
+    let net = &plan.net;
+    print_wrapped(&format!(
+        "RDMA NICs: {} InfiniBand NDR ports in a sysfs tree of the demo's ({}, --sysfs-root), \
+         read every {} ms; {} flaps within {} s are NICPortFlapping, cleared after {} s without \
+         one.",
+        crate::nic::NICS.len(),
+        setup.sysfs.root().display(),
+        net.poll_interval_ms,
+        net.flap_threshold,
+        net.flap_window_secs,
+        net.flap_quiet_secs
+    ));
     if plan.speed > 1 {
         println!("timeline {}× faster than the scenario says.", plan.speed);
     }
@@ -251,6 +283,8 @@ impl Demo<'_> {
             duration: self.plan.duration1,
             boot_id_path: &self.setup.boot_id_path,
             config: &self.setup.config,
+            sysfs: &self.setup.sysfs,
+            net: &self.plan.net,
         };
         run_phase(
             &mut self.n,
@@ -301,6 +335,8 @@ impl Demo<'_> {
             duration: self.plan.duration2,
             boot_id_path: &self.setup.boot_id_path,
             config: &self.setup.config,
+            sysfs: &self.setup.sysfs,
+            net: &self.plan.net,
         };
         run_phase(
             &mut self.n,
@@ -355,6 +391,14 @@ fn print_summary(
     {
         println!("  node state before the reboot: {node}");
     }
+    println!(
+        "  network: {} NIC record(s); last reported {}",
+        n.net.records,
+        n.net
+            .last_condition
+            .as_deref()
+            .unwrap_or("nothing (no network in /v1/health)")
+    );
     println!(
         "  final node state: {}",
         if n.last_health.is_some() {

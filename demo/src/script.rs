@@ -1,8 +1,10 @@
 //! The kernel lines the demo writes, derived from the nvml-sim scenario: one
-//! NVRM line per injected XID (at the same time), and the scenario and script
+//! NVRM line per injected XID (at the same time); the NIC flap's
+//! `mlx5_core` lines with their port changes; and the scenario and script
 //! with every time divided by the demo's speed.
 
 use crate::DemoError;
+use crate::nic::{FLAPPING, FLAPS, NetworkTimings, PortChange};
 use std::path::Path;
 
 /// A kernel line the demo writes: when, what, and the narration's words for it.
@@ -14,6 +16,18 @@ pub struct ScriptedLine {
     pub message: String,
     /// What the narration says when it is written.
     pub note: String,
+    /// The NIC port change the line reports, written into the demo's sysfs
+    /// tree with it; `None` for a GPU line.
+    pub port: Option<PortChange>,
+}
+
+impl ScriptedLine {
+    /// The line's kernel log level: `mlx5_core` link lines are
+    /// `netdev_info()` (6); NVRM's XID lines are KERN_WARNING (4, `<4>` in
+    /// `dmesg -r` of a real H200 driver).
+    pub fn level(&self) -> u8 {
+        if self.port.is_some() { 6 } else { 4 }
+    }
 }
 
 /// A scenario GPU (index → PCI address).
@@ -150,6 +164,7 @@ fn injection_line(inj: &toml::Value, pci: &str, pid: u64) -> Option<ScriptedLine
         } else {
             note.to_string()
         },
+        port: None,
     })
 }
 
@@ -168,7 +183,41 @@ fn application_fault(script: &[ScriptedLine], gpus: &[SimGpu]) -> Option<Scripte
             "an application crashes on {} (XID 13)",
             display_pci(&other.pci)
         ),
+        port: None,
     })
+}
+
+/// The flap as script lines from `start_ms` (after the agent started), every
+/// time divided by `speed`: down, up, [`FLAPS`] times, each a port change in
+/// the tree and the `mlx5_core` line the driver prints for it (`crate::nic`).
+pub fn flap_script(start_ms: u64, speed: u32, t: &NetworkTimings) -> Vec<ScriptedLine> {
+    let start = start_ms / u64::from(speed.max(1));
+    let half = t.half_flap.as_millis() as u64;
+    (0..2 * FLAPS)
+        .map(|i| {
+            let up = i % 2 == 1;
+            let change = PortChange { nic: FLAPPING, up };
+            let (word, state) = if up {
+                ("up", "4: ACTIVE / 5: LinkUp")
+            } else {
+                ("down", "1: DOWN / 2: Polling")
+            };
+            ScriptedLine {
+                at_ms: start + u64::from(i) * half,
+                message: format!(
+                    "mlx5_core {} {}: Link {word}",
+                    FLAPPING.pci, FLAPPING.netdev
+                ),
+                note: format!(
+                    "{} link {word} ({} {state} in sysfs, flap {} of {FLAPS})",
+                    FLAPPING.netdev,
+                    change.port_name(),
+                    i / 2 + 1
+                ),
+                port: Some(change),
+            }
+        })
+        .collect()
 }
 
 /// The time of the scenario's last injection.
@@ -306,6 +355,42 @@ remapped_rows_failure = true
         let after = std::fs::read_to_string(dir.join("demo-after-reboot.toml")).unwrap();
         assert!(script_from_scenario(&after).unwrap().is_empty());
         assert!(after.contains("remapped_rows_failure = true"));
+    }
+
+    #[test]
+    fn flap_alternates_down_and_up_in_tree_and_kernel_line() {
+        let t = crate::nic::timings(1);
+        let script = flap_script(31_000, 1, &t);
+        assert_eq!(script.len(), 6);
+        assert_eq!(script[0].at_ms, 31_000);
+        assert_eq!(script[5].at_ms, 33_000);
+        assert_eq!(script[0].message, "mlx5_core 0000:9b:00.0 ib2: Link down");
+        assert_eq!(script[1].message, "mlx5_core 0000:9b:00.0 ib2: Link up");
+        let ups: Vec<bool> = script
+            .iter()
+            .map(|l| l.port.as_ref().is_some_and(|p| p.up))
+            .collect();
+        assert_eq!(ups, [false, true, false, true, false, true]);
+        // The agent's line parser reads them as this port's link lines.
+        match xid_parser::parse_message(&script[0].message) {
+            Some(xid_parser::Message::Nic(m)) => {
+                assert_eq!(m.pci, Some("0000:9b:00.0"));
+                assert_eq!(
+                    m.event,
+                    xid_parser::NicEvent::Link {
+                        netdev: "ib2",
+                        up: false
+                    }
+                );
+            }
+            other => panic!("not a NIC line: {other:?}"),
+        }
+        // Faster: the same order, the halves never shorter than two polls.
+        let fast = crate::nic::timings(4);
+        assert_eq!(fast.poll_interval_ms, 100);
+        assert_eq!(fast.half_flap, std::time::Duration::from_millis(200));
+        assert!(fast.flap_quiet_secs >= 1 && fast.down_grace_secs >= 1);
+        assert_eq!(flap_script(31_000, 4, &fast)[0].at_ms, 7_750);
     }
 
     #[test]

@@ -172,13 +172,23 @@ impl FakeSysfs {
     /// An empty tree with `class/infiniband` and `class/net` (a node with the
     /// RDMA core loaded and no devices yet).
     pub fn new() -> FakeSysfs {
-        let dir = tempfile::tempdir().expect("create a temporary directory");
+        FakeSysfs::new_in(&std::env::temp_dir()).expect("create a temporary directory")
+    }
+
+    /// An empty tree as [`FakeSysfs::new`] makes, in a new temporary
+    /// directory inside `parent` (a program's own scratch directory); an
+    /// error when `parent` does not take it. The other methods panic as
+    /// usual.
+    pub fn new_in(parent: &Path) -> std::io::Result<FakeSysfs> {
+        let dir = tempfile::Builder::new()
+            .prefix("sysfs-")
+            .tempdir_in(parent)?;
         let root = dir.path().join("sys");
         for d in ["class/infiniband", "class/net", BRIDGE] {
-            mkdir(&root.join(d));
+            fs::create_dir_all(root.join(d))?;
         }
-        mkdir(&dir.path().join("staging"));
-        FakeSysfs { dir, root }
+        fs::create_dir_all(dir.path().join("staging"))?;
+        Ok(FakeSysfs { dir, root })
     }
 
     /// The sysfs root (`/sys`), for `NetworkSettings::sysfs_root`.

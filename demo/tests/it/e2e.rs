@@ -1,6 +1,6 @@
 //! `gpuwatch-demo` end to end, 4× faster than the shipped timeline: the real
-//! agent reads the nvml-sim scenarios and the demo's kernel lines, across a
-//! simulated reboot, and the narration (taken from the agent's events, logs
+//! agent reads the nvml-sim scenarios, the demo's kernel lines and its NIC
+//! sysfs tree, across a simulated reboot, and the narration (taken from the agent's events, logs
 //! and `/v1/health`) tells the story the demo promises, in lines of at most
 //! 120 characters.
 //!
@@ -153,6 +153,7 @@ fn check_story(out: &str, lines: &[String]) {
     let reboot = need(0, &["REBOOT", "exit status: 0", "flushed"]);
     assert!(reboot > cleared);
     need(reboot, &["REBOOT", "new boot id"]);
+    check_nic_flap(out, lines, hot, reboot);
     need(reboot, &["RESTORED"]);
     need(
         reboot,
@@ -177,6 +178,69 @@ fn check_story(out: &str, lines: &[String]) {
         &["final node state: unhealthy: inspect_hardware (RowRemapFailure), 8 GPUs"],
     );
     need(reboot, &["agent exit (boot 2): exit status: 0"]);
+}
+
+/// The NIC flap of boot 1, after the thermal slowdown began and before the
+/// reboot: the agent reads the ports from the demo's tree, reports the kernel
+/// line's link down, `NetworkProblem=True NICPortFlapping` naming the port
+/// with the GPU verdicts as they were, then the clear after the quiet window;
+/// the demo never has to say the agent failed to report one of them.
+fn check_nic_flap(out: &str, lines: &[String], after: usize, reboot: usize) {
+    let need = |from: usize, needles: &[&str]| {
+        find(lines, from, needles)
+            .unwrap_or_else(|| panic!("no line with {needles:?} after line {from}:\n{out}"))
+    };
+    need(
+        0,
+        &[
+            "NETWORK",
+            "4 RDMA ports (InfiniBand 400 Gb/s)",
+            "mlx5_2/1 ib2",
+            "all up; NetworkProblem=False NICHealthy",
+        ],
+    );
+    let down = need(
+        after,
+        &[
+            "NIC ",
+            "NICLinkDown on ib2 (0000:9b:00.0), from the kernel log",
+        ],
+    );
+    let flapping = need(
+        down,
+        &[
+            "NETWORK",
+            "NetworkProblem=True NICPortFlapping",
+            "mlx5_2/1 (ib2)",
+        ],
+    );
+    // The monitor's record of the change, beside the condition.
+    need(
+        down,
+        &["NIC ", "NICPortFlapping on mlx5_2/1 ib2", "→ flapping"],
+    );
+    let unaffected = need(
+        flapping,
+        &[
+            "GPUs unaffected: all 8 GPU verdicts as before the flap",
+            "no network fault on a GPU or the node",
+        ],
+    );
+    let healthy = need(unaffected, &["NETWORK", "NetworkProblem=False NICHealthy"]);
+    assert!(
+        healthy < reboot,
+        "the flap must clear before the reboot:\n{out}"
+    );
+    for missing in ["the agent reported no", "did not report NICHealthy"] {
+        assert!(!out.contains(missing), "{missing:?}:\n{out}");
+    }
+    need(
+        0,
+        &[
+            "network:",
+            "NIC record(s); last reported NetworkProblem=False NICHealthy",
+        ],
+    );
 }
 
 #[test]
@@ -204,6 +268,15 @@ fn demo_on_dev_kmsg_narrates_and_shows_its_lines_as_dmesg_x_does() {
         &["user  :warn  : [", "NVRM: Xid (PCI:0000:3a:00): 79"],
     );
     assert!(view.is_some(), "XID 79 not in the dmesg -x view:\n{out}");
+    let nic = find(
+        &lines,
+        shown,
+        &["user  :info  : [", "mlx5_core 0000:9b:00.0 ib2: Link down"],
+    );
+    assert!(
+        nic.is_some(),
+        "the NIC line not in the dmesg -x view:\n{out}"
+    );
     assert!(out.contains("printk_devkmsg restored"), "{out}");
 }
 
@@ -224,7 +297,11 @@ fn demo_through_a_fifo_by_default_leaves_the_kernel_log_alone() {
     // Nothing of the demo's script reached the machine's kernel log.
     let leaked: Vec<String> = ring()
         .into_iter()
-        .filter(|(seq, m)| *seq > before && m.contains("NVRM: Xid") && m.contains("name=train.py"))
+        .filter(|(seq, m)| {
+            *seq > before
+                && ((m.contains("NVRM: Xid") && m.contains("name=train.py"))
+                    || m.contains("mlx5_core 0000:9b:00.0 ib2: Link"))
+        })
         .map(|(_, m)| m)
         .collect();
     assert!(leaked.is_empty(), "demo lines in /dev/kmsg: {leaked:#?}");
@@ -234,6 +311,19 @@ fn need_fifo_lines(out: &str, lines: &[String]) {
     assert!(
         find(lines, 0, &["FIFO ← NVRM: Xid (PCI:0000:3a:00): 79"]).is_some(),
         "the XID 79 line must be shown as written to the FIFO:\n{out}"
+    );
+    assert!(
+        find(
+            lines,
+            0,
+            &[
+                "INJECT",
+                "ib2 link down",
+                "FIFO ← mlx5_core 0000:9b:00.0 ib2: Link down"
+            ]
+        )
+        .is_some(),
+        "the flap's first line must be shown as written to the FIFO:\n{out}"
     );
 }
 
