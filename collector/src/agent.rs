@@ -46,7 +46,7 @@ use crate::pipeline::{ENGINE_CHANNEL_CAPACITY, Liveness, StopReason};
 use engine::EngineThread;
 use gpuwatch_core::{Registry, Shutdown};
 use gpuwatch_sinks::kube::KubeMetrics;
-use inputs::{EngineInlet, Inputs, KmsgReader, KubeletDevices, LocalApi, NvmlFeed};
+use inputs::{EngineInlet, Inputs, KmsgReader, KubeletDevices, LocalApi, NicPoller, NvmlFeed};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -195,6 +195,7 @@ impl Prepared {
         let nvml = NvmlFeed::start(&cfg.nvml, inlet.sender(), &registry, &liveness, &shutdown)?;
         let kubelet =
             KubeletDevices::start(self.kubelet(), &rt, inlet.sender(), &registry, devices_ask);
+        let nic = NicPoller::start(self.network(), inlet.sender(), &shutdown)?;
         let api_state = ApiState {
             registry: registry.clone(),
             kube,
@@ -218,6 +219,7 @@ impl Prepared {
                 kmsg,
                 nvml,
                 kubelet,
+                nic,
                 api,
             },
             engine,

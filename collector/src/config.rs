@@ -53,6 +53,8 @@ pub struct Config {
     pub validation: gpuwatch_core::validation::ValidationConfig,
     /// The kubelet's PodResources API (which pods hold which GPUs).
     pub kubelet: crate::attribution::podresources::KubeletConfig,
+    /// RDMA NIC (InfiniBand / RoCE) port monitoring from sysfs.
+    pub network: gpuwatch_core::network::NetworkConfig,
     /// The agent's own log on stderr (format, level).
     pub log: LogConfig,
 }
@@ -428,6 +430,7 @@ impl Config {
         section("kube", self.kube.validate());
         section("validation", self.validation.validate());
         section("kubelet", self.kubelet.validate());
+        section("network", self.network.validate());
         section("log", self.log.validate());
         if all.is_empty() {
             Ok(())
@@ -631,7 +634,7 @@ mod tests {
     #[test]
     fn validate_reports_every_problem_with_key_paths() {
         let mut c = parse(
-            "node_name = \"Bad_Name\"\nstate_dir = \"relative\"\n[kmsg]\ncursor_interval_ms = 1\n[api]\nlisten = \"nope\"\n",
+            "node_name = \"Bad_Name\"\nstate_dir = \"relative\"\n[kmsg]\ncursor_interval_ms = 1\n[api]\nlisten = \"nope\"\n[network]\nflap_threshold = 0\nexpected_ports = { fibre = 2 }\n",
         )
         .unwrap();
         c.log.level = " ".into();
@@ -644,6 +647,8 @@ mod tests {
                 "state_dir",
                 "kmsg.cursor_interval_ms",
                 "api.listen",
+                "network.flap_threshold",
+                "network.expected_ports.fibre",
                 "log.level"
             ],
             "{errs:#?}"

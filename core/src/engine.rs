@@ -148,6 +148,8 @@ mod health;
 mod join;
 // Fault identity, active faults, per-GPU state, recurrence history.
 mod model;
+// The NIC monitor: scans, NIC kernel events, NodeHealth.network.
+mod network;
 // The pods a fault names, and MIG instance scoping.
 mod pods;
 // Fault records waiting for a fresher placement listing.
@@ -257,6 +259,8 @@ pub struct Engine {
     grace: JoinGrace,
     /// The monitoring inputs, the validation, stale samples.
     monitors: Monitors,
+    /// The NIC monitor, when `[network]` is on ([`Engine::set_network`]).
+    network: Option<Box<network::Network>>,
 }
 
 impl Engine {
@@ -306,6 +310,7 @@ impl Engine {
             persist,
             grace: JoinGrace::new(now),
             monitors: Monitors::default(),
+            network: None,
         };
         engine.load();
         engine.note_boot();
@@ -384,6 +389,7 @@ impl Engine {
                 self.placement.apply(update);
                 Vec::new()
             }
+            Input::Network(scan) => self.on_network_scan(scan),
             Input::Tick => self.on_tick(),
         }
     }
@@ -393,6 +399,11 @@ impl Engine {
     fn on_fault(&mut self, event: FaultEvent, read_at: Instant) -> Vec<FaultEvent> {
         if event.source() == gpuwatch_proto::Source::Kmsg {
             self.persist.kmsg_event_handled();
+        }
+        if let Some(records) = self.network_records(&event) {
+            let mut out = vec![event];
+            out.extend(records);
+            return out;
         }
         if self.should_hold(&event) {
             self.grace.hold(event, read_at);
@@ -458,6 +469,7 @@ impl Engine {
             self.updated_at = now;
             *self.cache.get_mut() = None;
         }
+        out.extend(self.network_tick());
         out
     }
 

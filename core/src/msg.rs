@@ -70,6 +70,9 @@ pub enum Input {
     /// Where the node's pods run (the pods bound to it, the devices each
     /// container holds): what the engine names a fault's pods from.
     Placement(crate::placement::PlacementUpdate),
+    /// One sysfs scan of the node's RDMA ports (the NIC poller); applied
+    /// only while the engine's NIC monitor is on.
+    Network(crate::network::NicScan),
     /// Periodic tick (expire dedup windows, persist when dirty).
     Tick,
 }

@@ -180,6 +180,15 @@ impl<'a> FaultEventRef<'a> {
                     || kind_reason(FaultKind::Fabric, self.code),
                     |p| p.reason().into(),
                 ),
+            FaultKind::Nic => match (attr("nic_reason"), attr("nic_event")) {
+                // A port's status change decided by the network monitor.
+                (r, _) if !r.is_empty() && r.bytes().all(|b| b.is_ascii_alphanumeric()) => r.into(),
+                (_, "link_down") => "NICLinkDown".into(),
+                (_, "link_up") => "NICLinkUp".into(),
+                (_, "module") => "NICModuleEvent".into(),
+                (_, "health") => "NICHealthEvent".into(),
+                _ => kind_reason(FaultKind::Nic, self.code),
+            },
             k => kind_reason(k, self.code),
         }
     }

@@ -430,6 +430,7 @@ impl Shared {
             settings.flap.window,
             &settings.conditions.problem_type,
             &settings.conditions.ready_type,
+            &settings.conditions.network_type,
             hooks.state_dir.map(|d| d.join(flap::FILE_NAME)),
         );
         Reconciler::new(reconcile::Parts {

@@ -9,7 +9,8 @@
 //! `prometheus`) only carry it.
 //!
 //! One module per subject: `faults`, `gpu` (telemetry and state), `memory`,
-//! `links`, `agent` (the agent itself), `kube` (the Kubernetes writer).
+//! `links`, `network` (the RDMA ports), `agent` (the agent itself), `kube`
+//! (the Kubernetes writer).
 
 mod agent;
 mod faults;
@@ -19,6 +20,7 @@ mod kube;
 mod links;
 mod memory;
 mod model;
+mod network;
 
 pub(crate) use filter::{DEFAULT_QUIET_WINDOW, SeriesFilter};
 pub use model::InstrumentKind;
@@ -37,6 +39,7 @@ pub(crate) static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
         gpu::TABLE,
         memory::TABLE,
         links::TABLE,
+        network::TABLE,
         gpu::STATE,
         agent::TABLE,
         kube::TABLE,

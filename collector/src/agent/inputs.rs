@@ -62,6 +62,7 @@ pub(super) struct Inputs {
     pub(super) kmsg: KmsgReader,
     pub(super) nvml: NvmlFeed,
     pub(super) kubelet: KubeletDevices,
+    pub(super) nic: NicPoller,
     pub(super) api: Option<LocalApi>,
 }
 
@@ -94,6 +95,7 @@ impl Inputs {
         let summary = self.kmsg.stop(budget, left);
         self.nvml.stop(budget, left);
         self.kubelet.stop(budget, rt, left);
+        self.nic.stop(budget, left);
         if let Some(api) = self.api {
             api.stop(budget, rt, left);
         }
@@ -189,6 +191,50 @@ impl NvmlFeed {
         let each = budget.share(NVML_STOP);
         for t in self.threads {
             join_within(t, budget.share(each), "NVML", left);
+        }
+    }
+}
+
+/// The NIC poller thread: sysfs scans of the RDMA ports into the engine
+/// (none while `[network]` is off).
+#[derive(Debug)]
+pub(super) struct NicPoller {
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Stop budget of the NIC poller (it wakes for the shutdown at once; a scan
+/// reads a few hundred small files).
+const NIC_STOP: Duration = Duration::from_secs(1);
+
+impl NicPoller {
+    /// Starts the poller. A scan that finds the engine's channel full is
+    /// skipped, not waited for: the next one carries the whole state again
+    /// (counters are cumulative), and a storm of kernel-log faults goes first.
+    pub(super) fn start(
+        settings: &gpuwatch_core::network::NetworkSettings,
+        tx: Sender<Input>,
+        shutdown: &Shutdown,
+    ) -> Result<NicPoller, RunError> {
+        if !settings.enabled {
+            return Ok(NicPoller { thread: None });
+        }
+        let send = move |scan| match tx.try_send(Input::Network(scan)) {
+            Ok(()) | Err(crossbeam_channel::TrySendError::Full(_)) => true,
+            Err(crossbeam_channel::TrySendError::Disconnected(_)) => false,
+        };
+        let thread = crate::nic::spawn_nic_poller(settings.clone(), send, shutdown.clone())
+            .map_err(|source| RunError::Spawn {
+                what: "NIC poller thread",
+                source,
+            })?;
+        Ok(NicPoller {
+            thread: Some(thread),
+        })
+    }
+
+    fn stop(self, budget: &StopBudget, left: &mut StillRunning) {
+        if let Some(t) = self.thread {
+            join_within(t, budget.share(NIC_STOP), "NIC poller", left);
         }
     }
 }

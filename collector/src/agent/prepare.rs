@@ -10,6 +10,7 @@ use crate::config::{Config, ConfigError, ConfigErrors};
 use crate::kmsg::{self, KmsgSourceArgs};
 use crate::pipeline::{Liveness, StopReason};
 use gpuwatch_core::engine::{BootInfo, Engine};
+use gpuwatch_core::network::NetworkSettings;
 use gpuwatch_core::{Registry, Shutdown};
 use gpuwatch_sinks::kube::KubeSettings;
 use std::path::Path;
@@ -57,6 +58,7 @@ pub struct Prepared {
     cfg: Config,
     kube: KubeSettings,
     kubelet: KubeletSettings,
+    network: NetworkSettings,
     policy: Arc<xid_parser::Policy>,
     boot: BootInfo,
 }
@@ -70,6 +72,10 @@ pub fn prepare(cfg: Config) -> Result<Prepared, PrepareError> {
         .kubelet
         .resolve()
         .map_err(|p| in_section("kubelet", p))?;
+    let network = cfg
+        .network
+        .resolve()
+        .map_err(|p| in_section("network", p))?;
     let policy = Arc::new(xid_parser::Policy::new(&cfg.policy)?);
     let boot = BootInfo {
         boot_id: crate::boot::read_boot_id(&cfg.kmsg.boot_id_path)?,
@@ -79,6 +85,7 @@ pub fn prepare(cfg: Config) -> Result<Prepared, PrepareError> {
         cfg,
         kube,
         kubelet,
+        network,
         policy,
         boot,
     })
@@ -108,6 +115,11 @@ impl Prepared {
     /// The kubelet PodResources poller's settings (`[kubelet]`), resolved.
     pub fn kubelet(&self) -> &KubeletSettings {
         &self.kubelet
+    }
+
+    /// The NIC monitor's settings (`[network]`), resolved.
+    pub fn network(&self) -> &NetworkSettings {
+        &self.network
     }
 
     /// The classification policy (built-in table plus `[policy]` overrides).
@@ -142,6 +154,7 @@ impl Prepared {
         if kmsg::is_device(&cfg.kmsg.path) {
             engine.track_kmsg_position();
         }
+        engine.set_network(self.network.clone());
         liveness.state_loaded.store(true, Ordering::Relaxed);
         engine
     }

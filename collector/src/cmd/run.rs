@@ -85,6 +85,10 @@ pub(crate) struct Args {
     /// Node name (`node_name`; default NODE_NAME or the host name).
     #[arg(long, value_name = "NAME")]
     pub(crate) node_name: Option<String>,
+    /// Where sysfs is, for the RDMA NIC ports (`network.sysfs_root`, default
+    /// /sys; tests and the demo give a tree of their own).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) sysfs_root: Option<PathBuf>,
 }
 
 /// Event sinks selectable with `--sink`.
@@ -121,6 +125,9 @@ impl Args {
         }
         if let Some(p) = &self.proc_root {
             cfg.kmsg.proc_root.clone_from(p);
+        }
+        if let Some(p) = &self.sysfs_root {
+            cfg.network.sysfs_root.clone_from(p);
         }
         if let Some(p) = &self.pod_resources_socket {
             cfg.kubelet.pod_resources_socket.clone_from(p);

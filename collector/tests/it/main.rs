@@ -15,6 +15,7 @@ mod kmsg_engine_publish;
 mod kube_e2e;
 mod mig;
 mod nic;
+mod nic_agent;
 mod nvml_sim;
 mod otlp_e2e;
 mod scan_cli;

@@ -401,7 +401,9 @@ fn roundtrip(proto: Proto) {
     // remapped, no recovery action, every NVLink up and quiet, no malformed
     // record, no sample or event dropped; the Kubernetes writer and validation are off,
     // so no write, condition change, taint, quarantine budget, startup gate or validation run;
-    // the kubelet is never asked, so no PodResources failure or unknown device.
+    // the kubelet is never asked, so no PodResources failure or unknown device;
+    // the agent's sysfs has no RDMA NIC, so no port series
+    // (gpuwatch.network.problem says NICHealthy).
     let missing: BTreeSet<&str> = documented
         .keys()
         .map(String::as_str)
@@ -434,6 +436,10 @@ fn roundtrip(proto: Proto) {
             "gpuwatch.samples.dropped",
             "gpuwatch.startup_gate.duration",
             "gpuwatch.validation.runs",
+            "gpuwatch.network.flaps",
+            "hw.errors",
+            "hw.network.bandwidth.limit",
+            "hw.network.up",
         ]),
         "instruments missing from the export"
     );

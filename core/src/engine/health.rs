@@ -64,6 +64,7 @@ impl Engine {
             monitor: Some(self.monitor_status()),
             updated_unix_nano: Some(self.updated_at),
             validation: self.monitors.validation().cloned(),
+            network: self.network_health(now),
             ..Default::default()
         };
         h.set_verdict(verdict);

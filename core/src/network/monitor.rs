@@ -657,7 +657,13 @@ impl NetworkMonitor {
                     .map(|(n, _)| n.clone())
                     .collect(),
                 near_gpus: self.near_gpus(&p.reading),
-                ..NicPortHealth::default()
+                error_counts: p
+                    .counters
+                    .iter()
+                    .filter(|(_, c)| c.total > 0)
+                    .map(|(n, c)| (n.clone(), c.total))
+                    .collect(),
+                flaps_total: p.flaps_total,
             };
             ports.push(port);
         }

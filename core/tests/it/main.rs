@@ -5,6 +5,7 @@ mod dedup;
 mod fabric;
 mod join;
 mod monitor_and_inputs;
+mod network;
 mod pods;
 mod recovery;
 mod remap;

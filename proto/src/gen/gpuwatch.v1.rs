@@ -554,6 +554,17 @@ pub struct NicPortHealth {
     /// whose traffic the port most likely carries.
     #[prost(string, repeated, tag = "15")]
     pub near_gpus: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// Error-counter increases since the agent started, by counter name
+    /// (`symbol_error`, `link_downed`, ...): sums of deltas, so a counter that
+    /// reads high from the start adds nothing.
+    #[prost(btree_map = "string, uint64", tag = "16")]
+    pub error_counts: ::prost::alloc::collections::BTreeMap<
+        ::prost::alloc::string::String,
+        u64,
+    >,
+    /// Flaps counted since the agent started.
+    #[prost(uint64, tag = "17")]
+    pub flaps_total: u64,
 }
 /// A node condition held in its problem status: it cleared as often as the
 /// flap bound allows within a window, so a further clear waits until the

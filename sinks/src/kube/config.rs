@@ -45,6 +45,14 @@ pub struct KubeConfig {
     pub ready_condition_type: String,
     /// Type of gpuwatch's problem condition (True while a reset/reboot/inspect fault is active).
     pub problem_condition_type: String,
+    /// Type of the network condition (True while an RDMA port is down, flapping, below
+    /// its expected rate or its NIC reported a hardware fault; written while the NIC
+    /// monitor runs).
+    pub network_condition_type: String,
+    /// Also put the fault taint (value `network`) on the Node while the network
+    /// condition is True, under the same quarantine budget as GPU faults. Off by
+    /// default: a NIC problem stalls multi-node jobs but not single-node work.
+    pub network_taint: bool,
     /// Actions that make the readiness condition `False` (node-level hardware verdicts).
     /// Default: only `inspect_hardware`; add `reboot_node` to let a node-repair
     /// controller (Karpenter) replace nodes that need a reboot.
@@ -217,6 +225,8 @@ impl Default for KubeConfig {
             ready_condition: true,
             ready_condition_type: "AcceleratedHardwareReady".into(),
             problem_condition_type: "GPUProblem".into(),
+            network_condition_type: "NetworkProblem".into(),
+            network_taint: false,
             hardware_not_ready_actions: vec!["inspect_hardware".into()],
             fault_taint: TaintConfig::new("gpuwatch.io/unhealthy", "NoSchedule"),
             fault_taint_actions: BTreeMap::new(),
@@ -408,7 +418,7 @@ mod tests {
         assert_eq!(s.quarantine.lease_duration, Duration::from_secs(60));
         assert_eq!(
             s.conditions.owned_types(),
-            ["AcceleratedHardwareReady", "GPUProblem"]
+            ["AcceleratedHardwareReady", "GPUProblem", "NetworkProblem"]
         );
     }
 

@@ -11,16 +11,25 @@
 //!   Unknown when gpuwatch cannot tell (verdict unknown/unset) or while the startup
 //!   gate has not validated the GPUs; True otherwise (reset/reboot faults keep it True
 //!   with reason `GPURecoveryPending` — the hardware is not judged broken).
+//! - network condition (`NetworkProblem`), written while the NIC monitor runs:
+//!   True while an RDMA port is down, flapping, degraded or its NIC reported a
+//!   hardware fault (reason from the monitor: `NICPortDown`, ...); False
+//!   `NICHealthy`; Unknown `NICMonitorUnavailable` when the ports cannot be
+//!   read. It never changes the GPU conditions. With `network_taint` the fault
+//!   taint (value `network`) follows it while no GPU fault wants the taint.
 
 use super::settings::KubeSettings;
 use gpuwatch_proto::{
-    Action, ActiveFault, GpuHealth, NodeHealth, ShortName, ValidationReport, Verdict,
+    Action, ActiveFault, GpuHealth, NetworkHealth, NodeHealth, ShortName, ValidationReport, Verdict,
 };
 
 /// Condition status values.
 pub(crate) const TRUE: &str = "True";
 pub(crate) const FALSE: &str = "False";
 pub(crate) const UNKNOWN: &str = "Unknown";
+
+/// The fault taint's value while only a network problem asks for it.
+pub(crate) const NETWORK_TAINT_VALUE: &str = "network";
 
 /// Longest condition message we write (the rest is summarised).
 const MAX_MESSAGE: usize = 1024;
@@ -224,15 +233,29 @@ pub(crate) fn desired(health: &NodeHealth, cfg: &KubeSettings, gate: &Gate) -> D
         conditions.push(ready_condition(health, cfg, gate, &faults));
     }
     conditions.push(problem_condition(health, cfg, &faults));
-    let fault_taint = faults.first().map(|l| {
-        let action: Action = l.fault.action();
-        let t = cfg.taints.fault_for(action);
-        DesiredTaint {
-            key: t.key.clone(),
-            value: action.short_name().to_owned(),
-            effect: t.effect.as_str().to_owned(),
-        }
-    });
+    let network = health.network.as_ref();
+    if let Some(n) = network {
+        conditions.push(network_condition(n, cfg));
+    }
+    let fault_taint = faults
+        .first()
+        .map(|l| {
+            let action: Action = l.fault.action();
+            let t = cfg.taints.fault_for(action);
+            DesiredTaint {
+                key: t.key.clone(),
+                value: action.short_name().to_owned(),
+                effect: t.effect.as_str().to_owned(),
+            }
+        })
+        .or_else(|| {
+            let wanted = cfg.conditions.network_taint && network.is_some_and(|n| n.problem);
+            wanted.then(|| DesiredTaint {
+                key: cfg.taints.fault.key.clone(),
+                value: NETWORK_TAINT_VALUE.to_owned(),
+                effect: cfg.taints.fault.effect.as_str().to_owned(),
+            })
+        });
     Desired {
         conditions,
         fault_taint,
@@ -352,6 +375,49 @@ fn problem_condition(
         reason,
         message,
     }
+}
+
+/// The network condition: True while the NIC monitor reports a problem,
+/// Unknown while it cannot read the ports (and knows no problem), else False.
+fn network_condition(n: &NetworkHealth, cfg: &KubeSettings) -> DesiredCondition {
+    let (status, reason, message) = if n.problem {
+        let reason = sanitize_reason(&n.reason, || "NICProblem".to_owned());
+        (TRUE, reason, n.message.clone())
+    } else if !n.monitor_ok {
+        (
+            UNKNOWN,
+            "NICMonitorUnavailable".to_owned(),
+            format!("gpuwatch cannot read the RDMA ports: {}", n.monitor_message),
+        )
+    } else {
+        let up = n.ports.iter().filter(|p| p.status == "up").count();
+        (
+            FALSE,
+            "NICHealthy".to_owned(),
+            format!(
+                "{up} of {} RDMA ports up; no network problem",
+                n.ports.len()
+            ),
+        )
+    };
+    DesiredCondition {
+        type_: cfg.conditions.network_type.clone(),
+        status,
+        reason,
+        message: truncate_message(message),
+    }
+}
+
+fn truncate_message(mut m: String) -> String {
+    if m.len() > MAX_MESSAGE {
+        let mut cut = MAX_MESSAGE - 3;
+        while !m.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        m.truncate(cut);
+        m.push_str("...");
+    }
+    m
 }
 
 #[cfg(test)]
@@ -620,5 +686,85 @@ mod tests {
         let m = &cond(&d, "GPUProblem").message;
         assert!(m.len() <= MAX_MESSAGE, "{}", m.len());
         assert!(m.ends_with("more"), "{m}");
+    }
+
+    fn network(problem: bool, reason: &str, monitor_ok: bool) -> NetworkHealth {
+        NetworkHealth {
+            problem,
+            reason: reason.into(),
+            message: if problem {
+                "mlx5_1/1 (ib1, infiniband) down for 60s".into()
+            } else {
+                String::new()
+            },
+            monitor_ok,
+            monitor_message: if monitor_ok {
+                String::new()
+            } else {
+                "permission denied".into()
+            },
+            ports: vec![gpuwatch_proto::NicPortHealth {
+                device: "mlx5_0".into(),
+                port: 1,
+                status: "up".into(),
+                ..Default::default()
+            }],
+        }
+    }
+
+    #[test]
+    fn network_condition_follows_the_monitor_and_never_the_gpu_conditions() {
+        let cfg = KubeSettings::default();
+        // No NIC monitor: no network condition at all.
+        let d = desired(&healthy(), &cfg, &Gate::Open);
+        assert!(d.conditions.iter().all(|c| c.type_ != "NetworkProblem"));
+
+        let mut h = healthy();
+        h.network = Some(network(false, "NICHealthy", true));
+        let d = desired(&h, &cfg, &Gate::Open);
+        let c = cond(&d, "NetworkProblem");
+        assert_eq!((c.status, c.reason.as_str()), (FALSE, "NICHealthy"));
+        assert_eq!(c.message, "1 of 1 RDMA ports up; no network problem");
+
+        h.network = Some(network(true, "NICPortDown", true));
+        let d = desired(&h, &cfg, &Gate::Open);
+        let c = cond(&d, "NetworkProblem");
+        assert_eq!((c.status, c.reason.as_str()), (TRUE, "NICPortDown"));
+        assert!(c.message.contains("mlx5_1/1"));
+        // The GPU conditions and the taint do not move.
+        assert_eq!(cond(&d, "AcceleratedHardwareReady").status, TRUE);
+        assert_eq!(cond(&d, "GPUProblem").status, FALSE);
+        assert_eq!(d.fault_taint, None);
+
+        h.network = Some(network(false, "NICHealthy", false));
+        let d = desired(&h, &cfg, &Gate::Open);
+        let c = cond(&d, "NetworkProblem");
+        assert_eq!(
+            (c.status, c.reason.as_str()),
+            (UNKNOWN, "NICMonitorUnavailable")
+        );
+        assert!(c.message.contains("permission denied"));
+    }
+
+    #[test]
+    fn network_taint_is_opt_in_and_a_gpu_fault_taint_wins() {
+        let mut cfg = KubeSettings::default();
+        cfg.conditions.network_taint = true;
+        let mut h = healthy();
+        h.network = Some(network(true, "NICPortFlapping", true));
+        let d = desired(&h, &cfg, &Gate::Open);
+        let t = d.fault_taint.expect("network taint");
+        assert_eq!(
+            (t.key.as_str(), t.value.as_str()),
+            ("gpuwatch.io/unhealthy", "network")
+        );
+
+        h.gpus[0]
+            .active_faults
+            .push(fault(Action::RebootNode, "XID79", 79));
+        h.gpus[0].action = Action::RebootNode as i32;
+        h.verdict = Verdict::Unhealthy as i32;
+        let d = desired(&h, &cfg, &Gate::Open);
+        assert_eq!(d.fault_taint.unwrap().value, "reboot_node");
     }
 }

@@ -103,6 +103,8 @@ pub(crate) struct Hysteresis {
     window: Duration,
     problem_type: String,
     ready_type: String,
+    /// The network condition: like the problem condition, a problem while True.
+    network_type: String,
     tracks: BTreeMap<String, Track>,
     /// The fault taint last wanted with a problem condition, kept while the
     /// problem condition is held.
@@ -126,6 +128,7 @@ impl Hysteresis {
         window: Duration,
         problem_type: &str,
         ready_type: &str,
+        network_type: &str,
         path: Option<PathBuf>,
     ) -> Hysteresis {
         let mut h = Hysteresis {
@@ -133,6 +136,7 @@ impl Hysteresis {
             window,
             problem_type: problem_type.to_owned(),
             ready_type: ready_type.to_owned(),
+            network_type: network_type.to_owned(),
             tracks: BTreeMap::new(),
             last_taint: None,
             path: None,
@@ -150,7 +154,7 @@ impl Hysteresis {
     /// Whether `c` shows a problem: the problem condition True, the readiness
     /// condition False.
     fn is_problem(&self, c: &DesiredCondition) -> bool {
-        (c.type_ == self.problem_type && c.status == TRUE)
+        ((c.type_ == self.problem_type || c.type_ == self.network_type) && c.status == TRUE)
             || (c.type_ == self.ready_type && c.status == FALSE)
     }
 
@@ -333,7 +337,10 @@ impl Hysteresis {
     /// that cannot be (a status that is none).
     fn restore(&mut self, file: &HistoryFile) -> Result<(), String> {
         for (type_, r) in &file.conditions {
-            if *type_ != self.problem_type && *type_ != self.ready_type {
+            if *type_ != self.problem_type
+                && *type_ != self.ready_type
+                && *type_ != self.network_type
+            {
                 continue;
             }
             let mut clears: Vec<u64> = r.clears_unix_nano.clone();
@@ -576,6 +583,7 @@ mod tests {
 
     const P: &str = "GPUProblem";
     const R: &str = "AcceleratedHardwareReady";
+    const N: &str = "NetworkProblem";
     const MIN: Duration = Duration::from_secs(60);
 
     /// The tests' wall clock starts at 2027-01-15T08:00:00Z.
@@ -630,7 +638,7 @@ mod tests {
     }
 
     fn in_dir(dir: &tempfile::TempDir, limit: u32, window: Duration) -> Hysteresis {
-        Hysteresis::new(limit, window, P, R, Some(dir.path().join(FILE_NAME)))
+        Hysteresis::new(limit, window, P, R, N, Some(dir.path().join(FILE_NAME)))
     }
 
     /// A fault that comes back after every (simulated) reboot, a minute of
@@ -639,7 +647,7 @@ mod tests {
     #[tokio::test]
     async fn a_fault_returning_after_every_reboot_moves_the_conditions_a_bounded_number_of_times() {
         let metrics = KubeMetrics::new();
-        let mut h = Hysteresis::new(3, Duration::from_secs(3600), P, R, None);
+        let mut h = Hysteresis::new(3, Duration::from_secs(3600), P, R, N, None);
         let mut shown = Vec::new();
         let mut now = t0();
         for round in 0..60 {
@@ -666,7 +674,7 @@ mod tests {
     async fn a_held_condition_says_until_when_and_clears_after_a_quiet_window() {
         let metrics = KubeMetrics::new();
         let window = Duration::from_secs(600);
-        let mut h = Hysteresis::new(1, window, P, R, None);
+        let mut h = Hysteresis::new(1, window, P, R, N, None);
         let mut now = t0();
         for problem in [true, false, true] {
             pass(&mut h, problem, now, &metrics).await;
@@ -717,7 +725,7 @@ mod tests {
     #[tokio::test]
     async fn no_limit_means_no_hold() {
         let metrics = KubeMetrics::new();
-        let mut h = Hysteresis::new(0, Duration::from_secs(3600), P, R, None);
+        let mut h = Hysteresis::new(0, Duration::from_secs(3600), P, R, N, None);
         for i in 0..20 {
             let d = pass(&mut h, i % 2 == 0, t0() + i * MIN, &metrics).await;
             assert_eq!(status(&d, P), if i % 2 == 0 { TRUE } else { FALSE });
@@ -839,7 +847,7 @@ mod tests {
     async fn a_clock_that_steps_back_counts_as_no_time_passed() {
         let metrics = KubeMetrics::new();
         let window = Duration::from_secs(600);
-        let mut h = Hysteresis::new(1, window, P, R, None);
+        let mut h = Hysteresis::new(1, window, P, R, N, None);
         for (i, problem) in [true, false, true, false].into_iter().enumerate() {
             pass(
                 &mut h,

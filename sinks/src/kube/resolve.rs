@@ -51,6 +51,7 @@ impl KubeConfig {
         for (key, name) in [
             ("ready_condition_type", &self.ready_condition_type),
             ("problem_condition_type", &self.problem_condition_type),
+            ("network_condition_type", &self.network_condition_type),
         ] {
             if !is_condition_type(name) {
                 p.push(format!(
@@ -60,6 +61,11 @@ impl KubeConfig {
         }
         if self.ready_condition && self.ready_condition_type == self.problem_condition_type {
             p.push("problem_condition_type: must differ from ready_condition_type".into());
+        }
+        if self.network_condition_type == self.problem_condition_type
+            || (self.ready_condition && self.network_condition_type == self.ready_condition_type)
+        {
+            p.push("network_condition_type: must differ from the GPU condition types".into());
         }
     }
 

@@ -76,6 +76,10 @@ pub struct ConditionSettings {
     pub ready_type: String,
     /// Type of the problem condition.
     pub problem_type: String,
+    /// Type of the network condition.
+    pub network_type: String,
+    /// Whether a network problem puts the fault taint on the Node.
+    pub network_taint: bool,
     /// Actions whose active fault makes the readiness condition False.
     pub hardware_not_ready: Vec<Action>,
 }
@@ -93,6 +97,7 @@ impl ConditionSettings {
             v.push(self.ready_type.clone());
         }
         v.push(self.problem_type.clone());
+        v.push(self.network_type.clone());
         v
     }
 }
@@ -296,6 +301,8 @@ impl KubeSettings {
                 ready: c.ready_condition,
                 ready_type: c.ready_condition_type.clone(),
                 problem_type: c.problem_condition_type.clone(),
+                network_type: c.network_condition_type.clone(),
+                network_taint: c.network_taint,
                 hardware_not_ready: parsed.hardware_not_ready,
             },
             taints: parsed.taints,

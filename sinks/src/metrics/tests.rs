@@ -485,3 +485,88 @@ fn state_sets_send_the_current_state_and_the_previous_one_as_zero() {
     let pts = f.collect_all(&r.src(), &h, t0 + Duration::from_secs(400));
     assert_eq!(series_of(&pts, "gpuwatch.node.action").len(), 1);
 }
+
+fn eight_nic_network() -> gpuwatch_proto::NetworkHealth {
+    gpuwatch_proto::NetworkHealth {
+        problem: false,
+        reason: "NICHealthy".into(),
+        monitor_ok: true,
+        ports: (0..8)
+            .map(|i| gpuwatch_proto::NicPortHealth {
+                device: format!("mlx5_{i}"),
+                port: 1,
+                link_layer: "infiniband".into(),
+                netdev: format!("ib{i}"),
+                state: "ACTIVE".into(),
+                phys_state: "LinkUp".into(),
+                rate_gbps: 400.0,
+                status: "up".into(),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn an_eight_nic_node_adds_seventeen_points_and_errors_only_once_counted() {
+    let r = started_registry();
+    let f = SeriesFilter::new(Duration::from_secs(300));
+    let t0 = Instant::now();
+    let without: usize = f
+        .collect_all(&r.src(), &healthy_node(), t0)
+        .iter()
+        .map(|(_, p)| p.len())
+        .sum();
+    let mut h = healthy_node();
+    h.network = Some(eight_nic_network());
+    let f = SeriesFilter::new(Duration::from_secs(300));
+    let pts = f.collect_all(&r.src(), &h, t0);
+    let with: usize = pts.iter().map(|(_, p)| p.len()).sum();
+    assert_eq!(with - without, 17);
+    let up = series_of(&pts, "hw.network.up");
+    assert_eq!(up.len(), 8);
+    assert!(up.iter().all(|p| p.value == Num::U64(1)));
+    assert!(
+        up[0]
+            .attrs
+            .iter()
+            .any(|(k, v)| *k == "hw.id" && *v == owned("mlx5_0/1"))
+    );
+    let rate = series_of(&pts, "hw.network.bandwidth.limit");
+    assert_eq!(rate[0].value, Num::U64(50_000_000_000));
+    assert!(series_of(&pts, "hw.errors").is_empty());
+
+    // mlx5_3 went down twice and counted symbol errors; the problem is named.
+    let n = h.network.as_mut().unwrap();
+    n.problem = true;
+    n.reason = "NICPortFlapping".into();
+    let p = &mut n.ports[3];
+    p.state = "DOWN".into();
+    p.phys_state = "Polling".into();
+    p.flaps_total = 2;
+    p.error_counts.insert("symbol_error".into(), 7);
+    let pts = f.collect_all(&r.src(), &h, t0 + Duration::from_secs(60));
+    let errors = series_of(&pts, "hw.errors");
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors[0].value, Num::U64(7));
+    assert!(
+        errors[0]
+            .attrs
+            .iter()
+            .any(|(k, v)| *k == "error.type" && *v == owned("symbol_error"))
+    );
+    assert_eq!(series_of(&pts, "gpuwatch.network.flaps").len(), 1);
+    let down: Vec<_> = series_of(&pts, "hw.network.up")
+        .iter()
+        .filter(|p| p.value == Num::U64(0))
+        .collect();
+    assert_eq!(down.len(), 1);
+    let problem = series_of(&pts, "gpuwatch.network.problem");
+    assert_eq!(problem[0].value, Num::U64(1));
+
+    // A monitor that cannot read the ports exports no stale port gauges.
+    h.network.as_mut().unwrap().monitor_ok = false;
+    let pts = f.collect_all(&r.src(), &h, t0 + Duration::from_secs(120));
+    assert!(series_of(&pts, "hw.network.up").is_empty());
+}

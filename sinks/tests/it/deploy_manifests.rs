@@ -341,6 +341,24 @@ pub(crate) fn check_agent(ds: &DaemonSet, cms: &[&ConfigMap], what: &str) -> i32
         saw_kmsg && saw_state,
         "{what}: /dev/kmsg and {STATE_DIR} must be mounted"
     );
+    // The NIC monitor reads the RDMA ports where the host has them: the
+    // class entries link into /sys/devices, which resolve only at the same
+    // path in the container.
+    for sys in ["/sys/class/infiniband", "/sys/class/net"] {
+        let m = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.mount_path == sys)
+            .unwrap_or_else(|| panic!("{what}: {sys} is not mounted"));
+        assert_eq!(m.read_only, Some(true), "{what}: {sys} is writable");
+        let v = volumes.iter().find(|v| v.name == m.name).unwrap();
+        assert_eq!(
+            v.host_path.as_ref().map(|h| h.path.as_str()),
+            Some(sys),
+            "{what}: {sys} is not the host's"
+        );
+    }
     // No other writable host path hides in the pod either.
     for v in volumes {
         if let Some(hp) = &v.host_path {
@@ -348,7 +366,9 @@ pub(crate) fn check_agent(ds: &DaemonSet, cms: &[&ConfigMap], what: &str) -> i32
                 hp.path == "/dev/kmsg"
                     || hp.path == STATE_DIR
                     || hp.path == "/proc"
-                    || hp.path == "/var/lib/kubelet/pod-resources",
+                    || hp.path == "/var/lib/kubelet/pod-resources"
+                    || hp.path == "/sys/class/infiniband"
+                    || hp.path == "/sys/class/net",
                 "{what}: extra hostPath {}",
                 hp.path
             );

@@ -213,8 +213,12 @@ impl Agent {
             .args(["--api-listen", "127.0.0.1:0", "--node-name", "e2e-node"])
             .arg("--state-dir")
             .arg(state_dir)
-            .args(extra)
-            .env("RUST_LOG", "info")
+            .args(extra);
+        if !extra.contains(&"--sysfs-root") {
+            // No RDMA NIC, whatever this machine has.
+            cmd.arg("--sysfs-root").arg(data("sysfs-without-rdma"));
+        }
+        cmd.env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

@@ -86,6 +86,10 @@ impl Agent {
     {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpuwatch"));
         cmd.args(["run", "--log-format", "json", "--api-listen", "127.0.0.1:0"])
+            // No RDMA NIC, whatever this machine has: the export is the same
+            // everywhere.
+            .arg("--sysfs-root")
+            .arg(crate::common::data("sysfs-without-rdma"))
             .args(args.into_iter().map(Into::into))
             .env("GPUWATCH_NVML_SIM_LIB", nvml_sim_lib())
             .env("RUST_LOG", "info")

@@ -42,7 +42,7 @@ into the ConfigMap.
 {{/*
 What the templates need from the agent configuration, as JSON (read it back with fromJson):
 apiPort, stateDir, faultTaintKeys, startupTaintKey, readyConditionType,
-problemConditionType, eventNamespace, quarantineNamespace, prometheus. Absent settings take
+problemConditionType, networkConditionType, eventNamespace, quarantineNamespace, prometheus. Absent settings take
 the agent's defaults (collector/src/config.rs, sinks/src/kube/config.rs); settings the
 DaemonSet cannot work with fail the render with the key named.
 */}}
@@ -92,9 +92,10 @@ DaemonSet cannot work with fail the render with the key named.
 {{- $_ := set $out "startupTaintKey" (include "gpuwatch.taintKey" (dict "key" $startupKey "path" "[kube] startup_taint.key")) -}}
 {{- $_ := set $out "readyConditionType" (include "gpuwatch.string" (dict "map" $kube "key" "ready_condition_type" "path" "[kube] ready_condition_type" "default" "AcceleratedHardwareReady")) -}}
 {{- $_ := set $out "problemConditionType" (include "gpuwatch.string" (dict "map" $kube "key" "problem_condition_type" "path" "[kube] problem_condition_type" "default" "GPUProblem")) -}}
+{{- $_ := set $out "networkConditionType" (include "gpuwatch.string" (dict "map" $kube "key" "network_condition_type" "path" "[kube] network_condition_type" "default" "NetworkProblem")) -}}
 {{- $_ := set $out "eventNamespace" (include "gpuwatch.string" (dict "map" $kube "key" "event_namespace" "path" "[kube] event_namespace" "default" "default")) -}}
 {{- $_ := set $out "quarantineNamespace" (include "gpuwatch.string" (dict "map" $kube "key" "quarantine_namespace" "path" "[kube] quarantine_namespace" "default" .Release.Namespace)) -}}
-{{- range $k := list "readyConditionType" "problemConditionType" -}}
+{{- range $k := list "readyConditionType" "problemConditionType" "networkConditionType" -}}
 {{- if not (regexMatch "^[A-Za-z0-9][-A-Za-z0-9_.]*$" (index $out $k)) -}}
 {{ fail (printf "config: [kube] %s = %q is not a condition type" ($k | snakecase) (index $out $k)) }}
 {{- end -}}

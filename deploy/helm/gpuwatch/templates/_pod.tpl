@@ -121,6 +121,12 @@ The pod template's labels: SELECTOR (a dict, which podLabels may not change) and
     - name: pod-resources
       mountPath: /var/lib/kubelet/pod-resources
       readOnly: true
+    - name: sys-infiniband
+      mountPath: /sys/class/infiniband
+      readOnly: true
+    - name: sys-net
+      mountPath: /sys/class/net
+      readOnly: true
     - name: config
       mountPath: /etc/gpuwatch
       readOnly: true
@@ -157,6 +163,13 @@ The pod template's labels: SELECTOR (a dict, which podLabels may not change) and
 - name: pod-resources
   hostPath:
     path: /var/lib/kubelet/pod-resources
+# The RDMA NICs' ports and counters, read-only ([network]).
+- name: sys-infiniband
+  hostPath:
+    path: /sys/class/infiniband
+- name: sys-net
+  hostPath:
+    path: /sys/class/net
 - name: config
   configMap:
     name: {{ include "gpuwatch.configMapName" . }}
