@@ -8,10 +8,13 @@
 //! - `gpuwatch explain --all --format json`: the whole effective table as **one
 //!   JSON array** of the same objects, sorted by code; codes that only the
 //!   overrides name are included.
+//! - `gpuwatch explain --network`: the RDMA network rules with this node's
+//!   `[network]` settings (text or JSON).
 //!
 //! A code the catalog lacks is not an error: it is explained with the
 //! documented default (`investigate`).
 
+use gpuwatch_core::network::NetworkSettings;
 use gpuwatch_proto::Action;
 use std::io::Write;
 use xid_parser::{Explanation, Nvlink5Row, Policy};
@@ -30,11 +33,14 @@ pub enum ExplainFormat {
 #[derive(clap::Args, Clone, Debug, Default, PartialEq, Eq)]
 pub struct ExplainArgs {
     /// The XID to explain (`79`, `xid79`).
-    #[arg(value_name = "XID", value_parser = parse_xid, required_unless_present = "all", conflicts_with = "all")]
+    #[arg(value_name = "XID", value_parser = parse_xid, required_unless_present_any = ["all", "network"], conflicts_with_all = ["all", "network"])]
     pub xid: Option<u32>,
     /// Print the whole effective policy table.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "network")]
     pub all: bool,
+    /// Print the RDMA network (NIC) rules with this node's `[network]` settings.
+    #[arg(long)]
+    pub network: bool,
     /// Output format.
     #[arg(long, value_enum, default_value_t = ExplainFormat::Text)]
     pub format: ExplainFormat,
@@ -95,6 +101,118 @@ pub fn run(args: &ExplainArgs, policy: &Policy, out: &mut dyn Write) -> Result<(
         }
     }
     out.flush().map_err(ExplainError::Write)
+}
+
+/// The network rules as this node applies them (`gpuwatch explain --network`).
+#[derive(Debug, serde::Serialize)]
+struct NetworkRules {
+    sysfs_root: String,
+    poll_interval_secs: f64,
+    rules: Vec<(&'static str, String)>,
+}
+
+fn network_rules(s: &NetworkSettings) -> NetworkRules {
+    let secs = |d: std::time::Duration| d.as_secs_f64();
+    let expected = match (s.expected_infiniband, s.expected_ethernet) {
+        (None, None) => "no expected port count set: a port never up since the agent started \
+                         is reported once as information"
+            .to_string(),
+        (ib, eth) => format!(
+            "fewer ports up than expected is NICPortDown too (InfiniBand: {}, Ethernet: {})",
+            ib.map_or("any".to_string(), |n| n.to_string()),
+            eth.map_or("any".to_string(), |n| n.to_string())
+        ),
+    };
+    let ignored = if s.ignore.is_empty() {
+        "none".to_string()
+    } else {
+        s.ignore.join(", ")
+    };
+    NetworkRules {
+        sysfs_root: s.sysfs_root.display().to_string(),
+        poll_interval_secs: secs(s.poll_interval),
+        rules: vec![
+            (
+                "NICHardwareFault",
+                format!(
+                    "a cable or module error, a NIC health failure, or an uncorrectable PCIe error at \
+                     the NIC's address; clears after {}s without another",
+                    secs(s.flap_quiet)
+                ),
+            ),
+            (
+                "NICPortDown",
+                format!(
+                    "a port not ACTIVE/LinkUp for {}s (a shorter outage is a flap); {expected}",
+                    secs(s.down_grace)
+                ),
+            ),
+            (
+                "NICPortFlapping",
+                format!(
+                    "{} flaps (down, then up) within {}s, each counted once whichever signal saw it; \
+                     clears after {}s without a flap",
+                    s.flap_threshold,
+                    secs(s.flap_window),
+                    secs(s.flap_quiet)
+                ),
+            ),
+            (
+                "NICLinkDegraded",
+                match s.min_rate_gbps {
+                    Some(r) => format!("an up port below {r} Gb/s"),
+                    None => "no minimum rate set".to_string(),
+                },
+            ),
+            (
+                "counters",
+                "error counters count as deltas from the first reading; one at its saturation \
+                 value counts nothing; an unreadable file is read once"
+                    .to_string(),
+            ),
+            ("ignored", ignored),
+            (
+                "effect",
+                "the NetworkProblem condition, a Node Event and an OTLP record per change, \
+                 metrics; never a GPU verdict, AcceleratedHardwareReady or GPUProblem; no taint \
+                 unless [kube] network_taint"
+                    .to_string(),
+            ),
+        ],
+    }
+}
+
+/// `gpuwatch explain --network`: the network rules with `settings` filled in.
+pub fn run_network(
+    settings: &NetworkSettings,
+    format: ExplainFormat,
+    out: &mut dyn Write,
+) -> Result<(), ExplainError> {
+    let rules = network_rules(settings);
+    match format {
+        ExplainFormat::Json => write_json(out, &rules)?,
+        ExplainFormat::Text => write_network(out, settings, &rules).map_err(ExplainError::Write)?,
+    }
+    out.flush().map_err(ExplainError::Write)
+}
+
+fn write_network(
+    out: &mut dyn Write,
+    settings: &NetworkSettings,
+    rules: &NetworkRules,
+) -> std::io::Result<()> {
+    if !settings.enabled {
+        writeln!(out, "The NIC monitor is off ([network] enabled = false).")?;
+    }
+    writeln!(
+        out,
+        "RDMA ports read from {}/class/infiniband every {}s.",
+        rules.sysfs_root, rules.poll_interval_secs
+    )?;
+    for (name, text) in &rules.rules {
+        field(out, name, text)?;
+    }
+    Ok(())
 }
 
 fn write_json<T: serde::Serialize>(out: &mut dyn Write, value: &T) -> Result<(), ExplainError> {

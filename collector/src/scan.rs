@@ -130,6 +130,10 @@ pub struct ScanSummary {
     pub skipped_non_kernel_lines: u64,
     /// Per PCI address (empty string: node-level, e.g. machine checks).
     pub gpus: BTreeMap<String, GpuSummary>,
+    /// NIC events (`nic` kind: mlx5 link, cable-module and health lines) per
+    /// the NIC's PCI address: network faults, never a GPU's, and not in the
+    /// exit code.
+    pub nics: BTreeMap<String, GpuSummary>,
 }
 
 impl ScanSummary {
@@ -154,11 +158,15 @@ impl ScanSummary {
     fn record(&mut self, ev: &FaultEventRef<'_>) {
         self.events += 1;
         let action = ev.action();
+        let by_address = if ev.kind() == gpuwatch_proto::FaultKind::Nic {
+            &mut self.nics
+        } else {
+            &mut self.gpus
+        };
         // Looked up before inserting: the key is copied once per GPU, not per event.
-        let g = match self.gpus.get_mut(ev.pci_address) {
+        let g = match by_address.get_mut(ev.pci_address) {
             Some(g) => g,
-            None => self
-                .gpus
+            None => by_address
                 .entry(ev.pci_address.to_owned())
                 .or_insert(GpuSummary {
                     action: Action::Unspecified,
@@ -508,6 +516,21 @@ fn write_summary(out: &mut dyn Write, s: &ScanSummary) -> std::io::Result<()> {
             advice(g.action)
         )?;
     }
+    for (pci, n) in &s.nics {
+        let who = if pci.is_empty() {
+            "unknown NIC"
+        } else {
+            pci.as_str()
+        };
+        writeln!(
+            out,
+            "NIC {who}: {} ({}, {} events). Network, not the GPUs: check the port's cable, \
+             module and switch port (a live node shows it as NetworkProblem).",
+            n.action.short_name(),
+            n.reason,
+            n.events,
+        )?;
+    }
     Ok(())
 }
 
@@ -616,5 +639,33 @@ bin\0ary NVRM: Xid (PCI:0000:3b:00): 13, x
         assert_eq!(text.lines().count(), 3);
         assert!(text.contains(r#""pci_address":"0000:3d:00.0""#), "{text}");
         assert!(text.contains(r#""source":"log_file""#));
+    }
+
+    #[test]
+    fn nic_lines_are_summarised_apart_from_the_gpus_and_keep_the_exit_code() {
+        let input = b"[10.0] mlx5_core 0000:1a:00.0 ibp26s0: Link down
+[11.0] mlx5_core 0000:1a:00.0 ibp26s0: Link up
+[12.0] mlx5_core 0000:1a:00.0: Port module event[error]: module 0, Cable error, Bad or shorted cable/module
+";
+        let mut out = Vec::new();
+        let s = scan_bytes(
+            input,
+            ScanFormat::Text,
+            Arc::new(Policy::default()),
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(s.events, 3);
+        assert!(s.gpus.is_empty(), "{:?}", s.gpus);
+        let nic = &s.nics["0000:1a:00.0"];
+        assert_eq!((nic.events, nic.action), (3, Action::Investigate));
+        assert_eq!(s.exit_code(), 0);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("No GPU faults found."), "{text}");
+        // The first of the most severe events names it.
+        assert!(
+            text.contains("NIC 0000:1a:00.0: investigate (NICLinkDown, 3 events)"),
+            "{text}"
+        );
     }
 }

@@ -9,13 +9,31 @@ use std::process::ExitCode;
 pub(crate) struct Args {
     #[command(flatten)]
     args: gpuwatch::explain::ExplainArgs,
-    /// Configuration file whose `[policy]` overrides apply.
+    /// Configuration file whose `[policy]` overrides (and, with `--network`,
+    /// `[network]` settings) apply.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     init_logging(LogFormat::Text, "warn");
+    if args.args.network {
+        let cfg = match args.config.as_deref() {
+            Some(p) => gpuwatch::config::Config::load(p)?.network,
+            None => gpuwatch_core::network::NetworkConfig::default(),
+        };
+        let settings = cfg
+            .resolve()
+            .map_err(|p| anyhow::anyhow!("invalid [network] settings:\n  {}", p.join("\n  ")))?;
+        let stdout = std::io::stdout();
+        let mut out = stdout.lock();
+        unless_broken_pipe(gpuwatch::explain::run_network(
+            &settings,
+            args.args.format,
+            &mut out,
+        ))?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let policy = load_policy(args.config.as_deref())?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();

@@ -15,6 +15,7 @@ fn one(xid: u32, format: ExplainFormat) -> ExplainArgs {
     ExplainArgs {
         xid: Some(xid),
         all: false,
+        network: false,
         format,
     }
 }
@@ -23,6 +24,7 @@ fn all(format: ExplainFormat) -> ExplainArgs {
     ExplainArgs {
         xid: None,
         all: true,
+        network: false,
         format,
     }
 }
@@ -319,4 +321,52 @@ fn explain_149_shows_nvidia_nvlink5_decode_rows() {
     let v: serde_json::Value =
         serde_json::from_str(&run(one(79, ExplainFormat::Json), &Policy::default())).unwrap();
     assert_eq!(v["nvlink5_decode"].as_array().map(Vec::len), Some(0));
+}
+
+/// `gpuwatch explain --network` prints the network rules with the config's
+/// `[network]` settings, as text and JSON, and refuses bad settings by key.
+#[test]
+fn explain_network_shows_the_configured_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("gpuwatch.toml");
+    std::fs::write(
+        &cfg,
+        "[network]\nexpected_ports = { infiniband = 8 }\nmin_rate_gbps = 400\nignore = [\"mlx5_8\"]\ndown_grace_secs = 90\n",
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["explain", "--network", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    for want in [
+        "not ACTIVE/LinkUp for 90s",
+        "InfiniBand: 8",
+        "below 400 Gb/s",
+        "mlx5_8",
+        "never a GPU verdict",
+    ] {
+        assert!(text.contains(want), "{want:?} not in:\n{text}");
+    }
+    let out = run(&[
+        "explain",
+        "--network",
+        "--format",
+        "json",
+        "--config",
+        cfg.to_str().unwrap(),
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["poll_interval_secs"], 5.0);
+    assert!(v["rules"].as_array().is_some_and(|r| r.len() == 7), "{v:#}");
+
+    std::fs::write(&cfg, "[network]\nflap_threshold = 0\n").unwrap();
+    let out = run(&["explain", "--network", "--config", cfg.to_str().unwrap()]);
+    assert_ne!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("flap_threshold"), "{err}");
 }

@@ -20,7 +20,8 @@
 //! the expected GPU count from the Node and sees faults already in the
 //! kernel-log ring; six lost races in a row still taint the node within a
 //! second; `gpuwatch node-cleanup` after an uninstall removes gpuwatch's
-//! conditions and taints, startup taint included.
+//! conditions and taints, startup taint included; an RDMA port down is
+//! `NetworkProblem` on the Node with its Event, and the GPU conditions stay.
 
 use crate::kube_support;
 use crate::kube_support::{
@@ -1022,5 +1023,63 @@ fn the_startup_taint_waits_until_the_mig_devices_are_advertised() {
         "{}",
         diag(&rig, &agent)
     );
+    assert_eq!(agent.stop(), Some(0));
+}
+
+#[test]
+fn a_nic_port_down_is_network_problem_on_the_node_and_the_gpu_conditions_stay() {
+    let sysfs = gpuwatch_test_support::sysfs::FakeSysfs::node_of(2);
+    let rig = Rig::new(node(vec![]));
+    // [network] after [validation]: the rig's config has no section for it.
+    let cfg = rig.config(
+        "",
+        "\n[network]\npoll_interval_ms = 100\ndown_grace_secs = 1\n",
+    );
+    let agent = rig.start(
+        &cfg,
+        Nvml::Sim(BOARD),
+        &["--sysfs-root", sysfs.root().to_str().unwrap()],
+    );
+    let network = "NetworkProblem";
+    assert!(
+        wait_until(T, || healthy(&rig)
+            && status(&rig, network) == pair("False", "NICHealthy")),
+        "{}",
+        diag(&rig, &agent)
+    );
+    assert!(
+        rig.cond(network)
+            .and_then(|c| c.message)
+            .is_some_and(|m| m.contains("2 of 2 RDMA ports up")),
+        "{}",
+        diag(&rig, &agent)
+    );
+
+    sysfs.set_port_down("mlx5_1", 1);
+    assert!(
+        wait_until(T, || status(&rig, network) == pair("True", "NICPortDown")),
+        "{}",
+        diag(&rig, &agent)
+    );
+    let message = rig
+        .cond(network)
+        .and_then(|c| c.message)
+        .unwrap_or_default();
+    assert!(message.contains("mlx5_1/1"), "{message}");
+    assert!(
+        wait_until(T, || !warnings(&rig, "NICPortDown").is_empty()),
+        "{}",
+        diag(&rig, &agent)
+    );
+    // The GPUs are not judged, and nothing is tainted.
+    assert!(healthy(&rig), "{}", diag(&rig, &agent));
+
+    sysfs.set_port_up("mlx5_1", 1);
+    assert!(
+        wait_until(T, || status(&rig, network) == pair("False", "NICHealthy")),
+        "{}",
+        diag(&rig, &agent)
+    );
+    assert!(healthy(&rig));
     assert_eq!(agent.stop(), Some(0));
 }

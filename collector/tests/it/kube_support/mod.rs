@@ -207,10 +207,12 @@ normal_event_spread_secs = 0
             .arg(self.boot_id_path())
             .arg("--state-dir")
             .arg(self.state_dir())
-            .args(["--api-listen", "127.0.0.1:0", "--log-format", "json"])
+            .args(["--api-listen", "127.0.0.1:0", "--log-format", "json"]);
+        if !extra.contains(&"--sysfs-root") {
             // No RDMA NIC, whatever this machine has.
-            .arg("--sysfs-root")
-            .arg(crate::common::data("sysfs-without-rdma"));
+            cmd.arg("--sysfs-root")
+                .arg(crate::common::data("sysfs-without-rdma"));
+        }
         match nvml {
             Nvml::Sim(s) => {
                 cmd.arg("--nvml-sim").arg(data(s));
