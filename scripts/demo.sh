@@ -8,7 +8,7 @@
 # tree (NetworkProblem=True NICPortFlapping, GPUs unaffected, then NICHealthy) -> a
 # simulated reboot (agent stopped with SIGTERM, new boot id, restarted on the same state
 # with nvml-sim/scenarios/demo-after-reboot.toml) -> which faults the new boot clears and
-# which stay, and why. About 50 s. No cluster.
+# which stay, and why. About 45 s. No cluster.
 #
 # Kernel log: the agent reads the demo's lines from a private FIFO, and the machine's
 # kernel log is not touched. --kmsg writes them into this machine's /dev/kmsg instead, as
