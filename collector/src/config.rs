@@ -396,6 +396,24 @@ impl Config {
         }
     }
 
+    /// `[otlp]`'s problems as the exporter would meet them at start: with the
+    /// export on, the `OTEL_*` environment of this process and the TLS files
+    /// are checked too.
+    fn otlp_problems(&self) -> Vec<String> {
+        let resource = gpuwatch_sinks::otlp::ResourceInfo {
+            node_name: self.node_name.clone(),
+            host_name: String::new(),
+            service_version: env!("CARGO_PKG_VERSION").to_string(),
+        };
+        match self
+            .otlp
+            .resolve_for(&resource, &|k: &str| std::env::var(k).ok())
+        {
+            Ok(_) => Vec::new(),
+            Err(problems) => problems,
+        }
+    }
+
     /// Every problem at once, each prefixed with its key path.
     pub fn validate(&self) -> Result<(), ConfigErrors> {
         let mut all = Vec::new();
@@ -426,7 +444,7 @@ impl Config {
         section("policy", policy_problems(&self.policy));
         section("api", self.api.validate());
         section("sinks", self.sinks.validate());
-        section("otlp", self.otlp.validate());
+        section("otlp", self.otlp_problems());
         section("kube", self.kube.validate());
         section("validation", self.validation.validate());
         section("kubelet", self.kubelet.validate());

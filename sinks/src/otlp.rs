@@ -150,6 +150,7 @@ pub enum OtlpError {
 }
 
 /// TLS files, read.
+#[derive(Clone)]
 struct TlsMaterial {
     ca: Option<Vec<u8>>,
     identity: Option<(Vec<u8>, Vec<u8>)>,
@@ -507,6 +508,7 @@ impl std::fmt::Debug for OtlpExporter {
 /// Both signals' settings and the resource attributes, resolved from the
 /// config and the environment; every problem of all three at once. The
 /// pacing typed once here.
+#[derive(Clone, Debug)]
 struct Settings {
     metrics: ResolvedSignal,
     logs: ResolvedSignal,
@@ -562,11 +564,84 @@ impl Settings {
     }
 }
 
+/// `[otlp]` resolved for a start: the file's settings with the standard
+/// `OTEL_EXPORTER_OTLP_*` / `OTEL_RESOURCE_ATTRIBUTES` environment merged and
+/// the TLS files read and checked. Built once ([`OtlpConfig::resolve_for`]),
+/// so `gpuwatch check-config` meets every problem the exporter would meet at
+/// start.
+#[derive(Clone)]
+pub struct OtlpSettings {
+    settings: Settings,
+    tls: Option<TlsMaterial>,
+    metrics: bool,
+    logs: bool,
+}
+
+impl std::fmt::Debug for OtlpSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The TLS key material stays out of logs.
+        f.debug_struct("OtlpSettings")
+            .field("settings", &self.settings)
+            .field("tls", &self.tls.is_some())
+            .field("metrics", &self.metrics)
+            .field("logs", &self.logs)
+            .finish()
+    }
+}
+
+impl OtlpConfig {
+    /// Checks and types the settings for a start: the file, the `OTEL_*`
+    /// variables read through `env`, the TLS files. Every problem at once
+    /// (keys relative to `[otlp]`, or the variable's name); `Ok(None)` when
+    /// the export is off.
+    pub fn resolve_for(
+        &self,
+        resource: &ResourceInfo,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<OtlpSettings>, Vec<String>> {
+        if !self.enabled {
+            return Ok(None);
+        }
+        let settings = Settings::resolve(self, resource, env);
+        let tls = TlsMaterial::load(&self.tls);
+        match (settings, tls) {
+            (Ok(settings), Ok(tls)) => Ok(Some(OtlpSettings {
+                settings,
+                tls,
+                metrics: self.metrics,
+                logs: self.logs,
+            })),
+            (settings, tls) => {
+                let mut problems = match settings {
+                    Err(OtlpError::Config(p)) => p,
+                    Err(other) => vec![other.to_string()],
+                    Ok(_) => Vec::new(),
+                };
+                match tls {
+                    Err(OtlpError::TlsFile { key, path, source }) => problems.push(format!(
+                        "tls.{key}: cannot read {}: {source}",
+                        path.display()
+                    )),
+                    Err(OtlpError::TlsPem {
+                        key,
+                        path,
+                        expected,
+                    }) => problems.push(format!(
+                        "tls.{key}: {} is not a PEM file with a {expected} block",
+                        path.display()
+                    )),
+                    Err(other) => problems.push(other.to_string()),
+                    Ok(_) => {}
+                }
+                Err(problems)
+            }
+        }
+    }
+}
+
 impl OtlpExporter {
-    /// Validates the settings (config and environment), builds the exporters
-    /// and starts exporting. Metrics: a periodic reader every
-    /// `export_interval_secs`. Logs: a worker thread fed by [`Self::log_sink`].
-    /// The gRPC transport runs on `rt`.
+    /// Resolves the settings (config and environment, [`OtlpConfig::resolve_for`])
+    /// and starts exporting ([`OtlpExporter::start_resolved`]).
     pub fn start(
         cfg: &OtlpConfig,
         resource: &ResourceInfo,
@@ -574,11 +649,26 @@ impl OtlpExporter {
         kube: Arc<KubeMetrics>,
         rt: &tokio::runtime::Handle,
     ) -> Result<OtlpExporter, OtlpError> {
-        if !cfg.enabled {
-            return Err(OtlpError::Disabled);
-        }
-        let settings = Settings::resolve(cfg, resource, &|k: &str| std::env::var(k).ok())?;
-        let tls = TlsMaterial::load(&cfg.tls)?;
+        let settings = cfg
+            .resolve_for(resource, &|k: &str| std::env::var(k).ok())
+            .map_err(OtlpError::Config)?
+            .ok_or(OtlpError::Disabled)?;
+        Self::start_resolved(&settings, resource, registry, kube, rt)
+    }
+
+    /// Builds the exporters from resolved settings and starts exporting.
+    /// Metrics: a periodic reader every `export_interval_secs`. Logs: a
+    /// worker thread fed by [`Self::log_sink`]. The gRPC transport runs on
+    /// `rt`.
+    pub fn start_resolved(
+        resolved: &OtlpSettings,
+        resource: &ResourceInfo,
+        registry: Arc<Registry>,
+        kube: Arc<KubeMetrics>,
+        rt: &tokio::runtime::Handle,
+    ) -> Result<OtlpExporter, OtlpError> {
+        let settings = &resolved.settings;
+        let tls = resolved.tls.clone();
         crate::install_crypto_provider();
         let otel_resource = Resource::builder_empty()
             .with_attributes(
@@ -602,9 +692,9 @@ impl OtlpExporter {
             sink: Arc::new(DisabledLogSink),
             resource: settings.attrs.clone(),
         };
-        if cfg.metrics {
+        if resolved.metrics {
             exporter.start_metrics(
-                &settings,
+                settings,
                 tls.as_ref(),
                 &otel_resource,
                 &scope,
@@ -612,15 +702,8 @@ impl OtlpExporter {
                 &kube,
             )?;
         }
-        if cfg.logs {
-            exporter.start_logs(
-                &settings,
-                tls.as_ref(),
-                &otel_resource,
-                scope,
-                &registry,
-                rt,
-            )?;
+        if resolved.logs {
+            exporter.start_logs(settings, tls.as_ref(), &otel_resource, scope, &registry, rt)?;
         }
         Ok(exporter)
     }
@@ -902,7 +985,7 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            matches!(&e, OtlpError::TlsPem { key: "ca_file", .. }),
+            matches!(&e, OtlpError::Config(p) if p.iter().any(|p| p.starts_with("tls.ca_file:") && p.contains("CERTIFICATE"))),
             "{e}"
         );
         cfg.tls = TlsConfig {
@@ -919,14 +1002,7 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            matches!(
-                &e,
-                OtlpError::TlsPem {
-                    key: "key_file",
-                    expected: "PRIVATE KEY",
-                    ..
-                }
-            ),
+            matches!(&e, OtlpError::Config(p) if p.iter().any(|p| p.starts_with("tls.key_file:") && p.contains("PRIVATE KEY"))),
             "{e}"
         );
         assert!(e.to_string().contains(&key.display().to_string()));

@@ -682,6 +682,29 @@ pub fn populate(r: &Registry, k: &KubeMetrics) {
             kmsg_caught_up: false,
             ..Default::default()
         }),
+        // One RDMA port that flapped and counted symbol errors: every network
+        // instrument has a point.
+        network: Some(gpuwatch_proto::NetworkHealth {
+            problem: true,
+            reason: "NICPortFlapping".into(),
+            message: "mlx5_0/1 (ib0, infiniband) flapping".into(),
+            monitor_ok: true,
+            ports: vec![gpuwatch_proto::NicPortHealth {
+                device: "mlx5_0".into(),
+                port: 1,
+                link_layer: "infiniband".into(),
+                netdev: "ib0".into(),
+                pci_address: "0000:1a:00.0".into(),
+                state: "ACTIVE".into(),
+                phys_state: "LinkUp".into(),
+                rate_gbps: 400.0,
+                status: "flapping".into(),
+                flaps_total: 3,
+                error_counts: [("symbol_error".to_string(), 12)].into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
         ..Default::default()
     };
     health.set_verdict(Verdict::Unhealthy);

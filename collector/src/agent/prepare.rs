@@ -13,6 +13,7 @@ use gpuwatch_core::engine::{BootInfo, Engine};
 use gpuwatch_core::network::NetworkSettings;
 use gpuwatch_core::{Registry, Shutdown};
 use gpuwatch_sinks::kube::KubeSettings;
+use gpuwatch_sinks::otlp::OtlpSettings;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -59,6 +60,7 @@ pub struct Prepared {
     kube: KubeSettings,
     kubelet: KubeletSettings,
     network: NetworkSettings,
+    otlp: Option<OtlpSettings>,
     policy: Arc<xid_parser::Policy>,
     boot: BootInfo,
 }
@@ -76,6 +78,12 @@ pub fn prepare(cfg: Config) -> Result<Prepared, PrepareError> {
         .network
         .resolve()
         .map_err(|p| in_section("network", p))?;
+    let otlp = cfg
+        .otlp
+        .resolve_for(&super::sinks::resource_info(&cfg), &|k: &str| {
+            std::env::var(k).ok()
+        })
+        .map_err(|p| in_section("otlp", p))?;
     let policy = Arc::new(xid_parser::Policy::new(&cfg.policy)?);
     let boot = BootInfo {
         boot_id: crate::boot::read_boot_id(&cfg.kmsg.boot_id_path)?,
@@ -86,6 +94,7 @@ pub fn prepare(cfg: Config) -> Result<Prepared, PrepareError> {
         kube,
         kubelet,
         network,
+        otlp,
         policy,
         boot,
     })
@@ -120,6 +129,12 @@ impl Prepared {
     /// The NIC monitor's settings (`[network]`), resolved.
     pub fn network(&self) -> &NetworkSettings {
         &self.network
+    }
+
+    /// The OTLP exporter's settings (`[otlp]` with the `OTEL_*` environment
+    /// and the TLS files), resolved; `None` while the export is off.
+    pub fn otlp(&self) -> Option<&OtlpSettings> {
+        self.otlp.as_ref()
     }
 
     /// The classification policy (built-in table plus `[policy]` overrides).

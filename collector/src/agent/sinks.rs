@@ -89,8 +89,8 @@ pub fn build_sinks(
         );
         sinks.metrics = Some(Arc::new(move || renderer.render()));
     }
-    if cfg.otlp.enabled {
-        sinks.start_otlp(cfg, registry, kube, rt)?;
+    if let Some(otlp) = prepared.otlp() {
+        sinks.start_otlp(otlp, cfg, registry, kube, rt)?;
     }
     if prepared.kube().enabled || opts.kube_dry_run {
         sinks.start_kube_writer(prepared, opts, kube, rt, health_rx, engine)?;
@@ -113,6 +113,7 @@ impl Sinks {
     /// The OTLP exporter: metrics, and one log record per fault.
     fn start_otlp(
         &mut self,
+        otlp: &gpuwatch_sinks::otlp::OtlpSettings,
         cfg: &Config,
         registry: &Arc<Registry>,
         kube: &Arc<KubeMetrics>,
@@ -120,8 +121,8 @@ impl Sinks {
     ) -> Result<(), RunError> {
         // The exporter spawns its gRPC transport on the runtime.
         let _guard = rt.enter();
-        let exporter = gpuwatch_sinks::otlp::OtlpExporter::start(
-            &cfg.otlp,
+        let exporter = gpuwatch_sinks::otlp::OtlpExporter::start_resolved(
+            otlp,
             &resource_info(cfg),
             registry.clone(),
             kube.clone(),

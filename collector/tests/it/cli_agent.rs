@@ -41,6 +41,43 @@ fn check_config_accepts_the_example_and_lists_every_problem() {
     assert!(text.contains("bad.toml:2:1: key `kmsg.paht`"), "{text}");
 }
 
+/// The problems the OTLP exporter would meet at start are check-config's
+/// too: a bad `OTEL_EXPORTER_OTLP_ENDPOINT` in the environment and a TLS
+/// file that is not there; with the export off, neither matters.
+#[test]
+fn check_config_sees_the_otlp_environment_and_tls_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("otlp.toml");
+    let missing = dir.path().join("no-such-ca.pem");
+    std::fs::write(
+        &cfg,
+        format!(
+            "node_name = \"n1\"\n[otlp]\nenabled = true\nprotocol = \"grpc\"\n[otlp.tls]\nca_file = {missing:?}\n"
+        ),
+    )
+    .unwrap();
+    let out = gpuwatch()
+        .arg("check-config")
+        .arg(&cfg)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "ht!tp://not a url")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("OTEL_EXPORTER_OTLP_ENDPOINT"), "{text}");
+    assert!(text.contains("otlp.tls.ca_file: cannot read"), "{text}");
+    assert!(text.contains("no-such-ca.pem"), "{text}");
+
+    std::fs::write(&cfg, "node_name = \"n1\"\n[otlp]\nenabled = false\n").unwrap();
+    let out = gpuwatch()
+        .arg("check-config")
+        .arg(&cfg)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "ht!tp://not a url")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
+
 #[test]
 fn replay_with_exit_at_eof_prints_a_summary_and_events() {
     let dir = tempfile::tempdir().unwrap();
