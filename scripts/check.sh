@@ -17,7 +17,7 @@ step "cargo fmt --check"
 cargo fmt --all --check
 
 step "no module import cycles in any crate"
-python3 scripts/module-cycles.py core xid-parser proto sinks collector nvml-sim demo test-support
+python3 scripts/module-cycles.py core xid-parser proto sinks kube collector nvml-sim demo test-support
 
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings

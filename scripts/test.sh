@@ -71,7 +71,7 @@ if [ -z "${ROTEL_BIN:-}" ] && ! command -v rotel-agent >/dev/null \
   fi
   export ROTEL_BIN="$venv/bin/rotel-agent"
 fi
-# Helm (sinks/tests/it/helm_chart.rs, deploy/helm/test.sh), unless HELM_BIN names one.
+# Helm (kube/tests/it/helm_chart.rs, deploy/helm/test.sh), unless HELM_BIN names one.
 if [ -z "${HELM_BIN:-}" ]; then
   helm_dir="${GPUWATCH_TOOLS_DIR:-${HOME:-/root}/.cache/gpuwatch}/helm-${HELM_VERSION}"
   if [ ! -x "$helm_dir/helm" ]; then
@@ -119,7 +119,7 @@ step "cargo fmt --check"
 cargo fmt --all --check
 
 step "no module import cycles in any crate"
-python3 scripts/module-cycles.py core xid-parser proto sinks collector nvml-sim demo test-support
+python3 scripts/module-cycles.py core xid-parser proto sinks kube collector nvml-sim demo test-support
 
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings

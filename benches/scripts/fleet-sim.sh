@@ -34,7 +34,7 @@ real_interval="${REAL_EXPORT_SECS:-30}"
 # The fleet quarantine budget's cost at 5,000 Nodes: its protocol against the
 # API server's Lease semantics, on simulated time (what a wave and the steady
 # state ask of the API server, by request kind).
-cargo test -q -p gpuwatch-sinks --lib fleet_cost -- --nocapture 2>&1 | grep -E '^fleet budget|^  (first|steady)'
+cargo test -q -p gpuwatch-kube --lib fleet_cost -- --nocapture 2>&1 | grep -E '^fleet budget|^  (first|steady)'
 
 cargo build -q -p nvml-sim
 out="$(mktemp)"

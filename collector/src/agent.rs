@@ -45,7 +45,7 @@ use crate::api::{self, ApiState};
 use crate::pipeline::{ENGINE_CHANNEL_CAPACITY, Liveness, StopReason};
 use engine::EngineThread;
 use gpuwatch_core::{Registry, Shutdown};
-use gpuwatch_sinks::kube::KubeMetrics;
+use gpuwatch_kube::KubeMetrics;
 use inputs::{EngineInlet, Inputs, KmsgReader, KubeletDevices, LocalApi, NicPoller, NvmlFeed};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -134,7 +134,7 @@ impl Prepared {
             Arc::new(move || n.notify_one())
         };
         engine.set_placement_asks(gpuwatch_core::engine::PlacementAsks {
-            pods: (self.kube().enabled && !opts.kube_dry_run).then(|| wake(&pods_ask)),
+            pods: (self.kube().enabled() && !opts.kube_dry_run).then(|| wake(&pods_ask)),
             devices: (!self.kubelet().socket.as_os_str().is_empty()).then(|| wake(&devices_ask)),
         });
         (pods_ask, devices_ask)

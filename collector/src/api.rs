@@ -35,7 +35,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Router};
 use gpuwatch_core::Registry;
 use gpuwatch_core::msg::Input;
-use gpuwatch_sinks::kube::KubeMetrics;
+use gpuwatch_kube::KubeMetrics;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -48,7 +48,7 @@ pub struct Config {
     /// OTLP metrics and log export.
     pub otlp: gpuwatch_sinks::otlp::OtlpConfig,
     /// Kubernetes node writer (conditions, taints, Events, startup gate).
-    pub kube: gpuwatch_sinks::kube::KubeConfig,
+    pub kube: gpuwatch_kube::KubeConfig,
     /// Device validation (startup gate).
     pub validation: gpuwatch_core::validation::ValidationConfig,
     /// The kubelet's PodResources API (which pods hold which GPUs).

@@ -9,7 +9,7 @@
 #      against rules.yaml);
 #   5. the rendered gpuwatch.toml of each: `gpuwatch check-config`; NOTES.txt renders;
 #   6. the packaged chart renders as the directory does.
-# The typed object checks and the kustomize parity are Rust tests (sinks/tests/it/helm_chart.rs).
+# The typed object checks and the kustomize parity are Rust tests (kube/tests/it/helm_chart.rs).
 #
 #   HELM_BIN=... KUBERNETES_VALIDATE_BIN=... GPUWATCH_BIN=... deploy/helm/test.sh
 # Defaults: helm, kubernetes-validate on PATH; target/debug/gpuwatch (or $CARGO_TARGET_DIR's).

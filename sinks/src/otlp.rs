@@ -8,7 +8,7 @@
 //! ```no_run
 //! use gpuwatch_sinks::otlp::{OtlpConfig, OtlpExporter, ResourceInfo};
 //! use gpuwatch_core::Registry;
-//! use gpuwatch_sinks::kube::KubeMetrics;
+//! use gpuwatch_sinks::kube_metrics::KubeMetrics;
 //!
 //! let rt = tokio::runtime::Runtime::new().unwrap();
 //! let cfg = OtlpConfig { enabled: true, endpoint: Some("http://127.0.0.1:4317".into()), ..Default::default() };
@@ -28,7 +28,7 @@ pub use config::{
     parse_key_values,
 };
 
-use crate::kube::KubeMetrics;
+use crate::kube_metrics::KubeMetrics;
 use crate::metrics::{self, InstrumentKind, NumType, Point, SPECS, SeriesFilter, Sources};
 use gpuwatch_core::{EventSink, LATENCY_BUCKETS_SECONDS, Registry, Signal, Stage};
 use gpuwatch_proto::{FaultEvent, NodeHealth};

@@ -9,7 +9,7 @@
 //! ```
 //! use gpuwatch_sinks::prometheus::{otel_to_prometheus_name, InstrumentKind, Renderer};
 //! use gpuwatch_core::Registry;
-//! use gpuwatch_sinks::kube::KubeMetrics;
+//! use gpuwatch_sinks::kube_metrics::KubeMetrics;
 //! use gpuwatch_sinks::otlp::ResourceInfo;
 //!
 //! assert_eq!(
@@ -21,7 +21,7 @@
 //! assert!(text.contains("# TYPE gpuwatch_kmsg_records_read_total counter"));
 //! ```
 
-use crate::kube::KubeMetrics;
+use crate::kube_metrics::KubeMetrics;
 use crate::metrics::{
     DEFAULT_QUIET_WINDOW, LATENCY_DESCRIPTION, LATENCY_NAME, LATENCY_UNIT, Num, SeriesFilter,
     Sources,

@@ -39,7 +39,8 @@ use tokio::sync::Notify;
 
 /// Where a queue counts what becomes of its items
 /// (`gpuwatch.events{stage, outcome}`).
-pub(crate) trait Counts: std::fmt::Debug + Send + Sync {
+pub trait Counts: std::fmt::Debug + Send + Sync {
+    /// Counts `n` items that ended as `outcome`.
     fn count_events(&self, outcome: Outcome, n: u64);
 }
 
@@ -62,7 +63,7 @@ impl Counts for AtStage {
 }
 
 /// Items of a keyed queue (module doc).
-pub(crate) trait Keyed: Clone {
+pub trait Keyed: Clone {
     /// Items of equal keys are one: a push merges into the waiting one.
     fn key(&self) -> &str;
     /// Takes in `newer`, an item of the same key pushed after this one.
@@ -73,7 +74,7 @@ pub(crate) trait Keyed: Clone {
 
 /// How long the consumer drains after [`SinkQueue::stop`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Drain {
+pub enum Drain {
     /// Everything queued is written first (a writer that cannot block the
     /// stopping thread, which does not wait for it).
     All,
@@ -83,7 +84,7 @@ pub(crate) enum Drain {
 
 /// What became of a batch the consumer took.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Settled {
+pub enum Settled {
     /// The batch is done with: `written` of its items reached the output,
     /// the rest are lost (counted dropped).
     Done {
@@ -139,7 +140,7 @@ impl<T> State<T> {
 }
 
 /// A bounded drop-oldest queue with one consumer (module doc).
-pub(crate) struct SinkQueue<T> {
+pub struct SinkQueue<T> {
     state: Mutex<State<T>>,
     /// Wakes a consumer thread (new items, flush, stop).
     work: Condvar,
@@ -164,7 +165,7 @@ impl<T> std::fmt::Debug for SinkQueue<T> {
 
 impl<T> SinkQueue<T> {
     /// A queue of at most `capacity` items (at least one), counting at `stage`.
-    pub(crate) fn new(capacity: usize, stage: Stage, registry: Arc<Registry>) -> SinkQueue<T> {
+    pub fn new(capacity: usize, stage: Stage, registry: Arc<Registry>) -> SinkQueue<T> {
         SinkQueue::with_mode(
             capacity,
             Mode::Batches,
@@ -209,7 +210,7 @@ impl<T> SinkQueue<T> {
     }
 
     /// Queues `item`; never blocks beyond a short mutex hold.
-    pub(crate) fn push(&self, item: T) {
+    pub fn push(&self, item: T) {
         self.push_unless(item, |_| false);
     }
 
@@ -217,7 +218,7 @@ impl<T> SinkQueue<T> {
     /// or being written (so order holds); `bypass` returns whether it took
     /// the item, and runs with the queue locked, so the consumer cannot start
     /// a batch meanwhile. Otherwise (or when `bypass` declines) queues it.
-    pub(crate) fn push_unless(&self, item: T, bypass: impl FnOnce(&T) -> bool) {
+    pub fn push_unless(&self, item: T, bypass: impl FnOnce(&T) -> bool) {
         let st = self.lock();
         if st.stop.is_some() {
             drop(st);
@@ -268,14 +269,14 @@ impl<T> SinkQueue<T> {
     }
 
     /// The most items the queue holds (keyed: waiting items).
-    pub(crate) fn capacity(&self) -> usize {
+    pub fn capacity(&self) -> usize {
         self.capacity
     }
 
     /// Counts an item that reached the output without being queued (a
     /// bypass, or a producer writing on its own thread): emitted, or dropped
     /// when the output lost it.
-    pub(crate) fn count_unqueued(&self, written: bool) {
+    pub fn count_unqueued(&self, written: bool) {
         let outcome = if written {
             Outcome::Emitted
         } else {
@@ -285,14 +286,19 @@ impl<T> SinkQueue<T> {
     }
 
     /// Items waiting (including a batch being written, and deferred ones).
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         let st = self.lock();
         st.items.len() + st.deferred.len()
     }
 
+    /// No item waiting ([`SinkQueue::len`] is 0).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Asks the consumer to write now and waits until the queue is empty (or
     /// the consumer ended) or `timeout` passed; true when it is empty.
-    pub(crate) fn flush(&self, timeout: Duration) -> bool {
+    pub fn flush(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         self.ask_flush();
         let flushed = self.wait_flushed(deadline);
@@ -304,7 +310,7 @@ impl<T> SinkQueue<T> {
 
     /// Asks the consumer to write now (a keyed queue's consumer: to take
     /// deferred items at once, until [`SinkQueue::end_flush`]).
-    pub(crate) fn ask_flush(&self) {
+    pub fn ask_flush(&self) {
         self.lock().flush_requested = true;
         self.work.notify_all();
         if let Some(waker) = &self.waker {
@@ -314,7 +320,7 @@ impl<T> SinkQueue<T> {
 
     /// Waits until the queue is empty (or the consumer ended) or `deadline`
     /// passed; true when it is empty.
-    pub(crate) fn wait_flushed(&self, deadline: Instant) -> bool {
+    pub fn wait_flushed(&self, deadline: Instant) -> bool {
         let st = self.wait_until(self.lock(), deadline, |st| st.finished || st.idle());
         st.is_some_and(|st| st.items.is_empty() && st.deferred.is_empty())
     }
@@ -322,7 +328,7 @@ impl<T> SinkQueue<T> {
     /// Ends a keyed queue's flush, done or not: deferred items wait for
     /// their time again. (Another queue's flush ends once its consumer finds
     /// it empty.)
-    pub(crate) fn end_flush(&self) {
+    pub fn end_flush(&self) {
         self.lock().flush_requested = false;
     }
 
@@ -350,7 +356,7 @@ impl<T> SinkQueue<T> {
 
     /// Refuses new items from now on and tells the consumer to drain as
     /// `drain` says and end. Does not wait.
-    pub(crate) fn stop(&self, drain: Drain) {
+    pub fn stop(&self, drain: Drain) {
         let mut st = self.lock();
         if st.stop.is_none() {
             st.stop = Some(drain);
@@ -364,7 +370,7 @@ impl<T> SinkQueue<T> {
 
     /// [`SinkQueue::stop`] until `timeout` from now, then waits (up to the
     /// same deadline) for the consumer to end; false when it did not.
-    pub(crate) fn stop_and_wait(&self, timeout: Duration) -> bool {
+    pub fn stop_and_wait(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         self.stop(Drain::Until(deadline));
         self.wait_until(self.lock(), deadline, |st| st.finished)
@@ -372,19 +378,19 @@ impl<T> SinkQueue<T> {
     }
 
     /// True while the consumer writes a batch.
-    pub(crate) fn in_flight(&self) -> bool {
+    pub fn in_flight(&self) -> bool {
         self.lock().inflight.is_some()
     }
 
     /// True once [`SinkQueue::stop`] was called.
-    pub(crate) fn stopping(&self) -> bool {
+    pub fn stopping(&self) -> bool {
         self.lock().stop.is_some()
     }
 
     /// The consumer's wait for its next batch: up to `max` items, once
     /// `max` are queued, a flush is asked, the stop drains, or the first
     /// item has waited `linger`. `None` when the consumer should end.
-    pub(crate) fn next_batch(&self, max: usize, linger: Duration) -> Option<Vec<Arc<T>>> {
+    pub fn next_batch(&self, max: usize, linger: Duration) -> Option<Vec<Arc<T>>> {
         let max = max.max(1);
         let mut st = self.lock();
         st.batch_max = max;
@@ -425,7 +431,7 @@ impl<T> SinkQueue<T> {
     /// Settles the batch the consumer took (module doc); true when it stays
     /// at the head for another try (a keyed queue drops a retried item that
     /// no longer fits).
-    pub(crate) fn settle(&self, batch_len: usize, settled: Settled) -> bool {
+    pub fn settle(&self, batch_len: usize, settled: Settled) -> bool {
         let mut st = self.lock();
         let f = st.inflight.take().unwrap_or_default();
         // A finished queue was cleared under the batch.
@@ -462,7 +468,7 @@ impl<T> SinkQueue<T> {
 
     /// Sleeps for a retry delay unless a stop comes first; false when the
     /// consumer should not try again (stopping with no time left).
-    pub(crate) fn backoff(&self, delay: Duration) -> bool {
+    pub fn backoff(&self, delay: Duration) -> bool {
         let until = Instant::now() + delay;
         let mut st = self.lock();
         loop {
@@ -486,7 +492,7 @@ impl<T> SinkQueue<T> {
 
     /// The consumer's end: counts what is left (deferred items included) as
     /// dropped (returned) and wakes whoever waits for it.
-    pub(crate) fn finish(&self) -> u64 {
+    pub fn finish(&self) -> u64 {
         let mut st = self.lock();
         let left = (st.items.len() + st.deferred.len()) as u64;
         st.items.clear();
@@ -502,17 +508,13 @@ impl<T: Keyed> SinkQueue<T> {
     /// A keyed queue (module doc) of at most `capacity` waiting items (at
     /// least one), counting at `counts`, that wakes its consumer task through
     /// `waker`.
-    pub(crate) fn keyed(
-        capacity: usize,
-        counts: Arc<dyn Counts>,
-        waker: Arc<Notify>,
-    ) -> SinkQueue<T> {
+    pub fn keyed(capacity: usize, counts: Arc<dyn Counts>, waker: Arc<Notify>) -> SinkQueue<T> {
         SinkQueue::with_mode(capacity, Mode::Keyed, counts, Some(waker))
     }
 
     /// Merges `item` into the deferred or waiting item of its key (counted
     /// coalesced), or else queues it; never blocks beyond a short mutex hold.
-    pub(crate) fn push_or_merge(&self, item: T) {
+    pub fn push_or_merge(&self, item: T) {
         let mut guard = self.lock();
         if guard.stop.is_some() {
             drop(guard);
@@ -538,7 +540,7 @@ impl<T: Keyed> SinkQueue<T> {
 
     /// Moves the deferred items that are due (all of them while a flush is
     /// under way or once stopping) to the head, marked due.
-    pub(crate) fn release_due(&self) {
+    pub fn release_due(&self) {
         let mut guard = self.lock();
         let st = &mut *guard;
         let all = st.flush_requested || st.stop.is_some();
@@ -558,7 +560,7 @@ impl<T: Keyed> SinkQueue<T> {
     /// The consumer's next item, without waiting ([`SinkQueue::release_due`]
     /// first). It stays queued, in flight, until settled
     /// ([`SinkQueue::settle`], [`SinkQueue::defer`]).
-    pub(crate) fn take(&self) -> Option<T> {
+    pub fn take(&self) -> Option<T> {
         self.release_due();
         let mut st = self.lock();
         debug_assert!(st.inflight.is_none(), "one item in flight at a time");
@@ -578,7 +580,7 @@ impl<T: Keyed> SinkQueue<T> {
 
     /// Settles the item being written by deferring it until `due` (merged
     /// into one already deferred for its key).
-    pub(crate) fn defer(&self, due: Instant) {
+    pub fn defer(&self, due: Instant) {
         let mut guard = self.lock();
         let st = &mut *guard;
         let queued = st.inflight.take().map_or(0, |f| f.queued);
@@ -592,7 +594,7 @@ impl<T: Keyed> SinkQueue<T> {
     }
 
     /// When the earliest deferred item is due.
-    pub(crate) fn next_due(&self) -> Option<Instant> {
+    pub fn next_due(&self) -> Option<Instant> {
         self.lock().deferred.iter().map(|(due, _)| *due).min()
     }
 }

@@ -5,7 +5,7 @@
 //! - [`engine`]: a health engine on a manual clock and builders for kernel-log
 //!   events and NVML samples (`gpuwatch-core`'s and the agent's tests).
 //! - [`kube`]: an in-process Kubernetes API-server double that answers the way
-//!   kube-apiserver does (`gpuwatch-sinks`' writer tests and the agent's
+//!   kube-apiserver does (`gpuwatch-kube`'s writer tests and the agent's
 //!   end-to-end tests).
 //! - [`telemetry`]: a real OpenTelemetry collector (rotel) on loopback ports and
 //!   a parser for what it received, `promtool`, populated metrics (the

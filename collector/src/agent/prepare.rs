@@ -12,7 +12,7 @@ use crate::pipeline::{Liveness, StopReason};
 use gpuwatch_core::engine::{BootInfo, Engine};
 use gpuwatch_core::network::NetworkSettings;
 use gpuwatch_core::{Registry, Shutdown};
-use gpuwatch_sinks::kube::KubeSettings;
+use gpuwatch_kube::KubeSettings;
 use gpuwatch_sinks::otlp::OtlpSettings;
 use std::path::Path;
 use std::sync::Arc;

@@ -7,8 +7,8 @@ use super::{Prepared, RunError, RunOptions, StopBudget};
 use crate::api::MetricsRenderer;
 use crate::config::Config;
 use gpuwatch_core::{EventSink, Registry};
+use gpuwatch_kube::KubeMetrics;
 use gpuwatch_proto::NodeHealth;
-use gpuwatch_sinks::kube::KubeMetrics;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -92,7 +92,7 @@ pub fn build_sinks(
     if let Some(otlp) = prepared.otlp() {
         sinks.start_otlp(otlp, cfg, registry, kube, rt)?;
     }
-    if prepared.kube().enabled || opts.kube_dry_run {
+    if prepared.kube().enabled() || opts.kube_dry_run {
         sinks.start_kube_writer(prepared, opts, kube, rt, health_rx, engine)?;
     }
     Ok(sinks)
@@ -160,7 +160,7 @@ impl Sinks {
         // can disconnect and drain while the writer still runs.
         let cfg = prepared.config();
         let pods_tx = validation_tx.clone();
-        let on_validation: gpuwatch_sinks::kube::ValidationCallback = Arc::new(move |report| {
+        let on_validation: gpuwatch_kube::ValidationCallback = Arc::new(move |report| {
             let Some(tx) = validation_tx.upgrade() else {
                 return;
             };
@@ -169,7 +169,7 @@ impl Sinks {
             }
         });
         // The node's pods go to the engine the same way (weakly held).
-        let on_pods: gpuwatch_sinks::kube::PlacementCallback = Arc::new(move |update| {
+        let on_pods: gpuwatch_kube::PlacementCallback = Arc::new(move |update| {
             let Some(tx) = pods_tx.upgrade() else {
                 return;
             };
@@ -178,14 +178,14 @@ impl Sinks {
             }
         });
         let writer = rt
-            .block_on(gpuwatch_sinks::kube::NodeWriter::start(
+            .block_on(gpuwatch_kube::NodeWriter::start(
                 prepared.kube().clone(),
                 cfg.validation.clone(),
                 cfg.node_name.clone(),
                 kube.clone(),
                 health_rx,
                 opts.kube_dry_run,
-                gpuwatch_sinks::kube::WriterHooks {
+                gpuwatch_kube::WriterHooks {
                     on_validation: Some(on_validation),
                     on_pods: Some(on_pods),
                     pods_ask: Some(pods_ask),

@@ -4,7 +4,7 @@
 use super::init_logging;
 use anyhow::Context as _;
 use gpuwatch::config::{Config, LogFormat};
-use gpuwatch_sinks::kube::KubeError;
+use gpuwatch_kube::KubeError;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -32,7 +32,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     init_logging(LogFormat::Text, "warn");
     let kube = match &config {
         Some(c) => Config::load(c)?.kube,
-        None => gpuwatch_sinks::kube::KubeConfig::default(),
+        None => gpuwatch_kube::KubeConfig::default(),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -41,7 +41,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let report = rt
         .block_on(async {
             let settings = kube.resolve().map_err(KubeError::Config)?;
-            gpuwatch_sinks::kube::node_cleanup(&settings, &node, dry_run).await
+            gpuwatch_kube::node_cleanup(&settings, &node, dry_run).await
         })
         .with_context(|| format!("cleaning up node {node:?}"))?;
     let verb = if dry_run { "Would remove" } else { "Removed" };

@@ -116,7 +116,7 @@ fn expected_gpus(
     match cfg.validation.expected_gpus {
         Some(n) => (Some(Count::Configured(n)), None),
         None if read_node => {
-            match rt.block_on(gpuwatch_sinks::kube::expected_gpus_from_node(
+            match rt.block_on(gpuwatch_kube::expected_gpus_from_node(
                 prepared.kube(),
                 &cfg.validation,
                 &cfg.node_name,
@@ -142,7 +142,7 @@ fn judge(
     let validation = &prepared.config().validation;
     let expected = expected.map(|c| match c {
         Count::Configured(n) => Expected::Gpus(n),
-        Count::Node(n) => gpuwatch_sinks::kube::node_count(n, prepared.kube(), health),
+        Count::Node(n) => gpuwatch_kube::node_count(n, prepared.kube(), health),
     });
     let mut report = gpuwatch_core::validation::validate_expecting(health, expected, validation);
     if let Some(why) = node_problem {

@@ -89,7 +89,7 @@ fn gpuwatch_clear_reaches_the_engine_only_through_the_state_dir_socket() {
     .unwrap();
     let state = ApiState {
         registry,
-        kube: gpuwatch_sinks::kube::KubeMetrics::new(),
+        kube: gpuwatch_kube::KubeMetrics::new(),
         liveness: Liveness::new(),
         metrics: None,
     };

@@ -5,7 +5,7 @@
 use super::{
     Collect, InstrumentKind, Num, NumType, Point, Presence, Sources, Spec, flag, s, samples_current,
 };
-use crate::kube::EVENTS_STAGE;
+use crate::kube_metrics::EVENTS_STAGE;
 use gpuwatch_core::registry::{Outcome, Stage};
 use gpuwatch_proto::{Action, NodeHealth, ShortName};
 use std::sync::atomic::Ordering::Relaxed;

@@ -1,7 +1,7 @@
 //! [`SeriesFilter`]: each instrument's [`Presence`] across collections, per output.
 
 use super::{AttrValue, Num, Point, Presence, SPECS, Sources, Spec};
-use crate::kube::KubeMetrics;
+use crate::kube_metrics::KubeMetrics;
 use gpuwatch_core::registry::Registry;
 use gpuwatch_proto::NodeHealth;
 use std::collections::HashMap;

@@ -4,7 +4,7 @@
 use super::{
     AttrValue, Collect, InstrumentKind, Num, NumType, Point, Presence, Sources, Spec, atomic, s,
 };
-use crate::kube::{KubeObject, ValidationResult, WriteResult};
+use crate::kube_metrics::{KubeObject, ValidationResult, WriteResult};
 use gpuwatch_proto::NodeHealth;
 
 /// This subject's instruments, in export order.

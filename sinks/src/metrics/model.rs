@@ -1,7 +1,7 @@
 //! What an instrument is: its kind, number type, data points and when its
 //! series are exported.
 
-use crate::kube::KubeMetrics;
+use crate::kube_metrics::KubeMetrics;
 use gpuwatch_core::registry::Registry;
 use gpuwatch_proto::NodeHealth;
 use std::borrow::Cow;

@@ -1,7 +1,7 @@
 //! The table's invariants and each subject's collection, on filled registries.
 
 use super::*;
-use crate::kube::{KubeMetrics, KubeObject, ValidationResult, WriteResult};
+use crate::kube_metrics::{KubeMetrics, KubeObject, ValidationResult, WriteResult};
 use gpuwatch_core::registry::Registry;
 use gpuwatch_proto::{Action, FaultKind, NodeHealth, RecoveryAction, Verdict};
 use gpuwatch_proto::{FaultEvent, GpuHealth, NvLinkSample};

@@ -9,7 +9,7 @@ use crate::common::{
 };
 use gpuwatch_core::{LATENCY_BUCKETS_SECONDS, Outcome, Registry, Signal, Stage};
 use gpuwatch_proto::Action;
-use gpuwatch_sinks::kube::KubeMetrics;
+use gpuwatch_sinks::kube_metrics::KubeMetrics;
 use gpuwatch_sinks::otlp::{Compression, OtlpConfig, OtlpExporter, Protocol, ResourceInfo};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -49,7 +49,7 @@ mod watch;
 
 pub use request::Recorded;
 
-use gpuwatch_sinks::kube::{ApiRequest, KubeConfig, UNGRANTED_REQUESTS, WRITER_REQUESTS};
+use gpuwatch_kube::{ApiRequest, KubeConfig, UNGRANTED_REQUESTS, WRITER_REQUESTS};
 use k8s_openapi::api::core::v1::{Event, Node};
 use nodes::NodeStore;
 use serde_json::{Value, json};

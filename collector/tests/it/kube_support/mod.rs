@@ -1,6 +1,6 @@
 //! Harness for `kube_e2e.rs`: the real `gpuwatch run` binary as a child
 //! process, writing to the in-process Kubernetes API-server double
-//! (`gpuwatch_test_support::kube`, shared with `sinks/tests`), reading its kernel log from a
+//! (`gpuwatch_test_support::kube`, shared with `kube/tests`), reading its kernel log from a
 //! FIFO the test writes kmsg-format records into, and NVML from the nvml-sim
 //! cdylib driven by `collector/tests/data/kube-*.toml`.
 //!

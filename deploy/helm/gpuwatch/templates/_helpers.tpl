@@ -43,7 +43,7 @@ into the ConfigMap.
 What the templates need from the agent configuration, as JSON (read it back with fromJson):
 apiPort, stateDir, faultTaintKeys, startupTaintKey, readyConditionType,
 problemConditionType, networkConditionType, eventNamespace, quarantineNamespace, prometheus. Absent settings take
-the agent's defaults (collector/src/config.rs, sinks/src/kube/config.rs); settings the
+the agent's defaults (collector/src/config.rs, kube/src/config.rs); settings the
 DaemonSet cannot work with fail the render with the key named.
 */}}
 {{- define "gpuwatch.settings" -}}
@@ -113,7 +113,7 @@ The ConfigMap's name: gpuwatch-config plus the content hash kustomize's configMa
 appends, so a Helm install and an `apply -k` one name it alike and a config change rolls the
 pods. The hash is kustomize 5's: sha256 of the JSON of {"data", "kind": "ConfigMap", "name"}
 with an empty name (its lookup of metadata/name finds nothing), the first 10 hex digits with
-0, 1, 3, a, e spelled g, h, k, m, t. The parity test (sinks/tests/it/helm_chart.rs) compares
+0, 1, 3, a, e spelled g, h, k, m, t. The parity test (kube/tests/it/helm_chart.rs) compares
 the names.
 */}}
 {{- define "gpuwatch.configMapName" -}}

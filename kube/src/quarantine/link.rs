@@ -4,8 +4,8 @@
 use super::Need;
 use super::budget::Budget;
 use super::protocol::Status;
-use crate::kube::metrics::KubeMetrics;
 use gpuwatch_proto::QuarantineStatus;
+use gpuwatch_sinks::kube_metrics::KubeMetrics;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use tokio::sync::watch;
@@ -15,9 +15,9 @@ use tokio::sync::watch;
 pub(crate) const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Event reason while the fault taint is deferred.
-pub const DEFERRED_REASON: &str = "QuarantineBudgetExhausted";
+pub(crate) const DEFERRED_REASON: &str = "QuarantineBudgetExhausted";
 /// Event reason when the budget cannot work and fault taints go on without it.
-pub const UNAVAILABLE_REASON: &str = "QuarantineBudgetUnavailable";
+pub(crate) const UNAVAILABLE_REASON: &str = "QuarantineBudgetUnavailable";
 
 /// What the reconciler should do with the fault taint this pass.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -78,7 +78,7 @@ pub(crate) async fn run_validation(
 ) -> ValidationReport {
     let mut report = validation::validate_expecting(&health, expected, &vcfg);
     if report.passed && !vcfg.command.is_empty() {
-        let check = crate::extra_command::run_extra_command(&vcfg.extra_command()).await;
+        let check = gpuwatch_sinks::extra_command::run_extra_command(&vcfg.extra_command()).await;
         validation::add_check(&mut report, check);
     }
     report.time_unix_nano = Some(unix_nanos(SystemTime::now()));
@@ -314,7 +314,7 @@ mod tests {
         let cb: ValidationCallback = Arc::new(move |r| seen.lock().unwrap().push(r));
         let g = StartupGate::new(
             ValidationConfig::default(),
-            crate::kube::KubeSettings::default().advertised,
+            crate::KubeSettings::default().advertised,
             "gpu-node-1".into(),
             Some(cb),
         );

@@ -20,7 +20,7 @@
 //!     reset/reboot, the hardware is not judged broken, so a node-repair controller
 //!     does not replace the node for it unless configured to.
 //!   - `GPUProblem`: `True` while a reset/reboot/inspect fault is active (reason =
-//!     the action class of the most severe fault, [`class_reason`]:
+//!     the action class of the most severe fault, `class_reason` in module `desired`:
 //!     `GPUResetRequired`, `NodeRebootRequired`, `HardwareReplacementRequired`, the
 //!     same on a `False` readiness condition; the message names the fault, GPU index,
 //!     UUID, PCI address, code, occurrences and boot), `False`/`NoGPUProblem`,
@@ -44,7 +44,7 @@
 //!   pause — a lost race is not an error (counted as
 //!   `gpuwatch.kube.writes{result="conflict"}`), so it never waits out the error
 //!   backoff. A foreign taint added during the race is kept.
-//! - **Fleet quarantine budget** ([`quarantine`]) — the fault taint is written only
+//! - **Fleet quarantine budget** (module `quarantine`) — the fault taint is written only
 //!   while this Node holds one of the budget's Lease slots; a Node past the budget
 //!   keeps its conditions, gets no fault taint and a `QuarantineBudgetExhausted`
 //!   Warning Event, and takes a slot as soon as one frees. Before the first claim
@@ -69,6 +69,19 @@
 //!
 //! The requests the writer can make are listed in [`WRITER_REQUESTS`]; the RBAC
 //! manifest grants exactly those.
+//!
+//! The crate also lists the pods bound to the Node ([`PlacementCallback`]), one
+//! of the agent's two placement sources (the other, the kubelet's PodResources,
+//! is the agent's own).
+//!
+//! It builds on `gpuwatch-sinks`, never the other way round: the Events go
+//! through that crate's bounded queue (`gpuwatch_sinks::queue`), the startup
+//! gate runs its `extra_command`, and what the writer counts is
+//! [`KubeMetrics`], which stays in `gpuwatch-sinks` because its metric table
+//! (OTLP and Prometheus) reads it; it is re-exported here. The public API is
+//! what the agent and the tests use; everything else is crate-private.
+#![deny(missing_docs)]
+#![warn(unreachable_pub)]
 
 mod advertised;
 mod backend;
@@ -79,36 +92,29 @@ mod event_text;
 mod events;
 mod flap;
 mod gate;
-mod metrics;
 mod node;
 mod node_watch;
 mod pod_events;
 mod pods;
-pub mod quarantine;
+mod quarantine;
 mod reconcile;
 mod resolve;
 mod retry;
 mod schedule;
 mod settings;
 
-pub use backend::{ApiError, ApiResult};
 pub use cleanup::{CleanupError, CleanupReport, node_cleanup};
 pub use config::{KubeConfig, MigStrategy, StartupGateMode, TaintConfig};
-pub use desired::class_reason;
-pub use event_text::{event_reason, event_type};
-pub use events::{COMPONENT, DEDUP_ANNOTATION};
-pub use metrics::{EVENTS_STAGE, KubeMetrics, KubeObject, ValidationResult, WriteResult};
-pub use pods::{MIN_LIST_GAP, PlacementCallback, pod_info};
-pub use settings::{
-    AdvertisedSettings, ApiSettings, ConditionSettings, EventSettings, FlapBound, GateSettings,
-    KubeSettings, QuarantineSettings, Taint, TaintEffect, TaintSettings,
-};
+pub use gpuwatch_sinks::kube_metrics::{KubeMetrics, KubeObject, ValidationResult, WriteResult};
+pub use pods::{MIN_LIST_GAP, PlacementCallback};
+pub use settings::KubeSettings;
 
 use events::{EventQueue, EventWriter, KubeEventSink};
 use gpuwatch_core::EventSink;
 use gpuwatch_core::validation::ValidationConfig;
 use gpuwatch_proto::{NodeHealth, ValidationReport};
 use reconcile::Reconciler;
+use settings::ApiSettings;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -302,7 +308,7 @@ impl std::fmt::Debug for NodeWriter {
 }
 
 async fn build_client(api: &ApiSettings) -> Result<kube::Client, KubeError> {
-    crate::install_crypto_provider();
+    gpuwatch_sinks::install_crypto_provider();
     let mut config = match &api.server_url {
         Some(url) => {
             let uri = url.parse::<http::Uri>().map_err(|e| KubeError::Url {

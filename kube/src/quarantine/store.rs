@@ -17,20 +17,20 @@ use std::future::Future;
 use std::time::Duration;
 
 /// Label on every slot Lease; its value is the slot's index.
-pub const SLOT_LABEL: &str = "gpuwatch.io/quarantine-slot";
+pub(super) const SLOT_LABEL: &str = "gpuwatch.io/quarantine-slot";
 /// Annotation naming the holder's Node (also `spec.holderIdentity`; an annotation
 /// so that a metadata-only list shows it).
-pub const HOLDER_ANNOTATION: &str = "gpuwatch.io/holder";
+pub(super) const HOLDER_ANNOTATION: &str = "gpuwatch.io/holder";
 /// Annotation with why the holder is quarantined (the fault taint's value).
-pub const REASON_ANNOTATION: &str = "gpuwatch.io/quarantine-reason";
+pub(super) const REASON_ANNOTATION: &str = "gpuwatch.io/quarantine-reason";
 /// Annotation on slot 0: the fleet's Node count its holder last took.
-pub const FLEET_ANNOTATION: &str = "gpuwatch.io/fleet-nodes";
+pub(super) const FLEET_ANNOTATION: &str = "gpuwatch.io/fleet-nodes";
 /// Slot Leases are named `<prefix><index>`.
-pub const LEASE_PREFIX: &str = "gpuwatch-quarantine-";
+pub(super) const LEASE_PREFIX: &str = "gpuwatch-quarantine-";
 
 /// A slot Lease as a metadata-only list shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlotView {
+pub(crate) struct SlotView {
     /// Slot index (from the name and the label; a Lease whose two disagree is
     /// not a slot).
     pub index: u32,
@@ -52,7 +52,7 @@ pub struct SlotView {
 
 /// What a renewal keeps of the Lease it renews.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HeldSpec {
+pub(crate) struct HeldSpec {
     /// When the current holder acquired the slot.
     pub acquired: Timestamp,
     /// How often the slot changed holders.
@@ -61,19 +61,19 @@ pub struct HeldSpec {
 
 impl SlotView {
     /// `gpuwatch-quarantine-<index>`.
-    pub fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         slot_name(self.index)
     }
 }
 
 /// The Lease name of slot `index`.
-pub fn slot_name(index: u32) -> String {
+pub(super) fn slot_name(index: u32) -> String {
     format!("{LEASE_PREFIX}{index}")
 }
 
 /// What a holder writes into a slot it creates, takes over or renews.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Holding {
+pub(crate) struct Holding {
     /// The holder's Node name (`spec.holderIdentity`).
     pub holder: String,
     /// The holder's Node UID, for the owner reference that lets the garbage
@@ -90,7 +90,7 @@ pub struct Holding {
 /// The API calls of the budget protocol. Every write is atomic on the server:
 /// a create of an existing name fails with `AlreadyExists`, a replace or delete
 /// whose resourceVersion is stale fails with `Conflict`.
-pub trait LeaseStore: Send + Sync {
+pub(crate) trait LeaseStore: Send + Sync {
     /// Every slot Lease in the namespace (metadata only).
     fn list(&self) -> impl Future<Output = ApiResult<Vec<SlotView>>> + Send;
     /// Creates slot `index` held as `holding` (`AlreadyExists` when it exists).
@@ -120,7 +120,7 @@ pub trait LeaseStore: Send + Sync {
 
 /// Every (verb, API group, resource, namespaced) the budget protocol uses:
 /// Leases in the agent's namespace, and Nodes (a holder's, the fleet count).
-pub const BUDGET_REQUESTS: [(&str, &str, &str, bool); 7] = [
+pub(super) const BUDGET_REQUESTS: [(&str, &str, &str, bool); 7] = [
     ("get", "coordination.k8s.io", "leases", true),
     ("list", "coordination.k8s.io", "leases", true),
     ("create", "coordination.k8s.io", "leases", true),
@@ -132,7 +132,7 @@ pub const BUDGET_REQUESTS: [(&str, &str, &str, bool); 7] = [
 
 /// A slot holder's Node as the API server has it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HolderNode {
+pub(crate) enum HolderNode {
     /// No such Node (the machine was replaced or removed).
     Gone,
     /// The Node is there without gpuwatch's fault taint.
@@ -144,7 +144,7 @@ pub enum HolderNode {
 
 /// The live store: Leases in one namespace, Nodes by label selector.
 #[derive(Clone)]
-pub struct KubeLeaseStore {
+pub(crate) struct KubeLeaseStore {
     client: kube::Client,
     namespace: String,
     leases: Api<Lease>,
@@ -170,7 +170,7 @@ const NODE_PAGE: u32 = 500;
 impl KubeLeaseStore {
     /// Leases in `namespace`; the fleet is the Nodes matching `selector`; a
     /// Node carrying a taint with one of `taint_keys` uses its slot.
-    pub fn new(
+    pub(crate) fn new(
         client: kube::Client,
         namespace: &str,
         selector: &str,
@@ -236,7 +236,7 @@ fn lease(index: u32, mut meta: ObjectMeta, holding: &Holding, held: HeldSpec) ->
 }
 
 /// The slot a Lease is, from its metadata (`None`: not a slot Lease).
-pub fn view(meta: &ObjectMeta) -> Option<SlotView> {
+pub(super) fn view(meta: &ObjectMeta) -> Option<SlotView> {
     let name = meta.name.as_deref()?;
     let index: u32 = name.strip_prefix(LEASE_PREFIX)?.parse().ok()?;
     let label = meta.labels.as_ref()?.get(SLOT_LABEL)?;

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 /// A failed API call, classified for the retry logic.
 #[derive(Debug, thiserror::Error)]
-pub enum ApiError {
+pub(crate) enum ApiError {
     /// 409 on a write guarded by `metadata.resourceVersion`: another writer changed
     /// the object between our read and our write. A lost race, not an error:
     /// re-read, recompute and retry at once.
@@ -88,7 +88,7 @@ impl ApiError {
     }
 
     /// The least time to wait before retrying (the server's `Retry-After`).
-    pub fn retry_after(&self) -> Duration {
+    pub(crate) fn retry_after(&self) -> Duration {
         match self {
             ApiError::Throttled { retry_after, .. } => *retry_after,
             _ => Duration::ZERO,
@@ -97,7 +97,7 @@ impl ApiError {
 }
 
 /// The result of one API call.
-pub type ApiResult<T> = Result<T, ApiError>;
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
 /// A boxed future of an API call (the trait below is used as `dyn`).
 pub(crate) type ApiFuture<'a, T> = BoxFuture<'a, ApiResult<T>>;

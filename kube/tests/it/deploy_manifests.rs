@@ -1054,7 +1054,7 @@ fn readiness_examples_render_and_match_the_documented_settings() {
     assert_eq!(rules.len(), 1);
     let rule = &rules[0];
     assert_eq!(rule["kind"].as_str(), Some("NodeReadinessRule"));
-    let cfg = gpuwatch_sinks::kube::KubeConfig::default();
+    let cfg = gpuwatch_kube::KubeConfig::default();
     let cond = &rule["spec"]["conditions"][0];
     assert_eq!(
         cond["type"].as_str(),
@@ -1083,13 +1083,13 @@ fn readiness_examples_render_and_match_the_documented_settings() {
         .join("\n");
     #[derive(serde::Deserialize)]
     struct File {
-        kube: gpuwatch_sinks::kube::KubeConfig,
+        kube: gpuwatch_kube::KubeConfig,
     }
     let file: File = toml::from_str(&toml_part).unwrap_or_else(|e| panic!("{toml_part}: {e}"));
     assert_eq!(file.kube.validate(), Vec::<String>::new());
     assert_eq!(file.kube.startup_taint.key, key);
     assert_eq!(
         file.kube.startup_gate_mode,
-        gpuwatch_sinks::kube::StartupGateMode::ConditionOnly
+        gpuwatch_kube::StartupGateMode::ConditionOnly
     );
 }

@@ -3,8 +3,9 @@
 //! status permits it (as the reconciler applies it), and the harness checks the
 //! bound after every change.
 
+use super::memory::{Answer, Requests};
 use super::*;
-use crate::kube::backend::ApiError;
+use crate::backend::ApiError;
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};

@@ -297,7 +297,7 @@ mod tests {
     #[test]
     fn no_execute_gets_time_added() {
         let mut cfg = KubeSettings::default();
-        cfg.taints.fault.effect = crate::kube::TaintEffect::NoExecute;
+        cfg.taints.fault.effect = crate::settings::TaintEffect::NoExecute;
         let want = DesiredTaint {
             key: "gpuwatch.io/unhealthy".into(),
             value: "reset_gpu".into(),

@@ -5,7 +5,7 @@ use std::fmt;
 
 /// How much of the fleet may carry gpuwatch's fault taints at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Budget {
+pub(crate) enum Budget {
     /// No bound: every agent taints its own Node on its own verdict.
     Off,
     /// A share of the fleet's Nodes, in hundredths of a percent (`"10%"` is
@@ -23,11 +23,11 @@ pub enum Budget {
 #[error(
     "{0:?} is not a quarantine budget: expected a share of the fleet (\"10%\", \"2.5%\"; above 0 and at most 100%), a count of Nodes (\"3\"; at least 1) or \"off\""
 )]
-pub struct BudgetError(pub String);
+pub(crate) struct BudgetError(pub String);
 
 impl Budget {
     /// Parses `"off"`, `"10%"`, `"2.5%"` (two decimals at most) or `"3"`.
-    pub fn parse(s: &str) -> Result<Budget, BudgetError> {
+    pub(crate) fn parse(s: &str) -> Result<Budget, BudgetError> {
         let err = || BudgetError(s.to_owned());
         let t = s.trim();
         if t.eq_ignore_ascii_case("off") {
@@ -53,7 +53,7 @@ impl Budget {
     /// budget exceeds the fleet, except that an empty or unknown fleet (0) still
     /// gets the floor (a Node that sees a fault is in the fleet, whatever the
     /// label selector said).
-    pub fn slots(self, fleet: u32, floor: u32) -> Option<u32> {
+    pub(crate) fn slots(self, fleet: u32, floor: u32) -> Option<u32> {
         let raw = match self {
             Budget::Off => return None,
             Budget::Count(n) => return Some(n),

@@ -6,15 +6,15 @@
 
 use super::budget::Budget;
 use super::store::{HolderNode, Holding, LeaseStore, SlotView};
-use crate::kube::backend::ApiError;
-use crate::kube::retry::ErrorPolicy;
+use crate::backend::ApiError;
+use crate::retry::ErrorPolicy;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 use tokio::time::Instant;
 
 /// How one agent takes part in the budget.
 #[derive(Debug, Clone)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// The budget (`Off` makes the claimant report [`Status::Off`] and do nothing).
     pub budget: Budget,
     /// Least number of slots of a share budget.
@@ -39,7 +39,7 @@ pub struct Settings {
 
 /// Where this agent stands in the budget.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Status {
+pub(crate) enum Status {
     /// The budget is off: fault taints are not bounded.
     Off,
     /// The Node needs no slot and holds none.
@@ -78,7 +78,7 @@ pub enum Status {
 impl Status {
     /// Whether the fault taint may be on the Node: `Some(true)` yes,
     /// `Some(false)` no, `None` keep it as it is (nothing known yet).
-    pub fn permits_taint(&self) -> Option<bool> {
+    pub(crate) fn permits_taint(&self) -> Option<bool> {
         match self {
             Status::Off | Status::Held { .. } | Status::Unavailable { .. } => Some(true),
             Status::Deferred { .. } | Status::Idle => Some(false),
@@ -100,7 +100,7 @@ struct Observed {
 
 /// One agent's side of the budget.
 #[derive(Debug)]
-pub struct Claimant<S> {
+pub(crate) struct Claimant<S> {
     store: S,
     cfg: Settings,
     /// The slot this agent holds, as last written or read.
@@ -133,7 +133,7 @@ pub struct Claimant<S> {
 
 /// What a step did, beside the new status.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Step {
+pub(crate) struct Step {
     /// The status after the step.
     pub status: Status,
     /// When to step again at the latest (sooner when the need changes).
@@ -149,7 +149,7 @@ const UNDECIDED_ROUNDS: u32 = 8;
 
 impl<S: LeaseStore> Claimant<S> {
     /// A claimant that holds nothing yet.
-    pub fn new(store: S, cfg: Settings) -> Claimant<S> {
+    pub(crate) fn new(store: S, cfg: Settings) -> Claimant<S> {
         let status = if cfg.budget == Budget::Off {
             Status::Off
         } else {
@@ -175,24 +175,26 @@ impl<S: LeaseStore> Claimant<S> {
     }
 
     /// The status as of the last step.
-    pub fn status(&self) -> &Status {
+    #[cfg(test)]
+    pub(crate) fn status(&self) -> &Status {
         &self.status
     }
 
     /// The store (the fleet simulation counts its requests).
-    pub fn store(&self) -> &S {
+    #[cfg(test)]
+    pub(crate) fn store(&self) -> &S {
         &self.store
     }
 
     /// Sets the Node UID (owner reference) and the reason written with the next
     /// claim.
-    pub fn set_context(&mut self, node_uid: &str, reason: &str) {
+    pub(crate) fn set_context(&mut self, node_uid: &str, reason: &str) {
         node_uid.clone_into(&mut self.node_uid);
         reason.clone_into(&mut self.reason);
     }
 
     /// One round: claim, renew or release as `need` and the held slot say.
-    pub async fn step(&mut self, need: bool) -> Step {
+    pub(crate) async fn step(&mut self, need: bool) -> Step {
         let now = Instant::now();
         if self.cfg.budget == Budget::Off {
             self.status = Status::Off;
@@ -742,7 +744,7 @@ fn answered(e: &ApiError) -> bool {
 }
 
 /// The RBAC rules the budget needs, as an operator adds them.
-pub const BUDGET_RBAC: &str = "leases (coordination.k8s.io): get, list, create, update, delete in the agent's namespace; nodes: get, list cluster-wide";
+pub(super) const BUDGET_RBAC: &str = "leases (coordination.k8s.io): get, list, create, update, delete in the agent's namespace; nodes: get, list cluster-wide";
 
 /// What the agent says when the budget is unavailable.
 fn unavailable_message(refused: bool, answer: &str, namespace: &str) -> String {

@@ -93,7 +93,7 @@ fn fault_reason(f: &ActiveFault) -> String {
 /// a runbook) can tell a reboot from a replacement by the reason alone; the
 /// fault itself (`XID79`, GPU, code, boot) is in the message. Stable across
 /// releases: changing one breaks the policies that match it.
-pub const fn class_reason(action: Action) -> &'static str {
+pub(crate) const fn class_reason(action: Action) -> &'static str {
     match action {
         Action::ResetGpu => "GPUResetRequired",
         Action::RebootNode => "NodeRebootRequired",

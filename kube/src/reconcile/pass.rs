@@ -7,7 +7,6 @@ use super::super::advertised::{self, Change};
 use super::super::backend::ApiError;
 use super::super::config::StartupGateMode;
 use super::super::desired::{DesiredCondition, DesiredTaint, FALSE, Gate, TRUE, UNKNOWN, desired};
-use super::super::metrics::{KubeObject, WriteResult};
 use super::super::node::{
     condition_apply_body, conditions_differ, desired_taints, has_fault_taint, has_startup_taint,
     live_conditions, taint_patch,
@@ -16,6 +15,7 @@ use super::super::quarantine;
 use super::super::retry;
 use super::{Reconciler, now_time};
 use gpuwatch_proto::NodeHealth;
+use gpuwatch_sinks::kube_metrics::{KubeObject, WriteResult};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::time::SystemTime;

@@ -7,10 +7,10 @@
 
 use crate::kube_common::{ApiDouble, taint_value, wait_for};
 use gpuwatch_core::validation::ValidationConfig;
+use gpuwatch_kube::{KubeConfig, KubeMetrics, KubeSettings, NodeWriter, WriterHooks};
 use gpuwatch_proto::{
     Action, ActiveFault, GpuHealth, GpuSample, MonitorStatus, NodeHealth, RecoveryAction, Verdict,
 };
-use gpuwatch_sinks::kube::{KubeConfig, KubeMetrics, KubeSettings, NodeWriter, WriterHooks};
 use k8s_openapi::api::core::v1::Node;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -220,7 +220,7 @@ impl NotAdvertised {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kube::KubeSettings;
+    use crate::KubeSettings;
     use k8s_openapi::api::core::v1::NodeStatus;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use std::collections::BTreeMap;

@@ -284,6 +284,13 @@ impl KubeMetrics {
     }
 }
 
+/// The Kubernetes Events' queue counts at `gpuwatch.events{stage="kube_events"}`.
+impl crate::queue::Counts for KubeMetrics {
+    fn count_events(&self, outcome: Outcome, n: u64) {
+        KubeMetrics::count_events(self, outcome, n);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

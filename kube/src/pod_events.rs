@@ -21,9 +21,9 @@ use gpuwatch_proto::{Action, FaultEvent, FaultKind, PodRef, PodRole, ShortName};
 use std::time::SystemTime;
 
 /// Reason of the Event on a pod whose own code faulted.
-pub const APPLICATION_REASON: &str = "GPUApplicationFault";
+pub(crate) const APPLICATION_REASON: &str = "GPUApplicationFault";
 /// Reason of the Event on a pod whose GPU failed.
-pub const HARDWARE_REASON: &str = "GPUHardwareFault";
+pub(crate) const HARDWARE_REASON: &str = "GPUHardwareFault";
 
 fn gpu_words(ev: &FaultEvent) -> String {
     let idx = ev

@@ -46,7 +46,7 @@ pub const MIN_LIST_GAP: Duration = Duration::from_millis(500);
 pub type PlacementCallback = Arc<dyn Fn(PlacementUpdate) + Send + Sync>;
 
 /// What gpuwatch keeps of a Pod: `None` for one without a UID.
-pub fn pod_info(pod: &Pod) -> Option<PodInfo> {
+pub(crate) fn pod_info(pod: &Pod) -> Option<PodInfo> {
     let uid = pod.metadata.uid.clone()?;
     let status = pod.status.as_ref();
     let containers = status

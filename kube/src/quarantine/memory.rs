@@ -18,8 +18,12 @@
 //!
 //! Every write bumps one store-wide resourceVersion, as etcd's revision does.
 
+// The dry run uses the store as it is; the scripted answers and the methods
+// that inspect or change it from outside are the protocol tests'.
+#![cfg_attr(not(test), allow(dead_code))]
+
 use super::store::{HeldSpec, HolderNode, Holding, LeaseStore, SlotView};
-use crate::kube::backend::{ApiError, ApiResult};
+use crate::backend::{ApiError, ApiResult};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,7 +31,7 @@ use std::time::Duration;
 
 /// Requests by kind, as the API server would count them.
 #[derive(Debug, Default)]
-pub struct Requests {
+pub(crate) struct Requests {
     /// Lease lists (metadata only).
     pub lists: AtomicU64,
     /// Lease creates (claims of a free slot).
@@ -46,7 +50,7 @@ pub struct Requests {
 
 impl Requests {
     /// Every request so far.
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         [
             &self.lists,
             &self.creates,
@@ -79,7 +83,7 @@ struct State {
 /// An in-memory API server holding slot Leases, the fleet's Node names and
 /// which of them carry the fault taint.
 #[derive(Debug, Default)]
-pub struct MemoryLeaseStore {
+pub(crate) struct MemoryLeaseStore {
     state: Mutex<State>,
     /// What was asked.
     pub requests: Requests,
@@ -92,7 +96,7 @@ pub struct MemoryLeaseStore {
 
 /// How the in-memory server answers one request.
 #[derive(Debug)]
-pub enum Answer {
+pub(crate) enum Answer {
     /// As the API server would.
     Normal,
     /// With this failure; the request never took effect (refused connection,
@@ -107,20 +111,20 @@ const NODE_PAGE: usize = 500;
 
 impl MemoryLeaseStore {
     /// A store whose fleet is `nodes`.
-    pub fn with_nodes<I: IntoIterator<Item = String>>(nodes: I) -> MemoryLeaseStore {
+    pub(crate) fn with_nodes<I: IntoIterator<Item = String>>(nodes: I) -> MemoryLeaseStore {
         let store = MemoryLeaseStore::default();
         store.lock().nodes = nodes.into_iter().collect();
         store
     }
 
     /// Each way of every request takes between `min` and `max`.
-    pub fn with_latency(mut self, min: Duration, max: Duration) -> MemoryLeaseStore {
+    pub(crate) fn with_latency(mut self, min: Duration, max: Duration) -> MemoryLeaseStore {
         self.latency = Some((min, max.max(min)));
         self
     }
 
     /// Most slot Leases that existed at once.
-    pub fn peak_slots(&self) -> u64 {
+    pub(crate) fn peak_slots(&self) -> u64 {
         self.peak.load(Ordering::Relaxed)
     }
 
@@ -172,7 +176,7 @@ impl MemoryLeaseStore {
     }
 
     /// Deletes a Node (a replaced machine).
-    pub fn delete_node(&self, name: &str) {
+    pub(crate) fn delete_node(&self, name: &str) {
         let mut s = self.lock();
         s.nodes.remove(name);
         s.tainted.remove(name);
@@ -180,7 +184,7 @@ impl MemoryLeaseStore {
 
     /// Puts the fault taint on Node `name`, or takes it off (what its agent's
     /// reconciler, or an operator, does).
-    pub fn set_tainted(&self, name: &str, tainted: bool) {
+    pub(crate) fn set_tainted(&self, name: &str, tainted: bool) {
         let mut s = self.lock();
         if tainted && s.nodes.contains(name) {
             s.tainted.insert(name.to_owned());
@@ -190,13 +194,13 @@ impl MemoryLeaseStore {
     }
 
     /// The slot Leases as stored.
-    pub fn slots(&self) -> Vec<SlotView> {
+    pub(crate) fn slots(&self) -> Vec<SlotView> {
         self.lock().leases.values().cloned().collect()
     }
 
     /// RBAC denies `verb` on `resource` (`leases`, `nodes`) from now on, or
     /// (`deny = false`) allows it again.
-    pub fn deny(&self, verb: &str, resource: &str, deny: bool) {
+    pub(crate) fn deny(&self, verb: &str, resource: &str, deny: bool) {
         let key = (verb.to_owned(), resource.to_owned());
         let mut s = self.lock();
         if deny {
@@ -207,13 +211,13 @@ impl MemoryLeaseStore {
     }
 
     /// Answers the next requests (any kind, in order of arrival) as `answers` say.
-    pub fn script<I: IntoIterator<Item = Answer>>(&self, answers: I) {
+    pub(crate) fn script<I: IntoIterator<Item = Answer>>(&self, answers: I) {
         self.lock().script.extend(answers);
     }
 
     /// Drops the answers still scripted: every request from now on is
     /// answered normally.
-    pub fn end_script(&self) {
+    pub(crate) fn end_script(&self) {
         self.lock().script.clear();
     }
 }

@@ -15,23 +15,41 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq)]
 pub struct KubeSettings {
     /// Write conditions, taints and Events on the agent's own Node.
-    pub enabled: bool,
+    pub(crate) enabled: bool,
     /// How the writer talks to the API server and paces its traffic.
-    pub api: ApiSettings,
+    pub(crate) api: ApiSettings,
     /// The condition types and how they are written.
-    pub conditions: ConditionSettings,
+    pub(crate) conditions: ConditionSettings,
     /// The taints gpuwatch manages.
-    pub taints: TaintSettings,
+    pub(crate) taints: TaintSettings,
     /// The startup gate.
-    pub gate: GateSettings,
+    pub(crate) gate: GateSettings,
     /// What the device plugin must advertise.
-    pub advertised: AdvertisedSettings,
+    pub(crate) advertised: AdvertisedSettings,
     /// Node and Pod Events and their pacing.
-    pub events: EventSettings,
+    pub(crate) events: EventSettings,
     /// The fleet quarantine budget.
-    pub quarantine: QuarantineSettings,
+    pub(crate) quarantine: QuarantineSettings,
     /// The bound on conditions that keep clearing and coming back.
-    pub flap: FlapBound,
+    pub(crate) flap: FlapBound,
+}
+
+impl KubeSettings {
+    /// Whether the writer runs (`[kube] enabled`).
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// The condition types gpuwatch writes on the Node.
+    pub fn owned_condition_types(&self) -> Vec<String> {
+        self.conditions.owned_types()
+    }
+
+    /// Every taint key gpuwatch may change on the Node (fault taints and the
+    /// startup taint).
+    pub fn owned_taint_keys(&self) -> Vec<String> {
+        self.taints.owned_keys()
+    }
 }
 
 impl Default for KubeSettings {
@@ -45,7 +63,7 @@ impl Default for KubeSettings {
 
 /// API server, client and request pacing.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiSettings {
+pub(crate) struct ApiSettings {
     /// Talk to this URL without credentials; `None`: in-cluster service
     /// account, then `$KUBECONFIG`.
     pub server_url: Option<String>,
@@ -65,7 +83,7 @@ pub struct ApiSettings {
 
 /// The condition types gpuwatch owns.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConditionSettings {
+pub(crate) struct ConditionSettings {
     /// Server-side-apply field manager of the status conditions.
     pub field_manager: String,
     /// Take over our condition types from another manager (SSA `force`).
@@ -86,12 +104,12 @@ pub struct ConditionSettings {
 
 impl ConditionSettings {
     /// Whether an active fault with `action` makes the readiness condition False.
-    pub fn is_hardware_not_ready(&self, action: Action) -> bool {
+    pub(crate) fn is_hardware_not_ready(&self, action: Action) -> bool {
         self.hardware_not_ready.contains(&action)
     }
 
     /// The condition types gpuwatch writes.
-    pub fn owned_types(&self) -> Vec<String> {
+    pub(crate) fn owned_types(&self) -> Vec<String> {
         let mut v = Vec::new();
         if self.ready {
             v.push(self.ready_type.clone());
@@ -104,7 +122,7 @@ impl ConditionSettings {
 
 /// A taint's effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TaintEffect {
+pub(crate) enum TaintEffect {
     /// New pods are not scheduled.
     NoSchedule,
     /// The scheduler avoids the Node.
@@ -115,14 +133,14 @@ pub enum TaintEffect {
 
 impl TaintEffect {
     /// Every effect, in the order the config check names them.
-    pub const ALL: [TaintEffect; 3] = [
+    pub(crate) const ALL: [TaintEffect; 3] = [
         TaintEffect::NoSchedule,
         TaintEffect::PreferNoSchedule,
         TaintEffect::NoExecute,
     ];
 
     /// The name the API uses.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             TaintEffect::NoSchedule => "NoSchedule",
             TaintEffect::PreferNoSchedule => "PreferNoSchedule",
@@ -131,14 +149,14 @@ impl TaintEffect {
     }
 
     /// Parses the API's name (exact).
-    pub fn parse(s: &str) -> Option<TaintEffect> {
+    pub(crate) fn parse(s: &str) -> Option<TaintEffect> {
         TaintEffect::ALL.into_iter().find(|e| e.as_str() == s)
     }
 }
 
 /// One taint gpuwatch writes (its value is chosen at run time).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Taint {
+pub(crate) struct Taint {
     /// Taint key.
     pub key: String,
     /// Taint effect.
@@ -147,14 +165,14 @@ pub struct Taint {
 
 impl Taint {
     /// Whether a taint on the Node is this one (key and effect).
-    pub fn is(&self, key: &str, effect: &str) -> bool {
+    pub(crate) fn is(&self, key: &str, effect: &str) -> bool {
         self.key == key && self.effect.as_str() == effect
     }
 }
 
 /// The fault taints and the startup taint.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaintSettings {
+pub(crate) struct TaintSettings {
     /// Fault taint of an action without its own.
     pub fault: Taint,
     /// Per-action fault taints.
@@ -165,12 +183,12 @@ pub struct TaintSettings {
 
 impl TaintSettings {
     /// The fault taint for `action` (its own, else the common one).
-    pub fn fault_for(&self, action: Action) -> &Taint {
+    pub(crate) fn fault_for(&self, action: Action) -> &Taint {
         self.fault_by_action.get(&action).unwrap_or(&self.fault)
     }
 
     /// Every taint key gpuwatch may write as a fault taint.
-    pub fn fault_keys(&self) -> Vec<String> {
+    pub(crate) fn fault_keys(&self) -> Vec<String> {
         fault_keys(
             &self.fault.key,
             self.fault_by_action.values().map(|t| &t.key),
@@ -178,7 +196,7 @@ impl TaintSettings {
     }
 
     /// Every taint key gpuwatch may change (fault taints and the startup taint).
-    pub fn owned_keys(&self) -> Vec<String> {
+    pub(crate) fn owned_keys(&self) -> Vec<String> {
         let mut keys = self.fault_keys();
         keys.push(self.startup.key.clone());
         keys
@@ -198,7 +216,7 @@ pub(crate) fn fault_keys<'a>(first: &str, more: impl Iterator<Item = &'a String>
 
 /// The startup gate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GateSettings {
+pub(crate) struct GateSettings {
     /// Validate while the Node carries the startup taint.
     pub enabled: bool,
     /// What passing validation does.
@@ -209,7 +227,7 @@ pub struct GateSettings {
 
 /// The device plugin's advertised GPUs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AdvertisedSettings {
+pub(crate) struct AdvertisedSettings {
     /// Extended resources counted (a trailing `*` matches a prefix); empty:
     /// the count is neither waited for nor reported.
     pub resources: Vec<String>,
@@ -223,7 +241,7 @@ pub struct AdvertisedSettings {
 
 /// Node and Pod Events.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EventSettings {
+pub(crate) struct EventSettings {
     /// Write Events at all.
     pub enabled: bool,
     /// Also write Events on the Pod a fault names (only with `enabled`).
@@ -250,7 +268,7 @@ pub struct EventSettings {
 
 /// The fleet quarantine budget.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QuarantineSettings {
+pub(crate) struct QuarantineSettings {
     /// How many Nodes may carry fault taints at once.
     pub budget: Budget,
     /// Least slots of a share budget.
@@ -267,7 +285,7 @@ pub struct QuarantineSettings {
 
 /// Clears a condition may make per window before a further clear is held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FlapBound {
+pub(crate) struct FlapBound {
     /// Clears per window (0: no bound).
     pub limit: u32,
     /// The window.

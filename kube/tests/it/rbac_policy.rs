@@ -12,13 +12,13 @@
 
 use crate::kube_common::{ApiDouble, taint_value, wait_for};
 use gpuwatch_core::validation::ValidationConfig;
+use gpuwatch_kube::KubeMetrics;
+use gpuwatch_kube::{
+    KubeConfig, KubeSettings, NodeWriter, UNGRANTED_REQUESTS, WRITER_REQUESTS, WriterHooks,
+};
 use gpuwatch_proto::{
     Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, GpuSample, MonitorStatus, NodeHealth,
     RecoveryAction, Verdict,
-};
-use gpuwatch_sinks::kube::KubeMetrics;
-use gpuwatch_sinks::kube::{
-    KubeConfig, KubeSettings, NodeWriter, UNGRANTED_REQUESTS, WRITER_REQUESTS, WriterHooks,
 };
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -330,13 +330,13 @@ fn admission_policy_covers_every_write_and_names_our_types_and_keys() {
         .expect("node policy");
     let cel = all_cel(node_policy);
     let cfg = KubeSettings::default();
-    for t in cfg.conditions.owned_types() {
+    for t in cfg.owned_condition_types() {
         assert!(
             cel.contains(&format!("'{t}'")),
             "condition type {t} missing"
         );
     }
-    for k in cfg.taints.owned_keys() {
+    for k in cfg.owned_taint_keys() {
         assert!(cel.contains(&format!("'{k}'")), "taint key {k} missing");
     }
     for needle in [

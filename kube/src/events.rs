@@ -17,12 +17,12 @@ use super::backend::{ApiError, NodeApi};
 use super::event_text::{PendingEvent, PodTarget, pending_from};
 #[cfg(test)]
 use super::event_text::{event_reason, event_type};
-use super::metrics::{KubeMetrics, KubeObject, WriteResult};
 use super::retry::ErrorPolicy;
 use super::settings::KubeSettings;
-use crate::queue::{Counts, Drain, Keyed, Settled, SinkQueue};
 use gpuwatch_core::{EventSink, Outcome};
 use gpuwatch_proto::{Action, FaultEvent};
+use gpuwatch_sinks::kube_metrics::{KubeMetrics, KubeObject, WriteResult};
+use gpuwatch_sinks::queue::{Drain, Keyed, Settled, SinkQueue};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -33,9 +33,9 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::Notify;
 
 /// Annotation holding the dedup key (`reason/gpu`) on Events gpuwatch writes.
-pub const DEDUP_ANNOTATION: &str = "gpuwatch.io/dedup-key";
+pub(crate) const DEDUP_ANNOTATION: &str = "gpuwatch.io/dedup-key";
 /// `source.component` / `reportingComponent` of gpuwatch's Events.
-pub const COMPONENT: &str = "gpuwatch";
+pub(crate) const COMPONENT: &str = "gpuwatch";
 /// Bounded, coalescing queue shared by the sink and the writer task.
 ///
 /// Node Events and Pod Events wait in two lanes, keyed [`SinkQueue`]s of
@@ -69,12 +69,6 @@ impl Keyed for PendingEvent {
 
     fn mark_due(&mut self) {
         self.due = true;
-    }
-}
-
-impl Counts for KubeMetrics {
-    fn count_events(&self, outcome: Outcome, n: u64) {
-        KubeMetrics::count_events(self, outcome, n);
     }
 }
 

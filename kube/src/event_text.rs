@@ -29,14 +29,14 @@ pub(crate) struct PendingEvent {
 /// [`FaultEvent::short_reason`], the one reason table shared with the engine's
 /// `ActiveFault.reason` and the node conditions, so the same fault gets the same
 /// reason (and Event dedup key) whichever source reported it.
-pub fn event_reason(ev: &FaultEvent) -> String {
+pub(crate) fn event_reason(ev: &FaultEvent) -> String {
     sanitize_reason(&ev.short_reason(), || {
         gpuwatch_proto::kind_reason(ev.kind(), ev.code)
     })
 }
 
 /// Event type: Normal for application-level faults, Warning otherwise.
-pub fn event_type(action: Action) -> &'static str {
+pub(crate) fn event_type(action: Action) -> &'static str {
     match action {
         Action::Unspecified | Action::Ignore | Action::RestartApp => "Normal",
         _ => "Warning",

@@ -5,14 +5,12 @@
 use crate::kube_common::{ApiDouble, Recorded, condition, taint_keys, taint_value, wait_for};
 use gpuwatch_core::placement::PlacementUpdate;
 use gpuwatch_core::validation::ValidationConfig;
+use gpuwatch_kube::{KubeConfig, NodeWriter, PlacementCallback, ValidationCallback, WriterHooks};
+use gpuwatch_kube::{KubeMetrics, KubeObject, ValidationResult, WriteResult};
 use gpuwatch_proto::{
     Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, GpuSample, MonitorStatus, NodeHealth,
     RecoveryAction, ValidationReport, Verdict,
 };
-use gpuwatch_sinks::kube::{
-    KubeConfig, NodeWriter, PlacementCallback, ValidationCallback, WriterHooks,
-};
-use gpuwatch_sinks::kube::{KubeMetrics, KubeObject, ValidationResult, WriteResult};
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -1152,7 +1150,7 @@ async fn dry_run_needs_no_api_server() {
 fn invalid_settings_never_resolve_and_every_problem_is_named() {
     let cfg = KubeConfig {
         min_write_interval_ms: 0,
-        fault_taint: gpuwatch_sinks::kube::TaintConfig {
+        fault_taint: gpuwatch_kube::TaintConfig {
             key: "bad key".into(),
             effect: "NoSchedule".into(),
         },
@@ -1821,23 +1819,21 @@ async fn node_cleanup_removes_only_gpuwatchs_conditions_and_taints() {
     api.own_condition(PROBLEM, "gpuwatch", "True");
     api.own_condition("Ready", "kubelet", "True");
     let cfg = api.kube_config().resolve().unwrap();
-    let want = gpuwatch_sinks::kube::CleanupReport {
+    let want = gpuwatch_kube::CleanupReport {
         conditions: vec![READY.to_owned(), PROBLEM.to_owned()],
         taints: vec![
             format!("{FAULT_TAINT}=reboot_node:NoSchedule"),
             format!("{STARTUP_TAINT}:NoSchedule"),
         ],
     };
-    let dry = gpuwatch_sinks::kube::node_cleanup(&cfg, NODE, true)
-        .await
-        .unwrap();
+    let dry = gpuwatch_kube::node_cleanup(&cfg, NODE, true).await.unwrap();
     assert_eq!(dry, want);
     assert!(
         api.requests().iter().all(|r| !r.is_write()),
         "dry run wrote"
     );
     api.concurrent_taint_edits(2);
-    let done = gpuwatch_sinks::kube::node_cleanup(&cfg, NODE, false)
+    let done = gpuwatch_kube::node_cleanup(&cfg, NODE, false)
         .await
         .unwrap();
     assert_eq!(done, want);
@@ -1861,7 +1857,7 @@ async fn node_cleanup_removes_only_gpuwatchs_conditions_and_taints() {
         .collect();
     assert_eq!(types, ["Ready"]);
     // Run again: nothing left of ours.
-    let again = gpuwatch_sinks::kube::node_cleanup(&cfg, NODE, false)
+    let again = gpuwatch_kube::node_cleanup(&cfg, NODE, false)
         .await
         .unwrap();
     assert!(again.is_empty());
@@ -1990,7 +1986,7 @@ async fn condition_only_mode_reports_readiness_and_leaves_the_taint_alone() {
     ))
     .await;
     let mut cfg = api.kube_config();
-    cfg.startup_gate_mode = gpuwatch_sinks::kube::StartupGateMode::ConditionOnly;
+    cfg.startup_gate_mode = gpuwatch_kube::StartupGateMode::ConditionOnly;
     cfg.startup_taint.key = NRC_TAINT.into();
     let h = Harness::with(api, cfg, ValidationConfig::default(), healthy(2, "boot-a")).await;
     h.until("readiness True after validation", |n| {
@@ -2632,7 +2628,7 @@ async fn the_startup_gate_counts_mig_devices_by_the_device_plugin_strategy() {
     )]));
     let api = ApiDouble::start(n).await;
     let mut cfg = api.kube_config();
-    cfg.mig_strategy = gpuwatch_sinks::kube::MigStrategy::Mixed;
+    cfg.mig_strategy = gpuwatch_kube::MigStrategy::Mixed;
     let vcfg = ValidationConfig {
         expected_gpus: Some(2),
         ..ValidationConfig::default()
@@ -2761,7 +2757,7 @@ async fn an_asked_for_list_finds_a_pod_the_lagging_watch_has_not_shown() {
         // The double records a request when it answers: allow its latency.
         assert!(
             pair[1].duration_since(pair[0]) + Duration::from_millis(50)
-                >= gpuwatch_sinks::kube::MIN_LIST_GAP,
+                >= gpuwatch_kube::MIN_LIST_GAP,
             "{asked:?}"
         );
     }

@@ -62,20 +62,16 @@ mod memory;
 mod protocol;
 mod store;
 
-pub use budget::{Budget, BudgetError};
-pub use link::{DEFERRED_REASON, UNAVAILABLE_REASON};
-pub use memory::{Answer, MemoryLeaseStore, Requests};
-pub use protocol::{BUDGET_RBAC, Claimant, Settings, Status, Step};
-pub use store::{
-    BUDGET_REQUESTS, FLEET_ANNOTATION, HOLDER_ANNOTATION, HeldSpec, HolderNode, Holding,
-    KubeLeaseStore, LEASE_PREFIX, LeaseStore, REASON_ANNOTATION, SLOT_LABEL, SlotView, slot_name,
-};
+pub(crate) use budget::Budget;
+pub(crate) use memory::MemoryLeaseStore;
+pub(crate) use protocol::{Claimant, Settings, Status};
+pub(crate) use store::{KubeLeaseStore, LeaseStore};
 
 use tokio::sync::watch;
 
 /// What the reconciler tells the claimant.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Need {
+pub(crate) struct Need {
     /// The Node wants the fault taint, or still carries it.
     pub slot: bool,
     /// The Node's UID (owner reference of a slot it claims).
@@ -87,7 +83,7 @@ pub struct Need {
 /// Runs `claimant` until `shutdown` fires: one step whenever the need changes
 /// or the step asked to run again, each status published on `status`. The slot
 /// is kept at shutdown: the next agent process on this Node adopts it.
-pub async fn run<S: LeaseStore>(
+pub(crate) async fn run<S: LeaseStore>(
     mut claimant: Claimant<S>,
     mut need: watch::Receiver<Need>,
     status: watch::Sender<Status>,
