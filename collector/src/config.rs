@@ -359,7 +359,13 @@ impl Config {
             });
         };
         cfg.fill_node_name();
-        let invalid = cfg.validate().err().unwrap_or(ConfigErrors(Vec::new()));
+        let mut invalid = cfg.validate().err().unwrap_or(ConfigErrors(Vec::new()));
+        for p in cfg.otlp_problems() {
+            let p = format!("otlp.{p}");
+            if !invalid.0.contains(&p) {
+                invalid.0.push(p);
+            }
+        }
         if parse.is_empty() && invalid.0.is_empty() {
             return Ok(cfg);
         }
@@ -398,7 +404,8 @@ impl Config {
 
     /// `[otlp]`'s problems as the exporter would meet them at start: with the
     /// export on, the `OTEL_*` environment of this process and the TLS files
-    /// are checked too.
+    /// are checked too (the agent meets them in `prepare`, which resolves
+    /// `[otlp]` once).
     fn otlp_problems(&self) -> Vec<String> {
         let resource = gpuwatch_sinks::otlp::ResourceInfo {
             node_name: self.node_name.clone(),
@@ -444,7 +451,7 @@ impl Config {
         section("policy", policy_problems(&self.policy));
         section("api", self.api.validate());
         section("sinks", self.sinks.validate());
-        section("otlp", self.otlp_problems());
+        section("otlp", self.otlp.validate());
         section("kube", self.kube.validate());
         section("validation", self.validation.validate());
         section("kubelet", self.kubelet.validate());

@@ -74,6 +74,19 @@ struct Located<'a> {
     fault: &'a ActiveFault,
 }
 
+/// `s` cut to at most `max` bytes on a character boundary, `...` marking the cut.
+pub(crate) fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max.saturating_sub(3);
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push_str("...");
+    }
+    s
+}
+
 /// A condition/Event reason: CamelCase-ish, letters and digits only.
 pub(crate) fn sanitize_reason(reason: &str, fallback: impl FnOnce() -> String) -> String {
     let s: String = reason
@@ -404,20 +417,8 @@ fn network_condition(n: &NetworkHealth, cfg: &KubeSettings) -> DesiredCondition 
         type_: cfg.conditions.network_type.clone(),
         status,
         reason,
-        message: truncate_message(message),
+        message: truncate(message, MAX_MESSAGE),
     }
-}
-
-fn truncate_message(mut m: String) -> String {
-    if m.len() > MAX_MESSAGE {
-        let mut cut = MAX_MESSAGE - 3;
-        while !m.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        m.truncate(cut);
-        m.push_str("...");
-    }
-    m
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! [`PendingEvent`] that waits in the queue to be written, on the Node or on
 //! a Pod. Shared by the Node's Events and the Pods' Events.
 
-use super::desired::sanitize_reason;
+use super::desired::{sanitize_reason, truncate};
 use gpuwatch_proto::{Action, FaultEvent, ShortName};
 use std::time::{Duration, SystemTime};
 
@@ -53,18 +53,6 @@ fn gpu_id(ev: &FaultEvent) -> String {
     } else {
         "node".into()
     }
-}
-
-fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut cut = max.saturating_sub(3);
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-        s.push_str("...");
-    }
-    s
 }
 
 /// Builds the Event payload for a fault event.

@@ -115,14 +115,14 @@ impl Engine {
     ) -> Vec<FaultEvent> {
         let now = self.clock.now_unix_nanos();
         let fresh = self.network_health(now);
-        let cached = self.cache.get_mut().as_ref().map(|h| h.network.clone());
-        if cached.as_ref() != Some(&fresh) {
+        let cached = self.cache.get_mut().as_ref().map(|h| h.network.as_ref());
+        if cached != Some(fresh.as_ref()) {
             self.updated_at = now;
             *self.cache.get_mut() = None;
         }
         transitions
             .iter()
-            .filter_map(|t| self.transition_record(t, source, now))
+            .filter_map(|t| self.transition_record(t, fresh.as_ref()?, source, now))
             .collect()
     }
 
@@ -133,6 +133,7 @@ impl Engine {
     fn transition_record(
         &self,
         t: &PortTransition,
+        network: &gpuwatch_proto::NetworkHealth,
         source: Source,
         now: u64,
     ) -> Option<FaultEvent> {
@@ -164,8 +165,9 @@ impl Engine {
             ),
             _ => return None,
         };
-        let health = self.network.as_ref()?.monitor.health(t.at, now);
-        let port = health
+        // The port's identity (address, netdev, link layer) from the view
+        // just built: it does not change with the transition's time.
+        let port = network
             .ports
             .iter()
             .find(|p| p.device == t.port.device && p.port == t.port.port);
