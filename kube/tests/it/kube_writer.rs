@@ -505,7 +505,7 @@ async fn six_lost_races_in_a_row_land_the_fault_taint_within_a_second() {
     // The conflict is visible on the metrics endpoint.
     let text = gpuwatch_sinks::prometheus::Renderer::new(
         gpuwatch_core::Registry::new(),
-        h.metrics.clone(),
+        vec![h.metrics.clone()],
         Default::default(),
     )
     .render();
@@ -679,14 +679,7 @@ async fn new_boot_clears_reboot_fault() {
             && status_of(n, READY).as_deref() == Some("True")
     })
     .await;
-    assert!(
-        wait_for(SECS, || h
-            .metrics
-            .fault_taint_present
-            .load(std::sync::atomic::Ordering::Relaxed)
-            == 0)
-        .await
-    );
+    assert!(wait_for(SECS, || !h.metrics.status().fault_taint).await);
     h.stop().await;
 }
 
@@ -754,12 +747,7 @@ async fn startup_taint_kept_on_partial_validation() {
         ("Unknown", Some("ValidationIncomplete"))
     );
     assert_eq!(h.metrics.validation_runs(ValidationResult::Pass), 0);
-    assert_eq!(
-        h.metrics
-            .startup_taint_present
-            .load(std::sync::atomic::Ordering::Relaxed),
-        1
-    );
+    assert!(h.metrics.status().startup_taint());
     // NVML down: also incomplete, never removed.
     let mut down = healthy(8, "boot-a");
     down.monitor.as_mut().unwrap().nvml_ok = false;
@@ -873,14 +861,7 @@ async fn startup_taint_removed_after_validation_passes() {
             == 1)
         .await
     );
-    assert!(
-        wait_for(SECS, || h
-            .metrics
-            .startup_taint_present
-            .load(std::sync::atomic::Ordering::Relaxed)
-            == 0)
-        .await
-    );
+    assert!(wait_for(SECS, || !h.metrics.status().startup_taint()).await);
     h.stop().await;
 }
 
@@ -1137,12 +1118,7 @@ async fn dry_run_needs_no_api_server() {
     ));
     w.event_sink().flush(SECS);
     assert_eq!(metrics.kube_writes(KubeObject::Event, WriteResult::Ok), 1);
-    assert_eq!(
-        metrics
-            .fault_taint_present
-            .load(std::sync::atomic::Ordering::Relaxed),
-        1
-    );
+    assert!(metrics.status().fault_taint);
     w.shutdown_within(Duration::from_secs(5)).await;
 }
 
@@ -1946,12 +1922,7 @@ async fn startup_gate_waits_for_the_device_plugin_and_unadvertised_gpus_are_repo
         "{msg}"
     );
     // Exported beside the GPUs NVML sees (`gpuwatch_gpus{state="advertised"}`).
-    assert_eq!(
-        h.metrics
-            .gpus_advertised
-            .load(std::sync::atomic::Ordering::Relaxed),
-        6
-    );
+    assert_eq!(h.metrics.status().gpus_advertised, Some(6));
     assert!(
         taint_value(&h.api.node(), FAULT_TAINT).is_none(),
         "no taint for it"
