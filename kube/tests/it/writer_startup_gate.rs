@@ -172,14 +172,7 @@ async fn fault_during_the_extra_command_keeps_the_startup_taint() {
     let h = gate(&[("nvidia.com/gpu.count", "2")], healthy(2, "boot-a"), vcfg).await;
     // The command is running (the expected count is set as it is spawned,
     // from the health of that moment); the fault arrives meanwhile.
-    assert!(
-        wait_for(SECS, || h
-            .metrics
-            .gpus_expected
-            .load(std::sync::atomic::Ordering::Relaxed)
-            == 2)
-        .await
-    );
+    assert!(wait_for(SECS, || h.metrics.status().gpus_expected == Some(2)).await);
     h.set(with_fault(
         healthy(2, "boot-a"),
         1,
