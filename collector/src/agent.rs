@@ -143,9 +143,8 @@ impl Prepared {
     /// Creates the state directory and starts every part, in the order of
     /// the module doc's table.
     pub fn start(self, opts: &RunOptions) -> Result<RunningAgent, RunError> {
-        let cfg = self.config();
-        std::fs::create_dir_all(&cfg.state_dir).map_err(|source| RunError::StateDir {
-            path: cfg.state_dir.clone(),
+        std::fs::create_dir_all(self.state_dir()).map_err(|source| RunError::StateDir {
+            path: self.state_dir().to_path_buf(),
             source,
         })?;
         let rt = runtime()?;
@@ -202,14 +201,14 @@ impl Prepared {
             liveness,
             metrics: sinks.metrics.take().filter(|_| self.prometheus().is_some()),
         };
-        let api = LocalApi::start(cfg, &rt, api_state, inlet.into_sender())?;
+        let api = LocalApi::start(&self, &rt, api_state, inlet.into_sender())?;
         inputs::watch_signals(&rt, stop_tx);
         tracing::info!(
-            node = %cfg.node_name,
+            node = %self.node_name(),
             boot_id = %self.boot().boot_id,
             kmsg = %self.kmsg().path.display(),
             nvml = self.nvml().enabled,
-            state_dir = %cfg.state_dir.display(),
+            state_dir = %self.state_dir().display(),
             "gpuwatch started."
         );
         Ok(RunningAgent {

@@ -248,18 +248,18 @@ pub(super) struct LocalApi {
 }
 
 impl LocalApi {
-    /// Binds `api.listen` and serves on `rt` (none when the API is off; the
-    /// sender is dropped then).
+    /// Binds the API's listen address and serves on `rt` (none when the API
+    /// is off; the sender is dropped then).
     pub(super) fn start(
-        cfg: &crate::config::Config,
+        prepared: &super::Prepared,
         rt: &tokio::runtime::Runtime,
         state: ApiState,
         engine: Sender<Input>,
     ) -> Result<Option<LocalApi>, RunError> {
-        if !cfg.api.enabled {
+        let Some(listen) = prepared.api_listen() else {
             return Ok(None);
-        }
-        let listener = rt.block_on(api::bind(&cfg.api.listen))?;
+        };
+        let listener = rt.block_on(api::bind(listen))?;
         let addr = listener
             .local_addr()
             .map(|a| a.to_string())
@@ -270,7 +270,7 @@ impl LocalApi {
             listener,
             state,
             Some(api::ClearSocket {
-                path: api::clear_socket_path(&cfg.state_dir),
+                path: api::clear_socket_path(prepared.state_dir()),
                 engine,
             }),
             async {

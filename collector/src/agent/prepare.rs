@@ -6,16 +6,17 @@
 //! health engine and kernel-log reader from it.
 
 use crate::attribution::podresources::KubeletSettings;
-use crate::config::{Config, ConfigError, ConfigErrors, PrometheusSettings};
+use crate::config::{Config, ConfigError, ConfigErrors, PrometheusSettings, SinkSelection};
 use crate::kmsg::{self, KmsgSettings, KmsgSourceArgs};
 use crate::nvml::NvmlSettings;
 use crate::pipeline::{Liveness, StopReason};
 use gpuwatch_core::engine::{BootInfo, Engine, EngineSettings};
 use gpuwatch_core::network::NetworkSettings;
+use gpuwatch_core::validation::ValidationConfig;
 use gpuwatch_core::{Registry, Shutdown};
 use gpuwatch_kube::KubeSettings;
-use gpuwatch_sinks::otlp::OtlpSettings;
-use std::path::Path;
+use gpuwatch_sinks::otlp::{OtlpSettings, ResourceInfo};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -54,7 +55,12 @@ pub fn resolve<T>(
 /// nothing is written.
 #[derive(Debug, Clone)]
 pub struct Prepared {
-    cfg: Config,
+    node_name: String,
+    state_dir: PathBuf,
+    resource: ResourceInfo,
+    api_listen: Option<String>,
+    sinks: SinkSelection,
+    validation: ValidationConfig,
     kmsg: KmsgSettings,
     engine: EngineSettings,
     nvml: NvmlSettings,
@@ -83,7 +89,7 @@ pub fn prepare(cfg: Config) -> Result<Prepared, PrepareError> {
     let kube = section("kube", cfg.kube.resolve(), &mut p);
     let kubelet = section("kubelet", cfg.kubelet.resolve(), &mut p);
     let network = section("network", cfg.network.resolve(), &mut p);
-    let resource = super::sinks::resource_info(&cfg);
+    let resource = super::sinks::resource_info(&cfg.node_name);
     let env = |k: &str| std::env::var(k).ok();
     let otlp = section("otlp", cfg.otlp.resolve_for(&resource, &env), &mut p).flatten();
     if !cfg.otlp.enabled {
@@ -118,7 +124,12 @@ pub fn prepare(cfg: Config) -> Result<Prepared, PrepareError> {
         boot_time_unix_nano: crate::boot::boot_time_unix_nanos(),
     };
     Ok(Prepared {
-        cfg,
+        api_listen: cfg.api.enabled.then(|| cfg.api.listen.clone()),
+        node_name: cfg.node_name,
+        state_dir: cfg.state_dir,
+        resource,
+        sinks: cfg.sinks,
+        validation: cfg.validation,
         kmsg,
         engine,
         nvml,
@@ -145,9 +156,35 @@ fn section<T>(name: &str, resolved: Result<T, Vec<String>>, all: &mut Vec<String
 }
 
 impl Prepared {
-    /// The validated configuration, flags applied.
-    pub fn config(&self) -> &Config {
-        &self.cfg
+    /// The Kubernetes node the agent watches (flag, file, `NODE_NAME` or
+    /// the host name).
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// Where `health.json` and the operator-clear socket live.
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    /// What the exports say about this agent (node, host, version).
+    pub fn resource(&self) -> &ResourceInfo {
+        &self.resource
+    }
+
+    /// The local API's listen address; `None` while `[api]` is off.
+    pub fn api_listen(&self) -> Option<&str> {
+        self.api_listen.as_deref()
+    }
+
+    /// Which local event sinks are on.
+    pub fn sinks(&self) -> &SinkSelection {
+        &self.sinks
+    }
+
+    /// The startup gate's device validation (`[validation]`).
+    pub fn validation(&self) -> &ValidationConfig {
+        &self.validation
     }
 
     /// The kernel-log source's settings (`[kmsg]`, flags applied), resolved.
@@ -202,16 +239,24 @@ impl Prepared {
         &self.boot
     }
 
+    /// Everything prepared but the boot time (a clock reading taken at each
+    /// preparation), as text: two preparations of one configuration give
+    /// the same text.
+    pub fn settings_text(&self) -> String {
+        let mut p = self.clone();
+        p.boot.boot_time_unix_nano = 0;
+        format!("{p:#?}")
+    }
+
     /// The engine of the running agent: it loads and writes
     /// `state_dir/health.json` and reports its heartbeat in `liveness`.
     pub(crate) fn agent_engine(&self, registry: &Arc<Registry>, liveness: &Liveness) -> Engine {
-        let cfg = &self.cfg;
         let mut engine = Engine::new(
             self.engine.clone(),
             self.policy.clone(),
-            Some(cfg.state_dir.clone()),
+            Some(self.state_dir.clone()),
             self.boot.clone(),
-            cfg.node_name.clone(),
+            self.node_name.clone(),
             registry.clone(),
             Arc::new(gpuwatch_core::clock::SystemClock),
         );
@@ -236,7 +281,6 @@ impl Prepared {
     /// NVML does not list (fallen off the bus) must count now, as a node
     /// fault.
     pub(crate) fn read_only_engine(&self, registry: &Arc<Registry>) -> Engine {
-        let cfg = &self.cfg;
         let engine = EngineSettings {
             nvml_join_grace_ns: 0,
             ..self.engine.clone()
@@ -244,9 +288,9 @@ impl Prepared {
         Engine::new_read_only(
             engine,
             self.policy.clone(),
-            cfg.state_dir.clone(),
+            self.state_dir.clone(),
             self.boot.clone(),
-            cfg.node_name.clone(),
+            self.node_name.clone(),
             registry.clone(),
             Arc::new(gpuwatch_core::clock::SystemClock),
         )

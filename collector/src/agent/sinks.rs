@@ -5,7 +5,6 @@
 
 use super::{Prepared, RunError, RunOptions, StopBudget};
 use crate::api::MetricsRenderer;
-use crate::config::Config;
 use gpuwatch_core::{EventSink, Registry};
 use gpuwatch_kube::KubeMetrics;
 use gpuwatch_proto::NodeHealth;
@@ -67,13 +66,12 @@ pub fn build_sinks(
     health_rx: tokio::sync::watch::Receiver<Arc<NodeHealth>>,
     engine: EngineLink,
 ) -> Result<Sinks, RunError> {
-    let cfg = prepared.config();
     let mut sinks = Sinks {
         event_sinks: Vec::new(),
         metrics: None,
         on_shutdown: Vec::new(),
     };
-    if cfg.sinks.stdout {
+    if prepared.sinks().stdout {
         sinks
             .event_sinks
             .push(Arc::new(gpuwatch_sinks::stdout::JsonLinesSink::stdout(
@@ -84,13 +82,13 @@ pub fn build_sinks(
         let renderer = gpuwatch_sinks::prometheus::Renderer::with_quiet_window(
             registry.clone(),
             vec![kube.clone()],
-            resource_info(cfg),
+            prepared.resource().clone(),
             prometheus.series_quiet_window,
         );
         sinks.metrics = Some(Arc::new(move || renderer.render()));
     }
     if let Some(otlp) = prepared.otlp() {
-        sinks.start_otlp(otlp, cfg, registry, kube, rt)?;
+        sinks.start_otlp(otlp, prepared.resource(), registry, kube, rt)?;
     }
     if prepared.kube().enabled() || opts.kube_dry_run {
         sinks.start_kube_writer(prepared, opts, kube, rt, health_rx, engine)?;
@@ -99,9 +97,9 @@ pub fn build_sinks(
 }
 
 /// Resource attributes of this agent (OTLP resource, Prometheus `target_info`).
-pub fn resource_info(cfg: &Config) -> gpuwatch_sinks::otlp::ResourceInfo {
+pub fn resource_info(node_name: &str) -> gpuwatch_sinks::otlp::ResourceInfo {
     gpuwatch_sinks::otlp::ResourceInfo {
-        node_name: cfg.node_name.clone(),
+        node_name: node_name.to_string(),
         host_name: std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_string())
             .unwrap_or_default(),
@@ -114,7 +112,7 @@ impl Sinks {
     fn start_otlp(
         &mut self,
         otlp: &gpuwatch_sinks::otlp::OtlpSettings,
-        cfg: &Config,
+        resource: &gpuwatch_sinks::otlp::ResourceInfo,
         registry: &Arc<Registry>,
         kube: &Arc<KubeMetrics>,
         rt: &tokio::runtime::Handle,
@@ -123,7 +121,7 @@ impl Sinks {
         let _guard = rt.enter();
         let exporter = gpuwatch_sinks::otlp::OtlpExporter::start_resolved(
             otlp,
-            &resource_info(cfg),
+            resource,
             registry.clone(),
             vec![kube.clone()],
             rt,
@@ -158,7 +156,6 @@ impl Sinks {
         // writer only holds a weak reference to the engine channel: once the
         // agent drops the strong one (its inputs stopping), the engine's channel
         // can disconnect and drain while the writer still runs.
-        let cfg = prepared.config();
         let pods_tx = validation_tx.clone();
         let on_validation: gpuwatch_kube::ValidationCallback = Arc::new(move |report| {
             let Some(tx) = validation_tx.upgrade() else {
@@ -180,8 +177,8 @@ impl Sinks {
         let writer = rt
             .block_on(gpuwatch_kube::NodeWriter::start(
                 prepared.kube().clone(),
-                cfg.validation.clone(),
-                cfg.node_name.clone(),
+                prepared.validation().clone(),
+                prepared.node_name().to_string(),
                 kube.clone(),
                 health_rx,
                 opts.kube_dry_run,
@@ -191,7 +188,7 @@ impl Sinks {
                     pods_ask: Some(pods_ask),
                     // A dry run shows nothing on the Node: it keeps no history
                     // for the agent that does.
-                    state_dir: (!opts.kube_dry_run).then(|| cfg.state_dir.clone()),
+                    state_dir: (!opts.kube_dry_run).then(|| prepared.state_dir().to_path_buf()),
                 },
             ))
             .map_err(|e| RunError::Sink {

@@ -108,7 +108,7 @@ mod tests {
     /// Everything in a prepared agent but the boot time (a clock reading
     /// taken at each preparation).
     fn settings(p: &Prepared) -> String {
-        format!("{:#?}\n{:#?}\n{}", p.config(), p.policy(), p.boot().boot_id)
+        p.settings_text()
     }
 
     /// A file that sets something in every section both commands read, each
@@ -175,25 +175,32 @@ expected_gpus = 8
             "--node",
             "node-b",
         ]);
-        let (r, v) = (run.config(), validate.config());
-        assert_eq!(r.engine, v.engine, "engine config");
-        assert_eq!(r.engine.dedup_window_secs, 17, "read from the file");
-        assert_eq!(r.policy, v.policy, "policy overrides");
+        let (r, v) = (&run, &validate);
+        assert_eq!(r.engine(), v.engine(), "engine settings");
+        assert_eq!(
+            r.engine().dedup_window_ns,
+            17_000_000_000,
+            "read from the file"
+        );
         assert_eq!(
             format!("{:?}", run.policy()),
-            format!("{:?}", validate.policy())
+            format!("{:?}", validate.policy()),
+            "policy overrides"
         );
-        assert_eq!(r.kmsg, v.kmsg, "kmsg settings");
-        assert!(r.kmsg.accept_user_facility && r.kmsg.exit_at_eof);
-        assert_eq!(r.nvml, v.nvml, "NVML settings");
+        assert_eq!(r.kmsg(), v.kmsg(), "kmsg settings");
+        assert!(r.kmsg().accept_user_facility && r.kmsg().exit_at_eof);
+        assert_eq!(r.nvml(), v.nvml(), "NVML settings");
         assert_eq!(
-            r.nvml.sim_scenario.as_deref(),
+            r.nvml().sim_scenario.as_deref(),
             Some(Path::new("scenario.toml"))
         );
-        assert_eq!(r.validation.expected_gpus, Some(8), "expected GPU count");
-        assert_eq!(r.validation.expected_gpus, v.validation.expected_gpus);
-        assert_eq!((&r.node_name, &r.state_dir), (&v.node_name, &v.state_dir));
-        assert_eq!(r.node_name, "node-b", "the flag wins over the file");
+        assert_eq!(r.validation().expected_gpus, Some(8), "expected GPU count");
+        assert_eq!(r.validation().expected_gpus, v.validation().expected_gpus);
+        assert_eq!(
+            (r.node_name(), r.state_dir()),
+            (v.node_name(), v.state_dir())
+        );
+        assert_eq!(r.node_name(), "node-b", "the flag wins over the file");
         assert_eq!(run.boot().boot_id, validate.boot().boot_id);
         assert_eq!(run.boot().boot_id, "0e4f5d8a-run-and-validate");
         let (a, b) = (
@@ -214,7 +221,7 @@ expected_gpus = 8
         let replay = replay.to_str().unwrap();
         let run = prepared_by_run(&["--config", config, "--kmsg-path", replay]);
         let validate = prepared_by_validate(&["--config", config, "--kmsg-path", replay]);
-        assert_ne!(run.config().kmsg, validate.config().kmsg);
+        assert_ne!(run.kmsg(), validate.kmsg());
         assert_ne!(settings(&run), settings(&validate));
     }
 }

@@ -111,14 +111,14 @@ fn expected_gpus(
     prepared: &Prepared,
     read_node: bool,
 ) -> (Option<Count>, Option<String>) {
-    let cfg = prepared.config();
-    match cfg.validation.expected_gpus {
+    let validation = prepared.validation();
+    match validation.expected_gpus {
         Some(n) => (Some(Count::Configured(n)), None),
         None if read_node => {
             match rt.block_on(gpuwatch_kube::expected_gpus_from_node(
                 prepared.kube(),
-                &cfg.validation,
-                &cfg.node_name,
+                validation,
+                prepared.node_name(),
             )) {
                 Ok(n) => (n.map(Count::Node), None),
                 Err(e) => (None, Some(e.to_string())),
@@ -138,7 +138,7 @@ fn judge(
     expected: Option<Count>,
     node_problem: Option<String>,
 ) -> ValidationReport {
-    let validation = &prepared.config().validation;
+    let validation = prepared.validation();
     let expected = expected.map(|c| match c {
         Count::Configured(n) => Expected::Gpus(n),
         Count::Node(n) => gpuwatch_kube::node_count(n, prepared.kube(), health),
