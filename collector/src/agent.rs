@@ -198,7 +198,7 @@ impl Prepared {
         let nic = NicPoller::start(self.network(), inlet.sender(), &shutdown)?;
         let api_state = ApiState {
             registry: registry.clone(),
-            kube,
+            kube: kube.subscribe(),
             liveness,
             metrics: sinks.metrics.take().filter(|_| self.prometheus().is_some()),
         };

@@ -35,7 +35,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Router};
 use gpuwatch_core::Registry;
 use gpuwatch_core::msg::Input;
-use gpuwatch_kube::KubeMetrics;
+use gpuwatch_kube::KubeStatus;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -119,10 +119,10 @@ pub enum LocalApiError {
 pub struct ApiState {
     /// Metrics and the latest node health.
     pub registry: Arc<Registry>,
-    /// The Kubernetes writer's metrics: the quarantine budget's status and
+    /// The Kubernetes writer's status: the quarantine budget's status and
     /// the held conditions (`/v1/health`), whether the budget works
-    /// (`/readyz`).
-    pub kube: Arc<KubeMetrics>,
+    /// (`/readyz`). Without a writer, a receiver of the default status.
+    pub kube: tokio::sync::watch::Receiver<KubeStatus>,
     /// Thread liveness and readiness.
     pub liveness: Arc<Liveness>,
     /// `/metrics` renderer; `None` answers 404.
@@ -410,7 +410,7 @@ async fn readyz(State(s): State<ApiState>) -> Response {
     // A quarantine budget that cannot work (a Role without Leases) fails
     // readiness, so a DaemonSet rollout of a broken Role stops at its first
     // nodes instead of reaching the fleet.
-    let budget_unavailable = s.kube.quarantine_unavailable.load(Ordering::Relaxed) != 0;
+    let budget_unavailable = s.kube.borrow().quarantine_unavailable;
     let ready = l.ready() && !budget_unavailable;
     json_response(
         if ready {
@@ -431,15 +431,17 @@ async fn readyz(State(s): State<ApiState>) -> Response {
 
 async fn health(State(s): State<ApiState>) -> Response {
     let mut h = s.registry.health();
-    // The Kubernetes writer's view of the quarantine budget, beside the
-    // engine's health.
-    if let Some(q) = s.kube.quarantine() {
-        Arc::make_mut(&mut h).quarantine = Some(q);
-    }
-    // The conditions the writer holds in their problem status, and until when.
-    let holds = s.kube.condition_holds();
-    if !holds.is_empty() {
-        Arc::make_mut(&mut h).condition_holds = holds;
+    {
+        let kube = s.kube.borrow();
+        // The Kubernetes writer's view of the quarantine budget, beside the
+        // engine's health.
+        if let Some(q) = &kube.quarantine {
+            Arc::make_mut(&mut h).quarantine = Some(q.clone());
+        }
+        // The conditions the writer holds in their problem status, and until when.
+        if !kube.condition_holds.is_empty() {
+            Arc::make_mut(&mut h).condition_holds = kube.condition_holds.clone();
+        }
     }
     match serde_json::to_value(&*h) {
         Ok(v) => json_response(StatusCode::OK, v),
@@ -614,10 +616,10 @@ mod tests {
         };
         h.set_verdict(Verdict::Healthy);
         registry.set_health(Arc::new(h));
-        let kube = KubeMetrics::new();
+        let kube = gpuwatch_kube::KubeMetrics::new();
         let state = ApiState {
             registry: registry.clone(),
-            kube: kube.clone(),
+            kube: kube.subscribe(),
             liveness: liveness.clone(),
             metrics: Some(Arc::new(|| "gpuwatch_up 1\n".to_string())),
         };
@@ -649,14 +651,14 @@ mod tests {
             assert_eq!(code, 200, "{body}");
             // A quarantine budget that cannot work (a Role without Leases)
             // fails readiness, so a rollout of the broken Role stops.
-            kube.quarantine_unavailable.store(1, Ordering::Relaxed);
+            kube.publish(|s| s.quarantine_unavailable = true);
             let (code, body) = get(addr, "/readyz");
             assert_eq!(code, 503, "{body}");
             assert!(
                 body.contains("\"quarantine_budget_unavailable\":true"),
                 "{body}"
             );
-            kube.quarantine_unavailable.store(0, Ordering::Relaxed);
+            kube.publish(|s| s.quarantine_unavailable = false);
             assert_eq!(get(addr, "/readyz").0, 200);
         }
         let (code, body) = get(addr, "/v1/health");
@@ -728,7 +730,7 @@ mod tests {
     fn state() -> ApiState {
         ApiState {
             registry: Registry::new(),
-            kube: KubeMetrics::new(),
+            kube: gpuwatch_kube::KubeMetrics::new().subscribe(),
             liveness: Liveness::new(),
             metrics: None,
         }

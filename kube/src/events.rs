@@ -212,12 +212,7 @@ impl EventSink for KubeEventSink {
         let now = SystemTime::now();
         self.queue.push(pending_from(event, now));
         if self.pods {
-            let deferred = self
-                .queue
-                .metrics
-                .quarantine_deferred
-                .load(Ordering::Relaxed)
-                == 1;
+            let deferred = self.queue.metrics.status().quarantine_deferred;
             for p in super::pod_events::pending_for_pods(event, now, deferred) {
                 self.queue.push(p);
             }

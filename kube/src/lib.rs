@@ -77,8 +77,10 @@
 //! It builds on `gpuwatch-sinks`, never the other way round: the Events go
 //! through that crate's bounded queue (`gpuwatch_sinks::queue`), the startup
 //! gate runs its `extra_command`, and what the writer counts is
-//! [`KubeMetrics`], which stays in `gpuwatch-sinks` because its metric table
-//! (OTLP and Prometheus) reads it; it is re-exported here. The public API is
+//! [`KubeMetrics`], which lives in `gpuwatch-sinks` beside the metric table
+//! that names its instruments (the outputs see it only as a metric producer,
+//! the local API only through its [`KubeStatus`] watch); both are
+//! re-exported here. The public API is
 //! what the agent and the tests use; everything else is crate-private.
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
@@ -105,7 +107,9 @@ mod settings;
 
 pub use cleanup::{CleanupError, CleanupReport, node_cleanup};
 pub use config::{KubeConfig, MigStrategy, StartupGateMode, TaintConfig};
-pub use gpuwatch_sinks::kube_metrics::{KubeMetrics, KubeObject, ValidationResult, WriteResult};
+pub use gpuwatch_sinks::kube_metrics::{
+    KubeMetrics, KubeObject, KubeStatus, ValidationResult, WriteResult,
+};
 pub use pods::{MIN_LIST_GAP, PlacementCallback};
 pub use settings::KubeSettings;
 

@@ -22,7 +22,6 @@ use gpuwatch_sinks::kube_metrics::{KubeMetrics, ValidationResult};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, watch};
@@ -138,9 +137,8 @@ impl Reconciler {
         if let Some(uid) = &n.metadata.uid {
             *self.node_uid.lock().unwrap_or_else(|e| e.into_inner()) = Some(uid.clone());
         }
-        self.metrics
-            .fault_taint_present
-            .store(u64::from(has_fault_taint(&n, &self.cfg)), Relaxed);
+        let fault_taint = has_fault_taint(&n, &self.cfg);
+        self.metrics.publish(|s| s.fault_taint = fault_taint);
         self.metrics
             .set_startup_taint(has_startup_taint(&n, &self.cfg));
         self.live = Some(n);

@@ -2,17 +2,22 @@
 //! taints the Node carries, the fleet quarantine budget, the startup gate and
 //! its validation runs, condition status changes and holds, and the GPUs the
 //! Node should have and advertises. The agent creates one [`KubeMetrics`] and
-//! shares it with the writer (which sets it), the metric outputs and the
-//! `/v1/health` and `/readyz` handlers (which read it). Without a writer it
-//! stays as [`KubeMetrics::default`] makes it: zeros, GPU counts unknown, no
+//! hands it to the writer, which counts into it and publishes its
+//! [`KubeStatus`]; the metric outputs collect it as a [`MetricSource`], and
+//! the `/v1/health` and `/readyz` handlers read the status through
+//! [`KubeMetrics::subscribe`]. Without a writer it stays as
+//! [`KubeMetrics::default`] makes it: zeros, GPU counts unknown, no
 //! quarantine status. Names and meanings: `docs/metrics.md`.
 
+use crate::metrics::{AttrValue, MetricBatch, MetricSource, Num};
 use gpuwatch_core::Outcome;
 use gpuwatch_proto::{ConditionHold, QuarantineStatus};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
+use tokio::sync::watch;
 
 /// Kubernetes object kind written (`object` attribute).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -101,50 +106,64 @@ impl ValidationResult {
 /// The `stage` attribute value of the writer's Events in `gpuwatch.events`.
 pub const EVENTS_STAGE: &str = "kube_events";
 
-/// The node writer's metric state.
+/// Where the node writer stands, as it last published it: what `/readyz`,
+/// `/v1/health` and the writer's gauges read.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KubeStatus {
+    /// The node carries gpuwatch's fault taint.
+    pub fault_taint: bool,
+    /// Since when the node carries the startup taint (`None`: it does not);
+    /// the startup gate's clock.
+    pub startup_taint_since: Option<Instant>,
+    /// The node's fault taint is deferred: the fleet quarantine budget is spent.
+    pub quarantine_deferred: bool,
+    /// Slots of the fleet quarantine budget as last known (0: off or unknown).
+    pub quarantine_slots: u64,
+    /// The fleet quarantine budget cannot work on this node (its requests
+    /// refused, or unanswered for a lease duration): fault taints go on
+    /// without it, and `/readyz` fails.
+    pub quarantine_unavailable: bool,
+    /// Where the node stands in the fleet quarantine budget (`None` without a
+    /// writer); `/v1/health` shows it beside the engine's health.
+    pub quarantine: Option<QuarantineStatus>,
+    /// The conditions whose clear the writer holds back (the flap bound);
+    /// `/v1/health` shows them beside the engine's health.
+    pub condition_holds: Vec<ConditionHold>,
+    /// GPUs the node should have as the startup gate resolved them (`None`:
+    /// unknown).
+    pub gpus_expected: Option<u64>,
+    /// Devices the device plugin advertises in the Node's
+    /// `status.allocatable` (the configured resources summed); `None` when not
+    /// known (no writer, or the check is off).
+    pub gpus_advertised: Option<u64>,
+}
+
+impl KubeStatus {
+    /// Whether the node carries the startup taint.
+    pub fn startup_taint(&self) -> bool {
+        self.startup_taint_since.is_some()
+    }
+
+    /// Seconds the startup taint has been held (0 when absent).
+    pub fn startup_gate_seconds(&self) -> f64 {
+        self.startup_taint_since
+            .map_or(0.0, |t| t.elapsed().as_secs_f64())
+    }
+}
+
+/// The node writer's counters and its published [`KubeStatus`].
+#[derive(Debug)]
 pub struct KubeMetrics {
     writes: [[AtomicU64; 3]; 4],
     /// Fault events through the Event writer, by [`Outcome`].
     events: [AtomicU64; 3],
     validation_runs: [AtomicU64; 3],
-    /// 1 while the node carries gpuwatch's fault taint.
-    pub fault_taint_present: AtomicU64,
-    /// 1 while the node carries the startup taint (set through
-    /// [`KubeMetrics::set_startup_taint`], which also runs the gate clock).
-    pub startup_taint_present: AtomicU64,
-    /// 1 while the node's fault taint is deferred: the fleet quarantine budget
-    /// is spent.
-    pub quarantine_deferred: AtomicU64,
     /// Times the node's fault taint was deferred for the quarantine budget.
-    pub quarantine_deferrals: AtomicU64,
-    /// Slots of the fleet quarantine budget as last known (0: off or unknown).
-    pub quarantine_slots: AtomicU64,
-    /// 1 while the fleet quarantine budget cannot work on this node (its
-    /// requests refused, or unanswered for a lease duration): fault taints
-    /// go on without it, and `/readyz` fails.
-    pub quarantine_unavailable: AtomicU64,
-    quarantine: RwLock<Option<QuarantineStatus>>,
-    condition_holds: RwLock<Vec<ConditionHold>>,
+    quarantine_deferrals: AtomicU64,
     /// Status changes of the conditions the writer owns, by (condition type,
     /// new status).
     condition_transitions: Mutex<BTreeMap<(String, &'static str), u64>>,
-    /// GPUs the node should have as the startup gate resolved them;
-    /// `u64::MAX` when unknown.
-    pub gpus_expected: AtomicU64,
-    /// Devices the device plugin advertises in the Node's
-    /// `status.allocatable` (the configured resources summed); `u64::MAX`
-    /// when not known (no writer, or the check is off).
-    pub gpus_advertised: AtomicU64,
-    startup_gate_since: Mutex<Option<Instant>>,
-}
-
-impl std::fmt::Debug for KubeMetrics {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KubeMetrics")
-            .field("fault_taint_present", &self.fault_taint_present)
-            .field("startup_taint_present", &self.startup_taint_present)
-            .finish_non_exhaustive()
-    }
+    status: watch::Sender<KubeStatus>,
 }
 
 impl Default for KubeMetrics {
@@ -153,18 +172,9 @@ impl Default for KubeMetrics {
             writes: Default::default(),
             events: Default::default(),
             validation_runs: Default::default(),
-            fault_taint_present: AtomicU64::new(0),
-            startup_taint_present: AtomicU64::new(0),
-            quarantine_deferred: AtomicU64::new(0),
             quarantine_deferrals: AtomicU64::new(0),
-            quarantine_slots: AtomicU64::new(0),
-            quarantine_unavailable: AtomicU64::new(0),
-            quarantine: RwLock::new(None),
-            condition_holds: RwLock::new(Vec::new()),
             condition_transitions: Mutex::new(BTreeMap::new()),
-            gpus_expected: AtomicU64::new(u64::MAX),
-            gpus_advertised: AtomicU64::new(u64::MAX),
-            startup_gate_since: Mutex::new(None),
+            status: watch::Sender::new(KubeStatus::default()),
         }
     }
 }
@@ -216,14 +226,6 @@ impl KubeMetrics {
             .map_or(0, |(_, n)| *n)
     }
 
-    /// Every (condition type, status) and its count of changes.
-    pub fn all_condition_transitions(&self) -> Vec<((String, &'static str), u64)> {
-        lock(&self.condition_transitions)
-            .iter()
-            .map(|(k, n)| (k.clone(), *n))
-            .collect()
-    }
-
     /// Counts a validation run.
     pub fn count_validation(&self, result: ValidationResult) {
         self.validation_runs[result as usize].fetch_add(1, Relaxed);
@@ -234,53 +236,169 @@ impl KubeMetrics {
         self.validation_runs[result as usize].load(Relaxed)
     }
 
+    /// Counts a deferral of the node's fault taint for the quarantine budget.
+    pub fn count_quarantine_deferral(&self) {
+        self.quarantine_deferrals.fetch_add(1, Relaxed);
+    }
+
+    /// Times the node's fault taint was deferred for the quarantine budget.
+    pub fn quarantine_deferrals(&self) -> u64 {
+        self.quarantine_deferrals.load(Relaxed)
+    }
+
+    /// Changes the published status with `f`; receivers are told only when
+    /// it changed.
+    pub fn publish(&self, f: impl FnOnce(&mut KubeStatus)) {
+        self.status.send_if_modified(|s| {
+            let before = s.clone();
+            f(s);
+            *s != before
+        });
+    }
+
+    /// The status as last published.
+    pub fn status(&self) -> KubeStatus {
+        self.status.borrow().clone()
+    }
+
+    /// A receiver of every status the writer publishes from now on.
+    pub fn subscribe(&self) -> watch::Receiver<KubeStatus> {
+        self.status.subscribe()
+    }
+
     /// Publishes where the node stands in the fleet quarantine budget
     /// (`/v1/health` shows it beside the engine's health).
     pub fn set_quarantine(&self, status: QuarantineStatus) {
-        *self.quarantine.write().unwrap_or_else(|e| e.into_inner()) = Some(status);
+        self.publish(|s| s.quarantine = Some(status));
     }
 
     /// The latest quarantine budget status (`None` without a writer).
     pub fn quarantine(&self) -> Option<QuarantineStatus> {
-        self.quarantine
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.status.borrow().quarantine.clone()
     }
 
     /// Publishes the conditions whose clear the writer holds back (the flap
     /// bound; `/v1/health` shows them beside the engine's health).
     pub fn set_condition_holds(&self, holds: Vec<ConditionHold>) {
-        *self
-            .condition_holds
-            .write()
-            .unwrap_or_else(|e| e.into_inner()) = holds;
+        self.publish(|s| s.condition_holds = holds);
     }
 
     /// The conditions held back as last published (empty while none is held
     /// and without a writer).
     pub fn condition_holds(&self) -> Vec<ConditionHold> {
-        self.condition_holds
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.status.borrow().condition_holds.clone()
     }
 
     /// Marks whether the startup taint is present (starts/stops the gate clock).
     pub fn set_startup_taint(&self, present: bool) {
-        self.startup_taint_present
-            .store(u64::from(present), Relaxed);
-        let mut since = lock(&self.startup_gate_since);
-        match (present, since.is_some()) {
-            (true, false) => *since = Some(Instant::now()),
-            (false, true) => *since = None,
+        self.publish(|s| match (present, s.startup_taint_since.is_some()) {
+            (true, false) => s.startup_taint_since = Some(Instant::now()),
+            (false, true) => s.startup_taint_since = None,
             _ => {}
-        }
+        });
     }
 
     /// Seconds the startup taint has been held (0 when absent).
     pub fn startup_gate_seconds(&self) -> f64 {
-        lock(&self.startup_gate_since).map_or(0.0, |t| t.elapsed().as_secs_f64())
+        self.status.borrow().startup_gate_seconds()
+    }
+}
+
+fn s(v: &'static str) -> AttrValue {
+    AttrValue::Str(Cow::Borrowed(v))
+}
+
+fn flag(b: bool) -> Num {
+    Num::U64(u64::from(b))
+}
+
+/// The writer's points of `docs/metrics.md`: its own instruments, the
+/// `kube_events` stage of `gpuwatch.events`, and the expected and advertised
+/// GPUs of `gpuwatch.gpus`.
+impl MetricSource for KubeMetrics {
+    fn collect(&self, out: &mut MetricBatch) {
+        let status = self.status.borrow().clone();
+        if let Some(n) = status.gpus_expected {
+            out.push("gpuwatch.gpus", vec![("state", s("expected"))], Num::U64(n));
+        }
+        if let Some(n) = status.gpus_advertised {
+            out.push(
+                "gpuwatch.gpus",
+                vec![("state", s("advertised"))],
+                Num::U64(n),
+            );
+        }
+        for outcome in Outcome::ALL {
+            out.push(
+                "gpuwatch.events",
+                vec![("stage", s(EVENTS_STAGE)), ("outcome", s(outcome.as_str()))],
+                Num::U64(self.events(outcome)),
+            );
+        }
+        for object in KubeObject::ALL {
+            for result in WriteResult::ALL {
+                out.push(
+                    "gpuwatch.kube.writes",
+                    vec![
+                        ("object", s(object.as_str())),
+                        ("result", s(result.as_str())),
+                    ],
+                    Num::U64(self.kube_writes(object, result)),
+                );
+            }
+        }
+        for ((condition, st), n) in lock(&self.condition_transitions).iter() {
+            out.push(
+                "gpuwatch.kube.condition.transitions",
+                vec![
+                    ("condition", AttrValue::Str(Cow::Owned(condition.clone()))),
+                    ("status", s(st)),
+                ],
+                Num::U64(*n),
+            );
+        }
+        out.push(
+            "gpuwatch.node.tainted",
+            vec![("taint", s("fault"))],
+            flag(status.fault_taint),
+        );
+        out.push(
+            "gpuwatch.node.tainted",
+            vec![("taint", s("startup"))],
+            flag(status.startup_taint()),
+        );
+        out.push(
+            "gpuwatch.kube.quarantine.deferred",
+            vec![],
+            flag(status.quarantine_deferred),
+        );
+        out.push(
+            "gpuwatch.kube.quarantine.deferrals",
+            vec![],
+            Num::U64(self.quarantine_deferrals()),
+        );
+        out.push(
+            "gpuwatch.kube.quarantine.slots",
+            vec![],
+            Num::U64(status.quarantine_slots),
+        );
+        out.push(
+            "gpuwatch.kube.quarantine.unavailable",
+            vec![],
+            flag(status.quarantine_unavailable),
+        );
+        out.push(
+            "gpuwatch.startup_gate.duration",
+            vec![],
+            Num::F64(status.startup_gate_seconds()),
+        );
+        for result in ValidationResult::ALL {
+            out.push(
+                "gpuwatch.validation.runs",
+                vec![("result", s(result.as_str()))],
+                Num::U64(self.validation_runs(result)),
+            );
+        }
     }
 }
 
@@ -300,9 +418,16 @@ mod tests {
         let m = KubeMetrics::new();
         assert_eq!(m.startup_gate_seconds(), 0.0);
         m.set_startup_taint(true);
-        assert_eq!(m.startup_taint_present.load(Relaxed), 1);
+        let since = m.status().startup_taint_since;
+        assert!(since.is_some());
+        m.set_startup_taint(true);
+        assert_eq!(
+            m.status().startup_taint_since,
+            since,
+            "the clock keeps running"
+        );
         m.set_startup_taint(false);
-        assert_eq!(m.startup_taint_present.load(Relaxed), 0);
+        assert!(!m.status().startup_taint());
         assert_eq!(m.startup_gate_seconds(), 0.0);
     }
 
@@ -314,5 +439,33 @@ mod tests {
         assert_eq!(m.events(Outcome::Dropped), 2);
         assert_eq!(m.events(Outcome::Emitted), 1);
         assert_eq!(m.events(Outcome::Coalesced), 0);
+    }
+
+    #[test]
+    fn receivers_are_told_only_of_changes() {
+        let m = KubeMetrics::new();
+        let mut rx = m.subscribe();
+        m.publish(|s| s.quarantine_unavailable = false);
+        assert!(!rx.has_changed().unwrap(), "no change, no wake-up");
+        m.publish(|s| s.quarantine_unavailable = true);
+        assert!(rx.has_changed().unwrap());
+        assert!(rx.borrow_and_update().quarantine_unavailable);
+    }
+
+    #[test]
+    fn every_point_names_an_instrument_of_the_table() {
+        let m = KubeMetrics::new();
+        m.count_condition_transition("GpuHealthy", "False");
+        m.publish(|s| {
+            s.gpus_expected = Some(8);
+            s.gpus_advertised = Some(8);
+        });
+        let mut batch = MetricBatch::default();
+        m.collect(&mut batch);
+        let names: Vec<_> = batch.names().collect();
+        assert_eq!(names.len(), 11, "{names:?}");
+        for name in names {
+            assert!(crate::metrics::is_instrument(name), "{name}");
+        }
     }
 }

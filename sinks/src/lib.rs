@@ -4,14 +4,14 @@
 //!
 //! The Kubernetes node writer is the `gpuwatch-kube` crate, which builds on
 //! this one: its Events go through [`queue::SinkQueue`], its startup gate runs
-//! [`extra_command`], and what it counts is [`kube_metrics::KubeMetrics`],
-//! kept here because the metric table (OTLP and Prometheus) reads it. The
+//! [`extra_command`], and what it counts is [`kube_metrics::KubeMetrics`], one
+//! of the producers ([`metrics::MetricSource`]) the outputs collect. The
 //! dependency runs one way, `gpuwatch-sinks` ← `gpuwatch-kube`.
 #![deny(missing_docs)]
 
 pub mod extra_command;
 pub mod kube_metrics;
-mod metrics;
+pub mod metrics;
 pub mod otlp;
 pub mod prometheus;
 pub mod queue;

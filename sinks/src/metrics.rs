@@ -1,8 +1,9 @@
 //! The metric table: every metric of `docs/metrics.md`, each an entry with
 //! named fields and how its data points are read ([`Collect`]) from the
-//! [`Sources`] (the engine's [`Registry`], the node writer's `KubeMetrics`) and
-//! the [`NodeHealth`]: one counter or gauge named by an accessor, or a pure
-//! function beside the entry. Both outputs read it: the OTLP exporter
+//! engine's [`Registry`] and the [`NodeHealth`] (one counter or gauge named by
+//! an accessor, or a pure function beside the entry), followed by the points
+//! the other producers ([`MetricSource`], e.g. the node writer's) pushed under
+//! its name. Both outputs read it: the OTLP exporter
 //! registers one observable instrument per entry, the Prometheus renderer walks
 //! the same table, so both always carry the same names, attributes and values.
 //! The mapping to the data model lives here; the transports (`otlp`,
@@ -23,13 +24,12 @@ mod model;
 mod network;
 
 pub(crate) use filter::{DEFAULT_QUIET_WINDOW, SeriesFilter};
-pub use model::InstrumentKind;
-pub(crate) use model::{AttrValue, Collect, Num, NumType, Point, Presence, Sources, Spec};
+pub use model::{AttrValue, InstrumentKind, MetricBatch, MetricSource, MetricSources, Num};
+pub(crate) use model::{Collect, NumType, Point, Presence, Sources, Spec};
 
 use gpuwatch_proto::{GpuHealth, GpuSample, NodeHealth};
 use std::borrow::Cow;
 use std::sync::LazyLock;
-use std::sync::atomic::Ordering::Relaxed;
 
 /// Every observable instrument (the latency histogram is separate), in export
 /// order: subject by subject.
@@ -131,8 +131,11 @@ fn flag(b: bool) -> Num {
     Num::U64(u64::from(b))
 }
 
-fn atomic(v: &std::sync::atomic::AtomicU64) -> Num {
-    Num::U64(v.load(Relaxed))
+/// Whether the table has an instrument named `name` (points a producer pushes
+/// under any other name are not exported).
+#[cfg(test)]
+pub(crate) fn is_instrument(name: &str) -> bool {
+    SPECS.iter().any(|s| s.name == name)
 }
 
 #[cfg(test)]

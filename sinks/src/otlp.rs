@@ -1,5 +1,6 @@
-//! OTLP export: metrics read from the shared [`Registry`] (observable
-//! instruments, cumulative temporality, the pipeline latency histogram) and
+//! OTLP export: metrics read from the shared [`Registry`] and the other metric
+//! producers ([`MetricSource`]; observable instruments, cumulative
+//! temporality, the pipeline latency histogram) and
 //! one OTLP log record per fault event, over gRPC or HTTP/protobuf.
 //!
 //! Settings come from [`OtlpConfig`] and the standard `OTEL_EXPORTER_OTLP_*`
@@ -8,13 +9,12 @@
 //! ```no_run
 //! use gpuwatch_sinks::otlp::{OtlpConfig, OtlpExporter, ResourceInfo};
 //! use gpuwatch_core::Registry;
-//! use gpuwatch_sinks::kube_metrics::KubeMetrics;
 //!
 //! let rt = tokio::runtime::Runtime::new().unwrap();
 //! let cfg = OtlpConfig { enabled: true, endpoint: Some("http://127.0.0.1:4317".into()), ..Default::default() };
 //! let resource = ResourceInfo { node_name: "gpu-node-1".into(), host_name: "gpu-node-1".into(), service_version: "0.1.0".into() };
 //! let exporter =
-//!     OtlpExporter::start(&cfg, &resource, Registry::new(), KubeMetrics::new(), rt.handle()).unwrap();
+//!     OtlpExporter::start(&cfg, &resource, Registry::new(), Vec::new(), rt.handle()).unwrap();
 //! let sink = exporter.log_sink(); // hand to the health engine
 //! # drop(sink);
 //! exporter.shutdown(std::time::Duration::from_secs(5));
@@ -28,8 +28,9 @@ pub use config::{
     parse_key_values,
 };
 
-use crate::kube_metrics::KubeMetrics;
-use crate::metrics::{self, InstrumentKind, NumType, Point, SPECS, SeriesFilter, Sources};
+use crate::metrics::{
+    self, InstrumentKind, MetricSource, MetricSources, NumType, Point, SPECS, SeriesFilter, Sources,
+};
 use gpuwatch_core::{EventSink, LATENCY_BUCKETS_SECONDS, Registry, Signal, Stage};
 use gpuwatch_proto::{FaultEvent, NodeHealth};
 use logs::{Driver, LogQueue, OtlpLogSink, QueueSettings, Worker};
@@ -414,19 +415,16 @@ enum Held {
 fn register_instruments(
     meter: &opentelemetry::metrics::Meter,
     registry: &Arc<Registry>,
-    kube: &Arc<KubeMetrics>,
+    producers: &[Arc<dyn MetricSource>],
     filter: &Arc<SeriesFilter>,
 ) -> Vec<Held> {
     let mut held = Vec::with_capacity(SPECS.len());
     for (i, spec) in SPECS.iter().enumerate() {
-        let (reg, kube) = (registry.clone(), kube.clone());
+        let (reg, producers) = (registry.clone(), producers.to_vec());
         let filter = filter.clone();
         let points = move || -> Vec<Point> {
             let health: Arc<NodeHealth> = reg.health();
-            let src = Sources {
-                registry: &reg,
-                kube: &kube,
-            };
+            let src = Sources::collect(&reg, &producers);
             filter.apply(i, SPECS[i].points(&src, &health), Instant::now())
         };
         match (spec.kind, spec.num) {
@@ -646,14 +644,14 @@ impl OtlpExporter {
         cfg: &OtlpConfig,
         resource: &ResourceInfo,
         registry: Arc<Registry>,
-        kube: Arc<KubeMetrics>,
+        producers: MetricSources,
         rt: &tokio::runtime::Handle,
     ) -> Result<OtlpExporter, OtlpError> {
         let settings = cfg
             .resolve_for(resource, &|k: &str| std::env::var(k).ok())
             .map_err(OtlpError::Config)?
             .ok_or(OtlpError::Disabled)?;
-        Self::start_resolved(&settings, resource, registry, kube, rt)
+        Self::start_resolved(&settings, resource, registry, producers, rt)
     }
 
     /// Builds the exporters from resolved settings and starts exporting.
@@ -664,7 +662,7 @@ impl OtlpExporter {
         resolved: &OtlpSettings,
         resource: &ResourceInfo,
         registry: Arc<Registry>,
-        kube: Arc<KubeMetrics>,
+        producers: MetricSources,
         rt: &tokio::runtime::Handle,
     ) -> Result<OtlpExporter, OtlpError> {
         let settings = &resolved.settings;
@@ -699,7 +697,7 @@ impl OtlpExporter {
                 &otel_resource,
                 &scope,
                 &registry,
-                &kube,
+                &producers,
             )?;
         }
         if resolved.logs {
@@ -722,7 +720,7 @@ impl OtlpExporter {
         otel_resource: &Resource,
         scope: &InstrumentationScope,
         registry: &Arc<Registry>,
-        kube: &Arc<KubeMetrics>,
+        producers: &[Arc<dyn MetricSource>],
     ) -> Result<(), OtlpError> {
         let metrics = &settings.metrics;
         let inner = build_metric_exporter(metrics, tls)?;
@@ -737,8 +735,8 @@ impl OtlpExporter {
             .with_reader(reader)
             .build();
         let meter = provider.meter_with_scope(scope.clone());
-        let filter = SeriesFilter::observing(registry, kube, settings.series_quiet_window);
-        self._instruments = register_instruments(&meter, registry, kube, &filter);
+        let filter = SeriesFilter::observing(registry, producers, settings.series_quiet_window);
+        self._instruments = register_instruments(&meter, registry, producers, &filter);
         let histogram = meter
             .f64_histogram(metrics::LATENCY_NAME)
             .with_unit(metrics::LATENCY_UNIT)
@@ -886,7 +884,7 @@ mod tests {
             &OtlpConfig::default(),
             &ResourceInfo::default(),
             Registry::new(),
-            KubeMetrics::new(),
+            Vec::new(),
             rt.handle(),
         )
         .unwrap_err();
@@ -908,7 +906,7 @@ mod tests {
             &cfg,
             &ResourceInfo::default(),
             Registry::new(),
-            KubeMetrics::new(),
+            Vec::new(),
             rt.handle(),
         )
         .unwrap_err();
@@ -938,7 +936,7 @@ mod tests {
             &cfg,
             &ResourceInfo::default(),
             Registry::new(),
-            KubeMetrics::new(),
+            Vec::new(),
             rt.handle(),
         )
         .unwrap_err();
@@ -980,7 +978,7 @@ mod tests {
             &cfg,
             &ResourceInfo::default(),
             Registry::new(),
-            KubeMetrics::new(),
+            Vec::new(),
             rt.handle(),
         )
         .unwrap_err();
@@ -997,7 +995,7 @@ mod tests {
             &cfg,
             &ResourceInfo::default(),
             Registry::new(),
-            KubeMetrics::new(),
+            Vec::new(),
             rt.handle(),
         )
         .unwrap_err();

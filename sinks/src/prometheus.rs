@@ -9,22 +9,20 @@
 //! ```
 //! use gpuwatch_sinks::prometheus::{otel_to_prometheus_name, InstrumentKind, Renderer};
 //! use gpuwatch_core::Registry;
-//! use gpuwatch_sinks::kube_metrics::KubeMetrics;
 //! use gpuwatch_sinks::otlp::ResourceInfo;
 //!
 //! assert_eq!(
 //!     otel_to_prometheus_name("gpu.xid.errors", "{error}", InstrumentKind::Counter),
 //!     "gpu_xid_errors_total"
 //! );
-//! let renderer = Renderer::new(Registry::new(), KubeMetrics::new(), ResourceInfo::default());
+//! let renderer = Renderer::new(Registry::new(), Vec::new(), ResourceInfo::default());
 //! let text = renderer.render();
 //! assert!(text.contains("# TYPE gpuwatch_kmsg_records_read_total counter"));
 //! ```
 
-use crate::kube_metrics::KubeMetrics;
 use crate::metrics::{
-    DEFAULT_QUIET_WINDOW, LATENCY_DESCRIPTION, LATENCY_NAME, LATENCY_UNIT, Num, SeriesFilter,
-    Sources,
+    DEFAULT_QUIET_WINDOW, LATENCY_DESCRIPTION, LATENCY_NAME, LATENCY_UNIT, MetricSources, Num,
+    SeriesFilter, Sources,
 };
 use crate::otlp::ResourceInfo;
 use gpuwatch_core::registry::{LATENCY_BUCKETS_SECONDS, Registry};
@@ -228,7 +226,7 @@ fn header(out: &mut String, name: &str, help: &str, ty: &str) {
 #[derive(Debug)]
 pub struct Renderer {
     registry: Arc<Registry>,
-    kube: Arc<KubeMetrics>,
+    producers: MetricSources,
     resource: ResourceInfo,
     filter: Arc<SeriesFilter>,
 }
@@ -237,23 +235,23 @@ impl Renderer {
     /// A renderer with the default quiet window (300 s).
     pub fn new(
         registry: Arc<Registry>,
-        kube: Arc<KubeMetrics>,
+        producers: MetricSources,
         resource: ResourceInfo,
     ) -> Renderer {
-        Renderer::with_quiet_window(registry, kube, resource, DEFAULT_QUIET_WINDOW)
+        Renderer::with_quiet_window(registry, producers, resource, DEFAULT_QUIET_WINDOW)
     }
 
     /// A renderer whose lingering series disappear after `window`.
     pub fn with_quiet_window(
         registry: Arc<Registry>,
-        kube: Arc<KubeMetrics>,
+        producers: MetricSources,
         resource: ResourceInfo,
         window: Duration,
     ) -> Renderer {
         Renderer {
-            filter: SeriesFilter::observing(&registry, &kube, window),
+            filter: SeriesFilter::observing(&registry, &producers, window),
             registry,
-            kube,
+            producers,
             resource,
         }
     }
@@ -265,10 +263,7 @@ impl Renderer {
 
     /// One scrape at `now` (tests move time without sleeping).
     pub fn render_at(&self, now: Instant) -> String {
-        let src = Sources {
-            registry: &self.registry,
-            kube: &self.kube,
-        };
+        let src = Sources::collect(&self.registry, &self.producers);
         render_filtered(&src, &self.resource, &self.filter, now)
     }
 }
@@ -510,7 +505,7 @@ mod tests {
         r.record_latency(std::time::Duration::from_micros(20));
         r.record_latency(std::time::Duration::from_millis(3));
         r.record_latency(std::time::Duration::from_secs(2));
-        let text = Renderer::new(r, KubeMetrics::new(), ResourceInfo::default()).render();
+        let text = Renderer::new(r, Vec::new(), ResourceInfo::default()).render();
         assert!(text.contains("gpuwatch_pipeline_latency_seconds_bucket{le=\"0.000025\"} 1\n"));
         assert!(text.contains("gpuwatch_pipeline_latency_seconds_bucket{le=\"0.005\"} 2\n"));
         assert!(text.contains("gpuwatch_pipeline_latency_seconds_bucket{le=\"1\"} 2\n"));
@@ -525,7 +520,7 @@ mod tests {
             host_name: "host-a".into(),
             service_version: "1.2.3".into(),
         };
-        let text = Renderer::new(Registry::new(), KubeMetrics::new(), res).render();
+        let text = Renderer::new(Registry::new(), Vec::new(), res).render();
         assert!(text.contains(r#"k8s_node_name="node \"a\"""#), "{text}");
         assert!(text.contains(r#"service_name="gpuwatch""#));
         assert!(text.contains(r#"service_version="1.2.3""#));
@@ -561,15 +556,31 @@ mod tests {
 
     #[test]
     fn a_cleared_series_is_served_as_zero_then_left_out() {
+        use crate::metrics::{AttrValue, MetricBatch, MetricSource};
         use gpuwatch_proto::NodeHealth;
+        use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+        /// A producer of the taint gauges: the fault taint as set, never the
+        /// startup taint.
+        #[derive(Debug, Default)]
+        struct Taint(AtomicU64);
+        impl MetricSource for Taint {
+            fn collect(&self, out: &mut MetricBatch) {
+                for (taint, v) in [("fault", self.0.load(Relaxed)), ("startup", 0)] {
+                    out.push(
+                        "gpuwatch.node.tainted",
+                        vec![("taint", AttrValue::Str(taint.into()))],
+                        Num::U64(v),
+                    );
+                }
+            }
+        }
         let r = Registry::new();
-        let kube = KubeMetrics::new();
-        kube.fault_taint_present
-            .store(1, std::sync::atomic::Ordering::Relaxed);
+        let taint = Arc::new(Taint::default());
+        taint.0.store(1, Relaxed);
         r.set_health(std::sync::Arc::new(NodeHealth::default()));
         let p = Renderer::with_quiet_window(
             r.clone(),
-            kube.clone(),
+            vec![taint.clone()],
             ResourceInfo::default(),
             Duration::from_secs(60),
         );
@@ -578,8 +589,7 @@ mod tests {
             p.render_at(t0)
                 .contains("gpuwatch_node_tainted{taint=\"fault\"} 1\n")
         );
-        kube.fault_taint_present
-            .store(0, std::sync::atomic::Ordering::Relaxed);
+        taint.0.store(0, Relaxed);
         let text = p.render_at(t0 + Duration::from_secs(30));
         assert!(
             text.contains("gpuwatch_node_tainted{taint=\"fault\"} 0\n"),
@@ -622,7 +632,7 @@ mod tests {
             })
         };
         let r = Registry::new();
-        let p = Renderer::new(r.clone(), KubeMetrics::new(), ResourceInfo::default());
+        let p = Renderer::new(r.clone(), Vec::new(), ResourceInfo::default());
         // Two NVML polls publish before anyone scrapes; the first is the baseline.
         r.set_health(node(2));
         r.set_health(node(9));

@@ -726,13 +726,15 @@ pub fn populate(r: &Registry, k: &KubeMetrics) {
     k.count_kube_write(KubeObject::Condition, WriteResult::Ok);
     k.count_kube_write(KubeObject::Taint, WriteResult::Conflict);
     k.count_condition_transition("GPUProblem", "True");
-    k.fault_taint_present.store(1, Relaxed);
     k.set_startup_taint(true);
-    k.quarantine_deferred.store(1, Relaxed);
-    k.quarantine_deferrals.store(1, Relaxed);
-    k.quarantine_slots.store(10, Relaxed);
-    k.quarantine_unavailable.store(1, Relaxed);
-    k.gpus_expected.store(8, Relaxed);
+    k.count_quarantine_deferral();
+    k.publish(|s| {
+        s.fault_taint = true;
+        s.quarantine_deferred = true;
+        s.quarantine_slots = 10;
+        s.quarantine_unavailable = true;
+        s.gpus_expected = Some(8);
+    });
     k.count_validation(ValidationResult::Pass);
 }
 
@@ -981,7 +983,7 @@ pub fn populate_healthy_hgx(r: &Registry, k: &KubeMetrics) {
     health.set_action(Action::Ignore);
     r.set_health(Arc::new(health));
     r.kmsg_records_read.store(1500, Relaxed);
-    k.gpus_expected.store(8, Relaxed);
+    k.publish(|s| s.gpus_expected = Some(8));
     r.count_state_write(true);
     k.count_validation(ValidationResult::Pass);
     k.count_kube_write(KubeObject::Condition, WriteResult::Ok);

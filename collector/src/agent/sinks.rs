@@ -83,7 +83,7 @@ pub fn build_sinks(
     if let Some(prometheus) = prepared.prometheus() {
         let renderer = gpuwatch_sinks::prometheus::Renderer::with_quiet_window(
             registry.clone(),
-            kube.clone(),
+            vec![kube.clone()],
             resource_info(cfg),
             prometheus.series_quiet_window,
         );
@@ -125,7 +125,7 @@ impl Sinks {
             otlp,
             &resource_info(cfg),
             registry.clone(),
-            kube.clone(),
+            vec![kube.clone()],
             rt,
         )
         .map_err(|e| RunError::Sink {

@@ -89,7 +89,7 @@ fn gpuwatch_clear_reaches_the_engine_only_through_the_state_dir_socket() {
     .unwrap();
     let state = ApiState {
         registry,
-        kube: gpuwatch_kube::KubeMetrics::new(),
+        kube: gpuwatch_kube::KubeMetrics::new().subscribe(),
         liveness: Liveness::new(),
         metrics: None,
     };

@@ -7,7 +7,6 @@ use super::protocol::Status;
 use gpuwatch_proto::QuarantineStatus;
 use gpuwatch_sinks::kube_metrics::KubeMetrics;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 use tokio::sync::watch;
 
 /// How long a reconcile pass waits for the claimant to answer a new need (a
@@ -136,11 +135,11 @@ impl Link {
     /// Event writer folds both into one Event object on the Node.
     fn track_unavailable(&mut self, status: &Status) -> Option<Notice> {
         let Status::Unavailable { refused, message } = status else {
-            self.metrics.quarantine_unavailable.store(0, Relaxed);
+            self.metrics.publish(|s| s.quarantine_unavailable = false);
             self.unavailable_announced = None;
             return None;
         };
-        self.metrics.quarantine_unavailable.store(1, Relaxed);
+        self.metrics.publish(|s| s.quarantine_unavailable = true);
         let again = match &self.unavailable_announced {
             None => true,
             Some(said) => *refused && said != message,
@@ -161,12 +160,12 @@ impl Link {
     fn track(&mut self, status: &Status, wanted: bool) -> Option<Notice> {
         match status {
             Status::Deferred { slots, holders } if wanted => {
-                self.metrics.quarantine_deferred.store(1, Relaxed);
+                self.metrics.publish(|s| s.quarantine_deferred = true);
                 if self.announced {
                     return None;
                 }
                 self.announced = true;
-                self.metrics.quarantine_deferrals.fetch_add(1, Relaxed);
+                self.metrics.count_quarantine_deferral();
                 tracing::warn!(slots, holders = %holders.join(","), "Fault taint deferred: the fleet quarantine budget is spent.");
                 Some(Notice {
                     reason: DEFERRED_REASON,
@@ -175,7 +174,7 @@ impl Link {
             }
             Status::Pending | Status::Deferred { .. } if wanted => None,
             _ => {
-                self.metrics.quarantine_deferred.store(0, Relaxed);
+                self.metrics.publish(|s| s.quarantine_deferred = false);
                 self.announced = false;
                 None
             }
@@ -184,12 +183,10 @@ impl Link {
 
     fn publish(&self, status: &Status) {
         let q = status_view(self.budget, status);
-        self.metrics
-            .quarantine_slots
-            .store(u64::from(q.slots), Relaxed);
-        if self.metrics.quarantine().as_ref() != Some(&q) {
-            self.metrics.set_quarantine(q);
-        }
+        self.metrics.publish(|s| {
+            s.quarantine_slots = u64::from(q.slots);
+            s.quarantine = Some(q);
+        });
     }
 }
 
@@ -319,22 +316,22 @@ mod tests {
         let msg = d.expect("announced").message;
         assert!(msg.contains("10 of 10 slots held by n0, n1"), "{msg}");
         assert!(msg.contains("(10%)"), "{msg}");
-        assert_eq!(metrics.quarantine_deferred.load(Relaxed), 1);
-        assert_eq!(metrics.quarantine_deferrals.load(Relaxed), 1);
+        assert!(metrics.status().quarantine_deferred);
+        assert_eq!(metrics.quarantine_deferrals(), 1);
         assert_eq!(
             metrics.quarantine().unwrap().message,
             "taint deferred: budget 10 of 10 held"
         );
         // The next passes of the same deferral send nothing.
         assert_eq!(l.gate(Some("inspect_hardware"), false, "u").await.1, None);
-        assert_eq!(metrics.quarantine_deferrals.load(Relaxed), 1);
+        assert_eq!(metrics.quarantine_deferrals(), 1);
         // Once held, the deferral ends; a later one is announced again.
         status.send_replace(Status::Held {
             slot: 1,
             slots: Some(10),
         });
         l.gate(Some("inspect_hardware"), false, "u").await;
-        assert_eq!(metrics.quarantine_deferred.load(Relaxed), 0);
+        assert!(!metrics.status().quarantine_deferred);
         status.send_replace(Status::Deferred { slots: 10, holders });
         assert!(
             l.gate(Some("inspect_hardware"), false, "u")
@@ -342,7 +339,7 @@ mod tests {
                 .1
                 .is_some()
         );
-        assert_eq!(metrics.quarantine_deferrals.load(Relaxed), 2);
+        assert_eq!(metrics.quarantine_deferrals(), 2);
     }
 
     #[tokio::test]
@@ -374,7 +371,7 @@ mod tests {
         let n = notice.expect("announced");
         assert_eq!(n.reason, UNAVAILABLE_REASON);
         assert!(n.message.contains("forbidden"), "{}", n.message);
-        assert_eq!(metrics.quarantine_unavailable.load(Relaxed), 1);
+        assert!(metrics.status().quarantine_unavailable);
         let q = metrics.quarantine().unwrap();
         assert_eq!(q.state, "unavailable_refused");
         // Announced once while the words stay the same, whatever the Node
@@ -392,7 +389,7 @@ mod tests {
             slots: Some(10),
         });
         l.gate(Some("inspect_hardware"), true, "u").await;
-        assert_eq!(metrics.quarantine_unavailable.load(Relaxed), 0);
+        assert!(!metrics.status().quarantine_unavailable);
     }
 
     #[test]

@@ -75,10 +75,8 @@ impl Reconciler {
         if !self.cfg.advertised.resources.is_empty() {
             // Shown beside the GPUs NVML sees (`gpuwatch_gpus{state}`): the
             // "GPU node present but pods not scheduled" case at a glance.
-            self.metrics.gpus_advertised.store(
-                advertised::allocatable(node, &self.cfg.advertised),
-                std::sync::atomic::Ordering::Relaxed,
-            );
+            let n = advertised::allocatable(node, &self.cfg.advertised);
+            self.metrics.publish(|s| s.gpus_advertised = Some(n));
         }
         let change = if gate_closed || self.cfg.advertised.resources.is_empty() {
             self.not_advertised.reset()

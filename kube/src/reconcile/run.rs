@@ -12,7 +12,6 @@ use super::super::settings::KubeSettings;
 use super::{Reconciler, STARTUP_UNKNOWN_HOLD, UNSEEN_REREAD_AFTER};
 use gpuwatch_core::validation::Expected;
 use gpuwatch_proto::ValidationReport;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, SystemTime};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -81,7 +80,8 @@ impl Reconciler {
         let health = self.health_rx.borrow().clone();
         let expected = self.gate.expected(self.live.as_ref(), &health);
         if let Some(Expected::Gpus(e)) = expected {
-            self.metrics.gpus_expected.store(u64::from(e), Relaxed);
+            self.metrics
+                .publish(|s| s.gpus_expected = Some(u64::from(e)));
         }
         self.gate.validation_started();
         run.validation = Some(tokio::spawn(run_validation(

@@ -385,9 +385,8 @@ async fn a_role_without_leases_taints_anyway_and_says_why() {
     // The startup check finds the broken Role before any fault.
     assert!(
         wait_for(Duration::from_secs(10), || metrics
-            .quarantine_unavailable
-            .load(std::sync::atomic::Ordering::Relaxed)
-            == 1)
+            .status()
+            .quarantine_unavailable)
         .await,
         "the startup access check did not report the Role"
     );
@@ -447,12 +446,7 @@ async fn a_role_without_leases_taints_anyway_and_says_why() {
         "no slot once Leases were allowed: {:?}",
         metrics.quarantine()
     );
-    assert_eq!(
-        metrics
-            .quarantine_unavailable
-            .load(std::sync::atomic::Ordering::Relaxed),
-        0
-    );
+    assert!(!metrics.status().quarantine_unavailable);
     assert_eq!(
         api.leases("default")
             .iter()

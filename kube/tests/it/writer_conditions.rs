@@ -215,14 +215,7 @@ async fn new_boot_clears_reboot_fault() {
             && status_of(n, READY).as_deref() == Some("True")
     })
     .await;
-    assert!(
-        wait_for(SECS, || h
-            .metrics
-            .fault_taint_present
-            .load(std::sync::atomic::Ordering::Relaxed)
-            == 0)
-        .await
-    );
+    assert!(wait_for(SECS, || !h.metrics.status().fault_taint).await);
     h.stop().await;
 }
 

@@ -64,12 +64,7 @@ async fn dry_run_needs_no_api_server() {
     ));
     w.event_sink().flush(SECS);
     assert_eq!(metrics.kube_writes(KubeObject::Event, WriteResult::Ok), 1);
-    assert_eq!(
-        metrics
-            .fault_taint_present
-            .load(std::sync::atomic::Ordering::Relaxed),
-        1
-    );
+    assert!(metrics.status().fault_taint);
     w.shutdown_within(Duration::from_secs(5)).await;
 }
 

@@ -42,12 +42,7 @@ async fn startup_taint_kept_on_partial_validation() {
         ("Unknown", Some("ValidationIncomplete"))
     );
     assert_eq!(h.metrics.validation_runs(ValidationResult::Pass), 0);
-    assert_eq!(
-        h.metrics
-            .startup_taint_present
-            .load(std::sync::atomic::Ordering::Relaxed),
-        1
-    );
+    assert!(h.metrics.status().startup_taint());
     // NVML down: also incomplete, never removed.
     let mut down = healthy(8, "boot-a");
     down.monitor.as_mut().unwrap().nvml_ok = false;
@@ -161,14 +156,7 @@ async fn startup_taint_removed_after_validation_passes() {
             == 1)
         .await
     );
-    assert!(
-        wait_for(SECS, || h
-            .metrics
-            .startup_taint_present
-            .load(std::sync::atomic::Ordering::Relaxed)
-            == 0)
-        .await
-    );
+    assert!(wait_for(SECS, || !h.metrics.status().startup_taint()).await);
     h.stop().await;
 }
 
@@ -184,14 +172,7 @@ async fn fault_during_the_extra_command_keeps_the_startup_taint() {
     let h = gate(&[("nvidia.com/gpu.count", "2")], healthy(2, "boot-a"), vcfg).await;
     // The command is running (the expected count is set as it is spawned,
     // from the health of that moment); the fault arrives meanwhile.
-    assert!(
-        wait_for(SECS, || h
-            .metrics
-            .gpus_expected
-            .load(std::sync::atomic::Ordering::Relaxed)
-            == 2)
-        .await
-    );
+    assert!(wait_for(SECS, || h.metrics.status().gpus_expected == Some(2)).await);
     h.set(with_fault(
         healthy(2, "boot-a"),
         1,
@@ -439,12 +420,7 @@ async fn startup_gate_waits_for_the_device_plugin_and_unadvertised_gpus_are_repo
         "{msg}"
     );
     // Exported beside the GPUs NVML sees (`gpuwatch_gpus{state="advertised"}`).
-    assert_eq!(
-        h.metrics
-            .gpus_advertised
-            .load(std::sync::atomic::Ordering::Relaxed),
-        6
-    );
+    assert_eq!(h.metrics.status().gpus_advertised, Some(6));
     assert!(
         taint_value(&h.api.node(), FAULT_TAINT).is_none(),
         "no taint for it"

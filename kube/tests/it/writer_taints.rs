@@ -84,7 +84,7 @@ async fn six_lost_races_in_a_row_land_the_fault_taint_within_a_second() {
     // The conflict is visible on the metrics endpoint.
     let text = gpuwatch_sinks::prometheus::Renderer::new(
         gpuwatch_core::Registry::new(),
-        h.metrics.clone(),
+        vec![h.metrics.clone()],
         Default::default(),
     )
     .render();

@@ -5,10 +5,8 @@
 use super::{
     Collect, InstrumentKind, Num, NumType, Point, Presence, Sources, Spec, flag, s, samples_current,
 };
-use crate::kube_metrics::EVENTS_STAGE;
 use gpuwatch_core::registry::{Outcome, Stage};
 use gpuwatch_proto::{Action, NodeHealth, ShortName};
-use std::sync::atomic::Ordering::Relaxed;
 
 /// This subject's instruments, in export order.
 pub(super) const TABLE: &[Spec] = &[
@@ -37,7 +35,7 @@ const GPUS: Spec = Spec {
     collect: Collect::Points(gpus),
 };
 
-fn gpus(r: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
+fn gpus(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     let visible = if samples_current(h) {
         h.gpus.iter().filter(|g| g.sample.is_some()).count() as u64
     } else {
@@ -47,20 +45,7 @@ fn gpus(r: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
         attrs: vec![("state", s("visible"))],
         value: Num::U64(visible),
     });
-    let expected = r.kube.gpus_expected.load(Relaxed);
-    if expected != u64::MAX {
-        out.push(Point {
-            attrs: vec![("state", s("expected"))],
-            value: Num::U64(expected),
-        });
-    }
-    let advertised = r.kube.gpus_advertised.load(Relaxed);
-    if advertised != u64::MAX {
-        out.push(Point {
-            attrs: vec![("state", s("advertised"))],
-            value: Num::U64(advertised),
-        });
-    }
+    // The GPUs expected and advertised follow, from the node writer.
 }
 
 const KMSG_READ: Spec = Spec {
@@ -70,7 +55,7 @@ const KMSG_READ: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "Kernel log records read.",
-    collect: Collect::Value(|r| &r.registry.kmsg_records_read),
+    collect: Collect::Value(|r| &r.kmsg_records_read),
 };
 
 const KMSG_LOST: Spec = Spec {
@@ -80,7 +65,7 @@ const KMSG_LOST: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "Kernel log records overwritten before gpuwatch read them.",
-    collect: Collect::Value(|r| &r.registry.kmsg_records_lost),
+    collect: Collect::Value(|r| &r.kmsg_records_lost),
 };
 
 const KMSG_MALFORMED: Spec = Spec {
@@ -90,7 +75,7 @@ const KMSG_MALFORMED: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Kernel log records that did not parse.",
-    collect: Collect::Value(|r| &r.registry.kmsg_records_malformed),
+    collect: Collect::Value(|r| &r.kmsg_records_malformed),
 };
 
 const EVENTS: Spec = Spec {
@@ -115,13 +100,7 @@ fn events(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
             });
         }
     }
-    // The node writer's Events, last (the writer keeps their counts).
-    for outcome in Outcome::ALL {
-        out.push(Point {
-            attrs: vec![("stage", s(EVENTS_STAGE)), ("outcome", s(outcome.as_str()))],
-            value: Num::U64(r.kube.events(outcome)),
-        });
-    }
+    // The node writer's Events (stage `kube_events`) follow, from the writer.
 }
 
 const EVENTS_DROPPED: Spec = Spec {
@@ -150,7 +129,7 @@ const SAMPLES_DROPPED: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "NVML samples dropped oldest-first.",
-    collect: Collect::Value(|r| &r.registry.samples_dropped),
+    collect: Collect::Value(|r| &r.samples_dropped),
 };
 
 const NVML_ERRORS: Spec = Spec {
@@ -179,7 +158,7 @@ const POD_RESOURCES_FAILURES: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Calls to the kubelet's PodResources API that failed: faults of a GPU name no pods meanwhile.",
-    collect: Collect::Value(|r| &r.registry.pod_resources_failures),
+    collect: Collect::Value(|r| &r.pod_resources_failures),
 };
 
 const POD_RESOURCES_UNKNOWN: Spec = Spec {
@@ -189,7 +168,7 @@ const POD_RESOURCES_UNKNOWN: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Device ids in the kubelet's last PodResources answer whose shape names no GPU or MIG device (skipped).",
-    collect: Collect::Value(|r| &r.registry.pod_resources_unknown_devices),
+    collect: Collect::Value(|r| &r.pod_resources_unknown_devices),
 };
 
 const MONITOR_UP: Spec = Spec {

@@ -1,7 +1,6 @@
 //! [`SeriesFilter`]: each instrument's [`Presence`] across collections, per output.
 
-use super::{AttrValue, Num, Point, Presence, SPECS, Sources, Spec};
-use crate::kube_metrics::KubeMetrics;
+use super::{AttrValue, MetricSource, Num, Point, Presence, SPECS, Sources, Spec};
 use gpuwatch_core::registry::Registry;
 use gpuwatch_proto::NodeHealth;
 use std::collections::HashMap;
@@ -65,17 +64,14 @@ impl SeriesFilter {
     /// on (see [`SeriesFilter::observe`]); an output collects through it.
     pub(crate) fn observing(
         registry: &Registry,
-        kube: &Arc<KubeMetrics>,
+        producers: &[Arc<dyn MetricSource>],
         window: Duration,
     ) -> Arc<SeriesFilter> {
         let filter = Arc::new(SeriesFilter::new(window));
         let observer = Arc::clone(&filter);
-        let kube = Arc::clone(kube);
+        let producers = producers.to_vec();
         registry.add_health_observer(Box::new(move |registry, health| {
-            let src = Sources {
-                registry,
-                kube: &kube,
-            };
+            let src = Sources::collect(registry, &producers);
             observer.observe(&src, health, Instant::now())
         }));
         filter

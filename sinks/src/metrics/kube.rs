@@ -1,11 +1,9 @@
 //! The Kubernetes writer: API writes, condition status changes, taints carried,
 //! the fleet quarantine budget, the startup gate and device validation runs.
+//! The writer's metric producer pushes every point; the table only names and
+//! describes the instruments.
 
-use super::{
-    AttrValue, Collect, InstrumentKind, Num, NumType, Point, Presence, Sources, Spec, atomic, s,
-};
-use crate::kube_metrics::{KubeObject, ValidationResult, WriteResult};
-use gpuwatch_proto::NodeHealth;
+use super::{Collect, InstrumentKind, NumType, Presence, Spec};
 
 /// This subject's instruments, in export order.
 pub(super) const TABLE: &[Spec] = &[
@@ -27,22 +25,8 @@ const KUBE_WRITES: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Kubernetes API writes.",
-    collect: Collect::Points(kube_writes),
+    collect: Collect::Pushed,
 };
-
-fn kube_writes(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
-    for object in KubeObject::ALL {
-        for result in WriteResult::ALL {
-            out.push(Point {
-                attrs: vec![
-                    ("object", s(object.as_str())),
-                    ("result", s(result.as_str())),
-                ],
-                value: Num::U64(r.kube.kube_writes(object, result)),
-            });
-        }
-    }
-}
 
 const CONDITION_TRANSITIONS: Spec = Spec {
     name: "gpuwatch.kube.condition.transitions",
@@ -51,20 +35,8 @@ const CONDITION_TRANSITIONS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Status changes of the node conditions gpuwatch writes.",
-    collect: Collect::Points(condition_transitions),
+    collect: Collect::Pushed,
 };
-
-fn condition_transitions(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
-    for ((condition, status), n) in r.kube.all_condition_transitions() {
-        out.push(Point {
-            attrs: vec![
-                ("condition", AttrValue::Str(condition.into())),
-                ("status", s(status)),
-            ],
-            value: Num::U64(n),
-        });
-    }
-}
 
 const TAINTED: Spec = Spec {
     name: "gpuwatch.node.tainted",
@@ -73,19 +45,8 @@ const TAINTED: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 while the node carries the taint.",
-    collect: Collect::Points(tainted),
+    collect: Collect::Pushed,
 };
-
-fn tainted(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
-    out.push(Point {
-        attrs: vec![("taint", s("fault"))],
-        value: atomic(&r.kube.fault_taint_present),
-    });
-    out.push(Point {
-        attrs: vec![("taint", s("startup"))],
-        value: atomic(&r.kube.startup_taint_present),
-    });
-}
 
 const QUARANTINE_DEFERRED: Spec = Spec {
     name: "gpuwatch.kube.quarantine.deferred",
@@ -94,7 +55,7 @@ const QUARANTINE_DEFERRED: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 while the node's fault taint is deferred: the fleet quarantine budget is spent.",
-    collect: Collect::Value(|r| &r.kube.quarantine_deferred),
+    collect: Collect::Pushed,
 };
 
 const QUARANTINE_DEFERRALS: Spec = Spec {
@@ -104,7 +65,7 @@ const QUARANTINE_DEFERRALS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Times the node's fault taint was deferred for the fleet quarantine budget.",
-    collect: Collect::Value(|r| &r.kube.quarantine_deferrals),
+    collect: Collect::Pushed,
 };
 
 const QUARANTINE_SLOTS: Spec = Spec {
@@ -114,7 +75,7 @@ const QUARANTINE_SLOTS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Slots of the fleet quarantine budget as this agent last knew them.",
-    collect: Collect::Value(|r| &r.kube.quarantine_slots),
+    collect: Collect::Pushed,
 };
 
 const QUARANTINE_UNAVAILABLE: Spec = Spec {
@@ -124,7 +85,7 @@ const QUARANTINE_UNAVAILABLE: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 while the fleet quarantine budget cannot work on this node (the API server refuses its Lease requests, or a claim went unanswered for a lease duration): fault taints are applied without it.",
-    collect: Collect::Value(|r| &r.kube.quarantine_unavailable),
+    collect: Collect::Pushed,
 };
 
 const STARTUP_GATE: Spec = Spec {
@@ -134,15 +95,8 @@ const STARTUP_GATE: Spec = Spec {
     num: NumType::F64,
     presence: Presence::NonZero,
     description: "How long the startup taint has been held.",
-    collect: Collect::Points(startup_gate),
+    collect: Collect::Pushed,
 };
-
-fn startup_gate(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
-    out.push(Point {
-        attrs: vec![],
-        value: Num::F64(r.kube.startup_gate_seconds()),
-    });
-}
 
 const VALIDATION_RUNS: Spec = Spec {
     name: "gpuwatch.validation.runs",
@@ -151,14 +105,5 @@ const VALIDATION_RUNS: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Device validation runs.",
-    collect: Collect::Points(validation_runs),
+    collect: Collect::Pushed,
 };
-
-fn validation_runs(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
-    for result in ValidationResult::ALL {
-        out.push(Point {
-            attrs: vec![("result", s(result.as_str()))],
-            value: Num::U64(r.kube.validation_runs(result)),
-        });
-    }
-}

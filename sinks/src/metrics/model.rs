@@ -1,10 +1,11 @@
 //! What an instrument is: its kind, number type, data points and when its
 //! series are exported.
 
-use crate::kube_metrics::KubeMetrics;
 use gpuwatch_core::registry::Registry;
 use gpuwatch_proto::NodeHealth;
 use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -30,7 +31,7 @@ pub(crate) enum NumType {
 
 /// Value of one data-point attribute.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) enum AttrValue {
+pub enum AttrValue {
     /// A string value.
     Str(Cow<'static, str>),
     /// An integer value (GPU index, XID code, link number).
@@ -49,7 +50,7 @@ impl AttrValue {
 
 /// A data point value.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Num {
+pub enum Num {
     /// Integer value.
     U64(u64),
     /// Floating-point value.
@@ -79,21 +80,78 @@ pub(crate) struct Point {
     pub(crate) value: Num,
 }
 
-/// What the instruments read besides the node health: the health engine's
-/// registry and the Kubernetes node writer's metrics.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Sources<'a> {
-    pub(crate) registry: &'a Registry,
-    pub(crate) kube: &'a KubeMetrics,
+/// A producer of metric points besides the health engine (whose registry and
+/// node health the table reads itself): the outputs call every producer once
+/// per collection, and each instrument exports what its table entry reads
+/// followed by the points producers pushed under its name.
+pub trait MetricSource: Send + Sync + std::fmt::Debug {
+    /// Pushes this producer's current points into `out`.
+    fn collect(&self, out: &mut MetricBatch);
 }
 
-/// How an instrument reads its data points.
+/// The metric producers an output collects besides the engine's registry.
+pub type MetricSources = Vec<Arc<dyn MetricSource>>;
+
+/// The points producers pushed in one collection, by instrument name.
+#[derive(Debug, Default)]
+pub struct MetricBatch {
+    points: HashMap<&'static str, Vec<Point>>,
+}
+
+impl MetricBatch {
+    /// Adds a point to instrument `name` (a name of `docs/metrics.md`; an
+    /// instrument the table does not list is not exported). Points of one
+    /// instrument keep the order they were pushed in.
+    pub fn push(&mut self, name: &'static str, attrs: Vec<(&'static str, AttrValue)>, value: Num) {
+        self.points
+            .entry(name)
+            .or_default()
+            .push(Point { attrs, value });
+    }
+
+    /// The points pushed to instrument `name`.
+    pub(crate) fn points(&self, name: &str) -> &[Point] {
+        self.points.get(name).map_or(&[], Vec::as_slice)
+    }
+
+    /// The instrument names points were pushed to.
+    #[cfg(test)]
+    pub(crate) fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.points.keys().copied()
+    }
+}
+
+/// What the instruments read besides the node health: the health engine's
+/// registry and what the other producers pushed in this collection.
+#[derive(Debug)]
+pub(crate) struct Sources<'a> {
+    pub(crate) registry: &'a Registry,
+    pub(crate) pushed: MetricBatch,
+}
+
+impl<'a> Sources<'a> {
+    /// One collection: the registry, and every producer's points now.
+    pub(crate) fn collect(
+        registry: &'a Registry,
+        producers: &[Arc<dyn MetricSource>],
+    ) -> Sources<'a> {
+        let mut pushed = MetricBatch::default();
+        for p in producers {
+            p.collect(&mut pushed);
+        }
+        Sources { registry, pushed }
+    }
+}
+
+/// How an instrument reads its data points (the producers' points follow).
 #[derive(Clone, Copy)]
 pub(crate) enum Collect {
-    /// One point without attributes: the value of one counter or gauge.
-    Value(for<'a> fn(&'a Sources<'a>) -> &'a AtomicU64),
+    /// One point without attributes: the value of one registry counter or gauge.
+    Value(fn(&Registry) -> &AtomicU64),
     /// Any other shape: the function pushes every point.
     Points(fn(&Sources<'_>, &NodeHealth, &mut Vec<Point>)),
+    /// Only the points producers push ([`MetricSource`]).
+    Pushed,
 }
 
 /// Which of an instrument's points are exported. A healthy node must stay
@@ -130,16 +188,16 @@ pub(crate) struct Spec {
 impl Spec {
     /// Every data point of this instrument now, before [`SeriesFilter`].
     pub(crate) fn points(&self, src: &Sources<'_>, health: &NodeHealth) -> Vec<Point> {
+        let mut out = Vec::new();
         match self.collect {
-            Collect::Value(value) => vec![Point {
+            Collect::Value(value) => out.push(Point {
                 attrs: Vec::new(),
-                value: Num::U64(value(src).load(Relaxed)),
-            }],
-            Collect::Points(collect) => {
-                let mut out = Vec::new();
-                collect(src, health, &mut out);
-                out
-            }
+                value: Num::U64(value(src.registry).load(Relaxed)),
+            }),
+            Collect::Points(collect) => collect(src, health, &mut out),
+            Collect::Pushed => {}
         }
+        out.extend_from_slice(src.pushed.points(self.name));
+        out
     }
 }

@@ -24,10 +24,8 @@ impl Fixture {
     }
 
     fn src(&self) -> Sources<'_> {
-        Sources {
-            registry: &self.registry,
-            kube: &self.kube,
-        }
+        let producers: [Arc<dyn MetricSource>; 1] = [self.kube.clone()];
+        Sources::collect(&self.registry, &producers)
     }
 }
 
@@ -69,7 +67,7 @@ fn the_writers_events_follow_the_engines_stages() {
 fn single_atomic_instruments_read_the_registry_and_the_writer() {
     let r = Fixture::new();
     r.registry.kmsg_records_lost.store(7, Relaxed);
-    r.kube.quarantine_slots.store(10, Relaxed);
+    r.kube.publish(|s| s.quarantine_slots = 10);
     let h = NodeHealth::default();
     for (name, want) in [
         ("gpuwatch.kmsg.records.lost", 7),
@@ -275,7 +273,7 @@ fn healthy_node() -> NodeHealth {
 fn started_registry() -> Fixture {
     let r = Fixture::new();
     r.registry.kmsg_records_read.store(1500, Relaxed);
-    r.kube.gpus_expected.store(8, Relaxed);
+    r.kube.publish(|s| s.gpus_expected = Some(8));
     r.registry.count_state_write(true);
     r.kube.count_validation(ValidationResult::Pass);
     r.kube

@@ -71,7 +71,7 @@ fn roundtrip(protocol: Protocol, compression: Option<Compression>) {
         &cfg,
         &resource(),
         registry.clone(),
-        kube.clone(),
+        vec![kube.clone()],
         rt.handle(),
     )
     .unwrap();
@@ -321,7 +321,7 @@ fn outage(protocol: Protocol) {
         &cfg,
         &resource(),
         registry.clone(),
-        kube.clone(),
+        vec![kube.clone()],
         rt.handle(),
     )
     .unwrap();
@@ -431,7 +431,7 @@ fn healthy_export(protocol: Protocol) -> (usize, usize, usize) {
             &cfg,
             &resource(),
             registry.clone(),
-            kube.clone(),
+            vec![kube.clone()],
             rt.handle(),
         )
         .unwrap();
@@ -506,7 +506,7 @@ fn erroring_nvlink_series_are_exported_then_dropped_after_the_quiet_window() {
         &cfg,
         &resource(),
         registry.clone(),
-        kube.clone(),
+        vec![kube.clone()],
         rt.handle(),
     )
     .unwrap();

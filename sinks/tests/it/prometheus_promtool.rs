@@ -38,7 +38,7 @@ fn promtool_accepts_the_exposition() {
     // Label values that need escaping.
     tricky.gpu_uuid = "GPU-\"quoted\"\\back\nline".into();
     registry.record_fault(&tricky);
-    let renderer = Renderer::new(registry.clone(), kube.clone(), resource());
+    let renderer = Renderer::new(registry.clone(), vec![kube.clone()], resource());
     renderer.render();
     bump_nvlink(&registry);
     let text = renderer.render();
@@ -80,7 +80,7 @@ fn prometheus_names_match_the_collector_translation_of_otlp() {
         &cfg,
         &resource(),
         registry.clone(),
-        kube.clone(),
+        vec![kube.clone()],
         rt.handle(),
     )
     .unwrap();
@@ -114,7 +114,7 @@ fn prometheus_names_match_the_collector_translation_of_otlp() {
             ty.to_owned(),
         );
     }
-    let renderer = Renderer::new(registry.clone(), kube.clone(), resource());
+    let renderer = Renderer::new(registry.clone(), vec![kube.clone()], resource());
     renderer.render();
     bump_nvlink(&registry);
     let mut rendered = families(&renderer.render());
