@@ -200,14 +200,14 @@ impl Prepared {
             registry: registry.clone(),
             kube: kube.subscribe(),
             liveness,
-            metrics: sinks.metrics.take().filter(|_| cfg.api.prometheus),
+            metrics: sinks.metrics.take().filter(|_| self.prometheus().is_some()),
         };
         let api = LocalApi::start(cfg, &rt, api_state, inlet.into_sender())?;
         inputs::watch_signals(&rt, stop_tx);
         tracing::info!(
             node = %cfg.node_name,
             boot_id = %self.boot().boot_id,
-            kmsg = %cfg.kmsg.path.display(),
+            kmsg = %self.kmsg().path.display(),
             nvml = self.nvml().enabled,
             state_dir = %cfg.state_dir.display(),
             "gpuwatch started."

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 pub use crate::kmsg::KmsgConfig;
 
@@ -97,6 +98,17 @@ impl ApiConfig {
         }
         p
     }
+}
+
+/// The Prometheus `/metrics` renderer's settings, resolved once
+/// ([`Config::resolve_prometheus`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrometheusSettings {
+    /// How long a series that stopped mattering is still rendered: the
+    /// window `[otlp] series_quiet_window_secs` sets for both exports (the
+    /// example configuration documents it as pacing `/metrics` too), so a
+    /// collector and Prometheus see the same series.
+    pub series_quiet_window: Duration,
 }
 
 /// Local event sinks (`[sinks]`).
@@ -421,27 +433,18 @@ impl Config {
         }
     }
 
+    /// `/metrics`' settings when `[api] prometheus` serves it, else `None`.
+    /// Its keys (`api.prometheus`, `otlp.series_quiet_window_secs`) are
+    /// checked by [`Config::validate`], under their own sections.
+    pub fn resolve_prometheus(&self) -> Option<PrometheusSettings> {
+        self.api.prometheus.then(|| PrometheusSettings {
+            series_quiet_window: self.otlp.pacing().series_quiet_window,
+        })
+    }
+
     /// Every problem at once, each prefixed with its key path.
     pub fn validate(&self) -> Result<(), ConfigErrors> {
-        let mut all = Vec::new();
-        if self.node_name.trim().is_empty() {
-            all.push(
-                "node_name: empty, and neither NODE_NAME nor the host name is set".to_string(),
-            );
-        } else if !is_dns_subdomain(&self.node_name) {
-            all.push(format!(
-                "node_name: {:?} is not a valid Kubernetes node name (lowercase DNS subdomain)",
-                self.node_name
-            ));
-        }
-        if self.state_dir.as_os_str().is_empty() {
-            all.push("state_dir: must not be empty".to_string());
-        } else if self.state_dir.is_relative() {
-            all.push(format!(
-                "state_dir: must be an absolute path, got {}",
-                self.state_dir.display()
-            ));
-        }
+        let mut all = self.top_level_problems();
         let mut section = |name: &str, problems: Vec<String>| {
             all.extend(problems.into_iter().map(|p| format!("{name}.{p}")));
         };
@@ -462,6 +465,47 @@ impl Config {
         } else {
             Err(ConfigErrors(all))
         }
+    }
+
+    /// The problems of what no section's `resolve` checks: the node name,
+    /// the state directory and the sections that are used as written
+    /// (`[api]`, `[sinks]`, `[validation]`, `[log]`), each prefixed with its
+    /// key path. [`crate::agent::prepare`] adds those of the resolved
+    /// sections as it resolves them, once each.
+    pub fn unresolved_problems(&self) -> Vec<String> {
+        let mut all = self.top_level_problems();
+        let mut section = |name: &str, problems: Vec<String>| {
+            all.extend(problems.into_iter().map(|p| format!("{name}.{p}")));
+        };
+        section("api", self.api.validate());
+        section("sinks", self.sinks.validate());
+        section("validation", self.validation.validate());
+        section("log", self.log.validate());
+        all
+    }
+
+    /// `node_name` and `state_dir`'s problems.
+    fn top_level_problems(&self) -> Vec<String> {
+        let mut all = Vec::new();
+        if self.node_name.trim().is_empty() {
+            all.push(
+                "node_name: empty, and neither NODE_NAME nor the host name is set".to_string(),
+            );
+        } else if !is_dns_subdomain(&self.node_name) {
+            all.push(format!(
+                "node_name: {:?} is not a valid Kubernetes node name (lowercase DNS subdomain)",
+                self.node_name
+            ));
+        }
+        if self.state_dir.as_os_str().is_empty() {
+            all.push("state_dir: must not be empty".to_string());
+        } else if self.state_dir.is_relative() {
+            all.push(format!(
+                "state_dir: must be an absolute path, got {}",
+                self.state_dir.display()
+            ));
+        }
+        all
     }
 }
 
@@ -822,6 +866,22 @@ listen = \n",
             assert!(err.to_string().contains("not a regular file"), "{err}");
             assert!(Config::load(Path::new(path)).is_err());
         }
+    }
+
+    #[test]
+    fn prometheus_settings_are_resolved_only_when_served() {
+        let off = parse("node_name = \"n1\"\n").unwrap();
+        assert_eq!(off.resolve_prometheus(), None);
+        let on = parse(
+            "node_name = \"n1\"\n[api]\nprometheus = true\n[otlp]\nseries_quiet_window_secs = 120\n",
+        )
+        .unwrap();
+        assert_eq!(
+            on.resolve_prometheus(),
+            Some(PrometheusSettings {
+                series_quiet_window: Duration::from_secs(120)
+            })
+        );
     }
 
     #[test]

@@ -272,7 +272,8 @@ struct RunState {
     spread_next_normal: bool,
 }
 
-/// What writing a pending Event takes ([`EventWriter::plan`]).
+/// What writing a pending Event takes ([`plan`]).
+#[derive(Debug)]
 enum Plan {
     /// Already on the API from an earlier run of the agent (its name).
     OnTheApi(String),
@@ -353,6 +354,37 @@ impl PodCaps {
 /// interval after the create, doubling with each patch, at most `window`.
 fn patch_wait(interval: Duration, patches: u32, window: Duration) -> Duration {
     interval.saturating_mul(1u32 << patches.min(16)).min(window)
+}
+
+/// What writing `p` takes at `now`, decided before any request (so only a
+/// request spends the pace), given the Event of ours with its key that is
+/// known to exist (`known`): nothing (on the API from an earlier run), a hold
+/// (a repeat too soon after its Event's last write: until its [`patch_wait`]
+/// has passed), a patch of the known Event, or a new Event (none known, or
+/// the known one older than `window`). A due repeat (held until its time, or
+/// flushed) is patched without waiting.
+fn plan(
+    p: &PendingEvent,
+    known: Option<&Known>,
+    window: Duration,
+    interval: Duration,
+    now: Instant,
+) -> Plan {
+    let Some(k) = known else {
+        return Plan::Create;
+    };
+    let since = p.time.duration_since(k.last).unwrap_or(Duration::ZERO);
+    if since >= window {
+        return Plan::Create;
+    }
+    if k.from_list && secs(p.time) <= secs(k.last) {
+        return Plan::OnTheApi(k.name.clone());
+    }
+    let wait = patch_wait(interval, k.patches, window);
+    if !p.due && since < wait {
+        return Plan::Hold(now + (wait - since));
+    }
+    Plan::Patch(k.clone())
 }
 
 /// Most Events the dedup map remembers; beyond it the least recently written go.
@@ -509,27 +541,15 @@ impl EventWriter {
         Ok(())
     }
 
-    /// What writing `p` takes, decided before any request (so only a
-    /// request spends the pace): nothing (on the API from an earlier run),
-    /// a hold (a repeat too soon after its Event's last write), a patch of
-    /// the known Event, or a new Event.
+    /// What writing `p` takes now ([`plan`] with this writer's settings).
     fn plan(&self, p: &PendingEvent, known: &HashMap<String, Known>) -> Plan {
-        let window = self.cfg.events.dedup_window;
-        let Some(k) = known.get(&p.key) else {
-            return Plan::Create;
-        };
-        let since = p.time.duration_since(k.last).unwrap_or(Duration::ZERO);
-        if since >= window {
-            return Plan::Create;
-        }
-        if k.from_list && secs(p.time) <= secs(k.last) {
-            return Plan::OnTheApi(k.name.clone());
-        }
-        let wait = patch_wait(self.cfg.events.patch_interval, k.patches, window);
-        if !p.due && since < wait {
-            return Plan::Hold(Instant::now() + (wait - since));
-        }
-        Plan::Patch(k.clone())
+        plan(
+            p,
+            known.get(&p.key),
+            self.cfg.events.dedup_window,
+            self.cfg.events.patch_interval,
+            Instant::now(),
+        )
     }
 
     /// Patches the known Event `k` with `p`'s occurrence: `Ok(false)` when
@@ -1040,6 +1060,89 @@ mod tests {
             .collect();
         assert_eq!(waits, [60, 120, 240, 480, 600, 600]);
         assert_eq!(patch_wait(Duration::from_secs(60), u32::MAX, w), w);
+    }
+
+    /// A pod crash-looping on one fault, a repeat every 10 s for 10 minutes
+    /// against the defaults (600 s window, patches 60 s after the create,
+    /// doubling): the repeats are held and merged between writes, so the
+    /// Event is created once and patched 60, 180 and 420 s after the create
+    /// (each write takes every repeat held until then); a repeat after the
+    /// window starts a new Event, one from the earlier run's listing that is
+    /// no newer is left alone.
+    #[test]
+    fn a_repeat_is_held_patched_or_created_by_its_time_since_the_last_write() {
+        let window = Duration::from_secs(600);
+        let interval = Duration::from_secs(60);
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let now = Instant::now();
+        let at = |secs: u64, due: bool| PendingEvent {
+            key: "XID13/gpu0".into(),
+            reason: "XID13".into(),
+            type_: "Normal",
+            message: String::new(),
+            count: 1,
+            time: t0 + Duration::from_secs(secs),
+            pod: None,
+            due,
+        };
+        let mut k = Known {
+            namespace: "default".into(),
+            name: "ev".into(),
+            count: 1,
+            last: t0,
+            from_list: false,
+            patches: 0,
+            touched: now,
+        };
+        assert!(matches!(
+            plan(&at(0, false), None, window, interval, now),
+            Plan::Create
+        ));
+        // A crash every 10 s: held until the patch is due (the repeats
+        // merge into the held one meanwhile), patched once it is.
+        let mut writes = vec![0];
+        for crash in (10..600).step_by(10) {
+            let time = t0 + Duration::from_secs(crash);
+            let next_write = k.last + patch_wait(interval, k.patches, window);
+            match plan(&at(crash, false), Some(&k), window, interval, now) {
+                Plan::Hold(until) => assert_eq!(time + (until - now), next_write),
+                Plan::Patch(_) => {
+                    assert_eq!(time, next_write);
+                    writes.push(crash);
+                    k.last = time;
+                    k.patches += 1;
+                }
+                other => panic!("crash at {crash} s: {other:?}"),
+            }
+        }
+        assert_eq!(writes, [0, 60, 180, 420]);
+        // A flush makes the held repeat due: patched at once.
+        assert!(matches!(
+            plan(&at(590, true), Some(&k), window, interval, now),
+            Plan::Patch(_)
+        ));
+        // A window after the last write: a new Event.
+        assert!(matches!(
+            plan(&at(420 + 600, false), Some(&k), window, interval, now),
+            Plan::Create
+        ));
+        // Listed from the API at startup, and this occurrence is no newer:
+        // already there, not sent again; a newer one patches it.
+        k.from_list = true;
+        k.patches = 0;
+        k.last = t0 + Duration::from_secs(1000);
+        assert!(matches!(
+            plan(&at(1000, false), Some(&k), window, interval, now),
+            Plan::OnTheApi(name) if name == "ev"
+        ));
+        assert!(matches!(
+            plan(&at(1000, true), Some(&k), window, interval, now),
+            Plan::OnTheApi(_)
+        ));
+        assert!(matches!(
+            plan(&at(1001, false), Some(&k), window, interval, now),
+            Plan::Hold(_)
+        ));
     }
 
     #[test]

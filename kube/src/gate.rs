@@ -347,6 +347,210 @@ mod tests {
         assert!(!g.still_passes(None, &health));
     }
 
+    /// A gate that expects two GPUs.
+    fn gate_for_two() -> (StartupGate, Arc<Mutex<Vec<ValidationReport>>>) {
+        let (mut g, told) = gate();
+        g.vcfg.expected_gpus = Some(2);
+        (g, told)
+    }
+
+    /// Two healthy GPUs in boot `boot`, as the checks want them: NVML
+    /// answered, the kernel log read, a sample with nothing pending.
+    fn healthy(boot: &str) -> NodeHealth {
+        use gpuwatch_proto::{GpuHealth, GpuSample, MonitorStatus, RecoveryAction, Verdict};
+        let gpu = |i: u32| {
+            let mut s = GpuSample {
+                index: i,
+                uuid: format!("GPU-{i}"),
+                remapped_rows_pending: Some(false),
+                remapped_rows_failure: Some(false),
+                ecc_volatile_uncorrected: Some(0),
+                pcie_link_gen: Some(5),
+                pcie_link_gen_max: Some(5),
+                pcie_link_width: Some(16),
+                pcie_link_width_max: Some(16),
+                ..Default::default()
+            };
+            s.set_recovery_action(RecoveryAction::None);
+            let mut g = GpuHealth {
+                index: Some(i),
+                uuid: format!("GPU-{i}"),
+                sample: Some(s),
+                ..Default::default()
+            };
+            g.set_verdict(Verdict::Healthy);
+            g
+        };
+        let mut h = NodeHealth {
+            boot_id: boot.into(),
+            monitor: Some(MonitorStatus {
+                kmsg_ok: true,
+                nvml_ok: true,
+                kmsg_caught_up: true,
+                ..Default::default()
+            }),
+            gpus: vec![gpu(0), gpu(1)],
+            ..Default::default()
+        };
+        h.set_verdict(Verdict::Healthy);
+        h
+    }
+
+    /// [`healthy`] with an XID 79 on GPU 1 that asks for a reboot.
+    fn faulty(boot: &str) -> NodeHealth {
+        use gpuwatch_proto::{Action, ActiveFault, FaultKind, Verdict};
+        let mut h = healthy(boot);
+        let mut f = ActiveFault {
+            code: 79,
+            count: 1,
+            reason: "XID79".into(),
+            boot_id: boot.into(),
+            ..Default::default()
+        };
+        f.set_kind(FaultKind::Xid);
+        f.set_action(Action::RebootNode);
+        h.gpus[1].active_faults.push(f);
+        h.gpus[1].set_action(Action::RebootNode);
+        h.gpus[1].set_verdict(Verdict::Unhealthy);
+        h.set_verdict(Verdict::Unhealthy);
+        h
+    }
+
+    /// A Node whose device plugin advertises `n` GPUs.
+    fn advertising(n: u32) -> Node {
+        use k8s_openapi::api::core::v1::NodeStatus;
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        Node {
+            status: Some(NodeStatus {
+                allocatable: Some([("nvidia.com/gpu".to_owned(), Quantity(n.to_string()))].into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// What a validation of `health` with the extra command passing returns.
+    fn validated(g: &StartupGate, live: &Node, health: &NodeHealth) -> ValidationReport {
+        validation::validate_expecting(health, g.expected(Some(live), health), g.vcfg())
+    }
+
+    fn names_active_faults(r: &ValidationReport) -> bool {
+        !r.passed
+            && r.checks
+                .iter()
+                .any(|c| c.name == "active_faults" && !c.passed)
+    }
+
+    /// The extra command can run for minutes; its result is built from the
+    /// health when it started. A fault that appears meanwhile keeps the
+    /// gate closed when that (passing) result comes back, and the engine is
+    /// told why.
+    #[test]
+    fn a_fault_while_the_validation_runs_voids_its_passing_result() {
+        let (mut g, told) = gate_for_two();
+        let live = advertising(2);
+        g.saw_node(true);
+        g.validation_started();
+        let at_start = validated(&g, &live, &healthy("boot-a"));
+        assert!(at_start.passed, "{at_start:?}");
+        g.health_changed(Some(&live), &faulty("boot-a"), true);
+        assert!(g.spoiled());
+        assert_eq!(g.record(Some(&live), &faulty("boot-a"), at_start), None);
+        assert!(!g.passed());
+        assert!(!g.still_passes(Some(&live), &faulty("boot-a")));
+        assert!(g.report().is_some_and(names_active_faults));
+        assert!(told.lock().unwrap().iter().any(names_active_faults));
+        // The fault went away: the next validation's pass opens the gate.
+        g.validation_started();
+        let again = validated(&g, &live, &healthy("boot-a"));
+        assert!(g.record(Some(&live), &healthy("boot-a"), again).is_some());
+        assert!(g.still_passes(Some(&live), &healthy("boot-a")));
+    }
+
+    /// A pass that could not be acted on yet (the taint write was refused)
+    /// is dropped when the health fails in between, and stays dropped when
+    /// the health is good again: only a new validation opens the gate.
+    #[test]
+    fn a_cached_pass_is_dropped_when_the_health_fails_in_between() {
+        let (mut g, _) = gate_for_two();
+        let live = advertising(2);
+        g.saw_node(true);
+        g.validation_started();
+        let pass = validated(&g, &live, &healthy("boot-a"));
+        assert!(
+            g.record(Some(&live), &healthy("boot-a"), pass)
+                .is_some_and(|r| r.passed)
+        );
+        assert!(g.passed());
+        g.health_changed(Some(&live), &faulty("boot-a"), false);
+        assert!(g.report().is_some_and(names_active_faults));
+        g.health_changed(Some(&live), &healthy("boot-a"), false);
+        assert!(!g.passed(), "the old pass does not come back");
+        assert!(!g.still_passes(Some(&live), &healthy("boot-a")));
+    }
+
+    /// A pass belongs to its boot: after a reboot the gate closes and the
+    /// report is dropped, so a validation runs again.
+    #[test]
+    fn a_pass_from_another_boot_does_not_open_the_gate() {
+        let (mut g, _) = gate_for_two();
+        let live = advertising(2);
+        let pass = validated(&g, &live, &healthy("boot-a"));
+        g.record(Some(&live), &healthy("boot-a"), pass);
+        assert!(g.still_passes(Some(&live), &healthy("boot-a")));
+        assert!(!g.still_passes(Some(&live), &healthy("boot-b")));
+        assert!(g.report().is_none());
+    }
+
+    /// A startup taint put back after the gate opened voids the pass.
+    #[test]
+    fn a_returning_startup_taint_voids_a_pass() {
+        let (mut g, _) = gate_for_two();
+        let live = advertising(2);
+        g.saw_node(true);
+        let pass = validated(&g, &live, &healthy("boot-a"));
+        g.record(Some(&live), &healthy("boot-a"), pass);
+        assert!(g.passed());
+        assert!(!g.saw_node(false), "the writer removed it");
+        assert!(g.passed());
+        assert!(g.saw_node(true), "put back");
+        assert!(!g.passed());
+    }
+
+    /// The GPUs pass but the device plugin advertises fewer: the gate stays
+    /// closed, and opens when the Node shows them advertised, without
+    /// another validation run.
+    #[test]
+    fn the_device_plugin_catching_up_opens_the_gate_without_a_new_run() {
+        let (mut g, told) = gate_for_two();
+        let health = healthy("boot-a");
+        let none = advertising(0);
+        let checks = validated(&g, &none, &health);
+        assert!(checks.passed, "the GPUs themselves pass: {checks:?}");
+        let kept = g.record(Some(&none), &health, checks).unwrap();
+        assert!(!kept.passed);
+        let plugin = kept
+            .checks
+            .iter()
+            .find(|c| c.name == "device_plugin")
+            .unwrap();
+        assert!(!plugin.passed);
+        assert!(
+            plugin
+                .message
+                .starts_with("device plugin advertises 0 of 2 GPUs"),
+            "{}",
+            plugin.message
+        );
+        assert!(!g.still_passes(Some(&none), &health));
+        g.node_changed(Some(&advertising(1)), &health);
+        assert!(!g.passed(), "1 of 2");
+        g.node_changed(Some(&advertising(2)), &health);
+        assert!(g.passed());
+        assert!(g.still_passes(Some(&advertising(2)), &health));
+        assert!(told.lock().unwrap().last().is_some_and(|r| r.passed));
+    }
+
     #[test]
     fn the_startup_taint_coming_back_voids_the_report() {
         let (mut g, _) = gate();

@@ -50,7 +50,7 @@ mod sim;
 
 pub use ffi::{SCENARIO_ENV, SIDE_FILE_SUFFIX};
 pub use scenario::{
-    CALLS, DriverSpec, ERROR_NAMES, FABRIC_STATES, FabricState, GpuSpec, GpuState, HangSpec,
+    CALLS, DriverSpec, ERROR_NAMES, FABRIC_STATES, FabricSpec, GpuSpec, GpuState, HangSpec,
     Injection, READINGS, Scenario, ScenarioError, error_code, nvml_bus_id,
 };
 pub use sim::{

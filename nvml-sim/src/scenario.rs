@@ -295,7 +295,7 @@ state_fields! {
     /// NVLink fabric registration (`nvmlDeviceGetGpuFabricInfo{,V}`); the
     /// `[gpu.fabric]` / `[inject.fabric]` table. An injection's table replaces
     /// the GPU's whole fabric state (fields it leaves out take their defaults).
-    fabric: FabricState = FabricState::default(),
+    fabric: FabricSpec = FabricSpec::default(),
     /// Total framebuffer memory, MiB (`nvmlDeviceGetMemoryInfo_v2`; an H100
     /// SXM 80 GB reports 81559).
     memory_mib: u64 = 81_559,
@@ -473,7 +473,7 @@ pub const FABRIC_STATES: [&str; 4] = ["not_supported", "not_started", "in_progre
 /// (`not_supported`), as a PCIe board or a board without NVSwitches reports.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct FabricState {
+pub struct FabricSpec {
     /// `not_supported` | `not_started` | `in_progress` | `completed`.
     pub state: String,
     /// The registration's result: `success`, or an NVML error name of
@@ -493,9 +493,9 @@ pub struct FabricState {
     pub health_summary: u8,
 }
 
-impl Default for FabricState {
-    fn default() -> FabricState {
-        FabricState {
+impl Default for FabricSpec {
+    fn default() -> FabricSpec {
+        FabricSpec {
             state: "not_supported".into(),
             status: "success".into(),
             clique_id: 0,
@@ -506,7 +506,7 @@ impl Default for FabricState {
     }
 }
 
-impl FabricState {
+impl FabricSpec {
     /// The NVML state value (`nvmlGpuFabricState_t`).
     pub fn state_value(&self) -> u8 {
         FABRIC_STATES

@@ -187,7 +187,7 @@ impl KmsgPass {
         } else if !self.caught_up {
             m.message = format!(
                 "{} not read to its end within {}s",
-                prepared.config().kmsg.path.display(),
+                prepared.kmsg().path.display(),
                 KMSG_DEADLINE.as_secs()
             );
         }

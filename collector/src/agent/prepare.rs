@@ -6,8 +6,8 @@
 //! health engine and kernel-log reader from it.
 
 use crate::attribution::podresources::KubeletSettings;
-use crate::config::{Config, ConfigError, ConfigErrors};
-use crate::kmsg::{self, KmsgSourceArgs};
+use crate::config::{Config, ConfigError, ConfigErrors, PrometheusSettings};
+use crate::kmsg::{self, KmsgSettings, KmsgSourceArgs};
 use crate::nvml::NvmlSettings;
 use crate::pipeline::{Liveness, StopReason};
 use gpuwatch_core::engine::{BootInfo, Engine, EngineSettings};
@@ -24,18 +24,16 @@ pub enum PrepareError {
     /// The configuration is invalid.
     #[error(transparent)]
     Config(#[from] ConfigErrors),
-    /// The policy overrides do not build.
-    #[error("invalid policy: {0}")]
-    Policy(#[from] xid_parser::PolicyError),
     /// The boot id is unreadable.
     #[error(transparent)]
     Boot(#[from] crate::boot::BootError),
 }
 
 /// Reads `file` (or takes the defaults), applies a command's `flags` onto it
-/// (flags win), fills in the node name and validates: how every command that
-/// builds the agent's parts reads its configuration. Returns what `flags`
-/// returns beside the configuration (options that exist only as flags).
+/// (flags win) and fills in the node name: how every command that builds the
+/// agent's parts reads its configuration. It does not validate: [`prepare`]
+/// checks every section as it resolves it, once. Returns what `flags` returns
+/// beside the configuration (options that exist only as flags).
 pub fn resolve<T>(
     file: Option<&Path>,
     flags: impl FnOnce(&mut Config) -> T,
@@ -46,7 +44,6 @@ pub fn resolve<T>(
     };
     let extra = flags(&mut cfg);
     cfg.fill_node_name();
-    cfg.validate().map_err(ConfigError::Invalid)?;
     Ok((cfg, extra))
 }
 
@@ -57,69 +54,104 @@ pub fn resolve<T>(
 #[derive(Debug, Clone)]
 pub struct Prepared {
     cfg: Config,
+    kmsg: KmsgSettings,
     engine: EngineSettings,
     nvml: NvmlSettings,
     kube: KubeSettings,
     kubelet: KubeletSettings,
     network: NetworkSettings,
     otlp: Option<OtlpSettings>,
+    prometheus: Option<PrometheusSettings>,
     policy: Arc<xid_parser::Policy>,
     boot: BootInfo,
 }
 
-/// Validates `cfg`, resolves `[kube]` and `[kubelet]`, builds the policy and
-/// reads the boot id.
+/// Resolves every section once (`[kmsg]`, `[engine]`, `[nvml]`, the
+/// policy, `[kube]`, `[kubelet]`, `[network]`, `[otlp]` with its environment
+/// and TLS files, `/metrics`), checks what no resolve covers
+/// ([`Config::unresolved_problems`]) and reads the boot id. Every problem of
+/// every section comes back in one error: the checks are the resolves, so
+/// nothing is validated twice and validation cannot disagree with what runs.
 pub fn prepare(cfg: Config) -> Result<Prepared, PrepareError> {
-    cfg.validate()?;
-    let engine = cfg.engine.resolve().map_err(|p| in_section("engine", p))?;
-    let nvml = cfg.nvml.resolve().map_err(|p| in_section("nvml", p))?;
-    let kube = cfg.kube.resolve().map_err(|p| in_section("kube", p))?;
-    let kubelet = cfg
-        .kubelet
-        .resolve()
-        .map_err(|p| in_section("kubelet", p))?;
-    let network = cfg
-        .network
-        .resolve()
-        .map_err(|p| in_section("network", p))?;
-    let otlp = cfg
-        .otlp
-        .resolve_for(&super::sinks::resource_info(&cfg), &|k: &str| {
-            std::env::var(k).ok()
-        })
-        .map_err(|p| in_section("otlp", p))?;
-    let policy = Arc::new(xid_parser::Policy::new(&cfg.policy)?);
+    let mut p = cfg.unresolved_problems();
+    let kmsg = section("kmsg", cfg.kmsg.resolve(), &mut p);
+    let engine = section("engine", cfg.engine.resolve(), &mut p);
+    let nvml = section("nvml", cfg.nvml.resolve(), &mut p);
+    let policy = xid_parser::Policy::new(&cfg.policy).map_err(|e| vec![format!("xid: {e}")]);
+    let policy = section("policy", policy, &mut p);
+    let kube = section("kube", cfg.kube.resolve(), &mut p);
+    let kubelet = section("kubelet", cfg.kubelet.resolve(), &mut p);
+    let network = section("network", cfg.network.resolve(), &mut p);
+    let resource = super::sinks::resource_info(&cfg);
+    let env = |k: &str| std::env::var(k).ok();
+    let otlp = section("otlp", cfg.otlp.resolve_for(&resource, &env), &mut p).flatten();
+    if !cfg.otlp.enabled {
+        // Off, the export resolves to nothing; its keys are still checked.
+        p.extend(cfg.otlp.validate().into_iter().map(|e| format!("otlp.{e}")));
+    }
+    let prometheus = cfg.resolve_prometheus();
+    let (
+        Some(kmsg),
+        Some(engine),
+        Some(nvml),
+        Some(policy),
+        Some(kube),
+        Some(kubelet),
+        Some(network),
+        true,
+    ) = (
+        kmsg,
+        engine,
+        nvml,
+        policy,
+        kube,
+        kubelet,
+        network,
+        p.is_empty(),
+    )
+    else {
+        return Err(ConfigErrors(p).into());
+    };
     let boot = BootInfo {
-        boot_id: crate::boot::read_boot_id(&cfg.kmsg.boot_id_path)?,
+        boot_id: crate::boot::read_boot_id(&kmsg.boot_id_path)?,
         boot_time_unix_nano: crate::boot::boot_time_unix_nanos(),
     };
     Ok(Prepared {
         cfg,
+        kmsg,
         engine,
         nvml,
         kube,
         kubelet,
         network,
         otlp,
-        policy,
+        prometheus,
+        policy: Arc::new(policy),
         boot,
     })
 }
 
-/// `problems` of section `name`, each prefixed with its key path.
-fn in_section(name: &str, problems: Vec<String>) -> ConfigErrors {
-    ConfigErrors(
-        problems
-            .into_iter()
-            .map(|p| format!("{name}.{p}"))
-            .collect(),
-    )
+/// The resolved section `name`, or `None` with its problems added to `all`,
+/// each prefixed with its key path.
+fn section<T>(name: &str, resolved: Result<T, Vec<String>>, all: &mut Vec<String>) -> Option<T> {
+    match resolved {
+        Ok(settings) => Some(settings),
+        Err(problems) => {
+            all.extend(problems.into_iter().map(|p| format!("{name}.{p}")));
+            None
+        }
+    }
 }
 
 impl Prepared {
     /// The validated configuration, flags applied.
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    /// The kernel-log source's settings (`[kmsg]`, flags applied), resolved.
+    pub fn kmsg(&self) -> &KmsgSettings {
+        &self.kmsg
     }
 
     /// The health engine's settings (`[engine]`), resolved.
@@ -153,6 +185,12 @@ impl Prepared {
         self.otlp.as_ref()
     }
 
+    /// The Prometheus `/metrics` renderer's settings; `None` while
+    /// `[api] prometheus` is off.
+    pub fn prometheus(&self) -> Option<&PrometheusSettings> {
+        self.prometheus.as_ref()
+    }
+
     /// The classification policy (built-in table plus `[policy]` overrides).
     pub fn policy(&self) -> &Arc<xid_parser::Policy> {
         &self.policy
@@ -182,7 +220,7 @@ impl Prepared {
             // GPU (NVML stopped answering): Unknown, and it does not validate.
             engine.set_sample_max_age(self.nvml.poll_interval.saturating_mul(3));
         }
-        if kmsg::is_device(&cfg.kmsg.path) {
+        if kmsg::is_device(&self.kmsg.path) {
             engine.track_kmsg_position();
         }
         engine.set_network(self.network.clone());
@@ -226,7 +264,7 @@ impl Prepared {
         stop_tx: Option<crossbeam_channel::Sender<StopReason>>,
     ) -> KmsgSourceArgs {
         KmsgSourceArgs {
-            cfg: self.cfg.kmsg.clone(),
+            cfg: self.kmsg.clone(),
             resume: engine.kmsg_position().cloned(),
             boot_id: self.boot.boot_id.clone(),
             policy: self.policy.clone(),

@@ -80,12 +80,12 @@ pub fn build_sinks(
                 registry.clone(),
             )));
     }
-    if cfg.api.prometheus {
+    if let Some(prometheus) = prepared.prometheus() {
         let renderer = gpuwatch_sinks::prometheus::Renderer::with_quiet_window(
             registry.clone(),
             vec![kube.clone()],
             resource_info(cfg),
-            cfg.otlp.pacing().series_quiet_window,
+            prometheus.series_quiet_window,
         );
         sinks.metrics = Some(Arc::new(move || renderer.render()));
     }

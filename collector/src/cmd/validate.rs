@@ -90,7 +90,6 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
 /// [`agent::prepare`], with the messages this command has always given.
 fn prepare(cfg: Config) -> anyhow::Result<Prepared> {
     agent::prepare(cfg).map_err(|e| match e {
-        PrepareError::Policy(e) => anyhow::Error::new(e).context("invalid [policy] overrides"),
         PrepareError::Boot(e) => e.into(),
         PrepareError::Config(e) => gpuwatch::config::ConfigError::Invalid(e).into(),
     })

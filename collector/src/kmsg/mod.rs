@@ -64,6 +64,7 @@ use serde::{Deserialize, Serialize};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 mod device;
 mod position;
@@ -77,7 +78,7 @@ mod tests;
 pub const KMSG_PATH: &str = "/dev/kmsg";
 const MAX_BUFFER: usize = 1024 * 1024;
 
-/// Settings of the kernel log source (`[kmsg]`).
+/// Settings of the kernel log source (`[kmsg]`), as written in the file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KmsgConfig {
@@ -120,9 +121,44 @@ impl Default for KmsgConfig {
     }
 }
 
+/// `[kmsg]` resolved ([`KmsgConfig::resolve`]): what the source runs with,
+/// its intervals as durations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KmsgSettings {
+    /// See [`KmsgConfig::path`].
+    pub path: PathBuf,
+    /// See [`KmsgConfig::accept_user_facility`].
+    pub accept_user_facility: bool,
+    /// See [`KmsgConfig::exit_at_eof`].
+    pub exit_at_eof: bool,
+    /// See [`KmsgConfig::boot_id_path`].
+    pub boot_id_path: PathBuf,
+    /// See [`KmsgConfig::cursor_interval_ms`].
+    pub cursor_interval: Duration,
+    /// See [`KmsgConfig::retry_interval_secs`].
+    pub retry_interval: Duration,
+    /// See [`KmsgConfig::proc_root`].
+    pub proc_root: PathBuf,
+}
+
+impl Default for KmsgSettings {
+    fn default() -> Self {
+        KmsgConfig::default()
+            .resolve()
+            .expect("the default [kmsg] settings are valid")
+    }
+}
+
 impl KmsgConfig {
-    /// Problems with the settings (empty when valid); keys relative to `[kmsg]`.
+    /// Problems with the settings (empty when valid); keys relative to
+    /// `[kmsg]`. The problems [`KmsgConfig::resolve`] reports.
     pub fn validate(&self) -> Vec<String> {
+        self.resolve().err().unwrap_or_default()
+    }
+
+    /// Checks the settings and types them in one pass: the resolved
+    /// settings, or every problem (keys relative to `[kmsg]`).
+    pub fn resolve(&self) -> Result<KmsgSettings, Vec<String>> {
         let mut problems = Vec::new();
         if self.path.as_os_str().is_empty() {
             problems.push("path: must not be empty".to_string());
@@ -145,7 +181,18 @@ impl KmsgConfig {
                 self.retry_interval_secs
             ));
         }
-        problems
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        Ok(KmsgSettings {
+            path: self.path.clone(),
+            accept_user_facility: self.accept_user_facility,
+            exit_at_eof: self.exit_at_eof,
+            boot_id_path: self.boot_id_path.clone(),
+            cursor_interval: Duration::from_millis(self.cursor_interval_ms),
+            retry_interval: Duration::from_secs(self.retry_interval_secs),
+            proc_root: self.proc_root.clone(),
+        })
     }
 }
 
@@ -184,8 +231,8 @@ pub enum KmsgError {
 /// What the source is started with ([`spawn`], [`run_source`]).
 #[derive(Debug)]
 pub struct KmsgSourceArgs {
-    /// The `[kmsg]` section, flags applied.
-    pub cfg: KmsgConfig,
+    /// The `[kmsg]` section, flags applied, resolved.
+    pub cfg: KmsgSettings,
     /// The position the engine's state accounts for (`Engine::kmsg_position`):
     /// in the same boot, records up to it are skipped. `None`: read the ring
     /// from its start.

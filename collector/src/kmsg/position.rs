@@ -3,11 +3,11 @@
 use super::reader::{EngineGone, Reader};
 use crate::pipeline::InOrder;
 use gpuwatch_core::msg::{Input, KmsgPosition};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 impl Reader {
     pub(super) fn maybe_report_position(&mut self) {
-        if self.last_report.elapsed() >= Duration::from_millis(self.cfg.cursor_interval_ms) {
+        if self.last_report.elapsed() >= self.cfg.cursor_interval {
             // A gone engine is noticed by the next send.
             let _ = self.report_position();
         }

@@ -1,7 +1,7 @@
 //! The reader: its state, the open / read / reopen loop, and the waits
 //! between reads.
 
-use super::{KmsgConfig, KmsgError, KmsgSourceArgs, KmsgSummary, is_device};
+use super::{KmsgError, KmsgSettings, KmsgSourceArgs, KmsgSummary, is_device};
 use crate::boot;
 use crate::pipeline::{FaultSender, IDLE_HEARTBEAT, Liveness, SendStatus};
 use crossbeam_channel::Sender;
@@ -39,7 +39,7 @@ pub(super) enum Outcome {
 }
 
 pub(super) struct Reader {
-    pub(super) cfg: KmsgConfig,
+    pub(super) cfg: KmsgSettings,
     pub(super) boot_id: String,
     pub(super) registry: Arc<Registry>,
     pub(super) liveness: Arc<Liveness>,
@@ -96,7 +96,7 @@ impl Reader {
             }
             None => None,
         };
-        let args_retry_secs = args.cfg.retry_interval_secs;
+        let retry_interval = args.cfg.retry_interval;
         let wake = args
             .shutdown
             .wake_fd()
@@ -124,8 +124,8 @@ impl Reader {
             summary: KmsgSummary::default(),
             device,
             retry: gpuwatch_core::retry::Backoff::new(
-                Duration::from_secs(args_retry_secs),
-                Duration::from_secs(args_retry_secs.saturating_mul(8)),
+                retry_interval,
+                retry_interval.saturating_mul(8),
             ),
         }
     }

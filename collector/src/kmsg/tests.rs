@@ -15,11 +15,11 @@ use xid_parser::Scanner;
 
 fn args(path: &Path, accept_user: bool, registry: Arc<Registry>) -> KmsgSourceArgs {
     KmsgSourceArgs {
-        cfg: KmsgConfig {
+        cfg: KmsgSettings {
             path: path.to_path_buf(),
             accept_user_facility: accept_user,
             exit_at_eof: true,
-            ..KmsgConfig::default()
+            ..KmsgSettings::default()
         },
         resume: None,
         boot_id: "boot-1".into(),
@@ -412,7 +412,7 @@ fn a_marker_hidden_by_an_escape_still_reaches_the_scanner() {
 fn unreadable_input_is_reported_and_counts_as_ready() {
     let dir = tempfile::tempdir().unwrap();
     let mut a = args(&dir.path().join("missing"), false, Registry::new());
-    a.cfg.retry_interval_secs = 1;
+    a.cfg.retry_interval = Duration::from_secs(1);
     let liveness = a.liveness.clone();
     let shutdown = a.shutdown.clone();
     let (tx, rx) = bounded(8);
@@ -518,7 +518,7 @@ fn an_idle_reader_in_poll_stops_at_once_on_shutdown() {
 fn a_reader_waiting_to_retry_stops_at_once_on_shutdown() {
     let dir = tempfile::tempdir().unwrap();
     let mut a = args(&dir.path().join("missing"), false, Registry::new());
-    a.cfg.retry_interval_secs = 60;
+    a.cfg.retry_interval = Duration::from_secs(60);
     let shutdown = a.shutdown.clone();
     let (tx, rx) = bounded(8);
     let h = std::thread::spawn(move || run_source(a, tx));
@@ -600,8 +600,17 @@ fn config_validation_names_keys() {
         retry_interval_secs: 0,
         ..KmsgConfig::default()
     };
-    let p = bad.validate();
-    assert_eq!(p.len(), 3, "{p:?}");
-    assert!(p[0].starts_with("path:"));
-    assert!(KmsgConfig::default().validate().is_empty());
+    let p = bad.resolve().unwrap_err();
+    assert_eq!(bad.validate(), p);
+    let keys: Vec<&str> = p.iter().map(|m| m.split(':').next().unwrap()).collect();
+    assert_eq!(
+        keys,
+        ["path", "cursor_interval_ms", "retry_interval_secs"],
+        "{p:?}"
+    );
+    let s = KmsgConfig::default().resolve().unwrap();
+    assert_eq!(s, KmsgSettings::default());
+    assert_eq!(s.cursor_interval, Duration::from_secs(1));
+    assert_eq!(s.retry_interval, Duration::from_secs(5));
+    assert_eq!(s.path, PathBuf::from(KMSG_PATH));
 }

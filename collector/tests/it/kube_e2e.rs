@@ -25,7 +25,7 @@
 
 use crate::kube_support;
 use crate::kube_support::{
-    Agent, FAULT_TAINT, NODE, Nvml, PROBLEM, READY, Rig, STARTUP_TAINT, T, applied_conditions,
+    FAULT_TAINT, KubeAgent, NODE, Nvml, PROBLEM, READY, Rig, STARTUP_TAINT, T, applied_conditions,
     node, patched_taint_lists, taint, wait_until,
 };
 use serde_json::Value;
@@ -72,7 +72,7 @@ fn warnings(rig: &Rig, reason: &str) -> Vec<k8s_openapi::api::core::v1::Event> {
         .collect()
 }
 
-fn diag(rig: &Rig, agent: &Agent) -> String {
+fn diag(rig: &Rig, agent: &KubeAgent) -> String {
     format!(
         "node: {:#}\nagent log: {:#?}",
         rig.api.node_json(),
@@ -83,7 +83,7 @@ fn diag(rig: &Rig, agent: &Agent) -> String {
 /// Observes the Node for `window` after an agent restart: the conditions and
 /// the fault taint must hold on every look and in every write the new agent
 /// sends (no flap through Unknown, no taint removed and re-added).
-fn assert_fault_holds_across_restart(rig: &Rig, agent: &Agent, since: usize, window: Duration) {
+fn assert_fault_holds_across_restart(rig: &Rig, agent: &KubeAgent, since: usize, window: Duration) {
     let end = Instant::now() + window;
     while Instant::now() < end {
         assert!(

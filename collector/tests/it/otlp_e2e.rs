@@ -23,7 +23,7 @@ use crate::otlp_support::rotel::{
     DataPoint, Log, Metric, Received, Rotel, assert_instrument_type, documented_metrics, free_port,
     promtool_check,
 };
-use crate::otlp_support::{Agent, Exposition, KmsgFifo, data, host_name, wait_received};
+use crate::otlp_support::{Exposition, KmsgFifo, OtlpAgent, data, host_name, wait_received};
 use gpuwatch_proto::{Action, ShortName};
 use gpuwatch_sinks::prometheus::{InstrumentKind, otel_to_prometheus_name};
 use std::collections::{BTreeMap, BTreeSet};
@@ -278,9 +278,9 @@ action = "inspect_hardware"
     path
 }
 
-fn start_agent(dir: &Path, config: &Path, fifo: &KmsgFifo, proto: Proto, port: u16) -> Agent {
+fn start_agent(dir: &Path, config: &Path, fifo: &KmsgFifo, proto: Proto, port: u16) -> OtlpAgent {
     let state = dir.join("state");
-    Agent::start([
+    OtlpAgent::start([
         "--config".into(),
         config.as_os_str().to_owned(),
         "--nvml-sim".into(),
@@ -300,7 +300,7 @@ fn start_agent(dir: &Path, config: &Path, fifo: &KmsgFifo, proto: Proto, port: u
 
 /// Waits until the engine knows every GPU of the scenario (NVML polled), so
 /// kernel-log faults are joined to their GPU's index and UUID.
-fn wait_gpus_known(agent: &Agent, gpus: &[SimGpu]) {
+fn wait_gpus_known(agent: &OtlpAgent, gpus: &[SimGpu]) {
     agent.wait_metrics(WAIT, "every scenario GPU", |e| {
         e.value("gpuwatch_gpus", &[("state", "visible")]) == Some(gpus.len() as f64)
             && e.find("hw_temperature_celsius", &[]).len() == gpus.len()
@@ -736,7 +736,7 @@ fn otlp_log_events(e: &Exposition, outcome: &str) -> f64 {
     .unwrap_or(0.0)
 }
 
-fn assert_alive(agent: &mut Agent) {
+fn assert_alive(agent: &mut OtlpAgent) {
     assert_eq!(agent.exited(), None, "gpuwatch exited");
     let (code, body) = agent.get("/healthz").expect("/healthz answers");
     assert_eq!(code, 200, "/healthz: {body}");
@@ -955,7 +955,19 @@ fn shutdown_flush(proto: Proto) {
     let got = wait_received(&rotel, WAIT, "the records flushed at shutdown", |r| {
         faults.iter().all(|f| log_for(r, f, &gpus).len() == 1)
     });
-    // The whole output is complete now that the agent is gone.
+    // The agent has sent everything once it exits, but the collector prints
+    // the final metric export on its own schedule, after the logs or still
+    // mid-print: wait until the whole export has been printed.
+    let flushed = |r: &Received| {
+        r.metric("gpu.xid.errors")
+            .is_some_and(|m| m.points.len() == faults.len())
+            && events(r, "engine", "emitted") == Some(faults.len() as f64)
+    };
+    assert!(
+        crate::common::wait_until(WAIT, || flushed(&rotel.received())),
+        "the final metric export did not arrive: {}",
+        rotel.output()
+    );
     let got_all = rotel.received();
     assert_eq!(xid_logs(&got).len(), faults.len());
     let xid_errors = metric(&got_all, "gpu.xid.errors");
@@ -1102,7 +1114,7 @@ api_server_url = "{url}"
         )
         .unwrap();
         let fifo = KmsgFifo::create(&d);
-        agents.push(Agent::start([
+        agents.push(OtlpAgent::start([
             "--config".into(),
             config.into_os_string(),
             "--nvml-sim".into(),

@@ -51,6 +51,15 @@ fn hold_unknown(node: &Node, want: &mut [DesiredCondition]) -> Vec<String> {
     held
 }
 
+/// Whether a pass removes the startup taint: the Node carries it (`startup`),
+/// the gate's report passed and still holds for the current health
+/// (`passed`), and the gate owns the taint. In `condition_only` mode the
+/// taint belongs to node-readiness-controller: gpuwatch only reports the
+/// readiness condition and never writes the taint.
+fn removes_startup_taint(startup: bool, passed: bool, mode: StartupGateMode) -> bool {
+    startup && passed && mode == StartupGateMode::RemoveTaint
+}
+
 impl Reconciler {
     /// While running (the startup gate open), healthy GPUs the device plugin
     /// leaves unadvertised past the grace period turn the problem condition
@@ -160,8 +169,7 @@ impl Reconciler {
         self.gate_fault_taint(&node, &mut want.fault_taint).await;
         let held = !as_live.is_empty();
         let conditions = self.write_conditions(&node, &want.conditions, &now).await;
-        let remove_startup =
-            startup && passed && self.cfg.gate.mode == StartupGateMode::RemoveTaint;
+        let remove_startup = removes_startup_taint(startup, passed, self.cfg.gate.mode);
         let taints = self
             .write_taints(want.fault_taint.as_ref(), remove_startup, &now)
             .await;
@@ -329,6 +337,26 @@ mod tests {
             status,
             reason: reason.into(),
             message: "starting".into(),
+        }
+    }
+
+    #[test]
+    fn only_the_remove_taint_mode_removes_a_validated_startup_taint() {
+        use StartupGateMode::{ConditionOnly, RemoveTaint};
+        let table = [
+            // (on the Node, validated, mode) -> removed
+            ((true, true, RemoveTaint), true),
+            ((true, true, ConditionOnly), false),
+            ((true, false, RemoveTaint), false),
+            ((false, true, RemoveTaint), false),
+            ((false, true, ConditionOnly), false),
+        ];
+        for ((startup, passed, mode), want) in table {
+            assert_eq!(
+                removes_startup_taint(startup, passed, mode),
+                want,
+                "{startup} {passed} {mode:?}"
+            );
         }
     }
 

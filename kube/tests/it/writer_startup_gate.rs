@@ -170,8 +170,9 @@ async fn fault_during_the_extra_command_keeps_the_startup_taint() {
         ..ValidationConfig::default()
     };
     let h = gate(&[("nvidia.com/gpu.count", "2")], healthy(2, "boot-a"), vcfg).await;
-    // The command is running (spawned at start); the fault arrives meanwhile.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The command is running (the expected count is set as it is spawned,
+    // from the health of that moment); the fault arrives meanwhile.
+    assert!(wait_for(SECS, || h.metrics.status().gpus_expected == Some(2)).await);
     h.set(with_fault(
         healthy(2, "boot-a"),
         1,
@@ -179,16 +180,19 @@ async fn fault_during_the_extra_command_keeps_the_startup_taint() {
         Action::RebootNode,
         1,
     ));
-    // The stale passing result comes back after ~1 s; watch for 3 s.
-    let end = Instant::now() + Duration::from_secs(3);
-    while Instant::now() < end {
-        assert!(
-            taint_value(&h.api.node(), STARTUP_TAINT).is_some(),
-            "startup taint removed although a fault appeared: {:#}",
-            h.api.node_json()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // The stale passing result comes back after ~1 s and is judged against
+    // the current health; the next validation (an interval later) fails on
+    // the fault. Once it has, every pass after the stale result is done.
+    assert!(
+        wait_for(SECS, || h.metrics.validation_runs(ValidationResult::Fail)
+            >= 1)
+        .await
+    );
+    assert!(
+        taint_value(&h.api.node(), STARTUP_TAINT).is_some(),
+        "startup taint removed although a fault appeared: {:#}",
+        h.api.node_json()
+    );
     assert_eq!(
         h.metrics
             .kube_writes(KubeObject::StartupTaint, WriteResult::Ok),
@@ -378,11 +382,13 @@ async fn startup_gate_waits_for_the_device_plugin_and_unadvertised_gpus_are_repo
         "{:#?}",
         h.reports()
     );
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    h.until("the report on the readiness condition", |n| {
+        condition(n, READY).is_some_and(|c| {
+            c.status == "Unknown" && c.message.is_some_and(|m| m.contains("device_plugin"))
+        })
+    })
+    .await;
     assert!(taint_value(&h.api.node(), STARTUP_TAINT).is_some());
-    let ready = condition(&h.api.node(), READY).unwrap();
-    assert_eq!(ready.status, "Unknown");
-    assert!(ready.message.unwrap().contains("device_plugin"));
     // The device plugin comes up.
     let t0 = Instant::now();
     advertise(&h.api, 8);

@@ -96,26 +96,6 @@ async fn six_lost_races_in_a_row_land_the_fault_taint_within_a_second() {
                 && l.trim_end().ends_with(" 6")),
         "{text}"
     );
-    // Later health changes still write at most once a second.
-    for i in 2..6 {
-        h.set(with_fault(
-            healthy(2, "boot-a"),
-            1,
-            79,
-            Action::RebootNode,
-            10u64.pow(i),
-        ));
-        tokio::time::sleep(Duration::from_millis(150)).await;
-    }
-    h.set(healthy(2, "boot-a"));
-    h.until("fault taint cleared", |n| {
-        taint_value(n, FAULT_TAINT).is_none()
-    })
-    .await;
-    let reqs = h.api.requests();
-    assert_paced(&reqs, "nodes");
-    assert_paced(&reqs, "nodes/status");
-    assert_eq!(taint_keys(&h.api.node()).len(), 7, "foreign taints kept");
     h.stop().await;
 }
 

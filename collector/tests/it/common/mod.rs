@@ -177,6 +177,30 @@ pub fn data(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// `gpuwatch run` made hermetic, the base of every helper that starts the
+/// agent: whatever this machine has, the agent sees no RDMA NIC (unless
+/// `extra` names its own `--sysfs-root`), no Kubernetes node or kubeconfig
+/// from the developer's shell, and no `OTEL_*` redirection of its export.
+/// The arguments are `run`, then `flags`, then `extra` (a test's own flags,
+/// last as on a command line).
+pub fn run_command(flags: &[&str], extra: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpuwatch"));
+    cmd.arg("run");
+    if !flags.contains(&"--sysfs-root") && !extra.contains(&"--sysfs-root") {
+        cmd.arg("--sysfs-root").arg(data("sysfs-without-rdma"));
+    }
+    cmd.args(flags)
+        .args(extra)
+        .env("RUST_LOG", "info")
+        .env_remove("NODE_NAME")
+        .env_remove("KUBECONFIG")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
+        .env_remove("OTEL_RESOURCE_ATTRIBUTES")
+        .stdin(Stdio::null());
+    cmd
+}
+
 /// A running `gpuwatch run`.
 pub struct Agent {
     pub child: Child,
@@ -189,39 +213,44 @@ impl Agent {
     /// Starts `gpuwatch run --sink stdout --no-nvml --state-dir DIR
     /// --api-listen 127.0.0.1:0 --log-format json` plus `extra`.
     pub fn start(state_dir: &Path, extra: &[&str]) -> Agent {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpuwatch"));
-        cmd.args(["run", "--no-nvml"]);
-        Agent::spawn(cmd, state_dir, extra)
+        Agent::spawn(state_dir, &["--no-nvml"], extra, None)
     }
 
     /// Starts `gpuwatch run --sink stdout --nvml-sim SCENARIO --state-dir DIR
     /// --api-listen 127.0.0.1:0 --log-format json` plus `extra`, with the
     /// nvml-sim library built by [`nvml_sim_lib`].
     pub fn start_nvml_sim(state_dir: &Path, scenario: &Path, extra: &[&str]) -> Agent {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpuwatch"));
-        cmd.arg("run")
-            .arg("--nvml-sim")
-            .arg(scenario)
-            .env("GPUWATCH_NVML_SIM_LIB", nvml_sim_lib());
-        Agent::spawn(cmd, state_dir, extra)
+        let scenario = scenario.to_str().expect("UTF-8 scenario path");
+        Agent::spawn(
+            state_dir,
+            &["--nvml-sim", scenario],
+            extra,
+            Some(nvml_sim_lib()),
+        )
     }
 
     /// Adds the common flags to a `gpuwatch run` command, starts it and waits
     /// for "gpuwatch started.".
-    fn spawn(mut cmd: Command, state_dir: &Path, extra: &[&str]) -> Agent {
-        cmd.args(["--sink", "stdout", "--log-format", "json"])
-            .args(["--api-listen", "127.0.0.1:0", "--node-name", "e2e-node"])
-            .arg("--state-dir")
-            .arg(state_dir)
-            .args(extra);
-        if !extra.contains(&"--sysfs-root") {
-            // No RDMA NIC, whatever this machine has.
-            cmd.arg("--sysfs-root").arg(data("sysfs-without-rdma"));
+    fn spawn(state_dir: &Path, input: &[&str], extra: &[&str], sim_lib: Option<&Path>) -> Agent {
+        let state_dir_arg = state_dir.to_str().expect("UTF-8 state dir");
+        let mut flags = input.to_vec();
+        flags.extend([
+            "--sink",
+            "stdout",
+            "--log-format",
+            "json",
+            "--api-listen",
+            "127.0.0.1:0",
+            "--node-name",
+            "e2e-node",
+            "--state-dir",
+            state_dir_arg,
+        ]);
+        let mut cmd = run_command(&flags, extra);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        if let Some(lib) = sim_lib {
+            cmd.env("GPUWATCH_NVML_SIM_LIB", lib);
         }
-        cmd.env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("start gpuwatch");
         let stdout = Lines::default();
         let stderr = Lines::default();

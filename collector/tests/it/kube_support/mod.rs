@@ -19,7 +19,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 pub use crate::common::{data, http_get};
@@ -173,43 +173,37 @@ normal_event_spread_secs = 0
 
     /// Starts `gpuwatch run` with `config` (from [`Rig::config`]), this rig's
     /// FIFO, boot id and state dir, plus `extra` flags.
-    pub fn start(&self, config: &Path, nvml: Nvml<'_>, extra: &[&str]) -> Agent {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpuwatch"));
-        cmd.arg("run")
-            .arg("--config")
-            .arg(config)
-            .arg("--kmsg-path")
-            .arg(self.fifo_path())
-            .arg("--accept-user-facility")
-            .arg("--boot-id-path")
-            .arg(self.boot_id_path())
-            .arg("--state-dir")
-            .arg(self.state_dir())
-            .args(["--api-listen", "127.0.0.1:0", "--log-format", "json"]);
-        if !extra.contains(&"--sysfs-root") {
-            // No RDMA NIC, whatever this machine has.
-            cmd.arg("--sysfs-root")
-                .arg(crate::common::data("sysfs-without-rdma"));
-        }
+    pub fn start(&self, config: &Path, nvml: Nvml<'_>, extra: &[&str]) -> KubeAgent {
+        let (fifo, boot_id, state_dir) = (self.fifo_path(), self.boot_id_path(), self.state_dir());
+        let mut flags = vec![
+            "--config",
+            utf8(config),
+            "--kmsg-path",
+            utf8(&fifo),
+            "--accept-user-facility",
+            "--boot-id-path",
+            utf8(&boot_id),
+            "--state-dir",
+            utf8(&state_dir),
+            "--api-listen",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+        ];
+        let scenario;
         match nvml {
             Nvml::Sim(s) => {
-                cmd.arg("--nvml-sim").arg(data(s));
+                scenario = data(s);
+                flags.extend(["--nvml-sim", utf8(&scenario)]);
             }
-            Nvml::Off => {
-                cmd.arg("--no-nvml");
-            }
+            Nvml::Off => flags.push("--no-nvml"),
         }
-        cmd.args(extra)
-            .env("RUST_LOG", "info")
-            .env_remove("NODE_NAME")
-            .env_remove("KUBECONFIG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+        let mut cmd = crate::common::run_command(&flags, extra);
+        cmd.stdout(Stdio::null()).stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("start gpuwatch");
         let stderr = Lines::default();
         stderr.spawn_reader(child.stderr.take().expect("piped stderr"));
-        let agent = Agent {
+        let agent = KubeAgent {
             child,
             stderr,
             started: Instant::now(),
@@ -292,7 +286,7 @@ normal_event_spread_secs = 0
 }
 
 /// A running `gpuwatch run`.
-pub struct Agent {
+pub struct KubeAgent {
     child: Child,
     /// JSON log lines.
     pub stderr: Lines,
@@ -300,7 +294,7 @@ pub struct Agent {
     pub started: Instant,
 }
 
-impl Agent {
+impl KubeAgent {
     /// Whether the process has exited.
     pub fn exited(&self) -> bool {
         // try_wait needs &mut; /proc tells without reaping.
@@ -357,7 +351,7 @@ impl Agent {
     }
 }
 
-impl Drop for Agent {
+impl Drop for KubeAgent {
     fn drop(&mut self) {
         // A test that failed midway must not leave the agent running.
         let _ = self.child.kill();
@@ -402,4 +396,9 @@ pub fn patched_taint_lists(reqs: &[Recorded]) -> Vec<Vec<Value>> {
                 .unwrap_or_default()
         })
         .collect()
+}
+
+/// `path` as a command-line argument (test paths are UTF-8).
+fn utf8(path: &Path) -> &str {
+    path.to_str().expect("UTF-8 test path")
 }

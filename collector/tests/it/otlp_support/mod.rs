@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 pub use crate::common::{data, http_get, wait_until};
@@ -68,7 +68,7 @@ impl KmsgFifo {
 }
 
 /// A running `gpuwatch run` (killed on drop).
-pub struct Agent {
+pub struct OtlpAgent {
     child: Child,
     /// stderr (JSON logs).
     pub stderr: Lines,
@@ -76,34 +76,27 @@ pub struct Agent {
     pub api: String,
 }
 
-impl Agent {
+impl OtlpAgent {
     /// Starts `gpuwatch run --log-format json --api-listen 127.0.0.1:0 ARGS`
     /// with the nvml-sim library, and waits until it serves its API.
-    pub fn start<I, S>(args: I) -> Agent
+    pub fn start<I, S>(args: I) -> OtlpAgent
     where
         I: IntoIterator<Item = S>,
         S: Into<OsString>,
     {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpuwatch"));
-        cmd.args(["run", "--log-format", "json", "--api-listen", "127.0.0.1:0"])
-            // No RDMA NIC, whatever this machine has: the export is the same
-            // everywhere.
-            .arg("--sysfs-root")
-            .arg(crate::common::data("sysfs-without-rdma"))
-            .args(args.into_iter().map(Into::into))
+        let extra: Vec<OsString> = args.into_iter().map(Into::into).collect();
+        let mut cmd = crate::common::run_command(
+            &["--log-format", "json", "--api-listen", "127.0.0.1:0"],
+            &[],
+        );
+        cmd.args(extra)
             .env("GPUWATCH_NVML_SIM_LIB", nvml_sim_lib())
-            .env("RUST_LOG", "info")
-            // The exporter reads these; a developer's shell must not redirect it.
-            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
-            .env_remove("OTEL_RESOURCE_ATTRIBUTES")
-            .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("start gpuwatch");
         let stderr = Lines::default();
         stderr.spawn_reader(child.stderr.take().expect("stderr piped"));
-        let mut agent = Agent {
+        let mut agent = OtlpAgent {
             child,
             stderr,
             api: String::new(),
@@ -178,7 +171,7 @@ impl Agent {
     }
 }
 
-impl Drop for Agent {
+impl Drop for OtlpAgent {
     fn drop(&mut self) {
         // A test that failed midway must not leave the agent running.
         let _ = self.child.kill();
