@@ -579,7 +579,6 @@ async fn metrics(State(s): State<ApiState>, headers: axum::http::HeaderMap) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::AliveGuard;
     use gpuwatch_proto::{NodeHealth, Verdict};
     use std::io::{Read, Write};
 
