@@ -584,9 +584,32 @@ fn device_layout(
     };
     numbers.sort_unstable();
 
-    // The netdevs of the PCI function and the port each is (dev_port + 1).
+    let netdevs = netdevs_of(&device);
+    let one_port = numbers.len() == 1;
+    let mut ports = Vec::with_capacity(numbers.len());
+    for number in numbers {
+        let netdev = netdevs
+            .iter()
+            .find(|(_, p)| *p == Some(number))
+            .or_else(|| netdevs.first().filter(|_| one_port))
+            .map(|(n, _)| n.clone());
+        ports.push(port_layout(
+            &ports_dir, net_dir, name, number, netdev, unreadable,
+        )?);
+    }
+    Ok(DeviceLayout {
+        name: name.to_string(),
+        pci_address,
+        numa_node,
+        ports,
+    })
+}
+
+/// The netdevs of the PCI function at `device` and the port each is
+/// (`dev_port` + 1).
+fn netdevs_of(device: &Path) -> Vec<(String, Option<u32>)> {
     let net = device.join("net");
-    let netdevs: Vec<(String, Option<u32>)> = list_names(&net)
+    list_names(&net)
         .unwrap_or_default()
         .into_iter()
         .map(|n| {
@@ -596,65 +619,62 @@ fn device_layout(
                 .map(|p| p.saturating_add(1));
             (n, port)
         })
-        .collect();
-    let one_port = numbers.len() == 1;
+        .collect()
+}
 
-    let mut ports = Vec::with_capacity(numbers.len());
-    for number in numbers {
-        let pdir = ports_dir.join(number.to_string());
-        let listed = |sub: &str| match list_names(&pdir.join(sub)) {
-            Ok(names) => Ok(names),
-            Err(_) if !pdir.is_dir() => Err(format!(
-                "{name}/{number}: vanished while its layout was read"
-            )),
-            Err(e) => Err(format!("{name}/{number}: cannot list {sub}: {e}")),
-        };
-        let present = listed("counters")?;
-        let hw = listed("hw_counters")?;
-        let slot = |sub: &str, counter: &str| {
-            let key = format!("{name}/{number}/{sub}/{counter}");
-            CounterSlot {
-                name: counter.to_string(),
-                path: pdir.join(sub).join(counter),
-                unreadable: unreadable.contains(&key),
-                failing: false,
-                key,
-            }
-        };
-        let mut counters: Vec<CounterSlot> = ERROR_COUNTERS
-            .iter()
-            .filter(|c| present.iter().any(|p| p == *c))
-            .map(|c| slot("counters", c))
-            .collect();
-        for c in &hw {
-            if c != HW_LIFESPAN && !counters.iter().any(|s| s.name == *c) {
-                counters.push(slot("hw_counters", c));
-            }
+/// The files of port `number` of device `name`: its state files, the error
+/// counters it has (the IB PortCounters first, then the driver's
+/// `hw_counters`), and its netdev's `carrier_changes`.
+fn port_layout(
+    ports_dir: &Path,
+    net_dir: &Path,
+    name: &str,
+    number: u32,
+    netdev: Option<String>,
+    unreadable: &HashSet<String>,
+) -> Result<PortLayout, String> {
+    let pdir = ports_dir.join(number.to_string());
+    let listed = |sub: &str| match list_names(&pdir.join(sub)) {
+        Ok(names) => Ok(names),
+        Err(_) if !pdir.is_dir() => Err(format!(
+            "{name}/{number}: vanished while its layout was read"
+        )),
+        Err(e) => Err(format!("{name}/{number}: cannot list {sub}: {e}")),
+    };
+    let present = listed("counters")?;
+    let hw = listed("hw_counters")?;
+    let slot = |sub: &str, counter: &str| {
+        let key = format!("{name}/{number}/{sub}/{counter}");
+        CounterSlot {
+            name: counter.to_string(),
+            path: pdir.join(sub).join(counter),
+            unreadable: unreadable.contains(&key),
+            failing: false,
+            key,
         }
-        let netdev = netdevs
-            .iter()
-            .find(|(_, p)| *p == Some(number))
-            .or_else(|| netdevs.first().filter(|_| one_port))
-            .map(|(n, _)| n.clone());
-        ports.push(PortLayout {
-            number,
-            state: pdir.join("state"),
-            phys_state: pdir.join("phys_state"),
-            rate: pdir.join("rate"),
-            link_layer: pdir.join("link_layer"),
-            counters,
-            carrier_changes: netdev
-                .as_ref()
-                .map(|n| net_dir.join(n).join("carrier_changes")),
-            netdev,
-            dir: pdir,
-        });
+    };
+    let mut counters: Vec<CounterSlot> = ERROR_COUNTERS
+        .iter()
+        .filter(|c| present.iter().any(|p| p == *c))
+        .map(|c| slot("counters", c))
+        .collect();
+    for c in &hw {
+        if c != HW_LIFESPAN && !counters.iter().any(|s| s.name == *c) {
+            counters.push(slot("hw_counters", c));
+        }
     }
-    Ok(DeviceLayout {
-        name: name.to_string(),
-        pci_address,
-        numa_node,
-        ports,
+    Ok(PortLayout {
+        number,
+        state: pdir.join("state"),
+        phys_state: pdir.join("phys_state"),
+        rate: pdir.join("rate"),
+        link_layer: pdir.join("link_layer"),
+        counters,
+        carrier_changes: netdev
+            .as_ref()
+            .map(|n| net_dir.join(n).join("carrier_changes")),
+        netdev,
+        dir: pdir,
     })
 }
 

@@ -61,6 +61,15 @@ pub trait EventSink: Send + Sync {
     fn name(&self) -> &'static str;
     /// Hands one event to the sink.
     fn send(&self, event: &FaultEvent);
+    /// Hands several events to the sink, in order: the engine passes the
+    /// events of a burst of inputs together, so a sink that writes can write
+    /// them with fewer system calls and wake its reader once. The default
+    /// sends them one by one.
+    fn send_batch(&self, events: &[FaultEvent]) {
+        for event in events {
+            self.send(event);
+        }
+    }
     /// Flushes what can be flushed within `timeout` (called at shutdown).
     fn flush(&self, timeout: std::time::Duration) {
         let _ = timeout;

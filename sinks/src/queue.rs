@@ -231,10 +231,59 @@ impl<T> SinkQueue<T> {
         self.enqueue(st, item);
     }
 
+    /// [`SinkQueue::push_unless`] for several items, in order, with one
+    /// lock and at most one wake-up of the consumer: when nothing is queued
+    /// or being written, `bypass` is offered the items and returns how many
+    /// of the first it took (it runs with the queue locked); the rest are
+    /// queued.
+    pub fn push_many_unless(&self, items: Vec<T>, bypass: impl FnOnce(&[T]) -> usize) {
+        if items.is_empty() {
+            return;
+        }
+        let mut st = self.lock();
+        if st.stop.is_some() {
+            drop(st);
+            self.count(Outcome::Dropped, items.len() as u64);
+            return;
+        }
+        let n = items.len();
+        let taken = if st.items.is_empty() && st.inflight.is_none() {
+            bypass(&items).min(n)
+        } else {
+            0
+        };
+        let mut wake = false;
+        for item in items.into_iter().skip(taken) {
+            wake |= self.enqueue_locked(&mut st, item);
+        }
+        drop(st);
+        if wake {
+            self.work.notify_one();
+        }
+        if taken < n
+            && let Some(waker) = &self.waker
+        {
+            waker.notify_one();
+        }
+    }
+
     /// Queues `item` at the tail, pushing the oldest out of a full queue
     /// (module doc: what the capacity bounds), and wakes the consumer when
     /// it waits for this push.
     fn enqueue(&self, mut st: MutexGuard<'_, State<T>>, item: T) {
+        let wake = self.enqueue_locked(&mut st, item);
+        drop(st);
+        if wake {
+            self.work.notify_one();
+        }
+        if let Some(waker) = &self.waker {
+            waker.notify_one();
+        }
+    }
+
+    /// [`SinkQueue::enqueue`] with the lock held by the caller; true when the
+    /// consumer thread is to be woken.
+    fn enqueue_locked(&self, st: &mut State<T>, item: T) -> bool {
         match self.mode {
             Mode::Batches => {
                 if st.items.len() >= self.capacity && st.items.pop_front().is_some() {
@@ -258,14 +307,7 @@ impl<T> SinkQueue<T> {
         // The consumer waits for a first item, then (lingering) for a full
         // batch: any other push needs no wake-up (a syscall on the engine
         // thread saved per event).
-        let wake = st.items.len() == 1 || st.items.len() >= st.batch_max;
-        drop(st);
-        if wake {
-            self.work.notify_one();
-        }
-        if let Some(waker) = &self.waker {
-            waker.notify_one();
-        }
+        st.items.len() == 1 || st.items.len() >= st.batch_max
     }
 
     /// The most items the queue holds (keyed: waiting items).
@@ -277,12 +319,14 @@ impl<T> SinkQueue<T> {
     /// bypass, or a producer writing on its own thread): emitted, or dropped
     /// when the output lost it.
     pub fn count_unqueued(&self, written: bool) {
-        let outcome = if written {
-            Outcome::Emitted
-        } else {
-            Outcome::Dropped
-        };
-        self.count(outcome, 1);
+        self.count_unqueued_many(usize::from(written), usize::from(!written));
+    }
+
+    /// [`SinkQueue::count_unqueued`] for `written` items that reached the
+    /// output and `lost` that did not.
+    pub fn count_unqueued_many(&self, written: usize, lost: usize) {
+        self.count(Outcome::Emitted, written as u64);
+        self.count(Outcome::Dropped, lost as u64);
     }
 
     /// Items waiting (including a batch being written, and deferred ones).

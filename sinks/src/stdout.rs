@@ -1,17 +1,19 @@
 //! The stdout JSON-lines sink: one `FaultEvent` JSON object per line, for
 //! debugging, the demo and `--sink stdout`.
 //!
-//! [`EventSink::send`] runs on the health-engine thread and must never block,
-//! but a pipe whose reader stalls (a paused `| less`, a full container log
-//! pipe) blocks `write(2)`. So `send` writes the line itself only when that
-//! cannot block: nothing is queued or being written (order), the line fits in
-//! `PIPE_BUF` bytes, stdout is a pipe, socket or character device, and
-//! `poll(2)` says it takes the line now (a regular file always polls
-//! writable but can block on a hung disk). Otherwise it queues the line for a
-//! writer thread (`gpuwatch-stdout`), which writes and flushes. Writing on the
-//! engine thread saves a thread wake-up per event (tens to hundreds of µs on
-//! an idle machine); the queue keeps a stalled reader from stalling the
-//! engine. The queue is bounded ([`QUEUE_CAPACITY`] lines by default): when
+//! [`EventSink::send`] and [`EventSink::send_batch`] run on the health-engine
+//! thread and must never block, but a pipe whose reader stalls (a paused
+//! `| less`, a full container log pipe) blocks `write(2)`. So the sink writes
+//! lines itself only when that cannot block: nothing is queued or being
+//! written (order), the run of lines written at once fits in `PIPE_BUF`
+//! bytes, stdout is a pipe, socket or character device, and `poll(2)` says it
+//! takes them now (a regular file always polls writable but can block on a
+//! hung disk). Otherwise it queues the lines for a writer thread
+//! (`gpuwatch-stdout`), which writes what is queued with one `write(2)` and
+//! flushes. Writing on the engine thread saves a thread wake-up per event
+//! (tens to hundreds of µs on an idle machine); writing a batch of events'
+//! lines together saves the reader a wake-up per line; the queue keeps a
+//! stalled reader from stalling the engine. The queue is bounded ([`QUEUE_CAPACITY`] lines by default): when
 //! it is full the oldest line is dropped, counted `stage="stdout",
 //! outcome="dropped"`, like a line the writer failed to write (closed stdout).
 //! [`EventSink::flush`] waits up to its timeout for the queue to empty.
@@ -158,18 +160,29 @@ impl Write for SharedFile {
 }
 
 impl Shared {
-    /// Writes `lines` (each ends in a newline) and flushes once; returns how
-    /// many reached the output. A closed stdout (EPIPE) loses the rest:
-    /// counted, never fatal to the agent.
+    /// Writes `lines` (each ends in a newline) in one `write(2)` where the
+    /// output takes them all (one wake-up of its reader), and flushes once;
+    /// returns how many reached the output whole. A closed stdout (EPIPE)
+    /// loses the rest: counted, never fatal to the agent.
     fn write<'a>(&self, lines: impl ExactSizeIterator<Item = &'a [u8]>) -> usize {
-        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
-        let mut written = 0;
+        let mut buf = Vec::new();
+        // Where each line ends in `buf`.
+        let mut ends = Vec::with_capacity(lines.len());
         for line in lines {
-            if out.write_all(line).is_err() {
-                return written;
-            }
-            written += 1;
+            buf.extend_from_slice(line);
+            ends.push(buf.len());
         }
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let mut done = 0;
+        while done < buf.len() {
+            match out.write(&buf[done..]) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        let written = ends.iter().take_while(|&&end| end <= done).count();
         if out.flush().is_err() {
             // Whatever was buffered did not make it out.
             return 0;
@@ -177,11 +190,12 @@ impl Shared {
         written
     }
 
-    /// Writes one line on the caller's thread and counts it (at the queue's
+    /// Writes `lines` on the caller's thread and counts them (at the queue's
     /// stage, like the queued lines).
-    fn write_counted(&self, line: &[u8]) {
-        let written = self.write(std::iter::once(line)) == 1;
-        self.queue.count_unqueued(written);
+    fn write_counted(&self, lines: &[Vec<u8>]) {
+        let written = self.write(lines.iter().map(|l| l.as_slice()));
+        self.queue
+            .count_unqueued_many(written, lines.len() - written);
     }
 
     /// The writer thread: takes everything queued, writes it, repeats; ends
@@ -201,26 +215,51 @@ impl EventSink for JsonLinesSink {
     }
 
     fn send(&self, event: &FaultEvent) {
-        // One write(2) per line, newline included: a reader never wakes for
-        // half a line. The hand-written encoder writes what serde_json would,
-        // without its per-character escaping (this runs on the engine thread).
-        let mut line = Vec::with_capacity(1024);
-        gpuwatch_proto::json::write_fault_event(event, &mut line);
-        line.push(b'\n');
+        self.send_batch(std::slice::from_ref(event));
+    }
+
+    /// Whole lines only, newline included: a reader never wakes for half a
+    /// line. Written here in runs of lines of at most [`INLINE_MAX_BYTES`],
+    /// one `write(2)` per run, each after `poll(2)` said the output takes
+    /// it; the lines from the first run that cannot go now on are queued
+    /// for the writer thread (one wake-up).
+    fn send_batch(&self, events: &[FaultEvent]) {
+        // The hand-written encoder writes what serde_json would, without its
+        // per-character escaping (this runs on the engine thread).
+        let lines: Vec<Vec<u8>> = events
+            .iter()
+            .map(|event| {
+                let mut line = Vec::with_capacity(1024);
+                gpuwatch_proto::json::write_fault_event(event, &mut line);
+                line.push(b'\n');
+                line
+            })
+            .collect();
         if self.inline {
-            self.shared.write_counted(&line);
+            self.shared.write_counted(&lines);
             return;
         }
-        // Nothing ahead of this line, and the output takes it now: write it
-        // here; the queue stays locked meanwhile, so the writer thread cannot
+        // Nothing ahead of these lines: write here what the output takes
+        // now; the queue stays locked meanwhile, so the writer thread cannot
         // start a write in between (order).
-        self.shared.queue.push_unless(line, |line| {
-            let now = line.len() <= INLINE_MAX_BYTES
-                && self.shared.writable.as_ref().is_some_and(|w| w());
-            if now {
-                self.shared.write_counted(line);
+        self.shared.queue.push_many_unless(lines, |lines| {
+            let mut taken = 0;
+            while taken < lines.len() {
+                let mut bytes = 0;
+                let run = lines[taken..]
+                    .iter()
+                    .take_while(|l| {
+                        bytes += l.len();
+                        bytes <= INLINE_MAX_BYTES
+                    })
+                    .count();
+                if run == 0 || !self.shared.writable.as_ref().is_some_and(|w| w()) {
+                    break;
+                }
+                self.shared.write_counted(&lines[taken..taken + run]);
+                taken += run;
             }
-            now
+            taken
         });
     }
 
@@ -437,6 +476,44 @@ mod tests {
             assert_eq!(v["code"], code);
         }
         assert_eq!(reg.events(Stage::Stdout, Outcome::Emitted), 2);
+    }
+
+    /// A batch goes out whole and in order: with room in the pipe in runs of
+    /// lines of at most `PIPE_BUF` bytes written on the caller's thread,
+    /// into a pipe with less room partly through the writer thread, every
+    /// line counted once.
+    #[test]
+    fn a_batch_reaches_the_pipe_in_order() {
+        for pipe_bytes in [65536, 4096] {
+            let reg = Registry::new();
+            let (mut r, sink) = pipe_sink(&reg, pipe_bytes);
+            let batch: Vec<FaultEvent> = (1..=40).map(xid).collect();
+            sink.send_batch(&batch);
+            let mut got = Vec::new();
+            let t0 = Instant::now();
+            while got.iter().filter(|&&b| b == b'\n').count() < batch.len() {
+                assert!(t0.elapsed() < Duration::from_secs(10), "lines never came");
+                got.extend(read_available(&mut r));
+                std::thread::yield_now();
+            }
+            let codes: Vec<u64> = String::from_utf8(got)
+                .unwrap()
+                .lines()
+                .map(|l| {
+                    serde_json::from_str::<serde_json::Value>(l).unwrap()["code"]
+                        .as_u64()
+                        .unwrap()
+                })
+                .collect();
+            assert_eq!(
+                codes,
+                (1..=40).collect::<Vec<u64>>(),
+                "pipe of {pipe_bytes}"
+            );
+            sink.flush(Duration::from_secs(10));
+            assert_eq!(reg.events(Stage::Stdout, Outcome::Emitted), 40);
+            assert_eq!(reg.events(Stage::Stdout, Outcome::Dropped), 0);
+        }
     }
 
     /// A full pipe (its reader stalled) never blocks `send`; the lines wait in

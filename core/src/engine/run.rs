@@ -7,7 +7,7 @@ use super::{Engine, NANOS, health};
 use crate::msg::Input;
 use crate::{EventSink, Registry, Shutdown};
 use crossbeam_channel::RecvTimeoutError;
-use gpuwatch_proto::NodeHealth;
+use gpuwatch_proto::{FaultEvent, NodeHealth};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -20,6 +20,14 @@ pub const FINAL_WRITE_WAIT: Duration = Duration::from_secs(3);
 
 /// Inputs handled between two health publications.
 const BATCH: usize = 4096;
+
+/// Most events held back for one hand-over to the sinks
+/// ([`EventSink::send_batch`]): the events of the inputs handled in one
+/// burst go to the sinks together, up to this many at a time, so a burst
+/// of records costs a sink a few writes (and its reader a few wake-ups),
+/// not one each, while a long storm still reaches the sinks every few
+/// dozen events.
+const EMIT_BATCH: usize = 64;
 
 /// Health is published and state persisted once the input has paused this
 /// long (a burst of records is handled first), or at the latest
@@ -35,7 +43,8 @@ const SETTLE: Duration = Duration::from_millis(5);
 const PUBLISH_EVERY: Duration = Duration::from_millis(100);
 
 /// The engine thread loop: receives inputs (with a tick timeout), handles them,
-/// sends each returned event to every sink at once, publishes the health to
+/// hands the returned events to every sink (those of a burst of queued inputs
+/// together, up to [`EMIT_BATCH`] at a time), publishes the health to
 /// `health_tx` and the registry when it changed (timestamps ignored), persists when
 /// dirty (at most once per `persist_interval_ms`). Publishing and persisting wait
 /// for a 5 ms pause in the input (at most 100 ms for a publication, one more
@@ -107,6 +116,8 @@ struct EngineLoop<'a> {
     /// Some input since the last publication produced events, so the health
     /// changed for sure.
     emitted: bool,
+    /// Events handled but not yet handed to the sinks ([`EngineLoop::emit`]).
+    out: Vec<FaultEvent>,
 }
 
 /// When the loop wakes next, and the publication and state write that may
@@ -155,23 +166,22 @@ impl<'a> EngineLoop<'a> {
             last_persist: None,
             unpublished_since: None,
             emitted: false,
+            out: Vec::new(),
         }
     }
 
-    /// Handles one input: its events go to every sink, then the activations
-    /// it caused are logged. A kernel-log position is a settled point: the
+    /// Handles one input: its events join those waiting for the sinks
+    /// ([`EngineLoop::emit`] hands them over, at the latest once
+    /// [`EMIT_BATCH`] wait). A kernel-log position is a settled point: the
     /// state is written there when a write is due, or a long storm (never
     /// pausing) would never be persisted.
     fn dispatch(&mut self, input: Input) {
         let progress = matches!(input, Input::KmsgProgress(_));
         let events = self.engine.handle(input);
-        for ev in &events {
-            for sink in self.sinks {
-                sink.send(ev);
-            }
-        }
-        for activation in self.engine.activations.drain(..) {
-            activation.log();
+        self.emitted |= !events.is_empty();
+        self.out.extend(events);
+        if self.out.len() >= EMIT_BATCH {
+            self.emit();
         }
         if progress {
             let now = Instant::now();
@@ -183,23 +193,33 @@ impl<'a> EngineLoop<'a> {
                 self.persist();
             }
         }
-        self.emitted |= !events.is_empty();
+    }
+
+    /// Hands the events waiting in `out` to every sink, in order, then logs
+    /// the activations they caused (after: formatting and writing a log line
+    /// must not delay an event).
+    fn emit(&mut self) {
+        if !self.out.is_empty() {
+            for sink in self.sinks {
+                sink.send_batch(&self.out);
+            }
+            self.out.clear();
+        }
+        for activation in self.engine.activations.drain(..) {
+            activation.log();
+        }
     }
 
     /// Hands the records whose placement wait is over (every one when
     /// `all`) to the sinks.
     fn release_waiting(&mut self, all: bool) {
-        let mut out = Vec::new();
-        self.engine.release_waiting(all, &mut out);
-        for ev in &out {
-            for sink in self.sinks {
-                sink.send(ev);
-            }
-        }
-        if !out.is_empty() {
+        let before = self.out.len();
+        self.engine.release_waiting(all, &mut self.out);
+        if self.out.len() > before {
             self.emitted = true;
             self.unpublished_since.get_or_insert_with(Instant::now);
         }
+        self.emit();
     }
 
     /// Writes the state (on the writer thread when there is one).
@@ -253,7 +273,8 @@ impl<'a> EngineLoop<'a> {
     }
 
     /// Handles `first` and whatever else is queued behind it (up to
-    /// [`BATCH`] inputs); true when the channel disconnected.
+    /// [`BATCH`] inputs), then hands their events to the sinks; true when
+    /// the channel disconnected.
     fn burst(&mut self, first: Input, rx: &crossbeam_channel::Receiver<Input>) -> bool {
         self.unpublished_since.get_or_insert_with(Instant::now);
         self.dispatch(first);
@@ -268,6 +289,7 @@ impl<'a> EngineLoop<'a> {
                 }
             }
         }
+        self.emit();
         self.last_input = Instant::now();
         closed
     }
@@ -281,6 +303,7 @@ impl<'a> EngineLoop<'a> {
                 Err(_) => break,
             }
         }
+        self.emit();
     }
 
     /// After a wake: the tick, the publication and the state write that are
@@ -289,6 +312,7 @@ impl<'a> EngineLoop<'a> {
         let now = Instant::now();
         if now >= self.last_tick + self.tick {
             self.dispatch(Input::Tick);
+            self.emit();
             self.last_tick = now;
             self.unpublished_since.get_or_insert(now);
         } else {

@@ -625,47 +625,7 @@ impl NetworkMonitor {
             if let Some(reason) = p.status.reason() {
                 problems.push((PortStatus::severity(reason), words::problem(p, now, s)));
             }
-            // Fields the schema gains later stay at their defaults until
-            // they are filled here.
-            #[allow(clippy::needless_update)]
-            let port = NicPortHealth {
-                device: id.device.clone(),
-                port: id.port,
-                link_layer: p.reading.link_layer.as_str().to_string(),
-                netdev: p.reading.netdev.clone().unwrap_or_default(),
-                pci_address: p.reading.pci_address.clone().unwrap_or_default(),
-                state: p.reading.state.as_str().to_string(),
-                phys_state: p.reading.phys_state.as_str().to_string(),
-                rate_gbps: p.reading.rate_gbps.unwrap_or(0.0),
-                status: p.status.as_str().to_string(),
-                flaps_in_window: u32::try_from(p.flaps_in_window(now, s)).unwrap_or(u32::MAX),
-                down_since_unix_nano: (!p.up).then_some(p.down_since).flatten().map(|d| {
-                    let ago = now.saturating_duration_since(d).as_nanos();
-                    now_unix_nano.saturating_sub(u64::try_from(ago).unwrap_or(u64::MAX))
-                }),
-                message: words::port(p, now, s),
-                saturated_counters: p
-                    .counters
-                    .iter()
-                    .filter(|(_, c)| c.saturated)
-                    .map(|(n, _)| n.clone())
-                    .collect(),
-                unreadable_counters: p
-                    .counters
-                    .iter()
-                    .filter(|(_, c)| c.unreadable)
-                    .map(|(n, _)| n.clone())
-                    .collect(),
-                near_gpus: self.near_gpus(&p.reading),
-                error_counts: p
-                    .counters
-                    .iter()
-                    .filter(|(_, c)| c.total > 0)
-                    .map(|(n, c)| (n.clone(), c.total))
-                    .collect(),
-                flaps_total: p.flaps_total,
-            };
-            ports.push(port);
+            ports.push(self.port_health(id, p, now, now_unix_nano));
         }
         for (layer, expected) in [
             (LinkLayer::InfiniBand, s.expected_infiniband),
@@ -679,18 +639,7 @@ impl NetworkMonitor {
             }
         }
         problems.sort_by_key(|(rank, _)| *rank);
-        let (monitor_ok, monitor_message) = match &self.last_scan {
-            None => (false, "no NIC scan yet".to_string()),
-            Some(n) if !n.complete => (
-                false,
-                format!(
-                    "the NIC tree could not be read: {}",
-                    words::join_capped(&n.problems, 512)
-                ),
-            ),
-            Some(n) if !n.problems.is_empty() => (true, words::join_capped(&n.problems, 512)),
-            Some(_) => (true, String::new()),
-        };
+        let (monitor_ok, monitor_message) = self.scan_status();
         let (reason, message) = match problems.first() {
             Some((rank, _)) => (
                 [
@@ -717,6 +666,74 @@ impl NetworkMonitor {
             ..NetworkHealth::default()
         };
         health
+    }
+
+    /// One port's entry of [`NetworkMonitor::health`].
+    fn port_health(
+        &self,
+        id: &PortId,
+        p: &Port,
+        now: Instant,
+        now_unix_nano: u64,
+    ) -> NicPortHealth {
+        let s = &self.settings;
+        // Fields the schema gains later stay at their defaults until
+        // they are filled here.
+        #[allow(clippy::needless_update)]
+        NicPortHealth {
+            device: id.device.clone(),
+            port: id.port,
+            link_layer: p.reading.link_layer.as_str().to_string(),
+            netdev: p.reading.netdev.clone().unwrap_or_default(),
+            pci_address: p.reading.pci_address.clone().unwrap_or_default(),
+            state: p.reading.state.as_str().to_string(),
+            phys_state: p.reading.phys_state.as_str().to_string(),
+            rate_gbps: p.reading.rate_gbps.unwrap_or(0.0),
+            status: p.status.as_str().to_string(),
+            flaps_in_window: u32::try_from(p.flaps_in_window(now, s)).unwrap_or(u32::MAX),
+            down_since_unix_nano: (!p.up).then_some(p.down_since).flatten().map(|d| {
+                let ago = now.saturating_duration_since(d).as_nanos();
+                now_unix_nano.saturating_sub(u64::try_from(ago).unwrap_or(u64::MAX))
+            }),
+            message: words::port(p, now, s),
+            saturated_counters: p
+                .counters
+                .iter()
+                .filter(|(_, c)| c.saturated)
+                .map(|(n, _)| n.clone())
+                .collect(),
+            unreadable_counters: p
+                .counters
+                .iter()
+                .filter(|(_, c)| c.unreadable)
+                .map(|(n, _)| n.clone())
+                .collect(),
+            near_gpus: self.near_gpus(&p.reading),
+            error_counts: p
+                .counters
+                .iter()
+                .filter(|(_, c)| c.total > 0)
+                .map(|(n, c)| (n.clone(), c.total))
+                .collect(),
+            flaps_total: p.flaps_total,
+        }
+    }
+
+    /// Whether the latest scan read the NIC tree (`monitor_ok`) and what it
+    /// could not read.
+    fn scan_status(&self) -> (bool, String) {
+        match &self.last_scan {
+            None => (false, "no NIC scan yet".to_string()),
+            Some(n) if !n.complete => (
+                false,
+                format!(
+                    "the NIC tree could not be read: {}",
+                    words::join_capped(&n.problems, 512)
+                ),
+            ),
+            Some(n) if !n.problems.is_empty() => (true, words::join_capped(&n.problems, 512)),
+            Some(_) => (true, String::new()),
+        }
     }
 
     /// Per port: link layer, up, rate, flaps and error deltas since the agent
