@@ -161,8 +161,7 @@ impl KmsgPass {
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {
-                    if liveness.kmsg_caught_up() || Instant::now() >= deadline
-                    {
+                    if liveness.kmsg_caught_up() || Instant::now() >= deadline {
                         break;
                     }
                 }
