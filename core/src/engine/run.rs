@@ -44,8 +44,9 @@ const PUBLISH_EVERY: Duration = Duration::from_millis(100);
 
 /// The engine thread loop: receives inputs (with a tick timeout), handles them,
 /// hands the returned events to every sink (those of a burst of queued inputs
-/// together, up to [`EMIT_BATCH`] at a time), publishes the health to
-/// `health_tx` and the registry when it changed (timestamps ignored), persists when
+/// together, up to [`EMIT_BATCH`] at a time), publishes the health to the
+/// registry when it changed (timestamps ignored; the registry's health
+/// observers are the only way anything else hears of it), persists when
 /// dirty (at most once per `persist_interval_ms`). Publishing and persisting wait
 /// for a 5 ms pause in the input (at most 100 ms for a publication, one more
 /// persist interval for a persist) so that they never hold up the events of a
@@ -60,10 +61,9 @@ pub fn run_engine(
     engine: Engine,
     rx: crossbeam_channel::Receiver<Input>,
     sinks: Vec<Arc<dyn EventSink>>,
-    health_tx: impl Fn(Arc<NodeHealth>),
     shutdown: Shutdown,
 ) {
-    let mut run = EngineLoop::start(engine, &sinks, &health_tx);
+    let mut run = EngineLoop::start(engine, &sinks);
     loop {
         if shutdown.is_triggered() {
             run.drain(&rx);
@@ -97,7 +97,6 @@ pub fn run_engine(
 struct EngineLoop<'a> {
     engine: Engine,
     sinks: &'a [Arc<dyn EventSink>],
-    health_tx: &'a dyn Fn(Arc<NodeHealth>),
     registry: Arc<Registry>,
     /// `None`: no state to write, or the writer thread could not start (the
     /// engine thread writes itself then).
@@ -131,11 +130,7 @@ struct Due {
 
 impl<'a> EngineLoop<'a> {
     /// Starts the state writer and publishes the initial health.
-    fn start(
-        mut engine: Engine,
-        sinks: &'a [Arc<dyn EventSink>],
-        health_tx: &'a dyn Fn(Arc<NodeHealth>),
-    ) -> EngineLoop<'a> {
+    fn start(mut engine: Engine, sinks: &'a [Arc<dyn EventSink>]) -> EngineLoop<'a> {
         let writer = if engine.persist.writes() {
             match StateWriter::spawn() {
                 Ok(w) => Some(w),
@@ -150,14 +145,12 @@ impl<'a> EngineLoop<'a> {
         let registry = Arc::clone(&engine.registry);
         let published = engine.health();
         registry.set_health(Arc::clone(&published));
-        health_tx(Arc::clone(&published));
         engine.defer_activation_logs = true;
         EngineLoop {
             tick: engine.cfg.tick_interval,
             persist_every: engine.cfg.persist_interval,
             engine,
             sinks,
-            health_tx,
             registry,
             writer,
             published,
@@ -338,7 +331,6 @@ impl<'a> EngineLoop<'a> {
             &self.engine,
             &mut self.published,
             &self.registry,
-            self.health_tx,
             self.emitted,
         );
     }
@@ -379,13 +371,7 @@ impl<'a> EngineLoop<'a> {
 /// Publishes the engine's health when it differs from `published` (timestamps
 /// ignored, so an unchanged state is never re-sent). `changed`: events were
 /// emitted since the last publication, so the (costly) comparison is skipped.
-fn publish(
-    engine: &Engine,
-    published: &mut Arc<NodeHealth>,
-    registry: &Registry,
-    health_tx: &dyn Fn(Arc<NodeHealth>),
-    changed: bool,
-) {
+fn publish(engine: &Engine, published: &mut Arc<NodeHealth>, registry: &Registry, changed: bool) {
     let current = engine.health();
     if Arc::ptr_eq(&current, published)
         || (!changed && health::same_ignoring_timestamps(&current, published))
@@ -393,6 +379,5 @@ fn publish(
         return;
     }
     registry.set_health(Arc::clone(&current));
-    health_tx(Arc::clone(&current));
     *published = current;
 }
