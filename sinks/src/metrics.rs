@@ -1,6 +1,6 @@
 //! The metric table: every metric of `docs/metrics.md`, each an entry with
-//! named fields and how its data points are read ([`Collect`]) from the
-//! engine's [`Registry`] and the [`NodeHealth`] (one counter or gauge named by
+//! named fields and how its data points are read (`Collect`) from the
+//! engine's `Registry` and the `NodeHealth` (one counter or gauge named by
 //! an accessor, or a pure function beside the entry), followed by the points
 //! the other producers ([`MetricSource`], e.g. the node writer's) pushed under
 //! its name. Both outputs read it: the OTLP exporter

@@ -219,7 +219,7 @@ impl EventSink for JsonLinesSink {
     }
 
     /// Whole lines only, newline included: a reader never wakes for half a
-    /// line. Written here in runs of lines of at most [`INLINE_MAX_BYTES`],
+    /// line. Written here in runs of lines of at most `PIPE_BUF` (4,096) bytes,
     /// one `write(2)` per run, each after `poll(2)` said the output takes
     /// it; the lines from the first run that cannot go now on are queued
     /// for the writer thread (one wake-up).

@@ -44,7 +44,7 @@ const PUBLISH_EVERY: Duration = Duration::from_millis(100);
 
 /// The engine thread loop: receives inputs (with a tick timeout), handles them,
 /// hands the returned events to every sink (those of a burst of queued inputs
-/// together, up to [`EMIT_BATCH`] at a time), publishes the health to the
+/// together, up to 64 at a time), publishes the health to the
 /// registry when it changed (timestamps ignored; the registry's health
 /// observers are the only way anything else hears of it), persists when
 /// dirty (at most once per `persist_interval_ms`). Publishing and persisting wait
