@@ -167,8 +167,12 @@ impl Prepared {
         // restored state, so the node writer's first pass after a restart
         // converges to it instead of to an empty "starting" health (which would
         // flip the conditions to Unknown and drop the fault taint until the
-        // engine's first publication).
+        // engine's first publication). The engine publishes to the registry;
+        // the channel follows it.
         let (health_tx, health_rx) = tokio::sync::watch::channel(engine.health());
+        registry.add_health_observer(Box::new(move |_, h| {
+            health_tx.send_replace(Arc::clone(h));
+        }));
         let (inlet, engine_rx) = EngineInlet::new(ENGINE_CHANNEL_CAPACITY);
         let validation = Arc::new(inlet.sender());
         let mut sinks = build_sinks(
@@ -187,7 +191,6 @@ impl Prepared {
             engine,
             engine_rx,
             sinks.event_sinks.clone(),
-            health_tx,
             &liveness,
             stop_tx.clone(),
         )?;

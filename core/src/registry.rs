@@ -190,10 +190,13 @@ struct FaultCount {
 pub type LatencyHook = Box<dyn Fn(f64) + Send + Sync>;
 
 /// Callback run with every node health the engine publishes, on the publishing
-/// thread, so it must be cheap. A metric output that reports "counters that moved"
+/// thread, so it must be cheap. The registry is the one place the engine
+/// publishes its health: whatever else follows it (the agent's watch channel
+/// for the Kubernetes writer, the metric outputs' series filters) is an
+/// observer. A metric output that reports "counters that moved"
 /// needs each NVML sample, not only the ones its scrapes or exports happen to see:
 /// otherwise a counter that moves before the first scrape is taken as the baseline.
-pub type HealthObserver = Box<dyn Fn(&Registry, &NodeHealth) + Send + Sync>;
+pub type HealthObserver = Box<dyn Fn(&Registry, &Arc<NodeHealth>) + Send + Sync>;
 
 /// Upper bounds (seconds) of the pipeline latency histogram buckets, shared by
 /// the Prometheus renderer and the OTLP histogram view.

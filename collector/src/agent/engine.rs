@@ -8,7 +8,6 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use gpuwatch_core::engine::Engine;
 use gpuwatch_core::msg::Input;
 use gpuwatch_core::{EventSink, Shutdown};
-use gpuwatch_proto::NodeHealth;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -33,14 +32,13 @@ pub(super) struct EngineThread {
 
 impl EngineThread {
     /// Runs `engine` on its own thread until every sender of `rx` is gone and
-    /// the channel is drained; each health it publishes goes to `health_tx`.
+    /// the channel is drained; it publishes its health to its registry.
     /// When the thread ends, `stop_tx` is told (the agent cannot run without
     /// it).
     pub(super) fn start(
         engine: Engine,
         rx: Receiver<Input>,
         sinks: Vec<Arc<dyn EventSink>>,
-        health_tx: tokio::sync::watch::Sender<Arc<NodeHealth>>,
         liveness: &Arc<Liveness>,
         stop_tx: Sender<StopReason>,
     ) -> Result<EngineThread, RunError> {
@@ -53,15 +51,7 @@ impl EngineThread {
             .spawn(move || {
                 {
                     let _alive = AliveGuard::set(&liveness.engine_alive);
-                    gpuwatch_core::engine::run_engine(
-                        engine,
-                        rx,
-                        sinks,
-                        move |h| {
-                            health_tx.send_replace(h);
-                        },
-                        engine_shutdown,
-                    );
+                    gpuwatch_core::engine::run_engine(engine, rx, sinks, engine_shutdown);
                 }
                 let _ = done_tx.send(());
                 let _ = stop_tx.send(StopReason::ThreadExited);

@@ -40,20 +40,15 @@ fn gpuwatch_clear_reaches_the_engine_only_through_the_state_dir_socket() {
     let registry = Arc::clone(&rig.registry);
     let (tx, rx) = crossbeam_channel::bounded::<Input>(64);
     let (health_tx, health_rx) = tokio::sync::watch::channel(rig.engine.health());
+    registry.add_health_observer(Box::new(move |_, h| {
+        health_tx.send_replace(Arc::clone(h));
+    }));
     let shutdown = gpuwatch_core::Shutdown::new();
     let engine = {
         let shutdown = shutdown.clone();
         let engine = rig.engine;
         std::thread::spawn(move || {
-            gpuwatch_core::engine::run_engine(
-                engine,
-                rx,
-                Vec::new(),
-                move |h| {
-                    health_tx.send_replace(h);
-                },
-                shutdown,
-            )
+            gpuwatch_core::engine::run_engine(engine, rx, Vec::new(), shutdown)
         })
     };
     tx.send(Input::Samples {

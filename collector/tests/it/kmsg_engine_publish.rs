@@ -65,6 +65,7 @@ fn start() -> Loop {
         ..EngineConfig::default()
     };
     assert!(cfg.validate().is_empty());
+    let registry = Registry::new();
     let engine = Engine::new(
         cfg,
         Arc::new(xid_parser::Policy::default()),
@@ -74,26 +75,20 @@ fn start() -> Loop {
             boot_time_unix_nano: 1_700_000_000_000_000_000,
         },
         "node-a".into(),
-        Registry::new(),
+        Arc::clone(&registry),
         Arc::new(SystemClock),
     );
     let (tx, rx) = crossbeam_channel::bounded(1024);
+    // As in the agent: the engine publishes to its registry, the channel follows.
     let (health_tx, health) = tokio::sync::watch::channel(Arc::new(NodeHealth::default()));
+    registry.add_health_observer(Box::new(move |_, h| {
+        health_tx.send_replace(Arc::clone(h));
+    }));
     let sink = Arc::new(Collect::default());
     let sinks: Vec<Arc<dyn EventSink>> = vec![sink.clone()];
     // Stopped by dropping every sender, as in the agent; never triggered.
     let stop = gpuwatch_core::Shutdown::new();
-    let thread = std::thread::spawn(move || {
-        run_engine(
-            engine,
-            rx,
-            sinks,
-            move |h| {
-                health_tx.send_replace(h);
-            },
-            stop,
-        )
-    });
+    let thread = std::thread::spawn(move || run_engine(engine, rx, sinks, stop));
     Loop {
         tx,
         health,

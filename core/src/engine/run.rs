@@ -36,7 +36,8 @@ const PUBLISH_EVERY: Duration = Duration::from_millis(100);
 
 /// The engine thread loop: receives inputs (with a tick timeout), handles them,
 /// sends each returned event to every sink at once, publishes the health to
-/// `health_tx` and the registry when it changed (timestamps ignored), persists when
+/// the registry when it changed (timestamps ignored; the registry's health
+/// observers are the only way anything else hears of it), persists when
 /// dirty (at most once per `persist_interval_ms`). Publishing and persisting wait
 /// for a 5 ms pause in the input (at most 100 ms for a publication, one more
 /// persist interval for a persist) so that they never hold up the events of a
@@ -51,10 +52,9 @@ pub fn run_engine(
     engine: Engine,
     rx: crossbeam_channel::Receiver<Input>,
     sinks: Vec<Arc<dyn EventSink>>,
-    health_tx: impl Fn(Arc<NodeHealth>),
     shutdown: Shutdown,
 ) {
-    let mut run = EngineLoop::start(engine, &sinks, &health_tx);
+    let mut run = EngineLoop::start(engine, &sinks);
     loop {
         if shutdown.is_triggered() {
             run.drain(&rx);
@@ -88,7 +88,6 @@ pub fn run_engine(
 struct EngineLoop<'a> {
     engine: Engine,
     sinks: &'a [Arc<dyn EventSink>],
-    health_tx: &'a dyn Fn(Arc<NodeHealth>),
     registry: Arc<Registry>,
     /// `None`: no state to write, or the writer thread could not start (the
     /// engine thread writes itself then).
@@ -120,11 +119,7 @@ struct Due {
 
 impl<'a> EngineLoop<'a> {
     /// Starts the state writer and publishes the initial health.
-    fn start(
-        mut engine: Engine,
-        sinks: &'a [Arc<dyn EventSink>],
-        health_tx: &'a dyn Fn(Arc<NodeHealth>),
-    ) -> EngineLoop<'a> {
+    fn start(mut engine: Engine, sinks: &'a [Arc<dyn EventSink>]) -> EngineLoop<'a> {
         let writer = if engine.persist.writes() {
             match StateWriter::spawn() {
                 Ok(w) => Some(w),
@@ -139,14 +134,12 @@ impl<'a> EngineLoop<'a> {
         let registry = Arc::clone(&engine.registry);
         let published = engine.health();
         registry.set_health(Arc::clone(&published));
-        health_tx(Arc::clone(&published));
         engine.defer_activation_logs = true;
         EngineLoop {
             tick: Duration::from_millis(engine.cfg.tick_interval_ms.max(1)),
             persist_every: Duration::from_millis(engine.cfg.persist_interval_ms),
             engine,
             sinks,
-            health_tx,
             registry,
             writer,
             published,
@@ -314,7 +307,6 @@ impl<'a> EngineLoop<'a> {
             &self.engine,
             &mut self.published,
             &self.registry,
-            self.health_tx,
             self.emitted,
         );
     }
@@ -355,13 +347,7 @@ impl<'a> EngineLoop<'a> {
 /// Publishes the engine's health when it differs from `published` (timestamps
 /// ignored, so an unchanged state is never re-sent). `changed`: events were
 /// emitted since the last publication, so the (costly) comparison is skipped.
-fn publish(
-    engine: &Engine,
-    published: &mut Arc<NodeHealth>,
-    registry: &Registry,
-    health_tx: &dyn Fn(Arc<NodeHealth>),
-    changed: bool,
-) {
+fn publish(engine: &Engine, published: &mut Arc<NodeHealth>, registry: &Registry, changed: bool) {
     let current = engine.health();
     if Arc::ptr_eq(&current, published)
         || (!changed && health::same_ignoring_timestamps(&current, published))
@@ -369,6 +355,5 @@ fn publish(
         return;
     }
     registry.set_health(Arc::clone(&current));
-    health_tx(Arc::clone(&current));
     *published = current;
 }

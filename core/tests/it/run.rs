@@ -42,9 +42,9 @@ fn events_reach_sinks_health_is_published_and_state_flushed() {
     let registry = Arc::clone(&rig.registry);
     let (tx, rx) = crossbeam_channel::bounded(16_384);
     let (health_tx, health_rx) = crossbeam_channel::unbounded::<Arc<NodeHealth>>();
-    let health_tx = move |h| {
-        let _ = health_tx.send(h);
-    };
+    rig.registry.add_health_observer(Box::new(move |_, h| {
+        let _ = health_tx.send(Arc::clone(h));
+    }));
     let sink = Arc::new(Collect::default());
     let sinks: Vec<Arc<dyn EventSink>> = vec![sink.clone()];
     tx.send(Input::Samples {
@@ -56,7 +56,7 @@ fn events_reach_sinks_health_is_published_and_state_flushed() {
         tx.send(fault(xid(79, PCI0))).unwrap();
     }
     drop(tx);
-    run_engine(rig.engine, rx, sinks, health_tx, Shutdown::new());
+    run_engine(rig.engine, rx, sinks, Shutdown::new());
 
     let events = sink.events.lock().unwrap();
     assert_eq!(events.len(), 1);
@@ -75,14 +75,14 @@ fn unchanged_health_is_not_republished() {
     let rig = Rig::new(None, "boot-a");
     let (tx, rx) = crossbeam_channel::bounded(64);
     let (health_tx, health_rx) = crossbeam_channel::unbounded::<Arc<NodeHealth>>();
-    let health_tx = move |h| {
-        let _ = health_tx.send(h);
-    };
+    rig.registry.add_health_observer(Box::new(move |_, h| {
+        let _ = health_tx.send(Arc::clone(h));
+    }));
     let shutdown = Shutdown::new();
     let clock = rig.clock.clone();
     let engine = rig.engine;
     let stop = shutdown.clone();
-    let t = std::thread::spawn(move || run_engine(engine, rx, Vec::new(), health_tx, stop));
+    let t = std::thread::spawn(move || run_engine(engine, rx, Vec::new(), stop));
 
     let wait_change = |rx: &crossbeam_channel::Receiver<Arc<NodeHealth>>| {
         rx.recv_timeout(Duration::from_secs(10))
@@ -140,18 +140,11 @@ fn an_idle_engine_stops_at_once_when_shutdown_is_triggered() {
     let (published_tx, published) = crossbeam_channel::unbounded::<()>();
     let shutdown = Shutdown::new();
     let stop = shutdown.clone();
+    rig.registry.add_health_observer(Box::new(move |_, _| {
+        let _ = published_tx.send(());
+    }));
     let engine = rig.engine;
-    let t = std::thread::spawn(move || {
-        run_engine(
-            engine,
-            rx,
-            Vec::new(),
-            move |_| {
-                let _ = published_tx.send(());
-            },
-            stop,
-        )
-    });
+    let t = std::thread::spawn(move || run_engine(engine, rx, Vec::new(), stop));
     tx.send(Input::Samples {
         samples: two_gpus(),
         complete: true,
@@ -220,7 +213,7 @@ fn a_hung_state_write_never_delays_events_and_loses_nothing() {
     let shutdown = Shutdown::new();
     let stop = shutdown.clone();
     let engine = rig.engine;
-    let t = std::thread::spawn(move || run_engine(engine, rx, sinks, |_| {}, stop));
+    let t = std::thread::spawn(move || run_engine(engine, rx, sinks, stop));
     tx.send(Input::Samples {
         samples: two_gpus(),
         complete: true,
@@ -338,7 +331,7 @@ fn a_fault_is_logged_after_the_sinks_have_its_event() {
     tx.send(fault(xid(79, PCI0))).unwrap();
     drop(tx);
     tracing::subscriber::with_default(subscriber, || {
-        run_engine(rig.engine, rx, sinks, |_| {}, Shutdown::new())
+        run_engine(rig.engine, rx, sinks, Shutdown::new())
     });
     let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
     let at = text
@@ -387,7 +380,7 @@ fn the_loop_wakes_for_a_records_placement_deadline_and_shutdown_releases_the_res
     let shutdown = Shutdown::new();
     let stop = shutdown.clone();
     let engine = std::thread::spawn(move || {
-        run_engine(rig.engine, rx, sinks, |_| {}, stop);
+        run_engine(rig.engine, rx, sinks, stop);
     });
     tx.send(Input::Samples {
         samples: two_gpus(),
