@@ -39,7 +39,6 @@ use gpuwatch_kube::KubeStatus;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -381,12 +380,9 @@ fn json_response(status: StatusCode, body: serde_json::Value) -> Response {
 }
 
 async fn healthz(State(s): State<ApiState>) -> Response {
-    let l = &s.liveness;
-    let engine = l.engine_alive.load(Ordering::Relaxed);
-    let kmsg = l.kmsg_alive.load(Ordering::Relaxed);
     let now = gpuwatch_core::clock::unix_nanos(std::time::SystemTime::now()) / 1_000_000_000;
-    let stalled = l.stalled(now);
-    let alive = engine && kmsg && stalled.is_empty();
+    let l = s.liveness.status(now);
+    let alive = l.alive();
     let status = if alive {
         StatusCode::OK
     } else {
@@ -396,17 +392,18 @@ async fn healthz(State(s): State<ApiState>) -> Response {
         status,
         serde_json::json!({
             "alive": alive,
-            "engine_thread": engine,
-            "kmsg_thread": kmsg,
-            "stalled": stalled,
-            "kmsg_heartbeat_unix_secs": l.kmsg_heartbeat_unix_secs.load(Ordering::Relaxed),
-            "engine_heartbeat_unix_secs": l.engine_heartbeat_unix_secs.load(Ordering::Relaxed),
+            "engine_thread": l.engine_alive,
+            "kmsg_thread": l.kmsg_alive,
+            "stalled": l.stalled,
+            "kmsg_heartbeat_unix_secs": l.kmsg_heartbeat_unix_secs,
+            "engine_heartbeat_unix_secs": l.engine_heartbeat_unix_secs,
         }),
     )
 }
 
 async fn readyz(State(s): State<ApiState>) -> Response {
-    let l = &s.liveness;
+    let now = gpuwatch_core::clock::unix_nanos(std::time::SystemTime::now()) / 1_000_000_000;
+    let l = s.liveness.status(now);
     // A quarantine budget that cannot work (a Role without Leases) fails
     // readiness, so a DaemonSet rollout of a broken Role stops at its first
     // nodes instead of reaching the fleet.
@@ -420,10 +417,10 @@ async fn readyz(State(s): State<ApiState>) -> Response {
         },
         serde_json::json!({
             "ready": ready,
-            "alive": l.alive(),
-            "state_loaded": l.state_loaded.load(Ordering::Relaxed),
-            "kmsg_caught_up": l.kmsg_caught_up.load(Ordering::Relaxed),
-            "kmsg_unavailable": l.kmsg_unavailable.load(Ordering::Relaxed),
+            "alive": l.threads_running(),
+            "state_loaded": l.state_loaded,
+            "kmsg_caught_up": l.kmsg_caught_up,
+            "kmsg_unavailable": l.kmsg_unavailable,
             "quarantine_budget_unavailable": budget_unavailable,
         }),
     )
@@ -634,19 +631,19 @@ mod tests {
         assert_eq!(code, 503);
         assert!(body.contains("\"alive\":false"), "{body}");
         {
-            let _e = AliveGuard::set(&liveness.engine_alive);
-            let _k = AliveGuard::set(&liveness.kmsg_alive);
+            let _e = liveness.engine_running();
+            let _k = liveness.kmsg_running();
             assert_eq!(get(addr, "/healthz").0, 200);
             assert_eq!(get(addr, "/readyz").0, 503);
-            liveness.state_loaded.store(true, Ordering::Relaxed);
+            liveness.set_state_loaded();
             assert_eq!(get(addr, "/readyz").0, 503, "first kmsg pass not done");
             // The kernel log cannot be read: ready, and the body says why.
-            liveness.kmsg_unavailable.store(true, Ordering::Relaxed);
+            liveness.set_kmsg_unavailable(true);
             let (code, body) = get(addr, "/readyz");
             assert_eq!(code, 200, "{body}");
             assert!(body.contains("\"kmsg_unavailable\":true"), "{body}");
-            liveness.kmsg_unavailable.store(false, Ordering::Relaxed);
-            liveness.kmsg_caught_up.store(true, Ordering::Relaxed);
+            liveness.set_kmsg_unavailable(false);
+            liveness.mark_kmsg_caught_up();
             let (code, body) = get(addr, "/readyz");
             assert_eq!(code, 200, "{body}");
             // A quarantine budget that cannot work (a Role without Leases)

@@ -480,8 +480,7 @@ impl NvmlSources {
 }
 
 /// Starts the NVML sources like [`spawn`], keeping their progress heartbeats
-/// in `liveness` (`nvml_*_progress_unix_ms`, checked by
-/// [`Liveness::nvml_progress_ok`]).
+/// in `liveness` (checked by [`Liveness::nvml_progress_ok`]).
 pub fn start(
     cfg: &NvmlConfig,
     tx: Sender<Input>,
@@ -540,29 +539,6 @@ pub fn start(
         }
     }
     sources
-}
-
-impl Liveness {
-    /// Whether every running NVML source made progress within `deadline`: it
-    /// is idle, or inside an NVML call that started less than `deadline` ago.
-    /// A source stuck in a call stops its heartbeat until a fresh NVML
-    /// session completes a call. Sources that do not run (NVML disabled) are
-    /// fine. For `/healthz`: pass the NVML call deadline
-    /// (`NvmlConfig::call_timeout`) or a little more.
-    pub fn nvml_progress_ok(&self, deadline: Duration) -> bool {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-            .unwrap_or(0);
-        let limit = u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX);
-        [
-            &self.nvml_poll_progress_unix_ms,
-            &self.nvml_events_progress_unix_ms,
-        ]
-        .iter()
-        .map(|a| a.load(Ordering::Relaxed))
-        .all(|beat| beat == 0 || now.saturating_sub(beat) <= limit)
-    }
 }
 
 /// What NVML's availability is made of: the poller's last result and any hung
@@ -1062,11 +1038,9 @@ mod tests {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_millis() as u64;
-        l.nvml_poll_progress_unix_ms
-            .store(now - 1_000, Ordering::Relaxed);
+        l.nvml_progress(false).store(now - 1_000, Ordering::Relaxed);
         assert!(l.nvml_progress_ok(d));
-        l.nvml_events_progress_unix_ms
-            .store(now - 6_000, Ordering::Relaxed);
+        l.nvml_progress(true).store(now - 6_000, Ordering::Relaxed);
         assert!(!l.nvml_progress_ok(d), "the event source is stuck");
         assert!(l.nvml_progress_ok(Duration::from_secs(10)));
     }

@@ -73,7 +73,7 @@ impl Prepared {
         if thread.join().is_err() {
             return Err(CheckError::KmsgPanicked);
         }
-        pass.caught_up = liveness.kmsg_caught_up.load(Ordering::Relaxed);
+        pass.caught_up = liveness.kmsg_caught_up();
         Ok(pass)
     }
 }
@@ -162,7 +162,7 @@ impl KmsgPass {
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {
-                    if liveness.kmsg_caught_up.load(Ordering::Relaxed) || Instant::now() >= deadline
+                    if liveness.kmsg_caught_up() || Instant::now() >= deadline
                     {
                         break;
                     }

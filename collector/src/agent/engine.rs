@@ -3,7 +3,7 @@
 
 use super::inputs::InputsStopped;
 use super::{RunError, StillRunning, StopBudget, join_within};
-use crate::pipeline::{AliveGuard, Liveness, StopReason};
+use crate::pipeline::{Liveness, StopReason};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use gpuwatch_core::engine::Engine;
 use gpuwatch_core::msg::Input;
@@ -50,7 +50,7 @@ impl EngineThread {
             .name("gpuwatch-engine".into())
             .spawn(move || {
                 {
-                    let _alive = AliveGuard::set(&liveness.engine_alive);
+                    let _alive = liveness.engine_running();
                     gpuwatch_core::engine::run_engine(engine, rx, sinks, engine_shutdown);
                 }
                 let _ = done_tx.send(());

@@ -19,7 +19,6 @@ use crossbeam_channel::{Receiver, Sender};
 use gpuwatch_core::msg::{Input, MonitorInput};
 use gpuwatch_core::{Registry, Shutdown};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -169,9 +168,7 @@ impl NvmlFeed {
         // A hung NVML call stops the sources' heartbeats: /healthz fails once
         // they stood still for the call deadline plus a margin.
         let deadline = cfg.call_timeout() + Duration::from_secs(10);
-        liveness
-            .nvml_progress_deadline_ms
-            .store(deadline.as_millis() as u64, Ordering::Relaxed);
+        liveness.set_nvml_progress_deadline(deadline);
         let (reg, sd) = (registry.clone(), shutdown.clone());
         threads.push(
             std::thread::Builder::new()

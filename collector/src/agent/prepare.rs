@@ -16,7 +16,6 @@ use gpuwatch_kube::KubeSettings;
 use gpuwatch_sinks::otlp::OtlpSettings;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 /// Why the configuration cannot become an agent (before anything starts).
 #[derive(Debug, thiserror::Error)]
@@ -160,7 +159,7 @@ impl Prepared {
             registry.clone(),
             Arc::new(gpuwatch_core::clock::SystemClock),
         );
-        engine.set_heartbeat(liveness.engine_heartbeat_unix_secs.clone());
+        engine.set_heartbeat(liveness.engine_heartbeat());
         if cfg.nvml.enabled {
             // A sample older than three poll intervals no longer describes the
             // GPU (NVML stopped answering): Unknown, and it does not validate.
@@ -170,7 +169,7 @@ impl Prepared {
             engine.track_kmsg_position();
         }
         engine.set_network(self.network.clone());
-        liveness.state_loaded.store(true, Ordering::Relaxed);
+        liveness.set_state_loaded();
         engine
     }
 

@@ -199,7 +199,8 @@ pub struct KmsgSourceArgs {
     /// Where the source counts records read, lost and malformed, and the
     /// events it coalesced or dropped.
     pub registry: Arc<Registry>,
-    /// Liveness flags (`kmsg_alive`, `kmsg_caught_up`).
+    /// Where the reader reports that it runs, its heartbeat and its first
+    /// full pass.
     pub liveness: Arc<Liveness>,
     /// Stops the source when triggered; wakes it at once when it waits.
     pub shutdown: Shutdown,
@@ -230,7 +231,7 @@ pub fn spawn(
 /// going away, or the end of a replay with `exit_at_eof`).
 pub fn run_source(args: KmsgSourceArgs, engine_tx: Sender<Input>) -> KmsgSummary {
     let liveness = args.liveness.clone();
-    let _alive = crate::pipeline::AliveGuard::set(&liveness.kmsg_alive);
+    let _alive = liveness.kmsg_running();
     let stop_tx = args.stop_tx.clone();
     let mut src = Reader::new(args, engine_tx);
     let ended_by_eof = src.run();

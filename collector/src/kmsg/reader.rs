@@ -13,7 +13,6 @@ use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use xid_parser::Scanner;
 
@@ -139,7 +138,7 @@ impl Reader {
     /// agent started are known. Tells readiness and the engine (validation waits
     /// for it) the first time.
     pub(super) fn mark_caught_up(&mut self) {
-        if !self.liveness.kmsg_caught_up.swap(true, Ordering::Relaxed) {
+        if self.liveness.mark_kmsg_caught_up() {
             let _ = self.sender.send_control(Input::KmsgCaughtUp);
         }
     }
@@ -189,7 +188,7 @@ impl Reader {
     /// readable counts as ready: the failure is reported (`kmsg_ok = false`,
     /// verdict `unknown`) instead of holding readiness back forever.
     fn report(&mut self, ok: bool, message: String) -> SendStatus {
-        self.liveness.kmsg_unavailable.store(!ok, Ordering::Relaxed);
+        self.liveness.set_kmsg_unavailable(!ok);
         self.sender.send_control(Input::MonitorStatus {
             input: MonitorInput::Kmsg,
             ok,
@@ -280,9 +279,8 @@ impl Reader {
     }
 
     pub(super) fn heartbeat(&self) {
-        self.liveness.kmsg_heartbeat_unix_secs.store(
+        self.liveness.kmsg_beat(
             gpuwatch_core::clock::unix_nanos(std::time::SystemTime::now()) / 1_000_000_000,
-            Ordering::Relaxed,
         );
     }
 

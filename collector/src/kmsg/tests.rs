@@ -65,9 +65,9 @@ fn replay_file_turns_kern_records_into_events_and_counts_the_rest() {
     let a = args(&p, false, reg.clone());
     let liveness = a.liveness.clone();
     let summary = run_source(a, tx);
-    assert!(liveness.kmsg_caught_up.load(Ordering::Relaxed));
+    assert!(liveness.kmsg_caught_up());
     assert!(
-        !liveness.kmsg_alive.load(Ordering::Relaxed),
+        !liveness.status(0).kmsg_alive,
         "cleared at exit"
     );
     let evs = faults(&rx);
@@ -152,7 +152,7 @@ fn a_followed_file_ending_mid_line_waits_for_the_rest() {
     let h = std::thread::spawn(move || run_source(a, tx));
     // Caught up = the reader hit the end of the file once.
     let t0 = Instant::now();
-    while !liveness.kmsg_caught_up.load(Ordering::Relaxed) {
+    while !liveness.kmsg_caught_up() {
         assert!(t0.elapsed() < Duration::from_secs(10), "never caught up");
         std::thread::yield_now();
     }
@@ -424,10 +424,10 @@ fn unreadable_input_is_reported_and_counts_as_ready() {
         matches!(&status, Input::MonitorStatus { input: MonitorInput::Kmsg, ok: false, message } if message.contains("missing")),
         "{status:?}"
     );
-    assert!(liveness.kmsg_unavailable.load(Ordering::Relaxed));
-    assert!(!liveness.kmsg_caught_up.load(Ordering::Relaxed));
-    liveness.engine_alive.store(true, Ordering::Relaxed);
-    liveness.state_loaded.store(true, Ordering::Relaxed);
+    assert!(liveness.kmsg_unavailable());
+    assert!(!liveness.kmsg_caught_up());
+    let _engine = liveness.engine_running();
+    liveness.set_state_loaded();
     assert!(
         liveness.ready(),
         "ready: the failure is reported, not hidden"
@@ -446,7 +446,7 @@ fn unreadable_input_is_reported_and_counts_as_ready() {
         }
     }
     assert!(saw_ok);
-    assert!(!liveness.kmsg_unavailable.load(Ordering::Relaxed));
+    assert!(!liveness.kmsg_unavailable());
     shutdown.trigger();
     h.join().unwrap();
     drop(rx);
@@ -456,7 +456,7 @@ fn unreadable_input_is_reported_and_counts_as_ready() {
 /// once and gone idle.
 fn wait_caught_up(liveness: &Liveness) {
     let t0 = Instant::now();
-    while !liveness.kmsg_caught_up.load(Ordering::Relaxed) {
+    while !liveness.kmsg_caught_up() {
         assert!(t0.elapsed() < Duration::from_secs(10), "never caught up");
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -489,7 +489,7 @@ fn an_idle_reader_of_a_followed_file_stops_at_once_on_shutdown() {
     let h = std::thread::spawn(move || run_source(a, tx));
     wait_caught_up(&liveness);
     stops_at_once(&shutdown, h);
-    assert!(liveness.kmsg_heartbeat_unix_secs.load(Ordering::Relaxed) > 0);
+    assert!(liveness.kmsg_heartbeat_unix_secs() > 0);
 }
 
 /// Idle in `poll(2)` on an input with nothing to read (a FIFO with a

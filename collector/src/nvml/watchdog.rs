@@ -154,8 +154,8 @@ impl Role {
     /// This source's progress heartbeat.
     pub(super) fn heartbeat(self, l: &Liveness) -> &AtomicU64 {
         match self {
-            Role::Poller => &l.nvml_poll_progress_unix_ms,
-            Role::Events => &l.nvml_events_progress_unix_ms,
+            Role::Poller => l.nvml_progress(false),
+            Role::Events => l.nvml_progress(true),
         }
     }
 }
