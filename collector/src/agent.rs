@@ -195,7 +195,7 @@ impl Prepared {
             stop_tx.clone(),
         )?;
         let kmsg = KmsgReader::start(kmsg_args, inlet.sender())?;
-        let nvml = NvmlFeed::start(&cfg.nvml, inlet.sender(), &registry, &liveness, &shutdown)?;
+        let nvml = NvmlFeed::start(self.nvml(), inlet.sender(), &registry, &liveness, &shutdown)?;
         let kubelet =
             KubeletDevices::start(self.kubelet(), &rt, inlet.sender(), &registry, devices_ask);
         let nic = NicPoller::start(self.network(), inlet.sender(), &shutdown)?;
@@ -211,7 +211,7 @@ impl Prepared {
             node = %cfg.node_name,
             boot_id = %self.boot().boot_id,
             kmsg = %cfg.kmsg.path.display(),
-            nvml = cfg.nvml.enabled,
+            nvml = self.nvml().enabled,
             state_dir = %cfg.state_dir.display(),
             "gpuwatch started."
         );

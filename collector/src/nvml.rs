@@ -63,7 +63,8 @@ use std::time::{Duration, Instant};
 
 pub use library::{SIM_LIB_ENV, SIM_LIB_NAME};
 
-/// Configuration of the NVML sources (`[nvml]`).
+/// Configuration of the NVML sources (`[nvml]`), as written in the file;
+/// the sources run with its [`NvmlConfig::resolve`]d form.
 #[derive(Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct NvmlConfig {
@@ -121,36 +122,58 @@ const MAX_INTERVAL_MS: u64 = 86_400_000;
 /// Shortest accepted interval.
 const MIN_INTERVAL_MS: u64 = 10;
 
+/// `[nvml]` resolved ([`NvmlConfig::resolve`]): the effective intervals (the
+/// millisecond keys win over the second ones) and the call deadline, typed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NvmlSettings {
+    /// See [`NvmlConfig::enabled`].
+    pub enabled: bool,
+    /// See [`NvmlConfig::library_path`].
+    pub library_path: Option<PathBuf>,
+    /// See [`NvmlConfig::sim_scenario`].
+    pub sim_scenario: Option<PathBuf>,
+    /// Between two polls of every GPU (`poll_interval_ms`, else
+    /// `poll_interval_secs`).
+    pub poll_interval: Duration,
+    /// See [`NvmlConfig::events`].
+    pub events: bool,
+    /// Between attempts while NVML is unusable (`retry_interval_ms`, else
+    /// `retry_interval_secs`).
+    pub retry_interval: Duration,
+    /// See [`NvmlConfig::call_timeout_ms`].
+    pub call_timeout: Duration,
+}
+
+impl Default for NvmlSettings {
+    fn default() -> Self {
+        NvmlConfig::default()
+            .resolve()
+            .expect("the default [nvml] settings are valid")
+    }
+}
+
 impl NvmlConfig {
-    /// Every problem with this section, keys relative to it.
+    /// Every problem with this section, keys relative to it. The problems
+    /// [`NvmlConfig::resolve`] reports.
     pub fn validate(&self) -> Vec<String> {
+        self.resolve().err().unwrap_or_default()
+    }
+
+    /// Checks the settings and types them in one pass: the resolved
+    /// settings, or every problem (keys relative to `[nvml]`). A value out
+    /// of its range is a problem, never silently clamped.
+    pub fn resolve(&self) -> Result<NvmlSettings, Vec<String>> {
         let mut p = Vec::new();
-        for (secs_key, secs, ms_key, ms) in [
-            (
-                "poll_interval_secs",
-                self.poll_interval_secs,
-                "poll_interval_ms",
-                self.poll_interval_ms,
-            ),
-            (
-                "retry_interval_secs",
-                self.retry_interval_secs,
-                "retry_interval_ms",
-                self.retry_interval_ms,
-            ),
-        ] {
-            match ms {
-                Some(ms) if !(MIN_INTERVAL_MS..=MAX_INTERVAL_MS).contains(&ms) => p.push(format!(
-                    "{ms_key}: expected {MIN_INTERVAL_MS}..={MAX_INTERVAL_MS} milliseconds, got {ms}"
-                )),
-                Some(_) => {}
-                None if secs == 0 || secs > MAX_INTERVAL_MS / 1000 => p.push(format!(
-                    "{secs_key}: expected 1..={} seconds, got {secs}",
-                    MAX_INTERVAL_MS / 1000
-                )),
-                None => {}
-            }
-        }
+        let poll_interval = interval(
+            ("poll_interval_secs", self.poll_interval_secs),
+            ("poll_interval_ms", self.poll_interval_ms),
+            &mut p,
+        );
+        let retry_interval = interval(
+            ("retry_interval_secs", self.retry_interval_secs),
+            ("retry_interval_ms", self.retry_interval_ms),
+            &mut p,
+        );
         if !CALL_TIMEOUT_RANGE_MS.contains(&self.call_timeout_ms) {
             p.push(format!(
                 "call_timeout_ms: expected {}..={} milliseconds, got {}",
@@ -167,31 +190,41 @@ impl NvmlConfig {
                 p.push(format!("{key}: expected a path, got an empty string"));
             }
         }
-        p
-    }
-
-    /// The effective poll interval.
-    pub fn poll_interval(&self) -> Duration {
-        interval(self.poll_interval_ms, self.poll_interval_secs)
-    }
-
-    /// The effective retry interval.
-    pub fn retry_interval(&self) -> Duration {
-        interval(self.retry_interval_ms, self.retry_interval_secs)
-    }
-
-    /// The deadline of every NVML call.
-    pub fn call_timeout(&self) -> Duration {
-        Duration::from_millis(
-            self.call_timeout_ms
-                .clamp(*CALL_TIMEOUT_RANGE_MS.start(), *CALL_TIMEOUT_RANGE_MS.end()),
-        )
+        if !p.is_empty() {
+            return Err(p);
+        }
+        Ok(NvmlSettings {
+            enabled: self.enabled,
+            library_path: self.library_path.clone(),
+            sim_scenario: self.sim_scenario.clone(),
+            poll_interval,
+            events: self.events,
+            retry_interval,
+            call_timeout: Duration::from_millis(self.call_timeout_ms),
+        })
     }
 }
 
-fn interval(ms: Option<u64>, secs: u64) -> Duration {
-    let ms = ms.unwrap_or(secs.saturating_mul(1000));
-    Duration::from_millis(ms.clamp(MIN_INTERVAL_MS, MAX_INTERVAL_MS))
+/// The interval of a `(seconds key, milliseconds key)` pair: the milliseconds
+/// when set, else the seconds; out of range is a problem named by the key
+/// that was used.
+fn interval(
+    (secs_key, secs): (&str, u64),
+    (ms_key, ms): (&str, Option<u64>),
+    p: &mut Vec<String>,
+) -> Duration {
+    match ms {
+        Some(ms) if !(MIN_INTERVAL_MS..=MAX_INTERVAL_MS).contains(&ms) => p.push(format!(
+            "{ms_key}: expected {MIN_INTERVAL_MS}..={MAX_INTERVAL_MS} milliseconds, got {ms}"
+        )),
+        Some(ms) => return Duration::from_millis(ms),
+        None if secs == 0 || secs > MAX_INTERVAL_MS / 1000 => p.push(format!(
+            "{secs_key}: expected 1..={} seconds, got {secs}",
+            MAX_INTERVAL_MS / 1000
+        )),
+        None => return Duration::from_secs(secs),
+    }
+    Duration::ZERO
 }
 
 /// NVML could not be used.
@@ -289,7 +322,7 @@ impl NvmlError {
 /// enumerates, or the NVML error. GPUs that answer `GPU_IS_LOST` have no sample.
 /// Every NVML call has the configured deadline: past it this returns
 /// [`NvmlError::Hung`] and leaves the stuck call's thread behind.
-pub fn poll_once(cfg: &NvmlConfig) -> Result<Vec<GpuSample>, NvmlError> {
+pub fn poll_once(cfg: &NvmlSettings) -> Result<Vec<GpuSample>, NvmlError> {
     poll_while(cfg, Duration::ZERO, |_| false)
 }
 
@@ -301,7 +334,7 @@ const REPOLL: Duration = Duration::from_secs(1);
 /// samples. `gpuwatch validate` waits this way for a fabric manager that is
 /// still registering the GPUs.
 pub fn poll_while(
-    cfg: &NvmlConfig,
+    cfg: &NvmlSettings,
     wait: Duration,
     again: impl Fn(&[GpuSample]) -> bool + Send + 'static,
 ) -> Result<Vec<GpuSample>, NvmlError> {
@@ -335,7 +368,7 @@ pub fn poll_while(
             let _ = tx.send(result);
         })
         .map_err(|source| NvmlError::Thread { source })?;
-    let deadline = cfg.call_timeout();
+    let deadline = cfg.call_timeout;
     loop {
         match rx.recv_timeout(watchdog::tick(deadline)) {
             Ok(result) => return result,
@@ -420,7 +453,7 @@ impl Shared {
 /// `tx`'s receiver is gone. Returns no threads when `enabled` is false. The progress
 /// heartbeats go to a private [`Liveness`]; [`start`] takes the agent's.
 pub fn spawn(
-    cfg: &NvmlConfig,
+    cfg: &NvmlSettings,
     tx: Sender<Input>,
     registry: Arc<Registry>,
     shutdown: Shutdown,
@@ -482,7 +515,7 @@ impl NvmlSources {
 /// Starts the NVML sources like [`spawn`], keeping their progress heartbeats
 /// in `liveness` (checked by [`Liveness::nvml_progress_ok`]).
 pub fn start(
-    cfg: &NvmlConfig,
+    cfg: &NvmlSettings,
     tx: Sender<Input>,
     registry: Arc<Registry>,
     shutdown: Shutdown,
@@ -491,14 +524,14 @@ pub fn start(
     let mut sources = NvmlSources {
         threads: Vec::new(),
         shutdown: shutdown.clone(),
-        deadline: cfg.call_timeout(),
+        deadline: cfg.call_timeout,
     };
     if !cfg.enabled {
         return sources;
     }
     let ctx = Ctx::new(tx, registry, shutdown, liveness);
-    let deadline = cfg.call_timeout();
-    let retry = cfg.retry_interval();
+    let deadline = cfg.call_timeout;
+    let retry = cfg.retry_interval;
     if cfg.events {
         let sup = watchdog::Supervisor {
             role: watchdog::Role::Events,
@@ -786,22 +819,26 @@ mod tests {
     }
 
     #[test]
-    fn default_config_is_valid_and_polls_every_ten_seconds() {
-        let cfg = NvmlConfig::default();
-        assert!(cfg.validate().is_empty());
-        assert_eq!(cfg.poll_interval(), Duration::from_secs(10));
-        assert_eq!(cfg.retry_interval(), Duration::from_secs(30));
+    fn default_config_resolves_to_ten_second_polls() {
+        let s = NvmlConfig::default().resolve().unwrap();
+        assert_eq!(s, NvmlSettings::default());
+        assert_eq!(s.poll_interval, Duration::from_secs(10));
+        assert_eq!(s.retry_interval, Duration::from_secs(30));
+        assert_eq!(s.call_timeout, Duration::from_secs(5));
+        assert!(s.enabled && s.events);
     }
 
     #[test]
     fn millisecond_overrides_win() {
-        let cfg = NvmlConfig {
+        let s = NvmlConfig {
             poll_interval_ms: Some(25),
             retry_interval_ms: Some(40),
             ..NvmlConfig::default()
-        };
-        assert_eq!(cfg.poll_interval(), Duration::from_millis(25));
-        assert_eq!(cfg.retry_interval(), Duration::from_millis(40));
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(s.poll_interval, Duration::from_millis(25));
+        assert_eq!(s.retry_interval, Duration::from_millis(40));
     }
 
     #[test]
@@ -812,10 +849,28 @@ mod tests {
             library_path: Some(PathBuf::new()),
             ..NvmlConfig::default()
         };
-        let p = cfg.validate().join("\n");
-        assert!(p.contains("poll_interval_secs"), "{p}");
-        assert!(p.contains("retry_interval_ms"), "{p}");
-        assert!(p.contains("library_path"), "{p}");
+        let problems = cfg.resolve().unwrap_err();
+        assert_eq!(cfg.validate(), problems);
+        let keys: Vec<&str> = problems
+            .iter()
+            .map(|p| p.split(':').next().unwrap())
+            .collect();
+        assert_eq!(
+            keys,
+            ["poll_interval_secs", "retry_interval_ms", "library_path"],
+            "{problems:?}"
+        );
+        // The seconds key is not checked while the milliseconds key is set:
+        // only the key in effect is.
+        let ms_wins = NvmlConfig {
+            poll_interval_secs: 0,
+            poll_interval_ms: Some(500),
+            ..NvmlConfig::default()
+        };
+        assert_eq!(
+            ms_wins.resolve().unwrap().poll_interval,
+            Duration::from_millis(500)
+        );
     }
 
     #[test]
@@ -829,23 +884,24 @@ mod tests {
     }
 
     #[test]
-    fn call_timeout_defaults_to_five_seconds_and_is_bounded() {
-        let cfg = NvmlConfig::default();
-        assert_eq!(cfg.call_timeout(), Duration::from_secs(5));
+    fn call_timeout_out_of_range_is_an_error_not_clamped() {
         for bad in [0, 99, 60_001] {
             let cfg = NvmlConfig {
                 call_timeout_ms: bad,
                 ..NvmlConfig::default()
             };
-            let p = cfg.validate().join("\n");
+            let p = cfg.resolve().unwrap_err();
+            assert_eq!(p.len(), 1, "{p:?}");
             assert!(
-                p.contains("call_timeout_ms") && p.contains(&bad.to_string()),
-                "{p}"
+                p[0].starts_with("call_timeout_ms:") && p[0].contains(&bad.to_string()),
+                "{p:?}"
             );
         }
         let cfg: NvmlConfig = toml::from_str("call_timeout_ms = 750").unwrap();
-        assert!(cfg.validate().is_empty());
-        assert_eq!(cfg.call_timeout(), Duration::from_millis(750));
+        assert_eq!(
+            cfg.resolve().unwrap().call_timeout,
+            Duration::from_millis(750)
+        );
     }
 
     fn test_ctx() -> (Ctx, crossbeam_channel::Receiver<Input>) {
@@ -1048,9 +1104,9 @@ mod tests {
     #[test]
     fn disabled_config_starts_nothing() {
         let (tx, _rx) = crossbeam_channel::bounded(1);
-        let cfg = NvmlConfig {
+        let cfg = NvmlSettings {
             enabled: false,
-            ..NvmlConfig::default()
+            ..NvmlSettings::default()
         };
         let h = spawn(&cfg, tx, Registry::new(), Shutdown::new());
         assert!(h.is_empty());

@@ -208,7 +208,7 @@ impl Liveness {
     /// A source stuck in a call stops its heartbeat until a fresh NVML
     /// session completes a call. Sources that do not run (NVML disabled) are
     /// fine. For `/healthz`: pass the NVML call deadline
-    /// (`NvmlConfig::call_timeout`) or a little more.
+    /// (`NvmlSettings::call_timeout`) or a little more.
     pub fn nvml_progress_ok(&self, deadline: Duration) -> bool {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

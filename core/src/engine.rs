@@ -167,7 +167,7 @@ mod run;
 // The state-file writer thread.
 mod writer;
 
-pub use config::EngineConfig;
+pub use config::{EngineConfig, EngineSettings};
 pub use join::{MAX_NODE_FAULTS, MAX_UNCONFIRMED_GPUS};
 pub use persist::{LEGACY_CURSOR_FILE, preset_kmsg_position};
 pub use placement_wait::{Ask, PlacementAsks};
@@ -213,7 +213,7 @@ pub struct BootInfo {
 /// The health engine. See the module documentation for the rules.
 #[derive(Debug)]
 pub struct Engine {
-    cfg: EngineConfig,
+    cfg: EngineSettings,
     policy: Arc<Policy>,
     boot: BootInfo,
     node_name: String,
@@ -267,7 +267,7 @@ impl Engine {
     /// Creates the engine and loads `state_dir/health.json` when there is one. A
     /// corrupt or unreadable file is logged, kept aside, and the engine starts fresh.
     pub fn new(
-        cfg: EngineConfig,
+        cfg: EngineSettings,
         policy: Arc<Policy>,
         state_dir: Option<PathBuf>,
         boot: BootInfo,
@@ -281,10 +281,7 @@ impl Engine {
         } else {
             now
         };
-        let persist = Persistence::new(
-            state_dir.map(|d| d.join(STATE_FILE)),
-            cfg.persist_interval_ms,
-        );
+        let persist = Persistence::new(state_dir.map(|d| d.join(STATE_FILE)), cfg.persist_interval);
         let mut engine = Engine {
             cfg,
             policy,
@@ -323,7 +320,7 @@ impl Engine {
     /// file).
     #[allow(clippy::too_many_arguments)]
     pub fn new_read_only(
-        cfg: EngineConfig,
+        cfg: EngineSettings,
         policy: Arc<Policy>,
         state_dir: PathBuf,
         boot: BootInfo,
@@ -460,7 +457,7 @@ impl Engine {
     fn on_tick(&mut self) -> Vec<FaultEvent> {
         let now = self.clock.now_unix_nanos();
         let mut out = Vec::new();
-        if self.grace.expired(now, self.cfg.nvml_join_grace_secs) {
+        if self.grace.expired(now, self.cfg.nvml_join_grace_ns) {
             self.end_join_grace("the NVML join grace passed", &mut out);
         }
         self.flush_fault_counts();

@@ -8,7 +8,7 @@
 //! [`msg::Input`], [`EventSink`] and the health it publishes.
 //!
 //! ```
-//! use gpuwatch_core::engine::{BootInfo, Engine, EngineConfig};
+//! use gpuwatch_core::engine::{BootInfo, Engine, EngineSettings};
 //! use gpuwatch_core::msg::Input;
 //! use gpuwatch_core::{Registry, clock::SystemClock};
 //! use std::sync::Arc;
@@ -16,7 +16,7 @@
 //! let policy = Arc::new(xid_parser::Policy::default());
 //! let boot = BootInfo { boot_id: "b1".into(), boot_time_unix_nano: 0 };
 //! let mut engine = Engine::new(
-//!     EngineConfig::default(), policy, None, boot, "node-a".into(),
+//!     EngineSettings::default(), policy, None, boot, "node-a".into(),
 //!     Registry::new(), Arc::new(SystemClock),
 //! );
 //! let mut scanner = xid_parser::Scanner::new(Arc::new(xid_parser::Policy::default()));

@@ -269,8 +269,12 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{e}\n{text}"));
             cfg.node_name = "demo-node".into();
             cfg.validate().unwrap_or_else(|e| panic!("{e}\n{text}"));
+            let nvml = cfg
+                .nvml
+                .resolve()
+                .unwrap_or_else(|e| panic!("{e:?}\n{text}"));
             assert_eq!(
-                cfg.nvml.poll_interval(),
+                nvml.poll_interval,
                 Duration::from_millis((POLL_MS / u64::from(speed)).max(50))
             );
             assert_eq!(cfg.engine.condition_clear_samples, CLEAR_SAMPLES);

@@ -84,6 +84,8 @@ impl Rig {
         )
     }
 
+    /// An engine with `cfg` as a configuration file would give it (resolved
+    /// here: an invalid test setting fails the test).
     pub fn with(
         cfg: EngineConfig,
         policy: Arc<Policy>,
@@ -93,7 +95,7 @@ impl Rig {
     ) -> Rig {
         let registry = Registry::new();
         let engine = Engine::new(
-            cfg,
+            cfg.resolve().expect("valid test [engine] settings"),
             policy,
             state_dir.map(Path::to_path_buf),
             boot(boot_id),

@@ -45,8 +45,7 @@ impl Prepared {
     pub fn check_once(&self) -> Result<NodeHealth, CheckError> {
         let registry = Registry::new();
         let mut engine = self.read_only_engine(&registry);
-        let fabric_wait = Duration::from_secs(self.config().engine.fabric_wait_secs);
-        feed_nvml_poll(&mut engine, &self.config().nvml, fabric_wait);
+        feed_nvml_poll(&mut engine, self.nvml(), self.engine().fabric_wait());
         let pass = self.read_kmsg_ring(&mut engine, &registry)?;
         Ok(pass.finish(engine, self))
     }
@@ -82,7 +81,7 @@ impl Prepared {
 /// validation (never a pass). While some GPU's NVLink fabric registration is
 /// pending (the fabric manager is starting), NVML is polled again every
 /// second for up to `fabric_wait`, and the last poll is judged.
-fn feed_nvml_poll(engine: &mut Engine, cfg: &crate::nvml::NvmlConfig, fabric_wait: Duration) {
+fn feed_nvml_poll(engine: &mut Engine, cfg: &crate::nvml::NvmlSettings, fabric_wait: Duration) {
     let told = std::sync::atomic::AtomicBool::new(false);
     let polled = crate::nvml::poll_while(cfg, fabric_wait, move |samples| {
         let pending = samples.iter().any(|s| {
@@ -162,8 +161,7 @@ impl KmsgPass {
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {
-                    if liveness.kmsg_caught_up() || Instant::now() >= deadline
-                    {
+                    if liveness.kmsg_caught_up() || Instant::now() >= deadline {
                         break;
                     }
                 }

@@ -140,7 +140,7 @@ impl NvmlFeed {
     /// once instead (no source runs to say so, and the health and the node
     /// conditions would read "NVML not reported yet" forever).
     pub(super) fn start(
-        cfg: &crate::nvml::NvmlConfig,
+        cfg: &crate::nvml::NvmlSettings,
         tx: Sender<Input>,
         registry: &Arc<Registry>,
         liveness: &Arc<Liveness>,
@@ -167,7 +167,7 @@ impl NvmlFeed {
         .into_threads();
         // A hung NVML call stops the sources' heartbeats: /healthz fails once
         // they stood still for the call deadline plus a margin.
-        let deadline = cfg.call_timeout() + Duration::from_secs(10);
+        let deadline = cfg.call_timeout + Duration::from_secs(10);
         liveness.set_nvml_progress_deadline(deadline);
         let (reg, sd) = (registry.clone(), shutdown.clone());
         threads.push(

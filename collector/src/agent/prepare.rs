@@ -8,8 +8,9 @@
 use crate::attribution::podresources::KubeletSettings;
 use crate::config::{Config, ConfigError, ConfigErrors};
 use crate::kmsg::{self, KmsgSourceArgs};
+use crate::nvml::NvmlSettings;
 use crate::pipeline::{Liveness, StopReason};
-use gpuwatch_core::engine::{BootInfo, Engine};
+use gpuwatch_core::engine::{BootInfo, Engine, EngineSettings};
 use gpuwatch_core::network::NetworkSettings;
 use gpuwatch_core::{Registry, Shutdown};
 use gpuwatch_kube::KubeSettings;
@@ -56,6 +57,8 @@ pub fn resolve<T>(
 #[derive(Debug, Clone)]
 pub struct Prepared {
     cfg: Config,
+    engine: EngineSettings,
+    nvml: NvmlSettings,
     kube: KubeSettings,
     kubelet: KubeletSettings,
     network: NetworkSettings,
@@ -68,6 +71,8 @@ pub struct Prepared {
 /// reads the boot id.
 pub fn prepare(cfg: Config) -> Result<Prepared, PrepareError> {
     cfg.validate()?;
+    let engine = cfg.engine.resolve().map_err(|p| in_section("engine", p))?;
+    let nvml = cfg.nvml.resolve().map_err(|p| in_section("nvml", p))?;
     let kube = cfg.kube.resolve().map_err(|p| in_section("kube", p))?;
     let kubelet = cfg
         .kubelet
@@ -90,6 +95,8 @@ pub fn prepare(cfg: Config) -> Result<Prepared, PrepareError> {
     };
     Ok(Prepared {
         cfg,
+        engine,
+        nvml,
         kube,
         kubelet,
         network,
@@ -113,6 +120,16 @@ impl Prepared {
     /// The validated configuration, flags applied.
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    /// The health engine's settings (`[engine]`), resolved.
+    pub fn engine(&self) -> &EngineSettings {
+        &self.engine
+    }
+
+    /// The NVML sources' settings (`[nvml]`), resolved.
+    pub fn nvml(&self) -> &NvmlSettings {
+        &self.nvml
     }
 
     /// The node writer's settings (`[kube]`), resolved.
@@ -151,7 +168,7 @@ impl Prepared {
     pub(crate) fn agent_engine(&self, registry: &Arc<Registry>, liveness: &Liveness) -> Engine {
         let cfg = &self.cfg;
         let mut engine = Engine::new(
-            cfg.engine.clone(),
+            self.engine.clone(),
             self.policy.clone(),
             Some(cfg.state_dir.clone()),
             self.boot.clone(),
@@ -160,10 +177,10 @@ impl Prepared {
             Arc::new(gpuwatch_core::clock::SystemClock),
         );
         engine.set_heartbeat(liveness.engine_heartbeat());
-        if cfg.nvml.enabled {
+        if self.nvml.enabled {
             // A sample older than three poll intervals no longer describes the
             // GPU (NVML stopped answering): Unknown, and it does not validate.
-            engine.set_sample_max_age(cfg.nvml.poll_interval().saturating_mul(3));
+            engine.set_sample_max_age(self.nvml.poll_interval.saturating_mul(3));
         }
         if kmsg::is_device(&cfg.kmsg.path) {
             engine.track_kmsg_position();
@@ -181,10 +198,12 @@ impl Prepared {
     /// fault.
     pub(crate) fn read_only_engine(&self, registry: &Arc<Registry>) -> Engine {
         let cfg = &self.cfg;
-        let mut engine_cfg = cfg.engine.clone();
-        engine_cfg.nvml_join_grace_secs = 0;
+        let engine = EngineSettings {
+            nvml_join_grace_ns: 0,
+            ..self.engine.clone()
+        };
         Engine::new_read_only(
-            engine_cfg,
+            engine,
             self.policy.clone(),
             cfg.state_dir.clone(),
             self.boot.clone(),

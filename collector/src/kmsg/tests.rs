@@ -66,10 +66,7 @@ fn replay_file_turns_kern_records_into_events_and_counts_the_rest() {
     let liveness = a.liveness.clone();
     let summary = run_source(a, tx);
     assert!(liveness.kmsg_caught_up());
-    assert!(
-        !liveness.status(0).kmsg_alive,
-        "cleared at exit"
-    );
+    assert!(!liveness.status(0).kmsg_alive, "cleared at exit");
     let evs = faults(&rx);
     let got: Vec<(String, u32)> = evs
         .iter()

@@ -2,7 +2,7 @@
 //! copy of the nvml-sim cdylib with its scenario side file.
 
 use super::watchdog::CallWatch;
-use super::{NvmlConfig, NvmlError};
+use super::{NvmlError, NvmlSettings};
 use nvml_wrapper::Nvml;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,7 +27,7 @@ static SIM_COPIES: AtomicU64 = AtomicU64::new(0);
 
 impl Library {
     /// Resolves the configuration to a library (creating the simulator copy).
-    pub(super) fn choose(cfg: &NvmlConfig) -> Result<Library, NvmlError> {
+    pub(super) fn choose(cfg: &NvmlSettings) -> Result<Library, NvmlError> {
         let Some(scenario) = &cfg.sim_scenario else {
             let path = cfg
                 .library_path

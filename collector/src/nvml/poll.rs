@@ -3,7 +3,7 @@
 
 use super::library::{self, Library};
 use super::watchdog::{self, CallWatch, EndGuard, Role, Supervisor};
-use super::{Ctx, Identity, NvmlConfig, NvmlError, fault};
+use super::{Ctx, Identity, NvmlError, NvmlSettings, fault};
 use gpuwatch_core::msg::Input;
 use gpuwatch_proto::{FaultKind, GpuSample, NvLinkSample, RecoveryAction, Source};
 use nvml_wrapper::enum_wrappers::device::{
@@ -438,8 +438,8 @@ fn or_unknown(s: &str) -> &str {
 
 /// Runs the poller source: resolves the library (file work, no NVML call),
 /// then supervises poller workers (see the `watchdog` module) until shutdown.
-pub(super) fn supervise(cfg: NvmlConfig, ctx: Ctx) {
-    let mut retry = watchdog::retry_backoff(cfg.retry_interval());
+pub(super) fn supervise(cfg: NvmlSettings, ctx: Ctx) {
+    let mut retry = watchdog::retry_backoff(cfg.retry_interval);
     let lib = loop {
         if ctx.stopping() {
             return;
@@ -448,7 +448,7 @@ pub(super) fn supervise(cfg: NvmlConfig, ctx: Ctx) {
             Ok(l) => break l,
             Err(e) => {
                 ctx.registry.count_nvml_error(e.call());
-                let delay = retry.next().unwrap_or(cfg.retry_interval());
+                let delay = retry.next().unwrap_or(cfg.retry_interval);
                 if !ctx.report_poll(false, e.to_string()) || !ctx.sleep(delay) {
                     return;
                 }
@@ -461,8 +461,8 @@ pub(super) fn supervise(cfg: NvmlConfig, ctx: Ctx) {
     let sup = Supervisor {
         role: Role::Poller,
         ctx: ctx.clone(),
-        deadline: cfg.call_timeout(),
-        retry: cfg.retry_interval(),
+        deadline: cfg.call_timeout,
+        retry: cfg.retry_interval,
     };
     sup.run(|wctx| {
         let poller = Poller {
@@ -488,7 +488,7 @@ pub(super) fn supervise(cfg: NvmlConfig, ctx: Ctx) {
 /// or an enumeration failure (then it initialises again).
 #[derive(Debug)]
 struct Poller {
-    cfg: NvmlConfig,
+    cfg: NvmlSettings,
     ctx: Ctx,
     path: PathBuf,
     tracker: Arc<Mutex<LostTracker>>,
@@ -497,12 +497,12 @@ struct Poller {
 impl Poller {
     fn fail(&self, e: &NvmlError, retry: &mut impl Iterator<Item = std::time::Duration>) -> bool {
         self.ctx.registry.count_nvml_error(e.call());
-        let delay = retry.next().unwrap_or(self.cfg.retry_interval());
+        let delay = retry.next().unwrap_or(self.cfg.retry_interval);
         self.ctx.report_poll(false, e.to_string()) && self.ctx.sleep(delay)
     }
 
     fn run(self) {
-        let mut retry = watchdog::retry_backoff(self.cfg.retry_interval());
+        let mut retry = watchdog::retry_backoff(self.cfg.retry_interval);
         while !self.ctx.stopping() {
             let nvml = match library::init(&self.path, &self.ctx.watch) {
                 Ok(n) => Arc::new(n),
@@ -559,8 +559,7 @@ impl Poller {
                 let status = format!(
                     "NVML {driver} enumerates no GPUs (driver not loaded or GPUs not visible to gpuwatch)"
                 );
-                if !self.ctx.report_poll(false, status) || !self.ctx.sleep(self.cfg.poll_interval())
-                {
+                if !self.ctx.report_poll(false, status) || !self.ctx.sleep(self.cfg.poll_interval) {
                     return false;
                 }
                 continue;
@@ -609,7 +608,7 @@ impl Poller {
             if !self.ctx.send_samples(result.samples, result.complete) {
                 return false;
             }
-            if !self.ctx.sleep(self.cfg.poll_interval()) {
+            if !self.ctx.sleep(self.cfg.poll_interval) {
                 return false;
             }
         }

@@ -144,3 +144,51 @@ fn invalid_flags_fail_with_a_clear_message() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("api.listen"), "{err}");
 }
+
+/// An `[engine]` or `[nvml]` value the agent would refuse at start is a
+/// `check-config` problem too, named by its key, all of them in one report;
+/// `run` refuses the same file naming the same keys.
+#[test]
+fn check_config_and_run_name_the_same_engine_and_nvml_problems() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("bad.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "node_name = \"n1\"\nstate_dir = {:?}\n[engine]\ntick_interval_ms = 5\nplacement_wait_ms = 60000\n[nvml]\ncall_timeout_ms = 50\npoll_interval_ms = 1\n",
+            dir.path().join("state")
+        ),
+    )
+    .unwrap();
+    let keys = [
+        "engine.tick_interval_ms:",
+        "engine.placement_wait_ms:",
+        "nvml.poll_interval_ms:",
+        "nvml.call_timeout_ms:",
+    ];
+    let out = gpuwatch().arg("check-config").arg(&cfg).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("4 configuration problem(s)"), "{text}");
+    for key in keys {
+        assert!(text.contains(key), "{key} missing in {text}");
+    }
+
+    let replay = dir.path().join("empty.kmsg");
+    std::fs::write(&replay, "").unwrap();
+    let out = gpuwatch()
+        .arg("run")
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--kmsg-path")
+        .arg(&replay)
+        .arg("--exit-at-eof")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    for key in keys {
+        assert!(err.contains(key), "{key} missing in {err}");
+    }
+    assert!(!dir.path().join("state").exists(), "nothing starts: {err}");
+}

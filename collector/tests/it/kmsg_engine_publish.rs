@@ -64,10 +64,9 @@ fn start() -> Loop {
         tick_interval_ms: 60_000,
         ..EngineConfig::default()
     };
-    assert!(cfg.validate().is_empty());
     let registry = Registry::new();
     let engine = Engine::new(
-        cfg,
+        cfg.resolve().expect("a valid [engine]"),
         Arc::new(xid_parser::Policy::default()),
         None,
         BootInfo {

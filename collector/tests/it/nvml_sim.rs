@@ -49,12 +49,14 @@ struct Harness {
 }
 
 impl Harness {
+    /// Starts the sources with `cfg` as a configuration file would give it
+    /// (resolved here: an invalid test setting fails the test).
     fn start(cfg: &NvmlConfig) -> Harness {
         let (tx, rx) = crossbeam_channel::bounded(1024);
         let registry = Registry::new();
         let liveness = Liveness::new();
         let sources = nvml::start(
-            cfg,
+            &cfg.resolve().expect("valid test [nvml] settings"),
             tx,
             registry.clone(),
             gpuwatch_core::Shutdown::new(),
@@ -530,7 +532,7 @@ fn poll_once_finds_the_simulator_and_reads_every_gpu() {
         sim_scenario: Some(scenario("demo.toml")),
         ..NvmlConfig::default()
     };
-    let samples = nvml::poll_once(&cfg).expect("poll_once");
+    let samples = nvml::poll_once(&cfg.resolve().unwrap()).expect("poll_once");
     assert_eq!(samples.len(), 8);
     let indexes: Vec<u32> = samples.iter().map(|s| s.index).collect();
     assert_eq!(indexes, (0..8).collect::<Vec<_>>());
@@ -542,7 +544,9 @@ fn poll_once_finds_the_simulator_and_reads_every_gpu() {
         ..cfg
     };
     assert_eq!(
-        nvml::poll_once(&auto).expect("auto-found simulator").len(),
+        nvml::poll_once(&auto.resolve().unwrap())
+            .expect("auto-found simulator")
+            .len(),
         8
     );
 }
@@ -554,7 +558,9 @@ fn poll_once_reports_a_missing_scenario_by_path() {
         sim_scenario: Some(PathBuf::from("/nonexistent/scenario.toml")),
         ..NvmlConfig::default()
     };
-    let err = nvml::poll_once(&cfg).unwrap_err().to_string();
+    let err = nvml::poll_once(&cfg.resolve().unwrap())
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("/nonexistent/scenario.toml"), "{err}");
 }
 
@@ -1023,7 +1029,7 @@ call = "nvmlDeviceGetCount_v2"
         ..NvmlConfig::default()
     };
     let t = Instant::now();
-    let err = nvml::poll_once(&cfg).unwrap_err();
+    let err = nvml::poll_once(&cfg.resolve().unwrap()).unwrap_err();
     let took = t.elapsed();
     assert!(
         matches!(

@@ -9,7 +9,7 @@
 use super::model::{Fault, FaultKey, HistoryKey, Holder, fallback_action, fault_in, pci_identity};
 use super::reclassify::Escalation;
 use super::remap::RemapCheck;
-use super::{Engine, NANOS, model, secs};
+use super::{Engine, NANOS, model};
 use crate::{Outcome, Stage};
 use gpuwatch_proto::{Action, FaultEvent, FaultKind, ShortName, Source};
 use std::collections::VecDeque;
@@ -126,8 +126,8 @@ impl Engine {
     /// `None` when there is none, or the event is neither a second report
     /// nor a plain repeat.
     fn merge_or_repeat(&mut self, a: &mut Arrival<'_>) -> Option<Taken> {
-        let cross_window = self.cfg.cross_source_window_ms.saturating_mul(1_000_000);
-        let dedup = secs(self.cfg.dedup_window_secs);
+        let cross_window = self.cfg.cross_source_window_ns;
+        let dedup = self.cfg.dedup_window_ns;
         let boot_id = self.boot.boot_id.as_str();
         let f = fault_in(
             &mut self.gpus,
@@ -167,7 +167,7 @@ impl Engine {
         self.name_pods(a.ev, gpu);
         self.registry.record_fault(a.ev);
         let boot_id = self.boot.boot_id.clone();
-        let dedup = secs(self.cfg.dedup_window_secs);
+        let dedup = self.cfg.dedup_window_ns;
         match fault_in(
             &mut self.gpus,
             &mut self.node_faults,

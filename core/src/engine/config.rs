@@ -1,6 +1,10 @@
-//! The engine's settings (`[engine]`) and their validation.
+//! `[engine]`: the health engine's settings as written in the file
+//! ([`EngineConfig`]), checked and typed in one pass ([`EngineConfig::resolve`]
+//! → [`EngineSettings`], what the engine runs with).
 
-/// Health engine settings (`[engine]`).
+use std::time::Duration;
+
+/// Health engine settings (`[engine]`), as written in the file.
 #[derive(serde::Deserialize, serde::Serialize, Clone, Debug, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct EngineConfig {
@@ -71,9 +75,68 @@ impl Default for EngineConfig {
     }
 }
 
+/// `[engine]` resolved ([`EngineConfig::resolve`]): the windows the engine
+/// compares with its clock in nanoseconds, the loop's intervals as durations.
+/// Built only from settings that passed their checks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineSettings {
+    /// See [`EngineConfig::dedup_window_secs`].
+    pub dedup_window_ns: u64,
+    /// See [`EngineConfig::active_window_secs`].
+    pub active_window_ns: u64,
+    /// See [`EngineConfig::reset_clear_quiet_secs`].
+    pub reset_clear_quiet_ns: u64,
+    /// See [`EngineConfig::condition_clear_samples`] (at least 1).
+    pub condition_clear_samples: u32,
+    /// See [`EngineConfig::inspect_clear_quiet_secs`].
+    pub inspect_clear_quiet_ns: u64,
+    /// See [`EngineConfig::tick_interval_ms`].
+    pub tick_interval: Duration,
+    /// See [`EngineConfig::persist_interval_ms`].
+    pub persist_interval: Duration,
+    /// See [`EngineConfig::pcie_link_gen_check`].
+    pub pcie_link_gen_check: bool,
+    /// See [`EngineConfig::cross_source_window_ms`].
+    pub cross_source_window_ns: u64,
+    /// See [`EngineConfig::nvml_join_grace_secs`]; 0: no grace.
+    pub nvml_join_grace_ns: u64,
+    /// See [`EngineConfig::fabric_wait_secs`].
+    pub fabric_wait_ns: u64,
+    /// See [`EngineConfig::placement_wait_ms`]; 0: records do not wait.
+    pub placement_wait_ns: u64,
+}
+
+impl Default for EngineSettings {
+    fn default() -> Self {
+        EngineConfig::default()
+            .resolve()
+            .expect("the default [engine] settings are valid")
+    }
+}
+
+impl EngineSettings {
+    /// How long a pending NVLink fabric registration may last before it is a
+    /// fault (and how long `gpuwatch validate` polls NVML for it).
+    pub fn fabric_wait(&self) -> Duration {
+        Duration::from_nanos(self.fabric_wait_ns)
+    }
+}
+
+/// Whole seconds of a window in nanoseconds, for messages.
+pub(crate) fn whole_secs(ns: u64) -> u64 {
+    Duration::from_nanos(ns).as_secs()
+}
+
 impl EngineConfig {
-    /// Every problem with the settings (empty when valid); keys relative to `[engine]`.
+    /// Every problem (empty when valid); keys relative to `[engine]`. The
+    /// problems [`EngineConfig::resolve`] reports.
     pub fn validate(&self) -> Vec<String> {
+        self.resolve().err().unwrap_or_default()
+    }
+
+    /// Checks the settings and types them in one pass: the resolved settings,
+    /// or every problem (keys relative to `[engine]`).
+    pub fn resolve(&self) -> Result<EngineSettings, Vec<String>> {
         let mut errs = Vec::new();
         if self.dedup_window_secs == 0 {
             errs.push("dedup_window_secs: must be at least 1".to_string());
@@ -137,9 +200,32 @@ impl EngineConfig {
                 errs.push(format!("{key}: {v} is longer than 30 days"));
             }
         }
-        errs
+        if !errs.is_empty() {
+            return Err(errs);
+        }
+        // `active_window_secs` has no upper bound: a window past the u64
+        // nanosecond range (584 years) is as good as forever.
+        let secs = |s: u64| s.saturating_mul(NANOS_PER_SEC);
+        let millis = |ms: u64| ms.saturating_mul(NANOS_PER_MILLI);
+        Ok(EngineSettings {
+            dedup_window_ns: secs(self.dedup_window_secs),
+            active_window_ns: secs(self.active_window_secs),
+            reset_clear_quiet_ns: secs(self.reset_clear_quiet_secs),
+            condition_clear_samples: self.condition_clear_samples,
+            inspect_clear_quiet_ns: secs(self.inspect_clear_quiet_secs),
+            tick_interval: Duration::from_millis(self.tick_interval_ms),
+            persist_interval: Duration::from_millis(self.persist_interval_ms),
+            pcie_link_gen_check: self.pcie_link_gen_check,
+            cross_source_window_ns: millis(self.cross_source_window_ms),
+            nvml_join_grace_ns: secs(self.nvml_join_grace_secs),
+            fabric_wait_ns: secs(self.fabric_wait_secs),
+            placement_wait_ns: millis(self.placement_wait_ms),
+        })
     }
 }
+
+const NANOS_PER_SEC: u64 = 1_000_000_000;
+const NANOS_PER_MILLI: u64 = 1_000_000;
 
 #[cfg(test)]
 mod tests {
@@ -152,11 +238,60 @@ mod tests {
         assert_eq!(cfg.dedup_window_secs, 60);
         // Idle GPUs drop to Gen1: only the link width is checked by default.
         assert!(!cfg.pcie_link_gen_check);
-        assert!(cfg.validate().is_empty());
         let cfg: EngineConfig = toml::from_str("dedup_window_secs = 5\n").unwrap();
         assert_eq!(cfg.dedup_window_secs, 5);
         let err = toml::from_str::<EngineConfig>("dedup_window = 5\n").unwrap_err();
         assert!(err.to_string().contains("dedup_window"), "{err}");
+    }
+
+    #[test]
+    fn defaults_resolve_to_the_documented_windows() {
+        let s = EngineConfig::default().resolve().unwrap();
+        assert_eq!(s, EngineSettings::default());
+        assert_eq!(s.dedup_window_ns, 60 * NANOS_PER_SEC);
+        assert_eq!(s.active_window_ns, 3600 * NANOS_PER_SEC);
+        assert_eq!(s.reset_clear_quiet_ns, 60 * NANOS_PER_SEC);
+        assert_eq!(s.inspect_clear_quiet_ns, 3600 * NANOS_PER_SEC);
+        assert_eq!(s.condition_clear_samples, 3);
+        assert_eq!(s.tick_interval, Duration::from_secs(1));
+        assert_eq!(s.persist_interval, Duration::from_secs(1));
+        assert_eq!(s.cross_source_window_ns, 2 * NANOS_PER_SEC);
+        assert_eq!(s.nvml_join_grace_ns, 5 * NANOS_PER_SEC);
+        assert_eq!(s.fabric_wait(), Duration::from_secs(300));
+        assert_eq!(s.placement_wait_ns, NANOS_PER_SEC);
+        assert!(!s.pcie_link_gen_check);
+        // Turned off with 0.
+        let off = EngineConfig {
+            nvml_join_grace_secs: 0,
+            placement_wait_ms: 0,
+            ..EngineConfig::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!((off.nvml_join_grace_ns, off.placement_wait_ns), (0, 0));
+        // No upper bound on the active window: a huge one saturates.
+        let forever = EngineConfig {
+            active_window_secs: u64::MAX,
+            ..EngineConfig::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(forever.active_window_ns, u64::MAX);
+    }
+
+    #[test]
+    fn a_bad_value_is_named_by_its_key_and_resolves_to_nothing() {
+        let bad = EngineConfig {
+            tick_interval_ms: 5,
+            ..EngineConfig::default()
+        };
+        let problems = bad.resolve().unwrap_err();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with("tick_interval_ms: 5 is outside"),
+            "{problems:?}"
+        );
+        assert_eq!(bad.validate(), problems);
     }
 
     #[test]

@@ -526,7 +526,7 @@ impl Engine {
         let rules = DiffRules {
             now,
             gen_check,
-            fabric_wait: super::secs(self.cfg.fabric_wait_secs),
+            fabric_wait: self.cfg.fabric_wait_ns,
         };
         let mut d = diff(&g.baseline, &s, rules);
         changed |= apply_diff(g, &mut d, &s, now, gen_check);

@@ -2,8 +2,8 @@
 //! join grace ([`JoinGrace`]), finding (or creating) the GPU entry an event belongs to, and
 //! the bounds on what a kernel log alone can make the engine track.
 
+use super::Engine;
 use super::model::{Gpu, fallback_action, is_gpu_kind};
-use super::{Engine, secs};
 use crate::msg::KmsgPosition;
 use gpuwatch_proto::{Action, FaultEvent, FaultKind};
 use std::time::{Duration, Instant};
@@ -102,24 +102,24 @@ impl JoinGrace {
         }
     }
 
-    /// True when the grace of `grace_secs` has run out at `now` and has not
+    /// True when the grace of `grace_ns` has run out at `now` and has not
     /// ended yet.
-    pub fn expired(&self, now: u64, grace_secs: u64) -> bool {
-        !self.over && now.saturating_sub(self.started_at) >= secs(grace_secs)
+    pub fn expired(&self, now: u64, grace_ns: u64) -> bool {
+        !self.over && now.saturating_sub(self.started_at) >= grace_ns
     }
 
     /// True when a kernel-log GPU fault should wait: the grace runs
-    /// (`grace_secs` > 0, NVML not reported unavailable) and its address
+    /// (`grace_ns` > 0, NVML not reported unavailable) and its address
     /// parses but NVML has not `confirmed` it.
     pub fn should_hold(
         &self,
         ev: &FaultEvent,
-        grace_secs: u64,
+        grace_ns: u64,
         nvml_unavailable: bool,
         confirmed: impl Fn(&str) -> bool,
     ) -> bool {
         if self.over
-            || grace_secs == 0
+            || grace_ns == 0
             || nvml_unavailable
             || ev.source() != gpuwatch_proto::Source::Kmsg
             || !is_gpu_kind(ev.kind())
@@ -177,7 +177,7 @@ impl Engine {
         let confirmed = |pci: &str| self.gpus.get(pci).is_some_and(|g| g.confirmed);
         self.grace.should_hold(
             ev,
-            self.cfg.nvml_join_grace_secs,
+            self.cfg.nvml_join_grace_ns,
             self.monitors.nvml_down(),
             confirmed,
         )
@@ -322,7 +322,7 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::NANOS;
+    use crate::engine::{NANOS, secs};
     use gpuwatch_proto::Source;
 
     const PCI: &str = "0000:3b:00.0";
@@ -350,12 +350,15 @@ mod tests {
     fn only_kernel_log_gpu_faults_of_an_address_nvml_has_not_confirmed_wait() {
         let g = JoinGrace::new(0);
         let nobody = |_: &str| false;
-        let hold = |ev: &FaultEvent| g.should_hold(ev, 30, false, nobody);
+        let hold = |ev: &FaultEvent| g.should_hold(ev, secs(30), false, nobody);
         assert!(hold(&kmsg_fault(FaultKind::Xid, PCI)));
         // Confirmed, as printed or normalised.
-        assert!(!g.should_hold(&kmsg_fault(FaultKind::Xid, PCI), 30, false, |p| p == PCI));
+        assert!(
+            !g.should_hold(&kmsg_fault(FaultKind::Xid, PCI), secs(30), false, |p| p
+                == PCI)
+        );
         let upper = kmsg_fault(FaultKind::Xid, "0000:3B:00.0");
-        assert!(!g.should_hold(&upper, 30, false, |p| p == PCI));
+        assert!(!g.should_hold(&upper, secs(30), false, |p| p == PCI));
         // A node-level kind, another source, no or an unparsable address.
         assert!(!hold(&kmsg_fault(FaultKind::PcieAer, PCI)));
         let mut nvml = kmsg_fault(FaultKind::Xid, PCI);
@@ -366,7 +369,7 @@ mod tests {
         // No grace configured, or NVML reported itself unavailable.
         let ev = kmsg_fault(FaultKind::Xid, PCI);
         assert!(!g.should_hold(&ev, 0, false, nobody));
-        assert!(!g.should_hold(&ev, 30, true, nobody));
+        assert!(!g.should_hold(&ev, secs(30), true, nobody));
     }
 
     #[test]
@@ -386,7 +389,7 @@ mod tests {
         assert!(g.nothing_held());
         assert!(g.end().is_none(), "it ends once");
         let ev = kmsg_fault(FaultKind::Xid, PCI);
-        assert!(!g.should_hold(&ev, 30, false, |_| false), "over");
+        assert!(!g.should_hold(&ev, secs(30), false, |_| false), "over");
         assert_eq!(g.position(position(7)), Some(position(7)));
     }
 
@@ -394,8 +397,8 @@ mod tests {
     fn the_grace_expires_after_its_seconds_unless_it_ended() {
         let start = 5 * NANOS;
         let mut g = JoinGrace::new(start);
-        assert!(!g.expired(start + secs(30) - 1, 30));
-        assert!(g.expired(start + secs(30), 30));
+        assert!(!g.expired(start + secs(30) - 1, secs(30)));
+        assert!(g.expired(start + secs(30), secs(30)));
         g.end();
         assert!(!g.expired(u64::MAX, 30));
     }
@@ -405,9 +408,9 @@ mod tests {
         let mut g = JoinGrace::new(0);
         let ev = kmsg_fault(FaultKind::Xid, PCI);
         for _ in 0..MAX_HELD {
-            assert!(g.should_hold(&ev, 30, false, |_| false));
+            assert!(g.should_hold(&ev, secs(30), false, |_| false));
             g.hold(ev.clone(), Instant::now());
         }
-        assert!(!g.should_hold(&ev, 30, false, |_| false));
+        assert!(!g.should_hold(&ev, secs(30), false, |_| false));
     }
 }

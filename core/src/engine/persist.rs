@@ -304,8 +304,8 @@ pub(super) struct Persistence {
 
 impl Persistence {
     /// The state file at `path` (`None`: no state file), written at most
-    /// once per `persist_interval_ms` after a failed write.
-    pub fn new(path: Option<PathBuf>, persist_interval_ms: u64) -> Persistence {
+    /// once per `persist_interval` after a failed write.
+    pub fn new(path: Option<PathBuf>, persist_interval: Duration) -> Persistence {
         Persistence {
             path,
             read_only: false,
@@ -317,7 +317,7 @@ impl Persistence {
             kmsg_unsettled: false,
             legacy_cursor_pending: false,
             write_failures: 0,
-            write_backoff: write_backoff(&persist_interval_ms),
+            write_backoff: write_backoff(persist_interval),
             retry_write_at: None,
         }
     }
@@ -874,11 +874,8 @@ impl Engine {
 
 /// Retries of a failed state write: from the persist interval, doubling up to
 /// 30 s, jittered (a fleet whose disks recover together does not retry in step).
-fn write_backoff(persist_interval_ms: &u64) -> crate::retry::Backoff {
-    crate::retry::Backoff::new(
-        Duration::from_millis(*persist_interval_ms),
-        Duration::from_secs(30),
-    )
+fn write_backoff(persist_interval: Duration) -> crate::retry::Backoff {
+    crate::retry::Backoff::new(persist_interval, Duration::from_secs(30))
 }
 
 /// Sets the kernel-log position of the state in `state_dir` (creating a
@@ -932,7 +929,7 @@ mod tests {
         std::fs::write(dir.path().join("state"), b"").unwrap();
         let path = dir.path().join("state").join(super::super::STATE_FILE);
         let registry = Registry::new();
-        let mut p = Persistence::new(Some(path.clone()), 1_000);
+        let mut p = Persistence::new(Some(path.clone()), Duration::from_secs(1));
         assert_eq!(p.due(true), None, "nothing changed");
         p.mark_dirty();
         assert!(p.due(true).is_some());
@@ -961,7 +958,10 @@ mod tests {
 
     #[test]
     fn a_tracked_position_settles_the_state_and_only_a_new_one_dirties_it() {
-        let mut p = Persistence::new(Some(PathBuf::from("/nonexistent/health.json")), 1_000);
+        let mut p = Persistence::new(
+            Some(PathBuf::from("/nonexistent/health.json")),
+            Duration::from_secs(1),
+        );
         p.kmsg_event_handled();
         assert!(p.is_settled(true), "untracked: always settled");
         p.track_kmsg();
@@ -985,7 +985,7 @@ mod tests {
     fn a_file_that_could_not_be_read_is_never_overwritten() {
         let registry = Registry::new();
         let path = PathBuf::from("/nonexistent/health.json");
-        let mut p = Persistence::new(Some(path.clone()), 1_000);
+        let mut p = Persistence::new(Some(path.clone()), Duration::from_secs(1));
         p.unusable(StateFileError::Read {
             path,
             source: std::io::Error::other("EIO"),
@@ -1005,7 +1005,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(super::super::STATE_FILE);
         std::fs::write(&path, b"{ not json").unwrap();
-        let mut p = Persistence::new(None, 1_000);
+        let mut p = Persistence::new(None, Duration::from_secs(1));
         p.read_only_at(path.clone());
         assert!(!p.writes());
         assert!(p.open().is_none());
@@ -1025,7 +1025,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(super::super::STATE_FILE);
         std::fs::write(&path, b"{ not json").unwrap();
-        let mut p = Persistence::new(Some(path.clone()), 1_000);
+        let mut p = Persistence::new(Some(path.clone()), Duration::from_secs(1));
         assert!(p.writes());
         assert!(p.open().is_none());
         assert!(!path.exists(), "moved aside");

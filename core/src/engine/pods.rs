@@ -157,7 +157,7 @@ impl Engine {
         let read_at = read_at.unwrap_or_else(Instant::now);
         let gpu = self.holder_gpu(&holder);
         let wants_devices = || !Self::devices_hit(&ev, gpu).is_empty();
-        let wait_ns = self.cfg.placement_wait_ms.saturating_mul(1_000_000);
+        let wait_ns = self.cfg.placement_wait_ns;
         let needs = self
             .wait
             .needs(&ev, wants_devices, read_at, &self.placement, now, wait_ns);

@@ -1,6 +1,7 @@
 //! When active faults clear (the rules are listed in the engine module docs).
 
 use super::Engine;
+use super::config::whole_secs;
 use super::model::{Fault, FaultKey, Gpu};
 use super::secs;
 use gpuwatch_proto::{Action, FaultKind, ShortName};
@@ -23,7 +24,7 @@ impl Ctx<'_> {
     }
 
     /// Rules shared by GPU and node faults for the non-isolating actions.
-    fn expired(&self, f: &Fault, secs_window: u64) -> Option<String> {
+    fn expired(&self, f: &Fault) -> Option<String> {
         if f.level {
             let gone = f.condition_gone_since?;
             (f.gone_samples >= self.clear_samples).then(|| {
@@ -42,7 +43,7 @@ impl Ctx<'_> {
             ))
         } else {
             self.quiet(f, self.active_window)
-                .then(|| format!("no recurrence for {secs_window} s"))
+                .then(|| format!("no recurrence for {} s", whole_secs(self.active_window)))
         }
     }
 }
@@ -53,7 +54,7 @@ fn gpu_clear_reason(
     f: &Fault,
     g: &Gpu,
     c: &Ctx<'_>,
-    cfg: &super::EngineConfig,
+    cfg: &super::EngineSettings,
 ) -> Option<String> {
     if key.kind == FaultKind::Fabric {
         // Whatever its action, a fabric fault is the fabric's state: it
@@ -72,7 +73,7 @@ fn gpu_clear_reason(
     let old_boot = f.last_boot_id != c.boot_id;
     match f.action {
         Action::Unspecified | Action::Ignore | Action::RestartApp | Action::Investigate => {
-            c.expired(f, cfg.active_window_secs)
+            c.expired(f)
         }
         action => {
             let validated = g.validated_at?;
@@ -89,7 +90,7 @@ fn gpu_clear_reason(
                     (*at > f.last_seen && c.quiet(f, c.reset_quiet)).then(|| {
                         format!(
                             "GPU reset observed ({what}), the GPU validates and the fault did not recur for {} s",
-                            cfg.reset_clear_quiet_secs
+                            whole_secs(cfg.reset_clear_quiet_ns)
                         )
                     })
                 }
@@ -102,7 +103,7 @@ fn gpu_clear_reason(
                 _ => (old_boot && c.now.saturating_sub(validated) >= c.inspect_quiet).then(|| {
                     format!(
                         "the node rebooted (fault last seen in boot {}) and the GPU validated for {} s without recurrence",
-                        f.last_boot_id, cfg.inspect_clear_quiet_secs
+                        f.last_boot_id, whole_secs(cfg.inspect_clear_quiet_ns)
                     )
                 }),
             }
@@ -111,17 +112,18 @@ fn gpu_clear_reason(
 }
 
 /// Why a node-level fault clears now.
-fn node_clear_reason(f: &Fault, c: &Ctx<'_>, cfg: &super::EngineConfig) -> Option<String> {
+fn node_clear_reason(f: &Fault, c: &Ctx<'_>, cfg: &super::EngineSettings) -> Option<String> {
     let since_boot = c.now.saturating_sub(c.boot_start);
     match f.action {
         Action::Unspecified | Action::Ignore | Action::RestartApp | Action::Investigate => {
-            c.expired(f, cfg.active_window_secs)
+            c.expired(f)
         }
         Action::ResetGpu | Action::RebootNode => {
             (f.last_boot_id != c.boot_id && since_boot >= c.reset_quiet).then(|| {
                 format!(
                     "the node rebooted (fault last seen in boot {}) and it did not recur for {} s",
-                    f.last_boot_id, cfg.reset_clear_quiet_secs
+                    f.last_boot_id,
+                    whole_secs(cfg.reset_clear_quiet_ns)
                 )
             })
         }
@@ -129,7 +131,8 @@ fn node_clear_reason(f: &Fault, c: &Ctx<'_>, cfg: &super::EngineConfig) -> Optio
             .then(|| {
                 format!(
                     "the node rebooted (fault last seen in boot {}) and it did not recur for {} s",
-                    f.last_boot_id, cfg.inspect_clear_quiet_secs
+                    f.last_boot_id,
+                    whole_secs(cfg.inspect_clear_quiet_ns)
                 )
             }),
     }
@@ -144,11 +147,11 @@ impl Engine {
         let c = Ctx {
             boot_id: &boot_id,
             now,
-            active_window: secs(self.cfg.active_window_secs),
-            reset_quiet: secs(self.cfg.reset_clear_quiet_secs),
-            inspect_quiet: secs(self.cfg.inspect_clear_quiet_secs),
+            active_window: self.cfg.active_window_ns,
+            reset_quiet: self.cfg.reset_clear_quiet_ns,
+            inspect_quiet: self.cfg.inspect_clear_quiet_ns,
             boot_start: self.boot_start,
-            clear_samples: self.cfg.condition_clear_samples.max(1),
+            clear_samples: self.cfg.condition_clear_samples,
         };
         let mut cleared = 0usize;
         for g in self.gpus.values_mut() {

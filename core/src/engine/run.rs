@@ -136,8 +136,8 @@ impl<'a> EngineLoop<'a> {
         registry.set_health(Arc::clone(&published));
         engine.defer_activation_logs = true;
         EngineLoop {
-            tick: Duration::from_millis(engine.cfg.tick_interval_ms.max(1)),
-            persist_every: Duration::from_millis(engine.cfg.persist_interval_ms),
+            tick: engine.cfg.tick_interval,
+            persist_every: engine.cfg.persist_interval,
             engine,
             sinks,
             registry,

@@ -459,7 +459,7 @@ fn a_read_only_engine_never_touches_the_state() {
     std::fs::write(&path, b"{ not json").unwrap();
     let ro = |d: &Path| {
         gpuwatch_core::engine::Engine::new_read_only(
-            EngineConfig::default(),
+            gpuwatch_core::engine::EngineSettings::default(),
             Arc::new(xid_parser::Policy::default()),
             d.to_path_buf(),
             boot("boot-a"),

@@ -5,12 +5,10 @@
 //! one, delete preconditions; see `gpuwatch_test_support::kube`), and counts
 //! after every request how many Nodes carry the fault taint.
 
-use crate::kube_common::{ApiDouble, taint_value, wait_for};
+use crate::kube_common::{ApiDouble, build, taint_value, wait_for};
 use gpuwatch_core::validation::ValidationConfig;
 use gpuwatch_kube::{KubeConfig, KubeMetrics, KubeSettings, NodeWriter, WriterHooks};
-use gpuwatch_proto::{
-    Action, ActiveFault, GpuHealth, GpuSample, MonitorStatus, NodeHealth, RecoveryAction, Verdict,
-};
+use gpuwatch_proto::{Action, NodeHealth};
 use k8s_openapi::api::core::v1::Node;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -37,48 +35,14 @@ fn gpu_node(i: usize) -> Node {
     n
 }
 
+/// One GPU, healthy or with an XID 79 that asks for a hardware inspection.
 fn health(faulty: bool) -> NodeHealth {
-    let mut s = GpuSample {
-        index: 0,
-        uuid: "GPU-0".into(),
-        ..Default::default()
-    };
-    s.set_recovery_action(RecoveryAction::None);
-    let mut g = GpuHealth {
-        index: Some(0),
-        uuid: "GPU-0".into(),
-        pci_address: "0000:1b:00.0".into(),
-        sample: Some(s),
-        ..Default::default()
-    };
+    let h = build::healthy("", 1, "boot-a");
     if faulty {
-        let mut f = ActiveFault {
-            code: 79,
-            reason: "XID79".into(),
-            count: 1,
-            boot_id: "boot-a".into(),
-            ..Default::default()
-        };
-        f.set_action(Action::InspectHardware);
-        g.active_faults.push(f);
-    }
-    let mut h = NodeHealth {
-        boot_id: "boot-a".into(),
-        monitor: Some(MonitorStatus {
-            kmsg_ok: true,
-            nvml_ok: true,
-            kmsg_caught_up: true,
-            ..Default::default()
-        }),
-        gpus: vec![g],
-        ..Default::default()
-    };
-    h.set_verdict(if faulty {
-        Verdict::Unhealthy
+        build::with_fault(h, 0, 79, Action::InspectHardware, 1)
     } else {
-        Verdict::Healthy
-    });
-    h
+        h
+    }
 }
 
 struct Agent {

@@ -17,8 +17,7 @@ use gpuwatch_kube::{
     KubeConfig, KubeSettings, NodeWriter, UNGRANTED_REQUESTS, WRITER_REQUESTS, WriterHooks,
 };
 use gpuwatch_proto::{
-    Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, GpuSample, MonitorStatus, NodeHealth,
-    RecoveryAction, Verdict,
+    Action, ActiveFault, FaultEvent, FaultKind, MonitorStatus, NodeHealth, Verdict,
 };
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -348,22 +347,6 @@ fn admission_policy_covers_every_write_and_names_our_types_and_keys() {
     }
 }
 
-fn gpu(i: u32) -> GpuHealth {
-    let mut s = GpuSample {
-        index: i,
-        uuid: format!("GPU-{i}"),
-        ecc_volatile_uncorrected: Some(0),
-        ..Default::default()
-    };
-    s.set_recovery_action(RecoveryAction::None);
-    GpuHealth {
-        index: Some(i),
-        uuid: format!("GPU-{i}"),
-        sample: Some(s),
-        ..Default::default()
-    }
-}
-
 /// Drives one writer through every kind of request and returns what the double saw.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recorded_requests_equal_the_rbac_grants() {
@@ -399,7 +382,7 @@ async fn recorded_requests_equal_the_rbac_grants() {
             kmsg_caught_up: true,
             ..Default::default()
         }),
-        gpus: vec![gpu(0)],
+        gpus: vec![crate::kube_common::build::gpu(0)],
         ..Default::default()
     };
     health.set_verdict(Verdict::Healthy);

@@ -30,6 +30,9 @@
 //!   500/503, an outage, a delay, another writer racing every node write.
 //! - Every request recorded with its RBAC verb and resource.
 //!
+//! [`build`] makes the Nodes, health, fault Events and pods the tests
+//! start from.
+//!
 //! One module per resource kind (`nodes`, `events`), each with its store and a
 //! `serve` function; `request` says which kind a path names (and its RBAC verb
 //! and resource), `server` routes to it after the filters every request meets,
@@ -37,6 +40,7 @@
 //! A new kind (Leases, Pods) is a module beside `nodes`, a variant of the
 //! request's target and a line in the server's route.
 
+pub mod build;
 mod events;
 mod leases;
 mod nodes;

@@ -11,9 +11,10 @@
 #![allow(dead_code)]
 
 use crate::common::{Lines, nvml_sim_lib, poll_until, proc_state, wait_timeout};
+pub use crate::kube_common::build::taint;
 pub use crate::kube_common::taint_keys;
-use crate::kube_common::{ApiDouble, Recorded, condition, taint_value};
-use k8s_openapi::api::core::v1::{Event, Node, NodeCondition, NodeSpec, Taint};
+use crate::kube_common::{ApiDouble, Recorded, build, condition, taint_value};
+use k8s_openapi::api::core::v1::{Event, Node, NodeCondition, Taint};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -42,37 +43,14 @@ pub fn ensure_nvml_sim() {
     nvml_sim_lib();
 }
 
-/// A Node named [`NODE`] with these taints.
+/// A Node named [`NODE`] with these taints, on a p5.48xlarge whose device
+/// plugin advertises the board's 8 GPUs.
 pub fn node(taints: Vec<Taint>) -> Node {
-    let mut n = Node::default();
-    n.metadata.name = Some(NODE.into());
-    n.metadata.labels = Some(BTreeMap::from([(
-        "node.kubernetes.io/instance-type".to_owned(),
-        "p5.48xlarge".to_owned(),
-    )]));
-    n.spec = Some(NodeSpec {
-        taints: Some(taints),
-        ..Default::default()
-    });
-    // The device plugin advertises the board's 8 GPUs.
-    n.status = Some(k8s_openapi::api::core::v1::NodeStatus {
-        allocatable: Some(BTreeMap::from([(
-            "nvidia.com/gpu".to_owned(),
-            k8s_openapi::apimachinery::pkg::api::resource::Quantity("8".to_owned()),
-        )])),
-        ..Default::default()
-    });
-    n
-}
-
-/// A `NoSchedule` taint.
-pub fn taint(key: &str, value: Option<&str>) -> Taint {
-    Taint {
-        key: key.into(),
-        value: value.map(Into::into),
-        effect: "NoSchedule".into(),
-        time_added: None,
-    }
+    build::node(
+        NODE,
+        taints,
+        &[("node.kubernetes.io/instance-type", "p5.48xlarge")],
+    )
 }
 
 /// Polls `cond` every 2 ms until it holds or `timeout` passes.

@@ -1,0 +1,124 @@
+//! The API-server double itself, pinned to kube-apiserver's answers where
+//! the writer's tests depend on them.
+
+use crate::writer_harness::*;
+
+/// Sends `body` to the double as `method path` with `content_type`; returns the
+/// status code and the JSON body.
+async fn raw(
+    api: &ApiDouble,
+    method: reqwest::Method,
+    path: &str,
+    content_type: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let url = format!("{}{path}", api.url);
+    let content_type = content_type.to_owned();
+    let (code, text) = tokio::task::spawn_blocking(move || {
+        let r = reqwest::blocking::Client::new()
+            .request(method, url)
+            .header("content-type", content_type)
+            .body(body.to_string())
+            .send()
+            .expect("double answers");
+        (r.status().as_u16(), r.text().unwrap_or_default())
+    })
+    .await
+    .expect("request task");
+    (
+        code,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    )
+}
+
+/// The double's answers to a lost race, pinned to kube-apiserver's shapes: an
+/// update or merge patch with a stale resourceVersion is 409 Conflict from the
+/// metrics store; a JSON patch whose `test` fails is the generic 422 Invalid
+/// with empty details (nothing in it says "test").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn double_answers_a_stale_write_as_kube_apiserver_does() {
+    use reqwest::Method;
+    use serde_json::json;
+    let api = ApiDouble::start(node(vec![], &[])).await;
+    api.edit_node(|n| n["metadata"]["labels"] = json!({"a": "b"})); // rv 2
+    let path = format!("/api/v1/nodes/{NODE}");
+    let stale_merge = json!({"metadata": {"resourceVersion": "1"}, "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}});
+    let (code, body) = raw(
+        &api,
+        Method::PATCH,
+        &path,
+        "application/merge-patch+json",
+        stale_merge,
+    )
+    .await;
+    assert_eq!(code, 409);
+    assert_eq!(body["reason"], "Conflict");
+    assert_eq!(body["code"], 409);
+    assert_eq!(
+        body["message"],
+        format!(
+            "Operation cannot be fulfilled on nodes \"{NODE}\": the object has been modified; please apply your changes to the latest version and try again"
+        )
+    );
+    assert_eq!(body["details"], json!({"name": NODE, "kind": "nodes"}));
+    let mut stale_node = api.node_json();
+    stale_node["metadata"]["resourceVersion"] = json!("1");
+    let (code, body) = raw(&api, Method::PUT, &path, "application/json", stale_node).await;
+    assert_eq!((code, body["reason"].as_str()), (409, Some("Conflict")));
+    let failed_test = json!([
+        {"op": "test", "path": "/metadata/resourceVersion", "value": "1"},
+        {"op": "replace", "path": "/spec/taints", "value": []},
+    ]);
+    let (code, body) = raw(
+        &api,
+        Method::PATCH,
+        &path,
+        "application/json-patch+json",
+        failed_test,
+    )
+    .await;
+    assert_eq!(code, 422);
+    assert_eq!(
+        body,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "message": "the server rejected our request due to an error in our request",
+               "reason": "Invalid", "code": 422})
+    );
+    // A current resourceVersion goes through and moves the version.
+    let fresh = json!({"metadata": {"resourceVersion": "2"}, "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}});
+    let (code, body) = raw(
+        &api,
+        Method::PATCH,
+        &path,
+        "application/merge-patch+json",
+        fresh,
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["metadata"]["resourceVersion"], "3");
+    assert_eq!(taint_keys(&api.node()), ["k"]);
+    // RBAC denial and a missing Node, as the server words them.
+    api.forbid("patch", "nodes/status");
+    let (code, body) = raw(
+        &api,
+        Method::PATCH,
+        &format!("{path}/status"),
+        "application/apply-patch+yaml",
+        json!({}),
+    )
+    .await;
+    assert_eq!(code, 403);
+    assert_eq!(body["reason"], "Forbidden");
+    assert_eq!(
+        body["message"],
+        format!(
+            "nodes \"{NODE}\" is forbidden: User \"system:serviceaccount:gpuwatch:gpuwatch\" cannot patch resource \"nodes/status\" in API group \"\" at the cluster scope"
+        )
+    );
+    api.set_node_missing(true);
+    let (code, body) = raw(&api, Method::GET, &path, "application/json", json!(null)).await;
+    assert_eq!(
+        (code, body["message"].as_str()),
+        (404, Some(format!("nodes \"{NODE}\" not found").as_str()))
+    );
+}

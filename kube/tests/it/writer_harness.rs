@@ -1,0 +1,203 @@
+//! What the node writer's tests share: a writer started against its own
+//! API-server double (`kube_common`, on 127.0.0.1:0) with the callbacks the
+//! agent gives it recorded, the Node and health builders bound to [`NODE`],
+//! and the names the writer uses by default. The `writer_*` modules glob
+//! this one in.
+
+pub(crate) use crate::kube_common::build::{taint, with_fault, with_mig, xid_event};
+pub(crate) use crate::kube_common::{
+    ApiDouble, Recorded, condition, taint_keys, taint_value, wait_for,
+};
+pub(crate) use gpuwatch_core::placement::PlacementUpdate;
+pub(crate) use gpuwatch_core::validation::ValidationConfig;
+pub(crate) use gpuwatch_kube::{
+    KubeConfig, KubeMetrics, KubeObject, NodeWriter, PlacementCallback, ValidationCallback,
+    ValidationResult, WriteResult, WriterHooks,
+};
+pub(crate) use gpuwatch_proto::{Action, NodeHealth, ValidationReport};
+pub(crate) use k8s_openapi::api::core::v1::{Node, Taint};
+pub(crate) use std::path::{Path, PathBuf};
+pub(crate) use std::sync::{Arc, Mutex};
+pub(crate) use std::time::{Duration, Instant, SystemTime};
+pub(crate) use tokio::sync::watch;
+
+pub(crate) const NODE: &str = "gpu-node-1";
+pub(crate) const READY: &str = "AcceleratedHardwareReady";
+pub(crate) const PROBLEM: &str = "GPUProblem";
+pub(crate) const FAULT_TAINT: &str = "gpuwatch.io/unhealthy";
+pub(crate) const STARTUP_TAINT: &str =
+    "startup-taint.cluster-autoscaler.kubernetes.io/gpu-not-ready";
+/// How long a test waits for the writer to converge.
+pub(crate) const SECS: Duration = Duration::from_secs(5);
+
+/// The Node [`NODE`] with `taints` and `labels` (see `build::node`).
+pub(crate) fn node(taints: Vec<Taint>, labels: &[(&str, &str)]) -> Node {
+    crate::kube_common::build::node(NODE, taints, labels)
+}
+
+/// [`NODE`]'s health with `n` healthy GPUs in boot `boot`.
+pub(crate) fn healthy(n: u32, boot: &str) -> NodeHealth {
+    crate::kube_common::build::healthy(NODE, n, boot)
+}
+
+/// A running writer, its double, and what it told the agent.
+pub(crate) struct Harness {
+    pub(crate) api: ApiDouble,
+    tx: watch::Sender<Arc<NodeHealth>>,
+    pub(crate) writer: Option<NodeWriter>,
+    pub(crate) metrics: Arc<KubeMetrics>,
+    /// Every report the writer handed to `on_validation`.
+    reports: Arc<Mutex<Vec<ValidationReport>>>,
+    /// Every pod listing the writer handed to `on_pods`.
+    pub(crate) placements: Arc<Mutex<Vec<PlacementUpdate>>>,
+    /// What the engine wakes to ask the pod listing for a fresh list.
+    pub(crate) pods_ask: Arc<tokio::sync::Notify>,
+}
+
+impl Harness {
+    /// A writer with the double's test settings against a double serving `n`.
+    pub(crate) async fn start(n: Node, health: NodeHealth) -> Harness {
+        let api = ApiDouble::start(n).await;
+        Harness::start_with_api(api, health).await
+    }
+
+    /// A writer with the double's test settings against `api`.
+    pub(crate) async fn start_with_api(api: ApiDouble, health: NodeHealth) -> Harness {
+        let cfg = api.kube_config();
+        Harness::with(api, cfg, ValidationConfig::default(), health).await
+    }
+
+    pub(crate) async fn with(
+        api: ApiDouble,
+        cfg: KubeConfig,
+        vcfg: ValidationConfig,
+        health: NodeHealth,
+    ) -> Harness {
+        Harness::start_writer(api, cfg, vcfg, health, false, None).await
+    }
+
+    /// With `pods`, the writer also lists the Node's pods into `placements`.
+    pub(crate) async fn with_listing(api: ApiDouble, health: NodeHealth) -> Harness {
+        let cfg = api.kube_config();
+        Harness::start_writer(api, cfg, ValidationConfig::default(), health, true, None).await
+    }
+
+    /// A writer that keeps its history in `state_dir`, as the agent does.
+    pub(crate) async fn with_state(
+        api: ApiDouble,
+        cfg: KubeConfig,
+        health: NodeHealth,
+        state_dir: &Path,
+    ) -> Harness {
+        let dir = Some(state_dir.to_path_buf());
+        Harness::start_writer(api, cfg, ValidationConfig::default(), health, false, dir).await
+    }
+
+    async fn start_writer(
+        api: ApiDouble,
+        cfg: KubeConfig,
+        vcfg: ValidationConfig,
+        health: NodeHealth,
+        pods: bool,
+        state_dir: Option<PathBuf>,
+    ) -> Harness {
+        let (tx, rx) = watch::channel(Arc::new(health));
+        let metrics = KubeMetrics::new();
+        let reports = Arc::new(Mutex::new(Vec::new()));
+        let sink = reports.clone();
+        let on_validation: ValidationCallback = Arc::new(move |r: ValidationReport| {
+            sink.lock().unwrap().push(r);
+        });
+        let placements = Arc::new(Mutex::new(Vec::new()));
+        let seen = placements.clone();
+        let on_pods: PlacementCallback = Arc::new(move |u: PlacementUpdate| {
+            seen.lock().unwrap().push(u);
+        });
+        let pods_ask = Arc::new(tokio::sync::Notify::new());
+        let writer = NodeWriter::start(
+            cfg.resolve().expect("valid settings"),
+            vcfg,
+            NODE.into(),
+            metrics.clone(),
+            rx,
+            false,
+            WriterHooks {
+                on_validation: Some(on_validation),
+                on_pods: pods.then_some(on_pods),
+                pods_ask: pods.then(|| pods_ask.clone()),
+                state_dir,
+            },
+        )
+        .await
+        .expect("writer starts");
+        Harness {
+            api,
+            tx,
+            writer: Some(writer),
+            metrics,
+            reports,
+            placements,
+            pods_ask,
+        }
+    }
+
+    /// Every validation report so far, oldest first.
+    pub(crate) fn reports(&self) -> Vec<ValidationReport> {
+        self.reports.lock().unwrap().clone()
+    }
+
+    /// Publishes `h` as the engine does.
+    pub(crate) fn set(&self, h: NodeHealth) {
+        self.tx.send_replace(Arc::new(h));
+    }
+
+    pub(crate) fn writer(&self) -> &NodeWriter {
+        self.writer.as_ref().expect("writer running")
+    }
+
+    /// Waits until the Node satisfies `f`; fails the test naming `what` after [`SECS`].
+    pub(crate) async fn until(&self, what: &str, f: impl Fn(&Node) -> bool) {
+        let ok = wait_for(SECS, || f(&self.api.node())).await;
+        assert!(
+            ok,
+            "timed out waiting for {what}; node: {:#}",
+            self.api.node_json()
+        );
+    }
+
+    /// Stops the writer, checks it made only the requests it declares, and
+    /// hands the double back (for a restarted writer).
+    pub(crate) async fn stop(mut self) -> ApiDouble {
+        if let Some(w) = self.writer.take() {
+            w.shutdown_within(Duration::from_secs(5)).await;
+        }
+        self.api.assert_requests_declared();
+        self.api
+    }
+}
+
+/// The status of condition `t` on `n`.
+pub(crate) fn status_of(n: &Node, t: &str) -> Option<String> {
+    condition(n, t).map(|c| c.status)
+}
+
+/// Successful writes to `resource` (taints: `nodes`; conditions: `nodes/status`).
+fn ok_writes(reqs: &[Recorded], resource: &str) -> Vec<Instant> {
+    reqs.iter()
+        .filter(|r| r.is_write() && r.resource == resource && r.status < 300)
+        .map(|r| r.at)
+        .collect()
+}
+
+/// No two successful writes to `resource` closer than the writer's limit
+/// (`min_write_interval_ms`, 1 s by default), with 50 ms for scheduling.
+pub(crate) fn assert_paced(reqs: &[Recorded], resource: &str) {
+    let at = ok_writes(reqs, resource);
+    for w in at.windows(2) {
+        assert!(
+            w[1] - w[0] >= Duration::from_millis(950),
+            "two {resource} writes {:?} apart",
+            w[1] - w[0]
+        );
+    }
+}

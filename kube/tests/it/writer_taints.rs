@@ -1,0 +1,163 @@
+//! The fault taint end to end against the API-server double: lost races
+//! on the taint list, and the write pacing under a storm of health changes.
+
+use crate::writer_harness::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_lost_races_in_a_row_land_the_fault_taint_within_a_second() {
+    let api = ApiDouble::start(node(vec![taint("dedicated", Some("gpu"))], &[])).await;
+    let h = Harness::start_with_api(api, healthy(2, "boot-a")).await;
+    // Running and watching, its first writes done.
+    h.until("healthy", |n| {
+        status_of(n, PROBLEM).as_deref() == Some("False")
+    })
+    .await;
+    assert!(wait_for(SECS, || h.api.watchers() >= 1).await);
+    // Another writer changes the Node between every read and write, six times.
+    h.api.concurrent_taint_edits(6);
+    h.set(with_fault(
+        healthy(2, "boot-a"),
+        1,
+        79,
+        Action::RebootNode,
+        1,
+    ));
+    h.until("fault taint", |n| taint_value(n, FAULT_TAINT).is_some())
+        .await;
+    // Every foreign taint, the six added during the races included, is kept.
+    let mut want = vec!["dedicated".to_owned()];
+    want.extend((0..6).rev().map(|i| format!("other.example.com/edit-{i}")));
+    want.push(FAULT_TAINT.to_owned());
+    assert_eq!(taint_keys(&h.api.node()), want);
+    let reqs = h.api.requests();
+    let taint_patches: Vec<&Recorded> = reqs
+        .iter()
+        .filter(|r| r.resource == "nodes" && r.verb == "patch")
+        .collect();
+    let statuses: Vec<u16> = taint_patches.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [409, 409, 409, 409, 409, 409, 200]);
+    let last_race = taint_patches[5].at;
+    let landed = taint_patches[6].at;
+    eprintln!(
+        "six races: 409s over {:?}, taint landed {:?} after the last race",
+        last_race - taint_patches[0].at,
+        landed - last_race
+    );
+    assert!(
+        landed - last_race < Duration::from_secs(1),
+        "landed {:?} after the last race",
+        landed - last_race
+    );
+    // Each retry waited a jittered pause, not the error backoff, and re-read.
+    for w in taint_patches.windows(2) {
+        assert!(w[1].at - w[0].at >= Duration::from_millis(25));
+    }
+    for r in &taint_patches {
+        assert_eq!(r.content_type, "application/merge-patch+json");
+        assert!(
+            r.body["metadata"]["resourceVersion"].is_string(),
+            "{}",
+            r.body
+        );
+    }
+    let gets_between = reqs
+        .iter()
+        .filter(|r| r.verb == "get" && r.at > taint_patches[0].at && r.at < landed)
+        .count();
+    assert_eq!(gets_between, 6, "one fresh read per lost race");
+    // The writer counts its write once the API server's answer is back, which can
+    // be after the server already shows the taint.
+    assert!(
+        wait_for(SECS, || h
+            .metrics
+            .kube_writes(KubeObject::Taint, WriteResult::Ok)
+            >= 1)
+        .await,
+        "the landed taint write was never counted"
+    );
+    assert_eq!(
+        h.metrics
+            .kube_writes(KubeObject::Taint, WriteResult::Conflict),
+        6
+    );
+    assert_eq!(h.metrics.kube_writes(KubeObject::Taint, WriteResult::Ok), 1);
+    // The conflict is visible on the metrics endpoint.
+    let text = gpuwatch_sinks::prometheus::Renderer::new(
+        gpuwatch_core::Registry::new(),
+        vec![h.metrics.clone()],
+        Default::default(),
+    )
+    .render();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("gpuwatch_kube_writes_total")
+                && l.contains("result=\"conflict\"")
+                && l.contains("object=\"taint\"")
+                && l.trim_end().ends_with(" 6")),
+        "{text}"
+    );
+    // Later health changes still write at most once a second.
+    for i in 2..6 {
+        h.set(with_fault(
+            healthy(2, "boot-a"),
+            1,
+            79,
+            Action::RebootNode,
+            10u64.pow(i),
+        ));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    h.set(healthy(2, "boot-a"));
+    h.until("fault taint cleared", |n| {
+        taint_value(n, FAULT_TAINT).is_none()
+    })
+    .await;
+    let reqs = h.api.requests();
+    assert_paced(&reqs, "nodes");
+    assert_paced(&reqs, "nodes/status");
+    assert_eq!(taint_keys(&h.api.node()).len(), 7, "foreign taints kept");
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storm_of_health_changes_is_paced_to_one_write_per_second() {
+    let h = Harness::start(
+        node(vec![], &[]),
+        with_fault(healthy(8, "boot-a"), 0, 48, Action::ResetGpu, 1),
+    )
+    .await;
+    h.until("first state", |n| taint_value(n, FAULT_TAINT).is_some())
+        .await;
+    let start_writes = h.api.requests().iter().filter(|r| r.is_write()).count();
+    let t0 = Instant::now();
+    // 1000 health changes over ~3 s, every one with a different message.
+    for i in 0..1000u64 {
+        h.set(with_fault(
+            healthy(8, "boot-a"),
+            (i % 8) as usize,
+            48,
+            Action::ResetGpu,
+            i + 2,
+        ));
+        if i % 10 == 9 {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    // The last change: count 1001 on GPU 7 (999 % 8).
+    h.until("last state", |n| {
+        condition(n, PROBLEM)
+            .and_then(|c| c.message)
+            .is_some_and(|m| m.starts_with("GPU 7 ") && m.contains("seen 1000+ times"))
+    })
+    .await;
+    let total = t0.elapsed().as_secs_f64();
+    let writes = h.api.requests().iter().filter(|r| r.is_write()).count() - start_writes;
+    eprintln!("storm: 1000 health changes in {secs:.1}s -> {writes} node writes in {total:.1}s");
+    assert!(
+        (writes as f64) <= total.ceil() + 1.0,
+        "{writes} writes in {total:.1}s (storm {secs:.1}s)"
+    );
+    assert!(writes >= 2, "the writer should keep converging: {writes}");
+    h.stop().await;
+}

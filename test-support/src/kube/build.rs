@@ -1,0 +1,187 @@
+//! Builders for what the writer's tests feed it and serve it: a Node with
+//! taints, labels and the device plugin's allocatable GPUs, the health the
+//! engine publishes (healthy GPUs, an active fault, MIG devices), the fault
+//! Events it forwards, and pods bound to a Node. Shared by the writer's
+//! tests (`gpuwatch-kube`) and the agent's end-to-end tests.
+
+use gpuwatch_proto::{
+    Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, GpuSample, MigDevice, MonitorStatus,
+    NodeHealth, RecoveryAction, Verdict,
+};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Pod, Taint};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use std::collections::BTreeMap;
+
+/// The Node `name` with `taints` and `labels`. The device plugin advertises
+/// (`status.allocatable["nvidia.com/gpu"]`) the count the
+/// `nvidia.com/gpu.count` label says, 8 without that label.
+pub fn node(name: &str, taints: Vec<Taint>, labels: &[(&str, &str)]) -> Node {
+    let mut n = Node::default();
+    n.metadata.name = Some(name.into());
+    n.metadata.labels = Some(
+        labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect::<BTreeMap<_, _>>(),
+    );
+    n.spec = Some(NodeSpec {
+        taints: Some(taints),
+        ..Default::default()
+    });
+    let count = labels
+        .iter()
+        .find(|(k, _)| *k == "nvidia.com/gpu.count")
+        .map_or("8", |(_, v)| v);
+    n.status = Some(NodeStatus {
+        allocatable: Some(BTreeMap::from([(
+            "nvidia.com/gpu".to_owned(),
+            Quantity(count.to_owned()),
+        )])),
+        ..Default::default()
+    });
+    n
+}
+
+/// A `NoSchedule` taint.
+pub fn taint(key: &str, value: Option<&str>) -> Taint {
+    Taint {
+        key: key.into(),
+        value: value.map(Into::into),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    }
+}
+
+/// Healthy GPU `i` (`GPU-<i>`, PCI bus `0x1b + i`) with a full PCIe link and
+/// no row remapping or ECC errors.
+pub fn gpu(i: u32) -> GpuHealth {
+    let mut s = GpuSample {
+        index: i,
+        uuid: format!("GPU-{i}"),
+        pci_address: format!("0000:{:02x}:00.0", 0x1b + i),
+        remapped_rows_pending: Some(false),
+        remapped_rows_failure: Some(false),
+        ecc_volatile_uncorrected: Some(0),
+        pcie_link_gen: Some(5),
+        pcie_link_gen_max: Some(5),
+        pcie_link_width: Some(16),
+        pcie_link_width_max: Some(16),
+        ..Default::default()
+    };
+    s.set_recovery_action(RecoveryAction::None);
+    let mut g = GpuHealth {
+        index: Some(i),
+        uuid: format!("GPU-{i}"),
+        pci_address: s.pci_address.clone(),
+        sample: Some(s),
+        ..Default::default()
+    };
+    g.set_verdict(Verdict::Healthy);
+    g
+}
+
+/// The health of Node `node` with `n` healthy GPUs in boot `boot`: both
+/// monitors up, the kernel-log ring read to its end.
+pub fn healthy(node: &str, n: u32, boot: &str) -> NodeHealth {
+    let mut h = NodeHealth {
+        node_name: node.into(),
+        boot_id: boot.into(),
+        reason: "Healthy".into(),
+        monitor: Some(MonitorStatus {
+            kmsg_ok: true,
+            nvml_ok: true,
+            message: String::new(),
+            kmsg_caught_up: true,
+            ..Default::default()
+        }),
+        gpus: (0..n).map(gpu).collect(),
+        ..Default::default()
+    };
+    h.set_verdict(Verdict::Healthy);
+    h
+}
+
+/// `h` with an active XID `code` on GPU `gpu` (index into `h.gpus`), seen
+/// `count` times, asking for `action`: the GPU and the Node unhealthy.
+pub fn with_fault(
+    mut h: NodeHealth,
+    gpu: usize,
+    code: u32,
+    action: Action,
+    count: u64,
+) -> NodeHealth {
+    let mut f = ActiveFault {
+        code,
+        count,
+        reason: format!("XID{code}"),
+        boot_id: h.boot_id.clone(),
+        message: format!("NVRM: Xid (PCI:0000:1b:00): {code}, occurrence {count}"),
+        ..Default::default()
+    };
+    f.set_kind(FaultKind::Xid);
+    f.set_action(action);
+    h.gpus[gpu].active_faults.push(f);
+    h.gpus[gpu].set_action(action);
+    h.gpus[gpu].set_verdict(Verdict::Unhealthy);
+    h.set_verdict(Verdict::Unhealthy);
+    h.set_action(action);
+    h.reason = format!("XID{code}");
+    h
+}
+
+/// `h` with every GPU in MIG mode, `per_gpu` MIG devices each.
+pub fn with_mig(mut h: NodeHealth, per_gpu: u32) -> NodeHealth {
+    for (gi, g) in h.gpus.iter_mut().enumerate() {
+        let s = g.sample.get_or_insert_with(Default::default);
+        s.mig_enabled = Some(true);
+        s.mig_devices = (0..per_gpu)
+            .map(|i| MigDevice {
+                uuid: format!("MIG-{gi:08x}-0000-5000-8000-{i:012x}"),
+                gpu_instance: 7 + i,
+                compute_instance: 0,
+                ..Default::default()
+            })
+            .collect();
+    }
+    h
+}
+
+/// One XID `code` on GPU `gpu` at `t_nanos` (Unix nanoseconds) in boot
+/// `boot-a`, classified as `action`.
+pub fn xid_event(code: u32, action: Action, gpu: u32, t_nanos: u64) -> FaultEvent {
+    let mut e = FaultEvent {
+        code,
+        gpu_index: Some(gpu),
+        gpu_uuid: format!("GPU-{gpu}"),
+        pci_address: "0000:1b:00.0".into(),
+        message: format!("NVRM: Xid (PCI:0000:1b:00): {code}, pid=1234"),
+        boot_id: "boot-a".into(),
+        time_unix_nano: Some(t_nanos),
+        count: 1,
+        ..Default::default()
+    };
+    e.set_kind(FaultKind::Xid);
+    e.classify(action, "catalog");
+    e
+}
+
+/// Pod `namespace/name` (uid `uid`) bound to `node`, with a running
+/// container per `(name, containerd id)` in `containers`.
+pub fn pod_on(
+    node: &str,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    containers: &[(&str, &str)],
+) -> Pod {
+    let statuses: Vec<serde_json::Value> = containers
+        .iter()
+        .map(|(n, id)| serde_json::json!({"name": n, "containerID": format!("containerd://{id}"), "image": "img", "imageID": "", "ready": true, "restartCount": 0}))
+        .collect();
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": namespace, "uid": uid},
+        "spec": {"nodeName": node, "containers": [{"name": "main"}]},
+        "status": {"containerStatuses": statuses},
+    }))
+    .expect("pod")
+}
