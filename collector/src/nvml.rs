@@ -51,12 +51,12 @@ mod watchdog;
 use crate::pipeline::Liveness;
 use crossbeam_channel::{SendTimeoutError, Sender, TrySendError};
 use gpuwatch_core::msg::{Input, MonitorInput};
+use gpuwatch_core::registry::Tally;
 use gpuwatch_core::{Registry, Shutdown};
 use gpuwatch_proto::{FaultEvent, FaultKind, GpuSample, Source};
 use nvml_wrapper::Nvml;
 use serde::Deserialize;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -745,9 +745,7 @@ impl Ctx {
         match self.tx.try_send(Input::Samples { samples, complete }) {
             Ok(()) => true,
             Err(TrySendError::Full(_)) => {
-                self.registry
-                    .samples_dropped
-                    .fetch_add(n, Ordering::Relaxed);
+                self.registry.count(Tally::SamplesDropped, n);
                 tracing::warn!(
                     samples = n,
                     "NVML samples dropped: the engine channel is full."
@@ -804,6 +802,7 @@ fn fault(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::Ordering;
 
     #[test]
     fn nvml_bus_ids_normalise_with_the_parser_normaliser() {

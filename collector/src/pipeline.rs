@@ -23,6 +23,7 @@
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 use gpuwatch_core::msg::Input;
+use gpuwatch_core::registry::Tally;
 use gpuwatch_core::{Outcome, Registry, Shutdown, Stage};
 use gpuwatch_proto::{Action, FaultEvent, ShortName};
 use std::collections::{HashMap, VecDeque};
@@ -760,7 +761,7 @@ pub fn forward_nvml(
         match received {
             Ok(s @ Input::Samples { .. }) => {
                 if held.replace(s).is_some() {
-                    registry.samples_dropped.fetch_add(1, Ordering::Relaxed);
+                    registry.count(Tally::SamplesDropped, 1);
                 }
             }
             Ok(other) => {
@@ -1078,10 +1079,10 @@ mod tests {
         let h = std::thread::spawn(move || forward_nvml(nrx, fwd_tx, r2, s2));
         // Let the forwarder read all three samples while the channel is full.
         let t0 = Instant::now();
-        while reg.samples_dropped.load(Ordering::Relaxed) < 2 && t0.elapsed().as_secs() < 5 {
+        while reg.tally(Tally::SamplesDropped) < 2 && t0.elapsed().as_secs() < 5 {
             std::thread::yield_now();
         }
-        assert_eq!(reg.samples_dropped.load(Ordering::Relaxed), 2);
+        assert_eq!(reg.tally(Tally::SamplesDropped), 2);
         ntx.send(Input::Fault {
             event: xid("a", 79),
             read_at: Instant::now(),

@@ -208,22 +208,42 @@ pub const LATENCY_BUCKETS_SECONDS: [f64; 12] = [
 /// Number of [`Action`] values (their ranks are 0..ACTION_RANKS).
 const ACTION_RANKS: usize = 8;
 
-/// Shared metric registry. Cheap to clone through `Arc`.
-pub struct Registry {
+/// The agent's own plain counts: one number each, without attributes. Each
+/// is written by one input and read by the metric outputs and the run summary
+/// through [`Registry::tally`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tally {
     /// Kernel log records read.
-    pub kmsg_records_read: AtomicU64,
+    KmsgRead,
     /// Records lost to ring overwrite (sequence gaps, EPIPE).
-    pub kmsg_records_lost: AtomicU64,
+    KmsgLost,
     /// Records that did not parse.
-    pub kmsg_records_malformed: AtomicU64,
+    KmsgMalformed,
     /// PodResources API calls that failed (no socket, a timeout, an error
     /// answer): faults of a GPU then name no pods.
-    pub pod_resources_failures: AtomicU64,
+    PodResourcesFailures,
     /// Device ids in the last PodResources answer whose shape names no GPU or
-    /// MIG device (skipped, never guessed).
-    pub pod_resources_unknown_devices: AtomicU64,
+    /// MIG device (skipped, never guessed). A gauge: set, not added to.
+    PodResourcesUnknownDevices,
     /// NVML samples dropped oldest-first.
-    pub samples_dropped: AtomicU64,
+    SamplesDropped,
+}
+
+impl Tally {
+    /// Every tally, in index order.
+    pub const ALL: [Tally; 6] = [
+        Tally::KmsgRead,
+        Tally::KmsgLost,
+        Tally::KmsgMalformed,
+        Tally::PodResourcesFailures,
+        Tally::PodResourcesUnknownDevices,
+        Tally::SamplesDropped,
+    ];
+}
+
+/// Shared metric registry. Cheap to clone through `Arc`.
+pub struct Registry {
+    tallies: [AtomicU64; Tally::ALL.len()],
     events: [[AtomicU64; 3]; 4],
     /// Fault events a source dropped for lack of room, by action rank.
     source_drops: [AtomicU64; ACTION_RANKS],
@@ -253,8 +273,8 @@ pub struct LatencyBuckets {
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registry")
-            .field("kmsg_records_read", &self.kmsg_records_read)
-            .field("kmsg_records_lost", &self.kmsg_records_lost)
+            .field("kmsg_records_read", &self.tally(Tally::KmsgRead))
+            .field("kmsg_records_lost", &self.tally(Tally::KmsgLost))
             .finish_non_exhaustive()
     }
 }
@@ -262,12 +282,7 @@ impl std::fmt::Debug for Registry {
 impl Default for Registry {
     fn default() -> Self {
         Registry {
-            kmsg_records_read: AtomicU64::new(0),
-            kmsg_records_lost: AtomicU64::new(0),
-            kmsg_records_malformed: AtomicU64::new(0),
-            pod_resources_failures: AtomicU64::new(0),
-            pod_resources_unknown_devices: AtomicU64::new(0),
-            samples_dropped: AtomicU64::new(0),
+            tallies: Default::default(),
             events: Default::default(),
             source_drops: Default::default(),
             export_failures: Default::default(),
@@ -297,6 +312,21 @@ impl Registry {
     /// A new, empty registry.
     pub fn new() -> Arc<Registry> {
         Arc::new(Registry::default())
+    }
+
+    /// Adds `n` to a tally.
+    pub fn count(&self, tally: Tally, n: u64) {
+        self.tallies[tally as usize].fetch_add(n, Relaxed);
+    }
+
+    /// Sets a tally that is a gauge (the last answer's value, not a sum).
+    pub fn set_tally(&self, tally: Tally, value: u64) {
+        self.tallies[tally as usize].store(value, Relaxed);
+    }
+
+    /// A tally's value now.
+    pub fn tally(&self, tally: Tally) -> u64 {
+        self.tallies[tally as usize].load(Relaxed)
     }
 
     /// Counts `n` events at `stage` with `outcome`.
@@ -477,6 +507,19 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_tally_has_its_own_slot() {
+        let r = Registry::new();
+        for (i, t) in Tally::ALL.into_iter().enumerate() {
+            assert_eq!(t as usize, i, "{t:?} is out of index order");
+            r.count(t, i as u64 + 1);
+        }
+        r.count(Tally::KmsgLost, 5);
+        r.set_tally(Tally::PodResourcesUnknownDevices, 9);
+        let got: Vec<u64> = Tally::ALL.into_iter().map(|t| r.tally(t)).collect();
+        assert_eq!(got, vec![1, 7, 3, 4, 9, 6]);
+    }
 
     #[test]
     fn fault_counts_add_event_count() {

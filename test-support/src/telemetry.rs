@@ -2,6 +2,7 @@
 //! from PyPI) on loopback ports, a parser for its detailed debug log, a wire
 //! tap in front of it, `promtool`, and a populated registry.
 
+use gpuwatch_core::registry::Tally;
 use gpuwatch_core::{Outcome, Registry, Stage};
 use gpuwatch_proto::{
     Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, GpuSample, MonitorStatus, NodeHealth,
@@ -13,7 +14,6 @@ use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -711,12 +711,12 @@ pub fn populate(r: &Registry, k: &KubeMetrics) {
     health.set_action(Action::InspectHardware);
     r.set_health(Arc::new(health));
 
-    r.kmsg_records_read.store(1000, Relaxed);
-    r.kmsg_records_lost.store(2, Relaxed);
-    r.kmsg_records_malformed.store(1, Relaxed);
-    r.pod_resources_failures.store(1, Relaxed);
-    r.pod_resources_unknown_devices.store(1, Relaxed);
-    r.samples_dropped.store(4, Relaxed);
+    r.set_tally(Tally::KmsgRead, 1000);
+    r.set_tally(Tally::KmsgLost, 2);
+    r.set_tally(Tally::KmsgMalformed, 1);
+    r.set_tally(Tally::PodResourcesFailures, 1);
+    r.set_tally(Tally::PodResourcesUnknownDevices, 1);
+    r.set_tally(Tally::SamplesDropped, 4);
     r.count_source_drop(Action::RestartApp, 3);
     r.count_events(Stage::Parser, Outcome::Emitted, 5);
     r.count_events(Stage::Engine, Outcome::Coalesced, 2);
@@ -982,7 +982,7 @@ pub fn populate_healthy_hgx(r: &Registry, k: &KubeMetrics) {
     health.set_verdict(Verdict::Healthy);
     health.set_action(Action::Ignore);
     r.set_health(Arc::new(health));
-    r.kmsg_records_read.store(1500, Relaxed);
+    r.set_tally(Tally::KmsgRead, 1500);
     k.publish(|s| s.gpus_expected = Some(8));
     r.count_state_write(true);
     k.count_validation(ValidationResult::Pass);

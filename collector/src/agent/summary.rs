@@ -4,7 +4,7 @@
 use super::inputs::InputsSummary;
 use crate::pipeline::StopReason;
 use gpuwatch_core::Registry;
-use std::sync::atomic::Ordering;
+use gpuwatch_core::registry::Tally;
 
 /// What a run did (printed at exit with `--exit-at-eof`).
 #[derive(Debug, Clone, serde::Serialize)]
@@ -62,8 +62,8 @@ impl RunSummary {
             } else {
                 0.0
             },
-            records_lost: registry.kmsg_records_lost.load(Ordering::Relaxed),
-            records_malformed: registry.kmsg_records_malformed.load(Ordering::Relaxed),
+            records_lost: registry.tally(Tally::KmsgLost),
+            records_malformed: registry.tally(Tally::KmsgMalformed),
             engine_events: registry.events(
                 gpuwatch_core::Stage::Engine,
                 gpuwatch_core::Outcome::Emitted,

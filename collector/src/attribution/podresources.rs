@@ -26,6 +26,7 @@ use gpuwatch_core::msg::Input;
 use gpuwatch_core::placement::{
     DeviceHolder, DeviceHolders, DeviceShape, PlacementUpdate, is_gpu_resource,
 };
+use gpuwatch_core::registry::Tally;
 use gpuwatch_proto::podresources as v1;
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -250,9 +251,7 @@ pub async fn poll(
         let ok = answer.is_ok();
         let update = match answer {
             Ok(now) => {
-                registry
-                    .pod_resources_unknown_devices
-                    .store(now.unknown_ids, std::sync::atomic::Ordering::Relaxed);
+                registry.set_tally(Tally::PodResourcesUnknownDevices, now.unknown_ids);
                 if failing {
                     tracing::info!("The kubelet answers PodResources again.");
                 }
@@ -263,9 +262,7 @@ pub async fn poll(
                 })
             }
             Err(e) => {
-                registry
-                    .pod_resources_failures
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                registry.count(Tally::PodResourcesFailures, 1);
                 let first = !failing;
                 failing = true;
                 first.then(|| unavailable(&cfg, &e))
@@ -410,10 +407,8 @@ mod tests {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let ask = Arc::new(tokio::sync::Notify::new());
         let task = tokio::spawn(poll(cfg, tx, registry.clone(), ask, stop_rx));
-        let counted =
-            |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while counted(&registry.pod_resources_failures) == 0 {
+        while registry.tally(Tally::PodResourcesFailures) == 0 {
             assert!(std::time::Instant::now() < deadline, "no failure counted");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -436,12 +431,12 @@ mod tests {
                 )],
             )],
         }]);
-        while counted(&registry.pod_resources_unknown_devices) != 1 {
+        while registry.tally(Tally::PodResourcesUnknownDevices) != 1 {
             assert!(
                 std::time::Instant::now() < deadline,
                 "unknown ids: {}, failures: {}, calls: {}",
-                counted(&registry.pod_resources_unknown_devices),
-                counted(&registry.pod_resources_failures),
+                registry.tally(Tally::PodResourcesUnknownDevices),
+                registry.tally(Tally::PodResourcesFailures),
                 kubelet.list_calls()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -3,8 +3,8 @@
 use super::reader::{Outcome, Reader};
 use crate::boot;
 use crate::pipeline::SendStatus;
+use gpuwatch_core::registry::Tally;
 use gpuwatch_proto::Source;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 use xid_parser::{RecordMeta, Scanner};
 
@@ -20,9 +20,7 @@ impl Reader {
         let rec = match xid_parser::parse_kmsg_record(record) {
             Ok(r) => r,
             Err(e) => {
-                self.registry
-                    .kmsg_records_malformed
-                    .fetch_add(1, Ordering::Relaxed);
+                self.registry.count(Tally::KmsgMalformed, 1);
                 tracing::debug!(error = %e, "Malformed kernel log record skipped.");
                 return Outcome::Continue;
             }
@@ -34,9 +32,7 @@ impl Reader {
         if self.device && self.last_seq.is_some_and(|done| seq <= done) {
             return Outcome::Continue;
         }
-        self.registry
-            .kmsg_records_read
-            .fetch_add(1, Ordering::Relaxed);
+        self.registry.count(Tally::KmsgRead, 1);
         self.summary.records += 1;
         if let Some(last) = self.last_seq
             && seq > last.saturating_add(1)
@@ -51,9 +47,7 @@ impl Reader {
                     "Kernel log sequence number jumped implausibly far; not counted as lost records."
                 );
             } else {
-                self.registry
-                    .kmsg_records_lost
-                    .fetch_add(lost, Ordering::Relaxed);
+                self.registry.count(Tally::KmsgLost, lost);
                 tracing::warn!(
                     lost,
                     after_seq = last,

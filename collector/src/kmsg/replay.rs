@@ -4,13 +4,13 @@
 use super::reader::{FALLBACK_WAIT, Outcome, Reader};
 use super::{KmsgError, MAX_BUFFER};
 use crate::pipeline::SendStatus;
+use gpuwatch_core::registry::Tally;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 const REPLAY_CHUNK: usize = 256 * 1024;
@@ -39,9 +39,7 @@ impl Reader {
             if filled == buf.len() {
                 // A single line longer than the buffer: grow (bounded).
                 if buf.len() >= MAX_BUFFER * 4 {
-                    self.registry
-                        .kmsg_records_malformed
-                        .fetch_add(1, Ordering::Relaxed);
+                    self.registry.count(Tally::KmsgMalformed, 1);
                     tracing::warn!(bytes = filled, "Replay line too long; skipped.");
                     filled = 0;
                 } else {

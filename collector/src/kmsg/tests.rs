@@ -5,11 +5,11 @@ use super::*;
 use crate::pipeline::{IDLE_HEARTBEAT, Liveness, SendStatus};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use gpuwatch_core::msg::{Input, KmsgPosition, MonitorInput};
+use gpuwatch_core::registry::Tally;
 use gpuwatch_core::{Registry, Shutdown};
 use gpuwatch_proto::{FaultEvent, FaultKind, Source};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use xid_parser::Scanner;
 
@@ -89,10 +89,10 @@ fn replay_file_turns_kern_records_into_events_and_counts_the_rest() {
     let got = ev.time_unix_nano.expect("wall time set");
     assert!(got.abs_diff(want) < 1_000_000_000, "{got} vs {want}");
     assert_eq!(summary.records, 5);
-    assert_eq!(reg.kmsg_records_read.load(Ordering::Relaxed), 5);
-    assert_eq!(reg.kmsg_records_malformed.load(Ordering::Relaxed), 1);
+    assert_eq!(reg.tally(Tally::KmsgRead), 5);
+    assert_eq!(reg.tally(Tally::KmsgMalformed), 1);
     // 8, 9 between 7 and 10; 12, 13, 14 between 11 and 15.
-    assert_eq!(reg.kmsg_records_lost.load(Ordering::Relaxed), 5);
+    assert_eq!(reg.tally(Tally::KmsgLost), 5);
 }
 
 #[test]
@@ -153,7 +153,7 @@ fn a_followed_file_ending_mid_line_waits_for_the_rest() {
         assert!(t0.elapsed() < Duration::from_secs(10), "never caught up");
         std::thread::yield_now();
     }
-    assert_eq!(reg.kmsg_records_read.load(Ordering::Relaxed), 1);
+    assert_eq!(reg.tally(Tally::KmsgRead), 1);
     let mut f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
     use std::io::Write;
     writeln!(f, "{tail}").unwrap();
@@ -173,8 +173,8 @@ fn a_followed_file_ending_mid_line_waits_for_the_rest() {
         "{}",
         event.message
     );
-    assert_eq!(reg.kmsg_records_read.load(Ordering::Relaxed), 2);
-    assert_eq!(reg.kmsg_records_malformed.load(Ordering::Relaxed), 0);
+    assert_eq!(reg.tally(Tally::KmsgRead), 2);
+    assert_eq!(reg.tally(Tally::KmsgMalformed), 0);
 }
 
 #[test]
@@ -337,9 +337,9 @@ fn an_implausible_sequence_jump_is_not_counted_as_lost_records() {
     let mut r = device_reader(tx, reg.clone());
     r.process(record(1, false).as_bytes(), None);
     r.process(record(5, false).as_bytes(), None);
-    assert_eq!(reg.kmsg_records_lost.load(Ordering::Relaxed), 3);
+    assert_eq!(reg.tally(Tally::KmsgLost), 3);
     r.process(record(u64::MAX / 1000, false).as_bytes(), None);
-    assert_eq!(reg.kmsg_records_lost.load(Ordering::Relaxed), 3);
+    assert_eq!(reg.tally(Tally::KmsgLost), 3);
 }
 
 /// A replay (file or FIFO) has no position: nothing to resume after.

@@ -5,7 +5,7 @@
 use super::{
     Collect, InstrumentKind, Num, NumType, Point, Presence, Sources, Spec, flag, s, samples_current,
 };
-use gpuwatch_core::registry::{Outcome, Stage};
+use gpuwatch_core::registry::{Outcome, Stage, Tally};
 use gpuwatch_proto::{Action, NodeHealth, ShortName};
 
 /// This subject's instruments, in export order.
@@ -55,7 +55,7 @@ const KMSG_READ: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "Kernel log records read.",
-    collect: Collect::Value(|r| &r.kmsg_records_read),
+    collect: Collect::Value(Tally::KmsgRead),
 };
 
 const KMSG_LOST: Spec = Spec {
@@ -65,7 +65,7 @@ const KMSG_LOST: Spec = Spec {
     num: NumType::U64,
     presence: Presence::Always,
     description: "Kernel log records overwritten before gpuwatch read them.",
-    collect: Collect::Value(|r| &r.kmsg_records_lost),
+    collect: Collect::Value(Tally::KmsgLost),
 };
 
 const KMSG_MALFORMED: Spec = Spec {
@@ -75,7 +75,7 @@ const KMSG_MALFORMED: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Kernel log records that did not parse.",
-    collect: Collect::Value(|r| &r.kmsg_records_malformed),
+    collect: Collect::Value(Tally::KmsgMalformed),
 };
 
 const EVENTS: Spec = Spec {
@@ -129,7 +129,7 @@ const SAMPLES_DROPPED: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "NVML samples dropped oldest-first.",
-    collect: Collect::Value(|r| &r.samples_dropped),
+    collect: Collect::Value(Tally::SamplesDropped),
 };
 
 const NVML_ERRORS: Spec = Spec {
@@ -158,7 +158,7 @@ const POD_RESOURCES_FAILURES: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Calls to the kubelet's PodResources API that failed: faults of a GPU name no pods meanwhile.",
-    collect: Collect::Value(|r| &r.pod_resources_failures),
+    collect: Collect::Value(Tally::PodResourcesFailures),
 };
 
 const POD_RESOURCES_UNKNOWN: Spec = Spec {
@@ -168,7 +168,7 @@ const POD_RESOURCES_UNKNOWN: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "Device ids in the kubelet's last PodResources answer whose shape names no GPU or MIG device (skipped).",
-    collect: Collect::Value(|r| &r.pod_resources_unknown_devices),
+    collect: Collect::Value(Tally::PodResourcesUnknownDevices),
 };
 
 const MONITOR_UP: Spec = Spec {

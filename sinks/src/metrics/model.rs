@@ -1,13 +1,11 @@
 //! What an instrument is: its kind, number type, data points and when its
 //! series are exported.
 
-use gpuwatch_core::registry::Registry;
+use gpuwatch_core::registry::{Registry, Tally};
 use gpuwatch_proto::NodeHealth;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::Relaxed;
 
 /// How an instrument aggregates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,7 +145,7 @@ impl<'a> Sources<'a> {
 #[derive(Clone, Copy)]
 pub(crate) enum Collect {
     /// One point without attributes: the value of one registry counter or gauge.
-    Value(fn(&Registry) -> &AtomicU64),
+    Value(Tally),
     /// Any other shape: the function pushes every point.
     Points(fn(&Sources<'_>, &NodeHealth, &mut Vec<Point>)),
     /// Only the points producers push ([`MetricSource`]).
@@ -192,7 +190,7 @@ impl Spec {
         match self.collect {
             Collect::Value(value) => out.push(Point {
                 attrs: Vec::new(),
-                value: Num::U64(value(src.registry).load(Relaxed)),
+                value: Num::U64(src.registry.tally(value)),
             }),
             Collect::Points(collect) => collect(src, health, &mut out),
             Collect::Pushed => {}

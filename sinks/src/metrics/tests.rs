@@ -3,10 +3,10 @@
 use super::*;
 use crate::kube_metrics::{KubeMetrics, KubeObject, ValidationResult, WriteResult};
 use gpuwatch_core::registry::Registry;
+use gpuwatch_core::registry::Tally;
 use gpuwatch_proto::{Action, FaultKind, NodeHealth, RecoveryAction, Verdict};
 use gpuwatch_proto::{FaultEvent, GpuHealth, NvLinkSample};
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 /// The registry and the node writer's metrics an output reads.
@@ -66,7 +66,7 @@ fn the_writers_events_follow_the_engines_stages() {
 #[test]
 fn single_atomic_instruments_read_the_registry_and_the_writer() {
     let r = Fixture::new();
-    r.registry.kmsg_records_lost.store(7, Relaxed);
+    r.registry.set_tally(Tally::KmsgLost, 7);
     r.kube.publish(|s| s.quarantine_slots = 10);
     let h = NodeHealth::default();
     for (name, want) in [
@@ -272,7 +272,7 @@ fn healthy_node() -> NodeHealth {
 /// validation passed, condition and startup taint written.
 fn started_registry() -> Fixture {
     let r = Fixture::new();
-    r.registry.kmsg_records_read.store(1500, Relaxed);
+    r.registry.set_tally(Tally::KmsgRead, 1500);
     r.kube.publish(|s| s.gpus_expected = Some(8));
     r.registry.count_state_write(true);
     r.kube.count_validation(ValidationResult::Pass);
