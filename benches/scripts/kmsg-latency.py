@@ -32,6 +32,11 @@ position relative to the kernel's tick — two separate runs differ by their
 tick phase by up to 1/HZ, more than the agent's whole cost. On few CPUs the
 readers compete for them; that shows in the difference too.
 
+The run holds an exclusive flock(2) on /tmp/gpuwatch-dev-kmsg.lock, the lock
+the test suite's /dev/kmsg writers take: a test's agent reads every record
+written while it runs, and 2000 foreign XIDs would move the verdicts it
+asserts on; a test writing meanwhile would add records to ours.
+
 Writes are timestamped with CLOCK_MONOTONIC just before write(2). printk_devkmsg
 is set to `on` for the run (the default `ratelimit` silently drops all but ~10
 writes per 5 s of one open file) and restored afterwards, also on Ctrl-C and
@@ -43,6 +48,7 @@ usage: kmsg-latency.py [--bin target/release/gpuwatch] [--count 2000]
   --burst B: write B records back to back, bursts spaced B/rate s apart.
 """
 import argparse
+import fcntl
 import json
 import os
 import random
@@ -57,6 +63,8 @@ import time
 import urllib.request
 
 PRINTK_DEVKMSG = "/proc/sys/kernel/printk_devkmsg"
+# Shared with the test suite (gpuwatch_test_support::kmsg::LOCK_FILE).
+KMSG_LOCK_FILE = "/tmp/gpuwatch-dev-kmsg.lock"
 # The record's index follows the nonce in the process name (`name=` ends at the
 # comma), so the bare reader finds both in the kernel's copy of the line.
 TAG_PREFIX = "gpuwatch-bench-"
@@ -433,6 +441,8 @@ def main():
         raise SystemExit("kmsg-latency.py needs root (writes /dev/kmsg, sets printk_devkmsg)")
     if not os.access(args.bin, os.X_OK):
         raise SystemExit(f"{args.bin} is not an executable; build it first")
+    lock = os.open(KMSG_LOCK_FILE, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the process ends
     with open(PRINTK_DEVKMSG) as f:
         old = f.read().strip()
 
