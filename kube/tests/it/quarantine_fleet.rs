@@ -7,7 +7,7 @@
 
 use crate::kube_common::{ApiDouble, build, taint_value, wait_for};
 use gpuwatch_core::validation::ValidationConfig;
-use gpuwatch_kube::{KubeConfig, KubeMetrics, KubeSettings, NodeWriter, WriterHooks};
+use gpuwatch_kube::{KubeClient, KubeConfig, KubeMetrics, KubeSettings, NodeWriter, WriterHooks};
 use gpuwatch_proto::{Action, NodeHealth};
 use k8s_openapi::api::core::v1::Node;
 use std::collections::{BTreeMap, BTreeSet};
@@ -61,13 +61,15 @@ impl Fleet {
         let mut agents = BTreeMap::new();
         for i in 0..AGENTS {
             let (tx, rx) = watch::channel(Arc::new(health(false)));
+            let resolved = settings(&api);
+            let client = KubeClient::connect(&resolved).await.expect("a client");
             let writer = NodeWriter::start(
-                settings(&api),
+                resolved,
                 ValidationConfig::default(),
                 name(i),
                 KubeMetrics::new(),
                 rx,
-                false,
+                &client,
                 WriterHooks::default(),
             )
             .await
@@ -121,13 +123,15 @@ impl Fleet {
     /// Starts the agent of `node` again (a restarted pod on the same Node).
     async fn restart(&mut self, node: &str, now: NodeHealth) {
         let (tx, rx) = watch::channel(Arc::new(now));
+        let resolved = settings(&self.api);
+        let client = KubeClient::connect(&resolved).await.expect("a client");
         let writer = NodeWriter::start(
-            settings(&self.api),
+            resolved,
             ValidationConfig::default(),
             node.to_owned(),
             KubeMetrics::new(),
             rx,
-            false,
+            &client,
             WriterHooks::default(),
         )
         .await
@@ -365,19 +369,21 @@ async fn a_role_without_leases_taints_anyway_and_says_why() {
     let node = name(0);
     let metrics = KubeMetrics::new();
     let (tx, rx) = watch::channel(Arc::new(health(false)));
+    let resolved = KubeConfig {
+        // A changed Event is patched at once here, not after a minute.
+        event_patch_interval_secs: 1,
+        ..config(&api)
+    }
+    .resolve()
+    .unwrap();
+    let client = KubeClient::connect(&resolved).await.expect("a client");
     let writer = NodeWriter::start(
-        KubeConfig {
-            // A changed Event is patched at once here, not after a minute.
-            event_patch_interval_secs: 1,
-            ..config(&api)
-        }
-        .resolve()
-        .unwrap(),
+        resolved,
         ValidationConfig::default(),
         node.clone(),
         metrics.clone(),
         rx,
-        false,
+        &client,
         WriterHooks::default(),
     )
     .await
@@ -470,13 +476,15 @@ async fn a_missing_namespace_taints_anyway_and_says_why() {
     let node = name(0);
     let metrics = KubeMetrics::new();
     let (_tx, rx) = watch::channel(Arc::new(health(true)));
+    let resolved = settings(&api);
+    let client = KubeClient::connect(&resolved).await.expect("a client");
     let writer = NodeWriter::start(
-        settings(&api),
+        resolved,
         ValidationConfig::default(),
         node.clone(),
         metrics.clone(),
         rx,
-        false,
+        &client,
         WriterHooks::default(),
     )
     .await
