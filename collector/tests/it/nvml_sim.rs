@@ -879,7 +879,7 @@ fn hung_call_that_returns_is_followed_by_a_fresh_session() {
 fn sigterm_ends_an_agent_with_hung_nvml_within_ten_seconds() {
     let dir = tempfile::tempdir().unwrap();
     let config = crate::common::data("nvml-hang.toml");
-    let agent = crate::common::Agent::start_nvml_sim(
+    let agent = crate::common::TestAgent::start_nvml_sim(
         dir.path(),
         &scenario("test-hang.toml"),
         &["--config", config.to_str().unwrap()],
@@ -1054,7 +1054,8 @@ call = "nvmlDeviceGetCount_v2"
 #[test]
 fn sigterm_with_the_default_deadline_and_stuck_calls_exits_within_ten_seconds() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = crate::common::Agent::start_nvml_sim(dir.path(), &scenario("test-hang.toml"), &[]);
+    let agent =
+        crate::common::TestAgent::start_nvml_sim(dir.path(), &scenario("test-hang.toml"), &[]);
     let addr = agent.api_addr().expect("API address");
     assert!(
         crate::common::wait_until(Duration::from_secs(10), || {
@@ -1207,7 +1208,7 @@ fn a_contained_mig_fault_is_scoped_to_its_instance_through_the_agent() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("kmsg.log");
     std::fs::write(&log, "").unwrap();
-    let agent = crate::common::Agent::start_nvml_sim(
+    let agent = crate::common::TestAgent::start_nvml_sim(
         &dir.path().join("state"),
         &scenario("test-mig.toml"),
         &["--kmsg-path", log.to_str().unwrap()],
