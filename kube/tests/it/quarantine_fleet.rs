@@ -45,18 +45,18 @@ fn health(faulty: bool) -> NodeHealth {
     }
 }
 
-struct Agent {
+struct FleetNode {
     health: watch::Sender<Arc<NodeHealth>>,
     writer: NodeWriter,
 }
 
-struct Fleet {
+struct WriterFleet {
     api: ApiDouble,
-    agents: BTreeMap<String, Agent>,
+    agents: BTreeMap<String, FleetNode>,
 }
 
-impl Fleet {
-    async fn start(api: ApiDouble) -> Fleet {
+impl WriterFleet {
+    async fn start(api: ApiDouble) -> WriterFleet {
         api.track_taint(FAULT_TAINT);
         let mut agents = BTreeMap::new();
         for i in 0..AGENTS {
@@ -74,9 +74,9 @@ impl Fleet {
             )
             .await
             .expect("writer starts");
-            agents.insert(name(i), Agent { health: tx, writer });
+            agents.insert(name(i), FleetNode { health: tx, writer });
         }
-        Fleet { api, agents }
+        WriterFleet { api, agents }
     }
 
     fn tainted(&self) -> BTreeSet<String> {
@@ -137,7 +137,7 @@ impl Fleet {
         .await
         .expect("writer starts");
         self.agents
-            .insert(node.to_owned(), Agent { health: tx, writer });
+            .insert(node.to_owned(), FleetNode { health: tx, writer });
     }
 
     /// Whether `node`'s slot Lease was renewed in the last lease duration.
@@ -203,7 +203,7 @@ fn deferral_events(api: &ApiDouble) -> BTreeSet<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wave_over_a_hundred_nodes_taints_ten_and_hands_slots_on() {
-    let mut fleet = Fleet::start(fleet_double().await).await;
+    let mut fleet = WriterFleet::start(fleet_double().await).await;
     let t0 = Instant::now();
     fleet.wave();
     fleet.settled("the wave").await;
@@ -323,7 +323,7 @@ async fn a_wave_over_a_hundred_nodes_taints_ten_and_hands_slots_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_errors_during_a_wave_never_pass_the_budget() {
-    let fleet = Fleet::start(fleet_double().await).await;
+    let fleet = WriterFleet::start(fleet_double().await).await;
     // The first claims meet throttling, server errors and an unavailable
     // server, interleaved with answers.
     fleet

@@ -394,9 +394,9 @@ fn unreadable_counters_are_listed() {
 /// between two scans count twice.
 #[test]
 fn one_flap_seen_by_every_source_counts_once() {
-    type Step = (u64, &'static str, bool, u64);
+    type Observation = (u64, &'static str, bool, u64);
     // (seconds, "scan" | "down" | "up", scan: port up, scan: link_downed)
-    let cases: [(&str, &[Step], u64); 6] = [
+    let cases: [(&str, &[Observation], u64); 6] = [
         (
             "kernel pair and counter between two scans that read up",
             &[
