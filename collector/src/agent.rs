@@ -10,11 +10,13 @@
 //! | part | started with | stopped |
 //! |---|---|---|
 //! | tokio runtime (2 workers) | — | last, after the sinks |
-//! | sinks ([`build_sinks`]: stdout, Prometheus, OTLP, Kubernetes writer) | the health watch, the registry; the writer a weak sender for its validation reports | 3: flush, shut down |
-//! | health engine thread | the engine channel's receiver, the sinks, the health watch | 2: drains once every sender is gone, writes the state |
+//! | Kubernetes client (none without the writer; a dry run's sends nothing) | the `[kube]` settings | with the runtime |
+//! | sinks ([`build_sinks`]: stdout, Prometheus, OTLP, Kubernetes writer) | the health watch, the registry; the writer the Kubernetes client and a weak sender for its validation reports | 3: flush, shut down |
+//! | health engine thread | the engine channel's receiver, the sinks, the health watch, the placement sources' asks | 2: drains once every sender is gone, writes the state |
 //! | kernel-log reader thread | an engine sender, the sources' shutdown, a stop sender (end of a replay) | 1 |
 //! | NVML poller, event thread and forwarder | an engine sender, the sources' shutdown | 1 |
-//! | kubelet PodResources poller (runtime task) | an engine sender, its own stop | 1 |
+//! | placement sources (`placement::PlacementSources`, runtime tasks): the pod listing (on the Kubernetes client) and the kubelet PodResources poller | an engine sender (the pod listing holds it weakly), their asks, their own stop | 1 |
+//! | NIC poller thread | an engine sender, the sources' shutdown | 1 |
 //! | local API and operator-clear socket | the last engine sender, its own stop | 1, after the sources |
 //! | signal watch | a stop sender | with the runtime |
 //!
@@ -32,21 +34,23 @@
 mod check;
 mod engine;
 mod inputs;
+mod placement;
 mod prepare;
 mod sinks;
 mod summary;
 
 pub use check::CheckError;
 pub use prepare::{PrepareError, Prepared, prepare, resolve};
-pub use sinks::{EngineLink, Sinks, build_sinks, resource_info};
+pub use sinks::{Sinks, build_sinks, resource_info};
 pub use summary::{RunSummary, peak_rss_kib};
 
 use crate::api::{self, ApiState};
 use crate::pipeline::{ENGINE_CHANNEL_CAPACITY, Liveness, StopReason};
 use engine::EngineThread;
 use gpuwatch_core::{Registry, Shutdown};
-use gpuwatch_kube::KubeMetrics;
-use inputs::{EngineInlet, Inputs, KmsgReader, KubeletDevices, LocalApi, NicPoller, NvmlFeed};
+use gpuwatch_kube::{KubeClient, KubeMetrics};
+use inputs::{EngineInlet, Inputs, KmsgReader, LocalApi, NicPoller, NvmlFeed};
+use placement::PlacementPlan;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -85,6 +89,10 @@ pub enum RunError {
     /// The local API could not start.
     #[error(transparent)]
     Api(#[from] api::LocalApiError),
+    /// The Kubernetes client (shared by the node writer and the pod
+    /// listing) or the pod listing could not start.
+    #[error("cannot start the Kubernetes client or pod listing")]
+    Kube(#[source] gpuwatch_kube::KubeError),
     /// A sink could not start.
     #[error("cannot start sink {name}: {message}")]
     Sink {
@@ -119,25 +127,24 @@ pub fn run(prepared: Prepared, opts: &RunOptions) -> Result<RunSummary, RunError
 }
 
 impl Prepared {
-    /// The wake-ups of the pod listing and the kubelet poller, which the
-    /// engine uses to ask for a fresh listing when a fault record's pods
-    /// could be named by one; a source that will not run gets no ask.
-    fn placement_asks(
+    /// The one Kubernetes client, which the node writer and the pod listing
+    /// share: none when the writer does not run (`[kube]` disabled and no
+    /// `--kube-dry-run`), a dry run's (nothing is sent) with
+    /// `--kube-dry-run`.
+    fn kube_client(
         &self,
         opts: &RunOptions,
-        engine: &mut gpuwatch_core::engine::Engine,
-    ) -> (Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>) {
-        let pods_ask = Arc::new(tokio::sync::Notify::new());
-        let devices_ask = Arc::new(tokio::sync::Notify::new());
-        let wake = |n: &Arc<tokio::sync::Notify>| -> gpuwatch_core::engine::Ask {
-            let n = n.clone();
-            Arc::new(move || n.notify_one())
-        };
-        engine.set_placement_asks(gpuwatch_core::engine::PlacementAsks {
-            pods: (self.kube().enabled() && !opts.kube_dry_run).then(|| wake(&pods_ask)),
-            devices: (!self.kubelet().socket.as_os_str().is_empty()).then(|| wake(&devices_ask)),
-        });
-        (pods_ask, devices_ask)
+        rt: &tokio::runtime::Runtime,
+    ) -> Result<Option<KubeClient>, RunError> {
+        if opts.kube_dry_run {
+            return Ok(Some(KubeClient::dry_run()));
+        }
+        if !self.kube().enabled() {
+            return Ok(None);
+        }
+        rt.block_on(KubeClient::connect(self.kube()))
+            .map(Some)
+            .map_err(RunError::Kube)
     }
 
     /// Creates the state directory and starts every part, in the order of
@@ -152,7 +159,9 @@ impl Prepared {
         let kube = KubeMetrics::new();
         let liveness = Liveness::new();
         let mut engine = self.agent_engine(&registry, &liveness);
-        let (pods_ask, devices_ask) = self.placement_asks(opts, &mut engine);
+        let kube_client = self.kube_client(opts, &rt)?;
+        let placement = PlacementPlan::new(&self, kube_client.as_ref());
+        engine.set_placement_asks(placement.asks());
         let shutdown = Shutdown::new();
         let (stop_tx, stop_rx) = crossbeam_channel::unbounded::<StopReason>();
         let kmsg_args = self.kmsg_source(
@@ -176,15 +185,12 @@ impl Prepared {
         let validation = Arc::new(inlet.sender());
         let mut sinks = build_sinks(
             &self,
-            opts,
+            kube_client.as_ref(),
             &registry,
             &kube,
             rt.handle(),
             health_rx,
-            sinks::EngineLink {
-                tx: Arc::downgrade(&validation),
-                pods_ask,
-            },
+            Arc::downgrade(&validation),
         )?;
         let engine = EngineThread::start(
             engine,
@@ -195,8 +201,7 @@ impl Prepared {
         )?;
         let kmsg = KmsgReader::start(kmsg_args, inlet.sender())?;
         let nvml = NvmlFeed::start(self.nvml(), inlet.sender(), &registry, &liveness, &shutdown)?;
-        let kubelet =
-            KubeletDevices::start(self.kubelet(), &rt, inlet.sender(), &registry, devices_ask);
+        let placement = placement.start(&rt, inlet.sender(), &registry)?;
         let nic = NicPoller::start(self.network(), inlet.sender(), &shutdown)?;
         let api_state = ApiState {
             registry: registry.clone(),
@@ -220,7 +225,7 @@ impl Prepared {
                 validation,
                 kmsg,
                 nvml,
-                kubelet,
+                placement,
                 nic,
                 api,
             },

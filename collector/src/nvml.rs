@@ -405,18 +405,18 @@ struct SharedState {
 }
 
 #[derive(Debug, Default)]
-struct Shared {
+struct NvmlShared {
     state: Mutex<SharedState>,
     changed: Condvar,
 }
 
-impl Shared {
+impl NvmlShared {
     fn lock(&self) -> MutexGuard<'_, SharedState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Publishes the handle of the worker with `watch`; nothing when that
-    /// worker was abandoned (checked under the lock [`Shared::abandon`] takes).
+    /// worker was abandoned (checked under the lock [`NvmlShared::abandon`] takes).
     fn publish(&self, watch: &watchdog::CallWatch, nvml: Option<std::sync::Weak<Nvml>>) {
         let mut s = self.lock();
         if watch.abandoned() {
@@ -597,7 +597,7 @@ struct Ctx {
     tx: Sender<Input>,
     registry: Arc<Registry>,
     shutdown: Shutdown,
-    shared: Arc<Shared>,
+    shared: Arc<NvmlShared>,
     monitor: Arc<Monitor>,
     /// The calls of this thread (a supervisor's is never abandoned).
     watch: Arc<watchdog::CallWatch>,
@@ -612,7 +612,7 @@ impl Ctx {
         shutdown: Shutdown,
         liveness: Arc<Liveness>,
     ) -> Ctx {
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(NvmlShared::default());
         // The event worker waits on `changed` for a handle: shutdown wakes it
         // (notified under the lock the worker checks the signal under).
         shutdown.on_trigger({

@@ -355,7 +355,7 @@ impl CoalesceKey {
 
 /// One fault waiting for room in the engine channel.
 #[derive(Debug)]
-struct Held {
+struct PendingFault {
     key: CoalesceKey,
     event: FaultEvent,
     read_at: Instant,
@@ -383,7 +383,7 @@ struct Held {
 pub struct FaultSender {
     tx: Sender<Input>,
     registry: Arc<Registry>,
-    pending: VecDeque<Held>,
+    pending: VecDeque<PendingFault>,
     index: HashMap<CoalesceKey, u64>,
     /// Absolute position of `pending[0]`.
     head: u64,
@@ -589,7 +589,7 @@ impl FaultSender {
         event.count = event.count.max(1);
         let pos = self.head + self.pending.len() as u64;
         self.index.insert(key.clone(), pos);
-        self.pending.push_back(Held {
+        self.pending.push_back(PendingFault {
             key,
             seq: event.kmsg_seq,
             event,
@@ -638,7 +638,7 @@ impl FaultSender {
 
     /// Takes the front live entry out of the buffer and the index (dead
     /// entries in front of it are discarded).
-    fn pop_front(&mut self) -> Option<Held> {
+    fn pop_front(&mut self) -> Option<PendingFault> {
         loop {
             let held = self.pending.pop_front()?;
             self.head += 1;
@@ -722,7 +722,7 @@ impl FaultSender {
         // noticed by the sends below.
         let _ = self.flush();
         let mut lowest_lost: Option<u64> = None;
-        while let Some(Held {
+        while let Some(PendingFault {
             event,
             read_at,
             seq,

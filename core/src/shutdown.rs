@@ -30,10 +30,10 @@ use std::time::{Duration, Instant};
 ///   to wake a thread blocked elsewhere (a `Condvar` wait).
 #[derive(Clone)]
 pub struct Shutdown {
-    inner: Arc<Inner>,
+    inner: Arc<ShutdownState>,
 }
 
-struct Inner {
+struct ShutdownState {
     triggered: AtomicBool,
     /// The only sender of `rx`; taken and dropped by [`Shutdown::trigger`],
     /// which disconnects every receiver.
@@ -66,7 +66,7 @@ impl Shutdown {
     pub fn new() -> Shutdown {
         let (tx, rx) = crossbeam_channel::bounded(0);
         Shutdown {
-            inner: Arc::new(Inner {
+            inner: Arc::new(ShutdownState {
                 triggered: AtomicBool::new(false),
                 tx: Mutex::new(Some(tx)),
                 rx,

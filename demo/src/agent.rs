@@ -121,7 +121,7 @@ impl Drop for ChildGuard {
 
 /// A running agent: its events (stdout) and JSON log lines (stderr), each
 /// parsed on a thread of its own.
-pub struct Agent {
+pub struct AgentProcess {
     child: ChildGuard,
     events: mpsc::Receiver<Value>,
     logs: mpsc::Receiver<Value>,
@@ -139,10 +139,14 @@ fn read_json_lines(out: impl std::io::Read + Send + 'static, tx: mpsc::Sender<Va
     });
 }
 
-impl Agent {
+impl AgentProcess {
     /// Starts `gpuwatch run` for `phase`, reading `kmsg`, with its state in
     /// `state`.
-    pub fn start(phase: &Phase<'_>, kmsg: &KernelLog, state: &Path) -> Result<Agent, DemoError> {
+    pub fn start(
+        phase: &Phase<'_>,
+        kmsg: &KernelLog,
+        state: &Path,
+    ) -> Result<AgentProcess, DemoError> {
         let mut agent = Command::new(phase.exe);
         agent.args(["run", "--sink", "stdout", "--kube-dry-run"]);
         if kmsg.kind == KernelLogKind::Device {
@@ -186,7 +190,7 @@ impl Agent {
         if let Some(err) = child.stderr.take() {
             read_json_lines(err, log_tx);
         }
-        Ok(Agent {
+        Ok(AgentProcess {
             child: ChildGuard(Some(child)),
             events,
             logs,

@@ -53,7 +53,7 @@ use std::process::ExitCode;
 /// into this machine's /dev/kmsg instead.
 #[derive(Debug, Parser)]
 #[command(name = "gpuwatch-demo", version, about)]
-struct Cli {
+struct DemoCli {
     #[command(flatten)]
     args: DemoArgs,
 }
@@ -143,7 +143,7 @@ fn read_boot_id(path: &Path) -> Option<String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = DemoCli::parse();
     match run::run(&cli.args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -4,7 +4,7 @@
 //! a second), and the agent stopped.
 
 use crate::DemoError;
-use crate::agent::{Agent, Phase, http_get};
+use crate::agent::{AgentProcess, Phase, http_get};
 use crate::health_view::GpuView;
 use crate::kernel_log::{KernelLog, KernelLogKind};
 use crate::narrate::Narrator;
@@ -29,7 +29,7 @@ pub fn run_phase(
     if kmsg.kind == KernelLogKind::Device {
         start_at_ring_end(n, kmsg, state, phase.boot_id_path);
     }
-    let mut agent = Agent::start(phase, kmsg, state)?;
+    let mut agent = AgentProcess::start(phase, kmsg, state)?;
     n.net.agent_started();
     let api = agent.wait_for_api(n)?;
     n.say("", &format!("agent started (API http://{api}/v1/health)"));
@@ -66,7 +66,7 @@ fn play(
     n: &mut Narrator,
     kmsg: &mut KernelLog,
     phase: &Phase<'_>,
-    agent: &Agent,
+    agent: &AgentProcess,
     api: &str,
     stop: &AtomicBool,
 ) {

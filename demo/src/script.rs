@@ -32,7 +32,7 @@ impl ScriptedLine {
 
 /// A scenario GPU (index → PCI address).
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct SimGpu {
+struct ScenarioGpu {
     index: u64,
     pci: String,
 }
@@ -119,7 +119,7 @@ pub fn script_from_scenario(text: &str) -> Result<Vec<ScriptedLine>, String> {
 
 /// The scenario's `[[gpu]]` tables that name a PCI address (a missing `index`
 /// is the table's position).
-fn scenario_gpus(v: &toml::Value) -> Vec<SimGpu> {
+fn scenario_gpus(v: &toml::Value) -> Vec<ScenarioGpu> {
     let Some(tables) = v.get("gpu").and_then(|g| g.as_array()) else {
         return Vec::new();
     };
@@ -127,7 +127,7 @@ fn scenario_gpus(v: &toml::Value) -> Vec<SimGpu> {
         .iter()
         .enumerate()
         .filter_map(|(i, g)| {
-            Some(SimGpu {
+            Some(ScenarioGpu {
                 index: g
                     .get("index")
                     .and_then(|x| x.as_integer())
@@ -170,7 +170,7 @@ fn injection_line(inj: &toml::Value, pci: &str, pid: u64) -> Option<ScriptedLine
 
 /// An application crash (XID 13) on a GPU other than the first injection's,
 /// 3 s after the earliest injection.
-fn application_fault(script: &[ScriptedLine], gpus: &[SimGpu]) -> Option<ScriptedLine> {
+fn application_fault(script: &[ScriptedLine], gpus: &[ScenarioGpu]) -> Option<ScriptedLine> {
     let first = script.iter().map(|s| s.at_ms).min()?;
     let first_line = script.first().map(|s| s.message.as_str()).unwrap_or("");
     let other = gpus

@@ -2,11 +2,12 @@
 //! (around an uninstall nobody else would, and the startup taint would keep the
 //! node unschedulable).
 
+use super::KubeError;
 use super::backend::{ApiError, NodeApi, node_api};
+use super::client::build_client;
 use super::node::{live_conditions, live_taints, taint_patch};
 use super::retry;
 use super::settings::KubeSettings;
-use super::{KubeError, build_client};
 use k8s_openapi::api::core::v1::Node;
 use serde_json::json;
 

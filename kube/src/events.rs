@@ -260,7 +260,7 @@ impl Pacer {
 }
 
 /// The writer task's own state between Events.
-struct RunState {
+struct EventWriterState {
     known: HashMap<String, Known>,
     pod_caps: PodCaps,
     /// The Events already on the API were listed (or cannot be).
@@ -274,7 +274,7 @@ struct RunState {
 
 /// What writing a pending Event takes ([`plan`]).
 #[derive(Debug)]
-enum Plan {
+enum WritePlan {
     /// Already on the API from an earlier run of the agent (its name).
     OnTheApi(String),
     /// A repeat too soon after its Event's last write: held until then.
@@ -369,22 +369,22 @@ fn plan(
     window: Duration,
     interval: Duration,
     now: Instant,
-) -> Plan {
+) -> WritePlan {
     let Some(k) = known else {
-        return Plan::Create;
+        return WritePlan::Create;
     };
     let since = p.time.duration_since(k.last).unwrap_or(Duration::ZERO);
     if since >= window {
-        return Plan::Create;
+        return WritePlan::Create;
     }
     if k.from_list && secs(p.time) <= secs(k.last) {
-        return Plan::OnTheApi(k.name.clone());
+        return WritePlan::OnTheApi(k.name.clone());
     }
     let wait = patch_wait(interval, k.patches, window);
     if !p.due && since < wait {
-        return Plan::Hold(now + (wait - since));
+        return WritePlan::Hold(now + (wait - since));
     }
-    Plan::Patch(k.clone())
+    WritePlan::Patch(k.clone())
 }
 
 /// Most Events the dedup map remembers; beyond it the least recently written go.
@@ -542,7 +542,7 @@ impl EventWriter {
     }
 
     /// What writing `p` takes now ([`plan`] with this writer's settings).
-    fn plan(&self, p: &PendingEvent, known: &HashMap<String, Known>) -> Plan {
+    fn plan(&self, p: &PendingEvent, known: &HashMap<String, Known>) -> WritePlan {
         plan(
             p,
             known.get(&p.key),
@@ -668,12 +668,12 @@ impl EventWriter {
     async fn write(
         &self,
         p: &PendingEvent,
-        plan: Plan,
+        plan: WritePlan,
         known: &mut HashMap<String, Known>,
         pod_caps: &mut PodCaps,
         seq: u64,
     ) -> Result<(), ApiError> {
-        if let Plan::Patch(k) = plan
+        if let WritePlan::Patch(k) = plan
             && self.patch(p, k, known).await?
         {
             return Ok(());
@@ -685,7 +685,7 @@ impl EventWriter {
     /// the Events already on the API for this Node (a restart sends none
     /// twice), then writes at the pacer's rate, retrying what failed.
     pub(crate) async fn run(self) {
-        let mut st = RunState {
+        let mut st = EventWriterState {
             known: HashMap::new(),
             pod_caps: PodCaps::default(),
             listed: false,
@@ -705,13 +705,13 @@ impl EventWriter {
                 KNOWN_CAPACITY,
             );
             let plan = match self.plan(&p, &st.known) {
-                Plan::OnTheApi(name) => {
+                WritePlan::OnTheApi(name) => {
                     tracing::debug!(reason = %p.reason, event = %name, "Event already on the API; not resent.");
                     self.metrics.count_events(Outcome::Coalesced, 1);
                     self.queue.done();
                     continue;
                 }
-                Plan::Hold(due) => {
+                WritePlan::Hold(due) => {
                     self.metrics.count_events(Outcome::Coalesced, 1);
                     self.queue.hold(p, due);
                     continue;
@@ -771,7 +771,11 @@ impl EventWriter {
 
     /// Lists the Events already on the API once, before the first write;
     /// `None` when that must be retried (`p` is queued again meanwhile).
-    async fn listed_first(&self, st: &mut RunState, p: PendingEvent) -> Option<PendingEvent> {
+    async fn listed_first(
+        &self,
+        st: &mut EventWriterState,
+        p: PendingEvent,
+    ) -> Option<PendingEvent> {
         if st.listed {
             return Some(p);
         }
@@ -1096,7 +1100,7 @@ mod tests {
         };
         assert!(matches!(
             plan(&at(0, false), None, window, interval, now),
-            Plan::Create
+            WritePlan::Create
         ));
         // A crash every 10 s: held until the patch is due (the repeats
         // merge into the held one meanwhile), patched once it is.
@@ -1105,8 +1109,8 @@ mod tests {
             let time = t0 + Duration::from_secs(crash);
             let next_write = k.last + patch_wait(interval, k.patches, window);
             match plan(&at(crash, false), Some(&k), window, interval, now) {
-                Plan::Hold(until) => assert_eq!(time + (until - now), next_write),
-                Plan::Patch(_) => {
+                WritePlan::Hold(until) => assert_eq!(time + (until - now), next_write),
+                WritePlan::Patch(_) => {
                     assert_eq!(time, next_write);
                     writes.push(crash);
                     k.last = time;
@@ -1119,12 +1123,12 @@ mod tests {
         // A flush makes the held repeat due: patched at once.
         assert!(matches!(
             plan(&at(590, true), Some(&k), window, interval, now),
-            Plan::Patch(_)
+            WritePlan::Patch(_)
         ));
         // A window after the last write: a new Event.
         assert!(matches!(
             plan(&at(420 + 600, false), Some(&k), window, interval, now),
-            Plan::Create
+            WritePlan::Create
         ));
         // Listed from the API at startup, and this occurrence is no newer:
         // already there, not sent again; a newer one patches it.
@@ -1133,15 +1137,15 @@ mod tests {
         k.last = t0 + Duration::from_secs(1000);
         assert!(matches!(
             plan(&at(1000, false), Some(&k), window, interval, now),
-            Plan::OnTheApi(name) if name == "ev"
+            WritePlan::OnTheApi(name) if name == "ev"
         ));
         assert!(matches!(
             plan(&at(1000, true), Some(&k), window, interval, now),
-            Plan::OnTheApi(_)
+            WritePlan::OnTheApi(_)
         ));
         assert!(matches!(
             plan(&at(1001, false), Some(&k), window, interval, now),
-            Plan::Hold(_)
+            WritePlan::Hold(_)
         ));
     }
 

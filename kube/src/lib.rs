@@ -70,9 +70,11 @@
 //! The requests the writer can make are listed in [`WRITER_REQUESTS`]; the RBAC
 //! manifest grants exactly those.
 //!
-//! The crate also lists the pods bound to the Node ([`PlacementCallback`]), one
-//! of the agent's two placement sources (the other, the kubelet's PodResources,
-//! is the agent's own).
+//! The crate also lists the pods bound to the Node ([`PodListing`]), one of
+//! the agent's two placement sources; the agent starts and stops it with the
+//! other (the kubelet's PodResources poller, its own), not with the writer.
+//! Both the writer and the listing take one [`KubeClient`], so the agent
+//! builds one client; a dry run's has none, and lists nothing.
 //!
 //! It builds on `gpuwatch-sinks`, never the other way round: the Events go
 //! through that crate's bounded queue (`gpuwatch_sinks::queue`), the startup
@@ -88,6 +90,7 @@
 mod advertised;
 mod backend;
 mod cleanup;
+mod client;
 mod config;
 mod desired;
 mod event_text;
@@ -106,11 +109,12 @@ mod schedule;
 mod settings;
 
 pub use cleanup::{CleanupError, CleanupReport, node_cleanup};
+pub use client::KubeClient;
 pub use config::{KubeConfig, MigStrategy, StartupGateMode, TaintConfig};
 pub use gpuwatch_sinks::kube_metrics::{
     KubeMetrics, KubeObject, KubeStatus, ValidationResult, WriteResult,
 };
-pub use pods::{MIN_LIST_GAP, PlacementCallback};
+pub use pods::{MIN_LIST_GAP, PlacementCallback, PodListing};
 pub use settings::KubeSettings;
 
 use events::{EventQueue, EventWriter, KubeEventSink};
@@ -118,7 +122,6 @@ use gpuwatch_core::EventSink;
 use gpuwatch_core::validation::ValidationConfig;
 use gpuwatch_proto::{NodeHealth, ValidationReport};
 use reconcile::Reconciler;
-use settings::ApiSettings;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -162,15 +165,16 @@ pub const UNGRANTED_REQUESTS: [ApiRequest; 1] = [ApiRequest {
     resource: "selfsubjectaccessreviews",
 }];
 
-/// Every request the node writer can make (what the RBAC roles must grant).
+/// Every request the node writer and the pod listing ([`PodListing`]) can
+/// make (what the RBAC roles must grant).
 /// `list events` serves the Event dedup after a restart; `list nodes` is the
 /// quarantine budget's fleet count (the watch of the own Node, with a
 /// `metadata.name` field selector, is authorised as `watch`). Node requests are
-/// cluster-scoped; `list`/`watch pods` read the pods bound to this Node (a
-/// `spec.nodeName` field selector) to name the pod a faulting process runs
-/// in. Event requests only go to `event_namespace`, Lease requests
-/// (the quarantine budget's slots) only to `quarantine_namespace` (namespaced
-/// Roles there grant them).
+/// cluster-scoped; `list`/`watch pods` are the pod listing's: the pods bound
+/// to this Node (a `spec.nodeName` field selector), to name the pod a
+/// faulting process runs in. Event requests only go to `event_namespace`,
+/// Lease requests (the quarantine budget's slots) only to
+/// `quarantine_namespace` (namespaced Roles there grant them).
 pub const WRITER_REQUESTS: [ApiRequest; 15] = [
     req("get", "nodes"),
     req("list", "nodes"),
@@ -233,12 +237,6 @@ pub type ValidationCallback = Arc<dyn Fn(ValidationReport) + Send + Sync>;
 pub struct WriterHooks {
     /// Every startup-gate validation report.
     pub on_validation: Option<ValidationCallback>,
-    /// The pods bound to this Node, after every change; `None`: the pods are
-    /// not listed (nor is `list`/`watch pods` sent).
-    pub on_pods: Option<PlacementCallback>,
-    /// Woken when the health engine needs a fresh list of the node's pods (a
-    /// fault names a pod the listing does not know); `None`: never asked.
-    pub pods_ask: Option<Arc<tokio::sync::Notify>>,
     /// The agent's state directory: the condition flap history is kept in
     /// its `kube-conditions.json`, so the bound survives restarts and
     /// reboots. `None`: in memory only (dry runs, tests).
@@ -249,8 +247,6 @@ impl std::fmt::Debug for WriterHooks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WriterHooks")
             .field("on_validation", &self.on_validation.is_some())
-            .field("on_pods", &self.on_pods.is_some())
-            .field("pods_ask", &self.pods_ask.is_some())
             .field("state_dir", &self.state_dir)
             .finish()
     }
@@ -272,7 +268,7 @@ pub async fn expected_gpus_from_node(
     if node_name.is_empty() {
         return Err(KubeError::NoNodeName);
     }
-    let client = build_client(&settings.api).await?;
+    let client = client::build_client(&settings.api).await?;
     let backend = backend::node_api(Some(client), node_name, settings);
     let node = backend.get_node().await.map_err(|e| KubeError::GetNode {
         node: node_name.to_owned(),
@@ -301,39 +297,12 @@ pub struct NodeWriter {
     watcher: JoinHandle<()>,
     events: JoinHandle<()>,
     quarantine: Option<JoinHandle<()>>,
-    /// The pods listing, when asked for and not in dry-run mode.
-    pod_lister: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for NodeWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NodeWriter").finish_non_exhaustive()
     }
-}
-
-async fn build_client(api: &ApiSettings) -> Result<kube::Client, KubeError> {
-    gpuwatch_sinks::install_crypto_provider();
-    let mut config = match &api.server_url {
-        Some(url) => {
-            let uri = url.parse::<http::Uri>().map_err(|e| KubeError::Url {
-                url: url.clone(),
-                reason: e.to_string(),
-            })?;
-            kube::Config::new(uri)
-        }
-        None => kube::Config::infer().await.map_err(KubeError::Infer)?,
-    };
-    config.connect_timeout = Some(api.request_timeout);
-    // The client's own retry of 429/503/504 (up to 15 tries, unjittered)
-    // is off: every caller here retries with its own jittered backoff and
-    // must see the server's answer, not a timeout that hides retries (the
-    // quarantine budget fails open on refusals and unanswered claims, the
-    // pod listing tells the engine it is unavailable).
-    config.default_retry = false;
-    // Watches hold the connection open up to watch_timeout_secs.
-    config.read_timeout =
-        Some(Duration::from_secs(u64::from(api.watch_timeout_secs)) + api.request_timeout);
-    kube::Client::try_from(config).map_err(KubeError::Client)
 }
 
 /// Starts the quarantine budget's claimant (none when the budget is off): over
@@ -462,9 +431,10 @@ impl Shared {
 }
 
 impl NodeWriter {
-    /// Builds the client (none in dry-run mode) and starts the reconcile
-    /// loop, the Node watch and the Event writer on the current tokio
-    /// runtime, from settings resolved and checked at config load
+    /// Starts the reconcile loop, the Node watch and the Event writer (and
+    /// the quarantine budget's claimant) on the current tokio runtime,
+    /// through `client` (a dry run's logs the patches against an in-memory
+    /// Node instead), from settings resolved and checked at config load
     /// (`validation` included). An unreachable API server is not an error:
     /// the loop retries. `hooks.on_validation` is called (on a runtime task;
     /// it must not block) with every startup-gate validation report.
@@ -474,31 +444,18 @@ impl NodeWriter {
         node_name: String,
         metrics: Arc<KubeMetrics>,
         health_rx: watch::Receiver<Arc<NodeHealth>>,
-        dry_run: bool,
-        mut hooks: WriterHooks,
+        client: &KubeClient,
+        hooks: WriterHooks,
     ) -> Result<NodeWriter, KubeError> {
         if node_name.is_empty() {
             return Err(KubeError::NoNodeName);
         }
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let client = if dry_run {
+        let client = client.client().cloned();
+        if client.is_none() {
             tracing::info!(node = %node_name, "Kubernetes writer in dry-run mode: patches are logged, not sent.");
-            None
-        } else {
-            Some(build_client(&settings.api).await?)
-        };
+        }
         let backend = backend::node_api(client.clone(), &node_name, &settings);
-        let pod_lister = match (&client, hooks.on_pods.take()) {
-            (Some(client), Some(on_pods)) => Some(tokio::spawn(pods::watch_pods(
-                client.clone(),
-                node_name.clone(),
-                settings.api.clone(),
-                on_pods,
-                hooks.pods_ask.take().unwrap_or_default(),
-                shutdown_rx.clone(),
-            ))),
-            _ => None,
-        };
         let (quarantine_link, quarantine_task) =
             start_quarantine(&settings, &node_name, client, &metrics, shutdown_rx.clone());
         let events = &settings.events;
@@ -540,7 +497,6 @@ impl NodeWriter {
             watcher,
             events,
             quarantine: quarantine_task,
-            pod_lister,
         })
     }
 
@@ -559,7 +515,6 @@ impl NodeWriter {
         let _ = self.shutdown_tx.send(true);
         let mut tasks = vec![self.reconciler, self.watcher];
         tasks.extend(self.quarantine);
-        tasks.extend(self.pod_lister);
         for task in &mut tasks {
             if tokio::time::timeout_at(end, &mut *task).await.is_err() {
                 task.abort();
@@ -574,22 +529,5 @@ impl NodeWriter {
                 "Kubernetes Events still queued at shutdown were dropped."
             );
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// rustls cannot pick a crypto provider by itself in this build (ring and
-    /// aws-lc-rs are both compiled in) and the kube client's TLS config uses
-    /// the process-wide one: building a client installs it first, whichever
-    /// path (the agent, `node-cleanup`) builds it.
-    #[tokio::test]
-    async fn building_a_client_installs_the_crypto_provider() {
-        let mut api = KubeSettings::default().api;
-        api.server_url = Some("https://127.0.0.1:1".into());
-        build_client(&api).await.expect("a client for an https URL");
-        assert!(rustls::crypto::CryptoProvider::get_default().is_some());
     }
 }

@@ -25,8 +25,10 @@
 //! already saw deleted), and the engine is told the listing is current as of
 //! when that list was sent ([`PlacementUpdate::PodsCurrent`]).
 
+use super::KubeError;
+use super::client::KubeClient;
 use super::retry::Backoff;
-use super::settings::ApiSettings;
+use super::settings::{ApiSettings, KubeSettings};
 use futures::{FutureExt as _, StreamExt};
 use gpuwatch_core::placement::{PlacementUpdate, PodDirectory, PodInfo};
 use k8s_openapi::api::core::v1::Pod;
@@ -44,6 +46,66 @@ pub const MIN_LIST_GAP: Duration = Duration::from_millis(500);
 /// Receives the pod listing after every change (the agent forwards it to the
 /// health engine; it must not block).
 pub type PlacementCallback = Arc<dyn Fn(PlacementUpdate) + Send + Sync>;
+
+/// The listing of the pods bound to this Node (module doc), running on a
+/// tokio runtime until [`PodListing::stop_within`].
+pub struct PodListing {
+    stop_tx: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for PodListing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodListing").finish_non_exhaustive()
+    }
+}
+
+impl PodListing {
+    /// Starts listing the pods bound to `node_name` on `rt`, through
+    /// `client` with the `[kube]` API settings (timeouts, backoff), handing
+    /// every change to `on_change` (called on a runtime task; it must not
+    /// block); `ask` is woken for a fresh list. `Ok(None)` for a dry run's
+    /// client: there is nothing to list from. An unreachable API server is
+    /// not an error: the engine is told the listing is unavailable and the
+    /// list is retried.
+    pub fn start(
+        client: &KubeClient,
+        settings: &KubeSettings,
+        node_name: &str,
+        on_change: PlacementCallback,
+        ask: Arc<Notify>,
+        rt: &tokio::runtime::Handle,
+    ) -> Result<Option<PodListing>, KubeError> {
+        if node_name.is_empty() {
+            return Err(KubeError::NoNodeName);
+        }
+        let Some(client) = client.client() else {
+            return Ok(None);
+        };
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let task = rt.spawn(watch_pods(
+            client.clone(),
+            node_name.to_owned(),
+            settings.api.clone(),
+            on_change,
+            ask,
+            stop_rx,
+        ));
+        Ok(Some(PodListing { stop_tx, task }))
+    }
+
+    /// Stops the listing: false when it was still busy after `within` (a
+    /// request in flight) and had to be aborted.
+    pub async fn stop_within(self, within: Duration) -> bool {
+        let _ = self.stop_tx.send(true);
+        let mut task = self.task;
+        if tokio::time::timeout(within, &mut task).await.is_err() {
+            task.abort();
+            return false;
+        }
+        true
+    }
+}
 
 /// What gpuwatch keeps of a Pod: `None` for one without a UID.
 pub(crate) fn pod_info(pod: &Pod) -> Option<PodInfo> {
@@ -89,7 +151,7 @@ const GONE_CAPACITY: usize = 256;
 /// then watches from the version listed, resumes a watch the server ended,
 /// and lists again after a 410; errors are retried after our jittered
 /// backoff. Ends at shutdown.
-pub(crate) async fn watch_pods(
+async fn watch_pods(
     client: kube::Client,
     node_name: String,
     api: ApiSettings,

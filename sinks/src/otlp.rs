@@ -406,7 +406,7 @@ fn key_values(p: &Point) -> Vec<KeyValue> {
 }
 
 /// Keeps the observable instruments alive as long as the exporter.
-enum Held {
+enum InstrumentHandle {
     Counter(#[allow(dead_code)] opentelemetry::metrics::ObservableCounter<u64>),
     GaugeU64(#[allow(dead_code)] opentelemetry::metrics::ObservableGauge<u64>),
     GaugeF64(#[allow(dead_code)] opentelemetry::metrics::ObservableGauge<f64>),
@@ -417,7 +417,7 @@ fn register_instruments(
     registry: &Arc<Registry>,
     producers: &[Arc<dyn MetricSource>],
     filter: &Arc<SeriesFilter>,
-) -> Vec<Held> {
+) -> Vec<InstrumentHandle> {
     let mut held = Vec::with_capacity(SPECS.len());
     for (i, spec) in SPECS.iter().enumerate() {
         let (reg, producers) = (registry.clone(), producers.to_vec());
@@ -428,7 +428,7 @@ fn register_instruments(
             filter.apply(i, SPECS[i].points(&src, &health), Instant::now())
         };
         match (spec.kind, spec.num) {
-            (InstrumentKind::Counter, _) => held.push(Held::Counter(
+            (InstrumentKind::Counter, _) => held.push(InstrumentHandle::Counter(
                 meter
                     .u64_observable_counter(spec.name)
                     .with_unit(spec.unit)
@@ -436,7 +436,7 @@ fn register_instruments(
                     .with_callback(observe_u64(points))
                     .build(),
             )),
-            (_, NumType::U64) => held.push(Held::GaugeU64(
+            (_, NumType::U64) => held.push(InstrumentHandle::GaugeU64(
                 meter
                     .u64_observable_gauge(spec.name)
                     .with_unit(spec.unit)
@@ -444,7 +444,7 @@ fn register_instruments(
                     .with_callback(observe_u64(points))
                     .build(),
             )),
-            (_, NumType::F64) => held.push(Held::GaugeF64(
+            (_, NumType::F64) => held.push(InstrumentHandle::GaugeF64(
                 meter
                     .f64_observable_gauge(spec.name)
                     .with_unit(spec.unit)
@@ -486,7 +486,7 @@ impl EventSink for DisabledLogSink {
 /// The running OTLP exporter (metrics reader thread + log worker thread).
 pub struct OtlpExporter {
     meter_provider: Option<SdkMeterProvider>,
-    _instruments: Vec<Held>,
+    _instruments: Vec<InstrumentHandle>,
     log_queue: Option<Arc<LogQueue>>,
     log_thread: Option<std::thread::JoinHandle<()>>,
     sink: Arc<dyn EventSink>,
@@ -507,7 +507,7 @@ impl std::fmt::Debug for OtlpExporter {
 /// config and the environment; every problem of all three at once. The
 /// pacing typed once here.
 #[derive(Clone, Debug)]
-struct Settings {
+struct ResolvedOtlp {
     metrics: ResolvedSignal,
     logs: ResolvedSignal,
     attrs: BTreeMap<String, String>,
@@ -519,12 +519,12 @@ struct Settings {
     log_queue: QueueSettings,
 }
 
-impl Settings {
+impl ResolvedOtlp {
     fn resolve(
         cfg: &OtlpConfig,
         resource: &ResourceInfo,
         env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Settings, OtlpError> {
+    ) -> Result<ResolvedOtlp, OtlpError> {
         let mut problems = cfg.validate();
         let metrics = cfg.resolve(OtlpSignal::Metrics, env);
         let logs = cfg.resolve(OtlpSignal::Logs, env);
@@ -543,7 +543,7 @@ impl Settings {
         }
         let pacing = cfg.pacing();
         match (metrics, logs, attrs, problems.is_empty()) {
-            (Ok(metrics), Ok(logs), Ok(attrs), true) => Ok(Settings {
+            (Ok(metrics), Ok(logs), Ok(attrs), true) => Ok(ResolvedOtlp {
                 metrics,
                 logs,
                 attrs,
@@ -569,7 +569,7 @@ impl Settings {
 /// start.
 #[derive(Clone)]
 pub struct OtlpSettings {
-    settings: Settings,
+    settings: ResolvedOtlp,
     tls: Option<TlsMaterial>,
     metrics: bool,
     logs: bool,
@@ -600,7 +600,7 @@ impl OtlpConfig {
         if !self.enabled {
             return Ok(None);
         }
-        let settings = Settings::resolve(self, resource, env);
+        let settings = ResolvedOtlp::resolve(self, resource, env);
         let tls = TlsMaterial::load(&self.tls);
         match (settings, tls) {
             (Ok(settings), Ok(tls)) => Ok(Some(OtlpSettings {
@@ -715,7 +715,7 @@ impl OtlpExporter {
     )]
     fn start_metrics(
         &mut self,
-        settings: &Settings,
+        settings: &ResolvedOtlp,
         tls: Option<&TlsMaterial>,
         otel_resource: &Resource,
         scope: &InstrumentationScope,
@@ -757,7 +757,7 @@ impl OtlpExporter {
     /// that exports it in batches (on `rt` for gRPC).
     fn start_logs(
         &mut self,
-        settings: &Settings,
+        settings: &ResolvedOtlp,
         tls: Option<&TlsMaterial>,
         otel_resource: &Resource,
         scope: InstrumentationScope,

@@ -562,8 +562,8 @@ mod tests {
         /// A producer of the taint gauges: the fault taint as set, never the
         /// startup taint.
         #[derive(Debug, Default)]
-        struct Taint(AtomicU64);
-        impl MetricSource for Taint {
+        struct TaintGauges(AtomicU64);
+        impl MetricSource for TaintGauges {
             fn collect(&self, out: &mut MetricBatch) {
                 for (taint, v) in [("fault", self.0.load(Relaxed)), ("startup", 0)] {
                     out.push(
@@ -575,7 +575,7 @@ mod tests {
             }
         }
         let r = Registry::new();
-        let taint = Arc::new(Taint::default());
+        let taint = Arc::new(TaintGauges::default());
         taint.0.store(1, Relaxed);
         r.set_health(std::sync::Arc::new(NodeHealth::default()));
         let p = Renderer::with_quiet_window(

@@ -114,7 +114,7 @@ struct InFlight {
     evicted: u64,
 }
 
-struct State<T> {
+struct QueueState<T> {
     /// The in-flight batch's items (if any) first.
     items: VecDeque<Arc<T>>,
     inflight: Option<InFlight>,
@@ -127,7 +127,7 @@ struct State<T> {
     batch_max: usize,
 }
 
-impl<T> State<T> {
+impl<T> QueueState<T> {
     /// Items waiting to be taken (the in-flight batch's are not).
     fn waiting(&self) -> usize {
         self.items.len() - self.inflight.map_or(0, |f| f.queued)
@@ -141,7 +141,7 @@ impl<T> State<T> {
 
 /// A bounded drop-oldest queue with one consumer (module doc).
 pub struct SinkQueue<T> {
-    state: Mutex<State<T>>,
+    state: Mutex<QueueState<T>>,
     /// Wakes a consumer thread (new items, flush, stop).
     work: Condvar,
     /// Wakes a consumer task (keyed queues; new items, flush, stop).
@@ -181,7 +181,7 @@ impl<T> SinkQueue<T> {
         waker: Option<Arc<Notify>>,
     ) -> SinkQueue<T> {
         SinkQueue {
-            state: Mutex::new(State {
+            state: Mutex::new(QueueState {
                 items: VecDeque::new(),
                 inflight: None,
                 deferred: Vec::new(),
@@ -199,7 +199,7 @@ impl<T> SinkQueue<T> {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State<T>> {
+    fn lock(&self) -> MutexGuard<'_, QueueState<T>> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -270,7 +270,7 @@ impl<T> SinkQueue<T> {
     /// Queues `item` at the tail, pushing the oldest out of a full queue
     /// (module doc: what the capacity bounds), and wakes the consumer when
     /// it waits for this push.
-    fn enqueue(&self, mut st: MutexGuard<'_, State<T>>, item: T) {
+    fn enqueue(&self, mut st: MutexGuard<'_, QueueState<T>>, item: T) {
         let wake = self.enqueue_locked(&mut st, item);
         drop(st);
         if wake {
@@ -283,7 +283,7 @@ impl<T> SinkQueue<T> {
 
     /// [`SinkQueue::enqueue`] with the lock held by the caller; true when the
     /// consumer thread is to be woken.
-    fn enqueue_locked(&self, st: &mut State<T>, item: T) -> bool {
+    fn enqueue_locked(&self, st: &mut QueueState<T>, item: T) -> bool {
         match self.mode {
             Mode::Batches => {
                 if st.items.len() >= self.capacity && st.items.pop_front().is_some() {
@@ -380,10 +380,10 @@ impl<T> SinkQueue<T> {
     /// (`None`).
     fn wait_until<'a>(
         &'a self,
-        mut st: MutexGuard<'a, State<T>>,
+        mut st: MutexGuard<'a, QueueState<T>>,
         deadline: Instant,
-        done: impl Fn(&State<T>) -> bool,
-    ) -> Option<MutexGuard<'a, State<T>>> {
+        done: impl Fn(&QueueState<T>) -> bool,
+    ) -> Option<MutexGuard<'a, QueueState<T>>> {
         while !done(&st) {
             let now = Instant::now();
             if now >= deadline {

@@ -41,12 +41,12 @@ type WritableProbe = Box<dyn Fn() -> bool + Send + Sync>;
 /// Writes each event as one JSON line to a writer (stdout by default), from a
 /// writer thread of its own.
 pub struct JsonLinesSink {
-    shared: Arc<Shared>,
+    shared: Arc<JsonLinesShared>,
     /// No writer thread could be started: `send` writes itself.
     inline: bool,
 }
 
-struct Shared {
+struct JsonLinesShared {
     /// Encoded lines, each ending in a newline.
     queue: SinkQueue<Vec<u8>>,
     out: Mutex<Box<dyn Write + Send>>,
@@ -102,7 +102,7 @@ impl JsonLinesSink {
         capacity: usize,
         writable: Option<WritableProbe>,
     ) -> JsonLinesSink {
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(JsonLinesShared {
             queue: SinkQueue::new(capacity, Stage::Stdout, registry),
             out: Mutex::new(out),
             writable,
@@ -159,7 +159,7 @@ impl Write for SharedFile {
     }
 }
 
-impl Shared {
+impl JsonLinesShared {
     /// Writes `lines` (each ends in a newline) in one `write(2)` where the
     /// output takes them all (one wake-up of its reader), and flushes once;
     /// returns how many reached the output whole. A closed stdout (EPIPE)

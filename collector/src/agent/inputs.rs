@@ -1,7 +1,9 @@
 //! The parts that feed the health engine: the kernel-log reader, the NVML
-//! sources, the local API (operator clears) and the node writer's validation
-//! reports. Each is started with its sender into the engine channel and the
-//! sources' shutdown signal, and [`Inputs::stop`] stops them all.
+//! sources, the placement sources (the pod listing and the kubelet's
+//! PodResources, [`PlacementSources`]), the NIC poller, the local API
+//! (operator clears) and the node writer's validation reports. Each is
+//! started with its sender into the engine channel and the sources' shutdown
+//! signal (or a stop of its own), and [`Inputs::stop`] stops them all.
 //!
 //! Who holds an engine sender is decided by the types: [`EngineInlet`] is the
 //! channel's sending side while the agent starts and cannot be cloned; each
@@ -11,6 +13,7 @@
 //! drains its channel after every sender is gone and never waits on one
 //! still held.
 
+use super::placement::PlacementSources;
 use super::{RunError, StillRunning, StopBudget, join_within};
 use crate::api::{self, ApiState};
 use crate::kmsg::{self, KmsgSourceArgs, KmsgSummary};
@@ -60,7 +63,7 @@ pub(super) struct Inputs {
     pub(super) validation: Arc<Sender<Input>>,
     pub(super) kmsg: KmsgReader,
     pub(super) nvml: NvmlFeed,
-    pub(super) kubelet: KubeletDevices,
+    pub(super) placement: PlacementSources,
     pub(super) nic: NicPoller,
     pub(super) api: Option<LocalApi>,
 }
@@ -93,7 +96,7 @@ impl Inputs {
         drop(self.validation);
         let summary = self.kmsg.stop(budget, left);
         self.nvml.stop(budget, left);
-        self.kubelet.stop(budget, rt, left);
+        self.placement.stop(budget, rt, left);
         self.nic.stop(budget, left);
         if let Some(api) = self.api {
             api.stop(budget, rt, left);
@@ -285,50 +288,6 @@ impl LocalApi {
             Ok(Err(e)) => tracing::warn!(error = %e, "API server task failed."),
             Ok(Ok(Ok(()))) => {}
             Err(_) => left.push("API"),
-        }
-    }
-}
-
-/// Which pods hold the GPUs: the kubelet's PodResources API, asked on the
-/// runtime (none when `[kubelet] pod_resources_socket` is empty).
-#[derive(Debug)]
-pub(super) struct KubeletDevices {
-    stop_tx: tokio::sync::watch::Sender<bool>,
-    task: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl KubeletDevices {
-    pub(super) fn start(
-        cfg: &crate::attribution::podresources::KubeletSettings,
-        rt: &tokio::runtime::Runtime,
-        engine: Sender<Input>,
-        registry: &Arc<Registry>,
-        ask: Arc<tokio::sync::Notify>,
-    ) -> KubeletDevices {
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let task = (!cfg.socket.as_os_str().is_empty()).then(|| {
-            rt.spawn(crate::attribution::podresources::poll(
-                cfg.clone(),
-                engine,
-                registry.clone(),
-                ask,
-                stop_rx,
-            ))
-        });
-        KubeletDevices { stop_tx, task }
-    }
-
-    fn stop(self, budget: &StopBudget, rt: &tokio::runtime::Runtime, left: &mut StillRunning) {
-        let _ = self.stop_tx.send(true);
-        let Some(task) = self.task else {
-            return;
-        };
-        let limit = budget.share(API_STOP);
-        if rt
-            .block_on(async { tokio::time::timeout(limit, task).await })
-            .is_err()
-        {
-            left.push("kubelet PodResources");
         }
     }
 }

@@ -3,12 +3,14 @@
 //! engine (the writer converges to the restored health at once) and stop
 //! last, flushing what the engine emitted while it drained.
 
-use super::{Prepared, RunError, RunOptions, StopBudget};
+use super::{Prepared, RunError, StopBudget};
 use crate::api::MetricsRenderer;
+use crossbeam_channel::Sender;
+use gpuwatch_core::msg::Input;
 use gpuwatch_core::{EventSink, Registry};
-use gpuwatch_kube::KubeMetrics;
+use gpuwatch_kube::{KubeClient, KubeMetrics};
 use gpuwatch_proto::NodeHealth;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 /// Flush budget of each event sink, and of each shutdown hook.
@@ -41,30 +43,22 @@ impl std::fmt::Debug for Sinks {
     }
 }
 
-/// How the sinks and the health engine reach each other.
-#[derive(Debug)]
-pub struct EngineLink {
-    /// Validation reports and pod listings go to the engine here. Held
-    /// weakly: once the agent drops the strong sender, the engine's channel
-    /// can drain while the writer still runs.
-    pub tx: std::sync::Weak<crossbeam_channel::Sender<gpuwatch_core::msg::Input>>,
-    /// The engine wakes this to ask the pod listing for a fresh list.
-    pub pods_ask: Arc<tokio::sync::Notify>,
-}
-
 /// Assembles the event sinks and exporters. **This is the one place where
 /// sinks are wired**: stdout JSON lines, the Prometheus renderer, the OTLP
-/// exporter (metrics + one log record per fault) and the Kubernetes node
-/// writer (conditions, taints, Events, startup gate; `--kube-dry-run` logs the
-/// patches instead of sending them).
+/// exporter (metrics + one log record per fault) and, given the agent's
+/// Kubernetes client, the Kubernetes node writer (conditions, taints, Events,
+/// startup gate; a dry run's client logs the patches instead of sending
+/// them). The writer's validation reports go to the engine through
+/// `validation_tx`, held weakly: once the agent drops the strong sender, the
+/// engine's channel can drain while the writer still runs.
 pub fn build_sinks(
     prepared: &Prepared,
-    opts: &RunOptions,
+    kube_client: Option<&KubeClient>,
     registry: &Arc<Registry>,
     kube: &Arc<KubeMetrics>,
     rt: &tokio::runtime::Handle,
     health_rx: tokio::sync::watch::Receiver<Arc<NodeHealth>>,
-    engine: EngineLink,
+    validation_tx: Weak<Sender<Input>>,
 ) -> Result<Sinks, RunError> {
     let mut sinks = Sinks {
         event_sinks: Vec::new(),
@@ -90,8 +84,8 @@ pub fn build_sinks(
     if let Some(otlp) = prepared.otlp() {
         sinks.start_otlp(otlp, prepared.resource(), registry, kube, rt)?;
     }
-    if prepared.kube().enabled() || opts.kube_dry_run {
-        sinks.start_kube_writer(prepared, opts, kube, rt, health_rx, engine)?;
+    if let Some(client) = kube_client {
+        sinks.start_kube_writer(prepared, client, kube, rt, health_rx, validation_tx)?;
     }
     Ok(sinks)
 }
@@ -138,40 +132,26 @@ impl Sinks {
     }
 
     /// The Kubernetes node writer (conditions, taints, Events, startup
-    /// gate); `--kube-dry-run` logs the patches instead of sending them.
+    /// gate); a dry run's client logs the patches instead of sending them.
     fn start_kube_writer(
         &mut self,
         prepared: &Prepared,
-        opts: &RunOptions,
+        client: &KubeClient,
         kube: &Arc<KubeMetrics>,
         rt: &tokio::runtime::Handle,
         health_rx: tokio::sync::watch::Receiver<Arc<NodeHealth>>,
-        engine: EngineLink,
+        validation_tx: Weak<Sender<Input>>,
     ) -> Result<(), RunError> {
-        let EngineLink {
-            tx: validation_tx,
-            pods_ask,
-        } = engine;
         // Startup-gate reports go to the engine (`/v1/health.validation`). The
         // writer only holds a weak reference to the engine channel: once the
         // agent drops the strong one (its inputs stopping), the engine's channel
         // can disconnect and drain while the writer still runs.
-        let pods_tx = validation_tx.clone();
         let on_validation: gpuwatch_kube::ValidationCallback = Arc::new(move |report| {
             let Some(tx) = validation_tx.upgrade() else {
                 return;
             };
-            if let Err(e) = tx.try_send(gpuwatch_core::msg::Input::Validation(report)) {
+            if let Err(e) = tx.try_send(Input::Validation(report)) {
                 tracing::debug!(error = %e, "Validation report not handed to the engine.");
-            }
-        });
-        // The node's pods go to the engine the same way (weakly held).
-        let on_pods: gpuwatch_kube::PlacementCallback = Arc::new(move |update| {
-            let Some(tx) = pods_tx.upgrade() else {
-                return;
-            };
-            if let Err(e) = tx.try_send(gpuwatch_core::msg::Input::Placement(update)) {
-                tracing::debug!(error = %e, "Pod listing not handed to the engine.");
             }
         });
         let writer = rt
@@ -181,14 +161,12 @@ impl Sinks {
                 prepared.node_name().to_string(),
                 kube.clone(),
                 health_rx,
-                opts.kube_dry_run,
+                client,
                 gpuwatch_kube::WriterHooks {
                     on_validation: Some(on_validation),
-                    on_pods: Some(on_pods),
-                    pods_ask: Some(pods_ask),
                     // A dry run shows nothing on the Node: it keeps no history
                     // for the agent that does.
-                    state_dir: (!opts.kube_dry_run).then(|| prepared.state_dir().to_path_buf()),
+                    state_dir: (!client.is_dry_run()).then(|| prepared.state_dir().to_path_buf()),
                 },
             ))
             .map_err(|e| RunError::Sink {

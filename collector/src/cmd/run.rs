@@ -180,7 +180,7 @@ mod tests {
     use clap::Parser;
 
     #[derive(Parser)]
-    struct Cli {
+    struct RunCommandLine {
         #[command(flatten)]
         run: Args,
     }
@@ -192,7 +192,7 @@ mod tests {
             "node_name = \"n\"\n[api]\nlisten = \"127.0.0.1:1\"\n[kmsg]\npath = \"/dev/kmsg\"\n",
         )
         .unwrap();
-        let cli = Cli::parse_from([
+        let cli = RunCommandLine::parse_from([
             "x",
             "--kmsg-path",
             "/tmp/replay.log",
@@ -230,6 +230,8 @@ mod tests {
 
     #[test]
     fn nvml_sim_and_no_nvml_conflict() {
-        assert!(Cli::try_parse_from(["x", "--nvml-sim", "s.toml", "--no-nvml"]).is_err());
+        assert!(
+            RunCommandLine::try_parse_from(["x", "--nvml-sim", "s.toml", "--no-nvml"]).is_err()
+        );
     }
 }

@@ -97,7 +97,7 @@ fn prepare(cfg: Config) -> anyhow::Result<Prepared> {
 
 /// An expected count and where it came from.
 #[derive(Debug, Clone, Copy)]
-enum Count {
+enum ExpectedCount {
     /// `validation.expected_gpus`.
     Configured(u32),
     /// Read from the Node: in the units the device plugin's MIG strategy gives it.
@@ -110,17 +110,17 @@ fn expected_gpus(
     rt: &tokio::runtime::Runtime,
     prepared: &Prepared,
     read_node: bool,
-) -> (Option<Count>, Option<String>) {
+) -> (Option<ExpectedCount>, Option<String>) {
     let validation = prepared.validation();
     match validation.expected_gpus {
-        Some(n) => (Some(Count::Configured(n)), None),
+        Some(n) => (Some(ExpectedCount::Configured(n)), None),
         None if read_node => {
             match rt.block_on(gpuwatch_kube::expected_gpus_from_node(
                 prepared.kube(),
                 validation,
                 prepared.node_name(),
             )) {
-                Ok(n) => (n.map(Count::Node), None),
+                Ok(n) => (n.map(ExpectedCount::Node), None),
                 Err(e) => (None, Some(e.to_string())),
             }
         }
@@ -135,13 +135,13 @@ fn judge(
     rt: &tokio::runtime::Runtime,
     prepared: &Prepared,
     health: &gpuwatch_proto::NodeHealth,
-    expected: Option<Count>,
+    expected: Option<ExpectedCount>,
     node_problem: Option<String>,
 ) -> ValidationReport {
     let validation = prepared.validation();
     let expected = expected.map(|c| match c {
-        Count::Configured(n) => Expected::Gpus(n),
-        Count::Node(n) => gpuwatch_kube::node_count(n, prepared.kube(), health),
+        ExpectedCount::Configured(n) => Expected::Gpus(n),
+        ExpectedCount::Node(n) => gpuwatch_kube::node_count(n, prepared.kube(), health),
     });
     let mut report = gpuwatch_core::validation::validate_expecting(health, expected, validation);
     if let Some(why) = node_problem {

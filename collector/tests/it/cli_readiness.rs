@@ -8,7 +8,7 @@
 //! false, verdict `unknown`, never `unhealthy`), `/metrics`
 //! (`gpuwatch_monitor_up{input="kmsg"} 0`) and `/readyz`'s body.
 
-use crate::common::{Agent, http_get, wait_until};
+use crate::common::{TestAgent, http_get, wait_until};
 use std::process::Command;
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ const T: Duration = Duration::from_secs(20);
 fn an_unreadable_kernel_log_is_reported_and_does_not_hold_readiness_back() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("no-kmsg-here");
-    let agent = Agent::start(
+    let agent = TestAgent::start(
         &dir.path().join("state"),
         &["--kmsg-path", missing.to_str().unwrap(), "--prometheus"],
     );
@@ -121,7 +121,7 @@ fn cpu_secs(pid: u32) -> f64 {
 #[test]
 fn dev_null_as_the_kernel_log_is_reported_without_a_busy_loop() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start(&dir.path().join("state"), &["--kmsg-path", "/dev/null"]);
+    let agent = TestAgent::start(&dir.path().join("state"), &["--kmsg-path", "/dev/null"]);
     let addr = agent.api_addr().expect("API address logged");
     let mut body = String::new();
     assert!(

@@ -8,7 +8,7 @@
 //! `common::DevKmsg`.
 
 use crate::common;
-use crate::common::{Agent, DevKmsg, pci_domain, seq_of, wait_until, xid_line};
+use crate::common::{DevKmsg, TestAgent, pci_domain, seq_of, wait_until, xid_line};
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -24,7 +24,7 @@ fn write_batch(k: &DevKmsg, marker: &str, domain: u16, buses: std::ops::Range<u8
 }
 
 /// Occurrences of `{marker}-{bus}` per bus among the agent's events.
-fn counts(agent: &Agent, marker: &str) -> BTreeMap<String, usize> {
+fn counts(agent: &TestAgent, marker: &str) -> BTreeMap<String, usize> {
     let mut m = BTreeMap::new();
     for ev in agent.events(marker) {
         let msg = ev["message"].as_str().unwrap_or_default();
@@ -44,7 +44,7 @@ fn xid_written_to_dev_kmsg_becomes_a_classified_event() {
     let marker = common::marker("basic");
     let dom = pci_domain(&marker);
     let state = tempfile::tempdir().unwrap();
-    let agent = Agent::start(state.path(), &["--accept-user-facility"]);
+    let agent = TestAgent::start(state.path(), &["--accept-user-facility"]);
     k.write(&xid_line(&marker, dom, 0x3b));
     assert!(
         agent.wait_events(&marker, 1, T),
@@ -85,7 +85,7 @@ fn user_facility_records_are_ignored_unless_enabled() {
     let marker = common::marker("facility");
     let dom = pci_domain(&marker);
     let state = tempfile::tempdir().unwrap();
-    let agent = Agent::start(state.path(), &[]);
+    let agent = TestAgent::start(state.path(), &[]);
     let line = xid_line(&marker, dom, 1);
     k.write(&line);
     let seq = seq_of(&marker).expect("record is in the ring");
@@ -206,7 +206,7 @@ fn resume_after_kill_9_processes_every_record_exactly_once() {
         }
     };
 
-    let a = Agent::start(state.path(), &args);
+    let a = TestAgent::start(state.path(), &args);
     write_batch(&k, &marker, dom, 0..5);
     repeat(3);
     assert!(a.wait_events(&marker, 6, T), "{:#?}", a.stderr.get());
@@ -234,7 +234,7 @@ fn resume_after_kill_9_processes_every_record_exactly_once() {
     // Written while the agent is down: must be read after the restart.
     write_batch(&k, &marker, dom, 5..10);
     repeat(2);
-    let b = Agent::start(state.path(), &args);
+    let b = TestAgent::start(state.path(), &args);
     write_batch(&k, &marker, dom, 10..15);
     repeat(1);
     assert!(b.wait_events(&marker, 10, T), "{:#?}", b.stderr.get());
@@ -290,7 +290,7 @@ fn new_boot_replays_the_whole_ring() {
     // whatever else the ring holds.
     let mine = format!("name={marker}-");
 
-    let a = Agent::start(
+    let a = TestAgent::start(
         &state_a,
         &["--accept-user-facility", "--boot-id-path", &boot_arg],
     );
@@ -314,7 +314,7 @@ fn new_boot_replays_the_whole_ring() {
     std::fs::create_dir_all(&state_b).unwrap();
     std::fs::write(state_b.join("health.json"), &state).unwrap();
     std::fs::write(&boot_file, format!("{marker}-boot-b\n")).unwrap();
-    let b = Agent::start(
+    let b = TestAgent::start(
         &state_b,
         &["--accept-user-facility", "--boot-id-path", &boot_arg],
     );
@@ -332,7 +332,7 @@ fn new_boot_replays_the_whole_ring() {
     let state_c = dir.path().join("state-c");
     std::fs::create_dir_all(&state_c).unwrap();
     std::fs::copy(state_b.join("health.json"), state_c.join("health.json")).unwrap();
-    let c = Agent::start(
+    let c = TestAgent::start(
         &state_c,
         &["--accept-user-facility", "--boot-id-path", &boot_arg],
     );
@@ -359,7 +359,7 @@ fn ring_overrun_is_counted_as_lost_and_reading_continues() {
     let marker = common::marker("overrun");
     let dom = pci_domain(&marker);
     let state = tempfile::tempdir().unwrap();
-    let a = Agent::start(state.path(), &["--accept-user-facility", "--prometheus"]);
+    let a = TestAgent::start(state.path(), &["--accept-user-facility", "--prometheus"]);
     k.write(&xid_line(&marker, dom, 0));
     assert!(a.wait_events(&marker, 1, T));
 
@@ -418,7 +418,7 @@ fn a_fault_reported_just_before_kill_9_is_known_after_the_restart() {
     let dom = pci_domain(&marker);
     let pci = format!("{dom:04x}:3b:00.0");
     let state = tempfile::tempdir().unwrap();
-    let a = Agent::start(state.path(), &["--accept-user-facility"]);
+    let a = TestAgent::start(state.path(), &["--accept-user-facility"]);
     let addr = a.api_addr().expect("API address logged");
     assert!(wait_until(T, || common::http_get(&addr, "/readyz")
         .map(|r| r.0)
@@ -428,7 +428,7 @@ fn a_fault_reported_just_before_kill_9_is_known_after_the_restart() {
     assert!(a.wait_events(&marker, 1, T), "{:#?}", a.stderr.get());
     a.kill9();
 
-    let b = Agent::start(state.path(), &["--accept-user-facility"]);
+    let b = TestAgent::start(state.path(), &["--accept-user-facility"]);
     let addr = b.api_addr().expect("API address logged");
     let mut body = String::new();
     assert!(
@@ -533,7 +533,7 @@ fn kill_9_at_random_moments_neither_loses_nor_double_counts() {
         written += 1;
     }
     // A last run reads what is left, then stops cleanly.
-    let a = Agent::start(
+    let a = TestAgent::start(
         state.path(),
         &["--accept-user-facility", "--config", conf.to_str().unwrap()],
     );
@@ -633,7 +633,7 @@ fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
     };
 
     let state = tempfile::tempdir().unwrap();
-    let agent = Agent::start(state.path(), &["--accept-user-facility"]);
+    let agent = TestAgent::start(state.path(), &["--accept-user-facility"]);
     k.write(&line(live, "live", 0x3b));
     k.write(&line(gone, "gone", 0x3c));
     assert!(
@@ -659,7 +659,7 @@ fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
 
     let state = tempfile::tempdir().unwrap();
     let proc_root = fake.path().to_str().unwrap();
-    let agent = Agent::start(
+    let agent = TestAgent::start(
         state.path(),
         &["--accept-user-facility", "--proc-root", proc_root],
     );
@@ -733,7 +733,7 @@ fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
     let rotel = gpuwatch_test_support::telemetry::Rotel::start();
     let otlp = format!("http://127.0.0.1:{}", rotel.grpc_port);
     let state = tempfile::tempdir().unwrap();
-    let agent = Agent::start(
+    let agent = TestAgent::start(
         state.path(),
         &[
             "--accept-user-facility",
@@ -873,7 +873,7 @@ fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
     drop(k);
 }
 
-fn by_tag_in(agent: &Agent, marker: &str, tag: &str) -> serde_json::Value {
+fn by_tag_in(agent: &TestAgent, marker: &str, tag: &str) -> serde_json::Value {
     agent
         .events(marker)
         .into_iter()

@@ -208,20 +208,20 @@ fn missing_code_and_failed_writes_are_errors() {
 fn clap_parses_the_documented_command_lines() {
     use clap::Parser;
     #[derive(clap::Parser, Debug)]
-    struct Cli {
+    struct ExplainCommandLine {
         #[command(flatten)]
         explain: ExplainArgs,
     }
-    let c = Cli::try_parse_from(["explain", "79"]).unwrap();
+    let c = ExplainCommandLine::try_parse_from(["explain", "79"]).unwrap();
     assert_eq!(c.explain, one(79, ExplainFormat::Text));
-    let c = Cli::try_parse_from(["explain", "xid48", "--format", "json"]).unwrap();
+    let c = ExplainCommandLine::try_parse_from(["explain", "xid48", "--format", "json"]).unwrap();
     assert_eq!(c.explain, one(48, ExplainFormat::Json));
-    let c = Cli::try_parse_from(["explain", "--all", "--format", "json"]).unwrap();
+    let c = ExplainCommandLine::try_parse_from(["explain", "--all", "--format", "json"]).unwrap();
     assert_eq!(c.explain, all(ExplainFormat::Json));
-    assert!(Cli::try_parse_from(["explain"]).is_err());
-    assert!(Cli::try_parse_from(["explain", "79", "--all"]).is_err());
-    assert!(Cli::try_parse_from(["explain", "seventy"]).is_err());
-    assert!(Cli::try_parse_from(["explain", "79", "--format", "yaml"]).is_err());
+    assert!(ExplainCommandLine::try_parse_from(["explain"]).is_err());
+    assert!(ExplainCommandLine::try_parse_from(["explain", "79", "--all"]).is_err());
+    assert!(ExplainCommandLine::try_parse_from(["explain", "seventy"]).is_err());
+    assert!(ExplainCommandLine::try_parse_from(["explain", "79", "--format", "yaml"]).is_err());
 }
 
 /// `gpuwatch explain --all | head` ends quietly with exit 0 when

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 const PUBLISHED_WITHIN: Duration = Duration::from_secs(5);
 
 #[derive(Default)]
-struct Collect(Mutex<Vec<FaultEvent>>);
+struct EventCollector(Mutex<Vec<FaultEvent>>);
 
-impl EventSink for Collect {
+impl EventSink for EventCollector {
     fn name(&self) -> &'static str {
         "collect"
     }
@@ -53,7 +53,7 @@ fn active_faults(h: &NodeHealth) -> usize {
 struct Loop {
     tx: crossbeam_channel::Sender<Input>,
     health: tokio::sync::watch::Receiver<Arc<NodeHealth>>,
-    sink: Arc<Collect>,
+    sink: Arc<EventCollector>,
     thread: std::thread::JoinHandle<()>,
 }
 
@@ -83,7 +83,7 @@ fn start() -> Loop {
     registry.add_health_observer(Box::new(move |_, h| {
         health_tx.send_replace(Arc::clone(h));
     }));
-    let sink = Arc::new(Collect::default());
+    let sink = Arc::new(EventCollector::default());
     let sinks: Vec<Arc<dyn EventSink>> = vec![sink.clone()];
     // Stopped by dropping every sender, as in the agent; never triggered.
     let stop = gpuwatch_core::Shutdown::new();

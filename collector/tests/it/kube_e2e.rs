@@ -25,8 +25,8 @@
 
 use crate::kube_support;
 use crate::kube_support::{
-    FAULT_TAINT, KubeAgent, NODE, Nvml, PROBLEM, READY, Rig, STARTUP_TAINT, T, applied_conditions,
-    node, patched_taint_lists, taint, wait_until,
+    FAULT_TAINT, KubeAgent, KubeWorld, NODE, Nvml, PROBLEM, READY, STARTUP_TAINT, T,
+    applied_conditions, node, patched_taint_lists, taint, wait_until,
 };
 use serde_json::Value;
 use std::time::{Duration, Instant};
@@ -45,7 +45,7 @@ const XID79: &str =
 /// XID 48 (double-bit ECC error) on GPU 1, as the driver logs it.
 const XID48: &str = "NVRM: Xid (PCI:0000:43:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.";
 
-fn status(rig: &Rig, type_: &str) -> (String, String) {
+fn status(rig: &KubeWorld, type_: &str) -> (String, String) {
     rig.cond_status(type_)
 }
 
@@ -53,26 +53,26 @@ fn pair(s: &str, r: &str) -> (String, String) {
     (s.to_owned(), r.to_owned())
 }
 
-fn faulted(rig: &Rig) -> bool {
+fn faulted(rig: &KubeWorld) -> bool {
     status(rig, PROBLEM) == pair("True", "NodeRebootRequired")
         && rig.taint(FAULT_TAINT).as_deref() == Some("reboot_node")
 }
 
-fn healthy(rig: &Rig) -> bool {
+fn healthy(rig: &KubeWorld) -> bool {
     status(rig, READY) == pair("True", "GPUsHealthy")
         && status(rig, PROBLEM) == pair("False", "NoGPUProblem")
         && rig.taint(FAULT_TAINT).is_none()
 }
 
 /// Gpuwatch's Warning Events with this reason.
-fn warnings(rig: &Rig, reason: &str) -> Vec<k8s_openapi::api::core::v1::Event> {
+fn warnings(rig: &KubeWorld, reason: &str) -> Vec<k8s_openapi::api::core::v1::Event> {
     rig.events()
         .into_iter()
         .filter(|e| e.reason.as_deref() == Some(reason) && e.type_.as_deref() == Some("Warning"))
         .collect()
 }
 
-fn diag(rig: &Rig, agent: &KubeAgent) -> String {
+fn diag(rig: &KubeWorld, agent: &KubeAgent) -> String {
     format!(
         "node: {:#}\nagent log: {:#?}",
         rig.api.node_json(),
@@ -83,7 +83,12 @@ fn diag(rig: &Rig, agent: &KubeAgent) -> String {
 /// Observes the Node for `window` after an agent restart: the conditions and
 /// the fault taint must hold on every look and in every write the new agent
 /// sends (no flap through Unknown, no taint removed and re-added).
-fn assert_fault_holds_across_restart(rig: &Rig, agent: &KubeAgent, since: usize, window: Duration) {
+fn assert_fault_holds_across_restart(
+    rig: &KubeWorld,
+    agent: &KubeAgent,
+    since: usize,
+    window: Duration,
+) {
     let end = Instant::now() + window;
     while Instant::now() < end {
         assert!(
@@ -125,7 +130,7 @@ fn assert_fault_holds_across_restart(rig: &Rig, agent: &KubeAgent, since: usize,
 /// new boot where the GPU validates clears it all.
 #[test]
 fn xid79_isolates_the_node_survives_restarts_and_clears_after_a_new_boot() {
-    let mut rig = Rig::new(node(vec![taint("example.com/dedicated", Some("ml"))]));
+    let mut rig = KubeWorld::new(node(vec![taint("example.com/dedicated", Some("ml"))]));
     let cfg = rig.config("", "");
     let agent = rig.start(&cfg, Nvml::Sim(BOARD), &[]);
 
@@ -295,7 +300,7 @@ fn nvml_unavailable_is_unknown_never_false_and_keeps_the_startup_taint() {
             "driver is not loaded",
         ),
     ] {
-        let rig = Rig::new(node(vec![taint(STARTUP_TAINT, None)]));
+        let rig = KubeWorld::new(node(vec![taint(STARTUP_TAINT, None)]));
         let cfg = rig.config("", "expected_gpus = 8");
         let agent = rig.start(&cfg, nvml, &[]);
         // Unknown, with the reason NVML gave (not just "not reported yet").
@@ -350,7 +355,7 @@ fn nvml_unavailable_is_unknown_never_false_and_keeps_the_startup_taint() {
 /// and removed once it passes (8 healthy GPUs); others' taints are untouched.
 #[test]
 fn startup_taint_stays_until_validation_passes() {
-    let rig = Rig::new(node(vec![
+    let rig = KubeWorld::new(node(vec![
         taint("example.com/dedicated", Some("ml")),
         taint(STARTUP_TAINT, None),
     ]));
@@ -434,7 +439,7 @@ fn startup_taint_stays_until_validation_passes() {
 /// nothing, even with an API server configured.
 #[test]
 fn kube_dry_run_logs_patches_and_writes_nothing() {
-    let mut rig = Rig::new(node(vec![]));
+    let mut rig = KubeWorld::new(node(vec![]));
     let cfg = rig.config("", "");
     let agent = rig.start(&cfg, Nvml::Sim(BOARD), &["--kube-dry-run"]);
     assert!(
@@ -580,7 +585,7 @@ fn validate_command_reads_the_expected_count_from_the_node() {
             .labels
             .get_or_insert_with(Default::default)
             .insert("nvidia.com/gpu.count".into(), label.into());
-        let rig = Rig::new(n);
+        let rig = KubeWorld::new(n);
         let cfg = rig.config("", "");
         let (got, out) =
             validate_cmd(&["--config", cfg.to_str().unwrap(), "--nvml-sim", &sim(BOARD)]);
@@ -600,7 +605,7 @@ fn validate_command_reads_the_expected_count_from_the_node() {
         assert_eq!(rig.taint(STARTUP_TAINT).as_deref(), Some(""));
     }
     // The Node cannot be read: incomplete, with the reason.
-    let rig = Rig::new(node(vec![]));
+    let rig = KubeWorld::new(node(vec![]));
     let cfg = rig.config("", "");
     rig.api.forbid("get", "nodes");
     let (got, out) = validate_cmd(&["--config", cfg.to_str().unwrap(), "--nvml-sim", &sim(BOARD)]);
@@ -648,7 +653,7 @@ fn validate_command_sees_faults_already_in_the_kernel_log() {
 /// still lands within a second of the XID — every foreign taint kept.
 #[test]
 fn six_lost_races_still_taint_the_node_within_a_second() {
-    let mut rig = Rig::new(node(vec![taint("example.com/dedicated", Some("ml"))]));
+    let mut rig = KubeWorld::new(node(vec![taint("example.com/dedicated", Some("ml"))]));
     let cfg = rig.config("", "");
     let agent = rig.start(&cfg, Nvml::Sim(BOARD), &[]);
     assert!(wait_until(T, || healthy(&rig)), "{}", diag(&rig, &agent));
@@ -692,7 +697,7 @@ fn six_lost_races_still_taint_the_node_within_a_second() {
 /// taints stay. `--dry-run` only reports.
 #[test]
 fn node_cleanup_after_uninstall_leaves_no_gpuwatch_taint() {
-    let mut rig = Rig::new(node(vec![
+    let mut rig = KubeWorld::new(node(vec![
         taint("example.com/dedicated", Some("ml")),
         taint(STARTUP_TAINT, None),
     ]));
@@ -759,7 +764,7 @@ fn node_cleanup_after_uninstall_leaves_no_gpuwatch_taint() {
 /// calls, not one per line (calls counted at the stand-in).
 #[test]
 fn xid79_names_the_pod_that_held_the_gpu_and_a_storm_costs_few_kubelet_calls() {
-    let mut rig = Rig::new(node(vec![]));
+    let mut rig = KubeWorld::new(node(vec![]));
     let kubelet_dir = tempfile::tempdir().unwrap();
     let kubelet = rig
         .rt
@@ -840,7 +845,7 @@ fn xid79_names_the_pod_that_held_the_gpu_and_a_storm_costs_few_kubelet_calls() {
         1,
         "one call, asked for by the fault"
     );
-    let pod_events = |rig: &Rig| -> Vec<_> {
+    let pod_events = |rig: &KubeWorld| -> Vec<_> {
         rig.events()
             .into_iter()
             .filter(|e| e.involved_object.kind.as_deref() == Some("Pod"))
@@ -921,7 +926,7 @@ fn xid79_names_the_pod_that_held_the_gpu_and_a_storm_costs_few_kubelet_calls() {
 /// tests), and the agent says it once.
 #[test]
 fn xid79_without_a_kubelet_socket_is_reported_without_pods() {
-    let mut rig = Rig::new(node(vec![]));
+    let mut rig = KubeWorld::new(node(vec![]));
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("kubelet.sock");
     let agent = rig.start(
@@ -980,7 +985,7 @@ fn the_startup_taint_waits_until_the_mig_devices_are_advertised() {
         )),
         ..Default::default()
     });
-    let rig = Rig::new(n);
+    let rig = KubeWorld::new(n);
     let cfg = rig.config("mig_strategy = \"mixed\"", "expected_gpus = 2");
     let agent = rig.start(
         &cfg,
@@ -1029,7 +1034,7 @@ fn the_startup_taint_waits_until_the_mig_devices_are_advertised() {
 #[test]
 fn a_nic_port_down_is_network_problem_on_the_node_and_the_gpu_conditions_stay() {
     let sysfs = gpuwatch_test_support::sysfs::FakeSysfs::node_of(2);
-    let rig = Rig::new(node(vec![]));
+    let rig = KubeWorld::new(node(vec![]));
     // [network] after [validation]: the rig's config has no section for it.
     let cfg = rig.config(
         "",

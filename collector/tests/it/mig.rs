@@ -7,7 +7,7 @@
 //! the real `/dev/kmsg` are scoped to one instance / the whole GPU (with the
 //! API-server double watching for a taint).
 
-use crate::common::{self, Agent, DevKmsg, http_get, pci_domain, wait_until};
+use crate::common::{self, DevKmsg, TestAgent, http_get, pci_domain, wait_until};
 use gpuwatch_proto::ValidationReport;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -159,7 +159,7 @@ fn v1_health_lists_the_mig_instances() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("kmsg.log");
     std::fs::write(&log, "").unwrap();
-    let agent = Agent::start_nvml_sim(
+    let agent = TestAgent::start_nvml_sim(
         &dir.path().join("state"),
         &shipped(),
         &["--kmsg-path", log.to_str().unwrap()],
@@ -204,7 +204,7 @@ fn a_mig_device_nvml_cannot_read_is_that_instances_problem_only() {
     });
     let log = dir.path().join("kmsg.log");
     std::fs::write(&log, "").unwrap();
-    let agent = Agent::start_nvml_sim(
+    let agent = TestAgent::start_nvml_sim(
         &dir.path().join("state"),
         &sim,
         &["--kmsg-path", log.to_str().unwrap()],
@@ -300,7 +300,7 @@ fn a_contained_xid_on_a_mig_instance_through_dev_kmsg_marks_that_instance_only()
         ),
     )
     .unwrap();
-    let agent = Agent::start_nvml_sim(
+    let agent = TestAgent::start_nvml_sim(
         &state,
         &sim,
         &[

@@ -4,7 +4,7 @@
 //! `NICPortFlapping` until a quiet window passes, and counters that read
 //! high from the start count nothing.
 
-use crate::common::{Agent, http_get, wait_until};
+use crate::common::{TestAgent, http_get, wait_until};
 use gpuwatch_test_support::sysfs::FakeSysfs;
 use std::time::Duration;
 
@@ -57,7 +57,7 @@ fn a_port_goes_down_then_flaps_then_quiets_and_the_gpus_never_hear_of_it() {
     // A healthy H100 node can read 15 here for ever (the 4-bit maximum).
     sysfs.set_counter("mlx5_0", 1, "excessive_buffer_overrun_errors", 15);
     let cfg = config(dir.path(), &sysfs);
-    let agent = Agent::start(
+    let agent = TestAgent::start(
         &dir.path().join("state"),
         &[
             "--config",

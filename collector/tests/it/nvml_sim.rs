@@ -37,7 +37,7 @@ fn config(scenario_name: &str) -> NvmlConfig {
 
 /// The running NVML sources and everything they sent so far (each input
 /// also goes through a real health engine, when the test has one).
-struct Harness {
+struct NvmlSimHarness {
     rx: crossbeam_channel::Receiver<Input>,
     seen: Vec<Input>,
     /// When each input of `seen` arrived.
@@ -48,10 +48,10 @@ struct Harness {
     engine: Option<Rig>,
 }
 
-impl Harness {
+impl NvmlSimHarness {
     /// Starts the sources with `cfg` as a configuration file would give it
     /// (resolved here: an invalid test setting fails the test).
-    fn start(cfg: &NvmlConfig) -> Harness {
+    fn start(cfg: &NvmlConfig) -> NvmlSimHarness {
         let (tx, rx) = crossbeam_channel::bounded(1024);
         let registry = Registry::new();
         let liveness = Liveness::new();
@@ -62,7 +62,7 @@ impl Harness {
             gpuwatch_core::Shutdown::new(),
             liveness.clone(),
         );
-        Harness {
+        NvmlSimHarness {
             rx,
             seen: Vec::new(),
             arrived: Vec::new(),
@@ -74,8 +74,8 @@ impl Harness {
     }
 
     /// Like `start`, feeding every input into a health engine too.
-    fn with_engine(cfg: &NvmlConfig) -> Harness {
-        let mut h = Harness::start(cfg);
+    fn with_engine(cfg: &NvmlConfig) -> NvmlSimHarness {
+        let mut h = NvmlSimHarness::start(cfg);
         h.engine = Some(Rig::new(None, "boot-nvml-hang"));
         h
     }
@@ -200,7 +200,7 @@ const UUID1: &str = "GPU-00000000-1111-2222-3333-444444444441";
 
 #[test]
 fn healthy_sample_carries_every_reading_and_identity() {
-    let mut h = Harness::start(&config("test-pcie.toml"));
+    let mut h = NvmlSimHarness::start(&config("test-pcie.toml"));
     let s = h.wait_for("a first sample", |seen| sample_where(seen, 1, |_| true));
     assert_eq!(s.uuid, UUID1);
     assert_eq!(s.pci_address, "0000:3b:00.0", "8-digit domain normalised");
@@ -243,7 +243,7 @@ fn healthy_sample_carries_every_reading_and_identity() {
 
 #[test]
 fn xid_event_is_a_fault_with_code_and_gpu_identity() {
-    let mut h = Harness::start(&config("test-xid.toml"));
+    let mut h = NvmlSimHarness::start(&config("test-xid.toml"));
     let ev = h.wait_for("an XID fault", |seen| {
         faults(seen)
             .into_iter()
@@ -267,7 +267,7 @@ fn xid_event_is_a_fault_with_code_and_gpu_identity() {
 
 #[test]
 fn ecc_counters_rise_in_samples_and_dbe_event_is_an_ecc_fault() {
-    let mut h = Harness::start(&config("test-ecc.toml"));
+    let mut h = NvmlSimHarness::start(&config("test-ecc.toml"));
     let s = h.wait_for("ECC counters in a sample", |seen| {
         sample_where(seen, 0, |g| g.ecc_volatile_corrected == Some(12))
     });
@@ -292,7 +292,7 @@ fn ecc_counters_rise_in_samples_and_dbe_event_is_an_ecc_fault() {
 
 #[test]
 fn row_remap_pending_and_failure_and_recovery_action_show_in_samples() {
-    let mut h = Harness::start(&config("test-row-remap.toml"));
+    let mut h = NvmlSimHarness::start(&config("test-row-remap.toml"));
     let pending = h.wait_for("a pending row remap", |seen| {
         sample_where(seen, 0, |g| g.remapped_rows_pending == Some(true))
     });
@@ -312,7 +312,7 @@ fn row_remap_pending_and_failure_and_recovery_action_show_in_samples() {
 
 #[test]
 fn pcie_link_downtrained_shows_current_below_max() {
-    let mut h = Harness::start(&config("test-pcie.toml"));
+    let mut h = NvmlSimHarness::start(&config("test-pcie.toml"));
     let s = h.wait_for("a downtrained link", |seen| {
         sample_where(seen, 0, |g| g.pcie_link_width == Some(8))
     });
@@ -325,7 +325,7 @@ fn pcie_link_downtrained_shows_current_below_max() {
 
 #[test]
 fn thermal_slowdown_is_one_thermal_fault_per_onset() {
-    let mut h = Harness::start(&config("test-thermal.toml"));
+    let mut h = NvmlSimHarness::start(&config("test-thermal.toml"));
     let ev = h.wait_for("a thermal fault", |seen| {
         faults(seen)
             .into_iter()
@@ -360,7 +360,7 @@ fn thermal_slowdown_is_one_thermal_fault_per_onset() {
 
 #[test]
 fn nvlink_down_shows_in_samples_only_for_links_that_exist() {
-    let mut h = Harness::start(&config("test-nvlink.toml"));
+    let mut h = NvmlSimHarness::start(&config("test-nvlink.toml"));
     let s = h.wait_for("a down link", |seen| {
         sample_where(seen, 0, |g| {
             g.nvlinks.iter().any(|l| l.active == Some(false))
@@ -390,7 +390,7 @@ fn nvlink_down_shows_in_samples_only_for_links_that_exist() {
 
 #[test]
 fn lost_and_removed_gpus_are_gpu_lost_faults_once_each() {
-    let mut h = Harness::start(&config("test-gpu-lost.toml"));
+    let mut h = NvmlSimHarness::start(&config("test-gpu-lost.toml"));
     let lost = h.wait_for("two gpu_lost faults", |seen| {
         let l: Vec<FaultEvent> = faults(seen)
             .into_iter()
@@ -440,7 +440,7 @@ fn lost_and_removed_gpus_are_gpu_lost_faults_once_each() {
 
 #[test]
 fn init_failure_is_a_monitor_status_never_a_fault_then_recovers() {
-    let mut h = Harness::start(&config("test-init-failure.toml"));
+    let mut h = NvmlSimHarness::start(&config("test-init-failure.toml"));
     h.wait_for("ok:true after the failures", |seen| {
         seen.iter()
             .any(|i| matches!(i, Input::MonitorStatus { ok: true, .. }))
@@ -481,7 +481,7 @@ fn missing_library_is_a_monitor_status_and_shutdown_is_prompt() {
         retry_interval_secs: 30,
         ..NvmlConfig::default()
     };
-    let mut h = Harness::start(&cfg);
+    let mut h = NvmlSimHarness::start(&cfg);
     let msg = h.wait_for("ok:false", |seen| {
         seen.iter().find_map(|i| match i {
             Input::MonitorStatus {
@@ -500,7 +500,7 @@ fn missing_library_is_a_monitor_status_and_shutdown_is_prompt() {
 
 #[test]
 fn shutdown_joins_both_threads_within_a_second() {
-    let mut h = Harness::start(&config("test-xid.toml"));
+    let mut h = NvmlSimHarness::start(&config("test-xid.toml"));
     assert_eq!(h.sources.len(), 2, "poller and event source");
     h.wait_for("a sample", |seen| sample_where(seen, 0, |_| true));
     let took = h.stop();
@@ -517,7 +517,7 @@ fn stopping_between_polls_ten_seconds_apart_is_prompt() {
         events: false,
         ..config("test-xid.toml")
     };
-    let mut h = Harness::start(&cfg);
+    let mut h = NvmlSimHarness::start(&cfg);
     h.wait_for("a sample", |seen| sample_where(seen, 0, |_| true));
     std::thread::sleep(Duration::from_millis(200));
     let took = h.stop();
@@ -587,7 +587,7 @@ fn idle_cost_of_eight_gpus_polled_every_ten_seconds() {
         sim_scenario: Some(scenario("demo.toml")),
         ..NvmlConfig::default()
     };
-    let mut h = Harness::start(&cfg);
+    let mut h = NvmlSimHarness::start(&cfg);
     h.wait_for("a first poll", |seen| sample_where(seen, 7, |_| true));
     let (cpu0, t0) = (cpu_seconds(), Instant::now());
     let window = Duration::from_secs(30);
@@ -668,7 +668,7 @@ removed = false
         sim_scenario: Some(path),
         ..config("test-gpu-lost.toml")
     };
-    let mut h = Harness::start(&cfg);
+    let mut h = NvmlSimHarness::start(&cfg);
     h.wait_for("ok:false for zero GPUs", |seen| {
         seen.iter()
             .any(|i| {
@@ -698,7 +698,7 @@ removed = false
 }
 
 /// NVML statuses sent so far, with their arrival times.
-fn statuses(h: &Harness) -> Vec<(bool, String, Instant)> {
+fn statuses(h: &NvmlSimHarness) -> Vec<(bool, String, Instant)> {
     h.seen
         .iter()
         .zip(&h.arrived)
@@ -724,7 +724,7 @@ fn hang_config(scenario_name: &str, poll_ms: u64, call_timeout_ms: u64) -> NvmlC
 
 /// Waits for an NVML status `ok` whose message contains `needle`, sent after
 /// input number `from`; returns its position and when it arrived.
-fn wait_status(h: &mut Harness, from: usize, ok: bool, needle: &str) -> (usize, Instant) {
+fn wait_status(h: &mut NvmlSimHarness, from: usize, ok: bool, needle: &str) -> (usize, Instant) {
     let n = h.wait_for(&format!("ok:{ok} ({needle})"), |seen| {
         seen.iter().skip(from).position(|i| {
             matches!(i, Input::MonitorStatus { input: MonitorInput::Nvml, ok: o, message }
@@ -750,7 +750,7 @@ fn hung_nvml_makes_gpus_unknown_within_two_polls_and_stop_is_bounded() {
     let (poll, deadline) = (Duration::from_millis(500), Duration::from_millis(300));
     // The simulator's clock starts at the first init, after this.
     let started = Instant::now();
-    let mut h = Harness::with_engine(&hang_config(
+    let mut h = NvmlSimHarness::with_engine(&hang_config(
         "test-hang.toml",
         poll.as_millis() as u64,
         deadline.as_millis() as u64,
@@ -814,7 +814,7 @@ fn hung_nvml_makes_gpus_unknown_within_two_polls_and_stop_is_bounded() {
 #[test]
 fn hung_call_that_returns_is_followed_by_a_fresh_session() {
     let (poll, deadline) = (Duration::from_millis(300), Duration::from_millis(250));
-    let mut h = Harness::with_engine(&hang_config(
+    let mut h = NvmlSimHarness::with_engine(&hang_config(
         "test-hang-temperature.toml",
         poll.as_millis() as u64,
         deadline.as_millis() as u64,
@@ -879,7 +879,7 @@ fn hung_call_that_returns_is_followed_by_a_fresh_session() {
 fn sigterm_ends_an_agent_with_hung_nvml_within_ten_seconds() {
     let dir = tempfile::tempdir().unwrap();
     let config = crate::common::data("nvml-hang.toml");
-    let agent = crate::common::Agent::start_nvml_sim(
+    let agent = crate::common::TestAgent::start_nvml_sim(
         dir.path(),
         &scenario("test-hang.toml"),
         &["--config", config.to_str().unwrap()],
@@ -967,7 +967,7 @@ at_ms = 1000
         sim_scenario: Some(path),
         ..hang_config("test-xid.toml", 200, deadline.as_millis() as u64)
     };
-    let mut h = Harness::with_engine(&cfg);
+    let mut h = NvmlSimHarness::with_engine(&cfg);
     let (at, _) = wait_status(&mut h, 0, false, "nvmlEventSetWait_v2 did not return");
     // Several backoff rounds: fresh event workers answer a few calls and get
     // stuck again; the poller keeps polling.
@@ -1054,7 +1054,8 @@ call = "nvmlDeviceGetCount_v2"
 #[test]
 fn sigterm_with_the_default_deadline_and_stuck_calls_exits_within_ten_seconds() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = crate::common::Agent::start_nvml_sim(dir.path(), &scenario("test-hang.toml"), &[]);
+    let agent =
+        crate::common::TestAgent::start_nvml_sim(dir.path(), &scenario("test-hang.toml"), &[]);
     let addr = agent.api_addr().expect("API address");
     assert!(
         crate::common::wait_until(Duration::from_secs(10), || {
@@ -1091,7 +1092,7 @@ fn sigterm_with_the_default_deadline_and_stuck_calls_exits_within_ten_seconds() 
 /// fault while it is pending and clears it once it is back.
 #[test]
 fn a_gpu_leaving_the_fabric_is_a_fault_until_it_is_registered_again() {
-    let mut h = Harness::with_engine(&config("hgx-fabric-manager-restart.toml"));
+    let mut h = NvmlSimHarness::with_engine(&config("hgx-fabric-manager-restart.toml"));
     let registered = h.wait_for("a registered sample", |seen| {
         sample_where(seen, 0, |g| {
             g.fabric.as_ref().is_some_and(|f| f.state == "completed")
@@ -1140,7 +1141,7 @@ fn a_gpu_leaving_the_fabric_is_a_fault_until_it_is_registered_again() {
 /// and each MIG device's UUID, GPU instance and compute instance.
 #[test]
 fn mig_devices_are_read_with_their_instance_ids() {
-    let mut h = Harness::start(&config("test-mig.toml"));
+    let mut h = NvmlSimHarness::start(&config("test-mig.toml"));
     let s = h.wait_for("a sample with MIG devices", |seen| {
         sample_where(seen, 0, |g| !g.mig_devices.is_empty())
     });
@@ -1207,7 +1208,7 @@ fn a_contained_mig_fault_is_scoped_to_its_instance_through_the_agent() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("kmsg.log");
     std::fs::write(&log, "").unwrap();
-    let agent = crate::common::Agent::start_nvml_sim(
+    let agent = crate::common::TestAgent::start_nvml_sim(
         &dir.path().join("state"),
         &scenario("test-mig.toml"),
         &["--kmsg-path", log.to_str().unwrap()],

@@ -125,7 +125,7 @@ fn scenario() -> Vec<SimGpu> {
 
 /// One XID the test writes into the kernel log.
 #[derive(Clone, Debug)]
-struct Fault {
+struct InjectedXid {
     gpu: usize,
     xid: u32,
     /// `None`: the driver could not name the process (`pid='<unknown>'`).
@@ -136,14 +136,14 @@ struct Fault {
     line: String,
 }
 
-impl Fault {
+impl InjectedXid {
     fn new(
         gpu: usize,
         xid: u32,
         process: Option<(u32, &'static str)>,
         text: &'static str,
-    ) -> Fault {
-        Fault {
+    ) -> InjectedXid {
+        InjectedXid {
             gpu,
             xid,
             process,
@@ -226,7 +226,7 @@ fn xid_logs(r: &Received) -> Vec<&Log> {
         .collect()
 }
 
-fn log_for<'a>(r: &'a Received, f: &Fault, gpus: &[SimGpu]) -> Vec<&'a Log> {
+fn log_for<'a>(r: &'a Received, f: &InjectedXid, gpus: &[SimGpu]) -> Vec<&'a Log> {
     xid_logs(r)
         .into_iter()
         .filter(|l| {
@@ -346,20 +346,20 @@ fn roundtrip(proto: Proto) {
     wait_gpus_known(&agent, &gpus);
 
     let mut faults = vec![
-        Fault::new(0, 79, None, "GPU has fallen off the bus."),
-        Fault::new(
+        InjectedXid::new(0, 79, None, "GPU has fallen off the bus."),
+        InjectedXid::new(
             1,
             13,
             Some((1234, "pt_main_thread")),
             "Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address",
         ),
-        Fault::new(
+        InjectedXid::new(
             2,
             119,
             Some((3101, "nvidia-smi")),
             "Timeout after 6s of waiting for RPC response from GPU2 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20802a02 0x8).",
         ),
-        Fault::new(3, 43, Some((5555, "train.py")), "Ch 00000010"),
+        InjectedXid::new(3, 43, Some((5555, "train.py")), "Ch 00000010"),
     ];
     for f in &mut faults {
         f.write(&mut fifo, &gpus);
@@ -756,10 +756,10 @@ fn outage(proto: Proto) {
     wait_gpus_known(&agent, &gpus);
 
     // 1. Collector down: six faults; the queue keeps the newest four.
-    let mut down: Vec<Fault> = (0..4)
-        .map(|g| Fault::new(g, 13, Some((2000 + g as u32, "python3")), "Graphics Exception: ESR 0x504648=0x2000f"))
+    let mut down: Vec<InjectedXid> = (0..4)
+        .map(|g| InjectedXid::new(g, 13, Some((2000 + g as u32, "python3")), "Graphics Exception: ESR 0x504648=0x2000f"))
         .chain((0..2).map(|g| {
-            Fault::new(
+            InjectedXid::new(
                 g,
                 31,
                 Some((3000 + g as u32, "python3")),
@@ -808,9 +808,9 @@ fn outage(proto: Proto) {
     // 3. Killed mid-run: faults written meanwhile arrive after the restart.
     rotel.kill();
     let before = Exposition::parse(&agent.scrape());
-    let mut later: Vec<Fault> = (0..3)
+    let mut later: Vec<InjectedXid> = (0..3)
         .map(|g| {
-            Fault::new(
+            InjectedXid::new(
                 g,
                 94,
                 Some((4000 + g as u32, "python3")),
@@ -919,13 +919,13 @@ fn shutdown_flush(proto: Proto) {
     let agent = start_agent(dir.path(), &config, &fifo, proto, proto.port(&ports));
     wait_gpus_known(&agent, &gpus);
     let mut faults = vec![
-        Fault::new(
+        InjectedXid::new(
             0,
             48,
             Some((777, "python3")),
             "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 3, subpartition 0.",
         ),
-        Fault::new(
+        InjectedXid::new(
             3,
             95,
             Some((778, "python3")),

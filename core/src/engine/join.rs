@@ -67,7 +67,7 @@ impl OverCapacity {
 const MAX_HELD: usize = 10_000;
 
 /// One kernel-log event held for the join grace, with when it was read.
-pub(super) type Held = (FaultEvent, Option<Instant>);
+pub(super) type HeldKmsgEvent = (FaultEvent, Option<Instant>);
 
 /// The startup join grace: kernel-log GPU faults for an address NVML has
 /// not reported yet wait, in arrival order, for the first complete NVML
@@ -82,7 +82,7 @@ pub(super) struct JoinGrace {
     /// `nvml_join_grace_secs` passed).
     over: bool,
     /// Kernel-log events held, in arrival order.
-    held: Vec<Held>,
+    held: Vec<HeldKmsgEvent>,
     /// A position reported while events were held: it applies once they are.
     held_position: Option<KmsgPosition>,
     /// GPU faults dropped because the engine already tracks as many GPUs or
@@ -156,7 +156,7 @@ impl JoinGrace {
 
     /// Ends the grace: the held events, in arrival order, and the position
     /// that waited for them; `None` when it had ended already.
-    pub fn end(&mut self) -> Option<(Vec<Held>, Option<KmsgPosition>)> {
+    pub fn end(&mut self) -> Option<(Vec<HeldKmsgEvent>, Option<KmsgPosition>)> {
         if self.over {
             return None;
         }

@@ -12,7 +12,7 @@ use tracing::{info, warn};
 
 /// State of one monitoring input.
 #[derive(Clone, Debug, Default)]
-struct Monitor {
+struct InputStatus {
     /// `None` until the input reported.
     ok: Option<bool>,
     message: String,
@@ -21,8 +21,8 @@ struct Monitor {
 /// The monitoring inputs and what they reported.
 #[derive(Debug, Default)]
 pub(super) struct Monitors {
-    kmsg: Monitor,
-    nvml: Monitor,
+    kmsg: InputStatus,
+    nvml: InputStatus,
     /// The kmsg source finished its first pass over the ring.
     kmsg_caught_up: bool,
     validation: Option<ValidationReport>,

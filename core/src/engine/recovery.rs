@@ -8,7 +8,7 @@ use gpuwatch_proto::{Action, FaultKind, ShortName};
 use tracing::info;
 
 /// What the clearing rules need besides the fault.
-struct Ctx<'a> {
+struct ClearContext<'a> {
     boot_id: &'a str,
     now: u64,
     active_window: u64,
@@ -18,7 +18,7 @@ struct Ctx<'a> {
     clear_samples: u32,
 }
 
-impl Ctx<'_> {
+impl ClearContext<'_> {
     fn quiet(&self, f: &Fault, window: u64) -> bool {
         self.now.saturating_sub(f.last_seen) >= window
     }
@@ -53,7 +53,7 @@ fn gpu_clear_reason(
     key: &FaultKey,
     f: &Fault,
     g: &Gpu,
-    c: &Ctx<'_>,
+    c: &ClearContext<'_>,
     cfg: &super::EngineSettings,
 ) -> Option<String> {
     if key.kind == FaultKind::Fabric {
@@ -112,7 +112,11 @@ fn gpu_clear_reason(
 }
 
 /// Why a node-level fault clears now.
-fn node_clear_reason(f: &Fault, c: &Ctx<'_>, cfg: &super::EngineSettings) -> Option<String> {
+fn node_clear_reason(
+    f: &Fault,
+    c: &ClearContext<'_>,
+    cfg: &super::EngineSettings,
+) -> Option<String> {
     let since_boot = c.now.saturating_sub(c.boot_start);
     match f.action {
         Action::Unspecified | Action::Ignore | Action::RestartApp | Action::Investigate => {
@@ -144,7 +148,7 @@ impl Engine {
         // Faults may be removed below: count their coalesced repeats first.
         self.flush_fault_counts();
         let boot_id = self.boot.boot_id.clone();
-        let c = Ctx {
+        let c = ClearContext {
             boot_id: &boot_id,
             now,
             active_window: self.cfg.active_window_ns,

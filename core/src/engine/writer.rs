@@ -30,12 +30,12 @@ struct Slot<T> {
     closed: bool,
 }
 
-struct Shared<T> {
+struct GuardedSlot<T> {
     slot: Mutex<Slot<T>>,
     changed: Condvar,
 }
 
-impl<T> Shared<T> {
+impl<T> GuardedSlot<T> {
     fn lock(&self) -> MutexGuard<'_, Slot<T>> {
         self.slot.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -46,14 +46,14 @@ impl<T> Shared<T> {
 /// what it holds and end (it is not joined: a hung disk must not hang the
 /// caller).
 pub(crate) struct StateWriter<T> {
-    shared: Arc<Shared<T>>,
+    shared: Arc<GuardedSlot<T>>,
 }
 
 impl<T: Serialize + Send + 'static> StateWriter<T> {
     /// Starts the `gpuwatch-state` thread; fails only when the OS cannot
     /// start a thread (the engine then writes on its own thread).
     pub fn spawn() -> std::io::Result<StateWriter<T>> {
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(GuardedSlot {
             slot: Mutex::new(Slot {
                 job: None,
                 busy: false,
@@ -109,7 +109,7 @@ impl<T> Drop for StateWriter<T> {
     }
 }
 
-fn run<T: Serialize>(shared: &Shared<T>) {
+fn run<T: Serialize>(shared: &GuardedSlot<T>) {
     loop {
         let (path, file) = {
             let mut slot = shared.lock();

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use gpuwatch_proto::{FaultEvent, FaultKind, NetworkHealth, NicPortHealth};
 
 use super::{LinkLayer, NetworkSettings, NicScan, PhysState, PortId, PortReading, PortState};
-use counters::{Count, CounterTrack};
+use counters::{CounterTrack, MonotonicCount};
 
 /// The `NetworkProblem` reason for a NIC hardware fault (the most severe).
 pub const REASON_HARDWARE_FAULT: &str = "NICHardwareFault";
@@ -197,7 +197,7 @@ struct Port {
     flapping: bool,
     hw_fault: Option<HwFault>,
     counters: BTreeMap<String, CounterTrack>,
-    carrier: Count,
+    carrier: MonotonicCount,
     /// Flaps the kernel lines showed since the last scan (already counted).
     kernel_flaps: u64,
 }
@@ -229,7 +229,7 @@ impl Port {
             flapping: false,
             hw_fault: None,
             counters: BTreeMap::new(),
-            carrier: Count::default(),
+            carrier: MonotonicCount::default(),
             kernel_flaps: 0,
         };
         // The baseline: deltas count from here.

@@ -11,12 +11,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(Default)]
-struct Collect {
+struct RecordingSink {
     events: Mutex<Vec<FaultEvent>>,
     flushes: AtomicUsize,
 }
 
-impl EventSink for Collect {
+impl EventSink for RecordingSink {
     fn name(&self) -> &'static str {
         "collect"
     }
@@ -45,7 +45,7 @@ fn events_reach_sinks_health_is_published_and_state_flushed() {
     rig.registry.add_health_observer(Box::new(move |_, h| {
         let _ = health_tx.send(Arc::clone(h));
     }));
-    let sink = Arc::new(Collect::default());
+    let sink = Arc::new(RecordingSink::default());
     let sinks: Vec<Arc<dyn EventSink>> = vec![sink.clone()];
     tx.send(Input::Samples {
         samples: two_gpus(),
@@ -208,7 +208,7 @@ fn a_hung_state_write_never_delays_events_and_loses_nothing() {
     );
     let registry = Arc::clone(&rig.registry);
     let (tx, rx) = crossbeam_channel::bounded(1024);
-    let sink = Arc::new(Collect::default());
+    let sink = Arc::new(RecordingSink::default());
     let sinks: Vec<Arc<dyn EventSink>> = vec![sink.clone()];
     let shutdown = Shutdown::new();
     let stop = shutdown.clone();
@@ -375,7 +375,7 @@ fn the_loop_wakes_for_a_records_placement_deadline_and_shutdown_releases_the_res
     let rig = waiting_rig(500);
     let clock = rig.clock.clone();
     let (tx, rx) = crossbeam_channel::bounded(64);
-    let sink = Arc::new(Collect::default());
+    let sink = Arc::new(RecordingSink::default());
     let sinks: Vec<Arc<dyn EventSink>> = vec![sink.clone()];
     let shutdown = Shutdown::new();
     let stop = shutdown.clone();

@@ -67,7 +67,7 @@ impl Requests {
 }
 
 #[derive(Debug, Default)]
-struct State {
+struct MemoryServerState {
     revision: u64,
     next_uid: u64,
     leases: BTreeMap<u32, SlotView>,
@@ -84,7 +84,7 @@ struct State {
 /// which of them carry the fault taint.
 #[derive(Debug, Default)]
 pub(crate) struct MemoryLeaseStore {
-    state: Mutex<State>,
+    state: Mutex<MemoryServerState>,
     /// What was asked.
     pub requests: Requests,
     /// Each way of a request takes a random time in this range (tokio time),
@@ -147,7 +147,7 @@ impl MemoryLeaseStore {
     async fn call<T>(
         &self,
         (verb, resource): (&str, &str),
-        op: impl FnOnce(&mut State) -> ApiResult<T>,
+        op: impl FnOnce(&mut MemoryServerState) -> ApiResult<T>,
     ) -> ApiResult<T> {
         self.way().await;
         let r = {
@@ -171,7 +171,7 @@ impl MemoryLeaseStore {
         r
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, MemoryServerState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -241,7 +241,7 @@ fn forbidden(verb: &str, resource: &str) -> ApiError {
 
 /// The slot as stored after a write by `holding` over `before` (none: a create).
 fn written(
-    state: &mut State,
+    state: &mut MemoryServerState,
     index: u32,
     holding: &Holding,
     uid: String,

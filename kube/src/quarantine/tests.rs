@@ -40,24 +40,24 @@ struct Board {
     statuses: std::collections::BTreeMap<String, Status>,
 }
 
-struct Agent {
+struct SimClaimant {
     need: tokio::sync::watch::Sender<Need>,
     stop: tokio::sync::watch::Sender<bool>,
     task: JoinHandle<()>,
 }
 
-struct Fleet {
+struct ClaimantFleet {
     store: Arc<MemoryLeaseStore>,
     board: Arc<Mutex<Board>>,
-    agents: std::collections::BTreeMap<String, Agent>,
+    agents: std::collections::BTreeMap<String, SimClaimant>,
     budget: &'static str,
 }
 
-impl Fleet {
-    fn new(nodes: usize, budget: &'static str) -> Fleet {
+impl ClaimantFleet {
+    fn new(nodes: usize, budget: &'static str) -> ClaimantFleet {
         let store = MemoryLeaseStore::with_nodes((0..nodes).map(node))
             .with_latency(Duration::from_millis(1), Duration::from_millis(30));
-        Fleet {
+        ClaimantFleet {
             store: Arc::new(store),
             board: Arc::default(),
             agents: Default::default(),
@@ -79,7 +79,7 @@ impl Fleet {
         let task = tokio::spawn(agent_loop(claimant, need_rx, stop_rx, board, who));
         self.agents.insert(
             name.to_owned(),
-            Agent {
+            SimClaimant {
                 need: need_tx,
                 stop: stop_tx,
                 task,
@@ -183,8 +183,8 @@ fn deferred(s: &Status) -> bool {
 }
 
 /// Twenty of a hundred Nodes see a fault in the same instant.
-async fn wave() -> Fleet {
-    let mut fleet = Fleet::new(100, "10%");
+async fn wave() -> ClaimantFleet {
+    let mut fleet = ClaimantFleet::new(100, "10%");
     for i in 0..20 {
         fleet.start(&node(i), true);
     }
@@ -342,7 +342,7 @@ async fn a_restarted_agent_adopts_its_own_slot() {
 /// and ask only every 15 to 30 s.
 #[tokio::test(start_paused = true)]
 async fn api_errors_during_the_claims_never_pass_the_budget() {
-    let mut fleet = Fleet::new(100, "10%");
+    let mut fleet = ClaimantFleet::new(100, "10%");
     // Every kind of failure the API server and the network produce, one
     // request in three, answered to whoever asks next.
     fleet.store.script((0..300).map(|i| {
@@ -479,7 +479,7 @@ async fn an_off_budget_permits_the_taint_without_asking() {
 
 #[tokio::test(start_paused = true)]
 async fn a_count_budget_is_the_count_whatever_the_fleet() {
-    let mut fleet = Fleet::new(100, "3");
+    let mut fleet = ClaimantFleet::new(100, "3");
     for i in 0..8 {
         fleet.start(&node(i), true);
     }
@@ -516,7 +516,7 @@ fn snapshot(r: &Requests) -> [u64; 6] {
 /// Node needs no slot and asks nothing). Prints the rates per second.
 async fn fleet_cost(faulty: usize) -> ([f64; 6], [f64; 6], usize) {
     const NODES: usize = 5000;
-    let mut fleet = Fleet::new(NODES, "10%");
+    let mut fleet = ClaimantFleet::new(NODES, "10%");
     for i in 0..faulty {
         fleet.start(&node(i), true);
     }
@@ -796,7 +796,7 @@ async fn a_deferred_claimant_stays_deferred_while_the_api_server_is_silent() {
 /// slot again.
 #[tokio::test(start_paused = true)]
 async fn holders_killed_during_and_after_a_wave_never_push_taints_past_the_budget() {
-    let mut fleet = Fleet::new(100, "10%");
+    let mut fleet = ClaimantFleet::new(100, "10%");
     for i in 0..20 {
         fleet.start(&node(i), true);
     }

@@ -1,7 +1,7 @@
 //! The reconcile loop: a pass whenever one is wanted and the schedule allows
 //! it, a startup-gate validation whenever one is due, and in between a wait
 //! for the first input (the health, the Node watch, the validation, the
-//! quarantine claimant) or deadline; with its own state ([`RunState`]).
+//! quarantine claimant) or deadline; with its own state ([`ReconcileState`]).
 
 use super::super::backend::ApiError;
 use super::super::gate::run_validation;
@@ -22,7 +22,7 @@ impl Reconciler {
     /// between waits for the first of the inputs (health, the Node watch, the
     /// validation, the quarantine claimant) or the next deadline.
     pub(crate) async fn run(mut self) {
-        let mut run = RunState::new(&self.cfg, self.quarantine.is_some());
+        let mut run = ReconcileState::new(&self.cfg, self.quarantine.is_some());
         loop {
             if *self.shutdown.borrow() {
                 break;
@@ -70,7 +70,7 @@ impl Reconciler {
 
     /// Starts a validation when the gate holds, none runs, none passed and
     /// one is due.
-    fn start_validation_if_due(&mut self, run: &mut RunState) {
+    fn start_validation_if_due(&mut self, run: &mut ReconcileState) {
         let due = run.validation.is_none()
             && self.gate_active()
             && run.schedule.is_due(Wake::Validate, Instant::now());
@@ -94,7 +94,7 @@ impl Reconciler {
     /// One reconcile pass and what it means for the schedule: paced after a
     /// write, the hold end looked at again when something was held, and after
     /// a failure the error policy's pause with a fresh read of the Node.
-    async fn pass(&mut self, run: &mut RunState) {
+    async fn pass(&mut self, run: &mut ReconcileState) {
         let hold = Instant::now() < run.hold_until;
         match self.reconcile(hold).await {
             Ok(pass) => {
@@ -126,7 +126,7 @@ impl Reconciler {
 
     /// The deadlines that follow from the state: a re-read once a write set
     /// aside on the watch is old enough, the unadvertised-GPU grace end.
-    fn plan(&self, run: &mut RunState) {
+    fn plan(&self, run: &mut ReconcileState) {
         // A watch event was set aside because our own write is still unseen
         // on the watch. If the watch restarted past that write it never shows
         // it, and every later change would wait for UNSEEN_WRITE_LIMIT: re-read
@@ -145,7 +145,7 @@ impl Reconciler {
     }
 
     /// A Node version from the watcher.
-    fn node_seen(&mut self, seen: Seen, run: &mut RunState) {
+    fn node_seen(&mut self, seen: Seen, run: &mut ReconcileState) {
         let waiting = self.unseen_write.is_some();
         if self.seen(seen) {
             run.dirty = true;
@@ -162,7 +162,7 @@ impl Reconciler {
     fn validation_done(
         &mut self,
         r: Result<ValidationReport, tokio::task::JoinError>,
-        run: &mut RunState,
+        run: &mut ReconcileState,
     ) {
         run.validation = None;
         run.schedule
@@ -181,7 +181,7 @@ impl Reconciler {
     }
 
     /// Deadlines passed: each reason's own step, then a pass.
-    fn woke(&mut self, run: &mut RunState) {
+    fn woke(&mut self, run: &mut ReconcileState) {
         let now = Instant::now();
         for why in run.schedule.take_due(now) {
             match why {
@@ -210,7 +210,7 @@ impl Reconciler {
 }
 
 /// The reconcile loop's own state: the schedule, the error policy, what is open.
-struct RunState {
+struct ReconcileState {
     schedule: Schedule,
     /// A failed pass's pause; a taint write's lost races are retried soon.
     errors: ErrorPolicy,
@@ -229,15 +229,15 @@ struct RunState {
     quarantine_open: bool,
 }
 
-impl RunState {
-    fn new(cfg: &KubeSettings, quarantine: bool) -> RunState {
+impl ReconcileState {
+    fn new(cfg: &KubeSettings, quarantine: bool) -> ReconcileState {
         let now = Instant::now();
         let resync = cfg.api.resync;
         let mut schedule = Schedule::default();
         schedule.set(Wake::Pass, now);
         schedule.set(Wake::Validate, now);
         schedule.set(Wake::Resync, now + resync);
-        RunState {
+        ReconcileState {
             schedule,
             errors: ErrorPolicy::new(cfg.api.backoff_initial, cfg.api.backoff_max)
                 .retrying_lost_races_soon(),

@@ -7,7 +7,7 @@
 
 use crate::kube_common::{ApiDouble, build, taint_value, wait_for};
 use gpuwatch_core::validation::ValidationConfig;
-use gpuwatch_kube::{KubeConfig, KubeMetrics, KubeSettings, NodeWriter, WriterHooks};
+use gpuwatch_kube::{KubeClient, KubeConfig, KubeMetrics, KubeSettings, NodeWriter, WriterHooks};
 use gpuwatch_proto::{Action, NodeHealth};
 use k8s_openapi::api::core::v1::Node;
 use std::collections::{BTreeMap, BTreeSet};
@@ -45,36 +45,38 @@ fn health(faulty: bool) -> NodeHealth {
     }
 }
 
-struct Agent {
+struct FleetNode {
     health: watch::Sender<Arc<NodeHealth>>,
     writer: NodeWriter,
 }
 
-struct Fleet {
+struct WriterFleet {
     api: ApiDouble,
-    agents: BTreeMap<String, Agent>,
+    agents: BTreeMap<String, FleetNode>,
 }
 
-impl Fleet {
-    async fn start(api: ApiDouble) -> Fleet {
+impl WriterFleet {
+    async fn start(api: ApiDouble) -> WriterFleet {
         api.track_taint(FAULT_TAINT);
         let mut agents = BTreeMap::new();
         for i in 0..AGENTS {
             let (tx, rx) = watch::channel(Arc::new(health(false)));
+            let resolved = settings(&api);
+            let client = KubeClient::connect(&resolved).await.expect("a client");
             let writer = NodeWriter::start(
-                settings(&api),
+                resolved,
                 ValidationConfig::default(),
                 name(i),
                 KubeMetrics::new(),
                 rx,
-                false,
+                &client,
                 WriterHooks::default(),
             )
             .await
             .expect("writer starts");
-            agents.insert(name(i), Agent { health: tx, writer });
+            agents.insert(name(i), FleetNode { health: tx, writer });
         }
-        Fleet { api, agents }
+        WriterFleet { api, agents }
     }
 
     fn tainted(&self) -> BTreeSet<String> {
@@ -121,19 +123,21 @@ impl Fleet {
     /// Starts the agent of `node` again (a restarted pod on the same Node).
     async fn restart(&mut self, node: &str, now: NodeHealth) {
         let (tx, rx) = watch::channel(Arc::new(now));
+        let resolved = settings(&self.api);
+        let client = KubeClient::connect(&resolved).await.expect("a client");
         let writer = NodeWriter::start(
-            settings(&self.api),
+            resolved,
             ValidationConfig::default(),
             node.to_owned(),
             KubeMetrics::new(),
             rx,
-            false,
+            &client,
             WriterHooks::default(),
         )
         .await
         .expect("writer starts");
         self.agents
-            .insert(node.to_owned(), Agent { health: tx, writer });
+            .insert(node.to_owned(), FleetNode { health: tx, writer });
     }
 
     /// Whether `node`'s slot Lease was renewed in the last lease duration.
@@ -199,7 +203,7 @@ fn deferral_events(api: &ApiDouble) -> BTreeSet<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wave_over_a_hundred_nodes_taints_ten_and_hands_slots_on() {
-    let mut fleet = Fleet::start(fleet_double().await).await;
+    let mut fleet = WriterFleet::start(fleet_double().await).await;
     let t0 = Instant::now();
     fleet.wave();
     fleet.settled("the wave").await;
@@ -319,7 +323,7 @@ async fn a_wave_over_a_hundred_nodes_taints_ten_and_hands_slots_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_errors_during_a_wave_never_pass_the_budget() {
-    let fleet = Fleet::start(fleet_double().await).await;
+    let fleet = WriterFleet::start(fleet_double().await).await;
     // The first claims meet throttling, server errors and an unavailable
     // server, interleaved with answers.
     fleet
@@ -365,19 +369,21 @@ async fn a_role_without_leases_taints_anyway_and_says_why() {
     let node = name(0);
     let metrics = KubeMetrics::new();
     let (tx, rx) = watch::channel(Arc::new(health(false)));
+    let resolved = KubeConfig {
+        // A changed Event is patched at once here, not after a minute.
+        event_patch_interval_secs: 1,
+        ..config(&api)
+    }
+    .resolve()
+    .unwrap();
+    let client = KubeClient::connect(&resolved).await.expect("a client");
     let writer = NodeWriter::start(
-        KubeConfig {
-            // A changed Event is patched at once here, not after a minute.
-            event_patch_interval_secs: 1,
-            ..config(&api)
-        }
-        .resolve()
-        .unwrap(),
+        resolved,
         ValidationConfig::default(),
         node.clone(),
         metrics.clone(),
         rx,
-        false,
+        &client,
         WriterHooks::default(),
     )
     .await
@@ -470,13 +476,15 @@ async fn a_missing_namespace_taints_anyway_and_says_why() {
     let node = name(0);
     let metrics = KubeMetrics::new();
     let (_tx, rx) = watch::channel(Arc::new(health(true)));
+    let resolved = settings(&api);
+    let client = KubeClient::connect(&resolved).await.expect("a client");
     let writer = NodeWriter::start(
-        settings(&api),
+        resolved,
         ValidationConfig::default(),
         node.clone(),
         metrics.clone(),
         rx,
-        false,
+        &client,
         WriterHooks::default(),
     )
     .await

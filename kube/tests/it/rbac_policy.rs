@@ -1,9 +1,9 @@
-//! The shipped RBAC and admission policy against what the node writer sends:
-//! both manifests parse into typed k8s-openapi objects; the ClusterRole (nodes),
-//! the Role in the Event namespace (events) and the Role in the agent's
-//! namespace (the quarantine budget's Leases) together grant exactly
-//! `WRITER_REQUESTS`, which equals the set of requests recorded from a writer run
-//! against the API double; no cluster-wide Event access; the rendered overlays
+//! The shipped RBAC and admission policy against what the node writer and the
+//! pod listing send: both manifests parse into typed k8s-openapi objects; the
+//! ClusterRole (nodes, pods), the Role in the Event namespace (events) and the
+//! Role in the agent's namespace (the quarantine budget's Leases) together
+//! grant exactly `WRITER_REQUESTS`, which equals the set of requests recorded
+//! from a writer and listing run against the API double; no cluster-wide Event access; the rendered overlays
 //! keep the Events Role in the Event namespace and bind the same subjects as the
 //! ClusterRoleBinding; the CEL names every default condition type and taint key
 //! gpuwatch owns, and — evaluated with a CEL interpreter against request
@@ -14,7 +14,8 @@ use crate::kube_common::{ApiDouble, taint_value, wait_for};
 use gpuwatch_core::validation::ValidationConfig;
 use gpuwatch_kube::KubeMetrics;
 use gpuwatch_kube::{
-    KubeConfig, KubeSettings, NodeWriter, UNGRANTED_REQUESTS, WRITER_REQUESTS, WriterHooks,
+    KubeClient, KubeConfig, KubeSettings, NodeWriter, PodListing, UNGRANTED_REQUESTS,
+    WRITER_REQUESTS, WriterHooks,
 };
 use gpuwatch_proto::{
     Action, ActiveFault, FaultEvent, FaultKind, MonitorStatus, NodeHealth, Verdict,
@@ -401,17 +402,27 @@ async fn recorded_requests_equal_the_rbac_grants() {
         Some([("gpuwatch.io/quarantine-slot".to_owned(), "0".to_owned())].into());
     api.put_lease("default", &left);
     let metrics = KubeMetrics::new();
+    // The writer and the pod listing on one client, as the agent runs them.
+    let settings = cfg.resolve().unwrap();
+    let client = KubeClient::connect(&settings).await.unwrap();
+    let listing = PodListing::start(
+        &client,
+        &settings,
+        "rbac-node",
+        Arc::new(|_| {}),
+        Arc::default(),
+        &tokio::runtime::Handle::current(),
+    )
+    .unwrap()
+    .expect("a live client lists");
     let w = NodeWriter::start(
-        cfg.resolve().unwrap(),
+        settings,
         ValidationConfig::default(),
         "rbac-node".into(),
         metrics,
         rx,
-        false,
-        WriterHooks {
-            on_pods: Some(std::sync::Arc::new(|_| {})),
-            ..WriterHooks::default()
-        },
+        &client,
+        WriterHooks::default(),
     )
     .await
     .unwrap();
@@ -502,6 +513,7 @@ async fn recorded_requests_equal_the_rbac_grants() {
         .is_some())
         .await
     );
+    assert!(listing.stop_within(Duration::from_secs(5)).await);
     w.shutdown_within(Duration::from_secs(5)).await;
     let ungranted: BTreeSet<Req> = UNGRANTED_REQUESTS
         .iter()

@@ -184,19 +184,26 @@ async fn a_writer_killed_while_holding_keeps_holding_after_a_restart() {
         .enable_all()
         .build()
         .unwrap();
+    let settings = cfg.resolve().unwrap();
+    let state_dir = state.path().to_path_buf();
     let writer = doomed
-        .spawn(NodeWriter::start(
-            cfg.resolve().unwrap(),
-            ValidationConfig::default(),
-            NODE.into(),
-            KubeMetrics::new(),
-            rx,
-            false,
-            WriterHooks {
-                state_dir: Some(state.path().to_path_buf()),
-                ..WriterHooks::default()
-            },
-        ))
+        .spawn(async move {
+            // The client's tasks run on the doomed runtime too.
+            let client = KubeClient::connect(&settings).await.expect("a client");
+            NodeWriter::start(
+                settings,
+                ValidationConfig::default(),
+                NODE.into(),
+                KubeMetrics::new(),
+                rx,
+                &client,
+                WriterHooks {
+                    state_dir: Some(state_dir),
+                    ..WriterHooks::default()
+                },
+            )
+            .await
+        })
         .await
         .unwrap()
         .expect("writer starts");

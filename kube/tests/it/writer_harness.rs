@@ -11,8 +11,8 @@ pub(crate) use crate::kube_common::{
 pub(crate) use gpuwatch_core::placement::PlacementUpdate;
 pub(crate) use gpuwatch_core::validation::ValidationConfig;
 pub(crate) use gpuwatch_kube::{
-    KubeConfig, KubeMetrics, KubeObject, NodeWriter, PlacementCallback, ValidationCallback,
-    ValidationResult, WriteResult, WriterHooks,
+    KubeClient, KubeConfig, KubeMetrics, KubeObject, NodeWriter, PlacementCallback, PodListing,
+    ValidationCallback, ValidationResult, WriteResult, WriterHooks,
 };
 pub(crate) use gpuwatch_proto::{Action, NodeHealth, ValidationReport};
 pub(crate) use k8s_openapi::api::core::v1::{Node, Taint};
@@ -40,15 +40,18 @@ pub(crate) fn healthy(n: u32, boot: &str) -> NodeHealth {
     crate::kube_common::build::healthy(NODE, n, boot)
 }
 
-/// A running writer, its double, and what it told the agent.
+/// A running writer (and, when asked for, the pod listing beside it, on the
+/// same client, as the agent runs them), its double, and what they told the
+/// agent.
 pub(crate) struct Harness {
     pub(crate) api: ApiDouble,
     tx: watch::Sender<Arc<NodeHealth>>,
     pub(crate) writer: Option<NodeWriter>,
+    listing: Option<PodListing>,
     pub(crate) metrics: Arc<KubeMetrics>,
     /// Every report the writer handed to `on_validation`.
     reports: Arc<Mutex<Vec<ValidationReport>>>,
-    /// Every pod listing the writer handed to `on_pods`.
+    /// Every update the pod listing handed over.
     pub(crate) placements: Arc<Mutex<Vec<PlacementUpdate>>>,
     /// What the engine wakes to ask the pod listing for a fresh list.
     pub(crate) pods_ask: Arc<tokio::sync::Notify>,
@@ -76,7 +79,7 @@ impl Harness {
         Harness::start_writer(api, cfg, vcfg, health, false, None).await
     }
 
-    /// With `pods`, the writer also lists the Node's pods into `placements`.
+    /// A writer, and the pod listing into `placements`.
     pub(crate) async fn with_listing(api: ApiDouble, health: NodeHealth) -> Harness {
         let cfg = api.kube_config();
         Harness::start_writer(api, cfg, ValidationConfig::default(), health, true, None).await
@@ -114,17 +117,29 @@ impl Harness {
             seen.lock().unwrap().push(u);
         });
         let pods_ask = Arc::new(tokio::sync::Notify::new());
+        let settings = cfg.resolve().expect("valid settings");
+        let client = KubeClient::connect(&settings).await.expect("a client");
+        let listing = pods.then(|| {
+            PodListing::start(
+                &client,
+                &settings,
+                NODE,
+                on_pods,
+                pods_ask.clone(),
+                &tokio::runtime::Handle::current(),
+            )
+            .expect("listing starts")
+            .expect("a live client lists")
+        });
         let writer = NodeWriter::start(
-            cfg.resolve().expect("valid settings"),
+            settings,
             vcfg,
             NODE.into(),
             metrics.clone(),
             rx,
-            false,
+            &client,
             WriterHooks {
                 on_validation: Some(on_validation),
-                on_pods: pods.then_some(on_pods),
-                pods_ask: pods.then(|| pods_ask.clone()),
                 state_dir,
             },
         )
@@ -134,6 +149,7 @@ impl Harness {
             api,
             tx,
             writer: Some(writer),
+            listing,
             metrics,
             reports,
             placements,
@@ -165,9 +181,16 @@ impl Harness {
         );
     }
 
-    /// Stops the writer, checks it made only the requests it declares, and
-    /// hands the double back (for a restarted writer).
+    /// Stops the pod listing and the writer, checks they made only the
+    /// requests the crate declares, and hands the double back (for a
+    /// restarted writer).
     pub(crate) async fn stop(mut self) -> ApiDouble {
+        if let Some(l) = self.listing.take() {
+            assert!(
+                l.stop_within(Duration::from_secs(5)).await,
+                "the listing stops"
+            );
+        }
         if let Some(w) = self.writer.take() {
             w.shutdown_within(Duration::from_secs(5)).await;
         }

@@ -30,13 +30,25 @@ async fn dry_run_needs_no_api_server() {
         min_write_interval_ms: 10,
         ..KubeConfig::default()
     };
+    let settings = cfg.resolve().unwrap();
+    let client = KubeClient::dry_run();
+    let listing = PodListing::start(
+        &client,
+        &settings,
+        NODE,
+        Arc::new(|_| {}),
+        Arc::default(),
+        &tokio::runtime::Handle::current(),
+    )
+    .unwrap();
+    assert!(listing.is_none(), "a dry run lists no pods");
     let w = NodeWriter::start(
-        cfg.resolve().unwrap(),
+        settings,
         ValidationConfig::default(),
         NODE.into(),
         metrics.clone(),
         rx,
-        true,
+        &client,
         WriterHooks::default(),
     )
     .await

@@ -4,7 +4,7 @@
 use crate::kube_common::build::pod_on;
 use crate::writer_harness::*;
 
-/// The latest pod listing the writer handed over.
+/// The latest pod listing handed over.
 fn latest_pods(h: &Harness) -> Option<Arc<gpuwatch_core::placement::PodDirectory>> {
     h.placements
         .lock()

@@ -57,14 +57,14 @@ use gpuwatch_kube::{ApiRequest, KubeConfig, UNGRANTED_REQUESTS, WRITER_REQUESTS}
 use k8s_openapi::api::core::v1::{Event, Node};
 use nodes::NodeStore;
 use serde_json::{Value, json};
-use server::{Inner, Shared, handle};
+use server::{DoubleState, SharedDouble, handle};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The double: its URL, and handles that change what it answers.
 pub struct ApiDouble {
     pub url: String,
-    inner: Shared,
+    inner: SharedDouble,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
@@ -77,7 +77,7 @@ impl ApiDouble {
         }
         let mut nodes = NodeStore::default();
         nodes.insert(v, 1);
-        let inner: Shared = Arc::new(Mutex::new(Inner {
+        let inner: SharedDouble = Arc::new(Mutex::new(DoubleState {
             rv: 1,
             nodes,
             ..Default::default()
@@ -104,7 +104,7 @@ impl ApiDouble {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, DoubleState> {
         self.inner.lock().expect("double lock")
     }
 

@@ -20,7 +20,7 @@ use std::time::Duration;
 /// counter they share (etcd's revision is one for all kinds), the failures a
 /// test asked for, and every request.
 #[derive(Default)]
-pub(super) struct Inner {
+pub(super) struct DoubleState {
     pub(super) rv: u64,
     pub(super) nodes: NodeStore,
     pub(super) events: Events,
@@ -68,11 +68,11 @@ fn access_review(forbidden: &HashSet<(String, String)>, req: &Request) -> Respon
     super::status::ok(201, &answer)
 }
 
-pub(super) type Shared = Arc<Mutex<Inner>>;
+pub(super) type SharedDouble = Arc<Mutex<DoubleState>>;
 
 /// The one handler of the double's router.
 pub(super) async fn handle(
-    State(inner): State<Shared>,
+    State(inner): State<SharedDouble>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -91,7 +91,7 @@ pub(super) async fn handle(
     resp
 }
 
-fn answer(g: &mut Inner, req: &Request) -> Response {
+fn answer(g: &mut DoubleState, req: &Request) -> Response {
     if g.faults.down {
         // What a client sees from an API server behind a load balancer while
         // it is unavailable (`errors.NewServiceUnavailable`).
@@ -127,7 +127,7 @@ fn answer(g: &mut Inner, req: &Request) -> Response {
     }
 }
 
-impl Inner {
+impl DoubleState {
     /// Nodes carrying `key` now.
     pub(super) fn tainted_with(&self, key: &str) -> usize {
         self.nodes

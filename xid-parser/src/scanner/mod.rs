@@ -78,7 +78,7 @@ pub struct RecordMeta {
 }
 
 #[derive(Debug)]
-struct Identity {
+struct KnownGpu {
     pci: String,
     uuid: String,
     serial: Option<String>,
@@ -102,7 +102,7 @@ pub struct Scanner {
     ctx: ContextWindow,
     hold_usec: u64,
     held: Option<Held>,
-    identities: Vec<Identity>,
+    identities: Vec<KnownGpu>,
     last_identity: Option<usize>,
     /// (normalised PCI, monotonic time) of the last XID 79 of each GPU (several GPUs
     /// can fall off together; each one's later report is the echo of its XID).

@@ -186,7 +186,7 @@ impl Scanner {
                 if self.identities.len() >= MAX_IDENTITIES {
                     self.identities.remove(0);
                 }
-                self.identities.push(Identity {
+                self.identities.push(KnownGpu {
                     pci,
                     uuid: uuid.to_owned(),
                     serial: None,

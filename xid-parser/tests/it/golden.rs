@@ -8,7 +8,7 @@ use std::sync::Arc;
 use xid_parser::saved_log::{LogCounts, LogOptions, read_events, read_events_plain};
 use xid_parser::{Policy, Scanner, parse_line};
 
-struct Case {
+struct GoldenCase {
     name: String,
     sources: Vec<String>,
     input: Vec<String>,
@@ -18,15 +18,15 @@ struct Case {
 const GOLDEN: &str = include_str!("../data/golden.txt");
 const GOLDEN_REAL: &str = include_str!("../data/golden-real.txt");
 
-fn cases() -> Vec<Case> {
+fn cases() -> Vec<GoldenCase> {
     parse_cases(GOLDEN)
 }
 
-fn parse_cases(text: &str) -> Vec<Case> {
-    let mut out: Vec<Case> = Vec::new();
+fn parse_cases(text: &str) -> Vec<GoldenCase> {
+    let mut out: Vec<GoldenCase> = Vec::new();
     for line in text.lines() {
         if let Some(name) = line.strip_prefix("## case: ") {
-            out.push(Case {
+            out.push(GoldenCase {
                 name: name.trim().to_owned(),
                 sources: Vec::new(),
                 input: Vec::new(),
@@ -53,7 +53,7 @@ fn parse_cases(text: &str) -> Vec<Case> {
 
 /// The case's events, owned (`Scanner::push`); the same case read as borrowed
 /// events (`Scanner::push_view`, as `gpuwatch scan` reads) must give equal ones.
-fn run(case: &Case) -> Vec<FaultEvent> {
+fn run(case: &GoldenCase) -> Vec<FaultEvent> {
     let mut scanner = Scanner::new(Arc::new(Policy::default()));
     let mut viewer = Scanner::new(Arc::new(Policy::default()));
     let mut viewed = Vec::new();
@@ -185,7 +185,7 @@ fn golden_real_cases() {
     check_cases(&cases);
 }
 
-fn check_cases(cases: &[Case]) {
+fn check_cases(cases: &[GoldenCase]) {
     let mut failures = Vec::new();
     for case in cases {
         let events = run(case);
@@ -241,7 +241,7 @@ fn gsp_dump_is_attached_to_xid119() {
 
 #[test]
 fn checker_reports_mismatches() {
-    let case = Case {
+    let case = GoldenCase {
         name: "self_test".into(),
         sources: Vec::new(),
         input: vec!["[ 1.0] NVRM: Xid (PCI:0000:3b:00): 43, pid=7, name=a b, Ch 00000002".into()],

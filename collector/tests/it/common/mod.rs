@@ -202,26 +202,26 @@ pub fn run_command(flags: &[&str], extra: &[&str]) -> Command {
 }
 
 /// A running `gpuwatch run`.
-pub struct Agent {
+pub struct TestAgent {
     pub child: Child,
     pub stdout: Lines,
     pub stderr: Lines,
     pub state_dir: PathBuf,
 }
 
-impl Agent {
+impl TestAgent {
     /// Starts `gpuwatch run --sink stdout --no-nvml --state-dir DIR
     /// --api-listen 127.0.0.1:0 --log-format json` plus `extra`.
-    pub fn start(state_dir: &Path, extra: &[&str]) -> Agent {
-        Agent::spawn(state_dir, &["--no-nvml"], extra, None)
+    pub fn start(state_dir: &Path, extra: &[&str]) -> TestAgent {
+        TestAgent::spawn(state_dir, &["--no-nvml"], extra, None)
     }
 
     /// Starts `gpuwatch run --sink stdout --nvml-sim SCENARIO --state-dir DIR
     /// --api-listen 127.0.0.1:0 --log-format json` plus `extra`, with the
     /// nvml-sim library built by [`nvml_sim_lib`].
-    pub fn start_nvml_sim(state_dir: &Path, scenario: &Path, extra: &[&str]) -> Agent {
+    pub fn start_nvml_sim(state_dir: &Path, scenario: &Path, extra: &[&str]) -> TestAgent {
         let scenario = scenario.to_str().expect("UTF-8 scenario path");
-        Agent::spawn(
+        TestAgent::spawn(
             state_dir,
             &["--nvml-sim", scenario],
             extra,
@@ -231,7 +231,12 @@ impl Agent {
 
     /// Adds the common flags to a `gpuwatch run` command, starts it and waits
     /// for "gpuwatch started.".
-    fn spawn(state_dir: &Path, input: &[&str], extra: &[&str], sim_lib: Option<&Path>) -> Agent {
+    fn spawn(
+        state_dir: &Path,
+        input: &[&str],
+        extra: &[&str],
+        sim_lib: Option<&Path>,
+    ) -> TestAgent {
         let state_dir_arg = state_dir.to_str().expect("UTF-8 state dir");
         let mut flags = input.to_vec();
         flags.extend([
@@ -256,7 +261,7 @@ impl Agent {
         let stderr = Lines::default();
         stdout.spawn_reader(child.stdout.take().unwrap());
         stderr.spawn_reader(child.stderr.take().unwrap());
-        let agent = Agent {
+        let agent = TestAgent {
             child,
             stdout,
             stderr,
@@ -356,7 +361,7 @@ impl Agent {
     }
 }
 
-impl Drop for Agent {
+impl Drop for TestAgent {
     fn drop(&mut self) {
         // A test that failed midway must not leave the agent running.
         let _ = self.child.kill();

@@ -4,7 +4,7 @@
 //! FIFO the test writes kmsg-format records into, and NVML from the nvml-sim
 //! cdylib driven by `collector/tests/data/kube-*.toml`.
 //!
-//! One [`Rig`] per test: a tokio runtime serving the double, a temporary
+//! One [`KubeWorld`] per test: a tokio runtime serving the double, a temporary
 //! directory with the state dir, the boot-id file, the FIFO and the config.
 //! The FIFO is held open read-write by the rig for its whole life, so the
 //! agent never sees end-of-file between restarts and wakes on every write.
@@ -69,7 +69,7 @@ pub enum Nvml<'a> {
 
 /// One test's world: the API double, the kernel-log FIFO, the boot id, the
 /// state directory.
-pub struct Rig {
+pub struct KubeWorld {
     /// The API-server double (dropped before the runtime that serves it).
     pub api: ApiDouble,
     /// Serves the double.
@@ -81,10 +81,10 @@ pub struct Rig {
     pub dir: tempfile::TempDir,
 }
 
-impl Rig {
+impl KubeWorld {
     /// Starts the double serving `node`; creates the FIFO and the boot-id file
     /// (`boot-a`).
-    pub fn new(node: Node) -> Rig {
+    pub fn new(node: Node) -> KubeWorld {
         ensure_nvml_sim();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -102,7 +102,7 @@ impl Rig {
             .write(true)
             .open(&fifo_path)
             .expect("open the FIFO read-write");
-        let rig = Rig {
+        let rig = KubeWorld {
             api,
             rt,
             fifo,
@@ -171,7 +171,7 @@ normal_event_spread_secs = 0
         path
     }
 
-    /// Starts `gpuwatch run` with `config` (from [`Rig::config`]), this rig's
+    /// Starts `gpuwatch run` with `config` (from [`KubeWorld::config`]), this rig's
     /// FIFO, boot id and state dir, plus `extra` flags.
     pub fn start(&self, config: &Path, nvml: Nvml<'_>, extra: &[&str]) -> KubeAgent {
         let (fifo, boot_id, state_dir) = (self.fifo_path(), self.boot_id_path(), self.state_dir());

@@ -62,11 +62,11 @@ pub(super) fn is_saturated(name: &str, v: u64) -> bool {
 /// A plain monotonic count (`carrier_changes`): the delta since the last
 /// reading, a lower value being a reset.
 #[derive(Debug, Default, Clone)]
-pub(super) struct Count {
+pub(super) struct MonotonicCount {
     last: Option<u64>,
 }
 
-impl Count {
+impl MonotonicCount {
     /// Takes one reading and returns the increase (0 for the baseline).
     pub(super) fn update(&mut self, v: u64) -> u64 {
         let delta = match self.last {

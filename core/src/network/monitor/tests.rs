@@ -7,18 +7,18 @@ use crate::network::{CounterReading, CounterValue, PhysState, PortState};
 const GRACE: u64 = 60;
 
 /// A clock the tests move by hand: `t(s)` is `s` seconds after the start.
-struct Rig {
+struct ManualMonitor {
     m: NetworkMonitor,
     t0: Instant,
 }
 
-impl Rig {
-    fn new() -> Rig {
-        Rig::with(NetworkSettings::default())
+impl ManualMonitor {
+    fn new() -> ManualMonitor {
+        ManualMonitor::with(NetworkSettings::default())
     }
 
-    fn with(settings: NetworkSettings) -> Rig {
-        Rig {
+    fn with(settings: NetworkSettings) -> ManualMonitor {
+        ManualMonitor {
             m: NetworkMonitor::new(settings),
             t0: Instant::now(),
         }
@@ -146,14 +146,14 @@ fn tos(ts: &[PortTransition]) -> Vec<(PortStatus, PortStatus)> {
 }
 
 /// Flaps the port `mlx5_0` at seconds `at`: down at `at`, up at `at + 5`.
-fn flap(r: &mut Rig, at: u64) {
+fn flap(r: &mut ManualMonitor, at: u64) {
     r.scan(at, vec![ib(0, false)]);
     r.scan(at + 5, vec![ib(0, true)]);
 }
 
 #[test]
 fn down_goes_down_after_exactly_the_grace() {
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     assert!(r.scan(0, vec![ib(0, true)]).is_empty());
     let t = r.scan(10, vec![ib(0, false)]);
     assert_eq!(tos(&t), [(PortStatus::Up, PortStatus::GoingDown)]);
@@ -182,7 +182,7 @@ fn down_goes_down_after_exactly_the_grace() {
 
 #[test]
 fn a_kernel_link_down_starts_the_grace() {
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     r.scan(0, vec![ib(0, true)]);
     let t = r.kernel(3, &nic_event(0, "link_down", &[])).unwrap();
     assert_eq!(tos(&t), [(PortStatus::Up, PortStatus::GoingDown)]);
@@ -196,7 +196,7 @@ fn a_kernel_link_down_starts_the_grace() {
 
 #[test]
 fn back_within_the_grace_is_one_flap_not_down() {
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     r.scan(0, vec![ib(0, true)]);
     r.scan(10, vec![ib(0, false)]);
     let t = r.scan(40, vec![ib(0, true)]);
@@ -214,7 +214,7 @@ fn back_within_the_grace_is_one_flap_not_down() {
 
 #[test]
 fn back_after_down_clears_down_and_is_a_flap() {
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     r.scan(0, vec![ib(0, true)]);
     r.scan(10, vec![ib(0, false)]);
     r.tick(100);
@@ -231,7 +231,7 @@ fn back_after_down_clears_down_and_is_a_flap() {
 
 #[test]
 fn three_flaps_in_the_window_flap_until_the_quiet_time() {
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     r.scan(0, vec![ib(0, true)]);
     flap(&mut r, 100);
     flap(&mut r, 1000);
@@ -264,19 +264,19 @@ fn flaps_spread_wider_than_the_window_are_not_flapping() {
         flap_threshold: 2,
         ..NetworkSettings::default()
     };
-    let mut r = Rig::with(s.clone());
+    let mut r = ManualMonitor::with(s.clone());
     r.scan(0, vec![ib(0, true)]);
     flap(&mut r, 100);
     flap(&mut r, 100 + 3600);
     assert_eq!(r.status(3705, "mlx5_0"), "up");
     // One second less apart, they are.
-    let mut r = Rig::with(s);
+    let mut r = ManualMonitor::with(s);
     r.scan(0, vec![ib(0, true)]);
     flap(&mut r, 100);
     flap(&mut r, 100 + 3599);
     assert_eq!(r.status(3704, "mlx5_0"), "flapping");
     // The default threshold 3 with flaps 40 minutes apart: never 3 in 1h.
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     r.scan(0, vec![ib(0, true)]);
     for i in 0..5 {
         flap(&mut r, 100 + i * 2400);
@@ -293,7 +293,7 @@ fn steady_counters_are_no_errors() {
         ("symbol_error", 15),
         ("port_rcv_errors", 3),
     ];
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     for secs in [0, 5, 10, 3600] {
         assert!(
             r.scan(secs, vec![with_counters(ib(0, true), &counters)])
@@ -308,7 +308,7 @@ fn steady_counters_are_no_errors() {
 
 #[test]
 fn counters_count_deltas_and_resets_from_zero() {
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     for (secs, v) in [(0, 100), (5, 104), (10, 110), (15, 3), (20, 5)] {
         r.scan(
             secs,
@@ -333,7 +333,7 @@ fn saturated_counters_are_listed_and_not_counted() {
         ("symbol_error", 65_535),                   // 16 bits
         ("rx_icrc_encapsulated", 65_535),           // unknown width: all ones
     ] {
-        let mut r = Rig::new();
+        let mut r = ManualMonitor::new();
         r.scan(0, vec![with_counters(ib(0, true), &[(name, max)])]);
         r.scan(5, vec![with_counters(ib(0, true), &[(name, max)])]);
         let m = r.metrics("mlx5_0");
@@ -347,7 +347,7 @@ fn saturated_counters_are_listed_and_not_counted() {
         assert_eq!(m.errors, [(name.to_string(), 2)], "{name}");
     }
     // Below the maximum is not saturated.
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     r.scan(
         0,
         vec![with_counters(ib(0, true), &[("symbol_error", 65_534)])],
@@ -357,7 +357,7 @@ fn saturated_counters_are_listed_and_not_counted() {
 
 #[test]
 fn unreadable_counters_are_listed() {
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     let mut reading = with_counters(ib(0, true), &[("symbol_error", 1)]);
     reading.counters.push(CounterReading {
         name: "port_xmit_wait".into(),
@@ -394,9 +394,9 @@ fn unreadable_counters_are_listed() {
 /// between two scans count twice.
 #[test]
 fn one_flap_seen_by_every_source_counts_once() {
-    type Step = (u64, &'static str, bool, u64);
+    type Observation = (u64, &'static str, bool, u64);
     // (seconds, "scan" | "down" | "up", scan: port up, scan: link_downed)
-    let cases: [(&str, &[Step], u64); 6] = [
+    let cases: [(&str, &[Observation], u64); 6] = [
         (
             "kernel pair and counter between two scans that read up",
             &[
@@ -455,7 +455,7 @@ fn one_flap_seen_by_every_source_counts_once() {
         ),
     ];
     for (name, steps, want) in cases {
-        let mut r = Rig::new();
+        let mut r = ManualMonitor::new();
         for &(secs, what, up, link_downed) in steps {
             match what {
                 "scan" => {
@@ -475,7 +475,7 @@ fn one_flap_seen_by_every_source_counts_once() {
 
 #[test]
 fn roce_carrier_changes_count_pairs() {
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     r.scan(0, vec![roce(0, true, 10)]);
     r.scan(5, vec![roce(0, true, 14)]);
     assert_eq!(r.metrics("mlx5_0").flaps_total, 2);
@@ -486,7 +486,7 @@ fn roce_carrier_changes_count_pairs() {
     assert_eq!(r.metrics("mlx5_0").flaps_total, 3);
     assert_eq!(r.status(15, "mlx5_0"), "flapping");
     // InfiniBand ports' carrier_changes (IPoIB) are not a flap source.
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     let mut p = ib(1, true);
     p.carrier_changes = Some(10);
     r.scan(0, vec![p.clone()]);
@@ -501,7 +501,7 @@ fn below_the_minimum_rate_is_degraded() {
         min_rate_gbps: Some(400.0),
         ..NetworkSettings::default()
     };
-    let mut r = Rig::with(s);
+    let mut r = ManualMonitor::with(s);
     let mut slow = ib(1, true);
     slow.rate_gbps = Some(200.0);
     let t = r.scan(0, vec![ib(0, true), slow]);
@@ -527,7 +527,7 @@ fn fewer_ports_up_than_expected_is_a_problem() {
         expected_infiniband: Some(8),
         ..NetworkSettings::default()
     };
-    let mut r = Rig::with(s);
+    let mut r = ManualMonitor::with(s);
     let ports = |eighth_up| {
         (0..8)
             .map(|n| ib(n, n < 7 || eighth_up))
@@ -553,7 +553,7 @@ fn fewer_ports_up_than_expected_is_a_problem() {
         expected_infiniband: Some(8),
         ..NetworkSettings::default()
     };
-    let mut r = Rig::with(s);
+    let mut r = ManualMonitor::with(s);
     r.scan(0, (0..7).map(|n| ib(n, true)).collect());
     assert_eq!(r.m.next_deadline(), Some(r.t(GRACE)));
     assert!(r.health(GRACE).problem);
@@ -561,7 +561,7 @@ fn fewer_ports_up_than_expected_is_a_problem() {
 
 #[test]
 fn a_never_up_port_is_information_reported_once() {
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     assert!(r.scan(0, vec![ib(0, true), ib(1, false)]).is_empty());
     assert_eq!(r.status(0, "mlx5_1"), "going_down");
     let t = r.tick(GRACE);
@@ -591,7 +591,7 @@ fn ignored_ports_are_shown_never_a_problem() {
         ignore: vec!["mlx5_1".into()],
         ..NetworkSettings::default()
     };
-    let mut r = Rig::with(s);
+    let mut r = ManualMonitor::with(s);
     let mut all = Vec::new();
     all.extend(r.scan(0, vec![ib(0, true), ib(1, true)]));
     all.extend(r.scan(5, vec![ib(0, true), ib(1, false)]));
@@ -607,7 +607,7 @@ fn ignored_ports_are_shown_never_a_problem() {
 
 #[test]
 fn an_incomplete_scan_keeps_the_states() {
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     r.scan(0, vec![ib(0, true), ib(1, true)]);
     r.scan(5, vec![ib(0, true), ib(1, false)]);
     let t = r.m.scan(&NicScan {
@@ -641,7 +641,7 @@ fn an_incomplete_scan_keeps_the_states() {
 
 #[test]
 fn a_vanished_device_goes_down_after_the_grace() {
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     r.scan(0, vec![ib(0, true), ib(1, false), ib(2, true)]);
     // mlx5_0 (up) and mlx5_1 (never up) leave a clean scan.
     let t = r.scan(5, vec![ib(2, true)]);
@@ -664,7 +664,7 @@ fn a_vanished_device_goes_down_after_the_grace() {
 
 #[test]
 fn kernel_events_about_other_devices_are_not_consumed() {
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     r.scan(0, vec![ib(0, true)]);
     assert_eq!(r.kernel(1, &nic_event(9, "link_down", &[])), None);
     assert_eq!(
@@ -686,7 +686,7 @@ fn kernel_events_about_other_devices_are_not_consumed() {
 
 #[test]
 fn an_uncorrectable_aer_at_the_nic_is_a_hardware_fault_until_quiet() {
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     r.scan(0, vec![ib(0, true), ib(1, true)]);
     assert_eq!(r.kernel(5, &aer(0, "corrected")), Some(Vec::new()));
     let t = r.kernel(10, &aer(0, "uncorrected_fatal")).unwrap();
@@ -710,7 +710,7 @@ fn an_uncorrectable_aer_at_the_nic_is_a_hardware_fault_until_quiet() {
 
 #[test]
 fn module_events_fault_or_take_the_link_down() {
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     r.scan(0, vec![ib(0, true), ib(1, true), ib(2, true)]);
     let bad = nic_event(
         0,
@@ -736,7 +736,7 @@ fn the_most_severe_reason_names_the_ports() {
         min_rate_gbps: Some(400.0),
         ..NetworkSettings::default()
     };
-    let mut r = Rig::with(s);
+    let mut r = ManualMonitor::with(s);
     let mut slow = ib(3, true);
     slow.rate_gbps = Some(100.0);
     r.scan(0, vec![ib(0, true), ib(1, true), ib(2, true), slow.clone()]);
@@ -764,7 +764,7 @@ fn the_most_severe_reason_names_the_ports() {
         [("mlx5_0", 1), ("mlx5_1", 1), ("mlx5_2", 1), ("mlx5_3", 1)]
     );
     // Natural order: mlx5_2 before mlx5_10.
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     let mut second = ib(10, true);
     second.id.port = 2;
     r.scan(0, vec![ib(10, true), ib(2, true), second, ib(1, true)]);
@@ -782,7 +782,7 @@ fn the_most_severe_reason_names_the_ports() {
 
 #[test]
 fn near_gpus_share_the_numa_node() {
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     r.m.set_gpus(&[
         ("0000:18:00.0".into(), Some(0)),
         ("0000:9a:00.0".into(), Some(1)),
@@ -800,14 +800,14 @@ fn near_gpus_share_the_numa_node() {
 
 #[test]
 fn next_deadline_is_the_earliest_and_never_in_the_past() {
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     r.scan(0, vec![ib(0, true), ib(1, true)]);
     assert_eq!(r.m.next_deadline(), None, "all up, nothing expected");
     let s = NetworkSettings {
         expected_infiniband: Some(2),
         ..NetworkSettings::default()
     };
-    let mut r = Rig::with(s);
+    let mut r = ManualMonitor::with(s);
     assert_eq!(r.m.next_deadline(), None);
     r.scan(0, vec![ib(0, true), ib(1, true)]);
     // The start of the expected-ports check.
@@ -847,7 +847,7 @@ fn statuses_and_reasons_have_their_names() {
 fn a_late_scan_reports_the_expired_grace_first() {
     // The engine missed the deadline: the scan that reads the port up again
     // still says it was down, then up.
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     r.scan(0, vec![ib(0, true)]);
     r.scan(5, vec![ib(0, false)]);
     let t = r.scan(5 + GRACE + 30, vec![ib(0, true)]);
@@ -864,7 +864,7 @@ fn a_late_scan_reports_the_expired_grace_first() {
         t[1].message
     );
     // The same for a kernel line.
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     r.scan(0, vec![ib(0, true)]);
     r.kernel(5, &nic_event(0, "link_down", &[]));
     let t = r.kernel(5 + GRACE, &nic_event(0, "link_up", &[])).unwrap();
@@ -879,7 +879,7 @@ fn a_late_scan_reports_the_expired_grace_first() {
 
 #[test]
 fn kernel_flaps_count_at_once_and_never_up_is_no_flap() {
-    let mut r = Rig::new();
+    let mut r = ManualMonitor::new();
     r.scan(0, vec![ib(0, true), ib(1, false)]);
     let mut last = Vec::new();
     for i in 0..3 {
@@ -930,7 +930,7 @@ fn random_inputs_keep_the_invariants() {
             expected_infiniband: (seed % 2 == 0).then_some(3),
             ..NetworkSettings::default()
         };
-        let mut r = Rig::with(s);
+        let mut r = ManualMonitor::with(s);
         let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let mut now = 0u64;
         // The latest time the monitor took (a kernel line it did not consume
@@ -1057,7 +1057,7 @@ fn random_inputs_keep_the_invariants() {
     assert_eq!(reached.len(), 7, "{reached:?}");
 }
 
-fn status_of(r: &Rig, n: u32) -> Option<PortStatus> {
+fn status_of(r: &ManualMonitor, n: u32) -> Option<PortStatus> {
     r.m.port_metrics()
         .into_iter()
         .find(|m| m.port.device == format!("mlx5_{n}"))
