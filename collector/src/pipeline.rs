@@ -856,6 +856,18 @@ pub fn forward_nvml(
     }
 }
 
+/// The fault events waiting in an engine channel now (other inputs are
+/// discarded): what a source under test delivered.
+#[cfg(test)]
+pub(crate) fn faults(rx: &Receiver<Input>) -> Vec<FaultEvent> {
+    rx.try_iter()
+        .filter_map(|i| match i {
+            Input::Fault { event, .. } => Some(event),
+            _ => None,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -871,15 +883,6 @@ mod tests {
         };
         ev.set_kind(FaultKind::Xid);
         ev
-    }
-
-    fn faults(rx: &Receiver<Input>) -> Vec<FaultEvent> {
-        rx.try_iter()
-            .filter_map(|i| match i {
-                Input::Fault { event, .. } => Some(event),
-                _ => None,
-            })
-            .collect()
     }
 
     #[test]

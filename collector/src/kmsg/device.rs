@@ -1,6 +1,6 @@
 //! Reading `/dev/kmsg`: one record per `read(2)`.
 
-use super::reader::{Outcome, Reader};
+use super::reader::{ReadOn, Reader};
 use super::{KmsgError, MAX_BUFFER};
 use crate::pipeline::SendStatus;
 use std::fs::File;
@@ -33,7 +33,7 @@ impl Reader {
                         self.retry.reset();
                     }
                     let read_at = Instant::now();
-                    if let Outcome::EngineGone = self.process(&buf[..n], Some(read_at)) {
+                    if let ReadOn::EngineGone = self.process(&buf[..n], Some(read_at)) {
                         return Ok(false);
                     }
                     // A run of records without events does not hold back
@@ -58,7 +58,7 @@ impl Reader {
                     if self.stopping() {
                         return Ok(false);
                     }
-                    if let Outcome::EngineGone = self.idle(Some(file.as_fd())) {
+                    if let ReadOn::EngineGone = self.idle(Some(file.as_fd())) {
                         return Ok(false);
                     }
                 }

@@ -31,7 +31,7 @@ pub(super) const FALLBACK_WAIT: Duration = Duration::from_millis(250);
 pub(super) struct EngineGone;
 
 /// Whether the reader goes on after a step (a batch of records, a wait).
-pub(super) enum Outcome {
+pub(super) enum ReadOn {
     /// The engine is still there: read on.
     Continue,
     /// The engine is gone.
@@ -269,13 +269,13 @@ impl Reader {
 
     /// Idle work, then a wait for input on `input` (a pollable descriptor),
     /// for shutdown, or for the next thing due.
-    pub(super) fn idle(&mut self, input: Option<BorrowedFd<'_>>) -> Outcome {
-        if let Outcome::EngineGone = self.idle_work() {
-            return Outcome::EngineGone;
+    pub(super) fn idle(&mut self, input: Option<BorrowedFd<'_>>) -> ReadOn {
+        if let ReadOn::EngineGone = self.idle_work() {
+            return ReadOn::EngineGone;
         }
         let wait = self.idle_wait();
         self.wait(input, wait);
-        Outcome::Continue
+        ReadOn::Continue
     }
 
     pub(super) fn heartbeat(&self) {
@@ -284,25 +284,25 @@ impl Reader {
         );
     }
 
-    pub(super) fn idle_work(&mut self) -> Outcome {
+    pub(super) fn idle_work(&mut self) -> ReadOn {
         self.heartbeat();
         if self.scanner.has_pending() {
             self.scanner
                 .flush_expired(boot::monotonic_usec(), &mut self.out);
-            if let Outcome::EngineGone = self.deliver(Instant::now()) {
-                return Outcome::EngineGone;
+            if let ReadOn::EngineGone = self.deliver(Instant::now()) {
+                return ReadOn::EngineGone;
             }
             if !self.scanner.has_pending() {
                 self.processed_seq = self.last_seq;
             }
         }
         if self.sender.flush() == SendStatus::Disconnected {
-            return Outcome::EngineGone;
+            return ReadOn::EngineGone;
         }
         if self.report_position().is_err() {
-            return Outcome::EngineGone;
+            return ReadOn::EngineGone;
         }
-        Outcome::Continue
+        ReadOn::Continue
     }
 }
 

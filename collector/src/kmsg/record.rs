@@ -1,6 +1,6 @@
 //! One record: sequence checks, the scanner, and delivery of its events.
 
-use super::reader::{Outcome, Reader};
+use super::reader::{ReadOn, Reader};
 use crate::boot;
 use crate::pipeline::SendStatus;
 use gpuwatch_core::registry::Tally;
@@ -16,13 +16,13 @@ const MAX_PLAUSIBLE_GAP: u64 = (2u64 << 30) / 32;
 impl Reader {
     /// One record (without trailing newline for replays; a full `/dev/kmsg`
     /// record with dictionary lines for the device).
-    pub(super) fn process(&mut self, record: &[u8], read_at: Option<Instant>) -> Outcome {
+    pub(super) fn process(&mut self, record: &[u8], read_at: Option<Instant>) -> ReadOn {
         let rec = match xid_parser::parse_kmsg_record(record) {
             Ok(r) => r,
             Err(e) => {
                 self.registry.count(Tally::KmsgMalformed, 1);
                 tracing::debug!(error = %e, "Malformed kernel log record skipped.");
-                return Outcome::Continue;
+                return ReadOn::Continue;
             }
         };
         let seq = rec.seq;
@@ -30,7 +30,7 @@ impl Reader {
         // last record read was processed before (the saved cursor at start; a
         // reopen after a read error starts at the oldest record again).
         if self.device && self.last_seq.is_some_and(|done| seq <= done) {
-            return Outcome::Continue;
+            return ReadOn::Continue;
         }
         self.registry.count(Tally::KmsgRead, 1);
         self.summary.records += 1;
@@ -81,24 +81,24 @@ impl Reader {
                 self.scanner.push(meta, "", &mut self.out);
             }
             let read_at = read_at.unwrap_or_else(Instant::now);
-            if let Outcome::EngineGone = self.deliver(read_at) {
-                return Outcome::EngineGone;
+            if let ReadOn::EngineGone = self.deliver(read_at) {
+                return ReadOn::EngineGone;
             }
         } else if pending {
             self.scanner.flush_expired(rec.ts_usec, &mut self.out);
-            if let Outcome::EngineGone = self.deliver(Instant::now()) {
-                return Outcome::EngineGone;
+            if let ReadOn::EngineGone = self.deliver(Instant::now()) {
+                return ReadOn::EngineGone;
             }
         }
         if !self.scanner.has_pending() {
             self.processed_seq = Some(seq);
         }
-        Outcome::Continue
+        ReadOn::Continue
     }
 
     /// Hands the events the scanner produced to the sender, staged
     /// ([`FaultSender::stage`](crate::pipeline::FaultSender::stage)).
-    pub(super) fn deliver(&mut self, read_at: Instant) -> Outcome {
+    pub(super) fn deliver(&mut self, read_at: Instant) -> ReadOn {
         for mut ev in self.out.drain(..) {
             ev.set_source(Source::Kmsg);
             if ev.boot_id.is_empty() {
@@ -112,9 +112,9 @@ impl Reader {
             // Offered with the rest of the read run, when the reader finds
             // the input empty (`idle_work`) or the stage is full or old.
             if self.sender.stage(ev, read_at) == SendStatus::Disconnected {
-                return Outcome::EngineGone;
+                return ReadOn::EngineGone;
             }
         }
-        Outcome::Continue
+        ReadOn::Continue
     }
 }

@@ -1,7 +1,7 @@
 //! Reading a replay: a file or FIFO of kmsg-format lines, followed like
 //! `tail -f` unless it is to end the source.
 
-use super::reader::{FALLBACK_WAIT, Outcome, Reader};
+use super::reader::{FALLBACK_WAIT, ReadOn, Reader};
 use super::{KmsgError, MAX_BUFFER};
 use crate::pipeline::SendStatus;
 use gpuwatch_core::registry::Tally;
@@ -51,7 +51,7 @@ impl Reader {
                 Ok(0) => {
                     if is_fifo && !seen_data {
                         // No writer yet: not the end of the input.
-                        if let Outcome::EngineGone = self.idle_replay(growth.as_ref()) {
+                        if let ReadOn::EngineGone = self.idle_replay(growth.as_ref()) {
                             return Ok(false);
                         }
                         continue;
@@ -64,7 +64,7 @@ impl Reader {
                     if filled > 0 && (self.cfg.exit_at_eof || is_fifo) {
                         let line = buf[..filled].to_vec();
                         filled = 0;
-                        if let Outcome::EngineGone = self.process_line(&line) {
+                        if let ReadOn::EngineGone = self.process_line(&line) {
                             return Ok(false);
                         }
                     }
@@ -72,7 +72,7 @@ impl Reader {
                     if self.cfg.exit_at_eof {
                         return Ok(true);
                     }
-                    if let Outcome::EngineGone = self.idle_replay(growth.as_ref()) {
+                    if let ReadOn::EngineGone = self.idle_replay(growth.as_ref()) {
                         return Ok(false);
                     }
                 }
@@ -82,7 +82,7 @@ impl Reader {
                     let mut start = 0;
                     while let Some(pos) = memchr::memchr(b'\n', &buf[start..filled]) {
                         let end = start + pos;
-                        if let Outcome::EngineGone = self.process_line_at(&buf, start, end) {
+                        if let ReadOn::EngineGone = self.process_line_at(&buf, start, end) {
                             return Ok(false);
                         }
                         start = end + 1;
@@ -97,7 +97,7 @@ impl Reader {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     // A FIFO with a writer attached: read to its current end.
                     self.mark_caught_up();
-                    if let Outcome::EngineGone = self.idle(Some(file.as_fd())) {
+                    if let ReadOn::EngineGone = self.idle(Some(file.as_fd())) {
                         return Ok(false);
                     }
                 }
@@ -112,11 +112,11 @@ impl Reader {
         }
     }
 
-    fn process_line_at(&mut self, buf: &[u8], start: usize, end: usize) -> Outcome {
+    fn process_line_at(&mut self, buf: &[u8], start: usize, end: usize) -> ReadOn {
         let line = &buf[start..end];
         // Dictionary continuation lines and blank lines carry no record.
         if line.is_empty() || line[0] == b' ' {
-            return Outcome::Continue;
+            return ReadOn::Continue;
         }
         // `process` wants the line without its newline; the caller's buffer is
         // borrowed immutably while `self` is borrowed mutably, which is fine
@@ -124,10 +124,10 @@ impl Reader {
         self.process(line, READ_AT_PER_RECORD)
     }
 
-    fn process_line(&mut self, line: &[u8]) -> Outcome {
+    fn process_line(&mut self, line: &[u8]) -> ReadOn {
         let line = line.strip_suffix(b"\n").unwrap_or(line);
         if line.is_empty() || line[0] == b' ' {
-            return Outcome::Continue;
+            return ReadOn::Continue;
         }
         self.process(line, READ_AT_PER_RECORD)
     }
@@ -135,14 +135,14 @@ impl Reader {
     /// Idle work for a replay at its end (a file or a FIFO without writer,
     /// which `poll(2)` cannot wait on): waits for `growth` to report a write,
     /// or without it [`FALLBACK_WAIT`] before reading again.
-    fn idle_replay(&mut self, growth: Option<&Growth>) -> Outcome {
+    fn idle_replay(&mut self, growth: Option<&Growth>) -> ReadOn {
         let Some(growth) = growth else {
-            if let Outcome::EngineGone = self.idle_work() {
-                return Outcome::EngineGone;
+            if let ReadOn::EngineGone = self.idle_work() {
+                return ReadOn::EngineGone;
             }
             let wait = self.idle_wait().min(FALLBACK_WAIT);
             self.wait(None, wait);
-            return Outcome::Continue;
+            return ReadOn::Continue;
         };
         let outcome = self.idle(Some(growth.inotify.as_fd()));
         // Events from before the next read are consumed now: a write after

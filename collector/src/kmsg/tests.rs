@@ -1,13 +1,13 @@
 //! Tests of the kernel log source.
 
-use super::reader::{HOLD_WAIT, Outcome, Reader};
+use super::reader::{HOLD_WAIT, ReadOn, Reader};
 use super::*;
-use crate::pipeline::{IDLE_HEARTBEAT, Liveness, SendStatus};
+use crate::pipeline::{IDLE_HEARTBEAT, Liveness, SendStatus, faults};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use gpuwatch_core::msg::{Input, KmsgPosition, MonitorInput};
 use gpuwatch_core::registry::Tally;
 use gpuwatch_core::{Registry, Shutdown};
-use gpuwatch_proto::{FaultEvent, FaultKind, Source};
+use gpuwatch_proto::{FaultKind, Source};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,15 +29,6 @@ fn args(path: &Path, accept_user: bool, registry: Arc<Registry>) -> KmsgSourceAr
         shutdown: Shutdown::new(),
         stop_tx: None,
     }
-}
-
-fn faults(rx: &Receiver<Input>) -> Vec<FaultEvent> {
-    rx.try_iter()
-        .filter_map(|i| match i {
-            Input::Fault { event, .. } => Some(event),
-            _ => None,
-        })
-        .collect()
 }
 
 const XID_KERN: &str = "4,10,5000000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.";
@@ -278,7 +269,7 @@ fn position_follows_the_events_it_covers() {
         "staged: neither events nor a position"
     );
     assert_eq!(r.sender.pending(), 2);
-    assert!(matches!(r.idle_work(), Outcome::Continue));
+    assert!(matches!(r.idle_work(), ReadOn::Continue));
     assert_eq!(drained(&rx), vec![('F', 5), ('F', 7), ('P', 8)]);
     r.report_position().unwrap();
     assert_eq!(drained(&rx), vec![], "unchanged: not reported again");
@@ -293,7 +284,7 @@ fn no_position_while_an_event_is_held_for_room() {
     let mut r = device_reader(tx, Registry::new());
     for seq in 1..=5 {
         let rec = record(seq, seq == 3);
-        assert!(matches!(r.process(rec.as_bytes(), None), Outcome::Continue));
+        assert!(matches!(r.process(rec.as_bytes(), None), ReadOn::Continue));
     }
     assert_eq!(r.sender.pending(), 1, "the fault of seq 3 is held");
     assert_eq!(r.exact_position(), None);
