@@ -18,12 +18,6 @@
 //!   undelivered `Samples`; a newer one replaces it (counted `samples_dropped`).
 //!   Other NVML inputs (faults, monitor status) wait for room and are never
 //!   dropped; a held `Samples` is delivered before them to keep order.
-//! * The kmsg source hands the events of one read run over together: events
-//!   are staged in the [`FaultSender`] while the reader keeps finding records,
-//!   and offered to the channel back to back once it finds the input empty
-//!   (or [`STAGE_MAX`] wait, or the oldest waited [`STAGE_AGE`]). A burst of
-//!   records then wakes the engine once, not once per record. Staged events
-//!   count as held: the kmsg position never passes them.
 //! * Senders stop when the engine side disconnects; the engine stops after all
 //!   senders are gone and the channel is drained.
 
@@ -43,11 +37,6 @@ pub const ENGINE_CHANNEL_CAPACITY: usize = 4096;
 pub const NVML_CHANNEL_CAPACITY: usize = 64;
 /// Distinct faults the kmsg source keeps while the engine channel is full.
 pub const PENDING_CAPACITY: usize = 1024;
-/// Most fault events staged for one hand-over ([`FaultSender::stage`]).
-pub const STAGE_MAX: usize = 64;
-/// Longest a staged fault event waits while the reader keeps finding records
-/// (a storm that never leaves the input empty still delivers this often).
-pub const STAGE_AGE: Duration = Duration::from_micros(250);
 
 /// Liveness and readiness of the agent's threads. Each thread reports its own
 /// progress through the methods here (cheap private atomics, one store per
@@ -395,9 +384,6 @@ pub struct FaultSender {
     live_by_rank: [usize; RANKS],
     disconnected: bool,
     drops: DropReport,
-    /// Events of the current read run, not yet offered to the channel, in
-    /// order, with when each was read.
-    staged: Vec<(FaultEvent, Instant)>,
 }
 
 /// Action ranks (`Action::rank`: unspecified .. inspect_hardware).
@@ -473,7 +459,6 @@ impl FaultSender {
             live_by_rank: [0; RANKS],
             disconnected: false,
             drops: DropReport::default(),
-            staged: Vec::new(),
         }
     }
 
@@ -485,18 +470,20 @@ impl FaultSender {
         self.drops.note(&self.registry);
     }
 
-    /// Events not in the engine channel yet: staged, or waiting for room.
+    /// Events waiting for room in the engine channel.
     pub fn pending(&self) -> usize {
-        self.live + self.staged.len()
+        self.live
     }
 
     /// Lowest `kmsg_seq` among the events still waiting for room in the engine
     /// channel (`None` when nothing with a sequence number waits). The kmsg
     /// cursor must not pass it: those records have not reached the engine.
     pub fn lowest_pending_seq(&self) -> Option<u64> {
-        let held = self.pending.iter().filter(|h| h.live).filter_map(|h| h.seq);
-        let staged = self.staged.iter().filter_map(|(ev, _)| ev.kmsg_seq);
-        held.chain(staged).min()
+        self.pending
+            .iter()
+            .filter(|h| h.live)
+            .filter_map(|h| h.seq)
+            .min()
     }
 
     /// True once a send found the engine side gone.
@@ -509,42 +496,13 @@ impl FaultSender {
         SendStatus::Disconnected
     }
 
-    /// Sends one fault event read at `read_at` now (after every event staged
-    /// or held before it).
+    /// Sends one fault event read at `read_at`.
     pub fn send(&mut self, event: FaultEvent, read_at: Instant) -> SendStatus {
         self.registry
             .count_events(Stage::Parser, Outcome::Emitted, 1);
         if self.flush() == SendStatus::Disconnected {
             return SendStatus::Disconnected;
         }
-        self.offer(event, read_at)
-    }
-
-    /// Stages one fault event read at `read_at`, to be offered with the rest
-    /// of the read run by the next [`FaultSender::flush`] (the reader found
-    /// the input empty), or here once [`STAGE_MAX`] are staged or the oldest
-    /// was read [`STAGE_AGE`] before this one.
-    pub fn stage(&mut self, event: FaultEvent, read_at: Instant) -> SendStatus {
-        self.registry
-            .count_events(Stage::Parser, Outcome::Emitted, 1);
-        self.staged.push((event, read_at));
-        if self.staged.len() >= STAGE_MAX || self.stage_expired(read_at) {
-            return self.flush();
-        }
-        SendStatus::Accepted
-    }
-
-    /// True when the oldest staged event was read [`STAGE_AGE`] or more
-    /// before `now` (the reader calls [`FaultSender::flush`] then, even while
-    /// the records it reads produce no events).
-    pub fn stage_expired(&self, now: Instant) -> bool {
-        self.staged
-            .first()
-            .is_some_and(|(_, t)| now.saturating_duration_since(*t) >= STAGE_AGE)
-    }
-
-    /// Offers one event to the channel behind everything held.
-    fn offer(&mut self, event: FaultEvent, read_at: Instant) -> SendStatus {
         if self.pending.is_empty() {
             match self.tx.try_send(Input::Fault { event, read_at }) {
                 Ok(()) => {
@@ -659,25 +617,8 @@ impl FaultSender {
         }
     }
 
-    /// Tries to deliver held events, oldest first, then offers the staged
-    /// ones (held in turn when there is no room).
-    pub fn flush(&mut self) -> SendStatus {
-        if self.deliver_held() == SendStatus::Disconnected {
-            return SendStatus::Disconnected;
-        }
-        let mut staged = std::mem::take(&mut self.staged);
-        for (event, read_at) in staged.drain(..) {
-            if self.offer(event, read_at) == SendStatus::Disconnected {
-                return SendStatus::Disconnected;
-            }
-        }
-        // The allocation is kept for the next read run.
-        self.staged = staged;
-        SendStatus::Accepted
-    }
-
     /// Tries to deliver held events, oldest first.
-    fn deliver_held(&mut self) -> SendStatus {
+    pub fn flush(&mut self) -> SendStatus {
         self.skip_dead();
         while let Some(front) = self.pending.front_mut() {
             // Moves the event out for the send; put back (same position, index
@@ -718,9 +659,6 @@ impl FaultSender {
     /// them and they are read again at the next start.
     pub fn drain(&mut self, timeout: Duration) -> Option<u64> {
         let deadline = Instant::now() + timeout;
-        // Staged events join the held ones (behind them); a gone engine is
-        // noticed by the sends below.
-        let _ = self.flush();
         let mut lowest_lost: Option<u64> = None;
         while let Some(PendingFault {
             event,
@@ -749,7 +687,7 @@ impl FaultSender {
     /// held and the channel has room now (the kmsg position: a later report
     /// replaces one that could not go).
     pub fn try_send_in_order(&mut self, input: Input) -> InOrder {
-        if self.pending() > 0 {
+        if self.live > 0 {
             return InOrder::Deferred;
         }
         match self.tx.try_send(input) {
@@ -765,7 +703,7 @@ impl FaultSender {
     /// Sends an input, waiting up to `timeout` for room, after every held
     /// event. False when it could not be sent in time.
     pub fn send_in_order_timeout(&mut self, input: Input, timeout: Duration) -> bool {
-        if self.pending() > 0 {
+        if self.live > 0 {
             return false;
         }
         match self.tx.send_timeout(input, timeout) {
@@ -1107,77 +1045,6 @@ mod tests {
         drop(rx);
         s.send(xid_at("a", 4, 12), now);
         assert!(s.is_disconnected());
-    }
-
-    /// Staged events reach the channel only when flushed, after the held
-    /// ones and in order; until then they hold the position back and an
-    /// in-order input waits.
-    #[test]
-    fn staged_events_go_together_behind_the_held_ones() {
-        let reg = Registry::new();
-        let (tx, rx) = bounded(2);
-        let mut s = FaultSender::new(tx, reg.clone());
-        let now = Instant::now();
-        s.send(xid_at("a", 1, 1), now);
-        s.send(xid_at("a", 2, 2), now);
-        s.send(xid_at("a", 3, 3), now); // held: the channel is full
-        s.stage(xid_at("b", 4, 4), now);
-        s.stage(xid_at("b", 5, 5), now);
-        assert_eq!(s.pending(), 3);
-        assert_eq!(s.lowest_pending_seq(), Some(3));
-        assert_eq!(
-            reg.events(Stage::Parser, Outcome::Emitted),
-            5,
-            "staged events are counted when staged"
-        );
-        assert!(matches!(
-            s.try_send_in_order(Input::Tick),
-            InOrder::Deferred
-        ));
-        let codes: Vec<u32> = faults(&rx).iter().map(|e| e.code).collect();
-        assert_eq!(codes, vec![1, 2]);
-        assert_eq!(s.flush(), SendStatus::Accepted);
-        let codes: Vec<u32> = faults(&rx).iter().map(|e| e.code).collect();
-        assert_eq!(codes, vec![3, 4], "held first, then staged; 5 waits");
-        assert_eq!(s.lowest_pending_seq(), Some(5));
-        s.flush();
-        assert_eq!(faults(&rx)[0].code, 5);
-        assert_eq!(s.pending(), 0);
-        assert!(matches!(s.try_send_in_order(Input::Tick), InOrder::Sent));
-    }
-
-    /// A full stage, or one whose oldest event is [`STAGE_AGE`] old, is
-    /// offered at once; a younger one waits for the flush.
-    #[test]
-    fn a_full_or_old_stage_is_offered_without_a_flush() {
-        let (tx, rx) = bounded(4 * STAGE_MAX);
-        let mut s = FaultSender::new(tx, Registry::new());
-        let t0 = Instant::now();
-        for i in 0..STAGE_MAX - 1 {
-            s.stage(xid("a", i as u32), t0);
-        }
-        assert_eq!(faults(&rx).len(), 0);
-        s.stage(xid("a", 999), t0);
-        assert_eq!(faults(&rx).len(), STAGE_MAX, "a full stage goes as one run");
-        s.stage(xid("a", 1), t0);
-        assert!(!s.stage_expired(t0 + STAGE_AGE / 2));
-        s.stage(xid("a", 2), t0 + STAGE_AGE / 2);
-        assert_eq!(faults(&rx).len(), 0);
-        assert!(s.stage_expired(t0 + STAGE_AGE));
-        s.stage(xid("a", 3), t0 + STAGE_AGE);
-        let codes: Vec<u32> = faults(&rx).iter().map(|e| e.code).collect();
-        assert_eq!(codes, vec![1, 2, 3]);
-    }
-
-    /// At shutdown, staged events are delivered by the drain like held ones.
-    #[test]
-    fn drain_delivers_staged_events() {
-        let (tx, rx) = bounded(8);
-        let mut s = FaultSender::new(tx, Registry::new());
-        s.stage(xid_at("a", 1, 10), Instant::now());
-        assert_eq!(s.drain(Duration::from_millis(10)), None);
-        assert_eq!(faults(&rx).len(), 1);
-        assert_eq!(s.pending(), 0);
     }
 
     #[test]

@@ -2,7 +2,6 @@
 
 use super::reader::{ReadOn, Reader};
 use super::{KmsgError, MAX_BUFFER};
-use crate::pipeline::SendStatus;
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsFd;
@@ -34,13 +33,6 @@ impl Reader {
                     }
                     let read_at = Instant::now();
                     if let ReadOn::EngineGone = self.process(&buf[..n], Some(read_at)) {
-                        return Ok(false);
-                    }
-                    // A run of records without events does not hold back
-                    // the events staged before it.
-                    if self.sender.stage_expired(read_at)
-                        && self.sender.flush() == SendStatus::Disconnected
-                    {
                         return Ok(false);
                     }
                     reads_since_check += 1;

@@ -96,8 +96,6 @@ impl Reader {
         ReadOn::Continue
     }
 
-    /// Hands the events the scanner produced to the sender, staged
-    /// ([`FaultSender::stage`](crate::pipeline::FaultSender::stage)).
     pub(super) fn deliver(&mut self, read_at: Instant) -> ReadOn {
         for mut ev in self.out.drain(..) {
             ev.set_source(Source::Kmsg);
@@ -109,9 +107,7 @@ impl Reader {
                 crate::attribution::annotate(&mut ev, &self.cfg.proc_root, self.clock_ticks);
             }
             self.summary.events += 1;
-            // Offered with the rest of the read run, when the reader finds
-            // the input empty (`idle_work`) or the stage is full or old.
-            if self.sender.stage(ev, read_at) == SendStatus::Disconnected {
+            if self.sender.send(ev, read_at) == SendStatus::Disconnected {
                 return ReadOn::EngineGone;
             }
         }
