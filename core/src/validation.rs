@@ -701,27 +701,7 @@ mod tests {
     use super::*;
     use gpuwatch_proto::{Action, ActiveFault, MonitorStatus};
 
-    fn healthy_gpu(i: u32) -> GpuHealth {
-        let mut s = GpuSample {
-            index: i,
-            uuid: format!("GPU-{i}"),
-            remapped_rows_pending: Some(false),
-            remapped_rows_failure: Some(false),
-            ecc_volatile_uncorrected: Some(0),
-            pcie_link_gen: Some(5),
-            pcie_link_gen_max: Some(5),
-            pcie_link_width: Some(16),
-            pcie_link_width_max: Some(16),
-            ..Default::default()
-        };
-        s.set_recovery_action(RecoveryAction::None);
-        GpuHealth {
-            index: Some(i),
-            uuid: format!("GPU-{i}"),
-            sample: Some(s),
-            ..Default::default()
-        }
-    }
+    use gpuwatch_proto::test_util::healthy_gpu;
 
     fn health(n: u32) -> NodeHealth {
         NodeHealth {

@@ -357,30 +357,8 @@ mod tests {
     /// Two healthy GPUs in boot `boot`, as the checks want them: NVML
     /// answered, the kernel log read, a sample with nothing pending.
     fn healthy(boot: &str) -> NodeHealth {
-        use gpuwatch_proto::{GpuHealth, GpuSample, MonitorStatus, RecoveryAction, Verdict};
-        let gpu = |i: u32| {
-            let mut s = GpuSample {
-                index: i,
-                uuid: format!("GPU-{i}"),
-                remapped_rows_pending: Some(false),
-                remapped_rows_failure: Some(false),
-                ecc_volatile_uncorrected: Some(0),
-                pcie_link_gen: Some(5),
-                pcie_link_gen_max: Some(5),
-                pcie_link_width: Some(16),
-                pcie_link_width_max: Some(16),
-                ..Default::default()
-            };
-            s.set_recovery_action(RecoveryAction::None);
-            let mut g = GpuHealth {
-                index: Some(i),
-                uuid: format!("GPU-{i}"),
-                sample: Some(s),
-                ..Default::default()
-            };
-            g.set_verdict(Verdict::Healthy);
-            g
-        };
+        use gpuwatch_proto::test_util::healthy_gpu;
+        use gpuwatch_proto::{MonitorStatus, Verdict};
         let mut h = NodeHealth {
             boot_id: boot.into(),
             monitor: Some(MonitorStatus {
@@ -389,7 +367,7 @@ mod tests {
                 kmsg_caught_up: true,
                 ..Default::default()
             }),
-            gpus: vec![gpu(0), gpu(1)],
+            gpus: vec![healthy_gpu(0), healthy_gpu(1)],
             ..Default::default()
         };
         h.set_verdict(Verdict::Healthy);

@@ -40,6 +40,8 @@ pub mod podresources {
 pub mod fabric;
 pub mod json;
 mod names;
+#[cfg(feature = "test-util")]
+pub mod test_util;
 mod view;
 
 pub use generated::{

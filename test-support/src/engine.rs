@@ -5,9 +5,7 @@ use gpuwatch_core::Registry;
 use gpuwatch_core::clock::{Clock, ManualClock};
 use gpuwatch_core::engine::{BootInfo, Engine, EngineConfig};
 use gpuwatch_core::msg::{Input, MonitorInput};
-use gpuwatch_proto::{
-    Action, FaultEvent, FaultKind, GpuSample, NodeHealth, RecoveryAction, Source, Verdict,
-};
+use gpuwatch_proto::{Action, FaultEvent, FaultKind, GpuSample, NodeHealth, Source, Verdict};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -212,25 +210,15 @@ pub fn xid(code: u32, pci: &str) -> FaultEvent {
 
 /// A healthy H100-like sample.
 pub fn sample(index: u32, uuid: &str, pci: &str) -> GpuSample {
-    let mut s = GpuSample {
-        index,
+    GpuSample {
         uuid: uuid.to_string(),
         pci_address: pci.to_string(),
         name: "NVIDIA H100 80GB HBM3".into(),
         temperature_c: Some(40),
-        ecc_volatile_uncorrected: Some(0),
         ecc_volatile_corrected: Some(0),
-        remapped_rows_pending: Some(false),
-        remapped_rows_failure: Some(false),
-        pcie_link_gen: Some(5),
-        pcie_link_gen_max: Some(5),
-        pcie_link_width: Some(16),
-        pcie_link_width_max: Some(16),
         clock_event_reasons: Some(0),
-        ..Default::default()
-    };
-    s.set_recovery_action(RecoveryAction::None);
-    s
+        ..gpuwatch_proto::test_util::clean_sample(index)
+    }
 }
 
 pub fn two_gpus() -> Vec<GpuSample> {

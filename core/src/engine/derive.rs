@@ -659,18 +659,9 @@ mod tests {
         );
     }
 
+    /// GPU 0's clean sample (index, uuid and PCI address do not matter here).
     fn sample() -> GpuSample {
-        let mut s = GpuSample {
-            pcie_link_gen: Some(5),
-            pcie_link_gen_max: Some(5),
-            pcie_link_width: Some(16),
-            pcie_link_width_max: Some(16),
-            remapped_rows_pending: Some(false),
-            remapped_rows_failure: Some(false),
-            ..Default::default()
-        };
-        s.set_recovery_action(RecoveryAction::None);
-        s
+        gpuwatch_proto::test_util::clean_sample(0)
     }
 
     #[test]

@@ -5,8 +5,8 @@
 //! tests (`gpuwatch-kube`) and the agent's end-to-end tests.
 
 use gpuwatch_proto::{
-    Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, GpuSample, MigDevice, MonitorStatus,
-    NodeHealth, RecoveryAction, Verdict,
+    Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, MigDevice, MonitorStatus, NodeHealth,
+    Verdict,
 };
 use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Pod, Taint};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -55,29 +55,7 @@ pub fn taint(key: &str, value: Option<&str>) -> Taint {
 /// Healthy GPU `i` (`GPU-<i>`, PCI bus `0x1b + i`) with a full PCIe link and
 /// no row remapping or ECC errors.
 pub fn gpu(i: u32) -> GpuHealth {
-    let mut s = GpuSample {
-        index: i,
-        uuid: format!("GPU-{i}"),
-        pci_address: format!("0000:{:02x}:00.0", 0x1b + i),
-        remapped_rows_pending: Some(false),
-        remapped_rows_failure: Some(false),
-        ecc_volatile_uncorrected: Some(0),
-        pcie_link_gen: Some(5),
-        pcie_link_gen_max: Some(5),
-        pcie_link_width: Some(16),
-        pcie_link_width_max: Some(16),
-        ..Default::default()
-    };
-    s.set_recovery_action(RecoveryAction::None);
-    let mut g = GpuHealth {
-        index: Some(i),
-        uuid: format!("GPU-{i}"),
-        pci_address: s.pci_address.clone(),
-        sample: Some(s),
-        ..Default::default()
-    };
-    g.set_verdict(Verdict::Healthy);
-    g
+    gpuwatch_proto::test_util::healthy_gpu(i)
 }
 
 /// The health of Node `node` with `n` healthy GPUs in boot `boot`: both
