@@ -22,6 +22,7 @@
 //!   senders are gone and the channel is drained.
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
+use gpuwatch_core::engine::Heartbeat;
 use gpuwatch_core::msg::Input;
 use gpuwatch_core::registry::Tally;
 use gpuwatch_core::{Outcome, Registry, Shutdown, Stage};
@@ -61,7 +62,7 @@ pub struct Liveness {
     /// Unix seconds of the health engine's latest loop pass (0 before the
     /// first); the engine writes it through the handle
     /// [`Liveness::engine_heartbeat`] gives it.
-    engine_heartbeat_unix_secs: Arc<AtomicU64>,
+    engine_heartbeat: Arc<Heartbeat>,
     /// Unix milliseconds of the NVML poller's last known progress: now while
     /// it is idle or inside an NVML call younger than the call deadline (then
     /// the call's start); it stands still from a call's deadline until a
@@ -182,8 +183,8 @@ impl Liveness {
 
     /// The handle the health engine stores its loop heartbeat in (Unix
     /// seconds of its latest pass).
-    pub fn engine_heartbeat(&self) -> Arc<AtomicU64> {
-        Arc::clone(&self.engine_heartbeat_unix_secs)
+    pub fn engine_heartbeat(&self) -> Arc<Heartbeat> {
+        Arc::clone(&self.engine_heartbeat)
     }
 
     /// The NVML poller's (`events` false) or event source's progress
@@ -236,7 +237,7 @@ impl Liveness {
     pub fn stalled(&self, now_unix_secs: u64) -> Vec<&'static str> {
         let stale = |hb: u64| hb > 0 && now_unix_secs.saturating_sub(hb) > PROGRESS_DEADLINE_SECS;
         let mut out = Vec::new();
-        if stale(self.engine_heartbeat_unix_secs.load(Ordering::Relaxed)) {
+        if stale(self.engine_heartbeat.last()) {
             out.push("engine");
         }
         if stale(self.kmsg_heartbeat_unix_secs.load(Ordering::Relaxed)) {
@@ -270,7 +271,7 @@ impl Liveness {
             kmsg_unavailable: self.kmsg_unavailable(),
             state_loaded: self.state_loaded.load(Ordering::Relaxed),
             kmsg_heartbeat_unix_secs: self.kmsg_heartbeat_unix_secs(),
-            engine_heartbeat_unix_secs: self.engine_heartbeat_unix_secs.load(Ordering::Relaxed),
+            engine_heartbeat_unix_secs: self.engine_heartbeat.last(),
             stalled: self.stalled(now_unix_secs),
         }
     }

@@ -239,7 +239,7 @@ pub struct Engine {
     cache: RefCell<Option<Arc<NodeHealth>>>,
     /// Where [`run_engine`] records its progress (Unix seconds of the latest
     /// loop pass), for the liveness check.
-    heartbeat: Option<Arc<std::sync::atomic::AtomicU64>>,
+    heartbeat: Option<Arc<Heartbeat>>,
     /// Log activations after the events went to the sinks
     /// ([`run_engine`]): a log line (formatting, a write to stderr) must not
     /// delay the event it reports.
@@ -488,7 +488,7 @@ impl Engine {
     /// [`run_engine`] stores the Unix seconds of each loop pass here (at least
     /// once per tick): a liveness check that sees it stand still knows the
     /// engine is stuck, not just idle.
-    pub fn set_heartbeat(&mut self, heartbeat: Arc<std::sync::atomic::AtomicU64>) {
+    pub fn set_heartbeat(&mut self, heartbeat: Arc<Heartbeat>) {
         self.heartbeat = Some(heartbeat);
     }
 
@@ -597,5 +597,24 @@ impl Engine {
             self.updated_at = self.clock.now_unix_nanos();
             *self.cache.get_mut() = None;
         }
+    }
+}
+
+/// When a thread last went round its loop, Unix seconds (0 before the
+/// first pass): the thread beats, a liveness check reads. A check that sees
+/// it stand still knows the thread is stuck, not just idle.
+#[derive(Debug, Default)]
+pub struct Heartbeat(std::sync::atomic::AtomicU64);
+
+impl Heartbeat {
+    /// Records a pass at `unix_secs`.
+    pub fn beat(&self, unix_secs: u64) {
+        self.0
+            .store(unix_secs, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The Unix seconds of the latest pass (0: none yet).
+    pub fn last(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
     }
 }

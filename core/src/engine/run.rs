@@ -9,7 +9,6 @@ use crate::{EventSink, Registry, Shutdown};
 use crossbeam_channel::RecvTimeoutError;
 use gpuwatch_proto::{FaultEvent, NodeHealth};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 
@@ -230,10 +229,7 @@ impl<'a> EngineLoop<'a> {
     fn heartbeat(&self) {
         if let Some(hb) = &self.engine.heartbeat {
             // Real time, not the engine's clock: this is about the thread.
-            hb.store(
-                crate::clock::unix_nanos(std::time::SystemTime::now()) / NANOS,
-                Ordering::Relaxed,
-            );
+            hb.beat(crate::clock::unix_nanos(std::time::SystemTime::now()) / NANOS);
         }
     }
 

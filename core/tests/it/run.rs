@@ -165,6 +165,34 @@ fn an_idle_engine_stops_at_once_when_shutdown_is_triggered() {
     drop(tx);
 }
 
+/// Each loop pass stores the wall-clock second in the heartbeat the
+/// liveness check reads, even on an engine whose own clock is a manual one.
+#[test]
+fn each_loop_pass_beats_the_heartbeat_in_real_time() {
+    let rig = Rig::new(None, "boot-a");
+    let heartbeat = Arc::new(gpuwatch_core::engine::Heartbeat::default());
+    let mut engine = rig.engine;
+    engine.set_heartbeat(Arc::clone(&heartbeat));
+    assert_eq!(heartbeat.last(), 0, "no pass yet");
+    let (tx, rx) = crossbeam_channel::bounded(16);
+    tx.send(fault(xid(79, PCI0))).unwrap();
+    drop(tx);
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    run_engine(engine, rx, Vec::new(), Shutdown::new());
+    let after = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(
+        (before..=after).contains(&heartbeat.last()),
+        "{before} <= {} <= {after}",
+        heartbeat.last()
+    );
+}
+
 /// The kernel's syscall number the thread named `name` is blocked in, if
 /// such a thread exists (`/proc/self/task/*/syscall`, first field).
 fn blocked_syscall(name: &str) -> Option<i64> {
