@@ -28,9 +28,13 @@ pub fn clean_sample(i: u32) -> GpuSample {
 
 /// GPU `i` healthy, with its [`clean_sample`] and the same identity.
 pub fn healthy_gpu(i: u32) -> GpuHealth {
-    let s = clean_sample(i);
+    healthy_gpu_with(clean_sample(i))
+}
+
+/// A healthy GPU with `s` as its latest sample and the sample's identity.
+pub fn healthy_gpu_with(s: GpuSample) -> GpuHealth {
     let mut g = GpuHealth {
-        index: Some(i),
+        index: Some(s.index),
         uuid: s.uuid.clone(),
         pci_address: s.pci_address.clone(),
         sample: Some(s),

@@ -351,7 +351,12 @@ mod tests {
     }
 
     fn codes(buf: &Buf) -> Vec<u64> {
-        String::from_utf8(buf.0.lock().unwrap().clone())
+        codes_of(&buf.0.lock().unwrap())
+    }
+
+    /// The `code` of every JSON line in `bytes`.
+    fn codes_of(bytes: &[u8]) -> Vec<u64> {
+        std::str::from_utf8(bytes)
             .unwrap()
             .lines()
             .map(|l| {
@@ -496,15 +501,7 @@ mod tests {
                 got.extend(read_available(&mut r));
                 std::thread::yield_now();
             }
-            let codes: Vec<u64> = String::from_utf8(got)
-                .unwrap()
-                .lines()
-                .map(|l| {
-                    serde_json::from_str::<serde_json::Value>(l).unwrap()["code"]
-                        .as_u64()
-                        .unwrap()
-                })
-                .collect();
+            let codes = codes_of(&got);
             assert_eq!(
                 codes,
                 (1..=40).collect::<Vec<u64>>(),
@@ -553,15 +550,7 @@ mod tests {
             std::thread::yield_now();
         }
         assert!(got[..page as usize].iter().all(|&b| b == b'x'));
-        let text = String::from_utf8(got[page as usize..].to_vec()).unwrap();
-        let codes: Vec<u64> = text
-            .lines()
-            .map(|l| {
-                serde_json::from_str::<serde_json::Value>(l).unwrap()["code"]
-                    .as_u64()
-                    .unwrap()
-            })
-            .collect();
+        let codes = codes_of(&got[page as usize..]);
         assert_eq!(codes, vec![1, 2, 3]);
         sink.flush(Duration::from_secs(10));
         assert_eq!(reg.events(Stage::Stdout, Outcome::Emitted), 3);

@@ -956,15 +956,7 @@ pub fn populate_healthy_hgx(r: &Registry, k: &KubeMetrics) {
                     crc_data_errors: Some(0),
                 })
                 .collect();
-            let mut g = GpuHealth {
-                index: Some(i),
-                uuid: sample.uuid.clone(),
-                pci_address: sample.pci_address.clone(),
-                sample: Some(sample),
-                ..Default::default()
-            };
-            g.set_verdict(Verdict::Healthy);
-            g
+            gpuwatch_proto::test_util::healthy_gpu_with(sample)
         })
         .collect();
     let mut health = NodeHealth {

@@ -243,15 +243,7 @@ fn healthy_node() -> NodeHealth {
                 ..Default::default()
             };
             sample.set_recovery_action(RecoveryAction::None);
-            let mut g = GpuHealth {
-                index: Some(i),
-                uuid: sample.uuid.clone(),
-                pci_address: sample.pci_address.clone(),
-                sample: Some(sample),
-                ..Default::default()
-            };
-            g.set_verdict(Verdict::Healthy);
-            g
+            gpuwatch_proto::test_util::healthy_gpu_with(sample)
         })
         .collect();
     let mut h = NodeHealth {
