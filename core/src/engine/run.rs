@@ -20,14 +20,6 @@ pub const FINAL_WRITE_WAIT: Duration = Duration::from_secs(3);
 /// Inputs handled between two health publications.
 const BATCH: usize = 4096;
 
-/// Most events held back for one hand-over to the sinks
-/// ([`EventSink::send_batch`]): the events of the inputs handled in one
-/// burst go to the sinks together, up to this many at a time, so a burst
-/// of records costs a sink a few writes (and its reader a few wake-ups),
-/// not one each, while a long storm still reaches the sinks every few
-/// dozen events.
-const EMIT_BATCH: usize = 64;
-
 /// Health is published and state persisted once the input has paused this
 /// long (a burst of records is handled first), or at the latest
 /// `PUBLISH_EVERY` / one more persist interval later. Building and
@@ -42,8 +34,9 @@ const SETTLE: Duration = Duration::from_millis(5);
 const PUBLISH_EVERY: Duration = Duration::from_millis(100);
 
 /// The engine thread loop: receives inputs (with a tick timeout), handles them,
-/// hands the returned events to every sink (those of a burst of queued inputs
-/// together, up to 64 at a time), publishes the health to the
+/// hands each input's events to every sink as soon as they are handled (the
+/// activation log lines they cause wait until the burst of queued inputs is
+/// handled), publishes the health to the
 /// registry when it changed (timestamps ignored; the registry's health
 /// observers are the only way anything else hears of it), persists when
 /// dirty (at most once per `persist_interval_ms`). Publishing and persisting wait
@@ -114,7 +107,7 @@ struct EngineLoop<'a> {
     /// Some input since the last publication produced events, so the health
     /// changed for sure.
     emitted: bool,
-    /// Events handled but not yet handed to the sinks ([`EngineLoop::emit`]).
+    /// Events of one input or one placement release, reused between them.
     out: Vec<FaultEvent>,
 }
 
@@ -162,9 +155,11 @@ impl<'a> EngineLoop<'a> {
         }
     }
 
-    /// Handles one input: its events join those waiting for the sinks
-    /// ([`EngineLoop::emit`] hands them over, at the latest once
-    /// [`EMIT_BATCH`] wait). A kernel-log position is a settled point: the
+    /// Handles one input and hands its events to the sinks at once. Holding
+    /// a burst's events back to hand them over together was measured to
+    /// cost bursts more than it saved: the first events waited for the last,
+    /// and the sinks' readers idled while the engine worked instead of
+    /// overlapping with it. A kernel-log position is a settled point: the
     /// state is written there when a write is due, or a long storm (never
     /// pausing) would never be persisted.
     fn dispatch(&mut self, input: Input) {
@@ -172,9 +167,7 @@ impl<'a> EngineLoop<'a> {
         let events = self.engine.handle(input);
         self.emitted |= !events.is_empty();
         self.out.extend(events);
-        if self.out.len() >= EMIT_BATCH {
-            self.emit();
-        }
+        self.emit();
         if progress {
             let now = Instant::now();
             let due = self
@@ -187,9 +180,7 @@ impl<'a> EngineLoop<'a> {
         }
     }
 
-    /// Hands the events waiting in `out` to every sink, in order, then logs
-    /// the activations they caused (after: formatting and writing a log line
-    /// must not delay an event).
+    /// Hands the events waiting in `out` to every sink, in order.
     fn emit(&mut self) {
         if !self.out.is_empty() {
             for sink in self.sinks {
@@ -197,6 +188,12 @@ impl<'a> EngineLoop<'a> {
             }
             self.out.clear();
         }
+    }
+
+    /// Logs the activations the inputs handled so far caused: once a burst
+    /// is handled, because formatting and writing a log line must not delay
+    /// the events behind it.
+    fn log_activations(&mut self) {
         for activation in self.engine.activations.drain(..) {
             activation.log();
         }
@@ -278,7 +275,7 @@ impl<'a> EngineLoop<'a> {
                 }
             }
         }
-        self.emit();
+        self.log_activations();
         self.last_input = Instant::now();
         closed
     }
@@ -292,7 +289,7 @@ impl<'a> EngineLoop<'a> {
                 Err(_) => break,
             }
         }
-        self.emit();
+        self.log_activations();
     }
 
     /// After a wake: the tick, the publication and the state write that are
@@ -301,12 +298,12 @@ impl<'a> EngineLoop<'a> {
         let now = Instant::now();
         if now >= self.last_tick + self.tick {
             self.dispatch(Input::Tick);
-            self.emit();
             self.last_tick = now;
             self.unpublished_since.get_or_insert(now);
         } else {
             self.release_waiting(false);
         }
+        self.log_activations();
         if due.publish.is_some_and(|t| now >= t) {
             self.engine.flush_fault_counts();
             self.publish();
