@@ -7,7 +7,7 @@
 //! free text. Names and meanings: `docs/metrics.md`.
 
 use gpuwatch_proto::{Action, FaultEvent, FaultKind, NodeHealth};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
@@ -250,7 +250,11 @@ pub struct Registry {
     export_failures: [AtomicU64; 2],
     state_writes: [AtomicU64; 2],
     nvml_errors: Mutex<BTreeMap<&'static str, u64>>,
-    faults: Mutex<BTreeMap<FaultSeries, FaultCount>>,
+    /// Hashed, not ordered: the engine counts into it on every new fault,
+    /// and a B-tree of up to [`FAULT_SERIES_CAP`] string-keyed series cost
+    /// two searches of a dozen string comparisons each; readers (exports,
+    /// every few seconds) sort what they take.
+    faults: Mutex<HashMap<FaultSeries, FaultCount>>,
     fault_window: Mutex<Duration>,
     latency: Mutex<hdrhistogram::Histogram<u64>>,
     latency_buckets: Mutex<LatencyBuckets>,
@@ -288,7 +292,7 @@ impl Default for Registry {
             export_failures: Default::default(),
             state_writes: Default::default(),
             nvml_errors: Mutex::new(BTreeMap::new()),
-            faults: Mutex::new(BTreeMap::new()),
+            faults: Mutex::new(HashMap::new()),
             fault_window: Mutex::new(DEFAULT_FAULT_SERIES_WINDOW),
             // 1 µs .. 60 s at 3 significant digits.
             latency: Mutex::new(
@@ -393,17 +397,25 @@ impl Registry {
     /// Counts a classified fault event (adds `ev.count`, at least 1). A new
     /// series beyond [`FAULT_SERIES_CAP`] counts towards the overflow series.
     pub fn record_fault(&self, ev: &FaultEvent) {
-        let mut key = FaultSeries::of(ev);
-        let mut faults = lock(&self.faults);
-        if !faults.contains_key(&key) && faults.len() >= FAULT_SERIES_CAP {
-            key = FaultSeries::overflow(key.kind);
-        }
+        let key = FaultSeries::of(ev);
+        let n = u64::from(ev.count.max(1));
         let now = Instant::now();
+        let mut faults = lock(&self.faults);
+        if let Some(e) = faults.get_mut(&key) {
+            e.count += n;
+            e.last = now;
+            return;
+        }
+        let key = if faults.len() >= FAULT_SERIES_CAP {
+            FaultSeries::overflow(key.kind)
+        } else {
+            key
+        };
         let e = faults.entry(key).or_insert(FaultCount {
             count: 0,
             last: now,
         });
-        e.count += u64::from(ev.count.max(1));
+        e.count += n;
         e.last = now;
     }
 

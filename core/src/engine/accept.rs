@@ -403,16 +403,37 @@ impl Engine {
             .entry(hk)
             .or_default()
             .record(&self.boot.boot_id, now);
-        if self.history.len() > model::HISTORY_ENTRIES
-            && let Some(oldest) = self
-                .history
-                .iter()
-                .min_by_key(|(_, h)| h.last_seen)
-                .map(|(k, _)| k.clone())
-        {
-            self.history.remove(&oldest);
+        if self.history.len() > model::HISTORY_ENTRIES {
+            self.trim_history();
         }
         n
+    }
+
+    /// Drops the least recently seen history entries, down to
+    /// [`HISTORY_ENTRIES`](model::HISTORY_ENTRIES) less
+    /// [`HISTORY_TRIM`](model::HISTORY_TRIM): finding the oldest is a pass over
+    /// every entry, so it is done once per that many new entries, not for
+    /// each (a storm of new addresses fills the history and keeps it full).
+    fn trim_history(&mut self) {
+        let keep = model::HISTORY_ENTRIES - model::HISTORY_TRIM;
+        let Some(excess) = self.history.len().checked_sub(keep).filter(|&n| n > 0) else {
+            return;
+        };
+        let mut seen: Vec<u64> = self.history.values().map(|h| h.last_seen).collect();
+        // The `excess`th oldest time: everything older goes, then entries of
+        // exactly that time (in key order) until `excess` are gone.
+        let cut = *seen.select_nth_unstable(excess - 1).1;
+        let before = self.history.len();
+        self.history.retain(|_, h| h.last_seen >= cut);
+        let mut ties = excess - (before - self.history.len());
+        self.history.retain(|_, h| {
+            if ties > 0 && h.last_seen == cut {
+                ties -= 1;
+                false
+            } else {
+                true
+            }
+        });
     }
 }
 
@@ -555,5 +576,92 @@ impl Activation {
         } else {
             info!(pci = %pci, gpu_index = ?self.gpu_index, gpu_uuid = %uuid, kind, code, action, reason = %self.reason, "GPU fault became active.");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Registry;
+    use crate::clock::ManualClock;
+    use crate::engine::{BootInfo, EngineConfig};
+    use std::sync::Arc;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    fn engine() -> Engine {
+        let start = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        Engine::new(
+            EngineConfig::default().resolve().expect("default settings"),
+            Arc::new(xid_parser::Policy::default()),
+            None,
+            BootInfo {
+                boot_id: "boot-a".into(),
+                boot_time_unix_nano: 0,
+            },
+            "node-a".into(),
+            Registry::new(),
+            Arc::new(ManualClock::new(start)),
+        )
+    }
+
+    fn key(code: u32) -> FaultKey {
+        FaultKey {
+            kind: FaultKind::Xid,
+            code,
+            variant: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_full_history_drops_its_least_recently_seen_entries_in_one_trim() {
+        let mut e = engine();
+        let full = model::HISTORY_ENTRIES;
+        // Entry i last seen at time i, except that 100 of the oldest recur
+        // late: they must outlive younger entries that did not.
+        for i in 0..full {
+            e.record_history(format!("dev-{i}"), &key(31), i as u64 + 1);
+        }
+        for i in 0..100 {
+            e.record_history(format!("dev-{i}"), &key(31), 1_000_000 + i as u64);
+        }
+        assert_eq!(e.history.len(), full, "at the bound, nothing dropped");
+        e.record_history("late-a".into(), &key(31), 2_000_000);
+        let kept = full - model::HISTORY_TRIM;
+        assert_eq!(e.history.len(), kept);
+        let seen = |id: &str| {
+            e.history.contains_key(&HistoryKey {
+                identity: id.into(),
+                key: key(31),
+            })
+        };
+        assert!(seen("late-a"));
+        for i in 0..100 {
+            assert!(
+                seen(&format!("dev-{i}")),
+                "dev-{i} recurred late and is kept"
+            );
+        }
+        // Dropped: the 257 least recently seen of the rest (times 101..=357),
+        // the new entry making one more than the bound.
+        let dropped = full + 1 - kept;
+        for i in 100..100 + dropped {
+            assert!(!seen(&format!("dev-{i}")), "dev-{i} is among the oldest");
+        }
+        assert!(seen(&format!("dev-{}", 100 + dropped)));
+        // Below the bound again: the next new entries drop nothing.
+        e.record_history("late-b".into(), &key(31), 2_000_001);
+        assert_eq!(e.history.len(), kept + 1);
+    }
+
+    #[test]
+    fn a_trim_at_one_shared_time_drops_exactly_the_excess() {
+        let mut e = engine();
+        for i in 0..=model::HISTORY_ENTRIES {
+            e.record_history(format!("dev-{i:05}"), &key(43), 7);
+        }
+        assert_eq!(
+            e.history.len(),
+            model::HISTORY_ENTRIES - model::HISTORY_TRIM
+        );
     }
 }

@@ -262,35 +262,41 @@ impl Engine {
     /// reset/reboot/inspect-class fault is never evicted. A kernel log naming more GPUs than a node can
     /// have is a monitor problem, not that many GPUs.
     pub(super) fn room_for_unconfirmed_gpu(&mut self, incoming: Action) -> bool {
-        let unconfirmed = self.gpus.values().filter(|g| !g.confirmed).count();
+        // One pass over the GPUs and their faults: this runs for every event
+        // naming a new address, and a storm of them keeps the bound full.
+        let mut unconfirmed = 0;
+        // (worst rank, last seen) of the eviction candidate, and its address.
+        let mut victim: Option<((i32, Option<u64>), &String)> = None;
+        for g in self.gpus.values().filter(|g| !g.confirmed) {
+            unconfirmed += 1;
+            let mut worst = 0;
+            let mut last_seen = None;
+            let mut isolating = false;
+            for f in g.faults.values() {
+                worst = worst.max(f.action.rank());
+                last_seen = last_seen.max(Some(f.last_seen));
+                isolating |= f.action.needs_isolation();
+            }
+            let rank = (worst, last_seen);
+            if !isolating
+                && worst <= incoming.rank()
+                && victim.as_ref().is_none_or(|(best, _)| rank < *best)
+            {
+                victim = Some((rank, &g.pci));
+            }
+        }
         if unconfirmed < MAX_UNCONFIRMED_GPUS {
             return true;
         }
-        let worst = |g: &Gpu| {
-            g.faults
-                .values()
-                .map(|f| f.action.rank())
-                .max()
-                .unwrap_or(0)
+        let Some(pci) = victim.map(|(_, pci)| pci.clone()) else {
+            return false;
         };
-        let victim = self
-            .gpus
-            .values()
-            .filter(|g| !g.confirmed && !g.faults.values().any(|f| f.action.needs_isolation()))
-            .filter(|g| worst(g) <= incoming.rank())
-            .min_by_key(|g| (worst(g), g.faults.values().map(|f| f.last_seen).max()))
-            .map(|g| g.pci.clone());
-        match victim {
-            Some(pci) => {
-                if let Some(g) = self.gpus.remove(&pci) {
-                    let faults: u64 = g.faults.values().map(|f| f.count).sum();
-                    self.grace.dropped(faults.max(1), &pci);
-                    self.touch();
-                }
-                true
-            }
-            None => false,
+        if let Some(g) = self.gpus.remove(&pci) {
+            let faults: u64 = g.faults.values().map(|f| f.count).sum();
+            self.grace.dropped(faults.max(1), &pci);
+            self.touch();
         }
+        true
     }
 
     /// Whether a new node-level fault fits under [`MAX_NODE_FAULTS`]; evicts

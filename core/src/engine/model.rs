@@ -13,6 +13,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 pub(crate) const HISTORY_BOOTS: usize = 16;
 /// Upper bound on recurrence-history entries (oldest by last occurrence dropped).
 pub(crate) const HISTORY_ENTRIES: usize = 4096;
+/// Entries dropped at once when the history passes [`HISTORY_ENTRIES`].
+pub(crate) const HISTORY_TRIM: usize = 256;
 
 /// Identity of one fault on a GPU (or on the node, together with its PCI address).
 ///
