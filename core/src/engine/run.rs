@@ -20,6 +20,10 @@ pub const FINAL_WRITE_WAIT: Duration = Duration::from_secs(3);
 /// Inputs handled between two health publications.
 const BATCH: usize = 4096;
 
+/// Activation log lines held back at most before a burst's end writes them
+/// (a storm that never pauses still logs every few hundred activations).
+const ACTIVATION_BACKLOG: usize = 256;
+
 /// Health is published and state persisted once the input has paused this
 /// long (a burst of records is handled first), or at the latest
 /// `PUBLISH_EVERY` / one more persist interval later. Building and
@@ -35,8 +39,8 @@ const PUBLISH_EVERY: Duration = Duration::from_millis(100);
 
 /// The engine thread loop: receives inputs (with a tick timeout), handles them,
 /// hands each input's events to every sink as soon as they are handled (the
-/// activation log lines they cause wait until the burst of queued inputs is
-/// handled), publishes the health to the
+/// activation log lines they cause wait for the next publication),
+/// publishes the health to the
 /// registry when it changed (timestamps ignored; the registry's health
 /// observers are the only way anything else hears of it), persists when
 /// dirty (at most once per `persist_interval_ms`). Publishing and persisting wait
@@ -190,9 +194,11 @@ impl<'a> EngineLoop<'a> {
         }
     }
 
-    /// Logs the activations the inputs handled so far caused: once a burst
-    /// is handled, because formatting and writing a log line must not delay
-    /// the events behind it.
+    /// Logs the activations the inputs handled so far caused. Called where
+    /// the health is published (the input paused, or at the latest
+    /// [`PUBLISH_EVERY`]), or once [`ACTIVATION_BACKLOG`] wait: formatting
+    /// and writing a log line costs about as much as handling an event, and
+    /// a record read while it is written waits for it.
     fn log_activations(&mut self) {
         for activation in self.engine.activations.drain(..) {
             activation.log();
@@ -275,7 +281,9 @@ impl<'a> EngineLoop<'a> {
                 }
             }
         }
-        self.log_activations();
+        if self.engine.activations.len() >= ACTIVATION_BACKLOG {
+            self.log_activations();
+        }
         self.last_input = Instant::now();
         closed
     }
@@ -303,12 +311,12 @@ impl<'a> EngineLoop<'a> {
         } else {
             self.release_waiting(false);
         }
-        self.log_activations();
         if due.publish.is_some_and(|t| now >= t) {
             self.engine.flush_fault_counts();
             self.publish();
             self.unpublished_since = None;
             self.emitted = false;
+            self.log_activations();
         }
         if let Some(w) = &self.writer {
             self.engine.background_writes_done(w);
@@ -341,6 +349,7 @@ impl<'a> EngineLoop<'a> {
         }
         self.engine.flush_fault_counts();
         self.publish();
+        self.log_activations();
         // The final write ignores the backoff: it is the last chance.
         self.engine.persist.end_backoff();
         if writer_stuck {
