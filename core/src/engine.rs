@@ -225,7 +225,13 @@ pub struct Engine {
     node_faults: BTreeMap<(String, FaultKey), Fault>,
     /// Recent XIDs per GPU for the policy's context rules.
     ctx: ContextWindow,
-    history: BTreeMap<HistoryKey, History>,
+    /// Recurrence history. Keys and entries are shared with the state
+    /// snapshots handed to the writer thread: taking one costs a reference
+    /// count per entry, not a copy of the strings (a copy of the 4096
+    /// entries took the engine thread milliseconds, during which inputs
+    /// waited); an entry changed while a snapshot holds it is copied then
+    /// ([`Arc::make_mut`]).
+    history: BTreeMap<Arc<HistoryKey>, Arc<History>>,
     /// Boots the engine ran in (most recent last, bounded).
     boots: VecDeque<String>,
     /// Count-within-window occurrences by (device identity, XID).

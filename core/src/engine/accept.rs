@@ -6,13 +6,16 @@
 //! Where an event's fault is kept (on the GPU it joined, or on the node) is
 //! decided once, as its [`Holder`]; every phase reads it from there.
 
-use super::model::{Fault, FaultKey, HistoryKey, Holder, fallback_action, fault_in, pci_identity};
+use super::model::{
+    Fault, FaultKey, History, HistoryKey, Holder, fallback_action, fault_in, pci_identity,
+};
 use super::reclassify::Escalation;
 use super::remap::RemapCheck;
 use super::{Engine, NANOS, model};
 use crate::{Outcome, Stage};
 use gpuwatch_proto::{Action, FaultEvent, FaultKind, ShortName, Source};
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Instant;
 use tracing::{info, warn};
 
@@ -398,11 +401,16 @@ impl Engine {
             identity,
             key: key.clone(),
         };
-        let n = self
-            .history
-            .entry(hk)
-            .or_default()
-            .record(&self.boot.boot_id, now);
+        let boot = &self.boot.boot_id;
+        let n = match self.history.get_mut(&hk) {
+            Some(h) => Arc::make_mut(h).record(boot, now),
+            None => {
+                let mut h = History::default();
+                let n = h.record(boot, now);
+                self.history.insert(Arc::new(hk), Arc::new(h));
+                n
+            }
+        };
         if self.history.len() > model::HISTORY_ENTRIES {
             self.trim_history();
         }
@@ -610,6 +618,59 @@ mod tests {
             code,
             variant: String::new(),
         }
+    }
+
+    #[test]
+    fn a_state_snapshot_shares_the_history_and_keeps_what_it_saw() {
+        let mut e = engine();
+        e.record_history("dev-a".into(), &key(31), 10);
+        e.record_history("dev-b".into(), &key(43), 20);
+        let snap = e.to_state_file();
+        let (k, h) = e.history.iter().next().expect("an entry");
+        assert!(
+            snap.history
+                .0
+                .iter()
+                .any(|(sk, sh)| Arc::ptr_eq(sk, k) && Arc::ptr_eq(sh, h)),
+            "the snapshot holds the engine's entries, not copies"
+        );
+        // Changed while the snapshot holds it: the engine's entry is copied,
+        // the snapshot keeps the state it was taken in.
+        e.boot.boot_id = "boot-b".into();
+        assert_eq!(e.record_history("dev-a".into(), &key(31), 30), 2);
+        let json = serde_json::to_string(&snap).unwrap();
+        let back: super::super::persist::StateFile = serde_json::from_str(&json).unwrap();
+        let mut got: Vec<_> = back
+            .history
+            .iter()
+            .map(|r| {
+                (
+                    r.identity.as_str(),
+                    r.kind.as_str(),
+                    r.code,
+                    r.variant.as_str(),
+                    r.boots.clone(),
+                    r.last_seen_unix_nano,
+                )
+            })
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                ("dev-a", "xid", 31, "", vec!["boot-a".to_string()], 10),
+                ("dev-b", "xid", 43, "", vec!["boot-a".to_string()], 20),
+            ]
+        );
+        let later = e.to_state_file();
+        let a = later
+            .history
+            .0
+            .iter()
+            .find(|(k, _)| k.identity == "dev-a")
+            .unwrap();
+        assert_eq!(a.1.boots, ["boot-a", "boot-b"]);
+        assert_eq!(a.1.last_seen, 30);
     }
 
     #[test]

@@ -8,6 +8,7 @@ use super::model::{Baseline, FaultKey, Gpu, pci_identity};
 use gpuwatch_proto::fabric::{FabricState, Problem, Reading};
 use gpuwatch_proto::{Action, FaultEvent, FaultKind, GpuSample, RecoveryAction, ShortName, Source};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use tracing::{info, warn};
 
 /// True when the PCIe link trained below its maximum width (or generation, when
@@ -565,9 +566,10 @@ impl Engine {
             if let Some(h) = self.history.remove(&k) {
                 let to = super::model::HistoryKey {
                     identity: uuid.to_string(),
-                    key: k.key,
+                    key: k.key.clone(),
                 };
-                self.history.entry(to).or_default().merge(h);
+                Arc::make_mut(self.history.entry(Arc::new(to)).or_default())
+                    .merge(Arc::unwrap_or_clone(h));
             }
         }
         // Thresholds follow the identity too.

@@ -24,7 +24,9 @@ use crate::msg::KmsgPosition;
 use crate::statefile::{self, StateFileError};
 use gpuwatch_proto::{Action, FaultKind, Severity, ShortName, Source};
 use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 
@@ -34,8 +36,11 @@ pub(crate) const VERSION: u32 = 2;
 /// The version 1 kernel-log cursor file, read once for the migration.
 pub const LEGACY_CURSOR_FILE: &str = "kmsg-cursor.json";
 
+/// The state file. `H` is the recurrence history: records as read, or the
+/// engine's shared entries ([`SharedHistory`]) as written; both are the same
+/// JSON.
 #[derive(Serialize, Deserialize, Debug, Default)]
-pub(crate) struct StateFile {
+pub(crate) struct StateFile<H = Vec<HistoryRecord>> {
     pub version: u32,
     /// Boot the file was written in.
     pub boot_id: String,
@@ -46,7 +51,7 @@ pub(crate) struct StateFile {
     #[serde(default)]
     pub node_faults: Vec<FaultRecord>,
     #[serde(default)]
-    pub history: Vec<HistoryRecord>,
+    pub history: H,
     /// The kernel-log position the faults above account for.
     #[serde(default)]
     pub kmsg: Option<KmsgPosition>,
@@ -144,6 +149,39 @@ pub(crate) struct HistoryRecord {
     pub boots: Vec<String>,
     #[serde(default)]
     pub last_seen_unix_nano: u64,
+}
+
+/// The state as handed to the writer thread.
+pub(crate) type StateSnapshot = StateFile<SharedHistory>;
+
+/// The engine's recurrence history entries, shared with it (taking them is a
+/// reference count each), written as [`HistoryRecord`]s.
+#[derive(Debug, Default)]
+pub(crate) struct SharedHistory(pub(super) Vec<(Arc<HistoryKey>, Arc<History>)>);
+
+impl Serialize for SharedHistory {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|(k, h)| HistoryRecordRef {
+            identity: &k.identity,
+            kind: k.key.kind.short_name(),
+            code: k.key.code,
+            variant: &k.key.variant,
+            boots: &h.boots,
+            last_seen_unix_nano: h.last_seen,
+        }))
+    }
+}
+
+/// A [`HistoryRecord`] borrowed from the engine's entry: the same fields in
+/// the same order.
+#[derive(Serialize)]
+struct HistoryRecordRef<'a> {
+    identity: &'a str,
+    kind: &'a str,
+    code: u32,
+    variant: &'a str,
+    boots: &'a VecDeque<String>,
+    last_seen_unix_nano: u64,
 }
 
 fn parse<T: ShortName>(what: &str, v: &str) -> Result<T, String> {
@@ -619,7 +657,7 @@ impl Persistence {
 
 /// The engine's state in and out of the file.
 impl Engine {
-    pub(super) fn to_state_file(&self) -> StateFile {
+    pub(super) fn to_state_file(&self) -> StateSnapshot {
         StateFile {
             version: VERSION,
             boot_id: self.boot.boot_id.clone(),
@@ -662,18 +700,12 @@ impl Engine {
                 .iter()
                 .map(|((_, k), f)| fault_to_record(k, f))
                 .collect(),
-            history: self
-                .history
-                .iter()
-                .map(|(k, h)| HistoryRecord {
-                    identity: k.identity.clone(),
-                    kind: k.key.kind.short_name().into(),
-                    code: k.key.code,
-                    variant: k.key.variant.clone(),
-                    boots: h.boots.iter().cloned().collect(),
-                    last_seen_unix_nano: h.last_seen,
-                })
-                .collect(),
+            history: SharedHistory(
+                self.history
+                    .iter()
+                    .map(|(k, h)| (Arc::clone(k), Arc::clone(h)))
+                    .collect(),
+            ),
             kmsg: self.persist.kmsg_position().cloned(),
         }
     }
@@ -751,11 +783,11 @@ impl Engine {
                 entry.boots.pop_front();
             }
             self.history.insert(
-                HistoryKey {
+                Arc::new(HistoryKey {
                     identity: h.identity,
                     key,
-                },
-                entry,
+                }),
+                Arc::new(entry),
             );
         }
         if same_boot {
@@ -840,7 +872,7 @@ impl Engine {
     /// [`Engine::background_writes_done`].
     pub(super) fn persist_in_background(
         &mut self,
-        writer: &StateWriter<StateFile>,
+        writer: &StateWriter<StateSnapshot>,
     ) -> Result<(), StateFileError> {
         let settled = self.is_settled();
         let Some(path) = self.persist.write_due(settled, &self.registry)? else {
@@ -853,7 +885,7 @@ impl Engine {
     }
 
     /// Applies the outcomes of the writer thread's finished writes.
-    pub(super) fn background_writes_done(&mut self, writer: &StateWriter<StateFile>) {
+    pub(super) fn background_writes_done(&mut self, writer: &StateWriter<StateSnapshot>) {
         for result in writer.take_done() {
             if let Err(e) = &result {
                 self.persist.mark_dirty();
@@ -934,7 +966,7 @@ mod tests {
         p.mark_dirty();
         assert!(p.due(true).is_some());
         let to = p.write_due(true, &registry).unwrap().unwrap();
-        let res = crate::statefile::write_json(&to, &StateFile::default());
+        let res = crate::statefile::write_json(&to, &<StateFile>::default());
         assert!(res.is_err(), "the directory is a file");
         assert!(p.write_finished(&res, &registry), "the health shows it");
         let problem = p.problem().unwrap();
@@ -944,7 +976,7 @@ mod tests {
         std::fs::remove_file(dir.path().join("state")).unwrap();
         p.end_backoff();
         let to = p.write_due(true, &registry).unwrap().unwrap();
-        let res = crate::statefile::write_json(&to, &StateFile::default());
+        let res = crate::statefile::write_json(&to, &<StateFile>::default());
         assert!(res.is_ok());
         p.written();
         assert!(

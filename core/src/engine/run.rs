@@ -1,7 +1,7 @@
 //! The engine thread: [`run_engine`] receives inputs, hands the events to the
 //! sinks, publishes the health and schedules the state writes.
 
-use super::persist::StateFile;
+use super::persist::StateSnapshot;
 use super::writer::StateWriter;
 use super::{Engine, NANOS, health};
 use crate::msg::Input;
@@ -96,7 +96,7 @@ struct EngineLoop<'a> {
     registry: Arc<Registry>,
     /// `None`: no state to write, or the writer thread could not start (the
     /// engine thread writes itself then).
-    writer: Option<StateWriter<StateFile>>,
+    writer: Option<StateWriter<StateSnapshot>>,
     tick: Duration,
     persist_every: Duration,
     /// The health last published, compared with the next (timestamps
