@@ -100,7 +100,7 @@ pub fn attribute(
     ticks_per_sec: u64,
 ) -> Attribution {
     let dir = proc_root.join(pid.to_string());
-    let read = |name: &str| std::fs::read_to_string(dir.join(name));
+    let read = |name: &str| read_proc_file(&dir.join(name));
     let cgroup = match read("cgroup") {
         Ok(c) => c,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Attribution::Exited,
@@ -120,6 +120,35 @@ pub fn attribute(
         Some((uid, container_id)) => Attribution::Pod { uid, container_id },
         None => Attribution::NotInPod(own_cgroup(&cgroup).to_owned()),
     }
+}
+
+/// Reads a small `/proc` file: one `read(2)` where it fits the buffer. This
+/// runs for every kernel-log event naming a pid, on the reader thread, and
+/// `fs::read_to_string` spends three more system calls on each such file (a
+/// `statx` for a size procfs reports as 0, a 32-byte probe read, and a read
+/// for end of file). A short read is the whole file: procfs serves these
+/// files through `seq_file`, whose read fills the caller's buffer until the
+/// content ends (`seq_read_iter` in the kernel's `fs/seq_file.c`); a regular
+/// file (a test's fake proc root) ends where a read comes up short too.
+fn read_proc_file(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    loop {
+        let n = match file.read(&mut buf[len..]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        len += n;
+        if n == 0 || len < buf.len() {
+            break;
+        }
+        buf.resize(buf.len() * 2, 0);
+    }
+    buf.truncate(len);
+    String::from_utf8(buf).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
 /// Field 22 of `/proc/<pid>/stat` (the start time in clock ticks since boot).
@@ -218,6 +247,32 @@ pub fn clock_ticks_per_sec() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_proc_file_is_read_whole_whatever_its_size() {
+        let dir = tempfile::tempdir().unwrap();
+        for len in [0, 1, 4095, 4096, 4097, 20_000] {
+            let text: String = (0..len)
+                .map(|i| char::from(b'a' + (i % 26) as u8))
+                .collect();
+            let path = dir.path().join(format!("f{len}"));
+            std::fs::write(&path, &text).unwrap();
+            assert_eq!(read_proc_file(&path).unwrap(), text, "{len} bytes");
+        }
+        // The real thing: this process's own files, as `fs` reads them.
+        let own = Path::new("/proc/self");
+        assert_eq!(
+            read_proc_file(&own.join("cgroup")).unwrap(),
+            std::fs::read_to_string(own.join("cgroup")).unwrap()
+        );
+        let stat = read_proc_file(&own.join("stat")).unwrap();
+        assert!(
+            stat.ends_with('\n') && start_ticks(&stat).is_some(),
+            "{stat:?}"
+        );
+        let missing = read_proc_file(&dir.path().join("gone")).unwrap_err();
+        assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
+    }
 
     const UID: &str = "1f2e3d4c-5b6a-4789-8abc-def012345678";
     const CID: &str = "4f1c0e8b6a2d9c7e5b3a1f0e9d8c7b6a5f4e3d2c1b0a99887766554433221100";
