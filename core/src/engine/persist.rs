@@ -24,7 +24,6 @@ use crate::msg::KmsgPosition;
 use crate::statefile::{self, StateFileError};
 use gpuwatch_proto::{Action, FaultKind, Severity, ShortName, Source};
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -139,14 +138,17 @@ pub(crate) struct FaultRecord {
     pub pods: Vec<gpuwatch_proto::PodRef>,
 }
 
+/// One recurrence history entry in the file. `S` and `B` are its strings and
+/// boot list: owned as read, borrowed from the engine's entry as written
+/// ([`SharedHistory`]), so both ways have the same fields by construction.
 #[derive(Serialize, Deserialize, Debug, Default)]
-pub(crate) struct HistoryRecord {
-    pub identity: String,
-    pub kind: String,
+pub(crate) struct HistoryRecord<S = String, B = Vec<String>> {
+    pub identity: S,
+    pub kind: S,
     pub code: u32,
     #[serde(default)]
-    pub variant: String,
-    pub boots: Vec<String>,
+    pub variant: S,
+    pub boots: B,
     #[serde(default)]
     pub last_seen_unix_nano: u64,
 }
@@ -161,27 +163,15 @@ pub(crate) struct SharedHistory(pub(super) Vec<(Arc<HistoryKey>, Arc<History>)>)
 
 impl Serialize for SharedHistory {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(|(k, h)| HistoryRecordRef {
-            identity: &k.identity,
+        s.collect_seq(self.0.iter().map(|(k, h)| HistoryRecord {
+            identity: k.identity.as_str(),
             kind: k.key.kind.short_name(),
             code: k.key.code,
-            variant: &k.key.variant,
+            variant: k.key.variant.as_str(),
             boots: &h.boots,
             last_seen_unix_nano: h.last_seen,
         }))
     }
-}
-
-/// A [`HistoryRecord`] borrowed from the engine's entry: the same fields in
-/// the same order.
-#[derive(Serialize)]
-struct HistoryRecordRef<'a> {
-    identity: &'a str,
-    kind: &'a str,
-    code: u32,
-    variant: &'a str,
-    boots: &'a VecDeque<String>,
-    last_seen_unix_nano: u64,
 }
 
 fn parse<T: ShortName>(what: &str, v: &str) -> Result<T, String> {
