@@ -263,6 +263,8 @@ pub struct Engine {
     /// The startup join grace: the kernel-log faults (and position) held
     /// for NVML's identities; what the capacity bounds dropped.
     grace: JoinGrace,
+    /// Eviction candidates among the unconfirmed GPUs.
+    evictions: join::Evictions,
     /// The monitoring inputs, the validation, stale samples.
     monitors: Monitors,
     /// The NIC monitor, when `[network]` is on ([`Engine::set_network`]).
@@ -312,6 +314,7 @@ impl Engine {
             wait: PlacementWait::default(),
             persist,
             grace: JoinGrace::new(now),
+            evictions: join::Evictions::default(),
             monitors: Monitors::default(),
             network: None,
         };
@@ -362,6 +365,10 @@ impl Engine {
     }
 
     fn handle_one(&mut self, input: Input) -> Vec<FaultEvent> {
+        if !matches!(input, Input::Fault { .. }) {
+            // Any other input may confirm, add or drop GPUs.
+            self.evictions.clear();
+        }
         match input {
             Input::Fault { event, read_at } => self.on_fault(event, read_at),
             Input::Samples { samples, complete } => self.on_samples(samples, complete),

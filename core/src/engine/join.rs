@@ -6,6 +6,7 @@ use super::Engine;
 use super::model::{Gpu, fallback_action, is_gpu_kind};
 use crate::msg::KmsgPosition;
 use gpuwatch_proto::{Action, FaultEvent, FaultKind};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
@@ -16,6 +17,81 @@ pub const MAX_UNCONFIRMED_GPUS: usize = 64;
 
 /// Node-level faults (MCE, NVSwitch, AER on other devices) tracked at most.
 pub const MAX_NODE_FAULTS: usize = 256;
+
+/// Eviction candidates one scan of the unconfirmed GPUs keeps for the new
+/// addresses after it.
+const EVICTION_CANDIDATES: usize = 16;
+
+/// Where an unconfirmed GPU stands for eviction, lowest first: the rank of
+/// its most severe fault, then when a fault of it was last seen.
+type EvictionRank = (i32, Option<u64>);
+
+/// The eviction rank of an unconfirmed GPU; `None` when a fault of it needs
+/// isolation (such a GPU is never evicted).
+fn eviction_rank(g: &Gpu) -> Option<EvictionRank> {
+    let mut worst = 0;
+    let mut last_seen = None;
+    for f in g.faults.values() {
+        if f.action.needs_isolation() {
+            return None;
+        }
+        worst = worst.max(f.action.rank());
+        last_seen = last_seen.max(Some(f.last_seen));
+    }
+    Some((worst, last_seen))
+}
+
+/// The next eviction victims among the unconfirmed GPUs, best first, as a
+/// scan at [`MAX_UNCONFIRMED_GPUS`] ranked them, so that a storm of new
+/// addresses scans every GPU once per [`EVICTION_CANDIDATES`] evictions
+/// instead of once per event (a scan was a third of the engine's time per
+/// event in such a storm).
+///
+/// A candidate is taken only while it is still what the scan saw: the GPU
+/// is there, unconfirmed, its rank unchanged, and no more severe than the
+/// incoming event; else the next one is tried, and with none left the
+/// engine scans again. The candidates hold only during a run of fault
+/// inputs: every other input ([`Engine::handle`]) drops them, so the only
+/// changes to the set of unconfirmed GPUs meanwhile are the join's own (one
+/// GPU evicted for each added, the table staying full). A GPU added after
+/// the scan is not a candidate until the next one, even when its faults are
+/// the least severe: for at most [`EVICTION_CANDIDATES`] events, a GPU with
+/// more severe faults (never an isolating one) may go before it.
+#[derive(Debug, Default)]
+pub(super) struct Evictions {
+    candidates: std::collections::VecDeque<(String, EvictionRank)>,
+}
+
+impl Evictions {
+    /// Forgets the candidates (the set of unconfirmed GPUs may change).
+    pub(super) fn clear(&mut self) {
+        self.candidates.clear();
+    }
+
+    fn refill(&mut self, candidates: impl Iterator<Item = (String, EvictionRank)>) {
+        self.candidates.clear();
+        self.candidates.extend(candidates);
+    }
+
+    /// The next still valid candidate that an `incoming` fault may evict.
+    fn next(&mut self, gpus: &BTreeMap<String, Gpu>, incoming: Action) -> Option<String> {
+        while let Some((pci, rank)) = self.candidates.pop_front() {
+            let Some(g) = gpus.get(&pci).filter(|g| !g.confirmed) else {
+                continue;
+            };
+            if eviction_rank(g) != Some(rank) {
+                continue;
+            }
+            if rank.0 > incoming.rank() {
+                // Not for this event: a scan decides.
+                self.candidates.push_front((pci, rank));
+                return None;
+            }
+            return Some(pci);
+        }
+        None
+    }
+}
 
 /// Events dropped because the engine was at capacity, reported once per
 /// interval rather than once per event.
@@ -261,42 +337,54 @@ impl Engine {
     /// goes the node-level way, where the same bound applies). A
     /// reset/reboot/inspect-class fault is never evicted. A kernel log naming more GPUs than a node can
     /// have is a monitor problem, not that many GPUs.
+    ///
+    /// A storm of new addresses keeps the bound full, so this runs for each
+    /// of its events: the victim comes from the candidates of an earlier
+    /// scan when one is still valid ([`Evictions`]), else from a scan of
+    /// every unconfirmed GPU and its faults.
     pub(super) fn room_for_unconfirmed_gpu(&mut self, incoming: Action) -> bool {
-        // One pass over the GPUs and their faults: this runs for every event
-        // naming a new address, and a storm of them keeps the bound full.
+        if let Some(pci) = self.evictions.next(&self.gpus, incoming) {
+            self.evict_unconfirmed(&pci);
+            return true;
+        }
         let mut unconfirmed = 0;
-        // (worst rank, last seen) of the eviction candidate, and its address.
-        let mut victim: Option<((i32, Option<u64>), &String)> = None;
+        let mut candidates = Vec::new();
         for g in self.gpus.values().filter(|g| !g.confirmed) {
             unconfirmed += 1;
-            let mut worst = 0;
-            let mut last_seen = None;
-            let mut isolating = false;
-            for f in g.faults.values() {
-                worst = worst.max(f.action.rank());
-                last_seen = last_seen.max(Some(f.last_seen));
-                isolating |= f.action.needs_isolation();
-            }
-            let rank = (worst, last_seen);
-            if !isolating
-                && worst <= incoming.rank()
-                && victim.as_ref().is_none_or(|(best, _)| rank < *best)
-            {
-                victim = Some((rank, &g.pci));
+            if let Some(rank) = eviction_rank(g) {
+                candidates.push((rank, &g.pci));
             }
         }
         if unconfirmed < MAX_UNCONFIRMED_GPUS {
+            self.evictions.clear();
             return true;
         }
-        let Some(pci) = victim.map(|(_, pci)| pci.clone()) else {
+        // Stable: among equal ranks the first in address order goes first.
+        candidates.sort_by_key(|(rank, _)| *rank);
+        let mut candidates = candidates
+            .into_iter()
+            .map(|(rank, pci)| (pci.clone(), rank));
+        let Some((victim, rank)) = candidates.next() else {
+            self.evictions.clear();
             return false;
         };
-        if let Some(g) = self.gpus.remove(&pci) {
+        if rank.0 > incoming.rank() {
+            // The least severe is more severe than the event: none may go.
+            self.evictions.clear();
+            return false;
+        }
+        self.evictions.refill(candidates.take(EVICTION_CANDIDATES));
+        self.evict_unconfirmed(&victim);
+        true
+    }
+
+    /// Drops an unconfirmed GPU and its faults (counted and logged as dropped).
+    fn evict_unconfirmed(&mut self, pci: &str) {
+        if let Some(g) = self.gpus.remove(pci) {
             let faults: u64 = g.faults.values().map(|f| f.count).sum();
-            self.grace.dropped(faults.max(1), &pci);
+            self.grace.dropped(faults.max(1), pci);
             self.touch();
         }
-        true
     }
 
     /// Whether a new node-level fault fits under [`MAX_NODE_FAULTS`]; evicts
