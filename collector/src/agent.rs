@@ -165,7 +165,7 @@ impl Prepared {
         let shutdown = Shutdown::new();
         let (stop_tx, stop_rx) = crossbeam_channel::unbounded::<StopReason>();
         let kmsg_args = self.kmsg_source(
-            &engine,
+            &mut engine,
             &registry,
             &liveness,
             shutdown.clone(),

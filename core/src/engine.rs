@@ -265,6 +265,9 @@ pub struct Engine {
     grace: JoinGrace,
     /// Eviction candidates among the unconfirmed GPUs.
     evictions: join::Evictions,
+    /// Where [`run_engine`] hands the events back once the sinks took them
+    /// ([`crate::msg::spent_events`]).
+    spent: Option<crate::msg::SpentSender>,
     /// The monitoring inputs, the validation, stale samples.
     monitors: Monitors,
     /// The NIC monitor, when `[network]` is on ([`Engine::set_network`]).
@@ -315,6 +318,7 @@ impl Engine {
             persist,
             grace: JoinGrace::new(now),
             evictions: join::Evictions::default(),
+            spent: None,
             monitors: Monitors::default(),
             network: None,
         };
@@ -599,6 +603,12 @@ impl Engine {
     }
 
     /// Marks the health changed (and the persisted state dirty).
+    /// Hands the events [`run_engine`] emitted back to their source once
+    /// every sink took them, for reuse.
+    pub fn return_spent_events(&mut self, to: crate::msg::SpentSender) {
+        self.spent = Some(to);
+    }
+
     fn touch(&mut self) {
         self.persist.mark_dirty();
         self.updated_at = self.clock.now_unix_nanos();

@@ -105,3 +105,27 @@ impl MonitorInput {
         }
     }
 }
+
+/// Emitted events the engine hands back to the source that reads the kernel
+/// log, which refills them for its next events instead of allocating new
+/// ones ([`spent_events`]).
+pub type SpentSender = crossbeam_channel::Sender<FaultEvent>;
+
+/// The source's end of [`spent_events`].
+pub type SpentReceiver = crossbeam_channel::Receiver<FaultEvent>;
+
+/// Events on their way back at most; past this, the engine drops them.
+pub const SPENT_EVENTS: usize = 64;
+
+/// The way back for emitted events: the engine sends each event once every
+/// sink has taken it, the kernel-log reader takes them before it builds its
+/// next events. A kernel-log event's strings and buffers are allocated by
+/// the reader thread and freed by the engine thread; reused instead, a burst
+/// costs neither thread an allocator call per event string (with glibc,
+/// memory freed on another thread than the one that allocated it also
+/// makes both threads take the slow paths of the allocator). The channel is
+/// bounded and never blocks either side: what does not fit is dropped, a
+/// reader with events enough drops the rest.
+pub fn spent_events() -> (SpentSender, SpentReceiver) {
+    crossbeam_channel::bounded(SPENT_EVENTS)
+}

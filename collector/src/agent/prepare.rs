@@ -298,15 +298,18 @@ impl Prepared {
     /// What the kernel-log reader is started with. It resumes after
     /// `engine`'s position (one state, one writer: the reader reports its
     /// progress to the engine, which writes it together with the faults).
-    /// `stop_tx` is told when a replay ends (`exit_at_eof`).
+    /// `stop_tx` is told when a replay ends (`exit_at_eof`). The events
+    /// `engine` emits come back to the reader for reuse.
     pub(crate) fn kmsg_source(
         &self,
-        engine: &Engine,
+        engine: &mut Engine,
         registry: &Arc<Registry>,
         liveness: &Arc<Liveness>,
         shutdown: Shutdown,
         stop_tx: Option<crossbeam_channel::Sender<StopReason>>,
     ) -> KmsgSourceArgs {
+        let (spent_tx, spent_rx) = gpuwatch_core::msg::spent_events();
+        engine.return_spent_events(spent_tx);
         KmsgSourceArgs {
             cfg: self.kmsg.clone(),
             resume: engine.kmsg_position().cloned(),
@@ -316,6 +319,7 @@ impl Prepared {
             liveness: liveness.clone(),
             shutdown,
             stop_tx,
+            spent: Some(spent_rx),
         }
     }
 }

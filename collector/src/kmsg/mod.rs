@@ -253,6 +253,9 @@ pub struct KmsgSourceArgs {
     pub shutdown: Shutdown,
     /// Told when the source ends by itself (end of a replay with `exit_at_eof`).
     pub stop_tx: Option<Sender<StopReason>>,
+    /// The engine's emitted events coming back for reuse
+    /// ([`gpuwatch_core::msg::spent_events`]); `None`: every event is new.
+    pub spent: Option<gpuwatch_core::msg::SpentReceiver>,
 }
 
 /// Counts of one source run (returned when the thread ends).

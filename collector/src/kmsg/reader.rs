@@ -71,6 +71,8 @@ pub(super) struct Reader {
     pub(super) retry: gpuwatch_core::retry::Backoff,
     /// `sysconf(_SC_CLK_TCK)`, the unit of a process's start time.
     pub(super) clock_ticks: u64,
+    /// Events the engine emitted and handed back, for the scanner to refill.
+    pub(super) spent: Option<gpuwatch_core::msg::SpentReceiver>,
 }
 
 impl Reader {
@@ -108,6 +110,7 @@ impl Reader {
             sender: FaultSender::new(engine_tx, args.registry.clone()),
             scanner: Scanner::new(args.policy),
             clock_ticks: crate::attribution::clock_ticks_per_sec(),
+            spent: args.spent,
             cfg: args.cfg,
             boot_id: args.boot_id,
             registry: args.registry,

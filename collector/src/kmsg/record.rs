@@ -72,6 +72,7 @@ impl Reader {
                 level: Some(rec.level),
             };
             if interesting {
+                self.take_spent();
                 let message = rec.message();
                 self.scanner.push(meta, &message, &mut self.out);
             } else {
@@ -94,6 +95,19 @@ impl Reader {
             self.processed_seq = Some(seq);
         }
         ReadOn::Continue
+    }
+
+    /// Gives the scanner every spent event the engine handed back, before
+    /// a record that may make events: the events of one burst come back
+    /// once the engine emitted them, often after the reader read the burst,
+    /// and refill the next burst's (the scanner keeps a burst's worth and
+    /// drops the rest).
+    fn take_spent(&mut self) {
+        if let Some(rx) = &self.spent {
+            for ev in rx.try_iter() {
+                self.scanner.recycle(ev);
+            }
+        }
     }
 
     pub(super) fn deliver(&mut self, read_at: Instant) -> ReadOn {

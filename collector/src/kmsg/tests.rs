@@ -7,7 +7,7 @@ use crossbeam_channel::{Receiver, Sender, bounded};
 use gpuwatch_core::msg::{Input, KmsgPosition, MonitorInput};
 use gpuwatch_core::registry::Tally;
 use gpuwatch_core::{Registry, Shutdown};
-use gpuwatch_proto::{FaultKind, Source};
+use gpuwatch_proto::{FaultEvent, FaultKind, Source};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,6 +28,7 @@ fn args(path: &Path, accept_user: bool, registry: Arc<Registry>) -> KmsgSourceAr
         liveness: Liveness::new(),
         shutdown: Shutdown::new(),
         stop_tx: None,
+        spent: None,
     }
 }
 
@@ -243,6 +244,74 @@ fn drained(rx: &Receiver<Input>) -> Vec<(char, u64)> {
             _ => None,
         })
         .collect()
+}
+
+/// The fault event a reader makes of an XID 31 record, made new or, when
+/// `spent` is given, from that event handed back by the engine; and whether
+/// the reader took the spent event.
+fn xid_event(spent: Option<FaultEvent>) -> (FaultEvent, bool) {
+    let (tx, rx) = bounded(64);
+    let mut r = device_reader(tx, Registry::new());
+    if let Some(ev) = spent {
+        let (back, spent_rx) = gpuwatch_core::msg::spent_events();
+        back.send(ev).unwrap();
+        r.spent = Some(spent_rx);
+    }
+    let xid31 = "4,1,1000,-;NVRM: Xid (PCI:0000:3b:00): 31, pid=4194305, name=x, Ch 00000008, intr 00000000.\n";
+    r.process(xid31.as_bytes(), None);
+    r.process(record(2, false).as_bytes(), None);
+    r.finish();
+    let mut events = rx.try_iter().filter_map(|i| match i {
+        Input::Fault { event, .. } => Some(event),
+        _ => None,
+    });
+    let ev = events.next().expect("one event");
+    assert!(events.next().is_none());
+    let taken = r.spent.as_ref().is_some_and(|s| s.is_empty());
+    (ev, taken)
+}
+
+/// An event the engine emitted and handed back is refilled from scratch:
+/// nothing of the earlier fault (its GPU, pods, classification, attributes)
+/// carries over to the next.
+#[test]
+fn an_event_made_from_a_spent_one_carries_nothing_over() {
+    let mut stale = FaultEvent {
+        code: 79,
+        pci_address: "0000:86:00.0".into(),
+        gpu_index: Some(3),
+        gpu_uuid: "GPU-stale".into(),
+        pid: Some(77),
+        process: "stale".into(),
+        message: "stale message".into(),
+        kmsg_seq: Some(9),
+        monotonic_usec: Some(9),
+        time_unix_nano: Some(9),
+        facility: Some(1),
+        level: Some(0),
+        policy_reason: "stale reason".into(),
+        boot_id: "boot-stale".into(),
+        count: 99,
+        name: "stale name".into(),
+        pods: vec![gpuwatch_proto::PodRef {
+            name: "stale-pod".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    stale.attributes.insert("stale".into(), "1".into());
+    stale.set_action(gpuwatch_proto::Action::RebootNode);
+    stale.set_severity(gpuwatch_proto::Severity::Critical);
+    stale.set_source(gpuwatch_proto::Source::NvmlEvent);
+    let (mut new, _) = xid_event(None);
+    let (mut refilled, taken) = xid_event(Some(stale));
+    assert!(taken, "the reader took the spent event");
+    // Each reader takes the boot's wall-clock time when it starts: the
+    // record's time differs by the microseconds between the two.
+    assert!(refilled.time_unix_nano.is_some());
+    (new.time_unix_nano, refilled.time_unix_nano) = (None, None);
+    assert_eq!(refilled, new);
+    assert_eq!(new.code, 31);
 }
 
 /// The position travels in the channel after the events of the records

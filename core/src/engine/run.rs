@@ -117,6 +117,8 @@ struct EngineLoop<'a> {
     emitted: bool,
     /// Events of one input or one placement release, reused between them.
     out: Vec<FaultEvent>,
+    /// Where the emitted events go back for reuse.
+    spent: Option<crate::msg::SpentSender>,
 }
 
 /// When the loop wakes next, and the publication and state write that may
@@ -146,6 +148,7 @@ impl<'a> EngineLoop<'a> {
         let published = engine.health();
         registry.set_health(Arc::clone(&published));
         engine.defer_activation_logs = true;
+        let spent = engine.spent.take();
         EngineLoop {
             tick: engine.cfg.tick_interval,
             persist_every: engine.cfg.persist_interval,
@@ -160,6 +163,7 @@ impl<'a> EngineLoop<'a> {
             unpublished_since: None,
             emitted: false,
             out: Vec::new(),
+            spent,
         }
     }
 
@@ -197,13 +201,21 @@ impl<'a> EngineLoop<'a> {
         }
     }
 
-    /// Hands the events waiting in `out` to every sink, in order.
+    /// Hands the events waiting in `out` to every sink, in order, then back
+    /// to their source when it takes them (a full way back drops them).
     fn emit(&mut self) {
         if !self.out.is_empty() {
             for sink in self.sinks {
                 sink.send_batch(&self.out);
             }
-            self.out.clear();
+            match &self.spent {
+                Some(tx) => {
+                    for ev in self.out.drain(..) {
+                        let _ = tx.try_send(ev);
+                    }
+                }
+                None => self.out.clear(),
+            }
         }
     }
 

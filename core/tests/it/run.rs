@@ -70,6 +70,35 @@ fn events_reach_sinks_health_is_published_and_state_flushed() {
     assert!(registry.state_writes().0 >= 1);
 }
 
+/// Every emitted event goes back to its source once the sinks had it (as
+/// the sinks saw it); a full way back drops the rest, and the sinks still
+/// get every event.
+#[test]
+fn emitted_events_go_back_for_reuse_after_the_sinks() {
+    let mut rig = Rig::without_join_grace(None, "boot-a");
+    let (back, spent) = gpuwatch_core::msg::spent_events();
+    rig.engine.return_spent_events(back);
+    let (tx, rx) = crossbeam_channel::bounded(16_384);
+    let sink = Arc::new(RecordingSink::default());
+    let sinks: Vec<Arc<dyn EventSink>> = vec![sink.clone()];
+    let n = gpuwatch_core::msg::SPENT_EVENTS + 10;
+    for i in 0..n {
+        let pci = format!("0000:{:02x}:00.0", i + 1);
+        tx.send(fault(xid(13, &pci))).unwrap();
+    }
+    drop(tx);
+    run_engine(rig.engine, rx, sinks, Shutdown::new());
+    let seen = sink.events.lock().unwrap();
+    assert_eq!(seen.len(), n, "the sinks get every event");
+    let back: Vec<FaultEvent> = spent.try_iter().collect();
+    assert_eq!(
+        back.len(),
+        gpuwatch_core::msg::SPENT_EVENTS,
+        "the rest dropped"
+    );
+    assert_eq!(&back[..], &seen[..back.len()]);
+}
+
 #[test]
 fn unchanged_health_is_not_republished() {
     let rig = Rig::new(None, "boot-a");

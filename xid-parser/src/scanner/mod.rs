@@ -144,8 +144,10 @@ const PRELUDE_MAX_LINES: u8 = 2;
 /// GPUs whose fallen-off-the-bus events can wait at once (more: the oldest is emitted).
 const MAX_FALLEN_PENDING: usize = 64;
 
-/// Events kept for reuse by [`Scanner::recycle`].
-const MAX_SPARE_EVENTS: usize = 16;
+/// Events kept for reuse by [`Scanner::recycle`]: a burst's worth (the
+/// agent's kernel-log reader gets its events back from the engine only
+/// after they were emitted, often once the burst was read).
+const MAX_SPARE_EVENTS: usize = 64;
 
 /// Resets every field of `ev` to its default in place, its strings emptied but
 /// keeping their capacity (`write_into` names every field, so a field added to
