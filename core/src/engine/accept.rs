@@ -330,7 +330,7 @@ impl Engine {
         };
         match gpu {
             Some(g) => {
-                g.faults.insert(a.key.clone(), f);
+                g.faults.insert(a.key.clone(), Box::new(f));
             }
             None => {
                 self.node_faults

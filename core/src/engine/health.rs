@@ -91,7 +91,8 @@ impl Engine {
     fn gpu_health(&self, g: &Gpu, now: u64) -> GpuHealth {
         let nvml_ok = self.monitors.nvml_ok();
         let action = g.action();
-        let mut faults: Vec<(&FaultKey, &Fault)> = g.faults.iter().collect();
+        let mut faults: Vec<(&FaultKey, &Fault)> =
+            g.faults.iter().map(|(k, f)| (k, &**f)).collect();
         faults.sort_by(severity_order);
         let mut h = GpuHealth {
             index: g.index.filter(|_| g.confirmed),
@@ -140,7 +141,7 @@ impl Engine {
                 g.faults
                     .iter()
                     .filter(|(k, f)| !super::model::contained(k, f))
-                    .map(move |(k, f)| (Some(*g), k, f))
+                    .map(move |(k, f)| (Some(*g), k, &**f))
             })
             .chain(self.node_faults.iter().map(|((_, k), f)| (None, k, f)));
         for (gpu, key, fault) in candidates {

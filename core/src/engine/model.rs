@@ -80,7 +80,7 @@ pub(super) fn whole_gpu_faults(g: &Gpu) -> impl Iterator<Item = &Fault> {
     g.faults
         .iter()
         .filter(|(k, f)| !contained(k, f))
-        .map(|(_, f)| f)
+        .map(|(_, f)| &**f)
 }
 
 /// Row-remap state of a row-remap event (`remap`, or the parser's `row_remap`).
@@ -356,7 +356,11 @@ pub(crate) struct Gpu {
     pub sample: Option<GpuSample>,
     /// Time of `sample` (its own timestamp, else when the engine received it).
     pub sample_time: Option<u64>,
-    pub faults: BTreeMap<FaultKey, Fault>,
+    /// Boxed: a fault is ~330 bytes, and stored inline a B-tree leaf of
+    /// eleven of them took ~4 KiB for a GPU's first fault (a large-block
+    /// allocation per new GPU) and spread what a scan of the faults reads
+    /// over many cache lines.
+    pub faults: BTreeMap<FaultKey, Box<Fault>>,
     pub baseline: Baseline,
     /// Missing from the latest NVML enumeration.
     pub lost: bool,
@@ -575,7 +579,7 @@ pub(super) fn fault_in<'a>(
     key: &FaultKey,
 ) -> Option<&'a mut Fault> {
     match holder {
-        Holder::Gpu(p) => gpus.get_mut(p)?.faults.get_mut(key),
+        Holder::Gpu(p) => gpus.get_mut(p)?.faults.get_mut(key).map(|f| &mut **f),
         // Node-level faults are keyed by (PCI address, fault): the lookup needs
         // owned keys, so it is skipped while there are none.
         Holder::Node if node_faults.is_empty() => None,

@@ -728,7 +728,7 @@ impl Engine {
             g.uuid = r.uuid;
             for fr in r.faults {
                 let (k, f) = fault_from_record(fr)?;
-                g.faults.insert(k, f);
+                g.faults.insert(k, Box::new(f));
             }
             active += g.faults.len();
             if same_boot {
