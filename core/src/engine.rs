@@ -602,13 +602,13 @@ impl Engine {
         cleared
     }
 
-    /// Marks the health changed (and the persisted state dirty).
     /// Hands the events [`run_engine`] emitted back to their source once
     /// every sink took them, for reuse.
     pub fn return_spent_events(&mut self, to: crate::msg::SpentSender) {
         self.spent = Some(to);
     }
 
+    /// Marks the health changed (and the persisted state dirty).
     fn touch(&mut self) {
         self.persist.mark_dirty();
         self.updated_at = self.clock.now_unix_nanos();

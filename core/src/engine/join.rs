@@ -44,8 +44,8 @@ fn eviction_rank(g: &Gpu) -> Option<EvictionRank> {
 /// The next eviction victims among the unconfirmed GPUs, best first, as a
 /// scan at [`MAX_UNCONFIRMED_GPUS`] ranked them, so that a storm of new
 /// addresses scans every GPU once per [`EVICTION_CANDIDATES`] evictions
-/// instead of once per event (a scan was a third of the engine's time per
-/// event in such a storm).
+/// instead of once per event (making room took about a quarter of the
+/// engine's time per event in such a storm, about half of it the scans).
 ///
 /// A candidate is taken only while it is still what the scan saw: the GPU
 /// is there, unconfirmed, its rank unchanged, and no more severe than the
@@ -68,8 +68,7 @@ impl Evictions {
         self.candidates.clear();
     }
 
-    fn refill(&mut self, candidates: impl Iterator<Item = (String, EvictionRank)>) {
-        self.candidates.clear();
+    fn keep(&mut self, candidates: impl Iterator<Item = (String, EvictionRank)>) {
         self.candidates.extend(candidates);
     }
 
@@ -347,6 +346,8 @@ impl Engine {
             self.evict_unconfirmed(&pci);
             return true;
         }
+        // The scan decides; the candidates left are stale or not eligible.
+        self.evictions.clear();
         let mut unconfirmed = 0;
         let mut candidates = Vec::new();
         for g in self.gpus.values().filter(|g| !g.confirmed) {
@@ -356,7 +357,6 @@ impl Engine {
             }
         }
         if unconfirmed < MAX_UNCONFIRMED_GPUS {
-            self.evictions.clear();
             return true;
         }
         // Stable: among equal ranks the first in address order goes first.
@@ -365,15 +365,13 @@ impl Engine {
             .into_iter()
             .map(|(rank, pci)| (pci.clone(), rank));
         let Some((victim, rank)) = candidates.next() else {
-            self.evictions.clear();
             return false;
         };
         if rank.0 > incoming.rank() {
             // The least severe is more severe than the event: none may go.
-            self.evictions.clear();
             return false;
         }
-        self.evictions.refill(candidates.take(EVICTION_CANDIDATES));
+        self.evictions.keep(candidates.take(EVICTION_CANDIDATES));
         self.evict_unconfirmed(&victim);
         true
     }
