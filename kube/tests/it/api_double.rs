@@ -122,3 +122,60 @@ async fn double_answers_a_stale_write_as_kube_apiserver_does() {
         (404, Some(format!("nodes \"{NODE}\" not found").as_str()))
     );
 }
+
+/// A pod list names its scope as kube-apiserver serves it: a namespaced path
+/// lists that namespace only, and `labelSelector` keeps the pods whose labels
+/// satisfy it (apimachinery's label selector rules).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn double_lists_pods_by_namespace_and_label_selector() {
+    use reqwest::Method;
+    let api = ApiDouble::start(node(vec![], &[])).await;
+    let labelled = |ns: &str, name: &str, app: &str| {
+        let mut p = crate::kube_common::build::pod_on(NODE, ns, name, &format!("uid-{name}"), &[]);
+        p.metadata.labels = Some([("app".to_owned(), app.to_owned())].into());
+        p
+    };
+    api.put_pod(&labelled("gpuwatch", "agent-a", "gpuwatch"));
+    api.put_pod(&labelled("gpuwatch", "other", "sidecar"));
+    api.put_pod(&labelled("team", "agent-b", "gpuwatch"));
+    let names = |body: &serde_json::Value| -> Vec<String> {
+        body["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .map(|p| {
+                p["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect()
+    };
+    let list = |path: &'static str| {
+        let api = &api;
+        async move {
+            let (code, body) = raw(
+                api,
+                Method::GET,
+                path,
+                "application/json",
+                serde_json::Value::Null,
+            )
+            .await;
+            assert_eq!(code, 200, "{body}");
+            body
+        }
+    };
+    assert_eq!(
+        names(&list("/api/v1/namespaces/gpuwatch/pods").await),
+        ["agent-a", "other"]
+    );
+    assert_eq!(
+        names(&list("/api/v1/namespaces/gpuwatch/pods?labelSelector=app%3Dgpuwatch").await),
+        ["agent-a"]
+    );
+    assert_eq!(
+        names(&list("/api/v1/pods?labelSelector=app%3Dgpuwatch").await),
+        ["agent-a", "agent-b"]
+    );
+}

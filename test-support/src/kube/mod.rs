@@ -24,7 +24,8 @@
 //!   without a resourceVersion, 409 with a stale one), delete with preconditions
 //!   (409), get, list by label selector.
 //! - core/v1 Pods: list and watch across namespaces by
-//!   `fieldSelector=spec.nodeName=...`; the test adds, changes and deletes
+//!   `fieldSelector=spec.nodeName=...`, lists in one namespace and by
+//!   `labelSelector`; the test adds, changes and deletes
 //!   them (`pods` says what a watch replays).
 //! - On demand: 403 RBAC `Status` per (verb, resource), 429 with `Retry-After`,
 //!   500/503, an outage, a delay, another writer racing every node write.

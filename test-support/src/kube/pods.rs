@@ -2,7 +2,9 @@
 //! and watch filtered by `fieldSelector=spec.nodeName=<node>` (the field
 //! selector kube-apiserver offers on pods, `pkg/registry/core/pod/strategy.go`
 //! `PodToSelectableFields`), and the test's own adds, changes and deletes,
-//! each streamed to the open watches as ADDED / MODIFIED / DELETED.
+//! each streamed to the open watches as ADDED / MODIFIED / DELETED. A list
+//! may also be namespaced (`/api/v1/namespaces/<ns>/pods`: that namespace
+//! only) and carry a `labelSelector`.
 //!
 //! A watch from an older version replays what changed since, as the watch
 //! cache does: the pods changed since as they are now, and the pods deleted
@@ -134,18 +136,26 @@ impl Pods {
 
 /// Answers a request for `pods`.
 pub(super) fn serve(pods: &mut Pods, rv: u64, req: &Request) -> Response {
-    let Target::Pods { name: None, .. } = &req.target else {
+    let Target::Pods {
+        name: None,
+        namespace,
+    } = &req.target
+    else {
         return not_served(req);
     };
     let sel = req.q.get("fieldSelector").cloned().unwrap_or_default();
+    let labels = req.q.get("labelSelector").cloned().unwrap_or_default();
     match (req.method.as_str(), req.verb.as_str()) {
         ("GET", "watch") => pods.watch(&req.q, &sel),
+        // A namespaced list (`/api/v1/namespaces/<ns>/pods`) sees that
+        // namespace only; `labelSelector` as `selector::matches` reads it.
         ("GET", "list") => {
             let items: Vec<Value> = pods
                 .by_key
-                .values()
-                .filter(|(p, _)| selects(&sel, p))
-                .map(|(p, _)| p.clone())
+                .iter()
+                .filter(|((ns, _), _)| namespace.as_ref().is_none_or(|n| n == ns))
+                .filter(|(_, (p, _))| selects(&sel, p) && selector::matches(p, &labels))
+                .map(|(_, (p, _))| p.clone())
                 .collect();
             ok(
                 200,
