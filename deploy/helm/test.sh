@@ -2,12 +2,14 @@
 # Offline checks of the Helm chart (deploy/helm/gpuwatch) that need tools besides cargo:
 #   1. the chart's copies of deploy/ files are current (sync.sh --check);
 #   2. helm lint --strict with each ci/*-values.yaml;
-#   3. helm template with each: the built-in kinds pass kubernetes-validate --strict against
-#      the Kubernetes 1.30 schemas (the chart's oldest supported version; bundled, no network);
+#   3. helm template with each: the built-in kinds (Helm hooks included) pass
+#      kubernetes-validate --strict against the Kubernetes 1.30 schemas (the chart's oldest
+#      supported version; bundled, no network);
 #   4. the rendered PrometheusRule: promtool check, and the promtool unit tests of
 #      deploy/prometheus/tests run against it (as deploy/prometheus/test.sh runs them
 #      against rules.yaml);
-#   5. the rendered gpuwatch.toml of each: `gpuwatch check-config`; NOTES.txt renders;
+#   5. the rendered gpuwatch.toml of each (the one ConfigMap outside the Helm hooks that
+#      carries it): `gpuwatch check-config`; NOTES.txt renders;
 #   6. the packaged chart renders as the directory does.
 # The typed object checks and the kustomize parity are Rust tests (kube/tests/it/helm_chart.rs).
 #
@@ -44,7 +46,9 @@ if ! python3 -c 'import yaml' 2>/dev/null; then
 fi
 
 # Splits a render into its built-in kinds (file 2) and prometheus-operator kinds (file 3), and
-# writes the gpuwatch.toml the ConfigMap carries to file 4.
+# writes the gpuwatch.toml the ConfigMap carries to file 4: exactly one ConfigMap outside the
+# Helm hooks (objects with a helm.sh/hook annotation: created only around install, delete or
+# `helm test`) carries one. Hooks are in files 2 and 3 like the rest.
 split() {
   "$py" - "$@" <<'PY2'
 import sys, yaml
@@ -54,9 +58,12 @@ yaml.safe_dump_all([d for d in docs if not d["apiVersion"].startswith("monitorin
                    open(builtin, "w"))
 yaml.safe_dump_all([d for d in docs if d["apiVersion"].startswith("monitoring.coreos.com/")],
                    open(crds, "w"))
+def hook(d):
+    return "helm.sh/hook" in ((d.get("metadata") or {}).get("annotations") or {})
 tomls = [d["data"]["gpuwatch.toml"] for d in docs
-         if d["kind"] == "ConfigMap" and "gpuwatch.toml" in d.get("data", {})]
-assert len(tomls) == 1, "one gpuwatch.toml ConfigMap"
+         if d["kind"] == "ConfigMap" and "gpuwatch.toml" in (d.get("data") or {}) and not hook(d)]
+if len(tomls) != 1:
+    sys.exit(f"{render}: {len(tomls)} ConfigMaps outside the Helm hooks carry gpuwatch.toml; one must")
 open(toml, "w").write(tomls[0])
 PY2
 }
