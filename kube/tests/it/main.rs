@@ -12,6 +12,7 @@ mod api_double;
 mod cleanup_fleet;
 mod deploy_manifests;
 mod helm_chart;
+mod helm_operator;
 mod quarantine_fleet;
 mod rbac_policy;
 mod writer_api;
