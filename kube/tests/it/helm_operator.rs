@@ -183,3 +183,95 @@ fn helm_extra_env_never_duplicates_a_name() {
     let err = helm_template("gpuwatch", &["--values", &file]).expect_err("a name given twice");
     assert!(err.contains("extraEnv: A is given twice"), "{err}");
 }
+
+/// `helm install --dry-run=client` (no cluster asked): the NOTES an install prints.
+fn helm_notes(namespace: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(super::helm_chart::helm_bin())
+        .current_dir(repo_root())
+        .env("KUBECONFIG", "/dev/null")
+        .args([
+            "install",
+            "gpuwatch",
+            CHART,
+            "--dry-run=client",
+            "--namespace",
+            namespace,
+        ])
+        .args(args)
+        .output()
+        .expect("run helm");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "helm install --dry-run=client {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.split_once("NOTES:")
+        .map(|(_, notes)| notes.to_owned())
+        .unwrap_or_else(|| panic!("no NOTES in:\n{text}"))
+}
+
+/// With a PodMonitor or ServiceMonitor on, the NetworkPolicy admits the scraper's
+/// namespace (by the `kubernetes.io/metadata.name` label every namespace carries), or the
+/// render fails saying so: a policy that times out every scrape is never installed.
+#[test]
+fn helm_network_policy_admits_the_scraper() {
+    for monitor in ["podMonitor", "serviceMonitor"] {
+        let on = format!("{monitor}.enabled=true");
+        let err = helm_template("gpuwatch", &["--set", &on]).expect_err("no scraper namespace");
+        assert!(
+            err.contains("networkPolicy.scraperNamespaces"),
+            "{monitor}: {err}"
+        );
+        // Without the policy there is nothing to admit.
+        helm_template(
+            "gpuwatch",
+            &["--set", &on, "--set", "networkPolicy.enabled=false"],
+        )
+        .expect("no policy, no scraper namespace needed");
+        let args = [
+            "--set",
+            on.as_str(),
+            "--set",
+            "networkPolicy.scraperNamespaces={monitoring,prometheus}",
+        ];
+        let objs = by_identity(&helm_template("gpuwatch", &args).expect("helm template"));
+        let policy = &objs[&(
+            "NetworkPolicy".into(),
+            "gpuwatch".into(),
+            "gpuwatch-api".into(),
+        )];
+        let peers = policy["spec"]["ingress"][0]["from"]
+            .as_sequence()
+            .expect("from");
+        let scraper = peers
+            .iter()
+            .find(|p| !p["namespaceSelector"]["matchExpressions"].is_null())
+            .expect("the scraper's peer");
+        let expr = &scraper["namespaceSelector"]["matchExpressions"][0];
+        assert_eq!(expr["key"].as_str(), Some("kubernetes.io/metadata.name"));
+        assert_eq!(expr["operator"].as_str(), Some("In"));
+        assert_eq!(
+            expr["values"],
+            serde_yaml::from_str::<Value>("[monitoring, prometheus]").expect("yaml")
+        );
+        let notes = helm_notes("gpuwatch", &args);
+        assert!(
+            notes.contains("from the namespace(s) monitoring, prometheus"),
+            "{monitor}: NOTES: {notes}"
+        );
+    }
+    // Monitors off: the policy is the configured peers only.
+    let objs = by_identity(&helm_template("gpuwatch", &[]).expect("helm template"));
+    let policy = &objs[&(
+        "NetworkPolicy".into(),
+        "gpuwatch".into(),
+        "gpuwatch-api".into(),
+    )];
+    assert_eq!(
+        policy["spec"]["ingress"][0]["from"]
+            .as_sequence()
+            .map(Vec::len),
+        Some(1)
+    );
+}
