@@ -275,3 +275,190 @@ fn helm_network_policy_admits_the_scraper() {
         Some(1)
     );
 }
+
+/// The default render's required node affinity terms (ORed), each a list of
+/// (key, operator, values) requirements (ANDed).
+fn affinity_terms(render: &str) -> Vec<Vec<(String, String, Vec<String>)>> {
+    let objs = by_identity(render);
+    let ds = objs
+        .iter()
+        .find(|((kind, ..), _)| kind == "DaemonSet")
+        .map(|(_, v)| v)
+        .expect("a DaemonSet");
+    let terms = &ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"];
+    terms
+        .as_sequence()
+        .expect("nodeSelectorTerms")
+        .iter()
+        .map(|t| {
+            t["matchExpressions"]
+                .as_sequence()
+                .expect("matchExpressions")
+                .iter()
+                .map(|e| {
+                    let values = e["values"]
+                        .as_sequence()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|v| v.as_str().map(str::to_owned))
+                        .collect();
+                    (
+                        e["key"].as_str().expect("key").to_owned(),
+                        e["operator"].as_str().expect("operator").to_owned(),
+                        values,
+                    )
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Whether a node with `labels` satisfies the terms, as the scheduler reads them
+/// (`k8s.io/component-helpers/scheduling/corev1/nodeaffinity`: terms ORed, requirements
+/// ANDed; In, NotIn, Exists, DoesNotExist).
+fn selects(terms: &[Vec<(String, String, Vec<String>)>], labels: &[(&str, &str)]) -> bool {
+    let get = |k: &str| labels.iter().find(|(l, _)| *l == k).map(|(_, v)| *v);
+    terms.iter().any(|term| {
+        term.iter().all(|(key, op, values)| match op.as_str() {
+            "In" => get(key).is_some_and(|v| values.iter().any(|x| x == v)),
+            "NotIn" => get(key).is_none_or(|v| values.iter().all(|x| x != v)),
+            "Exists" => get(key).is_some(),
+            "DoesNotExist" => get(key).is_none(),
+            other => panic!("operator {other} not expected in the default affinity"),
+        })
+    })
+}
+
+/// The default affinity selects an NVIDIA GPU node as each platform labels it at creation
+/// (the labels each one sets by itself, per its documentation), never a CPU-only node, a
+/// TPU node or an AMD GPU node; and GPUWatchAgentMissing counts the same nodes as GPU nodes.
+#[test]
+fn helm_selects_gpu_nodes_on_every_platform() {
+    let generic = affinity_terms(&helm_template("gpuwatch", &[]).expect("helm template"));
+    let eks = affinity_terms(
+        &helm_template("gpuwatch", &["--set", "platform=eks"]).expect("helm template"),
+    );
+    let gpu_nodes: [(&str, &[(&str, &str)]); 9] = [
+        ("GPU Operator / GFD", &[("nvidia.com/gpu.present", "true")]),
+        (
+            "Node Feature Discovery",
+            &[("feature.node.kubernetes.io/pci-10de.present", "true")],
+        ),
+        (
+            "Karpenter on AWS",
+            &[("karpenter.k8s.aws/instance-gpu-manufacturer", "nvidia")],
+        ),
+        (
+            "EKS managed node group, p5",
+            &[
+                ("node.kubernetes.io/instance-type", "p5.48xlarge"),
+                ("eks.amazonaws.com/nodegroup", "gpu"),
+            ],
+        ),
+        (
+            "EKS managed node group, p6",
+            &[("node.kubernetes.io/instance-type", "p6-b200.48xlarge")],
+        ),
+        (
+            "GKE",
+            &[
+                ("cloud.google.com/gke-accelerator", "nvidia-h100-80gb"),
+                ("cloud.google.com/gke-nodepool", "a3"),
+            ],
+        ),
+        (
+            "AKS",
+            &[
+                ("kubernetes.azure.com/accelerator", "nvidia"),
+                ("kubernetes.azure.com/agentpool", "gpu"),
+            ],
+        ),
+        (
+            "OKE, H100",
+            &[("node.kubernetes.io/instance-type", "BM.GPU.H100.8")],
+        ),
+        (
+            "OKE, B200",
+            &[("node.kubernetes.io/instance-type", "BM.GPU.B200.8")],
+        ),
+    ];
+    for (what, labels) in gpu_nodes {
+        assert!(selects(&generic, labels), "generic: {what} not selected");
+        assert!(selects(&eks, labels), "platform eks: {what} not selected");
+    }
+    let auto_mode = [("eks.amazonaws.com/instance-gpu-manufacturer", "nvidia")];
+    assert!(
+        selects(&eks, &auto_mode),
+        "EKS Auto Mode GPU node on platform eks"
+    );
+    let other_nodes: [(&str, &[(&str, &str)]); 7] = [
+        (
+            "EKS CPU node",
+            &[
+                ("node.kubernetes.io/instance-type", "m7i.4xlarge"),
+                ("eks.amazonaws.com/nodegroup", "system"),
+            ],
+        ),
+        (
+            "Karpenter CPU node",
+            &[("karpenter.k8s.aws/instance-category", "m")],
+        ),
+        (
+            "Karpenter AMD GPU node",
+            &[("karpenter.k8s.aws/instance-gpu-manufacturer", "amd")],
+        ),
+        (
+            "GKE CPU node",
+            &[("cloud.google.com/gke-nodepool", "default-pool")],
+        ),
+        (
+            "GKE TPU node",
+            &[("cloud.google.com/gke-tpu-accelerator", "tpu-v5p-slice")],
+        ),
+        (
+            "AKS CPU node",
+            &[("kubernetes.azure.com/agentpool", "system")],
+        ),
+        (
+            "OKE CPU node",
+            &[("node.kubernetes.io/instance-type", "VM.Standard.E5.Flex")],
+        ),
+    ];
+    for (what, labels) in other_nodes {
+        assert!(!selects(&generic, labels), "generic: {what} selected");
+        assert!(!selects(&eks, labels), "platform eks: {what} selected");
+    }
+    // The alert that says a GPU node has no agent knows every label the affinity keys on
+    // (as kube-state-metrics names it); instance types are GPU nodes by their advertised
+    // nvidia.com/gpu capacity, which the alert also counts.
+    let rules = std::fs::read_to_string(repo_root().join("deploy/prometheus/rules.yaml"))
+        .expect("rules.yaml");
+    let rules: Value = serde_yaml::from_str(&rules).expect("rules parse");
+    let expr = rules["groups"]
+        .as_sequence()
+        .expect("groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().expect("rules"))
+        .find(|r| r["alert"].as_str() == Some("GPUWatchAgentMissing"))
+        .and_then(|r| r["expr"].as_str())
+        .expect("GPUWatchAgentMissing")
+        .to_owned();
+    assert!(
+        expr.contains(r#"kube_node_status_capacity{resource="nvidia_com_gpu"}"#),
+        "{expr}"
+    );
+    for (key, _, _) in eks.iter().flatten() {
+        if key == "node.kubernetes.io/instance-type" {
+            continue;
+        }
+        let ksm: String = key
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        assert!(
+            expr.contains(&format!("label_{ksm}")),
+            "the alert misses {key}: {expr}"
+        );
+    }
+}
