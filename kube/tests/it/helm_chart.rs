@@ -24,7 +24,7 @@ pub(crate) const CHART: &str = "deploy/helm/gpuwatch";
 
 /// The helm binary: `$HELM_BIN`, else `helm` on PATH. Missing fails the test: these checks
 /// are the chart's only tests and must not pass by not running.
-fn helm_bin() -> PathBuf {
+pub(crate) fn helm_bin() -> PathBuf {
     let bin = std::env::var_os("HELM_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("helm"));
@@ -554,7 +554,7 @@ fn helm_refuses_bad_values_naming_the_key() {
             r#"no alert named "GPUNoSuchAlert""#,
         ),
         (
-            "config: \"[api]\\nlisten = \\\"0.0.0.0:9400\\\"\\n\"\npodMonitor:\n  enabled: true\n",
+            "config: \"[api]\\nlisten = \\\"0.0.0.0:9400\\\"\\n\"\npodMonitor:\n  enabled: true\nnetworkPolicy:\n  scraperNamespaces: [monitoring]\n",
             "[api] prometheus = true",
         ),
     ];
