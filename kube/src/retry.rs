@@ -114,7 +114,7 @@ where
                 tracing::info!(
                     request = what,
                     error = %e,
-                    try_ = tried,
+                    attempt = tried,
                     pause_ms = pause.as_millis(),
                     "Request failed; retrying."
                 );

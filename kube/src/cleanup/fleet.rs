@@ -106,7 +106,7 @@ impl FleetReport {
     }
 
     /// `N nodes cleaned, M had nothing of gpuwatch's, F failed` (and how many
-    /// were deleted meanwhile, when any were).
+    /// were deleted meanwhile, and how many other steps failed, when any).
     pub fn summary(&self) -> String {
         let (cleaned, nothing, gone, failed) = self.counts();
         let verb = if self.dry_run {
@@ -118,6 +118,12 @@ impl FleetReport {
             format!("{cleaned} nodes {verb}, {nothing} had nothing of gpuwatch's, {failed} failed");
         if gone > 0 {
             s.push_str(&format!(", {gone} were deleted meanwhile"));
+        }
+        if !self.failures.is_empty() {
+            s.push_str(&format!(
+                "; {} other steps failed (the wait, the node list or a Lease)",
+                self.failures.len()
+            ));
         }
         s
     }
@@ -401,6 +407,12 @@ mod tests {
         assert!(!r.failed());
         r.failures.push("listing the nodes failed".into());
         assert!(r.failed());
+        assert!(
+            r.summary()
+                .ends_with("; 1 other steps failed (the wait, the node list or a Lease)"),
+            "{}",
+            r.summary()
+        );
     }
 
     #[test]

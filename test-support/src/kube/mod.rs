@@ -295,6 +295,15 @@ impl ApiDouble {
             .insert((verb.into(), resource.into(), name.into()));
     }
 
+    /// Undoes [`ApiDouble::forbid_name`].
+    pub fn unforbid_name(&self, verb: &str, resource: &str, name: &str) {
+        self.lock().faults.forbidden_names.remove(&(
+            verb.to_owned(),
+            resource.to_owned(),
+            name.to_owned(),
+        ));
+    }
+
     /// Another client deletes the Node `name` right after the next Node list
     /// is answered: the lister saw it, its next request finds it gone.
     pub fn delete_node_after_list(&self, name: &str) {
