@@ -42,6 +42,18 @@ pub(super) struct Faults {
     pub(super) delay: Option<Duration>,
     /// Answers queued for the next requests (429, 500, 503), oldest first.
     pub(super) injected: VecDeque<u16>,
+    /// Answers queued for the next requests of one method and path, oldest
+    /// first (a failure of one object's requests among many).
+    pub(super) injected_at: Vec<((String, String), VecDeque<u16>)>,
+    /// (verb, resource, name) triples RBAC denies: a role whose rule lists
+    /// `resourceNames` grants only the names it lists (apiserver
+    /// `plugin/pkg/auth/authorizer/rbac/rbac.go`, `RuleAllows` →
+    /// `ResourceNameMatches`).
+    pub(super) forbidden_names: HashSet<(String, String, String)>,
+    /// Nodes another client deletes right after the next Node list is
+    /// answered (an autoscaler scaling down while a client works through
+    /// its list).
+    pub(super) delete_after_list: Vec<String>,
     /// Namespaces that do not exist (creates in them are 404).
     pub(super) missing_namespaces: HashSet<String>,
 }
@@ -87,6 +99,16 @@ pub(super) async fn handle(
     let resp = answer(&mut g, &req);
     let code = resp.status().as_u16();
     g.requests.push(req.recorded(code));
+    if code == 200
+        && req.verb == "list"
+        && req.resource == "nodes"
+        && !g.faults.delete_after_list.is_empty()
+    {
+        let g = &mut *g;
+        for name in std::mem::take(&mut g.faults.delete_after_list) {
+            g.nodes.remove(&name, &mut g.rv);
+        }
+    }
     g.count_taints();
     resp
 }
@@ -100,9 +122,21 @@ fn answer(g: &mut DoubleState, req: &Request) -> Response {
     if let Some(code) = g.faults.injected.pop_front() {
         return injected(code);
     }
-    if g.faults
-        .forbidden
-        .contains(&(req.verb.clone(), req.resource.clone()))
+    let at = (req.method.to_string(), req.path.clone());
+    if let Some((_, codes)) = g.faults.injected_at.iter_mut().find(|(k, _)| *k == at)
+        && let Some(code) = codes.pop_front()
+    {
+        return injected(code);
+    }
+    let named = req.target.name().is_some_and(|n| {
+        g.faults
+            .forbidden_names
+            .contains(&(req.verb.clone(), req.resource.clone(), n.to_owned()))
+    });
+    if named
+        || g.faults
+            .forbidden
+            .contains(&(req.verb.clone(), req.resource.clone()))
     {
         return forbidden(&req.verb, req.target.group(), &req.resource, &req.path);
     }
