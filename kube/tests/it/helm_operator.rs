@@ -462,3 +462,128 @@ fn helm_selects_gpu_nodes_on_every_platform() {
         );
     }
 }
+
+/// Sidecar mode: the GPU Operator's DaemonSet mounts gpuwatch's ConfigMap and Helm does not
+/// manage that DaemonSet. An upgrade with a new config must not delete the ConfigMap the
+/// operator's pods name (a new dcgm-exporter pod would hang in ContainerCreating, GPU metrics
+/// down with it), and neither may an uninstall; re-applying the partial DaemonSet rolls the
+/// pods (checksum), and a removal apply configuration takes the sidecar out again.
+#[test]
+fn helm_sidecar_config_survives_upgrade_and_uninstall() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shipped = std::fs::read_to_string(repo_root().join(CHART).join("files/gpuwatch.toml"))
+        .expect("shipped config");
+    let changed = format!("{shipped}\n# an operator's edit\n");
+    let values = values_file(
+        &dir,
+        "upgrade.yaml",
+        &serde_yaml::to_string(&std::collections::BTreeMap::from([("config", changed)]))
+            .expect("values"),
+    );
+    let sidecar = [
+        "--set",
+        "mode=dcgmSidecar",
+        "--set",
+        "dcgmSidecar.renderDaemonSet=true",
+    ];
+    let before = by_identity(&helm_template("gpu-operator", &sidecar).expect("helm template"));
+    let mut upgrade = sidecar.to_vec();
+    upgrade.extend(["--values", values.as_str()]);
+    let after = by_identity(&helm_template("gpu-operator", &upgrade).expect("helm template"));
+    let mounted = |objs: &std::collections::BTreeMap<(String, String, String), Value>| {
+        let ds = &objs[&(
+            "DaemonSet".into(),
+            "gpu-operator".into(),
+            "nvidia-dcgm-exporter".into(),
+        )];
+        let vols = ds["spec"]["template"]["spec"]["volumes"]
+            .as_sequence()
+            .expect("volumes");
+        let name = vols
+            .iter()
+            .find_map(|v| v["configMap"]["name"].as_str())
+            .expect("a ConfigMap volume")
+            .to_owned();
+        let checksum = ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+            .as_str()
+            .expect("checksum/config")
+            .to_owned();
+        (name, checksum)
+    };
+    let (name_before, sum_before) = mounted(&before);
+    let (name_after, sum_after) = mounted(&after);
+    assert_eq!(
+        name_before, name_after,
+        "the mounted ConfigMap keeps its name"
+    );
+    assert_ne!(
+        sum_before, sum_after,
+        "re-applying the partial DaemonSet rolls the pods"
+    );
+    for objs in [&before, &after] {
+        let cm = &objs[&(
+            "ConfigMap".into(),
+            "gpu-operator".into(),
+            name_after.clone(),
+        )];
+        assert_eq!(
+            cm["metadata"]["annotations"]["helm.sh/resource-policy"],
+            Value::from("keep"),
+            "helm uninstall leaves the ConfigMap the operator's pods mount"
+        );
+    }
+    // Standalone keeps the hashed, Helm-owned ConfigMap: its own DaemonSet follows it.
+    let standalone = by_identity(&helm_template("gpuwatch", &[]).expect("helm template"));
+    let cm = standalone
+        .iter()
+        .find(|((kind, ..), _)| kind == "ConfigMap")
+        .map(|(_, v)| v)
+        .expect("ConfigMap");
+    assert!(
+        cm["metadata"]["annotations"].is_null(),
+        "standalone: {cm:?}"
+    );
+
+    // The removal: selector and the operator's tolerations only.
+    let mut remove = sidecar.to_vec();
+    remove.extend(["--set", "dcgmSidecar.remove=true"]);
+    let objs = by_identity(&helm_template("gpu-operator", &remove).expect("helm template"));
+    let ds = &objs[&(
+        "DaemonSet".into(),
+        "gpu-operator".into(),
+        "nvidia-dcgm-exporter".into(),
+    )];
+    let pod = &ds["spec"]["template"]["spec"];
+    assert!(
+        pod["containers"].is_null() && pod["volumes"].is_null(),
+        "{pod:?}"
+    );
+    assert!(ds["spec"]["template"]["metadata"]["annotations"].is_null());
+    assert_eq!(
+        pod["tolerations"],
+        serde_yaml::from_str::<Value>(
+            "[{effect: NoSchedule, key: nvidia.com/gpu, operator: Exists}]"
+        )
+        .expect("yaml"),
+        "the operator's tolerations, as they were"
+    );
+    let err = helm_template(
+        "gpu-operator",
+        &[
+            "--set",
+            "mode=dcgmSidecar",
+            "--set",
+            "dcgmSidecar.remove=true",
+        ],
+    )
+    .expect_err("remove without renderDaemonSet");
+    assert!(err.contains("dcgmSidecar.remove"), "{err}");
+    let notes = helm_notes("gpu-operator", &["--set", "mode=dcgmSidecar"]);
+    for what in [
+        "After every `helm upgrade`",
+        "dcgmSidecar.remove=true",
+        "gpuwatch-config",
+    ] {
+        assert!(notes.contains(what), "NOTES lack {what:?}: {notes}");
+    }
+}
