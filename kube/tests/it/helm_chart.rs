@@ -291,7 +291,12 @@ const KNOWN_DIFFERENCES: &[KnownDifference] = &[KnownDifference {
 }];
 
 /// Labels and annotations Helm adds that kustomize has no counterpart for.
-const HELM_ONLY_LABELS: [&str; 2] = ["helm.sh/chart", "app.kubernetes.io/managed-by"];
+const HELM_ONLY_LABELS: [&str; 4] = [
+    "helm.sh/chart",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+];
 /// Helm's instruction to leave an object in place on uninstall: kustomize's
 /// `kubectl delete -k` deletes what it applied, by design.
 const HELM_ONLY_ANNOTATIONS: [&str; 1] = ["helm.sh/resource-policy"];
@@ -689,7 +694,12 @@ fn helm_chart_version_is_the_crate_version() {
 
 /// Values whose contents are Kubernetes API objects or free-form maps: documented and
 /// schema-checked as one value, not key by key.
-const PASS_THROUGH_VALUES: [&str; 3] = ["resources", "updateStrategy", "affinity"];
+const PASS_THROUGH_VALUES: [&str; 4] = [
+    "resources",
+    "updateStrategy",
+    "affinity",
+    "podSecurityContext",
+];
 
 /// Value paths of `values.yaml`: every key of the chart's own sections, a pass-through
 /// value or a value that is not a mapping as a whole.

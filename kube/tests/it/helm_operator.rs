@@ -587,3 +587,91 @@ fn helm_sidecar_config_survives_upgrade_and_uninstall() {
         assert!(notes.contains(what), "NOTES lack {what:?}: {notes}");
     }
 }
+
+/// What an operator (and Artifact Hub) reads about the packaged chart: every object the
+/// chart owns carries the recommended instance and version labels; the monitors and the
+/// rule are picked up by the same Prometheus selector by default; the pod has a pod-level
+/// securityContext; NOTES and README point at nothing a packaged chart lacks (a relative
+/// link out of the chart, a repository path in NOTES); Chart.yaml has an icon that exists,
+/// maintainers, and states the minimum Helm version the README names.
+#[test]
+fn helm_chart_metadata_is_complete() {
+    let render = render_ci("monitoring", "gpuwatch");
+    for ((kind, _, name), obj) in by_identity(&render) {
+        let labels = &obj["metadata"]["labels"];
+        assert_eq!(
+            labels["app.kubernetes.io/instance"],
+            Value::from("gpuwatch"),
+            "{kind}/{name}"
+        );
+        assert_eq!(
+            labels["app.kubernetes.io/version"],
+            Value::from(super::deploy_manifests::crate_version()),
+            "{kind}/{name}"
+        );
+        if matches!(
+            kind.as_str(),
+            "PodMonitor" | "ServiceMonitor" | "PrometheusRule"
+        ) {
+            assert_eq!(
+                labels["release"],
+                Value::from("kube-prometheus-stack"),
+                "{kind}"
+            );
+        }
+        if kind == "DaemonSet" {
+            assert_eq!(
+                obj["spec"]["template"]["spec"]["securityContext"]["seccompProfile"]["type"],
+                Value::from("RuntimeDefault")
+            );
+        }
+    }
+    // The monitors' default selection labels are the rule's.
+    let values: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo_root().join(CHART).join("values.yaml")).expect("values"),
+    )
+    .expect("values parse");
+    for monitor in ["podMonitor", "serviceMonitor"] {
+        assert_eq!(
+            values[monitor]["labels"], values["prometheusRule"]["labels"],
+            "{monitor}"
+        );
+    }
+
+    let chart_dir = repo_root().join(CHART);
+    let readme = std::fs::read_to_string(chart_dir.join("README.md")).expect("README");
+    assert!(
+        !readme.contains("](../"),
+        "README links out of the packaged chart"
+    );
+    let notes = std::fs::read_to_string(chart_dir.join("templates/NOTES.txt")).expect("NOTES");
+    for line in notes.lines() {
+        assert!(
+            !line.split_whitespace().any(|w| w.starts_with("deploy/")),
+            "NOTES names a repository path: {line}"
+        );
+    }
+    let chart: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(chart_dir.join("Chart.yaml")).expect("Chart.yaml"),
+    )
+    .expect("Chart.yaml parses");
+    let icon = chart["icon"].as_str().expect("icon");
+    let in_repo = icon
+        .strip_prefix("https://raw.githubusercontent.com/gpuwatch/gpuwatch/main/")
+        .expect("the icon is served from the repository");
+    assert!(repo_root().join(in_repo).is_file(), "{in_repo} missing");
+    assert!(
+        chart["maintainers"]
+            .as_sequence()
+            .is_some_and(|m| !m.is_empty()),
+        "maintainers"
+    );
+    let min_helm = chart["annotations"]["gpuwatch.io/minimum-helm-version"]
+        .as_str()
+        .expect("minimum Helm version annotation");
+    let major_minor = min_helm.rsplit_once('.').map(|(mm, _)| mm).expect("x.y.z");
+    assert!(
+        readme.contains(&format!("Helm ≥ {major_minor}")),
+        "README states Helm ≥ {major_minor}"
+    );
+}

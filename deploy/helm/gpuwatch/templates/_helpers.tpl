@@ -134,6 +134,8 @@ gpuwatch-config-{{ $hash | replace "0" "g" | replace "1" "h" | replace "3" "k" |
 {{- define "gpuwatch.labels" -}}
 app.kubernetes.io/name: gpuwatch
 app.kubernetes.io/part-of: gpuwatch
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | trunc 63 | trimSuffix "-" | quote }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
