@@ -675,3 +675,55 @@ fn helm_chart_metadata_is_complete() {
         "README states Helm ≥ {major_minor}"
     );
 }
+
+/// `otlp.endpoint` reaches the agent as `--otlp-endpoint`, the one source that wins over
+/// the shipped config's `[otlp] endpoint` (an `OTEL_EXPORTER_OTLP_ENDPOINT` in extraEnv
+/// does not); empty adds nothing, and a value that is no endpoint is refused.
+#[test]
+fn helm_otlp_endpoint_is_a_value() {
+    let args_of = |render: &str| -> Vec<String> {
+        let objs = by_identity(render);
+        let ds = objs
+            .iter()
+            .find(|((kind, ..), _)| kind == "DaemonSet")
+            .map(|(_, v)| v)
+            .expect("a DaemonSet");
+        ds["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_sequence()
+            .expect("args")
+            .iter()
+            .filter_map(|a| a.as_str().map(str::to_owned))
+            .collect()
+    };
+    let url = "http://otel-collector.observability.svc:4317";
+    for mode in ["standalone", "dcgmSidecar"] {
+        let set_mode = format!("mode={mode}");
+        let set_url = format!("otlp.endpoint={url}");
+        let args = args_of(
+            &helm_template(
+                "gpuwatch",
+                &[
+                    "--set",
+                    &set_mode,
+                    "--set",
+                    "dcgmSidecar.renderDaemonSet=true",
+                    "--set",
+                    &set_url,
+                ],
+            )
+            .expect("helm template"),
+        );
+        assert!(
+            args.contains(&format!("--otlp-endpoint={url}")),
+            "{mode}: {args:?}"
+        );
+    }
+    let args = args_of(&helm_template("gpuwatch", &[]).expect("helm template"));
+    assert!(
+        !args.iter().any(|a| a.starts_with("--otlp-endpoint")),
+        "{args:?}"
+    );
+    let err = helm_template("gpuwatch", &["--set", "otlp.endpoint=not a url"])
+        .expect_err("not an endpoint");
+    assert!(err.contains("/otlp/endpoint"), "{err}");
+}

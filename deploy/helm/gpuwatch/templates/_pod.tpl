@@ -117,6 +117,11 @@ one name fail the render.
     # The API port as a flag (flags override the config file): dcgm-exporter owns 9400.
     - --api-listen=0.0.0.0:{{ $s.apiPort | int }}
     {{- end }}
+    {{- with .Values.otlp.endpoint }}
+    # Wins over [otlp] endpoint in the config file and OTEL_EXPORTER_OTLP_ENDPOINT; the agent
+    # logs which source gave each signal's endpoint.
+    - --otlp-endpoint={{ . }}
+    {{- end }}
     {{- range .Values.extraArgs }}
     - {{ . | quote }}
     {{- end }}
