@@ -275,3 +275,315 @@ fn helm_network_policy_admits_the_scraper() {
         Some(1)
     );
 }
+
+/// The default render's required node affinity terms (ORed), each a list of
+/// (key, operator, values) requirements (ANDed).
+fn affinity_terms(render: &str) -> Vec<Vec<(String, String, Vec<String>)>> {
+    let objs = by_identity(render);
+    let ds = objs
+        .iter()
+        .find(|((kind, ..), _)| kind == "DaemonSet")
+        .map(|(_, v)| v)
+        .expect("a DaemonSet");
+    let terms = &ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"];
+    terms
+        .as_sequence()
+        .expect("nodeSelectorTerms")
+        .iter()
+        .map(|t| {
+            t["matchExpressions"]
+                .as_sequence()
+                .expect("matchExpressions")
+                .iter()
+                .map(|e| {
+                    let values = e["values"]
+                        .as_sequence()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|v| v.as_str().map(str::to_owned))
+                        .collect();
+                    (
+                        e["key"].as_str().expect("key").to_owned(),
+                        e["operator"].as_str().expect("operator").to_owned(),
+                        values,
+                    )
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Whether a node with `labels` satisfies the terms, as the scheduler reads them
+/// (`k8s.io/component-helpers/scheduling/corev1/nodeaffinity`: terms ORed, requirements
+/// ANDed; In, NotIn, Exists, DoesNotExist).
+fn selects(terms: &[Vec<(String, String, Vec<String>)>], labels: &[(&str, &str)]) -> bool {
+    let get = |k: &str| labels.iter().find(|(l, _)| *l == k).map(|(_, v)| *v);
+    terms.iter().any(|term| {
+        term.iter().all(|(key, op, values)| match op.as_str() {
+            "In" => get(key).is_some_and(|v| values.iter().any(|x| x == v)),
+            "NotIn" => get(key).is_none_or(|v| values.iter().all(|x| x != v)),
+            "Exists" => get(key).is_some(),
+            "DoesNotExist" => get(key).is_none(),
+            other => panic!("operator {other} not expected in the default affinity"),
+        })
+    })
+}
+
+/// The default affinity selects an NVIDIA GPU node as each platform labels it at creation
+/// (the labels each one sets by itself, per its documentation), never a CPU-only node, a
+/// TPU node or an AMD GPU node; and GPUWatchAgentMissing counts the same nodes as GPU nodes.
+#[test]
+fn helm_selects_gpu_nodes_on_every_platform() {
+    let generic = affinity_terms(&helm_template("gpuwatch", &[]).expect("helm template"));
+    let eks = affinity_terms(
+        &helm_template("gpuwatch", &["--set", "platform=eks"]).expect("helm template"),
+    );
+    let gpu_nodes: [(&str, &[(&str, &str)]); 9] = [
+        ("GPU Operator / GFD", &[("nvidia.com/gpu.present", "true")]),
+        (
+            "Node Feature Discovery",
+            &[("feature.node.kubernetes.io/pci-10de.present", "true")],
+        ),
+        (
+            "Karpenter on AWS",
+            &[("karpenter.k8s.aws/instance-gpu-manufacturer", "nvidia")],
+        ),
+        (
+            "EKS managed node group, p5",
+            &[
+                ("node.kubernetes.io/instance-type", "p5.48xlarge"),
+                ("eks.amazonaws.com/nodegroup", "gpu"),
+            ],
+        ),
+        (
+            "EKS managed node group, p6",
+            &[("node.kubernetes.io/instance-type", "p6-b200.48xlarge")],
+        ),
+        (
+            "GKE",
+            &[
+                ("cloud.google.com/gke-accelerator", "nvidia-h100-80gb"),
+                ("cloud.google.com/gke-nodepool", "a3"),
+            ],
+        ),
+        (
+            "AKS",
+            &[
+                ("kubernetes.azure.com/accelerator", "nvidia"),
+                ("kubernetes.azure.com/agentpool", "gpu"),
+            ],
+        ),
+        (
+            "OKE, H100",
+            &[("node.kubernetes.io/instance-type", "BM.GPU.H100.8")],
+        ),
+        (
+            "OKE, B200",
+            &[("node.kubernetes.io/instance-type", "BM.GPU.B200.8")],
+        ),
+    ];
+    for (what, labels) in gpu_nodes {
+        assert!(selects(&generic, labels), "generic: {what} not selected");
+        assert!(selects(&eks, labels), "platform eks: {what} not selected");
+    }
+    let auto_mode = [("eks.amazonaws.com/instance-gpu-manufacturer", "nvidia")];
+    assert!(
+        selects(&eks, &auto_mode),
+        "EKS Auto Mode GPU node on platform eks"
+    );
+    let other_nodes: [(&str, &[(&str, &str)]); 7] = [
+        (
+            "EKS CPU node",
+            &[
+                ("node.kubernetes.io/instance-type", "m7i.4xlarge"),
+                ("eks.amazonaws.com/nodegroup", "system"),
+            ],
+        ),
+        (
+            "Karpenter CPU node",
+            &[("karpenter.k8s.aws/instance-category", "m")],
+        ),
+        (
+            "Karpenter AMD GPU node",
+            &[("karpenter.k8s.aws/instance-gpu-manufacturer", "amd")],
+        ),
+        (
+            "GKE CPU node",
+            &[("cloud.google.com/gke-nodepool", "default-pool")],
+        ),
+        (
+            "GKE TPU node",
+            &[("cloud.google.com/gke-tpu-accelerator", "tpu-v5p-slice")],
+        ),
+        (
+            "AKS CPU node",
+            &[("kubernetes.azure.com/agentpool", "system")],
+        ),
+        (
+            "OKE CPU node",
+            &[("node.kubernetes.io/instance-type", "VM.Standard.E5.Flex")],
+        ),
+    ];
+    for (what, labels) in other_nodes {
+        assert!(!selects(&generic, labels), "generic: {what} selected");
+        assert!(!selects(&eks, labels), "platform eks: {what} selected");
+    }
+    // The alert that says a GPU node has no agent knows every label the affinity keys on
+    // (as kube-state-metrics names it); instance types are GPU nodes by their advertised
+    // nvidia.com/gpu capacity, which the alert also counts.
+    let rules = std::fs::read_to_string(repo_root().join("deploy/prometheus/rules.yaml"))
+        .expect("rules.yaml");
+    let rules: Value = serde_yaml::from_str(&rules).expect("rules parse");
+    let expr = rules["groups"]
+        .as_sequence()
+        .expect("groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().expect("rules"))
+        .find(|r| r["alert"].as_str() == Some("GPUWatchAgentMissing"))
+        .and_then(|r| r["expr"].as_str())
+        .expect("GPUWatchAgentMissing")
+        .to_owned();
+    assert!(
+        expr.contains(r#"kube_node_status_capacity{resource="nvidia_com_gpu"}"#),
+        "{expr}"
+    );
+    for (key, _, _) in eks.iter().flatten() {
+        if key == "node.kubernetes.io/instance-type" {
+            continue;
+        }
+        let ksm: String = key
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        assert!(
+            expr.contains(&format!("label_{ksm}")),
+            "the alert misses {key}: {expr}"
+        );
+    }
+}
+
+/// Sidecar mode: the GPU Operator's DaemonSet mounts gpuwatch's ConfigMap and Helm does not
+/// manage that DaemonSet. An upgrade with a new config must not delete the ConfigMap the
+/// operator's pods name (a new dcgm-exporter pod would hang in ContainerCreating, GPU metrics
+/// down with it), and neither may an uninstall; re-applying the partial DaemonSet rolls the
+/// pods (checksum), and a removal apply configuration takes the sidecar out again.
+#[test]
+fn helm_sidecar_config_survives_upgrade_and_uninstall() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shipped = std::fs::read_to_string(repo_root().join(CHART).join("files/gpuwatch.toml"))
+        .expect("shipped config");
+    let changed = format!("{shipped}\n# an operator's edit\n");
+    let values = values_file(
+        &dir,
+        "upgrade.yaml",
+        &serde_yaml::to_string(&std::collections::BTreeMap::from([("config", changed)]))
+            .expect("values"),
+    );
+    let sidecar = [
+        "--set",
+        "mode=dcgmSidecar",
+        "--set",
+        "dcgmSidecar.renderDaemonSet=true",
+    ];
+    let before = by_identity(&helm_template("gpu-operator", &sidecar).expect("helm template"));
+    let mut upgrade = sidecar.to_vec();
+    upgrade.extend(["--values", values.as_str()]);
+    let after = by_identity(&helm_template("gpu-operator", &upgrade).expect("helm template"));
+    let mounted = |objs: &std::collections::BTreeMap<(String, String, String), Value>| {
+        let ds = &objs[&(
+            "DaemonSet".into(),
+            "gpu-operator".into(),
+            "nvidia-dcgm-exporter".into(),
+        )];
+        let vols = ds["spec"]["template"]["spec"]["volumes"]
+            .as_sequence()
+            .expect("volumes");
+        let name = vols
+            .iter()
+            .find_map(|v| v["configMap"]["name"].as_str())
+            .expect("a ConfigMap volume")
+            .to_owned();
+        let checksum = ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+            .as_str()
+            .expect("checksum/config")
+            .to_owned();
+        (name, checksum)
+    };
+    let (name_before, sum_before) = mounted(&before);
+    let (name_after, sum_after) = mounted(&after);
+    assert_eq!(
+        name_before, name_after,
+        "the mounted ConfigMap keeps its name"
+    );
+    assert_ne!(
+        sum_before, sum_after,
+        "re-applying the partial DaemonSet rolls the pods"
+    );
+    for objs in [&before, &after] {
+        let cm = &objs[&(
+            "ConfigMap".into(),
+            "gpu-operator".into(),
+            name_after.clone(),
+        )];
+        assert_eq!(
+            cm["metadata"]["annotations"]["helm.sh/resource-policy"],
+            Value::from("keep"),
+            "helm uninstall leaves the ConfigMap the operator's pods mount"
+        );
+    }
+    // Standalone keeps the hashed, Helm-owned ConfigMap: its own DaemonSet follows it.
+    let standalone = by_identity(&helm_template("gpuwatch", &[]).expect("helm template"));
+    let cm = standalone
+        .iter()
+        .find(|((kind, ..), _)| kind == "ConfigMap")
+        .map(|(_, v)| v)
+        .expect("ConfigMap");
+    assert!(
+        cm["metadata"]["annotations"].is_null(),
+        "standalone: {cm:?}"
+    );
+
+    // The removal: selector and the operator's tolerations only.
+    let mut remove = sidecar.to_vec();
+    remove.extend(["--set", "dcgmSidecar.remove=true"]);
+    let objs = by_identity(&helm_template("gpu-operator", &remove).expect("helm template"));
+    let ds = &objs[&(
+        "DaemonSet".into(),
+        "gpu-operator".into(),
+        "nvidia-dcgm-exporter".into(),
+    )];
+    let pod = &ds["spec"]["template"]["spec"];
+    assert!(
+        pod["containers"].is_null() && pod["volumes"].is_null(),
+        "{pod:?}"
+    );
+    assert!(ds["spec"]["template"]["metadata"]["annotations"].is_null());
+    assert_eq!(
+        pod["tolerations"],
+        serde_yaml::from_str::<Value>(
+            "[{effect: NoSchedule, key: nvidia.com/gpu, operator: Exists}]"
+        )
+        .expect("yaml"),
+        "the operator's tolerations, as they were"
+    );
+    let err = helm_template(
+        "gpu-operator",
+        &[
+            "--set",
+            "mode=dcgmSidecar",
+            "--set",
+            "dcgmSidecar.remove=true",
+        ],
+    )
+    .expect_err("remove without renderDaemonSet");
+    assert!(err.contains("dcgmSidecar.remove"), "{err}");
+    let notes = helm_notes("gpu-operator", &["--set", "mode=dcgmSidecar"]);
+    for what in [
+        "After every `helm upgrade`",
+        "dcgmSidecar.remove=true",
+        "gpuwatch-config",
+    ] {
+        assert!(notes.contains(what), "NOTES lack {what:?}: {notes}");
+    }
+}
