@@ -59,12 +59,21 @@ pub enum CleanupError {
         /// What the API said.
         reason: String,
     },
-    /// An API call failed (for a transient failure: every try).
+    /// An API call failed for good (403, 422, ...).
     #[error("{what}: {reason}")]
     Api {
         /// What was being done.
         what: &'static str,
         /// What the API (or the connection) said.
+        reason: String,
+    },
+    /// An API call failed transiently on every try (5xx, 429, no
+    /// connection, a timeout): the API server is unwell, not this request.
+    #[error("{what}: {reason} (every try failed)")]
+    Unavailable {
+        /// What was being done.
+        what: &'static str,
+        /// What the API (or the connection) said last.
         reason: String,
     },
     /// Conditions still on the Node after giving them up: another field
@@ -78,6 +87,10 @@ pub enum CleanupError {
 fn api(what: &'static str) -> impl Fn(ApiError) -> CleanupError {
     move |e| match e {
         ApiError::NotFound(_) => CleanupError::Gone {
+            what,
+            reason: e.to_string(),
+        },
+        e if e.is_transient() => CleanupError::Unavailable {
             what,
             reason: e.to_string(),
         },

@@ -64,8 +64,12 @@ mod protocol;
 mod store;
 
 pub(crate) use budget::Budget;
+#[cfg(test)]
+pub(crate) use memory::Answer;
 pub(crate) use memory::MemoryLeaseStore;
 pub(crate) use protocol::{Claimant, Settings, Status};
+#[cfg(test)]
+pub(crate) use store::{HolderNode, Holding};
 pub(crate) use store::{KubeLeaseStore, LeaseStore, SlotView};
 
 use tokio::sync::watch;

@@ -3,7 +3,9 @@
 //! `node_cleanup` does (a few at a time; one Node's failure stops no other),
 //! then deletes the quarantine budget's slot Leases. It reports per Node,
 //! per Lease and per failure, and always does all it can: a failed wait or
-//! list still lets the Lease step run.
+//! list still lets the Lease step run. Its time is bounded: the wait by its
+//! timeout, each request by its retries, and an API server that goes away
+//! midway by giving up on the Nodes left once a few rounds of Nodes failed.
 
 use super::wait::{PodWait, WaitOutcome, wait_for_pods};
 use super::{CleanupError, CleanupReport, clean_node, pacing};
@@ -15,6 +17,7 @@ use crate::settings::KubeSettings;
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus};
 use kube::api::{Api, ListParams};
+use std::sync::atomic::Ordering;
 
 /// How the all-nodes cleanup runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -244,7 +247,9 @@ async fn list_nodes(nodes: &Api<Node>, cfg: &KubeSettings, page: u32) -> ApiResu
 }
 
 /// Cleans `nodes`, `opts.concurrency` at a time, each on its own: the
-/// outcomes, by Node name.
+/// outcomes, by Node name. Once the Nodes of two rounds in a row
+/// (`2 * concurrency`) failed transiently on every try, the API server is
+/// taken to be away: the Nodes left are reported failed without a request.
 async fn clean_nodes(
     client: &kube::Client,
     cfg: &KubeSettings,
@@ -252,11 +257,33 @@ async fn clean_nodes(
     opts: &FleetOptions,
 ) -> Vec<NodeCleanup> {
     let total = nodes.len();
+    // Nodes in a row (in the order they finished) whose requests all failed
+    // transiently: the API server is away, and trying every other Node's
+    // requests TRIES times each would hold the uninstall for hours.
+    let outage = std::sync::atomic::AtomicUsize::new(0);
+    let outage_after = 2 * opts.concurrency;
+    let outage = &outage;
     let mut out: Vec<NodeCleanup> = futures::stream::iter(nodes)
         .map(|node| async move {
             let name = node.metadata.name.clone().unwrap_or_default();
+            if outage.load(Ordering::SeqCst) >= outage_after {
+                let outcome = NodeOutcome::Failed(format!(
+                    "not tried: the API server failed every try for the last {outage_after} nodes"
+                ));
+                log_node(&name, &CleanupReport::default(), &outcome, opts.dry_run);
+                return NodeCleanup {
+                    node: name,
+                    removed: CleanupReport::default(),
+                    outcome,
+                };
+            }
             let backend = node_api(Some(client.clone()), &name, cfg);
             let attempt = clean_node(&*backend, cfg, &name, Some(node), opts.dry_run).await;
+            if matches!(attempt.error, Some(CleanupError::Unavailable { .. })) {
+                outage.fetch_add(1, Ordering::SeqCst);
+            } else {
+                outage.store(0, Ordering::SeqCst);
+            }
             let outcome = match attempt.error {
                 None if attempt.done.is_empty() => NodeOutcome::Nothing,
                 None => NodeOutcome::Cleaned,
@@ -437,5 +464,115 @@ mod tests {
                 "status": {"conditions": [{"type": "Ready", "status": "True"}]},
             })
         );
+    }
+
+    use crate::backend::ApiResult;
+    use crate::quarantine::{Answer, HolderNode, Holding, MemoryLeaseStore};
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    fn holding(node: &str) -> Holding {
+        Holding {
+            holder: node.into(),
+            node_uid: String::new(),
+            reason: "reboot_node".into(),
+            lease_duration: Duration::from_secs(60),
+            fleet_nodes: None,
+        }
+    }
+
+    /// The in-memory API server, where the holder of slot 0 renews it
+    /// between the cleanup's list and its first delete (an agent still
+    /// running).
+    struct RenewedMeanwhile {
+        inner: MemoryLeaseStore,
+        renew: AtomicBool,
+    }
+
+    impl LeaseStore for RenewedMeanwhile {
+        async fn list(&self) -> ApiResult<Vec<SlotView>> {
+            self.inner.list().await
+        }
+        async fn create(&self, index: u32, h: &Holding) -> ApiResult<SlotView> {
+            self.inner.create(index, h).await
+        }
+        async fn replace(&self, current: &SlotView, h: &Holding) -> ApiResult<SlotView> {
+            self.inner.replace(current, h).await
+        }
+        async fn delete(&self, current: &SlotView) -> ApiResult<()> {
+            if self.renew.swap(false, Ordering::SeqCst) {
+                let stored = self.inner.slots().into_iter().find(|s| s.index == 0);
+                let stored = stored.expect("slot 0");
+                self.inner.replace(&stored, &holding("gpu-a")).await?;
+            }
+            self.inner.delete(current).await
+        }
+        async fn holder_node(&self, name: &str) -> ApiResult<HolderNode> {
+            self.inner.holder_node(name).await
+        }
+        async fn fleet_nodes(&self) -> ApiResult<u32> {
+            self.inner.fleet_nodes().await
+        }
+        async fn access(&self) -> ApiResult<Vec<String>> {
+            self.inner.access().await
+        }
+    }
+
+    /// A slot renewed between the list and its delete loses the delete's
+    /// precondition (409): it is listed again and deleted at its new
+    /// version. A slot already gone is no failure; a 503 is retried; a
+    /// refusal is reported.
+    #[tokio::test(start_paused = true)]
+    async fn every_slot_goes_even_when_one_changes_meanwhile() {
+        let cfg = KubeSettings::default();
+        let store = RenewedMeanwhile {
+            inner: MemoryLeaseStore::with_nodes(["gpu-a".to_owned(), "gpu-b".to_owned()]),
+            renew: AtomicBool::new(true),
+        };
+        store.inner.create(0, &holding("gpu-a")).await.unwrap();
+        store.inner.create(1, &holding("gpu-b")).await.unwrap();
+        let mut report = FleetReport::default();
+        remove_leases(&store, "gpuwatch", &cfg, false, &mut report).await;
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        assert_eq!(
+            report.leases,
+            [
+                "gpuwatch/gpuwatch-quarantine-1",
+                "gpuwatch/gpuwatch-quarantine-0"
+            ]
+        );
+        assert!(store.inner.slots().is_empty());
+        // Two lists: the second after the lost precondition.
+        assert_eq!(store.inner.requests.lists.load(Ordering::SeqCst), 2);
+
+        // Gone already (404), then a 503 and a success, then a refusal.
+        for i in 0..3 {
+            store.inner.create(i, &holding("gpu-a")).await.unwrap();
+        }
+        store.inner.script([
+            Answer::Normal,
+            Answer::Fail(ApiError::NotFound("gpuwatch-quarantine-0".into())),
+            Answer::Fail(ApiError::Transient("503".into())),
+            Answer::Normal,
+            Answer::Fail(ApiError::Forbidden("no delete".into())),
+        ]);
+        let mut report = FleetReport::default();
+        remove_leases(&store, "gpuwatch", &cfg, false, &mut report).await;
+        assert_eq!(report.leases, ["gpuwatch/gpuwatch-quarantine-1"]);
+        assert_eq!(report.failures.len(), 1, "{:?}", report.failures);
+        assert!(
+            report.failures[0]
+                .starts_with("removing Lease gpuwatch/gpuwatch-quarantine-2 failed: forbidden"),
+            "{:?}",
+            report.failures
+        );
+
+        // A dry run lists and deletes nothing.
+        store.inner.end_script();
+        let before = store.inner.requests.deletes.load(Ordering::SeqCst);
+        let mut report = FleetReport::default();
+        remove_leases(&store, "gpuwatch", &cfg, true, &mut report).await;
+        assert_eq!(report.leases.len(), 2, "{:?}", report.leases);
+        assert_eq!(store.inner.requests.deletes.load(Ordering::SeqCst), before);
     }
 }

@@ -444,3 +444,84 @@ async fn a_failed_node_list_still_removes_the_leases() {
     assert_eq!(r.leases.len(), 2);
     api.assert_requests_within(&CLEANUP_REQUESTS);
 }
+
+/// A continue token that expired between two pages (410 Expired) starts
+/// the list over; every Node is cleaned once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_continue_token_starts_the_node_list_over() {
+    let api = fleet().await;
+    api.expire_continue_tokens(1);
+    let o = FleetOptions {
+        page_size: 2,
+        ..opts(false)
+    };
+    let r = all_nodes_cleanup(&settings(&api), &o).await.unwrap();
+    assert!(!r.failed(), "{r:#?}");
+    let names: Vec<&str> = r.nodes.iter().map(|n| n.node.as_str()).collect();
+    assert_eq!(names, ["gpu-a", "gpu-b", "gpu-c", "gpu-d"]);
+    let lists: Vec<(u16, bool)> = api
+        .requests()
+        .iter()
+        .filter(|q| q.verb == "list" && q.resource == "nodes")
+        .map(|q| (q.status, q.query.contains("continue=")))
+        .collect();
+    assert_eq!(
+        lists,
+        [(200, false), (410, true), (200, false), (200, true)]
+    );
+    api.assert_requests_within(&CLEANUP_REQUESTS);
+}
+
+/// The API server goes away right after the list: the first Nodes fail
+/// after their retries, then the cleanup stops trying (two rounds of Nodes
+/// in a row failed on every try) and reports the rest failed untried,
+/// instead of spending every Node's retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_gone_midway_is_given_up_on_after_two_rounds_of_nodes() {
+    let api = ApiDouble::start(node("gpu-00", vec![taint(STARTUP_TAINT, None)], &[])).await;
+    for i in 1..12 {
+        api.add_node(node(
+            &format!("gpu-{i:02}"),
+            vec![taint(STARTUP_TAINT, None)],
+            &[],
+        ));
+    }
+    api.down_after_list();
+    let o = FleetOptions {
+        concurrency: 2,
+        ..FleetOptions::default()
+    };
+    let t0 = Instant::now();
+    let r = all_nodes_cleanup(&settings(&api), &o).await.unwrap();
+    let took = t0.elapsed();
+    assert_eq!(
+        r.summary(),
+        "0 nodes cleaned, 0 had nothing of gpuwatch's, 12 failed; 1 other steps failed (the wait, the node list or a Lease)"
+    );
+    let untried = r
+        .nodes
+        .iter()
+        .filter(|n| matches!(&n.outcome, NodeOutcome::Failed(e) if e.starts_with("not tried")))
+        .count();
+    let tried: Vec<&str> = r
+        .nodes
+        .iter()
+        .filter_map(|n| match &n.outcome {
+            NodeOutcome::Failed(e) if !e.starts_with("not tried") => Some(e.as_str()),
+            _ => None,
+        })
+        .collect();
+    // Four in a row trip it; at most one more was in flight then.
+    assert!((4..=5).contains(&tried.len()), "{tried:?}");
+    assert_eq!(untried + tried.len(), 12);
+    assert!(
+        tried
+            .iter()
+            .all(|e| e.starts_with("removing the taints:") && e.ends_with("(every try failed)")),
+        "{tried:?}"
+    );
+    let patches = api.requests().iter().filter(|q| q.verb == "patch").count();
+    assert!(patches <= 5 * 5, "{patches} patches");
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    api.assert_requests_within(&CLEANUP_REQUESTS);
+}

@@ -30,7 +30,8 @@
 //! - On demand: 403 RBAC `Status` per (verb, resource) or per object name,
 //!   429 with `Retry-After`, 500/503 (next request, or next request of one
 //!   method and path), an outage, a delay, another writer racing every node
-//!   write, a Node deleted by another client right after a list.
+//!   write, a Node deleted by another client right after a list, the server
+//!   going down right after a list, an expired list `continue` token (410).
 //! - Every request recorded with its RBAC verb and resource.
 //!
 //! [`build`] makes the Nodes, health, fault Events and pods the tests
@@ -308,6 +309,18 @@ impl ApiDouble {
     /// is answered: the lister saw it, its next request finds it gone.
     pub fn delete_node_after_list(&self, name: &str) {
         self.lock().faults.delete_after_list.push(name.to_owned());
+    }
+
+    /// The server goes down (every request 503, as [`ApiDouble::set_down`])
+    /// right after the next Node list is answered.
+    pub fn down_after_list(&self) {
+        self.lock().faults.down_after_list = true;
+    }
+
+    /// The next `n` Node lists that carry a `continue` token are answered
+    /// 410 Expired: the token's version was compacted.
+    pub fn expire_continue_tokens(&self, n: u32) {
+        self.lock().faults.expire_continue = n;
     }
 
     /// Whether the Node exists (404 on every node request while it does not).

@@ -7,7 +7,9 @@ use super::leases::{self, Leases};
 use super::nodes::{self, NodeStore};
 use super::pods::{self, Pods};
 use super::request::{Recorded, Request, Target};
-use super::status::{forbidden, injected, not_found, not_served, service_unavailable};
+use super::status::{
+    continue_expired, forbidden, injected, not_found, not_served, service_unavailable,
+};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, Uri};
@@ -54,6 +56,12 @@ pub(super) struct Faults {
     /// answered (an autoscaler scaling down while a client works through
     /// its list).
     pub(super) delete_after_list: Vec<String>,
+    /// The server goes down (as `down`) right after the next Node list is
+    /// answered.
+    pub(super) down_after_list: bool,
+    /// Node lists with a `continue` token answered 410 Expired from now on
+    /// (this many): the token's version was compacted meanwhile.
+    pub(super) expire_continue: u32,
     /// Namespaces that do not exist (creates in them are 404).
     pub(super) missing_namespaces: HashSet<String>,
 }
@@ -109,6 +117,10 @@ pub(super) async fn handle(
             g.nodes.remove(&name, &mut g.rv);
         }
     }
+    if code == 200 && req.verb == "list" && req.resource == "nodes" && g.faults.down_after_list {
+        g.faults.down_after_list = false;
+        g.faults.down = true;
+    }
     g.count_taints();
     resp
 }
@@ -149,6 +161,15 @@ fn answer(g: &mut DoubleState, req: &Request) -> Response {
         // a list there is an empty list, and an update or delete finds no
         // object.
         return not_found("namespaces", namespace);
+    }
+    if let Target::Nodes(rest) = &req.target
+        && rest.is_empty()
+        && req.verb == "list"
+        && req.q.contains_key("continue")
+        && g.faults.expire_continue > 0
+    {
+        g.faults.expire_continue -= 1;
+        return continue_expired(g.rv);
     }
     // One line per resource kind the double serves.
     match req.target {
