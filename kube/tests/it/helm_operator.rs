@@ -727,3 +727,44 @@ fn helm_otlp_endpoint_is_a_value() {
         .expect_err("not an endpoint");
     assert!(err.contains("/otlp/endpoint"), "{err}");
 }
+
+/// Where the API server admits the critical priority classes only in kube-system without a
+/// quota scoped to them (GKE), `resourceQuota.create` renders that quota for the agent's
+/// priority class; NOTES says how to read DESIRED and CURRENT and what each failure means.
+#[test]
+fn helm_resource_quota_admits_the_priority_class() {
+    let objs = by_identity(&helm_template("gpuwatch", &[]).expect("helm template"));
+    assert!(
+        objs.keys().all(|(kind, ..)| kind != "ResourceQuota"),
+        "off by default"
+    );
+    let args = [
+        "--set",
+        "resourceQuota.create=true",
+        "--set",
+        "resourceQuota.pods=4000",
+    ];
+    let objs = by_identity(&helm_template("gpuwatch", &args).expect("helm template"));
+    let quota = &objs[&(
+        "ResourceQuota".into(),
+        "gpuwatch".into(),
+        "gpuwatch-priority-class".into(),
+    )];
+    assert_eq!(quota["spec"]["hard"]["pods"], Value::from("4000"));
+    let scope = &quota["spec"]["scopeSelector"]["matchExpressions"][0];
+    assert_eq!(scope["scopeName"], Value::from("PriorityClass"));
+    assert_eq!(scope["operator"], Value::from("In"));
+    let ds = objs
+        .iter()
+        .find(|((kind, ..), _)| kind == "DaemonSet")
+        .map(|(_, v)| v)
+        .expect("DaemonSet");
+    assert_eq!(
+        scope["values"][0], ds["spec"]["template"]["spec"]["priorityClassName"],
+        "the quota is scoped to the agent's priority class"
+    );
+    let notes = helm_notes("gpuwatch", &[]);
+    for what in ["get ds gpuwatch", "DESIRED 0", "resourceQuota.create=true"] {
+        assert!(notes.contains(what), "NOTES lack {what:?}: {notes}");
+    }
+}
