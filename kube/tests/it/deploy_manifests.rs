@@ -12,8 +12,10 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, Namespace, PodSpec, ResourceQuota, Service, ServiceAccount, Toleration,
+    ConfigMap, Container, Namespace, Pod, PodSpec, ResourceQuota, Service, ServiceAccount,
+    Toleration,
 };
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding, Subject};
@@ -46,6 +48,10 @@ pub(crate) enum Object {
     VapBinding(Box<ValidatingAdmissionPolicyBinding>),
     NetworkPolicy(Box<NetworkPolicy>),
     ResourceQuota(Box<ResourceQuota>),
+    /// The uninstall cleanup (a Helm post-delete hook, or deploy/kubernetes/cleanup).
+    Job(Box<Job>),
+    /// The Helm chart's `helm test` pod.
+    Pod(Box<Pod>),
     /// A prometheus-operator object (`monitoring.coreos.com/v1`: PodMonitor,
     /// ServiceMonitor, PrometheusRule), which k8s-openapi has no type for.
     Monitoring(Box<serde_yaml::Value>),
@@ -134,6 +140,8 @@ pub(crate) fn parse_render(text: &str, dir: &str) -> Vec<Object> {
             "ValidatingAdmissionPolicyBinding" => Object::VapBinding(parse(v, &what)),
             "NetworkPolicy" => Object::NetworkPolicy(parse(v, &what)),
             "ResourceQuota" => Object::ResourceQuota(parse(v, &what)),
+            "Job" => Object::Job(parse(v, &what)),
+            "Pod" => Object::Pod(parse(v, &what)),
             "PodMonitor" | "ServiceMonitor" | "PrometheusRule"
                 if v["apiVersion"].as_str() == Some("monitoring.coreos.com/v1") =>
             {

@@ -106,7 +106,7 @@ fn helm_ci_values_pass_the_manifest_checks() {
         {
             panic!("{what}: line {} ends in whitespace: {line:?}", n + 1);
         }
-        let objs = parse_render(&text, &what);
+        let objs = parse_render(&release_only(&text), &what);
         match case.as_str() {
             "standalone" => check_standalone(&objs, &what),
             "eks" => check_eks(&objs, &what),
@@ -410,10 +410,55 @@ pub(crate) fn by_identity(text: &str) -> BTreeMap<(String, String, String), Valu
         .collect()
 }
 
+/// Whether a rendered object is a Helm hook (created around an install, upgrade, uninstall
+/// or `helm test`, not part of the release).
+pub(crate) fn is_hook(v: &Value) -> bool {
+    !v["metadata"]["annotations"]["helm.sh/hook"].is_null()
+}
+
+/// The render without its hooks: what the release itself installs, as kustomize does.
+pub(crate) fn release_only(text: &str) -> String {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|d| Value::deserialize(d).expect("valid YAML"))
+        .filter(|v| !v.is_null() && !is_hook(v))
+        .map(|v| format!("---\n{}", serde_yaml::to_string(&v).expect("YAML")))
+        .collect()
+}
+
+/// Hook objects, which kustomize has no counterpart for: the uninstall cleanup (kustomize
+/// users apply deploy/kubernetes/cleanup after `kubectl delete -k`, where no hook exists)
+/// and the `helm test` pod (a check of a Helm release).
+const HOOK_OBJECTS: [(&str, &str); 10] = [
+    ("ServiceAccount", "gpuwatch-cleanup"),
+    ("ClusterRole", "gpuwatch-cleanup"),
+    ("ClusterRoleBinding", "gpuwatch-cleanup"),
+    ("Role", "gpuwatch-cleanup-leases"),
+    ("RoleBinding", "gpuwatch-cleanup-leases"),
+    ("Role", "gpuwatch-cleanup-pods"),
+    ("RoleBinding", "gpuwatch-cleanup-pods"),
+    ("ConfigMap", "gpuwatch-cleanup-config"),
+    ("Job", "gpuwatch-cleanup"),
+    ("Pod", "gpuwatch-test"),
+];
+
 /// Helm's render with `ci/VALUES-values.yaml` against `kubectl kustomize OVERLAY`.
 fn assert_parity(overlay: &str, values: &str, namespace: &str) {
     let k = by_identity(&kustomize(&format!("deploy/kubernetes/overlays/{overlay}")));
-    let h = by_identity(&render_ci(values, namespace));
+    let (hooks, h): (BTreeMap<_, _>, BTreeMap<_, _>) = by_identity(&render_ci(values, namespace))
+        .into_iter()
+        .partition(|(_, v)| is_hook(v));
+    let mut hook_ids: Vec<(&str, &str)> = hooks
+        .keys()
+        .map(|(kind, _, name)| (kind.as_str(), name.as_str()))
+        .collect();
+    hook_ids.sort();
+    let mut listed = HOOK_OBJECTS.to_vec();
+    listed.sort();
+    listed.retain(|id| hook_ids.contains(id) || id.1 != "gpuwatch-test");
+    assert_eq!(
+        hook_ids, listed,
+        "{overlay}: the hook objects are the listed ones"
+    );
     assert_eq!(
         k.keys().collect::<Vec<_>>(),
         h.keys().collect::<Vec<_>>(),
@@ -497,7 +542,9 @@ fn helm_renders_what_the_dcgm_sidecar_overlay_renders() {
     assert_parity("dcgm-sidecar", "dcgm-sidecar", "gpu-operator");
     // Without renderDaemonSet, Helm leaves the operator's DaemonSet alone.
     let objs = parse_render(
-        &helm_template("gpu-operator", &["--set", "mode=dcgmSidecar"]).expect("helm template"),
+        &release_only(
+            &helm_template("gpu-operator", &["--set", "mode=dcgmSidecar"]).expect("helm template"),
+        ),
         "dcgmSidecar without renderDaemonSet",
     );
     assert!(daemonsets(&objs).is_empty(), "no DaemonSet unless asked");
@@ -592,7 +639,7 @@ fn helm_templates_follow_the_agent_config() {
         &serde_yaml::to_string(&BTreeMap::from([("config", config)])).expect("values"),
     );
     let text = helm_template("gpuwatch", &["--values", &file]).expect("helm template");
-    let objs = parse_render(&text, "custom config");
+    let objs = parse_render(&release_only(&text), "custom config");
     assert_eq!(
         gpuwatch_toml(&objs),
         config,
@@ -656,7 +703,7 @@ fn helm_templates_follow_the_agent_config() {
         "tolerations:\n  - key: example.com/dedicated\n    operator: Exists\n",
     );
     let objs = parse_render(
-        &helm_template("gpuwatch", &["--values", &file]).expect("helm template"),
+        &release_only(&helm_template("gpuwatch", &["--values", &file]).expect("helm template")),
         "own tolerations",
     );
     let keys: Vec<_> = pod_spec(daemonsets(&objs)[0])
@@ -684,7 +731,7 @@ fn helm_chart_version_is_the_crate_version() {
     let version = crate_version();
     assert_eq!(chart["version"].as_str(), Some(version.as_str()));
     assert_eq!(chart["appVersion"].as_str(), Some(version.as_str()));
-    let objs = parse_render(&render_ci("standalone", "gpuwatch"), "image");
+    let objs = parse_render(&release_only(&render_ci("standalone", "gpuwatch")), "image");
     let image = pod_spec(daemonsets(&objs)[0]).containers[0].image.clone();
     assert_eq!(
         image.as_deref(),

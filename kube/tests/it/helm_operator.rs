@@ -536,7 +536,7 @@ fn helm_sidecar_config_survives_upgrade_and_uninstall() {
     let standalone = by_identity(&helm_template("gpuwatch", &[]).expect("helm template"));
     let cm = standalone
         .iter()
-        .find(|((kind, ..), _)| kind == "ConfigMap")
+        .find(|((kind, _, name), _)| kind == "ConfigMap" && name.starts_with("gpuwatch-config"))
         .map(|(_, v)| v)
         .expect("ConfigMap");
     assert!(
@@ -767,4 +767,190 @@ fn helm_resource_quota_admits_the_priority_class() {
     for what in ["get ds gpuwatch", "DESIRED 0", "resourceQuota.create=true"] {
         assert!(notes.contains(what), "NOTES lack {what:?}: {notes}");
     }
+}
+
+/// The uninstall cleanup: post-delete hook objects, RBAC and config created before the Job
+/// and deleted with the hook whatever its outcome, a Job bounded in time that never retries
+/// what the command already retried, waiting for exactly the agent's pods (standalone) and
+/// granted exactly the requests the command makes (`CLEANUP_REQUESTS`), with the agent's
+/// own configuration for its [kube] names.
+#[test]
+fn helm_uninstall_cleanup_hook() {
+    use std::collections::BTreeSet;
+    for (mode, ns) in [("standalone", "gpuwatch"), ("dcgmSidecar", "gpu-operator")] {
+        let set_mode = format!("mode={mode}");
+        let args = [
+            "--set",
+            set_mode.as_str(),
+            "--set",
+            "dcgmSidecar.renderDaemonSet=true",
+            "--set",
+            "uninstallCleanup.timeoutSeconds=90",
+        ];
+        let objs = by_identity(&helm_template(ns, &args).expect("helm template"));
+        let hooks: Vec<(&(String, String, String), &Value)> = objs
+            .iter()
+            .filter(|(_, v)| super::helm_chart::is_hook(v))
+            .collect();
+        assert!(!hooks.is_empty(), "{mode}: hook objects");
+        let mut granted = BTreeSet::new();
+        let mut job = None;
+        for ((kind, obj_ns, name), v) in &hooks {
+            let annotations = &v["metadata"]["annotations"];
+            assert_eq!(
+                annotations["helm.sh/hook"],
+                Value::from("post-delete"),
+                "{kind}/{name}"
+            );
+            let weight: i32 = annotations["helm.sh/hook-weight"]
+                .as_str()
+                .and_then(|w| w.parse().ok())
+                .expect("hook weight");
+            let policy = annotations["helm.sh/hook-delete-policy"]
+                .as_str()
+                .unwrap_or_default();
+            assert!(policy.contains("before-hook-creation") && policy.contains("hook-succeeded"));
+            if kind == "Job" {
+                assert_eq!(weight, 0);
+                assert!(
+                    !policy.contains("hook-failed"),
+                    "a failed Job stays for its logs"
+                );
+                job = Some(*v);
+                continue;
+            }
+            assert!(weight < 0, "{kind}/{name} exists before the Job");
+            assert!(
+                policy.contains("hook-failed"),
+                "{kind}/{name} goes even when the Job fails"
+            );
+            if matches!(kind.as_str(), "ClusterRole" | "Role") {
+                for rule in v["rules"].as_sequence().expect("rules") {
+                    for group in rule["apiGroups"].as_sequence().expect("apiGroups") {
+                        for resource in rule["resources"].as_sequence().expect("resources") {
+                            for verb in rule["verbs"].as_sequence().expect("verbs") {
+                                granted.insert((
+                                    verb.as_str().expect("verb").to_owned(),
+                                    group.as_str().expect("group").to_owned(),
+                                    resource.as_str().expect("resource").to_owned(),
+                                    obj_ns.clone(),
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let wanted: BTreeSet<(String, String, String, String)> = gpuwatch_kube::CLEANUP_REQUESTS
+            .iter()
+            .map(|r| {
+                // Nodes are cluster-scoped; the Leases live in the quarantine namespace (the
+                // release's by default), the agent pods in the release's.
+                let scope = if r.resource.starts_with("nodes") {
+                    ""
+                } else {
+                    ns
+                };
+                (
+                    r.verb.into(),
+                    r.group.into(),
+                    r.resource.into(),
+                    scope.into(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            granted, wanted,
+            "{mode}: the hook's RBAC is CLEANUP_REQUESTS"
+        );
+
+        let job = job.expect("the cleanup Job");
+        let typed: k8s_openapi::api::batch::v1::Job =
+            serde_yaml::from_value(job.clone()).expect("a valid Job");
+        let spec = typed.spec.expect("spec");
+        assert_eq!(spec.backoff_limit, Some(0));
+        assert_eq!(spec.active_deadline_seconds, Some(90 + 180));
+        assert!(spec.ttl_seconds_after_finished.is_some());
+        let pod = spec.template.spec.expect("pod spec");
+        assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(
+            pod.service_account_name.as_deref(),
+            Some("gpuwatch-cleanup")
+        );
+        let container = &pod.containers[0];
+        let cmd: Vec<String> = container.args.clone().unwrap_or_default();
+        assert_eq!(
+            cmd[..4],
+            [
+                "node-cleanup",
+                "--all-nodes",
+                "--config",
+                "/etc/gpuwatch/gpuwatch.toml"
+            ]
+        );
+        let job_pod_labels = spec
+            .template
+            .metadata
+            .and_then(|m| m.labels)
+            .unwrap_or_default();
+        if mode == "standalone" {
+            let i = cmd
+                .iter()
+                .position(|a| a == "--wait-for-pods")
+                .expect("--wait-for-pods");
+            let (wait_ns, selector) = cmd[i + 1].split_once('/').expect("NS/SELECTOR");
+            assert_eq!(wait_ns, ns);
+            assert_eq!(cmd[i + 2..], ["--timeout", "90"]);
+            let ds = objs
+                .iter()
+                .find(|((kind, ..), _)| kind == "DaemonSet")
+                .map(|(_, v)| v)
+                .expect("DaemonSet");
+            let agent_labels = &ds["spec"]["template"]["metadata"]["labels"];
+            for req in selector.split(',') {
+                let (k, v) = req.split_once('=').expect("k=v");
+                assert_eq!(agent_labels[k].as_str(), Some(v), "the agents match {req}");
+            }
+            assert!(
+                selector.split(',').any(|req| {
+                    let (k, v) = req.split_once('=').expect("k=v");
+                    job_pod_labels.get(k).map(String::as_str) != Some(v)
+                }),
+                "the cleanup pod must not wait for itself"
+            );
+        } else {
+            assert!(
+                !cmd.iter().any(|a| a == "--wait-for-pods"),
+                "{mode}: {cmd:?}"
+            );
+        }
+        assert_ne!(
+            job_pod_labels
+                .get("app.kubernetes.io/name")
+                .map(String::as_str),
+            Some("gpuwatch"),
+            "nothing that selects the agent's pods selects the cleanup's"
+        );
+        let hook_config = &objs[&(
+            "ConfigMap".into(),
+            ns.into(),
+            "gpuwatch-cleanup-config".into(),
+        )];
+        let agent_config = objs
+            .iter()
+            .find(|((kind, _, name), _)| kind == "ConfigMap" && name.starts_with("gpuwatch-config"))
+            .map(|(_, v)| v)
+            .expect("the agent's ConfigMap");
+        assert_eq!(
+            hook_config["data"], agent_config["data"],
+            "{mode}: the agent's config"
+        );
+    }
+    let objs = by_identity(
+        &helm_template("gpuwatch", &["--set", "uninstallCleanup.enabled=false"]).expect("render"),
+    );
+    assert!(
+        objs.values().all(|v| !super::helm_chart::is_hook(v)),
+        "disabled: no hook"
+    );
 }
