@@ -11,6 +11,7 @@ use gpuwatch_test_support::kube as kube_common;
 mod api_double;
 mod deploy_manifests;
 mod helm_chart;
+mod install_check;
 mod quarantine_fleet;
 mod rbac_policy;
 mod writer_api;
