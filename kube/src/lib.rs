@@ -109,7 +109,10 @@ mod retry;
 mod schedule;
 mod settings;
 
-pub use cleanup::{CleanupError, CleanupReport, node_cleanup};
+pub use cleanup::{
+    CleanupError, CleanupReport, FleetOptions, FleetReport, NodeCleanup, NodeOutcome, PodWait,
+    WaitOutcome, all_nodes_cleanup, node_cleanup,
+};
 pub use client::KubeClient;
 pub use config::{KubeConfig, MigStrategy, StartupGateMode, TaintConfig};
 pub use gpuwatch_sinks::kube_metrics::{
@@ -219,6 +222,22 @@ pub const WRITER_REQUESTS: [ApiRequest; 15] = [
     lease("create"),
     lease("update"),
     lease("delete"),
+];
+
+/// Every request `gpuwatch node-cleanup --all-nodes` ([`all_nodes_cleanup`])
+/// can make, what the uninstall hook's RBAC must grant: the Node list (paged),
+/// a Node read again after a lost race, the taint patch, the condition
+/// apply on `nodes/status`; the slot Leases' list and delete in
+/// `quarantine_namespace`; the pod list of `--wait-for-pods` in the agents'
+/// namespace. Node requests are cluster-scoped, the others namespaced.
+pub const CLEANUP_REQUESTS: [ApiRequest; 7] = [
+    req("list", "nodes"),
+    req("get", "nodes"),
+    req("patch", "nodes"),
+    req("patch", "nodes/status"),
+    lease("list"),
+    lease("delete"),
+    req("list", "pods"),
 ];
 
 /// Errors starting the node writer.

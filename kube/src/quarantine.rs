@@ -54,7 +54,8 @@
 //! A Node whose agent is gone for good keeps its fault taint and its slot: the
 //! operator drains and repairs it as any quarantined node, or runs
 //! `gpuwatch node-cleanup` on it, which takes the taint off and so frees the
-//! slot a lease duration later.
+//! slot a lease duration later. Uninstalling runs `gpuwatch node-cleanup
+//! --all-nodes`, which deletes every slot Lease as a release does.
 
 mod budget;
 pub(crate) mod link;
@@ -63,9 +64,13 @@ mod protocol;
 mod store;
 
 pub(crate) use budget::Budget;
+#[cfg(test)]
+pub(crate) use memory::Answer;
 pub(crate) use memory::MemoryLeaseStore;
 pub(crate) use protocol::{Claimant, Settings, Status};
-pub(crate) use store::{KubeLeaseStore, LeaseStore};
+#[cfg(test)]
+pub(crate) use store::{HolderNode, Holding};
+pub(crate) use store::{KubeLeaseStore, LeaseStore, SlotView};
 
 use tokio::sync::watch;
 

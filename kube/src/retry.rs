@@ -7,7 +7,7 @@
 //! Jitter keeps the agents of a whole cluster from retrying in lockstep after an
 //! API server outage (every DaemonSet pod sees the same outage at the same time).
 
-use super::backend::ApiError;
+use super::backend::{ApiError, ApiResult};
 use backon::{BackoffBuilder, ConstantBuilder};
 use std::time::Duration;
 
@@ -76,6 +76,56 @@ impl ErrorPolicy {
     }
 }
 
+/// Tries of one request before its transient failure is final: the first and
+/// four retries, 7.5 to 15 s of backoff at the default pacing (0.5, 1, 2, 4 s
+/// steps, jittered), so
+/// a command that makes each request once (`node-cleanup`) ends within a
+/// bounded time even while the API server is away.
+pub(crate) const TRIES: u32 = 5;
+
+impl ApiError {
+    /// Whether retrying the same request may succeed: a 5xx, a 429, a
+    /// refused or dropped connection, a timeout.
+    pub(crate) fn is_transient(&self) -> bool {
+        matches!(self, ApiError::Transient(_) | ApiError::Throttled { .. })
+    }
+}
+
+/// Makes the request `call` makes until it succeeds, fails for good, or
+/// failed transiently [`TRIES`] times, pausing between tries as
+/// [`ErrorPolicy`] does (jittered exponential backoff from `initial` up to
+/// `max`, never shorter than a 429's `Retry-After`). `what` names the request
+/// in the log.
+pub(crate) async fn bounded<T, F, Fut>(
+    what: &str,
+    (initial, max): (Duration, Duration),
+    mut call: F,
+) -> ApiResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ApiResult<T>>,
+{
+    let mut policy = ErrorPolicy::new(initial, max);
+    let mut tried = 1;
+    loop {
+        match call().await {
+            Err(e) if e.is_transient() && tried < TRIES => {
+                let pause = policy.after(&e);
+                tracing::info!(
+                    request = what,
+                    error = %e,
+                    attempt = tried,
+                    pause_ms = pause.as_millis(),
+                    "Request failed; retrying."
+                );
+                tokio::time::sleep(pause).await;
+                tried += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,5 +170,50 @@ mod tests {
                 .all(|d| *d >= Duration::from_millis(25) && *d < Duration::from_millis(50))
         );
         assert!(all.iter().any(|d| *d != all[0]), "no jitter: {all:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bounded_retries_transient_failures_and_stops_at_a_final_one() {
+        let pacing = (Duration::from_millis(500), Duration::from_secs(30));
+        let calls = std::sync::atomic::AtomicU32::new(0);
+        // Two 503s, then the answer.
+        let r = bounded("get", pacing, || {
+            let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                if n < 2 {
+                    Err(ApiError::Transient("503".into()))
+                } else {
+                    Ok(n)
+                }
+            }
+        })
+        .await;
+        assert_eq!(r.unwrap(), 2);
+        // A 403 is final at once.
+        calls.store(0, std::sync::atomic::Ordering::SeqCst);
+        let r: ApiResult<()> = bounded("patch", pacing, || {
+            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { Err(ApiError::Forbidden("rbac".into())) }
+        })
+        .await;
+        assert!(matches!(r, Err(ApiError::Forbidden(_))));
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // An API server that stays away: TRIES tries, then its last error,
+        // after 0.5 + 1 + 2 + 4 s of backoff, each step stretched by up to
+        // twice by the jitter.
+        calls.store(0, std::sync::atomic::Ordering::SeqCst);
+        let t0 = tokio::time::Instant::now();
+        let r: ApiResult<()> = bounded("list", pacing, || {
+            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { Err(ApiError::Transient("connection refused".into())) }
+        })
+        .await;
+        assert!(matches!(r, Err(ApiError::Transient(_))));
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), TRIES);
+        let waited = t0.elapsed();
+        assert!(
+            waited >= Duration::from_millis(7500) && waited < Duration::from_secs(15),
+            "{waited:?}"
+        );
     }
 }

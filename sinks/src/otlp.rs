@@ -24,8 +24,8 @@ pub mod config;
 mod logs;
 
 pub use config::{
-    Compression, OtlpConfig, OtlpPacing, OtlpSignal, Protocol, ResolvedSignal, TlsConfig,
-    parse_key_values,
+    Compression, EndpointSource, IgnoredEndpoint, OtlpConfig, OtlpPacing, OtlpSignal, Protocol,
+    ResolvedSignal, TlsConfig, parse_key_values,
 };
 
 use crate::metrics::{
@@ -587,6 +587,79 @@ impl std::fmt::Debug for OtlpSettings {
     }
 }
 
+/// An endpoint given outside the file that the exported signals in
+/// `signals` do not use ([`IgnoredEndpoint`]); one per setting, however many
+/// signals it lost for. `Display` is the warning the start logs and
+/// `gpuwatch check-config` prints.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointWarning {
+    /// The signals that do not use it.
+    pub signals: Vec<OtlpSignal>,
+    /// The setting and what won over it.
+    pub ignored: IgnoredEndpoint,
+}
+
+impl EndpointWarning {
+    /// The signals as one field: `metrics`, `logs` or `metrics,logs`.
+    pub fn signals_field(&self) -> String {
+        let names: Vec<&str> = self.signals.iter().map(|s| s.as_str()).collect();
+        names.join(",")
+    }
+}
+
+impl std::fmt::Display for EndpointWarning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let i = &self.ignored;
+        let names: Vec<&str> = self.signals.iter().map(|s| s.as_str()).collect();
+        let what = if i.source == EndpointSource::Flag {
+            "the flag"
+        } else {
+            "the variable"
+        };
+        write!(
+            f,
+            "{} {:?} is not used for OTLP {}: {} {:?} wins over it; to use {what}, {}.",
+            i.source,
+            i.value,
+            names.join(" and "),
+            i.winner,
+            i.winner_value,
+            i.remedy()
+        )
+    }
+}
+
+impl OtlpSettings {
+    /// The exported signals' endpoints given outside the file that lost to
+    /// another naming a different URL, in the order the signals resolve.
+    pub fn endpoint_warnings(&self) -> Vec<EndpointWarning> {
+        let mut out: Vec<EndpointWarning> = Vec::new();
+        for (signal, resolved) in self.exported() {
+            for ignored in &resolved.ignored {
+                match out.iter_mut().find(|w| w.ignored == *ignored) {
+                    Some(w) => w.signals.push(signal),
+                    None => out.push(EndpointWarning {
+                        signals: vec![signal],
+                        ignored: ignored.clone(),
+                    }),
+                }
+            }
+        }
+        out
+    }
+
+    /// The signals this start exports, with their settings.
+    fn exported(&self) -> impl Iterator<Item = (OtlpSignal, &ResolvedSignal)> {
+        [
+            (self.metrics, OtlpSignal::Metrics, &self.settings.metrics),
+            (self.logs, OtlpSignal::Logs, &self.settings.logs),
+        ]
+        .into_iter()
+        .filter(|(on, _, _)| *on)
+        .map(|(_, signal, resolved)| (signal, resolved))
+    }
+}
+
 impl OtlpConfig {
     /// Checks and types the settings for a start: the file, the `OTEL_*`
     /// variables read through `env`, the TLS files. Every problem at once
@@ -679,6 +752,16 @@ impl OtlpExporter {
         let scope = InstrumentationScope::builder("gpuwatch")
             .with_version(resource.service_version.clone())
             .build();
+        for w in resolved.endpoint_warnings() {
+            tracing::warn!(
+                signal = w.signals_field(),
+                ignored = %w.ignored.source,
+                ignored_value = %w.ignored.value,
+                source = %w.ignored.winner,
+                endpoint = %w.ignored.winner_value,
+                "{w}"
+            );
+        }
         // tonic spawns its connection task on the current runtime.
         let _guard = rt.enter();
 
@@ -748,7 +831,7 @@ impl OtlpExporter {
                 "Pipeline latency hook already installed; the OTLP latency histogram stays empty."
             );
         }
-        tracing::info!(endpoint = %metrics.endpoint, protocol = metrics.protocol.as_str(), interval_secs = settings.export_interval.as_secs(), "OTLP metric export started.");
+        tracing::info!(signal = "metrics", endpoint = %metrics.endpoint, source = %metrics.endpoint_source, protocol = metrics.protocol.as_str(), interval_secs = settings.export_interval.as_secs(), "OTLP metric export started.");
         self.meter_provider = Some(provider);
         Ok(())
     }
@@ -787,7 +870,7 @@ impl OtlpExporter {
             .name("gpuwatch-otlp-logs".into())
             .spawn(move || worker.run())
             .map_err(OtlpError::Thread)?;
-        tracing::info!(endpoint = %logs.endpoint, protocol = logs.protocol.as_str(), queue = settings.log_queue.capacity, "OTLP fault log export started.");
+        tracing::info!(signal = "logs", endpoint = %logs.endpoint, source = %logs.endpoint_source, protocol = logs.protocol.as_str(), queue = settings.log_queue.capacity, "OTLP fault log export started.");
         self.sink = Arc::new(OtlpLogSink {
             queue: queue.clone(),
         });
@@ -873,6 +956,55 @@ mod tests {
         let bad = |k: &str| (k == "OTEL_RESOURCE_ATTRIBUTES").then(|| "oops".to_owned());
         let e = resource_attributes(&info, &cfg, &bad).unwrap_err();
         assert!(e[0].starts_with("OTEL_RESOURCE_ATTRIBUTES"), "{e:?}");
+    }
+
+    /// One warning per ignored setting however many signals it lost for,
+    /// none for a signal that is not exported, and the text both the start
+    /// log and `check-config` give.
+    #[test]
+    fn endpoint_warnings_merge_the_signals_and_skip_the_unexported() {
+        let env = |k: &str| (k == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| "http://env:4317".into());
+        let mut cfg = OtlpConfig {
+            enabled: true,
+            endpoint: Some("http://file:4317".into()),
+            ..Default::default()
+        };
+        let warnings = |cfg: &OtlpConfig| {
+            cfg.resolve_for(&ResourceInfo::default(), &env)
+                .unwrap()
+                .unwrap()
+                .endpoint_warnings()
+        };
+        let w = warnings(&cfg);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].signals, [OtlpSignal::Metrics, OtlpSignal::Logs]);
+        assert_eq!(w[0].signals_field(), "metrics,logs");
+        assert_eq!(
+            w[0].to_string(),
+            "OTEL_EXPORTER_OTLP_ENDPOINT \"http://env:4317\" is not used for OTLP metrics and \
+             logs: config [otlp] endpoint \"http://file:4317\" wins over it; to use the \
+             variable, remove `[otlp] endpoint` from the config."
+        );
+
+        cfg.metrics = false;
+        cfg.logs_endpoint = Some("http://file-logs:4317".into());
+        cfg.endpoint_flag = Some("http://flag:4317".into());
+        let w = warnings(&cfg);
+        let text: Vec<String> = w.iter().map(|w| w.to_string()).collect();
+        assert_eq!(
+            text,
+            [
+                "--otlp-endpoint flag \"http://flag:4317\" is not used for OTLP logs: config \
+                 [otlp] logs_endpoint \"http://file-logs:4317\" wins over it; to use the flag, \
+                 remove `[otlp] logs_endpoint` from the config.",
+                "OTEL_EXPORTER_OTLP_ENDPOINT \"http://env:4317\" is not used for OTLP logs: \
+                 config [otlp] logs_endpoint \"http://file-logs:4317\" wins over it; to use the \
+                 variable, drop the --otlp-endpoint flag and remove `[otlp] logs_endpoint` \
+                 and `[otlp] endpoint` from the config."
+            ]
+        );
+        cfg.logs = false;
+        assert!(warnings(&cfg).is_empty());
     }
 
     #[test]

@@ -13,12 +13,22 @@ pub(crate) struct Args {
     file: PathBuf,
 }
 
-/// Prints `FILE: OK` (exit 0) or the problems (exit 1).
+/// Prints `FILE: OK` (exit 0) or the problems (exit 1). A valid file that
+/// leaves an OTLP endpoint of the environment unused gets the agent's start
+/// warning first (`warning: ...`), still OK.
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let file = args.file;
     // Schema and validation problems in one report.
     let (text, code) = match Config::check_file(&file) {
-        Ok(_) => (format!("{}: OK", file.display()), ExitCode::SUCCESS),
+        Ok(cfg) => {
+            let mut text: String = cfg
+                .otlp_endpoint_warnings()
+                .iter()
+                .map(|w| format!("warning: {w}\n"))
+                .collect();
+            text.push_str(&format!("{}: OK", file.display()));
+            (text, ExitCode::SUCCESS)
+        }
         Err(e) => (e.to_string(), ExitCode::FAILURE),
     };
     // `writeln!`, not `println!`: a closed pipe must not panic. The exit

@@ -64,8 +64,10 @@ pub(crate) struct Args {
     /// Serve /metrics in the Prometheus text format (`api.prometheus`).
     #[arg(long)]
     pub(crate) prometheus: bool,
-    /// OTLP endpoint URL (`otlp.endpoint`; enables OTLP export).
-    #[arg(long, value_name = "URL")]
+    /// OTLP collector base URL: over the file's `[otlp] endpoint` and the
+    /// `OTEL_EXPORTER_OTLP_*ENDPOINT` variables, under the file's
+    /// `metrics_endpoint` / `logs_endpoint`; enables OTLP export.
+    #[arg(long, value_name = "URL", value_parser = non_empty_url)]
     pub(crate) otlp_endpoint: Option<String>,
     /// OTLP protocol (`otlp.protocol`).
     #[arg(long, value_enum)]
@@ -89,6 +91,16 @@ pub(crate) struct Args {
     /// /sys; tests and the demo give a tree of their own).
     #[arg(long, value_name = "DIR")]
     pub(crate) sysfs_root: Option<PathBuf>,
+}
+
+/// `--otlp-endpoint`'s value: an empty one would silently mean "not given"
+/// to the exporter, so it is refused (clap names the flag).
+fn non_empty_url(v: &str) -> Result<String, String> {
+    if v.trim().is_empty() {
+        Err("empty; give the collector's URL, e.g. http://otel-collector:4317".to_owned())
+    } else {
+        Ok(v.to_owned())
+    }
 }
 
 /// Event sinks selectable with `--sink`.
@@ -160,7 +172,7 @@ impl Args {
         }
         if let Some(e) = &self.otlp_endpoint {
             cfg.otlp.enabled = true;
-            cfg.otlp.endpoint = Some(e.clone());
+            cfg.otlp.endpoint_flag = Some(e.clone());
         }
         if let Some(p) = self.otlp_protocol {
             cfg.otlp.protocol = Some(match p {
@@ -221,11 +233,26 @@ mod tests {
         assert_eq!(cfg.log.format, LogFormat::Json);
         assert!(opts.kube_dry_run);
         assert!(cfg.otlp.enabled);
-        assert_eq!(cfg.otlp.endpoint.as_deref(), Some("http://127.0.0.1:4318"));
+        assert_eq!(
+            cfg.otlp.endpoint_flag.as_deref(),
+            Some("http://127.0.0.1:4318")
+        );
         assert_eq!(
             cfg.otlp.protocol,
             Some(gpuwatch_sinks::otlp::Protocol::HttpProtobuf)
         );
+    }
+
+    #[test]
+    fn an_empty_otlp_endpoint_is_refused_naming_the_flag() {
+        for empty in ["", "  "] {
+            let e = RunCommandLine::try_parse_from(["x", "--otlp-endpoint", empty])
+                .err()
+                .expect("refused");
+            let text = e.to_string();
+            assert!(text.contains("--otlp-endpoint"), "{text}");
+            assert!(text.contains("empty"), "{text}");
+        }
     }
 
     #[test]

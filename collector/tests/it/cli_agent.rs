@@ -192,3 +192,226 @@ fn check_config_and_run_name_the_same_engine_and_nvml_problems() {
     }
     assert!(!dir.path().join("state").exists(), "nothing starts: {err}");
 }
+
+/// The JSON log lines of a finished `gpuwatch run --log-format json`.
+fn json_logs(stderr: &[u8]) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(stderr)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// `gpuwatch run` over an empty replay file with OTLP on and the given
+/// config file, environment endpoint and flags; it exits at the end of
+/// the file. The endpoints are closed loopback ports: every export fails
+/// at once, which is not what these tests look at.
+fn run_otlp(
+    dir: &Path,
+    config: &Path,
+    env_endpoint: Option<&str>,
+    extra: &[&str],
+) -> std::process::Output {
+    let replay = dir.join("empty.kmsg");
+    std::fs::write(&replay, "").unwrap();
+    let state = dir.join("state");
+    let mut cmd = crate::common::run_command(
+        &[
+            "--no-nvml",
+            "--exit-at-eof",
+            "--log-format",
+            "json",
+            "--node-name",
+            "otlp-source",
+            "--config",
+            config.to_str().unwrap(),
+            "--kmsg-path",
+            replay.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+        extra,
+    );
+    cmd.env_remove("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT");
+    if let Some(url) = env_endpoint {
+        cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", url);
+    }
+    let out = cmd.output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The start line of each signal's export: (signal, endpoint, source).
+fn endpoint_lines(logs: &[serde_json::Value]) -> Vec<(String, String, String)> {
+    logs.iter()
+        .filter(|l| {
+            l["message"] == "OTLP metric export started."
+                || l["message"] == "OTLP fault log export started."
+        })
+        .map(|l| {
+            let field = |k: &str| l[k].as_str().unwrap_or_default().to_owned();
+            (field("signal"), field("endpoint"), field("source"))
+        })
+        .collect()
+}
+
+fn warnings(logs: &[serde_json::Value]) -> Vec<&serde_json::Value> {
+    logs.iter().filter(|l| l["level"] == "WARN").collect()
+}
+
+/// The shipped config sets `[otlp] endpoint`; an operator's
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` then loses. The start says which endpoint
+/// each signal uses and where it comes from, and warns about the ignored
+/// variable with what makes it win; `--otlp-endpoint` wins over both.
+#[test]
+fn run_says_the_otlp_endpoint_source_and_warns_about_an_overridden_env() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gpuwatch.toml");
+    std::fs::write(
+        &config,
+        "[otlp]\nenabled = true\nprotocol = \"grpc\"\nendpoint = \"http://127.0.0.1:9\"\n",
+    )
+    .unwrap();
+
+    // File and environment disagree: the file wins, with a warning.
+    let out = run_otlp(dir.path(), &config, Some("http://127.0.0.1:7"), &[]);
+    let logs = json_logs(&out.stderr);
+    let file = "config [otlp] endpoint".to_owned();
+    assert_eq!(
+        endpoint_lines(&logs),
+        [
+            ("metrics".into(), "http://127.0.0.1:9".into(), file.clone()),
+            ("logs".into(), "http://127.0.0.1:9".into(), file.clone()),
+        ],
+        "{logs:#?}"
+    );
+    let warned = warnings(&logs);
+    let ignored: Vec<_> = warned
+        .iter()
+        .filter(|w| w["ignored"] == "OTEL_EXPORTER_OTLP_ENDPOINT")
+        .collect();
+    assert_eq!(ignored.len(), 1, "one line for both signals: {warned:#?}");
+    let w = ignored[0];
+    assert_eq!(w["ignored_value"], "http://127.0.0.1:7");
+    assert_eq!(w["source"], "config [otlp] endpoint");
+    assert_eq!(w["endpoint"], "http://127.0.0.1:9");
+    assert_eq!(w["signal"], "metrics,logs");
+    let message = w["message"].as_str().unwrap();
+    assert!(
+        message.contains("remove `[otlp] endpoint` from the config"),
+        "{message}"
+    );
+
+    // The flag wins over the file and the environment.
+    let out = run_otlp(
+        dir.path(),
+        &config,
+        Some("http://127.0.0.1:7"),
+        &["--otlp-endpoint", "http://127.0.0.1:8"],
+    );
+    let logs = json_logs(&out.stderr);
+    let flag = "--otlp-endpoint flag".to_owned();
+    assert_eq!(
+        endpoint_lines(&logs),
+        [
+            ("metrics".into(), "http://127.0.0.1:8".into(), flag.clone()),
+            ("logs".into(), "http://127.0.0.1:8".into(), flag.clone()),
+        ],
+        "{logs:#?}"
+    );
+    let warned = warnings(&logs);
+    let w = warned
+        .iter()
+        .find(|w| w["ignored"] == "OTEL_EXPORTER_OTLP_ENDPOINT")
+        .unwrap_or_else(|| panic!("no warning about the variable: {warned:#?}"));
+    assert_eq!(w["source"], "--otlp-endpoint flag");
+    assert_eq!(w["endpoint"], "http://127.0.0.1:8");
+    assert!(
+        w["message"]
+            .as_str()
+            .unwrap()
+            .contains("drop the --otlp-endpoint flag and remove `[otlp] endpoint` from the config"),
+        "{w}"
+    );
+
+    // The same URL in both: the file's is used, nothing to warn about.
+    let out = run_otlp(dir.path(), &config, Some("http://127.0.0.1:9/"), &[]);
+    let logs = json_logs(&out.stderr);
+    assert_eq!(endpoint_lines(&logs).len(), 2, "{logs:#?}");
+    assert!(
+        !warnings(&logs).iter().any(|w| w.get("ignored").is_some()),
+        "{logs:#?}"
+    );
+
+    // Only the environment: it is used and named.
+    std::fs::write(&config, "[otlp]\nenabled = true\nprotocol = \"grpc\"\n").unwrap();
+    let out = run_otlp(dir.path(), &config, Some("http://127.0.0.1:7"), &[]);
+    let logs = json_logs(&out.stderr);
+    let env = "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned();
+    assert_eq!(
+        endpoint_lines(&logs),
+        [
+            ("metrics".into(), "http://127.0.0.1:7".into(), env.clone()),
+            ("logs".into(), "http://127.0.0.1:7".into(), env.clone()),
+        ],
+        "{logs:#?}"
+    );
+}
+
+/// check-config reads the environment as the agent does: the same warning,
+/// and the file is still OK.
+#[test]
+fn check_config_warns_about_an_overridden_otlp_env_endpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gpuwatch.toml");
+    std::fs::write(
+        &config,
+        "node_name = \"n1\"\n[otlp]\nenabled = true\nprotocol = \"grpc\"\nendpoint = \"http://127.0.0.1:9\"\n",
+    )
+    .unwrap();
+    let check = |env: &str| {
+        gpuwatch()
+            .arg("check-config")
+            .arg(&config)
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", env)
+            .env_remove("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT")
+            .output()
+            .unwrap()
+    };
+    let out = check("http://127.0.0.1:7");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text.lines().next(),
+        Some(
+            "warning: OTEL_EXPORTER_OTLP_ENDPOINT \"http://127.0.0.1:7\" is not used for OTLP \
+             metrics and logs: config [otlp] endpoint \"http://127.0.0.1:9\" wins over it; to \
+             use the variable, remove `[otlp] endpoint` from the config."
+        ),
+        "{text}"
+    );
+    assert!(text.ends_with(": OK\n"), "{text}");
+
+    let out = check("http://127.0.0.1:9");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("warning"), "{text}");
+}
+
+#[test]
+fn an_empty_otlp_endpoint_flag_is_refused_naming_it() {
+    let out = gpuwatch()
+        .args(["run", "--no-nvml", "--otlp-endpoint", ""])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--otlp-endpoint"), "{err}");
+    assert!(err.contains("empty"), "{err}");
+}

@@ -20,7 +20,9 @@
 //! the expected GPU count from the Node and sees faults already in the
 //! kernel-log ring; six lost races in a row still taint the node within a
 //! second; `gpuwatch node-cleanup` after an uninstall removes gpuwatch's
-//! conditions and taints, startup taint included; an RDMA port down is
+//! conditions and taints, startup taint included, and `node-cleanup
+//! --all-nodes` (the uninstall hook) every Node's and the quarantine Leases,
+//! exiting 1 when a Node failed; an RDMA port down is
 //! `NetworkProblem` on the Node with its Event, and the GPU conditions stay.
 
 use crate::kube_support;
@@ -1087,4 +1089,158 @@ fn a_nic_port_down_is_network_problem_on_the_node_and_the_gpu_conditions_stay() 
     );
     assert!(healthy(&rig));
     assert_eq!(agent.stop(), Some(0));
+}
+
+/// The uninstall hook's command: `gpuwatch node-cleanup --all-nodes
+/// --wait-for-pods ...` waits for the agent pods (one stays: a warning
+/// naming it at the timeout, and the cleanup anyway), cleans every Node of
+/// gpuwatch's taints and conditions, deletes its quarantine Leases and no
+/// other, prints a line per thing removed and a summary, and exits 1 when a
+/// Node could not be cleaned (RBAC refused it) after cleaning the others;
+/// `--dry-run` changes nothing; clap refuses the wrong combinations.
+#[test]
+fn node_cleanup_all_nodes_cleans_the_fleet_and_its_leases() {
+    let rig = KubeWorld::new(node(vec![
+        taint("example.com/dedicated", Some("ml")),
+        taint(STARTUP_TAINT, None),
+        taint(FAULT_TAINT, Some("reboot_node")),
+    ]));
+    rig.api.own_condition(READY, "gpuwatch", "False");
+    rig.api.own_condition(PROBLEM, "gpuwatch", "True");
+    rig.api.add_node(crate::kube_common::build::node(
+        "gpu-b",
+        vec![taint(STARTUP_TAINT, None)],
+        &[],
+    ));
+    rig.api.add_node(crate::kube_common::build::node(
+        "gpu-c",
+        vec![taint(FAULT_TAINT, Some("reset_gpu"))],
+        &[],
+    ));
+    rig.api.add_node(crate::kube_common::build::node(
+        "gpu-d",
+        vec![taint("example.com/keep", None)],
+        &[],
+    ));
+    let mut slot = k8s_openapi::api::coordination::v1::Lease::default();
+    slot.metadata.name = Some("gpuwatch-quarantine-0".into());
+    slot.metadata.labels =
+        Some([("gpuwatch.io/quarantine-slot".to_owned(), "0".to_owned())].into());
+    rig.api.put_lease("gpuwatch", &slot);
+    let mut foreign = k8s_openapi::api::coordination::v1::Lease::default();
+    foreign.metadata.name = Some("some-controller".into());
+    rig.api.put_lease("gpuwatch", &foreign);
+    let stuck: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "gpuwatch-7xk2p", "namespace": "gpuwatch",
+                     "labels": {"app.kubernetes.io/name": "gpuwatch"}},
+        "spec": {"nodeName": NODE, "containers": [{"name": "gpuwatch"}]},
+    }))
+    .unwrap();
+    rig.api.put_pod(&stuck);
+    let cfg = rig.config(r#"quarantine_namespace = "gpuwatch""#, "");
+    let cleanup = |extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
+            .args(["node-cleanup", "--config"])
+            .arg(&cfg)
+            .args(extra)
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("run gpuwatch node-cleanup");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+
+    for (bad, says) in [
+        (&["--all-nodes", "--node", NODE][..], "cannot be used with"),
+        (&[][..], "required"),
+        (
+            &["--node", NODE, "--wait-for-pods", "gpuwatch/app=x"][..],
+            "--all-nodes",
+        ),
+        (
+            &["--all-nodes", "--wait-for-pods", "gpuwatch"][..],
+            "NAMESPACE/LABELSELECTOR",
+        ),
+        (&["--all-nodes", "--timeout", "5"][..], "--wait-for-pods"),
+    ] {
+        let (code, _, err) = cleanup(bad);
+        assert_eq!(code, Some(2), "{bad:?}: {err}");
+        assert!(err.contains(says), "{bad:?}: {err}");
+    }
+
+    let (code, dry, err) = cleanup(&["--all-nodes", "--dry-run"]);
+    assert_eq!(code, Some(0), "{err}");
+    for line in [
+        format!("Would remove condition {READY} from node {NODE}."),
+        format!("Would remove taint {STARTUP_TAINT}:NoSchedule from node gpu-b."),
+        "Would remove Lease gpuwatch/gpuwatch-quarantine-0.".to_owned(),
+        "3 nodes would be cleaned, 1 had nothing of gpuwatch's, 0 failed.".to_owned(),
+    ] {
+        assert!(dry.contains(&line), "{line:?} missing from {dry}");
+    }
+    assert!(
+        rig.requests().iter().all(|r| !r.is_write()),
+        "dry run wrote"
+    );
+
+    rig.api.forbid_name("patch", "nodes", "gpu-c");
+    let t0 = Instant::now();
+    let (code, out, err) = cleanup(&[
+        "--all-nodes",
+        "--wait-for-pods",
+        "gpuwatch/app.kubernetes.io/name=gpuwatch",
+        "--timeout",
+        "1",
+    ]);
+    let took = t0.elapsed();
+    assert_eq!(code, Some(1), "{out}\n{err}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert!(
+        err.contains("WARN")
+            && err.contains("still there at the timeout")
+            && err.contains("gpuwatch/gpuwatch-7xk2p"),
+        "{err}"
+    );
+    assert!(
+        err.contains("error: node gpu-c: removing the taints: forbidden"),
+        "{err}"
+    );
+    for line in [
+        format!("Removed condition {READY} from node {NODE}."),
+        format!("Removed condition {PROBLEM} from node {NODE}."),
+        format!("Removed taint {FAULT_TAINT}=reboot_node:NoSchedule from node {NODE}."),
+        format!("Removed taint {STARTUP_TAINT}:NoSchedule from node {NODE}."),
+        format!("Removed taint {STARTUP_TAINT}:NoSchedule from node gpu-b."),
+        "Removed Lease gpuwatch/gpuwatch-quarantine-0.".to_owned(),
+        "2 nodes cleaned, 1 had nothing of gpuwatch's, 1 failed.".to_owned(),
+    ] {
+        assert!(out.contains(&line), "{line:?} missing from {out}");
+    }
+    assert_eq!(
+        kube_support::taint_keys(&rig.node()),
+        ["example.com/dedicated"]
+    );
+    assert!(rig.cond(READY).is_none() && rig.cond(PROBLEM).is_none());
+    let left: Vec<String> = rig
+        .api
+        .leases("gpuwatch")
+        .into_iter()
+        .filter_map(|l| l.metadata.name)
+        .collect();
+    assert_eq!(left, ["some-controller"]);
+    rig.api
+        .assert_requests_within(&gpuwatch_kube::CLEANUP_REQUESTS);
+
+    // RBAC fixed: a second run cleans the last Node and exits 0.
+    rig.api.unforbid_name("patch", "nodes", "gpu-c");
+    let (code, out, err) = cleanup(&["--all-nodes"]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(
+        out.contains("Removed taint gpuwatch.io/unhealthy=reset_gpu:NoSchedule from node gpu-c.")
+            && out.ends_with("1 nodes cleaned, 3 had nothing of gpuwatch's, 0 failed.\n"),
+        "{out}"
+    );
 }

@@ -13,7 +13,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, Namespace, PodSpec, Service, ServiceAccount, Toleration,
+    ConfigMap, Container, Namespace, PodSpec, ResourceQuota, Service, ServiceAccount, Toleration,
 };
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding, Subject};
@@ -45,6 +45,7 @@ pub(crate) enum Object {
     Vap(Box<ValidatingAdmissionPolicy>),
     VapBinding(Box<ValidatingAdmissionPolicyBinding>),
     NetworkPolicy(Box<NetworkPolicy>),
+    ResourceQuota(Box<ResourceQuota>),
     /// A prometheus-operator object (`monitoring.coreos.com/v1`: PodMonitor,
     /// ServiceMonitor, PrometheusRule), which k8s-openapi has no type for.
     Monitoring(Box<serde_yaml::Value>),
@@ -132,6 +133,7 @@ pub(crate) fn parse_render(text: &str, dir: &str) -> Vec<Object> {
             "ValidatingAdmissionPolicy" => Object::Vap(parse(v, &what)),
             "ValidatingAdmissionPolicyBinding" => Object::VapBinding(parse(v, &what)),
             "NetworkPolicy" => Object::NetworkPolicy(parse(v, &what)),
+            "ResourceQuota" => Object::ResourceQuota(parse(v, &what)),
             "PodMonitor" | "ServiceMonitor" | "PrometheusRule"
                 if v["apiVersion"].as_str() == Some("monitoring.coreos.com/v1") =>
             {

@@ -20,11 +20,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
 
-const CHART: &str = "deploy/helm/gpuwatch";
+pub(crate) const CHART: &str = "deploy/helm/gpuwatch";
 
 /// The helm binary: `$HELM_BIN`, else `helm` on PATH. Missing fails the test: these checks
 /// are the chart's only tests and must not pass by not running.
-fn helm_bin() -> PathBuf {
+pub(crate) fn helm_bin() -> PathBuf {
     let bin = std::env::var_os("HELM_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("helm"));
@@ -45,7 +45,7 @@ fn helm_bin() -> PathBuf {
 
 /// `helm template gpuwatch deploy/helm/gpuwatch -n NAMESPACE ARGS...`: the render, or helm's
 /// error text.
-fn helm_template(namespace: &str, args: &[&str]) -> Result<String, String> {
+pub(crate) fn helm_template(namespace: &str, args: &[&str]) -> Result<String, String> {
     let out = Command::new(helm_bin())
         .current_dir(repo_root())
         .args(["template", "gpuwatch", CHART, "--namespace", namespace])
@@ -59,7 +59,7 @@ fn helm_template(namespace: &str, args: &[&str]) -> Result<String, String> {
     }
 }
 
-fn render_ci(values: &str, namespace: &str) -> String {
+pub(crate) fn render_ci(values: &str, namespace: &str) -> String {
     let file = format!("ci/{values}-values.yaml");
     let path = format!("{CHART}/{file}");
     helm_template(namespace, &["--values", &path])
@@ -291,7 +291,15 @@ const KNOWN_DIFFERENCES: &[KnownDifference] = &[KnownDifference {
 }];
 
 /// Labels and annotations Helm adds that kustomize has no counterpart for.
-const HELM_ONLY_LABELS: [&str; 2] = ["helm.sh/chart", "app.kubernetes.io/managed-by"];
+const HELM_ONLY_LABELS: [&str; 4] = [
+    "helm.sh/chart",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+];
+/// Helm's instruction to leave an object in place on uninstall: kustomize's
+/// `kubectl delete -k` deletes what it applied, by design.
+const HELM_ONLY_ANNOTATIONS: [&str; 1] = ["helm.sh/resource-policy"];
 const HELM_ONLY_POD_ANNOTATIONS: [&str; 1] = ["checksum/config"];
 
 /// `gpuwatch-config-54b64bb56t` → `gpuwatch-config`.
@@ -314,18 +322,21 @@ fn remove_keys(map: &mut Value, keys: &[&str]) {
     }
 }
 
-/// The fixed normalisation: Helm's own labels and the config checksum dropped, the
-/// ConfigMap hash suffix stripped (name and references), gpuwatch.toml parsed.
+/// The fixed normalisation: Helm's own labels, annotations and the config checksum
+/// dropped, the ConfigMap hash suffix stripped (name and references), gpuwatch.toml parsed.
 fn normalise(mut v: Value) -> Value {
     remove_keys(&mut v["metadata"]["labels"], &HELM_ONLY_LABELS);
-    if v["metadata"]["labels"]
-        .as_mapping()
-        .is_some_and(Mapping::is_empty)
-    {
-        v["metadata"]
-            .as_mapping_mut()
-            .expect("metadata")
-            .remove("labels");
+    remove_keys(&mut v["metadata"]["annotations"], &HELM_ONLY_ANNOTATIONS);
+    for key in ["labels", "annotations"] {
+        if v["metadata"][key]
+            .as_mapping()
+            .is_some_and(Mapping::is_empty)
+        {
+            v["metadata"]
+                .as_mapping_mut()
+                .expect("metadata")
+                .remove(key);
+        }
     }
     match v["kind"].as_str() {
         Some("ConfigMap") => {
@@ -381,7 +392,7 @@ fn diff(path: &str, k: &Value, h: &Value, out: &mut Vec<(String, Value, Value)>)
 }
 
 /// The objects of a render by kind, namespace and name.
-fn by_identity(text: &str) -> BTreeMap<(String, String, String), Value> {
+pub(crate) fn by_identity(text: &str) -> BTreeMap<(String, String, String), Value> {
     serde_yaml::Deserializer::from_str(text)
         .map(|d| Value::deserialize(d).expect("valid YAML"))
         .filter(|v| !v.is_null())
@@ -494,7 +505,7 @@ fn helm_renders_what_the_dcgm_sidecar_overlay_renders() {
 }
 
 /// Writes `text` to a values file in a temporary directory.
-fn values_file(dir: &tempfile::TempDir, name: &str, text: &str) -> String {
+pub(crate) fn values_file(dir: &tempfile::TempDir, name: &str, text: &str) -> String {
     let path = dir.path().join(name);
     std::fs::write(&path, text).expect("write values");
     path.to_string_lossy().into_owned()
@@ -548,7 +559,7 @@ fn helm_refuses_bad_values_naming_the_key() {
             r#"no alert named "GPUNoSuchAlert""#,
         ),
         (
-            "config: \"[api]\\nlisten = \\\"0.0.0.0:9400\\\"\\n\"\npodMonitor:\n  enabled: true\n",
+            "config: \"[api]\\nlisten = \\\"0.0.0.0:9400\\\"\\n\"\npodMonitor:\n  enabled: true\nnetworkPolicy:\n  scraperNamespaces: [monitoring]\n",
             "[api] prometheus = true",
         ),
     ];
@@ -683,7 +694,12 @@ fn helm_chart_version_is_the_crate_version() {
 
 /// Values whose contents are Kubernetes API objects or free-form maps: documented and
 /// schema-checked as one value, not key by key.
-const PASS_THROUGH_VALUES: [&str; 3] = ["resources", "updateStrategy", "affinity"];
+const PASS_THROUGH_VALUES: [&str; 4] = [
+    "resources",
+    "updateStrategy",
+    "affinity",
+    "podSecurityContext",
+];
 
 /// Value paths of `values.yaml`: every key of the chart's own sections, a pass-through
 /// value or a value that is not a mapping as a whole.

@@ -1,7 +1,7 @@
 //! The Kubernetes writer against the API-server double (conditions, taints,
 //! Events, the startup gate, the flap bound, the API's failures, the fleet
 //! quarantine budget, the pod listing, the RBAC and admission policy it
-//! needs), and the deploy/ manifests and the Helm chart: one test binary, one
+//! needs), the uninstall's `node-cleanup --all-nodes`, and the deploy/ manifests and the Helm chart: one test binary, one
 //! module per area. The writer's decisions themselves (what to write for a
 //! given health, Node and time) are unit-tested beside them in `kube/src`;
 //! these modules check that the running writer acts on them.
@@ -9,8 +9,10 @@
 use gpuwatch_test_support::kube as kube_common;
 
 mod api_double;
+mod cleanup_fleet;
 mod deploy_manifests;
 mod helm_chart;
+mod helm_operator;
 mod install_check;
 mod quarantine_fleet;
 mod rbac_policy;

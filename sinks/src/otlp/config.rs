@@ -6,6 +6,13 @@
 //! environment a signal-specific variable (`OTEL_EXPORTER_OTLP_LOGS_ENDPOINT`)
 //! beats the generic one (`OTEL_EXPORTER_OTLP_ENDPOINT`).
 //!
+//! The endpoint, highest first: the file's `metrics_endpoint` / `logs_endpoint`,
+//! `gpuwatch run --otlp-endpoint`, the file's `endpoint`, the signal's
+//! variable, `OTEL_EXPORTER_OTLP_ENDPOINT`, the default. Each resolved signal
+//! says which one it used ([`EndpointSource`]) and which endpoint given outside
+//! the file (the environment's, the flag's) lost with a different URL
+//! ([`IgnoredEndpoint`]), so the start can say so.
+//!
 //! Two upstream caveats (opentelemetry-otlp 0.33 re-reads the environment):
 //! a header set both in `headers` and in `OTEL_EXPORTER_OTLP_HEADERS` is sent
 //! with the environment's value, and `compression = "none"` in the file does
@@ -101,9 +108,15 @@ pub struct OtlpConfig {
     /// `/v1/logs` are appended). Unset: `OTEL_EXPORTER_OTLP_ENDPOINT`, then
     /// `http://localhost:4317` (gRPC) / `http://localhost:4318` (HTTP).
     pub endpoint: Option<String>,
-    /// Full URL for metrics only (used as is); overrides `endpoint`.
+    /// `gpuwatch run --otlp-endpoint`: a base URL like `endpoint`, over it
+    /// (flags override the file). Never read from the file.
+    #[serde(skip)]
+    pub endpoint_flag: Option<String>,
+    /// Full URL for metrics only (used as is); overrides `endpoint` and
+    /// `--otlp-endpoint`.
     pub metrics_endpoint: Option<String>,
-    /// Full URL for logs only (used as is); overrides `endpoint`.
+    /// Full URL for logs only (used as is); overrides `endpoint` and
+    /// `--otlp-endpoint`.
     pub logs_endpoint: Option<String>,
     /// gRPC only: an endpoint without a scheme (`collector:4317`) uses plaintext
     /// when true, TLS when false. Unset: `OTEL_EXPORTER_OTLP_INSECURE`, then false.
@@ -148,6 +161,7 @@ impl Default for OtlpConfig {
             logs: true,
             protocol: None,
             endpoint: None,
+            endpoint_flag: None,
             metrics_endpoint: None,
             logs_endpoint: None,
             insecure: None,
@@ -197,6 +211,13 @@ pub enum OtlpSignal {
 }
 
 impl OtlpSignal {
+    /// `metrics` or `logs`, as logs name the signal.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OtlpSignal::Metrics => "metrics",
+            OtlpSignal::Logs => "logs",
+        }
+    }
     fn env_infix(self) -> &'static str {
         match self {
             OtlpSignal::Metrics => "METRICS_",
@@ -211,6 +232,113 @@ impl OtlpSignal {
     }
 }
 
+/// Where a signal's endpoint came from; the variants in precedence order,
+/// highest first. `Display` is how the start log and its warnings name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndpointSource {
+    /// `metrics_endpoint` / `logs_endpoint` in the file (a full URL).
+    FileSignal(OtlpSignal),
+    /// `gpuwatch run --otlp-endpoint` (a base URL).
+    Flag,
+    /// `endpoint` in the file (a base URL).
+    File,
+    /// `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` / `OTEL_EXPORTER_OTLP_LOGS_ENDPOINT`
+    /// (a full URL).
+    EnvSignal(OtlpSignal),
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` (a base URL).
+    Env,
+    /// Nothing set: `localhost:4317` (gRPC) or `localhost:4318` (HTTP).
+    Default,
+}
+
+impl EndpointSource {
+    /// Whether the URL is the signal's own, used as is (else an HTTP export
+    /// appends `/v1/metrics` or `/v1/logs`).
+    fn as_is(self) -> bool {
+        matches!(
+            self,
+            EndpointSource::FileSignal(_) | EndpointSource::EnvSignal(_)
+        )
+    }
+
+    /// Whether it is set in the environment.
+    fn is_env(self) -> bool {
+        matches!(self, EndpointSource::EnvSignal(_) | EndpointSource::Env)
+    }
+
+    /// How a problem with its value is named: the key relative to `[otlp]`,
+    /// or the variable.
+    fn problem_key(self) -> String {
+        match self {
+            EndpointSource::FileSignal(s) => format!("{}_endpoint", s.as_str()),
+            EndpointSource::Flag => "endpoint (--otlp-endpoint)".to_owned(),
+            EndpointSource::File => "endpoint".to_owned(),
+            EndpointSource::EnvSignal(s) => {
+                format!("OTEL_EXPORTER_OTLP_{}ENDPOINT", s.env_infix())
+            }
+            EndpointSource::Env => "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
+            EndpointSource::Default => "default endpoint".to_owned(),
+        }
+    }
+
+    /// Its key in the file, where it is one.
+    fn file_key(self) -> Option<String> {
+        match self {
+            EndpointSource::FileSignal(s) => Some(format!("`[otlp] {}_endpoint`", s.as_str())),
+            EndpointSource::File => Some("`[otlp] endpoint`".to_owned()),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for EndpointSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EndpointSource::FileSignal(s) => write!(f, "config [otlp] {}_endpoint", s.as_str()),
+            EndpointSource::Flag => f.write_str("--otlp-endpoint flag"),
+            EndpointSource::File => f.write_str("config [otlp] endpoint"),
+            EndpointSource::EnvSignal(_) | EndpointSource::Env => f.write_str(&self.problem_key()),
+            EndpointSource::Default => f.write_str("default"),
+        }
+    }
+}
+
+/// An endpoint given outside the file (an `OTEL_EXPORTER_OTLP_*ENDPOINT`
+/// variable, `--otlp-endpoint`) that a higher setting overrode with a
+/// different URL. An operator who set it expects it used; the start warns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IgnoredEndpoint {
+    /// The setting not used.
+    pub source: EndpointSource,
+    /// Its value, as given.
+    pub value: String,
+    /// The setting used instead.
+    pub winner: EndpointSource,
+    /// Its value, as given.
+    pub winner_value: String,
+    /// Every setting above `source` that is set, highest first: without
+    /// them `source` would be used.
+    pub above: Vec<EndpointSource>,
+}
+
+impl IgnoredEndpoint {
+    /// What makes `source` win, e.g. "remove `[otlp] endpoint` from the config".
+    pub fn remedy(&self) -> String {
+        let mut steps = Vec::new();
+        if self.above.contains(&EndpointSource::Flag) {
+            steps.push("drop the --otlp-endpoint flag".to_owned());
+        }
+        let keys: Vec<String> = self.above.iter().filter_map(|s| s.file_key()).collect();
+        if !keys.is_empty() {
+            steps.push(format!("remove {} from the config", keys.join(" and ")));
+        }
+        for s in self.above.iter().filter(|s| s.is_env()) {
+            steps.push(format!("unset {}", s.problem_key()));
+        }
+        steps.join(" and ")
+    }
+}
+
 /// Settings of one signal after combining defaults, environment and file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResolvedSignal {
@@ -218,6 +346,11 @@ pub struct ResolvedSignal {
     pub protocol: Protocol,
     /// Final URL (scheme included; for HTTP the full path).
     pub endpoint: String,
+    /// Which setting `endpoint` comes from.
+    pub endpoint_source: EndpointSource,
+    /// The environment's endpoint and the flag's, where set, lost and naming
+    /// a different URL than `endpoint`.
+    pub ignored: Vec<IgnoredEndpoint>,
     /// Headers / metadata.
     pub headers: BTreeMap<String, String>,
     /// gzip or not.
@@ -267,6 +400,7 @@ impl OtlpConfig {
         let mut p = Vec::new();
         for (key, url) in [
             ("endpoint", &self.endpoint),
+            ("endpoint (--otlp-endpoint)", &self.endpoint_flag),
             ("metrics_endpoint", &self.metrics_endpoint),
             ("logs_endpoint", &self.logs_endpoint),
         ] {
@@ -356,7 +490,7 @@ impl OtlpConfig {
         let env = SignalEnv { signal, env };
         let mut problems = Vec::new();
         let protocol = self.protocol_of(&env, &mut problems);
-        let endpoint = self.endpoint_of(&env, protocol, &mut problems);
+        let (endpoint, endpoint_source, ignored) = self.endpoint_of(&env, protocol, &mut problems);
         let headers = self.headers_of(&env, &mut problems);
         let gzip = self.gzip_of(&env, &mut problems);
         let timeout_ms = self.timeout_of(&env, &mut problems);
@@ -364,6 +498,8 @@ impl OtlpConfig {
             Ok(ResolvedSignal {
                 protocol,
                 endpoint,
+                endpoint_source,
+                ignored,
                 headers,
                 gzip,
                 timeout: Duration::from_millis(timeout_ms),
@@ -387,76 +523,115 @@ impl OtlpConfig {
         }
     }
 
-    /// Where the endpoint URL comes from, in the specification's order: the
-    /// signal's own key or variable is used as is; the generic ones get the
-    /// signal's HTTP path appended. Returns (url, used as is, source).
-    fn endpoint_source(&self, env: &SignalEnv<'_>, protocol: Protocol) -> (String, bool, String) {
+    /// Every endpoint setting that is set, highest precedence first (see the
+    /// module documentation); blank variables count as unset.
+    fn endpoint_candidates(&self, env: &SignalEnv<'_>) -> Vec<(EndpointSource, String)> {
         let signal = env.signal;
         let file_specific = match signal {
-            OtlpSignal::Metrics => self.metrics_endpoint.as_deref(),
-            OtlpSignal::Logs => self.logs_endpoint.as_deref(),
+            OtlpSignal::Metrics => &self.metrics_endpoint,
+            OtlpSignal::Logs => &self.logs_endpoint,
         };
-        let env_specific = format!("OTEL_EXPORTER_OTLP_{}ENDPOINT", signal.env_infix());
-        let set = |name: &str| (env.env)(name).filter(|v| !v.trim().is_empty());
-        if let Some(u) = file_specific {
-            let key = signal
-                .env_infix()
-                .trim_end_matches('_')
-                .to_ascii_lowercase();
-            (u.to_owned(), true, format!("{key}_endpoint"))
-        } else if let Some(u) = &self.endpoint {
-            (u.clone(), false, "endpoint".to_owned())
-        } else if let Some(u) = set(&env_specific) {
-            (u, true, env_specific)
-        } else if let Some(u) = set("OTEL_EXPORTER_OTLP_ENDPOINT") {
-            (u, false, "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned())
-        } else {
-            let default = match protocol {
-                Protocol::Grpc => "http://localhost:4317",
-                Protocol::HttpProtobuf => "http://localhost:4318",
-            };
-            (default.to_owned(), false, "default endpoint".to_owned())
+        let from_env = |source: EndpointSource| {
+            (env.env)(&source.problem_key())
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| (source, v))
+        };
+        [
+            file_specific
+                .clone()
+                .map(|u| (EndpointSource::FileSignal(signal), u)),
+            self.endpoint_flag
+                .clone()
+                .map(|u| (EndpointSource::Flag, u)),
+            self.endpoint.clone().map(|u| (EndpointSource::File, u)),
+            from_env(EndpointSource::EnvSignal(signal)),
+            from_env(EndpointSource::Env),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
+    /// The URL an export to `url` from `source` uses: a gRPC URL without
+    /// scheme gets `http://` when insecure, else `https://`; an HTTP base
+    /// URL gets the signal's path.
+    fn export_url(
+        url: &str,
+        source: EndpointSource,
+        protocol: Protocol,
+        insecure: bool,
+        signal: OtlpSignal,
+    ) -> String {
+        let url = url.trim();
+        match protocol {
+            Protocol::Grpc if url.contains("://") => url.to_owned(),
+            Protocol::Grpc if insecure => format!("http://{url}"),
+            Protocol::Grpc => format!("https://{url}"),
+            Protocol::HttpProtobuf if source.as_is() => url.to_owned(),
+            Protocol::HttpProtobuf => {
+                format!("{}{}", url.trim_end_matches('/'), signal.http_path())
+            }
         }
     }
 
-    /// The endpoint to export to: a gRPC URL without scheme gets `http://`
-    /// when insecure, else `https://`; an HTTP URL needs its scheme.
+    /// The endpoint to export to, where it comes from, and the endpoints
+    /// given outside the file (the highest of the environment's, the flag)
+    /// that lost to it naming a different URL.
     fn endpoint_of(
         &self,
         env: &SignalEnv<'_>,
         protocol: Protocol,
         problems: &mut Vec<String>,
-    ) -> String {
+    ) -> (String, EndpointSource, Vec<IgnoredEndpoint>) {
         let insecure = self.insecure.unwrap_or_else(|| {
             env.var("INSECURE")
                 .is_some_and(|(_, v)| v.trim().eq_ignore_ascii_case("true"))
         });
-        let (url, as_is, source) = self.endpoint_source(env, protocol);
-        let url = url.trim().to_owned();
-        check_url(&source, &url, problems);
-        let endpoint = match protocol {
-            Protocol::Grpc if url.contains("://") => url,
-            Protocol::Grpc if insecure => format!("http://{url}"),
-            Protocol::Grpc => format!("https://{url}"),
-            Protocol::HttpProtobuf => {
-                if !url.contains("://") {
-                    problems.push(format!(
-                        "{source}: {url:?} needs http:// or https:// with protocol http/protobuf"
-                    ));
-                }
-                if as_is {
-                    url
-                } else {
-                    format!("{}{}", url.trim_end_matches('/'), env.signal.http_path())
-                }
-            }
-        };
-        if endpoint.starts_with("http://") && self.tls.is_set() {
+        let candidates = self.endpoint_candidates(env);
+        let (source, url) = candidates.first().cloned().unwrap_or_else(|| {
+            let default = match protocol {
+                Protocol::Grpc => "http://localhost:4317",
+                Protocol::HttpProtobuf => "http://localhost:4318",
+            };
+            (EndpointSource::Default, default.to_owned())
+        });
+        let key = source.problem_key();
+        let trimmed = url.trim();
+        check_url(&key, trimmed, problems);
+        if protocol == Protocol::HttpProtobuf && !trimmed.contains("://") {
             problems.push(format!(
-                "{source}: {endpoint:?} is plaintext (http://) but tls files are set; use https://"
+                "{key}: {trimmed:?} needs http:// or https:// with protocol http/protobuf"
             ));
         }
-        endpoint
+        let endpoint = Self::export_url(&url, source, protocol, insecure, env.signal);
+        if endpoint.starts_with("http://") && self.tls.is_set() {
+            problems.push(format!(
+                "{key}: {endpoint:?} is plaintext (http://) but tls files are set; use https://"
+            ));
+        }
+        let first_env = candidates.iter().position(|(s, _)| s.is_env());
+        let flag = candidates
+            .iter()
+            .position(|(s, _)| *s == EndpointSource::Flag);
+        let ignored = [flag, first_env]
+            .into_iter()
+            .flatten()
+            .filter(|&i| i > 0)
+            .filter_map(|i| {
+                let (lost, value) = &candidates[i];
+                let would_be = Self::export_url(value, *lost, protocol, insecure, env.signal);
+                // A trailing slash names the same collector.
+                let same = would_be.trim_end_matches('/') == endpoint.trim_end_matches('/');
+                (!same).then(|| IgnoredEndpoint {
+                    source: *lost,
+                    value: value.clone(),
+                    winner: source,
+                    winner_value: url.clone(),
+                    above: candidates[..i].iter().map(|(s, _)| *s).collect(),
+                })
+            })
+            .collect();
+        (endpoint, source, ignored)
     }
 
     /// The environment's headers, then the config's (which win).
@@ -739,6 +914,206 @@ mod tests {
             assert_eq!(r.headers["k"], "file");
             assert_eq!(r.headers["only-env"], "1");
         }
+    }
+
+    /// Takes the settings away from the highest down: each in turn is the
+    /// source, named as the start log names it.
+    #[test]
+    fn endpoint_source_follows_the_precedence_and_is_named() {
+        let env = env_of(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:4318"),
+            (
+                "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+                "http://env-logs:4318/in",
+            ),
+        ]);
+        let mut c = OtlpConfig {
+            protocol: Some(Protocol::HttpProtobuf),
+            logs_endpoint: Some("http://file-logs:4318/in".into()),
+            endpoint_flag: Some("http://flag:4318".into()),
+            endpoint: Some("http://file:4318".into()),
+            ..Default::default()
+        };
+        let source = |c: &OtlpConfig| {
+            let r = c.resolve(OtlpSignal::Logs, &env).unwrap();
+            (r.endpoint, r.endpoint_source.to_string())
+        };
+        let expected = [
+            ("http://file-logs:4318/in", "config [otlp] logs_endpoint"),
+            ("http://flag:4318/v1/logs", "--otlp-endpoint flag"),
+            ("http://file:4318/v1/logs", "config [otlp] endpoint"),
+            (
+                "http://env-logs:4318/in",
+                "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+            ),
+        ];
+        for (i, (url, name)) in expected.into_iter().enumerate() {
+            assert_eq!(source(&c), (url.to_owned(), name.to_owned()), "step {i}");
+            match i {
+                0 => c.logs_endpoint = None,
+                1 => c.endpoint_flag = None,
+                2 => c.endpoint = None,
+                _ => {}
+            }
+        }
+        // The generic variable, then nothing: the default.
+        let generic = env_of(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:4318")]);
+        let r = c.resolve(OtlpSignal::Logs, &generic).unwrap();
+        assert_eq!(r.endpoint, "http://env:4318/v1/logs");
+        assert_eq!(r.endpoint_source.to_string(), "OTEL_EXPORTER_OTLP_ENDPOINT");
+        let r = c.resolve(OtlpSignal::Metrics, &env_of(&[])).unwrap();
+        assert_eq!(r.endpoint, "http://localhost:4318/v1/metrics");
+        assert_eq!(r.endpoint_source, EndpointSource::Default);
+        assert_eq!(r.endpoint_source.to_string(), "default");
+        assert_eq!(
+            EndpointSource::FileSignal(OtlpSignal::Metrics).to_string(),
+            "config [otlp] metrics_endpoint"
+        );
+    }
+
+    /// The environment losing to the file or the flag with another URL is
+    /// reported with what would make it win; with the same URL (as the
+    /// export would use it) it is not.
+    #[test]
+    fn an_env_endpoint_the_file_or_flag_overrides_is_reported() {
+        let env = env_of(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:4317")]);
+        let mut c = OtlpConfig {
+            endpoint: Some("http://file:4317".into()),
+            ..Default::default()
+        };
+        let r = c.resolve(OtlpSignal::Metrics, &env).unwrap();
+        assert_eq!(r.endpoint, "http://file:4317");
+        assert_eq!(
+            r.ignored,
+            vec![IgnoredEndpoint {
+                source: EndpointSource::Env,
+                value: "http://env:4317".into(),
+                winner: EndpointSource::File,
+                winner_value: "http://file:4317".into(),
+                above: vec![EndpointSource::File],
+            }]
+        );
+        assert_eq!(
+            r.ignored[0].remedy(),
+            "remove `[otlp] endpoint` from the config"
+        );
+
+        c.endpoint_flag = Some("http://flag:4317".into());
+        let r = c.resolve(OtlpSignal::Metrics, &env).unwrap();
+        assert_eq!(
+            (r.endpoint.as_str(), r.endpoint_source),
+            ("http://flag:4317", EndpointSource::Flag)
+        );
+        assert_eq!(r.ignored.len(), 1, "{:?}", r.ignored);
+        assert_eq!(r.ignored[0].source, EndpointSource::Env);
+        assert_eq!(r.ignored[0].winner_value, "http://flag:4317");
+        assert_eq!(
+            r.ignored[0].remedy(),
+            "drop the --otlp-endpoint flag and remove `[otlp] endpoint` from the config"
+        );
+
+        // Spelled differently, the same export URL: nothing to say.
+        let same = OtlpConfig {
+            protocol: Some(Protocol::HttpProtobuf),
+            endpoint: Some("http://c:4318".into()),
+            ..Default::default()
+        };
+        let env = env_of(&[("OTEL_EXPORTER_OTLP_ENDPOINT", " http://c:4318/ ")]);
+        let r = same.resolve(OtlpSignal::Logs, &env).unwrap();
+        assert_eq!(r.endpoint, "http://c:4318/v1/logs");
+        assert!(r.ignored.is_empty(), "{:?}", r.ignored);
+        let grpc = OtlpConfig {
+            endpoint: Some("c:4317".into()),
+            insecure: Some(true),
+            ..Default::default()
+        };
+        let env = env_of(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317/")]);
+        assert!(
+            grpc.resolve(OtlpSignal::Logs, &env)
+                .unwrap()
+                .ignored
+                .is_empty()
+        );
+        // The environment used, or nothing set in it: nothing ignored.
+        let r = OtlpConfig::default()
+            .resolve(OtlpSignal::Logs, &env)
+            .unwrap();
+        assert_eq!(r.endpoint_source, EndpointSource::Env);
+        assert!(r.ignored.is_empty());
+        assert!(
+            c.resolve(OtlpSignal::Logs, &env_of(&[]))
+                .unwrap()
+                .ignored
+                .is_empty()
+        );
+    }
+
+    /// Of the environment's endpoints only the one it would use counts (the
+    /// signal's variable over the generic one); the flag losing to the
+    /// signal's own key in the file is reported too.
+    #[test]
+    fn the_env_endpoint_reported_is_the_one_the_env_would_use_and_the_flag_counts_too() {
+        let env = env_of(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:4317"),
+            ("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", "http://env-logs:4317"),
+        ]);
+        let c = OtlpConfig {
+            logs_endpoint: Some("http://file-logs:4317".into()),
+            endpoint_flag: Some("http://flag:4317".into()),
+            ..Default::default()
+        };
+        let r = c.resolve(OtlpSignal::Logs, &env).unwrap();
+        assert_eq!(
+            r.endpoint_source,
+            EndpointSource::FileSignal(OtlpSignal::Logs)
+        );
+        let lost: Vec<_> = r
+            .ignored
+            .iter()
+            .map(|i| (i.source, i.value.as_str(), i.remedy()))
+            .collect();
+        assert_eq!(
+            lost,
+            vec![
+                (
+                    EndpointSource::Flag,
+                    "http://flag:4317",
+                    "remove `[otlp] logs_endpoint` from the config".to_owned()
+                ),
+                (
+                    EndpointSource::EnvSignal(OtlpSignal::Logs),
+                    "http://env-logs:4317",
+                    "drop the --otlp-endpoint flag and remove `[otlp] logs_endpoint` from the config"
+                        .to_owned()
+                ),
+            ]
+        );
+        // Metrics have no key of their own: the flag wins, the generic
+        // variable lost.
+        let r = c.resolve(OtlpSignal::Metrics, &env).unwrap();
+        assert_eq!(r.endpoint_source, EndpointSource::Flag);
+        assert_eq!(r.ignored.len(), 1);
+        assert_eq!(r.ignored[0].source, EndpointSource::Env);
+    }
+
+    #[test]
+    fn a_bad_flag_endpoint_is_named_as_the_flag() {
+        let c = OtlpConfig {
+            endpoint_flag: Some("ftp://collector".into()),
+            ..Default::default()
+        };
+        let p = c.validate();
+        assert!(
+            p.iter()
+                .any(|s| s.starts_with("endpoint (--otlp-endpoint): \"ftp://collector\"")),
+            "{p:?}"
+        );
+        let p = c.resolve(OtlpSignal::Logs, &env_of(&[])).unwrap_err();
+        assert!(
+            p.iter()
+                .any(|s| s.starts_with("endpoint (--otlp-endpoint): ")),
+            "{p:?}"
+        );
     }
 
     #[test]

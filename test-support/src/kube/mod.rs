@@ -30,8 +30,11 @@
 //! - SelfSubjectAccessReviews, answered from the same RBAC denials (`server`
 //!   says how).
 //! - On demand: 403 RBAC `Status` per (verb, resource), everywhere or in one
-//!   namespace, 429 with `Retry-After`,
-//!   500/503, an outage, a delay, another writer racing every node write.
+//!   namespace, or per object name,
+//!   429 with `Retry-After`, 500/503 (next request, or next request of one
+//!   method and path), an outage, a delay, another writer racing every node
+//!   write, a Node deleted by another client right after a list, the server
+//!   going down right after a list, an expired list `continue` token (410).
 //! - Every request recorded with its RBAC verb and resource.
 //!
 //! [`build`] makes the Nodes, health, fault Events and pods the tests
@@ -282,6 +285,57 @@ impl ApiDouble {
         self.lock().faults.injected.extend(codes.iter().copied());
     }
 
+    /// The next requests `method path` (`"PATCH"`, `"/api/v1/nodes/gpu-2"`)
+    /// get these answers (429, 500, 503), one each, in order; other requests
+    /// are served.
+    pub fn inject_at(&self, method: &str, path: &str, codes: &[u16]) {
+        let g = &mut *self.lock();
+        let key = (method.to_owned(), path.to_owned());
+        match g.faults.injected_at.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, q)) => q.extend(codes.iter().copied()),
+            None => g
+                .faults
+                .injected_at
+                .push((key, codes.iter().copied().collect())),
+        }
+    }
+
+    /// RBAC denies `verb` on the object `name` of `resource` (its role
+    /// lists `resourceNames` without it); the others are granted.
+    pub fn forbid_name(&self, verb: &str, resource: &str, name: &str) {
+        self.lock()
+            .faults
+            .forbidden_names
+            .insert((verb.into(), resource.into(), name.into()));
+    }
+
+    /// Undoes [`ApiDouble::forbid_name`].
+    pub fn unforbid_name(&self, verb: &str, resource: &str, name: &str) {
+        self.lock().faults.forbidden_names.remove(&(
+            verb.to_owned(),
+            resource.to_owned(),
+            name.to_owned(),
+        ));
+    }
+
+    /// Another client deletes the Node `name` right after the next Node list
+    /// is answered: the lister saw it, its next request finds it gone.
+    pub fn delete_node_after_list(&self, name: &str) {
+        self.lock().faults.delete_after_list.push(name.to_owned());
+    }
+
+    /// The server goes down (every request 503, as [`ApiDouble::set_down`])
+    /// right after the next Node list is answered.
+    pub fn down_after_list(&self) {
+        self.lock().faults.down_after_list = true;
+    }
+
+    /// The next `n` Node lists that carry a `continue` token are answered
+    /// 410 Expired: the token's version was compacted.
+    pub fn expire_continue_tokens(&self, n: u32) {
+        self.lock().faults.expire_continue = n;
+    }
+
     /// Whether the Node exists (404 on every node request while it does not).
     pub fn set_node_missing(&self, missing: bool) {
         self.lock().nodes.primary().missing = missing;
@@ -348,9 +402,20 @@ impl ApiDouble {
 
     /// Another field manager applies a condition of this type (and so owns it).
     pub fn own_condition(&self, type_: &str, manager: &str, status: &str) {
+        let primary = self.lock().nodes.primary.clone();
+        self.own_condition_on(&primary, type_, manager, status);
+    }
+
+    /// `manager` applies a condition of this type on the Node `node` (which
+    /// must exist) and so owns it.
+    pub fn own_condition_on(&self, node: &str, type_: &str, manager: &str, status: &str) {
         let g = &mut *self.lock();
         let c = json!({"type": type_, "status": status, "reason": "SetByOther", "message": "set by another manager"});
-        let n = g.nodes.primary();
+        let n = g
+            .nodes
+            .by_name
+            .get_mut(node)
+            .unwrap_or_else(|| panic!("no Node {node:?} in the double"));
         let conds = n.conditions();
         conds.retain(|x| x["type"] != type_);
         conds.push(c);
@@ -392,6 +457,24 @@ impl ApiDouble {
     /// Open pod watches.
     pub fn pod_watchers(&self) -> usize {
         self.lock().pods.watchers()
+    }
+
+    /// Every recorded request is one of `declared` (a command's own list,
+    /// such as `CLEANUP_REQUESTS`).
+    pub fn assert_requests_within(&self, declared: &[ApiRequest]) {
+        for r in self.requests() {
+            assert!(
+                declared
+                    .iter()
+                    .any(|d| d.verb == r.verb && d.resource == r.resource && d.group == r.group),
+                "undeclared request {} {} ({} {} in group {:?})",
+                r.method,
+                r.path,
+                r.verb,
+                r.resource,
+                r.group
+            );
+        }
     }
 
     /// Every recorded request maps onto a request the writer declares,

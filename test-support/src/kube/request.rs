@@ -135,6 +135,17 @@ impl Target {
         }
     }
 
+    /// The name of the object the path names (`None`: a collection).
+    pub(super) fn name(&self) -> Option<&str> {
+        match self {
+            Target::Nodes(rest) => rest.first().map(String::as_str),
+            Target::Events { name, .. }
+            | Target::Leases { name, .. }
+            | Target::Pods { name, .. } => name.as_deref(),
+            Target::AccessReview | Target::Unknown => None,
+        }
+    }
+
     /// The namespace the path names (`None`: a cluster-scoped path, or
     /// every namespace).
     pub(super) fn namespace(&self) -> Option<&str> {

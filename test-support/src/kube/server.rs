@@ -7,7 +7,9 @@ use super::leases::{self, Leases};
 use super::nodes::{self, NodeStore};
 use super::pods::{self, Pods};
 use super::request::{Recorded, Request, Target};
-use super::status::{forbidden, injected, not_found, not_served, service_unavailable};
+use super::status::{
+    continue_expired, forbidden, injected, not_found, not_served, service_unavailable,
+};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, Uri};
@@ -45,6 +47,24 @@ pub(super) struct Faults {
     pub(super) delay: Option<Duration>,
     /// Answers queued for the next requests (429, 500, 503), oldest first.
     pub(super) injected: VecDeque<u16>,
+    /// Answers queued for the next requests of one method and path, oldest
+    /// first (a failure of one object's requests among many).
+    pub(super) injected_at: Vec<((String, String), VecDeque<u16>)>,
+    /// (verb, resource, name) triples RBAC denies: a role whose rule lists
+    /// `resourceNames` grants only the names it lists (apiserver
+    /// `plugin/pkg/auth/authorizer/rbac/rbac.go`, `RuleAllows` →
+    /// `ResourceNameMatches`).
+    pub(super) forbidden_names: HashSet<(String, String, String)>,
+    /// Nodes another client deletes right after the next Node list is
+    /// answered (an autoscaler scaling down while a client works through
+    /// its list).
+    pub(super) delete_after_list: Vec<String>,
+    /// The server goes down (as `down`) right after the next Node list is
+    /// answered.
+    pub(super) down_after_list: bool,
+    /// Node lists with a `continue` token answered 410 Expired from now on
+    /// (this many): the token's version was compacted meanwhile.
+    pub(super) expire_continue: u32,
     /// Namespaces that do not exist (creates in them are 404).
     pub(super) missing_namespaces: HashSet<String>,
 }
@@ -77,7 +97,8 @@ impl Faults {
 /// - the authorizer sees `resource` and `subresource` apart, and RBAC
 ///   matches its rules against `resource/subresource`
 ///   (`plugin/pkg/auth/authorizer/rbac/rbac.go`, `RuleAllows`), in the
-///   review's `namespace` (empty: the cluster scope, [`Faults::denies`]);
+///   review's `namespace` (empty: the cluster scope, [`Faults::denies`])
+///   and, when it names one, for its object `name` (`forbidden_names`);
 /// - the spec comes back with `status.allowed` (decision Allow),
 ///   `status.denied` (decision Deny, which RBAC never gives: a request no
 ///   rule allows is NoOpinion) and `status.reason` (RBAC's "allowed by"
@@ -127,7 +148,9 @@ fn access_review(faults: &Faults, req: &Request) -> Response {
         resource = format!("{resource}/{subresource}");
     }
     let namespace = (!namespace.is_empty()).then_some(namespace.as_str());
-    let denied = faults.denies(&verb, &resource, namespace);
+    let name = field("name");
+    let denied = faults.denies(&verb, &resource, namespace)
+        || (!name.is_empty() && faults.forbidden_names.contains(&(verb, resource, name)));
     let mut answer = req.body.clone();
     answer["apiVersion"] = "authorization.k8s.io/v1".into();
     answer["kind"] = "SelfSubjectAccessReview".into();
@@ -166,6 +189,20 @@ pub(super) async fn handle(
     let resp = answer(&mut g, &req);
     let code = resp.status().as_u16();
     g.requests.push(req.recorded(code));
+    if code == 200
+        && req.verb == "list"
+        && req.resource == "nodes"
+        && !g.faults.delete_after_list.is_empty()
+    {
+        let g = &mut *g;
+        for name in std::mem::take(&mut g.faults.delete_after_list) {
+            g.nodes.remove(&name, &mut g.rv);
+        }
+    }
+    if code == 200 && req.verb == "list" && req.resource == "nodes" && g.faults.down_after_list {
+        g.faults.down_after_list = false;
+        g.faults.down = true;
+    }
     g.count_taints();
     resp
 }
@@ -179,8 +216,20 @@ fn answer(g: &mut DoubleState, req: &Request) -> Response {
     if let Some(code) = g.faults.injected.pop_front() {
         return injected(code);
     }
-    if g.faults
-        .denies(&req.verb, &req.resource, req.target.namespace())
+    let at = (req.method.to_string(), req.path.clone());
+    if let Some((_, codes)) = g.faults.injected_at.iter_mut().find(|(k, _)| *k == at)
+        && let Some(code) = codes.pop_front()
+    {
+        return injected(code);
+    }
+    let named = req.target.name().is_some_and(|n| {
+        g.faults
+            .forbidden_names
+            .contains(&(req.verb.clone(), req.resource.clone(), n.to_owned()))
+    });
+    if named
+        || g.faults
+            .denies(&req.verb, &req.resource, req.target.namespace())
     {
         return forbidden(&req.verb, req.target.group(), &req.resource, &req.path);
     }
@@ -193,6 +242,15 @@ fn answer(g: &mut DoubleState, req: &Request) -> Response {
         // a list there is an empty list, and an update or delete finds no
         // object.
         return not_found("namespaces", namespace);
+    }
+    if let Target::Nodes(rest) = &req.target
+        && rest.is_empty()
+        && req.verb == "list"
+        && req.q.contains_key("continue")
+        && g.faults.expire_continue > 0
+    {
+        g.faults.expire_continue -= 1;
+        return continue_expired(g.rv);
     }
     // One line per resource kind the double serves.
     match req.target {

@@ -79,6 +79,27 @@ pub(super) fn already_exists(resource: &str, name: &str) -> Response {
     )
 }
 
+/// A list's `continue` token whose version etcd compacted: the etcd3 store
+/// (apiserver `pkg/storage/etcd3/store.go`, `GetList` →
+/// `handleCompactedErrorForPaging`) answers `errors.NewResourceExpired` with
+/// its `inconsistentContinue` message, and a new token (in the Status's
+/// `metadata.continue`) for the rest of an inconsistent list, which a client
+/// that wants a consistent one ignores: it lists again from the start.
+pub(super) fn continue_expired(rv: u64) -> Response {
+    let body = json!({
+        "kind": "Status", "apiVersion": "v1",
+        "metadata": {"continue": format!("inconsistent-from-{rv}")},
+        "status": "Failure",
+        "message": "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.",
+        "reason": "Expired", "code": 410,
+    });
+    Response::builder()
+        .status(410)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .expect("static response parts")
+}
+
 /// `errors.NewServiceUnavailable`.
 pub(super) fn service_unavailable() -> Response {
     status(

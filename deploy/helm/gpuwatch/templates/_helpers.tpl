@@ -109,23 +109,33 @@ DaemonSet cannot work with fail the render with the key named.
 {{- end -}}
 
 {{/*
-The ConfigMap's name: gpuwatch-config plus the content hash kustomize's configMapGenerator
-appends, so a Helm install and an `apply -k` one name it alike and a config change rolls the
-pods. The hash is kustomize 5's: sha256 of the JSON of {"data", "kind": "ConfigMap", "name"}
-with an empty name (its lookup of metadata/name finds nothing), the first 10 hex digits with
-0, 1, 3, a, e spelled g, h, k, m, t. The parity test (kube/tests/it/helm_chart.rs) compares
-the names.
+The ConfigMap's name. Standalone: gpuwatch-config plus the content hash kustomize's
+configMapGenerator appends, so a Helm install and an `apply -k` one name it alike and a config
+change rolls the pods. The hash is kustomize 5's: sha256 of the JSON of {"data", "kind":
+"ConfigMap", "name"} with an empty name (its lookup of metadata/name finds nothing), the first
+10 hex digits with 0, 1, 3, a, e spelled g, h, k, m, t. The parity test
+(kube/tests/it/helm_chart.rs) compares the names.
+Sidecar: plain gpuwatch-config. The operator's DaemonSet mounts it and Helm does not manage
+that DaemonSet: a hashed name would be deleted by the next upgrade while the DaemonSet still
+names it, and every new dcgm-exporter pod would hang in ContainerCreating. The partial
+DaemonSet's checksum/config annotation rolls the pods when it is re-applied.
 */}}
 {{- define "gpuwatch.configMapName" -}}
+{{- if eq .Values.mode "dcgmSidecar" -}}
+gpuwatch-config
+{{- else -}}
 {{- $data := dict "gpuwatch.toml" (include "gpuwatch.configText" .) -}}
 {{- $hash := dict "kind" "ConfigMap" "name" "" "data" $data | toJson | sha256sum | trunc 10 -}}
 gpuwatch-config-{{ $hash | replace "0" "g" | replace "1" "h" | replace "3" "k" | replace "a" "m" | replace "e" "t" }}
+{{- end -}}
 {{- end -}}
 
 {{/* Labels on every object the chart owns. */}}
 {{- define "gpuwatch.labels" -}}
 app.kubernetes.io/name: gpuwatch
 app.kubernetes.io/part-of: gpuwatch
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | trunc 63 | trimSuffix "-" | quote }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}

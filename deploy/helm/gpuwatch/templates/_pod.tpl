@@ -41,6 +41,67 @@ The pod template's labels: SELECTOR (a dict, which podLabels may not change) and
   operator: Exists
 {{- end -}}
 
+{{/* The container's own environment, before extraEnv. */}}
+{{- define "gpuwatch.chartEnv" -}}
+- name: NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+# Extra OTLP resource attributes (k8s.node.name and host.name come from NODE_NAME).
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE)
+# NVML through the NVIDIA container toolkit: every GPU, management library only.
+- name: NVIDIA_VISIBLE_DEVICES
+  value: all
+- name: NVIDIA_DRIVER_CAPABILITIES
+  value: utility
+{{- end -}}
+
+{{/*
+The container's environment: the chart's entries with extraEnv merged by name, so no name
+appears twice (the API server refuses a server-side apply with duplicate env names, and a
+client-side apply keeps only the last). An extraEnv entry replaces the chart's entry of its
+name in place; OTEL_RESOURCE_ATTRIBUTES given as a value is appended to the chart's
+attributes instead. Entries of other names follow, in their order. Two extraEnv entries of
+one name fail the render.
+*/}}
+{{- define "gpuwatch.env" -}}
+{{- $user := dict -}}
+{{- range .Values.extraEnv -}}
+{{- if hasKey $user .name -}}
+{{- fail (printf "extraEnv: %s is given twice" .name) -}}
+{{- end -}}
+{{- $_ := set $user .name . -}}
+{{- end -}}
+{{- $env := list -}}
+{{- $chartNames := dict -}}
+{{- range $e := include "gpuwatch.chartEnv" . | fromYamlArray -}}
+{{- $_ := set $chartNames $e.name true -}}
+{{- $u := index $user $e.name -}}
+{{- if not $u -}}
+{{- $env = append $env $e -}}
+{{- else if and (eq $e.name "OTEL_RESOURCE_ATTRIBUTES") (hasKey $u "value") (not (hasKey $u "valueFrom")) -}}
+{{- $env = append $env (dict "name" $e.name "value" (trimSuffix "," (printf "%s,%s" $e.value (trimPrefix "," $u.value)))) -}}
+{{- else -}}
+{{- $env = append $env $u -}}
+{{- end -}}
+{{- end -}}
+{{- range .Values.extraEnv -}}
+{{- if not (hasKey $chartNames .name) -}}
+{{- $env = append $env . -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $env }}
+{{- end -}}
+
 {{/* The gpuwatch container. */}}
 {{- define "gpuwatch.container" -}}
 {{- $s := include "gpuwatch.settings" . | fromJson -}}
@@ -56,33 +117,16 @@ The pod template's labels: SELECTOR (a dict, which podLabels may not change) and
     # The API port as a flag (flags override the config file): dcgm-exporter owns 9400.
     - --api-listen=0.0.0.0:{{ $s.apiPort | int }}
     {{- end }}
+    {{- with .Values.otlp.endpoint }}
+    # Wins over [otlp] endpoint in the config file and OTEL_EXPORTER_OTLP_ENDPOINT; the agent
+    # logs which source gave each signal's endpoint.
+    - --otlp-endpoint={{ . }}
+    {{- end }}
     {{- range .Values.extraArgs }}
     - {{ . | quote }}
     {{- end }}
   env:
-    - name: NODE_NAME
-      valueFrom:
-        fieldRef:
-          fieldPath: spec.nodeName
-    - name: POD_NAME
-      valueFrom:
-        fieldRef:
-          fieldPath: metadata.name
-    - name: POD_NAMESPACE
-      valueFrom:
-        fieldRef:
-          fieldPath: metadata.namespace
-    # Extra OTLP resource attributes (k8s.node.name and host.name come from NODE_NAME).
-    - name: OTEL_RESOURCE_ATTRIBUTES
-      value: k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE)
-    # NVML through the NVIDIA container toolkit: every GPU, management library only.
-    - name: NVIDIA_VISIBLE_DEVICES
-      value: all
-    - name: NVIDIA_DRIVER_CAPABILITIES
-      value: utility
-    {{- with .Values.extraEnv }}
-    {{- toYaml . | nindent 4 }}
-    {{- end }}
+    {{- include "gpuwatch.env" . | nindent 4 }}
   ports:
     - name: api
       containerPort: {{ $s.apiPort | int }}

@@ -1,0 +1,770 @@
+//! The Helm chart as an operator uses it: install, upgrade, uninstall, an extra env
+//! variable, monitoring turned on, a GPU node on any cloud. Each test renders the chart
+//! with a real `helm` and checks what the API server would be asked to do with it: what
+//! an uninstall or upgrade deletes, whether the API server would accept the pod (no
+//! duplicate keys), whether the scraper may connect, which nodes the agent lands on.
+
+use super::deploy_manifests::repo_root;
+use super::helm_chart::{CHART, by_identity, helm_template, render_ci, values_file};
+use serde_yaml::Value;
+
+/// Namespaces every cluster has and other software lives in.
+const SHARED_NAMESPACES: [&str; 4] = ["kube-system", "kube-public", "kube-node-lease", "default"];
+
+/// Helm deletes on uninstall, and on an upgrade that stops rendering it, every object of
+/// the release without `helm.sh/resource-policy: keep`. A Namespace goes with everything
+/// in it, so the chart never renders a shared namespace and keeps the one it does render.
+#[test]
+fn helm_never_deletes_a_namespace() {
+    for ns in SHARED_NAMESPACES {
+        let err = helm_template(ns, &[]).expect_err("a shared namespace refused");
+        assert!(
+            err.contains(&format!("does not own the namespace \"{ns}\""))
+                && err.contains("namespace.create=false"),
+            "{ns}: {err}"
+        );
+        // Installing into it without owning it is fine.
+        let objs = by_identity(
+            &helm_template(ns, &["--set", "namespace.create=false"]).expect("helm template"),
+        );
+        assert!(
+            objs.keys().all(|(kind, ..)| kind != "Namespace"),
+            "{ns}: no Namespace object with namespace.create=false"
+        );
+    }
+    let objs = by_identity(&helm_template("gpuwatch", &[]).expect("helm template"));
+    let ns = &objs[&("Namespace".into(), String::new(), "gpuwatch".into())];
+    assert_eq!(
+        ns["metadata"]["annotations"]["helm.sh/resource-policy"],
+        Value::from("keep"),
+        "the rendered Namespace survives uninstall and upgrades"
+    );
+    assert_eq!(
+        ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        Value::from("privileged")
+    );
+}
+
+/// Every pod spec in a rendered object (a DaemonSet's template, a Job's, a bare Pod's).
+fn pod_specs(v: &Value) -> Vec<&Value> {
+    match v["kind"].as_str() {
+        Some("DaemonSet" | "Job") => vec![&v["spec"]["template"]["spec"]],
+        Some("Pod") => vec![&v["spec"]],
+        _ => Vec::new(),
+    }
+}
+
+/// Names that appear more than once in `items` under `key`.
+fn duplicates<'a>(items: &'a Value, key: &str) -> Vec<&'a str> {
+    let mut seen = std::collections::BTreeSet::new();
+    items
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i[key].as_str())
+        .filter(|n| !seen.insert(*n))
+        .collect()
+}
+
+/// What the API server refuses in a server-side apply ("duplicate entries for key") and a
+/// client-side apply silently collapses: two env entries of one name, two volumes of one
+/// name, two mounts at one path, two ports of one name.
+fn assert_no_duplicate_keys(render: &str, what: &str) {
+    for ((kind, _, name), obj) in by_identity(render) {
+        for spec in pod_specs(&obj) {
+            let volumes = duplicates(&spec["volumes"], "name");
+            assert!(
+                volumes.is_empty(),
+                "{what}: {kind}/{name}: volumes {volumes:?} twice"
+            );
+            for c in spec["containers"].as_sequence().into_iter().flatten() {
+                let c_name = c["name"].as_str().unwrap_or_default();
+                for (list, key) in [
+                    ("env", "name"),
+                    ("volumeMounts", "mountPath"),
+                    ("ports", "name"),
+                ] {
+                    let twice = duplicates(&c[list], key);
+                    assert!(
+                        twice.is_empty(),
+                        "{what}: {kind}/{name} container {c_name}: {list} {twice:?} twice"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The container's env as (name, value) pairs; `valueFrom` entries as "<from>".
+fn env_of(render: &str) -> Vec<(String, String)> {
+    let objs = by_identity(render);
+    let ds = objs
+        .iter()
+        .find(|((kind, ..), _)| kind == "DaemonSet")
+        .map(|(_, v)| v)
+        .expect("a DaemonSet");
+    ds["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_sequence()
+        .expect("env")
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap_or_default().to_owned(),
+                e["value"].as_str().unwrap_or("<from>").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// extraEnv merges into the chart's environment by name: a user entry replaces the chart's
+/// in place, OTEL_RESOURCE_ATTRIBUTES is appended to (the agent's pod attributes stay), new
+/// names follow; no render has a duplicate key in any pod.
+#[test]
+fn helm_extra_env_never_duplicates_a_name() {
+    let mut cases: Vec<String> = std::fs::read_dir(repo_root().join(CHART).join("ci"))
+        .expect("ci/")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    cases.sort();
+    for file in &cases {
+        let case = file.trim_end_matches("-values.yaml");
+        let ns = if case == "dcgm-sidecar" {
+            "gpu-operator"
+        } else {
+            "gpuwatch"
+        };
+        assert_no_duplicate_keys(&render_ci(case, ns), file);
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let defaults = env_of(&helm_template("gpuwatch", &[]).expect("helm template"));
+    // Every name the chart sets, given again, plus one of the user's own.
+    let mut extra = String::from("extraEnv:\n");
+    for (name, _) in &defaults {
+        let value = if name == "OTEL_RESOURCE_ATTRIBUTES" {
+            "team=gpu-infra"
+        } else {
+            "user"
+        };
+        extra.push_str(&format!("  - name: {name}\n    value: {value:?}\n"));
+    }
+    extra.push_str("  - name: RUST_LOG\n    value: debug\n");
+    for mode in ["standalone", "dcgmSidecar"] {
+        let file = values_file(
+            &dir,
+            &format!("{mode}.yaml"),
+            &format!("mode: {mode}\ndcgmSidecar:\n  renderDaemonSet: true\n{extra}"),
+        );
+        let render = helm_template("gpuwatch", &["--values", &file]).expect("helm template");
+        assert_no_duplicate_keys(&render, mode);
+        let env = env_of(&render);
+        let names: Vec<&str> = env.iter().map(|(n, _)| n.as_str()).collect();
+        let mut want: Vec<&str> = defaults.iter().map(|(n, _)| n.as_str()).collect();
+        want.push("RUST_LOG");
+        assert_eq!(
+            names, want,
+            "{mode}: chart order, replaced in place, new names after"
+        );
+        for (name, value) in &env {
+            let expect = match name.as_str() {
+                "OTEL_RESOURCE_ATTRIBUTES" => {
+                    "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE),team=gpu-infra"
+                }
+                "RUST_LOG" => "debug",
+                _ => "user",
+            };
+            assert_eq!(value, expect, "{mode}: {name}");
+        }
+    }
+    let file = values_file(
+        &dir,
+        "twice.yaml",
+        "extraEnv:\n  - name: A\n    value: one\n  - name: A\n    value: two\n",
+    );
+    let err = helm_template("gpuwatch", &["--values", &file]).expect_err("a name given twice");
+    assert!(err.contains("extraEnv: A is given twice"), "{err}");
+}
+
+/// `helm install --dry-run=client` (no cluster asked): the NOTES an install prints.
+fn helm_notes(namespace: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(super::helm_chart::helm_bin())
+        .current_dir(repo_root())
+        .env("KUBECONFIG", "/dev/null")
+        .args([
+            "install",
+            "gpuwatch",
+            CHART,
+            "--dry-run=client",
+            "--namespace",
+            namespace,
+        ])
+        .args(args)
+        .output()
+        .expect("run helm");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "helm install --dry-run=client {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.split_once("NOTES:")
+        .map(|(_, notes)| notes.to_owned())
+        .unwrap_or_else(|| panic!("no NOTES in:\n{text}"))
+}
+
+/// With a PodMonitor or ServiceMonitor on, the NetworkPolicy admits the scraper's
+/// namespace (by the `kubernetes.io/metadata.name` label every namespace carries), or the
+/// render fails saying so: a policy that times out every scrape is never installed.
+#[test]
+fn helm_network_policy_admits_the_scraper() {
+    for monitor in ["podMonitor", "serviceMonitor"] {
+        let on = format!("{monitor}.enabled=true");
+        let err = helm_template("gpuwatch", &["--set", &on]).expect_err("no scraper namespace");
+        assert!(
+            err.contains("networkPolicy.scraperNamespaces"),
+            "{monitor}: {err}"
+        );
+        // Without the policy there is nothing to admit.
+        helm_template(
+            "gpuwatch",
+            &["--set", &on, "--set", "networkPolicy.enabled=false"],
+        )
+        .expect("no policy, no scraper namespace needed");
+        let args = [
+            "--set",
+            on.as_str(),
+            "--set",
+            "networkPolicy.scraperNamespaces={monitoring,prometheus}",
+        ];
+        let objs = by_identity(&helm_template("gpuwatch", &args).expect("helm template"));
+        let policy = &objs[&(
+            "NetworkPolicy".into(),
+            "gpuwatch".into(),
+            "gpuwatch-api".into(),
+        )];
+        let peers = policy["spec"]["ingress"][0]["from"]
+            .as_sequence()
+            .expect("from");
+        let scraper = peers
+            .iter()
+            .find(|p| !p["namespaceSelector"]["matchExpressions"].is_null())
+            .expect("the scraper's peer");
+        let expr = &scraper["namespaceSelector"]["matchExpressions"][0];
+        assert_eq!(expr["key"].as_str(), Some("kubernetes.io/metadata.name"));
+        assert_eq!(expr["operator"].as_str(), Some("In"));
+        assert_eq!(
+            expr["values"],
+            serde_yaml::from_str::<Value>("[monitoring, prometheus]").expect("yaml")
+        );
+        let notes = helm_notes("gpuwatch", &args);
+        assert!(
+            notes.contains("from the namespace(s) monitoring, prometheus"),
+            "{monitor}: NOTES: {notes}"
+        );
+    }
+    // Monitors off: the policy is the configured peers only.
+    let objs = by_identity(&helm_template("gpuwatch", &[]).expect("helm template"));
+    let policy = &objs[&(
+        "NetworkPolicy".into(),
+        "gpuwatch".into(),
+        "gpuwatch-api".into(),
+    )];
+    assert_eq!(
+        policy["spec"]["ingress"][0]["from"]
+            .as_sequence()
+            .map(Vec::len),
+        Some(1)
+    );
+}
+
+/// The default render's required node affinity terms (ORed), each a list of
+/// (key, operator, values) requirements (ANDed).
+fn affinity_terms(render: &str) -> Vec<Vec<(String, String, Vec<String>)>> {
+    let objs = by_identity(render);
+    let ds = objs
+        .iter()
+        .find(|((kind, ..), _)| kind == "DaemonSet")
+        .map(|(_, v)| v)
+        .expect("a DaemonSet");
+    let terms = &ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"];
+    terms
+        .as_sequence()
+        .expect("nodeSelectorTerms")
+        .iter()
+        .map(|t| {
+            t["matchExpressions"]
+                .as_sequence()
+                .expect("matchExpressions")
+                .iter()
+                .map(|e| {
+                    let values = e["values"]
+                        .as_sequence()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|v| v.as_str().map(str::to_owned))
+                        .collect();
+                    (
+                        e["key"].as_str().expect("key").to_owned(),
+                        e["operator"].as_str().expect("operator").to_owned(),
+                        values,
+                    )
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Whether a node with `labels` satisfies the terms, as the scheduler reads them
+/// (`k8s.io/component-helpers/scheduling/corev1/nodeaffinity`: terms ORed, requirements
+/// ANDed; In, NotIn, Exists, DoesNotExist).
+fn selects(terms: &[Vec<(String, String, Vec<String>)>], labels: &[(&str, &str)]) -> bool {
+    let get = |k: &str| labels.iter().find(|(l, _)| *l == k).map(|(_, v)| *v);
+    terms.iter().any(|term| {
+        term.iter().all(|(key, op, values)| match op.as_str() {
+            "In" => get(key).is_some_and(|v| values.iter().any(|x| x == v)),
+            "NotIn" => get(key).is_none_or(|v| values.iter().all(|x| x != v)),
+            "Exists" => get(key).is_some(),
+            "DoesNotExist" => get(key).is_none(),
+            other => panic!("operator {other} not expected in the default affinity"),
+        })
+    })
+}
+
+/// The default affinity selects an NVIDIA GPU node as each platform labels it at creation
+/// (the labels each one sets by itself, per its documentation), never a CPU-only node, a
+/// TPU node or an AMD GPU node; and GPUWatchAgentMissing counts the same nodes as GPU nodes.
+#[test]
+fn helm_selects_gpu_nodes_on_every_platform() {
+    let generic = affinity_terms(&helm_template("gpuwatch", &[]).expect("helm template"));
+    let eks = affinity_terms(
+        &helm_template("gpuwatch", &["--set", "platform=eks"]).expect("helm template"),
+    );
+    let gpu_nodes: [(&str, &[(&str, &str)]); 9] = [
+        ("GPU Operator / GFD", &[("nvidia.com/gpu.present", "true")]),
+        (
+            "Node Feature Discovery",
+            &[("feature.node.kubernetes.io/pci-10de.present", "true")],
+        ),
+        (
+            "Karpenter on AWS",
+            &[("karpenter.k8s.aws/instance-gpu-manufacturer", "nvidia")],
+        ),
+        (
+            "EKS managed node group, p5",
+            &[
+                ("node.kubernetes.io/instance-type", "p5.48xlarge"),
+                ("eks.amazonaws.com/nodegroup", "gpu"),
+            ],
+        ),
+        (
+            "EKS managed node group, p6",
+            &[("node.kubernetes.io/instance-type", "p6-b200.48xlarge")],
+        ),
+        (
+            "GKE",
+            &[
+                ("cloud.google.com/gke-accelerator", "nvidia-h100-80gb"),
+                ("cloud.google.com/gke-nodepool", "a3"),
+            ],
+        ),
+        (
+            "AKS",
+            &[
+                ("kubernetes.azure.com/accelerator", "nvidia"),
+                ("kubernetes.azure.com/agentpool", "gpu"),
+            ],
+        ),
+        (
+            "OKE, H100",
+            &[("node.kubernetes.io/instance-type", "BM.GPU.H100.8")],
+        ),
+        (
+            "OKE, B200",
+            &[("node.kubernetes.io/instance-type", "BM.GPU.B200.8")],
+        ),
+    ];
+    for (what, labels) in gpu_nodes {
+        assert!(selects(&generic, labels), "generic: {what} not selected");
+        assert!(selects(&eks, labels), "platform eks: {what} not selected");
+    }
+    let auto_mode = [("eks.amazonaws.com/instance-gpu-manufacturer", "nvidia")];
+    assert!(
+        selects(&eks, &auto_mode),
+        "EKS Auto Mode GPU node on platform eks"
+    );
+    let other_nodes: [(&str, &[(&str, &str)]); 7] = [
+        (
+            "EKS CPU node",
+            &[
+                ("node.kubernetes.io/instance-type", "m7i.4xlarge"),
+                ("eks.amazonaws.com/nodegroup", "system"),
+            ],
+        ),
+        (
+            "Karpenter CPU node",
+            &[("karpenter.k8s.aws/instance-category", "m")],
+        ),
+        (
+            "Karpenter AMD GPU node",
+            &[("karpenter.k8s.aws/instance-gpu-manufacturer", "amd")],
+        ),
+        (
+            "GKE CPU node",
+            &[("cloud.google.com/gke-nodepool", "default-pool")],
+        ),
+        (
+            "GKE TPU node",
+            &[("cloud.google.com/gke-tpu-accelerator", "tpu-v5p-slice")],
+        ),
+        (
+            "AKS CPU node",
+            &[("kubernetes.azure.com/agentpool", "system")],
+        ),
+        (
+            "OKE CPU node",
+            &[("node.kubernetes.io/instance-type", "VM.Standard.E5.Flex")],
+        ),
+    ];
+    for (what, labels) in other_nodes {
+        assert!(!selects(&generic, labels), "generic: {what} selected");
+        assert!(!selects(&eks, labels), "platform eks: {what} selected");
+    }
+    // The alert that says a GPU node has no agent knows every label the affinity keys on
+    // (as kube-state-metrics names it); instance types are GPU nodes by their advertised
+    // nvidia.com/gpu capacity, which the alert also counts.
+    let rules = std::fs::read_to_string(repo_root().join("deploy/prometheus/rules.yaml"))
+        .expect("rules.yaml");
+    let rules: Value = serde_yaml::from_str(&rules).expect("rules parse");
+    let expr = rules["groups"]
+        .as_sequence()
+        .expect("groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().expect("rules"))
+        .find(|r| r["alert"].as_str() == Some("GPUWatchAgentMissing"))
+        .and_then(|r| r["expr"].as_str())
+        .expect("GPUWatchAgentMissing")
+        .to_owned();
+    assert!(
+        expr.contains(r#"kube_node_status_capacity{resource="nvidia_com_gpu"}"#),
+        "{expr}"
+    );
+    for (key, _, _) in eks.iter().flatten() {
+        if key == "node.kubernetes.io/instance-type" {
+            continue;
+        }
+        let ksm: String = key
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        assert!(
+            expr.contains(&format!("label_{ksm}")),
+            "the alert misses {key}: {expr}"
+        );
+    }
+}
+
+/// Sidecar mode: the GPU Operator's DaemonSet mounts gpuwatch's ConfigMap and Helm does not
+/// manage that DaemonSet. An upgrade with a new config must not delete the ConfigMap the
+/// operator's pods name (a new dcgm-exporter pod would hang in ContainerCreating, GPU metrics
+/// down with it), and neither may an uninstall; re-applying the partial DaemonSet rolls the
+/// pods (checksum), and a removal apply configuration takes the sidecar out again.
+#[test]
+fn helm_sidecar_config_survives_upgrade_and_uninstall() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shipped = std::fs::read_to_string(repo_root().join(CHART).join("files/gpuwatch.toml"))
+        .expect("shipped config");
+    let changed = format!("{shipped}\n# an operator's edit\n");
+    let values = values_file(
+        &dir,
+        "upgrade.yaml",
+        &serde_yaml::to_string(&std::collections::BTreeMap::from([("config", changed)]))
+            .expect("values"),
+    );
+    let sidecar = [
+        "--set",
+        "mode=dcgmSidecar",
+        "--set",
+        "dcgmSidecar.renderDaemonSet=true",
+    ];
+    let before = by_identity(&helm_template("gpu-operator", &sidecar).expect("helm template"));
+    let mut upgrade = sidecar.to_vec();
+    upgrade.extend(["--values", values.as_str()]);
+    let after = by_identity(&helm_template("gpu-operator", &upgrade).expect("helm template"));
+    let mounted = |objs: &std::collections::BTreeMap<(String, String, String), Value>| {
+        let ds = &objs[&(
+            "DaemonSet".into(),
+            "gpu-operator".into(),
+            "nvidia-dcgm-exporter".into(),
+        )];
+        let vols = ds["spec"]["template"]["spec"]["volumes"]
+            .as_sequence()
+            .expect("volumes");
+        let name = vols
+            .iter()
+            .find_map(|v| v["configMap"]["name"].as_str())
+            .expect("a ConfigMap volume")
+            .to_owned();
+        let checksum = ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+            .as_str()
+            .expect("checksum/config")
+            .to_owned();
+        (name, checksum)
+    };
+    let (name_before, sum_before) = mounted(&before);
+    let (name_after, sum_after) = mounted(&after);
+    assert_eq!(
+        name_before, name_after,
+        "the mounted ConfigMap keeps its name"
+    );
+    assert_ne!(
+        sum_before, sum_after,
+        "re-applying the partial DaemonSet rolls the pods"
+    );
+    for objs in [&before, &after] {
+        let cm = &objs[&(
+            "ConfigMap".into(),
+            "gpu-operator".into(),
+            name_after.clone(),
+        )];
+        assert_eq!(
+            cm["metadata"]["annotations"]["helm.sh/resource-policy"],
+            Value::from("keep"),
+            "helm uninstall leaves the ConfigMap the operator's pods mount"
+        );
+    }
+    // Standalone keeps the hashed, Helm-owned ConfigMap: its own DaemonSet follows it.
+    let standalone = by_identity(&helm_template("gpuwatch", &[]).expect("helm template"));
+    let cm = standalone
+        .iter()
+        .find(|((kind, ..), _)| kind == "ConfigMap")
+        .map(|(_, v)| v)
+        .expect("ConfigMap");
+    assert!(
+        cm["metadata"]["annotations"].is_null(),
+        "standalone: {cm:?}"
+    );
+
+    // The removal: selector and the operator's tolerations only.
+    let mut remove = sidecar.to_vec();
+    remove.extend(["--set", "dcgmSidecar.remove=true"]);
+    let objs = by_identity(&helm_template("gpu-operator", &remove).expect("helm template"));
+    let ds = &objs[&(
+        "DaemonSet".into(),
+        "gpu-operator".into(),
+        "nvidia-dcgm-exporter".into(),
+    )];
+    let pod = &ds["spec"]["template"]["spec"];
+    assert!(
+        pod["containers"].is_null() && pod["volumes"].is_null(),
+        "{pod:?}"
+    );
+    assert!(ds["spec"]["template"]["metadata"]["annotations"].is_null());
+    assert_eq!(
+        pod["tolerations"],
+        serde_yaml::from_str::<Value>(
+            "[{effect: NoSchedule, key: nvidia.com/gpu, operator: Exists}]"
+        )
+        .expect("yaml"),
+        "the operator's tolerations, as they were"
+    );
+    let err = helm_template(
+        "gpu-operator",
+        &[
+            "--set",
+            "mode=dcgmSidecar",
+            "--set",
+            "dcgmSidecar.remove=true",
+        ],
+    )
+    .expect_err("remove without renderDaemonSet");
+    assert!(err.contains("dcgmSidecar.remove"), "{err}");
+    let notes = helm_notes("gpu-operator", &["--set", "mode=dcgmSidecar"]);
+    for what in [
+        "After every `helm upgrade`",
+        "dcgmSidecar.remove=true",
+        "gpuwatch-config",
+    ] {
+        assert!(notes.contains(what), "NOTES lack {what:?}: {notes}");
+    }
+}
+
+/// What an operator (and Artifact Hub) reads about the packaged chart: every object the
+/// chart owns carries the recommended instance and version labels; the monitors and the
+/// rule are picked up by the same Prometheus selector by default; the pod has a pod-level
+/// securityContext; NOTES and README point at nothing a packaged chart lacks (a relative
+/// link out of the chart, a repository path in NOTES); Chart.yaml has an icon that exists,
+/// maintainers, and states the minimum Helm version the README names.
+#[test]
+fn helm_chart_metadata_is_complete() {
+    let render = render_ci("monitoring", "gpuwatch");
+    for ((kind, _, name), obj) in by_identity(&render) {
+        let labels = &obj["metadata"]["labels"];
+        assert_eq!(
+            labels["app.kubernetes.io/instance"],
+            Value::from("gpuwatch"),
+            "{kind}/{name}"
+        );
+        assert_eq!(
+            labels["app.kubernetes.io/version"],
+            Value::from(super::deploy_manifests::crate_version()),
+            "{kind}/{name}"
+        );
+        if matches!(
+            kind.as_str(),
+            "PodMonitor" | "ServiceMonitor" | "PrometheusRule"
+        ) {
+            assert_eq!(
+                labels["release"],
+                Value::from("kube-prometheus-stack"),
+                "{kind}"
+            );
+        }
+        if kind == "DaemonSet" {
+            assert_eq!(
+                obj["spec"]["template"]["spec"]["securityContext"]["seccompProfile"]["type"],
+                Value::from("RuntimeDefault")
+            );
+        }
+    }
+    // The monitors' default selection labels are the rule's.
+    let values: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo_root().join(CHART).join("values.yaml")).expect("values"),
+    )
+    .expect("values parse");
+    for monitor in ["podMonitor", "serviceMonitor"] {
+        assert_eq!(
+            values[monitor]["labels"], values["prometheusRule"]["labels"],
+            "{monitor}"
+        );
+    }
+
+    let chart_dir = repo_root().join(CHART);
+    let readme = std::fs::read_to_string(chart_dir.join("README.md")).expect("README");
+    assert!(
+        !readme.contains("](../"),
+        "README links out of the packaged chart"
+    );
+    let notes = std::fs::read_to_string(chart_dir.join("templates/NOTES.txt")).expect("NOTES");
+    for line in notes.lines() {
+        assert!(
+            !line.split_whitespace().any(|w| w.starts_with("deploy/")),
+            "NOTES names a repository path: {line}"
+        );
+    }
+    let chart: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(chart_dir.join("Chart.yaml")).expect("Chart.yaml"),
+    )
+    .expect("Chart.yaml parses");
+    let icon = chart["icon"].as_str().expect("icon");
+    let in_repo = icon
+        .strip_prefix("https://raw.githubusercontent.com/gpuwatch/gpuwatch/main/")
+        .expect("the icon is served from the repository");
+    assert!(repo_root().join(in_repo).is_file(), "{in_repo} missing");
+    assert!(
+        chart["maintainers"]
+            .as_sequence()
+            .is_some_and(|m| !m.is_empty()),
+        "maintainers"
+    );
+    let min_helm = chart["annotations"]["gpuwatch.io/minimum-helm-version"]
+        .as_str()
+        .expect("minimum Helm version annotation");
+    let major_minor = min_helm.rsplit_once('.').map(|(mm, _)| mm).expect("x.y.z");
+    assert!(
+        readme.contains(&format!("Helm ≥ {major_minor}")),
+        "README states Helm ≥ {major_minor}"
+    );
+}
+
+/// `otlp.endpoint` reaches the agent as `--otlp-endpoint`, the one source that wins over
+/// the shipped config's `[otlp] endpoint` (an `OTEL_EXPORTER_OTLP_ENDPOINT` in extraEnv
+/// does not); empty adds nothing, and a value that is no endpoint is refused.
+#[test]
+fn helm_otlp_endpoint_is_a_value() {
+    let args_of = |render: &str| -> Vec<String> {
+        let objs = by_identity(render);
+        let ds = objs
+            .iter()
+            .find(|((kind, ..), _)| kind == "DaemonSet")
+            .map(|(_, v)| v)
+            .expect("a DaemonSet");
+        ds["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_sequence()
+            .expect("args")
+            .iter()
+            .filter_map(|a| a.as_str().map(str::to_owned))
+            .collect()
+    };
+    let url = "http://otel-collector.observability.svc:4317";
+    for mode in ["standalone", "dcgmSidecar"] {
+        let set_mode = format!("mode={mode}");
+        let set_url = format!("otlp.endpoint={url}");
+        let args = args_of(
+            &helm_template(
+                "gpuwatch",
+                &[
+                    "--set",
+                    &set_mode,
+                    "--set",
+                    "dcgmSidecar.renderDaemonSet=true",
+                    "--set",
+                    &set_url,
+                ],
+            )
+            .expect("helm template"),
+        );
+        assert!(
+            args.contains(&format!("--otlp-endpoint={url}")),
+            "{mode}: {args:?}"
+        );
+    }
+    let args = args_of(&helm_template("gpuwatch", &[]).expect("helm template"));
+    assert!(
+        !args.iter().any(|a| a.starts_with("--otlp-endpoint")),
+        "{args:?}"
+    );
+    let err = helm_template("gpuwatch", &["--set", "otlp.endpoint=not a url"])
+        .expect_err("not an endpoint");
+    assert!(err.contains("/otlp/endpoint"), "{err}");
+}
+
+/// Where the API server admits the critical priority classes only in kube-system without a
+/// quota scoped to them (GKE), `resourceQuota.create` renders that quota for the agent's
+/// priority class; NOTES says how to read DESIRED and CURRENT and what each failure means.
+#[test]
+fn helm_resource_quota_admits_the_priority_class() {
+    let objs = by_identity(&helm_template("gpuwatch", &[]).expect("helm template"));
+    assert!(
+        objs.keys().all(|(kind, ..)| kind != "ResourceQuota"),
+        "off by default"
+    );
+    let args = [
+        "--set",
+        "resourceQuota.create=true",
+        "--set",
+        "resourceQuota.pods=4000",
+    ];
+    let objs = by_identity(&helm_template("gpuwatch", &args).expect("helm template"));
+    let quota = &objs[&(
+        "ResourceQuota".into(),
+        "gpuwatch".into(),
+        "gpuwatch-priority-class".into(),
+    )];
+    assert_eq!(quota["spec"]["hard"]["pods"], Value::from("4000"));
+    let scope = &quota["spec"]["scopeSelector"]["matchExpressions"][0];
+    assert_eq!(scope["scopeName"], Value::from("PriorityClass"));
+    assert_eq!(scope["operator"], Value::from("In"));
+    let ds = objs
+        .iter()
+        .find(|((kind, ..), _)| kind == "DaemonSet")
+        .map(|(_, v)| v)
+        .expect("DaemonSet");
+    assert_eq!(
+        scope["values"][0], ds["spec"]["template"]["spec"]["priorityClassName"],
+        "the quota is scoped to the agent's priority class"
+    );
+    let notes = helm_notes("gpuwatch", &[]);
+    for what in ["get ds gpuwatch", "DESIRED 0", "resourceQuota.create=true"] {
+        assert!(notes.contains(what), "NOTES lack {what:?}: {notes}");
+    }
+}
