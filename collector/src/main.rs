@@ -38,6 +38,12 @@ enum Command {
     Explain(cmd::explain::Args),
     /// Check a configuration file: prints OK or every problem (exit 0 / 1).
     CheckConfig(cmd::check_config::Args),
+    /// Check an install on its cluster (what `helm test` runs, as the agent's
+    /// service account): the config loads, RBAC allows every request the
+    /// agent makes (one SelfSubjectAccessReview each, in its namespace), and
+    /// the agent's pods are Ready within --timeout. One PASS/FAIL line per
+    /// finding (exit 0 only when all pass).
+    CheckInstall(cmd::check_install::Args),
     /// Run the startup gate's device validation once and print the report
     /// (exit 0 when it passes, 1 when it fails or is incomplete; usable as an
     /// init container): one NVML poll, one read of the kernel-log ring of this
@@ -61,6 +67,7 @@ fn main() -> ExitCode {
         Command::Scan(args) => cmd::scan::run(args),
         Command::Explain(args) => cmd::explain::run(args),
         Command::CheckConfig(args) => cmd::check_config::run(args),
+        Command::CheckInstall(args) => cmd::check_install::run(args),
         Command::Validate(args) => cmd::validate::run(args),
         Command::Clear(args) => cmd::clear::run(args),
         Command::NodeCleanup(args) => cmd::node_cleanup::run(args),

@@ -97,6 +97,7 @@ mod event_text;
 mod events;
 mod flap;
 mod gate;
+mod install_check;
 mod node;
 mod node_watch;
 mod pod_events;
@@ -117,6 +118,7 @@ pub use config::{KubeConfig, MigStrategy, StartupGateMode, TaintConfig};
 pub use gpuwatch_sinks::kube_metrics::{
     KubeMetrics, KubeObject, KubeStatus, ValidationResult, WriteResult,
 };
+pub use install_check::{CheckLine, InstallCheck, InstallReport, check_install};
 pub use pods::{MIN_LIST_GAP, PlacementCallback, PodListing};
 pub use settings::KubeSettings;
 
@@ -132,7 +134,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 /// One kind of request the writer sends: RBAC verb, API group, resource
-/// (`resource/subresource`).
+/// (`resource/subresource`), and where it goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ApiRequest {
     /// RBAC verb (`get`, `watch`, `patch`, `create`, `list`).
@@ -141,6 +143,20 @@ pub struct ApiRequest {
     pub group: &'static str,
     /// Resource, with `/subresource` when there is one.
     pub resource: &'static str,
+    /// The scope the request is made in (what RBAC must grant it in).
+    pub scope: Scope,
+}
+
+/// Where a request of [`WRITER_REQUESTS`] goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scope {
+    /// Cluster-scoped (Nodes), or across every namespace (the pod listing).
+    Cluster,
+    /// `[kube] event_namespace`.
+    EventNamespace,
+    /// `[kube] quarantine_namespace`, by default the agent's own namespace
+    /// (the client's default namespace: in a pod, its service account's).
+    QuarantineNamespace,
 }
 
 const fn req(verb: &'static str, resource: &'static str) -> ApiRequest {
@@ -148,6 +164,16 @@ const fn req(verb: &'static str, resource: &'static str) -> ApiRequest {
         verb,
         group: "",
         resource,
+        scope: Scope::Cluster,
+    }
+}
+
+const fn event(verb: &'static str) -> ApiRequest {
+    ApiRequest {
+        verb,
+        group: "",
+        resource: "events",
+        scope: Scope::EventNamespace,
     }
 }
 
@@ -156,6 +182,7 @@ const fn lease(verb: &'static str) -> ApiRequest {
         verb,
         group: "coordination.k8s.io",
         resource: "leases",
+        scope: Scope::QuarantineNamespace,
     }
 }
 
@@ -166,6 +193,7 @@ pub const UNGRANTED_REQUESTS: [ApiRequest; 1] = [ApiRequest {
     verb: "create",
     group: "authorization.k8s.io",
     resource: "selfsubjectaccessreviews",
+    scope: Scope::Cluster,
 }];
 
 /// Every request the node writer and the pod listing ([`PodListing`]) can
@@ -184,9 +212,9 @@ pub const WRITER_REQUESTS: [ApiRequest; 15] = [
     req("watch", "nodes"),
     req("patch", "nodes"),
     req("patch", "nodes/status"),
-    req("create", "events"),
-    req("patch", "events"),
-    req("list", "events"),
+    event("create"),
+    event("patch"),
+    event("list"),
     req("list", "pods"),
     req("watch", "pods"),
     lease("list"),
@@ -324,6 +352,21 @@ impl std::fmt::Debug for NodeWriter {
     }
 }
 
+/// The namespace of the quarantine budget's Leases: `[kube]
+/// quarantine_namespace`, else the client's default namespace (in a pod, its
+/// service account's namespace file; from a kubeconfig, its context's),
+/// `default` in a dry run. `gpuwatch check-install` asks the same.
+pub(crate) fn quarantine_namespace(
+    settings: &KubeSettings,
+    client: Option<&kube::Client>,
+) -> String {
+    settings.quarantine.namespace.clone().unwrap_or_else(|| {
+        client
+            .map_or("default", |c| c.default_namespace())
+            .to_owned()
+    })
+}
+
 /// Starts the quarantine budget's claimant (none when the budget is off): over
 /// the API server's Leases, or in dry-run mode over an in-memory API server
 /// whose fleet is this Node alone.
@@ -343,12 +386,7 @@ fn start_quarantine(
         ));
         return (None, None);
     }
-    let namespace = q.namespace.clone().unwrap_or_else(|| {
-        client
-            .as_ref()
-            .map_or("default", |c| c.default_namespace())
-            .to_owned()
-    });
+    let namespace = quarantine_namespace(settings, client.as_ref());
     let claimant = quarantine::Settings {
         namespace: namespace.clone(),
         budget: q.budget,

@@ -2,6 +2,7 @@
 //! `Args` and a `run` that returns the exit code, and what they share.
 
 pub(crate) mod check_config;
+pub(crate) mod check_install;
 pub(crate) mod clear;
 pub(crate) mod explain;
 pub(crate) mod node_cleanup;

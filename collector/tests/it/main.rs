@@ -6,6 +6,7 @@ mod kube_support;
 mod otlp_support;
 
 mod api_clear;
+mod check_install_cli;
 mod cli_agent;
 mod cli_readiness;
 mod config_example;

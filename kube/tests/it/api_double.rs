@@ -179,3 +179,88 @@ async fn double_lists_pods_by_namespace_and_label_selector() {
         ["agent-a", "agent-b"]
     );
 }
+
+/// The double's SelfSubjectAccessReview answers, pinned to kube-apiserver's
+/// (`pkg/registry/authorization/selfsubjectaccessreview/rest.go`, RBAC's
+/// `RuleAllows`): the spec comes back with `status.allowed` and RBAC's
+/// reason when a binding allows it, `allowed: false` alone when none does
+/// (RBAC has no opinion, so no `denied`); the subresource is matched as
+/// `resource/subresource`; a grant missing in one namespace denies the
+/// review in that namespace and at the cluster scope only; a spec without
+/// attributes is 422 Invalid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn double_answers_access_reviews_as_kube_apiserver_does() {
+    use reqwest::Method;
+    use serde_json::json;
+    let api = ApiDouble::start(node(vec![], &[])).await;
+    api.forbid("patch", "nodes/status");
+    api.forbid_in("update", "leases", "gpuwatch");
+    let path = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews";
+    let review = |attrs: serde_json::Value| {
+        let api = &api;
+        async move {
+            let body = json!({
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SelfSubjectAccessReview",
+                "metadata": {},
+                "spec": {"resourceAttributes": attrs},
+            });
+            raw(api, Method::POST, path, "application/json", body).await
+        }
+    };
+    let (code, body) = review(json!({"verb": "patch", "resource": "nodes"})).await;
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(body["kind"], "SelfSubjectAccessReview");
+    assert_eq!(body["spec"]["resourceAttributes"]["resource"], "nodes");
+    assert_eq!(
+        body["status"],
+        json!({"allowed": true, "reason": "RBAC: allowed by ClusterRoleBinding \"gpuwatch\" of ClusterRole \"gpuwatch\" to ServiceAccount \"gpuwatch/gpuwatch\""})
+    );
+    let (_, body) =
+        review(json!({"verb": "patch", "resource": "nodes", "subresource": "status"})).await;
+    assert_eq!(body["status"], json!({"allowed": false}));
+    let lease = |ns: Option<&str>| {
+        let mut a = json!({"verb": "update", "group": "coordination.k8s.io", "resource": "leases"});
+        if let Some(ns) = ns {
+            a["namespace"] = json!(ns);
+        }
+        a
+    };
+    let (_, body) = review(lease(Some("gpuwatch"))).await;
+    assert_eq!(body["status"], json!({"allowed": false}));
+    let (_, body) = review(lease(None)).await;
+    assert_eq!(
+        body["status"],
+        json!({"allowed": false}),
+        "no ClusterRole grants it"
+    );
+    let (_, body) = review(lease(Some("team"))).await;
+    assert_eq!(
+        body["status"],
+        json!({"allowed": true, "reason": "RBAC: allowed by RoleBinding \"gpuwatch/team\" of Role \"gpuwatch\" to ServiceAccount \"gpuwatch/gpuwatch\""})
+    );
+    // The requests themselves meet the same denials.
+    let (code, _) = raw(
+        &api,
+        Method::PUT,
+        "/apis/coordination.k8s.io/v1/namespaces/gpuwatch/leases/x",
+        "application/json",
+        json!({}),
+    )
+    .await;
+    assert_eq!(code, 403);
+    let (code, body) = raw(
+        &api,
+        Method::POST,
+        path,
+        "application/json",
+        json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview", "spec": {}}),
+    )
+    .await;
+    assert_eq!(code, 422);
+    assert_eq!(body["reason"], "Invalid");
+    assert_eq!(
+        body["message"],
+        "SelfSubjectAccessReview.authorization.k8s.io \"\" is invalid: spec.resourceAttributes: Invalid value: \"null\": exactly one of nonResourceAttributes or resourceAttributes must be specified"
+    );
+}

@@ -13,6 +13,7 @@ mod cleanup_fleet;
 mod deploy_manifests;
 mod helm_chart;
 mod helm_operator;
+mod install_check;
 mod quarantine_fleet;
 mod rbac_policy;
 mod writer_api;

@@ -14,7 +14,7 @@ use crate::kube_common::{ApiDouble, taint_value, wait_for};
 use gpuwatch_core::validation::ValidationConfig;
 use gpuwatch_kube::KubeMetrics;
 use gpuwatch_kube::{
-    KubeClient, KubeConfig, KubeSettings, NodeWriter, PodListing, UNGRANTED_REQUESTS,
+    KubeClient, KubeConfig, KubeSettings, NodeWriter, PodListing, Scope, UNGRANTED_REQUESTS,
     WRITER_REQUESTS, WriterHooks,
 };
 use gpuwatch_proto::{
@@ -135,6 +135,41 @@ fn declared() -> BTreeSet<Req> {
         .iter()
         .map(|r| (r.verb.to_owned(), r.group.to_owned(), r.resource.to_owned()))
         .collect()
+}
+
+/// Each declared request is granted in the scope `WRITER_REQUESTS` says it
+/// is made in (the scope `gpuwatch check-install` reviews it in): a
+/// cluster-scoped one by the ClusterRole (a Role cannot grant it), an Event
+/// request in the Event namespace (`default`, the shipped config's), a
+/// Lease request in the agent's namespace (its ServiceAccount's).
+#[test]
+fn each_request_is_granted_in_its_declared_scope() {
+    let m = manifests();
+    let cluster = granted_cluster(&m);
+    let agent_ns = m.bindings[0].subjects.as_deref().unwrap_or(&[])[0]
+        .namespace
+        .clone()
+        .expect("the ServiceAccount's namespace");
+    let in_namespace = |ns: &str| {
+        let mut out = cluster.clone();
+        for role in m
+            .ns_roles
+            .iter()
+            .filter(|r| r.metadata.namespace.as_deref() == Some(ns))
+        {
+            rule_grants(role.rules.as_deref().unwrap_or(&[]), &mut out);
+        }
+        out
+    };
+    for r in &WRITER_REQUESTS {
+        let granted = match r.scope {
+            Scope::Cluster => cluster.clone(),
+            Scope::EventNamespace => in_namespace("default"),
+            Scope::QuarantineNamespace => in_namespace(&agent_ns),
+        };
+        let req = (r.verb.to_owned(), r.group.to_owned(), r.resource.to_owned());
+        assert!(granted.contains(&req), "{r:?} is not granted in its scope");
+    }
 }
 
 #[test]

@@ -27,7 +27,10 @@
 //!   `fieldSelector=spec.nodeName=...`, lists in one namespace and by
 //!   `labelSelector`; the test adds, changes and deletes
 //!   them (`pods` says what a watch replays).
-//! - On demand: 403 RBAC `Status` per (verb, resource) or per object name,
+//! - SelfSubjectAccessReviews, answered from the same RBAC denials (`server`
+//!   says how).
+//! - On demand: 403 RBAC `Status` per (verb, resource), everywhere or in one
+//!   namespace, or per object name,
 //!   429 with `Retry-After`, 500/503 (next request, or next request of one
 //!   method and path), an outage, a delay, another writer racing every node
 //!   write, a Node deleted by another client right after a list, the server
@@ -242,6 +245,16 @@ impl ApiDouble {
             .faults
             .forbidden
             .insert((verb.into(), resource.into()));
+    }
+
+    /// RBAC grants `verb` on `resource` in every namespace but `namespace`
+    /// (its Role there lacks it; no ClusterRole grants it): requests and
+    /// access reviews in `namespace` or at the cluster scope are denied.
+    pub fn forbid_in(&self, verb: &str, resource: &str, namespace: &str) {
+        self.lock()
+            .faults
+            .forbidden_in
+            .insert((verb.into(), resource.into(), namespace.into()));
     }
 
     pub fn unforbid(&self, verb: &str, resource: &str) {

@@ -146,6 +146,16 @@ impl Target {
         }
     }
 
+    /// The namespace the path names (`None`: a cluster-scoped path, or
+    /// every namespace).
+    pub(super) fn namespace(&self) -> Option<&str> {
+        match self {
+            Target::Events { namespace, .. } | Target::Leases { namespace, .. } => Some(namespace),
+            Target::Pods { namespace, .. } => namespace.as_deref(),
+            Target::Nodes(_) | Target::AccessReview | Target::Unknown => None,
+        }
+    }
+
     /// The RBAC API group of the resource.
     pub(super) fn group(&self) -> &'static str {
         match self {

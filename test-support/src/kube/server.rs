@@ -38,8 +38,11 @@ pub(super) struct DoubleState {
 /// Failures a test switches on.
 #[derive(Default)]
 pub(super) struct Faults {
-    /// (verb, resource) pairs RBAC denies.
+    /// (verb, resource) pairs RBAC denies everywhere.
     pub(super) forbidden: HashSet<(String, String)>,
+    /// (verb, resource, namespace): no Role grants it in that namespace and
+    /// no ClusterRole grants it at all ([`Faults::denies`]).
+    pub(super) forbidden_in: HashSet<(String, String, String)>,
     pub(super) down: bool,
     pub(super) delay: Option<Duration>,
     /// Answers queued for the next requests (429, 500, 503), oldest first.
@@ -66,24 +69,103 @@ pub(super) struct Faults {
     pub(super) missing_namespaces: HashSet<String>,
 }
 
+impl Faults {
+    /// Whether RBAC denies `verb` on `resource` (`nodes/status`) in
+    /// `namespace` (`None`: at the cluster scope). A request in a namespace
+    /// is allowed by the ClusterRoleBindings and by the RoleBindings of that
+    /// namespace; one at the cluster scope by ClusterRoleBindings only
+    /// (apiserver `plugin/pkg/auth/authorizer/rbac/rbac.go`: the rules are
+    /// those `VisitRulesFor(user, namespace)` finds). So a grant missing in
+    /// one namespace ([`forbidden_in`](Faults::forbidden_in)) also leaves
+    /// the cluster-scoped request denied, and other namespaces allowed.
+    pub(super) fn denies(&self, verb: &str, resource: &str, namespace: Option<&str>) -> bool {
+        let key = (verb.to_owned(), resource.to_owned());
+        if self.forbidden.contains(&key) {
+            return true;
+        }
+        self.forbidden_in
+            .iter()
+            .any(|(v, r, ns)| v == verb && r == resource && namespace.is_none_or(|n| n == ns))
+    }
+}
+
 /// A SelfSubjectAccessReview, answered from the same RBAC denials as the
-/// requests (apiserver `pkg/registry/authorization/selfsubjectaccessreview/rest.go`:
-/// the spec echoed, `status.allowed` from the authorizer). Every
-/// authenticated user may create one (the `system:basic-user` ClusterRole).
-fn access_review(forbidden: &HashSet<(String, String)>, req: &Request) -> Response {
+/// requests (apiserver `pkg/registry/authorization/selfsubjectaccessreview/rest.go`):
+/// - the spec is validated first (`pkg/apis/authorization/validation`,
+///   `ValidateSelfSubjectAccessReviewSpec`): exactly one of
+///   `resourceAttributes` and `nonResourceAttributes`, else 422 Invalid;
+/// - the authorizer sees `resource` and `subresource` apart, and RBAC
+///   matches its rules against `resource/subresource`
+///   (`plugin/pkg/auth/authorizer/rbac/rbac.go`, `RuleAllows`), in the
+///   review's `namespace` (empty: the cluster scope, [`Faults::denies`])
+///   and, when it names one, for its object `name` (`forbidden_names`);
+/// - the spec comes back with `status.allowed` (decision Allow),
+///   `status.denied` (decision Deny, which RBAC never gives: a request no
+///   rule allows is NoOpinion) and `status.reason` (RBAC's "allowed by"
+///   text; empty on NoOpinion unless a binding failed to resolve), Go's
+///   `omitempty` dropping the false and empty ones.
+///
+/// Every authenticated user may create one (the `system:basic-user`
+/// ClusterRole); a test that forbids `create selfsubjectaccessreviews`
+/// gets the 403 of a cluster without that binding.
+fn access_review(faults: &Faults, req: &Request) -> Response {
     if req.method != Method::POST {
         return super::status::not_served(req);
     }
-    let attrs = &req.body["spec"]["resourceAttributes"];
+    let spec = &req.body["spec"];
+    let attrs = &spec["resourceAttributes"];
+    let (resource_set, non_resource_set) =
+        (!attrs.is_null(), !spec["nonResourceAttributes"].is_null());
+    if resource_set == non_resource_set {
+        let (field, detail) = if resource_set {
+            (
+                "spec.nonResourceAttributes",
+                "cannot be specified in combination with resourceAttributes",
+            )
+        } else {
+            (
+                "spec.resourceAttributes",
+                "exactly one of nonResourceAttributes or resourceAttributes must be specified",
+            )
+        };
+        return super::status::status_with(
+            422,
+            "Invalid",
+            format!(
+                "SelfSubjectAccessReview.authorization.k8s.io \"\" is invalid: {field}: Invalid value: \"null\": {detail}"
+            ),
+            serde_json::json!({"group": "authorization.k8s.io", "kind": "SelfSubjectAccessReview", "causes": [{"reason": "FieldValueInvalid", "message": format!("Invalid value: \"null\": {detail}"), "field": field}]}),
+        );
+    }
+    if non_resource_set {
+        // No rule of the double names a non-resource URL.
+        return super::status::not_served(req);
+    }
     let field = |k: &str| attrs[k].as_str().unwrap_or_default().to_owned();
-    let denied = forbidden.contains(&(field("verb"), field("resource")));
+    let (verb, subresource, namespace) = (field("verb"), field("subresource"), field("namespace"));
+    let mut resource = field("resource");
+    if !subresource.is_empty() {
+        resource = format!("{resource}/{subresource}");
+    }
+    let namespace = (!namespace.is_empty()).then_some(namespace.as_str());
+    let name = field("name");
+    let denied = faults.denies(&verb, &resource, namespace)
+        || (!name.is_empty() && faults.forbidden_names.contains(&(verb, resource, name)));
     let mut answer = req.body.clone();
     answer["apiVersion"] = "authorization.k8s.io/v1".into();
     answer["kind"] = "SelfSubjectAccessReview".into();
-    answer["status"] = if denied {
-        serde_json::json!({"allowed": false})
-    } else {
-        serde_json::json!({"allowed": true, "reason": "RBAC: allowed by the double"})
+    // The double grants through one binding per scope; the reason names it
+    // as RBAC's binding describers (`pkg/registry/rbac/validation/rule.go`)
+    // do.
+    let subject = "ServiceAccount \"gpuwatch/gpuwatch\"";
+    answer["status"] = match (denied, namespace) {
+        (true, _) => serde_json::json!({"allowed": false}),
+        (false, None) => serde_json::json!({"allowed": true, "reason": format!(
+            "RBAC: allowed by ClusterRoleBinding \"gpuwatch\" of ClusterRole \"gpuwatch\" to {subject}"
+        )}),
+        (false, Some(ns)) => serde_json::json!({"allowed": true, "reason": format!(
+            "RBAC: allowed by RoleBinding \"gpuwatch/{ns}\" of Role \"gpuwatch\" to {subject}"
+        )}),
     };
     super::status::ok(201, &answer)
 }
@@ -147,8 +229,7 @@ fn answer(g: &mut DoubleState, req: &Request) -> Response {
     });
     if named
         || g.faults
-            .forbidden
-            .contains(&(req.verb.clone(), req.resource.clone()))
+            .denies(&req.verb, &req.resource, req.target.namespace())
     {
         return forbidden(&req.verb, req.target.group(), &req.resource, &req.path);
     }
@@ -177,7 +258,7 @@ fn answer(g: &mut DoubleState, req: &Request) -> Response {
         Target::Events { .. } => events::serve(&mut g.events, &mut g.rv, req),
         Target::Leases { .. } => leases::serve(&mut g.leases, &mut g.rv, req),
         Target::Pods { .. } => pods::serve(&mut g.pods, g.rv, req),
-        Target::AccessReview => access_review(&g.faults.forbidden, req),
+        Target::AccessReview => access_review(&g.faults, req),
         Target::Unknown => not_served(req),
     }
 }
