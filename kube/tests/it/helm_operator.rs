@@ -899,7 +899,21 @@ fn helm_uninstall_cleanup_hook() {
                 .position(|a| a == "--wait-for-pods")
                 .expect("--wait-for-pods");
             let (wait_ns, selector) = cmd[i + 1].split_once('/').expect("NS/SELECTOR");
-            assert_eq!(wait_ns, ns);
+            // The Job's own namespace (the release's), through the downward API.
+            assert_eq!(wait_ns, "$(POD_NAMESPACE)");
+            let env = container.env.clone().unwrap_or_default();
+            let pod_ns = env
+                .iter()
+                .find(|e| e.name == "POD_NAMESPACE")
+                .expect("POD_NAMESPACE");
+            let field = pod_ns
+                .value_from
+                .as_ref()
+                .and_then(|f| f.field_ref.as_ref());
+            assert_eq!(
+                field.map(|f| f.field_path.as_str()),
+                Some("metadata.namespace")
+            );
             assert_eq!(cmd[i + 2..], ["--timeout", "90"]);
             let ds = objs
                 .iter()
@@ -953,4 +967,98 @@ fn helm_uninstall_cleanup_hook() {
         objs.values().all(|v| !super::helm_chart::is_hook(v)),
         "disabled: no hook"
     );
+}
+
+/// A kustomize install gets the same cleanup as the Helm hook (deploy/kubernetes/cleanup):
+/// the same Job and RBAC object by object, without the hook annotations and without the
+/// config the chart mounts. That config is not needed because the kustomize base config sets
+/// none of the [kube] names the cleanup reads.
+#[test]
+fn kustomize_cleanup_is_the_helm_hook() {
+    use super::deploy_manifests::kustomize;
+    let base: toml::Value = toml::from_str(
+        &std::fs::read_to_string(repo_root().join("deploy/kubernetes/base/gpuwatch.toml"))
+            .expect("base config"),
+    )
+    .expect("base config parses");
+    let named: Vec<&String> = base["kube"]
+        .as_table()
+        .expect("[kube]")
+        .keys()
+        .filter(|k| k.as_str() != "enabled")
+        .collect();
+    assert!(
+        named.is_empty(),
+        "base/gpuwatch.toml sets [kube] {named:?}: the kustomize cleanup Job would need it"
+    );
+    for (overlay, ns, mode) in [
+        ("standalone", "gpuwatch", "standalone"),
+        ("dcgm-sidecar", "gpu-operator", "dcgmSidecar"),
+    ] {
+        let k = by_identity(&kustomize(&format!("deploy/kubernetes/cleanup/{overlay}")));
+        let set_mode = format!("mode={mode}");
+        let helm: std::collections::BTreeMap<_, _> =
+            by_identity(&helm_template(ns, &["--set", &set_mode]).expect("helm template"))
+                .into_iter()
+                .filter(|(id, v)| {
+                    super::helm_chart::is_hook(v) && id.2 != "gpuwatch-cleanup-config"
+                })
+                .collect();
+        assert_eq!(
+            k.keys().collect::<Vec<_>>(),
+            helm.keys().collect::<Vec<_>>(),
+            "cleanup/{overlay}: the hook's objects"
+        );
+        for (id, kv) in &k {
+            let mut hv = helm[id].clone();
+            let meta = hv["metadata"].as_mapping_mut().expect("metadata");
+            meta.remove("annotations");
+            if let Some(labels) = meta.get_mut("labels").and_then(Value::as_mapping_mut) {
+                for l in [
+                    "helm.sh/chart",
+                    "app.kubernetes.io/managed-by",
+                    "app.kubernetes.io/instance",
+                    "app.kubernetes.io/version",
+                ] {
+                    labels.remove(l);
+                }
+            }
+            if id.0 == "Job" {
+                let pod = &mut hv["spec"]["template"]["spec"];
+                pod.as_mapping_mut().expect("pod").remove("volumes");
+                let c = &mut pod["containers"][0];
+                c.as_mapping_mut()
+                    .expect("container")
+                    .remove("volumeMounts");
+                let args = c["args"].as_sequence_mut().expect("args");
+                let at = args
+                    .iter()
+                    .position(|a| a.as_str() == Some("--config"))
+                    .expect("--config");
+                args.drain(at..at + 2);
+                if mode == "dcgmSidecar" {
+                    // The chart knows there is nothing to wait for; the kustomize Job's wait
+                    // finds no agent pod beside dcgm-exporter and goes on at once.
+                    let kargs = kv["spec"]["template"]["spec"]["containers"][0]["args"].clone();
+                    let extra: Vec<&str> = kargs
+                        .as_sequence()
+                        .expect("args")
+                        .iter()
+                        .skip(2)
+                        .filter_map(Value::as_str)
+                        .collect();
+                    assert_eq!(extra[0], "--wait-for-pods");
+                    c["args"] = kargs;
+                    c.as_mapping_mut().expect("container").insert(
+                        "env".into(),
+                        kv["spec"]["template"]["spec"]["containers"][0]["env"].clone(),
+                    );
+                }
+            }
+            assert_eq!(
+                kv, &hv,
+                "cleanup/{overlay}: {id:?} differs from the Helm hook's"
+            );
+        }
+    }
 }
