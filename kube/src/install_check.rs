@@ -441,6 +441,9 @@ async fn pods(client: &kube::Client, check: &InstallCheck) -> Vec<CheckLine> {
     }
 }
 
+/// The agent's container in its pod, standalone and beside dcgm-exporter.
+const AGENT_CONTAINER: &str = "gpuwatch";
+
 /// No pod matches: no node matched the DaemonSet's node selection (the test
 /// Pod may not read DaemonSets, so it points at the command that shows it).
 fn no_pods(check: &InstallCheck) -> CheckLine {
@@ -486,6 +489,17 @@ fn unready_lines(check: &InstallCheck, total: usize, waiting: &[(&Pod, String)])
 fn not_ready(pod: &Pod) -> Option<String> {
     if pod.metadata.deletion_timestamp.is_some() {
         return Some("terminating".to_owned());
+    }
+    // Beside dcgm-exporter the selector picks the GPU Operator's pods, which are Ready
+    // with or without the sidecar: a pod without gpuwatch's container runs no agent.
+    let has_agent = pod
+        .spec
+        .as_ref()
+        .is_some_and(|s| s.containers.iter().any(|c| c.name == AGENT_CONTAINER));
+    if !has_agent {
+        return Some(format!(
+            "no {AGENT_CONTAINER} container (beside dcgm-exporter: the partial DaemonSet is not applied to this pod)"
+        ));
     }
     let status = pod.status.as_ref();
     let conditions = status.and_then(|s| s.conditions.as_deref()).unwrap_or(&[]);
@@ -587,6 +601,25 @@ mod tests {
             "status": status,
         }))
         .expect("pod")
+    }
+
+    /// A Ready pod that runs no gpuwatch container (a dcgm-exporter pod the sidecar was
+    /// never applied to) runs no agent.
+    #[test]
+    fn a_ready_pod_without_the_agent_container_is_not_an_agent() {
+        let mut p = pod(json!({
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        }));
+        if let Some(spec) = p.spec.as_mut() {
+            spec.containers[0].name = "nvidia-dcgm-exporter".into();
+        }
+        assert_eq!(
+            not_ready(&p).as_deref(),
+            Some(
+                "no gpuwatch container (beside dcgm-exporter: the partial DaemonSet is not applied to this pod)"
+            )
+        );
     }
 
     /// The reasons kubectl shows in its STATUS column, each worded here.

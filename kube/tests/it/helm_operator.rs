@@ -184,6 +184,11 @@ fn helm_extra_env_never_duplicates_a_name() {
     assert!(err.contains("extraEnv: A is given twice"), "{err}");
 }
 
+/// An object of the uninstall cleanup (a post-delete hook).
+fn is_cleanup_hook(v: &Value) -> bool {
+    v["metadata"]["annotations"]["helm.sh/hook"].as_str() == Some("post-delete")
+}
+
 /// `helm install --dry-run=client` (no cluster asked): the NOTES an install prints.
 fn helm_notes(namespace: &str, args: &[&str]) -> String {
     let out = std::process::Command::new(super::helm_chart::helm_bin())
@@ -788,10 +793,8 @@ fn helm_uninstall_cleanup_hook() {
             "uninstallCleanup.timeoutSeconds=90",
         ];
         let objs = by_identity(&helm_template(ns, &args).expect("helm template"));
-        let hooks: Vec<(&(String, String, String), &Value)> = objs
-            .iter()
-            .filter(|(_, v)| super::helm_chart::is_hook(v))
-            .collect();
+        let hooks: Vec<(&(String, String, String), &Value)> =
+            objs.iter().filter(|(_, v)| is_cleanup_hook(v)).collect();
         assert!(!hooks.is_empty(), "{mode}: hook objects");
         let mut granted = BTreeSet::new();
         let mut job = None;
@@ -964,7 +967,7 @@ fn helm_uninstall_cleanup_hook() {
         &helm_template("gpuwatch", &["--set", "uninstallCleanup.enabled=false"]).expect("render"),
     );
     assert!(
-        objs.values().all(|v| !super::helm_chart::is_hook(v)),
+        objs.values().all(|v| !is_cleanup_hook(v)),
         "disabled: no hook"
     );
 }
@@ -1000,9 +1003,7 @@ fn kustomize_cleanup_is_the_helm_hook() {
         let helm: std::collections::BTreeMap<_, _> =
             by_identity(&helm_template(ns, &["--set", &set_mode]).expect("helm template"))
                 .into_iter()
-                .filter(|(id, v)| {
-                    super::helm_chart::is_hook(v) && id.2 != "gpuwatch-cleanup-config"
-                })
+                .filter(|(id, v)| is_cleanup_hook(v) && id.2 != "gpuwatch-cleanup-config")
                 .collect();
         assert_eq!(
             k.keys().collect::<Vec<_>>(),
@@ -1060,5 +1061,106 @@ fn kustomize_cleanup_is_the_helm_hook() {
                 "cleanup/{overlay}: {id:?} differs from the Helm hook's"
             );
         }
+    }
+}
+
+/// `helm test` runs `gpuwatch check-install` as the agent's own service account (so the
+/// access reviews answer for the agent), with the agent's ConfigMap, against the pods the
+/// DaemonSet selects; the pod itself has no host access and runs as nobody.
+#[test]
+fn helm_test_checks_the_install_as_the_agent() {
+    for (mode, ns, sa, selector) in [
+        (
+            "standalone",
+            "gpuwatch",
+            "gpuwatch",
+            "app.kubernetes.io/component=agent,app.kubernetes.io/name=gpuwatch",
+        ),
+        (
+            "dcgmSidecar",
+            "gpu-operator",
+            "nvidia-dcgm-exporter",
+            "app=nvidia-dcgm-exporter",
+        ),
+    ] {
+        let set_mode = format!("mode={mode}");
+        let args = [
+            "--set",
+            set_mode.as_str(),
+            "--set",
+            "dcgmSidecar.renderDaemonSet=true",
+            "--set",
+            "test.allowNoPods=true",
+        ];
+        let objs = by_identity(&helm_template(ns, &args).expect("helm template"));
+        let pod = &objs[&("Pod".into(), ns.into(), "gpuwatch-test".into())];
+        assert_eq!(
+            pod["metadata"]["annotations"]["helm.sh/hook"],
+            Value::from("test")
+        );
+        let typed: k8s_openapi::api::core::v1::Pod =
+            serde_yaml::from_value(pod.clone()).expect("a valid Pod");
+        let spec = typed.spec.expect("spec");
+        assert_eq!(
+            spec.service_account_name.as_deref(),
+            Some(sa),
+            "{mode}: the agent's identity"
+        );
+        assert_eq!(spec.automount_service_account_token, Some(true));
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        assert!(spec.host_network.is_none() && spec.host_pid.is_none());
+        let volumes = spec.volumes.clone().unwrap_or_default();
+        assert!(
+            volumes.iter().all(|v| v.host_path.is_none()),
+            "{mode}: no host path"
+        );
+        let agent_cm = objs
+            .keys()
+            .find(|(kind, _, name)| kind == "ConfigMap" && name.starts_with("gpuwatch-config"))
+            .map(|(.., name)| name.clone())
+            .expect("the agent's ConfigMap");
+        assert_eq!(
+            volumes[0].config_map.as_ref().map(|c| c.name.clone()),
+            Some(agent_cm),
+            "{mode}: the agent's config"
+        );
+        let c = &spec.containers[0];
+        assert_eq!(
+            c.args.clone().unwrap_or_default(),
+            [
+                "check-install",
+                "--config",
+                "/etc/gpuwatch/gpuwatch.toml",
+                "--namespace",
+                ns,
+                "--selector",
+                selector,
+                "--timeout",
+                "120",
+                "--allow-no-pods",
+            ],
+            "{mode}"
+        );
+        // The selector is the agent pods' labels.
+        let ds = objs
+            .iter()
+            .find(|((kind, ..), _)| kind == "DaemonSet")
+            .map(|(_, v)| v)
+            .expect("DaemonSet");
+        for req in selector.split(',') {
+            let (k, v) = req.split_once('=').expect("k=v");
+            assert_eq!(
+                ds["spec"]["template"]["metadata"]["labels"][k].as_str(),
+                Some(v),
+                "{mode}"
+            );
+        }
+        let sc = c.security_context.as_ref().expect("securityContext");
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(
+            spec.security_context.and_then(|s| s.run_as_non_root),
+            Some(true)
+        );
     }
 }
