@@ -114,7 +114,7 @@ pub use cleanup::{
     WaitOutcome, all_nodes_cleanup, node_cleanup,
 };
 pub use client::KubeClient;
-pub use config::{KubeConfig, MigStrategy, StartupGateMode, TaintConfig};
+pub use config::{DeviceIsolation, KubeConfig, MigStrategy, StartupGateMode, TaintConfig};
 pub use gpuwatch_sinks::kube_metrics::{
     KubeMetrics, KubeObject, KubeStatus, ValidationResult, WriteResult,
 };
