@@ -253,6 +253,24 @@ async fn create_adopt_update_and_delete() {
         "NoSchedule"
     );
 
+    // Another client dropped the labels: they come back, and the taint,
+    // unchanged, keeps the time it was added.
+    let then = "2020-01-01T00:00:00Z";
+    api.edit_device_taint_rule(name, |r| {
+        r["metadata"]["labels"] = json!({});
+        r["spec"]["taint"]["timeAdded"] = json!(then);
+    });
+    assert_eq!(dt.ensure(&worse).await, Ok(Ensured::Updated));
+    let stored = &api.device_taint_rules()[name];
+    assert_eq!(stored["metadata"]["labels"][GPU_UUID_LABEL], "GPU-0");
+    assert_eq!(stored["spec"]["taint"]["timeAdded"], then);
+    // A changed taint is a new one: the server dates it anew.
+    assert_eq!(dt.ensure(&r).await, Ok(Ensured::Updated));
+    assert_ne!(
+        api.device_taint_rules()[name]["spec"]["taint"]["timeAdded"],
+        then
+    );
+
     assert_eq!(dt.remove(name).await, Ok(true));
     assert_eq!(dt.remove(name).await, Ok(false), "404 is fine");
     assert!(api.device_taint_rules().is_empty());

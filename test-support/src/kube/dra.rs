@@ -12,9 +12,9 @@
 //! - Discovery (apiserver `pkg/endpoints/discovery/`): `GET /apis` is an
 //!   `APIGroupList` (`root.go`), `GET /apis/resource.k8s.io` an `APIGroup`
 //!   (`group.go`) listing the served versions, preferred (the first of the
-//!   kube-apiserver's priority order `v1`, `v1beta2`, `v1beta1`, `v1alpha3`,
-//!   kubernetes `pkg/controlplane/apiserver/options` via
-//!   `resourceconfig`) first, `GET /apis/resource.k8s.io/<v>` an
+//!   scheme's version priority `v1`, `v1beta2`, `v1beta1`, `v1alpha3`,
+//!   kubernetes `pkg/apis/resource/install/install.go`, `SetVersionPriority`)
+//!   first, `GET /apis/resource.k8s.io/<v>` an
 //!   `APIResourceList` (`version.go`) naming the resources of that version.
 //!   A group or version not served is a 404 with the generic
 //!   `the server could not find the requested resource` Status (apiserver
@@ -31,23 +31,30 @@
 //! - DeviceTaintRules (kubernetes `pkg/registry/resource/devicetaintrule/`,
 //!   the generic store `pkg/registry/generic/registry/store.go`):
 //!   - create: 201 with `uid`, `resourceVersion`, `creationTimestamp`,
-//!     `generation` 1, and `spec.taint.timeAdded` set when the client left it
-//!     out (`strategy.go`, `PrepareForCreate`); a taken name is 409
-//!     `AlreadyExists`;
+//!     `generation` 1 (`strategy.go`, `PrepareForCreate`); a taken name is
+//!     409 `AlreadyExists`;
+//!   - `spec.taint.timeAdded` is defaulted to now when a create or an update
+//!     leaves it out (kubernetes `pkg/apis/resource/<version>/defaults.go`,
+//!     `SetDefaults_DeviceTaint`, run when the body is decoded): a client
+//!     that keeps the time sends it back;
 //!   - validation (kubernetes `pkg/apis/resource/validation/validation.go`,
 //!     `ValidateDeviceTaintRule`): the name a DNS-1123 subdomain, the taint
 //!     key a qualified name (`[prefix/]name`, label-key syntax), the value a
-//!     label value, the effect `None`, `NoSchedule` or `NoExecute`, a device
-//!     selector present; failures are one 422 `Invalid` naming each field;
+//!     label value, the effect `None` (1.35 on), `NoSchedule` or
+//!     `NoExecute`; failures are one 422 `Invalid` naming each field. The
+//!     device selector is optional (`+optional` in
+//!     `staging/src/k8s.io/api/resource/*/types.go`: a rule without one
+//!     matches no device), so leaving it out is not an error;
 //!   - get: 404 `NotFound` when absent;
 //!   - update (PUT): a stale `metadata.resourceVersion` is 409 `Conflict`
 //!     (`OptimisticLockErrorMsg`); none is an unconditional update (the
 //!     strategy's `AllowUnconditionalUpdate` is true); the status is kept
-//!     (`PrepareForUpdate` resets it: it has its own subresource), a changed
-//!     taint without `timeAdded` gets a new one, a changed spec a new
-//!     `generation`; a missing object is 404 (no create on update);
-//!   - delete: 200 with the deleted object (the strategy returns it),
-//!     404 when absent;
+//!     (it has its own subresource), a changed spec bumps `generation`
+//!     (`PrepareForUpdate`); a missing object is 404
+//!     (`AllowCreateOnUpdate` is false);
+//!   - delete: 200 with the deleted object (the store returns it:
+//!     `storage/storage_test.go` tests `ReturnDeletedObject`), 404 when
+//!     absent;
 //!   - list with `labelSelector`.
 
 use super::request::{Request, Target};
@@ -342,15 +349,7 @@ fn invalid(rule: &Value) -> Vec<(String, &'static str, String)> {
             ),
         ));
     }
-    let spec = &rule["spec"];
-    if !spec["deviceSelector"].is_object() {
-        out.push((
-            "spec.deviceSelector".into(),
-            "FieldValueRequired",
-            "Required value".into(),
-        ));
-    }
-    let taint = &spec["taint"];
+    let taint = &rule["spec"]["taint"];
     let key = taint["key"].as_str().unwrap_or("");
     let (prefix, key_name) = key.split_once('/').unwrap_or(("", key));
     let key_ok = !key.is_empty()
@@ -471,14 +470,7 @@ impl Dra {
             o.remove("status");
         }
         if r["spec"]["taint"]["timeAdded"].is_null() {
-            let same = ["key", "value", "effect"]
-                .iter()
-                .all(|f| r["spec"]["taint"][f] == stored["spec"]["taint"][f]);
-            r["spec"]["taint"]["timeAdded"] = if same {
-                stored["spec"]["taint"]["timeAdded"].clone()
-            } else {
-                json!(now())
-            };
+            r["spec"]["taint"]["timeAdded"] = json!(now());
         }
         if r["spec"] != stored["spec"] {
             let g = stored["metadata"]["generation"].as_i64().unwrap_or(1);
