@@ -202,7 +202,7 @@ impl Prepared {
         let kmsg = KmsgReader::start(kmsg_args, inlet.sender())?;
         let nvml = NvmlFeed::start(self.nvml(), inlet.sender(), &registry, &liveness, &shutdown)?;
         let placement = placement.start(&rt, inlet.sender(), &registry)?;
-        let nic = NicPoller::start(self.network(), inlet.sender(), &shutdown)?;
+        let nic = NicPoller::start(self.network(), inlet.sender(), &liveness, &shutdown)?;
         let api_state = ApiState {
             registry: registry.clone(),
             kube: kube.subscribe(),

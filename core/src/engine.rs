@@ -428,7 +428,8 @@ impl Engine {
             .collect()
     }
 
-    /// A monitoring input's status; NVML reporting itself unavailable ends
+    /// A monitoring input's status (the NIC poller's goes to the NIC
+    /// monitor: it covers only the network); NVML reporting itself unavailable ends
     /// the join grace (no NVML identity is coming: what waited for it is
     /// published).
     fn on_monitor_status(
@@ -437,6 +438,9 @@ impl Engine {
         ok: bool,
         message: String,
     ) -> Vec<FaultEvent> {
+        if input == MonitorInput::Network {
+            return self.on_network_stall((!ok).then_some(message));
+        }
         self.set_monitor(input, ok, message);
         let mut out = Vec::new();
         if input == MonitorInput::Nvml && !ok {

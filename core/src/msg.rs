@@ -32,8 +32,9 @@ pub enum Input {
         /// incomplete poll is a monitor problem, never a hardware verdict.
         complete: bool,
     },
-    /// The state of an input (`kmsg` or `nvml`): `ok` false means gpuwatch cannot
-    /// tell (verdict `unknown`), never a hardware fault.
+    /// The state of an input (`kmsg`, `nvml` or `network`): `ok` false means
+    /// gpuwatch cannot tell (verdict `unknown`; for `network` only the
+    /// network part), never a hardware fault.
     MonitorStatus {
         /// The input the status is about.
         input: MonitorInput,
@@ -94,6 +95,10 @@ pub enum MonitorInput {
     Kmsg,
     /// NVML (library load, init, enumeration).
     Nvml,
+    /// The NIC poller (sysfs reads of the RDMA ports): down while a read has
+    /// not returned within its deadline. It covers only `NodeHealth.network`
+    /// (`NetworkProblem` Unknown, `NICMonitorUnavailable`), never the GPUs.
+    Network,
 }
 
 impl MonitorInput {
@@ -102,6 +107,7 @@ impl MonitorInput {
         match self {
             MonitorInput::Kmsg => "kmsg",
             MonitorInput::Nvml => "nvml",
+            MonitorInput::Network => "network",
         }
     }
 }

@@ -171,6 +171,28 @@ pub struct KubeConfig {
     pub condition_flap_limit: u32,
     /// The flap window, seconds.
     pub condition_flap_window_secs: u64,
+    /// Whether a fault of one GPU (or one MIG device) isolates that device
+    /// with a DRA DeviceTaintRule instead of tainting the whole Node, where
+    /// the cluster serves DeviceTaintRules and a DRA driver lists the GPU:
+    /// `auto`, or `off` (always the Node taint).
+    pub device_isolation: DeviceIsolation,
+    /// Effect of those device taints: `NoSchedule` (no new claims get the
+    /// device) or `NoExecute` (also evicts the pods using it; needs
+    /// `allow_no_execute = true`, and the device-taint eviction controller
+    /// does not honour PodDisruptionBudgets).
+    pub device_taint_effect: String,
+}
+
+/// Whether single-GPU faults isolate the device rather than the Node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceIsolation {
+    /// DeviceTaintRules where the cluster and the DRA driver allow them,
+    /// else the Node taint.
+    #[default]
+    Auto,
+    /// Always the Node taint.
+    Off,
 }
 
 /// How the NVIDIA device plugin advertises GPUs in MIG mode.
@@ -267,6 +289,8 @@ impl Default for KubeConfig {
             quarantine_retry_secs: 15,
             condition_flap_limit: 3,
             condition_flap_window_secs: 3600,
+            device_isolation: DeviceIsolation::Auto,
+            device_taint_effect: "NoSchedule".into(),
         }
     }
 }
@@ -419,6 +443,44 @@ mod tests {
         assert_eq!(
             s.conditions.owned_types(),
             ["AcceleratedHardwareReady", "GPUProblem", "NetworkProblem"]
+        );
+    }
+
+    #[test]
+    fn device_taint_settings_are_checked() {
+        let s = KubeSettings::default();
+        assert_eq!(s.devices.isolation, DeviceIsolation::Auto);
+        assert_eq!(s.devices.effect, TaintEffect::NoSchedule);
+        let mut c = KubeConfig {
+            device_taint_effect: "PreferNoSchedule".into(),
+            ..KubeConfig::default()
+        };
+        let joined = c.validate().join("\n");
+        assert!(
+            joined.contains(
+                "device_taint_effect: \"PreferNoSchedule\" is not one of NoSchedule, NoExecute"
+            ),
+            "{joined}"
+        );
+        c.device_taint_effect = "NoExecute".into();
+        let joined = c.validate().join("\n");
+        assert!(
+            joined.contains("device_taint_effect: NoExecute evicts")
+                && joined.contains("allow_no_execute = true")
+                && joined.contains("PodDisruptionBudgets"),
+            "{joined}"
+        );
+        c.allow_no_execute = true;
+        c.device_isolation = DeviceIsolation::Off;
+        let s = c.resolve().unwrap();
+        assert_eq!(s.devices.effect, TaintEffect::NoExecute);
+        assert_eq!(s.devices.isolation, DeviceIsolation::Off);
+        let e = serde_json::from_str::<KubeConfig>(r#"{"device_isolation":"on"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unknown variant `on`, expected `auto` or `off`"),
+            "{e}"
         );
     }
 

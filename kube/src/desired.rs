@@ -15,7 +15,7 @@
 //!   True while an RDMA port is down, flapping, degraded or its NIC reported a
 //!   hardware fault (reason from the monitor: `NICPortDown`, ...); False
 //!   `NICHealthy`; Unknown `NICMonitorUnavailable` when the ports cannot be
-//!   read. It never changes the GPU conditions. With `network_taint` the fault
+//!   read (or a read has not returned: the poller is stuck). It never changes the GPU conditions. With `network_taint` the fault
 //!   taint (value `network`) follows it while no GPU fault wants the taint.
 
 use super::settings::KubeSettings;

@@ -93,6 +93,7 @@ mod cleanup;
 mod client;
 mod config;
 mod desired;
+pub mod device_taints;
 mod event_text;
 mod events;
 mod flap;
@@ -114,7 +115,7 @@ pub use cleanup::{
     WaitOutcome, all_nodes_cleanup, node_cleanup,
 };
 pub use client::KubeClient;
-pub use config::{KubeConfig, MigStrategy, StartupGateMode, TaintConfig};
+pub use config::{DeviceIsolation, KubeConfig, MigStrategy, StartupGateMode, TaintConfig};
 pub use gpuwatch_sinks::kube_metrics::{
     KubeMetrics, KubeObject, KubeStatus, ValidationResult, WriteResult,
 };
@@ -222,6 +223,29 @@ pub const WRITER_REQUESTS: [ApiRequest; 15] = [
     lease("create"),
     lease("update"),
     lease("delete"),
+];
+
+const fn dra(verb: &'static str, resource: &'static str) -> ApiRequest {
+    ApiRequest {
+        verb,
+        group: "resource.k8s.io",
+        resource,
+        scope: Scope::Cluster,
+    }
+}
+
+/// Every request the DeviceTaintRule client ([`device_taints::DeviceTaints`])
+/// can make besides API discovery (which every user may read): this Node's
+/// ResourceSlices and the rules of its devices. Both are cluster-scoped.
+/// Not yet in [`WRITER_REQUESTS`]: the writer does not use the client yet,
+/// and the RBAC manifests grant exactly what the writer uses.
+pub const DEVICE_TAINT_REQUESTS: [ApiRequest; 6] = [
+    dra("list", "resourceslices"),
+    dra("list", "devicetaintrules"),
+    dra("get", "devicetaintrules"),
+    dra("create", "devicetaintrules"),
+    dra("update", "devicetaintrules"),
+    dra("delete", "devicetaintrules"),
 ];
 
 /// Every request `gpuwatch node-cleanup --all-nodes` ([`all_nodes_cleanup`])

@@ -28,18 +28,22 @@ impl KubeConfig {
         self.check_names(&mut p);
         self.check_pacing(&mut p);
         let budget = self.check_quarantine(&mut p);
+        let device_effect = self.check_device_taint_effect(&mut p);
         if self.condition_flap_limit > 0 && self.condition_flap_window_secs == 0 {
             p.push("condition_flap_window_secs: must be greater than 0 while condition_flap_limit is set".into());
         }
-        match (taints, budget) {
-            (Some(taints), Some(budget)) if p.is_empty() => Ok(KubeSettings::from_parts(
-                self,
-                Parsed {
-                    hardware_not_ready,
-                    taints,
-                    budget,
-                },
-            )),
+        match (taints, budget, device_effect) {
+            (Some(taints), Some(budget), Some(device_effect)) if p.is_empty() => {
+                Ok(KubeSettings::from_parts(
+                    self,
+                    Parsed {
+                        hardware_not_ready,
+                        taints,
+                        budget,
+                        device_effect,
+                    },
+                ))
+            }
             _ => Err(p),
         }
     }
@@ -111,6 +115,26 @@ impl KubeConfig {
             fault_by_action: by_action,
             startup: startup?,
         })
+    }
+
+    /// `device_taint_effect`: a DeviceTaintRule's effect that isolates the
+    /// device (`None` only marks it), `NoExecute` only when opted in.
+    fn check_device_taint_effect(&self, p: &mut Vec<String>) -> Option<TaintEffect> {
+        match TaintEffect::parse(&self.device_taint_effect) {
+            Some(e @ TaintEffect::NoSchedule) => Some(e),
+            Some(e @ TaintEffect::NoExecute) if self.allow_no_execute => Some(e),
+            Some(TaintEffect::NoExecute) => {
+                p.push("device_taint_effect: NoExecute evicts the pods using the device (and the device-taint eviction controller does not honour PodDisruptionBudgets); set allow_no_execute = true to opt in".into());
+                None
+            }
+            _ => {
+                p.push(format!(
+                    "device_taint_effect: {:?} is not one of NoSchedule, NoExecute",
+                    self.device_taint_effect
+                ));
+                None
+            }
+        }
     }
 
     fn check_names(&self, p: &mut Vec<String>) {

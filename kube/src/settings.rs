@@ -5,7 +5,7 @@
 //!
 //! [`KubeConfig::resolve`]: super::KubeConfig::resolve
 
-use super::config::{KubeConfig, MigStrategy, StartupGateMode};
+use super::config::{DeviceIsolation, KubeConfig, MigStrategy, StartupGateMode};
 use super::quarantine::Budget;
 use gpuwatch_proto::{Action, ShortName};
 use std::collections::BTreeMap;
@@ -32,6 +32,17 @@ pub struct KubeSettings {
     pub(crate) quarantine: QuarantineSettings,
     /// The bound on conditions that keep clearing and coming back.
     pub(crate) flap: FlapBound,
+    /// Isolating single devices with DRA DeviceTaintRules.
+    pub(crate) devices: DeviceTaintSettings,
+}
+
+/// DRA device isolation (`device_isolation`, `device_taint_effect`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DeviceTaintSettings {
+    /// Whether single-device faults may become DeviceTaintRules.
+    pub isolation: DeviceIsolation,
+    /// The effect of the device taints (`NoSchedule` or `NoExecute`).
+    pub effect: TaintEffect,
 }
 
 impl KubeSettings {
@@ -297,6 +308,7 @@ pub(crate) struct Parsed {
     pub hardware_not_ready: Vec<Action>,
     pub taints: TaintSettings,
     pub budget: Budget,
+    pub device_effect: TaintEffect,
 }
 
 impl KubeSettings {
@@ -359,6 +371,10 @@ impl KubeSettings {
             flap: FlapBound {
                 limit: c.condition_flap_limit,
                 window: Duration::from_secs(c.condition_flap_window_secs),
+            },
+            devices: DeviceTaintSettings {
+                isolation: c.device_isolation,
+                effect: parsed.device_effect,
             },
         }
     }

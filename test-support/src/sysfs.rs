@@ -49,6 +49,14 @@
 //! - [`FakeSysfs::break_class_dir`]: a class directory that cannot be listed
 //!   (`EACCES` under a restrictive mount or LSM) is a regular file in its
 //!   place (`ENOTDIR`), which fails for root too.
+//! - [`FakeSysfs::make_counter_blocking`]: a counter read that does not
+//!   return (an mlx5 `hw_counters` read waits for a firmware command,
+//!   `mlx5_ib_get_hw_stats` → `mlx5_cmd_exec`, and a wedged firmware keeps it
+//!   waiting) is a FIFO in the file's place: its `open` for reading blocks
+//!   until a writer opens it (fifo(7)), in an interruptible sleep, so the
+//!   process can still be killed. [`FakeSysfs::unblock_counter`] opens it for
+//!   writing, puts a regular file in its place and writes the value: the
+//!   blocked read returns that value and the next reads find the file.
 
 use std::fs;
 use std::os::unix::fs::symlink;
@@ -296,16 +304,48 @@ impl FakeSysfs {
     /// counter) fail its read, as the driver's `EINVAL` does (see the module
     /// documentation).
     pub fn make_counter_unreadable(&self, dev: &str, port: u32, name: &str) {
-        let path = match name.strip_prefix("hw_counters/") {
-            Some(hw) => self.port_dir(dev, port).join("hw_counters").join(hw),
-            None => self.port_dir(dev, port).join("counters").join(name),
-        };
+        let path = self.counter_path(dev, port, name);
         match fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => panic!("{}: {e}", path.display()),
         }
         mkdir(&path);
+    }
+
+    fn counter_path(&self, dev: &str, port: u32, name: &str) -> PathBuf {
+        match name.strip_prefix("hw_counters/") {
+            Some(hw) => self.port_dir(dev, port).join("hw_counters").join(hw),
+            None => self.port_dir(dev, port).join("counters").join(name),
+        }
+    }
+
+    /// Makes `counters/<name>` (or, as `hw_counters/<name>`, a hardware
+    /// counter) a read that does not return until [`FakeSysfs::unblock_counter`]
+    /// (see the module documentation); returns its path.
+    pub fn make_counter_blocking(&self, dev: &str, port: u32, name: &str) -> PathBuf {
+        let path = self.counter_path(dev, port, name);
+        let staged = self.staging_path();
+        nix::unistd::mkfifo(&staged, nix::sys::stat::Mode::from_bits_truncate(0o644))
+            .unwrap_or_else(|e| panic!("mkfifo {}: {e}", staged.display()));
+        replace_dir(&path);
+        fs::rename(&staged, &path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        path
+    }
+
+    /// Lets the read of a counter made blocking return `value`: opens the
+    /// FIFO for writing (at once when a reader waits in its `open`; else it
+    /// waits for one), replaces it with a regular file holding `value`, then
+    /// writes `value` into the FIFO and closes it.
+    pub fn unblock_counter(&self, dev: &str, port: u32, name: &str, value: u64) {
+        use std::io::Write;
+        let path = self.counter_path(dev, port, name);
+        let mut fifo = fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("open {} for writing: {e}", path.display()));
+        self.write(&path, &value.to_string());
+        writeln!(fifo, "{value}").unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     }
 
     /// Writes any port file (`rate`, `state`, `counters/symbol_error`) as
@@ -395,10 +435,15 @@ impl FakeSysfs {
     /// beside `sys/`, then renames it over `path`: a concurrent reader sees the
     /// old or the new value, and a concurrent listing never sees the new file
     /// under another name.
-    fn write(&self, path: &Path, text: &str) {
+    /// A fresh path in the staging directory (renamed into place from there).
+    fn staging_path(&self) -> PathBuf {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let tmp = self.dir.path().join("staging").join(n.to_string());
+        self.dir.path().join("staging").join(n.to_string())
+    }
+
+    fn write(&self, path: &Path, text: &str) {
+        let tmp = self.staging_path();
         fs::write(&tmp, format!("{text}\n")).unwrap_or_else(|e| panic!("{}: {e}", tmp.display()));
         fs::rename(&tmp, path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     }

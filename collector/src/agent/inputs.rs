@@ -195,45 +195,86 @@ impl NvmlFeed {
     }
 }
 
-/// The NIC poller thread: sysfs scans of the RDMA ports into the engine
-/// (none while `[network]` is off).
+/// The NIC poller thread, sysfs scans of the RDMA ports into the engine, and
+/// its watchdog (none while `[network]` is off).
 #[derive(Debug)]
 pub(super) struct NicPoller {
-    thread: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 /// Stop budget of the NIC poller (it wakes for the shutdown at once; a scan
-/// reads a few hundred small files).
+/// reads a few hundred small files). A poller stuck in a sysfs read that
+/// does not return is left behind when it runs out.
 const NIC_STOP: Duration = Duration::from_secs(1);
 
 impl NicPoller {
-    /// Starts the poller. A scan that finds the engine's channel full is
-    /// skipped, not waited for: the next one carries the whole state again
-    /// (counters are cumulative), and a storm of kernel-log faults goes first.
+    /// Starts the poller and its watchdog. A scan that finds the engine's
+    /// channel full is skipped, not waited for: the next one carries the
+    /// whole state again (counters are cumulative), and a storm of
+    /// kernel-log faults goes first. The watchdog's reports (the poller is
+    /// stuck in a read, or reads again) wait for room: each is sent once.
     pub(super) fn start(
         settings: &gpuwatch_core::network::NetworkSettings,
         tx: Sender<Input>,
+        liveness: &Liveness,
         shutdown: &Shutdown,
     ) -> Result<NicPoller, RunError> {
         if !settings.enabled {
-            return Ok(NicPoller { thread: None });
+            return Ok(NicPoller {
+                threads: Vec::new(),
+            });
         }
+        let progress = liveness.nic_progress();
+        let status_tx = tx.clone();
         let send = move |scan| match tx.try_send(Input::Network(scan)) {
             Ok(()) | Err(crossbeam_channel::TrySendError::Full(_)) => true,
             Err(crossbeam_channel::TrySendError::Disconnected(_)) => false,
         };
-        let thread = crate::nic::spawn_nic_poller(settings.clone(), send, shutdown.clone())
-            .map_err(|source| RunError::Spawn {
-                what: "NIC poller thread",
-                source,
-            })?;
+        let poller = crate::nic::spawn_nic_poller(
+            settings.clone(),
+            send,
+            shutdown.clone(),
+            progress.clone(),
+        )
+        .map_err(|source| RunError::Spawn {
+            what: "NIC poller thread",
+            source,
+        })?;
+        let sd = shutdown.clone();
+        let report = move |stall: crate::nic::StallReport| {
+            let mut status = Input::MonitorStatus {
+                input: MonitorInput::Network,
+                ok: stall.is_none(),
+                message: stall.unwrap_or_default(),
+            };
+            // Waits for room, but not past the shutdown.
+            loop {
+                match status_tx.send_timeout(status, Duration::from_millis(100)) {
+                    Ok(()) => return true,
+                    Err(crossbeam_channel::SendTimeoutError::Timeout(s)) if !sd.is_triggered() => {
+                        status = s;
+                    }
+                    Err(_) => return false,
+                }
+            }
+        };
+        let watchdog = crate::nic::spawn_nic_watchdog(
+            progress,
+            settings.poll_interval,
+            report,
+            shutdown.clone(),
+        )
+        .map_err(|source| RunError::Spawn {
+            what: "NIC watchdog thread",
+            source,
+        })?;
         Ok(NicPoller {
-            thread: Some(thread),
+            threads: vec![poller, watchdog],
         })
     }
 
     fn stop(self, budget: &StopBudget, left: &mut StillRunning) {
-        if let Some(t) = self.thread {
+        for t in self.threads {
             join_within(t, budget.share(NIC_STOP), "NIC poller", left);
         }
     }

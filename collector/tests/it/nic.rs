@@ -373,6 +373,7 @@ fn nic_poller_stops_when_send_refuses() {
             tx.send(scan).is_ok() && sent < 3
         },
         Shutdown::new(),
+        Default::default(),
     )
     .unwrap();
     let ended = gpuwatch_core::join_by(h, Instant::now() + Duration::from_secs(10));
@@ -397,6 +398,7 @@ fn nic_poller_stops_at_shutdown_during_its_wait() {
         },
         move |scan| tx.send(scan).is_ok(),
         shutdown.clone(),
+        Default::default(),
     )
     .unwrap();
     let first = rx
@@ -418,6 +420,7 @@ fn nic_poller_stops_at_shutdown_during_its_wait() {
         },
         move |scan| tx.send(scan).is_ok(),
         Shutdown::new(),
+        Default::default(),
     )
     .unwrap();
     assert!(matches!(

@@ -2,11 +2,13 @@
 //! tree, the engine, `/v1/health`, `/metrics` and the stdout records. A
 //! port down past the grace is `NICPortDown`, three flaps are
 //! `NICPortFlapping` until a quiet window passes, and counters that read
-//! high from the start count nothing.
+//! high from the start count nothing. A counter read that does not return
+//! makes the network Unknown (the monitor down, naming the file) until it
+//! returns, and does not hold up the agent's stop.
 
 use crate::common::{TestAgent, http_get, wait_until};
 use gpuwatch_test_support::sysfs::FakeSysfs;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(20);
 
@@ -135,4 +137,135 @@ fn a_port_goes_down_then_flaps_then_quiets_and_the_gpus_never_hear_of_it() {
         "{metrics}"
     );
     agent.stop();
+}
+
+fn network_up_metric(addr: &str) -> Option<String> {
+    let (_, metrics) = http_get(addr, "/metrics")?;
+    metrics
+        .lines()
+        .find(|l| l.starts_with("gpuwatch_monitor_up{") && l.contains("input=\"network\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .map(str::to_string)
+}
+
+const STUCK: &str = "The NIC poller is stuck; NetworkProblem is Unknown until it reads again.";
+const READS_AGAIN: &str = "The NIC poller reads again.";
+
+/// A FIFO in a counter's place blocks the poller in its `open`, as a hung
+/// firmware command blocks an mlx5 `hw_counters` read. Within the deadline
+/// (3 poll intervals, at least 5 s) the monitor is down, naming the file,
+/// logged once, `gpuwatch_monitor_up{input="network"}` 0; when the read
+/// returns, the real verdict is back (logged once). Stuck again, the agent
+/// still stops at once on SIGTERM.
+#[test]
+fn a_stuck_counter_read_makes_the_network_unknown_until_it_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let sysfs = FakeSysfs::node_of(2);
+    let cfg = config(dir.path(), &sysfs);
+    let agent = TestAgent::start(
+        &dir.path().join("state"),
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--sysfs-root",
+            sysfs.root().to_str().unwrap(),
+            "--kmsg-path",
+            "/dev/null",
+            "--prometheus",
+        ],
+    );
+    let addr = agent.api_addr().expect("API address logged");
+    let mut last = serde_json::Value::Null;
+    assert!(
+        wait_until(T, || {
+            last = network(&addr);
+            last["monitor_ok"] == true && last["ports"].as_array().map(Vec::len) == Some(2)
+        }),
+        "no first scan: {last:#}"
+    );
+    assert_eq!(last["reason"], "NICHealthy", "{last:#}");
+    assert_eq!(network_up_metric(&addr).as_deref(), Some("1"));
+
+    // The reader opens the files at their resolved paths (under
+    // /sys/devices), and names them so.
+    let resolved = |p: std::path::PathBuf| std::fs::canonicalize(&p).unwrap();
+    let fifo = resolved(sysfs.make_counter_blocking("mlx5_1", 1, "hw_counters/out_of_buffer"));
+    let stuck_at = Instant::now();
+    assert!(
+        wait_until(T, || {
+            last = network(&addr);
+            last["monitor_ok"] == false
+        }),
+        "the monitor never went down: {last:#}"
+    );
+    let waited = stuck_at.elapsed();
+    // Not before the deadline (less the poll interval the read may have
+    // started early), and not long after it.
+    assert!(waited >= Duration::from_millis(4800), "{waited:?}");
+    assert!(waited < Duration::from_secs(12), "{waited:?}");
+    let message = last["monitor_message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("reading {} has not returned for", fifo.display())),
+        "{message}"
+    );
+    assert_eq!(last["problem"], false, "a blind monitor is no verdict");
+    assert_eq!(network_up_metric(&addr).as_deref(), Some("0"));
+    // Several watchdog ticks later: still one warning.
+    std::thread::sleep(Duration::from_millis(1500));
+    let warned = agent.logs(STUCK);
+    assert_eq!(warned.len(), 1, "{}", agent.stderr.tail(10));
+    assert_eq!(warned[0]["level"], "WARN");
+    assert!(
+        warned[0]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains(fifo.to_str().unwrap())),
+        "{}",
+        warned[0]
+    );
+    assert!(agent.logs(READS_AGAIN).is_empty());
+
+    // The read returns: the real verdict is back, by itself.
+    sysfs.unblock_counter("mlx5_1", 1, "hw_counters/out_of_buffer", 7);
+    assert!(
+        wait_until(T, || {
+            last = network(&addr);
+            last["monitor_ok"] == true
+        }),
+        "the monitor never came back: {last:#}"
+    );
+    assert_eq!(last["reason"], "NICHealthy", "{last:#}");
+    assert_eq!(last["monitor_message"], "", "{last:#}");
+    assert_eq!(network_up_metric(&addr).as_deref(), Some("1"));
+    assert!(wait_until(T, || agent.logs(READS_AGAIN).len() == 1));
+    assert_eq!(agent.logs(STUCK).len(), 1);
+
+    // Stuck again (another counter): SIGTERM does not wait for the read.
+    let fifo = resolved(sysfs.make_counter_blocking("mlx5_0", 1, "symbol_error"));
+    assert!(
+        wait_until(T, || {
+            last = network(&addr);
+            last["monitor_ok"] == false
+        }),
+        "the monitor never went down again: {last:#}"
+    );
+    assert!(
+        last["monitor_message"]
+            .as_str()
+            .unwrap()
+            .contains(fifo.to_str().unwrap()),
+        "{last:#}"
+    );
+    let stopping = Instant::now();
+    let (code, _, stderr) = agent.stop();
+    let took = stopping.elapsed();
+    assert_eq!(code, Some(0), "{}", stderr.tail(10));
+    assert!(took < Duration::from_secs(5), "stopping took {took:?}");
+    assert!(
+        stderr
+            .logs("A thread did not stop in time; abandoning it so that gpuwatch exits.")
+            .iter()
+            .any(|l| l["thread"] == "NIC poller"),
+        "{}",
+        stderr.tail(10)
+    );
 }

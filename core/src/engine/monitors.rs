@@ -42,6 +42,8 @@ impl Monitors {
         let m = match input {
             MonitorInput::Kmsg => &mut self.kmsg,
             MonitorInput::Nvml => &mut self.nvml,
+            // The engine gives the NIC poller's status to the NIC monitor.
+            MonitorInput::Network => return false,
         };
         if m.ok == Some(ok) && m.message == message {
             return false;

@@ -60,6 +60,18 @@ impl Engine {
         self.network_changed(transitions, Source::Sysfs)
     }
 
+    /// The NIC poller stalled (`Some`: what it is stuck in) or reads again
+    /// (`None`): while stalled, `NodeHealth.network` says the monitor is down
+    /// (`monitor_ok` false, the message naming the file). Ignored without a
+    /// monitor.
+    pub(super) fn on_network_stall(&mut self, stalled: Option<String>) -> Vec<FaultEvent> {
+        let Some(n) = self.network.as_mut() else {
+            return Vec::new();
+        };
+        n.monitor.set_reader_stalled(stalled);
+        self.network_changed(Vec::new(), Source::Sysfs)
+    }
+
     /// A NIC kernel-log event (or a PCIe error at a NIC's address): the
     /// records of the port changes it caused when it is the network's, `None`
     /// when it is not (a PCIe error at another device; the engine handles it

@@ -461,6 +461,9 @@ pub struct NetworkMonitor {
     latest: Option<Instant>,
     /// GPU PCI addresses and NUMA nodes, for `near_gpus`.
     gpus: Vec<(String, Option<u32>)>,
+    /// The reader is stuck (a sysfs read that has not returned): what it is
+    /// stuck in. The latest scan is old then: the monitor is down.
+    reader_stalled: Option<String>,
 }
 
 impl NetworkMonitor {
@@ -473,7 +476,22 @@ impl NetworkMonitor {
             last_scan: None,
             latest: None,
             gpus: Vec::new(),
+            reader_stalled: None,
         }
+    }
+
+    /// The reader stalled (`Some`: in words, naming the file it is stuck in)
+    /// or reads again (`None`). While stalled the monitor is down
+    /// (`NetworkHealth.monitor_ok` false with these words, so
+    /// `NetworkProblem` is Unknown `NICMonitorUnavailable` unless a problem
+    /// is known); the ports keep their last reading. Returns whether it
+    /// changed.
+    pub fn set_reader_stalled(&mut self, stalled: Option<String>) -> bool {
+        if self.reader_stalled == stalled {
+            return false;
+        }
+        self.reader_stalled = stalled;
+        true
     }
 
     /// The settings it runs with.
@@ -720,8 +738,11 @@ impl NetworkMonitor {
     }
 
     /// Whether the latest scan read the NIC tree (`monitor_ok`) and what it
-    /// could not read.
+    /// could not read; not while the reader is stalled (its last scan is old).
     fn scan_status(&self) -> (bool, String) {
+        if let Some(stall) = &self.reader_stalled {
+            return (false, stall.clone());
+        }
         match &self.last_scan {
             None => (false, "no NIC scan yet".to_string()),
             Some(n) if !n.complete => (

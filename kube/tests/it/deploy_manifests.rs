@@ -922,7 +922,7 @@ fn overlay_comments_name_files_that_exist() {
     let root = repo_root();
     let kube = root.join("deploy/kubernetes");
     let chart = root.join("deploy/helm/gpuwatch");
-    let mut stack = vec![kube.join("overlays"), chart.clone()];
+    let mut stack = vec![kube.join("overlays"), kube.join("cleanup"), chart.clone()];
     let mut checked = 0;
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).expect("read the directory") {

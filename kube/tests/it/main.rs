@@ -11,6 +11,7 @@ use gpuwatch_test_support::kube as kube_common;
 mod api_double;
 mod cleanup_fleet;
 mod deploy_manifests;
+mod device_taints;
 mod helm_chart;
 mod helm_operator;
 mod install_check;

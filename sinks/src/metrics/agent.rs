@@ -177,7 +177,7 @@ const MONITOR_UP: Spec = Spec {
     kind: InstrumentKind::Gauge,
     num: NumType::U64,
     presence: Presence::Always,
-    description: "1 when the input works; 0 means gpuwatch cannot tell.",
+    description: "1 when the input (kmsg, nvml, network) works; 0 means gpuwatch cannot tell.",
     collect: Collect::Points(monitor_up),
 };
 
@@ -195,6 +195,14 @@ fn monitor_up(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
         attrs: vec![("input", s("nvml"))],
         value: flag(nvml),
     });
+    // The NIC poller, while the NIC monitor runs: 0 while it cannot read the
+    // ports (a stuck sysfs read, an unreadable class directory).
+    if let Some(n) = h.network.as_ref() {
+        out.push(Point {
+            attrs: vec![("input", s("network"))],
+            value: flag(n.monitor_ok),
+        });
+    }
 }
 
 const EXPORT_FAILURES: Spec = Spec {

@@ -499,7 +499,7 @@ fn eight_nic_network() -> gpuwatch_proto::NetworkHealth {
 }
 
 #[test]
-fn an_eight_nic_node_adds_seventeen_points_and_errors_only_once_counted() {
+fn an_eight_nic_node_adds_eighteen_points_and_errors_only_once_counted() {
     let r = started_registry();
     let f = SeriesFilter::new(Duration::from_secs(300));
     let t0 = Instant::now();
@@ -513,7 +513,8 @@ fn an_eight_nic_node_adds_seventeen_points_and_errors_only_once_counted() {
     let f = SeriesFilter::new(Duration::from_secs(300));
     let pts = f.collect_all(&r.src(), &h, t0);
     let with: usize = pts.iter().map(|(_, p)| p.len()).sum();
-    assert_eq!(with - without, 17);
+    // 8 × (up, bandwidth), the network problem, the NIC monitor's up.
+    assert_eq!(with - without, 18);
     let up = series_of(&pts, "hw.network.up");
     assert_eq!(up.len(), 8);
     assert!(up.iter().all(|p| p.value == Num::U64(1)));
@@ -555,8 +556,18 @@ fn an_eight_nic_node_adds_seventeen_points_and_errors_only_once_counted() {
     let problem = series_of(&pts, "gpuwatch.network.problem");
     assert_eq!(problem[0].value, Num::U64(1));
 
-    // A monitor that cannot read the ports exports no stale port gauges.
+    let network_up = |pts: &[(&'static Spec, Vec<Point>)]| {
+        series_of(pts, "gpuwatch.monitor.up")
+            .iter()
+            .find(|p| p.attrs.contains(&("input", s("network"))))
+            .map(|p| p.value)
+    };
+    assert_eq!(network_up(&pts), Some(Num::U64(1)));
+
+    // A monitor that cannot read the ports (a stuck sysfs read) exports no
+    // stale port gauges, and says it is down.
     h.network.as_mut().unwrap().monitor_ok = false;
     let pts = f.collect_all(&r.src(), &h, t0 + Duration::from_secs(120));
     assert!(series_of(&pts, "hw.network.up").is_empty());
+    assert_eq!(network_up(&pts), Some(Num::U64(0)));
 }

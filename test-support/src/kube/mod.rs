@@ -27,6 +27,8 @@
 //!   `fieldSelector=spec.nodeName=...`, lists in one namespace and by
 //!   `labelSelector`; the test adds, changes and deletes
 //!   them (`pods` says what a watch replays).
+//! - `resource.k8s.io`: discovery, ResourceSlices and DeviceTaintRules in
+//!   the versions the test chooses (`dra` says how each is served).
 //! - SelfSubjectAccessReviews, answered from the same RBAC denials (`server`
 //!   says how).
 //! - On demand: 403 RBAC `Status` per (verb, resource), everywhere or in one
@@ -48,6 +50,7 @@
 //! request's target and a line in the server's route.
 
 pub mod build;
+mod dra;
 mod events;
 mod leases;
 mod nodes;
@@ -58,6 +61,7 @@ mod server;
 mod status;
 mod watch;
 
+pub use dra::Served as DraServed;
 pub use request::Recorded;
 
 use gpuwatch_kube::{ApiRequest, KubeConfig, UNGRANTED_REQUESTS, WRITER_REQUESTS};
@@ -192,6 +196,46 @@ impl ApiDouble {
         }
         let name = v["metadata"]["name"].as_str().unwrap_or("").to_owned();
         g.leases.items.insert((namespace.to_owned(), name), v);
+    }
+
+    /// Serves `resource.k8s.io` as `served` says (by default not at all).
+    pub fn serve_dra(&self, served: DraServed) {
+        self.lock().dra.served = served;
+    }
+
+    /// Stores a ResourceSlice (a DRA driver published it).
+    pub fn put_resource_slice(&self, slice: Value) {
+        let g = &mut *self.lock();
+        g.rv += 1;
+        let mut s = slice;
+        s["kind"] = json!("ResourceSlice");
+        s["metadata"]["resourceVersion"] = json!(g.rv.to_string());
+        let name = s["metadata"]["name"].as_str().unwrap_or("").to_owned();
+        g.dra.slices.insert(name, s);
+    }
+
+    /// Deletes a ResourceSlice; false when there is none.
+    pub fn delete_resource_slice(&self, name: &str) -> bool {
+        self.lock().dra.slices.remove(name).is_some()
+    }
+
+    /// The stored DeviceTaintRules by name.
+    pub fn device_taint_rules(&self) -> std::collections::BTreeMap<String, Value> {
+        self.lock().dra.rules.clone()
+    }
+
+    /// Another client changes a stored DeviceTaintRule (its version moves).
+    pub fn edit_device_taint_rule(&self, name: &str, f: impl FnOnce(&mut Value)) {
+        let g = &mut *self.lock();
+        g.rv += 1;
+        let rv = g.rv;
+        let r = g
+            .dra
+            .rules
+            .get_mut(name)
+            .unwrap_or_else(|| panic!("no DeviceTaintRule {name:?} in the double"));
+        f(r);
+        r["metadata"]["resourceVersion"] = json!(rv.to_string());
     }
 
     /// From now on, counts after every request how many Nodes carry `key`.

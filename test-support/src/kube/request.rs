@@ -53,6 +53,15 @@ pub(super) enum Target {
     },
     /// `/apis/authorization.k8s.io/v1/selfsubjectaccessreviews`.
     AccessReview,
+    /// `/apis`: the API groups (discovery).
+    ApiGroups,
+    /// `/apis/resource.k8s.io[/<version>[/<resource>[/<name>]]]`: the
+    /// group's discovery, its version's, or a resource (`dra` serves them).
+    Dra {
+        version: Option<String>,
+        resource: Option<String>,
+        name: Option<String>,
+    },
     /// Anything else.
     Unknown,
 }
@@ -113,6 +122,15 @@ impl Target {
                 "v1",
                 "selfsubjectaccessreviews",
             ] => Target::AccessReview,
+            ["apis"] => Target::ApiGroups,
+            ["apis", "resource.k8s.io", rest @ ..] if rest.len() <= 3 => {
+                let at = |i: usize| rest.get(i).map(|s| (*s).to_owned());
+                Target::Dra {
+                    version: at(0),
+                    resource: at(1),
+                    name: at(2),
+                }
+            }
             _ => Target::Unknown,
         }
     }
@@ -131,7 +149,13 @@ impl Target {
             Target::Leases { name, .. } => Some(("leases".into(), name.is_none())),
             Target::Pods { name, .. } => Some(("pods".into(), name.is_none())),
             Target::AccessReview => Some(("selfsubjectaccessreviews".into(), true)),
-            Target::Unknown => None,
+            Target::Dra {
+                resource: Some(resource),
+                name,
+                ..
+            } => Some((resource.clone(), name.is_none())),
+            // Discovery paths are non-resource URLs (every user may read them).
+            Target::Dra { resource: None, .. } | Target::ApiGroups | Target::Unknown => None,
         }
     }
 
@@ -141,8 +165,9 @@ impl Target {
             Target::Nodes(rest) => rest.first().map(String::as_str),
             Target::Events { name, .. }
             | Target::Leases { name, .. }
-            | Target::Pods { name, .. } => name.as_deref(),
-            Target::AccessReview | Target::Unknown => None,
+            | Target::Pods { name, .. }
+            | Target::Dra { name, .. } => name.as_deref(),
+            Target::AccessReview | Target::ApiGroups | Target::Unknown => None,
         }
     }
 
@@ -152,7 +177,11 @@ impl Target {
         match self {
             Target::Events { namespace, .. } | Target::Leases { namespace, .. } => Some(namespace),
             Target::Pods { namespace, .. } => namespace.as_deref(),
-            Target::Nodes(_) | Target::AccessReview | Target::Unknown => None,
+            Target::Nodes(_)
+            | Target::AccessReview
+            | Target::ApiGroups
+            | Target::Dra { .. }
+            | Target::Unknown => None,
         }
     }
 
@@ -161,6 +190,7 @@ impl Target {
         match self {
             Target::Leases { .. } => "coordination.k8s.io",
             Target::AccessReview => "authorization.k8s.io",
+            Target::Dra { .. } => "resource.k8s.io",
             _ => "",
         }
     }

@@ -2,6 +2,7 @@
 //! filters that answer before any handler (a delay, an outage, a queued
 //! failure, an RBAC denial), then the handler of the resource its path names.
 
+use super::dra::{self, Dra};
 use super::events::{self, Events};
 use super::leases::{self, Leases};
 use super::nodes::{self, NodeStore};
@@ -28,6 +29,7 @@ pub(super) struct DoubleState {
     pub(super) events: Events,
     pub(super) leases: Leases,
     pub(super) pods: Pods,
+    pub(super) dra: Dra,
     /// A taint key whose holders are counted after every request, and the
     /// most Nodes that carried it at once.
     pub(super) taint_watch: Option<(String, usize)>,
@@ -259,6 +261,8 @@ fn answer(g: &mut DoubleState, req: &Request) -> Response {
         Target::Leases { .. } => leases::serve(&mut g.leases, &mut g.rv, req),
         Target::Pods { .. } => pods::serve(&mut g.pods, g.rv, req),
         Target::AccessReview => access_review(&g.faults, req),
+        Target::ApiGroups => dra::root(&g.dra),
+        Target::Dra { .. } => dra::serve(&mut g.dra, &mut g.rv, req),
         Target::Unknown => not_served(req),
     }
 }

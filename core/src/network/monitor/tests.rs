@@ -1063,3 +1063,27 @@ fn status_of(r: &ManualMonitor, n: u32) -> Option<PortStatus> {
         .find(|m| m.port.device == format!("mlx5_{n}"))
         .map(|m| m.status)
 }
+
+#[test]
+fn a_stalled_reader_is_a_blind_monitor_until_it_reads_again() {
+    let mut r = ManualMonitor::new();
+    r.scan(0, vec![ib(0, true)]);
+    assert!(r.health(1).monitor_ok);
+    let stuck =
+        "reading /sys/class/infiniband/mlx5_0/ports/1/hw_counters/x has not returned for 5 s";
+    assert!(r.m.set_reader_stalled(Some(stuck.into())));
+    assert!(!r.m.set_reader_stalled(Some(stuck.into())), "no change");
+    let h = r.health(6);
+    assert!(!h.monitor_ok);
+    assert_eq!(h.monitor_message, stuck);
+    assert!(!h.problem, "a blind monitor is no verdict");
+    assert_eq!(h.ports.len(), 1, "the last reading is kept");
+    // A scan that comes while the watchdog still says stalled does not hide
+    // the stall; the watchdog's all-clear does.
+    r.scan(7, vec![ib(0, true)]);
+    assert!(!r.health(7).monitor_ok);
+    assert!(r.m.set_reader_stalled(None));
+    let h = r.health(8);
+    assert!(h.monitor_ok, "{h:?}");
+    assert_eq!(h.reason, "NICHealthy");
+}
