@@ -26,7 +26,7 @@ fn noise_lines() -> Vec<String> {
         "nvidia-modeset: Loading NVIDIA Kernel Mode Setting Driver for UNIX platforms  550.54.15  Tue Mar  5 22:23:56 UTC 2024",
         "nvidia 0000:3b:00.0: enabling device (0000 -> 0003)",
         "nvidia-nvlink: Nvlink Core is being initialized, major device number 234",
-        "mlx5_core 0000:61:00.0: print_health_info:520:(pid 0): synd 0x10: High temperature",
+        "mlx5_core 0000:61:00.0: print_health_info:521:(pid 0): ext_synd 0x8f1e",
     ] {
         msgs.push(m.to_owned());
         msgs.rotate_right(7);

@@ -135,8 +135,9 @@ fn network_rules(s: &NetworkSettings) -> NetworkRules {
             (
                 "NICHardwareFault",
                 format!(
-                    "a cable or module error, a NIC health failure, or an uncorrectable PCIe error at \
-                     the NIC's address; clears after {}s without another",
+                    "a cable or module error, a NIC health failure or firmware command timeout, or \
+                     an uncorrectable PCIe error at the NIC's address; clears after {}s without \
+                     another",
                     secs(s.flap_quiet)
                 ),
             ),

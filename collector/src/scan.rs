@@ -130,9 +130,11 @@ pub struct ScanSummary {
     pub skipped_non_kernel_lines: u64,
     /// Per PCI address (empty string: node-level, e.g. machine checks).
     pub gpus: BTreeMap<String, GpuSummary>,
-    /// NIC events (`nic` kind: mlx5 link, cable-module and health lines) per
-    /// the NIC's PCI address: network faults, never a GPU's, and not in the
-    /// exit code.
+    /// NIC events (`nic` kind: mlx5 link, cable-module, health, firmware
+    /// command timeout and slot power lines, transmit watchdog lines) per the
+    /// NIC's PCI address, or per interface name (`netdev`) for a line that
+    /// prints no address (the older watchdog line): network faults, never a
+    /// GPU's, and not in the exit code.
     pub nics: BTreeMap<String, GpuSummary>,
 }
 
@@ -158,21 +160,21 @@ impl ScanSummary {
     fn record(&mut self, ev: &FaultEventRef<'_>) {
         self.events += 1;
         let action = ev.action();
-        let by_address = if ev.kind() == gpuwatch_proto::FaultKind::Nic {
-            &mut self.nics
-        } else {
-            &mut self.gpus
+        let nic = ev.kind() == gpuwatch_proto::FaultKind::Nic;
+        let by_address = if nic { &mut self.nics } else { &mut self.gpus };
+        // A NIC line without an address is grouped by the interface it names.
+        let key = match ev.attr("netdev") {
+            Some(netdev) if nic && ev.pci_address.is_empty() && !netdev.is_empty() => netdev,
+            _ => ev.pci_address,
         };
         // Looked up before inserting: the key is copied once per GPU, not per event.
-        let g = match by_address.get_mut(ev.pci_address) {
+        let g = match by_address.get_mut(key) {
             Some(g) => g,
-            None => by_address
-                .entry(ev.pci_address.to_owned())
-                .or_insert(GpuSummary {
-                    action: Action::Unspecified,
-                    reason: String::new(),
-                    events: 0,
-                }),
+            None => by_address.entry(key.to_owned()).or_insert(GpuSummary {
+                action: Action::Unspecified,
+                reason: String::new(),
+                events: 0,
+            }),
         };
         g.events += 1;
         if action.rank() > g.action.rank() {
@@ -516,11 +518,11 @@ fn write_summary(out: &mut dyn Write, s: &ScanSummary) -> std::io::Result<()> {
             advice(g.action)
         )?;
     }
-    for (pci, n) in &s.nics {
-        let who = if pci.is_empty() {
+    for (pci_or_netdev, n) in &s.nics {
+        let who = if pci_or_netdev.is_empty() {
             "unknown NIC"
         } else {
-            pci.as_str()
+            pci_or_netdev.as_str()
         };
         writeln!(
             out,

@@ -187,6 +187,8 @@ impl<'a> FaultEventRef<'a> {
                 (_, "link_up") => "NICLinkUp".into(),
                 (_, "module") => "NICModuleEvent".into(),
                 (_, "health") => "NICHealthEvent".into(),
+                (_, "slot_power") => "NICSlotPower".into(),
+                (_, "tx_timeout") => "NICTxTimeout".into(),
                 _ => kind_reason(FaultKind::Nic, self.code),
             },
             k => kind_reason(k, self.code),

@@ -490,3 +490,74 @@ fn a_mig_xid_keeps_its_gpu_and_compute_instance() {
     assert_eq!(attr(&events[1], "gpu_instance").as_deref(), Some("7"));
     assert_eq!(attr(&events[1], "compute_instance").as_deref(), Some("1"));
 }
+
+/// The mlx5 lines an NCCL hang starts from (firmware command timeouts, fatal
+/// health reports, slot power, the transmit watchdog), scanned from a file: the
+/// text summary groups them with the NIC events, per PCI address, or per
+/// interface for the watchdog line that prints none; the counter-read refusals
+/// of a restricted NIC stay out; and no GPU fault, so exit code 0.
+#[test]
+fn mlx5_fault_lines_are_grouped_with_the_nic_events() {
+    let log = "\
+[  100.000000] mlx5_core 0000:0c:00.0 ens1f0np0: Link down
+[  101.000000] mlx5_core 0000:0c:00.0: cmd_work_handler:877:(pid 1234): cmd[0]: ACCESS_REG(0x805) No done completion
+[  101.000001] mlx5_core 0000:0c:00.0: wait_func:1205:(pid 1234): ACCESS_REG(0x805) timeout. Will cause a leak of a command resource
+[  102.000000] mlx5_core 0000:0c:00.0: mlx5_cmd_out_err:838:(pid 1234): ACCESS_REG(0x805) op_mod(0x1) failed, status bad parameter(0x3), syndrome (0x6e1a5d), err(-22)
+[  103.000000] mlx5_core 0000:41:00.0: mlx5_health_try_recover:351:(pid 77): health recovery failed
+[  103.000001] mlx5_core 0000:41:00.0: print_health_info:458:(pid 0): synd 0x8: unrecoverable hardware error
+[  104.000000] mlx5_core 0000:5c:00.0: mlx5_pcie_event:301:(pid 5): Detected insufficient power on the PCIe slot (27W).
+[  105.000000] NETDEV WATCHDOG: ens2f0np0 (mlx5_core): transmit queue 3 timed out 5120 ms
+[  106.000000] mlx5_core 0000:5d:00.0 ens3f0np0: NETDEV WATCHDOG: CPU: 12: transmit queue 3 timed out 5120 ms
+";
+    let (text, s) = scan_file("dmesg.log", log.as_bytes(), ScanFormat::Text, false);
+    assert_eq!(s.events, 8, "{text}");
+    assert!(s.gpus.is_empty(), "{:?}", s.gpus);
+    assert_eq!(s.exit_code(), 0);
+    let nic = |key: &str| {
+        let n = &s.nics[key];
+        (n.events, n.action, n.reason.as_str())
+    };
+    assert_eq!(
+        nic("0000:0c:00.0"),
+        (3, Action::InspectHardware, "NICHealthEvent")
+    );
+    assert_eq!(
+        nic("0000:41:00.0"),
+        (2, Action::InspectHardware, "NICHealthEvent")
+    );
+    assert_eq!(
+        nic("0000:5c:00.0"),
+        (1, Action::Investigate, "NICSlotPower")
+    );
+    assert_eq!(nic("ens2f0np0"), (1, Action::Investigate, "NICTxTimeout"));
+    assert_eq!(
+        nic("0000:5d:00.0"),
+        (1, Action::Investigate, "NICTxTimeout")
+    );
+    assert_eq!(s.nics.len(), 5, "{:?}", s.nics);
+    assert!(text.contains("No GPU faults found."), "{text}");
+    for line in [
+        "NIC 0000:0c:00.0: inspect_hardware (NICHealthEvent, 3 events)",
+        "NIC 0000:41:00.0: inspect_hardware (NICHealthEvent, 2 events)",
+        "NIC 0000:5c:00.0: investigate (NICSlotPower, 1 events)",
+        "NIC ens2f0np0: investigate (NICTxTimeout, 1 events)",
+        "NIC 0000:5d:00.0: investigate (NICTxTimeout, 1 events)",
+    ] {
+        assert!(text.contains(line), "{line:?} not in {text}");
+    }
+    // Each event is a row of the table (its message last), the refusal is not.
+    assert_eq!(
+        text.lines().filter(|l| l.contains(" nic ")).count(),
+        8,
+        "{text}"
+    );
+    assert!(
+        text.contains("inspect_hardware  mlx5_core 0000:0c:00.0: cmd_work_handler:877"),
+        "{text}"
+    );
+    assert!(
+        text.contains("investigate       NETDEV WATCHDOG: ens2f0np0 (mlx5_core)"),
+        "{text}"
+    );
+    assert!(!text.contains("mlx5_cmd_out_err"), "{text}");
+}

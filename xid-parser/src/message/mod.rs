@@ -8,7 +8,8 @@
 //! driver's XID line), `sxid` (NVSwitch), `aer` (PCIe AER), `nvlink`, `ecc` (ECC,
 //! page retirement, row remapping), `thermal`, `mce` (machine checks), `driver`
 //! (identity, serial, driver errors, nvidia-peermem, other `NVRM:` lines), `nic`
-//! (the `mlx5_core` NIC driver: port link, cable/module, firmware health);
+//! (the `mlx5_core` NIC driver: port link, cable/module, firmware health and
+//! command timeouts, slot power; the kernel's transmit watchdog);
 //! `prefilter` and `text` are what they share.
 
 /// Position of the literal `$needle` in the `&str` `$haystack`.
@@ -113,8 +114,9 @@ pub enum Message<'a> {
     },
     /// NVRM driver error.
     DriverError(DriverErrorMsg<'a>),
-    /// A NIC line of the `mlx5_core` driver: port link up/down, cable or
-    /// transceiver module event, firmware health report.
+    /// A NIC line of the `mlx5_core` driver (port link up/down, cable or
+    /// transceiver module event, firmware health report or command timeout,
+    /// PCIe slot power), or the kernel's transmit watchdog line of any driver.
     Nic(NicMsg<'a>),
     /// Any other NVRM line (context only: GSP RPC dumps, crash dump notes).
     NvrmOther {
@@ -154,7 +156,8 @@ pub fn parse_message(msg: &str) -> Option<Message<'_>> {
             return Some(parse_nvrm_other(rest));
         }
     }
-    // NIC lines take only the driver's link, module and health lines; the AER
+    // NIC lines take only the driver's link, module, health, command timeout
+    // and slot power lines, and the transmit watchdog's; the AER
     // detail lines the AER driver prints under a NIC's driver name
     // (`mlx5_core 0000:3b:00.0: PCIe Bus Error: …`) go on to `parse_aer`.
     if let Some(n) = parse_nic(msg) {

@@ -5,14 +5,16 @@
 /// `AER`, `nvidia-`/`nvidia:`/`nvidia ` (a driver's prefix: not `nvidia_modprobe` in
 /// every AppArmor profile-load line), `nvlink`/`nvswitch`, `[Hardware Error]`, an AER detail `[` (after
 /// four spaces or `device `), `PCIe Bus Error`, `Machine Check`/`Machine check`/
-/// `machine check`, `temperature`, `mce:`, `EDAC `, and the mlx5 NIC driver's
-/// `Link up`/`Link down`, `Port module`, `compromised`, `Fatal error`.
+/// `machine check`, `temperature`, `mce:`, `EDAC `, the mlx5 NIC driver's
+/// `Link up`/`Link down`, `Port module`, `compromised`, `Fatal error`, `done
+/// completion`, `command resource`, `the PCIe slot`, `recovery failed`, `PCI reads
+/// still`, `synd 0x`, and the transmit watchdog's `NETDEV WATCHDOG`.
 ///
 /// One pass, no allocation: every marker contains one of a few byte pairs (`NV`, `nV`,
-/// `nv`, `Xi`, `AE`, `[H`, ` [`, `PC`, `Po`, `Ma`, `mp`, `mc`, `ma`, `ED`, `Li`,
-/// `Fa`). Pairs are tested 16 positions at a time with plain comparisons (which the
-/// compiler vectorises) into a bit mask; only the positions set in it are checked for
-/// the full marker.
+/// `nv`, `Xi`, `AE`, `NE`, `[H`, ` [`, `PC`, `Po`, `Ma`, `ma`, `Fa`, `fa`, `mp`, `mc`,
+/// `ED`, `Li`, `yn`). Pairs are tested 16 positions at a time with plain comparisons
+/// (which the compiler vectorises) into a bit mask; only the positions set in it are
+/// checked for the full marker.
 pub fn interesting(msg: &[u8]) -> bool {
     if msg.len() < 2 {
         return false;
@@ -66,17 +68,18 @@ fn chunk_has_marker(msg: &[u8], start: usize, c: &[u8; W + 1], skip: usize) -> b
 
 /// True when `a b` is a byte pair that every occurrence of some marker contains
 /// (a superset: `Nv` passes too; [`marker_at`] decides). Pairs that share a byte
-/// are tested together (`Xi`/`Li`, `Ma`/`ma`/`Fa`, `PC`/`Po`): fewer vector
-/// operations per chunk.
+/// are tested together (`Xi`/`Li`, `Ma`/`ma`/`Fa`/`fa`, `PC`/`Po`, `AE`/`NE`):
+/// fewer vector operations per chunk.
 #[inline(always)]
 fn marker_pair(a: u8, b: u8) -> bool {
     ((a | 0x20 == b'n') & (b | 0x20 == b'v'))
         | ((b == b'i') & ((a == b'X') | (a == b'L')))
-        | ((a == b'A') & (b == b'E'))
+        | ((b == b'E') & ((a == b'A') | (a == b'N')))
+        | ((a == b'y') & (b == b'n'))
         | ((a == b'[') & (b == b'H'))
         | ((a == b' ') & (b == b'['))
         | ((a == b'P') & ((b == b'C') | (b == b'o')))
-        | ((b == b'a') & ((a | 0x20 == b'm') | (a == b'F')))
+        | ((b == b'a') & ((a | 0x20 == b'm') | (a | 0x20 == b'f')))
         | ((a == b'm') & ((b == b'p') | (b == b'c')))
         | ((a == b'E') & (b == b'D'))
 }
@@ -104,7 +107,12 @@ fn marker_at(msg: &[u8], i: usize) -> bool {
                 || (j >= 4 && &msg[j - 4..j] == b"    ")
                 || (j >= 7 && &msg[j - 7..j] == b"device ")
         }
-        b'P' => at(j, b"PCIe Bus Error") || at(j, b"Port module"),
+        b'P' => {
+            at(j, b"PCIe Bus Error")
+                || at(j, b"Port module")
+                || at(j, b"PCI reads still")
+                || (j >= 4 && at(j - 4, b"the PCIe slot"))
+        }
         b'M' => at(j, b"Machine Check") || at(j, b"Machine check"),
         b'v' => {
             j > 0
@@ -117,10 +125,14 @@ fn marker_at(msg: &[u8], i: usize) -> bool {
             at(j, b"mce:")
                 || at(j, b"machine check")
                 || (j >= 2 && (at(j - 2, b"temperature") || at(j - 2, b"compromised")))
+                || (j >= 3 && at(j - 3, b"command resource"))
+                || (j >= 7 && at(j - 7, b"done completion"))
         }
-        b'E' => at(j, b"EDAC "),
+        b'E' => at(j, b"EDAC ") || (j >= 1 && at(j - 1, b"NETDEV WATCHDOG")),
         b'L' => at(j, b"Link up") || at(j, b"Link down"),
         b'F' => at(j, b"Fatal error"),
+        b'f' => j >= 9 && at(j - 9, b"recovery failed"),
+        b'y' => j >= 1 && at(j - 1, b"synd 0x"),
         _ => false,
     }
 }
@@ -138,5 +150,36 @@ mod tests {
         ] {
             assert!(!interesting(l.as_bytes()), "{l}");
         }
+    }
+
+    /// The mlx5 fault lines and the transmit watchdog pass, whole lines
+    /// included, and parse as NIC messages; the answer a restricted NIC gives
+    /// the agent's counter reads does not pass.
+    #[test]
+    fn nic_fault_lines_pass() {
+        for l in [
+            "mlx5_core 0000:0c:00.0: cmd_work_handler:877:(pid 1234): cmd[0]: ACCESS_REG(0x805) No done completion",
+            "mlx5_core 0000:0c:00.0: wait_func:1205:(pid 1234): ACCESS_REG(0x805) timeout. Will cause a leak of a command resource",
+            "mlx5_core 0000:0c:00.0: mlx5_pcie_event:301:(pid 5): Detected insufficient power on the PCIe slot (27W).",
+            "NETDEV WATCHDOG: ens1f0np0 (mlx5_core): transmit queue 3 timed out 5120 ms",
+            "NETDEV WATCHDOG: ens1f0np0 (mlx5_core): transmit queue 3 timed out",
+            "mlx5_core 0000:0c:00.0 ens1f0np0: NETDEV WATCHDOG: CPU: 12: transmit queue 3 timed out 5120 ms",
+            "mlx5_core 0000:0c:00.0: mlx5_health_try_recover:351:(pid 1234): health recovery failed",
+            "mlx5_core 0000:0c:00.0: mlx5_health_try_recover:342:(pid 1234): health recovery flow aborted, PCI reads still not working",
+            "mlx5_core 0000:41:00.0: poll_health:852:(pid 0): device's health compromised - reached miss count",
+            "mlx5_core 0000:41:00.0: poll_health:739:(pid 0): Fatal error 1 detected",
+            "mlx5_core 0000:41:00.0: print_health_info:458:(pid 0): synd 0x8: unrecoverable hardware error",
+        ] {
+            assert!(interesting(l.as_bytes()), "{l}");
+            let line = format!("[ 1234.567890] {l}");
+            assert!(crate::Scanner::interesting_line(line.as_bytes()), "{l}");
+            assert!(
+                matches!(crate::parse_message(l), Some(crate::Message::Nic(_))),
+                "{l}"
+            );
+        }
+        let refused = "mlx5_core 0000:0c:00.0: mlx5_cmd_out_err:838:(pid 1234): ACCESS_REG(0x805) op_mod(0x1) failed, status bad parameter(0x3), syndrome (0x6e1a5d), err(-22)";
+        assert!(!interesting(refused.as_bytes()));
+        assert_eq!(crate::parse_message(refused), None);
     }
 }

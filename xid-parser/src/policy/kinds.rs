@@ -429,10 +429,12 @@ pub(super) fn validation(ev: &FaultEvent) -> Decision<'static> {
     )
 }
 
-/// A NIC event (RDMA port link change, cable/module event, NIC health), by
-/// its `nic_event` (and, for `module` events, its `module_status`). These never
-/// isolate a GPU: the network monitor turns them into the `NetworkProblem`
-/// condition, and `investigate` here only sets the record's severity.
+/// A NIC event (RDMA port link change, cable/module event, NIC health, firmware
+/// command timeout, PCIe slot power, transmit timeout), by its `nic_event` (and,
+/// for `module` events, its `module_status`; for `health` events,
+/// `health_fatal`). These never isolate a GPU: the network monitor turns them
+/// into the `NetworkProblem` condition, and the action here only sets the
+/// record's severity.
 pub(super) fn nic(ev: &FaultEvent) -> Decision<'static> {
     let (action, reason, name) = match attr(ev, "nic_event") {
         Some("link_up") => (
@@ -448,6 +450,31 @@ pub(super) fn nic(ev: &FaultEvent) -> Decision<'static> {
             "NIC link down",
         ),
         Some("module") => return nic_module(ev),
+        Some("health") if attr(ev, "health_fatal") == Some("true") => (
+            Action::InspectHardware,
+            "NIC hardware fault: the NIC's firmware stopped answering (a firmware command \
+             timed out, the health poller found it fatal or its recovery failed). Its ports \
+             carry no RDMA traffic (NCCL over them hangs) until the driver recovers it or the \
+             node reboots; if it recurs, replace the NIC. The network monitor reports \
+             NICHardwareFault.",
+            "NIC hardware fault",
+        ),
+        Some("slot_power") => (
+            Action::Investigate,
+            "NIC PCIe slot power insufficient: the slot advertises less power than the NIC \
+             needs and the firmware throttles or powers ports down (RDMA bandwidth drops). \
+             Inspect the hardware: the slot, riser and power supply, and the slot power \
+             limit the platform advertises.",
+            "NIC slot power insufficient",
+        ),
+        Some("tx_timeout") => (
+            Action::Investigate,
+            "NIC transmit timeout: a transmit queue of the interface made no progress \
+             and the kernel's watchdog had the driver reset it; traffic over the port \
+             stalls meanwhile (NCCL over it hangs or times out). If it recurs, check the \
+             NIC's firmware health, the link and the switch port.",
+            "NIC transmit timeout",
+        ),
         _ => (
             Action::Investigate,
             "NIC hardware event (cable or transceiver module, NIC health, PCIe error at the \
@@ -709,6 +736,26 @@ mod tests {
                 nic(&[("nic_event", "health")]),
                 Action::Investigate,
                 "NIC hardware event",
+            ),
+            (
+                nic(&[("nic_event", "health"), ("health_fatal", "true")]),
+                Action::InspectHardware,
+                "NIC hardware fault",
+            ),
+            (
+                nic(&[("nic_event", "health"), ("health_fatal", "no")]),
+                Action::Investigate,
+                "NIC hardware event",
+            ),
+            (
+                nic(&[("nic_event", "slot_power"), ("slot_power_watts", "27")]),
+                Action::Investigate,
+                "NIC slot power insufficient",
+            ),
+            (
+                nic(&[("nic_event", "tx_timeout"), ("netdev", "ens1f0np0")]),
+                Action::Investigate,
+                "NIC transmit timeout",
             ),
             (nic(&[]), Action::Investigate, "NIC hardware event"),
         ];

@@ -14,7 +14,8 @@
 //! - XID 119/120 (GSP RPC timeout) hold for the GSP RPC history dump.
 //! - Machine checks hold for their `[Hardware Error]` detail lines; driver errors
 //!   (`RmInitAdapter failed!`, `rm_init_adapter failed`, probe failures) merge.
-//! - NIC lines (`mlx5_core`: link up/down, port module events, health reports)
+//! - NIC lines (`mlx5_core`: link up/down, port module events, health reports,
+//!   firmware command timeouts, slot power; the transmit watchdog of any driver)
 //!   are one event each, emitted at once.
 //!
 //! A held event is emitted on the next unrelated record, by [`Scanner::flush_expired`]

@@ -101,10 +101,14 @@ impl Scanner {
         }
     }
 
-    /// A NIC line (`mlx5_core`): one event of its own, at the NIC's PCI function,
-    /// with `nic_event` and what the line names (`netdev`; `module`,
-    /// `module_status`, `module_error`; `health_detail`). Its name and action are
-    /// the policy's (by `nic_event`, and `module_status` for module events).
+    /// A NIC line (`mlx5_core`, or the transmit watchdog of any driver): one event
+    /// of its own, at the NIC's PCI function (none for a watchdog line that does
+    /// not print it), with `nic_event` and what the line names (`netdev`;
+    /// `module`, `module_status`, `module_error`; `health_detail` and
+    /// `health_fatal`, `fw_command` for a command timeout; `slot_power_watts`;
+    /// `driver`, `tx_queue`, `tx_timeout_ms`). Its name and action are the
+    /// policy's (by `nic_event`, `module_status` for module events,
+    /// `health_fatal` for health events).
     fn emit_nic(&mut self, meta: &RecordMeta, n: NicMsg<'_>, raw: &str, out: &mut Sink<'_>) {
         let mut ev = self.event(FaultKind::Nic, meta, raw);
         ev.pci_address = norm(n.pci);
@@ -126,7 +130,37 @@ impl Scanner {
                     attr(&mut ev, "module_error", e);
                 }
             }
-            NicEvent::Health { detail } => attr(&mut ev, "health_detail", detail),
+            NicEvent::Health { detail, fatal } => {
+                attr(&mut ev, "health_detail", detail);
+                if fatal {
+                    attr(&mut ev, "health_fatal", "true");
+                }
+            }
+            NicEvent::CmdTimeout { command, detail } => {
+                attr(&mut ev, "health_detail", detail);
+                attr(&mut ev, "health_fatal", "true");
+                attr(&mut ev, "fw_command", command);
+            }
+            NicEvent::SlotPower { watts } => {
+                if let Some(w) = watts {
+                    attr(&mut ev, "slot_power_watts", w.to_string());
+                }
+            }
+            NicEvent::TxTimeout {
+                netdev,
+                driver,
+                queue,
+                timeout_ms,
+            } => {
+                attr(&mut ev, "netdev", netdev);
+                if let Some(d) = driver {
+                    attr(&mut ev, "driver", d);
+                }
+                attr(&mut ev, "tx_queue", queue.to_string());
+                if let Some(ms) = timeout_ms {
+                    attr(&mut ev, "tx_timeout_ms", ms.to_string());
+                }
+            }
         }
         self.emit(ev, out);
     }

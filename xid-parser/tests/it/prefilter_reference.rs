@@ -60,6 +60,13 @@ fn reference(msg: &[u8]) -> bool {
             b"Port module",
             b"compromised",
             b"Fatal error",
+            b"done completion",
+            b"command resource",
+            b"the PCIe slot",
+            b"recovery failed",
+            b"PCI reads still",
+            b"synd 0x",
+            b"NETDEV WATCHDOG",
         ]
         .iter()
         .any(|m| memchr::memmem::find(msg, m).is_some())
@@ -140,6 +147,33 @@ const PIECES: &[&str] = &[
     "Fatal error",
     "Fatal erro",
     "Fa",
+    "done completion",
+    "done complet",
+    "No done",
+    "command resource",
+    "ommand resource",
+    "command",
+    "ma",
+    "the PCIe slot",
+    "he PCIe slot",
+    "PCIe slot",
+    "recovery failed",
+    "ecovery failed",
+    "failed",
+    "fa",
+    "f",
+    "PCI reads still",
+    "PCI reads",
+    "synd 0x",
+    "ynd 0x",
+    "synd",
+    "yn",
+    "y",
+    "NETDEV WATCHDOG",
+    "ETDEV WATCHDOG",
+    "NETDEV",
+    "NE",
+    "E",
     "L",
     "F",
     "mp",
@@ -249,6 +283,13 @@ fn markers_across_chunk_boundaries() {
         "Port module",
         "compromised",
         "Fatal error",
+        "done completion",
+        "command resource",
+        "the PCIe slot",
+        "recovery failed",
+        "PCI reads still",
+        "synd 0x",
+        "NETDEV WATCHDOG",
     ] {
         for pad in 0..40 {
             let msg = format!("{}{marker}{}", "x".repeat(pad), "y".repeat(pad % 7));
@@ -261,6 +302,8 @@ fn markers_across_chunk_boundaries() {
         "nvme0n1: p1 p2",
         "mlx5_core 0000:0c:00.0: mlx5_pcie_event:301:(pid 0): PCIe slot advertised sufficient power (75W).",
         "mlx5_core 0000:1a:00.0: firmware version: 28.39.1002",
+        // The answer of a restricted NIC to the agent's own counter reads.
+        "mlx5_core 0000:0c:00.0: mlx5_cmd_out_err:838:(pid 1234): ACCESS_REG(0x805) op_mod(0x1) failed, status bad parameter(0x3), syndrome (0x6e1a5d), err(-22)",
     ] {
         assert!(!Scanner::interesting(noise.as_bytes()), "{noise:?}");
         assert!(!Scanner::interesting_line(
