@@ -41,6 +41,35 @@ fn example_config_states_the_defaults() {
         format!("{:?}", d.validation),
         "[validation] defaults"
     );
+    assert_eq!(cfg.network, d.network, "[network] defaults");
+    assert_eq!(
+        format!("{:?}", cfg.kubelet),
+        format!("{:?}", d.kubelet),
+        "[kubelet] defaults"
+    );
+}
+
+/// `[network]` is typed with serde both ways: every key it has is written out in the
+/// example (an option the example leaves out is one an operator never learns of).
+#[test]
+fn example_config_names_every_network_key() {
+    let text = std::fs::read_to_string(example()).expect("example");
+    let example: toml::Table = toml::from_str(&text).expect("example parses");
+    let written = example
+        .get("network")
+        .and_then(toml::Value::as_table)
+        .expect("[network] in the example");
+    let defaults = toml::Value::try_from(gpuwatch_core::network::NetworkConfig::default())
+        .expect("[network] serialises");
+    let defaults = defaults.as_table().expect("a table");
+    let missing: Vec<&String> = defaults
+        .keys()
+        .filter(|k| !written.contains_key(*k))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "[network] keys missing from the example: {missing:?}"
+    );
 }
 
 #[test]
@@ -56,6 +85,8 @@ fn every_section_rejects_unknown_keys() {
         "otlp",
         "kube",
         "validation",
+        "kubelet",
+        "network",
     ] {
         let text = format!("[{section}]\nno_such_option = 1\n");
         let err = Config::parse(Path::new("x.toml"), &text).unwrap_err();
