@@ -26,6 +26,23 @@ fn config(dir: &std::path::Path, sysfs: &FakeSysfs) -> std::path::PathBuf {
     path
 }
 
+/// The agent over `sysfs` (no kernel log, no NVML), state and config in `dir`.
+fn start(dir: &std::path::Path, sysfs: &FakeSysfs) -> TestAgent {
+    let cfg = config(dir, sysfs);
+    TestAgent::start(
+        &dir.join("state"),
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--sysfs-root",
+            sysfs.root().to_str().unwrap(),
+            "--kmsg-path",
+            "/dev/null",
+            "--prometheus",
+        ],
+    )
+}
+
 fn network(addr: &str) -> serde_json::Value {
     http_get(addr, "/v1/health")
         .and_then(|(_, b)| serde_json::from_str::<serde_json::Value>(&b).ok())
@@ -58,19 +75,7 @@ fn a_port_goes_down_then_flaps_then_quiets_and_the_gpus_never_hear_of_it() {
     let sysfs = FakeSysfs::node_of(2);
     // A healthy H100 node can read 15 here for ever (the 4-bit maximum).
     sysfs.set_counter("mlx5_0", 1, "excessive_buffer_overrun_errors", 15);
-    let cfg = config(dir.path(), &sysfs);
-    let agent = TestAgent::start(
-        &dir.path().join("state"),
-        &[
-            "--config",
-            cfg.to_str().unwrap(),
-            "--sysfs-root",
-            sysfs.root().to_str().unwrap(),
-            "--kmsg-path",
-            "/dev/null",
-            "--prometheus",
-        ],
-    );
+    let agent = start(dir.path(), &sysfs);
     let addr = agent.api_addr().expect("API address logged");
     let n = wait_reason(&addr, "NICHealthy");
     assert_eq!(n["ports"].as_array().map(Vec::len), Some(2), "{n:#}");
@@ -161,19 +166,7 @@ const READS_AGAIN: &str = "The NIC poller reads again.";
 fn a_stuck_counter_read_makes_the_network_unknown_until_it_returns() {
     let dir = tempfile::tempdir().unwrap();
     let sysfs = FakeSysfs::node_of(2);
-    let cfg = config(dir.path(), &sysfs);
-    let agent = TestAgent::start(
-        &dir.path().join("state"),
-        &[
-            "--config",
-            cfg.to_str().unwrap(),
-            "--sysfs-root",
-            sysfs.root().to_str().unwrap(),
-            "--kmsg-path",
-            "/dev/null",
-            "--prometheus",
-        ],
-    );
+    let agent = start(dir.path(), &sysfs);
     let addr = agent.api_addr().expect("API address logged");
     let mut last = serde_json::Value::Null;
     assert!(

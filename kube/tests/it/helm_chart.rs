@@ -291,7 +291,7 @@ const KNOWN_DIFFERENCES: &[KnownDifference] = &[KnownDifference {
 }];
 
 /// Labels and annotations Helm adds that kustomize has no counterpart for.
-const HELM_ONLY_LABELS: [&str; 4] = [
+pub(crate) const HELM_ONLY_LABELS: [&str; 4] = [
     "helm.sh/chart",
     "app.kubernetes.io/managed-by",
     "app.kubernetes.io/instance",

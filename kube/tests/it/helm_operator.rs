@@ -5,7 +5,9 @@
 //! duplicate keys), whether the scraper may connect, which nodes the agent lands on.
 
 use super::deploy_manifests::repo_root;
-use super::helm_chart::{CHART, by_identity, helm_template, render_ci, values_file};
+use super::helm_chart::{
+    CHART, HELM_ONLY_LABELS, by_identity, helm_template, render_ci, values_file,
+};
 use serde_yaml::Value;
 
 /// Namespaces every cluster has and other software lives in.
@@ -43,6 +45,38 @@ fn helm_never_deletes_a_namespace() {
         ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
         Value::from("privileged")
     );
+}
+
+/// A render's objects by (kind, namespace, name).
+type Objects = std::collections::BTreeMap<(String, String, String), Value>;
+
+/// The render's one DaemonSet (the agent's, or the sidecar's partial one).
+fn the_daemonset(objs: &Objects) -> &Value {
+    objs.iter()
+        .find(|((kind, ..), _)| kind == "DaemonSet")
+        .map(|(_, v)| v)
+        .expect("a DaemonSet")
+}
+
+/// The agent's ConfigMap (`gpuwatch-config`, hashed in standalone mode): its name and object.
+fn agent_config_map(objs: &Objects) -> (&String, &Value) {
+    objs.iter()
+        .find(|((kind, _, name), _)| kind == "ConfigMap" && name.starts_with("gpuwatch-config"))
+        .map(|((.., name), v)| (name, v))
+        .expect("the agent's ConfigMap")
+}
+
+/// Every requirement of `selector` (`k=v,k=v`) holds for the DaemonSet's pod labels.
+fn assert_selects_the_agents(objs: &Objects, selector: &str, what: &str) {
+    let labels = &the_daemonset(objs)["spec"]["template"]["metadata"]["labels"];
+    for req in selector.split(',') {
+        let (k, v) = req.split_once('=').expect("k=v");
+        assert_eq!(
+            labels[k].as_str(),
+            Some(v),
+            "{what}: the agents match {req}"
+        );
+    }
 }
 
 /// Every pod spec in a rendered object (a DaemonSet's template, a Job's, a bare Pod's).
@@ -98,11 +132,7 @@ fn assert_no_duplicate_keys(render: &str, what: &str) {
 /// The container's env as (name, value) pairs; `valueFrom` entries as "<from>".
 fn env_of(render: &str) -> Vec<(String, String)> {
     let objs = by_identity(render);
-    let ds = objs
-        .iter()
-        .find(|((kind, ..), _)| kind == "DaemonSet")
-        .map(|(_, v)| v)
-        .expect("a DaemonSet");
+    let ds = the_daemonset(&objs);
     ds["spec"]["template"]["spec"]["containers"][0]["env"]
         .as_sequence()
         .expect("env")
@@ -285,11 +315,7 @@ fn helm_network_policy_admits_the_scraper() {
 /// (key, operator, values) requirements (ANDed).
 fn affinity_terms(render: &str) -> Vec<Vec<(String, String, Vec<String>)>> {
     let objs = by_identity(render);
-    let ds = objs
-        .iter()
-        .find(|((kind, ..), _)| kind == "DaemonSet")
-        .map(|(_, v)| v)
-        .expect("a DaemonSet");
+    let ds = the_daemonset(&objs);
     let terms = &ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         ["nodeSelectorTerms"];
     terms
@@ -495,12 +521,8 @@ fn helm_sidecar_config_survives_upgrade_and_uninstall() {
     let mut upgrade = sidecar.to_vec();
     upgrade.extend(["--values", values.as_str()]);
     let after = by_identity(&helm_template("gpu-operator", &upgrade).expect("helm template"));
-    let mounted = |objs: &std::collections::BTreeMap<(String, String, String), Value>| {
-        let ds = &objs[&(
-            "DaemonSet".into(),
-            "gpu-operator".into(),
-            "nvidia-dcgm-exporter".into(),
-        )];
+    let mounted = |objs: &Objects| {
+        let ds = the_daemonset(objs);
         let vols = ds["spec"]["template"]["spec"]["volumes"]
             .as_sequence()
             .expect("volumes");
@@ -539,11 +561,7 @@ fn helm_sidecar_config_survives_upgrade_and_uninstall() {
     }
     // Standalone keeps the hashed, Helm-owned ConfigMap: its own DaemonSet follows it.
     let standalone = by_identity(&helm_template("gpuwatch", &[]).expect("helm template"));
-    let cm = standalone
-        .iter()
-        .find(|((kind, _, name), _)| kind == "ConfigMap" && name.starts_with("gpuwatch-config"))
-        .map(|(_, v)| v)
-        .expect("ConfigMap");
+    let cm = agent_config_map(&standalone).1;
     assert!(
         cm["metadata"]["annotations"].is_null(),
         "standalone: {cm:?}"
@@ -688,11 +706,7 @@ fn helm_chart_metadata_is_complete() {
 fn helm_otlp_endpoint_is_a_value() {
     let args_of = |render: &str| -> Vec<String> {
         let objs = by_identity(render);
-        let ds = objs
-            .iter()
-            .find(|((kind, ..), _)| kind == "DaemonSet")
-            .map(|(_, v)| v)
-            .expect("a DaemonSet");
+        let ds = the_daemonset(&objs);
         ds["spec"]["template"]["spec"]["containers"][0]["args"]
             .as_sequence()
             .expect("args")
@@ -759,11 +773,7 @@ fn helm_resource_quota_admits_the_priority_class() {
     let scope = &quota["spec"]["scopeSelector"]["matchExpressions"][0];
     assert_eq!(scope["scopeName"], Value::from("PriorityClass"));
     assert_eq!(scope["operator"], Value::from("In"));
-    let ds = objs
-        .iter()
-        .find(|((kind, ..), _)| kind == "DaemonSet")
-        .map(|(_, v)| v)
-        .expect("DaemonSet");
+    let ds = the_daemonset(&objs);
     assert_eq!(
         scope["values"][0], ds["spec"]["template"]["spec"]["priorityClassName"],
         "the quota is scoped to the agent's priority class"
@@ -918,16 +928,7 @@ fn helm_uninstall_cleanup_hook() {
                 Some("metadata.namespace")
             );
             assert_eq!(cmd[i + 2..], ["--timeout", "90"]);
-            let ds = objs
-                .iter()
-                .find(|((kind, ..), _)| kind == "DaemonSet")
-                .map(|(_, v)| v)
-                .expect("DaemonSet");
-            let agent_labels = &ds["spec"]["template"]["metadata"]["labels"];
-            for req in selector.split(',') {
-                let (k, v) = req.split_once('=').expect("k=v");
-                assert_eq!(agent_labels[k].as_str(), Some(v), "the agents match {req}");
-            }
+            assert_selects_the_agents(&objs, selector, mode);
             assert!(
                 selector.split(',').any(|req| {
                     let (k, v) = req.split_once('=').expect("k=v");
@@ -953,11 +954,7 @@ fn helm_uninstall_cleanup_hook() {
             ns.into(),
             "gpuwatch-cleanup-config".into(),
         )];
-        let agent_config = objs
-            .iter()
-            .find(|((kind, _, name), _)| kind == "ConfigMap" && name.starts_with("gpuwatch-config"))
-            .map(|(_, v)| v)
-            .expect("the agent's ConfigMap");
+        let agent_config = agent_config_map(&objs).1;
         assert_eq!(
             hook_config["data"], agent_config["data"],
             "{mode}: the agent's config"
@@ -1015,12 +1012,7 @@ fn kustomize_cleanup_is_the_helm_hook() {
             let meta = hv["metadata"].as_mapping_mut().expect("metadata");
             meta.remove("annotations");
             if let Some(labels) = meta.get_mut("labels").and_then(Value::as_mapping_mut) {
-                for l in [
-                    "helm.sh/chart",
-                    "app.kubernetes.io/managed-by",
-                    "app.kubernetes.io/instance",
-                    "app.kubernetes.io/version",
-                ] {
+                for l in HELM_ONLY_LABELS {
                     labels.remove(l);
                 }
             }
@@ -1114,11 +1106,7 @@ fn helm_test_checks_the_install_as_the_agent() {
             volumes.iter().all(|v| v.host_path.is_none()),
             "{mode}: no host path"
         );
-        let agent_cm = objs
-            .keys()
-            .find(|(kind, _, name)| kind == "ConfigMap" && name.starts_with("gpuwatch-config"))
-            .map(|(.., name)| name.clone())
-            .expect("the agent's ConfigMap");
+        let agent_cm = agent_config_map(&objs).0.clone();
         assert_eq!(
             volumes[0].config_map.as_ref().map(|c| c.name.clone()),
             Some(agent_cm),
@@ -1142,19 +1130,7 @@ fn helm_test_checks_the_install_as_the_agent() {
             "{mode}"
         );
         // The selector is the agent pods' labels.
-        let ds = objs
-            .iter()
-            .find(|((kind, ..), _)| kind == "DaemonSet")
-            .map(|(_, v)| v)
-            .expect("DaemonSet");
-        for req in selector.split(',') {
-            let (k, v) = req.split_once('=').expect("k=v");
-            assert_eq!(
-                ds["spec"]["template"]["metadata"]["labels"][k].as_str(),
-                Some(v),
-                "{mode}"
-            );
-        }
+        assert_selects_the_agents(&objs, selector, mode);
         let sc = c.security_context.as_ref().expect("securityContext");
         assert_eq!(sc.read_only_root_filesystem, Some(true));
         assert_eq!(sc.allow_privilege_escalation, Some(false));

@@ -7,6 +7,41 @@ into the ConfigMap.
 {{ if .Values.config }}{{ .Values.config }}{{ else }}{{ .Files.Get "files/gpuwatch.toml" }}{{ end }}
 {{- end -}}
 
+{{/*
+The ConfigMap's data entry of the config text, indented for a `data:` map at column 0. Blank
+lines of the block scalar carry no indentation (no trailing spaces).
+*/}}
+{{- define "gpuwatch.configData" -}}
+{{ "  " }}gpuwatch.toml: {{ regexReplaceAll "(?m)^ +$" (include "gpuwatch.configText" . | toYaml | indent 2 | trim) "" }}
+{{- end -}}
+
+{{/*
+The pod and container security of the pods that only talk to the API server (the uninstall
+cleanup, helm test): no host access, no root, nothing writable. apiClientPodSecurity is the pod's
+securityContext, apiClientContainer the container's resources and securityContext.
+*/}}
+{{- define "gpuwatch.apiClientPodSecurity" -}}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 65534
+  runAsGroup: 65534
+  seccompProfile:
+    type: RuntimeDefault
+{{- end -}}
+{{- define "gpuwatch.apiClientContainer" -}}
+resources:
+  requests:
+    cpu: 10m
+    memory: 32Mi
+  limits:
+    memory: 128Mi
+securityContext:
+  allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: true
+  capabilities:
+    drop: ["ALL"]
+{{- end -}}
+
 {{/* A TOML table of the config as a map: absent is empty, anything but a table fails. */}}
 {{- define "gpuwatch.table" -}}
 {{- $v := index .map .key -}}
