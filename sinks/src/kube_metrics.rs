@@ -136,6 +136,9 @@ pub struct KubeStatus {
     /// `status.allocatable` (the configured resources summed); `None` when not
     /// known (no writer, or the check is off).
     pub gpus_advertised: Option<u64>,
+    /// The Node's `metadata.uid` once the writer has read the Node (the OTLP
+    /// resource's `k8s.node.uid`).
+    pub node_uid: Option<String>,
 }
 
 impl KubeStatus {

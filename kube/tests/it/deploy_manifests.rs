@@ -996,7 +996,104 @@ fn otel_collector_serves_the_agent_endpoint() {
         serde_yaml::Value::Bool(true),
         "k8s.node.name must become a label"
     );
-    assert!(objs.iter().any(|o| matches!(o, Object::Deployment(_))));
+    check_k8sattributes(&cfg, &objs);
+}
+
+/// The collector enriches a fault record about a pod: k8sattributes on the logs pipeline,
+/// associating only by the resource's `k8s.pod.uid` (the connection's IP would be the
+/// agent's own pod), with the read-only RBAC it needs bound to the Deployment's account;
+/// the metrics keep `service.instance.id` (the agent's stable identity).
+fn check_k8sattributes(cfg: &serde_yaml::Value, objs: &[Object]) {
+    let k8s = &cfg["processors"]["k8sattributes"];
+    let assoc = k8s["pod_association"]
+        .as_sequence()
+        .expect("pod_association");
+    assert_eq!(assoc.len(), 1, "{assoc:?}");
+    let sources = assoc[0]["sources"].as_sequence().expect("sources");
+    assert_eq!(sources.len(), 1, "{sources:?}");
+    assert_eq!(sources[0]["from"].as_str(), Some("resource_attribute"));
+    assert_eq!(sources[0]["name"].as_str(), Some("k8s.pod.uid"));
+    let processors = |pipeline: &str| -> Vec<String> {
+        cfg["service"]["pipelines"][pipeline]["processors"]
+            .as_sequence()
+            .expect("processors")
+            .iter()
+            .map(|p| p.as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    assert!(processors("logs").contains(&"k8sattributes".to_owned()));
+    assert!(!processors("metrics").contains(&"k8sattributes".to_owned()));
+    for p in processors("metrics") {
+        for a in cfg["processors"][p.as_str()]["attributes"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+        {
+            assert_ne!(
+                a["key"].as_str(),
+                Some("service.instance.id"),
+                "{p} touches service.instance.id"
+            );
+        }
+    }
+    let deployment = objs
+        .iter()
+        .find_map(|o| match o {
+            Object::Deployment(d) => Some(d),
+            _ => None,
+        })
+        .expect("Deployment");
+    let account = deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|s| s.service_account_name.clone())
+        .expect("serviceAccountName");
+    let role = objs
+        .iter()
+        .find_map(|o| match o {
+            Object::ClusterRole(r) => Some(r),
+            _ => None,
+        })
+        .expect("ClusterRole");
+    let grants = |group: &str, resource: &str, verb: &str| {
+        role.rules.iter().flatten().any(|r| {
+            r.api_groups.iter().flatten().any(|g| g == group)
+                && r.resources.iter().flatten().any(|x| x == resource)
+                && r.verbs.iter().any(|v| v == verb)
+        })
+    };
+    for (group, resource) in [
+        ("", "pods"),
+        ("", "namespaces"),
+        ("apps", "replicasets"),
+        ("batch", "jobs"),
+    ] {
+        for verb in ["get", "list", "watch"] {
+            assert!(grants(group, resource, verb), "{verb} {group}/{resource}");
+        }
+    }
+    assert!(
+        role.rules.iter().flatten().all(|r| r
+            .verbs
+            .iter()
+            .all(|v| ["get", "list", "watch"].contains(&v.as_str()))),
+        "read-only"
+    );
+    let bound = objs.iter().any(|o| match o {
+        Object::ClusterRoleBinding(b) => {
+            b.role_ref.name == role.metadata.name.clone().unwrap_or_default()
+                && b.subjects.iter().flatten().any(|s| {
+                    s.kind == "ServiceAccount"
+                        && s.name == account
+                        && s.namespace.as_deref() == Some("observability")
+                })
+        }
+        _ => false,
+    });
+    assert!(bound, "the ClusterRole is bound to {account}");
+    assert!(objs.iter().any(|o| matches!(o, Object::ServiceAccount(s)
+        if s.metadata.name.as_deref() == Some(account.as_str()))));
 }
 
 #[test]

@@ -55,9 +55,12 @@ The pod template's labels: SELECTOR (a dict, which podLabels may not change) and
   valueFrom:
     fieldRef:
       fieldPath: metadata.namespace
-# Extra OTLP resource attributes (k8s.node.name and host.name come from NODE_NAME).
+# Extra OTLP resource attributes. The agent's identity is service.name +
+# service.instance.id (the node name); k8s.node.name and host.name come from NODE_NAME.
+# Never the agent's own pod: k8s.pod.* on a resource names the pod a fault record is
+# about (what the collector's k8sattributes associates by).
 - name: OTEL_RESOURCE_ATTRIBUTES
-  value: k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE)
+  value: service.instance.id=$(NODE_NAME)
 # NVML through the NVIDIA container toolkit: every GPU, management library only.
 - name: NVIDIA_VISIBLE_DEVICES
   value: all
