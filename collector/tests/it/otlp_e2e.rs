@@ -442,6 +442,7 @@ fn roundtrip(proto: Proto) {
             "gpuwatch.startup_gate.duration",
             "gpuwatch.validation.runs",
             "gpuwatch.network.flaps",
+            "gpuwatch.network.rate_breaches",
             "hw.errors",
             "hw.network.bandwidth.limit",
             "hw.network.up",
