@@ -448,15 +448,34 @@ fn network_condition(n: &NetworkHealth, cfg: &KubeSettings) -> DesiredCondition 
             format!("gpuwatch cannot read the RDMA ports: {}", n.monitor_message),
         )
     } else {
+        // AWS EFA ports are never "up" (their driver reports ACTIVE/LinkUp
+        // whatever the fabric does): they are counted apart, with what they
+        // are judged by.
+        let efa = n.ports.iter().filter(|p| p.link_layer == "efa").count();
         let up = n.ports.iter().filter(|p| p.status == "up").count();
-        (
-            FALSE,
-            "NICHealthy".to_owned(),
+        let message = if efa == 0 {
             format!(
                 "{up} of {} RDMA ports up; no network problem",
                 n.ports.len()
-            ),
-        )
+            )
+        } else {
+            let present = n
+                .ports
+                .iter()
+                .filter(|p| p.link_layer == "efa" && p.status == "state_unreported")
+                .count();
+            let others = n.ports.len() - efa;
+            let mut m = String::new();
+            if others > 0 {
+                m.push_str(&format!("{up} of {others} RDMA ports up; "));
+            }
+            m.push_str(&format!(
+                "{present} AWS EFA devices present with no error-rate breach (their port state \
+                 is not reported: judged by presence and error-counter rates); no network problem"
+            ));
+            m
+        };
+        (FALSE, "NICHealthy".to_owned(), message)
     };
     DesiredCondition {
         type_: cfg.conditions.network_type.clone(),
@@ -778,6 +797,19 @@ mod tests {
         assert_eq!((c.status, c.reason.as_str()), (FALSE, "NICHealthy"));
         assert_eq!(c.message, "1 of 1 RDMA ports up; no network problem");
 
+        // EFA ports are counted apart, never as ports up.
+        let mut efa = network(false, "NICHealthy", true);
+        efa.ports[0].link_layer = "efa".into();
+        efa.ports[0].status = "state_unreported".into();
+        h.network = Some(efa);
+        let d = desired(&h, &cfg, &Gate::Open);
+        let c = cond(&d, "NetworkProblem");
+        assert_eq!((c.status, c.reason.as_str()), (FALSE, "NICHealthy"));
+        assert_eq!(
+            c.message,
+            "1 AWS EFA devices present with no error-rate breach (their port state is not \
+             reported: judged by presence and error-counter rates); no network problem"
+        );
         h.network = Some(network(true, "NICPortDown", true));
         let d = desired(&h, &cfg, &Gate::Open);
         let c = cond(&d, "NetworkProblem");

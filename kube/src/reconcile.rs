@@ -140,6 +140,7 @@ impl Reconciler {
         }
         if let Some(uid) = &n.metadata.uid {
             *self.node_uid.lock().unwrap_or_else(|e| e.into_inner()) = Some(uid.clone());
+            self.metrics.publish(|s| s.node_uid = Some(uid.clone()));
         }
         let fault_taint = has_fault_taint(&n, &self.cfg);
         self.metrics.publish(|s| s.fault_taint = fault_taint);

@@ -147,6 +147,9 @@ pub struct KubeStatus {
     /// (DRA devices, or a fault that asked for a rule): those faults get
     /// the Node taint instead.
     pub device_isolation_unavailable: Option<String>,
+    /// The Node's `metadata.uid` once the writer has read the Node (the OTLP
+    /// resource's `k8s.node.uid`).
+    pub node_uid: Option<String>,
 }
 
 impl KubeStatus {

@@ -682,8 +682,8 @@ pub fn populate(r: &Registry, k: &KubeMetrics) {
             kmsg_caught_up: false,
             ..Default::default()
         }),
-        // One RDMA port that flapped and counted symbol errors: every network
-        // instrument has a point.
+        // One RDMA port that flapped, counted symbol errors and broke a
+        // symbol_error rate rule: every network instrument has a point.
         network: Some(gpuwatch_proto::NetworkHealth {
             problem: true,
             reason: "NICPortFlapping".into(),
@@ -701,6 +701,7 @@ pub fn populate(r: &Registry, k: &KubeMetrics) {
                 status: "flapping".into(),
                 flaps_total: 3,
                 error_counts: [("symbol_error".to_string(), 12)].into(),
+                rate_breaches: [("symbol_error".to_string(), 1)].into(),
                 ..Default::default()
             }],
             ..Default::default()

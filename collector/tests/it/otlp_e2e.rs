@@ -317,6 +317,11 @@ fn check_resource(what: &str, resource: &BTreeMap<String, String>) {
         "{what}"
     );
     assert_eq!(a("k8s.node.name"), Some(s(NODE)), "{what}");
+    assert_eq!(a("service.instance.id"), Some(s(NODE)), "{what}");
+    assert!(
+        resource.keys().all(|k| !k.starts_with("k8s.pod.")),
+        "{what}: {resource:?}"
+    );
     assert_eq!(a("host.name"), Some(s(&host_name())), "{what}");
     assert_eq!(a("k8s.cluster.name"), Some(s("e2e-cluster")), "{what}");
 }
@@ -439,6 +444,7 @@ fn roundtrip(proto: Proto) {
             "gpuwatch.startup_gate.duration",
             "gpuwatch.validation.runs",
             "gpuwatch.network.flaps",
+            "gpuwatch.network.rate_breaches",
             "hw.errors",
             "hw.network.bandwidth.limit",
             "hw.network.up",

@@ -520,8 +520,9 @@ pub struct NetworkHealth {
     /// reported a hardware fault, or fewer ports are up than expected.
     #[prost(bool, tag = "1")]
     pub problem: bool,
-    /// The condition's reason: NICPortDown, NICPortFlapping, NICLinkDegraded,
-    /// NICHardwareFault (the most severe present), or NICHealthy.
+    /// The condition's reason: NICHardwareFault, NICPortDown, NICPortFlapping,
+    /// NICErrorRate, NICLinkDegraded (the most severe present, in this order),
+    /// or NICHealthy.
     #[prost(string, tag = "2")]
     pub reason: ::prost::alloc::string::String,
     /// In words, naming the ports.
@@ -546,7 +547,9 @@ pub struct NicPortHealth {
     pub device: ::prost::alloc::string::String,
     #[prost(uint32, tag = "2")]
     pub port: u32,
-    /// "infiniband" | "ethernet" (RoCE) | "unknown".
+    /// "infiniband" | "ethernet" (RoCE) | "efa" (an AWS EFA device, PCI vendor
+    /// 0x1d0f: its state files always say ACTIVE/LinkUp and are not evidence) |
+    /// "unknown".
     #[prost(string, tag = "3")]
     pub link_layer: ::prost::alloc::string::String,
     /// The port's netdev (`ib0`, `eth2`), when it has one.
@@ -564,8 +567,10 @@ pub struct NicPortHealth {
     #[prost(double, tag = "8")]
     pub rate_gbps: f64,
     /// "up" | "down" (past the grace) | "going_down" (within the grace) |
-    /// "flapping" | "degraded" | "hardware_fault" | "never_up" (down since the
-    /// agent started, no expectation set: information) | "ignored".
+    /// "flapping" | "error_rate" (an error counter rose faster than its rule
+    /// allows) | "degraded" | "hardware_fault" | "never_up" (down since the
+    /// agent started, no expectation set: information) | "ignored" |
+    /// "state_unreported" (an EFA port present in sysfs: never counted up).
     #[prost(string, tag = "9")]
     pub status: ::prost::alloc::string::String,
     /// Down→up flaps within the flap window.
@@ -599,6 +604,13 @@ pub struct NicPortHealth {
     /// Flaps counted since the agent started.
     #[prost(uint64, tag = "17")]
     pub flaps_total: u64,
+    /// Error-rate breaches since the agent started, by counter name: each a
+    /// rise that overflowed the counter's token bucket (`\[network.error_rate\]`).
+    #[prost(btree_map = "string, uint64", tag = "18")]
+    pub rate_breaches: ::prost::alloc::collections::BTreeMap<
+        ::prost::alloc::string::String,
+        u64,
+    >,
 }
 /// A node condition held in its problem status: it cleared as often as the
 /// flap bound allows within a window, so a further clear waits until the

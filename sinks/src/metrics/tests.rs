@@ -498,6 +498,58 @@ fn eight_nic_network() -> gpuwatch_proto::NetworkHealth {
     }
 }
 
+/// An EFA port sends no `hw.network.up` (its state is not evidence), its
+/// rate, and one `gpuwatch.network.rate_breaches` series per counter that
+/// broke its rule; the problem carries the NICErrorRate reason.
+#[test]
+fn efa_ports_send_no_up_and_their_rate_breaches() {
+    let r = started_registry();
+    let f = SeriesFilter::new(Duration::from_secs(300));
+    let t0 = Instant::now();
+    let mut h = healthy_node();
+    let mut n = eight_nic_network();
+    for p in &mut n.ports {
+        p.device = p.device.replace("mlx5_", "rdmap");
+        p.link_layer = "efa".into();
+        p.netdev.clear();
+        p.rate_gbps = 100.0;
+        p.status = "state_unreported".into();
+    }
+    n.problem = true;
+    n.reason = "NICErrorRate".into();
+    n.ports[2].status = "error_rate".into();
+    n.ports[2].rate_breaches.insert("rx_drops".into(), 2);
+    n.ports[2].error_counts.insert("rx_drops".into(), 900);
+    h.network = Some(n);
+    let pts = f.collect_all(&r.src(), &h, t0);
+    assert!(series_of(&pts, "hw.network.up").is_empty());
+    assert_eq!(series_of(&pts, "hw.network.bandwidth.limit").len(), 8);
+    let breaches = series_of(&pts, "gpuwatch.network.rate_breaches");
+    assert_eq!(breaches.len(), 1);
+    assert_eq!(breaches[0].value, Num::U64(2));
+    for (k, v) in [
+        ("hw.id", "rdmap2/1"),
+        ("error.type", "rx_drops"),
+        ("network.link_layer", "efa"),
+    ] {
+        assert!(
+            breaches[0]
+                .attrs
+                .iter()
+                .any(|(a, b)| *a == k && *b == owned(v)),
+            "{k}={v} not in {:?}",
+            breaches[0].attrs
+        );
+    }
+    let problem = series_of(&pts, "gpuwatch.network.problem");
+    assert!(
+        problem[0]
+            .attrs
+            .contains(&("reason", owned("NICErrorRate")))
+    );
+    assert_eq!(problem[0].value, Num::U64(1));
+}
+
 #[test]
 fn an_eight_nic_node_adds_eighteen_points_and_errors_only_once_counted() {
     let r = started_registry();
