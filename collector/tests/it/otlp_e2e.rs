@@ -405,7 +405,7 @@ fn roundtrip(proto: Proto) {
     // budget sends only when something is wrong (docs/metrics.md): no row
     // remapped, no recovery action, every NVLink up and quiet, no malformed
     // record, no sample or event dropped; the Kubernetes writer and validation are off,
-    // so no write, condition change, taint, quarantine budget, startup gate or validation run;
+    // so no write, condition change, taint, device taint, quarantine budget, startup gate or validation run;
     // the kubelet is never asked, so no PodResources failure or unknown device;
     // the agent's sysfs has no RDMA NIC, so no port series
     // (gpuwatch.network.problem says NICHealthy); the default `[otlp] semconv`
@@ -430,6 +430,8 @@ fn roundtrip(proto: Proto) {
             "gpuwatch.events.dropped",
             "gpuwatch.kmsg.records.malformed",
             "gpuwatch.kube.condition.transitions",
+            "gpuwatch.kube.device_isolation.unavailable",
+            "gpuwatch.kube.device_taints",
             "gpuwatch.kube.quarantine.deferrals",
             "gpuwatch.kube.quarantine.deferred",
             "gpuwatch.kube.quarantine.slots",

@@ -65,9 +65,10 @@ pub struct NetworkConfig {
     /// Watch the node's RDMA ports at all. A node without RDMA devices
     /// reports none; nothing is a problem then.
     pub enabled: bool,
-    /// Where sysfs is mounted (`/sys`; the DaemonSet mounts the host's
-    /// `/sys/class/infiniband` and `/sys/class/net` read-only). Tests and the
-    /// demo point it at a tree of their own.
+    /// Where sysfs is mounted (`/sys`; the DaemonSet mounts the host's whole
+    /// `/sys` read-only at `/host/sys` and sets this to it: in a container
+    /// without the host's network namespace its own `/sys` shows none of the
+    /// host's netdevs). Tests and the demo point it at a tree of their own.
     pub sysfs_root: PathBuf,
     /// How often the ports are read, milliseconds.
     pub poll_interval_ms: u64,

@@ -168,11 +168,8 @@ one name fail the render.
     - name: pod-resources
       mountPath: /var/lib/kubelet/pod-resources
       readOnly: true
-    - name: sys-infiniband
-      mountPath: /sys/class/infiniband
-      readOnly: true
-    - name: sys-net
-      mountPath: /sys/class/net
+    - name: host-sys
+      mountPath: /host/sys
       readOnly: true
     - name: config
       mountPath: /etc/gpuwatch
@@ -210,13 +207,13 @@ one name fail the render.
 - name: pod-resources
   hostPath:
     path: /var/lib/kubelet/pod-resources
-# The RDMA NICs' ports and counters, read-only ([network]).
-- name: sys-infiniband
+# The host's whole /sys, read-only, one tree ([network] sysfs_root = "/host/sys"): the RDMA
+# NICs' ports and counters, the RoCE netdevs (the container's own /sys, mounted in the pod's
+# network namespace, hides the host's netdevs).
+- name: host-sys
   hostPath:
-    path: /sys/class/infiniband
-- name: sys-net
-  hostPath:
-    path: /sys/class/net
+    path: /sys
+    type: Directory
 - name: config
   configMap:
     name: {{ include "gpuwatch.configMapName" . }}
