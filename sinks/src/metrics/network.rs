@@ -96,11 +96,11 @@ const ERRORS: Spec = Spec {
     kind: InstrumentKind::Counter,
     num: NumType::U64,
     presence: Presence::NonZero,
-    description: "RDMA port error-counter increases since the agent started, by counter (error.type); a counter that reads high from the start adds nothing, a saturated one stops counting.",
+    description: "RDMA port error-counter increases since the agent started, by counter (error.type); a counter that reads high from the start adds nothing, a saturated one stops counting. With semconv otel or dup also GPU ECC errors (hw.type gpu, error.type corrected or uncorrected: the volatile counters, always sent).",
     collect: Collect::Points(errors),
 };
 
-fn errors(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
+fn errors(src: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_port(h, |attrs, p| {
         for (name, n) in &p.error_counts {
             out.push(Point {
@@ -109,6 +109,9 @@ fn errors(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
             });
         }
     });
+    if src.semconv.otel() {
+        super::memory::gpu_errors(h, out);
+    }
 }
 
 const FLAPS: Spec = Spec {
