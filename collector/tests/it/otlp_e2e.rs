@@ -441,6 +441,7 @@ fn roundtrip(proto: Proto) {
             "gpuwatch.samples.dropped",
             "gpuwatch.startup_gate.duration",
             "gpuwatch.validation.runs",
+            "gpuwatch.network.counters.unusable",
             "gpuwatch.network.flaps",
             "gpuwatch.network.rate_breaches",
             "hw.errors",
