@@ -80,6 +80,8 @@ pub(crate) struct Reconciler {
     quarantine: Option<quarantine::link::Link>,
     /// Holds conditions that keep clearing and coming back.
     flap: super::flap::Hysteresis,
+    /// Device isolation: the DRA DeviceTaintRules of GPU-scoped faults.
+    isolator: super::device_taints::isolate::Isolator,
 }
 
 /// What the reconcile loop is built from: its settings, its API, its
@@ -98,6 +100,7 @@ pub(crate) struct Parts {
     pub on_validation: Option<super::ValidationCallback>,
     pub quarantine: Option<quarantine::link::Link>,
     pub flap: super::flap::Hysteresis,
+    pub isolator: super::device_taints::isolate::Isolator,
 }
 
 impl Reconciler {
@@ -124,6 +127,7 @@ impl Reconciler {
             live: None,
             quarantine: p.quarantine,
             flap: p.flap,
+            isolator: p.isolator,
         }
     }
 }

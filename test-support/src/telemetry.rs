@@ -736,6 +736,15 @@ pub fn populate(r: &Registry, k: &KubeMetrics) {
         s.quarantine_slots = 10;
         s.quarantine_unavailable = true;
         s.gpus_expected = Some(8);
+        s.isolated_devices = vec![gpuwatch_proto::IsolatedDevice {
+            device: "gpu-1".into(),
+            uuid: "GPU-1".into(),
+            rule: "gpuwatch-gpu-node-1-gpu-1".into(),
+            key: "gpuwatch.io/unhealthy".into(),
+            value: "reset_gpu".into(),
+            effect: "NoSchedule".into(),
+        }];
+        s.device_isolation_unavailable = Some("forbidden".into());
     });
     k.count_validation(ValidationResult::Pass);
 }

@@ -475,6 +475,40 @@ pub struct NodeHealth {
     /// while the NIC monitor is off.
     #[prost(message, optional, tag = "14")]
     pub network: ::core::option::Option<NetworkHealth>,
+    /// GPUs and MIG devices isolated by a DRA DeviceTaintRule instead of the
+    /// Node taint (set by the Kubernetes writer); left out while none is.
+    #[prost(message, repeated, tag = "15")]
+    #[serde(skip_serializing_if = "::prost::alloc::vec::Vec::is_empty")]
+    pub isolated_devices: ::prost::alloc::vec::Vec<IsolatedDevice>,
+    /// Why device isolation cannot work on this node while it has DRA devices
+    /// or a fault asked for it (the Node taint isolates those faults instead);
+    /// empty when it works, is off, or does not apply.
+    #[prost(string, tag = "16")]
+    #[serde(skip_serializing_if = "::prost::alloc::string::String::is_empty")]
+    pub device_isolation_unavailable: ::prost::alloc::string::String,
+}
+/// One device (a GPU or a MIG device a DRA driver publishes in a
+/// ResourceSlice) isolated by a DeviceTaintRule.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct IsolatedDevice {
+    /// The device's name in its ResourceSlice pool ("gpu-0").
+    #[prost(string, tag = "1")]
+    pub device: ::prost::alloc::string::String,
+    /// Its uuid attribute ("GPU-...", "MIG-...").
+    #[prost(string, tag = "2")]
+    pub uuid: ::prost::alloc::string::String,
+    /// The DeviceTaintRule's name.
+    #[prost(string, tag = "3")]
+    pub rule: ::prost::alloc::string::String,
+    /// The taint: key, value (the fault's action) and effect.
+    #[prost(string, tag = "4")]
+    pub key: ::prost::alloc::string::String,
+    #[prost(string, tag = "5")]
+    pub value: ::prost::alloc::string::String,
+    #[prost(string, tag = "6")]
+    pub effect: ::prost::alloc::string::String,
 }
 /// The NetworkProblem node condition and the ports behind it. Network faults
 /// never change the GPU verdict or AcceleratedHardwareReady.

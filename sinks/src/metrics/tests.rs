@@ -629,3 +629,42 @@ fn an_eight_nic_node_adds_eighteen_points_and_errors_only_once_counted() {
     assert!(series_of(&pts, "hw.network.up").is_empty());
     assert_eq!(network_up(&pts), Some(Num::U64(0)));
 }
+
+/// Every point about a GPU carries `hw.id` = its UUID once (the hardware
+/// conventions' identity, constant per GPU), and the memory error types read
+/// the same on ECC and row remap.
+#[test]
+fn every_gpu_point_names_its_hw_id_and_error_types_agree() {
+    let r = started_registry();
+    let mut h = healthy_node();
+    for g in &mut h.gpus {
+        if let Some(s) = g.sample.as_mut() {
+            s.remapped_rows_correctable = Some(2);
+            s.remapped_rows_uncorrectable = Some(1);
+        }
+    }
+    let f = SeriesFilter::new(Duration::from_secs(300));
+    let pts = f.collect_all(&r.src(), &h, Instant::now());
+    let mut gpu_points = 0;
+    for (spec, points) in &pts {
+        for p in points {
+            let uuid = p.attrs.iter().find(|(k, _)| *k == "gpu.uuid");
+            let ids: Vec<_> = p.attrs.iter().filter(|(k, _)| *k == "hw.id").collect();
+            if let Some((_, uuid)) = uuid {
+                gpu_points += 1;
+                assert_eq!(ids.len(), 1, "{}: {:?}", spec.name, p.attrs);
+                assert_eq!(&ids[0].1, uuid, "{}", spec.name);
+            }
+        }
+    }
+    assert!(gpu_points > 8 * 10, "{gpu_points}");
+    let types = |name: &str| -> std::collections::BTreeSet<String> {
+        series_of(&pts, name)
+            .iter()
+            .filter_map(|p| p.attrs.iter().find(|(k, _)| *k == "error.type"))
+            .map(|(_, v)| format!("{v:?}"))
+            .collect()
+    };
+    assert_eq!(types("gpu.row_remap.rows"), types("gpu.ecc.errors"));
+    assert_eq!(types("gpu.ecc.errors").len(), 2);
+}

@@ -103,19 +103,19 @@ pub(crate) fn fill_record(rec: &mut SdkLogRecord, ev: &FaultEvent, observed: Sys
     rec.set_body(AnyValue::from(ev.message.clone()));
     let kind = ev.kind();
     rec.add_attribute("fault.kind", kind.short_name());
-    rec.add_attribute("code", i64::from(ev.code));
+    rec.add_attribute("gpuwatch.fault.code", i64::from(ev.code));
     match kind {
         gpuwatch_proto::FaultKind::Xid => rec.add_attribute("xid", i64::from(ev.code)),
         gpuwatch_proto::FaultKind::Sxid => rec.add_attribute("sxid", i64::from(ev.code)),
         _ => {}
     }
     if !ev.name.is_empty() {
-        rec.add_attribute("fault.name", ev.name.clone());
+        rec.add_attribute("gpuwatch.fault.name", ev.name.clone());
     }
     rec.add_attribute("action", ev.action().short_name());
-    rec.add_attribute("severity", sev.short_name());
+    rec.add_attribute("gpuwatch.severity", sev.short_name());
     if !ev.policy_reason.is_empty() {
-        rec.add_attribute("policy.reason", ev.policy_reason.clone());
+        rec.add_attribute("gpuwatch.policy.reason", ev.policy_reason.clone());
     }
     if !ev.pci_address.is_empty() {
         rec.add_attribute("gpu.pci.address", ev.pci_address.clone());
@@ -133,22 +133,25 @@ pub(crate) fn fill_record(rec: &mut SdkLogRecord, ev: &FaultEvent, observed: Sys
         rec.add_attribute("process.executable.name", ev.process.clone());
     }
     if let Some(seq) = ev.kmsg_seq {
-        rec.add_attribute("kmsg.seq", i64::try_from(seq).unwrap_or(i64::MAX));
+        rec.add_attribute("gpuwatch.kmsg.seq", i64::try_from(seq).unwrap_or(i64::MAX));
     }
     if let Some(us) = ev.monotonic_usec {
-        rec.add_attribute("kmsg.monotonic_usec", i64::try_from(us).unwrap_or(i64::MAX));
+        rec.add_attribute(
+            "gpuwatch.kmsg.monotonic_usec",
+            i64::try_from(us).unwrap_or(i64::MAX),
+        );
     }
     if let Some(f) = ev.facility {
-        rec.add_attribute("kmsg.facility", i64::from(f));
+        rec.add_attribute("gpuwatch.kmsg.facility", i64::from(f));
     }
     if let Some(l) = ev.level {
-        rec.add_attribute("kmsg.level", i64::from(l));
+        rec.add_attribute("gpuwatch.kmsg.level", i64::from(l));
     }
     if !ev.boot_id.is_empty() {
-        rec.add_attribute("host.boot.id", ev.boot_id.clone());
+        rec.add_attribute("gpuwatch.boot.id", ev.boot_id.clone());
     }
-    rec.add_attribute("source", ev.source().short_name());
-    rec.add_attribute("count", i64::from(ev.count.max(1)));
+    rec.add_attribute("gpuwatch.source", ev.source().short_name());
+    rec.add_attribute("gpuwatch.count", i64::from(ev.count.max(1)));
     for (k, v) in &ev.attributes {
         rec.add_attribute(format!("gpuwatch.{k}"), v.clone());
     }

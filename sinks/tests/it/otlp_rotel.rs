@@ -52,7 +52,7 @@ fn runtime() -> tokio::runtime::Runtime {
 fn logs_with_code(r: &Received, lo: u32, hi: u32) -> Vec<u32> {
     r.logs
         .iter()
-        .filter_map(|l| l.attrs.get("code"))
+        .filter_map(|l| l.attrs.get("gpuwatch.fault.code"))
         .filter_map(|c| c.strip_prefix("Int(")?.strip_suffix(')')?.parse().ok())
         .filter(|c| (lo..hi).contains(c))
         .collect()
@@ -235,7 +235,7 @@ fn roundtrip(protocol: Protocol, compression: Option<Compression>) {
         let log = got
             .logs
             .iter()
-            .find(|l| l.attrs.get("code") == Some(&format!("Int({})", ev.code)))
+            .find(|l| l.attrs.get("gpuwatch.fault.code") == Some(&format!("Int({})", ev.code)))
             .unwrap_or_else(|| panic!("no log record for xid {}", ev.code));
         assert_eq!(log.body, format!("Str({})", ev.message));
         assert_eq!(log.severity_text, ev.severity().otel_text());
@@ -269,19 +269,22 @@ fn roundtrip(protocol: Protocol, compression: Option<Compression>) {
             Some(format!("Int({})", ev.gpu_index.unwrap())).as_deref()
         );
         assert_eq!(
-            a("kmsg.seq"),
+            a("gpuwatch.kmsg.seq"),
             Some(format!("Int({})", ev.kmsg_seq.unwrap())).as_deref()
         );
         assert_eq!(
-            a("host.boot.id"),
+            a("gpuwatch.boot.id"),
             Some(format!("Str({})", ev.boot_id)).as_deref()
         );
         assert_eq!(
-            a("policy.reason"),
+            a("gpuwatch.policy.reason"),
             Some(format!("Str({})", ev.policy_reason)).as_deref()
         );
-        assert_eq!(a("count"), Some(format!("Int({})", ev.count)).as_deref());
-        assert_eq!(a("source"), Some("Str(kmsg)"));
+        assert_eq!(
+            a("gpuwatch.count"),
+            Some(format!("Int({})", ev.count)).as_deref()
+        );
+        assert_eq!(a("gpuwatch.source"), Some("Str(kmsg)"));
         assert_eq!(a("gpuwatch.channel"), Some("Str(0x00000008)"));
         assert_eq!(
             log.resource.get("k8s.node.name").map(String::as_str),
