@@ -459,7 +459,7 @@ mod tests {
         assert!(r.failed());
         assert!(
             r.summary()
-                .ends_with("; 1 other steps failed (the wait, the node list or a Lease)"),
+                .ends_with("; 1 other steps failed (the wait, the node list, a Lease or the device taint rules)"),
             "{}",
             r.summary()
         );
