@@ -444,6 +444,7 @@ fn roundtrip(proto: Proto) {
             "gpuwatch.samples.dropped",
             "gpuwatch.startup_gate.duration",
             "gpuwatch.validation.runs",
+            "gpuwatch.network.counters.unusable",
             "gpuwatch.network.flaps",
             "gpuwatch.network.rate_breaches",
             // The conventions' GPU state: `[otlp] semconv` otel or dup only.
