@@ -78,7 +78,8 @@ pub fn build_sinks(
             vec![kube.clone()],
             prepared.resource().clone(),
             prometheus.series_quiet_window,
-        );
+        )
+        .with_dcgm_labels(prometheus.dcgm_labels);
         sinks.metrics = Some(Arc::new(move || renderer.render()));
     }
     if let Some(otlp) = prepared.otlp() {
