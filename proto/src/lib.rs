@@ -46,8 +46,8 @@ mod view;
 
 pub use generated::{
     Action, ActiveFault, ConditionHold, FaultEvent, FaultKind, GpuFabric, GpuHealth, GpuSample,
-    MigDevice, MigInstanceHealth, MonitorStatus, NetworkHealth, NicPortHealth, NodeHealth,
-    NvLinkSample, PodRef, PodRole, QuarantineStatus, RecoveryAction, Severity, Source,
+    InputStatus, MigDevice, MigInstanceHealth, MonitorStatus, NetworkHealth, NicPortHealth,
+    NodeHealth, NvLinkSample, PodRef, PodRole, QuarantineStatus, RecoveryAction, Severity, Source,
     ValidationCheck, ValidationReport, Verdict,
 };
 pub use names::ShortName;
