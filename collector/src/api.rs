@@ -439,6 +439,14 @@ async fn health(State(s): State<ApiState>) -> Response {
         if !kube.condition_holds.is_empty() {
             Arc::make_mut(&mut h).condition_holds = kube.condition_holds.clone();
         }
+        // The devices a DeviceTaintRule isolates instead of the Node taint,
+        // and why device isolation cannot work where it cannot.
+        if !kube.isolated_devices.is_empty() {
+            Arc::make_mut(&mut h).isolated_devices = kube.isolated_devices.clone();
+        }
+        if let Some(why) = &kube.device_isolation_unavailable {
+            Arc::make_mut(&mut h).device_isolation_unavailable = why.clone();
+        }
     }
     match serde_json::to_value(&*h) {
         Ok(v) => json_response(StatusCode::OK, v),
@@ -675,6 +683,28 @@ mod tests {
             v["condition_holds"][0]["held_until_unix_nano"],
             1_800_000_000_000_000_000u64
         );
+        assert!(
+            v.get("isolated_devices").is_none(),
+            "none isolated: left out"
+        );
+        assert!(v.get("device_isolation_unavailable").is_none());
+        // The devices the writer isolates, and why isolation cannot work.
+        kube.publish(|s| {
+            s.isolated_devices = vec![gpuwatch_proto::IsolatedDevice {
+                device: "gpu-0".into(),
+                uuid: "GPU-0".into(),
+                rule: "gpuwatch-n1-gpu-0".into(),
+                key: "gpuwatch.io/unhealthy".into(),
+                value: "reset_gpu".into(),
+                effect: "NoSchedule".into(),
+            }];
+            s.device_isolation_unavailable = Some("forbidden".into());
+        });
+        let v: serde_json::Value = serde_json::from_str(&get(addr, "/v1/health").1).unwrap();
+        assert_eq!(v["isolated_devices"][0]["device"], "gpu-0");
+        assert_eq!(v["isolated_devices"][0]["rule"], "gpuwatch-n1-gpu-0");
+        assert_eq!(v["isolated_devices"][0]["value"], "reset_gpu");
+        assert_eq!(v["device_isolation_unavailable"], "forbidden");
         let (code, body) = get(addr, "/metrics");
         assert_eq!((code, body.as_str()), (200, "gpuwatch_up 1\n"));
         assert_eq!(get(addr, "/nope").0, 404);

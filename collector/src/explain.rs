@@ -113,15 +113,32 @@ struct NetworkRules {
 
 fn network_rules(s: &NetworkSettings) -> NetworkRules {
     let secs = |d: std::time::Duration| d.as_secs_f64();
-    let expected = match (s.expected_infiniband, s.expected_ethernet) {
-        (None, None) => "no expected port count set: a port never up since the agent started \
-                         is reported once as information"
+    let expected = match (s.expected_infiniband, s.expected_ethernet, s.expected_efa) {
+        (None, None, None) => "no expected port count set: a port never up since the agent \
+                               started is reported once as information"
             .to_string(),
-        (ib, eth) => format!(
-            "fewer ports up than expected is NICPortDown too (InfiniBand: {}, Ethernet: {})",
+        (ib, eth, efa) => format!(
+            "fewer ports up (EFA: devices present) than expected is NICPortDown too \
+             (InfiniBand: {}, Ethernet: {}, EFA: {})",
             ib.map_or("any".to_string(), |n| n.to_string()),
-            eth.map_or("any".to_string(), |n| n.to_string())
+            eth.map_or("any".to_string(), |n| n.to_string()),
+            efa.map_or("any".to_string(), |n| n.to_string())
         ),
+    };
+    let error_rate = if s.error_rate.is_empty() {
+        "no error-rate rule: counters are counted, never judged".to_string()
+    } else {
+        let rules: Vec<String> = s
+            .error_rate
+            .iter()
+            .map(|(n, r)| format!("{n} {}+{}/s", r.burst, r.per_second))
+            .collect();
+        format!(
+            "a counter's rise that overflows its token bucket (burst + refill per second: {}) \
+             is NICErrorRate naming the device and counter; clears after {}s without another",
+            rules.join(", "),
+            secs(s.flap_quiet)
+        )
     };
     let ignored = if s.ignore.is_empty() {
         "none".to_string()
@@ -157,6 +174,15 @@ fn network_rules(s: &NetworkSettings) -> NetworkRules {
                     secs(s.flap_window),
                     secs(s.flap_quiet)
                 ),
+            ),
+            ("NICErrorRate", error_rate),
+            (
+                "efa",
+                "AWS EFA devices (PCI vendor 0x1d0f): their port state is not evidence (the \
+                 driver reports ACTIVE/LinkUp always), so an EFA port is never up \
+                 (state_unreported); judged by presence (a device gone from sysfs is \
+                 NICPortDown after the grace) and by NICErrorRate"
+                    .to_string(),
             ),
             (
                 "NICLinkDegraded",

@@ -17,9 +17,18 @@
 //!
 //! Read once per layout (below), not every scan: the PCI address (the name of
 //! the function `<dev>/device` resolves to, kept only when it looks like
-//! `0000:1a:00.0`), `device/numa_node` (-1 is `None`) and the port's netdev
+//! `0000:1a:00.0`), `device/numa_node` (-1 is `None`), `device/vendor` (an
+//! Amazon function, `0x1d0f`, is an AWS EFA device: its ports are read as
+//! [`LinkLayer::Efa`] whatever `link_layer` says, as the EFA driver reports
+//! them ACTIVE/LinkUp unconditionally) and the port's netdev
 //! (the entry of `<dev>/device/net/` whose `dev_port` is the port number less
 //! one; for a one-port device without such an entry, the first by name).
+//!
+//! A RoCE port whose netdev cannot be found (no `<dev>/device/net/` entry:
+//! on a real node, a container's own `/sys` mounted in the pod's network
+//! namespace shows none of the host's netdevs there) has no
+//! `carrier_changes`; that is logged once per port, with the remedy
+//! (`sysfs_root` on the host's whole `/sys`).
 //!
 //! Counters. A value is a decimal number. A counter file whose read fails with
 //! an error that will not go away (`EINVAL` or `ENOSYS` from the driver, as on
@@ -65,8 +74,9 @@
 use gpuwatch_core::Shutdown;
 use gpuwatch_core::heartbeat::{self, Progress};
 use gpuwatch_core::network::{
-    CounterReading, CounterValue, LinkLayer, NetworkSettings, NicScan, PhysState, PortId,
-    PortReading, PortState, parse_link_layer, parse_phys_state, parse_rate_gbps, parse_state,
+    CounterReading, CounterValue, LinkLayer, NetworkSettings, NicScan, PCI_VENDOR_AMAZON,
+    PhysState, PortId, PortReading, PortState, parse_link_layer, parse_pci_vendor,
+    parse_phys_state, parse_rate_gbps, parse_state,
 };
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -124,6 +134,8 @@ pub struct NicReader {
     unreadable: HashSet<String>,
     /// The class directory could not be listed at the last scan (logged once).
     class_dir_failed: bool,
+    /// RoCE ports (`mlx5_1/1`) already logged as having no netdev.
+    netdev_missing_logged: HashSet<String>,
     buf: Box<[u8; READ_BUF]>,
     /// What the reader is doing now, for the watchdog.
     progress: Arc<Progress>,
@@ -148,6 +160,8 @@ struct DeviceLayout {
     name: String,
     pci_address: Option<String>,
     numa_node: Option<u32>,
+    /// An AWS EFA device (`device/vendor` is Amazon's).
+    efa: bool,
     ports: Vec<PortLayout>,
 }
 
@@ -246,6 +260,7 @@ impl NicReader {
             scans_since_layout: 0,
             unreadable: HashSet::new(),
             class_dir_failed: false,
+            netdev_missing_logged: HashSet::new(),
             buf: Box::new([0; READ_BUF]),
             progress: Arc::default(),
             #[cfg(test)]
@@ -315,11 +330,13 @@ impl NicReader {
         let mut layout = std::mem::take(&mut self.layout);
         let mut ports = Vec::with_capacity(layout.iter().map(|d| d.ports.len()).sum());
         let mut newly_unreadable: Vec<String> = Vec::new();
+        let mut no_netdev: Vec<String> = Vec::new();
         for dev in &mut layout {
             let DeviceLayout {
                 name,
                 pci_address,
                 numa_node,
+                efa,
                 ports: dev_ports,
             } = dev;
             for port in dev_ports.iter_mut() {
@@ -327,6 +344,16 @@ impl NicReader {
                     Ok(mut reading) => {
                         reading.pci_address.clone_from(pci_address);
                         reading.numa_node = *numa_node;
+                        if *efa {
+                            reading.link_layer = LinkLayer::Efa;
+                        }
+                        if reading.link_layer == LinkLayer::Ethernet && reading.netdev.is_none() {
+                            let id = reading.id.to_string();
+                            if !self.netdev_missing_logged.contains(&id) {
+                                no_netdev.push(id.clone());
+                                self.netdev_missing_logged.insert(id);
+                            }
+                        }
                         ports.push(reading);
                     }
                     Err(Vanished) => {
@@ -346,6 +373,15 @@ impl NicReader {
             }
         }
         self.layout = layout;
+        if !no_netdev.is_empty() {
+            tracing::warn!(
+                ports = %no_netdev.join(", "),
+                sysfs_root = %self.root.display(),
+                "RoCE ports without a netdev in sysfs: their carrier changes are not counted. \
+                 In a container, set [network] sysfs_root to the host's whole /sys mounted \
+                 read-only (the DaemonSet mounts it at /host/sys)."
+            );
+        }
         NicScan {
             at,
             ports,
@@ -587,6 +623,10 @@ fn device_layout(
         .ok()
         .and_then(|t| t.trim().parse::<i64>().ok())
         .and_then(|n| u32::try_from(n).ok());
+    let efa = fs::read_to_string(device.join("vendor"))
+        .ok()
+        .and_then(|t| parse_pci_vendor(&t))
+        == Some(PCI_VENDOR_AMAZON);
     // The files are opened by their resolved path: no link to follow on each
     // open. A device registered again is a new class entry, laid out again.
     let ports_dir = fs::canonicalize(&dir)
@@ -619,6 +659,7 @@ fn device_layout(
         name: name.to_string(),
         pci_address,
         numa_node,
+        efa,
         ports,
     })
 }
@@ -867,6 +908,44 @@ mod tests {
         }
         fn flush(&mut self) -> io::Result<()> {
             Ok(())
+        }
+    }
+
+    /// A RoCE port without a netdev (what a container's own `/sys` shows of
+    /// the host's netdevs) is logged once, naming it and the remedy; an
+    /// InfiniBand or EFA port without one is not, nor a RoCE port with one.
+    #[test]
+    fn nic_roce_port_without_netdev_is_logged_once() {
+        use gpuwatch_test_support::sysfs::PortSpec;
+        let fake = FakeSysfs::node_of(2);
+        fake.add_device("mlx5_7", "0000:70:00.0", 0);
+        fake.add_port("mlx5_7", 1, &PortSpec::roce_200());
+        fake.add_device("mlx5_8", "0000:71:00.0", 0);
+        fake.add_port("mlx5_8", 1, &PortSpec::ib_ndr());
+        fake.add_efa_device("rdmap16s0", "0000:72:00.0", 0);
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let mut r = NicReader::new(fake.root().to_path_buf());
+            for _ in 0..5 {
+                let s = r.scan(Instant::now());
+                assert_eq!(s.ports.len(), 5);
+            }
+        });
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 1, "{text}");
+        for part in [
+            "ports=mlx5_7/1 ",
+            "RoCE ports without a netdev",
+            "/host/sys",
+        ] {
+            assert!(lines[0].contains(part), "{part} not in {}", lines[0]);
         }
     }
 

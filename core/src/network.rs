@@ -12,12 +12,17 @@ mod config;
 mod monitor;
 mod reading;
 
-pub use config::{NetworkConfig, NetworkSettings};
+pub use config::{
+    DEFAULT_ERROR_RATE_BURSTS, NetworkConfig, NetworkSettings, RateRule, RateRuleConfig,
+    RateRuleTable,
+};
 pub use monitor::{
-    NetworkMonitor, PortMetrics, PortStatus, PortTransition, REASON_HARDWARE_FAULT, REASON_HEALTHY,
-    REASON_LINK_DEGRADED, REASON_PORT_DOWN, REASON_PORT_FLAPPING,
+    NetworkMonitor, PortMetrics, PortStatus, PortTransition, REASON_ERROR_RATE,
+    REASON_HARDWARE_FAULT, REASON_HEALTHY, REASON_LINK_DEGRADED, REASON_PORT_DOWN,
+    REASON_PORT_FLAPPING,
 };
 pub use reading::{
-    CounterReading, CounterValue, LinkLayer, NicScan, PhysState, PortId, PortReading, PortState,
-    counter_width_bits, parse_link_layer, parse_phys_state, parse_rate_gbps, parse_state,
+    CounterReading, CounterValue, LinkLayer, NicScan, PCI_VENDOR_AMAZON, PhysState, PortId,
+    PortReading, PortState, counter_width_bits, parse_link_layer, parse_pci_vendor,
+    parse_phys_state, parse_rate_gbps, parse_state,
 };

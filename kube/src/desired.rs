@@ -68,6 +68,33 @@ pub(crate) struct Desired {
     pub fault_taint: Option<DesiredTaint>,
 }
 
+/// Which of the isolating faults the Node taint is for, and what the
+/// problem condition says about device isolation (DRA DeviceTaintRules).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Isolation {
+    /// The most severe action among the faults that keep the Node taint
+    /// (`None`: every isolating fault is isolated by a device rule, or none
+    /// is active).
+    pub node_action: Option<Action>,
+    /// The devices isolated by a rule (`gpu-0 (GPU-...)`), named in the
+    /// problem condition's message.
+    pub devices: Vec<String>,
+    /// Why device isolation cannot work (the Node taint is used instead),
+    /// named in the problem condition's message while a fault is active.
+    pub unavailable: Option<String>,
+}
+
+#[cfg(test)]
+impl Isolation {
+    /// Every isolating fault keeps the Node taint (device isolation off).
+    pub(crate) fn whole_node(health: &NodeHealth) -> Isolation {
+        Isolation {
+            node_action: isolating_faults(health).first().map(|l| l.fault.action()),
+            ..Isolation::default()
+        }
+    }
+}
+
 /// An active fault with the identity of the GPU it is on (None: node-level).
 struct Located<'a> {
     gpu: Option<&'a GpuHealth>,
@@ -238,22 +265,27 @@ fn monitor_message(health: &NodeHealth) -> String {
     }
 }
 
-/// Computes the desired state.
-pub(crate) fn desired(health: &NodeHealth, cfg: &KubeSettings, gate: &Gate) -> Desired {
+/// Computes the desired state. The fault taint is for the faults that
+/// `isolation` leaves on the Node; the conditions name every fault.
+pub(crate) fn desired(
+    health: &NodeHealth,
+    cfg: &KubeSettings,
+    gate: &Gate,
+    isolation: &Isolation,
+) -> Desired {
     let faults = isolating_faults(health);
     let mut conditions = Vec::new();
     if cfg.conditions.ready {
         conditions.push(ready_condition(health, cfg, gate, &faults));
     }
-    conditions.push(problem_condition(health, cfg, &faults));
+    conditions.push(problem_condition(health, cfg, &faults, isolation));
     let network = health.network.as_ref();
     if let Some(n) = network {
         conditions.push(network_condition(n, cfg));
     }
-    let fault_taint = faults
-        .first()
-        .map(|l| {
-            let action: Action = l.fault.action();
+    let fault_taint = isolation
+        .node_action
+        .map(|action| {
             let t = cfg.taints.fault_for(action);
             DesiredTaint {
                 key: t.key.clone(),
@@ -362,12 +394,25 @@ fn problem_condition(
     health: &NodeHealth,
     cfg: &KubeSettings,
     faults: &[Located<'_>],
+    isolation: &Isolation,
 ) -> DesiredCondition {
     let (status, reason, message) = if let Some(first) = faults.first() {
+        let mut message = summarize(faults);
+        if !isolation.devices.is_empty() {
+            message.push_str(&format!(
+                "; isolated by DeviceTaintRule, not the Node taint: {}",
+                isolation.devices.join(", ")
+            ));
+        }
+        if let Some(why) = &isolation.unavailable {
+            message.push_str(&format!(
+                "; device isolation unavailable: {why}; the Node taint isolates the GPU faults"
+            ));
+        }
         (
             TRUE,
             class_reason(first.fault.action()).to_owned(),
-            summarize(faults),
+            truncate(message, MAX_MESSAGE),
         )
     } else if monitor_unknown(health) {
         (
@@ -403,15 +448,34 @@ fn network_condition(n: &NetworkHealth, cfg: &KubeSettings) -> DesiredCondition 
             format!("gpuwatch cannot read the RDMA ports: {}", n.monitor_message),
         )
     } else {
+        // AWS EFA ports are never "up" (their driver reports ACTIVE/LinkUp
+        // whatever the fabric does): they are counted apart, with what they
+        // are judged by.
+        let efa = n.ports.iter().filter(|p| p.link_layer == "efa").count();
         let up = n.ports.iter().filter(|p| p.status == "up").count();
-        (
-            FALSE,
-            "NICHealthy".to_owned(),
+        let message = if efa == 0 {
             format!(
                 "{up} of {} RDMA ports up; no network problem",
                 n.ports.len()
-            ),
-        )
+            )
+        } else {
+            let present = n
+                .ports
+                .iter()
+                .filter(|p| p.link_layer == "efa" && p.status == "state_unreported")
+                .count();
+            let others = n.ports.len() - efa;
+            let mut m = String::new();
+            if others > 0 {
+                m.push_str(&format!("{up} of {others} RDMA ports up; "));
+            }
+            m.push_str(&format!(
+                "{present} AWS EFA devices present with no error-rate breach (their port state \
+                 is not reported: judged by presence and error-counter rates); no network problem"
+            ));
+            m
+        };
+        (FALSE, "NICHealthy".to_owned(), message)
     };
     DesiredCondition {
         type_: cfg.conditions.network_type.clone(),
@@ -437,6 +501,12 @@ mod tests {
         f.set_action(action);
         f.set_kind(FaultKind::Xid);
         f
+    }
+
+    /// The desired state with every isolating fault on the Node, as with
+    /// device isolation off.
+    fn desired(h: &NodeHealth, cfg: &KubeSettings, gate: &Gate) -> Desired {
+        super::desired(h, cfg, gate, &Isolation::whole_node(h))
     }
 
     fn healthy() -> NodeHealth {
@@ -727,6 +797,19 @@ mod tests {
         assert_eq!((c.status, c.reason.as_str()), (FALSE, "NICHealthy"));
         assert_eq!(c.message, "1 of 1 RDMA ports up; no network problem");
 
+        // EFA ports are counted apart, never as ports up.
+        let mut efa = network(false, "NICHealthy", true);
+        efa.ports[0].link_layer = "efa".into();
+        efa.ports[0].status = "state_unreported".into();
+        h.network = Some(efa);
+        let d = desired(&h, &cfg, &Gate::Open);
+        let c = cond(&d, "NetworkProblem");
+        assert_eq!((c.status, c.reason.as_str()), (FALSE, "NICHealthy"));
+        assert_eq!(
+            c.message,
+            "1 AWS EFA devices present with no error-rate breach (their port state is not \
+             reported: judged by presence and error-counter rates); no network problem"
+        );
         h.network = Some(network(true, "NICPortDown", true));
         let d = desired(&h, &cfg, &Gate::Open);
         let c = cond(&d, "NetworkProblem");
@@ -767,5 +850,75 @@ mod tests {
         h.verdict = Verdict::Unhealthy as i32;
         let d = desired(&h, &cfg, &Gate::Open);
         assert_eq!(d.fault_taint.unwrap().value, "reboot_node");
+    }
+    #[test]
+    fn the_fault_taint_is_for_the_faults_left_on_the_node() {
+        let cfg = KubeSettings::default();
+        let h = {
+            let mut h = healthy();
+            h.gpus[0]
+                .active_faults
+                .push(fault(Action::ResetGpu, "XID48", 48));
+            h
+        };
+        // Isolated by a device rule: no fault taint; the conditions as before,
+        // the device named.
+        let iso = Isolation {
+            node_action: None,
+            devices: vec!["gpu-0 (GPU-abc)".into()],
+            unavailable: None,
+        };
+        let d = super::desired(&h, &cfg, &Gate::Open, &iso);
+        assert_eq!(d.fault_taint, None);
+        let c = cond(&d, "GPUProblem");
+        assert_eq!((c.status, c.reason.as_str()), (TRUE, "GPUResetRequired"));
+        assert!(
+            c.message
+                .ends_with("; isolated by DeviceTaintRule, not the Node taint: gpu-0 (GPU-abc)"),
+            "{}",
+            c.message
+        );
+        assert_eq!(
+            cond(&d, "AcceleratedHardwareReady").reason,
+            "GPURecoveryPending"
+        );
+        // Device isolation unavailable: the Node taint, and the reason said.
+        let iso = Isolation {
+            node_action: Some(Action::ResetGpu),
+            devices: Vec::new(),
+            unavailable: Some("forbidden to create devicetaintrules".into()),
+        };
+        let d = super::desired(&h, &cfg, &Gate::Open, &iso);
+        assert_eq!(
+            d.fault_taint.as_ref().map(|t| t.value.as_str()),
+            Some("reset_gpu")
+        );
+        assert!(cond(&d, "GPUProblem").message.ends_with(
+            "; device isolation unavailable: forbidden to create devicetaintrules; the Node taint isolates the GPU faults"
+        ));
+        // The node's part can be less severe than the worst fault: the
+        // taint's value is the node part's.
+        let mut h2 = h.clone();
+        h2.gpus[0]
+            .active_faults
+            .push(fault(Action::InspectHardware, "XID95", 95));
+        let iso = Isolation {
+            node_action: Some(Action::ResetGpu),
+            ..Isolation::default()
+        };
+        let d = super::desired(&h2, &cfg, &Gate::Open, &iso);
+        assert_eq!(
+            d.fault_taint.as_ref().map(|t| t.value.as_str()),
+            Some("reset_gpu")
+        );
+        assert_eq!(cond(&d, "GPUProblem").reason, "HardwareReplacementRequired");
+        // Without a fault nothing is said about device isolation.
+        let iso = Isolation {
+            unavailable: Some("x".into()),
+            ..Isolation::default()
+        };
+        let d = super::desired(&healthy(), &cfg, &Gate::Open, &iso);
+        assert_eq!(cond(&d, "GPUProblem").reason, "NoGPUProblem");
+        assert!(!cond(&d, "GPUProblem").message.contains("device isolation"));
     }
 }

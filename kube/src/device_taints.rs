@@ -27,6 +27,7 @@
 //! for the rest.
 
 mod decide;
+pub(crate) mod isolate;
 
 pub use decide::{Decision, DeviceFault, DraDevice, NodeFault, NodeScope, decide};
 
@@ -397,6 +398,12 @@ impl DeviceTaints {
             *g = Some(self.discover().await?);
         }
         Ok(g.unwrap_or_default())
+    }
+
+    /// Makes the next request discover the versions again (a cluster
+    /// upgraded, or a feature gate turned on, since the last discovery).
+    pub async fn forget_versions(&self) {
+        *self.served.lock().await = None;
     }
 
     /// The version serving DeviceTaintRules (discovered once, again after a

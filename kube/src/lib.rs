@@ -49,6 +49,13 @@
 //!   keeps its conditions, gets no fault taint and a `QuarantineBudgetExhausted`
 //!   Warning Event, and takes a slot as soon as one frees. Before the first claim
 //!   is answered (API down, agent restarting) the taint is left as the Node has it.
+//! - **Device isolation** (module `device_taints`) — a `reset_gpu` or
+//!   `inspect_hardware` fault of one GPU that the Node's DRA ResourceSlices
+//!   list is isolated with a DeviceTaintRule on that device instead of the
+//!   fault taint (node-wide faults keep the Node taint); rules are converged
+//!   at the start of every pass, before the Node's taints change. Where the
+//!   cluster cannot take rules the fault taint is used instead and the
+//!   problem condition says why.
 //! - **Startup taint** — while the Node carries it, device validation
 //!   ([`gpuwatch_core::validation`]) runs every `validation_interval_secs`; the taint is removed
 //!   only after a complete, passing report, and only if the *current* health still
@@ -207,8 +214,9 @@ pub const UNGRANTED_REQUESTS: [ApiRequest; 1] = [ApiRequest {
 /// to this Node (a `spec.nodeName` field selector), to name the pod a
 /// faulting process runs in. Event requests only go to `event_namespace`,
 /// Lease requests (the quarantine budget's slots) only to
-/// `quarantine_namespace` (namespaced Roles there grant them).
-pub const WRITER_REQUESTS: [ApiRequest; 15] = [
+/// `quarantine_namespace` (namespaced Roles there grant them). The
+/// DeviceTaintRule client's are [`DEVICE_TAINT_REQUESTS`] (device isolation).
+pub const WRITER_REQUESTS: [ApiRequest; 21] = [
     req("get", "nodes"),
     req("list", "nodes"),
     req("watch", "nodes"),
@@ -224,6 +232,12 @@ pub const WRITER_REQUESTS: [ApiRequest; 15] = [
     lease("create"),
     lease("update"),
     lease("delete"),
+    DEVICE_TAINT_REQUESTS[0],
+    DEVICE_TAINT_REQUESTS[1],
+    DEVICE_TAINT_REQUESTS[2],
+    DEVICE_TAINT_REQUESTS[3],
+    DEVICE_TAINT_REQUESTS[4],
+    DEVICE_TAINT_REQUESTS[5],
 ];
 
 const fn dra(verb: &'static str, resource: &'static str) -> ApiRequest {
@@ -237,9 +251,9 @@ const fn dra(verb: &'static str, resource: &'static str) -> ApiRequest {
 
 /// Every request the DeviceTaintRule client ([`device_taints::DeviceTaints`])
 /// can make besides API discovery (which every user may read): this Node's
-/// ResourceSlices and the rules of its devices. Both are cluster-scoped.
-/// Not yet in [`WRITER_REQUESTS`]: the writer does not use the client yet,
-/// and the RBAC manifests grant exactly what the writer uses.
+/// ResourceSlices and the rules of its devices. Both are cluster-scoped
+/// (RBAC cannot narrow them to one Node; the admission policy
+/// `gpuwatch-own-device-taint-rules` does). Part of [`WRITER_REQUESTS`].
 pub const DEVICE_TAINT_REQUESTS: [ApiRequest; 6] = [
     dra("list", "resourceslices"),
     dra("list", "devicetaintrules"),
@@ -474,6 +488,8 @@ struct Shared {
     queue: Arc<EventQueue>,
     node_uid: Arc<Mutex<Option<String>>>,
     shutdown: watch::Receiver<bool>,
+    /// Device isolation (DRA DeviceTaintRules), the reconcile loop's.
+    isolator: device_taints::isolate::Isolator,
 }
 
 impl Shared {
@@ -521,6 +537,7 @@ impl Shared {
             quarantine,
             flap,
             progress: hooks.progress,
+            isolator: self.isolator,
         })
     }
 }
@@ -546,6 +563,7 @@ impl NodeWriter {
             return Err(KubeError::NoNodeName);
         }
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let isolator = device_taints::isolate::Isolator::new(client, &node_name, &settings);
         let client = client.client().cloned();
         if client.is_none() {
             tracing::info!(node = %node_name, "Kubernetes writer in dry-run mode: patches are logged, not sent.");
@@ -574,6 +592,7 @@ impl NodeWriter {
             queue: queue.clone(),
             node_uid: Arc::new(Mutex::new(None)),
             shutdown: shutdown_rx,
+            isolator,
         };
         let events = tokio::spawn(shared.event_writer(&settings).run());
         let reconciler = shared.reconciler(

@@ -83,6 +83,8 @@ pub(crate) struct Reconciler {
     flap: super::flap::Hysteresis,
     /// The loop's heartbeat, for the agent's input watchdog.
     progress: Arc<Progress>,
+    /// Device isolation: the DRA DeviceTaintRules of GPU-scoped faults.
+    isolator: super::device_taints::isolate::Isolator,
 }
 
 /// What the reconcile loop is built from: its settings, its API, its
@@ -102,6 +104,7 @@ pub(crate) struct Parts {
     pub quarantine: Option<quarantine::link::Link>,
     pub flap: super::flap::Hysteresis,
     pub progress: Arc<Progress>,
+    pub isolator: super::device_taints::isolate::Isolator,
 }
 
 impl Reconciler {
@@ -129,6 +132,7 @@ impl Reconciler {
             quarantine: p.quarantine,
             flap: p.flap,
             progress: p.progress,
+            isolator: p.isolator,
         }
     }
 }
@@ -141,6 +145,7 @@ impl Reconciler {
         }
         if let Some(uid) = &n.metadata.uid {
             *self.node_uid.lock().unwrap_or_else(|e| e.into_inner()) = Some(uid.clone());
+            self.metrics.publish(|s| s.node_uid = Some(uid.clone()));
         }
         let fault_taint = has_fault_taint(&n, &self.cfg);
         self.metrics.publish(|s| s.fault_taint = fault_taint);

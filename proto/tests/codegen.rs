@@ -49,19 +49,26 @@ fn generate() -> String {
     }
     // A fault names pods only where attribution found some: the field is left
     // out of JSON when empty, as the hand-written event writer does; so are
-    // MIG lists on GPUs without MIG and condition holds while none is held.
+    // MIG lists on GPUs without MIG, condition holds while none is held and
+    // isolated devices while none is.
     for field in [
         "FaultEvent.pods",
         "ActiveFault.pods",
         "GpuSample.mig_devices",
         "GpuHealth.mig_instances",
         "NodeHealth.condition_holds",
+        "NodeHealth.isolated_devices",
     ] {
         cfg.field_attribute(
             format!(".gpuwatch.v1.{field}"),
             "#[serde(skip_serializing_if = \"::prost::alloc::vec::Vec::is_empty\")]",
         );
     }
+    // Said only while device isolation cannot work.
+    cfg.field_attribute(
+        ".gpuwatch.v1.NodeHealth.device_isolation_unavailable",
+        "#[serde(skip_serializing_if = \"::prost::alloc::string::String::is_empty\")]",
+    );
     cfg.compile_fds(fds).expect("prost-build generates code");
     let text = std::fs::read_to_string(out.join("gpuwatch.v1.rs")).expect("generated file");
     std::fs::remove_dir_all(&out).ok();

@@ -11,7 +11,7 @@
 
 use crate::metrics::{AttrValue, MetricBatch, MetricSource, Num};
 use gpuwatch_core::Outcome;
-use gpuwatch_proto::{ConditionHold, QuarantineStatus};
+use gpuwatch_proto::{ConditionHold, IsolatedDevice, QuarantineStatus};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -30,15 +30,18 @@ pub enum KubeObject {
     StartupTaint,
     /// Event on the Node.
     Event,
+    /// DRA DeviceTaintRule (create, update, delete).
+    DeviceTaintRule,
 }
 
 impl KubeObject {
     /// Every object kind, in the order exporters list their series.
-    pub const ALL: [KubeObject; 4] = [
+    pub const ALL: [KubeObject; 5] = [
         KubeObject::Condition,
         KubeObject::Taint,
         KubeObject::StartupTaint,
         KubeObject::Event,
+        KubeObject::DeviceTaintRule,
     ];
     /// The `object` attribute value in metrics.
     pub fn as_str(self) -> &'static str {
@@ -47,6 +50,7 @@ impl KubeObject {
             KubeObject::Taint => "taint",
             KubeObject::StartupTaint => "startup_taint",
             KubeObject::Event => "event",
+            KubeObject::DeviceTaintRule => "device_taint_rule",
         }
     }
 }
@@ -136,6 +140,16 @@ pub struct KubeStatus {
     /// `status.allocatable` (the configured resources summed); `None` when not
     /// known (no writer, or the check is off).
     pub gpus_advertised: Option<u64>,
+    /// The devices a DRA DeviceTaintRule isolates now (instead of the Node
+    /// taint); `/v1/health` lists them.
+    pub isolated_devices: Vec<IsolatedDevice>,
+    /// Why device isolation cannot work on this node while it matters
+    /// (DRA devices, or a fault that asked for a rule): those faults get
+    /// the Node taint instead.
+    pub device_isolation_unavailable: Option<String>,
+    /// The Node's `metadata.uid` once the writer has read the Node (the OTLP
+    /// resource's `k8s.node.uid`).
+    pub node_uid: Option<String>,
 }
 
 impl KubeStatus {
@@ -154,7 +168,7 @@ impl KubeStatus {
 /// The node writer's counters and its published [`KubeStatus`].
 #[derive(Debug)]
 pub struct KubeMetrics {
-    writes: [[AtomicU64; 3]; 4],
+    writes: [[AtomicU64; 3]; 5],
     /// Fault events through the Event writer, by [`Outcome`].
     events: [AtomicU64; 3],
     validation_runs: [AtomicU64; 3],
@@ -308,6 +322,9 @@ fn s(v: &'static str) -> AttrValue {
     AttrValue::Str(Cow::Borrowed(v))
 }
 
+/// The effects a device taint of gpuwatch's can have (`device_taint_effect`).
+const DEVICE_TAINT_EFFECTS: [&str; 2] = ["NoSchedule", "NoExecute"];
+
 fn flag(b: bool) -> Num {
     Num::U64(u64::from(b))
 }
@@ -366,6 +383,23 @@ impl MetricSource for KubeMetrics {
             "gpuwatch.node.tainted",
             vec![("taint", s("startup"))],
             flag(status.startup_taint()),
+        );
+        for effect in DEVICE_TAINT_EFFECTS {
+            let n = status
+                .isolated_devices
+                .iter()
+                .filter(|d| d.effect == effect)
+                .count();
+            out.push(
+                "gpuwatch.kube.device_taints",
+                vec![("effect", s(effect))],
+                Num::U64(n as u64),
+            );
+        }
+        out.push(
+            "gpuwatch.kube.device_isolation.unavailable",
+            vec![],
+            flag(status.device_isolation_unavailable.is_some()),
         );
         out.push(
             "gpuwatch.kube.quarantine.deferred",
@@ -463,7 +497,7 @@ mod tests {
         let mut batch = MetricBatch::default();
         m.collect(&mut batch);
         let names: Vec<_> = batch.names().collect();
-        assert_eq!(names.len(), 11, "{names:?}");
+        assert_eq!(names.len(), 13, "{names:?}");
         for name in names {
             assert!(crate::metrics::is_instrument(name), "{name}");
         }

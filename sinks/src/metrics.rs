@@ -63,13 +63,17 @@ pub(crate) const LATENCY_UNIT: &str = "s";
 pub(crate) const LATENCY_DESCRIPTION: &str =
     "Kernel log record read to fault event emitted by the health engine.";
 
+/// A GPU's identity on every point about it: `gpu.index`, `gpu.uuid`,
+/// `gpu.pci.address` and the hardware conventions' `hw.id` (the UUID, as on
+/// the `hw.*` points), each when known. All constant per GPU: no new series.
 fn gpu_attrs(index: Option<u32>, uuid: &str, pci: &str) -> Vec<(&'static str, AttrValue)> {
-    let mut a = Vec::with_capacity(4);
+    let mut a = Vec::with_capacity(5);
     if let Some(i) = index {
         a.push(("gpu.index", AttrValue::Int(i64::from(i))));
     }
     if !uuid.is_empty() {
         a.push(("gpu.uuid", owned(uuid)));
+        a.push(("hw.id", owned(uuid)));
     }
     if !pci.is_empty() {
         a.push(("gpu.pci.address", owned(pci)));

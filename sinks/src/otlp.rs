@@ -39,13 +39,12 @@ use opentelemetry::{InstrumentationScope, KeyValue, Value};
 use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _, WithTonicConfig as _};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::logs::LogExporter as _;
 use opentelemetry_sdk::metrics::data::ResourceMetrics;
 use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Who is exporting: the OTel resource of every export.
@@ -61,10 +60,20 @@ pub struct ResourceInfo {
 
 impl ResourceInfo {
     /// The built-in resource attributes: `service.name=gpuwatch`,
-    /// `service.version`, `k8s.node.name`, `host.name` (empty values left out).
+    /// `service.instance.id` (the node name, else the host name: one agent
+    /// per node, and the same identity across the agent pod's restarts, so
+    /// its series do not churn), `service.version`, `k8s.node.name`,
+    /// `host.name` (empty values left out). The agent's own pod is never on
+    /// the resource: `k8s.pod.*` there names the pod a fault record is about.
     pub fn attributes(&self) -> Vec<(String, String)> {
         let mut out = vec![("service.name".to_owned(), "gpuwatch".to_owned())];
+        let instance = if self.node_name.is_empty() {
+            &self.host_name
+        } else {
+            &self.node_name
+        };
         for (k, v) in [
+            ("service.instance.id", instance),
             ("service.version", &self.service_version),
             ("k8s.node.name", &self.node_name),
             ("host.name", &self.host_name),
@@ -485,21 +494,127 @@ impl EventSink for DisabledLogSink {
 
 /// The running OTLP exporter (metrics reader thread + log worker thread).
 pub struct OtlpExporter {
-    meter_provider: Option<SdkMeterProvider>,
-    _instruments: Vec<InstrumentHandle>,
+    metrics: Option<Arc<MetricPipeline>>,
     log_queue: Option<Arc<LogQueue>>,
     log_thread: Option<std::thread::JoinHandle<()>>,
     sink: Arc<dyn EventSink>,
-    resource: BTreeMap<String, String>,
+    resource: Arc<Mutex<BTreeMap<String, String>>>,
+    /// `k8s.node.uid` was configured (`OTEL_RESOURCE_ATTRIBUTES` or
+    /// `otlp.resource_attributes`): the Node's own uid does not replace it.
+    node_uid_configured: bool,
 }
 
 impl std::fmt::Debug for OtlpExporter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OtlpExporter")
-            .field("metrics", &self.meter_provider.is_some())
+            .field("metrics", &self.metrics.is_some())
             .field("logs", &self.log_queue.is_some())
-            .field("resource", &self.resource)
+            .field("resource", &self.resource())
             .finish()
+    }
+}
+
+/// The SDK's meter provider and the instruments it calls back, built for one
+/// resource.
+struct MetricState {
+    provider: SdkMeterProvider,
+    _instruments: Vec<InstrumentHandle>,
+}
+
+/// Builds the metric pipeline for a resource.
+type BuildMetrics = dyn Fn(&Resource) -> Result<MetricState, OtlpError> + Send + Sync;
+
+/// The metric pipeline. The SDK fixes a meter provider's resource when it is
+/// built, so a resource attribute learnt later (the Node's uid) is added by
+/// building the pipeline again: the observable instruments read the shared
+/// registry, so no count is lost; the latency histogram's points recorded
+/// before the rebuild are.
+struct MetricPipeline {
+    state: Mutex<Option<MetricState>>,
+    build: Box<BuildMetrics>,
+}
+
+impl MetricPipeline {
+    /// Replaces the provider with one for `resource`; the old one exports
+    /// once more (under the old resource) and stops.
+    fn rebuild(&self, resource: &Resource, timeout: Duration) -> Result<(), OtlpError> {
+        let new = (self.build)(resource)?;
+        let old = lock(&self.state).replace(new);
+        if let Some(old) = old
+            && let Err(e) = old.provider.shutdown_with_timeout(timeout)
+        {
+            tracing::warn!(error = %e, "OTLP metric exporter of the previous resource did not shut down cleanly.");
+        }
+        Ok(())
+    }
+
+    fn shutdown(&self, timeout: Duration) {
+        if let Some(old) = lock(&self.state).take()
+            && let Err(e) = old.provider.shutdown_with_timeout(timeout)
+        {
+            tracing::warn!(error = %e, "OTLP metric exporter did not shut down cleanly.");
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn otel_resource(attrs: &BTreeMap<String, String>) -> Resource {
+    Resource::builder_empty()
+        .with_attributes(
+            attrs
+                .iter()
+                .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
+        )
+        .build()
+}
+
+/// Adds resource attributes learnt after the start to both signals: cheap to
+/// clone, handed to whatever learns them (the agent: the kube writer's
+/// status).
+#[derive(Clone)]
+pub struct ResourceUpdater {
+    resource: Arc<Mutex<BTreeMap<String, String>>>,
+    metrics: Option<Arc<MetricPipeline>>,
+    node_uid_configured: bool,
+}
+
+impl std::fmt::Debug for ResourceUpdater {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResourceUpdater")
+            .field("resource", &*lock(&self.resource))
+            .finish_non_exhaustive()
+    }
+}
+
+impl ResourceUpdater {
+    /// Puts the Node's `metadata.uid` on the resource as `k8s.node.uid`
+    /// (unless configured): log records from their next export on, metrics
+    /// by rebuilding their pipeline (blocks up to about `timeout` for the
+    /// old pipeline's last export; call it off the async runtime). Returns
+    /// whether the resource changed; the same uid again changes nothing.
+    pub fn set_node_uid(&self, uid: &str, timeout: Duration) -> Result<bool, OtlpError> {
+        if self.node_uid_configured || uid.is_empty() {
+            return Ok(false);
+        }
+        let attrs = {
+            let mut r = lock(&self.resource);
+            if r.get("k8s.node.uid").map(String::as_str) == Some(uid) {
+                return Ok(false);
+            }
+            r.insert("k8s.node.uid".to_owned(), uid.to_owned());
+            r.clone()
+        };
+        if let Some(m) = &self.metrics {
+            m.rebuild(&otel_resource(&attrs), timeout)?;
+        }
+        tracing::info!(
+            k8s.node.uid = uid,
+            "OTLP resource now carries the Node's uid."
+        );
+        Ok(true)
     }
 }
 
@@ -741,14 +856,21 @@ impl OtlpExporter {
         let settings = &resolved.settings;
         let tls = resolved.tls.clone();
         crate::install_crypto_provider();
-        let otel_resource = Resource::builder_empty()
-            .with_attributes(
-                settings
-                    .attrs
-                    .iter()
-                    .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
-            )
-            .build();
+        let mut attrs = settings.attrs.clone();
+        // The agent's own pod must not be on its resource: there `k8s.pod.*`
+        // names the pod a fault record is about (what `k8sattributes`
+        // associates by). Manifests of older releases set it.
+        let own_pod: Vec<String> = attrs
+            .keys()
+            .filter(|k| k.starts_with("k8s.pod."))
+            .cloned()
+            .collect();
+        if !own_pod.is_empty() {
+            for k in &own_pod {
+                attrs.remove(k);
+            }
+            tracing::warn!(dropped = ?own_pod, "Resource attributes naming the agent's own pod left out: k8s.pod.* on gpuwatch's resource names the pod a fault record is about. Remove them from OTEL_RESOURCE_ATTRIBUTES / otlp.resource_attributes.");
+        }
         let scope = InstrumentationScope::builder("gpuwatch")
             .with_version(resource.service_version.clone())
             .build();
@@ -766,32 +888,34 @@ impl OtlpExporter {
         let _guard = rt.enter();
 
         let mut exporter = OtlpExporter {
-            meter_provider: None,
-            _instruments: Vec::new(),
+            metrics: None,
             log_queue: None,
             log_thread: None,
             sink: Arc::new(DisabledLogSink),
-            resource: settings.attrs.clone(),
+            node_uid_configured: attrs.contains_key("k8s.node.uid"),
+            resource: Arc::new(Mutex::new(attrs.clone())),
         };
         if resolved.metrics {
             exporter.start_metrics(
                 settings,
-                tls.as_ref(),
-                &otel_resource,
+                tls.clone(),
+                &otel_resource(&attrs),
                 &scope,
                 &registry,
                 &producers,
+                rt,
             )?;
         }
         if resolved.logs {
-            exporter.start_logs(settings, tls.as_ref(), &otel_resource, scope, &registry, rt)?;
+            exporter.start_logs(settings, tls.as_ref(), scope, &registry, rt)?;
         }
         Ok(exporter)
     }
 
     /// The metric pipeline: a periodic reader counting failed exports, one
     /// observable instrument per table entry behind this output's series
-    /// filter, and the pipeline latency histogram.
+    /// filter, and the pipeline latency histogram. Kept rebuildable for a
+    /// new resource ([`MetricPipeline`]).
     #[allow(
         clippy::too_many_arguments,
         reason = "the parts start() resolved, each used once"
@@ -799,40 +923,67 @@ impl OtlpExporter {
     fn start_metrics(
         &mut self,
         settings: &ResolvedOtlp,
-        tls: Option<&TlsMaterial>,
+        tls: Option<TlsMaterial>,
         otel_resource: &Resource,
         scope: &InstrumentationScope,
         registry: &Arc<Registry>,
         producers: &[Arc<dyn MetricSource>],
+        rt: &tokio::runtime::Handle,
     ) -> Result<(), OtlpError> {
-        let metrics = &settings.metrics;
-        let inner = build_metric_exporter(metrics, tls)?;
-        let reader = PeriodicReader::builder(CountingExporter {
-            inner,
-            registry: registry.clone(),
-        })
-        .with_interval(settings.export_interval)
-        .build();
-        let provider = SdkMeterProvider::builder()
-            .with_resource(otel_resource.clone())
-            .with_reader(reader)
-            .build();
-        let meter = provider.meter_with_scope(scope.clone());
-        let filter = SeriesFilter::observing(registry, producers, settings.series_quiet_window);
-        self._instruments = register_instruments(&meter, registry, producers, &filter);
-        let histogram = meter
-            .f64_histogram(metrics::LATENCY_NAME)
-            .with_unit(metrics::LATENCY_UNIT)
-            .with_description(metrics::LATENCY_DESCRIPTION)
-            .with_boundaries(LATENCY_BUCKETS_SECONDS.to_vec())
-            .build();
-        if !registry.set_latency_hook(Box::new(move |secs| histogram.record(secs, &[]))) {
+        let metrics = settings.metrics.clone();
+        // The latency hook is installed once; it records into the histogram
+        // of the pipeline built last.
+        let latency: Arc<Mutex<Option<opentelemetry::metrics::Histogram<f64>>>> =
+            Arc::new(Mutex::new(None));
+        let hook = latency.clone();
+        if !registry.set_latency_hook(Box::new(move |secs| {
+            if let Some(h) = lock(&hook).as_ref() {
+                h.record(secs, &[]);
+            }
+        })) {
             tracing::warn!(
                 "Pipeline latency hook already installed; the OTLP latency histogram stays empty."
             );
         }
+        let (interval, quiet) = (settings.export_interval, settings.series_quiet_window);
+        let (registry, producers, scope) = (registry.clone(), producers.to_vec(), scope.clone());
+        let rt = rt.clone();
+        let build = move |resource: &Resource| -> Result<MetricState, OtlpError> {
+            // tonic spawns its connection task on the current runtime.
+            let _guard = rt.enter();
+            let inner = build_metric_exporter(&metrics, tls.as_ref())?;
+            let reader = PeriodicReader::builder(CountingExporter {
+                inner,
+                registry: registry.clone(),
+            })
+            .with_interval(interval)
+            .build();
+            let provider = SdkMeterProvider::builder()
+                .with_resource(resource.clone())
+                .with_reader(reader)
+                .build();
+            let meter = provider.meter_with_scope(scope.clone());
+            let filter = SeriesFilter::observing(&registry, &producers, quiet);
+            let instruments = register_instruments(&meter, &registry, &producers, &filter);
+            let histogram = meter
+                .f64_histogram(metrics::LATENCY_NAME)
+                .with_unit(metrics::LATENCY_UNIT)
+                .with_description(metrics::LATENCY_DESCRIPTION)
+                .with_boundaries(LATENCY_BUCKETS_SECONDS.to_vec())
+                .build();
+            *lock(&latency) = Some(histogram);
+            Ok(MetricState {
+                provider,
+                _instruments: instruments,
+            })
+        };
+        let state = build(otel_resource)?;
+        let metrics = &settings.metrics;
         tracing::info!(signal = "metrics", endpoint = %metrics.endpoint, source = %metrics.endpoint_source, protocol = metrics.protocol.as_str(), interval_secs = settings.export_interval.as_secs(), "OTLP metric export started.");
-        self.meter_provider = Some(provider);
+        self.metrics = Some(Arc::new(MetricPipeline {
+            state: Mutex::new(Some(state)),
+            build: Box::new(build),
+        }));
         Ok(())
     }
 
@@ -842,14 +993,13 @@ impl OtlpExporter {
         &mut self,
         settings: &ResolvedOtlp,
         tls: Option<&TlsMaterial>,
-        otel_resource: &Resource,
         scope: InstrumentationScope,
         registry: &Arc<Registry>,
         rt: &tokio::runtime::Handle,
     ) -> Result<(), OtlpError> {
         let logs = &settings.logs;
-        let mut log_exporter = build_log_exporter(logs, tls)?;
-        log_exporter.set_resource(otel_resource);
+        // The worker sets the resource before each export (node or pod).
+        let log_exporter = build_log_exporter(logs, tls)?;
         let queue = Arc::new(LogQueue::new(
             settings.log_queue.capacity,
             Stage::OtlpLogs,
@@ -865,6 +1015,7 @@ impl OtlpExporter {
                 Protocol::HttpProtobuf => Driver::Park,
             },
             scope,
+            resource: self.resource.clone(),
         };
         let handle = std::thread::Builder::new()
             .name("gpuwatch-otlp-logs".into())
@@ -873,6 +1024,7 @@ impl OtlpExporter {
         tracing::info!(signal = "logs", endpoint = %logs.endpoint, source = %logs.endpoint_source, protocol = logs.protocol.as_str(), queue = settings.log_queue.capacity, "OTLP fault log export started.");
         self.sink = Arc::new(OtlpLogSink {
             queue: queue.clone(),
+            next_id: std::sync::atomic::AtomicU64::new(0),
         });
         self.log_queue = Some(queue);
         self.log_thread = Some(handle);
@@ -890,9 +1042,21 @@ impl OtlpExporter {
         self.log_queue.as_ref().map_or(0, |q| q.len())
     }
 
-    /// The resource attributes sent with every export.
-    pub fn resource(&self) -> &BTreeMap<String, String> {
-        &self.resource
+    /// The node's resource attributes as they are now: those of every
+    /// metric export and of the log records about no pod (a pod's record
+    /// adds the pod's).
+    pub fn resource(&self) -> BTreeMap<String, String> {
+        lock(&self.resource).clone()
+    }
+
+    /// The handle that adds attributes learnt after the start (the Node's
+    /// uid) to the resource.
+    pub fn resource_updater(&self) -> ResourceUpdater {
+        ResourceUpdater {
+            resource: self.resource.clone(),
+            metrics: self.metrics.clone(),
+            node_uid_configured: self.node_uid_configured,
+        }
     }
 
     /// Exports what is left (one last try per signal) and stops, within about
@@ -909,10 +1073,8 @@ impl OtlpExporter {
                 let _ = h.join();
             }
         }
-        if let Some(p) = self.meter_provider.take()
-            && let Err(e) = p.shutdown_with_timeout(half)
-        {
-            tracing::warn!(error = %e, "OTLP metric exporter did not shut down cleanly.");
+        if let Some(m) = self.metrics.take() {
+            m.shutdown(half);
         }
     }
 }
@@ -949,6 +1111,7 @@ mod tests {
         };
         let a = resource_attributes(&info, &cfg, &env).unwrap();
         assert_eq!(a["service.name"], "gpuwatch");
+        assert_eq!(a["service.instance.id"], "n1");
         assert_eq!(a["k8s.node.name"], "n1");
         assert_eq!(a["host.name"], "from-env");
         assert_eq!(a["k8s.cluster.name"], "prod");

@@ -6,7 +6,8 @@
 //!
 //! - `sys/devices/pci0000:00/0000:00:01.0/<bdf>/`: the PCI function, with
 //!   `numa_node` (`-1` when the platform has no NUMA information;
-//!   `drivers/pci/pci-sysfs.c`, `numa_node_show`).
+//!   `drivers/pci/pci-sysfs.c`, `numa_node_show`) and `vendor` (`0x15b3`
+//!   Mellanox, `0x1d0f` Amazon; `vendor_show`, `"0x%04x\n"`).
 //! - `<bdf>/infiniband/<dev>/`: the RDMA device (`drivers/infiniband/core/
 //!   device.c` registers it under its parent, the PCI function), with
 //!   `<dev>/device` a relative link back to `<bdf>` (the driver core's
@@ -29,6 +30,16 @@
 //! - `<bdf>/net/<if>/{dev_port,carrier_changes}` and `sys/class/net/<if>` a
 //!   link to it (`net/core/net-sysfs.c`: `dev_port` is the 0-based port of a
 //!   multi-port device, `carrier_changes` counts carrier downs plus ups).
+//! - AWS EFA devices ([`FakeSysfs::add_efa_device`], `rdmap<n>s0`): an
+//!   Amazon PCI function (`vendor` `0x1d0f`, `device` `0xefa1`;
+//!   `drivers/infiniband/hw/efa/efa_main.c`, `efa_pci_tbl`) with one port
+//!   that says `4: ACTIVE`, `5: LinkUp` and `100 Gb/sec (4X EDR)` whatever
+//!   happens (`efa_verbs.c`, `efa_query_port`), `link_layer` `Unknown` (the
+//!   ib core's `link_layer_show` for a device whose link layer is
+//!   unspecified), no `counters/` (the EFA driver answers no PortCounters
+//!   MADs) and the driver's port statistics in `hw_counters/`
+//!   ([`EFA_HW_COUNTERS`]: `efa_verbs.c`, `EFA_DEFINE_PORT_STATS`); no
+//!   netdev.
 //!
 //! Every value ends with a newline, as the kernel's `show` functions write
 //! them. Values are replaced by writing a new file and renaming it over the
@@ -122,6 +133,34 @@ pub const MLX5_HW_COUNTERS: &[&str] = &[
     "rp_cnp_handled",
     "np_cnp_sent",
     "rx_icrc_encapsulated",
+];
+
+/// The EFA driver's per-port `hw_counters/` files
+/// (`drivers/infiniband/hw/efa/efa_verbs.c`, `EFA_DEFINE_PORT_STATS`), without
+/// `lifespan`.
+pub const EFA_HW_COUNTERS: &[&str] = &[
+    "tx_bytes",
+    "tx_pkts",
+    "rx_bytes",
+    "rx_pkts",
+    "rx_drops",
+    "send_bytes",
+    "send_wrs",
+    "recv_bytes",
+    "recv_wrs",
+    "rdma_read_wrs",
+    "rdma_read_bytes",
+    "rdma_read_wr_err",
+    "rdma_read_resp_bytes",
+    "rdma_write_wrs",
+    "rdma_write_bytes",
+    "rdma_write_wr_err",
+    "rdma_write_recv_bytes",
+    "retrans_bytes",
+    "retrans_pkts",
+    "retrans_timeout_events",
+    "unresponsive_remote_events",
+    "impaired_remote_conn_events",
 ];
 
 /// A port's files as first written.
@@ -225,9 +264,49 @@ impl FakeSysfs {
     /// with the RDMA device `dev` (`mlx5_0`) and no ports yet. A second device
     /// on the same function shares its directory.
     pub fn add_device(&self, dev: &str, bdf: &str, numa: i32) {
+        self.add_device_of(dev, bdf, numa, "0x15b3");
+    }
+
+    /// Adds an AWS EFA device `dev` (`rdmap16s27`) on the Amazon PCI function
+    /// `bdf`, NUMA node `numa`, with its one port as the EFA driver shows it
+    /// and every `hw_counters/` file at 0 (see the module documentation).
+    pub fn add_efa_device(&self, dev: &str, bdf: &str, numa: i32) {
+        self.add_device_of(dev, bdf, numa, "0x1d0f");
+        let func = self.root.join(BRIDGE).join(bdf);
+        self.write(&func.join("device"), "0xefa1");
+        let dir = self.port_dir(dev, 1);
+        mkdir(&dir.join("hw_counters"));
+        self.write(&dir.join("link_layer"), "Unknown");
+        self.write(&dir.join("state"), "4: ACTIVE");
+        self.write(&dir.join("phys_state"), "5: LinkUp");
+        self.write(&dir.join("rate"), "100 Gb/sec (4X EDR)");
+        for c in EFA_HW_COUNTERS {
+            self.write(&dir.join("hw_counters").join(c), "0");
+        }
+        self.write(&dir.join("hw_counters/lifespan"), "10");
+    }
+
+    /// A node of `n` AWS EFA devices as on a p5 instance: `rdmap<16+i>s0`
+    /// on PCI functions `0000:<0x10+i>:00.0` (`n` up to 200), NUMA node
+    /// `i / (n/2)`.
+    pub fn efa_node_of(n: u32) -> FakeSysfs {
+        let fake = FakeSysfs::new();
+        let half = (n / 2).max(1);
+        for i in 0..n {
+            fake.add_efa_device(
+                &format!("rdmap{}s0", 16 + i),
+                &format!("0000:{:02x}:00.0", 0x10 + i),
+                i32::try_from(i / half).unwrap_or(0),
+            );
+        }
+        fake
+    }
+
+    fn add_device_of(&self, dev: &str, bdf: &str, numa: i32, vendor: &str) {
         let func = self.root.join(BRIDGE).join(bdf);
         mkdir(&func);
         self.write(&func.join("numa_node"), &numa.to_string());
+        self.write(&func.join("vendor"), vendor);
         let dev_dir = func.join("infiniband").join(dev);
         mkdir(&dev_dir.join("ports"));
         // From <bdf>/infiniband/<dev>: up two levels is <bdf>.

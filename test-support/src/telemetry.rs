@@ -682,8 +682,8 @@ pub fn populate(r: &Registry, k: &KubeMetrics) {
             kmsg_caught_up: false,
             ..Default::default()
         }),
-        // One RDMA port that flapped and counted symbol errors: every network
-        // instrument has a point.
+        // One RDMA port that flapped, counted symbol errors and broke a
+        // symbol_error rate rule: every network instrument has a point.
         network: Some(gpuwatch_proto::NetworkHealth {
             problem: true,
             reason: "NICPortFlapping".into(),
@@ -701,6 +701,7 @@ pub fn populate(r: &Registry, k: &KubeMetrics) {
                 status: "flapping".into(),
                 flaps_total: 3,
                 error_counts: [("symbol_error".to_string(), 12)].into(),
+                rate_breaches: [("symbol_error".to_string(), 1)].into(),
                 ..Default::default()
             }],
             ..Default::default()
@@ -734,6 +735,15 @@ pub fn populate(r: &Registry, k: &KubeMetrics) {
         s.quarantine_slots = 10;
         s.quarantine_unavailable = true;
         s.gpus_expected = Some(8);
+        s.isolated_devices = vec![gpuwatch_proto::IsolatedDevice {
+            device: "gpu-1".into(),
+            uuid: "GPU-1".into(),
+            rule: "gpuwatch-gpu-node-1-gpu-1".into(),
+            key: "gpuwatch.io/unhealthy".into(),
+            value: "reset_gpu".into(),
+            effect: "NoSchedule".into(),
+        }];
+        s.device_isolation_unavailable = Some("forbidden".into());
     });
     k.count_validation(ValidationResult::Pass);
 }

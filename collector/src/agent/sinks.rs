@@ -106,6 +106,39 @@ pub fn resource_info(node_name: &str) -> gpuwatch_sinks::otlp::ResourceInfo {
     }
 }
 
+/// Puts the Node's uid on the OTLP resource (`k8s.node.uid`) once the
+/// Kubernetes writer has read the Node, and again if it changes (the Node
+/// object recreated). Ends with the writer's status channel; without a writer
+/// no uid is ever published.
+async fn follow_node_uid(
+    mut status: tokio::sync::watch::Receiver<gpuwatch_kube::KubeStatus>,
+    updater: gpuwatch_sinks::otlp::ResourceUpdater,
+) {
+    let mut last: Option<String> = None;
+    loop {
+        let uid = status.borrow_and_update().node_uid.clone();
+        if let Some(uid) = uid.filter(|u| last.as_ref() != Some(u)) {
+            last = Some(uid.clone());
+            let updater = updater.clone();
+            // Rebuilding the metric pipeline waits for its last export.
+            let set = tokio::task::spawn_blocking(move || {
+                updater.set_node_uid(&uid, Duration::from_secs(5))
+            })
+            .await;
+            match set {
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "Cannot put the Node's uid on the OTLP resource.");
+                }
+                Err(e) => tracing::warn!(error = %e, "The OTLP resource update failed."),
+                Ok(Ok(_)) => {}
+            }
+        }
+        if status.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 impl Sinks {
     /// The OTLP exporter: metrics, and one log record per fault.
     fn start_otlp(
@@ -130,6 +163,10 @@ impl Sinks {
             message: e.to_string(),
         })?;
         tracing::info!(exporter = ?exporter, "OTLP export started.");
+        rt.spawn(follow_node_uid(
+            kube.subscribe(),
+            exporter.resource_updater(),
+        ));
         self.event_sinks.push(exporter.log_sink());
         self.on_shutdown
             .push(Box::new(move |budget| exporter.shutdown(budget)));

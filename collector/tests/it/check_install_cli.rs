@@ -113,7 +113,7 @@ fn check_install_passes_a_working_install() {
         stdout(&out),
         format!(
             "PASS config: {}\n\
-             PASS rbac: all 15 requests the agent makes are allowed (cluster: nodes, nodes/status, pods; namespace gpu-events: events; namespace gpu-quarantine: leases.coordination.k8s.io)\n\
+             PASS rbac: all 21 requests the agent makes are allowed (cluster: nodes, nodes/status, pods, resourceslices.resource.k8s.io, devicetaintrules.resource.k8s.io; namespace gpu-events: events; namespace gpu-quarantine: leases.coordination.k8s.io)\n\
              PASS pods: 2 gpuwatch pod(s) in namespace {NS} matching {SELECTOR} are Ready\n\
              check-install: passed\n",
             config.display()

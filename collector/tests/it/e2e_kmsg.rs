@@ -724,7 +724,7 @@ fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
     std::fs::write(
         &config,
         format!(
-            "[kube]\nenabled = true\napi_server_url = \"{}\"\nbackoff_initial_ms = 50\nbackoff_max_ms = 400\nrequest_timeout_secs = 2\nnormal_event_spread_secs = 0\n",
+            "[kube]\nenabled = true\napi_server_url = \"{}\"\nbackoff_initial_ms = 50\nbackoff_max_ms = 400\nrequest_timeout_secs = 2\nnormal_event_spread_secs = 0\n[otlp]\nexport_interval_secs = 1\n",
             api.url
         ),
     )
@@ -792,8 +792,10 @@ fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
         ),
         "{ev}"
     );
-    // The OTLP log record of each carries the pod under the semantic
-    // conventions' names.
+    // The OTLP log record of each goes out under its pod's resource (the
+    // semantic conventions' names, what a collector's `k8sattributes`
+    // associates by), beside the agent's identity and the Node's uid the
+    // writer read.
     let record = |r: &gpuwatch_test_support::telemetry::Received, tag: &str| {
         r.logs
             .iter()
@@ -811,19 +813,34 @@ fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
         ("named", uid, "trainer-0", "ml", "main"),
         ("cgroupfs", uid2, "batch-7", "jobs", "worker"),
     ] {
-        let attrs = record(&got, tag).unwrap().attrs;
+        let resource = record(&got, tag).unwrap().resource;
         for (key, want) in [
             ("k8s.pod.uid", uid),
             ("k8s.pod.name", name),
             ("k8s.namespace.name", ns),
             ("k8s.container.name", container),
+            ("k8s.node.name", "e2e-node"),
+            ("k8s.node.uid", "node-uid-1"),
+            ("service.instance.id", "e2e-node"),
         ] {
-            assert!(
-                attrs.get(key).is_some_and(|v| v.contains(want)),
-                "{tag}: {key} should be {want}: {attrs:#?}"
+            assert_eq!(
+                resource.get(key),
+                Some(&format!("Str({want})")),
+                "{tag}: {key} should be {want}: {resource:#?}"
             );
         }
     }
+    // The metrics: the node's resource with the Node's uid, no pod.
+    let got = rotel.wait_for(T, "a metric export with the Node's uid", |r| {
+        r.metric("gpuwatch.kube.writes").is_some_and(|m| {
+            m.resource.get("k8s.node.uid").map(String::as_str) == Some("Str(node-uid-1)")
+        })
+    });
+    let resource = &got.metric("gpuwatch.kube.writes").unwrap().resource;
+    assert!(
+        resource.keys().all(|k| !k.starts_with("k8s.pod.")),
+        "{resource:#?}"
+    );
     // This agent reads the ring from its start, so the earlier phase's
     // XID 13 of the same pid is attributed to trainer-0 too (its own Event):
     // each Event is found by the process tag its message names.

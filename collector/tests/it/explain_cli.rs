@@ -349,6 +349,10 @@ fn explain_network_shows_the_configured_rules() {
         "below 400 Gb/s",
         "mlx5_8",
         "never a GPU verdict",
+        "rx_drops 100+1/s",
+        "retrans_bytes 1000000+1/s",
+        "NICErrorRate naming the device and counter",
+        "AWS EFA devices (PCI vendor 0x1d0f)",
     ] {
         assert!(text.contains(want), "{want:?} not in:\n{text}");
     }
@@ -362,7 +366,7 @@ fn explain_network_shows_the_configured_rules() {
     ]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["poll_interval_secs"], 5.0);
-    assert!(v["rules"].as_array().is_some_and(|r| r.len() == 7), "{v:#}");
+    assert!(v["rules"].as_array().is_some_and(|r| r.len() == 9), "{v:#}");
 
     std::fs::write(&cfg, "[network]\nflap_threshold = 0\n").unwrap();
     let out = run(&["explain", "--network", "--config", cfg.to_str().unwrap()]);

@@ -9,7 +9,7 @@ use gpuwatch_core::Shutdown;
 use gpuwatch_core::network::{
     CounterValue, LinkLayer, NetworkSettings, NicScan, PhysState, PortReading, PortState,
 };
-use gpuwatch_test_support::sysfs::{FakeSysfs, MLX5_HW_COUNTERS, PortSpec};
+use gpuwatch_test_support::sysfs::{EFA_HW_COUNTERS, FakeSysfs, MLX5_HW_COUNTERS, PortSpec};
 use std::time::{Duration, Instant};
 
 fn reader(fake: &FakeSysfs) -> NicReader {
@@ -29,6 +29,57 @@ fn counter(p: &PortReading, name: &str) -> CounterValue {
         .find(|c| c.name == name)
         .unwrap_or_else(|| panic!("no counter {name} in {:?}", p.counters))
         .value
+}
+
+/// AWS EFA devices (Amazon's PCI vendor): their port is read as
+/// [`LinkLayer::Efa`] (sysfs says `Unknown`), never up although its files say
+/// ACTIVE/LinkUp, with every EFA `hw_counters` file; an mlx5 device beside
+/// them stays InfiniBand. A device that leaves sysfs is gone from the next
+/// scan.
+#[test]
+fn nic_reader_reads_efa_devices_by_their_vendor() {
+    let fake = FakeSysfs::efa_node_of(4);
+    fake.add_device("mlx5_0", "0000:a0:00.0", 1);
+    fake.add_port("mlx5_0", 1, &PortSpec::ib_ndr());
+    fake.set_hw_counter("rdmap17s0", 1, "rx_drops", 42);
+    let mut r = reader(&fake);
+    let scan = r.scan(Instant::now());
+    assert!(scan.problems.is_empty(), "{:?}", scan.problems);
+    let names: Vec<String> = scan.ports.iter().map(|p| p.id.to_string()).collect();
+    assert_eq!(
+        names,
+        [
+            "mlx5_0/1",
+            "rdmap16s0/1",
+            "rdmap17s0/1",
+            "rdmap18s0/1",
+            "rdmap19s0/1"
+        ]
+    );
+    assert_eq!(port(&scan, "mlx5_0", 1).link_layer, LinkLayer::InfiniBand);
+    let p = port(&scan, "rdmap17s0", 1);
+    assert_eq!(p.link_layer, LinkLayer::Efa);
+    assert_eq!(
+        (p.state, p.phys_state),
+        (PortState::Active, PhysState::LinkUp)
+    );
+    assert!(!p.is_up(), "an EFA port's state is no evidence");
+    assert_eq!(p.rate_gbps, Some(100.0));
+    assert_eq!(p.netdev, None);
+    assert_eq!(p.pci_address.as_deref(), Some("0000:11:00.0"));
+    let names: Vec<&str> = p.counters.iter().map(|c| c.name.as_str()).collect();
+    let mut want: Vec<&str> = EFA_HW_COUNTERS.to_vec();
+    want.sort_unstable();
+    assert_eq!(
+        names, want,
+        "every hw_counters file but lifespan, no counters/"
+    );
+    assert_eq!(counter(p, "rx_drops"), CounterValue::Value(42));
+    fake.remove_device("rdmap18s0");
+    let scan = r.scan(Instant::now());
+    assert!(scan.problems.is_empty(), "{:?}", scan.problems);
+    assert_eq!(scan.ports.len(), 4);
+    assert!(scan.ports.iter().all(|p| p.id.device != "rdmap18s0"));
 }
 
 #[test]

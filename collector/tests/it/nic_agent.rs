@@ -4,7 +4,10 @@
 //! `NICPortFlapping` until a quiet window passes, and counters that read
 //! high from the start count nothing. A counter read that does not return
 //! makes the network Unknown (the monitor down, naming the file) until it
-//! returns, and does not hold up the agent's stop.
+//! returns, and does not hold up the agent's stop. AWS EFA devices are
+//! never "up": healthy in words that say what was read, `NICErrorRate` when
+//! a counter rises over its bucket (and back after the quiet time),
+//! `NICPortDown` when a device leaves sysfs.
 
 use crate::common::{TestAgent, http_get, wait_until};
 use gpuwatch_test_support::sysfs::FakeSysfs;
@@ -12,13 +15,13 @@ use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(20);
 
-fn config(dir: &std::path::Path, sysfs: &FakeSysfs) -> std::path::PathBuf {
+fn config(dir: &std::path::Path, sysfs: &FakeSysfs, extra: &str) -> std::path::PathBuf {
     let path = dir.join("gpuwatch.toml");
     std::fs::write(
         &path,
         format!(
             "[network]\nsysfs_root = {:?}\npoll_interval_ms = 100\ndown_grace_secs = 1\n\
-             flap_threshold = 3\nflap_window_secs = 60\nflap_quiet_secs = 3\n",
+             flap_threshold = 3\nflap_window_secs = 60\nflap_quiet_secs = 3\n{extra}",
             sysfs.root()
         ),
     )
@@ -28,7 +31,12 @@ fn config(dir: &std::path::Path, sysfs: &FakeSysfs) -> std::path::PathBuf {
 
 /// The agent over `sysfs` (no kernel log, no NVML), state and config in `dir`.
 fn start(dir: &std::path::Path, sysfs: &FakeSysfs) -> TestAgent {
-    let cfg = config(dir, sysfs);
+    start_with(dir, sysfs, "")
+}
+
+/// As [`start`], with more `[network]` lines.
+fn start_with(dir: &std::path::Path, sysfs: &FakeSysfs, extra: &str) -> TestAgent {
+    let cfg = config(dir, sysfs, extra);
     TestAgent::start(
         &dir.join("state"),
         &[
@@ -262,4 +270,125 @@ fn a_stuck_counter_read_makes_the_network_unknown_until_it_returns() {
         "{}",
         stderr.tail(10)
     );
+}
+
+/// Two AWS EFA devices (their ports say ACTIVE/LinkUp, always) through the
+/// agent: NICHealthy saying what it read, never a port "up"; counters rising
+/// within the EKS node monitoring agent's buckets change nothing, a rise
+/// over one is NICErrorRate naming the device and counter (an event, a
+/// metric) until flap_quiet passes; a device that leaves sysfs is
+/// NICPortDown, and `expected_ports.efa` says how many are missing.
+#[test]
+fn efa_devices_are_judged_by_counters_and_presence_never_their_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let sysfs = FakeSysfs::efa_node_of(2);
+    let agent = start_with(dir.path(), &sysfs, "expected_ports = { efa = 2 }\n");
+    let addr = agent.api_addr().expect("API address logged");
+    let mut last = serde_json::Value::Null;
+    assert!(
+        wait_until(T, || {
+            last = network(&addr);
+            last["ports"].as_array().map(Vec::len) == Some(2)
+        }),
+        "no first scan: {last:#}"
+    );
+    assert_eq!(last["reason"], "NICHealthy", "{last:#}");
+    let message = last["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("2 AWS EFA devices present, no error-rate breach")
+            && message.contains("judged by presence and error-counter rates"),
+        "{message}"
+    );
+    for p in last["ports"].as_array().unwrap() {
+        assert_eq!(p["status"], "state_unreported", "{p:#}");
+        assert_eq!(p["link_layer"], "efa", "{p:#}");
+    }
+
+    // Within the buckets: a burst of 100 at once, then 1 a second.
+    let mut drops = 0;
+    drops += 100;
+    sysfs.set_hw_counter("rdmap17s0", 1, "rx_drops", drops);
+    sysfs.set_hw_counter("rdmap16s0", 1, "retrans_pkts", 1_000);
+    sysfs.set_hw_counter("rdmap16s0", 1, "retrans_bytes", 1_000_000);
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(1100));
+        drops += 1;
+        sysfs.set_hw_counter("rdmap17s0", 1, "rx_drops", drops);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let n = network(&addr);
+    assert_eq!(n["reason"], "NICHealthy", "{n:#}");
+    assert!(agent.events("NICErrorRate").is_empty());
+
+    // Over: 500 drops at once.
+    drops += 500;
+    sysfs.set_hw_counter("rdmap17s0", 1, "rx_drops", drops);
+    let n = wait_reason(&addr, "NICErrorRate");
+    assert_eq!(n["problem"], true);
+    let message = n["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("rdmap17s0/1 AWS EFA error rate: rx_drops rose by 500"),
+        "{message}"
+    );
+    assert!(
+        agent.wait_events("NICErrorRate", 1, T),
+        "{}",
+        agent.stdout.tail(5)
+    );
+    let ev = &agent.events("NICErrorRate")[0];
+    assert_eq!(ev["kind"], "nic");
+    assert_eq!(ev["severity"], "warning", "{ev:#}");
+    assert_eq!(ev["attributes"]["rdma_device"], "rdmap17s0");
+    assert_eq!(ev["attributes"]["nic_counter"], "rx_drops");
+    assert_eq!(ev["attributes"]["link_layer"], "efa");
+    let (_, metrics) = http_get(&addr, "/metrics").unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("gpuwatch_network_rate_breaches_total{")
+                && l.contains("rdmap17s0/1")
+                && l.contains("error_type=\"rx_drops\"")
+                && l.ends_with(" 1")),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.lines().any(|l| l.starts_with("hw_network_up{")),
+        "an EFA port has no up/down: {metrics}"
+    );
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("gpuwatch_network_problem{") && l.contains("NICErrorRate")),
+        "{metrics}"
+    );
+
+    // Quiet for flap_quiet (3 s): healthy again, with a recovery record.
+    let n = wait_reason(&addr, "NICHealthy");
+    assert_eq!(n["problem"], false);
+    assert!(agent.wait_events("NICPortRecovered", 1, T));
+
+    // A device leaves sysfs: down after the grace, and 1 of 2 present.
+    // (The expectation and the port's own status may turn at slightly
+    // different moments: wait for both.)
+    sysfs.remove_device("rdmap16s0");
+    assert!(
+        wait_until(T, || {
+            last = network(&addr);
+            let m = last["message"].as_str().unwrap_or_default();
+            last["reason"] == "NICPortDown"
+                && m.contains("rdmap16s0/1 AWS EFA down for")
+                && m.contains("1 of 2 expected AWS EFA devices present")
+        }),
+        "{last:#}"
+    );
+    assert!(agent.wait_events("NICPortDown", 1, T));
+    let down = &agent.events("NICPortDown")[0];
+    assert!(
+        down["message"]
+            .as_str()
+            .unwrap()
+            .contains("disappeared from sysfs"),
+        "{down:#}"
+    );
+    agent.stop();
 }

@@ -317,6 +317,11 @@ fn check_resource(what: &str, resource: &BTreeMap<String, String>) {
         "{what}"
     );
     assert_eq!(a("k8s.node.name"), Some(s(NODE)), "{what}");
+    assert_eq!(a("service.instance.id"), Some(s(NODE)), "{what}");
+    assert!(
+        resource.keys().all(|k| !k.starts_with("k8s.pod.")),
+        "{what}: {resource:?}"
+    );
     assert_eq!(a("host.name"), Some(s(&host_name())), "{what}");
     assert_eq!(a("k8s.cluster.name"), Some(s("e2e-cluster")), "{what}");
 }
@@ -400,7 +405,7 @@ fn roundtrip(proto: Proto) {
     // budget sends only when something is wrong (docs/metrics.md): no row
     // remapped, no recovery action, every NVLink up and quiet, no malformed
     // record, no sample or event dropped; the Kubernetes writer and validation are off,
-    // so no write, condition change, taint, quarantine budget, startup gate or validation run;
+    // so no write, condition change, taint, device taint, quarantine budget, startup gate or validation run;
     // the kubelet is never asked, so no PodResources failure or unknown device;
     // the agent's sysfs has no RDMA NIC, so no port series
     // (gpuwatch.network.problem says NICHealthy).
@@ -424,6 +429,8 @@ fn roundtrip(proto: Proto) {
             "gpuwatch.events.dropped",
             "gpuwatch.kmsg.records.malformed",
             "gpuwatch.kube.condition.transitions",
+            "gpuwatch.kube.device_isolation.unavailable",
+            "gpuwatch.kube.device_taints",
             "gpuwatch.kube.quarantine.deferrals",
             "gpuwatch.kube.quarantine.deferred",
             "gpuwatch.kube.quarantine.slots",
@@ -437,6 +444,7 @@ fn roundtrip(proto: Proto) {
             "gpuwatch.startup_gate.duration",
             "gpuwatch.validation.runs",
             "gpuwatch.network.flaps",
+            "gpuwatch.network.rate_breaches",
             "hw.errors",
             "hw.network.bandwidth.limit",
             "hw.network.up",
@@ -560,7 +568,7 @@ fn roundtrip(proto: Proto) {
         let mut a = g.attrs();
         a.extend([
             ("fault.kind", s("xid")),
-            ("code", int(f.xid)),
+            ("gpuwatch.fault.code", int(f.xid)),
             ("action", s(action)),
         ]);
         assert_eq!(value(all_faults, &a), 1.0, "xid {}", f.xid);
@@ -634,11 +642,11 @@ fn roundtrip(proto: Proto) {
         assert!(log.observed >= log.timestamp.min(want));
         let a = |k: &str| log.attrs.get(k).cloned();
         assert_eq!(a("fault.kind"), Some(s("xid")));
-        assert_eq!(a("code"), Some(int(f.xid)));
-        assert_eq!(a("fault.name"), Some(s(entry.name)));
+        assert_eq!(a("gpuwatch.fault.code"), Some(int(f.xid)));
+        assert_eq!(a("gpuwatch.fault.name"), Some(s(entry.name)));
         assert_eq!(a("action"), Some(s(entry.action.short_name())));
-        assert_eq!(a("severity"), Some(s(sev.short_name())));
-        assert_eq!(a("policy.reason"), Some(s(&entry.reason)));
+        assert_eq!(a("gpuwatch.severity"), Some(s(sev.short_name())));
+        assert_eq!(a("gpuwatch.policy.reason"), Some(s(&entry.reason)));
         assert_eq!(a("gpu.index"), Some(int(g.index)));
         assert_eq!(a("gpu.uuid"), Some(s(&g.uuid)));
         match f.process {
@@ -651,13 +659,13 @@ fn roundtrip(proto: Proto) {
                 assert_eq!(a("process.executable.name"), None);
             }
         }
-        assert_eq!(a("kmsg.seq"), Some(int(f.seq)));
-        assert_eq!(a("kmsg.monotonic_usec"), Some(int(f.seq * 1000)));
-        assert_eq!(a("kmsg.facility"), Some(int(0)));
-        assert_eq!(a("kmsg.level"), Some(int(4)));
-        assert_eq!(a("host.boot.id"), Some(s(&boot_id)));
-        assert_eq!(a("source"), Some(s("kmsg")));
-        assert_eq!(a("count"), Some(int(1)));
+        assert_eq!(a("gpuwatch.kmsg.seq"), Some(int(f.seq)));
+        assert_eq!(a("gpuwatch.kmsg.monotonic_usec"), Some(int(f.seq * 1000)));
+        assert_eq!(a("gpuwatch.kmsg.facility"), Some(int(0)));
+        assert_eq!(a("gpuwatch.kmsg.level"), Some(int(4)));
+        assert_eq!(a("gpuwatch.boot.id"), Some(s(&boot_id)));
+        assert_eq!(a("gpuwatch.source"), Some(s("kmsg")));
+        assert_eq!(a("gpuwatch.count"), Some(int(1)));
     }
 
     assert_eq!(agent.stop(), Some(0), "gpuwatch exits 0 on SIGTERM");

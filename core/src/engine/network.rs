@@ -208,6 +208,9 @@ impl Engine {
         attrs.insert("nic_status_from".into(), t.from.as_str().into());
         attrs.insert("rdma_device".into(), t.port.device.clone());
         attrs.insert("nic_port".into(), t.port.port.to_string());
+        if let Some(c) = &t.counter {
+            attrs.insert("nic_counter".into(), c.clone());
+        }
         if let Some(p) = port {
             if !p.netdev.is_empty() {
                 attrs.insert("netdev".into(), p.netdev.clone());
@@ -223,6 +226,7 @@ fn problem_name(status: PortStatus) -> &'static str {
         PortStatus::Down => "NIC port down",
         PortStatus::Flapping => "NIC port flapping",
         PortStatus::Degraded => "NIC link degraded",
+        PortStatus::ErrorRate => "NIC error rate",
         _ => "NIC hardware fault",
     }
 }

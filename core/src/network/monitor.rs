@@ -8,6 +8,7 @@
 //! `Instant` older than one already seen is taken as the latest seen.
 
 mod counters;
+mod rate;
 mod words;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -17,6 +18,7 @@ use gpuwatch_proto::{FaultEvent, FaultKind, NetworkHealth, NicPortHealth};
 
 use super::{LinkLayer, NetworkSettings, NicScan, PhysState, PortId, PortReading, PortState};
 use counters::{CounterTrack, MonotonicCount};
+use rate::TokenBucket;
 
 /// The `NetworkProblem` reason for a NIC hardware fault (the most severe).
 pub const REASON_HARDWARE_FAULT: &str = "NICHardwareFault";
@@ -24,10 +26,22 @@ pub const REASON_HARDWARE_FAULT: &str = "NICHardwareFault";
 pub const REASON_PORT_DOWN: &str = "NICPortDown";
 /// The reason for a flapping port.
 pub const REASON_PORT_FLAPPING: &str = "NICPortFlapping";
+/// The reason for an error counter rising faster than its rule allows
+/// (`[network.error_rate]`).
+pub const REASON_ERROR_RATE: &str = "NICErrorRate";
 /// The reason for a port up below the minimum rate.
 pub const REASON_LINK_DEGRADED: &str = "NICLinkDegraded";
 /// The reason when nothing is wrong.
 pub const REASON_HEALTHY: &str = "NICHealthy";
+
+/// The problem reasons, most severe first.
+const REASONS: [&str; 5] = [
+    REASON_HARDWARE_FAULT,
+    REASON_PORT_DOWN,
+    REASON_PORT_FLAPPING,
+    REASON_ERROR_RATE,
+    REASON_LINK_DEGRADED,
+];
 
 /// The longest `NetworkHealth.message`, bytes; the ports past it are counted,
 /// not named.
@@ -45,6 +59,9 @@ pub enum PortStatus {
     Down,
     /// Too many flaps within the window: `NICPortFlapping`.
     Flapping,
+    /// An error counter rose faster than its rule allows, less than the
+    /// quiet time ago: `NICErrorRate`.
+    ErrorRate,
     /// Up below the minimum rate: `NICLinkDegraded`.
     Degraded,
     /// A module error, NIC health event or uncorrectable PCIe error:
@@ -54,6 +71,10 @@ pub enum PortStatus {
     NeverUp,
     /// On the ignore list: shown, never a problem.
     Ignored,
+    /// An AWS EFA port present in sysfs with no error-rate breach: its
+    /// state files say ACTIVE/LinkUp whatever the fabric does, so it is
+    /// never counted up; not a problem.
+    StateUnreported,
 }
 
 impl PortStatus {
@@ -68,6 +89,8 @@ impl PortStatus {
             PortStatus::HardwareFault => "hardware_fault",
             PortStatus::NeverUp => "never_up",
             PortStatus::Ignored => "ignored",
+            PortStatus::ErrorRate => "error_rate",
+            PortStatus::StateUnreported => "state_unreported",
         }
     }
 
@@ -78,9 +101,12 @@ impl PortStatus {
             PortStatus::Flapping => Some(REASON_PORT_FLAPPING),
             PortStatus::Degraded => Some(REASON_LINK_DEGRADED),
             PortStatus::HardwareFault => Some(REASON_HARDWARE_FAULT),
-            PortStatus::Up | PortStatus::GoingDown | PortStatus::NeverUp | PortStatus::Ignored => {
-                None
-            }
+            PortStatus::ErrorRate => Some(REASON_ERROR_RATE),
+            PortStatus::Up
+            | PortStatus::GoingDown
+            | PortStatus::NeverUp
+            | PortStatus::Ignored
+            | PortStatus::StateUnreported => None,
         }
     }
 
@@ -91,15 +117,10 @@ impl PortStatus {
 
     /// Rank of a problem reason, most severe first (0).
     fn severity(reason: &str) -> usize {
-        [
-            REASON_HARDWARE_FAULT,
-            REASON_PORT_DOWN,
-            REASON_PORT_FLAPPING,
-            REASON_LINK_DEGRADED,
-        ]
-        .iter()
-        .position(|r| *r == reason)
-        .unwrap_or(usize::MAX)
+        REASONS
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(usize::MAX)
     }
 }
 
@@ -117,6 +138,9 @@ pub struct PortTransition {
     /// In words for a Node Event: the port, its netdev, link layer and rate,
     /// what happened and the flaps in the window.
     pub message: String,
+    /// Into [`PortStatus::ErrorRate`]: the counter whose rise broke its
+    /// rule.
+    pub counter: Option<String>,
 }
 
 /// One port's numbers for the metrics exporter.
@@ -143,6 +167,20 @@ pub struct PortMetrics {
     pub errors: Vec<(String, u64)>,
     /// Counters at their maximum: their deltas are not known.
     pub saturated: Vec<String>,
+    /// Error-rate breaches since the agent started, by counter (sorted).
+    pub rate_breaches: Vec<(String, u64)>,
+}
+
+/// The latest error-rate breach of a port.
+#[derive(Debug, Clone)]
+struct RateBreach {
+    at: Instant,
+    counter: String,
+    /// The counter's increase in the scan that broke the rule.
+    increase: u64,
+    /// The whole tokens the bucket held for it.
+    allowed: u64,
+    rule: super::RateRule,
 }
 
 /// A hardware fault: when it was last reported and what it was.
@@ -200,16 +238,34 @@ struct Port {
     carrier: MonotonicCount,
     /// Flaps the kernel lines showed since the last scan (already counted).
     kernel_flaps: u64,
+    /// An AWS EFA port: `up` means present in sysfs (its state files are no
+    /// evidence), and its status is never [`PortStatus::Up`].
+    efa: bool,
+    /// The token bucket of each counter that has an error-rate rule.
+    buckets: BTreeMap<String, TokenBucket>,
+    /// The latest error-rate breach, until the quiet time has passed.
+    rate_breach: Option<RateBreach>,
+    /// Error-rate breaches since the agent started, by counter.
+    breaches: BTreeMap<String, u64>,
+}
+
+/// What the state machine takes as "up": ACTIVE/LinkUp, or for an EFA
+/// port, being in the scan at all.
+fn link_ok(r: &PortReading) -> bool {
+    r.link_layer == LinkLayer::Efa || r.is_up()
 }
 
 impl Port {
     fn new(reading: &PortReading, at: Instant, ignored: bool) -> Port {
-        let up = reading.is_up();
+        let up = link_ok(reading);
+        let efa = reading.link_layer == LinkLayer::Efa;
         let mut port = Port {
             reading: reading.clone(),
             ignored,
             status: if ignored {
                 PortStatus::Ignored
+            } else if up && efa {
+                PortStatus::StateUnreported
             } else if up {
                 PortStatus::Up
             } else {
@@ -231,6 +287,10 @@ impl Port {
             counters: BTreeMap::new(),
             carrier: MonotonicCount::default(),
             kernel_flaps: 0,
+            efa,
+            buckets: BTreeMap::new(),
+            rate_breach: None,
+            breaches: BTreeMap::new(),
         };
         // The baseline: deltas count from here.
         for c in &reading.counters {
@@ -248,7 +308,8 @@ impl Port {
     /// One scan's reading: counters, flaps of the interval since the last
     /// scan, the link state.
     fn apply(&mut self, r: &PortReading, at: Instant, s: &NetworkSettings) {
-        let now_up = r.is_up();
+        let now_up = link_ok(r);
+        self.efa = r.link_layer == LinkLayer::Efa;
         let mut link_downed = 0;
         for c in &r.counters {
             let d = self
@@ -258,6 +319,22 @@ impl Port {
                 .update(&c.name, c.value);
             if c.name == "link_downed" {
                 link_downed = d;
+            }
+            if let Some(rule) = s.error_rate.get(&c.name) {
+                let bucket = self
+                    .buckets
+                    .entry(c.name.clone())
+                    .or_insert_with(|| TokenBucket::full(rule, at));
+                if let Err(allowed) = bucket.take(rule, d, at) {
+                    *self.breaches.entry(c.name.clone()).or_default() += 1;
+                    self.rate_breach = Some(RateBreach {
+                        at,
+                        counter: c.name.clone(),
+                        increase: d,
+                        allowed,
+                        rule: *rule,
+                    });
+                }
             }
         }
         let carrier = match r.carrier_changes {
@@ -369,7 +446,12 @@ impl Port {
             .count()
     }
 
+    /// Below the minimum rate; never an EFA port (its rate is what the
+    /// driver was told, not what the link does).
     fn degraded(&self, s: &NetworkSettings) -> bool {
+        if self.efa {
+            return false;
+        }
         match (s.min_rate_gbps, self.reading.rate_gbps) {
             (Some(min), Some(rate)) => rate < min,
             _ => false,
@@ -395,6 +477,13 @@ impl Port {
         {
             self.flapping = false;
         }
+        if self
+            .rate_breach
+            .as_ref()
+            .is_some_and(|b| now.saturating_duration_since(b.at) >= s.flap_quiet)
+        {
+            self.rate_breach = None;
+        }
         self.prune_flaps(now, s);
         if self.hw_fault.is_some() {
             return PortStatus::HardwareFault;
@@ -416,8 +505,12 @@ impl Port {
         }
         if self.flapping {
             PortStatus::Flapping
+        } else if self.rate_breach.is_some() {
+            PortStatus::ErrorRate
         } else if self.degraded(s) {
             PortStatus::Degraded
+        } else if self.efa {
+            PortStatus::StateUnreported
         } else {
             PortStatus::Up
         }
@@ -438,7 +531,11 @@ impl Port {
             .hw_fault
             .as_ref()
             .and_then(|h| h.at.checked_add(s.flap_quiet));
-        [grace, quiet, hw].into_iter().flatten()
+        let rate = self
+            .rate_breach
+            .as_ref()
+            .and_then(|b| b.at.checked_add(s.flap_quiet));
+        [grace, quiet, hw, rate].into_iter().flatten()
     }
 }
 
@@ -618,10 +715,12 @@ impl NetworkMonitor {
     pub fn next_deadline(&self) -> Option<Instant> {
         let s = &self.settings;
         // The expected-ports check starts one grace after the first scan.
-        let start = (s.expected_infiniband.is_some() || s.expected_ethernet.is_some())
-            .then_some(self.first_scan_at)
-            .flatten()
-            .and_then(|t| t.checked_add(s.down_grace));
+        let start = (s.expected_infiniband.is_some()
+            || s.expected_ethernet.is_some()
+            || s.expected_efa.is_some())
+        .then_some(self.first_scan_at)
+        .flatten()
+        .and_then(|t| t.checked_add(s.down_grace));
         self.ports
             .values()
             .filter(|p| !p.ignored)
@@ -648,6 +747,7 @@ impl NetworkMonitor {
         for (layer, expected) in [
             (LinkLayer::InfiniBand, s.expected_infiniband),
             (LinkLayer::Ethernet, s.expected_ethernet),
+            (LinkLayer::Efa, s.expected_efa),
         ] {
             if let Some((up, expected, not_up)) = self.expectation_unmet(layer, expected, now) {
                 problems.push((
@@ -660,18 +760,13 @@ impl NetworkMonitor {
         let (monitor_ok, monitor_message) = self.scan_status();
         let (reason, message) = match problems.first() {
             Some((rank, _)) => (
-                [
-                    REASON_HARDWARE_FAULT,
-                    REASON_PORT_DOWN,
-                    REASON_PORT_FLAPPING,
-                    REASON_LINK_DEGRADED,
-                ][*rank],
+                REASONS[*rank],
                 words::join_capped(
                     &problems.into_iter().map(|(_, m)| m).collect::<Vec<_>>(),
                     MESSAGE_CAP,
                 ),
             ),
-            None => (REASON_HEALTHY, words::healthy(self.ports.values())),
+            None => (REASON_HEALTHY, words::healthy(self.ports.values(), s)),
         };
         #[allow(clippy::needless_update)]
         let health = NetworkHealth {
@@ -734,6 +829,7 @@ impl NetworkMonitor {
                 .map(|(n, c)| (n.clone(), c.total))
                 .collect(),
             flaps_total: p.flaps_total,
+            rate_breaches: p.breaches.clone(),
         }
     }
 
@@ -767,7 +863,7 @@ impl NetworkMonitor {
                 link_layer: p.reading.link_layer,
                 netdev: p.reading.netdev.clone(),
                 status: p.status,
-                up: p.up,
+                up: p.up && !p.efa,
                 rate_gbps: p.reading.rate_gbps,
                 flaps_total: p.flaps_total,
                 errors: p
@@ -782,6 +878,7 @@ impl NetworkMonitor {
                     .filter(|(_, c)| c.saturated)
                     .map(|(n, _)| n.clone())
                     .collect(),
+                rate_breaches: p.breaches.iter().map(|(n, c)| (n.clone(), *c)).collect(),
             })
             .collect()
     }
@@ -911,6 +1008,9 @@ impl NetworkMonitor {
                 to,
                 at: now,
                 message: words::transition(p, from, now, s),
+                counter: (to == PortStatus::ErrorRate)
+                    .then(|| p.rate_breach.as_ref().map(|b| b.counter.clone()))
+                    .flatten(),
             });
         }
         out

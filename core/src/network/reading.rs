@@ -3,6 +3,13 @@
 //! `"%d: %s"` as in `4: ACTIVE`, `phys_state` `5: LinkUp`, `rate`
 //! `400 Gb/sec (4X NDR)`, `link_layer` `InfiniBand` or `Ethernet`; every file
 //! ends with a newline).
+//!
+//! AWS EFA devices (PCI vendor `0x1d0f`, Amazon) are RDMA devices too, but
+//! their port files are no evidence: the kernel's EFA driver
+//! (`drivers/infiniband/hw/efa/efa_verbs.c`, `efa_query_port`) reports every
+//! port `ACTIVE` / `LinkUp` whatever the fabric does, and the ib core prints
+//! `link_layer` `Unknown` for it. The reader marks their ports
+//! [`LinkLayer::Efa`]; [`PortReading::is_up`] is never true for them.
 
 use std::time::Instant;
 
@@ -21,13 +28,18 @@ impl std::fmt::Display for PortId {
     }
 }
 
-/// Whether the port runs InfiniBand or Ethernet (RoCE).
+/// Whether the port runs InfiniBand, Ethernet (RoCE) or AWS EFA.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum LinkLayer {
     /// `InfiniBand`.
     InfiniBand,
     /// `Ethernet`: RoCE; its netdev's `carrier_changes` counts flaps too.
     Ethernet,
+    /// An AWS EFA device's port (the device's PCI vendor is Amazon,
+    /// `0x1d0f`; sysfs says `Unknown`): its state files always say
+    /// ACTIVE/LinkUp, so they are not read as evidence; it is judged by its
+    /// presence and its `hw_counters`.
+    Efa,
     /// The file was missing, unreadable or said something else.
     Unknown,
 }
@@ -38,6 +50,7 @@ impl LinkLayer {
         match self {
             LinkLayer::InfiniBand => "infiniband",
             LinkLayer::Ethernet => "ethernet",
+            LinkLayer::Efa => "efa",
             LinkLayer::Unknown => "unknown",
         }
     }
@@ -158,9 +171,11 @@ pub struct PortReading {
 }
 
 impl PortReading {
-    /// True when the port carries traffic: `ACTIVE` and `LinkUp`.
+    /// True when the port carries traffic: `ACTIVE` and `LinkUp`. Never for
+    /// an EFA port, whose state files say so unconditionally.
     pub fn is_up(&self) -> bool {
-        matches!(self.state, PortState::Active | PortState::ActiveDefer)
+        self.link_layer != LinkLayer::Efa
+            && matches!(self.state, PortState::Active | PortState::ActiveDefer)
             && self.phys_state == PhysState::LinkUp
     }
 }
@@ -252,6 +267,21 @@ pub fn counter_width_bits(name: &str) -> Option<u32> {
     })
 }
 
+/// The PCI vendor ID of Amazon (`<dev>/device/vendor` reads `0x1d0f`): the
+/// vendor of AWS EFA devices (`drivers/infiniband/hw/efa/efa_main.c`,
+/// `efa_pci_tbl`: `PCI_VENDOR_ID_AMAZON`).
+pub const PCI_VENDOR_AMAZON: u16 = 0x1d0f;
+
+/// Parses a PCI `vendor` file (`0x1d0f`, as `drivers/pci/pci-sysfs.c`
+/// prints it: `"0x%04x\n"`); `None` when it is not that.
+pub fn parse_pci_vendor(text: &str) -> Option<u16> {
+    let hex = text.trim().strip_prefix("0x")?;
+    if hex.is_empty() || hex.len() > 4 {
+        return None;
+    }
+    u16::from_str_radix(hex, 16).ok()
+}
+
 fn leading_number(text: &str) -> Option<u32> {
     text.trim().split(':').next()?.trim().parse().ok()
 }
@@ -277,5 +307,10 @@ mod tests {
             Some(4)
         );
         assert_eq!(counter_width_bits("rx_icrc_encapsulated"), None);
+        assert_eq!(parse_pci_vendor("0x1d0f\n"), Some(PCI_VENDOR_AMAZON));
+        assert_eq!(parse_pci_vendor("0x15b3\n"), Some(0x15b3));
+        for bad in ["", "1d0f", "0x", "0x1d0f0", "0xzz"] {
+            assert_eq!(parse_pci_vendor(bad), None, "{bad}");
+        }
     }
 }

@@ -63,6 +63,10 @@ pub enum NodeScope {
     SeveralGpus,
     /// No ResourceSlice lists the GPU (or the MIG device).
     NotInSlices,
+    /// The device's rule is not known to be in place: writing it failed
+    /// (the API server erred or timed out) and it was not written before.
+    /// The Node taint covers the fault until the rule lands.
+    NotWritten,
 }
 
 /// A fault the Node taint stays for.
@@ -90,6 +94,29 @@ impl Decision {
     /// The most severe action among the faults that keep the Node taint.
     pub fn node_action(&self) -> Option<Action> {
         self.node.iter().map(|f| f.action).max_by_key(|a| a.rank())
+    }
+
+    /// Moves the device faults that `keep` refuses to the Node taint (scope
+    /// [`NodeScope::NotWritten`]), once per GPU (or MIG device) UUID.
+    pub fn fall_back_unless(&mut self, keep: impl Fn(&DeviceFault) -> bool) {
+        let (kept, moved): (Vec<_>, Vec<_>) = std::mem::take(&mut self.devices)
+            .into_iter()
+            .partition(keep);
+        self.devices = kept;
+        for f in moved {
+            let uuid = f.device.parent_uuid.clone().unwrap_or(f.device.uuid);
+            if !self
+                .node
+                .iter()
+                .any(|n| n.gpu_uuid.as_deref() == Some(&uuid) && n.action == f.action)
+            {
+                self.node.push(NodeFault {
+                    action: f.action,
+                    gpu_uuid: Some(uuid),
+                    scope: NodeScope::NotWritten,
+                });
+            }
+        }
     }
 }
 
@@ -382,5 +409,32 @@ mod tests {
             assert_eq!(scopes(&d), [scope]);
             assert_eq!(d.node_action(), Some(Action::ResetGpu));
         }
+    }
+    #[test]
+    fn unwritten_device_faults_fall_back_to_the_node_once_per_gpu() {
+        let h = NodeHealth {
+            gpus: vec![
+                gpu("GPU-0", vec![fault(Action::ResetGpu, FaultKind::Xid, 1)]),
+                gpu(
+                    "GPU-1",
+                    vec![fault(Action::InspectHardware, FaultKind::RowRemap, 2)],
+                ),
+            ],
+            ..NodeHealth::default()
+        };
+        let mut d = decide(&h, &slices(), DeviceIsolation::Auto, true);
+        assert_eq!(d.devices.len(), 4);
+        // gpu-0's rule is in place; GPU-1's (and its MIG devices') are not.
+        d.fall_back_unless(|f| f.device.name == "gpu-0");
+        assert_eq!(names(&d), [("gpu-0", Action::ResetGpu)]);
+        assert_eq!(
+            d.node,
+            [NodeFault {
+                action: Action::InspectHardware,
+                gpu_uuid: Some("GPU-1".into()),
+                scope: NodeScope::NotWritten,
+            }]
+        );
+        assert_eq!(d.node_action(), Some(Action::InspectHardware));
     }
 }

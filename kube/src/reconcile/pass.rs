@@ -6,7 +6,11 @@
 use super::super::advertised::{self, Change};
 use super::super::backend::ApiError;
 use super::super::config::StartupGateMode;
-use super::super::desired::{DesiredCondition, DesiredTaint, FALSE, Gate, TRUE, UNKNOWN, desired};
+use super::super::desired::{
+    DesiredCondition, DesiredTaint, FALSE, Gate, Isolation, TRUE, UNKNOWN, desired,
+};
+use super::super::device_taints::{DeviceTaintError, isolate::Round};
+use super::super::event_text::PendingEvent;
 use super::super::node::{
     condition_apply_body, conditions_differ, desired_taints, has_fault_taint, has_startup_taint,
     live_conditions, taint_patch,
@@ -14,7 +18,7 @@ use super::super::node::{
 use super::super::quarantine;
 use super::super::retry;
 use super::{Reconciler, now_time};
-use gpuwatch_proto::NodeHealth;
+use gpuwatch_proto::{IsolatedDevice, NodeHealth};
 use gpuwatch_sinks::kube_metrics::{KubeObject, WriteResult};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -150,7 +154,10 @@ impl Reconciler {
         } else {
             Gate::Open
         };
-        let mut want = desired(&health, &self.cfg, &gate);
+        // Device rules first: a fault they isolate needs no Node taint, and
+        // the rule is in place before the Node taint goes.
+        let (isolation, isolation_error) = self.isolate_devices(&health).await;
+        let mut want = desired(&health, &self.cfg, &gate, &isolation);
         self.track_advertised(&node, &health, startup, &mut want.conditions);
         // The startup hold first, so the flap bound judges what is written: a
         // move to Unknown held back is neither a clear nor the fault's return.
@@ -175,9 +182,133 @@ impl Reconciler {
             .await;
         self.tell_quarantine(wanted_taint.as_ref());
         let wrote = conditions.as_ref().is_ok_and(|w| *w) | taints.as_ref().is_ok_and(|w| *w);
-        match (conditions, taints) {
-            (Err(e), _) | (Ok(_), Err(e)) => Err(e),
-            (Ok(_), Ok(_)) => Ok(Pass { wrote, held }),
+        match (conditions, taints, isolation_error) {
+            (Err(e), _, _) | (Ok(_), Err(e), _) => Err(e),
+            (Ok(_), Ok(_), Some(e)) => Err(ApiError::Transient(format!("device taint rules: {e}"))),
+            (Ok(_), Ok(_), None) => Ok(Pass { wrote, held }),
+        }
+    }
+
+    /// Device isolation's round for `health`: the Node's DeviceTaintRules
+    /// converged, what changed logged, counted and told in Events, the
+    /// isolated devices published. Returns what the Node taint is left for,
+    /// and a failure the pass retries.
+    async fn isolate_devices(
+        &mut self,
+        health: &NodeHealth,
+    ) -> (Isolation, Option<DeviceTaintError>) {
+        let round = self.isolator.round(health).await;
+        self.tell_isolation(&round);
+        let isolated: Vec<IsolatedDevice> = round
+            .rules
+            .iter()
+            .map(|r| IsolatedDevice {
+                device: r.device.name.clone(),
+                uuid: r.device.uuid.clone(),
+                rule: r.name.clone(),
+                key: r.key.clone(),
+                value: r.value.clone(),
+                effect: r.effect.clone(),
+            })
+            .collect();
+        let isolation = Isolation {
+            node_action: round.decision.node_action(),
+            devices: isolated
+                .iter()
+                .map(|d| format!("{} ({})", d.device, d.uuid))
+                .collect(),
+            unavailable: round.unavailable.clone(),
+        };
+        self.metrics.publish(|s| {
+            s.isolated_devices = isolated;
+            s.device_isolation_unavailable = round.unavailable.clone();
+        });
+        (isolation, round.error)
+    }
+
+    /// Logs, counts and raises Events for what a device isolation round
+    /// did: a device isolated (or its taint changed), released, device
+    /// isolation unavailable (once per reason) or working again.
+    fn tell_isolation(&self, round: &Round) {
+        let object = KubeObject::DeviceTaintRule;
+        if let Some(report) = &round.report {
+            let isolated = report
+                .created
+                .iter()
+                .chain(&report.replaced)
+                .chain(&report.updated);
+            for name in isolated {
+                self.metrics.count_kube_write(object, WriteResult::Ok);
+                let Some(r) = round.rules.iter().find(|r| &r.name == name) else {
+                    continue;
+                };
+                tracing::info!(node = %self.node_name, rule = %r.name, device = %r.device.name, uuid = %r.device.uuid, taint = %format!("{}={}:{}", r.key, r.value, r.effect), "Device isolated by a DeviceTaintRule.");
+                self.device_event(
+                    "DeviceIsolated",
+                    "Normal",
+                    &r.name,
+                    format!(
+                        "{} (DRA device {}/{}/{}) isolated by DeviceTaintRule {}: {}={}:{}; the Node stays schedulable for its other devices",
+                        r.device.uuid,
+                        r.device.driver,
+                        r.device.pool,
+                        r.device.name,
+                        r.name,
+                        r.key,
+                        r.value,
+                        r.effect
+                    ),
+                );
+            }
+            for name in &report.deleted {
+                self.metrics.count_kube_write(object, WriteResult::Ok);
+                tracing::info!(node = %self.node_name, rule = %name, "Device released: DeviceTaintRule deleted.");
+                self.device_event(
+                    "DeviceReleased",
+                    "Normal",
+                    name,
+                    format!(
+                        "DeviceTaintRule {name} deleted: its fault cleared (or the device holds another card)"
+                    ),
+                );
+            }
+        }
+        if let Some(e) = &round.error {
+            self.metrics.count_kube_write(object, WriteResult::Error);
+            tracing::debug!(node = %self.node_name, error = %e, "Device taint rules not converged; retrying.");
+        }
+        if let Some(why) = round
+            .unavailable
+            .as_ref()
+            .filter(|_| round.newly_unavailable)
+        {
+            self.metrics.count_kube_write(object, WriteResult::Error);
+            tracing::warn!(node = %self.node_name, reason = %why, "Device isolation unavailable; GPU faults taint the Node instead.");
+            self.event(
+                "DeviceIsolationUnavailable",
+                "Warning",
+                format!("Device isolation unavailable: {why}; GPU faults taint the Node instead"),
+            );
+        }
+        if round.recovered {
+            tracing::info!(node = %self.node_name, "Device isolation works again.");
+        }
+    }
+
+    /// Queues an Event about the DeviceTaintRule `rule` (one series per
+    /// reason and rule).
+    fn device_event(&self, reason: &str, type_: &'static str, rule: &str, message: String) {
+        if self.events_enabled {
+            self.events.push(PendingEvent {
+                key: format!("{reason}/{rule}"),
+                reason: reason.to_owned(),
+                type_,
+                message,
+                count: 1,
+                time: SystemTime::now(),
+                pod: None,
+                due: false,
+            });
         }
     }
 

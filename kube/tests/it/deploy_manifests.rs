@@ -351,22 +351,31 @@ pub(crate) fn check_agent(ds: &DaemonSet, cms: &[&ConfigMap], what: &str) -> i32
         saw_kmsg && saw_state,
         "{what}: /dev/kmsg and {STATE_DIR} must be mounted"
     );
-    // The NIC monitor reads the RDMA ports where the host has them: the
-    // class entries link into /sys/devices, which resolve only at the same
-    // path in the container.
-    for sys in ["/sys/class/infiniband", "/sys/class/net"] {
-        let m = c
-            .volume_mounts
-            .iter()
-            .flatten()
-            .find(|m| m.mount_path == sys)
-            .unwrap_or_else(|| panic!("{what}: {sys} is not mounted"));
-        assert_eq!(m.read_only, Some(true), "{what}: {sys} is writable");
-        let v = volumes.iter().find(|v| v.name == m.name).unwrap();
-        assert_eq!(
-            v.host_path.as_ref().map(|h| h.path.as_str()),
-            Some(sys),
-            "{what}: {sys} is not the host's"
+    // The NIC monitor reads the host's whole /sys as one tree, where the
+    // config's [network] sysfs_root says: the class entries' relative links
+    // resolve inside it (the container's own /sys, mounted in the pod's
+    // network namespace, hides the host's netdevs). Nothing is mounted over
+    // parts of the container's /sys.
+    let sysfs_root = sysfs_root_of(ds, cms, what);
+    let m = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.mount_path == sysfs_root)
+        .unwrap_or_else(|| panic!("{what}: [network] sysfs_root {sysfs_root} is not mounted"));
+    assert_eq!(m.read_only, Some(true), "{what}: {sysfs_root} is writable");
+    let v = volumes.iter().find(|v| v.name == m.name).unwrap();
+    assert_eq!(
+        v.host_path.as_ref().map(|h| h.path.as_str()),
+        Some("/sys"),
+        "{what}: sysfs_root {sysfs_root} is not the host's whole /sys"
+    );
+    assert_eq!(sysfs_root, "/host/sys", "{what}: sysfs_root");
+    for m in c.volume_mounts.iter().flatten() {
+        assert!(
+            !m.mount_path.starts_with("/sys/"),
+            "{what}: {} is mounted over the container's own /sys",
+            m.mount_path
         );
     }
     // No other writable host path hides in the pod either.
@@ -377,8 +386,7 @@ pub(crate) fn check_agent(ds: &DaemonSet, cms: &[&ConfigMap], what: &str) -> i32
                     || hp.path == STATE_DIR
                     || hp.path == "/proc"
                     || hp.path == "/var/lib/kubelet/pod-resources"
-                    || hp.path == "/sys/class/infiniband"
-                    || hp.path == "/sys/class/net",
+                    || hp.path == "/sys",
                 "{what}: extra hostPath {}",
                 hp.path
             );
@@ -500,6 +508,31 @@ pub(crate) fn check_agent(ds: &DaemonSet, cms: &[&ConfigMap], what: &str) -> i32
         "{what}: OTLP endpoint"
     );
     listen_port
+}
+
+/// The `[network] sysfs_root` of the agent's config (the ConfigMap its
+/// config volume names), `/sys` when it is not set.
+fn sysfs_root_of(ds: &DaemonSet, cms: &[&ConfigMap], what: &str) -> String {
+    let pod = pod_spec(ds);
+    let cm_name = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find_map(|v| v.config_map.as_ref())
+        .map(|c| c.name.clone())
+        .unwrap_or_else(|| panic!("{what}: no config volume"));
+    let text = cms
+        .iter()
+        .find(|cm| cm.metadata.name.as_deref() == Some(cm_name.as_str()))
+        .and_then(|cm| cm.data.as_ref()?.get("gpuwatch.toml"))
+        .unwrap_or_else(|| panic!("{what}: ConfigMap {cm_name} has no gpuwatch.toml"));
+    let cfg: toml::Table =
+        toml::from_str(text).unwrap_or_else(|e| panic!("{what}: gpuwatch.toml: {e}"));
+    cfg.get("network")
+        .and_then(|n| n.get("sysfs_root"))
+        .and_then(toml::Value::as_str)
+        .unwrap_or("/sys")
+        .to_string()
 }
 
 /// The agent pod's labels and the name of its API container port.
@@ -996,7 +1029,104 @@ fn otel_collector_serves_the_agent_endpoint() {
         serde_yaml::Value::Bool(true),
         "k8s.node.name must become a label"
     );
-    assert!(objs.iter().any(|o| matches!(o, Object::Deployment(_))));
+    check_k8sattributes(&cfg, &objs);
+}
+
+/// The collector enriches a fault record about a pod: k8sattributes on the logs pipeline,
+/// associating only by the resource's `k8s.pod.uid` (the connection's IP would be the
+/// agent's own pod), with the read-only RBAC it needs bound to the Deployment's account;
+/// the metrics keep `service.instance.id` (the agent's stable identity).
+fn check_k8sattributes(cfg: &serde_yaml::Value, objs: &[Object]) {
+    let k8s = &cfg["processors"]["k8sattributes"];
+    let assoc = k8s["pod_association"]
+        .as_sequence()
+        .expect("pod_association");
+    assert_eq!(assoc.len(), 1, "{assoc:?}");
+    let sources = assoc[0]["sources"].as_sequence().expect("sources");
+    assert_eq!(sources.len(), 1, "{sources:?}");
+    assert_eq!(sources[0]["from"].as_str(), Some("resource_attribute"));
+    assert_eq!(sources[0]["name"].as_str(), Some("k8s.pod.uid"));
+    let processors = |pipeline: &str| -> Vec<String> {
+        cfg["service"]["pipelines"][pipeline]["processors"]
+            .as_sequence()
+            .expect("processors")
+            .iter()
+            .map(|p| p.as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    assert!(processors("logs").contains(&"k8sattributes".to_owned()));
+    assert!(!processors("metrics").contains(&"k8sattributes".to_owned()));
+    for p in processors("metrics") {
+        for a in cfg["processors"][p.as_str()]["attributes"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+        {
+            assert_ne!(
+                a["key"].as_str(),
+                Some("service.instance.id"),
+                "{p} touches service.instance.id"
+            );
+        }
+    }
+    let deployment = objs
+        .iter()
+        .find_map(|o| match o {
+            Object::Deployment(d) => Some(d),
+            _ => None,
+        })
+        .expect("Deployment");
+    let account = deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|s| s.service_account_name.clone())
+        .expect("serviceAccountName");
+    let role = objs
+        .iter()
+        .find_map(|o| match o {
+            Object::ClusterRole(r) => Some(r),
+            _ => None,
+        })
+        .expect("ClusterRole");
+    let grants = |group: &str, resource: &str, verb: &str| {
+        role.rules.iter().flatten().any(|r| {
+            r.api_groups.iter().flatten().any(|g| g == group)
+                && r.resources.iter().flatten().any(|x| x == resource)
+                && r.verbs.iter().any(|v| v == verb)
+        })
+    };
+    for (group, resource) in [
+        ("", "pods"),
+        ("", "namespaces"),
+        ("apps", "replicasets"),
+        ("batch", "jobs"),
+    ] {
+        for verb in ["get", "list", "watch"] {
+            assert!(grants(group, resource, verb), "{verb} {group}/{resource}");
+        }
+    }
+    assert!(
+        role.rules.iter().flatten().all(|r| r
+            .verbs
+            .iter()
+            .all(|v| ["get", "list", "watch"].contains(&v.as_str()))),
+        "read-only"
+    );
+    let bound = objs.iter().any(|o| match o {
+        Object::ClusterRoleBinding(b) => {
+            b.role_ref.name == role.metadata.name.clone().unwrap_or_default()
+                && b.subjects.iter().flatten().any(|s| {
+                    s.kind == "ServiceAccount"
+                        && s.name == account
+                        && s.namespace.as_deref() == Some("observability")
+                })
+        }
+        _ => false,
+    });
+    assert!(bound, "the ClusterRole is bound to {account}");
+    assert!(objs.iter().any(|o| matches!(o, Object::ServiceAccount(s)
+        if s.metadata.name.as_deref() == Some(account.as_str()))));
 }
 
 #[test]

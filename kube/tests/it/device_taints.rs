@@ -36,21 +36,7 @@ async fn client(api: &ApiDouble) -> DeviceTaints {
 
 /// A ResourceSlice of the NVIDIA DRA driver: `(device, uuid, parentUUID)`.
 fn slice(name: &str, node: &str, generation: i64, devices: &[(&str, &str, Option<&str>)]) -> Value {
-    let devices: Vec<Value> = devices
-        .iter()
-        .map(|(n, uuid, parent)| {
-            let mut attrs = json!({"uuid": {"string": uuid}, "type": {"string": "gpu"}});
-            if let Some(p) = parent {
-                attrs["parentUUID"] = json!({"string": p});
-                attrs["type"] = json!({"string": "mig"});
-            }
-            json!({"name": n, "attributes": attrs})
-        })
-        .collect();
-    json!({"apiVersion": "resource.k8s.io/v1", "metadata": {"name": name},
-        "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
-            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-            "devices": devices}})
+    crate::kube_common::build::gpu_slice(name, node, generation, devices)
 }
 
 fn device(name: &str, uuid: &str) -> DraDevice {

@@ -147,7 +147,7 @@ fn env_of(render: &str) -> Vec<(String, String)> {
 }
 
 /// extraEnv merges into the chart's environment by name: a user entry replaces the chart's
-/// in place, OTEL_RESOURCE_ATTRIBUTES is appended to (the agent's pod attributes stay), new
+/// in place, OTEL_RESOURCE_ATTRIBUTES is appended to (the agent's identity stays), new
 /// names follow; no render has a duplicate key in any pod.
 #[test]
 fn helm_extra_env_never_duplicates_a_name() {
@@ -196,9 +196,7 @@ fn helm_extra_env_never_duplicates_a_name() {
         );
         for (name, value) in &env {
             let expect = match name.as_str() {
-                "OTEL_RESOURCE_ATTRIBUTES" => {
-                    "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE),team=gpu-infra"
-                }
+                "OTEL_RESOURCE_ATTRIBUTES" => "service.instance.id=$(NODE_NAME),team=gpu-infra",
                 "RUST_LOG" => "debug",
                 _ => "user",
             };

@@ -100,7 +100,7 @@ async fn an_install_that_works_passes_every_check() {
         report.to_string(),
         format!(
             "PASS config: /etc/gpuwatch/gpuwatch.toml\n\
-             PASS rbac: all 15 requests the agent makes are allowed (cluster: nodes, nodes/status, pods; namespace {EVENTS_NS}: events; namespace {LEASES_NS}: leases.coordination.k8s.io)\n\
+             PASS rbac: all 21 requests the agent makes are allowed (cluster: nodes, nodes/status, pods, resourceslices.resource.k8s.io, devicetaintrules.resource.k8s.io; namespace {EVENTS_NS}: events; namespace {LEASES_NS}: leases.coordination.k8s.io)\n\
              PASS pods: 2 gpuwatch pod(s) in namespace {AGENT_NS} matching {SELECTOR} are Ready\n\
              check-install: passed\n"
         )

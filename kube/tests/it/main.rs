@@ -19,6 +19,7 @@ mod quarantine_fleet;
 mod rbac_policy;
 mod writer_api;
 mod writer_conditions;
+mod writer_device_isolation;
 mod writer_events;
 mod writer_flap;
 mod writer_harness;

@@ -10,9 +10,11 @@
 //! objects — allows the agent only its own Node, condition types and taint keys
 //! (and Events about its own Node).
 
-use crate::kube_common::{ApiDouble, taint_value, wait_for};
+use crate::kube_common::build::gpu_slice;
+use crate::kube_common::{ApiDouble, DraServed, taint_value, wait_for};
 use gpuwatch_core::validation::ValidationConfig;
 use gpuwatch_kube::KubeMetrics;
+use gpuwatch_kube::device_taints::{DesiredRule, DeviceTaints, DraDevice};
 use gpuwatch_kube::{
     KubeClient, KubeConfig, KubeSettings, NodeWriter, PodListing, Scope, UNGRANTED_REQUESTS,
     WRITER_REQUESTS, WriterHooks,
@@ -196,14 +198,18 @@ fn rbac_grants_exactly_the_declared_requests() {
     // every Event in the cluster. Reading Events is granted only by a Role in
     // the Event namespace; cluster-wide, Events can only be created and
     // patched (a Pod's Event goes into the pod's namespace), pods only listed
-    // and watched.
+    // and watched; in resource.k8s.io only ResourceSlices listed and
+    // DeviceTaintRules written (device isolation; the admission policy
+    // narrows the rules to the agent's own Node).
     assert!(
         granted_cluster(&m)
             .iter()
-            .all(|(v, _, r)| r.starts_with("nodes")
+            .all(|(v, g, r)| r.starts_with("nodes")
                 || (r == "pods" && (v == "list" || v == "watch"))
-                || (r == "events" && (v == "create" || v == "patch"))),
-        "cluster-wide grants beyond nodes, pod reads and Event writes: {:?}",
+                || (r == "events" && (v == "create" || v == "patch"))
+                || (g == "resource.k8s.io" && r == "resourceslices" && v == "list")
+                || (g == "resource.k8s.io" && r == "devicetaintrules")),
+        "cluster-wide grants beyond nodes, pod reads, Event writes and device isolation: {:?}",
         granted_cluster(&m)
     );
     let namespaced: BTreeSet<Req> = declared()
@@ -299,7 +305,7 @@ fn all_cel(p: &ValidatingAdmissionPolicy) -> String {
 #[test]
 fn admission_policy_covers_every_write_and_names_our_types_and_keys() {
     let m = manifests();
-    assert_eq!(m.policies.len(), 3);
+    assert_eq!(m.policies.len(), 4);
     // Every policy is bound with Deny.
     for p in &m.policies {
         let name = p.metadata.name.clone().unwrap();
@@ -409,6 +415,16 @@ async fn recorded_requests_equal_the_rbac_grants() {
         ..Default::default()
     });
     let api = ApiDouble::start(n).await;
+    // Device isolation's every request: the Node's GPU published by the
+    // NVIDIA DRA driver, and a rule of that name already there for another
+    // Node's label (a create answered 409, read, adopted by an update).
+    api.serve_dra(DraServed::rules_in(&["v1"]));
+    api.put_resource_slice(gpu_slice(
+        "rbac-node-gpu",
+        "rbac-node",
+        1,
+        &[("gpu-0", "GPU-0", None)],
+    ));
     let mut health = NodeHealth {
         boot_id: "b".into(),
         monitor: Some(MonitorStatus {
@@ -440,6 +456,21 @@ async fn recorded_requests_equal_the_rbac_grants() {
     // The writer and the pod listing on one client, as the agent runs them.
     let settings = cfg.resolve().unwrap();
     let client = KubeClient::connect(&settings).await.unwrap();
+    let squatter = DeviceTaints::new(&client, "other-node", &settings).unwrap();
+    let taken = DesiredRule {
+        name: "gpuwatch-rbac-node-gpu-0".into(),
+        device: DraDevice {
+            driver: "gpu.nvidia.com".into(),
+            pool: "rbac-node".into(),
+            name: "gpu-0".into(),
+            uuid: "GPU-0".into(),
+            parent_uuid: None,
+        },
+        key: "gpuwatch.io/unhealthy".into(),
+        value: "reset_gpu".into(),
+        effect: "NoSchedule".into(),
+    };
+    squatter.ensure(&taken).await.unwrap();
     let listing = PodListing::start(
         &client,
         &settings,
@@ -475,7 +506,16 @@ async fn recorded_requests_equal_the_rbac_grants() {
         ..Default::default()
     };
     f.set_action(Action::RebootNode);
+    // A reset fault of the same GPU beside it: a device rule (the reboot
+    // fault keeps the Node taint).
+    let mut reset = ActiveFault {
+        code: 48,
+        reason: "XID48".into(),
+        ..Default::default()
+    };
+    reset.set_action(Action::ResetGpu);
     health.gpus[0].active_faults.push(f.clone());
+    health.gpus[0].active_faults.push(reset);
     health.set_verdict(Verdict::Unhealthy);
     tx.send_replace(Arc::new(health.clone()));
     let mut ev = FaultEvent {
@@ -535,6 +575,13 @@ async fn recorded_requests_equal_the_rbac_grants() {
         wait_for(Duration::from_secs(5), || api.leases("default").is_empty()).await,
         "the slot is given back once the taint is gone"
     );
+    assert!(
+        wait_for(Duration::from_secs(5), || api
+            .device_taint_rules()
+            .is_empty())
+        .await,
+        "the rule is deleted once the fault is gone"
+    );
     assert!(taint_value(&api.node(), "gpuwatch.io/unhealthy").is_none());
     // The next fault claims the now free slot by create.
     health.gpus[0].active_faults.push(f.clone());
@@ -554,9 +601,11 @@ async fn recorded_requests_equal_the_rbac_grants() {
         .iter()
         .map(|r| (r.verb.to_owned(), r.group.to_owned(), r.resource.to_owned()))
         .collect();
+    // API discovery is granted to every user (non-resource URLs).
     let seen: BTreeSet<Req> = api
         .requests()
         .iter()
+        .filter(|r| !(r.verb == "unknown" && r.method == "GET" && r.path.starts_with("/apis")))
         .map(|r| (r.verb.clone(), r.group.clone(), r.resource.clone()))
         .collect();
     assert!(
@@ -906,4 +955,144 @@ fn admission_policy_cel_allows_events_about_the_own_node_only() {
         admit(policy, me, unsaid, none.clone()),
         Admission::Denied(_)
     ));
+}
+
+/// The DeviceTaintRule policy's CEL: rules named `gpuwatch-*` for devices of
+/// the agent's own Node only (create, update and delete), so the agent
+/// cannot taint the devices of the rest of the cluster.
+#[test]
+fn admission_policy_cel_allows_device_taint_rules_of_the_own_node_only() {
+    let m = manifests();
+    let policy = m
+        .policies
+        .iter()
+        .find(|p| all_cel(p).contains("deviceSelector"))
+        .expect("device taint rule policy");
+    let rules = policy
+        .spec
+        .as_ref()
+        .and_then(|s| s.match_constraints.as_ref())
+        .and_then(|c| c.resource_rules.as_ref())
+        .expect("resource rules");
+    assert_eq!(rules.len(), 1);
+    assert_eq!(
+        rules[0].resources.as_deref(),
+        Some(&["devicetaintrules".to_owned()][..])
+    );
+    assert_eq!(
+        rules[0].api_groups.as_deref(),
+        Some(&["resource.k8s.io".to_owned()][..])
+    );
+    let rule = |name: &str, pool: &str| {
+        serde_json::json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+            "metadata": {"name": name},
+            "spec": {"deviceSelector": {"driver": "gpu.nvidia.com", "pool": pool, "device": "gpu-0"},
+                "taint": {"key": "gpuwatch.io/unhealthy", "value": "reset_gpu", "effect": "NoSchedule"}}})
+    };
+    let op = |operation: &str, node: Option<&str>| {
+        let mut r = request_from(AGENT, node);
+        r["operation"] = serde_json::json!(operation);
+        r
+    };
+    let none = serde_json::Value::Null;
+    let own = rule("gpuwatch-gpu-1-gpu-0", "gpu-1");
+    let theirs = rule("gpuwatch-gpu-2-gpu-0", "gpu-2");
+    let pool_msg = "gpuwatch on node gpu-1 may only taint devices of its own Node (deviceSelector.pool gpu-1).".to_owned();
+    // Its own rules: created, updated, deleted.
+    assert_eq!(
+        admit(
+            policy,
+            op("CREATE", Some("gpu-1")),
+            own.clone(),
+            none.clone()
+        ),
+        Admission::Allowed
+    );
+    assert_eq!(
+        admit(
+            policy,
+            op("UPDATE", Some("gpu-1")),
+            own.clone(),
+            own.clone()
+        ),
+        Admission::Allowed
+    );
+    assert_eq!(
+        admit(
+            policy,
+            op("DELETE", Some("gpu-1")),
+            none.clone(),
+            own.clone()
+        ),
+        Admission::Allowed
+    );
+    // Another Node's devices: denied on create, delete, and an update that
+    // would take another Node's rule over.
+    assert_eq!(
+        admit(
+            policy,
+            op("CREATE", Some("gpu-1")),
+            theirs.clone(),
+            none.clone()
+        ),
+        Admission::Denied(vec![pool_msg.clone()])
+    );
+    assert_eq!(
+        admit(
+            policy,
+            op("DELETE", Some("gpu-1")),
+            none.clone(),
+            theirs.clone()
+        ),
+        Admission::Denied(vec![pool_msg.clone()])
+    );
+    let mut taken_over = theirs.clone();
+    taken_over["spec"]["deviceSelector"]["pool"] = serde_json::json!("gpu-1");
+    assert_eq!(
+        admit(
+            policy,
+            op("UPDATE", Some("gpu-1")),
+            taken_over,
+            theirs.clone()
+        ),
+        Admission::Denied(vec![pool_msg.clone()])
+    );
+    // A rule without a pool selects devices of every Node: denied.
+    let mut any_pool = own.clone();
+    any_pool["spec"]["deviceSelector"]
+        .as_object_mut()
+        .unwrap()
+        .remove("pool");
+    assert_eq!(
+        admit(policy, op("CREATE", Some("gpu-1")), any_pool, none.clone()),
+        Admission::Denied(vec![pool_msg])
+    );
+    // A rule not named gpuwatch-*: denied.
+    assert_eq!(
+        admit(
+            policy,
+            op("CREATE", Some("gpu-1")),
+            rule("other-gpu-1-gpu-0", "gpu-1"),
+            none.clone()
+        ),
+        Admission::Denied(vec![
+            "gpuwatch may only write its own DeviceTaintRules (gpuwatch-<node>-<device>).".into()
+        ])
+    );
+    // A token without the node name: denied.
+    match admit(policy, op("CREATE", None), own.clone(), none.clone()) {
+        Admission::Denied(msgs) => assert!(
+            msgs.contains(
+                &"gpuwatch must run with a pod-bound service account token that names its node."
+                    .to_owned()
+            ),
+            "{msgs:?}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    // Other users (an operator, node-cleanup) are not this policy's business.
+    assert_eq!(
+        admit(policy, request_from("kubernetes-admin", None), theirs, none),
+        Admission::NotMatched
+    );
 }

@@ -497,6 +497,40 @@ pub struct NodeHealth {
     /// while the NIC monitor is off.
     #[prost(message, optional, tag = "14")]
     pub network: ::core::option::Option<NetworkHealth>,
+    /// GPUs and MIG devices isolated by a DRA DeviceTaintRule instead of the
+    /// Node taint (set by the Kubernetes writer); left out while none is.
+    #[prost(message, repeated, tag = "15")]
+    #[serde(skip_serializing_if = "::prost::alloc::vec::Vec::is_empty")]
+    pub isolated_devices: ::prost::alloc::vec::Vec<IsolatedDevice>,
+    /// Why device isolation cannot work on this node while it has DRA devices
+    /// or a fault asked for it (the Node taint isolates those faults instead);
+    /// empty when it works, is off, or does not apply.
+    #[prost(string, tag = "16")]
+    #[serde(skip_serializing_if = "::prost::alloc::string::String::is_empty")]
+    pub device_isolation_unavailable: ::prost::alloc::string::String,
+}
+/// One device (a GPU or a MIG device a DRA driver publishes in a
+/// ResourceSlice) isolated by a DeviceTaintRule.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct IsolatedDevice {
+    /// The device's name in its ResourceSlice pool ("gpu-0").
+    #[prost(string, tag = "1")]
+    pub device: ::prost::alloc::string::String,
+    /// Its uuid attribute ("GPU-...", "MIG-...").
+    #[prost(string, tag = "2")]
+    pub uuid: ::prost::alloc::string::String,
+    /// The DeviceTaintRule's name.
+    #[prost(string, tag = "3")]
+    pub rule: ::prost::alloc::string::String,
+    /// The taint: key, value (the fault's action) and effect.
+    #[prost(string, tag = "4")]
+    pub key: ::prost::alloc::string::String,
+    #[prost(string, tag = "5")]
+    pub value: ::prost::alloc::string::String,
+    #[prost(string, tag = "6")]
+    pub effect: ::prost::alloc::string::String,
 }
 /// The NetworkProblem node condition and the ports behind it. Network faults
 /// never change the GPU verdict or AcceleratedHardwareReady.
@@ -508,8 +542,9 @@ pub struct NetworkHealth {
     /// reported a hardware fault, or fewer ports are up than expected.
     #[prost(bool, tag = "1")]
     pub problem: bool,
-    /// The condition's reason: NICPortDown, NICPortFlapping, NICLinkDegraded,
-    /// NICHardwareFault (the most severe present), or NICHealthy.
+    /// The condition's reason: NICHardwareFault, NICPortDown, NICPortFlapping,
+    /// NICErrorRate, NICLinkDegraded (the most severe present, in this order),
+    /// or NICHealthy.
     #[prost(string, tag = "2")]
     pub reason: ::prost::alloc::string::String,
     /// In words, naming the ports.
@@ -534,7 +569,9 @@ pub struct NicPortHealth {
     pub device: ::prost::alloc::string::String,
     #[prost(uint32, tag = "2")]
     pub port: u32,
-    /// "infiniband" | "ethernet" (RoCE) | "unknown".
+    /// "infiniband" | "ethernet" (RoCE) | "efa" (an AWS EFA device, PCI vendor
+    /// 0x1d0f: its state files always say ACTIVE/LinkUp and are not evidence) |
+    /// "unknown".
     #[prost(string, tag = "3")]
     pub link_layer: ::prost::alloc::string::String,
     /// The port's netdev (`ib0`, `eth2`), when it has one.
@@ -552,8 +589,10 @@ pub struct NicPortHealth {
     #[prost(double, tag = "8")]
     pub rate_gbps: f64,
     /// "up" | "down" (past the grace) | "going_down" (within the grace) |
-    /// "flapping" | "degraded" | "hardware_fault" | "never_up" (down since the
-    /// agent started, no expectation set: information) | "ignored".
+    /// "flapping" | "error_rate" (an error counter rose faster than its rule
+    /// allows) | "degraded" | "hardware_fault" | "never_up" (down since the
+    /// agent started, no expectation set: information) | "ignored" |
+    /// "state_unreported" (an EFA port present in sysfs: never counted up).
     #[prost(string, tag = "9")]
     pub status: ::prost::alloc::string::String,
     /// Down→up flaps within the flap window.
@@ -587,6 +626,13 @@ pub struct NicPortHealth {
     /// Flaps counted since the agent started.
     #[prost(uint64, tag = "17")]
     pub flaps_total: u64,
+    /// Error-rate breaches since the agent started, by counter name: each a
+    /// rise that overflowed the counter's token bucket (`\[network.error_rate\]`).
+    #[prost(btree_map = "string, uint64", tag = "18")]
+    pub rate_breaches: ::prost::alloc::collections::BTreeMap<
+        ::prost::alloc::string::String,
+        u64,
+    >,
 }
 /// A node condition held in its problem status: it cleared as often as the
 /// flap bound allows within a window, so a further clear waits until the

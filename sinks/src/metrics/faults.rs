@@ -159,7 +159,7 @@ fn faults(r: &Sources<'_>, _: &NodeHealth, out: &mut Vec<Point>) {
                 gpu_attrs(f.gpu_index, &f.gpu_uuid, &f.pci_address),
                 [
                     ("fault.kind", s(f.kind.short_name())),
-                    ("code", code_attr(f)),
+                    ("gpuwatch.fault.code", code_attr(f)),
                     ("action", s(f.action.short_name())),
                 ],
             )

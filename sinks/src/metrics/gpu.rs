@@ -35,14 +35,16 @@ pub(super) const CLOCK_EVENT_BITS: [(u64, &str); 9] = [
     (0x100, "display_clock_setting"),
 ];
 
+/// The hardware conventions' attributes of a GPU point: `hw.type=gpu`, and
+/// `hw.id` (the UUID) when the GPU's identity lacked it.
 pub(super) fn hw_attrs(
-    base: Vec<(&'static str, AttrValue)>,
+    mut base: Vec<(&'static str, AttrValue)>,
     sample: &GpuSample,
 ) -> Vec<(&'static str, AttrValue)> {
-    with(
-        base,
-        [("hw.type", s("gpu")), ("hw.id", owned(&sample.uuid))],
-    )
+    if !base.iter().any(|(k, _)| *k == "hw.id") {
+        base.push(("hw.id", owned(&sample.uuid)));
+    }
+    with(base, [("hw.type", s("gpu"))])
 }
 
 pub(super) fn milliwatts(v: Option<u32>) -> Option<Num> {

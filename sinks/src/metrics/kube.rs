@@ -10,6 +10,8 @@ pub(super) const TABLE: &[Spec] = &[
     KUBE_WRITES,
     CONDITION_TRANSITIONS,
     TAINTED,
+    DEVICE_TAINTS,
+    DEVICE_ISOLATION_UNAVAILABLE,
     QUARANTINE_DEFERRED,
     QUARANTINE_DEFERRALS,
     QUARANTINE_SLOTS,
@@ -45,6 +47,26 @@ const TAINTED: Spec = Spec {
     num: NumType::U64,
     presence: Presence::NonZero,
     description: "1 while the node carries the taint.",
+    collect: Collect::Pushed,
+};
+
+const DEVICE_TAINTS: Spec = Spec {
+    name: "gpuwatch.kube.device_taints",
+    unit: "{device}",
+    kind: InstrumentKind::Gauge,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "GPUs and MIG devices a DRA DeviceTaintRule of gpuwatch isolates (instead of the Node taint), by effect.",
+    collect: Collect::Pushed,
+};
+
+const DEVICE_ISOLATION_UNAVAILABLE: Spec = Spec {
+    name: "gpuwatch.kube.device_isolation.unavailable",
+    unit: "{state}",
+    kind: InstrumentKind::Gauge,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "1 while device isolation cannot work on a node that has DRA GPUs (no version serves DeviceTaintRules, or the API server refuses them): their faults get the Node taint instead.",
     collect: Collect::Pushed,
 };
 

@@ -23,7 +23,7 @@ const ECC_ERRORS: Spec = Spec {
     kind: InstrumentKind::Counter,
     num: NumType::U64,
     presence: Presence::Always,
-    description: "NVML ECC error counts.",
+    description: "NVML ECC error counts; the aggregate counter includes what the volatile one counted, so sum one ecc.counter, never both.",
     collect: Collect::Points(ecc_errors),
 };
 
@@ -88,15 +88,15 @@ const REMAP_ROWS: Spec = Spec {
     kind: InstrumentKind::Gauge,
     num: NumType::U64,
     presence: Presence::NonZero,
-    description: "Rows remapped.",
+    description: "Rows remapped, by the error that caused the remap (corrected, uncorrected).",
     collect: Collect::Points(remap_rows),
 };
 
 fn remap_rows(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         for (ty, v) in [
-            ("correctable", sm.remapped_rows_correctable),
-            ("uncorrectable", sm.remapped_rows_uncorrectable),
+            ("corrected", sm.remapped_rows_correctable),
+            ("uncorrected", sm.remapped_rows_uncorrectable),
         ] {
             let v = v.map(|n| Num::U64(u64::from(n)));
             push_opt(out, with(base.clone(), [("error.type", s(ty))]), v);

@@ -2,14 +2,24 @@
 //! link rate, error-counter increases, flaps and the node's network problem.
 //! Names follow OpenTelemetry's hardware conventions where they exist
 //! (`hw.network.up`, `hw.network.bandwidth.limit`, `hw.errors` with `hw.type`
-//! `network`); a port is `hw.id` `mlx5_0/1`.
+//! `network`); a port is `hw.id` `mlx5_0/1`. An AWS EFA port
+//! (`network.link_layer` `efa`) has no `hw.network.up`: its state files say
+//! ACTIVE/LinkUp whatever the fabric does, so there is no up or down to
+//! export; its error counters, error-rate breaches and the problem are.
 
 use super::{AttrValue, Collect, InstrumentKind, Num, NumType, Point, Presence, Sources, Spec};
 use super::{flag, owned, s, with};
 use gpuwatch_proto::{NicPortHealth, NodeHealth};
 
 /// This subject's instruments, in export order.
-pub(super) const TABLE: &[Spec] = &[PORT_UP, BANDWIDTH_LIMIT, ERRORS, FLAPS, PROBLEM];
+pub(super) const TABLE: &[Spec] = &[
+    PORT_UP,
+    BANDWIDTH_LIMIT,
+    ERRORS,
+    FLAPS,
+    RATE_BREACHES,
+    PROBLEM,
+];
 
 fn port_attrs(p: &NicPortHealth) -> Vec<(&'static str, AttrValue)> {
     let mut a = vec![
@@ -40,12 +50,15 @@ const PORT_UP: Spec = Spec {
     kind: InstrumentKind::Gauge,
     num: NumType::U64,
     presence: Presence::Always,
-    description: "RDMA port link up (ACTIVE and LinkUp): 1, else 0.",
+    description: "RDMA port link up (ACTIVE and LinkUp): 1, else 0. Not sent for AWS EFA ports, whose state is not reported.",
     collect: Collect::Points(port_up),
 };
 
 fn port_up(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_port(h, |attrs, p| {
+        if p.link_layer == "efa" {
+            return;
+        }
         let up = p.state == "ACTIVE" && p.phys_state == "LinkUp";
         out.push(Point {
             attrs,
@@ -114,6 +127,27 @@ fn flaps(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
             attrs,
             value: Num::U64(p.flaps_total),
         });
+    });
+}
+
+const RATE_BREACHES: Spec = Spec {
+    name: "gpuwatch.network.rate_breaches",
+    unit: "{breach}",
+    kind: InstrumentKind::Counter,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "RDMA port error-counter rises that overflowed the counter's token bucket ([network.error_rate]) since the agent started, by counter (error.type).",
+    collect: Collect::Points(rate_breaches),
+};
+
+fn rate_breaches(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_port(h, |attrs, p| {
+        for (name, n) in &p.rate_breaches {
+            out.push(Point {
+                attrs: with(attrs.clone(), [("error.type", owned(name))]),
+                value: Num::U64(*n),
+            });
+        }
     });
 }
 

@@ -498,6 +498,58 @@ fn eight_nic_network() -> gpuwatch_proto::NetworkHealth {
     }
 }
 
+/// An EFA port sends no `hw.network.up` (its state is not evidence), its
+/// rate, and one `gpuwatch.network.rate_breaches` series per counter that
+/// broke its rule; the problem carries the NICErrorRate reason.
+#[test]
+fn efa_ports_send_no_up_and_their_rate_breaches() {
+    let r = started_registry();
+    let f = SeriesFilter::new(Duration::from_secs(300));
+    let t0 = Instant::now();
+    let mut h = healthy_node();
+    let mut n = eight_nic_network();
+    for p in &mut n.ports {
+        p.device = p.device.replace("mlx5_", "rdmap");
+        p.link_layer = "efa".into();
+        p.netdev.clear();
+        p.rate_gbps = 100.0;
+        p.status = "state_unreported".into();
+    }
+    n.problem = true;
+    n.reason = "NICErrorRate".into();
+    n.ports[2].status = "error_rate".into();
+    n.ports[2].rate_breaches.insert("rx_drops".into(), 2);
+    n.ports[2].error_counts.insert("rx_drops".into(), 900);
+    h.network = Some(n);
+    let pts = f.collect_all(&r.src(), &h, t0);
+    assert!(series_of(&pts, "hw.network.up").is_empty());
+    assert_eq!(series_of(&pts, "hw.network.bandwidth.limit").len(), 8);
+    let breaches = series_of(&pts, "gpuwatch.network.rate_breaches");
+    assert_eq!(breaches.len(), 1);
+    assert_eq!(breaches[0].value, Num::U64(2));
+    for (k, v) in [
+        ("hw.id", "rdmap2/1"),
+        ("error.type", "rx_drops"),
+        ("network.link_layer", "efa"),
+    ] {
+        assert!(
+            breaches[0]
+                .attrs
+                .iter()
+                .any(|(a, b)| *a == k && *b == owned(v)),
+            "{k}={v} not in {:?}",
+            breaches[0].attrs
+        );
+    }
+    let problem = series_of(&pts, "gpuwatch.network.problem");
+    assert!(
+        problem[0]
+            .attrs
+            .contains(&("reason", owned("NICErrorRate")))
+    );
+    assert_eq!(problem[0].value, Num::U64(1));
+}
+
 #[test]
 fn an_eight_nic_node_adds_eighteen_points_and_errors_only_once_counted() {
     let r = started_registry();
@@ -614,4 +666,43 @@ fn monitor_up_has_a_point_per_running_input() {
         ],
         "network is exported only with the NIC monitor's own health"
     );
+}
+
+/// Every point about a GPU carries `hw.id` = its UUID once (the hardware
+/// conventions' identity, constant per GPU), and the memory error types read
+/// the same on ECC and row remap.
+#[test]
+fn every_gpu_point_names_its_hw_id_and_error_types_agree() {
+    let r = started_registry();
+    let mut h = healthy_node();
+    for g in &mut h.gpus {
+        if let Some(s) = g.sample.as_mut() {
+            s.remapped_rows_correctable = Some(2);
+            s.remapped_rows_uncorrectable = Some(1);
+        }
+    }
+    let f = SeriesFilter::new(Duration::from_secs(300));
+    let pts = f.collect_all(&r.src(), &h, Instant::now());
+    let mut gpu_points = 0;
+    for (spec, points) in &pts {
+        for p in points {
+            let uuid = p.attrs.iter().find(|(k, _)| *k == "gpu.uuid");
+            let ids: Vec<_> = p.attrs.iter().filter(|(k, _)| *k == "hw.id").collect();
+            if let Some((_, uuid)) = uuid {
+                gpu_points += 1;
+                assert_eq!(ids.len(), 1, "{}: {:?}", spec.name, p.attrs);
+                assert_eq!(&ids[0].1, uuid, "{}", spec.name);
+            }
+        }
+    }
+    assert!(gpu_points > 8 * 10, "{gpu_points}");
+    let types = |name: &str| -> std::collections::BTreeSet<String> {
+        series_of(&pts, name)
+            .iter()
+            .filter_map(|p| p.attrs.iter().find(|(k, _)| *k == "error.type"))
+            .map(|(_, v)| format!("{v:?}"))
+            .collect()
+    };
+    assert_eq!(types("gpu.row_remap.rows"), types("gpu.ecc.errors"));
+    assert_eq!(types("gpu.ecc.errors").len(), 2);
 }

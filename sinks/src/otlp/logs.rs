@@ -2,6 +2,19 @@
 //! `send` fills without blocking, and a worker thread that exports batches and
 //! retries with exponential backoff while the collector is unreachable.
 //!
+//! Resources: a record about a pod (the pod whose process caused the fault,
+//! else the one pod that held the failed GPU) goes out under a resource of its
+//! own: the node's resource plus that pod's `k8s.pod.uid`, `k8s.pod.name`,
+//! `k8s.namespace.name`, `k8s.container.name`, `container.id` and controller,
+//! so that a collector's `k8sattributes` processor (which associates by
+//! resource attributes only) enriches it with the workload's labels. Records
+//! without such a pod keep the node's resource. The worker groups each batch
+//! by pod and sends one export request per group, setting the exporter's
+//! resource before each: no state is kept per pod, so memory stays bounded by
+//! the batch size however many pods fault. A group that was accepted is not
+//! sent again when a later group of the same batch fails and the batch is
+//! retried.
+//!
 //! Accounting: every event handed to the queue ends up counted exactly once in
 //! `gpuwatch.events{stage="otlp_logs"}`: `emitted` when the collector accepted
 //! it, `dropped` when it was pushed out of the full queue or left over at
@@ -10,11 +23,14 @@
 use crate::queue::{Settled, SinkQueue};
 use gpuwatch_core::{EventSink, Registry, Signal};
 use gpuwatch_proto::{FaultEvent, ShortName};
-use opentelemetry::InstrumentationScope;
 use opentelemetry::logs::{AnyValue, LogRecord as _, Logger as _, LoggerProvider as _, Severity};
+use opentelemetry::{InstrumentationScope, KeyValue};
+use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::logs::{LogBatch, LogExporter as _, SdkLogRecord, SdkLoggerProvider};
+use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 /// The log queue's bound and the export worker's batching and retries.
@@ -31,6 +47,8 @@ pub(crate) struct QueueSettings {
 /// A fault event waiting for export, with when the sink was handed it (the
 /// record's observed time).
 pub(crate) struct Queued {
+    /// Unique per sink: tells a retried batch's already accepted records apart.
+    id: u64,
     event: FaultEvent,
     observed: SystemTime,
 }
@@ -85,19 +103,19 @@ pub(crate) fn fill_record(rec: &mut SdkLogRecord, ev: &FaultEvent, observed: Sys
     rec.set_body(AnyValue::from(ev.message.clone()));
     let kind = ev.kind();
     rec.add_attribute("fault.kind", kind.short_name());
-    rec.add_attribute("code", i64::from(ev.code));
+    rec.add_attribute("gpuwatch.fault.code", i64::from(ev.code));
     match kind {
         gpuwatch_proto::FaultKind::Xid => rec.add_attribute("xid", i64::from(ev.code)),
         gpuwatch_proto::FaultKind::Sxid => rec.add_attribute("sxid", i64::from(ev.code)),
         _ => {}
     }
     if !ev.name.is_empty() {
-        rec.add_attribute("fault.name", ev.name.clone());
+        rec.add_attribute("gpuwatch.fault.name", ev.name.clone());
     }
     rec.add_attribute("action", ev.action().short_name());
-    rec.add_attribute("severity", sev.short_name());
+    rec.add_attribute("gpuwatch.severity", sev.short_name());
     if !ev.policy_reason.is_empty() {
-        rec.add_attribute("policy.reason", ev.policy_reason.clone());
+        rec.add_attribute("gpuwatch.policy.reason", ev.policy_reason.clone());
     }
     if !ev.pci_address.is_empty() {
         rec.add_attribute("gpu.pci.address", ev.pci_address.clone());
@@ -115,76 +133,106 @@ pub(crate) fn fill_record(rec: &mut SdkLogRecord, ev: &FaultEvent, observed: Sys
         rec.add_attribute("process.executable.name", ev.process.clone());
     }
     if let Some(seq) = ev.kmsg_seq {
-        rec.add_attribute("kmsg.seq", i64::try_from(seq).unwrap_or(i64::MAX));
+        rec.add_attribute("gpuwatch.kmsg.seq", i64::try_from(seq).unwrap_or(i64::MAX));
     }
     if let Some(us) = ev.monotonic_usec {
-        rec.add_attribute("kmsg.monotonic_usec", i64::try_from(us).unwrap_or(i64::MAX));
+        rec.add_attribute(
+            "gpuwatch.kmsg.monotonic_usec",
+            i64::try_from(us).unwrap_or(i64::MAX),
+        );
     }
     if let Some(f) = ev.facility {
-        rec.add_attribute("kmsg.facility", i64::from(f));
+        rec.add_attribute("gpuwatch.kmsg.facility", i64::from(f));
     }
     if let Some(l) = ev.level {
-        rec.add_attribute("kmsg.level", i64::from(l));
+        rec.add_attribute("gpuwatch.kmsg.level", i64::from(l));
     }
     if !ev.boot_id.is_empty() {
-        rec.add_attribute("host.boot.id", ev.boot_id.clone());
+        rec.add_attribute("gpuwatch.boot.id", ev.boot_id.clone());
     }
-    rec.add_attribute("source", ev.source().short_name());
-    rec.add_attribute("count", i64::from(ev.count.max(1)));
+    rec.add_attribute("gpuwatch.source", ev.source().short_name());
+    rec.add_attribute("gpuwatch.count", i64::from(ev.count.max(1)));
     for (k, v) in &ev.attributes {
         rec.add_attribute(format!("gpuwatch.{k}"), v.clone());
     }
     add_pods(rec, &ev.pods);
 }
 
-/// The fault's pod under the OpenTelemetry semantic-convention names (so a
-/// backend joins it with its other Kubernetes data): the pod whose process
-/// caused it, else the one pod that held the failed GPU, with its
-/// controller under the key of its kind (`k8s.job.name`,
-/// `k8s.statefulset.name`, `k8s.replicaset.name`, …). Every pod that held
-/// it is listed in `gpuwatch.affected_pods` (an array of `namespace/name`).
+/// Every pod that held the failed GPU, in `gpuwatch.affected_pods` (an array
+/// of `namespace/name`); the pod the record is about is on its resource
+/// ([`pod_resource`]).
 fn add_pods(rec: &mut SdkLogRecord, pods: &[gpuwatch_proto::PodRef]) {
-    use gpuwatch_proto::PodRole;
-    let affected: Vec<&gpuwatch_proto::PodRef> = pods
+    let affected: Vec<AnyValue> = pods
         .iter()
-        .filter(|p| p.role() == PodRole::Affected)
+        .filter(|p| p.role() == gpuwatch_proto::PodRole::Affected)
+        .map(|p| AnyValue::String(format!("{}/{}", p.namespace, p.name).into()))
         .collect();
-    let main = pods
+    if !affected.is_empty() {
+        rec.add_attribute(
+            "gpuwatch.affected_pods",
+            AnyValue::ListAny(Box::new(affected)),
+        );
+    }
+}
+
+/// The resource attributes of the pod a fault is about, under the
+/// OpenTelemetry semantic-convention names (the keys `k8sattributes`
+/// associates by and the keys it would add): the pod whose process caused it,
+/// else the one pod that held the failed GPU; its controller under the key of
+/// its kind (`k8s.job.name`, `k8s.statefulset.name`, …, or
+/// `gpuwatch.pod.controller` = `Kind/name` for a kind the conventions do not
+/// name). Empty when the fault is about no single pod: the record keeps the
+/// node's resource.
+pub(crate) fn pod_resource(pods: &[gpuwatch_proto::PodRef]) -> PodAttrs {
+    use gpuwatch_proto::PodRole;
+    let mut affected = pods.iter().filter(|p| p.role() == PodRole::Affected);
+    let only_affected = match (affected.next(), affected.next()) {
+        (Some(one), None) => Some(one),
+        _ => None,
+    };
+    let Some(p) = pods
         .iter()
         .find(|p| p.role() == PodRole::Caused)
-        .or(match affected.as_slice() {
-            [one] => Some(*one),
-            _ => None,
-        });
-    if let Some(p) = main {
-        for (key, value) in [
-            ("k8s.pod.uid", &p.uid),
-            ("k8s.pod.name", &p.name),
-            ("k8s.namespace.name", &p.namespace),
-            ("k8s.container.name", &p.container),
-            ("container.id", &p.container_id),
-        ] {
-            if !value.is_empty() {
-                rec.add_attribute(key, value.clone());
-            }
-        }
-        if !p.controller_name.is_empty() {
-            match controller_key(&p.controller_kind) {
-                Some(key) => rec.add_attribute(key, p.controller_name.clone()),
-                None => rec.add_attribute(
-                    "gpuwatch.pod.controller",
-                    format!("{}/{}", p.controller_kind, p.controller_name),
-                ),
-            }
+        .or(only_affected)
+    else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (key, value) in [
+        ("k8s.pod.uid", &p.uid),
+        ("k8s.pod.name", &p.name),
+        ("k8s.namespace.name", &p.namespace),
+        ("k8s.container.name", &p.container),
+        ("container.id", &p.container_id),
+    ] {
+        if !value.is_empty() {
+            out.push((key, value.clone()));
         }
     }
-    if !affected.is_empty() {
-        let list: Vec<AnyValue> = affected
-            .iter()
-            .map(|p| AnyValue::String(format!("{}/{}", p.namespace, p.name).into()))
-            .collect();
-        rec.add_attribute("gpuwatch.affected_pods", AnyValue::ListAny(Box::new(list)));
+    if !p.controller_name.is_empty() {
+        match controller_key(&p.controller_kind) {
+            Some(key) => out.push((key, p.controller_name.clone())),
+            None => out.push((
+                "gpuwatch.pod.controller",
+                format!("{}/{}", p.controller_kind, p.controller_name),
+            )),
+        }
     }
+    out
+}
+
+/// The resource of a record: the node's attributes, the pod's on top.
+pub(crate) fn record_resource(
+    node: &BTreeMap<String, String>,
+    pod: &[(&'static str, String)],
+) -> Resource {
+    let mut attrs = node.clone();
+    for (k, v) in pod {
+        attrs.insert((*k).to_owned(), v.clone());
+    }
+    Resource::builder_empty()
+        .with_attributes(attrs.into_iter().map(|(k, v)| KeyValue::new(k, v)))
+        .build()
 }
 
 /// The OpenTelemetry semantic-convention key of a controller's name, by its
@@ -210,6 +258,30 @@ pub(crate) struct Worker {
     pub(crate) exporter: opentelemetry_otlp::LogExporter,
     pub(crate) driver: Driver,
     pub(crate) scope: InstrumentationScope,
+    /// The node's resource attributes as they are now (the Node's uid joins
+    /// them once the kube writer has read it).
+    pub(crate) resource: Arc<Mutex<BTreeMap<String, String>>>,
+}
+
+/// A pod's resource attributes ([`pod_resource`]; empty: the node's).
+type PodAttrs = Vec<(&'static str, String)>;
+
+/// A batch's records grouped by the resource they go out under (the pod's
+/// attributes; empty: the node's), in the order each group first appears,
+/// leaving out the records a failed try already delivered.
+fn group_by_pod<'a>(
+    batch: &'a [Arc<Queued>],
+    delivered: &HashSet<u64>,
+) -> Vec<(PodAttrs, Vec<&'a Queued>)> {
+    let mut groups: Vec<(PodAttrs, Vec<&'a Queued>)> = Vec::new();
+    for q in batch.iter().filter(|q| !delivered.contains(&q.id)) {
+        let pod = pod_resource(&q.event.pods);
+        match groups.iter_mut().find(|(p, _)| *p == pod) {
+            Some((_, items)) => items.push(q),
+            None => groups.push((pod, vec![q])),
+        }
+    }
+    groups
 }
 
 /// Retry delays after failed log exports: doubling from `retry_initial` up
@@ -227,7 +299,7 @@ fn retry_delays(settings: &QueueSettings) -> impl Iterator<Item = Duration> + us
 }
 
 impl Worker {
-    pub(crate) fn run(self) {
+    pub(crate) fn run(mut self) {
         // A provider without processors: only used to create records.
         let provider = SdkLoggerProvider::builder().build();
         let logger = provider.logger("gpuwatch");
@@ -235,22 +307,43 @@ impl Worker {
         let mut delays = retry_delays(&settings);
         let mut delay = delays.next().unwrap_or(settings.retry_initial);
         let mut failing = false;
+        // Records of the batch at the head that a failed try already
+        // delivered (a group before the failing one).
+        let mut delivered: HashSet<u64> = HashSet::new();
         while let Some(batch) = self.queue.next_batch(settings.batch_size, settings.linger) {
-            let records: Vec<SdkLogRecord> = batch
-                .iter()
-                .map(|q| {
-                    let mut rec = logger.create_log_record();
-                    fill_record(&mut rec, &q.event, q.observed);
-                    rec
-                })
-                .collect();
-            let pairs: Vec<(&SdkLogRecord, &InstrumentationScope)> =
-                records.iter().map(|r| (r, &self.scope)).collect();
-            let result = self
-                .driver
-                .block_on(self.exporter.export(LogBatch::new(&pairs)));
+            delivered.retain(|id| batch.iter().any(|q| q.id == *id));
+            let node = self
+                .resource
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            let mut result = Ok(());
+            for (pod, items) in group_by_pod(&batch, &delivered) {
+                let records: Vec<SdkLogRecord> = items
+                    .iter()
+                    .map(|q| {
+                        let mut rec = logger.create_log_record();
+                        fill_record(&mut rec, &q.event, q.observed);
+                        rec
+                    })
+                    .collect();
+                let pairs: Vec<(&SdkLogRecord, &InstrumentationScope)> =
+                    records.iter().map(|r| (r, &self.scope)).collect();
+                self.exporter.set_resource(&record_resource(&node, &pod));
+                match self
+                    .driver
+                    .block_on(self.exporter.export(LogBatch::new(&pairs)))
+                {
+                    Ok(()) => delivered.extend(items.iter().map(|q| q.id)),
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            }
             match result {
                 Ok(()) => {
+                    delivered.clear();
                     self.queue.settle(
                         batch.len(),
                         Settled::Done {
@@ -292,6 +385,8 @@ impl Worker {
 /// The [`EventSink`] face of the queue.
 pub(crate) struct OtlpLogSink {
     pub(crate) queue: Arc<LogQueue>,
+    /// The id of the next record queued.
+    pub(crate) next_id: AtomicU64,
 }
 
 impl EventSink for OtlpLogSink {
@@ -301,6 +396,7 @@ impl EventSink for OtlpLogSink {
 
     fn send(&self, event: &FaultEvent) {
         self.queue.push(Queued {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
             event: event.clone(),
             observed: SystemTime::now(),
         });
@@ -369,6 +465,7 @@ mod tests {
         let queue = Arc::new(LogQueue::new(4, Stage::OtlpLogs, reg.clone()));
         let sink = OtlpLogSink {
             queue: queue.clone(),
+            next_id: AtomicU64::new(0),
         };
         for c in 0..10 {
             sink.send(&ev(c));
@@ -426,14 +523,108 @@ mod tests {
         assert!(attrs["xid"].contains("79"));
         assert!(attrs["process.pid"].contains("1234"));
         assert!(attrs["gpuwatch.channel"].contains("0x00000008"));
-        // Semantic-convention keys keep their names.
-        assert!(attrs["k8s.pod.uid"].contains("1f2e3d4c"));
-        assert!(attrs["k8s.pod.name"].contains("trainer-0"));
-        assert!(attrs["k8s.namespace.name"].contains("ml"));
-        assert!(attrs["k8s.container.name"].contains("main"));
-        assert!(attrs["k8s.job.name"].contains("train-42"));
-        assert!(attrs["container.id"].contains("4f1c0e8b6a2d"));
+        // The pod is on the resource, not on the record.
+        assert!(
+            attrs
+                .keys()
+                .all(|k| !k.starts_with("k8s.") && k != "container.id"),
+            "{attrs:?}"
+        );
         assert!(!attrs.contains_key("gpuwatch.affected_pods"));
         assert!(attrs["action"].contains("inspect_hardware"));
+        let pod = pod_resource(&e.pods);
+        assert_eq!(
+            pod,
+            [
+                (
+                    "k8s.pod.uid",
+                    "1f2e3d4c-5b6a-4789-8abc-def012345678".to_owned()
+                ),
+                ("k8s.pod.name", "trainer-0".to_owned()),
+                ("k8s.namespace.name", "ml".to_owned()),
+                ("k8s.container.name", "main".to_owned()),
+                ("container.id", "4f1c0e8b6a2d".to_owned()),
+                ("k8s.job.name", "train-42".to_owned()),
+            ]
+        );
+        let node: BTreeMap<String, String> = [
+            ("service.name".to_owned(), "gpuwatch".to_owned()),
+            ("k8s.node.name".to_owned(), "n1".to_owned()),
+        ]
+        .into();
+        let res = record_resource(&node, &pod);
+        let get = |k: &'static str| res.get(&opentelemetry::Key::from_static_str(k));
+        assert_eq!(get("k8s.pod.name"), Some("trainer-0".into()));
+        assert_eq!(get("k8s.node.name"), Some("n1".into()));
+        assert_eq!(get("service.name"), Some("gpuwatch".into()));
+    }
+
+    fn pod(name: &str, role: gpuwatch_proto::PodRole) -> gpuwatch_proto::PodRef {
+        gpuwatch_proto::PodRef {
+            uid: format!("uid-{name}"),
+            name: name.into(),
+            namespace: "ml".into(),
+            role: role as i32,
+            controller_kind: "Widget".into(),
+            controller_name: "w".into(),
+            ..Default::default()
+        }
+    }
+
+    /// The pod whose process caused the fault wins; else the one pod that
+    /// held the GPU; several holders and no cause: the node's resource.
+    #[test]
+    fn the_record_is_about_the_causing_pod_else_the_only_holder() {
+        use gpuwatch_proto::PodRole::{Affected, Caused};
+        let uid = |pods: &[gpuwatch_proto::PodRef]| {
+            pod_resource(pods)
+                .into_iter()
+                .find(|(k, _)| *k == "k8s.pod.uid")
+                .map(|(_, v)| v)
+        };
+        assert_eq!(uid(&[]), None);
+        assert_eq!(uid(&[pod("a", Affected)]), Some("uid-a".into()));
+        assert_eq!(uid(&[pod("a", Affected), pod("b", Affected)]), None);
+        assert_eq!(
+            uid(&[pod("a", Affected), pod("b", Caused), pod("c", Affected)]),
+            Some("uid-b".into())
+        );
+        // A controller kind the conventions do not name keeps gpuwatch's key.
+        assert!(
+            pod_resource(&[pod("a", Affected)])
+                .contains(&("gpuwatch.pod.controller", "Widget/w".to_owned()))
+        );
+    }
+
+    /// One group per pod in first-seen order, the pod-less records together,
+    /// records already delivered left out.
+    #[test]
+    fn a_batch_groups_by_pod_and_skips_the_delivered() {
+        use gpuwatch_proto::PodRole::Caused;
+        let q = |id: u64, pods: Vec<gpuwatch_proto::PodRef>| {
+            Arc::new(Queued {
+                id,
+                event: FaultEvent {
+                    pods,
+                    ..Default::default()
+                },
+                observed: SystemTime::now(),
+            })
+        };
+        let batch = vec![
+            q(0, vec![pod("a", Caused)]),
+            q(1, vec![]),
+            q(2, vec![pod("b", Caused)]),
+            q(3, vec![pod("a", Caused)]),
+            q(4, vec![]),
+        ];
+        let ids = |delivered: &HashSet<u64>| -> Vec<Vec<u64>> {
+            group_by_pod(&batch, delivered)
+                .into_iter()
+                .map(|(_, items)| items.iter().map(|q| q.id).collect())
+                .collect()
+        };
+        assert_eq!(ids(&HashSet::new()), [vec![0, 3], vec![1, 4], vec![2]]);
+        assert_eq!(ids(&[0, 3, 1].into()), [vec![2], vec![4]]);
     }
 }

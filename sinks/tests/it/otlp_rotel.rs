@@ -52,7 +52,7 @@ fn runtime() -> tokio::runtime::Runtime {
 fn logs_with_code(r: &Received, lo: u32, hi: u32) -> Vec<u32> {
     r.logs
         .iter()
-        .filter_map(|l| l.attrs.get("code"))
+        .filter_map(|l| l.attrs.get("gpuwatch.fault.code"))
         .filter_map(|c| c.strip_prefix("Int(")?.strip_suffix(')')?.parse().ok())
         .filter(|c| (lo..hi).contains(c))
         .collect()
@@ -133,6 +133,15 @@ fn roundtrip(protocol: Protocol, compression: Option<Compression>) {
         assert_eq!(
             m.resource.get("k8s.cluster.name").map(String::as_str),
             Some("Str(test-cluster)")
+        );
+        assert_eq!(
+            m.resource.get("service.instance.id").map(String::as_str),
+            Some("Str(gpu-node-1)")
+        );
+        assert!(
+            m.resource.keys().all(|k| !k.starts_with("k8s.pod.")),
+            "{name}: {:?}",
+            m.resource
         );
         // Bounded cardinality: no pid, process or message attributes.
         for p in &m.points {
@@ -226,7 +235,7 @@ fn roundtrip(protocol: Protocol, compression: Option<Compression>) {
         let log = got
             .logs
             .iter()
-            .find(|l| l.attrs.get("code") == Some(&format!("Int({})", ev.code)))
+            .find(|l| l.attrs.get("gpuwatch.fault.code") == Some(&format!("Int({})", ev.code)))
             .unwrap_or_else(|| panic!("no log record for xid {}", ev.code));
         assert_eq!(log.body, format!("Str({})", ev.message));
         assert_eq!(log.severity_text, ev.severity().otel_text());
@@ -260,19 +269,22 @@ fn roundtrip(protocol: Protocol, compression: Option<Compression>) {
             Some(format!("Int({})", ev.gpu_index.unwrap())).as_deref()
         );
         assert_eq!(
-            a("kmsg.seq"),
+            a("gpuwatch.kmsg.seq"),
             Some(format!("Int({})", ev.kmsg_seq.unwrap())).as_deref()
         );
         assert_eq!(
-            a("host.boot.id"),
+            a("gpuwatch.boot.id"),
             Some(format!("Str({})", ev.boot_id)).as_deref()
         );
         assert_eq!(
-            a("policy.reason"),
+            a("gpuwatch.policy.reason"),
             Some(format!("Str({})", ev.policy_reason)).as_deref()
         );
-        assert_eq!(a("count"), Some(format!("Int({})", ev.count)).as_deref());
-        assert_eq!(a("source"), Some("Str(kmsg)"));
+        assert_eq!(
+            a("gpuwatch.count"),
+            Some(format!("Int({})", ev.count)).as_deref()
+        );
+        assert_eq!(a("gpuwatch.source"), Some("Str(kmsg)"));
         assert_eq!(a("gpuwatch.channel"), Some("Str(0x00000008)"));
         assert_eq!(
             log.resource.get("k8s.node.name").map(String::as_str),
@@ -546,4 +558,147 @@ fn erroring_nvlink_series_are_exported_then_dropped_after_the_quiet_window() {
     assert!(links(&later) >= seen);
     exporter.shutdown(Duration::from_secs(5));
     rotel.kill();
+}
+
+/// A fault event whose process ran in pod `name` (the pod the record is about).
+fn pod_event(code: u32, name: &str) -> gpuwatch_proto::FaultEvent {
+    let mut ev = xid_event(code, 0, Action::RestartApp, 1);
+    ev.pods = vec![gpuwatch_proto::PodRef {
+        uid: format!("uid-{name}"),
+        name: name.into(),
+        namespace: "ml".into(),
+        container: "main".into(),
+        container_id: "4f1c0e8b6a2d".into(),
+        role: gpuwatch_proto::PodRole::Caused as i32,
+        controller_kind: "Job".into(),
+        controller_name: "train-42".into(),
+    }];
+    ev
+}
+
+fn printed(m: &std::collections::BTreeMap<String, String>, k: &str) -> Option<String> {
+    m.get(k).cloned()
+}
+
+/// The resource layout rotel receives: metrics and pod-less records under the
+/// node's resource (`service.instance.id` = node name; the agent's own pod
+/// never, even when configured), each pod's fault record under that pod's
+/// resource (one export per pod in a batch), and `k8s.node.uid` on both
+/// signals once the Node's uid is known.
+fn resource_layout(protocol: Protocol) {
+    let rotel = Rotel::start();
+    let rt = runtime();
+    let registry = Registry::new();
+    let kube = KubeMetrics::new();
+    populate(&registry, &kube);
+    let mut cfg = config(protocol, rotel.grpc_port, rotel.http_port);
+    // What the DaemonSet of older releases set: left out.
+    cfg.resource_attributes
+        .insert("k8s.pod.name".into(), "gpuwatch-abcde".into());
+    let exporter = OtlpExporter::start(
+        &cfg,
+        &resource(),
+        registry.clone(),
+        vec![kube.clone()],
+        rt.handle(),
+    )
+    .unwrap();
+    let sink = exporter.log_sink();
+    sink.send(&pod_event(31, "trainer-0"));
+    sink.send(&xid_event(79, 0, Action::InspectHardware, 1));
+    sink.send(&pod_event(43, "trainer-1"));
+    sink.flush(Duration::from_secs(10));
+    let got = rotel.wait_for(Duration::from_secs(20), "3 records and metrics", |r| {
+        r.logs.len() >= 3 && r.metric("gpu.xid.errors").is_some()
+    });
+    let node_resource = got.metric("gpu.xid.errors").unwrap().resource.clone();
+    eprintln!("metric resource: {node_resource:#?}");
+    assert_eq!(
+        printed(&node_resource, "service.instance.id").as_deref(),
+        Some("Str(gpu-node-1)")
+    );
+    assert!(!node_resource.contains_key("k8s.node.uid"));
+    assert!(node_resource.keys().all(|k| !k.starts_with("k8s.pod.")));
+    let log = |r: &Received, xid: u32| {
+        r.logs
+            .iter()
+            .rev()
+            .find(|l| l.attrs.get("xid") == Some(&format!("Int({xid})")))
+            .unwrap_or_else(|| panic!("no record for xid {xid}: {:#?}", r.logs))
+            .clone()
+    };
+    // The pod-less record: the node's resource, exactly.
+    assert_eq!(log(&got, 79).resource, node_resource);
+    for (xid, pod) in [(31, "trainer-0"), (43, "trainer-1")] {
+        let l = log(&got, xid);
+        eprintln!("xid {xid} record resource: {:#?}", l.resource);
+        let r = |k: &str| printed(&l.resource, k);
+        assert_eq!(r("k8s.pod.uid"), Some(format!("Str(uid-{pod})")));
+        assert_eq!(r("k8s.pod.name"), Some(format!("Str({pod})")));
+        assert_eq!(r("k8s.namespace.name").as_deref(), Some("Str(ml)"));
+        assert_eq!(r("k8s.container.name").as_deref(), Some("Str(main)"));
+        assert_eq!(r("container.id").as_deref(), Some("Str(4f1c0e8b6a2d)"));
+        assert_eq!(r("k8s.job.name").as_deref(), Some("Str(train-42)"));
+        // The node's attributes stay (the agent's identity and the node).
+        for (k, v) in &node_resource {
+            assert_eq!(l.resource.get(k), Some(v), "{k}");
+        }
+        assert!(
+            l.attrs.keys().all(|k| !k.starts_with("k8s.")),
+            "{:?}",
+            l.attrs
+        );
+    }
+
+    // The Node is read: both signals carry its uid from then on.
+    let updater = exporter.resource_updater();
+    assert!(
+        updater
+            .set_node_uid("8d7a1c2e-node-uid", Duration::from_secs(5))
+            .unwrap()
+    );
+    assert!(
+        !updater
+            .set_node_uid("8d7a1c2e-node-uid", Duration::from_secs(5))
+            .unwrap()
+    );
+    assert_eq!(
+        exporter.resource().get("k8s.node.uid").map(String::as_str),
+        Some("8d7a1c2e-node-uid")
+    );
+    sink.send(&pod_event(45, "trainer-2"));
+    sink.flush(Duration::from_secs(10));
+    let uid = Some("Str(8d7a1c2e-node-uid)".to_owned());
+    let got = rotel.wait_for(Duration::from_secs(20), "the Node's uid on both", |r| {
+        r.metric("gpu.xid.errors")
+            .is_some_and(|m| printed(&m.resource, "k8s.node.uid") == uid)
+            && r.logs
+                .iter()
+                .any(|l| l.attrs.get("xid") == Some(&"Int(45)".to_owned()))
+    });
+    let l = log(&got, 45);
+    assert_eq!(printed(&l.resource, "k8s.node.uid"), uid);
+    assert_eq!(
+        printed(&l.resource, "k8s.pod.uid").as_deref(),
+        Some("Str(uid-trainer-2)")
+    );
+    // Counters continue across the rebuilt metric pipeline.
+    let m = got.metric("gpu.xid.errors").unwrap();
+    assert_eq!(
+        m.point(&[("xid", "Int(79)")]).unwrap().value.as_deref(),
+        Some("3")
+    );
+    assert_eq!(registry.export_failures(Signal::Logs), 0);
+    exporter.shutdown(Duration::from_secs(5));
+    rotel.kill();
+}
+
+#[test]
+fn grpc_resources_name_the_agent_node_and_the_faulting_pod() {
+    resource_layout(Protocol::Grpc);
+}
+
+#[test]
+fn http_resources_name_the_agent_node_and_the_faulting_pod() {
+    resource_layout(Protocol::HttpProtobuf);
 }

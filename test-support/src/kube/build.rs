@@ -163,3 +163,34 @@ pub fn pod_on(
     }))
     .expect("pod")
 }
+
+/// A ResourceSlice of the NVIDIA DRA driver (`gpu.nvidia.com`) named `name`
+/// for Node `node`, its pool (the Node's name, as the driver names it) at
+/// `generation`, publishing `devices` as `(name, uuid, parentUUID)`: a GPU
+/// (`gpu-<minor>`, attribute `type` `gpu`) without a parent, a MIG device
+/// (`gpu-<minor>-mig-<profile>-<id>-<start>`, `type` `mig`) with its GPU's
+/// UUID. The attribute names and shapes are the driver's
+/// (`cmd/gpu-kubelet-plugin/deviceinfo.go` of NVIDIA/k8s-dra-driver-gpu).
+pub fn gpu_slice(
+    name: &str,
+    node: &str,
+    generation: i64,
+    devices: &[(&str, &str, Option<&str>)],
+) -> serde_json::Value {
+    use serde_json::json;
+    let devices: Vec<serde_json::Value> = devices
+        .iter()
+        .map(|(n, uuid, parent)| {
+            let mut attrs = json!({"uuid": {"string": uuid}, "type": {"string": "gpu"}});
+            if let Some(p) = parent {
+                attrs["parentUUID"] = json!({"string": p});
+                attrs["type"] = json!({"string": "mig"});
+            }
+            json!({"name": n, "attributes": attrs})
+        })
+        .collect();
+    json!({"apiVersion": "resource.k8s.io/v1", "metadata": {"name": name},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+            "devices": devices}})
+}

@@ -835,6 +835,8 @@ fn statuses_and_reasons_have_their_names() {
         (HardwareFault, "hardware_fault", Some(REASON_HARDWARE_FAULT)),
         (NeverUp, "never_up", None),
         (Ignored, "ignored", None),
+        (ErrorRate, "error_rate", Some(REASON_ERROR_RATE)),
+        (StateUnreported, "state_unreported", None),
     ];
     for (s, name, reason) in all {
         assert_eq!(s.as_str(), name);
@@ -1086,4 +1088,298 @@ fn a_stalled_reader_is_a_blind_monitor_until_it_reads_again() {
     let h = r.health(8);
     assert!(h.monitor_ok, "{h:?}");
     assert_eq!(h.reason, "NICHealthy");
+}
+
+/// `rdmap<n>s0` port 1 as the reader gives an AWS EFA device: its state
+/// files say ACTIVE/LinkUp (the EFA driver's `efa_query_port` always does),
+/// the rate is what the driver was told, and the EFA `hw_counters` at
+/// `counters`.
+fn efa(n: u32, counters: &[(&str, u64)]) -> PortReading {
+    with_counters(
+        PortReading {
+            id: PortId {
+                device: format!("rdmap{n}s0"),
+                port: 1,
+            },
+            link_layer: LinkLayer::Efa,
+            state: PortState::Active,
+            phys_state: PhysState::LinkUp,
+            rate_gbps: Some(100.0),
+            netdev: None,
+            pci_address: Some(format!("0000:{:02x}:00.0", n + 0x10)),
+            numa_node: Some(0),
+            counters: Vec::new(),
+            carrier_changes: None,
+        },
+        counters,
+    )
+}
+
+/// The EFA counters with every default rule, at `v`.
+fn efa_counters(v: u64) -> Vec<(&'static str, u64)> {
+    crate::network::DEFAULT_ERROR_RATE_BURSTS
+        .iter()
+        .map(|(n, _)| (*n, v))
+        .collect()
+}
+
+/// An EFA port is never "up" (its state files are no evidence): its status
+/// is `state_unreported`, `hw.network.up` is false, the verdict is
+/// NICHealthy only in words that say what was read (presence, counter
+/// rates), and the rate minimum does not apply to it.
+#[test]
+fn an_efa_port_is_never_up_and_the_healthy_message_says_why() {
+    let s = NetworkSettings {
+        min_rate_gbps: Some(400.0),
+        ..NetworkSettings::default()
+    };
+    let mut r = ManualMonitor::with(s);
+    let t = r.scan(0, vec![efa(0, &efa_counters(0)), efa(1, &[])]);
+    assert!(t.is_empty(), "{t:?}");
+    let h = r.health(0);
+    assert_eq!((h.problem, h.reason.as_str()), (false, REASON_HEALTHY));
+    assert_eq!(h.ports[0].status, "state_unreported");
+    assert_eq!(h.ports[0].link_layer, "efa");
+    assert!(!r.metrics("rdmap0s0").up);
+    for part in [
+        "2 AWS EFA devices present, no error-rate breach",
+        "their port state is not evidence",
+        "judged by presence and error-counter rates",
+        "1 without a readable counter that has a rule: presence only",
+    ] {
+        assert!(h.message.contains(part), "{part} not in {}", h.message);
+    }
+    assert!(!h.message.contains("ports up"), "{}", h.message);
+    assert!(
+        h.ports[0].message.contains("8 counters with a rule"),
+        "{}",
+        h.ports[0].message
+    );
+    assert!(
+        h.ports[1].message.contains("presence only"),
+        "{}",
+        h.ports[1].message
+    );
+    // Beside InfiniBand ports, the EFA devices are not counted as ports up.
+    let mut r = ManualMonitor::new();
+    r.scan(0, vec![ib(0, true), efa(1, &[])]);
+    let m = r.health(0).message;
+    assert!(
+        m.starts_with("1 of 1 ports up (1 InfiniBand); 1 AWS EFA device present"),
+        "{m}"
+    );
+}
+
+/// An EFA device that leaves sysfs is the failure operators see: not
+/// present for the grace is NICPortDown naming it, and `expected_ports.efa`
+/// counts the devices present.
+#[test]
+fn an_efa_device_that_vanishes_is_down_and_expected_counts_devices() {
+    let s = NetworkSettings {
+        expected_efa: Some(4),
+        ..NetworkSettings::default()
+    };
+    let mut r = ManualMonitor::with(s);
+    let all: Vec<PortReading> = (0..4).map(|n| efa(n, &[])).collect();
+    r.scan(0, all.clone());
+    assert!(!r.health(GRACE).problem);
+    let t = r.scan(GRACE + 5, all[..3].to_vec());
+    assert_eq!(
+        tos(&t),
+        [(PortStatus::StateUnreported, PortStatus::GoingDown)]
+    );
+    assert!(
+        t[0].message.contains("disappeared from sysfs"),
+        "{}",
+        t[0].message
+    );
+    let t = r.tick(2 * GRACE + 5);
+    assert_eq!(tos(&t), [(PortStatus::GoingDown, PortStatus::Down)]);
+    let h = r.health(2 * GRACE + 5);
+    assert_eq!(h.reason, REASON_PORT_DOWN);
+    assert!(
+        h.message.contains("rdmap3s0/1 AWS EFA down for"),
+        "{}",
+        h.message
+    );
+    assert!(
+        h.message
+            .contains("3 of 4 expected AWS EFA devices present"),
+        "{}",
+        h.message
+    );
+    // A node that boots with 3 of 4 says so after the grace.
+    let s = NetworkSettings {
+        expected_efa: Some(4),
+        ..NetworkSettings::default()
+    };
+    let mut r = ManualMonitor::with(s);
+    r.scan(0, all[..3].to_vec());
+    assert!(!r.health(GRACE - 1).problem);
+    let h = r.health(GRACE);
+    assert_eq!(h.reason, REASON_PORT_DOWN);
+    assert_eq!(h.message, "3 of 4 expected AWS EFA devices present");
+}
+
+/// The EKS node monitoring agent's rule: a counter may rise by its burst
+/// at once and by 1 a second for ever; a rise that overflows the bucket is
+/// NICErrorRate naming the device and counter, until `flap_quiet` passes
+/// without another breach.
+#[test]
+fn an_efa_counter_over_its_bucket_is_an_error_rate_until_quiet() {
+    let mut r = ManualMonitor::new();
+    let quiet = r.m.settings().flap_quiet.as_secs();
+    let at = |v: u64| vec![efa(0, &[("rx_drops", v), ("retrans_pkts", 0)])];
+    r.scan(0, at(1_000_000));
+    // The whole burst at once: within the rule.
+    assert!(r.scan(5, at(1_000_100)).is_empty());
+    // 5 s later 5 tokens: a rise of 5 fits, then 10 s later 11 does not.
+    assert!(r.scan(10, at(1_000_105)).is_empty());
+    let t = r.scan(20, at(1_000_116));
+    assert_eq!(
+        tos(&t),
+        [(PortStatus::StateUnreported, PortStatus::ErrorRate)]
+    );
+    assert_eq!(t[0].counter.as_deref(), Some("rx_drops"));
+    assert!(
+        t[0].message
+            .contains("rx_drops rose by 11, over the 10 its rule allowed (burst 100, 1/s)"),
+        "{}",
+        t[0].message
+    );
+    let h = r.health(20);
+    assert_eq!((h.problem, h.reason.as_str()), (true, REASON_ERROR_RATE));
+    assert!(
+        h.message
+            .starts_with("rdmap0s0/1 AWS EFA error rate: rx_drops rose by 11"),
+        "{}",
+        h.message
+    );
+    assert_eq!(h.ports[0].rate_breaches.get("rx_drops"), Some(&1));
+    assert_eq!(
+        r.metrics("rdmap0s0").rate_breaches,
+        [("rx_drops".to_string(), 1)]
+    );
+    // Quiet: counters steady; it clears one quiet time after the breach.
+    assert_eq!(r.m.next_deadline(), Some(r.t(20 + quiet)));
+    r.scan(30, at(1_000_116));
+    assert!(r.tick(20 + quiet - 1).is_empty());
+    let t = r.tick(20 + quiet);
+    assert_eq!(
+        tos(&t),
+        [(PortStatus::ErrorRate, PortStatus::StateUnreported)]
+    );
+    assert!(
+        t[0].message.contains("back within its rules"),
+        "{}",
+        t[0].message
+    );
+    assert!(!r.health(20 + quiet).problem);
+}
+
+/// A counter that rises 1 a second for ever never breaches its bucket; a
+/// saturated counter counts nothing (it stays at its maximum); a reset
+/// counts from 0 as everywhere else.
+#[test]
+fn steady_one_per_second_saturation_and_resets() {
+    let mut r = ManualMonitor::new();
+    for i in 0..=100 {
+        let t = r.scan(5 * i, vec![efa(0, &[("rdma_read_wr_err", 5 * i)])]);
+        assert!(t.is_empty(), "scan {i}: {t:?}");
+    }
+    // A 32-bit counter at its maximum: no rise to count, ever.
+    let mut r = ManualMonitor::new();
+    r.scan(0, vec![efa(0, &[("rdma_write_wr_err", 10)])]);
+    let t = r.scan(
+        5,
+        vec![efa(0, &[("rdma_write_wr_err", u64::from(u32::MAX))])],
+    );
+    assert_eq!(
+        tos(&t),
+        [(PortStatus::StateUnreported, PortStatus::ErrorRate)]
+    );
+    let quiet = r.m.settings().flap_quiet.as_secs();
+    for i in 1..10 {
+        let t = r.scan(
+            5 + i * quiet / 5,
+            vec![efa(0, &[("rdma_write_wr_err", u64::from(u32::MAX))])],
+        );
+        assert!(t.iter().all(|t| t.to != PortStatus::ErrorRate), "{t:?}");
+    }
+    assert!(!r.health(5 + 2 * quiet).problem);
+    assert_eq!(
+        r.health(0).ports[0].saturated_counters,
+        ["rdma_write_wr_err"]
+    );
+    // Reset to 50 from 1000: a rise of 50, within the burst.
+    let mut r = ManualMonitor::new();
+    r.scan(0, vec![efa(0, &[("rx_drops", 1000)])]);
+    assert!(r.scan(5, vec![efa(0, &[("rx_drops", 50)])]).is_empty());
+    assert!(!r.scan(10, vec![efa(0, &[("rx_drops", 250)])]).is_empty());
+}
+
+/// The mlx5 / IB counters have no rule until one is set (NVSentinel's
+/// `symbol_error > 10/s` over a 5 s poll as `{ burst = 50, per_second = 10 }`:
+/// the bucket must hold one poll's worth); a default
+/// EFA rule can be turned off; an error rate ranks below flapping and above
+/// a degraded rate.
+#[test]
+fn mlx5_rules_are_opt_in_and_rank_between_flapping_and_degraded() {
+    let mut r = ManualMonitor::new();
+    r.scan(0, vec![with_counters(ib(0, true), &[("symbol_error", 0)])]);
+    assert!(
+        r.scan(
+            5,
+            vec![with_counters(ib(0, true), &[("symbol_error", 10_000)])]
+        )
+        .is_empty()
+    );
+
+    let cfg: crate::network::NetworkConfig = toml::from_str(
+        "min_rate_gbps = 800.0\n[error_rate]\nsymbol_error = { burst = 50, per_second = 10.0 }\n\
+         rx_drops = \"off\"\n",
+    )
+    .unwrap();
+    let mut r = ManualMonitor::with(cfg.resolve().unwrap());
+    r.scan(
+        0,
+        vec![
+            with_counters(ib(0, true), &[("symbol_error", 0)]),
+            efa(1, &[("rx_drops", 0)]),
+        ],
+    );
+    assert_eq!(r.status(0, "mlx5_0"), "degraded");
+    // 50 in 5 s is 10/s: within. 61 in the next 5 s is not.
+    let t = r.scan(
+        5,
+        vec![
+            with_counters(ib(0, true), &[("symbol_error", 50)]),
+            efa(1, &[("rx_drops", 1_000_000)]),
+        ],
+    );
+    assert!(t.is_empty(), "{t:?}");
+    let t = r.scan(
+        10,
+        vec![
+            with_counters(ib(0, true), &[("symbol_error", 111)]),
+            efa(1, &[("rx_drops", 1_000_000)]),
+        ],
+    );
+    assert_eq!(tos(&t), [(PortStatus::Degraded, PortStatus::ErrorRate)]);
+    assert_eq!(r.health(10).reason, REASON_ERROR_RATE);
+    assert!(
+        r.health(10)
+            .message
+            .contains("mlx5_0/1 (ib0) InfiniBand error rate: symbol_error rose by 61"),
+        "{}",
+        r.health(10).message
+    );
+    // Flapping wins over the error rate.
+    r.scan(15, vec![ib(0, false), efa(1, &[])]);
+    r.scan(16, vec![ib(0, true), efa(1, &[])]);
+    r.scan(17, vec![ib(0, false), efa(1, &[])]);
+    r.scan(18, vec![ib(0, true), efa(1, &[])]);
+    r.scan(19, vec![ib(0, false), efa(1, &[])]);
+    r.scan(20, vec![ib(0, true), efa(1, &[])]);
+    assert_eq!(r.health(20).reason, REASON_PORT_FLAPPING);
 }

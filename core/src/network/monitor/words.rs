@@ -13,6 +13,7 @@ pub(super) fn layer(l: LinkLayer) -> &'static str {
     match l {
         LinkLayer::InfiniBand => "InfiniBand",
         LinkLayer::Ethernet => "Ethernet (RoCE)",
+        LinkLayer::Efa => "AWS EFA",
         LinkLayer::Unknown => "unknown link layer",
     }
 }
@@ -54,8 +55,12 @@ fn short(p: &Port) -> String {
     }
 }
 
-/// `state DOWN, phys_state Polling`.
+/// `state DOWN, phys_state Polling`; for an EFA port, that its driver
+/// does not report one.
 fn states(p: &Port) -> String {
+    if p.efa {
+        return "port state not reported: the EFA driver says ACTIVE/LinkUp always".to_string();
+    }
     format!(
         "state {}, phys_state {}",
         p.reading.state.as_str(),
@@ -108,6 +113,22 @@ fn flaps(p: &Port, now: Instant, s: &NetworkSettings) -> String {
     )
 }
 
+/// `rx_drops rose by 500, over the 100 its rule allowed (burst 100, 1/s)`.
+fn breach(p: &Port) -> String {
+    match &p.rate_breach {
+        Some(b) => format!(
+            "{} rose by {}, over the {} its rule allowed (burst {}, {}/s)",
+            b.counter, b.increase, b.allowed, b.rule.burst, b.rule.per_second
+        ),
+        None => "an error counter rose faster than its rule allows".to_string(),
+    }
+}
+
+/// `present` for an EFA port (all that is known of it), else `up`.
+fn up_word(p: &Port) -> &'static str {
+    if p.efa { "present" } else { "up" }
+}
+
 fn hw_what(p: &Port) -> &str {
     p.hw_fault
         .as_ref()
@@ -136,6 +157,12 @@ pub(super) fn problem(p: &Port, now: Instant, s: &NetworkSettings) -> String {
             layer(p.reading.link_layer),
             p.reading.rate_gbps.unwrap_or(0.0),
             s.min_rate_gbps.unwrap_or(0.0)
+        ),
+        PortStatus::ErrorRate => format!(
+            "{} {} error rate: {}",
+            short(p),
+            layer(p.reading.link_layer),
+            breach(p)
         ),
         _ => format!("{} {}", short(p), p.status.as_str()),
     }
@@ -173,6 +200,31 @@ pub(super) fn port(p: &Port, now: Instant, s: &NetworkSettings) -> String {
             states(p)
         ),
         PortStatus::Ignored => format!("on the ignore list ({})", states(p)),
+        PortStatus::ErrorRate => format!(
+            "error rate: {}; clears after {} without another",
+            breach(p),
+            duration(s.flap_quiet)
+        ),
+        PortStatus::StateUnreported => format!(
+            "present; {}: judged by its presence and its error-counter rates ({})",
+            states(p),
+            ruled_counters(p, s)
+        ),
+    }
+}
+
+/// Which of the port's counters have an error-rate rule, in words.
+fn ruled_counters(p: &Port, s: &NetworkSettings) -> String {
+    let ruled: Vec<&str> = p
+        .counters
+        .iter()
+        .filter(|(n, c)| c.known() && s.error_rate.contains_key(*n))
+        .map(|(n, _)| n.as_str())
+        .collect();
+    if ruled.is_empty() {
+        "none readable: presence only".to_string()
+    } else {
+        format!("{} counters with a rule: {}", ruled.len(), ruled.join(", "))
     }
 }
 
@@ -209,10 +261,17 @@ pub(super) fn transition(p: &Port, from: PortStatus, now: Instant, s: &NetworkSe
             hw_what(p),
             duration(s.flap_quiet)
         ),
+        PortStatus::ErrorRate => format!(
+            "{who}: error rate: {}. Jobs over it retransmit, stall or fail; check the NIC, \
+             the fabric path and the remote peers. Clears after {} without another.",
+            breach(p),
+            duration(s.flap_quiet)
+        ),
         PortStatus::NeverUp => {
             let expected = match p.reading.link_layer {
                 LinkLayer::InfiniBand => s.expected_infiniband,
                 LinkLayer::Ethernet => s.expected_ethernet,
+                LinkLayer::Efa => s.expected_efa,
                 LinkLayer::Unknown => None,
             };
             match expected {
@@ -230,19 +289,25 @@ pub(super) fn transition(p: &Port, from: PortStatus, now: Instant, s: &NetworkSe
                 ),
             }
         }
-        PortStatus::Up => match from {
+        PortStatus::Up | PortStatus::StateUnreported => match from {
             PortStatus::GoingDown if p.returned => format!(
-                "{who} is back up after {}, within the grace: counted as a flap. {fl}.",
+                "{who} is back {} after {}, within the grace: counted as a flap. {fl}.",
+                up_word(p),
                 p.last_outage.map(duration).unwrap_or_default()
             ),
             PortStatus::GoingDown | PortStatus::NeverUp => {
-                format!("{who} is up.")
+                format!("{who} is {}.", up_word(p))
             }
             PortStatus::Down => format!(
-                "{who} is up again after {} down (counted as a flap). {fl}.",
+                "{who} is {} again after {} away (counted as a flap). {fl}.",
+                up_word(p),
                 p.last_outage
                     .map(duration)
                     .unwrap_or_else(|| "a while".into())
+            ),
+            PortStatus::ErrorRate => format!(
+                "{who}: the error rate is back within its rules: no breach for {}.",
+                duration(s.flap_quiet)
             ),
             PortStatus::Flapping => format!(
                 "{who} is no longer flapping: no flap for {}.",
@@ -253,7 +318,9 @@ pub(super) fn transition(p: &Port, from: PortStatus, now: Instant, s: &NetworkSe
                 duration(s.flap_quiet)
             ),
             PortStatus::Degraded => format!("{who} is back at its rate."),
-            PortStatus::Up | PortStatus::Ignored => format!("{who} is up."),
+            PortStatus::Up | PortStatus::Ignored | PortStatus::StateUnreported => {
+                format!("{who} is {}.", up_word(p))
+            }
         },
         PortStatus::Ignored => format!("{who} is ignored."),
     }
@@ -263,31 +330,53 @@ pub(super) fn transition(p: &Port, from: PortStatus, now: Instant, s: &NetworkSe
 /// (not up: mlx5_7/1 (ib7))`, naming the ports not up that the message does
 /// not name already as problems.
 pub(super) fn expected(l: LinkLayer, up: usize, expected: u32, not_up: &[&Port]) -> String {
-    let mut m = format!("{up} of {expected} expected {} ports up", layer(l));
+    let mut m = if l == LinkLayer::Efa {
+        format!("{up} of {expected} expected AWS EFA devices present")
+    } else {
+        format!("{up} of {expected} expected {} ports up", layer(l))
+    };
     let names: Vec<String> = not_up
         .iter()
         .filter(|p| !p.status.is_problem())
         .map(|p| short(p))
         .collect();
     if !names.is_empty() {
-        m.push_str(&format!(" (not up: {})", join_capped(&names, 300)));
+        let what = if l == LinkLayer::Efa {
+            "gone"
+        } else {
+            "not up"
+        };
+        m.push_str(&format!(" ({what}: {})", join_capped(&names, 300)));
     }
     m
 }
 
-/// Nothing wrong: how many ports are up, and the never-up ones.
-pub(super) fn healthy<'a>(ports: impl Iterator<Item = &'a Port>) -> String {
+/// Nothing wrong: how many ports are up, and the never-up ones; the AWS EFA
+/// devices present, and what they are judged by (never their port state).
+pub(super) fn healthy<'a>(ports: impl Iterator<Item = &'a Port>, s: &NetworkSettings) -> String {
     let (mut ib, mut eth, mut other, mut ignored) = (0, 0, 0, 0);
+    let (mut efa, mut efa_blind) = (0, 0);
     let mut never = Vec::new();
     let mut total = 0;
     for p in ports {
-        if !p.ignored {
-            total += 1;
-        }
         if p.ignored {
             ignored += 1;
             continue;
         }
+        if p.efa {
+            if p.up {
+                efa += 1;
+                let ruled = p
+                    .counters
+                    .iter()
+                    .any(|(n, c)| c.known() && s.error_rate.contains_key(n));
+                if !ruled {
+                    efa_blind += 1;
+                }
+            }
+            continue;
+        }
+        total += 1;
         if p.status == PortStatus::NeverUp {
             never.push(short(p));
         }
@@ -295,26 +384,46 @@ pub(super) fn healthy<'a>(ports: impl Iterator<Item = &'a Port>) -> String {
             match p.reading.link_layer {
                 LinkLayer::InfiniBand => ib += 1,
                 LinkLayer::Ethernet => eth += 1,
-                LinkLayer::Unknown => other += 1,
+                LinkLayer::Efa | LinkLayer::Unknown => other += 1,
             }
         }
     }
-    if total == 0 && ignored == 0 {
+    if total == 0 && efa == 0 && ignored == 0 {
         return "No RDMA ports found.".to_string();
     }
-    let mut m = format!("{} of {total} ports up", ib + eth + other);
-    let by: Vec<String> = [
-        (ib, "InfiniBand"),
-        (eth, "Ethernet (RoCE)"),
-        (other, "unknown"),
-    ]
-    .into_iter()
-    .filter(|(n, _)| *n > 0)
-    .map(|(n, l)| format!("{n} {l}"))
-    .collect();
-    if !by.is_empty() {
-        m.push_str(&format!(" ({})", by.join(", ")));
+    let mut parts = Vec::new();
+    if total > 0 {
+        let mut m = format!("{} of {total} ports up", ib + eth + other);
+        let by: Vec<String> = [
+            (ib, "InfiniBand"),
+            (eth, "Ethernet (RoCE)"),
+            (other, "unknown"),
+        ]
+        .into_iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, l)| format!("{n} {l}"))
+        .collect();
+        if !by.is_empty() {
+            m.push_str(&format!(" ({})", by.join(", ")));
+        }
+        parts.push(m);
     }
+    if efa > 0 {
+        let mut m = format!(
+            "{efa} AWS EFA device{} present, no error-rate breach (their port state is not \
+             evidence: the EFA driver reports ACTIVE/LinkUp always; judged by presence and \
+             error-counter rates",
+            if efa == 1 { "" } else { "s" }
+        );
+        if efa_blind > 0 {
+            m.push_str(&format!(
+                "; {efa_blind} without a readable counter that has a rule: presence only"
+            ));
+        }
+        m.push(')');
+        parts.push(m);
+    }
+    let mut m = parts.join("; ");
     if ignored > 0 {
         m.push_str(&format!("; {ignored} ignored"));
     }

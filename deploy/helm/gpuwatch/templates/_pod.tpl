@@ -55,9 +55,12 @@ The pod template's labels: SELECTOR (a dict, which podLabels may not change) and
   valueFrom:
     fieldRef:
       fieldPath: metadata.namespace
-# Extra OTLP resource attributes (k8s.node.name and host.name come from NODE_NAME).
+# Extra OTLP resource attributes. The agent's identity is service.name +
+# service.instance.id (the node name); k8s.node.name and host.name come from NODE_NAME.
+# Never the agent's own pod: k8s.pod.* on a resource names the pod a fault record is
+# about (what the collector's k8sattributes associates by).
 - name: OTEL_RESOURCE_ATTRIBUTES
-  value: k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE)
+  value: service.instance.id=$(NODE_NAME)
 # NVML through the NVIDIA container toolkit: every GPU, management library only.
 - name: NVIDIA_VISIBLE_DEVICES
   value: all
@@ -165,11 +168,8 @@ one name fail the render.
     - name: pod-resources
       mountPath: /var/lib/kubelet/pod-resources
       readOnly: true
-    - name: sys-infiniband
-      mountPath: /sys/class/infiniband
-      readOnly: true
-    - name: sys-net
-      mountPath: /sys/class/net
+    - name: host-sys
+      mountPath: /host/sys
       readOnly: true
     - name: config
       mountPath: /etc/gpuwatch
@@ -207,13 +207,13 @@ one name fail the render.
 - name: pod-resources
   hostPath:
     path: /var/lib/kubelet/pod-resources
-# The RDMA NICs' ports and counters, read-only ([network]).
-- name: sys-infiniband
+# The host's whole /sys, read-only, one tree ([network] sysfs_root = "/host/sys"): the RDMA
+# NICs' ports and counters, the RoCE netdevs (the container's own /sys, mounted in the pod's
+# network namespace, hides the host's netdevs).
+- name: host-sys
   hostPath:
-    path: /sys/class/infiniband
-- name: sys-net
-  hostPath:
-    path: /sys/class/net
+    path: /sys
+    type: Directory
 - name: config
   configMap:
     name: {{ include "gpuwatch.configMapName" . }}
