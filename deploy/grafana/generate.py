@@ -25,6 +25,15 @@ def or_zero():
     return f'\nor sum by (${{node_label}}) (gpuwatch_monitor_up{{{NODE}, input="nvml"}}) * 0'
 
 
+def net_zero(by):
+    """Fallback for the network series sent only once non-zero: 0 per `by` (node, or port) of
+    every node whose NIC monitor reads ports, instead of "No data"."""
+    if by == "node":
+        return f'\nor sum by (${{node_label}}) (gpuwatch_network_problem{{{NODE}}}) * 0'
+    return f'\nor max by (hw_id) (hw_network_bandwidth_limit_bytes_per_second{{{NODE}}}) * 0'
+
+
+
 def variables(with_gpu):
     v = [
         {
@@ -237,6 +246,24 @@ def fleet():
         [(f'count by (gpu_fabric_clique_id) (gpu_fabric_state{{{NODE}}} > 0 < 3)\n'
           f'or count by (gpu_fabric_clique_id) (gpu_fabric_state{{{NODE}}}) * 0', "clique {{gpu_fabric_clique_id}}")],
         w=12, h=8))
+    L = "${node_label}"
+    P.append(panel(lay, "timeseries", "Nodes with NetworkProblem, by reason",
+        "Nodes whose NetworkProblem condition is True, by reason: NICHardwareFault, NICPortDown "
+        "(a port down past its grace, an EFA device gone from sysfs, or fewer ports than "
+        "[network] expected_ports), NICPortFlapping, NICErrorRate (an error counter rose faster "
+        "than its token bucket allows: the EFA counters by default), NICLinkDegraded. 0 for "
+        "NICHealthy. Alert GPUNodeNetworkProblem.",
+        [(f'count by (reason) (gpuwatch_network_problem{{{NODE}}} == 1)\n'
+          f'or count by (reason) (gpuwatch_network_problem{{{NODE}}}) * 0', "{{reason}}")],
+        w=12, h=8))
+    P.append(panel(lay, "timeseries", "RDMA ports down and flapping, per node",
+        "InfiniBand and RoCE ports not ACTIVE/LinkUp per node, and link flaps (down, then up) per "
+        "interval. AWS EFA ports have no up/down (their driver reports ACTIVE always): an EFA "
+        "device that leaves sysfs shows as NICPortDown in the panel beside.",
+        [(f'count by ({L}) (hw_network_up{{{NODE}}} == 0)' + net_zero("node"), "{{" + L + "}} ports down"),
+         (f'sum by ({L}) (increase(gpuwatch_network_flaps_total{{{NODE}}}[$__rate_interval]))' + net_zero("node"),
+          "{{" + L + "}} flaps")],
+        w=12, h=8))
     return dashboard("gpuwatch-fleet", "gpuwatch / Fleet overview",
         "GPU node health across the fleet as gpuwatch sees it.", P, with_gpu=False)
 
@@ -316,8 +343,54 @@ def node():
         "Clock-event (throttle) reasons per GPU; thermal or power-brake slowdown is a problem, gpu_idle is not.",
         [(f'max by (gpu_index, reason) (gpu_clock_event_active{{{GPU}}})', "GPU {{gpu_index}} {{reason}}")],
         w=24, h=9, mappings=value_map([(1, "active", "orange"), (0, "-", "transparent")])))
+    P.append(panel(lay, "state-timeline", "RDMA port state",
+        "Each InfiniBand / RoCE port: up (ACTIVE and LinkUp) or down, as the NIC monitor reads "
+        "sysfs. AWS EFA ports are not shown: their state files say ACTIVE always; they are judged "
+        "by presence and error-counter rates (NetworkProblem).",
+        [(f'max by (hw_id) (hw_network_up{{{NODE}}})', "{{hw_id}}")],
+        w=16, h=7, mappings=value_map([(1, "up", "green"), (0, "down", "red")])))
+    P.append(panel(lay, "table", "NetworkProblem",
+        "The node's NetworkProblem condition: 1 with its reason while True, 0 with NICHealthy. "
+        "`kubectl describe node` names the ports and counters.",
+        [(f'max by (reason) (gpuwatch_network_problem{{{NODE}}})', "")], w=8, h=7))
+    P.append(panel(lay, "timeseries", "RDMA port rate vs the node's fastest port",
+        "Each port's link rate (EFA: the rate its driver was told) against the fastest port of "
+        "the node: a port below its siblings trained at fewer lanes or a lower speed "
+        "([network] min_rate_gbps makes that NICLinkDegraded).",
+        [(f'max by (hw_id) (hw_network_bandwidth_limit_bytes_per_second{{{NODE}}})', "{{hw_id}}"),
+         (f'max(hw_network_bandwidth_limit_bytes_per_second{{{NODE}}})', "fastest port")],
+        w=12, h=8, unit="Bps"))
+    P.append(panel(lay, "timeseries", "RDMA port flaps",
+        "Link flaps (down, then up) per port and interval; one physical flap counts once whichever "
+        "signal saw it (state, link_downed, carrier_changes, the kernel line).",
+        [(f'sum by (hw_id) (increase(gpuwatch_network_flaps_total{{{NODE}}}[$__rate_interval]))' + net_zero("port"),
+          "{{hw_id}}")],
+        w=12, h=8))
+    P.append(panel(lay, "timeseries", "RDMA error counters (InfiniBand, RoCE, EFA)",
+        "Error-counter increases per second, per port and counter: the IB PortCounters "
+        "(symbol_error, link_downed, port_rcv_errors, ...), the mlx5 hw_counters "
+        "(out_of_buffer, local_ack_timeout_err, ...) and the EFA hw_counters (rx_drops, "
+        "rdma_read_wr_err, retrans_pkts, ...). Deltas: a counter that reads high from the start "
+        "adds nothing.",
+        [(f'sum by (hw_id, network_link_layer, error_type) '
+          f'(rate(hw_errors_total{{{NODE}, hw_type="network"}}[$__rate_interval]))' + net_zero("port"),
+          "{{hw_id}} ({{network_link_layer}}) {{error_type}}")],
+        w=12, h=8, unit="ops"))
+    P.append(panel(lay, "timeseries", "Error-rate breaches (NICErrorRate)",
+        "Counter rises that overflowed their token bucket ([network.error_rate]: the EFA "
+        "counters with the EKS node monitoring agent's bursts by default), per port and counter.",
+        [(f'sum by (hw_id, error_type) (increase(gpuwatch_network_rate_breaches_total{{{NODE}}}[$__rate_interval]))'
+          + net_zero("port"), "{{hw_id}} {{error_type}}")],
+        w=12, h=8))
+    P.append(panel(lay, "table", "Saturated and unreadable counters",
+        "Per port, error counters whose rises are not known: saturated (stuck at their maximum, "
+        "e.g. a 4-bit excessive_buffer_overrun_errors at 15) or unreadable (the driver refuses "
+        "the read: restricted NICs, virtual functions). /v1/health names them.",
+        [(f'max by (hw_id, state) (gpuwatch_network_counters_unusable{{{NODE}}})' + net_zero("port"), "")],
+        w=24, h=7))
     return dashboard("gpuwatch-node", "gpuwatch / Node and GPU detail",
-        "One node's GPUs: verdicts, faults, memory, PCIe, NVLink, thermals and recovery.", P, with_gpu=True)
+        "One node's GPUs: verdicts, faults, memory, PCIe, NVLink, thermals and recovery; its RDMA "
+        "network ports.", P, with_gpu=True)
 
 
 def agent():

@@ -70,7 +70,16 @@ def check(args):
     if not rules:
         problems.append("no alerting rules loaded")
 
-    # 3. Alerts.
+    # 3. Series the scenario must have produced (a panel's `or ... * 0` fallback returns
+    # data without them).
+    for query in args.series:
+        r = get(base, "/api/v1/query", query=query)
+        if r.get("status") != "success":
+            problems.append(f"series query error: {r.get('error')}: {query}")
+        elif not r["data"]["result"]:
+            pending.append(f"no series: {query}")
+
+    # 4. Alerts.
     alerts = get(base, "/api/v1/alerts")["data"]["alerts"]
     firing = sorted({a["labels"]["alertname"] for a in alerts if a["state"] == "firing"})
     for name in args.expect.split():
@@ -88,6 +97,8 @@ def main():
     ap.add_argument("--prometheus", required=True)
     ap.add_argument("--node", required=True)
     ap.add_argument("--expect", default="", help="space-separated alert names that must fire")
+    ap.add_argument("--series", action="append", default=[],
+                    help="a query that must return data (repeatable)")
     ap.add_argument("--wait", type=float, default=20, help="seconds to wait for data still on its way")
     args = ap.parse_args()
     deadline = time.monotonic() + args.wait

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end: a real Prometheus (Debian package `prometheus`) scrapes a real gpuwatch
-# (`gpuwatch run --prometheus`, simulated GPUs from nvml-sim, scripted kernel log records)
-# with the gpuwatch alert rules loaded, then e2e-check.py verifies that
+# (`gpuwatch run --prometheus`, simulated GPUs from nvml-sim, scripted kernel log records, a
+# fake sysfs tree of RDMA NICs) with the gpuwatch alert rules loaded, then e2e-check.py
+# verifies that
 #   - every dashboard panel query and variable query parses and returns data,
 #   - every alert rule is healthy (parses, evaluates) and its expression parses as a query,
 #   - the alerts this scenario should trigger are firing, and no monitor alert fires.
@@ -22,7 +23,7 @@ cd "$root"
 
 scenario="${E2E_SCENARIO:-deploy/tests/e2e-scenario.toml}"
 kmsg_fixture="${E2E_KMSG:-deploy/tests/e2e-kmsg.txt}"
-expect="${E2E_EXPECT_ALERTS-GPUHardwareSuspected GPURowRemapPending GPURowRemapFailure GPUPCIeLinkDowntrained GPUThermalSlowdown GPURecoveryActionPending GPUNVLinkDown}"
+expect="${E2E_EXPECT_ALERTS-GPUHardwareSuspected GPURowRemapPending GPURowRemapFailure GPUPCIeLinkDowntrained GPUThermalSlowdown GPURecoveryActionPending GPUNVLinkDown GPUNodeNetworkProblem}"
 settle="${E2E_SETTLE_SECS:-12}"
 node="e2e-node"
 
@@ -49,12 +50,71 @@ gw_port="$(free_port)"
 prom_port="$(free_port)"
 while [ "$prom_port" = "$gw_port" ]; do prom_port="$(free_port)"; done
 
+# --- a fake sysfs of RDMA NICs (the shapes of test-support/src/sysfs.rs, which names the
+# kernel source of each): an InfiniBand port (mlx5_0, ib0) whose 4-bit
+# excessive_buffer_overrun_errors reads 15 (saturated), a RoCE port (mlx5_1, eth1) and an AWS
+# EFA device (rdmap16s0: Amazon's PCI vendor, a port that says ACTIVE always). Values are
+# written beside the tree and renamed into place: the agent never reads a half-written file.
+sys="$tmp/sys"
+bridge="devices/pci0000:00/0000:00:01.0"
+mkdir -p "$sys/class/infiniband" "$sys/class/net" "$sys/$bridge" "$tmp/staging"
+put() { printf '%s\n' "$2" > "$tmp/staging/v" && mv -f "$tmp/staging/v" "$1"; }
+rdma_device() { # dev bdf vendor link_layer rate counters-dir hw-counters
+  local fn="$sys/$bridge/$2" dir="$sys/$bridge/$2/infiniband/$1" c
+  mkdir -p "$dir/ports/1/$6" "$dir/ports/1/hw_counters"
+  put "$fn/numa_node" 0; put "$fn/vendor" "$3"
+  ln -s "../../../$2" "$dir/device"
+  ln -s "../../$bridge/$2/infiniband/$1" "$sys/class/infiniband/$1"
+  put "$dir/ports/1/link_layer" "$4"; put "$dir/ports/1/rate" "$5"
+  put "$dir/ports/1/state" "4: ACTIVE"; put "$dir/ports/1/phys_state" "5: LinkUp"
+  for c in $7; do put "$dir/ports/1/hw_counters/$c" 0; done
+  put "$dir/ports/1/hw_counters/lifespan" 10
+}
+netdev() { # dev bdf ifname
+  mkdir -p "$sys/$bridge/$2/net/$3"
+  put "$sys/$bridge/$2/net/$3/dev_port" 0; put "$sys/$bridge/$2/net/$3/carrier_changes" 0
+  ln -s "../../$bridge/$2/net/$3" "$sys/class/net/$3"
+}
+ib_counters="symbol_error link_error_recovery link_downed port_rcv_errors excessive_buffer_overrun_errors"
+port_of() { echo "$sys/$bridge/$2/infiniband/$1/ports/1"; }
+for d in "mlx5_0 0000:1a:00.0 InfiniBand ib0" "mlx5_1 0000:1b:00.0 Ethernet eth1"; do
+  set -- $d
+  rdma_device "$1" "$2" 0x15b3 "$3" "400 Gb/sec (4X NDR)" counters "out_of_buffer local_ack_timeout_err"
+  for c in $ib_counters; do put "$(port_of "$1" "$2")/counters/$c" 0; done
+  netdev "$1" "$2" "$4"
+done
+put "$(port_of mlx5_0 0000:1a:00.0)/counters/excessive_buffer_overrun_errors" 15
+rdma_device rdmap16s0 0000:10:00.0 0x1d0f Unknown "100 Gb/sec (4X EDR)" . \
+  "rx_drops rdma_read_wr_err rdma_write_wr_err retrans_pkts retrans_bytes retrans_timeout_events"
+# What the NIC panels show: symbol errors on the IB port, a flap of the RoCE port (state and
+# carrier_changes), and EFA drops over the EKS node monitoring agent's bucket (NICErrorRate).
+nic_activity() {
+  local ib rc efa n
+  ib="$(port_of mlx5_0 0000:1a:00.0)"; rc="$(port_of mlx5_1 0000:1b:00.0)"
+  efa="$(port_of rdmap16s0 0000:10:00.0)"
+  for n in 1 2 3 4; do
+    sleep 1
+    put "$ib/counters/symbol_error" $((n * 7))
+  done
+  put "$rc/state" "1: DOWN"; put "$rc/phys_state" "2: Polling"
+  put "$sys/$bridge/0000:1b:00.0/net/eth1/carrier_changes" 1
+  sleep 0.6
+  put "$rc/state" "4: ACTIVE"; put "$rc/phys_state" "5: LinkUp"
+  put "$sys/$bridge/0000:1b:00.0/net/eth1/carrier_changes" 2
+  put "$efa/hw_counters/rx_drops" 500
+}
+
 # --- gpuwatch ---
 mkdir -p "$tmp/state"
 cp "$kmsg_fixture" "$tmp/kmsg.txt"
 cat > "$tmp/gpuwatch.toml" <<TOML
 [nvml]
 poll_interval_ms = 1000
+
+[network]
+sysfs_root = "$sys"
+poll_interval_ms = 200
+down_grace_secs = 1
 TOML
 "$GPUWATCH_BIN" run --config "$tmp/gpuwatch.toml" --prometheus --api-listen "127.0.0.1:$gw_port" \
   --nvml-sim "$scenario" --kmsg-path "$tmp/kmsg.txt" --accept-user-facility \
@@ -94,12 +154,25 @@ wait_http() { # url what
 wait_http "http://127.0.0.1:$gw_port/metrics" "gpuwatch /metrics"
 wait_http "http://127.0.0.1:$prom_port/-/ready" "Prometheus"
 echo "e2e: gpuwatch on :$gw_port, Prometheus on :$prom_port; letting ${settle}s of data accumulate."
+nic_activity
 sleep "$settle"
 
 # The check's own lines are printed again after the diagnostics: a CI log that keeps only
 # its tail must still show what failed.
+# What nic_activity did, as series (the NIC panels fall back to 0 without them).
+nic_series=(
+  'hw_errors_total{hw_id="mlx5_0/1", error_type="symbol_error", network_link_layer="infiniband"} > 0'
+  'gpuwatch_network_flaps_total{hw_id="mlx5_1/1", network_interface_name="eth1"} > 0'
+  'gpuwatch_network_rate_breaches_total{hw_id="rdmap16s0/1", error_type="rx_drops", network_link_layer="efa"} > 0'
+  'gpuwatch_network_counters_unusable{hw_id="mlx5_0/1", state="saturated"} == 1'
+  'gpuwatch_network_problem{reason="NICErrorRate"} == 1'
+  'hw_network_up{hw_id="mlx5_1/1"} == 1'
+  'absent(hw_network_up{hw_id="rdmap16s0/1"})'
+)
+series_args=()
+for q in "${nic_series[@]}"; do series_args+=(--series "$q"); done
 if ! python3 "$here/e2e-check.py" --prometheus "http://127.0.0.1:$prom_port" --node "$node" \
-  --expect "$expect" > "$tmp/check.out" 2>&1; then
+  --expect "$expect" "${series_args[@]}" > "$tmp/check.out" 2>&1; then
   cat "$tmp/check.out" >&2
   echo "--- gpuwatch /metrics (head) ---" >&2
   curl -fsS "http://127.0.0.1:$gw_port/metrics" | grep -v '^#' | head -n 60 >&2 || true

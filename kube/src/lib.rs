@@ -268,8 +268,11 @@ pub const DEVICE_TAINT_REQUESTS: [ApiRequest; 6] = [
 /// a Node read again after a lost race, the taint patch, the condition
 /// apply on `nodes/status`; the slot Leases' list and delete in
 /// `quarantine_namespace`; the pod list of `--wait-for-pods` in the agents'
-/// namespace. Node requests are cluster-scoped, the others namespaced.
-pub const CLEANUP_REQUESTS: [ApiRequest; 7] = [
+/// namespace; every DRA DeviceTaintRule carrying gpuwatch's node label,
+/// listed and deleted. Node and DeviceTaintRule requests are
+/// cluster-scoped, the others namespaced. `node-cleanup --node` makes a
+/// subset of them.
+pub const CLEANUP_REQUESTS: [ApiRequest; 9] = [
     req("list", "nodes"),
     req("get", "nodes"),
     req("patch", "nodes"),
@@ -277,6 +280,8 @@ pub const CLEANUP_REQUESTS: [ApiRequest; 7] = [
     lease("list"),
     lease("delete"),
     req("list", "pods"),
+    dra("list", "devicetaintrules"),
+    dra("delete", "devicetaintrules"),
 ];
 
 /// Errors starting the node writer.

@@ -24,7 +24,9 @@ mod model;
 mod network;
 
 pub(crate) use filter::{DEFAULT_QUIET_WINDOW, SeriesFilter};
-pub use model::{AttrValue, InstrumentKind, MetricBatch, MetricSource, MetricSources, Num};
+pub use model::{
+    AttrValue, InstrumentKind, MetricBatch, MetricSource, MetricSources, Num, Semconv,
+};
 pub(crate) use model::{Collect, NumType, Point, Presence, Sources, Spec};
 
 use gpuwatch_proto::{GpuHealth, GpuSample, NodeHealth};

@@ -25,7 +25,7 @@ mod logs;
 
 pub use config::{
     Compression, EndpointSource, IgnoredEndpoint, OtlpConfig, OtlpPacing, OtlpSignal, Protocol,
-    ResolvedSignal, TlsConfig, parse_key_values,
+    ResolvedSignal, Semconv, TlsConfig, parse_key_values,
 };
 
 use crate::metrics::{
@@ -426,14 +426,18 @@ fn register_instruments(
     registry: &Arc<Registry>,
     producers: &[Arc<dyn MetricSource>],
     filter: &Arc<SeriesFilter>,
+    semconv: Semconv,
 ) -> Vec<InstrumentHandle> {
     let mut held = Vec::with_capacity(SPECS.len());
     for (i, spec) in SPECS.iter().enumerate() {
+        if !spec.emitted_in(semconv) {
+            continue;
+        }
         let (reg, producers) = (registry.clone(), producers.to_vec());
         let filter = filter.clone();
         let points = move || -> Vec<Point> {
             let health: Arc<NodeHealth> = reg.health();
-            let src = Sources::collect(&reg, &producers);
+            let src = Sources::collect(&reg, &producers).with_semconv(semconv);
             filter.apply(i, SPECS[i].points(&src, &health), Instant::now())
         };
         match (spec.kind, spec.num) {
@@ -632,6 +636,8 @@ struct ResolvedOtlp {
     series_quiet_window: Duration,
     /// The log record queue and its batching.
     log_queue: QueueSettings,
+    /// The metric names exported.
+    semconv: Semconv,
 }
 
 impl ResolvedOtlp {
@@ -664,6 +670,7 @@ impl ResolvedOtlp {
                 attrs,
                 export_interval: pacing.export_interval,
                 series_quiet_window: pacing.series_quiet_window,
+                semconv: cfg.semconv,
                 log_queue: QueueSettings {
                     capacity: cfg.log_queue_size,
                     batch_size: cfg.log_batch_size,
@@ -945,7 +952,11 @@ impl OtlpExporter {
                 "Pipeline latency hook already installed; the OTLP latency histogram stays empty."
             );
         }
-        let (interval, quiet) = (settings.export_interval, settings.series_quiet_window);
+        let (interval, quiet, semconv) = (
+            settings.export_interval,
+            settings.series_quiet_window,
+            settings.semconv,
+        );
         let (registry, producers, scope) = (registry.clone(), producers.to_vec(), scope.clone());
         let rt = rt.clone();
         let build = move |resource: &Resource| -> Result<MetricState, OtlpError> {
@@ -963,8 +974,8 @@ impl OtlpExporter {
                 .with_reader(reader)
                 .build();
             let meter = provider.meter_with_scope(scope.clone());
-            let filter = SeriesFilter::observing(&registry, &producers, quiet);
-            let instruments = register_instruments(&meter, &registry, &producers, &filter);
+            let filter = SeriesFilter::observing(&registry, &producers, quiet, semconv);
+            let instruments = register_instruments(&meter, &registry, &producers, &filter, semconv);
             let histogram = meter
                 .f64_histogram(metrics::LATENCY_NAME)
                 .with_unit(metrics::LATENCY_UNIT)
@@ -979,7 +990,7 @@ impl OtlpExporter {
         };
         let state = build(otel_resource)?;
         let metrics = &settings.metrics;
-        tracing::info!(signal = "metrics", endpoint = %metrics.endpoint, source = %metrics.endpoint_source, protocol = metrics.protocol.as_str(), interval_secs = settings.export_interval.as_secs(), "OTLP metric export started.");
+        tracing::info!(signal = "metrics", endpoint = %metrics.endpoint, source = %metrics.endpoint_source, protocol = metrics.protocol.as_str(), interval_secs = settings.export_interval.as_secs(), semconv = settings.semconv.as_str(), "OTLP metric export started.");
         self.metrics = Some(Arc::new(MetricPipeline {
             state: Mutex::new(Some(state)),
             build: Box::new(build),

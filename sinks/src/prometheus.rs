@@ -22,7 +22,7 @@
 
 use crate::metrics::{
     DEFAULT_QUIET_WINDOW, LATENCY_DESCRIPTION, LATENCY_NAME, LATENCY_UNIT, MetricSources, Num,
-    SeriesFilter, Sources,
+    Semconv, SeriesFilter, Sources,
 };
 use crate::otlp::ResourceInfo;
 use gpuwatch_core::registry::{LATENCY_BUCKETS_SECONDS, Registry};
@@ -249,7 +249,7 @@ impl Renderer {
         window: Duration,
     ) -> Renderer {
         Renderer {
-            filter: SeriesFilter::observing(&registry, &producers, window),
+            filter: SeriesFilter::observing(&registry, &producers, window, Semconv::Gpuwatch),
             registry,
             producers,
             resource,

@@ -702,6 +702,7 @@ pub fn populate(r: &Registry, k: &KubeMetrics) {
                 flaps_total: 3,
                 error_counts: [("symbol_error".to_string(), 12)].into(),
                 rate_breaches: [("symbol_error".to_string(), 1)].into(),
+                saturated_counters: vec!["excessive_buffer_overrun_errors".into()],
                 ..Default::default()
             }],
             ..Default::default()

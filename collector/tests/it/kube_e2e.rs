@@ -23,7 +23,8 @@
 //! conditions and taints, startup taint included, and `node-cleanup
 //! --all-nodes` (the uninstall hook) every Node's and the quarantine Leases,
 //! exiting 1 when a Node failed; an RDMA port down is
-//! `NetworkProblem` on the Node with its Event, and the GPU conditions stay.
+//! `NetworkProblem` on the Node with its Event, and the GPU conditions stay;
+//! AWS EFA drops over their bucket are `NICErrorRate` there, without a taint.
 
 use crate::kube_support;
 use crate::kube_support::{
@@ -1082,6 +1083,78 @@ fn a_nic_port_down_is_network_problem_on_the_node_and_the_gpu_conditions_stay() 
     assert!(healthy(&rig), "{}", diag(&rig, &agent));
 
     sysfs.set_port_up("mlx5_1", 1);
+    assert!(
+        wait_until(T, || status(&rig, network) == pair("False", "NICHealthy")),
+        "{}",
+        diag(&rig, &agent)
+    );
+    assert!(healthy(&rig));
+    assert_eq!(agent.stop(), Some(0));
+}
+
+/// AWS EFA devices on the Node: NetworkProblem False NICHealthy saying
+/// they are judged by presence and counter rates (never "ports up"); EFA
+/// drops over the EKS node monitoring agent's bucket are NICErrorRate on the
+/// Node with a Warning Event naming the device and counter, no taint, the
+/// GPU conditions untouched; quiet for flap_quiet clears it.
+#[test]
+fn efa_drops_over_the_bucket_are_nic_error_rate_on_the_node_without_a_taint() {
+    let sysfs = gpuwatch_test_support::sysfs::FakeSysfs::efa_node_of(2);
+    let rig = KubeWorld::new(node(vec![]));
+    let cfg = rig.config(
+        "",
+        "\n[network]\npoll_interval_ms = 100\ndown_grace_secs = 1\nflap_quiet_secs = 3\n",
+    );
+    let agent = rig.start(
+        &cfg,
+        Nvml::Sim(BOARD),
+        &["--sysfs-root", sysfs.root().to_str().unwrap()],
+    );
+    let network = "NetworkProblem";
+    assert!(
+        wait_until(T, || healthy(&rig)
+            && status(&rig, network) == pair("False", "NICHealthy")),
+        "{}",
+        diag(&rig, &agent)
+    );
+    let message = rig
+        .cond(network)
+        .and_then(|c| c.message)
+        .unwrap_or_default();
+    assert!(
+        message.starts_with("2 AWS EFA devices present with no error-rate breach")
+            && !message.contains("ports up"),
+        "{message}"
+    );
+
+    sysfs.set_hw_counter("rdmap17s0", 1, "rx_drops", 5_000);
+    assert!(
+        wait_until(T, || status(&rig, network) == pair("True", "NICErrorRate")),
+        "{}",
+        diag(&rig, &agent)
+    );
+    let message = rig
+        .cond(network)
+        .and_then(|c| c.message)
+        .unwrap_or_default();
+    assert!(
+        message.contains("rdmap17s0/1 AWS EFA error rate: rx_drops rose by 5000"),
+        "{message}"
+    );
+    assert!(
+        wait_until(T, || !warnings(&rig, "NICErrorRate").is_empty()),
+        "{}",
+        diag(&rig, &agent)
+    );
+    let ev = &warnings(&rig, "NICErrorRate")[0];
+    let text = ev.message.clone().unwrap_or_default();
+    assert!(
+        text.contains("rdmap17s0/1") && text.contains("rx_drops"),
+        "{text}"
+    );
+    // No taint by default, and the GPUs are not judged.
+    assert!(healthy(&rig), "{}", diag(&rig, &agent));
+
     assert!(
         wait_until(T, || status(&rig, network) == pair("False", "NICHealthy")),
         "{}",

@@ -408,7 +408,8 @@ fn roundtrip(proto: Proto) {
     // so no write, condition change, taint, device taint, quarantine budget, startup gate or validation run;
     // the kubelet is never asked, so no PodResources failure or unknown device;
     // the agent's sysfs has no RDMA NIC, so no port series
-    // (gpuwatch.network.problem says NICHealthy).
+    // (gpuwatch.network.problem says NICHealthy); the default `[otlp] semconv`
+    // (gpuwatch) sends no `hw.status`.
     let missing: BTreeSet<&str> = documented
         .keys()
         .map(String::as_str)
@@ -443,8 +444,11 @@ fn roundtrip(proto: Proto) {
             "gpuwatch.samples.dropped",
             "gpuwatch.startup_gate.duration",
             "gpuwatch.validation.runs",
+            "gpuwatch.network.counters.unusable",
             "gpuwatch.network.flaps",
             "gpuwatch.network.rate_breaches",
+            // The conventions' GPU state: `[otlp] semconv` otel or dup only.
+            "hw.status",
             "hw.errors",
             "hw.network.bandwidth.limit",
             "hw.network.up",

@@ -17,6 +17,7 @@ pub(super) const TABLE: &[Spec] = &[
     FAULTS,
     FAULTS_ACTIVE,
     GPU_VERDICT,
+    HW_STATUS,
     NODE_VERDICT,
     NODE_ACTION,
 ];
@@ -202,6 +203,35 @@ fn gpu_verdict(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
         for v in VERDICTS {
             out.push(Point {
                 attrs: with(base.clone(), [("verdict", s(v.short_name()))]),
+                value: flag(g.verdict() == v),
+            });
+        }
+    }
+}
+
+const HW_STATUS: Spec = Spec {
+    name: "hw.status",
+    unit: "1",
+    kind: InstrumentKind::Gauge,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "1 for the GPU's current hardware state (ok, degraded, failed), 0 for the others.",
+    collect: Collect::Points(hw_status),
+};
+
+/// The GPU's verdict as the hardware conventions' `hw.state`: healthy → ok,
+/// degraded → degraded, unhealthy → failed; unknown is no state.
+fn hw_status(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
+    const STATES: [(Verdict, &str); 3] = [
+        (Verdict::Healthy, "ok"),
+        (Verdict::Degraded, "degraded"),
+        (Verdict::Unhealthy, "failed"),
+    ];
+    for g in &h.gpus {
+        let base = with(health_gpu_attrs(g), [("hw.type", s("gpu"))]);
+        for (v, state) in STATES {
+            out.push(Point {
+                attrs: with(base.clone(), [("hw.state", s(state))]),
                 value: flag(g.verdict() == v),
             });
         }

@@ -1,6 +1,6 @@
 //! [`SeriesFilter`]: each instrument's [`Presence`] across collections, per output.
 
-use super::{AttrValue, MetricSource, Num, Point, Presence, SPECS, Sources, Spec};
+use super::{AttrValue, MetricSource, Num, Point, Presence, SPECS, Semconv, Sources, Spec};
 use gpuwatch_core::registry::Registry;
 use gpuwatch_proto::NodeHealth;
 use std::collections::HashMap;
@@ -31,6 +31,14 @@ pub(crate) struct SeenSeries {
 pub(crate) struct SeriesFilter {
     window: Duration,
     seen: Mutex<HashMap<SeriesKey, SeenSeries>>,
+}
+
+/// A GPU's ECC point of `hw.errors` (`hw.type=gpu`; the conventions' names).
+fn is_gpu_error(name: &str, p: &Point) -> bool {
+    name == "hw.errors"
+        && p.attrs
+            .iter()
+            .any(|(k, v)| *k == "hw.type" && v.to_label() == "gpu")
 }
 
 pub(crate) fn is_zero(v: Num) -> bool {
@@ -66,12 +74,13 @@ impl SeriesFilter {
         registry: &Registry,
         producers: &[Arc<dyn MetricSource>],
         window: Duration,
+        semconv: Semconv,
     ) -> Arc<SeriesFilter> {
         let filter = Arc::new(SeriesFilter::new(window));
         let observer = Arc::clone(&filter);
         let producers = producers.to_vec();
         registry.add_health_observer(Box::new(move |registry, health| {
-            let src = Sources::collect(registry, &producers);
+            let src = Sources::collect(registry, &producers).with_semconv(semconv);
             observer.observe(&src, health, Instant::now())
         }));
         filter
@@ -84,7 +93,7 @@ impl SeriesFilter {
     /// observer by [`SeriesFilter::observing`].
     pub(crate) fn observe(&self, src: &Sources<'_>, health: &NodeHealth, now: Instant) {
         for (idx, spec) in SPECS.iter().enumerate() {
-            if spec.presence == Presence::Moved {
+            if spec.presence == Presence::Moved && spec.emitted_in(src.semconv) {
                 self.apply(idx, spec.points(src, health), now);
             }
         }
@@ -103,6 +112,9 @@ impl SeriesFilter {
             let key: SeriesKey = (idx, p.attrs.clone());
             let keep = match presence {
                 Presence::Always => true,
+                // GPU ECC under the conventions' `hw.errors`: always sent, as
+                // `gpu.ecc.errors` is (an alert takes `increase()`).
+                _ if is_gpu_error(SPECS[idx].name, &p) => true,
                 Presence::NonZero => {
                     let e = seen.entry(key.clone()).or_insert(SeenSeries {
                         value: p.value,
@@ -171,7 +183,8 @@ impl SeriesFilter {
         out
     }
 
-    /// Every instrument's exported points at `now` (the order of [`SPECS`]).
+    /// Every instrument's exported points at `now` (the order of [`SPECS`]),
+    /// of the instruments the sources' [`Semconv`] emits.
     pub(crate) fn collect_all(
         &self,
         src: &Sources<'_>,
@@ -181,6 +194,7 @@ impl SeriesFilter {
         SPECS
             .iter()
             .enumerate()
+            .filter(|(_, spec)| spec.emitted_in(src.semconv))
             .map(|(i, spec)| (spec, self.apply(i, spec.points(src, health), now)))
             .collect()
     }

@@ -44,6 +44,22 @@ fn ecc_errors(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     });
 }
 
+/// GPU ECC errors as the hardware conventions' `hw.errors` points
+/// (`hw.type=gpu`, `error.type` `corrected` / `uncorrected`): the volatile
+/// counters, the ones the alert and dashboards read (the aggregate includes
+/// them; both would double-count).
+pub(super) fn gpu_errors(h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        for (ty, v) in [
+            ("corrected", sm.ecc_volatile_corrected),
+            ("uncorrected", sm.ecc_volatile_uncorrected),
+        ] {
+            let attrs = with(base.clone(), [("hw.type", s("gpu")), ("error.type", s(ty))]);
+            push_opt(out, attrs, v.map(Num::U64));
+        }
+    });
+}
+
 const RETIRED_PAGES: Spec = Spec {
     name: "gpu.retired_pages",
     unit: "{page}",

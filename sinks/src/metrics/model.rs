@@ -119,12 +119,58 @@ impl MetricBatch {
     }
 }
 
+/// Which names the metric outputs use where gpuwatch's own and the
+/// OpenTelemetry hardware semantic conventions (Development stability) both
+/// describe a reading. The conventions may still change, so, following the
+/// OpenTelemetry migration pattern, the choice is explicit and `dup` emits
+/// both for a migration window.
+///
+/// | gpuwatch | otel |
+/// |---|---|
+/// | `gpu.ecc.errors{error.type, ecc.counter}` | `hw.errors{hw.type=gpu, error.type}` (the volatile counter) |
+/// | `gpu.health.verdict{verdict=healthy\|degraded\|unhealthy}` | `hw.status{hw.type=gpu, hw.state=ok\|degraded\|failed}` |
+/// | — | `hw.vendor`, `hw.model` on every GPU point (constant per GPU) |
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Semconv {
+    /// gpuwatch's names only (what the shipped dashboards and alerts read).
+    #[default]
+    Gpuwatch,
+    /// The conventions' names only where they exist.
+    Otel,
+    /// Both.
+    Dup,
+}
+
+impl Semconv {
+    /// The setting's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Semconv::Gpuwatch => "gpuwatch",
+            Semconv::Otel => "otel",
+            Semconv::Dup => "dup",
+        }
+    }
+
+    /// gpuwatch's names are emitted.
+    pub fn gpuwatch(self) -> bool {
+        self != Semconv::Otel
+    }
+
+    /// The conventions' names are emitted.
+    pub fn otel(self) -> bool {
+        self != Semconv::Gpuwatch
+    }
+}
+
 /// What the instruments read besides the node health: the health engine's
 /// registry and what the other producers pushed in this collection.
 #[derive(Debug)]
 pub(crate) struct Sources<'a> {
     pub(crate) registry: &'a Registry,
     pub(crate) pushed: MetricBatch,
+    /// The names to emit.
+    pub(crate) semconv: Semconv,
 }
 
 impl<'a> Sources<'a> {
@@ -137,7 +183,17 @@ impl<'a> Sources<'a> {
         for p in producers {
             p.collect(&mut pushed);
         }
-        Sources { registry, pushed }
+        Sources {
+            registry,
+            pushed,
+            semconv: Semconv::Gpuwatch,
+        }
+    }
+
+    /// The same, emitting the names of `semconv`.
+    pub(crate) fn with_semconv(mut self, semconv: Semconv) -> Sources<'a> {
+        self.semconv = semconv;
+        self
     }
 }
 
@@ -196,6 +252,45 @@ impl Spec {
             Collect::Pushed => {}
         }
         out.extend_from_slice(src.pushed.points(self.name));
+        if src.semconv.otel() {
+            add_hw_identity(&mut out, health);
+        }
         out
+    }
+
+    /// Whether the output emits this instrument under `semconv`: gpuwatch's
+    /// names that have a convention counterpart only with gpuwatch's names,
+    /// the counterparts only with the conventions'.
+    pub(crate) fn emitted_in(&self, semconv: Semconv) -> bool {
+        match self.name {
+            "gpu.ecc.errors" | "gpu.health.verdict" => semconv.gpuwatch(),
+            "hw.status" => semconv.otel(),
+            _ => true,
+        }
+    }
+}
+
+/// The hardware conventions' constant GPU attributes on every point about a
+/// GPU (one with `gpu.uuid`): `hw.vendor` (NVML sees NVIDIA GPUs only) and
+/// `hw.model` (NVML's device name), when the GPU's sample is known.
+fn add_hw_identity(points: &mut [Point], health: &NodeHealth) {
+    for p in points {
+        let Some(uuid) = p.attrs.iter().find_map(|(k, v)| match (k, v) {
+            (&"gpu.uuid", AttrValue::Str(u)) => Some(u.clone()),
+            _ => None,
+        }) else {
+            continue;
+        };
+        p.attrs
+            .push(("hw.vendor", AttrValue::Str(Cow::Borrowed("NVIDIA"))));
+        let model = health
+            .gpus
+            .iter()
+            .filter_map(|g| g.sample.as_ref())
+            .find(|s| s.uuid == uuid.as_ref() && !s.name.is_empty())
+            .map(|s| s.name.clone());
+        if let Some(m) = model {
+            p.attrs.push(("hw.model", AttrValue::Str(Cow::Owned(m))));
+        }
     }
 }

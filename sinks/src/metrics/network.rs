@@ -18,6 +18,7 @@ pub(super) const TABLE: &[Spec] = &[
     ERRORS,
     FLAPS,
     RATE_BREACHES,
+    COUNTERS_UNUSABLE,
     PROBLEM,
 ];
 
@@ -96,11 +97,11 @@ const ERRORS: Spec = Spec {
     kind: InstrumentKind::Counter,
     num: NumType::U64,
     presence: Presence::NonZero,
-    description: "RDMA port error-counter increases since the agent started, by counter (error.type); a counter that reads high from the start adds nothing, a saturated one stops counting.",
+    description: "RDMA port error-counter increases since the agent started, by counter (error.type); a counter that reads high from the start adds nothing, a saturated one stops counting. With semconv otel or dup also GPU ECC errors (hw.type gpu, error.type corrected or uncorrected: the volatile counters, always sent).",
     collect: Collect::Points(errors),
 };
 
-fn errors(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
+fn errors(src: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_port(h, |attrs, p| {
         for (name, n) in &p.error_counts {
             out.push(Point {
@@ -109,6 +110,9 @@ fn errors(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
             });
         }
     });
+    if src.semconv.otel() {
+        super::memory::gpu_errors(h, out);
+    }
 }
 
 const FLAPS: Spec = Spec {
@@ -146,6 +150,30 @@ fn rate_breaches(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
             out.push(Point {
                 attrs: with(attrs.clone(), [("error.type", owned(name))]),
                 value: Num::U64(*n),
+            });
+        }
+    });
+}
+
+const COUNTERS_UNUSABLE: Spec = Spec {
+    name: "gpuwatch.network.counters.unusable",
+    unit: "{counter}",
+    kind: InstrumentKind::Gauge,
+    num: NumType::U64,
+    presence: Presence::NonZero,
+    description: "RDMA port error counters whose rises are not known, by state: saturated (stuck at their maximum) or unreadable (the driver refuses the read, or N/A). /v1/health names them.",
+    collect: Collect::Points(counters_unusable),
+};
+
+fn counters_unusable(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_port(h, |attrs, p| {
+        for (state, n) in [
+            ("saturated", p.saturated_counters.len()),
+            ("unreadable", p.unreadable_counters.len()),
+        ] {
+            out.push(Point {
+                attrs: with(attrs.clone(), [("state", s(state))]),
+                value: Num::U64(n as u64),
             });
         }
     });

@@ -520,6 +520,7 @@ fn efa_ports_send_no_up_and_their_rate_breaches() {
     n.ports[2].status = "error_rate".into();
     n.ports[2].rate_breaches.insert("rx_drops".into(), 2);
     n.ports[2].error_counts.insert("rx_drops".into(), 900);
+    n.ports[3].unreadable_counters = vec!["rx_drops".into(), "retrans_pkts".into()];
     h.network = Some(n);
     let pts = f.collect_all(&r.src(), &h, t0);
     assert!(series_of(&pts, "hw.network.up").is_empty());
@@ -541,6 +542,11 @@ fn efa_ports_send_no_up_and_their_rate_breaches() {
             breaches[0].attrs
         );
     }
+    let unusable = series_of(&pts, "gpuwatch.network.counters.unusable");
+    assert_eq!(unusable.len(), 1, "only non-zero counts");
+    assert_eq!(unusable[0].value, Num::U64(2));
+    assert!(unusable[0].attrs.contains(&("state", s("unreadable"))));
+    assert!(unusable[0].attrs.contains(&("hw.id", owned("rdmap3/1"))));
     let problem = series_of(&pts, "gpuwatch.network.problem");
     assert!(
         problem[0]

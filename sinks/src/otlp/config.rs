@@ -18,6 +18,7 @@
 //! with the environment's value, and `compression = "none"` in the file does
 //! not switch off gzip requested by `OTEL_EXPORTER_OTLP_COMPRESSION`.
 
+pub use crate::metrics::Semconv;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -136,6 +137,11 @@ pub struct OtlpConfig {
     /// being exported after it stopped mattering; at least `export_interval_secs`,
     /// so its last exported value is the quiet one.
     pub series_quiet_window_secs: u64,
+    /// Which metric names the export uses: `gpuwatch` (default: the names
+    /// the shipped dashboards and alerts read), `otel` (the OpenTelemetry
+    /// hardware conventions where they exist) or `dup` (both, for a migration
+    /// window). See [`Semconv`].
+    pub semconv: Semconv,
     /// TLS files.
     pub tls: TlsConfig,
     /// Extra resource attributes; they win over `OTEL_RESOURCE_ATTRIBUTES`.
@@ -170,6 +176,7 @@ impl Default for OtlpConfig {
             timeout_ms: None,
             export_interval_secs: 30,
             series_quiet_window_secs: 300,
+            semconv: Semconv::Gpuwatch,
             tls: TlsConfig::default(),
             resource_attributes: BTreeMap::new(),
             log_queue_size: 4096,

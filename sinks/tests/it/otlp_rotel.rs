@@ -4,13 +4,15 @@
 
 use crate::common;
 use crate::common::{
-    Received, Rotel, WireTap, assert_instrument_type, bump_nvlink, documented_metrics, populate,
-    populate_healthy_hgx, xid_event,
+    DataPoint, Metric, Received, Rotel, WireTap, assert_instrument_type, bump_nvlink,
+    documented_metrics, populate, populate_healthy_hgx, xid_event,
 };
 use gpuwatch_core::{LATENCY_BUCKETS_SECONDS, Outcome, Registry, Signal, Stage};
 use gpuwatch_proto::Action;
 use gpuwatch_sinks::kube_metrics::KubeMetrics;
-use gpuwatch_sinks::otlp::{Compression, OtlpConfig, OtlpExporter, Protocol, ResourceInfo};
+use gpuwatch_sinks::otlp::{
+    Compression, OtlpConfig, OtlpExporter, Protocol, ResourceInfo, Semconv,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -47,6 +49,15 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
+}
+
+/// The documented instruments the default `semconv` (gpuwatch) exports: all
+/// but the conventions' GPU state.
+fn gpuwatch_mode_metrics() -> Vec<(String, String, String)> {
+    documented_metrics()
+        .into_iter()
+        .filter(|(n, _, _)| n != "hw.status")
+        .collect()
 }
 
 fn logs_with_code(r: &Received, lo: u32, hi: u32) -> Vec<u32> {
@@ -96,7 +107,7 @@ fn roundtrip(protocol: Protocol, compression: Option<Compression>) {
         |r| {
             bump_nvlink(&registry);
             r.logs.len() >= 3
-                && documented_metrics()
+                && gpuwatch_mode_metrics()
                     .iter()
                     .all(|(n, _, _)| r.metric(n).is_some())
                 && r.metric("gpuwatch.events")
@@ -109,7 +120,7 @@ fn roundtrip(protocol: Protocol, compression: Option<Compression>) {
     );
 
     // Every documented instrument arrived with its documented unit and type.
-    for (name, unit, ty) in documented_metrics() {
+    for (name, unit, ty) in gpuwatch_mode_metrics() {
         let m = got.metric(&name).unwrap();
         assert_eq!(m.unit, unit, "{name}");
         assert_instrument_type(&name, &ty, m);
@@ -701,4 +712,112 @@ fn grpc_resources_name_the_agent_node_and_the_faulting_pod() {
 #[test]
 fn http_resources_name_the_agent_node_and_the_faulting_pod() {
     resource_layout(Protocol::HttpProtobuf);
+}
+
+/// What one mode of `[otlp] semconv` exports, as rotel receives it.
+fn semconv_export(semconv: Semconv) -> Received {
+    let rotel = Rotel::start();
+    let rt = runtime();
+    let registry = Registry::new();
+    let kube = KubeMetrics::new();
+    populate(&registry, &kube);
+    let mut cfg = config(Protocol::HttpProtobuf, rotel.grpc_port, rotel.http_port);
+    cfg.logs = false;
+    cfg.semconv = semconv;
+    let exporter = OtlpExporter::start(
+        &cfg,
+        &resource(),
+        registry.clone(),
+        vec![kube.clone()],
+        rt.handle(),
+    )
+    .unwrap();
+    // Every export carries every instrument with points: two exports are
+    // enough to tell what the mode leaves out.
+    let got = rotel.wait_for(Duration::from_secs(20), "two metric exports", |r| {
+        r.metrics
+            .iter()
+            .filter(|m| m.name == "hw.temperature")
+            .count()
+            >= 2
+    });
+    exporter.shutdown(Duration::from_secs(5));
+    rotel.kill();
+    got
+}
+
+/// `gpuwatch` keeps gpuwatch's names only; `otel` replaces gpu.ecc.errors
+/// with hw.errors{hw.type=gpu} and gpu.health.verdict with hw.status and puts
+/// hw.vendor / hw.model on every GPU point; `dup` sends both.
+#[test]
+fn semconv_modes_export_gpuwatch_otel_or_both_names() {
+    for semconv in [Semconv::Gpuwatch, Semconv::Otel, Semconv::Dup] {
+        let got = semconv_export(semconv);
+        let mode = semconv.as_str();
+        let has = |name: &str| got.metric(name).is_some();
+        assert_eq!(has("gpu.ecc.errors"), semconv.gpuwatch(), "{mode}");
+        assert_eq!(has("gpu.health.verdict"), semconv.gpuwatch(), "{mode}");
+        assert_eq!(has("hw.status"), semconv.otel(), "{mode}");
+        // Unchanged in every mode.
+        assert!(has("gpu.xid.errors") && has("hw.power"), "{mode}");
+        let gpu = |m: &Metric| {
+            m.points
+                .iter()
+                .filter(|p| p.attrs.get("hw.type").map(String::as_str) == Some("Str(gpu)"))
+                .cloned()
+                .collect::<Vec<DataPoint>>()
+        };
+        let gpu_errors = got.metric("hw.errors").map(gpu).unwrap_or_default();
+        if semconv.otel() {
+            // GPU 0's volatile counters: 4 corrected, 0 uncorrected (always sent).
+            let uuid0 = "Str(GPU-00000000-aaaa-bbbb-cccc-dddddddddddd)";
+            let p = |ty: &str| {
+                gpu_errors
+                    .iter()
+                    .find(|p| {
+                        p.attrs.get("hw.id").map(String::as_str) == Some(uuid0)
+                            && p.attrs.get("error.type") == Some(&format!("Str({ty})"))
+                    })
+                    .and_then(|p| p.value.clone())
+            };
+            assert_eq!(p("corrected").as_deref(), Some("4"), "{mode}");
+            assert_eq!(p("uncorrected").as_deref(), Some("0"), "{mode}");
+            assert_eq!(gpu_errors.len(), 4, "{mode}: {gpu_errors:#?}");
+            let status = got.metric("hw.status").unwrap();
+            assert_eq!(status.unit, "1");
+            let state = |index: &str, state: &str| {
+                status
+                    .point(&[
+                        ("gpu.index", index),
+                        ("hw.type", "Str(gpu)"),
+                        ("hw.state", state),
+                    ])
+                    .and_then(|p| p.value.clone())
+            };
+            // GPU 0 unhealthy, GPU 1 healthy; states never entered are not sent.
+            assert_eq!(state("Int(0)", "Str(failed)").as_deref(), Some("1"));
+            assert_eq!(state("Int(1)", "Str(ok)").as_deref(), Some("1"));
+            assert_eq!(state("Int(0)", "Str(ok)"), None);
+        } else {
+            assert!(gpu_errors.is_empty(), "{mode}: {gpu_errors:#?}");
+        }
+        // The constant GPU attributes of the conventions, on every GPU point.
+        for m in got.metrics.iter().filter(|m| m.name.starts_with("hw.")) {
+            for p in gpu(m) {
+                let a = |k: &str| p.attrs.get(k).map(String::as_str);
+                if semconv.otel() {
+                    assert_eq!(a("hw.vendor"), Some("Str(NVIDIA)"), "{mode} {}", m.name);
+                    assert_eq!(
+                        a("hw.model"),
+                        Some("Str(NVIDIA H100 80GB HBM3)"),
+                        "{mode} {}",
+                        m.name
+                    );
+                } else {
+                    assert_eq!(a("hw.vendor"), None, "{mode} {}", m.name);
+                }
+                assert!(a("hw.id").is_some(), "{mode} {}", m.name);
+            }
+        }
+    }
 }
