@@ -71,6 +71,10 @@ pub struct ApiConfig {
     pub listen: String,
     /// Serve `/metrics` in the Prometheus text format. Default false.
     pub prometheus: bool,
+    /// On `/metrics`, add dcgm-exporter's labels (`UUID`, `gpu`, `pci_bus_id`,
+    /// `modelName`, `Hostname`) to every series about a GPU, so dashboards and
+    /// alerts built on dcgm-exporter join gpuwatch's series. Default false.
+    pub dcgm_labels: bool,
 }
 
 impl Default for ApiConfig {
@@ -79,6 +83,7 @@ impl Default for ApiConfig {
             enabled: true,
             listen: DEFAULT_API_LISTEN.to_string(),
             prometheus: false,
+            dcgm_labels: false,
         }
     }
 }
@@ -96,6 +101,9 @@ impl ApiConfig {
         if self.prometheus && !self.enabled {
             p.push("prometheus: needs api.enabled = true".to_string());
         }
+        if self.dcgm_labels && !self.prometheus {
+            p.push("dcgm_labels: labels /metrics, which needs api.prometheus = true".to_string());
+        }
         p
     }
 }
@@ -109,6 +117,8 @@ pub struct PrometheusSettings {
     /// example configuration documents it as pacing `/metrics` too), so a
     /// collector and Prometheus see the same series.
     pub series_quiet_window: Duration,
+    /// Add dcgm-exporter's GPU labels (`[api] dcgm_labels`).
+    pub dcgm_labels: bool,
 }
 
 /// Local event sinks (`[sinks]`).
@@ -450,6 +460,7 @@ impl Config {
     pub fn resolve_prometheus(&self) -> Option<PrometheusSettings> {
         self.api.prometheus.then(|| PrometheusSettings {
             series_quiet_window: self.otlp.pacing().series_quiet_window,
+            dcgm_labels: self.api.dcgm_labels,
         })
     }
 
@@ -890,9 +901,16 @@ listen = \n",
         assert_eq!(
             on.resolve_prometheus(),
             Some(PrometheusSettings {
-                series_quiet_window: Duration::from_secs(120)
+                series_quiet_window: Duration::from_secs(120),
+                dcgm_labels: false,
             })
         );
+        let dcgm =
+            parse("node_name = \"n1\"\n[api]\nprometheus = true\ndcgm_labels = true\n").unwrap();
+        assert!(dcgm.resolve_prometheus().unwrap().dcgm_labels);
+        let alone = parse("node_name = \"n1\"\n[api]\ndcgm_labels = true\n").unwrap();
+        let e = alone.validate().unwrap_err().to_string();
+        assert!(e.contains("api.dcgm_labels: labels /metrics"), "{e}");
     }
 
     #[test]

@@ -21,11 +21,12 @@
 //! ```
 
 use crate::metrics::{
-    DEFAULT_QUIET_WINDOW, LATENCY_DESCRIPTION, LATENCY_NAME, LATENCY_UNIT, MetricSources, Num,
-    Semconv, SeriesFilter, Sources,
+    AttrValue, DEFAULT_QUIET_WINDOW, LATENCY_DESCRIPTION, LATENCY_NAME, LATENCY_UNIT,
+    MetricSources, Num, Semconv, SeriesFilter, Sources,
 };
 use crate::otlp::ResourceInfo;
 use gpuwatch_core::registry::{LATENCY_BUCKETS_SECONDS, Registry};
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -229,6 +230,8 @@ pub struct Renderer {
     producers: MetricSources,
     resource: ResourceInfo,
     filter: Arc<SeriesFilter>,
+    /// Add dcgm-exporter's GPU labels ([`Renderer::with_dcgm_labels`]).
+    dcgm_labels: bool,
 }
 
 impl Renderer {
@@ -253,7 +256,19 @@ impl Renderer {
             registry,
             producers,
             resource,
+            dcgm_labels: false,
         }
+    }
+
+    /// Adds dcgm-exporter's labels to every series about a GPU, so its
+    /// dashboards and alerts join gpuwatch's series (`* on(UUID)
+    /// group_left(...)`): `UUID` (the GPU UUID), `gpu` (the index),
+    /// `pci_bus_id` (NVML's form, `00000000:3B:00.0`), `modelName` (NVML's
+    /// device name) and `Hostname` (the host name, else the node name). The
+    /// metric names stay gpuwatch's: both exporters run side by side.
+    pub fn with_dcgm_labels(mut self, on: bool) -> Renderer {
+        self.dcgm_labels = on;
+        self
     }
 
     /// One scrape now.
@@ -264,7 +279,10 @@ impl Renderer {
     /// One scrape at `now` (tests move time without sleeping).
     pub fn render_at(&self, now: Instant) -> String {
         let src = Sources::collect(&self.registry, &self.producers);
-        render_filtered(&src, &self.resource, &self.filter, now)
+        let dcgm = self
+            .dcgm_labels
+            .then(|| DcgmLabels::of(&src.registry.health(), &self.resource));
+        render_filtered(&src, &self.resource, &self.filter, dcgm.as_ref(), now)
     }
 }
 
@@ -327,6 +345,103 @@ pub fn encode(text: String, accept_encoding: Option<&str>) -> (Vec<u8>, Encoding
     (text.into_bytes(), Encoding::Identity)
 }
 
+/// dcgm-exporter's labels of each GPU, by UUID, for one render.
+struct DcgmLabels {
+    /// UUID → (`gpu`, `pci_bus_id`, `modelName`).
+    gpus: std::collections::HashMap<String, (String, String, String)>,
+    hostname: String,
+}
+
+impl DcgmLabels {
+    fn of(health: &gpuwatch_proto::NodeHealth, resource: &ResourceInfo) -> DcgmLabels {
+        let mut gpus = std::collections::HashMap::new();
+        for g in &health.gpus {
+            let sample = g.sample.as_ref();
+            let uuid = if g.uuid.is_empty() {
+                sample.map_or("", |s| s.uuid.as_str())
+            } else {
+                g.uuid.as_str()
+            };
+            if uuid.is_empty() {
+                continue;
+            }
+            let index = g.index.or(sample.map(|s| s.index));
+            let pci = if g.pci_address.is_empty() {
+                sample.map_or("", |s| s.pci_address.as_str())
+            } else {
+                g.pci_address.as_str()
+            };
+            gpus.insert(
+                uuid.to_owned(),
+                (
+                    index.map(|i| i.to_string()).unwrap_or_default(),
+                    nvml_bus_id(pci).unwrap_or_default(),
+                    sample.map(|s| s.name.clone()).unwrap_or_default(),
+                ),
+            );
+        }
+        let hostname = if resource.host_name.is_empty() {
+            resource.node_name.clone()
+        } else {
+            resource.host_name.clone()
+        };
+        DcgmLabels { gpus, hostname }
+    }
+
+    /// dcgm-exporter's labels for a point about a GPU (one with `gpu.uuid`);
+    /// empty values are left out, as every empty label is.
+    fn add<'a>(
+        &'a self,
+        attrs: &'a [(&'static str, AttrValue)],
+        out: &mut Vec<(String, Cow<'a, str>)>,
+    ) {
+        let Some(uuid) = attrs.iter().find_map(|(k, v)| match (k, v) {
+            (&"gpu.uuid", AttrValue::Str(u)) => Some(u.as_ref()),
+            _ => None,
+        }) else {
+            return;
+        };
+        out.push(("UUID".to_owned(), Cow::Borrowed(uuid)));
+        let (gpu, bus, model) = match self.gpus.get(uuid) {
+            Some((g, b, m)) => (Cow::Borrowed(g.as_str()), b.as_str(), m.as_str()),
+            // A fault of a GPU NVML no longer lists: the point's own identity.
+            None => (
+                attrs
+                    .iter()
+                    .find(|(k, _)| *k == "gpu.index")
+                    .map_or(Cow::Borrowed(""), |(_, v)| v.to_label()),
+                "",
+                "",
+            ),
+        };
+        out.push(("gpu".to_owned(), gpu));
+        out.push(("pci_bus_id".to_owned(), Cow::Borrowed(bus)));
+        out.push(("modelName".to_owned(), Cow::Borrowed(model)));
+        out.push(("Hostname".to_owned(), Cow::Borrowed(self.hostname.as_str())));
+    }
+}
+
+/// A PCI address in NVML's bus id form, as dcgm-exporter labels it:
+/// `0000:3b:00.0` → `00000000:3B:00.0` (8-digit domain, upper case). `None`
+/// for an address that is not `domain:bus:device.function` hex.
+pub fn nvml_bus_id(pci: &str) -> Option<String> {
+    let (domain, rest) = pci.split_once(':')?;
+    let (bus, rest) = rest.split_once(':')?;
+    let (device, function) = rest.split_once('.')?;
+    let hex = |s: &str, max: usize| {
+        (!s.is_empty() && s.len() <= max && s.chars().all(|c| c.is_ascii_hexdigit()))
+            .then(|| u32::from_str_radix(s, 16).ok())
+            .flatten()
+    };
+    let (d, b, dev, f) = (
+        hex(domain, 8)?,
+        hex(bus, 2)?,
+        hex(device, 2)?,
+        hex(function, 1)?,
+    );
+    Some(format!("{d:08X}:{b:02X}:{dev:02X}.{f:X}"))
+}
+
 /// Renders every instrument that has data points after `filter`, the pipeline
 /// latency histogram (once it has observations, as in OTLP) and a
 /// `target_info` gauge carrying the resource attributes.
@@ -334,6 +449,7 @@ fn render_filtered(
     src: &Sources<'_>,
     resource: &ResourceInfo,
     filter: &SeriesFilter,
+    dcgm: Option<&DcgmLabels>,
     now: Instant,
 ) -> String {
     let health = src.registry.health();
@@ -361,11 +477,14 @@ fn render_filtered(
         header(&mut out, &name, spec.description, ty);
         for p in points {
             out.push_str(&name);
-            let values: Vec<_> = p
+            let mut values: Vec<_> = p
                 .attrs
                 .iter()
                 .map(|(k, v)| (label_name(k), v.to_label()))
                 .collect();
+            if let Some(d) = dcgm {
+                d.add(&p.attrs, &mut values);
+            }
             write_labels(
                 &mut out,
                 values.iter().map(|(k, v)| (k.clone(), v.as_ref())),
