@@ -38,6 +38,7 @@ mod placement;
 mod prepare;
 mod sinks;
 mod summary;
+mod watchdog;
 
 pub use check::CheckError;
 pub use prepare::{PrepareError, Prepared, prepare, resolve};
@@ -47,6 +48,7 @@ pub use summary::{RunSummary, peak_rss_kib};
 use crate::api::{self, ApiState};
 use crate::pipeline::{ENGINE_CHANNEL_CAPACITY, Liveness, StopReason};
 use engine::EngineThread;
+use gpuwatch_core::heartbeat::Watchdog;
 use gpuwatch_core::{Registry, Shutdown};
 use gpuwatch_kube::{KubeClient, KubeMetrics};
 use inputs::{EngineInlet, Inputs, KmsgReader, LocalApi, NicPoller, NvmlFeed};
@@ -54,6 +56,7 @@ use placement::PlacementPlan;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use watchdog::InputWatchdog;
 
 /// Options that only exist on the command line.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -201,8 +204,16 @@ impl Prepared {
         )?;
         let kmsg = KmsgReader::start(kmsg_args, inlet.sender())?;
         let nvml = NvmlFeed::start(self.nvml(), inlet.sender(), &registry, &liveness, &shutdown)?;
-        let placement = placement.start(&rt, inlet.sender(), &registry)?;
-        let nic = NicPoller::start(self.network(), inlet.sender(), &liveness, &shutdown)?;
+        let mut placement = placement.start(&rt, inlet.sender(), &registry)?;
+        let nic = NicPoller::start(self.network(), inlet.sender(), &shutdown)?;
+        let mut watchdog = Watchdog::new();
+        let watched = (nic.watched().into_iter())
+            .chain(placement.take_watched())
+            .chain(std::mem::take(&mut sinks.watched));
+        for w in watched {
+            watchdog.watch(w);
+        }
+        let watchdog = InputWatchdog::start(watchdog, inlet.sender(), &shutdown)?;
         let api_state = ApiState {
             registry: registry.clone(),
             kube: kube.subscribe(),
@@ -227,6 +238,7 @@ impl Prepared {
                 nvml,
                 placement,
                 nic,
+                watchdog,
                 api,
             },
             engine,

@@ -66,12 +66,13 @@
 //!
 //! Progress. A sysfs read can block for seconds or never return (an mlx5
 //! `hw_counters` read waits on a firmware command) and cannot be cancelled.
-//! The reader records each read in its [`ReadProgress`] (the file, and a
-//! heartbeat at its start and end); [`spawn_nic_watchdog`], on another
+//! The reader records each read in its heartbeat ([`Progress`]: the file,
+//! and a beat at its start and end); the agent's watchdog, on another
 //! thread, reports the poller stalled once it has made no progress for
 //! [`stall_deadline`], naming the file, and reports it again when it moves.
 
 use gpuwatch_core::Shutdown;
+use gpuwatch_core::heartbeat::{self, Progress};
 use gpuwatch_core::network::{
     CounterReading, CounterValue, LinkLayer, NetworkSettings, NicScan, PCI_VENDOR_AMAZON,
     PhysState, PortId, PortReading, PortState, parse_link_layer, parse_pci_vendor,
@@ -83,8 +84,7 @@ use std::fs::{self, File};
 use std::io::{self, Read};
 use std::os::unix::fs::DirEntryExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -137,8 +137,8 @@ pub struct NicReader {
     /// RoCE ports (`mlx5_1/1`) already logged as having no netdev.
     netdev_missing_logged: HashSet<String>,
     buf: Box<[u8; READ_BUF]>,
-    /// What the reader is doing now, for the watchdog ([`spawn_nic_watchdog`]).
-    progress: Arc<ReadProgress>,
+    /// What the reader is doing now, for the watchdog.
+    progress: Arc<Progress>,
     /// Run after the listing and before the reads (tests: a device that
     /// vanishes in between).
     #[cfg(test)]
@@ -222,8 +222,8 @@ struct Vanished;
 
 /// One `open` + `read` + `close` of a small file into `buf`, recorded in
 /// `progress` while it runs.
-fn read_small<'b>(buf: &'b mut [u8], path: &Path, progress: &ReadProgress) -> io::Result<&'b [u8]> {
-    let _reading = progress.reading(path);
+fn read_small<'b>(buf: &'b mut [u8], path: &Path, progress: &Progress) -> io::Result<&'b [u8]> {
+    let _reading = progress.begin(path.as_os_str());
     let mut file = File::open(path)?;
     let n = loop {
         match file.read(buf) {
@@ -401,7 +401,7 @@ impl NicReader {
     /// does not exist.
     fn list_class_dir(&mut self) -> io::Result<bool> {
         self.listing.clear();
-        let _reading = self.progress.reading(&self.class_dir);
+        let _reading = self.progress.begin(self.class_dir.as_os_str());
         let entries = match fs::read_dir(&self.class_dir) {
             Ok(e) => e,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
@@ -431,7 +431,7 @@ impl NicReader {
         names.sort_by(|a, b| natural_key(a).cmp(&natural_key(b)));
         self.layout.clear();
         for name in names {
-            let _reading = self.progress.reading(&self.class_dir.join(name));
+            let _reading = self.progress.begin(self.class_dir.join(name).as_os_str());
             match device_layout(&self.class_dir, &self.net_dir, name, &self.unreadable) {
                 Ok(dev) => self.layout.push(dev),
                 Err(problem) => {
@@ -737,90 +737,6 @@ fn port_layout(
     })
 }
 
-/// What the NIC poller is doing, for its watchdog ([`spawn_nic_watchdog`]):
-/// when it last made progress and which file it is reading now. A sysfs read
-/// can block for seconds or for ever (an mlx5 `hw_counters` read waits on a
-/// firmware command), and nothing can cancel it; the watchdog, another
-/// thread, sees the heartbeat stand still and names the file.
-///
-/// The poller beats when a scan starts and when each read (an open, a
-/// directory listing, a device's layout) starts and ends: one atomic store,
-/// an uncontended lock and a copy of the path into a buffer kept from read
-/// to read. The agent's [`crate::pipeline::Liveness`] holds the one its
-/// poller reports to.
-#[derive(Debug)]
-pub struct ReadProgress {
-    /// The instant the heartbeat counts from (a monotonic clock: a step of
-    /// the wall clock is not a stall).
-    origin: Instant,
-    /// Milliseconds after `origin`, plus one, of the poller's last progress;
-    /// 0: it has not started.
-    beat_ms: AtomicU64,
-    /// The file being read now; empty between reads.
-    current: Mutex<PathBuf>,
-}
-
-impl Default for ReadProgress {
-    fn default() -> ReadProgress {
-        ReadProgress {
-            origin: Instant::now(),
-            beat_ms: AtomicU64::new(0),
-            current: Mutex::new(PathBuf::new()),
-        }
-    }
-}
-
-/// Marks the end of a read (see [`ReadProgress::reading`]).
-struct Reading<'a>(&'a ReadProgress);
-
-impl Drop for Reading<'_> {
-    fn drop(&mut self) {
-        self.0.path().as_mut_os_string().clear();
-        self.0.beat();
-    }
-}
-
-impl ReadProgress {
-    /// The heartbeat's clock now: milliseconds after `origin`, plus one.
-    pub fn now_ms(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_millis())
-            .unwrap_or(u64::MAX)
-            .saturating_add(1)
-    }
-
-    /// The poller made progress now.
-    pub fn beat(&self) {
-        self.beat_ms.store(self.now_ms(), Ordering::Relaxed);
-    }
-
-    /// The poller's last progress on the clock of [`ReadProgress::now_ms`]
-    /// (0: it has not started).
-    pub fn last_beat_ms(&self) -> u64 {
-        self.beat_ms.load(Ordering::Relaxed)
-    }
-
-    /// The file the poller is reading now, if it is in a read.
-    pub fn current_path(&self) -> Option<PathBuf> {
-        let p = self.path();
-        (!p.as_os_str().is_empty()).then(|| p.clone())
-    }
-
-    fn path(&self) -> std::sync::MutexGuard<'_, PathBuf> {
-        self.current.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// A read of `path` starts now; it ends when the guard drops.
-    fn reading(&self, path: &Path) -> Reading<'_> {
-        self.beat();
-        let mut current = self.path();
-        let buf = current.as_mut_os_string();
-        buf.clear();
-        buf.push(path.as_os_str());
-        drop(current);
-        Reading(self)
-    }
-}
-
 /// The shortest time the NIC poller may make no progress before its part of
 /// the health is Unknown: a busy firmware command can hold a counter read
 /// for a second or two without anything being wrong.
@@ -828,82 +744,10 @@ pub const STALL_MIN: Duration = Duration::from_secs(5);
 
 /// How long a NIC poller scanning every `interval` may make no progress
 /// before it counts as stalled: three of its intervals, at least
-/// [`STALL_MIN`].
+/// [`STALL_MIN`]. The agent's watchdog holds it to that
+/// ([`gpuwatch_core::heartbeat`]), naming the file it is stuck in.
 pub fn stall_deadline(interval: Duration) -> Duration {
-    interval.saturating_mul(3).max(STALL_MIN)
-}
-
-/// Whether a poller scanning every `interval` whose last progress was at
-/// `last_beat_ms` is stalled at `now_ms` (both on the clock of
-/// [`ReadProgress::now_ms`]): how long it has made no progress when that is
-/// [`stall_deadline`] or longer. A poller that has not started (0) is not
-/// stalled.
-pub fn stalled_for(last_beat_ms: u64, now_ms: u64, interval: Duration) -> Option<Duration> {
-    if last_beat_ms == 0 {
-        return None;
-    }
-    let idle = Duration::from_millis(now_ms.saturating_sub(last_beat_ms));
-    (idle >= stall_deadline(interval)).then_some(idle)
-}
-
-/// What the watchdog reports: the poller is stalled (`Some`, the words for
-/// `NetworkHealth.monitor_message`, naming the file it is stuck in) or
-/// makes progress again (`None`).
-pub type StallReport = Option<String>;
-
-/// Starts the NIC poller's watchdog: it looks at `progress` every
-/// `interval` (at most every second) and calls `report` when the poller
-/// stalls ([`stalled_for`]; logged once at WARN) and when it makes progress
-/// again (logged once at INFO): never on every tick. It ends when `shutdown`
-/// is triggered or when `report` returns false (its receiver is gone).
-pub fn spawn_nic_watchdog(
-    progress: Arc<ReadProgress>,
-    interval: Duration,
-    mut report: impl FnMut(StallReport) -> bool + Send + 'static,
-    shutdown: Shutdown,
-) -> io::Result<JoinHandle<()>> {
-    let interval = interval.max(Duration::from_millis(100));
-    let tick = interval.min(Duration::from_secs(1));
-    std::thread::Builder::new()
-        .name("nic-watchdog".into())
-        .spawn(move || {
-            let mut stalled = false;
-            while !shutdown.wait_timeout(tick) {
-                let now = progress.now_ms();
-                match stalled_for(progress.last_beat_ms(), now, interval) {
-                    Some(idle) if !stalled => {
-                        let message = match progress.current_path() {
-                            Some(path) => format!(
-                                "reading {} has not returned for {} s",
-                                path.display(),
-                                idle.as_secs()
-                            ),
-                            None => format!(
-                                "the NIC poller has made no progress for {} s",
-                                idle.as_secs()
-                            ),
-                        };
-                        tracing::warn!(
-                            input = "network",
-                            detail = %message,
-                            "The NIC poller is stuck; NetworkProblem is Unknown until it reads again."
-                        );
-                        stalled = true;
-                        if !report(Some(message)) {
-                            return;
-                        }
-                    }
-                    None if stalled => {
-                        tracing::info!(input = "network", "The NIC poller reads again.");
-                        stalled = false;
-                        if !report(None) {
-                            return;
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        })
+    heartbeat::deadline(interval, 3, STALL_MIN)
 }
 
 /// Starts the NIC poller thread: a [`NicReader`] over `settings.sysfs_root`
@@ -913,14 +757,14 @@ pub fn spawn_nic_watchdog(
 /// the wait) or when `send` returns false (its receiver is gone); with
 /// `settings.enabled` false it ends without scanning. An interval under
 /// 100 ms (the settings' minimum) is taken as 100 ms. The poller reports
-/// what it does to `progress` (for [`spawn_nic_watchdog`]). A read that never
+/// what it does to `progress` (for the agent's watchdog). A read that never
 /// returns keeps the thread in it, also past `shutdown`: whoever joins it
 /// must not wait for ever. The error is the thread's creation failing.
 pub fn spawn_nic_poller(
     settings: NetworkSettings,
     mut send: impl FnMut(NicScan) -> bool + Send + 'static,
     shutdown: Shutdown,
-    progress: Arc<ReadProgress>,
+    progress: Arc<Progress>,
 ) -> io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name("nic-poller".into())
@@ -957,6 +801,7 @@ pub fn spawn_nic_poller(
 mod tests {
     use super::*;
     use gpuwatch_test_support::sysfs::FakeSysfs;
+    use std::sync::Mutex;
 
     #[test]
     fn nic_names_and_addresses() {
@@ -985,53 +830,26 @@ mod tests {
         assert_eq!(classify(&e(libc::EIO)), Failure::Passing);
     }
 
-    /// The deadline is three poll intervals, at least [`STALL_MIN`]; a
-    /// poller that has not started is never stalled; the decision needs no
-    /// clock of its own.
+    /// The deadline is three poll intervals, at least [`STALL_MIN`].
     #[test]
-    fn nic_stall_decision() {
-        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap();
-        let fast = Duration::from_millis(100);
-        let slow = Duration::from_secs(5);
-        assert_eq!(stall_deadline(fast), STALL_MIN);
-        assert_eq!(stall_deadline(slow), Duration::from_secs(15));
+    fn nic_stall_deadline() {
+        assert_eq!(stall_deadline(Duration::from_millis(100)), STALL_MIN);
+        assert_eq!(
+            stall_deadline(Duration::from_secs(5)),
+            Duration::from_secs(15)
+        );
         assert_eq!(stall_deadline(Duration::MAX), Duration::MAX);
-        // Not started: never stalled, however late.
-        assert_eq!(stalled_for(0, u64::MAX, fast), None);
-        let beat = 1_000;
-        // Just short of the deadline, then at it and past it.
-        assert_eq!(stalled_for(beat, beat + ms(STALL_MIN) - 1, fast), None);
-        assert_eq!(
-            stalled_for(beat, beat + ms(STALL_MIN), fast),
-            Some(STALL_MIN)
-        );
-        assert_eq!(stalled_for(beat, beat + 14_999, slow), None);
-        assert_eq!(
-            stalled_for(beat, beat + 45_000, slow),
-            Some(Duration::from_secs(45))
-        );
-        // A beat newer than `now` (read in the other order) is progress.
-        assert_eq!(stalled_for(beat + 10, beat, fast), None);
     }
 
-    /// The progress names the file while it is read and nothing after; each
-    /// read moves the heartbeat.
+    /// A scan moves the heartbeat and ends outside any read.
     #[test]
-    fn nic_read_progress_names_the_file_in_progress() {
-        let p = ReadProgress::default();
-        assert_eq!((p.last_beat_ms(), p.current_path()), (0, None));
-        let path = Path::new("/sys/class/infiniband/mlx5_0/ports/1/hw_counters/x");
-        {
-            let _r = p.reading(path);
-            assert_eq!(p.current_path().as_deref(), Some(path));
-            assert!(p.last_beat_ms() > 0);
-        }
-        assert_eq!(p.current_path(), None);
+    fn nic_scan_beats_and_ends_outside_a_read() {
         let fake = FakeSysfs::node_of(1);
         let mut r = NicReader::new(fake.root().to_path_buf());
+        assert_eq!(r.progress.last_beat_ms(), 0);
         r.scan(Instant::now());
         assert!(r.progress.last_beat_ms() > 0);
-        assert_eq!(r.progress.current_path(), None);
+        assert_eq!(r.progress.activity(), None);
     }
 
     /// A device removed after the listing and before its files are read:

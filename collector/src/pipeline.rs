@@ -73,12 +73,6 @@ pub struct Liveness {
     /// How long the NVML sources may make no progress before `/healthz`
     /// fails, milliseconds (the call deadline plus a margin; 0: not checked).
     nvml_progress_deadline_ms: AtomicU64,
-    /// The NIC poller's heartbeat and the file it is reading now. Its
-    /// watchdog turns a stall into `NetworkProblem` Unknown
-    /// (`MonitorInput::Network`); it is not one of the [`Liveness::stalled`]
-    /// threads: a restart does not unblock a sysfs read (the new agent's
-    /// poller would block on the same file), and the GPU monitoring works on.
-    nic_progress: Arc<crate::nic::ReadProgress>,
 }
 
 /// What `/healthz` and `/readyz` report: the threads' liveness and progress
@@ -230,11 +224,6 @@ impl Liveness {
         .iter()
         .map(|a| a.load(Ordering::Relaxed))
         .all(|beat| beat == 0 || now.saturating_sub(beat) <= limit)
-    }
-
-    /// The NIC poller's progress (see [`crate::nic::spawn_nic_watchdog`]).
-    pub fn nic_progress(&self) -> Arc<crate::nic::ReadProgress> {
-        Arc::clone(&self.nic_progress)
     }
 
     /// Whether the agent is alive (engine and kmsg threads running).

@@ -438,8 +438,16 @@ impl Engine {
         ok: bool,
         message: String,
     ) -> Vec<FaultEvent> {
-        if input == MonitorInput::Network {
-            return self.on_network_stall((!ok).then_some(message));
+        match input {
+            MonitorInput::Network => {
+                self.set_monitor(input, ok, message.clone());
+                return self.on_network_stall((!ok).then_some(message));
+            }
+            MonitorInput::PodResources | MonitorInput::PodListing => {
+                self.on_placement_stall(input, ok, message);
+                return Vec::new();
+            }
+            MonitorInput::Kmsg | MonitorInput::Nvml | MonitorInput::KubeWriter => {}
         }
         self.set_monitor(input, ok, message);
         let mut out = Vec::new();
@@ -447,6 +455,27 @@ impl Engine {
             self.end_join_grace("NVML is unavailable", &mut out);
         }
         out
+    }
+
+    /// A placement source that stalled keeps its last listing, with a note
+    /// that it may be stale (as when the source itself reports an error);
+    /// when it moves again the note goes, unless the source replaced it
+    /// with its own meanwhile.
+    fn on_placement_stall(&mut self, input: MonitorInput, ok: bool, message: String) {
+        let pods = input == MonitorInput::PodListing;
+        let note = |m: &str| format!("the {} source is stuck: {m}", input.as_str());
+        if ok {
+            if let Some(previous) = self.monitors.part_message(input) {
+                self.placement.clear_note(pods, &note(previous));
+            }
+        } else {
+            self.placement.apply(if pods {
+                crate::placement::PlacementUpdate::PodsUnavailable(note(&message))
+            } else {
+                crate::placement::PlacementUpdate::DevicesUnavailable(note(&message))
+            });
+        }
+        self.set_monitor(input, ok, message);
     }
 
     fn on_kmsg_caught_up(&mut self) {

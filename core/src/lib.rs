@@ -33,6 +33,7 @@
 
 pub mod clock;
 pub mod engine;
+pub mod heartbeat;
 pub mod msg;
 pub mod names;
 pub mod network;

@@ -32,9 +32,10 @@ pub enum Input {
         /// incomplete poll is a monitor problem, never a hardware verdict.
         complete: bool,
     },
-    /// The state of an input (`kmsg`, `nvml` or `network`): `ok` false means
-    /// gpuwatch cannot tell (verdict `unknown`; for `network` only the
-    /// network part), never a hardware fault.
+    /// The state of an input: `ok` false means gpuwatch cannot tell what
+    /// that input covers (for `kmsg` and `nvml` the verdict is `unknown`; for
+    /// the others only their part: the network, which pods hold a GPU, the
+    /// Node writer), never a hardware fault.
     MonitorStatus {
         /// The input the status is about.
         input: MonitorInput,
@@ -99,6 +100,17 @@ pub enum MonitorInput {
     /// not returned within its deadline. It covers only `NodeHealth.network`
     /// (`NetworkProblem` Unknown, `NICMonitorUnavailable`), never the GPUs.
     Network,
+    /// The kubelet's PodResources poller: down while a call has not returned
+    /// (or the poller has not come round) within its deadline. It covers
+    /// only which pods hold a GPU: fault records say the pods may be stale.
+    PodResources,
+    /// The listing of the pods bound to the Node (list and watch): as
+    /// [`MonitorInput::PodResources`], for the pods' names and owners.
+    PodListing,
+    /// The Node writer's reconcile loop: down while it has not come round
+    /// within its deadline. Nothing else on the node can write the Node for
+    /// it, so this shows only in `/v1/health`, the metric and the log.
+    KubeWriter,
 }
 
 impl MonitorInput {
@@ -108,6 +120,9 @@ impl MonitorInput {
             MonitorInput::Kmsg => "kmsg",
             MonitorInput::Nvml => "nvml",
             MonitorInput::Network => "network",
+            MonitorInput::PodResources => "pod_resources",
+            MonitorInput::PodListing => "pod_listing",
+            MonitorInput::KubeWriter => "kube_writer",
         }
     }
 }

@@ -235,6 +235,19 @@ impl Placement {
         }
     }
 
+    /// Drops the note of the pod listing (`pods`) or of the device
+    /// assignments when it is `note` (one the source did not replace).
+    pub fn clear_note(&mut self, pods: bool, note: &str) {
+        let slot = if pods {
+            &mut self.pods_note
+        } else {
+            &mut self.devices_note
+        };
+        if slot.as_deref() == Some(note) {
+            *slot = None;
+        }
+    }
+
     /// True when a listing of the node's pods sent after `read_at` could
     /// still name a pod of `pods` known by UID only: the listing works, has
     /// not been current since `read_at`, and the pod is neither listed nor

@@ -2,7 +2,9 @@
 //! (around an uninstall nobody else would, and the startup taint would keep the
 //! node unschedulable), or off every Node together with the quarantine
 //! budget's Leases (module `fleet`: the uninstall hook), after waiting for the
-//! agents' pods to be gone (module `wait`).
+//! agents' pods to be gone (module `wait`). The DRA DeviceTaintRules
+//! gpuwatch wrote go too: the Node's (by the `gpuwatch.io/node` label), or
+//! with `--all-nodes` every rule carrying that label.
 //!
 //! Every request is retried on transient failures (5xx, 429, a refused or
 //! dropped connection, a timeout) a bounded number of times
@@ -18,6 +20,7 @@ pub use wait::{PodWait, WaitOutcome};
 use super::KubeError;
 use super::backend::{ApiError, ApiResult, NodeApi, node_api};
 use super::client::build_client;
+use super::device_taints::{DeviceTaintError, DeviceTaints};
 use super::node::{live_conditions, live_taints, taint_patch};
 use super::retry;
 use super::settings::KubeSettings;
@@ -35,12 +38,14 @@ pub struct CleanupReport {
     pub conditions: Vec<String>,
     /// Taints removed, as `key[=value]:effect`.
     pub taints: Vec<String>,
+    /// DRA DeviceTaintRules of the Node's devices deleted, by name.
+    pub device_taint_rules: Vec<String>,
 }
 
 impl CleanupReport {
     /// Nothing of gpuwatch's was on the Node.
     pub fn is_empty(&self) -> bool {
-        self.conditions.is_empty() && self.taints.is_empty()
+        self.conditions.is_empty() && self.taints.is_empty() && self.device_taint_rules.is_empty()
     }
 }
 
@@ -134,7 +139,9 @@ fn our_taints(node: &Node, cfg: &KubeSettings) -> Vec<String> {
 /// patch guarded by the resourceVersion read (a lost race re-reads and
 /// retries); conditions are given up through server-side apply as the
 /// `field_manager` (applying none of them), so the server removes the ones
-/// only gpuwatch owns. `dry_run`: reads and reports, writes nothing.
+/// only gpuwatch owns. Then the DeviceTaintRules labelled with the Node are
+/// deleted (a cluster serving none has none). `dry_run`: reads and reports,
+/// writes nothing.
 pub async fn node_cleanup(
     cfg: &KubeSettings,
     node_name: &str,
@@ -144,11 +151,97 @@ pub async fn node_cleanup(
         return Err(KubeError::NoNodeName.into());
     }
     let client = build_client(&cfg.api).await?;
-    let backend = node_api(Some(client), node_name, cfg);
+    let backend = node_api(Some(client.clone()), node_name, cfg);
     let attempt = clean_node(&*backend, cfg, node_name, None, dry_run).await;
-    match attempt.error {
-        Some(e) => Err(e),
-        None => Ok(attempt.done),
+    let mut done = attempt.done;
+    if let Some(e) = attempt.error {
+        return Err(e);
+    }
+    let rules = DeviceTaints::with_client(client, node_name, cfg.api.request_timeout);
+    done.device_taint_rules = remove_device_rules(&rules, cfg, false, dry_run).await?;
+    Ok(done)
+}
+
+/// Deletes gpuwatch's DeviceTaintRules (in a dry run: lists them): the
+/// Node's of `rules`, or with `every_node` those of every Node (any
+/// `gpuwatch.io/node` label). Returns their names. A transient failure is
+/// retried as the Node's requests are; a cluster that serves no
+/// DeviceTaintRules has none to delete.
+pub(crate) async fn remove_device_rules(
+    rules: &DeviceTaints,
+    cfg: &KubeSettings,
+    every_node: bool,
+    dry_run: bool,
+) -> Result<Vec<String>, CleanupError> {
+    let listed = retried_rules(cfg, "listing the device taint rules", || async {
+        if every_node {
+            rules.every_nodes_rules().await
+        } else {
+            rules.rules().await
+        }
+    })
+    .await;
+    let listed = match listed {
+        Ok(l) => l,
+        Err(None) => return Ok(Vec::new()),
+        Err(Some(e)) => return Err(e),
+    };
+    let mut names: Vec<String> = listed.into_iter().map(|r| r.name).collect();
+    names.sort();
+    if dry_run {
+        return Ok(names);
+    }
+    let mut deleted = Vec::new();
+    for name in names {
+        let gone = retried_rules(cfg, "deleting a device taint rule", || rules.remove(&name))
+            .await
+            .map_err(|e| {
+                e.unwrap_or(CleanupError::Api {
+                    what: "deleting a device taint rule",
+                    reason: DeviceTaintError::Unavailable.to_string(),
+                })
+            })?;
+        if gone {
+            deleted.push(name);
+        }
+    }
+    Ok(deleted)
+}
+
+/// `call`, tried again after a transient failure as [`retry::bounded`]
+/// does (at most [`retry::TRIES`] times, pausing with the API backoff).
+/// `Err(None)`: the cluster serves no DeviceTaintRules.
+async fn retried_rules<T, F, Fut>(
+    cfg: &KubeSettings,
+    what: &'static str,
+    mut call: F,
+) -> Result<T, Option<CleanupError>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, DeviceTaintError>>,
+{
+    let (mut pause, max) = pacing(cfg);
+    let mut tried = 1;
+    loop {
+        match call().await {
+            Ok(v) => return Ok(v),
+            Err(DeviceTaintError::Unavailable) => return Err(None),
+            Err(DeviceTaintError::Api(reason)) if tried < retry::TRIES => {
+                tracing::info!(request = what, error = %reason, attempt = tried, "Request failed; retrying.");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(max);
+                tried += 1;
+            }
+            Err(DeviceTaintError::Api(reason)) => {
+                return Err(Some(CleanupError::Unavailable { what, reason }));
+            }
+            Err(e) => {
+                return Err(Some(CleanupError::Api {
+                    what,
+                    reason: e.to_string(),
+                }));
+            }
+        }
     }
 }
 

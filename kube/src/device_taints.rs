@@ -314,12 +314,22 @@ impl DeviceTaints {
         settings: &KubeSettings,
     ) -> Result<DeviceTaints, DeviceTaintError> {
         let client = client.client().cloned().ok_or(DeviceTaintError::DryRun)?;
-        Ok(DeviceTaints {
+        Ok(DeviceTaints::with_client(
+            client,
+            node,
+            settings.api.request_timeout,
+        ))
+    }
+
+    /// The client for `node` through `client` (`node-cleanup`'s), each
+    /// request bounded by `timeout`.
+    pub(crate) fn with_client(client: kube::Client, node: &str, timeout: Duration) -> DeviceTaints {
+        DeviceTaints {
             client,
             node: node.to_owned(),
-            timeout: settings.api.request_timeout,
+            timeout,
             served: tokio::sync::Mutex::new(None),
-        })
+        }
     }
 
     async fn call<T>(
@@ -508,7 +518,17 @@ impl DeviceTaints {
 
     /// This Node's rules (by [`NODE_LABEL`]).
     pub async fn rules(&self) -> Result<Vec<ExistingRule>, DeviceTaintError> {
-        let lp = ListParams::default().labels(&self.node_selector());
+        self.rules_matching(&self.node_selector()).await
+    }
+
+    /// The rules of every Node (any [`NODE_LABEL`]): what
+    /// `node-cleanup --all-nodes` deletes.
+    pub(crate) async fn every_nodes_rules(&self) -> Result<Vec<ExistingRule>, DeviceTaintError> {
+        self.rules_matching(NODE_LABEL).await
+    }
+
+    async fn rules_matching(&self, selector: &str) -> Result<Vec<ExistingRule>, DeviceTaintError> {
+        let lp = ListParams::default().labels(selector);
         let rules = self.rules_api(false).await?;
         let list = match self
             .call("list", "devicetaintrules", "", rules.api.list(&lp))

@@ -132,6 +132,7 @@ pub use settings::KubeSettings;
 
 use events::{EventQueue, EventWriter, KubeEventSink};
 use gpuwatch_core::EventSink;
+use gpuwatch_core::heartbeat::Progress;
 use gpuwatch_core::validation::ValidationConfig;
 use gpuwatch_proto::{NodeHealth, ValidationReport};
 use reconcile::Reconciler;
@@ -267,8 +268,11 @@ pub const DEVICE_TAINT_REQUESTS: [ApiRequest; 6] = [
 /// a Node read again after a lost race, the taint patch, the condition
 /// apply on `nodes/status`; the slot Leases' list and delete in
 /// `quarantine_namespace`; the pod list of `--wait-for-pods` in the agents'
-/// namespace. Node requests are cluster-scoped, the others namespaced.
-pub const CLEANUP_REQUESTS: [ApiRequest; 7] = [
+/// namespace; every DRA DeviceTaintRule carrying gpuwatch's node label,
+/// listed and deleted. Node and DeviceTaintRule requests are
+/// cluster-scoped, the others namespaced. `node-cleanup --node` makes a
+/// subset of them.
+pub const CLEANUP_REQUESTS: [ApiRequest; 9] = [
     req("list", "nodes"),
     req("get", "nodes"),
     req("patch", "nodes"),
@@ -276,6 +280,8 @@ pub const CLEANUP_REQUESTS: [ApiRequest; 7] = [
     lease("list"),
     lease("delete"),
     req("list", "pods"),
+    dra("list", "devicetaintrules"),
+    dra("delete", "devicetaintrules"),
 ];
 
 /// Errors starting the node writer.
@@ -326,6 +332,18 @@ pub struct WriterHooks {
     /// its `kube-conditions.json`, so the bound survives restarts and
     /// reboots. `None`: in memory only (dry runs, tests).
     pub state_dir: Option<PathBuf>,
+    /// The reconcile loop beats it on every round (at least every 10 s)
+    /// and names a pass while one runs: the agent's input watchdog holds it
+    /// to [`writer_deadline`].
+    pub progress: Arc<Progress>,
+}
+
+/// How long the reconcile loop may make no progress before the agent
+/// reports the Node writer stuck: twelve request timeouts (a pass makes a
+/// handful of requests, each bounded by the timeout), at least two
+/// minutes.
+pub fn writer_deadline(settings: &KubeSettings) -> Duration {
+    gpuwatch_core::heartbeat::deadline(settings.api.request_timeout, 12, Duration::from_secs(120))
 }
 
 impl std::fmt::Debug for WriterHooks {
@@ -333,7 +351,7 @@ impl std::fmt::Debug for WriterHooks {
         f.debug_struct("WriterHooks")
             .field("on_validation", &self.on_validation.is_some())
             .field("state_dir", &self.state_dir)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -523,6 +541,7 @@ impl Shared {
             on_validation: hooks.on_validation,
             quarantine,
             flap,
+            progress: hooks.progress,
             isolator: self.isolator,
         })
     }

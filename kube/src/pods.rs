@@ -30,6 +30,8 @@ use super::client::KubeClient;
 use super::retry::Backoff;
 use super::settings::{ApiSettings, KubeSettings};
 use futures::{FutureExt as _, StreamExt};
+use gpuwatch_core::heartbeat::{self, Progress, Watched};
+use gpuwatch_core::msg::MonitorInput;
 use gpuwatch_core::placement::{PlacementUpdate, PodDirectory, PodInfo};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
@@ -52,7 +54,13 @@ pub type PlacementCallback = Arc<dyn Fn(PlacementUpdate) + Send + Sync>;
 pub struct PodListing {
     stop_tx: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
+    progress: Arc<Progress>,
+    deadline: Duration,
 }
+
+/// How often the listing loop comes round when nothing happens, only to
+/// beat its heartbeat.
+const LISTING_BEAT: Duration = Duration::from_secs(10);
 
 impl std::fmt::Debug for PodListing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -83,6 +91,7 @@ impl PodListing {
             return Ok(None);
         };
         let (stop_tx, stop_rx) = watch::channel(false);
+        let progress = Progress::new();
         let task = rt.spawn(watch_pods(
             client.clone(),
             node_name.to_owned(),
@@ -90,8 +99,28 @@ impl PodListing {
             on_change,
             ask,
             stop_rx,
+            progress.clone(),
         ));
-        Ok(Some(PodListing { stop_tx, task }))
+        // The loop beats every round (at least every LISTING_BEAT); a list
+        // asked for is bounded by the request timeout.
+        let deadline =
+            heartbeat::deadline(LISTING_BEAT, 3, settings.api.request_timeout + LISTING_BEAT);
+        Ok(Some(PodListing {
+            stop_tx,
+            task,
+            progress,
+            deadline,
+        }))
+    }
+
+    /// The listing's heartbeat, for the agent's input watchdog: a listing
+    /// task that died or stopped being polled stalls it.
+    pub fn watched(&self) -> Watched {
+        Watched::new(
+            MonitorInput::PodListing,
+            self.progress.clone(),
+            self.deadline,
+        )
     }
 
     /// Stops the listing: false when it was still busy after `within` (a
@@ -158,6 +187,7 @@ async fn watch_pods(
     on_change: PlacementCallback,
     ask: Arc<Notify>,
     mut shutdown: watch::Receiver<bool>,
+    progress: Arc<Progress>,
 ) {
     let fields = format!("spec.nodeName={node_name}");
     let config = watcher::Config::default()
@@ -170,9 +200,11 @@ async fn watch_pods(
     let mut store = PodStore::new(on_change);
     let mut last_list: Option<Instant> = None;
     loop {
+        progress.beat();
         let next = tokio::select! {
             _ = shutdown.changed() => return,
             () = ask.notified() => {
+                let _list = progress.begin(std::ffi::OsStr::new("a list of the Node's pods"));
                 tokio::select! {
                     _ = shutdown.changed() => return,
                     () = store.list_now(&pods, &fields, &ask, &mut last_list, api.request_timeout) => {}
@@ -180,6 +212,7 @@ async fn watch_pods(
                 continue;
             }
             next = events.next() => next,
+            () = tokio::time::sleep(LISTING_BEAT) => continue,
         };
         match next {
             Some(Ok(event)) => store.apply(event),

@@ -16,6 +16,7 @@ use super::node::{has_fault_taint, has_startup_taint};
 use super::node_watch::Seen;
 use super::quarantine;
 use super::settings::KubeSettings;
+use gpuwatch_core::heartbeat::Progress;
 use gpuwatch_core::validation::{self, ValidationConfig};
 use gpuwatch_proto::{NodeHealth, ValidationReport};
 use gpuwatch_sinks::kube_metrics::{KubeMetrics, ValidationResult};
@@ -80,6 +81,8 @@ pub(crate) struct Reconciler {
     quarantine: Option<quarantine::link::Link>,
     /// Holds conditions that keep clearing and coming back.
     flap: super::flap::Hysteresis,
+    /// The loop's heartbeat, for the agent's input watchdog.
+    progress: Arc<Progress>,
     /// Device isolation: the DRA DeviceTaintRules of GPU-scoped faults.
     isolator: super::device_taints::isolate::Isolator,
 }
@@ -100,6 +103,7 @@ pub(crate) struct Parts {
     pub on_validation: Option<super::ValidationCallback>,
     pub quarantine: Option<quarantine::link::Link>,
     pub flap: super::flap::Hysteresis,
+    pub progress: Arc<Progress>,
     pub isolator: super::device_taints::isolate::Isolator,
 }
 
@@ -127,6 +131,7 @@ impl Reconciler {
             live: None,
             quarantine: p.quarantine,
             flap: p.flap,
+            progress: p.progress,
             isolator: p.isolator,
         }
     }

@@ -1,7 +1,8 @@
 //! The parts that feed the health engine: the kernel-log reader, the NVML
 //! sources, the placement sources (the pod listing and the kubelet's
-//! PodResources, [`PlacementSources`]), the NIC poller, the local API
-//! (operator clears) and the node writer's validation reports. Each is
+//! PodResources, [`PlacementSources`]), the NIC poller, the watchdog over
+//! their heartbeats, the local API (operator clears) and the node writer's
+//! validation reports. Each is
 //! started with its sender into the engine channel and the sources' shutdown
 //! signal (or a stop of its own), and [`Inputs::stop`] stops them all.
 //!
@@ -19,6 +20,7 @@ use crate::api::{self, ApiState};
 use crate::kmsg::{self, KmsgSourceArgs, KmsgSummary};
 use crate::pipeline::{Liveness, NVML_CHANNEL_CAPACITY, StopReason};
 use crossbeam_channel::{Receiver, Sender};
+use gpuwatch_core::heartbeat::{Progress, Watched};
 use gpuwatch_core::msg::{Input, MonitorInput};
 use gpuwatch_core::{Registry, Shutdown};
 use std::sync::Arc;
@@ -65,6 +67,7 @@ pub(super) struct Inputs {
     pub(super) nvml: NvmlFeed,
     pub(super) placement: PlacementSources,
     pub(super) nic: NicPoller,
+    pub(super) watchdog: super::watchdog::InputWatchdog,
     pub(super) api: Option<LocalApi>,
 }
 
@@ -98,6 +101,7 @@ impl Inputs {
         self.nvml.stop(budget, left);
         self.placement.stop(budget, rt, left);
         self.nic.stop(budget, left);
+        self.watchdog.stop(budget, left);
         if let Some(api) = self.api {
             api.stop(budget, rt, left);
         }
@@ -195,11 +199,14 @@ impl NvmlFeed {
     }
 }
 
-/// The NIC poller thread, sysfs scans of the RDMA ports into the engine, and
-/// its watchdog (none while `[network]` is off).
+/// The NIC poller thread, sysfs scans of the RDMA ports into the engine
+/// (none while `[network]` is off). The input watchdog holds its heartbeat
+/// to [`crate::nic::stall_deadline`].
 #[derive(Debug)]
 pub(super) struct NicPoller {
-    threads: Vec<JoinHandle<()>>,
+    thread: Option<JoinHandle<()>>,
+    progress: Arc<Progress>,
+    deadline: Duration,
 }
 
 /// Stop budget of the NIC poller (it wakes for the shutdown at once; a scan
@@ -208,24 +215,24 @@ pub(super) struct NicPoller {
 const NIC_STOP: Duration = Duration::from_secs(1);
 
 impl NicPoller {
-    /// Starts the poller and its watchdog. A scan that finds the engine's
-    /// channel full is skipped, not waited for: the next one carries the
-    /// whole state again (counters are cumulative), and a storm of
-    /// kernel-log faults goes first. The watchdog's reports (the poller is
-    /// stuck in a read, or reads again) wait for room: each is sent once.
+    /// Starts the poller. A scan that finds the engine's channel full is
+    /// skipped, not waited for: the next one carries the whole state again
+    /// (counters are cumulative), and a storm of kernel-log faults goes
+    /// first.
     pub(super) fn start(
         settings: &gpuwatch_core::network::NetworkSettings,
         tx: Sender<Input>,
-        liveness: &Liveness,
         shutdown: &Shutdown,
     ) -> Result<NicPoller, RunError> {
+        let progress = Progress::new();
+        let deadline = crate::nic::stall_deadline(settings.poll_interval);
         if !settings.enabled {
             return Ok(NicPoller {
-                threads: Vec::new(),
+                thread: None,
+                progress,
+                deadline,
             });
         }
-        let progress = liveness.nic_progress();
-        let status_tx = tx.clone();
         let send = move |scan| match tx.try_send(Input::Network(scan)) {
             Ok(()) | Err(crossbeam_channel::TrySendError::Full(_)) => true,
             Err(crossbeam_channel::TrySendError::Disconnected(_)) => false,
@@ -240,41 +247,23 @@ impl NicPoller {
             what: "NIC poller thread",
             source,
         })?;
-        let sd = shutdown.clone();
-        let report = move |stall: crate::nic::StallReport| {
-            let mut status = Input::MonitorStatus {
-                input: MonitorInput::Network,
-                ok: stall.is_none(),
-                message: stall.unwrap_or_default(),
-            };
-            // Waits for room, but not past the shutdown.
-            loop {
-                match status_tx.send_timeout(status, Duration::from_millis(100)) {
-                    Ok(()) => return true,
-                    Err(crossbeam_channel::SendTimeoutError::Timeout(s)) if !sd.is_triggered() => {
-                        status = s;
-                    }
-                    Err(_) => return false,
-                }
-            }
-        };
-        let watchdog = crate::nic::spawn_nic_watchdog(
-            progress,
-            settings.poll_interval,
-            report,
-            shutdown.clone(),
-        )
-        .map_err(|source| RunError::Spawn {
-            what: "NIC watchdog thread",
-            source,
-        })?;
         Ok(NicPoller {
-            threads: vec![poller, watchdog],
+            thread: Some(poller),
+            progress,
+            deadline,
+        })
+    }
+
+    /// Its heartbeat for the input watchdog, while it runs.
+    pub(super) fn watched(&self) -> Option<Watched> {
+        self.thread.as_ref().map(|_| {
+            Watched::new(MonitorInput::Network, self.progress.clone(), self.deadline)
+                .verb("reading ")
         })
     }
 
     fn stop(self, budget: &StopBudget, left: &mut StillRunning) {
-        for t in self.threads {
+        if let Some(t) = self.thread {
             join_within(t, budget.share(NIC_STOP), "NIC poller", left);
         }
     }

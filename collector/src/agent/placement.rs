@@ -20,7 +20,8 @@ use crate::attribution::podresources::{self, KubeletSettings};
 use crossbeam_channel::Sender;
 use gpuwatch_core::Registry;
 use gpuwatch_core::engine::{Ask, PlacementAsks};
-use gpuwatch_core::msg::Input;
+use gpuwatch_core::heartbeat::{Progress, Watched};
+use gpuwatch_core::msg::{Input, MonitorInput};
 use gpuwatch_kube::{KubeClient, KubeSettings, PlacementCallback, PodListing};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -96,14 +97,25 @@ impl PlacementPlan {
     ) -> Result<PlacementSources, RunError> {
         let devices = self.devices.map(|d| {
             let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+            let progress = Progress::new();
+            let watched = Watched::new(
+                MonitorInput::PodResources,
+                progress.clone(),
+                d.settings.stall_deadline(),
+            );
             let task = rt.spawn(podresources::poll(
                 d.settings,
                 engine.clone(),
                 registry.clone(),
                 d.ask,
                 stop_rx,
+                progress,
             ));
-            KubeletPoller { stop_tx, task }
+            KubeletPoller {
+                stop_tx,
+                task,
+                watched: Some(watched),
+            }
         });
         // The listing holds the engine's sender weakly, as the writer holds
         // its own: dropping this one at the stop lets the engine's channel
@@ -146,6 +158,8 @@ fn forward_pods(engine: Weak<Sender<Input>>) -> PlacementCallback {
 struct KubeletPoller {
     stop_tx: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
+    /// Its heartbeat, until the watchdog takes it.
+    watched: Option<Watched>,
 }
 
 /// The running placement sources (module doc).
@@ -158,6 +172,13 @@ pub(super) struct PlacementSources {
 }
 
 impl PlacementSources {
+    /// The sources' heartbeats, for the input watchdog (taken once).
+    pub(super) fn take_watched(&mut self) -> Vec<Watched> {
+        let pods = self.pods.as_ref().map(PodListing::watched);
+        let devices = self.devices.as_mut().and_then(|d| d.watched.take());
+        pods.into_iter().chain(devices).collect()
+    }
+
     /// Tells both sources to stop and waits for each within its share; a
     /// pod listing still busy then is aborted, a kubelet call left behind.
     pub(super) fn stop(

@@ -6,7 +6,8 @@
 use super::{Prepared, RunError, StopBudget};
 use crate::api::MetricsRenderer;
 use crossbeam_channel::Sender;
-use gpuwatch_core::msg::Input;
+use gpuwatch_core::heartbeat::{Progress, Watched};
+use gpuwatch_core::msg::{Input, MonitorInput};
 use gpuwatch_core::{EventSink, Registry};
 use gpuwatch_kube::{KubeClient, KubeMetrics};
 use gpuwatch_proto::NodeHealth;
@@ -25,6 +26,9 @@ pub struct Sinks {
     /// Called at shutdown after the engine stopped, with a time budget
     /// (OTLP exporter shutdown, kube writer shutdown).
     pub on_shutdown: Vec<Box<dyn FnOnce(Duration) + Send>>,
+    /// Heartbeats of the sinks that loop on their own (the Node writer),
+    /// for the input watchdog.
+    pub watched: Vec<Watched>,
 }
 
 impl std::fmt::Debug for Sinks {
@@ -64,6 +68,7 @@ pub fn build_sinks(
         event_sinks: Vec::new(),
         metrics: None,
         on_shutdown: Vec::new(),
+        watched: Vec::new(),
     };
     if prepared.sinks().stdout {
         sinks
@@ -194,6 +199,12 @@ impl Sinks {
                 tracing::debug!(error = %e, "Validation report not handed to the engine.");
             }
         });
+        let progress = Progress::new();
+        self.watched.push(Watched::new(
+            MonitorInput::KubeWriter,
+            progress.clone(),
+            gpuwatch_kube::writer_deadline(prepared.kube()),
+        ));
         let writer = rt
             .block_on(gpuwatch_kube::NodeWriter::start(
                 prepared.kube().clone(),
@@ -207,6 +218,7 @@ impl Sinks {
                     // A dry run shows nothing on the Node: it keeps no history
                     // for the agent that does.
                     state_dir: (!client.is_dry_run()).then(|| prepared.state_dir().to_path_buf()),
+                    progress: progress.clone(),
                 },
             ))
             .map_err(|e| RunError::Sink {

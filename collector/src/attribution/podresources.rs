@@ -22,6 +22,7 @@
 //! socket not mounted; a timeout) blocks nothing: the engine is told, keeps
 //! the last answer and says the pods on a GPU are unknown or may be stale.
 
+use gpuwatch_core::heartbeat::{self, Progress};
 use gpuwatch_core::msg::Input;
 use gpuwatch_core::placement::{
     DeviceHolder, DeviceHolders, DeviceShape, PlacementUpdate, is_gpu_resource,
@@ -81,6 +82,15 @@ pub struct KubeletSettings {
     pub timeout: Duration,
     /// Resource names (or `*` prefixes) whose devices are GPUs or MIG devices.
     pub gpu_resources: Vec<String>,
+}
+
+impl KubeletSettings {
+    /// How long the poller may make no progress before it counts as stuck:
+    /// three intervals plus a call's timeout (it beats at every call's start
+    /// and end, and sleeps an interval in between), at least 30 s.
+    pub fn stall_deadline(&self) -> Duration {
+        heartbeat::deadline(self.interval, 3, Duration::from_secs(30)) + self.timeout
+    }
 }
 
 impl KubeletConfig {
@@ -230,15 +240,19 @@ pub const MIN_ASK_GAP: Duration = Duration::from_millis(250);
 /// Asks the kubelet every interval, and when the engine asks (`ask`: a
 /// fault of a GPU read after the last call), until `stop`, telling the
 /// engine through `tx` what changed and, after every answer, that its
-/// device assignments are current as of the call (module doc).
+/// device assignments are current as of the call (module doc). Each call
+/// is an activity of `progress` (for the agent's input watchdog, held to
+/// [`KubeletSettings::stall_deadline`]).
 pub async fn poll(
     cfg: KubeletSettings,
     tx: crossbeam_channel::Sender<Input>,
     registry: std::sync::Arc<gpuwatch_core::Registry>,
     ask: Arc<tokio::sync::Notify>,
     mut stop: tokio::sync::watch::Receiver<bool>,
+    progress: Arc<Progress>,
 ) {
     let mut last: Option<DeviceHolders> = None;
+    let call = format!("List on {}", cfg.socket.display());
     let mut failing = false;
     loop {
         if *stop.borrow() {
@@ -247,7 +261,10 @@ pub async fn poll(
         // This call answers every ask made until now.
         let _ = futures::FutureExt::now_or_never(ask.notified());
         let sent_at = std::time::Instant::now();
-        let answer = list(&cfg.socket, cfg.timeout, &cfg.gpu_resources).await;
+        let answer = {
+            let _call = progress.begin(std::ffi::OsStr::new(&call));
+            list(&cfg.socket, cfg.timeout, &cfg.gpu_resources).await
+        };
         let ok = answer.is_ok();
         let update = match answer {
             Ok(now) => {
@@ -406,12 +423,22 @@ mod tests {
         let registry = gpuwatch_core::Registry::new();
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let ask = Arc::new(tokio::sync::Notify::new());
-        let task = tokio::spawn(poll(cfg, tx, registry.clone(), ask, stop_rx));
+        let progress = Progress::new();
+        let task = tokio::spawn(poll(
+            cfg,
+            tx,
+            registry.clone(),
+            ask,
+            stop_rx,
+            progress.clone(),
+        ));
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while registry.tally(Tally::PodResourcesFailures) == 0 {
             assert!(std::time::Instant::now() < deadline, "no failure counted");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        // A failed call is progress too: the poller beat and is not stuck in it.
+        assert!(progress.last_beat_ms() > 0);
         assert!(matches!(
             rx.try_recv(),
             Ok(Input::Placement(PlacementUpdate::DevicesUnavailable(_)))
@@ -469,6 +496,7 @@ mod tests {
             gpuwatch_core::Registry::new(),
             ask.clone(),
             stop_rx,
+            Progress::new(),
         ));
         let next = || {
             let deadline = std::time::Instant::now() + Duration::from_secs(10);

@@ -1,6 +1,6 @@
-//! `gpuwatch node-cleanup`: removes gpuwatch's conditions and taints from a
-//! Node, or (`--all-nodes`, the uninstall hook) from every Node, with the
-//! quarantine budget's Leases.
+//! `gpuwatch node-cleanup`: removes gpuwatch's conditions, taints and DRA
+//! DeviceTaintRules from a Node, or (`--all-nodes`, the uninstall hook) from
+//! every Node, with the quarantine budget's Leases.
 
 use super::init_logging;
 use anyhow::Context as _;
@@ -101,6 +101,9 @@ fn print_removed(node: &str, report: &CleanupReport, dry_run: bool) {
     for t in &report.taints {
         println!("{verb} taint {t} from node {node}.");
     }
+    for r in &report.device_taint_rules {
+        println!("{verb} DeviceTaintRule {r} of node {node}.");
+    }
 }
 
 fn one_node(
@@ -160,6 +163,9 @@ fn print_fleet(report: &FleetReport) {
     let verb = verb(report.dry_run);
     for l in &report.leases {
         println!("{verb} Lease {l}.");
+    }
+    for r in &report.device_taint_rules {
+        println!("{verb} DeviceTaintRule {r}.");
     }
     for f in &report.failures {
         eprintln!("error: {f}");

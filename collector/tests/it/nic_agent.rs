@@ -161,8 +161,9 @@ fn network_up_metric(addr: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-const STUCK: &str = "The NIC poller is stuck; NetworkProblem is Unknown until it reads again.";
-const READS_AGAIN: &str = "The NIC poller reads again.";
+const STUCK: &str =
+    "An input is stuck; what it covers is reported as unknown until it makes progress again.";
+const READS_AGAIN: &str = "An input that was stuck makes progress again.";
 
 /// A FIFO in a counter's place blocks the poller in its `open`, as a hung
 /// firmware command blocks an mlx5 `hw_counters` read. Within the deadline

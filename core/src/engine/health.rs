@@ -177,6 +177,7 @@ impl Engine {
             kmsg_caught_up: self.monitors.kmsg_caught_up(),
             state_ok: self.persist.problem().is_none(),
             state_message: self.persist.problem().unwrap_or_default().to_owned(),
+            inputs: self.monitors.inputs(),
         }
     }
 

@@ -1,12 +1,15 @@
 //! What the engine knows about its own sight: the monitoring inputs (the
-//! kernel log reader, NVML) and whether each is available, the reader's
+//! kernel log reader, NVML, and the inputs that cover only a part: the NIC
+//! poller, the placement sources, the Node writer) and whether each is
+//! available, the reader's
 //! first pass over the ring, the latest device validation, and NVML
 //! samples that went stale. A monitoring problem makes health `unknown`,
 //! never a hardware verdict.
 
 use super::model::Gpu;
 use crate::msg::MonitorInput;
-use gpuwatch_proto::ValidationReport;
+use gpuwatch_proto::{InputStatus as InputStatusProto, ValidationReport};
+use std::collections::BTreeMap;
 use std::time::Duration;
 use tracing::{info, warn};
 
@@ -23,6 +26,8 @@ struct InputStatus {
 pub(super) struct Monitors {
     kmsg: InputStatus,
     nvml: InputStatus,
+    /// The inputs that cover a part of the health only, once reported.
+    parts: BTreeMap<MonitorInput, InputStatus>,
     /// The kmsg source finished its first pass over the ring.
     kmsg_caught_up: bool,
     validation: Option<ValidationReport>,
@@ -42,8 +47,17 @@ impl Monitors {
         let m = match input {
             MonitorInput::Kmsg => &mut self.kmsg,
             MonitorInput::Nvml => &mut self.nvml,
-            // The engine gives the NIC poller's status to the NIC monitor.
-            MonitorInput::Network => return false,
+            // Logged by whoever saw the change (the watchdog, the source).
+            MonitorInput::Network
+            | MonitorInput::PodResources
+            | MonitorInput::PodListing
+            | MonitorInput::KubeWriter => {
+                let m = self.parts.entry(input).or_default();
+                let changed = m.ok != Some(ok) || m.message != message;
+                m.ok = Some(ok);
+                m.message = message;
+                return changed;
+            }
         };
         if m.ok == Some(ok) && m.message == message {
             return false;
@@ -58,6 +72,31 @@ impl Monitors {
         m.ok = Some(ok);
         m.message = message;
         true
+    }
+
+    /// The message `input` reported last, if it covers a part only and
+    /// reported.
+    pub fn part_message(&self, input: MonitorInput) -> Option<&str> {
+        self.parts.get(&input).map(|m| m.message.as_str())
+    }
+
+    /// Every input that reported, in one shape: kmsg and NVML always (not
+    /// ok until they report), then the others in a fixed order.
+    pub fn inputs(&self) -> Vec<InputStatusProto> {
+        let one = |input: MonitorInput, m: &InputStatus| InputStatusProto {
+            input: input.as_str().to_owned(),
+            ok: m.ok == Some(true),
+            message: match m.ok {
+                None => "not reported yet".to_owned(),
+                Some(_) => m.message.clone(),
+            },
+        };
+        let mut out = vec![
+            one(MonitorInput::Kmsg, &self.kmsg),
+            one(MonitorInput::Nvml, &self.nvml),
+        ];
+        out.extend(self.parts.iter().map(|(i, m)| one(*i, m)));
+        out
     }
 
     /// NVML reported itself available.
@@ -210,6 +249,49 @@ mod tests {
         g.confirmed = true;
         g.sample_time = sample_time;
         g
+    }
+
+    #[test]
+    fn every_input_has_one_status_shape() {
+        let mut m = Monitors::default();
+        m.set(MonitorInput::Kmsg, true, String::new());
+        assert!(m.set(
+            MonitorInput::PodResources,
+            false,
+            "List has not returned for 31 s".into()
+        ));
+        assert!(!m.set(
+            MonitorInput::PodResources,
+            false,
+            "List has not returned for 31 s".into()
+        ));
+        m.set(MonitorInput::Network, true, String::new());
+        let got: Vec<_> = m
+            .inputs()
+            .into_iter()
+            .map(|i| (i.input, i.ok, i.message))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("kmsg".into(), true, String::new()),
+                ("nvml".into(), false, "not reported yet".into()),
+                ("network".into(), true, String::new()),
+                (
+                    "pod_resources".into(),
+                    false,
+                    "List has not returned for 31 s".into()
+                ),
+            ]
+        );
+        assert_eq!(
+            m.part_message(MonitorInput::PodResources),
+            Some("List has not returned for 31 s")
+        );
+        assert!(
+            !m.nvml_down() && m.kmsg_ok(),
+            "a part's input touches no GPU input"
+        );
     }
 
     #[test]

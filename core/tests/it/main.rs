@@ -1,6 +1,7 @@
 //! Health-engine integration tests: one binary, one module per behaviour.
 
 mod bounds;
+mod contracts_doc;
 mod dedup;
 mod fabric;
 mod join;

@@ -307,6 +307,70 @@ fn xid79_names_the_pod_that_held_the_gpu() {
     );
 }
 
+/// The kubelet poller stuck past its heartbeat deadline (the watchdog's
+/// report): the last listing still names the pod, the record says it may
+/// be stale and why, and `/v1/health` lists the input down. Once it moves
+/// again the note goes without waiting for a new answer, and the input is
+/// up.
+#[test]
+fn a_stuck_kubelet_poller_makes_the_pods_of_a_fault_may_be_stale_until_it_moves() {
+    use gpuwatch_core::msg::{Input, MonitorInput};
+    let mut rig = rig();
+    let status = |ok: bool, message: &str| Input::MonitorStatus {
+        input: MonitorInput::PodResources,
+        ok,
+        message: message.into(),
+    };
+    rig.engine.handle(status(true, ""));
+    rig.engine.handle(status(
+        false,
+        "List on /var/lib/kubelet/pod-resources/kubelet.sock has not returned for 33 s",
+    ));
+    let input = |rig: &Rig| {
+        let h = rig.health();
+        let m = h.monitor.clone().unwrap_or_default();
+        m.inputs
+            .into_iter()
+            .find(|i| i.input == "pod_resources")
+            .map(|i| (i.ok, i.message))
+    };
+    assert_eq!(
+        input(&rig),
+        Some((
+            false,
+            "List on /var/lib/kubelet/pod-resources/kubelet.sock has not returned for 33 s".into()
+        ))
+    );
+    let mut ev = xid(79, PCI1);
+    ev.pid = None;
+    let out = rig.fault(ev);
+    assert_eq!(
+        out[0].pods[0].name, "whole-gpu",
+        "the last listing still names it"
+    );
+    let note = &out[0].attributes[PLACEMENT_NOTE];
+    assert!(
+        note.contains("earlier listing") && note.contains("pod_resources source is stuck"),
+        "{note}"
+    );
+    assert_eq!(
+        rig.health().verdict(),
+        Verdict::Unhealthy,
+        "GPUs are judged as before"
+    );
+    rig.engine.handle(status(true, ""));
+    assert_eq!(input(&rig), Some((true, String::new())));
+    rig.advance(700);
+    let mut again = xid(79, PCI1);
+    again.pid = None;
+    let out = rig.fault(again);
+    assert!(
+        !out[0].attributes.contains_key(PLACEMENT_NOTE),
+        "{:?}",
+        out[0].attributes
+    );
+}
+
 /// A MIG device the device plugin named the R450/R460 way
 /// (`MIG-GPU-<uuid>/<gi>/<ci>`) is found by its GPU and instances.
 #[test]

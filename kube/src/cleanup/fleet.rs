@@ -1,16 +1,18 @@
 //! `gpuwatch node-cleanup --all-nodes`, the uninstall hook: optionally waits
 //! for the agents' pods to be gone, lists every Node (paged), cleans each as
 //! `node_cleanup` does (a few at a time; one Node's failure stops no other),
-//! then deletes the quarantine budget's slot Leases. It reports per Node,
+//! then deletes the quarantine budget's slot Leases and every DRA
+//! DeviceTaintRule carrying gpuwatch's node label. It reports per Node,
 //! per Lease and per failure, and always does all it can: a failed wait or
 //! list still lets the Lease step run. Its time is bounded: the wait by its
 //! timeout, each request by its retries, and an API server that goes away
 //! midway by giving up on the Nodes left once a few rounds of Nodes failed.
 
 use super::wait::{PodWait, WaitOutcome, wait_for_pods};
-use super::{CleanupError, CleanupReport, clean_node, pacing};
+use super::{CleanupError, CleanupReport, clean_node, pacing, remove_device_rules};
 use crate::backend::{ApiError, ApiResult, node_api, timed};
 use crate::client::build_client;
+use crate::device_taints::DeviceTaints;
 use crate::quarantine::{KubeLeaseStore, LeaseStore, SlotView};
 use crate::retry;
 use crate::settings::KubeSettings;
@@ -80,6 +82,8 @@ pub struct FleetReport {
     pub nodes: Vec<NodeCleanup>,
     /// The Leases removed (would be, in a dry run), as `namespace/name`.
     pub leases: Vec<String>,
+    /// The DeviceTaintRules removed (would be, in a dry run), by name.
+    pub device_taint_rules: Vec<String>,
     /// What failed outside any one Node: the wait, the Node list, a Lease.
     pub failures: Vec<String>,
 }
@@ -124,7 +128,7 @@ impl FleetReport {
         }
         if !self.failures.is_empty() {
             s.push_str(&format!(
-                "; {} other steps failed (the wait, the node list or a Lease)",
+                "; {} other steps failed (the wait, the node list, a Lease or the device taint rules)",
                 self.failures.len()
             ));
         }
@@ -171,6 +175,25 @@ pub async fn all_nodes_cleanup(
         }
         Err(e) => {
             let reason = format!("listing the nodes failed: {e}");
+            tracing::error!("{reason}");
+            report.failures.push(reason);
+        }
+    }
+    let rules = DeviceTaints::with_client(client.clone(), "", cfg.api.request_timeout);
+    match remove_device_rules(&rules, cfg, true, opts.dry_run).await {
+        Ok(names) => {
+            if !names.is_empty() {
+                let verb = if opts.dry_run {
+                    "would delete"
+                } else {
+                    "deleted"
+                };
+                tracing::info!(rules = ?names, "Device taint rules {verb}.");
+            }
+            report.device_taint_rules = names;
+        }
+        Err(e) => {
+            let reason = format!("removing the device taint rules failed: {e}");
             tracing::error!("{reason}");
             report.failures.push(reason);
         }
@@ -436,7 +459,7 @@ mod tests {
         assert!(r.failed());
         assert!(
             r.summary()
-                .ends_with("; 1 other steps failed (the wait, the node list or a Lease)"),
+                .ends_with("; 1 other steps failed (the wait, the node list, a Lease or the device taint rules)"),
             "{}",
             r.summary()
         );

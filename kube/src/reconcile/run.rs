@@ -16,6 +16,10 @@ use std::time::{Duration, SystemTime};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+/// How often the loop comes round when it has nothing to do, only to beat
+/// its heartbeat.
+pub(crate) const WRITER_BEAT: Duration = Duration::from_secs(10);
+
 impl Reconciler {
     /// The loop: a pass whenever one is wanted and the schedule allows it,
     /// a validation whenever the startup gate holds and one is due, and in
@@ -23,12 +27,15 @@ impl Reconciler {
     /// validation, the quarantine claimant) or the next deadline.
     pub(crate) async fn run(mut self) {
         let mut run = ReconcileState::new(&self.cfg, self.quarantine.is_some());
+        let progress = self.progress.clone();
         loop {
+            progress.beat();
             if *self.shutdown.borrow() {
                 break;
             }
             self.start_validation_if_due(&mut run);
             if run.dirty && run.schedule.is_due(Wake::Pass, Instant::now()) {
+                let _pass = progress.begin(std::ffi::OsStr::new("a reconcile pass"));
                 self.pass(&mut run).await;
                 continue;
             }
@@ -61,6 +68,8 @@ impl Reconciler {
                     self.validation_done(r, &mut run);
                 }
                 () = tokio::time::sleep_until(wake) => self.woke(&mut run),
+                // Idle: come round only to beat.
+                () = tokio::time::sleep(WRITER_BEAT) => {}
             }
         }
         if let Some(v) = run.validation {

@@ -115,6 +115,7 @@ fn gpu_a_ours() -> CleanupReport {
             format!("{FAULT_TAINT}=reboot_node:NoSchedule"),
             format!("{STARTUP_TAINT}:NoSchedule"),
         ],
+        device_taint_rules: Vec::new(),
     }
 }
 
@@ -494,9 +495,10 @@ async fn an_api_server_gone_midway_is_given_up_on_after_two_rounds_of_nodes() {
     let t0 = Instant::now();
     let r = all_nodes_cleanup(&settings(&api), &o).await.unwrap();
     let took = t0.elapsed();
+    // The Leases and the device taint rules failed too.
     assert_eq!(
         r.summary(),
-        "0 nodes cleaned, 0 had nothing of gpuwatch's, 12 failed; 1 other steps failed (the wait, the node list or a Lease)"
+        "0 nodes cleaned, 0 had nothing of gpuwatch's, 12 failed; 2 other steps failed (the wait, the node list, a Lease or the device taint rules)"
     );
     let untried = r
         .nodes
@@ -523,5 +525,119 @@ async fn an_api_server_gone_midway_is_given_up_on_after_two_rounds_of_nodes() {
     let patches = api.requests().iter().filter(|q| q.verb == "patch").count();
     assert!(patches <= 5 * 5, "{patches} patches");
     assert!(took < Duration::from_secs(15), "{took:?}");
+    api.assert_requests_within(&CLEANUP_REQUESTS);
+}
+
+/// A DeviceTaintRule of gpuwatch's for `node`'s `gpu-0` (labelled as the
+/// agent labels it), or (`node_label: false`) another controller's rule of
+/// the same shape.
+fn device_rule(name: &str, node: &str, node_label: bool) -> serde_json::Value {
+    let labels = if node_label {
+        serde_json::json!({"gpuwatch.io/node": node, "gpuwatch.io/gpu-uuid": "GPU-0"})
+    } else {
+        serde_json::json!({"app": "other"})
+    };
+    serde_json::json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"deviceSelector": {"driver": "gpu.nvidia.com", "pool": node, "device": "gpu-0"},
+            "taint": {"key": FAULT_TAINT, "value": "reset_gpu", "effect": "NoSchedule"}}})
+}
+
+fn rule_names(api: &ApiDouble) -> Vec<String> {
+    api.device_taint_rules().into_keys().collect()
+}
+
+/// `--all-nodes` deletes every DeviceTaintRule carrying gpuwatch's node
+/// label and no other; a dry run lists them; a cluster that serves no
+/// DeviceTaintRules has none to delete and is no failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_nodes_cleanup_deletes_gpuwatchs_device_taint_rules_only() {
+    let api = fleet().await;
+    api.serve_dra(gpuwatch_test_support::kube::DraServed::rules_in(&[
+        "v1beta2",
+    ]));
+    api.put_device_taint_rule(device_rule("gpuwatch-gpu-a-gpu-0", "gpu-a", true));
+    api.put_device_taint_rule(device_rule("gpuwatch-gpu-gone-gpu-0", "gpu-gone", true));
+    api.put_device_taint_rule(device_rule("other-gpu-a-gpu-0", "gpu-a", false));
+    let cfg = settings(&api);
+    let dry = all_nodes_cleanup(
+        &cfg,
+        &FleetOptions {
+            dry_run: true,
+            ..FleetOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        dry.device_taint_rules,
+        ["gpuwatch-gpu-a-gpu-0", "gpuwatch-gpu-gone-gpu-0"]
+    );
+    assert_eq!(rule_names(&api).len(), 3, "the dry run deleted nothing");
+    let report = all_nodes_cleanup(&cfg, &FleetOptions::default())
+        .await
+        .unwrap();
+    assert!(!report.failed(), "{report:#?}");
+    // A rule of a Node no longer in the cluster goes too.
+    assert_eq!(
+        report.device_taint_rules,
+        ["gpuwatch-gpu-a-gpu-0", "gpuwatch-gpu-gone-gpu-0"]
+    );
+    assert_eq!(rule_names(&api), ["other-gpu-a-gpu-0"]);
+    // Listed by the label key, in the version served.
+    let lists: Vec<(String, String)> = api
+        .requests()
+        .iter()
+        .filter(|r| r.resource == "devicetaintrules" && r.verb == "list")
+        .map(|r| (r.path.clone(), r.query.clone()))
+        .collect();
+    assert!(
+        lists.iter().all(
+            |(p, q)| p == "/apis/resource.k8s.io/v1beta2/devicetaintrules"
+                && q.contains("labelSelector=gpuwatch.io%2Fnode")
+        ),
+        "{lists:?}"
+    );
+    api.assert_requests_within(&CLEANUP_REQUESTS);
+    // No DeviceTaintRules served: nothing to delete, no failure.
+    let api = fleet().await;
+    let report = all_nodes_cleanup(&settings(&api), &FleetOptions::default())
+        .await
+        .unwrap();
+    assert!(!report.failed(), "{report:#?}");
+    assert!(report.device_taint_rules.is_empty());
+    api.assert_requests_within(&CLEANUP_REQUESTS);
+}
+
+/// `node-cleanup --node` deletes that Node's rules only; a refused delete
+/// is a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_cleanup_deletes_the_nodes_device_taint_rules_only() {
+    let api = fleet().await;
+    api.serve_dra(gpuwatch_test_support::kube::DraServed::rules_in(&["v1"]));
+    api.put_device_taint_rule(device_rule("gpuwatch-gpu-a-gpu-0", "gpu-a", true));
+    api.put_device_taint_rule(device_rule("gpuwatch-gpu-b-gpu-0", "gpu-b", true));
+    let cfg = settings(&api);
+    let dry = gpuwatch_kube::node_cleanup(&cfg, "gpu-a", true)
+        .await
+        .unwrap();
+    assert_eq!(dry.device_taint_rules, ["gpuwatch-gpu-a-gpu-0"]);
+    assert_eq!(rule_names(&api).len(), 2);
+    api.forbid("delete", "devicetaintrules");
+    let e = gpuwatch_kube::node_cleanup(&cfg, "gpu-a", false)
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().starts_with(
+            "deleting a device taint rule: forbidden to delete devicetaintrules.resource.k8s.io"
+        ),
+        "{e}"
+    );
+    api.unforbid("delete", "devicetaintrules");
+    let done = gpuwatch_kube::node_cleanup(&cfg, "gpu-a", false)
+        .await
+        .unwrap();
+    assert_eq!(done.device_taint_rules, ["gpuwatch-gpu-a-gpu-0"]);
+    assert_eq!(rule_names(&api), ["gpuwatch-gpu-b-gpu-0"]);
     api.assert_requests_within(&CLEANUP_REQUESTS);
 }

@@ -149,18 +149,11 @@ fn check_monitoring(objs: &[Object], what: &str) {
         .collect();
     let pm = monitoring.get("PodMonitor").expect("PodMonitor");
     assert_eq!(pm["metadata"]["namespace"].as_str(), Some("gpuwatch"));
-    let selector = pm["spec"]["selector"]["matchLabels"]
-        .as_mapping()
-        .expect("PodMonitor selector");
-    for (k, v) in selector {
-        assert_eq!(
-            pod_labels
-                .get(k.as_str().expect("label key"))
-                .map(String::as_str),
-            v.as_str(),
-            "{what}: PodMonitor selects the agent pods"
-        );
-    }
+    assert_selects(
+        &yaml_labels(&pm["spec"]["selector"]["matchLabels"]),
+        &pod_labels,
+        &format!("{what}: PodMonitor selects the agent pods"),
+    );
     let endpoint = &pm["spec"]["podMetricsEndpoints"][0];
     assert_eq!(endpoint["port"].as_str(), Some("api"));
     assert_eq!(endpoint["path"].as_str(), Some("/metrics"));
@@ -183,26 +176,16 @@ fn check_monitoring(objs: &[Object], what: &str) {
         })
         .expect("the ServiceMonitor's Service");
     let svc_spec = svc.spec.as_ref().expect("Service spec");
-    for (k, v) in svc_spec.selector.as_ref().expect("Service selector") {
-        assert_eq!(
-            pod_labels.get(k),
-            Some(v),
-            "{what}: Service selects the pods"
-        );
-    }
-    let svc_labels = svc.metadata.labels.clone().unwrap_or_default();
-    for (k, v) in sm["spec"]["selector"]["matchLabels"]
-        .as_mapping()
-        .expect("ServiceMonitor selector")
-    {
-        assert_eq!(
-            svc_labels
-                .get(k.as_str().expect("label key"))
-                .map(String::as_str),
-            v.as_str(),
-            "{what}: ServiceMonitor selects the Service"
-        );
-    }
+    assert_selects(
+        &svc_spec.selector.clone().unwrap_or_default(),
+        &pod_labels,
+        &format!("{what}: Service selects the pods"),
+    );
+    assert_selects(
+        &yaml_labels(&sm["spec"]["selector"]["matchLabels"]),
+        &svc.metadata.labels.clone().unwrap_or_default(),
+        &format!("{what}: ServiceMonitor selects the Service"),
+    );
     assert_eq!(svc_spec.ports.as_ref().expect("ports")[0].port, port);
 
     let rule = monitoring.get("PrometheusRule").expect("PrometheusRule");
@@ -897,4 +880,31 @@ fn helm_prometheus_rule_is_the_shipped_one() {
     remove_keys(&mut labels, &["app.kubernetes.io/part-of"]);
     assert_eq!(labels, shipped["metadata"]["labels"], "labels");
     assert_eq!(ours["spec"], shipped["spec"], "rule groups");
+}
+
+/// Asserts that `selector` selects an object labelled `labels`: every
+/// selector label matches, and the selector is not empty (an empty
+/// `matchLabels` selects every pod of the namespace, an empty Service
+/// selector none: either would pass a check of each entry vacuously).
+fn assert_selects(
+    selector: &BTreeMap<String, String>,
+    labels: &BTreeMap<String, String>,
+    what: &str,
+) {
+    assert!(!selector.is_empty(), "{what}: the selector is empty");
+    for (k, v) in selector {
+        assert_eq!(labels.get(k), Some(v), "{what}: label {k}");
+    }
+}
+
+/// A `matchLabels` mapping as label pairs (empty when absent).
+fn yaml_labels(v: &Value) -> BTreeMap<String, String> {
+    v.as_mapping()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| {
+            let s = |x: &Value| x.as_str().expect("a string label").to_owned();
+            (s(k), s(v))
+        })
+        .collect()
 }

@@ -855,9 +855,10 @@ fn helm_uninstall_cleanup_hook() {
         let wanted: BTreeSet<(String, String, String, String)> = gpuwatch_kube::CLEANUP_REQUESTS
             .iter()
             .map(|r| {
-                // Nodes are cluster-scoped; the Leases live in the quarantine namespace (the
-                // release's by default), the agent pods in the release's.
-                let scope = if r.resource.starts_with("nodes") {
+                // Nodes and DeviceTaintRules are cluster-scoped; the Leases live in the
+                // quarantine namespace (the release's by default), the agent pods in the
+                // release's.
+                let scope = if r.resource.starts_with("nodes") || r.group == "resource.k8s.io" {
                     ""
                 } else {
                     ns

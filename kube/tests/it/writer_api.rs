@@ -19,6 +19,16 @@ async fn api_outage_then_converges() {
         wait_for(SECS, || h.api.requests().len() >= 4).await,
         "writer should keep retrying"
     );
+    // Retrying through an outage is progress, never a stuck writer: its
+    // heartbeat moves with every attempt.
+    let beat = h.progress.last_beat_ms();
+    assert!(beat > 0, "the loop beats");
+    let retried = h.api.requests().len() + 2;
+    assert!(
+        wait_for(SECS, || h.api.requests().len() >= retried).await,
+        "writer should keep retrying"
+    );
+    assert!(h.progress.last_beat_ms() > beat, "each retry beats");
     let during = h.api.requests().len();
     assert!(taint_value(&h.api.node(), FAULT_TAINT).is_none());
     h.api.set_down(false);

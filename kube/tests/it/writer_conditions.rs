@@ -168,6 +168,65 @@ async fn flapping_message_keeps_transition_time() {
     h.stop().await;
 }
 
+/// A health that changes every 100 ms for two seconds (a fault's count
+/// crossing buckets back and forth) is written to `nodes/status` at most
+/// once per `min_write_interval_ms` (1 s by default): a storm of faults must
+/// not become a storm of status writes on the API server. The latest words
+/// still land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_writes_keep_the_minimum_gap_while_the_health_churns() {
+    let h = Harness::start(
+        node(vec![], &[]),
+        with_fault(healthy(2, "boot-a"), 0, 48, Action::ResetGpu, 1),
+    )
+    .await;
+    h.until("the first message", |n| {
+        condition(n, PROBLEM)
+            .and_then(|c| c.message)
+            .is_some_and(|m| m.contains("seen once"))
+    })
+    .await;
+    let churn = std::time::Instant::now();
+    for i in 0..20 {
+        let count = [2, 10, 100, 1000][i % 4];
+        h.set(with_fault(
+            healthy(2, "boot-a"),
+            0,
+            48,
+            Action::ResetGpu,
+            count,
+        ));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    h.set(with_fault(
+        healthy(2, "boot-a"),
+        0,
+        48,
+        Action::ResetGpu,
+        10_000,
+    ));
+    h.until("latest message", |n| {
+        condition(n, PROBLEM)
+            .and_then(|c| c.message)
+            .is_some_and(|m| m.contains("seen 10000+ times"))
+    })
+    .await;
+    let reqs = h.api.requests();
+    let writes = reqs
+        .iter()
+        .filter(|r| r.is_write() && r.resource == "nodes/status" && r.status < 300)
+        .count();
+    // The first words, one write per second of churn at most, the last
+    // words: never one per change.
+    let most = 2 + usize::try_from(churn.elapsed().as_secs()).unwrap();
+    assert!(
+        (2..=most).contains(&writes),
+        "{writes} status writes, at most {most}"
+    );
+    assert_paced(&reqs, "nodes/status");
+    h.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removed_condition_and_taint_are_restored() {
     let h = Harness::start(

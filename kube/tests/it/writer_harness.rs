@@ -55,6 +55,8 @@ pub(crate) struct Harness {
     pub(crate) placements: Arc<Mutex<Vec<PlacementUpdate>>>,
     /// What the engine wakes to ask the pod listing for a fresh list.
     pub(crate) pods_ask: Arc<tokio::sync::Notify>,
+    /// The reconcile loop's heartbeat.
+    pub(crate) progress: Arc<gpuwatch_core::heartbeat::Progress>,
 }
 
 impl Harness {
@@ -131,6 +133,7 @@ impl Harness {
             .expect("listing starts")
             .expect("a live client lists")
         });
+        let progress = gpuwatch_core::heartbeat::Progress::new();
         let writer = NodeWriter::start(
             settings,
             vcfg,
@@ -141,6 +144,7 @@ impl Harness {
             WriterHooks {
                 on_validation: Some(on_validation),
                 state_dir,
+                progress: progress.clone(),
             },
         )
         .await
@@ -154,6 +158,7 @@ impl Harness {
             reports,
             placements,
             pods_ask,
+            progress,
         }
     }
 

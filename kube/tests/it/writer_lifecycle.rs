@@ -105,6 +105,7 @@ async fn node_cleanup_removes_only_gpuwatchs_conditions_and_taints() {
             format!("{FAULT_TAINT}=reboot_node:NoSchedule"),
             format!("{STARTUP_TAINT}:NoSchedule"),
         ],
+        device_taint_rules: Vec::new(),
     };
     let dry = gpuwatch_kube::node_cleanup(&cfg, NODE, true).await.unwrap();
     assert_eq!(dry, want);

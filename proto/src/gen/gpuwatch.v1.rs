@@ -376,7 +376,7 @@ pub struct MigInstanceHealth {
 /// State of gpuwatch's own monitoring inputs; failures here are never hardware verdicts.
 #[derive(serde::Serialize, serde::Deserialize)]
 #[serde(default)]
-#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+#[derive(Clone, PartialEq, ::prost::Message)]
 pub struct MonitorStatus {
     #[prost(bool, tag = "1")]
     pub kmsg_ok: bool,
@@ -397,6 +397,28 @@ pub struct MonitorStatus {
     /// What is wrong with the state file, and what gpuwatch did about it.
     #[prost(string, tag = "6")]
     pub state_message: ::prost::alloc::string::String,
+    /// Every input of the agent that runs, in one shape: kmsg, nvml, network,
+    /// pod_resources, pod_listing, kube_writer. An input that missed its
+    /// heartbeat deadline (a read or call that does not return, a task that
+    /// died) is not ok until it makes progress again; what it covers is
+    /// Unknown meanwhile.
+    #[prost(message, repeated, tag = "7")]
+    pub inputs: ::prost::alloc::vec::Vec<InputStatus>,
+}
+/// The state of one input (see MonitorStatus.inputs).
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct InputStatus {
+    /// kmsg, nvml, network, pod_resources, pod_listing or kube_writer.
+    #[prost(string, tag = "1")]
+    pub input: ::prost::alloc::string::String,
+    /// False: gpuwatch cannot see what this input covers now.
+    #[prost(bool, tag = "2")]
+    pub ok: bool,
+    /// Why not (empty when ok): the error, or what the input is stuck in.
+    #[prost(string, tag = "3")]
+    pub message: ::prost::alloc::string::String,
 }
 /// Result of device validation (startup gate).
 #[derive(serde::Serialize, serde::Deserialize)]

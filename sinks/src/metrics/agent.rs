@@ -3,7 +3,8 @@
 //! state-file failures.
 
 use super::{
-    Collect, InstrumentKind, Num, NumType, Point, Presence, Sources, Spec, flag, s, samples_current,
+    Collect, InstrumentKind, Num, NumType, Point, Presence, Sources, Spec, flag, owned, s,
+    samples_current,
 };
 use gpuwatch_core::registry::{Outcome, Stage, Tally};
 use gpuwatch_proto::{Action, NodeHealth, ShortName};
@@ -177,7 +178,7 @@ const MONITOR_UP: Spec = Spec {
     kind: InstrumentKind::Gauge,
     num: NumType::U64,
     presence: Presence::Always,
-    description: "1 when the input (kmsg, nvml, network) works; 0 means gpuwatch cannot tell.",
+    description: "1 when the input (kmsg, nvml, network, pod_resources, pod_listing, kube_writer) works; 0 means gpuwatch cannot tell what it covers (an error, or an input stuck past its heartbeat deadline).",
     collect: Collect::Points(monitor_up),
 };
 
@@ -201,6 +202,15 @@ fn monitor_up(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
         out.push(Point {
             attrs: vec![("input", s("network"))],
             value: flag(n.monitor_ok),
+        });
+    }
+    // The inputs that cover a part only (placement sources, the Node
+    // writer), while they run.
+    let parts = h.monitor.iter().flat_map(|m| &m.inputs);
+    for i in parts.filter(|i| !["kmsg", "nvml", "network"].contains(&i.input.as_str())) {
+        out.push(Point {
+            attrs: vec![("input", owned(&i.input))],
+            value: flag(i.ok),
         });
     }
 }

@@ -630,6 +630,50 @@ fn an_eight_nic_node_adds_eighteen_points_and_errors_only_once_counted() {
     assert_eq!(network_up(&pts), Some(Num::U64(0)));
 }
 
+/// Every input the engine lists gets its `gpuwatch.monitor.up` point, with
+/// one attribute and no duplicate of kmsg, nvml or network (those come from
+/// their own fields, as before).
+#[test]
+fn monitor_up_has_a_point_per_running_input() {
+    let r = started_registry();
+    let mut h = healthy_node();
+    let input = |name: &str, ok: bool| gpuwatch_proto::InputStatus {
+        input: name.into(),
+        ok,
+        message: String::new(),
+    };
+    h.monitor.as_mut().unwrap().inputs = vec![
+        input("kmsg", true),
+        input("nvml", true),
+        input("network", true),
+        input("pod_resources", false),
+        input("kube_writer", true),
+    ];
+    let f = SeriesFilter::new(Duration::from_secs(300));
+    let pts = f.collect_all(&r.src(), &h, Instant::now());
+    let mut up: Vec<(String, Num)> = series_of(&pts, "gpuwatch.monitor.up")
+        .iter()
+        .map(|p| {
+            assert_eq!(p.attrs.len(), 1, "{:?}", p.attrs);
+            let AttrValue::Str(name) = &p.attrs[0].1 else {
+                panic!("{:?}", p.attrs)
+            };
+            (name.to_string(), p.value)
+        })
+        .collect();
+    up.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        up,
+        [
+            ("kmsg".to_string(), Num::U64(1)),
+            ("kube_writer".to_string(), Num::U64(1)),
+            ("nvml".to_string(), Num::U64(1)),
+            ("pod_resources".to_string(), Num::U64(0)),
+        ],
+        "network is exported only with the NIC monitor's own health"
+    );
+}
+
 /// Every point about a GPU carries `hw.id` = its UUID once (the hardware
 /// conventions' identity, constant per GPU), and the memory error types read
 /// the same on ECC and row remap.

@@ -420,6 +420,13 @@ fn invalid_status(name: &str, problems: Vec<(String, &'static str, String)>) -> 
 }
 
 impl Dra {
+    /// Stores `rule` as a create by another client would (its checks
+    /// included); panics when the double would refuse it.
+    pub(super) fn put_rule(&mut self, rv: &mut u64, rule: &Value) {
+        let r = self.create(rv, rule, "resource.k8s.io/v1");
+        assert_eq!(r.status(), 201, "the double refused {rule}");
+    }
+
     fn create(&mut self, rv: &mut u64, body: &Value, api_version: &str) -> Response {
         let name = body["metadata"]["name"].as_str().unwrap_or("").to_owned();
         let problems = invalid(body);
