@@ -74,9 +74,9 @@ impl Default for ApiLimits {
     }
 }
 
-/// Renders the Prometheus text exposition (installed by whoever wires the
-/// Prometheus renderer into `run`).
-pub type MetricsRenderer = Arc<dyn Fn() -> String + Send + Sync>;
+/// Renders the Prometheus exposition in the format the scraper asked for
+/// (installed by whoever wires the Prometheus renderer into `run`).
+pub type MetricsRenderer = Arc<dyn Fn(gpuwatch_sinks::prometheus::Format) -> String + Send + Sync>;
 
 /// Errors of the local API server (the HTTP listener and the operator-clear socket).
 #[derive(Debug, thiserror::Error)]
@@ -555,14 +555,15 @@ async fn metrics(State(s): State<ApiState>, headers: axum::http::HeaderMap) -> R
             let accept = headers
                 .get(header::ACCEPT_ENCODING)
                 .and_then(|v| v.to_str().ok());
-            let (body, encoding) = gpuwatch_sinks::prometheus::encode(render(), accept);
+            // OpenMetrics when the scraper asks for it (counters' `_created`).
+            let format = gpuwatch_sinks::prometheus::Format::negotiate(
+                headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()),
+            );
+            let (body, encoding) = gpuwatch_sinks::prometheus::encode(render(format), accept);
             let mut response = (
                 StatusCode::OK,
                 [
-                    (
-                        header::CONTENT_TYPE,
-                        gpuwatch_sinks::prometheus::CONTENT_TYPE,
-                    ),
+                    (header::CONTENT_TYPE, format.content_type()),
                     (header::VARY, "Accept-Encoding"),
                 ],
                 body,
@@ -625,7 +626,7 @@ mod tests {
             registry: registry.clone(),
             kube: kube.subscribe(),
             liveness: liveness.clone(),
-            metrics: Some(Arc::new(|| "gpuwatch_up 1\n".to_string())),
+            metrics: Some(Arc::new(|_| "gpuwatch_up 1\n".to_string())),
         };
         let listener = rt.block_on(bind("127.0.0.1:0")).unwrap();
         let addr = listener.local_addr().unwrap();

@@ -77,6 +77,10 @@ pub struct ApiConfig {
     /// `modelName`, `Hostname`) to every series about a GPU, so dashboards and
     /// alerts built on dcgm-exporter join gpuwatch's series. Default false.
     pub dcgm_labels: bool,
+    /// On `/metrics`, label every series with the instrumentation scope
+    /// (`otel_scope_name`, `otel_scope_version`), as a collector's
+    /// `prometheus` exporter does. Default true.
+    pub otel_scope_labels: bool,
 }
 
 impl Default for ApiConfig {
@@ -86,6 +90,7 @@ impl Default for ApiConfig {
             listen: DEFAULT_API_LISTEN.to_string(),
             prometheus: false,
             dcgm_labels: false,
+            otel_scope_labels: true,
         }
     }
 }
@@ -121,6 +126,8 @@ pub struct PrometheusSettings {
     pub series_quiet_window: Duration,
     /// Add dcgm-exporter's GPU labels (`[api] dcgm_labels`).
     pub dcgm_labels: bool,
+    /// Add the scope labels (`[api] otel_scope_labels`).
+    pub scope_labels: bool,
 }
 
 /// Local event sinks (`[sinks]`).
@@ -450,6 +457,7 @@ impl Config {
         self.api.prometheus.then(|| PrometheusSettings {
             series_quiet_window: self.otlp.pacing().series_quiet_window,
             dcgm_labels: self.api.dcgm_labels,
+            scope_labels: self.api.otel_scope_labels,
         })
     }
 
@@ -853,6 +861,7 @@ listen = \n",
             Some(PrometheusSettings {
                 series_quiet_window: Duration::from_secs(120),
                 dcgm_labels: false,
+                scope_labels: true,
             })
         );
         let dcgm =

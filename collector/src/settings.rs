@@ -26,6 +26,9 @@ pub struct Settings {
     node_name: String,
     state_dir: PathBuf,
     resource: ResourceInfo,
+    /// The whole resource (built-in, `OTEL_RESOURCE_ATTRIBUTES`,
+    /// `otlp.resource_attributes`), the agent's own pod left out.
+    resource_attributes: std::collections::BTreeMap<String, String>,
     api_listen: Option<String>,
     sinks: SinkSelection,
     validation: ValidationConfig,
@@ -66,6 +69,13 @@ impl Config {
             p.extend(cfg.otlp.validate().into_iter().map(|e| format!("otlp.{e}")));
         }
         let prometheus = cfg.resolve_prometheus();
+        // The whole resource, as the OTLP export resolves it, for /metrics'
+        // target_info (the built-in attributes if the environment's are invalid:
+        // the OTLP export reports that when it is on).
+        let mut resource_attributes =
+            gpuwatch_sinks::otlp::resource_attributes(&resource, &cfg.otlp, &env)
+                .unwrap_or_else(|_| resource.attributes().into_iter().collect());
+        gpuwatch_sinks::otlp::drop_own_pod(&mut resource_attributes);
         let (
             Some(kmsg),
             Some(engine),
@@ -93,6 +103,7 @@ impl Config {
             node_name: cfg.node_name,
             state_dir: cfg.state_dir,
             resource,
+            resource_attributes,
             sinks: cfg.sinks,
             validation: cfg.validation,
             kmsg,
@@ -135,6 +146,13 @@ impl Settings {
     /// What the exports say about this agent (node, host, version).
     pub fn resource(&self) -> &ResourceInfo {
         &self.resource
+    }
+
+    /// The whole resource as the OTLP export sends it (the built-in
+    /// attributes, `OTEL_RESOURCE_ATTRIBUTES`, `otlp.resource_attributes`;
+    /// the agent's own pod left out): `/metrics`' `target_info`.
+    pub fn resource_attributes(&self) -> &std::collections::BTreeMap<String, String> {
+        &self.resource_attributes
     }
 
     /// The local API's listen address; `None` while `[api]` is off.

@@ -112,6 +112,22 @@ pub fn resource_attributes(
     Ok(attrs)
 }
 
+/// Removes `k8s.pod.*` from the agent's resource and returns the keys
+/// removed: on gpuwatch's resource `k8s.pod.*` names the pod a fault record is
+/// about (what `k8sattributes` associates by), never the agent's own pod,
+/// which manifests of older releases put into `OTEL_RESOURCE_ATTRIBUTES`.
+pub fn drop_own_pod(attrs: &mut BTreeMap<String, String>) -> Vec<String> {
+    let own: Vec<String> = attrs
+        .keys()
+        .filter(|k| k.starts_with("k8s.pod."))
+        .cloned()
+        .collect();
+    for k in &own {
+        attrs.remove(k);
+    }
+    own
+}
+
 /// Errors starting the OTLP exporter.
 #[derive(Debug, thiserror::Error)]
 pub enum OtlpError {
@@ -864,18 +880,8 @@ impl OtlpExporter {
         let tls = resolved.tls.clone();
         crate::install_crypto_provider();
         let mut attrs = settings.attrs.clone();
-        // The agent's own pod must not be on its resource: there `k8s.pod.*`
-        // names the pod a fault record is about (what `k8sattributes`
-        // associates by). Manifests of older releases set it.
-        let own_pod: Vec<String> = attrs
-            .keys()
-            .filter(|k| k.starts_with("k8s.pod."))
-            .cloned()
-            .collect();
+        let own_pod = drop_own_pod(&mut attrs);
         if !own_pod.is_empty() {
-            for k in &own_pod {
-                attrs.remove(k);
-            }
             tracing::warn!(dropped = ?own_pod, "Resource attributes naming the agent's own pod left out: k8s.pod.* on gpuwatch's resource names the pod a fault record is about. Remove them from OTEL_RESOURCE_ATTRIBUTES / otlp.resource_attributes.");
         }
         let scope = InstrumentationScope::builder("gpuwatch")

@@ -1,6 +1,7 @@
-//! Prometheus text exposition (format 0.0.4) of the same instruments the OTLP
-//! exporter sends, under the names an OpenTelemetry collector's Prometheus
-//! exporter gives them (see [`otel_to_prometheus_name`]).
+//! Prometheus text exposition (format 0.0.4, or OpenMetrics 1.0 when the
+//! scraper asks: [`Format`]) of the same instruments the OTLP exporter sends,
+//! under the names an OpenTelemetry collector's Prometheus exporter gives them
+//! (see [`otel_to_prometheus_name`]), with its scope labels and `target_info`.
 //!
 //! Series that only matter when something is wrong follow the same presence
 //! rules as the OTLP export (`docs/metrics.md`, "Series budget"), so a
@@ -27,6 +28,7 @@ use crate::metrics::{
 use crate::otlp::ResourceInfo;
 use gpuwatch_core::registry::{LATENCY_BUCKETS_SECONDS, Registry};
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,6 +37,43 @@ pub use crate::metrics::InstrumentKind;
 
 /// Content type of the text this module renders.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Content-Type of the OpenMetrics exposition.
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The exposition format of one scrape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// The Prometheus text format 0.0.4.
+    Text,
+    /// OpenMetrics 1.0: counters also carry `_created`, their start time.
+    OpenMetrics,
+}
+
+impl Format {
+    /// What a scraper's `Accept` header asks for: OpenMetrics when it names
+    /// `application/openmetrics-text` (Prometheus does by default), else text.
+    pub fn negotiate(accept: Option<&str>) -> Format {
+        match accept {
+            Some(a)
+                if a.to_ascii_lowercase()
+                    .contains("application/openmetrics-text") =>
+            {
+                Format::OpenMetrics
+            }
+            _ => Format::Text,
+        }
+    }
+
+    /// The answer's Content-Type.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Text => CONTENT_TYPE,
+            Format::OpenMetrics => OPENMETRICS_CONTENT_TYPE,
+        }
+    }
+}
 
 /// Prometheus word for a UCUM unit (the OpenTelemetry collector's table).
 fn unit_word(unit: &str) -> Option<&'static str> {
@@ -232,6 +271,14 @@ pub struct Renderer {
     filter: Arc<SeriesFilter>,
     /// Add dcgm-exporter's GPU labels ([`Renderer::with_dcgm_labels`]).
     dcgm_labels: bool,
+    /// Add `otel_scope_name` / `otel_scope_version` ([`Renderer::with_scope_labels`]).
+    scope_labels: bool,
+    /// `target_info`'s labels: the whole resource when given
+    /// ([`Renderer::with_resource_attributes`]), else the built-in attributes.
+    target_info: Option<BTreeMap<String, String>>,
+    /// When the counters started counting (the renderer was built with the
+    /// agent): OpenMetrics' `_created` of every counter series.
+    started: std::time::SystemTime,
 }
 
 impl Renderer {
@@ -257,7 +304,29 @@ impl Renderer {
             producers,
             resource,
             dcgm_labels: false,
+            scope_labels: true,
+            target_info: None,
+            started: std::time::SystemTime::now(),
         }
+    }
+
+    /// Whether every series carries the OpenTelemetry instrumentation scope
+    /// as `otel_scope_name="gpuwatch"` and `otel_scope_version` (the agent's
+    /// version), as the OTel → Prometheus compatibility specification has an
+    /// exporter add them (a collector's `prometheus` exporter does): on by
+    /// default, so a series scraped here and one through a collector carry
+    /// the same labels.
+    pub fn with_scope_labels(mut self, on: bool) -> Renderer {
+        self.scope_labels = on;
+        self
+    }
+
+    /// `target_info` carries `attrs` (the whole resource as the OTLP export
+    /// resolves it: built-in attributes, `OTEL_RESOURCE_ATTRIBUTES`,
+    /// `otlp.resource_attributes`) instead of the built-in attributes only.
+    pub fn with_resource_attributes(mut self, attrs: BTreeMap<String, String>) -> Renderer {
+        self.target_info = Some(attrs);
+        self
     }
 
     /// Adds dcgm-exporter's labels to every series about a GPU, so its
@@ -271,18 +340,54 @@ impl Renderer {
         self
     }
 
-    /// One scrape now.
+    /// One scrape now, in the text format.
     pub fn render(&self) -> String {
         self.render_at(Instant::now())
     }
 
+    /// One scrape now in `format`.
+    pub fn render_as(&self, format: Format) -> String {
+        self.render_format(Instant::now(), format)
+    }
+
     /// One scrape at `now` (tests move time without sleeping).
     pub fn render_at(&self, now: Instant) -> String {
+        self.render_format(now, Format::Text)
+    }
+
+    fn render_format(&self, now: Instant, format: Format) -> String {
         let src = Sources::collect(&self.registry, &self.producers);
         let dcgm = self
             .dcgm_labels
             .then(|| DcgmLabels::of(&src.registry.health(), &self.resource));
-        render_filtered(&src, &self.resource, &self.filter, dcgm.as_ref(), now)
+
+        let target: Vec<(String, String)> = match &self.target_info {
+            Some(attrs) => attrs.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            None => self.resource.attributes(),
+        };
+        let scope: Vec<(String, &str)> = if self.scope_labels {
+            vec![
+                ("otel_scope_name".to_owned(), "gpuwatch"),
+                (
+                    "otel_scope_version".to_owned(),
+                    self.resource.service_version.as_str(),
+                ),
+            ]
+        } else {
+            Vec::new()
+        };
+        let extras = Extras {
+            target,
+            dcgm,
+            scope,
+            format,
+            created: self
+                .started
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs_f64(),
+        };
+        render_filtered(&src, &self.filter, &extras, now)
     }
 }
 
@@ -445,22 +550,43 @@ pub fn nvml_bus_id(pci: &str) -> Option<String> {
 /// Renders every instrument that has data points after `filter`, the pipeline
 /// latency histogram (once it has observations, as in OTLP) and a
 /// `target_info` gauge carrying the resource attributes.
+/// What a render adds beside the instruments' own points.
+struct Extras<'a> {
+    /// `target_info`'s attributes.
+    target: Vec<(String, String)>,
+    /// dcgm-exporter's GPU labels, when asked for.
+    dcgm: Option<DcgmLabels>,
+    /// The scope labels on every series (empty: off).
+    scope: Vec<(String, &'a str)>,
+    /// The exposition format.
+    format: Format,
+    /// Counters' start time, Unix seconds (OpenMetrics' `_created`).
+    created: f64,
+}
+
 fn render_filtered(
     src: &Sources<'_>,
-    resource: &ResourceInfo,
     filter: &SeriesFilter,
-    dcgm: Option<&DcgmLabels>,
+    extras: &Extras<'_>,
     now: Instant,
 ) -> String {
     let health = src.registry.health();
     let mut out = String::with_capacity(16 * 1024);
 
-    header(&mut out, "target_info", "Target metadata", "gauge");
+    let om = extras.format == Format::OpenMetrics;
+    // OpenMetrics has a type for it: an info family named `target`.
+    if om {
+        header(&mut out, "target", "Target metadata", "info");
+    } else {
+        header(&mut out, "target_info", "Target metadata", "gauge");
+    }
     out.push_str("target_info");
-    let attrs = resource.attributes();
     write_labels(
         &mut out,
-        attrs.iter().map(|(k, v)| (label_name(k), v.as_str())),
+        extras
+            .target
+            .iter()
+            .map(|(k, v)| (label_name(k), v.as_str())),
     );
     out.push_str(" 1\n");
 
@@ -474,7 +600,12 @@ fn render_filtered(
             InstrumentKind::Gauge => "gauge",
             InstrumentKind::Histogram => "histogram",
         };
-        header(&mut out, &name, spec.description, ty);
+        // OpenMetrics names a counter family without `_total`.
+        let family = match (om, spec.kind) {
+            (true, InstrumentKind::Counter) => name.strip_suffix("_total").unwrap_or(&name),
+            _ => &name,
+        };
+        header(&mut out, family, spec.description, ty);
         for p in points {
             out.push_str(&name);
             let mut values: Vec<_> = p
@@ -482,9 +613,15 @@ fn render_filtered(
                 .iter()
                 .map(|(k, v)| (label_name(k), v.to_label()))
                 .collect();
-            if let Some(d) = dcgm {
+            if let Some(d) = &extras.dcgm {
                 d.add(&p.attrs, &mut values);
             }
+            values.extend(
+                extras
+                    .scope
+                    .iter()
+                    .map(|(k, v)| (k.clone(), Cow::Borrowed(*v))),
+            );
             write_labels(
                 &mut out,
                 values.iter().map(|(k, v)| (k.clone(), v.as_ref())),
@@ -497,27 +634,52 @@ fn render_filtered(
                 Num::F64(v) => write_float(&mut out, v),
             }
             out.push('\n');
+            if om && spec.kind == InstrumentKind::Counter {
+                out.push_str(family);
+                out.push_str("_created");
+                write_labels(
+                    &mut out,
+                    values.iter().map(|(k, v)| (k.clone(), v.as_ref())),
+                );
+                let _ = writeln!(out, " {:.3}", extras.created);
+            }
         }
     }
 
     let name = otel_to_prometheus_name(LATENCY_NAME, LATENCY_UNIT, InstrumentKind::Histogram);
     let b = src.registry.latency_buckets();
     if b.count == 0 {
+        if om {
+            out.push_str("# EOF\n");
+        }
         return out;
     }
     header(&mut out, &name, LATENCY_DESCRIPTION, "histogram");
+    // The scope labels, as `,k="v"` after `le` and alone on sum and count.
+    let mut scope = String::new();
+    for (k, v) in &extras.scope {
+        let _ = write!(scope, ",{k}=\"{}\"", escape_label_value(v));
+    }
+    let alone = if scope.is_empty() {
+        String::new()
+    } else {
+        format!("{{{}}}", &scope[1..])
+    };
     let mut cumulative = 0u64;
     for (i, bound) in LATENCY_BUCKETS_SECONDS.iter().enumerate() {
         cumulative += b.counts[i];
         let mut le = String::new();
         write_float(&mut le, *bound);
-        let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
+        let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"{scope}}} {cumulative}");
     }
-    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", b.count);
-    out.push_str(&name);
-    out.push_str("_sum ");
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"{scope}}} {}", b.count);
+    let _ = write!(out, "{name}_sum{alone} ");
     write_float(&mut out, b.sum);
-    let _ = writeln!(out, "\n{name}_count {}", b.count);
+    let _ = writeln!(out, "\n{name}_count{alone} {}", b.count);
+    if om {
+        let _ = writeln!(out, "{name}_created{alone} {:.3}", extras.created);
+        out.push_str("# EOF\n");
+    }
     out
 }
 
@@ -624,12 +786,135 @@ mod tests {
         r.record_latency(std::time::Duration::from_micros(20));
         r.record_latency(std::time::Duration::from_millis(3));
         r.record_latency(std::time::Duration::from_secs(2));
-        let text = Renderer::new(r, Vec::new(), ResourceInfo::default()).render();
+        let text = Renderer::new(r.clone(), Vec::new(), ResourceInfo::default())
+            .with_scope_labels(false)
+            .render();
         assert!(text.contains("gpuwatch_pipeline_latency_seconds_bucket{le=\"0.000025\"} 1\n"));
         assert!(text.contains("gpuwatch_pipeline_latency_seconds_bucket{le=\"0.005\"} 2\n"));
         assert!(text.contains("gpuwatch_pipeline_latency_seconds_bucket{le=\"1\"} 2\n"));
         assert!(text.contains("gpuwatch_pipeline_latency_seconds_bucket{le=\"+Inf\"} 3\n"));
         assert!(text.contains("gpuwatch_pipeline_latency_seconds_count 3\n"));
+        // The scope labels (on by default) follow `le`, and stand alone on
+        // the sum and count.
+        let res = ResourceInfo {
+            service_version: "1.2.3".into(),
+            ..Default::default()
+        };
+        let text = Renderer::new(r, Vec::new(), res).render();
+        let scope = r#"otel_scope_name="gpuwatch",otel_scope_version="1.2.3""#;
+        assert!(
+            text.contains(&format!(
+                "gpuwatch_pipeline_latency_seconds_bucket{{le=\"+Inf\",{scope}}} 3\n"
+            )),
+            "{text}"
+        );
+        assert!(text.contains(&format!(
+            "gpuwatch_pipeline_latency_seconds_count{{{scope}}} 3\n"
+        )));
+    }
+
+    /// OpenMetrics when asked for: counter families without `_total`, each
+    /// counter sample followed by its `_created`, target as an info family,
+    /// `# EOF` last; the text format has none of that.
+    #[test]
+    fn openmetrics_adds_created_to_counters_and_ends_with_eof() {
+        assert_eq!(Format::negotiate(None), Format::Text);
+        assert_eq!(
+            Format::negotiate(Some("text/plain;version=0.0.4")),
+            Format::Text
+        );
+        let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        assert_eq!(Format::negotiate(Some(prometheus)), Format::OpenMetrics);
+        let r = Registry::new();
+        r.record_latency(std::time::Duration::from_millis(3));
+        r.set_health(Arc::new(gpuwatch_proto::NodeHealth::default()));
+        let before = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let p = Renderer::new(r, Vec::new(), ResourceInfo::default());
+        let text = p.render_as(Format::OpenMetrics);
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert_eq!(text.matches("# EOF").count(), 1);
+        assert!(text.contains("# TYPE target info\n"), "{text}");
+        assert!(
+            text.contains("# TYPE gpuwatch_kmsg_records_read counter\n"),
+            "{text}"
+        );
+        let lines: Vec<&str> = text.lines().collect();
+        let mut counters = 0;
+        for (i, l) in lines.iter().enumerate() {
+            if let Some(rest) = l.strip_prefix("gpuwatch_kmsg_records_read_total") {
+                counters += 1;
+                let created = lines[i + 1];
+                let labels = rest.rsplit_once(' ').unwrap().0;
+                let (head, t) = created.rsplit_once(' ').unwrap();
+                assert_eq!(head, format!("gpuwatch_kmsg_records_read_created{labels}"));
+                let t: f64 = t.parse().unwrap();
+                assert!((before - 1.0..before + 60.0).contains(&t), "{created}");
+            }
+        }
+        assert_eq!(counters, 1, "{text}");
+        assert!(
+            text.contains("gpuwatch_pipeline_latency_seconds_created{"),
+            "{text}"
+        );
+        let plain = p.render();
+        assert!(
+            !plain.contains("_created") && !plain.contains("# EOF"),
+            "{plain}"
+        );
+    }
+
+    /// Every series but target_info carries the scope labels by default;
+    /// switched off, none does. target_info carries the whole resource when
+    /// given it.
+    #[test]
+    fn scope_labels_on_every_series_and_target_info_has_the_whole_resource() {
+        let r = Registry::new();
+        r.record_latency(std::time::Duration::from_millis(3));
+        r.set_health(Arc::new(gpuwatch_proto::NodeHealth::default()));
+        let res = ResourceInfo {
+            node_name: "n1".into(),
+            host_name: "h1".into(),
+            service_version: "1.2.3".into(),
+        };
+        let whole: BTreeMap<String, String> = [
+            ("service.name", "gpuwatch"),
+            ("service.instance.id", "n1"),
+            ("k8s.cluster.name", "prod"),
+            ("k8s.node.uid", "uid-1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let text = Renderer::new(r.clone(), Vec::new(), res.clone())
+            .with_resource_attributes(whole)
+            .render();
+        let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        assert!(samples.len() > 3, "{text}");
+        for l in &samples {
+            if l.starts_with("target_info") {
+                assert!(!l.contains("otel_scope"), "{l}");
+                for kv in [
+                    r#"k8s_cluster_name="prod""#,
+                    r#"k8s_node_uid="uid-1""#,
+                    r#"service_instance_id="n1""#,
+                ] {
+                    assert!(l.contains(kv), "{kv}: {l}");
+                }
+            } else {
+                assert!(
+                    l.contains(r#"otel_scope_name="gpuwatch""#)
+                        && l.contains(r#"otel_scope_version="1.2.3""#),
+                    "{l}"
+                );
+            }
+        }
+        let off = Renderer::new(r, Vec::new(), res)
+            .with_scope_labels(false)
+            .render();
+        assert!(!off.contains("otel_scope"), "{off}");
     }
 
     #[test]
@@ -702,7 +987,8 @@ mod tests {
             vec![taint.clone()],
             ResourceInfo::default(),
             Duration::from_secs(60),
-        );
+        )
+        .with_scope_labels(false);
         let t0 = Instant::now();
         assert!(
             p.render_at(t0)
@@ -751,7 +1037,8 @@ mod tests {
             })
         };
         let r = Registry::new();
-        let p = Renderer::new(r.clone(), Vec::new(), ResourceInfo::default());
+        let p =
+            Renderer::new(r.clone(), Vec::new(), ResourceInfo::default()).with_scope_labels(false);
         // Two NVML polls publish before anyone scrapes; the first is the baseline.
         r.set_health(node(2));
         r.set_health(node(9));

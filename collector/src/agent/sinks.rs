@@ -84,8 +84,10 @@ pub fn build_sinks(
             prepared.resource().clone(),
             prometheus.series_quiet_window,
         )
-        .with_dcgm_labels(prometheus.dcgm_labels);
-        sinks.metrics = Some(Arc::new(move || renderer.render()));
+        .with_dcgm_labels(prometheus.dcgm_labels)
+        .with_scope_labels(prometheus.scope_labels)
+        .with_resource_attributes(prepared.resource_attributes().clone());
+        sinks.metrics = Some(Arc::new(move |format| renderer.render_as(format)));
     }
     if let Some(otlp) = prepared.otlp() {
         sinks.start_otlp(otlp, prepared.resource(), registry, kube, rt)?;

@@ -8,7 +8,7 @@ use crate::common::{populate, promtool, promtool_check};
 use gpuwatch_core::Registry;
 use gpuwatch_sinks::kube_metrics::KubeMetrics;
 use gpuwatch_sinks::otlp::ResourceInfo;
-use gpuwatch_sinks::prometheus::{Renderer, nvml_bus_id};
+use gpuwatch_sinks::prometheus::{CONTENT_TYPE, Format, Renderer, nvml_bus_id};
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 const DCGM_FIXTURE: &str = include_str!("../data/dcgm-exporter.txt");
 
-/// Serves `body()` to every HTTP request on a loopback port, on a thread that
-/// lives as long as the test process.
-fn serve(body: impl Fn() -> String + Send + 'static) -> u16 {
+/// Serves `answer(accept)` (Content-Type, body) to every HTTP request on a
+/// loopback port, on a thread that lives as long as the test process.
+fn serve(answer: impl Fn(Option<&str>) -> (&'static str, String) + Send + 'static) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -27,17 +27,23 @@ fn serve(body: impl Fn() -> String + Send + 'static) -> u16 {
             let Ok(mut conn) = conn else { continue };
             let mut reader = BufReader::new(conn.try_clone().unwrap());
             let mut line = String::new();
+            let mut accept = None;
             // The request head, up to the blank line (a GET has no body).
             while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
                 if line == "\r\n" {
                     break;
                 }
+                if let Some((k, v)) = line.split_once(':')
+                    && k.eq_ignore_ascii_case("accept")
+                {
+                    accept = Some(v.trim().to_owned());
+                }
                 line.clear();
             }
-            let text = body();
+            let (content_type, text) = answer(accept.as_deref());
             let _ = write!(
                 conn,
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
                 text.len()
             );
         }
@@ -168,6 +174,7 @@ fn prometheus_joins_gpuwatch_series_with_dcgm_exporter_series() {
     };
     let plain = Renderer::new(registry.clone(), vec![kube.clone()], resource.clone()).render();
     assert!(!plain.contains("UUID=") && !plain.contains("modelName="));
+    let started_at = std::time::SystemTime::now();
     let renderer = Arc::new(
         Renderer::new(registry.clone(), vec![kube.clone()], resource).with_dcgm_labels(true),
     );
@@ -202,8 +209,13 @@ fn prometheus_joins_gpuwatch_series_with_dcgm_exporter_series() {
     }
     assert!(!text.contains("DCGM_"));
 
-    let gpuwatch = serve(move || renderer.render());
-    let dcgm = serve(|| DCGM_FIXTURE.to_owned());
+    // Content negotiation as the agent's API does it: Prometheus asks for
+    // OpenMetrics first, so the counters' `_created` reach it.
+    let gpuwatch = serve(move |accept| {
+        let format = Format::negotiate(accept);
+        (format.content_type(), renderer.render_as(format))
+    });
+    let dcgm = serve(|_| (CONTENT_TYPE, DCGM_FIXTURE.to_owned()));
     let prom = Prometheus::start(&[("gpuwatch", gpuwatch), ("dcgm-exporter", dcgm)]);
     prom.rows("up == 1", 2);
 
@@ -214,6 +226,22 @@ fn prometheus_joins_gpuwatch_series_with_dcgm_exporter_series() {
     );
     assert_eq!(rows.len(), 2, "{rows:?}");
     assert!(rows.iter().all(|r| value(r) == "0"), "{rows:?}");
+
+    // The scrape was OpenMetrics: every counter series came with its start
+    // time (the renderer's creation, within this test's run).
+    let created = prom.rows("gpu_xid_errors_created", 2);
+    let started = started_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    for r in &created {
+        let t: f64 = value(r).parse().unwrap();
+        assert!(
+            (started - 1.0..started + 60.0).contains(&t),
+            "{t} vs {started}: {r}"
+        );
+        assert_eq!(label(r, "otel_scope_name"), "gpuwatch", "{r}");
+    }
 
     // A dcgm-exporter panel gains gpuwatch's verdict.
     let rows = prom.rows(
