@@ -6,8 +6,15 @@
 //! up again (the very thing the startup taint prevents). So the startup gate
 //! also waits for the advertised count, and while running, healthy GPUs that
 //! stay unadvertised past a grace period are reported (`GPUsNotAdvertised`).
+//!
+//! On a Node whose GPUs a DRA driver (`gpu.nvidia.com`) publishes in
+//! ResourceSlices there may be no extended resource at all: there the GPUs
+//! count as advertised once the slices publish their UUIDs (a GPU device's
+//! `uuid`, or the `parentUUID` of its MIG devices), and the check names the
+//! UUIDs missing.
 
 use super::config::MigStrategy;
+use super::device_taints::{DraDevice, NVIDIA_DRIVER};
 use super::settings::AdvertisedSettings;
 use gpuwatch_core::validation::mig_devices;
 use gpuwatch_proto::{GpuHealth, NodeHealth, ValidationCheck, Verdict};
@@ -130,6 +137,76 @@ pub(crate) fn gate_check(
             cfg.mig_strategy.name()
         ),
     })
+}
+
+/// The GPU UUIDs the DRA devices publish: each GPU device's `uuid` and the
+/// `parentUUID` of each MIG device.
+pub(crate) fn dra_gpus(devices: &[DraDevice]) -> std::collections::BTreeSet<&str> {
+    devices
+        .iter()
+        .map(|d| d.parent_uuid.as_deref().unwrap_or(&d.uuid))
+        .collect()
+}
+
+/// The UUIDs of the GPUs `keep` selects that no DRA device publishes, and
+/// how many were selected.
+fn dra_missing(
+    devices: &[DraDevice],
+    health: &NodeHealth,
+    keep: impl Fn(&GpuHealth) -> bool,
+) -> (Vec<String>, usize) {
+    let published = dra_gpus(devices);
+    let wanted: Vec<&GpuHealth> = health.gpus.iter().filter(|g| keep(g)).collect();
+    let missing = wanted
+        .iter()
+        .filter(|g| !published.contains(g.uuid.as_str()))
+        .map(|g| {
+            if g.uuid.is_empty() {
+                "(a GPU whose UUID NVML has not reported)".to_owned()
+            } else {
+                g.uuid.clone()
+            }
+        })
+        .collect();
+    (missing, wanted.len())
+}
+
+/// The startup-gate check on a DRA Node (`devices` not empty): every GPU
+/// NVML sees is published in the Node's ResourceSlices. `None` when the
+/// check is off (`allocatable_resources` empty).
+pub(crate) fn dra_gate_check(
+    devices: &[DraDevice],
+    health: &NodeHealth,
+    cfg: &AdvertisedSettings,
+) -> Option<ValidationCheck> {
+    if cfg.resources.is_empty() {
+        return None;
+    }
+    let (missing, want) = dra_missing(devices, health, |_| true);
+    Some(ValidationCheck {
+        name: CHECK.to_owned(),
+        gpu_index: None,
+        passed: missing.is_empty(),
+        message: dra_message(want - missing.len(), want, &missing),
+    })
+}
+
+fn dra_message(have: usize, want: usize, missing: &[String]) -> String {
+    let mut m = format!(
+        "DRA driver {NVIDIA_DRIVER} publishes {have} of {want} GPUs in the Node's ResourceSlices"
+    );
+    if !missing.is_empty() {
+        m.push_str(&format!("; missing {}", missing.join(", ")));
+    }
+    m
+}
+
+/// While running on a DRA Node: the healthy GPUs no slice publishes, and
+/// the message that names them.
+pub(crate) fn dra_unpublished(devices: &[DraDevice], health: &NodeHealth) -> (u64, u64, String) {
+    let (missing, want) = dra_missing(devices, health, |g| g.verdict() == Verdict::Healthy);
+    let have = want - missing.len();
+    (have as u64, want as u64, dra_message(have, want, &missing))
 }
 
 /// What changed at an observation.

@@ -5,6 +5,7 @@
 use super::ValidationCallback;
 use super::advertised;
 use super::config::MigStrategy;
+use super::device_taints::DraDevice;
 use super::settings::AdvertisedSettings;
 use gpuwatch_core::validation::{self, Expected, ValidationConfig};
 use gpuwatch_proto::{NodeHealth, ValidationReport};
@@ -18,22 +19,46 @@ pub(crate) fn unix_nanos(t: SystemTime) -> u64 {
 }
 
 /// The expected count the startup gate validates against: the configured
-/// GPU count, else the Node's count ([`expected_gpus`]), which under the
-/// single MIG strategy counts MIG devices once NVML sees GPUs in MIG mode.
+/// GPU count, else the Node's label, else on a DRA Node (`dra` not empty)
+/// the GPUs its ResourceSlices publish or NVML sees (by UUID), else the Node's
+/// `nvidia.com/gpu` capacity ([`expected_gpus`]); a count read from the Node
+/// counts MIG devices under the single MIG strategy once NVML sees GPUs in
+/// MIG mode.
 pub(crate) fn expected(
     node: Option<&Node>,
     vcfg: &ValidationConfig,
     mig_strategy: MigStrategy,
     health: &NodeHealth,
+    dra: &[DraDevice],
 ) -> Option<Expected> {
     if let Some(n) = vcfg.expected_gpus {
         return Some(Expected::Gpus(n));
     }
-    Some(node_count(
-        expected_gpus(node?, vcfg)?,
-        mig_strategy,
-        health,
-    ))
+    let node = node?;
+    if !dra.is_empty() && label_count(node, vcfg).is_none() {
+        // Every GPU the slices publish or NVML sees: one published but gone
+        // from NVML is missing hardware (the count fails); one NVML sees but
+        // no slice publishes yet is the advertised check's to name.
+        let mut gpus = advertised::dra_gpus(dra);
+        gpus.extend(
+            health
+                .gpus
+                .iter()
+                .map(|g| g.uuid.as_str())
+                .filter(|u| !u.is_empty()),
+        );
+        let n = u32::try_from(gpus.len()).unwrap_or(u32::MAX);
+        return Some(Expected::Gpus(n));
+    }
+    Some(node_count(expected_gpus(node, vcfg)?, mig_strategy, health))
+}
+
+fn label_count(node: &Node, vcfg: &ValidationConfig) -> Option<u32> {
+    node.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(&vcfg.expected_gpus_label))
+        .and_then(|v| v.trim().parse::<u32>().ok())
 }
 
 /// A count read from the Node, in the units it counts (see [`expected`]).
@@ -54,13 +79,7 @@ pub(crate) fn expected_gpus(node: &Node, vcfg: &ValidationConfig) -> Option<u32>
     if let Some(n) = vcfg.expected_gpus {
         return Some(n);
     }
-    if let Some(n) = node
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(&vcfg.expected_gpus_label))
-        .and_then(|v| v.trim().parse::<u32>().ok())
-    {
+    if let Some(n) = label_count(node, vcfg) {
         return Some(n);
     }
     node.status
@@ -100,6 +119,10 @@ pub(crate) struct StartupGate {
     vcfg: ValidationConfig,
     advertised: AdvertisedSettings,
     node_name: String,
+    /// The Node's DRA devices as last listed (empty: none, or not a DRA
+    /// Node): when there are some, the GPUs count as advertised once they
+    /// publish them.
+    dra: Vec<DraDevice>,
 }
 
 impl StartupGate {
@@ -117,6 +140,22 @@ impl StartupGate {
             vcfg,
             advertised,
             node_name,
+            dra: Vec::new(),
+        }
+    }
+
+    /// The Node's DRA devices were listed: a report that failed only on
+    /// the advertised check is judged again when they changed (a slice
+    /// published is no GPU change: no need to wait for the next run).
+    pub(crate) fn set_dra_devices(
+        &mut self,
+        devices: &[DraDevice],
+        live: Option<&Node>,
+        health: &NodeHealth,
+    ) {
+        if self.dra != devices {
+            self.dra = devices.to_vec();
+            self.node_changed(live, health);
         }
     }
 
@@ -156,7 +195,13 @@ impl StartupGate {
 
     /// The expected count for the live Node and `health`.
     pub(crate) fn expected(&self, live: Option<&Node>, health: &NodeHealth) -> Option<Expected> {
-        expected(live, &self.vcfg, self.advertised.mig_strategy, health)
+        expected(
+            live,
+            &self.vcfg,
+            self.advertised.mig_strategy,
+            health,
+            &self.dra,
+        )
     }
 
     /// The pure checks on `health` (no extra command), with the expected GPU
@@ -182,7 +227,12 @@ impl StartupGate {
             return;
         }
         let node = live.cloned().unwrap_or_default();
-        if let Some(check) = advertised::gate_check(&node, health, &self.advertised) {
+        let check = if self.dra.is_empty() {
+            advertised::gate_check(&node, health, &self.advertised)
+        } else {
+            advertised::dra_gate_check(&self.dra, health, &self.advertised)
+        };
+        if let Some(check) = check {
             validation::add_check(report, check);
         }
     }
@@ -541,5 +591,46 @@ mod tests {
         assert!(g.report().is_some());
         assert!(g.saw_node(true), "back again");
         assert!(g.report().is_none());
+    }
+    #[test]
+    fn a_dra_node_expects_every_gpu_its_slices_publish_or_nvml_sees() {
+        let dev = |name: &str, uuid: &str, parent: Option<&str>| DraDevice {
+            driver: "gpu.nvidia.com".into(),
+            pool: "n".into(),
+            name: name.into(),
+            uuid: uuid.into(),
+            parent_uuid: parent.map(Into::into),
+        };
+        let vcfg = ValidationConfig::default();
+        let node = Node::default();
+        let h = healthy("b");
+        let count = |dra: &[DraDevice]| expected(Some(&node), &vcfg, MigStrategy::None, &h, dra);
+        // No slices and no capacity: unknown.
+        assert_eq!(count(&[]), None);
+        // GPU 1 published only through its MIG device: both counted once.
+        let both = [
+            dev("gpu-0", "GPU-0", None),
+            dev("gpu-1-mig-1g.10gb-9-0", "MIG-1a", Some("GPU-1")),
+        ];
+        assert_eq!(count(&both), Some(Expected::Gpus(2)));
+        // A slice not yet publishing GPU 1: still two (the advertised check
+        // names it); a GPU published but gone from NVML: three, so the count
+        // check fails.
+        assert_eq!(count(&both[..1]), Some(Expected::Gpus(2)));
+        let gone = [
+            dev("gpu-0", "GPU-0", None),
+            dev("gpu-1", "GPU-1", None),
+            dev("gpu-2", "GPU-2", None),
+        ];
+        assert_eq!(count(&gone), Some(Expected::Gpus(3)));
+        // The advertised check names what is missing.
+        let c =
+            advertised::dra_gate_check(&both[..1], &h, &crate::KubeSettings::default().advertised)
+                .unwrap();
+        assert!(!c.passed);
+        assert!(c.message.ends_with("missing GPU-1"), "{}", c.message);
+        let c = advertised::dra_gate_check(&both, &h, &crate::KubeSettings::default().advertised)
+            .unwrap();
+        assert!(c.passed, "{}", c.message);
     }
 }

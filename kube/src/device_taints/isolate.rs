@@ -52,8 +52,10 @@ pub(crate) struct Round {
 
 /// The writer's device isolation state across passes.
 pub(crate) struct Isolator {
-    /// `None`: isolation off, or a dry run (no client).
+    /// `None`: a dry run (no client). With isolation off it still lists the
+    /// Node's DRA devices (for the startup gate) and writes no rule.
     client: Option<DeviceTaints>,
+    isolation: DeviceIsolation,
     node: String,
     settings: KubeSettings,
     /// The Node's DRA devices as last listed.
@@ -70,12 +72,9 @@ pub(crate) struct Isolator {
 impl Isolator {
     /// Isolation for `node` as `settings` say; off without a live client.
     pub(crate) fn new(client: &KubeClient, node: &str, settings: &KubeSettings) -> Isolator {
-        let client = match settings.devices.isolation {
-            DeviceIsolation::Off => None,
-            DeviceIsolation::Auto => DeviceTaints::new(client, node, settings).ok(),
-        };
         Isolator {
-            client,
+            client: DeviceTaints::new(client, node, settings).ok(),
+            isolation: settings.devices.isolation,
             node: node.to_owned(),
             settings: settings.clone(),
             devices: Vec::new(),
@@ -85,14 +84,28 @@ impl Isolator {
         }
     }
 
+    /// The Node's DRA devices as last listed (empty: none, or never listed).
+    pub(crate) fn devices(&self) -> &[DraDevice] {
+        &self.devices
+    }
+
     /// Lists the devices, decides and converges the rules for `health`.
     pub(crate) async fn round(&mut self, health: &NodeHealth) -> Round {
-        let Some(client) = &self.client else {
-            return Round {
-                decision: decide(health, &[], DeviceIsolation::Off, false),
-                ..Round::default()
-            };
+        let off = Round {
+            decision: decide(health, &[], DeviceIsolation::Off, false),
+            ..Round::default()
         };
+        let Some(client) = &self.client else {
+            return off;
+        };
+        if self.isolation == DeviceIsolation::Off {
+            // Only for the startup gate; a failure keeps the last list.
+            match client.devices().await {
+                Ok(d) => self.devices = d,
+                Err(e) => tracing::debug!(error = %e, "Cannot list the Node's DRA devices."),
+            }
+            return off;
+        }
         if self.reported.is_some() && self.discovered.elapsed() >= REDISCOVER_EVERY {
             client.forget_versions().await;
             self.discovered = Instant::now();

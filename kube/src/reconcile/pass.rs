@@ -76,20 +76,34 @@ impl Reconciler {
         gate_closed: bool,
         want: &mut [DesiredCondition],
     ) {
+        // On a DRA Node the GPUs are advertised in its ResourceSlices.
+        let dra = self.isolator.devices();
+        let dra = (!dra.is_empty()).then(|| advertised::dra_unpublished(dra, health));
         if !self.cfg.advertised.resources.is_empty() {
             // Shown beside the GPUs NVML sees (`gpuwatch_gpus{state}`): the
             // "GPU node present but pods not scheduled" case at a glance.
-            let n = advertised::allocatable(node, &self.cfg.advertised);
+            let n = match &dra {
+                Some((have, _, _)) => *have,
+                None => advertised::allocatable(node, &self.cfg.advertised),
+            };
             self.metrics.publish(|s| s.gpus_advertised = Some(n));
         }
         let change = if gate_closed || self.cfg.advertised.resources.is_empty() {
             self.not_advertised.reset()
+        } else if let Some((have, wanted, _)) = &dra {
+            self.not_advertised.observe(*have, *wanted, Instant::now())
         } else {
             let have = advertised::allocatable(node, &self.cfg.advertised);
             let wanted = advertised::wanted(health, &self.cfg.advertised);
             self.not_advertised.observe(have, wanted, Instant::now())
         };
-        let message = self.not_advertised.message(&self.cfg.advertised, health);
+        let message = match dra {
+            Some((_, _, m)) => format!(
+                "{m} for over {}s; pods cannot claim the rest",
+                self.cfg.advertised.grace.as_secs()
+            ),
+            None => self.not_advertised.message(&self.cfg.advertised, health),
+        };
         match change {
             Change::Raised => {
                 tracing::warn!(node = %self.node_name, message = %message, "GPUs are not advertised by the device plugin.");
@@ -147,6 +161,12 @@ impl Reconciler {
         let health = self.health_rx.borrow().clone();
         let now = now_time();
         let node = self.live.clone().unwrap_or_default();
+        // Device rules first: a fault they isolate needs no Node taint, and
+        // the rule is in place before the Node taint goes. The DRA devices
+        // listed are what the startup gate counts on a DRA Node.
+        let (isolation, isolation_error) = self.isolate_devices(&health).await;
+        self.gate
+            .set_dra_devices(self.isolator.devices(), self.live.as_ref(), &health);
         let startup = self.cfg.gate.enabled && has_startup_taint(&node, &self.cfg);
         let passed = startup && self.gate.still_passes(self.live.as_ref(), &health);
         let gate = if startup && !passed {
@@ -154,9 +174,6 @@ impl Reconciler {
         } else {
             Gate::Open
         };
-        // Device rules first: a fault they isolate needs no Node taint, and
-        // the rule is in place before the Node taint goes.
-        let (isolation, isolation_error) = self.isolate_devices(&health).await;
         let mut want = desired(&health, &self.cfg, &gate, &isolation);
         self.track_advertised(&node, &health, startup, &mut want.conditions);
         // The startup hold first, so the flap bound judges what is written: a

@@ -567,3 +567,69 @@ async fn the_startup_gate_counts_mig_devices_by_the_device_plugin_strategy() {
     .await;
     h.stop().await;
 }
+
+/// A DRA Node (the NVIDIA DRA driver publishes its GPUs in ResourceSlices)
+/// with no `nvidia.com/gpu` extended resource at all: the gate counts the
+/// GPUs the slices publish by UUID, holds the startup taint while a GPU
+/// NVML sees is missing from them (naming its UUID), and removes it once
+/// both are published and validate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_dra_node_the_gate_counts_the_gpus_its_slices_publish() {
+    use crate::kube_common::DraServed;
+    use crate::kube_common::build::gpu_slice;
+    let api = ApiDouble::start(node(vec![taint(STARTUP_TAINT, None)], &[])).await;
+    api.edit_node(|n| n["status"]["allocatable"] = serde_json::json!({}));
+    api.serve_dra(DraServed::rules_in(&["v1"]));
+    // The driver has published GPU-0 only so far.
+    api.put_resource_slice(gpu_slice("s", NODE, 1, &[("gpu-0", "GPU-0", None)]));
+    let cfg = api.kube_config();
+    let h = Harness::with(api, cfg, ValidationConfig::default(), healthy(2, "boot-a")).await;
+    let plugin_check = |r: &ValidationReport| {
+        r.checks
+            .iter()
+            .find(|c| c.name == "device_plugin")
+            .map(|c| (c.passed, c.message.clone()))
+    };
+    assert!(
+        wait_for(SECS, || h
+            .reports()
+            .iter()
+            .any(|r| plugin_check(r).is_some_and(
+                |(passed, m)| !passed && m.ends_with("missing GPU-1")
+            )))
+        .await,
+        "{:#?}",
+        h.reports()
+    );
+    let r = h.reports().last().cloned().unwrap();
+    assert!(!r.passed);
+    assert!(taint_value(&h.api.node(), STARTUP_TAINT).is_some());
+    assert_eq!(
+        plugin_check(&r).unwrap().1,
+        "DRA driver gpu.nvidia.com publishes 1 of 2 GPUs in the Node's ResourceSlices; missing GPU-1"
+    );
+    // The driver publishes both (a new generation of its pool).
+    h.api.put_resource_slice(gpu_slice(
+        "s",
+        NODE,
+        2,
+        &[("gpu-0", "GPU-0", None), ("gpu-1", "GPU-1", None)],
+    ));
+    h.until("startup taint removed", |n| {
+        taint_value(n, STARTUP_TAINT).is_none()
+    })
+    .await;
+    let r = h.reports().last().cloned().unwrap();
+    assert!(r.passed, "{r:#?}");
+    assert_eq!(
+        plugin_check(&r).unwrap().1,
+        "DRA driver gpu.nvidia.com publishes 2 of 2 GPUs in the Node's ResourceSlices"
+    );
+    let count = r.checks.iter().find(|c| c.name == "gpu_count").unwrap();
+    assert_eq!(count.message, "expected 2 GPUs, NVML sees 2");
+    // Running: no GPUsNotAdvertised on a DRA Node without the extended
+    // resource; the advertised count is the published GPUs.
+    assert_eq!(h.metrics.status().gpus_advertised, Some(2));
+    assert_eq!(status_of(&h.api.node(), PROBLEM).as_deref(), Some("False"));
+    h.stop().await;
+}
