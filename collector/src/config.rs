@@ -5,10 +5,12 @@
 //!
 //! [`Config::load`] reports every syntax error, or every schema problem (unknown
 //! key, wrong type), each with the file, line, column and key — not only the first
-//! one serde meets; [`Config::validate`] is pure and reports every problem at once,
-//! each with its key path (`kmsg.cursor_interval_ms: ...`). [`Config::check_file`]
-//! (`gpuwatch check-config`) reports both kinds in one pass.
+//! one serde meets; [`Config::resolve`] (in [`crate::settings`]) checks and types
+//! every section, reporting every problem at once, each with its key path
+//! (`kmsg.cursor_interval_ms: ...`). [`Config::check_file`] (`gpuwatch
+//! check-config`) reports both kinds in one pass.
 
+use gpuwatch_core::names::is_dns_subdomain;
 use serde::Deserialize;
 use std::fmt;
 use std::net::SocketAddr;
@@ -388,13 +390,8 @@ impl Config {
             });
         };
         cfg.fill_node_name();
-        let mut invalid = cfg.validate().err().unwrap_or(ConfigErrors(Vec::new()));
-        for p in cfg.otlp_problems() {
-            let p = format!("otlp.{p}");
-            if !invalid.0.contains(&p) {
-                invalid.0.push(p);
-            }
-        }
+        // The agent's own conversion: what it accepts here, it starts with.
+        let invalid = cfg.validate().err().unwrap_or(ConfigErrors(Vec::new()));
         if parse.is_empty() && invalid.0.is_empty() {
             return Ok(cfg);
         }
@@ -431,14 +428,6 @@ impl Config {
         }
     }
 
-    /// `[otlp]`'s problems as the exporter would meet them at start: with the
-    /// export on, the `OTEL_*` environment of this process and the TLS files
-    /// are checked too (the agent meets them in `prepare`, which resolves
-    /// `[otlp]` once).
-    fn otlp_problems(&self) -> Vec<String> {
-        self.resolve_otlp().err().unwrap_or_default()
-    }
-
     /// What the agent would warn about `[otlp]`'s endpoint at start: an
     /// `OTEL_EXPORTER_OTLP_*ENDPOINT` variable of this process that the file
     /// overrides with another URL. Empty when the export is off or `[otlp]`
@@ -472,37 +461,18 @@ impl Config {
         })
     }
 
-    /// Every problem at once, each prefixed with its key path.
+    /// Every problem at once, each prefixed with its key path: those of
+    /// [`Config::resolve`], the one check every command makes.
     pub fn validate(&self) -> Result<(), ConfigErrors> {
-        let mut all = self.top_level_problems();
-        let mut section = |name: &str, problems: Vec<String>| {
-            all.extend(problems.into_iter().map(|p| format!("{name}.{p}")));
-        };
-        section("kmsg", self.kmsg.validate());
-        section("nvml", self.nvml.validate());
-        section("engine", self.engine.validate());
-        section("policy", policy_problems(&self.policy));
-        section("api", self.api.validate());
-        section("sinks", self.sinks.validate());
-        section("otlp", self.otlp.validate());
-        section("kube", self.kube.validate());
-        section("validation", self.validation.validate());
-        section("kubelet", self.kubelet.validate());
-        section("network", self.network.validate());
-        section("log", self.log.validate());
-        if all.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigErrors(all))
-        }
+        self.clone().resolve().map(|_| ())
     }
 
     /// The problems of what no section's `resolve` checks: the node name,
     /// the state directory and the sections that are used as written
     /// (`[api]`, `[sinks]`, `[validation]`, `[log]`), each prefixed with its
-    /// key path. [`crate::agent::prepare`] adds those of the resolved
-    /// sections as it resolves them, once each.
-    pub fn unresolved_problems(&self) -> Vec<String> {
+    /// key path. [`Config::resolve`] adds those of the resolved sections as
+    /// it resolves them, once each.
+    pub(crate) fn unresolved_problems(&self) -> Vec<String> {
         let mut all = self.top_level_problems();
         let mut section = |name: &str, problems: Vec<String>| {
             all.extend(problems.into_iter().map(|p| format!("{name}.{p}")));
@@ -618,27 +588,6 @@ fn remove_entry_at(
     }
 }
 
-/// Policy overrides are validated by building the effective table.
-fn policy_problems(overrides: &xid_parser::PolicyOverrides) -> Vec<String> {
-    match xid_parser::Policy::new(overrides) {
-        Ok(_) => Vec::new(),
-        Err(e) => vec![format!("xid: {e}")],
-    }
-}
-
-fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253
-        && s.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        })
-}
-
 /// 1-based line and column of byte offset `at`.
 fn line_col(text: &str, at: usize) -> (usize, usize) {
     let at = at.min(text.len());
@@ -741,14 +690,15 @@ mod tests {
         let keys: Vec<&str> = errs.iter().map(|e| e.split(':').next().unwrap()).collect();
         assert_eq!(
             keys,
+            // What is used as written first, then each resolved section.
             vec![
                 "node_name",
                 "state_dir",
-                "kmsg.cursor_interval_ms",
                 "api.listen",
+                "log.level",
+                "kmsg.cursor_interval_ms",
                 "network.flap_threshold",
                 "network.expected_ports.fibre",
-                "log.level"
             ],
             "{errs:#?}"
         );

@@ -17,3 +17,4 @@ pub mod nic;
 pub mod nvml;
 pub mod pipeline;
 pub mod scan;
+pub mod settings;

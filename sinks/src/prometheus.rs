@@ -279,6 +279,9 @@ pub struct Renderer {
     /// When the counters started counting (the renderer was built with the
     /// agent): OpenMetrics' `_created` of every counter series.
     started: std::time::SystemTime,
+    /// The Kubernetes writer's status: the Node's uid for `target_info`
+    /// ([`Renderer::with_kube_status`]).
+    kube: Option<tokio::sync::watch::Receiver<crate::kube_metrics::KubeStatus>>,
 }
 
 impl Renderer {
@@ -307,7 +310,19 @@ impl Renderer {
             scope_labels: true,
             target_info: None,
             started: std::time::SystemTime::now(),
+            kube: None,
         }
+    }
+
+    /// `target_info` adds `k8s.node.uid` once the Kubernetes writer has read
+    /// the Node (as the OTLP resource does), unless the resource configures
+    /// one.
+    pub fn with_kube_status(
+        mut self,
+        status: tokio::sync::watch::Receiver<crate::kube_metrics::KubeStatus>,
+    ) -> Renderer {
+        self.kube = Some(status);
+        self
     }
 
     /// Whether every series carries the OpenTelemetry instrumentation scope
@@ -361,10 +376,16 @@ impl Renderer {
             .dcgm_labels
             .then(|| DcgmLabels::of(&src.registry.health(), &self.resource));
 
-        let target: Vec<(String, String)> = match &self.target_info {
+        let mut target: Vec<(String, String)> = match &self.target_info {
             Some(attrs) => attrs.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             None => self.resource.attributes(),
         };
+        let uid = self.kube.as_ref().and_then(|k| k.borrow().node_uid.clone());
+        if let Some(uid) = uid
+            && !target.iter().any(|(k, _)| k == "k8s.node.uid")
+        {
+            target.push(("k8s.node.uid".to_owned(), uid));
+        }
         let scope: Vec<(String, &str)> = if self.scope_labels {
             vec![
                 ("otel_scope_name".to_owned(), "gpuwatch"),
@@ -911,10 +932,22 @@ mod tests {
                 );
             }
         }
-        let off = Renderer::new(r, Vec::new(), res)
+        let off = Renderer::new(r.clone(), Vec::new(), res.clone())
             .with_scope_labels(false)
             .render();
         assert!(!off.contains("otel_scope"), "{off}");
+        // The Node's uid joins target_info once the writer has read the Node.
+        let kube = crate::kube_metrics::KubeMetrics::new();
+        let p = Renderer::new(r, Vec::new(), res).with_kube_status(kube.subscribe());
+        let target = |text: &str| {
+            text.lines()
+                .find(|l| l.starts_with("target_info"))
+                .unwrap_or_default()
+                .to_owned()
+        };
+        assert!(!target(&p.render()).contains("k8s_node_uid"));
+        kube.publish(|s| s.node_uid = Some("uid-7".into()));
+        assert!(target(&p.render()).contains(r#"k8s_node_uid="uid-7""#));
     }
 
     #[test]

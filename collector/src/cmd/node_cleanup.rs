@@ -71,6 +71,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     // hook Job, `kubectl logs` is all the operator reads.
     let level = if args.all_nodes { "info" } else { "warn" };
     init_logging(LogFormat::Text, level);
+    // Only `[kube]` is resolved, on purpose: the cleanup runs when gpuwatch
+    // is uninstalled, and refusing it over a section it does not use (an
+    // OTLP variable of the Job, a policy override) would leave every taint
+    // and condition behind.
     let kube = match &args.config {
         Some(c) => Config::load(c)?.kube,
         None => gpuwatch_kube::KubeConfig::default(),
