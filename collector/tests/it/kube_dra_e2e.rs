@@ -5,6 +5,7 @@
 //! DeviceTaintRule for `gpu-1` and no Node fault taint (`/v1/health` lists
 //! the device); a kill -9 and restart on the same state converges to the
 //! same rule and writes none; an XID 79 on the same GPU taints the Node; a
+//! new boot in which the GPU validates deletes the rule and the taint; a
 //! cluster refusing the rules (403) gets the Node taint, the reason in
 //! `GPUProblem` and one warning.
 
@@ -131,6 +132,24 @@ fn an_xid48_on_a_dra_gpu_isolates_the_device_and_an_xid79_the_node() {
         rig.api.node_json()
     );
     assert!(rig.api.device_taint_rules().contains_key(RULE1));
+    assert_eq!(agent.stop(), Some(0));
+
+    // A new boot in which the GPU validates: the faults clear, the rule is
+    // deleted and the Node taint goes.
+    rig.set_boot_id("boot-b");
+    let agent = rig.start(&cfg, Nvml::Sim(BOARD), &[]);
+    assert!(
+        wait_until(T, || rig.cond_status(PROBLEM).0 == "False"
+            && rig.taint(FAULT_TAINT).is_none()
+            && rig.api.device_taint_rules().is_empty()),
+        "node: {:#}\nrules: {:#?}",
+        rig.api.node_json(),
+        rig.api.device_taint_rules()
+    );
+    assert!(wait_until(T, || agent
+        .health()
+        .get("isolated_devices")
+        .is_none()));
     assert_eq!(agent.stop(), Some(0));
     rig.api.assert_requests_declared();
 }
