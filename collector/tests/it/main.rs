@@ -13,6 +13,7 @@ mod config_example;
 mod e2e_kmsg;
 mod explain_cli;
 mod kmsg_engine_publish;
+mod kube_dra_e2e;
 mod kube_e2e;
 mod mig;
 mod nic;
