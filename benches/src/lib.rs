@@ -4,6 +4,7 @@
 //!   filesystems, systemd, audit) with rare NVRM / AER lines, like a busy node's
 //!   ring buffer.
 //! - [`xid_storm`]: an XID storm (XID 13/31/43/79/94 lines, several GPUs).
+#![warn(unreachable_pub)]
 #![deny(missing_docs)]
 
 use xid_parser::{RecordMeta, Scanner, parse_line};

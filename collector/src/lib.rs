@@ -4,6 +4,7 @@
 //! one health-engine thread that owns all state; the engine publishes events
 //! to sinks and the desired node state to the Kubernetes writer. [`agent`]
 //! assembles those parts for `gpuwatch run` and `gpuwatch validate`.
+#![warn(unreachable_pub)]
 #![deny(missing_docs)]
 
 pub mod agent;

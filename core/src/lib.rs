@@ -29,6 +29,7 @@
 //! assert_eq!(out.len(), 1);
 //! assert_eq!(engine.health().verdict(), gpuwatch_proto::Verdict::Unhealthy);
 //! ```
+#![warn(unreachable_pub)]
 #![deny(missing_docs)]
 
 pub mod clock;

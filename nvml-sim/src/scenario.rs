@@ -410,7 +410,7 @@ impl MigDeviceSpec {
 }
 
 /// MIG devices per GPU at most (an H100 or H200 makes up to 7).
-pub const MAX_MIG_DEVICES: usize = 7;
+pub(crate) const MAX_MIG_DEVICES: usize = 7;
 
 impl MigState {
     /// `nvmlDeviceGetMigMode`'s pending mode.

@@ -11,15 +11,15 @@ use std::collections::{BTreeMap, VecDeque};
 pub type Ret = sys::nvmlReturn_t;
 
 /// `NVML_ERROR_UNINITIALIZED`.
-pub const UNINITIALIZED: Ret = sys::nvmlReturn_enum_NVML_ERROR_UNINITIALIZED;
+pub(crate) const UNINITIALIZED: Ret = sys::nvmlReturn_enum_NVML_ERROR_UNINITIALIZED;
 /// `NVML_ERROR_INVALID_ARGUMENT`.
-pub const INVALID_ARGUMENT: Ret = sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+pub(crate) const INVALID_ARGUMENT: Ret = sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
 /// `NVML_ERROR_NOT_SUPPORTED`.
-pub const NOT_SUPPORTED: Ret = sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
+pub(crate) const NOT_SUPPORTED: Ret = sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
 /// `NVML_ERROR_GPU_IS_LOST`.
-pub const GPU_IS_LOST: Ret = sys::nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST;
+pub(crate) const GPU_IS_LOST: Ret = sys::nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST;
 /// `NVML_ERROR_UNKNOWN`.
-pub const UNKNOWN: Ret = sys::nvmlReturn_enum_NVML_ERROR_UNKNOWN;
+pub(crate) const UNKNOWN: Ret = sys::nvmlReturn_enum_NVML_ERROR_UNKNOWN;
 
 /// `nvmlEventTypeSingleBitEccError`.
 pub const EVENT_SBE: u64 = sys::nvmlEventTypeSingleBitEccError as u64;

@@ -7,6 +7,7 @@
 //! [`extra_command`], and what it counts is [`kube_metrics::KubeMetrics`], one
 //! of the producers ([`metrics::MetricSource`]) the outputs collect. The
 //! dependency runs one way, `gpuwatch-sinks` ← `gpuwatch-kube`.
+#![warn(unreachable_pub)]
 #![deny(missing_docs)]
 
 pub mod extra_command;

@@ -17,6 +17,7 @@
 //!   temporary directory (the NIC reader's tests and benchmark).
 // The harness types hold child processes, sockets, runtimes and engines; a
 // `Debug` of them would tell a failing test nothing.
+#![warn(unreachable_pub)]
 #![allow(missing_debug_implementations)]
 
 #[cfg(feature = "engine")]

@@ -36,7 +36,7 @@ pub(crate) struct CatalogRow {
 
 impl CatalogRow {
     /// Human name: the description when the catalog has a meaningful one, else the mnemonic.
-    pub fn display_name(&self) -> &'static str {
+    pub(crate) fn display_name(&self) -> &'static str {
         if self.description.is_empty() || self.description.eq_ignore_ascii_case("unused") {
             self.mnemonic
         } else {

@@ -42,6 +42,7 @@
 //! assert_eq!(events[0].pci_address, "0000:3b:00.0");
 //! assert_eq!(events[0].pid, Some(1234));
 //! ```
+#![warn(unreachable_pub)]
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -119,6 +119,8 @@ pub fn layout_of_driver(version: &str) -> Option<Layout> {
 
 #[cfg(test)]
 #[path = "../build-tools/gen_nvlink5.rs"]
+// The generator's own items, `pub` for the tool that includes it too.
+#[allow(unreachable_pub)]
 mod gen_nvlink5;
 
 #[cfg(test)]

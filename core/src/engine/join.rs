@@ -167,7 +167,7 @@ pub(super) struct JoinGrace {
 
 impl JoinGrace {
     /// A grace that starts at `now` (engine clock, ns).
-    pub fn new(now: u64) -> JoinGrace {
+    pub(super) fn new(now: u64) -> JoinGrace {
         JoinGrace {
             started_at: now,
             over: false,
@@ -179,14 +179,14 @@ impl JoinGrace {
 
     /// True when the grace of `grace_ns` has run out at `now` and has not
     /// ended yet.
-    pub fn expired(&self, now: u64, grace_ns: u64) -> bool {
+    pub(super) fn expired(&self, now: u64, grace_ns: u64) -> bool {
         !self.over && now.saturating_sub(self.started_at) >= grace_ns
     }
 
     /// True when a kernel-log GPU fault should wait: the grace runs
     /// (`grace_ns` > 0, NVML not reported unavailable) and its address
     /// parses but NVML has not `confirmed` it.
-    pub fn should_hold(
+    pub(super) fn should_hold(
         &self,
         ev: &FaultEvent,
         grace_ns: u64,
@@ -210,17 +210,17 @@ impl JoinGrace {
         xid_parser::normalize_pci(&ev.pci_address).is_some_and(|p| !confirmed(&p))
     }
 
-    pub fn hold(&mut self, ev: FaultEvent, read_at: Instant) {
+    pub(super) fn hold(&mut self, ev: FaultEvent, read_at: Instant) {
         self.held.push((ev, Some(read_at)));
     }
 
-    pub fn nothing_held(&self) -> bool {
+    pub(super) fn nothing_held(&self) -> bool {
         self.held.is_empty()
     }
 
     /// A kernel-log position: back when it applies now (nothing is held),
     /// else kept until the grace ends.
-    pub fn position(&mut self, position: KmsgPosition) -> Option<KmsgPosition> {
+    pub(super) fn position(&mut self, position: KmsgPosition) -> Option<KmsgPosition> {
         if self.held.is_empty() {
             Some(position)
         } else {
@@ -231,7 +231,7 @@ impl JoinGrace {
 
     /// Ends the grace: the held events, in arrival order, and the position
     /// that waited for them; `None` when it had ended already.
-    pub fn end(&mut self) -> Option<(Vec<HeldKmsgEvent>, Option<KmsgPosition>)> {
+    pub(super) fn end(&mut self) -> Option<(Vec<HeldKmsgEvent>, Option<KmsgPosition>)> {
         if self.over {
             return None;
         }
@@ -240,7 +240,7 @@ impl JoinGrace {
     }
 
     /// `occurrences` of a fault at `pci` dropped at a capacity bound.
-    pub fn dropped(&mut self, occurrences: u64, pci: &str) {
+    pub(super) fn dropped(&mut self, occurrences: u64, pci: &str) {
         self.over_capacity.note(occurrences, pci);
     }
 }

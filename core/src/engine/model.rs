@@ -31,7 +31,7 @@ pub(crate) struct FaultKey {
 impl FaultKey {
     /// The key of an event: its kind and code, and the variant its
     /// attributes name (below).
-    pub fn of(ev: &FaultEvent) -> FaultKey {
+    pub(super) fn of(ev: &FaultEvent) -> FaultKey {
         let attr = |k: &str| ev.attributes.get(k).cloned().unwrap_or_default();
         let variant = match ev.kind() {
             FaultKind::RowRemap => remap_state(ev).to_string(),
@@ -215,7 +215,7 @@ const RECENT_OCCURRENCES: usize = 32;
 
 impl Fault {
     /// Remembers one occurrence for cross-source matching.
-    pub fn note_occurrence(&mut self, source: Source, at: u64) {
+    pub(super) fn note_occurrence(&mut self, source: Source, at: u64) {
         if self.recent.len() >= RECENT_OCCURRENCES {
             self.recent.pop_front();
         }
@@ -225,7 +225,7 @@ impl Fault {
     /// True when an occurrence reported by another source within `window`
     /// nanoseconds of `at` is still unmatched: this report is the same
     /// occurrence (consumed, so each report matches at most one other).
-    pub fn match_other_source(&mut self, source: Source, at: u64, window: u64) -> bool {
+    pub(super) fn match_other_source(&mut self, source: Source, at: u64, window: u64) -> bool {
         if window == 0 || !is_live_source(source) {
             return false;
         }
@@ -244,13 +244,13 @@ impl Fault {
 
     /// True when a report from `source` carries a richer message than the one
     /// kept (the kernel log names the pid and process; NVML events do not).
-    pub fn prefers_message_of(&self, source: Source) -> bool {
+    pub(super) fn prefers_message_of(&self, source: Source) -> bool {
         source == Source::Kmsg && self.message_source != Source::Kmsg
     }
 
     /// A sample shows the fault's level condition: it is current (again).
     /// True when it had been marked gone, which changes the health.
-    pub fn condition_present(&mut self, now: u64, boot_id: &str) -> bool {
+    pub(super) fn condition_present(&mut self, now: u64, boot_id: &str) -> bool {
         self.last_seen = now;
         self.last_boot_id.clear();
         self.last_boot_id.push_str(boot_id);
@@ -262,7 +262,7 @@ impl Fault {
     /// One more consecutive sample without the fault's level condition (the
     /// recovery rules clear it after `condition_clear_samples`). True for
     /// the first, which changes the health.
-    pub fn condition_absent(&mut self, now: u64) -> bool {
+    pub(super) fn condition_absent(&mut self, now: u64) -> bool {
         self.gone_samples = self.gone_samples.saturating_add(1);
         if self.condition_gone_since.is_some() {
             return false;
@@ -272,7 +272,7 @@ impl Fault {
     }
 
     /// Counts the coalesced occurrences not yet in the registry.
-    pub fn record_unrecorded(
+    pub(super) fn record_unrecorded(
         &mut self,
         registry: &Registry,
         key: &FaultKey,
@@ -299,7 +299,7 @@ impl Fault {
 
     /// The proto form (`ActiveFault`); a node-level fault's message names
     /// the device's PCI address.
-    pub fn to_proto(&self, key: &FaultKey, node_level: bool) -> ActiveFault {
+    pub(super) fn to_proto(&self, key: &FaultKey, node_level: bool) -> ActiveFault {
         let mut af = ActiveFault {
             code: key.code,
             policy_reason: self.policy_reason.clone(),
@@ -373,7 +373,7 @@ pub(crate) struct Gpu {
 }
 
 impl Gpu {
-    pub fn new(pci: String) -> Gpu {
+    pub(super) fn new(pci: String) -> Gpu {
         Gpu {
             pci,
             uuid: String::new(),
@@ -391,7 +391,7 @@ impl Gpu {
     }
 
     /// Recurrence identity: the UUID once confirmed in this boot, else the PCI address.
-    pub fn identity(&self) -> String {
+    pub(super) fn identity(&self) -> String {
         if self.confirmed && !self.uuid.is_empty() {
             self.uuid.clone()
         } else {
@@ -401,12 +401,12 @@ impl Gpu {
 
     /// Most severe action of the faults of the whole GPU (Unspecified when
     /// none): a fault contained to one MIG instance does not count.
-    pub fn action(&self) -> Action {
+    pub(super) fn action(&self) -> Action {
         max_action(whole_gpu_faults(self))
     }
 
     /// "GPU 3 (GPU-…, 0000:3b:00.0)".
-    pub fn describe(&self) -> String {
+    pub(super) fn describe(&self) -> String {
         let idx = self
             .index
             .filter(|_| self.confirmed)
@@ -470,7 +470,7 @@ pub(crate) struct History {
 
 impl History {
     /// Records an occurrence in `boot`; returns the number of distinct boots.
-    pub fn record(&mut self, boot: &str, now: u64) -> u32 {
+    pub(super) fn record(&mut self, boot: &str, now: u64) -> u32 {
         self.last_seen = now;
         if self.boots.back().map(String::as_str) != Some(boot) {
             self.boots.retain(|b| b != boot);
@@ -483,7 +483,7 @@ impl History {
     }
 
     /// Merges another entry's boots (older first), keeping the bound.
-    pub fn merge(&mut self, other: History) {
+    pub(super) fn merge(&mut self, other: History) {
         let mut boots: VecDeque<String> = other.boots;
         for b in self.boots.drain(..) {
             boots.retain(|x| *x != b);

@@ -43,7 +43,7 @@ pub(super) struct Monitors {
 impl Monitors {
     /// Records an input's status; true when it changed. A change of
     /// availability is logged.
-    pub fn set(&mut self, input: MonitorInput, ok: bool, message: String) -> bool {
+    pub(super) fn set(&mut self, input: MonitorInput, ok: bool, message: String) -> bool {
         let m = match input {
             MonitorInput::Kmsg => &mut self.kmsg,
             MonitorInput::Nvml => &mut self.nvml,
@@ -76,13 +76,13 @@ impl Monitors {
 
     /// The message `input` reported last, if it covers a part only and
     /// reported.
-    pub fn part_message(&self, input: MonitorInput) -> Option<&str> {
+    pub(super) fn part_message(&self, input: MonitorInput) -> Option<&str> {
         self.parts.get(&input).map(|m| m.message.as_str())
     }
 
     /// Every input that reported, in one shape: kmsg and NVML always (not
     /// ok until they report), then the others in a fixed order.
-    pub fn inputs(&self) -> Vec<InputStatusProto> {
+    pub(super) fn inputs(&self) -> Vec<InputStatusProto> {
         let one = |input: MonitorInput, m: &InputStatus| InputStatusProto {
             input: input.as_str().to_owned(),
             ok: m.ok == Some(true),
@@ -100,28 +100,28 @@ impl Monitors {
     }
 
     /// NVML reported itself available.
-    pub fn nvml_ok(&self) -> bool {
+    pub(super) fn nvml_ok(&self) -> bool {
         self.nvml.ok == Some(true)
     }
 
     /// NVML reported itself unavailable.
-    pub fn nvml_down(&self) -> bool {
+    pub(super) fn nvml_down(&self) -> bool {
         self.nvml.ok == Some(false)
     }
 
     /// The kernel log reader reported itself available.
-    pub fn kmsg_ok(&self) -> bool {
+    pub(super) fn kmsg_ok(&self) -> bool {
         self.kmsg.ok == Some(true)
     }
 
     /// The kernel log reader reported a failure.
-    pub fn kmsg_down(&self) -> bool {
+    pub(super) fn kmsg_down(&self) -> bool {
         self.kmsg.ok == Some(false)
     }
 
     /// The kernel log reader finished its first pass over the ring; true
     /// the first time (logged).
-    pub fn caught_up(&mut self) -> bool {
+    pub(super) fn caught_up(&mut self) -> bool {
         if self.kmsg_caught_up {
             return false;
         }
@@ -130,7 +130,7 @@ impl Monitors {
         true
     }
 
-    pub fn kmsg_caught_up(&self) -> bool {
+    pub(super) fn kmsg_caught_up(&self) -> bool {
         self.kmsg_caught_up
     }
 
@@ -139,7 +139,7 @@ impl Monitors {
     /// result (the stored one, with the time the result was first obtained,
     /// is kept): re-validating on every published health must not
     /// republish the health and loop.
-    pub fn set_validation(&mut self, report: ValidationReport) -> bool {
+    pub(super) fn set_validation(&mut self, report: ValidationReport) -> bool {
         let same = self.validation.as_ref().is_some_and(|v| {
             v.passed == report.passed
                 && v.complete == report.complete
@@ -159,18 +159,18 @@ impl Monitors {
         true
     }
 
-    pub fn validation(&self) -> Option<&ValidationReport> {
+    pub(super) fn validation(&self) -> Option<&ValidationReport> {
         self.validation.as_ref()
     }
 
     /// A GPU whose latest sample is older than `max_age` is Unknown and
     /// does not validate until a fresh sample arrives.
-    pub fn set_sample_max_age(&mut self, max_age: Duration) {
+    pub(super) fn set_sample_max_age(&mut self, max_age: Duration) {
         self.sample_max_age = Some(u64::try_from(max_age.as_nanos()).unwrap_or(u64::MAX));
     }
 
     /// Whether GPU `g`'s latest sample is recent enough to judge it by.
-    pub fn sample_fresh(&self, g: &Gpu, now: u64) -> bool {
+    pub(super) fn sample_fresh(&self, g: &Gpu, now: u64) -> bool {
         match self.sample_max_age {
             None => true,
             Some(max) => g.sample_time.is_some_and(|t| now.saturating_sub(t) <= max),
@@ -179,7 +179,11 @@ impl Monitors {
 
     /// Confirmed GPUs present in NVML whose sample is stale at `now` (none
     /// while NVML is not available: that is its own problem).
-    pub fn count_stale<'a>(&self, gpus: impl IntoIterator<Item = &'a Gpu>, now: u64) -> usize {
+    pub(super) fn count_stale<'a>(
+        &self,
+        gpus: impl IntoIterator<Item = &'a Gpu>,
+        now: u64,
+    ) -> usize {
         if self.sample_max_age.is_none() || !self.nvml_ok() {
             return 0;
         }
@@ -190,7 +194,7 @@ impl Monitors {
 
     /// Records how many GPUs have a stale sample now; true when that
     /// changed (a rise is logged).
-    pub fn update_stale(&mut self, stale: usize) -> bool {
+    pub(super) fn update_stale(&mut self, stale: usize) -> bool {
         if stale == self.stale_samples {
             return false;
         }
@@ -206,7 +210,7 @@ impl Monitors {
 
     /// The inputs that have not reported or reported a failure, with their
     /// messages (empty when every input is available).
-    pub fn detail(&self) -> String {
+    pub(super) fn detail(&self) -> String {
         let mut parts = Vec::new();
         for (name, m) in [("nvml", &self.nvml), ("kmsg", &self.kmsg)] {
             match m.ok {
@@ -220,7 +224,7 @@ impl Monitors {
 
     /// Why GPU health cannot be determined (the node message of an
     /// `unknown` verdict), with `stale` GPUs whose samples are stale.
-    pub fn why_unknown(&self, stale: usize) -> String {
+    pub(super) fn why_unknown(&self, stale: usize) -> String {
         match (self.nvml.ok, self.kmsg.ok) {
             (Some(false), _) => format!(
                 "NVML is unavailable ({}); GPU health cannot be determined.",

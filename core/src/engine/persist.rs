@@ -333,7 +333,7 @@ pub(super) struct Persistence {
 impl Persistence {
     /// The state file at `path` (`None`: no state file), written at most
     /// once per `persist_interval` after a failed write.
-    pub fn new(path: Option<PathBuf>, persist_interval: Duration) -> Persistence {
+    pub(super) fn new(path: Option<PathBuf>, persist_interval: Duration) -> Persistence {
         Persistence {
             path,
             read_only: false,
@@ -353,34 +353,34 @@ impl Persistence {
     /// From now on the state file is the one at `path`, only read: a
     /// problem with it is reported, not moved aside, and nothing is ever
     /// written.
-    pub fn read_only_at(&mut self, path: PathBuf) {
+    pub(super) fn read_only_at(&mut self, path: PathBuf) {
         self.path = Some(path);
         self.read_only = true;
     }
 
     /// Whether this engine writes a state file at all.
-    pub fn writes(&self) -> bool {
+    pub(super) fn writes(&self) -> bool {
         self.path.is_some() && !self.read_only
     }
 
     /// The state changed: it is to be written.
-    pub fn mark_dirty(&mut self) {
+    pub(super) fn mark_dirty(&mut self) {
         self.dirty = true;
     }
 
-    pub fn is_dirty(&self) -> bool {
+    pub(super) fn is_dirty(&self) -> bool {
         self.dirty
     }
 
     /// Why the state file is unusable or unwritten, if it is.
-    pub fn problem(&self) -> Option<&str> {
+    pub(super) fn problem(&self) -> Option<&str> {
         self.problem.as_deref()
     }
 
     /// The state file as it is on disk, ready to restore: `None` when there
     /// is none or it cannot be used (logged, kept aside, and the reason
     /// kept for the health; see the module docs).
-    pub fn open(&mut self) -> Option<StateFile> {
+    pub(super) fn open(&mut self) -> Option<StateFile> {
         let path = self.path.clone()?;
         let file = match read_state(&path, self.read_only) {
             Ok(Some(f)) => f,
@@ -403,13 +403,13 @@ impl Persistence {
     }
 
     /// The opened file was restored: the state accounts for its position.
-    pub fn restored(&mut self, position: Option<KmsgPosition>) {
+    pub(super) fn restored(&mut self, position: Option<KmsgPosition>) {
         self.kmsg_position = position;
     }
 
     /// The opened file did not restore (`reason`): it is kept aside as
     /// corrupt and the engine starts fresh.
-    pub fn restore_failed(&mut self, reason: String) {
+    pub(super) fn restore_failed(&mut self, reason: String) {
         let Some(path) = self.path.clone() else {
             return;
         };
@@ -520,7 +520,7 @@ impl Persistence {
 
     /// Records the reader's position: every kernel-log event it covers has
     /// been handled, so the state is settled there.
-    pub fn set_kmsg_position(&mut self, position: KmsgPosition) {
+    pub(super) fn set_kmsg_position(&mut self, position: KmsgPosition) {
         self.kmsg_unsettled = false;
         if self.kmsg_position.as_ref() != Some(&position) {
             self.kmsg_position = Some(position);
@@ -528,19 +528,19 @@ impl Persistence {
         }
     }
 
-    pub fn kmsg_position(&self) -> Option<&KmsgPosition> {
+    pub(super) fn kmsg_position(&self) -> Option<&KmsgPosition> {
         self.kmsg_position.as_ref()
     }
 
     /// A kernel-device reader reports its position: the state is written
     /// only at settled points from now on.
-    pub fn track_kmsg(&mut self) {
+    pub(super) fn track_kmsg(&mut self) {
         self.track_kmsg = true;
     }
 
     /// A kernel-log fault was handled: while the position is tracked, the
     /// state is unsettled until the next position.
-    pub fn kmsg_event_handled(&mut self) {
+    pub(super) fn kmsg_event_handled(&mut self) {
         if self.track_kmsg {
             self.kmsg_unsettled = true;
         }
@@ -549,12 +549,12 @@ impl Persistence {
     /// True when the state may be written now (see [`Engine::is_settled`]);
     /// `nothing_held`: no kernel-log event waits for the join grace and no
     /// record for placement.
-    pub fn is_settled(&self, nothing_held: bool) -> bool {
+    pub(super) fn is_settled(&self, nothing_held: bool) -> bool {
         !self.track_kmsg || (!self.kmsg_unsettled && nothing_held)
     }
 
     /// When the next write may happen (see [`Engine::persist_due`]).
-    pub fn due(&self, settled: bool) -> Option<Instant> {
+    pub(super) fn due(&self, settled: bool) -> Option<Instant> {
         if !self.dirty || self.path.is_none() || !settled {
             return None;
         }
@@ -564,7 +564,7 @@ impl Persistence {
     /// Where to write a snapshot now, if one is due: the state changed, is
     /// settled, no backoff is running and writing is allowed. Err (counted as
     /// a failed write) when the file must not be overwritten.
-    pub fn write_due(
+    pub(super) fn write_due(
         &mut self,
         settled: bool,
         registry: &Registry,
@@ -599,18 +599,18 @@ impl Persistence {
 
     /// The snapshot went to the disk (or to the writer thread): changes from
     /// here on make the state dirty again.
-    pub fn written(&mut self) {
+    pub(super) fn written(&mut self) {
         self.dirty = false;
     }
 
     /// The next write ignores the backoff (the final write at shutdown).
-    pub fn end_backoff(&mut self) {
+    pub(super) fn end_backoff(&mut self) {
         self.retry_write_at = None;
     }
 
     /// Counts a finished write and reports or ends a run of failures; true
     /// when that changed what the health says about the state file.
-    pub fn write_finished(
+    pub(super) fn write_finished(
         &mut self,
         res: &Result<(), StateFileError>,
         registry: &Registry,

@@ -23,13 +23,13 @@ pub(super) struct Escalation {
 
 impl Escalation {
     /// The action an escalated fault gets.
-    pub const TO: Action = Action::InspectHardware;
+    pub(super) const TO: Action = Action::InspectHardware;
 
     /// The escalation of a fault of `kind` and `code` classified `action`
     /// and seen in `boots_seen` distinct boots; `None` when the rule does
     /// not apply. The policy's threshold is the XID's own for an XID, the
     /// default for every other kind.
-    pub fn check(
+    pub(super) fn check(
         policy: &Policy,
         kind: FaultKind,
         code: u32,
@@ -49,7 +49,7 @@ impl Escalation {
     }
 
     /// What the policy reason says about it.
-    pub fn describe(&self) -> String {
+    pub(super) fn describe(&self) -> String {
         format!(
             "seen on this device in {} distinct boots, i.e. it recurred after {} reboots (recurrence threshold {} reboots): escalated from {} to {}",
             self.boots_seen,
@@ -66,7 +66,7 @@ impl Fault {
     /// always replaced (it says why the fault stands as it does); the
     /// severity goes with the action, so it changes only when the action
     /// does. Returns the earlier action when the action changed.
-    pub fn reclassify(
+    pub(super) fn reclassify(
         &mut self,
         action: Action,
         severity: Severity,

@@ -52,7 +52,7 @@ pub(crate) struct StateWriter<T> {
 impl<T: Serialize + Send + 'static> StateWriter<T> {
     /// Starts the `gpuwatch-state` thread; fails only when the OS cannot
     /// start a thread (the engine then writes on its own thread).
-    pub fn spawn() -> std::io::Result<StateWriter<T>> {
+    pub(super) fn spawn() -> std::io::Result<StateWriter<T>> {
         let shared = Arc::new(GuardedSlot {
             slot: Mutex::new(Slot {
                 job: None,
@@ -71,19 +71,19 @@ impl<T: Serialize + Send + 'static> StateWriter<T> {
 
     /// Queues `file` for writing to `path`, replacing a snapshot that has not
     /// been started.
-    pub fn submit(&self, path: PathBuf, file: T) {
+    pub(super) fn submit(&self, path: PathBuf, file: T) {
         self.shared.lock().job = Some((path, file));
         self.shared.changed.notify_all();
     }
 
     /// Outcomes of the writes finished since the last call, in order.
-    pub fn take_done(&self) -> Vec<WriteDone> {
+    pub(super) fn take_done(&self) -> Vec<WriteDone> {
         std::mem::take(&mut self.shared.lock().done)
     }
 
     /// Waits until nothing is queued or being written, at most `timeout`;
     /// false when the writer is still busy then (a hung disk).
-    pub fn wait_idle(&self, timeout: Duration) -> bool {
+    pub(super) fn wait_idle(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut slot = self.shared.lock();
         while slot.job.is_some() || slot.busy {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 /// How long a series that mattered (non-zero, or a counter that moved) keeps
 /// being exported after it stopped mattering, unless configured otherwise.
-pub const DEFAULT_QUIET_WINDOW: Duration = Duration::from_secs(300);
+pub(crate) const DEFAULT_QUIET_WINDOW: Duration = Duration::from_secs(300);
 
 pub(crate) type SeriesKey = (usize, Vec<(&'static str, AttrValue)>);
 

@@ -54,7 +54,7 @@ pub use mce::{MceMsg, McePart};
 pub(crate) use nic::module_status;
 pub use nic::{NicEvent, NicMsg};
 pub use nvlink::NvlinkMsg;
-pub use prefilter::interesting;
+pub(crate) use prefilter::interesting;
 pub use sxid::SxidMsg;
 pub(crate) use text::{find_byte, link_in};
 pub use thermal::ThermalMsg;

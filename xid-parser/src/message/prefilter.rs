@@ -15,7 +15,7 @@
 /// `ED`, `Li`, `yn`). Pairs are tested 16 positions at a time with plain comparisons
 /// (which the compiler vectorises) into a bit mask; only the positions set in it are
 /// checked for the full marker.
-pub fn interesting(msg: &[u8]) -> bool {
+pub(crate) fn interesting(msg: &[u8]) -> bool {
     if msg.len() < 2 {
         return false;
     }

@@ -4,7 +4,7 @@ use crate::pci::same_text;
 use gpuwatch_proto::FaultEventRef;
 
 /// How far back context rules look by default (10 s of record time).
-pub const DEFAULT_CONTEXT_WINDOW_USEC: u64 = 10_000_000;
+pub(super) const DEFAULT_CONTEXT_WINDOW_USEC: u64 = 10_000_000;
 /// GPUs tracked at most (least recently seen is forgotten first).
 const MAX_GPUS: usize = 64;
 /// XIDs remembered per GPU.

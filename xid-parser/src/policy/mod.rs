@@ -40,7 +40,7 @@ use std::borrow::Cow;
 use table::{entry_from_row, unknown_entry};
 
 /// Recurrence threshold used when neither the code nor the config sets one.
-pub const DEFAULT_RECURRENCE_REBOOTS: u32 = 2;
+pub(crate) const DEFAULT_RECURRENCE_REBOOTS: u32 = 2;
 
 /// Errors building a [`Policy`] (config-time, never at run time).
 #[derive(Debug, thiserror::Error)]
