@@ -29,7 +29,9 @@
 mod decide;
 pub(crate) mod isolate;
 
-pub use decide::{Decision, DeviceFault, DraDevice, NodeFault, NodeScope, decide};
+pub use decide::{
+    Decision, DeviceFault, DraDevice, NodeFault, NodeScope, decide, isolatable_gpus, isolates,
+};
 
 use super::KubeClient;
 use super::backend::ApiError;

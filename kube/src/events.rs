@@ -14,9 +14,11 @@
 //! and it is what kubelet and node-problem-detector write for Nodes.
 
 use super::backend::{ApiError, NodeApi};
+use super::device_taints::isolates;
 use super::event_text::{PendingEvent, PodTarget, pending_from};
 #[cfg(test)]
 use super::event_text::{event_reason, event_type};
+use super::pod_events::Isolation;
 use super::retry::ErrorPolicy;
 use super::settings::KubeSettings;
 use gpuwatch_core::{EventSink, Outcome};
@@ -212,8 +214,15 @@ impl EventSink for KubeEventSink {
         let now = SystemTime::now();
         self.queue.push(pending_from(event, now));
         if self.pods {
-            let deferred = self.queue.metrics.status().quarantine_deferred;
-            for p in super::pod_events::pending_for_pods(event, now, deferred) {
+            let status = self.queue.metrics.status();
+            let isolation = if isolates(event, &status.isolatable_gpus) {
+                Isolation::Device
+            } else if status.quarantine_deferred {
+                Isolation::Deferred
+            } else {
+                Isolation::Node
+            };
+            for p in super::pod_events::pending_for_pods(event, now, isolation) {
                 self.queue.push(p);
             }
         }

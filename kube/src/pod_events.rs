@@ -116,9 +116,25 @@ fn hardware_words(ev: &FaultEvent) -> String {
     }
 }
 
-/// The reason and message for `pod` about `ev` (module doc); `deferred`: the
-/// fleet's quarantine budget keeps the node in service.
-pub(crate) fn pod_message(ev: &FaultEvent, pod: &PodRef, deferred: bool) -> (&'static str, String) {
+/// What gpuwatch does with the GPU of a hardware fault, as a pod is told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isolation {
+    /// The Node is taken out of service (the fault taint).
+    Node,
+    /// The fleet's quarantine budget is spent: the node stays in service.
+    Deferred,
+    /// A DRA DeviceTaintRule takes the GPU's device out of service; the
+    /// node stays in service for its other GPUs.
+    Device,
+}
+
+/// The reason and message for `pod` about `ev` (module doc), with what
+/// gpuwatch does about the GPU.
+pub(crate) fn pod_message(
+    ev: &FaultEvent,
+    pod: &PodRef,
+    isolation: Isolation,
+) -> (&'static str, String) {
     let gpu = gpu_words(ev);
     let action = ev.action();
     let hardware = action.needs_isolation();
@@ -147,10 +163,14 @@ pub(crate) fn pod_message(ev: &FaultEvent, pod: &PodRef, deferred: bool) -> (&'s
     } else {
         String::new()
     };
-    let node = if deferred {
-        "The node stays in service for now (the fleet's quarantine budget is spent), but this GPU cannot be trusted"
-    } else {
-        "gpuwatch is taking the node out of service"
+    let node = match isolation {
+        Isolation::Deferred => {
+            "The node stays in service for now (the fleet's quarantine budget is spent), but this GPU cannot be trusted"
+        }
+        Isolation::Node => "gpuwatch is taking the node out of service",
+        Isolation::Device => {
+            "gpuwatch is taking this GPU out of service with a DRA device taint; the node stays in service for its other GPUs"
+        }
     };
     (
         HARDWARE_REASON,
@@ -166,7 +186,7 @@ pub(crate) fn pod_message(ev: &FaultEvent, pod: &PodRef, deferred: bool) -> (&'s
 pub(crate) fn pending_for_pods(
     ev: &FaultEvent,
     now: SystemTime,
-    deferred: bool,
+    isolation: Isolation,
 ) -> Vec<PendingEvent> {
     let fault = event_reason(ev);
     ev.pods
@@ -174,7 +194,7 @@ pub(crate) fn pending_for_pods(
         .filter(|p| !p.name.is_empty() && !p.namespace.is_empty())
         .map(|p| {
             let mut pending = pending_from(ev, now);
-            let (reason, message) = pod_message(ev, p, deferred);
+            let (reason, message) = pod_message(ev, p, isolation);
             pending.key = format!("{reason}/{fault}/{}/{}", p.namespace, p.name);
             pending.reason = reason.to_owned();
             pending.type_ = "Warning";
@@ -225,7 +245,7 @@ mod tests {
     #[test]
     fn an_application_fault_says_the_gpu_is_fine_and_what_to_do() {
         let ev = event(13, Action::RestartApp);
-        let (reason, m) = pod_message(&ev, &pod(PodRole::Caused), false);
+        let (reason, m) = pod_message(&ev, &pod(PodRole::Caused), Isolation::Node);
         assert_eq!(reason, "GPUApplicationFault");
         assert_eq!(
             m,
@@ -248,7 +268,7 @@ mod tests {
             let (reason, m) = pod_message(
                 &event(code, Action::RestartApp),
                 &pod(PodRole::Caused),
-                false,
+                Isolation::Node,
             );
             assert_eq!(reason, "GPUApplicationFault");
             assert!(
@@ -266,19 +286,28 @@ mod tests {
         ev.name = "GPU has fallen off the bus".into();
         ev.pid = None;
         ev.process.clear();
-        let (reason, m) = pod_message(&ev, &pod(PodRole::Affected), false);
+        let (reason, m) = pod_message(&ev, &pod(PodRole::Affected), Isolation::Node);
         assert_eq!(reason, "GPUHardwareFault");
         assert_eq!(
             m,
             "GPU 2 (GPU-abc), which this pod uses, fell off the PCIe bus (XID 79). gpuwatch is taking the node out of service (action reboot_node). This pod's GPU work is lost or will fail: restart it elsewhere (delete the pod so its controller places it on another node)."
         );
-        let (_, m) = pod_message(&ev, &pod(PodRole::Affected), true);
+        let (_, m) = pod_message(&ev, &pod(PodRole::Affected), Isolation::Deferred);
         assert!(
             m.contains(
                 "The node stays in service for now (the fleet's quarantine budget is spent)"
             ),
             "{m}"
         );
+        // A device taint isolates the GPU: the node is not taken out.
+        let mut reset = event(48, Action::ResetGpu);
+        reset.pid = None;
+        let (_, m) = pod_message(&reset, &pod(PodRole::Affected), Isolation::Device);
+        assert!(
+            m.contains("gpuwatch is taking this GPU out of service with a DRA device taint; the node stays in service for its other GPUs (action reset_gpu)"),
+            "{m}"
+        );
+        assert!(!m.contains("taking the node out"), "{m}");
     }
 
     #[test]
@@ -287,7 +316,7 @@ mod tests {
         let mut unnamed = pod(PodRole::Caused);
         unnamed.name.clear();
         ev.pods = vec![pod(PodRole::Caused), unnamed];
-        let p = pending_for_pods(&ev, SystemTime::now(), false);
+        let p = pending_for_pods(&ev, SystemTime::now(), Isolation::Node);
         assert_eq!(p.len(), 1);
         assert_eq!(p[0].key, "GPUApplicationFault/XID13/ml/trainer-0");
         assert_eq!(p[0].reason, "GPUApplicationFault");

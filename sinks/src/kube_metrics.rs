@@ -147,6 +147,11 @@ pub struct KubeStatus {
     /// (DRA devices, or a fault that asked for a rule): those faults get
     /// the Node taint instead.
     pub device_isolation_unavailable: Option<String>,
+    /// The GPUs (UUIDs) a DRA device taint can take out of service on this
+    /// node: those its ResourceSlices list while device isolation works
+    /// (empty when it is off or unavailable). The Pod Events of a GPU fault
+    /// say from it whether the GPU or the node is taken out of service.
+    pub isolatable_gpus: Vec<String>,
     /// The Node's `metadata.uid` once the writer has read the Node (the OTLP
     /// resource's `k8s.node.uid`).
     pub node_uid: Option<String>,

@@ -18,7 +18,7 @@
 //! cluster serves no DeviceTaintRules.
 
 use crate::config::DeviceIsolation;
-use gpuwatch_proto::{Action, ActiveFault, FaultKind, NodeHealth};
+use gpuwatch_proto::{Action, ActiveFault, FaultEvent, FaultKind, NodeHealth};
 use std::collections::BTreeMap;
 
 /// A device a DRA driver publishes in this Node's ResourceSlices.
@@ -161,15 +161,9 @@ pub fn decide(
             .filter(|f| f.action().needs_isolation())
         {
             let action = f.action();
-            let scope = global.or(if action == Action::RebootNode {
-                Some(NodeScope::RebootNode)
-            } else if is_fabric(f) {
-                Some(NodeScope::Fabric)
-            } else if shared.contains(&event_key(f)) {
-                Some(NodeScope::SeveralGpus)
-            } else {
-                None
-            });
+            let scope = global.or(gpu_fault_scope(action, f.kind())).or(shared
+                .contains(&event_key(f))
+                .then_some(NodeScope::SeveralGpus));
             let targets = match scope {
                 Some(_) => Vec::new(),
                 None if f.gpu_instance.is_some() => devices
@@ -208,7 +202,50 @@ pub fn decide(
 }
 
 fn is_fabric(f: &ActiveFault) -> bool {
-    matches!(f.kind(), FaultKind::Sxid | FaultKind::Fabric)
+    is_fabric_kind(f.kind())
+}
+
+fn is_fabric_kind(kind: FaultKind) -> bool {
+    matches!(kind, FaultKind::Sxid | FaultKind::Fabric)
+}
+
+/// Why a GPU's fault keeps the Node taint whatever the slices list:
+/// `reboot_node` takes the whole machine, an NVSwitch or fabric fault
+/// every GPU on the fabric. `None`: a device rule can take it.
+fn gpu_fault_scope(action: Action, kind: FaultKind) -> Option<NodeScope> {
+    if action == Action::RebootNode {
+        Some(NodeScope::RebootNode)
+    } else if is_fabric_kind(kind) {
+        Some(NodeScope::Fabric)
+    } else {
+        None
+    }
+}
+
+/// Whether a device rule takes `event`'s GPU out of service, as [`decide`]
+/// will once the event is in the health: an isolating action of one GPU
+/// that `isolatable` (the GPUs the Node's slices list while device
+/// isolation works) names. Told to the pods on the GPU before the writer's
+/// pass; one event that turns out to have hit several GPUs at once keeps
+/// the Node taint, which takes this GPU out of service too.
+pub fn isolates(event: &FaultEvent, isolatable: &[String]) -> bool {
+    let action = event.action();
+    action.needs_isolation()
+        && gpu_fault_scope(action, event.kind()).is_none()
+        && !event.gpu_uuid.is_empty()
+        && isolatable.contains(&event.gpu_uuid)
+}
+
+/// The GPUs device isolation can take out of service on this Node: every
+/// GPU `devices` lists, whole or by one of its MIG devices.
+pub fn isolatable_gpus(devices: &[DraDevice]) -> Vec<String> {
+    let mut out: Vec<String> = devices
+        .iter()
+        .map(|d| d.parent_uuid.as_ref().unwrap_or(&d.uuid).clone())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// What identifies one event across GPUs: kind, code and first-seen time.
@@ -436,5 +473,70 @@ mod tests {
             }]
         );
         assert_eq!(d.node_action(), Some(Action::InspectHardware));
+    }
+
+    /// What a pod on the GPU is told matches what `decide` will do: an
+    /// isolating fault of one listed GPU (or of a GPU whose MIG devices are
+    /// listed) takes the GPU out; `reboot_node`, a fabric fault, an
+    /// unlisted GPU or nothing isolatable (isolation off or unavailable)
+    /// takes the node out.
+    #[test]
+    fn the_pods_are_told_what_decide_will_do() {
+        let isolatable = isolatable_gpus(&[
+            dev("gpu-0", "GPU-0", None),
+            dev("gpu-1-mig-1g.10gb-9-0", "MIG-a", Some("GPU-1")),
+            dev("gpu-1-mig-1g.10gb-9-1", "MIG-b", Some("GPU-1")),
+        ]);
+        assert_eq!(isolatable, ["GPU-0", "GPU-1"]);
+        let event = |uuid: &str, action: Action, kind: FaultKind| {
+            let mut e = FaultEvent {
+                gpu_uuid: uuid.into(),
+                ..FaultEvent::default()
+            };
+            e.set_action(action);
+            e.set_kind(kind);
+            e
+        };
+        for (uuid, action, kind, isolated) in [
+            ("GPU-0", Action::ResetGpu, FaultKind::Xid, true),
+            ("GPU-0", Action::InspectHardware, FaultKind::RowRemap, true),
+            ("GPU-1", Action::ResetGpu, FaultKind::Xid, true),
+            ("GPU-0", Action::RebootNode, FaultKind::Xid, false),
+            ("GPU-0", Action::ResetGpu, FaultKind::Sxid, false),
+            ("GPU-0", Action::ResetGpu, FaultKind::Fabric, false),
+            ("GPU-0", Action::RestartApp, FaultKind::Xid, false),
+            ("GPU-9", Action::ResetGpu, FaultKind::Xid, false),
+            ("", Action::ResetGpu, FaultKind::Xid, false),
+        ] {
+            let e = event(uuid, action, kind);
+            assert_eq!(
+                isolates(&e, &isolatable),
+                isolated,
+                "{uuid} {action:?} {kind:?}"
+            );
+            // The same fault in the health: a device rule exactly when told so.
+            let mut f = fault(action, kind, 1);
+            f.code = e.code;
+            let health = NodeHealth {
+                gpus: vec![gpu(uuid, vec![f])],
+                ..NodeHealth::default()
+            };
+            let devices = [
+                dev("gpu-0", "GPU-0", None),
+                dev("gpu-1-mig-1g.10gb-9-0", "MIG-a", Some("GPU-1")),
+            ];
+            let d = decide(&health, &devices, DeviceIsolation::Auto, true);
+            if action.needs_isolation() {
+                assert_eq!(
+                    d.devices.is_empty(),
+                    !isolated,
+                    "{uuid} {action:?} {kind:?}"
+                );
+            }
+        }
+        assert!(!isolates(
+            &event("GPU-0", Action::ResetGpu, FaultKind::Xid),
+            &[]
+        ));
     }
 }

@@ -5,11 +5,11 @@
 
 use super::super::advertised::{self, Change};
 use super::super::backend::ApiError;
-use super::super::config::StartupGateMode;
+use super::super::config::{DeviceIsolation, StartupGateMode};
 use super::super::desired::{
     DesiredCondition, DesiredTaint, FALSE, Gate, Isolation, TRUE, UNKNOWN, desired,
 };
-use super::super::device_taints::{DeviceTaintError, isolate::Round};
+use super::super::device_taints::{DeviceTaintError, isolatable_gpus, isolate::Round};
 use super::super::event_text::PendingEvent;
 use super::super::node::{
     condition_apply_body, conditions_differ, desired_taints, has_fault_taint, has_startup_taint,
@@ -236,9 +236,17 @@ impl Reconciler {
                 .collect(),
             unavailable: round.unavailable.clone(),
         };
+        let works =
+            self.cfg.devices.isolation == DeviceIsolation::Auto && round.unavailable.is_none();
+        let isolatable = if works {
+            isolatable_gpus(self.isolator.devices())
+        } else {
+            Vec::new()
+        };
         self.metrics.publish(|s| {
             s.isolated_devices = isolated;
             s.device_isolation_unavailable = round.unavailable.clone();
+            s.isolatable_gpus = isolatable;
         });
         (isolation, round.error)
     }

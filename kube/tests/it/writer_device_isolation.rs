@@ -356,3 +356,64 @@ async fn a_failing_api_server_keeps_the_node_taint_until_the_rule_lands() {
     assert_eq!(h.metrics.status().device_isolation_unavailable, None);
     h.stop().await;
 }
+
+/// The pods on a GPU that device isolation takes out of service are told
+/// so, not that the node is taken out; a pod on a GPU no slice lists
+/// (here: GPU 5) hears the node is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_on_an_isolated_gpu_hears_the_gpu_not_the_node_is_taken_out() {
+    let api = dra_api(&["v1"]).await;
+    let h = Harness::start_with_api(api, healthy(2, "boot-a")).await;
+    assert!(
+        wait_for(SECS, || h.metrics.status().isolatable_gpus
+            == ["GPU-0", "GPU-1"])
+        .await,
+        "{:?}",
+        h.metrics.status().isolatable_gpus
+    );
+    let pod = |name: &str| {
+        let mut p = gpuwatch_proto::PodRef {
+            uid: format!("u-{name}"),
+            name: name.into(),
+            namespace: "ml".into(),
+            ..Default::default()
+        };
+        p.set_role(gpuwatch_proto::PodRole::Affected);
+        p
+    };
+    let mut on_dra = xid_event(48, Action::ResetGpu, 0, 1_700_000_000_000_000_000);
+    on_dra.gpu_uuid = "GPU-0".into();
+    on_dra.pods = vec![pod("on-dra")];
+    let mut unlisted = xid_event(48, Action::ResetGpu, 5, 1_700_000_000_000_000_001);
+    unlisted.gpu_uuid = "GPU-5".into();
+    unlisted.pods = vec![pod("unlisted")];
+    h.writer().event_sink().send(&on_dra);
+    h.writer().event_sink().send(&unlisted);
+    let message = |name: &str| {
+        h.api
+            .events()
+            .into_iter()
+            .find(|e| e.involved_object.name.as_deref() == Some(name))
+            .and_then(|e| e.message)
+    };
+    assert!(
+        wait_for(SECS, || message("on-dra").is_some()
+            && message("unlisted").is_some())
+        .await,
+        "{:?}",
+        h.api.events()
+    );
+    let m = message("on-dra").unwrap();
+    assert!(
+        m.contains(
+            "taking this GPU out of service with a DRA device taint; the node stays in service"
+        ),
+        "{m}"
+    );
+    let m = message("unlisted").unwrap();
+    assert!(
+        m.contains("gpuwatch is taking the node out of service"),
+        "{m}"
+    );
+    h.stop().await;
+}
