@@ -911,6 +911,19 @@ mod tests {
         }
     }
 
+    /// What `f` logs at WARN and above, as text.
+    fn warnings_of(f: impl FnOnce()) -> String {
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        String::from_utf8(out.0.lock().unwrap().clone()).unwrap()
+    }
+
     /// A RoCE port without a netdev (what a container's own `/sys` shows of
     /// the host's netdevs) is logged once, naming it and the remedy; an
     /// InfiniBand or EFA port without one is not, nor a RoCE port with one.
@@ -923,21 +936,13 @@ mod tests {
         fake.add_device("mlx5_8", "0000:71:00.0", 0);
         fake.add_port("mlx5_8", 1, &PortSpec::ib_ndr());
         fake.add_efa_device("rdmap16s0", "0000:72:00.0", 0);
-        let out = Captured::default();
-        let writer = out.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::WARN)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
+        let text = warnings_of(|| {
             let mut r = NicReader::new(fake.root().to_path_buf());
             for _ in 0..5 {
                 let s = r.scan(Instant::now());
                 assert_eq!(s.ports.len(), 5);
             }
         });
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 1, "{text}");
         for part in [
@@ -957,14 +962,7 @@ mod tests {
         fake.make_counter_unreadable("mlx5_0", 1, "symbol_error");
         fake.set_counter_text("mlx5_0", 1, "port_rcv_errors", "N/A");
         fake.make_counter_unreadable("mlx5_0", 1, "hw_counters/out_of_buffer");
-        let out = Captured::default();
-        let writer = out.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::WARN)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
+        let text = warnings_of(|| {
             let mut r = NicReader::new(fake.root().to_path_buf());
             for _ in 0..5 {
                 r.scan(Instant::now());
@@ -974,7 +972,6 @@ mod tests {
                 assert!(!r.scan(Instant::now()).complete);
             }
         });
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2, "{text}");
         let l = lines[0];

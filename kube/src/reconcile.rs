@@ -200,9 +200,15 @@ impl Reconciler {
     }
 
     fn event(&self, reason: &str, type_: &'static str, message: String) {
+        self.event_about(reason, type_, "node", message);
+    }
+
+    /// Queues an Event of the Node about `subject` (one series per reason
+    /// and subject).
+    fn event_about(&self, reason: &str, type_: &'static str, subject: &str, message: String) {
         if self.events_enabled {
             self.events.push(PendingEvent {
-                key: format!("{reason}/node"),
+                key: format!("{reason}/{subject}"),
                 reason: reason.to_owned(),
                 type_,
                 message,

@@ -10,7 +10,6 @@ use super::super::desired::{
     DesiredCondition, DesiredTaint, FALSE, Gate, Isolation, TRUE, UNKNOWN, desired,
 };
 use super::super::device_taints::{DeviceTaintError, isolatable_gpus, isolate::Round};
-use super::super::event_text::PendingEvent;
 use super::super::node::{
     condition_apply_body, conditions_differ, desired_taints, has_fault_taint, has_startup_taint,
     live_conditions, taint_patch,
@@ -268,7 +267,7 @@ impl Reconciler {
                     continue;
                 };
                 tracing::info!(node = %self.node_name, rule = %r.name, device = %r.device.name, uuid = %r.device.uuid, taint = %format!("{}={}:{}", r.key, r.value, r.effect), "Device isolated by a DeviceTaintRule.");
-                self.device_event(
+                self.event_about(
                     "DeviceIsolated",
                     "Normal",
                     &r.name,
@@ -288,7 +287,7 @@ impl Reconciler {
             for name in &report.deleted {
                 self.metrics.count_kube_write(object, WriteResult::Ok);
                 tracing::info!(node = %self.node_name, rule = %name, "Device released: DeviceTaintRule deleted.");
-                self.device_event(
+                self.event_about(
                     "DeviceReleased",
                     "Normal",
                     name,
@@ -317,23 +316,6 @@ impl Reconciler {
         }
         if round.recovered {
             tracing::info!(node = %self.node_name, "Device isolation works again.");
-        }
-    }
-
-    /// Queues an Event about the DeviceTaintRule `rule` (one series per
-    /// reason and rule).
-    fn device_event(&self, reason: &str, type_: &'static str, rule: &str, message: String) {
-        if self.events_enabled {
-            self.events.push(PendingEvent {
-                key: format!("{reason}/{rule}"),
-                reason: reason.to_owned(),
-                type_,
-                message,
-                count: 1,
-                time: SystemTime::now(),
-                pod: None,
-                due: false,
-            });
         }
     }
 
