@@ -46,7 +46,8 @@ pub use sinks::{Sinks, build_sinks, resource_info};
 pub use summary::{RunSummary, peak_rss_kib};
 
 use crate::api::{self, ApiState};
-use crate::pipeline::{ENGINE_CHANNEL_CAPACITY, Liveness, StopReason};
+use crate::liveness::Liveness;
+use crate::pipeline::{ENGINE_CHANNEL_CAPACITY, StopReason};
 use engine::EngineThread;
 use gpuwatch_core::heartbeat::Watchdog;
 use gpuwatch_core::{Registry, Shutdown};

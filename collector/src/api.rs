@@ -27,7 +27,7 @@
 //! |---|---|
 //! | `POST /v1/clear` | `{"gpu": "0" \| "GPU-…" \| "0000:3b:00.0" (optional: all), "reason": "…"}` with `Content-Type: application/json`; answers `{"cleared": N}` once the engine applied it |
 
-use crate::pipeline::Liveness;
+use crate::liveness::Liveness;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};

@@ -14,6 +14,7 @@ pub mod boot;
 pub mod config;
 pub mod explain;
 pub mod kmsg;
+pub mod liveness;
 pub mod nic;
 pub mod nvml;
 pub mod pipeline;

@@ -8,7 +8,7 @@
 //!   hold window then expires on time), otherwise until a record arrives or
 //!   shutdown (the poll set holds the shutdown signal's wake descriptor),
 //!   waking only for its liveness heartbeat every
-//!   [`IDLE_HEARTBEAT`](crate::pipeline::IDLE_HEARTBEAT).
+//!   [`IDLE_HEARTBEAT`](crate::liveness::IDLE_HEARTBEAT).
 //! * `EINVAL` from `read` means the buffer is smaller than the record: the
 //!   buffer grows (up to 1 MiB) and the read is retried.
 //! * `EPIPE` means the ring overwrote records we had not read; the kernel moves
@@ -54,7 +54,7 @@
 //!   never a busy loop.
 
 use crate::boot;
-use crate::pipeline::Liveness;
+use crate::liveness::Liveness;
 use crate::pipeline::StopReason;
 use crossbeam_channel::Sender;
 use gpuwatch_core::msg::{Input, KmsgPosition};

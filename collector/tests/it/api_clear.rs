@@ -5,7 +5,7 @@
 
 use crate::engine_support::*;
 use gpuwatch::api::{self, ApiState};
-use gpuwatch::pipeline::Liveness;
+use gpuwatch::liveness::Liveness;
 use gpuwatch_core::msg::Input;
 use gpuwatch_proto::{NodeHealth, Verdict};
 use std::process::Command;

@@ -10,8 +10,8 @@
 
 use crate::common::nvml_sim_lib as sim_lib;
 use crate::engine_support::Rig;
+use gpuwatch::liveness::Liveness;
 use gpuwatch::nvml::{self, NvmlConfig, NvmlSources};
-use gpuwatch::pipeline::Liveness;
 use gpuwatch_core::Registry;
 use gpuwatch_core::msg::{Input, MonitorInput};
 use gpuwatch_proto::{FaultEvent, FaultKind, GpuSample, RecoveryAction, Source, Verdict};
