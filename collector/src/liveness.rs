@@ -67,12 +67,12 @@ pub struct LivenessStatus {
 
 impl LivenessStatus {
     /// The engine and kmsg threads run.
-    pub fn threads_running(&self) -> bool {
+    pub(crate) fn threads_running(&self) -> bool {
         self.engine_alive && self.kmsg_alive
     }
 
     /// Alive (`/healthz`): the threads run and none is stalled.
-    pub fn alive(&self) -> bool {
+    pub(crate) fn alive(&self) -> bool {
         self.threads_running() && self.stalled.is_empty()
     }
 
@@ -88,13 +88,13 @@ impl LivenessStatus {
 /// fails so that the kubelet restarts the agent. The engine passes its loop
 /// at least once per tick (1 s by default, 60 s at most), the kmsg reader at
 /// least every [`IDLE_HEARTBEAT`] when idle and every 1,024 records when busy.
-pub const PROGRESS_DEADLINE_SECS: u64 = 90;
+pub(crate) const PROGRESS_DEADLINE_SECS: u64 = 90;
 
 /// How often a source with nothing to do wakes up only to show it is not
 /// stuck (its heartbeat): a third of [`PROGRESS_DEADLINE_SECS`], so that a
 /// wake-up that comes late on a loaded node (or a heartbeat a second short
 /// of its mark) never makes `/healthz` fail.
-pub const IDLE_HEARTBEAT: Duration = Duration::from_secs(PROGRESS_DEADLINE_SECS / 3);
+pub(crate) const IDLE_HEARTBEAT: Duration = Duration::from_secs(PROGRESS_DEADLINE_SECS / 3);
 
 impl Liveness {
     /// New flags, all false.
@@ -103,22 +103,22 @@ impl Liveness {
     }
 
     /// Marks the engine thread running until the guard drops.
-    pub fn engine_running(&self) -> AliveGuard<'_> {
+    pub(crate) fn engine_running(&self) -> AliveGuard<'_> {
         AliveGuard::set(&self.engine_alive)
     }
 
     /// Marks the kmsg reader thread running until the guard drops.
-    pub fn kmsg_running(&self) -> AliveGuard<'_> {
+    pub(crate) fn kmsg_running(&self) -> AliveGuard<'_> {
         AliveGuard::set(&self.kmsg_alive)
     }
 
     /// The engine loaded its persisted state.
-    pub fn set_state_loaded(&self) {
+    pub(crate) fn set_state_loaded(&self) {
         self.state_loaded.store(true, Ordering::Relaxed);
     }
 
     /// The kmsg reader read its input to the end once; true the first time.
-    pub fn mark_kmsg_caught_up(&self) -> bool {
+    pub(crate) fn mark_kmsg_caught_up(&self) -> bool {
         !self.kmsg_caught_up.swap(true, Ordering::Relaxed)
     }
 
@@ -128,7 +128,7 @@ impl Liveness {
     }
 
     /// Whether the kmsg source can read its input.
-    pub fn set_kmsg_unavailable(&self, unavailable: bool) {
+    pub(crate) fn set_kmsg_unavailable(&self, unavailable: bool) {
         self.kmsg_unavailable.store(unavailable, Ordering::Relaxed);
     }
 
@@ -138,19 +138,19 @@ impl Liveness {
     }
 
     /// The kmsg reader's heartbeat: one loop pass at `unix_secs`.
-    pub fn kmsg_beat(&self, unix_secs: u64) {
+    pub(crate) fn kmsg_beat(&self, unix_secs: u64) {
         self.kmsg_heartbeat_unix_secs
             .store(unix_secs, Ordering::Relaxed);
     }
 
     /// Unix seconds of the kmsg reader's last loop pass (0 before the first).
-    pub fn kmsg_heartbeat_unix_secs(&self) -> u64 {
+    pub(crate) fn kmsg_heartbeat_unix_secs(&self) -> u64 {
         self.kmsg_heartbeat_unix_secs.load(Ordering::Relaxed)
     }
 
     /// The handle the health engine stores its loop heartbeat in (Unix
     /// seconds of its latest pass).
-    pub fn engine_heartbeat(&self) -> Arc<Heartbeat> {
+    pub(crate) fn engine_heartbeat(&self) -> Arc<Heartbeat> {
         Arc::clone(&self.engine_heartbeat)
     }
 
@@ -165,7 +165,7 @@ impl Liveness {
     }
 
     /// How long the NVML sources may make no progress before `/healthz` fails.
-    pub fn set_nvml_progress_deadline(&self, deadline: Duration) {
+    pub(crate) fn set_nvml_progress_deadline(&self, deadline: Duration) {
         self.nvml_progress_deadline_ms.store(
             u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
@@ -194,14 +194,14 @@ impl Liveness {
     }
 
     /// Whether the agent is alive (engine and kmsg threads running).
-    pub fn alive(&self) -> bool {
+    pub(crate) fn alive(&self) -> bool {
         self.engine_alive.load(Ordering::Relaxed) && self.kmsg_alive.load(Ordering::Relaxed)
     }
 
     /// The threads that have made no progress within
     /// [`PROGRESS_DEADLINE_SECS`] at `now_unix_secs` (empty: all fine). A
     /// thread that has not started its loop yet (heartbeat 0) is not stuck.
-    pub fn stalled(&self, now_unix_secs: u64) -> Vec<&'static str> {
+    pub(crate) fn stalled(&self, now_unix_secs: u64) -> Vec<&'static str> {
         let stale = |hb: u64| hb > 0 && now_unix_secs.saturating_sub(hb) > PROGRESS_DEADLINE_SECS;
         let mut out = Vec::new();
         if stale(self.engine_heartbeat.last()) {
@@ -246,7 +246,7 @@ impl Liveness {
 
 /// Clears a liveness flag when dropped (thread exit, including by panic).
 #[derive(Debug)]
-pub struct AliveGuard<'a>(&'a AtomicBool);
+pub(crate) struct AliveGuard<'a>(&'a AtomicBool);
 
 impl<'a> AliveGuard<'a> {
     /// Sets `flag` and clears it again on drop.

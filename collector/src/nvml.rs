@@ -28,7 +28,7 @@
 //! (`MonitorStatus { ok: false }`, never a fault), its thread is abandoned, and
 //! a fresh worker initialises NVML again; while a call is hung the poller's
 //! samples are held back, since the engine takes samples as NVML answering.
-//! The threads [`spawn`] returns are the supervisors: they never call NVML,
+//! The threads [`start`] runs are the supervisors: they never call NVML,
 //! so joining them after triggering `shutdown` takes at most the call
 //! deadline, hung driver or not; [`NvmlSources::stop`] enforces that bound
 //! even on a bug. A thread that sleeps (between polls, before a retry) is
@@ -61,8 +61,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-pub use config::{DEFAULT_CALL_TIMEOUT_MS, NvmlConfig, NvmlSettings};
-pub use library::{SIM_LIB_ENV, SIM_LIB_NAME};
+pub use config::NvmlConfig;
+pub(crate) use config::NvmlSettings;
+pub(crate) use library::{SIM_LIB_ENV, SIM_LIB_NAME};
 
 /// NVML could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -170,7 +171,7 @@ const REPOLL: Duration = Duration::from_secs(1);
 /// `again` holds for the samples and `wait` has not passed: the last poll's
 /// samples. `gpuwatch validate` waits this way for a fabric manager that is
 /// still registering the GPUs.
-pub fn poll_while(
+pub(crate) fn poll_while(
     cfg: &NvmlSettings,
     wait: Duration,
     again: impl Fn(&[GpuSample]) -> bool + Send + 'static,
@@ -282,22 +283,6 @@ impl NvmlShared {
     }
 }
 
-/// Starts the poller and (with `events`) the event source. Sends
-/// `Input::Samples` / `Input::Fault` / `Input::MonitorStatus{Nvml}` into `tx`.
-/// Never panics when NVML is missing: reports `MonitorStatus{ok:false}` and
-/// retries. The returned threads (the sources' supervisors, which never call
-/// NVML) end within the call deadline once `shutdown` is triggered, or when
-/// `tx`'s receiver is gone. Returns no threads when `enabled` is false. The progress
-/// heartbeats go to a private [`Liveness`]; [`start`] takes the agent's.
-pub fn spawn(
-    cfg: &NvmlSettings,
-    tx: Sender<Input>,
-    registry: Arc<Registry>,
-    shutdown: Shutdown,
-) -> Vec<JoinHandle<()>> {
-    start(cfg, tx, registry, shutdown, Liveness::new()).into_threads()
-}
-
 /// The running NVML sources (see [`start`]).
 #[derive(Debug)]
 pub struct NvmlSources {
@@ -309,7 +294,7 @@ pub struct NvmlSources {
 impl NvmlSources {
     /// The supervisor threads, for a caller that joins them itself (after
     /// triggering `shutdown`, each ends within the call deadline).
-    pub fn into_threads(self) -> Vec<JoinHandle<()>> {
+    pub(crate) fn into_threads(self) -> Vec<JoinHandle<()>> {
         self.threads
     }
 
@@ -349,8 +334,13 @@ impl NvmlSources {
     }
 }
 
-/// Starts the NVML sources like [`spawn`], keeping their progress heartbeats
-/// in `liveness` (checked by [`Liveness::nvml_progress_ok`]).
+/// Starts the poller and (with `events`) the event source. Sends
+/// `Input::Samples` / `Input::Fault` / `Input::MonitorStatus{Nvml}` into `tx`.
+/// Never panics when NVML is missing: reports `MonitorStatus{ok:false}` and
+/// retries. The threads (the sources' supervisors, which never call NVML) end
+/// within the call deadline once `shutdown` is triggered, or when `tx`'s
+/// receiver is gone. Starts no threads when `enabled` is false. The progress
+/// heartbeats go to `liveness` (checked by [`Liveness::nvml_progress_ok`]).
 pub fn start(
     cfg: &NvmlSettings,
     tx: Sender<Input>,
@@ -858,7 +848,7 @@ mod tests {
             enabled: false,
             ..NvmlSettings::default()
         };
-        let h = spawn(&cfg, tx, Registry::new(), Shutdown::new());
-        assert!(h.is_empty());
+        let sources = start(&cfg, tx, Registry::new(), Shutdown::new(), Liveness::new());
+        assert!(sources.is_empty());
     }
 }

@@ -31,11 +31,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Default capacity of the engine channel.
-pub const ENGINE_CHANNEL_CAPACITY: usize = 4096;
+pub(crate) const ENGINE_CHANNEL_CAPACITY: usize = 4096;
 /// Capacity of the NVML → forwarder channel.
-pub const NVML_CHANNEL_CAPACITY: usize = 64;
+pub(crate) const NVML_CHANNEL_CAPACITY: usize = 64;
 /// Distinct faults the kmsg source keeps while the engine channel is full.
-pub const PENDING_CAPACITY: usize = 1024;
+pub(crate) const PENDING_CAPACITY: usize = 1024;
 
 /// Why the agent stops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +50,7 @@ pub enum StopReason {
 
 /// What became of an input that must keep its place in the channel order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InOrder {
+pub(crate) enum InOrder {
     /// In the channel.
     Sent,
     /// Not now (something is held, or no room); try again later.
@@ -61,7 +61,7 @@ pub enum InOrder {
 
 /// Whether a send reached (or will reach) the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SendStatus {
+pub(crate) enum SendStatus {
     /// Sent, or held for a later send.
     Accepted,
     /// The engine is gone; the source should stop.
@@ -112,7 +112,7 @@ struct PendingFault {
 /// new one is dropped. Drops are counted (`parser/dropped`) and logged once
 /// per interval with a count per action class.
 #[derive(Debug)]
-pub struct FaultSender {
+pub(crate) struct FaultSender {
     tx: Sender<Input>,
     registry: Arc<Registry>,
     pending: VecDeque<PendingFault>,
@@ -181,12 +181,12 @@ impl DropReport {
 
 impl FaultSender {
     /// A sender into `tx` with the default pending capacity.
-    pub fn new(tx: Sender<Input>, registry: Arc<Registry>) -> FaultSender {
+    pub(crate) fn new(tx: Sender<Input>, registry: Arc<Registry>) -> FaultSender {
         FaultSender::with_capacity(tx, registry, PENDING_CAPACITY)
     }
 
     /// A sender whose pending buffer holds at most `capacity` distinct faults.
-    pub fn with_capacity(
+    pub(crate) fn with_capacity(
         tx: Sender<Input>,
         registry: Arc<Registry>,
         capacity: usize,
@@ -214,14 +214,15 @@ impl FaultSender {
     }
 
     /// Events waiting for room in the engine channel.
-    pub fn pending(&self) -> usize {
+    pub(crate) fn pending(&self) -> usize {
         self.live
     }
 
     /// Lowest `kmsg_seq` among the events still waiting for room in the engine
     /// channel (`None` when nothing with a sequence number waits). The kmsg
     /// cursor must not pass it: those records have not reached the engine.
-    pub fn lowest_pending_seq(&self) -> Option<u64> {
+    #[cfg(test)]
+    pub(crate) fn lowest_pending_seq(&self) -> Option<u64> {
         self.pending
             .iter()
             .filter(|h| h.live)
@@ -230,7 +231,7 @@ impl FaultSender {
     }
 
     /// True once a send found the engine side gone.
-    pub fn is_disconnected(&self) -> bool {
+    pub(crate) fn is_disconnected(&self) -> bool {
         self.disconnected
     }
 
@@ -240,7 +241,7 @@ impl FaultSender {
     }
 
     /// Sends one fault event read at `read_at`.
-    pub fn send(&mut self, event: FaultEvent, read_at: Instant) -> SendStatus {
+    pub(crate) fn send(&mut self, event: FaultEvent, read_at: Instant) -> SendStatus {
         self.registry
             .count_events(Stage::Parser, Outcome::Emitted, 1);
         if self.flush() == SendStatus::Disconnected {
@@ -361,7 +362,7 @@ impl FaultSender {
     }
 
     /// Tries to deliver held events, oldest first.
-    pub fn flush(&mut self) -> SendStatus {
+    pub(crate) fn flush(&mut self) -> SendStatus {
         self.skip_dead();
         while let Some(front) = self.pending.front_mut() {
             // Moves the event out for the send; put back (same position, index
@@ -400,7 +401,7 @@ impl FaultSender {
     /// still held afterwards is counted dropped (shutdown). Returns the lowest
     /// `kmsg_seq` among the events not delivered, so the cursor stays before
     /// them and they are read again at the next start.
-    pub fn drain(&mut self, timeout: Duration) -> Option<u64> {
+    pub(crate) fn drain(&mut self, timeout: Duration) -> Option<u64> {
         let deadline = Instant::now() + timeout;
         let mut lowest_lost: Option<u64> = None;
         while let Some(PendingFault {
@@ -429,7 +430,7 @@ impl FaultSender {
     /// Sends `input` only when it keeps its place in the order: nothing is
     /// held and the channel has room now (the kmsg position: a later report
     /// replaces one that could not go).
-    pub fn try_send_in_order(&mut self, input: Input) -> InOrder {
+    pub(crate) fn try_send_in_order(&mut self, input: Input) -> InOrder {
         if self.live > 0 {
             return InOrder::Deferred;
         }
@@ -445,7 +446,7 @@ impl FaultSender {
 
     /// Sends an input, waiting up to `timeout` for room, after every held
     /// event. False when it could not be sent in time.
-    pub fn send_in_order_timeout(&mut self, input: Input, timeout: Duration) -> bool {
+    pub(crate) fn send_in_order_timeout(&mut self, input: Input, timeout: Duration) -> bool {
         if self.live > 0 {
             return false;
         }
@@ -461,7 +462,7 @@ impl FaultSender {
     }
 
     /// Sends a non-fault input (monitor status), waiting for room.
-    pub fn send_control(&mut self, input: Input) -> SendStatus {
+    pub(crate) fn send_control(&mut self, input: Input) -> SendStatus {
         if self.flush() == SendStatus::Disconnected {
             return SendStatus::Disconnected;
         }
@@ -477,7 +478,7 @@ impl FaultSender {
 /// or at once when `shutdown` is triggered (after passing on the non-sample
 /// inputs already queued; samples are disposable at shutdown). Idle, it
 /// blocks until an input arrives or shutdown is triggered.
-pub fn forward_nvml(
+pub(crate) fn forward_nvml(
     rx: Receiver<Input>,
     tx: Sender<Input>,
     registry: Arc<Registry>,

@@ -54,7 +54,7 @@ impl Default for NvmlConfig {
 }
 
 /// Default NVML call deadline.
-pub const DEFAULT_CALL_TIMEOUT_MS: u64 = 5_000;
+const DEFAULT_CALL_TIMEOUT_MS: u64 = 5_000;
 /// Accepted NVML call deadlines: long enough for a slow but working call, and
 /// short enough that shutdown stays well inside a pod's grace period.
 const CALL_TIMEOUT_RANGE_MS: std::ops::RangeInclusive<u64> = 100..=60_000;

@@ -1,10 +1,10 @@
-//! The NIC reader (`gpuwatch::nic`) over a fake sysfs tree shaped like the
+//! The NIC reader (`gpuwatch::NicReader`) over a fake sysfs tree shaped like the
 //! kernel's (`gpuwatch_test_support::sysfs`): an 8-NIC node of InfiniBand and
 //! RoCE ports, counters that rise, saturate and reset, counters the driver
 //! refuses (read once), devices that come and go, a node without RDMA
 //! devices, a class directory that cannot be listed, and the poller thread.
 
-use gpuwatch::nic::{NicReader, RELAYOUT_EVERY, spawn_nic_poller};
+use gpuwatch::{NicReader, RELAYOUT_EVERY, spawn_nic_poller};
 use gpuwatch_core::Shutdown;
 use gpuwatch_core::network::{
     CounterValue, LinkLayer, NetworkSettings, NicScan, PhysState, PortReading, PortState,
