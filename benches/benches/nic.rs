@@ -1,5 +1,5 @@
 //! One sysfs scan of an 8-NIC node by the agent's NIC reader
-//! (`gpuwatch::nic::NicReader`), over the fake sysfs tree of
+//! (`gpuwatch::NicReader`), over the fake sysfs tree of
 //! `gpuwatch_test_support::sysfs` (8 mlx5 devices, one port each, alternately
 //! InfiniBand NDR and RoCE; per port 12 error counters, 27 `hw_counters`,
 //! the netdev's `carrier_changes` on RoCE ports).
@@ -30,7 +30,7 @@
 //! Run: `cargo bench -p gpuwatch-benches --bench nic -- --warm-up-time 1 --measurement-time 3`
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use gpuwatch::nic::{ERROR_COUNTERS, NicReader};
+use gpuwatch::{ERROR_COUNTERS, NicReader};
 use gpuwatch_test_support::sysfs::FakeSysfs;
 use std::fs::File;
 use std::hint::black_box;

@@ -9,7 +9,7 @@
 //! then `strace -c -f target/release/examples/nic_scan 101` (prints the ports
 //! read and the mean time per scan after the first).
 
-use gpuwatch::nic::NicReader;
+use gpuwatch::NicReader;
 use gpuwatch_test_support::sysfs::FakeSysfs;
 use std::time::Instant;
 

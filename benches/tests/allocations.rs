@@ -183,7 +183,7 @@ fn allocations_per_xid_shape() {
 /// `class/infiniband` (`read_dir`'s state and two names per device).
 #[test]
 fn nic_steady_scan_allocates_only_what_the_scan_holds() {
-    use gpuwatch::nic::NicReader;
+    use gpuwatch::NicReader;
     use gpuwatch_test_support::sysfs::FakeSysfs;
     use std::time::Instant;
 

@@ -40,13 +40,13 @@ mod sinks;
 mod summary;
 mod watchdog;
 
-pub use check::CheckError;
 pub use prepare::{PrepareError, Prepared, prepare, resolve};
-pub use sinks::{Sinks, build_sinks, resource_info};
-pub use summary::{RunSummary, peak_rss_kib};
+pub(crate) use sinks::{Sinks, build_sinks, resource_info};
+pub(crate) use summary::RunSummary;
 
 use crate::api::{self, ApiState};
-use crate::pipeline::{ENGINE_CHANNEL_CAPACITY, Liveness, StopReason};
+use crate::liveness::Liveness;
+use crate::pipeline::{ENGINE_CHANNEL_CAPACITY, StopReason};
 use engine::EngineThread;
 use gpuwatch_core::heartbeat::Watchdog;
 use gpuwatch_core::{Registry, Shutdown};
@@ -112,7 +112,7 @@ pub enum RunError {
 /// The whole shutdown (sources, engine drain and state write, sink flush)
 /// takes at most this long after SIGTERM, well inside the kubelet's grace
 /// period.
-pub const SHUTDOWN_BUDGET: Duration = Duration::from_secs(9);
+pub(crate) const SHUTDOWN_BUDGET: Duration = Duration::from_secs(9);
 
 /// How long the runtime's tasks get to end after the sinks stopped.
 const RUNTIME_STOP: Duration = Duration::from_secs(1);

@@ -27,7 +27,7 @@
 //! |---|---|
 //! | `POST /v1/clear` | `{"gpu": "0" \| "GPU-…" \| "0000:3b:00.0" (optional: all), "reason": "…"}` with `Content-Type: application/json`; answers `{"cleared": N}` once the engine applied it |
 
-use crate::pipeline::Liveness;
+use crate::liveness::Liveness;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -43,7 +43,7 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// File name of the operator-clear socket in the state directory.
-pub const CLEAR_SOCKET: &str = "gpuwatch.sock";
+pub(crate) const CLEAR_SOCKET: &str = "gpuwatch.sock";
 
 /// The operator-clear socket of an agent whose state directory is `state_dir`.
 pub fn clear_socket_path(state_dir: &Path) -> PathBuf {
@@ -52,7 +52,7 @@ pub fn clear_socket_path(state_dir: &Path) -> PathBuf {
 
 /// Limits on the TCP side of the API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ApiLimits {
+pub(crate) struct ApiLimits {
     /// A request's header (the first one on a connection, or the next one after
     /// a response) must be complete within this time; the connection is closed
     /// otherwise. Also the idle time of a kept-alive connection.
@@ -76,7 +76,8 @@ impl Default for ApiLimits {
 
 /// Renders the Prometheus exposition in the format the scraper asked for
 /// (installed by whoever wires the Prometheus renderer into `run`).
-pub type MetricsRenderer = Arc<dyn Fn(gpuwatch_sinks::prometheus::Format) -> String + Send + Sync>;
+pub(crate) type MetricsRenderer =
+    Arc<dyn Fn(gpuwatch_sinks::prometheus::Format) -> String + Send + Sync>;
 
 /// Errors of the local API server (the HTTP listener and the operator-clear socket).
 #[derive(Debug, thiserror::Error)]
@@ -138,7 +139,7 @@ impl std::fmt::Debug for ApiState {
 }
 
 /// The health engine's input channel, for operator clears.
-pub type EngineControl = crossbeam_channel::Sender<Input>;
+pub(crate) type EngineControl = crossbeam_channel::Sender<Input>;
 
 /// The engine channel as the clear handler sees it (`None`: not wired).
 #[derive(Clone, Debug)]
@@ -155,7 +156,7 @@ pub struct ClearSocket {
 }
 
 /// The read-only TCP routes.
-pub fn router(state: ApiState) -> Router {
+pub(crate) fn router(state: ApiState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -167,7 +168,7 @@ pub fn router(state: ApiState) -> Router {
 
 /// The routes of the operator-clear socket: `POST /v1/clear` forwarding to
 /// the engine through `control` (503 without one) and `GET /v1/health`.
-pub fn clear_router(state: ApiState, control: Option<EngineControl>) -> Router {
+pub(crate) fn clear_router(state: ApiState, control: Option<EngineControl>) -> Router {
     Router::new()
         .route("/v1/health", get(health))
         .route("/v1/clear", post(clear))
@@ -192,7 +193,7 @@ pub async fn bind(addr: &str) -> Result<tokio::net::TcpListener, LocalApiError> 
 /// Creates the operator-clear socket at `path`, readable and writable by its
 /// owner only (0600). A stale socket left by an earlier process is replaced;
 /// any other file there is an error (never removed).
-pub fn bind_clear_socket(path: &Path) -> Result<tokio::net::UnixListener, LocalApiError> {
+pub(crate) fn bind_clear_socket(path: &Path) -> Result<tokio::net::UnixListener, LocalApiError> {
     use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
     let err = |source| LocalApiError::Socket {
         path: path.to_path_buf(),
@@ -215,7 +216,7 @@ pub fn bind_clear_socket(path: &Path) -> Result<tokio::net::UnixListener, LocalA
 }
 
 /// Serves the read-only API until `shutdown` completes, with default limits.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     state: ApiState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -274,7 +275,7 @@ pub async fn serve_with_control(
 }
 
 /// Serves the read-only API with `limits` until `shutdown` completes.
-pub async fn serve_with_limits(
+pub(crate) async fn serve_with_limits(
     listener: tokio::net::TcpListener,
     state: ApiState,
     limits: ApiLimits,

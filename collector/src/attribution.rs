@@ -19,20 +19,20 @@
 //! that faulted. A process outside any pod (a host daemon, a Slurm job) is
 //! said so, never guessed.
 
-pub mod podresources;
+pub(crate) mod podresources;
 
 use gpuwatch_proto::{FaultEvent, PodRef, PodRole};
 use std::path::Path;
 
 /// The attribute saying how the pid was attributed when no pod was found:
 /// `not_in_pod`, `process_exited`, `pid_reused`, `unreadable`.
-pub const ATTRIBUTION: &str = "pod_attribution";
+pub(crate) const ATTRIBUTION: &str = "pod_attribution";
 /// The cgroup of a process that is not in a pod (what it is instead).
-pub const CGROUP: &str = "process.cgroup";
+pub(crate) const CGROUP: &str = "process.cgroup";
 
 /// What `<proc_root>/<pid>` says about a faulting process.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Attribution {
+pub(crate) enum Attribution {
     /// In a pod: its UID, and the container's id where the cgroup names it.
     Pod {
         /// The pod UID (`metadata.uid`), with dashes.
@@ -56,7 +56,7 @@ pub enum Attribution {
 /// engine adds the name, namespace and container name), or [`ATTRIBUTION`]
 /// saying why there is none.
 /// `ticks_per_sec` converts the process start time (`sysconf(_SC_CLK_TCK)`).
-pub fn annotate(ev: &mut FaultEvent, proc_root: &Path, ticks_per_sec: u64) {
+pub(crate) fn annotate(ev: &mut FaultEvent, proc_root: &Path, ticks_per_sec: u64) {
     let Some(pid) = ev.pid else {
         return;
     };
@@ -93,7 +93,7 @@ pub fn annotate(ev: &mut FaultEvent, proc_root: &Path, ticks_per_sec: u64) {
 
 /// What `<proc_root>/<pid>` says about the process that printed a record at
 /// `record_usec` (µs since boot; `None`: no guard against pid reuse).
-pub fn attribute(
+pub(crate) fn attribute(
     proc_root: &Path,
     pid: u32,
     record_usec: Option<u64>,
@@ -174,7 +174,7 @@ fn own_cgroup(cgroup: &str) -> &str {
 
 /// The pod UID and container id a cgroup file names, from the first line
 /// whose path has a kubepods pod segment.
-pub fn pod_of_cgroup(cgroup: &str) -> Option<(String, Option<String>)> {
+pub(crate) fn pod_of_cgroup(cgroup: &str) -> Option<(String, Option<String>)> {
     cgroup
         .lines()
         .filter_map(|l| l.splitn(3, ':').nth(2))
@@ -235,7 +235,7 @@ fn container_of_segment(s: &str) -> Option<String> {
 
 /// `sysconf(_SC_CLK_TCK)`: the unit of a process's start time (100 on
 /// Linux; never 0 here).
-pub fn clock_ticks_per_sec() -> u64 {
+pub(crate) fn clock_ticks_per_sec() -> u64 {
     nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
         .flatten()

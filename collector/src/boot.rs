@@ -18,7 +18,7 @@ use nix::time::{ClockId, clock_gettime};
 use std::path::{Path, PathBuf};
 
 /// Default location of the kernel's boot id.
-pub const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
+pub(crate) const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
 
 /// Errors reading boot information.
 #[derive(Debug, thiserror::Error)]
@@ -43,7 +43,7 @@ pub enum BootError {
 }
 
 /// Reads the boot id from `path` (trimmed; must be one non-empty token).
-pub fn read_boot_id(path: &Path) -> Result<String, BootError> {
+pub(crate) fn read_boot_id(path: &Path) -> Result<String, BootError> {
     let text = std::fs::read_to_string(path).map_err(|source| BootError::Read {
         path: path.to_path_buf(),
         source,
@@ -66,12 +66,12 @@ fn clock_nanos(id: ClockId) -> Option<u64> {
 }
 
 /// Current `CLOCK_MONOTONIC` in microseconds (the kernel log's time base).
-pub fn monotonic_usec() -> u64 {
+pub(crate) fn monotonic_usec() -> u64 {
     clock_nanos(ClockId::CLOCK_MONOTONIC).map_or(0, |n| n / 1000)
 }
 
 /// Parses the `btime` line of `/proc/stat` content (seconds since the epoch).
-pub fn parse_proc_stat_btime(stat: &str) -> Option<u64> {
+pub(crate) fn parse_proc_stat_btime(stat: &str) -> Option<u64> {
     stat.lines()
         .find_map(|l| l.strip_prefix("btime "))
         .and_then(|v| v.trim().parse().ok())
@@ -98,7 +98,7 @@ pub fn boot_time_unix_nanos() -> u64 {
 }
 
 /// Wall time of a kernel log timestamp given the boot time.
-pub fn wall_time_unix_nanos(boot_time_unix_nanos: u64, monotonic_usec: u64) -> u64 {
+pub(crate) fn wall_time_unix_nanos(boot_time_unix_nanos: u64, monotonic_usec: u64) -> u64 {
     boot_time_unix_nanos.saturating_add(monotonic_usec.saturating_mul(1000))
 }
 

@@ -17,12 +17,12 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use crate::kmsg::KmsgConfig;
+pub(crate) use crate::kmsg::KmsgConfig;
 
 /// Default state directory (a hostPath in the DaemonSet).
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/gpuwatch";
 /// Default listen address of the local HTTP API.
-pub const DEFAULT_API_LISTEN: &str = "127.0.0.1:9400";
+pub(crate) const DEFAULT_API_LISTEN: &str = "127.0.0.1:9400";
 
 /// One configuration file: every section, each option with its default.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -413,7 +413,7 @@ impl Config {
     }
 
     /// Sets `node_name` from `NODE_NAME` or the host name when empty.
-    pub fn fill_node_name(&mut self) {
+    pub(crate) fn fill_node_name(&mut self) {
         if !self.node_name.trim().is_empty() {
             return;
         }
@@ -453,7 +453,7 @@ impl Config {
     /// `/metrics`' settings when `[api] prometheus` serves it, else `None`.
     /// Its keys (`api.prometheus`, `otlp.series_quiet_window_secs`) are
     /// checked by [`Config::validate`], under their own sections.
-    pub fn resolve_prometheus(&self) -> Option<PrometheusSettings> {
+    pub(crate) fn resolve_prometheus(&self) -> Option<PrometheusSettings> {
         self.api.prometheus.then(|| PrometheusSettings {
             series_quiet_window: self.otlp.pacing().series_quiet_window,
             dcgm_labels: self.api.dcgm_labels,

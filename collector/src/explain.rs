@@ -69,7 +69,7 @@ impl ExplainError {
 }
 
 /// Parses an XID argument: a decimal code, optionally prefixed `xid` (any case).
-pub fn parse_xid(s: &str) -> Result<u32, String> {
+pub(crate) fn parse_xid(s: &str) -> Result<u32, String> {
     let t = s.trim();
     let digits = if t.len() >= 3 && t[..3].eq_ignore_ascii_case("xid") {
         t[3..].trim_start_matches([' ', '_', '-'])

@@ -2,20 +2,40 @@
 //!
 //! Sources (kmsg, NVML poll, NVML events) feed bounded crossbeam channels into
 //! one health-engine thread that owns all state; the engine publishes events
-//! to sinks and the desired node state to the Kubernetes writer. [`agent`]
-//! assembles those parts for `gpuwatch run` and `gpuwatch validate`.
+//! to sinks and the desired node state to the Kubernetes writer. The agent
+//! ([`prepare`], [`run`]) assembles those parts for `gpuwatch run` and
+//! `gpuwatch validate`.
 #![warn(unreachable_pub)]
 #![deny(missing_docs)]
 
-pub mod agent;
-pub mod api;
-pub mod attribution;
-pub mod boot;
-pub mod config;
-pub mod explain;
-pub mod kmsg;
-pub mod nic;
-pub mod nvml;
-pub mod pipeline;
-pub mod scan;
-pub mod settings;
+mod agent;
+mod api;
+mod attribution;
+mod boot;
+mod config;
+mod explain;
+mod kmsg;
+mod liveness;
+mod nic;
+mod nvml;
+mod pipeline;
+mod scan;
+mod settings;
+
+// What the `gpuwatch` binary (`main.rs`, `cmd/`), the integration tests, the
+// benchmarks and the demo use; everything else stays inside the crate.
+pub use agent::{PrepareError, Prepared, RunError, RunOptions, prepare, resolve, run};
+pub use api::{
+    ApiState, ClearSocket, bind as bind_api, clear_socket_path, serve_with_control as serve_api,
+};
+pub use boot::boot_time_unix_nanos;
+pub use config::{Config, ConfigError, DEFAULT_STATE_DIR, LogFormat};
+pub use explain::{
+    ExplainArgs, ExplainError, ExplainFormat, run as explain, run_network as explain_network,
+};
+pub use liveness::Liveness;
+pub use nic::{ERROR_COUNTERS, NicReader, RELAYOUT_EVERY, spawn_nic_poller};
+pub use nvml::{
+    NvmlConfig, NvmlError, NvmlSources, poll_once as poll_nvml_once, start as start_nvml,
+};
+pub use scan::{ScanArgs, ScanError, ScanFormat, ScanSummary, run as scan, scan_bytes};

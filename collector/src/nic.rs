@@ -740,13 +740,13 @@ fn port_layout(
 /// The shortest time the NIC poller may make no progress before its part of
 /// the health is Unknown: a busy firmware command can hold a counter read
 /// for a second or two without anything being wrong.
-pub const STALL_MIN: Duration = Duration::from_secs(5);
+pub(crate) const STALL_MIN: Duration = Duration::from_secs(5);
 
 /// How long a NIC poller scanning every `interval` may make no progress
 /// before it counts as stalled: three of its intervals, at least
 /// [`STALL_MIN`]. The agent's watchdog holds it to that
 /// ([`gpuwatch_core::heartbeat`]), naming the file it is stuck in.
-pub fn stall_deadline(interval: Duration) -> Duration {
+pub(crate) fn stall_deadline(interval: Duration) -> Duration {
     heartbeat::deadline(interval, 3, STALL_MIN)
 }
 

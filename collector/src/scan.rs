@@ -32,7 +32,6 @@ use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use xid_parser::Policy;
-pub use xid_parser::saved_log::MAX_LINE_BYTES;
 use xid_parser::saved_log::{BLOCK_BYTES, LogCounts, LogOptions, ReadError, open_log, read_events};
 
 /// Output format of `gpuwatch scan`.
@@ -117,7 +116,7 @@ pub struct ScanSummary {
     pub lines: u64,
     /// Fault events written to the output.
     pub events: u64,
-    /// Lines skipped because they were longer than [`MAX_LINE_BYTES`].
+    /// Lines skipped because they were longer than [`MAX_LINE_BYTES`](xid_parser::saved_log::MAX_LINE_BYTES).
     pub skipped_long_lines: u64,
     /// Lines with a fault marker that contained NUL bytes; the text between NUL
     /// runs was read as lines.
@@ -186,7 +185,7 @@ impl ScanSummary {
 }
 
 /// What an operator should do about an action.
-pub fn advice(action: Action) -> &'static str {
+pub(crate) fn advice(action: Action) -> &'static str {
     match action {
         Action::Unspecified | Action::Ignore => "Nothing to do.",
         Action::RestartApp => "Restart the failing application; the GPU is fine.",
@@ -539,7 +538,7 @@ fn write_summary(out: &mut dyn Write, s: &ScanSummary) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use xid_parser::saved_log::read_events_plain;
+    use xid_parser::saved_log::{MAX_LINE_BYTES, read_events_plain};
 
     /// What `scan --format json` must write for `input`: the events of the plain
     /// reading (`read_events_plain`), each serialised by serde_json, and their

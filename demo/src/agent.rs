@@ -269,7 +269,7 @@ mod tests {
     fn agent_config_is_a_valid_gpuwatch_config() {
         for speed in [1, 4, 20] {
             let text = agent_config(speed);
-            let mut cfg = gpuwatch::config::Config::parse(Path::new("demo-agent.toml"), &text)
+            let mut cfg = gpuwatch::Config::parse(Path::new("demo-agent.toml"), &text)
                 .unwrap_or_else(|e| panic!("{e}\n{text}"));
             cfg.node_name = "demo-node".into();
             cfg.validate().unwrap_or_else(|e| panic!("{e}\n{text}"));

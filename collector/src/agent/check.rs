@@ -3,7 +3,8 @@
 //! one pass of the agent's kernel-log reader over the ring of this boot.
 
 use super::Prepared;
-use crate::pipeline::{ENGINE_CHANNEL_CAPACITY, Liveness};
+use crate::liveness::Liveness;
+use crate::pipeline::ENGINE_CHANNEL_CAPACITY;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use gpuwatch_core::engine::Engine;
 use gpuwatch_core::msg::{Input, MonitorInput};

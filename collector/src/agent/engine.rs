@@ -3,7 +3,8 @@
 
 use super::inputs::InputsStopped;
 use super::{RunError, StillRunning, StopBudget, join_within};
-use crate::pipeline::{Liveness, StopReason};
+use crate::liveness::Liveness;
+use crate::pipeline::StopReason;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use gpuwatch_core::engine::Engine;
 use gpuwatch_core::msg::Input;

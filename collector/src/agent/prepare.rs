@@ -7,7 +7,8 @@
 
 use crate::config::{Config, ConfigError, ConfigErrors};
 use crate::kmsg::{self, KmsgSourceArgs};
-use crate::pipeline::{Liveness, StopReason};
+use crate::liveness::Liveness;
+use crate::pipeline::StopReason;
 use crate::settings::Settings;
 use gpuwatch_core::engine::{BootInfo, Engine, EngineSettings};
 use gpuwatch_core::{Registry, Shutdown};

@@ -18,7 +18,7 @@ use std::time::Duration;
 const SINK_STOP: Duration = Duration::from_secs(2);
 
 /// Sinks and exporters assembled for one run.
-pub struct Sinks {
+pub(crate) struct Sinks {
     /// Where the engine sends every emitted event.
     pub event_sinks: Vec<Arc<dyn EventSink>>,
     /// `/metrics` renderer (with `--prometheus`).
@@ -55,7 +55,7 @@ impl std::fmt::Debug for Sinks {
 /// them). The writer's validation reports go to the engine through
 /// `validation_tx`, held weakly: once the agent drops the strong sender, the
 /// engine's channel can drain while the writer still runs.
-pub fn build_sinks(
+pub(crate) fn build_sinks(
     prepared: &Prepared,
     kube_client: Option<&KubeClient>,
     registry: &Arc<Registry>,
@@ -100,7 +100,7 @@ pub fn build_sinks(
 }
 
 /// Resource attributes of this agent (OTLP resource, Prometheus `target_info`).
-pub fn resource_info(node_name: &str) -> gpuwatch_sinks::otlp::ResourceInfo {
+pub(crate) fn resource_info(node_name: &str) -> gpuwatch_sinks::otlp::ResourceInfo {
     gpuwatch_sinks::otlp::ResourceInfo {
         node_name: node_name.to_string(),
         host_name: std::fs::read_to_string("/proc/sys/kernel/hostname")

@@ -77,7 +77,7 @@ impl RunSummary {
 }
 
 /// VmHWM of this process from `/proc/self/status`, KiB.
-pub fn peak_rss_kib() -> Option<u64> {
+pub(super) fn peak_rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     status
         .lines()

@@ -37,10 +37,10 @@ use std::time::Duration;
 use v1::pod_resources_lister_client::PodResourcesListerClient;
 
 /// The socket the kubelet serves PodResources on.
-pub const DEFAULT_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+pub(crate) const DEFAULT_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 
 /// The largest `List` answer read, bytes.
-pub const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
+pub(crate) const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
 
 /// `[kubelet]`: where and how often the kubelet is asked.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -88,7 +88,7 @@ impl KubeletSettings {
     /// How long the poller may make no progress before it counts as stuck:
     /// three intervals plus a call's timeout (it beats at every call's start
     /// and end, and sleeps an interval in between), at least 30 s.
-    pub fn stall_deadline(&self) -> Duration {
+    pub(crate) fn stall_deadline(&self) -> Duration {
         heartbeat::deadline(self.interval, 3, Duration::from_secs(30)) + self.timeout
     }
 }
@@ -127,7 +127,7 @@ impl KubeletConfig {
 
 /// A failed `List`, in words.
 #[derive(Debug, thiserror::Error)]
-pub enum ListError {
+pub(crate) enum ListError {
     /// The socket could not be reached.
     #[error("cannot connect to the kubelet at {path}: {message}")]
     Connect {
@@ -146,7 +146,7 @@ pub enum ListError {
 
 /// Asks the kubelet at `socket` once: every device id to the containers
 /// that hold it.
-pub async fn list(
+pub(crate) async fn list(
     socket: &Path,
     timeout: Duration,
     gpu_resources: &[String],
@@ -235,7 +235,7 @@ fn holders(resp: v1::ListPodResourcesResponse, gpu_resources: &[String]) -> Devi
 /// Asks answered at most this often (the kubelet rate-limits its
 /// PodResources socket at 100 calls a second, shared by every client on the
 /// node; a storm of faults on many GPUs costs at most four calls a second).
-pub const MIN_ASK_GAP: Duration = Duration::from_millis(250);
+pub(crate) const MIN_ASK_GAP: Duration = Duration::from_millis(250);
 
 /// Asks the kubelet every interval, and when the engine asks (`ask`: a
 /// fault of a GPU read after the last call), until `stop`, telling the
@@ -243,7 +243,7 @@ pub const MIN_ASK_GAP: Duration = Duration::from_millis(250);
 /// device assignments are current as of the call (module doc). Each call
 /// is an activity of `progress` (for the agent's input watchdog, held to
 /// [`KubeletSettings::stall_deadline`]).
-pub async fn poll(
+pub(crate) async fn poll(
     cfg: KubeletSettings,
     tx: crossbeam_channel::Sender<Input>,
     registry: std::sync::Arc<gpuwatch_core::Registry>,

@@ -2,7 +2,7 @@
 
 use super::unless_broken_pipe;
 use anyhow::Context as _;
-use gpuwatch::config::Config;
+use gpuwatch::Config;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -6,7 +6,7 @@
 
 use super::{init_logging, unless_broken_pipe};
 use anyhow::Context as _;
-use gpuwatch::config::{Config, LogFormat};
+use gpuwatch::{Config, LogFormat};
 use gpuwatch_kube::{InstallCheck, KubeSettings};
 use std::io::Write as _;
 use std::path::PathBuf;

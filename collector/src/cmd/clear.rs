@@ -2,7 +2,7 @@
 //! agent over its operator-clear socket.
 
 use anyhow::Context as _;
-use gpuwatch::config::Config;
+use gpuwatch::Config;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -34,10 +34,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     } = args;
     let socket = match (socket, config) {
         (Some(s), _) => s,
-        (None, Some(c)) => gpuwatch::api::clear_socket_path(&Config::load(&c)?.state_dir),
-        (None, None) => gpuwatch::api::clear_socket_path(std::path::Path::new(
-            gpuwatch::config::DEFAULT_STATE_DIR,
-        )),
+        (None, Some(c)) => gpuwatch::clear_socket_path(&Config::load(&c)?.state_dir),
+        (None, None) => {
+            gpuwatch::clear_socket_path(std::path::Path::new(gpuwatch::DEFAULT_STATE_DIR))
+        }
     };
     let cleared = operator_clear(&socket, gpu.as_deref(), &reason)?;
     match &gpu {

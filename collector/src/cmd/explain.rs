@@ -1,14 +1,14 @@
 //! `gpuwatch explain`: the effective classification policy.
 
 use super::{init_logging, load_policy, unless_broken_pipe};
-use gpuwatch::config::LogFormat;
+use gpuwatch::LogFormat;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     #[command(flatten)]
-    args: gpuwatch::explain::ExplainArgs,
+    args: gpuwatch::ExplainArgs,
     /// Configuration file whose `[policy]` overrides (and, with `--network`,
     /// `[network]` settings) apply.
     #[arg(long, value_name = "FILE")]
@@ -19,7 +19,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     init_logging(LogFormat::Text, "warn");
     if args.args.network {
         let cfg = match args.config.as_deref() {
-            Some(p) => gpuwatch::config::Config::load(p)?.network,
+            Some(p) => gpuwatch::Config::load(p)?.network,
             None => gpuwatch_core::network::NetworkConfig::default(),
         };
         let settings = cfg
@@ -27,7 +27,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             .map_err(|p| anyhow::anyhow!("invalid [network] settings:\n  {}", p.join("\n  ")))?;
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
-        unless_broken_pipe(gpuwatch::explain::run_network(
+        unless_broken_pipe(gpuwatch::explain_network(
             &settings,
             args.args.format,
             &mut out,
@@ -37,6 +37,6 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let policy = load_policy(args.config.as_deref())?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    unless_broken_pipe(gpuwatch::explain::run(&args.args, &policy, &mut out))?;
+    unless_broken_pipe(gpuwatch::explain(&args.args, &policy, &mut out))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -11,7 +11,7 @@ pub(crate) mod scan;
 pub(crate) mod validate;
 
 use anyhow::Context as _;
-use gpuwatch::config::{Config, LogFormat};
+use gpuwatch::{Config, LogFormat};
 use std::io::IsTerminal as _;
 use std::path::Path;
 
@@ -53,15 +53,15 @@ impl BrokenPipe for std::io::Error {
     }
 }
 
-impl BrokenPipe for gpuwatch::scan::ScanError {
+impl BrokenPipe for gpuwatch::ScanError {
     fn is_broken_pipe(&self) -> bool {
-        gpuwatch::scan::ScanError::is_broken_pipe(self)
+        gpuwatch::ScanError::is_broken_pipe(self)
     }
 }
 
-impl BrokenPipe for gpuwatch::explain::ExplainError {
+impl BrokenPipe for gpuwatch::ExplainError {
     fn is_broken_pipe(&self) -> bool {
-        gpuwatch::explain::ExplainError::is_broken_pipe(self)
+        gpuwatch::ExplainError::is_broken_pipe(self)
     }
 }
 
@@ -78,7 +78,7 @@ pub(crate) fn unless_broken_pipe<T, E: BrokenPipe>(result: Result<T, E>) -> Resu
 #[cfg(test)]
 mod tests {
     use clap::Parser;
-    use gpuwatch::agent::{self, Prepared};
+    use gpuwatch::Prepared;
     use std::path::Path;
 
     #[derive(Parser)]
@@ -95,15 +95,15 @@ mod tests {
 
     fn prepared_by_run(argv: &[&str]) -> Prepared {
         let args = RunCli::parse_from(std::iter::once("run").chain(argv.iter().copied())).args;
-        let (cfg, _) = agent::resolve(args.config.as_deref(), |cfg| args.apply(cfg)).unwrap();
-        agent::prepare(cfg).unwrap()
+        let (cfg, _) = gpuwatch::resolve(args.config.as_deref(), |cfg| args.apply(cfg)).unwrap();
+        gpuwatch::prepare(cfg).unwrap()
     }
 
     fn prepared_by_validate(argv: &[&str]) -> Prepared {
         let args =
             ValidateCli::parse_from(std::iter::once("validate").chain(argv.iter().copied())).args;
-        let (cfg, _) = agent::resolve(args.config.as_deref(), |cfg| args.apply(cfg)).unwrap();
-        agent::prepare(cfg).unwrap()
+        let (cfg, _) = gpuwatch::resolve(args.config.as_deref(), |cfg| args.apply(cfg)).unwrap();
+        gpuwatch::prepare(cfg).unwrap()
     }
 
     /// Everything in a prepared agent but the boot time (a clock reading

@@ -4,7 +4,7 @@
 
 use super::init_logging;
 use anyhow::Context as _;
-use gpuwatch::config::{Config, LogFormat};
+use gpuwatch::{Config, LogFormat};
 use gpuwatch_kube::{
     CleanupReport, FleetOptions, FleetReport, KubeError, KubeSettings, NodeOutcome, PodWait,
 };

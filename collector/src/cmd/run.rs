@@ -2,20 +2,20 @@
 //! file with `--exit-at-eof`).
 
 use anyhow::Context as _;
-use gpuwatch::agent::{self, RunError, RunOptions};
-use gpuwatch::config::{Config, LogFormat};
+use gpuwatch::{Config, LogFormat};
+use gpuwatch::{RunError, RunOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Resolves the configuration, starts logging as it says, runs the agent and
 /// prints the summary with `--exit-at-eof`.
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let (cfg, opts) = agent::resolve(args.config.as_deref(), |cfg| args.apply(cfg))?;
+    let (cfg, opts) = gpuwatch::resolve(args.config.as_deref(), |cfg| args.apply(cfg))?;
     super::init_logging(cfg.log.format, &cfg.log.level);
     let exit_at_eof = cfg.kmsg.exit_at_eof;
-    let summary = agent::prepare(cfg)
+    let summary = gpuwatch::prepare(cfg)
         .map_err(RunError::from)
-        .and_then(|prepared| agent::run(prepared, &opts))
+        .and_then(|prepared| gpuwatch::run(prepared, &opts))
         .context("agent failed")?;
     if exit_at_eof {
         eprintln!(

@@ -1,14 +1,14 @@
 //! `gpuwatch scan`: GPU faults in saved kernel logs.
 
 use super::{init_logging, load_policy, unless_broken_pipe};
-use gpuwatch::config::LogFormat;
+use gpuwatch::LogFormat;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     #[command(flatten)]
-    args: gpuwatch::scan::ScanArgs,
+    args: gpuwatch::ScanArgs,
     /// Configuration file whose `[policy]` overrides apply.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -21,8 +21,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let policy = std::sync::Arc::new(load_policy(args.config.as_deref())?);
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let Some(summary) = unless_broken_pipe(gpuwatch::scan::run(&args.args, policy, &mut out))?
-    else {
+    let Some(summary) = unless_broken_pipe(gpuwatch::scan(&args.args, policy, &mut out))? else {
         return Ok(ExitCode::SUCCESS);
     };
     Ok(ExitCode::from(

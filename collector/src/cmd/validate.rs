@@ -1,11 +1,11 @@
 //! `gpuwatch validate`: the startup gate's device validation once, judged by
 //! the agent's own engine and kernel-log reader, built through the same
-//! [`agent::resolve`] and [`agent::prepare`] as `gpuwatch run`.
+//! [`gpuwatch::resolve`] and [`gpuwatch::prepare`] as `gpuwatch run`.
 
 use super::init_logging;
 use anyhow::Context as _;
-use gpuwatch::agent::{self, PrepareError, Prepared};
-use gpuwatch::config::{Config, LogFormat};
+use gpuwatch::{Config, LogFormat};
+use gpuwatch::{PrepareError, Prepared};
 use gpuwatch_core::validation::Expected;
 use gpuwatch_proto::{ValidationCheck, ValidationReport};
 use std::path::PathBuf;
@@ -66,7 +66,7 @@ impl Args {
 /// Prints the report; exit 0 when it passed and is complete, else 1.
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     init_logging(LogFormat::Text, "warn");
-    let (cfg, read_node) = agent::resolve(args.config.as_deref(), |cfg| args.apply(cfg))?;
+    let (cfg, read_node) = gpuwatch::resolve(args.config.as_deref(), |cfg| args.apply(cfg))?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -87,11 +87,11 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// [`agent::prepare`], with the messages this command has always given.
+/// [`gpuwatch::prepare`], with the messages this command has always given.
 fn prepare(cfg: Config) -> anyhow::Result<Prepared> {
-    agent::prepare(cfg).map_err(|e| match e {
+    gpuwatch::prepare(cfg).map_err(|e| match e {
         PrepareError::Boot(e) => e.into(),
-        PrepareError::Config(e) => gpuwatch::config::ConfigError::Invalid(e).into(),
+        PrepareError::Config(e) => gpuwatch::ConfigError::Invalid(e).into(),
     })
 }
 

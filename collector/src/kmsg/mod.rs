@@ -8,7 +8,7 @@
 //!   hold window then expires on time), otherwise until a record arrives or
 //!   shutdown (the poll set holds the shutdown signal's wake descriptor),
 //!   waking only for its liveness heartbeat every
-//!   [`IDLE_HEARTBEAT`](crate::pipeline::IDLE_HEARTBEAT).
+//!   [`IDLE_HEARTBEAT`](crate::liveness::IDLE_HEARTBEAT).
 //! * `EINVAL` from `read` means the buffer is smaller than the record: the
 //!   buffer grows (up to 1 MiB) and the read is retried.
 //! * `EPIPE` means the ring overwrote records we had not read; the kernel moves
@@ -54,7 +54,7 @@
 //!   never a busy loop.
 
 use crate::boot;
-use crate::pipeline::Liveness;
+use crate::liveness::Liveness;
 use crate::pipeline::StopReason;
 use crossbeam_channel::Sender;
 use gpuwatch_core::msg::{Input, KmsgPosition};
@@ -75,7 +75,7 @@ mod replay;
 mod tests;
 
 /// Default kernel log device.
-pub const KMSG_PATH: &str = "/dev/kmsg";
+pub(crate) const KMSG_PATH: &str = "/dev/kmsg";
 const MAX_BUFFER: usize = 1024 * 1024;
 
 /// Settings of the kernel log source (`[kmsg]`), as written in the file.
@@ -198,7 +198,7 @@ impl KmsgConfig {
 
 /// Errors of the kernel log source.
 #[derive(Debug, thiserror::Error)]
-pub enum KmsgError {
+pub(crate) enum KmsgError {
     /// The input could not be opened.
     #[error("cannot open kernel log {path}: {source}")]
     Open {
@@ -230,7 +230,7 @@ pub enum KmsgError {
 
 /// What the source is started with ([`spawn`], [`run_source`]).
 #[derive(Debug)]
-pub struct KmsgSourceArgs {
+pub(crate) struct KmsgSourceArgs {
     /// The `[kmsg]` section, flags applied, resolved.
     pub cfg: KmsgSettings,
     /// The position the engine's state accounts for (`Engine::kmsg_position`):
@@ -260,7 +260,7 @@ pub struct KmsgSourceArgs {
 
 /// Counts of one source run (returned when the thread ends).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct KmsgSummary {
+pub(crate) struct KmsgSummary {
     /// Records processed (read and not skipped by the cursor).
     pub records: u64,
     /// Fault events handed to the engine.
@@ -268,7 +268,7 @@ pub struct KmsgSummary {
 }
 
 /// Starts [`run_source`] on a thread of its own (`gpuwatch-kmsg`).
-pub fn spawn(
+pub(crate) fn spawn(
     args: KmsgSourceArgs,
     engine_tx: Sender<Input>,
 ) -> std::io::Result<std::thread::JoinHandle<KmsgSummary>> {
@@ -279,7 +279,7 @@ pub fn spawn(
 
 /// The source loop (runs on the calling thread until shutdown, the engine
 /// going away, or the end of a replay with `exit_at_eof`).
-pub fn run_source(args: KmsgSourceArgs, engine_tx: Sender<Input>) -> KmsgSummary {
+pub(crate) fn run_source(args: KmsgSourceArgs, engine_tx: Sender<Input>) -> KmsgSummary {
     let liveness = args.liveness.clone();
     let _alive = liveness.kmsg_running();
     let stop_tx = args.stop_tx.clone();
@@ -294,7 +294,7 @@ pub fn run_source(args: KmsgSourceArgs, engine_tx: Sender<Input>) -> KmsgSummary
 
 /// True when `path` is a character device: the reader then keeps a
 /// position (reports [`Input::KmsgProgress`]); a replay file or FIFO has none.
-pub fn is_device(path: &Path) -> bool {
+pub(crate) fn is_device(path: &Path) -> bool {
     std::fs::metadata(path)
         .map(|m| m.file_type().is_char_device())
         .unwrap_or(path == Path::new(KMSG_PATH))

@@ -3,7 +3,8 @@
 
 use super::{KmsgError, KmsgSettings, KmsgSourceArgs, KmsgSummary, is_device};
 use crate::boot;
-use crate::pipeline::{FaultSender, IDLE_HEARTBEAT, Liveness, SendStatus};
+use crate::liveness::{IDLE_HEARTBEAT, Liveness};
+use crate::pipeline::{FaultSender, SendStatus};
 use crossbeam_channel::Sender;
 use gpuwatch_core::msg::{Input, MonitorInput};
 use gpuwatch_core::{Registry, Shutdown, WakeFd};

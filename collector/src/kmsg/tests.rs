@@ -2,7 +2,8 @@
 
 use super::reader::{HOLD_WAIT, ReadOn, Reader};
 use super::*;
-use crate::pipeline::{IDLE_HEARTBEAT, Liveness, SendStatus, faults};
+use crate::liveness::{IDLE_HEARTBEAT, Liveness};
+use crate::pipeline::{SendStatus, faults};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use gpuwatch_core::msg::{Input, KmsgPosition, MonitorInput};
 use gpuwatch_core::registry::Tally;
@@ -636,7 +637,7 @@ fn a_followed_input_is_read_as_soon_as_it_is_written() {
 /// the short waits.
 #[test]
 fn idle_waits_are_bounded_by_the_heartbeat() {
-    use crate::pipeline::PROGRESS_DEADLINE_SECS;
+    use crate::liveness::PROGRESS_DEADLINE_SECS;
     assert!(IDLE_HEARTBEAT * 2 < Duration::from_secs(PROGRESS_DEADLINE_SECS));
     let (tx, _rx) = bounded(1);
     let mut r = device_reader(tx, Registry::new());

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// File name of the nvml-sim cdylib.
-pub const SIM_LIB_NAME: &str = "libnvml_sim.so";
+pub(crate) const SIM_LIB_NAME: &str = "libnvml_sim.so";
 /// Environment variable naming the nvml-sim cdylib.
-pub const SIM_LIB_ENV: &str = "GPUWATCH_NVML_SIM_LIB";
+pub(crate) const SIM_LIB_ENV: &str = "GPUWATCH_NVML_SIM_LIB";
 /// The system NVML library.
 const SYSTEM_LIB: &str = "libnvidia-ml.so.1";
 /// Suffix of the side file nvml-sim reads its scenario path from.

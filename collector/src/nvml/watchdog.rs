@@ -25,7 +25,7 @@
 //! end and then returns anyway.
 
 use super::Ctx;
-use crate::pipeline::Liveness;
+use crate::liveness::Liveness;
 use backon::BackoffBuilder;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -4,8 +4,8 @@
 //! container or `kubectl port-forward` reaches) the clear is refused.
 
 use crate::engine_support::*;
-use gpuwatch::api::{self, ApiState};
-use gpuwatch::pipeline::Liveness;
+use gpuwatch::ApiState;
+use gpuwatch::Liveness;
 use gpuwatch_core::msg::Input;
 use gpuwatch_proto::{NodeHealth, Verdict};
 use std::process::Command;
@@ -72,10 +72,10 @@ fn gpuwatch_clear_reaches_the_engine_only_through_the_state_dir_socket() {
         .enable_all()
         .build()
         .unwrap();
-    let listener = rt.block_on(api::bind("127.0.0.1:0")).unwrap();
+    let listener = rt.block_on(gpuwatch::bind_api("127.0.0.1:0")).unwrap();
     let addr = listener.local_addr().unwrap();
     let state_dir = tempfile::tempdir().unwrap();
-    let socket = api::clear_socket_path(state_dir.path());
+    let socket = gpuwatch::clear_socket_path(state_dir.path());
     let config = state_dir.path().join("gpuwatch.toml");
     std::fs::write(
         &config,
@@ -89,10 +89,10 @@ fn gpuwatch_clear_reaches_the_engine_only_through_the_state_dir_socket() {
         metrics: None,
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = rt.spawn(api::serve_with_control(
+    let server = rt.spawn(gpuwatch::serve_api(
         listener,
         state,
-        Some(api::ClearSocket {
+        Some(gpuwatch::ClearSocket {
             path: socket.clone(),
             engine: tx.clone(),
         }),
@@ -144,7 +144,7 @@ fn gpuwatch_clear_reaches_the_engine_only_through_the_state_dir_socket() {
     );
     // A container without the state directory has no socket to find.
     let elsewhere = tempfile::tempdir().unwrap();
-    let other_socket = api::clear_socket_path(elsewhere.path());
+    let other_socket = gpuwatch::clear_socket_path(elsewhere.path());
     let out = gpuwatch(&[
         "clear",
         "--socket",

@@ -1,7 +1,7 @@
 //! The shipped example configuration parses into the typed structs, passes
 //! validation, and states every default (it must not drift from the code).
 
-use gpuwatch::config::Config;
+use gpuwatch::Config;
 use std::path::Path;
 
 fn example() -> std::path::PathBuf {

@@ -1,13 +1,13 @@
-//! `gpuwatch explain`: calls `explain::run` directly with the default policy and
+//! `gpuwatch explain`: calls `gpuwatch::explain` directly with the default policy and
 //! with overrides, in both formats.
 
-use gpuwatch::explain::{self, ExplainArgs, ExplainError, ExplainFormat};
+use gpuwatch::{ExplainArgs, ExplainError, ExplainFormat, explain};
 use gpuwatch_proto::Action;
 use xid_parser::{Policy, PolicyOverrides, XidOverride};
 
 fn run(args: ExplainArgs, policy: &Policy) -> String {
     let mut out = Vec::new();
-    explain::run(&args, policy, &mut out).unwrap();
+    explain(&args, policy, &mut out).unwrap();
     String::from_utf8(out).unwrap()
 }
 
@@ -183,7 +183,7 @@ fn overrides_show_up_in_every_format() {
 #[test]
 fn missing_code_and_failed_writes_are_errors() {
     let args = ExplainArgs::default();
-    let err = explain::run(&args, &Policy::default(), &mut Vec::new()).unwrap_err();
+    let err = explain(&args, &Policy::default(), &mut Vec::new()).unwrap_err();
     assert!(matches!(err, ExplainError::NoCode));
 
     struct Broken;
@@ -199,7 +199,7 @@ fn missing_code_and_failed_writes_are_errors() {
         }
     }
     for format in [ExplainFormat::Text, ExplainFormat::Json] {
-        let err = explain::run(&one(79, format), &Policy::default(), &mut Broken).unwrap_err();
+        let err = explain(&one(79, format), &Policy::default(), &mut Broken).unwrap_err();
         assert!(matches!(err, ExplainError::Write(_)), "{err:?}");
     }
 }
@@ -240,10 +240,10 @@ fn closed_stdout_pipe_is_a_normal_end() {
     for format in [ExplainFormat::Text, ExplainFormat::Json] {
         for args in [all(format), one(61, format)] {
             let mut w = Failing(std::io::ErrorKind::BrokenPipe);
-            let err = explain::run(&args, &Policy::default(), &mut w).unwrap_err();
+            let err = explain(&args, &Policy::default(), &mut w).unwrap_err();
             assert!(err.is_broken_pipe(), "{err:?}");
             let mut w = Failing(std::io::ErrorKind::StorageFull);
-            let err = explain::run(&args, &Policy::default(), &mut w).unwrap_err();
+            let err = explain(&args, &Policy::default(), &mut w).unwrap_err();
             assert!(!err.is_broken_pipe(), "{err:?}");
         }
     }

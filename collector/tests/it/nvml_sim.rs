@@ -10,8 +10,8 @@
 
 use crate::common::nvml_sim_lib as sim_lib;
 use crate::engine_support::Rig;
-use gpuwatch::nvml::{self, NvmlConfig, NvmlSources};
-use gpuwatch::pipeline::Liveness;
+use gpuwatch::Liveness;
+use gpuwatch::{NvmlConfig, NvmlError, NvmlSources, poll_nvml_once, start_nvml};
 use gpuwatch_core::Registry;
 use gpuwatch_core::msg::{Input, MonitorInput};
 use gpuwatch_proto::{FaultEvent, FaultKind, GpuSample, RecoveryAction, Source, Verdict};
@@ -55,7 +55,7 @@ impl NvmlSimHarness {
         let (tx, rx) = crossbeam_channel::bounded(1024);
         let registry = Registry::new();
         let liveness = Liveness::new();
-        let sources = nvml::start(
+        let sources = start_nvml(
             &cfg.resolve().expect("valid test [nvml] settings"),
             tx,
             registry.clone(),
@@ -565,7 +565,7 @@ fn poll_once_finds_the_simulator_and_reads_every_gpu() {
         sim_scenario: Some(scenario("demo.toml")),
         ..NvmlConfig::default()
     };
-    let samples = nvml::poll_once(&cfg.resolve().unwrap()).expect("poll_once");
+    let samples = poll_nvml_once(&cfg.resolve().unwrap()).expect("poll_once");
     assert_eq!(samples.len(), 8);
     let indexes: Vec<u32> = samples.iter().map(|s| s.index).collect();
     assert_eq!(indexes, (0..8).collect::<Vec<_>>());
@@ -577,7 +577,7 @@ fn poll_once_finds_the_simulator_and_reads_every_gpu() {
         ..cfg
     };
     assert_eq!(
-        nvml::poll_once(&auto.resolve().unwrap())
+        poll_nvml_once(&auto.resolve().unwrap())
             .expect("auto-found simulator")
             .len(),
         8
@@ -591,7 +591,7 @@ fn poll_once_reports_a_missing_scenario_by_path() {
         sim_scenario: Some(PathBuf::from("/nonexistent/scenario.toml")),
         ..NvmlConfig::default()
     };
-    let err = nvml::poll_once(&cfg.resolve().unwrap())
+    let err = poll_nvml_once(&cfg.resolve().unwrap())
         .unwrap_err()
         .to_string();
     assert!(err.contains("/nonexistent/scenario.toml"), "{err}");
@@ -1062,12 +1062,12 @@ call = "nvmlDeviceGetCount_v2"
         ..NvmlConfig::default()
     };
     let t = Instant::now();
-    let err = nvml::poll_once(&cfg.resolve().unwrap()).unwrap_err();
+    let err = poll_nvml_once(&cfg.resolve().unwrap()).unwrap_err();
     let took = t.elapsed();
     assert!(
         matches!(
             err,
-            nvml::NvmlError::Hung {
+            NvmlError::Hung {
                 call: "nvmlDeviceGetCount_v2",
                 ..
             }

@@ -171,7 +171,7 @@ impl InjectedXid {
 
 /// The policy the agent runs with (its config file's `[policy]`).
 fn policy(config: &Path) -> xid_parser::Policy {
-    let cfg = gpuwatch::config::Config::load(config).expect("test config loads");
+    let cfg = gpuwatch::Config::load(config).expect("test config loads");
     xid_parser::Policy::new(&cfg.policy).expect("policy builds")
 }
 
@@ -617,7 +617,7 @@ fn roundtrip(proto: Proto) {
     assert_eq!(logs.len(), faults.len(), "{logs:#?}");
     assert_eq!(got.logs.len(), faults.len(), "only fault log records");
     let boot_id = boot_id();
-    let boot_time = gpuwatch::boot::boot_time_unix_nanos();
+    let boot_time = gpuwatch::boot_time_unix_nanos();
     for f in &faults {
         let g = &gpus[f.gpu];
         let entry = policy.entry(f.xid);

@@ -1,7 +1,7 @@
-//! `gpuwatch scan`: end-to-end over files on disk (through `scan::run`, the
+//! `gpuwatch scan`: end-to-end over files on disk (through `gpuwatch::scan`, the
 //! function `main` calls), plus the built binary when the subcommand is wired.
 
-use gpuwatch::scan::{ScanArgs, ScanFormat, run};
+use gpuwatch::{ScanArgs, ScanFormat, scan};
 use gpuwatch_proto::{Action, FaultEvent};
 use std::io::Write;
 use std::sync::Arc;
@@ -32,7 +32,7 @@ fn json_output_is_one_event_per_line_in_input_order() {
         files: vec![f],
     };
     let mut out = Vec::new();
-    let summary = run(&args, Arc::new(Policy::default()), &mut out).unwrap();
+    let summary = scan(&args, Arc::new(Policy::default()), &mut out).unwrap();
     let text = String::from_utf8(out).unwrap();
     let events: Vec<FaultEvent> = text
         .lines()
@@ -70,7 +70,7 @@ fn text_output_has_table_and_per_gpu_summary() {
         files: vec![f],
     };
     let mut out = Vec::new();
-    run(&args, Arc::new(Policy::default()), &mut out).unwrap();
+    scan(&args, Arc::new(Policy::default()), &mut out).unwrap();
     let text = String::from_utf8(out).unwrap();
     assert!(text.starts_with("TIME"), "{text}");
     assert!(text.contains("0000:91:00.0:"), "{text}");
@@ -91,7 +91,7 @@ fn clean_log_exits_zero_and_missing_file_is_a_clear_error() {
         files: vec![f],
     };
     let mut out = Vec::new();
-    let s = run(&args, Arc::new(Policy::default()), &mut out).unwrap();
+    let s = scan(&args, Arc::new(Policy::default()), &mut out).unwrap();
     assert_eq!((s.events, s.exit_code()), (0, 0));
     assert!(out.is_empty());
 
@@ -101,7 +101,7 @@ fn clean_log_exits_zero_and_missing_file_is_a_clear_error() {
         accept_user_facility: false,
         files: vec![missing.clone()],
     };
-    let err = run(&args, Arc::new(Policy::default()), &mut Vec::new()).unwrap_err();
+    let err = scan(&args, Arc::new(Policy::default()), &mut Vec::new()).unwrap_err();
     assert!(
         err.to_string().contains(&missing.display().to_string()),
         "{err}"
@@ -122,7 +122,7 @@ fn binary_garbage_and_huge_lines_never_panic() {
         files: vec![f],
     };
     let mut out = Vec::new();
-    let s = run(&args, Arc::new(Policy::default()), &mut out).unwrap();
+    let s = scan(&args, Arc::new(Policy::default()), &mut out).unwrap();
     assert!(s.skipped_long_lines + s.lines_with_nul >= 1, "{s:?}");
     let text = String::from_utf8(out).unwrap();
     assert!(text.lines().any(|l| l.contains(r#""code":43"#)), "{text}");
@@ -151,7 +151,7 @@ fn binary_scan_exit_codes() {
         .arg(&bad)
         .output()
         .unwrap();
-    let summary = run(
+    let summary = scan(
         &ScanArgs {
             format: ScanFormat::Json,
             accept_user_facility: false,
@@ -196,10 +196,10 @@ fn closed_stdout_pipe_is_a_normal_end() {
             accept_user_facility: false,
             files: vec![f.clone()],
         };
-        let err = run(&args, Arc::new(Policy::default()), &mut ClosedPipe).unwrap_err();
+        let err = scan(&args, Arc::new(Policy::default()), &mut ClosedPipe).unwrap_err();
         assert!(err.is_broken_pipe(), "{err:?}");
     }
-    let other = gpuwatch::scan::ScanError::Write(std::io::ErrorKind::StorageFull.into());
+    let other = gpuwatch::ScanError::Write(std::io::ErrorKind::StorageFull.into());
     assert!(!other.is_broken_pipe());
 
     for format in ["json", "text"] {
@@ -231,7 +231,7 @@ fn summary_reason_is_the_events_short_reason() {
 [  11.000000] NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
 ";
     let mut out = Vec::new();
-    let summary = gpuwatch::scan::scan_bytes(
+    let summary = gpuwatch::scan_bytes(
         log.as_bytes(),
         ScanFormat::Json,
         Arc::new(Policy::default()),
@@ -258,7 +258,7 @@ fn scan_file(
     body: &[u8],
     format: ScanFormat,
     accept_user: bool,
-) -> (String, gpuwatch::scan::ScanSummary) {
+) -> (String, gpuwatch::ScanSummary) {
     let dir = tempfile::tempdir().unwrap();
     let f = write_tmp(&dir, name, body);
     let args = ScanArgs {
@@ -267,7 +267,7 @@ fn scan_file(
         files: vec![f],
     };
     let mut out = Vec::new();
-    let s = run(&args, Arc::new(Policy::default()), &mut out).unwrap();
+    let s = scan(&args, Arc::new(Policy::default()), &mut out).unwrap();
     (String::from_utf8(out).unwrap(), s)
 }
 
@@ -451,7 +451,7 @@ fn directories_are_refused() {
         accept_user_facility: false,
         files: vec![dir.path().to_path_buf()],
     };
-    let err = run(&args, Arc::new(Policy::default()), &mut Vec::new()).unwrap_err();
+    let err = scan(&args, Arc::new(Policy::default()), &mut Vec::new()).unwrap_err();
     assert!(err.to_string().contains("is a directory"), "{err}");
 }
 
@@ -471,7 +471,7 @@ fn a_mig_xid_keeps_its_gpu_and_compute_instance() {
         files: vec![f],
     };
     let mut out = Vec::new();
-    run(&args, Arc::new(Policy::default()), &mut out).unwrap();
+    scan(&args, Arc::new(Policy::default()), &mut out).unwrap();
     let text = String::from_utf8(out).unwrap();
     let events: Vec<FaultEvent> = text
         .lines()
