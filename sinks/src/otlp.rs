@@ -895,7 +895,7 @@ impl OtlpExporter {
     ) -> Result<OtlpExporter, OtlpError> {
         let settings = &resolved.settings;
         let tls = resolved.tls.clone();
-        crate::install_crypto_provider();
+        gpuwatch_core::install_crypto_provider();
         let mut attrs = settings.attrs.clone();
         let own_pod = drop_own_pod(&mut attrs);
         if !own_pod.is_empty() {
@@ -1117,7 +1117,7 @@ impl Drop for OtlpExporter {
     fn drop(&mut self) {
         // Dropped without shutdown(): stop the worker without waiting.
         if let Some(q) = self.log_queue.take() {
-            q.stop(crate::queue::Drain::Until(std::time::Instant::now()));
+            q.stop(gpuwatch_core::queue::Drain::Until(std::time::Instant::now()));
         }
     }
 }

@@ -4,11 +4,11 @@
 
 use gpuwatch_core::registry::Tally;
 use gpuwatch_core::{Outcome, Registry, Stage};
+use gpuwatch_kube::{KubeMetrics, KubeObject, ValidationResult, WriteResult};
 use gpuwatch_proto::{
     Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, GpuSample, MonitorStatus, NodeHealth,
     NvLinkSample, RecoveryAction, Severity, Source, Verdict,
 };
-use gpuwatch_sinks::kube_metrics::{KubeMetrics, KubeObject, ValidationResult, WriteResult};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};

@@ -1,10 +1,10 @@
 //! What an instrument is: its kind, number type, data points and when its
 //! series are exported.
 
+use gpuwatch_core::metric_source::{AttrValue, MetricBatch, MetricSource, Num, Point};
 use gpuwatch_core::registry::{Registry, Tally};
 use gpuwatch_proto::NodeHealth;
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// How an instrument aggregates.
@@ -25,98 +25,6 @@ pub(crate) enum NumType {
     U64,
     /// Floating-point points.
     F64,
-}
-
-/// Value of one data-point attribute.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum AttrValue {
-    /// A string value.
-    Str(Cow<'static, str>),
-    /// An integer value (GPU index, XID code, link number).
-    Int(i64),
-}
-
-impl AttrValue {
-    /// The value as Prometheus writes a label value.
-    pub(crate) fn to_label(&self) -> Cow<'_, str> {
-        match self {
-            AttrValue::Str(s) => Cow::Borrowed(s.as_ref()),
-            AttrValue::Int(i) => Cow::Owned(i.to_string()),
-        }
-    }
-}
-
-/// A data point value.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Num {
-    /// Integer value.
-    U64(u64),
-    /// Floating-point value.
-    F64(f64),
-}
-
-impl Num {
-    pub(crate) fn as_u64(self) -> u64 {
-        match self {
-            Num::U64(v) => v,
-            // Only F64 instruments hold F64 values; saturate defensively.
-            Num::F64(v) => v.max(0.0) as u64,
-        }
-    }
-    pub(crate) fn as_f64(self) -> f64 {
-        match self {
-            Num::U64(v) => v as f64,
-            Num::F64(v) => v,
-        }
-    }
-}
-
-/// One data point: attributes (key order as written) and value.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Point {
-    pub(crate) attrs: Vec<(&'static str, AttrValue)>,
-    pub(crate) value: Num,
-}
-
-/// A producer of metric points besides the health engine (whose registry and
-/// node health the table reads itself): the outputs call every producer once
-/// per collection, and each instrument exports what its table entry reads
-/// followed by the points producers pushed under its name.
-pub trait MetricSource: Send + Sync + std::fmt::Debug {
-    /// Pushes this producer's current points into `out`.
-    fn collect(&self, out: &mut MetricBatch);
-}
-
-/// The metric producers an output collects besides the engine's registry.
-pub type MetricSources = Vec<Arc<dyn MetricSource>>;
-
-/// The points producers pushed in one collection, by instrument name.
-#[derive(Debug, Default)]
-pub struct MetricBatch {
-    points: HashMap<&'static str, Vec<Point>>,
-}
-
-impl MetricBatch {
-    /// Adds a point to instrument `name` (a name of `docs/metrics.md`; an
-    /// instrument the table does not list is not exported). Points of one
-    /// instrument keep the order they were pushed in.
-    pub fn push(&mut self, name: &'static str, attrs: Vec<(&'static str, AttrValue)>, value: Num) {
-        self.points
-            .entry(name)
-            .or_default()
-            .push(Point { attrs, value });
-    }
-
-    /// The points pushed to instrument `name`.
-    pub(crate) fn points(&self, name: &str) -> &[Point] {
-        self.points.get(name).map_or(&[], Vec::as_slice)
-    }
-
-    /// The instrument names points were pushed to.
-    #[cfg(test)]
-    pub(crate) fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
-        self.points.keys().copied()
-    }
 }
 
 /// Which names the metric outputs use where gpuwatch's own and the

@@ -1,9 +1,10 @@
 //! The table's invariants and each subject's collection, on filled registries.
 
 use super::*;
-use crate::kube_metrics::{KubeMetrics, KubeObject, ValidationResult, WriteResult};
+use gpuwatch_core::metric_source::MetricBatch;
 use gpuwatch_core::registry::Registry;
 use gpuwatch_core::registry::Tally;
+use gpuwatch_kube::{KubeMetrics, KubeObject, ValidationResult, WriteResult};
 use gpuwatch_proto::{Action, FaultKind, NodeHealth, RecoveryAction, Verdict};
 use gpuwatch_proto::{FaultEvent, GpuHealth, NvLinkSample};
 use std::sync::Arc;
@@ -792,5 +793,25 @@ fn energy_in_joules_and_the_constant_hw_attributes_per_mode() {
                 assert_eq!(attr(p, "hw.serial_number"), serial, "{name}");
             }
         }
+    }
+}
+
+/// The Kubernetes writer pushes its points by name (its crate does not see
+/// this table): every name it pushes is an instrument here, so none of its
+/// points is silently left out of the export.
+#[test]
+fn every_point_of_the_writer_names_an_instrument_of_the_table() {
+    let m = KubeMetrics::new();
+    m.count_condition_transition("GpuHealthy", "False");
+    m.publish(|s| {
+        s.gpus_expected = Some(8);
+        s.gpus_advertised = Some(8);
+    });
+    let mut batch = MetricBatch::default();
+    m.collect(&mut batch);
+    let names: Vec<_> = batch.names().collect();
+    assert_eq!(names.len(), 13, "{names:?}");
+    for name in names {
+        assert!(is_instrument(name), "{name}");
     }
 }

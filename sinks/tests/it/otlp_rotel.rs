@@ -8,8 +8,8 @@ use crate::common::{
     documented_metrics, populate, populate_healthy_hgx, xid_event,
 };
 use gpuwatch_core::{LATENCY_BUCKETS_SECONDS, Outcome, Registry, Signal, Stage};
+use gpuwatch_kube::KubeMetrics;
 use gpuwatch_proto::Action;
-use gpuwatch_sinks::kube_metrics::KubeMetrics;
 use gpuwatch_sinks::otlp::{
     Compression, OtlpConfig, OtlpExporter, Protocol, ResourceInfo, Semconv,
 };
