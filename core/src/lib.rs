@@ -1,11 +1,15 @@
 //! gpuwatch-core: what decides. The health engine (one thread that owns all
 //! health state), its durable state file, device validation, the metric
-//! registry and the [`EventSink`] seam the exporters plug into.
+//! registry and the [`EventSink`] seam the exporters plug into, with what the
+//! exporters and the Kubernetes writer share: the sinks' bounded
+//! [`queue::SinkQueue`] and the [`metric_source::MetricSource`] producers.
 //!
-//! Nothing here talks to the network, an async runtime or NVML: sources (the
-//! kernel-log reader, the NVML threads) and exporters (OTLP, Prometheus, the
-//! Kubernetes writer) live in other crates and meet the engine through
-//! [`msg::Input`], [`EventSink`] and the health it publishes.
+//! Nothing here talks to the network, runs an async runtime or calls NVML:
+//! sources (the kernel-log reader, the NVML threads) and exporters (OTLP,
+//! Prometheus, the Kubernetes writer) live in other crates and meet the engine
+//! through [`msg::Input`], [`EventSink`] and the health it publishes. (The
+//! queue wakes an async consumer through tokio's `Notify`, a plain
+//! synchronisation primitive that needs no runtime.)
 //!
 //! ```
 //! use gpuwatch_core::engine::{BootInfo, Engine, EngineSettings};
@@ -35,10 +39,12 @@
 pub mod clock;
 pub mod engine;
 pub mod heartbeat;
+pub mod metric_source;
 pub mod msg;
 pub mod names;
 pub mod network;
 pub mod placement;
+pub mod queue;
 pub mod registry;
 pub mod retry;
 pub mod shutdown;
@@ -52,6 +58,21 @@ pub use registry::{
 };
 
 use gpuwatch_proto::FaultEvent;
+
+/// Installs the process-wide rustls crypto provider (ring) once. Both the OTLP
+/// exporter (tonic / reqwest) and the kube client use rustls; with more than one
+/// backend compiled in (kube: ring; other dependencies may bring aws-lc-rs),
+/// rustls cannot pick one itself and would panic on the first TLS connection.
+/// Called by every constructor that builds a TLS client (`gpuwatch-sinks`'
+/// `OtlpExporter::start`, `gpuwatch-kube`'s client), so that every path (the
+/// agent, `node-cleanup`, tests that start a sink) has it; an already installed
+/// provider is kept. Behind the `tls` feature, which those two crates turn on,
+/// so that core's own build (the engine, its tests, the benches) does not
+/// compile rustls and ring.
+#[cfg(feature = "tls")]
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
 
 /// A destination for classified fault events.
 ///

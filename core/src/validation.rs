@@ -3,7 +3,7 @@
 //! [`validate`] is pure: it judges the latest [`NodeHealth`] (NVML samples of every
 //! GPU) against the expected GPU count and the PCIe expectations. The optional extra
 //! command (`dcgmi diag -r 1`, a vendor script, ...) runs separately with
-//! `gpuwatch_sinks::extra_command::run_extra_command`; [`add_check`] folds its result into the report.
+//! `gpuwatch_kube::run_extra_command`; [`add_check`] folds its result into the report.
 //!
 //! A report only passes when it is *complete*: every check could run (NVML answered,
 //! the kernel-log ring was read to its end so faults logged before the agent started
@@ -112,7 +112,7 @@ pub fn mig_devices(g: &GpuHealth) -> Option<usize> {
 /// `expected_gpus` is the resolved expected count of GPUs (config, node label or
 /// capacity); `None` falls back to `cfg.expected_gpus`, and when that is unset too
 /// the report is incomplete. The extra command is not run here (see
-/// `gpuwatch_sinks::extra_command::run_extra_command`). `time_unix_nano` is left for
+/// `gpuwatch_kube::run_extra_command`). `time_unix_nano` is left for
 /// the caller; `boot_id` comes from `health`.
 pub fn validate(
     health: &NodeHealth,

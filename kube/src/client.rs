@@ -46,7 +46,7 @@ impl KubeClient {
 }
 
 pub(crate) async fn build_client(api: &ApiSettings) -> Result<kube::Client, KubeError> {
-    gpuwatch_sinks::install_crypto_provider();
+    gpuwatch_core::install_crypto_provider();
     let mut config = match &api.server_url {
         Some(url) => {
             let uri = url.parse::<http::Uri>().map_err(|e| KubeError::Url {

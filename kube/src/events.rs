@@ -18,13 +18,13 @@ use super::device_taints::isolates;
 use super::event_text::{PendingEvent, PodTarget, pending_from};
 #[cfg(test)]
 use super::event_text::{event_reason, event_type};
+use super::metrics::{KubeMetrics, KubeObject, WriteResult};
 use super::pod_events::Isolation;
 use super::retry::ErrorPolicy;
 use super::settings::KubeSettings;
+use gpuwatch_core::queue::{Drain, Keyed, Settled, SinkQueue};
 use gpuwatch_core::{EventSink, Outcome};
 use gpuwatch_proto::{Action, FaultEvent};
-use gpuwatch_sinks::kube_metrics::{KubeMetrics, KubeObject, WriteResult};
-use gpuwatch_sinks::queue::{Drain, Keyed, Settled, SinkQueue};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;

@@ -54,9 +54,9 @@
 //! tests) the history is in memory only.
 
 use super::desired::{Desired, DesiredCondition, DesiredTaint, FALSE, TRUE, UNKNOWN};
+use crate::metrics::KubeMetrics;
 use gpuwatch_core::statefile::{self, StateFileError};
 use gpuwatch_proto::ConditionHold;
-use gpuwatch_sinks::kube_metrics::KubeMetrics;
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};

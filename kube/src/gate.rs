@@ -97,7 +97,7 @@ pub(crate) async fn run_validation(
 ) -> ValidationReport {
     let mut report = validation::validate_expecting(&health, expected, &vcfg);
     if report.passed && !vcfg.command.is_empty() {
-        let check = gpuwatch_sinks::extra_command::run_extra_command(&vcfg.extra_command()).await;
+        let check = crate::extra_command::run_extra_command(&vcfg.extra_command()).await;
         validation::add_check(&mut report, check);
     }
     report.time_unix_nano = Some(unix_nanos(SystemTime::now()));

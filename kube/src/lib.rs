@@ -83,14 +83,15 @@
 //! Both the writer and the listing take one [`KubeClient`], so the agent
 //! builds one client; a dry run's has none, and lists nothing.
 //!
-//! It builds on `gpuwatch-sinks`, never the other way round: the Events go
-//! through that crate's bounded queue (`gpuwatch_sinks::queue`), the startup
-//! gate runs its `extra_command`, and what the writer counts is
-//! [`KubeMetrics`], which lives in `gpuwatch-sinks` beside the metric table
-//! that names its instruments (the outputs see it only as a metric producer,
-//! the local API only through its [`KubeStatus`] watch); both are
-//! re-exported here. The public API is
-//! what the agent and the tests use; everything else is crate-private.
+//! It does not depend on the exporters (`gpuwatch-sinks`), nor they on it:
+//! the Events go through `gpuwatch-core`'s bounded queue
+//! (`gpuwatch_core::queue`), and what the writer counts is [`KubeMetrics`],
+//! a `gpuwatch_core::metric_source::MetricSource` the metric outputs collect
+//! beside their table that names its instruments (the local API reads it
+//! through its [`KubeStatus`] watch). The startup gate's extra validation
+//! command is [`run_extra_command`] (`gpuwatch validate` runs it too). The
+//! public API is what the agent and the tests use; everything else is
+//! crate-private.
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
 
@@ -103,9 +104,11 @@ mod desired;
 pub mod device_taints;
 mod event_text;
 mod events;
+mod extra_command;
 mod flap;
 mod gate;
 mod install_check;
+mod metrics;
 mod node;
 mod node_watch;
 mod pod_events;
@@ -123,10 +126,9 @@ pub use cleanup::{
 };
 pub use client::KubeClient;
 pub use config::{DeviceIsolation, KubeConfig, MigStrategy, StartupGateMode, TaintConfig};
-pub use gpuwatch_sinks::kube_metrics::{
-    KubeMetrics, KubeObject, KubeStatus, ValidationResult, WriteResult,
-};
+pub use extra_command::run_extra_command;
 pub use install_check::{CheckLine, InstallCheck, InstallReport, check_install};
+pub use metrics::{KubeMetrics, KubeObject, KubeStatus, ValidationResult, WriteResult};
 pub use pods::{MIN_LIST_GAP, PlacementCallback, PodListing};
 pub use settings::KubeSettings;
 

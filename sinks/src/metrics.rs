@@ -2,8 +2,8 @@
 //! named fields and how its data points are read (`Collect`) from the
 //! engine's `Registry` and the `NodeHealth` (one counter or gauge named by
 //! an accessor, or a pure function beside the entry), followed by the points
-//! the other producers ([`MetricSource`], e.g. the node writer's) pushed under
-//! its name. Both outputs read it: the OTLP exporter
+//! the other producers ([`MetricSource`] of `gpuwatch-core`, e.g. the node
+//! writer's) pushed under its name. Both outputs read it: the OTLP exporter
 //! registers one observable instrument per entry, the Prometheus renderer walks
 //! the same table, so both always carry the same names, attributes and values.
 //! The mapping to the data model lives here; the transports (`otlp`,
@@ -24,10 +24,9 @@ mod model;
 mod network;
 
 pub(crate) use filter::{DEFAULT_QUIET_WINDOW, SeriesFilter};
-pub use model::{
-    AttrValue, InstrumentKind, MetricBatch, MetricSource, MetricSources, Num, Semconv,
-};
-pub(crate) use model::{Collect, NumType, Point, Presence, Sources, Spec};
+pub(crate) use gpuwatch_core::metric_source::{AttrValue, MetricSource, MetricSources, Num, Point};
+pub(crate) use model::{Collect, NumType, Presence, Sources, Spec};
+pub use model::{InstrumentKind, Semconv};
 
 use gpuwatch_proto::{GpuHealth, GpuSample, NodeHealth};
 use std::borrow::Cow;

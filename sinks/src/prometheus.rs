@@ -279,9 +279,18 @@ pub struct Renderer {
     /// When the counters started counting (the renderer was built with the
     /// agent): OpenMetrics' `_created` of every counter series.
     started: std::time::SystemTime,
-    /// The Kubernetes writer's status: the Node's uid for `target_info`
-    /// ([`Renderer::with_kube_status`]).
-    kube: Option<tokio::sync::watch::Receiver<crate::kube_metrics::KubeStatus>>,
+    /// The Node's uid for `target_info` ([`Renderer::with_node_uid`]).
+    node_uid: Option<NodeUid>,
+}
+
+/// Reads the Node's `metadata.uid` as the Kubernetes writer last published it
+/// (`None` until the writer has read the Node).
+struct NodeUid(Box<dyn Fn() -> Option<String> + Send + Sync>);
+
+impl std::fmt::Debug for NodeUid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NodeUid")
+    }
 }
 
 impl Renderer {
@@ -310,18 +319,19 @@ impl Renderer {
             scope_labels: true,
             target_info: None,
             started: std::time::SystemTime::now(),
-            kube: None,
+            node_uid: None,
         }
     }
 
     /// `target_info` adds `k8s.node.uid` once the Kubernetes writer has read
     /// the Node (as the OTLP resource does), unless the resource configures
-    /// one.
-    pub fn with_kube_status(
+    /// one: `uid` is asked on every render and answers the uid the writer
+    /// last published (`None` before it has read the Node).
+    pub fn with_node_uid(
         mut self,
-        status: tokio::sync::watch::Receiver<crate::kube_metrics::KubeStatus>,
+        uid: impl Fn() -> Option<String> + Send + Sync + 'static,
     ) -> Renderer {
-        self.kube = Some(status);
+        self.node_uid = Some(NodeUid(Box::new(uid)));
         self
     }
 
@@ -380,7 +390,7 @@ impl Renderer {
             Some(attrs) => attrs.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             None => self.resource.attributes(),
         };
-        let uid = self.kube.as_ref().and_then(|k| k.borrow().node_uid.clone());
+        let uid = self.node_uid.as_ref().and_then(|read| (read.0)());
         if let Some(uid) = uid
             && !target.iter().any(|(k, _)| k == "k8s.node.uid")
         {
@@ -937,8 +947,8 @@ mod tests {
             .render();
         assert!(!off.contains("otel_scope"), "{off}");
         // The Node's uid joins target_info once the writer has read the Node.
-        let kube = crate::kube_metrics::KubeMetrics::new();
-        let p = Renderer::new(r, Vec::new(), res).with_kube_status(kube.subscribe());
+        let (publish, published) = tokio::sync::watch::channel(None::<String>);
+        let p = Renderer::new(r, Vec::new(), res).with_node_uid(move || published.borrow().clone());
         let target = |text: &str| {
             text.lines()
                 .find(|l| l.starts_with("target_info"))
@@ -946,7 +956,7 @@ mod tests {
                 .to_owned()
         };
         assert!(!target(&p.render()).contains("k8s_node_uid"));
-        kube.publish(|s| s.node_uid = Some("uid-7".into()));
+        publish.send_replace(Some("uid-7".into()));
         assert!(target(&p.render()).contains(r#"k8s_node_uid="uid-7""#));
     }
 
@@ -993,7 +1003,7 @@ mod tests {
 
     #[test]
     fn a_cleared_series_is_served_as_zero_then_left_out() {
-        use crate::metrics::{AttrValue, MetricBatch, MetricSource};
+        use gpuwatch_core::metric_source::{AttrValue, MetricBatch, MetricSource};
         use gpuwatch_proto::NodeHealth;
         use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
         /// A producer of the taint gauges: the fault taint as set, never the

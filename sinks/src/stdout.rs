@@ -18,7 +18,7 @@
 //! outcome="dropped"`, like a line the writer failed to write (closed stdout).
 //! [`EventSink::flush`] waits up to its timeout for the queue to empty.
 
-use crate::queue::{Drain, Settled, SinkQueue};
+use gpuwatch_core::queue::{Drain, Settled, SinkQueue};
 use gpuwatch_core::{EventSink, Registry, Stage};
 use gpuwatch_proto::FaultEvent;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};

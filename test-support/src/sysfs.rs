@@ -29,7 +29,18 @@
 //!   (`alloc_hw_stats_port`): a number, but not a counter.
 //! - `<bdf>/net/<if>/{dev_port,carrier_changes}` and `sys/class/net/<if>` a
 //!   link to it (`net/core/net-sysfs.c`: `dev_port` is the 0-based port of a
-//!   multi-port device, `carrier_changes` counts carrier downs plus ups).
+//!   multi-port device, `carrier_changes` is `carrier_up_count +
+//!   carrier_down_count`). A port that leaves or reaches ACTIVE
+//!   ([`FakeSysfs::set_port_state`]) adds one to the `carrier_changes` of its
+//!   netdev (the one whose `dev_port` is the port less one), as the kernel
+//!   does: `netif_carrier_off` / `netif_carrier_on` (`net/sched/
+//!   sch_generic.c`) increment the down / up count on every change of the
+//!   carrier bit; a RoCE port's state is its netdev's carrier (mlx5's
+//!   `mlx5_query_port_roce` reports ACTIVE only while `netif_carrier_ok`),
+//!   and IPoIB takes its carrier off when the IB port leaves ACTIVE and puts
+//!   it back when it rejoins the broadcast group (`drivers/infiniband/ulp/
+//!   ipoib`). [`FakeSysfs::flap_port`] is a down and up quicker than any
+//!   poll: the state files never show it, `carrier_changes` rises by two.
 //! - AWS EFA devices ([`FakeSysfs::add_efa_device`], `rdmap<n>s0`): an
 //!   Amazon PCI function (`vendor` `0x1d0f`, `device` `0xefa1`;
 //!   `drivers/infiniband/hw/efa/efa_main.c`, `efa_pci_tbl`) with one port
@@ -439,9 +450,69 @@ impl FakeSysfs {
     }
 
     /// Sets the port's `state` and `phys_state` (`4: ACTIVE`, `5: LinkUp`).
+    /// When the port leaves or reaches ACTIVE (its netdev's carrier goes off
+    /// or on), adds one to the `carrier_changes` of the port's netdevs,
+    /// after the state files are written (see the module documentation).
     pub fn set_port_state(&self, dev: &str, port: u32, state: &str, phys_state: &str) {
+        let state_file = self.port_dir(dev, port).join("state");
+        let was_active = fs::read_to_string(&state_file)
+            .unwrap_or_else(|e| panic!("{}: {e}", state_file.display()))
+            .starts_with("4:");
         self.write_port_file(dev, port, "state", state);
         self.write_port_file(dev, port, "phys_state", phys_state);
+        if was_active != state.starts_with("4:") {
+            for ifname in self.port_netdevs(dev, port) {
+                self.bump_carrier_changes(&ifname);
+            }
+        }
+    }
+
+    /// A link flap of an ACTIVE port quicker than any poll (a down and up
+    /// within milliseconds): the state files are not touched, and each of
+    /// the port's netdevs' `carrier_changes` rises by two (one down, one up)
+    /// in one write, so a reader sees the flap whole or not yet. Returns the
+    /// new `carrier_changes` of each netdev, by name.
+    pub fn flap_port(&self, dev: &str, port: u32) -> Vec<(String, u64)> {
+        let state_file = self.port_dir(dev, port).join("state");
+        let state = fs::read_to_string(&state_file)
+            .unwrap_or_else(|e| panic!("{}: {e}", state_file.display()));
+        assert!(
+            state.starts_with("4:"),
+            "{dev}/{port} is not ACTIVE ({}): only a port that is up can flap",
+            state.trim()
+        );
+        self.port_netdevs(dev, port)
+            .into_iter()
+            .map(|ifname| {
+                let n = self.carrier_changes(&ifname) + 2;
+                self.set_carrier_changes(&ifname, n);
+                (ifname, n)
+            })
+            .collect()
+    }
+
+    /// The netdevs of `dev`'s PCI function whose `dev_port` is `port - 1`,
+    /// sorted by name (none for an EFA device or a port without a netdev).
+    fn port_netdevs(&self, dev: &str, port: u32) -> Vec<String> {
+        let net = self.device_dir(dev).join("device/net");
+        let entries = match fs::read_dir(&net) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+            Err(e) => panic!("{}: {e}", net.display()),
+        };
+        let mut names: Vec<String> = entries
+            .map(|e| e.unwrap_or_else(|e| panic!("{}: {e}", net.display())))
+            .filter(|e| {
+                let dev_port = e.path().join("dev_port");
+                fs::read_to_string(&dev_port)
+                    .unwrap_or_else(|e| panic!("{}: {e}", dev_port.display()))
+                    .trim()
+                    == (port - 1).to_string()
+            })
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort_unstable();
+        names
     }
 
     /// The port up: `4: ACTIVE`, `5: LinkUp`.
@@ -466,20 +537,25 @@ impl FakeSysfs {
         );
     }
 
-    /// Adds one to the netdev's `carrier_changes` (a flap, down and up, is two).
-    pub fn bump_carrier_changes(&self, ifname: &str) -> u64 {
+    /// The netdev's `carrier_changes`.
+    pub fn carrier_changes(&self, ifname: &str) -> u64 {
         let path = self
             .root
             .join("class/net")
             .join(ifname)
             .join("carrier_changes");
-        let n: u64 = fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-            .trim()
+        let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        text.trim()
             .parse()
-            .expect("a number");
-        self.write(&path, &(n + 1).to_string());
-        n + 1
+            .unwrap_or_else(|e| panic!("{}: {text:?}: {e}", path.display()))
+    }
+
+    /// Adds one to the netdev's `carrier_changes` (a flap, down and up, is
+    /// two), without touching any port's state files.
+    pub fn bump_carrier_changes(&self, ifname: &str) -> u64 {
+        let n = self.carrier_changes(ifname) + 1;
+        self.set_carrier_changes(ifname, n);
+        n
     }
 
     /// Removes the RDMA device: its `class/infiniband` link and its directory,

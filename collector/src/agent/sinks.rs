@@ -87,7 +87,10 @@ pub(crate) fn build_sinks(
         .with_dcgm_labels(prometheus.dcgm_labels)
         .with_scope_labels(prometheus.scope_labels)
         .with_resource_attributes(prepared.resource_attributes().clone())
-        .with_kube_status(kube.subscribe());
+        .with_node_uid({
+            let status = kube.subscribe();
+            move || status.borrow().node_uid.clone()
+        });
         sinks.metrics = Some(Arc::new(move |format| renderer.render_as(format)));
     }
     if let Some(otlp) = prepared.otlp() {

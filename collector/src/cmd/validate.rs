@@ -158,7 +158,7 @@ fn judge(
     if report.passed {
         // The extra command (e.g. `dcgmi diag -r 1`) runs only once every
         // other check passed, as in the startup gate.
-        let check = rt.block_on(gpuwatch_sinks::extra_command::run_extra_command(
+        let check = rt.block_on(gpuwatch_kube::run_extra_command(
             &validation.extra_command(),
         ));
         gpuwatch_core::validation::add_check(&mut report, check);

@@ -4,14 +4,121 @@
 //! refuses (read once), devices that come and go, a node without RDMA
 //! devices, a class directory that cannot be listed, and the poller thread.
 
-use gpuwatch::{ERROR_COUNTERS, InputContext, NicReader, RELAYOUT_EVERY, spawn_nic_poller};
+use gpuwatch::{InputContext, NicReader, RELAYOUT_EVERY, spawn_nic_poller};
 use gpuwatch_core::Shutdown;
 use gpuwatch_core::msg::Input;
 use gpuwatch_core::network::{
     CounterValue, LinkLayer, NetworkSettings, NicScan, PhysState, PortReading, PortState,
 };
-use gpuwatch_test_support::sysfs::{EFA_HW_COUNTERS, FakeSysfs, MLX5_HW_COUNTERS, PortSpec};
+use gpuwatch_test_support::sysfs::{FakeSysfs, PortSpec};
 use std::time::{Duration, Instant};
+
+// The counters a port reports, written out from the kernel's file names
+// (not from the reader's own lists or the fake's, so that a counter dropped
+// from either shows).
+
+/// The error counters of the IB PortCounters attribute, in the order the
+/// reader reports them: the ib core's `counters/` files of the error fields
+/// (`drivers/infiniband/core/sysfs.c`, `pma_attrs`: `symbol_error`,
+/// `link_error_recovery`, `link_downed`, `port_rcv_errors`,
+/// `port_rcv_remote_physical_errors`, `port_rcv_switch_relay_errors`,
+/// `port_xmit_discards`, `port_xmit_constraint_errors`,
+/// `port_rcv_constraint_errors`, `local_link_integrity_errors`,
+/// `excessive_buffer_overrun_errors`, `VL15_dropped`). The data counters of
+/// the same directory (`port_xmit_data`, `port_rcv_packets`, ...) are not
+/// reported.
+const IB_CORE_ERROR_COUNTERS: [&str; 12] = [
+    "link_downed",
+    "link_error_recovery",
+    "symbol_error",
+    "port_rcv_errors",
+    "excessive_buffer_overrun_errors",
+    "local_link_integrity_errors",
+    "port_xmit_discards",
+    "port_rcv_remote_physical_errors",
+    "port_rcv_switch_relay_errors",
+    "VL15_dropped",
+    "port_xmit_constraint_errors",
+    "port_rcv_constraint_errors",
+];
+
+/// An mlx5 port's `hw_counters/` files, sorted by name as the reader reports
+/// them (`drivers/infiniband/hw/mlx5/counters.c`: `basic_q_cnts`
+/// rx_write_requests, rx_read_requests, rx_atomic_requests, rx_dct_connect,
+/// out_of_buffer; `out_of_seq_q_cnts` out_of_sequence; `retrans_q_cnts`
+/// duplicate_request, rnr_nak_retry_err, packet_seq_err,
+/// implied_nak_seq_err, local_ack_timeout_err; `extended_err_cnts`
+/// resp_local_length_error, resp_cqe_error, req_cqe_error,
+/// req_remote_invalid_request, req_remote_access_errors,
+/// resp_remote_access_errors, resp_cqe_flush_error, req_cqe_flush_error;
+/// `roce_accl_cnts` roce_adp_retrans, roce_adp_retrans_to, roce_slow_restart,
+/// roce_slow_restart_cnps, roce_slow_restart_trans; of `cong_cnts`
+/// rp_cnp_handled and np_cnp_sent; `ext_ppcnt_cnts` rx_icrc_encapsulated:
+/// the 27 the fake gives an mlx5 port), less `lifespan` (the ib core's cache
+/// setting, `drivers/infiniband/core/sysfs.c`, `alloc_hw_stats_port`).
+const MLX5_HW_COUNTERS_SORTED: [&str; 27] = [
+    "duplicate_request",
+    "implied_nak_seq_err",
+    "local_ack_timeout_err",
+    "np_cnp_sent",
+    "out_of_buffer",
+    "out_of_sequence",
+    "packet_seq_err",
+    "req_cqe_error",
+    "req_cqe_flush_error",
+    "req_remote_access_errors",
+    "req_remote_invalid_request",
+    "resp_cqe_error",
+    "resp_cqe_flush_error",
+    "resp_local_length_error",
+    "resp_remote_access_errors",
+    "rnr_nak_retry_err",
+    "roce_adp_retrans",
+    "roce_adp_retrans_to",
+    "roce_slow_restart",
+    "roce_slow_restart_cnps",
+    "roce_slow_restart_trans",
+    "rp_cnp_handled",
+    "rx_atomic_requests",
+    "rx_dct_connect",
+    "rx_icrc_encapsulated",
+    "rx_read_requests",
+    "rx_write_requests",
+];
+
+/// An EFA port's `hw_counters/` files, sorted by name as the reader reports
+/// them (`drivers/infiniband/hw/efa/efa_verbs.c`, `EFA_DEFINE_PORT_STATS`:
+/// tx_bytes, tx_pkts, rx_bytes, rx_pkts, rx_drops, send_bytes, send_wrs,
+/// recv_bytes, recv_wrs, rdma_read_wrs, rdma_read_bytes, rdma_read_wr_err,
+/// rdma_read_resp_bytes, rdma_write_wrs, rdma_write_bytes,
+/// rdma_write_wr_err, rdma_write_recv_bytes, retrans_bytes, retrans_pkts,
+/// retrans_timeout_events, unresponsive_remote_events,
+/// impaired_remote_conn_events), less `lifespan`; no `counters/` (the EFA
+/// driver answers no PortCounters MADs).
+const EFA_HW_COUNTERS_SORTED: [&str; 22] = [
+    "impaired_remote_conn_events",
+    "rdma_read_bytes",
+    "rdma_read_resp_bytes",
+    "rdma_read_wr_err",
+    "rdma_read_wrs",
+    "rdma_write_bytes",
+    "rdma_write_recv_bytes",
+    "rdma_write_wr_err",
+    "rdma_write_wrs",
+    "recv_bytes",
+    "recv_wrs",
+    "retrans_bytes",
+    "retrans_pkts",
+    "retrans_timeout_events",
+    "rx_bytes",
+    "rx_drops",
+    "rx_pkts",
+    "send_bytes",
+    "send_wrs",
+    "tx_bytes",
+    "tx_pkts",
+    "unresponsive_remote_events",
+];
 
 fn reader(fake: &FakeSysfs) -> NicReader {
     NicReader::new(fake.root().to_path_buf())
@@ -69,10 +176,8 @@ fn nic_reader_reads_efa_devices_by_their_vendor() {
     assert_eq!(p.netdev, None);
     assert_eq!(p.pci_address.as_deref(), Some("0000:11:00.0"));
     let names: Vec<&str> = p.counters.iter().map(|c| c.name.as_str()).collect();
-    let mut want: Vec<&str> = EFA_HW_COUNTERS.to_vec();
-    want.sort_unstable();
     assert_eq!(
-        names, want,
+        names, EFA_HW_COUNTERS_SORTED,
         "every hw_counters file but lifespan, no counters/"
     );
     assert_eq!(counter(p, "rx_drops"), CounterValue::Value(42));
@@ -118,9 +223,10 @@ fn nic_reader_reads_an_eight_nic_node() {
         // The error counters in their order, then every hw counter by name;
         // no data counter, no `lifespan`.
         let got: Vec<&str> = p.counters.iter().map(|c| c.name.as_str()).collect();
-        let mut hw = MLX5_HW_COUNTERS.to_vec();
-        hw.sort_unstable();
-        let want: Vec<&str> = ERROR_COUNTERS.iter().copied().chain(hw).collect();
+        let want: Vec<&str> = IB_CORE_ERROR_COUNTERS
+            .into_iter()
+            .chain(MLX5_HW_COUNTERS_SORTED)
+            .collect();
         assert_eq!(got, want);
         assert!(p.counters.iter().all(|c| c.value == CounterValue::Value(0)));
     }
@@ -299,12 +405,15 @@ fn nic_class_dir_that_cannot_be_listed_is_an_incomplete_scan() {
     assert_eq!(s.ports.len(), 2);
 }
 
+/// A RoCE port's flaps show in its state and in its netdev's
+/// `carrier_changes`, which the fake raises on every carrier change as the
+/// kernel does; a flap quicker than the poll shows in `carrier_changes`
+/// only.
 #[test]
 fn nic_roce_port_flaps_show_in_state_and_carrier_changes() {
     let fake = FakeSysfs::node_of(2);
     let mut r = reader(&fake);
     fake.set_port_down("mlx5_1", 1);
-    fake.bump_carrier_changes("eth1");
     let s = r.scan(Instant::now());
     let p = port(&s, "mlx5_1", 1);
     assert_eq!(
@@ -313,13 +422,28 @@ fn nic_roce_port_flaps_show_in_state_and_carrier_changes() {
     );
     assert!(!p.is_up());
     assert_eq!(p.carrier_changes, Some(1));
+    // Down again (another phys_state) is no carrier change.
+    fake.set_port_state("mlx5_1", 1, "1: DOWN", "3: Disabled");
+    assert_eq!(
+        port(&r.scan(Instant::now()), "mlx5_1", 1).carrier_changes,
+        Some(1)
+    );
     fake.set_port_up("mlx5_1", 1);
-    fake.bump_carrier_changes("eth1");
     let s = r.scan(Instant::now());
     let p = port(&s, "mlx5_1", 1);
     assert!(p.is_up());
     assert_eq!(p.carrier_changes, Some(2));
     assert!(port(&s, "mlx5_0", 1).is_up());
+
+    // Down and up between two scans: the state says nothing.
+    assert_eq!(fake.flap_port("mlx5_1", 1), [("eth1".to_string(), 4)]);
+    let s = r.scan(Instant::now());
+    let p = port(&s, "mlx5_1", 1);
+    assert!(p.is_up());
+    assert_eq!(p.carrier_changes, Some(4));
+    assert_eq!(port(&s, "mlx5_0", 1).carrier_changes, None, "InfiniBand");
+    assert_eq!(fake.carrier_changes("eth1"), 4);
+    assert_eq!(fake.carrier_changes("ib0"), 0);
 }
 
 #[test]

@@ -14,7 +14,17 @@ use std::time::Instant;
 const NIC0: &str = "0000:1a:00.0";
 const NIC1: &str = "0000:1b:00.0";
 
-fn port(device: &str, pci: &str, netdev: &str, up: bool, symbol_errors: u64) -> PortReading {
+/// One InfiniBand port's reading with two error counters: `symbol_error`
+/// (16 bits wide: saturates at 65535) and `excessive_buffer_overrun_errors`
+/// (4 bits: saturates at 15).
+fn port(
+    device: &str,
+    pci: &str,
+    netdev: &str,
+    up: bool,
+    symbol_errors: u64,
+    overruns: u64,
+) -> PortReading {
     PortReading {
         id: PortId {
             device: device.into(),
@@ -42,20 +52,32 @@ fn port(device: &str, pci: &str, netdev: &str, up: bool, symbol_errors: u64) -> 
             },
             CounterReading {
                 name: "excessive_buffer_overrun_errors".into(),
-                value: CounterValue::Value(15),
+                value: CounterValue::Value(overruns),
             },
         ],
         carrier_changes: None,
     }
 }
 
+/// One scan: mlx5_0 up with its overrun counter at its maximum (15) from
+/// the start, mlx5_1 as given with 3 overruns.
 fn scan(rig: &mut Rig, nic1_up: bool, symbol_errors: u64) -> Vec<FaultEvent> {
+    scan_with_overruns(rig, nic1_up, symbol_errors, 3)
+}
+
+/// As [`scan`], with mlx5_1's overrun counter at `nic1_overruns`.
+fn scan_with_overruns(
+    rig: &mut Rig,
+    nic1_up: bool,
+    symbol_errors: u64,
+    nic1_overruns: u64,
+) -> Vec<FaultEvent> {
     rig.engine.handle(Input::Network(NicScan {
         // The engine stamps scans with its own clock.
         at: Instant::now(),
         ports: vec![
-            port("mlx5_0", NIC0, "ib0", true, 0),
-            port("mlx5_1", NIC1, "ib1", nic1_up, symbol_errors),
+            port("mlx5_0", NIC0, "ib0", true, 0, 15),
+            port("mlx5_1", NIC1, "ib1", nic1_up, symbol_errors, nic1_overruns),
         ],
         problems: Vec::new(),
         complete: true,
@@ -121,9 +143,19 @@ fn a_port_down_past_the_grace_is_a_network_problem_and_never_a_gpu_verdict() {
     assert_eq!(h.verdict(), Verdict::Healthy);
     assert!(h.node_faults.is_empty());
     assert_eq!(rig.gpu_verdict(PCI0), Verdict::Healthy);
-    // Back up, with symbol errors counted as a delta (the 15 saturated
-    // overrun counter never counts).
-    let out = scan(&mut rig, true, 10);
+    // Steady counters count nothing; mlx5_0's overrun counter has read its
+    // maximum from the start (saturated), mlx5_1's a steady 3 (not).
+    let n = rig.health().network.clone().unwrap();
+    let p0 = n.ports.iter().find(|p| p.device == "mlx5_0").unwrap();
+    assert_eq!(p0.saturated_counters, ["excessive_buffer_overrun_errors"]);
+    assert!(p0.error_counts.is_empty(), "{:?}", p0.error_counts);
+    let p1 = n.ports.iter().find(|p| p.device == "mlx5_1").unwrap();
+    assert!(p1.saturated_counters.is_empty(), "{p1:?}");
+    assert!(p1.error_counts.is_empty(), "{:?}", p1.error_counts);
+
+    // Back up, with symbol errors counted as a delta, and mlx5_1's overrun
+    // counter raised to its maximum: the rise counted, saturated from now.
+    let out = scan_with_overruns(&mut rig, true, 10, 15);
     assert!(
         out.iter().any(|e| e.short_reason() == "NICPortRecovered"),
         "{out:?}"
@@ -132,11 +164,23 @@ fn a_port_down_past_the_grace_is_a_network_problem_and_never_a_gpu_verdict() {
     assert!(!n.problem);
     let p = n.ports.iter().find(|p| p.device == "mlx5_1").unwrap();
     assert_eq!(p.error_counts.get("symbol_error"), Some(&7));
-    assert!(
-        !p.error_counts
-            .contains_key("excessive_buffer_overrun_errors")
+    assert_eq!(
+        p.error_counts.get("excessive_buffer_overrun_errors"),
+        Some(&12)
     );
+    assert_eq!(p.saturated_counters, ["excessive_buffer_overrun_errors"]);
     assert_eq!(p.flaps_total, 1);
+    // At its maximum it shows nothing more; the steady one counted nothing.
+    scan_with_overruns(&mut rig, true, 10, 15);
+    let n = rig.health().network.clone().unwrap();
+    let p = n.ports.iter().find(|p| p.device == "mlx5_1").unwrap();
+    assert_eq!(
+        p.error_counts.get("excessive_buffer_overrun_errors"),
+        Some(&12)
+    );
+    assert_eq!(p.saturated_counters, ["excessive_buffer_overrun_errors"]);
+    let p0 = n.ports.iter().find(|p| p.device == "mlx5_0").unwrap();
+    assert!(p0.error_counts.is_empty(), "{:?}", p0.error_counts);
 }
 
 #[test]

@@ -4,8 +4,8 @@
 use super::Need;
 use super::budget::Budget;
 use super::protocol::Status;
+use crate::metrics::KubeMetrics;
 use gpuwatch_proto::QuarantineStatus;
-use gpuwatch_sinks::kube_metrics::KubeMetrics;
 use std::sync::Arc;
 use tokio::sync::watch;
 

@@ -17,8 +17,8 @@ use super::super::node::{
 use super::super::quarantine;
 use super::super::retry;
 use super::{Reconciler, now_time};
+use crate::metrics::{KubeObject, WriteResult};
 use gpuwatch_proto::{IsolatedDevice, NodeHealth};
-use gpuwatch_sinks::kube_metrics::{KubeObject, WriteResult};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::time::SystemTime;

@@ -81,21 +81,26 @@ async fn six_lost_races_in_a_row_land_the_fault_taint_within_a_second() {
         6
     );
     assert_eq!(h.metrics.kube_writes(KubeObject::Taint, WriteResult::Ok), 1);
-    // The conflict is visible on the metrics endpoint.
-    let text = gpuwatch_sinks::prometheus::Renderer::new(
-        gpuwatch_core::Registry::new(),
-        vec![h.metrics.clone()],
-        Default::default(),
-    )
-    .render();
-    assert!(
-        text.lines()
-            .any(|l| l.starts_with("gpuwatch_kube_writes_total")
-                && l.contains("result=\"conflict\"")
-                && l.contains("object=\"taint\"")
-                && l.trim_end().ends_with(" 6")),
-        "{text}"
-    );
+    // The conflict is in what the metric outputs collect from the writer
+    // (their rendering of `gpuwatch.kube.writes` is gpuwatch-sinks' test).
+    let mut batch = gpuwatch_core::metric_source::MetricBatch::default();
+    gpuwatch_core::metric_source::MetricSource::collect(&*h.metrics, &mut batch);
+    let conflicts: Vec<_> = batch
+        .points("gpuwatch.kube.writes")
+        .iter()
+        .filter(|p| {
+            let attr = |key: &str| {
+                p.attrs
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .map(|(_, v)| v.to_label().into_owned())
+            };
+            attr("object").as_deref() == Some("taint")
+                && attr("result").as_deref() == Some("conflict")
+        })
+        .map(|p| p.value.as_u64())
+        .collect();
+    assert_eq!(conflicts, [6]);
     h.stop().await;
 }
 

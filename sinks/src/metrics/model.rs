@@ -1,10 +1,10 @@
 //! What an instrument is: its kind, number type, data points and when its
 //! series are exported.
 
+use gpuwatch_core::metric_source::{AttrValue, MetricBatch, MetricSource, Num, Point};
 use gpuwatch_core::registry::{Registry, Tally};
 use gpuwatch_proto::NodeHealth;
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// How an instrument aggregates.
@@ -27,98 +27,6 @@ pub(crate) enum NumType {
     F64,
 }
 
-/// Value of one data-point attribute.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum AttrValue {
-    /// A string value.
-    Str(Cow<'static, str>),
-    /// An integer value (GPU index, XID code, link number).
-    Int(i64),
-}
-
-impl AttrValue {
-    /// The value as Prometheus writes a label value.
-    pub(crate) fn to_label(&self) -> Cow<'_, str> {
-        match self {
-            AttrValue::Str(s) => Cow::Borrowed(s.as_ref()),
-            AttrValue::Int(i) => Cow::Owned(i.to_string()),
-        }
-    }
-}
-
-/// A data point value.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Num {
-    /// Integer value.
-    U64(u64),
-    /// Floating-point value.
-    F64(f64),
-}
-
-impl Num {
-    pub(crate) fn as_u64(self) -> u64 {
-        match self {
-            Num::U64(v) => v,
-            // Only F64 instruments hold F64 values; saturate defensively.
-            Num::F64(v) => v.max(0.0) as u64,
-        }
-    }
-    pub(crate) fn as_f64(self) -> f64 {
-        match self {
-            Num::U64(v) => v as f64,
-            Num::F64(v) => v,
-        }
-    }
-}
-
-/// One data point: attributes (key order as written) and value.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Point {
-    pub(crate) attrs: Vec<(&'static str, AttrValue)>,
-    pub(crate) value: Num,
-}
-
-/// A producer of metric points besides the health engine (whose registry and
-/// node health the table reads itself): the outputs call every producer once
-/// per collection, and each instrument exports what its table entry reads
-/// followed by the points producers pushed under its name.
-pub trait MetricSource: Send + Sync + std::fmt::Debug {
-    /// Pushes this producer's current points into `out`.
-    fn collect(&self, out: &mut MetricBatch);
-}
-
-/// The metric producers an output collects besides the engine's registry.
-pub type MetricSources = Vec<Arc<dyn MetricSource>>;
-
-/// The points producers pushed in one collection, by instrument name.
-#[derive(Debug, Default)]
-pub struct MetricBatch {
-    points: HashMap<&'static str, Vec<Point>>,
-}
-
-impl MetricBatch {
-    /// Adds a point to instrument `name` (a name of `docs/metrics.md`; an
-    /// instrument the table does not list is not exported). Points of one
-    /// instrument keep the order they were pushed in.
-    pub fn push(&mut self, name: &'static str, attrs: Vec<(&'static str, AttrValue)>, value: Num) {
-        self.points
-            .entry(name)
-            .or_default()
-            .push(Point { attrs, value });
-    }
-
-    /// The points pushed to instrument `name`.
-    pub(crate) fn points(&self, name: &str) -> &[Point] {
-        self.points.get(name).map_or(&[], Vec::as_slice)
-    }
-
-    /// The instrument names points were pushed to.
-    #[cfg(test)]
-    pub(crate) fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
-        self.points.keys().copied()
-    }
-}
-
 /// Which names the metric outputs use where gpuwatch's own and the
 /// OpenTelemetry hardware semantic conventions (Development stability) both
 /// describe a reading. The conventions may still change, so, following the
@@ -129,7 +37,7 @@ impl MetricBatch {
 /// |---|---|
 /// | `gpu.ecc.errors{error.type, ecc.counter}` | `hw.errors{hw.type=gpu, error.type}` (the volatile counter) |
 /// | `gpu.health.verdict{verdict=healthy\|degraded\|unhealthy}` | `hw.status{hw.type=gpu, hw.state=ok\|degraded\|failed}` |
-/// | — | `hw.vendor`, `hw.model` on every GPU point (constant per GPU) |
+/// | — | `hw.vendor`, `hw.model`, `hw.driver_version`, `hw.firmware_version` (VBIOS), `hw.serial_number` (when readable) on every GPU point (constant per GPU) |
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Semconv {
@@ -271,8 +179,10 @@ impl Spec {
 }
 
 /// The hardware conventions' constant GPU attributes on every point about a
-/// GPU (one with `gpu.uuid`): `hw.vendor` (NVML sees NVIDIA GPUs only) and
-/// `hw.model` (NVML's device name), when the GPU's sample is known.
+/// GPU (one with `gpu.uuid`): `hw.vendor` (NVML sees NVIDIA GPUs only), and
+/// from the GPU's sample when it is known: `hw.model` (NVML's device name),
+/// `hw.driver_version`, `hw.firmware_version` (the VBIOS version) and
+/// `hw.serial_number`, each only where NVML answered it (never empty).
 fn add_hw_identity(points: &mut [Point], health: &NodeHealth) {
     for p in points {
         let Some(uuid) = p.attrs.iter().find_map(|(k, v)| match (k, v) {
@@ -283,14 +193,24 @@ fn add_hw_identity(points: &mut [Point], health: &NodeHealth) {
         };
         p.attrs
             .push(("hw.vendor", AttrValue::Str(Cow::Borrowed("NVIDIA"))));
-        let model = health
+        let Some(sample) = health
             .gpus
             .iter()
             .filter_map(|g| g.sample.as_ref())
-            .find(|s| s.uuid == uuid.as_ref() && !s.name.is_empty())
-            .map(|s| s.name.clone());
-        if let Some(m) = model {
-            p.attrs.push(("hw.model", AttrValue::Str(Cow::Owned(m))));
+            .find(|s| s.uuid == uuid.as_ref())
+        else {
+            continue;
+        };
+        for (key, value) in [
+            ("hw.model", &sample.name),
+            ("hw.driver_version", &sample.driver_version),
+            ("hw.firmware_version", &sample.vbios_version),
+            ("hw.serial_number", &sample.serial),
+        ] {
+            if !value.is_empty() {
+                p.attrs
+                    .push((key, AttrValue::Str(Cow::Owned(value.clone()))));
+            }
         }
     }
 }

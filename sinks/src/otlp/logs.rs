@@ -20,7 +20,7 @@
 //! it, `dropped` when it was pushed out of the full queue or left over at
 //! shutdown.
 
-use crate::queue::{Settled, SinkQueue};
+use gpuwatch_core::queue::{Settled, SinkQueue};
 use gpuwatch_core::{EventSink, Registry, Signal};
 use gpuwatch_proto::{FaultEvent, ShortName};
 use opentelemetry::logs::{AnyValue, LogRecord as _, Logger as _, LoggerProvider as _, Severity};
@@ -475,7 +475,7 @@ mod tests {
         assert_eq!(codes, vec![6, 7, 8, 9]);
         assert_eq!(reg.events(Stage::OtlpLogs, Outcome::Dropped), 6);
         queue.settle(batch.len(), Settled::Retry);
-        queue.stop(crate::queue::Drain::Until(std::time::Instant::now()));
+        queue.stop(gpuwatch_core::queue::Drain::Until(std::time::Instant::now()));
         sink.send(&ev(10));
         assert!(queue.next_batch(10, Duration::ZERO).is_none());
         assert_eq!(queue.finish(), 4);

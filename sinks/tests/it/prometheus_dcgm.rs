@@ -6,7 +6,7 @@
 
 use crate::common::{populate, promtool, promtool_check};
 use gpuwatch_core::Registry;
-use gpuwatch_sinks::kube_metrics::KubeMetrics;
+use gpuwatch_kube::KubeMetrics;
 use gpuwatch_sinks::otlp::ResourceInfo;
 use gpuwatch_sinks::prometheus::{CONTENT_TYPE, Format, Renderer, nvml_bus_id};
 use std::io::{BufRead as _, BufReader, Write as _};

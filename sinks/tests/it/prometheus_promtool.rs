@@ -5,7 +5,7 @@
 use crate::common;
 use crate::common::{Rotel, bump_nvlink, populate, promtool_check};
 use gpuwatch_core::Registry;
-use gpuwatch_sinks::kube_metrics::KubeMetrics;
+use gpuwatch_kube::KubeMetrics;
 use gpuwatch_sinks::otlp::{OtlpConfig, OtlpExporter, Protocol, ResourceInfo};
 use gpuwatch_sinks::prometheus::{InstrumentKind, Renderer, otel_to_prometheus_name};
 use std::collections::BTreeMap;

@@ -31,7 +31,7 @@
 //! - the consumer counts the outcome of what it wrote itself
 //!   ([`Settled::Counted`]), and is woken through a tokio [`Notify`].
 
-use gpuwatch_core::{Outcome, Registry, Stage};
+use crate::{Outcome, Registry, Stage};
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
