@@ -11,7 +11,7 @@
 use crate::common::nvml_sim_lib as sim_lib;
 use crate::engine_support::Rig;
 use gpuwatch::Liveness;
-use gpuwatch::{NvmlConfig, NvmlError, NvmlSources, poll_nvml_once, start_nvml};
+use gpuwatch::{InputContext, NvmlConfig, NvmlError, NvmlSources, poll_nvml_once, start_nvml};
 use gpuwatch_core::Registry;
 use gpuwatch_core::msg::{Input, MonitorInput};
 use gpuwatch_proto::{FaultEvent, FaultKind, GpuSample, RecoveryAction, Source, Verdict};
@@ -57,10 +57,9 @@ impl NvmlSimHarness {
         let liveness = Liveness::new();
         let sources = start_nvml(
             &cfg.resolve().expect("valid test [nvml] settings"),
-            tx,
             registry.clone(),
-            gpuwatch_core::Shutdown::new(),
             liveness.clone(),
+            InputContext::new(gpuwatch_core::Shutdown::new(), tx),
         );
         NvmlSimHarness {
             rx,
