@@ -4,7 +4,10 @@
     python3 deploy/grafana/generate.py            # rewrite the JSON files
     python3 deploy/grafana/generate.py --check    # fail if the JSON files are stale
 
-Panels query the Prometheus names in docs/metrics.md. The node label is the dashboard
+Panels query the Prometheus names in docs/metrics.md, and work in every `[otlp] semconv`
+mode: where a mode renames a reading (docs/metrics.md, "Naming modes"), the query reads
+gpuwatch's name `or` the hardware conventions' name, aggregated so that `dup` (both names)
+shows each GPU once. The node label is the dashboard
 variable `node_label` (default `k8s_node_name`, what an OpenTelemetry collector's prometheus
 exporter with resource_to_telemetry_conversion produces); pick `instance` or your own label
 when scraping gpuwatch's /metrics directly without relabelling.
@@ -74,6 +77,8 @@ def variables(with_gpu):
         },
     ]
     if with_gpu:
+        # The GPUs of the selected nodes, from a series every GPU with an NVML sample has under
+        # the same name in every [otlp] semconv mode (gpu_health_verdict is hw_status in `otel`).
         v.append(
             {
                 "name": "gpu",
@@ -81,10 +86,10 @@ def variables(with_gpu):
                 "type": "query",
                 "datasource": DS,
                 "query": {
-                    "query": 'label_values(gpu_health_verdict{' + NODE + '}, gpu_index)',
+                    "query": 'label_values(hw_temperature_celsius{' + NODE + '}, gpu_index)',
                     "refId": "gpu",
                 },
-                "definition": 'label_values(gpu_health_verdict{' + NODE + '}, gpu_index)',
+                "definition": 'label_values(hw_temperature_celsius{' + NODE + '}, gpu_index)',
                 "refresh": 2,
                 "multi": True,
                 "includeAll": True,
@@ -273,12 +278,16 @@ def node():
     P = []
     P.append(panel(lay, "state-timeline", "GPU verdict",
         "Per-GPU verdict over time: healthy, degraded (needs attention), unhealthy (reset / reboot / "
-        "hardware), unknown (gpuwatch cannot tell).",
+        "hardware), unknown (gpuwatch cannot tell). With [otlp] semconv = \"otel\" from hw_status "
+        "(ok, degraded, failed; unknown has no state there, so it shows as no data).",
         [('max by (gpu_index) (\n'
           f'  1 * (gpu_health_verdict{{{GPU}, verdict="healthy"}} == 1)\n'
           f'  or 2 * (gpu_health_verdict{{{GPU}, verdict="degraded"}} == 1)\n'
           f'  or 3 * (gpu_health_verdict{{{GPU}, verdict="unhealthy"}} == 1)\n'
           f'  or 4 * (gpu_health_verdict{{{GPU}, verdict="unknown"}} == 1)\n'
+          f'  or 1 * (hw_status_ratio{{{GPU}, hw_type="gpu", hw_state="ok"}} == 1)\n'
+          f'  or 2 * (hw_status_ratio{{{GPU}, hw_type="gpu", hw_state="degraded"}} == 1)\n'
+          f'  or 3 * (hw_status_ratio{{{GPU}, hw_type="gpu", hw_state="failed"}} == 1)\n'
           ')', "GPU {{gpu_index}}")],
         w=24, h=7, mappings=VERDICT_MAP))
     P.append(panel(lay, "table", "Node action and reason",
@@ -299,7 +308,8 @@ def node():
     P.append(panel(lay, "timeseries", "ECC errors",
         "Volatile ECC errors per interval (reset by a GPU reset / driver reload); uncorrected errors "
         "mean corrupted memory reads.",
-        [(f'sum by (gpu_index, error_type) (increase(gpu_ecc_errors_total{{{GPU}, ecc_counter="volatile"}}[$__rate_interval]))',
+        [(f'sum by (gpu_index, error_type) (increase(gpu_ecc_errors_total{{{GPU}, ecc_counter="volatile"}}[$__rate_interval]))\n'
+          f'or sum by (gpu_index, error_type) (increase(hw_errors_total{{{GPU}, hw_type="gpu"}}[$__rate_interval]))',
           "GPU {{gpu_index}} {{error_type}}")], w=12, h=8))
     P.append(panel(lay, "timeseries", "Row remapping",
         "Rows remapped per GPU (Ampere and later); pending = waits for a GPU reset, failure = replace the GPU.",

@@ -3,7 +3,9 @@
 
 Fails (exit 1) with one line per problem when a dashboard query does not parse or returns
 no data, an alert rule is unhealthy or its expression does not parse, an expected alert is
-not firing, or a monitor alert fires although every input works. Data that is still on its
+not firing, or a monitor alert fires although every input works. With --otel-node, the
+dashboard queries that read a reading `[otlp] semconv = "otel"` renames (and the GPU variable)
+must return data for that node, and GPUUncorrectableECC must fire for it. Data that is still on its
 way (a query without data yet, an expected alert not firing yet) is asked again every 2 s
 for up to --wait seconds: a loaded machine scrapes late; every other problem fails at once.
 """
@@ -18,6 +20,8 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+# The Prometheus names only `otel` mode has (docs/metrics.md, "Naming modes").
+OTEL_ONLY = ("hw_status_ratio", 'hw_type="gpu"')
 # Alerts that would mean gpuwatch lies about its own inputs in this healthy-monitor scenario.
 FORBIDDEN = {"GPUWatchMonitorDown", "GPUWatchVerdictUnknown", "GPUWatchFleetMonitorBroken"}
 
@@ -54,6 +58,27 @@ def check(args):
         elif not r["data"]["result"]:
             pending.append(f"{dash} / {title}: no data: {query}")
 
+    # 1b. The same for the `otel`-mode node: the queries of renamed readings, and the GPU
+    # variable, find its data.
+    if args.otel_node:
+        out = subprocess.run(
+            [sys.executable, str(ROOT / "deploy/grafana/queries.py"), "k8s_node_name", args.otel_node, "5m"],
+            check=True, capture_output=True, text=True,
+        ).stdout
+        mode_queries = [
+            line.split("\t", 2) for line in out.splitlines()
+            if any(n in line for n in OTEL_ONLY) or "\tvariable gpu\t" in line
+        ]
+        if len(mode_queries) < 3:
+            problems.append(f"only {len(mode_queries)} dashboard queries read an otel-mode name")
+        for dash, title, query in mode_queries:
+            n_queries += 1
+            r = get(base, "/api/v1/query", query=query)
+            if r.get("status") != "success":
+                problems.append(f"{dash} / {title} ({args.otel_node}): query error: {r.get('error')}: {query}")
+            elif not r["data"]["result"]:
+                pending.append(f"{dash} / {title} ({args.otel_node}): no data: {query}")
+
     # 2. Alert rules: healthy, and each expression parses as an instant query.
     rules = [
         rule
@@ -85,6 +110,12 @@ def check(args):
     for name in args.expect.split():
         if name not in firing:
             pending.append(f"alert {name} is not firing (firing: {', '.join(firing) or 'none'})")
+    if args.otel_node:
+        ecc = [a for a in alerts if a["state"] == "firing"
+               and a["labels"]["alertname"] == "GPUUncorrectableECC"
+               and a["labels"].get("k8s_node_name") == args.otel_node]
+        if not ecc:
+            pending.append(f"alert GPUUncorrectableECC is not firing for {args.otel_node}")
     for name in sorted(FORBIDDEN & set(firing)):
         problems.append(f"alert {name} fires although every gpuwatch input works")
 
@@ -99,6 +130,8 @@ def main():
     ap.add_argument("--expect", default="", help="space-separated alert names that must fire")
     ap.add_argument("--series", action="append", default=[],
                     help="a query that must return data (repeatable)")
+    ap.add_argument("--otel-node", default="",
+                    help="a node whose series use the otel-mode names (see the module docstring)")
     ap.add_argument("--wait", type=float, default=20, help="seconds to wait for data still on its way")
     args = ap.parse_args()
     deadline = time.monotonic() + args.wait

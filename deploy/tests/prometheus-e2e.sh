@@ -16,6 +16,9 @@
 # (the OTel collector adds k8s_node_name from the resource): the scrape config adds
 # k8s_node_name as a static target label so the dashboards' and rules' queries work as is.
 # The rules are loaded with every `for:` set to 0s (the test copy) so the run takes seconds.
+# A second node, e2e-otel, is what Prometheus holds of a gpuwatch in `[otlp] semconv = "otel"`
+# mode (otel-mode-exporter.py: only the conventions' names where that mode renames one): the
+# dashboard queries and alerts that read a renamed reading must find its data too.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -26,6 +29,7 @@ kmsg_fixture="${E2E_KMSG:-deploy/tests/e2e-kmsg.txt}"
 expect="${E2E_EXPECT_ALERTS-GPUHardwareSuspected GPURowRemapPending GPURowRemapFailure GPUPCIeLinkDowntrained GPUThermalSlowdown GPURecoveryActionPending GPUNVLinkDown GPUNodeNetworkProblem}"
 settle="${E2E_SETTLE_SECS:-12}"
 node="e2e-node"
+otel_node="e2e-otel"
 
 for tool in prometheus promtool python3 curl; do
   command -v "$tool" >/dev/null || { echo "e2e: $tool not found (apt-get install -y prometheus curl python3)" >&2; exit 2; }
@@ -49,6 +53,8 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 gw_port="$(free_port)"
 prom_port="$(free_port)"
 while [ "$prom_port" = "$gw_port" ]; do prom_port="$(free_port)"; done
+otel_port="$(free_port)"
+while [ "$otel_port" = "$gw_port" ] || [ "$otel_port" = "$prom_port" ]; do otel_port="$(free_port)"; done
 
 # --- a fake sysfs of RDMA NICs (the shapes of test-support/src/sysfs.rs, which names the
 # kernel source of each): an InfiniBand port (mlx5_0, ib0) whose 4-bit
@@ -121,6 +127,10 @@ TOML
   --state-dir "$tmp/state" --node-name "$node" > "$tmp/gpuwatch.out" 2> "$tmp/gpuwatch.err" &
 pids+=($!)
 
+# --- the `otel`-mode node ---
+python3 "$here/otel-mode-exporter.py" "$otel_port" > "$tmp/otel-mode.log" 2>&1 &
+pids+=($!)
+
 # --- Prometheus ---
 sed -E 's/^( *)for: .*/\1for: 0s/' deploy/prometheus/rules.yaml > "$tmp/rules.yaml"
 cat > "$tmp/prometheus.yml" <<YAML
@@ -135,6 +145,11 @@ scrape_configs:
       - targets: ["127.0.0.1:$gw_port"]
         labels:
           k8s_node_name: $node
+  - job_name: gpuwatch-otel-mode
+    static_configs:
+      - targets: ["127.0.0.1:$otel_port"]
+        labels:
+          k8s_node_name: $otel_node
 YAML
 promtool check config "$tmp/prometheus.yml" >/dev/null
 prometheus --config.file="$tmp/prometheus.yml" --storage.tsdb.path="$tmp/tsdb" \
@@ -152,6 +167,7 @@ wait_http() { # url what
   return 1
 }
 wait_http "http://127.0.0.1:$gw_port/metrics" "gpuwatch /metrics"
+wait_http "http://127.0.0.1:$otel_port/metrics" "the otel-mode node's /metrics"
 wait_http "http://127.0.0.1:$prom_port/-/ready" "Prometheus"
 echo "e2e: gpuwatch on :$gw_port, Prometheus on :$prom_port; letting ${settle}s of data accumulate."
 nic_activity
@@ -172,6 +188,7 @@ nic_series=(
 series_args=()
 for q in "${nic_series[@]}"; do series_args+=(--series "$q"); done
 if ! python3 "$here/e2e-check.py" --prometheus "http://127.0.0.1:$prom_port" --node "$node" \
+  --otel-node "$otel_node" \
   --expect "$expect" "${series_args[@]}" > "$tmp/check.out" 2>&1; then
   cat "$tmp/check.out" >&2
   echo "--- gpuwatch /metrics (head) ---" >&2

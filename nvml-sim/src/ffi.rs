@@ -130,8 +130,15 @@ fn hang(call: &'static str) -> Result<(), Ret> {
 }
 
 fn with_sim<T>(f: impl FnOnce(&mut Sim) -> Result<T, Ret>) -> Result<T, Ret> {
+    with_sim_at(|sim, _| f(sim))
+}
+
+/// [`with_sim`] for readings that change with time (the energy counter): the
+/// body also gets the milliseconds since the first init.
+fn with_sim_at<T>(f: impl FnOnce(&mut Sim, u64) -> Result<T, Ret>) -> Result<T, Ret> {
     let mut g = lock();
-    f(g.sim()?)
+    let now = g.now_ms();
+    f(g.sim()?, now)
 }
 
 fn non_null<T>(p: *const T) -> Result<(), Ret> {

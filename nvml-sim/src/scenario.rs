@@ -57,6 +57,7 @@ pub const READINGS: &[&str] = &[
     "mig",    // nvmlDeviceGetMigMode, ...MaxMigDeviceCount, ...MigDeviceHandleByIndex
     "memory", // nvmlDeviceGetMemoryInfo_v2
     "events", // nvmlDeviceGetSupportedEventTypes, RegisterEvents
+    "energy", // nvmlDeviceGetTotalEnergyConsumption (NOT_SUPPORTED before Volta)
 ];
 
 /// The exported NVML functions a `[[hang]]` may name (every export except
@@ -73,6 +74,8 @@ pub const CALLS: &[&str] = &[
     "nvmlDeviceGetUUID",
     "nvmlDeviceGetName",
     "nvmlDeviceGetSerial",
+    "nvmlDeviceGetVbiosVersion",
+    "nvmlDeviceGetTotalEnergyConsumption",
     "nvmlDeviceGetPciInfo_v3",
     "nvmlDeviceGetIndex",
     "nvmlDeviceGetTemperature",
@@ -177,10 +180,20 @@ macro_rules! state_fields {
             /// at most 95 bytes, NVML's buffer).
             #[serde(default = "default_name")]
             pub name: String,
-            /// What `nvmlDeviceGetSerial` answers (default empty; gpuwatch does
-            /// not read it).
+            /// What `nvmlDeviceGetSerial` answers: the board's serial number,
+            /// at most 29 bytes (nvml.h: `NVML_DEVICE_SERIAL_BUFFER_SIZE` 30).
+            /// Empty (the default): `NVML_ERROR_NOT_SUPPORTED`, as NVML
+            /// answers on boards without one in their infoROM (nvml.h: "For
+            /// all products with an infoROM").
             #[serde(default)]
             pub serial: String,
+            /// What `nvmlDeviceGetVbiosVersion` answers, at most 31 bytes
+            /// (nvml.h: `NVML_DEVICE_VBIOS_VERSION_BUFFER_SIZE` 32). nvml.h
+            /// documents the call "For all products": it never answers
+            /// NOT_SUPPORTED. Default `96.00.99.00.01`, in the dotted
+            /// hexadecimal form `nvidia-smi` prints (not a particular board's).
+            #[serde(default = "default_vbios")]
+            pub vbios: String,
             $( $(#[$doc])* pub $name: Option<$ty>, )*
         }
 
@@ -296,6 +309,12 @@ state_fields! {
     /// `[gpu.fabric]` / `[inject.fabric]` table. An injection's table replaces
     /// the GPU's whole fabric state (fields it leaves out take their defaults).
     fabric: FabricSpec = FabricSpec::default(),
+    /// What `nvmlDeviceGetTotalEnergyConsumption` counts from (mJ) at time
+    /// zero, or from the injection that sets it (a driver reload restarts
+    /// the count at 0; nvml.h: "energy consumption ... since the driver was
+    /// last reloaded"). The count then grows by `power_mw` × elapsed time,
+    /// as the GPU's energy counter integrates its power draw.
+    energy_mj: u64 = 0,
     /// Total framebuffer memory, MiB (`nvmlDeviceGetMemoryInfo_v2`; an H100
     /// SXM 80 GB reports 81559).
     memory_mib: u64 = 81_559,
@@ -568,6 +587,10 @@ fn default_name() -> String {
     "NVIDIA H100 80GB HBM3".to_string()
 }
 
+fn default_vbios() -> String {
+    "96.00.99.00.01".to_string()
+}
+
 fn default_driver_version() -> String {
     "570.133.20".to_string()
 }
@@ -750,6 +773,12 @@ impl Scenario {
             }
             if g.name.len() >= 96 {
                 p.push(format!("{key}.name: longer than 95 bytes"));
+            }
+            if g.serial.len() >= 30 {
+                p.push(format!("{key}.serial: longer than 29 bytes"));
+            }
+            if g.vbios.is_empty() || g.vbios.len() >= 32 {
+                p.push(format!("{key}.vbios: expected 1 to 31 bytes"));
             }
             check_state(&key, &g.initial_state(), &mut p);
         }

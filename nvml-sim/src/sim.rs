@@ -71,6 +71,31 @@ struct HangProgress {
     started_ms: Option<u64>,
 }
 
+/// A GPU's energy counter: what it read at `since_ms`, and from then on the
+/// GPU's power draw (constant until the next injection) integrated over time.
+#[derive(Debug, Clone, Copy)]
+struct EnergyMeter {
+    /// Microjoules at `since_ms` (mW × ms = µJ, so the integral is exact).
+    uj: u64,
+    since_ms: u64,
+}
+
+impl EnergyMeter {
+    fn starting(mj: u64, at_ms: u64) -> EnergyMeter {
+        EnergyMeter {
+            uj: mj.saturating_mul(1000),
+            since_ms: at_ms,
+        }
+    }
+
+    /// Microjoules at `now_ms` while the GPU draws `power_mw`.
+    fn at(self, now_ms: u64, power_mw: u32) -> u64 {
+        let dt = now_ms.saturating_sub(self.since_ms);
+        self.uj
+            .saturating_add(u64::from(power_mw).saturating_mul(dt))
+    }
+}
+
 /// The simulated driver: the GPUs' current readings, the injections still to
 /// come, event sets, init reference count and hangs. The FFI layer holds one
 /// behind a lock.
@@ -78,6 +103,8 @@ struct HangProgress {
 pub struct Sim {
     scenario: Scenario,
     states: Vec<GpuState>,
+    /// Each GPU's energy counter, by slot.
+    energy: Vec<EnergyMeter>,
     /// Slots in enumeration order (by configured index).
     order: Vec<usize>,
     next_injection: usize,
@@ -92,13 +119,18 @@ pub struct Sim {
 impl Sim {
     /// A driver in the scenario's initial state, not initialised.
     pub fn new(scenario: Scenario) -> Sim {
-        let states = scenario.gpu.iter().map(GpuSpec::initial_state).collect();
+        let states: Vec<GpuState> = scenario.gpu.iter().map(GpuSpec::initial_state).collect();
+        let energy = states
+            .iter()
+            .map(|s| EnergyMeter::starting(s.energy_mj, 0))
+            .collect();
         let mut order: Vec<usize> = (0..scenario.gpu.len()).collect();
         order.sort_by_key(|&slot| scenario.gpu[slot].index);
         let scenario_hangs = scenario.hang.len();
         Sim {
             scenario,
             states,
+            energy,
             order,
             next_injection: 0,
             sets: BTreeMap::new(),
@@ -134,7 +166,17 @@ impl Sim {
                 continue; // validated away; never panics
             };
             let before = self.states[slot].clock_event_reasons;
+            // The energy counted up to the injection at the power drawn until
+            // then; an injected `energy_mj` restarts the count there.
+            let meter = &mut self.energy[slot];
+            *meter = EnergyMeter {
+                uj: meter.at(inj.at_ms, self.states[slot].power_mw),
+                since_ms: inj.at_ms,
+            };
             inj.apply(&mut self.states[slot]);
+            if let Some(mj) = inj.energy_mj {
+                self.energy[slot] = EnergyMeter::starting(mj, inj.at_ms);
+            }
             let after = self.states[slot].clock_event_reasons;
             let mut events = Vec::new();
             if let Some(xid) = inj.xid {
@@ -333,6 +375,15 @@ impl Sim {
         u32::try_from(pos).map_err(|_| UNKNOWN)
     }
 
+    /// `nvmlDeviceGetTotalEnergyConsumption` at `now_ms`: millijoules since
+    /// the driver was loaded (the scenario's time zero, or the last injected
+    /// `energy_mj`); `NOT_SUPPORTED` where the scenario says so, as on GPUs
+    /// before Volta (nvml.h: "For Volta or newer fully supported devices").
+    pub fn total_energy_mj(&self, slot: usize, now_ms: u64) -> Result<u64, Ret> {
+        let st = self.reading(slot, "energy")?;
+        Ok(self.energy[slot].at(now_ms, st.power_mw) / 1000)
+    }
+
     /// `nvmlEventSetCreate`: a new set id (never 0).
     pub fn event_set_create(&mut self) -> Result<u64, Ret> {
         self.check_init()?;
@@ -404,6 +455,35 @@ mod tests {
             "#
         );
         Sim::new(Scenario::parse(&text, "<t>").unwrap())
+    }
+
+    /// The energy counter integrates the power draw between injections and
+    /// restarts where an injection sets it (a driver reload).
+    #[test]
+    fn energy_integrates_power_and_restarts_when_set() {
+        let mut sim = two_gpus(
+            "power_mw = 100000\nenergy_mj = 5000\n\
+             [[inject]]\nat_ms = 1000\ngpu = 1\npower_mw = 300000\n\
+             [[inject]]\nat_ms = 3000\ngpu = 1\nenergy_mj = 0\n",
+        );
+        sim.init(0).unwrap();
+        // GPU 0 draws the default 72 W from 0 mJ.
+        assert_eq!(sim.total_energy_mj(0, 500), Ok(36_000));
+        // GPU 1: 5 J, then 100 W for 1 s, then 300 W.
+        assert_eq!(sim.total_energy_mj(1, 0), Ok(5_000));
+        sim.advance(1000);
+        assert_eq!(sim.total_energy_mj(1, 1000), Ok(105_000));
+        assert_eq!(sim.total_energy_mj(1, 2000), Ok(405_000));
+        sim.advance(3500);
+        assert_eq!(sim.total_energy_mj(1, 3500), Ok(150_000));
+    }
+
+    #[test]
+    fn energy_not_supported_before_volta() {
+        let mut sim = two_gpus("not_supported = [\"energy\"]");
+        sim.init(0).unwrap();
+        assert_eq!(sim.total_energy_mj(0, 10), Ok(720));
+        assert_eq!(sim.total_energy_mj(1, 10), Err(NOT_SUPPORTED));
     }
 
     #[test]

@@ -64,11 +64,19 @@ fn generate() -> String {
             "#[serde(skip_serializing_if = \"::prost::alloc::vec::Vec::is_empty\")]",
         );
     }
-    // Said only while device isolation cannot work.
-    cfg.field_attribute(
-        ".gpuwatch.v1.NodeHealth.device_isolation_unavailable",
-        "#[serde(skip_serializing_if = \"::prost::alloc::string::String::is_empty\")]",
-    );
+    // Said only while device isolation cannot work; a GPU's firmware and
+    // serial only where NVML answered them.
+    for field in [
+        "NodeHealth.device_isolation_unavailable",
+        "GpuSample.driver_version",
+        "GpuSample.vbios_version",
+        "GpuSample.serial",
+    ] {
+        cfg.field_attribute(
+            format!(".gpuwatch.v1.{field}"),
+            "#[serde(skip_serializing_if = \"::prost::alloc::string::String::is_empty\")]",
+        );
+    }
     cfg.compile_fds(fds).expect("prost-build generates code");
     let text = std::fs::read_to_string(out.join("gpuwatch.v1.rs")).expect("generated file");
     std::fs::remove_dir_all(&out).ok();

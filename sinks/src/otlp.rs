@@ -421,6 +421,7 @@ fn key_values(p: &Point) -> Vec<KeyValue> {
 /// Keeps the observable instruments alive as long as the exporter.
 enum InstrumentHandle {
     Counter(#[allow(dead_code)] opentelemetry::metrics::ObservableCounter<u64>),
+    CounterF64(#[allow(dead_code)] opentelemetry::metrics::ObservableCounter<f64>),
     GaugeU64(#[allow(dead_code)] opentelemetry::metrics::ObservableGauge<u64>),
     GaugeF64(#[allow(dead_code)] opentelemetry::metrics::ObservableGauge<f64>),
 }
@@ -445,7 +446,15 @@ fn register_instruments(
             filter.apply(i, SPECS[i].points(&src, &health), Instant::now())
         };
         match (spec.kind, spec.num) {
-            (InstrumentKind::Counter, _) => held.push(InstrumentHandle::Counter(
+            (InstrumentKind::Counter, NumType::F64) => held.push(InstrumentHandle::CounterF64(
+                meter
+                    .f64_observable_counter(spec.name)
+                    .with_unit(spec.unit)
+                    .with_description(spec.description)
+                    .with_callback(observe_f64(points))
+                    .build(),
+            )),
+            (InstrumentKind::Counter, NumType::U64) => held.push(InstrumentHandle::Counter(
                 meter
                     .u64_observable_counter(spec.name)
                     .with_unit(spec.unit)
@@ -466,16 +475,24 @@ fn register_instruments(
                     .f64_observable_gauge(spec.name)
                     .with_unit(spec.unit)
                     .with_description(spec.description)
-                    .with_callback(move |o: &dyn AsyncInstrument<f64>| {
-                        for p in points() {
-                            o.observe(p.value.as_f64(), &key_values(&p));
-                        }
-                    })
+                    .with_callback(observe_f64(points))
                     .build(),
             )),
         }
     }
     held
+}
+
+/// The callback of an `f64` instrument (counter or gauge): observes every
+/// point `points` yields.
+fn observe_f64(
+    points: impl Fn() -> Vec<Point> + Send + Sync + 'static,
+) -> impl Fn(&dyn AsyncInstrument<f64>) + Send + Sync + 'static {
+    move |o: &dyn AsyncInstrument<f64>| {
+        for p in points() {
+            o.observe(p.value.as_f64(), &key_values(&p));
+        }
+    }
 }
 
 /// The callback of a `u64` instrument (counter or gauge): observes every point

@@ -556,6 +556,15 @@ pub fn full_sample(index: u32, temperature: u32) -> GpuSample {
         mig_enabled: Some(false),
         mig_devices: Vec::new(),
         mig_pending: Some(false),
+        driver_version: "570.133.20".into(),
+        vbios_version: "96.00.99.00.01".into(),
+        // GPU 1's board has no serial (NVML answers NOT_SUPPORTED).
+        serial: if index == 0 {
+            "1654322000001".into()
+        } else {
+            String::new()
+        },
+        energy_mj: Some(1_234_567 + u64::from(index) * 1000),
         fabric: Some(gpuwatch_proto::GpuFabric {
             state: "completed".into(),
             status: "success".into(),

@@ -86,6 +86,9 @@ pub(super) struct PollResult {
     pub(super) complete: bool,
     /// GPUs `nvmlDeviceGetCount` reported.
     pub(super) count: u32,
+    /// The driver's version (`nvmlSystemGetDriverVersion`; empty when the
+    /// call failed), also in every sample.
+    driver: String,
 }
 
 /// Reads every GPU once.
@@ -105,6 +108,13 @@ pub(super) fn poll_all(nvml: &Nvml, calls: &Calls<'_>) -> Result<PollResult, Nvm
             GpuRead::Lost(id) => out.lost.push(id),
             GpuRead::Failed => out.complete = false,
         }
+    }
+    out.driver = calls
+        .watch
+        .call("nvmlSystemGetDriverVersion", || nvml.sys_driver_version())
+        .unwrap_or_default();
+    for s in &mut out.samples {
+        s.driver_version.clone_from(&out.driver);
     }
     Ok(out)
 }
@@ -207,6 +217,15 @@ fn sample(dev: &Device<'_>, id: &mut Identity, c: &Calls<'_>) -> Result<GpuSampl
     .map(u64::from);
     s.persistence_mode = reading(c, "nvmlDeviceGetPersistenceMode", || {
         dev.is_in_persistent_mode()
+    })?;
+    s.vbios_version =
+        reading(c, "nvmlDeviceGetVbiosVersion", || dev.vbios_version())?.unwrap_or_default();
+    // NOT_SUPPORTED on boards whose infoROM has no serial: left empty, so the
+    // exports leave the attribute out.
+    s.serial = reading(c, "nvmlDeviceGetSerial", || dev.serial())?.unwrap_or_default();
+    // Millijoules since the driver was loaded; NOT_SUPPORTED before Volta.
+    s.energy_mj = reading(c, "nvmlDeviceGetTotalEnergyConsumption", || {
+        dev.total_energy_consumption()
     })?;
     fields(dev, &mut s, c)?;
     s.nvlinks = nvlinks(dev, c)?;
@@ -548,11 +567,7 @@ impl Poller {
             if self.ctx.stopping() {
                 return false;
             }
-            let driver = self
-                .ctx
-                .watch
-                .call("nvmlSystemGetDriverVersion", || nvml.sys_driver_version())
-                .unwrap_or_default();
+            let driver = result.driver.clone();
             if result.count == 0 {
                 // Zero GPUs: the driver or the container's device list is
                 // broken; GPU health is unknown, no GPU is "lost".
@@ -634,6 +649,7 @@ mod tests {
             samples,
             lost,
             complete,
+            driver: String::new(),
         }
     }
 

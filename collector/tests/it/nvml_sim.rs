@@ -241,6 +241,39 @@ fn healthy_sample_carries_every_reading_and_identity() {
     h.stop();
 }
 
+/// The driver version, VBIOS and serial reach every sample; the energy
+/// counter rises between polls; a board NVML answers NOT_SUPPORTED for (no
+/// serial, no energy count before Volta) has neither, and that is no error.
+#[test]
+fn samples_carry_firmware_serial_and_a_rising_energy_count() {
+    let mut h = NvmlSimHarness::start(&config("test-identity-energy.toml"));
+    let first = h.wait_for("a first sample", |seen| sample_where(seen, 0, |_| true));
+    assert_eq!(first.driver_version, "570.172.08");
+    assert_eq!(first.vbios_version, "96.00.AF.00.01");
+    assert_eq!(first.serial, "1654322000001");
+    // 5 J at time zero, then 300 W: at least 5 J, rising by 0.3 J a ms.
+    let mj = first.energy_mj.expect("energy counted");
+    assert!(mj >= 5000, "{mj}");
+    let later = h.wait_for("a later energy count", |seen| {
+        sample_where(seen, 0, |s| s.energy_mj.is_some_and(|e| e > mj + 3000))
+    });
+    assert_eq!(later.serial, "1654322000001");
+    let other = h.wait_for("GPU 1", |seen| sample_where(seen, 1, |_| true));
+    assert_eq!(other.driver_version, "570.172.08");
+    assert_eq!(
+        other.vbios_version, "96.00.99.00.01",
+        "the simulator's default"
+    );
+    assert_eq!(other.serial, "", "NOT_SUPPORTED: no serial");
+    assert_eq!(other.energy_mj, None, "NOT_SUPPORTED: no energy count");
+    assert!(
+        h.registry.nvml_errors().is_empty(),
+        "{:?}",
+        h.registry.nvml_errors()
+    );
+    h.stop();
+}
+
 #[test]
 fn xid_event_is_a_fault_with_code_and_gpu_identity() {
     let mut h = NvmlSimHarness::start(&config("test-xid.toml"));

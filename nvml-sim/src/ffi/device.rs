@@ -4,6 +4,7 @@
 use super::mig::mig_device;
 use super::{
     VERSION_MISMATCH, ffi, handle_of, mig_of, non_null, put, put_str, read, slot_of, with_sim,
+    with_sim_at,
 };
 use crate::scenario::nvml_bus_id;
 use crate::sim::{INVALID_ARGUMENT, NOT_SUPPORTED, Ret, UNKNOWN};
@@ -117,7 +118,8 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     })
 }
 
-/// The GPU's serial number (`NOT_SUPPORTED` when the scenario has none).
+/// The GPU's serial number (`NOT_SUPPORTED` when the scenario has none, as
+/// NVML answers for a board without one in its infoROM).
 ///
 /// # Safety
 /// `serial` must be null or valid for `length` bytes.
@@ -136,6 +138,45 @@ pub unsafe extern "C" fn nvmlDeviceGetSerial(
         }
         // SAFETY: forwarded caller contract.
         unsafe { put_str(serial, length, &v) }
+    })
+}
+
+/// The GPU's VBIOS version (nvml.h: "For all products", so never
+/// `NOT_SUPPORTED`).
+///
+/// # Safety
+/// `version` must be null or valid for `length` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetVbiosVersion(
+    device: sys::nvmlDevice_t,
+    version: *mut c_char,
+    length: c_uint,
+) -> Ret {
+    ffi("nvmlDeviceGetVbiosVersion", || {
+        non_null(version)?;
+        let slot = slot_of(device)?;
+        let v = with_sim(|s| s.gpu(slot).map(|(g, _)| g.vbios.clone()))?;
+        // SAFETY: forwarded caller contract.
+        unsafe { put_str(version, length, &v) }
+    })
+}
+
+/// Energy consumed since the driver was loaded, mJ (`NOT_SUPPORTED` where
+/// the scenario says `energy` is, as before Volta).
+///
+/// # Safety
+/// `energy` must be null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetTotalEnergyConsumption(
+    device: sys::nvmlDevice_t,
+    energy: *mut c_ulonglong,
+) -> Ret {
+    ffi("nvmlDeviceGetTotalEnergyConsumption", || {
+        non_null(energy)?;
+        let slot = slot_of(device)?;
+        let v = with_sim_at(|s, now| s.total_energy_mj(slot, now))?;
+        // SAFETY: forwarded caller contract.
+        unsafe { put(energy, v) }
     })
 }
 

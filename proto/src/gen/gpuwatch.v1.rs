@@ -238,6 +238,26 @@ pub struct GpuSample {
     /// pending mode); differs from mig_enabled while a change waits for it.
     #[prost(bool, optional, tag = "34")]
     pub mig_pending: ::core::option::Option<bool>,
+    /// The NVIDIA driver's version (nvmlSystemGetDriverVersion, "570.133.20"),
+    /// the same on every GPU of the node; empty when the call failed.
+    #[prost(string, tag = "35")]
+    #[serde(skip_serializing_if = "::prost::alloc::string::String::is_empty")]
+    pub driver_version: ::prost::alloc::string::String,
+    /// The GPU's VBIOS version (nvmlDeviceGetVbiosVersion, "96.00.99.00.01");
+    /// empty when the call failed.
+    #[prost(string, tag = "36")]
+    #[serde(skip_serializing_if = "::prost::alloc::string::String::is_empty")]
+    pub vbios_version: ::prost::alloc::string::String,
+    /// The board's serial number (nvmlDeviceGetSerial); empty where NVML
+    /// answers NOT_SUPPORTED (boards without one in their infoROM).
+    #[prost(string, tag = "37")]
+    #[serde(skip_serializing_if = "::prost::alloc::string::String::is_empty")]
+    pub serial: ::prost::alloc::string::String,
+    /// Energy the GPU consumed since the driver was last loaded, in millijoules
+    /// (nvmlDeviceGetTotalEnergyConsumption); absent where NVML answers
+    /// NOT_SUPPORTED (GPUs before Volta).
+    #[prost(uint64, optional, tag = "38")]
+    pub energy_mj: ::core::option::Option<u64>,
 }
 /// The GPU's NVLink fabric registration (nvmlDeviceGetGpuFabricInfoV, else
 /// nvmlDeviceGetGpuFabricInfo). On NVSwitch systems CUDA cannot initialise on a

@@ -1,5 +1,5 @@
 //! GPU telemetry from NVML samples: temperature and its limits, power and its
-//! limit, clock-event (throttle) reasons; and GPU state: the driver's recovery
+//! limit, energy, clock-event (throttle) reasons; and GPU state: the driver's recovery
 //! action, persistence mode, NVLink fabric registration.
 
 use super::{
@@ -14,6 +14,7 @@ pub(super) const TABLE: &[Spec] = &[
     TEMPERATURE,
     TEMPERATURE_LIMIT,
     POWER,
+    ENERGY,
     POWER_LIMIT,
     CLOCK_EVENT_REASONS,
     CLOCK_EVENTS,
@@ -119,6 +120,28 @@ const POWER: Spec = Spec {
 fn power(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     each_sample(h, |base, sm| {
         push_opt(out, hw_attrs(base, sm), milliwatts(sm.power_mw))
+    });
+}
+
+/// The hardware conventions' `hw.energy` (a counter in joules) in every
+/// `[otlp] semconv` mode: gpuwatch has no name of its own for it, as for
+/// `hw.power` and `hw.temperature`.
+const ENERGY: Spec = Spec {
+    name: "hw.energy",
+    unit: "J",
+    kind: InstrumentKind::Counter,
+    num: NumType::F64,
+    presence: Presence::Always,
+    description: "Energy the GPU consumed since the driver was last loaded.",
+    collect: Collect::Points(energy),
+};
+
+/// NVML's millijoules as joules; no point where NVML does not count energy
+/// (before Volta). The count restarts at a driver reload, as a counter may.
+fn energy(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
+    each_sample(h, |base, sm| {
+        let joules = sm.energy_mj.map(|mj| Num::F64(mj as f64 / 1000.0));
+        push_opt(out, hw_attrs(base, sm), joules);
     });
 }
 

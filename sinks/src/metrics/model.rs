@@ -37,7 +37,7 @@ pub(crate) enum NumType {
 /// |---|---|
 /// | `gpu.ecc.errors{error.type, ecc.counter}` | `hw.errors{hw.type=gpu, error.type}` (the volatile counter) |
 /// | `gpu.health.verdict{verdict=healthy\|degraded\|unhealthy}` | `hw.status{hw.type=gpu, hw.state=ok\|degraded\|failed}` |
-/// | — | `hw.vendor`, `hw.model` on every GPU point (constant per GPU) |
+/// | — | `hw.vendor`, `hw.model`, `hw.driver_version`, `hw.firmware_version` (VBIOS), `hw.serial_number` (when readable) on every GPU point (constant per GPU) |
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Semconv {
@@ -179,8 +179,10 @@ impl Spec {
 }
 
 /// The hardware conventions' constant GPU attributes on every point about a
-/// GPU (one with `gpu.uuid`): `hw.vendor` (NVML sees NVIDIA GPUs only) and
-/// `hw.model` (NVML's device name), when the GPU's sample is known.
+/// GPU (one with `gpu.uuid`): `hw.vendor` (NVML sees NVIDIA GPUs only), and
+/// from the GPU's sample when it is known: `hw.model` (NVML's device name),
+/// `hw.driver_version`, `hw.firmware_version` (the VBIOS version) and
+/// `hw.serial_number`, each only where NVML answered it (never empty).
 fn add_hw_identity(points: &mut [Point], health: &NodeHealth) {
     for p in points {
         let Some(uuid) = p.attrs.iter().find_map(|(k, v)| match (k, v) {
@@ -191,14 +193,24 @@ fn add_hw_identity(points: &mut [Point], health: &NodeHealth) {
         };
         p.attrs
             .push(("hw.vendor", AttrValue::Str(Cow::Borrowed("NVIDIA"))));
-        let model = health
+        let Some(sample) = health
             .gpus
             .iter()
             .filter_map(|g| g.sample.as_ref())
-            .find(|s| s.uuid == uuid.as_ref() && !s.name.is_empty())
-            .map(|s| s.name.clone());
-        if let Some(m) = model {
-            p.attrs.push(("hw.model", AttrValue::Str(Cow::Owned(m))));
+            .find(|s| s.uuid == uuid.as_ref())
+        else {
+            continue;
+        };
+        for (key, value) in [
+            ("hw.model", &sample.name),
+            ("hw.driver_version", &sample.driver_version),
+            ("hw.firmware_version", &sample.vbios_version),
+            ("hw.serial_number", &sample.serial),
+        ] {
+            if !value.is_empty() {
+                p.attrs
+                    .push((key, AttrValue::Str(Cow::Owned(value.clone()))));
+            }
         }
     }
 }

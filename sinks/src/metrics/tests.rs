@@ -240,6 +240,7 @@ fn healthy_node() -> NodeHealth {
                 pcie_link_width_max: Some(16),
                 pcie_replay_counter: Some(0),
                 persistence_mode: Some(true),
+                energy_mj: Some(1_000_000 + u64::from(i)),
                 nvlinks,
                 ..Default::default()
             };
@@ -318,6 +319,7 @@ fn healthy_eight_gpu_node_stays_within_the_series_budget() {
         assert_eq!(series_of(&pts, "gpu.clock_event.active").len(), 8);
         assert!(series_of(&pts, "gpu.faults.active").is_empty());
         assert_eq!(series_of(&pts, "gpu.health.verdict").len(), 8);
+        assert_eq!(series_of(&pts, "hw.energy").len(), 8);
     }
     // Unfiltered, the same node has far more points (what the filter saves).
     let all: usize = SPECS.iter().map(|s| s.points(&r.src(), &h).len()).sum();
@@ -712,6 +714,86 @@ fn every_gpu_point_names_its_hw_id_and_error_types_agree() {
     };
     assert_eq!(types("gpu.row_remap.rows"), types("gpu.ecc.errors"));
     assert_eq!(types("gpu.ecc.errors").len(), 2);
+}
+
+/// The energy counter in joules in every mode, on GPUs whose NVML counts it;
+/// in `otel` and `dup` the constant hardware attributes on every GPU point,
+/// each only where NVML answered it (a board without a serial has no
+/// `hw.serial_number`, never an empty one); in `gpuwatch` none of them.
+#[test]
+fn energy_in_joules_and_the_constant_hw_attributes_per_mode() {
+    let r = started_registry();
+    let mut h = healthy_node();
+    for (i, g) in h.gpus.iter_mut().enumerate() {
+        let s = g.sample.as_mut().unwrap();
+        s.name = "NVIDIA H200".into();
+        s.driver_version = "570.133.20".into();
+        s.vbios_version = "96.00.99.00.01".into();
+        s.serial = if i == 0 {
+            "1654322000001".into()
+        } else {
+            String::new()
+        };
+        if i == 7 {
+            // NVML does not count energy before Volta.
+            s.energy_mj = None;
+        }
+    }
+    h.gpus[0].sample.as_mut().unwrap().energy_mj = Some(2_500_750);
+    for semconv in [Semconv::Gpuwatch, Semconv::Otel, Semconv::Dup] {
+        let src = r.src().with_semconv(semconv);
+        let energy = find("hw.energy");
+        assert!(energy.emitted_in(semconv));
+        assert_eq!(energy.kind, InstrumentKind::Counter);
+        assert_eq!(energy.unit, "J");
+        let pts = energy.points(&src, &h);
+        assert_eq!(
+            pts.len(),
+            7,
+            "{semconv:?}: no point for the GPU without a count"
+        );
+        assert_eq!(pts[0].value, Num::F64(2500.75));
+        let attr = |p: &Point, k: &str| {
+            p.attrs
+                .iter()
+                .filter(|(key, _)| *key == k)
+                .map(|(_, v)| v.to_label().into_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(attr(&pts[0], "hw.type"), ["gpu"]);
+        assert_eq!(
+            attr(&pts[0], "hw.id"),
+            ["GPU-00000000-0000-0000-0000-000000000000"]
+        );
+        let f = SeriesFilter::new(Duration::from_secs(300));
+        for (spec, points) in f.collect_all(&src, &h, Instant::now()) {
+            for p in points.iter().filter(|p| !attr(p, "gpu.uuid").is_empty()) {
+                let first = attr(p, "gpu.index") == ["0"];
+                let want = |v: &str| -> Vec<String> {
+                    if semconv.otel() {
+                        vec![v.to_owned()]
+                    } else {
+                        Vec::new()
+                    }
+                };
+                let name = spec.name;
+                assert_eq!(attr(p, "hw.vendor"), want("NVIDIA"), "{name}");
+                assert_eq!(attr(p, "hw.model"), want("NVIDIA H200"), "{name}");
+                assert_eq!(attr(p, "hw.driver_version"), want("570.133.20"), "{name}");
+                assert_eq!(
+                    attr(p, "hw.firmware_version"),
+                    want("96.00.99.00.01"),
+                    "{name}"
+                );
+                let serial = if first {
+                    want("1654322000001")
+                } else {
+                    Vec::new()
+                };
+                assert_eq!(attr(p, "hw.serial_number"), serial, "{name}");
+            }
+        }
+    }
 }
 
 /// The Kubernetes writer pushes its points by name (its crate does not see

@@ -748,7 +748,9 @@ fn semconv_export(semconv: Semconv) -> Received {
 
 /// `gpuwatch` keeps gpuwatch's names only; `otel` replaces gpu.ecc.errors
 /// with hw.errors{hw.type=gpu} and gpu.health.verdict with hw.status and puts
-/// hw.vendor / hw.model on every GPU point; `dup` sends both.
+/// hw.vendor, hw.model, hw.driver_version, hw.firmware_version and
+/// hw.serial_number (where the board has one) on every GPU point; `dup` sends
+/// both. hw.energy (J, a monotonic cumulative sum) is sent in every mode.
 #[test]
 fn semconv_modes_export_gpuwatch_otel_or_both_names() {
     for semconv in [Semconv::Gpuwatch, Semconv::Otel, Semconv::Dup] {
@@ -760,6 +762,18 @@ fn semconv_modes_export_gpuwatch_otel_or_both_names() {
         assert_eq!(has("hw.status"), semconv.otel(), "{mode}");
         // Unchanged in every mode.
         assert!(has("gpu.xid.errors") && has("hw.power"), "{mode}");
+        let energy = got.metric("hw.energy").expect("hw.energy in every mode");
+        assert_eq!(energy.unit, "J", "{mode}");
+        assert_eq!(energy.data_type, "Sum", "{mode}");
+        assert_eq!(energy.monotonic.as_deref(), Some("true"), "{mode}");
+        let joules = |index: &str| {
+            energy
+                .point(&[("gpu.index", index), ("hw.type", "Str(gpu)")])
+                .and_then(|p| p.value.as_deref()?.parse::<f64>().ok())
+        };
+        // NVML's 1,234,567 mJ and 1,235,567 mJ.
+        assert_eq!(joules("Int(0)"), Some(1234.567), "{mode}");
+        assert_eq!(joules("Int(1)"), Some(1235.567), "{mode}");
         let gpu = |m: &Metric| {
             m.points
                 .iter()
@@ -805,17 +819,30 @@ fn semconv_modes_export_gpuwatch_otel_or_both_names() {
         for m in got.metrics.iter().filter(|m| m.name.starts_with("hw.")) {
             for p in gpu(m) {
                 let a = |k: &str| p.attrs.get(k).map(String::as_str);
-                if semconv.otel() {
-                    assert_eq!(a("hw.vendor"), Some("Str(NVIDIA)"), "{mode} {}", m.name);
-                    assert_eq!(
-                        a("hw.model"),
-                        Some("Str(NVIDIA H100 80GB HBM3)"),
-                        "{mode} {}",
-                        m.name
-                    );
-                } else {
-                    assert_eq!(a("hw.vendor"), None, "{mode} {}", m.name);
-                }
+                let on = |v: &'static str| semconv.otel().then_some(v);
+                let name = &m.name;
+                assert_eq!(a("hw.vendor"), on("Str(NVIDIA)"), "{mode} {name}");
+                assert_eq!(
+                    a("hw.model"),
+                    on("Str(NVIDIA H100 80GB HBM3)"),
+                    "{mode} {name}"
+                );
+                assert_eq!(
+                    a("hw.driver_version"),
+                    on("Str(570.133.20)"),
+                    "{mode} {name}"
+                );
+                assert_eq!(
+                    a("hw.firmware_version"),
+                    on("Str(96.00.99.00.01)"),
+                    "{mode} {name}"
+                );
+                // GPU 1's board has no serial: no attribute, never an empty one.
+                let serial = match a("gpu.index") {
+                    Some("Int(0)") => on("Str(1654322000001)"),
+                    _ => None,
+                };
+                assert_eq!(a("hw.serial_number"), serial, "{mode} {name}");
                 assert!(a("hw.id").is_some(), "{mode} {}", m.name);
             }
         }
