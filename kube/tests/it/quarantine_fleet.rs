@@ -37,7 +37,7 @@ fn gpu_node(i: usize) -> Node {
 
 /// One GPU, healthy or with an XID 79 that asks for a hardware inspection.
 fn health(faulty: bool) -> NodeHealth {
-    let h = build::healthy("", 1, "boot-a");
+    let h = gpuwatch_test_support::health::healthy("", 1, "boot-a");
     if faulty {
         build::with_fault(h, 0, 79, Action::InspectHardware, 1)
     } else {
