@@ -25,9 +25,10 @@
 //! the engine can drain and end only after every input is gone, and it never
 //! waits on a sender that the assembly forgot to drop.
 //!
-//! A new part is one more entry: a type with a `start` that takes its channel
-//! (an engine sender, for a part that feeds the engine) and the shutdown
-//! signal, a `stop` that takes its share of the budget and reports a thread
+//! A new part is one more entry: a type with a `start` that takes its
+//! [`InputContext`](crate::input::InputContext) (for a part that feeds the
+//! engine: the sources' shutdown, an engine sender, a heartbeat for the
+//! input watchdog), a `stop` that takes its share of the budget and reports a thread
 //! it had to leave behind, one line in [`Prepared::start`] and one in the stop
 //! step it belongs to.
 
@@ -45,8 +46,10 @@ pub(crate) use sinks::{Sinks, build_sinks, resource_info};
 pub(crate) use summary::RunSummary;
 
 use crate::api::{self, ApiState};
+use crate::input::InputContext;
 use crate::liveness::Liveness;
 use crate::pipeline::{ENGINE_CHANNEL_CAPACITY, StopReason};
+use crate::status::AgentStatus;
 use engine::EngineThread;
 use gpuwatch_core::heartbeat::Watchdog;
 use gpuwatch_core::{Registry, Shutdown};
@@ -167,13 +170,7 @@ impl Prepared {
         engine.set_placement_asks(placement.asks());
         let shutdown = Shutdown::new();
         let (stop_tx, stop_rx) = crossbeam_channel::unbounded::<StopReason>();
-        let kmsg_args = self.kmsg_source(
-            &mut engine,
-            &registry,
-            &liveness,
-            shutdown.clone(),
-            Some(stop_tx.clone()),
-        );
+        let kmsg_args = self.kmsg_source(&mut engine, &registry, &liveness, Some(stop_tx.clone()));
         // The sinks start before the engine thread: seed the channel with the
         // restored state, so the node writer's first pass after a restart
         // converges to it instead of to an empty "starting" health (which would
@@ -202,25 +199,28 @@ impl Prepared {
             &liveness,
             stop_tx.clone(),
         )?;
-        let kmsg = KmsgReader::start(kmsg_args, inlet.sender())?;
-        let nvml = NvmlFeed::start(self.nvml(), inlet.sender(), &registry, &liveness, &shutdown)?;
-        let mut placement = placement.start(&rt, inlet.sender(), &registry)?;
-        let nic = NicPoller::start(self.network(), inlet.sender(), &shutdown)?;
+        // Every input takes one context: the sources' shutdown, a sender
+        // into the engine channel, a heartbeat of its own.
+        let input = || InputContext::new(shutdown.clone(), inlet.sender());
+        let kmsg = KmsgReader::start(kmsg_args, input())?;
+        let nvml = NvmlFeed::start(self.nvml(), input(), &registry, &liveness)?;
+        let mut placement = placement.start(&rt, input(), &registry)?;
+        let mut nic = NicPoller::start(self.network(), input())?;
         let mut watchdog = Watchdog::new();
-        let watched = (nic.watched().into_iter())
+        let watched = (nic.take_watched().into_iter())
             .chain(placement.take_watched())
             .chain(std::mem::take(&mut sinks.watched));
         for w in watched {
             watchdog.watch(w);
         }
-        let watchdog = InputWatchdog::start(watchdog, inlet.sender(), &shutdown)?;
+        let watchdog = InputWatchdog::start(watchdog, input())?;
         let api_state = ApiState {
-            registry: registry.clone(),
-            kube: kube.subscribe(),
-            liveness,
+            status: AgentStatus::new(registry.clone(), kube.subscribe(), liveness),
             metrics: sinks.metrics.take().filter(|_| self.prometheus().is_some()),
         };
-        let api = LocalApi::start(&self, &rt, api_state, inlet.into_sender())?;
+        // The API stops after the sources: a shutdown of its own.
+        let api_ctx = InputContext::new(Shutdown::new(), inlet.into_sender());
+        let api = LocalApi::start(&self, &rt, api_state, api_ctx)?;
         inputs::watch_signals(&rt, stop_tx);
         tracing::info!(
             node = %self.node_name(),

@@ -27,15 +27,13 @@
 //! |---|---|
 //! | `POST /v1/clear` | `{"gpu": "0" \| "GPU-…" \| "0000:3b:00.0" (optional: all), "reason": "…"}` with `Content-Type: application/json`; answers `{"cleared": N}` once the engine applied it |
 
-use crate::liveness::Liveness;
+use crate::status::AgentStatus;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
-use gpuwatch_core::Registry;
 use gpuwatch_core::msg::Input;
-use gpuwatch_kube::KubeStatus;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -117,14 +115,8 @@ pub enum LocalApiError {
 /// What the handlers read.
 #[derive(Clone)]
 pub struct ApiState {
-    /// Metrics and the latest node health.
-    pub registry: Arc<Registry>,
-    /// The Kubernetes writer's status: the quarantine budget's status and
-    /// the held conditions (`/v1/health`), whether the budget works
-    /// (`/readyz`). Without a writer, a receiver of the default status.
-    pub kube: tokio::sync::watch::Receiver<KubeStatus>,
-    /// Thread liveness and readiness.
-    pub liveness: Arc<Liveness>,
+    /// What `/healthz`, `/readyz` and `/v1/health` show.
+    pub status: AgentStatus,
     /// `/metrics` renderer; `None` answers 404.
     pub metrics: Option<MetricsRenderer>,
 }
@@ -132,7 +124,7 @@ pub struct ApiState {
 impl std::fmt::Debug for ApiState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ApiState")
-            .field("liveness", &self.liveness)
+            .field("status", &self.status)
             .field("metrics", &self.metrics.is_some())
             .finish_non_exhaustive()
     }
@@ -380,9 +372,13 @@ fn json_response(status: StatusCode, body: serde_json::Value) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
+/// Unix seconds now, the clock of the threads' heartbeats.
+fn now_unix_secs() -> u64 {
+    gpuwatch_core::clock::unix_nanos(std::time::SystemTime::now()) / 1_000_000_000
+}
+
 async fn healthz(State(s): State<ApiState>) -> Response {
-    let now = gpuwatch_core::clock::unix_nanos(std::time::SystemTime::now()) / 1_000_000_000;
-    let l = s.liveness.status(now);
+    let l = s.status.liveness(now_unix_secs());
     let alive = l.alive();
     let status = if alive {
         StatusCode::OK
@@ -403,13 +399,9 @@ async fn healthz(State(s): State<ApiState>) -> Response {
 }
 
 async fn readyz(State(s): State<ApiState>) -> Response {
-    let now = gpuwatch_core::clock::unix_nanos(std::time::SystemTime::now()) / 1_000_000_000;
-    let l = s.liveness.status(now);
-    // A quarantine budget that cannot work (a Role without Leases) fails
-    // readiness, so a DaemonSet rollout of a broken Role stops at its first
-    // nodes instead of reaching the fleet.
-    let budget_unavailable = s.kube.borrow().quarantine_unavailable;
-    let ready = l.ready() && !budget_unavailable;
+    let r = s.status.readiness(now_unix_secs());
+    let ready = r.ready();
+    let l = &r.liveness;
     json_response(
         if ready {
             StatusCode::OK
@@ -422,33 +414,13 @@ async fn readyz(State(s): State<ApiState>) -> Response {
             "state_loaded": l.state_loaded,
             "kmsg_caught_up": l.kmsg_caught_up,
             "kmsg_unavailable": l.kmsg_unavailable,
-            "quarantine_budget_unavailable": budget_unavailable,
+            "quarantine_budget_unavailable": r.quarantine_budget_unavailable,
         }),
     )
 }
 
 async fn health(State(s): State<ApiState>) -> Response {
-    let mut h = s.registry.health();
-    {
-        let kube = s.kube.borrow();
-        // The Kubernetes writer's view of the quarantine budget, beside the
-        // engine's health.
-        if let Some(q) = &kube.quarantine {
-            Arc::make_mut(&mut h).quarantine = Some(q.clone());
-        }
-        // The conditions the writer holds in their problem status, and until when.
-        if !kube.condition_holds.is_empty() {
-            Arc::make_mut(&mut h).condition_holds = kube.condition_holds.clone();
-        }
-        // The devices a DeviceTaintRule isolates instead of the Node taint,
-        // and why device isolation cannot work where it cannot.
-        if !kube.isolated_devices.is_empty() {
-            Arc::make_mut(&mut h).isolated_devices = kube.isolated_devices.clone();
-        }
-        if let Some(why) = &kube.device_isolation_unavailable {
-            Arc::make_mut(&mut h).device_isolation_unavailable = why.clone();
-        }
-    }
+    let h = s.status.health();
     match serde_json::to_value(&*h) {
         Ok(v) => json_response(StatusCode::OK, v),
         Err(e) => json_response(
@@ -589,6 +561,8 @@ async fn metrics(State(s): State<ApiState>, headers: axum::http::HeaderMap) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::liveness::Liveness;
+    use gpuwatch_core::Registry;
     use gpuwatch_proto::{NodeHealth, Verdict};
     use std::io::{Read, Write};
 
@@ -624,9 +598,7 @@ mod tests {
         registry.set_health(Arc::new(h));
         let kube = gpuwatch_kube::KubeMetrics::new();
         let state = ApiState {
-            registry: registry.clone(),
-            kube: kube.subscribe(),
-            liveness: liveness.clone(),
+            status: AgentStatus::new(registry.clone(), kube.subscribe(), liveness.clone()),
             metrics: Some(Arc::new(|_| "gpuwatch_up 1\n".to_string())),
         };
         let listener = rt.block_on(bind("127.0.0.1:0")).unwrap();
@@ -757,9 +729,11 @@ mod tests {
 
     fn state() -> ApiState {
         ApiState {
-            registry: Registry::new(),
-            kube: gpuwatch_kube::KubeMetrics::new().subscribe(),
-            liveness: Liveness::new(),
+            status: AgentStatus::new(
+                Registry::new(),
+                gpuwatch_kube::KubeMetrics::new().subscribe(),
+                Liveness::new(),
+            ),
             metrics: None,
         }
     }

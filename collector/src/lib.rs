@@ -14,6 +14,7 @@ mod attribution;
 mod boot;
 mod config;
 mod explain;
+mod input;
 mod kmsg;
 mod liveness;
 mod nic;
@@ -21,6 +22,7 @@ mod nvml;
 mod pipeline;
 mod scan;
 mod settings;
+mod status;
 
 // What the `gpuwatch` binary (`main.rs`, `cmd/`), the integration tests, the
 // benchmarks and the demo use; everything else stays inside the crate.
@@ -33,9 +35,11 @@ pub use config::{Config, ConfigError, DEFAULT_STATE_DIR, LogFormat};
 pub use explain::{
     ExplainArgs, ExplainError, ExplainFormat, run as explain, run_network as explain_network,
 };
+pub use input::InputContext;
 pub use liveness::Liveness;
 pub use nic::{ERROR_COUNTERS, NicReader, RELAYOUT_EVERY, spawn_nic_poller};
 pub use nvml::{
     NvmlConfig, NvmlError, NvmlSources, poll_once as poll_nvml_once, start as start_nvml,
 };
 pub use scan::{ScanArgs, ScanError, ScanFormat, ScanSummary, run as scan, scan_bytes};
+pub use status::AgentStatus;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 /// Liveness and readiness of the agent's threads. Each thread reports its own
 /// progress through the methods here (cheap private atomics, one store per
-/// loop pass); the local API reads them as one [`LivenessStatus`].
+/// loop pass); the local API reads them as one `LivenessStatus`.
 #[derive(Debug, Default)]
 pub struct Liveness {
     /// The engine thread is running.

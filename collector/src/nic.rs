@@ -71,8 +71,9 @@
 //! thread, reports the poller stalled once it has made no progress for
 //! [`stall_deadline`], naming the file, and reports it again when it moves.
 
-use gpuwatch_core::Shutdown;
+use crate::input::InputContext;
 use gpuwatch_core::heartbeat::{self, Progress};
+use gpuwatch_core::msg::Input;
 use gpuwatch_core::network::{
     CounterReading, CounterValue, LinkLayer, NetworkSettings, NicScan, PCI_VENDOR_AMAZON,
     PhysState, PortId, PortReading, PortState, parse_link_layer, parse_pci_vendor,
@@ -752,19 +753,19 @@ pub(crate) fn stall_deadline(interval: Duration) -> Duration {
 
 /// Starts the NIC poller thread: a [`NicReader`] over `settings.sysfs_root`
 /// scans at once and then every `settings.poll_interval` (on a fixed cadence;
-/// a scan that overruns skips the ticks it missed), handing each scan to
-/// `send`. The thread ends when `shutdown` is triggered (at once, also during
-/// the wait) or when `send` returns false (its receiver is gone); with
-/// `settings.enabled` false it ends without scanning. An interval under
-/// 100 ms (the settings' minimum) is taken as 100 ms. The poller reports
-/// what it does to `progress` (for the agent's watchdog). A read that never
-/// returns keeps the thread in it, also past `shutdown`: whoever joins it
-/// must not wait for ever. The error is the thread's creation failing.
+/// a scan that overruns skips the ticks it missed), offering each scan to
+/// the engine ([`InputContext::offer`]: a scan that finds the channel full
+/// is skipped, the next one carries the whole state again). The thread ends
+/// when `ctx`'s shutdown is triggered (at once, also during the wait) or
+/// when the channel's receiver is gone; with `settings.enabled` false it
+/// ends without scanning. An interval under 100 ms (the settings' minimum)
+/// is taken as 100 ms. The poller beats `ctx`'s heartbeat and names each
+/// file it reads (for the agent's watchdog). A read that never returns
+/// keeps the thread in it, also past the shutdown: whoever joins it must
+/// not wait for ever. The error is the thread's creation failing.
 pub fn spawn_nic_poller(
     settings: NetworkSettings,
-    mut send: impl FnMut(NicScan) -> bool + Send + 'static,
-    shutdown: Shutdown,
-    progress: Arc<Progress>,
+    ctx: InputContext,
 ) -> io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name("nic-poller".into())
@@ -775,12 +776,12 @@ pub fn spawn_nic_poller(
             // The settings' own minimum, also for settings built by hand.
             let interval = settings.poll_interval.max(Duration::from_millis(100));
             let mut reader = NicReader::new(settings.sysfs_root);
-            reader.progress = progress;
+            reader.progress = ctx.progress().clone();
             let mut next = Instant::now();
-            while !shutdown.is_triggered() {
+            while !ctx.is_stopping() {
                 reader.progress.beat();
                 let at = Instant::now();
-                if !send(reader.scan(at)) {
+                if !ctx.offer(Input::Network(reader.scan(at))) {
                     return;
                 }
                 next += interval;
@@ -790,7 +791,7 @@ pub fn spawn_nic_poller(
                     let missed = (now - next).as_nanos() / interval.as_nanos() + 1;
                     next += interval * u32::try_from(missed).unwrap_or(u32::MAX);
                 }
-                if shutdown.wait_deadline(next) {
+                if ctx.shutdown().wait_deadline(next) {
                     return;
                 }
             }

@@ -49,6 +49,7 @@ mod mig;
 mod poll;
 mod watchdog;
 
+use crate::input::InputContext;
 use crate::liveness::Liveness;
 use crossbeam_channel::{SendTimeoutError, Sender, TrySendError};
 use gpuwatch_core::msg::{Input, MonitorInput};
@@ -339,15 +340,19 @@ impl NvmlSources {
 /// Never panics when NVML is missing: reports `MonitorStatus{ok:false}` and
 /// retries. The threads (the sources' supervisors, which never call NVML) end
 /// within the call deadline once `shutdown` is triggered, or when `tx`'s
-/// receiver is gone. Starts no threads when `enabled` is false. The progress
-/// heartbeats go to `liveness` (checked by [`Liveness::nvml_progress_ok`]).
+/// receiver is gone. Starts no threads when `enabled` is false. The
+/// sources send into `ctx`'s channel and stop at its shutdown; their
+/// progress heartbeats, one per source and held to the call deadline, go
+/// to `liveness` (checked by [`Liveness::nvml_progress_ok`]) rather than to
+/// `ctx`'s: a hung NVML call is the agent's to restart, not a stall to wait
+/// out.
 pub fn start(
     cfg: &NvmlSettings,
-    tx: Sender<Input>,
     registry: Arc<Registry>,
-    shutdown: Shutdown,
     liveness: Arc<Liveness>,
+    ctx: InputContext,
 ) -> NvmlSources {
+    let (tx, shutdown) = (ctx.out().clone(), ctx.shutdown().clone());
     let mut sources = NvmlSources {
         threads: Vec::new(),
         shutdown: shutdown.clone(),
@@ -848,7 +853,8 @@ mod tests {
             enabled: false,
             ..NvmlSettings::default()
         };
-        let sources = start(&cfg, tx, Registry::new(), Shutdown::new(), Liveness::new());
+        let ctx = InputContext::new(Shutdown::new(), tx);
+        let sources = start(&cfg, Registry::new(), Liveness::new(), ctx);
         assert!(sources.is_empty());
     }
 }

@@ -36,7 +36,7 @@ use gpuwatch_proto::{FaultEvent, NodeHealth};
 use logs::{Driver, LogQueue, OtlpLogSink, QueueSettings, Worker};
 use opentelemetry::metrics::{AsyncInstrument, MeterProvider as _};
 use opentelemetry::{InstrumentationScope, KeyValue, Value};
-use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _, WithTonicConfig as _};
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::metrics::data::ResourceMetrics;
@@ -281,14 +281,57 @@ fn metadata(
     opentelemetry_otlp::tonic_types::metadata::MetadataMap::from_headers(map)
 }
 
+/// A gRPC exporter builder of either signal set from the signal's settings:
+/// endpoint, timeout, headers as metadata, gzip, TLS, and `retry`.
+fn grpc_settings<B: WithExportConfig + WithTonicConfig>(
+    b: B,
+    r: &ResolvedSignal,
+    tls: Option<&TlsMaterial>,
+    retry: opentelemetry_otlp::RetryPolicy,
+) -> B {
+    let mut b = b
+        .with_endpoint(r.endpoint.clone())
+        .with_protocol(opentelemetry_otlp::Protocol::Grpc)
+        .with_timeout(r.timeout)
+        .with_metadata(metadata(&r.headers))
+        .with_retry_policy(retry);
+    if r.gzip {
+        b = b.with_compression(opentelemetry_otlp::Compression::Gzip);
+    }
+    if let Some(t) = tls {
+        b = b.with_tls_config(t.tonic());
+    }
+    b
+}
+
+/// An HTTP (protobuf) exporter builder of either signal set from the
+/// signal's settings: endpoint, timeout, headers, gzip, TLS (a client of its
+/// own, which can fail to build), and `retry`.
+fn http_settings<B: WithExportConfig + WithHttpConfig>(
+    b: B,
+    r: &ResolvedSignal,
+    tls: Option<&TlsMaterial>,
+    retry: opentelemetry_otlp::RetryPolicy,
+) -> Result<B, OtlpError> {
+    let mut b = b
+        .with_endpoint(r.endpoint.clone())
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+        .with_timeout(r.timeout)
+        .with_headers(r.headers.clone().into_iter().collect::<HashMap<_, _>>())
+        .with_retry_policy(retry);
+    if r.gzip {
+        b = b.with_compression(opentelemetry_otlp::Compression::Gzip);
+    }
+    if let Some(t) = tls {
+        b = b.with_http_client(t.http_client(r.timeout)?);
+    }
+    Ok(b)
+}
+
 fn build_metric_exporter(
     r: &ResolvedSignal,
     tls: Option<&TlsMaterial>,
 ) -> Result<opentelemetry_otlp::MetricExporter, OtlpError> {
-    let err = |source| OtlpError::Build {
-        signal: "metrics",
-        source,
-    };
     let builder =
         opentelemetry_otlp::MetricExporter::builder().with_temporality(Temporality::Cumulative);
     // The exporter's own retry backs off exponentially with jitter; its
@@ -298,39 +341,13 @@ fn build_metric_exporter(
         .with_max_jitter(METRIC_RETRY_MAX_DELAY)
         .with_max_delay(METRIC_RETRY_MAX_DELAY);
     match r.protocol {
-        Protocol::Grpc => {
-            let mut b = builder
-                .with_tonic()
-                .with_endpoint(r.endpoint.clone())
-                .with_protocol(opentelemetry_otlp::Protocol::Grpc)
-                .with_timeout(r.timeout)
-                .with_metadata(metadata(&r.headers))
-                .with_retry_policy(retry);
-            if r.gzip {
-                b = b.with_compression(opentelemetry_otlp::Compression::Gzip);
-            }
-            if let Some(t) = tls {
-                b = b.with_tls_config(t.tonic());
-            }
-            b.build().map_err(err)
-        }
-        Protocol::HttpProtobuf => {
-            let mut b = builder
-                .with_http()
-                .with_endpoint(r.endpoint.clone())
-                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                .with_timeout(r.timeout)
-                .with_headers(r.headers.clone().into_iter().collect::<HashMap<_, _>>())
-                .with_retry_policy(retry);
-            if r.gzip {
-                b = b.with_compression(opentelemetry_otlp::Compression::Gzip);
-            }
-            if let Some(t) = tls {
-                b = b.with_http_client(t.http_client(r.timeout)?);
-            }
-            b.build().map_err(err)
-        }
+        Protocol::Grpc => grpc_settings(builder.with_tonic(), r, tls, retry).build(),
+        Protocol::HttpProtobuf => http_settings(builder.with_http(), r, tls, retry)?.build(),
     }
+    .map_err(|source| OtlpError::Build {
+        signal: "metrics",
+        source,
+    })
 }
 
 /// Longest wait (and widest jitter) between retries of one metric export.
@@ -340,46 +357,17 @@ fn build_log_exporter(
     r: &ResolvedSignal,
     tls: Option<&TlsMaterial>,
 ) -> Result<opentelemetry_otlp::LogExporter, OtlpError> {
-    let err = |source| OtlpError::Build {
-        signal: "logs",
-        source,
-    };
+    let builder = opentelemetry_otlp::LogExporter::builder();
     // gpuwatch retries itself (the batch stays at the head of its queue).
     let no_retry = opentelemetry_otlp::RetryPolicy::disabled();
     match r.protocol {
-        Protocol::Grpc => {
-            let mut b = opentelemetry_otlp::LogExporter::builder()
-                .with_tonic()
-                .with_endpoint(r.endpoint.clone())
-                .with_protocol(opentelemetry_otlp::Protocol::Grpc)
-                .with_timeout(r.timeout)
-                .with_metadata(metadata(&r.headers))
-                .with_retry_policy(no_retry);
-            if r.gzip {
-                b = b.with_compression(opentelemetry_otlp::Compression::Gzip);
-            }
-            if let Some(t) = tls {
-                b = b.with_tls_config(t.tonic());
-            }
-            b.build().map_err(err)
-        }
-        Protocol::HttpProtobuf => {
-            let mut b = opentelemetry_otlp::LogExporter::builder()
-                .with_http()
-                .with_endpoint(r.endpoint.clone())
-                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                .with_timeout(r.timeout)
-                .with_headers(r.headers.clone().into_iter().collect::<HashMap<_, _>>())
-                .with_retry_policy(no_retry);
-            if r.gzip {
-                b = b.with_compression(opentelemetry_otlp::Compression::Gzip);
-            }
-            if let Some(t) = tls {
-                b = b.with_http_client(t.http_client(r.timeout)?);
-            }
-            b.build().map_err(err)
-        }
+        Protocol::Grpc => grpc_settings(builder.with_tonic(), r, tls, no_retry).build(),
+        Protocol::HttpProtobuf => http_settings(builder.with_http(), r, tls, no_retry)?.build(),
     }
+    .map_err(|source| OtlpError::Build {
+        signal: "logs",
+        source,
+    })
 }
 
 /// Wraps the OTLP metric exporter to count failed exports.

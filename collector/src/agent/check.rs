@@ -3,6 +3,7 @@
 //! one pass of the agent's kernel-log reader over the ring of this boot.
 
 use super::Prepared;
+use crate::input::InputContext;
 use crate::liveness::Liveness;
 use crate::pipeline::ENGINE_CHANNEL_CAPACITY;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
@@ -61,8 +62,9 @@ impl Prepared {
         let liveness = Liveness::new();
         let shutdown = Shutdown::new();
         let (tx, rx) = crossbeam_channel::bounded(ENGINE_CHANNEL_CAPACITY);
-        let args = self.kmsg_source(engine, registry, &liveness, shutdown.clone(), None);
-        let thread = crate::kmsg::spawn(args, tx).map_err(CheckError::KmsgSpawn)?;
+        let args = self.kmsg_source(engine, registry, &liveness, None);
+        let ctx = InputContext::new(shutdown.clone(), tx);
+        let thread = crate::kmsg::spawn(args, ctx).map_err(CheckError::KmsgSpawn)?;
         let mut pass = KmsgPass::default();
         pass.read(engine, &rx, &liveness);
         shutdown.trigger();

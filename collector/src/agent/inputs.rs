@@ -2,9 +2,11 @@
 //! sources, the placement sources (the pod listing and the kubelet's
 //! PodResources, [`PlacementSources`]), the NIC poller, the watchdog over
 //! their heartbeats, the local API (operator clears) and the node writer's
-//! validation reports. Each is
-//! started with its sender into the engine channel and the sources' shutdown
-//! signal (or a stop of its own), and [`Inputs::stop`] stops them all.
+//! validation reports. Each is started with one [`InputContext`] (the
+//! sources' shutdown, a sender into the engine channel, a heartbeat; the API
+//! has a shutdown of its own: it stops after the sources), except the pod
+//! listing and the node writer, which the Kubernetes crate starts with its
+//! own; [`Inputs::stop`] stops them all.
 //!
 //! Who holds an engine sender is decided by the types: [`EngineInlet`] is the
 //! channel's sending side while the agent starts and cannot be cloned; each
@@ -17,11 +19,12 @@
 use super::placement::PlacementSources;
 use super::{RunError, StillRunning, StopBudget, join_within};
 use crate::api::{self, ApiState};
+use crate::input::InputContext;
 use crate::kmsg::{self, KmsgSourceArgs, KmsgSummary};
 use crate::liveness::Liveness;
 use crate::pipeline::{NVML_CHANNEL_CAPACITY, StopReason};
 use crossbeam_channel::{Receiver, Sender};
-use gpuwatch_core::heartbeat::{Progress, Watched};
+use gpuwatch_core::heartbeat::Watched;
 use gpuwatch_core::msg::{Input, MonitorInput};
 use gpuwatch_core::{Registry, Shutdown};
 use std::sync::Arc;
@@ -118,9 +121,9 @@ pub(super) struct KmsgReader {
 }
 
 impl KmsgReader {
-    pub(super) fn start(args: KmsgSourceArgs, tx: Sender<Input>) -> Result<KmsgReader, RunError> {
+    pub(super) fn start(args: KmsgSourceArgs, ctx: InputContext) -> Result<KmsgReader, RunError> {
         let started = Instant::now();
-        let thread = kmsg::spawn(args, tx).map_err(|source| RunError::Spawn {
+        let thread = kmsg::spawn(args, ctx).map_err(|source| RunError::Spawn {
             what: "kmsg thread",
             source,
         })?;
@@ -149,39 +152,37 @@ impl NvmlFeed {
     /// conditions would read "NVML not reported yet" forever).
     pub(super) fn start(
         cfg: &crate::nvml::NvmlSettings,
-        tx: Sender<Input>,
+        ctx: InputContext,
         registry: &Arc<Registry>,
         liveness: &Arc<Liveness>,
-        shutdown: &Shutdown,
     ) -> Result<NvmlFeed, RunError> {
         if !cfg.enabled {
-            let _ = tx.send(Input::MonitorStatus {
-                input: MonitorInput::Nvml,
-                ok: false,
-                message: "NVML disabled (nvml.enabled = false or --no-nvml)".to_string(),
-            });
+            ctx.report(
+                MonitorInput::Nvml,
+                false,
+                "NVML disabled (nvml.enabled = false or --no-nvml)".to_string(),
+            );
             return Ok(NvmlFeed {
                 threads: Vec::new(),
             });
         }
+        // The sources send into their own channel; the forwarder passes
+        // that on into `ctx`'s with the drop-oldest rule for samples.
         let (nvml_tx, nvml_rx) = crossbeam_channel::bounded(NVML_CHANNEL_CAPACITY);
-        let mut threads = crate::nvml::start(
-            cfg,
-            nvml_tx,
-            registry.clone(),
-            shutdown.clone(),
-            liveness.clone(),
-        )
-        .into_threads();
+        let shutdown = ctx.shutdown().clone();
+        let sources_ctx = InputContext::new(shutdown.clone(), nvml_tx);
+        let mut threads =
+            crate::nvml::start(cfg, registry.clone(), liveness.clone(), sources_ctx).into_threads();
         // A hung NVML call stops the sources' heartbeats: /healthz fails once
         // they stood still for the call deadline plus a margin.
         let deadline = cfg.call_timeout + Duration::from_secs(10);
         liveness.set_nvml_progress_deadline(deadline);
-        let (reg, sd) = (registry.clone(), shutdown.clone());
+        let (reg, tx) = (registry.clone(), ctx.out().clone());
+        drop(ctx);
         threads.push(
             std::thread::Builder::new()
                 .name("gpuwatch-nvml-fwd".into())
-                .spawn(move || crate::pipeline::forward_nvml(nvml_rx, tx, reg, sd))
+                .spawn(move || crate::pipeline::forward_nvml(nvml_rx, tx, reg, shutdown))
                 .map_err(|source| RunError::Spawn {
                     what: "NVML forwarder thread",
                     source,
@@ -206,8 +207,8 @@ impl NvmlFeed {
 #[derive(Debug)]
 pub(super) struct NicPoller {
     thread: Option<JoinHandle<()>>,
-    progress: Arc<Progress>,
-    deadline: Duration,
+    /// Its heartbeat, until the watchdog takes it.
+    watched: Option<Watched>,
 }
 
 /// Stop budget of the NIC poller (it wakes for the shutdown at once; a scan
@@ -216,51 +217,31 @@ pub(super) struct NicPoller {
 const NIC_STOP: Duration = Duration::from_secs(1);
 
 impl NicPoller {
-    /// Starts the poller. A scan that finds the engine's channel full is
-    /// skipped, not waited for: the next one carries the whole state again
-    /// (counters are cumulative), and a storm of kernel-log faults goes
-    /// first.
+    /// Starts the poller with `ctx` (see [`crate::nic::spawn_nic_poller`]:
+    /// a scan that finds the engine's channel full is skipped).
     pub(super) fn start(
         settings: &gpuwatch_core::network::NetworkSettings,
-        tx: Sender<Input>,
-        shutdown: &Shutdown,
+        ctx: InputContext,
     ) -> Result<NicPoller, RunError> {
-        let progress = Progress::new();
         let deadline = crate::nic::stall_deadline(settings.poll_interval);
-        if !settings.enabled {
-            return Ok(NicPoller {
-                thread: None,
-                progress,
-                deadline,
-            });
-        }
-        let send = move |scan| match tx.try_send(Input::Network(scan)) {
-            Ok(()) | Err(crossbeam_channel::TrySendError::Full(_)) => true,
-            Err(crossbeam_channel::TrySendError::Disconnected(_)) => false,
-        };
-        let poller = crate::nic::spawn_nic_poller(
-            settings.clone(),
-            send,
-            shutdown.clone(),
-            progress.clone(),
-        )
-        .map_err(|source| RunError::Spawn {
-            what: "NIC poller thread",
-            source,
-        })?;
-        Ok(NicPoller {
-            thread: Some(poller),
-            progress,
-            deadline,
-        })
+        let watched = settings.enabled.then(|| {
+            ctx.watched(MonitorInput::Network, deadline)
+                .verb("reading ")
+        });
+        let thread = settings
+            .enabled
+            .then(|| crate::nic::spawn_nic_poller(settings.clone(), ctx))
+            .transpose()
+            .map_err(|source| RunError::Spawn {
+                what: "NIC poller thread",
+                source,
+            })?;
+        Ok(NicPoller { thread, watched })
     }
 
-    /// Its heartbeat for the input watchdog, while it runs.
-    pub(super) fn watched(&self) -> Option<Watched> {
-        self.thread.as_ref().map(|_| {
-            Watched::new(MonitorInput::Network, self.progress.clone(), self.deadline)
-                .verb("reading ")
-        })
+    /// Its heartbeat for the input watchdog, while it runs (taken once).
+    pub(super) fn take_watched(&mut self) -> Option<Watched> {
+        self.watched.take()
     }
 
     fn stop(self, budget: &StopBudget, left: &mut StillRunning) {
@@ -274,18 +255,20 @@ impl NicPoller {
 /// to the engine.
 #[derive(Debug)]
 pub(super) struct LocalApi {
-    stop_tx: tokio::sync::oneshot::Sender<()>,
+    /// The API's own stop signal (it stops after the sources).
+    shutdown: Shutdown,
     task: tokio::task::JoinHandle<Result<(), api::LocalApiError>>,
 }
 
 impl LocalApi {
-    /// Binds the API's listen address and serves on `rt` (none when the API
-    /// is off; the sender is dropped then).
+    /// Binds the API's listen address and serves on `rt` until `ctx`'s
+    /// shutdown, forwarding clears into `ctx`'s channel (none when the API
+    /// is off; the context, and its sender, is dropped then).
     pub(super) fn start(
         prepared: &super::Prepared,
         rt: &tokio::runtime::Runtime,
         state: ApiState,
-        engine: Sender<Input>,
+        ctx: InputContext,
     ) -> Result<Option<LocalApi>, RunError> {
         let Some(listen) = prepared.api_listen() else {
             return Ok(None);
@@ -296,23 +279,22 @@ impl LocalApi {
             .map(|a| a.to_string())
             .unwrap_or_default();
         tracing::info!(addr = %addr, "API listening.");
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = ctx.shutdown().clone();
+        let clear = api::ClearSocket {
+            path: api::clear_socket_path(prepared.state_dir()),
+            engine: ctx.out().clone(),
+        };
         let task = rt.spawn(api::serve_with_control(
             listener,
             state,
-            Some(api::ClearSocket {
-                path: api::clear_socket_path(prepared.state_dir()),
-                engine,
-            }),
-            async {
-                let _ = stop_rx.await;
-            },
+            Some(clear),
+            async move { ctx.stopped().await },
         ));
-        Ok(Some(LocalApi { stop_tx, task }))
+        Ok(Some(LocalApi { shutdown, task }))
     }
 
     fn stop(self, budget: &StopBudget, rt: &tokio::runtime::Runtime, left: &mut StillRunning) {
-        let _ = self.stop_tx.send(());
+        self.shutdown.trigger();
         let limit = budget.share(API_STOP);
         match rt.block_on(async { tokio::time::timeout(limit, self.task).await }) {
             Ok(Ok(Err(e))) => tracing::warn!(error = %e, "API server ended with an error."),

@@ -17,11 +17,12 @@
 
 use super::{Prepared, RunError, StillRunning, StopBudget};
 use crate::attribution::podresources::{self, KubeletSettings};
+use crate::input::InputContext;
 use crossbeam_channel::Sender;
-use gpuwatch_core::Registry;
 use gpuwatch_core::engine::{Ask, PlacementAsks};
-use gpuwatch_core::heartbeat::{Progress, Watched};
+use gpuwatch_core::heartbeat::Watched;
 use gpuwatch_core::msg::{Input, MonitorInput};
+use gpuwatch_core::{Registry, Shutdown};
 use gpuwatch_kube::{KubeClient, KubeSettings, PlacementCallback, PodListing};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -87,32 +88,25 @@ impl PlacementPlan {
         }
     }
 
-    /// Starts the planned sources on `rt`, feeding the engine through
-    /// `engine`.
+    /// Starts the planned sources on `rt` with `ctx`: the kubelet poller
+    /// takes it whole, the pod listing feeds the engine through its channel.
+    /// [`PlacementSources::stop`] triggers its shutdown.
     pub(super) fn start(
         self,
         rt: &tokio::runtime::Runtime,
-        engine: Sender<Input>,
+        ctx: InputContext,
         registry: &Arc<Registry>,
     ) -> Result<PlacementSources, RunError> {
+        let shutdown = ctx.shutdown().clone();
         let devices = self.devices.map(|d| {
-            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-            let progress = Progress::new();
-            let watched = Watched::new(
-                MonitorInput::PodResources,
-                progress.clone(),
-                d.settings.stall_deadline(),
-            );
+            let watched = ctx.watched(MonitorInput::PodResources, d.settings.stall_deadline());
             let task = rt.spawn(podresources::poll(
                 d.settings,
-                engine.clone(),
                 registry.clone(),
                 d.ask,
-                stop_rx,
-                progress,
+                ctx.clone(),
             ));
             KubeletPoller {
-                stop_tx,
                 task,
                 watched: Some(watched),
             }
@@ -120,7 +114,8 @@ impl PlacementPlan {
         // The listing holds the engine's sender weakly, as the writer holds
         // its own: dropping this one at the stop lets the engine's channel
         // drain even while a listing task is still winding down.
-        let engine = Arc::new(engine);
+        let engine = Arc::new(ctx.out().clone());
+        drop(ctx);
         let pods = match self.pods {
             Some(p) => PodListing::start(
                 &p.client,
@@ -134,6 +129,7 @@ impl PlacementPlan {
             None => None,
         };
         Ok(PlacementSources {
+            shutdown,
             engine,
             pods,
             devices,
@@ -156,7 +152,6 @@ fn forward_pods(engine: Weak<Sender<Input>>) -> PlacementCallback {
 /// The kubelet PodResources poller task.
 #[derive(Debug)]
 struct KubeletPoller {
-    stop_tx: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
     /// Its heartbeat, until the watchdog takes it.
     watched: Option<Watched>,
@@ -165,6 +160,8 @@ struct KubeletPoller {
 /// The running placement sources (module doc).
 #[derive(Debug)]
 pub(super) struct PlacementSources {
+    /// Stops the kubelet poller.
+    shutdown: Shutdown,
     /// The sender the pod listing holds weakly.
     engine: Arc<Sender<Input>>,
     pods: Option<PodListing>,
@@ -188,9 +185,7 @@ impl PlacementSources {
         left: &mut StillRunning,
     ) {
         drop(self.engine);
-        if let Some(d) = &self.devices {
-            let _ = d.stop_tx.send(true);
-        }
+        self.shutdown.trigger();
         if let Some(pods) = self.pods
             && !rt.block_on(pods.stop_within(budget.share(SOURCE_STOP)))
         {
@@ -312,7 +307,8 @@ mod tests {
                 "{case}"
             );
             let (tx, rx) = crossbeam_channel::unbounded();
-            let sources = plan.start(&rt, tx, &Registry::new()).unwrap();
+            let ctx = InputContext::new(Shutdown::new(), tx);
+            let sources = plan.start(&rt, ctx, &Registry::new()).unwrap();
             assert_eq!(sources.running(), want, "{case}");
 
             let seen = collect(&rx, Duration::from_secs(5), |s| {

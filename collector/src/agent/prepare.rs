@@ -10,8 +10,8 @@ use crate::kmsg::{self, KmsgSourceArgs};
 use crate::liveness::Liveness;
 use crate::pipeline::StopReason;
 use crate::settings::Settings;
+use gpuwatch_core::Registry;
 use gpuwatch_core::engine::{BootInfo, Engine, EngineSettings};
-use gpuwatch_core::{Registry, Shutdown};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -44,7 +44,7 @@ pub fn resolve<T>(
     Ok((cfg, extra))
 }
 
-/// The agent's configuration resolved ([`Settings`]) and the boot it runs
+/// The agent's configuration resolved (`Settings`) and the boot it runs
 /// in: what its parts are built from. Nothing runs yet and nothing is
 /// written. The settings are reached through it as through a reference.
 #[derive(Debug, Clone)]
@@ -144,7 +144,6 @@ impl Prepared {
         engine: &mut Engine,
         registry: &Arc<Registry>,
         liveness: &Arc<Liveness>,
-        shutdown: Shutdown,
         stop_tx: Option<crossbeam_channel::Sender<StopReason>>,
     ) -> KmsgSourceArgs {
         let (spent_tx, spent_rx) = gpuwatch_core::msg::spent_events();
@@ -156,7 +155,6 @@ impl Prepared {
             policy: self.policy().clone(),
             registry: registry.clone(),
             liveness: liveness.clone(),
-            shutdown,
             stop_tx,
             spent: Some(spent_rx),
         }

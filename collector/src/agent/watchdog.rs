@@ -8,8 +8,7 @@
 //! unblocks those and does not unblock a sysfs read.
 
 use super::{RunError, StillRunning, StopBudget, join_within};
-use crossbeam_channel::Sender;
-use gpuwatch_core::Shutdown;
+use crate::input::InputContext;
 use gpuwatch_core::heartbeat::{Transition, Watchdog};
 use gpuwatch_core::msg::Input;
 use std::thread::JoinHandle;
@@ -25,37 +24,31 @@ pub(super) struct InputWatchdog {
 }
 
 impl InputWatchdog {
-    /// Starts the thread: it tells the engine through `tx` that each input
+    /// Starts the thread: it tells the engine through `ctx` that each input
     /// is watched (ok), then every change ([`Watchdog::check`]), each once
-    /// and logged once (WARN when an input stalls, INFO when it recovers),
-    /// until `shutdown`.
+    /// ([`InputContext::deliver`]: a change is not repeated, so it must not
+    /// be dropped) and logged once (WARN when an input stalls, INFO when it
+    /// recovers), until `ctx`'s shutdown.
     pub(super) fn start(
         mut watchdog: Watchdog,
-        tx: Sender<Input>,
-        shutdown: &Shutdown,
+        ctx: InputContext,
     ) -> Result<InputWatchdog, RunError> {
         if watchdog.is_empty() {
             return Ok(InputWatchdog { thread: None });
         }
-        let shutdown = shutdown.clone();
         let thread = std::thread::Builder::new()
             .name("gpuwatch-watchdog".into())
             .spawn(move || {
                 let inputs: Vec<_> = watchdog.inputs().collect();
                 for input in inputs {
-                    let watched = Input::MonitorStatus {
-                        input,
-                        ok: true,
-                        message: String::new(),
-                    };
-                    if !deliver(&tx, watched, &shutdown) {
+                    if !ctx.report(input, true, String::new()) {
                         return;
                     }
                 }
                 let tick = watchdog.tick();
-                while !shutdown.wait_timeout(tick) {
+                while !ctx.shutdown().wait_timeout(tick) {
                     for change in watchdog.check(Instant::now()) {
-                        if !deliver(&tx, status(change), &shutdown) {
+                        if !ctx.deliver(status(change)) {
                             return;
                         }
                     }
@@ -106,24 +99,10 @@ fn status(change: Transition) -> Input {
     }
 }
 
-/// Sends `input`, waiting for room in the engine's channel (a change is
-/// reported once, so it must not be dropped), but not past the shutdown.
-/// False when the engine is gone or the agent stops.
-fn deliver(tx: &Sender<Input>, mut input: Input, shutdown: &Shutdown) -> bool {
-    loop {
-        match tx.send_timeout(input, Duration::from_millis(100)) {
-            Ok(()) => return true,
-            Err(crossbeam_channel::SendTimeoutError::Timeout(i)) if !shutdown.is_triggered() => {
-                input = i;
-            }
-            Err(_) => return false,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuwatch_core::Shutdown;
     use gpuwatch_core::heartbeat::{Progress, Watched};
     use gpuwatch_core::msg::MonitorInput;
 
@@ -150,7 +129,7 @@ mod tests {
         ));
         let (tx, rx) = crossbeam_channel::bounded(16);
         let shutdown = Shutdown::new();
-        let dog = InputWatchdog::start(w, tx, &shutdown).unwrap();
+        let dog = InputWatchdog::start(w, InputContext::new(shutdown.clone(), tx)).unwrap();
         let stuck = progress.begin(std::ffi::OsStr::new("List on kubelet.sock"));
         let mut seen = Vec::new();
         let wait_for = |n: usize, seen: &mut Vec<_>| {

@@ -22,7 +22,8 @@
 //! socket not mounted; a timeout) blocks nothing: the engine is told, keeps
 //! the last answer and says the pods on a GPU are unknown or may be stale.
 
-use gpuwatch_core::heartbeat::{self, Progress};
+use crate::input::InputContext;
+use gpuwatch_core::heartbeat;
 use gpuwatch_core::msg::Input;
 use gpuwatch_core::placement::{
     DeviceHolder, DeviceHolders, DeviceShape, PlacementUpdate, is_gpu_resource,
@@ -238,24 +239,23 @@ fn holders(resp: v1::ListPodResourcesResponse, gpu_resources: &[String]) -> Devi
 pub(crate) const MIN_ASK_GAP: Duration = Duration::from_millis(250);
 
 /// Asks the kubelet every interval, and when the engine asks (`ask`: a
-/// fault of a GPU read after the last call), until `stop`, telling the
-/// engine through `tx` what changed and, after every answer, that its
-/// device assignments are current as of the call (module doc). Each call
-/// is an activity of `progress` (for the agent's input watchdog, held to
-/// [`KubeletSettings::stall_deadline`]).
+/// fault of a GPU read after the last call), until `ctx`'s shutdown,
+/// telling the engine through `ctx` what changed and, after every answer,
+/// that its device assignments are current as of the call (module doc).
+/// Each call is an activity of `ctx`'s heartbeat (for the agent's input
+/// watchdog, held to [`KubeletSettings::stall_deadline`]).
 pub(crate) async fn poll(
     cfg: KubeletSettings,
-    tx: crossbeam_channel::Sender<Input>,
     registry: std::sync::Arc<gpuwatch_core::Registry>,
     ask: Arc<tokio::sync::Notify>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-    progress: Arc<Progress>,
+    ctx: InputContext,
 ) {
     let mut last: Option<DeviceHolders> = None;
     let call = format!("List on {}", cfg.socket.display());
     let mut failing = false;
+    let (tx, progress) = (ctx.out(), ctx.progress());
     loop {
-        if *stop.borrow() {
+        if ctx.is_stopping() {
             return;
         }
         // This call answers every ask made until now.
@@ -299,7 +299,7 @@ pub(crate) async fn poll(
         if ok && delivered {
             let _ = tx.try_send(Input::Placement(PlacementUpdate::DevicesCurrent(sent_at)));
         }
-        if !wait_for_next(&cfg, &ask, &mut stop, sent_at).await {
+        if !wait_for_next(&cfg, &ask, &ctx, sent_at).await {
             return;
         }
     }
@@ -318,22 +318,22 @@ fn unavailable(cfg: &KubeletSettings, e: &ListError) -> PlacementUpdate {
 
 /// Waits until the next call is due: the interval after `sent_at`, or an
 /// ask, answered no sooner than [`MIN_ASK_GAP`] after `sent_at` (asks
-/// meanwhile are one). False at `stop`.
+/// meanwhile are one). False at `ctx`'s shutdown.
 async fn wait_for_next(
     cfg: &KubeletSettings,
     ask: &tokio::sync::Notify,
-    stop: &mut tokio::sync::watch::Receiver<bool>,
+    ctx: &InputContext,
     sent_at: std::time::Instant,
 ) -> bool {
     let next_poll = tokio::time::Instant::from_std(sent_at + cfg.interval);
     tokio::select! {
-        _ = stop.changed() => return false,
+        () = ctx.stopped() => return false,
         () = tokio::time::sleep_until(next_poll) => return true,
         () = ask.notified() => {}
     }
     let earliest = tokio::time::Instant::from_std(sent_at + MIN_ASK_GAP);
     tokio::select! {
-        _ = stop.changed() => false,
+        () = ctx.stopped() => false,
         () = tokio::time::sleep_until(earliest) => true,
     }
 }
@@ -421,17 +421,11 @@ mod tests {
         };
         let (tx, rx) = crossbeam_channel::bounded(16);
         let registry = gpuwatch_core::Registry::new();
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let shutdown = gpuwatch_core::Shutdown::new();
         let ask = Arc::new(tokio::sync::Notify::new());
-        let progress = Progress::new();
-        let task = tokio::spawn(poll(
-            cfg,
-            tx,
-            registry.clone(),
-            ask,
-            stop_rx,
-            progress.clone(),
-        ));
+        let ctx = InputContext::new(shutdown.clone(), tx);
+        let progress = ctx.progress().clone();
+        let task = tokio::spawn(poll(cfg, registry.clone(), ask, ctx));
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while registry.tally(Tally::PodResourcesFailures) == 0 {
             assert!(std::time::Instant::now() < deadline, "no failure counted");
@@ -468,7 +462,7 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        stop_tx.send(true).unwrap();
+        shutdown.trigger();
         task.await.unwrap();
         kubelet.stop();
     }
@@ -489,14 +483,12 @@ mod tests {
         };
         let (tx, rx) = crossbeam_channel::bounded(16);
         let ask = Arc::new(tokio::sync::Notify::new());
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let shutdown = gpuwatch_core::Shutdown::new();
         let task = tokio::spawn(poll(
             cfg,
-            tx,
             gpuwatch_core::Registry::new(),
             ask.clone(),
-            stop_rx,
-            Progress::new(),
+            InputContext::new(shutdown.clone(), tx),
         ));
         let next = || {
             let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -538,7 +530,7 @@ mod tests {
         // Unchanged answers only say they are current.
         ask.notify_one();
         assert!(matches!(next(), PlacementUpdate::DevicesCurrent(_)));
-        stop_tx.send(true).unwrap();
+        shutdown.trigger();
         task.await.unwrap();
         kubelet.stop();
     }

@@ -54,11 +54,12 @@
 //!   never a busy loop.
 
 use crate::boot;
+use crate::input::InputContext;
 use crate::liveness::Liveness;
 use crate::pipeline::StopReason;
 use crossbeam_channel::Sender;
-use gpuwatch_core::msg::{Input, KmsgPosition};
-use gpuwatch_core::{Registry, Shutdown};
+use gpuwatch_core::Registry;
+use gpuwatch_core::msg::KmsgPosition;
 use reader::Reader;
 use serde::{Deserialize, Serialize};
 use std::os::unix::fs::FileTypeExt;
@@ -249,8 +250,6 @@ pub(crate) struct KmsgSourceArgs {
     /// Where the reader reports that it runs, its heartbeat and its first
     /// full pass.
     pub liveness: Arc<Liveness>,
-    /// Stops the source when triggered; wakes it at once when it waits.
-    pub shutdown: Shutdown,
     /// Told when the source ends by itself (end of a replay with `exit_at_eof`).
     pub stop_tx: Option<Sender<StopReason>>,
     /// The engine's emitted events coming back for reuse
@@ -270,20 +269,23 @@ pub(crate) struct KmsgSummary {
 /// Starts [`run_source`] on a thread of its own (`gpuwatch-kmsg`).
 pub(crate) fn spawn(
     args: KmsgSourceArgs,
-    engine_tx: Sender<Input>,
+    ctx: InputContext,
 ) -> std::io::Result<std::thread::JoinHandle<KmsgSummary>> {
     std::thread::Builder::new()
         .name("gpuwatch-kmsg".into())
-        .spawn(move || run_source(args, engine_tx))
+        .spawn(move || run_source(args, ctx))
 }
 
-/// The source loop (runs on the calling thread until shutdown, the engine
-/// going away, or the end of a replay with `exit_at_eof`).
-pub(crate) fn run_source(args: KmsgSourceArgs, engine_tx: Sender<Input>) -> KmsgSummary {
+/// The source loop (runs on the calling thread until `ctx`'s shutdown, the
+/// engine going away, or the end of a replay with `exit_at_eof`). Its
+/// events go into `ctx`'s channel by the [`FaultSender`](crate::pipeline::FaultSender)'s
+/// rules; its heartbeat is the one in [`Liveness`], which `/healthz` holds
+/// to [`PROGRESS_DEADLINE_SECS`](crate::liveness::PROGRESS_DEADLINE_SECS).
+pub(crate) fn run_source(args: KmsgSourceArgs, ctx: InputContext) -> KmsgSummary {
     let liveness = args.liveness.clone();
     let _alive = liveness.kmsg_running();
     let stop_tx = args.stop_tx.clone();
-    let mut src = Reader::new(args, engine_tx);
+    let mut src = Reader::new(args, ctx);
     let ended_by_eof = src.run();
     src.finish();
     if ended_by_eof && let Some(tx) = stop_tx {
@@ -293,7 +295,7 @@ pub(crate) fn run_source(args: KmsgSourceArgs, engine_tx: Sender<Input>) -> Kmsg
 }
 
 /// True when `path` is a character device: the reader then keeps a
-/// position (reports [`Input::KmsgProgress`]); a replay file or FIFO has none.
+/// position (reports [`Input::KmsgProgress`](gpuwatch_core::msg::Input::KmsgProgress)); a replay file or FIFO has none.
 pub(crate) fn is_device(path: &Path) -> bool {
     std::fs::metadata(path)
         .map(|m| m.file_type().is_char_device())

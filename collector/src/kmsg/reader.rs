@@ -3,9 +3,9 @@
 
 use super::{KmsgError, KmsgSettings, KmsgSourceArgs, KmsgSummary, is_device};
 use crate::boot;
+use crate::input::InputContext;
 use crate::liveness::{IDLE_HEARTBEAT, Liveness};
 use crate::pipeline::{FaultSender, SendStatus};
-use crossbeam_channel::Sender;
 use gpuwatch_core::msg::{Input, MonitorInput};
 use gpuwatch_core::{Registry, Shutdown, WakeFd};
 use gpuwatch_proto::FaultEvent;
@@ -77,7 +77,7 @@ pub(super) struct Reader {
 }
 
 impl Reader {
-    pub(super) fn new(args: KmsgSourceArgs, engine_tx: Sender<Input>) -> Reader {
+    pub(super) fn new(args: KmsgSourceArgs, ctx: InputContext) -> Reader {
         let device = is_device(&args.cfg.path);
         let resume_after = match args.resume.as_ref().filter(|_| device) {
             Some(p) if p.boot_id == args.boot_id => {
@@ -100,15 +100,15 @@ impl Reader {
             None => None,
         };
         let retry_interval = args.cfg.retry_interval;
-        let wake = args
-            .shutdown
+        let wake = ctx
+            .shutdown()
             .wake_fd()
             .inspect_err(|e| {
                 tracing::warn!(error = %e, "Cannot make the kernel-log reader's wake-up pipe; it looks for shutdown every 250 ms instead.");
             })
             .ok();
         Reader {
-            sender: FaultSender::new(engine_tx, args.registry.clone()),
+            sender: FaultSender::new(ctx.out().clone(), args.registry.clone()),
             scanner: Scanner::new(args.policy),
             clock_ticks: crate::attribution::clock_ticks_per_sec(),
             spent: args.spent,
@@ -116,7 +116,7 @@ impl Reader {
             boot_id: args.boot_id,
             registry: args.registry,
             liveness: args.liveness,
-            shutdown: args.shutdown,
+            shutdown: ctx.shutdown().clone(),
             wake,
             out: Vec::new(),
             boot_time: boot::boot_time_unix_nanos(),

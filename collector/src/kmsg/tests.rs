@@ -27,7 +27,6 @@ fn args(path: &Path, accept_user: bool, registry: Arc<Registry>) -> KmsgSourceAr
         policy: Arc::new(xid_parser::Policy::default()),
         registry,
         liveness: Liveness::new(),
-        shutdown: Shutdown::new(),
         stop_tx: None,
         spent: None,
     }
@@ -57,7 +56,7 @@ fn replay_file_turns_kern_records_into_events_and_counts_the_rest() {
     let (tx, rx) = bounded(64);
     let a = args(&p, false, reg.clone());
     let liveness = a.liveness.clone();
-    let summary = run_source(a, tx);
+    let summary = run_source(a, InputContext::new(Shutdown::new(), tx));
     assert!(liveness.kmsg_caught_up());
     assert!(!liveness.status(0).kmsg_alive, "cleared at exit");
     let evs = faults(&rx);
@@ -99,7 +98,10 @@ fn user_facility_raises_faults_only_when_accepted() {
     .unwrap();
     for (accept, want) in [(false, 0), (true, 1)] {
         let (tx, rx) = bounded(8);
-        run_source(args(&p, accept, Registry::new()), tx);
+        run_source(
+            args(&p, accept, Registry::new()),
+            InputContext::new(Shutdown::new(), tx),
+        );
         assert_eq!(faults(&rx).len(), want, "accept_user_facility={accept}");
     }
 }
@@ -111,7 +113,7 @@ fn fifo_is_read_until_the_writer_closes() {
     nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
     let (tx, rx) = bounded(64);
     let a = args(&p, false, Registry::new());
-    let reader = std::thread::spawn(move || run_source(a, tx));
+    let reader = std::thread::spawn(move || run_source(a, InputContext::new(Shutdown::new(), tx)));
     // Opening for write blocks until the reader has opened the FIFO.
     let mut w = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
     use std::io::Write;
@@ -137,9 +139,10 @@ fn a_followed_file_ending_mid_line_waits_for_the_rest() {
     let reg = Registry::new();
     let mut a = args(&p, false, reg.clone());
     a.cfg.exit_at_eof = false;
-    let (liveness, shutdown) = (a.liveness.clone(), a.shutdown.clone());
+    let (liveness, shutdown) = (a.liveness.clone(), Shutdown::new());
     let (tx, rx) = bounded(8);
-    let h = std::thread::spawn(move || run_source(a, tx));
+    let ctx = InputContext::new(shutdown.clone(), tx);
+    let h = std::thread::spawn(move || run_source(a, ctx));
     // Caught up = the reader hit the end of the file once.
     let t0 = Instant::now();
     while !liveness.kmsg_caught_up() {
@@ -188,7 +191,7 @@ fn full_engine_channel_coalesces_instead_of_blocking() {
     let drain_rx = rx.clone();
     let handle = std::thread::spawn({
         let a = args(&p, false, reg.clone());
-        move || run_source(a, tx)
+        move || run_source(a, InputContext::new(Shutdown::new(), tx))
     });
     // The source must finish by itself (it never blocks on the channel)
     // apart from the final bounded drain, which this receiver serves.
@@ -218,7 +221,7 @@ fn full_engine_channel_coalesces_instead_of_blocking() {
 /// anything: records are fed to `process`.
 fn device_reader(tx: Sender<Input>, registry: Arc<Registry>) -> Reader {
     let a = args(Path::new("/nonexistent/kmsg"), true, registry);
-    let mut r = Reader::new(a, tx);
+    let mut r = Reader::new(a, InputContext::new(Shutdown::new(), tx));
     r.device = true;
     r.drain_timeout = Duration::from_millis(10);
     r
@@ -426,7 +429,7 @@ fn resumes_after_the_position_of_the_same_boot_only() {
             boot_id: boot.into(),
             last_seq: 41,
         });
-        Reader::new(a, tx).last_seq
+        Reader::new(a, InputContext::new(Shutdown::new(), tx)).last_seq
     };
     assert_eq!(mk("boot-1"), Some(41));
     assert_eq!(mk("another-boot"), None);
@@ -460,7 +463,10 @@ fn a_marker_hidden_by_an_escape_still_reaches_the_scanner() {
     let p = dir.path().join("escaped.kmsg");
     std::fs::write(&p, format!("{line}\n")).unwrap();
     let (tx, rx) = bounded(8);
-    run_source(args(&p, false, Registry::new()), tx);
+    run_source(
+        args(&p, false, Registry::new()),
+        InputContext::new(Shutdown::new(), tx),
+    );
     let evs = faults(&rx);
     assert_eq!(evs.len(), 1, "{evs:?}");
     assert_eq!(evs[0].code, 79);
@@ -472,9 +478,10 @@ fn unreadable_input_is_reported_and_counts_as_ready() {
     let mut a = args(&dir.path().join("missing"), false, Registry::new());
     a.cfg.retry_interval = Duration::from_secs(1);
     let liveness = a.liveness.clone();
-    let shutdown = a.shutdown.clone();
+    let shutdown = Shutdown::new();
     let (tx, rx) = bounded(8);
-    let h = std::thread::spawn(move || run_source(a, tx));
+    let ctx = InputContext::new(shutdown.clone(), tx);
+    let h = std::thread::spawn(move || run_source(a, ctx));
     let status = rx
         .recv_timeout(Duration::from_secs(10))
         .expect("a monitor status");
@@ -542,9 +549,10 @@ fn an_idle_reader_of_a_followed_file_stops_at_once_on_shutdown() {
     std::fs::write(&p, "6,1,100,-;eth0: link up\n").unwrap();
     let mut a = args(&p, false, Registry::new());
     a.cfg.exit_at_eof = false;
-    let (liveness, shutdown) = (a.liveness.clone(), a.shutdown.clone());
+    let (liveness, shutdown) = (a.liveness.clone(), Shutdown::new());
     let (tx, _rx) = bounded(8);
-    let h = std::thread::spawn(move || run_source(a, tx));
+    let ctx = InputContext::new(shutdown.clone(), tx);
+    let h = std::thread::spawn(move || run_source(a, ctx));
     wait_caught_up(&liveness);
     stops_at_once(&shutdown, h);
     assert!(liveness.kmsg_heartbeat_unix_secs() > 0);
@@ -559,9 +567,10 @@ fn an_idle_reader_in_poll_stops_at_once_on_shutdown() {
     nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
     let mut a = args(&p, false, Registry::new());
     a.cfg.exit_at_eof = false;
-    let (liveness, shutdown) = (a.liveness.clone(), a.shutdown.clone());
+    let (liveness, shutdown) = (a.liveness.clone(), Shutdown::new());
     let (tx, _rx) = bounded(8);
-    let h = std::thread::spawn(move || run_source(a, tx));
+    let ctx = InputContext::new(shutdown.clone(), tx);
+    let h = std::thread::spawn(move || run_source(a, ctx));
     let mut w = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
     use std::io::Write;
     writeln!(w, "6,1,100,-;eth0: link up").unwrap();
@@ -577,9 +586,10 @@ fn a_reader_waiting_to_retry_stops_at_once_on_shutdown() {
     let dir = tempfile::tempdir().unwrap();
     let mut a = args(&dir.path().join("missing"), false, Registry::new());
     a.cfg.retry_interval = Duration::from_secs(60);
-    let shutdown = a.shutdown.clone();
+    let shutdown = Shutdown::new();
     let (tx, rx) = bounded(8);
-    let h = std::thread::spawn(move || run_source(a, tx));
+    let ctx = InputContext::new(shutdown.clone(), tx);
+    let h = std::thread::spawn(move || run_source(a, ctx));
     assert!(matches!(
         rx.recv_timeout(Duration::from_secs(10)),
         Ok(Input::MonitorStatus { ok: false, .. })
@@ -600,9 +610,10 @@ fn a_followed_input_is_read_as_soon_as_it_is_written() {
     for p in [file, fifo] {
         let mut a = args(&p, false, Registry::new());
         a.cfg.exit_at_eof = false;
-        let (liveness, shutdown) = (a.liveness.clone(), a.shutdown.clone());
+        let (liveness, shutdown) = (a.liveness.clone(), Shutdown::new());
         let (tx, rx) = bounded(8);
-        let h = std::thread::spawn(move || run_source(a, tx));
+        let ctx = InputContext::new(shutdown.clone(), tx);
+        let h = std::thread::spawn(move || run_source(a, ctx));
         if p.ends_with("followed.kmsg") {
             wait_caught_up(&liveness);
         }

@@ -4,8 +4,8 @@
 //! container or `kubectl port-forward` reaches) the clear is refused.
 
 use crate::engine_support::*;
-use gpuwatch::ApiState;
 use gpuwatch::Liveness;
+use gpuwatch::{AgentStatus, ApiState};
 use gpuwatch_core::msg::Input;
 use gpuwatch_proto::{NodeHealth, Verdict};
 use std::process::Command;
@@ -83,9 +83,11 @@ fn gpuwatch_clear_reaches_the_engine_only_through_the_state_dir_socket() {
     )
     .unwrap();
     let state = ApiState {
-        registry,
-        kube: gpuwatch_kube::KubeMetrics::new().subscribe(),
-        liveness: Liveness::new(),
+        status: AgentStatus::new(
+            registry,
+            gpuwatch_kube::KubeMetrics::new().subscribe(),
+            Liveness::new(),
+        ),
         metrics: None,
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -4,8 +4,9 @@
 //! refuses (read once), devices that come and go, a node without RDMA
 //! devices, a class directory that cannot be listed, and the poller thread.
 
-use gpuwatch::{NicReader, RELAYOUT_EVERY, spawn_nic_poller};
+use gpuwatch::{InputContext, NicReader, RELAYOUT_EVERY, spawn_nic_poller};
 use gpuwatch_core::Shutdown;
+use gpuwatch_core::msg::Input;
 use gpuwatch_core::network::{
     CounterValue, LinkLayer, NetworkSettings, NicScan, PhysState, PortReading, PortState,
 };
@@ -536,25 +537,25 @@ fn settings(fake: &FakeSysfs) -> NetworkSettings {
     }
 }
 
+/// The scans the poller offered, in order (other inputs are not expected).
+fn scan_of(input: Input) -> NicScan {
+    match input {
+        Input::Network(scan) => scan,
+        other => panic!("not a NIC scan: {other:?}"),
+    }
+}
+
 #[test]
-fn nic_poller_stops_when_send_refuses() {
+fn nic_poller_stops_when_the_engine_is_gone() {
     let fake = FakeSysfs::node_of(2);
     let (tx, rx) = crossbeam_channel::unbounded();
-    let mut sent = 0;
-    let h = spawn_nic_poller(
-        settings(&fake),
-        move |scan| {
-            sent += 1;
-            tx.send(scan).is_ok() && sent < 3
-        },
-        Shutdown::new(),
-        Default::default(),
-    )
-    .unwrap();
+    let h = spawn_nic_poller(settings(&fake), InputContext::new(Shutdown::new(), tx)).unwrap();
+    let scans: Vec<NicScan> = (0..3)
+        .map(|_| scan_of(rx.recv_timeout(Duration::from_secs(10)).expect("a scan")))
+        .collect();
+    drop(rx);
     let ended = gpuwatch_core::join_by(h, Instant::now() + Duration::from_secs(10));
     assert!(matches!(ended, Ok(Ok(()))), "the poller ended");
-    let scans: Vec<NicScan> = rx.try_iter().collect();
-    assert_eq!(scans.len(), 3);
     assert!(scans.iter().all(|s| s.complete && s.ports.len() == 2));
     // On a cadence of 100 ms (generous bounds for a loaded machine).
     let span = scans[2].at - scans[0].at;
@@ -571,14 +572,13 @@ fn nic_poller_stops_at_shutdown_during_its_wait() {
             poll_interval: Duration::from_secs(3600),
             ..settings(&fake)
         },
-        move |scan| tx.send(scan).is_ok(),
-        shutdown.clone(),
-        Default::default(),
+        InputContext::new(shutdown.clone(), tx),
     )
     .unwrap();
-    let first = rx
-        .recv_timeout(Duration::from_secs(10))
-        .expect("a first scan at once");
+    let first = scan_of(
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("a first scan at once"),
+    );
     assert_eq!(first.ports.len(), 2);
     let t = Instant::now();
     shutdown.trigger();
@@ -593,9 +593,7 @@ fn nic_poller_stops_at_shutdown_during_its_wait() {
             enabled: false,
             ..settings(&fake)
         },
-        move |scan| tx.send(scan).is_ok(),
-        Shutdown::new(),
-        Default::default(),
+        InputContext::new(Shutdown::new(), tx),
     )
     .unwrap();
     assert!(matches!(
