@@ -60,6 +60,34 @@ fn gpuwatch_mode_metrics() -> Vec<(String, String, String)> {
         .collect()
 }
 
+/// Record attributes that keep their names: the semantic conventions' and
+/// those the metric series share, so that a record joins its series.
+const UNPREFIXED_RECORD_ATTRIBUTES: [&str; 9] = [
+    "fault.kind",
+    "xid",
+    "sxid",
+    "action",
+    "gpu.pci.address",
+    "gpu.uuid",
+    "gpu.index",
+    "process.pid",
+    "process.executable.name",
+];
+
+/// Every other record attribute is gpuwatch's own, under `gpuwatch.*`: no
+/// bare `code`, `source`, `count`, `severity`, no `host.boot.id` (the
+/// conventions' `host.*` defines no boot id), no `k8s.*` (the pod is on the
+/// resource).
+fn assert_record_attributes_namespaced(log: &common::Log) {
+    for k in log.attrs.keys() {
+        assert!(
+            k.starts_with("gpuwatch.") || UNPREFIXED_RECORD_ATTRIBUTES.contains(&k.as_str()),
+            "record attribute {k} is neither the conventions' nor gpuwatch.*: {:?}",
+            log.attrs
+        );
+    }
+}
+
 fn logs_with_code(r: &Received, lo: u32, hi: u32) -> Vec<u32> {
     r.logs
         .iter()
@@ -297,6 +325,10 @@ fn roundtrip(protocol: Protocol, compression: Option<Compression>) {
         );
         assert_eq!(a("gpuwatch.source"), Some("Str(kmsg)"));
         assert_eq!(a("gpuwatch.channel"), Some("Str(0x00000008)"));
+        assert_record_attributes_namespaced(log);
+        for bare in ["code", "source", "count", "severity", "host.boot.id"] {
+            assert!(a(bare).is_none(), "{bare}: {:?}", log.attrs);
+        }
         assert_eq!(
             log.resource.get("k8s.node.name").map(String::as_str),
             Some("Str(gpu-node-1)")
@@ -603,14 +635,16 @@ fn printed(m: &std::collections::BTreeMap<String, String>, k: &str) -> Option<St
 /// node's resource (`service.instance.id` = node name; the agent's own pod
 /// never, even when configured), each pod's fault record under that pod's
 /// resource (one export per pod in a batch), and `k8s.node.uid` on both
-/// signals once the Node's uid is known.
-fn resource_layout(protocol: Protocol) {
+/// signals once the Node's uid is known. The resources are the same in every
+/// `[otlp] semconv` mode (it renames metrics and adds point attributes only).
+fn resource_layout(protocol: Protocol, semconv: Semconv) {
     let rotel = Rotel::start();
     let rt = runtime();
     let registry = Registry::new();
     let kube = KubeMetrics::new();
     populate(&registry, &kube);
     let mut cfg = config(protocol, rotel.grpc_port, rotel.http_port);
+    cfg.semconv = semconv;
     // What the DaemonSet of older releases set: left out.
     cfg.resource_attributes
         .insert("k8s.pod.name".into(), "gpuwatch-abcde".into());
@@ -662,11 +696,7 @@ fn resource_layout(protocol: Protocol) {
         for (k, v) in &node_resource {
             assert_eq!(l.resource.get(k), Some(v), "{k}");
         }
-        assert!(
-            l.attrs.keys().all(|k| !k.starts_with("k8s.")),
-            "{:?}",
-            l.attrs
-        );
+        assert_record_attributes_namespaced(&l);
     }
 
     // The Node is read: both signals carry its uid from then on.
@@ -714,12 +744,18 @@ fn resource_layout(protocol: Protocol) {
 
 #[test]
 fn grpc_resources_name_the_agent_node_and_the_faulting_pod() {
-    resource_layout(Protocol::Grpc);
+    resource_layout(Protocol::Grpc, Semconv::Gpuwatch);
 }
 
 #[test]
 fn http_resources_name_the_agent_node_and_the_faulting_pod() {
-    resource_layout(Protocol::HttpProtobuf);
+    resource_layout(Protocol::HttpProtobuf, Semconv::Gpuwatch);
+}
+
+#[test]
+fn otel_and_dup_modes_keep_the_same_resources() {
+    resource_layout(Protocol::Grpc, Semconv::Otel);
+    resource_layout(Protocol::HttpProtobuf, Semconv::Dup);
 }
 
 /// What one mode of `[otlp] semconv` exports, as rotel receives it.
@@ -823,9 +859,13 @@ fn semconv_modes_export_gpuwatch_otel_or_both_names() {
         } else {
             assert!(gpu_errors.is_empty(), "{mode}: {gpu_errors:#?}");
         }
-        // The constant GPU attributes of the conventions, on every GPU point.
-        for m in got.metrics.iter().filter(|m| m.name.starts_with("hw.")) {
-            for p in gpu(m) {
+        // hw.id (the UUID) in every mode, and the constant GPU attributes of
+        // the conventions in `otel` / `dup`, on every point about a GPU: the
+        // hw.* points and gpuwatch's own (gpu.xid.errors, gpu.faults, ...).
+        let mut gpu_metrics = std::collections::BTreeSet::new();
+        for m in &got.metrics {
+            for p in m.points.iter().filter(|p| p.attrs.contains_key("gpu.uuid")) {
+                gpu_metrics.insert(m.name.as_str());
                 let a = |k: &str| p.attrs.get(k).map(String::as_str);
                 let on = |v: &'static str| semconv.otel().then_some(v);
                 let name = &m.name;
@@ -851,8 +891,16 @@ fn semconv_modes_export_gpuwatch_otel_or_both_names() {
                     _ => None,
                 };
                 assert_eq!(a("hw.serial_number"), serial, "{mode} {name}");
-                assert!(a("hw.id").is_some(), "{mode} {}", m.name);
+                assert_eq!(a("hw.id"), a("gpu.uuid"), "{mode} {name}");
             }
+        }
+        for name in [
+            "gpu.xid.errors",
+            "gpu.faults",
+            "gpu.pcie.replays",
+            "hw.temperature",
+        ] {
+            assert!(gpu_metrics.contains(name), "{mode}: {name} {gpu_metrics:?}");
         }
     }
 }
