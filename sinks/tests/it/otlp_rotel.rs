@@ -645,9 +645,15 @@ fn resource_layout(protocol: Protocol, semconv: Semconv) {
     populate(&registry, &kube);
     let mut cfg = config(protocol, rotel.grpc_port, rotel.http_port);
     cfg.semconv = semconv;
-    // What the DaemonSet of older releases set: left out.
-    cfg.resource_attributes
-        .insert("k8s.pod.name".into(), "gpuwatch-abcde".into());
+    // What the DaemonSet of older releases set, and the agent's container:
+    // left out (a pod record never inherits the agent's namespace or container).
+    for (k, v) in [
+        ("k8s.pod.name", "gpuwatch-abcde"),
+        ("k8s.namespace.name", "gpuwatch"),
+        ("k8s.container.name", "gpuwatch"),
+    ] {
+        cfg.resource_attributes.insert(k.into(), v.into());
+    }
     let exporter = OtlpExporter::start(
         &cfg,
         &resource(),
@@ -659,7 +665,11 @@ fn resource_layout(protocol: Protocol, semconv: Semconv) {
     let sink = exporter.log_sink();
     sink.send(&pod_event(31, "trainer-0"));
     sink.send(&xid_event(79, 0, Action::InspectHardware, 1));
-    sink.send(&pod_event(43, "trainer-1"));
+    // A pod whose container is not known.
+    let mut no_container = pod_event(43, "trainer-1");
+    no_container.pods[0].container.clear();
+    no_container.pods[0].container_id.clear();
+    sink.send(&no_container);
     sink.flush(Duration::from_secs(10));
     let got = rotel.wait_for(Duration::from_secs(20), "3 records and metrics", |r| {
         r.logs.len() >= 3 && r.metric("gpu.xid.errors").is_some()
@@ -671,7 +681,12 @@ fn resource_layout(protocol: Protocol, semconv: Semconv) {
         Some("Str(gpu-node-1)")
     );
     assert!(!node_resource.contains_key("k8s.node.uid"));
-    assert!(node_resource.keys().all(|k| !k.starts_with("k8s.pod.")));
+    for k in node_resource.keys() {
+        assert!(
+            !k.starts_with("k8s.pod.") && k != "k8s.namespace.name" && k != "k8s.container.name",
+            "the agent's own pod on the node's resource: {node_resource:?}"
+        );
+    }
     let log = |r: &Received, xid: u32| {
         r.logs
             .iter()
@@ -689,8 +704,13 @@ fn resource_layout(protocol: Protocol, semconv: Semconv) {
         assert_eq!(r("k8s.pod.uid"), Some(format!("Str(uid-{pod})")));
         assert_eq!(r("k8s.pod.name"), Some(format!("Str({pod})")));
         assert_eq!(r("k8s.namespace.name").as_deref(), Some("Str(ml)"));
-        assert_eq!(r("k8s.container.name").as_deref(), Some("Str(main)"));
-        assert_eq!(r("container.id").as_deref(), Some("Str(4f1c0e8b6a2d)"));
+        let (container, id) = if pod == "trainer-0" {
+            (Some("Str(main)"), Some("Str(4f1c0e8b6a2d)"))
+        } else {
+            (None, None)
+        };
+        assert_eq!(r("k8s.container.name").as_deref(), container);
+        assert_eq!(r("container.id").as_deref(), id);
         assert_eq!(r("k8s.job.name").as_deref(), Some("Str(train-42)"));
         // The node's attributes stay (the agent's identity and the node).
         for (k, v) in &node_resource {
