@@ -321,11 +321,8 @@ fn scan_reader(
     let opts = LogOptions {
         accept_user_facility: accept_user,
         // Text output: the TIME column shows syslog dates without a year too.
-        yearless_now: (out.format == ScanFormat::Text).then(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-        }),
+        yearless_now: (out.format == ScanFormat::Text)
+            .then(|| gpuwatch_core::clock::unix_nanos(std::time::SystemTime::now())),
     };
     let mut counts = LogCounts::default();
     let res = read_events(reader, policy, opts, &mut counts, |ev| {

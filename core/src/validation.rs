@@ -604,23 +604,11 @@ pub fn render(report: &ValidationReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuwatch_proto::{Action, ActiveFault, MonitorStatus};
+    use gpuwatch_proto::{Action, ActiveFault};
 
-    use gpuwatch_proto::test_util::healthy_gpu;
-
+    /// A healthy node with `n` GPUs in boot `b1`.
     fn health(n: u32) -> NodeHealth {
-        NodeHealth {
-            boot_id: "b1".into(),
-            monitor: Some(MonitorStatus {
-                kmsg_ok: true,
-                nvml_ok: true,
-                message: String::new(),
-                kmsg_caught_up: true,
-                ..Default::default()
-            }),
-            gpus: (0..n).map(healthy_gpu).collect(),
-            ..Default::default()
-        }
+        gpuwatch_test_support::health::healthy("", n, "b1")
     }
 
     fn cfg() -> ValidationConfig {

@@ -488,7 +488,7 @@ fn network_condition(n: &NetworkHealth, cfg: &KubeSettings) -> DesiredCondition 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuwatch_proto::{FaultKind, MonitorStatus};
+    use gpuwatch_proto::FaultKind;
 
     pub(crate) fn fault(action: Action, reason: &str, code: u32) -> ActiveFault {
         let mut f = ActiveFault {
@@ -509,25 +509,17 @@ mod tests {
         super::desired(h, cfg, gate, &Isolation::whole_node(h))
     }
 
+    /// A healthy node with one GPU, index 3 (`GPU-abc`, `0000:3b:00.0`).
     fn healthy() -> NodeHealth {
-        let mut h = NodeHealth {
-            monitor: Some(MonitorStatus {
-                kmsg_ok: true,
-                nvml_ok: true,
-                message: String::new(),
-                kmsg_caught_up: true,
-                ..Default::default()
-            }),
+        NodeHealth {
             gpus: vec![GpuHealth {
                 index: Some(3),
                 uuid: "GPU-abc".into(),
                 pci_address: "0000:3b:00.0".into(),
                 ..Default::default()
             }],
-            ..Default::default()
-        };
-        h.set_verdict(Verdict::Healthy);
-        h
+            ..gpuwatch_test_support::health::healthy("", 0, "")
+        }
     }
 
     fn cond<'a>(d: &'a Desired, t: &str) -> &'a DesiredCondition {

@@ -54,7 +54,8 @@
 //! tests) the history is in memory only.
 
 use super::desired::{Desired, DesiredCondition, DesiredTaint, FALSE, TRUE, UNKNOWN};
-use crate::metrics::KubeMetrics;
+use super::metrics::KubeMetrics;
+use gpuwatch_core::clock::unix_nanos;
 use gpuwatch_core::statefile::{self, StateFileError};
 use gpuwatch_proto::ConditionHold;
 use k8s_openapi::jiff::Timestamp;
@@ -453,10 +454,6 @@ fn rfc3339(unix_nanos: u64) -> String {
         .ok()
         .and_then(|s| Timestamp::from_second(s).ok())
         .map_or_else(|| format!("{secs} s after the epoch"), |t| t.to_string())
-}
-
-fn unix_nanos(t: SystemTime) -> u64 {
-    t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, nanos)
 }
 
 fn nanos(d: Duration) -> u64 {

@@ -7,16 +7,12 @@ use super::advertised;
 use super::config::MigStrategy;
 use super::device_taints::DraDevice;
 use super::settings::AdvertisedSettings;
+use gpuwatch_core::clock::unix_nanos;
 use gpuwatch_core::validation::{self, Expected, ValidationConfig};
 use gpuwatch_proto::{NodeHealth, ValidationReport};
 use k8s_openapi::api::core::v1::Node;
 use std::sync::Arc;
 use std::time::SystemTime;
-
-pub(crate) fn unix_nanos(t: SystemTime) -> u64 {
-    t.duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-}
 
 /// The expected count the startup gate validates against: the configured
 /// GPU count, else the Node's label, else on a DRA Node (`dra` not empty)
@@ -407,21 +403,7 @@ mod tests {
     /// Two healthy GPUs in boot `boot`, as the checks want them: NVML
     /// answered, the kernel log read, a sample with nothing pending.
     fn healthy(boot: &str) -> NodeHealth {
-        use gpuwatch_proto::test_util::healthy_gpu;
-        use gpuwatch_proto::{MonitorStatus, Verdict};
-        let mut h = NodeHealth {
-            boot_id: boot.into(),
-            monitor: Some(MonitorStatus {
-                kmsg_ok: true,
-                nvml_ok: true,
-                kmsg_caught_up: true,
-                ..Default::default()
-            }),
-            gpus: vec![healthy_gpu(0), healthy_gpu(1)],
-            ..Default::default()
-        };
-        h.set_verdict(Verdict::Healthy);
-        h
+        gpuwatch_test_support::health::healthy("", 2, boot)
     }
 
     /// [`healthy`] with an XID 79 on GPU 1 that asks for a reboot.

@@ -7,7 +7,7 @@ use super::quarantine::Budget;
 use super::settings::{
     KubeSettings, Parsed, Taint, TaintEffect, TaintSettings, fault_keys, isolating_action,
 };
-use gpuwatch_core::names::{check_label_key, is_dns_label};
+use gpuwatch_core::names::{check_label_key, is_dns_label, is_qualified_name_part};
 use gpuwatch_proto::Action;
 use std::collections::BTreeMap;
 
@@ -311,15 +311,11 @@ fn split_requirements(sel: &str) -> Vec<&str> {
     out
 }
 
-/// A label value: empty, or at most 63 alphanumerics, `-`, `_`, `.`, starting
-/// and ending with an alphanumeric.
+/// A label value: empty, or what a qualified name's name part may be (at
+/// most 63 alphanumerics, `-`, `_`, `.`, starting and ending with an
+/// alphanumeric).
 fn is_label_value(v: &str) -> bool {
-    v.is_empty()
-        || (v.len() <= 63
-            && v.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && v.ends_with(|c: char| c.is_ascii_alphanumeric())
-            && v.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    v.is_empty() || is_qualified_name_part(v)
 }
 
 fn is_condition_type(s: &str) -> bool {

@@ -4,6 +4,8 @@
 //!
 //! - [`engine`]: a health engine on a manual clock and builders for kernel-log
 //!   events and NVML samples (`gpuwatch-core`'s and the agent's tests).
+//! - [`health`]: the health of a healthy node (every crate whose tests feed
+//!   one a `NodeHealth`).
 //! - [`kube`]: an in-process Kubernetes API-server double that answers the way
 //!   kube-apiserver does (`gpuwatch-kube`'s writer tests and the agent's
 //!   end-to-end tests).
@@ -22,6 +24,8 @@
 
 #[cfg(feature = "engine")]
 pub mod engine;
+#[cfg(feature = "health")]
+pub mod health;
 #[cfg(feature = "kmsg")]
 pub mod kmsg;
 #[cfg(feature = "kube")]

@@ -980,18 +980,9 @@ pub fn populate_healthy_hgx(r: &Registry, k: &KubeMetrics) {
         })
         .collect();
     let mut health = NodeHealth {
-        node_name: "gpu-node-1".into(),
         gpus,
-        monitor: Some(MonitorStatus {
-            kmsg_ok: true,
-            nvml_ok: true,
-            message: String::new(),
-            kmsg_caught_up: true,
-            ..Default::default()
-        }),
-        ..Default::default()
+        ..crate::health::healthy("gpu-node-1", 0, "")
     };
-    health.set_verdict(Verdict::Healthy);
     health.set_action(Action::Ignore);
     r.set_health(Arc::new(health));
     r.set_tally(Tally::KmsgRead, 1500);

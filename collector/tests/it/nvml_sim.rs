@@ -761,6 +761,19 @@ fn wait_status(h: &mut NvmlSimHarness, from: usize, ok: bool, needle: &str) -> (
     (n, h.arrived[n])
 }
 
+/// Waits (at most 20 s) until `n` more NVML calls have been abandoned past
+/// their deadline (each is counted in the registry's NVML errors): fresh
+/// workers tried again and got stuck again.
+fn wait_more_hung_calls(h: &NvmlSimHarness, n: u64) {
+    let hung = || h.registry.nvml_errors().values().sum::<u64>();
+    let base = hung();
+    assert!(
+        crate::common::wait_until(Duration::from_secs(20), || hung() >= base + n),
+        "no {n} more hung calls after {base}: {:?}",
+        h.registry.nvml_errors()
+    );
+}
+
 fn complete_polls(seen: &[Input]) -> usize {
     seen.iter()
         .filter(|i| matches!(i, Input::Samples { samples, complete: true } if samples.len() == 2))
@@ -815,7 +828,7 @@ fn hung_nvml_makes_gpus_unknown_within_two_polls_and_stop_is_bounded() {
         "the NVML heartbeat kept going while every call hung"
     );
     // Fresh workers keep trying (and getting stuck): still no ok:true.
-    std::thread::sleep(4 * deadline);
+    wait_more_hung_calls(&h, 2);
     while let Ok(i) = h.rx.try_recv() {
         h.receive(i);
     }
@@ -998,7 +1011,7 @@ at_ms = 1000
     let (at, _) = wait_status(&mut h, 0, false, "nvmlEventSetWait_v2 did not return");
     // Several backoff rounds: fresh event workers answer a few calls and get
     // stuck again; the poller keeps polling.
-    std::thread::sleep(Duration::from_secs(2));
+    wait_more_hung_calls(&h, 2);
     while let Ok(i) = h.rx.try_recv() {
         h.receive(i);
     }

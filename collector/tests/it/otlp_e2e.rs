@@ -1058,6 +1058,18 @@ fn writes(doubles: &[crate::kube_common::ApiDouble]) -> Vec<(usize, std::time::I
     out
 }
 
+/// Waits until no double has been written to for `quiet` (at most `max`);
+/// false when the writes never pause that long.
+fn writes_quiet(doubles: &[crate::kube_common::ApiDouble], quiet: Duration, max: Duration) -> bool {
+    crate::otlp_support::wait_until(max, || {
+        writes(doubles)
+            .iter()
+            .map(|(_, at)| *at)
+            .max()
+            .is_none_or(|last| last.elapsed() >= quiet)
+    })
+}
+
 /// Prints the fleet figures; `benches/scripts/fleet-sim.sh` runs it and
 /// extrapolates. Environment: FLEET_NODES (20), FLEET_EXPORT_SECS (10),
 /// FLEET_STEADY_SECS (60), FLEET_STORM_LINES (50 XID 13 lines per node).
@@ -1149,7 +1161,11 @@ api_server_url = "{url}"
             .all(|d| !writes(std::slice::from_ref(d)).is_empty())),
         "not every agent wrote its Node"
     );
-    std::thread::sleep(Duration::from_secs(interval + 2));
+    // Until the start-up writes are done (what follows is the steady state).
+    assert!(
+        writes_quiet(&doubles, Duration::from_secs(2), Duration::from_secs(120)),
+        "the start-up writes never stopped"
+    );
     let startup_writes = writes(&doubles).len();
     println!(
         "fleet: {n} agents up in {:.1} s; start-up writes {startup_writes} ({:.1} per node)",
@@ -1210,7 +1226,11 @@ api_server_url = "{url}"
     });
     let taint_ms = t79.elapsed().as_secs_f64() * 1000.0;
     assert!(tainted, "the XID 79 node was not tainted");
-    std::thread::sleep(Duration::from_secs(10));
+    // The storm's writes, until they stop.
+    assert!(
+        writes_quiet(&doubles, Duration::from_secs(2), Duration::from_secs(120)),
+        "the storm's writes never stopped"
+    );
     let storm: Vec<_> = writes(&doubles)
         .into_iter()
         .filter(|(_, at)| *at >= t_storm)

@@ -3,6 +3,7 @@
 //! deleted the DaemonSet) would put back what the cleanup removed.
 
 use crate::backend::{ApiError, timed};
+use gpuwatch_core::names::is_dns_label;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use std::time::Duration;
@@ -50,17 +51,6 @@ impl PodWait {
             poll: DEFAULT_POLL,
         })
     }
-}
-
-/// An RFC 1123 label, which a namespace name must be.
-fn is_dns_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
 }
 
 /// How the wait ended.

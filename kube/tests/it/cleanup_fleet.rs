@@ -9,7 +9,7 @@
 //! `CLEANUP_REQUESTS`, which the hook's RBAC is held to.
 
 use crate::kube_common::build::{node, taint};
-use crate::kube_common::{ApiDouble, taint_keys};
+use crate::kube_common::{ApiDouble, taint_keys, wait_for};
 use crate::writer_harness::{FAULT_TAINT, PROBLEM, READY, STARTUP_TAINT};
 use gpuwatch_kube::{
     CLEANUP_REQUESTS, CleanupReport, FleetOptions, FleetReport, KubeSettings, NodeOutcome, PodWait,
@@ -343,17 +343,33 @@ async fn the_cleanup_waits_for_the_agents_pods_to_be_gone() {
     };
     let t0 = Instant::now();
     let run = tokio::spawn(async move { all_nodes_cleanup(&cfg, &o).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Each pod goes once the cleanup has listed the pods while it was there.
+    let pod_lists = |api: &ApiDouble| {
+        api.requests()
+            .iter()
+            .filter(|q| q.resource == "pods" && q.verb == "list")
+            .map(|q| q.at)
+            .collect::<Vec<_>>()
+    };
+    assert!(wait_for(Duration::from_secs(10), || !pod_lists(&api).is_empty()).await);
+    let first_list = pod_lists(&api)[0];
     assert!(api.delete_pod(NS, "gpuwatch-x1"));
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let x1_gone = Instant::now();
+    assert!(
+        wait_for(Duration::from_secs(10), || pod_lists(&api)
+            .last()
+            .is_some_and(|&at| at > x1_gone))
+        .await
+    );
     assert!(api.delete_pod(NS, "gpuwatch-x2"));
     let last_gone = Instant::now();
     let r = run.await.unwrap().unwrap();
     let took = t0.elapsed();
     match r.wait {
-        // It started after `t0` (the client is built first).
+        // It started before its first pod list and ended after the last
+        // pod went.
         Some(WaitOutcome::Gone(waited)) => assert!(
-            waited >= Duration::from_millis(300) && waited < Duration::from_secs(5),
+            waited >= last_gone.duration_since(first_list) && waited < Duration::from_secs(5),
             "{waited:?}"
         ),
         other => panic!("wait: {other:?}"),

@@ -213,7 +213,14 @@ async fn the_pods_check_waits_for_a_pod_that_is_starting() {
         ..install(&api)
     };
     let run = tokio::spawn(async move { check_install(&check).await });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Ready once the check has seen it starting.
+    assert!(
+        wait_for(Duration::from_secs(10), || api
+            .requests()
+            .iter()
+            .any(|r| r.resource == "pods" && r.verb == "list"))
+        .await
+    );
     api.put_pod(&agent_pod("gpuwatch-a", "gpu-1", ready()));
     let report = tokio::time::timeout(Duration::from_secs(10), run)
         .await

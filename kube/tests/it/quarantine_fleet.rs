@@ -37,7 +37,7 @@ fn gpu_node(i: usize) -> Node {
 
 /// One GPU, healthy or with an XID 79 that asks for a hardware inspection.
 fn health(faulty: bool) -> NodeHealth {
-    let h = build::healthy("", 1, "boot-a");
+    let h = gpuwatch_test_support::health::healthy("", 1, "boot-a");
     if faulty {
         build::with_fault(h, 0, 79, Action::InspectHardware, 1)
     } else {
@@ -152,6 +152,18 @@ impl WriterFleet {
         })
     }
 
+    /// Whether `node` has renewed its slot Lease (a 200 answer to its
+    /// update) since `since`.
+    fn renewed_by_since(&self, node: &str, since: Instant) -> bool {
+        self.api.requests().iter().any(|r| {
+            r.resource == "leases"
+                && r.verb == "update"
+                && r.status == 200
+                && r.at >= since
+                && r.body["spec"]["holderIdentity"] == node
+        })
+    }
+
     fn leases_held_by(&self, node: &str) -> usize {
         self.api
             .leases("default")
@@ -218,18 +230,11 @@ async fn a_wave_over_a_hundred_nodes_taints_ten_and_hands_slots_on() {
         "every tainted Node holds a slot"
     );
     // Ten deferred Nodes look again every 0.5–1.5 s (retry 1 s here, twice
-    // that after a few rounds): a few Lease lists a second, not a spin.
-    let lists = |api: &ApiDouble| {
-        api.requests()
-            .iter()
-            .filter(|r| r.resource == "leases" && r.verb == "list")
-            .count()
-    };
-    let before = lists(&fleet.api);
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let listed = lists(&fleet.api) - before;
-    eprintln!("quarantine: {listed} Lease lists in 5 s from 10 deferred Nodes");
-    assert!(listed <= 120, "{listed} Lease lists in 5 s");
+    // that after a few rounds): a few Lease lists a second, not a spin. The
+    // rate is taken over the rest of the test (the pacing itself is
+    // `Claimant::step`'s, on paused time in the crate's unit tests).
+    let lists_before = lease_lists(&fleet.api);
+    let t_lists = Instant::now();
     // Each of the ten deferred Nodes says why it is not tainted.
     let deferred: BTreeSet<String> = fleet
         .agents
@@ -290,20 +295,18 @@ async fn a_wave_over_a_hundred_nodes_taints_ten_and_hands_slots_on() {
     );
     assert_eq!(fleet.api.taint_peak(), BUDGET);
 
-    // A holder's agent dies (kill -9, a crash loop), its Node stays with the
-    // fault taint only its own agent could remove: the Node still counts, so
-    // its slot is not handed on when its Lease runs out (15 s here).
+    // A holder's agent dies (kill -9, a crash loop) and its pod starts again
+    // on the same Node while the Node keeps the fault taint: it adopts its
+    // own slot, no second one, and the count stays at the budget. (That a
+    // dead holder's tainted Node keeps its slot past the Lease duration is
+    // `Claimant::step`'s decision, shown on paused time in the crate's unit
+    // tests.)
     let silent = fleet.tainted().into_iter().next().unwrap();
     fleet.kill(&silent).await;
-    tokio::time::sleep(Duration::from_secs(30)).await;
     assert!(
         fleet.holders().contains(&silent),
         "the dead holder's tainted Node lost its slot"
     );
-    assert_eq!(fleet.tainted().len(), BUDGET, "{:?}", fleet.tainted());
-    assert_eq!(fleet.api.taint_peak(), BUDGET);
-    // Its agent starts again on the same Node: it adopts its own slot, no
-    // second one, and the count stays at the budget.
     fleet.restart(&silent, health(true)).await;
     let t3 = Instant::now();
     assert!(
@@ -317,8 +320,32 @@ async fn a_wave_over_a_hundred_nodes_taints_ten_and_hands_slots_on() {
     assert_eq!(fleet.leases_held_by(&silent), 1, "no second slot");
     assert_eq!(fleet.tainted().len(), BUDGET);
     assert_eq!(fleet.api.taint_peak(), BUDGET);
+
+    let listed = lease_lists(&fleet.api) - lists_before;
+    let secs = t_lists.elapsed().as_secs_f64();
+    eprintln!("quarantine: {listed} Lease lists in {secs:.1} s from the deferred Nodes");
+    assert!(
+        listed as f64 <= 24.0 * secs.max(1.0),
+        "{listed} Lease lists in {secs:.1} s: more than a few a second"
+    );
     fleet.api.assert_requests_declared();
     fleet.stop().await;
+}
+
+/// Lease lists the double has answered.
+fn lease_lists(api: &ApiDouble) -> usize {
+    api.requests()
+        .iter()
+        .filter(|r| r.resource == "leases" && r.verb == "list")
+        .count()
+}
+
+/// Lease requests the double answered with `status` since `since`.
+fn lease_requests_since(api: &ApiDouble, since: Instant, status: u16) -> usize {
+    api.requests()
+        .iter()
+        .filter(|r| r.resource == "leases" && r.at >= since && r.status == status)
+        .count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -333,12 +360,32 @@ async fn api_errors_during_a_wave_never_pass_the_budget() {
     fleet.settled("the wave with API errors").await;
     assert_eq!(fleet.api.taint_peak(), BUDGET);
     assert_eq!(fleet.holders(), fleet.tainted());
-    // The API server goes away for a while: nothing changes.
+    let holders = fleet.holders();
+    // The API server goes away while the deferred Nodes ask again (each
+    // of the ten is refused at least once; they retry every 0.5–1.5 s),
+    // then comes back and answers them: nothing changes.
+    let down_at = Instant::now();
     fleet.api.set_down(true);
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    fleet.api.set_down(false);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        wait_for(Duration::from_secs(20), || lease_requests_since(
+            &fleet.api, down_at, 503
+        ) >= AGENTS - BUDGET)
+        .await,
+        "the claimants did not ask while the server was down"
+    );
     assert_eq!(fleet.tainted().len(), BUDGET);
+    let up_at = Instant::now();
+    fleet.api.set_down(false);
+    assert!(
+        wait_for(Duration::from_secs(20), || lease_requests_since(
+            &fleet.api, up_at, 200
+        ) >= AGENTS - BUDGET
+            && holders.iter().all(|h| fleet.renewed_by_since(h, up_at)))
+        .await,
+        "the claimants did not ask again, or a holder did not renew, once the server was back"
+    );
+    assert_eq!(fleet.tainted().len(), BUDGET);
+    assert_eq!(fleet.holders(), holders);
     assert_eq!(fleet.api.taint_peak(), BUDGET);
     fleet.stop().await;
 }

@@ -19,9 +19,7 @@ use gpuwatch_kube::{
     KubeClient, KubeConfig, KubeSettings, NodeWriter, PodListing, Scope, UNGRANTED_REQUESTS,
     WRITER_REQUESTS, WriterHooks,
 };
-use gpuwatch_proto::{
-    Action, ActiveFault, FaultEvent, FaultKind, MonitorStatus, NodeHealth, Verdict,
-};
+use gpuwatch_proto::{Action, ActiveFault, FaultEvent, FaultKind, Verdict};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
@@ -425,19 +423,7 @@ async fn recorded_requests_equal_the_rbac_grants() {
         1,
         &[("gpu-0", "GPU-0", None)],
     ));
-    let mut health = NodeHealth {
-        boot_id: "b".into(),
-        monitor: Some(MonitorStatus {
-            kmsg_ok: true,
-            nvml_ok: true,
-            message: String::new(),
-            kmsg_caught_up: true,
-            ..Default::default()
-        }),
-        gpus: vec![crate::kube_common::build::gpu(0)],
-        ..Default::default()
-    };
-    health.set_verdict(Verdict::Healthy);
+    let mut health = gpuwatch_test_support::health::healthy("", 1, "b");
     let (tx, rx) = tokio::sync::watch::channel(Arc::new(health.clone()));
     // The quarantine budget's every request: a one-slot budget whose slot 0
     // was released but not deleted (no holder), so the claim is a takeover (a

@@ -37,7 +37,7 @@ pub(crate) fn node(taints: Vec<Taint>, labels: &[(&str, &str)]) -> Node {
 
 /// [`NODE`]'s health with `n` healthy GPUs in boot `boot`.
 pub(crate) fn healthy(n: u32, boot: &str) -> NodeHealth {
-    crate::kube_common::build::healthy(NODE, n, boot)
+    gpuwatch_test_support::health::healthy(NODE, n, boot)
 }
 
 /// A running writer (and, when asked for, the pod listing beside it, on the

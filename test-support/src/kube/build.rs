@@ -5,8 +5,7 @@
 //! tests (`gpuwatch-kube`) and the agent's end-to-end tests.
 
 use gpuwatch_proto::{
-    Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, MigDevice, MonitorStatus, NodeHealth,
-    Verdict,
+    Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, MigDevice, NodeHealth, Verdict,
 };
 use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Pod, Taint};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -56,27 +55,6 @@ pub fn taint(key: &str, value: Option<&str>) -> Taint {
 /// no row remapping or ECC errors.
 pub fn gpu(i: u32) -> GpuHealth {
     gpuwatch_proto::test_util::healthy_gpu(i)
-}
-
-/// The health of Node `node` with `n` healthy GPUs in boot `boot`: both
-/// monitors up, the kernel-log ring read to its end.
-pub fn healthy(node: &str, n: u32, boot: &str) -> NodeHealth {
-    let mut h = NodeHealth {
-        node_name: node.into(),
-        boot_id: boot.into(),
-        reason: "Healthy".into(),
-        monitor: Some(MonitorStatus {
-            kmsg_ok: true,
-            nvml_ok: true,
-            message: String::new(),
-            kmsg_caught_up: true,
-            ..Default::default()
-        }),
-        gpus: (0..n).map(gpu).collect(),
-        ..Default::default()
-    };
-    h.set_verdict(Verdict::Healthy);
-    h
 }
 
 /// `h` with an active XID `code` on GPU `gpu` (index into `h.gpus`), seen
