@@ -64,7 +64,8 @@ impl ResourceInfo {
     /// per node, and the same identity across the agent pod's restarts, so
     /// its series do not churn), `service.version`, `k8s.node.name`,
     /// `host.name` (empty values left out). The agent's own pod is never on
-    /// the resource: `k8s.pod.*` there names the pod a fault record is about.
+    /// the resource: `k8s.pod.*` there names the pod a fault record is about
+    /// ([`drop_own_pod`]).
     pub fn attributes(&self) -> Vec<(String, String)> {
         let mut out = vec![("service.name".to_owned(), "gpuwatch".to_owned())];
         let instance = if self.node_name.is_empty() {
@@ -112,14 +113,18 @@ pub fn resource_attributes(
     Ok(attrs)
 }
 
-/// Removes `k8s.pod.*` from the agent's resource and returns the keys
-/// removed: on gpuwatch's resource `k8s.pod.*` names the pod a fault record is
-/// about (what `k8sattributes` associates by), never the agent's own pod,
-/// which manifests of older releases put into `OTEL_RESOURCE_ATTRIBUTES`.
+/// Removes the keys that describe a pod (`k8s.pod.*`, `k8s.namespace.name`,
+/// `k8s.container.name`, `container.id`, a controller's name) from the
+/// agent's resource and returns the keys removed: on gpuwatch's resources
+/// they describe the pod a fault record is about (`k8s.pod.uid` is what
+/// `k8sattributes` associates by), never the agent's own pod, which
+/// manifests of older releases put into `OTEL_RESOURCE_ATTRIBUTES`
+/// (`k8s.pod.name`, `k8s.namespace.name`). Left on the node's resource, a
+/// record about a pod whose container is unknown would carry the agent's.
 pub fn drop_own_pod(attrs: &mut BTreeMap<String, String>) -> Vec<String> {
     let own: Vec<String> = attrs
         .keys()
-        .filter(|k| k.starts_with("k8s.pod."))
+        .filter(|k| logs::is_pod_key(k))
         .cloned()
         .collect();
     for k in &own {
@@ -887,7 +892,7 @@ impl OtlpExporter {
         let mut attrs = settings.attrs.clone();
         let own_pod = drop_own_pod(&mut attrs);
         if !own_pod.is_empty() {
-            tracing::warn!(dropped = ?own_pod, "Resource attributes naming the agent's own pod left out: k8s.pod.* on gpuwatch's resource names the pod a fault record is about. Remove them from OTEL_RESOURCE_ATTRIBUTES / otlp.resource_attributes.");
+            tracing::warn!(dropped = ?own_pod, "Resource attributes describing the agent's own pod left out: k8s.pod.*, k8s.namespace.name, k8s.container.name, container.id and a controller's name on gpuwatch's resources describe the pod a fault record is about. Remove them from OTEL_RESOURCE_ATTRIBUTES / otlp.resource_attributes.");
         }
         let scope = InstrumentationScope::builder("gpuwatch")
             .with_version(resource.service_version.clone())
@@ -1141,6 +1146,35 @@ mod tests {
         let bad = |k: &str| (k == "OTEL_RESOURCE_ATTRIBUTES").then(|| "oops".to_owned());
         let e = resource_attributes(&info, &cfg, &bad).unwrap_err();
         assert!(e[0].starts_with("OTEL_RESOURCE_ATTRIBUTES"), "{e:?}");
+    }
+
+    /// What manifests of older releases set (the agent's pod name and
+    /// namespace) and any other key that describes one pod leaves the
+    /// agent's resource; the agent's identity and the rest stay.
+    #[test]
+    fn the_agents_own_pod_is_dropped_from_its_resource() {
+        let mut attrs: BTreeMap<String, String> = [
+            ("service.instance.id", "n1"),
+            ("k8s.node.name", "n1"),
+            ("k8s.cluster.name", "prod"),
+            ("k8s.pod.name", "gpuwatch-abcde"),
+            ("k8s.pod.uid", "uid-agent"),
+            ("k8s.namespace.name", "gpuwatch"),
+            ("k8s.container.name", "gpuwatch"),
+            ("container.id", "c0ffee"),
+            ("k8s.daemonset.name", "gpuwatch"),
+            ("gpuwatch.pod.controller", "Widget/w"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let dropped = drop_own_pod(&mut attrs);
+        assert_eq!(dropped.len(), 7, "{dropped:?}");
+        assert_eq!(
+            attrs.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["k8s.cluster.name", "k8s.node.name", "service.instance.id"]
+        );
+        assert!(drop_own_pod(&mut attrs).is_empty());
     }
 
     /// One warning per ignored setting however many signals it lost for,

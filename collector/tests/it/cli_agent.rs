@@ -1,5 +1,6 @@
-//! The `gpuwatch` binary's agent-side commands: `check-config` and
-//! `run --kmsg-path FILE --exit-at-eof` (the replay mode benchmarks use).
+//! The `gpuwatch` binary's agent-side commands: `check-config`,
+//! `run --kmsg-path FILE --exit-at-eof` (the replay mode benchmarks use) and
+//! what a running agent's configuration and environment make of `/metrics`.
 
 use std::path::Path;
 use std::process::Command;
@@ -414,4 +415,117 @@ fn an_empty_otlp_endpoint_flag_is_refused_naming_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--otlp-endpoint"), "{err}");
     assert!(err.contains("empty"), "{err}");
+}
+
+/// A running `gpuwatch run`, killed when dropped (a failed assertion must
+/// not leave it running).
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `/metrics` of the running binary follows the OTel -> Prometheus
+/// compatibility rules with its settings: `target_info` carries the whole
+/// resource the OTLP export resolves (`OTEL_RESOURCE_ATTRIBUTES` and
+/// `[otlp.resource_attributes]`, with the OTLP export off too), never the
+/// agent's own pod that manifests of older releases put there; every other
+/// series carries `otel_scope_name` / `otel_scope_version`, and
+/// `[api] otel_scope_labels = false` leaves them out.
+#[test]
+fn metrics_target_info_has_the_environment_resource_and_scope_labels_switch() {
+    use crate::common::{Lines, http_get, wait_until};
+    use std::time::Duration;
+    for scope_labels in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("gpuwatch.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[api]\nprometheus = true\notel_scope_labels = {scope_labels}\n\
+                 [otlp.resource_attributes]\n\"k8s.cluster.name\" = \"prod\"\n\
+                 [kubelet]\npod_resources_socket = \"\"\n"
+            ),
+        )
+        .unwrap();
+        let replay = dir.path().join("empty.kmsg");
+        std::fs::write(&replay, "").unwrap();
+        let state = dir.path().join("state");
+        let mut cmd = crate::common::run_command(
+            &[
+                "--no-nvml",
+                "--log-format",
+                "json",
+                "--node-name",
+                "scope-node",
+                "--api-listen",
+                "127.0.0.1:0",
+                "--config",
+                config.to_str().unwrap(),
+                "--kmsg-path",
+                replay.to_str().unwrap(),
+                "--state-dir",
+                state.to_str().unwrap(),
+            ],
+            &[],
+        );
+        cmd.env(
+            "OTEL_RESOURCE_ATTRIBUTES",
+            "team=gpu-infra,k8s.pod.name=gpuwatch-abcde,k8s.namespace.name=gpuwatch",
+        )
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+        let mut agent = Running(cmd.spawn().expect("start gpuwatch"));
+        let stderr = Lines::default();
+        stderr.spawn_reader(agent.0.stderr.take().expect("stderr piped"));
+        let api = || {
+            stderr
+                .logs("API listening.")
+                .first()
+                .and_then(|v| v["addr"].as_str().map(str::to_owned))
+        };
+        let mut text = String::new();
+        assert!(
+            wait_until(Duration::from_secs(20), || {
+                if let Some((200, body)) = api().and_then(|a| http_get(&a, "/metrics")) {
+                    text = body;
+                }
+                !text.is_empty()
+            }),
+            "no /metrics; agent log:\n{}",
+            stderr.tail(40)
+        );
+        let target_info: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("target_info{"))
+            .collect();
+        assert_eq!(target_info.len(), 1, "{text}");
+        for kv in [
+            "team=\"gpu-infra\"",
+            "k8s_cluster_name=\"prod\"",
+            "service_name=\"gpuwatch\"",
+            "service_instance_id=\"scope-node\"",
+            "k8s_node_name=\"scope-node\"",
+        ] {
+            assert!(target_info[0].contains(kv), "{kv}: {}", target_info[0]);
+        }
+        for own in ["k8s_pod_name", "k8s_namespace_name"] {
+            assert!(!target_info[0].contains(own), "{own}: {}", target_info[0]);
+        }
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.starts_with("target_info"))
+            .collect();
+        assert!(series.len() >= 3, "{text}");
+        for l in series {
+            assert_eq!(
+                l.contains("otel_scope_name=\"gpuwatch\"") && l.contains("otel_scope_version=\""),
+                scope_labels,
+                "otel_scope_labels = {scope_labels}: {l}"
+            );
+        }
+    }
 }

@@ -8,7 +8,7 @@
 //! `common::DevKmsg`.
 
 use crate::common;
-use crate::common::{DevKmsg, TestAgent, pci_domain, seq_of, wait_until, xid_line};
+use crate::common::{DevKmsg, TestAgent, pci_domain, ring, seq_of, wait_until, xid_line};
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -249,8 +249,19 @@ fn resume_after_kill_9_processes_every_record_exactly_once() {
         }),
         "repeats never counted: {body}"
     );
-    // Give a late duplicate the chance to show up before counting.
-    std::thread::sleep(Duration::from_millis(500));
+    // Every record is read and the position saved past the newest: a
+    // duplicate would have been counted by then.
+    let newest = ring()
+        .into_iter()
+        .filter(|(_, m)| m.contains(&marker))
+        .map(|(seq, _)| seq)
+        .max()
+        .expect("the records are in the ring");
+    assert!(
+        wait_until(T, || b.cursor_seq().is_some_and(|s| s >= newest)),
+        "position never saved past seq {newest}: {:?}",
+        b.cursor_seq()
+    );
     let after = counts(&b, &marker);
     let body = common::http_get(&addr, "/v1/health").unwrap().1;
     assert_eq!(

@@ -106,8 +106,17 @@ fn a_port_goes_down_then_flaps_then_quiets_and_the_gpus_never_hear_of_it() {
     let sysfs = FakeSysfs::node_of(2);
     let agent = start(dir.path(), &sysfs);
     let addr = agent.api_addr().expect("API address logged");
-    let n = wait_reason(&addr, "NICHealthy");
-    assert_eq!(n["ports"].as_array().map(Vec::len), Some(2), "{n:#}");
+    // Once the first scan is in (the reason alone has read NICHealthy
+    // before both ports were there).
+    let mut n = serde_json::Value::Null;
+    assert!(
+        wait_until(T, || {
+            n = network(&addr);
+            n["ports"].as_array().map(Vec::len) == Some(2)
+        }),
+        "no first scan: {n:#}"
+    );
+    assert_eq!(n["reason"], "NICHealthy", "{n:#}");
     assert_eq!(n["problem"], false);
 
     // Down past the grace.
@@ -358,10 +367,9 @@ fn a_stuck_counter_read_makes_the_network_unknown_until_it_returns() {
 /// agent: NICHealthy saying what it read, never a port "up"; counters rising
 /// within the EKS node monitoring agent's buckets change nothing, a rise
 /// over one is NICErrorRate naming the device and counter (an event, a
-/// metric) until flap_quiet passes; a device that leaves sysfs is
-/// NICPortDown, and `expected_ports.efa` says how many are missing.
+/// metric) until flap_quiet passes.
 #[test]
-fn efa_devices_are_judged_by_counters_and_presence_never_their_state() {
+fn efa_devices_are_judged_by_counter_rates_never_their_state() {
     let dir = tempfile::tempdir().unwrap();
     let sysfs = FakeSysfs::efa_node_of(2);
     let agent = start_with(dir.path(), &sysfs, "expected_ports = { efa = 2 }\n");
@@ -448,10 +456,30 @@ fn efa_devices_are_judged_by_counters_and_presence_never_their_state() {
     let n = wait_reason(&addr, "NICHealthy");
     assert_eq!(n["problem"], false);
     assert!(agent.wait_events("NICPortRecovered", 1, T));
+    agent.stop();
+}
 
-    // A device leaves sysfs: down after the grace, and 1 of 2 present.
-    // (The expectation and the port's own status may turn at slightly
-    // different moments: wait for both.)
+/// An AWS EFA device that leaves sysfs is NICPortDown after the grace (an
+/// event saying so), and `expected_ports.efa` says how many are missing.
+#[test]
+fn an_efa_device_that_leaves_sysfs_is_down_and_counted_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let sysfs = FakeSysfs::efa_node_of(2);
+    let agent = start_with(dir.path(), &sysfs, "expected_ports = { efa = 2 }\n");
+    let addr = agent.api_addr().expect("API address logged");
+    let mut last = serde_json::Value::Null;
+    assert!(
+        wait_until(T, || {
+            last = network(&addr);
+            last["ports"].as_array().map(Vec::len) == Some(2)
+        }),
+        "no first scan: {last:#}"
+    );
+    assert_eq!(last["reason"], "NICHealthy", "{last:#}");
+
+    // Down after the grace, and 1 of 2 present. (The expectation and the
+    // port's own status may turn at slightly different moments: wait for
+    // both.)
     sysfs.remove_device("rdmap16s0");
     assert!(
         wait_until(T, || {

@@ -438,6 +438,23 @@ fn the_loop_wakes_for_a_records_placement_deadline_and_shutdown_releases_the_res
     // only once the clock has moved, which the test does from outside.
     let rig = waiting_rig(500);
     let clock = rig.clock.clone();
+    // Every published health, to know when the loop has taken a fault in.
+    let (health_tx, published) = crossbeam_channel::unbounded::<Arc<NodeHealth>>();
+    rig.registry.add_health_observer(Box::new(move |_, h| {
+        let _ = health_tx.send(h.clone());
+    }));
+    let faulted = |pci: &str| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while let Ok(h) = published.recv_deadline(deadline) {
+            if h.gpus
+                .iter()
+                .any(|g| g.pci_address == pci && !g.active_faults.is_empty())
+            {
+                return true;
+            }
+        }
+        false
+    };
     let (tx, rx) = crossbeam_channel::bounded(64);
     let sink = Arc::new(RecordingSink::default());
     let sinks: Vec<Arc<dyn EventSink>> = vec![sink.clone()];
@@ -462,14 +479,15 @@ fn the_loop_wakes_for_a_records_placement_deadline_and_shutdown_releases_the_res
         }
         false
     };
-    std::thread::sleep(Duration::from_millis(50));
+    // Taken in (the fault is in the published health), and its record held.
+    assert!(faulted(PCI0), "the loop never took the fault in");
     assert!(sink.events.lock().unwrap().is_empty(), "the record waits");
     clock.advance(Duration::from_millis(500));
     assert!(seen(1), "released by the loop at its deadline, not a tick");
     // A second record waits; stopping the engine hands it to the sinks
     // before they are flushed.
     tx.send(fault(xid(79, PCI1))).unwrap();
-    std::thread::sleep(Duration::from_millis(50));
+    assert!(faulted(PCI1), "the loop never took the second fault in");
     assert_eq!(sink.events.lock().unwrap().len(), 1);
     shutdown.trigger();
     engine.join().unwrap();

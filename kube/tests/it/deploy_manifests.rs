@@ -409,6 +409,33 @@ pub(crate) fn check_agent(ds: &DaemonSet, cms: &[&ConfigMap], what: &str) -> i32
         Some("metadata.namespace"),
         "{what}"
     );
+    // The agent's identity on the OTLP resource is its node, stable across
+    // its pod's restarts; never its own pod (`k8s.pod.*` on gpuwatch's
+    // resource names the pod a fault record is about).
+    let otel_resource = c
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "OTEL_RESOURCE_ATTRIBUTES")
+        .and_then(|e| e.value.clone())
+        .unwrap_or_else(|| panic!("{what}: OTEL_RESOURCE_ATTRIBUTES has no value"));
+    let pairs: Vec<(&str, &str)> = otel_resource
+        .split(',')
+        .map(|kv| {
+            kv.split_once('=')
+                .unwrap_or_else(|| panic!("{what}: {kv:?} in OTEL_RESOURCE_ATTRIBUTES"))
+        })
+        .collect();
+    assert!(
+        pairs.contains(&("service.instance.id", "$(NODE_NAME)")),
+        "{what}: {otel_resource}"
+    );
+    assert!(
+        pairs
+            .iter()
+            .all(|(k, _)| !k.starts_with("k8s.pod.") && *k != "k8s.namespace.name"),
+        "{what}: the agent's own pod in {otel_resource}"
+    );
 
     // Resources: requests and limits for cpu and memory, requests <= limits.
     let res = c.resources.as_ref().expect("resources");
@@ -1056,6 +1083,73 @@ fn check_k8sattributes(cfg: &serde_yaml::Value, objs: &[Object]) {
     };
     assert!(processors("logs").contains(&"k8sattributes".to_owned()));
     assert!(!processors("metrics").contains(&"k8sattributes".to_owned()));
+    // passthrough: true would only tag the connection's IP and enrich nothing.
+    assert_eq!(k8s["passthrough"].as_bool(), Some(false), "{k8s:?}");
+    // What it adds to a pod's record: the workload's owner and its labels.
+    let metadata: Vec<&str> = k8s["extract"]["metadata"]
+        .as_sequence()
+        .expect("extract.metadata")
+        .iter()
+        .filter_map(|m| m.as_str())
+        .collect();
+    for owner in [
+        "k8s.deployment.name",
+        "k8s.statefulset.name",
+        "k8s.job.name",
+    ] {
+        assert!(metadata.contains(&owner), "{owner}: {metadata:?}");
+    }
+    assert!(
+        k8s["extract"]["labels"]
+            .as_sequence()
+            .is_some_and(|l| l.iter().any(|l| l["from"].as_str() == Some("pod"))),
+        "pod labels: {k8s:?}"
+    );
+    // The collector refuses to start on a pipeline naming a component its
+    // section does not define (otelcol's service config validation).
+    for (pipeline, body) in cfg["service"]["pipelines"].as_mapping().expect("pipelines") {
+        for (list, section) in [
+            ("receivers", "receivers"),
+            ("processors", "processors"),
+            ("exporters", "exporters"),
+        ] {
+            let names = body[list].as_sequence().expect(list);
+            assert!(!names.is_empty(), "{pipeline:?} has no {list}");
+            for name in names {
+                let name = name.as_str().expect("a component name");
+                assert!(
+                    cfg[section].get(name).is_some(),
+                    "{pipeline:?} names {section} {name}, which is not defined"
+                );
+            }
+        }
+    }
+    for name in cfg["service"]["extensions"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+    {
+        let name = name.as_str().expect("an extension name");
+        assert!(
+            cfg["extensions"].get(name).is_some(),
+            "service names extension {name}, which is not defined"
+        );
+    }
+    // No processor on the logs pipeline removes the pod a record is about
+    // (the key k8sattributes associates by, and the names it would add).
+    for p in processors("logs") {
+        for a in cfg["processors"][p.as_str()]["attributes"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+        {
+            assert!(
+                !a["key"].as_str().unwrap_or_default().starts_with("k8s."),
+                "{p} touches {:?} on the logs pipeline",
+                a["key"]
+            );
+        }
+    }
     for p in processors("metrics") {
         for a in cfg["processors"][p.as_str()]["attributes"]
             .as_sequence()

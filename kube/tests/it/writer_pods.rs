@@ -237,8 +237,12 @@ async fn an_asked_for_list_finds_a_pod_the_lagging_watch_has_not_shown() {
     assert!(latest_pods(&h).is_some_and(|d| d.by_uid["u-new"].name == "trainer-new"));
     // Twenty asks at once cost one list (two when some arrive while the
     // first is under way); lists asked for are MIN_LIST_GAP apart.
+    let asked_again = std::time::Instant::now();
     h.pods_ask.notify_one();
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(
+        wait_for(SECS, || current(&h).is_some_and(|t| t >= asked_again)).await,
+        "the second ask was never answered"
+    );
     let asked: Vec<std::time::Instant> = h
         .api
         .requests()

@@ -91,6 +91,65 @@ fn names_are_unique() {
     assert_eq!(names.len(), n);
 }
 
+/// docs/metrics.md lists every instrument of the table (and the latency
+/// histogram) in exactly one metric row, with the unit and type the table
+/// gives it and both its names: the OTLP name and the Prometheus name the
+/// renderer and a collector's `prometheus` exporter give it. No row names an
+/// instrument the table does not have.
+#[test]
+fn the_reference_gives_both_names_of_every_instrument() {
+    use crate::prometheus::otel_to_prometheus_name;
+    let doc = include_str!("../../../docs/metrics.md");
+    // Metric rows: `| OTLP name | Prometheus name | type | unit | attributes | meaning |`
+    // (other tables, log attributes and the series budget, have fewer cells).
+    let mut rows = std::collections::BTreeMap::new();
+    for line in doc.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if cells.len() < 8 {
+            continue;
+        }
+        let otel = cells[1].trim_matches('`');
+        let row = (
+            cells[2].trim_matches('`').to_owned(),
+            cells[3].split_whitespace().next().unwrap_or("").to_owned(),
+            cells[4].trim_matches('`').to_owned(),
+        );
+        assert!(
+            rows.insert(otel.to_owned(), row).is_none(),
+            "{otel} has two rows in docs/metrics.md"
+        );
+    }
+    let model = SPECS.iter().map(|s| (s.name, s.unit, s.kind)).chain([(
+        LATENCY_NAME,
+        LATENCY_UNIT,
+        InstrumentKind::Histogram,
+    )]);
+    let mut documented = 0;
+    for (name, unit, kind) in model {
+        let (prom, ty, doc_unit) = rows
+            .remove(name)
+            .unwrap_or_else(|| panic!("{name} has no row in docs/metrics.md"));
+        let want_ty = match kind {
+            InstrumentKind::Counter => "counter",
+            InstrumentKind::Gauge => "gauge",
+            InstrumentKind::Histogram => "histogram",
+        };
+        assert_eq!(ty, want_ty, "{name}: documented type");
+        assert_eq!(doc_unit, unit, "{name}: documented unit");
+        assert_eq!(
+            prom,
+            otel_to_prometheus_name(name, unit, kind),
+            "{name}: documented Prometheus name"
+        );
+        documented += 1;
+    }
+    assert!(
+        rows.is_empty(),
+        "docs/metrics.md rows for no instrument: {rows:?}"
+    );
+    assert!(documented > 40, "{documented}");
+}
+
 #[test]
 fn xid_counter_sums_series_and_carries_gpu_identity() {
     let r = Fixture::new();

@@ -235,19 +235,40 @@ pub(crate) fn record_resource(
         .build()
 }
 
-/// The OpenTelemetry semantic-convention key of a controller's name, by its
-/// kind; `None` for a kind the conventions do not name.
+/// The OpenTelemetry semantic-convention key of a controller's name, by the
+/// controller's kind.
+const CONTROLLER_KEYS: [(&str, &str); 7] = [
+    ("Job", "k8s.job.name"),
+    ("CronJob", "k8s.cronjob.name"),
+    ("StatefulSet", "k8s.statefulset.name"),
+    ("ReplicaSet", "k8s.replicaset.name"),
+    ("Deployment", "k8s.deployment.name"),
+    ("DaemonSet", "k8s.daemonset.name"),
+    ("ReplicationController", "k8s.replicationcontroller.name"),
+];
+
+/// The key of a controller's name, by its kind; `None` for a kind the
+/// conventions do not name.
 fn controller_key(kind: &str) -> Option<&'static str> {
-    Some(match kind {
-        "Job" => "k8s.job.name",
-        "CronJob" => "k8s.cronjob.name",
-        "StatefulSet" => "k8s.statefulset.name",
-        "ReplicaSet" => "k8s.replicaset.name",
-        "Deployment" => "k8s.deployment.name",
-        "DaemonSet" => "k8s.daemonset.name",
-        "ReplicationController" => "k8s.replicationcontroller.name",
-        _ => return None,
-    })
+    CONTROLLER_KEYS
+        .iter()
+        .find(|(k, _)| *k == kind)
+        .map(|(_, key)| *key)
+}
+
+/// Whether [`pod_resource`] may set `key`: it describes one pod. The node's
+/// resource never carries such a key, or a record about a pod for which it
+/// is unknown (no container name, no controller) would inherit the agent's.
+pub(crate) fn is_pod_key(key: &str) -> bool {
+    key.starts_with("k8s.pod.")
+        || matches!(
+            key,
+            "k8s.namespace.name"
+                | "k8s.container.name"
+                | "container.id"
+                | "gpuwatch.pod.controller"
+        )
+        || CONTROLLER_KEYS.iter().any(|(_, k)| *k == key)
 }
 
 /// The worker: owns the OTLP log exporter and drains the queue.

@@ -60,6 +60,34 @@ fn gpuwatch_mode_metrics() -> Vec<(String, String, String)> {
         .collect()
 }
 
+/// Record attributes that keep their names: the semantic conventions' and
+/// those the metric series share, so that a record joins its series.
+const UNPREFIXED_RECORD_ATTRIBUTES: [&str; 9] = [
+    "fault.kind",
+    "xid",
+    "sxid",
+    "action",
+    "gpu.pci.address",
+    "gpu.uuid",
+    "gpu.index",
+    "process.pid",
+    "process.executable.name",
+];
+
+/// Every other record attribute is gpuwatch's own, under `gpuwatch.*`: no
+/// bare `code`, `source`, `count`, `severity`, no `host.boot.id` (the
+/// conventions' `host.*` defines no boot id), no `k8s.*` (the pod is on the
+/// resource).
+fn assert_record_attributes_namespaced(log: &common::Log) {
+    for k in log.attrs.keys() {
+        assert!(
+            k.starts_with("gpuwatch.") || UNPREFIXED_RECORD_ATTRIBUTES.contains(&k.as_str()),
+            "record attribute {k} is neither the conventions' nor gpuwatch.*: {:?}",
+            log.attrs
+        );
+    }
+}
+
 fn logs_with_code(r: &Received, lo: u32, hi: u32) -> Vec<u32> {
     r.logs
         .iter()
@@ -297,6 +325,10 @@ fn roundtrip(protocol: Protocol, compression: Option<Compression>) {
         );
         assert_eq!(a("gpuwatch.source"), Some("Str(kmsg)"));
         assert_eq!(a("gpuwatch.channel"), Some("Str(0x00000008)"));
+        assert_record_attributes_namespaced(log);
+        for bare in ["code", "source", "count", "severity", "host.boot.id"] {
+            assert!(a(bare).is_none(), "{bare}: {:?}", log.attrs);
+        }
         assert_eq!(
             log.resource.get("k8s.node.name").map(String::as_str),
             Some("Str(gpu-node-1)")
@@ -603,17 +635,25 @@ fn printed(m: &std::collections::BTreeMap<String, String>, k: &str) -> Option<St
 /// node's resource (`service.instance.id` = node name; the agent's own pod
 /// never, even when configured), each pod's fault record under that pod's
 /// resource (one export per pod in a batch), and `k8s.node.uid` on both
-/// signals once the Node's uid is known.
-fn resource_layout(protocol: Protocol) {
+/// signals once the Node's uid is known. The resources are the same in every
+/// `[otlp] semconv` mode (it renames metrics and adds point attributes only).
+fn resource_layout(protocol: Protocol, semconv: Semconv) {
     let rotel = Rotel::start();
     let rt = runtime();
     let registry = Registry::new();
     let kube = KubeMetrics::new();
     populate(&registry, &kube);
     let mut cfg = config(protocol, rotel.grpc_port, rotel.http_port);
-    // What the DaemonSet of older releases set: left out.
-    cfg.resource_attributes
-        .insert("k8s.pod.name".into(), "gpuwatch-abcde".into());
+    cfg.semconv = semconv;
+    // What the DaemonSet of older releases set, and the agent's container:
+    // left out (a pod record never inherits the agent's namespace or container).
+    for (k, v) in [
+        ("k8s.pod.name", "gpuwatch-abcde"),
+        ("k8s.namespace.name", "gpuwatch"),
+        ("k8s.container.name", "gpuwatch"),
+    ] {
+        cfg.resource_attributes.insert(k.into(), v.into());
+    }
     let exporter = OtlpExporter::start(
         &cfg,
         &resource(),
@@ -625,7 +665,11 @@ fn resource_layout(protocol: Protocol) {
     let sink = exporter.log_sink();
     sink.send(&pod_event(31, "trainer-0"));
     sink.send(&xid_event(79, 0, Action::InspectHardware, 1));
-    sink.send(&pod_event(43, "trainer-1"));
+    // A pod whose container is not known.
+    let mut no_container = pod_event(43, "trainer-1");
+    no_container.pods[0].container.clear();
+    no_container.pods[0].container_id.clear();
+    sink.send(&no_container);
     sink.flush(Duration::from_secs(10));
     let got = rotel.wait_for(Duration::from_secs(20), "3 records and metrics", |r| {
         r.logs.len() >= 3 && r.metric("gpu.xid.errors").is_some()
@@ -637,7 +681,12 @@ fn resource_layout(protocol: Protocol) {
         Some("Str(gpu-node-1)")
     );
     assert!(!node_resource.contains_key("k8s.node.uid"));
-    assert!(node_resource.keys().all(|k| !k.starts_with("k8s.pod.")));
+    for k in node_resource.keys() {
+        assert!(
+            !k.starts_with("k8s.pod.") && k != "k8s.namespace.name" && k != "k8s.container.name",
+            "the agent's own pod on the node's resource: {node_resource:?}"
+        );
+    }
     let log = |r: &Received, xid: u32| {
         r.logs
             .iter()
@@ -655,18 +704,19 @@ fn resource_layout(protocol: Protocol) {
         assert_eq!(r("k8s.pod.uid"), Some(format!("Str(uid-{pod})")));
         assert_eq!(r("k8s.pod.name"), Some(format!("Str({pod})")));
         assert_eq!(r("k8s.namespace.name").as_deref(), Some("Str(ml)"));
-        assert_eq!(r("k8s.container.name").as_deref(), Some("Str(main)"));
-        assert_eq!(r("container.id").as_deref(), Some("Str(4f1c0e8b6a2d)"));
+        let (container, id) = if pod == "trainer-0" {
+            (Some("Str(main)"), Some("Str(4f1c0e8b6a2d)"))
+        } else {
+            (None, None)
+        };
+        assert_eq!(r("k8s.container.name").as_deref(), container);
+        assert_eq!(r("container.id").as_deref(), id);
         assert_eq!(r("k8s.job.name").as_deref(), Some("Str(train-42)"));
         // The node's attributes stay (the agent's identity and the node).
         for (k, v) in &node_resource {
             assert_eq!(l.resource.get(k), Some(v), "{k}");
         }
-        assert!(
-            l.attrs.keys().all(|k| !k.starts_with("k8s.")),
-            "{:?}",
-            l.attrs
-        );
+        assert_record_attributes_namespaced(&l);
     }
 
     // The Node is read: both signals carry its uid from then on.
@@ -714,12 +764,18 @@ fn resource_layout(protocol: Protocol) {
 
 #[test]
 fn grpc_resources_name_the_agent_node_and_the_faulting_pod() {
-    resource_layout(Protocol::Grpc);
+    resource_layout(Protocol::Grpc, Semconv::Gpuwatch);
 }
 
 #[test]
 fn http_resources_name_the_agent_node_and_the_faulting_pod() {
-    resource_layout(Protocol::HttpProtobuf);
+    resource_layout(Protocol::HttpProtobuf, Semconv::Gpuwatch);
+}
+
+#[test]
+fn otel_and_dup_modes_keep_the_same_resources() {
+    resource_layout(Protocol::Grpc, Semconv::Otel);
+    resource_layout(Protocol::HttpProtobuf, Semconv::Dup);
 }
 
 /// What one mode of `[otlp] semconv` exports, as rotel receives it.
@@ -823,9 +879,13 @@ fn semconv_modes_export_gpuwatch_otel_or_both_names() {
         } else {
             assert!(gpu_errors.is_empty(), "{mode}: {gpu_errors:#?}");
         }
-        // The constant GPU attributes of the conventions, on every GPU point.
-        for m in got.metrics.iter().filter(|m| m.name.starts_with("hw.")) {
-            for p in gpu(m) {
+        // hw.id (the UUID) in every mode, and the constant GPU attributes of
+        // the conventions in `otel` / `dup`, on every point about a GPU: the
+        // hw.* points and gpuwatch's own (gpu.xid.errors, gpu.faults, ...).
+        let mut gpu_metrics = std::collections::BTreeSet::new();
+        for m in &got.metrics {
+            for p in m.points.iter().filter(|p| p.attrs.contains_key("gpu.uuid")) {
+                gpu_metrics.insert(m.name.as_str());
                 let a = |k: &str| p.attrs.get(k).map(String::as_str);
                 let on = |v: &'static str| semconv.otel().then_some(v);
                 let name = &m.name;
@@ -851,8 +911,16 @@ fn semconv_modes_export_gpuwatch_otel_or_both_names() {
                     _ => None,
                 };
                 assert_eq!(a("hw.serial_number"), serial, "{mode} {name}");
-                assert!(a("hw.id").is_some(), "{mode} {}", m.name);
+                assert_eq!(a("hw.id"), a("gpu.uuid"), "{mode} {name}");
             }
+        }
+        for name in [
+            "gpu.xid.errors",
+            "gpu.faults",
+            "gpu.pcie.replays",
+            "hw.temperature",
+        ] {
+            assert!(gpu_metrics.contains(name), "{mode}: {name} {gpu_metrics:?}");
         }
     }
 }

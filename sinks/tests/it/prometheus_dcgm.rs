@@ -4,7 +4,7 @@
 //! joins docs/metrics.md ("Next to dcgm-exporter") gives return the rows
 //! expected.
 
-use crate::common::{populate, promtool, promtool_check};
+use crate::common::{populate, promtool, promtool_check, xid_event};
 use gpuwatch_core::Registry;
 use gpuwatch_kube::KubeMetrics;
 use gpuwatch_sinks::otlp::ResourceInfo;
@@ -361,4 +361,32 @@ fn prometheus_joins_gpuwatch_series_with_dcgm_exporter_series() {
             "{r}"
         );
     }
+
+    // The ported alert as docs/metrics.md gives it sees a single XID whose
+    // series its first event creates (XID 43 on GPU 1, after Prometheus
+    // started scraping): the series starts at 1, and Debian's Prometheus
+    // (2.42) does not ingest `_created` as a zero sample, so `increase()`
+    // alone has no row for it; the `unless ... offset` term catches it.
+    registry.record_fault(&xid_event(43, 1, gpuwatch_proto::Action::RestartApp, 1));
+    let ported = "sum by (UUID, gpu, Hostname, xid) (\
+                  increase(gpu_xid_errors_total[10m]) > 0 \
+                  or (gpu_xid_errors_total unless gpu_xid_errors_total offset 10m)) > 0";
+    let rows = prom.rows(ported, 3);
+    let mut fired: Vec<(String, String)> = rows
+        .iter()
+        .map(|r| (label(r, "xid").to_owned(), label(r, "gpu").to_owned()))
+        .collect();
+    fired.sort();
+    assert_eq!(
+        fired,
+        [
+            ("13".into(), "1".into()),
+            ("43".into(), "1".into()),
+            ("79".into(), "0".into())
+        ]
+    );
+    let plain = prom
+        .query("sum by (UUID, xid) (increase(gpu_xid_errors_total{xid=\"43\"}[10m])) > 0")
+        .expect("Prometheus answers");
+    assert!(plain.is_empty(), "{plain:?}");
 }
