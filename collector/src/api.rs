@@ -4,7 +4,7 @@
 //!
 //! | path | answer |
 //! |---|---|
-//! | `GET /healthz` | liveness: 200 while the engine and kmsg threads run and make progress (`PROGRESS_DEADLINE_SECS`), else 503; JSON body |
+//! | `GET /healthz` | liveness: 200 while the engine and kmsg threads run and make progress (`PROGRESS_DEADLINE`; the NVML sources within their call deadline), else 503; JSON body |
 //! | `GET /readyz` | readiness: 200 once state is loaded, the engine runs, and the kmsg source finished its first pass or reported that it cannot read the kernel log (then `/v1/health` says `monitor.kmsg_ok: false`, verdict `unknown`), and while the fleet quarantine budget works (`quarantine_budget_unavailable`; `/v1/health` `quarantine` says why), else 503 |
 //! | `GET /v1/health` | the `gpuwatch.v1.NodeHealth` JSON the engine published last, with the Kubernetes writer's quarantine status and condition holds |
 //! | `GET /metrics` | Prometheus text exposition, when a renderer is installed (`--prometheus`) |

@@ -1,14 +1,24 @@
-//! Liveness and readiness of the agent's threads: the flags and progress
-//! heartbeats each thread keeps, and what `/healthz` and `/readyz` make of them.
+//! Liveness and readiness of the agent's threads: the flags each thread
+//! keeps, the heartbeats `/healthz` holds to a deadline, and what `/healthz`
+//! and `/readyz` make of them.
+//!
+//! The kernel-log reader and the NVML sources beat the same [`Progress`]
+//! every other input beats (their [`InputContext`](crate::InputContext)'s);
+//! what differs is only who acts on a stall: theirs fails `/healthz` (a
+//! restart unblocks a wedged reader or NVML call), the others' go to the
+//! input watchdog (a restart does not unblock a sysfs read).
 
 use gpuwatch_core::engine::Heartbeat;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use gpuwatch_core::heartbeat::Watched;
+use gpuwatch_core::msg::MonitorInput;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-/// Liveness and readiness of the agent's threads. Each thread reports its own
-/// progress through the methods here (cheap private atomics, one store per
-/// loop pass); the local API reads them as one `LivenessStatus`.
+/// Liveness and readiness of the agent's threads: flags the threads set
+/// through the methods here (cheap private atomics), the engine's loop
+/// heartbeat, and the inputs' own heartbeats registered with
+/// [`Liveness::watch`]; the local API reads them as one `LivenessStatus`.
 #[derive(Debug, Default)]
 pub struct Liveness {
     /// The engine thread is running.
@@ -24,22 +34,15 @@ pub struct Liveness {
     kmsg_unavailable: AtomicBool,
     /// The engine loaded its persisted state.
     state_loaded: AtomicBool,
-    /// Unix seconds of the last kmsg reader loop iteration (0 before the first).
-    kmsg_heartbeat_unix_secs: AtomicU64,
     /// Unix seconds of the health engine's latest loop pass (0 before the
     /// first); the engine writes it through the handle
     /// [`Liveness::engine_heartbeat`] gives it.
     engine_heartbeat: Arc<Heartbeat>,
-    /// Unix milliseconds of the NVML poller's last known progress: now while
-    /// it is idle or inside an NVML call younger than the call deadline (then
-    /// the call's start); it stands still from a call's deadline until a
-    /// fresh NVML session completes a call. 0: the poller does not run.
-    nvml_poll_progress_unix_ms: AtomicU64,
-    /// The same for the NVML event source.
-    nvml_events_progress_unix_ms: AtomicU64,
-    /// How long the NVML sources may make no progress before `/healthz`
-    /// fails, milliseconds (the call deadline plus a margin; 0: not checked).
-    nvml_progress_deadline_ms: AtomicU64,
+    /// The inputs' heartbeats `/healthz` holds to their deadlines: the
+    /// kernel-log reader's ([`PROGRESS_DEADLINE`]) and each running NVML
+    /// source's (the call deadline plus a margin). An input that does not
+    /// run is not in here.
+    inputs: Mutex<Vec<Watched>>,
 }
 
 /// What `/healthz` and `/readyz` report: the threads' liveness and progress
@@ -56,12 +59,12 @@ pub struct LivenessStatus {
     pub kmsg_unavailable: bool,
     /// The engine loaded its persisted state.
     pub state_loaded: bool,
-    /// Unix seconds of the kmsg reader's last loop pass (0 before the first).
+    /// Unix seconds of the kmsg reader's last progress (0 before the first).
     pub kmsg_heartbeat_unix_secs: u64,
     /// Unix seconds of the engine's last loop pass (0 before the first).
     pub engine_heartbeat_unix_secs: u64,
-    /// The threads that made no progress within [`PROGRESS_DEADLINE_SECS`]
-    /// (or the NVML call deadline), by name.
+    /// The threads that made no progress within their deadline
+    /// ([`PROGRESS_DEADLINE`], or the NVML call deadline), by name.
     pub stalled: Vec<&'static str>,
 }
 
@@ -88,13 +91,13 @@ impl LivenessStatus {
 /// fails so that the kubelet restarts the agent. The engine passes its loop
 /// at least once per tick (1 s by default, 60 s at most), the kmsg reader at
 /// least every [`IDLE_HEARTBEAT`] when idle and every 1,024 records when busy.
-pub(crate) const PROGRESS_DEADLINE_SECS: u64 = 90;
+pub(crate) const PROGRESS_DEADLINE: Duration = Duration::from_secs(90);
 
 /// How often a source with nothing to do wakes up only to show it is not
-/// stuck (its heartbeat): a third of [`PROGRESS_DEADLINE_SECS`], so that a
+/// stuck (its heartbeat): a third of [`PROGRESS_DEADLINE`], so that a
 /// wake-up that comes late on a loaded node (or a heartbeat a second short
 /// of its mark) never makes `/healthz` fail.
-pub(crate) const IDLE_HEARTBEAT: Duration = Duration::from_secs(PROGRESS_DEADLINE_SECS / 3);
+pub(crate) const IDLE_HEARTBEAT: Duration = Duration::from_secs(PROGRESS_DEADLINE.as_secs() / 3);
 
 impl Liveness {
     /// New flags, all false.
@@ -137,15 +140,30 @@ impl Liveness {
         self.kmsg_unavailable.load(Ordering::Relaxed)
     }
 
-    /// The kmsg reader's heartbeat: one loop pass at `unix_secs`.
-    pub(crate) fn kmsg_beat(&self, unix_secs: u64) {
-        self.kmsg_heartbeat_unix_secs
-            .store(unix_secs, Ordering::Relaxed);
+    /// Holds an input's heartbeat to its deadline for `/healthz` from now
+    /// on (being watched counts as its start, [`Watched::new`]).
+    pub(crate) fn watch(&self, input: Watched) {
+        self.lock_inputs().push(input);
     }
 
-    /// Unix seconds of the kmsg reader's last loop pass (0 before the first).
-    pub(crate) fn kmsg_heartbeat_unix_secs(&self) -> u64 {
-        self.kmsg_heartbeat_unix_secs.load(Ordering::Relaxed)
+    fn lock_inputs(&self) -> MutexGuard<'_, Vec<Watched>> {
+        self.inputs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Unix seconds of the kmsg reader's last progress (0 before the first).
+    fn kmsg_heartbeat_unix_secs(&self) -> u64 {
+        let inputs = self.lock_inputs();
+        let Some(at) = inputs
+            .iter()
+            .filter(|w| w.input == MonitorInput::Kmsg)
+            .find_map(|w| w.progress.last_beat_at())
+        else {
+            return 0;
+        };
+        let then = std::time::SystemTime::now()
+            .checked_sub(at.elapsed())
+            .unwrap_or(std::time::UNIX_EPOCH);
+        gpuwatch_core::clock::unix_nanos(then) / 1_000_000_000
     }
 
     /// The handle the health engine stores its loop heartbeat in (Unix
@@ -154,65 +172,27 @@ impl Liveness {
         Arc::clone(&self.engine_heartbeat)
     }
 
-    /// The NVML poller's (`events` false) or event source's progress
-    /// heartbeat, Unix milliseconds (see [`Liveness::nvml_progress_ok`]).
-    pub(crate) fn nvml_progress(&self, events: bool) -> &AtomicU64 {
-        if events {
-            &self.nvml_events_progress_unix_ms
-        } else {
-            &self.nvml_poll_progress_unix_ms
-        }
-    }
-
-    /// How long the NVML sources may make no progress before `/healthz` fails.
-    pub(crate) fn set_nvml_progress_deadline(&self, deadline: Duration) {
-        self.nvml_progress_deadline_ms.store(
-            u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
-    }
-
-    /// Whether every running NVML source made progress within `deadline`: it
-    /// is idle, or inside an NVML call that started less than `deadline` ago.
-    /// A source stuck in a call stops its heartbeat until a fresh NVML
-    /// session completes a call. Sources that do not run (NVML disabled) are
-    /// fine. For `/healthz`: pass the NVML call deadline
-    /// (`NvmlConfig::call_timeout`) or a little more.
-    pub fn nvml_progress_ok(&self, deadline: Duration) -> bool {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-            .unwrap_or(0);
-        let limit = u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX);
-        [
-            &self.nvml_poll_progress_unix_ms,
-            &self.nvml_events_progress_unix_ms,
-        ]
-        .iter()
-        .map(|a| a.load(Ordering::Relaxed))
-        .all(|beat| beat == 0 || now.saturating_sub(beat) <= limit)
-    }
-
     /// Whether the agent is alive (engine and kmsg threads running).
     pub(crate) fn alive(&self) -> bool {
         self.engine_alive.load(Ordering::Relaxed) && self.kmsg_alive.load(Ordering::Relaxed)
     }
 
-    /// The threads that have made no progress within
-    /// [`PROGRESS_DEADLINE_SECS`] at `now_unix_secs` (empty: all fine). A
-    /// thread that has not started its loop yet (heartbeat 0) is not stuck.
-    pub(crate) fn stalled(&self, now_unix_secs: u64) -> Vec<&'static str> {
-        let stale = |hb: u64| hb > 0 && now_unix_secs.saturating_sub(hb) > PROGRESS_DEADLINE_SECS;
+    /// The threads that have made no progress within their deadline: the
+    /// engine within [`PROGRESS_DEADLINE`] at `now_unix_secs` (its loop
+    /// heartbeat is in Unix seconds), each watched input within its own at
+    /// `now` (empty: all fine). A thread that has not started its loop yet
+    /// (heartbeat 0) is not stuck.
+    pub(crate) fn stalled(&self, now_unix_secs: u64, now: Instant) -> Vec<&'static str> {
+        let engine = self.engine_heartbeat.last();
         let mut out = Vec::new();
-        if stale(self.engine_heartbeat.last()) {
+        if engine > 0 && now_unix_secs.saturating_sub(engine) > PROGRESS_DEADLINE.as_secs() {
             out.push("engine");
         }
-        if stale(self.kmsg_heartbeat_unix_secs.load(Ordering::Relaxed)) {
-            out.push("kmsg");
-        }
-        let nvml_deadline = self.nvml_progress_deadline_ms.load(Ordering::Relaxed);
-        if nvml_deadline > 0 && !self.nvml_progress_ok(Duration::from_millis(nvml_deadline)) {
-            out.push("nvml");
+        for w in self.lock_inputs().iter().filter(|w| w.overdue(now)) {
+            let name = w.input.as_str();
+            if !out.contains(&name) {
+                out.push(name);
+            }
         }
         out
     }
@@ -239,7 +219,7 @@ impl Liveness {
             state_loaded: self.state_loaded.load(Ordering::Relaxed),
             kmsg_heartbeat_unix_secs: self.kmsg_heartbeat_unix_secs(),
             engine_heartbeat_unix_secs: self.engine_heartbeat.last(),
-            stalled: self.stalled(now_unix_secs),
+            stalled: self.stalled(now_unix_secs, Instant::now()),
         }
     }
 }
@@ -288,5 +268,41 @@ mod tests {
             assert!(l.ready());
         }
         assert!(!l.alive());
+    }
+
+    /// `/healthz` reads the inputs' own `Progress`: the kmsg reader and
+    /// each NVML source are named once past their deadline, and clear again
+    /// when they beat.
+    #[test]
+    fn watched_inputs_stall_past_their_deadline() {
+        use gpuwatch_core::heartbeat::Progress;
+        let l = Liveness::new();
+        let (kmsg, poller, events) = (Progress::new(), Progress::new(), Progress::new());
+        let t0 = Instant::now();
+        l.watch(Watched::new(
+            MonitorInput::Kmsg,
+            kmsg.clone(),
+            PROGRESS_DEADLINE,
+        ));
+        let nvml = Duration::from_secs(15);
+        l.watch(Watched::new(MonitorInput::Nvml, poller.clone(), nvml));
+        l.watch(Watched::new(MonitorInput::Nvml, events.clone(), nvml));
+        assert!(l.stalled(0, t0).is_empty(), "just started");
+        let later = t0 + nvml + Duration::from_secs(1);
+        poller.beat_at(later);
+        assert_eq!(
+            l.stalled(0, later),
+            vec!["nvml"],
+            "the event source is stuck"
+        );
+        events.beat_at(later);
+        assert!(l.stalled(0, later).is_empty());
+        let much_later = t0 + PROGRESS_DEADLINE + Duration::from_secs(1);
+        poller.beat_at(much_later);
+        events.beat_at(much_later);
+        assert_eq!(l.stalled(0, much_later), vec!["kmsg"]);
+        kmsg.beat_at(much_later);
+        assert!(l.stalled(0, much_later).is_empty());
+        assert!(l.status(0).kmsg_heartbeat_unix_secs > 0);
     }
 }

@@ -33,7 +33,8 @@
 //! deadline, hung driver or not; [`NvmlSources::stop`] enforces that bound
 //! even on a bug. A thread that sleeps (between polls, before a retry) is
 //! woken by the trigger at once. Each supervisor keeps a progress
-//! heartbeat in [`Liveness`] ([`Liveness::nvml_progress_ok`]).
+//! heartbeat ([`NvmlSources::watched`], the poller's is its context's
+//! [`InputContext::progress`]) that `/healthz` holds to the call deadline.
 //!
 //! With `sim_scenario`, the library is the nvml-sim cdylib: gpuwatch copies
 //! `libnvml_sim.so` into a private temporary directory and writes the side file
@@ -50,8 +51,8 @@ mod poll;
 mod watchdog;
 
 use crate::input::InputContext;
-use crate::liveness::Liveness;
 use crossbeam_channel::{SendTimeoutError, Sender, TrySendError};
+use gpuwatch_core::heartbeat::{Progress, Watched};
 use gpuwatch_core::msg::{Input, MonitorInput};
 use gpuwatch_core::registry::Tally;
 use gpuwatch_core::{Registry, Shutdown};
@@ -290,6 +291,8 @@ pub struct NvmlSources {
     threads: Vec<JoinHandle<()>>,
     shutdown: Shutdown,
     deadline: Duration,
+    /// The heartbeat of each source whose supervisor runs.
+    progress: Vec<Arc<Progress>>,
 }
 
 impl NvmlSources {
@@ -297,6 +300,31 @@ impl NvmlSources {
     /// triggering `shutdown`, each ends within the call deadline).
     pub(crate) fn into_threads(self) -> Vec<JoinHandle<()>> {
         self.threads
+    }
+
+    /// Each running source's heartbeat for `/healthz`, held to `deadline`
+    /// (the call deadline plus a margin): it stands still from a hung
+    /// call's start until a fresh NVML session completes a call.
+    pub(crate) fn watched(&self, deadline: Duration) -> Vec<Watched> {
+        self.progress
+            .iter()
+            .map(|p| Watched::new(MonitorInput::Nvml, p.clone(), deadline))
+            .collect()
+    }
+
+    /// Whether every running source made progress within `deadline`: it is
+    /// idle, or inside an NVML call that started less than `deadline` ago.
+    /// A source stuck in a call stops its heartbeat until a fresh NVML
+    /// session completes a call. None running (NVML disabled) is fine.
+    pub fn made_progress_within(&self, deadline: Duration) -> bool {
+        self.made_progress_at(deadline, Instant::now())
+    }
+
+    fn made_progress_at(&self, deadline: Duration, now: Instant) -> bool {
+        self.progress.iter().all(|p| match p.last_beat_ms() {
+            0 => true,
+            last => Duration::from_millis(p.ms_at(now).saturating_sub(last)) <= deadline,
+        })
     }
 
     /// How many threads run (0 when NVML is disabled).
@@ -341,27 +369,23 @@ impl NvmlSources {
 /// retries. The threads (the sources' supervisors, which never call NVML) end
 /// within the call deadline once `shutdown` is triggered, or when `tx`'s
 /// receiver is gone. Starts no threads when `enabled` is false. The
-/// sources send into `ctx`'s channel and stop at its shutdown; their
-/// progress heartbeats, one per source and held to the call deadline, go
-/// to `liveness` (checked by [`Liveness::nvml_progress_ok`]) rather than to
-/// `ctx`'s: a hung NVML call is the agent's to restart, not a stall to wait
-/// out.
-pub fn start(
-    cfg: &NvmlSettings,
-    registry: Arc<Registry>,
-    liveness: Arc<Liveness>,
-    ctx: InputContext,
-) -> NvmlSources {
+/// sources send into `ctx`'s channel and stop at its shutdown; the poller
+/// beats `ctx`'s heartbeat, the event source one of its own
+/// ([`NvmlSources::watched`] gives both to `/healthz`, not to the input
+/// watchdog: a hung NVML call is the agent's to restart, not a stall to
+/// wait out).
+pub fn start(cfg: &NvmlSettings, registry: Arc<Registry>, ctx: InputContext) -> NvmlSources {
     let (tx, shutdown) = (ctx.out().clone(), ctx.shutdown().clone());
     let mut sources = NvmlSources {
         threads: Vec::new(),
         shutdown: shutdown.clone(),
         deadline: cfg.call_timeout,
+        progress: Vec::new(),
     };
     if !cfg.enabled {
         return sources;
     }
-    let ctx = Ctx::new(tx, registry, shutdown, liveness);
+    let ctx = Ctx::new(tx, registry, shutdown, ctx.progress().clone());
     let deadline = cfg.call_timeout;
     let retry = cfg.retry_interval;
     if cfg.events {
@@ -386,7 +410,12 @@ pub fn start(
                         .map(drop)
                 })
             }) {
-            Ok(h) => sources.threads.push(h),
+            Ok(h) => {
+                sources.threads.push(h);
+                sources
+                    .progress
+                    .push(ctx.heartbeat(watchdog::Role::Events).clone());
+            }
             Err(e) => tracing::error!(error = %e, "Cannot start the NVML event thread."),
         }
     }
@@ -396,7 +425,12 @@ pub fn start(
         .name("nvml-poller".into())
         .spawn(move || poll::supervise(poller_cfg, poller_ctx))
     {
-        Ok(h) => sources.threads.push(h),
+        Ok(h) => {
+            sources.threads.push(h);
+            sources
+                .progress
+                .push(ctx.heartbeat(watchdog::Role::Poller).clone());
+        }
         Err(e) => {
             tracing::error!(error = %e, "Cannot start the NVML poller thread.");
             ctx.report_poll(false, format!("cannot start the NVML poller thread: {e}"));
@@ -433,7 +467,9 @@ struct Ctx {
     monitor: Arc<Monitor>,
     /// The calls of this thread (a supervisor's is never abandoned).
     watch: Arc<watchdog::CallWatch>,
-    liveness: Arc<Liveness>,
+    /// Each source's heartbeat, by [`watchdog::Role::index`]; its
+    /// supervisor keeps it.
+    heartbeats: [Arc<Progress>; 2],
 }
 
 impl Ctx {
@@ -442,7 +478,7 @@ impl Ctx {
         tx: Sender<Input>,
         registry: Arc<Registry>,
         shutdown: Shutdown,
-        liveness: Arc<Liveness>,
+        poller_heartbeat: Arc<Progress>,
     ) -> Ctx {
         let shared = Arc::new(NvmlShared::default());
         // The event worker waits on `changed` for a handle: shutdown wakes it
@@ -461,8 +497,13 @@ impl Ctx {
             shared,
             monitor: Arc::new(Monitor::default()),
             watch: Arc::new(watchdog::CallWatch::default()),
-            liveness,
+            heartbeats: [poller_heartbeat, Progress::new()],
         }
+    }
+
+    /// The heartbeat of `role`'s source.
+    fn heartbeat(&self, role: watchdog::Role) -> &Arc<Progress> {
+        &self.heartbeats[role.index()]
     }
 
     /// A copy for a worker watched by `watch`.
@@ -651,7 +692,7 @@ mod tests {
 
     fn test_ctx() -> (Ctx, crossbeam_channel::Receiver<Input>) {
         let (tx, rx) = crossbeam_channel::bounded(16);
-        let ctx = Ctx::new(tx, Registry::new(), Shutdown::new(), Liveness::new());
+        let ctx = Ctx::new(tx, Registry::new(), Shutdown::new(), Progress::new());
         (ctx, rx)
     }
 
@@ -832,18 +873,33 @@ mod tests {
 
     #[test]
     fn progress_is_ok_only_within_the_deadline_of_each_running_source() {
-        let l = Liveness::new();
         let d = Duration::from_secs(5);
-        assert!(l.nvml_progress_ok(d), "no NVML source runs");
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64;
-        l.nvml_progress(false).store(now - 1_000, Ordering::Relaxed);
-        assert!(l.nvml_progress_ok(d));
-        l.nvml_progress(true).store(now - 6_000, Ordering::Relaxed);
-        assert!(!l.nvml_progress_ok(d), "the event source is stuck");
-        assert!(l.nvml_progress_ok(Duration::from_secs(10)));
+        let (poller, events) = (Progress::new(), Progress::new());
+        let sources = NvmlSources {
+            threads: Vec::new(),
+            shutdown: Shutdown::new(),
+            deadline: d,
+            progress: vec![poller.clone(), events.clone()],
+        };
+        let t0 = Instant::now();
+        assert!(
+            sources.made_progress_at(d, t0 + 60 * d),
+            "no source has started"
+        );
+        poller.beat_at(t0);
+        events.beat_at(t0);
+        assert!(sources.made_progress_at(d, t0 + d));
+        assert!(!sources.made_progress_at(d, t0 + d + Duration::from_millis(1)));
+        // The poller answers again; the event source stays stuck.
+        poller.beat_at(t0 + 2 * d);
+        assert!(
+            !sources.made_progress_at(d, t0 + 2 * d),
+            "the event source is stuck"
+        );
+        assert!(sources.made_progress_at(2 * d, t0 + 2 * d));
+        let watched = sources.watched(d);
+        assert_eq!(watched.len(), 2);
+        assert!(watched.iter().all(|w| w.input == MonitorInput::Nvml));
     }
 
     #[test]
@@ -854,7 +910,7 @@ mod tests {
             ..NvmlSettings::default()
         };
         let ctx = InputContext::new(Shutdown::new(), tx);
-        let sources = start(&cfg, Registry::new(), Liveness::new(), ctx);
+        let sources = start(&cfg, Registry::new(), ctx);
         assert!(sources.is_empty());
     }
 }

@@ -85,6 +85,22 @@ impl Progress {
         self.beat_ms.store(self.now_ms(), Ordering::Relaxed);
     }
 
+    /// The input was last known to make progress at `at`, an instant in the
+    /// past: a supervisor that sees its worker inside a call younger than
+    /// the call's deadline dates the progress to the call's start, so that
+    /// a call that never returns stops the heartbeat from its start on.
+    pub fn beat_at(&self, at: Instant) {
+        self.beat_ms.store(self.ms_at(at), Ordering::Relaxed);
+    }
+
+    /// When the input last made progress (`None`: it has not started).
+    pub fn last_beat_at(&self) -> Option<Instant> {
+        match self.last_beat_ms() {
+            0 => None,
+            ms => Some(self.origin + Duration::from_millis(ms - 1)),
+        }
+    }
+
     /// The input's last progress on the clock of [`Progress::now_ms`] (0:
     /// it has not started).
     pub fn last_beat_ms(&self) -> u64 {
@@ -157,6 +173,19 @@ impl Watched {
             stalled: false,
             verb: "",
         }
+    }
+
+    /// How long it has made no progress at `now` (`None`: it has not
+    /// started).
+    pub fn idle(&self, now: Instant) -> Option<Duration> {
+        let last = self.progress.last_beat_ms();
+        (last != 0).then(|| Duration::from_millis(self.progress.ms_at(now).saturating_sub(last)))
+    }
+
+    /// Whether it has made no progress for its deadline at `now` (one that
+    /// has not started is not overdue).
+    pub fn overdue(&self, now: Instant) -> bool {
+        self.idle(now).is_some_and(|idle| idle >= self.deadline)
     }
 
     /// Its activities are what it does with them: "reading " when they are
@@ -239,10 +268,7 @@ impl Watchdog {
     pub fn check(&mut self, now: Instant) -> Vec<Transition> {
         let mut out = Vec::new();
         for w in &mut self.watched {
-            let last = w.progress.last_beat_ms();
-            let idle = (last != 0)
-                .then(|| Duration::from_millis(w.progress.ms_at(now).saturating_sub(last)));
-            match idle {
+            match w.idle(now) {
                 Some(idle) if idle >= w.deadline && !w.stalled => {
                     w.stalled = true;
                     let message = match w.progress.activity() {

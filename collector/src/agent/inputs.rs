@@ -171,12 +171,13 @@ impl NvmlFeed {
         let (nvml_tx, nvml_rx) = crossbeam_channel::bounded(NVML_CHANNEL_CAPACITY);
         let shutdown = ctx.shutdown().clone();
         let sources_ctx = InputContext::new(shutdown.clone(), nvml_tx);
-        let mut threads =
-            crate::nvml::start(cfg, registry.clone(), liveness.clone(), sources_ctx).into_threads();
+        let sources = crate::nvml::start(cfg, registry.clone(), sources_ctx);
         // A hung NVML call stops the sources' heartbeats: /healthz fails once
         // they stood still for the call deadline plus a margin.
-        let deadline = cfg.call_timeout + Duration::from_secs(10);
-        liveness.set_nvml_progress_deadline(deadline);
+        for watched in sources.watched(cfg.call_timeout + Duration::from_secs(10)) {
+            liveness.watch(watched);
+        }
+        let mut threads = sources.into_threads();
         let (reg, tx) = (registry.clone(), ctx.out().clone());
         drop(ctx);
         threads.push(

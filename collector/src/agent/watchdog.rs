@@ -3,9 +3,10 @@
 //! tells the engine when one stalls or moves again, as the input's
 //! `MonitorStatus`. The engine makes that input's part of the health
 //! Unknown (the network, which pods hold a GPU) or shows it (the Node
-//! writer); the kernel-log reader, the engine and NVML keep their own
-//! stronger checks (`/healthz`, NVML's call deadline), because a restart
-//! unblocks those and does not unblock a sysfs read.
+//! writer). The kernel-log reader and NVML beat the same kind of heartbeat,
+//! but `/healthz` holds theirs ([`Liveness::watch`](crate::liveness::Liveness::watch),
+//! on top of NVML's call deadline; the engine keeps its loop heartbeat), because a
+//! restart unblocks those and does not unblock a sysfs read.
 
 use super::{RunError, StillRunning, StopBudget, join_within};
 use crate::input::InputContext;

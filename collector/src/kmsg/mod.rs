@@ -279,11 +279,16 @@ pub(crate) fn spawn(
 /// The source loop (runs on the calling thread until `ctx`'s shutdown, the
 /// engine going away, or the end of a replay with `exit_at_eof`). Its
 /// events go into `ctx`'s channel by the [`FaultSender`](crate::pipeline::FaultSender)'s
-/// rules; its heartbeat is the one in [`Liveness`], which `/healthz` holds
-/// to [`PROGRESS_DEADLINE_SECS`](crate::liveness::PROGRESS_DEADLINE_SECS).
+/// rules; its heartbeat is `ctx`'s, which `/healthz` holds to
+/// [`PROGRESS_DEADLINE`](crate::liveness::PROGRESS_DEADLINE) from the
+/// start of this call.
 pub(crate) fn run_source(args: KmsgSourceArgs, ctx: InputContext) -> KmsgSummary {
     let liveness = args.liveness.clone();
     let _alive = liveness.kmsg_running();
+    liveness.watch(ctx.watched(
+        gpuwatch_core::msg::MonitorInput::Kmsg,
+        crate::liveness::PROGRESS_DEADLINE,
+    ));
     let stop_tx = args.stop_tx.clone();
     let mut src = Reader::new(args, ctx);
     let ended_by_eof = src.run();

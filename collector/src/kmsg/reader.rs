@@ -6,6 +6,7 @@ use crate::boot;
 use crate::input::InputContext;
 use crate::liveness::{IDLE_HEARTBEAT, Liveness};
 use crate::pipeline::{FaultSender, SendStatus};
+use gpuwatch_core::heartbeat::Progress;
 use gpuwatch_core::msg::{Input, MonitorInput};
 use gpuwatch_core::{Registry, Shutdown, WakeFd};
 use gpuwatch_proto::FaultEvent;
@@ -44,6 +45,9 @@ pub(super) struct Reader {
     pub(super) boot_id: String,
     pub(super) registry: Arc<Registry>,
     pub(super) liveness: Arc<Liveness>,
+    /// The reader's heartbeat (its context's), held to
+    /// [`PROGRESS_DEADLINE`](crate::liveness::PROGRESS_DEADLINE) by `/healthz`.
+    pub(super) progress: Arc<Progress>,
     pub(super) shutdown: Shutdown,
     /// Readable once `shutdown` is triggered: in every `poll(2)` set, so a
     /// waiting reader stops at once. `None` when no pipe could be made
@@ -116,6 +120,7 @@ impl Reader {
             boot_id: args.boot_id,
             registry: args.registry,
             liveness: args.liveness,
+            progress: ctx.progress().clone(),
             shutdown: ctx.shutdown().clone(),
             wake,
             out: Vec::new(),
@@ -283,9 +288,7 @@ impl Reader {
     }
 
     pub(super) fn heartbeat(&self) {
-        self.liveness.kmsg_beat(
-            gpuwatch_core::clock::unix_nanos(std::time::SystemTime::now()) / 1_000_000_000,
-        );
+        self.progress.beat();
     }
 
     pub(super) fn idle_work(&mut self) -> ReadOn {

@@ -17,19 +17,19 @@
 //!   [`MAX_STUCK`] abandoned workers may still be stuck at once: a driver that
 //!   never answers costs a bounded number of threads.
 //!
-//! The supervisor also keeps the source's progress heartbeat in
-//! [`Liveness`]: while the worker is idle or inside a call younger than the
+//! The supervisor also keeps the source's progress heartbeat (a
+//! [`Progress`], which `/healthz` holds to the deadline plus a margin): while the worker is idle or inside a call younger than the
 //! deadline, the heartbeat follows (the start of the current call, or now);
 //! from a call's deadline on it stands still until a fresh worker completes a
 //! call. On shutdown the supervisor gives its worker at most the deadline to
 //! end and then returns anyway.
 
 use super::Ctx;
-use crate::liveness::Liveness;
 use backon::BackoffBuilder;
+use gpuwatch_core::heartbeat::Progress;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// Abandoned workers that may still be stuck in a call at the same time; no
 /// fresh worker starts while this many are stuck (one returning frees a slot).
@@ -150,23 +150,6 @@ impl Role {
             Role::Events => "events",
         }
     }
-
-    /// This source's progress heartbeat.
-    pub(super) fn heartbeat(self, l: &Liveness) -> &AtomicU64 {
-        match self {
-            Role::Poller => l.nvml_progress(false),
-            Role::Events => l.nvml_progress(true),
-        }
-    }
-}
-
-/// Milliseconds since the Unix epoch, `at` being an instant in the past.
-fn unix_ms(at: Instant) -> u64 {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let then = now.saturating_sub(at.elapsed());
-    u64::try_from(then.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// How often a supervisor with this call deadline looks at its worker: a
@@ -237,8 +220,8 @@ impl Supervisor {
     /// (whose watch is the worker's) and holds an [`EndGuard`] on that watch.
     pub(super) fn run(self, mut start: impl FnMut(Ctx) -> std::io::Result<()>) {
         let tick = tick(self.deadline);
-        let heartbeat = self.role.heartbeat(&self.ctx.liveness);
-        heartbeat.store(unix_ms(Instant::now()), Ordering::Relaxed);
+        let heartbeat = self.ctx.heartbeat(self.role);
+        heartbeat.beat();
         let mut hangs = Hangs {
             stuck: Vec::new(),
             backoff: hang_backoff(self.deadline, self.retry),
@@ -287,7 +270,7 @@ impl Supervisor {
         &self,
         watch: &Arc<CallWatch>,
         hangs: &mut Hangs,
-        heartbeat: &AtomicU64,
+        heartbeat: &Progress,
         tick: Duration,
     ) -> Watched {
         loop {
@@ -333,7 +316,7 @@ impl Supervisor {
                 Some((call, age)) => return Watched::Hung(call, age),
                 None if hangs.recovering.is_none() => {
                     let progress = watch.in_call_since().unwrap_or_else(Instant::now);
-                    heartbeat.store(unix_ms(progress), Ordering::Relaxed);
+                    heartbeat.beat_at(progress);
                 }
                 None => {}
             }

@@ -10,7 +10,6 @@
 
 use crate::common::nvml_sim_lib as sim_lib;
 use crate::engine_support::Rig;
-use gpuwatch::Liveness;
 use gpuwatch::{InputContext, NvmlConfig, NvmlError, NvmlSources, poll_nvml_once, start_nvml};
 use gpuwatch_core::Registry;
 use gpuwatch_core::msg::{Input, MonitorInput};
@@ -43,7 +42,6 @@ struct NvmlSimHarness {
     /// When each input of `seen` arrived.
     arrived: Vec<Instant>,
     registry: Arc<Registry>,
-    liveness: Arc<Liveness>,
     sources: NvmlSources,
     engine: Option<Rig>,
 }
@@ -54,11 +52,9 @@ impl NvmlSimHarness {
     fn start(cfg: &NvmlConfig) -> NvmlSimHarness {
         let (tx, rx) = crossbeam_channel::bounded(1024);
         let registry = Registry::new();
-        let liveness = Liveness::new();
         let sources = start_nvml(
             &cfg.resolve().expect("valid test [nvml] settings"),
             registry.clone(),
-            liveness.clone(),
             InputContext::new(gpuwatch_core::Shutdown::new(), tx),
         );
         NvmlSimHarness {
@@ -66,7 +62,6 @@ impl NvmlSimHarness {
             seen: Vec::new(),
             arrived: Vec::new(),
             registry,
-            liveness,
             sources,
             engine: None,
         }
@@ -807,7 +802,7 @@ fn hung_nvml_makes_gpus_unknown_within_two_polls_and_stop_is_bounded() {
         h.verdicts(),
         vec![(Some(0), Verdict::Healthy), (Some(1), Verdict::Healthy)]
     );
-    assert!(h.liveness.nvml_progress_ok(deadline));
+    assert!(h.sources.made_progress_within(deadline));
     let (_, unavailable) = wait_status(&mut h, 0, false, "did not return within 300 ms");
     // The hang began no earlier than 1.5 s after `started`.
     let after_hang = unavailable.saturating_duration_since(started + Duration::from_millis(1500));
@@ -828,8 +823,8 @@ fn hung_nvml_makes_gpus_unknown_within_two_polls_and_stop_is_bounded() {
     // The heartbeat stands still while the calls are stuck.
     assert!(
         crate::common::wait_until(Duration::from_secs(3), || !h
-            .liveness
-            .nvml_progress_ok(deadline)),
+            .sources
+            .made_progress_within(deadline)),
         "the NVML heartbeat kept going while every call hung"
     );
     // Fresh workers keep trying (and getting stuck): still no ok:true.
@@ -908,7 +903,7 @@ fn hung_call_that_returns_is_followed_by_a_fresh_session() {
         "{:?}",
         h.registry.nvml_errors()
     );
-    assert!(h.liveness.nvml_progress_ok(deadline + poll));
+    assert!(h.sources.made_progress_within(deadline + poll));
     assert!(h.faults().is_empty(), "a hang is never a fault");
     let took = h.stop();
     assert!(
@@ -1040,7 +1035,7 @@ at_ms = 1000
         "{:?}",
         h.verdicts()
     );
-    assert!(!h.liveness.nvml_progress_ok(deadline));
+    assert!(!h.sources.made_progress_within(deadline));
     let took = h.stop();
     assert!(
         took <= deadline + Duration::from_millis(150),
