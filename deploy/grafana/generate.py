@@ -36,6 +36,27 @@ def net_zero(by):
     return f'\nor max by (hw_id) (hw_network_bandwidth_limit_bytes_per_second{{{NODE}}}) * 0'
 
 
+def increase(series, window):
+    """The increase of a counter over `window`, counting the event that creates a series.
+
+    Most gpuwatch counters that count faults (`gpu_xid_errors_total`, `gpu_faults_total`, the
+    NIC flaps and breaches, the self-metrics "sent once non-zero") have no series until their
+    first event, which creates the series at 1 (or more). Prometheus cannot see that event:
+    `increase()` needs two samples and measures from the first one, so a GPU with exactly one
+    XID shows 0 (docs/metrics.md, counter start times). A series that did not exist one window
+    ago counted from 0 when it appeared, so its whole value is its increase; every other series
+    takes `increase()`, which also handles a counter reset (agent restart):
+
+        (x unless x offset w) or increase(x[w])
+
+    Not `increase(x[w]) or (x unless x offset w)`, the alerts' shape without their `> 0`: once
+    the window holds two samples of the new series, `increase()` returns 0, not nothing, and
+    the `or` keeps that 0 (Top XIDs over the dashboard range). Not `x - (x offset w or x * 0)`:
+    an agent restart within the window would count as a negative increase.
+    """
+    return f'({series} unless {series} offset {window}) or increase({series}[{window}])'
+
+
 
 def variables(with_gpu):
     v = [
@@ -224,15 +245,15 @@ def fleet():
         w=12, h=8))
     P.append(panel(lay, "timeseries", "Faults by action",
         "Fault events per action (after dedup; coalesced occurrences counted).",
-        [(f'sum by (action) (increase(gpu_faults_total{{{NODE}}}[$__rate_interval]))', "{{action}}")],
+        [('sum by (action) (' + increase(f'gpu_faults_total{{{NODE}}}', '$__rate_interval') + ')', "{{action}}")],
         w=12, h=8))
     P.append(panel(lay, "bargauge", "Top XIDs",
         "The ten most frequent XID codes in the selected time range. `gpuwatch explain <xid>` describes each.",
-        [(f'topk(10, sum by (xid) (increase(gpu_xid_errors_total{{{NODE}}}[$__range])))', "XID {{xid}}")],
+        [('topk(10, sum by (xid) (' + increase(f'gpu_xid_errors_total{{{NODE}}}', '$__range') + '))', "XID {{xid}}")],
         w=12, h=8, extra={"options": {"orientation": "horizontal", "displayMode": "basic"}}))
     P.append(panel(lay, "timeseries", "Faults by kind",
         "Every fault event by kind: xid, sxid, pcie_aer, ecc, row_remap, thermal, gpu_lost, ...",
-        [(f'sum by (fault_kind) (increase(gpu_faults_total{{{NODE}}}[$__rate_interval]))', "{{fault_kind}}")],
+        [('sum by (fault_kind) (' + increase(f'gpu_faults_total{{{NODE}}}', '$__rate_interval') + ')', "{{fault_kind}}")],
         w=12, h=8))
     P.append(panel(lay, "timeseries", "Startup gate time",
         "How long each node has held the GPU startup taint (0 once validation passed and gpuwatch removed it).",
@@ -266,7 +287,7 @@ def fleet():
         "interval. AWS EFA ports have no up/down (their driver reports ACTIVE always): an EFA "
         "device that leaves sysfs shows as NICPortDown in the panel beside.",
         [(f'count by ({L}) (hw_network_up{{{NODE}}} == 0)' + net_zero("node"), "{{" + L + "}} ports down"),
-         (f'sum by ({L}) (increase(gpuwatch_network_flaps_total{{{NODE}}}[$__rate_interval]))' + net_zero("node"),
+         (f'sum by ({L}) (' + increase(f'gpuwatch_network_flaps_total{{{NODE}}}', '$__rate_interval') + ')' + net_zero("node"),
           "{{" + L + "}} flaps")],
         w=12, h=8))
     return dashboard("gpuwatch-fleet", "gpuwatch / Fleet overview",
@@ -299,7 +320,7 @@ def node():
         w=16, h=7, mappings=RECOVERY_MAP))
     P.append(panel(lay, "timeseries", "XIDs",
         "XID events per GPU, code and action.",
-        [(f'sum by (gpu_index, xid, action) (increase(gpu_xid_errors_total{{{GPU}}}[$__rate_interval]))',
+        [('sum by (gpu_index, xid, action) (' + increase(f'gpu_xid_errors_total{{{GPU}}}', '$__rate_interval') + ')',
           "GPU {{gpu_index}} XID {{xid}} ({{action}})")], w=12, h=8))
     P.append(panel(lay, "timeseries", "Active faults",
         "Faults currently active per GPU and action (node-level faults have no GPU index).",
@@ -331,6 +352,9 @@ def node():
         w=12, h=8))
     P.append(panel(lay, "timeseries", "NVLink errors",
         "NVLink replay / recovery / CRC error counts per interval: per GPU (sum over its links), and per link for links whose counters moved recently.",
+        # Plain increase() on both: the per-GPU sums are sent from the start, and a per-link
+        # series carries the driver's counter since it loaded (not a count from 0), so its whole
+        # value is no increase; its first move shows in the per-GPU sum.
         [(f'sum by (gpu_index, error_type) (increase(gpu_nvlink_errors_total{{{GPU}}}[$__rate_interval]))',
           "GPU {{gpu_index}} {{error_type}}"),
          (f'sum by (gpu_index, nvlink_link, error_type) (increase(gpu_nvlink_link_errors_total{{{GPU}}}[$__rate_interval]))',
@@ -373,23 +397,25 @@ def node():
     P.append(panel(lay, "timeseries", "RDMA port flaps",
         "Link flaps (down, then up) per port and interval; one physical flap counts once whichever "
         "signal saw it (state, link_downed, carrier_changes, the kernel line).",
-        [(f'sum by (hw_id) (increase(gpuwatch_network_flaps_total{{{NODE}}}[$__rate_interval]))' + net_zero("port"),
+        [('sum by (hw_id) (' + increase(f'gpuwatch_network_flaps_total{{{NODE}}}', '$__rate_interval') + ')' + net_zero("port"),
           "{{hw_id}}")],
         w=12, h=8))
     P.append(panel(lay, "timeseries", "RDMA error counters (InfiniBand, RoCE, EFA)",
-        "Error-counter increases per second, per port and counter: the IB PortCounters "
+        "Error-counter increases per interval, per port and counter: the IB PortCounters "
         "(symbol_error, link_downed, port_rcv_errors, ...), the mlx5 hw_counters "
         "(out_of_buffer, local_ack_timeout_err, ...) and the EFA hw_counters (rx_drops, "
         "rdma_read_wr_err, retrans_pkts, ...). Deltas: a counter that reads high from the start "
         "adds nothing.",
-        [(f'sum by (hw_id, network_link_layer, error_type) '
-          f'(rate(hw_errors_total{{{NODE}, hw_type="network"}}[$__rate_interval]))' + net_zero("port"),
+        # Per interval, not per second: a port's series for a counter is created by its first
+        # rise, and only an increase can count that rise (see increase()).
+        [('sum by (hw_id, network_link_layer, error_type) ('
+          + increase(f'hw_errors_total{{{NODE}, hw_type="network"}}', '$__rate_interval') + ')' + net_zero("port"),
           "{{hw_id}} ({{network_link_layer}}) {{error_type}}")],
-        w=12, h=8, unit="ops"))
+        w=12, h=8))
     P.append(panel(lay, "timeseries", "Error-rate breaches (NICErrorRate)",
         "Counter rises that overflowed their token bucket ([network.error_rate]: the EFA "
         "counters with the EKS node monitoring agent's bursts by default), per port and counter.",
-        [(f'sum by (hw_id, error_type) (increase(gpuwatch_network_rate_breaches_total{{{NODE}}}[$__rate_interval]))'
+        [('sum by (hw_id, error_type) (' + increase(f'gpuwatch_network_rate_breaches_total{{{NODE}}}', '$__rate_interval') + ')'
           + net_zero("port"), "{{hw_id}} {{error_type}}")],
         w=12, h=8))
     P.append(panel(lay, "table", "Saturated and unreadable counters",
@@ -414,24 +440,30 @@ def agent():
     P.append(panel(lay, "timeseries", "Kernel log records lost / malformed",
         "Records the kernel ring overwrote before gpuwatch read them, and records that did not parse.",
         [(f'sum by ({L}) (increase(gpuwatch_kmsg_records_lost_total{{{NODE}}}[$__rate_interval]))', "{{" + L + "}} lost"),
-         (f'sum by ({L}) (increase(gpuwatch_kmsg_records_malformed_total{{{NODE}}}[$__rate_interval]))' + or_zero(), "{{" + L + "}} malformed")],
+         (f'sum by ({L}) (' + increase(f'gpuwatch_kmsg_records_malformed_total{{{NODE}}}', '$__rate_interval') + ')' + or_zero(), "{{" + L + "}} malformed")],
         w=12, h=8))
     P.append(panel(lay, "timeseries", "Pipeline latency p50 / p99",
         "Record read to fault event emitted by the health engine (design target: p99 < 1 ms).",
-        [(f'histogram_quantile(0.5, sum by (le) (rate(gpuwatch_pipeline_latency_seconds_bucket{{{NODE}}}[$__rate_interval])))', "p50"),
-         (f'histogram_quantile(0.99, sum by (le) (rate(gpuwatch_pipeline_latency_seconds_bucket{{{NODE}}}[$__rate_interval])))', "p99")],
+        # Quantiles of the increases (the same as of the rates): the first observation, which
+        # creates the bucket series, counts.
+        [(f'histogram_quantile({q}, sum by (le) ('
+          + increase(f'gpuwatch_pipeline_latency_seconds_bucket{{{NODE}}}', '$__rate_interval') + '))', name)
+         for q, name in (("0.5", "p50"), ("0.99", "p99"))],
         w=12, h=8, unit="s"))
     P.append(panel(lay, "timeseries", "Fault events by stage and outcome",
-        "Events per pipeline stage: emitted, coalesced (storm merged, counted) or dropped (always counted).",
-        [(f'sum by (stage, outcome) (rate(gpuwatch_events_total{{{NODE}}}[$__rate_interval]))' + or_zero(), "{{stage}} {{outcome}}")],
-        w=12, h=8, unit="ops"))
+        "Events per pipeline stage and interval: emitted, coalesced (storm merged, counted) or dropped (always counted).",
+        # Per interval, not per second: a series is created by its first event, and only an
+        # increase can count that event (see increase()).
+        [('sum by (stage, outcome) (' + increase(f'gpuwatch_events_total{{{NODE}}}', '$__rate_interval') + ')'
+          + or_zero(), "{{stage}} {{outcome}}")],
+        w=12, h=8))
     P.append(panel(lay, "timeseries", "OTLP export failures",
         "Failed OTLP exports per signal (metrics, logs).",
         [(f'sum by ({L}, signal) (increase(gpuwatch_export_failures_total{{{NODE}}}[$__rate_interval]))', "{{" + L + "}} {{signal}}")],
         w=12, h=8))
     P.append(panel(lay, "timeseries", "NVML errors",
         "Failed NVML calls by function (NotSupported is not an error). Zero when none failed.",
-        [(f'sum by ({L}, nvml_call) (increase(gpuwatch_nvml_errors_total{{{NODE}}}[$__rate_interval]))\n'
+        [(f'sum by ({L}, nvml_call) (' + increase(f'gpuwatch_nvml_errors_total{{{NODE}}}', '$__rate_interval') + ')\n'
           f'or sum by ({L}) (gpuwatch_monitor_up{{{NODE}, input="nvml"}}) * 0', "{{" + L + "}} {{nvml_call}}")],
         w=12, h=8))
     P.append(panel(lay, "state-timeline", "Monitor inputs",
@@ -440,16 +472,16 @@ def agent():
         w=12, h=8, mappings=value_map([(1, "up", "green"), (0, "down", "gray")])))
     P.append(panel(lay, "timeseries", "Kubernetes writes",
         "Node condition / taint / startup-taint / Event writes by result (conflicts are retried).",
-        [(f'sum by (object, result) (increase(gpuwatch_kube_writes_total{{{NODE}}}[$__rate_interval]))' + or_zero(), "{{object}} {{result}}")],
+        [('sum by (object, result) (' + increase(f'gpuwatch_kube_writes_total{{{NODE}}}', '$__rate_interval') + ')' + or_zero(), "{{object}} {{result}}")],
         w=12, h=8))
     P.append(panel(lay, "timeseries", "State file writes and dropped samples",
         "State-file writes by result, and NVML samples dropped oldest-first on a full channel.",
-        [(f'sum by (result) (increase(gpuwatch_state_writes_total{{{NODE}}}[$__rate_interval]))', "state {{result}}"),
-         (f'sum(increase(gpuwatch_samples_dropped_total{{{NODE}}}[$__rate_interval]))' + or_zero(), "samples dropped")],
+        [('sum by (result) (' + increase(f'gpuwatch_state_writes_total{{{NODE}}}', '$__rate_interval') + ')', "state {{result}}"),
+         ('sum(' + increase(f'gpuwatch_samples_dropped_total{{{NODE}}}', '$__rate_interval') + ')' + or_zero(), "samples dropped")],
         w=12, h=8))
     P.append(panel(lay, "timeseries", "Validation runs",
         "Device validation runs (startup gate) by result; incomplete never removes the startup taint.",
-        [(f'sum by (result) (increase(gpuwatch_validation_runs_total{{{NODE}}}[$__rate_interval]))' + or_zero(), "{{result}}")],
+        [('sum by (result) (' + increase(f'gpuwatch_validation_runs_total{{{NODE}}}', '$__rate_interval') + ')' + or_zero(), "{{result}}")],
         w=12, h=8))
     return dashboard("gpuwatch-agent", "gpuwatch / Agent health",
         "gpuwatch's own health: inputs, losses, latency, exports and API writes.", P, with_gpu=False)

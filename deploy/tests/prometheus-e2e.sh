@@ -5,7 +5,8 @@
 # verifies that
 #   - every dashboard panel query and variable query parses and returns data,
 #   - every alert rule is healthy (parses, evaluates) and its expression parses as a query,
-#   - the alerts this scenario should trigger are firing, and no monitor alert fires.
+#   - the alerts this scenario should trigger are firing, and no monitor alert fires;
+#   - the fault panels count a GPU's first XID, which creates its counter series during the run.
 #
 #   deploy/tests/prometheus-e2e.sh            # builds gpuwatch + nvml-sim (debug) first
 #   GPUWATCH_BIN=target/release/gpuwatch deploy/tests/prometheus-e2e.sh
@@ -170,6 +171,24 @@ wait_http "http://127.0.0.1:$gw_port/metrics" "gpuwatch /metrics"
 wait_http "http://127.0.0.1:$otel_port/metrics" "the otel-mode node's /metrics"
 wait_http "http://127.0.0.1:$prom_port/-/ready" "Prometheus"
 echo "e2e: gpuwatch on :$gw_port, Prometheus on :$prom_port; letting ${settle}s of data accumulate."
+# A GPU's first XID during the run: once Prometheus holds a scrape of gpuwatch, GPU 2
+# (0000:52:00, no XID in the fixture) gets an XID 31 (the MMU fault line of the NVIDIA driver,
+# as in benches/src/lib.rs), appended to the followed replay file. Its gpu_xid_errors_total
+# and gpu_faults_total{fault_kind="xid"} series appear with that XID, at 1 (its thermal and
+# PCIe faults are older): e2e-check.py --first-fault-gpu requires the dashboards' fault
+# panels to count it.
+for _ in $(seq 1 100); do
+  up="$(curl -fsS "http://127.0.0.1:$prom_port/api/v1/query" --data-urlencode 'query=up{job="gpuwatch"} == 1' || true)"
+  case "$up" in *'"value"'*) break ;; esac
+  sleep 0.2
+done
+case "$up" in *'"value"'*) ;; *) echo "e2e: Prometheus did not scrape gpuwatch" >&2; exit 1 ;; esac
+if curl -fsS "http://127.0.0.1:$prom_port/api/v1/query" \
+  --data-urlencode 'query=gpu_xid_errors_total{gpu_index="2"} or gpu_faults_total{gpu_index="2", fault_kind="xid"}' | grep -q '"value"'; then
+  echo "e2e: GPU 2 has fault series before its first XID; the first-XID check would prove nothing" >&2
+  exit 1
+fi
+printf '%s\n' '4,1006,9000000,-;NVRM: Xid (PCI:0000:52:00): 31, pid=4242, name=python3, Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_14 faulted @ 0x7f2f_cca58000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ' >> "$tmp/kmsg.txt"
 nic_activity
 sleep "$settle"
 
@@ -188,7 +207,7 @@ nic_series=(
 series_args=()
 for q in "${nic_series[@]}"; do series_args+=(--series "$q"); done
 if ! python3 "$here/e2e-check.py" --prometheus "http://127.0.0.1:$prom_port" --node "$node" \
-  --otel-node "$otel_node" \
+  --otel-node "$otel_node" --first-fault-gpu 2 \
   --expect "$expect" "${series_args[@]}" > "$tmp/check.out" 2>&1; then
   cat "$tmp/check.out" >&2
   echo "--- gpuwatch /metrics (head) ---" >&2
