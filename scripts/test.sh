@@ -205,4 +205,9 @@ bash deploy/tests/prometheus-e2e.sh
 step "Container image: build with podman (nothing pulled), smoke-run as the DaemonSet runs it"
 bash deploy/image/build.sh
 
+step "Release binary: the code it runs at start and at idle is laid out together"
+# The image step built it; a stale list or an unordered link fails here (text-order.sh says
+# how to regenerate the list).
+benches/scripts/text-order.sh --check
+
 step "All checks passed."
