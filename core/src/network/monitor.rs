@@ -236,6 +236,12 @@ struct Port {
     hw_fault: Option<HwFault>,
     counters: BTreeMap<String, CounterTrack>,
     carrier: MonotonicCount,
+    /// Carrier changes not yet paired into a flap, -1 to 1: a change the
+    /// counter showed before the state files did (or the other way round),
+    /// because one scan reads them at different instants. Carried so the
+    /// next scan pairs it, instead of halving each scan's rise on its own
+    /// and losing a flap split across two scans.
+    carrier_unpaired: i64,
     /// Flaps the kernel lines showed since the last scan (already counted).
     kernel_flaps: u64,
     /// An AWS EFA port: `up` means present in sysfs (its state files are no
@@ -286,6 +292,7 @@ impl Port {
             hw_fault: None,
             counters: BTreeMap::new(),
             carrier: MonotonicCount::default(),
+            carrier_unpaired: 0,
             kernel_flaps: 0,
             efa,
             buckets: BTreeMap::new(),
@@ -349,7 +356,13 @@ impl Port {
             let seen_by_scan = u64::from(!self.up && now_up);
             let by_link_downed = (open_before + link_downed).saturating_sub(open_now);
             let by_carrier = if r.link_layer == LinkLayer::Ethernet {
-                (open_before + carrier).saturating_sub(open_now) / 2
+                let changes = i64::try_from(open_before + carrier)
+                    .unwrap_or(i64::MAX)
+                    .saturating_add(self.carrier_unpaired)
+                    - i64::try_from(open_now).unwrap_or(0);
+                let pairs = changes.max(0) / 2;
+                self.carrier_unpaired = (changes - 2 * pairs).max(-1);
+                u64::try_from(pairs).unwrap_or(0)
             } else {
                 0
             };

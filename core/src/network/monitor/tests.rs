@@ -496,6 +496,39 @@ fn roce_carrier_changes_count_pairs() {
 }
 
 #[test]
+fn a_flap_whose_carrier_changes_straddle_two_scans_counts_once() {
+    // One scan reads the state files, then carrier_changes: a link that goes
+    // down between the two reads shows up (state) with one change (the
+    // down), and the next scan shows it up with the second (the up).
+    let mut r = ManualMonitor::new();
+    r.scan(0, vec![roce(0, true, 10)]);
+    r.scan(5, vec![roce(0, true, 11)]);
+    assert_eq!(r.metrics("mlx5_0").flaps_total, 0, "half a flap so far");
+    r.scan(10, vec![roce(0, true, 12)]);
+    assert_eq!(r.metrics("mlx5_0").flaps_total, 1);
+    r.scan(15, vec![roce(0, true, 12)]);
+    assert_eq!(r.metrics("mlx5_0").flaps_total, 1, "nothing left over");
+
+    // The other order: the state read after the link went down, the counter
+    // before it changed. The change comes one scan late and makes no extra
+    // flap later.
+    let mut r = ManualMonitor::new();
+    r.scan(0, vec![roce(0, true, 10)]);
+    r.scan(5, vec![roce(0, false, 10)]);
+    r.scan(10, vec![roce(0, true, 12)]);
+    assert_eq!(r.metrics("mlx5_0").flaps_total, 1);
+    r.scan(15, vec![roce(0, true, 13)]);
+    r.scan(20, vec![roce(0, true, 13)]);
+    assert_eq!(
+        r.metrics("mlx5_0").flaps_total,
+        1,
+        "a lone change is half a flap"
+    );
+    r.scan(25, vec![roce(0, true, 14)]);
+    assert_eq!(r.metrics("mlx5_0").flaps_total, 2);
+}
+
+#[test]
 fn below_the_minimum_rate_is_degraded() {
     let s = NetworkSettings {
         min_rate_gbps: Some(400.0),
