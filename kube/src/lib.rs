@@ -134,6 +134,7 @@ pub use settings::KubeSettings;
 
 use events::{EventQueue, EventWriter, KubeEventSink};
 use gpuwatch_core::EventSink;
+use gpuwatch_core::Shutdown;
 use gpuwatch_core::heartbeat::Progress;
 use gpuwatch_core::validation::ValidationConfig;
 use gpuwatch_proto::{NodeHealth, ValidationReport};
@@ -338,6 +339,24 @@ pub struct WriterHooks {
     /// and names a pass while one runs: the agent's input watchdog holds it
     /// to [`writer_deadline`].
     pub progress: Arc<Progress>,
+    /// The writer's stop signal: every task of the writer ends when it is
+    /// triggered, by [`NodeWriter::shutdown_within`] or before. The agent
+    /// gives the writer one of its own, not the one its inputs share: the
+    /// writer stops after the inputs, so that their last fault still reaches
+    /// the Node.
+    pub shutdown: Shutdown,
+}
+
+/// An async view of `shutdown` for the writer's and the listing's runtime
+/// tasks: it changes to `true` at the trigger (at once when already
+/// triggered), and its sender goes, ending every wait, when the signal is
+/// dropped untriggered.
+pub(crate) fn stop_receiver(shutdown: &Shutdown) -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    shutdown.on_trigger(move || {
+        tx.send_replace(true);
+    });
+    rx
 }
 
 /// How long the reconcile loop may make no progress before the agent
@@ -353,6 +372,7 @@ impl std::fmt::Debug for WriterHooks {
         f.debug_struct("WriterHooks")
             .field("on_validation", &self.on_validation.is_some())
             .field("state_dir", &self.state_dir)
+            .field("shutdown", &self.shutdown)
             .finish_non_exhaustive()
     }
 }
@@ -397,7 +417,7 @@ pub fn node_count(
 pub struct NodeWriter {
     sink: Arc<KubeEventSink>,
     queue: Arc<EventQueue>,
-    shutdown_tx: watch::Sender<bool>,
+    shutdown: Shutdown,
     reconciler: JoinHandle<()>,
     watcher: JoinHandle<()>,
     events: JoinHandle<()>,
@@ -569,7 +589,8 @@ impl NodeWriter {
         if node_name.is_empty() {
             return Err(KubeError::NoNodeName);
         }
-        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let shutdown = hooks.shutdown.clone();
+        let shutdown_rx = stop_receiver(&shutdown);
         let isolator = device_taints::isolate::Isolator::new(client, &node_name, &settings);
         let client = client.client().cloned();
         if client.is_none() {
@@ -613,7 +634,7 @@ impl NodeWriter {
         Ok(NodeWriter {
             sink,
             queue,
-            shutdown_tx,
+            shutdown,
             reconciler: tokio::spawn(reconciler.run()),
             watcher,
             events,
@@ -626,14 +647,15 @@ impl NodeWriter {
         self.sink.clone()
     }
 
-    /// Stops every task of the writer and gives queued Events what is left
+    /// Triggers the writer's shutdown ([`WriterHooks::shutdown`]), waits for
+    /// every task of the writer and gives queued Events what is left
     /// of `within`, so the writer keeps to the share of the agent's stop
     /// deadline it was given. A task still busy at the deadline (an API call
     /// in flight) is aborted; Events still queued then are dropped, and the
     /// log says how many.
     pub async fn shutdown_within(self, within: Duration) {
         let end = tokio::time::Instant::now() + within;
-        let _ = self.shutdown_tx.send(true);
+        self.shutdown.trigger();
         let mut tasks = vec![self.reconciler, self.watcher];
         tasks.extend(self.quarantine);
         for task in &mut tasks {
@@ -650,5 +672,46 @@ impl NodeWriter {
                 "Kubernetes Events still queued at shutdown were dropped."
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A task waiting with `changed()` wakes whether the trigger comes
+    /// before it started waiting or after, and when the signal is dropped
+    /// untriggered (nothing could stop the task any more).
+    #[tokio::test]
+    async fn the_stop_receiver_follows_the_shutdown() {
+        let limit = Duration::from_secs(5);
+
+        let before = Shutdown::new();
+        before.trigger();
+        let mut rx = stop_receiver(&before);
+        tokio::time::timeout(limit, rx.changed())
+            .await
+            .expect("a signal triggered before is seen")
+            .expect("the trigger is a change");
+        assert!(*rx.borrow());
+
+        let after = Shutdown::new();
+        let mut rx = stop_receiver(&after);
+        assert!(!*rx.borrow(), "not triggered yet");
+        let waiter = tokio::spawn(async move { rx.changed().await.map(|()| *rx.borrow()) });
+        after.trigger();
+        let seen = tokio::time::timeout(limit, waiter)
+            .await
+            .expect("a trigger wakes the waiter")
+            .expect("the waiter does not panic");
+        assert!(matches!(seen, Ok(true)), "{seen:?}");
+
+        let dropped = Shutdown::new();
+        let mut rx = stop_receiver(&dropped);
+        drop(dropped);
+        let gone = tokio::time::timeout(limit, rx.changed())
+            .await
+            .expect("a dropped signal ends the wait");
+        assert!(gone.is_err(), "the sender went with the signal");
     }
 }

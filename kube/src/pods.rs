@@ -30,6 +30,7 @@ use super::client::KubeClient;
 use super::retry::Backoff;
 use super::settings::{ApiSettings, KubeSettings};
 use futures::{FutureExt as _, StreamExt};
+use gpuwatch_core::Shutdown;
 use gpuwatch_core::heartbeat::{self, Progress, Watched};
 use gpuwatch_core::msg::MonitorInput;
 use gpuwatch_core::placement::{PlacementUpdate, PodDirectory, PodInfo};
@@ -50,9 +51,9 @@ pub const MIN_LIST_GAP: Duration = Duration::from_millis(500);
 pub type PlacementCallback = Arc<dyn Fn(PlacementUpdate) + Send + Sync>;
 
 /// The listing of the pods bound to this Node (module doc), running on a
-/// tokio runtime until [`PodListing::stop_within`].
+/// tokio runtime until the shutdown it was started with is triggered
+/// ([`PodListing::stop_within`] then waits for it to end).
 pub struct PodListing {
-    stop_tx: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
     progress: Arc<Progress>,
     deadline: Duration,
@@ -72,7 +73,8 @@ impl PodListing {
     /// Starts listing the pods bound to `node_name` on `rt`, through
     /// `client` with the `[kube]` API settings (timeouts, backoff), handing
     /// every change to `on_change` (called on a runtime task; it must not
-    /// block); `ask` is woken for a fresh list. `Ok(None)` for a dry run's
+    /// block); `ask` is woken for a fresh list. The listing ends when
+    /// `shutdown` is triggered (the agent's inputs share one). `Ok(None)` for a dry run's
     /// client: there is nothing to list from. An unreachable API server is
     /// not an error: the engine is told the listing is unavailable and the
     /// list is retried.
@@ -82,6 +84,7 @@ impl PodListing {
         node_name: &str,
         on_change: PlacementCallback,
         ask: Arc<Notify>,
+        shutdown: &Shutdown,
         rt: &tokio::runtime::Handle,
     ) -> Result<Option<PodListing>, KubeError> {
         if node_name.is_empty() {
@@ -90,7 +93,6 @@ impl PodListing {
         let Some(client) = client.client() else {
             return Ok(None);
         };
-        let (stop_tx, stop_rx) = watch::channel(false);
         let progress = Progress::new();
         let task = rt.spawn(watch_pods(
             client.clone(),
@@ -98,7 +100,7 @@ impl PodListing {
             settings.api.clone(),
             on_change,
             ask,
-            stop_rx,
+            super::stop_receiver(shutdown),
             progress.clone(),
         ));
         // The loop beats every round (at least every LISTING_BEAT); a list
@@ -106,7 +108,6 @@ impl PodListing {
         let deadline =
             heartbeat::deadline(LISTING_BEAT, 3, settings.api.request_timeout + LISTING_BEAT);
         Ok(Some(PodListing {
-            stop_tx,
             task,
             progress,
             deadline,
@@ -123,10 +124,11 @@ impl PodListing {
         )
     }
 
-    /// Stops the listing: false when it was still busy after `within` (a
-    /// request in flight) and had to be aborted.
+    /// Waits for the listing to end once its shutdown was triggered (this
+    /// does not trigger it: the signal is shared with the caller's other
+    /// inputs): false when it was still busy after `within` (a request in
+    /// flight) and had to be aborted.
     pub async fn stop_within(self, within: Duration) -> bool {
-        let _ = self.stop_tx.send(true);
         let mut task = self.task;
         if tokio::time::timeout(within, &mut task).await.is_err() {
             task.abort();

@@ -123,6 +123,7 @@ impl PlacementPlan {
                 &p.node_name,
                 forward_pods(Arc::downgrade(&engine)),
                 p.ask,
+                &shutdown,
                 rt.handle(),
             )
             .map_err(RunError::Kube)?,
@@ -160,7 +161,7 @@ struct KubeletPoller {
 /// The running placement sources (module doc).
 #[derive(Debug)]
 pub(super) struct PlacementSources {
-    /// Stops the kubelet poller.
+    /// Stops the kubelet poller and the pod listing.
     shutdown: Shutdown,
     /// The sender the pod listing holds weakly.
     engine: Arc<Sender<Input>>,

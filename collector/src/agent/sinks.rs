@@ -223,6 +223,10 @@ impl Sinks {
                     // for the agent that does.
                     state_dir: (!client.is_dry_run()).then(|| prepared.state_dir().to_path_buf()),
                     progress: progress.clone(),
+                    // Its own signal, not the inputs': the writer stops in
+                    // the shutdown hook below, after the inputs stopped and
+                    // the event sinks flushed, so that its last write lands.
+                    shutdown: gpuwatch_core::Shutdown::new(),
                 },
             ))
             .map_err(|e| RunError::Sink {

@@ -457,12 +457,14 @@ async fn recorded_requests_equal_the_rbac_grants() {
         effect: "NoSchedule".into(),
     };
     squatter.ensure(&taken).await.unwrap();
+    let pods_shutdown = gpuwatch_core::Shutdown::new();
     let listing = PodListing::start(
         &client,
         &settings,
         "rbac-node",
         Arc::new(|_| {}),
         Arc::default(),
+        &pods_shutdown,
         &tokio::runtime::Handle::current(),
     )
     .unwrap()
@@ -581,6 +583,7 @@ async fn recorded_requests_equal_the_rbac_grants() {
         .is_some())
         .await
     );
+    pods_shutdown.trigger();
     assert!(listing.stop_within(Duration::from_secs(5)).await);
     w.shutdown_within(Duration::from_secs(5)).await;
     let ungranted: BTreeSet<Req> = UNGRANTED_REQUESTS

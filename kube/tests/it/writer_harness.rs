@@ -55,6 +55,8 @@ pub(crate) struct Harness {
     pub(crate) placements: Arc<Mutex<Vec<PlacementUpdate>>>,
     /// What the engine wakes to ask the pod listing for a fresh list.
     pub(crate) pods_ask: Arc<tokio::sync::Notify>,
+    /// The pod listing's stop signal (the agent's inputs share theirs).
+    pods_shutdown: gpuwatch_core::Shutdown,
     /// The reconcile loop's heartbeat.
     pub(crate) progress: Arc<gpuwatch_core::heartbeat::Progress>,
 }
@@ -121,6 +123,7 @@ impl Harness {
         let pods_ask = Arc::new(tokio::sync::Notify::new());
         let settings = cfg.resolve().expect("valid settings");
         let client = KubeClient::connect(&settings).await.expect("a client");
+        let pods_shutdown = gpuwatch_core::Shutdown::new();
         let listing = pods.then(|| {
             PodListing::start(
                 &client,
@@ -128,6 +131,7 @@ impl Harness {
                 NODE,
                 on_pods,
                 pods_ask.clone(),
+                &pods_shutdown,
                 &tokio::runtime::Handle::current(),
             )
             .expect("listing starts")
@@ -145,6 +149,7 @@ impl Harness {
                 on_validation: Some(on_validation),
                 state_dir,
                 progress: progress.clone(),
+                shutdown: gpuwatch_core::Shutdown::new(),
             },
         )
         .await
@@ -158,6 +163,7 @@ impl Harness {
             reports,
             placements,
             pods_ask,
+            pods_shutdown,
             progress,
         }
     }
@@ -190,6 +196,9 @@ impl Harness {
     /// requests the crate declares, and hands the double back (for a
     /// restarted writer).
     pub(crate) async fn stop(mut self) -> ApiDouble {
+        // The listing has no stop of its own: it ends on the shutdown it
+        // shares with the agent's other inputs.
+        self.pods_shutdown.trigger();
         if let Some(l) = self.listing.take() {
             assert!(
                 l.stop_within(Duration::from_secs(5)).await,

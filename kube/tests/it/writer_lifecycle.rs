@@ -38,6 +38,7 @@ async fn dry_run_needs_no_api_server() {
         NODE,
         Arc::new(|_| {}),
         Arc::default(),
+        &gpuwatch_core::Shutdown::new(),
         &tokio::runtime::Handle::current(),
     )
     .unwrap();
