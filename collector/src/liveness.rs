@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 /// Liveness and readiness of the agent's threads: flags the threads set
 /// through the methods here (cheap private atomics), the engine's loop
 /// heartbeat, and the inputs' own heartbeats registered with
-/// [`Liveness::watch`]; the local API reads them as one `LivenessStatus`.
+/// `Liveness::watch`; the local API reads them as one `LivenessStatus`.
 #[derive(Debug, Default)]
 pub struct Liveness {
     /// The engine thread is running.

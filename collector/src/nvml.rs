@@ -371,7 +371,7 @@ impl NvmlSources {
 /// receiver is gone. Starts no threads when `enabled` is false. The
 /// sources send into `ctx`'s channel and stop at its shutdown; the poller
 /// beats `ctx`'s heartbeat, the event source one of its own
-/// ([`NvmlSources::watched`] gives both to `/healthz`, not to the input
+/// (`NvmlSources::watched` gives both to `/healthz`, not to the input
 /// watchdog: a hung NVML call is the agent's to restart, not a stall to
 /// wait out).
 pub fn start(cfg: &NvmlSettings, registry: Arc<Registry>, ctx: InputContext) -> NvmlSources {
