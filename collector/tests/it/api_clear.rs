@@ -8,6 +8,7 @@ use gpuwatch::Liveness;
 use gpuwatch::{AgentStatus, ApiState};
 use gpuwatch_core::msg::Input;
 use gpuwatch_proto::{NodeHealth, Verdict};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,89 +35,156 @@ fn gpuwatch(args: &[&str]) -> std::process::Output {
         .expect("run gpuwatch")
 }
 
-#[test]
-fn gpuwatch_clear_reaches_the_engine_only_through_the_state_dir_socket() {
-    let rig = Rig::new(None, "boot-a");
-    let registry = Arc::clone(&rig.registry);
-    let (tx, rx) = crossbeam_channel::bounded::<Input>(64);
-    let (health_tx, health_rx) = tokio::sync::watch::channel(rig.engine.health());
-    registry.add_health_observer(Box::new(move |_, h| {
-        health_tx.send_replace(Arc::clone(h));
-    }));
-    let shutdown = gpuwatch_core::Shutdown::new();
-    let engine = {
-        let shutdown = shutdown.clone();
-        let engine = rig.engine;
-        std::thread::spawn(move || {
-            gpuwatch_core::engine::run_engine(engine, rx, Vec::new(), shutdown)
-        })
-    };
-    tx.send(Input::Samples {
-        samples: two_gpus(),
-        complete: true,
-    })
-    .unwrap();
-    for (code, pci) in [(79, PCI0), (13, PCI0), (79, PCI1)] {
-        tx.send(Input::Fault {
-            event: xid(code, pci),
-            read_at: Instant::now(),
-        })
-        .unwrap();
-    }
-    wait_for(&health_rx, "three active faults", |h| {
-        h.gpus.iter().map(|g| g.active_faults.len()).sum::<usize>() == 3
-    });
+/// An engine thread holding three active faults (XID 79 and 13 on GPU 0,
+/// XID 79 on GPU 1) behind the local API on TCP and the operator-clear
+/// socket in a state directory of its own, whose `gpuwatch.toml` names it.
+struct ClearRig {
+    health: tokio::sync::watch::Receiver<Arc<NodeHealth>>,
+    engine_tx: crossbeam_channel::Sender<Input>,
+    engine: std::thread::JoinHandle<()>,
+    rt: tokio::runtime::Runtime,
+    /// The API server's task; its error as text.
+    server: tokio::task::JoinHandle<Result<(), String>>,
+    stop_api: Option<tokio::sync::oneshot::Sender<()>>,
+    addr: std::net::SocketAddr,
+    socket: PathBuf,
+    config: PathBuf,
+    _state_dir: tempfile::TempDir,
+}
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
+impl ClearRig {
+    fn start() -> ClearRig {
+        let rig = Rig::new(None, "boot-a");
+        let registry = Arc::clone(&rig.registry);
+        let (engine_tx, rx) = crossbeam_channel::bounded::<Input>(64);
+        let (health_tx, health) = tokio::sync::watch::channel(rig.engine.health());
+        registry.add_health_observer(Box::new(move |_, h| {
+            health_tx.send_replace(Arc::clone(h));
+        }));
+        let engine = {
+            let engine = rig.engine;
+            let shutdown = gpuwatch_core::Shutdown::new();
+            std::thread::spawn(move || {
+                gpuwatch_core::engine::run_engine(engine, rx, Vec::new(), shutdown)
+            })
+        };
+        engine_tx
+            .send(Input::Samples {
+                samples: two_gpus(),
+                complete: true,
+            })
+            .unwrap();
+        for (code, pci) in [(79, PCI0), (13, PCI0), (79, PCI1)] {
+            engine_tx
+                .send(Input::Fault {
+                    event: xid(code, pci),
+                    read_at: Instant::now(),
+                })
+                .unwrap();
+        }
+        wait_for(&health, "three active faults", |h| active_faults(h) == 3);
+
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = rt.block_on(gpuwatch::bind_api("127.0.0.1:0")).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state_dir = tempfile::tempdir().unwrap();
+        let socket = gpuwatch::clear_socket_path(state_dir.path());
+        let config = state_dir.path().join("gpuwatch.toml");
+        std::fs::write(
+            &config,
+            format!("state_dir = {:?}\n", state_dir.path().display().to_string()),
+        )
         .unwrap();
-    let listener = rt.block_on(gpuwatch::bind_api("127.0.0.1:0")).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let state_dir = tempfile::tempdir().unwrap();
-    let socket = gpuwatch::clear_socket_path(state_dir.path());
-    let config = state_dir.path().join("gpuwatch.toml");
-    std::fs::write(
-        &config,
-        format!("state_dir = {:?}\n", state_dir.path().display().to_string()),
-    )
-    .unwrap();
-    let state = ApiState {
-        status: AgentStatus::new(
-            registry,
-            gpuwatch_kube::KubeMetrics::new().subscribe(),
-            Liveness::new(),
-        ),
-        metrics: None,
-    };
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = rt.spawn(gpuwatch::serve_api(
-        listener,
-        state,
-        Some(gpuwatch::ClearSocket {
-            path: socket.clone(),
-            engine: tx.clone(),
-        }),
-        async {
-            let _ = stop_rx.await;
-        },
-    ));
-    let t0 = Instant::now();
-    while !socket.exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "socket never appeared"
+        let state = ApiState {
+            status: AgentStatus::new(
+                registry,
+                gpuwatch_kube::KubeMetrics::new().subscribe(),
+                Liveness::new(),
+            ),
+            metrics: None,
+        };
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let serve = gpuwatch::serve_api(
+            listener,
+            state,
+            Some(gpuwatch::ClearSocket {
+                path: socket.clone(),
+                engine: engine_tx.clone(),
+            }),
+            async {
+                let _ = stop_rx.await;
+            },
         );
-        std::thread::sleep(Duration::from_millis(10));
+        let server = rt.spawn(async move { serve.await.map_err(|e| e.to_string()) });
+        let t0 = Instant::now();
+        while !socket.exists() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "socket never appeared"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        ClearRig {
+            health,
+            engine_tx,
+            engine,
+            rt,
+            server,
+            stop_api: Some(stop_tx),
+            addr,
+            socket,
+            config,
+            _state_dir: state_dir,
+        }
     }
-    let config = config.to_str().unwrap();
-    let socket_arg = socket.to_str().unwrap();
 
-    // Over TCP (a sibling container, a port-forward): refused, nothing cleared.
+    fn socket(&self) -> &str {
+        self.socket.to_str().unwrap()
+    }
+
+    fn config(&self) -> &str {
+        self.config.to_str().unwrap()
+    }
+
+    /// The active faults the engine last published.
+    fn active_faults(&self) -> usize {
+        active_faults(&self.health.borrow())
+    }
+
+    /// Stops the API server (it must end without an error), then the engine
+    /// (its input channel closes).
+    fn stop(mut self) {
+        if let Some(stop) = self.stop_api.take() {
+            stop.send(()).unwrap();
+            self.rt.block_on(&mut self.server).unwrap().unwrap();
+        }
+        drop(self.engine_tx);
+        self.engine.join().unwrap();
+    }
+
+    /// Stops the API server only, the engine still running.
+    fn stop_api(&mut self) {
+        self.stop_api.take().unwrap().send(()).unwrap();
+        self.rt.block_on(&mut self.server).unwrap().unwrap();
+    }
+}
+
+fn active_faults(h: &NodeHealth) -> usize {
+    h.gpus.iter().map(|g| g.active_faults.len()).sum()
+}
+
+/// Over TCP (what a sibling container or a port-forward reaches) `POST
+/// /v1/clear` is refused, pointing at `gpuwatch clear`, and clears nothing.
+#[test]
+fn a_clear_over_tcp_is_refused_and_clears_nothing() {
+    let rig = ClearRig::start();
     let refused = {
         use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        let mut s = std::net::TcpStream::connect(rig.addr).unwrap();
         let body = r#"{"reason": "from the sidecar"}"#;
         write!(
             s,
@@ -130,12 +198,19 @@ fn gpuwatch_clear_reaches_the_engine_only_through_the_state_dir_socket() {
     };
     assert!(refused.starts_with("HTTP/1.1 405"), "{refused}");
     assert!(refused.contains("gpuwatch clear"), "{refused}");
-    // Another user (a container running as someone else) cannot open the
-    // owner-only socket.
+    assert_eq!(rig.active_faults(), 3, "nothing cleared");
+    rig.stop();
+}
+
+/// Another user (a container running as someone else) cannot open the
+/// owner-only socket: `gpuwatch clear` fails and clears nothing.
+#[test]
+fn another_user_cannot_clear_through_the_owner_only_socket() {
+    let rig = ClearRig::start();
     let out = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
         .arg(env!("CARGO_BIN_EXE_gpuwatch"))
-        .args(["clear", "--socket", socket_arg, "--reason", "not mine"])
+        .args(["clear", "--socket", rig.socket(), "--reason", "not mine"])
         .output()
         .expect("run setpriv");
     assert!(!out.status.success());
@@ -144,7 +219,15 @@ fn gpuwatch_clear_reaches_the_engine_only_through_the_state_dir_socket() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // A container without the state directory has no socket to find.
+    assert_eq!(rig.active_faults(), 3, "nothing cleared");
+    rig.stop();
+}
+
+/// A container without the state directory has no socket to find: the
+/// clear fails and clears nothing.
+#[test]
+fn a_clear_without_the_state_dir_socket_fails() {
+    let rig = ClearRig::start();
     let elsewhere = tempfile::tempdir().unwrap();
     let other_socket = gpuwatch::clear_socket_path(elsewhere.path());
     let out = gpuwatch(&[
@@ -155,22 +238,19 @@ fn gpuwatch_clear_reaches_the_engine_only_through_the_state_dir_socket() {
         "x",
     ]);
     assert!(!out.status.success());
-    assert_eq!(
-        health_rx
-            .borrow()
-            .gpus
-            .iter()
-            .map(|g| g.active_faults.len())
-            .sum::<usize>(),
-        3,
-        "nothing cleared"
-    );
+    assert_eq!(rig.active_faults(), 3, "nothing cleared");
+    rig.stop();
+}
 
-    // One GPU, by index, finding the socket through the agent's config.
+/// `gpuwatch clear --gpu 0` finds the socket through the agent's config and
+/// clears GPU 0's two faults, GPU 1's fault stays.
+#[test]
+fn gpuwatch_clear_of_one_gpu_finds_the_socket_through_the_config() {
+    let rig = ClearRig::start();
     let out = gpuwatch(&[
         "clear",
         "--config",
-        config,
+        rig.config(),
         "--gpu",
         "0",
         "--reason",
@@ -186,46 +266,60 @@ fn gpuwatch_clear_reaches_the_engine_only_through_the_state_dir_socket() {
         stdout.contains("Cleared 2 active fault(s) of GPU 0"),
         "{stdout}"
     );
-    wait_for(&health_rx, "GPU 0 cleared", |h| {
+    wait_for(&rig.health, "GPU 0 cleared", |h| {
         h.gpus
             .iter()
             .find(|g| g.pci_address == PCI0)
             .is_some_and(|g| g.active_faults.is_empty())
     });
     assert_eq!(
-        health_rx.borrow().verdict(),
+        rig.health.borrow().verdict(),
         Verdict::Unhealthy,
         "GPU 1 still faulty"
     );
+    rig.stop();
+}
 
-    // The reason is mandatory.
-    let out = gpuwatch(&["clear", "--socket", socket_arg]);
+/// The reason is mandatory.
+#[test]
+fn gpuwatch_clear_without_a_reason_is_refused() {
+    let rig = ClearRig::start();
+    let out = gpuwatch(&["clear", "--socket", rig.socket()]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--reason"));
+    assert_eq!(rig.active_faults(), 3, "nothing cleared");
+    rig.stop();
+}
 
-    // Everything, by socket path.
+/// Without `--gpu`, by socket path: every active fault is cleared.
+#[test]
+fn gpuwatch_clear_by_socket_path_clears_everything() {
+    let rig = ClearRig::start();
     let out = gpuwatch(&[
         "clear",
         "--socket",
-        socket_arg,
+        rig.socket(),
         "--reason",
         "fleet maintenance",
     ]);
     assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stdout).contains("Cleared 1 active fault(s)."));
-    wait_for(&health_rx, "healthy", |h| h.verdict() == Verdict::Healthy);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Cleared 3 active fault(s)."));
+    wait_for(&rig.health, "healthy", |h| h.verdict() == Verdict::Healthy);
+    rig.stop();
+}
 
-    stop_tx.send(()).unwrap();
-    rt.block_on(server).unwrap().unwrap();
-    // No agent listening: a clear error, not a hang.
-    let out = gpuwatch(&["clear", "--config", config, "--reason", "x"]);
+/// No agent listening on the socket the config names: a clear error, not a
+/// hang.
+#[test]
+fn gpuwatch_clear_with_no_agent_listening_says_so() {
+    let mut rig = ClearRig::start();
+    rig.stop_api();
+    let out = gpuwatch(&["clear", "--config", rig.config(), "--reason", "x"]);
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("cannot reach the gpuwatch agent"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-
-    drop(tx);
-    engine.join().unwrap();
+    rig.stop();
 }

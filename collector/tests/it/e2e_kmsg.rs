@@ -182,6 +182,53 @@ fn active_count(body: &str, pci: &str) -> Option<u64> {
         .find_map(|f| f["count"].as_u64())
 }
 
+/// `GET /v1/health` from `addr` until `pred` holds for its body; the body.
+fn wait_health(addr: &str, what: &str, pred: impl Fn(&str) -> bool) -> String {
+    let mut body = String::new();
+    assert!(
+        wait_until(T, || {
+            body = common::http_get(addr, "/v1/health")
+                .map(|r| r.1)
+                .unwrap_or_default();
+            pred(&body)
+        }),
+        "the health never showed {what}: {body}"
+    );
+    body
+}
+
+/// The sequence number of the newest record in the ring naming `marker`.
+fn newest_seq(marker: &str) -> u64 {
+    ring()
+        .into_iter()
+        .filter(|(_, m)| m.contains(marker))
+        .map(|(seq, _)| seq)
+        .max()
+        .expect("the records are in the ring")
+}
+
+/// The resume test's event counts per tag before and after the `kill -9`:
+/// buses 0 to 14 raised once in all, the repeated fault (bus 0xee) raised
+/// before the kill and not again after it, nothing replayed.
+fn assert_each_raised_once(
+    marker: &str,
+    before: &BTreeMap<String, usize>,
+    after: &BTreeMap<String, usize>,
+) {
+    let mut total = before.clone();
+    for (k, v) in after {
+        *total.entry(k.clone()).or_insert(0) += v;
+    }
+    let tag = |b: u8| format!("{marker}-{b}");
+    for bus in 0..15u8 {
+        assert_eq!(total.get(&tag(bus)), Some(&1), "{}: {total:?}", tag(bus));
+    }
+    assert_eq!(before.get(&tag(0xee)), Some(&1), "{before:?}");
+    assert_eq!(after.get(&tag(0xee)), None, "not re-raised: {after:?}");
+    assert_eq!(before.len(), 6, "{before:?}");
+    assert_eq!(after.len(), 10, "nothing replayed: {after:?}");
+}
+
 /// Every record is processed exactly once across a `kill -9` that lands
 /// right after the engine persisted the events, including repeats of one
 /// active fault (its count equals the records written).
@@ -192,14 +239,9 @@ fn resume_after_kill_9_processes_every_record_exactly_once() {
     let dom = pci_domain(&marker);
     let repeat_pci = format!("{dom:04x}:ee:00.0");
     let state = tempfile::tempdir().unwrap();
-    let conf = state.path().join("gpuwatch.toml");
-    std::fs::write(
-        &conf,
-        "[engine]\npersist_interval_ms = 100\n[kmsg]\ncursor_interval_ms = 10\n",
-    )
-    .unwrap();
-    let conf = conf.to_str().unwrap().to_string();
-    let args = ["--accept-user-facility", "--config", conf.as_str()];
+    let conf = crash_config(state.path());
+    let conf = conf.to_str().unwrap();
+    let args = ["--accept-user-facility", "--config", conf];
     let repeat = |n: usize| {
         for _ in 0..n {
             k.write(&xid_line(&marker, dom, 0xee));
@@ -239,24 +281,12 @@ fn resume_after_kill_9_processes_every_record_exactly_once() {
     repeat(1);
     assert!(b.wait_events(&marker, 10, T), "{:#?}", b.stderr.get());
     let addr = b.api_addr().expect("API address logged");
-    let mut body = String::new();
-    assert!(
-        wait_until(T, || {
-            body = common::http_get(&addr, "/v1/health")
-                .map(|r| r.1)
-                .unwrap_or_default();
-            active_count(&body, &repeat_pci).is_some_and(|c| c >= 6)
-        }),
-        "repeats never counted: {body}"
-    );
+    wait_health(&addr, "the repeats counted", |body| {
+        active_count(body, &repeat_pci).is_some_and(|c| c >= 6)
+    });
     // Every record is read and the position saved past the newest: a
     // duplicate would have been counted by then.
-    let newest = ring()
-        .into_iter()
-        .filter(|(_, m)| m.contains(&marker))
-        .map(|(seq, _)| seq)
-        .max()
-        .expect("the records are in the ring");
+    let newest = newest_seq(&marker);
     assert!(
         wait_until(T, || b.cursor_seq().is_some_and(|s| s >= newest)),
         "position never saved past seq {newest}: {:?}",
@@ -269,19 +299,7 @@ fn resume_after_kill_9_processes_every_record_exactly_once() {
         Some(6),
         "each repeat counted once: {body}"
     );
-
-    let mut total = before.clone();
-    for (k, v) in &after {
-        *total.entry(k.clone()).or_insert(0) += v;
-    }
-    let tag = |b: u8| format!("{marker}-{b}");
-    for bus in 0..15u8 {
-        assert_eq!(total.get(&tag(bus)), Some(&1), "{}: {total:?}", tag(bus));
-    }
-    assert_eq!(before.get(&tag(0xee)), Some(&1), "{before:?}");
-    assert_eq!(after.get(&tag(0xee)), None, "not re-raised: {after:?}");
-    assert_eq!(before.len(), 6, "{before:?}");
-    assert_eq!(after.len(), 10, "nothing replayed: {after:?}");
+    assert_each_raised_once(&marker, &before, &after);
     let (status, _, _) = b.stop();
     assert_eq!(status, Some(0));
 }
@@ -457,6 +475,101 @@ fn a_fault_reported_just_before_kill_9_is_known_after_the_restart() {
     drop(k);
 }
 
+/// `dir/gpuwatch.toml` for the crash tests: the state persisted every
+/// 100 ms and the kmsg position every 10 ms, so kills land during writes.
+fn crash_config(dir: &std::path::Path) -> std::path::PathBuf {
+    let conf = dir.join("gpuwatch.toml");
+    std::fs::write(
+        &conf,
+        "[engine]\npersist_interval_ms = 100\n[kmsg]\ncursor_interval_ms = 10\n",
+    )
+    .unwrap();
+    conf
+}
+
+/// A xorshift64 generator seeded from the clock, and its seed (printed: a
+/// failure names it). `next(n)` is below `n`.
+fn clock_seeded_rng() -> (u64, impl FnMut(u64) -> u64) {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    eprintln!("crash test seed {seed}");
+    let mut rng = seed | 1;
+    let next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    (seed, next)
+}
+
+/// `gpuwatch run` on `state` with `conf`, output discarded: no reader
+/// threads for a process killed moments later.
+fn spawn_unread(state: &std::path::Path, conf: &std::path::Path) -> std::process::Child {
+    use std::process::{Command, Stdio};
+    Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
+        .args([
+            "run",
+            "--sink",
+            "stdout",
+            "--no-nvml",
+            "--log-format",
+            "json",
+        ])
+        .args(["--api-listen", "127.0.0.1:0", "--node-name", "e2e-node"])
+        .arg("--state-dir")
+        .arg(state)
+        .args(["--accept-user-facility", "--config"])
+        .arg(conf)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start gpuwatch")
+}
+
+/// Record `i` of the crash test: an XID 13 of pid `i` on GPU `i % gpus`
+/// (buses 0x20 on) of domain `dom`.
+fn crash_line(marker: &str, dom: u16, gpus: usize, i: usize) -> String {
+    let bus = 0x20 + (i % gpus) as u8;
+    format!(
+        "NVRM: Xid (PCI:{dom:04x}:{bus:02x}:00): 13, pid={i}, name={marker}, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Misaligned Address"
+    )
+}
+
+/// The state file `health`, if a killed agent left one, parses and has the
+/// current version.
+fn assert_state_readable(health: &std::path::Path, kill: usize) {
+    if let Ok(text) = std::fs::read_to_string(health) {
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("state unreadable after kill {kill}: {e}\n{text}"));
+        assert_eq!(v["version"], 2);
+    }
+}
+
+/// The fault counts per GPU of PCI domain `dom` in the state file `health`.
+fn fault_counts(health: &std::path::Path, dom: u16) -> BTreeMap<String, u64> {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(health).unwrap()).unwrap();
+    let mut per_gpu = BTreeMap::new();
+    for g in v["gpus"].as_array().unwrap() {
+        let pci = g["pci_address"].as_str().unwrap_or_default();
+        if !pci.starts_with(&format!("{dom:04x}:")) {
+            continue;
+        }
+        let n: u64 = g["faults"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["count"].as_u64().unwrap())
+            .sum();
+        per_gpu.insert(pci.to_string(), n);
+    }
+    per_gpu
+}
+
 /// Crash exactness: fault records written while the agent is `kill -9`'d at
 /// 50 random moments (some during a state write: it persists every 100 ms)
 /// and restarted on the same state directory. The state is readable after
@@ -464,7 +577,6 @@ fn a_fault_reported_just_before_kill_9_is_known_after_the_restart() {
 /// exactly: nothing counted twice, nothing skipped.
 #[test]
 fn kill_9_at_random_moments_neither_loses_nor_double_counts() {
-    use std::process::{Command, Stdio};
     const RECORDS: usize = 300;
     const GPUS: usize = 3;
     const KILLS: usize = 50;
@@ -472,55 +584,13 @@ fn kill_9_at_random_moments_neither_loses_nor_double_counts() {
     let marker = common::marker("crash");
     let dom = pci_domain(&marker);
     let state = tempfile::tempdir().unwrap();
-    let conf = state.path().join("gpuwatch.toml");
-    std::fs::write(
-        &conf,
-        "[engine]\npersist_interval_ms = 100\n[kmsg]\ncursor_interval_ms = 10\n",
-    )
-    .unwrap();
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    eprintln!("crash test seed {seed}");
-    let mut rng = seed | 1;
-    let mut next = move |n: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % n
-    };
-    let start = || {
-        Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
-            .args([
-                "run",
-                "--sink",
-                "stdout",
-                "--no-nvml",
-                "--log-format",
-                "json",
-            ])
-            .args(["--api-listen", "127.0.0.1:0", "--node-name", "e2e-node"])
-            .arg("--state-dir")
-            .arg(state.path())
-            .args(["--accept-user-facility", "--config"])
-            .arg(&conf)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start gpuwatch")
-    };
-    let line = |i: usize| {
-        let bus = 0x20 + (i % GPUS) as u8;
-        format!(
-            "NVRM: Xid (PCI:{dom:04x}:{bus:02x}:00): 13, pid={i}, name={marker}, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Misaligned Address"
-        )
-    };
+    let conf = crash_config(state.path());
+    let (seed, mut next) = clock_seeded_rng();
+    let line = |i: usize| crash_line(&marker, dom, GPUS, i);
     let health = state.path().join("health.json");
     let mut written = 0usize;
     for kill in 0..KILLS {
-        let mut child = start();
+        let mut child = spawn_unread(state.path(), &conf);
         // A few records while it runs, then the kill at a random moment.
         let batch = (RECORDS - written).min(RECORDS / KILLS + next(4) as usize);
         let wait_ms = next(400);
@@ -533,11 +603,7 @@ fn kill_9_at_random_moments_neither_loses_nor_double_counts() {
         std::thread::sleep(Duration::from_millis(wait_ms - split));
         let _ = child.kill();
         let _ = child.wait();
-        if let Ok(text) = std::fs::read_to_string(&health) {
-            let v: serde_json::Value = serde_json::from_str(&text)
-                .unwrap_or_else(|e| panic!("state unreadable after kill {kill}: {e}\n{text}"));
-            assert_eq!(v["version"], 2);
-        }
+        assert_state_readable(&health, kill);
     }
     while written < RECORDS {
         k.write(&line(written));
@@ -556,22 +622,7 @@ fn kill_9_at_random_moments_neither_loses_nor_double_counts() {
     );
     let (status, _, _) = a.stop();
     assert_eq!(status, Some(0));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&health).unwrap()).unwrap();
-    let mut per_gpu = BTreeMap::new();
-    for g in v["gpus"].as_array().unwrap() {
-        let pci = g["pci_address"].as_str().unwrap_or_default();
-        if !pci.starts_with(&format!("{dom:04x}:")) {
-            continue;
-        }
-        let n: u64 = g["faults"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|f| f["count"].as_u64().unwrap())
-            .sum();
-        per_gpu.insert(pci.to_string(), n);
-    }
+    let per_gpu = fault_counts(&health, dom);
     let expected = (RECORDS / GPUS) as u64;
     assert_eq!(per_gpu.len(), GPUS, "{per_gpu:?}");
     for (pci, n) in &per_gpu {
@@ -582,82 +633,125 @@ fn kill_9_at_random_moments_neither_loses_nor_double_counts() {
     }
 }
 
+/// A `sleep` child: a live process whose pid the attribution tests name.
+/// Killed and reaped when dropped, also when an assertion fails first.
+struct Sleeper(std::process::Child);
+
+impl Sleeper {
+    fn spawn() -> Sleeper {
+        Sleeper(Command::new("sleep").arg("60").spawn().unwrap())
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        self.0.kill().ok();
+        self.0.wait().ok();
+    }
+}
+
+/// The cgroup path `/proc/<pid>/cgroup` gives `pid`: the unified (v2) entry,
+/// else the first hierarchy's path under cgroup v1.
+fn cgroup_of(pid: u32) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .or_else(|| text.lines().next().and_then(|l| l.splitn(3, ':').nth(2)))
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+/// Puts `pid` under the proc root `root` as a process in a pod: its real
+/// `stat` (the start time the agent checks against pid reuse) and `cgroup`
+/// as the given cgroup file.
+fn fake_proc_entry(root: &std::path::Path, pid: u32, cgroup: &str) {
+    let dir = root.join(pid.to_string());
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::copy(format!("/proc/{pid}/stat"), dir.join("stat")).unwrap();
+    std::fs::write(dir.join("cgroup"), cgroup).unwrap();
+}
+
+/// The cgroup file of a containerd container under kubelet's systemd cgroup
+/// driver (cgroup v2): the pod UID with `_` for `-` in the slice name.
+fn systemd_containerd_cgroup(uid: &str, cid: &str) -> String {
+    format!(
+        "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{cid}.scope\n",
+        uid.replace('-', "_")
+    )
+}
+
+/// The cgroup file of a container under kubelet's cgroupfs driver, cgroup v1
+/// layout: one line per hierarchy.
+fn cgroupfs_v1_cgroup(uid: &str, cid: &str) -> String {
+    format!(
+        "12:memory:/kubepods/besteffort/pod{uid}/{cid}\n11:cpu,cpuacct:/kubepods/besteffort/pod{uid}/{cid}\n1:name=systemd:/kubepods/besteffort/pod{uid}/{cid}\n"
+    )
+}
+
+/// XID 13 as the driver prints it, for `pid` with process name
+/// `{marker}-{tag}`. One GPU (`bus`) per line: repeats of one fault on one
+/// GPU are coalesced.
+fn xid13_of(marker: &str, dom: u16, pid: u32, tag: &str, bus: u8) -> String {
+    format!(
+        "NVRM: Xid (PCI:{dom:04x}:{bus:02x}:00): 13, pid={pid}, name={marker}-{tag}, Graphics Exception"
+    )
+}
+
+/// XID 31 (an MMU fault in the process's context) with the driver's fault text.
+fn xid31_of(marker: &str, dom: u16, pid: u32, tag: &str, bus: u8) -> String {
+    format!(
+        "NVRM: Xid (PCI:{dom:04x}:{bus:02x}:00): 31, pid={pid}, name={marker}-{tag}, Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f_a0000000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ"
+    )
+}
+
+/// Waits until the agent printed an event for every `{marker}-{tag}` process.
+fn wait_tagged_events(agent: &TestAgent, marker: &str, tags: &[&str]) {
+    assert!(
+        wait_until(T, || {
+            let evs = agent.events(marker);
+            tags.iter().all(|t| {
+                evs.iter()
+                    .any(|e| e["process"].as_str().is_some_and(|p| p.ends_with(t)))
+            })
+        }),
+        "no event for each of {tags:?}: {:#?}",
+        agent.stderr.get()
+    );
+}
+
 /// A line naming a pid is attributed from `<proc_root>/<pid>/cgroup` when it
 /// is read from the real `/dev/kmsg`: a live process outside any pod (this
 /// suite's `sleep`) is said to be so, with its cgroup; a pid whose process
-/// is gone says that; and under a proc root whose cgroup file is kubelet's
-/// (systemd driver, containerd) the event carries the pod UID and container id.
-/// With an API server serving the pods, the events and OTLP records carry the
-/// pods' names, also for a pod that started while the watch lagged (the
-/// record waits for the fresh list the engine asks for).
+/// is gone says that.
 #[test]
-fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
+fn a_faulting_pid_outside_any_pod_or_gone_is_said_not_to_be_in_one() {
     let k = DevKmsg::acquire();
-    let marker = common::marker("pidpod");
+    let marker = common::marker("nopod");
     let dom = pci_domain(&marker);
-    let mut sleeper = Command::new("sleep").arg("60").spawn().unwrap();
-    let live = sleeper.id();
+    let sleeper = Sleeper::spawn();
+    let live = sleeper.pid();
     let mut done = Command::new("true").spawn().unwrap();
     let gone = done.id();
     done.wait().unwrap();
-    let own_cgroup = std::fs::read_to_string(format!("/proc/{live}/cgroup")).unwrap();
-    let own_cgroup = own_cgroup
-        .lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .or_else(|| {
-            own_cgroup
-                .lines()
-                .next()
-                .and_then(|l| l.splitn(3, ':').nth(2))
-        })
-        .unwrap()
-        .trim()
-        .to_owned();
-    // A proc root where the sleeper is in a pod: its real stat (start time),
-    // and the cgroup file kubelet's systemd driver gives a containerd container.
-    let fake = tempfile::tempdir().unwrap();
-    let dir = fake.path().join(live.to_string());
-    std::fs::create_dir(&dir).unwrap();
-    std::fs::copy(format!("/proc/{live}/stat"), dir.join("stat")).unwrap();
-    let uid = "1f2e3d4c-5b6a-4789-8abc-def012345678";
-    let cid = "4f1c0e8b6a2d9c7e5b3a1f0e9d8c7b6a5f4e3d2c1b0a99887766554433221100";
-    std::fs::write(
-        dir.join("cgroup"),
-        format!(
-            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{cid}.scope\n",
-            uid.replace('-', "_")
-        ),
-    )
-    .unwrap();
-    // One GPU each: repeats of one fault on one GPU are coalesced. XID 13 as
-    // the driver prints it, and XID 31 (an MMU fault in the process's
-    // context) with the driver's fault text.
-    let line = |pid: u32, tag: &str, bus: u8| {
-        format!(
-            "NVRM: Xid (PCI:{dom:04x}:{bus:02x}:00): 13, pid={pid}, name={marker}-{tag}, Graphics Exception"
-        )
-    };
-    let mmu_fault = |pid: u32, tag: &str, bus: u8| {
-        format!(
-            "NVRM: Xid (PCI:{dom:04x}:{bus:02x}:00): 31, pid={pid}, name={marker}-{tag}, Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f_a0000000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ"
-        )
-    };
-
     let state = tempfile::tempdir().unwrap();
     let agent = TestAgent::start(state.path(), &["--accept-user-facility"]);
-    k.write(&line(live, "live", 0x3b));
-    k.write(&line(gone, "gone", 0x3c));
+    k.write(&xid13_of(&marker, dom, live, "live", 0x3b));
+    k.write(&xid13_of(&marker, dom, gone, "gone", 0x3c));
     assert!(
         agent.wait_events(&marker, 2, T),
         "{:#?}",
         agent.stderr.get()
     );
-    let by_tag = |tag: &str| by_tag_in(&agent, &marker, tag);
-    let ev = by_tag("live");
+    let ev = by_tag_in(&agent, &marker, "live");
     assert_eq!(ev["attributes"]["pod_attribution"], "not_in_pod", "{ev}");
-    assert_eq!(ev["attributes"]["process.cgroup"], own_cgroup.as_str());
+    assert_eq!(ev["attributes"]["process.cgroup"], cgroup_of(live).as_str());
     assert!(ev["attributes"].get("k8s.pod.uid").is_none());
-    let ev = by_tag("gone");
+    let ev = by_tag_in(&agent, &marker, "gone");
     // `pid_reused` only if the system handed the pid out again in between.
     assert!(
         matches!(
@@ -667,22 +761,38 @@ fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
         "{ev}"
     );
     agent.stop();
+    drop(k);
+}
 
+/// Under a proc root whose cgroup file is kubelet's (systemd driver,
+/// containerd), the event of a pid from the real `/dev/kmsg` carries the pod
+/// UID and container id; with no pod listing it says the pod is known by UID
+/// only.
+#[test]
+fn a_faulting_pid_in_a_kubelet_cgroup_is_attributed_to_its_pod_uid_and_container() {
+    let k = DevKmsg::acquire();
+    let marker = common::marker("poduid");
+    let dom = pci_domain(&marker);
+    let sleeper = Sleeper::spawn();
+    let uid = "1f2e3d4c-5b6a-4789-8abc-def012345678";
+    let cid = "4f1c0e8b6a2d9c7e5b3a1f0e9d8c7b6a5f4e3d2c1b0a99887766554433221100";
+    let fake = tempfile::tempdir().unwrap();
+    fake_proc_entry(
+        fake.path(),
+        sleeper.pid(),
+        &systemd_containerd_cgroup(uid, cid),
+    );
     let state = tempfile::tempdir().unwrap();
-    let proc_root = fake.path().to_str().unwrap();
     let agent = TestAgent::start(
         state.path(),
-        &["--accept-user-facility", "--proc-root", proc_root],
+        &[
+            "--accept-user-facility",
+            "--proc-root",
+            fake.path().to_str().unwrap(),
+        ],
     );
-    k.write(&line(live, "pod", 0x3d));
-    assert!(
-        wait_until(T, || agent
-            .events(&marker)
-            .iter()
-            .any(|e| e["process"].as_str().is_some_and(|p| p.ends_with("pod")))),
-        "{:#?}",
-        agent.stderr.get()
-    );
+    k.write(&xid13_of(&marker, dom, sleeper.pid(), "pod", 0x3d));
+    wait_tagged_events(&agent, &marker, &["pod"]);
     let ev = by_tag_in(&agent, &marker, "pod");
     assert_eq!(ev["pods"][0]["uid"], uid, "{ev}");
     assert_eq!(ev["pods"][0]["container_id"], cid);
@@ -695,141 +805,86 @@ fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
         "{ev}"
     );
     agent.stop();
+    drop(k);
+}
 
-    // With an API server that serves the pod: its name, namespace and
-    // container name on the event, and a Warning Event on the Pod. A second
-    // live process is in a pod under the cgroupfs driver's cgroup v1 layout.
-    let mut sleeper2 = Command::new("sleep").arg("60").spawn().unwrap();
-    let live2 = sleeper2.id();
-    let dir2 = fake.path().join(live2.to_string());
-    std::fs::create_dir(&dir2).unwrap();
-    std::fs::copy(format!("/proc/{live2}/stat"), dir2.join("stat")).unwrap();
-    let uid2 = "7a6b5c4d-3e2f-4a1b-9c8d-7e6f5a4b3c2d";
-    let cid2 = "9e8d7c6b5a49";
-    std::fs::write(
-        dir2.join("cgroup"),
-        format!(
-            "12:memory:/kubepods/besteffort/pod{uid2}/{cid2}\n11:cpu,cpuacct:/kubepods/besteffort/pod{uid2}/{cid2}\n1:name=systemd:/kubepods/besteffort/pod{uid2}/{cid2}\n"
-        ),
-    )
-    .unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let node: k8s_openapi::api::core::v1::Node =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": "e2e-node"}})).unwrap();
-    let api = rt.block_on(gpuwatch_test_support::kube::ApiDouble::start(node));
-    let pod = |name: &str, ns: &str, uid: &str, container: &str, id: &str| {
-        serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(serde_json::json!({
-            "metadata": {"name": name, "namespace": ns, "uid": uid},
-            "spec": {"nodeName": "e2e-node", "containers": [{"name": container}]},
-            "status": {"containerStatuses": [{"name": container, "containerID": format!("containerd://{id}"), "image": "i", "imageID": "", "ready": true, "restartCount": 0}]},
-        }))
-        .unwrap()
-    };
-    api.put_pod(&pod("trainer-0", "ml", uid, "main", cid));
-    let cfg_dir = tempfile::tempdir().unwrap();
-    let config = cfg_dir.path().join("gpuwatch.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[kube]\nenabled = true\napi_server_url = \"{}\"\nbackoff_initial_ms = 50\nbackoff_max_ms = 400\nrequest_timeout_secs = 2\nnormal_event_spread_secs = 0\n[otlp]\nexport_interval_secs = 1\n",
-            api.url
-        ),
-    )
-    .unwrap();
-    // A real collector receives the OTLP log records.
-    let rotel = gpuwatch_test_support::telemetry::Rotel::start();
-    let otlp = format!("http://127.0.0.1:{}", rotel.grpc_port);
-    let state = tempfile::tempdir().unwrap();
-    let agent = TestAgent::start(
-        state.path(),
-        &[
-            "--accept-user-facility",
-            "--proc-root",
-            proc_root,
-            "--config",
-            config.to_str().unwrap(),
-            "--otlp-endpoint",
-            &otlp,
-        ],
-    );
-    // The listing is in before the faults are written. batch-7 starts just
-    // before its fault, while the watch lags behind the API server: its
-    // record waits for the fresh list the engine asks for.
-    assert!(
-        wait_until(T, || api.pod_watchers() == 1),
-        "{:#?}",
-        agent.stderr.get()
-    );
-    api.lag_pod_watches(true);
-    api.put_pod(&pod("batch-7", "jobs", uid2, "worker", cid2));
-    k.write(&mmu_fault(live, "named", 0x3e));
-    k.write(&line(live2, "cgroupfs", 0x3f));
-    assert!(
-        wait_until(T, || {
-            let evs = agent.events(&marker);
-            ["named", "cgroupfs"].iter().all(|t| {
-                evs.iter()
-                    .any(|e| e["process"].as_str().is_some_and(|p| p.ends_with(t)))
-            })
-        }),
-        "{:#?}",
-        agent.stderr.get()
-    );
-    let ev = by_tag_in(&agent, &marker, "named");
+/// A pod on the double's node `e2e-node` with one running container.
+fn listed_pod(
+    name: &str,
+    ns: &str,
+    uid: &str,
+    container: &str,
+    id: &str,
+) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": ns, "uid": uid},
+        "spec": {"nodeName": "e2e-node", "containers": [{"name": container}]},
+        "status": {"containerStatuses": [{"name": container, "containerID": format!("containerd://{id}"), "image": "i", "imageID": "", "ready": true, "restartCount": 0}]},
+    }))
+    .unwrap()
+}
+
+/// What the attribution test expects of one faulting process: its process
+/// tag and the pod it runs in.
+struct InPod {
+    tag: &'static str,
+    uid: &'static str,
+    name: &'static str,
+    namespace: &'static str,
+    container: &'static str,
+}
+
+/// The event of `want.tag` names its pod's UID, name, namespace and container.
+fn assert_event_names_pod(agent: &TestAgent, marker: &str, want: &InPod) {
+    let ev = by_tag_in(agent, marker, want.tag);
     let p = &ev["pods"][0];
     assert_eq!(
         (&p["uid"], &p["name"], &p["namespace"], &p["container"]),
         (
-            &serde_json::json!(uid),
-            &serde_json::json!("trainer-0"),
-            &serde_json::json!("ml"),
-            &serde_json::json!("main")
+            &serde_json::json!(want.uid),
+            &serde_json::json!(want.name),
+            &serde_json::json!(want.namespace),
+            &serde_json::json!(want.container)
         ),
         "{ev}"
     );
-    let ev = by_tag_in(&agent, &marker, "cgroupfs");
-    let p = &ev["pods"][0];
-    assert_eq!(
-        (&p["uid"], &p["name"], &p["namespace"], &p["container"]),
-        (
-            &serde_json::json!(uid2),
-            &serde_json::json!("batch-7"),
-            &serde_json::json!("jobs"),
-            &serde_json::json!("worker")
-        ),
-        "{ev}"
-    );
-    // The OTLP log record of each goes out under its pod's resource (the
-    // semantic conventions' names, what a collector's `k8sattributes`
-    // associates by), beside the agent's identity and the Node's uid the
-    // writer read.
-    let record = |r: &gpuwatch_test_support::telemetry::Received, tag: &str| {
-        r.logs
-            .iter()
-            .find(|l| {
-                l.attrs
-                    .get("process.executable.name")
-                    .is_some_and(|p| p.contains(&format!("{marker}-{tag}")))
-            })
-            .cloned()
-    };
-    let got = rotel.wait_for(T, "the two pod faults' log records", |r| {
-        record(r, "named").is_some() && record(r, "cgroupfs").is_some()
+}
+
+/// The OTLP log record of `{marker}-{tag}`'s fault, if the collector has it.
+fn otlp_record(
+    r: &gpuwatch_test_support::telemetry::Received,
+    marker: &str,
+    tag: &str,
+) -> Option<gpuwatch_test_support::telemetry::Log> {
+    r.logs
+        .iter()
+        .find(|l| {
+            l.attrs
+                .get("process.executable.name")
+                .is_some_and(|p| p.contains(&format!("{marker}-{tag}")))
+        })
+        .cloned()
+}
+
+/// The OTLP log record of each pod fault goes out under its pod's resource
+/// (the semantic conventions' names, what a collector's `k8sattributes`
+/// associates by), beside the agent's identity and the Node's uid the writer
+/// read.
+fn assert_records_carry_pod_resources(
+    rotel: &gpuwatch_test_support::telemetry::Rotel,
+    marker: &str,
+    pods: &[InPod],
+) {
+    let got = rotel.wait_for(T, "the pod faults' log records", |r| {
+        pods.iter().all(|p| otlp_record(r, marker, p.tag).is_some())
     });
-    for (tag, uid, name, ns, container) in [
-        ("named", uid, "trainer-0", "ml", "main"),
-        ("cgroupfs", uid2, "batch-7", "jobs", "worker"),
-    ] {
-        let resource = record(&got, tag).unwrap().resource;
+    for p in pods {
+        let resource = otlp_record(&got, marker, p.tag).unwrap().resource;
         for (key, want) in [
-            ("k8s.pod.uid", uid),
-            ("k8s.pod.name", name),
-            ("k8s.namespace.name", ns),
-            ("k8s.container.name", container),
+            ("k8s.pod.uid", p.uid),
+            ("k8s.pod.name", p.name),
+            ("k8s.namespace.name", p.namespace),
+            ("k8s.container.name", p.container),
             ("k8s.node.name", "e2e-node"),
             ("k8s.node.uid", "node-uid-1"),
             ("service.instance.id", "e2e-node"),
@@ -837,11 +892,15 @@ fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
             assert_eq!(
                 resource.get(key),
                 Some(&format!("Str({want})")),
-                "{tag}: {key} should be {want}: {resource:#?}"
+                "{}: {key} should be {want}: {resource:#?}",
+                p.tag
             );
         }
     }
-    // The metrics: the node's resource with the Node's uid, no pod.
+}
+
+/// The metrics go out under the node's resource with the Node's uid, no pod.
+fn assert_metrics_carry_no_pod(rotel: &gpuwatch_test_support::telemetry::Rotel) {
     let got = rotel.wait_for(T, "a metric export with the Node's uid", |r| {
         r.metric("gpuwatch.kube.writes").is_some_and(|m| {
             m.resource.get("k8s.node.uid").map(String::as_str) == Some("Str(node-uid-1)")
@@ -852,29 +911,48 @@ fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
         resource.keys().all(|k| !k.starts_with("k8s.pod.")),
         "{resource:#?}"
     );
-    // This agent reads the ring from its start, so the earlier phase's
-    // XID 13 of the same pid is attributed to trainer-0 too (its own Event):
-    // each Event is found by the process tag its message names.
-    let pod_event = |ns: &str, tag: &str| {
-        api.events().into_iter().find(|e| {
-            e.involved_object.kind.as_deref() == Some("Pod")
-                && e.metadata.namespace.as_deref() == Some(ns)
-                && e.message
-                    .as_deref()
-                    .is_some_and(|m| m.contains(&format!("{marker}-{tag} ")))
-        })
-    };
+}
+
+/// The Event on a Pod in `ns` whose message names process `{marker}-{tag}`.
+fn pod_event(
+    api: &gpuwatch_test_support::kube::ApiDouble,
+    marker: &str,
+    ns: &str,
+    tag: &str,
+) -> Option<k8s_openapi::api::core::v1::Event> {
+    api.events().into_iter().find(|e| {
+        e.involved_object.kind.as_deref() == Some("Pod")
+            && e.metadata.namespace.as_deref() == Some(ns)
+            && e.message
+                .as_deref()
+                .is_some_and(|m| m.contains(&format!("{marker}-{tag} ")))
+    })
+}
+
+/// Warning Events on the two Pods name the container and the fault, in the
+/// words a pod owner reads.
+fn assert_pod_warnings(
+    api: &gpuwatch_test_support::kube::ApiDouble,
+    agent: &TestAgent,
+    marker: &str,
+) {
+    // This agent reads the ring from its start, so earlier records of the
+    // same pids may be attributed too (their own Events): each Event is
+    // found by the process tag its message names.
     assert!(
-        wait_until(T, || pod_event("ml", "named").is_some()
-            && pod_event("jobs", "cgroupfs").is_some()),
+        wait_until(T, || pod_event(api, marker, "ml", "named").is_some()
+            && pod_event(api, marker, "jobs", "cgroupfs").is_some()),
         "{:?}\n{:#?}",
         api.events(),
         agent.stderr.get()
     );
-    let e = pod_event("ml", "named").unwrap();
+    let e = pod_event(api, marker, "ml", "named").unwrap();
     assert_eq!(e.type_.as_deref(), Some("Warning"));
     assert_eq!(e.involved_object.name.as_deref(), Some("trainer-0"));
-    assert_eq!(e.involved_object.uid.as_deref(), Some(uid));
+    assert_eq!(
+        e.involved_object.uid.as_deref(),
+        Some("1f2e3d4c-5b6a-4789-8abc-def012345678")
+    );
     assert!(
         e.message
             .as_deref()
@@ -883,7 +961,7 @@ fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
                 && m.contains("The GPU itself is fine")),
         "{e:?}"
     );
-    let e = pod_event("jobs", "cgroupfs").unwrap();
+    let e = pod_event(api, marker, "jobs", "cgroupfs").unwrap();
     assert_eq!(e.involved_object.name.as_deref(), Some("batch-7"));
     assert!(
         e.message
@@ -891,13 +969,117 @@ fn a_faulting_pid_is_attributed_to_its_pod_or_said_not_to_be_in_one() {
             .is_some_and(|m| m.contains("in container worker hit XID 13")),
         "{e:?}"
     );
+}
+
+/// The API-server double serving Node `e2e-node`, on a runtime of its own
+/// (dropped after the double stops).
+fn api_double() -> (
+    tokio::runtime::Runtime,
+    gpuwatch_test_support::kube::ApiDouble,
+) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let node: k8s_openapi::api::core::v1::Node =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "e2e-node"}})).unwrap();
+    let api = rt.block_on(gpuwatch_test_support::kube::ApiDouble::start(node));
+    (rt, api)
+}
+
+/// `dir/gpuwatch.toml` with the writer on the double at `api_url` (short
+/// backoffs, Normal Events unspread) and OTLP exported every second.
+fn kube_otlp_config(dir: &std::path::Path, api_url: &str) -> std::path::PathBuf {
+    let config = dir.join("gpuwatch.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[kube]\nenabled = true\napi_server_url = \"{api_url}\"\nbackoff_initial_ms = 50\nbackoff_max_ms = 400\nrequest_timeout_secs = 2\nnormal_event_spread_secs = 0\n[otlp]\nexport_interval_secs = 1\n"
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// With an API server serving the pods, a fault of a pid read from the real
+/// `/dev/kmsg` names its pod's name, namespace and container on the event,
+/// under the pod's resource on the OTLP log record, and in a Warning Event on
+/// the Pod: for a containerd container under the systemd driver, and for a
+/// pod under the cgroupfs driver's cgroup v1 layout that started while the
+/// watch lagged (its record waits for the fresh list the engine asks for).
+#[test]
+fn a_faulting_pid_in_a_listed_pod_is_named_on_its_event_record_and_pod_event() {
+    let k = DevKmsg::acquire();
+    let marker = common::marker("pidpod");
+    let dom = pci_domain(&marker);
+    let trainer = InPod {
+        tag: "named",
+        uid: "1f2e3d4c-5b6a-4789-8abc-def012345678",
+        name: "trainer-0",
+        namespace: "ml",
+        container: "main",
+    };
+    let batch = InPod {
+        tag: "cgroupfs",
+        uid: "7a6b5c4d-3e2f-4a1b-9c8d-7e6f5a4b3c2d",
+        name: "batch-7",
+        namespace: "jobs",
+        container: "worker",
+    };
+    let (cid, cid2) = (
+        "4f1c0e8b6a2d9c7e5b3a1f0e9d8c7b6a5f4e3d2c1b0a99887766554433221100",
+        "9e8d7c6b5a49",
+    );
+    let (sleeper, sleeper2) = (Sleeper::spawn(), Sleeper::spawn());
+    let fake = tempfile::tempdir().unwrap();
+    let cgroup = systemd_containerd_cgroup(trainer.uid, cid);
+    fake_proc_entry(fake.path(), sleeper.pid(), &cgroup);
+    fake_proc_entry(
+        fake.path(),
+        sleeper2.pid(),
+        &cgroupfs_v1_cgroup(batch.uid, cid2),
+    );
+    let (rt, api) = api_double();
+    let pod = |p: &InPod, cid: &str| listed_pod(p.name, p.namespace, p.uid, p.container, cid);
+    api.put_pod(&pod(&trainer, cid));
+    let state = tempfile::tempdir().unwrap();
+    let config = kube_otlp_config(state.path(), &api.url);
+    // A real collector receives the OTLP log records.
+    let rotel = gpuwatch_test_support::telemetry::Rotel::start();
+    let otlp = format!("http://127.0.0.1:{}", rotel.grpc_port);
+    let agent = TestAgent::start(
+        state.path(),
+        &[
+            "--accept-user-facility",
+            "--proc-root",
+            fake.path().to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+            "--otlp-endpoint",
+            &otlp,
+        ],
+    );
+    // The listing is in before the faults are written. batch-7 starts just
+    // before its fault, while the watch lags behind the API server.
+    assert!(
+        wait_until(T, || api.pod_watchers() == 1),
+        "{:#?}",
+        agent.stderr.get()
+    );
+    api.lag_pod_watches(true);
+    api.put_pod(&pod(&batch, cid2));
+    k.write(&xid31_of(&marker, dom, sleeper.pid(), trainer.tag, 0x3e));
+    k.write(&xid13_of(&marker, dom, sleeper2.pid(), batch.tag, 0x3f));
+    wait_tagged_events(&agent, &marker, &[trainer.tag, batch.tag]);
+    assert_event_names_pod(&agent, &marker, &trainer);
+    assert_event_names_pod(&agent, &marker, &batch);
+    assert_records_carry_pod_resources(&rotel, &marker, &[trainer, batch]);
+    assert_metrics_carry_no_pod(&rotel);
+    assert_pod_warnings(&api, &agent, &marker);
     agent.stop();
     api.stop();
     drop(rt);
-    sleeper.kill().ok();
-    sleeper.wait().ok();
-    sleeper2.kill().ok();
-    sleeper2.wait().ok();
     drop(k);
 }
 

@@ -9,10 +9,13 @@
 //! cluster refusing the rules (403) gets the Node taint, the reason in
 //! `GPUProblem` and one warning.
 
-use crate::kube_support::{FAULT_TAINT, KubeWorld, NODE, Nvml, PROBLEM, T, node, wait_until};
+use crate::kube_support::{
+    FAULT_TAINT, KubeAgent, KubeWorld, NODE, Nvml, PROBLEM, T, node, wait_until,
+};
 use gpuwatch_test_support::kube::DraServed;
 use gpuwatch_test_support::kube::build::gpu_slice;
-use std::time::Duration;
+use serde_json::Value;
+use std::collections::BTreeMap;
 
 const BOARD: &str = "kube-8gpu-healthy.toml";
 const GPU0_UUID: &str = "GPU-6b1c2d3e-4f50-4a61-8b72-93a4b5c6d7e0";
@@ -50,16 +53,14 @@ fn problem_true(rig: &KubeWorld) -> bool {
     rig.cond_status(PROBLEM).0 == "True"
 }
 
-#[test]
-fn an_xid48_on_a_dra_gpu_isolates_the_device_and_an_xid79_the_node() {
-    let mut rig = dra_world();
-    let cfg = rig.config("", "");
-    let agent = rig.start(&cfg, Nvml::Sim(BOARD), &[]);
-    assert!(wait_until(T, || rig.cond_status(PROBLEM).0 == "False"));
-
+/// XID 48 on GPU 1 → one DeviceTaintRule isolating DRA device gpu-1 (by
+/// its pool, labelled with the GPU's UUID) and no Node fault taint;
+/// GPUProblem names the fault and the device, `/v1/health` the rule. The
+/// rules.
+fn assert_xid48_isolates_gpu_1(rig: &mut KubeWorld, agent: &KubeAgent) -> BTreeMap<String, Value> {
     rig.write_kmsg(XID48);
     assert!(
-        wait_until(T, || problem_true(&rig)
+        wait_until(T, || problem_true(rig)
             && rig.api.device_taint_rules().contains_key(RULE1)),
         "node: {:#}\nrules: {:#?}\nlog: {:#?}",
         rig.api.node_json(),
@@ -95,15 +96,25 @@ fn an_xid48_on_a_dra_gpu_isolates_the_device_and_an_xid79_the_node() {
         T,
         || agent.health()["isolated_devices"][0]["rule"] == RULE1
     ));
+    rules
+}
 
-    // kill -9 and restart on the same state: the same rule, nothing written.
+/// kill -9 once the fault is on disk and restart on the same state: the
+/// restarted agent lists the rules and reports the same rule, writes none,
+/// and the Node gets no fault taint. The restarted agent.
+fn restart_writes_no_rule(
+    rig: &KubeWorld,
+    cfg: &std::path::Path,
+    agent: KubeAgent,
+    rules: &BTreeMap<String, Value>,
+) -> KubeAgent {
     let state = rig.state_dir().join("health.json");
     assert!(wait_until(T, || std::fs::read_to_string(&state)
         .is_ok_and(|s| s.contains("0000:43:00"))));
-    let writes = rule_writes(&rig);
+    let writes = rule_writes(rig);
     agent.kill9();
     let since = rig.requests().len();
-    let agent = rig.start(&cfg, Nvml::Sim(BOARD), &[]);
+    let agent = rig.start(cfg, Nvml::Sim(BOARD), &[]);
     assert!(
         wait_until(T, || rig.requests()[since..]
             .iter()
@@ -114,14 +125,23 @@ fn an_xid48_on_a_dra_gpu_isolates_the_device_and_an_xid79_the_node() {
         T,
         || agent.health()["isolated_devices"][0]["rule"] == RULE1
     ));
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(
-        rule_writes(&rig),
-        writes,
-        "a rule written after the restart"
-    );
-    assert_eq!(rig.api.device_taint_rules(), rules);
+    // The round that published the rule in the restarted agent's health
+    // made its writes first (the writer publishes the isolated devices at
+    // the end of its device round): every write up to it is counted.
+    assert_eq!(rule_writes(rig), writes, "a rule written after the restart");
+    assert_eq!(&rig.api.device_taint_rules(), rules);
     assert_eq!(rig.taint(FAULT_TAINT), None);
+    agent
+}
+
+#[test]
+fn an_xid48_on_a_dra_gpu_isolates_the_device_and_an_xid79_the_node() {
+    let mut rig = dra_world();
+    let cfg = rig.config("", "");
+    let agent = rig.start(&cfg, Nvml::Sim(BOARD), &[]);
+    assert!(wait_until(T, || rig.cond_status(PROBLEM).0 == "False"));
+    let rules = assert_xid48_isolates_gpu_1(&mut rig, &agent);
+    let agent = restart_writes_no_rule(&rig, &cfg, agent, &rules);
 
     // XID 79 on the same GPU: the whole machine needs a reboot.
     rig.write_kmsg(XID79);
@@ -173,26 +193,41 @@ fn refused_rules_taint_the_node_with_the_reason_and_one_warning() {
         "{msg}"
     );
     assert!(rig.api.device_taint_rules().is_empty());
+    let log = agent.stderr.clone();
     let unavailable = || {
-        agent
-            .warnings()
-            .into_iter()
-            .filter(|w| {
-                w["message"]
-                    .as_str()
-                    .is_some_and(|m| m.starts_with("Device isolation unavailable"))
+        log.get()
+            .iter()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| {
+                (v["level"] == "WARN" || v["level"] == "ERROR")
+                    && v["message"]
+                        .as_str()
+                        .is_some_and(|m| m.starts_with("Device isolation unavailable"))
             })
             .count()
     };
     assert!(wait_until(T, || unavailable() == 1));
-    // Another occurrence: another pass, no second warning.
+    // Another occurrence: another pass (its condition message says the
+    // fault was seen again), no second warning.
     rig.write_kmsg(XID48);
-    std::thread::sleep(Duration::from_millis(1500));
-    assert_eq!(unavailable(), 1, "{:#?}", agent.warnings());
+    assert!(
+        wait_until(T, || rig
+            .cond(PROBLEM)
+            .and_then(|c| c.message)
+            .is_some_and(|m| m.contains("seen 2+ times"))),
+        "node: {:#}",
+        rig.api.node_json()
+    );
     assert!(
         agent.health()["device_isolation_unavailable"]
             .as_str()
             .is_some_and(|m| m.contains("forbidden"))
     );
+    // The pass logs its warning before it writes the condition; the last
+    // line of a stopped agent says every line before it has been read.
     assert_eq!(agent.stop(), Some(0));
+    assert!(wait_until(T, || !log
+        .matching("gpuwatch stopped.")
+        .is_empty()));
+    assert_eq!(unavailable(), 1, "{:#?}", log.get());
 }

@@ -127,28 +127,22 @@ fn assert_fault_holds_across_restart(
     }
 }
 
-/// Fault → condition + taint within 1 s and
-/// an Event; a removed taint is restored; restarts (kill -9, SIGTERM) keep the
-/// Node as it is with no duplicate Event and unchanged lastTransitionTime; a
-/// new boot where the GPU validates clears it all.
-#[test]
-fn xid79_isolates_the_node_survives_restarts_and_clears_after_a_new_boot() {
-    let mut rig = KubeWorld::new(node(vec![taint("example.com/dedicated", Some("ml"))]));
-    let cfg = rig.config("", "");
-    let agent = rig.start(&cfg, Nvml::Sim(BOARD), &[]);
-
-    // Healthy first, and quiet (the writer's coalescing interval has passed).
-    assert!(wait_until(T, || healthy(&rig)), "{}", diag(&rig, &agent));
-    let ready_since = rig.cond(READY).unwrap().last_transition_time;
-    assert!(rig.wait_quiet(Duration::from_millis(1100), T));
-
-    // 1. XID 79 → GPUProblem=True NodeRebootRequired + fault taint within 1 s.
+/// Phase 1 of the XID 79 test: the record → `GPUProblem=True
+/// NodeRebootRequired` and the fault taint within 1 s, naming the GPU and
+/// the boot; readiness stays True (a reboot-class fault is not a hardware
+/// verdict, its lastTransitionTime `ready_since` unmoved); the foreign taint
+/// stays; one Warning Event on the Node. The GPUProblem lastTransitionTime.
+fn assert_xid79_isolates_within_a_second(
+    rig: &mut KubeWorld,
+    agent: &KubeAgent,
+    ready_since: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time> {
     rig.write_kmsg(XID79);
     let t0 = Instant::now();
     assert!(
-        wait_until(Duration::from_secs(5), || faulted(&rig)),
+        wait_until(Duration::from_secs(5), || faulted(rig)),
         "{}",
-        diag(&rig, &agent)
+        diag(rig, agent)
     );
     let latency = t0.elapsed();
     eprintln!(
@@ -164,29 +158,31 @@ fn xid79_isolates_the_node_survives_restarts_and_clears_after_a_new_boot() {
     for part in ["GPU 1", GPU1_UUID, GPU1_PCI, "code 79", "boot boot-a"] {
         assert!(msg.contains(part), "{part:?} missing from {msg:?}");
     }
-    // A reboot-class fault is not a hardware verdict: readiness stays True.
-    assert_eq!(status(&rig, READY), pair("True", "GPURecoveryPending"));
+    assert_eq!(status(rig, READY), pair("True", "GPURecoveryPending"));
     assert_eq!(
-        rig.cond(READY).unwrap().last_transition_time,
+        &rig.cond(READY).unwrap().last_transition_time,
         ready_since,
         "readiness did not change status"
     );
     assert_eq!(rig.taint("example.com/dedicated").as_deref(), Some("ml"));
     assert!(
-        wait_until(T, || warnings(&rig, "XID79").len() == 1),
+        wait_until(T, || warnings(rig, "XID79").len() == 1),
         "{:#?}",
         rig.events()
     );
-    let ev = &warnings(&rig, "XID79")[0];
+    let ev = &warnings(rig, "XID79")[0];
     assert_eq!(ev.involved_object.kind.as_deref(), Some("Node"));
     assert_eq!(ev.involved_object.name.as_deref(), Some(NODE));
     assert!(
         ev.message.as_deref().unwrap_or_default().contains(GPU1_PCI),
         "{ev:?}"
     );
-    let problem_since = problem.last_transition_time.clone();
+    problem.last_transition_time
+}
 
-    // 6. Someone else removes our taint while the fault is active → restored.
+/// Someone else removes our taint while the fault is active: it is
+/// restored, the foreign taint untouched.
+fn assert_removed_fault_taint_is_restored(rig: &KubeWorld, agent: &KubeAgent) {
     rig.api.edit_node(|n| {
         if let Some(list) = n["spec"]["taints"].as_array_mut() {
             list.retain(|t| t["key"] != FAULT_TAINT);
@@ -198,30 +194,41 @@ fn xid79_isolates_the_node_survives_restarts_and_clears_after_a_new_boot() {
         wait_until(Duration::from_secs(5), || rig.taint(FAULT_TAINT).as_deref()
             == Some("reboot_node")),
         "{}",
-        diag(&rig, &agent)
+        diag(rig, agent)
     );
     eprintln!(
         "kube_e2e: removed fault taint restored in {:.1} ms",
         t1.elapsed().as_secs_f64() * 1e3
     );
     assert_eq!(rig.taint("example.com/dedicated").as_deref(), Some("ml"));
+}
 
+/// Restarts mid-fault, kill -9 then SIGTERM (same state dir, same boot):
+/// the fault holds through each, the conditions' lastTransitionTimes do not
+/// move and no Event is written or changed. The agent running after them.
+fn restart_twice_keeping_the_fault(
+    rig: &KubeWorld,
+    cfg: &std::path::Path,
+    agent: KubeAgent,
+    since: (
+        Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+        Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    ),
+) -> KubeAgent {
+    let (problem_since, ready_since) = since;
     // The fault is on disk before the agent is killed.
     let state = rig.state_dir().join("health.json");
     assert!(wait_until(T, || std::fs::read_to_string(&state)
         .is_ok_and(|s| s.contains(GPU1_PCI))));
     let events_before = rig.events();
-
-    // 2a. kill -9, same state dir, same boot.
     agent.kill9();
     let since = rig.requests().len();
-    let agent = rig.start(&cfg, Nvml::Sim(BOARD), &[]);
-    assert_fault_holds_across_restart(&rig, &agent, since, Duration::from_millis(2500));
-    // 2b. SIGTERM, same state dir, same boot.
+    let agent = rig.start(cfg, Nvml::Sim(BOARD), &[]);
+    assert_fault_holds_across_restart(rig, &agent, since, Duration::from_millis(2500));
     assert_eq!(agent.stop(), Some(0), "clean exit on SIGTERM");
     let since_term = rig.requests().len();
-    let agent = rig.start(&cfg, Nvml::Sim(BOARD), &[]);
-    assert_fault_holds_across_restart(&rig, &agent, since_term, Duration::from_millis(2500));
+    let agent = rig.start(cfg, Nvml::Sim(BOARD), &[]);
+    assert_fault_holds_across_restart(rig, &agent, since_term, Duration::from_millis(2500));
 
     assert_eq!(
         rig.cond(PROBLEM).unwrap().last_transition_time,
@@ -236,15 +243,16 @@ fn xid79_isolates_the_node_survives_restarts_and_clears_after_a_new_boot() {
         .collect();
     assert!(after.is_empty(), "Event writes after restarts: {after:#?}");
     assert_eq!(rig.events(), events_before, "Events changed by restarts");
-    assert_eq!(agent.stop(), Some(0));
+    agent
+}
 
-    // 3. New boot: the GPU validates → the reboot-class fault clears.
-    rig.set_boot_id("boot-b");
-    let agent = rig.start(&cfg, Nvml::Sim(BOARD), &[]);
+/// A new boot in which the GPU validates: the reboot-class fault clears
+/// (logged as rebooted), the foreign taint stays, `/v1/health` is healthy.
+fn assert_new_boot_clears_the_fault(rig: &KubeWorld, agent: &KubeAgent) {
     assert!(
-        wait_until(T, || healthy(&rig)),
+        wait_until(T, || healthy(rig)),
         "fault not cleared after the new boot: {}",
-        diag(&rig, &agent)
+        diag(rig, agent)
     );
     assert_eq!(rig.taint("example.com/dedicated").as_deref(), Some("ml"));
     let cleared = agent.logs("Fault cleared.");
@@ -257,21 +265,24 @@ fn xid79_isolates_the_node_survives_restarts_and_clears_after_a_new_boot() {
     );
     let health = agent.health();
     assert_eq!(health["verdict"], "healthy", "{health:#}");
+}
 
-    // A healthy node's conditions do not move when the agent restarts
-    // (DaemonSet rollout): no flap through Unknown.
+/// A healthy node's conditions do not move when the agent restarts
+/// (DaemonSet rollout): healthy on every look for 2.5 s, no write through
+/// Unknown, the lastTransitionTimes kept.
+fn assert_healthy_restart_moves_nothing(rig: &KubeWorld, cfg: &std::path::Path, agent: KubeAgent) {
     assert!(rig.wait_quiet(Duration::from_millis(1100), T));
     let ready_since = rig.cond(READY).unwrap().last_transition_time;
     let problem_since = rig.cond(PROBLEM).unwrap().last_transition_time;
     assert_eq!(agent.stop(), Some(0));
     let since = rig.requests().len();
-    let agent = rig.start(&cfg, Nvml::Sim(BOARD), &[]);
+    let agent = rig.start(cfg, Nvml::Sim(BOARD), &[]);
     let end = Instant::now() + Duration::from_millis(2500);
     while Instant::now() < end {
         assert!(
-            healthy(&rig),
+            healthy(rig),
             "healthy node changed on restart: {}",
-            diag(&rig, &agent)
+            diag(rig, &agent)
         );
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -287,6 +298,33 @@ fn xid79_isolates_the_node_survives_restarts_and_clears_after_a_new_boot() {
         problem_since
     );
     assert_eq!(agent.stop(), Some(0));
+}
+
+/// Fault → condition + taint within 1 s and
+/// an Event; a removed taint is restored; restarts (kill -9, SIGTERM) keep the
+/// Node as it is with no duplicate Event and unchanged lastTransitionTime; a
+/// new boot where the GPU validates clears it all, and a restart of the
+/// healthy node then moves nothing.
+#[test]
+fn xid79_isolates_the_node_survives_restarts_and_clears_after_a_new_boot() {
+    let mut rig = KubeWorld::new(node(vec![taint("example.com/dedicated", Some("ml"))]));
+    let cfg = rig.config("", "");
+    let agent = rig.start(&cfg, Nvml::Sim(BOARD), &[]);
+
+    // Healthy first, and quiet (the writer's coalescing interval has passed).
+    assert!(wait_until(T, || healthy(&rig)), "{}", diag(&rig, &agent));
+    let ready_since = rig.cond(READY).unwrap().last_transition_time;
+    assert!(rig.wait_quiet(Duration::from_millis(1100), T));
+
+    let problem_since = assert_xid79_isolates_within_a_second(&mut rig, &agent, &ready_since);
+    assert_removed_fault_taint_is_restored(&rig, &agent);
+    let agent = restart_twice_keeping_the_fault(&rig, &cfg, agent, (problem_since, ready_since));
+    assert_eq!(agent.stop(), Some(0));
+
+    rig.set_boot_id("boot-b");
+    let agent = rig.start(&cfg, Nvml::Sim(BOARD), &[]);
+    assert_new_boot_clears_the_fault(&rig, &agent);
+    assert_healthy_restart_moves_nothing(&rig, &cfg, agent);
     rig.api.assert_requests_declared();
 }
 
@@ -754,6 +792,152 @@ fn node_cleanup_after_uninstall_leaves_no_gpuwatch_taint() {
     assert!(cleanup(&[]).contains("nothing of gpuwatch's to remove"));
 }
 
+/// A pod on the rig's node owned by StatefulSet `trainer`.
+fn trainer_owned_pod(ns: &str, name: &str, uid: &str) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": ns, "uid": uid, "ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "trainer", "uid": "o1", "controller": true}
+        ]},
+        "spec": {"nodeName": NODE, "containers": [{"name": "main"}]},
+    }))
+    .unwrap()
+}
+
+/// What the kubelet stand-in says `ml-team/trainer-0` (GPU 1) and
+/// `research/nb-2` (a MIG device) hold.
+fn trainer_and_notebook() -> (
+    gpuwatch_test_support::kubelet::PodDevices,
+    gpuwatch_test_support::kubelet::PodDevices,
+) {
+    let trainer = gpuwatch_test_support::kubelet::PodDevices {
+        namespace: "ml-team".into(),
+        name: "trainer-0".into(),
+        containers: vec![(
+            "main".into(),
+            vec![("nvidia.com/gpu".into(), vec![GPU1_UUID.into()])],
+        )],
+    };
+    let notebook = gpuwatch_test_support::kubelet::PodDevices {
+        namespace: "research".into(),
+        name: "nb-2".into(),
+        containers: vec![(
+            "notebook".into(),
+            vec![(
+                "nvidia.com/mig-1g.18gb".into(),
+                vec!["MIG-1d2c3b4a-5f6e-5a7b-8c9d-0e1f2a3b4c05".into()],
+            )],
+        )],
+    };
+    (trainer, notebook)
+}
+
+/// The active XID 79 of GPU 1 in `/v1/health` lists trainer-0 alone, with
+/// the UID and controller the pod listing gives.
+fn assert_fault_names_trainer(agent: &KubeAgent) {
+    let health = agent.health();
+    let gpu = health["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["uuid"] == GPU1_UUID)
+        .expect("GPU 1 in the health");
+    let pods = gpu["active_faults"][0]["pods"].as_array().unwrap();
+    assert_eq!(pods.len(), 1, "{gpu:#}");
+    assert_eq!(pods[0]["name"], "trainer-0", "{gpu:#}");
+    assert_eq!(pods[0]["namespace"], "ml-team");
+    assert_eq!(pods[0]["container"], "main");
+    assert_eq!(pods[0]["uid"], "pod-uid-7");
+    assert_eq!(pods[0]["role"], "affected");
+    assert_eq!(pods[0]["controller_kind"], "StatefulSet");
+    assert_eq!(pods[0]["controller_name"], "trainer");
+}
+
+/// The Events on Pods.
+fn pod_events(rig: &KubeWorld) -> Vec<k8s_openapi::api::core::v1::Event> {
+    rig.events()
+        .into_iter()
+        .filter(|e| e.involved_object.kind.as_deref() == Some("Pod"))
+        .collect()
+}
+
+/// trainer-0 gets a `GPUHardwareFault` Warning saying its GPU failed and the
+/// node is taken out of service; the Node's XID 79 Event names it.
+fn assert_trainer_is_told(rig: &KubeWorld) {
+    assert!(
+        wait_until(T, || !pod_events(rig).is_empty()),
+        "{:#?}",
+        rig.events()
+    );
+    let e = pod_events(rig).remove(0);
+    assert_eq!(e.metadata.namespace.as_deref(), Some("ml-team"));
+    assert_eq!(e.involved_object.name.as_deref(), Some("trainer-0"));
+    assert_eq!(e.type_.as_deref(), Some("Warning"));
+    assert_eq!(e.reason.as_deref(), Some("GPUHardwareFault"));
+    let msg = e.message.unwrap_or_default();
+    assert!(
+        msg.contains(&format!(
+            "GPU 1 ({GPU1_UUID}), which this pod uses, fell off the PCIe bus (XID 79)"
+        )) && msg.contains("taking the node out of service")
+            && msg.contains("restart it elsewhere"),
+        "{msg}"
+    );
+    let node_msg = warnings(rig, "XID79")[0]
+        .message
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        node_msg.contains("pods on the GPU: ml-team/trainer-0 (container main)"),
+        "{node_msg}"
+    );
+}
+
+/// A storm of 10,000 XID 79/48 lines on GPU 1 (faulted already) costs at
+/// most 3 PodResources calls and at most one Pod Event per fault, on
+/// trainer-0 only.
+fn assert_storm_costs_few_kubelet_calls(
+    rig: &mut KubeWorld,
+    agent: &KubeAgent,
+    kubelet: &gpuwatch_test_support::kubelet::Kubelet,
+) {
+    let before = kubelet.list_calls();
+    let started = Instant::now();
+    for i in 0..10_000 {
+        if i % 2 == 0 {
+            rig.write_kmsg(XID79);
+        } else {
+            rig.write_kmsg(XID48);
+        }
+    }
+    let marker = "NVRM: Xid (PCI:0000:43:00): 31, pid='<unknown>', name=<unknown>, storm-end";
+    rig.write_kmsg(marker);
+    assert!(
+        wait_until(Duration::from_secs(60), || agent
+            .health()
+            .to_string()
+            .contains("storm-end")),
+        "{}",
+        diag(rig, agent)
+    );
+    let elapsed = started.elapsed();
+    let calls = kubelet.list_calls() - before;
+    eprintln!("10,000 XID 79/48 lines in {elapsed:?}: {calls} PodResources calls");
+    // The XID 48 is a new fault whose record asks once; every other line
+    // repeats an active fault and asks nothing.
+    assert!(
+        calls <= 3,
+        "{calls} PodResources calls in {elapsed:?} for a storm on one GPU"
+    );
+    // One Pod Event per fault (XID 79, XID 48), on trainer-0 only.
+    let all = pod_events(rig);
+    assert!(
+        all.len() <= 2
+            && all
+                .iter()
+                .all(|e| e.involved_object.name.as_deref() == Some("trainer-0")),
+        "{all:#?}"
+    );
+}
+
 /// XID 79 on a GPU that a pod holds names that pod, and only that pod: the
 /// kubelet stand-in (a gRPC server built from the kubelet's PodResources
 /// `api.proto`, on a temp socket) says `ml-team/trainer-0` holds GPU 1's UUID
@@ -774,37 +958,12 @@ fn xid79_names_the_pod_that_held_the_gpu_and_a_storm_costs_few_kubelet_calls() {
         .block_on(gpuwatch_test_support::kubelet::Kubelet::start(
             kubelet_dir.path(),
         ));
-    let trainer = gpuwatch_test_support::kubelet::PodDevices {
-        namespace: "ml-team".into(),
-        name: "trainer-0".into(),
-        containers: vec![(
-            "main".into(),
-            vec![("nvidia.com/gpu".into(), vec![GPU1_UUID.into()])],
-        )],
-    };
-    let notebook = gpuwatch_test_support::kubelet::PodDevices {
-        namespace: "research".into(),
-        name: "nb-2".into(),
-        containers: vec![(
-            "notebook".into(),
-            vec![(
-                "nvidia.com/mig-1g.18gb".into(),
-                vec!["MIG-1d2c3b4a-5f6e-5a7b-8c9d-0e1f2a3b4c05".into()],
-            )],
-        )],
-    };
+    let (trainer, notebook) = trainer_and_notebook();
     kubelet.set_pods(vec![notebook.clone()]);
-    let pod = |ns: &str, name: &str, uid: &str| -> k8s_openapi::api::core::v1::Pod {
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "namespace": ns, "uid": uid, "ownerReferences": [
-                {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "trainer", "uid": "o1", "controller": true}
-            ]},
-            "spec": {"nodeName": NODE, "containers": [{"name": "main"}]},
-        }))
-        .unwrap()
-    };
-    rig.api.put_pod(&pod("ml-team", "trainer-0", "pod-uid-7"));
-    rig.api.put_pod(&pod("research", "nb-2", "pod-uid-8"));
+    rig.api
+        .put_pod(&trainer_owned_pod("ml-team", "trainer-0", "pod-uid-7"));
+    rig.api
+        .put_pod(&trainer_owned_pod("research", "nb-2", "pod-uid-8"));
     let interval_ms = 60_000;
     // The [kubelet] section goes after [validation] (the rig's last section).
     let cfg = rig.config(
@@ -827,98 +986,14 @@ fn xid79_names_the_pod_that_held_the_gpu_and_a_storm_costs_few_kubelet_calls() {
     let calls_before_fault = kubelet.list_calls();
     rig.write_kmsg(XID79);
     assert!(wait_until(T, || faulted(&rig)), "{}", diag(&rig, &agent));
-    let health = agent.health();
-    let gpu = health["gpus"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|g| g["uuid"] == GPU1_UUID)
-        .expect("GPU 1 in the health");
-    let pods = gpu["active_faults"][0]["pods"].as_array().unwrap();
-    assert_eq!(pods.len(), 1, "{gpu:#}");
-    assert_eq!(pods[0]["name"], "trainer-0", "{gpu:#}");
-    assert_eq!(pods[0]["namespace"], "ml-team");
-    assert_eq!(pods[0]["container"], "main");
-    assert_eq!(pods[0]["uid"], "pod-uid-7");
-    assert_eq!(pods[0]["role"], "affected");
-    assert_eq!(pods[0]["controller_kind"], "StatefulSet");
-    assert_eq!(pods[0]["controller_name"], "trainer");
+    assert_fault_names_trainer(&agent);
     assert_eq!(
         kubelet.list_calls() - calls_before_fault,
         1,
         "one call, asked for by the fault"
     );
-    let pod_events = |rig: &KubeWorld| -> Vec<_> {
-        rig.events()
-            .into_iter()
-            .filter(|e| e.involved_object.kind.as_deref() == Some("Pod"))
-            .collect()
-    };
-    assert!(
-        wait_until(T, || !pod_events(&rig).is_empty()),
-        "{:#?}",
-        rig.events()
-    );
-    let e = pod_events(&rig).remove(0);
-    assert_eq!(e.metadata.namespace.as_deref(), Some("ml-team"));
-    assert_eq!(e.involved_object.name.as_deref(), Some("trainer-0"));
-    assert_eq!(e.type_.as_deref(), Some("Warning"));
-    assert_eq!(e.reason.as_deref(), Some("GPUHardwareFault"));
-    let msg = e.message.unwrap_or_default();
-    assert!(
-        msg.contains(&format!(
-            "GPU 1 ({GPU1_UUID}), which this pod uses, fell off the PCIe bus (XID 79)"
-        )) && msg.contains("taking the node out of service")
-            && msg.contains("restart it elsewhere"),
-        "{msg}"
-    );
-    let node_msg = warnings(&rig, "XID79")[0]
-        .message
-        .clone()
-        .unwrap_or_default();
-    assert!(
-        node_msg.contains("pods on the GPU: ml-team/trainer-0 (container main)"),
-        "{node_msg}"
-    );
-
-    // The storm.
-    let before = kubelet.list_calls();
-    let started = Instant::now();
-    for i in 0..10_000 {
-        if i % 2 == 0 {
-            rig.write_kmsg(XID79);
-        } else {
-            rig.write_kmsg(XID48);
-        }
-    }
-    let marker = "NVRM: Xid (PCI:0000:43:00): 31, pid='<unknown>', name=<unknown>, storm-end";
-    rig.write_kmsg(marker);
-    assert!(
-        wait_until(Duration::from_secs(60), || agent
-            .health()
-            .to_string()
-            .contains("storm-end")),
-        "{}",
-        diag(&rig, &agent)
-    );
-    let elapsed = started.elapsed();
-    let calls = kubelet.list_calls() - before;
-    eprintln!("10,000 XID 79/48 lines in {elapsed:?}: {calls} PodResources calls");
-    // The XID 48 is a new fault whose record asks once; every other line
-    // repeats an active fault and asks nothing.
-    assert!(
-        calls <= 3,
-        "{calls} PodResources calls in {elapsed:?} for a storm on one GPU"
-    );
-    // One Pod Event per fault (XID 79, XID 48), on trainer-0 only.
-    let all = pod_events(&rig);
-    assert!(
-        all.len() <= 2
-            && all
-                .iter()
-                .all(|e| e.involved_object.name.as_deref() == Some("trainer-0")),
-        "{all:#?}"
-    );
+    assert_trainer_is_told(&rig);
+    assert_storm_costs_few_kubelet_calls(&mut rig, &agent, &kubelet);
     agent.stop();
     kubelet.stop();
 }
@@ -1164,15 +1239,12 @@ fn efa_drops_over_the_bucket_are_nic_error_rate_on_the_node_without_a_taint() {
     assert_eq!(agent.stop(), Some(0));
 }
 
-/// The uninstall hook's command: `gpuwatch node-cleanup --all-nodes
-/// --wait-for-pods ...` waits for the agent pods (one stays: a warning
-/// naming it at the timeout, and the cleanup anyway), cleans every Node of
-/// gpuwatch's taints and conditions, deletes its quarantine Leases and no
-/// other, prints a line per thing removed and a summary, and exits 1 when a
-/// Node could not be cleaned (RBAC refused it) after cleaning the others;
-/// `--dry-run` changes nothing; clap refuses the wrong combinations.
-#[test]
-fn node_cleanup_all_nodes_cleans_the_fleet_and_its_leases() {
+/// A fleet for `node-cleanup --all-nodes`: the rig's Node with a foreign,
+/// the startup and the fault taint and gpuwatch's two conditions; gpu-b with
+/// the startup taint, gpu-c with a fault taint, gpu-d with a foreign taint
+/// only; gpuwatch's quarantine Lease and another controller's in namespace
+/// `gpuwatch`; an agent pod that never goes. The config naming it.
+fn cleanup_fleet() -> (KubeWorld, std::path::PathBuf) {
     let rig = KubeWorld::new(node(vec![
         taint("example.com/dedicated", Some("ml")),
         taint(STARTUP_TAINT, None),
@@ -1180,21 +1252,14 @@ fn node_cleanup_all_nodes_cleans_the_fleet_and_its_leases() {
     ]));
     rig.api.own_condition(READY, "gpuwatch", "False");
     rig.api.own_condition(PROBLEM, "gpuwatch", "True");
-    rig.api.add_node(crate::kube_common::build::node(
-        "gpu-b",
-        vec![taint(STARTUP_TAINT, None)],
-        &[],
-    ));
-    rig.api.add_node(crate::kube_common::build::node(
-        "gpu-c",
-        vec![taint(FAULT_TAINT, Some("reset_gpu"))],
-        &[],
-    ));
-    rig.api.add_node(crate::kube_common::build::node(
-        "gpu-d",
-        vec![taint("example.com/keep", None)],
-        &[],
-    ));
+    for (name, t) in [
+        ("gpu-b", taint(STARTUP_TAINT, None)),
+        ("gpu-c", taint(FAULT_TAINT, Some("reset_gpu"))),
+        ("gpu-d", taint("example.com/keep", None)),
+    ] {
+        rig.api
+            .add_node(crate::kube_common::build::node(name, vec![t], &[]));
+    }
     let mut slot = k8s_openapi::api::coordination::v1::Lease::default();
     slot.metadata.name = Some("gpuwatch-quarantine-0".into());
     slot.metadata.labels =
@@ -1211,21 +1276,30 @@ fn node_cleanup_all_nodes_cleans_the_fleet_and_its_leases() {
     .unwrap();
     rig.api.put_pod(&stuck);
     let cfg = rig.config(r#"quarantine_namespace = "gpuwatch""#, "");
-    let cleanup = |extra: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
-            .args(["node-cleanup", "--config"])
-            .arg(&cfg)
-            .args(extra)
-            .env_remove("RUST_LOG")
-            .output()
-            .expect("run gpuwatch node-cleanup");
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    (rig, cfg)
+}
 
+/// `gpuwatch node-cleanup --config cfg extra...`: exit code, stdout, stderr.
+fn node_cleanup(cfg: &std::path::Path, extra: &[&str]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
+        .args(["node-cleanup", "--config"])
+        .arg(cfg)
+        .args(extra)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run gpuwatch node-cleanup");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// clap refuses the wrong combinations of `node-cleanup`'s flags (exit 2,
+/// saying what is wrong) before anything is asked of the API server.
+#[test]
+fn node_cleanup_refuses_the_wrong_flag_combinations() {
+    let (rig, cfg) = cleanup_fleet();
     for (bad, says) in [
         (&["--all-nodes", "--node", NODE][..], "cannot be used with"),
         (&[][..], "required"),
@@ -1239,12 +1313,19 @@ fn node_cleanup_all_nodes_cleans_the_fleet_and_its_leases() {
         ),
         (&["--all-nodes", "--timeout", "5"][..], "--wait-for-pods"),
     ] {
-        let (code, _, err) = cleanup(bad);
+        let (code, _, err) = node_cleanup(&cfg, bad);
         assert_eq!(code, Some(2), "{bad:?}: {err}");
         assert!(err.contains(says), "{bad:?}: {err}");
     }
+    assert!(rig.requests().is_empty(), "{:#?}", rig.requests());
+}
 
-    let (code, dry, err) = cleanup(&["--all-nodes", "--dry-run"]);
+/// `node-cleanup --all-nodes --dry-run` says what it would remove, on every
+/// Node and Lease, with the summary, and writes nothing.
+#[test]
+fn node_cleanup_all_nodes_dry_run_changes_nothing() {
+    let (rig, cfg) = cleanup_fleet();
+    let (code, dry, err) = node_cleanup(&cfg, &["--all-nodes", "--dry-run"]);
     assert_eq!(code, Some(0), "{err}");
     for line in [
         format!("Would remove condition {READY} from node {NODE}."),
@@ -1258,16 +1339,51 @@ fn node_cleanup_all_nodes_cleans_the_fleet_and_its_leases() {
         rig.requests().iter().all(|r| !r.is_write()),
         "dry run wrote"
     );
+}
 
+/// After the cleanup that failed on gpu-c: the rig's Node keeps only the
+/// foreign taint and no condition of gpuwatch's, only the other
+/// controller's Lease is left, and nothing outside the declared requests
+/// was asked.
+fn assert_fleet_cleaned_but_gpu_c(rig: &KubeWorld) {
+    assert_eq!(
+        kube_support::taint_keys(&rig.node()),
+        ["example.com/dedicated"]
+    );
+    assert!(rig.cond(READY).is_none() && rig.cond(PROBLEM).is_none());
+    let left: Vec<String> = rig
+        .api
+        .leases("gpuwatch")
+        .into_iter()
+        .filter_map(|l| l.metadata.name)
+        .collect();
+    assert_eq!(left, ["some-controller"]);
+    rig.api
+        .assert_requests_within(&gpuwatch_kube::CLEANUP_REQUESTS);
+}
+
+/// The uninstall hook's command: `gpuwatch node-cleanup --all-nodes
+/// --wait-for-pods ...` waits for the agent pods (one stays: a warning
+/// naming it at the timeout, and the cleanup anyway), cleans every Node of
+/// gpuwatch's taints and conditions, deletes its quarantine Leases and no
+/// other, prints a line per thing removed and a summary, and exits 1 when a
+/// Node could not be cleaned (RBAC refused it) after cleaning the others; a
+/// second run once RBAC is fixed cleans that Node and exits 0.
+#[test]
+fn node_cleanup_all_nodes_cleans_the_fleet_and_its_leases() {
+    let (rig, cfg) = cleanup_fleet();
     rig.api.forbid_name("patch", "nodes", "gpu-c");
     let t0 = Instant::now();
-    let (code, out, err) = cleanup(&[
-        "--all-nodes",
-        "--wait-for-pods",
-        "gpuwatch/app.kubernetes.io/name=gpuwatch",
-        "--timeout",
-        "1",
-    ]);
+    let (code, out, err) = node_cleanup(
+        &cfg,
+        &[
+            "--all-nodes",
+            "--wait-for-pods",
+            "gpuwatch/app.kubernetes.io/name=gpuwatch",
+            "--timeout",
+            "1",
+        ],
+    );
     let took = t0.elapsed();
     assert_eq!(code, Some(1), "{out}\n{err}");
     assert!(took < Duration::from_secs(10), "{took:?}");
@@ -1292,24 +1408,11 @@ fn node_cleanup_all_nodes_cleans_the_fleet_and_its_leases() {
     ] {
         assert!(out.contains(&line), "{line:?} missing from {out}");
     }
-    assert_eq!(
-        kube_support::taint_keys(&rig.node()),
-        ["example.com/dedicated"]
-    );
-    assert!(rig.cond(READY).is_none() && rig.cond(PROBLEM).is_none());
-    let left: Vec<String> = rig
-        .api
-        .leases("gpuwatch")
-        .into_iter()
-        .filter_map(|l| l.metadata.name)
-        .collect();
-    assert_eq!(left, ["some-controller"]);
-    rig.api
-        .assert_requests_within(&gpuwatch_kube::CLEANUP_REQUESTS);
+    assert_fleet_cleaned_but_gpu_c(&rig);
 
     // RBAC fixed: a second run cleans the last Node and exits 0.
     rig.api.unforbid_name("patch", "nodes", "gpu-c");
-    let (code, out, err) = cleanup(&["--all-nodes"]);
+    let (code, out, err) = node_cleanup(&cfg, &["--all-nodes"]);
     assert_eq!(code, Some(0), "{out}\n{err}");
     assert!(
         out.contains("Removed taint gpuwatch.io/unhealthy=reset_gpu:NoSchedule from node gpu-c.")

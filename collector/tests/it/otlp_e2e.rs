@@ -1070,54 +1070,54 @@ fn writes_quiet(doubles: &[crate::kube_common::ApiDouble], quiet: Duration, max:
     })
 }
 
-/// Prints the fleet figures; `benches/scripts/fleet-sim.sh` runs it and
-/// extrapolates. Environment: FLEET_NODES (20), FLEET_EXPORT_SECS (10),
-/// FLEET_STEADY_SECS (60), FLEET_STORM_LINES (50 XID 13 lines per node).
-#[test]
-#[ignore = "fleet simulation: minutes of every core; run by benches/scripts/fleet-sim.sh"]
-fn fleet_simulation() {
-    use crate::kube_common::ApiDouble;
-    use crate::otlp_support::rotel::WireTap;
-    use std::time::Instant;
-    let n: usize = env_or("FLEET_NODES", 20);
-    let interval: u64 = env_or("FLEET_EXPORT_SECS", 10);
-    let steady = Duration::from_secs(env_or("FLEET_STEADY_SECS", 60));
-    let storm_lines: usize = env_or("FLEET_STORM_LINES", 50);
-    // Clock ticks per second of /proc/PID/stat (sysconf(_SC_CLK_TCK), via getconf).
-    let tick: f64 = std::process::Command::new("getconf")
+/// Clock ticks per second of `/proc/PID/stat` (`sysconf(_SC_CLK_TCK)`, via
+/// getconf; 100 where getconf does not answer).
+fn clock_ticks_per_sec() -> f64 {
+    std::process::Command::new("getconf")
         .arg("CLK_TCK")
         .output()
         .ok()
         .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(100.0);
+        .unwrap_or(100.0)
+}
 
-    let collector = Rotel::start_quiet();
-    let tap = WireTap::start(collector.grpc_port);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let names: Vec<String> = (0..n).map(|i| format!("fleet-node-{i:03}")).collect();
-    let doubles: Vec<ApiDouble> = names
-        .iter()
-        .map(|name| rt.block_on(ApiDouble::start(fleet_node(name))))
-        .collect();
-    let dir = tempfile::tempdir().unwrap();
-    let mut fifos = Vec::new();
-    let mut agents = Vec::new();
-    for (i, name) in names.iter().enumerate() {
-        let d = dir.path().join(name);
-        std::fs::create_dir_all(d.join("state")).unwrap();
-        std::fs::write(
-            d.join("boot_id"),
-            format!("6f0b1c5e-0000-4000-8000-{i:012}\n"),
-        )
-        .unwrap();
-        let config = d.join("gpuwatch.toml");
-        std::fs::write(
-            &config,
-            format!(
+/// The simulated fleet: one agent per node, each with an API-server double
+/// of its own and a kernel-log FIFO, all exporting OTLP over gRPC through one
+/// wire tap into one collector.
+struct Fleet {
+    collector: Rotel,
+    tap: crate::otlp_support::rotel::WireTap,
+    names: Vec<String>,
+    doubles: Vec<crate::kube_common::ApiDouble>,
+    fifos: Vec<KmsgFifo>,
+    agents: Vec<OtlpAgent>,
+    /// Serves the doubles; dropped after they stop.
+    rt: tokio::runtime::Runtime,
+    _dir: tempfile::TempDir,
+}
+
+impl Fleet {
+    /// `n` agents on the healthy 8-GPU board exporting every `interval`
+    /// seconds (`series_quiet_window_secs` at least 300).
+    fn start(n: usize, interval: u64) -> Fleet {
+        use crate::kube_common::ApiDouble;
+        let collector = Rotel::start_quiet();
+        let tap = crate::otlp_support::rotel::WireTap::start(collector.grpc_port);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let names: Vec<String> = (0..n).map(|i| format!("fleet-node-{i:03}")).collect();
+        let doubles: Vec<ApiDouble> = names
+            .iter()
+            .map(|name| rt.block_on(ApiDouble::start(fleet_node(name))))
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let (mut fifos, mut agents) = (Vec::new(), Vec::new());
+        for (i, name) in names.iter().enumerate() {
+            let d = dir.path().join(name);
+            let config = format!(
                 r#"node_name = "{name}"
 
 [otlp]
@@ -1134,64 +1134,117 @@ api_server_url = "{url}"
                 port = tap.port,
                 window = interval.max(300),
                 url = doubles[i].url,
-            ),
-        )
-        .unwrap();
-        let fifo = KmsgFifo::create(&d);
-        agents.push(OtlpAgent::start([
-            "--config".into(),
-            config.into_os_string(),
-            "--nvml-sim".into(),
-            data(FLEET_BOARD).into_os_string(),
-            "--kmsg-path".into(),
-            fifo.path.as_os_str().to_owned(),
-            "--state-dir".into(),
-            d.join("state").into_os_string(),
-            "--boot-id-path".into(),
-            d.join("boot_id").into_os_string(),
-            "--prometheus".into(),
-        ]));
-        fifos.push(fifo);
+            );
+            let (fifo, agent) = start_fleet_agent(&d, i, &config);
+            fifos.push(fifo);
+            agents.push(agent);
+        }
+        Fleet {
+            collector,
+            tap,
+            names,
+            doubles,
+            fifos,
+            agents,
+            rt,
+            _dir: dir,
+        }
     }
-    // Start-up: every node has its conditions written.
-    let t_start = Instant::now();
+
+    fn stop(self) {
+        for a in self.agents {
+            a.stop();
+        }
+        for d in self.doubles {
+            d.stop();
+        }
+        drop(self.rt);
+        self.collector.kill();
+    }
+}
+
+/// One fleet agent in `d` (its state, boot id `…-{i:012}`, kernel-log FIFO)
+/// with configuration `config`, serving Prometheus too.
+fn start_fleet_agent(d: &Path, i: usize, config: &str) -> (KmsgFifo, OtlpAgent) {
+    std::fs::create_dir_all(d.join("state")).unwrap();
+    std::fs::write(
+        d.join("boot_id"),
+        format!("6f0b1c5e-0000-4000-8000-{i:012}\n"),
+    )
+    .unwrap();
+    let config_path = d.join("gpuwatch.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let fifo = KmsgFifo::create(d);
+    let agent = OtlpAgent::start([
+        "--config".into(),
+        config_path.into_os_string(),
+        "--nvml-sim".into(),
+        data(FLEET_BOARD).into_os_string(),
+        "--kmsg-path".into(),
+        fifo.path.as_os_str().to_owned(),
+        "--state-dir".into(),
+        d.join("state").into_os_string(),
+        "--boot-id-path".into(),
+        d.join("boot_id").into_os_string(),
+        "--prometheus".into(),
+    ]);
+    (fifo, agent)
+}
+
+/// Start-up: waits until every node has its conditions written and the
+/// start-up writes have stopped (what follows is the steady state); prints
+/// and returns how many there were.
+fn fleet_startup(fleet: &Fleet) -> usize {
+    let t_start = std::time::Instant::now();
+    let n = fleet.names.len();
     assert!(
-        crate::otlp_support::wait_until(Duration::from_secs(120), || doubles
+        crate::otlp_support::wait_until(Duration::from_secs(120), || fleet
+            .doubles
             .iter()
             .all(|d| !writes(std::slice::from_ref(d)).is_empty())),
         "not every agent wrote its Node"
     );
-    // Until the start-up writes are done (what follows is the steady state).
     assert!(
-        writes_quiet(&doubles, Duration::from_secs(2), Duration::from_secs(120)),
+        writes_quiet(
+            &fleet.doubles,
+            Duration::from_secs(2),
+            Duration::from_secs(120)
+        ),
         "the start-up writes never stopped"
     );
-    let startup_writes = writes(&doubles).len();
+    let startup_writes = writes(&fleet.doubles).len();
     println!(
         "fleet: {n} agents up in {:.1} s; start-up writes {startup_writes} ({:.1} per node)",
         t_start.elapsed().as_secs_f64(),
         startup_writes as f64 / n as f64
     );
+    startup_writes
+}
 
-    // Steady state.
-    let exposition = Exposition::parse(&agents[0].scrape());
+/// Steady state for `steady`: prints the series of one node, the OTLP
+/// messages and wire bytes, the collector's CPU and the kube writes beyond
+/// the `startup_writes`.
+fn fleet_steady(fleet: &Fleet, steady: Duration, interval: u64, startup_writes: usize) {
+    let (n, tick) = (fleet.names.len(), clock_ticks_per_sec());
+    let exposition = Exposition::parse(&fleet.agents[0].scrape());
     let series = exposition
         .samples
         .iter()
         .filter(|s| s.name != "target_info")
         .count();
-    let wire0: usize = tap.grpc_messages().iter().map(|(_, b)| b).sum();
-    let msgs0 = tap.grpc_messages().len();
-    let cpu0 = cpu_ticks(collector.pid());
-    let t0 = Instant::now();
+    let wire0: usize = fleet.tap.grpc_messages().iter().map(|(_, b)| b).sum();
+    let msgs0 = fleet.tap.grpc_messages().len();
+    let cpu0 = cpu_ticks(fleet.collector.pid());
+    let t0 = std::time::Instant::now();
+    // The measurement window itself: what the fleet costs while idle.
     std::thread::sleep(steady);
     let secs = t0.elapsed().as_secs_f64();
-    let cpu = (cpu_ticks(collector.pid()) - cpu0) as f64 / tick;
-    let msgs = tap.grpc_messages();
+    let cpu = (cpu_ticks(fleet.collector.pid()) - cpu0) as f64 / tick;
+    let msgs = fleet.tap.grpc_messages();
     let exports = msgs.len() - msgs0;
     let wire: usize = msgs.iter().map(|(_, b)| b).sum::<usize>() - wire0;
     let compressed = msgs.iter().filter(|(c, _)| *c).count();
-    let steady_writes = writes(&doubles).len() - startup_writes;
+    let steady_writes = writes(&fleet.doubles).len() - startup_writes;
     println!("fleet: steady {secs:.0} s, export every {interval} s");
     println!("fleet: series on /metrics of one healthy node: {series}");
     println!(
@@ -1208,41 +1261,67 @@ api_server_url = "{url}"
         "fleet: kube writes in steady state {steady_writes} = {:.2} per node per hour",
         steady_writes as f64 / n as f64 / secs * 3600.0
     );
+}
 
-    // Storm: every node logs XID 13 lines at once, then one node an XID 79.
-    let before = writes(&doubles).len();
+/// Storm: every node logs `storm_lines` XID 13 lines at once, then the
+/// middle node an XID 79, which must taint it; prints the writes until they
+/// stop and how long the taint took.
+fn fleet_storm(fleet: &mut Fleet, storm_lines: usize) {
+    use std::time::Instant;
+    let before = writes(&fleet.doubles).len();
     let t_storm = Instant::now();
-    for f in fifos.iter_mut() {
+    for f in fleet.fifos.iter_mut() {
         for _ in 0..storm_lines {
             f.write(4, FLEET_XID13);
         }
     }
+    // The XID 79 goes in while the storm's writes are under way.
     std::thread::sleep(Duration::from_secs(2));
-    let victim = n / 2;
+    let victim = fleet.names.len() / 2;
     let t79 = Instant::now();
-    fifos[victim].write(3, FLEET_XID79);
+    fleet.fifos[victim].write(3, FLEET_XID79);
     let tainted = crate::otlp_support::wait_until(Duration::from_secs(30), || {
-        crate::kube_common::taint_value(&doubles[victim].node(), "gpuwatch.io/unhealthy").is_some()
+        crate::kube_common::taint_value(&fleet.doubles[victim].node(), "gpuwatch.io/unhealthy")
+            .is_some()
     });
     let taint_ms = t79.elapsed().as_secs_f64() * 1000.0;
     assert!(tainted, "the XID 79 node was not tainted");
     // The storm's writes, until they stop.
     assert!(
-        writes_quiet(&doubles, Duration::from_secs(2), Duration::from_secs(120)),
+        writes_quiet(
+            &fleet.doubles,
+            Duration::from_secs(2),
+            Duration::from_secs(120)
+        ),
         "the storm's writes never stopped"
     );
-    let storm: Vec<_> = writes(&doubles)
+    let storm: Vec<_> = writes(&fleet.doubles)
         .into_iter()
         .filter(|(_, at)| *at >= t_storm)
         .collect();
+    let n = fleet.names.len();
+    println!(
+        "fleet: storm {storm_lines} x XID 13 on {n} nodes + XID 79 on {}: {} writes ({} before it), {:.1} per node",
+        fleet.names[victim],
+        storm.len(),
+        before,
+        storm.len() as f64 / n as f64
+    );
+    print_storm_spread(&storm, t_storm);
+    println!("fleet: XID 79 node tainted {taint_ms:.0} ms after the record was written");
+}
+
+/// The storm's writes (double index, when) per second after `t_storm`, the
+/// peak, and the spread of each node's first write.
+fn print_storm_spread(storm: &[(usize, std::time::Instant)], t_storm: std::time::Instant) {
     let mut per_sec: BTreeMap<u64, usize> = BTreeMap::new();
-    for (_, at) in &storm {
+    for (_, at) in storm {
         *per_sec
             .entry(at.duration_since(t_storm).as_secs())
             .or_insert(0) += 1;
     }
     let mut first: BTreeMap<usize, f64> = BTreeMap::new();
-    for (i, at) in &storm {
+    for (i, at) in storm {
         let t = at.duration_since(t_storm).as_secs_f64();
         first.entry(*i).and_modify(|v| *v = v.min(t)).or_insert(t);
     }
@@ -1250,13 +1329,6 @@ api_server_url = "{url}"
     let mean = firsts.iter().sum::<f64>() / firsts.len().max(1) as f64;
     let sd = (firsts.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / firsts.len().max(1) as f64)
         .sqrt();
-    println!(
-        "fleet: storm {storm_lines} x XID 13 on {n} nodes + XID 79 on {}: {} writes ({} before it), {:.1} per node",
-        names[victim],
-        storm.len(),
-        before,
-        storm.len() as f64 / n as f64
-    );
     println!("fleet: storm writes per second (s after start: writes): {per_sec:?}");
     println!(
         "fleet: storm peak {} writes/s",
@@ -1267,12 +1339,21 @@ api_server_url = "{url}"
         firsts.iter().copied().fold(f64::INFINITY, f64::min),
         firsts.iter().copied().fold(0.0, f64::max)
     );
-    println!("fleet: XID 79 node tainted {taint_ms:.0} ms after the record was written");
-    for a in agents {
-        a.stop();
-    }
-    for d in doubles {
-        d.stop();
-    }
-    collector.kill();
+}
+
+/// Prints the fleet figures; `benches/scripts/fleet-sim.sh` runs it and
+/// extrapolates. Environment: FLEET_NODES (20), FLEET_EXPORT_SECS (10),
+/// FLEET_STEADY_SECS (60), FLEET_STORM_LINES (50 XID 13 lines per node).
+#[test]
+#[ignore = "fleet simulation: minutes of every core; run by benches/scripts/fleet-sim.sh"]
+fn fleet_simulation() {
+    let n: usize = env_or("FLEET_NODES", 20);
+    let interval: u64 = env_or("FLEET_EXPORT_SECS", 10);
+    let steady = Duration::from_secs(env_or("FLEET_STEADY_SECS", 60));
+    let storm_lines: usize = env_or("FLEET_STORM_LINES", 50);
+    let mut fleet = Fleet::start(n, interval);
+    let startup_writes = fleet_startup(&fleet);
+    fleet_steady(&fleet, steady, interval, startup_writes);
+    fleet_storm(&mut fleet, storm_lines);
+    fleet.stop();
 }
