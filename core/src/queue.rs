@@ -784,15 +784,18 @@ mod tests {
             let q = q.clone();
             std::thread::spawn(move || q.stop_and_wait(Duration::from_millis(50)))
         };
-        std::thread::sleep(Duration::from_millis(80));
-        assert!(!q.backoff(Duration::from_secs(30)), "no time left");
-        assert!(q.next_batch(8, Duration::ZERO).is_none());
-        assert_eq!(q.finish(), 2);
-        assert_eq!(counts(&reg), (0, 2));
+        // No consumer finishes: the stop's wait gives up at its deadline.
+        // Joined first (not a fixed sleep), so the stop is surely asked for
+        // and its deadline past, however late a loaded machine runs the
+        // waiter, and the `finish` below cannot come before its deadline.
         assert!(
             !waiter.join().unwrap(),
             "the consumer ended after the deadline"
         );
+        assert!(!q.backoff(Duration::from_secs(30)), "no time left");
+        assert!(q.next_batch(8, Duration::ZERO).is_none());
+        assert_eq!(q.finish(), 2);
+        assert_eq!(counts(&reg), (0, 2));
         // A stop that finds the consumer ending in time says so.
         let (_, q) = queue(8);
         let consumer = {
