@@ -52,7 +52,9 @@ fn struct_keys(path: &str) -> Option<Vec<String>> {
     } else {
         format!("[{path}]\nno_such_option = 1\n")
     };
-    let err = Config::parse(Path::new("probe.toml"), &text).err()?.to_string();
+    let err = Config::parse(Path::new("probe.toml"), &text)
+        .err()?
+        .to_string();
     let (_, expected) = err.split_once("unknown field `no_such_option`")?;
     let expected = expected.lines().next().unwrap_or_default();
     if expected.contains("there are no fields") {
@@ -73,7 +75,10 @@ fn struct_keys(path: &str) -> Option<Vec<String>> {
 /// from the top level down: `node_name`, `kmsg.path`, `otlp.tls.ca_file`...
 fn every_key(path: &str, out: &mut Vec<String>) {
     let keys = struct_keys(path).unwrap_or_else(|| panic!("[{path}] is not a table of keys"));
-    assert!(!keys.is_empty() || !path.is_empty(), "no top-level keys found");
+    assert!(
+        !keys.is_empty() || !path.is_empty(),
+        "no top-level keys found"
+    );
     for key in keys {
         let full = if path.is_empty() {
             key
@@ -167,7 +172,11 @@ fn a_key_left_out_of_the_example_is_found() {
         .map(|l| format!("{l}\n"))
         .collect();
     let example: toml::Table = toml::from_str(&without).expect("still parses");
-    assert!(!example_names(&example, &without, "nvml.poll_interval_secs"));
+    assert!(!example_names(
+        &example,
+        &without,
+        "nvml.poll_interval_secs"
+    ));
     assert!(!example_names(&example, &without, "otlp.tls"));
     assert!(example_names(&example, &without, "nvml.library_path"));
     assert!(example_names(&example, &without, "policy.xid"));
