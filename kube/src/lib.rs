@@ -460,7 +460,7 @@ fn start_quarantine(
         identity: node_name.to_owned(),
         lease_duration: q.lease_duration,
         retry: q.retry,
-        recount_every: Duration::from_secs(600),
+        recount_every: quarantine::FLEET_RECOUNT_INTERVAL,
         backoff: (settings.api.backoff_initial, settings.api.backoff_max),
     };
     let (need_tx, need_rx) = watch::channel(quarantine::Need::default());

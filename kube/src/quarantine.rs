@@ -67,7 +67,7 @@ pub(crate) use budget::Budget;
 #[cfg(test)]
 pub(crate) use memory::Answer;
 pub(crate) use memory::MemoryLeaseStore;
-pub(crate) use protocol::{Claimant, Settings, Status};
+pub(crate) use protocol::{Claimant, FLEET_RECOUNT_INTERVAL, Settings, Status};
 #[cfg(test)]
 pub(crate) use store::{HolderNode, Holding};
 pub(crate) use store::{KubeLeaseStore, LeaseStore, SlotView};

@@ -22,7 +22,7 @@ fn settings(identity: &str, budget: &str) -> Settings {
         identity: identity.to_owned(),
         lease_duration: LEASE,
         retry: Duration::from_secs(15),
-        recount_every: Duration::from_secs(600),
+        recount_every: FLEET_RECOUNT_INTERVAL,
         backoff: (Duration::from_millis(500), Duration::from_secs(30)),
         namespace: "gpuwatch".into(),
     }
