@@ -5,7 +5,7 @@
 //! | path | answer |
 //! |---|---|
 //! | `GET /healthz` | liveness: 200 while the engine and kmsg threads run and make progress (`PROGRESS_DEADLINE`; the NVML sources within their call deadline), else 503; JSON body |
-//! | `GET /readyz` | readiness: 200 once state is loaded, the engine runs, and the kmsg source finished its first pass or reported that it cannot read the kernel log (then `/v1/health` says `monitor.kmsg_ok: false`, verdict `unknown`), and while the fleet quarantine budget works (`quarantine_budget_unavailable`; `/v1/health` `quarantine` says why), else 503 |
+//! | `GET /readyz` | readiness: 200 once state is loaded, the engine runs, and the kmsg source finished its first pass or reported that it cannot read the kernel log (as the engine's monitor status says; `kmsg`: `not_reported`, `reading`, `caught_up` or `unavailable`, then `/v1/health` lists the `kmsg` input `down`, verdict `unknown`), and while the fleet quarantine budget works (`quarantine_budget_unavailable`; `/v1/health` `quarantine` says why), else 503; `not_ready` lists why not |
 //! | `GET /v1/health` | the `gpuwatch.v1.NodeHealth` JSON the engine published last, with the Kubernetes writer's quarantine status and condition holds |
 //! | `GET /metrics` | Prometheus text exposition, when a renderer is installed (`--prometheus`) |
 //! | `POST /v1/clear` | 405, with a hint to use `gpuwatch clear` |
@@ -400,6 +400,7 @@ async fn healthz(State(s): State<ApiState>) -> Response {
 
 async fn readyz(State(s): State<ApiState>) -> Response {
     let r = s.status.readiness(now_unix_secs());
+    let not_ready: Vec<&str> = r.not_ready().into_iter().map(|n| n.as_str()).collect();
     let ready = r.ready();
     let l = &r.liveness;
     json_response(
@@ -410,10 +411,10 @@ async fn readyz(State(s): State<ApiState>) -> Response {
         },
         serde_json::json!({
             "ready": ready,
+            "not_ready": not_ready,
             "alive": l.threads_running(),
             "state_loaded": l.state_loaded,
-            "kmsg_caught_up": l.kmsg_caught_up,
-            "kmsg_unavailable": l.kmsg_unavailable,
+            "kmsg": r.kmsg.as_str(),
             "quarantine_budget_unavailable": r.quarantine_budget_unavailable,
         }),
     )
@@ -563,6 +564,7 @@ mod tests {
     use super::*;
     use crate::liveness::Liveness;
     use gpuwatch_core::Registry;
+    use gpuwatch_core::msg::{Input, MonitorInput};
     use gpuwatch_proto::{NodeHealth, Verdict};
     use std::io::{Read, Write};
 
@@ -588,14 +590,19 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let registry = Registry::new();
+        let mut rig = gpuwatch_test_support::engine::Rig::new(None, "b1");
+        let registry = rig.registry.clone();
         let liveness = Liveness::new();
-        let mut h = NodeHealth {
-            node_name: "n1".into(),
-            ..Default::default()
+        // What the engine loop does after each input: publish its health.
+        let mut engine_input = |input: Input| {
+            rig.engine.handle(input);
+            registry.set_health(rig.engine.health());
         };
-        h.set_verdict(Verdict::Healthy);
-        registry.set_health(Arc::new(h));
+        let kmsg = |ok: bool, message: &str| Input::MonitorStatus {
+            input: MonitorInput::Kmsg,
+            ok,
+            message: message.into(),
+        };
         let kube = gpuwatch_kube::KubeMetrics::new();
         let state = ApiState {
             status: AgentStatus::new(registry.clone(), kube.subscribe(), liveness.clone()),
@@ -617,28 +624,53 @@ mod tests {
             assert_eq!(get(addr, "/healthz").0, 200);
             assert_eq!(get(addr, "/readyz").0, 503);
             liveness.set_state_loaded();
-            assert_eq!(get(addr, "/readyz").0, 503, "first kmsg pass not done");
+            // Just started: the reader has not reported to the engine yet.
+            let (code, body) = get(addr, "/readyz");
+            assert_eq!(code, 503, "{body}");
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(v["kmsg"], "not_reported", "{body}");
+            assert_eq!(
+                v["not_ready"],
+                serde_json::json!(["kernel log reader has not reported yet"]),
+                "{body}"
+            );
+            engine_input(kmsg(true, "reading /dev/kmsg"));
+            let (code, body) = get(addr, "/readyz");
+            assert_eq!(code, 503, "first kmsg pass not done: {body}");
+            assert!(
+                body.contains("\"not_ready\":[\"kernel log not caught up yet\"]"),
+                "{body}"
+            );
             // The kernel log cannot be read: ready, and the body says why.
-            liveness.set_kmsg_unavailable(true);
+            engine_input(kmsg(false, "open /dev/kmsg: permission denied"));
             let (code, body) = get(addr, "/readyz");
             assert_eq!(code, 200, "{body}");
-            assert!(body.contains("\"kmsg_unavailable\":true"), "{body}");
-            liveness.set_kmsg_unavailable(false);
-            liveness.mark_kmsg_caught_up();
+            assert!(body.contains("\"kmsg\":\"unavailable\""), "{body}");
+            engine_input(kmsg(true, "reading /dev/kmsg"));
+            assert_eq!(get(addr, "/readyz").0, 503, "reads again, not caught up");
+            engine_input(Input::KmsgCaughtUp);
             let (code, body) = get(addr, "/readyz");
             assert_eq!(code, 200, "{body}");
+            assert!(body.contains("\"kmsg\":\"caught_up\""), "{body}");
             // A quarantine budget that cannot work (a Role without Leases)
             // fails readiness, so a rollout of the broken Role stops.
             kube.publish(|s| s.quarantine_unavailable = true);
             let (code, body) = get(addr, "/readyz");
             assert_eq!(code, 503, "{body}");
             assert!(
-                body.contains("\"quarantine_budget_unavailable\":true"),
+                body.contains("\"quarantine_budget_unavailable\":true")
+                    && body.contains("\"not_ready\":[\"quarantine budget unavailable\"]"),
                 "{body}"
             );
             kube.publish(|s| s.quarantine_unavailable = false);
             assert_eq!(get(addr, "/readyz").0, 200);
         }
+        let mut h = NodeHealth {
+            node_name: "n1".into(),
+            ..Default::default()
+        };
+        h.set_verdict(Verdict::Healthy);
+        registry.set_health(Arc::new(h));
         let (code, body) = get(addr, "/v1/health");
         assert_eq!(code, 200);
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();

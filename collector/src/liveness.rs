@@ -1,6 +1,7 @@
-//! Liveness and readiness of the agent's threads: the flags each thread
-//! keeps, the heartbeats `/healthz` holds to a deadline, and what `/healthz`
-//! and `/readyz` make of them.
+//! Liveness of the agent's threads: the flags each thread keeps and the
+//! heartbeats `/healthz` holds to a deadline. What an input reports about
+//! itself (readable, read to its end) is not here: it goes to the engine,
+//! whose monitor status `/readyz` reads ([`AgentStatus`](crate::AgentStatus)).
 //!
 //! The kernel-log reader and the NVML sources beat the same [`Progress`]
 //! every other input beats (their [`InputContext`](crate::InputContext)'s);
@@ -15,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Liveness and readiness of the agent's threads: flags the threads set
+/// Liveness of the agent's threads: flags the threads set
 /// through the methods here (cheap private atomics), the engine's loop
 /// heartbeat, and the inputs' own heartbeats registered with
 /// `Liveness::watch`; the local API reads them as one `LivenessStatus`.
@@ -25,13 +26,6 @@ pub struct Liveness {
     engine_alive: AtomicBool,
     /// The kmsg reader thread is running.
     kmsg_alive: AtomicBool,
-    /// The kmsg reader read everything the ring held at start-up (or reached
-    /// the end of the replay file) at least once.
-    kmsg_caught_up: AtomicBool,
-    /// The kmsg source reported that it cannot read its input (open or read
-    /// failed; e.g. the container's device cgroup denies `/dev/kmsg`); cleared
-    /// when it reads again. The engine reports the node `unknown` meanwhile.
-    kmsg_unavailable: AtomicBool,
     /// The engine loaded its persisted state.
     state_loaded: AtomicBool,
     /// Unix seconds of the health engine's latest loop pass (0 before the
@@ -45,18 +39,14 @@ pub struct Liveness {
     inputs: Mutex<Vec<Watched>>,
 }
 
-/// What `/healthz` and `/readyz` report: the threads' liveness and progress
-/// as read at one moment.
+/// The threads' liveness and progress as read at one moment: what
+/// `/healthz` reports, and the part of `/readyz` that is about threads.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LivenessStatus {
     /// The engine thread is running.
     pub engine_alive: bool,
     /// The kmsg reader thread is running.
     pub kmsg_alive: bool,
-    /// The kmsg reader read the input to its end once.
-    pub kmsg_caught_up: bool,
-    /// The kmsg source cannot read its input.
-    pub kmsg_unavailable: bool,
     /// The engine loaded its persisted state.
     pub state_loaded: bool,
     /// Unix seconds of the kmsg reader's last progress (0 before the first).
@@ -77,13 +67,6 @@ impl LivenessStatus {
     /// Alive (`/healthz`): the threads run and none is stalled.
     pub(crate) fn alive(&self) -> bool {
         self.threads_running() && self.stalled.is_empty()
-    }
-
-    /// Ready as [`Liveness::ready`] says.
-    pub fn ready(&self) -> bool {
-        self.threads_running()
-            && self.state_loaded
-            && (self.kmsg_caught_up || self.kmsg_unavailable)
     }
 }
 
@@ -120,26 +103,6 @@ impl Liveness {
         self.state_loaded.store(true, Ordering::Relaxed);
     }
 
-    /// The kmsg reader read its input to the end once; true the first time.
-    pub(crate) fn mark_kmsg_caught_up(&self) -> bool {
-        !self.kmsg_caught_up.swap(true, Ordering::Relaxed)
-    }
-
-    /// Whether the kmsg reader read its input to the end once.
-    pub fn kmsg_caught_up(&self) -> bool {
-        self.kmsg_caught_up.load(Ordering::Relaxed)
-    }
-
-    /// Whether the kmsg source can read its input.
-    pub(crate) fn set_kmsg_unavailable(&self, unavailable: bool) {
-        self.kmsg_unavailable.store(unavailable, Ordering::Relaxed);
-    }
-
-    /// Whether the kmsg source reported that it cannot read its input.
-    pub fn kmsg_unavailable(&self) -> bool {
-        self.kmsg_unavailable.load(Ordering::Relaxed)
-    }
-
     /// Holds an input's heartbeat to its deadline for `/healthz` from now
     /// on (being watched counts as its start, [`Watched::new`]).
     pub(crate) fn watch(&self, input: Watched) {
@@ -172,11 +135,6 @@ impl Liveness {
         Arc::clone(&self.engine_heartbeat)
     }
 
-    /// Whether the agent is alive (engine and kmsg threads running).
-    pub(crate) fn alive(&self) -> bool {
-        self.engine_alive.load(Ordering::Relaxed) && self.kmsg_alive.load(Ordering::Relaxed)
-    }
-
     /// The threads that have made no progress within their deadline: the
     /// engine within [`PROGRESS_DEADLINE`] at `now_unix_secs` (its loop
     /// heartbeat is in Unix seconds), each watched input within its own at
@@ -197,25 +155,11 @@ impl Liveness {
         out
     }
 
-    /// Whether the agent is ready: alive, state loaded, and the kmsg source
-    /// either finished its first pass or reported that it cannot read. An
-    /// agent that cannot read the kernel log still serves NVML health and
-    /// reports the kernel log input as down (`monitor.kmsg_ok = false`,
-    /// `gpuwatch_monitor_up{input="kmsg"} 0`, verdict `unknown`); holding
-    /// readiness back for it would only hide that report.
-    pub fn ready(&self) -> bool {
-        self.alive()
-            && self.state_loaded.load(Ordering::Relaxed)
-            && (self.kmsg_caught_up() || self.kmsg_unavailable())
-    }
-
     /// Every flag and heartbeat now, and the threads stalled at `now_unix_secs`.
     pub fn status(&self, now_unix_secs: u64) -> LivenessStatus {
         LivenessStatus {
             engine_alive: self.engine_alive.load(Ordering::Relaxed),
             kmsg_alive: self.kmsg_alive.load(Ordering::Relaxed),
-            kmsg_caught_up: self.kmsg_caught_up(),
-            kmsg_unavailable: self.kmsg_unavailable(),
             state_loaded: self.state_loaded.load(Ordering::Relaxed),
             kmsg_heartbeat_unix_secs: self.kmsg_heartbeat_unix_secs(),
             engine_heartbeat_unix_secs: self.engine_heartbeat.last(),
@@ -249,25 +193,17 @@ mod tests {
     #[test]
     fn liveness_flags() {
         let l = Liveness::new();
-        assert!(!l.alive());
+        assert!(!l.status(0).alive());
         {
             let _e = l.engine_running();
+            assert!(!l.status(0).alive(), "the kmsg thread does not run");
             let _k = l.kmsg_running();
-            assert!(l.alive());
-            assert!(!l.ready());
+            assert!(l.status(0).alive());
+            assert!(!l.status(0).state_loaded);
             l.set_state_loaded();
-            assert!(!l.ready(), "kmsg neither caught up nor reported down");
-            // A kernel log that cannot be read is reported
-            // (monitor kmsg_ok=false, verdict unknown), not waited for.
-            l.set_kmsg_unavailable(true);
-            assert!(l.ready());
-            l.set_kmsg_unavailable(false);
-            assert!(!l.ready());
-            assert!(l.mark_kmsg_caught_up(), "the first time");
-            assert!(!l.mark_kmsg_caught_up());
-            assert!(l.ready());
+            assert!(l.status(0).state_loaded);
         }
-        assert!(!l.alive());
+        assert!(!l.status(0).alive(), "cleared at exit");
     }
 
     /// `/healthz` reads the inputs' own `Progress`: the kmsg reader and

@@ -1,14 +1,17 @@
 //! The agent's status, composed in one place from its three publishers:
 //! the threads' flags and heartbeats ([`Liveness`]), the health the engine
 //! published last with every input's monitor status ([`Registry`]), and the
-//! Kubernetes writer's status (the [`KubeStatus`] watch). The local API's
-//! `/healthz`, `/readyz` and `/v1/health` each read one view of
-//! [`AgentStatus`] and only turn it into JSON.
+//! Kubernetes writer's status (the [`KubeStatus`] watch). Each fact has one
+//! publisher: what an input says about itself (the kernel log readable, read
+//! to its end) is in the engine's monitor status only, and readiness reads
+//! it there. The local API's `/healthz`, `/readyz` and `/v1/health` each
+//! read one view of [`AgentStatus`] and only turn it into JSON.
 
 use crate::liveness::{Liveness, LivenessStatus};
 use gpuwatch_core::Registry;
+use gpuwatch_core::msg::MonitorInput;
 use gpuwatch_kube::KubeStatus;
-use gpuwatch_proto::NodeHealth;
+use gpuwatch_proto::{InputState, NodeHealth};
 use std::sync::Arc;
 
 /// Where the agent's status is read from (module doc). Clones share it.
@@ -27,23 +30,129 @@ impl std::fmt::Debug for AgentStatus {
     }
 }
 
+/// Where the kernel-log reader stands, as the engine's monitor status says
+/// (the `kmsg` input's state and `kmsg_caught_up`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum KmsgProgress {
+    /// The reader has not reported yet: the agent just started.
+    NotReported,
+    /// The reader reads the kernel log but has not read the ring to its end
+    /// yet: faults logged before the agent started may still be unread.
+    Reading,
+    /// The reader read the ring (or the replay file) to its end once.
+    CaughtUp,
+    /// The reader reported that it cannot read the kernel log (open or read
+    /// failed; e.g. the container's device cgroup denies `/dev/kmsg`).
+    Unavailable,
+}
+
+impl KmsgProgress {
+    /// The reader's progress in `health` (the engine's last publication).
+    /// A reader that reported a failure is unavailable even if it caught up
+    /// before: it cannot see new faults now.
+    pub(crate) fn of(health: &NodeHealth) -> KmsgProgress {
+        let Some(m) = health.monitor.as_ref() else {
+            return KmsgProgress::NotReported;
+        };
+        let state = m
+            .inputs
+            .iter()
+            .find(|i| i.input == MonitorInput::Kmsg.as_str())
+            .map_or(InputState::NotReported, |i| i.state());
+        match state {
+            InputState::Down => KmsgProgress::Unavailable,
+            _ if m.kmsg_caught_up => KmsgProgress::CaughtUp,
+            InputState::Up => KmsgProgress::Reading,
+            InputState::NotReported => KmsgProgress::NotReported,
+        }
+    }
+
+    /// The name `/readyz` writes.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            KmsgProgress::NotReported => "not_reported",
+            KmsgProgress::Reading => "reading",
+            KmsgProgress::CaughtUp => "caught_up",
+            KmsgProgress::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// Why the agent is not ready (`/readyz` lists each that holds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NotReady {
+    /// The engine or the kernel-log reader thread does not run.
+    ThreadsNotRunning,
+    /// The engine has not loaded its persisted state yet.
+    StateNotLoaded,
+    /// The kernel-log reader has not reported yet (the agent just started).
+    KmsgNotReported,
+    /// The kernel-log reader has not read the ring to its end yet.
+    KmsgNotCaughtUp,
+    /// The Kubernetes writer's fleet quarantine budget cannot work (a Role
+    /// without Leases).
+    QuarantineBudgetUnavailable,
+}
+
+impl NotReady {
+    /// What `/readyz` says for it.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            NotReady::ThreadsNotRunning => "engine or kernel log thread not running",
+            NotReady::StateNotLoaded => "state not loaded yet",
+            NotReady::KmsgNotReported => "kernel log reader has not reported yet",
+            NotReady::KmsgNotCaughtUp => "kernel log not caught up yet",
+            NotReady::QuarantineBudgetUnavailable => "quarantine budget unavailable",
+        }
+    }
+}
+
 /// What `/readyz` reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Readiness {
     /// The threads' flags at the moment of the read.
     pub(crate) liveness: LivenessStatus,
+    /// The kernel-log reader's progress, from the engine's monitor status.
+    pub(crate) kmsg: KmsgProgress,
     /// The Kubernetes writer's fleet quarantine budget cannot work (a Role
     /// without Leases).
     pub(crate) quarantine_budget_unavailable: bool,
 }
 
 impl Readiness {
-    /// Ready: the threads are ready ([`LivenessStatus::ready`]) and the
-    /// quarantine budget works. A budget that cannot work fails readiness,
-    /// so a DaemonSet rollout of a broken Role stops at its first nodes
-    /// instead of reaching the fleet.
+    /// Why the agent is not ready; empty: ready. Ready needs the threads
+    /// running, the state loaded, the kernel-log reader caught up or
+    /// reported unavailable, and a quarantine budget that works.
+    ///
+    /// An agent that cannot read the kernel log still serves NVML health and
+    /// reports the kernel log input as down (the `kmsg` input down in
+    /// `/v1/health`, `gpuwatch_monitor_up{input="kmsg"} 0`, verdict
+    /// `unknown`); holding readiness back for it would only hide that
+    /// report. A budget that cannot work fails readiness, so a DaemonSet
+    /// rollout of a broken Role stops at its first nodes instead of reaching
+    /// the fleet.
+    pub(crate) fn not_ready(&self) -> Vec<NotReady> {
+        let mut out = Vec::new();
+        if !self.liveness.threads_running() {
+            out.push(NotReady::ThreadsNotRunning);
+        }
+        if !self.liveness.state_loaded {
+            out.push(NotReady::StateNotLoaded);
+        }
+        match self.kmsg {
+            KmsgProgress::NotReported => out.push(NotReady::KmsgNotReported),
+            KmsgProgress::Reading => out.push(NotReady::KmsgNotCaughtUp),
+            KmsgProgress::CaughtUp | KmsgProgress::Unavailable => {}
+        }
+        if self.quarantine_budget_unavailable {
+            out.push(NotReady::QuarantineBudgetUnavailable);
+        }
+        out
+    }
+
+    /// Ready: nothing in [`Readiness::not_ready`].
     pub(crate) fn ready(&self) -> bool {
-        self.liveness.ready() && !self.quarantine_budget_unavailable
+        self.not_ready().is_empty()
     }
 }
 
@@ -72,6 +181,7 @@ impl AgentStatus {
     pub(crate) fn readiness(&self, now_unix_secs: u64) -> Readiness {
         Readiness {
             liveness: self.liveness.status(now_unix_secs),
+            kmsg: KmsgProgress::of(&self.registry.health()),
             quarantine_budget_unavailable: self.kube.borrow().quarantine_unavailable,
         }
     }
@@ -97,5 +207,111 @@ impl AgentStatus {
             Arc::make_mut(&mut h).device_isolation_unavailable = why.clone();
         }
         h
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuwatch_core::msg::Input;
+    use gpuwatch_test_support::engine::Rig;
+
+    /// Readiness takes the kernel-log reader's reports from the health the
+    /// engine published, and tells "not reported yet" (just started) from
+    /// "reported down" by the input's typed state, not by a message.
+    #[test]
+    fn readiness_reads_the_kernel_log_from_the_engine_s_monitor_status() {
+        let mut rig = Rig::new(None, "b1");
+        let liveness = Liveness::new();
+        let kube = gpuwatch_kube::KubeMetrics::new();
+        let status = AgentStatus::new(rig.registry.clone(), kube.subscribe(), liveness.clone());
+        let _engine = liveness.engine_running();
+        let _kmsg = liveness.kmsg_running();
+        liveness.set_state_loaded();
+        let mut feed = |input: Input| {
+            rig.engine.handle(input);
+            rig.registry.set_health(rig.engine.health());
+        };
+        let kmsg = |ok: bool| Input::MonitorStatus {
+            input: MonitorInput::Kmsg,
+            ok,
+            message: if ok {
+                "reading /dev/kmsg"
+            } else {
+                "open /dev/kmsg: EPERM"
+            }
+            .into(),
+        };
+        let at = |status: &AgentStatus| {
+            let r = status.readiness(0);
+            (r.kmsg, r.not_ready())
+        };
+
+        // Nothing published yet, then the engine's first health: no report.
+        assert_eq!(
+            at(&status),
+            (KmsgProgress::NotReported, vec![NotReady::KmsgNotReported])
+        );
+        feed(Input::Tick);
+        assert_eq!(
+            at(&status),
+            (KmsgProgress::NotReported, vec![NotReady::KmsgNotReported])
+        );
+        assert_eq!(
+            NotReady::KmsgNotReported.as_str(),
+            "kernel log reader has not reported yet"
+        );
+
+        feed(kmsg(true));
+        assert_eq!(
+            at(&status),
+            (KmsgProgress::Reading, vec![NotReady::KmsgNotCaughtUp])
+        );
+        assert_eq!(
+            NotReady::KmsgNotCaughtUp.as_str(),
+            "kernel log not caught up yet"
+        );
+
+        // Reported down: ready, the failure is reported instead.
+        feed(kmsg(false));
+        assert_eq!(at(&status), (KmsgProgress::Unavailable, vec![]));
+        assert!(status.readiness(0).ready());
+
+        feed(kmsg(true));
+        assert_eq!(
+            at(&status),
+            (KmsgProgress::Reading, vec![NotReady::KmsgNotCaughtUp])
+        );
+        feed(Input::KmsgCaughtUp);
+        assert_eq!(at(&status), (KmsgProgress::CaughtUp, vec![]));
+        assert!(status.readiness(0).ready());
+
+        // Down after the first pass: still ready, and it says so.
+        feed(kmsg(false));
+        assert_eq!(at(&status), (KmsgProgress::Unavailable, vec![]));
+
+        kube.publish(|s| s.quarantine_unavailable = true);
+        assert_eq!(
+            status.readiness(0).not_ready(),
+            vec![NotReady::QuarantineBudgetUnavailable]
+        );
+    }
+
+    /// The threads' part of readiness: a thread that does not run and a
+    /// state not loaded yet are each a reason of their own.
+    #[test]
+    fn threads_and_state_hold_readiness_back() {
+        let rig = Rig::new(None, "b1");
+        let liveness = Liveness::new();
+        let kube = gpuwatch_kube::KubeMetrics::new();
+        let status = AgentStatus::new(rig.registry.clone(), kube.subscribe(), liveness.clone());
+        assert_eq!(
+            status.readiness(0).not_ready(),
+            vec![
+                NotReady::ThreadsNotRunning,
+                NotReady::StateNotLoaded,
+                NotReady::KmsgNotReported
+            ]
+        );
     }
 }

@@ -58,6 +58,7 @@ adapter!(severity, crate::Severity);
 adapter!(source, crate::Source);
 adapter!(verdict, crate::Verdict);
 adapter!(recovery_action, crate::RecoveryAction);
+adapter!(input_state, crate::InputState);
 adapter!(pod_role, crate::PodRole);
 
 /// Appends `ev` as one JSON object to `out`, exactly as `serde_json::to_writer`

@@ -46,9 +46,9 @@ mod view;
 
 pub use generated::{
     Action, ActiveFault, ConditionHold, FaultEvent, FaultKind, GpuFabric, GpuHealth, GpuSample,
-    InputStatus, IsolatedDevice, MigDevice, MigInstanceHealth, MonitorStatus, NetworkHealth,
-    NicPortHealth, NodeHealth, NvLinkSample, PodRef, PodRole, QuarantineStatus, RecoveryAction,
-    Severity, Source, ValidationCheck, ValidationReport, Verdict,
+    InputState, InputStatus, IsolatedDevice, MigDevice, MigInstanceHealth, MonitorStatus,
+    NetworkHealth, NicPortHealth, NodeHealth, NvLinkSample, PodRef, PodRole, QuarantineStatus,
+    RecoveryAction, Severity, Source, ValidationCheck, ValidationReport, Verdict,
 };
 pub use names::ShortName;
 pub use view::{Attrs, FaultEventRef};

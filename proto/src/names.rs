@@ -1,6 +1,6 @@
 //! Short lowercase names of enum values, as used in JSON, metric attributes and CLI output.
 
-use crate::{Action, FaultKind, PodRole, RecoveryAction, Severity, Source, Verdict};
+use crate::{Action, FaultKind, InputState, PodRole, RecoveryAction, Severity, Source, Verdict};
 
 /// A protobuf enum with a lowercase short name (`ACTION_RESET_GPU` → `reset_gpu`).
 pub trait ShortName: Sized + Copy + 'static {
@@ -117,6 +117,12 @@ short_names!(RecoveryAction {
     BusReset => "bus_reset",
     SystemReboot => "system_reboot",
     PfFlr => "pf_flr",
+});
+
+short_names!(InputState {
+    NotReported => "not_reported",
+    Up => "up",
+    Down => "down",
 });
 
 short_names!(PodRole {

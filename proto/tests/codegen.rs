@@ -23,6 +23,7 @@ const ENUM_FIELDS: &[(&str, &str)] = &[
     ("GpuHealth.action", "action"),
     ("NodeHealth.verdict", "verdict"),
     ("NodeHealth.action", "action"),
+    ("InputStatus.state", "input_state"),
 ];
 
 fn generate() -> String {

@@ -10,8 +10,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use gpuwatch_core::engine::Engine;
 use gpuwatch_core::msg::{Input, MonitorInput};
 use gpuwatch_core::{Registry, Shutdown};
-use gpuwatch_proto::NodeHealth;
 use gpuwatch_proto::fabric::Reading;
+use gpuwatch_proto::{InputState, NodeHealth};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -48,35 +48,34 @@ impl Prepared {
         let registry = Registry::new();
         let mut engine = self.read_only_engine(&registry);
         feed_nvml_poll(&mut engine, self.nvml(), self.engine().fabric_wait());
-        let pass = self.read_kmsg_ring(&mut engine, &registry)?;
-        Ok(pass.finish(engine, self))
+        self.read_kmsg_ring(&mut engine, &registry)?;
+        Ok(finish(engine, self))
     }
 
     /// Runs the kernel-log reader until it has read the ring (or failed, or
-    /// the deadline passed), handing everything it sends to `engine`.
+    /// the deadline passed), handing everything it sends to `engine`, whose
+    /// monitor status then says whether the ring was read to its end.
     fn read_kmsg_ring(
         &self,
         engine: &mut Engine,
         registry: &Arc<Registry>,
-    ) -> Result<KmsgPass, CheckError> {
+    ) -> Result<(), CheckError> {
         let liveness = Liveness::new();
         let shutdown = Shutdown::new();
         let (tx, rx) = crossbeam_channel::bounded(ENGINE_CHANNEL_CAPACITY);
         let args = self.kmsg_source(engine, registry, &liveness, None);
         let ctx = InputContext::new(shutdown.clone(), tx);
         let thread = crate::kmsg::spawn(args, ctx).map_err(CheckError::KmsgSpawn)?;
-        let mut pass = KmsgPass::default();
-        pass.read(engine, &rx, &liveness);
+        read_until_caught_up(engine, &rx);
         shutdown.trigger();
         // The reader flushes what it holds when it stops; drain until it is gone.
         while let Ok(input) = rx.recv_timeout(KMSG_FLUSH) {
-            pass.handle(engine, input);
+            engine.handle(input);
         }
         if thread.join().is_err() {
             return Err(CheckError::KmsgPanicked);
         }
-        pass.caught_up = liveness.kmsg_caught_up();
-        Ok(pass)
+        Ok(())
     }
 }
 
@@ -122,77 +121,71 @@ fn feed_nvml_poll(engine: &mut Engine, cfg: &crate::nvml::NvmlSettings, fabric_w
     }
 }
 
-/// What the check saw of the kernel-log reader itself.
-#[derive(Debug, Default)]
-struct KmsgPass {
-    /// The reader's latest status was "readable".
-    ok: bool,
-    /// Some status said "unreadable".
-    failed: bool,
-    /// The latest status message.
-    message: String,
-    /// The reader read the ring to its end.
-    caught_up: bool,
+/// Where the engine's monitor status says the kernel-log reader stands:
+/// `(down, caught_up)`.
+fn kmsg_status(engine: &Engine) -> (bool, bool) {
+    let health = engine.health();
+    let Some(m) = health.monitor.as_ref() else {
+        return (false, false);
+    };
+    let down = m
+        .inputs
+        .iter()
+        .any(|i| i.input == MonitorInput::Kmsg.as_str() && i.state() == InputState::Down);
+    (down, m.kmsg_caught_up)
 }
 
-impl KmsgPass {
-    /// Hands `input` to the engine, noting the reader's status.
-    fn handle(&mut self, engine: &mut Engine, input: Input) {
-        if let Input::MonitorStatus {
-            input: MonitorInput::Kmsg,
-            ok,
-            message,
-        } = &input
-        {
-            self.ok = *ok;
-            self.failed |= !*ok;
-            self.message.clone_from(message);
-        }
-        engine.handle(input);
-    }
-
-    /// Receives until the reader caught up and went quiet, reported the
-    /// input unreadable (no point waiting), ended, or the deadline passed.
-    fn read(&mut self, engine: &mut Engine, rx: &Receiver<Input>, liveness: &Liveness) {
-        let deadline = Instant::now() + KMSG_DEADLINE;
-        loop {
-            match rx.recv_timeout(KMSG_QUIET) {
-                Ok(input) => {
-                    self.handle(engine, input);
-                    if self.failed {
-                        break;
+/// Hands what the reader sends to `engine` until the engine says the reader
+/// caught up (and it went quiet) or reported the input unreadable (no point
+/// waiting), the reader ended, or the deadline passed.
+fn read_until_caught_up(engine: &mut Engine, rx: &Receiver<Input>) {
+    let deadline = Instant::now() + KMSG_DEADLINE;
+    loop {
+        match rx.recv_timeout(KMSG_QUIET) {
+            Ok(input) => {
+                let about_kmsg = matches!(
+                    input,
+                    Input::MonitorStatus {
+                        input: MonitorInput::Kmsg,
+                        ..
                     }
+                );
+                engine.handle(input);
+                if about_kmsg && kmsg_status(engine).0 {
+                    break;
                 }
-                Err(RecvTimeoutError::Timeout) => {
-                    if liveness.kmsg_caught_up() || Instant::now() >= deadline {
-                        break;
-                    }
-                }
-                Err(RecvTimeoutError::Disconnected) => break,
             }
+            Err(RecvTimeoutError::Timeout) => {
+                if kmsg_status(engine).1 || Instant::now() >= deadline {
+                    break;
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
         }
     }
+}
 
-    /// The engine's health after the pass, with the kernel-log monitor as
-    /// this check observed it, whatever the engine reports.
-    fn finish(self, mut engine: Engine, prepared: &Prepared) -> NodeHealth {
-        if self.caught_up {
-            engine.handle(Input::KmsgCaughtUp);
-        }
-        engine.handle(Input::Tick);
-        let mut health = (*engine.health()).clone();
-        let m = health.monitor.get_or_insert_with(Default::default);
-        m.kmsg_ok = self.ok || self.caught_up;
-        m.kmsg_caught_up = self.caught_up;
-        if !m.kmsg_ok && !self.message.is_empty() {
-            m.message = self.message;
-        } else if !self.caught_up {
+/// The engine's health after the pass. The node message says what the
+/// kernel-log check needs to know: the reader's error when it could not
+/// read, or that the ring was not read to its end in time.
+fn finish(mut engine: Engine, prepared: &Prepared) -> NodeHealth {
+    engine.handle(Input::Tick);
+    let mut health = (*engine.health()).clone();
+    let m = health.monitor.get_or_insert_with(Default::default);
+    let kmsg = m
+        .inputs
+        .iter()
+        .find(|i| i.input == MonitorInput::Kmsg.as_str());
+    match kmsg {
+        Some(i) if i.state() == InputState::Down => m.message = i.message.clone(),
+        _ if !m.kmsg_caught_up => {
             m.message = format!(
                 "{} not read to its end within {}s",
                 prepared.kmsg().path.display(),
                 KMSG_DEADLINE.as_secs()
             );
         }
-        health
+        _ => {}
     }
+    health
 }

@@ -247,8 +247,9 @@ pub(crate) struct KmsgSourceArgs {
     /// Where the source counts records read, lost and malformed, and the
     /// events it coalesced or dropped.
     pub registry: Arc<Registry>,
-    /// Where the reader reports that it runs, its heartbeat and its first
-    /// full pass.
+    /// Where the reader reports that its thread runs and has its heartbeat
+    /// held to a deadline (`/healthz`). Whether it can read and whether it
+    /// read the ring to its end go to the engine as inputs.
     pub liveness: Arc<Liveness>,
     /// Told when the source ends by itself (end of a replay with `exit_at_eof`).
     pub stop_tx: Option<Sender<StopReason>>,

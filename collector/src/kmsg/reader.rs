@@ -4,7 +4,7 @@
 use super::{KmsgError, KmsgSettings, KmsgSourceArgs, KmsgSummary, is_device};
 use crate::boot;
 use crate::input::InputContext;
-use crate::liveness::{IDLE_HEARTBEAT, Liveness};
+use crate::liveness::IDLE_HEARTBEAT;
 use crate::pipeline::{FaultSender, SendStatus};
 use gpuwatch_core::heartbeat::Progress;
 use gpuwatch_core::msg::{Input, MonitorInput};
@@ -44,7 +44,9 @@ pub(super) struct Reader {
     pub(super) cfg: KmsgSettings,
     pub(super) boot_id: String,
     pub(super) registry: Arc<Registry>,
-    pub(super) liveness: Arc<Liveness>,
+    /// The reader told the engine it read its input to the end once
+    /// ([`Input::KmsgCaughtUp`] goes out once).
+    caught_up: bool,
     /// The reader's heartbeat (its context's), held to
     /// [`PROGRESS_DEADLINE`](crate::liveness::PROGRESS_DEADLINE) by `/healthz`.
     pub(super) progress: Arc<Progress>,
@@ -119,7 +121,7 @@ impl Reader {
             cfg: args.cfg,
             boot_id: args.boot_id,
             registry: args.registry,
-            liveness: args.liveness,
+            caught_up: false,
             progress: ctx.progress().clone(),
             shutdown: ctx.shutdown().clone(),
             wake,
@@ -144,10 +146,10 @@ impl Reader {
     }
 
     /// The input has been read to its current end once: faults logged before the
-    /// agent started are known. Tells readiness and the engine (validation waits
-    /// for it) the first time.
+    /// agent started are known. Tells the engine the first time: its monitor
+    /// status is where readiness and validation read it.
     pub(super) fn mark_caught_up(&mut self) {
-        if self.liveness.mark_kmsg_caught_up() {
+        if !std::mem::replace(&mut self.caught_up, true) {
             let _ = self.sender.send_control(Input::KmsgCaughtUp);
         }
     }
@@ -193,11 +195,11 @@ impl Reader {
         }
     }
 
-    /// Tells the engine (and readiness) whether the input can be read. Not
-    /// readable counts as ready: the failure is reported (`kmsg_ok = false`,
-    /// verdict `unknown`) instead of holding readiness back forever.
+    /// Tells the engine whether the input can be read; readiness reads it
+    /// from the engine's monitor status. Not readable counts as ready: the
+    /// failure is reported (the `kmsg` input down, verdict `unknown`) instead
+    /// of holding readiness back forever.
     fn report(&mut self, ok: bool, message: String) -> SendStatus {
-        self.liveness.set_kmsg_unavailable(!ok);
         self.sender.send_control(Input::MonitorStatus {
             input: MonitorInput::Kmsg,
             ok,

@@ -57,9 +57,20 @@ fn replay_file_turns_kern_records_into_events_and_counts_the_rest() {
     let a = args(&p, false, reg.clone());
     let liveness = a.liveness.clone();
     let summary = run_source(a, InputContext::new(Shutdown::new(), tx));
-    assert!(liveness.kmsg_caught_up());
     assert!(!liveness.status(0).kmsg_alive, "cleared at exit");
-    let evs = faults(&rx);
+    let inputs: Vec<Input> = rx.try_iter().collect();
+    let caught_up = inputs
+        .iter()
+        .filter(|i| matches!(i, Input::KmsgCaughtUp))
+        .count();
+    assert_eq!(caught_up, 1, "the engine is told once: {inputs:?}");
+    let evs: Vec<FaultEvent> = inputs
+        .into_iter()
+        .filter_map(|i| match i {
+            Input::Fault { event, .. } => Some(event),
+            _ => None,
+        })
+        .collect();
     let got: Vec<(String, u32)> = evs
         .iter()
         .map(|e| (e.pci_address.clone(), e.code))
@@ -139,16 +150,12 @@ fn a_followed_file_ending_mid_line_waits_for_the_rest() {
     let reg = Registry::new();
     let mut a = args(&p, false, reg.clone());
     a.cfg.exit_at_eof = false;
-    let (liveness, shutdown) = (a.liveness.clone(), Shutdown::new());
+    let shutdown = Shutdown::new();
     let (tx, rx) = bounded(8);
     let ctx = InputContext::new(shutdown.clone(), tx);
     let h = std::thread::spawn(move || run_source(a, ctx));
     // Caught up = the reader hit the end of the file once.
-    let t0 = Instant::now();
-    while !liveness.kmsg_caught_up() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "never caught up");
-        std::thread::yield_now();
-    }
+    wait_caught_up(&rx);
     assert_eq!(reg.tally(Tally::KmsgRead), 1);
     let mut f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
     use std::io::Write;
@@ -473,11 +480,10 @@ fn a_marker_hidden_by_an_escape_still_reaches_the_scanner() {
 }
 
 #[test]
-fn unreadable_input_is_reported_and_counts_as_ready() {
+fn unreadable_input_is_reported_until_it_can_be_read() {
     let dir = tempfile::tempdir().unwrap();
     let mut a = args(&dir.path().join("missing"), false, Registry::new());
     a.cfg.retry_interval = Duration::from_secs(1);
-    let liveness = a.liveness.clone();
     let shutdown = Shutdown::new();
     let (tx, rx) = bounded(8);
     let ctx = InputContext::new(shutdown.clone(), tx);
@@ -489,41 +495,41 @@ fn unreadable_input_is_reported_and_counts_as_ready() {
         matches!(&status, Input::MonitorStatus { input: MonitorInput::Kmsg, ok: false, message } if message.contains("missing")),
         "{status:?}"
     );
-    assert!(liveness.kmsg_unavailable());
-    assert!(!liveness.kmsg_caught_up());
-    let _engine = liveness.engine_running();
-    liveness.set_state_loaded();
-    assert!(
-        liveness.ready(),
-        "ready: the failure is reported, not hidden"
-    );
 
-    // The input appears: it is read, and readiness waits for the pass.
+    // The input appears: it is reported readable, read, and caught up.
     let tmp = dir.path().join("tmp");
     std::fs::write(&tmp, format!("{XID_KERN}\n")).unwrap();
     std::fs::rename(&tmp, dir.path().join("missing")).unwrap();
-    let mut saw_ok = false;
-    while let Ok(i) = rx.recv_timeout(Duration::from_secs(10)) {
+    // Failures reported before the rename are dropped: what follows the
+    // first "readable" is what the engine is told once the input is back.
+    let (mut seen, mut readable) = (std::collections::BTreeSet::new(), false);
+    while !(seen.contains("fault") && seen.contains("caught up")) {
+        let Ok(i) = rx.recv_timeout(Duration::from_secs(10)) else {
+            panic!("not read: {seen:?}");
+        };
         match i {
-            Input::MonitorStatus { ok: true, .. } => saw_ok = true,
-            Input::Fault { .. } => break,
-            _ => {}
+            Input::MonitorStatus { ok: true, .. } => readable = true,
+            Input::Fault { .. } if readable => _ = seen.insert("fault"),
+            Input::KmsgCaughtUp if readable => _ = seen.insert("caught up"),
+            other => assert!(!readable, "{other:?} after the input came back"),
         }
     }
-    assert!(saw_ok);
-    assert!(!liveness.kmsg_unavailable());
     shutdown.trigger();
     h.join().unwrap();
     drop(rx);
 }
 
-/// Waits (at most 10 s) until the reader has read its input to the end
-/// once and gone idle.
-fn wait_caught_up(liveness: &Liveness) {
-    let t0 = Instant::now();
-    while !liveness.kmsg_caught_up() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "never caught up");
-        std::thread::sleep(Duration::from_millis(5));
+/// Receives (at most 10 s) until the reader tells the engine it has read
+/// its input to the end once; what it sent before is dropped.
+fn wait_caught_up(rx: &Receiver<Input>) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(Input::KmsgCaughtUp) => return,
+            Ok(_) => {}
+            Err(e) => panic!("never caught up: {e}"),
+        }
     }
 }
 
@@ -550,10 +556,10 @@ fn an_idle_reader_of_a_followed_file_stops_at_once_on_shutdown() {
     let mut a = args(&p, false, Registry::new());
     a.cfg.exit_at_eof = false;
     let (liveness, shutdown) = (a.liveness.clone(), Shutdown::new());
-    let (tx, _rx) = bounded(8);
+    let (tx, rx) = bounded(8);
     let ctx = InputContext::new(shutdown.clone(), tx);
     let h = std::thread::spawn(move || run_source(a, ctx));
-    wait_caught_up(&liveness);
+    wait_caught_up(&rx);
     stops_at_once(&shutdown, h);
     assert!(liveness.status(0).kmsg_heartbeat_unix_secs > 0);
 }
@@ -567,14 +573,14 @@ fn an_idle_reader_in_poll_stops_at_once_on_shutdown() {
     nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
     let mut a = args(&p, false, Registry::new());
     a.cfg.exit_at_eof = false;
-    let (liveness, shutdown) = (a.liveness.clone(), Shutdown::new());
-    let (tx, _rx) = bounded(8);
+    let shutdown = Shutdown::new();
+    let (tx, rx) = bounded(8);
     let ctx = InputContext::new(shutdown.clone(), tx);
     let h = std::thread::spawn(move || run_source(a, ctx));
     let mut w = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
     use std::io::Write;
     writeln!(w, "6,1,100,-;eth0: link up").unwrap();
-    wait_caught_up(&liveness);
+    wait_caught_up(&rx);
     stops_at_once(&shutdown, h);
     drop(w);
 }
@@ -610,12 +616,12 @@ fn a_followed_input_is_read_as_soon_as_it_is_written() {
     for p in [file, fifo] {
         let mut a = args(&p, false, Registry::new());
         a.cfg.exit_at_eof = false;
-        let (liveness, shutdown) = (a.liveness.clone(), Shutdown::new());
+        let shutdown = Shutdown::new();
         let (tx, rx) = bounded(8);
         let ctx = InputContext::new(shutdown.clone(), tx);
         let h = std::thread::spawn(move || run_source(a, ctx));
         if p.ends_with("followed.kmsg") {
-            wait_caught_up(&liveness);
+            wait_caught_up(&rx);
         }
         // Let the reader settle into its wait.
         std::thread::sleep(Duration::from_millis(200));

@@ -8,7 +8,7 @@
 
 use super::model::Gpu;
 use crate::msg::MonitorInput;
-use gpuwatch_proto::{InputStatus as InputStatusProto, ValidationReport};
+use gpuwatch_proto::{InputState, InputStatus as InputStatusProto, ValidationReport};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tracing::{info, warn};
@@ -16,9 +16,20 @@ use tracing::{info, warn};
 /// State of one monitoring input.
 #[derive(Clone, Debug, Default)]
 struct InputStatus {
-    /// `None` until the input reported.
-    ok: Option<bool>,
+    /// [`InputState::NotReported`] until the input reported.
+    state: InputState,
     message: String,
+}
+
+impl InputStatus {
+    /// Records a report; true when it changed the state or the message.
+    fn report(&mut self, ok: bool, message: String) -> bool {
+        let state = if ok { InputState::Up } else { InputState::Down };
+        let changed = self.state != state || self.message != message;
+        self.state = state;
+        self.message = message;
+        changed
+    }
 }
 
 /// The monitoring inputs and what they reported.
@@ -52,25 +63,20 @@ impl Monitors {
             | MonitorInput::PodResources
             | MonitorInput::PodListing
             | MonitorInput::KubeWriter => {
-                let m = self.parts.entry(input).or_default();
-                let changed = m.ok != Some(ok) || m.message != message;
-                m.ok = Some(ok);
-                m.message = message;
-                return changed;
+                return self.parts.entry(input).or_default().report(ok, message);
             }
         };
-        if m.ok == Some(ok) && m.message == message {
+        let was = m.state;
+        if !m.report(ok, message) {
             return false;
         }
-        if m.ok != Some(ok) {
+        if m.state != was {
             if ok {
                 info!(input = input.as_str(), "Monitoring input is available.");
             } else {
-                warn!(input = input.as_str(), message = %message, "Monitoring input is unavailable; GPUs it covers are reported as unknown, not faulty.");
+                warn!(input = input.as_str(), message = %m.message, "Monitoring input is unavailable; GPUs it covers are reported as unknown, not faulty.");
             }
         }
-        m.ok = Some(ok);
-        m.message = message;
         true
     }
 
@@ -80,16 +86,18 @@ impl Monitors {
         self.parts.get(&input).map(|m| m.message.as_str())
     }
 
-    /// Every input that reported, in one shape: kmsg and NVML always (not
-    /// ok until they report), then the others in a fixed order.
+    /// Every input that reported, in one shape: kmsg and NVML always
+    /// ([`InputState::NotReported`] until they report), then the others in a
+    /// fixed order.
     pub(super) fn inputs(&self) -> Vec<InputStatusProto> {
-        let one = |input: MonitorInput, m: &InputStatus| InputStatusProto {
-            input: input.as_str().to_owned(),
-            ok: m.ok == Some(true),
-            message: match m.ok {
-                None => "not reported yet".to_owned(),
-                Some(_) => m.message.clone(),
-            },
+        let one = |input: MonitorInput, m: &InputStatus| {
+            let mut s = InputStatusProto {
+                input: input.as_str().to_owned(),
+                message: m.message.clone(),
+                ..Default::default()
+            };
+            s.set_state(m.state);
+            s
         };
         let mut out = vec![
             one(MonitorInput::Kmsg, &self.kmsg),
@@ -101,22 +109,22 @@ impl Monitors {
 
     /// NVML reported itself available.
     pub(super) fn nvml_ok(&self) -> bool {
-        self.nvml.ok == Some(true)
+        self.nvml.state == InputState::Up
     }
 
     /// NVML reported itself unavailable.
     pub(super) fn nvml_down(&self) -> bool {
-        self.nvml.ok == Some(false)
+        self.nvml.state == InputState::Down
     }
 
     /// The kernel log reader reported itself available.
     pub(super) fn kmsg_ok(&self) -> bool {
-        self.kmsg.ok == Some(true)
+        self.kmsg.state == InputState::Up
     }
 
     /// The kernel log reader reported a failure.
     pub(super) fn kmsg_down(&self) -> bool {
-        self.kmsg.ok == Some(false)
+        self.kmsg.state == InputState::Down
     }
 
     /// The kernel log reader finished its first pass over the ring; true
@@ -213,10 +221,10 @@ impl Monitors {
     pub(super) fn detail(&self) -> String {
         let mut parts = Vec::new();
         for (name, m) in [("nvml", &self.nvml), ("kmsg", &self.kmsg)] {
-            match m.ok {
-                None => parts.push(format!("{name}: not reported yet")),
-                Some(false) => parts.push(format!("{name}: {}", m.message)),
-                Some(true) => {}
+            match m.state {
+                InputState::NotReported => parts.push(format!("{name}: not reported yet")),
+                InputState::Down => parts.push(format!("{name}: {}", m.message)),
+                InputState::Up => {}
             }
         }
         parts.join("; ")
@@ -225,12 +233,12 @@ impl Monitors {
     /// Why GPU health cannot be determined (the node message of an
     /// `unknown` verdict), with `stale` GPUs whose samples are stale.
     pub(super) fn why_unknown(&self, stale: usize) -> String {
-        match (self.nvml.ok, self.kmsg.ok) {
-            (Some(false), _) => format!(
+        match (self.nvml.state, self.kmsg.state) {
+            (InputState::Down, _) => format!(
                 "NVML is unavailable ({}); GPU health cannot be determined.",
                 self.nvml.message
             ),
-            (_, Some(false)) => format!(
+            (_, InputState::Down) => format!(
                 "The kernel log reader is unavailable ({}); GPU faults cannot be seen.",
                 self.kmsg.message
             ),
@@ -273,17 +281,17 @@ mod tests {
         let got: Vec<_> = m
             .inputs()
             .into_iter()
-            .map(|i| (i.input, i.ok, i.message))
+            .map(|i| (i.input.clone(), i.state(), i.message))
             .collect();
         assert_eq!(
             got,
             vec![
-                ("kmsg".into(), true, String::new()),
-                ("nvml".into(), false, "not reported yet".into()),
-                ("network".into(), true, String::new()),
+                ("kmsg".into(), InputState::Up, String::new()),
+                ("nvml".into(), InputState::NotReported, String::new()),
+                ("network".into(), InputState::Up, String::new()),
                 (
                     "pod_resources".into(),
-                    false,
+                    InputState::Down,
                     "List has not returned for 31 s".into()
                 ),
             ]

@@ -315,6 +315,7 @@ fn xid79_names_the_pod_that_held_the_gpu() {
 #[test]
 fn a_stuck_kubelet_poller_makes_the_pods_of_a_fault_may_be_stale_until_it_moves() {
     use gpuwatch_core::msg::{Input, MonitorInput};
+    use gpuwatch_proto::InputState;
     let mut rig = rig();
     let status = |ok: bool, message: &str| Input::MonitorStatus {
         input: MonitorInput::PodResources,
@@ -332,12 +333,12 @@ fn a_stuck_kubelet_poller_makes_the_pods_of_a_fault_may_be_stale_until_it_moves(
         m.inputs
             .into_iter()
             .find(|i| i.input == "pod_resources")
-            .map(|i| (i.ok, i.message))
+            .map(|i| (i.state(), i.message))
     };
     assert_eq!(
         input(&rig),
         Some((
-            false,
+            InputState::Down,
             "List on /var/lib/kubelet/pod-resources/kubelet.sock has not returned for 33 s".into()
         ))
     );
@@ -359,7 +360,7 @@ fn a_stuck_kubelet_poller_makes_the_pods_of_a_fault_may_be_stale_until_it_moves(
         "GPUs are judged as before"
     );
     rig.engine.handle(status(true, ""));
-    assert_eq!(input(&rig), Some((true, String::new())));
+    assert_eq!(input(&rig), Some((InputState::Up, String::new())));
     rig.advance(700);
     let mut again = xid(79, PCI1);
     again.pid = None;

@@ -433,12 +433,13 @@ pub struct InputStatus {
     /// kmsg, nvml, network, pod_resources, pod_listing or kube_writer.
     #[prost(string, tag = "1")]
     pub input: ::prost::alloc::string::String,
-    /// False: gpuwatch cannot see what this input covers now.
-    #[prost(bool, tag = "2")]
-    pub ok: bool,
-    /// Why not (empty when ok): the error, or what the input is stuck in.
+    /// Why the input is down or not reported (empty when up and nothing to
+    /// add): the error, or what the input is stuck in.
     #[prost(string, tag = "3")]
     pub message: ::prost::alloc::string::String,
+    #[prost(enumeration = "InputState", tag = "4")]
+    #[serde(with = "crate::json::input_state")]
+    pub state: i32,
 }
 /// Result of device validation (startup gate).
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -1063,6 +1064,43 @@ impl PodRole {
             "POD_ROLE_UNSPECIFIED" => Some(Self::Unspecified),
             "POD_ROLE_CAUSED" => Some(Self::Caused),
             "POD_ROLE_AFFECTED" => Some(Self::Affected),
+            _ => None,
+        }
+    }
+}
+/// What an input last reported about itself (see InputStatus.state).
+#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+#[repr(i32)]
+pub enum InputState {
+    /// Not reported since the agent started: the input has not told yet whether
+    /// it works (an agent that just started). Not a failure of the input, but
+    /// gpuwatch cannot see what it covers yet.
+    NotReported = 0,
+    /// The input works: gpuwatch sees what it covers.
+    Up = 1,
+    /// The input reported a failure, or missed its heartbeat deadline:
+    /// gpuwatch cannot see what it covers now (InputStatus.message says why).
+    Down = 2,
+}
+impl InputState {
+    /// String value of the enum field names used in the ProtoBuf definition.
+    ///
+    /// The values are not transformed in any way and thus are considered stable
+    /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+    pub fn as_str_name(&self) -> &'static str {
+        match self {
+            Self::NotReported => "INPUT_STATE_NOT_REPORTED",
+            Self::Up => "INPUT_STATE_UP",
+            Self::Down => "INPUT_STATE_DOWN",
+        }
+    }
+    /// Creates an enum from field names used in the ProtoBuf definition.
+    pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+        match value {
+            "INPUT_STATE_NOT_REPORTED" => Some(Self::NotReported),
+            "INPUT_STATE_UP" => Some(Self::Up),
+            "INPUT_STATE_DOWN" => Some(Self::Down),
             _ => None,
         }
     }

@@ -210,7 +210,7 @@ fn monitor_up(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     for i in parts.filter(|i| !["kmsg", "nvml", "network"].contains(&i.input.as_str())) {
         out.push(Point {
             attrs: vec![("input", owned(&i.input))],
-            value: flag(i.ok),
+            value: flag(i.state() == gpuwatch_proto::InputState::Up),
         });
     }
 }

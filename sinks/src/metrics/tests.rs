@@ -699,10 +699,17 @@ fn an_eight_nic_node_adds_eighteen_points_and_errors_only_once_counted() {
 fn monitor_up_has_a_point_per_running_input() {
     let r = started_registry();
     let mut h = healthy_node();
-    let input = |name: &str, ok: bool| gpuwatch_proto::InputStatus {
-        input: name.into(),
-        ok,
-        message: String::new(),
+    let input = |name: &str, ok: bool| {
+        let mut i = gpuwatch_proto::InputStatus {
+            input: name.into(),
+            ..Default::default()
+        };
+        i.set_state(if ok {
+            gpuwatch_proto::InputState::Up
+        } else {
+            gpuwatch_proto::InputState::Down
+        });
+        i
     };
     h.monitor.as_mut().unwrap().inputs = vec![
         input("kmsg", true),
