@@ -577,12 +577,16 @@ impl Config {
         }
     }
 
-    /// `/metrics`' settings when `[api] prometheus` serves it, else `None`.
-    /// Its keys (`api.prometheus`, `otlp.series_quiet_window_secs`) are
-    /// checked by [`Config::validate`], under their own sections.
-    pub(crate) fn resolve_prometheus(&self) -> Option<PrometheusSettings> {
-        self.api.prometheus.then(|| PrometheusSettings {
-            series_quiet_window: self.otlp.pacing().series_quiet_window,
+    /// `/metrics`' settings when `[api] prometheus` serves it, else `None`,
+    /// with `[otlp]`'s quiet window as its section resolved it. Its keys
+    /// (`api.prometheus`, `otlp.series_quiet_window_secs`) are checked by
+    /// [`Config::validate`], under their own sections.
+    pub(crate) fn resolve_prometheus(
+        &self,
+        series_quiet_window: Duration,
+    ) -> Option<PrometheusSettings> {
+        self.api.prometheus.then_some(PrometheusSettings {
+            series_quiet_window,
             dcgm_labels: self.api.dcgm_labels,
             scope_labels: self.api.otel_scope_labels,
         })
@@ -989,14 +993,15 @@ listen = \n",
 
     #[test]
     fn prometheus_settings_are_resolved_only_when_served() {
+        let prometheus = |c: Config| c.resolve().unwrap().prometheus().copied();
         let off = parse("node_name = \"n1\"\n").unwrap();
-        assert_eq!(off.resolve_prometheus(), None);
+        assert_eq!(prometheus(off), None);
         let on = parse(
             "node_name = \"n1\"\n[api]\nprometheus = true\n[otlp]\nseries_quiet_window_secs = 120\n",
         )
         .unwrap();
         assert_eq!(
-            on.resolve_prometheus(),
+            prometheus(on),
             Some(PrometheusSettings {
                 series_quiet_window: Duration::from_secs(120),
                 dcgm_labels: false,
@@ -1005,7 +1010,7 @@ listen = \n",
         );
         let dcgm =
             parse("node_name = \"n1\"\n[api]\nprometheus = true\ndcgm_labels = true\n").unwrap();
-        assert!(dcgm.resolve_prometheus().unwrap().dcgm_labels);
+        assert!(prometheus(dcgm).unwrap().dcgm_labels);
         let alone = parse("node_name = \"n1\"\n[api]\ndcgm_labels = true\n").unwrap();
         let e = alone.validate().unwrap_err().to_string();
         assert!(e.contains("api.dcgm_labels: labels /metrics"), "{e}");

@@ -16,7 +16,7 @@ use gpuwatch_core::engine::EngineSettings;
 use gpuwatch_core::network::NetworkSettings;
 use gpuwatch_core::validation::ValidationConfig;
 use gpuwatch_kube::KubeSettings;
-use gpuwatch_sinks::otlp::{OtlpSettings, ResourceInfo};
+use gpuwatch_sinks::otlp::{OtlpSection, OtlpSettings, ResourceInfo};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -80,26 +80,17 @@ impl Config {
         let network = section("network", cfg.network.resolve(), &mut p);
         let resource = crate::agent::resource_info(&cfg.node_name);
         let env = |k: &str| std::env::var(k).ok();
-        let otlp = section("otlp", cfg.otlp.resolve_for(&resource, &env), &mut p);
-        if !cfg.otlp.enabled {
-            // Off, the export resolves to nothing; its keys are still checked.
-            p.extend(cfg.otlp.validate().into_iter().map(|e| format!("otlp.{e}")));
-        }
-        let prometheus = cfg.resolve_prometheus();
-        // The whole resource, as the OTLP export resolves it, for /metrics'
-        // target_info (the built-in attributes if the environment's are invalid:
-        // the OTLP export reports that when it is on).
-        let mut resource_attributes =
-            gpuwatch_sinks::otlp::resource_attributes(&resource, &cfg.otlp, &env)
-                .unwrap_or_else(|_| resource.attributes().into_iter().collect());
-        gpuwatch_sinks::otlp::drop_own_pod(&mut resource_attributes);
+        let otlp = section("otlp", cfg.otlp.resolve_section(&resource, &env), &mut p);
+        // `/metrics` is paced by `[otlp]`'s quiet window, as resolved there.
+        let prometheus = otlp
+            .as_ref()
+            .and_then(|o| cfg.resolve_prometheus(o.pacing.series_quiet_window));
         Resolved {
             problems: p,
             api_listen: cfg.api.enabled.then(|| cfg.api.listen.clone()),
             node_name: cfg.node_name,
             state_dir,
             resource,
-            resource_attributes,
             stdout_sink: cfg.sinks.stdout,
             log,
             validation: cfg.validation,
@@ -127,7 +118,6 @@ pub struct Resolved {
     /// `None` when `state_dir` has a problem.
     state_dir: Option<PathBuf>,
     resource: ResourceInfo,
-    resource_attributes: std::collections::BTreeMap<String, String>,
     api_listen: Option<String>,
     stdout_sink: bool,
     log: Option<LogSettings>,
@@ -138,8 +128,7 @@ pub struct Resolved {
     kube: Option<KubeSettings>,
     kubelet: Option<KubeletSettings>,
     network: Option<NetworkSettings>,
-    /// `Some(None)`: the export is off.
-    otlp: Option<Option<OtlpSettings>>,
+    otlp: Option<OtlpSection>,
     prometheus: Option<PrometheusSettings>,
     policy: Option<Arc<xid_parser::Policy>>,
 }
@@ -180,7 +169,7 @@ impl Resolved {
             node_name: r.node_name,
             state_dir,
             resource: r.resource,
-            resource_attributes: r.resource_attributes,
+            resource_attributes: otlp.resource_attributes,
             api_listen: r.api_listen,
             stdout_sink: r.stdout_sink,
             log,
@@ -191,7 +180,7 @@ impl Resolved {
             kube,
             kubelet,
             network,
-            otlp,
+            otlp: otlp.export,
             prometheus: r.prometheus,
             policy,
         })
