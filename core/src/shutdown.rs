@@ -17,9 +17,11 @@ use std::time::{Duration, Instant};
 
 /// A one-way stop signal; clones share it. Once triggered it stays triggered.
 ///
-/// Four ways to wait on it:
+/// Five ways to wait on it:
 /// - [`Shutdown::wait_timeout`] / [`Shutdown::wait_deadline`]: a sleep that
 ///   ends early when the signal is triggered;
+/// - [`Shutdown::triggered`]: a future that completes when the signal is
+///   triggered, for async tasks (`tokio::select!` with their other inputs);
 /// - [`Shutdown::receiver`]: a channel that never carries a message and is
 ///   disconnected when the signal is triggered, to wait in
 ///   `crossbeam_channel::select!` together with other channels;
@@ -41,6 +43,10 @@ struct ShutdownState {
     rx: Receiver<Infallible>,
     /// Run once, by `trigger` (or at once when registered after it).
     hooks: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
+    /// `true` from the trigger on: what [`Shutdown::triggered`] waits on. A
+    /// watch, not a hook per wait: a task that polls `triggered` in a loop
+    /// leaves nothing behind between triggers.
+    async_flag: tokio::sync::watch::Sender<bool>,
 }
 
 impl fmt::Debug for Shutdown {
@@ -71,6 +77,7 @@ impl Shutdown {
                 tx: Mutex::new(Some(tx)),
                 rx,
                 hooks: Mutex::new(Vec::new()),
+                async_flag: tokio::sync::watch::Sender::new(false),
             }),
         }
     }
@@ -81,6 +88,7 @@ impl Shutdown {
     pub fn trigger(&self) {
         self.inner.triggered.store(true, Ordering::SeqCst);
         drop(lock(&self.inner.tx).take());
+        self.inner.async_flag.send_replace(true);
         // Taken under the lock, run outside it: a hook may register another.
         let hooks = std::mem::take(&mut *lock(&self.inner.hooks));
         for hook in hooks {
@@ -110,6 +118,16 @@ impl Shutdown {
     /// meanwhile. Returns whether it was triggered.
     pub fn wait_deadline(&self, deadline: Instant) -> bool {
         self.wait_timeout(deadline.saturating_duration_since(Instant::now()))
+    }
+
+    /// Completes when the signal is triggered (at once when it already
+    /// was); for async tasks, to wait in `tokio::select!` together with
+    /// their other inputs. Needs no particular runtime, and dropping the
+    /// future (the `select!` took another branch) leaves nothing behind.
+    pub async fn triggered(&self) {
+        let mut flag = self.inner.async_flag.subscribe();
+        // `Err` only when the sender is gone, and `self` holds it.
+        let _ = flag.wait_for(|triggered| *triggered).await;
     }
 
     /// A receiver that never yields a message and is disconnected once the
@@ -213,6 +231,33 @@ mod tests {
         // Generous bounds for a loaded machine; the sleep was 30 s.
         assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
         assert!(slept < Duration::from_secs(5), "{slept:?}");
+    }
+
+    /// The future is ready at once after the trigger, and a task blocked on
+    /// it before the trigger wakes at the trigger; one dropped unfinished
+    /// (a `select!` that took another branch) does not get in the way.
+    #[test]
+    fn triggered_completes_at_the_trigger_and_at_once_after_it() {
+        use futures::FutureExt;
+        let s = Shutdown::new();
+        assert!(s.triggered().now_or_never().is_none(), "not triggered yet");
+        let waiter = {
+            let s = s.clone();
+            std::thread::spawn(move || futures::executor::block_on(s.triggered()))
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        let t = Instant::now();
+        s.trigger();
+        join_by(waiter, Instant::now() + Duration::from_secs(10))
+            .expect("woken by the trigger")
+            .expect("no panic");
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        assert_eq!(s.triggered().now_or_never(), Some(()), "ready at once now");
+        assert_eq!(
+            s.clone().triggered().now_or_never(),
+            Some(()),
+            "for every clone"
+        );
     }
 
     #[test]

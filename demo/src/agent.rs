@@ -17,23 +17,23 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// NVML poll interval of the demo agent at speed 1.
-pub const POLL_MS: u64 = 1000;
+pub(crate) const POLL_MS: u64 = 1000;
 /// Consecutive clean samples before an NVML-condition fault clears (the
 /// engine default, stated here so the narration can name it).
-pub const CLEAR_SAMPLES: u32 = 3;
+pub(crate) const CLEAR_SAMPLES: u32 = 3;
 /// How long the agent may take to report its API address.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long the agent may take to stop after SIGTERM before it is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// The NVML poll interval at `speed` (at least 50 ms).
-pub fn poll_ms(speed: u32) -> u64 {
+pub(crate) fn poll_ms(speed: u32) -> u64 {
     (POLL_MS / u64::from(speed.max(1))).max(50)
 }
 
 /// The demo agent's configuration file: NVML polled every `POLL_MS / speed`,
 /// and the NIC monitor's timings (`crate::nic::timings`).
-pub fn agent_config(speed: u32) -> String {
+pub(crate) fn agent_config(speed: u32) -> String {
     let poll = poll_ms(speed);
     format!(
         "# Written by `gpuwatch demo`.\n[nvml]\npoll_interval_ms = {poll}\nretry_interval_ms = {poll}\n\n[engine]\ncondition_clear_samples = {CLEAR_SAMPLES}\n\n{}",
@@ -44,7 +44,7 @@ pub fn agent_config(speed: u32) -> String {
 /// The agent binary: `--agent`, else `gpuwatch` in this program's directory.
 /// Taken once: a rebuild that replaces this program while the demo runs leaves
 /// `/proc/self/exe` pointing at "… (deleted)".
-pub fn gpuwatch_exe(agent: Option<&Path>) -> Result<PathBuf, DemoError> {
+pub(crate) fn gpuwatch_exe(agent: Option<&Path>) -> Result<PathBuf, DemoError> {
     if let Some(a) = agent {
         return Ok(a.to_path_buf());
     }
@@ -67,7 +67,7 @@ pub fn gpuwatch_exe(agent: Option<&Path>) -> Result<PathBuf, DemoError> {
 }
 
 /// Active faults recorded in the engine's state file.
-pub fn state_file_faults(state: &Path) -> Option<usize> {
+pub(crate) fn state_file_faults(state: &Path) -> Option<usize> {
     let text = std::fs::read_to_string(state.join(gpuwatch_core::engine::STATE_FILE)).ok()?;
     let v: Value = serde_json::from_str(&text).ok()?;
     let gpus: usize = v["gpus"]
@@ -79,7 +79,7 @@ pub fn state_file_faults(state: &Path) -> Option<usize> {
 }
 
 /// The body of `GET path` from the agent's API.
-pub fn http_get(addr: &str, path: &str) -> Option<String> {
+pub(crate) fn http_get(addr: &str, path: &str) -> Option<String> {
     use std::io::Read;
     let mut s = std::net::TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
@@ -94,7 +94,7 @@ pub fn http_get(addr: &str, path: &str) -> Option<String> {
 }
 
 /// What one agent run needs.
-pub struct Phase<'a> {
+pub(crate) struct Phase<'a> {
     pub exe: &'a Path,
     pub scenario: &'a Path,
     pub script: &'a [crate::script::ScriptedLine],
@@ -121,7 +121,7 @@ impl Drop for ChildGuard {
 
 /// A running agent: its events (stdout) and JSON log lines (stderr), each
 /// parsed on a thread of its own.
-pub struct AgentProcess {
+pub(crate) struct AgentProcess {
     child: ChildGuard,
     events: mpsc::Receiver<Value>,
     logs: mpsc::Receiver<Value>,
@@ -142,7 +142,7 @@ fn read_json_lines(out: impl std::io::Read + Send + 'static, tx: mpsc::Sender<Va
 impl AgentProcess {
     /// Starts `gpuwatch run` for `phase`, reading `kmsg`, with its state in
     /// `state`.
-    pub fn start(
+    pub(crate) fn start(
         phase: &Phase<'_>,
         kmsg: &KernelLog,
         state: &Path,
@@ -199,13 +199,13 @@ impl AgentProcess {
     }
 
     /// How long ago the agent was started.
-    pub fn elapsed(&self) -> Duration {
+    pub(crate) fn elapsed(&self) -> Duration {
         self.started.elapsed()
     }
 
     /// Waits for the API address the agent logs; narrates what it logs
     /// meanwhile.
-    pub fn wait_for_api(&mut self, n: &mut Narrator) -> Result<String, DemoError> {
+    pub(crate) fn wait_for_api(&mut self, n: &mut Narrator) -> Result<String, DemoError> {
         let mut api = None;
         while api.is_none() && self.started.elapsed() < START_TIMEOUT {
             match self.logs.recv_timeout(Duration::from_millis(100)) {
@@ -223,7 +223,7 @@ impl AgentProcess {
     }
 
     /// Narrates the events and log lines read so far.
-    pub fn drain(&self, n: &mut Narrator) {
+    pub(crate) fn drain(&self, n: &mut Narrator) {
         while let Ok(ev) = self.events.try_recv() {
             n.event(&ev);
         }
@@ -235,7 +235,7 @@ impl AgentProcess {
     /// Stops the agent cleanly: SIGTERM, it drains and flushes its state.
     /// Returns its exit status (`None`: killed after `STOP_TIMEOUT`), after
     /// narrating what the reader threads still hold.
-    pub fn stop(mut self, n: &mut Narrator) -> Option<ExitStatus> {
+    pub(crate) fn stop(mut self, n: &mut Narrator) -> Option<ExitStatus> {
         let mut status = None;
         if let Some(c) = self.child.0.as_mut() {
             let _ = nix::sys::signal::kill(

@@ -7,7 +7,7 @@ use gpuwatch_proto::{GpuSample, NodeHealth, RecoveryAction, ShortName};
 
 /// One GPU as `/v1/health` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GpuView {
+pub(crate) struct GpuView {
     pub pci: String,
     /// NVML index, once NVML confirmed it in this boot.
     pub index: Option<u64>,
@@ -19,7 +19,7 @@ pub struct GpuView {
 }
 
 impl GpuView {
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         match self.index {
             Some(i) => format!("GPU {i}"),
             None => format!("the GPU at {}", display_pci(&self.pci)),
@@ -49,7 +49,7 @@ impl GpuView {
     }
 }
 
-pub fn gpu_views(h: &NodeHealth) -> Vec<GpuView> {
+pub(crate) fn gpu_views(h: &NodeHealth) -> Vec<GpuView> {
     h.gpus
         .iter()
         .map(|g| GpuView {
@@ -65,7 +65,7 @@ pub fn gpu_views(h: &NodeHealth) -> Vec<GpuView> {
 
 /// The narration line for a GPU whose view changed (`None`: nothing to say —
 /// unchanged, or first seen healthy).
-pub fn gpu_change(prev: Option<&GpuView>, cur: &GpuView) -> Option<String> {
+pub(crate) fn gpu_change(prev: Option<&GpuView>, cur: &GpuView) -> Option<String> {
     let label = cur.label();
     let healthy = cur.verdict == "healthy" && cur.faults.is_empty();
     match prev {
@@ -88,7 +88,7 @@ pub fn gpu_change(prev: Option<&GpuView>, cur: &GpuView) -> Option<String> {
 
 /// Why a GPU does not validate, from its NVML sample in `/v1/health`
 /// (`None`: the GPU does not answer NVML).
-pub fn sample_problems(sample: Option<&GpuSample>) -> Vec<String> {
+pub(crate) fn sample_problems(sample: Option<&GpuSample>) -> Vec<String> {
     let Some(sample) = sample else {
         return vec!["it does not answer NVML".to_string()];
     };
@@ -116,7 +116,7 @@ pub fn sample_problems(sample: Option<&GpuSample>) -> Vec<String> {
 
 /// The rule that would clear a fault of this action (from the engine's
 /// documented recovery rules).
-pub fn clear_rule(action: &str) -> &'static str {
+pub(crate) fn clear_rule(action: &str) -> &'static str {
     match action {
         "inspect_hardware" => {
             "inspect_hardware clears only after a reboot in which the GPU validates for inspect_clear_quiet_secs, or when another GPU (new UUID) sits at this address"
@@ -130,7 +130,7 @@ pub fn clear_rule(action: &str) -> &'static str {
 /// The node's state in plain words: "healthy, 8 GPUs", or "unhealthy:
 /// inspect_hardware (RowRemapFailure), 8 GPUs". No action or reason is named
 /// when there is none.
-pub fn node_line(h: &NodeHealth, gpu_count: Option<usize>) -> String {
+pub(crate) fn node_line(h: &NodeHealth, gpu_count: Option<usize>) -> String {
     let verdict = match h.verdict().short_name() {
         "" | "unspecified" => "not known yet",
         v => v,

@@ -13,14 +13,14 @@ use crate::DemoError;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-pub const PRINTK_DEVKMSG: &str = "/proc/sys/kernel/printk_devkmsg";
+pub(crate) const PRINTK_DEVKMSG: &str = "/proc/sys/kernel/printk_devkmsg";
 /// Present when an NVIDIA kernel module is loaded.
-pub const NVIDIA_DRIVER_PROC: &str = "/proc/driver/nvidia";
-pub const DEV_KMSG: &str = "/dev/kmsg";
+pub(crate) const NVIDIA_DRIVER_PROC: &str = "/proc/driver/nvidia";
+pub(crate) const DEV_KMSG: &str = "/dev/kmsg";
 
 /// Where the demo's kernel lines go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KernelLogKind {
+pub(crate) enum KernelLogKind {
     /// This machine's `/dev/kmsg` (records land as facility user).
     Device,
     /// A private FIFO of kmsg-format records, read through `--kmsg-path`.
@@ -29,7 +29,7 @@ pub enum KernelLogKind {
 
 /// Chooses the kernel log from `--kmsg` and the machine, with the sentence
 /// the demo prints about it; an error when `--kmsg` cannot be honoured.
-pub fn choose_kernel_log(
+pub(crate) fn choose_kernel_log(
     force_kmsg: bool,
     driver_loaded: bool,
     kmsg_writable: bool,
@@ -64,7 +64,7 @@ pub fn choose_kernel_log(
 }
 
 /// Whether this process may write `/dev/kmsg` and lift its rate limit.
-pub fn kmsg_writable() -> bool {
+pub(crate) fn kmsg_writable() -> bool {
     std::fs::OpenOptions::new()
         .append(true)
         .open(DEV_KMSG)
@@ -76,7 +76,7 @@ pub fn kmsg_writable() -> bool {
 }
 
 /// The kernel log the demo writes its scripted lines into.
-pub struct KernelLog {
+pub(crate) struct KernelLog {
     pub kind: KernelLogKind,
     /// What the agent reads (`--kmsg-path`).
     pub path: PathBuf,
@@ -87,7 +87,7 @@ pub struct KernelLog {
 
 impl KernelLog {
     /// Opens the kernel log of `kind`; the FIFO is created in `dir`.
-    pub fn open(kind: KernelLogKind, dir: &Path) -> Result<KernelLog, DemoError> {
+    pub(crate) fn open(kind: KernelLogKind, dir: &Path) -> Result<KernelLog, DemoError> {
         match kind {
             KernelLogKind::Device => KernelLog::device(),
             KernelLogKind::Fifo => KernelLog::fifo(dir),
@@ -136,7 +136,7 @@ impl KernelLog {
     /// XID lines). The kernel turns a userspace write into facility user; in
     /// the FIFO the record is written as the kernel would log the driver's
     /// line.
-    pub fn write(&mut self, message: &str, level: u8) -> std::io::Result<()> {
+    pub(crate) fn write(&mut self, message: &str, level: u8) -> std::io::Result<()> {
         let level = level & 7;
         let record = match self.kind {
             KernelLogKind::Device => format!("<{level}>{message}\n"),
@@ -152,7 +152,7 @@ impl KernelLog {
     }
 
     /// Where the narration says a line went.
-    pub fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match self.kind {
             KernelLogKind::Device => "/dev/kmsg",
             KernelLogKind::Fifo => "FIFO",
@@ -161,7 +161,7 @@ impl KernelLog {
 
     /// The sequence number of the newest record in `/dev/kmsg` (`None` for the
     /// FIFO, or an unreadable device).
-    pub fn last_seq(&self) -> Option<u64> {
+    pub(crate) fn last_seq(&self) -> Option<u64> {
         match self.kind {
             KernelLogKind::Device => last_kmsg_seq(&self.path),
             KernelLogKind::Fifo => None,
@@ -196,7 +196,7 @@ fn each_record(path: &Path, mut f: impl FnMut(xid_parser::KmsgRecord<'_>)) {
 }
 
 /// Sequence number of the newest record in a kmsg device.
-pub fn last_kmsg_seq(path: &Path) -> Option<u64> {
+pub(crate) fn last_kmsg_seq(path: &Path) -> Option<u64> {
     let mut last = None;
     each_record(path, |rec| last = Some(rec.seq));
     last
@@ -204,7 +204,7 @@ pub fn last_kmsg_seq(path: &Path) -> Option<u64> {
 
 /// The records of `path` after `after_seq` whose message is one of `messages`,
 /// formatted as `dmesg -x` prints them (`user  :warn  : [  704.029133] …`).
-pub fn dmesg_x_view(path: &Path, after_seq: u64, messages: &[String]) -> Vec<String> {
+pub(crate) fn dmesg_x_view(path: &Path, after_seq: u64, messages: &[String]) -> Vec<String> {
     const FACILITIES: [&str; 4] = ["kern", "user", "mail", "daemon"];
     const LEVELS: [&str; 8] = [
         "emerg", "alert", "crit", "err", "warn", "notice", "info", "debug",
@@ -226,11 +226,11 @@ pub fn dmesg_x_view(path: &Path, after_seq: u64, messages: &[String]) -> Vec<Str
 
 /// `printk_devkmsg=on` while the demo writes `/dev/kmsg`; the old value comes
 /// back on drop.
-pub struct PrintkGuard(Option<String>);
+pub(crate) struct PrintkGuard(Option<String>);
 
 impl PrintkGuard {
     /// Lifts the rate limit for the `Device` kernel log; nothing for the FIFO.
-    pub fn for_kind(kind: KernelLogKind) -> Result<PrintkGuard, DemoError> {
+    pub(crate) fn for_kind(kind: KernelLogKind) -> Result<PrintkGuard, DemoError> {
         if kind != KernelLogKind::Device {
             return Ok(PrintkGuard(None));
         }

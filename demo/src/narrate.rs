@@ -14,7 +14,7 @@ fn short_gpu(described: &str) -> &str {
     described.split(" (").next().unwrap_or(described)
 }
 
-pub fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
+pub(crate) fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
     v[key].as_str().unwrap_or("")
 }
 
@@ -61,7 +61,7 @@ fn describe_event(ev: &Value) -> String {
 }
 
 /// Turns what the agent reports into the timeline.
-pub struct Narrator {
+pub(crate) struct Narrator {
     pub t0: Instant,
     pub last_node: String,
     pub gpus: BTreeMap<String, GpuView>,
@@ -76,14 +76,14 @@ pub struct Narrator {
 }
 
 /// Narration lines are at most this long.
-pub const LINE_WIDTH: usize = 120;
+pub(crate) const LINE_WIDTH: usize = 120;
 /// `[ 12.3s] DETECTED  `: time and tag before the text.
 const PREFIX_WIDTH: usize = 19;
 
 /// Splits `text` at spaces into lines of at most `width` characters, the
 /// first after nothing, the others after `indent`. A word longer than a line
 /// is cut.
-pub fn wrap(text: &str, width: usize, indent: &str) -> Vec<String> {
+pub(crate) fn wrap(text: &str, width: usize, indent: &str) -> Vec<String> {
     let mut lines = Vec::new();
     let mut cur = String::new();
     let mut cur_len = 0usize;
@@ -128,7 +128,7 @@ pub fn wrap(text: &str, width: usize, indent: &str) -> Vec<String> {
 }
 
 impl Narrator {
-    pub fn new() -> Narrator {
+    pub(crate) fn new() -> Narrator {
         Narrator {
             t0: Instant::now(),
             last_node: String::new(),
@@ -141,7 +141,7 @@ impl Narrator {
         }
     }
 
-    pub fn say(&self, tag: &str, text: &str) {
+    pub(crate) fn say(&self, tag: &str, text: &str) {
         let prefix = format!("[{:5.1}s] {tag:<9} ", self.t0.elapsed().as_secs_f64());
         let indent = " ".repeat(PREFIX_WIDTH);
         let body = wrap(text, LINE_WIDTH - PREFIX_WIDTH, "");
@@ -155,7 +155,7 @@ impl Narrator {
         }
     }
 
-    pub fn event(&mut self, ev: &Value) {
+    pub(crate) fn event(&mut self, ev: &Value) {
         if str_of(ev, "kind") == "nic" {
             // Network records: never GPU faults, not counted with them.
             let line = self.net.record(ev);
@@ -207,7 +207,7 @@ impl Narrator {
     }
 
     /// "summary" text of the faults by final action.
-    pub fn actions_summary(&self) -> String {
+    pub(crate) fn actions_summary(&self) -> String {
         if self.by_action.is_empty() {
             return "none".to_string();
         }
@@ -218,7 +218,7 @@ impl Narrator {
             .join(", ")
     }
 
-    pub fn log(&mut self, v: &Value) {
+    pub(crate) fn log(&mut self, v: &Value) {
         let msg = str_of(v, "message");
         match msg {
             "Fault cleared." | "Node-level fault cleared." => {
@@ -264,7 +264,7 @@ impl Narrator {
         }
     }
 
-    pub fn health(&mut self, h: NodeHealth) {
+    pub(crate) fn health(&mut self, h: NodeHealth) {
         let nvml_reported = h.input_up("nvml");
         for mut g in gpu_views(&h) {
             let prev = self.gpus.get(&g.pci);
@@ -300,7 +300,7 @@ impl Narrator {
     }
 
     /// GPUs that are not healthy at the end, with what keeps them so.
-    pub fn explain_remaining(&self) {
+    pub(crate) fn explain_remaining(&self) {
         let Some(h) = &self.last_health else {
             return;
         };

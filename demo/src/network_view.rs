@@ -17,7 +17,7 @@ const HEALTHY: &str = "NICHealthy";
 
 /// The condition as `/v1/health` shows it: `NetworkProblem=True
 /// NICPortFlapping`.
-pub fn condition(n: &NetworkHealth) -> String {
+pub(crate) fn condition(n: &NetworkHealth) -> String {
     let status = if n.problem { "True" } else { "False" };
     format!("NetworkProblem={status} {}", n.reason)
 }
@@ -33,7 +33,7 @@ fn port_label(device: &str, port: u32, netdev: &str) -> String {
 
 /// The first report: the ports, their link layers and rates, how many are up,
 /// and the condition.
-pub fn first_report(n: &NetworkHealth) -> String {
+pub(crate) fn first_report(n: &NetworkHealth) -> String {
     if n.ports.is_empty() {
         return format!("no RDMA port found; {}", condition(n));
     }
@@ -82,7 +82,7 @@ fn nic_source(source: &str) -> &str {
 /// One `nic` record in words: a kernel link line (`NICLinkDown on ib2
 /// (0000:9b:00.0), from the kernel log`) or a port status change
 /// (`NICPortFlapping on mlx5_2/1 ib2: up → flapping, action investigate`).
-pub fn describe_record(ev: &Value) -> String {
+pub(crate) fn describe_record(ev: &Value) -> String {
     let attr = |k: &str| ev["attributes"][k].as_str().unwrap_or("");
     let reason = serde_json::from_value::<FaultEvent>(ev.clone())
         .map(|e| e.short_reason())
@@ -158,7 +158,7 @@ struct FlapWatch {
 
 /// The network part of the narration.
 #[derive(Debug, Default)]
-pub struct NetworkStory {
+pub(crate) struct NetworkStory {
     /// The condition last narrated; `None` before the first report of this
     /// agent.
     last: Option<String>,
@@ -172,7 +172,7 @@ pub struct NetworkStory {
 
 impl NetworkStory {
     /// A new agent started: its first report is narrated in full.
-    pub fn agent_started(&mut self) {
+    pub(crate) fn agent_started(&mut self) {
         self.last = None;
         self.monitor_ok = None;
     }
@@ -181,7 +181,7 @@ impl NetworkStory {
     /// the GPU verdicts now are the ones the flap must leave alone, and the
     /// agent should report the link down within `timeout`. The clear is
     /// waited for `quiet + timeout` after the flapping is reported.
-    pub fn flap_begins(
+    pub(crate) fn flap_begins(
         &mut self,
         port: &str,
         netdev: &str,
@@ -208,7 +208,7 @@ impl NetworkStory {
 
     /// The flap's last line is written: the agent should report the port
     /// flapping within the timeout.
-    pub fn flap_written(&mut self) {
+    pub(crate) fn flap_written(&mut self) {
         if let Some(w) = &mut self.watch {
             w.flapping.arm(w.timeout);
         }
@@ -216,7 +216,7 @@ impl NetworkStory {
 
     /// A `nic` record: its line, and whether it is the flapped port's link
     /// going down.
-    pub fn record(&mut self, ev: &Value) -> String {
+    pub(crate) fn record(&mut self, ev: &Value) -> String {
         self.records += 1;
         if let Some(w) = &mut self.watch
             && ev["attributes"]["nic_event"] == "link_down"
@@ -230,7 +230,11 @@ impl NetworkStory {
     /// `/v1/health`'s network part: lines (tag, text) for what changed, and,
     /// when the flapped port is reported flapping, whether the GPU verdicts
     /// stayed as they were.
-    pub fn health(&mut self, h: &NodeHealth, gpus: &[GpuView]) -> Vec<(&'static str, String)> {
+    pub(crate) fn health(
+        &mut self,
+        h: &NodeHealth,
+        gpus: &[GpuView],
+    ) -> Vec<(&'static str, String)> {
         let Some(n) = &h.network else {
             return Vec::new();
         };
@@ -283,7 +287,7 @@ impl NetworkStory {
 
     /// What the agent has not reported by its deadline, once each; `now:
     /// None` at the end of the boot (every armed deadline has passed).
-    pub fn overdue(&mut self, now: Option<Instant>) -> Vec<String> {
+    pub(crate) fn overdue(&mut self, now: Option<Instant>) -> Vec<String> {
         let Some(w) = &mut self.watch else {
             return Vec::new();
         };

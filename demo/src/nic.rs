@@ -17,7 +17,7 @@ use std::time::Duration;
 
 /// One ConnectX-7 (InfiniBand NDR, one port) of the demo node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Nic {
+pub(crate) struct Nic {
     /// RDMA device (`mlx5_2`).
     pub device: &'static str,
     /// PCI function, next to a GPU of the scenario.
@@ -29,7 +29,7 @@ pub struct Nic {
 
 /// One NIC per GPU pair, each on the PCIe switch of a scenario GPU
 /// (`nvml-sim/scenarios/demo.toml`: GPUs 0, 2, 4, 6), two per NUMA node.
-pub const NICS: [Nic; 4] = [
+pub(crate) const NICS: [Nic; 4] = [
     Nic {
         device: "mlx5_0",
         pci: "0000:19:00.0",
@@ -57,18 +57,18 @@ pub const NICS: [Nic; 4] = [
 ];
 
 /// The NIC whose port flaps.
-pub const FLAPPING: Nic = NICS[2];
+pub(crate) const FLAPPING: Nic = NICS[2];
 /// Down→up cycles of the flap: the agent's default `flap_threshold`.
-pub const FLAPS: u32 = 3;
+pub(crate) const FLAPS: u32 = 3;
 /// The flap starts this long after the scenario's last injection (scenario
 /// time), once the GPU story of the first boot has been told.
-pub const FLAP_AFTER_LAST_INJECT_MS: u64 = 1_500;
+pub(crate) const FLAP_AFTER_LAST_INJECT_MS: u64 = 1_500;
 /// How long the port stays down, then up, in each cycle (speed 1).
 const HALF_FLAP_MS: u64 = 400;
 
 /// The agent's `[network]` timings at one demo speed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NetworkTimings {
+pub(crate) struct NetworkTimings {
     pub poll_interval_ms: u64,
     /// Longer than a flap's down half: the flaps are flaps, not `NICPortDown`.
     pub down_grace_secs: u64,
@@ -86,7 +86,7 @@ pub struct NetworkTimings {
 /// 100 ms, when faster), a 2 s grace, flapping after 3 flaps within a minute,
 /// cleared after 3 quiet seconds; the windows, whole seconds in the
 /// agent's settings, at least 1 s.
-pub fn timings(speed: u32) -> NetworkTimings {
+pub(crate) fn timings(speed: u32) -> NetworkTimings {
     let speed = u64::from(speed.max(1));
     let poll_interval_ms = (200 / speed).max(100);
     NetworkTimings {
@@ -103,7 +103,7 @@ pub fn timings(speed: u32) -> NetworkTimings {
 impl NetworkTimings {
     /// The agent configuration's `[network]` table (the tree itself comes
     /// with `--sysfs-root`).
-    pub fn config_table(&self) -> String {
+    pub(crate) fn config_table(&self) -> String {
         format!(
             "[network]\npoll_interval_ms = {}\ndown_grace_secs = {}\nflap_threshold = {}\n\
              flap_window_secs = {}\nflap_quiet_secs = {}\n",
@@ -117,7 +117,7 @@ impl NetworkTimings {
 
     /// How long after the flap's first line the boot must still run: the
     /// flap, the quiet window, and the time the agent may take to report.
-    pub fn flap_story(&self) -> Duration {
+    pub(crate) fn flap_story(&self) -> Duration {
         self.half_flap * (2 * FLAPS - 1)
             + Duration::from_secs(self.flap_quiet_secs)
             + self.report_timeout
@@ -126,21 +126,21 @@ impl NetworkTimings {
 
 /// A port state the demo writes into the tree.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PortChange {
+pub(crate) struct PortChange {
     pub nic: Nic,
     pub up: bool,
 }
 
 impl PortChange {
     /// `mlx5_2/1`.
-    pub fn port_name(&self) -> String {
+    pub(crate) fn port_name(&self) -> String {
         format!("{}/1", self.nic.device)
     }
 }
 
 /// The demo node's NICs in a new tree inside `dir`, every port ACTIVE/LinkUp
 /// at 400 Gb/s.
-pub fn build_tree(dir: &Path) -> Result<FakeSysfs, DemoError> {
+pub(crate) fn build_tree(dir: &Path) -> Result<FakeSysfs, DemoError> {
     let tree = FakeSysfs::new_in(dir).map_err(crate::setup_err(format!(
         "cannot create a sysfs tree in {}",
         dir.display()
@@ -157,7 +157,7 @@ pub fn build_tree(dir: &Path) -> Result<FakeSysfs, DemoError> {
 /// shows a port whose cable lost the link (`1: DOWN`, `2: Polling`) or one
 /// back up; the tree adds the carrier change of its netdev, as the kernel
 /// does.
-pub fn apply(tree: &FakeSysfs, change: &PortChange) {
+pub(crate) fn apply(tree: &FakeSysfs, change: &PortChange) {
     if change.up {
         tree.set_port_up(change.nic.device, 1);
     } else {

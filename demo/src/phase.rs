@@ -19,7 +19,7 @@ const HEALTH_EVERY: Duration = Duration::from_millis(250);
 
 /// Starts the agent, plays the script, narrates, stops the agent with
 /// SIGTERM; returns its exit status (`None`: killed after 15 s).
-pub fn run_phase(
+pub(crate) fn run_phase(
     n: &mut Narrator,
     kmsg: &mut KernelLog,
     state: &Path,

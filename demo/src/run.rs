@@ -223,7 +223,7 @@ fn print_intro(args: &DemoArgs, why: &str, setup: &Setup, plan: &Plan) {
 /// Runs both boots (the second unless `--no-reboot`, a signal, or a failed
 /// first agent) and prints the summary; an error when it could not start or
 /// an agent did not exit 0.
-pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
+pub(crate) fn run(args: &DemoArgs) -> Result<(), DemoError> {
     let plan = Plan::read(args)?;
     let exe = agent::gpuwatch_exe(args.agent.as_deref())?;
     let (kind, why) = choose_kernel_log(

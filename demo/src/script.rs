@@ -9,7 +9,7 @@ use std::path::Path;
 
 /// A kernel line the demo writes: when, what, and the narration's words for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ScriptedLine {
+pub(crate) struct ScriptedLine {
     /// Milliseconds after the agent started.
     pub at_ms: u64,
     /// As the driver prints it, without a priority prefix.
@@ -25,7 +25,7 @@ impl ScriptedLine {
     /// The line's kernel log level: `mlx5_core` link lines are
     /// `netdev_info()` (6); NVRM's XID lines are KERN_WARNING (4, `<4>` in
     /// `dmesg -r` of a real H200 driver).
-    pub fn level(&self) -> u8 {
+    pub(crate) fn level(&self) -> u8 {
         if self.port.is_some() { 6 } else { 4 }
     }
 }
@@ -42,7 +42,7 @@ const FIRST_PID: u64 = 31_338;
 
 /// `dddd:bb:dd` (domain, bus, device), as NVRM prints a PCI address: without
 /// the function.
-pub fn kernel_pci(pci: &str) -> String {
+pub(crate) fn kernel_pci(pci: &str) -> String {
     let norm = xid_parser::normalize_pci(pci).unwrap_or_else(|| pci.to_ascii_lowercase());
     norm.rsplit_once('.')
         .map_or(norm.clone(), |(a, _)| a.to_string())
@@ -50,7 +50,7 @@ pub fn kernel_pci(pci: &str) -> String {
 
 /// The one PCI address format of the narration, the agent's own
 /// (`0000:18:00.0`), whatever the scenario file wrote.
-pub fn display_pci(pci: &str) -> String {
+pub(crate) fn display_pci(pci: &str) -> String {
     xid_parser::normalize_pci(pci).unwrap_or_else(|| pci.to_ascii_lowercase())
 }
 
@@ -87,7 +87,7 @@ fn xid_line(pci: &str, xid: u64, pid: u64, process: &str) -> String {
 /// an injected `remapped_rows_failure`, and an application fault (XID 13) on
 /// another GPU 3 s after the first injection, to show that application faults
 /// do not isolate the node.
-pub fn script_from_scenario(text: &str) -> Result<Vec<ScriptedLine>, String> {
+pub(crate) fn script_from_scenario(text: &str) -> Result<Vec<ScriptedLine>, String> {
     let v: toml::Value = toml::from_str(text).map_err(|e| e.to_string())?;
     let gpus = scenario_gpus(&v);
     if gpus.is_empty() {
@@ -190,7 +190,7 @@ fn application_fault(script: &[ScriptedLine], gpus: &[ScenarioGpu]) -> Option<Sc
 /// The flap as script lines from `start_ms` (after the agent started), every
 /// time divided by `speed`: down, up, [`FLAPS`] times, each a port change in
 /// the tree and the `mlx5_core` line the driver prints for it (`crate::nic`).
-pub fn flap_script(start_ms: u64, speed: u32, t: &NetworkTimings) -> Vec<ScriptedLine> {
+pub(crate) fn flap_script(start_ms: u64, speed: u32, t: &NetworkTimings) -> Vec<ScriptedLine> {
     let start = start_ms / u64::from(speed.max(1));
     let half = t.half_flap.as_millis() as u64;
     (0..2 * FLAPS)
@@ -221,7 +221,7 @@ pub fn flap_script(start_ms: u64, speed: u32, t: &NetworkTimings) -> Vec<Scripte
 }
 
 /// The time of the scenario's last injection.
-pub fn last_inject_ms(text: &str) -> u64 {
+pub(crate) fn last_inject_ms(text: &str) -> u64 {
     toml::from_str::<toml::Value>(text)
         .ok()
         .and_then(|v| {
@@ -237,7 +237,7 @@ pub fn last_inject_ms(text: &str) -> u64 {
 
 /// The scenario with every time divided by `speed` (`[[inject]] at_ms`,
 /// `[driver] init_fail_until_ms`).
-pub fn scale_scenario(text: &str, speed: u32) -> Result<String, String> {
+pub(crate) fn scale_scenario(text: &str, speed: u32) -> Result<String, String> {
     let mut v: toml::Value = toml::from_str(text).map_err(|e| e.to_string())?;
     if speed <= 1 {
         return Ok(text.to_string());
@@ -265,7 +265,10 @@ pub fn scale_scenario(text: &str, speed: u32) -> Result<String, String> {
 
 /// Reads a scenario file: its text with times scaled by `speed`, and its
 /// kernel-line script on the same timeline.
-pub fn read_scenario(path: &Path, speed: u32) -> Result<(String, Vec<ScriptedLine>), DemoError> {
+pub(crate) fn read_scenario(
+    path: &Path,
+    speed: u32,
+) -> Result<(String, Vec<ScriptedLine>), DemoError> {
     let err = |message: String| DemoError::Scenario {
         path: path.to_path_buf(),
         message,

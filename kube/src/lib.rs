@@ -347,18 +347,6 @@ pub struct WriterHooks {
     pub shutdown: Shutdown,
 }
 
-/// An async view of `shutdown` for the writer's and the listing's runtime
-/// tasks: it changes to `true` at the trigger (at once when already
-/// triggered), and its sender goes, ending every wait, when the signal is
-/// dropped untriggered.
-pub(crate) fn stop_receiver(shutdown: &Shutdown) -> watch::Receiver<bool> {
-    let (tx, rx) = watch::channel(false);
-    shutdown.on_trigger(move || {
-        tx.send_replace(true);
-    });
-    rx
-}
-
 /// How long the reconcile loop may make no progress before the agent
 /// reports the Node writer stuck: twelve request timeouts (a pass makes a
 /// handful of requests, each bounded by the timeout), at least two
@@ -453,7 +441,7 @@ fn start_quarantine(
     node_name: &str,
     client: Option<kube::Client>,
     metrics: &Arc<KubeMetrics>,
-    shutdown: watch::Receiver<bool>,
+    shutdown: Shutdown,
 ) -> (Option<quarantine::link::Link>, Option<JoinHandle<()>>) {
     let q = &settings.quarantine;
     let metrics = metrics.clone();
@@ -472,7 +460,7 @@ fn start_quarantine(
         identity: node_name.to_owned(),
         lease_duration: q.lease_duration,
         retry: q.retry,
-        recount_every: Duration::from_secs(600),
+        recount_every: quarantine::FLEET_RECOUNT_INTERVAL,
         backoff: (settings.api.backoff_initial, settings.api.backoff_max),
     };
     let (need_tx, need_rx) = watch::channel(quarantine::Need::default());
@@ -514,7 +502,7 @@ struct Shared {
     backend: Arc<dyn backend::NodeApi>,
     queue: Arc<EventQueue>,
     node_uid: Arc<Mutex<Option<String>>>,
-    shutdown: watch::Receiver<bool>,
+    shutdown: Shutdown,
     /// Device isolation (DRA DeviceTaintRules), the reconcile loop's.
     isolator: device_taints::isolate::Isolator,
 }
@@ -590,7 +578,6 @@ impl NodeWriter {
             return Err(KubeError::NoNodeName);
         }
         let shutdown = hooks.shutdown.clone();
-        let shutdown_rx = stop_receiver(&shutdown);
         let isolator = device_taints::isolate::Isolator::new(client, &node_name, &settings);
         let client = client.client().cloned();
         if client.is_none() {
@@ -598,7 +585,7 @@ impl NodeWriter {
         }
         let backend = backend::node_api(client.clone(), &node_name, &settings);
         let (quarantine_link, quarantine_task) =
-            start_quarantine(&settings, &node_name, client, &metrics, shutdown_rx.clone());
+            start_quarantine(&settings, &node_name, client, &metrics, shutdown.clone());
         let events = &settings.events;
         let queue = Arc::new(EventQueue::new(events.queue_capacity, metrics.clone()));
         let sink = Arc::new(KubeEventSink {
@@ -611,7 +598,7 @@ impl NodeWriter {
             backend.clone(),
             node_tx,
             settings.api.clone(),
-            shutdown_rx.clone(),
+            shutdown.clone(),
         ));
         let shared = Shared {
             node_name,
@@ -619,7 +606,7 @@ impl NodeWriter {
             backend,
             queue: queue.clone(),
             node_uid: Arc::new(Mutex::new(None)),
-            shutdown: shutdown_rx,
+            shutdown: shutdown.clone(),
             isolator,
         };
         let events = tokio::spawn(shared.event_writer(&settings).run());
@@ -672,46 +659,5 @@ impl NodeWriter {
                 "Kubernetes Events still queued at shutdown were dropped."
             );
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A task waiting with `changed()` wakes whether the trigger comes
-    /// before it started waiting or after, and when the signal is dropped
-    /// untriggered (nothing could stop the task any more).
-    #[tokio::test]
-    async fn the_stop_receiver_follows_the_shutdown() {
-        let limit = Duration::from_secs(5);
-
-        let before = Shutdown::new();
-        before.trigger();
-        let mut rx = stop_receiver(&before);
-        tokio::time::timeout(limit, rx.changed())
-            .await
-            .expect("a signal triggered before is seen")
-            .expect("the trigger is a change");
-        assert!(*rx.borrow());
-
-        let after = Shutdown::new();
-        let mut rx = stop_receiver(&after);
-        assert!(!*rx.borrow(), "not triggered yet");
-        let waiter = tokio::spawn(async move { rx.changed().await.map(|()| *rx.borrow()) });
-        after.trigger();
-        let seen = tokio::time::timeout(limit, waiter)
-            .await
-            .expect("a trigger wakes the waiter")
-            .expect("the waiter does not panic");
-        assert!(matches!(seen, Ok(true)), "{seen:?}");
-
-        let dropped = Shutdown::new();
-        let mut rx = stop_receiver(&dropped);
-        drop(dropped);
-        let gone = tokio::time::timeout(limit, rx.changed())
-            .await
-            .expect("a dropped signal ends the wait");
-        assert!(gone.is_err(), "the sender went with the signal");
     }
 }

@@ -22,11 +22,12 @@ use super::backend::{ApiError, NodeApi};
 use super::retry::ErrorPolicy;
 use super::settings::ApiSettings;
 use futures::StreamExt;
+use gpuwatch_core::Shutdown;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::watcher;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 /// A Node version from the watcher.
@@ -45,7 +46,7 @@ pub(crate) async fn watch_node(
     api: Arc<dyn NodeApi>,
     tx: mpsc::Sender<Seen>,
     settings: ApiSettings,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: Shutdown,
 ) {
     let Some(mut events) = api.watch_node(settings.watch_timeout_secs) else {
         return;
@@ -54,7 +55,7 @@ pub(crate) async fn watch_node(
     let mut follow = Follow::new(settings.request_timeout);
     loop {
         let next = tokio::select! {
-            _ = shutdown.changed() => return,
+            () = shutdown.triggered() => return,
             next = events.next() => next,
         };
         let step = match next {
@@ -84,7 +85,7 @@ pub(crate) async fn watch_node(
             WatchStep::Failed(e) => errors.after(&e),
         };
         tokio::select! {
-            _ = shutdown.changed() => return,
+            () = shutdown.triggered() => return,
             () = tokio::time::sleep(delay) => {}
         }
     }

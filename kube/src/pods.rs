@@ -40,7 +40,7 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 
 /// Asked-for lists are sent at most this often (each one reads every pod of
 /// the node from the API server).
@@ -100,7 +100,7 @@ impl PodListing {
             settings.api.clone(),
             on_change,
             ask,
-            super::stop_receiver(shutdown),
+            shutdown.clone(),
             progress.clone(),
         ));
         // The loop beats every round (at least every LISTING_BEAT); a list
@@ -188,7 +188,7 @@ async fn watch_pods(
     api: ApiSettings,
     on_change: PlacementCallback,
     ask: Arc<Notify>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: Shutdown,
     progress: Arc<Progress>,
 ) {
     let fields = format!("spec.nodeName={node_name}");
@@ -204,11 +204,11 @@ async fn watch_pods(
     loop {
         progress.beat();
         let next = tokio::select! {
-            _ = shutdown.changed() => return,
+            () = shutdown.triggered() => return,
             () = ask.notified() => {
                 let _list = progress.begin(std::ffi::OsStr::new("a list of the Node's pods"));
                 tokio::select! {
-                    _ = shutdown.changed() => return,
+                    () = shutdown.triggered() => return,
                     () = store.list_now(&pods, &fields, &ask, &mut last_list, api.request_timeout) => {}
                 }
                 continue;

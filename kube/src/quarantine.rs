@@ -67,11 +67,12 @@ pub(crate) use budget::Budget;
 #[cfg(test)]
 pub(crate) use memory::Answer;
 pub(crate) use memory::MemoryLeaseStore;
-pub(crate) use protocol::{Claimant, Settings, Status};
+pub(crate) use protocol::{Claimant, FLEET_RECOUNT_INTERVAL, Settings, Status};
 #[cfg(test)]
 pub(crate) use store::{HolderNode, Holding};
 pub(crate) use store::{KubeLeaseStore, LeaseStore, SlotView};
 
+use gpuwatch_core::Shutdown;
 use tokio::sync::watch;
 
 /// What the reconciler tells the claimant.
@@ -92,7 +93,7 @@ pub(crate) async fn run<S: LeaseStore>(
     mut claimant: Claimant<S>,
     mut need: watch::Receiver<Need>,
     status: watch::Sender<Status>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: Shutdown,
 ) {
     loop {
         let now = need.borrow_and_update().clone();
@@ -108,7 +109,7 @@ pub(crate) async fn run<S: LeaseStore>(
         tokio::select! {
             r = need.changed() => if r.is_err() { return },
             () = tokio::time::sleep_until(step.next) => {}
-            _ = shutdown.wait_for(|stop| *stop) => return,
+            () = shutdown.triggered() => return,
         }
     }
 }

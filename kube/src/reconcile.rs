@@ -17,6 +17,7 @@ use super::node_watch::Seen;
 use super::quarantine;
 use super::settings::KubeSettings;
 use crate::metrics::{KubeMetrics, ValidationResult};
+use gpuwatch_core::Shutdown;
 use gpuwatch_core::heartbeat::Progress;
 use gpuwatch_core::validation::{self, ValidationConfig};
 use gpuwatch_proto::{NodeHealth, ValidationReport};
@@ -71,7 +72,8 @@ pub(crate) struct Reconciler {
     events: Arc<EventQueue>,
     events_enabled: bool,
     node_uid: Arc<Mutex<Option<String>>>,
-    shutdown: watch::Receiver<bool>,
+    /// The writer's stop signal ([`super::WriterHooks::shutdown`]).
+    shutdown: Shutdown,
     live: Option<Node>,
     /// The startup gate's report and what voids it.
     gate: StartupGate,
@@ -99,7 +101,7 @@ pub(crate) struct Parts {
     pub node_rx: mpsc::Receiver<Seen>,
     pub events: Arc<EventQueue>,
     pub node_uid: Arc<Mutex<Option<String>>>,
-    pub shutdown: watch::Receiver<bool>,
+    pub shutdown: Shutdown,
     pub on_validation: Option<super::ValidationCallback>,
     pub quarantine: Option<quarantine::link::Link>,
     pub flap: super::flap::Hysteresis,

@@ -2,7 +2,7 @@
 //! `run --kmsg-path FILE --exit-at-eof` (the replay mode benchmarks use) and
 //! what a running agent's configuration and environment make of `/metrics`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn gpuwatch() -> Command {
@@ -202,6 +202,31 @@ fn json_logs(stderr: &[u8]) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// `gpuwatch run` (hermetic, see [`crate::common::run_command`]) as node
+/// `node` with `config`, no NVML, JSON logs, an empty replay file for its
+/// kernel log and its state in `dir`; then `flags`.
+fn replay_run(dir: &Path, config: &Path, node: &str, flags: &[&str]) -> Command {
+    let replay = dir.join("empty.kmsg");
+    std::fs::write(&replay, "").unwrap();
+    let state = dir.join("state");
+    crate::common::run_command(
+        &[
+            "--no-nvml",
+            "--log-format",
+            "json",
+            "--node-name",
+            node,
+            "--config",
+            config.to_str().unwrap(),
+            "--kmsg-path",
+            replay.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+        flags,
+    )
+}
+
 /// `gpuwatch run` over an empty replay file with OTLP on and the given
 /// config file, environment endpoint and flags; it exits at the end of
 /// the file. The endpoints are closed loopback ports: every export fails
@@ -212,26 +237,8 @@ fn run_otlp(
     env_endpoint: Option<&str>,
     extra: &[&str],
 ) -> std::process::Output {
-    let replay = dir.join("empty.kmsg");
-    std::fs::write(&replay, "").unwrap();
-    let state = dir.join("state");
-    let mut cmd = crate::common::run_command(
-        &[
-            "--no-nvml",
-            "--exit-at-eof",
-            "--log-format",
-            "json",
-            "--node-name",
-            "otlp-source",
-            "--config",
-            config.to_str().unwrap(),
-            "--kmsg-path",
-            replay.to_str().unwrap(),
-            "--state-dir",
-            state.to_str().unwrap(),
-        ],
-        extra,
-    );
+    let flags: Vec<&str> = ["--exit-at-eof"].iter().chain(extra).copied().collect();
+    let mut cmd = replay_run(dir, config, "otlp-source", &flags);
     cmd.env_remove("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
         .env_remove("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT");
     if let Some(url) = env_endpoint {
@@ -265,32 +272,41 @@ fn warnings(logs: &[serde_json::Value]) -> Vec<&serde_json::Value> {
     logs.iter().filter(|l| l["level"] == "WARN").collect()
 }
 
-/// The shipped config sets `[otlp] endpoint`; an operator's
-/// `OTEL_EXPORTER_OTLP_ENDPOINT` then loses. The start says which endpoint
-/// each signal uses and where it comes from, and warns about the ignored
-/// variable with what makes it win; `--otlp-endpoint` wins over both.
-#[test]
-fn run_says_the_otlp_endpoint_source_and_warns_about_an_overridden_env() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("gpuwatch.toml");
+/// `dir/gpuwatch.toml` with OTLP on over gRPC, to `endpoint` when given.
+fn otlp_config(dir: &Path, endpoint: Option<&str>) -> PathBuf {
+    let config = dir.join("gpuwatch.toml");
+    let endpoint = endpoint.map_or(String::new(), |e| format!("endpoint = \"{e}\"\n"));
     std::fs::write(
         &config,
-        "[otlp]\nenabled = true\nprotocol = \"grpc\"\nendpoint = \"http://127.0.0.1:9\"\n",
+        format!("[otlp]\nenabled = true\nprotocol = \"grpc\"\n{endpoint}"),
     )
     .unwrap();
+    config
+}
 
-    // File and environment disagree: the file wins, with a warning.
-    let out = run_otlp(dir.path(), &config, Some("http://127.0.0.1:7"), &[]);
-    let logs = json_logs(&out.stderr);
-    let file = "config [otlp] endpoint".to_owned();
+/// Both signals' start lines say they export to `url`, from `source`.
+fn assert_both_signals_use(logs: &[serde_json::Value], url: &str, source: &str) {
     assert_eq!(
-        endpoint_lines(&logs),
+        endpoint_lines(logs),
         [
-            ("metrics".into(), "http://127.0.0.1:9".into(), file.clone()),
-            ("logs".into(), "http://127.0.0.1:9".into(), file.clone()),
+            ("metrics".into(), url.into(), source.into()),
+            ("logs".into(), url.into(), source.into()),
         ],
         "{logs:#?}"
     );
+}
+
+/// The shipped config sets `[otlp] endpoint`; an operator's
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` then loses. The start says which endpoint
+/// each signal uses and where it comes from, and warns once about the
+/// ignored variable with what makes it win.
+#[test]
+fn run_says_a_config_endpoint_wins_over_the_env_and_warns_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = otlp_config(dir.path(), Some("http://127.0.0.1:9"));
+    let out = run_otlp(dir.path(), &config, Some("http://127.0.0.1:7"), &[]);
+    let logs = json_logs(&out.stderr);
+    assert_both_signals_use(&logs, "http://127.0.0.1:9", "config [otlp] endpoint");
     let warned = warnings(&logs);
     let ignored: Vec<_> = warned
         .iter()
@@ -307,8 +323,14 @@ fn run_says_the_otlp_endpoint_source_and_warns_about_an_overridden_env() {
         message.contains("remove `[otlp] endpoint` from the config"),
         "{message}"
     );
+}
 
-    // The flag wins over the file and the environment.
+/// `--otlp-endpoint` wins over the file and the environment, and the
+/// warning about the variable says to drop the flag as well.
+#[test]
+fn run_says_the_otlp_endpoint_flag_wins_over_config_and_env() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = otlp_config(dir.path(), Some("http://127.0.0.1:9"));
     let out = run_otlp(
         dir.path(),
         &config,
@@ -316,15 +338,7 @@ fn run_says_the_otlp_endpoint_source_and_warns_about_an_overridden_env() {
         &["--otlp-endpoint", "http://127.0.0.1:8"],
     );
     let logs = json_logs(&out.stderr);
-    let flag = "--otlp-endpoint flag".to_owned();
-    assert_eq!(
-        endpoint_lines(&logs),
-        [
-            ("metrics".into(), "http://127.0.0.1:8".into(), flag.clone()),
-            ("logs".into(), "http://127.0.0.1:8".into(), flag.clone()),
-        ],
-        "{logs:#?}"
-    );
+    assert_both_signals_use(&logs, "http://127.0.0.1:8", "--otlp-endpoint flag");
     let warned = warnings(&logs);
     let w = warned
         .iter()
@@ -339,8 +353,14 @@ fn run_says_the_otlp_endpoint_source_and_warns_about_an_overridden_env() {
             .contains("drop the --otlp-endpoint flag and remove `[otlp] endpoint` from the config"),
         "{w}"
     );
+}
 
-    // The same URL in both: the file's is used, nothing to warn about.
+/// The same URL in the config and the environment: the file's is used,
+/// nothing to warn about.
+#[test]
+fn run_warns_of_nothing_when_config_and_env_name_the_same_endpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = otlp_config(dir.path(), Some("http://127.0.0.1:9"));
     let out = run_otlp(dir.path(), &config, Some("http://127.0.0.1:9/"), &[]);
     let logs = json_logs(&out.stderr);
     assert_eq!(endpoint_lines(&logs).len(), 2, "{logs:#?}");
@@ -348,20 +368,16 @@ fn run_says_the_otlp_endpoint_source_and_warns_about_an_overridden_env() {
         !warnings(&logs).iter().any(|w| w.get("ignored").is_some()),
         "{logs:#?}"
     );
+}
 
-    // Only the environment: it is used and named.
-    std::fs::write(&config, "[otlp]\nenabled = true\nprotocol = \"grpc\"\n").unwrap();
+/// Only the environment names an endpoint: it is used and named.
+#[test]
+fn run_uses_and_names_an_env_endpoint_the_config_leaves_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = otlp_config(dir.path(), None);
     let out = run_otlp(dir.path(), &config, Some("http://127.0.0.1:7"), &[]);
     let logs = json_logs(&out.stderr);
-    let env = "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned();
-    assert_eq!(
-        endpoint_lines(&logs),
-        [
-            ("metrics".into(), "http://127.0.0.1:7".into(), env.clone()),
-            ("logs".into(), "http://127.0.0.1:7".into(), env.clone()),
-        ],
-        "{logs:#?}"
-    );
+    assert_both_signals_use(&logs, "http://127.0.0.1:7", "OTEL_EXPORTER_OTLP_ENDPOINT");
 }
 
 /// check-config reads the environment as the agent does: the same warning,
@@ -428,104 +444,116 @@ impl Drop for Running {
     }
 }
 
-/// `/metrics` of the running binary follows the OTel -> Prometheus
-/// compatibility rules with its settings: `target_info` carries the whole
-/// resource the OTLP export resolves (`OTEL_RESOURCE_ATTRIBUTES` and
-/// `[otlp.resource_attributes]`, with the OTLP export off too), never the
-/// agent's own pod that manifests of older releases put there; every other
-/// series carries `otel_scope_name` / `otel_scope_version`, and
-/// `[api] otel_scope_labels = false` leaves them out.
-#[test]
-fn metrics_target_info_has_the_environment_resource_and_scope_labels_switch() {
+/// `/metrics` of a running agent with Prometheus on, `[api]
+/// otel_scope_labels = scope_labels`, `[otlp.resource_attributes]` setting
+/// `k8s.cluster.name` (the OTLP export off) and an `OTEL_RESOURCE_ATTRIBUTES`
+/// that also names the agent's own pod, as manifests of older releases did.
+fn metrics_with_scope_labels(scope_labels: bool) -> String {
     use crate::common::{Lines, http_get, wait_until};
     use std::time::Duration;
-    for scope_labels in [true, false] {
-        let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("gpuwatch.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[api]\nprometheus = true\notel_scope_labels = {scope_labels}\n\
-                 [otlp.resource_attributes]\n\"k8s.cluster.name\" = \"prod\"\n\
-                 [kubelet]\npod_resources_socket = \"\"\n"
-            ),
-        )
-        .unwrap();
-        let replay = dir.path().join("empty.kmsg");
-        std::fs::write(&replay, "").unwrap();
-        let state = dir.path().join("state");
-        let mut cmd = crate::common::run_command(
-            &[
-                "--no-nvml",
-                "--log-format",
-                "json",
-                "--node-name",
-                "scope-node",
-                "--api-listen",
-                "127.0.0.1:0",
-                "--config",
-                config.to_str().unwrap(),
-                "--kmsg-path",
-                replay.to_str().unwrap(),
-                "--state-dir",
-                state.to_str().unwrap(),
-            ],
-            &[],
-        );
-        cmd.env(
-            "OTEL_RESOURCE_ATTRIBUTES",
-            "team=gpu-infra,k8s.pod.name=gpuwatch-abcde,k8s.namespace.name=gpuwatch",
-        )
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped());
-        let mut agent = Running(cmd.spawn().expect("start gpuwatch"));
-        let stderr = Lines::default();
-        stderr.spawn_reader(agent.0.stderr.take().expect("stderr piped"));
-        let api = || {
-            stderr
-                .logs("API listening.")
-                .first()
-                .and_then(|v| v["addr"].as_str().map(str::to_owned))
-        };
-        let mut text = String::new();
-        assert!(
-            wait_until(Duration::from_secs(20), || {
-                if let Some((200, body)) = api().and_then(|a| http_get(&a, "/metrics")) {
-                    text = body;
-                }
-                !text.is_empty()
-            }),
-            "no /metrics; agent log:\n{}",
-            stderr.tail(40)
-        );
-        let target_info: Vec<&str> = text
-            .lines()
-            .filter(|l| l.starts_with("target_info{"))
-            .collect();
-        assert_eq!(target_info.len(), 1, "{text}");
-        for kv in [
-            "team=\"gpu-infra\"",
-            "k8s_cluster_name=\"prod\"",
-            "service_name=\"gpuwatch\"",
-            "service_instance_id=\"scope-node\"",
-            "k8s_node_name=\"scope-node\"",
-        ] {
-            assert!(target_info[0].contains(kv), "{kv}: {}", target_info[0]);
-        }
-        for own in ["k8s_pod_name", "k8s_namespace_name"] {
-            assert!(!target_info[0].contains(own), "{own}: {}", target_info[0]);
-        }
-        let series: Vec<&str> = text
-            .lines()
-            .filter(|l| !l.starts_with('#') && !l.starts_with("target_info"))
-            .collect();
-        assert!(series.len() >= 3, "{text}");
-        for l in series {
-            assert_eq!(
-                l.contains("otel_scope_name=\"gpuwatch\"") && l.contains("otel_scope_version=\""),
-                scope_labels,
-                "otel_scope_labels = {scope_labels}: {l}"
-            );
-        }
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gpuwatch.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[api]\nprometheus = true\notel_scope_labels = {scope_labels}\n\
+             [otlp.resource_attributes]\n\"k8s.cluster.name\" = \"prod\"\n\
+             [kubelet]\npod_resources_socket = \"\"\n"
+        ),
+    )
+    .unwrap();
+    let mut cmd = replay_run(
+        dir.path(),
+        &config,
+        "scope-node",
+        &["--api-listen", "127.0.0.1:0"],
+    );
+    cmd.env(
+        "OTEL_RESOURCE_ATTRIBUTES",
+        "team=gpu-infra,k8s.pod.name=gpuwatch-abcde,k8s.namespace.name=gpuwatch",
+    )
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped());
+    let mut agent = Running(cmd.spawn().expect("start gpuwatch"));
+    let stderr = Lines::default();
+    stderr.spawn_reader(agent.0.stderr.take().expect("stderr piped"));
+    let api = || {
+        stderr
+            .logs("API listening.")
+            .first()
+            .and_then(|v| v["addr"].as_str().map(str::to_owned))
+    };
+    let mut text = String::new();
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            if let Some((200, body)) = api().and_then(|a| http_get(&a, "/metrics")) {
+                text = body;
+            }
+            !text.is_empty()
+        }),
+        "no /metrics; agent log:\n{}",
+        stderr.tail(40)
+    );
+    text
+}
+
+/// One `target_info` with the whole resource the OTLP export resolves
+/// (`OTEL_RESOURCE_ATTRIBUTES` and `[otlp.resource_attributes]`), never the
+/// agent's own pod.
+fn assert_target_info_is_the_resource(text: &str) {
+    let target_info: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("target_info{"))
+        .collect();
+    assert_eq!(target_info.len(), 1, "{text}");
+    for kv in [
+        "team=\"gpu-infra\"",
+        "k8s_cluster_name=\"prod\"",
+        "service_name=\"gpuwatch\"",
+        "service_instance_id=\"scope-node\"",
+        "k8s_node_name=\"scope-node\"",
+    ] {
+        assert!(target_info[0].contains(kv), "{kv}: {}", target_info[0]);
     }
+    for own in ["k8s_pod_name", "k8s_namespace_name"] {
+        assert!(!target_info[0].contains(own), "{own}: {}", target_info[0]);
+    }
+}
+
+/// Every series but `target_info` (at least 3) carries `otel_scope_name` /
+/// `otel_scope_version` exactly when `scope_labels`.
+fn assert_scope_labels(text: &str, scope_labels: bool) {
+    let series: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.starts_with("target_info"))
+        .collect();
+    assert!(series.len() >= 3, "{text}");
+    for l in series {
+        assert_eq!(
+            l.contains("otel_scope_name=\"gpuwatch\"") && l.contains("otel_scope_version=\""),
+            scope_labels,
+            "otel_scope_labels = {scope_labels}: {l}"
+        );
+    }
+}
+
+/// `/metrics` of the running binary follows the OTel -> Prometheus
+/// compatibility rules: `target_info` carries the whole resource the OTLP
+/// export resolves (with the OTLP export off too), never the agent's own
+/// pod; every other series carries `otel_scope_name` /
+/// `otel_scope_version`.
+#[test]
+fn metrics_target_info_has_the_environment_resource_and_scope_labels() {
+    let text = metrics_with_scope_labels(true);
+    assert_target_info_is_the_resource(&text);
+    assert_scope_labels(&text, true);
+}
+
+/// `[api] otel_scope_labels = false` leaves the scope labels out, and
+/// `target_info` is the same.
+#[test]
+fn metrics_scope_labels_switch_off_leaves_them_out() {
+    let text = metrics_with_scope_labels(false);
+    assert_target_info_is_the_resource(&text);
+    assert_scope_labels(&text, false);
 }

@@ -254,56 +254,29 @@ const STUCK: &str =
     "An input is stuck; what it covers is reported as unknown until it makes progress again.";
 const READS_AGAIN: &str = "An input that was stuck makes progress again.";
 
-/// A FIFO in a counter's place blocks the poller in its `open`, as a hung
-/// firmware command blocks an mlx5 `hw_counters` read. Within the deadline
-/// (3 poll intervals, at least 5 s) the monitor is down, naming the file,
-/// logged once, `gpuwatch_monitor_up{input="network"}` 0; when the read
-/// returns, the real verdict is back (logged once). Stuck again, the agent
-/// still stops at once on SIGTERM.
-#[test]
-fn a_stuck_counter_read_makes_the_network_unknown_until_it_returns() {
-    let dir = tempfile::tempdir().unwrap();
-    let sysfs = FakeSysfs::node_of(2);
-    let agent = start(dir.path(), &sysfs);
-    let addr = agent.api_addr().expect("API address logged");
+/// The network part of `/v1/health` once `pred` holds for it.
+fn wait_network(
+    addr: &str,
+    what: &str,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
     let mut last = serde_json::Value::Null;
     assert!(
         wait_until(T, || {
-            last = network(&addr);
-            last["monitor_ok"] == true && last["ports"].as_array().map(Vec::len) == Some(2)
+            last = network(addr);
+            pred(&last)
         }),
-        "no first scan: {last:#}"
+        "{what}: {last:#}"
     );
-    assert_eq!(last["reason"], "NICHealthy", "{last:#}");
-    assert_eq!(network_up_metric(&addr).as_deref(), Some("1"));
+    last
+}
 
-    // The reader opens the files at their resolved paths (under
-    // /sys/devices), and names them so.
-    let resolved = |p: std::path::PathBuf| std::fs::canonicalize(&p).unwrap();
-    let fifo = resolved(sysfs.make_counter_blocking("mlx5_1", 1, "hw_counters/out_of_buffer"));
-    let stuck_at = Instant::now();
-    assert!(
-        wait_until(T, || {
-            last = network(&addr);
-            last["monitor_ok"] == false
-        }),
-        "the monitor never went down: {last:#}"
-    );
-    let waited = stuck_at.elapsed();
-    // Not before the deadline (less the poll interval the read may have
-    // started early), and not long after it.
-    assert!(waited >= Duration::from_millis(4800), "{waited:?}");
-    assert!(waited < Duration::from_secs(12), "{waited:?}");
-    let message = last["monitor_message"].as_str().unwrap();
-    assert!(
-        message.contains(&format!("reading {} has not returned for", fifo.display())),
-        "{message}"
-    );
-    assert_eq!(last["problem"], false, "a blind monitor is no verdict");
-    assert_eq!(network_up_metric(&addr).as_deref(), Some("0"));
-    // One warning (that the watchdog reports a stall once however many
-    // ticks it lasts is `Watchdog::check`'s, on an injected clock in
-    // gpuwatch-core; it is still one after the recovery below).
+/// The stall is logged once, as a warning naming the stuck file `fifo`, and
+/// nothing says it reads again.
+fn assert_stall_warned_once(agent: &TestAgent, fifo: &std::path::Path) {
+    // That the watchdog reports a stall once however many ticks it lasts is
+    // `Watchdog::check`'s, on an injected clock in gpuwatch-core; it is
+    // still one after the recovery.
     assert!(wait_until(T, || !agent.logs(STUCK).is_empty()));
     let warned = agent.logs(STUCK);
     assert_eq!(warned.len(), 1, "{}", agent.stderr.tail(10));
@@ -316,31 +289,17 @@ fn a_stuck_counter_read_makes_the_network_unknown_until_it_returns() {
         warned[0]
     );
     assert!(agent.logs(READS_AGAIN).is_empty());
+}
 
-    // The read returns: the real verdict is back, by itself.
-    sysfs.unblock_counter("mlx5_1", 1, "hw_counters/out_of_buffer", 7);
-    assert!(
-        wait_until(T, || {
-            last = network(&addr);
-            last["monitor_ok"] == true
-        }),
-        "the monitor never came back: {last:#}"
-    );
-    assert_eq!(last["reason"], "NICHealthy", "{last:#}");
-    assert_eq!(last["monitor_message"], "", "{last:#}");
-    assert_eq!(network_up_metric(&addr).as_deref(), Some("1"));
-    assert!(wait_until(T, || agent.logs(READS_AGAIN).len() == 1));
-    assert_eq!(agent.logs(STUCK).len(), 1);
-
-    // Stuck again (another counter): SIGTERM does not wait for the read.
-    let fifo = resolved(sysfs.make_counter_blocking("mlx5_0", 1, "symbol_error"));
-    assert!(
-        wait_until(T, || {
-            last = network(&addr);
-            last["monitor_ok"] == false
-        }),
-        "the monitor never went down again: {last:#}"
-    );
+/// Stuck again (another counter, the monitor down naming it): SIGTERM does
+/// not wait for the read; the NIC poller is abandoned and gpuwatch exits 0
+/// within 5 s.
+fn assert_sigterm_leaves_a_stuck_read_behind(agent: TestAgent, addr: &str, sysfs: &FakeSysfs) {
+    let fifo =
+        std::fs::canonicalize(sysfs.make_counter_blocking("mlx5_0", 1, "symbol_error")).unwrap();
+    let last = wait_network(addr, "the monitor never went down again", |n| {
+        n["monitor_ok"] == false
+    });
     assert!(
         last["monitor_message"]
             .as_str()
@@ -363,25 +322,70 @@ fn a_stuck_counter_read_makes_the_network_unknown_until_it_returns() {
     );
 }
 
-/// Two AWS EFA devices (their ports say ACTIVE/LinkUp, always) through the
-/// agent: NICHealthy saying what it read, never a port "up"; counters rising
-/// within the EKS node monitoring agent's buckets change nothing, a rise
-/// over one is NICErrorRate naming the device and counter (an event, a
-/// metric) until flap_quiet passes.
+/// A FIFO in a counter's place blocks the poller in its `open`, as a hung
+/// firmware command blocks an mlx5 `hw_counters` read. Within the deadline
+/// (3 poll intervals, at least 5 s) the monitor is down, naming the file,
+/// logged once, `gpuwatch_monitor_up{input="network"}` 0; when the read
+/// returns, the real verdict is back (logged once). Stuck again, the agent
+/// still stops at once on SIGTERM.
 #[test]
-fn efa_devices_are_judged_by_counter_rates_never_their_state() {
+fn a_stuck_counter_read_makes_the_network_unknown_until_it_returns() {
     let dir = tempfile::tempdir().unwrap();
-    let sysfs = FakeSysfs::efa_node_of(2);
-    let agent = start_with(dir.path(), &sysfs, "expected_ports = { efa = 2 }\n");
+    let sysfs = FakeSysfs::node_of(2);
+    let agent = start(dir.path(), &sysfs);
     let addr = agent.api_addr().expect("API address logged");
-    let mut last = serde_json::Value::Null;
+    let last = wait_network(&addr, "no first scan", |n| {
+        n["monitor_ok"] == true && n["ports"].as_array().map(Vec::len) == Some(2)
+    });
+    assert_eq!(last["reason"], "NICHealthy", "{last:#}");
+    assert_eq!(network_up_metric(&addr).as_deref(), Some("1"));
+
+    // The reader opens the files at their resolved paths (under
+    // /sys/devices), and names them so.
+    let fifo = std::fs::canonicalize(sysfs.make_counter_blocking(
+        "mlx5_1",
+        1,
+        "hw_counters/out_of_buffer",
+    ))
+    .unwrap();
+    let stuck_at = Instant::now();
+    let last = wait_network(&addr, "the monitor never went down", |n| {
+        n["monitor_ok"] == false
+    });
+    let waited = stuck_at.elapsed();
+    // Not before the deadline (less the poll interval the read may have
+    // started early), and not long after it.
+    assert!(waited >= Duration::from_millis(4800), "{waited:?}");
+    assert!(waited < Duration::from_secs(12), "{waited:?}");
+    let message = last["monitor_message"].as_str().unwrap();
     assert!(
-        wait_until(T, || {
-            last = network(&addr);
-            last["ports"].as_array().map(Vec::len) == Some(2)
-        }),
-        "no first scan: {last:#}"
+        message.contains(&format!("reading {} has not returned for", fifo.display())),
+        "{message}"
     );
+    assert_eq!(last["problem"], false, "a blind monitor is no verdict");
+    assert_eq!(network_up_metric(&addr).as_deref(), Some("0"));
+    assert_stall_warned_once(&agent, &fifo);
+
+    // The read returns: the real verdict is back, by itself.
+    sysfs.unblock_counter("mlx5_1", 1, "hw_counters/out_of_buffer", 7);
+    let last = wait_network(&addr, "the monitor never came back", |n| {
+        n["monitor_ok"] == true
+    });
+    assert_eq!(last["reason"], "NICHealthy", "{last:#}");
+    assert_eq!(last["monitor_message"], "", "{last:#}");
+    assert_eq!(network_up_metric(&addr).as_deref(), Some("1"));
+    assert!(wait_until(T, || agent.logs(READS_AGAIN).len() == 1));
+    assert_eq!(agent.logs(STUCK).len(), 1);
+
+    assert_sigterm_leaves_a_stuck_read_behind(agent, &addr, &sysfs);
+}
+
+/// Two EFA devices just scanned: NICHealthy saying what it read (presence
+/// and error-counter rates), every port `state_unreported`, never "up".
+fn assert_efa_healthy_by_presence(addr: &str) {
+    let last = wait_network(addr, "no first scan", |n| {
+        n["ports"].as_array().map(Vec::len) == Some(2)
+    });
     assert_eq!(last["reason"], "NICHealthy", "{last:#}");
     let message = last["message"].as_str().unwrap();
     assert!(
@@ -393,33 +397,12 @@ fn efa_devices_are_judged_by_counter_rates_never_their_state() {
         assert_eq!(p["status"], "state_unreported", "{p:#}");
         assert_eq!(p["link_layer"], "efa", "{p:#}");
     }
+}
 
-    // Within the buckets: each counter's whole burst at once, seen by a
-    // scan, changes nothing. (The refill, 1 a second for ever, is the token
-    // bucket's, on an injected clock in gpuwatch-core.)
-    sysfs.set_hw_counter("rdmap17s0", 1, "rx_drops", 100);
-    sysfs.set_hw_counter("rdmap16s0", 1, "retrans_pkts", 1_000);
-    sysfs.set_hw_counter("rdmap16s0", 1, "retrans_bytes", 1_000_000);
-    assert!(
-        wait_until(T, || {
-            last = network(&addr);
-            port_health(&last, "rdmap17s0")["error_counts"]["rx_drops"] == 100
-                && port_health(&last, "rdmap16s0")["error_counts"]["retrans_bytes"] == 1_000_000
-        }),
-        "the rises were never counted: {last:#}"
-    );
-    assert_eq!(last["reason"], "NICHealthy", "{last:#}");
-    assert!(agent.events("NICErrorRate").is_empty());
-
-    // Over: 500 drops at once.
-    sysfs.set_hw_counter("rdmap17s0", 1, "rx_drops", 600);
-    let n = wait_reason(&addr, "NICErrorRate");
-    assert_eq!(n["problem"], true);
-    let message = n["message"].as_str().unwrap();
-    assert!(
-        message.starts_with("rdmap17s0/1 AWS EFA error rate: rx_drops rose by 500"),
-        "{message}"
-    );
+/// The rx_drops breach on rdmap17s0 as an event (kind nic, warning, the
+/// device, counter and link layer) and in `/metrics` (one rate breach, the
+/// problem gauge), with no up/down series for an EFA port.
+fn assert_efa_breach_reported(agent: &TestAgent, addr: &str) {
     assert!(
         agent.wait_events("NICErrorRate", 1, T),
         "{}",
@@ -431,7 +414,7 @@ fn efa_devices_are_judged_by_counter_rates_never_their_state() {
     assert_eq!(ev["attributes"]["rdma_device"], "rdmap17s0");
     assert_eq!(ev["attributes"]["nic_counter"], "rx_drops");
     assert_eq!(ev["attributes"]["link_layer"], "efa");
-    let (_, metrics) = http_get(&addr, "/metrics").unwrap();
+    let (_, metrics) = http_get(addr, "/metrics").unwrap();
     assert!(
         metrics
             .lines()
@@ -451,6 +434,44 @@ fn efa_devices_are_judged_by_counter_rates_never_their_state() {
             .any(|l| l.starts_with("gpuwatch_network_problem{") && l.contains("NICErrorRate")),
         "{metrics}"
     );
+}
+
+/// Two AWS EFA devices (their ports say ACTIVE/LinkUp, always) through the
+/// agent: NICHealthy saying what it read, never a port "up"; counters rising
+/// within the EKS node monitoring agent's buckets change nothing, a rise
+/// over one is NICErrorRate naming the device and counter (an event, a
+/// metric) until flap_quiet passes.
+#[test]
+fn efa_devices_are_judged_by_counter_rates_never_their_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let sysfs = FakeSysfs::efa_node_of(2);
+    let agent = start_with(dir.path(), &sysfs, "expected_ports = { efa = 2 }\n");
+    let addr = agent.api_addr().expect("API address logged");
+    assert_efa_healthy_by_presence(&addr);
+
+    // Within the buckets: each counter's whole burst at once, seen by a
+    // scan, changes nothing. (The refill, 1 a second for ever, is the token
+    // bucket's, on an injected clock in gpuwatch-core.)
+    sysfs.set_hw_counter("rdmap17s0", 1, "rx_drops", 100);
+    sysfs.set_hw_counter("rdmap16s0", 1, "retrans_pkts", 1_000);
+    sysfs.set_hw_counter("rdmap16s0", 1, "retrans_bytes", 1_000_000);
+    let last = wait_network(&addr, "the rises were never counted", |n| {
+        port_health(n, "rdmap17s0")["error_counts"]["rx_drops"] == 100
+            && port_health(n, "rdmap16s0")["error_counts"]["retrans_bytes"] == 1_000_000
+    });
+    assert_eq!(last["reason"], "NICHealthy", "{last:#}");
+    assert!(agent.events("NICErrorRate").is_empty());
+
+    // Over: 500 drops at once.
+    sysfs.set_hw_counter("rdmap17s0", 1, "rx_drops", 600);
+    let n = wait_reason(&addr, "NICErrorRate");
+    assert_eq!(n["problem"], true);
+    let message = n["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("rdmap17s0/1 AWS EFA error rate: rx_drops rose by 500"),
+        "{message}"
+    );
+    assert_efa_breach_reported(&agent, &addr);
 
     // Quiet for flap_quiet (3 s): healthy again, with a recovery record.
     let n = wait_reason(&addr, "NICHealthy");

@@ -1110,7 +1110,11 @@ fn sigterm_with_the_default_deadline_and_stuck_calls_exits_within_ten_seconds() 
         "NVML never available: {}",
         agent.stderr.tail(20)
     );
-    // Every call blocks from 1.5 s after the first init on.
+    // Every call blocks from 1.5 s after the first init on. SIGTERM must
+    // come while calls are stuck but before their 5 s deadline: the
+    // simulator gives no sign that a call entered its hang, and the agent
+    // reports a stuck call only at that deadline, so the test waits for
+    // the scenario's own time (1.5 s, and a poll that started after it).
     std::thread::sleep(Duration::from_millis(2500));
     let t = Instant::now();
     let (code, _, stderr) = agent.stop();
@@ -1242,6 +1246,53 @@ fn mig_devices_are_read_with_their_instance_ids() {
     h.stop();
 }
 
+/// `/v1/health` of the agent at `addr`, once `pred` holds for it (15 s).
+fn wait_agent_health(
+    addr: &str,
+    agent: &crate::common::TestAgent,
+    what: &str,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let health = || {
+        crate::common::http_get(addr, "/v1/health")
+            .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
+    };
+    assert!(
+        crate::common::wait_until(Duration::from_secs(15), || health()
+            .is_some_and(|h| pred(&h))),
+        "{what}: {:#?} {}",
+        health(),
+        agent.stderr.tail(20)
+    );
+    health().unwrap()
+}
+
+/// The GPU at `pci` in `/v1/health` `h`.
+fn health_gpu(h: &serde_json::Value, pci: &str) -> serde_json::Value {
+    h["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["pci_address"] == pci)
+        .unwrap_or_else(|| panic!("no GPU {pci}: {h:#}"))
+        .clone()
+}
+
+/// A GPU's MIG instances in `/v1/health`: (GPU instance, verdict).
+fn instance_verdicts(g: &serde_json::Value) -> Vec<(u64, String)> {
+    g["mig_instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["gpu_instance"].as_u64().unwrap(),
+                m["verdict"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
 /// A whole agent on `test-mig.toml` with a kernel log it follows: XID 94
 /// (contained ECC) on GPU instance 5 of GPU 0 marks that instance only —
 /// its siblings, GPU 0 and the node stay healthy — while XID 95
@@ -1258,22 +1309,11 @@ fn a_contained_mig_fault_is_scoped_to_its_instance_through_the_agent() {
         &["--kmsg-path", log.to_str().unwrap()],
     );
     let addr = agent.api_addr().expect("API address");
-    let health = || {
-        crate::common::http_get(&addr, "/v1/health")
-            .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
-    };
-    let mig_listed = |h: &serde_json::Value| {
+    wait_agent_health(&addr, &agent, "MIG instances never listed", |h| {
         h["gpus"]
             .as_array()
             .is_some_and(|g| g.len() == 2 && g.iter().all(|g| g["mig_instances"].is_array()))
-    };
-    assert!(
-        crate::common::wait_until(Duration::from_secs(15), || health()
-            .is_some_and(|h| mig_listed(&h))),
-        "MIG instances never listed: {:#?} {}",
-        health(),
-        agent.stderr.tail(20)
-    );
+    });
     let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
     std::io::Write::write_all(
         &mut f,
@@ -1281,57 +1321,27 @@ fn a_contained_mig_fault_is_scoped_to_its_instance_through_the_agent() {
           3,11,1100,-;NVRM: Xid (PCI:0000:5d:00 GPU-I:01): 95, pid=7202, name=python, Ch 00000010, Uncontained ECC error\n",
     )
     .unwrap();
-    let both = |h: &serde_json::Value| {
+    let h = wait_agent_health(&addr, &agent, "faults never active", |h| {
         h["gpus"].as_array().is_some_and(|g| {
             g.iter()
                 .all(|g| g["active_faults"].as_array().is_some_and(|a| !a.is_empty()))
         })
-    };
-    assert!(
-        crate::common::wait_until(Duration::from_secs(15), || health()
-            .is_some_and(|h| both(&h))),
-        "faults never active: {:#?} {}",
-        health(),
-        agent.stderr.tail(20)
-    );
-    let h = health().unwrap();
-    let gpu = |pci: &str| {
-        h["gpus"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|g| g["pci_address"] == pci)
-            .unwrap_or_else(|| panic!("no GPU {pci}: {h:#}"))
-            .clone()
-    };
-    let instances = |g: &serde_json::Value| -> Vec<(u64, String)> {
-        g["mig_instances"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| {
-                (
-                    m["gpu_instance"].as_u64().unwrap(),
-                    m["verdict"].as_str().unwrap().to_owned(),
-                )
-            })
-            .collect()
-    };
-    let g0 = gpu("0000:3b:00.0");
+    });
+    let g0 = health_gpu(&h, "0000:3b:00.0");
     assert_eq!(g0["verdict"], "healthy", "{g0:#}");
     assert_eq!(g0["active_faults"][0]["gpu_instance"], 5, "{g0:#}");
     assert_eq!(
-        instances(&g0),
+        instance_verdicts(&g0),
         [
             (1, "healthy".to_owned()),
             (5, "degraded".to_owned()),
             (13, "healthy".to_owned())
         ]
     );
-    let g1 = gpu("0000:5d:00.0");
+    let g1 = health_gpu(&h, "0000:5d:00.0");
     assert_eq!(g1["verdict"], "unhealthy", "{g1:#}");
     assert_eq!(
-        instances(&g1),
+        instance_verdicts(&g1),
         [(1, "unhealthy".to_owned()), (2, "unhealthy".to_owned())]
     );
     let events = agent.events("Contained ECC error");

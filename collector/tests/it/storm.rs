@@ -5,7 +5,9 @@
 
 use crate::common::{self, Lines, wait_timeout, wait_until};
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// 1 M XID 13 lines over 50 k distinct PCI addresses, one XID 79 halfway.
@@ -59,18 +61,16 @@ fn status_kib(pid: u32, field: &str) -> u64 {
 /// (peak, sampled) instead: 32 MiB minus the release binary's code.
 const ANON_BUDGET_KIB: u64 = 26 * 1024;
 
-#[test]
-fn a_storm_of_50k_addresses_keeps_memory_and_metrics_bounded_and_the_xid_79() {
-    let dir = tempfile::tempdir().unwrap();
-    let replay = dir.path().join("storm.kmsg");
-    storm_file(&replay);
+/// `gpuwatch run` replaying `replay` (no NVML, Prometheus on, state in
+/// `dir/state`), its stderr captured.
+fn spawn_storm_agent(dir: &std::path::Path, replay: &std::path::Path) -> (Child, Lines) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
         .args(["run", "--no-nvml", "--log-format", "json", "--prometheus"])
         .args(["--api-listen", "127.0.0.1:0", "--node-name", "storm-node"])
         .arg("--state-dir")
-        .arg(dir.path().join("state"))
+        .arg(dir.join("state"))
         .arg("--kmsg-path")
-        .arg(&replay)
+        .arg(replay)
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -79,19 +79,41 @@ fn a_storm_of_50k_addresses_keeps_memory_and_metrics_bounded_and_the_xid_79() {
         .expect("start gpuwatch");
     let stderr = Lines::default();
     stderr.spawn_reader(child.stderr.take().unwrap());
-    let pid = child.id();
-    let stop_sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sampler = {
-        let stop = stop_sampling.clone();
-        std::thread::spawn(move || {
-            let mut peak = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                peak = peak.max(status_kib(pid, "RssAnon"));
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            peak
-        })
-    };
+    (child, stderr)
+}
+
+/// Samples a process's anonymous RSS every 20 ms until [`RssSampler::peak`].
+struct RssSampler {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl RssSampler {
+    fn start(pid: u32) -> RssSampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut peak = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    peak = peak.max(status_kib(pid, "RssAnon"));
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                peak
+            })
+        };
+        RssSampler { stop, thread }
+    }
+
+    /// Stops sampling: the highest `RssAnon` seen, in KiB.
+    fn peak(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
+/// The local API address the agent logged, once it has.
+fn logged_api_addr(stderr: &Lines) -> String {
     let addr = || {
         stderr
             .matching("API listening.")
@@ -100,12 +122,16 @@ fn a_storm_of_50k_addresses_keeps_memory_and_metrics_bounded_and_the_xid_79() {
             .and_then(|v| v["addr"].as_str().map(str::to_string))
     };
     assert!(wait_until(Duration::from_secs(20), || addr().is_some()));
-    let addr = addr().unwrap();
-    // The replay ends (readiness: the reader caught up with its input), then
-    // the engine works through what is queued.
+    addr().unwrap()
+}
+
+/// Waits until the replay has ended (readiness: the reader caught up with
+/// its input) and the engine has worked through what is queued, up to the
+/// XID 79: `/v1/health` then.
+fn wait_replayed_with_xid79(addr: &str, stderr: &Lines) -> String {
     assert!(
         wait_until(Duration::from_secs(300), || common::http_get(
-            &addr, "/readyz"
+            addr, "/readyz"
         )
         .is_some_and(|(c, _)| c == 200)),
         "never caught up: {}",
@@ -114,7 +140,7 @@ fn a_storm_of_50k_addresses_keeps_memory_and_metrics_bounded_and_the_xid_79() {
     let mut health = String::new();
     assert!(
         wait_until(Duration::from_secs(60), || {
-            health = common::http_get(&addr, "/v1/health")
+            health = common::http_get(addr, "/v1/health")
                 .map(|r| r.1)
                 .unwrap_or_default();
             health.contains("XID79")
@@ -122,11 +148,23 @@ fn a_storm_of_50k_addresses_keeps_memory_and_metrics_bounded_and_the_xid_79() {
         "the XID 79 was dropped in the storm: {}",
         &health[..health.len().min(2000)]
     );
+    health
+}
+
+#[test]
+fn a_storm_of_50k_addresses_keeps_memory_and_metrics_bounded_and_the_xid_79() {
+    let dir = tempfile::tempdir().unwrap();
+    let replay = dir.path().join("storm.kmsg");
+    storm_file(&replay);
+    let (mut child, stderr) = spawn_storm_agent(dir.path(), &replay);
+    let pid = child.id();
+    let sampler = RssSampler::start(pid);
+    let addr = logged_api_addr(&stderr);
+    let health = wait_replayed_with_xid79(&addr, &stderr);
     let (code, metrics) = common::http_get(&addr, "/metrics").unwrap();
     assert_eq!(code, 200);
     let hwm = status_kib(pid, "VmHWM");
-    stop_sampling.store(true, std::sync::atomic::Ordering::Relaxed);
-    let peak_anon = sampler.join().unwrap();
+    let peak_anon = sampler.peak();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,

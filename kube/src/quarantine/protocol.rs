@@ -37,6 +37,16 @@ pub(crate) struct Settings {
     pub namespace: String,
 }
 
+/// How often the holder of slot 0 counts the fleet again (a paged list of
+/// the Nodes `quarantine_node_selector` matches, metadata only), to turn a
+/// share budget ("10%") into a number of slots. Ten minutes: a fleet grows or
+/// shrinks over minutes to hours (autoscaling, maintenance), so a count this
+/// old is off by at most the Nodes added in that time, while one list of
+/// every Node (thousands, in pages) per ten minutes per cluster is no load
+/// on the API server. Not a setting: the budget's share and floor are what
+/// an operator tunes; how fresh the count is changes neither.
+pub(crate) const FLEET_RECOUNT_INTERVAL: Duration = Duration::from_secs(600);
+
 /// Where this agent stands in the budget.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Status {

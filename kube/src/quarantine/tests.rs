@@ -22,7 +22,7 @@ fn settings(identity: &str, budget: &str) -> Settings {
         identity: identity.to_owned(),
         lease_duration: LEASE,
         retry: Duration::from_secs(15),
-        recount_every: Duration::from_secs(600),
+        recount_every: FLEET_RECOUNT_INTERVAL,
         backoff: (Duration::from_millis(500), Duration::from_secs(30)),
         namespace: "gpuwatch".into(),
     }
@@ -42,7 +42,8 @@ struct Board {
 
 struct SimClaimant {
     need: tokio::sync::watch::Sender<Need>,
-    stop: tokio::sync::watch::Sender<bool>,
+    /// The agent process's stop signal, as `run` gets it.
+    stop: Shutdown,
     task: JoinHandle<()>,
 }
 
@@ -73,15 +74,15 @@ impl ClaimantFleet {
             node_uid: format!("uid-of-{name}"),
             reason: "inspect_hardware".into(),
         });
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stop = Shutdown::new();
         let board = self.board.clone();
         let who = name.to_owned();
-        let task = tokio::spawn(agent_loop(claimant, need_rx, stop_rx, board, who));
+        let task = tokio::spawn(agent_loop(claimant, need_rx, stop.clone(), board, who));
         self.agents.insert(
             name.to_owned(),
             SimClaimant {
                 need: need_tx,
-                stop: stop_tx,
+                stop,
                 task,
             },
         );
@@ -105,7 +106,7 @@ impl ClaimantFleet {
 
     async fn stop_all(self) {
         for (_, a) in self.agents {
-            let _ = a.stop.send(true);
+            a.stop.trigger();
             let _ = a.task.await;
         }
     }
@@ -138,7 +139,7 @@ impl ClaimantFleet {
 async fn agent_loop(
     mut claimant: Claimant<Arc<MemoryLeaseStore>>,
     mut need: tokio::sync::watch::Receiver<Need>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: Shutdown,
     board: Arc<Mutex<Board>>,
     who: String,
 ) {
@@ -165,7 +166,7 @@ async fn agent_loop(
         tokio::select! {
             r = need.changed() => if r.is_err() { return },
             () = tokio::time::sleep_until(step.next) => {}
-            _ = stop.wait_for(|s| *s) => return,
+            () = stop.triggered() => return,
         }
     }
 }

@@ -30,7 +30,7 @@ impl Reconciler {
         let progress = self.progress.clone();
         loop {
             progress.beat();
-            if *self.shutdown.borrow() {
+            if self.shutdown.is_triggered() {
                 break;
             }
             self.start_validation_if_due(&mut run);
@@ -42,7 +42,7 @@ impl Reconciler {
             self.plan(&mut run);
             let wake = run.next_wake(self.gate_active());
             tokio::select! {
-                _ = self.shutdown.changed() => break,
+                () = self.shutdown.triggered() => break,
                 r = async {
                     match self.quarantine.as_mut() {
                         Some(q) => q.status_changes().changed().await,

@@ -12,19 +12,19 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-pub use gpuwatch_test_support::kmsg::{DevKmsg, marker, ring, seq_of};
-pub use gpuwatch_test_support::process::wait_timeout;
+pub(crate) use gpuwatch_test_support::kmsg::{DevKmsg, marker, ring, seq_of};
+pub(crate) use gpuwatch_test_support::process::wait_timeout;
 
 /// A distinct PCI domain for a test (events on distinct GPUs are never
 /// coalesced by the engine's dedup window).
-pub fn pci_domain(marker: &str) -> u16 {
+pub(crate) fn pci_domain(marker: &str) -> u16 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     std::hash::Hash::hash(marker, &mut h);
     0x1000 + (std::hash::Hasher::finish(&h) % 0xe000) as u16
 }
 
 /// An XID 79 line for GPU `domain:bus`, tagged with `marker` and `i`.
-pub fn xid_line(marker: &str, domain: u16, bus: u8) -> String {
+pub(crate) fn xid_line(marker: &str, domain: u16, bus: u8) -> String {
     format!(
         "NVRM: Xid (PCI:{domain:04x}:{bus:02x}:00): 79, pid=4242, name={marker}-{bus}, GPU has fallen off the bus."
     )
@@ -32,11 +32,11 @@ pub fn xid_line(marker: &str, domain: u16, bus: u8) -> String {
 
 /// Captured output lines of a child.
 #[derive(Clone, Default)]
-pub struct Lines(Arc<Mutex<Vec<String>>>);
+pub(crate) struct Lines(Arc<Mutex<Vec<String>>>);
 
 impl Lines {
     /// Appends every line `r` yields, from a background thread.
-    pub fn spawn_reader(&self, r: impl Read + Send + 'static) {
+    pub(crate) fn spawn_reader(&self, r: impl Read + Send + 'static) {
         let lines = self.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(r).lines().map_while(Result::ok) {
@@ -46,12 +46,12 @@ impl Lines {
     }
 
     /// Snapshot.
-    pub fn get(&self) -> Vec<String> {
+    pub(crate) fn get(&self) -> Vec<String> {
         self.0.lock().expect("lines lock").clone()
     }
 
     /// Lines containing `needle`.
-    pub fn matching(&self, needle: &str) -> Vec<String> {
+    pub(crate) fn matching(&self, needle: &str) -> Vec<String> {
         self.get()
             .into_iter()
             .filter(|l| l.contains(needle))
@@ -59,7 +59,7 @@ impl Lines {
     }
 
     /// JSON log lines whose `message` is `message`.
-    pub fn logs(&self, message: &str) -> Vec<serde_json::Value> {
+    pub(crate) fn logs(&self, message: &str) -> Vec<serde_json::Value> {
         self.get()
             .iter()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -68,7 +68,7 @@ impl Lines {
     }
 
     /// The last `n` lines, joined (for assertion messages).
-    pub fn tail(&self, n: usize) -> String {
+    pub(crate) fn tail(&self, n: usize) -> String {
         let all = self.get();
         all[all.len().saturating_sub(n)..].join("\n")
     }
@@ -76,7 +76,11 @@ impl Lines {
 
 /// Polls `cond` every `every` until it holds or `timeout` passes; checks once
 /// more at the deadline.
-pub fn poll_until(timeout: Duration, every: Duration, mut cond: impl FnMut() -> bool) -> bool {
+pub(crate) fn poll_until(
+    timeout: Duration,
+    every: Duration,
+    mut cond: impl FnMut() -> bool,
+) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if cond() {
@@ -88,13 +92,13 @@ pub fn poll_until(timeout: Duration, every: Duration, mut cond: impl FnMut() -> 
 }
 
 /// Waits up to `timeout` for `cond`, polling every 50 ms.
-pub fn wait_until(timeout: Duration, cond: impl FnMut() -> bool) -> bool {
+pub(crate) fn wait_until(timeout: Duration, cond: impl FnMut() -> bool) -> bool {
     poll_until(timeout, Duration::from_millis(50), cond)
 }
 
 /// The state letter of a `/proc/.../stat` file (`R`, `S`, `T`, `Z`, ...);
 /// `None` when the file cannot be read or parsed.
-pub fn proc_state(stat_path: impl AsRef<Path>) -> Option<char> {
+pub(crate) fn proc_state(stat_path: impl AsRef<Path>) -> Option<char> {
     let stat = std::fs::read_to_string(stat_path).ok()?;
     stat.rsplit_once(") ")
         .and_then(|(_, rest)| rest.chars().next())
@@ -103,7 +107,7 @@ pub fn proc_state(stat_path: impl AsRef<Path>) -> Option<char> {
 /// Builds the nvml-sim cdylib once per test process (a no-op when it is
 /// fresh: it cannot be a dependency of this package) and returns its path,
 /// `libnvml_sim.so` next to the `gpuwatch` executable.
-pub fn nvml_sim_lib() -> &'static Path {
+pub(crate) fn nvml_sim_lib() -> &'static Path {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
     LIB.get_or_init(|| {
         // target/<profile>/gpuwatch → target/<profile>
@@ -133,7 +137,12 @@ pub fn nvml_sim_lib() -> &'static Path {
 /// Runs `gpuwatch validate --nvml-sim SIM` (the init-container check) with
 /// `state_dir = DIR` plus `config` as its settings, an empty kernel log, no
 /// node name and no kubeconfig, and `args` after the subcommand's own.
-pub fn run_validate(dir: &Path, sim: &Path, config: &str, args: &[&str]) -> std::process::Output {
+pub(crate) fn run_validate(
+    dir: &Path,
+    sim: &Path,
+    config: &str,
+    args: &[&str],
+) -> std::process::Output {
     let conf = dir.join("validate.toml");
     std::fs::write(
         &conf,
@@ -160,7 +169,7 @@ pub fn run_validate(dir: &Path, sim: &Path, config: &str, args: &[&str]) -> std:
 
 /// The JSON report of a `gpuwatch validate --json` run (panics with its
 /// output when there is none).
-pub fn validation_report(out: &std::process::Output) -> gpuwatch_proto::ValidationReport {
+pub(crate) fn validation_report(out: &std::process::Output) -> gpuwatch_proto::ValidationReport {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "{e}: {}\n{}",
@@ -171,7 +180,7 @@ pub fn validation_report(out: &std::process::Output) -> gpuwatch_proto::Validati
 }
 
 /// A file under `collector/tests/data/`.
-pub fn data(name: &str) -> PathBuf {
+pub(crate) fn data(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data")
         .join(name)
@@ -183,7 +192,7 @@ pub fn data(name: &str) -> PathBuf {
 /// from the developer's shell, and no `OTEL_*` redirection of its export.
 /// The arguments are `run`, then `flags`, then `extra` (a test's own flags,
 /// last as on a command line).
-pub fn run_command(flags: &[&str], extra: &[&str]) -> Command {
+pub(crate) fn run_command(flags: &[&str], extra: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpuwatch"));
     cmd.arg("run");
     if !flags.contains(&"--sysfs-root") && !extra.contains(&"--sysfs-root") {
@@ -202,7 +211,7 @@ pub fn run_command(flags: &[&str], extra: &[&str]) -> Command {
 }
 
 /// A running `gpuwatch run`.
-pub struct TestAgent {
+pub(crate) struct TestAgent {
     pub child: Child,
     pub stdout: Lines,
     pub stderr: Lines,
@@ -212,14 +221,14 @@ pub struct TestAgent {
 impl TestAgent {
     /// Starts `gpuwatch run --sink stdout --no-nvml --state-dir DIR
     /// --api-listen 127.0.0.1:0 --log-format json` plus `extra`.
-    pub fn start(state_dir: &Path, extra: &[&str]) -> TestAgent {
+    pub(crate) fn start(state_dir: &Path, extra: &[&str]) -> TestAgent {
         TestAgent::spawn(state_dir, &["--no-nvml"], extra, None)
     }
 
     /// Starts `gpuwatch run --sink stdout --nvml-sim SCENARIO --state-dir DIR
     /// --api-listen 127.0.0.1:0 --log-format json` plus `extra`, with the
     /// nvml-sim library built by [`nvml_sim_lib`].
-    pub fn start_nvml_sim(state_dir: &Path, scenario: &Path, extra: &[&str]) -> TestAgent {
+    pub(crate) fn start_nvml_sim(state_dir: &Path, scenario: &Path, extra: &[&str]) -> TestAgent {
         let scenario = scenario.to_str().expect("UTF-8 scenario path");
         TestAgent::spawn(
             state_dir,
@@ -279,7 +288,7 @@ impl TestAgent {
     }
 
     /// The API address the agent logged.
-    pub fn api_addr(&self) -> Option<String> {
+    pub(crate) fn api_addr(&self) -> Option<String> {
         self.stderr
             .matching("API listening.")
             .first()
@@ -288,7 +297,7 @@ impl TestAgent {
     }
 
     /// Event JSON objects (stdout) whose text contains `needle`.
-    pub fn events(&self, needle: &str) -> Vec<serde_json::Value> {
+    pub(crate) fn events(&self, needle: &str) -> Vec<serde_json::Value> {
         self.stdout
             .matching(needle)
             .iter()
@@ -297,24 +306,24 @@ impl TestAgent {
     }
 
     /// Waits until `n` events contain `needle`.
-    pub fn wait_events(&self, needle: &str, n: usize, timeout: Duration) -> bool {
+    pub(crate) fn wait_events(&self, needle: &str, n: usize, timeout: Duration) -> bool {
         wait_until(timeout, || self.events(needle).len() >= n)
     }
 
     /// JSON log lines (stderr) with this message.
-    pub fn logs(&self, message: &str) -> Vec<serde_json::Value> {
+    pub(crate) fn logs(&self, message: &str) -> Vec<serde_json::Value> {
         self.stderr.logs(message)
     }
 
     /// The kernel-log position in the saved state (`kmsg.last_seq`).
-    pub fn cursor_seq(&self) -> Option<u64> {
+    pub(crate) fn cursor_seq(&self) -> Option<u64> {
         let text = std::fs::read_to_string(self.state_dir.join("health.json")).ok()?;
         let v: serde_json::Value = serde_json::from_str(&text).ok()?;
         v["kmsg"]["last_seq"].as_u64()
     }
 
     /// Sends a signal.
-    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+    pub(crate) fn signal(&self, sig: nix::sys::signal::Signal) {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig)
             .expect("signal the agent");
         if sig == nix::sys::signal::Signal::SIGSTOP {
@@ -348,14 +357,14 @@ impl TestAgent {
     }
 
     /// SIGTERM and wait; returns the exit status code.
-    pub fn stop(mut self) -> (Option<i32>, Lines, Lines) {
+    pub(crate) fn stop(mut self) -> (Option<i32>, Lines, Lines) {
         self.signal(nix::sys::signal::Signal::SIGTERM);
         let status = wait_timeout(&mut self.child, Duration::from_secs(20));
         (status, self.stdout.clone(), self.stderr.clone())
     }
 
     /// SIGKILL and reap.
-    pub fn kill9(mut self) {
+    pub(crate) fn kill9(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -380,7 +389,7 @@ pub fn monitor_input(health: &serde_json::Value, input: &str) -> serde_json::Val
 }
 
 /// Minimal HTTP/1.1 GET (status, body); understands chunked bodies.
-pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+pub(crate) fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     let mut s = std::net::TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(

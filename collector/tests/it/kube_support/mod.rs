@@ -11,8 +11,8 @@
 #![allow(dead_code)]
 
 use crate::common::{Lines, nvml_sim_lib, poll_until, proc_state, wait_timeout};
-pub use crate::kube_common::build::taint;
-pub use crate::kube_common::taint_keys;
+pub(crate) use crate::kube_common::build::taint;
+pub(crate) use crate::kube_common::taint_keys;
 use crate::kube_common::{ApiDouble, Recorded, build, condition, taint_value};
 use k8s_openapi::api::core::v1::{Event, Node, NodeCondition, Taint};
 use serde_json::Value;
@@ -22,30 +22,31 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-pub use crate::common::{data, http_get};
+pub(crate) use crate::common::{data, http_get};
 
 /// The Node the double serves and the agent writes.
-pub const NODE: &str = "kube-e2e-node";
+pub(crate) const NODE: &str = "kube-e2e-node";
 /// gpuwatch's readiness condition.
-pub const READY: &str = "AcceleratedHardwareReady";
+pub(crate) const READY: &str = "AcceleratedHardwareReady";
 /// gpuwatch's problem condition.
-pub const PROBLEM: &str = "GPUProblem";
+pub(crate) const PROBLEM: &str = "GPUProblem";
 /// gpuwatch's fault taint key.
-pub const FAULT_TAINT: &str = "gpuwatch.io/unhealthy";
+pub(crate) const FAULT_TAINT: &str = "gpuwatch.io/unhealthy";
 /// The startup taint key (cluster-autoscaler convention).
-pub const STARTUP_TAINT: &str = "startup-taint.cluster-autoscaler.kubernetes.io/gpu-not-ready";
+pub(crate) const STARTUP_TAINT: &str =
+    "startup-taint.cluster-autoscaler.kubernetes.io/gpu-not-ready";
 /// Generous bound for things that should take a second or two.
-pub const T: Duration = Duration::from_secs(15);
+pub(crate) const T: Duration = Duration::from_secs(15);
 
 /// Builds nvml-sim once per test process (a no-op when it is fresh), so that
 /// `--nvml-sim` finds `libnvml_sim.so` next to the `gpuwatch` executable.
-pub fn ensure_nvml_sim() {
+pub(crate) fn ensure_nvml_sim() {
     nvml_sim_lib();
 }
 
 /// A Node named [`NODE`] with these taints, on a p5.48xlarge whose device
 /// plugin advertises the board's 8 GPUs.
-pub fn node(taints: Vec<Taint>) -> Node {
+pub(crate) fn node(taints: Vec<Taint>) -> Node {
     build::node(
         NODE,
         taints,
@@ -54,13 +55,13 @@ pub fn node(taints: Vec<Taint>) -> Node {
 }
 
 /// Polls `cond` every 2 ms until it holds or `timeout` passes.
-pub fn wait_until(timeout: Duration, cond: impl FnMut() -> bool) -> bool {
+pub(crate) fn wait_until(timeout: Duration, cond: impl FnMut() -> bool) -> bool {
     poll_until(timeout, Duration::from_millis(2), cond)
 }
 
 /// Where the agent reads NVML from.
 #[derive(Debug, Clone, Copy)]
-pub enum Nvml<'a> {
+pub(crate) enum Nvml<'a> {
     /// `--nvml-sim collector/tests/data/<file>`.
     Sim(&'a str),
     /// `--no-nvml`.
@@ -69,7 +70,7 @@ pub enum Nvml<'a> {
 
 /// One test's world: the API double, the kernel-log FIFO, the boot id, the
 /// state directory.
-pub struct KubeWorld {
+pub(crate) struct KubeWorld {
     /// The API-server double (dropped before the runtime that serves it).
     pub api: ApiDouble,
     /// Serves the double.
@@ -84,7 +85,7 @@ pub struct KubeWorld {
 impl KubeWorld {
     /// Starts the double serving `node`; creates the FIFO and the boot-id file
     /// (`boot-a`).
-    pub fn new(node: Node) -> KubeWorld {
+    pub(crate) fn new(node: Node) -> KubeWorld {
         ensure_nvml_sim();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -114,22 +115,22 @@ impl KubeWorld {
     }
 
     /// The FIFO given to `--kmsg-path`.
-    pub fn fifo_path(&self) -> PathBuf {
+    pub(crate) fn fifo_path(&self) -> PathBuf {
         self.dir.path().join("kmsg.fifo")
     }
 
     /// The state directory (same for every agent of this rig).
-    pub fn state_dir(&self) -> PathBuf {
+    pub(crate) fn state_dir(&self) -> PathBuf {
         self.dir.path().join("state")
     }
 
     /// The file given to `--boot-id-path`.
-    pub fn boot_id_path(&self) -> PathBuf {
+    pub(crate) fn boot_id_path(&self) -> PathBuf {
         self.dir.path().join("boot_id")
     }
 
     /// Simulates a boot: the next agent reads this boot id.
-    pub fn set_boot_id(&self, id: &str) {
+    pub(crate) fn set_boot_id(&self, id: &str) {
         std::fs::write(self.boot_id_path(), format!("{id}\n")).expect("write boot id");
     }
 
@@ -138,7 +139,7 @@ impl KubeWorld {
     /// (`min_write_interval_ms`) stays at its production default. `extra` is
     /// appended (more `[validation]`/`[kube]` keys go in `kube_extra` and
     /// `validation` so sections are not repeated).
-    pub fn config(&self, kube_extra: &str, validation: &str) -> PathBuf {
+    pub(crate) fn config(&self, kube_extra: &str, validation: &str) -> PathBuf {
         let text = format!(
             r#"node_name = "{NODE}"
 
@@ -173,7 +174,7 @@ normal_event_spread_secs = 0
 
     /// Starts `gpuwatch run` with `config` (from [`KubeWorld::config`]), this rig's
     /// FIFO, boot id and state dir, plus `extra` flags.
-    pub fn start(&self, config: &Path, nvml: Nvml<'_>, extra: &[&str]) -> KubeAgent {
+    pub(crate) fn start(&self, config: &Path, nvml: Nvml<'_>, extra: &[&str]) -> KubeAgent {
         let (fifo, boot_id, state_dir) = (self.fifo_path(), self.boot_id_path(), self.state_dir());
         let mut flags = vec![
             "--config",
@@ -224,7 +225,7 @@ normal_event_spread_secs = 0
 
     /// Writes one kmsg-format record (facility user, level warning) into the
     /// FIFO; returns when the write returned.
-    pub fn write_kmsg(&mut self, message: &str) {
+    pub(crate) fn write_kmsg(&mut self, message: &str) {
         let ts_usec = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
             .map(|t| t.tv_sec() as u64 * 1_000_000 + t.tv_nsec() as u64 / 1000)
             .unwrap_or(0);
@@ -237,39 +238,39 @@ normal_event_spread_secs = 0
     }
 
     /// The Node as stored by the double.
-    pub fn node(&self) -> Node {
+    pub(crate) fn node(&self) -> Node {
         self.api.node()
     }
 
     /// One of the Node's conditions.
-    pub fn cond(&self, type_: &str) -> Option<NodeCondition> {
+    pub(crate) fn cond(&self, type_: &str) -> Option<NodeCondition> {
         condition(&self.node(), type_)
     }
 
     /// `(status, reason)` of a condition, `("", "")` when absent.
-    pub fn cond_status(&self, type_: &str) -> (String, String) {
+    pub(crate) fn cond_status(&self, type_: &str) -> (String, String) {
         self.cond(type_)
             .map(|c| (c.status, c.reason.unwrap_or_default()))
             .unwrap_or_default()
     }
 
     /// Value of the taint with `key` (`Some("")` for a taint without value).
-    pub fn taint(&self, key: &str) -> Option<String> {
+    pub(crate) fn taint(&self, key: &str) -> Option<String> {
         taint_value(&self.node(), key)
     }
 
     /// Events the double holds.
-    pub fn events(&self) -> Vec<Event> {
+    pub(crate) fn events(&self) -> Vec<Event> {
         self.api.events()
     }
 
     /// Requests the double received.
-    pub fn requests(&self) -> Vec<Recorded> {
+    pub(crate) fn requests(&self) -> Vec<Recorded> {
         self.api.requests()
     }
 
     /// Write requests (anything but GET) received so far.
-    pub fn writes(&self) -> Vec<Recorded> {
+    pub(crate) fn writes(&self) -> Vec<Recorded> {
         self.requests()
             .into_iter()
             .filter(Recorded::is_write)
@@ -278,7 +279,7 @@ normal_event_spread_secs = 0
 
     /// Waits until no write reached the double for `quiet` (the writer's
     /// coalescing interval has passed), up to `timeout`.
-    pub fn wait_quiet(&self, quiet: Duration, timeout: Duration) -> bool {
+    pub(crate) fn wait_quiet(&self, quiet: Duration, timeout: Duration) -> bool {
         wait_until(timeout, || {
             self.writes().last().is_none_or(|r| r.at.elapsed() >= quiet)
         })
@@ -286,7 +287,7 @@ normal_event_spread_secs = 0
 }
 
 /// A running `gpuwatch run`.
-pub struct KubeAgent {
+pub(crate) struct KubeAgent {
     child: Child,
     /// JSON log lines.
     pub stderr: Lines,
@@ -296,19 +297,19 @@ pub struct KubeAgent {
 
 impl KubeAgent {
     /// Whether the process has exited.
-    pub fn exited(&self) -> bool {
+    pub(crate) fn exited(&self) -> bool {
         // try_wait needs &mut; /proc tells without reaping.
         proc_state(format!("/proc/{}/stat", self.child.id()))
             .is_none_or(|state| state == 'Z' || state == 'X')
     }
 
     /// JSON log lines whose `message` is `message`.
-    pub fn logs(&self, message: &str) -> Vec<Value> {
+    pub(crate) fn logs(&self, message: &str) -> Vec<Value> {
         self.stderr.logs(message)
     }
 
     /// Every JSON log line at WARN or ERROR.
-    pub fn warnings(&self) -> Vec<Value> {
+    pub(crate) fn warnings(&self) -> Vec<Value> {
         self.stderr
             .get()
             .iter()
@@ -318,7 +319,7 @@ impl KubeAgent {
     }
 
     /// The local API address the agent logged.
-    pub fn api_addr(&self) -> String {
+    pub(crate) fn api_addr(&self) -> String {
         self.logs("API listening.")
             .first()
             .and_then(|v| v["addr"].as_str().map(str::to_owned))
@@ -326,7 +327,7 @@ impl KubeAgent {
     }
 
     /// `GET /v1/health` as JSON.
-    pub fn health(&self) -> Value {
+    pub(crate) fn health(&self) -> Value {
         let (code, body) = http_get(&self.api_addr(), "/v1/health")
             .unwrap_or_else(|| panic!("GET /v1/health failed: {:#?}", self.stderr.get()));
         assert_eq!(code, 200, "{body}");
@@ -339,13 +340,13 @@ impl KubeAgent {
     }
 
     /// SIGTERM; waits for the exit; returns the exit code (None: killed after 20 s).
-    pub fn stop(mut self) -> Option<i32> {
+    pub(crate) fn stop(mut self) -> Option<i32> {
         self.signal(nix::sys::signal::Signal::SIGTERM);
         wait_timeout(&mut self.child, Duration::from_secs(20))
     }
 
     /// SIGKILL and reap.
-    pub fn kill9(mut self) {
+    pub(crate) fn kill9(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -361,7 +362,7 @@ impl Drop for KubeAgent {
 
 /// The condition bodies of every server-side apply among `reqs`:
 /// `type → [(status, reason)]` in request order.
-pub fn applied_conditions(reqs: &[Recorded]) -> BTreeMap<String, Vec<(String, String)>> {
+pub(crate) fn applied_conditions(reqs: &[Recorded]) -> BTreeMap<String, Vec<(String, String)>> {
     let mut out: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
     for r in reqs
         .iter()
@@ -385,7 +386,7 @@ pub fn applied_conditions(reqs: &[Recorded]) -> BTreeMap<String, Vec<(String, St
 
 /// The taint lists that the taint merge patches among `reqs` set on the Node
 /// (an absent or `null` list is the empty list).
-pub fn patched_taint_lists(reqs: &[Recorded]) -> Vec<Vec<Value>> {
+pub(crate) fn patched_taint_lists(reqs: &[Recorded]) -> Vec<Vec<Value>> {
     reqs.iter()
         .filter(|r| r.resource == "nodes" && r.verb == "patch")
         .filter(|r| r.body["spec"].get("taints").is_some())

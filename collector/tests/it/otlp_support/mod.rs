@@ -6,7 +6,7 @@
 //! loopback ports, parse its detailed debug log, find `promtool`).
 #![allow(dead_code)]
 
-pub use gpuwatch_test_support::telemetry as rotel;
+pub(crate) use gpuwatch_test_support::telemetry as rotel;
 
 use crate::common::{Lines, nvml_sim_lib, wait_timeout};
 use std::collections::BTreeMap;
@@ -16,10 +16,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-pub use crate::common::{data, http_get, wait_until};
+pub(crate) use crate::common::{data, http_get, wait_until};
 
 /// The host name gpuwatch puts in `host.name`.
-pub fn host_name() -> String {
+pub(crate) fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_default()
@@ -29,7 +29,7 @@ pub fn host_name() -> String {
 /// test holds it open read-write, so writes never block and the agent never
 /// sees the end of the input; each record is one `write(2)` below `PIPE_BUF`,
 /// so the agent never reads half a record.
-pub struct KmsgFifo {
+pub(crate) struct KmsgFifo {
     /// Path of the FIFO.
     pub path: PathBuf,
     file: std::fs::File,
@@ -38,7 +38,7 @@ pub struct KmsgFifo {
 
 impl KmsgFifo {
     /// Creates the FIFO `kmsg.fifo` in `dir`.
-    pub fn create(dir: &Path) -> KmsgFifo {
+    pub(crate) fn create(dir: &Path) -> KmsgFifo {
         let path = dir.join("kmsg.fifo");
         nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600))
             .expect("mkfifo");
@@ -57,7 +57,7 @@ impl KmsgFifo {
 
     /// Writes one kern-facility record at `level` (`PRI = level`); returns
     /// its sequence number. The monotonic timestamp is `seq` milliseconds.
-    pub fn write(&mut self, level: u8, message: &str) -> u64 {
+    pub(crate) fn write(&mut self, level: u8, message: &str) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
         let record = format!("{level},{seq},{},-;{message}\n", seq * 1000);
@@ -68,7 +68,7 @@ impl KmsgFifo {
 }
 
 /// A running `gpuwatch run` (killed on drop).
-pub struct OtlpAgent {
+pub(crate) struct OtlpAgent {
     child: Child,
     /// stderr (JSON logs).
     pub stderr: Lines,
@@ -79,7 +79,7 @@ pub struct OtlpAgent {
 impl OtlpAgent {
     /// Starts `gpuwatch run --log-format json --api-listen 127.0.0.1:0 ARGS`
     /// with the nvml-sim library, and waits until it serves its API.
-    pub fn start<I, S>(args: I) -> OtlpAgent
+    pub(crate) fn start<I, S>(args: I) -> OtlpAgent
     where
         I: IntoIterator<Item = S>,
         S: Into<OsString>,
@@ -120,17 +120,17 @@ impl OtlpAgent {
     }
 
     /// The exit code if the process has ended.
-    pub fn exited(&mut self) -> Option<Option<i32>> {
+    pub(crate) fn exited(&mut self) -> Option<Option<i32>> {
         self.child.try_wait().ok().flatten().map(|s| s.code())
     }
 
     /// GET `path` on the local API: (status, body).
-    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+    pub(crate) fn get(&self, path: &str) -> Option<(u16, String)> {
         http_get(&self.api, path)
     }
 
     /// Scrapes `/metrics`; panics unless it answers 200.
-    pub fn scrape(&self) -> String {
+    pub(crate) fn scrape(&self) -> String {
         match self.get("/metrics") {
             Some((200, body)) => body,
             other => panic!(
@@ -141,7 +141,7 @@ impl OtlpAgent {
     }
 
     /// Polls `/metrics` until `pred` holds on the parsed samples.
-    pub fn wait_metrics(
+    pub(crate) fn wait_metrics(
         &self,
         timeout: Duration,
         what: &str,
@@ -161,7 +161,7 @@ impl OtlpAgent {
     }
 
     /// SIGTERM, then waits (up to 20 s) for the exit code.
-    pub fn stop(mut self) -> Option<i32> {
+    pub(crate) fn stop(mut self) -> Option<i32> {
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.child.id() as i32),
             nix::sys::signal::Signal::SIGTERM,
@@ -181,7 +181,7 @@ impl Drop for OtlpAgent {
 
 /// One sample of a Prometheus text exposition.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Sample {
+pub(crate) struct Sample {
     /// Metric name (with `_bucket`/`_sum`/`_count` for histogram series).
     pub name: String,
     /// Labels, values unescaped.
@@ -192,7 +192,7 @@ pub struct Sample {
 
 /// A parsed Prometheus text exposition (format 0.0.4).
 #[derive(Clone, Debug, Default)]
-pub struct Exposition {
+pub(crate) struct Exposition {
     /// `# TYPE` lines: family name → type.
     pub families: BTreeMap<String, String>,
     /// Samples in order.
@@ -201,7 +201,7 @@ pub struct Exposition {
 
 impl Exposition {
     /// Parses the text; lines that do not parse are a test failure.
-    pub fn parse(text: &str) -> Exposition {
+    pub(crate) fn parse(text: &str) -> Exposition {
         let mut e = Exposition::default();
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
             if let Some(rest) = line.strip_prefix("# TYPE ") {
@@ -216,7 +216,7 @@ impl Exposition {
     }
 
     /// Samples named `name` whose labels include every `(key, value)`.
-    pub fn find(&self, name: &str, labels: &[(&str, &str)]) -> Vec<&Sample> {
+    pub(crate) fn find(&self, name: &str, labels: &[(&str, &str)]) -> Vec<&Sample> {
         self.samples
             .iter()
             .filter(|s| {
@@ -229,7 +229,7 @@ impl Exposition {
     }
 
     /// The value of the one sample matching, if exactly one matches.
-    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    pub(crate) fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         match self.find(name, labels).as_slice() {
             [one] => Some(one.value),
             _ => None,
@@ -292,7 +292,7 @@ fn parse_sample(line: &str) -> Option<Sample> {
 /// What rotel received, with metrics taken only from complete exports: the
 /// debug log is read line by line, so the newest export may still be half
 /// printed; it is left out (log records are taken from the whole output).
-pub fn received_complete(collector: &rotel::Rotel) -> rotel::Received {
+pub(crate) fn received_complete(collector: &rotel::Rotel) -> rotel::Received {
     let out = collector.output();
     let mut r = rotel::parse(&out);
     let cut = out.rfind("ResourceMetrics #0").unwrap_or(0);
@@ -301,7 +301,7 @@ pub fn received_complete(collector: &rotel::Rotel) -> rotel::Received {
 }
 
 /// Polls [`received_complete`] until `pred` holds, or panics after `timeout`.
-pub fn wait_received(
+pub(crate) fn wait_received(
     collector: &rotel::Rotel,
     timeout: Duration,
     what: &str,
