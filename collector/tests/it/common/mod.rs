@@ -380,7 +380,7 @@ impl Drop for TestAgent {
 
 /// The status of `input` in a `/v1/health` JSON body (`monitor.inputs`);
 /// `Null` when it is not listed.
-pub fn monitor_input(health: &serde_json::Value, input: &str) -> serde_json::Value {
+pub(crate) fn monitor_input(health: &serde_json::Value, input: &str) -> serde_json::Value {
     health["monitor"]["inputs"]
         .as_array()
         .and_then(|inputs| inputs.iter().find(|i| i["input"] == input))
