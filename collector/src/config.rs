@@ -24,63 +24,67 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/gpuwatch";
 /// Default listen address of the local HTTP API.
 pub(crate) const DEFAULT_API_LISTEN: &str = "127.0.0.1:9400";
 
-/// One configuration file: every section, each option with its default.
+/// One configuration file: every section, each option with its default,
+/// as written (the raw, serde-shaped sections stay inside this module and
+/// [`crate::settings`]). The only way from it to what the agent runs with is
+/// [`Config::resolve`] (or [`Config::resolve_each`]); flags come in as
+/// [`Overrides`].
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Kubernetes node name. Empty: `NODE_NAME` from the environment (downward
     /// API), else the host name.
-    pub node_name: String,
+    pub(crate) node_name: String,
     /// Directory for `health.json` (faults, history and the kernel-log
     /// position, one file). Default `/var/lib/gpuwatch`; an explicit empty
     /// value is an error.
     #[serde(default = "default_state_dir")]
-    pub state_dir: PathBuf,
+    pub(crate) state_dir: PathBuf,
     /// Kernel log source (`[kmsg]`: device or replay file, boot id, cursor).
-    pub kmsg: KmsgConfig,
+    pub(crate) kmsg: KmsgConfig,
     /// NVML poller and event thread.
-    pub nvml: crate::nvml::NvmlConfig,
+    pub(crate) nvml: crate::nvml::NvmlConfig,
     /// Health engine (dedup, recurrence, ...).
-    pub engine: gpuwatch_core::engine::EngineConfig,
+    pub(crate) engine: gpuwatch_core::engine::EngineConfig,
     /// Per-XID policy overrides (`[policy.xid."79"] action = "reboot_node"`).
-    pub policy: xid_parser::PolicyOverrides,
+    pub(crate) policy: xid_parser::PolicyOverrides,
     /// Local HTTP API (probes, health, metrics) and the operator-clear socket.
-    pub api: ApiConfig,
+    pub(crate) api: ApiConfig,
     /// Which local event sinks are on.
-    pub sinks: SinkSelection,
+    pub(crate) sinks: SinkSelection,
     /// OTLP metrics and log export.
-    pub otlp: gpuwatch_sinks::otlp::OtlpConfig,
+    pub(crate) otlp: gpuwatch_sinks::otlp::OtlpConfig,
     /// Kubernetes node writer (conditions, taints, Events, startup gate).
-    pub kube: gpuwatch_kube::KubeConfig,
+    pub(crate) kube: gpuwatch_kube::KubeConfig,
     /// Device validation (startup gate).
-    pub validation: gpuwatch_core::validation::ValidationConfig,
+    pub(crate) validation: gpuwatch_core::validation::ValidationConfig,
     /// The kubelet's PodResources API (which pods hold which GPUs).
-    pub kubelet: crate::attribution::podresources::KubeletConfig,
+    pub(crate) kubelet: crate::attribution::podresources::KubeletConfig,
     /// RDMA NIC (InfiniBand / RoCE) port monitoring from sysfs.
-    pub network: gpuwatch_core::network::NetworkConfig,
+    pub(crate) network: gpuwatch_core::network::NetworkConfig,
     /// The agent's own log on stderr (format, level).
-    pub log: LogConfig,
+    pub(crate) log: LogConfig,
 }
 
 /// Local HTTP API (`[api]`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct ApiConfig {
+pub(crate) struct ApiConfig {
     /// Serve the API at all. Default true.
-    pub enabled: bool,
+    pub(crate) enabled: bool,
     /// Listen address. Default `127.0.0.1:9400` (loopback: the API is for
     /// kubelet probes via hostNetwork and for local debugging).
-    pub listen: String,
+    pub(crate) listen: String,
     /// Serve `/metrics` in the Prometheus text format. Default false.
-    pub prometheus: bool,
+    pub(crate) prometheus: bool,
     /// On `/metrics`, add dcgm-exporter's labels (`UUID`, `gpu`, `pci_bus_id`,
     /// `modelName`, `Hostname`) to every series about a GPU, so dashboards and
     /// alerts built on dcgm-exporter join gpuwatch's series. Default false.
-    pub dcgm_labels: bool,
+    pub(crate) dcgm_labels: bool,
     /// On `/metrics`, label every series with the instrumentation scope
     /// (`otel_scope_name`, `otel_scope_version`), as a collector's
     /// `prometheus` exporter does. Default true.
-    pub otel_scope_labels: bool,
+    pub(crate) otel_scope_labels: bool,
 }
 
 impl Default for ApiConfig {
@@ -97,7 +101,7 @@ impl Default for ApiConfig {
 
 impl ApiConfig {
     /// Problems (keys relative to `[api]`).
-    pub fn validate(&self) -> Vec<String> {
+    pub(crate) fn validate(&self) -> Vec<String> {
         let mut p = Vec::new();
         if self.enabled && self.listen.parse::<SocketAddr>().is_err() {
             p.push(format!(
@@ -133,17 +137,62 @@ pub struct PrometheusSettings {
 /// Local event sinks (`[sinks]`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct SinkSelection {
+pub(crate) struct SinkSelection {
     /// Write every fault event as one JSON line on stdout (logs go to stderr).
     /// Default false.
-    pub stdout: bool,
+    pub(crate) stdout: bool,
 }
 
 impl SinkSelection {
     /// Problems (none possible today; kept for symmetry).
-    pub fn validate(&self) -> Vec<String> {
+    pub(crate) fn validate(&self) -> Vec<String> {
         Vec::new()
     }
+}
+
+/// What command-line flags set over the configuration file (flags win),
+/// as values: `gpuwatch run` and `gpuwatch validate` hand these to
+/// [`crate::resolve`] and never touch the file's sections themselves.
+/// `None` and `false` leave the file's value.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// `kmsg.path`: a kmsg-format file or FIFO instead of `/dev/kmsg`.
+    pub kmsg_path: Option<PathBuf>,
+    /// `kmsg.exit_at_eof = true`: stop when the replay file ends.
+    pub exit_at_eof: bool,
+    /// `kmsg.accept_user_facility = true`.
+    pub accept_user_facility: bool,
+    /// `kmsg.proc_root`.
+    pub proc_root: Option<PathBuf>,
+    /// `kmsg.boot_id_path`.
+    pub boot_id_path: Option<PathBuf>,
+    /// `state_dir`.
+    pub state_dir: Option<PathBuf>,
+    /// `api.listen`; turns the API on.
+    pub api_listen: Option<String>,
+    /// `api.prometheus = true`; turns the API on.
+    pub prometheus: bool,
+    /// `network.sysfs_root`.
+    pub sysfs_root: Option<PathBuf>,
+    /// `kubelet.pod_resources_socket`.
+    pub pod_resources_socket: Option<PathBuf>,
+    /// `nvml.sim_scenario`; turns NVML on.
+    pub nvml_sim: Option<PathBuf>,
+    /// `nvml.enabled = false`.
+    pub no_nvml: bool,
+    /// `sinks.stdout = true`.
+    pub stdout_sink: bool,
+    /// `log.format`.
+    pub log_format: Option<LogFormat>,
+    /// `node_name`.
+    pub node_name: Option<String>,
+    /// The OTLP collector's base URL, over `otlp.endpoint` and the
+    /// `OTEL_EXPORTER_OTLP_*ENDPOINT` variables; turns the export on.
+    pub otlp_endpoint: Option<String>,
+    /// `otlp.protocol`.
+    pub otlp_protocol: Option<gpuwatch_sinks::otlp::Protocol>,
+    /// `validation.expected_gpus`.
+    pub expected_gpus: Option<u32>,
 }
 
 /// Log output format.
@@ -160,11 +209,11 @@ pub enum LogFormat {
 /// Logging (`[log]`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct LogConfig {
+pub(crate) struct LogConfig {
     /// `text` or `json`. Default `text`.
-    pub format: LogFormat,
+    pub(crate) format: LogFormat,
     /// Filter in `RUST_LOG` syntax (`RUST_LOG` wins when set). Default `info`.
-    pub level: String,
+    pub(crate) level: String,
 }
 
 impl Default for LogConfig {
@@ -176,6 +225,30 @@ impl Default for LogConfig {
     }
 }
 
+/// `[log]` resolved: how the agent's own log is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogSettings {
+    /// Human-readable lines or JSON objects.
+    pub format: LogFormat,
+    /// The filter, in `RUST_LOG` syntax, each directive checked
+    /// (`RUST_LOG` wins over it when set).
+    pub filter: String,
+}
+
+impl LogConfig {
+    /// `[log]` resolved, or its problems (keys relative to `[log]`).
+    pub(crate) fn resolve(&self) -> Result<LogSettings, Vec<String>> {
+        let problems = self.validate();
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        Ok(LogSettings {
+            format: self.format,
+            filter: self.level.clone(),
+        })
+    }
+}
+
 /// Level names a `[log] level` directive accepts (tracing's `EnvFilter`).
 const LOG_LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
 
@@ -184,7 +257,7 @@ impl LogConfig {
     /// `<level>` or `<target>=<level>`: `EnvFilter` reads a bare word that is not a
     /// level (`warning`) as a target name and silently logs nothing useful, so that
     /// is an error here.
-    pub fn validate(&self) -> Vec<String> {
+    pub(crate) fn validate(&self) -> Vec<String> {
         if self.level.trim().is_empty() {
             return vec!["level: must not be empty (e.g. \"info\")".to_string()];
         }
@@ -380,7 +453,8 @@ impl Config {
     /// pass: syntax errors; else every schema problem plus the validation
     /// problems of the rest of the file (entries with schema problems left out).
     /// An empty `node_name` is filled from `NODE_NAME` / the host name first.
-    pub fn check_file(path: &Path) -> Result<Config, ConfigError> {
+    /// A file without problems gives the settings the agent would run with.
+    pub fn check_file(path: &Path) -> Result<crate::settings::Settings, ConfigError> {
         let text = read_config_text(path)?;
         let (cfg, parse) = parse_recovering(&text);
         let Some(mut cfg) = cfg else {
@@ -391,10 +465,11 @@ impl Config {
         };
         cfg.fill_node_name();
         // The agent's own conversion: what it accepts here, it starts with.
-        let invalid = cfg.validate().err().unwrap_or(ConfigErrors(Vec::new()));
-        if parse.is_empty() && invalid.0.is_empty() {
-            return Ok(cfg);
-        }
+        let invalid = match cfg.resolve() {
+            Ok(settings) if parse.is_empty() => return Ok(settings),
+            Ok(_) => ConfigErrors(Vec::new()),
+            Err(invalid) => invalid,
+        };
         Err(ConfigError::Check {
             path: path.to_path_buf(),
             parse,
@@ -428,26 +503,78 @@ impl Config {
         }
     }
 
-    /// What the agent would warn about `[otlp]`'s endpoint at start: an
-    /// `OTEL_EXPORTER_OTLP_*ENDPOINT` variable of this process that the file
-    /// overrides with another URL. Empty when the export is off or `[otlp]`
-    /// has problems (those are [`Config::check_file`]'s).
-    pub fn otlp_endpoint_warnings(&self) -> Vec<gpuwatch_sinks::otlp::EndpointWarning> {
-        match self.resolve_otlp() {
-            Ok(Some(settings)) => settings.endpoint_warnings(),
-            Ok(None) | Err(_) => Vec::new(),
-        }
+    /// `[log]` on its own, for starting the agent's log before anything else
+    /// is resolved, so that every other problem is logged as it is found: with
+    /// a problem in `[log]`, its format and the `info` level (the problem
+    /// itself is reported with every other one by [`Config::resolve`], in
+    /// the log just started).
+    pub fn log_settings(&self) -> LogSettings {
+        self.log.resolve().unwrap_or_else(|_| LogSettings {
+            format: self.log.format,
+            filter: LogConfig::default().level,
+        })
     }
 
-    /// `[otlp]` resolved with this process's environment, as `prepare` does.
-    fn resolve_otlp(&self) -> Result<Option<gpuwatch_sinks::otlp::OtlpSettings>, Vec<String>> {
-        let resource = gpuwatch_sinks::otlp::ResourceInfo {
-            node_name: self.node_name.clone(),
-            host_name: String::new(),
-            service_version: env!("CARGO_PKG_VERSION").to_string(),
-        };
-        self.otlp
-            .resolve_for(&resource, &|k: &str| std::env::var(k).ok())
+    /// Applies command-line flags over the file's values (flags win).
+    pub(crate) fn apply(&mut self, o: &Overrides) {
+        if let Some(p) = &o.kmsg_path {
+            self.kmsg.path.clone_from(p);
+        }
+        if o.exit_at_eof {
+            self.kmsg.exit_at_eof = true;
+        }
+        if o.accept_user_facility {
+            self.kmsg.accept_user_facility = true;
+        }
+        if let Some(p) = &o.proc_root {
+            self.kmsg.proc_root.clone_from(p);
+        }
+        if let Some(b) = &o.boot_id_path {
+            self.kmsg.boot_id_path.clone_from(b);
+        }
+        if let Some(d) = &o.state_dir {
+            self.state_dir.clone_from(d);
+        }
+        if let Some(a) = &o.api_listen {
+            self.api.listen.clone_from(a);
+            self.api.enabled = true;
+        }
+        if o.prometheus {
+            self.api.prometheus = true;
+            self.api.enabled = true;
+        }
+        if let Some(p) = &o.sysfs_root {
+            self.network.sysfs_root.clone_from(p);
+        }
+        if let Some(p) = &o.pod_resources_socket {
+            self.kubelet.pod_resources_socket.clone_from(p);
+        }
+        if let Some(s) = &o.nvml_sim {
+            self.nvml.enabled = true;
+            self.nvml.sim_scenario = Some(s.clone());
+        }
+        if o.no_nvml {
+            self.nvml.enabled = false;
+        }
+        if o.stdout_sink {
+            self.sinks.stdout = true;
+        }
+        if let Some(f) = o.log_format {
+            self.log.format = f;
+        }
+        if let Some(n) = &o.node_name {
+            self.node_name.clone_from(n);
+        }
+        if let Some(e) = &o.otlp_endpoint {
+            self.otlp.enabled = true;
+            self.otlp.endpoint_flag = Some(e.clone());
+        }
+        if let Some(p) = o.otlp_protocol {
+            self.otlp.protocol = Some(p);
+        }
+        if o.expected_gpus.is_some() {
+            self.validation.expected_gpus = o.expected_gpus;
+        }
     }
 
     /// `/metrics`' settings when `[api] prometheus` serves it, else `None`.
@@ -469,7 +596,7 @@ impl Config {
 
     /// The problems of what no section's `resolve` checks: the node name,
     /// the state directory and the sections that are used as written
-    /// (`[api]`, `[sinks]`, `[validation]`, `[log]`), each prefixed with its
+    /// (`[api]`, `[sinks]`, `[validation]`), each prefixed with its
     /// key path. [`Config::resolve`] adds those of the resolved sections as
     /// it resolves them, once each.
     pub(crate) fn unresolved_problems(&self) -> Vec<String> {
@@ -480,12 +607,18 @@ impl Config {
         section("api", self.api.validate());
         section("sinks", self.sinks.validate());
         section("validation", self.validation.validate());
-        section("log", self.log.validate());
         all
     }
 
     /// `node_name` and `state_dir`'s problems.
     fn top_level_problems(&self) -> Vec<String> {
+        let mut all = self.node_name_problems();
+        all.extend(self.state_dir_problems());
+        all
+    }
+
+    /// `node_name`'s problems.
+    fn node_name_problems(&self) -> Vec<String> {
         let mut all = Vec::new();
         if self.node_name.trim().is_empty() {
             all.push(
@@ -497,6 +630,12 @@ impl Config {
                 self.node_name
             ));
         }
+        all
+    }
+
+    /// `state_dir`'s problems.
+    pub(crate) fn state_dir_problems(&self) -> Vec<String> {
+        let mut all = Vec::new();
         if self.state_dir.as_os_str().is_empty() {
             all.push("state_dir: must not be empty".to_string());
         } else if self.state_dir.is_relative() {
@@ -816,7 +955,7 @@ listen = \n",
         );
         assert_eq!(text.lines().count(), 1 + 3, "{text}");
         std::fs::write(&file, "node_name = \"n1\"\n").unwrap();
-        assert_eq!(Config::check_file(&file).unwrap().node_name, "n1");
+        assert_eq!(Config::check_file(&file).unwrap().node_name(), "n1");
     }
 
     #[test]

@@ -38,24 +38,16 @@ pub struct InputContext {
     shutdown: Shutdown,
     out: Sender<Input>,
     progress: Arc<Progress>,
-    /// `true` from the shutdown's trigger on, for async waiters (one hook
-    /// per context, however often they wait).
-    stopped: tokio::sync::watch::Receiver<bool>,
 }
 
 impl InputContext {
     /// A context sending into `out`, stopped by `shutdown`, with a heartbeat
     /// that has not started.
     pub fn new(shutdown: Shutdown, out: Sender<Input>) -> InputContext {
-        let (tx, stopped) = tokio::sync::watch::channel(false);
-        shutdown.on_trigger(move || {
-            tx.send_replace(true);
-        });
         InputContext {
             shutdown,
             out,
             progress: Progress::new(),
-            stopped,
         }
     }
 
@@ -73,11 +65,7 @@ impl InputContext {
     /// Completes once the shutdown is triggered: the stop signal for an
     /// async task (in a `select!`, or as a server's graceful shutdown).
     pub async fn stopped(&self) {
-        let mut stopped = self.stopped.clone();
-        // An error means the sender is gone, which happens only after the
-        // trigger ran the hook (or the signal was dropped untriggered with
-        // every clone of it; then nothing will stop the input any more).
-        let _ = stopped.wait_for(|s| *s).await;
+        self.shutdown.triggered().await;
     }
 
     /// Where the input's output goes (the engine channel, or the NVML

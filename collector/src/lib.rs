@@ -31,7 +31,10 @@ pub use api::{
     ApiState, ClearSocket, bind as bind_api, clear_socket_path, serve_with_control as serve_api,
 };
 pub use boot::boot_time_unix_nanos;
-pub use config::{Config, ConfigError, DEFAULT_STATE_DIR, LogFormat};
+pub use config::{
+    Config, ConfigError, ConfigErrors, DEFAULT_STATE_DIR, LogFormat, LogSettings, Overrides,
+    PrometheusSettings,
+};
 pub use explain::{
     ExplainArgs, ExplainError, ExplainFormat, run as explain, run_network as explain_network,
 };
@@ -39,7 +42,8 @@ pub use input::InputContext;
 pub use liveness::Liveness;
 pub use nic::{ERROR_COUNTERS, NicReader, RELAYOUT_EVERY, spawn_nic_poller};
 pub use nvml::{
-    NvmlConfig, NvmlError, NvmlSources, poll_once as poll_nvml_once, start as start_nvml,
+    NvmlError, NvmlSettings, NvmlSources, poll_once as poll_nvml_once, start as start_nvml,
 };
 pub use scan::{ScanArgs, ScanError, ScanFormat, ScanSummary, run as scan, scan_bytes};
+pub use settings::{Resolved, Settings};
 pub use status::AgentStatus;

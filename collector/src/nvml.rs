@@ -63,8 +63,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-pub use config::NvmlConfig;
-pub(crate) use config::NvmlSettings;
+pub(crate) use config::NvmlConfig;
+pub use config::NvmlSettings;
 pub(crate) use library::{SIM_LIB_ENV, SIM_LIB_NAME};
 
 /// NVML could not be used.

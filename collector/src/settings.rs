@@ -1,13 +1,15 @@
-//! The configuration resolved: [`Config::resolve`] checks and types every
-//! section once and is the only way from a [`Config`] to what the agent's
-//! parts are built from ([`Settings`]). `gpuwatch run`, `validate`,
-//! `check-config` and `check-install` all come through it, so a file that
+//! The configuration resolved: [`Config::resolve_each`] checks and types
+//! every section once and is the only way from a [`Config`] to what the
+//! agent's parts are built from ([`Settings`], through [`Config::resolve`]
+//! or [`Resolved::settings`]). Every command comes through it (`run`,
+//! `validate`, `check-config`, `check-install`, and for the sections they
+//! read `node-cleanup`, `clear`, `explain`, `scan`), so a file that
 //! `check-config` accepts is one the agent starts with, and the checks are
 //! the conversions: nothing is validated twice, and validation cannot
 //! disagree with what runs.
 
 use crate::attribution::podresources::KubeletSettings;
-use crate::config::{Config, ConfigErrors, PrometheusSettings, SinkSelection};
+use crate::config::{Config, ConfigErrors, LogSettings, PrometheusSettings};
 use crate::kmsg::KmsgSettings;
 use crate::nvml::NvmlSettings;
 use gpuwatch_core::engine::EngineSettings;
@@ -30,7 +32,8 @@ pub struct Settings {
     /// `otlp.resource_attributes`), the agent's own pod left out.
     resource_attributes: std::collections::BTreeMap<String, String>,
     api_listen: Option<String>,
-    sinks: SinkSelection,
+    stdout_sink: bool,
+    log: LogSettings,
     validation: ValidationConfig,
     kmsg: KmsgSettings,
     engine: EngineSettings,
@@ -44,26 +47,40 @@ pub struct Settings {
 }
 
 impl Config {
+    /// Resolves every section once ([`Config::resolve_each`]) into the
+    /// settings of the whole agent; every problem of every section comes
+    /// back in one error, each with its key path.
+    pub fn resolve(self) -> Result<Settings, ConfigErrors> {
+        self.resolve_each().settings()
+    }
+
     /// Resolves every section once (`[kmsg]`, `[engine]`, `[nvml]`, the
     /// policy, `[kube]`, `[kubelet]`, `[network]`, `[otlp]` with this
     /// process's `OTEL_*` environment and its TLS files, `/metrics`) and
     /// checks what is used as written (the node name, the state directory,
-    /// `[api]`, `[sinks]`, `[validation]`, `[log]`). Every problem of every
-    /// section comes back in one error, each with its key path.
-    pub fn resolve(self) -> Result<Settings, ConfigErrors> {
+    /// `[api]`, `[sinks]`, `[validation]`) and `[log]`. A command that needs
+    /// the whole agent takes [`Resolved::settings`]; one that needs only
+    /// some sections (`node-cleanup`: `[kube]`) takes those, so that a
+    /// problem in a section it never reads does not stop it.
+    pub fn resolve_each(self) -> Resolved {
         let cfg = self;
         let mut p = cfg.unresolved_problems();
+        let state_dir = cfg
+            .state_dir_problems()
+            .is_empty()
+            .then(|| cfg.state_dir.clone());
+        let log = section("log", cfg.log.resolve(), &mut p);
         let kmsg = section("kmsg", cfg.kmsg.resolve(), &mut p);
         let engine = section("engine", cfg.engine.resolve(), &mut p);
         let nvml = section("nvml", cfg.nvml.resolve(), &mut p);
         let policy = xid_parser::Policy::new(&cfg.policy).map_err(|e| vec![format!("xid: {e}")]);
-        let policy = section("policy", policy, &mut p);
+        let policy = section("policy", policy, &mut p).map(Arc::new);
         let kube = section("kube", cfg.kube.resolve(), &mut p);
         let kubelet = section("kubelet", cfg.kubelet.resolve(), &mut p);
         let network = section("network", cfg.network.resolve(), &mut p);
         let resource = crate::agent::resource_info(&cfg.node_name);
         let env = |k: &str| std::env::var(k).ok();
-        let otlp = section("otlp", cfg.otlp.resolve_for(&resource, &env), &mut p).flatten();
+        let otlp = section("otlp", cfg.otlp.resolve_for(&resource, &env), &mut p);
         if !cfg.otlp.enabled {
             // Off, the export resolves to nothing; its keys are still checked.
             p.extend(cfg.otlp.validate().into_iter().map(|e| format!("otlp.{e}")));
@@ -76,35 +93,15 @@ impl Config {
             gpuwatch_sinks::otlp::resource_attributes(&resource, &cfg.otlp, &env)
                 .unwrap_or_else(|_| resource.attributes().into_iter().collect());
         gpuwatch_sinks::otlp::drop_own_pod(&mut resource_attributes);
-        let (
-            Some(kmsg),
-            Some(engine),
-            Some(nvml),
-            Some(policy),
-            Some(kube),
-            Some(kubelet),
-            Some(network),
-            true,
-        ) = (
-            kmsg,
-            engine,
-            nvml,
-            policy,
-            kube,
-            kubelet,
-            network,
-            p.is_empty(),
-        )
-        else {
-            return Err(ConfigErrors(p));
-        };
-        Ok(Settings {
+        Resolved {
+            problems: p,
             api_listen: cfg.api.enabled.then(|| cfg.api.listen.clone()),
             node_name: cfg.node_name,
-            state_dir: cfg.state_dir,
+            state_dir,
             resource,
             resource_attributes,
-            sinks: cfg.sinks,
+            stdout_sink: cfg.sinks.stdout,
+            log,
             validation: cfg.validation,
             kmsg,
             engine,
@@ -114,7 +111,126 @@ impl Config {
             network,
             otlp,
             prometheus,
-            policy: Arc::new(policy),
+            policy,
+        }
+    }
+}
+
+/// Every section of one configuration resolved on its own
+/// ([`Config::resolve_each`]): the settings of each section that has no
+/// problem, and every problem of every section, each with its key path.
+#[derive(Debug)]
+pub struct Resolved {
+    /// Every problem, in the order [`Config::resolve`] reports them.
+    problems: Vec<String>,
+    node_name: String,
+    /// `None` when `state_dir` has a problem.
+    state_dir: Option<PathBuf>,
+    resource: ResourceInfo,
+    resource_attributes: std::collections::BTreeMap<String, String>,
+    api_listen: Option<String>,
+    stdout_sink: bool,
+    log: Option<LogSettings>,
+    validation: ValidationConfig,
+    kmsg: Option<KmsgSettings>,
+    engine: Option<EngineSettings>,
+    nvml: Option<NvmlSettings>,
+    kube: Option<KubeSettings>,
+    kubelet: Option<KubeletSettings>,
+    network: Option<NetworkSettings>,
+    /// `Some(None)`: the export is off.
+    otlp: Option<Option<OtlpSettings>>,
+    prometheus: Option<PrometheusSettings>,
+    policy: Option<Arc<xid_parser::Policy>>,
+}
+
+impl Resolved {
+    /// The settings of the whole agent, or every problem of every section.
+    pub fn settings(self) -> Result<Settings, ConfigErrors> {
+        let r = self;
+        let (
+            Some(state_dir),
+            Some(log),
+            Some(kmsg),
+            Some(engine),
+            Some(nvml),
+            Some(policy),
+            Some(kube),
+            Some(kubelet),
+            Some(network),
+            Some(otlp),
+            true,
+        ) = (
+            r.state_dir,
+            r.log,
+            r.kmsg,
+            r.engine,
+            r.nvml,
+            r.policy,
+            r.kube,
+            r.kubelet,
+            r.network,
+            r.otlp,
+            r.problems.is_empty(),
+        )
+        else {
+            return Err(ConfigErrors(r.problems));
+        };
+        Ok(Settings {
+            node_name: r.node_name,
+            state_dir,
+            resource: r.resource,
+            resource_attributes: r.resource_attributes,
+            api_listen: r.api_listen,
+            stdout_sink: r.stdout_sink,
+            log,
+            validation: r.validation,
+            kmsg,
+            engine,
+            nvml,
+            kube,
+            kubelet,
+            network,
+            otlp,
+            prometheus: r.prometheus,
+            policy,
+        })
+    }
+
+    /// The state directory (`state_dir`), or its problems.
+    pub fn state_dir(&self) -> Result<&Path, ConfigErrors> {
+        self.part(self.state_dir.as_deref(), "state_dir")
+    }
+
+    /// `[kube]` resolved, or its problems (each `kube.<key>: ...`).
+    pub fn kube(&self) -> Result<&KubeSettings, ConfigErrors> {
+        self.part(self.kube.as_ref(), "kube")
+    }
+
+    /// `[network]` resolved, or its problems (each `network.<key>: ...`).
+    pub fn network(&self) -> Result<&NetworkSettings, ConfigErrors> {
+        self.part(self.network.as_ref(), "network")
+    }
+
+    /// The classification policy (`[policy]` over the built-in table), or
+    /// its problems (each `policy.<key>: ...`).
+    pub fn policy(&self) -> Result<&Arc<xid_parser::Policy>, ConfigErrors> {
+        self.part(self.policy.as_ref(), "policy")
+    }
+
+    /// `value`, or the problems whose key path is `key` or under it.
+    fn part<'a, T: ?Sized>(&self, value: Option<&'a T>, key: &str) -> Result<&'a T, ConfigErrors> {
+        value.ok_or_else(|| {
+            ConfigErrors(
+                self.problems
+                    .iter()
+                    .filter(|p| {
+                        p.strip_prefix(key)
+                            .is_some_and(|rest| rest.starts_with(['.', ':']))
+                    })
+                    .cloned()
+                    .collect(),
+            )
         })
     }
 }
@@ -160,9 +276,15 @@ impl Settings {
         self.api_listen.as_deref()
     }
 
-    /// Which local event sinks are on.
-    pub fn sinks(&self) -> &SinkSelection {
-        &self.sinks
+    /// Whether every fault event is also written as one JSON line on
+    /// stdout (`[sinks] stdout`).
+    pub fn stdout_sink(&self) -> bool {
+        self.stdout_sink
+    }
+
+    /// How the agent's own log is written (`[log]`), resolved.
+    pub fn log(&self) -> &LogSettings {
+        &self.log
     }
 
     /// The startup gate's device validation (`[validation]`).
@@ -215,5 +337,66 @@ impl Settings {
     /// The classification policy (built-in table plus `[policy]` overrides).
     pub fn policy(&self) -> &Arc<xid_parser::Policy> {
         &self.policy
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    use std::path::Path;
+
+    fn resolved(text: &str) -> super::Resolved {
+        Config::parse(Path::new("t.toml"), text)
+            .unwrap()
+            .resolve_each()
+    }
+
+    fn keys(problems: &[String]) -> Vec<&str> {
+        problems
+            .iter()
+            .map(|p| p.split(':').next().unwrap())
+            .collect()
+    }
+
+    /// A command that needs some sections (`node-cleanup`: `[kube]`) gets them
+    /// while another section has problems, and a section's own problems are
+    /// its alone, each naming its key.
+    #[test]
+    fn a_section_resolves_while_another_has_problems() {
+        let r = resolved(
+            "node_name = \"n1\"\n[kube]\nproblem_condition_type = \"MyGPUProblem\"\n[otlp]\nexport_interval_secs = 0\n[network]\nflap_threshold = 0\n",
+        );
+        let owned = r.kube().unwrap().owned_condition_types();
+        assert!(owned.iter().any(|t| t == "MyGPUProblem"), "{owned:?}");
+        assert!(r.policy().is_ok() && r.state_dir().is_ok());
+        assert_eq!(
+            keys(&r.network().unwrap_err().0),
+            ["network.flap_threshold"]
+        );
+        let all = r.settings().unwrap_err().0;
+        assert_eq!(
+            keys(&all),
+            ["network.flap_threshold", "otlp.export_interval_secs"],
+            "{all:#?}"
+        );
+
+        let r = resolved(
+            "node_name = \"n1\"\nstate_dir = \"rel\"\n[kube]\nevent_namespace = \"Not A Namespace\"\n",
+        );
+        assert_eq!(keys(&r.kube().unwrap_err().0), ["kube.event_namespace"]);
+        assert_eq!(keys(&r.state_dir().unwrap_err().0), ["state_dir"]);
+        assert!(r.network().is_ok());
+    }
+
+    /// The whole agent's settings are what `resolve` gives: one conversion.
+    #[test]
+    fn settings_are_the_sections_resolved() {
+        let r = resolved(
+            "node_name = \"n1\"\nstate_dir = \"/srv/gw\"\n[kube]\nproblem_condition_type = \"MyGPUProblem\"\n",
+        );
+        let kube = r.kube().unwrap().clone();
+        let settings = r.settings().unwrap();
+        assert_eq!(settings.kube(), &kube);
+        assert_eq!(settings.state_dir(), Path::new("/srv/gw"));
     }
 }

@@ -269,24 +269,19 @@ mod tests {
     fn agent_config_is_a_valid_gpuwatch_config() {
         for speed in [1, 4, 20] {
             let text = agent_config(speed);
-            let mut cfg = gpuwatch::Config::parse(Path::new("demo-agent.toml"), &text)
-                .unwrap_or_else(|e| panic!("{e}\n{text}"));
-            cfg.node_name = "demo-node".into();
-            cfg.validate().unwrap_or_else(|e| panic!("{e}\n{text}"));
-            let nvml = cfg
-                .nvml
+            // The demo gives its agent the node name with `--node-name`.
+            let node = format!("node_name = \"demo-node\"\n{text}");
+            let settings = gpuwatch::Config::parse(Path::new("demo-agent.toml"), &node)
+                .unwrap_or_else(|e| panic!("{e}\n{text}"))
                 .resolve()
-                .unwrap_or_else(|e| panic!("{e:?}\n{text}"));
+                .unwrap_or_else(|e| panic!("{e}\n{text}"));
             assert_eq!(
-                nvml.poll_interval,
+                settings.nvml().poll_interval,
                 Duration::from_millis((POLL_MS / u64::from(speed)).max(50))
             );
-            assert_eq!(cfg.engine.condition_clear_samples, CLEAR_SAMPLES);
+            assert_eq!(settings.engine().condition_clear_samples, CLEAR_SAMPLES);
             let nic = crate::nic::timings(speed);
-            let net = cfg
-                .network
-                .resolve()
-                .unwrap_or_else(|e| panic!("{e:?}\n{text}"));
+            let net = settings.network();
             assert!(net.enabled);
             assert_eq!(
                 net.poll_interval,

@@ -14,7 +14,10 @@ use gpuwatch_core::metric_source::{AttrValue, MetricBatch, MetricSource, Num};
 use gpuwatch_proto::{ConditionHold, IsolatedDevice, QuarantineStatus};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU64,
+    Ordering::{Relaxed, SeqCst},
+};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::watch;
@@ -179,6 +182,11 @@ pub struct KubeMetrics {
     validation_runs: [AtomicU64; 3],
     /// Times the node's fault taint was deferred for the quarantine budget.
     quarantine_deferrals: AtomicU64,
+    /// Reconcile passes that completed.
+    passes: AtomicU64,
+    /// `updated_unix_nano` of the health the latest completed pass brought
+    /// the Node to; 0: no pass yet, or a health without one.
+    reconciled_health: AtomicU64,
     /// Status changes of the conditions the writer owns, by (condition type,
     /// new status).
     condition_transitions: Mutex<BTreeMap<(String, &'static str), u64>>,
@@ -192,6 +200,8 @@ impl Default for KubeMetrics {
             events: Default::default(),
             validation_runs: Default::default(),
             quarantine_deferrals: AtomicU64::new(0),
+            passes: AtomicU64::new(0),
+            reconciled_health: AtomicU64::new(0),
             condition_transitions: Mutex::new(BTreeMap::new()),
             status: watch::Sender::new(KubeStatus::default()),
         }
@@ -263,6 +273,31 @@ impl KubeMetrics {
     /// Times the node's fault taint was deferred for the quarantine budget.
     pub fn quarantine_deferrals(&self) -> u64 {
         self.quarantine_deferrals.load(Relaxed)
+    }
+
+    /// A reconcile pass completed: the Node shows the health updated at
+    /// `health_updated_unix_nano` (`NodeHealth::updated_unix_nano`), and
+    /// every Event the pass raised is queued.
+    pub(crate) fn count_pass(&self, health_updated_unix_nano: Option<u64>) {
+        self.reconciled_health
+            .store(health_updated_unix_nano.unwrap_or(0), SeqCst);
+        self.passes.fetch_add(1, SeqCst);
+    }
+
+    /// Reconcile passes that completed so far. A pass that fails on the API
+    /// is not counted (the writer retries it): once the count exceeds what
+    /// it was at some moment of the reconcile loop (a validation report
+    /// handed over, say), a pass that began after that moment completed.
+    pub fn reconcile_passes(&self) -> u64 {
+        self.passes.load(SeqCst)
+    }
+
+    /// The update time (`NodeHealth::updated_unix_nano`) of the health the
+    /// latest completed reconcile pass brought the Node to: how current the
+    /// Node is, on the engine's clock. 0 before the first pass, or when that
+    /// health carried no update time.
+    pub fn reconciled_health_unix_nano(&self) -> u64 {
+        self.reconciled_health.load(SeqCst)
     }
 
     /// Changes the published status with `f`; receivers are told only when

@@ -224,13 +224,14 @@ mod tests {
     /// The settings a run reads: `[kube]` pointing at `api` (enabled or
     /// not), `[kubelet]` at `socket` ("" for none).
     fn prepared(api: &ApiDouble, kube: bool, socket: &std::path::Path) -> Prepared {
-        let (cfg, ()) = resolve(None, |cfg| {
-            cfg.node_name = NODE.into();
-            cfg.kube = api.kube_config();
-            cfg.kube.enabled = kube;
-            cfg.kubelet.pod_resources_socket = socket.to_path_buf();
-        })
-        .unwrap();
+        let node = crate::Overrides {
+            node_name: Some(NODE.into()),
+            ..crate::Overrides::default()
+        };
+        let mut cfg = resolve(None, &node).unwrap();
+        cfg.kube = api.kube_config();
+        cfg.kube.enabled = kube;
+        cfg.kubelet.pod_resources_socket = socket.to_path_buf();
         prepare(cfg).unwrap()
     }
 

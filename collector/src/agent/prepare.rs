@@ -5,7 +5,7 @@
 //! read a configuration file and their flags the same way and build the same
 //! health engine and kernel-log reader from it.
 
-use crate::config::{Config, ConfigError, ConfigErrors};
+use crate::config::{Config, ConfigError, ConfigErrors, Overrides};
 use crate::kmsg::{self, KmsgSourceArgs};
 use crate::liveness::Liveness;
 use crate::pipeline::StopReason;
@@ -26,22 +26,18 @@ pub enum PrepareError {
     Boot(#[from] crate::boot::BootError),
 }
 
-/// Reads `file` (or takes the defaults), applies a command's `flags` onto it
-/// (flags win) and fills in the node name: how every command that builds the
-/// agent's parts reads its configuration. It does not validate: [`prepare`]
-/// checks every section as it resolves it, once. Returns what `flags` returns
-/// beside the configuration (options that exist only as flags).
-pub fn resolve<T>(
-    file: Option<&Path>,
-    flags: impl FnOnce(&mut Config) -> T,
-) -> Result<(Config, T), ConfigError> {
+/// Reads `file` (or takes the defaults), applies a command's flags
+/// (`overrides`, which win) and fills in the node name: how every command
+/// that builds the agent's parts reads its configuration. It does not
+/// validate: [`prepare`] checks every section as it resolves it, once.
+pub fn resolve(file: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
     let mut cfg = match file {
         Some(p) => Config::load(p)?,
         None => Config::defaults(),
     };
-    let extra = flags(&mut cfg);
+    cfg.apply(overrides);
     cfg.fill_node_name();
-    Ok((cfg, extra))
+    Ok(cfg)
 }
 
 /// The agent's configuration resolved (`Settings`) and the boot it runs

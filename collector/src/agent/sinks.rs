@@ -70,7 +70,7 @@ pub(crate) fn build_sinks(
         on_shutdown: Vec::new(),
         watched: Vec::new(),
     };
-    if prepared.sinks().stdout {
+    if prepared.stdout_sink() {
         sinks
             .event_sinks
             .push(Arc::new(gpuwatch_sinks::stdout::JsonLinesSink::stdout(

@@ -46,7 +46,7 @@ pub(crate) const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
 /// `[kubelet]`: where and how often the kubelet is asked.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct KubeletConfig {
+pub(crate) struct KubeletConfig {
     /// The PodResources socket. Empty: never asked (faults of a GPU name no
     /// pods). Default `/var/lib/kubelet/pod-resources/kubelet.sock`.
     pub pod_resources_socket: PathBuf,
@@ -95,14 +95,9 @@ impl KubeletSettings {
 }
 
 impl KubeletConfig {
-    /// Problems (keys relative to `[kubelet]`): those [`KubeletConfig::resolve`] reports.
-    pub fn validate(&self) -> Vec<String> {
-        self.resolve().err().unwrap_or_default()
-    }
-
     /// Checks the settings and types them in one pass: the settings, or
     /// every problem (keys relative to `[kubelet]`).
-    pub fn resolve(&self) -> Result<KubeletSettings, Vec<String>> {
+    pub(crate) fn resolve(&self) -> Result<KubeletSettings, Vec<String>> {
         let mut p = Vec::new();
         // A few calls a second at most.
         if self.pod_resources_interval_ms < 500 {
@@ -547,7 +542,6 @@ mod tests {
         };
         let problems = bad.resolve().unwrap_err();
         assert_eq!(problems.len(), 2, "{problems:?}");
-        assert_eq!(bad.validate(), problems);
     }
 
     #[tokio::test]

@@ -20,9 +20,11 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let file = args.file;
     // Schema and validation problems in one report.
     let (text, code) = match Config::check_file(&file) {
-        Ok(cfg) => {
-            let mut text: String = cfg
-                .otlp_endpoint_warnings()
+        Ok(settings) => {
+            let mut text: String = settings
+                .otlp()
+                .map(|otlp| otlp.endpoint_warnings())
+                .unwrap_or_default()
                 .iter()
                 .map(|w| format!("warning: {w}\n"))
                 .collect();

@@ -53,10 +53,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     // The file's `[kube]` settings; when it does not load, the built-in ones
     // (the API checks still run, in the default scopes).
     let (problem, settings) = match Config::check_file(&config) {
-        Ok(cfg) => match cfg.kube.resolve() {
-            Ok(settings) => (None, settings),
-            Err(problems) => (Some(problems.join("; ")), KubeSettings::default()),
-        },
+        Ok(settings) => (None, settings.kube().clone()),
         Err(e) => (Some(e.to_string()), KubeSettings::default()),
     };
     let check = InstallCheck {

@@ -34,7 +34,12 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     } = args;
     let socket = match (socket, config) {
         (Some(s), _) => s,
-        (None, Some(c)) => gpuwatch::clear_socket_path(&Config::load(&c)?.state_dir),
+        (None, Some(c)) => {
+            // Only `state_dir` is read: a problem elsewhere in the file does
+            // not keep the operator from clearing.
+            let resolved = Config::load(&c)?.resolve_each();
+            gpuwatch::clear_socket_path(resolved.state_dir().context("invalid state_dir")?)
+        }
         (None, None) => {
             gpuwatch::clear_socket_path(std::path::Path::new(gpuwatch::DEFAULT_STATE_DIR))
         }

@@ -1,6 +1,7 @@
 //! `gpuwatch explain`: the effective classification policy.
 
-use super::{init_logging, load_policy, unless_broken_pipe};
+use super::{init_logging, load_policy, resolve_each, unless_broken_pipe};
+use anyhow::Context as _;
 use gpuwatch::LogFormat;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -18,17 +19,12 @@ pub(crate) struct Args {
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     init_logging(LogFormat::Text, "warn");
     if args.args.network {
-        let cfg = match args.config.as_deref() {
-            Some(p) => gpuwatch::Config::load(p)?.network,
-            None => gpuwatch_core::network::NetworkConfig::default(),
-        };
-        let settings = cfg
-            .resolve()
-            .map_err(|p| anyhow::anyhow!("invalid [network] settings:\n  {}", p.join("\n  ")))?;
+        let resolved = resolve_each(args.config.as_deref())?;
+        let settings = resolved.network().context("invalid [network] settings")?;
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
         unless_broken_pipe(gpuwatch::explain_network(
-            &settings,
+            settings,
             args.args.format,
             &mut out,
         ))?;

@@ -32,13 +32,24 @@ pub(crate) fn init_logging(format: LogFormat, level: &str) {
     };
 }
 
-/// The policy of a config file's `[policy]` section, or the built-in one.
-pub(crate) fn load_policy(config: Option<&Path>) -> anyhow::Result<xid_parser::Policy> {
-    let overrides = match config {
-        Some(p) => Config::load(p)?.policy,
-        None => xid_parser::PolicyOverrides::default(),
+/// Every section of a config file (or of the defaults) resolved, for a
+/// command that reads only some of them and so is not stopped by a problem
+/// in another.
+pub(crate) fn resolve_each(config: Option<&Path>) -> anyhow::Result<gpuwatch::Resolved> {
+    let cfg = match config {
+        Some(p) => Config::load(p)?,
+        None => Config::defaults(),
     };
-    xid_parser::Policy::new(&overrides).context("invalid [policy] overrides")
+    Ok(cfg.resolve_each())
+}
+
+/// The policy of a config file's `[policy]` section, or the built-in one.
+pub(crate) fn load_policy(
+    config: Option<&Path>,
+) -> anyhow::Result<std::sync::Arc<xid_parser::Policy>> {
+    let resolved = resolve_each(config)?;
+    let policy = resolved.policy().context("invalid [policy] overrides")?;
+    Ok(policy.clone())
 }
 
 /// An error that may mean the reader of stdout went away.
@@ -95,14 +106,14 @@ mod tests {
 
     fn prepared_by_run(argv: &[&str]) -> Prepared {
         let args = RunCli::parse_from(std::iter::once("run").chain(argv.iter().copied())).args;
-        let (cfg, _) = gpuwatch::resolve(args.config.as_deref(), |cfg| args.apply(cfg)).unwrap();
+        let cfg = gpuwatch::resolve(args.config.as_deref(), &args.overrides().0).unwrap();
         gpuwatch::prepare(cfg).unwrap()
     }
 
     fn prepared_by_validate(argv: &[&str]) -> Prepared {
         let args =
             ValidateCli::parse_from(std::iter::once("validate").chain(argv.iter().copied())).args;
-        let (cfg, _) = gpuwatch::resolve(args.config.as_deref(), |cfg| args.apply(cfg)).unwrap();
+        let cfg = gpuwatch::resolve(args.config.as_deref(), &args.overrides()).unwrap();
         gpuwatch::prepare(cfg).unwrap()
     }
 

@@ -4,10 +4,8 @@
 
 use super::init_logging;
 use anyhow::Context as _;
-use gpuwatch::{Config, LogFormat};
-use gpuwatch_kube::{
-    CleanupReport, FleetOptions, FleetReport, KubeError, KubeSettings, NodeOutcome, PodWait,
-};
+use gpuwatch::LogFormat;
+use gpuwatch_kube::{CleanupReport, FleetOptions, FleetReport, KubeSettings, NodeOutcome, PodWait};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -71,18 +69,13 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     // hook Job, `kubectl logs` is all the operator reads.
     let level = if args.all_nodes { "info" } else { "warn" };
     init_logging(LogFormat::Text, level);
-    // Only `[kube]` is resolved, on purpose: the cleanup runs when gpuwatch
-    // is uninstalled, and refusing it over a section it does not use (an
-    // OTLP variable of the Job, a policy override) would leave every taint
-    // and condition behind.
-    let kube = match &args.config {
-        Some(c) => Config::load(c)?.kube,
-        None => gpuwatch_kube::KubeConfig::default(),
-    };
-    let settings = kube
-        .resolve()
-        .map_err(KubeError::Config)
-        .context("invalid [kube] settings")?;
+    // Every section is resolved, as for every command, but only `[kube]`'s
+    // problems stop the cleanup, on purpose: it runs when gpuwatch is
+    // uninstalled, and refusing it over a section it does not use (an OTLP
+    // variable of the Job, a policy override) would leave every taint and
+    // condition behind.
+    let resolved = super::resolve_each(args.config.as_deref())?;
+    let settings = resolved.kube().context("invalid [kube] settings")?.clone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -2,21 +2,23 @@
 //! file with `--exit-at-eof`).
 
 use anyhow::Context as _;
-use gpuwatch::{Config, LogFormat};
-use gpuwatch::{RunError, RunOptions};
+use gpuwatch::{LogFormat, Overrides, RunError, RunOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Resolves the configuration, starts logging as it says, runs the agent and
 /// prints the summary with `--exit-at-eof`.
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let (cfg, opts) = gpuwatch::resolve(args.config.as_deref(), |cfg| args.apply(cfg))?;
-    super::init_logging(cfg.log.format, &cfg.log.level);
-    let exit_at_eof = cfg.kmsg.exit_at_eof;
-    let summary = gpuwatch::prepare(cfg)
+    let (overrides, opts) = args.overrides();
+    let cfg = gpuwatch::resolve(args.config.as_deref(), &overrides)?;
+    // `[log]` alone first: the rest of the file's problems are then logged.
+    let log = cfg.log_settings();
+    super::init_logging(log.format, &log.filter);
+    let prepared = gpuwatch::prepare(cfg)
         .map_err(RunError::from)
-        .and_then(|prepared| gpuwatch::run(prepared, &opts))
         .context("agent failed")?;
+    let exit_at_eof = prepared.kmsg().exit_at_eof;
+    let summary = gpuwatch::run(prepared, &opts).context("agent failed")?;
     if exit_at_eof {
         eprintln!(
             "gpuwatch-summary {}",
@@ -120,69 +122,36 @@ pub(crate) enum OtlpProtocolArg {
 }
 
 impl Args {
-    /// Applies the flags onto `cfg` (flags win) and returns the flag-only options.
-    pub(crate) fn apply(&self, cfg: &mut Config) -> RunOptions {
-        if let Some(p) = &self.kmsg_path {
-            cfg.kmsg.path.clone_from(p);
-        }
-        if let Some(d) = &self.state_dir {
-            cfg.state_dir.clone_from(d);
-        }
-        if let Some(a) = &self.api_listen {
-            cfg.api.listen.clone_from(a);
-            cfg.api.enabled = true;
-        }
-        if self.accept_user_facility {
-            cfg.kmsg.accept_user_facility = true;
-        }
-        if let Some(p) = &self.proc_root {
-            cfg.kmsg.proc_root.clone_from(p);
-        }
-        if let Some(p) = &self.sysfs_root {
-            cfg.network.sysfs_root.clone_from(p);
-        }
-        if let Some(p) = &self.pod_resources_socket {
-            cfg.kubelet.pod_resources_socket.clone_from(p);
-        }
-        if let Some(s) = &self.nvml_sim {
-            cfg.nvml.enabled = true;
-            cfg.nvml.sim_scenario = Some(s.clone());
-        }
-        if self.no_nvml {
-            cfg.nvml.enabled = false;
-        }
-        if self.sink.contains(&SinkKind::Stdout) {
-            cfg.sinks.stdout = true;
-        }
-        if self.prometheus {
-            cfg.api.prometheus = true;
-            cfg.api.enabled = true;
-        }
-        if let Some(b) = &self.boot_id_path {
-            cfg.kmsg.boot_id_path.clone_from(b);
-        }
-        if self.exit_at_eof {
-            cfg.kmsg.exit_at_eof = true;
-        }
-        if let Some(f) = self.log_format {
-            cfg.log.format = f;
-        }
-        if let Some(n) = &self.node_name {
-            cfg.node_name.clone_from(n);
-        }
-        if let Some(e) = &self.otlp_endpoint {
-            cfg.otlp.enabled = true;
-            cfg.otlp.endpoint_flag = Some(e.clone());
-        }
-        if let Some(p) = self.otlp_protocol {
-            cfg.otlp.protocol = Some(match p {
+    /// The flags as settings over the file's (flags win), and the options
+    /// that exist only as flags.
+    pub(crate) fn overrides(&self) -> (Overrides, RunOptions) {
+        let overrides = Overrides {
+            kmsg_path: self.kmsg_path.clone(),
+            exit_at_eof: self.exit_at_eof,
+            accept_user_facility: self.accept_user_facility,
+            proc_root: self.proc_root.clone(),
+            boot_id_path: self.boot_id_path.clone(),
+            state_dir: self.state_dir.clone(),
+            api_listen: self.api_listen.clone(),
+            prometheus: self.prometheus,
+            sysfs_root: self.sysfs_root.clone(),
+            pod_resources_socket: self.pod_resources_socket.clone(),
+            nvml_sim: self.nvml_sim.clone(),
+            no_nvml: self.no_nvml,
+            stdout_sink: self.sink.contains(&SinkKind::Stdout),
+            log_format: self.log_format,
+            node_name: self.node_name.clone(),
+            otlp_endpoint: self.otlp_endpoint.clone(),
+            otlp_protocol: self.otlp_protocol.map(|p| match p {
                 OtlpProtocolArg::Grpc => gpuwatch_sinks::otlp::Protocol::Grpc,
                 OtlpProtocolArg::Http => gpuwatch_sinks::otlp::Protocol::HttpProtobuf,
-            });
-        }
-        RunOptions {
+            }),
+            expected_gpus: None,
+        };
+        let opts = RunOptions {
             kube_dry_run: self.kube_dry_run,
-        }
+        };
+        (overrides, opts)
     }
 }
 
@@ -199,8 +168,10 @@ mod tests {
 
     #[test]
     fn flags_override_the_file() {
-        let mut cfg = Config::parse(
-            std::path::Path::new("t.toml"),
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.toml");
+        std::fs::write(
+            &file,
             "node_name = \"n\"\n[api]\nlisten = \"127.0.0.1:1\"\n[kmsg]\npath = \"/dev/kmsg\"\n",
         )
         .unwrap();
@@ -223,24 +194,24 @@ mod tests {
             "http://127.0.0.1:4318",
             "--otlp-protocol",
             "http",
+            "--boot-id-path",
+            "/proc/sys/kernel/random/boot_id",
         ]);
-        let opts = cli.run.apply(&mut cfg);
-        assert_eq!(cfg.kmsg.path, PathBuf::from("/tmp/replay.log"));
-        assert_eq!(cfg.api.listen, "127.0.0.1:0");
-        assert!(cfg.kmsg.accept_user_facility && cfg.kmsg.exit_at_eof);
-        assert!(!cfg.nvml.enabled);
-        assert!(cfg.sinks.stdout && cfg.api.prometheus);
-        assert_eq!(cfg.log.format, LogFormat::Json);
+        let (overrides, opts) = cli.run.overrides();
         assert!(opts.kube_dry_run);
-        assert!(cfg.otlp.enabled);
-        assert_eq!(
-            cfg.otlp.endpoint_flag.as_deref(),
-            Some("http://127.0.0.1:4318")
-        );
-        assert_eq!(
-            cfg.otlp.protocol,
-            Some(gpuwatch_sinks::otlp::Protocol::HttpProtobuf)
-        );
+        let cfg = gpuwatch::resolve(Some(&file), &overrides).unwrap();
+        assert_eq!(cfg.log_settings().format, LogFormat::Json);
+        let s = gpuwatch::prepare(cfg).unwrap();
+        assert_eq!(s.kmsg().path, PathBuf::from("/tmp/replay.log"));
+        assert_eq!(s.api_listen(), Some("127.0.0.1:0"));
+        assert!(s.kmsg().accept_user_facility && s.kmsg().exit_at_eof);
+        assert!(!s.nvml().enabled);
+        assert!(s.stdout_sink() && s.prometheus().is_some());
+        assert_eq!(s.log().format, LogFormat::Json);
+        let otlp = s.otlp().expect("the flag turns the export on");
+        let text = format!("{otlp:?}");
+        assert!(text.contains("http://127.0.0.1:4318"), "{text}");
+        assert!(text.contains("HttpProtobuf"), "{text}");
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub(crate) struct Args {
 /// code), 0 when the reader closed the pipe early.
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     init_logging(LogFormat::Text, "warn");
-    let policy = std::sync::Arc::new(load_policy(args.config.as_deref())?);
+    let policy = load_policy(args.config.as_deref())?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let Some(summary) = unless_broken_pipe(gpuwatch::scan(&args.args, policy, &mut out))? else {

@@ -4,7 +4,7 @@
 
 use super::init_logging;
 use anyhow::Context as _;
-use gpuwatch::{Config, LogFormat};
+use gpuwatch::{Config, LogFormat, Overrides};
 use gpuwatch::{PrepareError, Prepared};
 use gpuwatch_core::validation::Expected;
 use gpuwatch_proto::{ValidationCheck, ValidationReport};
@@ -40,38 +40,36 @@ pub(crate) struct Args {
 }
 
 impl Args {
-    /// Applies the flags onto `cfg` (flags win). Returns whether the
-    /// expected GPU count is read from the Node when the configuration does
-    /// not set it (`[kube]` enabled, or `--node`).
-    pub(crate) fn apply(&self, cfg: &mut Config) -> bool {
-        if let Some(s) = &self.nvml_sim {
-            cfg.nvml.enabled = true;
-            cfg.nvml.sim_scenario = Some(s.clone());
+    /// The flags as settings over the file's (flags win): `--kmsg-path`
+    /// reads the file to its end.
+    pub(crate) fn overrides(&self) -> Overrides {
+        Overrides {
+            nvml_sim: self.nvml_sim.clone(),
+            expected_gpus: self.expected_gpus,
+            node_name: self.node.clone(),
+            exit_at_eof: self.kmsg_path.is_some(),
+            kmsg_path: self.kmsg_path.clone(),
+            ..Overrides::default()
         }
-        if self.expected_gpus.is_some() {
-            cfg.validation.expected_gpus = self.expected_gpus;
-        }
-        let read_node = cfg.kube.enabled || self.node.is_some();
-        if let Some(n) = &self.node {
-            cfg.node_name.clone_from(n);
-        }
-        if let Some(p) = &self.kmsg_path {
-            cfg.kmsg.path.clone_from(p);
-            cfg.kmsg.exit_at_eof = true;
-        }
-        read_node
+    }
+
+    /// Whether the expected GPU count is read from the Node when the
+    /// configuration does not set it (`[kube]` enabled, or `--node`).
+    fn reads_node(&self, prepared: &Prepared) -> bool {
+        prepared.kube().enabled() || self.node.is_some()
     }
 }
 
 /// Prints the report; exit 0 when it passed and is complete, else 1.
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     init_logging(LogFormat::Text, "warn");
-    let (cfg, read_node) = gpuwatch::resolve(args.config.as_deref(), |cfg| args.apply(cfg))?;
+    let cfg = gpuwatch::resolve(args.config.as_deref(), &args.overrides())?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the runtime for the validation")?;
     let prepared = prepare(cfg)?;
+    let read_node = args.reads_node(&prepared);
     let (expected, node_problem) = expected_gpus(&rt, &prepared, read_node);
     let health = prepared.check_once()?;
     let report = judge(&rt, &prepared, &health, expected, node_problem);

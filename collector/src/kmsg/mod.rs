@@ -82,7 +82,7 @@ const MAX_BUFFER: usize = 1024 * 1024;
 /// Settings of the kernel log source (`[kmsg]`), as written in the file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct KmsgConfig {
+pub(crate) struct KmsgConfig {
     /// What to read: `/dev/kmsg`, or a regular file / FIFO of kmsg-format lines
     /// (replay). Default `/dev/kmsg`.
     pub path: PathBuf,
@@ -151,15 +151,9 @@ impl Default for KmsgSettings {
 }
 
 impl KmsgConfig {
-    /// Problems with the settings (empty when valid); keys relative to
-    /// `[kmsg]`. The problems [`KmsgConfig::resolve`] reports.
-    pub fn validate(&self) -> Vec<String> {
-        self.resolve().err().unwrap_or_default()
-    }
-
     /// Checks the settings and types them in one pass: the resolved
     /// settings, or every problem (keys relative to `[kmsg]`).
-    pub fn resolve(&self) -> Result<KmsgSettings, Vec<String>> {
+    pub(crate) fn resolve(&self) -> Result<KmsgSettings, Vec<String>> {
         let mut problems = Vec::new();
         if self.path.as_os_str().is_empty() {
             problems.push("path: must not be empty".to_string());

@@ -676,7 +676,6 @@ fn config_validation_names_keys() {
         ..KmsgConfig::default()
     };
     let p = bad.resolve().unwrap_err();
-    assert_eq!(bad.validate(), p);
     let keys: Vec<&str> = p.iter().map(|m| m.split(':').next().unwrap()).collect();
     assert_eq!(
         keys,

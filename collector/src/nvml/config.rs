@@ -9,32 +9,32 @@ use std::time::Duration;
 /// the sources run with its [`NvmlConfig::resolve`]d form.
 #[derive(Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
-pub struct NvmlConfig {
+pub(crate) struct NvmlConfig {
     /// Read NVML at all (poller and events).
-    pub enabled: bool,
+    pub(crate) enabled: bool,
     /// The NVML library to load (default: the system `libnvidia-ml.so.1`). With
     /// `sim_scenario` set, the nvml-sim library to use (default: found
     /// automatically: `$GPUWATCH_NVML_SIM_LIB`, next to the executable or its
     /// parent directory, `target/{debug,release}`).
-    pub library_path: Option<PathBuf>,
+    pub(crate) library_path: Option<PathBuf>,
     /// Run against the nvml-sim simulator driven by this scenario file.
-    pub sim_scenario: Option<PathBuf>,
+    pub(crate) sim_scenario: Option<PathBuf>,
     /// Seconds between two polls of every GPU.
-    pub poll_interval_secs: u64,
+    pub(crate) poll_interval_secs: u64,
     /// Milliseconds between two polls; overrides `poll_interval_secs` when set
     /// (tests and demos).
-    pub poll_interval_ms: Option<u64>,
+    pub(crate) poll_interval_ms: Option<u64>,
     /// Watch NVML events (XID critical errors, ECC, clock events).
-    pub events: bool,
+    pub(crate) events: bool,
     /// Seconds between attempts while NVML cannot be loaded, initialised or
     /// enumerated.
-    pub retry_interval_secs: u64,
+    pub(crate) retry_interval_secs: u64,
     /// Milliseconds between attempts; overrides `retry_interval_secs` when set.
-    pub retry_interval_ms: Option<u64>,
+    pub(crate) retry_interval_ms: Option<u64>,
     /// Deadline of every NVML call, in milliseconds. A call still running past
     /// it makes NVML unavailable (GPU health Unknown) until a fresh NVML
     /// session answers; shutdown never waits longer than this for NVML.
-    pub call_timeout_ms: u64,
+    pub(crate) call_timeout_ms: u64,
 }
 
 impl Default for NvmlConfig {
@@ -95,16 +95,10 @@ impl Default for NvmlSettings {
 }
 
 impl NvmlConfig {
-    /// Every problem with this section, keys relative to it. The problems
-    /// [`NvmlConfig::resolve`] reports.
-    pub fn validate(&self) -> Vec<String> {
-        self.resolve().err().unwrap_or_default()
-    }
-
     /// Checks the settings and types them in one pass: the resolved
     /// settings, or every problem (keys relative to `[nvml]`). A value out
     /// of its range is a problem, never silently clamped.
-    pub fn resolve(&self) -> Result<NvmlSettings, Vec<String>> {
+    pub(crate) fn resolve(&self) -> Result<NvmlSettings, Vec<String>> {
         let mut p = Vec::new();
         let poll_interval = interval(
             ("poll_interval_secs", self.poll_interval_secs),
@@ -205,7 +199,6 @@ mod tests {
             ..NvmlConfig::default()
         };
         let problems = cfg.resolve().unwrap_err();
-        assert_eq!(cfg.validate(), problems);
         let keys: Vec<&str> = problems
             .iter()
             .map(|p| p.split(':').next().unwrap())

@@ -2,7 +2,7 @@
 //! validation, names every section and key of the configuration, and states
 //! every default (it must not drift from the code).
 
-use gpuwatch::Config;
+use gpuwatch::{Config, Overrides};
 use std::path::Path;
 
 fn example() -> std::path::PathBuf {
@@ -15,8 +15,11 @@ fn example_text() -> String {
 
 #[test]
 fn example_config_parses_and_validates() {
-    let mut cfg = Config::load(&example()).expect("example config loads");
-    cfg.node_name = "example-node".into();
+    let node = Overrides {
+        node_name: Some("example-node".into()),
+        ..Overrides::default()
+    };
+    let cfg = gpuwatch::resolve(Some(&example()), &node).expect("example config loads");
     cfg.validate().expect("example config is valid");
 }
 

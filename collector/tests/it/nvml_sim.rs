@@ -10,7 +10,7 @@
 
 use crate::common::nvml_sim_lib as sim_lib;
 use crate::engine_support::Rig;
-use gpuwatch::{InputContext, NvmlConfig, NvmlError, NvmlSources, poll_nvml_once, start_nvml};
+use gpuwatch::{InputContext, NvmlError, NvmlSettings, NvmlSources, poll_nvml_once, start_nvml};
 use gpuwatch_core::Registry;
 use gpuwatch_core::msg::{Input, MonitorInput};
 use gpuwatch_proto::{FaultEvent, FaultKind, GpuSample, RecoveryAction, Source, Verdict};
@@ -24,13 +24,13 @@ fn scenario(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn config(scenario_name: &str) -> NvmlConfig {
-    NvmlConfig {
+fn config(scenario_name: &str) -> NvmlSettings {
+    NvmlSettings {
         library_path: Some(sim_lib().to_path_buf()),
         sim_scenario: Some(scenario(scenario_name)),
-        poll_interval_ms: Some(50),
-        retry_interval_ms: Some(50),
-        ..NvmlConfig::default()
+        poll_interval: Duration::from_millis(50),
+        retry_interval: Duration::from_millis(50),
+        ..NvmlSettings::default()
     }
 }
 
@@ -47,13 +47,12 @@ struct NvmlSimHarness {
 }
 
 impl NvmlSimHarness {
-    /// Starts the sources with `cfg` as a configuration file would give it
-    /// (resolved here: an invalid test setting fails the test).
-    fn start(cfg: &NvmlConfig) -> NvmlSimHarness {
+    /// Starts the sources with `cfg`, the typed `[nvml]` settings.
+    fn start(cfg: &NvmlSettings) -> NvmlSimHarness {
         let (tx, rx) = crossbeam_channel::bounded(1024);
         let registry = Registry::new();
         let sources = start_nvml(
-            &cfg.resolve().expect("valid test [nvml] settings"),
+            cfg,
             registry.clone(),
             InputContext::new(gpuwatch_core::Shutdown::new(), tx),
         );
@@ -68,7 +67,7 @@ impl NvmlSimHarness {
     }
 
     /// Like `start`, feeding every input into a health engine too.
-    fn with_engine(cfg: &NvmlConfig) -> NvmlSimHarness {
+    fn with_engine(cfg: &NvmlSettings) -> NvmlSimHarness {
         let mut h = NvmlSimHarness::start(cfg);
         h.engine = Some(Rig::new(None, "boot-nvml-hang"));
         h
@@ -502,11 +501,11 @@ fn init_failure_is_a_monitor_status_never_a_fault_then_recovers() {
 
 #[test]
 fn missing_library_is_a_monitor_status_and_shutdown_is_prompt() {
-    let cfg = NvmlConfig {
+    let cfg = NvmlSettings {
         library_path: Some(PathBuf::from("/nonexistent/libnvidia-ml.so.1")),
-        poll_interval_ms: Some(50),
-        retry_interval_secs: 30,
-        ..NvmlConfig::default()
+        poll_interval: Duration::from_millis(50),
+        retry_interval: Duration::from_secs(30),
+        ..NvmlSettings::default()
     };
     let mut h = NvmlSimHarness::start(&cfg);
     let msg = h.wait_for("ok:false", |seen| {
@@ -538,9 +537,8 @@ fn shutdown_joins_both_threads_within_a_second() {
 /// for the next one; the poller's sleep ends at the shutdown signal.
 #[test]
 fn stopping_between_polls_ten_seconds_apart_is_prompt() {
-    let cfg = NvmlConfig {
-        poll_interval_ms: None,
-        poll_interval_secs: 10,
+    let cfg = NvmlSettings {
+        poll_interval: Duration::from_secs(10),
         events: false,
         ..config("test-xid.toml")
     };
@@ -554,40 +552,36 @@ fn stopping_between_polls_ten_seconds_apart_is_prompt() {
 #[test]
 fn poll_once_finds_the_simulator_and_reads_every_gpu() {
     let lib = sim_lib();
-    let cfg = NvmlConfig {
+    let cfg = NvmlSettings {
         library_path: Some(lib.to_path_buf()),
         sim_scenario: Some(scenario("demo.toml")),
-        ..NvmlConfig::default()
+        ..NvmlSettings::default()
     };
-    let samples = poll_nvml_once(&cfg.resolve().unwrap()).expect("poll_once");
+    let samples = poll_nvml_once(&cfg).expect("poll_once");
     assert_eq!(samples.len(), 8);
     let indexes: Vec<u32> = samples.iter().map(|s| s.index).collect();
     assert_eq!(indexes, (0..8).collect::<Vec<_>>());
     assert_eq!(samples[7].pci_address, "0000:db:00.0");
     // Without library_path the simulator is found next to the test executable's
     // parent directory (target/<profile>/).
-    let auto = NvmlConfig {
+    let auto = NvmlSettings {
         library_path: None,
         ..cfg
     };
     assert_eq!(
-        poll_nvml_once(&auto.resolve().unwrap())
-            .expect("auto-found simulator")
-            .len(),
+        poll_nvml_once(&auto).expect("auto-found simulator").len(),
         8
     );
 }
 
 #[test]
 fn poll_once_reports_a_missing_scenario_by_path() {
-    let cfg = NvmlConfig {
+    let cfg = NvmlSettings {
         library_path: Some(sim_lib().to_path_buf()),
         sim_scenario: Some(PathBuf::from("/nonexistent/scenario.toml")),
-        ..NvmlConfig::default()
+        ..NvmlSettings::default()
     };
-    let err = poll_nvml_once(&cfg.resolve().unwrap())
-        .unwrap_err()
-        .to_string();
+    let err = poll_nvml_once(&cfg).unwrap_err().to_string();
     assert!(err.contains("/nonexistent/scenario.toml"), "{err}");
 }
 
@@ -609,10 +603,10 @@ fn cpu_seconds() -> f64 {
 #[test]
 #[ignore = "measurement, runs 30 s: cargo test -p gpuwatch --test nvml_sim -- --ignored --nocapture idle_cost"]
 fn idle_cost_of_eight_gpus_polled_every_ten_seconds() {
-    let cfg = NvmlConfig {
+    let cfg = NvmlSettings {
         library_path: Some(sim_lib().to_path_buf()),
         sim_scenario: Some(scenario("demo.toml")),
-        ..NvmlConfig::default()
+        ..NvmlSettings::default()
     };
     let mut h = NvmlSimHarness::start(&cfg);
     h.wait_for("a first poll", |seen| sample_where(seen, 7, |_| true));
@@ -691,7 +685,7 @@ removed = false
 "#,
     )
     .unwrap();
-    let cfg = NvmlConfig {
+    let cfg = NvmlSettings {
         sim_scenario: Some(path),
         ..config("test-gpu-lost.toml")
     };
@@ -740,11 +734,11 @@ fn statuses(h: &NvmlSimHarness) -> Vec<(bool, String, Instant)> {
         .collect()
 }
 
-fn hang_config(scenario_name: &str, poll_ms: u64, call_timeout_ms: u64) -> NvmlConfig {
-    NvmlConfig {
-        poll_interval_ms: Some(poll_ms),
-        retry_interval_ms: Some(200),
-        call_timeout_ms,
+fn hang_config(scenario_name: &str, poll_ms: u64, call_timeout_ms: u64) -> NvmlSettings {
+    NvmlSettings {
+        poll_interval: Duration::from_millis(poll_ms),
+        retry_interval: Duration::from_millis(200),
+        call_timeout: Duration::from_millis(call_timeout_ms),
         ..config(scenario_name)
     }
 }
@@ -1007,7 +1001,7 @@ at_ms = 1000
     )
     .unwrap();
     let deadline = Duration::from_millis(200);
-    let cfg = NvmlConfig {
+    let cfg = NvmlSettings {
         sim_scenario: Some(path),
         ..hang_config("test-xid.toml", 200, deadline.as_millis() as u64)
     };
@@ -1066,14 +1060,14 @@ call = "nvmlDeviceGetCount_v2"
 "#,
     )
     .unwrap();
-    let cfg = NvmlConfig {
+    let cfg = NvmlSettings {
         library_path: Some(sim_lib().to_path_buf()),
         sim_scenario: Some(path),
-        call_timeout_ms: 200,
-        ..NvmlConfig::default()
+        call_timeout: Duration::from_millis(200),
+        ..NvmlSettings::default()
     };
     let t = Instant::now();
-    let err = poll_nvml_once(&cfg.resolve().unwrap()).unwrap_err();
+    let err = poll_nvml_once(&cfg).unwrap_err();
     let took = t.elapsed();
     assert!(
         matches!(

@@ -170,9 +170,11 @@ impl InjectedXid {
 }
 
 /// The policy the agent runs with (its config file's `[policy]`).
-fn policy(config: &Path) -> xid_parser::Policy {
-    let cfg = gpuwatch::Config::load(config).expect("test config loads");
-    xid_parser::Policy::new(&cfg.policy).expect("policy builds")
+fn policy(config: &Path) -> std::sync::Arc<xid_parser::Policy> {
+    let resolved = gpuwatch::Config::load(config)
+        .expect("test config loads")
+        .resolve_each();
+    resolved.policy().expect("policy builds").clone()
 }
 
 // ----------------------------------------------------------------- helpers --

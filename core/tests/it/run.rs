@@ -243,6 +243,99 @@ const SYS_OPENAT: i64 = 257;
 #[cfg(target_arch = "aarch64")]
 const SYS_OPENAT: i64 = 56;
 
+/// Polls `cond` every `every` until it holds; fails with `what()` after
+/// `timeout`.
+fn poll(timeout: Duration, every: Duration, what: impl Fn() -> String, cond: impl Fn() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < timeout, "{}", what());
+        std::thread::sleep(every);
+    }
+}
+
+/// An engine thread on a state directory whose next state write opens a
+/// FIFO nobody reads (persisting every 100 ms), with two GPUs sampled and a
+/// recording sink.
+struct HungStateRig {
+    registry: Arc<gpuwatch_core::Registry>,
+    tx: crossbeam_channel::Sender<Input>,
+    sink: Arc<RecordingSink>,
+    shutdown: Shutdown,
+    engine: std::thread::JoinHandle<()>,
+    /// Where the engine writes its state first: the FIFO.
+    fifo: std::path::PathBuf,
+}
+
+impl HungStateRig {
+    fn start(dir: &std::path::Path) -> HungStateRig {
+        let fifo = dir.join(format!(".{STATE_FILE}.tmp.{}", std::process::id()));
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let rig = Rig::with(
+            gpuwatch_core::engine::EngineConfig {
+                persist_interval_ms: 100,
+                ..Default::default()
+            },
+            Arc::new(xid_parser::Policy::default()),
+            Some(dir),
+            "boot-a",
+            Arc::new(gpuwatch_core::clock::ManualClock::new(start_time())),
+        );
+        let registry = Arc::clone(&rig.registry);
+        let (tx, rx) = crossbeam_channel::bounded(1024);
+        let sink = Arc::new(RecordingSink::default());
+        let sinks: Vec<Arc<dyn EventSink>> = vec![sink.clone()];
+        let shutdown = Shutdown::new();
+        let stop = shutdown.clone();
+        let engine = rig.engine;
+        let engine = std::thread::spawn(move || run_engine(engine, rx, sinks, stop));
+        tx.send(Input::Samples {
+            samples: two_gpus(),
+            complete: true,
+        })
+        .unwrap();
+        HungStateRig {
+            registry,
+            tx,
+            sink,
+            shutdown,
+            engine,
+            fifo,
+        }
+    }
+
+    fn events(&self) -> usize {
+        self.sink.events.lock().unwrap().len()
+    }
+
+    /// The disk comes back: a reader drains the FIFO, so the blocked open
+    /// returns (and the write goes on to fail: a FIFO cannot be fsynced).
+    fn unblock(&self) {
+        let fifo = self.fifo.clone();
+        let written = std::thread::spawn(move || std::fs::read(&fifo).unwrap())
+            .join()
+            .unwrap();
+        assert!(!written.is_empty());
+    }
+
+    fn stop(self) {
+        self.shutdown.trigger();
+        self.engine.join().unwrap();
+    }
+}
+
+/// The state file in `dir` holds a fault of every code in `codes`.
+fn assert_state_holds(dir: &std::path::Path, codes: &[u32]) {
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join(STATE_FILE)).unwrap()).unwrap();
+    let text = state.to_string();
+    for code in codes {
+        assert!(
+            text.contains(&format!("\"XID{code}\"")) || text.contains(&format!("\"code\":{code}")),
+            "XID {code} missing from the state file"
+        );
+    }
+}
+
 /// A state write that blocks in the kernel (here: opening a FIFO nobody
 /// reads, which blocks like a write to a hung volume) never holds up events:
 /// they reach the sinks while the writer thread is stuck. When the write
@@ -251,93 +344,56 @@ const SYS_OPENAT: i64 = 56;
 #[test]
 fn a_hung_state_write_never_delays_events_and_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let fifo = dir
-        .path()
-        .join(format!(".{STATE_FILE}.tmp.{}", std::process::id()));
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
-    let rig = Rig::with(
-        gpuwatch_core::engine::EngineConfig {
-            persist_interval_ms: 100,
-            ..Default::default()
-        },
-        Arc::new(xid_parser::Policy::default()),
-        Some(dir.path()),
-        "boot-a",
-        Arc::new(gpuwatch_core::clock::ManualClock::new(start_time())),
+    let rig = HungStateRig::start(dir.path());
+    rig.tx.send(fault(xid(79, PCI0))).unwrap();
+    poll(
+        Duration::from_secs(10),
+        Duration::from_millis(5),
+        || "the state write never started".to_owned(),
+        || blocked_syscall("gpuwatch-state") == Some(SYS_OPENAT),
     );
-    let registry = Arc::clone(&rig.registry);
-    let (tx, rx) = crossbeam_channel::bounded(1024);
-    let sink = Arc::new(RecordingSink::default());
-    let sinks: Vec<Arc<dyn EventSink>> = vec![sink.clone()];
-    let shutdown = Shutdown::new();
-    let stop = shutdown.clone();
-    let engine = rig.engine;
-    let t = std::thread::spawn(move || run_engine(engine, rx, sinks, stop));
-    tx.send(Input::Samples {
-        samples: two_gpus(),
-        complete: true,
-    })
-    .unwrap();
-    tx.send(fault(xid(79, PCI0))).unwrap();
-    let t0 = Instant::now();
-    while blocked_syscall("gpuwatch-state") != Some(SYS_OPENAT) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the state write never started"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
     // The writer is stuck in open(2); events keep flowing.
     let codes = [13, 31, 43, 45, 63, 64, 94, 95];
     for pci in [PCI0, PCI1] {
         for code in codes {
-            tx.send(fault(xid(code, pci))).unwrap();
+            rig.tx.send(fault(xid(code, pci))).unwrap();
         }
     }
     let want = 1 + 2 * codes.len();
-    let t0 = Instant::now();
-    while sink.events.lock().unwrap().len() < want {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "events were held up by the stuck state write: {} of {want}",
-            sink.events.lock().unwrap().len()
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    poll(
+        Duration::from_secs(10),
+        Duration::from_millis(5),
+        || {
+            format!(
+                "events were held up by the stuck state write: {} of {want}",
+                rig.events()
+            )
+        },
+        || rig.events() >= want,
+    );
     assert_eq!(blocked_syscall("gpuwatch-state"), Some(SYS_OPENAT));
-    assert_eq!(registry.state_writes(), (0, 0), "no write finished yet");
-    // The disk comes back: the blocked open returns, the write fails (a FIFO
-    // cannot be fsynced), is counted, and the retry writes a regular file.
-    let reader = std::thread::spawn({
-        let fifo = fifo.clone();
-        move || std::fs::read(&fifo).unwrap()
-    });
-    let written = reader.join().unwrap();
-    assert!(!written.is_empty());
-    let t0 = Instant::now();
-    while registry.state_writes().0 == 0 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "the state was never written after the failure: {:?}",
-            registry.state_writes()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert_eq!(rig.registry.state_writes(), (0, 0), "no write finished yet");
+    // The write fails once the open returns, is counted, and the retry
+    // writes a regular file.
+    rig.unblock();
+    poll(
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        || {
+            format!(
+                "the state was never written after the failure: {:?}",
+                rig.registry.state_writes()
+            )
+        },
+        || rig.registry.state_writes().0 > 0,
+    );
     assert!(
-        registry.state_writes().1 >= 1,
+        rig.registry.state_writes().1 >= 1,
         "the failed write was counted"
     );
-    shutdown.trigger();
-    t.join().unwrap();
-    let state: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join(STATE_FILE)).unwrap()).unwrap();
-    let text = state.to_string();
-    for code in codes.iter().chain([79].iter()) {
-        assert!(
-            text.contains(&format!("\"XID{code}\"")) || text.contains(&format!("\"code\":{code}")),
-            "XID {code} missing from the state file"
-        );
-    }
+    rig.stop();
+    let every: Vec<u32> = codes.iter().copied().chain([79]).collect();
+    assert_state_holds(dir.path(), &every);
 }
 
 /// A log writer that keeps what it is given.

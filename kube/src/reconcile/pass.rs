@@ -36,6 +36,8 @@ pub(super) struct Pass {
     pub(super) wrote: bool,
     /// A move to Unknown was held back (see [`super::STARTUP_UNKNOWN_HOLD`]).
     pub(super) held: bool,
+    /// `updated_unix_nano` of the health the pass brought the Node to.
+    pub(super) health_updated: Option<u64>,
 }
 
 /// Keeps live True/False conditions where `want` says Unknown (startup hold).
@@ -201,7 +203,11 @@ impl Reconciler {
         match (conditions, taints, isolation_error) {
             (Err(e), _, _) | (Ok(_), Err(e), _) => Err(e),
             (Ok(_), Ok(_), Some(e)) => Err(ApiError::Transient(format!("device taint rules: {e}"))),
-            (Ok(_), Ok(_), None) => Ok(Pass { wrote, held }),
+            (Ok(_), Ok(_), None) => Ok(Pass {
+                wrote,
+                held,
+                health_updated: health.updated_unix_nano,
+            }),
         }
     }
 

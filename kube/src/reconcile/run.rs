@@ -117,6 +117,7 @@ impl Reconciler {
                     // A health change before then is reconciled as usual.
                     run.schedule.set(Wake::HoldEnds, run.hold_until);
                 }
+                self.metrics.count_pass(pass.health_updated);
             }
             Err(e) => {
                 let pause = run.errors.after(&e);

@@ -173,7 +173,7 @@ async fn a_restart_on_the_same_health_keeps_the_same_rules_and_writes_nothing() 
     assert_eq!(writes, 4);
     // The agent restarts on the restored state.
     let h = Harness::start_with_api(api, health).await;
-    // Its first pass lists the rules; give it time to (not) write.
+    // Its first pass lists the rules, and once it completed has written none.
     assert!(
         wait_for(SECS, || h
             .api
@@ -184,7 +184,7 @@ async fn a_restart_on_the_same_health_keeps_the_same_rules_and_writes_nothing() 
             >= 2)
         .await
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    h.reconciled(h.initial).await;
     assert_eq!(
         rule_writes(&h.api).len(),
         writes,
@@ -254,8 +254,9 @@ async fn refused_rules_fall_back_to_the_node_taint_with_one_warning() {
     assert!(rule_names(&h.api).is_empty());
     let why = h.metrics.status().device_isolation_unavailable;
     assert!(why.is_some_and(|w| w.contains("forbidden")));
-    // Later passes (another occurrence) do not warn again.
-    h.set(with_fault(healthy(2, "boot-a"), 0, 48, Action::ResetGpu, 2));
+    // Later passes (another occurrence) do not warn again: not once the
+    // pass on the new health completed and its Events were flushed.
+    let again = h.set(with_fault(healthy(2, "boot-a"), 0, 48, Action::ResetGpu, 2));
     h.until("the count moved", |n| {
         problem_message(n).contains("seen 2+ times")
     })
@@ -266,8 +267,18 @@ async fn refused_rules_fall_back_to_the_node_taint_with_one_warning() {
             == 1)
         .await
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    h.reconciled(again).await;
+    h.writer().event_sink().flush(SECS);
     assert_eq!(events_with(&h.api, "DeviceIsolationUnavailable").len(), 1);
+    // A repeat would have been counted into the same Event.
+    let counts: Vec<Option<i32>> = h
+        .api
+        .events()
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("DeviceIsolationUnavailable"))
+        .map(|e| e.count)
+        .collect();
+    assert!(counts.iter().all(|c| c.unwrap_or(1) == 1), "{counts:?}");
     // RBAC fixed: the rule lands and the Node taint goes.
     h.api.unforbid("create", "devicetaintrules");
     h.set(with_fault(healthy(2, "boot-a"), 0, 48, Action::ResetGpu, 3));

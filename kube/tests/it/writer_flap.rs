@@ -150,7 +150,7 @@ async fn the_flap_bound_holds_across_agent_restarts_and_reboots() {
     let hold = h.metrics.condition_holds()[0].clone();
     assert_eq!(hold.condition, PROBLEM);
     assert_eq!(hold.message, message);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    h.reconciled(h.initial).await;
     let still = condition(&h.api.node(), PROBLEM).unwrap();
     assert_eq!(still.status, "True");
     assert_eq!(still.reason.as_deref(), Some("NodeRebootRequired"));
@@ -229,7 +229,7 @@ async fn a_writer_killed_while_holding_keeps_holding_after_a_restart() {
 
     let h = Harness::with_state(api, cfg, healthy(2, "boot-a"), state.path()).await;
     assert!(wait_for(SECS, || !h.metrics.condition_holds().is_empty()).await);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    h.reconciled(h.initial).await;
     let after = condition(&h.api.node(), PROBLEM).unwrap();
     assert_eq!(after, before, "still held, as it was");
     assert_eq!(

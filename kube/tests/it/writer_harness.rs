@@ -3,6 +3,14 @@
 //! agent gives it recorded, the Node and health builders bound to [`NODE`],
 //! and the names the writer uses by default. The `writer_*` modules glob
 //! this one in.
+//!
+//! "Nothing was written" is checked once the writer says it has acted on
+//! the input, not after a fixed sleep: every health the harness publishes
+//! carries a fresh update time, and [`Harness::reconciled`] waits until a
+//! completed reconcile pass brought the Node to that health
+//! (`KubeMetrics::reconciled_health_unix_nano`); [`Harness::pass_after`]
+//! waits for a pass that acted on a validation report (or on a change to
+//! the Node).
 
 pub(crate) use crate::kube_common::build::{taint, with_fault, with_mig, xid_event};
 pub(crate) use crate::kube_common::{
@@ -40,6 +48,15 @@ pub(crate) fn healthy(n: u32, boot: &str) -> NodeHealth {
     gpuwatch_test_support::health::healthy(NODE, n, boot)
 }
 
+/// A health as the harness published it: its update time
+/// (`NodeHealth::updated_unix_nano`), later than every earlier one's.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Published(u64);
+
+/// What [`KubeMetrics::reconcile_passes`] counted at some moment.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Passes(u64);
+
 /// A running writer (and, when asked for, the pod listing beside it, on the
 /// same client, as the agent runs them), its double, and what they told the
 /// agent.
@@ -49,8 +66,17 @@ pub(crate) struct Harness {
     pub(crate) writer: Option<NodeWriter>,
     listing: Option<PodListing>,
     pub(crate) metrics: Arc<KubeMetrics>,
-    /// Every report the writer handed to `on_validation`.
-    reports: Arc<Mutex<Vec<ValidationReport>>>,
+    /// Every report the writer handed to `on_validation`, with the
+    /// completed reconcile passes counted when it was handed over. The
+    /// callback runs on the reconcile loop's task: between passes (a
+    /// validation finished, the health or the Node changed), and the next
+    /// pass acts on the report; or inside a pass (the gate judged the health
+    /// or the DRA devices again), which acts on it itself.
+    reports: Arc<Mutex<Vec<(ValidationReport, Passes)>>>,
+    /// The update time of the latest health published.
+    published: Mutex<u64>,
+    /// The health the writer started with.
+    pub(crate) initial: Published,
     /// Every update the pod listing handed over.
     pub(crate) placements: Arc<Mutex<Vec<PlacementUpdate>>>,
     /// What the engine wakes to ask the pod listing for a fresh list.
@@ -108,12 +134,16 @@ impl Harness {
         pods: bool,
         state_dir: Option<PathBuf>,
     ) -> Harness {
+        let mut health = health;
+        let initial = stamp(&mut health, 0);
         let (tx, rx) = watch::channel(Arc::new(health));
         let metrics = KubeMetrics::new();
         let reports = Arc::new(Mutex::new(Vec::new()));
         let sink = reports.clone();
+        let counted = metrics.clone();
         let on_validation: ValidationCallback = Arc::new(move |r: ValidationReport| {
-            sink.lock().unwrap().push(r);
+            let passes = Passes(counted.reconcile_passes());
+            sink.lock().unwrap().push((r, passes));
         });
         let placements = Arc::new(Mutex::new(Vec::new()));
         let seen = placements.clone();
@@ -161,6 +191,8 @@ impl Harness {
             listing,
             metrics,
             reports,
+            published: Mutex::new(initial.0),
+            initial,
             placements,
             pods_ask,
             pods_shutdown,
@@ -170,12 +202,58 @@ impl Harness {
 
     /// Every validation report so far, oldest first.
     pub(crate) fn reports(&self) -> Vec<ValidationReport> {
-        self.reports.lock().unwrap().clone()
+        let reports = self.reports.lock().unwrap();
+        reports.iter().map(|(r, _)| r.clone()).collect()
     }
 
-    /// Publishes `h` as the engine does.
-    pub(crate) fn set(&self, h: NodeHealth) {
+    /// The completed reconcile passes when the latest validation report was
+    /// handed over; fails the test when there is none.
+    pub(crate) fn passes_at_last_report(&self) -> Passes {
+        let reports = self.reports.lock().unwrap();
+        reports.last().expect("a validation report").1
+    }
+
+    /// The completed reconcile passes now.
+    pub(crate) fn passes(&self) -> Passes {
+        Passes(self.metrics.reconcile_passes())
+    }
+
+    /// Publishes `h` as the engine does, with an update time later than
+    /// every earlier health's (the writer's output does not depend on it).
+    pub(crate) fn set(&self, mut h: NodeHealth) -> Published {
+        let mut last = self.published.lock().unwrap();
+        let p = stamp(&mut h, *last);
+        *last = p.0;
         self.tx.send_replace(Arc::new(h));
+        p
+    }
+
+    /// Waits until a reconcile pass brought the Node to health `p` (or a
+    /// later one) and completed: whatever the writer does about `p` is on
+    /// the API double, and the Events it raised are queued. Fails the test
+    /// after [`SECS`].
+    pub(crate) async fn reconciled(&self, p: Published) {
+        let ok = wait_for(SECS, || self.metrics.reconciled_health_unix_nano() >= p.0).await;
+        assert!(
+            ok,
+            "no reconcile pass completed on health {p:?}; the latest was on {}; node: {:#}",
+            self.metrics.reconciled_health_unix_nano(),
+            self.api.node_json()
+        );
+    }
+
+    /// Waits until one more reconcile pass than `before` counted completed.
+    /// After [`Harness::passes_at_last_report`] that is a pass that acted
+    /// on the report (see `reports`), and one always comes; `before` taken
+    /// from [`Harness::passes`] ahead of a change to the Node may be met by
+    /// a pass already under way then. Fails the test after [`SECS`].
+    pub(crate) async fn pass_after(&self, before: Passes) {
+        let ok = wait_for(SECS, || self.metrics.reconcile_passes() > before.0).await;
+        assert!(
+            ok,
+            "no reconcile pass completed after {before:?}; node: {:#}",
+            self.api.node_json()
+        );
     }
 
     pub(crate) fn writer(&self) -> &NodeWriter {
@@ -211,6 +289,18 @@ impl Harness {
         self.api.assert_requests_declared();
         self.api
     }
+}
+
+/// Gives `h` an update time later than `after` (the wall clock's, as the
+/// engine stamps it, or one past `after` when that is not later).
+fn stamp(h: &mut NodeHealth, after: u64) -> Published {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_nanos();
+    let at = u64::try_from(now).expect("before 2554").max(after + 1);
+    h.updated_unix_nano = Some(at);
+    Published(at)
 }
 
 /// The status of condition `t` on `n`.

@@ -256,10 +256,12 @@ async fn cached_pass_is_dropped_when_health_fails_in_between() {
         "{:#?}",
         h.reports()
     );
-    h.set(healthy(2, "boot-a"));
+    let gone = h.set(healthy(2, "boot-a"));
     h.api.unforbid("patch", "nodes");
-    // No new validation runs for an hour: the old pass must not remove the taint.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // No new validation runs for an hour: the old pass must not remove the
+    // taint, neither in the pass on the healthy health nor in a retry of a
+    // refused patch (a pass that fails is not counted).
+    h.reconciled(gone).await;
     assert!(
         taint_value(&h.api.node(), STARTUP_TAINT).is_some(),
         "{:#}",
@@ -338,7 +340,8 @@ async fn reappearing_startup_taint_is_validated_again() {
             >= 1)
         .await
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Not removed by the pass after the failed validation either.
+    h.pass_after(h.passes_at_last_report()).await;
     assert!(taint_value(&h.api.node(), STARTUP_TAINT).is_some());
     assert_eq!(h.metrics.validation_runs(ValidationResult::Pass), 1);
     h.stop().await;
@@ -464,8 +467,9 @@ async fn condition_only_mode_reports_readiness_and_leaves_the_taint_alone() {
     })
     .await;
     assert!(h.metrics.validation_runs(ValidationResult::Pass) >= 1);
-    // Some passes later the taint is still there, and was never written.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Once the pass after the passing validation completed, the taint is
+    // still there, and was never written.
+    h.pass_after(h.passes_at_last_report()).await;
     let n = h.api.node();
     assert_eq!(taint_value(&n, NRC_TAINT).as_deref(), Some("pending"));
     assert!(
@@ -475,10 +479,12 @@ async fn condition_only_mode_reports_readiness_and_leaves_the_taint_alone() {
             .any(|r| r.verb == "patch" && r.resource == "nodes"),
         "no taint write"
     );
-    // node-readiness-controller removes it: nothing changes for gpuwatch.
+    // node-readiness-controller removes it: nothing changes for gpuwatch,
+    // in the pass on the changed Node.
+    let before = h.passes();
     h.api
         .edit_node(|n| n["spec"]["taints"] = serde_json::json!([]));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    h.pass_after(before).await;
     assert_eq!(status_of(&h.api.node(), READY).as_deref(), Some("True"));
     h.stop().await;
 }

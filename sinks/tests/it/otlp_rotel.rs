@@ -813,117 +813,156 @@ fn semconv_export(semconv: Semconv) -> Received {
     got
 }
 
-/// `gpuwatch` keeps gpuwatch's names only; `otel` replaces gpu.ecc.errors
-/// with hw.errors{hw.type=gpu} and gpu.health.verdict with hw.status and puts
-/// hw.vendor, hw.model, hw.driver_version, hw.firmware_version and
-/// hw.serial_number (where the board has one) on every GPU point; `dup` sends
-/// both. hw.energy (J, a monotonic cumulative sum) is sent in every mode.
-#[test]
-fn semconv_modes_export_gpuwatch_otel_or_both_names() {
-    for semconv in [Semconv::Gpuwatch, Semconv::Otel, Semconv::Dup] {
-        let got = semconv_export(semconv);
-        let mode = semconv.as_str();
-        let has = |name: &str| got.metric(name).is_some();
-        assert_eq!(has("gpu.ecc.errors"), semconv.gpuwatch(), "{mode}");
-        assert_eq!(has("gpu.health.verdict"), semconv.gpuwatch(), "{mode}");
-        assert_eq!(has("hw.status"), semconv.otel(), "{mode}");
-        // Unchanged in every mode.
-        assert!(has("gpu.xid.errors") && has("hw.power"), "{mode}");
-        let energy = got.metric("hw.energy").expect("hw.energy in every mode");
-        assert_eq!(energy.unit, "J", "{mode}");
-        assert_eq!(energy.data_type, "Sum", "{mode}");
-        assert_eq!(energy.monotonic.as_deref(), Some("true"), "{mode}");
-        let joules = |index: &str| {
-            energy
-                .point(&[("gpu.index", index), ("hw.type", "Str(gpu)")])
-                .and_then(|p| p.value.as_deref()?.parse::<f64>().ok())
-        };
-        // NVML's 1,234,567 mJ and 1,235,567 mJ.
-        assert_eq!(joules("Int(0)"), Some(1234.567), "{mode}");
-        assert_eq!(joules("Int(1)"), Some(1235.567), "{mode}");
-        let gpu = |m: &Metric| {
-            m.points
+/// Which names a mode exports: gpu.ecc.errors and gpu.health.verdict with
+/// gpuwatch's names, hw.status with the conventions'; gpu.xid.errors,
+/// hw.power and hw.energy (J, a monotonic cumulative sum, NVML's mJ
+/// converted) in every mode.
+fn assert_mode_names(got: &Received, semconv: Semconv) {
+    let mode = semconv.as_str();
+    let has = |name: &str| got.metric(name).is_some();
+    assert_eq!(has("gpu.ecc.errors"), semconv.gpuwatch(), "{mode}");
+    assert_eq!(has("gpu.health.verdict"), semconv.gpuwatch(), "{mode}");
+    assert_eq!(has("hw.status"), semconv.otel(), "{mode}");
+    // Unchanged in every mode.
+    assert!(has("gpu.xid.errors") && has("hw.power"), "{mode}");
+    let energy = got.metric("hw.energy").expect("hw.energy in every mode");
+    assert_eq!(energy.unit, "J", "{mode}");
+    assert_eq!(energy.data_type, "Sum", "{mode}");
+    assert_eq!(energy.monotonic.as_deref(), Some("true"), "{mode}");
+    let joules = |index: &str| {
+        energy
+            .point(&[("gpu.index", index), ("hw.type", "Str(gpu)")])
+            .and_then(|p| p.value.as_deref()?.parse::<f64>().ok())
+    };
+    // NVML's 1,234,567 mJ and 1,235,567 mJ.
+    assert_eq!(joules("Int(0)"), Some(1234.567), "{mode}");
+    assert_eq!(joules("Int(1)"), Some(1235.567), "{mode}");
+}
+
+/// hw.errors{hw.type=gpu} (GPU 0's volatile counters) and hw.status (only
+/// the states entered) with the conventions' names, no GPU hw.errors
+/// without.
+fn assert_hw_errors_and_status(got: &Received, semconv: Semconv) {
+    let mode = semconv.as_str();
+    let gpu = |m: &Metric| {
+        m.points
+            .iter()
+            .filter(|p| p.attrs.get("hw.type").map(String::as_str) == Some("Str(gpu)"))
+            .cloned()
+            .collect::<Vec<DataPoint>>()
+    };
+    let gpu_errors = got.metric("hw.errors").map(gpu).unwrap_or_default();
+    if semconv.otel() {
+        // GPU 0's volatile counters: 4 corrected, 0 uncorrected (always sent).
+        let uuid0 = "Str(GPU-00000000-aaaa-bbbb-cccc-dddddddddddd)";
+        let p = |ty: &str| {
+            gpu_errors
                 .iter()
-                .filter(|p| p.attrs.get("hw.type").map(String::as_str) == Some("Str(gpu)"))
-                .cloned()
-                .collect::<Vec<DataPoint>>()
+                .find(|p| {
+                    p.attrs.get("hw.id").map(String::as_str) == Some(uuid0)
+                        && p.attrs.get("error.type") == Some(&format!("Str({ty})"))
+                })
+                .and_then(|p| p.value.clone())
         };
-        let gpu_errors = got.metric("hw.errors").map(gpu).unwrap_or_default();
-        if semconv.otel() {
-            // GPU 0's volatile counters: 4 corrected, 0 uncorrected (always sent).
-            let uuid0 = "Str(GPU-00000000-aaaa-bbbb-cccc-dddddddddddd)";
-            let p = |ty: &str| {
-                gpu_errors
-                    .iter()
-                    .find(|p| {
-                        p.attrs.get("hw.id").map(String::as_str) == Some(uuid0)
-                            && p.attrs.get("error.type") == Some(&format!("Str({ty})"))
-                    })
-                    .and_then(|p| p.value.clone())
+        assert_eq!(p("corrected").as_deref(), Some("4"), "{mode}");
+        assert_eq!(p("uncorrected").as_deref(), Some("0"), "{mode}");
+        assert_eq!(gpu_errors.len(), 4, "{mode}: {gpu_errors:#?}");
+        let status = got.metric("hw.status").unwrap();
+        assert_eq!(status.unit, "1");
+        let state = |index: &str, state: &str| {
+            status
+                .point(&[
+                    ("gpu.index", index),
+                    ("hw.type", "Str(gpu)"),
+                    ("hw.state", state),
+                ])
+                .and_then(|p| p.value.clone())
+        };
+        // GPU 0 unhealthy, GPU 1 healthy; states never entered are not sent.
+        assert_eq!(state("Int(0)", "Str(failed)").as_deref(), Some("1"));
+        assert_eq!(state("Int(1)", "Str(ok)").as_deref(), Some("1"));
+        assert_eq!(state("Int(0)", "Str(ok)"), None);
+    } else {
+        assert!(gpu_errors.is_empty(), "{mode}: {gpu_errors:#?}");
+    }
+}
+
+/// hw.id (the UUID) in every mode, and the constant GPU attributes of the
+/// conventions with their names, on every point about a GPU: the hw.*
+/// points and gpuwatch's own (gpu.xid.errors, gpu.faults, ...).
+fn assert_gpu_attributes(got: &Received, semconv: Semconv) {
+    let mode = semconv.as_str();
+    // hw.id (the UUID) in every mode, and the constant GPU attributes of
+    // the conventions in `otel` / `dup`, on every point about a GPU: the
+    // hw.* points and gpuwatch's own (gpu.xid.errors, gpu.faults, ...).
+    let mut gpu_metrics = std::collections::BTreeSet::new();
+    for m in &got.metrics {
+        for p in m.points.iter().filter(|p| p.attrs.contains_key("gpu.uuid")) {
+            gpu_metrics.insert(m.name.as_str());
+            let a = |k: &str| p.attrs.get(k).map(String::as_str);
+            let on = |v: &'static str| semconv.otel().then_some(v);
+            let name = &m.name;
+            assert_eq!(a("hw.vendor"), on("Str(NVIDIA)"), "{mode} {name}");
+            assert_eq!(
+                a("hw.model"),
+                on("Str(NVIDIA H100 80GB HBM3)"),
+                "{mode} {name}"
+            );
+            assert_eq!(
+                a("hw.driver_version"),
+                on("Str(570.133.20)"),
+                "{mode} {name}"
+            );
+            assert_eq!(
+                a("hw.firmware_version"),
+                on("Str(96.00.99.00.01)"),
+                "{mode} {name}"
+            );
+            // GPU 1's board has no serial: no attribute, never an empty one.
+            let serial = match a("gpu.index") {
+                Some("Int(0)") => on("Str(1654322000001)"),
+                _ => None,
             };
-            assert_eq!(p("corrected").as_deref(), Some("4"), "{mode}");
-            assert_eq!(p("uncorrected").as_deref(), Some("0"), "{mode}");
-            assert_eq!(gpu_errors.len(), 4, "{mode}: {gpu_errors:#?}");
-            let status = got.metric("hw.status").unwrap();
-            assert_eq!(status.unit, "1");
-            let state = |index: &str, state: &str| {
-                status
-                    .point(&[
-                        ("gpu.index", index),
-                        ("hw.type", "Str(gpu)"),
-                        ("hw.state", state),
-                    ])
-                    .and_then(|p| p.value.clone())
-            };
-            // GPU 0 unhealthy, GPU 1 healthy; states never entered are not sent.
-            assert_eq!(state("Int(0)", "Str(failed)").as_deref(), Some("1"));
-            assert_eq!(state("Int(1)", "Str(ok)").as_deref(), Some("1"));
-            assert_eq!(state("Int(0)", "Str(ok)"), None);
-        } else {
-            assert!(gpu_errors.is_empty(), "{mode}: {gpu_errors:#?}");
-        }
-        // hw.id (the UUID) in every mode, and the constant GPU attributes of
-        // the conventions in `otel` / `dup`, on every point about a GPU: the
-        // hw.* points and gpuwatch's own (gpu.xid.errors, gpu.faults, ...).
-        let mut gpu_metrics = std::collections::BTreeSet::new();
-        for m in &got.metrics {
-            for p in m.points.iter().filter(|p| p.attrs.contains_key("gpu.uuid")) {
-                gpu_metrics.insert(m.name.as_str());
-                let a = |k: &str| p.attrs.get(k).map(String::as_str);
-                let on = |v: &'static str| semconv.otel().then_some(v);
-                let name = &m.name;
-                assert_eq!(a("hw.vendor"), on("Str(NVIDIA)"), "{mode} {name}");
-                assert_eq!(
-                    a("hw.model"),
-                    on("Str(NVIDIA H100 80GB HBM3)"),
-                    "{mode} {name}"
-                );
-                assert_eq!(
-                    a("hw.driver_version"),
-                    on("Str(570.133.20)"),
-                    "{mode} {name}"
-                );
-                assert_eq!(
-                    a("hw.firmware_version"),
-                    on("Str(96.00.99.00.01)"),
-                    "{mode} {name}"
-                );
-                // GPU 1's board has no serial: no attribute, never an empty one.
-                let serial = match a("gpu.index") {
-                    Some("Int(0)") => on("Str(1654322000001)"),
-                    _ => None,
-                };
-                assert_eq!(a("hw.serial_number"), serial, "{mode} {name}");
-                assert_eq!(a("hw.id"), a("gpu.uuid"), "{mode} {name}");
-            }
-        }
-        for name in [
-            "gpu.xid.errors",
-            "gpu.faults",
-            "gpu.pcie.replays",
-            "hw.temperature",
-        ] {
-            assert!(gpu_metrics.contains(name), "{mode}: {name} {gpu_metrics:?}");
+            assert_eq!(a("hw.serial_number"), serial, "{mode} {name}");
+            assert_eq!(a("hw.id"), a("gpu.uuid"), "{mode} {name}");
         }
     }
+    for name in [
+        "gpu.xid.errors",
+        "gpu.faults",
+        "gpu.pcie.replays",
+        "hw.temperature",
+    ] {
+        assert!(gpu_metrics.contains(name), "{mode}: {name} {gpu_metrics:?}");
+    }
+}
+
+/// What `semconv` exports, checked whole.
+fn assert_semconv_mode(semconv: Semconv) {
+    let got = semconv_export(semconv);
+    assert_mode_names(&got, semconv);
+    assert_hw_errors_and_status(&got, semconv);
+    assert_gpu_attributes(&got, semconv);
+}
+
+/// `gpuwatch` keeps gpuwatch's names only: no hw.status, no GPU hw.errors,
+/// no conventions' GPU attributes beside hw.id; hw.energy is sent.
+#[test]
+fn semconv_gpuwatch_exports_gpuwatchs_names_only() {
+    assert_semconv_mode(Semconv::Gpuwatch);
+}
+
+/// `otel` replaces gpu.ecc.errors with hw.errors{hw.type=gpu} and
+/// gpu.health.verdict with hw.status and puts hw.vendor, hw.model,
+/// hw.driver_version, hw.firmware_version and hw.serial_number (where the
+/// board has one) on every GPU point; hw.energy is sent.
+#[test]
+fn semconv_otel_exports_the_conventions_names_and_gpu_attributes() {
+    assert_semconv_mode(Semconv::Otel);
+}
+
+/// `dup` sends both names and the conventions' GPU attributes.
+#[test]
+fn semconv_dup_exports_both_names() {
+    assert_semconv_mode(Semconv::Dup);
 }

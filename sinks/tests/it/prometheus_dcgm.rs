@@ -172,11 +172,9 @@ fn nvml_bus_ids_are_written_as_dcgm_exporter_labels_them() {
     }
 }
 
-/// With the option on, every GPU series carries the five labels with the
-/// values dcgm-exporter gives the same GPU, so `on(UUID)` and even a match on
-/// all five join; the exposition stays clean for promtool; off, none appear.
-#[test]
-fn prometheus_joins_gpuwatch_series_with_dcgm_exporter_series() {
+/// A registry and writer metrics with `populate`'s GPUs and faults, and the
+/// resource of node `gpu-node-1` on host `gpu-host-1`.
+fn populated() -> (Arc<Registry>, Arc<KubeMetrics>, ResourceInfo) {
     let registry = Registry::new();
     let kube = KubeMetrics::new();
     populate(&registry, &kube);
@@ -185,13 +183,21 @@ fn prometheus_joins_gpuwatch_series_with_dcgm_exporter_series() {
         host_name: "gpu-host-1".into(),
         service_version: "9.8.7".into(),
     };
+    (registry, kube, resource)
+}
+
+/// With the option on, every GPU series carries the five labels
+/// dcgm-exporter gives a GPU and no `DCGM_*` name is gpuwatch's; promtool's
+/// only remark is its camelCase lint on exactly the families carrying
+/// `modelName`; off, none of the labels appear.
+#[test]
+fn dcgm_labels_are_on_every_gpu_series_and_only_model_name_is_linted() {
+    let (registry, kube, resource) = populated();
     let plain = Renderer::new(registry.clone(), vec![kube.clone()], resource.clone()).render();
     assert!(!plain.contains("UUID=") && !plain.contains("modelName="));
-    let started_at = std::time::SystemTime::now();
-    let renderer = Arc::new(
-        Renderer::new(registry.clone(), vec![kube.clone()], resource).with_dcgm_labels(true),
-    );
-    let text = renderer.render();
+    let text = Renderer::new(registry, vec![kube], resource)
+        .with_dcgm_labels(true)
+        .render();
     // promtool's only remarks are its camelCase naming lint on the families
     // that carry dcgm-exporter's `modelName`, and nothing else: dcgm-exporter
     // itself emits `modelName` (its other labels, `UUID`, `gpu`,
@@ -239,27 +245,22 @@ fn prometheus_joins_gpuwatch_series_with_dcgm_exporter_series() {
         }
     }
     assert!(!text.contains("DCGM_"));
+}
 
-    // Content negotiation as the agent's API does it: Prometheus asks for
-    // OpenMetrics first, so the counters' `_created` reach it.
-    let gpuwatch = serve(move |accept| {
-        let format = Format::negotiate(accept);
-        (format.content_type(), renderer.render_as(format))
-    });
-    let dcgm = serve(|_| (CONTENT_TYPE, DCGM_FIXTURE.to_owned()));
-    let prom = Prometheus::start(&[("gpuwatch", gpuwatch), ("dcgm-exporter", dcgm)]);
-    prom.rows("up == 1", 2);
-
-    // All five labels equal: gpuwatch's temperature minus dcgm-exporter's.
+/// All five labels equal: gpuwatch's temperature minus dcgm-exporter's is
+/// 0 on both GPUs.
+fn assert_temperatures_join_on_all_five_labels(prom: &Prometheus) {
     let rows = prom.rows(
         "hw_temperature_celsius - on(UUID, gpu, pci_bus_id, modelName, Hostname) DCGM_FI_DEV_GPU_TEMP",
         2,
     );
     assert_eq!(rows.len(), 2, "{rows:?}");
     assert!(rows.iter().all(|r| value(r) == "0"), "{rows:?}");
+}
 
-    // The scrape was OpenMetrics: every counter series came with its start
-    // time (the renderer's creation, within this test's run).
+/// The scrape was OpenMetrics: every counter series came with its start
+/// time (the renderer's creation, after `started_at`).
+fn assert_counters_came_with_their_created(prom: &Prometheus, started_at: std::time::SystemTime) {
     let created = prom.rows("gpu_xid_errors_created", 2);
     let started = started_at
         .duration_since(std::time::UNIX_EPOCH)
@@ -273,8 +274,10 @@ fn prometheus_joins_gpuwatch_series_with_dcgm_exporter_series() {
         );
         assert_eq!(label(r, "otel_scope_name"), "gpuwatch", "{r}");
     }
+}
 
-    // A dcgm-exporter panel gains gpuwatch's verdict.
+/// A dcgm-exporter panel gains gpuwatch's verdict.
+fn assert_dcgm_panel_gains_the_verdict(prom: &Prometheus) {
     let rows = prom.rows(
         "DCGM_FI_DEV_GPU_UTIL * on(UUID) group_left(verdict) (gpu_health_verdict == 1)",
         2,
@@ -297,10 +300,12 @@ fn prometheus_joins_gpuwatch_series_with_dcgm_exporter_series() {
             ("1".into(), "healthy".into(), "97".into())
         ]
     );
+}
 
-    // The ported XID alert: gpuwatch counts per XID code where dcgm-exporter
-    // shows the last code as a gauge; both name the same GPUs and codes
-    // (XID 79 three times on GPU 0, XID 13 once on GPU 1).
+/// The ported XID alert: gpuwatch counts per XID code where dcgm-exporter
+/// shows the last code as a gauge; both name the same GPUs and codes (XID 79
+/// three times on GPU 0, XID 13 once on GPU 1), joined either way.
+fn assert_xid_counts_name_dcgm_exporters_gpus(prom: &Prometheus) {
     let rows = prom.rows(
         "sum by (UUID, gpu, pci_bus_id, xid) (gpu_xid_errors_total) > 0",
         2,
@@ -361,12 +366,14 @@ fn prometheus_joins_gpuwatch_series_with_dcgm_exporter_series() {
             "{r}"
         );
     }
+}
 
-    // The ported alert as docs/metrics.md gives it sees a single XID whose
-    // series its first event creates (XID 43 on GPU 1, after Prometheus
-    // started scraping): the series starts at 1, and Debian's Prometheus
-    // (2.42) does not ingest `_created` as a zero sample, so `increase()`
-    // alone has no row for it; the `unless ... offset` term catches it.
+/// The ported alert as docs/metrics.md gives it sees a single XID whose
+/// series its first event creates (XID 43 on GPU 1, after Prometheus
+/// started scraping): the series starts at 1, and Debian's Prometheus (2.42)
+/// does not ingest `_created` as a zero sample, so `increase()` alone has no
+/// row for it; the `unless ... offset` term catches it.
+fn assert_ported_alert_sees_a_first_xid(prom: &Prometheus, registry: &Registry) {
     registry.record_fault(&xid_event(43, 1, gpuwatch_proto::Action::RestartApp, 1));
     let ported = "sum by (UUID, gpu, Hostname, xid) (\
                   increase(gpu_xid_errors_total[10m]) > 0 \
@@ -389,4 +396,28 @@ fn prometheus_joins_gpuwatch_series_with_dcgm_exporter_series() {
         .query("sum by (UUID, xid) (increase(gpu_xid_errors_total{xid=\"43\"}[10m])) > 0")
         .expect("Prometheus answers");
     assert!(plain.is_empty(), "{plain:?}");
+}
+
+/// The real Prometheus scrapes gpuwatch's `/metrics` with dcgm-exporter's
+/// labels (negotiated as the agent's API does: OpenMetrics first, so the
+/// counters' `_created` reach it) beside a dcgm-exporter exposition, and the
+/// joins docs/metrics.md gives return the rows expected.
+#[test]
+fn prometheus_joins_gpuwatch_series_with_dcgm_exporter_series() {
+    let (registry, kube, resource) = populated();
+    let started_at = std::time::SystemTime::now();
+    let renderer =
+        Arc::new(Renderer::new(registry.clone(), vec![kube], resource).with_dcgm_labels(true));
+    let gpuwatch = serve(move |accept| {
+        let format = Format::negotiate(accept);
+        (format.content_type(), renderer.render_as(format))
+    });
+    let dcgm = serve(|_| (CONTENT_TYPE, DCGM_FIXTURE.to_owned()));
+    let prom = Prometheus::start(&[("gpuwatch", gpuwatch), ("dcgm-exporter", dcgm)]);
+    prom.rows("up == 1", 2);
+    assert_temperatures_join_on_all_five_labels(&prom);
+    assert_counters_came_with_their_created(&prom, started_at);
+    assert_dcgm_panel_gains_the_verdict(&prom);
+    assert_xid_counts_name_dcgm_exporters_gpus(&prom);
+    assert_ported_alert_sees_a_first_xid(&prom, &registry);
 }
