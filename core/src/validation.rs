@@ -16,13 +16,18 @@
 //! power, so a generation check on a new, idle node would fail for no fault.
 //!
 //! ```
-//! use gpuwatch_proto::{GpuHealth, GpuSample, MonitorStatus, NodeHealth, RecoveryAction};
+//! use gpuwatch_proto::{GpuHealth, GpuSample, InputState, InputStatus, MonitorStatus, NodeHealth, RecoveryAction};
 //! use gpuwatch_core::validation::{validate, ValidationConfig};
 //!
 //! let mut sample = GpuSample { index: 0, uuid: "GPU-0".into(), ..Default::default() };
 //! sample.set_recovery_action(RecoveryAction::None);
+//! let up = |input: &str| {
+//!     let mut i = InputStatus { input: input.into(), ..Default::default() };
+//!     i.set_state(InputState::Up);
+//!     i
+//! };
 //! let health = NodeHealth {
-//!     monitor: Some(MonitorStatus { nvml_ok: true, kmsg_ok: true, kmsg_caught_up: true, ..Default::default() }),
+//!     monitor: Some(MonitorStatus { inputs: vec![up("kmsg"), up("nvml")], kmsg_caught_up: true, ..Default::default() }),
 //!     gpus: vec![GpuHealth { index: Some(0), sample: Some(sample), ..Default::default() }],
 //!     ..Default::default()
 //! };
@@ -34,8 +39,8 @@
 
 use gpuwatch_proto::fabric::{FabricState, Problem, Reading};
 use gpuwatch_proto::{
-    GpuFabric, GpuHealth, GpuSample, NodeHealth, RecoveryAction, ShortName, ValidationCheck,
-    ValidationReport,
+    GpuFabric, GpuHealth, GpuSample, InputState, NodeHealth, RecoveryAction, ShortName,
+    ValidationCheck, ValidationReport,
 };
 use std::fmt::Write as _;
 
@@ -176,7 +181,7 @@ pub fn validate_expecting(
 
 /// The NVML check: `(answered, check)`.
 fn nvml_check(health: &NodeHealth) -> (bool, ValidationCheck) {
-    if health.monitor.as_ref().is_some_and(|m| m.nvml_ok) {
+    if health.input_up("nvml") {
         return (
             true,
             check(checks::NVML, None, true, "NVML answered".into()),
@@ -185,7 +190,8 @@ fn nvml_check(health: &NodeHealth) -> (bool, ValidationCheck) {
     let why = health
         .monitor
         .as_ref()
-        .map(|m| m.message.as_str())
+        .and_then(|m| m.input("nvml"))
+        .map(|i| i.message.as_str())
         .filter(|m| !m.is_empty())
         .unwrap_or("no NVML status yet");
     (
@@ -302,7 +308,11 @@ fn gpu_count_check(
 /// ring to its end, a fault logged before gpuwatch started (an XID 79 at boot)
 /// may still be unread, so the report cannot be complete.
 fn kmsg_check(health: &NodeHealth) -> (bool, ValidationCheck) {
-    let Some(m) = health.monitor.as_ref() else {
+    let Some(m) = health
+        .monitor
+        .as_ref()
+        .filter(|m| m.input_state("kmsg") != InputState::NotReported)
+    else {
         return (
             false,
             check(
@@ -313,11 +323,10 @@ fn kmsg_check(health: &NodeHealth) -> (bool, ValidationCheck) {
             ),
         );
     };
-    if !m.kmsg_ok {
-        let why = if m.message.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", m.message)
+    if m.input_state("kmsg") != InputState::Up {
+        let why = match m.input("kmsg").map(|i| i.message.as_str()) {
+            None | Some("") => String::new(),
+            Some(message) => format!(" ({message})"),
         };
         return (
             false,
@@ -604,6 +613,7 @@ pub fn render(report: &ValidationReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuwatch_proto::test_util::set_input;
     use gpuwatch_proto::{Action, ActiveFault};
 
     /// A healthy node with `n` GPUs in boot `b1`.
@@ -743,7 +753,8 @@ mod tests {
         assert!(!r.complete && !r.passed);
 
         let mut h = health(8);
-        h.monitor.as_mut().unwrap().nvml_ok = false;
+        let m = h.monitor.as_mut().unwrap();
+        set_input(m, "nvml", InputState::Down, "no driver");
         let r = validate(&h, Some(8), &cfg());
         assert!(!r.complete && !r.passed);
 
@@ -853,14 +864,14 @@ mod tests {
 
         let mut h = health(2);
         let m = h.monitor.as_mut().unwrap();
-        m.kmsg_ok = false;
+        set_input(m, "kmsg", InputState::Down, "Permission denied");
         m.kmsg_caught_up = false;
         m.message = "kmsg: Permission denied".into();
         let r = validate(&h, Some(2), &cfg());
         assert!(!r.complete && !r.passed);
         let text = render(&r);
         assert!(
-            text.contains("kernel log is not readable (kmsg: Permission denied)")
+            text.contains("kernel log is not readable (Permission denied)")
                 && text.contains("cannot be ruled out"),
             "{text}"
         );

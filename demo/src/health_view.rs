@@ -211,7 +211,7 @@ mod tests {
     fn health_json_becomes_views_and_reasons() {
         let h = health(serde_json::json!({
             "verdict": "unhealthy",
-            "monitor": {"nvml_ok": true},
+            "monitor": {"inputs": [{"input": "nvml", "state": "up"}]},
             "gpus": [
                 {"index": 5, "pci_address": "0000:ab:00.0", "verdict": "unhealthy",
                  "action": "inspect_hardware",

@@ -265,7 +265,7 @@ impl Narrator {
     }
 
     pub(crate) fn health(&mut self, h: NodeHealth) {
-        let nvml_reported = h.monitor.as_ref().is_some_and(|m| m.nvml_ok);
+        let nvml_reported = h.input_up("nvml");
         for mut g in gpu_views(&h) {
             let prev = self.gpus.get(&g.pci);
             if !nvml_reported && !g.answering {

@@ -587,8 +587,10 @@ mod tests {
     fn unknown_verdict_is_never_false() {
         let mut h = healthy();
         h.set_verdict(Verdict::Unknown);
-        h.monitor.as_mut().unwrap().nvml_ok = false;
-        h.monitor.as_mut().unwrap().message = "libnvidia-ml.so not found".into();
+        let m = h.monitor.as_mut().unwrap();
+        let nvml = "libnvidia-ml.so not found";
+        gpuwatch_proto::test_util::set_input(m, "nvml", gpuwatch_proto::InputState::Down, nvml);
+        m.message = format!("nvml: {nvml}");
         let d = desired(&h, &KubeSettings::default(), &Gate::Open);
         for c in &d.conditions {
             assert_eq!(c.status, UNKNOWN, "{c:?}");

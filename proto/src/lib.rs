@@ -177,6 +177,29 @@ impl FaultEvent {
     }
 }
 
+impl MonitorStatus {
+    /// What `input` (`kmsg`, `nvml`, `network`, `pod_resources`,
+    /// `pod_listing`, `kube_writer`) reported, if it is listed.
+    pub fn input(&self, input: &str) -> Option<&InputStatus> {
+        self.inputs.iter().find(|i| i.input == input)
+    }
+
+    /// `input`'s state; an input not listed has not reported.
+    pub fn input_state(&self, input: &str) -> InputState {
+        self.input(input)
+            .map_or(InputState::NotReported, InputStatus::state)
+    }
+}
+
+impl NodeHealth {
+    /// Whether `input` reported itself up; false without a monitor status.
+    pub fn input_up(&self, input: &str) -> bool {
+        self.monitor
+            .as_ref()
+            .is_some_and(|m| m.input_state(input) == InputState::Up)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

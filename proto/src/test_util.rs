@@ -2,7 +2,9 @@
 //! only as a dev-dependency; the agent never links them): a GPU as NVML and
 //! the checks want it, so that each test changes only what it is about.
 
-use crate::{GpuHealth, GpuSample, RecoveryAction, Verdict};
+use crate::{
+    GpuHealth, GpuSample, InputState, InputStatus, MonitorStatus, RecoveryAction, Verdict,
+};
 
 /// An NVML sample of GPU `i` with nothing pending or failing: uuid `GPU-<i>`,
 /// PCI address `0000:<1b+i>:00.0`, no row remap pending or failed, no
@@ -42,4 +44,21 @@ pub fn healthy_gpu_with(s: GpuSample) -> GpuHealth {
     };
     g.set_verdict(Verdict::Healthy);
     g
+}
+
+/// Sets what `input` reported in `m` (replacing its earlier status, or
+/// listing it), as the engine lists an input once it reports.
+pub fn set_input(m: &mut MonitorStatus, input: &str, state: InputState, message: &str) {
+    let i = match m.inputs.iter().position(|i| i.input == input) {
+        Some(at) => &mut m.inputs[at],
+        None => {
+            m.inputs.push(InputStatus {
+                input: input.to_owned(),
+                ..Default::default()
+            });
+            m.inputs.last_mut().expect("just pushed")
+        }
+    };
+    i.set_state(state);
+    i.message = message.to_owned();
 }

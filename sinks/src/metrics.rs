@@ -111,7 +111,10 @@ fn with(
 /// and must not be exported as a current gauge. (A health without monitor
 /// status, e.g. before the engine published, is not "down".)
 fn samples_current(health: &NodeHealth) -> bool {
-    health.monitor.as_ref().is_none_or(|m| m.nvml_ok)
+    health
+        .monitor
+        .as_ref()
+        .is_none_or(|m| m.input_state("nvml") == gpuwatch_proto::InputState::Up)
 }
 
 /// Calls `f` for every GPU that has a current NVML sample.

@@ -3,8 +3,8 @@
 //! Kubernetes writer, the exporters and the agent. Tests that need other
 //! GPUs or another state start from it and change what they need.
 
-use gpuwatch_proto::test_util::healthy_gpu;
-use gpuwatch_proto::{MonitorStatus, NodeHealth, Verdict};
+use gpuwatch_proto::test_util::{healthy_gpu, set_input};
+use gpuwatch_proto::{InputState, MonitorStatus, NodeHealth, Verdict};
 
 /// The health of Node `node` with `n` healthy GPUs (`healthy_gpu`: `GPU-<i>`,
 /// PCI bus `0x1b + i`, a clean sample) in boot `boot`, as the engine
@@ -17,8 +17,6 @@ pub fn healthy(node: &str, n: u32, boot: &str) -> NodeHealth {
         boot_id: boot.into(),
         reason: "Healthy".into(),
         monitor: Some(MonitorStatus {
-            kmsg_ok: true,
-            nvml_ok: true,
             message: String::new(),
             kmsg_caught_up: true,
             ..Default::default()
@@ -26,6 +24,9 @@ pub fn healthy(node: &str, n: u32, boot: &str) -> NodeHealth {
         gpus: (0..n).map(healthy_gpu).collect(),
         ..Default::default()
     };
+    let m = h.monitor.as_mut().expect("set above");
+    set_input(m, "kmsg", InputState::Up, "reading /dev/kmsg");
+    set_input(m, "nvml", InputState::Up, "");
     h.set_verdict(Verdict::Healthy);
     h
 }

@@ -5,9 +5,10 @@
 use gpuwatch_core::registry::Tally;
 use gpuwatch_core::{Outcome, Registry, Stage};
 use gpuwatch_kube::{KubeMetrics, KubeObject, ValidationResult, WriteResult};
+use gpuwatch_proto::test_util::set_input;
 use gpuwatch_proto::{
-    Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, GpuSample, MonitorStatus, NodeHealth,
-    NvLinkSample, RecoveryAction, Severity, Source, Verdict,
+    Action, ActiveFault, FaultEvent, FaultKind, GpuHealth, GpuSample, InputState, MonitorStatus,
+    NodeHealth, NvLinkSample, RecoveryAction, Severity, Source, Verdict,
 };
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -685,8 +686,6 @@ pub fn populate(r: &Registry, k: &KubeMetrics) {
         // NVML up (its samples are current and exported); the kernel log down,
         // so `gpuwatch.monitor.up` has a 0 and a 1 point.
         monitor: Some(MonitorStatus {
-            kmsg_ok: false,
-            nvml_ok: true,
             message: "kmsg: permission denied".into(),
             kmsg_caught_up: false,
             ..Default::default()
@@ -718,6 +717,9 @@ pub fn populate(r: &Registry, k: &KubeMetrics) {
         }),
         ..Default::default()
     };
+    let m = health.monitor.as_mut().expect("set above");
+    set_input(m, "kmsg", InputState::Down, "permission denied");
+    set_input(m, "nvml", InputState::Up, "");
     health.set_verdict(Verdict::Unhealthy);
     health.set_action(Action::InspectHardware);
     r.set_health(Arc::new(health));

@@ -49,7 +49,7 @@ impl Prepared {
         let mut engine = self.read_only_engine(&registry);
         feed_nvml_poll(&mut engine, self.nvml(), self.engine().fabric_wait());
         self.read_kmsg_ring(&mut engine, &registry)?;
-        Ok(finish(engine, self))
+        Ok(finish(engine))
     }
 
     /// Runs the kernel-log reader until it has read the ring (or failed, or
@@ -165,27 +165,10 @@ fn read_until_caught_up(engine: &mut Engine, rx: &Receiver<Input>) {
     }
 }
 
-/// The engine's health after the pass. The node message says what the
-/// kernel-log check needs to know: the reader's error when it could not
-/// read, or that the ring was not read to its end in time.
-fn finish(mut engine: Engine, prepared: &Prepared) -> NodeHealth {
+/// The engine's health after the pass: its monitor status says whether the
+/// kernel-log reader could read and read the ring to its end, which the
+/// validation's `kmsg` check reads.
+fn finish(mut engine: Engine) -> NodeHealth {
     engine.handle(Input::Tick);
-    let mut health = (*engine.health()).clone();
-    let m = health.monitor.get_or_insert_with(Default::default);
-    let kmsg = m
-        .inputs
-        .iter()
-        .find(|i| i.input == MonitorInput::Kmsg.as_str());
-    match kmsg {
-        Some(i) if i.state() == InputState::Down => m.message = i.message.clone(),
-        _ if !m.kmsg_caught_up => {
-            m.message = format!(
-                "{} not read to its end within {}s",
-                prepared.kmsg().path.display(),
-                KMSG_DEADLINE.as_secs()
-            );
-        }
-        _ => {}
-    }
-    health
+    (*engine.health()).clone()
 }

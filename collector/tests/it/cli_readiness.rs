@@ -4,11 +4,11 @@
 //! An unprivileged container whose device cgroup denies `/dev/kmsg` cannot open
 //! it; a path that does not exist fails the same `open(2)` the same way for the
 //! agent. The agent must still become ready, and say that the kernel log input
-//! is down everywhere an operator looks: `/v1/health` (`monitor.kmsg_ok`
-//! false, verdict `unknown`, never `unhealthy`), `/metrics`
+//! is down everywhere an operator looks: `/v1/health` (the `kmsg` input
+//! `down`, verdict `unknown`, never `unhealthy`), `/metrics`
 //! (`gpuwatch_monitor_up{input="kmsg"} 0`) and `/readyz`'s body.
 
-use crate::common::{TestAgent, http_get, wait_until};
+use crate::common::{TestAgent, http_get, monitor_input, wait_until};
 use std::process::Command;
 use std::time::Duration;
 
@@ -46,7 +46,7 @@ fn an_unreadable_kernel_log_is_reported_and_does_not_hold_readiness_back() {
             health = http_get(&addr, "/v1/health")
                 .and_then(|(_, b)| serde_json::from_str(&b).ok())
                 .unwrap_or_default();
-            health["monitor"]["kmsg_ok"] == false && health["verdict"] == "unknown"
+            monitor_input(&health, "kmsg")["state"] == "down" && health["verdict"] == "unknown"
         }),
         "{health:#}"
     );
@@ -134,7 +134,7 @@ fn dev_null_as_the_kernel_log_is_reported_without_a_busy_loop() {
         "not reported: {body}"
     );
     let health: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(health["monitor"]["kmsg_ok"], false, "{body}");
+    assert_eq!(monitor_input(&health, "kmsg")["state"], "down", "{body}");
     assert_ne!(health["verdict"], "unhealthy", "{body}");
     assert!(wait_until(T, || http_get(&addr, "/readyz").is_some_and(|r| r.0 == 200)));
     let before = cpu_secs(agent.child.id());

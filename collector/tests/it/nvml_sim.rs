@@ -819,7 +819,7 @@ fn hung_nvml_makes_gpus_unknown_within_two_polls_and_stop_is_bounded() {
         "a monitor problem is Unknown, never Unhealthy"
     );
     let health = h.engine.as_ref().unwrap().engine.health();
-    assert!(!health.monitor.as_ref().unwrap().nvml_ok);
+    assert!(!health.input_up("nvml"));
     assert!(h.faults().is_empty(), "a hang is never a fault");
     let errors = h.registry.nvml_errors();
     assert!(!errors.is_empty(), "the hung call is counted: {errors:?}");
@@ -948,7 +948,11 @@ fn sigterm_ends_an_agent_with_hung_nvml_within_ten_seconds() {
         agent.stderr.tail(20)
     );
     let h = gpus("unknown").unwrap();
-    assert_eq!(h["monitor"]["nvml_ok"], false, "{h:#}");
+    assert_eq!(
+        crate::common::monitor_input(&h, "nvml")["state"],
+        "down",
+        "{h:#}"
+    );
     assert!(
         h["monitor"]["message"]
             .as_str()
@@ -1103,7 +1107,7 @@ fn sigterm_with_the_default_deadline_and_stuck_calls_exits_within_ten_seconds() 
         crate::common::wait_until(Duration::from_secs(10), || {
             crate::common::http_get(&addr, "/v1/health")
                 .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
-                .is_some_and(|h| h["monitor"]["nvml_ok"] == true)
+                .is_some_and(|h| crate::common::monitor_input(&h, "nvml")["state"] == "up")
         }),
         "NVML never available: {}",
         agent.stderr.tail(20)

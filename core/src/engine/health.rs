@@ -170,8 +170,6 @@ impl Engine {
 
     fn monitor_status(&self) -> MonitorStatus {
         MonitorStatus {
-            kmsg_ok: self.monitors.kmsg_ok(),
-            nvml_ok: self.monitors.nvml_ok(),
             message: self.monitors.detail(),
             // Set by the kmsg source's `Input::KmsgCaughtUp`.
             kmsg_caught_up: self.monitors.kmsg_caught_up(),

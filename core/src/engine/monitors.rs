@@ -117,11 +117,6 @@ impl Monitors {
         self.nvml.state == InputState::Down
     }
 
-    /// The kernel log reader reported itself available.
-    pub(super) fn kmsg_ok(&self) -> bool {
-        self.kmsg.state == InputState::Up
-    }
-
     /// The kernel log reader reported a failure.
     pub(super) fn kmsg_down(&self) -> bool {
         self.kmsg.state == InputState::Down
@@ -301,7 +296,7 @@ mod tests {
             Some("List has not returned for 31 s")
         );
         assert!(
-            !m.nvml_down() && m.kmsg_ok(),
+            !m.nvml_down() && m.kmsg.state == InputState::Up,
             "a part's input touches no GPU input"
         );
     }
@@ -315,7 +310,7 @@ mod tests {
         assert!(m.nvml_down() && !m.nvml_ok());
         assert!(m.set(MonitorInput::Nvml, false, "still no driver".into()));
         assert!(m.set(MonitorInput::Kmsg, true, String::new()));
-        assert!(m.kmsg_ok() && !m.kmsg_down());
+        assert!(m.kmsg.state == InputState::Up && !m.kmsg_down());
         assert_eq!(m.detail(), "nvml: still no driver");
         assert_eq!(
             m.why_unknown(0),

@@ -23,7 +23,7 @@ fn healthy_gpus_make_a_healthy_node() {
     assert_eq!(h.gpus.len(), 2);
     assert!(h.gpus.iter().all(|g| g.verdict() == Verdict::Healthy));
     assert_eq!(h.gpus[0].sample.as_ref().unwrap().uuid, UUID0);
-    assert!(h.monitor.as_ref().unwrap().nvml_ok);
+    assert!(h.input_up("nvml"));
 }
 
 #[test]
@@ -40,7 +40,7 @@ fn nvml_down_is_unknown_never_unhealthy() {
         h.gpus.iter().all(|g| g.active_faults.is_empty()),
         "no GPU is 'lost'"
     );
-    assert!(!h.monitor.as_ref().unwrap().nvml_ok);
+    assert!(!h.input_up("nvml"));
     // Hours of NVML outage still produce no hardware verdict.
     rig.advance(7200);
     assert_eq!(rig.health().verdict(), Verdict::Unknown);

@@ -6,7 +6,8 @@
 //! field manager's condition is retried, not overwritten.
 
 use crate::writer_harness::*;
-use gpuwatch_proto::{MonitorStatus, Verdict};
+use gpuwatch_proto::test_util::set_input;
+use gpuwatch_proto::{InputState, Verdict};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn xid79_sets_condition_and_taint_at_once() {
@@ -298,13 +299,9 @@ async fn nvml_unavailable_is_unknown_never_false() {
     let mut h0 = healthy(0, "boot-a");
     h0.set_verdict(Verdict::Unknown);
     h0.reason = "MonitorUnavailable".into();
-    h0.monitor = Some(MonitorStatus {
-        kmsg_ok: true,
-        nvml_ok: false,
-        message: "NVML library not found".into(),
-        kmsg_caught_up: true,
-        ..Default::default()
-    });
+    let m = h0.monitor.as_mut().expect("a monitor status");
+    set_input(m, "nvml", InputState::Down, "NVML library not found");
+    m.message = "nvml: NVML library not found".into();
     let h = Harness::start(node(vec![], &[]), h0).await;
     h.until("unknown", |n| {
         status_of(n, READY).as_deref() == Some("Unknown")

@@ -45,7 +45,8 @@ async fn startup_taint_kept_on_partial_validation() {
     assert!(h.metrics.status().startup_taint());
     // NVML down: also incomplete, never removed.
     let mut down = healthy(8, "boot-a");
-    down.monitor.as_mut().unwrap().nvml_ok = false;
+    let m = down.monitor.as_mut().unwrap();
+    gpuwatch_proto::test_util::set_input(m, "nvml", gpuwatch_proto::InputState::Down, "");
     h.set(down);
     let before = h.metrics.validation_runs(ValidationResult::Incomplete);
     assert!(

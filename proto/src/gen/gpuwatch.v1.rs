@@ -398,10 +398,8 @@ pub struct MigInstanceHealth {
 #[serde(default)]
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct MonitorStatus {
-    #[prost(bool, tag = "1")]
-    pub kmsg_ok: bool,
-    #[prost(bool, tag = "2")]
-    pub nvml_ok: bool,
+    /// The kmsg and nvml inputs that are not up, with their messages (empty when
+    /// both are up).
     #[prost(string, tag = "3")]
     pub message: ::prost::alloc::string::String,
     /// True once the kmsg source has read the whole ring (faults logged before the

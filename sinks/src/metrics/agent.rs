@@ -184,10 +184,7 @@ const MONITOR_UP: Spec = Spec {
 
 fn monitor_up(_: &Sources<'_>, h: &NodeHealth, out: &mut Vec<Point>) {
     // No monitor status yet means gpuwatch cannot tell: 0.
-    let (kmsg, nvml) = h
-        .monitor
-        .as_ref()
-        .map_or((false, false), |m| (m.kmsg_ok, m.nvml_ok));
+    let (kmsg, nvml) = (h.input_up("kmsg"), h.input_up("nvml"));
     out.push(Point {
         attrs: vec![("input", s("kmsg"))],
         value: flag(kmsg),

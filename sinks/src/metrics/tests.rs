@@ -5,7 +5,8 @@ use gpuwatch_core::metric_source::MetricBatch;
 use gpuwatch_core::registry::Registry;
 use gpuwatch_core::registry::Tally;
 use gpuwatch_kube::{KubeMetrics, KubeObject, ValidationResult, WriteResult};
-use gpuwatch_proto::{Action, FaultKind, NodeHealth, RecoveryAction, Verdict};
+use gpuwatch_proto::test_util::set_input;
+use gpuwatch_proto::{Action, FaultKind, InputState, NodeHealth, RecoveryAction, Verdict};
 use gpuwatch_proto::{FaultEvent, GpuHealth, NvLinkSample};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,6 +29,24 @@ impl Fixture {
         let producers: [Arc<dyn MetricSource>; 1] = [self.kube.clone()];
         Sources::collect(&self.registry, &producers)
     }
+}
+
+/// A monitor status with the kmsg and nvml inputs in these states.
+fn monitor(kmsg: InputState, nvml: InputState) -> gpuwatch_proto::MonitorStatus {
+    let mut m = gpuwatch_proto::MonitorStatus::default();
+    set_input(&mut m, "kmsg", kmsg, "");
+    set_input(&mut m, "nvml", nvml, "");
+    m
+}
+
+/// Sets the state of `h`'s nvml input.
+fn nvml(h: &mut NodeHealth, state: InputState) {
+    set_input(
+        h.monitor.as_mut().expect("a monitor status"),
+        "nvml",
+        state,
+        "",
+    );
 }
 
 fn find(name: &str) -> &'static Spec {
@@ -244,15 +263,12 @@ fn stale_samples_are_not_exported_while_nvml_is_down() {
             sample: Some(sample),
             ..Default::default()
         }],
-        monitor: Some(gpuwatch_proto::MonitorStatus {
-            nvml_ok: true,
-            ..Default::default()
-        }),
+        monitor: Some(monitor(InputState::NotReported, InputState::Up)),
         ..Default::default()
     };
     let r = Fixture::new();
     assert_eq!(find("hw.temperature").points(&r.src(), &h).len(), 1);
-    h.monitor.as_mut().unwrap().nvml_ok = false;
+    nvml(&mut h, InputState::Down);
     assert!(find("hw.temperature").points(&r.src(), &h).is_empty());
     let visible = find("gpuwatch.gpus").points(&r.src(), &h);
     assert_eq!(visible[0].value, Num::U64(0));
@@ -309,11 +325,7 @@ fn healthy_node() -> NodeHealth {
         .collect();
     let mut h = NodeHealth {
         gpus,
-        monitor: Some(gpuwatch_proto::MonitorStatus {
-            kmsg_ok: true,
-            nvml_ok: true,
-            ..Default::default()
-        }),
+        monitor: Some(monitor(InputState::Up, InputState::Up)),
         ..Default::default()
     };
     h.set_verdict(Verdict::Healthy);
@@ -462,11 +474,11 @@ fn a_missed_sample_does_not_make_the_next_value_a_new_baseline() {
     let t0 = Instant::now();
     f.collect_all(&r.src(), &h, t0);
     // NVML down for a poll: no current samples, nothing NVLink is exported.
-    h.monitor.as_mut().unwrap().nvml_ok = false;
+    nvml(&mut h, InputState::Down);
     let pts = f.collect_all(&r.src(), &h, t0 + Duration::from_secs(10));
     assert!(series_of(&pts, "gpu.nvlink.link.errors").is_empty());
     // Back, and the counter moved meanwhile.
-    h.monitor.as_mut().unwrap().nvml_ok = true;
+    nvml(&mut h, InputState::Up);
     h.gpus[4].sample.as_mut().unwrap().nvlinks[7].crc_data_errors = Some(3);
     let pts = f.collect_all(&r.src(), &h, t0 + Duration::from_secs(20));
     let link = series_of(&pts, "gpu.nvlink.link.errors");
@@ -474,10 +486,10 @@ fn a_missed_sample_does_not_make_the_next_value_a_new_baseline() {
     assert_eq!(link[0].value, Num::U64(3));
     // A series missing for longer than the quiet window is forgotten.
     let t3 = t0 + Duration::from_secs(20);
-    h.monitor.as_mut().unwrap().nvml_ok = false;
+    nvml(&mut h, InputState::Down);
     f.collect_all(&r.src(), &h, t3 + Duration::from_secs(1));
     f.collect_all(&r.src(), &h, t3 + Duration::from_secs(301));
-    h.monitor.as_mut().unwrap().nvml_ok = true;
+    nvml(&mut h, InputState::Up);
     h.gpus[4].sample.as_mut().unwrap().nvlinks[7].crc_data_errors = Some(5);
     let pts = f.collect_all(&r.src(), &h, t3 + Duration::from_secs(302));
     assert!(series_of(&pts, "gpu.nvlink.link.errors").is_empty());

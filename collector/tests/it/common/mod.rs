@@ -378,6 +378,16 @@ impl Drop for TestAgent {
     }
 }
 
+/// The status of `input` in a `/v1/health` JSON body (`monitor.inputs`);
+/// `Null` when it is not listed.
+pub(crate) fn monitor_input(health: &serde_json::Value, input: &str) -> serde_json::Value {
+    health["monitor"]["inputs"]
+        .as_array()
+        .and_then(|inputs| inputs.iter().find(|i| i["input"] == input))
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// Minimal HTTP/1.1 GET (status, body); understands chunked bodies.
 pub(crate) fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     let mut s = std::net::TcpStream::connect(addr).ok()?;
