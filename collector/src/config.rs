@@ -283,7 +283,7 @@ fn default_state_dir() -> PathBuf {
 
 /// Reads a config file; refuses anything but a regular file (a device such as
 /// `/dev/zero` or a FIFO would be read forever or block).
-fn read_config_text(path: &Path) -> Result<String, ConfigError> {
+pub(crate) fn read_config_text(path: &Path) -> Result<String, ConfigError> {
     let err = |source| ConfigError::Read {
         path: path.to_path_buf(),
         source,
@@ -449,34 +449,6 @@ impl Config {
         }
     }
 
-    /// `gpuwatch check-config`: reads `path` and reports every problem in one
-    /// pass: syntax errors; else every schema problem plus the validation
-    /// problems of the rest of the file (entries with schema problems left out).
-    /// An empty `node_name` is filled from `NODE_NAME` / the host name first.
-    /// A file without problems gives the settings the agent would run with.
-    pub fn check_file(path: &Path) -> Result<crate::settings::Settings, ConfigError> {
-        let text = read_config_text(path)?;
-        let (cfg, parse) = parse_recovering(&text);
-        let Some(mut cfg) = cfg else {
-            return Err(ConfigError::Parse {
-                path: path.to_path_buf(),
-                problems: parse,
-            });
-        };
-        cfg.fill_node_name();
-        // The agent's own conversion: what it accepts here, it starts with.
-        let invalid = match cfg.resolve() {
-            Ok(settings) if parse.is_empty() => return Ok(settings),
-            Ok(_) => ConfigErrors(Vec::new()),
-            Err(invalid) => invalid,
-        };
-        Err(ConfigError::Check {
-            path: path.to_path_buf(),
-            parse,
-            invalid,
-        })
-    }
-
     /// The defaults, with the node name filled in.
     pub fn defaults() -> Config {
         let mut c = Config {
@@ -577,12 +549,16 @@ impl Config {
         }
     }
 
-    /// `/metrics`' settings when `[api] prometheus` serves it, else `None`.
-    /// Its keys (`api.prometheus`, `otlp.series_quiet_window_secs`) are
-    /// checked by [`Config::validate`], under their own sections.
-    pub(crate) fn resolve_prometheus(&self) -> Option<PrometheusSettings> {
-        self.api.prometheus.then(|| PrometheusSettings {
-            series_quiet_window: self.otlp.pacing().series_quiet_window,
+    /// `/metrics`' settings when `[api] prometheus` serves it, else `None`,
+    /// with `[otlp]`'s quiet window as its section resolved it. Its keys
+    /// (`api.prometheus`, `otlp.series_quiet_window_secs`) are checked by
+    /// [`Config::validate`], under their own sections.
+    pub(crate) fn resolve_prometheus(
+        &self,
+        series_quiet_window: Duration,
+    ) -> Option<PrometheusSettings> {
+        self.api.prometheus.then_some(PrometheusSettings {
+            series_quiet_window,
             dcgm_labels: self.api.dcgm_labels,
             scope_labels: self.api.otel_scope_labels,
         })
@@ -652,7 +628,7 @@ impl Config {
 /// or each schema error in turn: the entry it points at is left out (it falls back
 /// to its default) and the rest is deserialised again, until the remainder is
 /// clean. serde stops at the first error of a document; this loop does not.
-fn parse_recovering(text: &str) -> (Option<Config>, Vec<ParseProblem>) {
+pub(crate) fn parse_recovering(text: &str) -> (Option<Config>, Vec<ParseProblem>) {
     let (root, syntax) = toml::de::DeTable::parse_recoverable(text);
     if !syntax.is_empty() {
         let problems = syntax
@@ -989,14 +965,15 @@ listen = \n",
 
     #[test]
     fn prometheus_settings_are_resolved_only_when_served() {
+        let prometheus = |c: Config| c.resolve().unwrap().prometheus().copied();
         let off = parse("node_name = \"n1\"\n").unwrap();
-        assert_eq!(off.resolve_prometheus(), None);
+        assert_eq!(prometheus(off), None);
         let on = parse(
             "node_name = \"n1\"\n[api]\nprometheus = true\n[otlp]\nseries_quiet_window_secs = 120\n",
         )
         .unwrap();
         assert_eq!(
-            on.resolve_prometheus(),
+            prometheus(on),
             Some(PrometheusSettings {
                 series_quiet_window: Duration::from_secs(120),
                 dcgm_labels: false,
@@ -1005,7 +982,7 @@ listen = \n",
         );
         let dcgm =
             parse("node_name = \"n1\"\n[api]\nprometheus = true\ndcgm_labels = true\n").unwrap();
-        assert!(dcgm.resolve_prometheus().unwrap().dcgm_labels);
+        assert!(prometheus(dcgm).unwrap().dcgm_labels);
         let alone = parse("node_name = \"n1\"\n[api]\ndcgm_labels = true\n").unwrap();
         let e = alone.validate().unwrap_err().to_string();
         assert!(e.contains("api.dcgm_labels: labels /metrics"), "{e}");

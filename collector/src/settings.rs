@@ -9,14 +9,17 @@
 //! disagree with what runs.
 
 use crate::attribution::podresources::KubeletSettings;
-use crate::config::{Config, ConfigErrors, LogSettings, PrometheusSettings};
+use crate::config::{
+    Config, ConfigError, ConfigErrors, LogSettings, PrometheusSettings, parse_recovering,
+    read_config_text,
+};
 use crate::kmsg::KmsgSettings;
 use crate::nvml::NvmlSettings;
 use gpuwatch_core::engine::EngineSettings;
 use gpuwatch_core::network::NetworkSettings;
 use gpuwatch_core::validation::ValidationConfig;
 use gpuwatch_kube::KubeSettings;
-use gpuwatch_sinks::otlp::{OtlpSettings, ResourceInfo};
+use gpuwatch_sinks::otlp::{OtlpSection, OtlpSettings, ResourceInfo};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -47,6 +50,34 @@ pub struct Settings {
 }
 
 impl Config {
+    /// `gpuwatch check-config`: reads `path` and reports every problem in one
+    /// pass: syntax errors; else every schema problem plus the validation
+    /// problems of the rest of the file (entries with schema problems left out).
+    /// An empty `node_name` is filled from `NODE_NAME` / the host name first.
+    /// A file without problems gives the settings the agent would run with.
+    pub fn check_file(path: &Path) -> Result<Settings, ConfigError> {
+        let text = read_config_text(path)?;
+        let (cfg, parse) = parse_recovering(&text);
+        let Some(mut cfg) = cfg else {
+            return Err(ConfigError::Parse {
+                path: path.to_path_buf(),
+                problems: parse,
+            });
+        };
+        cfg.fill_node_name();
+        // The agent's own conversion: what it accepts here, it starts with.
+        let invalid = match cfg.resolve() {
+            Ok(settings) if parse.is_empty() => return Ok(settings),
+            Ok(_) => ConfigErrors(Vec::new()),
+            Err(invalid) => invalid,
+        };
+        Err(ConfigError::Check {
+            path: path.to_path_buf(),
+            parse,
+            invalid,
+        })
+    }
+
     /// Resolves every section once ([`Config::resolve_each`]) into the
     /// settings of the whole agent; every problem of every section comes
     /// back in one error, each with its key path.
@@ -80,26 +111,17 @@ impl Config {
         let network = section("network", cfg.network.resolve(), &mut p);
         let resource = crate::agent::resource_info(&cfg.node_name);
         let env = |k: &str| std::env::var(k).ok();
-        let otlp = section("otlp", cfg.otlp.resolve_for(&resource, &env), &mut p);
-        if !cfg.otlp.enabled {
-            // Off, the export resolves to nothing; its keys are still checked.
-            p.extend(cfg.otlp.validate().into_iter().map(|e| format!("otlp.{e}")));
-        }
-        let prometheus = cfg.resolve_prometheus();
-        // The whole resource, as the OTLP export resolves it, for /metrics'
-        // target_info (the built-in attributes if the environment's are invalid:
-        // the OTLP export reports that when it is on).
-        let mut resource_attributes =
-            gpuwatch_sinks::otlp::resource_attributes(&resource, &cfg.otlp, &env)
-                .unwrap_or_else(|_| resource.attributes().into_iter().collect());
-        gpuwatch_sinks::otlp::drop_own_pod(&mut resource_attributes);
+        let otlp = section("otlp", cfg.otlp.resolve_section(&resource, &env), &mut p);
+        // `/metrics` is paced by `[otlp]`'s quiet window, as resolved there.
+        let prometheus = otlp
+            .as_ref()
+            .and_then(|o| cfg.resolve_prometheus(o.pacing.series_quiet_window));
         Resolved {
             problems: p,
             api_listen: cfg.api.enabled.then(|| cfg.api.listen.clone()),
             node_name: cfg.node_name,
             state_dir,
             resource,
-            resource_attributes,
             stdout_sink: cfg.sinks.stdout,
             log,
             validation: cfg.validation,
@@ -127,7 +149,6 @@ pub struct Resolved {
     /// `None` when `state_dir` has a problem.
     state_dir: Option<PathBuf>,
     resource: ResourceInfo,
-    resource_attributes: std::collections::BTreeMap<String, String>,
     api_listen: Option<String>,
     stdout_sink: bool,
     log: Option<LogSettings>,
@@ -138,8 +159,7 @@ pub struct Resolved {
     kube: Option<KubeSettings>,
     kubelet: Option<KubeletSettings>,
     network: Option<NetworkSettings>,
-    /// `Some(None)`: the export is off.
-    otlp: Option<Option<OtlpSettings>>,
+    otlp: Option<OtlpSection>,
     prometheus: Option<PrometheusSettings>,
     policy: Option<Arc<xid_parser::Policy>>,
 }
@@ -180,7 +200,7 @@ impl Resolved {
             node_name: r.node_name,
             state_dir,
             resource: r.resource,
-            resource_attributes: r.resource_attributes,
+            resource_attributes: otlp.resource_attributes,
             api_listen: r.api_listen,
             stdout_sink: r.stdout_sink,
             log,
@@ -191,7 +211,7 @@ impl Resolved {
             kube,
             kubelet,
             network,
-            otlp,
+            otlp: otlp.export,
             prometheus: r.prometheus,
             policy,
         })

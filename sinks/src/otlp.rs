@@ -858,6 +858,55 @@ impl OtlpConfig {
     }
 }
 
+/// `[otlp]` resolved once for the whole agent ([`OtlpConfig::resolve_section`]):
+/// the export (while on), the whole resource and the intervals, so each of
+/// their readers (the exporter, `/metrics`' `target_info` and its pacing)
+/// takes its part of one value.
+#[derive(Debug, Clone)]
+pub struct OtlpSection {
+    /// The export's settings; `None` while `enabled = false`.
+    pub export: Option<OtlpSettings>,
+    /// The whole resource (built-in attributes, `OTEL_SERVICE_NAME`,
+    /// `OTEL_RESOURCE_ATTRIBUTES`, `resource_attributes`), the agent's own pod
+    /// left out ([`drop_own_pod`]); the built-in attributes alone when the
+    /// environment's are invalid (a problem of the export while it is on).
+    pub resource_attributes: BTreeMap<String, String>,
+    /// The intervals. `series_quiet_window` paces `/metrics` too, so a
+    /// collector and Prometheus see the same series.
+    pub pacing: OtlpPacing,
+}
+
+impl OtlpConfig {
+    /// The one resolve of `[otlp]` ([`OtlpSection`]): the export as
+    /// [`OtlpConfig::resolve_for`] resolves it (the file, the `OTEL_*`
+    /// variables read through `env`, the TLS files), the resource and the
+    /// intervals. Every problem at once, keys relative to `[otlp]` (or the
+    /// variable's name); off, the keys are still checked.
+    pub fn resolve_section(
+        &self,
+        resource: &ResourceInfo,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<OtlpSection, Vec<String>> {
+        let export = if self.enabled {
+            self.resolve_for(resource, env)?
+        } else {
+            let problems = self.validate();
+            if !problems.is_empty() {
+                return Err(problems);
+            }
+            None
+        };
+        let mut resource_attributes = resource_attributes(resource, self, env)
+            .unwrap_or_else(|_| resource.attributes().into_iter().collect());
+        drop_own_pod(&mut resource_attributes);
+        Ok(OtlpSection {
+            export,
+            resource_attributes,
+            pacing: self.pacing(),
+        })
+    }
+}
+
 impl OtlpExporter {
     /// Resolves the settings (config and environment, [`OtlpConfig::resolve_for`])
     /// and starts exporting ([`OtlpExporter::start_resolved`]).
@@ -1118,6 +1167,59 @@ impl Drop for OtlpExporter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One resolve gives the export, the whole resource (own pod left out)
+    /// and the intervals; off, the keys are still checked and the built-in
+    /// resource stands in for an invalid environment's.
+    #[test]
+    fn the_section_resolves_once_into_one_value() {
+        let info = ResourceInfo {
+            node_name: "n1".into(),
+            host_name: "h1".into(),
+            service_version: "1.0".into(),
+        };
+        let env = |k: &str| {
+            (k == "OTEL_RESOURCE_ATTRIBUTES")
+                .then(|| "k8s.pod.name=gpuwatch-abcde,team=ml".to_owned())
+        };
+        let off = OtlpConfig {
+            series_quiet_window_secs: 120,
+            ..Default::default()
+        };
+        let section = off.resolve_section(&info, &env).unwrap();
+        assert!(section.export.is_none());
+        assert_eq!(section.pacing, off.pacing());
+        assert_eq!(section.pacing.series_quiet_window, Duration::from_secs(120));
+        assert_eq!(section.resource_attributes["team"], "ml");
+        assert!(!section.resource_attributes.contains_key("k8s.pod.name"));
+
+        let bad_env = |k: &str| (k == "OTEL_RESOURCE_ATTRIBUTES").then(|| "oops".to_owned());
+        let builtin = off.resolve_section(&info, &bad_env).unwrap();
+        assert_eq!(
+            builtin.resource_attributes,
+            info.attributes().into_iter().collect::<BTreeMap<_, _>>()
+        );
+
+        let bad = OtlpConfig {
+            export_interval_secs: 0,
+            ..Default::default()
+        };
+        let e = bad.resolve_section(&info, &env).unwrap_err();
+        assert!(
+            e.iter().any(|p| p.starts_with("export_interval_secs")),
+            "{e:?}"
+        );
+
+        let on = OtlpConfig {
+            enabled: true,
+            endpoint: Some("http://collector:4317".into()),
+            ..Default::default()
+        };
+        let section = on.resolve_section(&info, &env).unwrap();
+        assert!(section.export.is_some());
+        let e = on.resolve_section(&info, &bad_env).unwrap_err();
+        assert!(e[0].starts_with("OTEL_RESOURCE_ATTRIBUTES"), "{e:?}");
+    }
 
     #[test]
     fn resource_precedence_builtin_env_file() {

@@ -222,6 +222,9 @@ fn replay_run(dir: &Path, config: &Path, node: &str, flags: &[&str]) -> Command 
             replay.to_str().unwrap(),
             "--state-dir",
             state.to_str().unwrap(),
+            // Tests run in parallel: the default port would be taken twice.
+            "--api-listen",
+            "127.0.0.1:0",
         ],
         flags,
     )
@@ -462,12 +465,7 @@ fn metrics_with_scope_labels(scope_labels: bool) -> String {
         ),
     )
     .unwrap();
-    let mut cmd = replay_run(
-        dir.path(),
-        &config,
-        "scope-node",
-        &["--api-listen", "127.0.0.1:0"],
-    );
+    let mut cmd = replay_run(dir.path(), &config, "scope-node", &[]);
     cmd.env(
         "OTEL_RESOURCE_ATTRIBUTES",
         "team=gpu-infra,k8s.pod.name=gpuwatch-abcde,k8s.namespace.name=gpuwatch",

@@ -462,6 +462,80 @@ fn repo_paths(root: &Path, doc: &str) -> Vec<(usize, String)> {
     out
 }
 
+/// The declarations of the source files `block` names (and their
+/// submodules), each with its file.
+fn declared_in(root: &Path, block: &Block, stale: &mut Vec<String>) -> Vec<(PathBuf, Decl)> {
+    let mut files = Vec::new();
+    for f in &block.files {
+        if !root.join(f).is_file() {
+            stale.push(format!("{DOC}:{}: `{f}` does not exist", block.open_line));
+        }
+        files.extend(module_files(root, f));
+    }
+    let mut source = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f)
+            .unwrap_or_else(|e| panic!("{} unreadable: {e}", f.display()));
+        source.extend(declarations(&text).into_iter().map(|d| (f.clone(), d)));
+    }
+    source
+}
+
+/// What the code has instead of the declaration `d` of a block: the
+/// declarations of that name in `source`, or that there is none.
+fn code_has(root: &Path, d: &Decl, source: &[(PathBuf, Decl)]) -> String {
+    let same_name: Vec<&(PathBuf, Decl)> =
+        source.iter().filter(|(_, s)| s.name == d.name).collect();
+    if same_name.is_empty() {
+        return format!("nothing named `{}`", d.name);
+    }
+    same_name
+        .iter()
+        .map(|(f, s)| {
+            format!(
+                "`{s}` ({}:{})",
+                f.strip_prefix(root).unwrap_or(f).display(),
+                s.line
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Checks every declaration `block` shows against the files it names,
+/// adding a line to `stale` for each that differs; how many it checked.
+fn check_block(root: &Path, block: &Block, stale: &mut Vec<String>) -> usize {
+    if block.files.is_empty() {
+        stale.push(format!(
+            "{DOC}:{}: the ```rust block names no source file (start it with `// path/to/file.rs`)",
+            block.open_line
+        ));
+        return 0;
+    }
+    let source = declared_in(root, block, stale);
+    let shown = declarations(&block.text);
+    assert!(
+        !shown.is_empty(),
+        "{DOC}:{}: a ```rust block that declares nothing pub",
+        block.open_line
+    );
+    for d in &shown {
+        let line = block.first_line + d.line - 1;
+        if source
+            .iter()
+            .any(|(_, s)| s.name == d.name && s.kind == d.kind && s.params == d.params)
+        {
+            continue;
+        }
+        stale.push(format!(
+            "{DOC}:{line}: `{d}` is stale; in {} the code has {}",
+            block.files.join(" "),
+            code_has(root, d, &source)
+        ));
+    }
+    shown.len()
+}
+
 #[test]
 fn contracts_doc_declarations_match_the_code() {
     let root = repo_root();
@@ -473,66 +547,10 @@ fn contracts_doc_declarations_match_the_code() {
         blocks.len()
     );
     let mut stale = Vec::new();
-    let mut checked = 0;
-    for block in &blocks {
-        if block.files.is_empty() {
-            stale.push(format!(
-                "{DOC}:{}: the ```rust block names no source file (start it with `// path/to/file.rs`)",
-                block.open_line
-            ));
-            continue;
-        }
-        let mut files = Vec::new();
-        for f in &block.files {
-            if !root.join(f).is_file() {
-                stale.push(format!("{DOC}:{}: `{f}` does not exist", block.open_line));
-            }
-            files.extend(module_files(&root, f));
-        }
-        let mut source = Vec::new();
-        for f in &files {
-            let text = std::fs::read_to_string(f)
-                .unwrap_or_else(|e| panic!("{} unreadable: {e}", f.display()));
-            source.extend(declarations(&text).into_iter().map(|d| (f.clone(), d)));
-        }
-        let shown = declarations(&block.text);
-        assert!(
-            !shown.is_empty(),
-            "{DOC}:{}: a ```rust block that declares nothing pub",
-            block.open_line
-        );
-        for d in shown {
-            checked += 1;
-            let line = block.first_line + d.line - 1;
-            let same_name: Vec<&(PathBuf, Decl)> =
-                source.iter().filter(|(_, s)| s.name == d.name).collect();
-            if same_name
-                .iter()
-                .any(|(_, s)| s.kind == d.kind && s.params == d.params)
-            {
-                continue;
-            }
-            let has = if same_name.is_empty() {
-                format!("nothing named `{}`", d.name)
-            } else {
-                same_name
-                    .iter()
-                    .map(|(f, s)| {
-                        format!(
-                            "`{s}` ({}:{})",
-                            f.strip_prefix(&root).unwrap_or(f).display(),
-                            s.line
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            stale.push(format!(
-                "{DOC}:{line}: `{d}` is stale; in {} the code has {has}",
-                block.files.join(" ")
-            ));
-        }
-    }
+    let checked: usize = blocks
+        .iter()
+        .map(|block| check_block(&root, block, &mut stale))
+        .sum();
     for (line, path) in repo_paths(&root, &doc) {
         if !expand_braces(&path).iter().all(|p| path_exists(&root, p)) {
             stale.push(format!(

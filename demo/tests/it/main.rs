@@ -16,7 +16,9 @@ fn workspace() -> PathBuf {
 
 /// The `gpuwatch` binary, built once per test process beside `gpuwatch-demo`
 /// together with `libnvml_sim.so` (one cargo invocation, as
-/// `deploy/image/build.sh` does, so both resolve the same features).
+/// `deploy/image/build.sh` does, so both resolve the same features). Target
+/// flags apply to every package named: `--bin gpuwatch` alone would build
+/// no target of nvml-sim, hence `--lib`.
 fn agent_binary() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
@@ -27,7 +29,7 @@ fn agent_binary() -> &'static Path {
             .to_path_buf();
         let mut cmd = Command::new(env!("CARGO"));
         cmd.current_dir(workspace()).args([
-            "build", "-q", "-p", "gpuwatch", "--bin", "gpuwatch", "-p", "nvml-sim",
+            "build", "-q", "-p", "gpuwatch", "-p", "nvml-sim", "--bin", "gpuwatch", "--lib",
         ]);
         if profile_dir.file_name().is_some_and(|n| n == "release") {
             cmd.arg("--release");

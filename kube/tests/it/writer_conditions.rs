@@ -1,5 +1,5 @@
 //! The writer's conditions on the Node, end to end against the API-server
-//! double: a fault shows within a second, a changing message keeps the
+//! double: a fault shows at once, a changing message keeps the
 //! transition time, a removed condition is restored, a new boot clears, an
 //! unknown monitor is never False, a refused status write does not hold up
 //! the taint, an occurrence storm costs a handful of writes, and another
@@ -10,7 +10,7 @@ use gpuwatch_proto::test_util::set_input;
 use gpuwatch_proto::{InputState, Verdict};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn xid79_sets_condition_and_taint_within_one_second() {
+async fn xid79_sets_condition_and_taint_at_once() {
     let h = Harness::start(node(vec![], &[]), healthy(8, "boot-a")).await;
     h.until("healthy conditions", |n| {
         status_of(n, READY).as_deref() == Some("True")
@@ -19,6 +19,7 @@ async fn xid79_sets_condition_and_taint_within_one_second() {
     .await;
     // Let the write interval after the first round pass, as in a quiet agent.
     tokio::time::sleep(Duration::from_millis(1100)).await;
+    let before = h.api.requests().len();
     let t0 = Instant::now();
     h.set(with_fault(
         healthy(8, "boot-a"),
@@ -34,7 +35,21 @@ async fn xid79_sets_condition_and_taint_within_one_second() {
     .await;
     let took = t0.elapsed();
     eprintln!("fault -> condition + taint on the API: {took:?}");
-    assert!(took < Duration::from_secs(1), "took {took:?}");
+    // The fault is written at once: the first write of the taint and of the
+    // conditions after it is the one that lands (no failed try and backoff
+    // in front of it). The wall-clock bound tells that apart from a write
+    // left to the writer's idle beat or resync (10 s and more); a loaded
+    // machine stays well inside it.
+    let after = &h.api.requests()[before..];
+    for resource in ["nodes", "nodes/status"] {
+        let writes: Vec<u16> = after
+            .iter()
+            .filter(|r| r.is_write() && r.resource == resource)
+            .map(|r| r.status)
+            .collect();
+        assert_eq!(writes.first(), Some(&200), "{resource} writes: {writes:?}");
+    }
+    assert!(took < Duration::from_secs(5), "took {took:?}");
     let n = h.api.node();
     let p = condition(&n, PROBLEM).unwrap();
     assert_eq!(p.reason.as_deref(), Some("NodeRebootRequired"));

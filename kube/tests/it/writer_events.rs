@@ -1,7 +1,8 @@
 //! The writer's Kubernetes Events end to end against the API-server double:
 //! deduplicated and typed, not sent again after a restart, Normal ones
-//! spread, writes rate limited, a crash-looping pod's repeats patched, and a
-//! shutdown that keeps to its deadline while the API hangs.
+//! spread and Warnings not, writes rate limited, a crash-looping pod's
+//! repeats patched, and a shutdown that keeps to its deadline while the API
+//! hangs.
 
 use crate::writer_harness::*;
 
@@ -103,9 +104,9 @@ async fn restart_mid_fault_keeps_state_and_sends_no_duplicate_events() {
 /// A fleet-wide application fault (every node logs XID 13 at once) must not
 /// reach the API server from every node in the same second: the first Normal
 /// Event after a quiet period waits a random part of the spread, repeats
-/// coalesce into it meanwhile; a Warning Event is not delayed.
+/// coalesce into it meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn normal_events_are_spread_and_warnings_go_at_once() {
+async fn normal_events_are_spread() {
     let api = ApiDouble::start(node(vec![], &[])).await;
     let cfg = KubeConfig {
         normal_event_spread_secs: 2,
@@ -124,13 +125,16 @@ async fn normal_events_are_spread_and_warnings_go_at_once() {
                 1_700_000_000_000_000_000 + (round * 10 + i) * 1_000_000_000,
             ));
         }
-        sink.flush(Duration::from_secs(5));
+        sink.flush(Duration::from_secs(10));
         delays.push(t0.elapsed());
         // A quiet period before the next round.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // Each round waits less than the 2 s spread, then writes: 5 s leaves a
+    // loaded machine 3 s for the writes and still tells apart a wait longer
+    // than the spread and a flush that gave up (10 s).
     assert!(
-        delays.iter().all(|d| *d < Duration::from_millis(2600)),
+        delays.iter().all(|d| *d < Duration::from_secs(5)),
         "{delays:?}"
     );
     assert!(
@@ -145,26 +149,44 @@ async fn normal_events_are_spread_and_warnings_go_at_once() {
         .map(|e| e.count.unwrap_or(1))
         .sum::<i32>();
     assert_eq!(xid13, 12, "every occurrence counted");
+    h.stop().await;
+}
 
-    let t0 = std::time::Instant::now();
-    sink.send(&xid_event(
-        79,
-        Action::RebootNode,
-        1,
-        1_700_000_100_000_000_000,
-    ));
-    sink.flush(Duration::from_secs(5));
-    assert!(
-        h.api
+/// A Warning Event is not spread: with a 60 s spread, a Warning after a
+/// quiet period is written well inside 10 s. Were it spread, each would wait
+/// a random part of the minute: three in a row all inside 10 s is a 1 in 216
+/// chance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warning_events_go_at_once() {
+    let api = ApiDouble::start(node(vec![], &[])).await;
+    let cfg = KubeConfig {
+        normal_event_spread_secs: 60,
+        ..api.kube_config()
+    };
+    let h = Harness::with(api, cfg, ValidationConfig::default(), healthy(2, "boot-a")).await;
+    let sink = h.writer().event_sink();
+    for gpu in 0..3u32 {
+        let t0 = std::time::Instant::now();
+        sink.send(&xid_event(
+            79,
+            Action::RebootNode,
+            gpu,
+            1_700_000_100_000_000_000,
+        ));
+        sink.flush(Duration::from_secs(10));
+        let took = t0.elapsed();
+        let written: i32 = h
+            .api
             .events()
             .iter()
-            .any(|e| e.reason.as_deref() == Some("XID79"))
-    );
-    assert!(
-        t0.elapsed() < Duration::from_millis(500),
-        "{:?}",
-        t0.elapsed()
-    );
+            .filter(|e| e.reason.as_deref() == Some("XID79"))
+            .map(|e| e.count.unwrap_or(1))
+            .sum();
+        assert_eq!(written, gpu as i32 + 1, "occurrences after {took:?}");
+        assert!(took < Duration::from_secs(10), "{took:?}");
+        // A quiet period before the next one.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     h.stop().await;
 }
 
@@ -192,8 +214,14 @@ async fn event_writes_are_rate_limited() {
     assert!(wait_for(SECS, || h.api.events().len() >= 4).await);
     let took = t0.elapsed();
     assert!(took >= Duration::from_millis(900), "4 Events in {took:?}");
+    // At most the burst and one a second since the start (a starved wait
+    // above may have let more seconds pass than the fourth needed).
     let n = h.api.events().len();
-    assert!(n <= 5, "{n} Events after {took:?}");
+    let since = t0.elapsed();
+    assert!(
+        n as u64 <= 4 + since.as_secs(),
+        "{n} Events after {since:?}"
+    );
     h.stop().await;
 }
 
@@ -300,6 +328,8 @@ async fn shutdown_keeps_to_its_deadline_when_the_api_hangs() {
     let t0 = Instant::now();
     writer.shutdown_within(Duration::from_millis(500)).await;
     let took = t0.elapsed();
-    assert!(took < Duration::from_secs(2), "stopped after {took:?}");
+    // Well below the 30 s the API hangs for; a loaded machine's lateness on
+    // the 500 ms deadline stays far inside it.
+    assert!(took < Duration::from_secs(10), "stopped after {took:?}");
     h.api.set_delay(None);
 }
