@@ -10,7 +10,7 @@
 //! input watchdog (a restart does not unblock a sysfs read).
 
 use gpuwatch_core::engine::Heartbeat;
-use gpuwatch_core::heartbeat::Watched;
+use gpuwatch_core::heartbeat::{Progress, Watched};
 use gpuwatch_core::msg::MonitorInput;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -127,6 +127,15 @@ impl Liveness {
             .checked_sub(at.elapsed())
             .unwrap_or(std::time::UNIX_EPOCH);
         gpuwatch_core::clock::unix_nanos(then) / 1_000_000_000
+    }
+
+    /// The heartbeats of the inputs watched here (the kernel-log reader's,
+    /// each running NVML source's), with their inputs.
+    pub(crate) fn progress(&self) -> Vec<(MonitorInput, Arc<Progress>)> {
+        self.lock_inputs()
+            .iter()
+            .map(|w| (w.input, Arc::clone(&w.progress)))
+            .collect()
     }
 
     /// The handle the health engine stores its loop heartbeat in (Unix
