@@ -26,8 +26,6 @@ pub struct Liveness {
     engine_alive: AtomicBool,
     /// The kmsg reader thread is running.
     kmsg_alive: AtomicBool,
-    /// The engine loaded its persisted state.
-    state_loaded: AtomicBool,
     /// Unix seconds of the health engine's latest loop pass (0 before the
     /// first); the engine writes it through the handle
     /// [`Liveness::engine_heartbeat`] gives it.
@@ -47,8 +45,6 @@ pub struct LivenessStatus {
     pub engine_alive: bool,
     /// The kmsg reader thread is running.
     pub kmsg_alive: bool,
-    /// The engine loaded its persisted state.
-    pub state_loaded: bool,
     /// Unix seconds of the kmsg reader's last progress (0 before the first).
     pub kmsg_heartbeat_unix_secs: u64,
     /// Unix seconds of the engine's last loop pass (0 before the first).
@@ -96,11 +92,6 @@ impl Liveness {
     /// Marks the kmsg reader thread running until the guard drops.
     pub(crate) fn kmsg_running(&self) -> AliveGuard<'_> {
         AliveGuard::set(&self.kmsg_alive)
-    }
-
-    /// The engine loaded its persisted state.
-    pub(crate) fn set_state_loaded(&self) {
-        self.state_loaded.store(true, Ordering::Relaxed);
     }
 
     /// Holds an input's heartbeat to its deadline for `/healthz` from now
@@ -169,7 +160,6 @@ impl Liveness {
         LivenessStatus {
             engine_alive: self.engine_alive.load(Ordering::Relaxed),
             kmsg_alive: self.kmsg_alive.load(Ordering::Relaxed),
-            state_loaded: self.state_loaded.load(Ordering::Relaxed),
             kmsg_heartbeat_unix_secs: self.kmsg_heartbeat_unix_secs(),
             engine_heartbeat_unix_secs: self.engine_heartbeat.last(),
             stalled: self.stalled(now_unix_secs, Instant::now()),
@@ -208,9 +198,6 @@ mod tests {
             assert!(!l.status(0).alive(), "the kmsg thread does not run");
             let _k = l.kmsg_running();
             assert!(l.status(0).alive());
-            assert!(!l.status(0).state_loaded);
-            l.set_state_loaded();
-            assert!(l.status(0).state_loaded);
         }
         assert!(!l.status(0).alive(), "cleared at exit");
     }

@@ -90,8 +90,6 @@ impl KmsgProgress {
 pub(crate) enum NotReady {
     /// The engine or the kernel-log reader thread does not run.
     ThreadsNotRunning,
-    /// The engine has not loaded its persisted state yet.
-    StateNotLoaded,
     /// The kernel-log reader has not reported yet (the agent just started).
     KmsgNotReported,
     /// The kernel-log reader has not read the ring to its end yet.
@@ -106,7 +104,6 @@ impl NotReady {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             NotReady::ThreadsNotRunning => "engine or kernel log thread not running",
-            NotReady::StateNotLoaded => "state not loaded yet",
             NotReady::KmsgNotReported => "kernel log reader has not reported yet",
             NotReady::KmsgNotCaughtUp => "kernel log not caught up yet",
             NotReady::QuarantineBudgetUnavailable => "quarantine budget unavailable",
@@ -128,8 +125,9 @@ pub(crate) struct Readiness {
 
 impl Readiness {
     /// Why the agent is not ready; empty: ready. Ready needs the threads
-    /// running, the state loaded, the kernel-log reader caught up or
-    /// reported unavailable, and a quarantine budget that works.
+    /// running (the engine loads its persisted state before its thread
+    /// starts), the kernel-log reader caught up or reported unavailable, and
+    /// a quarantine budget that works.
     ///
     /// An agent that cannot read the kernel log still serves NVML health and
     /// reports the kernel log input as down (the `kmsg` input down in
@@ -142,9 +140,6 @@ impl Readiness {
         let mut out = Vec::new();
         if !self.liveness.threads_running() {
             out.push(NotReady::ThreadsNotRunning);
-        }
-        if !self.liveness.state_loaded {
-            out.push(NotReady::StateNotLoaded);
         }
         match self.kmsg {
             KmsgProgress::NotReported => out.push(NotReady::KmsgNotReported),
@@ -297,7 +292,6 @@ mod tests {
         let status = AgentStatus::new(rig.registry.clone(), kube.subscribe(), liveness.clone());
         let _engine = liveness.engine_running();
         let _kmsg = liveness.kmsg_running();
-        liveness.set_state_loaded();
         let mut feed = |input: Input| {
             rig.engine.handle(input);
             rig.registry.set_health(rig.engine.health());
@@ -367,21 +361,17 @@ mod tests {
         );
     }
 
-    /// The threads' part of readiness: a thread that does not run and a
-    /// state not loaded yet are each a reason of their own.
+    /// The threads' part of readiness: a thread that does not run is a
+    /// reason of its own.
     #[test]
-    fn threads_and_state_hold_readiness_back() {
+    fn threads_not_running_hold_readiness_back() {
         let rig = Rig::new(None, "b1");
         let liveness = Liveness::new();
         let kube = gpuwatch_kube::KubeMetrics::new();
         let status = AgentStatus::new(rig.registry.clone(), kube.subscribe(), liveness.clone());
         assert_eq!(
             status.readiness(0).not_ready(),
-            vec![
-                NotReady::ThreadsNotRunning,
-                NotReady::StateNotLoaded,
-                NotReady::KmsgNotReported
-            ]
+            vec![NotReady::ThreadsNotRunning, NotReady::KmsgNotReported]
         );
     }
 
