@@ -210,12 +210,15 @@ impl Prepared {
         let watched = (nic.take_watched().into_iter())
             .chain(placement.take_watched())
             .chain(std::mem::take(&mut sinks.watched));
+        let mut watched_progress = Vec::new();
         for w in watched {
+            watched_progress.push((w.input, Arc::clone(&w.progress)));
             watchdog.watch(w);
         }
         let watchdog = InputWatchdog::start(watchdog, input())?;
         let api_state = ApiState {
-            status: AgentStatus::new(registry.clone(), kube.subscribe(), liveness),
+            status: AgentStatus::new(registry.clone(), kube.subscribe(), liveness)
+                .with_watched(watched_progress),
             metrics: sinks.metrics.take().filter(|_| self.prometheus().is_some()),
         };
         // The API stops after the sources: a shutdown of its own.

@@ -283,7 +283,7 @@ fn default_state_dir() -> PathBuf {
 
 /// Reads a config file; refuses anything but a regular file (a device such as
 /// `/dev/zero` or a FIFO would be read forever or block).
-fn read_config_text(path: &Path) -> Result<String, ConfigError> {
+pub(crate) fn read_config_text(path: &Path) -> Result<String, ConfigError> {
     let err = |source| ConfigError::Read {
         path: path.to_path_buf(),
         source,
@@ -447,34 +447,6 @@ impl Config {
                 problems,
             }),
         }
-    }
-
-    /// `gpuwatch check-config`: reads `path` and reports every problem in one
-    /// pass: syntax errors; else every schema problem plus the validation
-    /// problems of the rest of the file (entries with schema problems left out).
-    /// An empty `node_name` is filled from `NODE_NAME` / the host name first.
-    /// A file without problems gives the settings the agent would run with.
-    pub fn check_file(path: &Path) -> Result<crate::settings::Settings, ConfigError> {
-        let text = read_config_text(path)?;
-        let (cfg, parse) = parse_recovering(&text);
-        let Some(mut cfg) = cfg else {
-            return Err(ConfigError::Parse {
-                path: path.to_path_buf(),
-                problems: parse,
-            });
-        };
-        cfg.fill_node_name();
-        // The agent's own conversion: what it accepts here, it starts with.
-        let invalid = match cfg.resolve() {
-            Ok(settings) if parse.is_empty() => return Ok(settings),
-            Ok(_) => ConfigErrors(Vec::new()),
-            Err(invalid) => invalid,
-        };
-        Err(ConfigError::Check {
-            path: path.to_path_buf(),
-            parse,
-            invalid,
-        })
     }
 
     /// The defaults, with the node name filled in.
@@ -655,7 +627,7 @@ impl Config {
 /// or each schema error in turn: the entry it points at is left out (it falls back
 /// to its default) and the rest is deserialised again, until the remainder is
 /// clean. serde stops at the first error of a document; this loop does not.
-fn parse_recovering(text: &str) -> (Option<Config>, Vec<ParseProblem>) {
+pub(crate) fn parse_recovering(text: &str) -> (Option<Config>, Vec<ParseProblem>) {
     let (root, syntax) = toml::de::DeTable::parse_recoverable(text);
     if !syntax.is_empty() {
         let problems = syntax

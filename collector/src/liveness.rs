@@ -10,7 +10,7 @@
 //! input watchdog (a restart does not unblock a sysfs read).
 
 use gpuwatch_core::engine::Heartbeat;
-use gpuwatch_core::heartbeat::Watched;
+use gpuwatch_core::heartbeat::{Progress, Watched};
 use gpuwatch_core::msg::MonitorInput;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -26,8 +26,6 @@ pub struct Liveness {
     engine_alive: AtomicBool,
     /// The kmsg reader thread is running.
     kmsg_alive: AtomicBool,
-    /// The engine loaded its persisted state.
-    state_loaded: AtomicBool,
     /// Unix seconds of the health engine's latest loop pass (0 before the
     /// first); the engine writes it through the handle
     /// [`Liveness::engine_heartbeat`] gives it.
@@ -47,8 +45,6 @@ pub struct LivenessStatus {
     pub engine_alive: bool,
     /// The kmsg reader thread is running.
     pub kmsg_alive: bool,
-    /// The engine loaded its persisted state.
-    pub state_loaded: bool,
     /// Unix seconds of the kmsg reader's last progress (0 before the first).
     pub kmsg_heartbeat_unix_secs: u64,
     /// Unix seconds of the engine's last loop pass (0 before the first).
@@ -98,11 +94,6 @@ impl Liveness {
         AliveGuard::set(&self.kmsg_alive)
     }
 
-    /// The engine loaded its persisted state.
-    pub(crate) fn set_state_loaded(&self) {
-        self.state_loaded.store(true, Ordering::Relaxed);
-    }
-
     /// Holds an input's heartbeat to its deadline for `/healthz` from now
     /// on (being watched counts as its start, [`Watched::new`]).
     pub(crate) fn watch(&self, input: Watched) {
@@ -127,6 +118,15 @@ impl Liveness {
             .checked_sub(at.elapsed())
             .unwrap_or(std::time::UNIX_EPOCH);
         gpuwatch_core::clock::unix_nanos(then) / 1_000_000_000
+    }
+
+    /// The heartbeats of the inputs watched here (the kernel-log reader's,
+    /// each running NVML source's), with their inputs.
+    pub(crate) fn progress(&self) -> Vec<(MonitorInput, Arc<Progress>)> {
+        self.lock_inputs()
+            .iter()
+            .map(|w| (w.input, Arc::clone(&w.progress)))
+            .collect()
     }
 
     /// The handle the health engine stores its loop heartbeat in (Unix
@@ -160,7 +160,6 @@ impl Liveness {
         LivenessStatus {
             engine_alive: self.engine_alive.load(Ordering::Relaxed),
             kmsg_alive: self.kmsg_alive.load(Ordering::Relaxed),
-            state_loaded: self.state_loaded.load(Ordering::Relaxed),
             kmsg_heartbeat_unix_secs: self.kmsg_heartbeat_unix_secs(),
             engine_heartbeat_unix_secs: self.engine_heartbeat.last(),
             stalled: self.stalled(now_unix_secs, Instant::now()),
@@ -199,9 +198,6 @@ mod tests {
             assert!(!l.status(0).alive(), "the kmsg thread does not run");
             let _k = l.kmsg_running();
             assert!(l.status(0).alive());
-            assert!(!l.status(0).state_loaded);
-            l.set_state_loaded();
-            assert!(l.status(0).state_loaded);
         }
         assert!(!l.status(0).alive(), "cleared at exit");
     }

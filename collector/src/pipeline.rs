@@ -872,7 +872,9 @@ mod tests {
         std::thread::sleep(Duration::from_millis(300));
         assert!(!h.is_finished());
         shutdown.trigger();
-        gpuwatch_core::join_by(h, Instant::now() + Duration::from_secs(1))
+        // Without the signal it would block for ever: 10 s is only what a
+        // loaded machine may need to wake it.
+        gpuwatch_core::join_by(h, Instant::now() + Duration::from_secs(10))
             .expect("the forwarder kept waiting after shutdown")
             .unwrap();
         drop(ntx);

@@ -9,7 +9,10 @@
 //! disagree with what runs.
 
 use crate::attribution::podresources::KubeletSettings;
-use crate::config::{Config, ConfigErrors, LogSettings, PrometheusSettings};
+use crate::config::{
+    Config, ConfigError, ConfigErrors, LogSettings, PrometheusSettings, parse_recovering,
+    read_config_text,
+};
 use crate::kmsg::KmsgSettings;
 use crate::nvml::NvmlSettings;
 use gpuwatch_core::engine::EngineSettings;
@@ -47,6 +50,34 @@ pub struct Settings {
 }
 
 impl Config {
+    /// `gpuwatch check-config`: reads `path` and reports every problem in one
+    /// pass: syntax errors; else every schema problem plus the validation
+    /// problems of the rest of the file (entries with schema problems left out).
+    /// An empty `node_name` is filled from `NODE_NAME` / the host name first.
+    /// A file without problems gives the settings the agent would run with.
+    pub fn check_file(path: &Path) -> Result<Settings, ConfigError> {
+        let text = read_config_text(path)?;
+        let (cfg, parse) = parse_recovering(&text);
+        let Some(mut cfg) = cfg else {
+            return Err(ConfigError::Parse {
+                path: path.to_path_buf(),
+                problems: parse,
+            });
+        };
+        cfg.fill_node_name();
+        // The agent's own conversion: what it accepts here, it starts with.
+        let invalid = match cfg.resolve() {
+            Ok(settings) if parse.is_empty() => return Ok(settings),
+            Ok(_) => ConfigErrors(Vec::new()),
+            Err(invalid) => invalid,
+        };
+        Err(ConfigError::Check {
+            path: path.to_path_buf(),
+            parse,
+            invalid,
+        })
+    }
+
     /// Resolves every section once ([`Config::resolve_each`]) into the
     /// settings of the whole agent; every problem of every section comes
     /// back in one error, each with its key path.

@@ -9,10 +9,12 @@
 
 use crate::liveness::{Liveness, LivenessStatus};
 use gpuwatch_core::Registry;
+use gpuwatch_core::heartbeat::Progress;
 use gpuwatch_core::msg::MonitorInput;
 use gpuwatch_kube::KubeStatus;
 use gpuwatch_proto::{InputState, NodeHealth};
 use std::sync::Arc;
+use std::time::{Instant, SystemTime};
 
 /// Where the agent's status is read from (module doc). Clones share it.
 #[derive(Clone)]
@@ -20,6 +22,11 @@ pub struct AgentStatus {
     registry: Arc<Registry>,
     kube: tokio::sync::watch::Receiver<KubeStatus>,
     liveness: Arc<Liveness>,
+    /// The heartbeats of the inputs the input watchdog holds (the NIC
+    /// poller, the placement sources, the Node writer); the kernel-log
+    /// reader's and NVML's are read from `liveness`, where they register
+    /// when they start.
+    watched: Vec<(MonitorInput, Arc<Progress>)>,
 }
 
 impl std::fmt::Debug for AgentStatus {
@@ -83,8 +90,6 @@ impl KmsgProgress {
 pub(crate) enum NotReady {
     /// The engine or the kernel-log reader thread does not run.
     ThreadsNotRunning,
-    /// The engine has not loaded its persisted state yet.
-    StateNotLoaded,
     /// The kernel-log reader has not reported yet (the agent just started).
     KmsgNotReported,
     /// The kernel-log reader has not read the ring to its end yet.
@@ -99,7 +104,6 @@ impl NotReady {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             NotReady::ThreadsNotRunning => "engine or kernel log thread not running",
-            NotReady::StateNotLoaded => "state not loaded yet",
             NotReady::KmsgNotReported => "kernel log reader has not reported yet",
             NotReady::KmsgNotCaughtUp => "kernel log not caught up yet",
             NotReady::QuarantineBudgetUnavailable => "quarantine budget unavailable",
@@ -121,8 +125,9 @@ pub(crate) struct Readiness {
 
 impl Readiness {
     /// Why the agent is not ready; empty: ready. Ready needs the threads
-    /// running, the state loaded, the kernel-log reader caught up or
-    /// reported unavailable, and a quarantine budget that works.
+    /// running (the engine loads its persisted state before its thread
+    /// starts), the kernel-log reader caught up or reported unavailable, and
+    /// a quarantine budget that works.
     ///
     /// An agent that cannot read the kernel log still serves NVML health and
     /// reports the kernel log input as down (the `kmsg` input down in
@@ -135,9 +140,6 @@ impl Readiness {
         let mut out = Vec::new();
         if !self.liveness.threads_running() {
             out.push(NotReady::ThreadsNotRunning);
-        }
-        if !self.liveness.state_loaded {
-            out.push(NotReady::StateNotLoaded);
         }
         match self.kmsg {
             KmsgProgress::NotReported => out.push(NotReady::KmsgNotReported),
@@ -169,7 +171,18 @@ impl AgentStatus {
             registry,
             kube,
             liveness,
+            watched: Vec::new(),
         }
+    }
+
+    /// Also reports the last progress of `watched` (the inputs the input
+    /// watchdog holds) in `/v1/health`.
+    pub(crate) fn with_watched(
+        mut self,
+        watched: Vec<(MonitorInput, Arc<Progress>)>,
+    ) -> AgentStatus {
+        self.watched = watched;
+        self
     }
 
     /// `/healthz`: the threads' liveness at `now_unix_secs`.
@@ -186,13 +199,31 @@ impl AgentStatus {
         }
     }
 
-    /// `/v1/health`: the health the engine published last, with the
-    /// Kubernetes writer's view beside it (the quarantine budget, the
-    /// conditions it holds in their problem status and until when, the
-    /// devices a DeviceTaintRule isolates instead of the Node taint, and why
-    /// device isolation cannot work where it cannot).
+    /// `/v1/health`: the health the engine published last, with each
+    /// input's last progress (`last_progress_unix_ms`, read now from its
+    /// heartbeat) and the Kubernetes writer's view beside it (the quarantine
+    /// budget, the conditions it holds in their problem status and until
+    /// when, the devices a DeviceTaintRule isolates instead of the Node
+    /// taint, and why device isolation cannot work where it cannot).
     pub(crate) fn health(&self) -> Arc<NodeHealth> {
         let mut h = self.registry.health();
+        let progress: Vec<_> = self
+            .liveness
+            .progress()
+            .into_iter()
+            .chain(self.watched.iter().cloned())
+            .collect();
+        if !progress.is_empty() && h.monitor.is_some() {
+            let (now, now_unix_ms) = (Instant::now(), unix_ms(SystemTime::now()));
+            let m = Arc::make_mut(&mut h)
+                .monitor
+                .as_mut()
+                .expect("checked above");
+            for i in &mut m.inputs {
+                i.last_progress_unix_ms =
+                    last_progress_unix_ms(&progress, &i.input, now, now_unix_ms);
+            }
+        }
         let kube = self.kube.borrow();
         if let Some(q) = &kube.quarantine {
             Arc::make_mut(&mut h).quarantine = Some(q.clone());
@@ -208,6 +239,40 @@ impl AgentStatus {
         }
         h
     }
+}
+
+/// Milliseconds since the Unix epoch at `t`.
+fn unix_ms(t: SystemTime) -> u64 {
+    gpuwatch_core::clock::unix_nanos(t) / 1_000_000
+}
+
+/// The last progress of the input named `input` among `progress` in Unix
+/// milliseconds, `now` being `now_unix_ms`: the staler beat of an input with
+/// several heartbeats (NVML's poller and event source), so that one thread
+/// stuck shows; 0 when it has none, or one of them has not started.
+fn last_progress_unix_ms(
+    progress: &[(MonitorInput, Arc<Progress>)],
+    input: &str,
+    now: Instant,
+    now_unix_ms: u64,
+) -> u64 {
+    let mut beats = progress
+        .iter()
+        .filter(|(i, _)| i.as_str() == input)
+        .map(|(_, p)| p.last_beat_at())
+        .peekable();
+    if beats.peek().is_none() {
+        return 0;
+    }
+    let mut oldest = u64::MAX;
+    for beat in beats {
+        let Some(at) = beat else {
+            return 0;
+        };
+        let ago = u64::try_from(now.saturating_duration_since(at).as_millis()).unwrap_or(u64::MAX);
+        oldest = oldest.min(now_unix_ms.saturating_sub(ago));
+    }
+    oldest
 }
 
 #[cfg(test)]
@@ -227,7 +292,6 @@ mod tests {
         let status = AgentStatus::new(rig.registry.clone(), kube.subscribe(), liveness.clone());
         let _engine = liveness.engine_running();
         let _kmsg = liveness.kmsg_running();
-        liveness.set_state_loaded();
         let mut feed = |input: Input| {
             rig.engine.handle(input);
             rig.registry.set_health(rig.engine.health());
@@ -297,21 +361,96 @@ mod tests {
         );
     }
 
-    /// The threads' part of readiness: a thread that does not run and a
-    /// state not loaded yet are each a reason of their own.
+    /// The threads' part of readiness: a thread that does not run is a
+    /// reason of its own.
     #[test]
-    fn threads_and_state_hold_readiness_back() {
+    fn threads_not_running_hold_readiness_back() {
         let rig = Rig::new(None, "b1");
         let liveness = Liveness::new();
         let kube = gpuwatch_kube::KubeMetrics::new();
         let status = AgentStatus::new(rig.registry.clone(), kube.subscribe(), liveness.clone());
         assert_eq!(
             status.readiness(0).not_ready(),
-            vec![
-                NotReady::ThreadsNotRunning,
-                NotReady::StateNotLoaded,
-                NotReady::KmsgNotReported
-            ]
+            vec![NotReady::ThreadsNotRunning, NotReady::KmsgNotReported]
+        );
+    }
+
+    /// An input's last progress is its heartbeat's, in Unix milliseconds;
+    /// of an input with several heartbeats, the staler one; 0 when it has
+    /// none or one has not started.
+    #[test]
+    fn last_progress_is_the_staler_heartbeat_in_unix_ms() {
+        use std::time::Duration;
+        let t0 = Instant::now();
+        let (poller, events, idle) = (Progress::new(), Progress::new(), Progress::new());
+        poller.beat_at(t0 + Duration::from_secs(1));
+        events.beat_at(t0 + Duration::from_secs(4));
+        let now = t0 + Duration::from_secs(6);
+        let now_unix_ms = 1_700_000_000_000;
+        let nvml = [
+            (MonitorInput::Nvml, poller.clone()),
+            (MonitorInput::Nvml, events.clone()),
+        ];
+        let got = last_progress_unix_ms(&nvml, "nvml", now, now_unix_ms);
+        // Five seconds before now (the beat is kept to the millisecond).
+        assert!(
+            (now_unix_ms - 5_001..=now_unix_ms - 4_999).contains(&got),
+            "{got}"
+        );
+        assert_eq!(last_progress_unix_ms(&nvml, "kmsg", now, now_unix_ms), 0);
+        let not_started = [(MonitorInput::Nvml, poller), (MonitorInput::Nvml, idle)];
+        assert_eq!(
+            last_progress_unix_ms(&not_started, "nvml", now, now_unix_ms),
+            0
+        );
+    }
+
+    /// `/v1/health` lists each input with its last progress: from the
+    /// heartbeats `/healthz` watches (the kernel-log reader) and those of
+    /// the input watchdog (the NIC poller); an input without a heartbeat
+    /// (NVML here) says 0.
+    #[test]
+    fn v1_health_shows_how_stale_each_input_is() {
+        use gpuwatch_core::heartbeat::Watched;
+        let mut rig = Rig::new(None, "b1");
+        for input in [
+            MonitorInput::Kmsg,
+            MonitorInput::Nvml,
+            MonitorInput::Network,
+        ] {
+            rig.engine.handle(Input::MonitorStatus {
+                input,
+                ok: true,
+                message: String::new(),
+            });
+        }
+        rig.registry.set_health(rig.engine.health());
+        let liveness = Liveness::new();
+        let kmsg = Progress::new();
+        liveness.watch(Watched::new(
+            MonitorInput::Kmsg,
+            kmsg.clone(),
+            crate::liveness::PROGRESS_DEADLINE,
+        ));
+        let network = Progress::new();
+        network.beat();
+        let kube = gpuwatch_kube::KubeMetrics::new();
+        let before = unix_ms(SystemTime::now());
+        let status = AgentStatus::new(rig.registry.clone(), kube.subscribe(), liveness)
+            .with_watched(vec![(MonitorInput::Network, network)]);
+        let h = status.health();
+        let m = h.monitor.as_ref().expect("a monitor status");
+        let at = |input: &str| m.input(input).expect(input).last_progress_unix_ms;
+        // Both beat at most a moment before `before` (1 s of slack).
+        assert!(at("kmsg") + 1_000 >= before && at("kmsg") <= before + 1_000);
+        assert!(at("network") + 1_000 >= before && at("network") <= before + 1_000);
+        assert_eq!(at("nvml"), 0);
+        let json = serde_json::to_value(&*h).unwrap();
+        assert!(json["monitor"]["inputs"][0]["last_progress_unix_ms"].is_u64());
+        assert_eq!(
+            rig.registry.health().monitor.as_ref().unwrap().inputs[0].last_progress_unix_ms,
+            0,
+            "the engine's own publication is left as it is"
         );
     }
 }

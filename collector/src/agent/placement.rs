@@ -264,6 +264,78 @@ mod tests {
             .any(|u| matches!(u, PlacementUpdate::DevicesCurrent(_)))
     }
 
+    /// Pod lists the double has answered.
+    fn pod_lists(api: &ApiDouble) -> usize {
+        api.requests()
+            .iter()
+            .filter(|r| r.resource == "pods" && r.verb == "list")
+            .count()
+    }
+
+    /// The engine's asks wake the running sources (`want`: pods, devices): a
+    /// fresh pod list, one more kubelet call (its interval is 10 s), each
+    /// reported current after the ask.
+    fn assert_asks_wake_the_sources(
+        api: &ApiDouble,
+        kubelet: &Kubelet,
+        asks: &PlacementAsks,
+        rx: &crossbeam_channel::Receiver<Input>,
+        want: (bool, bool),
+        case: &str,
+    ) {
+        let lists = pod_lists(api);
+        let calls = kubelet.list_calls();
+        let asked_at = Instant::now();
+        for ask in [&asks.pods, &asks.devices].into_iter().flatten() {
+            ask();
+        }
+        let seen = collect(rx, Duration::from_secs(5), |s| {
+            let current = |f: fn(&PlacementUpdate) -> Option<Instant>| {
+                s.iter().filter_map(f).any(|t| t >= asked_at)
+            };
+            (!want.0
+                || current(|u| match u {
+                    PlacementUpdate::PodsCurrent(t) => Some(*t),
+                    _ => None,
+                }))
+                && (!want.1
+                    || current(|u| match u {
+                        PlacementUpdate::DevicesCurrent(t) => Some(*t),
+                        _ => None,
+                    }))
+        });
+        if want.0 {
+            assert!(
+                pod_lists(api) > lists,
+                "{case}: the ask sent no list: {seen:?}"
+            );
+        }
+        if want.1 {
+            assert!(kubelet.list_calls() > calls, "{case}: the ask made no call");
+        }
+    }
+
+    /// Stopped, no source holds an engine sender any more: the channel drains
+    /// and disconnects.
+    fn assert_stopped_sources_hold_no_sender(
+        sources: PlacementSources,
+        rt: &tokio::runtime::Runtime,
+        rx: &crossbeam_channel::Receiver<Input>,
+        case: &str,
+    ) {
+        let mut left = Vec::new();
+        sources.stop(&StopBudget::new(Duration::from_secs(5)), rt, &mut left);
+        assert!(left.is_empty(), "{case}: {left:?}");
+        while rx.try_recv().is_ok() {}
+        assert!(
+            matches!(
+                rx.recv_timeout(Duration::from_secs(1)),
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected)
+            ),
+            "{case}: an engine sender is still held"
+        );
+    }
+
     /// Which sources start follows `[kube]`, `--kube-dry-run` and the
     /// kubelet socket; each running source reaches the engine, is woken by
     /// the engine's ask, and holds no engine sender once stopped.
@@ -312,64 +384,13 @@ mod tests {
             let ctx = InputContext::new(Shutdown::new(), tx);
             let sources = plan.start(&rt, ctx, &Registry::new()).unwrap();
             assert_eq!(sources.running(), want, "{case}");
-
             let seen = collect(&rx, Duration::from_secs(5), |s| {
                 (!want.0 || listed_pod(s)) && (!want.1 || devices_answered(s))
             });
             assert_eq!(listed_pod(&seen), want.0, "{case}: {seen:?}");
             assert_eq!(devices_answered(&seen), want.1, "{case}: {seen:?}");
-            // The engine's asks wake the sources: a fresh pod list, one more
-            // kubelet call (its interval is 10 s).
-            let lists = api
-                .requests()
-                .iter()
-                .filter(|r| r.resource == "pods" && r.verb == "list")
-                .count();
-            let calls = kubelet.list_calls();
-            let asked_at = Instant::now();
-            for ask in [&asks.pods, &asks.devices].into_iter().flatten() {
-                ask();
-            }
-            let seen = collect(&rx, Duration::from_secs(5), |s| {
-                let current = |f: fn(&PlacementUpdate) -> Option<Instant>| {
-                    s.iter().filter_map(f).any(|t| t >= asked_at)
-                };
-                (!want.0
-                    || current(|u| match u {
-                        PlacementUpdate::PodsCurrent(t) => Some(*t),
-                        _ => None,
-                    }))
-                    && (!want.1
-                        || current(|u| match u {
-                            PlacementUpdate::DevicesCurrent(t) => Some(*t),
-                            _ => None,
-                        }))
-            });
-            if want.0 {
-                let now = api
-                    .requests()
-                    .iter()
-                    .filter(|r| r.resource == "pods" && r.verb == "list")
-                    .count();
-                assert!(now > lists, "{case}: the ask sent no list: {seen:?}");
-            }
-            if want.1 {
-                assert!(kubelet.list_calls() > calls, "{case}: the ask made no call");
-            }
-
-            let mut left = Vec::new();
-            sources.stop(&StopBudget::new(Duration::from_secs(5)), &rt, &mut left);
-            assert!(left.is_empty(), "{case}: {left:?}");
-            // No source holds an engine sender any more: the channel drains
-            // and disconnects.
-            while rx.try_recv().is_ok() {}
-            assert!(
-                matches!(
-                    rx.recv_timeout(Duration::from_secs(1)),
-                    Err(crossbeam_channel::RecvTimeoutError::Disconnected)
-                ),
-                "{case}: an engine sender is still held"
-            );
+            assert_asks_wake_the_sources(&api, &kubelet, &asks, &rx, want, &case);
+            assert_stopped_sources_hold_no_sender(sources, &rt, &rx, &case);
         }
         kubelet.stop();
     }

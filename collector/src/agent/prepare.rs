@@ -104,7 +104,6 @@ impl Prepared {
             engine.track_kmsg_position();
         }
         engine.set_network(self.network().clone());
-        liveness.set_state_loaded();
         engine
     }
 

@@ -128,29 +128,29 @@ fn assert_fault_holds_across_restart(
 }
 
 /// Phase 1 of the XID 79 test: the record → `GPUProblem=True
-/// NodeRebootRequired` and the fault taint within 1 s, naming the GPU and
-/// the boot; readiness stays True (a reboot-class fault is not a hardware
-/// verdict, its lastTransitionTime `ready_since` unmoved); the foreign taint
-/// stays; one Warning Event on the Node. The GPUProblem lastTransitionTime.
-fn assert_xid79_isolates_within_a_second(
+/// NodeRebootRequired` and the fault taint at once (the latency printed; the
+/// 1 s budget is `benches/scripts/bench-kmsg-latency.sh`'s, on a quiet
+/// machine), naming the GPU and the boot; readiness stays True (a
+/// reboot-class fault is not a hardware verdict, its lastTransitionTime
+/// `ready_since` unmoved); the foreign taint stays; one Warning Event on the
+/// Node. The GPUProblem lastTransitionTime.
+fn assert_xid79_isolates_at_once(
     rig: &mut KubeWorld,
     agent: &KubeAgent,
     ready_since: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 ) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time> {
     rig.write_kmsg(XID79);
     let t0 = Instant::now();
-    assert!(
-        wait_until(Duration::from_secs(5), || faulted(rig)),
-        "{}",
-        diag(rig, agent)
-    );
+    assert!(wait_until(T, || faulted(rig)), "{}", diag(rig, agent));
     let latency = t0.elapsed();
     eprintln!(
         "kube_e2e: kmsg write -> GPUProblem=True + taint on the API in {:.1} ms",
         latency.as_secs_f64() * 1e3
     );
+    // Across processes on a shared machine: well below the writer's idle
+    // beat (10 s), which a missed wake-up would wait for.
     assert!(
-        latency < Duration::from_secs(1),
+        latency < Duration::from_secs(5),
         "condition+taint took {latency:?}"
     );
     let problem = rig.cond(PROBLEM).unwrap();
@@ -316,7 +316,7 @@ fn xid79_isolates_the_node_survives_restarts_and_clears_after_a_new_boot() {
     let ready_since = rig.cond(READY).unwrap().last_transition_time;
     assert!(rig.wait_quiet(Duration::from_millis(1100), T));
 
-    let problem_since = assert_xid79_isolates_within_a_second(&mut rig, &agent, &ready_since);
+    let problem_since = assert_xid79_isolates_at_once(&mut rig, &agent, &ready_since);
     assert_removed_fault_taint_is_restored(&rig, &agent);
     let agent = restart_twice_keeping_the_fault(&rig, &cfg, agent, (problem_since, ready_since));
     assert_eq!(agent.stop(), Some(0));
@@ -694,12 +694,24 @@ fn validate_command_sees_faults_already_in_the_kernel_log() {
 /// Six writers win the race against the agent's taint write in a row (each
 /// changes the Node between the agent's read and its write, as the kubelet, the
 /// device plugin, NFD or an autoscaler do): the real server answers each with
-/// 409 Conflict, the agent re-reads and retries at once, and the fault taint
-/// still lands within a second of the XID — every foreign taint kept.
+/// 409 Conflict, the agent re-reads and retries at once, not after its error
+/// backoff (10 s here), and the fault taint still lands soon after the XID —
+/// every foreign taint kept.
 #[test]
-fn six_lost_races_still_taint_the_node_within_a_second() {
+fn six_lost_races_still_taint_the_node_without_backing_off() {
     let mut rig = KubeWorld::new(node(vec![taint("example.com/dedicated", Some("ml"))]));
     let cfg = rig.config("", "");
+    // An error backoff far longer than any wait of a loaded machine: a lost
+    // race retried after it shows.
+    let backoff = Duration::from_secs(10);
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let text = text
+        .replace("backoff_initial_ms = 50\n", "backoff_initial_ms = 10000\n")
+        .replace("backoff_max_ms = 400\n", "backoff_max_ms = 10000\n");
+    assert!(
+        text.contains("backoff_initial_ms = 10000\n") && text.contains("backoff_max_ms = 10000\n")
+    );
+    std::fs::write(&cfg, text).unwrap();
     let agent = rig.start(&cfg, Nvml::Sim(BOARD), &[]);
     assert!(wait_until(T, || healthy(&rig)), "{}", diag(&rig, &agent));
     assert!(rig.wait_quiet(Duration::from_millis(1100), T));
@@ -726,7 +738,14 @@ fn six_lost_races_still_taint_the_node_within_a_second() {
         latency.as_secs_f64() * 1e3,
         after_last_race.as_secs_f64() * 1e3
     );
-    assert!(latency < Duration::from_secs(1), "taint took {latency:?}");
+    for w in patches.windows(2) {
+        assert!(
+            w[1].at - w[0].at < backoff,
+            "retried {:?} after a lost race",
+            w[1].at - w[0].at
+        );
+    }
+    assert!(latency < Duration::from_secs(5), "taint took {latency:?}");
     let mut keys: Vec<String> = kube_support::taint_keys(&rig.node());
     keys.sort();
     let mut want = vec!["example.com/dedicated".to_owned(), FAULT_TAINT.to_owned()];
@@ -1011,19 +1030,23 @@ fn xid79_without_a_kubelet_socket_is_reported_without_pods() {
     let mut rig = KubeWorld::new(node(vec![]));
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("kubelet.sock");
+    // The [kubelet] section goes after [validation] (the rig's last section).
     let agent = rig.start(
-        &rig.config("", ""),
+        &rig.config("", "\n[kubelet]\npod_resources_timeout_ms = 30000\n"),
         Nvml::Sim(BOARD),
         &["--pod-resources-socket", missing.to_str().unwrap()],
     );
     assert!(wait_until(T, || healthy(&rig)), "{}", diag(&rig, &agent));
+    // The writer's pacing after its first writes is over: the fault is
+    // written as soon as the engine hands it over.
+    assert!(rig.wait_quiet(Duration::from_millis(1100), T));
     let written = Instant::now();
     rig.write_kmsg(XID79);
     assert!(wait_until(T, || faulted(&rig)), "{}", diag(&rig, &agent));
     // Nothing on the kernel-log path waited on the kubelet: the fault is on
-    // the Node well within one PodResources timeout (2 s).
+    // the Node well within one PodResources timeout (30 s here).
     assert!(
-        written.elapsed() < Duration::from_secs(2),
+        written.elapsed() < Duration::from_secs(10),
         "{:?}",
         written.elapsed()
     );

@@ -519,18 +519,26 @@ fn missing_library_is_a_monitor_status_and_shutdown_is_prompt() {
     assert!(msg.contains("/nonexistent/libnvidia-ml.so.1"), "{msg}");
     assert_eq!(h.registry.nvml_errors().get("dlopen"), Some(&1));
     assert!(h.faults().is_empty());
-    // The poller is inside a 30 s retry wait; shutdown must not wait for it.
+    // The poller is inside a 30 s retry wait; shutdown must not wait for it
+    // (5 s: well below it, and a loaded machine's lateness stays inside).
     let took = h.stop();
-    assert!(took < Duration::from_millis(1500), "join took {took:?}");
+    assert!(took < Duration::from_secs(5), "join took {took:?}");
 }
 
+/// Both threads end at the shutdown signal: the poller's 50 ms sleep and the
+/// event source's 500 ms event wait end, not the 30 s call deadline the stop
+/// would otherwise wait out before leaving them behind.
 #[test]
-fn shutdown_joins_both_threads_within_a_second() {
-    let mut h = NvmlSimHarness::start(&config("test-xid.toml"));
+fn shutdown_joins_both_threads_promptly() {
+    let cfg = NvmlSettings {
+        call_timeout: Duration::from_secs(30),
+        ..config("test-xid.toml")
+    };
+    let mut h = NvmlSimHarness::start(&cfg);
     assert_eq!(h.sources.len(), 2, "poller and event source");
     h.wait_for("a sample", |seen| sample_where(seen, 0, |_| true));
     let took = h.stop();
-    assert!(took < Duration::from_millis(1200), "join took {took:?}");
+    assert!(took < Duration::from_secs(5), "join took {took:?}");
 }
 
 /// Polls 10 s apart (the default): stopping between two polls does not wait
@@ -546,7 +554,8 @@ fn stopping_between_polls_ten_seconds_apart_is_prompt() {
     h.wait_for("a sample", |seen| sample_where(seen, 0, |_| true));
     std::thread::sleep(Duration::from_millis(200));
     let took = h.stop();
-    assert!(took < Duration::from_secs(1), "join took {took:?}");
+    // Well below the 10 s to the next poll.
+    assert!(took < Duration::from_secs(5), "join took {took:?}");
 }
 
 #[test]
@@ -932,7 +941,6 @@ fn sigterm_ends_an_agent_with_hung_nvml_within_ten_seconds() {
         "GPUs never healthy: {}",
         agent.stderr.tail(20)
     );
-    let healthy_seen = Instant::now();
     // Hang at 1.5 s after init; deadline 1 s, polls every 500 ms.
     assert!(
         crate::common::wait_until(Duration::from_secs(5), || gpus("unknown").is_some()),
@@ -950,11 +958,6 @@ fn sigterm_ends_an_agent_with_hung_nvml_within_ten_seconds() {
             .as_str()
             .is_some_and(|m| m.contains("did not return within 1000 ms")),
         "{h:#}"
-    );
-    assert!(
-        healthy_seen.elapsed() < Duration::from_secs(5),
-        "unknown {:?} after healthy",
-        healthy_seen.elapsed()
     );
     assert!(
         !agent
@@ -1083,7 +1086,12 @@ call = "nvmlDeviceGetCount_v2"
         err.to_string().contains("did not return within 200 ms"),
         "{err}"
     );
-    assert!(took < Duration::from_millis(600), "poll_once took {took:?}");
+    // It ended at the 200 ms deadline: well below the default 5 s one, and
+    // the hung call never returns.
+    assert!(
+        took < Duration::from_millis(2500),
+        "poll_once took {took:?}"
+    );
 }
 
 /// The same with the default 5 s call deadline, SIGTERM arriving while calls

@@ -31,6 +31,14 @@ async fn raw(
     )
 }
 
+/// A double whose Node is at resourceVersion 2 (one label edit after the
+/// start), and the Node's path.
+async fn double_at_rv2() -> (ApiDouble, String) {
+    let api = ApiDouble::start(node(vec![], &[])).await;
+    api.edit_node(|n| n["metadata"]["labels"] = serde_json::json!({"a": "b"}));
+    (api, format!("/api/v1/nodes/{NODE}"))
+}
+
 /// The double's answers to a lost race, pinned to kube-apiserver's shapes: an
 /// update or merge patch with a stale resourceVersion is 409 Conflict from the
 /// metrics store; a JSON patch whose `test` fails is the generic 422 Invalid
@@ -39,9 +47,7 @@ async fn raw(
 async fn double_answers_a_stale_write_as_kube_apiserver_does() {
     use reqwest::Method;
     use serde_json::json;
-    let api = ApiDouble::start(node(vec![], &[])).await;
-    api.edit_node(|n| n["metadata"]["labels"] = json!({"a": "b"})); // rv 2
-    let path = format!("/api/v1/nodes/{NODE}");
+    let (api, path) = double_at_rv2().await;
     let stale_merge = json!({"metadata": {"resourceVersion": "1"}, "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}});
     let (code, body) = raw(
         &api,
@@ -84,11 +90,17 @@ async fn double_answers_a_stale_write_as_kube_apiserver_does() {
                "message": "the server rejected our request due to an error in our request",
                "reason": "Invalid", "code": 422})
     );
-    // A current resourceVersion goes through and moves the version.
-    let fresh = json!({"metadata": {"resourceVersion": "2"}, "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}});
+}
+
+/// A merge patch with the current resourceVersion goes through and moves the
+/// version, as kube-apiserver's optimistic concurrency does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn double_takes_a_write_at_the_current_version_and_moves_it() {
+    let (api, path) = double_at_rv2().await;
+    let fresh = serde_json::json!({"metadata": {"resourceVersion": "2"}, "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}});
     let (code, body) = raw(
         &api,
-        Method::PATCH,
+        reqwest::Method::PATCH,
         &path,
         "application/merge-patch+json",
         fresh,
@@ -97,7 +109,14 @@ async fn double_answers_a_stale_write_as_kube_apiserver_does() {
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["metadata"]["resourceVersion"], "3");
     assert_eq!(taint_keys(&api.node()), ["k"]);
-    // RBAC denial and a missing Node, as the server words them.
+}
+
+/// RBAC denial and a missing Node, as kube-apiserver words them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn double_words_a_forbidden_write_and_a_missing_node_as_kube_apiserver_does() {
+    use reqwest::Method;
+    use serde_json::json;
+    let (api, path) = double_at_rv2().await;
     api.forbid("patch", "nodes/status");
     let (code, body) = raw(
         &api,

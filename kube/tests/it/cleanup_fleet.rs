@@ -128,16 +128,13 @@ fn opts(dry_run: bool) -> FleetOptions {
     }
 }
 
-/// Every Node cleaned of gpuwatch's taints and conditions only (a foreign
-/// taint and the kubelet's condition kept), gpuwatch's slot Leases deleted
-/// and every other Lease kept; a dry run first writes nothing and reports
-/// the same; a second run finds nothing left.
+/// A dry run writes nothing, deletes no Lease and reports what the cleanup
+/// would remove.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn all_nodes_cleanup_removes_only_gpuwatchs_taints_conditions_and_leases() {
+async fn all_nodes_cleanup_dry_run_writes_nothing_and_reports_the_same() {
     let api = fleet().await;
     put_leases(&api);
     let cfg = settings(&api);
-
     let dry = all_nodes_cleanup(&cfg, &opts(true)).await.unwrap();
     assert!(
         api.requests().iter().all(|r| !r.is_write()),
@@ -156,8 +153,12 @@ async fn all_nodes_cleanup_removes_only_gpuwatchs_taints_conditions_and_leases()
     );
     assert_eq!(removed(&dry, "gpu-a"), gpu_a_ours());
     assert_eq!(lease_names(&api, NS).len(), 4, "dry run deleted a Lease");
+    api.assert_requests_within(&CLEANUP_REQUESTS);
+}
 
-    let done = all_nodes_cleanup(&cfg, &opts(false)).await.unwrap();
+/// The report of the cleanup of [`fleet`]: what each Node lost, gpu-b
+/// nothing, and the two slot Leases.
+fn assert_cleanup_report(done: &FleetReport) {
     assert!(!done.failed(), "{done:#?}");
     assert_eq!(
         done.summary(),
@@ -165,13 +166,13 @@ async fn all_nodes_cleanup_removes_only_gpuwatchs_taints_conditions_and_leases()
     );
     let names: Vec<&str> = done.nodes.iter().map(|n| n.node.as_str()).collect();
     assert_eq!(names, ["gpu-a", "gpu-b", "gpu-c", "gpu-d"]);
-    assert_eq!(removed(&done, "gpu-a"), gpu_a_ours());
-    assert_eq!(outcome(&done, "gpu-b"), NodeOutcome::Nothing);
+    assert_eq!(removed(done, "gpu-a"), gpu_a_ours());
+    assert_eq!(outcome(done, "gpu-b"), NodeOutcome::Nothing);
     assert_eq!(
-        removed(&done, "gpu-c").taints,
+        removed(done, "gpu-c").taints,
         [format!("{STARTUP_TAINT}:NoSchedule")]
     );
-    assert_eq!(removed(&done, "gpu-d").conditions, [READY, PROBLEM]);
+    assert_eq!(removed(done, "gpu-d").conditions, [READY, PROBLEM]);
     assert_eq!(
         done.leases,
         [
@@ -179,7 +180,11 @@ async fn all_nodes_cleanup_removes_only_gpuwatchs_taints_conditions_and_leases()
             "gpuwatch/gpuwatch-quarantine-1"
         ]
     );
+}
 
+/// After the cleanup the Nodes keep only the foreign taints and the kubelet's
+/// condition, and only the Leases that are not gpuwatch's slots are left.
+fn assert_only_foreign_things_left(api: &ApiDouble) {
     let a = api.node_named("gpu-a").unwrap();
     assert_eq!(taint_keys(&a), ["dedicated"]);
     assert_eq!(conditions(&a), ["Ready"]);
@@ -189,12 +194,15 @@ async fn all_nodes_cleanup_removes_only_gpuwatchs_taints_conditions_and_leases()
     assert!(taint_keys(&api.node_named("gpu-c").unwrap()).is_empty());
     assert!(conditions(&api.node_named("gpu-d").unwrap()).is_empty());
     assert_eq!(
-        lease_names(&api, NS),
+        lease_names(api, NS),
         ["gpuwatch-quarantine-5", "other-controller-leader"]
     );
-    assert_eq!(lease_names(&api, "elsewhere"), ["gpuwatch-quarantine-0"]);
+    assert_eq!(lease_names(api, "elsewhere"), ["gpuwatch-quarantine-0"]);
+}
 
-    // The list was paged: a second page asked for with the first's token.
+/// The list was paged (a second page asked for with the first's token), and
+/// gpu-b, with nothing of ours, was never written.
+fn assert_paged_and_gpu_b_untouched(api: &ApiDouble) {
     let lists: Vec<String> = api
         .requests()
         .iter()
@@ -206,14 +214,26 @@ async fn all_nodes_cleanup_removes_only_gpuwatchs_taints_conditions_and_leases()
         "{lists:?}"
     );
     assert!(lists.iter().all(|q| q.contains("limit=3")), "{lists:?}");
-    // Nothing of gpu-b's changed: no write to a Node with nothing of ours.
     assert!(
         !api.requests()
             .iter()
             .any(|r| r.is_write() && r.path.contains("/nodes/gpu-b")),
         "gpu-b was written"
     );
+}
 
+/// Every Node cleaned of gpuwatch's taints and conditions only (a foreign
+/// taint and the kubelet's condition kept), gpuwatch's slot Leases deleted
+/// and every other Lease kept; a second run finds nothing left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_nodes_cleanup_removes_only_gpuwatchs_taints_conditions_and_leases() {
+    let api = fleet().await;
+    put_leases(&api);
+    let cfg = settings(&api);
+    let done = all_nodes_cleanup(&cfg, &opts(false)).await.unwrap();
+    assert_cleanup_report(&done);
+    assert_only_foreign_things_left(&api);
+    assert_paged_and_gpu_b_untouched(&api);
     let again = all_nodes_cleanup(&cfg, &opts(false)).await.unwrap();
     assert_eq!(
         again.summary(),

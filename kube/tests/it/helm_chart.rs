@@ -605,27 +605,38 @@ fn helm_refuses_bad_values_naming_the_key() {
     }
 }
 
-/// The agent config in values is what the ConfigMap carries and what the templates read:
-/// the API port, state directory, taint keys, Event and quarantine namespaces follow it.
-#[test]
-fn helm_templates_follow_the_agent_config() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = "state_dir = \"/var/lib/gpuwatch\"\n\
+/// The agent config of [`custom_config_render`]: another API port, Event and
+/// quarantine namespaces, startup taint and reboot taint key.
+const CUSTOM_CONFIG: &str = "state_dir = \"/var/lib/gpuwatch\"\n\
                   [api]\nlisten = \"0.0.0.0:9500\"\nprometheus = true\n\
                   [kube]\nenabled = true\nevent_namespace = \"gpu-events\"\n\
                   quarantine_namespace = \"gpu-budget\"\n\
                   startup_taint = { key = \"readiness.k8s.io/gpu-ready\", effect = \"NoSchedule\" }\n\
                   [kube.fault_taint_actions.reboot_node]\nkey = \"example.com/reboot\"\neffect = \"NoSchedule\"\n";
-    let file = values_file(
-        &dir,
-        "config.yaml",
-        &serde_yaml::to_string(&BTreeMap::from([("config", config)])).expect("values"),
-    );
-    let text = helm_template("gpuwatch", &["--values", &file]).expect("helm template");
-    let objs = parse_render(&release_only(&text), "custom config");
+
+/// The chart rendered once with `config: CUSTOM_CONFIG`, shared by the tests
+/// that read it (a render takes helm a while).
+fn custom_config_render() -> &'static str {
+    static RENDER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    RENDER.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = values_file(
+            &dir,
+            "config.yaml",
+            &serde_yaml::to_string(&BTreeMap::from([("config", CUSTOM_CONFIG)])).expect("values"),
+        );
+        helm_template("gpuwatch", &["--values", &file]).expect("helm template")
+    })
+}
+
+/// The agent config in values is what the ConfigMap carries and what the pod reads:
+/// the API port and the tolerations of every taint key follow it.
+#[test]
+fn helm_templates_follow_the_agent_config() {
+    let objs = parse_render(&release_only(custom_config_render()), "custom config");
     assert_eq!(
         gpuwatch_toml(&objs),
-        config,
+        CUSTOM_CONFIG,
         "ConfigMap holds the config as given"
     );
     let pod = pod_spec(daemonsets(&objs)[0]);
@@ -648,7 +659,13 @@ fn helm_templates_follow_the_agent_config() {
             "toleration for {key}"
         );
     }
-    let all = by_identity(&text);
+}
+
+/// The agent config's Event and quarantine namespaces place the Roles, and
+/// its taint keys are the node admission policy's.
+#[test]
+fn helm_rbac_and_admission_policy_follow_the_agent_config() {
+    let all = by_identity(custom_config_render());
     for (kind, ns, name) in [
         ("Role", "gpu-events", "gpuwatch-events"),
         ("RoleBinding", "gpu-events", "gpuwatch-events"),
@@ -679,7 +696,12 @@ fn helm_templates_follow_the_agent_config() {
         "['gpuwatch.io/unhealthy', 'example.com/reboot', 'readiness.k8s.io/gpu-ready']"
     );
     assert_eq!(var("startupTaintKey"), "'readiness.k8s.io/gpu-ready'");
-    // A user's tolerations add to gpuwatch's own, never replace them.
+}
+
+/// A user's tolerations add to gpuwatch's own, never replace them.
+#[test]
+fn helm_user_tolerations_add_to_gpuwatchs_own() {
+    let dir = tempfile::tempdir().expect("tempdir");
     let file = values_file(
         &dir,
         "tolerations.yaml",
@@ -748,13 +770,8 @@ fn value_paths(prefix: &str, v: &Value, out: &mut Vec<String>) {
     }
 }
 
-/// Every value is in the README's table and in the schema, the schema has no value that
-/// values.yaml lacks, and the schema closes every object: fixed keys with
-/// `additionalProperties: false`, maps with a typed `additionalProperties`; only the
-/// Kubernetes structures the chart passes through (inside affinity, env, volumes,
-/// NetworkPolicy peers) are open. No remote `$ref`.
-#[test]
-fn helm_values_are_documented_and_in_the_schema() {
+/// The chart's values.yaml, README.md and values.schema.json (text and parsed).
+fn chart_values_readme_schema() -> (Value, String, String, serde_json::Value) {
     let chart = repo_root().join(CHART);
     let values: Value = serde_yaml::from_str(
         &std::fs::read_to_string(chart.join("values.yaml")).expect("values.yaml"),
@@ -764,15 +781,14 @@ fn helm_values_are_documented_and_in_the_schema() {
     let schema_text =
         std::fs::read_to_string(chart.join("values.schema.json")).expect("values.schema.json");
     let schema: serde_json::Value = serde_json::from_str(&schema_text).expect("schema parses");
-    assert_eq!(
-        schema["$schema"].as_str(),
-        Some("http://json-schema.org/draft-07/schema#")
-    );
-    assert!(
-        !schema_text.contains("$ref"),
-        "the schema is self-contained"
-    );
+    (values, readme, schema_text, schema)
+}
 
+/// Every value is in the README's table and in the schema, and the schema has no value
+/// that values.yaml lacks.
+#[test]
+fn helm_values_are_documented_and_in_the_schema() {
+    let (values, readme, _, schema) = chart_values_readme_schema();
     let mut paths = Vec::new();
     value_paths("", &values, &mut paths);
     let mut undocumented = Vec::new();
@@ -796,49 +812,70 @@ fn helm_values_are_documented_and_in_the_schema() {
             "schema property {key} has no default in values.yaml"
         );
     }
+}
 
-    // Open objects: the Kubernetes structures passed through as they are.
-    const OPEN: [&str; 6] = [
-        "global",
-        "affinity.",
-        "extraEnv[].valueFrom.",
-        "extraVolumes[].",
-        "networkPolicy.from[].",
-        "resources.claims",
-    ];
-    fn walk(path: &str, node: &serde_json::Value, open: &[&str], bad: &mut Vec<String>) {
-        let types: Vec<&str> = match &node["type"] {
-            serde_json::Value::String(t) => vec![t.as_str()],
-            serde_json::Value::Array(ts) => ts.iter().filter_map(|t| t.as_str()).collect(),
-            _ => Vec::new(),
+/// Schema paths left open on purpose: the Kubernetes structures the chart passes
+/// through as they are.
+const OPEN_SCHEMA_PATHS: [&str; 6] = [
+    "global",
+    "affinity.",
+    "extraEnv[].valueFrom.",
+    "extraVolumes[].",
+    "networkPolicy.from[].",
+    "resources.claims",
+];
+
+/// Adds to `bad` the path of every object at or under `node` that is neither closed
+/// (fixed keys with `additionalProperties: false`, or a map with a typed
+/// `additionalProperties`) nor under one of `open`.
+fn open_schema_objects(path: &str, node: &serde_json::Value, open: &[&str], bad: &mut Vec<String>) {
+    let types: Vec<&str> = match &node["type"] {
+        serde_json::Value::String(t) => vec![t.as_str()],
+        serde_json::Value::Array(ts) => ts.iter().filter_map(|t| t.as_str()).collect(),
+        _ => Vec::new(),
+    };
+    if types.contains(&"object") {
+        let closed = match &node["additionalProperties"] {
+            serde_json::Value::Bool(false) => node.get("properties").is_some(),
+            serde_json::Value::Object(_) => node.get("properties").is_none(),
+            _ => false,
         };
-        if types.contains(&"object") {
-            let closed = match &node["additionalProperties"] {
-                serde_json::Value::Bool(false) => node.get("properties").is_some(),
-                serde_json::Value::Object(_) => node.get("properties").is_none(),
-                _ => false,
-            };
-            if !closed && !open.iter().any(|o| path.starts_with(o)) {
-                bad.push(path.to_string());
-            }
-        }
-        for (k, child) in node["properties"].as_object().into_iter().flatten() {
-            let p = if path.is_empty() {
-                k.clone()
-            } else {
-                format!("{path}.{k}")
-            };
-            walk(&p, child, open, bad);
-        }
-        if let Some(items) = node.get("items") {
-            walk(&format!("{path}[]"), items, open, bad);
-        }
-        if let Some(ap @ serde_json::Value::Object(_)) = node.get("additionalProperties") {
-            walk(&format!("{path}.*"), ap, open, bad);
+        if !closed && !open.iter().any(|o| path.starts_with(o)) {
+            bad.push(path.to_string());
         }
     }
+    for (k, child) in node["properties"].as_object().into_iter().flatten() {
+        let p = if path.is_empty() {
+            k.clone()
+        } else {
+            format!("{path}.{k}")
+        };
+        open_schema_objects(&p, child, open, bad);
+    }
+    if let Some(items) = node.get("items") {
+        open_schema_objects(&format!("{path}[]"), items, open, bad);
+    }
+    if let Some(ap @ serde_json::Value::Object(_)) = node.get("additionalProperties") {
+        open_schema_objects(&format!("{path}.*"), ap, open, bad);
+    }
+}
+
+/// The schema is draft-07, self-contained (no remote `$ref`) and closes every object;
+/// only the Kubernetes structures the chart passes through (inside affinity, env,
+/// volumes, NetworkPolicy peers) are open.
+#[test]
+fn helm_values_schema_is_self_contained_and_closes_every_object() {
+    let (_, _, schema_text, schema) = chart_values_readme_schema();
+    assert_eq!(
+        schema["$schema"].as_str(),
+        Some("http://json-schema.org/draft-07/schema#")
+    );
+    assert!(
+        !schema_text.contains("$ref"),
+        "the schema is self-contained"
+    );
     let mut bad = Vec::new();
-    walk("", &schema, &OPEN, &mut bad);
+    open_schema_objects("", &schema, &OPEN_SCHEMA_PATHS, &mut bad);
     assert!(bad.is_empty(), "objects the schema leaves open: {bad:?}");
 }
 

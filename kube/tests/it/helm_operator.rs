@@ -359,108 +359,143 @@ fn selects(terms: &[Vec<(String, String, Vec<String>)>], labels: &[(&str, &str)]
     })
 }
 
-/// The default affinity selects an NVIDIA GPU node as each platform labels it at creation
-/// (the labels each one sets by itself, per its documentation), never a CPU-only node, a
-/// TPU node or an AMD GPU node; and GPUWatchAgentMissing counts the same nodes as GPU nodes.
+/// The chart rendered once with default values into `gpuwatch`, shared by the tests
+/// that read it (a render takes helm a while).
+fn default_render() -> &'static str {
+    static RENDER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    RENDER.get_or_init(|| helm_template("gpuwatch", &[]).expect("helm template"))
+}
+
+/// Required node affinity terms: each a list of (key, operator, values).
+type Terms = Vec<Vec<(String, String, Vec<String>)>>;
+
+/// The default render's affinity terms and those of `platform=eks`, rendered once.
+fn generic_and_eks_terms() -> &'static (Terms, Terms) {
+    static TERMS: std::sync::OnceLock<(Terms, Terms)> = std::sync::OnceLock::new();
+    TERMS.get_or_init(|| {
+        (
+            affinity_terms(default_render()),
+            affinity_terms(
+                &helm_template("gpuwatch", &["--set", "platform=eks"]).expect("helm template"),
+            ),
+        )
+    })
+}
+
+/// An NVIDIA GPU node as each platform labels it at creation (the labels each one sets
+/// by itself, per its documentation).
+const GPU_NODES: [(&str, &[(&str, &str)]); 9] = [
+    ("GPU Operator / GFD", &[("nvidia.com/gpu.present", "true")]),
+    (
+        "Node Feature Discovery",
+        &[("feature.node.kubernetes.io/pci-10de.present", "true")],
+    ),
+    (
+        "Karpenter on AWS",
+        &[("karpenter.k8s.aws/instance-gpu-manufacturer", "nvidia")],
+    ),
+    (
+        "EKS managed node group, p5",
+        &[
+            ("node.kubernetes.io/instance-type", "p5.48xlarge"),
+            ("eks.amazonaws.com/nodegroup", "gpu"),
+        ],
+    ),
+    (
+        "EKS managed node group, p6",
+        &[("node.kubernetes.io/instance-type", "p6-b200.48xlarge")],
+    ),
+    (
+        "GKE",
+        &[
+            ("cloud.google.com/gke-accelerator", "nvidia-h100-80gb"),
+            ("cloud.google.com/gke-nodepool", "a3"),
+        ],
+    ),
+    (
+        "AKS",
+        &[
+            ("kubernetes.azure.com/accelerator", "nvidia"),
+            ("kubernetes.azure.com/agentpool", "gpu"),
+        ],
+    ),
+    (
+        "OKE, H100",
+        &[("node.kubernetes.io/instance-type", "BM.GPU.H100.8")],
+    ),
+    (
+        "OKE, B200",
+        &[("node.kubernetes.io/instance-type", "BM.GPU.B200.8")],
+    ),
+];
+
+/// CPU-only, TPU and AMD GPU nodes as the platforms label them.
+const OTHER_NODES: [(&str, &[(&str, &str)]); 7] = [
+    (
+        "EKS CPU node",
+        &[
+            ("node.kubernetes.io/instance-type", "m7i.4xlarge"),
+            ("eks.amazonaws.com/nodegroup", "system"),
+        ],
+    ),
+    (
+        "Karpenter CPU node",
+        &[("karpenter.k8s.aws/instance-category", "m")],
+    ),
+    (
+        "Karpenter AMD GPU node",
+        &[("karpenter.k8s.aws/instance-gpu-manufacturer", "amd")],
+    ),
+    (
+        "GKE CPU node",
+        &[("cloud.google.com/gke-nodepool", "default-pool")],
+    ),
+    (
+        "GKE TPU node",
+        &[("cloud.google.com/gke-tpu-accelerator", "tpu-v5p-slice")],
+    ),
+    (
+        "AKS CPU node",
+        &[("kubernetes.azure.com/agentpool", "system")],
+    ),
+    (
+        "OKE CPU node",
+        &[("node.kubernetes.io/instance-type", "VM.Standard.E5.Flex")],
+    ),
+];
+
+/// The default affinity, generic and on platform eks, selects an NVIDIA GPU node as
+/// each platform labels it at creation; platform eks also an EKS Auto Mode GPU node.
 #[test]
 fn helm_selects_gpu_nodes_on_every_platform() {
-    let generic = affinity_terms(&helm_template("gpuwatch", &[]).expect("helm template"));
-    let eks = affinity_terms(
-        &helm_template("gpuwatch", &["--set", "platform=eks"]).expect("helm template"),
-    );
-    let gpu_nodes: [(&str, &[(&str, &str)]); 9] = [
-        ("GPU Operator / GFD", &[("nvidia.com/gpu.present", "true")]),
-        (
-            "Node Feature Discovery",
-            &[("feature.node.kubernetes.io/pci-10de.present", "true")],
-        ),
-        (
-            "Karpenter on AWS",
-            &[("karpenter.k8s.aws/instance-gpu-manufacturer", "nvidia")],
-        ),
-        (
-            "EKS managed node group, p5",
-            &[
-                ("node.kubernetes.io/instance-type", "p5.48xlarge"),
-                ("eks.amazonaws.com/nodegroup", "gpu"),
-            ],
-        ),
-        (
-            "EKS managed node group, p6",
-            &[("node.kubernetes.io/instance-type", "p6-b200.48xlarge")],
-        ),
-        (
-            "GKE",
-            &[
-                ("cloud.google.com/gke-accelerator", "nvidia-h100-80gb"),
-                ("cloud.google.com/gke-nodepool", "a3"),
-            ],
-        ),
-        (
-            "AKS",
-            &[
-                ("kubernetes.azure.com/accelerator", "nvidia"),
-                ("kubernetes.azure.com/agentpool", "gpu"),
-            ],
-        ),
-        (
-            "OKE, H100",
-            &[("node.kubernetes.io/instance-type", "BM.GPU.H100.8")],
-        ),
-        (
-            "OKE, B200",
-            &[("node.kubernetes.io/instance-type", "BM.GPU.B200.8")],
-        ),
-    ];
-    for (what, labels) in gpu_nodes {
-        assert!(selects(&generic, labels), "generic: {what} not selected");
-        assert!(selects(&eks, labels), "platform eks: {what} not selected");
+    let (generic, eks) = generic_and_eks_terms();
+    for (what, labels) in GPU_NODES {
+        assert!(selects(generic, labels), "generic: {what} not selected");
+        assert!(selects(eks, labels), "platform eks: {what} not selected");
     }
     let auto_mode = [("eks.amazonaws.com/instance-gpu-manufacturer", "nvidia")];
     assert!(
-        selects(&eks, &auto_mode),
+        selects(eks, &auto_mode),
         "EKS Auto Mode GPU node on platform eks"
     );
-    let other_nodes: [(&str, &[(&str, &str)]); 7] = [
-        (
-            "EKS CPU node",
-            &[
-                ("node.kubernetes.io/instance-type", "m7i.4xlarge"),
-                ("eks.amazonaws.com/nodegroup", "system"),
-            ],
-        ),
-        (
-            "Karpenter CPU node",
-            &[("karpenter.k8s.aws/instance-category", "m")],
-        ),
-        (
-            "Karpenter AMD GPU node",
-            &[("karpenter.k8s.aws/instance-gpu-manufacturer", "amd")],
-        ),
-        (
-            "GKE CPU node",
-            &[("cloud.google.com/gke-nodepool", "default-pool")],
-        ),
-        (
-            "GKE TPU node",
-            &[("cloud.google.com/gke-tpu-accelerator", "tpu-v5p-slice")],
-        ),
-        (
-            "AKS CPU node",
-            &[("kubernetes.azure.com/agentpool", "system")],
-        ),
-        (
-            "OKE CPU node",
-            &[("node.kubernetes.io/instance-type", "VM.Standard.E5.Flex")],
-        ),
-    ];
-    for (what, labels) in other_nodes {
-        assert!(!selects(&generic, labels), "generic: {what} selected");
-        assert!(!selects(&eks, labels), "platform eks: {what} selected");
+}
+
+/// The default affinity never selects a CPU-only node, a TPU node or an AMD GPU node.
+#[test]
+fn helm_selects_no_cpu_tpu_or_amd_node() {
+    let (generic, eks) = generic_and_eks_terms();
+    for (what, labels) in OTHER_NODES {
+        assert!(!selects(generic, labels), "generic: {what} selected");
+        assert!(!selects(eks, labels), "platform eks: {what} selected");
     }
-    // The alert that says a GPU node has no agent knows every label the affinity keys on
-    // (as kube-state-metrics names it); instance types are GPU nodes by their advertised
-    // nvidia.com/gpu capacity, which the alert also counts.
+}
+
+/// The alert that says a GPU node has no agent knows every label the affinity keys on
+/// (as kube-state-metrics names it); instance types are GPU nodes by their advertised
+/// nvidia.com/gpu capacity, which the alert also counts.
+#[test]
+fn gpuwatch_agent_missing_counts_the_nodes_the_affinity_selects() {
+    let (_, eks) = generic_and_eks_terms();
     let rules = std::fs::read_to_string(repo_root().join("deploy/prometheus/rules.yaml"))
         .expect("rules.yaml");
     let rules: Value = serde_yaml::from_str(&rules).expect("rules parse");
@@ -492,11 +527,37 @@ fn helm_selects_gpu_nodes_on_every_platform() {
     }
 }
 
+/// The sidecar render's values: the partial DaemonSet rendered too.
+const SIDECAR: [&str; 4] = [
+    "--set",
+    "mode=dcgmSidecar",
+    "--set",
+    "dcgmSidecar.renderDaemonSet=true",
+];
+
+/// The name of the ConfigMap the render's DaemonSet mounts and its pods' config checksum.
+fn mounted_config(objs: &Objects) -> (String, String) {
+    let ds = the_daemonset(objs);
+    let vols = ds["spec"]["template"]["spec"]["volumes"]
+        .as_sequence()
+        .expect("volumes");
+    let name = vols
+        .iter()
+        .find_map(|v| v["configMap"]["name"].as_str())
+        .expect("a ConfigMap volume")
+        .to_owned();
+    let checksum = ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+        .as_str()
+        .expect("checksum/config")
+        .to_owned();
+    (name, checksum)
+}
+
 /// Sidecar mode: the GPU Operator's DaemonSet mounts gpuwatch's ConfigMap and Helm does not
 /// manage that DaemonSet. An upgrade with a new config must not delete the ConfigMap the
 /// operator's pods name (a new dcgm-exporter pod would hang in ContainerCreating, GPU metrics
 /// down with it), and neither may an uninstall; re-applying the partial DaemonSet rolls the
-/// pods (checksum), and a removal apply configuration takes the sidecar out again.
+/// pods (checksum).
 #[test]
 fn helm_sidecar_config_survives_upgrade_and_uninstall() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -509,34 +570,12 @@ fn helm_sidecar_config_survives_upgrade_and_uninstall() {
         &serde_yaml::to_string(&std::collections::BTreeMap::from([("config", changed)]))
             .expect("values"),
     );
-    let sidecar = [
-        "--set",
-        "mode=dcgmSidecar",
-        "--set",
-        "dcgmSidecar.renderDaemonSet=true",
-    ];
-    let before = by_identity(&helm_template("gpu-operator", &sidecar).expect("helm template"));
-    let mut upgrade = sidecar.to_vec();
+    let before = by_identity(&helm_template("gpu-operator", &SIDECAR).expect("helm template"));
+    let mut upgrade = SIDECAR.to_vec();
     upgrade.extend(["--values", values.as_str()]);
     let after = by_identity(&helm_template("gpu-operator", &upgrade).expect("helm template"));
-    let mounted = |objs: &Objects| {
-        let ds = the_daemonset(objs);
-        let vols = ds["spec"]["template"]["spec"]["volumes"]
-            .as_sequence()
-            .expect("volumes");
-        let name = vols
-            .iter()
-            .find_map(|v| v["configMap"]["name"].as_str())
-            .expect("a ConfigMap volume")
-            .to_owned();
-        let checksum = ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
-            .as_str()
-            .expect("checksum/config")
-            .to_owned();
-        (name, checksum)
-    };
-    let (name_before, sum_before) = mounted(&before);
-    let (name_after, sum_after) = mounted(&after);
+    let (name_before, sum_before) = mounted_config(&before);
+    let (name_after, sum_after) = mounted_config(&after);
     assert_eq!(
         name_before, name_after,
         "the mounted ConfigMap keeps its name"
@@ -557,16 +596,24 @@ fn helm_sidecar_config_survives_upgrade_and_uninstall() {
             "helm uninstall leaves the ConfigMap the operator's pods mount"
         );
     }
-    // Standalone keeps the hashed, Helm-owned ConfigMap: its own DaemonSet follows it.
-    let standalone = by_identity(&helm_template("gpuwatch", &[]).expect("helm template"));
+}
+
+/// Standalone keeps the hashed, Helm-owned ConfigMap: its own DaemonSet follows it.
+#[test]
+fn helm_standalone_config_map_is_helm_owned() {
+    let standalone = by_identity(default_render());
     let cm = agent_config_map(&standalone).1;
     assert!(
         cm["metadata"]["annotations"].is_null(),
         "standalone: {cm:?}"
     );
+}
 
-    // The removal: selector and the operator's tolerations only.
-    let mut remove = sidecar.to_vec();
+/// A removal apply configuration takes the sidecar out again: selector and the
+/// operator's tolerations only; asked for without the partial DaemonSet, it is refused.
+#[test]
+fn helm_sidecar_removal_keeps_only_the_selector_and_tolerations() {
+    let mut remove = SIDECAR.to_vec();
     remove.extend(["--set", "dcgmSidecar.remove=true"]);
     let objs = by_identity(&helm_template("gpu-operator", &remove).expect("helm template"));
     let ds = &objs[&(
@@ -599,6 +646,12 @@ fn helm_sidecar_config_survives_upgrade_and_uninstall() {
     )
     .expect_err("remove without renderDaemonSet");
     assert!(err.contains("dcgmSidecar.remove"), "{err}");
+}
+
+/// The sidecar install's NOTES tell the operator to re-apply after every upgrade and
+/// how to remove the sidecar.
+#[test]
+fn helm_sidecar_notes_say_how_to_reapply_and_remove() {
     let notes = helm_notes("gpu-operator", &["--set", "mode=dcgmSidecar"]);
     for what in [
         "After every `helm upgrade`",
@@ -782,183 +835,230 @@ fn helm_resource_quota_admits_the_priority_class() {
     }
 }
 
-/// The uninstall cleanup: post-delete hook objects, RBAC and config created before the Job
-/// and deleted with the hook whatever its outcome, a Job bounded in time that never retries
-/// what the command already retried, waiting for exactly the agent's pods (standalone) and
-/// granted exactly the requests the command makes (`CLEANUP_REQUESTS`), with the agent's
-/// own configuration for its [kube] names.
-#[test]
-fn helm_uninstall_cleanup_hook() {
-    use std::collections::BTreeSet;
-    for (mode, ns) in [("standalone", "gpuwatch"), ("dcgmSidecar", "gpu-operator")] {
-        let set_mode = format!("mode={mode}");
-        let args = [
-            "--set",
-            set_mode.as_str(),
-            "--set",
-            "dcgmSidecar.renderDaemonSet=true",
-            "--set",
-            "uninstallCleanup.timeoutSeconds=90",
-        ];
-        let objs = by_identity(&helm_template(ns, &args).expect("helm template"));
-        let hooks: Vec<(&(String, String, String), &Value)> =
-            objs.iter().filter(|(_, v)| is_cleanup_hook(v)).collect();
-        assert!(!hooks.is_empty(), "{mode}: hook objects");
-        let mut granted = BTreeSet::new();
-        let mut job = None;
-        for ((kind, obj_ns, name), v) in &hooks {
-            let annotations = &v["metadata"]["annotations"];
-            assert_eq!(
-                annotations["helm.sh/hook"],
-                Value::from("post-delete"),
-                "{kind}/{name}"
-            );
-            let weight: i32 = annotations["helm.sh/hook-weight"]
-                .as_str()
-                .and_then(|w| w.parse().ok())
-                .expect("hook weight");
-            let policy = annotations["helm.sh/hook-delete-policy"]
-                .as_str()
-                .unwrap_or_default();
-            assert!(policy.contains("before-hook-creation") && policy.contains("hook-succeeded"));
-            if kind == "Job" {
-                assert_eq!(weight, 0);
-                assert!(
-                    !policy.contains("hook-failed"),
-                    "a failed Job stays for its logs"
-                );
-                job = Some(*v);
-                continue;
-            }
-            assert!(weight < 0, "{kind}/{name} exists before the Job");
+/// A grant of a hook Role or ClusterRole: (verb, group, resource, namespace).
+type HookGrant = (String, String, String, String);
+
+/// Checks every hook object's annotations (post-delete; RBAC and config before the Job
+/// and deleted with the hook whatever its outcome; a failed Job stays for its logs) and
+/// returns the grants of the hook's Roles and ClusterRoles and the Job.
+fn hook_grants_and_job<'a>(
+    hooks: &[(&(String, String, String), &'a Value)],
+) -> (std::collections::BTreeSet<HookGrant>, &'a Value) {
+    let mut granted = std::collections::BTreeSet::new();
+    let mut job = None;
+    for ((kind, obj_ns, name), v) in hooks {
+        let annotations = &v["metadata"]["annotations"];
+        assert_eq!(
+            annotations["helm.sh/hook"],
+            Value::from("post-delete"),
+            "{kind}/{name}"
+        );
+        let weight: i32 = annotations["helm.sh/hook-weight"]
+            .as_str()
+            .and_then(|w| w.parse().ok())
+            .expect("hook weight");
+        let policy = annotations["helm.sh/hook-delete-policy"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(policy.contains("before-hook-creation") && policy.contains("hook-succeeded"));
+        if kind == "Job" {
+            assert_eq!(weight, 0);
             assert!(
-                policy.contains("hook-failed"),
-                "{kind}/{name} goes even when the Job fails"
+                !policy.contains("hook-failed"),
+                "a failed Job stays for its logs"
             );
-            if matches!(kind.as_str(), "ClusterRole" | "Role") {
-                for rule in v["rules"].as_sequence().expect("rules") {
-                    for group in rule["apiGroups"].as_sequence().expect("apiGroups") {
-                        for resource in rule["resources"].as_sequence().expect("resources") {
-                            for verb in rule["verbs"].as_sequence().expect("verbs") {
-                                granted.insert((
-                                    verb.as_str().expect("verb").to_owned(),
-                                    group.as_str().expect("group").to_owned(),
-                                    resource.as_str().expect("resource").to_owned(),
-                                    obj_ns.clone(),
-                                ));
-                            }
+            job = Some(*v);
+            continue;
+        }
+        assert!(weight < 0, "{kind}/{name} exists before the Job");
+        assert!(
+            policy.contains("hook-failed"),
+            "{kind}/{name} goes even when the Job fails"
+        );
+        if matches!(kind.as_str(), "ClusterRole" | "Role") {
+            for rule in v["rules"].as_sequence().expect("rules") {
+                for group in rule["apiGroups"].as_sequence().expect("apiGroups") {
+                    for resource in rule["resources"].as_sequence().expect("resources") {
+                        for verb in rule["verbs"].as_sequence().expect("verbs") {
+                            granted.insert((
+                                verb.as_str().expect("verb").to_owned(),
+                                group.as_str().expect("group").to_owned(),
+                                resource.as_str().expect("resource").to_owned(),
+                                obj_ns.clone(),
+                            ));
                         }
                     }
                 }
             }
         }
-        let wanted: BTreeSet<(String, String, String, String)> = gpuwatch_kube::CLEANUP_REQUESTS
-            .iter()
-            .map(|r| {
-                // Nodes and DeviceTaintRules are cluster-scoped; the Leases live in the
-                // quarantine namespace (the release's by default), the agent pods in the
-                // release's.
-                let scope = if r.resource.starts_with("nodes") || r.group == "resource.k8s.io" {
-                    ""
-                } else {
-                    ns
-                };
-                (
-                    r.verb.into(),
-                    r.group.into(),
-                    r.resource.into(),
-                    scope.into(),
-                )
-            })
-            .collect();
-        assert_eq!(
-            granted, wanted,
-            "{mode}: the hook's RBAC is CLEANUP_REQUESTS"
-        );
+    }
+    (granted, job.expect("the cleanup Job"))
+}
 
-        let job = job.expect("the cleanup Job");
-        let typed: k8s_openapi::api::batch::v1::Job =
-            serde_yaml::from_value(job.clone()).expect("a valid Job");
-        let spec = typed.spec.expect("spec");
-        assert_eq!(spec.backoff_limit, Some(0));
-        assert_eq!(spec.active_deadline_seconds, Some(90 + 180));
-        assert!(spec.ttl_seconds_after_finished.is_some());
-        let pod = spec.template.spec.expect("pod spec");
-        assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
-        assert_eq!(
-            pod.service_account_name.as_deref(),
-            Some("gpuwatch-cleanup")
-        );
-        let container = &pod.containers[0];
-        let cmd: Vec<String> = container.args.clone().unwrap_or_default();
-        assert_eq!(
-            cmd[..4],
-            [
-                "node-cleanup",
-                "--all-nodes",
-                "--config",
-                "/etc/gpuwatch/gpuwatch.toml"
-            ]
-        );
-        let job_pod_labels = spec
-            .template
-            .metadata
-            .and_then(|m| m.labels)
-            .unwrap_or_default();
-        if mode == "standalone" {
-            let i = cmd
-                .iter()
-                .position(|a| a == "--wait-for-pods")
-                .expect("--wait-for-pods");
-            let (wait_ns, selector) = cmd[i + 1].split_once('/').expect("NS/SELECTOR");
-            // The Job's own namespace (the release's), through the downward API.
-            assert_eq!(wait_ns, "$(POD_NAMESPACE)");
-            let env = container.env.clone().unwrap_or_default();
-            let pod_ns = env
-                .iter()
-                .find(|e| e.name == "POD_NAMESPACE")
-                .expect("POD_NAMESPACE");
-            let field = pod_ns
-                .value_from
-                .as_ref()
-                .and_then(|f| f.field_ref.as_ref());
-            assert_eq!(
-                field.map(|f| f.field_path.as_str()),
-                Some("metadata.namespace")
-            );
-            assert_eq!(cmd[i + 2..], ["--timeout", "90"]);
-            assert_selects_the_agents(&objs, selector, mode);
-            assert!(
-                selector.split(',').any(|req| {
-                    let (k, v) = req.split_once('=').expect("k=v");
-                    job_pod_labels.get(k).map(String::as_str) != Some(v)
-                }),
-                "the cleanup pod must not wait for itself"
-            );
-        } else {
-            assert!(
-                !cmd.iter().any(|a| a == "--wait-for-pods"),
-                "{mode}: {cmd:?}"
-            );
-        }
-        assert_ne!(
-            job_pod_labels
-                .get("app.kubernetes.io/name")
-                .map(String::as_str),
-            Some("gpuwatch"),
-            "nothing that selects the agent's pods selects the cleanup's"
-        );
-        let hook_config = &objs[&(
-            "ConfigMap".into(),
-            ns.into(),
-            "gpuwatch-cleanup-config".into(),
-        )];
-        let agent_config = agent_config_map(&objs).1;
-        assert_eq!(
-            hook_config["data"], agent_config["data"],
-            "{mode}: the agent's config"
+/// `CLEANUP_REQUESTS` as grants of a release in `ns`: Nodes and DeviceTaintRules are
+/// cluster-scoped; the Leases live in the quarantine namespace (the release's by
+/// default), the agent pods in the release's.
+fn cleanup_requests_in(ns: &str) -> std::collections::BTreeSet<HookGrant> {
+    gpuwatch_kube::CLEANUP_REQUESTS
+        .iter()
+        .map(|r| {
+            let scope = if r.resource.starts_with("nodes") || r.group == "resource.k8s.io" {
+                ""
+            } else {
+                ns
+            };
+            (
+                r.verb.into(),
+                r.group.into(),
+                r.resource.into(),
+                scope.into(),
+            )
+        })
+        .collect()
+}
+
+/// The standalone cleanup Job waits for exactly the agent's pods in its own namespace
+/// (through the downward API) for the uninstall timeout, and never for itself.
+fn assert_waits_for_the_agents(
+    objs: &Objects,
+    container: &k8s_openapi::api::core::v1::Container,
+    cmd: &[String],
+    job_pod_labels: &std::collections::BTreeMap<String, String>,
+) {
+    let i = cmd
+        .iter()
+        .position(|a| a == "--wait-for-pods")
+        .expect("--wait-for-pods");
+    let (wait_ns, selector) = cmd[i + 1].split_once('/').expect("NS/SELECTOR");
+    assert_eq!(wait_ns, "$(POD_NAMESPACE)");
+    let env = container.env.clone().unwrap_or_default();
+    let pod_ns = env
+        .iter()
+        .find(|e| e.name == "POD_NAMESPACE")
+        .expect("POD_NAMESPACE");
+    let field = pod_ns
+        .value_from
+        .as_ref()
+        .and_then(|f| f.field_ref.as_ref());
+    assert_eq!(
+        field.map(|f| f.field_path.as_str()),
+        Some("metadata.namespace")
+    );
+    assert_eq!(cmd[i + 2..], ["--timeout", "90"]);
+    assert_selects_the_agents(objs, selector, "standalone");
+    assert!(
+        selector.split(',').any(|req| {
+            let (k, v) = req.split_once('=').expect("k=v");
+            job_pod_labels.get(k).map(String::as_str) != Some(v)
+        }),
+        "the cleanup pod must not wait for itself"
+    );
+}
+
+/// The cleanup Job of `mode`: bounded in time (the 90 s uninstall timeout plus the
+/// cleanup's own), never retried, run as the hook's service account with the agent's
+/// config, waiting for the agent's pods only in standalone mode, and not selected as
+/// an agent pod.
+fn assert_cleanup_job(objs: &Objects, job: &Value, mode: &str) {
+    let typed: k8s_openapi::api::batch::v1::Job =
+        serde_yaml::from_value(job.clone()).expect("a valid Job");
+    let spec = typed.spec.expect("spec");
+    assert_eq!(spec.backoff_limit, Some(0));
+    assert_eq!(spec.active_deadline_seconds, Some(90 + 180));
+    assert!(spec.ttl_seconds_after_finished.is_some());
+    let pod = spec.template.spec.expect("pod spec");
+    assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+    assert_eq!(
+        pod.service_account_name.as_deref(),
+        Some("gpuwatch-cleanup")
+    );
+    let container = &pod.containers[0];
+    let cmd: Vec<String> = container.args.clone().unwrap_or_default();
+    assert_eq!(
+        cmd[..4],
+        [
+            "node-cleanup",
+            "--all-nodes",
+            "--config",
+            "/etc/gpuwatch/gpuwatch.toml"
+        ]
+    );
+    let job_pod_labels = spec
+        .template
+        .metadata
+        .and_then(|m| m.labels)
+        .unwrap_or_default();
+    if mode == "standalone" {
+        assert_waits_for_the_agents(objs, container, &cmd, &job_pod_labels);
+    } else {
+        assert!(
+            !cmd.iter().any(|a| a == "--wait-for-pods"),
+            "{mode}: {cmd:?}"
         );
     }
+    assert_ne!(
+        job_pod_labels
+            .get("app.kubernetes.io/name")
+            .map(String::as_str),
+        Some("gpuwatch"),
+        "nothing that selects the agent's pods selects the cleanup's"
+    );
+}
+
+/// The uninstall cleanup of a release of `mode` in `ns`: post-delete hook objects, RBAC
+/// and config created before the Job and deleted with the hook whatever its outcome, a
+/// Job bounded in time that never retries what the command already retried, granted
+/// exactly the requests the command makes (`CLEANUP_REQUESTS`), with the agent's own
+/// configuration for its [kube] names.
+fn check_uninstall_cleanup_hook(mode: &str, ns: &str) {
+    let set_mode = format!("mode={mode}");
+    let args = [
+        "--set",
+        set_mode.as_str(),
+        "--set",
+        "dcgmSidecar.renderDaemonSet=true",
+        "--set",
+        "uninstallCleanup.timeoutSeconds=90",
+    ];
+    let objs = by_identity(&helm_template(ns, &args).expect("helm template"));
+    let hooks: Vec<(&(String, String, String), &Value)> =
+        objs.iter().filter(|(_, v)| is_cleanup_hook(v)).collect();
+    assert!(!hooks.is_empty(), "{mode}: hook objects");
+    let (granted, job) = hook_grants_and_job(&hooks);
+    assert_eq!(
+        granted,
+        cleanup_requests_in(ns),
+        "{mode}: the hook's RBAC is CLEANUP_REQUESTS"
+    );
+    assert_cleanup_job(&objs, job, mode);
+    let hook_config = &objs[&(
+        "ConfigMap".into(),
+        ns.into(),
+        "gpuwatch-cleanup-config".into(),
+    )];
+    let agent_config = agent_config_map(&objs).1;
+    assert_eq!(
+        hook_config["data"], agent_config["data"],
+        "{mode}: the agent's config"
+    );
+}
+
+/// The uninstall cleanup of a standalone release, which also waits for exactly the
+/// agent's pods.
+#[test]
+fn helm_uninstall_cleanup_hook() {
+    check_uninstall_cleanup_hook("standalone", "gpuwatch");
+}
+
+/// The uninstall cleanup of a dcgm-exporter sidecar release (no agent pods to wait for).
+#[test]
+fn helm_uninstall_cleanup_hook_in_sidecar_mode() {
+    check_uninstall_cleanup_hook("dcgmSidecar", "gpu-operator");
+}
+
+/// `uninstallCleanup.enabled=false` renders no hook object.
+#[test]
+fn helm_uninstall_cleanup_hook_can_be_disabled() {
     let objs = by_identity(
         &helm_template("gpuwatch", &["--set", "uninstallCleanup.enabled=false"]).expect("render"),
     );
@@ -968,13 +1068,10 @@ fn helm_uninstall_cleanup_hook() {
     );
 }
 
-/// A kustomize install gets the same cleanup as the Helm hook (deploy/kubernetes/cleanup):
-/// the same Job and RBAC object by object, without the hook annotations and without the
-/// config the chart mounts. That config is not needed because the kustomize base config sets
-/// none of the [kube] names the cleanup reads.
+/// The kustomize base config sets none of the [kube] names the cleanup reads, so the
+/// kustomize cleanup Job needs no config.
 #[test]
-fn kustomize_cleanup_is_the_helm_hook() {
-    use super::deploy_manifests::kustomize;
+fn kustomize_base_config_names_nothing_the_cleanup_reads() {
     let base: toml::Value = toml::from_str(
         &std::fs::read_to_string(repo_root().join("deploy/kubernetes/base/gpuwatch.toml"))
             .expect("base config"),
@@ -990,69 +1087,95 @@ fn kustomize_cleanup_is_the_helm_hook() {
         named.is_empty(),
         "base/gpuwatch.toml sets [kube] {named:?}: the kustomize cleanup Job would need it"
     );
-    for (overlay, ns, mode) in [
-        ("standalone", "gpuwatch", "standalone"),
-        ("dcgm-sidecar", "gpu-operator", "dcgmSidecar"),
-    ] {
-        let k = by_identity(&kustomize(&format!("deploy/kubernetes/cleanup/{overlay}")));
-        let set_mode = format!("mode={mode}");
-        let helm: std::collections::BTreeMap<_, _> =
-            by_identity(&helm_template(ns, &["--set", &set_mode]).expect("helm template"))
-                .into_iter()
-                .filter(|(id, v)| is_cleanup_hook(v) && id.2 != "gpuwatch-cleanup-config")
+}
+
+/// The Helm hook object `hv` as the kustomize cleanup ships it (`kv` the kustomize
+/// object of the same identity): no hook annotations, no Helm-only labels, and the Job
+/// without the config the chart mounts. In sidecar mode the chart knows there is
+/// nothing to wait for; the kustomize Job's wait finds no agent pod beside
+/// dcgm-exporter and goes on at once.
+fn helm_hook_as_kustomize(
+    id: &(String, String, String),
+    mut hv: Value,
+    kv: &Value,
+    mode: &str,
+) -> Value {
+    let meta = hv["metadata"].as_mapping_mut().expect("metadata");
+    meta.remove("annotations");
+    if let Some(labels) = meta.get_mut("labels").and_then(Value::as_mapping_mut) {
+        for l in HELM_ONLY_LABELS {
+            labels.remove(l);
+        }
+    }
+    if id.0 == "Job" {
+        let pod = &mut hv["spec"]["template"]["spec"];
+        pod.as_mapping_mut().expect("pod").remove("volumes");
+        let c = &mut pod["containers"][0];
+        c.as_mapping_mut()
+            .expect("container")
+            .remove("volumeMounts");
+        let args = c["args"].as_sequence_mut().expect("args");
+        let at = args
+            .iter()
+            .position(|a| a.as_str() == Some("--config"))
+            .expect("--config");
+        args.drain(at..at + 2);
+        if mode == "dcgmSidecar" {
+            let kargs = kv["spec"]["template"]["spec"]["containers"][0]["args"].clone();
+            let extra: Vec<&str> = kargs
+                .as_sequence()
+                .expect("args")
+                .iter()
+                .skip(2)
+                .filter_map(Value::as_str)
                 .collect();
-        assert_eq!(
-            k.keys().collect::<Vec<_>>(),
-            helm.keys().collect::<Vec<_>>(),
-            "cleanup/{overlay}: the hook's objects"
-        );
-        for (id, kv) in &k {
-            let mut hv = helm[id].clone();
-            let meta = hv["metadata"].as_mapping_mut().expect("metadata");
-            meta.remove("annotations");
-            if let Some(labels) = meta.get_mut("labels").and_then(Value::as_mapping_mut) {
-                for l in HELM_ONLY_LABELS {
-                    labels.remove(l);
-                }
-            }
-            if id.0 == "Job" {
-                let pod = &mut hv["spec"]["template"]["spec"];
-                pod.as_mapping_mut().expect("pod").remove("volumes");
-                let c = &mut pod["containers"][0];
-                c.as_mapping_mut()
-                    .expect("container")
-                    .remove("volumeMounts");
-                let args = c["args"].as_sequence_mut().expect("args");
-                let at = args
-                    .iter()
-                    .position(|a| a.as_str() == Some("--config"))
-                    .expect("--config");
-                args.drain(at..at + 2);
-                if mode == "dcgmSidecar" {
-                    // The chart knows there is nothing to wait for; the kustomize Job's wait
-                    // finds no agent pod beside dcgm-exporter and goes on at once.
-                    let kargs = kv["spec"]["template"]["spec"]["containers"][0]["args"].clone();
-                    let extra: Vec<&str> = kargs
-                        .as_sequence()
-                        .expect("args")
-                        .iter()
-                        .skip(2)
-                        .filter_map(Value::as_str)
-                        .collect();
-                    assert_eq!(extra[0], "--wait-for-pods");
-                    c["args"] = kargs;
-                    c.as_mapping_mut().expect("container").insert(
-                        "env".into(),
-                        kv["spec"]["template"]["spec"]["containers"][0]["env"].clone(),
-                    );
-                }
-            }
-            assert_eq!(
-                kv, &hv,
-                "cleanup/{overlay}: {id:?} differs from the Helm hook's"
+            assert_eq!(extra[0], "--wait-for-pods");
+            c["args"] = kargs;
+            c.as_mapping_mut().expect("container").insert(
+                "env".into(),
+                kv["spec"]["template"]["spec"]["containers"][0]["env"].clone(),
             );
         }
     }
+    hv
+}
+
+/// The kustomize cleanup overlay `overlay` is the Helm hook of `mode` in `ns` object by
+/// object, without the hook annotations and without the config the chart mounts.
+fn assert_kustomize_cleanup_is_the_helm_hook(overlay: &str, ns: &str, mode: &str) {
+    use super::deploy_manifests::kustomize;
+    let k = by_identity(&kustomize(&format!("deploy/kubernetes/cleanup/{overlay}")));
+    let set_mode = format!("mode={mode}");
+    let helm: std::collections::BTreeMap<_, _> =
+        by_identity(&helm_template(ns, &["--set", &set_mode]).expect("helm template"))
+            .into_iter()
+            .filter(|(id, v)| is_cleanup_hook(v) && id.2 != "gpuwatch-cleanup-config")
+            .collect();
+    assert_eq!(
+        k.keys().collect::<Vec<_>>(),
+        helm.keys().collect::<Vec<_>>(),
+        "cleanup/{overlay}: the hook's objects"
+    );
+    for (id, kv) in &k {
+        let hv = helm_hook_as_kustomize(id, helm[id].clone(), kv, mode);
+        assert_eq!(
+            kv, &hv,
+            "cleanup/{overlay}: {id:?} differs from the Helm hook's"
+        );
+    }
+}
+
+/// A standalone kustomize install gets the same cleanup as the Helm hook
+/// (deploy/kubernetes/cleanup).
+#[test]
+fn kustomize_cleanup_is_the_helm_hook() {
+    assert_kustomize_cleanup_is_the_helm_hook("standalone", "gpuwatch", "standalone");
+}
+
+/// A dcgm-exporter sidecar kustomize install gets the same cleanup as the Helm hook.
+#[test]
+fn kustomize_sidecar_cleanup_is_the_helm_hook() {
+    assert_kustomize_cleanup_is_the_helm_hook("dcgm-sidecar", "gpu-operator", "dcgmSidecar");
 }
 
 /// `helm test` runs `gpuwatch check-install` as the agent's own service account (so the

@@ -213,29 +213,9 @@ fn deferral_events(api: &ApiDouble) -> BTreeSet<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wave_over_a_hundred_nodes_taints_ten_and_hands_slots_on() {
-    let mut fleet = WriterFleet::start(fleet_double().await).await;
-    let t0 = Instant::now();
-    fleet.wave();
-    fleet.settled("the wave").await;
-    eprintln!(
-        "quarantine: wave settled at 10 tainted in {:?}",
-        t0.elapsed()
-    );
-    assert_eq!(fleet.api.taint_peak(), BUDGET, "never more than the budget");
-    assert_eq!(
-        fleet.holders(),
-        fleet.tainted(),
-        "every tainted Node holds a slot"
-    );
-    // Ten deferred Nodes look again every 0.5–1.5 s (retry 1 s here, twice
-    // that after a few rounds): a few Lease lists a second, not a spin. The
-    // rate is taken over the rest of the test (the pacing itself is
-    // `Claimant::step`'s, on paused time in the crate's unit tests).
-    let lists_before = lease_lists(&fleet.api);
-    let t_lists = Instant::now();
-    // Each of the ten deferred Nodes says why it is not tainted.
+/// Each of the ten deferred Nodes says why it is not tainted, naming the
+/// full budget.
+async fn assert_deferred_nodes_say_why(fleet: &WriterFleet) {
     let deferred: BTreeSet<String> = fleet
         .agents
         .keys()
@@ -258,9 +238,11 @@ async fn a_wave_over_a_hundred_nodes_taints_ten_and_hands_slots_on() {
         .unwrap();
     let msg = ev.message.unwrap_or_default();
     assert!(msg.contains("10 of 10 slots held by"), "{msg}");
+}
 
-    // An operator clears one holder (`gpuwatch clear`): its faults go, its
-    // taint goes, its slot goes to a deferred Node within a minute.
+/// An operator clears one holder (`gpuwatch clear`): its faults go, its
+/// taint goes, its slot goes to a deferred Node within a minute.
+async fn cleared_holders_slot_goes_to_a_deferred_node(fleet: &WriterFleet) {
     let cleared = fleet.tainted().into_iter().next().unwrap();
     fleet.agents[&cleared]
         .health
@@ -276,9 +258,11 @@ async fn a_wave_over_a_hundred_nodes_taints_ten_and_hands_slots_on() {
     );
     eprintln!("quarantine: cleared slot taken after {:?}", t1.elapsed());
     assert_eq!(fleet.api.taint_peak(), BUDGET);
+}
 
-    // A holder dies with its machine (Node deleted): its slot is taken
-    // within a minute.
+/// A holder dies with its machine (Node deleted): its slot is taken within a
+/// minute.
+async fn deleted_holders_slot_is_taken(fleet: &mut WriterFleet) {
     let gone = fleet.tainted().into_iter().next().unwrap();
     fleet.kill(&gone).await;
     assert!(fleet.api.delete_node(&gone));
@@ -294,13 +278,15 @@ async fn a_wave_over_a_hundred_nodes_taints_ten_and_hands_slots_on() {
         t2.elapsed()
     );
     assert_eq!(fleet.api.taint_peak(), BUDGET);
+}
 
-    // A holder's agent dies (kill -9, a crash loop) and its pod starts again
-    // on the same Node while the Node keeps the fault taint: it adopts its
-    // own slot, no second one, and the count stays at the budget. (That a
-    // dead holder's tainted Node keeps its slot past the Lease duration is
-    // `Claimant::step`'s decision, shown on paused time in the crate's unit
-    // tests.)
+/// A holder's agent dies (kill -9, a crash loop) and its pod starts again on
+/// the same Node while the Node keeps the fault taint: it adopts its own
+/// slot, no second one, and the count stays at the budget. (That a dead
+/// holder's tainted Node keeps its slot past the Lease duration is
+/// `Claimant::step`'s decision, shown on paused time in the crate's unit
+/// tests.)
+async fn restarted_holder_adopts_its_own_slot(fleet: &mut WriterFleet) {
     let silent = fleet.tainted().into_iter().next().unwrap();
     fleet.kill(&silent).await;
     assert!(
@@ -320,7 +306,34 @@ async fn a_wave_over_a_hundred_nodes_taints_ten_and_hands_slots_on() {
     assert_eq!(fleet.leases_held_by(&silent), 1, "no second slot");
     assert_eq!(fleet.tainted().len(), BUDGET);
     assert_eq!(fleet.api.taint_peak(), BUDGET);
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wave_over_a_hundred_nodes_taints_ten_and_hands_slots_on() {
+    let mut fleet = WriterFleet::start(fleet_double().await).await;
+    let t0 = Instant::now();
+    fleet.wave();
+    fleet.settled("the wave").await;
+    eprintln!(
+        "quarantine: wave settled at 10 tainted in {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(fleet.api.taint_peak(), BUDGET, "never more than the budget");
+    assert_eq!(
+        fleet.holders(),
+        fleet.tainted(),
+        "every tainted Node holds a slot"
+    );
+    // Ten deferred Nodes look again every 0.5–1.5 s (retry 1 s here, twice
+    // that after a few rounds): a few Lease lists a second, not a spin. The
+    // rate is taken over the rest of the test (the pacing itself is
+    // `Claimant::step`'s, on paused time in the crate's unit tests).
+    let lists_before = lease_lists(&fleet.api);
+    let t_lists = Instant::now();
+    assert_deferred_nodes_say_why(&fleet).await;
+    cleared_holders_slot_goes_to_a_deferred_node(&fleet).await;
+    deleted_holders_slot_is_taken(&mut fleet).await;
+    restarted_holder_adopts_its_own_slot(&mut fleet).await;
     let listed = lease_lists(&fleet.api) - lists_before;
     let secs = t_lists.elapsed().as_secs_f64();
     eprintln!("quarantine: {listed} Lease lists in {secs:.1} s from the deferred Nodes");
@@ -402,6 +415,84 @@ fn unavailable_events(api: &ApiDouble, node: &str) -> Vec<String> {
         .collect()
 }
 
+/// Starts the writer of Node `node` alone, with `cfg`, reporting into
+/// `metrics`.
+async fn start_one_writer(
+    cfg: KubeConfig,
+    node: &str,
+    metrics: &Arc<KubeMetrics>,
+    rx: watch::Receiver<Arc<NodeHealth>>,
+) -> NodeWriter {
+    let resolved = cfg.resolve().unwrap();
+    let client = KubeClient::connect(&resolved).await.expect("a client");
+    NodeWriter::start(
+        resolved,
+        ValidationSettings::default(),
+        node.to_owned(),
+        metrics.clone(),
+        rx,
+        &client,
+        WriterHooks::default(),
+    )
+    .await
+    .expect("writer starts")
+}
+
+/// One `QuarantineBudgetUnavailable` Event object on `node`: first the
+/// startup check's verdict, then the API server's own 403 from the claim.
+async fn assert_one_event_quotes_the_403(api: &ApiDouble, node: &str) {
+    assert!(
+        wait_for(Duration::from_secs(10), || !unavailable_events(api, node)
+            .is_empty())
+        .await,
+        "no QuarantineBudgetUnavailable Event"
+    );
+    assert!(
+        wait_for(Duration::from_secs(10), || unavailable_events(api, node)
+            .iter()
+            .any(|m| m.contains("403")))
+        .await,
+        "{:?}",
+        unavailable_events(api, node)
+    );
+    let events = unavailable_events(api, node);
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(events[0].contains("forbidden"), "{}", events[0]);
+    assert!(
+        events[0].contains("leases (coordination.k8s.io)"),
+        "{}",
+        events[0]
+    );
+}
+
+/// Once Leases are allowed again the agent holds exactly one slot and the
+/// gauge behind `/readyz` clears.
+async fn assert_one_slot_once_leases_are_allowed(
+    api: &ApiDouble,
+    node: &str,
+    metrics: &KubeMetrics,
+) {
+    for verb in ["get", "list", "create", "update", "delete"] {
+        api.unforbid(verb, "leases");
+    }
+    assert!(
+        wait_for(Duration::from_secs(60), || metrics
+            .quarantine()
+            .is_some_and(|q| q.state == "held"))
+        .await,
+        "no slot once Leases were allowed: {:?}",
+        metrics.quarantine()
+    );
+    assert!(!metrics.status().quarantine_unavailable);
+    assert_eq!(
+        api.leases("default")
+            .iter()
+            .filter(|l| l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) == Some(node))
+            .count(),
+        1
+    );
+}
+
 /// A Role without `leases` (every Lease request answered 403): the budget
 /// fails open and loud — the faulty Node is tainted, a Warning Event quotes
 /// the 403, the gauge behind `/readyz` says unavailable — and once Leases
@@ -416,25 +507,12 @@ async fn a_role_without_leases_taints_anyway_and_says_why() {
     let node = name(0);
     let metrics = KubeMetrics::new();
     let (tx, rx) = watch::channel(Arc::new(health(false)));
-    let resolved = KubeConfig {
+    let cfg = KubeConfig {
         // A changed Event is patched at once here, not after a minute.
         event_patch_interval_secs: 1,
         ..config(&api)
-    }
-    .resolve()
-    .unwrap();
-    let client = KubeClient::connect(&resolved).await.expect("a client");
-    let writer = NodeWriter::start(
-        resolved,
-        ValidationSettings::default(),
-        node.clone(),
-        metrics.clone(),
-        rx,
-        &client,
-        WriterHooks::default(),
-    )
-    .await
-    .expect("writer starts");
+    };
+    let writer = start_one_writer(cfg, &node, &metrics, rx).await;
     // The startup check finds the broken Role before any fault.
     assert!(
         wait_for(Duration::from_secs(10), || metrics
@@ -461,55 +539,10 @@ async fn a_role_without_leases_taints_anyway_and_says_why() {
         "quarantine: tainted without the budget after {:?}",
         t0.elapsed()
     );
-    assert!(
-        wait_for(Duration::from_secs(10), || !unavailable_events(&api, &node)
-            .is_empty())
-        .await,
-        "no QuarantineBudgetUnavailable Event"
-    );
-    // One Event object: first the startup check's verdict, then the API
-    // server's own 403 from the claim.
-    assert!(
-        wait_for(Duration::from_secs(10), || unavailable_events(&api, &node)
-            .iter()
-            .any(|m| m.contains("403")))
-        .await,
-        "{:?}",
-        unavailable_events(&api, &node)
-    );
-    let events = unavailable_events(&api, &node);
-    assert_eq!(events.len(), 1, "{events:?}");
-    assert!(events[0].contains("forbidden"), "{}", events[0]);
-    assert!(
-        events[0].contains("leases (coordination.k8s.io)"),
-        "{}",
-        events[0]
-    );
+    assert_one_event_quotes_the_403(&api, &node).await;
     let q = metrics.quarantine().expect("quarantine status");
     assert_eq!(q.state, "unavailable_refused", "{q:?}");
-
-    for verb in ["get", "list", "create", "update", "delete"] {
-        api.unforbid(verb, "leases");
-    }
-    assert!(
-        wait_for(Duration::from_secs(60), || metrics
-            .quarantine()
-            .is_some_and(|q| q.state == "held"))
-        .await,
-        "no slot once Leases were allowed: {:?}",
-        metrics.quarantine()
-    );
-    assert!(!metrics.status().quarantine_unavailable);
-    assert_eq!(
-        api.leases("default")
-            .iter()
-            .filter(
-                |l| l.spec.as_ref().and_then(|s| s.holder_identity.as_deref())
-                    == Some(node.as_str())
-            )
-            .count(),
-        1
-    );
+    assert_one_slot_once_leases_are_allowed(&api, &node, &metrics).await;
     api.assert_requests_declared();
     writer.shutdown_within(Duration::from_secs(5)).await;
 }

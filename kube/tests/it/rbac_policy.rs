@@ -172,6 +172,21 @@ fn each_request_is_granted_in_its_declared_scope() {
     }
 }
 
+/// The Role of that name in `m` and its RoleBinding of the same name.
+fn ns_role_and_binding<'m>(m: &'m Manifests, n: &str) -> (&'m Role, &'m RoleBinding) {
+    let role = m
+        .ns_roles
+        .iter()
+        .find(|r| r.metadata.name.as_deref() == Some(n))
+        .unwrap_or_else(|| panic!("Role {n}"));
+    let binding = m
+        .ns_bindings
+        .iter()
+        .find(|r| r.metadata.name.as_deref() == Some(n))
+        .unwrap_or_else(|| panic!("RoleBinding {n}"));
+    (role, binding)
+}
+
 #[test]
 fn rbac_grants_exactly_the_declared_requests() {
     let m = manifests();
@@ -192,13 +207,18 @@ fn rbac_grants_exactly_the_declared_requests() {
         ),
         ("ServiceAccount", "gpuwatch", Some("gpuwatch"))
     );
-    // Regression: `list events` cluster-wide let the agent read
-    // every Event in the cluster. Reading Events is granted only by a Role in
-    // the Event namespace; cluster-wide, Events can only be created and
-    // patched (a Pod's Event goes into the pod's namespace), pods only listed
-    // and watched; in resource.k8s.io only ResourceSlices listed and
-    // DeviceTaintRules written (device isolation; the admission policy
-    // narrows the rules to the agent's own Node).
+}
+
+/// Regression: `list events` cluster-wide let the agent read every Event in
+/// the cluster. Reading Events is granted only by a Role in the Event
+/// namespace; cluster-wide, Events can only be created and patched (a Pod's
+/// Event goes into the pod's namespace), pods only listed and watched; in
+/// resource.k8s.io only ResourceSlices listed and DeviceTaintRules written
+/// (device isolation; the admission policy narrows the rules to the agent's
+/// own Node).
+#[test]
+fn cluster_wide_grants_are_node_writes_pod_reads_event_writes_and_device_isolation() {
+    let m = manifests();
     assert!(
         granted_cluster(&m)
             .iter()
@@ -215,25 +235,18 @@ fn rbac_grants_exactly_the_declared_requests() {
         .filter(|(_, _, r)| r == "events" || r == "leases")
         .collect();
     assert_eq!(granted_namespaced(&m), namespaced);
-    let ns = KubeConfig::default().event_namespace;
     assert_eq!(m.ns_roles.len(), 2);
     assert_eq!(m.ns_bindings.len(), 2);
-    let named = |n: &str| {
-        let role = m
-            .ns_roles
-            .iter()
-            .find(|r| r.metadata.name.as_deref() == Some(n))
-            .unwrap_or_else(|| panic!("Role {n}"));
-        let binding = m
-            .ns_bindings
-            .iter()
-            .find(|r| r.metadata.name.as_deref() == Some(n))
-            .unwrap_or_else(|| panic!("RoleBinding {n}"));
-        (role, binding)
-    };
-    // The Leases' Role is in the agent's own namespace, where the agent puts
-    // them by default (`quarantine_namespace` unset), and grants only Leases.
-    let (q_role, q_binding) = named("gpuwatch-quarantine");
+}
+
+/// The Leases' Role is in the agent's own namespace, where the agent puts
+/// them by default (`quarantine_namespace` unset), grants only Leases and
+/// binds the subjects of the node grants.
+#[test]
+fn quarantine_role_grants_only_leases_in_the_agents_namespace() {
+    let m = manifests();
+    let sa = &m.service_accounts[0];
+    let (q_role, q_binding) = ns_role_and_binding(&m, "gpuwatch-quarantine");
     assert_eq!(KubeConfig::default().quarantine_namespace, None);
     assert_eq!(q_role.metadata.namespace, sa.metadata.namespace);
     assert_eq!(q_binding.metadata.namespace, sa.metadata.namespace);
@@ -245,10 +258,19 @@ fn rbac_grants_exactly_the_declared_requests() {
             .all(|(_, g, r)| g == "coordination.k8s.io" && r == "leases")
     );
     assert_eq!(
-        q_binding.subjects, b.subjects,
+        q_binding.subjects, m.bindings[0].subjects,
         "same subjects as the node grants"
     );
-    let (role, rb) = named("gpuwatch-events");
+}
+
+/// The Events' Role is in the Event namespace, which the kustomize
+/// replacement reads from its annotation, and binds the subjects of the node
+/// grants.
+#[test]
+fn events_role_is_in_the_event_namespace_and_binds_the_node_subjects() {
+    let m = manifests();
+    let ns = KubeConfig::default().event_namespace;
+    let (role, rb) = ns_role_and_binding(&m, "gpuwatch-events");
     assert_eq!(role.metadata.namespace.as_deref(), Some(ns.as_str()));
     assert_eq!(
         role.metadata
@@ -262,7 +284,15 @@ fn rbac_grants_exactly_the_declared_requests() {
     assert_eq!(rb.metadata.namespace.as_deref(), Some(ns.as_str()));
     assert_eq!(rb.role_ref.kind, "Role");
     assert_eq!(Some(&rb.role_ref.name), role.metadata.name.as_ref());
-    assert_eq!(rb.subjects, b.subjects, "same subjects as the node grants");
+    assert_eq!(
+        rb.subjects, m.bindings[0].subjects,
+        "same subjects as the node grants"
+    );
+}
+
+#[test]
+fn every_rbac_object_carries_the_app_name_label() {
+    let m = manifests();
     for labels in m
         .service_accounts
         .iter()
@@ -300,11 +330,20 @@ fn all_cel(p: &ValidatingAdmissionPolicy) -> String {
     s
 }
 
+/// The node policy: the one whose CEL names the owned condition types.
+fn node_policy(m: &Manifests) -> &ValidatingAdmissionPolicy {
+    m.policies
+        .iter()
+        .find(|p| all_cel(p).contains("ownConditionTypes"))
+        .expect("node policy")
+}
+
+/// Every policy is bound with Deny, fails closed and matches only the agent's
+/// service account with a node-bound token.
 #[test]
-fn admission_policy_covers_every_write_and_names_our_types_and_keys() {
+fn admission_policies_are_bound_with_deny_and_match_the_agent() {
     let m = manifests();
     assert_eq!(m.policies.len(), 4);
-    // Every policy is bound with Deny.
     for p in &m.policies {
         let name = p.metadata.name.clone().unwrap();
         let b = m
@@ -328,8 +367,13 @@ fn admission_policy_covers_every_write_and_names_our_types_and_keys() {
             "{name}"
         );
     }
-    // Every write the writer can send is intercepted (patch and update →
-    // UPDATE, create → CREATE, delete → DELETE).
+}
+
+/// Every write the writer can send is intercepted (patch and update →
+/// UPDATE, create → CREATE, delete → DELETE).
+#[test]
+fn admission_policies_intercept_every_write() {
+    let m = manifests();
     let mut covered = BTreeSet::new();
     for p in &m.policies {
         let rules = p
@@ -361,13 +405,14 @@ fn admission_policy_covers_every_write_and_names_our_types_and_keys() {
             w.resource
         );
     }
-    // The node policy names every condition type and taint key gpuwatch owns by default.
-    let node_policy = m
-        .policies
-        .iter()
-        .find(|p| all_cel(p).contains("ownConditionTypes"))
-        .expect("node policy");
-    let cel = all_cel(node_policy);
+}
+
+/// The node policy names every condition type and taint key gpuwatch owns by
+/// default.
+#[test]
+fn node_policy_names_our_types_and_keys() {
+    let m = manifests();
+    let cel = all_cel(node_policy(&m));
     let cfg = KubeSettings::default();
     for t in cfg.owned_condition_types() {
         assert!(
@@ -387,9 +432,9 @@ fn admission_policy_covers_every_write_and_names_our_types_and_keys() {
     }
 }
 
-/// Drives one writer through every kind of request and returns what the double saw.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn recorded_requests_equal_the_rbac_grants() {
+/// The Node of the recorded-requests run: one GPU the device plugin
+/// advertises (the startup gate waits for it) and the startup taint to remove.
+fn rbac_node() -> Node {
     let mut n = Node::default();
     n.metadata.name = Some("rbac-node".into());
     n.metadata.labels = Some([("nvidia.com/gpu.count".to_owned(), "1".to_owned())].into());
@@ -401,7 +446,6 @@ async fn recorded_requests_equal_the_rbac_grants() {
         }]),
         ..Default::default()
     });
-    // The device plugin advertises the GPU (the startup gate waits for it).
     n.status = Some(k8s_openapi::api::core::v1::NodeStatus {
         allocatable: Some(
             [(
@@ -412,10 +456,20 @@ async fn recorded_requests_equal_the_rbac_grants() {
         ),
         ..Default::default()
     });
-    let api = ApiDouble::start(n).await;
-    // Device isolation's every request: the Node's GPU published by the
-    // NVIDIA DRA driver, and a rule of that name already there for another
-    // Node's label (a create answered 409, read, adopted by an update).
+    n
+}
+
+/// Sets the double up so that device isolation and the quarantine budget
+/// each send every request they can, and returns the agent's settings.
+///
+/// Device isolation: the Node's GPU published by the NVIDIA DRA driver, and a
+/// rule of that name already there for another Node's label (a create
+/// answered 409, read, adopted by an update). The quarantine budget: a
+/// one-slot budget whose slot 0 was released but not deleted (no holder), so
+/// the claim is a takeover (a read for leaseTransitions, a guarded update) and
+/// counts the fleet; a short lease so a renewal (update) falls inside the
+/// test; the release (delete) once the fault clears.
+async fn every_request_fixture(api: &ApiDouble) -> (KubeSettings, KubeClient) {
     api.serve_dra(DraServed::rules_in(&["v1"]));
     api.put_resource_slice(gpu_slice(
         "rbac-node-gpu",
@@ -423,13 +477,6 @@ async fn recorded_requests_equal_the_rbac_grants() {
         1,
         &[("gpu-0", "GPU-0", None)],
     ));
-    let mut health = gpuwatch_test_support::health::healthy("", 1, "b");
-    let (tx, rx) = tokio::sync::watch::channel(Arc::new(health.clone()));
-    // The quarantine budget's every request: a one-slot budget whose slot 0
-    // was released but not deleted (no holder), so the claim is a takeover (a
-    // read for leaseTransitions, a guarded update) and counts the fleet; a
-    // short lease so a renewal (update) falls inside the test; the release
-    // (delete) once the fault clears.
     let mut cfg = api.kube_config();
     cfg.quarantine_budget = "1".into();
     cfg.quarantine_lease_duration_secs = 15;
@@ -438,8 +485,6 @@ async fn recorded_requests_equal_the_rbac_grants() {
     left.metadata.labels =
         Some([("gpuwatch.io/quarantine-slot".to_owned(), "0".to_owned())].into());
     api.put_lease("default", &left);
-    let metrics = KubeMetrics::new();
-    // The writer and the pod listing on one client, as the agent runs them.
     let settings = cfg.resolve().unwrap();
     let client = KubeClient::connect(&settings).await.unwrap();
     let squatter = DeviceTaints::new(&client, "other-node", &settings).unwrap();
@@ -457,55 +502,34 @@ async fn recorded_requests_equal_the_rbac_grants() {
         effect: "NoSchedule".into(),
     };
     squatter.ensure(&taken).await.unwrap();
-    let pods_shutdown = gpuwatch_core::Shutdown::new();
-    let listing = PodListing::start(
-        &client,
-        &settings,
-        "rbac-node",
-        Arc::new(|_| {}),
-        Arc::default(),
-        &pods_shutdown,
-        &tokio::runtime::Handle::current(),
-    )
-    .unwrap()
-    .expect("a live client lists");
-    let w = NodeWriter::start(
-        settings,
-        ValidationSettings::default(),
-        "rbac-node".into(),
-        metrics,
-        rx,
-        &client,
-        WriterHooks::default(),
-    )
-    .await
-    .unwrap();
-    assert!(
-        wait_for(Duration::from_secs(5), || taint_value(
-            &api.node(),
-            "startup-taint.cluster-autoscaler.kubernetes.io/gpu-not-ready"
-        )
-        .is_none())
-        .await
-    );
+    (settings, client)
+}
+
+/// An XID 79 (reboot) fault: it keeps the Node taint.
+fn reboot_fault() -> ActiveFault {
     let mut f = ActiveFault {
         code: 79,
         reason: "XID79".into(),
         ..Default::default()
     };
     f.set_action(Action::RebootNode);
-    // A reset fault of the same GPU beside it: a device rule (the reboot
-    // fault keeps the Node taint).
+    f
+}
+
+/// A reset fault of the same GPU beside the reboot fault: a device rule.
+fn reset_fault() -> ActiveFault {
     let mut reset = ActiveFault {
         code: 48,
         reason: "XID48".into(),
         ..Default::default()
     };
     reset.set_action(Action::ResetGpu);
-    health.gpus[0].active_faults.push(f.clone());
-    health.gpus[0].active_faults.push(reset);
-    health.set_verdict(Verdict::Unhealthy);
-    tx.send_replace(Arc::new(health.clone()));
+    reset
+}
+
+/// Sends the same XID 79 Event twice, a hundred seconds apart, so the
+/// writer both creates and patches it.
+fn send_event_twice(w: &NodeWriter) {
     let mut ev = FaultEvent {
         code: 79,
         gpu_uuid: "GPU-0".into(),
@@ -520,6 +544,9 @@ async fn recorded_requests_equal_the_rbac_grants() {
     ev.time_unix_nano = Some(1_700_000_100_000_000_000);
     w.event_sink().send(&ev);
     w.event_sink().flush(Duration::from_secs(5));
+}
+
+async fn wait_for_fault_taint(api: &ApiDouble) {
     assert!(
         wait_for(Duration::from_secs(5), || taint_value(
             &api.node(),
@@ -528,6 +555,11 @@ async fn recorded_requests_equal_the_rbac_grants() {
         .is_some())
         .await
     );
+}
+
+/// Waits until the quarantine slot was taken over and then renewed by this
+/// Node, with the fleet count on the Lease.
+async fn assert_slot_taken_over_then_renewed(api: &ApiDouble) {
     let renewed = || {
         api.requests().iter().any(|r| {
             r.verb == "update"
@@ -556,9 +588,11 @@ async fn recorded_requests_equal_the_rbac_grants() {
             .map(|r| (&r.verb, r.status, &r.body))
             .collect::<Vec<_>>()
     );
-    health.gpus[0].active_faults.clear();
-    health.set_verdict(Verdict::Healthy);
-    tx.send_replace(Arc::new(health.clone()));
+}
+
+/// Once the faults clear: the slot is released (deleted), the device rule
+/// deleted and the Node taint removed.
+async fn assert_all_given_back(api: &ApiDouble) {
     assert!(
         wait_for(Duration::from_secs(5), || api.leases("default").is_empty()).await,
         "the slot is given back once the taint is gone"
@@ -571,26 +605,16 @@ async fn recorded_requests_equal_the_rbac_grants() {
         "the rule is deleted once the fault is gone"
     );
     assert!(taint_value(&api.node(), "gpuwatch.io/unhealthy").is_none());
-    // The next fault claims the now free slot by create.
-    health.gpus[0].active_faults.push(f.clone());
-    health.set_verdict(Verdict::Unhealthy);
-    tx.send_replace(Arc::new(health.clone()));
-    assert!(
-        wait_for(Duration::from_secs(5), || taint_value(
-            &api.node(),
-            "gpuwatch.io/unhealthy"
-        )
-        .is_some())
-        .await
-    );
-    pods_shutdown.trigger();
-    assert!(listing.stop_within(Duration::from_secs(5)).await);
-    w.shutdown_within(Duration::from_secs(5)).await;
+}
+
+/// The requests the double recorded (less API discovery, granted to every
+/// user as non-resource URLs) include the startup access check, and the rest
+/// equal both `WRITER_REQUESTS` and what the shipped RBAC grants.
+fn assert_recorded_requests_equal_the_grants(api: &ApiDouble) {
     let ungranted: BTreeSet<Req> = UNGRANTED_REQUESTS
         .iter()
         .map(|r| (r.verb.to_owned(), r.group.to_owned(), r.resource.to_owned()))
         .collect();
-    // API discovery is granted to every user (non-resource URLs).
     let seen: BTreeSet<Req> = api
         .requests()
         .iter()
@@ -608,6 +632,64 @@ async fn recorded_requests_equal_the_rbac_grants() {
         "recorded requests differ from WRITER_REQUESTS"
     );
     assert_eq!(seen, granted(&manifests()));
+}
+
+/// Drives one writer through every kind of request and returns what the double saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recorded_requests_equal_the_rbac_grants() {
+    let api = ApiDouble::start(rbac_node()).await;
+    let (settings, client) = every_request_fixture(&api).await;
+    let mut health = gpuwatch_test_support::health::healthy("", 1, "b");
+    let (tx, rx) = tokio::sync::watch::channel(Arc::new(health.clone()));
+    // The writer and the pod listing on one client, as the agent runs them.
+    let pods_shutdown = gpuwatch_core::Shutdown::new();
+    let listing = PodListing::start(
+        &client,
+        &settings,
+        "rbac-node",
+        Arc::new(|_| {}),
+        Arc::default(),
+        &pods_shutdown,
+        &tokio::runtime::Handle::current(),
+    )
+    .unwrap()
+    .expect("a live client lists");
+    let w = NodeWriter::start(
+        settings,
+        ValidationSettings::default(),
+        "rbac-node".into(),
+        KubeMetrics::new(),
+        rx,
+        &client,
+        WriterHooks::default(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(5), || taint_value(&api.node(), STARTUP)
+            .is_none())
+        .await
+    );
+    health.gpus[0].active_faults.push(reboot_fault());
+    health.gpus[0].active_faults.push(reset_fault());
+    health.set_verdict(Verdict::Unhealthy);
+    tx.send_replace(Arc::new(health.clone()));
+    send_event_twice(&w);
+    wait_for_fault_taint(&api).await;
+    assert_slot_taken_over_then_renewed(&api).await;
+    health.gpus[0].active_faults.clear();
+    health.set_verdict(Verdict::Healthy);
+    tx.send_replace(Arc::new(health.clone()));
+    assert_all_given_back(&api).await;
+    // The next fault claims the now free slot by create.
+    health.gpus[0].active_faults.push(reboot_fault());
+    health.set_verdict(Verdict::Unhealthy);
+    tx.send_replace(Arc::new(health.clone()));
+    wait_for_fault_taint(&api).await;
+    pods_shutdown.trigger();
+    assert!(listing.stop_within(Duration::from_secs(5)).await);
+    w.shutdown_within(Duration::from_secs(5)).await;
+    assert_recorded_requests_equal_the_grants(&api);
 }
 
 /// Renders an overlay with `kubectl kustomize` (as `deploy_manifests.rs` does).
@@ -796,25 +878,17 @@ fn node_object(name: &str, conditions: &[(&str, &str)], taints: &[&str]) -> serd
 
 /// The node policy's CEL, evaluated with a CEL interpreter against request
 /// objects: the agent may change its own condition types and taint keys on its
-/// own Node and remove the startup taint; anything else is denied, and other
-/// users are not matched.
+/// own Node and remove the startup taint, never add it.
 #[test]
-fn admission_policy_cel_allows_only_own_node_types_and_keys() {
+fn admission_policy_cel_allows_own_node_types_and_keys_and_startup_taint_removal() {
     let m = manifests();
-    let policy = m
-        .policies
-        .iter()
-        .find(|p| all_cel(p).contains("ownConditionTypes"))
-        .expect("node policy");
+    let policy = node_policy(&m);
     let me = request_from(AGENT, Some("gpu-1"));
-    let base = || {
-        node_object(
-            "gpu-1",
-            &[("Ready", "True"), ("GPUProblem", "False")],
-            &["dedicated", STARTUP],
-        )
-    };
-    let old = base();
+    let old = node_object(
+        "gpu-1",
+        &[("Ready", "True"), ("GPUProblem", "False")],
+        &["dedicated", STARTUP],
+    );
     // Own condition and taint, own node: allowed.
     let mut new = node_object(
         "gpu-1",
@@ -837,11 +911,28 @@ fn admission_policy_cel_allows_only_own_node_types_and_keys() {
     );
     // Adding it back: denied.
     assert_eq!(
-        admit(policy, me.clone(), old.clone(), new.clone()),
+        admit(policy, me, old, new),
         Admission::Denied(vec![
             "gpuwatch may remove the startup taint, never add it.".into()
         ])
     );
+}
+
+/// The node policy denies the agent another Node, someone else's condition
+/// types and taint keys, labels and cordoning, each with its own message.
+#[test]
+fn admission_policy_cel_denies_other_nodes_foreign_types_and_keys_and_cordoning() {
+    let m = manifests();
+    let policy = node_policy(&m);
+    let me = request_from(AGENT, Some("gpu-1"));
+    let base = || {
+        node_object(
+            "gpu-1",
+            &[("Ready", "True"), ("GPUProblem", "False")],
+            &["dedicated", STARTUP],
+        )
+    };
+    let old = base();
     // Another node: denied, naming both.
     let other = node_object("gpu-2", &[("GPUProblem", "True")], &[]);
     let other_old = node_object("gpu-2", &[("GPUProblem", "False")], &[]);
@@ -876,13 +967,16 @@ fn admission_policy_cel_allows_only_own_node_types_and_keys() {
     let mut cordon = base();
     cordon["spec"]["unschedulable"] = serde_json::json!(true);
     assert_eq!(
-        admit(policy, me.clone(), cordon, old.clone()),
+        admit(policy, me, cordon, old),
         Admission::Denied(vec![
             "gpuwatch may not change node labels or cordon the node.".into()
         ])
     );
-    // A token without the node name: denied.
-    match admit(policy, request_from(AGENT, None), base(), old.clone()) {
+}
+
+/// Asserts that `admission` is a denial naming the missing node-bound token.
+fn assert_denied_for_unbound_token(admission: Admission) {
+    match admission {
         Admission::Denied(msgs) => assert!(
             msgs.contains(
                 &"gpuwatch must run with a pod-bound service account token that names its node."
@@ -892,7 +986,25 @@ fn admission_policy_cel_allows_only_own_node_types_and_keys() {
         ),
         other => panic!("{other:?}"),
     }
-    // Other users (an operator running node-cleanup) are not this policy's business.
+}
+
+/// The node policy denies an agent token without the node name, and other
+/// users (an operator running node-cleanup) are not its business.
+#[test]
+fn admission_policy_cel_needs_a_node_bound_token_and_ignores_other_users() {
+    let m = manifests();
+    let policy = node_policy(&m);
+    let old = node_object(
+        "gpu-1",
+        &[("Ready", "True"), ("GPUProblem", "False")],
+        &["dedicated", STARTUP],
+    );
+    assert_denied_for_unbound_token(admit(
+        policy,
+        request_from(AGENT, None),
+        old.clone(),
+        old.clone(),
+    ));
     let admin = request_from("kubernetes-admin", None);
     assert_eq!(
         admit(policy, admin, node_object("gpu-2", &[], &[]), old),
@@ -946,18 +1058,41 @@ fn admission_policy_cel_allows_events_about_the_own_node_only() {
     ));
 }
 
-/// The DeviceTaintRule policy's CEL: rules named `gpuwatch-*` for devices of
-/// the agent's own Node only (create, update and delete), so the agent
-/// cannot taint the devices of the rest of the cluster.
-#[test]
-fn admission_policy_cel_allows_device_taint_rules_of_the_own_node_only() {
-    let m = manifests();
-    let policy = m
-        .policies
+/// The DeviceTaintRule policy: the one whose CEL reads the device selector.
+fn device_rule_policy(m: &Manifests) -> &ValidatingAdmissionPolicy {
+    m.policies
         .iter()
         .find(|p| all_cel(p).contains("deviceSelector"))
-        .expect("device taint rule policy");
-    let rules = policy
+        .expect("device taint rule policy")
+}
+
+/// A DeviceTaintRule named `name` for device gpu-0 of pool (Node) `pool`.
+fn device_rule(name: &str, pool: &str) -> serde_json::Value {
+    serde_json::json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+        "metadata": {"name": name},
+        "spec": {"deviceSelector": {"driver": "gpu.nvidia.com", "pool": pool, "device": "gpu-0"},
+            "taint": {"key": "gpuwatch.io/unhealthy", "value": "reset_gpu", "effect": "NoSchedule"}}})
+}
+
+/// An admission request of `operation` from the agent on `node`.
+fn agent_op(operation: &str, node: Option<&str>) -> serde_json::Value {
+    let mut r = request_from(AGENT, node);
+    r["operation"] = serde_json::json!(operation);
+    r
+}
+
+/// The denial of a rule for devices outside the agent's Node gpu-1.
+fn pool_denied() -> Admission {
+    Admission::Denied(vec![
+        "gpuwatch on node gpu-1 may only taint devices of its own Node (deviceSelector.pool gpu-1).".to_owned(),
+    ])
+}
+
+/// The DeviceTaintRule policy intercepts resource.k8s.io DeviceTaintRules only.
+#[test]
+fn admission_policy_for_device_taint_rules_matches_only_them() {
+    let m = manifests();
+    let rules = device_rule_policy(&m)
         .spec
         .as_ref()
         .and_then(|s| s.match_constraints.as_ref())
@@ -972,116 +1107,115 @@ fn admission_policy_cel_allows_device_taint_rules_of_the_own_node_only() {
         rules[0].api_groups.as_deref(),
         Some(&["resource.k8s.io".to_owned()][..])
     );
-    let rule = |name: &str, pool: &str| {
-        serde_json::json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
-            "metadata": {"name": name},
-            "spec": {"deviceSelector": {"driver": "gpu.nvidia.com", "pool": pool, "device": "gpu-0"},
-                "taint": {"key": "gpuwatch.io/unhealthy", "value": "reset_gpu", "effect": "NoSchedule"}}})
-    };
-    let op = |operation: &str, node: Option<&str>| {
-        let mut r = request_from(AGENT, node);
-        r["operation"] = serde_json::json!(operation);
-        r
-    };
+}
+
+/// The DeviceTaintRule policy's CEL: the agent creates, updates and deletes
+/// its own `gpuwatch-*` rules for devices of its own Node.
+#[test]
+fn admission_policy_cel_allows_device_taint_rules_of_the_own_node() {
+    let m = manifests();
+    let policy = device_rule_policy(&m);
     let none = serde_json::Value::Null;
-    let own = rule("gpuwatch-gpu-1-gpu-0", "gpu-1");
-    let theirs = rule("gpuwatch-gpu-2-gpu-0", "gpu-2");
-    let pool_msg = "gpuwatch on node gpu-1 may only taint devices of its own Node (deviceSelector.pool gpu-1).".to_owned();
-    // Its own rules: created, updated, deleted.
+    let own = device_rule("gpuwatch-gpu-1-gpu-0", "gpu-1");
+    for (op, new, old) in [
+        ("CREATE", &own, &none),
+        ("UPDATE", &own, &own),
+        ("DELETE", &none, &own),
+    ] {
+        assert_eq!(
+            admit(
+                policy,
+                agent_op(op, Some("gpu-1")),
+                new.clone(),
+                old.clone()
+            ),
+            Admission::Allowed,
+            "{op}"
+        );
+    }
+}
+
+/// The DeviceTaintRule policy's CEL denies rules for another Node's devices
+/// (create, delete, and an update that would take another Node's rule over)
+/// and rules without a pool, which select devices of every Node.
+#[test]
+fn admission_policy_cel_denies_device_taint_rules_of_other_nodes() {
+    let m = manifests();
+    let policy = device_rule_policy(&m);
+    let none = serde_json::Value::Null;
+    let theirs = device_rule("gpuwatch-gpu-2-gpu-0", "gpu-2");
     assert_eq!(
         admit(
             policy,
-            op("CREATE", Some("gpu-1")),
-            own.clone(),
-            none.clone()
-        ),
-        Admission::Allowed
-    );
-    assert_eq!(
-        admit(
-            policy,
-            op("UPDATE", Some("gpu-1")),
-            own.clone(),
-            own.clone()
-        ),
-        Admission::Allowed
-    );
-    assert_eq!(
-        admit(
-            policy,
-            op("DELETE", Some("gpu-1")),
-            none.clone(),
-            own.clone()
-        ),
-        Admission::Allowed
-    );
-    // Another Node's devices: denied on create, delete, and an update that
-    // would take another Node's rule over.
-    assert_eq!(
-        admit(
-            policy,
-            op("CREATE", Some("gpu-1")),
+            agent_op("CREATE", Some("gpu-1")),
             theirs.clone(),
             none.clone()
         ),
-        Admission::Denied(vec![pool_msg.clone()])
+        pool_denied()
     );
     assert_eq!(
         admit(
             policy,
-            op("DELETE", Some("gpu-1")),
+            agent_op("DELETE", Some("gpu-1")),
             none.clone(),
             theirs.clone()
         ),
-        Admission::Denied(vec![pool_msg.clone()])
+        pool_denied()
     );
     let mut taken_over = theirs.clone();
     taken_over["spec"]["deviceSelector"]["pool"] = serde_json::json!("gpu-1");
     assert_eq!(
         admit(
             policy,
-            op("UPDATE", Some("gpu-1")),
+            agent_op("UPDATE", Some("gpu-1")),
             taken_over,
-            theirs.clone()
+            theirs
         ),
-        Admission::Denied(vec![pool_msg.clone()])
+        pool_denied()
     );
-    // A rule without a pool selects devices of every Node: denied.
-    let mut any_pool = own.clone();
+    let mut any_pool = device_rule("gpuwatch-gpu-1-gpu-0", "gpu-1");
     any_pool["spec"]["deviceSelector"]
         .as_object_mut()
         .unwrap()
         .remove("pool");
     assert_eq!(
-        admit(policy, op("CREATE", Some("gpu-1")), any_pool, none.clone()),
-        Admission::Denied(vec![pool_msg])
+        admit(policy, agent_op("CREATE", Some("gpu-1")), any_pool, none),
+        pool_denied()
     );
-    // A rule not named gpuwatch-*: denied.
+}
+
+/// The DeviceTaintRule policy's CEL denies rules not named `gpuwatch-*` and
+/// an agent token without the node name; other users (an operator,
+/// node-cleanup) are not its business.
+#[test]
+fn admission_policy_cel_denies_foreign_rule_names_and_unbound_tokens_only_for_the_agent() {
+    let m = manifests();
+    let policy = device_rule_policy(&m);
+    let none = serde_json::Value::Null;
     assert_eq!(
         admit(
             policy,
-            op("CREATE", Some("gpu-1")),
-            rule("other-gpu-1-gpu-0", "gpu-1"),
+            agent_op("CREATE", Some("gpu-1")),
+            device_rule("other-gpu-1-gpu-0", "gpu-1"),
             none.clone()
         ),
         Admission::Denied(vec![
             "gpuwatch may only write its own DeviceTaintRules (gpuwatch-<node>-<device>).".into()
         ])
     );
-    // A token without the node name: denied.
-    match admit(policy, op("CREATE", None), own.clone(), none.clone()) {
-        Admission::Denied(msgs) => assert!(
-            msgs.contains(
-                &"gpuwatch must run with a pod-bound service account token that names its node."
-                    .to_owned()
-            ),
-            "{msgs:?}"
-        ),
-        other => panic!("{other:?}"),
-    }
-    // Other users (an operator, node-cleanup) are not this policy's business.
+    assert_denied_for_unbound_token(admit(
+        policy,
+        agent_op("CREATE", None),
+        device_rule("gpuwatch-gpu-1-gpu-0", "gpu-1"),
+        none.clone(),
+    ));
     assert_eq!(
-        admit(policy, request_from("kubernetes-admin", None), theirs, none),
+        admit(
+            policy,
+            request_from("kubernetes-admin", None),
+            device_rule("gpuwatch-gpu-2-gpu-0", "gpu-2"),
+            none
+        ),
         Admission::NotMatched
     );
 }

@@ -438,6 +438,12 @@ pub struct InputStatus {
     #[prost(enumeration = "InputState", tag = "4")]
     #[serde(with = "crate::json::input_state")]
     pub state: i32,
+    /// Unix milliseconds of the input's last heartbeat (its last sign of
+    /// progress; for an input of several threads, NVML's poller and event
+    /// source, the staler one's), so a reader sees how stale it is. 0: it has
+    /// no heartbeat yet. Filled in by the agent's local API (/v1/health) only.
+    #[prost(uint64, tag = "5")]
+    pub last_progress_unix_ms: u64,
 }
 /// Result of device validation (startup gate).
 #[derive(serde::Serialize, serde::Deserialize)]

@@ -951,6 +951,134 @@ impl Rng {
     }
 }
 
+/// A random scan of five ports (mlx5_4 RoCE, the rest InfiniBand): some
+/// missing, some down, some slow, counters rising and sometimes cleared,
+/// sometimes incomplete or with a problem. `counters` and `carrier` carry
+/// each port's counters from scan to scan.
+fn random_scan(
+    r: &mut ManualMonitor,
+    rng: &mut Rng,
+    now: u64,
+    counters: &mut [u64; 5],
+    carrier: &mut [u64; 5],
+) -> Vec<PortTransition> {
+    let mut ports = Vec::new();
+    for n in 0..5u32 {
+        if rng.below(20) == 0 {
+            continue; // missing from this scan
+        }
+        let up = rng.below(4) != 0;
+        let mut p = if n == 4 {
+            carrier[4] += rng.below(3);
+            roce(n, up, carrier[4])
+        } else {
+            ib(n, up)
+        };
+        if rng.below(10) == 0 {
+            p.rate_gbps = Some(200.0);
+        }
+        counters[n as usize] += rng.below(3);
+        if rng.below(50) == 0 {
+            counters[n as usize] = 0; // cleared
+        }
+        p = with_counters(
+            p,
+            &[
+                ("link_downed", counters[n as usize].min(255)),
+                ("symbol_error", counters[n as usize] * 7),
+            ],
+        );
+        ports.push(p);
+    }
+    let complete = rng.below(15) != 0;
+    let problems = if rng.below(10) == 0 {
+        vec!["mlx5_1: vanished during the scan".to_string()]
+    } else {
+        Vec::new()
+    };
+    r.m.scan(&NicScan {
+        at: r.t(now),
+        ports: if complete { ports } else { Vec::new() },
+        problems,
+        complete,
+    })
+}
+
+/// A random kernel line about one of the NICs (or none: mlx5_5 does not
+/// exist). The monitor consumes it (`Some`) exactly when the port is known.
+fn random_kernel_line(
+    r: &mut ManualMonitor,
+    rng: &mut Rng,
+    now: u64,
+) -> Option<Vec<PortTransition>> {
+    let n = rng.below(6) as u32; // 5: no such NIC
+    let ev = match rng.below(6) {
+        0 | 1 => nic_event(n, "link_down", &[]),
+        2 | 3 => nic_event(n, "link_up", &[]),
+        4 => nic_event(n, "module", &[("module_status", "error")]),
+        _ => aer(n, "uncorrected_fatal"),
+    };
+    let out = r.kernel(now, &ev);
+    assert_eq!(out.is_none(), n == 5 || status_of(r, n).is_none());
+    out
+}
+
+/// What the random run has seen so far, to check each step against.
+#[derive(Default)]
+struct Seen {
+    /// Each port's status as last reported by a transition.
+    status: BTreeMap<String, PortStatus>,
+    /// Each port's flap total as last exported.
+    totals: BTreeMap<String, u64>,
+    /// Every status a transition reached.
+    reached: BTreeSet<&'static str>,
+}
+
+impl Seen {
+    /// Transitions chain (each `from` is the status last reported) and
+    /// none is for the ignored port.
+    fn transitions(&mut self, transitions: &[PortTransition], at: &str) {
+        for t in transitions {
+            let key = t.port.device.clone();
+            assert_ne!(key, "mlx5_3", "{at}: ignored port transition");
+            assert_ne!(t.from, t.to);
+            if let Some(prev) = self.status.get(&key) {
+                assert_eq!(*prev, t.from, "{at}: {t:?}");
+            }
+            self.status.insert(key, t.to);
+            self.reached.insert(t.to.as_str());
+        }
+    }
+
+    /// The health shows the reported statuses and a problem status makes a
+    /// problem; flap totals never fall; a forgotten port starts over.
+    fn health_and_flaps(&mut self, r: &ManualMonitor, now: u64, at: &str) {
+        let h = r.health(now);
+        for p in &h.ports {
+            if let Some(prev) = self.status.get(&p.device) {
+                assert_eq!(prev.as_str(), p.status, "{at}");
+            }
+            if p.status != "up" && p.status != "going_down" && p.status != "ignored" {
+                assert!(
+                    p.status == "never_up" || h.problem,
+                    "{at}: {} {} but no problem",
+                    p.device,
+                    p.status
+                );
+            }
+        }
+        for m in r.m.port_metrics() {
+            let total = self.totals.entry(m.port.device.clone()).or_default();
+            assert!(m.flaps_total >= *total, "{at}: flap total fell");
+            *total = m.flaps_total;
+        }
+        self.status
+            .retain(|d, _| h.ports.iter().any(|p| &p.device == d));
+        self.totals
+            .retain(|d, _| h.ports.iter().any(|p| &p.device == d));
+    }
+}
+
 /// Random scans, kernel lines and ticks keep the monitor's promises:
 /// transitions chain (each `from` is the status last reported), none for an
 /// ignored port, nothing changes between deadlines, the next deadline is
@@ -971,122 +1099,37 @@ fn random_inputs_keep_the_invariants() {
         // The latest time the monitor took (a kernel line it did not consume
         // gives it none).
         let mut given = 0u64;
-        let mut status: BTreeMap<String, PortStatus> = BTreeMap::new();
-        let mut totals: BTreeMap<String, u64> = BTreeMap::new();
+        let mut seen = Seen::default();
         let mut counters = [0u64; 5];
         let mut carrier = [0u64; 5];
         for step in 0..400 {
+            let at = format!("seed {seed} step {step}");
             let prev = given;
             now += rng.below(90);
             given = now;
             let transitions = match rng.below(10) {
-                0..=4 => {
-                    let mut ports = Vec::new();
-                    for n in 0..5u32 {
-                        if rng.below(20) == 0 {
-                            continue; // missing from this scan
-                        }
-                        let up = rng.below(4) != 0;
-                        let mut p = if n == 4 {
-                            carrier[4] += rng.below(3);
-                            roce(n, up, carrier[4])
-                        } else {
-                            ib(n, up)
-                        };
-                        if rng.below(10) == 0 {
-                            p.rate_gbps = Some(200.0);
-                        }
-                        counters[n as usize] += rng.below(3);
-                        if rng.below(50) == 0 {
-                            counters[n as usize] = 0; // cleared
-                        }
-                        p = with_counters(
-                            p,
-                            &[
-                                ("link_downed", counters[n as usize].min(255)),
-                                ("symbol_error", counters[n as usize] * 7),
-                            ],
-                        );
-                        ports.push(p);
-                    }
-                    let complete = rng.below(15) != 0;
-                    let problems = if rng.below(10) == 0 {
-                        vec!["mlx5_1: vanished during the scan".to_string()]
-                    } else {
-                        Vec::new()
-                    };
-                    r.m.scan(&NicScan {
-                        at: r.t(now),
-                        ports: if complete { ports } else { Vec::new() },
-                        problems,
-                        complete,
-                    })
-                }
-                5..=7 => {
-                    let prev_given = prev;
-                    let n = rng.below(6) as u32; // 5: no such NIC
-                    let ev = match rng.below(6) {
-                        0 | 1 => nic_event(n, "link_down", &[]),
-                        2 | 3 => nic_event(n, "link_up", &[]),
-                        4 => nic_event(n, "module", &[("module_status", "error")]),
-                        _ => aer(n, "uncorrected_fatal"),
-                    };
-                    let out = r.kernel(now, &ev);
-                    assert_eq!(out.is_none(), n == 5 || status_of(&r, n).is_none());
-                    if out.is_none() {
-                        given = prev_given;
-                    }
-                    out.unwrap_or_default()
-                }
+                0..=4 => random_scan(&mut r, &mut rng, now, &mut counters, &mut carrier),
+                5..=7 => random_kernel_line(&mut r, &mut rng, now).unwrap_or_else(|| {
+                    given = prev;
+                    Vec::new()
+                }),
                 _ => {
                     let quiet = r.m.next_deadline().is_none_or(|d| r.t(now) < d);
                     let out = r.tick(now);
                     assert!(
                         !quiet || out.is_empty(),
-                        "seed {seed} step {step}: a change before the deadline: {out:?}"
+                        "{at}: a change before the deadline: {out:?}"
                     );
                     out
                 }
             };
-            for t in &transitions {
-                let key = t.port.device.clone();
-                assert_ne!(key, "mlx5_3", "seed {seed}: ignored port transition");
-                assert_ne!(t.from, t.to);
-                if let Some(prev) = status.get(&key) {
-                    assert_eq!(*prev, t.from, "seed {seed} step {step}: {t:?}");
-                }
-                status.insert(key, t.to);
-                reached.insert(t.to.as_str());
-            }
+            seen.transitions(&transitions, &at);
             if let Some(d) = r.m.next_deadline() {
-                assert!(
-                    d > r.t(given),
-                    "seed {seed} step {step}: deadline not ahead"
-                );
+                assert!(d > r.t(given), "{at}: deadline not ahead");
             }
-            let h = r.health(now);
-            for p in &h.ports {
-                if let Some(prev) = status.get(&p.device) {
-                    assert_eq!(prev.as_str(), p.status, "seed {seed} step {step}");
-                }
-                if p.status != "up" && p.status != "going_down" && p.status != "ignored" {
-                    assert!(
-                        p.status == "never_up" || h.problem,
-                        "seed {seed} step {step}: {} {} but no problem",
-                        p.device,
-                        p.status
-                    );
-                }
-            }
-            for m in r.m.port_metrics() {
-                let total = totals.entry(m.port.device.clone()).or_default();
-                assert!(m.flaps_total >= *total, "seed {seed}: flap total fell");
-                *total = m.flaps_total;
-            }
-            // A forgotten port starts over.
-            status.retain(|d, _| h.ports.iter().any(|p| &p.device == d));
-            totals.retain(|d, _| h.ports.iter().any(|p| &p.device == d));
+            seen.health_and_flaps(&r, now, &at);
         }
+        reached.extend(seen.reached);
     }
     // The inputs reach every status but `ignored` (which has no transitions).
     assert_eq!(reached.len(), 7, "{reached:?}");
