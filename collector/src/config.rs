@@ -544,8 +544,8 @@ impl Config {
         if let Some(p) = o.otlp_protocol {
             self.otlp.protocol = Some(p);
         }
-        if o.expected_gpus.is_some() {
-            self.validation.expected_gpus = o.expected_gpus;
+        if let Some(n) = o.expected_gpus {
+            self.validation.set_expected_gpus(n);
         }
     }
 
@@ -572,7 +572,7 @@ impl Config {
 
     /// The problems of what no section's `resolve` checks: the node name,
     /// the state directory and the sections that are used as written
-    /// (`[api]`, `[sinks]`, `[validation]`), each prefixed with its
+    /// (`[api]`, `[sinks]`), each prefixed with its
     /// key path. [`Config::resolve`] adds those of the resolved sections as
     /// it resolves them, once each.
     pub(crate) fn unresolved_problems(&self) -> Vec<String> {
@@ -582,7 +582,6 @@ impl Config {
         };
         section("api", self.api.validate());
         section("sinks", self.sinks.validate());
-        section("validation", self.validation.validate());
         all
     }
 

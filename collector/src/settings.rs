@@ -17,7 +17,7 @@ use crate::kmsg::KmsgSettings;
 use crate::nvml::NvmlSettings;
 use gpuwatch_core::engine::EngineSettings;
 use gpuwatch_core::network::NetworkSettings;
-use gpuwatch_core::validation::ValidationConfig;
+use gpuwatch_core::validation::ValidationSettings;
 use gpuwatch_kube::KubeSettings;
 use gpuwatch_sinks::otlp::{OtlpSection, OtlpSettings, ResourceInfo};
 use std::path::{Path, PathBuf};
@@ -37,7 +37,7 @@ pub struct Settings {
     api_listen: Option<String>,
     stdout_sink: bool,
     log: LogSettings,
-    validation: ValidationConfig,
+    validation: ValidationSettings,
     kmsg: KmsgSettings,
     engine: EngineSettings,
     nvml: NvmlSettings,
@@ -85,17 +85,18 @@ impl Config {
         self.resolve_each().settings()
     }
 
-    /// Resolves every section once (`[kmsg]`, `[engine]`, `[nvml]`, the
-    /// policy, `[kube]`, `[kubelet]`, `[network]`, `[otlp]` with this
-    /// process's `OTEL_*` environment and its TLS files, `/metrics`) and
-    /// checks what is used as written (the node name, the state directory,
-    /// `[api]`, `[sinks]`, `[validation]`) and `[log]`. A command that needs
+    /// Resolves every section once (`[validation]`, `[kmsg]`, `[engine]`,
+    /// `[nvml]`, the policy, `[kube]`, `[kubelet]`, `[network]`, `[otlp]`
+    /// with this process's `OTEL_*` environment and its TLS files,
+    /// `/metrics`) and checks what is used as written (the node name, the
+    /// state directory, `[api]`, `[sinks]`) and `[log]`. A command that needs
     /// the whole agent takes [`Resolved::settings`]; one that needs only
     /// some sections (`node-cleanup`: `[kube]`) takes those, so that a
     /// problem in a section it never reads does not stop it.
     pub fn resolve_each(self) -> Resolved {
         let cfg = self;
         let mut p = cfg.unresolved_problems();
+        let validation = section("validation", cfg.validation.resolve(), &mut p);
         let state_dir = cfg
             .state_dir_problems()
             .is_empty()
@@ -124,7 +125,7 @@ impl Config {
             resource,
             stdout_sink: cfg.sinks.stdout,
             log,
-            validation: cfg.validation,
+            validation,
             kmsg,
             engine,
             nvml,
@@ -152,7 +153,7 @@ pub struct Resolved {
     api_listen: Option<String>,
     stdout_sink: bool,
     log: Option<LogSettings>,
-    validation: ValidationConfig,
+    validation: Option<ValidationSettings>,
     kmsg: Option<KmsgSettings>,
     engine: Option<EngineSettings>,
     nvml: Option<NvmlSettings>,
@@ -171,6 +172,7 @@ impl Resolved {
         let (
             Some(state_dir),
             Some(log),
+            Some(validation),
             Some(kmsg),
             Some(engine),
             Some(nvml),
@@ -183,6 +185,7 @@ impl Resolved {
         ) = (
             r.state_dir,
             r.log,
+            r.validation,
             r.kmsg,
             r.engine,
             r.nvml,
@@ -204,7 +207,7 @@ impl Resolved {
             api_listen: r.api_listen,
             stdout_sink: r.stdout_sink,
             log,
-            validation: r.validation,
+            validation,
             kmsg,
             engine,
             nvml,
@@ -308,7 +311,7 @@ impl Settings {
     }
 
     /// The startup gate's device validation (`[validation]`).
-    pub fn validation(&self) -> &ValidationConfig {
+    pub fn validation(&self) -> &ValidationSettings {
         &self.validation
     }
 

@@ -17,7 +17,7 @@
 //!
 //! ```
 //! use gpuwatch_proto::{GpuHealth, GpuSample, InputState, InputStatus, MonitorStatus, NodeHealth, RecoveryAction};
-//! use gpuwatch_core::validation::{validate, ValidationConfig};
+//! use gpuwatch_core::validation::{validate, ValidationSettings};
 //!
 //! let mut sample = GpuSample { index: 0, uuid: "GPU-0".into(), ..Default::default() };
 //! sample.set_recovery_action(RecoveryAction::None);
@@ -31,10 +31,10 @@
 //!     gpus: vec![GpuHealth { index: Some(0), sample: Some(sample), ..Default::default() }],
 //!     ..Default::default()
 //! };
-//! let report = validate(&health, Some(1), &ValidationConfig::default());
+//! let report = validate(&health, Some(1), &ValidationSettings::default());
 //! assert!(report.complete && report.passed, "{report:?}");
-//! assert!(!validate(&health, Some(2), &ValidationConfig::default()).passed);
-//! assert!(!validate(&health, None, &ValidationConfig::default()).complete);
+//! assert!(!validate(&health, Some(2), &ValidationSettings::default()).passed);
+//! assert!(!validate(&health, None, &ValidationSettings::default()).complete);
 //! ```
 
 use gpuwatch_proto::fabric::{FabricState, Problem, Reading};
@@ -44,9 +44,11 @@ use gpuwatch_proto::{
 };
 use std::fmt::Write as _;
 
-pub use config::{ExtraCommand, ValidationConfig};
+pub use config::ValidationConfig;
+pub use settings::{ExtraCommand, PcieGenCheck, ValidationSettings};
 
 mod config;
+mod settings;
 
 /// Check names used in reports (stable: they appear in Events and CLI output).
 pub mod checks {
@@ -122,7 +124,7 @@ pub fn mig_devices(g: &GpuHealth) -> Option<usize> {
 pub fn validate(
     health: &NodeHealth,
     expected_gpus: Option<u32>,
-    cfg: &ValidationConfig,
+    cfg: &ValidationSettings,
 ) -> ValidationReport {
     validate_expecting(health, expected_gpus.map(Expected::Gpus), cfg)
 }
@@ -131,7 +133,7 @@ pub fn validate(
 pub fn validate_expecting(
     health: &NodeHealth,
     expected: Option<Expected>,
-    cfg: &ValidationConfig,
+    cfg: &ValidationSettings,
 ) -> ValidationReport {
     let mut report = ValidationReport {
         boot_id: health.boot_id.clone(),
@@ -146,7 +148,7 @@ pub fn validate_expecting(
     report.checks.push(kmsg);
     let (count_known, count) = gpu_count_check(
         health,
-        expected.or(cfg.expected_gpus.map(Expected::Gpus)),
+        expected.or(cfg.expected_gpus.map(|n| Expected::Gpus(n.get()))),
         cfg,
         nvml_ok,
     );
@@ -208,7 +210,7 @@ fn nvml_check(health: &NodeHealth) -> (bool, ValidationCheck) {
 /// The kernel-log check as configured: `(complete, check)`. With
 /// `require_kmsg = false` a kernel log that was not read is recorded, not
 /// required.
-fn kmsg_requirement(health: &NodeHealth, cfg: &ValidationConfig) -> (bool, ValidationCheck) {
+fn kmsg_requirement(health: &NodeHealth, cfg: &ValidationSettings) -> (bool, ValidationCheck) {
     let (known, mut c) = kmsg_check(health);
     if known || cfg.require_kmsg {
         return (known, c);
@@ -227,7 +229,7 @@ fn kmsg_requirement(health: &NodeHealth, cfg: &ValidationConfig) -> (bool, Valid
 fn gpu_count_check(
     health: &NodeHealth,
     expected: Option<Expected>,
-    cfg: &ValidationConfig,
+    cfg: &ValidationSettings,
     nvml_ok: bool,
 ) -> (bool, ValidationCheck) {
     let sampled = health.gpus.iter().filter(|g| g.sample.is_some()).count();
@@ -384,7 +386,7 @@ fn gpu_checks(
     g: &GpuHealth,
     s: &GpuSample,
     idx: Option<u32>,
-    cfg: &ValidationConfig,
+    cfg: &ValidationSettings,
     out: &mut Vec<ValidationCheck>,
 ) {
     // Row remapping (Ampere and later); None = not supported on this GPU.
@@ -413,15 +415,9 @@ fn gpu_checks(
         (Some(c), Some(w)) => parts.push(format!("width x{c} (expected x{w})")),
         _ => parts.push("width not reported".to_owned()),
     }
-    let gen_checked = cfg.expected_pcie_gen.is_some() || cfg.check_pcie_gen;
-    match (
-        s.pcie_link_gen,
-        cfg.expected_pcie_gen.or(s.pcie_link_gen_max),
-    ) {
-        (Some(c), Some(w)) if gen_checked && c < w => {
-            problems.push(format!("generation {c} below expected {w}"));
-        }
-        (Some(c), Some(w)) if gen_checked => parts.push(format!("generation {c} (expected {w})")),
+    match (s.pcie_link_gen, cfg.pcie_gen.expected(s.pcie_link_gen_max)) {
+        (Some(c), Some(w)) if c < w => problems.push(format!("generation {c} below expected {w}")),
+        (Some(c), Some(w)) => parts.push(format!("generation {c} (expected {w})")),
         (Some(c), _) => parts.push(format!("generation {c} (not checked by default)")),
         (None, _) => parts.push("generation not reported".to_owned()),
     }
@@ -621,8 +617,8 @@ mod tests {
         gpuwatch_test_support::health::healthy("", n, "b1")
     }
 
-    fn cfg() -> ValidationConfig {
-        ValidationConfig::default()
+    fn cfg() -> ValidationSettings {
+        ValidationSettings::default()
     }
 
     #[test]
@@ -738,8 +734,8 @@ mod tests {
 
     #[test]
     fn config_count_is_the_fallback() {
-        let c = ValidationConfig {
-            expected_gpus: Some(2),
+        let c = ValidationSettings {
+            expected_gpus: std::num::NonZeroU32::new(2),
             ..cfg()
         };
         assert!(validate(&health(2), None, &c).passed);
@@ -814,20 +810,20 @@ mod tests {
             "{}",
             render(&r)
         );
-        let c = ValidationConfig {
-            check_pcie_gen: true,
+        let c = ValidationSettings {
+            pcie_gen: PcieGenCheck::GpuMaximum,
             ..cfg()
         };
         let r = validate(&h, Some(1), &c);
         assert_eq!(failed_checks(&r), vec!["pcie_link[gpu 0]"]);
         assert!(render(&r).contains("generation 1 below expected 5"));
-        let c = ValidationConfig {
-            expected_pcie_gen: Some(1),
+        let c = ValidationSettings {
+            pcie_gen: PcieGenCheck::AtLeast(1),
             ..cfg()
         };
         assert!(validate(&h, Some(1), &c).passed);
-        let c = ValidationConfig {
-            expected_pcie_gen: Some(4),
+        let c = ValidationSettings {
+            pcie_gen: PcieGenCheck::AtLeast(4),
             ..cfg()
         };
         assert!(!validate(&h, Some(1), &c).passed);
@@ -840,7 +836,7 @@ mod tests {
             "{}",
             render(&r)
         );
-        let c = ValidationConfig {
+        let c = ValidationSettings {
             expected_pcie_width: Some(8),
             ..cfg()
         };
@@ -879,7 +875,7 @@ mod tests {
 
         // Waived explicitly where the pod cannot open /dev/kmsg: NVML checks decide,
         // and the report says the kernel log was not checked.
-        let waived = ValidationConfig {
+        let waived = ValidationSettings {
             require_kmsg: false,
             ..cfg()
         };

@@ -19,10 +19,11 @@ fn tail(bytes: &[u8]) -> String {
     t[start..].to_owned()
 }
 
-/// Runs the extra validation command, if one is configured, killing it after
-/// its timeout. The check passes when no command is configured or it exits 0.
-pub async fn run_extra_command(cmd: &ExtraCommand) -> ValidationCheck {
-    let Some((program, args)) = cmd.argv.split_first() else {
+/// Runs the extra validation command, if one is configured (`Some`, with a
+/// program), killing it after its timeout. The check passes when no command
+/// is configured or it exits 0.
+pub async fn run_extra_command(cmd: Option<&ExtraCommand>) -> ValidationCheck {
+    let Some((cmd, (program, args))) = cmd.and_then(|c| Some((c, c.argv.split_first()?))) else {
         return check(
             checks::COMMAND,
             None,
@@ -88,40 +89,39 @@ pub async fn run_extra_command(cmd: &ExtraCommand) -> ValidationCheck {
 mod tests {
     use super::*;
 
-    use gpuwatch_core::validation::ValidationConfig;
-
     /// The command as `[validation]` configures it.
     fn configured(command: &[&str], timeout_secs: u64) -> ExtraCommand {
-        ValidationConfig {
-            command: command.iter().map(|&a| a.to_owned()).collect(),
-            timeout_secs,
-            ..ValidationConfig::default()
+        ExtraCommand {
+            argv: command.iter().map(|&a| a.to_owned()).collect(),
+            timeout: std::time::Duration::from_secs(timeout_secs),
         }
-        .extra_command()
     }
 
     #[tokio::test]
     async fn extra_command_outcomes() {
-        let ok = run_extra_command(&configured(&["true"], 300)).await;
+        let ok = run_extra_command(Some(&configured(&["true"], 300))).await;
         assert!(ok.passed, "{ok:?}");
-        let fail =
-            run_extra_command(&configured(&["sh", "-c", "echo bad gpu >&2; exit 3"], 300)).await;
+        let fail = run_extra_command(Some(&configured(
+            &["sh", "-c", "echo bad gpu >&2; exit 3"],
+            300,
+        )))
+        .await;
         assert!(!fail.passed);
         assert!(
             fail.message.contains("exit code 3: bad gpu"),
             "{}",
             fail.message
         );
-        let missing = run_extra_command(&configured(&["/nonexistent/dcgmi"], 300)).await;
+        let missing = run_extra_command(Some(&configured(&["/nonexistent/dcgmi"], 300))).await;
         assert!(!missing.passed && missing.message.contains("could not start"));
-        let none = run_extra_command(&ValidationConfig::default().extra_command()).await;
+        let none = run_extra_command(None).await;
         assert!(none.passed);
         assert_eq!(none.message, "no extra command configured");
     }
 
     #[tokio::test(start_paused = true)]
     async fn extra_command_timeout_kills() {
-        let slow = run_extra_command(&configured(&["sleep", "30"], 1)).await;
+        let slow = run_extra_command(Some(&configured(&["sleep", "30"], 1))).await;
         assert!(!slow.passed);
         assert!(
             slow.message.contains("did not finish within 1s"),

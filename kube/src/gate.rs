@@ -8,7 +8,7 @@ use super::config::MigStrategy;
 use super::device_taints::DraDevice;
 use super::settings::AdvertisedSettings;
 use gpuwatch_core::clock::unix_nanos;
-use gpuwatch_core::validation::{self, Expected, ValidationConfig};
+use gpuwatch_core::validation::{self, Expected, ValidationSettings};
 use gpuwatch_proto::{NodeHealth, ValidationReport};
 use k8s_openapi::api::core::v1::Node;
 use std::sync::Arc;
@@ -22,13 +22,13 @@ use std::time::SystemTime;
 /// MIG mode.
 pub(crate) fn expected(
     node: Option<&Node>,
-    vcfg: &ValidationConfig,
+    vcfg: &ValidationSettings,
     mig_strategy: MigStrategy,
     health: &NodeHealth,
     dra: &[DraDevice],
 ) -> Option<Expected> {
     if let Some(n) = vcfg.expected_gpus {
-        return Some(Expected::Gpus(n));
+        return Some(Expected::Gpus(n.get()));
     }
     let node = node?;
     if !dra.is_empty() && label_count(node, vcfg).is_none() {
@@ -49,7 +49,7 @@ pub(crate) fn expected(
     Some(node_count(expected_gpus(node, vcfg)?, mig_strategy, health))
 }
 
-fn label_count(node: &Node, vcfg: &ValidationConfig) -> Option<u32> {
+fn label_count(node: &Node, vcfg: &ValidationSettings) -> Option<u32> {
     node.metadata
         .labels
         .as_ref()
@@ -71,9 +71,9 @@ pub(crate) fn node_count(n: u32, mig_strategy: MigStrategy, health: &NodeHealth)
 }
 
 /// Expected GPU count: config, else the node label, else `nvidia.com/gpu` capacity.
-pub(crate) fn expected_gpus(node: &Node, vcfg: &ValidationConfig) -> Option<u32> {
+pub(crate) fn expected_gpus(node: &Node, vcfg: &ValidationSettings) -> Option<u32> {
     if let Some(n) = vcfg.expected_gpus {
-        return Some(n);
+        return Some(n.get());
     }
     if let Some(n) = label_count(node, vcfg) {
         return Some(n);
@@ -89,11 +89,11 @@ pub(crate) fn expected_gpus(node: &Node, vcfg: &ValidationConfig) -> Option<u32>
 pub(crate) async fn run_validation(
     health: Arc<NodeHealth>,
     expected: Option<Expected>,
-    vcfg: ValidationConfig,
+    vcfg: ValidationSettings,
 ) -> ValidationReport {
     let mut report = validation::validate_expecting(&health, expected, &vcfg);
-    if report.passed && !vcfg.command.is_empty() {
-        let check = crate::extra_command::run_extra_command(&vcfg.extra_command()).await;
+    if let Some(cmd) = vcfg.extra_command.as_ref().filter(|_| report.passed) {
+        let check = crate::extra_command::run_extra_command(Some(cmd)).await;
         validation::add_check(&mut report, check);
     }
     report.time_unix_nano = Some(unix_nanos(SystemTime::now()));
@@ -112,7 +112,7 @@ pub(crate) struct StartupGate {
     startup_seen: bool,
     /// Told every gate report (the engine shows it in `/v1/health.validation`).
     on_validation: Option<ValidationCallback>,
-    vcfg: ValidationConfig,
+    vcfg: ValidationSettings,
     advertised: AdvertisedSettings,
     node_name: String,
     /// The Node's DRA devices as last listed (empty: none, or not a DRA
@@ -123,7 +123,7 @@ pub(crate) struct StartupGate {
 
 impl StartupGate {
     pub(crate) fn new(
-        vcfg: ValidationConfig,
+        vcfg: ValidationSettings,
         advertised: AdvertisedSettings,
         node_name: String,
         on_validation: Option<ValidationCallback>,
@@ -168,7 +168,7 @@ impl StartupGate {
         self.spoiled
     }
 
-    pub(crate) fn vcfg(&self) -> &ValidationConfig {
+    pub(crate) fn vcfg(&self) -> &ValidationSettings {
         &self.vcfg
     }
 
@@ -359,7 +359,7 @@ mod tests {
         let seen = told.clone();
         let cb: ValidationCallback = Arc::new(move |r| seen.lock().unwrap().push(r));
         let g = StartupGate::new(
-            ValidationConfig::default(),
+            ValidationSettings::default(),
             crate::KubeSettings::default().advertised,
             "gpu-node-1".into(),
             Some(cb),
@@ -396,7 +396,7 @@ mod tests {
     /// A gate that expects two GPUs.
     fn gate_for_two() -> (StartupGate, Arc<Mutex<Vec<ValidationReport>>>) {
         let (mut g, told) = gate();
-        g.vcfg.expected_gpus = Some(2);
+        g.vcfg.expected_gpus = std::num::NonZeroU32::new(2);
         (g, told)
     }
 
@@ -583,7 +583,7 @@ mod tests {
             uuid: uuid.into(),
             parent_uuid: parent.map(Into::into),
         };
-        let vcfg = ValidationConfig::default();
+        let vcfg = ValidationSettings::default();
         let node = Node::default();
         let h = healthy("b");
         let count = |dra: &[DraDevice]| expected(Some(&node), &vcfg, MigStrategy::None, &h, dra);

@@ -136,7 +136,7 @@ use events::{EventQueue, EventWriter, KubeEventSink};
 use gpuwatch_core::EventSink;
 use gpuwatch_core::Shutdown;
 use gpuwatch_core::heartbeat::Progress;
-use gpuwatch_core::validation::ValidationConfig;
+use gpuwatch_core::validation::ValidationSettings;
 use gpuwatch_proto::{NodeHealth, ValidationReport};
 use reconcile::Reconciler;
 use std::path::PathBuf;
@@ -372,11 +372,11 @@ impl std::fmt::Debug for WriterHooks {
 /// `gpuwatch validate`. `Ok(None)`: the Node says nothing.
 pub async fn expected_gpus_from_node(
     settings: &KubeSettings,
-    validation: &ValidationConfig,
+    validation: &ValidationSettings,
     node_name: &str,
 ) -> Result<Option<u32>, KubeError> {
     if let Some(n) = validation.expected_gpus {
-        return Ok(Some(n));
+        return Ok(Some(n.get()));
     }
     if node_name.is_empty() {
         return Err(KubeError::NoNodeName);
@@ -523,7 +523,7 @@ impl Shared {
     fn reconciler(
         self,
         settings: KubeSettings,
-        validation: ValidationConfig,
+        validation: ValidationSettings,
         health_rx: watch::Receiver<Arc<NodeHealth>>,
         node_rx: mpsc::Receiver<node_watch::Seen>,
         quarantine: Option<quarantine::link::Link>,
@@ -567,7 +567,7 @@ impl NodeWriter {
     /// it must not block) with every startup-gate validation report.
     pub async fn start(
         settings: KubeSettings,
-        validation: ValidationConfig,
+        validation: ValidationSettings,
         node_name: String,
         metrics: Arc<KubeMetrics>,
         health_rx: watch::Receiver<Arc<NodeHealth>>,

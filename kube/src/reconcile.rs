@@ -19,7 +19,7 @@ use super::settings::KubeSettings;
 use crate::metrics::{KubeMetrics, ValidationResult};
 use gpuwatch_core::Shutdown;
 use gpuwatch_core::heartbeat::Progress;
-use gpuwatch_core::validation::{self, ValidationConfig};
+use gpuwatch_core::validation::{self, ValidationSettings};
 use gpuwatch_proto::{NodeHealth, ValidationReport};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -93,7 +93,7 @@ pub(crate) struct Reconciler {
 /// inputs (the health, the Node's versions) and the parts it consults.
 pub(crate) struct Parts {
     pub settings: KubeSettings,
-    pub validation: ValidationConfig,
+    pub validation: ValidationSettings,
     pub node_name: String,
     pub metrics: Arc<KubeMetrics>,
     pub backend: Arc<dyn NodeApi>,

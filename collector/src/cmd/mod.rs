@@ -206,8 +206,12 @@ expected_gpus = 8
             r.nvml().sim_scenario.as_deref(),
             Some(Path::new("scenario.toml"))
         );
-        assert_eq!(r.validation().expected_gpus, Some(8), "expected GPU count");
-        assert_eq!(r.validation().expected_gpus, v.validation().expected_gpus);
+        assert_eq!(
+            r.validation().expected_gpus,
+            std::num::NonZeroU32::new(8),
+            "expected GPU count"
+        );
+        assert_eq!(r.validation(), v.validation());
         assert_eq!(
             (r.node_name(), r.state_dir()),
             (v.node_name(), v.state_dir())

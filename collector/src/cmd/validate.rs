@@ -111,7 +111,7 @@ fn expected_gpus(
 ) -> (Option<ExpectedCount>, Option<String>) {
     let validation = prepared.validation();
     match validation.expected_gpus {
-        Some(n) => (Some(ExpectedCount::Configured(n)), None),
+        Some(n) => (Some(ExpectedCount::Configured(n.get())), None),
         None if read_node => {
             match rt.block_on(gpuwatch_kube::expected_gpus_from_node(
                 prepared.kube(),
@@ -157,7 +157,7 @@ fn judge(
         // The extra command (e.g. `dcgmi diag -r 1`) runs only once every
         // other check passed, as in the startup gate.
         let check = rt.block_on(gpuwatch_kube::run_extra_command(
-            &validation.extra_command(),
+            validation.extra_command.as_ref(),
         ));
         gpuwatch_core::validation::add_check(&mut report, check);
     }

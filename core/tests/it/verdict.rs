@@ -250,7 +250,7 @@ fn a_stale_sample_makes_the_gpu_unknown_until_a_fresh_one_arrives() {
     let report = gpuwatch_core::validation::validate(
         &h,
         Some(2),
-        &gpuwatch_core::validation::ValidationConfig::default(),
+        &gpuwatch_core::validation::ValidationSettings::default(),
     );
     assert!(!report.passed, "a stale sample never validates");
     rig.samples(two_gpus());

@@ -6,7 +6,7 @@
 //! after every request how many Nodes carry the fault taint.
 
 use crate::kube_common::{ApiDouble, build, taint_value, wait_for};
-use gpuwatch_core::validation::ValidationConfig;
+use gpuwatch_core::validation::ValidationSettings;
 use gpuwatch_kube::{KubeClient, KubeConfig, KubeMetrics, KubeSettings, NodeWriter, WriterHooks};
 use gpuwatch_proto::{Action, NodeHealth};
 use k8s_openapi::api::core::v1::Node;
@@ -65,7 +65,7 @@ impl WriterFleet {
             let client = KubeClient::connect(&resolved).await.expect("a client");
             let writer = NodeWriter::start(
                 resolved,
-                ValidationConfig::default(),
+                ValidationSettings::default(),
                 name(i),
                 KubeMetrics::new(),
                 rx,
@@ -127,7 +127,7 @@ impl WriterFleet {
         let client = KubeClient::connect(&resolved).await.expect("a client");
         let writer = NodeWriter::start(
             resolved,
-            ValidationConfig::default(),
+            ValidationSettings::default(),
             node.to_owned(),
             KubeMetrics::new(),
             rx,
@@ -427,7 +427,7 @@ async fn start_one_writer(
     let client = KubeClient::connect(&resolved).await.expect("a client");
     NodeWriter::start(
         resolved,
-        ValidationConfig::default(),
+        ValidationSettings::default(),
         node.to_owned(),
         metrics.clone(),
         rx,
@@ -560,7 +560,7 @@ async fn a_missing_namespace_taints_anyway_and_says_why() {
     let client = KubeClient::connect(&resolved).await.expect("a client");
     let writer = NodeWriter::start(
         resolved,
-        ValidationConfig::default(),
+        ValidationSettings::default(),
         node.clone(),
         metrics.clone(),
         rx,

@@ -12,7 +12,7 @@
 
 use crate::kube_common::build::gpu_slice;
 use crate::kube_common::{ApiDouble, DraServed, taint_value, wait_for};
-use gpuwatch_core::validation::ValidationConfig;
+use gpuwatch_core::validation::ValidationSettings;
 use gpuwatch_kube::KubeMetrics;
 use gpuwatch_kube::device_taints::{DesiredRule, DeviceTaints, DraDevice};
 use gpuwatch_kube::{
@@ -656,7 +656,7 @@ async fn recorded_requests_equal_the_rbac_grants() {
     .expect("a live client lists");
     let w = NodeWriter::start(
         settings,
-        ValidationConfig::default(),
+        ValidationSettings::default(),
         "rbac-node".into(),
         KubeMetrics::new(),
         rx,

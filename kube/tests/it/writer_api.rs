@@ -250,7 +250,13 @@ async fn bookmarks_and_server_timeouts_keep_the_watch_current() {
     let api = ApiDouble::start(node(vec![], &[])).await;
     let mut cfg = api.kube_config();
     cfg.watch_timeout_secs = 1;
-    let h = Harness::with(api, cfg, ValidationConfig::default(), healthy(2, "boot-a")).await;
+    let h = Harness::with(
+        api,
+        cfg,
+        ValidationSettings::default(),
+        healthy(2, "boot-a"),
+    )
+    .await;
     assert!(wait_for(SECS, || h.api.watchers() >= 1).await);
     // The writer's own writes are done once the healthy conditions are on
     // the Node (no taint to write); then a bookmark moves the version.

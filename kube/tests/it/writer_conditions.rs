@@ -139,7 +139,7 @@ async fn flapping_message_keeps_transition_time() {
     let h = Harness::with(
         api,
         cfg,
-        ValidationConfig::default(),
+        ValidationSettings::default(),
         with_fault(healthy(2, "boot-a"), 0, 48, Action::ResetGpu, 1),
     )
     .await;
@@ -363,7 +363,7 @@ async fn storm_of_increments_makes_a_handful_of_status_writes() {
     let h = Harness::with(
         api,
         cfg,
-        ValidationConfig::default(),
+        ValidationSettings::default(),
         with_fault(healthy(8, "boot-a"), 2, 79, Action::RebootNode, 1),
     )
     .await;
@@ -431,7 +431,7 @@ async fn ssa_conflict_with_another_manager_is_reported_and_retried() {
     let h = Harness::with(
         api,
         cfg,
-        ValidationConfig::default(),
+        ValidationSettings::default(),
         with_fault(healthy(2, "boot-a"), 0, 79, Action::RebootNode, 1),
     )
     .await;

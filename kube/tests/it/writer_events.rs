@@ -68,7 +68,7 @@ async fn restart_mid_fault_keeps_state_and_sends_no_duplicate_events() {
 
     // Restart: same persisted health, and the same fault event delivered again.
     let cfg = api.kube_config();
-    let h = Harness::with(api, cfg, ValidationConfig::default(), health).await;
+    let h = Harness::with(api, cfg, ValidationSettings::default(), health).await;
     h.writer().event_sink().send(&ev);
     // The flush returns once the queue is drained and the write settled.
     h.writer().event_sink().flush(SECS);
@@ -112,7 +112,13 @@ async fn normal_events_are_spread() {
         normal_event_spread_secs: 2,
         ..api.kube_config()
     };
-    let h = Harness::with(api, cfg, ValidationConfig::default(), healthy(2, "boot-a")).await;
+    let h = Harness::with(
+        api,
+        cfg,
+        ValidationSettings::default(),
+        healthy(2, "boot-a"),
+    )
+    .await;
     let sink = h.writer().event_sink();
     let mut delays = Vec::new();
     for round in 0..4u64 {
@@ -163,7 +169,13 @@ async fn warning_events_go_at_once() {
         normal_event_spread_secs: 60,
         ..api.kube_config()
     };
-    let h = Harness::with(api, cfg, ValidationConfig::default(), healthy(2, "boot-a")).await;
+    let h = Harness::with(
+        api,
+        cfg,
+        ValidationSettings::default(),
+        healthy(2, "boot-a"),
+    )
+    .await;
     let sink = h.writer().event_sink();
     for gpu in 0..3u32 {
         let t0 = std::time::Instant::now();
@@ -198,7 +210,13 @@ async fn event_writes_are_rate_limited() {
         events_per_minute: 60,
         ..api.kube_config()
     };
-    let h = Harness::with(api, cfg, ValidationConfig::default(), healthy(8, "boot-a")).await;
+    let h = Harness::with(
+        api,
+        cfg,
+        ValidationSettings::default(),
+        healthy(8, "boot-a"),
+    )
+    .await;
     let sink = h.writer().event_sink();
     let t0 = Instant::now();
     for code in 100..110 {
@@ -240,7 +258,13 @@ async fn a_crash_looping_pod_costs_a_handful_of_event_writes_and_one_event() {
         event_patch_interval_secs: 1,
         ..api.kube_config()
     };
-    let h = Harness::with(api, cfg, ValidationConfig::default(), healthy(2, "boot-a")).await;
+    let h = Harness::with(
+        api,
+        cfg,
+        ValidationSettings::default(),
+        healthy(2, "boot-a"),
+    )
+    .await;
     let crashes = 40u32;
     let start = tokio::time::Instant::now();
     for i in 0..crashes {

@@ -44,7 +44,13 @@ async fn a_fault_returning_after_every_reboot_moves_the_conditions_a_bounded_num
     cfg.condition_flap_limit = 2;
     cfg.condition_flap_window_secs = 600;
     cfg.min_write_interval_ms = 100;
-    let h = Harness::with(api, cfg, ValidationConfig::default(), healthy(2, "boot-0")).await;
+    let h = Harness::with(
+        api,
+        cfg,
+        ValidationSettings::default(),
+        healthy(2, "boot-0"),
+    )
+    .await;
     h.until("healthy", |n| {
         status_of(n, PROBLEM).as_deref() == Some("False")
     })
@@ -192,7 +198,7 @@ async fn a_writer_killed_while_holding_keeps_holding_after_a_restart() {
             let client = KubeClient::connect(&settings).await.expect("a client");
             NodeWriter::start(
                 settings,
-                ValidationConfig::default(),
+                ValidationSettings::default(),
                 NODE.into(),
                 KubeMetrics::new(),
                 rx,

@@ -17,7 +17,7 @@ pub(crate) use crate::kube_common::{
     ApiDouble, Recorded, condition, taint_keys, taint_value, wait_for,
 };
 pub(crate) use gpuwatch_core::placement::PlacementUpdate;
-pub(crate) use gpuwatch_core::validation::ValidationConfig;
+pub(crate) use gpuwatch_core::validation::ValidationSettings;
 pub(crate) use gpuwatch_kube::{
     KubeClient, KubeConfig, KubeMetrics, KubeObject, NodeWriter, PlacementCallback, PodListing,
     ValidationCallback, ValidationResult, WriteResult, WriterHooks,
@@ -97,13 +97,13 @@ impl Harness {
     /// A writer with the double's test settings against `api`.
     pub(crate) async fn start_with_api(api: ApiDouble, health: NodeHealth) -> Harness {
         let cfg = api.kube_config();
-        Harness::with(api, cfg, ValidationConfig::default(), health).await
+        Harness::with(api, cfg, ValidationSettings::default(), health).await
     }
 
     pub(crate) async fn with(
         api: ApiDouble,
         cfg: KubeConfig,
-        vcfg: ValidationConfig,
+        vcfg: ValidationSettings,
         health: NodeHealth,
     ) -> Harness {
         Harness::start_writer(api, cfg, vcfg, health, false, None).await
@@ -112,7 +112,7 @@ impl Harness {
     /// A writer, and the pod listing into `placements`.
     pub(crate) async fn with_listing(api: ApiDouble, health: NodeHealth) -> Harness {
         let cfg = api.kube_config();
-        Harness::start_writer(api, cfg, ValidationConfig::default(), health, true, None).await
+        Harness::start_writer(api, cfg, ValidationSettings::default(), health, true, None).await
     }
 
     /// A writer that keeps its history in `state_dir`, as the agent does.
@@ -123,13 +123,13 @@ impl Harness {
         state_dir: &Path,
     ) -> Harness {
         let dir = Some(state_dir.to_path_buf());
-        Harness::start_writer(api, cfg, ValidationConfig::default(), health, false, dir).await
+        Harness::start_writer(api, cfg, ValidationSettings::default(), health, false, dir).await
     }
 
     async fn start_writer(
         api: ApiDouble,
         cfg: KubeConfig,
-        vcfg: ValidationConfig,
+        vcfg: ValidationSettings,
         health: NodeHealth,
         pods: bool,
         state_dir: Option<PathBuf>,

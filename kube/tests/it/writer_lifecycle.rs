@@ -45,7 +45,7 @@ async fn dry_run_needs_no_api_server() {
     assert!(listing.is_none(), "a dry run lists no pods");
     let w = NodeWriter::start(
         settings,
-        ValidationConfig::default(),
+        ValidationSettings::default(),
         NODE.into(),
         metrics.clone(),
         rx,

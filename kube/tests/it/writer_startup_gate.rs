@@ -4,9 +4,22 @@
 //! devices are counted, and the condition-only mode leaves the taint alone.
 
 use crate::writer_harness::*;
+use gpuwatch_core::validation::ExtraCommand;
 use std::collections::BTreeMap;
+use std::num::NonZeroU32;
 
-async fn gate(labels: &[(&str, &str)], health: NodeHealth, vcfg: ValidationConfig) -> Harness {
+/// Settings that run `argv` as the extra command, with the default timeout.
+fn with_command(argv: &[&str]) -> ValidationSettings {
+    ValidationSettings {
+        extra_command: Some(ExtraCommand {
+            argv: argv.iter().map(|&a| a.to_owned()).collect(),
+            timeout: Duration::from_secs(300),
+        }),
+        ..ValidationSettings::default()
+    }
+}
+
+async fn gate(labels: &[(&str, &str)], health: NodeHealth, vcfg: ValidationSettings) -> Harness {
     let api = ApiDouble::start(node(
         vec![taint("dedicated", Some("gpu")), taint(STARTUP_TAINT, None)],
         labels,
@@ -26,7 +39,7 @@ fn advertise(api: &ApiDouble, n: u32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_taint_kept_on_partial_validation() {
     // No expected count anywhere (no config, no label, no capacity).
-    let h = gate(&[], healthy(8, "boot-a"), ValidationConfig::default()).await;
+    let h = gate(&[], healthy(8, "boot-a"), ValidationSettings::default()).await;
     assert!(
         wait_for(SECS, || h
             .metrics
@@ -65,7 +78,7 @@ async fn startup_taint_kept_on_failed_validation_with_warning_event() {
     let h = gate(
         &[("nvidia.com/gpu.count", "8")],
         healthy(7, "boot-a"),
-        ValidationConfig::default(),
+        ValidationSettings::default(),
     )
     .await;
     assert!(
@@ -99,14 +112,7 @@ async fn startup_taint_kept_on_failed_validation_with_warning_event() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_taint_kept_when_extra_command_fails() {
-    let vcfg = ValidationConfig {
-        command: vec![
-            "sh".into(),
-            "-c".into(),
-            "echo diag failed >&2; exit 1".into(),
-        ],
-        ..ValidationConfig::default()
-    };
+    let vcfg = with_command(&["sh", "-c", "echo diag failed >&2; exit 1"]);
     let h = gate(&[("nvidia.com/gpu.count", "2")], healthy(2, "boot-a"), vcfg).await;
     assert!(
         wait_for(SECS, || h.metrics.validation_runs(ValidationResult::Fail)
@@ -126,10 +132,7 @@ async fn startup_taint_kept_when_extra_command_fails() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_taint_removed_after_validation_passes() {
-    let vcfg = ValidationConfig {
-        command: vec!["true".into()],
-        ..ValidationConfig::default()
-    };
+    let vcfg = with_command(&["true"]);
     let h = gate(&[("nvidia.com/gpu.count", "2")], healthy(2, "boot-a"), vcfg).await;
     h.until("startup taint removed", |n| {
         taint_value(n, STARTUP_TAINT).is_none()
@@ -166,10 +169,7 @@ async fn startup_taint_removed_after_validation_passes() {
 /// appears while the command runs must keep the startup taint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_during_the_extra_command_keeps_the_startup_taint() {
-    let vcfg = ValidationConfig {
-        command: vec!["sleep".into(), "1".into()],
-        ..ValidationConfig::default()
-    };
+    let vcfg = with_command(&["sleep", "1"]);
     let h = gate(&[("nvidia.com/gpu.count", "2")], healthy(2, "boot-a"), vcfg).await;
     // The command is running (the expected count is set as it is spawned,
     // from the health of that moment); the fault arrives meanwhile.
@@ -230,7 +230,13 @@ async fn cached_pass_is_dropped_when_health_fails_in_between() {
         validation_interval_secs: 3600,
         ..api.kube_config()
     };
-    let h = Harness::with(api, cfg, ValidationConfig::default(), healthy(2, "boot-a")).await;
+    let h = Harness::with(
+        api,
+        cfg,
+        ValidationSettings::default(),
+        healthy(2, "boot-a"),
+    )
+    .await;
     assert!(
         wait_for(SECS, || h.metrics.validation_runs(ValidationResult::Pass)
             == 1)
@@ -280,7 +286,7 @@ async fn startup_taint_waits_for_the_kernel_log_ring() {
     let h = gate(
         &[("nvidia.com/gpu.count", "2")],
         h0,
-        ValidationConfig::default(),
+        ValidationSettings::default(),
     )
     .await;
     assert!(
@@ -312,7 +318,7 @@ async fn reappearing_startup_taint_is_validated_again() {
     let h = gate(
         &[("nvidia.com/gpu.count", "2")],
         healthy(2, "boot-a"),
-        ValidationConfig::default(),
+        ValidationSettings::default(),
     )
     .await;
     h.until("startup taint removed", |n| {
@@ -371,7 +377,13 @@ async fn startup_gate_waits_for_the_device_plugin_and_unadvertised_gpus_are_repo
     let api = ApiDouble::start(n).await;
     let mut cfg = api.kube_config();
     cfg.not_advertised_grace_secs = 1;
-    let h = Harness::with(api, cfg, ValidationConfig::default(), healthy(8, "boot-a")).await;
+    let h = Harness::with(
+        api,
+        cfg,
+        ValidationSettings::default(),
+        healthy(8, "boot-a"),
+    )
+    .await;
     let says = |r: &ValidationReport| {
         !r.passed
             && r.checks.iter().any(|c| {
@@ -461,7 +473,13 @@ async fn condition_only_mode_reports_readiness_and_leaves_the_taint_alone() {
     let mut cfg = api.kube_config();
     cfg.startup_gate_mode = gpuwatch_kube::StartupGateMode::ConditionOnly;
     cfg.startup_taint.key = NRC_TAINT.into();
-    let h = Harness::with(api, cfg, ValidationConfig::default(), healthy(2, "boot-a")).await;
+    let h = Harness::with(
+        api,
+        cfg,
+        ValidationSettings::default(),
+        healthy(2, "boot-a"),
+    )
+    .await;
     h.until("readiness True after validation", |n| {
         status_of(n, READY).as_deref() == Some("True")
     })
@@ -509,7 +527,7 @@ async fn the_startup_gate_counts_mig_devices_by_the_device_plugin_strategy() {
     let h = Harness::with(
         api,
         cfg,
-        ValidationConfig::default(),
+        ValidationSettings::default(),
         with_mig(healthy(2, "boot-a"), 7),
     )
     .await;
@@ -546,9 +564,9 @@ async fn the_startup_gate_counts_mig_devices_by_the_device_plugin_strategy() {
     let api = ApiDouble::start(n).await;
     let mut cfg = api.kube_config();
     cfg.mig_strategy = gpuwatch_kube::MigStrategy::Mixed;
-    let vcfg = ValidationConfig {
-        expected_gpus: Some(2),
-        ..ValidationConfig::default()
+    let vcfg = ValidationSettings {
+        expected_gpus: NonZeroU32::new(2),
+        ..ValidationSettings::default()
     };
     let h = Harness::with(api, cfg, vcfg, with_mig(healthy(2, "boot-a"), 7)).await;
     let short = |r: &ValidationReport| {
@@ -590,7 +608,13 @@ async fn on_a_dra_node_the_gate_counts_the_gpus_its_slices_publish() {
     // The driver has published GPU-0 only so far.
     api.put_resource_slice(gpu_slice("s", NODE, 1, &[("gpu-0", "GPU-0", None)]));
     let cfg = api.kube_config();
-    let h = Harness::with(api, cfg, ValidationConfig::default(), healthy(2, "boot-a")).await;
+    let h = Harness::with(
+        api,
+        cfg,
+        ValidationSettings::default(),
+        healthy(2, "boot-a"),
+    )
+    .await;
     let plugin_check = |r: &ValidationReport| {
         r.checks
             .iter()

@@ -14,7 +14,13 @@ async fn six_lost_races_in_a_row_land_the_fault_taint_without_backing_off() {
         backoff_max_ms: backoff.as_millis() as u64,
         ..api.kube_config()
     };
-    let h = Harness::with(api, cfg, ValidationConfig::default(), healthy(2, "boot-a")).await;
+    let h = Harness::with(
+        api,
+        cfg,
+        ValidationSettings::default(),
+        healthy(2, "boot-a"),
+    )
+    .await;
     // Running and watching, its first writes done.
     h.until("healthy", |n| {
         status_of(n, PROBLEM).as_deref() == Some("False")
