@@ -26,7 +26,7 @@ pub(crate) const DEFAULT_API_LISTEN: &str = "127.0.0.1:9400";
 
 /// One configuration file: every section, each option with its default,
 /// as written (the raw, serde-shaped sections stay inside this module and
-/// [`crate::settings`]). The only way from it to what the agent runs with is
+/// the settings module that resolves them). The only way from it to what the agent runs with is
 /// [`Config::resolve`] (or [`Config::resolve_each`]); flags come in as
 /// [`Overrides`].
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -120,7 +120,7 @@ impl ApiConfig {
 }
 
 /// The Prometheus `/metrics` renderer's settings, resolved once
-/// ([`Config::resolve_prometheus`]).
+/// (as part of [`Config::resolve`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PrometheusSettings {
     /// How long a series that stopped mattering is still rendered: the

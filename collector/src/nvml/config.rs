@@ -64,25 +64,27 @@ const MAX_INTERVAL_MS: u64 = 86_400_000;
 /// Shortest accepted interval.
 const MIN_INTERVAL_MS: u64 = 10;
 
-/// `[nvml]` resolved ([`NvmlConfig::resolve`]): the effective intervals (the
+/// `[nvml]` resolved (by the section's `resolve`): the effective intervals (the
 /// millisecond keys win over the second ones) and the call deadline, typed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NvmlSettings {
-    /// See [`NvmlConfig::enabled`].
+    /// Read NVML at all (poller and events): `[nvml] enabled`.
     pub enabled: bool,
-    /// See [`NvmlConfig::library_path`].
+    /// The NVML library to load (`None`: the system `libnvidia-ml.so.1`, or
+    /// with a simulator scenario the nvml-sim library found automatically).
     pub library_path: Option<PathBuf>,
-    /// See [`NvmlConfig::sim_scenario`].
+    /// Run against the nvml-sim simulator driven by this scenario file.
     pub sim_scenario: Option<PathBuf>,
     /// Between two polls of every GPU (`poll_interval_ms`, else
     /// `poll_interval_secs`).
     pub poll_interval: Duration,
-    /// See [`NvmlConfig::events`].
+    /// Watch NVML events (XID critical errors, ECC, clock events).
     pub events: bool,
     /// Between attempts while NVML is unusable (`retry_interval_ms`, else
     /// `retry_interval_secs`).
     pub retry_interval: Duration,
-    /// See [`NvmlConfig::call_timeout_ms`].
+    /// Deadline of every NVML call: one still running past it makes NVML
+    /// unavailable until a fresh session answers; shutdown never waits longer.
     pub call_timeout: Duration,
 }
 
