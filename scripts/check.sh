@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The fast edit-compile loop: format, lint, the module-cycle check of core (python3,
+# The fast edit-compile loop: format, lint, docs, the module-cycle check (python3,
 # standard library), and the tests that need nothing but cargo.
 # No root, no package installs, no /dev/kmsg, no podman, no network: the unit tests of
 # every crate plus the integration tests of the pure crates (xid-parser, proto, core).
 # What it leaves out (the agent's and the demo's end-to-end tests against the real
-# /dev/kmsg, the exporters against rotel and promtool, docs, fuzzing, the deploy/ checks,
+# /dev/kmsg, the exporters against rotel and promtool, fuzzing, the deploy/ checks,
 # the container image) runs in the full suite, scripts/test.sh.
 #
 # Set CARGO_TARGET_DIR to a persistent directory to reuse builds between runs.
