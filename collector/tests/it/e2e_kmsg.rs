@@ -971,23 +971,6 @@ fn assert_pod_warnings(
     );
 }
 
-/// The API-server double serving Node `e2e-node`, on a runtime of its own
-/// (dropped after the double stops).
-fn api_double() -> (
-    tokio::runtime::Runtime,
-    gpuwatch_test_support::kube::ApiDouble,
-) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let node: k8s_openapi::api::core::v1::Node =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": "e2e-node"}})).unwrap();
-    let api = rt.block_on(gpuwatch_test_support::kube::ApiDouble::start(node));
-    (rt, api)
-}
-
 /// `dir/gpuwatch.toml` with the writer on the double at `api_url` (short
 /// backoffs, Normal Events unspread) and OTLP exported every second.
 fn kube_otlp_config(dir: &std::path::Path, api_url: &str) -> std::path::PathBuf {
@@ -1040,7 +1023,7 @@ fn a_faulting_pid_in_a_listed_pod_is_named_on_its_event_record_and_pod_event() {
         sleeper2.pid(),
         &cgroupfs_v1_cgroup(batch.uid, cid2),
     );
-    let (rt, api) = api_double();
+    let (rt, api) = crate::kube_support::bare_api_double("e2e-node");
     let pod = |p: &InPod, cid: &str| listed_pod(p.name, p.namespace, p.uid, p.container, cid);
     api.put_pod(&pod(&trainer, cid));
     let state = tempfile::tempdir().unwrap();

@@ -267,23 +267,6 @@ fn start_after_a_fresh_record(k: &DevKmsg, marker: &str, state: &Path) {
     .unwrap();
 }
 
-/// The API-server double serving Node `e2e-node`, on a runtime of its own
-/// (dropped after the double stops).
-fn api_double() -> (
-    tokio::runtime::Runtime,
-    gpuwatch_test_support::kube::ApiDouble,
-) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let node: k8s_openapi::api::core::v1::Node =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": "e2e-node"}})).unwrap();
-    let api = rt.block_on(gpuwatch_test_support::kube::ApiDouble::start(node));
-    (rt, api)
-}
-
 /// The keys of the double's Node's taints.
 fn taint_keys(api: &gpuwatch_test_support::kube::ApiDouble) -> Vec<String> {
     api.node_json()["spec"]["taints"]
@@ -397,7 +380,7 @@ fn a_contained_xid_on_a_mig_instance_through_dev_kmsg_marks_that_instance_only()
     });
     let state = dir.path().join("state");
     start_after_a_fresh_record(&k, &marker, &state);
-    let (rt, api) = api_double();
+    let (rt, api) = crate::kube_support::bare_api_double("e2e-node");
     let config = dir.path().join("gpuwatch.toml");
     std::fs::write(
         &config,

@@ -68,6 +68,25 @@ pub(crate) enum Nvml<'a> {
     Off,
 }
 
+/// The API-server double serving `node`, on a runtime of its own (drop the
+/// double before the runtime).
+pub(crate) fn serve_api_double(node: Node) -> (tokio::runtime::Runtime, ApiDouble) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let api = rt.block_on(ApiDouble::start(node));
+    (rt, api)
+}
+
+/// The double serving a bare Node `name` (no labels, no capacity).
+pub(crate) fn bare_api_double(name: &str) -> (tokio::runtime::Runtime, ApiDouble) {
+    let node: Node =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).expect("a Node");
+    serve_api_double(node)
+}
+
 /// One test's world: the API double, the kernel-log FIFO, the boot id, the
 /// state directory.
 pub(crate) struct KubeWorld {
@@ -87,12 +106,7 @@ impl KubeWorld {
     /// (`boot-a`).
     pub(crate) fn new(node: Node) -> KubeWorld {
         ensure_nvml_sim();
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("tokio runtime");
-        let api = rt.block_on(ApiDouble::start(node));
+        let (rt, api) = serve_api_double(node);
         let dir = tempfile::tempdir().expect("temporary directory");
         let fifo_path = dir.path().join("kmsg.fifo");
         nix::unistd::mkfifo(&fifo_path, nix::sys::stat::Mode::from_bits_truncate(0o600))
